@@ -1,0 +1,359 @@
+r"""``DiffusionAttention``: multi-head attention whose heads are diffusion operators."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from diffusionformer.nn.heads import HeadGroup, parse_heads
+from diffusionformer.ops import dense as _dense
+from diffusionformer.ops.dense import DENSE_BACKENDS, attention_matrix, diffuse_with_weights
+from diffusionformer.ops.sparse import check_edge_index, diffuse_sparse_with_weights
+
+__all__ = ["AttentionIntermediates", "DiffusionAttention"]
+
+
+@dataclass
+class AttentionIntermediates:
+    """What a :class:`DiffusionAttention` call can return besides its output.
+
+    Attributes:
+        attn_weights: ``P`` per head: ``(B, H, N, N)`` dense, or ``(E, H)`` per edge (sparse).
+        coefficients: weights on ``P^0 .. P^K`` per head, ``(H, K+1)``; rows of non-polynomial
+            heads (``heat-exact``) are NaN.
+        edge_index: the edges ``attn_weights`` refers to (sparse calls; after the causal filter).
+        backend: ``"sdpa"``, ``"matrix"`` or ``"sparse"``.
+    """
+
+    attn_weights: Tensor | None
+    coefficients: Tensor
+    edge_index: Tensor | None
+    backend: str
+
+
+class DiffusionAttention(nn.Module):
+    r"""Multi-head attention where head ``h`` applies a diffusion operator :math:`f_h(P_h)`.
+
+    .. math::
+        \mathrm{out} = \big[f_1(P_1) V_1 \;\|\; \dots \;\|\; f_H(P_H) V_H\big] W_O + b_O,
+        \qquad P_h = \operatorname{softmax}\!\Big(\frac{Q_h K_h^\top}{\sqrt{C}} + \text{mask}\Big),
+
+    with :math:`f_h(P) = \sum_k c_{h,k} P^k` given by the head's operator: ``P`` for
+    attention, ``I - P`` for the Laplacian heads of Zhang & Papyan (arXiv 2602.09297),
+    truncated heat kernels, personalised PageRank, learned polynomials
+    (:mod:`diffusionformer.operators`). Heads that use only ``P^0`` and ``P^1`` share one fused
+    :func:`~torch.nn.functional.scaled_dot_product_attention` call; heads that need ``K``
+    steps are propagated further, alone.
+
+    The projections match :class:`torch.nn.MultiheadAttention` (``qkv.weight`` =
+    ``in_proj_weight``: q | k | v, each split into heads ``0 .. H-1``) and PyG's
+    :class:`~torch_geometric.nn.conv.TransformerConv` (``lin_query | lin_key | lin_value``),
+    see :meth:`from_multihead_attention` and :meth:`from_transformer_conv`. Non-learned
+    operators add no parameters.
+
+    Args:
+        dim: model width ``D``.
+        num_heads: ``H``; must divide ``D``.
+        heads: head operators: ``None`` (all attention), ``"attention:6,laplacian:2"`` (in
+            that order), ``"heat(t=0.5, learnable=True):2,attention:6"``, or a list with one
+            operator (name, class or instance) per head. See :func:`~diffusionformer.nn.heads.parse_heads`.
+        causal: position ``i`` never sees ``j > i`` (dense: causal mask; sparse: edges with
+            source > target are dropped).
+        qk_norm: LayerNorm on queries and keys per head (Dehghani et al., 2023).
+        bias: biases in the projections.
+        dropout: dropout on the attention probabilities at every propagation step (training only).
+        backend: dense back-end, ``"auto"``, ``"sdpa"`` or ``"matrix"`` (see
+            :func:`~diffusionformer.ops.dense.choose_dense_backend`).
+
+    Shapes:
+        - dense: ``x`` ``(B, N, D)``, ``key_padding_mask`` ``(B, N)`` bool (True = padding),
+          ``attn_mask`` broadcastable to ``(B, H, N, N)`` -> ``(B, N, D)``;
+        - sparse: ``x`` ``(N, D)``, ``edge_index`` ``(2, E)`` -> ``(N, D)``.
+
+    Examples:
+        >>> attn = DiffusionAttention(16, 4, heads="attention:2,laplacian:2")
+        >>> attn(torch.randn(2, 5, 16)).shape
+        torch.Size([2, 5, 16])
+        >>> attn(torch.randn(5, 16), edge_index=torch.tensor([[0, 1, 2], [1, 2, 0]])).shape
+        torch.Size([5, 16])
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        heads: Any = None,
+        *,
+        causal: bool = False,
+        qk_norm: bool = False,
+        bias: bool = True,
+        dropout: float = 0.0,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        for name, value in (("dim", dim), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if dim % num_heads != 0:
+            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+        if backend not in DENSE_BACKENDS:
+            raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.causal = causal
+        self.dropout = float(dropout)
+        self.backend = backend
+        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+
+        groups = parse_heads(heads, num_heads)
+        self.operators = nn.ModuleList([g.operator for g in groups])
+        self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
+        self._polynomial = [g.operator.is_polynomial for g in groups]
+        self.max_degree = max((g.operator.degree for g in groups if g.operator.is_polynomial), default=0)
+        self._degrees = []
+        for g in groups:
+            self._degrees += [g.operator.degree if g.operator.is_polynomial else 0] * g.count
+        # Static plan: when every head's coefficients are fixed constants of degree <= 1
+        # (attention, Laplacian, a I + b P) the layer is one fused call and a cheap combination.
+        static = [g.operator.static_coefficients() for g in groups]
+        self._fused_kind = "none"
+        if all(s is not None and len(s) <= 2 for s in static) and all(self._polynomial):
+            c0, c1 = [], []
+            for g, s in zip(groups, static):
+                assert s is not None
+                c0 += [s[0]] * g.count
+                c1 += [s[1] if len(s) > 1 else 0.0] * g.count
+            self._fused_kind = "attention" if all(a == 0.0 for a in c0) and all(b == 1.0 for b in c1) else "affine"
+            self.register_buffer("_c0", torch.tensor(c0).view(1, 1, num_heads, 1), persistent=False)
+            self.register_buffer("_c1", torch.tensor(c1).view(1, 1, num_heads, 1), persistent=False)
+
+    # ------------------------------------------------------------------ construction helpers
+    @property
+    def head_groups(self) -> list[HeadGroup]:
+        """The operator of each run of heads, in head order."""
+        return [HeadGroup(op, s, c) for op, (s, c) in zip(self.operators, self._groups)]
+
+    @property
+    def head_operator_names(self) -> list[str]:
+        """One operator name per head."""
+        names: list[str] = []
+        for op, (_, count) in zip(self.operators, self._groups):
+            names += [op.name] * count
+        return names
+
+    @classmethod
+    def from_multihead_attention(cls, mha: nn.MultiheadAttention, heads: Any = None, **kwargs: Any) -> "DiffusionAttention":
+        """A layer with the weights of a ``batch_first`` :class:`torch.nn.MultiheadAttention`.
+
+        Examples:
+            >>> mha = nn.MultiheadAttention(8, 2, batch_first=True)
+            >>> attn = DiffusionAttention.from_multihead_attention(mha)
+            >>> x = torch.randn(1, 3, 8)
+            >>> torch.allclose(attn(x), mha(x, x, x, need_weights=False)[0], atol=1e-6)
+            True
+        """
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"expected nn.MultiheadAttention, got {type(mha).__name__}")
+        if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+            raise ValueError("only MultiheadAttention with kdim == vdim == embed_dim, no bias_k/bias_v, no add_zero_attn")
+        bias = mha.in_proj_bias is not None
+        layer = cls(mha.embed_dim, mha.num_heads, heads, bias=bias, dropout=mha.dropout, **kwargs)
+        layer = layer.to(mha.in_proj_weight.device, mha.in_proj_weight.dtype)
+        with torch.no_grad():
+            layer.qkv.weight.copy_(mha.in_proj_weight)
+            layer.out_proj.weight.copy_(mha.out_proj.weight)
+            if bias:
+                layer.qkv.bias.copy_(mha.in_proj_bias)
+                layer.out_proj.bias.copy_(mha.out_proj.bias)
+        return layer
+
+    @classmethod
+    def from_transformer_conv(cls, conv: nn.Module, heads: Any = None, **kwargs: Any) -> "DiffusionAttention":
+        """A layer with the weights of PyG's ``TransformerConv(D, C, heads=H, root_weight=False)``.
+
+        ``TransformerConv`` has no output projection: the returned layer's ``out_proj`` is the
+        identity, so its output equals the convolution's concatenated heads.
+        """
+        from torch_geometric.nn import TransformerConv
+
+        if not isinstance(conv, TransformerConv):
+            raise TypeError(f"expected torch_geometric.nn.TransformerConv, got {type(conv).__name__}")
+        if conv.root_weight or not conv.concat or conv.lin_edge is not None or conv.beta:
+            raise ValueError("only TransformerConv(concat=True, root_weight=False, beta=False, edge_dim=None) maps to DiffusionAttention")
+        H, C = conv.heads, conv.out_channels
+        D = H * C
+        if conv.lin_query.weight.shape[1] != D:
+            raise ValueError(
+                f"TransformerConv in_channels ({conv.lin_query.weight.shape[1]}) must equal heads*out_channels ({D})"
+            )
+        bias = conv.lin_query.bias is not None
+        layer = cls(D, H, heads, bias=bias, dropout=conv.dropout, **kwargs)
+        layer = layer.to(conv.lin_query.weight.device, conv.lin_query.weight.dtype)
+        with torch.no_grad():
+            layer.qkv.weight.copy_(torch.cat([conv.lin_query.weight, conv.lin_key.weight, conv.lin_value.weight]))
+            layer.out_proj.weight.copy_(torch.eye(D))
+            if bias:
+                layer.qkv.bias.copy_(torch.cat([conv.lin_query.bias, conv.lin_key.bias, conv.lin_value.bias]))
+                layer.out_proj.bias.zero_()
+        return layer
+
+    # ------------------------------------------------------------------ coefficients
+    def coefficients(self) -> Tensor:
+        """Weights on ``P^0 .. P^K`` of every head, ``(H, K+1)`` (NaN rows for non-polynomial heads)."""
+        return self._coefficients(nan_for_nonpolynomial=True)
+
+    def _coefficients(self, nan_for_nonpolynomial: bool = False) -> Tensor:
+        K = self.max_degree
+        rows = []
+        ref = self.qkv.weight
+        for op, (_, count), poly in zip(self.operators, self._groups, self._polynomial):
+            if poly:
+                c = op.head_coefficients(count).to(device=ref.device)
+                c = c.to(torch.float64 if ref.dtype == torch.float64 else torch.float32)
+                rows.append(F.pad(c, (0, K - c.shape[1] + 1)))
+            else:
+                fill = float("nan") if nan_for_nonpolynomial else 0.0
+                dtype = torch.float64 if ref.dtype == torch.float64 else torch.float32
+                rows.append(torch.full((count, K + 1), fill, device=ref.device, dtype=dtype))
+        return torch.cat(rows, dim=0)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        edge_index: Tensor | None = None,
+        return_intermediates: bool = False,
+    ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
+        """Apply the layer (dense when ``edge_index`` is None, sparse otherwise).
+
+        Args:
+            x: tokens ``(B, N, D)`` (dense) or nodes ``(N, D)`` (sparse).
+            key_padding_mask: ``(B, N)`` bool, True marks padding (dense only). A fully padded
+                sequence gives finite output.
+            attn_mask: extra dense mask with SDPA semantics (bool True = attend, or additive float).
+            edge_index: ``(2, E)`` edges ``(source j, target i)`` for the sparse back-end.
+            return_intermediates: also return :class:`AttentionIntermediates` (materialises ``P``).
+
+        Returns:
+            the output, or ``(output, intermediates)`` when ``return_intermediates``.
+        """
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must be floating point, got {x.dtype}")
+        if x.shape[-1:] != (self.dim,):
+            raise ValueError(f"x must have last dimension dim={self.dim}, got shape {tuple(x.shape)}")
+        if edge_index is not None:
+            if key_padding_mask is not None or attn_mask is not None:
+                raise ValueError("key_padding_mask/attn_mask apply to dense inputs; the sparse graph is given by edge_index")
+            return self._forward_sparse(x, edge_index, return_intermediates)
+        return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates)
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        H, C = self.num_heads, self.head_dim
+        qkv = self.qkv(x).unflatten(-1, (3, H, C))  # (..., N, 3, H, C)
+        q, k, v = qkv.unbind(-3)  # each (..., N, H, C)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def _dense_mask(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None) -> tuple[Tensor | None, bool]:
+        B, N, _ = x.shape
+        mask = attn_mask
+        if key_padding_mask is not None:
+            if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+                raise TypeError("key_padding_mask must be a bool tensor (True = padding)")
+            if key_padding_mask.shape != (B, N):
+                raise ValueError(f"key_padding_mask must have shape (B, N) = {(B, N)}, got {tuple(key_padding_mask.shape)}")
+            keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, N)
+            if mask is None:
+                mask = keep
+            elif mask.dtype == torch.bool:
+                mask = mask & keep
+            else:
+                mask = mask.masked_fill(~keep, float("-inf"))
+        return _dense.normalise_mask(mask, self.causal, (B, self.num_heads, N, N), x.device, x.dtype)
+
+    def _forward_dense(
+        self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, return_intermediates: bool
+    ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
+        if x.dim() != 3:
+            raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
+        B, N, D = x.shape
+        mask, is_causal = self._dense_mask(x, key_padding_mask, attn_mask)
+        q, k, v = self._project(x)  # (B, N, H, C)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
+        dropout_p = self.dropout if self.training else 0.0
+        scale = self.head_dim**-0.5
+
+        if self._fused_kind != "none" and not return_intermediates and self.backend != "matrix":
+            y = _dense._sdpa(q, k, v, mask, is_causal, scale, dropout_p, _dense._rows_with_keys(mask))
+            y = y.transpose(1, 2)  # (B, N, H, C)
+            if self._fused_kind == "affine":
+                y = torch.addcmul(v.transpose(1, 2) * self._c0.to(v.dtype), y, self._c1.to(v.dtype))
+            return self.out_proj(y.reshape(B, N, D))
+
+        coeffs = self._coefficients()
+        need_weights = return_intermediates or not all(self._polynomial)
+        out, P = diffuse_with_weights(
+            q, k, v, coeffs, attn_mask=mask, is_causal=is_causal, scale=scale, backend=self.backend,
+            degrees=self._degrees, dropout_p=dropout_p, need_weights=need_weights,
+        )
+        if not all(self._polynomial):
+            assert P is not None
+            for op, (s, c), poly in zip(self.operators, self._groups, self._polynomial):
+                if not poly:
+                    Pg = P[:, s : s + c]
+                    if dropout_p > 0.0:
+                        Pg = F.dropout(Pg, p=dropout_p)
+                    out = out.index_add(1, torch.arange(s, s + c, device=out.device), op.apply_matrix(Pg, v[:, s : s + c]))
+        y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))
+        if return_intermediates:
+            return y, AttentionIntermediates(P, self.coefficients().detach(), None, "matrix")
+        return y
+
+    def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool) -> Tensor | tuple[Tensor, AttentionIntermediates]:
+        if x.dim() != 2:
+            raise ValueError(f"sparse input x must have shape (N, D), got {tuple(x.shape)}")
+        for op in self.operators:
+            if not op.supports_sparse:
+                raise ValueError(
+                    f"operator {op.name!r} does not support the sparse back-end (it needs a dense P); "
+                    "use a dense input or a polynomial operator such as 'heat'"
+                )
+        N, D = x.shape
+        edge_index = check_edge_index(edge_index, N)
+        if self.causal:
+            edge_index = edge_index[:, edge_index[0] <= edge_index[1]]
+        q, k, v = self._project(x)  # (N, H, C)
+        out, alpha = diffuse_sparse_with_weights(
+            q, k, v, edge_index, self._coefficients(), num_nodes=N, scale=self.head_dim**-0.5,
+            degrees=self._degrees, dropout_p=self.dropout if self.training else 0.0,
+        )
+        y = self.out_proj(out.reshape(N, D))
+        if return_intermediates:
+            return y, AttentionIntermediates(alpha, self.coefficients().detach(), edge_index, "sparse")
+        return y
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, heads={self.heads_spec()!r}, causal={self.causal}, "
+            f"backend={self.backend!r}"
+        )
+
+    def heads_spec(self) -> str:
+        """The head layout as a spec string, e.g. ``'attention:6,laplacian:2'``."""
+        return ",".join(f"{op.name}:{count}" for op, (_, count) in zip(self.operators, self._groups))

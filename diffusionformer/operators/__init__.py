@@ -1,0 +1,43 @@
+"""Operator registry and the built-in diffusion operators.
+
+Every operator is a :class:`DiffusionOperator`: its :meth:`~DiffusionOperator.coefficients`
+are the weights on ``P^0 .. P^K``. Resolve one by name with :func:`build_operator`.
+"""
+
+from diffusionformer.operators.base import DiffusionOperator
+from diffusionformer.operators.registry import (
+    build_operator,
+    list_operators,
+    operator_class,
+    parse_operator_spec,
+    register_operator,
+    unregister_operator,
+)
+from diffusionformer.operators.basic import AttentionOperator, LaplacianOperator
+from diffusionformer.operators.heat import (
+    ExactHeatOperator,
+    HeatOperator,
+    heat_coefficients,
+    heat_steps_for_tolerance,
+)
+from diffusionformer.operators.ppr import PPROperator, ppr_coefficients
+from diffusionformer.operators.polynomial import PolynomialOperator
+
+__all__ = [
+    "AttentionOperator",
+    "DiffusionOperator",
+    "ExactHeatOperator",
+    "HeatOperator",
+    "LaplacianOperator",
+    "PPROperator",
+    "PolynomialOperator",
+    "build_operator",
+    "heat_coefficients",
+    "heat_steps_for_tolerance",
+    "list_operators",
+    "operator_class",
+    "parse_operator_spec",
+    "ppr_coefficients",
+    "register_operator",
+    "unregister_operator",
+]

@@ -1,0 +1,118 @@
+r"""The operator interface: a head is a function ``f(P)`` of its attention matrix.
+
+Every operator of the family is (or is approximated by) a polynomial in ``P``,
+
+.. math::
+    f(P) v = \sum_{k=0}^{K} c_k P^k v,
+
+so an operator is a small module whose :meth:`DiffusionOperator.coefficients` returns the
+weights ``c`` (one row per head of the group it serves, differentiable in its learned
+parameters); the engine in :mod:`diffusionformer.ops` does the propagation. Operators that
+are not polynomials in one ``P`` (the exact ``matrix_exp`` reference) set
+``is_polynomial = False`` and implement :meth:`DiffusionOperator.apply_matrix` instead.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["DiffusionOperator"]
+
+
+class DiffusionOperator(nn.Module):
+    r"""Base class of all head operators (register subclasses with :func:`register_operator`).
+
+    Subclasses set the class attributes and implement :meth:`coefficients`.
+
+    Attributes:
+        name: registry name (set by :func:`register_operator`).
+        aliases: other names accepted by :func:`build_operator`.
+        supports_sparse: whether the sparse (edge) back-end can run it.
+        is_polynomial: whether :meth:`coefficients` describes it exactly.
+        num_heads: the number of heads ``G`` this instance serves (learned parameters may be
+            per head); fixed operators ignore it.
+        degree: the highest power ``K`` of ``P`` used (static; it fixes the cost).
+
+    Shapes:
+        :meth:`coefficients`: ``(K+1,)`` shared by the ``G`` heads, or ``(G, K+1)``.
+    """
+
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    supports_sparse: ClassVar[bool] = True
+    is_polynomial: ClassVar[bool] = True
+
+    def __init__(self, num_heads: int = 1) -> None:
+        super().__init__()
+        if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
+            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+        self.num_heads = num_heads
+
+    @property
+    def degree(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must define `degree`")
+
+    def coefficients(self) -> Tensor:  # pragma: no cover - abstract
+        """Weights on ``P^0 .. P^K``: ``(K+1,)`` or ``(G, K+1)``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement coefficients()")
+
+    def static_coefficients(self) -> tuple[float, ...] | None:
+        """The coefficients as Python floats when they are fixed constants, else ``None``.
+
+        Layers use this to pick fused fast paths (e.g. all-attention heads skip the
+        combination step) without a device synchronisation.
+        """
+        return None
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        # Fixed coefficients live in the non-persistent buffer ``_c``. Casting the module (to
+        # float64, or to half precision) rebuilds them from the exact float64 values, in float64
+        # or float32: half-precision coefficients would lose the operator's accuracy.
+        super()._apply(fn, recurse)
+        static = self.static_coefficients()
+        c = getattr(self, "_c", None)
+        if static is not None and isinstance(c, Tensor):
+            dtype = torch.float64 if c.dtype == torch.float64 else torch.float32
+            self._c = torch.tensor(static, dtype=dtype, device=c.device)
+        return self
+
+    def head_coefficients(self, num_heads: int | None = None) -> Tensor:
+        """:meth:`coefficients` expanded to ``(G, K+1)``."""
+        G = self.num_heads if num_heads is None else num_heads
+        c = self.coefficients()
+        if c.dim() == 1:
+            return c.unsqueeze(0).expand(G, -1)
+        if c.shape[0] == 1 and G != 1:
+            return c.expand(G, -1)
+        if c.shape[0] != G:
+            raise ValueError(f"{type(self).__name__} has coefficients for {c.shape[0]} heads, asked for {G}")
+        return c
+
+    def apply_matrix(self, P: Tensor, v: Tensor) -> Tensor:
+        r"""Apply ``f(P)`` to ``v`` given the materialised ``P`` (default: the polynomial).
+
+        Shapes:
+            ``P``: ``(B, G, N, N)``, ``v``: ``(B, G, N, C)`` -> ``(B, G, N, C)``.
+        """
+        c = self.head_coefficients(P.shape[1]).to(v.dtype)
+        out = v * c[None, :, 0, None, None]
+        cur = v
+        for step in range(1, c.shape[1]):
+            cur = P @ cur
+            out = out + c[None, :, step, None, None] * cur
+        return out
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
+def check_finite_parameter(module: nn.Module, name: str, value: Tensor) -> None:
+    """Raise a clear error when a learned parameter became non-finite (CPU only: no device sync)."""
+    if value.device.type == "cpu" and not torch.isfinite(value.detach()).all():
+        raise ValueError(
+            f"{type(module).__name__}.{name} is not finite ({value.detach().tolist()}); "
+            "training diverged or the parameter was set to NaN/inf"
+        )

@@ -1,0 +1,270 @@
+r"""Heat-kernel operators :math:`\exp(-t (I - P))`: truncated series and the exact dense reference."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter
+from diffusionformer.operators.registry import register_operator
+
+__all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps_for_tolerance"]
+
+MAX_STEPS = 256
+
+
+def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
+    r"""Weights on ``P^0 .. P^K`` of the truncated heat kernel :math:`\exp(-t (I - P))`.
+
+    * ``"taylor"``: :math:`c_k = e^{-t} t^k / k!` (the Poisson weights; computed as a running
+      product in float64, so there is no overflow or NaN up to ``t`` of several hundred and
+      the gradient in ``t`` is finite everywhere, ``t = 0`` included);
+    * ``"euler"``: :math:`((1 - t/K) I + (t/K) P)^K`, i.e.
+      :math:`c_k = \binom{K}{k} (1 - t/K)^{K-k} (t/K)^k` (``K`` explicit Euler steps of
+      ``dx/dt = -(I - P) x``).
+
+    Args:
+        t: diffusion time(s); negative values sharpen (inverse diffusion).
+        steps: ``K``, the highest power of ``P``.
+        method: ``"taylor"`` or ``"euler"``.
+
+    Shapes:
+        ``t``: ``()`` or ``(G,)`` -> ``(K+1,)`` or ``(G, K+1)``, float64.
+
+    Examples:
+        >>> heat_coefficients(torch.tensor(1.0), 3)
+        tensor([0.3679, 0.3679, 0.1839, 0.0613], dtype=torch.float64)
+        >>> heat_coefficients(torch.tensor(1.0), 2, "euler")
+        tensor([0.2500, 0.5000, 0.2500], dtype=torch.float64)
+    """
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    t = t.to(torch.float64)
+    if method == "taylor":
+        c = [torch.exp(-t)]
+        for k in range(1, steps + 1):
+            c.append(c[-1] * t / k)
+        return torch.stack(c, dim=-1)
+    if method == "euler":
+        if steps == 0:
+            raise ValueError("the Euler heat kernel needs steps >= 1")
+        a, b = 1.0 - t / steps, t / steps
+        binom = torch.tensor([math.comb(steps, k) for k in range(steps + 1)], dtype=torch.float64, device=t.device)
+        a_pow = torch.stack([a ** (steps - k) for k in range(steps + 1)], dim=-1)
+        b_pow = torch.stack([b**k for k in range(steps + 1)], dim=-1)
+        return binom * a_pow * b_pow
+    raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}")
+
+
+def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> int:
+    r"""Smallest ``K`` whose truncation error bound is at most ``tol``.
+
+    For a row-stochastic ``P`` (``\|P^k\|_\infty = 1``) the Taylor remainder is bounded by the
+    Poisson tail :math:`\sum_{k > K} e^{-t} t^k / k!` for ``t >= 0`` and by
+    :math:`e^{2|t|} \Pr[\mathrm{Poisson}(|t|) > K]` for ``t < 0``. The Euler product has error
+    at most :math:`2 t^2 e^{2|t|} / K` (first order in ``1/K``).
+
+    Examples:
+        >>> heat_steps_for_tolerance(1.0, 1e-3)
+        5
+    """
+    if not tol > 0:
+        raise ValueError(f"tol must be positive, got {tol}")
+    a = abs(float(t))
+    if method == "euler":
+        K = max(1, math.ceil(2 * a * a * math.exp(2 * a) / tol))
+        if K > MAX_STEPS:
+            raise ValueError(
+                f"the Euler heat kernel needs K={K} > {MAX_STEPS} steps for t={t}, tol={tol}; "
+                "give steps= explicitly or use method='taylor'"
+            )
+        return K
+    if method != "taylor":
+        raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}")
+    factor = math.exp(2 * a) if t < 0 else 1.0
+    term = math.exp(-a)  # Poisson(a) pmf at 0
+    cdf = term
+    K = 0
+    while factor * max(0.0, 1.0 - cdf) > tol:
+        K += 1
+        term *= a / K
+        cdf += term
+        if K > MAX_STEPS:
+            raise ValueError(f"the heat kernel needs more than {MAX_STEPS} steps for t={t}, tol={tol}")
+    return K
+
+
+def _check_time(t: object) -> float:
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise TypeError(f"t must be a float, got {type(t).__name__}")
+    if not math.isfinite(t):
+        raise ValueError(f"t must be finite, got {t}")
+    return float(t)
+
+
+@register_operator
+class HeatOperator(DiffusionOperator):
+    r"""Heat diffusion :math:`f(P) = \exp(-t (I - P)) = e^{-t} \sum_k \frac{t^k}{k!} P^k`, truncated at ``K``.
+
+    ``t = 0`` is the identity, ``t -> infinity`` projects onto the stationary distribution, and
+    the Laplacian head is its first-order term. With ``learnable=True`` every head learns its
+    own ``t``; a negative ``t`` means sharpening (inverse diffusion, amplifying
+    within-sequence differences), bounded below by ``min_t`` because the truncated series
+    of :math:`e^{|t|(I-P)}` grows like :math:`e^{2|t|}`.
+
+    Args:
+        t: initial diffusion time.
+        steps: ``K``; ``None`` picks the smallest ``K`` meeting ``tol`` (for learnable ``t``
+            the bound is taken at ``max(2 |t|, 1)`` to leave room to grow).
+        method: ``"taylor"`` (default) or ``"euler"`` (``((1 - t/K) I + t/K P)^K``).
+        learnable: learn ``t`` (one value per head).
+        tol: truncation tolerance used when ``steps`` is ``None``.
+        min_t: lower bound applied to a learned ``t``.
+        num_heads: number of heads ``G`` this instance serves.
+
+    Shapes:
+        :meth:`coefficients`: ``(K+1,)`` (fixed ``t``) or ``(G, K+1)`` (learned).
+
+    Examples:
+        >>> op = HeatOperator(t=0.5, steps=2)
+        >>> op.coefficients()
+        tensor([0.6065, 0.3033, 0.0758])
+        >>> HeatOperator(t=2.0, learnable=True, num_heads=3).t.shape
+        torch.Size([3])
+    """
+
+    name = "heat"
+    aliases = ("heat-kernel", "exp", "diffusion")
+
+    def __init__(
+        self,
+        t: float = 1.0,
+        steps: int | None = None,
+        method: str = "taylor",
+        learnable: bool = False,
+        tol: float = 1e-4,
+        min_t: float = -2.0,
+        num_heads: int = 1,
+    ) -> None:
+        super().__init__(num_heads)
+        t = _check_time(t)
+        if method not in ("taylor", "euler"):
+            raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}")
+        if not isinstance(learnable, bool):
+            raise TypeError(f"learnable must be a bool, got {type(learnable).__name__}")
+        if t < min_t:
+            raise ValueError(f"t={t} is below min_t={min_t}")
+        if steps is None:
+            bound = max(2 * abs(t), 1.0) if learnable else t
+            steps = heat_steps_for_tolerance(bound, tol, method)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < (1 if method == "euler" else 0):
+            raise ValueError(f"steps must be a positive int (or None), got {steps!r}")
+        if steps > MAX_STEPS:
+            raise ValueError(f"steps={steps} exceeds the maximum of {MAX_STEPS}")
+        self.steps = steps
+        self.method = method
+        self.learnable = learnable
+        self.min_t = float(min_t)
+        self._static: tuple[float, ...] | None = None
+        if learnable:
+            self.t = nn.Parameter(torch.full((num_heads,), t))
+        else:
+            self.register_buffer("t", torch.tensor(t, dtype=torch.float64))
+            coeffs = heat_coefficients(torch.tensor(t, dtype=torch.float64), steps, method)
+            self.register_buffer("_c", coeffs.float(), persistent=False)
+            self._static = tuple(coeffs.tolist())
+
+    @property
+    def degree(self) -> int:
+        return self.steps
+
+    def effective_time(self) -> Tensor:
+        """The diffusion time(s) in use (learned values clamped at ``min_t``)."""
+        check_finite_parameter(self, "t", self.t)
+        return self.t.clamp(min=self.min_t) if self.learnable else self.t
+
+    def coefficients(self) -> Tensor:
+        if not self.learnable:
+            return self._c
+        c = heat_coefficients(self.effective_time(), self.steps, self.method)
+        return c.to(torch.float32) if self.t.dtype != torch.float64 else c
+
+    def static_coefficients(self) -> tuple[float, ...] | None:
+        return self._static
+
+    def truncation_error(self) -> Tensor:
+        """Bound on the ``inf``-norm error of the truncated series vs the exact kernel, per head."""
+        t = self.effective_time().detach().double()
+        if self.method == "euler":
+            return 2 * t * t * torch.exp(2 * t.abs()) / self.steps
+        c = heat_coefficients(t.abs(), self.steps, "taylor")
+        tail = (1.0 - c.sum(-1)).clamp_min(0.0)
+        return torch.where(t < 0, torch.exp(2 * t.abs()) * tail, tail)
+
+    def extra_repr(self) -> str:
+        t = self.t.detach()
+        t_repr = f"{t.item():g}" if t.numel() == 1 else f"{t.tolist()}"
+        return f"t={t_repr}, steps={self.steps}, method={self.method!r}, learnable={self.learnable}, num_heads={self.num_heads}"
+
+
+@register_operator
+class ExactHeatOperator(DiffusionOperator):
+    r"""Exact heat kernel :math:`\exp(-t (I - P))` via :func:`torch.linalg.matrix_exp` (dense only).
+
+    A reference operator: it materialises ``P`` and its matrix exponential, ``O(N^3)`` per head,
+    so it suits small graphs and tests. It has no polynomial form and refuses the sparse
+    back-end.
+
+    Args:
+        t: diffusion time.
+        learnable: learn ``t`` (one value per head).
+        num_heads: number of heads ``G`` this instance serves.
+
+    Shapes:
+        :meth:`apply_matrix`: ``P`` ``(B, G, N, N)``, ``v`` ``(B, G, N, C)`` -> ``(B, G, N, C)``.
+
+    Examples:
+        >>> P = torch.full((1, 1, 2, 2), 0.5); v = torch.tensor([[[[1.], [3.]]]])
+        >>> ExactHeatOperator(t=0.0).apply_matrix(P, v).flatten().tolist()
+        [1.0, 3.0]
+    """
+
+    name = "heat-exact"
+    aliases = ("expm", "matrix-exp", "exact-heat")
+    supports_sparse = False
+    is_polynomial = False
+
+    def __init__(self, t: float = 1.0, learnable: bool = False, num_heads: int = 1) -> None:
+        super().__init__(num_heads)
+        t = _check_time(t)
+        self.learnable = bool(learnable)
+        if learnable:
+            self.t = nn.Parameter(torch.full((num_heads,), t))
+        else:
+            self.register_buffer("t", torch.full((num_heads,), t))
+
+    @property
+    def degree(self) -> int:
+        raise NotImplementedError("heat-exact is not a polynomial in P: it has no finite degree")
+
+    def coefficients(self) -> Tensor:
+        raise NotImplementedError(
+            "heat-exact is not a polynomial in P; use apply_matrix() on a materialised P "
+            "(the dense back-end does this automatically)"
+        )
+
+    def apply_matrix(self, P: Tensor, v: Tensor) -> Tensor:
+        check_finite_parameter(self, "t", self.t)
+        G, N = P.shape[1], P.shape[-1]
+        if G != self.num_heads:
+            raise ValueError(f"heat-exact serves {self.num_heads} heads, got P with {G}")
+        work = torch.float64 if P.dtype == torch.float64 else torch.float32
+        eye = torch.eye(N, dtype=work, device=P.device)
+        t = self.t.to(work).view(1, G, 1, 1)
+        kernel = torch.linalg.matrix_exp(-t * (eye - P.to(work)))
+        return (kernel @ v.to(work)).to(v.dtype)
+
+    def extra_repr(self) -> str:
+        return f"t={self.t.detach().tolist()}, learnable={self.learnable}, num_heads={self.num_heads}"

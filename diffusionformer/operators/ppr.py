@@ -1,0 +1,108 @@
+r"""Personalised PageRank (APPNP) diffusion."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter
+from diffusionformer.operators.registry import register_operator
+
+__all__ = ["PPROperator", "ppr_coefficients"]
+
+
+def ppr_coefficients(alpha: Tensor, steps: int) -> Tensor:
+    r"""Weights of ``K`` APPNP iterations :math:`Z_{k+1} = (1 - \alpha) P Z_k + \alpha V`, ``Z_0 = V``.
+
+    :math:`Z_K = \alpha \sum_{k<K} (1-\alpha)^k P^k V + (1-\alpha)^K P^K V`: the personalised
+    PageRank series :math:`\alpha (I - (1-\alpha) P)^{-1}` truncated with its tail mass on
+    ``P^K``, so the weights sum to one.
+
+    Shapes:
+        ``alpha``: ``()`` or ``(G,)`` -> ``(K+1,)`` or ``(G, K+1)``.
+
+    Examples:
+        >>> ppr_coefficients(torch.tensor(0.5), 2)
+        tensor([0.5000, 0.2500, 0.2500])
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    keep = 1.0 - alpha
+    c = [alpha * keep**k for k in range(steps)] + [keep**steps]
+    return torch.stack(c, dim=-1)
+
+
+@register_operator
+class PPROperator(DiffusionOperator):
+    r"""Personalised PageRank, :math:`f(P) = \alpha \sum_{k<K} (1-\alpha)^k P^k + (1-\alpha)^K P^K`.
+
+    The propagation of APPNP (Gasteiger, Bojchevski & Günnemann, "Predict then Propagate",
+    ICLR 2019): a random walk that teleports back to its start with probability ``alpha``,
+    a low-pass filter that keeps a share ``alpha`` of every token's own value.
+
+    Args:
+        alpha: teleport probability in ``(0, 1]``.
+        steps: ``K`` power-iteration steps.
+        learnable: learn ``alpha`` per head (through a logit, so it stays in ``(0, 1)``).
+        num_heads: number of heads ``G`` this instance serves.
+
+    Shapes:
+        :meth:`coefficients`: ``(K+1,)`` or ``(G, K+1)`` (learned).
+
+    Examples:
+        >>> PPROperator(alpha=0.5, steps=3).coefficients()
+        tensor([0.5000, 0.2500, 0.1250, 0.1250])
+    """
+
+    name = "ppr"
+    aliases = ("appnp", "pagerank", "personalized-pagerank", "personalised-pagerank")
+
+    def __init__(self, alpha: float = 0.1, steps: int = 10, learnable: bool = False, num_heads: int = 1) -> None:
+        super().__init__(num_heads)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+            raise TypeError(f"alpha must be a float, got {type(alpha).__name__}")
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        if learnable and alpha >= 1.0:
+            raise ValueError("a learnable alpha must start strictly below 1")
+        self.steps = steps
+        self.learnable = bool(learnable)
+        self._static: tuple[float, ...] | None = None
+        if learnable:
+            self.alpha_logit = nn.Parameter(torch.full((num_heads,), math.log(alpha / (1.0 - alpha))))
+        else:
+            self.register_buffer("_alpha", torch.tensor(float(alpha), dtype=torch.float64))
+            coeffs = ppr_coefficients(torch.tensor(float(alpha), dtype=torch.float64), steps)
+            self.register_buffer("_c", coeffs.float(), persistent=False)
+            self._static = tuple(coeffs.tolist())
+
+    @property
+    def degree(self) -> int:
+        return self.steps
+
+    @property
+    def alpha(self) -> Tensor:
+        """The teleport probability (per head when learned)."""
+        if self.learnable:
+            check_finite_parameter(self, "alpha_logit", self.alpha_logit)
+            return torch.sigmoid(self.alpha_logit)
+        return self._alpha
+
+    def coefficients(self) -> Tensor:
+        if not self.learnable:
+            return self._c
+        alpha = self.alpha
+        c = ppr_coefficients(alpha.double(), self.steps)
+        return c if alpha.dtype == torch.float64 else c.float()
+
+    def static_coefficients(self) -> tuple[float, ...] | None:
+        return self._static
+
+    def extra_repr(self) -> str:
+        a = self.alpha.detach()
+        a_repr = f"{a.item():g}" if a.numel() == 1 else f"{[round(x, 4) for x in a.tolist()]}"
+        return f"alpha={a_repr}, steps={self.steps}, learnable={self.learnable}, num_heads={self.num_heads}"

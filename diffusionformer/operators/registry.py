@@ -1,0 +1,194 @@
+"""The operator registry: strict when registering, forgiving when resolving.
+
+Examples:
+    >>> from diffusionformer.operators import build_operator, list_operators
+    >>> "laplacian" in list_operators()
+    True
+    >>> build_operator("I-P").name
+    'laplacian'
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any, Callable, TypeVar
+
+import torch  # noqa: F401  (used in doctests)
+
+from diffusionformer.operators.base import DiffusionOperator
+
+__all__ = [
+    "build_operator",
+    "list_operators",
+    "operator_class",
+    "parse_operator_spec",
+    "register_operator",
+    "unregister_operator",
+]
+
+_REGISTRY: dict[str, type[DiffusionOperator]] = {}
+_ALIASES: dict[str, str] = {}
+
+T = TypeVar("T", bound=type[DiffusionOperator])
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[\s_]+", "-", name.strip().lower())
+
+
+def register_operator(
+    cls: T | None = None, *, name: str | None = None, aliases: tuple[str, ...] | None = None
+) -> T | Callable[[T], T]:
+    """Class decorator adding an operator to the registry.
+
+    Args:
+        cls: a subclass of :class:`DiffusionOperator`.
+        name: registry name (default: ``cls.name``).
+        aliases: extra names resolved to this operator (default: ``cls.aliases``).
+
+    Raises:
+        TypeError: ``cls`` is not a :class:`DiffusionOperator` subclass.
+        ValueError: the name or an alias is already taken, or the name is empty.
+
+    Examples:
+        >>> from diffusionformer.operators import DiffusionOperator
+        >>> @register_operator(name="doc-halfway")
+        ... class Halfway(DiffusionOperator):
+        ...     degree = 1
+        ...     def coefficients(self):
+        ...         return torch.tensor([0.5, 0.5])
+        >>> build_operator("doc_halfway").coefficients()
+        tensor([0.5000, 0.5000])
+        >>> unregister_operator("doc-halfway")
+    """
+
+    def wrap(c: T) -> T:
+        if not isinstance(c, type) or not issubclass(c, DiffusionOperator):
+            raise TypeError(f"register_operator expects a subclass of DiffusionOperator, got {c!r}")
+        key = _normalise(name if name is not None else c.name)
+        if not key:
+            raise ValueError(f"{c.__name__} needs a non-empty registry name (class attribute `name` or name=...)")
+        alias_keys = tuple(_normalise(a) for a in (aliases if aliases is not None else c.aliases))
+        for k in (key, *alias_keys):
+            if k in _REGISTRY or k in _ALIASES:
+                owner = _REGISTRY.get(k) or _REGISTRY[_ALIASES[k]]
+                raise ValueError(f"operator name {k!r} is already registered by {owner.__name__}")
+        c.name = key
+        c.aliases = alias_keys
+        _REGISTRY[key] = c
+        for a in alias_keys:
+            _ALIASES[a] = key
+        return c
+
+    if cls is None:
+        return wrap
+    return wrap(cls)
+
+
+def unregister_operator(name: str) -> None:
+    """Remove an operator and its aliases (for tests and interactive work)."""
+    key = _normalise(name)
+    key = _ALIASES.get(key, key)
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown operator {name!r}; registered: {list_operators()}")
+    cls = _REGISTRY.pop(key)
+    for a in cls.aliases:
+        _ALIASES.pop(a, None)
+
+
+def list_operators() -> list[str]:
+    """Names of the registered operators, sorted.
+
+    Examples:
+        >>> list_operators()[:3]
+        ['attention', 'heat', 'heat-exact']
+    """
+    return sorted(_REGISTRY)
+
+
+def operator_class(name: str) -> type[DiffusionOperator]:
+    """Resolve a name or alias (case, spaces and underscores ignored) to its class."""
+    if not isinstance(name, str):
+        raise TypeError(f"operator name must be a str, got {type(name).__name__}")
+    key = _normalise(name)
+    key = _ALIASES.get(key, key)
+    if key not in _REGISTRY:
+        aliases = ", ".join(f"{a!r}->{t!r}" for a, t in sorted(_ALIASES.items()))
+        raise ValueError(f"unknown operator {name!r}; valid names: {list_operators()} (aliases: {aliases})")
+    return _REGISTRY[key]
+
+
+_SPEC = re.compile(r"^\s*([^()\s][^()]*?)\s*(?:\((.*)\))?\s*$", re.S)
+
+
+def parse_operator_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Split ``"heat(t=0.5, learnable=True)"`` into ``("heat", {"t": 0.5, "learnable": True})``.
+
+    Values are Python literals (numbers, booleans, strings, None, tuples/lists).
+
+    Examples:
+        >>> parse_operator_spec("ppr(alpha=0.2, steps=4)")
+        ('ppr', {'alpha': 0.2, 'steps': 4})
+        >>> parse_operator_spec("I-P")
+        ('I-P', {})
+    """
+    m = _SPEC.match(spec)
+    if m is None:
+        raise ValueError(f"cannot parse operator spec {spec!r}; expected 'name' or 'name(key=value, ...)'")
+    name, args = m.group(1), m.group(2)
+    kwargs: dict[str, Any] = {}
+    if args and args.strip():
+        try:
+            call = ast.parse(f"f({args})", mode="eval").body
+        except SyntaxError as exc:
+            raise ValueError(f"cannot parse the arguments of operator spec {spec!r}: {exc.msg}") from None
+        assert isinstance(call, ast.Call)
+        if call.args:
+            raise ValueError(f"operator spec {spec!r}: arguments must be given as key=value")
+        for kw in call.keywords:
+            try:
+                kwargs[kw.arg] = ast.literal_eval(kw.value)  # type: ignore[index]
+            except ValueError:
+                raise ValueError(
+                    f"operator spec {spec!r}: the value of {kw.arg!r} must be a Python literal"
+                ) from None
+    if name.strip().lower() == "true" or name.strip().lower() == "false":
+        raise ValueError(f"invalid operator name {name!r}")
+    return name, kwargs
+
+
+def build_operator(spec: Any, **kwargs: Any) -> DiffusionOperator:
+    """Build an operator from a name, an alias, a spec string, a class or an instance.
+
+    Args:
+        spec: ``"heat"``, ``"I-P"``, ``"heat(t=0.5)"``, ``HeatOperator`` or an instance.
+        **kwargs: constructor arguments (merged over those of a spec string; not allowed with an instance).
+
+    Raises:
+        ValueError: unknown name (the message lists the valid ones) or bad arguments.
+        TypeError: ``spec`` of an unsupported type, or an unknown keyword argument.
+
+    Examples:
+        >>> build_operator("heat", t=0.5, steps=4).degree
+        4
+    """
+    if isinstance(spec, DiffusionOperator):
+        if kwargs:
+            raise TypeError(f"cannot pass arguments {sorted(kwargs)} together with an operator instance")
+        return spec
+    if isinstance(spec, type) and issubclass(spec, DiffusionOperator):
+        cls = spec
+    elif isinstance(spec, str):
+        name, spec_kwargs = parse_operator_spec(spec)
+        cls = operator_class(name)
+        kwargs = {**spec_kwargs, **kwargs}
+    else:
+        raise TypeError(
+            "operator spec must be a name, a DiffusionOperator subclass or instance, "
+            f"got {type(spec).__name__}"
+        )
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise TypeError(f"cannot build operator {cls.name!r} with arguments {kwargs}: {exc}") from None

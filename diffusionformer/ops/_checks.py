@@ -1,0 +1,75 @@
+"""Input validation shared by the dense and sparse kernels (clear errors, no bare asserts)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+
+def check_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have shape {layout} ({ndim} dims), got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    return x
+
+
+def check_coefficients(coeffs: object, num_heads: int, like: Tensor) -> Tensor:
+    """Return coefficients as a ``(H, K+1)`` tensor on ``like``'s device (float32 at least)."""
+    if not isinstance(coeffs, Tensor):
+        if isinstance(coeffs, (list, tuple)):
+            coeffs = torch.tensor(coeffs, dtype=torch.float64)
+        else:
+            raise TypeError(
+                f"coeffs must be a tensor of shape (K+1,) or (H, K+1), got {type(coeffs).__name__}"
+            )
+    if not coeffs.is_floating_point():
+        raise TypeError(f"coeffs must be floating point, got {coeffs.dtype}")
+    if coeffs.dim() == 1:
+        coeffs = coeffs.unsqueeze(0).expand(num_heads, -1)
+    elif coeffs.dim() != 2:
+        raise ValueError(f"coeffs must have shape (K+1,) or (H, K+1), got shape {tuple(coeffs.shape)}")
+    if coeffs.shape[0] != num_heads:
+        raise ValueError(
+            f"coeffs has {coeffs.shape[0]} rows but the inputs have H={num_heads} heads; "
+            f"expected shape ({num_heads}, K+1) or (K+1,)"
+        )
+    if coeffs.shape[1] < 1:
+        raise ValueError("coeffs must have at least one column (the coefficient of P^0)")
+    if coeffs.device.type == "cpu" and not torch.isfinite(coeffs.detach()).all():
+        raise ValueError(f"coeffs must be finite, got {coeffs.detach().tolist()}")
+    dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+    return coeffs.to(device=like.device, dtype=dtype)
+
+
+def check_degrees(degrees: Sequence[int] | None, num_heads: int, max_degree: int) -> list[int]:
+    if degrees is None:
+        return [max_degree] * num_heads
+    degrees = [int(d) for d in degrees]
+    if len(degrees) != num_heads:
+        raise ValueError(f"degrees must list one integer per head (H={num_heads}), got {len(degrees)}")
+    if any(d < 0 or d > max_degree for d in degrees):
+        raise ValueError(f"every degree must lie in [0, K={max_degree}], got {degrees}")
+    return degrees
+
+
+def check_scale(scale: float | None, head_dim: int) -> float:
+    if scale is None:
+        return head_dim ** -0.5
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not (scale == scale) or scale in (float("inf"), float("-inf")):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def active_heads(degrees: list[int], step: int) -> slice | list[int]:
+    """Heads that still propagate at ``step`` (degree >= step), as a slice when contiguous."""
+    idx = [h for h, d in enumerate(degrees) if d >= step]
+    if idx and idx == list(range(idx[0], idx[-1] + 1)):
+        return slice(idx[0], idx[-1] + 1)
+    return idx

@@ -1,0 +1,98 @@
+r"""Reference implementations built from explicit matrices (for tests and for the exact operator).
+
+They are slow and simple on purpose: every fast path in the package is tested against them
+in float64.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["dense_attention_reference", "heat_kernel_reference", "polynomial_reference"]
+
+
+def dense_attention_reference(
+    q: Tensor, k: Tensor, *, allowed: Tensor | None = None, scale: float | None = None
+) -> Tensor:
+    r"""Explicit :math:`P = \operatorname{softmax}(q k^\top s)` restricted to ``allowed`` entries.
+
+    Rows with no allowed entry are zero. Computed in float64 with an explicit exponential.
+
+    Args:
+        q: queries.
+        k: keys.
+        allowed: bool mask, True where ``j`` may be attended by ``i`` (default: all).
+        scale: score scale, default ``1 / sqrt(C)``.
+
+    Shapes:
+        ``q``: ``(..., N, C)``, ``k``: ``(..., M, C)``, ``allowed``: broadcastable to ``(..., N, M)`` -> ``(..., N, M)``.
+
+    Examples:
+        >>> dense_attention_reference(torch.zeros(2, 3), torch.zeros(2, 3))
+        tensor([[0.5000, 0.5000],
+                [0.5000, 0.5000]], dtype=torch.float64)
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = (q.double() @ k.double().transpose(-2, -1)) * scale
+    if allowed is None:
+        allowed = torch.ones_like(s, dtype=torch.bool)
+    allowed = allowed.expand_as(s)
+    s = s - torch.where(allowed, s, torch.full_like(s, -1e300)).amax(-1, keepdim=True).clamp_min(-1e300)
+    e = torch.where(allowed, s.exp(), torch.zeros_like(s))
+    z = e.sum(-1, keepdim=True)
+    return torch.where(z > 0, e / torch.where(z > 0, z, torch.ones_like(z)), torch.zeros_like(e))
+
+
+def polynomial_reference(P: Tensor, v: Tensor, coeffs: Tensor) -> Tensor:
+    r""":math:`\big(\sum_k c_k P^k\big) v` with explicit matrix powers in float64.
+
+    Args:
+        P: (batched) square matrices.
+        v: signals.
+        coeffs: weights on ``P^0 .. P^K``; a leading head dimension broadcasts against ``P``'s
+            second-to-last batch dimension when ``P`` is ``(B, H, N, N)`` and ``coeffs`` is ``(H, K+1)``.
+
+    Shapes:
+        ``P``: ``(..., N, N)``, ``v``: ``(..., N, C)``, ``coeffs``: ``(K+1,)`` or ``(H, K+1)`` -> ``(..., N, C)``.
+
+    Examples:
+        >>> P = torch.tensor([[0., 1.], [1., 0.]])
+        >>> polynomial_reference(P, torch.tensor([[1.], [2.]]), torch.tensor([1., -1.])).flatten().tolist()
+        [-1.0, 1.0]
+    """
+    P, v, coeffs = P.double(), v.double(), coeffs.double()
+    N = P.shape[-1]
+    eye = torch.eye(N, dtype=torch.float64, device=P.device).expand_as(P)
+    total = torch.zeros_like(P)
+    power = eye
+    for kk in range(coeffs.shape[-1]):
+        c = coeffs[..., kk]
+        c = c.reshape(c.shape + (1, 1)) if coeffs.dim() > 1 else c
+        total = total + c * power
+        power = power @ P
+    return total @ v
+
+
+def heat_kernel_reference(P: Tensor, v: Tensor, t: float | Tensor) -> Tensor:
+    r"""Exact heat diffusion :math:`\exp(-t (I - P)) v` via :func:`torch.linalg.matrix_exp` (float64).
+
+    Args:
+        P: (batched) square matrices.
+        v: signals.
+        t: diffusion time, a scalar or one value per matrix in the batch (broadcast as ``(..., 1, 1)``).
+
+    Shapes:
+        ``P``: ``(..., N, N)``, ``v``: ``(..., N, C)`` -> ``(..., N, C)``.
+
+    Examples:
+        >>> P = torch.full((2, 2), 0.5)
+        >>> heat_kernel_reference(P, torch.tensor([[1.], [3.]]), 0.0).flatten().tolist()
+        [1.0, 3.0]
+    """
+    P, v = P.double(), v.double()
+    t = torch.as_tensor(t, dtype=torch.float64, device=P.device)
+    if t.dim() > 0:
+        t = t.reshape(t.shape + (1, 1))
+    eye = torch.eye(P.shape[-1], dtype=torch.float64, device=P.device)
+    return torch.linalg.matrix_exp(-t * (eye - P)) @ v

@@ -1,0 +1,147 @@
+"""Segment reductions over an index vector (the sparse back-end's primitives).
+
+These follow PyTorch Geometric's conventions (``index`` gives the output row of every
+input row) but run on native PyTorch (``index_add_`` / ``scatter_reduce_``). When
+`torch-scatter <https://github.com/rusty1s/pytorch_scatter>`_ is installed its kernels are
+used for CUDA tensors; on CPU the native kernels measured as fast or faster (see the
+performance page), so they are used there regardless.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+try:  # optional accelerator, used for CUDA tensors when present
+    import torch_scatter as _torch_scatter  # type: ignore[import-not-found]
+except Exception:  # pragma: no cover - depends on the environment
+    _torch_scatter = None
+
+ScatterBackend = Literal["auto", "native", "torch_scatter"]
+
+__all__ = ["HAS_TORCH_SCATTER", "scatter_sum", "scatter_max", "segment_softmax"]
+
+HAS_TORCH_SCATTER: bool = _torch_scatter is not None
+
+
+def _use_torch_scatter(src: Tensor, backend: ScatterBackend) -> bool:
+    if backend == "native":
+        return False
+    if backend == "torch_scatter":
+        if _torch_scatter is None:
+            raise ValueError(
+                "backend='torch_scatter' was requested but torch-scatter is not installed; "
+                "install it with `pip install \"diffusionformer[scatter]\"` or use backend='native'"
+            )
+        return True
+    if backend != "auto":
+        raise ValueError(f"scatter backend must be 'auto', 'native' or 'torch_scatter', got {backend!r}")
+    return _torch_scatter is not None and src.is_cuda
+
+
+def _check_index(src: Tensor, index: Tensor, dim_size: int) -> None:
+    if index.dim() != 1:
+        raise ValueError(f"index must be 1-D of shape (E,), got shape {tuple(index.shape)}")
+    if index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"index must be an integer tensor (int64), got {index.dtype}")
+    if src.shape[0] != index.shape[0]:
+        raise ValueError(
+            f"src and index disagree on the number of rows: src has {src.shape[0]}, index has {index.shape[0]}"
+        )
+    if dim_size < 0:
+        raise ValueError(f"dim_size must be non-negative, got {dim_size}")
+
+
+def scatter_sum(src: Tensor, index: Tensor, dim_size: int, *, backend: ScatterBackend = "auto") -> Tensor:
+    r"""Sum rows of ``src`` into ``dim_size`` buckets: :math:`out_i = \sum_{e: index_e = i} src_e`.
+
+    Args:
+        src: values, first dimension indexed by ``index``.
+        index: bucket of every row of ``src``; values in ``[0, dim_size)``.
+        dim_size: number of output rows (empty buckets are zero).
+        backend: ``"auto"`` (torch-scatter for CUDA tensors when installed, else native),
+            ``"native"`` or ``"torch_scatter"``.
+
+    Shapes:
+        ``src``: ``(E, *)``, ``index``: ``(E,)`` -> ``(dim_size, *)``.
+
+    Examples:
+        >>> scatter_sum(torch.tensor([1., 2., 3.]), torch.tensor([0, 2, 0]), 3)
+        tensor([4., 0., 2.])
+    """
+    _check_index(src, index, dim_size)
+    index = index.long()
+    if _use_torch_scatter(src, backend):
+        return _torch_scatter.scatter_add(src, index, dim=0, dim_size=dim_size)
+    out = src.new_zeros((dim_size,) + tuple(src.shape[1:]))
+    return out.index_add_(0, index, src)
+
+
+def scatter_max(src: Tensor, index: Tensor, dim_size: int, *, backend: ScatterBackend = "auto") -> Tensor:
+    r"""Row-wise maximum per bucket: :math:`out_i = \max_{e: index_e = i} src_e`; empty buckets are 0.
+
+    The result is meant for numerical stabilisation and is returned without gradient history.
+
+    Args:
+        src: values, first dimension indexed by ``index``.
+        index: bucket of every row; values in ``[0, dim_size)``.
+        dim_size: number of output rows.
+        backend: see :func:`scatter_sum`.
+
+    Shapes:
+        ``src``: ``(E, *)``, ``index``: ``(E,)`` -> ``(dim_size, *)``.
+
+    Examples:
+        >>> scatter_max(torch.tensor([1., 5., 3.]), torch.tensor([0, 0, 2]), 3)
+        tensor([5., 0., 3.])
+    """
+    _check_index(src, index, dim_size)
+    index = index.long()
+    src = src.detach()
+    if _use_torch_scatter(src, backend):
+        return _torch_scatter.scatter_max(src, index, dim=0, dim_size=dim_size)[0]
+    out = src.new_zeros((dim_size,) + tuple(src.shape[1:]))
+    expanded = index.view((-1,) + (1,) * (src.dim() - 1)).expand_as(src)
+    return out.scatter_reduce_(0, expanded, src, reduce="amax", include_self=False)
+
+
+def segment_softmax(
+    src: Tensor, index: Tensor, num_nodes: int, *, backend: ScatterBackend = "auto"
+) -> Tensor:
+    r"""Softmax of edge scores over each target's incoming edges.
+
+    .. math::
+        \alpha_e = \frac{\exp(s_e - m_{i})}{\sum_{e': index_{e'} = i} \exp(s_{e'} - m_{i})},
+        \qquad i = index_e,\; m_i = \max_{e': index_{e'} = i} s_{e'}
+
+    as PyG's :func:`torch_geometric.utils.softmax`. The maximum is detached (softmax is
+    shift-invariant, so the gradient is exact). Scores of ``-inf`` get weight 0; a target
+    whose every score is ``-inf`` gets all-zero weights rather than NaN. The computation is
+    done in float32 at least, and the result returned in the input dtype.
+
+    Args:
+        src: edge scores.
+        index: target node of every edge (``edge_index[1]`` in PyG convention).
+        num_nodes: number of target nodes.
+        backend: see :func:`scatter_sum`.
+
+    Shapes:
+        ``src``: ``(E, *)`` (e.g. ``(E, H)``), ``index``: ``(E,)`` -> ``(E, *)``.
+
+    Examples:
+        >>> w = segment_softmax(torch.tensor([0., 0., 1.]), torch.tensor([1, 1, 0]), 2)
+        >>> w
+        tensor([0.5000, 0.5000, 1.0000])
+    """
+    _check_index(src, index, num_nodes)
+    index = index.long()
+    dtype = src.dtype
+    work = src.float() if dtype in (torch.float16, torch.bfloat16) else src
+    m = scatter_max(work, index, num_nodes, backend=backend)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = (work - m.index_select(0, index)).exp()
+    denom = scatter_sum(e, index, num_nodes, backend=backend)
+    denom = torch.where(denom > 0, denom, torch.ones_like(denom))
+    return (e / denom.index_select(0, index)).to(dtype)

@@ -1,0 +1,245 @@
+r"""Sparse back-end: diffusion over the edges of a graph (PyTorch Geometric conventions).
+
+``edge_index[0]`` holds the source ``j`` and ``edge_index[1]`` the target ``i`` of every edge;
+the message ``x_j`` flows to ``i``. The attention matrix has one entry per edge,
+
+.. math::
+    P_{ij} = \frac{\exp(q_i \cdot k_j \cdot s)}{\sum_{j' \in \mathcal{N}(i)} \exp(q_i \cdot k_{j'} \cdot s)},
+
+which is exactly PyG's :class:`~torch_geometric.nn.conv.TransformerConv` weighting. A node
+without incoming edges has an all-zero row of ``P`` (so ``P x`` is 0 there and a Laplacian
+head passes its value through unchanged). Edge weights are computed once and reused for
+every power of ``P``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from diffusionformer.ops._checks import (
+    active_heads,
+    check_coefficients,
+    check_degrees,
+    check_scale,
+    check_tensor,
+)
+from diffusionformer.ops.scatter import ScatterBackend, scatter_sum, segment_softmax
+
+__all__ = ["check_edge_index", "diffuse_sparse", "edge_attention", "propagate_sparse"]
+
+
+def check_edge_index(edge_index: object, num_nodes: int) -> Tensor:
+    """Validate a PyG ``edge_index`` of shape ``(2, E)``.
+
+    Bounds are checked for CPU tensors only (a bounds check on an accelerator would force a
+    host synchronisation; out-of-range indices there fail inside the gather kernel).
+    """
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(f"edge_index must be a LongTensor of shape (2, E), got {type(edge_index).__name__}")
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
+    if edge_index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"edge_index must be an integer tensor (int64), got {edge_index.dtype}")
+    if edge_index.device.type == "cpu" and edge_index.numel() > 0:
+        lo, hi = int(edge_index.min()), int(edge_index.max())
+        if lo < 0 or hi >= num_nodes:
+            raise ValueError(
+                f"edge_index values must lie in [0, num_nodes={num_nodes}), got range [{lo}, {hi}]"
+            )
+    return edge_index.long()
+
+
+def _check_nodes(q: Tensor, k: Tensor, num_nodes: int | None) -> int:
+    check_tensor("q", q, 3, "(N, H, C)")
+    check_tensor("k", k, 3, "(N, H, C)")
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape (N, H, C), got {tuple(q.shape)} and {tuple(k.shape)}")
+    if k.dtype != q.dtype:
+        raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
+    N = q.shape[0]
+    if num_nodes is None:
+        return N
+    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool):
+        raise TypeError(f"num_nodes must be an int or None, got {type(num_nodes).__name__}")
+    if num_nodes != N:
+        raise ValueError(f"num_nodes={num_nodes} disagrees with q, which has N={N} rows")
+    return N
+
+
+def edge_attention(
+    q: Tensor,
+    k: Tensor,
+    edge_index: Tensor,
+    *,
+    num_nodes: int | None = None,
+    scale: float | None = None,
+    backend: ScatterBackend = "auto",
+) -> Tensor:
+    r"""Edge weights :math:`P_{ij}`: the softmax of :math:`q_i \cdot k_j \cdot s` over ``i``'s incoming edges.
+
+    Args:
+        q: queries of the nodes.
+        k: keys of the nodes.
+        edge_index: ``(source j, target i)`` pairs.
+        num_nodes: number of nodes (default ``N`` of ``q``).
+        scale: score scale, default ``1 / sqrt(C)``.
+        backend: scatter backend (see :func:`~diffusionformer.ops.scatter.scatter_sum`).
+
+    Shapes:
+        ``q``, ``k``: ``(N, H, C)``; ``edge_index``: ``(2, E)`` -> ``(E, H)``.
+
+    Examples:
+        >>> q = torch.zeros(3, 1, 2); k = torch.zeros(3, 1, 2)
+        >>> edge_attention(q, k, torch.tensor([[0, 1, 2], [2, 2, 0]])).flatten().tolist()
+        [0.5, 0.5, 1.0]
+    """
+    N = _check_nodes(q, k, num_nodes)
+    edge_index = check_edge_index(edge_index, N)
+    scale = check_scale(scale, q.shape[-1])
+    src, dst = edge_index[0], edge_index[1]
+    dtype = q.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    scores = (q.index_select(0, dst).to(work) * k.index_select(0, src).to(work)).sum(-1) * scale
+    return segment_softmax(scores, dst, N, backend=backend).to(dtype)
+
+
+def propagate_sparse(
+    weights: Tensor,
+    x: Tensor,
+    edge_index: Tensor,
+    *,
+    num_nodes: int | None = None,
+    backend: ScatterBackend = "auto",
+) -> Tensor:
+    r"""One diffusion step on a sparse graph: :math:`(P x)_i = \sum_{j \to i} P_{ij} x_j`.
+
+    Args:
+        weights: one weight per edge and head (e.g. from :func:`edge_attention`).
+        x: node signal.
+        edge_index: ``(source j, target i)`` pairs.
+        num_nodes: number of nodes (default ``x.shape[0]``).
+        backend: scatter backend.
+
+    Shapes:
+        ``weights``: ``(E, H)``; ``x``: ``(N, H, C)``; ``edge_index``: ``(2, E)`` -> ``(N, H, C)``.
+
+    Examples:
+        >>> w = torch.tensor([[0.5], [0.5]]); x = torch.tensor([[[2.]], [[4.]], [[0.]]])
+        >>> propagate_sparse(w, x, torch.tensor([[0, 1], [2, 2]])).flatten().tolist()
+        [0.0, 0.0, 3.0]
+    """
+    check_tensor("x", x, 3, "(N, H, C)")
+    N = x.shape[0] if num_nodes is None else num_nodes
+    edge_index = check_edge_index(edge_index, N)
+    if weights.dim() != 2 or weights.shape[0] != edge_index.shape[1] or weights.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"weights must have shape (E, H) = ({edge_index.shape[1]}, {x.shape[1]}), got {tuple(weights.shape)}"
+        )
+    return _propagate(weights, x, edge_index[0], edge_index[1], N, backend)
+
+
+def _propagate(weights: Tensor, x: Tensor, src: Tensor, dst: Tensor, N: int, backend: ScatterBackend) -> Tensor:
+    messages = x.index_select(0, src) * weights.unsqueeze(-1).to(x.dtype)
+    return scatter_sum(messages, dst, N, backend=backend)
+
+
+def diffuse_sparse(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    edge_index: Tensor,
+    coeffs: Tensor,
+    *,
+    num_nodes: int | None = None,
+    scale: float | None = None,
+    degrees: Sequence[int] | None = None,
+    dropout_p: float = 0.0,
+    backend: ScatterBackend = "auto",
+) -> Tensor:
+    r"""Polynomial diffusion on a sparse graph: :math:`\sum_{k=0}^{K} c_{h,k} P_h^k v_h`.
+
+    ``P_h`` is the per-head edge softmax of :func:`edge_attention`, computed once and reused
+    for all ``K`` steps. Nodes without incoming edges have a zero row of ``P``.
+
+    Args:
+        q: queries.
+        k: keys.
+        v: values.
+        edge_index: ``(source j, target i)`` pairs, PyG convention.
+        coeffs: weights on ``P^0 .. P^K`` per head ``(H, K+1)`` or shared ``(K+1,)``.
+        num_nodes: number of nodes (default ``N`` of ``q``).
+        scale: score scale, default ``1 / sqrt(C)``.
+        degrees: optional highest power used by each head (see :func:`~diffusionformer.ops.dense.diffuse`).
+        dropout_p: dropout on the edge weights at every step (training only).
+        backend: scatter backend.
+
+    Shapes:
+        ``q``, ``k``: ``(N, H, C)``; ``v``: ``(N, H, C_v)``; ``edge_index``: ``(2, E)``;
+        ``coeffs``: ``(H, K+1)`` or ``(K+1,)`` -> ``(N, H, C_v)``.
+
+    Examples:
+        >>> q = torch.zeros(2, 1, 4); k = torch.zeros(2, 1, 4); v = torch.tensor([[[1.]], [[3.]]])
+        >>> complete = torch.tensor([[0, 1, 0, 1], [0, 0, 1, 1]])
+        >>> diffuse_sparse(q, k, v, complete, torch.tensor([1., -1.])).flatten().tolist()
+        [-1.0, 1.0]
+    """
+    out, _ = diffuse_sparse_with_weights(
+        q, k, v, edge_index, coeffs, num_nodes=num_nodes, scale=scale, degrees=degrees,
+        dropout_p=dropout_p, backend=backend,
+    )
+    return out
+
+
+def diffuse_sparse_with_weights(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    edge_index: Tensor,
+    coeffs: Tensor,
+    *,
+    num_nodes: int | None = None,
+    scale: float | None = None,
+    degrees: Sequence[int] | None = None,
+    dropout_p: float = 0.0,
+    backend: ScatterBackend = "auto",
+) -> tuple[Tensor, Tensor]:
+    """:func:`diffuse_sparse` that also returns the edge weights ``(E, H)``."""
+    N = _check_nodes(q, k, num_nodes)
+    check_tensor("v", v, 3, "(N, H, C_v)")
+    if v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"v must have shape (N, H, C_v) with (N, H) = {tuple(q.shape[:2])}, got {tuple(v.shape)}")
+    if v.dtype != q.dtype:
+        raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    H = q.shape[1]
+    coeffs = check_coefficients(coeffs, H, v)
+    K = coeffs.shape[1] - 1
+    degrees = check_degrees(degrees, H, K)
+    alpha = edge_attention(q, k, edge_index, num_nodes=N, scale=scale, backend=backend)
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    c = coeffs.to(v.dtype)[None, :, :, None]  # (1, H, K+1, 1)
+    out = v * c[:, :, 0]
+    cur = v
+    prev = list(range(H))
+    for step in range(1, max(degrees, default=0) + 1):
+        heads = active_heads(degrees, step)
+        idx = list(range(H))[heads] if isinstance(heads, slice) else heads
+        if idx != prev:
+            pos = torch.tensor([prev.index(h) for h in idx], device=v.device)
+            cur = cur.index_select(1, pos)
+        w = alpha if len(idx) == H else alpha.index_select(1, torch.tensor(idx, device=v.device))
+        if dropout_p > 0.0:
+            w = F.dropout(w, p=dropout_p)
+        cur = _propagate(w, cur, src, dst, N, backend)
+        contrib = c[:, idx, step] * cur if len(idx) != H else c[:, :, step] * cur
+        if len(idx) == H:
+            out = out + contrib
+        else:
+            out = out.index_add(1, torch.tensor(idx, device=v.device), contrib)
+        prev = idx
+    return out, alpha

@@ -1,0 +1,60 @@
+"""Tiny hand-built graphs and inputs for tests (PyG edge convention: row 0 source, row 1 target)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["causal_edge_index", "complete_edge_index", "random_qkv", "dense_allowed_from_edges"]
+
+
+def complete_edge_index(num_nodes: int, *, self_loops: bool = True, device: torch.device | str | None = None) -> Tensor:
+    """Every ordered pair ``(j, i)`` (with ``j == i`` when ``self_loops``).
+
+    Examples:
+        >>> complete_edge_index(2)
+        tensor([[0, 1, 0, 1],
+                [0, 0, 1, 1]])
+    """
+    i, j = torch.meshgrid(torch.arange(num_nodes, device=device), torch.arange(num_nodes, device=device), indexing="ij")
+    keep = torch.ones_like(i, dtype=torch.bool) if self_loops else i != j
+    return torch.stack([j[keep], i[keep]])
+
+
+def causal_edge_index(num_nodes: int, *, device: torch.device | str | None = None) -> Tensor:
+    """Edges ``j -> i`` for ``j <= i``: the sparse form of a causal mask.
+
+    Examples:
+        >>> causal_edge_index(2)
+        tensor([[0, 0, 1],
+                [0, 1, 1]])
+    """
+    e = complete_edge_index(num_nodes, device=device)
+    return e[:, e[0] <= e[1]]
+
+
+def dense_allowed_from_edges(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """``(N, N)`` bool matrix, True at ``[i, j]`` when the edge ``j -> i`` exists.
+
+    Examples:
+        >>> dense_allowed_from_edges(torch.tensor([[0], [1]]), 2)
+        tensor([[False, False],
+                [ True, False]])
+    """
+    allowed = torch.zeros(num_nodes, num_nodes, dtype=torch.bool, device=edge_index.device)
+    allowed[edge_index[1], edge_index[0]] = True
+    return allowed
+
+
+def random_qkv(
+    B: int = 2, H: int = 3, N: int = 6, C: int = 4, *, dtype: torch.dtype = torch.float64, seed: int = 0,
+    device: torch.device | str | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Seeded Gaussian ``q, k, v`` of shape ``(B, H, N, C)``.
+
+    Examples:
+        >>> [t.shape for t in random_qkv(1, 2, 3, 4)][0]
+        torch.Size([1, 2, 3, 4])
+    """
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, N, C, generator=g, dtype=dtype).to(device) for _ in range(3))  # type: ignore[return-value]

@@ -1,0 +1,183 @@
+r"""A public property harness: every registered operator is held to the same laws.
+
+:func:`assert_operator` checks one operator against explicit float64 references and the
+structural properties that hold for any function of a row-stochastic ``P``:
+
+* dense ``"sdpa"`` and ``"matrix"`` back-ends equal :math:`\sum_k c_k P^k v` built from
+  explicit matrix powers (or the operator's own ``apply_matrix`` for non-polynomials);
+* the sparse back-end equals the dense one on the complete and the causal graph;
+* node-permutation equivariance and edge-order invariance;
+* causality: under a causal mask, no output depends on a later position, for every ``K``;
+* shift law: since ``P 1 = 1``, :math:`f(P)(v + 1 a^\top) = f(P) v + (\sum_k c_k) 1 a^\top`
+  (so a Laplacian head, with coefficients summing to 0, ignores a constant shift).
+
+Operators you register are covered by the project's registry-wide test for free; call
+:func:`assert_operator` in your own tests too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from diffusionformer.operators import DiffusionOperator, build_operator
+from diffusionformer.ops.dense import attention_matrix, diffuse
+from diffusionformer.ops.reference import dense_attention_reference, polynomial_reference
+from diffusionformer.ops.sparse import diffuse_sparse
+from diffusionformer.testing.graphs import causal_edge_index, complete_edge_index, dense_allowed_from_edges, random_qkv
+
+__all__ = ["apply_operator_dense", "apply_operator_sparse", "assert_operator"]
+
+
+def apply_operator_dense(
+    op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, *, backend: str = "auto", is_causal: bool = False,
+    attn_mask: Tensor | None = None,
+) -> Tensor:
+    """Run one operator on all heads of dense ``(B, H, N, C)`` inputs through the engine."""
+    H = q.shape[1]
+    if op.is_polynomial:
+        return diffuse(q, k, v, op.head_coefficients(H), backend=backend, is_causal=is_causal, attn_mask=attn_mask)
+    P = attention_matrix(q, k, is_causal=is_causal, attn_mask=attn_mask)
+    return op.apply_matrix(P, v)
+
+
+def apply_operator_sparse(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor) -> Tensor:
+    """Run one operator on node inputs ``(N, H, C)`` over ``edge_index``."""
+    if not op.supports_sparse:
+        raise ValueError(f"operator {op.name!r} does not support the sparse back-end")
+    return diffuse_sparse(q, k, v, edge_index, op.head_coefficients(q.shape[1]))
+
+
+def _reference(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
+    P = dense_attention_reference(q, k, allowed=allowed)
+    if op.is_polynomial:
+        return polynomial_reference(P, v, op.head_coefficients(q.shape[1]).detach().double())
+    return op.double().apply_matrix(P, v.double())
+
+
+def _close(a: Tensor, b: Tensor, what: str, atol: float, rtol: float) -> None:
+    a, b = a.double(), b.double()
+    if a.shape != b.shape:
+        raise AssertionError(f"{what}: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}")
+    if not torch.allclose(a, b, atol=atol, rtol=rtol):
+        err = (a - b).abs().max().item()
+        raise AssertionError(f"{what}: max abs difference {err:.3e} exceeds atol={atol}, rtol={rtol}")
+
+
+def assert_operator(
+    spec: Any,
+    *,
+    num_heads: int = 2,
+    num_nodes: int = 7,
+    head_dim: int = 4,
+    batch: int = 2,
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    atol: float | None = None,
+    rtol: float | None = None,
+    **kwargs: Any,
+) -> None:
+    """Check an operator (name, class or instance) against references and the laws above.
+
+    Raises ``AssertionError`` naming the first law that fails.
+
+    Args:
+        spec: operator spec for :func:`~diffusionformer.operators.build_operator`.
+        num_heads, num_nodes, head_dim, batch: sizes of the random test problem.
+        dtype: float64 (tight tolerances) or float32.
+        seed: seed of the random inputs.
+        atol, rtol: tolerances (defaults depend on ``dtype``).
+        **kwargs: operator arguments (``num_heads`` is set for you).
+
+    Examples:
+        >>> assert_operator("laplacian")
+        >>> assert_operator("heat", t=0.7, steps=6)
+    """
+    if isinstance(spec, DiffusionOperator):
+        op = spec
+        H = op.num_heads if op.num_heads > 1 else num_heads
+    else:
+        op = build_operator(spec, num_heads=num_heads, **kwargs)
+        H = num_heads
+    op = op.to(dtype)
+    tol_a = atol if atol is not None else (1e-10 if dtype == torch.float64 else 2e-5)
+    tol_r = rtol if rtol is not None else (1e-8 if dtype == torch.float64 else 1e-4)
+    B, N, C = batch, num_nodes, head_dim
+    q, k, v = random_qkv(B, H, N, C, dtype=dtype, seed=seed)
+    name = op.name or type(op).__name__
+
+    if op.is_polynomial:
+        c = op.head_coefficients(H)
+        if c.shape != (H, op.degree + 1):
+            raise AssertionError(f"{name}: coefficients have shape {tuple(c.shape)}, expected ({H}, {op.degree + 1})")
+        if not torch.isfinite(c).all():
+            raise AssertionError(f"{name}: coefficients are not finite")
+        static = op.static_coefficients()
+        if static is not None and not torch.allclose(c.detach().double(), torch.tensor(static, dtype=torch.float64).expand_as(c), atol=1e-6):
+            raise AssertionError(f"{name}: static_coefficients() disagrees with coefficients()")
+
+    # 1. dense back-ends against the explicit float64 reference (complete and causal).
+    causal_allowed = torch.ones(N, N, dtype=torch.bool).tril()
+    for is_causal, allowed in ((False, None), (True, causal_allowed)):
+        ref = _reference(op, q, k, v, allowed)
+        backends = ("sdpa", "matrix") if op.is_polynomial else ("matrix",)
+        for backend in backends:
+            out = apply_operator_dense(op, q, k, v, backend=backend, is_causal=is_causal)
+            _close(out, ref, f"{name}: dense backend={backend!r} causal={is_causal} vs float64 reference", tol_a, tol_r)
+
+    # 2. shift law: f(P)(v + 1 a^T) = f(P) v + (sum_k c_k) 1 a^T.
+    if op.is_polynomial:
+        a = torch.randn(1, 1, 1, C, dtype=dtype, generator=torch.Generator().manual_seed(seed + 1))
+        total = op.head_coefficients(H).detach().sum(-1).to(dtype).view(1, H, 1, 1)
+        lhs = apply_operator_dense(op, q, k, v + a)
+        rhs = apply_operator_dense(op, q, k, v) + total * a
+        _close(lhs, rhs, f"{name}: shift law f(P)(v + 1a^T) = f(P)v + sum(c) 1a^T", tol_a * 10, tol_r)
+
+    # 3. causality: perturbing positions > i never changes output i.
+    for cut in (1, N // 2, N - 1):
+        v2, k2, q2 = v.clone(), k.clone(), q.clone()
+        v2[:, :, cut:] += 1.0
+        k2[:, :, cut:] -= 0.5
+        q2[:, :, cut:] += 0.3
+        o1 = apply_operator_dense(op, q, k, v, is_causal=True)
+        o2 = apply_operator_dense(op, q2, k2, v2, is_causal=True)
+        _close(o1[:, :, :cut], o2[:, :, :cut], f"{name}: causal output before position {cut} saw the future", tol_a, tol_r)
+
+    # 4. permutation equivariance (dense).
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(seed + 2))
+    o = apply_operator_dense(op, q, k, v)
+    op_perm = apply_operator_dense(op, q[:, :, perm], k[:, :, perm], v[:, :, perm])
+    _close(op_perm, o[:, :, perm], f"{name}: dense output is not permutation-equivariant", tol_a, tol_r)
+
+    if not op.supports_sparse:
+        qn, kn, vn = (t[0].transpose(0, 1) for t in (q, k, v))
+        try:
+            apply_operator_sparse(op, qn, kn, vn, complete_edge_index(N))
+        except ValueError:
+            return
+        raise AssertionError(f"{name}: declares supports_sparse=False but the sparse back-end did not refuse it")
+
+    # 5. sparse equals dense on the complete and the causal graph (batch element 0).
+    qn, kn, vn = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))  # (N, H, C)
+    for edge_index, is_causal in ((complete_edge_index(N), False), (causal_edge_index(N), True)):
+        dense_out = apply_operator_dense(op, q[:1], k[:1], v[:1], is_causal=is_causal)[0].transpose(0, 1)
+        sparse_out = apply_operator_sparse(op, qn, kn, vn, edge_index)
+        _close(sparse_out, dense_out, f"{name}: sparse vs dense (causal={is_causal})", tol_a, tol_r)
+
+    # 6. a general sparse graph against the explicit reference; edge-order invariance; permutation.
+    g = torch.Generator().manual_seed(seed + 3)
+    edges = complete_edge_index(N)
+    edges = edges[:, torch.rand(edges.shape[1], generator=g) < 0.5]
+    allowed = dense_allowed_from_edges(edges, N)
+    ref = _reference(op, qn.transpose(0, 1)[None], kn.transpose(0, 1)[None], vn.transpose(0, 1)[None], allowed)[0].transpose(0, 1)
+    out = apply_operator_sparse(op, qn, kn, vn, edges)
+    _close(out, ref, f"{name}: sparse on a random graph vs float64 reference (nodes without in-edges: zero row)", tol_a, tol_r)
+    shuffled = edges[:, torch.randperm(edges.shape[1], generator=g)]
+    _close(apply_operator_sparse(op, qn, kn, vn, shuffled), out, f"{name}: sparse output depends on edge order", tol_a, tol_r)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(N)
+    permuted_edges = inv[edges]
+    out_p = apply_operator_sparse(op, qn[perm], kn[perm], vn[perm], permuted_edges)
+    _close(out_p, out[perm], f"{name}: sparse output is not permutation-equivariant", tol_a, tol_r)
