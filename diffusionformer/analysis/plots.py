@@ -1,0 +1,247 @@
+r"""Figures for token geometry: PCA token maps, frequency responses, metrics by depth, spectra.
+
+matplotlib is imported lazily (the ``plot`` extra: ``pip install 'diffusionformer[plot]'``).
+Figures are built with ``matplotlib.figure.Figure`` directly, not through ``pyplot``: no
+global backend or figure state is touched, nothing is shown, and figures are freed like
+any object. Save them with ``fig.savefig(path)`` (``ax.figure.savefig(path)`` for the
+functions that return an ``Axes``); they display inline in Jupyter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from diffusionformer.analysis.spectral import frequency_response
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "plot_pca_token_maps",
+    "plot_frequency_response",
+    "plot_metric_by_depth",
+    "plot_spectra",
+]
+
+
+def _figure_class() -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "diffusionformer.analysis.plots needs matplotlib; install the `plot` extra: "
+            "pip install 'diffusionformer[plot]'"
+        ) from err
+    return Figure
+
+
+def _new_axes(ax: Axes | None, figsize: tuple[float, float] = (5.0, 3.5)) -> Axes:
+    if ax is not None:
+        return ax
+    return _figure_class()(figsize=figsize, layout="constrained").add_subplot()
+
+
+def _to_image(x: Tensor) -> Any:
+    """``(C, H, W)`` or ``(H, W)`` tensor -> numpy ``(H, W[, 3])`` in [0, 1] for ``imshow``."""
+    x = x.detach().to(device="cpu", dtype=torch.float64)
+    if x.ndim == 3:
+        if x.shape[0] == 1:
+            x = x[0]
+        elif x.shape[0] == 3:
+            x = x.permute(1, 2, 0)
+        else:
+            raise ValueError(f"images must have 1 or 3 channels, got shape {tuple(x.shape)}")
+    lo, hi = x.min(), x.max()
+    x = (x - lo) / (hi - lo) if hi > lo else torch.zeros_like(x)
+    return x.numpy()
+
+
+def plot_pca_token_maps(
+    images: Tensor,
+    maps: Mapping[str, Tensor],
+    *,
+    max_images: int = 4,
+    cell_size: float = 2.0,
+) -> Figure:
+    r"""Tiles inputs beside their PCA token maps, one row per image and one column per model.
+
+    Column 0 shows the input (min-max scaled for display), column ``1 + m`` the RGB map of
+    model ``m`` from ``pca_token_rgb`` (patch grid shown with nearest-neighbour pixels).
+
+    Args:
+        images: inputs, channels first (1 or 3 channels) or greyscale ``(B, H, W)``.
+        maps: model name -> its PCA map of the same images, values in ``[0, 1]``.
+        max_images: number of rows (the first ``min(B, max_images)`` images).
+        cell_size: size of one panel in inches.
+
+    Shapes:
+        images: ``(B, C, H, W)`` or ``(B, H, W)``; each map: ``(B', 3, h, w)`` with ``B' >= rows``.
+
+    Examples:
+        >>> fig = plot_pca_token_maps(torch.rand(2, 3, 8, 8), {"attention": torch.rand(2, 3, 2, 2)})
+        >>> len(fig.axes)
+        4
+    """
+    if not isinstance(images, Tensor) or images.ndim not in (3, 4):
+        got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        raise ValueError(f"images must have shape (B, C, H, W) or (B, H, W), got {got}")
+    if not maps:
+        raise ValueError("maps must name at least one model's PCA map, got none")
+    rows = min(images.shape[0], max_images)
+    if rows < 1:
+        raise ValueError(f"need at least one image and max_images >= 1, got {rows} rows")
+    for name, m in maps.items():
+        if not isinstance(m, Tensor) or m.ndim != 4 or m.shape[1] != 3 or m.shape[0] < rows:
+            got = tuple(m.shape) if isinstance(m, Tensor) else type(m).__name__
+            raise ValueError(f"maps[{name!r}] must have shape (B >= {rows}, 3, h, w), got {got}")
+    cols = 1 + len(maps)
+    fig = _figure_class()(figsize=(cell_size * cols, cell_size * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    titles = ["input", *maps.keys()]
+    panels = [images, *maps.values()]
+    for r in range(rows):
+        for c, (title, panel) in enumerate(zip(titles, panels)):
+            ax = axes[r][c]
+            ax.imshow(_to_image(panel[r]), cmap="gray", interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(title)
+    return fig
+
+
+def plot_frequency_response(
+    named_coeffs: Mapping[str, Tensor],
+    ax: Axes | None = None,
+    *,
+    num_points: int = 201,
+) -> Axes:
+    r"""Plots ``f(lambda) = sum_k c_k lambda^k`` on ``lambda in [-1, 1]``, one line per operator.
+
+    Real ``lambda`` in ``[-1, 1]`` covers the spectrum of a row-stochastic ``P`` that is
+    similar to a symmetric matrix (e.g. a reversible random walk on an undirected graph).
+    Attention maps are not symmetric in general and then have complex eigenvalues in the
+    unit disc, which this plot does not show; evaluate ``frequency_response`` at
+    ``eigenvalues_of(P)`` for those. ``lambda = 1`` is the constant (zero-frequency) mode.
+
+    Args:
+        named_coeffs: operator name -> coefficients ``(K+1,)``, or ``(G, K+1)`` for one
+            line per head (labelled ``name[g]``).
+        ax: axes to draw on; a new figure if omitted.
+        num_points: number of evaluation points.
+
+    Shapes:
+        coefficients: ``(K+1,)`` or ``(G, K+1)``.
+
+    Examples:
+        >>> ax = plot_frequency_response({"attention": torch.tensor([0.0, 1.0]),
+        ...                               "laplacian": torch.tensor([1.0, -1.0])})
+        >>> ax.get_legend_handles_labels()[1]
+        ['attention', 'laplacian']
+    """
+    if not named_coeffs:
+        raise ValueError("named_coeffs must hold at least one operator, got none")
+    ax = _new_axes(ax)
+    lam = torch.linspace(-1.0, 1.0, num_points, dtype=torch.float64)
+    for name, coeffs in named_coeffs.items():
+        response = frequency_response(coeffs.detach(), lam).cpu()
+        if response.is_complex():
+            raise ValueError(f"named_coeffs[{name!r}] must be real for a real-axis plot")
+        rows = response.unsqueeze(0) if response.ndim == 1 else response
+        for g, row in enumerate(rows):
+            label = name if response.ndim == 1 else f"{name}[{g}]"
+            ax.plot(lam.numpy(), row.numpy(), label=label)
+    ax.axhline(0.0, color="0.7", linewidth=0.8)
+    ax.set_xlabel(r"eigenvalue $\lambda$ of $P$")
+    ax.set_ylabel(r"$f(\lambda)$")
+    ax.legend()
+    return ax
+
+
+def plot_metric_by_depth(
+    results: Mapping[str, Sequence[float]],
+    ylabel: str,
+    ax: Axes | None = None,
+    *,
+    xlabel: str = "layer",
+    logy: bool = False,
+) -> Axes:
+    r"""Plots a metric against depth, one line per operator setting.
+
+    Point ``l`` of each list is drawn at ``x = l`` (layer index as given, e.g. 0 = embedding
+    output).
+
+    Args:
+        results: setting name -> metric value per layer.
+        ylabel: name of the metric.
+        ax: axes to draw on; a new figure if omitted.
+        xlabel: x-axis label.
+        logy: logarithmic y axis.
+
+    Examples:
+        >>> ax = plot_metric_by_depth({"attention": [1.0, 0.5, 0.2]}, ylabel="variance")
+        >>> ax.lines[0].get_ydata().tolist()
+        [1.0, 0.5, 0.2]
+    """
+    if not results:
+        raise ValueError("results must hold at least one setting, got none")
+    ax = _new_axes(ax)
+    for name, values in results.items():
+        values = [float(v) for v in values]
+        ax.plot(range(len(values)), values, marker="o", markersize=3, label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logy:
+        ax.set_yscale("log")
+    ax.legend()
+    return ax
+
+
+def plot_spectra(
+    spectra: Mapping[str, Tensor],
+    ax: Axes | None = None,
+    *,
+    normalize: bool = True,
+) -> Axes:
+    r"""Log-log plot of singular values against their rank ``i = 1, 2, ...``.
+
+    A power law ``s_i^2 ~ i^{-alpha}`` is a straight line of slope ``-alpha/2`` (see
+    ``power_law_exponent``). With ``normalize`` each spectrum is divided by its largest
+    value so that decay rates compare at a glance. Zero values are dropped (no log).
+
+    Args:
+        spectra: name -> singular values (any order; sorted descending here).
+        ax: axes to draw on; a new figure if omitted.
+        normalize: plot ``s_i / s_1``.
+
+    Shapes:
+        each spectrum: ``(R,)``.
+
+    Examples:
+        >>> ax = plot_spectra({"attention": torch.tensor([4.0, 2.0, 1.0])})
+        >>> ax.lines[0].get_ydata().tolist()
+        [1.0, 0.5, 0.25]
+    """
+    if not spectra:
+        raise ValueError("spectra must hold at least one spectrum, got none")
+    ax = _new_axes(ax)
+    for name, s in spectra.items():
+        if not isinstance(s, Tensor) or s.ndim != 1:
+            got = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
+            raise ValueError(f"spectra[{name!r}] must have shape (R,), got {got}")
+        s = s.detach().to(device="cpu", dtype=torch.float64).sort(descending=True).values
+        s = s[s > 0]
+        if normalize and s.numel() > 0:
+            s = s / s[0]
+        ax.plot(torch.arange(1, s.numel() + 1).numpy(), s.numpy(), label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("rank $i$")
+    ax.set_ylabel(r"$s_i / s_1$" if normalize else r"$s_i$")
+    ax.legend()
+    return ax

@@ -1,0 +1,320 @@
+r"""Spectral views of tokens and of diffusion operators.
+
+- Singular spectrum of centred tokens and its summaries (effective rank, stable rank,
+  energy in the top ``k`` directions, power-law decay exponent): Zhang & Papyan (arXiv
+  2602.09297) report that Laplacian heads give faster-decaying token spectra.
+- PCA token maps: the top three principal components of patch tokens shown as RGB.
+- Frequency response ``f(lambda) = sum_k c_k lambda^k`` of a polynomial operator
+  ``f(P) = sum_k c_k P^k`` (coefficient ``k`` multiplies ``P^k``: attention ``(0, 1)``,
+  Laplacian ``(1, -1)``, heat ``c_k = e^{-t} t^k / k!``), and the eigenvalues of ``P``
+  at which to read it: ``f(P) v = f(lambda) v`` for an eigenvector ``P v = lambda v``.
+
+Spectrum summaries take singular values ``s`` of shape ``(..., R)`` (any order; they are
+sorted in descending order where the order matters) and reduce the last dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from diffusionformer.analysis.metrics import _check_float, _check_tokens, _safe_div
+
+__all__ = [
+    "token_singular_values",
+    "effective_rank",
+    "stable_rank",
+    "energy_top_k",
+    "power_law_exponent",
+    "pca_token_rgb",
+    "frequency_response",
+    "eigenvalues_of",
+]
+
+_CENTRES = ("sequence", "global", "none")
+
+
+def token_singular_values(X: Tensor, *, center: str = "sequence", pool: bool = True) -> Tensor:
+    r"""Singular values of centred tokens, in descending order.
+
+    ``center="sequence"`` uses ``C X_b`` (each sequence minus its own mean: the
+    within-sequence variation that a Laplacian head acts on), ``"global"`` subtracts the
+    mean token of the whole batch, ``"none"`` keeps ``X``. With ``pool=True`` the centred
+    tokens of all sequences are stacked into one ``(B T, D)`` matrix; otherwise each
+    sequence's ``(T, D)`` matrix is decomposed separately. The squared singular values
+    divided by the number of rows are the eigenvalues of the token covariance.
+
+    Args:
+        X: tokens.
+        center: ``"sequence"``, ``"global"`` or ``"none"``.
+        pool: one spectrum for the batch, or one per sequence.
+
+    Shapes:
+        X: ``(B, T, D)`` -> ``(min(B T, D),)`` if ``pool`` else ``(B, min(T, D))``.
+
+    Examples:
+        >>> X = torch.tensor([[[2.0, 0.0], [-2.0, 0.0]], [[0.0, 1.0], [0.0, -1.0]]])
+        >>> token_singular_values(X)
+        tensor([2.8284, 1.4142])
+        >>> token_singular_values(X, pool=False)
+        tensor([[2.8284, 0.0000],
+                [1.4142, 0.0000]])
+    """
+    _check_tokens(X)
+    B, T, D = X.shape
+    if center == "sequence":
+        X = X - X.mean(dim=1, keepdim=True)
+    elif center == "global":
+        X = X - X.mean(dim=(0, 1))
+    elif center != "none":
+        raise ValueError(f"center must be one of {_CENTRES}, got {center!r}")
+    if pool:
+        X = X.reshape(B * T, D)
+    return torch.linalg.svdvals(X)
+
+
+def _check_spectrum(s: object, name: str = "s") -> Tensor:
+    s = _check_float(s, name, tuple(range(1, 9)), "(..., R)")
+    if bool((s < 0).any()):
+        raise ValueError(f"{name} must hold non-negative singular values, got min {float(s.min())}")
+    return s
+
+
+def effective_rank(s: Tensor) -> Tensor:
+    r"""Effective rank ``exp(H(p))``, ``p_i = s_i / sum_j s_j``, ``H(p) = -sum_i p_i log p_i``.
+
+    Roy & Vetterli, "The effective rank: a measure of effective dimensionality" (EUSIPCO
+    2007). It lies in ``[1, R]``: ``R`` for a flat spectrum, 1 for a rank-1 matrix
+    (``0 log 0 = 0``). An all-zero spectrum gives 0.
+
+    Args:
+        s: singular values (non-negative).
+
+    Shapes:
+        s: ``(..., R)`` -> ``(...)``.
+
+    Examples:
+        >>> effective_rank(torch.tensor([[1.0, 1.0, 1.0, 1.0], [5.0, 0.0, 0.0, 0.0]]))
+        tensor([4., 1.])
+    """
+    _check_spectrum(s)
+    total = s.sum(dim=-1, keepdim=True)
+    p = _safe_div(s, total)
+    entropy = -torch.special.xlogy(p, p).sum(dim=-1)
+    return torch.where(total.squeeze(-1) > 0, entropy.exp(), 0.0)
+
+
+def stable_rank(s: Tensor) -> Tensor:
+    r"""Stable rank ``||A||_F^2 / ||A||_2^2 = sum_i s_i^2 / max_i s_i^2``.
+
+    A continuous lower bound on the rank, insensitive to tiny singular values (Rudelson
+    & Vershynin 2007). An all-zero spectrum gives 0.
+
+    Args:
+        s: singular values (non-negative).
+
+    Shapes:
+        s: ``(..., R)`` -> ``(...)``.
+
+    Examples:
+        >>> stable_rank(torch.tensor([2.0, 1.0, 1.0]))
+        tensor(1.5000)
+    """
+    _check_spectrum(s)
+    s2 = s.pow(2)
+    return _safe_div(s2.sum(dim=-1), s2.amax(dim=-1))
+
+
+def energy_top_k(s: Tensor, k: int) -> Tensor:
+    r"""Energy share of the top ``k`` directions, ``sum_{i<=k} s_i^2 / sum_i s_i^2``.
+
+    ``s`` is sorted in descending order first. An all-zero spectrum gives 0.
+
+    Args:
+        s: singular values (non-negative).
+        k: number of leading directions, ``1 <= k <= R``.
+
+    Shapes:
+        s: ``(..., R)`` -> ``(...)``.
+
+    Examples:
+        >>> energy_top_k(torch.tensor([1.0, 3.0]), k=1)
+        tensor(0.9000)
+    """
+    _check_spectrum(s)
+    R = s.shape[-1]
+    if not isinstance(k, int) or not 1 <= k <= R:
+        raise ValueError(f"k must be an integer in [1, {R}] (R = s.shape[-1]), got {k!r}")
+    s2 = s.sort(dim=-1, descending=True).values.pow(2)
+    return _safe_div(s2[..., :k].sum(dim=-1), s2.sum(dim=-1))
+
+
+def power_law_exponent(s: Tensor, start: int = 1, stop: int | None = None) -> Tensor:
+    r"""Decay exponent ``alpha`` of the fit ``log s_i^2 ~ beta - alpha log i``, by least squares.
+
+    ``s`` is sorted in descending order and ranked ``i = 1, ..., R``; the fit uses the
+    ranks ``start <= i <= stop`` (1-based and inclusive; ``stop`` defaults to ``R``), so
+    ``alpha = -cov(log i, log s_i^2) / var(log i)`` over that range. A pure power law
+    ``s_i^2 = i^{-a}`` gives ``alpha = a``; larger ``alpha`` means a faster-decaying
+    spectrum (energy concentrated in fewer directions). Trimming the head
+    (``start > 1``) or the noise floor (``stop < R``) is common; all singular values in
+    the range must be positive (a zero has ``log 0 = -inf``; lower ``stop``).
+
+    Args:
+        s: singular values (non-negative).
+        start: first rank used (``>= 1``).
+        stop: last rank used (``<= R``), at least ``start + 1``.
+
+    Shapes:
+        s: ``(..., R)`` -> ``(...)``.
+
+    Examples:
+        >>> i = torch.arange(1, 9, dtype=torch.float64)
+        >>> round(power_law_exponent(i ** -1.5).item(), 6)  # s_i^2 = i^-3
+        3.0
+    """
+    _check_spectrum(s)
+    R = s.shape[-1]
+    stop = R if stop is None else stop
+    if not (isinstance(start, int) and isinstance(stop, int) and 1 <= start < stop <= R):
+        raise ValueError(
+            f"need integers 1 <= start < stop <= R = {R} (at least 2 points), "
+            f"got start={start!r}, stop={stop!r}"
+        )
+    s = s.sort(dim=-1, descending=True).values[..., start - 1 : stop]
+    if bool((s <= 0).any()):
+        raise ValueError(
+            f"power_law_exponent needs positive singular values at ranks {start}..{stop}; "
+            "got zeros: lower `stop` below the numerical rank"
+        )
+    log_i = torch.arange(start, stop + 1, dtype=s.dtype, device=s.device).log()
+    log_i = log_i - log_i.mean()
+    log_s2 = s.pow(2).log()
+    log_s2 = log_s2 - log_s2.mean(dim=-1, keepdim=True)
+    return -(log_i * log_s2).sum(dim=-1) / log_i.pow(2).sum()
+
+
+def pca_token_rgb(patch_tokens: Tensor, grid_hw: tuple[int, int]) -> Tensor:
+    r"""Top three principal components of patch tokens as an RGB image per input, in ``[0, 1]``.
+
+    With all ``N = B T`` tokens of the batch stacked and centred (``Z = X - 1 mu^T``), the
+    components are the top-3 eigenvectors ``v_1, v_2, v_3`` of ``Z^T Z`` (fitted jointly
+    over the batch so that colours are comparable across images). Channel ``c`` is the
+    projection ``Z v_c`` min-max scaled over the whole batch,
+    ``(p - min p) / (max p - min p)`` (a constant projection maps to 0), reshaped to the
+    ``h x w`` patch grid in row-major order. Eigenvector signs are fixed so that the
+    largest-magnitude entry of each ``v_c`` is positive (deterministic colours). If
+    ``D < 3`` the missing channels are 0. This is the visualisation popularised by DINO
+    (Caron et al. 2021) and used by Zhang & Papyan (arXiv 2602.09297) to show that
+    smoothed patch tokens follow object segments.
+
+    Args:
+        patch_tokens: patch tokens without class/register tokens (drop them first).
+        grid_hw: patch grid ``(h, w)`` with ``h * w == T``.
+
+    Shapes:
+        patch_tokens: ``(B, T, D)`` -> ``(B, 3, h, w)``.
+
+    Examples:
+        >>> t = torch.arange(4.0).reshape(1, 4, 1) * torch.tensor([1.0, 0.0, 0.0])
+        >>> pca_token_rgb(t, (2, 2))[0, 0]
+        tensor([[0.0000, 0.3333],
+                [0.6667, 1.0000]])
+    """
+    _check_tokens(patch_tokens, "patch_tokens")
+    B, T, D = patch_tokens.shape
+    if (
+        not isinstance(grid_hw, (tuple, list))
+        or len(grid_hw) != 2
+        or not all(isinstance(v, int) and v > 0 for v in grid_hw)
+    ):
+        raise ValueError(f"grid_hw must be a pair of positive ints (h, w), got {grid_hw!r}")
+    h, w = grid_hw
+    if h * w != T:
+        raise ValueError(
+            f"grid_hw {(h, w)} must satisfy h * w == T = {T} (drop class/register tokens first), "
+            f"got h * w = {h * w}"
+        )
+    Z = patch_tokens.reshape(B * T, D)
+    Z = Z - Z.mean(dim=0)
+    q = min(3, D)
+    _, vecs = torch.linalg.eigh(Z.T @ Z)  # ascending eigenvalues
+    V = vecs[:, -q:].flip(-1)  # (D, q), leading component first
+    pivot = V.abs().argmax(dim=0)  # (q,)
+    V = V * torch.sign(V.gather(0, pivot.unsqueeze(0)))
+    proj = Z @ V  # (N, q)
+    lo, hi = proj.amin(dim=0), proj.amax(dim=0)
+    rgb = _safe_div(proj - lo, (hi - lo).expand_as(proj))
+    if q < 3:
+        rgb = torch.cat([rgb, rgb.new_zeros(B * T, 3 - q)], dim=-1)
+    return rgb.reshape(B, h, w, 3).permute(0, 3, 1, 2).contiguous()  # (B, 3, h, w)
+
+
+def frequency_response(coeffs: Tensor, lambdas: Tensor) -> Tensor:
+    r"""Frequency response ``f(lambda) = sum_{k=0}^K c_k lambda^k`` of ``f(P) = sum_k c_k P^k``.
+
+    Evaluated by Horner's rule, ``f = (...(c_K lambda + c_{K-1}) lambda + ...) + c_0``, in
+    float64 (complex128 if ``coeffs`` or ``lambdas`` are complex). For an eigenpair
+    ``P v = lambda v`` the operator acts as ``f(P) v = f(lambda) v``, so ``f`` tells how each
+    graph frequency is amplified: attention ``(0, 1)`` gives ``lambda``, the Laplacian head
+    ``(1, -1)`` gives ``1 - lambda`` (it removes the constant mode ``lambda = 1``), heat
+    ``c_k = e^{-t} t^k / k!`` gives ``~ e^{-t (1 - lambda)}``. Row-stochastic ``P`` has
+    ``|lambda| <= 1``; its eigenvalues are real when ``P`` is similar to a symmetric
+    matrix (e.g. a reversible random walk) and complex in general (see ``eigenvalues_of``).
+
+    Args:
+        coeffs: coefficients ``c_0..c_K`` (index ``k`` multiplies ``P^k``), one row per
+            operator/head.
+        lambdas: points at which to evaluate (moved to ``coeffs.device``).
+
+    Shapes:
+        coeffs: ``(K+1,)`` or ``(G, K+1)``; lambdas: ``(L,)`` -> ``(L,)`` or ``(G, L)``.
+
+    Examples:
+        >>> lam = torch.tensor([-1.0, 0.0, 0.5, 1.0])
+        >>> frequency_response(torch.tensor([1.0, -1.0]), lam)
+        tensor([2.0000, 1.0000, 0.5000, 0.0000], dtype=torch.float64)
+        >>> frequency_response(torch.tensor([[0.0, 1.0], [0.0, 0.0]]), lam)
+        tensor([[-1.0000,  0.0000,  0.5000,  1.0000],
+                [ 0.0000,  0.0000,  0.0000,  0.0000]], dtype=torch.float64)
+    """
+    if not isinstance(coeffs, Tensor) or coeffs.ndim not in (1, 2) or coeffs.shape[-1] == 0:
+        got = tuple(coeffs.shape) if isinstance(coeffs, Tensor) else type(coeffs).__name__
+        raise ValueError(f"coeffs must be a tensor of shape (K+1,) or (G, K+1), got {got}")
+    if not isinstance(lambdas, Tensor) or lambdas.ndim != 1:
+        got = tuple(lambdas.shape) if isinstance(lambdas, Tensor) else type(lambdas).__name__
+        raise ValueError(f"lambdas must be a tensor of shape (L,), got {got}")
+    dtype = torch.complex128 if (coeffs.is_complex() or lambdas.is_complex()) else torch.float64
+    c = coeffs.to(dtype).unsqueeze(-1)  # (..., K+1, 1)
+    lam = lambdas.to(device=coeffs.device, dtype=dtype)  # (L,)
+    K = c.shape[-2] - 1
+    f = c[..., K, :].expand(*c.shape[:-2], lam.shape[0])
+    for k in range(K - 1, -1, -1):
+        f = f * lam + c[..., k, :]
+    return f
+
+
+def eigenvalues_of(P: Tensor) -> Tensor:
+    r"""Eigenvalues ``lambda`` of ``P`` (``det(P - lambda I) = 0``), complex, computed in float64.
+
+    Sorted by decreasing real part, ties by decreasing imaginary part. Attention matrices
+    are row-stochastic but not symmetric, so their eigenvalues are complex in general
+    (inside the unit disc, with ``lambda = 1`` for the constant vector); read an operator's
+    effect at them with ``frequency_response(coeffs, eigenvalues_of(P))``.
+
+    Args:
+        P: square matrices (e.g. one attention map per head).
+
+    Shapes:
+        P: ``(..., T, T)`` -> ``(..., T)`` complex128.
+
+    Examples:
+        >>> eigenvalues_of(torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
+        tensor([ 1.+0.j, -1.+0.j], dtype=torch.complex128)
+    """
+    _check_float(P, "P", tuple(range(2, 9)), "(..., T, T)")
+    if P.shape[-1] != P.shape[-2]:
+        raise ValueError(f"P must be square (..., T, T), got shape {tuple(P.shape)}")
+    lam = torch.linalg.eigvals(P.to(torch.float64))
+    lam = lam.gather(-1, lam.imag.argsort(dim=-1, descending=True, stable=True))
+    return lam.gather(-1, lam.real.argsort(dim=-1, descending=True, stable=True))
