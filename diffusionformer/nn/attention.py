@@ -237,6 +237,7 @@ class DiffusionAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         edge_index: Tensor | None = None,
+        graph: Any = None,
         return_intermediates: bool = False,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         """Apply the layer (dense when ``edge_index`` is None, sparse otherwise).
@@ -247,6 +248,9 @@ class DiffusionAttention(nn.Module):
                 sequence gives finite output.
             attn_mask: extra dense mask with SDPA semantics (bool True = attend, or additive float).
             edge_index: ``(2, E)`` edges ``(source j, target i)`` for the sparse back-end.
+            graph: an :class:`~diffusionformer.graph.AttentionGraph` (or any object with an
+                ``attention_kwargs(x)`` method returning some of ``key_padding_mask``,
+                ``attn_mask``, ``edge_index``); exclusive with those three arguments.
             return_intermediates: also return :class:`AttentionIntermediates` (materialises ``P``).
 
         Returns:
@@ -258,6 +262,18 @@ class DiffusionAttention(nn.Module):
             raise TypeError(f"x must be floating point, got {x.dtype}")
         if x.shape[-1:] != (self.dim,):
             raise ValueError(f"x must have last dimension dim={self.dim}, got shape {tuple(x.shape)}")
+        if graph is not None:
+            if key_padding_mask is not None or attn_mask is not None or edge_index is not None:
+                raise ValueError("pass either graph= or key_padding_mask/attn_mask/edge_index, not both")
+            if not hasattr(graph, "attention_kwargs"):
+                raise TypeError(f"graph must be an AttentionGraph, got {type(graph).__name__}")
+            given = graph.attention_kwargs(x)
+            unknown = set(given) - {"key_padding_mask", "attn_mask", "edge_index"}
+            if unknown:
+                raise TypeError(f"graph.attention_kwargs returned unknown keys {sorted(unknown)}")
+            key_padding_mask = given.get("key_padding_mask")
+            attn_mask = given.get("attn_mask")
+            edge_index = given.get("edge_index")
         if edge_index is not None:
             if key_padding_mask is not None or attn_mask is not None:
                 raise ValueError("key_padding_mask/attn_mask apply to dense inputs; the sparse graph is given by edge_index")
