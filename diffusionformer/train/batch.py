@@ -1,0 +1,40 @@
+"""Moving nested batches between devices."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["to_device"]
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Recursively move the tensors of ``batch`` to ``device``.
+
+    Tensors are moved with ``non_blocking=True``; ``dict``/``list``/``tuple`` (named tuples
+    included) are rebuilt; objects with a ``.to(device)`` method (e.g. a PyG ``Data``) are
+    moved by it; other values (ints, strings, ``None``) are returned as they are.
+
+    Args:
+        batch: a tensor, a nested container, or an object with ``.to``.
+        device: the target device.
+
+    Examples:
+        >>> b = to_device({"x": torch.ones(2), "meta": [1, torch.zeros(1)]}, torch.device("cpu"))
+        >>> b["x"].device, b["meta"][0]
+        (device(type='cpu'), 1)
+    """
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
+        return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    to = getattr(batch, "to", None)
+    if callable(to) and not isinstance(batch, (str, bytes)):
+        return to(device)
+    return batch

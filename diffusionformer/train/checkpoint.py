@@ -1,0 +1,119 @@
+"""Atomic checkpoint files that load with ``torch.load(..., weights_only=True)``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CheckpointError
+
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_NAME", "save_checkpoint", "load_checkpoint"]
+
+CHECKPOINT_FORMAT = "diffusionformer.train/1"
+CHECKPOINT_NAME = "checkpoint.pt"
+_REQUIRED = ("format", "step", "model", "optimizer", "rng", "config")
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Make the rename itself durable; not every platform/filesystem allows opening a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
+    """Write ``payload`` to ``path`` atomically: a crash leaves either the old file or the new.
+
+    The payload is written to a temporary file in the same directory, flushed and
+    ``fsync``-ed, then moved over ``path`` with ``os.replace`` (atomic on POSIX and Windows);
+    on any error the temporary file is removed and ``path`` is untouched.
+
+    Args:
+        path: destination file.
+        payload: tensors, state dicts and plain Python values.
+
+    Returns:
+        The destination path.
+
+    Examples:
+        >>> import tempfile, pathlib
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = save_checkpoint(pathlib.Path(d) / "x.pt", {"w": torch.ones(2)})
+        ...     sorted(q.name for q in p.parent.iterdir()), torch.load(p)["w"].tolist()
+        (['x.pt'], [1.0, 1.0])
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(dict(payload), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a training checkpoint with ``weights_only=True`` onto the CPU and check its layout.
+
+    Args:
+        path: a file written by the trainer (:func:`save_checkpoint` of the trainer payload).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        CheckpointError: the file is truncated/corrupt, holds objects that ``weights_only``
+            refuses, or lacks the trainer's keys. The file is never modified.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"load_checkpoint: expected a checkpoint file, got missing {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        size = path.stat().st_size
+        raise CheckpointError(
+            f"checkpoint {path} ({size} bytes) is unreadable: truncated, corrupt, or holding "
+            f"objects that torch.load(weights_only=True) refuses; it was left untouched. Delete it "
+            f"(or resume from another copy) to continue. Cause: {type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}"
+        ) from err
+    if not isinstance(payload, dict):
+        raise CheckpointError(
+            f"checkpoint {path}: expected a dict with keys {list(_REQUIRED)}, got "
+            f"{type(payload).__name__}"
+        )
+    missing = [k for k in _REQUIRED if k not in payload]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path}: expected a training checkpoint with keys {list(_REQUIRED)}, "
+            f"missing {missing}"
+        )
+    if payload["format"] != CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"checkpoint {path}: expected format {CHECKPOINT_FORMAT!r}, got {payload['format']!r}"
+        )
+    step = payload["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"checkpoint {path}: expected an int step >= 0, got {step!r}")
+    return payload

@@ -1,0 +1,255 @@
+"""Typed, validated configuration of the training loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["TrainConfig", "resolve_device", "resolve_amp"]
+
+_AMP_CHOICES = ("auto", "bf16", "off")
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> None:
+    # bool is a subclass of int; a flag passed for a count is a user error, not a 0/1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"TrainConfig.{name}: expected int, got {_type_name(value)} ({value!r})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"TrainConfig.{name}: expected an int >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"TrainConfig.{name}: expected an int <= {maximum}, got {value}")
+
+
+def _check_float(name: str, value: Any, minimum: float, *, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"TrainConfig.{name}: expected float, got {_type_name(value)} ({value!r})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"TrainConfig.{name}: expected a finite float, got {value}")
+    if value < minimum or (strict and value == minimum):
+        op = ">" if strict else ">="
+        raise ValueError(f"TrainConfig.{name}: expected a float {op} {minimum}, got {value}")
+    return value
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"TrainConfig.{name}: expected bool, got {_type_name(value)} ({value!r})")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    r"""Hyper-parameters of :class:`~diffusionformer.train.Trainer`.
+
+    The optimiser is AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization",
+    ICLR 2019) with the learning rate of update ``s`` (0-based) given by
+    :func:`~diffusionformer.train.cosine_lr`: a linear warm-up over ``warmup_steps`` to ``lr``,
+    then a cosine decay to ``min_lr`` at ``lr_decay_steps``, then constant ``min_lr``
+    (Loshchilov & Hutter, "SGDR", ICLR 2017; the nanoGPT recipe).
+
+    Every field is checked on construction: a wrong type raises ``TypeError`` and a value out
+    of range raises ``ValueError``, both naming the field, what was expected and what came.
+    Use :meth:`from_dict` for configs read from TOML/JSON: it also rejects unknown keys.
+
+    Args:
+        max_steps: number of optimiser updates of the whole run (``>= 1``).
+        batch_size: global batch size handed to ``task.train_batch`` (split across ranks under
+            DDP, so the effective batch does not depend on the number of processes).
+        lr: peak learning rate (``> 0``).
+        min_lr: learning rate at the end of the cosine decay (``0 <= min_lr <= lr``).
+        weight_decay: decoupled weight decay of the matrices (see
+            :func:`~diffusionformer.train.param_groups`); biases, norm weights and
+            embeddings are never decayed.
+        betas: AdamW ``(beta1, beta2)``, each in ``[0, 1)``; a list is accepted.
+        warmup_steps: updates of linear warm-up (``0`` = none).
+        lr_decay_steps: update at which the cosine reaches ``min_lr``; ``None`` = ``max_steps``.
+            Set it explicitly if a run may later be extended with a larger ``max_steps``.
+        grad_clip: maximum global L2 norm of the gradients (``0`` = no clipping).
+        eval_interval: evaluate every this many updates and always after the last one
+            (``0`` = only after the last one).
+        eval_steps: passed to ``task.evaluate`` as ``max_batches`` (``None`` = full evaluation).
+        log_interval: write a train record (mean over the window) every this many updates.
+        checkpoint_interval: save a checkpoint every this many updates and always after the
+            last one (``0`` = only after the last one).
+        seed: seeds Python, NumPy, torch (CPU and CUDA) and the batch generator (``[0, 2**32)``).
+        device: ``"auto"`` (CUDA when available, else CPU) or a ``torch.device`` string.
+        amp: ``"auto"`` (bf16 autocast on CUDA, off elsewhere), ``"bf16"`` or ``"off"``.
+        compile: wrap the model in ``torch.compile``.
+        progress: show a tqdm progress bar (only on rank 0, and only on a terminal).
+
+    Examples:
+        >>> cfg = TrainConfig.from_dict({"max_steps": 100, "lr": 1e-3, "betas": [0.9, 0.99]})
+        >>> cfg.betas, cfg.decay_steps
+        ((0.9, 0.99), 100)
+        >>> TrainConfig.from_dict({"max_step": 100})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown TrainConfig key 'max_step' (did you mean 'max_steps'?); valid keys: ...
+    """
+
+    max_steps: int = 1000
+    batch_size: int = 32
+    lr: float = 3e-4
+    min_lr: float = 0.0
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 0
+    lr_decay_steps: int | None = None  # None = max_steps
+    grad_clip: float = 1.0  # 0 = off
+    eval_interval: int = 200  # 0 = only at the end
+    eval_steps: int | None = None  # None = full evaluation
+    log_interval: int = 10
+    checkpoint_interval: int = 1000  # 0 = only at the end
+    seed: int = 0
+    device: str = "auto"
+    amp: str = "auto"
+    compile: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("max_steps", self.max_steps, 1)
+        _check_int("batch_size", self.batch_size, 1)
+        lr = _check_float("lr", self.lr, 0.0, strict=True)
+        min_lr = _check_float("min_lr", self.min_lr, 0.0)
+        if min_lr > lr:
+            raise ValueError(f"TrainConfig.min_lr: expected a float <= lr ({lr}), got {min_lr}")
+        weight_decay = _check_float("weight_decay", self.weight_decay, 0.0)
+        grad_clip = _check_float("grad_clip", self.grad_clip, 0.0)
+        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
+            raise TypeError(
+                f"TrainConfig.betas: expected a pair (beta1, beta2), got {_type_name(self.betas)} "
+                f"({self.betas!r})"
+            )
+        betas = tuple(_check_float(f"betas[{i}]", b, 0.0) for i, b in enumerate(self.betas))
+        for i, b in enumerate(betas):
+            if b >= 1.0:
+                raise ValueError(f"TrainConfig.betas[{i}]: expected a float in [0, 1), got {b}")
+        _check_int("warmup_steps", self.warmup_steps, 0)
+        if self.lr_decay_steps is not None:
+            _check_int("lr_decay_steps", self.lr_decay_steps, 1)
+        decay = self.max_steps if self.lr_decay_steps is None else self.lr_decay_steps
+        if decay < self.warmup_steps:
+            raise ValueError(
+                "TrainConfig.lr_decay_steps: expected lr_decay_steps (None = max_steps) >= "
+                f"warmup_steps ({self.warmup_steps}), got {decay}"
+            )
+        _check_int("eval_interval", self.eval_interval, 0)
+        if self.eval_steps is not None:
+            _check_int("eval_steps", self.eval_steps, 1)
+        _check_int("log_interval", self.log_interval, 1)
+        _check_int("checkpoint_interval", self.checkpoint_interval, 0)
+        _check_int("seed", self.seed, 0, 2**32 - 1)
+        if not isinstance(self.device, str):
+            raise TypeError(
+                f"TrainConfig.device: expected str, got {_type_name(self.device)} ({self.device!r})"
+            )
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except (RuntimeError, ValueError) as err:
+                raise ValueError(
+                    f"TrainConfig.device: expected 'auto' or a torch device string such as 'cpu', "
+                    f"'cuda' or 'cuda:1', got {self.device!r}"
+                ) from err
+        if not isinstance(self.amp, str) or self.amp not in _AMP_CHOICES:
+            raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {self.amp!r}")
+        _check_bool("compile", self.compile)
+        _check_bool("progress", self.progress)
+        # Normalise numeric types so that equal configs compare and serialise equal.
+        object.__setattr__(self, "lr", lr)
+        object.__setattr__(self, "min_lr", min_lr)
+        object.__setattr__(self, "weight_decay", weight_decay)
+        object.__setattr__(self, "grad_clip", grad_clip)
+        object.__setattr__(self, "betas", betas)
+
+    @property
+    def decay_steps(self) -> int:
+        """The resolved ``lr_decay_steps`` (``max_steps`` when unset)."""
+        return self.max_steps if self.lr_decay_steps is None else self.lr_decay_steps
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        """Build a config from a mapping (a TOML table, a JSON object), rejecting unknown keys.
+
+        Args:
+            data: field name -> value; missing fields take their defaults.
+        """
+        if not isinstance(data, Mapping):
+            raise TypeError(f"TrainConfig.from_dict: expected a mapping, got {_type_name(data)}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in data:
+            if key not in names:
+                close = difflib.get_close_matches(str(key), names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(
+                    f"unknown TrainConfig key {key!r}{hint}; valid keys: {', '.join(names)}"
+                )
+        return cls(**dict(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-type dict (JSON- and ``torch.load(weights_only=True)``-safe) that round-trips
+        through :meth:`from_dict`."""
+        out = dataclasses.asdict(self)
+        out["betas"] = list(self.betas)
+        return out
+
+
+def resolve_device(spec: str, local_rank: int | None = None) -> torch.device:
+    """Turn ``TrainConfig.device`` into a ``torch.device``.
+
+    ``"auto"`` is CUDA when available, else CPU. Under multi-process training
+    (``local_rank`` given), a bare ``"cuda"``/``"auto"`` on CUDA means ``cuda:<local_rank>``.
+
+    Args:
+        spec: ``"auto"`` or a torch device string.
+        local_rank: this process's index on its node, or ``None`` in a single process.
+
+    Examples:
+        >>> resolve_device("cpu", local_rank=1)
+        device(type='cpu')
+    """
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"TrainConfig.device: expected an available device, got {spec!r} but "
+                "torch.cuda.is_available() is False (use 'auto' or 'cpu')"
+            )
+        if device.index is None:
+            index = local_rank if local_rank is not None else torch.cuda.current_device()
+            device = torch.device("cuda", index)
+    return device
+
+
+def resolve_amp(spec: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``TrainConfig.amp`` on ``device`` (``None`` = no autocast).
+
+    Args:
+        spec: ``"auto"`` (bf16 on CUDA only), ``"bf16"`` or ``"off"``.
+        device: the training device.
+
+    Examples:
+        >>> resolve_amp("auto", torch.device("cpu")) is None
+        True
+        >>> resolve_amp("bf16", torch.device("cpu"))
+        torch.bfloat16
+    """
+    if spec == "off":
+        return None
+    if spec == "bf16":
+        return torch.bfloat16
+    if spec == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {spec!r}")

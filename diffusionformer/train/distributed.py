@@ -1,0 +1,203 @@
+"""Multi-process data-parallel training on ``torch.distributed`` (launched by ``torchrun``).
+
+``torchrun --nproc_per_node=N script.py`` starts N processes with ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set. :func:`init_distributed` reads them,
+binds each process to its device (``cuda:LOCAL_RANK`` on GPU) and joins the process group
+(NCCL on CUDA, Gloo on CPU). Each rank takes an equal contiguous slice of the global batch
+(:func:`shard_batch`) and ``DistributedDataParallel`` averages the gradients, so the update
+equals the single-process update on the whole batch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .config import resolve_device
+
+__all__ = ["DistContext", "dist_env", "init_distributed", "shard_batch"]
+
+
+def dist_env() -> tuple[int, int, int] | None:
+    """``(rank, world_size, local_rank)`` from the ``torchrun`` environment, or ``None``.
+
+    ``None`` when ``WORLD_SIZE`` is unset or ``1`` (a single process).
+
+    Examples:
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}):
+        ...     dist_env()
+        (1, 2, 1)
+        >>> with mock.patch.dict(os.environ, {"RANK": "0", "WORLD_SIZE": "1"}):
+        ...     dist_env() is None
+        True
+    """
+    world = os.environ.get("WORLD_SIZE")
+    if world is None:
+        return None
+    try:
+        world_size = int(world)
+        rank = int(os.environ["RANK"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    except (KeyError, ValueError) as err:
+        raise ValueError(
+            "distributed environment: expected integer RANK, WORLD_SIZE and LOCAL_RANK (as set by "
+            f"torchrun), got RANK={os.environ.get('RANK')!r} WORLD_SIZE={world!r} "
+            f"LOCAL_RANK={os.environ.get('LOCAL_RANK')!r}"
+        ) from err
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(
+            f"distributed environment: expected 0 <= RANK < WORLD_SIZE, got RANK={rank} "
+            f"WORLD_SIZE={world_size}"
+        )
+    return None if world_size == 1 else (rank, world_size, local_rank)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands in a (possibly single-process) data-parallel run.
+
+    Args:
+        rank: global rank (0 is the one that writes files).
+        world_size: number of processes.
+        local_rank: index on this node (selects the GPU).
+        device: this process's training device.
+        owns_group: whether :func:`init_distributed` created the process group (and
+            :meth:`shutdown` should destroy it).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    owns_group: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that writes metrics, checkpoints and the summary."""
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """More than one process."""
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op in a single process)."""
+        if not self.is_distributed:
+            return
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def all_reduce_mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Mean of ``tensor`` over ranks (a new tensor; identity in a single process).
+
+        Shapes:
+            tensor: any shape, identical on every rank.
+        """
+        if not self.is_distributed:
+            return tensor
+        out = tensor.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)  # Gloo has no AVG
+        return out / self.world_size
+
+    def all_reduce_min(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Element-wise minimum of ``tensor`` over ranks (a new tensor)."""
+        if not self.is_distributed:
+            return tensor
+        out = tensor.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.MIN)
+        return out
+
+    def shutdown(self) -> None:
+        """Destroy the process group if this context created it."""
+        if self.owns_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_distributed(device: str = "auto") -> DistContext:
+    """Resolve the device and, under ``torchrun``, join the process group.
+
+    * No ``WORLD_SIZE`` (or ``1``), no existing group: a single process on ``device``.
+    * A group already initialised by the caller: it is used as is (and not destroyed later).
+    * Otherwise ``dist.init_process_group`` with NCCL when the device is CUDA
+      (``cuda:LOCAL_RANK``, made current) and Gloo otherwise; rendezvous through
+      ``MASTER_ADDR``/``MASTER_PORT`` (the ``env://`` method).
+
+    Args:
+        device: ``TrainConfig.device`` (``"auto"``, ``"cpu"``, ``"cuda"``, ...).
+    """
+    if dist.is_available() and dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        dev = resolve_device(device, local_rank if world_size > 1 else None)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        return DistContext(rank, world_size, local_rank, dev, owns_group=False)
+    env = dist_env()
+    if env is None:
+        return DistContext(0, 1, 0, resolve_device(device), owns_group=False)
+    if not dist.is_available():
+        raise RuntimeError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
+    rank, world_size, local_rank = env
+    dev = resolve_device(device, local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        dist.init_process_group(backend="nccl", device_id=dev)
+    else:
+        dist.init_process_group(backend="gloo")
+    return DistContext(rank, world_size, local_rank, dev, owns_group=True)
+
+
+def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
+    """This rank's contiguous, equal slice of dim 0 of every tensor in a nested batch.
+
+    Rank ``r`` of ``W`` gets rows ``[r B / W, (r + 1) B / W)``; 0-dim tensors and non-tensor
+    leaves are shared unchanged. With equal shards, the mean of the per-rank mean losses is the
+    global mean loss, so DDP's averaged gradient equals the single-process gradient.
+
+    Args:
+        batch: tensor or nested ``dict``/``list``/``tuple`` of tensors and plain values.
+        rank: this process's rank.
+        world_size: number of processes; must divide every tensor's dim 0.
+
+    Shapes:
+        every tensor: ``(B, ...) -> (B / world_size, ...)``.
+
+    Examples:
+        >>> shard_batch({"x": torch.arange(6), "n": 3}, rank=1, world_size=3)
+        {'x': tensor([2, 3]), 'n': 3}
+    """
+    if world_size == 1:
+        return batch
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 0:
+            return batch
+        B = batch.shape[0]
+        if B % world_size != 0:
+            raise ValueError(
+                f"shard_batch: expected the batch dimension divisible by world_size={world_size}, "
+                f"got a tensor of shape {tuple(batch.shape)} (set batch_size to a multiple of the "
+                "number of processes, or give the task a shard_batch method)"
+            )
+        size = B // world_size
+        return batch[rank * size : (rank + 1) * size]
+    if isinstance(batch, Mapping):
+        return {k: shard_batch(v, rank, world_size) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(shard_batch(v, rank, world_size) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(shard_batch(v, rank, world_size) for v in batch)
+    if batch is None or isinstance(batch, (bool, int, float, str, bytes)):
+        return batch
+    raise TypeError(
+        f"shard_batch: expected tensors, dict/list/tuple containers or plain values, got "
+        f"{type(batch).__name__}; give the task a shard_batch(batch, rank, world_size) method"
+    )

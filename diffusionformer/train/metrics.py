@@ -1,0 +1,142 @@
+"""The metrics log: one JSON object per line in ``<out_dir>/metrics.jsonl``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["METRICS_NAME", "MetricsLog", "read_metrics", "write_json_atomic"]
+
+METRICS_NAME = "metrics.jsonl"
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy of a record: non-finite floats become ``None`` (strict JSON has no NaN)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented JSON via a temporary file and ``os.replace``.
+
+    Args:
+        path: destination file.
+        obj: JSON-serialisable value (non-finite floats are written as ``null``).
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(_plain(obj), f, indent=2, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _parse_lines(path: Path) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            # A run killed mid-write leaves a partial last line; anything else is worth a warning.
+            if number != len(lines):
+                warnings.warn(f"{path}:{number}: skipping a malformed metrics line", stacklevel=3)
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read a metrics log (a file or a run directory) into a list of records.
+
+    Each record is ``{"step", "split", "loss", "lr", "metrics", "elapsed", "time"}``: ``step``
+    is the number of updates done, ``split`` is ``"train"`` (means over the log window) or
+    ``"eval"`` (the task's ``evaluate`` output, ``loss`` copied from its ``"loss"`` key),
+    ``elapsed`` the training seconds so far (accumulated across resumes), ``time`` a Unix time.
+    A truncated last line (a killed run) is skipped.
+
+    Args:
+        path: ``metrics.jsonl`` or the directory that holds it.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_NAME
+    return _parse_lines(path)
+
+
+class MetricsLog:
+    """Append-only JSON-lines writer; inactive (writes nothing) on non-zero ranks.
+
+    Args:
+        path: the ``metrics.jsonl`` file.
+        active: whether this process writes (rank 0 only under DDP).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, active: bool = True) -> None:
+        self.path = Path(path)
+        self.active = active
+        self._file: TextIO | None = None
+
+    def truncate(self, max_step: int) -> int:
+        """Drop records with ``step > max_step`` (and a partial last line); return how many.
+
+        Used on resume so that the steps replayed after a checkpoint are not logged twice.
+
+        Args:
+            max_step: the step of the checkpoint the run resumes from (``0`` = from scratch).
+        """
+        if not self.active or not self.path.exists():
+            return 0
+        self.close()
+        records = _parse_lines(self.path)
+        kept = [r for r in records if isinstance(r.get("step"), int) and r["step"] <= max_step]
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for r in kept:
+                f.write(json.dumps(r, allow_nan=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        return len(records) - len(kept)
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Append one record as a JSON line and flush it.
+
+        Args:
+            record: a JSON-serialisable mapping (non-finite floats are written as ``null``).
+        """
+        if not self.active:
+            return
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")
+        self._file.write(json.dumps(_plain(record), allow_nan=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the underlying file (appending reopens it)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,102 @@
+"""AdamW with the usual split into decayed matrices and non-decayed vectors/embeddings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+
+__all__ = ["param_groups", "build_optimizer"]
+
+
+def _exempt_names(model: nn.Module) -> set[str]:
+    # timm convention: a model may list parameter names (e.g. "pos_embed", "cls_token") that
+    # must not be decayed via a ``no_weight_decay()`` method returning an iterable of names.
+    hook = getattr(model, "no_weight_decay", None)
+    if hook is None:
+        return set()
+    names = hook()
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(
+            f"{type(model).__name__}.no_weight_decay(): expected an iterable of parameter names, "
+            f"got {names!r}"
+        )
+    return set(names)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    r"""Split trainable parameters into a decayed and a non-decayed AdamW group.
+
+    A parameter ``p`` is decayed iff ``p.dim() >= 2`` (weight matrices, convolution kernels:
+    the nanoGPT rule) and it is neither owned by an ``nn.Embedding`` (token/position tables,
+    and any weight tied to one) nor named by ``model.no_weight_decay()`` (the timm hook, e.g.
+    ``{"pos_embed", "cls_token"}``). Biases and norm gains (``dim < 2``) are never decayed.
+    Frozen parameters (``requires_grad=False``) are left out; shared parameters appear once.
+
+    Args:
+        model: the module to optimise.
+        weight_decay: decay of the first group (``>= 0``).
+
+    Returns:
+        ``[{"params": decayed, "weight_decay": weight_decay, "names": [...]},
+        {"params": rest, "weight_decay": 0.0, "names": [...]}]`` (empty groups dropped).
+
+    Examples:
+        >>> model = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 4), nn.LayerNorm(4))
+        >>> [(g["names"], g["weight_decay"]) for g in param_groups(model, 0.1)]
+        [(['1.weight'], 0.1), (['0.weight', '1.bias', '2.weight', '2.bias'], 0.0)]
+    """
+    exempt_ids = {
+        id(p)
+        for module in model.modules()
+        if isinstance(module, nn.Embedding)
+        for p in module.parameters(recurse=False)
+    }
+    exempt_names = _exempt_names(model)
+    known = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    unknown = sorted(exempt_names - known)
+    if unknown:
+        raise ValueError(
+            f"{type(model).__name__}.no_weight_decay(): expected names of parameters, got unknown "
+            f"{unknown}"
+        )
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if name in exempt_names:
+            exempt_ids.add(id(p))
+    decay: list[tuple[str, nn.Parameter]] = []
+    no_decay: list[tuple[str, nn.Parameter]] = []
+    for name, p in model.named_parameters():  # remove_duplicate=True: tied weights once
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and id(p) not in exempt_ids else no_decay).append((name, p))
+    groups = [
+        {"params": [p for _, p in decay], "weight_decay": weight_decay, "names": [n for n, _ in decay]},
+        {"params": [p for _, p in no_decay], "weight_decay": 0.0, "names": [n for n, _ in no_decay]},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups` with ``config.lr``, ``config.betas``, ``config.weight_decay``.
+
+    Uses the fused CUDA kernel on CUDA and the ``foreach`` implementation elsewhere. The group
+    key ``"names"`` is kept so that a saved optimizer state says which tensor is which.
+
+    Args:
+        model: the (unwrapped) module, already on ``device``.
+        config: the training config.
+        device: the training device.
+    """
+    groups = param_groups(model, config.weight_decay)
+    if not groups:
+        raise ValueError(
+            f"build_optimizer: expected a model with trainable parameters, got {type(model).__name__} "
+            "with none"
+        )
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(
+        groups, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay, fused=fused or None
+    )

@@ -1,0 +1,116 @@
+"""Seeding and capture/restore of every random number generator a training step may use.
+
+States are stored as tensors and plain Python types so that checkpoints load with
+``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["seed_everything", "capture_rng_state", "restore_rng_state", "preserve_rng_state"]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's global generator and torch (CPU and all CUDA devices).
+
+    Call it before building the model so that its initialisation is reproducible.
+
+    Args:
+        seed: an int in ``[0, 2**32)``.
+
+    Examples:
+        >>> seed_everything(3); a = torch.rand(2)
+        >>> seed_everything(3); torch.equal(a, torch.rand(2))
+        True
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed_everything: expected an int in [0, 2**32), got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def capture_rng_state(device: torch.device, generator: torch.Generator | None = None) -> dict[str, Any]:
+    """Snapshot Python, NumPy, torch CPU, torch CUDA (of ``device``) and ``generator`` states.
+
+    Args:
+        device: the training device; its CUDA generator is captured when it is a CUDA device.
+        generator: the batch generator, if any.
+
+    Returns:
+        A dict of tensors, ints, floats and ``None`` (safe for ``weights_only=True``).
+
+    Examples:
+        >>> s = capture_rng_state(torch.device("cpu")); a = torch.rand(2)
+        >>> restore_rng_state(s, torch.device("cpu")); torch.equal(a, torch.rand(2))
+        True
+    """
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64),
+                   "gauss": None if gauss is None else float(gauss)},
+        "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "generator": generator.get_state() if generator is not None else None,
+    }
+    return state
+
+
+def restore_rng_state(
+    state: dict[str, Any], device: torch.device, generator: torch.Generator | None = None
+) -> None:
+    """Restore the states written by :func:`capture_rng_state`.
+
+    Args:
+        state: the captured states.
+        device: the training device (its CUDA generator is restored when one was captured).
+        generator: the batch generator to restore, if any.
+    """
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+    npst = state["numpy"]
+    np.random.set_state(
+        (npst["name"], npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"],
+         npst["cached_gaussian"])
+    )
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    if generator is not None:
+        if state.get("generator") is None:
+            raise ValueError("restore_rng_state: expected a saved batch-generator state, got None")
+        generator.set_state(state["generator"])
+
+
+@contextlib.contextmanager
+def preserve_rng_state(device: torch.device) -> Iterator[None]:
+    """Run a block (e.g. evaluation) without advancing the global random generators.
+
+    Python, NumPy, torch CPU and (on CUDA) the device's generator are restored on exit, so how
+    often one evaluates does not change the training trajectory.
+
+    Args:
+        device: the training device.
+
+    Examples:
+        >>> before = torch.get_rng_state()
+        >>> with preserve_rng_state(torch.device("cpu")):
+        ...     _ = torch.rand(3)
+        >>> torch.equal(before, torch.get_rng_state())
+        True
+    """
+    state = capture_rng_state(device)
+    try:
+        yield
+    finally:
+        restore_rng_state(state, device)

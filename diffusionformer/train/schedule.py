@@ -1,0 +1,49 @@
+"""Learning-rate schedule: linear warm-up, then cosine decay to a floor."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["cosine_lr"]
+
+
+def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
+    r"""Learning rate of update ``step`` (0-based): linear warm-up then cosine decay.
+
+    .. math::
+
+        \eta(s) = \begin{cases}
+            \eta_{\max} \frac{s + 1}{W + 1} & s < W \\
+            \eta_{\min} + \tfrac12 \left(1 + \cos \pi \frac{s - W}{D - W}\right)
+                (\eta_{\max} - \eta_{\min}) & W \le s \le D \\
+            \eta_{\min} & s > D
+        \end{cases}
+
+    with ``W = warmup_steps`` and ``D = decay_steps``: the peak ``lr`` is reached at ``s = W``
+    and the floor ``min_lr`` at ``s = D`` (SGDR, Loshchilov & Hutter, ICLR 2017, without
+    restarts; the warm-up of nanoGPT). A pure function of the step, so a resumed run needs no
+    scheduler state beyond the step.
+
+    Args:
+        step: number of updates already done (``>= 0``).
+        lr: peak learning rate.
+        min_lr: final learning rate.
+        warmup_steps: ``W``.
+        decay_steps: ``D >= W``.
+
+    Examples:
+        >>> [cosine_lr(s, lr=1.0, min_lr=0.0, warmup_steps=3, decay_steps=5) for s in range(7)]
+        [0.25, 0.5, 0.75, 1.0, 0.5, 0.0, 0.0]
+    """
+    if step < 0:
+        raise ValueError(f"cosine_lr: expected step >= 0, got {step}")
+    if decay_steps < warmup_steps:
+        raise ValueError(
+            f"cosine_lr: expected decay_steps >= warmup_steps ({warmup_steps}), got {decay_steps}"
+        )
+    if step < warmup_steps:
+        return lr * (step + 1) / (warmup_steps + 1)
+    if step >= decay_steps:
+        return min_lr
+    ratio = (step - warmup_steps) / (decay_steps - warmup_steps)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)

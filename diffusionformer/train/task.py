@@ -1,0 +1,79 @@
+"""The protocol between the training loop and a task (data + loss + evaluation)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+__all__ = ["Task", "check_task"]
+
+_REQUIRED = ("train_batch", "loss", "evaluate")
+
+
+@runtime_checkable
+class Task(Protocol):
+    r"""What :class:`~diffusionformer.train.Trainer` needs from an experiment.
+
+    The trainer minimises :math:`\mathbb{E}_{b}\,\ell(\theta; b)` with batches
+    :math:`b_s = \texttt{train\_batch}(s, g)` drawn from a seeded ``torch.Generator`` ``g``
+    whose state is checkpointed: a batch must be a deterministic function of ``step`` and the
+    draws it makes from ``generator`` (draw the randomness from ``generator``, never from an
+    unseeded source or a data-loader worker), which is what makes a resumed run bit-identical.
+
+    Required methods:
+
+    * ``train_batch(step: int, generator: torch.Generator, batch_size: int) -> batch``:
+      the *global* batch for update ``step`` (0-based), on the CPU or any device. A batch is a
+      tensor or a (nested) ``dict``/``list``/``tuple`` of tensors and plain values, or any
+      object with ``.to(device)`` (e.g. a PyG ``Data``); the trainer moves it to the device.
+      Full-batch tasks (node classification) may ignore ``batch_size``.
+    * ``loss(model: nn.Module, batch) -> (loss, metrics)``: a scalar loss tensor averaged over
+      the batch (so that DDP's gradient average over equal shards equals the global mean) and
+      a ``dict[str, float | scalar tensor]`` of extra training metrics (e.g. accuracy), logged
+      as window means (averaged over ranks: use the same keys on every rank). Call ``model(...)`` (not ``model.module``) so DDP can sync gradients.
+      Runs under bf16 autocast when enabled.
+    * ``evaluate(model: nn.Module, max_batches: int | None) -> dict[str, float]``: held-out
+      metrics of the *unwrapped* model, called in ``eval()`` mode under ``torch.no_grad()``;
+      ``max_batches`` is ``TrainConfig.eval_steps`` (``None`` = the full split). A ``"loss"``
+      key is also reported as the record's ``loss``. Every rank calls it with identical
+      weights; random draws inside it do not advance the training generators.
+
+    Optional method:
+
+    * ``shard_batch(batch, rank: int, world_size: int) -> batch``: this rank's part of the
+      global batch under DDP. Default: :func:`~diffusionformer.train.shard_batch` (contiguous
+      equal slices of dim 0 of every tensor). A full-graph task can return the batch unchanged
+      (each rank then computes the same loss and the averaged gradient is the single-process one).
+    """
+
+    def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> Any: ...
+
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, Mapping[str, Any]]: ...
+
+    def evaluate(self, model: nn.Module, max_batches: int | None) -> Mapping[str, Any]: ...
+
+
+def check_task(task: object) -> None:
+    """Raise ``TypeError`` naming the missing methods if ``task`` does not follow :class:`Task`.
+
+    Args:
+        task: the object passed to the trainer.
+
+    Examples:
+        >>> check_task(object())  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: task: expected an object with callable ... got object missing train_batch, loss, evaluate
+    """
+    missing = [name for name in _REQUIRED if not callable(getattr(task, name, None))]
+    if missing:
+        raise TypeError(
+            f"task: expected an object with callable {', '.join(_REQUIRED)} (see "
+            f"diffusionformer.train.Task), got {type(task).__name__} missing {', '.join(missing)}"
+        )
+    shard = getattr(task, "shard_batch", None)
+    if shard is not None and not callable(shard):
+        raise TypeError(f"task.shard_batch: expected a callable, got {type(shard).__name__}")

@@ -1,0 +1,482 @@
+"""The training loop: AdamW, warm-up + cosine schedule, clipping, evaluation, checkpoints, DDP."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from .batch import to_device
+from .checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from .config import TrainConfig, resolve_amp
+from .distributed import DistContext, init_distributed, shard_batch
+from .errors import CheckpointError, NonFiniteLossError
+from .metrics import METRICS_NAME, MetricsLog, write_json_atomic
+from .optim import build_optimizer
+from .rng import capture_rng_state, preserve_rng_state, restore_rng_state, seed_everything
+from .schedule import cosine_lr
+from .task import Task, check_task
+
+__all__ = ["Trainer", "train", "SUMMARY_NAME", "RESUMABLE_FIELDS"]
+
+SUMMARY_NAME = "summary.json"
+
+#: Config fields that may differ between a checkpoint and the run that resumes it: they do not
+#: change the sequence of updates (``lr_decay_steps`` is compared after resolving ``None``).
+RESUMABLE_FIELDS = frozenset(
+    {"max_steps", "lr_decay_steps", "eval_interval", "eval_steps", "log_interval",
+     "checkpoint_interval", "device", "amp", "compile", "progress"}
+)
+
+_NO_BAD_STEP = 2**62  # "no non-finite step yet" in the on-device running minimum
+
+
+class Trainer:
+    r"""Minimise a task's loss with AdamW, resumable bit-exactly, on 1 or N processes.
+
+    Update ``s = 0, 1, ..., max_steps - 1`` draws the global batch
+    ``b_s = task.train_batch(s, g, batch_size)`` from a seeded, checkpointed generator ``g``,
+    takes this rank's shard, computes ``loss, metrics = task.loss(model, b_s)`` (bf16 autocast on
+    CUDA), back-propagates, clips the global gradient norm to ``grad_clip`` and takes an AdamW
+    step (Loshchilov & Hutter, ICLR 2019) with learning rate :func:`cosine_lr` ``(s)`` and weight
+    decay on matrices only (:func:`param_groups`). "Step ``k``" in logs and checkpoints means
+    ``k`` updates done.
+
+    Every ``log_interval`` updates a train record (window means) goes to
+    ``<out_dir>/metrics.jsonl``; every ``eval_interval`` updates ``task.evaluate`` runs (without
+    advancing the training RNGs); every ``checkpoint_interval`` updates
+    ``<out_dir>/checkpoint.pt`` is replaced atomically with model, optimizer, step, all RNG
+    states (Python, NumPy, torch CPU/CUDA, batch generator) and config. The last update always
+    logs, evaluates and checkpoints, then ``<out_dir>/summary.json`` is written.
+
+    A non-finite loss or gradient norm raises :class:`NonFiniteLossError` at the next of these
+    boundaries, before anything is saved, so the checkpoint on disk stays the last good one.
+    With ``resume=True`` a run restarts from ``checkpoint.pt`` (or from scratch if there is
+    none), the metrics log is cut back to the checkpoint's step, and the run ends with the
+    same weights, bit for bit, as one that was never interrupted.
+
+    Under ``torchrun`` the process group is joined (:func:`init_distributed`), the model is
+    wrapped in ``DistributedDataParallel``, each rank trains on its slice of the global batch
+    and only rank 0 writes files.
+
+    Args:
+        model: the module to train; moved to the device. Build it after
+            :func:`seed_everything` for a reproducible initialisation.
+        task: an object following :class:`Task`.
+        config: the :class:`TrainConfig`.
+        out_dir: run directory (created if needed).
+        resume: ``False`` (``out_dir`` must not hold a run), ``True`` (continue from
+            ``<out_dir>/checkpoint.pt`` if it exists) or the path of a checkpoint to continue from.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: Task,
+        config: TrainConfig,
+        out_dir: str | os.PathLike[str],
+        *,
+        resume: bool | str | os.PathLike[str] = False,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Trainer: expected model to be an nn.Module, got {type(model).__name__}")
+        check_task(task)
+        if not isinstance(config, TrainConfig):
+            raise TypeError(
+                f"Trainer: expected config to be a TrainConfig, got {type(config).__name__} "
+                "(use TrainConfig.from_dict for mappings)"
+            )
+        if not isinstance(resume, (bool, str, os.PathLike)):
+            raise TypeError(
+                f"Trainer: expected resume to be a bool or a path, got {type(resume).__name__}"
+            )
+        self.model = model
+        self.task = task
+        self.config = config
+        self.out_dir = Path(out_dir)
+        self.resume = resume
+        self.checkpoint_path = self.out_dir / CHECKPOINT_NAME
+        self.metrics_path = self.out_dir / METRICS_NAME
+        self.summary_path = self.out_dir / SUMMARY_NAME
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.step = 0
+        self.summary: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(model={type(self.model).__name__}, task={type(self.task).__name__}, "
+            f"out_dir={str(self.out_dir)!r}, max_steps={self.config.max_steps}, step={self.step})"
+        )
+
+    # ------------------------------------------------------------------ public
+    def fit(self) -> dict[str, Any]:
+        """Train to ``config.max_steps`` and return the summary (also in ``summary.json``)."""
+        ctx = init_distributed(self.config.device)
+        self.ctx = ctx
+        self._log = MetricsLog(self.metrics_path, active=ctx.is_main)
+        self._pbar: tqdm | None = None
+        try:
+            return self._fit(ctx)
+        finally:
+            if self._pbar is not None:
+                self._pbar.close()
+            self._log.close()
+            ctx.shutdown()
+
+    # ------------------------------------------------------------------ setup
+    def _resume_payload(self, ctx: DistContext) -> dict[str, Any] | None:
+        if self.resume is False:
+            existing = [p.name for p in (self.checkpoint_path, self.metrics_path, self.summary_path)
+                        if p.exists()]
+            if existing:
+                raise FileExistsError(
+                    f"Trainer: expected an empty run directory (or resume=True), got {self.out_dir} "
+                    f"holding {existing}"
+                )
+            return None
+        if self.resume is True:
+            path = self.checkpoint_path
+            if not path.exists():
+                return None
+        else:
+            path = Path(self.resume)
+        payload = load_checkpoint(path)
+        payload["_path"] = str(path)
+        return payload
+
+    def _check_resumable(self, payload: Mapping[str, Any]) -> None:
+        path = payload["_path"]
+        try:
+            saved = TrainConfig.from_dict(payload["config"])
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {path}: its config is invalid: {err}") from err
+        now = self.config
+        diffs = [
+            f"{name}: checkpoint {getattr(saved, name)!r}, now {getattr(now, name)!r}"
+            for name in now.to_dict()
+            if name not in RESUMABLE_FIELDS and getattr(saved, name) != getattr(now, name)
+        ]
+        if saved.decay_steps != now.decay_steps:
+            diffs.append(
+                f"lr_decay_steps (resolved; None = max_steps): checkpoint {saved.decay_steps}, "
+                f"now {now.decay_steps}"
+            )
+        if diffs:
+            raise ValueError(
+                f"resume: expected a config that continues the run in {path}, got differences that "
+                f"change the updates: {'; '.join(diffs)}. Use the saved values (set lr_decay_steps "
+                "explicitly to extend max_steps) or start a new out_dir."
+            )
+        if payload["step"] > now.max_steps:
+            raise ValueError(
+                f"resume: expected max_steps >= the checkpoint's step {payload['step']}, got "
+                f"{now.max_steps}"
+            )
+
+    def _load_state(
+        self, payload: Mapping[str, Any], optimizer: torch.optim.Optimizer, device: torch.device,
+        generator: torch.Generator,
+    ) -> None:
+        path = payload["_path"]
+        try:
+            self.model.load_state_dict(payload["model"])
+            optimizer.load_state_dict(payload["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(
+                f"checkpoint {path}: expected the state of this model and optimizer, got one that "
+                f"does not fit: {err}"
+            ) from err
+        restore_rng_state(payload["rng"], device, generator)
+
+    # ------------------------------------------------------------------ loop
+    def _fit(self, ctx: DistContext) -> dict[str, Any]:
+        cfg, device = self.config, ctx.device
+        if ctx.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        ctx.barrier()
+        payload = self._resume_payload(ctx)
+        ctx.barrier()  # every rank has looked at out_dir before rank 0 writes to it
+
+        model = self.model.to(device)
+        seed_everything(cfg.seed)
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(cfg.seed)
+        optimizer = build_optimizer(model, cfg, device)
+        self.optimizer = self._optimizer = optimizer
+        start, elapsed0 = 0, 0.0
+        self._last: dict[str, dict[str, Any] | None] = {"train": None, "eval": None}
+        # Running sums of the current log window: name -> [sum tensor, count].
+        self._window: dict[str, list[Any]] = {}
+        self._last_checkpoint_step: int | None = None
+        if payload is not None:
+            self._check_resumable(payload)
+            self._load_state(payload, optimizer, device, generator)
+            start = payload["step"]
+            elapsed0 = float(payload.get("elapsed", 0.0))
+            self._last = {"train": payload.get("last_train"), "eval": payload.get("last_eval")}
+            self._window = {k: [v[0].to(device), v[1]] for k, v in payload.get("window", {}).items()}
+            self._last_checkpoint_step = start
+        if self.resume is not False:
+            self._log.truncate(start)
+        self.step = start
+
+        train_model: nn.Module = model
+        if ctx.is_distributed:
+            train_model = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        if cfg.compile:
+            train_model = torch.compile(train_model)
+        self._train_model = train_model
+        self._generator = generator
+        self._amp = resolve_amp(cfg.amp, device)
+        self._params = [p for group in optimizer.param_groups for p in group["params"]]
+
+        self._t0, self._elapsed0 = time.perf_counter(), elapsed0
+        self._pbar = tqdm(
+            total=cfg.max_steps, initial=start, dynamic_ncols=True, desc="train",
+            disable=True if not (cfg.progress and ctx.is_main) else None,
+        )
+        # First non-finite update so far, kept on the device: no host sync per update.
+        first_bad = torch.full((), _NO_BAD_STEP, dtype=torch.long, device=device)
+        train_model.train()
+        for step in range(start, cfg.max_steps):
+            lr = cosine_lr(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps,
+                           decay_steps=cfg.decay_steps)
+            loss, metrics, bad = self._update(step, lr)
+            first_bad = torch.where(bad & (first_bad == _NO_BAD_STEP), step, first_bad)
+            self._accumulate(self._window, loss, metrics, device)
+
+            done = step + 1
+            self.step = done
+            self._pbar.update(1)
+            final = done == cfg.max_steps
+            log = done % cfg.log_interval == 0 or final
+            evaluate = (cfg.eval_interval > 0 and done % cfg.eval_interval == 0) or final
+            save = (cfg.checkpoint_interval > 0 and done % cfg.checkpoint_interval == 0) or final
+            if log or evaluate or save:
+                self._raise_if_bad(first_bad)  # before anything is logged or saved
+            if log:
+                self._log_train(self._window, done, lr)
+                self._window = {}
+            if evaluate:
+                self._evaluate(done, lr)
+            if save:
+                self._save(done)
+
+        summary = {
+            "status": "completed",
+            "step": cfg.max_steps,
+            "resumed_from": start if payload is not None else None,
+            "train": self._last["train"],
+            "eval": self._last["eval"],
+            "elapsed": self._elapsed(),
+            "num_parameters": sum(p.numel() for p in model.parameters()),
+            "world_size": ctx.world_size,
+            "device": str(device),
+            "amp": "bf16" if self._amp is not None else "off",
+            "config": cfg.to_dict(),
+            "checkpoint": str(self.checkpoint_path),
+        }
+        if ctx.is_main:
+            write_json_atomic(self.summary_path, summary)
+        self.summary = summary
+        return summary
+
+    def _update(self, step: int, lr: float) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
+        """One optimiser update; returns the detached loss, the metrics and a non-finite flag."""
+        cfg, ctx, optimizer = self.config, self.ctx, self._optimizer
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = self.task.train_batch(step, self._generator, cfg.batch_size)
+        if ctx.is_distributed:
+            shard = getattr(self.task, "shard_batch", None)
+            batch = (shard(batch, ctx.rank, ctx.world_size) if shard is not None
+                     else shard_batch(batch, ctx.rank, ctx.world_size))
+        batch = to_device(batch, ctx.device)
+        optimizer.zero_grad(set_to_none=True)
+        with self._autocast():
+            loss, metrics = self._check_loss(self.task.loss(self._train_model, batch), step)
+        loss.backward()
+        loss = loss.detach().float()
+        bad = ~torch.isfinite(loss)
+        if cfg.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip)
+            metrics["grad_norm"] = grad_norm
+            bad = bad | ~torch.isfinite(grad_norm)
+        optimizer.step()
+        return loss, metrics, bad
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self._amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.ctx.device.type, dtype=self._amp)
+
+    def _elapsed(self) -> float:
+        return self._elapsed0 + (time.perf_counter() - self._t0)
+
+    @staticmethod
+    def _check_loss(out: Any, step: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError(
+                f"task.loss: expected a (loss, metrics) tuple, got {type(out).__name__} at step {step}"
+            )
+        loss, metrics = out
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+            got = (f"tensor of shape {tuple(loss.shape)} and dtype {loss.dtype}"
+                   if isinstance(loss, torch.Tensor) else type(loss).__name__)
+            raise TypeError(f"task.loss: expected a scalar floating loss tensor, got {got} at step {step}")
+        if not loss.requires_grad:
+            raise ValueError(
+                f"task.loss: expected a loss that requires grad (computed from the model), got one "
+                f"that does not at step {step}"
+            )
+        if not isinstance(metrics, Mapping):
+            raise TypeError(
+                f"task.loss: expected a metrics dict, got {type(metrics).__name__} at step {step}"
+            )
+        return loss.reshape(()), dict(metrics)
+
+    @staticmethod
+    def _accumulate(
+        window: dict[str, list[Any]], loss: torch.Tensor, metrics: Mapping[str, Any], device: torch.device
+    ) -> None:
+        items = [("loss", loss)] + [(str(k), v) for k, v in metrics.items()]
+        for name, value in items:
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise TypeError(
+                        f"task.loss metrics[{name!r}]: expected a scalar, got shape {tuple(value.shape)}"
+                    )
+                value = value.detach().float().reshape(()).to(device)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = torch.tensor(float(value), device=device)
+            else:
+                raise TypeError(
+                    f"task.loss metrics[{name!r}]: expected a float or scalar tensor, got "
+                    f"{type(value).__name__}"
+                )
+            if name in window:
+                window[name][0] = window[name][0] + value
+                window[name][1] += 1
+            else:
+                window[name] = [value, 1]
+
+    def _raise_if_bad(self, first_bad: torch.Tensor) -> None:
+        bad = int(self.ctx.all_reduce_min(first_bad).item())  # the only per-boundary host sync
+        if bad == _NO_BAD_STEP:
+            return
+        self._fail_non_finite(
+            bad, f"non-finite training loss or gradient norm at step {bad} (the update on "
+            f"task.train_batch(step={bad}, ...))"
+        )
+
+    def _fail_non_finite(self, step: int, what: str) -> None:
+        last = self._last_checkpoint_step
+        kept = (f"the last good checkpoint {self.checkpoint_path} (step {last}) was kept"
+                if last is not None else "no checkpoint had been written")
+        message = f"{what}; training stopped and {kept}."
+        if self.ctx.is_main:
+            write_json_atomic(self.summary_path, {
+                "status": "non_finite", "error": message, "bad_step": step,
+                "last_checkpoint_step": last, "train": self._last["train"], "eval": self._last["eval"],
+                "elapsed": self._elapsed(), "config": self.config.to_dict(),
+            })
+        raise NonFiniteLossError(message, step=step, last_checkpoint_step=last)
+
+    def _record(self, split: str, done: int, lr: float, loss: float | None,
+                metrics: dict[str, float]) -> dict[str, Any]:
+        record = {"step": done, "split": split, "loss": loss, "lr": lr, "metrics": metrics,
+                  "elapsed": self._elapsed(), "time": time.time()}
+        self._log.append(record)
+        self._last[split] = record
+        return record
+
+    def _log_train(self, window: dict[str, list[Any]], done: int, lr: float) -> None:
+        names = sorted(k for k in window if k != "loss")
+        means = torch.stack([window[k][0] / window[k][1] for k in ["loss", *names]])
+        values = self.ctx.all_reduce_mean(means).tolist()
+        self._record("train", done, lr, values[0], dict(zip(names, values[1:])))
+        if self._pbar is not None:
+            self._pbar.set_postfix(loss=f"{values[0]:.4g}", lr=f"{lr:.3g}", refresh=False)
+
+    def _evaluate(self, done: int, lr: float) -> None:
+        self._train_model.eval()
+        try:
+            with preserve_rng_state(self.ctx.device), torch.no_grad(), self._autocast():
+                out = self.task.evaluate(self.model, self.config.eval_steps)
+        finally:
+            self._train_model.train()
+        if not isinstance(out, Mapping):
+            raise TypeError(f"task.evaluate: expected a dict of metrics, got {type(out).__name__}")
+        metrics: dict[str, float] = {}
+        for name, value in out.items():
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(
+                    f"task.evaluate()[{name!r}]: expected a float or scalar tensor, got "
+                    f"{type(value).__name__}"
+                )
+            metrics[str(name)] = float(value)
+        loss = metrics.get("loss")
+        self._record("eval", done, lr, loss, metrics)
+        if self._pbar is not None and loss is not None and math.isfinite(loss):
+            self._pbar.set_postfix(eval_loss=f"{loss:.4g}", refresh=False)
+
+    def _save(self, done: int) -> None:
+        finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
+        if not bool(finite):  # identical on every rank: DDP keeps the replicas equal
+            self._fail_non_finite(done - 1, f"non-finite parameters after step {done}")
+        payload = {
+            "format": CHECKPOINT_FORMAT,
+            "step": done,
+            "model": self.model.state_dict(),
+            "optimizer": self._optimizer.state_dict(),
+            "rng": capture_rng_state(self.ctx.device, self._generator),
+            "config": self.config.to_dict(),
+            "elapsed": self._elapsed(),
+            "last_train": self._last["train"],
+            "last_eval": self._last["eval"],
+            # a log window cut by the checkpoint continues after a resume
+            "window": {k: [v[0].detach().cpu(), v[1]] for k, v in self._window.items()},
+            "world_size": self.ctx.world_size,
+            "torch_version": str(torch.__version__),
+        }
+        self.ctx.barrier()
+        if self.ctx.is_main:
+            save_checkpoint(self.checkpoint_path, payload)
+        self.ctx.barrier()
+        self._last_checkpoint_step = done
+
+
+def train(
+    model: nn.Module,
+    task: Task,
+    config: TrainConfig,
+    out_dir: str | os.PathLike[str],
+    *,
+    resume: bool | str | os.PathLike[str] = False,
+) -> dict[str, Any]:
+    """Functional form of ``Trainer(model, task, config, out_dir, resume=resume).fit()``.
+
+    Args:
+        model: the module to train (updated in place).
+        task: an object following :class:`Task`.
+        config: the :class:`TrainConfig`.
+        out_dir: run directory.
+        resume: see :class:`Trainer`.
+
+    Returns:
+        The run summary (also written to ``<out_dir>/summary.json``).
+    """
+    return Trainer(model, task, config, out_dir, resume=resume).fit()

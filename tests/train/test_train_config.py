@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from diffusionformer.train import TrainConfig, resolve_amp, resolve_device
+
+
+def test_defaults_and_round_trip():
+    cfg = TrainConfig()
+    assert cfg.decay_steps == cfg.max_steps
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    cfg = TrainConfig.from_dict({"max_steps": 50, "lr_decay_steps": 40, "betas": [0.8, 0.9], "lr": 1})
+    assert cfg.betas == (0.8, 0.9) and cfg.decay_steps == 40
+    assert isinstance(cfg.lr, float) and cfg.lr == 1.0
+    assert cfg.to_dict()["betas"] == [0.8, 0.9]
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TrainConfig().lr = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "fragments"),
+    [
+        ({"learning_rate": 1e-3}, ValueError, ["unknown TrainConfig key 'learning_rate'", "valid keys"]),
+        ({"max_step": 10}, ValueError, ["'max_step'", "did you mean 'max_steps'"]),
+        ({"max_steps": "10"}, TypeError, ["max_steps", "expected int", "got str"]),
+        ({"max_steps": 10.0}, TypeError, ["max_steps", "expected int", "got float"]),
+        ({"batch_size": True}, TypeError, ["batch_size", "expected int", "got bool"]),
+        ({"max_steps": 0}, ValueError, ["max_steps", ">= 1", "got 0"]),
+        ({"lr": -1e-3}, ValueError, ["lr", "> 0.0", "got -0.001"]),
+        ({"lr": float("nan")}, ValueError, ["lr", "finite", "nan"]),
+        ({"lr": 1e-3, "min_lr": 1e-2}, ValueError, ["min_lr", "<= lr", "got 0.01"]),
+        ({"weight_decay": "0.1"}, TypeError, ["weight_decay", "expected float", "got str"]),
+        ({"betas": [0.9]}, TypeError, ["betas", "pair", "[0.9]"]),
+        ({"betas": (0.9, 1.0)}, ValueError, ["betas[1]", "[0, 1)", "got 1.0"]),
+        ({"warmup_steps": 20, "max_steps": 10}, ValueError, ["lr_decay_steps", ">= warmup_steps (20)", "got 10"]),
+        ({"grad_clip": -1}, ValueError, ["grad_clip", ">= 0.0", "got -1.0"]),
+        ({"log_interval": 0}, ValueError, ["log_interval", ">= 1", "got 0"]),
+        ({"eval_steps": 0}, ValueError, ["eval_steps", ">= 1"]),
+        ({"seed": -1}, ValueError, ["seed", ">= 0"]),
+        ({"seed": 2**32}, ValueError, ["seed", "<= 4294967295"]),
+        ({"amp": "fp16"}, ValueError, ["amp", "('auto', 'bf16', 'off')", "'fp16'"]),
+        ({"device": "gpu0"}, ValueError, ["device", "'gpu0'"]),
+        ({"device": 0}, TypeError, ["device", "expected str", "got int"]),
+        ({"compile": "yes"}, TypeError, ["compile", "expected bool", "got str"]),
+    ],
+)
+def test_invalid(data, error, fragments):
+    with pytest.raises(error) as info:
+        TrainConfig.from_dict(data)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_from_dict_needs_mapping():
+    with pytest.raises(TypeError, match="expected a mapping, got list"):
+        TrainConfig.from_dict([("lr", 1.0)])  # type: ignore[arg-type]
+
+
+def test_direct_construction_is_validated():
+    with pytest.raises(TypeError, match="TrainConfig.max_steps: expected int, got str"):
+        TrainConfig(max_steps="5")  # type: ignore[arg-type]
+
+
+def test_resolve_device_and_amp():
+    assert resolve_device("cpu") == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_amp("auto", torch.device("cpu")) is None
+    assert resolve_amp("auto", torch.device("cuda", 0)) is torch.bfloat16
+    assert resolve_amp("off", torch.device("cuda", 0)) is None
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch.cuda.is_available"):
+            resolve_device("cuda")

@@ -1,0 +1,104 @@
+"""Tiny models and tasks shared by the trainer tests and the DDP worker script."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from diffusionformer.train import TrainConfig
+
+
+class SimulatedKill(Exception):
+    """Raised by a task to stop a run at a chosen step, as a kill would."""
+
+
+class TinyMLP(nn.Module):
+    """``Linear -> GELU -> Dropout -> LayerNorm -> Linear``: decayed and non-decayed params."""
+
+    def __init__(self, in_dim: int = 4, hidden: int = 16, out_dim: int = 2, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_dim, hidden)
+        self.drop = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(hidden)
+        self.fc2 = nn.Linear(hidden, out_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.norm(self.drop(F.gelu(self.fc1(x)))))
+
+
+class RegressionTask:
+    """``y = x W + 0.1 noise`` with batches drawn from the trainer's generator.
+
+    ``global_rng=True`` also multiplies the loss by a jitter drawn from NumPy's and Python's
+    global generators, so a resume that forgets to restore them is caught. ``eval`` draws from
+    torch's global RNG on purpose (the trainer must isolate it).
+    """
+
+    def __init__(
+        self,
+        *,
+        in_dim: int = 4,
+        out_dim: int = 2,
+        fail_at: int | None = None,
+        nan_at: int | None = None,
+        global_rng: bool = True,
+        target_scale: float = 1.0,
+    ) -> None:
+        g = torch.Generator().manual_seed(1234)
+        self.w = torch.randn(in_dim, out_dim, generator=g)
+        self.x_eval = torch.randn(32, in_dim, generator=g)
+        self.y_eval = self.x_eval @ self.w * target_scale
+        self.in_dim = in_dim
+        self.fail_at = fail_at
+        self.nan_at = nan_at
+        self.global_rng = global_rng
+        self.target_scale = target_scale
+        self.steps_seen: list[int] = []
+        self.eval_calls: list[int | None] = []
+
+    def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> dict[str, Any]:
+        if self.fail_at is not None and step == self.fail_at:
+            raise SimulatedKill(f"killed at step {step}")
+        self.steps_seen.append(step)
+        x = torch.randn(batch_size, self.in_dim, generator=generator)
+        y = x @ self.w * self.target_scale + 0.1 * torch.randn(batch_size, self.w.shape[1], generator=generator)
+        if self.nan_at is not None and step == self.nan_at:
+            x[0, 0] = float("nan")
+        return {"x": x, "y": y}
+
+    def loss(self, model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+        pred = model(batch["x"])
+        loss = F.mse_loss(pred.float(), batch["y"])
+        if self.global_rng:
+            loss = loss * (1.0 + 1e-3 * (float(np.random.rand()) + random.random()))
+        return loss, {"mae": (pred.float() - batch["y"]).abs().mean(), "one": 1.0}
+
+    def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
+        self.eval_calls.append(max_batches)
+        device = next(model.parameters()).device
+        _ = torch.rand(3), np.random.rand(), random.random()  # must not leak into training
+        pred = model(self.x_eval.to(device)).float()
+        return {"loss": F.mse_loss(pred, self.y_eval.to(device)).item(), "n": 32}
+
+
+def tiny_config(**overrides: Any) -> TrainConfig:
+    """A 10-step CPU config with every feature on (warm-up, clipping, eval, checkpoints)."""
+    base = dict(max_steps=10, batch_size=8, lr=1e-2, min_lr=1e-3, weight_decay=0.1, warmup_steps=2,
+                grad_clip=1.0, eval_interval=5, log_interval=1, checkpoint_interval=3, seed=0,
+                device="cpu", progress=False)
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+def ddp_config(**overrides: Any) -> TrainConfig:
+    """The config shared by the 2-process run and its single-process reference."""
+    base = dict(max_steps=6, batch_size=8, lr=1e-2, min_lr=1e-3, warmup_steps=1, grad_clip=1.0,
+                eval_interval=3, log_interval=2, checkpoint_interval=3, seed=0, device="cpu",
+                progress=False)
+    base.update(overrides)
+    return TrainConfig(**base)
