@@ -1,0 +1,29 @@
+"""Lazy imports of the optional data packages, with an error that names the extra."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+INSTALL_HINT = 'pip install "diffusionformer[data]"'
+
+
+def import_optional(module: str, *, package: str, dataset: str) -> ModuleType:
+    """Import ``module`` or raise an ImportError that says how to install it.
+
+    Args:
+        module: the module to import, e.g. ``"sklearn.datasets"``.
+        package: the distribution that provides it, e.g. ``"scikit-learn"``.
+        dataset: the dataset that needs it, for the message.
+
+    Examples:
+        >>> import_optional("json", package="json", dataset="demo").__name__
+        'json'
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(
+            f"dataset {dataset!r} needs the optional package {package!r} "
+            f"(module {module!r}), which is not installed: {INSTALL_HINT}"
+        ) from err

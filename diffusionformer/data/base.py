@@ -1,0 +1,404 @@
+"""Typed containers that every dataset loader returns.
+
+One dataclass per task family, so that a runner can dispatch on ``data.kind``:
+
+=================  =====================  =============================================
+class              ``kind``               consumer
+=================  =====================  =============================================
+ClassificationData ``"image"``            ViT: ``x`` is ``(N, C, H, W)`` float32
+ClassificationData ``"sequence"``         sequence classifier: ``x`` is ``(N, T, F)``
+TextData           ``"text"``             causal GPT: 1-D int64 token streams
+SequenceTaskData   ``"sequence_lm"``      causal GPT with ``ignore_index`` targets
+NodeData           ``"node"``             graph transformer, node classification
+GraphSetData       ``"graph"``            graph transformer, graph classification
+=================  =====================  =============================================
+
+Every container carries ``name``, ``kind`` and ``meta`` (source, licence note, split sizes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torch_geometric.data import Data
+
+__all__ = [
+    "IGNORE_INDEX",
+    "SPLITS",
+    "ClassificationData",
+    "TextData",
+    "SequenceTaskData",
+    "NodeData",
+    "GraphSetData",
+    "TaskData",
+]
+
+#: Target value that ``torch.nn.functional.cross_entropy`` skips by default.
+IGNORE_INDEX = -100
+
+#: Split names, in the order every container stores them.
+SPLITS = ("train", "val", "test")
+
+
+def _check_split(split: str, allowed: Sequence[str] = SPLITS) -> str:
+    if split not in allowed:
+        raise ValueError(f"split must be one of {list(allowed)}, got {split!r}")
+    return split
+
+
+def _shape(t: Tensor) -> str:
+    return "x".join(str(s) for s in t.shape)
+
+
+@dataclass(repr=False)
+class ClassificationData:
+    r"""Supervised classification data ``(x_i, y_i)``, ``y_i \in \{0, ..., num_classes - 1\}``.
+
+    Images (``kind="image"``) are ``(N, C, H, W)`` float32, first scaled to ``[0, 1]`` and then
+    normalised per channel, ``x <- (x - mean_c) / std_c``, with ``mean``/``std`` measured on the
+    training split and stored here (``None`` when ``normalize=False`` was asked). Sequences
+    (``kind="sequence"``) are ``(N, T, F)`` float32.
+
+    Args:
+        name: registry name of the dataset.
+        kind: ``"image"`` or ``"sequence"``.
+        x_train, y_train, x_val, y_val, x_test, y_test: the three splits.
+        num_classes: number of classes.
+        input_shape: per-example shape, ``(C, H, W)`` or ``(T, F)``.
+        mean, std: per-channel statistics used for normalisation (images), else ``None``.
+        class_names: human-readable class names, when the source has them.
+        meta: source, licence note, split sizes and how the splits were made.
+
+    Shapes:
+        - x: ``(N, *input_shape)`` float32
+        - y: ``(N,)`` int64
+    """
+
+    name: str
+    kind: str
+    x_train: Tensor
+    y_train: Tensor
+    x_val: Tensor
+    y_val: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    class_names: list[str] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("image", "sequence"):
+            raise ValueError(f"kind must be 'image' or 'sequence', got {self.kind!r}")
+        expected_dims = 3 if self.kind == "image" else 2
+        if len(self.input_shape) != expected_dims:
+            raise ValueError(
+                f"input_shape for kind {self.kind!r} must have {expected_dims} dims, "
+                f"got {self.input_shape}"
+            )
+        for split in SPLITS:
+            x, y = self.split(split)
+            if x.dtype != torch.float32 or y.dtype != torch.int64:
+                raise ValueError(
+                    f"{split}: expected float32 x and int64 y, got {x.dtype} and {y.dtype}"
+                )
+            if tuple(x.shape[1:]) != tuple(self.input_shape) or x.shape[0] != y.shape[0]:
+                raise ValueError(
+                    f"{split}: expected x of shape (N, {', '.join(map(str, self.input_shape))}) "
+                    f"and y of shape (N,), got {tuple(x.shape)} and {tuple(y.shape)}"
+                )
+
+    def split(self, split: str) -> tuple[Tensor, Tensor]:
+        """Return ``(x, y)`` of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
+        _check_split(split)
+        return getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s}={self.split(s)[0].shape[0]}" for s in SPLITS)
+        return (
+            f"ClassificationData(name={self.name!r}, kind={self.kind!r}, {sizes}, "
+            f"input_shape={self.input_shape}, num_classes={self.num_classes})"
+        )
+
+
+@dataclass(repr=False)
+class TextData:
+    r"""A character-level corpus as two token streams for next-token prediction.
+
+    The model is trained on :math:`p(s_{t+1} \mid s_{\le t})`; :meth:`get_batch` samples
+    windows as nanoGPT does (Karpathy, ``nanoGPT/train.py``): ``x = s[i : i + T]`` and
+    ``y = s[i + 1 : i + T + 1]``.
+
+    Args:
+        name: registry name of the dataset.
+        train, val: 1-D int64 token streams.
+        vocab_size: number of distinct tokens, ``len(itos)``.
+        itos: token id -> character.
+        kind: always ``"text"``.
+        meta: source, licence note, sizes.
+
+    Shapes:
+        - train, val: ``(L,)`` int64
+
+    Examples:
+        >>> import torch
+        >>> text = "hello world"
+        >>> itos = sorted(set(text))
+        >>> data = TextData("toy", torch.tensor([itos.index(c) for c in text]),
+        ...                 torch.tensor([0]), len(itos), itos)
+        >>> data.decode(data.encode("hello"))
+        'hello'
+        >>> x, y = data.get_batch("train", 2, 4, torch.Generator().manual_seed(0))
+        >>> bool((x[:, 1:] == y[:, :-1]).all())
+        True
+    """
+
+    name: str
+    train: Tensor
+    val: Tensor
+    vocab_size: int
+    itos: list[str]
+    kind: str = "text"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.vocab_size != len(self.itos):
+            raise ValueError(f"vocab_size ({self.vocab_size}) != len(itos) ({len(self.itos)})")
+        for split in ("train", "val"):
+            t = getattr(self, split)
+            if t.dtype != torch.int64 or t.dim() != 1:
+                raise ValueError(
+                    f"{split}: expected a 1-D int64 tensor, got {t.dtype} of shape {tuple(t.shape)}"
+                )
+        self._stoi = {ch: i for i, ch in enumerate(self.itos)}
+
+    @property
+    def stoi(self) -> dict[str, int]:
+        """Character -> token id."""
+        return dict(self._stoi)
+
+    def encode(self, text: str) -> Tensor:
+        """Map a string to a 1-D int64 tensor of token ids.
+
+        Raises:
+            ValueError: if ``text`` holds a character outside the vocabulary.
+        """
+        try:
+            ids = [self._stoi[ch] for ch in text]
+        except KeyError as err:
+            raise ValueError(
+                f"character {err.args[0]!r} is not in the {self.name!r} vocabulary "
+                f"of {self.vocab_size} characters"
+            ) from None
+        return torch.tensor(ids, dtype=torch.int64)
+
+    def decode(self, ids: Tensor | Sequence[int]) -> str:
+        """Map token ids (a 1-D tensor or a list of ints) back to a string."""
+        if isinstance(ids, Tensor):
+            if ids.dim() != 1:
+                raise ValueError(f"decode expects a 1-D tensor, got shape {tuple(ids.shape)}")
+            ids = ids.tolist()
+        try:
+            return "".join(self.itos[i] for i in ids)
+        except (IndexError, TypeError):
+            raise ValueError(
+                f"decode expects token ids in [0, {self.vocab_size}), got {list(ids)[:20]}"
+            ) from None
+
+    def get_batch(
+        self,
+        split: str,
+        batch_size: int,
+        block_size: int,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Sample ``batch_size`` random windows of length ``block_size`` from ``split``.
+
+        Offsets ``i ~ U{0, ..., L - T - 1}`` are drawn with ``generator`` (a CPU
+        ``torch.Generator``; ``None`` uses torch's global generator), so a seeded generator
+        gives the same batches on every run.
+
+        Args:
+            split: ``"train"`` or ``"val"``.
+            batch_size: ``B``.
+            block_size: context length ``T``; must be smaller than the split's length.
+            generator: source of randomness.
+            device: where to put the batch (default: where the tokens live).
+
+        Shapes:
+            - x, y: ``(B, T)`` int64, with ``y[:, t] = x[:, t + 1]`` for ``t < T - 1``.
+        """
+        _check_split(split, ("train", "val"))
+        data: Tensor = getattr(self, split)
+        L = data.shape[0]
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 1 <= block_size < L:
+            raise ValueError(
+                f"block_size must be in [1, {L - 1}] for the {split!r} split of length {L}, "
+                f"got {block_size}"
+            )
+        ix = torch.randint(L - block_size, (batch_size,), generator=generator)
+        window = ix.to(data.device)[:, None] + torch.arange(block_size + 1, device=data.device)
+        chunk = data[window]  # (B, T + 1)
+        x, y = chunk[:, :-1], chunk[:, 1:]
+        if device is not None:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        return x, y
+
+    def __repr__(self) -> str:
+        return (
+            f"TextData(name={self.name!r}, train={self.train.shape[0]}, val={self.val.shape[0]}, "
+            f"vocab_size={self.vocab_size})"
+        )
+
+
+@dataclass(repr=False)
+class SequenceTaskData:
+    r"""A token-level sequence task for causal language models with sparse supervision.
+
+    ``x`` holds the input tokens; ``y[n, t]`` is the token the model should predict after
+    reading ``x[n, : t + 1]``, or :data:`IGNORE_INDEX` (``-100``) where nothing is asked,
+    so ``F.cross_entropy(logits.flatten(0, 1), y.flatten())`` scores only the answers.
+
+    Args:
+        name: registry name of the dataset.
+        x_train, y_train, x_val, y_val, x_test, y_test: inputs and targets of each split.
+        vocab_size: number of input tokens.
+        kind: always ``"sequence_lm"``.
+        ignore_index: the target value that marks unsupervised positions.
+        meta: generator options, sizes.
+
+    Shapes:
+        - x, y: ``(N, T)`` int64
+    """
+
+    name: str
+    x_train: Tensor
+    y_train: Tensor
+    x_val: Tensor
+    y_val: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    vocab_size: int
+    kind: str = "sequence_lm"
+    ignore_index: int = IGNORE_INDEX
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for split in SPLITS:
+            x, y = self.split(split)
+            if x.dtype != torch.int64 or y.dtype != torch.int64 or x.shape != y.shape:
+                raise ValueError(
+                    f"{split}: expected int64 inputs and targets of the same shape (N, T), "
+                    f"got {x.dtype} {tuple(x.shape)} and {y.dtype} {tuple(y.shape)}"
+                )
+
+    @property
+    def seq_len(self) -> int:
+        """Sequence length ``T``."""
+        return int(self.x_train.shape[1])
+
+    def split(self, split: str) -> tuple[Tensor, Tensor]:
+        """Return ``(inputs, targets)`` of ``split``."""
+        _check_split(split)
+        return getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s}={self.split(s)[0].shape[0]}" for s in SPLITS)
+        return (
+            f"SequenceTaskData(name={self.name!r}, {sizes}, seq_len={self.seq_len}, "
+            f"vocab_size={self.vocab_size})"
+        )
+
+
+@dataclass(repr=False)
+class NodeData:
+    r"""Node classification on one graph :math:`G = (V, E)`, features :math:`X \in R^{N \times D}`.
+
+    Args:
+        name: registry name of the dataset.
+        data: a PyG ``Data`` with ``x`` ``(N, D)`` float32, ``edge_index`` ``(2, E)`` int64,
+            ``y`` ``(N,)`` int64 and boolean ``train_mask``/``val_mask``/``test_mask`` ``(N,)``.
+        num_classes: number of node classes.
+        num_features: ``D``.
+        kind: always ``"node"``.
+        meta: source, licence note, split sizes.
+    """
+
+    name: str
+    data: Data
+    num_classes: int
+    num_features: int
+    kind: str = "node"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        d = self.data
+        for key in ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask"):
+            if getattr(d, key, None) is None:
+                raise ValueError(f"NodeData needs data.{key}; the given Data has none")
+        if tuple(d.x.shape) != (d.num_nodes, self.num_features):
+            raise ValueError(
+                f"expected x of shape ({d.num_nodes}, {self.num_features}), got {tuple(d.x.shape)}"
+            )
+
+    def __repr__(self) -> str:
+        d = self.data
+        sizes = ", ".join(f"{s}={int(getattr(d, f'{s}_mask').sum())}" for s in SPLITS)
+        return (
+            f"NodeData(name={self.name!r}, num_nodes={d.num_nodes}, num_edges={d.num_edges}, "
+            f"num_features={self.num_features}, num_classes={self.num_classes}, {sizes})"
+        )
+
+
+@dataclass(repr=False)
+class GraphSetData:
+    r"""Graph classification: a set of graphs :math:`G_n` with one label each.
+
+    Args:
+        name: registry name of the dataset.
+        dataset: a PyG dataset (or a list) of ``Data`` objects, each with ``x`` ``(N_n, D)``,
+            ``edge_index`` and ``y`` ``(1,)``.
+        train_idx, val_idx, test_idx: int64 indices into ``dataset``.
+        num_classes: number of graph classes.
+        num_features: node feature size ``D``.
+        kind: always ``"graph"``.
+        meta: source, licence note, split sizes, feature recipe.
+    """
+
+    name: str
+    dataset: Any
+    train_idx: Tensor
+    val_idx: Tensor
+    test_idx: Tensor
+    num_classes: int
+    num_features: int
+    kind: str = "graph"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def split(self, split: str) -> Any:
+        """The graphs of ``split`` (a PyG dataset view, or a list when ``dataset`` is a list)."""
+        _check_split(split)
+        idx: Tensor = getattr(self, f"{split}_idx")
+        if isinstance(self.dataset, list):
+            return [self.dataset[i] for i in idx.tolist()]
+        return self.dataset[idx]
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s}={getattr(self, f'{s}_idx').numel()}" for s in SPLITS)
+        return (
+            f"GraphSetData(name={self.name!r}, num_graphs={len(self.dataset)}, "
+            f"num_features={self.num_features}, num_classes={self.num_classes}, {sizes})"
+        )
+
+
+TaskData = ClassificationData | TextData | SequenceTaskData | NodeData | GraphSetData

@@ -1,0 +1,289 @@
+"""CIFAR-10 (Krizhevsky, "Learning Multiple Layers of Features from Tiny Images", 2009).
+
+Two sources under the data root, tried in this order by ``source="auto"``:
+
+1. the official pickled batches, ``<root>/cifar-10-batches-py/{data_batch_1..5, test_batch}``
+   (torchvision's layout; ``batches.meta`` gives the class names when present). They are read
+   with a restricted unpickler that only rebuilds NumPy arrays, so a doctored file cannot run
+   code;
+2. the JPEG archives ``<root>/cifar10_jpg/{train,test}.zip`` holding
+   ``<split>/<class>/NNNN.jpg`` with class index = rank of the class name in sorted order
+   (the official label order). JPEG re-encoding makes pixels differ from the official ones
+   (see the staged README), so numbers are not strictly comparable to published results.
+   Decoding is done with Pillow once; the uint8 arrays are cached in
+   ``$DIFFUSIONFORMER_CACHE/cifar10/<split>-<sha256 prefix of the zip>.pt``.
+
+Val is carved from the 50,000 training images (5,000 seeded random ones: 45,000/5,000/10,000).
+``limit_train``/``limit_test`` take seeded random subsets for quick runs; with a cold cache
+only those images are decoded, and the subset is the same whether the cache exists or not.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._optional import import_optional
+from .base import ClassificationData
+from .checksums import sha256_file, verify_file
+from .images import build_image_data
+from .paths import CorruptDataError, cache_dir, load_cached, require_files, save_cached
+from .registry import register_dataset
+from .splits import carve_val, seeded_subset
+
+__all__ = ["CIFAR10_CLASSES", "read_image_zip", "read_cifar_batch", "load_cifar10"]
+
+CIFAR10_CLASSES = [
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+]  # fmt: skip
+BATCHES_DIR = "cifar-10-batches-py"
+TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def _zip_members(zf: zipfile.ZipFile, split: str) -> list[tuple[str, str]]:
+    """Sorted ``(class, member)`` pairs of the ``<split>/<class>/<image>`` entries."""
+    members = []
+    for name in zf.namelist():
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == split and parts[2].lower().endswith(_IMAGE_SUFFIXES):
+            members.append((parts[1], name))
+    return sorted(members)
+
+
+def read_image_zip(
+    path: Path, split: str, indices: Tensor | None = None
+) -> tuple[Tensor, Tensor, list[str]]:
+    """Decode the images of an ``ImageFolder``-style zip (``<split>/<class>/<file>``).
+
+    Entries are ordered by (class name, file name); the class index is the rank of the class
+    name among the sorted names. Every image is converted to RGB and must have the size of
+    the first one.
+
+    Args:
+        path: the zip file.
+        split: the top-level folder to read (``"train"`` or ``"test"``).
+        indices: decode only these positions of the ordered entry list.
+
+    Returns:
+        ``(images, labels, classes)``.
+
+    Raises:
+        CorruptDataError: not a zip, no matching entries, or an entry Pillow cannot decode.
+
+    Shapes:
+        - images: ``(N, 3, H, W)`` uint8
+        - labels: ``(N,)`` int64
+    """
+    image_mod = import_optional("PIL.Image", package="pillow", dataset="cifar10")
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as err:
+        raise CorruptDataError(f"corrupt zip archive {str(path)!r}: {err}") from None
+    with zf:
+        members = _zip_members(zf, split)
+        if not members:
+            raise CorruptDataError(
+                f"{str(path)!r} holds no '{split}/<class>/<image>' entries "
+                f"(expected e.g. {split}/airplane/0000.jpg)"
+            )
+        classes = sorted({c for c, _ in members})
+        class_index = {c: i for i, c in enumerate(classes)}
+        if indices is not None:
+            members = [members[i] for i in indices.tolist()]
+        labels = torch.tensor([class_index[c] for c, _ in members], dtype=torch.int64)
+        images: np.ndarray | None = None
+        for i, (_, name) in enumerate(members):
+            try:
+                with image_mod.open(io.BytesIO(zf.read(name))) as im:
+                    pixels = np.asarray(im.convert("RGB"))
+            except Exception as err:  # PIL raises several types for damaged images
+                raise CorruptDataError(f"{str(path)!r}: cannot decode {name!r}: {err}") from None
+            if images is None:
+                images = np.empty((len(members), *pixels.shape), dtype=np.uint8)
+            if pixels.shape != images.shape[1:]:
+                raise CorruptDataError(
+                    f"{str(path)!r}: {name!r} has shape {pixels.shape}, "
+                    f"expected {images.shape[1:]} like the first image"
+                )
+            images[i] = pixels
+    assert images is not None  # members is non-empty
+    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), labels, classes
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Unpickler for CIFAR batches: rebuilds NumPy arrays and nothing else."""
+
+    _ALLOWED = {
+        ("_codecs", "encode"),  # bytes in protocol-2 pickles written by Python 3
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a CIFAR batch")
+        return super().find_class(module, name)
+
+
+def _unpickle(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            obj = _NumpyOnlyUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
+        raise CorruptDataError(f"corrupt CIFAR batch {str(path)!r}: {err}") from None
+    if not isinstance(obj, dict):
+        raise CorruptDataError(
+            f"corrupt CIFAR batch {str(path)!r}: expected a dict, got {type(obj).__name__}"
+        )
+    return {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
+
+
+def read_cifar_batch(path: Path) -> tuple[Tensor, Tensor]:
+    """Read one official CIFAR-10 python batch (a pickled dict with ``data`` and ``labels``).
+
+    Raises:
+        CorruptDataError: unreadable pickle, missing keys or inconsistent sizes.
+
+    Shapes:
+        - images: ``(N, 3, 32, 32)`` uint8 (rows of ``data`` are R, G, B planes of 32x32)
+        - labels: ``(N,)`` int64
+    """
+    batch = _unpickle(path)
+    if "data" not in batch or "labels" not in batch:
+        raise CorruptDataError(
+            f"corrupt CIFAR batch {str(path)!r}: expected keys 'data' and 'labels', "
+            f"got {sorted(batch)}"
+        )
+    data = np.asarray(batch["data"], dtype=np.uint8)
+    labels = np.asarray(batch["labels"], dtype=np.int64)
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(data) != len(labels):
+        raise CorruptDataError(
+            f"corrupt CIFAR batch {str(path)!r}: data {data.shape} and labels {labels.shape} "
+            f"do not form (N, 3072) and (N,)"
+        )
+    images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
+    return images, torch.from_numpy(labels)
+
+
+def _from_batches(
+    root: Path | None,
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor], list[str], Path]:
+    names = [*TRAIN_BATCHES, "test_batch"]
+    paths = require_files("cifar10", root, [f"{BATCHES_DIR}/{n}" for n in names])
+    folder = paths[0].parent
+    parts = [read_cifar_batch(folder / n) for n in TRAIN_BATCHES]
+    train = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+    test = read_cifar_batch(folder / "test_batch")
+    classes = CIFAR10_CLASSES
+    if (folder / "batches.meta").is_file():
+        label_names = _unpickle(folder / "batches.meta").get("label_names")
+        if label_names:
+            classes = [n.decode() if isinstance(n, bytes) else str(n) for n in label_names]
+    return train, test, classes, folder
+
+
+def _from_zip(
+    path: Path, rel: str, split: str, limit: int | None, seed: int, verify: bool
+) -> tuple[Tensor, Tensor, list[str]]:
+    digest = verify_file(path, rel) if verify else sha256_file(path)
+    cached_path = cache_dir("cifar10") / f"{split}-{digest[:16]}.pt"
+    cached = load_cached(cached_path)
+    if cached is not None:
+        keep = seeded_subset(len(cached["labels"]), limit, seed)
+        return cached["images"][keep], cached["labels"][keep], list(cached["classes"])
+    if limit is None:
+        images, labels, classes = read_image_zip(path, split)
+        save_cached({"images": images, "labels": labels, "classes": classes}, cached_path)
+        return images, labels, classes
+    try:
+        with zipfile.ZipFile(path) as zf:
+            total = len(_zip_members(zf, split))
+    except (zipfile.BadZipFile, OSError) as err:
+        raise CorruptDataError(f"corrupt zip archive {str(path)!r}: {err}") from None
+    return read_image_zip(path, split, seeded_subset(total, limit, seed) if total else None)
+
+
+@register_dataset("cifar10", kind="image", needs_root=True)
+def load_cifar10(
+    *,
+    root: Path | None,
+    seed: int = 0,
+    source: str = "auto",
+    val_size: int | None = None,
+    limit_train: int | None = None,
+    limit_test: int | None = None,
+    normalize: bool = True,
+    verify: bool = True,
+) -> ClassificationData:
+    """CIFAR-10 from the data root: 45,000/5,000/10,000 train/val/test, 32x32 RGB, 10 classes.
+
+    Args:
+        root: data root (see the module docstring for the two layouts).
+        seed: seed of the val carve and of the ``limit_*`` subsets.
+        source: ``"auto"`` (pickled batches if present, else JPEG zips), ``"pickle"`` or ``"jpg"``.
+        val_size: training images held out for val (``None``: ``min(5000, n // 10)``).
+        limit_train: use a seeded random subset of this many training images.
+        limit_test: use a seeded random subset of this many test images.
+        normalize: standardise with the training split's mean/std.
+        verify: check the staged zips' SHA256.
+
+    Shapes:
+        - x: ``(N, 3, 32, 32)`` float32; y: ``(N,)`` int64.
+    """
+    if source not in ("auto", "pickle", "jpg"):
+        raise ValueError(f"source must be 'auto', 'pickle' or 'jpg', got {source!r}")
+    use_pickle = source == "pickle" or (
+        source == "auto" and root is not None and (root / BATCHES_DIR).is_dir()
+    )
+    if use_pickle:
+        (x_tr, y_tr), (x_te, y_te), classes, folder = _from_batches(root)
+        keep = seeded_subset(len(y_tr), limit_train, seed)
+        keep_test = seeded_subset(len(y_te), limit_test, seed)
+        x_tr, y_tr, x_te, y_te = x_tr[keep], y_tr[keep], x_te[keep_test], y_te[keep_test]
+        origin = f"official python batches in {folder}"
+    else:
+        rels = {split: f"cifar10_jpg/{split}.zip" for split in ("train", "test")}
+        layout = (
+            f"Alternatively put the official python batches in <root>/{BATCHES_DIR}/ "
+            f"(data_batch_1..5, test_batch)."
+        )
+        paths = require_files("cifar10", root, rels.values(), layout=layout)
+        x_tr, y_tr, classes = _from_zip(
+            paths[0], rels["train"], "train", limit_train, seed, verify
+        )
+        x_te, y_te, test_classes = _from_zip(
+            paths[1], rels["test"], "test", limit_test, seed, verify
+        )
+        if test_classes != classes:
+            raise CorruptDataError(
+                f"cifar10: train classes {classes} differ from test classes {test_classes}"
+            )
+        origin = "JPEG zips (lossy re-encoding of CIFAR-10)"
+    train_idx, val_idx = carve_val(len(y_tr), val_size, seed)
+    return build_image_data(
+        "cifar10",
+        x_tr,
+        y_tr,
+        (train_idx, val_idx, val_idx[:0]),
+        num_classes=len(classes),
+        normalize=normalize,
+        class_names=list(classes),
+        test=(x_te, y_te),
+        meta={
+            "source": origin,
+            "licence": "CIFAR-10 (Krizhevsky 2009) ships with no explicit licence",
+            "split": f"val = {len(val_idx)} seeded random training images (seed={seed})",
+        },
+    )

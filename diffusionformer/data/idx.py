@@ -1,0 +1,102 @@
+"""Reader for the IDX format of MNIST (LeCun et al., http://yann.lecun.com/exdb/mnist/).
+
+An IDX file is a 4-byte magic number ``0x00 0x00 <type> <ndim>``, then ``ndim`` big-endian
+uint32 sizes, then the values, big-endian, in C order. MNIST images have magic ``0x00000803``
+(uint8, 3 dims: N x 28 x 28) and labels ``0x00000801`` (uint8, 1 dim). Files may be gzipped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .paths import CorruptDataError
+
+__all__ = ["IDX_IMAGES_MAGIC", "IDX_LABELS_MAGIC", "parse_idx", "read_idx_bytes", "read_idx"]
+
+IDX_IMAGES_MAGIC = 0x00000803
+IDX_LABELS_MAGIC = 0x00000801
+
+# type code -> big-endian NumPy dtype
+_IDX_TYPES = {
+    0x08: np.dtype(">u1"),
+    0x09: np.dtype(">i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+def parse_idx(raw: bytes, *, expected_magic: int | None = None, source: str = "<bytes>") -> Tensor:
+    """Decode the bytes of an (uncompressed) IDX file into a tensor.
+
+    Args:
+        raw: the file content.
+        expected_magic: if given, the magic number the file must start with.
+        source: name used in error messages.
+
+    Raises:
+        CorruptDataError: bad magic, unknown type, or a payload whose size does not match the
+            header (truncated or padded file).
+
+    Shapes:
+        - output: the sizes stored in the header, in native byte order
+
+    Examples:
+        >>> raw = bytes([0, 0, 8, 2, 0, 0, 0, 2, 0, 0, 0, 3]) + bytes(range(6))
+        >>> parse_idx(raw, expected_magic=0x802).tolist()
+        [[0, 1, 2], [3, 4, 5]]
+    """
+    if len(raw) < 4:
+        raise CorruptDataError(f"{source}: not an IDX file (only {len(raw)} bytes)")
+    (magic,) = struct.unpack(">I", raw[:4])
+    if expected_magic is not None and magic != expected_magic:
+        raise CorruptDataError(
+            f"{source}: bad IDX magic number 0x{magic:08x}, expected 0x{expected_magic:08x}"
+        )
+    zero, type_code, ndim = magic >> 16, (magic >> 8) & 0xFF, magic & 0xFF
+    if zero != 0 or type_code not in _IDX_TYPES:
+        raise CorruptDataError(f"{source}: bad IDX magic number 0x{magic:08x}")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise CorruptDataError(f"{source}: truncated IDX header ({len(raw)} bytes, need {header})")
+    dims = struct.unpack(f">{ndim}I", raw[4:header])
+    dtype = _IDX_TYPES[type_code]
+    expected = math.prod(dims) * dtype.itemsize
+    got = len(raw) - header
+    if got != expected:
+        state = "truncated" if got < expected else "has trailing bytes"
+        raise CorruptDataError(
+            f"{source}: IDX file {state}: header says {dims} x {dtype.itemsize} B = {expected} B "
+            f"of data, found {got} B"
+        )
+    array = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
+    return torch.from_numpy(array.astype(dtype.newbyteorder("="), copy=True))
+
+
+def read_idx_bytes(path: Path) -> bytes:
+    """The uncompressed content of an IDX file (gunzipped when it starts with the gzip magic).
+
+    Raises:
+        CorruptDataError: a gzip stream that is truncated or damaged, naming the file.
+    """
+    raw = Path(path).read_bytes()
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (EOFError, OSError, zlib.error) as err:
+        raise CorruptDataError(f"corrupt or truncated gzip file {str(path)!r}: {err}") from None
+
+
+def read_idx(path: Path, *, expected_magic: int | None = None) -> Tensor:
+    """Read an IDX file (gzipped or not) into a tensor; see :func:`parse_idx`."""
+    return parse_idx(read_idx_bytes(path), expected_magic=expected_magic, source=str(path))

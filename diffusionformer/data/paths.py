@@ -1,0 +1,161 @@
+"""Where data is read from (the data root) and where derived files go (the cache).
+
+* Data root: the ``root`` argument, else the environment variable ``DIFFUSIONFORMER_DATA``,
+  else none. It is only ever read: loaders never write into it.
+* Cache: ``DIFFUSIONFORMER_CACHE``, else ``~/.cache/diffusionformer``. Copies of raw folders
+  (PyG writes ``processed/`` beside ``raw/``), unzipped archives and decoded arrays live here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+__all__ = [
+    "DATA_ENV",
+    "CACHE_ENV",
+    "DataRootError",
+    "CorruptDataError",
+    "ChecksumError",
+    "resolve_root",
+    "cache_dir",
+    "require_files",
+    "copy_into_cache",
+    "save_cached",
+    "load_cached",
+]
+
+DATA_ENV = "DIFFUSIONFORMER_DATA"
+CACHE_ENV = "DIFFUSIONFORMER_CACHE"
+
+_HOW_TO_SET = (
+    f"Pass load_dataset(..., root='/path/to/data') or set the environment variable "
+    f"{DATA_ENV}=/path/to/data (on the project machines the staged root is ../shared/data "
+    f"relative to the repository). No files are downloaded."
+)
+
+
+class DataRootError(FileNotFoundError):
+    """A dataset needs files from the data root, and the root or the files are missing."""
+
+
+class CorruptDataError(ValueError):
+    """A data file exists but its content is not what its format promises."""
+
+
+class ChecksumError(CorruptDataError):
+    """A known data file's SHA256 differs from the recorded one (corrupt or a different file)."""
+
+
+def resolve_root(root: str | os.PathLike[str] | None = None) -> Path | None:
+    """The data root: ``root`` if given, else ``$DIFFUSIONFORMER_DATA``, else ``None``.
+
+    Args:
+        root: explicit data root.
+
+    Examples:
+        >>> str(resolve_root("/data"))
+        '/data'
+    """
+    if root is not None:
+        return Path(root).expanduser()
+    env = os.environ.get(DATA_ENV)
+    return Path(env).expanduser() if env else None
+
+
+def cache_dir(*parts: str) -> Path:
+    """A writable cache folder, ``$DIFFUSIONFORMER_CACHE/<parts>`` (created on demand).
+
+    Falls back to ``~/.cache/diffusionformer`` when the variable is unset.
+    """
+    env = os.environ.get(CACHE_ENV)
+    base = Path(env).expanduser() if env else Path.home() / ".cache" / "diffusionformer"
+    path = base.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def require_files(
+    dataset: str,
+    root: Path | None,
+    relpaths: Iterable[str],
+    *,
+    layout: str | None = None,
+) -> list[Path]:
+    """Paths of ``relpaths`` under ``root``; raise :class:`DataRootError` if any is missing.
+
+    Args:
+        dataset: the registry name, for the message.
+        root: the resolved data root (``None`` if there is none).
+        relpaths: files expected under the root, in the standard layout.
+        layout: an optional extra sentence describing alternatives.
+    """
+    relpaths = list(relpaths)
+    expected = "\n".join(f"  <root>/{rel}" for rel in relpaths)
+    extra = f"\n{layout}" if layout else ""
+    if root is None:
+        raise DataRootError(
+            f"dataset {dataset!r} reads files from a data root, and none was given. "
+            f"Expected files (standard layout):\n{expected}{extra}\n{_HOW_TO_SET}"
+        )
+    paths = [root / rel for rel in relpaths]
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        listed = "\n".join(f"  {p}" for p in missing)
+        raise DataRootError(
+            f"dataset {dataset!r}: missing file(s) under the data root {str(root)!r}:\n{listed}\n"
+            f"Expected files (standard layout):\n{expected}{extra}\n{_HOW_TO_SET}"
+        )
+    return paths
+
+
+def copy_into_cache(files: Iterable[Path], dest: Path) -> Path:
+    """Copy ``files`` into the folder ``dest`` (created), skipping copies that are up to date.
+
+    A file is copied to a temporary name first and then renamed, so that a reader in another
+    process never sees half a file.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    for src in files:
+        target = dest / src.name
+        st = src.stat()
+        if target.is_file() and target.stat().st_size == st.st_size:
+            if target.stat().st_mtime_ns == st.st_mtime_ns:
+                continue
+        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{src.name}.")
+        os.close(fd)
+        shutil.copyfile(src, tmp)
+        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; cached copies are not secret
+        os.replace(tmp, target)
+    return dest
+
+
+def save_cached(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then rename (atomic for readers)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; cached arrays are not secret
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_cached(path: Path) -> Any | None:
+    """``torch.load`` (tensors only) a file written by :func:`save_cached`; ``None`` if absent
+    or unreadable (it is then rebuilt)."""
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # a damaged cache file is rebuilt, never trusted
+        return None

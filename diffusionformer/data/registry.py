@@ -1,0 +1,168 @@
+"""The dataset registry: one name -> one loader function.
+
+A loader is a function ``loader(*, seed, [root], **options) -> TaskData`` whose keyword-only
+parameters (besides ``seed`` and ``root``) are its options. Registration is strict (a
+duplicate name raises); look-up is forgiving about case and ``-``/``_`` (``"PTC-MR"`` finds
+``"ptc_mr"``); an unknown name lists the valid ones and an unknown option is named.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from .base import TaskData
+from .paths import resolve_root
+
+__all__ = ["DatasetSpec", "register_dataset", "load_dataset", "list_datasets", "dataset_spec"]
+
+KINDS = ("image", "sequence", "text", "sequence_lm", "node", "graph")
+
+F = TypeVar("F", bound=Callable[..., TaskData])
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What the registry knows about a dataset before loading it.
+
+    Args:
+        name: canonical registry name.
+        kind: the ``kind`` of the returned container.
+        needs_root: whether the files come from the data root.
+        loader: the function that builds it.
+        options: option name -> default value.
+        summary: first line of the loader's docstring.
+    """
+
+    name: str
+    kind: str
+    needs_root: bool
+    loader: Callable[..., TaskData]
+    options: dict[str, Any]
+    summary: str
+
+
+_REGISTRY: dict[str, DatasetSpec] = {}
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Callable[[F], F]:
+    """Decorator that registers ``loader`` under ``name``.
+
+    Args:
+        name: canonical name shown by :func:`list_datasets`.
+        kind: one of ``image, sequence, text, sequence_lm, node, graph``.
+        needs_root: the loader takes a ``root`` keyword (the resolved data root).
+
+    Raises:
+        ValueError: on a duplicate name or an unknown kind.
+        TypeError: when the loader has positional parameters or lacks ``seed``/``root``.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
+
+    def decorator(loader: F) -> F:
+        key = _key(name)
+        if key in _REGISTRY:
+            raise ValueError(f"dataset {name!r} is already registered")
+        params = inspect.signature(loader).parameters
+        positional = [p.name for p in params.values() if p.kind != p.KEYWORD_ONLY]
+        if positional:
+            raise TypeError(
+                f"loader for {name!r} must take keyword-only arguments, got {positional}"
+            )
+        required = {"seed", "root"} if needs_root else {"seed"}
+        if not required <= set(params):
+            raise TypeError(f"loader for {name!r} must accept {sorted(required)}")
+        options = {
+            p.name: p.default for p in params.values() if p.name not in ("seed", "root")
+        }
+        doc = inspect.getdoc(loader) or ""
+        _REGISTRY[key] = DatasetSpec(
+            name=name,
+            kind=kind,
+            needs_root=needs_root,
+            loader=loader,
+            options=options,
+            summary=doc.splitlines()[0] if doc else "",
+        )
+        return loader
+
+    return decorator
+
+
+def dataset_spec(name: str) -> DatasetSpec:
+    """The :class:`DatasetSpec` registered under ``name`` (case and ``-``/``_`` insensitive).
+
+    Raises:
+        ValueError: for an unknown name, listing the valid names.
+
+    Examples:
+        >>> dataset_spec("CSBM").kind
+        'node'
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"dataset name must be a str, got {type(name).__name__}")
+    try:
+        return _REGISTRY[_key(name)]
+    except KeyError:
+        raise ValueError(
+            f"unknown dataset {name!r}; valid names: {', '.join(list_datasets())}"
+        ) from None
+
+
+def list_datasets(kind: str | None = None) -> list[str]:
+    """Sorted canonical names of the registered datasets, optionally only those of ``kind``.
+
+    Examples:
+        >>> "digits" in list_datasets() and "cora" in list_datasets("node")
+        True
+    """
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"kind must be one of {list(KINDS)} or None, got {kind!r}")
+    return sorted(s.name for s in _REGISTRY.values() if kind is None or s.kind == kind)
+
+
+def load_dataset(
+    name: str,
+    *,
+    root: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> TaskData:
+    """Load a registered dataset as a typed container (see :mod:`diffusionformer.data.base`).
+
+    Args:
+        name: a name from :func:`list_datasets` (case and ``-``/``_`` insensitive).
+        root: data root for datasets read from files; defaults to ``$DIFFUSIONFORMER_DATA``.
+            Ignored by embedded datasets.
+        seed: seed of every random choice (splits, generators).
+        options: dataset-specific options; see ``dataset_spec(name).options``.
+
+    Raises:
+        ValueError: unknown name (the message lists the valid names) or a bad option value.
+        TypeError: unknown option (named in the message).
+        DataRootError: the dataset needs a data root and it or its files are missing.
+
+    Examples:
+        >>> data = load_dataset("assoc-recall", num_examples=20, num_pairs=2, vocab_size=8)
+        >>> data.kind, data.x_train.shape[1]
+        ('sequence_lm', 5)
+    """
+    spec = dataset_spec(name)
+    unknown = [k for k in options if k not in spec.options]
+    if unknown:
+        valid = ", ".join(spec.options) or "none"
+        raise TypeError(
+            f"load_dataset({spec.name!r}) got unknown option(s) {', '.join(map(repr, unknown))}; "
+            f"valid options: {valid}"
+        )
+    kwargs: dict[str, Any] = dict(options, seed=seed)
+    if spec.needs_root:
+        kwargs["root"] = resolve_root(root)
+    return spec.loader(**kwargs)

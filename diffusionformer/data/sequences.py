@@ -1,0 +1,82 @@
+"""Sequence classification: MNIST-1D (Greydanus & Kobak, "Scaling down deep learning with
+MNIST-1D", ICML 2024; the ``mnist1d`` package).
+
+Each example is one of ten 1-D digit templates, padded, translated, sheared, scaled and
+noised, then resampled to 40 points. The package's ``make_dataset`` builds 5,000 examples
+with its own fixed seed (42) and splits them 4,000 train / 1,000 test. We carve a seeded
+validation set from the 4,000 (default 10%: 3,600/400/1,000) and return ``x`` as
+``(N, 40, 1)``: a length-40 sequence of one feature, already standardised by the package.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from ._optional import import_optional
+from .base import ClassificationData
+from .registry import register_dataset
+from .splits import random_split
+
+__all__ = ["load_mnist1d"]
+
+
+@register_dataset("mnist1d", kind="sequence")
+def load_mnist1d(
+    *,
+    seed: int = 0,
+    val_fraction: float = 0.1,
+    num_samples: int = 5000,
+) -> ClassificationData:
+    """MNIST-1D from ``mnist1d.data.make_dataset`` (no network), as ``(N, 40, 1)`` sequences.
+
+    ``make_dataset`` reseeds Python's and NumPy's global generators; their states are saved
+    before the call and restored after it, so loading leaves global randomness untouched.
+
+    Args:
+        seed: seed of the train/val carve (the examples themselves use the package's seed).
+        val_fraction: share of the package's training split moved to val.
+        num_samples: total examples to generate (the package's default 5,000; 80% train).
+
+    Shapes:
+        - x: ``(N, 40, 1)`` float32; y: ``(N,)`` int64, 10 classes.
+    """
+    if num_samples < 20:
+        raise ValueError(f"num_samples must be >= 20 (two per class), got {num_samples}")
+    mdata = import_optional("mnist1d.data", package="mnist1d", dataset="mnist1d")
+    args = mdata.get_dataset_args()
+    args.num_samples = int(num_samples)
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        raw = mdata.make_dataset(args)
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+    x_all = torch.as_tensor(np.asarray(raw["x"], dtype=np.float32)).unsqueeze(-1)
+    y_all = torch.as_tensor(np.asarray(raw["y"], dtype=np.int64))
+    x_test = torch.as_tensor(np.asarray(raw["x_test"], dtype=np.float32)).unsqueeze(-1)
+    y_test = torch.as_tensor(np.asarray(raw["y_test"], dtype=np.int64))
+    train_idx, val_idx, _ = random_split(len(y_all), val_fraction, 0.0, seed)
+    T, F = x_all.shape[1:]
+    return ClassificationData(
+        name="mnist1d",
+        kind="sequence",
+        x_train=x_all[train_idx],
+        y_train=y_all[train_idx],
+        x_val=x_all[val_idx],
+        y_val=y_all[val_idx],
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=10,
+        input_shape=(int(T), int(F)),
+        meta={
+            "source": "mnist1d.data.make_dataset(get_dataset_args()), generated locally",
+            "licence": "mnist1d package: Apache-2.0",
+            "generator_seed": args.seed,
+            "split": f"package train/test 80/20; val = seeded {val_fraction:g} of train "
+            f"(seed={seed})",
+            "sizes": {"train": len(train_idx), "val": len(val_idx), "test": len(y_test)},
+        },
+    )

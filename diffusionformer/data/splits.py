@@ -1,0 +1,261 @@
+"""Seeded splits and per-channel normalisation, shared by the loaders.
+
+Every function takes an explicit seed or ``torch.Generator`` and never touches torch's or
+NumPy's global random state, so a dataset's splits depend on ``seed`` alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "generator",
+    "split_sizes",
+    "random_split",
+    "stratified_split",
+    "per_class_split",
+    "index_to_mask",
+    "carve_val",
+    "seeded_subset",
+    "normalize_channels",
+]
+
+
+def generator(seed: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded with ``seed`` (an int; bools are refused).
+
+    Examples:
+        >>> torch.randint(10, (3,), generator=generator(0)).tolist() == torch.randint(
+        ...     10, (3,), generator=generator(0)).tolist()
+        True
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    return torch.Generator().manual_seed(seed)
+
+
+def split_sizes(n: int, val_fraction: float, test_fraction: float) -> tuple[int, int, int]:
+    r"""Sizes ``(n_train, n_val, n_test)``, ``n_val = floor(f_val n + 1/2)``, same for test.
+
+    Halves round up (not to even, as Python's ``round`` would).
+
+    Args:
+        n: number of items.
+        val_fraction, test_fraction: fractions in ``[0, 1)`` with a sum below 1.
+
+    Examples:
+        >>> split_sizes(100, 0.1, 0.2)
+        (70, 10, 20)
+    """
+    for label, f in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not 0.0 <= f < 1.0:
+            raise ValueError(f"{label} must be in [0, 1), got {f}")
+    if val_fraction + test_fraction >= 1.0:
+        raise ValueError(
+            f"val_fraction + test_fraction must be < 1, got {val_fraction} + {test_fraction}"
+        )
+    n_val, n_test = math.floor(val_fraction * n + 0.5), math.floor(test_fraction * n + 0.5)
+    return n - n_val - n_test, n_val, n_test
+
+
+def random_split(
+    n: int, val_fraction: float, test_fraction: float, seed: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""A seeded random partition of ``range(n)`` into train/val/test indices.
+
+    A permutation :math:`\pi` of ``range(n)`` is drawn; train takes its first ``n_train``
+    entries, val the next ``n_val`` and test the last ``n_test`` (see :func:`split_sizes`).
+
+    Shapes:
+        - outputs: ``(n_train,)``, ``(n_val,)``, ``(n_test,)`` int64
+
+    Examples:
+        >>> tr, va, te = random_split(10, 0.2, 0.2, seed=0)
+        >>> len(tr), len(va), len(te), sorted(torch.cat([tr, va, te]).tolist()) == list(range(10))
+        (6, 2, 2, True)
+    """
+    n_train, n_val, _ = split_sizes(n, val_fraction, test_fraction)
+    perm = torch.randperm(n, generator=generator(seed))
+    return perm[:n_train], perm[n_train : n_train + n_val], perm[n_train + n_val :]
+
+
+def stratified_split(
+    labels: Tensor, val_fraction: float, test_fraction: float, seed: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""A seeded split that keeps each class's share in every part.
+
+    For each class ``c`` with :math:`n_c` items, :func:`split_sizes` of :math:`n_c` random
+    items go to val and test (halves rounded up) and the rest to train. Each part is returned
+    in a seeded random order (not grouped by class).
+
+    Args:
+        labels: integer class labels.
+        val_fraction, test_fraction: fractions in ``[0, 1)`` with a sum below 1.
+        seed: the split's seed.
+
+    Shapes:
+        - labels: ``(N,)``
+        - outputs: three int64 index tensors that partition ``range(N)``
+
+    Examples:
+        >>> y = torch.tensor([0] * 10 + [1] * 10)
+        >>> tr, va, te = stratified_split(y, 0.2, 0.2, seed=0)
+        >>> y[va].bincount().tolist(), y[te].bincount().tolist(), len(tr)
+        ([2, 2], [2, 2], 12)
+    """
+    if labels.dim() != 1:
+        raise ValueError(f"labels must be 1-D, got shape {tuple(labels.shape)}")
+    split_sizes(labels.numel(), val_fraction, test_fraction)  # validates the fractions
+    g = generator(seed)
+    labels = labels.cpu()
+    parts: list[list[Tensor]] = [[], [], []]
+    for c in torch.unique(labels).tolist():
+        idx = (labels == c).nonzero().flatten()
+        idx = idx[torch.randperm(idx.numel(), generator=g)]
+        n_tr, n_va, _ = split_sizes(idx.numel(), val_fraction, test_fraction)
+        parts[0].append(idx[:n_tr])
+        parts[1].append(idx[n_tr : n_tr + n_va])
+        parts[2].append(idx[n_tr + n_va :])
+    out = []
+    for chunks in parts:
+        idx = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.long)
+        out.append(idx[torch.randperm(idx.numel(), generator=g)])
+    return out[0], out[1], out[2]
+
+
+def per_class_split(
+    labels: Tensor, num_train_per_class: int, val_fraction_of_rest: float, seed: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Semi-supervised node split: ``k`` labelled nodes per class, the rest into val/test.
+
+    For each class, ``num_train_per_class`` random nodes go to train (all of the class when it
+    has fewer). The remaining nodes are shuffled; the first ``floor(f n_rest + 1/2)`` go to
+    val, the others to test.
+
+    Shapes:
+        - labels: ``(N,)``
+        - outputs: three int64 index tensors that partition ``range(N)``
+
+    Examples:
+        >>> y = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+        >>> tr, va, te = per_class_split(y, 1, 0.5, seed=0)
+        >>> y[tr].tolist().count(0), y[tr].tolist().count(1), len(va), len(te)
+        (1, 1, 3, 3)
+    """
+    if num_train_per_class < 1:
+        raise ValueError(f"num_train_per_class must be >= 1, got {num_train_per_class}")
+    if not 0.0 <= val_fraction_of_rest <= 1.0:
+        raise ValueError(f"val fraction must be in [0, 1], got {val_fraction_of_rest}")
+    g = generator(seed)
+    labels = labels.cpu()
+    train = []
+    for c in torch.unique(labels).tolist():
+        idx = (labels == c).nonzero().flatten()
+        train.append(idx[torch.randperm(idx.numel(), generator=g)[:num_train_per_class]])
+    train_idx = torch.cat(train)
+    rest = torch.ones(labels.numel(), dtype=torch.bool)
+    rest[train_idx] = False
+    rest_idx = rest.nonzero().flatten()
+    rest_idx = rest_idx[torch.randperm(rest_idx.numel(), generator=g)]
+    n_val = math.floor(val_fraction_of_rest * rest_idx.numel() + 0.5)
+    return train_idx, rest_idx[:n_val], rest_idx[n_val:]
+
+
+def carve_val(n: int, val_size: int | None, seed: int) -> tuple[Tensor, Tensor]:
+    r"""Split ``range(n)`` into train and a held-out val set of ``val_size`` random items.
+
+    A seeded permutation :math:`\pi` of ``range(n)``; val is its last ``val_size`` entries and
+    train the others (in permuted order). ``val_size=None`` means ``min(5000, n // 10)``.
+
+    Examples:
+        >>> tr, va = carve_val(10, 3, seed=0)
+        >>> len(tr), len(va), sorted(torch.cat([tr, va]).tolist()) == list(range(10))
+        (7, 3, True)
+    """
+    if val_size is None:
+        val_size = min(5000, n // 10)
+    if not 0 <= val_size < n:
+        raise ValueError(f"val_size must be in [0, {n}) for {n} training examples, got {val_size}")
+    perm = torch.randperm(n, generator=generator(seed))
+    return perm[: n - val_size], perm[n - val_size :]
+
+
+def seeded_subset(n: int, limit: int | None, seed: int) -> Tensor:
+    """Sorted indices of ``limit`` items of ``range(n)`` drawn without replacement with ``seed``;
+    all of ``range(n)`` when ``limit`` is None or >= n.
+
+    Examples:
+        >>> seeded_subset(5, None, seed=0).tolist()
+        [0, 1, 2, 3, 4]
+        >>> len(seeded_subset(100, 7, seed=0))
+        7
+    """
+    if limit is None or limit >= n:
+        return torch.arange(n)
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1 or None, got {limit}")
+    return torch.randperm(n, generator=generator(seed))[:limit].sort().values
+
+
+def index_to_mask(index: Tensor, size: int) -> Tensor:
+    """Boolean mask of length ``size`` that is True at ``index``.
+
+    Examples:
+        >>> index_to_mask(torch.tensor([0, 2]), 4).tolist()
+        [True, False, True, False]
+    """
+    mask = torch.zeros(size, dtype=torch.bool, device=index.device)
+    mask[index] = True
+    return mask
+
+
+def normalize_channels(
+    x_train: Tensor, *others: Tensor, chunk_size: int = 4096
+) -> tuple[tuple[float, ...], tuple[float, ...], list[Tensor]]:
+    r"""Per-channel standardisation with training statistics: ``x <- (x - mean_c) / std_c``.
+
+    ``mean_c`` and ``std_c`` (population std, accumulated in float64 over chunks of examples)
+    are measured over ``x_train``'s examples and pixels of channel ``c``; a channel with zero
+    spread keeps ``std_c = 1``. The tensors are modified **in place** (they are usually
+    large and freshly made by a loader) and returned.
+
+    Args:
+        x_train: floating-point training images, the source of the statistics.
+        others: further image tensors (val, test) normalised with the same numbers.
+        chunk_size: examples per chunk while accumulating the statistics.
+
+    Shapes:
+        - x_train, others: ``(N, C, H, W)``
+
+    Returns:
+        ``(mean, std, [x_train, *others])``.
+
+    Examples:
+        >>> x = torch.tensor([0.0, 1.0]).view(2, 1, 1, 1)
+        >>> mean, std, (xn,) = normalize_channels(x)
+        >>> mean, std, xn.flatten().tolist()
+        ((0.5,), (0.5,), [-1.0, 1.0])
+    """
+    if x_train.dim() != 4 or not x_train.is_floating_point():
+        raise ValueError(
+            f"expected float images of shape (N, C, H, W), got {x_train.dtype} "
+            f"{tuple(x_train.shape)}"
+        )
+    N, C, H, W = x_train.shape
+    count = max(N * H * W, 1)
+    total = torch.zeros(C, dtype=torch.float64, device=x_train.device)
+    for chunk in x_train.split(chunk_size):
+        total += chunk.sum(dim=(0, 2, 3), dtype=torch.float64)
+    mean = total / count
+    sq = torch.zeros(C, dtype=torch.float64, device=x_train.device)
+    m = mean.to(x_train.dtype).view(1, C, 1, 1)
+    for chunk in x_train.split(chunk_size):
+        sq += (chunk - m).square().sum(dim=(0, 2, 3), dtype=torch.float64)
+    std = (sq / count).sqrt()
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    s = std.to(x_train.dtype).view(1, C, 1, 1)
+    out = [t.sub_(m).div_(s) for t in (x_train, *others)]
+    return tuple(mean.tolist()), tuple(std.tolist()), out

@@ -1,0 +1,130 @@
+"""Character-level corpora for causal language modelling.
+
+* ``"pydoc-chars"``: the Python language reference topics that ship with CPython
+  (``pydoc_data.topics.topics``, values joined in sorted key order, ~465k characters);
+  split 90/10 train/val like nanoGPT's ``shakespeare_char``.
+* ``"tinyshakespeare"``: ``<root>/tinyshakespeare/input.txt`` (Karpathy's char-rnn corpus,
+  1,115,394 characters, 65 symbols); first 90% train, last 10% val, exactly as nanoGPT.
+  Its SHA256 is checked; a mismatch raises :class:`~diffusionformer.data.paths.ChecksumError`.
+
+The vocabulary is the sorted set of characters of the whole corpus (as nanoGPT).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .base import TextData
+from .checksums import verify_file
+from .paths import CorruptDataError, require_files
+from .registry import register_dataset
+
+__all__ = ["char_text_data", "read_text", "load_pydoc_chars", "load_tinyshakespeare"]
+
+TINYSHAKESPEARE = "tinyshakespeare/input.txt"
+
+
+def char_text_data(
+    name: str, text: str, *, train_fraction: float = 0.9, meta: dict[str, Any] | None = None
+) -> TextData:
+    r"""Tokenise ``text`` by character and split it into a leading train and trailing val part.
+
+    ``itos = sorted(set(text))``; token ids ``s_t = stoi[text[t]]``; train is
+    ``s[: floor(f L)]`` and val the rest.
+
+    Args:
+        name: dataset name.
+        text: the corpus.
+        train_fraction: share ``f`` of the characters in train, in ``(0, 1)``.
+        meta: extra notes (source, licence); sizes are added.
+
+    Examples:
+        >>> data = char_text_data("toy", "abcabcabca")
+        >>> data.itos, data.train.tolist(), data.val.tolist()
+        (['a', 'b', 'c'], [0, 1, 2, 0, 1, 2, 0, 1, 2], [0])
+    """
+    if not 0.0 < train_fraction < 1.0:
+        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+    if len(text) < 2:
+        raise ValueError(f"text must have at least 2 characters, got {len(text)}")
+    itos = sorted(set(text))
+    stoi = {ch: i for i, ch in enumerate(itos)}
+    ids = torch.tensor([stoi[ch] for ch in text], dtype=torch.int64)
+    n = int(train_fraction * len(ids))
+    meta = dict(meta or {})
+    meta.update(
+        characters=len(text),
+        sizes={"train": n, "val": len(ids) - n},
+        split=f"first {train_fraction:.0%} train, rest val",
+    )
+    return TextData(
+        name=name, train=ids[:n], val=ids[n:], vocab_size=len(itos), itos=itos, meta=meta
+    )
+
+
+def read_text(path: Path) -> str:
+    """Read a UTF-8 text file; undecodable bytes raise :class:`CorruptDataError` naming the file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CorruptDataError(
+            f"corrupt text file {str(path)!r}: not valid UTF-8 ({err})"
+        ) from None
+
+
+@register_dataset("pydoc-chars", kind="text")
+def load_pydoc_chars(*, seed: int = 0, train_fraction: float = 0.9) -> TextData:
+    """The Python reference topics from ``pydoc_data.topics`` as a character corpus.
+
+    Args:
+        seed: unused (the split is contiguous); accepted for a uniform interface.
+        train_fraction: share of the characters in train.
+
+    Shapes:
+        - train, val: ``(L,)`` int64
+    """
+    from pydoc_data.topics import topics
+
+    text = "".join(topics[key] for key in sorted(topics))
+    return char_text_data(
+        "pydoc-chars",
+        text,
+        train_fraction=train_fraction,
+        meta={
+            "source": "pydoc_data.topics.topics (Python standard library), sorted keys",
+            "licence": "Python documentation, PSF licence",
+        },
+    )
+
+
+@register_dataset("tinyshakespeare", kind="text", needs_root=True)
+def load_tinyshakespeare(
+    *, root: Path | None, seed: int = 0, train_fraction: float = 0.9, verify: bool = True
+) -> TextData:
+    """Tiny Shakespeare (char-rnn / nanoGPT ``shakespeare_char``) from the data root.
+
+    Args:
+        root: data root holding ``tinyshakespeare/input.txt``.
+        seed: unused (the split is contiguous); accepted for a uniform interface.
+        train_fraction: share of the characters in train (nanoGPT: 0.9).
+        verify: check the file's SHA256 against the staged one.
+
+    Shapes:
+        - train, val: ``(L,)`` int64; the staged file gives 1,003,854 / 111,540 tokens, vocab 65.
+    """
+    (path,) = require_files("tinyshakespeare", root, [TINYSHAKESPEARE])
+    if verify:
+        verify_file(path, TINYSHAKESPEARE)
+    return char_text_data(
+        "tinyshakespeare",
+        read_text(path),
+        train_fraction=train_fraction,
+        meta={
+            "source": "karpathy/char-rnn data/tinyshakespeare/input.txt",
+            "licence": "Shakespeare's plays, public domain",
+            "path": str(path),
+        },
+    )

@@ -1,0 +1,204 @@
+"""Graph classification benchmarks of the TU collection (Morris et al., "TUDataset: A
+collection of benchmark datasets for learning with graphs", 2020).
+
+Read from the official zips ``<root>/tudataset/<NAME>.zip`` (entries ``<NAME>/<NAME>_A.txt``,
+``_graph_indicator``, ``_graph_labels``, optional ``_node_labels``, ...). The zip is checked,
+unzipped with its inner folder flattened into ``$DIFFUSIONFORMER_CACHE/tudataset/<NAME>/raw/``
+and read by ``torch_geometric.datasets.TUDataset``, which writes ``processed/`` there.
+
+Node features (option ``node_features``):
+
+* ``"auto"`` (default): PyG's features (one-hot node labels; with ``use_node_attr`` also the
+  continuous attributes) when the dataset has any, else the one-hot node degree
+  (``OneHotDegree(max_degree)``, ``max_degree`` measured over the whole dataset, as in GIN,
+  Xu et al. 2019). IMDB-BINARY and IMDB-MULTI have no node features and get degrees;
+* ``"degree"``: always the one-hot degree (appended to existing features);
+* ``"constant"``: a single feature 1.0 for every node (replacing existing features).
+
+Split: seeded stratified 80/10/10 over graphs (each class keeps its share in every part).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+from .base import GraphSetData
+from .checksums import sha256_file, verify_file
+from .paths import CorruptDataError, cache_dir, require_files
+from .registry import register_dataset
+from .splits import stratified_split
+
+__all__ = ["TU_DATASETS", "extract_tu_zip", "load_tu"]
+
+#: registry name -> the TU name (zip stem and file prefix).
+TU_DATASETS = {
+    "mutag": "MUTAG",
+    "proteins": "PROTEINS",
+    "enzymes": "ENZYMES",
+    "nci1": "NCI1",
+    "nci109": "NCI109",
+    "imdb-binary": "IMDB-BINARY",
+    "imdb-multi": "IMDB-MULTI",
+    "ptc_mr": "PTC_MR",
+}
+_MARKER = ".source_sha256"
+
+
+def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Path:
+    """Unzip ``<name>/<name>_*.txt`` entries flat into ``raw_dir`` (skipped if done for ``digest``).
+
+    Files are written to a temporary folder and moved into place, and ``raw_dir`` records
+    the zip's SHA256, so a changed zip is re-extracted and a half-done extraction is redone.
+
+    Raises:
+        CorruptDataError: not a zip, or no ``<name>_A.txt``/``<name>_graph_indicator.txt`` inside.
+    """
+    marker = raw_dir / _MARKER
+    if marker.is_file() and marker.read_text().strip() == digest:
+        return raw_dir
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=raw_dir.parent, prefix=".extract-"))
+    try:
+        try:
+            with zipfile.ZipFile(zip_path) as zf:
+                for info in zf.infolist():
+                    base = info.filename.rstrip("/").split("/")[-1]
+                    if info.is_dir() or not base.startswith(f"{name}_"):
+                        continue  # skip folders, README.txt and anything unexpected
+                    (tmp / base).write_bytes(zf.read(info))
+        except (zipfile.BadZipFile, OSError) as err:
+            raise CorruptDataError(f"corrupt zip archive {str(zip_path)!r}: {err}") from None
+        required = [f"{name}_A.txt", f"{name}_graph_indicator.txt", f"{name}_graph_labels.txt"]
+        missing = [f for f in required if not (tmp / f).is_file()]
+        if missing:
+            raise CorruptDataError(
+                f"{str(zip_path)!r} is not a TU dataset archive for {name}: missing "
+                f"{', '.join(missing)} (expected entries {name}/{name}_A.txt, ...)"
+            )
+        for old in raw_dir.iterdir():
+            if old.is_file():
+                old.unlink()
+        for f in tmp.iterdir():
+            f.replace(raw_dir / f.name)
+        marker.write_text(digest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    # processed/ from another version of the zip is stale
+    processed = raw_dir.parent / "processed"
+    if processed.is_dir():
+        shutil.rmtree(processed, ignore_errors=True)
+    return raw_dir
+
+
+def load_tu(
+    key: str,
+    *,
+    root: Path | None,
+    seed: int,
+    node_features: str = "auto",
+    use_node_attr: bool = False,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    verify: bool = True,
+) -> GraphSetData:
+    """A TU graph-classification dataset with a seeded stratified split (see the module doc).
+
+    Args:
+        key: registry name, a key of :data:`TU_DATASETS`.
+        root: data root holding ``tudataset/<NAME>.zip``.
+        seed: seed of the split.
+        node_features: ``"auto"``, ``"degree"`` or ``"constant"``.
+        use_node_attr: also use continuous node attributes (PROTEINS, ENZYMES have some).
+        val_fraction, test_fraction: shares of each class in val and test.
+        verify: check the zip's SHA256 against the staged one.
+    """
+    from torch_geometric import transforms as T
+    from torch_geometric.datasets import TUDataset
+    from torch_geometric.utils import degree
+
+    if node_features not in ("auto", "degree", "constant"):
+        raise ValueError(
+            f"node_features must be 'auto', 'degree' or 'constant', got {node_features!r}"
+        )
+    name = TU_DATASETS[key]
+    rel = f"tudataset/{name}.zip"
+    (zip_path,) = require_files(key, root, [rel])
+    digest = verify_file(zip_path, rel) if verify else sha256_file(zip_path)
+    work = cache_dir("tudataset")
+    extract_tu_zip(zip_path, name, work / name / "raw", digest)
+    dataset = TUDataset(str(work), name, use_node_attr=use_node_attr)
+
+    had_features = dataset.num_node_features > 0
+    recipe = "dataset features"
+    if node_features == "constant":
+        dataset.transform = T.Constant(1.0, cat=False)
+        recipe = "constant 1.0"
+    elif node_features == "degree" or dataset.num_node_features == 0:
+        max_degree = 0
+        for i in range(len(dataset)):
+            g = dataset.get(i)
+            if g.num_edges:
+                deg = degree(g.edge_index[0], g.num_nodes, dtype=torch.long)
+                max_degree = max(max_degree, int(deg.max()))
+        dataset.transform = T.OneHotDegree(max_degree)
+        recipe = f"one-hot degree (max_degree={max_degree})"
+        if had_features:
+            recipe = f"dataset features + {recipe}"
+
+    labels = dataset.y.view(-1)
+    train_idx, val_idx, test_idx = stratified_split(labels, val_fraction, test_fraction, seed)
+    return GraphSetData(
+        name=key,
+        dataset=dataset,
+        train_idx=train_idx,
+        val_idx=val_idx,
+        test_idx=test_idx,
+        num_classes=int(labels.max()) + 1,
+        num_features=dataset.num_node_features,
+        meta={
+            "source": f"TU Dortmund graph collection, {name}.zip",
+            "licence": "no single licence; cite the original source of each TU dataset",
+            "node_features": recipe,
+            "split": f"stratified, seed={seed}, val={val_fraction}, test={test_fraction}",
+            "sizes": {"train": len(train_idx), "val": len(val_idx), "test": len(test_idx)},
+            "processed_in": str(work / name),
+        },
+    )
+
+
+def _register(key: str, name: str) -> None:
+    def loader(
+        *,
+        root: Path | None,
+        seed: int = 0,
+        node_features: str = "auto",
+        use_node_attr: bool = False,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        verify: bool = True,
+    ) -> GraphSetData:
+        return load_tu(
+            key,
+            root=root,
+            seed=seed,
+            node_features=node_features,
+            use_node_attr=use_node_attr,
+            val_fraction=val_fraction,
+            test_fraction=test_fraction,
+            verify=verify,
+        )
+
+    loader.__name__ = f"load_{key.replace('-', '_')}"
+    loader.__doc__ = (
+        f"TU dataset {name} from <root>/tudataset/{name}.zip; options as in :func:`load_tu`."
+    )
+    register_dataset(key, kind="graph", needs_root=True)(loader)
+
+
+for _key, _name in TU_DATASETS.items():
+    _register(_key, _name)
