@@ -1,0 +1,33 @@
+"""Model families built from diffusion-attention blocks, with typed configs and named presets."""
+
+from diffusionformer.models.common import ModelIntermediates, init_transformer_weights, learned_operator_parameters
+from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
+from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphBlock, GraphTransformerConfig
+from diffusionformer.models.registry import (
+    ModelPreset,
+    create_model,
+    get_preset,
+    list_models,
+    model_config,
+    register_model,
+)
+from diffusionformer.models.vit import DiffusionViT, ViTConfig
+
+__all__ = [
+    "DiffusionGPT",
+    "DiffusionGraphTransformer",
+    "DiffusionViT",
+    "GPTConfig",
+    "GraphBlock",
+    "GraphTransformerConfig",
+    "ModelIntermediates",
+    "ModelPreset",
+    "ViTConfig",
+    "create_model",
+    "get_preset",
+    "init_transformer_weights",
+    "learned_operator_parameters",
+    "list_models",
+    "model_config",
+    "register_model",
+]

@@ -1,0 +1,72 @@
+"""Pieces shared by the model families: weight init, head specs, typed intermediates."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from diffusionformer.nn.attention import DiffusionAttention
+from diffusionformer.nn.block import Block
+
+__all__ = ["ModelIntermediates", "check_positive", "init_transformer_weights", "learned_operator_parameters"]
+
+
+@dataclass
+class ModelIntermediates:
+    """Per-layer states a model can return besides its output.
+
+    Attributes:
+        hidden_states: the residual stream after each block (``L`` tensors).
+        embeddings: the residual stream entering the first block.
+    """
+
+    hidden_states: list[Tensor] = field(default_factory=list)
+    embeddings: Tensor | None = None
+
+
+def check_positive(where: str, **values: Any) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{where}.{name} must be positive, got {value!r}")
+
+
+def check_probability(where: str, **values: Any) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            raise ValueError(f"{where}.{name} must lie in [0, 1), got {value!r}")
+
+
+def init_transformer_weights(model: nn.Module, num_layers: int, std: float = 0.02) -> None:
+    """GPT-2 / nanoGPT initialisation: N(0, std) weights, zero biases, residual projections
+    scaled by ``1 / sqrt(2 L)``. Operator parameters (diffusion times, polynomial
+    coefficients) keep the values their constructors chose.
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+    for module in model.modules():
+        if isinstance(module, DiffusionAttention):
+            nn.init.normal_(module.out_proj.weight, mean=0.0, std=std / math.sqrt(2 * num_layers))
+        elif isinstance(module, Block):
+            fc2 = getattr(module.mlp, "fc2", None)
+            if isinstance(fc2, nn.Linear):
+                nn.init.normal_(fc2.weight, mean=0.0, std=std / math.sqrt(2 * num_layers))
+
+
+def learned_operator_parameters(model: nn.Module) -> dict[str, Tensor]:
+    """The learned operator parameters (diffusion times, PPR logits, polynomial coefficients) by name.
+
+    Examples:
+        >>> from diffusionformer.nn import Block
+        >>> sorted(learned_operator_parameters(Block(8, 2, heads="heat(learnable=True, steps=2):2")))
+        ['attn.operators.0.t']
+    """
+    return {name: p for name, p in model.named_parameters() if ".operators." in f".{name}"}

@@ -1,0 +1,103 @@
+"""Named model presets: ``create_model(name, **overrides)`` and ``list_models()``.
+
+Examples:
+    >>> model = create_model("gpt-char-small", heads="attention:2,laplacian:2")
+    >>> model.blocks[0].attn.heads_spec()
+    'attention:2,laplacian:2'
+    >>> "vit-mnist" in list_models()
+    True
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch  # noqa: F401  (doctests)
+from torch import nn
+
+from diffusionformer.config import config_from_dict
+from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
+from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphTransformerConfig
+from diffusionformer.models.vit import DiffusionViT, ViTConfig
+
+__all__ = ["ModelPreset", "create_model", "get_preset", "list_models", "model_config", "register_model"]
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """A named model: its class, config class and the config values that differ from the defaults."""
+
+    name: str
+    model_cls: Callable[[Any], nn.Module]
+    config_cls: type
+    defaults: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+_PRESETS: dict[str, ModelPreset] = {}
+
+
+def register_model(name: str, model_cls: Callable[[Any], nn.Module], config_cls: type, description: str = "",
+                   **defaults: Any) -> ModelPreset:
+    """Register a preset (strict: a taken name raises ``ValueError``; defaults are validated now)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"preset name must be a non-empty string, got {name!r}")
+    if name in _PRESETS:
+        raise ValueError(f"model preset {name!r} is already registered")
+    config_from_dict(config_cls, defaults, where=f"preset {name!r}")
+    preset = ModelPreset(name, model_cls, config_cls, dict(defaults), description)
+    _PRESETS[name] = preset
+    return preset
+
+
+def list_models() -> list[str]:
+    """Names of the registered presets, sorted."""
+    return sorted(_PRESETS)
+
+
+def get_preset(name: str) -> ModelPreset:
+    if not isinstance(name, str):
+        raise TypeError(f"model name must be a string, got {type(name).__name__}")
+    if name not in _PRESETS:
+        close = difflib.get_close_matches(name, list(_PRESETS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown model {name!r}{hint}; available: {list_models()}")
+    return _PRESETS[name]
+
+
+def model_config(name: str, **overrides: Any) -> Any:
+    """The validated config of preset ``name`` with ``overrides`` applied (unknown keys raise)."""
+    preset = get_preset(name)
+    return config_from_dict(preset.config_cls, {**preset.defaults, **overrides}, where=f"model {name!r}")
+
+
+def create_model(name: str, **overrides: Any) -> nn.Module:
+    """Build preset ``name`` with config ``overrides`` (e.g. ``heads=``, ``laplacian_heads=``)."""
+    return get_preset(name).model_cls(model_config(name, **overrides))
+
+
+# ----------------------------------------------------------------------------- presets
+register_model("gpt-char-small", DiffusionGPT, GPTConfig,
+               "nanoGPT's shakespeare-char CPU model: 4 layers, 4 heads, width 128, block 64",
+               vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0)
+register_model("gpt-char-tiny", DiffusionGPT, GPTConfig, "2 layers, 4 heads, width 64, block 64 (quick runs)",
+               vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
+register_model("gpt-recall", DiffusionGPT, GPTConfig, "2 layers, 4 heads, width 64 for associative recall",
+               vocab_size=64, block_size=64, n_layer=2, n_head=4, n_embd=64)
+register_model("vit-digits", DiffusionViT, ViTConfig, "8x8 digits, patch 2 (16 tokens), width 64, depth 4",
+               input_size=(8, 8), patch_size=2, num_classes=10, dim=64, depth=4, num_heads=4)
+register_model("vit-mnist", DiffusionViT, ViTConfig, "28x28 MNIST, patch 4 (49 tokens), width 64, depth 4",
+               input_size=(28, 28), patch_size=4, num_classes=10, dim=64, depth=4, num_heads=4)
+register_model("vit-cifar", DiffusionViT, ViTConfig, "32x32x3 CIFAR-10, patch 4 (64 tokens), width 128, depth 6",
+               input_size=(32, 32), in_channels=3, patch_size=4, num_classes=10, dim=128, depth=6, num_heads=4)
+register_model("vit-mnist1d", DiffusionViT, ViTConfig, "MNIST-1D signals (40 samples), patch 4, width 64, depth 4",
+               input_size=(40,), in_channels=1, patch_size=4, num_classes=10, dim=64, depth=4, num_heads=4,
+               pool="mean")
+register_model("graph-node-small", DiffusionGraphTransformer, GraphTransformerConfig,
+               "node classification: 2 blocks, width 64, 4 heads, sparse attention over edges",
+               task="node", dim=64, depth=2, num_heads=4, dropout=0.5, input_dropout=0.5)
+register_model("graph-graph-small", DiffusionGraphTransformer, GraphTransformerConfig,
+               "graph classification: 3 blocks, width 64, 4 heads, mean pooling",
+               task="graph", dim=64, depth=3, num_heads=4, dropout=0.1)

@@ -1,0 +1,163 @@
+r"""``DiffusionViT``: a vision transformer (images or 1-D signals) with diffusion heads."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
+from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
+
+__all__ = ["DiffusionViT", "ViTConfig"]
+
+
+@dataclass
+class ViTConfig:
+    """Configuration of :class:`DiffusionViT`.
+
+    ``input_size`` of length 2 means images ``(C, H, W)``; of length 1, signals ``(T, C)``
+    (e.g. MNIST-1D, ``(40, 1)``), cut into patches of ``patch_size`` samples.
+    """
+
+    input_size: tuple[int, ...] = (28, 28)  #: (H, W) for images, (T,) for 1-D signals
+    in_channels: int = 1  #: image channels / signal features
+    patch_size: int = 4  #: patch side (images) or length (signals); must divide input_size
+    num_classes: int = 10  #: classifier outputs (0: no head, features only)
+    dim: int = 64  #: width D
+    depth: int = 4  #: number of blocks L
+    num_heads: int = 4  #: heads per layer H
+    mlp_ratio: float = 2.0  #: MLP hidden width / D
+    pool: Literal["cls", "mean"] = "cls"  #: class token or mean of patch tokens
+    qk_norm: bool = False  #: LayerNorm on queries and keys
+    dropout: float = 0.0  #: dropout on residual branches and embeddings
+    attn_dropout: float = 0.0  #: dropout on attention probabilities
+    drop_path: float = 0.0  #: stochastic depth, linearly increasing to this value
+    layer_scale: float | None = None  #: LayerScale init (None: off)
+    norm: str = "layernorm"  #: "layernorm" or "rmsnorm"
+    heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}
+    laplacian_heads: int | list[int] | None = None  #: trailing Laplacian heads per layer
+    backend: str = "auto"  #: dense back-end of the attention
+
+    def __post_init__(self) -> None:
+        self.input_size = tuple(self.input_size)
+        check_positive("ViTConfig", in_channels=self.in_channels, patch_size=self.patch_size, dim=self.dim,
+                       depth=self.depth, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio)
+        check_probability("ViTConfig", dropout=self.dropout, attn_dropout=self.attn_dropout, drop_path=self.drop_path)
+        if len(self.input_size) not in (1, 2) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in self.input_size):
+            raise ValueError(f"ViTConfig.input_size must be (H, W) or (T,) positive ints, got {self.input_size}")
+        if any(s % self.patch_size for s in self.input_size):
+            raise ValueError(f"ViTConfig.patch_size={self.patch_size} must divide input_size={self.input_size}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"ViTConfig: num_heads={self.num_heads} must divide dim={self.dim}")
+        if self.num_classes < 0:
+            raise ValueError(f"ViTConfig.num_classes must be >= 0, got {self.num_classes}")
+        if self.pool not in ("cls", "mean"):
+            raise ValueError(f"ViTConfig.pool must be 'cls' or 'mean', got {self.pool!r}")
+        resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
+
+    @property
+    def grid_size(self) -> tuple[int, ...]:
+        """Patch grid: ``(H/p, W/p)`` or ``(T/p,)``."""
+        return tuple(s // self.patch_size for s in self.input_size)
+
+    @property
+    def num_patches(self) -> int:
+        return math.prod(self.grid_size)
+
+
+class DiffusionViT(nn.Module):
+    r"""Vision transformer whose heads are diffusion operators (Dosovitskiy et al., 2021 layout).
+
+    .. math::
+        z^0 = [x_{cls};\, x_p^1 E; \dots; x_p^T E] + E_{pos}, \quad z^l = \mathrm{Block}_l(z^{l-1}),
+        \quad y = W\, \mathrm{Norm}(\mathrm{pool}(z^L))
+
+    Args:
+        config: a :class:`ViTConfig`.
+
+    Shapes:
+        images ``(B, C, H, W)`` or signals ``(B, T, C)`` -> logits ``(B, num_classes)``;
+        :meth:`forward_tokens` -> ``(B, [1 +] num_patches, D)``; :meth:`forward_patch_tokens`
+        -> ``(B, num_patches, D)`` (for self-supervised heads and PCA maps).
+
+    Examples:
+        >>> vit = DiffusionViT(ViTConfig(input_size=(8, 8), patch_size=2, dim=16, depth=2, num_heads=2,
+        ...                              heads={1: "attention:1,heat(learnable=True, steps=3):1"}))
+        >>> vit(torch.randn(3, 1, 8, 8)).shape
+        torch.Size([3, 10])
+        >>> vit.forward_patch_tokens(torch.randn(3, 1, 8, 8)).shape
+        torch.Size([3, 16, 16])
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        if not isinstance(config, ViTConfig):
+            raise TypeError(f"config must be a ViTConfig, got {type(config).__name__}")
+        self.config = c = config
+        specs = resolve_layer_heads(c.depth, c.num_heads, c.heads, c.laplacian_heads)
+        conv = nn.Conv2d if len(c.input_size) == 2 else nn.Conv1d
+        self.patch_embed = conv(c.in_channels, c.dim, kernel_size=c.patch_size, stride=c.patch_size)
+        self.num_prefix = 1 if c.pool == "cls" else 0
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pool == "cls" else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, c.num_patches + self.num_prefix, c.dim))
+        self.drop = nn.Dropout(c.dropout)
+        rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
+        self.blocks = nn.ModuleList(
+            Block(c.dim, c.num_heads, spec, mlp_ratio=c.mlp_ratio, qk_norm=c.qk_norm, dropout=c.dropout,
+                  attn_dropout=c.attn_dropout, drop_path=r, layer_scale=c.layer_scale, norm_layer=c.norm,
+                  backend=c.backend)
+            for spec, r in zip(specs, rates)
+        )
+        self.norm = make_norm(c.norm, c.dim)
+        self.head = nn.Linear(c.dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        init_transformer_weights(self, c.depth)
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters excluded from weight decay (timm convention)."""
+        return {"pos_embed", "cls_token"}
+
+    def _embed(self, x: Tensor) -> Tensor:
+        c = self.config
+        if len(c.input_size) == 2:
+            expected = (c.in_channels, *c.input_size)
+            if x.dim() != 4 or tuple(x.shape[1:]) != expected:
+                raise ValueError(f"expected images of shape (B, {expected[0]}, {expected[1]}, {expected[2]}), got {tuple(x.shape)}")
+            tokens = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, T, D), row-major patches
+        else:
+            expected = (c.input_size[0], c.in_channels)
+            if x.dim() != 3 or tuple(x.shape[1:]) != expected:
+                raise ValueError(f"expected signals of shape (B, {expected[0]}, {expected[1]}), got {tuple(x.shape)}")
+            tokens = self.patch_embed(x.transpose(1, 2)).transpose(1, 2)  # (B, T, D)
+        if self.cls_token is not None:
+            tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), tokens], dim=1)
+        return self.drop(tokens + self.pos_embed)
+
+    def forward_tokens(self, x: Tensor, *, return_intermediates: bool = False, **attn_kwargs: Any) -> Any:
+        """All output tokens after the final norm (class token first when ``pool="cls"``)."""
+        z = self._embed(x)
+        inter = ModelIntermediates(embeddings=z) if return_intermediates else None
+        for block in self.blocks:
+            z = block(z, **attn_kwargs)
+            if inter is not None:
+                inter.hidden_states.append(z)
+        z = self.norm(z)
+        return (z, inter) if inter is not None else z
+
+    def forward_patch_tokens(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
+        """Patch tokens only, ``(B, num_patches, D)``, in row-major grid order."""
+        return self.forward_tokens(x, **attn_kwargs)[:, self.num_prefix :]
+
+    def forward_features(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
+        """Pooled representation ``(B, D)``: the class token or the mean patch token."""
+        z = self.forward_tokens(x, **attn_kwargs)
+        return z[:, 0] if self.cls_token is not None else z.mean(dim=1)
+
+    def forward(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
+        return self.head(self.forward_features(x, **attn_kwargs))
