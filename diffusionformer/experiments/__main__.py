@@ -1,0 +1,5 @@
+import sys
+
+from diffusionformer.experiments.cli import main
+
+sys.exit(main())

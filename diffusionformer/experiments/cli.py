@@ -1,0 +1,94 @@
+"""Command line of the experiment runner: ``python -m diffusionformer.experiments`` (or ``diffusionformer``).
+
+Commands:
+    run CONFIG [--set key=value ...]   train every run of a comparison (resumes), print the table
+    show CONFIG [--set ...]            validate a config and print the resolved runs
+    list                               registered datasets, model presets and operators
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="diffusionformer", description="Compare diffusion operators in transformers.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_text in (("run", "train a comparison and write results/<name>/"),
+                            ("show", "validate a config and list its runs")):
+        c = sub.add_parser(name, help=help_text)
+        c.add_argument("config", help="TOML config, e.g. experiments/configs/default.toml")
+        c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value (TOML syntax), e.g. seeds=[0] or tasks.digits.train.max_steps=50")
+        if name == "run":
+            c.add_argument("--out", default="results", help="results root (default: results)")
+            c.add_argument("--data-root", default=None,
+                           help="data root for standard benchmarks (default: $DIFFUSIONFORMER_DATA)")
+            c.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: each task's train.device)")
+            c.add_argument("--restart", action="store_true", help="discard earlier runs instead of resuming them")
+            c.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sub.add_parser("list", help="list datasets, model presets and operators")
+    a = sub.add_parser("analyze", help="token-geometry analysis of a finished comparison")
+    a.add_argument("config")
+    a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    a.add_argument("--out", default="results")
+    a.add_argument("--data-root", default=None)
+    a.add_argument("--max-examples", type=int, default=512, help="held-out examples to analyse per run")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from diffusionformer.experiments.config import load_experiment_config
+
+    try:
+        if args.command == "list":
+            from diffusionformer.data import list_datasets
+            from diffusionformer.models import get_preset, list_models
+            from diffusionformer.operators import list_operators
+
+            print("datasets: ", ", ".join(list_datasets()))
+            print("operators:", ", ".join(list_operators()))
+            print("models:")
+            for m in list_models():
+                print(f"  {m:20s} {get_preset(m).description}")
+            return 0
+        config = load_experiment_config(args.config, args.overrides)
+        if args.command == "show":
+            print(f"{config.name}: {len(config.tasks)} tasks x {len(config.operators)} operator settings x "
+                  f"{len(config.seeds)} seeds = {len(config.tasks) * len(config.operators) * len(config.seeds)} runs")
+            for t in config.tasks:
+                print(f"  task {t.name}: {t.dataset} -> {t.model}, metric {t.metric}, train {t.train}")
+            for o in config.operators:
+                print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}")
+            return 0
+        if args.command == "analyze":
+            from diffusionformer.experiments.analyze import analyze_experiment
+
+            analyze_experiment(config, args.out, data_root=args.data_root, max_examples=args.max_examples)
+            return 0
+        from diffusionformer.experiments.runner import aggregate, format_table, run_experiment
+
+        t0 = time.perf_counter()
+        results = run_experiment(config, args.out, data_root=args.data_root, resume=not args.restart,
+                                 progress=not args.no_progress, device=args.device)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print()
+            print(format_table(aggregate(results), config))
+            out = Path(args.out) / config.name
+            print(f"results: {out}/results.md, {out}/results.json, plots in {out}/plots/ "
+                  f"(wall time {time.perf_counter() - t0:.0f} s)")
+        failed = [r for r in results if r.status != "completed"]
+        if failed:
+            print(f"{len(failed)} run(s) failed; see the messages above", file=sys.stderr)
+            return 1
+        return 0
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

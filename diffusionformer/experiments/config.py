@@ -1,0 +1,233 @@
+"""Experiment configs: TOML files validated strictly, with command-line overrides.
+
+A comparison names tasks (dataset + model preset + training budget), operator settings
+(head layouts applied to every task's model) and seeds::
+
+    name = "default"
+    seeds = [0, 1, 2]
+
+    [[tasks]]
+    name = "digits"
+    dataset = "digits"
+    model = "vit-digits"
+    metric = "test_acc"
+    [tasks.train]
+    max_steps = 300
+    batch_size = 64
+
+    [[operators]]
+    name = "attention"
+
+    [[operators]]
+    name = "laplacian-half"
+    laplacian_heads = "half"
+
+Head specs may use ``{H}`` (heads per layer) and ``{half}`` (``H // 2``) so one setting fits
+models of different widths, e.g. ``heads = "attention:{half},heat(t=0.5, learnable=True):{half}"``.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from diffusionformer.config import config_from_dict, config_to_dict
+from diffusionformer.train import TrainConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = [
+    "ExperimentConfig",
+    "OperatorSetting",
+    "TaskConfig",
+    "apply_overrides",
+    "load_experiment_config",
+    "parse_override",
+]
+
+
+@dataclass
+class TaskConfig:
+    """One task of a comparison: a dataset, a model preset and a training budget."""
+
+    name: str  #: label used in paths and tables
+    dataset: str  #: a name from diffusionformer.data.list_datasets()
+    model: str  #: a preset from diffusionformer.models.list_models()
+    metric: str = "test_acc"  #: headline metric (an evaluation key); names ending in "loss" are minimised
+    dataset_options: dict[str, Any] = field(default_factory=dict)  #: options passed to load_dataset
+    model_overrides: dict[str, Any] = field(default_factory=dict)  #: config overrides of the preset
+    train: dict[str, Any] = field(default_factory=dict)  #: TrainConfig fields (the seed comes from `seeds`)
+    data_seed: int = 0  #: seed of the dataset split (fixed across runs so that runs compare on the same data)
+    eval_batch_size: int = 512  #: batch size of evaluation passes
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError(f"task name must be a non-empty string without '/', got {self.name!r}")
+        if "seed" in self.train:
+            raise ValueError(f"task {self.name!r}: set seeds with the top-level `seeds`, not train.seed")
+        train_config(self, seed=0)  # validates the training budget now, naming any bad key
+        if self.eval_batch_size < 1:
+            raise ValueError(f"task {self.name!r}: eval_batch_size must be positive")
+
+    @property
+    def minimize(self) -> bool:
+        return self.metric.endswith("loss")
+
+
+@dataclass
+class OperatorSetting:
+    """A head layout applied to every task's model (``None`` everywhere: attention only)."""
+
+    name: str  #: label used in paths and tables
+    heads: Any = None  #: a head spec (string with optional {H}/{half}), a per-layer list or {layer: spec}
+    laplacian_heads: int | str | list[int] | None = None  #: trailing Laplacian heads; "half" = H // 2
+    model_overrides: dict[str, Any] = field(default_factory=dict)  #: other model settings of this variant
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError(f"operator setting name must be a non-empty string without '/', got {self.name!r}")
+        if self.heads is not None and self.laplacian_heads is not None:
+            raise ValueError(f"operator setting {self.name!r}: give heads or laplacian_heads, not both")
+        if isinstance(self.laplacian_heads, str) and self.laplacian_heads != "half":
+            raise ValueError(f"operator setting {self.name!r}: laplacian_heads must be an int, a list or 'half'")
+
+    def overrides(self, num_heads: int) -> dict[str, Any]:
+        """Model-config overrides for a model with ``num_heads`` heads per layer."""
+        out = dict(self.model_overrides)
+        fmt = {"H": num_heads, "half": num_heads // 2}
+        if self.laplacian_heads is not None:
+            out["laplacian_heads"] = fmt["half"] if self.laplacian_heads == "half" else self.laplacian_heads
+        if self.heads is not None:
+            out["heads"] = _format_heads(self.heads, fmt)
+        return out
+
+
+def _format_heads(heads: Any, fmt: dict[str, int]) -> Any:
+    if isinstance(heads, str):
+        return heads.format(**fmt)
+    if isinstance(heads, list):
+        return [_format_heads(h, fmt) for h in heads]
+    if isinstance(heads, dict):
+        return {int(k): _format_heads(v, fmt) for k, v in heads.items()}
+    return heads
+
+
+@dataclass
+class ExperimentConfig:
+    """A comparison: every operator setting on every task, for every seed."""
+
+    name: str  #: results go to <out>/<name>/
+    tasks: list[TaskConfig]  #: what to train
+    operators: list[OperatorSetting]  #: head layouts to compare (the first is the baseline of the Δ column)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  #: one run per seed
+    description: str = ""  #: shown in the results README
+
+    def __post_init__(self) -> None:
+        if not self.tasks or not self.operators or not self.seeds:
+            raise ValueError("an experiment needs at least one task, one operator setting and one seed")
+        for what, names in (("task", [t.name for t in self.tasks]), ("operator setting", [o.name for o in self.operators])):
+            dup = {n for n in names if names.count(n) > 1}
+            if dup:
+                raise ValueError(f"duplicate {what} names: {sorted(dup)}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"duplicate seeds: {self.seeds}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return config_to_dict(self)
+
+
+def train_config(task: TaskConfig, seed: int, **extra: Any) -> TrainConfig:
+    """The :class:`TrainConfig` of one run of ``task`` (strictly validated)."""
+    values = {"progress": False, **task.train, **extra, "seed": seed}
+    try:
+        return TrainConfig.from_dict(values)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"task {task.name!r} train: {exc}") from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``key.path=value`` (value in TOML syntax; bare words are strings).
+
+    Examples:
+        >>> parse_override("tasks.digits.train.max_steps=50")
+        (['tasks', 'digits', 'train', 'max_steps'], 50)
+        >>> parse_override("seeds=[0, 1]")
+        (['seeds'], [0, 1])
+        >>> parse_override("operators.heat.heads=attention:2,heat:2")
+        (['operators', 'heat', 'heads'], 'attention:2,heat:2')
+    """
+    if "=" not in text:
+        raise ValueError(f"override {text!r} must look like key.path=value")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ValueError(f"override {text!r} has an empty key")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides to a raw config dict.
+
+    ``tasks`` and ``operators`` entries are addressed by name (``tasks.digits.train.lr=1e-3``);
+    ``tasks=digits,text`` / ``operators=attention`` keep only the named entries.
+    """
+    data = copy.deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        if path[0] in ("tasks", "operators") and len(path) == 1:
+            wanted = value if isinstance(value, list) else [v.strip() for v in str(value).split(",")]
+            entries = data.get(path[0], [])
+            known = [e.get("name") for e in entries]
+            missing = [w for w in wanted if w not in known]
+            if missing:
+                raise ValueError(f"override {text!r}: no {path[0]} named {missing}; available: {known}")
+            data[path[0]] = [e for e in entries if e.get("name") in wanted]
+            continue
+        node: Any = data
+        for i, part in enumerate(path[:-1]):
+            if isinstance(node, list):
+                match = [e for e in node if isinstance(e, dict) and e.get("name") == part]
+                if not match:
+                    names = [e.get("name") for e in node if isinstance(e, dict)]
+                    raise ValueError(f"override {text!r}: no entry named {part!r} in {'.'.join(path[:i])}; available: {names}")
+                node = match[0]
+            elif isinstance(node, dict):
+                node = node.setdefault(part, {})
+            else:
+                raise ValueError(f"override {text!r}: {'.'.join(path[: i + 1])} is not a table")
+        if not isinstance(node, dict):
+            raise ValueError(f"override {text!r}: cannot set a key inside a list")
+        node[path[-1]] = value
+    return data
+
+
+def load_experiment_config(path: str | Path | Mapping[str, Any], overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read and validate a TOML config (or a dict), applying ``overrides`` first.
+
+    Raises ``FileNotFoundError`` for a missing file, ``ValueError`` for TOML syntax errors and
+    unknown keys (named), ``TypeError`` for mistyped values.
+    """
+    if isinstance(path, Mapping):
+        data = dict(path)
+        where = "config"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"experiment config {str(p)!r} not found")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{p}: invalid TOML: {exc}") from None
+        where = p.name
+    data = apply_overrides(data, overrides or [])
+    return config_from_dict(ExperimentConfig, data, where=where)

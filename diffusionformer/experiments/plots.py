@@ -1,0 +1,95 @@
+"""Figures of a comparison: training curves and final metric per operator setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diffusionformer.experiments.config import ExperimentConfig
+from diffusionformer.experiments.runner import RunResult, read_curves, run_dir
+
+__all__ = ["plot_experiment"]
+
+
+def _figure(*args: Any, **kwargs: Any) -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError('plots need matplotlib: pip install "diffusionformer[plot]"') from exc
+    return Figure(*args, **kwargs)
+
+
+def _series(records: list[dict[str, Any]], split: str, key: str) -> tuple[list[int], list[float]]:
+    steps, values = [], []
+    for r in records:
+        if r.get("split") != split:
+            continue
+        v = r.get("loss") if key == "loss" else r.get("metrics", {}).get(key)
+        if isinstance(v, (int, float)):
+            steps.append(int(r["step"]))
+            values.append(float(v))
+    return steps, values
+
+
+def _mean_band(curves: list[tuple[list[int], list[float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    curves = [c for c in curves if c[0]]
+    if not curves:
+        return None
+    common = sorted(set.intersection(*[set(s) for s, _ in curves]))
+    if not common:
+        return None
+    arr = np.array([[dict(zip(s, v))[t] for t in common] for s, v in curves])
+    return np.array(common), arr.mean(0), arr.std(0)
+
+
+def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult]) -> list[Path]:
+    """Write ``plots/<task>_curves.png`` and ``plots/<task>_final.png`` for every task with results."""
+    plots = out / "plots"
+    plots.mkdir(exist_ok=True)
+    written = []
+    for task in config.tasks:
+        task_results = [r for r in results if r.task == task.name]
+        if not task_results:
+            continue
+        fig = _figure(figsize=(10, 3.6), layout="constrained")
+        ax_loss, ax_metric = fig.subplots(1, 2)
+        metric_key = "loss" if task.metric == "val_loss" else task.metric
+        for i, setting in enumerate(config.operators):
+            seeds = [r.seed for r in task_results if r.operator == setting.name]
+            if not seeds:
+                continue
+            records = [read_curves(run_dir(out, task.name, setting.name, s)) for s in seeds]
+            color = f"C{i}"
+            for ax, split, key in ((ax_loss, "train", "loss"), (ax_metric, "eval", metric_key)):
+                band = _mean_band([_series(rec, split, key) for rec in records])
+                if band is None:
+                    continue
+                x, m, sd = band
+                ax.plot(x, m, color=color, label=f"{setting.name} (n={len(seeds)})")
+                ax.fill_between(x, m - sd, m + sd, color=color, alpha=0.2)
+        ax_loss.set(xlabel="step", ylabel="train loss", title=f"{task.name}: training loss")
+        ax_metric.set(xlabel="step", ylabel=task.metric, title=f"{task.name}: {task.metric} (mean ± std)")
+        ax_loss.legend(fontsize=8)
+        path = plots / f"{task.name}_curves.png"
+        fig.savefig(path, dpi=110)
+        written.append(path)
+
+        fig = _figure(figsize=(1.4 + 1.1 * len(config.operators), 3.4), layout="constrained")
+        ax = fig.subplots()
+        names = [s.name for s in config.operators]
+        for i, name in enumerate(names):
+            vals = [r.value for r in task_results if r.operator == name and r.value is not None]
+            if not vals:
+                continue
+            ax.errorbar([i], [np.mean(vals)], yerr=[np.std(vals, ddof=1) if len(vals) > 1 else 0.0], fmt="o",
+                        color=f"C{i}", capsize=4, markersize=8)
+            ax.scatter(np.full(len(vals), i) + np.linspace(-0.12, 0.12, len(vals)), vals, color=f"C{i}", s=12, alpha=0.6)
+        ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+        ax.set(ylabel=task.metric, title=f"{task.name}: final {task.metric}")
+        ax.grid(axis="y", alpha=0.3)
+        path = plots / f"{task.name}_final.png"
+        fig.savefig(path, dpi=110)
+        written.append(path)
+    return written

@@ -1,0 +1,279 @@
+"""Run a comparison: every operator setting x every task x every seed, resumable.
+
+Layout of ``<out>/<name>/``::
+
+    manifest.json                 resolved config, command, machine, versions
+    runs/<task>/<operator>/seed<k>/{metrics.jsonl, summary.json, checkpoint.pt}
+    results.json                  one row per run (final metrics, parameters, wall time)
+    results.md                    mean ± std over seeds per task and operator setting
+    plots/<task>_curves.png       training loss and headline metric over steps
+    plots/<task>_final.png        final headline metric per operator (seeds as dots)
+
+A finished run (its ``summary.json`` says completed) is never trained again; an interrupted
+one continues from its last checkpoint, bit-identically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from diffusionformer.data import load_dataset
+from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
+from diffusionformer.experiments.tasks import as_metrics, build_task, model_overrides_for_data
+from diffusionformer.models import create_model, get_preset
+from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, seed_everything
+from diffusionformer.train.metrics import write_json_atomic
+
+__all__ = ["RunResult", "aggregate", "build_model", "format_table", "run_experiment", "run_dir"]
+
+
+@dataclass
+class RunResult:
+    task: str
+    operator: str
+    seed: int
+    status: str  #: "completed" or "failed: <reason>"
+    metric: str
+    value: float | None
+    final: dict[str, float] = field(default_factory=dict)
+    num_parameters: int | None = None
+    elapsed: float | None = None
+    learned: dict[str, list[float]] = field(default_factory=dict)
+
+
+def run_dir(out: Path, task: str, operator: str, seed: int) -> Path:
+    return out / "runs" / task / operator / f"seed{seed}"
+
+
+def _num_heads(config: Any) -> int:
+    for name in ("num_heads", "n_head"):
+        if hasattr(config, name):
+            return int(getattr(config, name))
+    raise ValueError(f"cannot find the number of heads in {type(config).__name__}")
+
+
+def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.nn.Module:
+    """The model of one run: preset + data-derived sizes + task overrides + the operator setting."""
+    preset = get_preset(task.model)
+    base = {**preset.defaults, **model_overrides_for_data(data, preset.config_cls), **task.model_overrides}
+    heads = base.get("num_heads", base.get("n_head"))
+    if heads is None:
+        heads = _num_heads(preset.config_cls())
+    overrides = {**model_overrides_for_data(data, preset.config_cls), **task.model_overrides, **setting.overrides(int(heads))}
+    return create_model(task.model, **overrides)
+
+
+def _learned(model: torch.nn.Module) -> dict[str, list[float]]:
+    from diffusionformer.models import learned_operator_parameters
+
+    out = {}
+    for name, p in learned_operator_parameters(model).items():
+        out[name] = [float(x) for x in p.detach().flatten().tolist()]
+    return out
+
+
+def _is_main() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    out_root: str | Path = "results",
+    *,
+    data_root: str | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    device: str | None = None,
+    log: Callable[[str], None] = print,
+) -> list[RunResult]:
+    """Train every run of ``config`` (skipping finished ones) and write the aggregated results.
+
+    Args:
+        config: the validated experiment.
+        out_root: results go to ``<out_root>/<config.name>/``.
+        data_root: data root for datasets that need one (else ``$DIFFUSIONFORMER_DATA``).
+        resume: continue interrupted runs and skip finished ones (``False``: start every run afresh).
+        progress: show progress bars.
+        device: override every task's ``train.device``.
+        log: where messages go.
+
+    Returns:
+        One :class:`RunResult` per run, in config order.
+    """
+    out = Path(out_root) / config.name
+    dist_ctx = _maybe_init_distributed(device)
+    if _is_main():
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / "manifest.json", _manifest(config))
+    runs = [(t, o, s) for t in config.tasks for o in config.operators for s in config.seeds]
+    results: list[RunResult] = []
+    bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=not (progress and _is_main()), dynamic_ncols=True)
+    try:
+        for task in config.tasks:
+            data = load_dataset(task.dataset, root=data_root, seed=task.data_seed, **task.dataset_options)
+            for setting in config.operators:
+                for seed in config.seeds:
+                    bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
+                    results.append(_one_run(out, task, setting, seed, data, resume, progress, device, log))
+                    bar.update(1)
+                    if _is_main():
+                        _write_outputs(out, config, results)
+    finally:
+        bar.close()
+        if dist_ctx is not None:
+            dist_ctx.shutdown()
+    return results
+
+
+def _maybe_init_distributed(device: str | None) -> Any:
+    """Join the torchrun process group once for all runs (the trainer then reuses it)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from diffusionformer.train import init_distributed
+
+    return init_distributed(device or "auto")
+
+
+def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
+             progress: bool, device: str | None, log: Callable[[str], None]) -> RunResult:
+    rdir = run_dir(out, task.name, setting.name, seed)
+    summary_path = rdir / "summary.json"
+    if resume and summary_path.is_file():
+        summary = json.loads(summary_path.read_text())
+        if summary.get("status") == "completed":
+            return _result_from_files(task, setting, seed, rdir, summary)
+    if not resume and rdir.exists():
+        import shutil
+
+        if _is_main():
+            shutil.rmtree(rdir)
+    extra = {"progress": progress and _is_main()}
+    if device is not None:
+        extra["device"] = device
+    cfg = train_config(task, seed, **extra)
+    seed_everything(seed)
+    model = build_model(task, setting, data)
+    adapter = build_task(data, model, eval_batch_size=task.eval_batch_size)
+    trainer = Trainer(model, adapter, cfg, rdir, resume=True)
+    try:
+        summary = trainer.fit()
+    except NonFiniteLossError as exc:
+        log(f"[{task.name} / {setting.name} / seed {seed}] stopped: {exc}. The last good checkpoint is kept in {rdir}.")
+        return RunResult(task.name, setting.name, seed, f"failed: {exc}", task.metric, None)
+    if _is_main():
+        learned = _learned(model)
+        if learned:
+            write_json_atomic(rdir / "learned_operators.json", learned)
+    return _result_from_files(task, setting, seed, rdir, summary)
+
+
+def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rdir: Path, summary: dict[str, Any]) -> RunResult:
+    final = as_metrics(summary.get("eval"))
+    value = final.get(task.metric)
+    if value is None and summary.get("eval"):
+        raise ValueError(f"task {task.name!r}: metric {task.metric!r} is not among the evaluation keys {sorted(final)}")
+    learned_path = rdir / "learned_operators.json"
+    learned = json.loads(learned_path.read_text()) if learned_path.is_file() else {}
+    return RunResult(task.name, setting.name, seed, "completed", task.metric, value, final,
+                     summary.get("num_parameters"), summary.get("elapsed"), learned)
+
+
+# ----------------------------------------------------------------------------- aggregation
+def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
+    """Mean, sample standard deviation and count over seeds per (task, operator)."""
+    rows: dict[tuple[str, str], list[RunResult]] = {}
+    for r in results:
+        rows.setdefault((r.task, r.operator), []).append(r)
+    table = []
+    for (task, op), rs in rows.items():
+        vals = [r.value for r in rs if r.value is not None and math.isfinite(r.value)]
+        table.append({
+            "task": task,
+            "operator": op,
+            "metric": rs[0].metric,
+            "mean": statistics.fmean(vals) if vals else None,
+            "std": statistics.stdev(vals) if len(vals) > 1 else (0.0 if vals else None),
+            "n": len(vals),
+            "failed": sum(1 for r in rs if r.status != "completed"),
+            "values": vals,
+            "seeds": [r.seed for r in rs if r.value is not None],
+            "num_parameters": rs[0].num_parameters,
+            "elapsed_mean": statistics.fmean([r.elapsed for r in rs if r.elapsed is not None]) if any(r.elapsed for r in rs) else None,
+        })
+    return table
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def format_table(table: list[dict[str, Any]], config: ExperimentConfig) -> str:
+    """A markdown table per task: mean ± std over seeds, Δ vs the first operator setting."""
+    lines = []
+    baseline = config.operators[0].name
+    for task in config.tasks:
+        rows = [r for r in table if r["task"] == task.name]
+        if not rows:
+            continue
+        arrow = "lower is better" if task.minimize else "higher is better"
+        lines.append(f"### {task.name} ({task.dataset}, {task.model}): {task.metric}, {arrow}")
+        lines.append("")
+        lines.append(f"| operator | {task.metric} mean ± std | Δ vs {baseline} | seeds | params | time/run (s) |")
+        lines.append("|---|---|---|---|---|---|")
+        base = next((r for r in rows if r["operator"] == baseline), None)
+        for r in rows:
+            delta = "" if base is None or r["mean"] is None or base["mean"] is None or r is base else f"{r['mean'] - base['mean']:+.4f}"
+            failed = f" ({r['failed']} failed)" if r["failed"] else ""
+            lines.append(f"| {r['operator']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | {delta} | {r['n']}{failed} | "
+                         f"{r['num_parameters'] or 'n/a'} | {_fmt(r['elapsed_mean'], 1)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _manifest(config: ExperimentConfig) -> dict[str, Any]:
+    from diffusionformer import __version__
+
+    return {
+        "config": config.to_dict(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "diffusionformer": __version__,
+        "machine": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def _write_outputs(out: Path, config: ExperimentConfig, results: list[RunResult]) -> None:
+    rows = [r.__dict__ for r in results]
+    table = aggregate(results)
+    write_json_atomic(out / "results.json", {"runs": rows, "summary": table})
+    text = f"# {config.name}\n\n{config.description}\n\nSeeds: {config.seeds}. Mean ± sample std over seeds.\n\n"
+    (out / "results.md").write_text(text + format_table(table, config))
+    try:
+        from diffusionformer.experiments.plots import plot_experiment
+
+        plot_experiment(out, config, results)
+    except ImportError as exc:  # matplotlib missing: results are still written
+        print(f"plots skipped: {exc}", file=sys.stderr)
+
+
+def read_curves(rdir: Path) -> list[dict[str, Any]]:
+    """The records of a run's metrics log (empty when it has none yet)."""
+    path = rdir / "metrics.jsonl"
+    return read_metrics(path) if path.is_file() else []

@@ -1,0 +1,24 @@
+"""Input validation shared by the graph builders (clear errors, no bare asserts)."""
+
+from __future__ import annotations
+
+__all__ = ["LAYOUTS", "check_int", "check_layout"]
+
+#: the two layouts of an :class:`~diffusionformer.graph.AttentionGraph`
+LAYOUTS: tuple[str, ...] = ("dense", "sparse")
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    """``value`` as an int ``>= minimum``; TypeError for non-integers (bools included), ValueError below the bound."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_layout(layout: object) -> str:
+    """``layout`` if it is ``"dense"`` or ``"sparse"``, else ValueError."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return str(layout)

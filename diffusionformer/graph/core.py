@@ -1,0 +1,467 @@
+r"""``AttentionGraph``: the graph a :class:`~diffusionformer.nn.DiffusionAttention` layer attends over.
+
+A head's attention matrix is a random walk on a graph of tokens,
+
+.. math::
+    P_{ij} = \frac{\mathbb{1}[A_{ij}] \exp(q_i \cdot k_j / \sqrt{C})}
+                  {\sum_{j'} \mathbb{1}[A_{ij'}] \exp(q_i \cdot k_{j'} / \sqrt{C})},
+
+where :math:`A_{ij}` (True = query ``i`` may attend to key ``j``, i.e. the edge ``j -> i``)
+is what this module describes, in one of two layouts that the two back-ends consume:
+
+* **dense**: ``B`` sequences of ``N`` tokens; ``A`` is the conjunction of an optional key
+  padding mask, a causal flag, a local window and an explicit allowed matrix;
+* **sparse**: an ``edge_index`` in PyTorch Geometric convention (row 0 source ``j``, row 1
+  target ``i``) over ``num_nodes`` nodes, optionally split into graphs by a ``batch`` vector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from diffusionformer.graph._checks import LAYOUTS, check_int, check_layout
+from diffusionformer.graph._structure import (
+    replicate_edges,
+    structural_edges,
+    structural_keep,
+    structural_mask,
+)
+
+__all__ = ["LAYOUTS", "AttentionGraph", "Layout"]
+
+Layout = Literal["dense", "sparse"]
+
+
+def _check_bool_tensor(name: str, t: object, layout: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a bool tensor of shape {layout}, got {type(t).__name__}")
+    if t.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor of shape {layout}, got dtype {t.dtype}")
+    return t
+
+
+def _check_index_tensor(name: str, t: object, layout: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be an integer tensor of shape {layout}, got {type(t).__name__}")
+    if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise TypeError(f"{name} must be an integer tensor of shape {layout}, got dtype {t.dtype}")
+    return t.long()
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class AttentionGraph:
+    r"""The token graph of one attention layer, dense or sparse (immutable; build with the classmethods).
+
+    **Dense layout** (``B`` sequences of ``N`` tokens). Query ``i`` of sequence ``b`` may
+    attend to key ``j`` iff
+
+    .. math::
+        A_{bij} = \lnot\,\mathrm{pad}_{bj} \;\land\; (\lnot\,\mathrm{causal} \lor j \le i)
+        \;\land\; \big(w = \varnothing \lor |i - j| \le w\big) \;\land\; \mathrm{allowed}_{(b)ij},
+
+    so a causal window is ``j in [i - w, i]``. :meth:`attention_kwargs` hands the layer the
+    cheapest masks that express this (none for a complete graph, ``(N, N)`` for causal,
+    window or a shared ``allowed``, ``(B, 1, N, N)`` for a per-sequence ``allowed``), built on
+    ``x``'s device. Padded *queries* still produce (meaningless) outputs in the dense
+    back-end; the graph itself gives them no in-edges (see :meth:`dense_allowed`).
+
+    **Sparse layout**. Edge ``e`` carries ``x[edge_index[0, e]]`` (source ``j``) to
+    ``edge_index[1, e]`` (target ``i``); ``batch[n]`` is the graph of node ``n``. Nodes of
+    different graphs are never connected (checked). Duplicate edges count twice in the sparse
+    softmax and once in :meth:`to_dense`.
+
+    **Conversions** (same graph, other layout):
+
+    * :meth:`to_sparse`: block-diagonal edges over the ``B * N`` flattened tokens (token
+      ``(b, i)`` is node ``b * N + i``, so ``x.reshape(B * N, D)`` is the matching input);
+      padding tokens stay as isolated nodes: padded keys are never attended and padded
+      queries have no in-edges;
+    * :meth:`to_dense`: nodes grouped by ``batch`` into ``(B, N_max)`` with a key padding mask
+      for the short graphs and an explicit ``(B, N_max, N_max)`` allowed mask (use
+      :func:`torch_geometric.utils.to_dense_batch` for the features);
+    * :meth:`dense_allowed`: the explicit ``(B, N, N)`` matrix ``A`` for either layout.
+
+    Attributes:
+        layout: ``"dense"`` or ``"sparse"``.
+        seq_len: ``N`` (dense).
+        batch_size: ``B`` (dense; ``None`` = any batch size) or the number of graphs
+            (sparse; optional, inferred from ``batch``).
+        key_padding_mask: ``(B, N)`` bool, True = padding (dense).
+        causal: ``i`` never attends to ``j > i`` (dense).
+        window: attend to ``|i - j| <= window`` (``j in [i - window, i]`` when causal) (dense).
+        allowed: ``(N, N)`` or ``(B, N, N)`` bool, True = ``i`` may attend to ``j`` (dense).
+        edge_index: ``(2, E)`` long, row 0 source ``j``, row 1 target ``i`` (sparse).
+        num_nodes: total number of nodes (sparse).
+        batch: ``(num_nodes,)`` long graph assignment (sparse).
+
+    Shapes:
+        - dense: ``x`` ``(B, N, D)``; ``attention_kwargs`` gives ``attn_mask`` broadcastable
+          to ``(B, 1, N, N)`` and ``key_padding_mask`` ``(B, N)``;
+        - sparse: ``x`` ``(num_nodes, D)``; ``attention_kwargs`` gives ``edge_index`` ``(2, E)``.
+
+    Examples:
+        >>> g = AttentionGraph.dense(3, causal=True, window=1)
+        >>> g
+        AttentionGraph(dense, N=3, causal=True, window=1)
+        >>> g.dense_allowed()[0].int()
+        tensor([[1, 0, 0],
+                [1, 1, 0],
+                [0, 1, 1]], dtype=torch.int32)
+        >>> g.to_sparse().edge_index
+        tensor([[0, 0, 1, 1, 2],
+                [0, 1, 1, 2, 2]])
+    """
+
+    layout: str
+    seq_len: int | None = None
+    batch_size: int | None = None
+    key_padding_mask: Tensor | None = None
+    causal: bool = False
+    window: int | None = None
+    allowed: Tensor | None = None
+    edge_index: Tensor | None = None
+    num_nodes: int | None = None
+    batch: Tensor | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def dense(
+        cls,
+        seq_len: int,
+        *,
+        batch_size: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        window: int | None = None,
+        allowed: Tensor | None = None,
+    ) -> "AttentionGraph":
+        """A dense graph over ``B`` sequences of ``seq_len`` tokens (see the class docstring).
+
+        Examples:
+            >>> AttentionGraph.dense(4, key_padding_mask=torch.tensor([[False, False, True, True]]))
+            AttentionGraph(dense, B=1, N=4, padding=True)
+        """
+        return cls(
+            "dense", seq_len=seq_len, batch_size=batch_size, key_padding_mask=key_padding_mask,
+            causal=causal, window=window, allowed=allowed,
+        )
+
+    @classmethod
+    def sparse(
+        cls,
+        edge_index: Tensor,
+        num_nodes: int | None = None,
+        *,
+        batch: Tensor | None = None,
+        batch_size: int | None = None,
+    ) -> "AttentionGraph":
+        """A sparse graph; ``num_nodes`` defaults to ``batch.numel()`` or ``edge_index.max() + 1``.
+
+        Examples:
+            >>> AttentionGraph.sparse(torch.tensor([[0, 1], [1, 0]]))
+            AttentionGraph(sparse, num_nodes=2, E=2)
+        """
+        return cls("sparse", edge_index=edge_index, num_nodes=num_nodes, batch=batch, batch_size=batch_size)
+
+    def __post_init__(self) -> None:
+        check_layout(self.layout)
+        if self.layout == "dense":
+            self._validate_dense()
+        else:
+            self._validate_sparse()
+        devices = {t.device for t in (self.key_padding_mask, self.allowed, self.edge_index, self.batch) if t is not None}
+        if len(devices) > 1:
+            raise ValueError(f"all tensors of an AttentionGraph must be on one device, got {sorted(map(str, devices))}")
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    def _validate_dense(self) -> None:
+        for name in ("edge_index", "num_nodes", "batch"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} belongs to the sparse layout; a dense AttentionGraph takes seq_len, "
+                                 "batch_size, key_padding_mask, causal, window and allowed")
+        if self.seq_len is None:
+            raise ValueError("a dense AttentionGraph needs seq_len (N)")
+        N = check_int("seq_len", self.seq_len, 1)
+        B = None if self.batch_size is None else check_int("batch_size", self.batch_size, 1)
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
+        if self.window is not None:
+            check_int("window", self.window, 0)
+        if self.key_padding_mask is not None:
+            kpm = _check_bool_tensor("key_padding_mask", self.key_padding_mask, "(B, N)")
+            if kpm.dim() != 2 or kpm.shape[1] != N or (B is not None and kpm.shape[0] != B):
+                raise ValueError(
+                    f"key_padding_mask must have shape (B, N) = ({'B' if B is None else B}, {N}), got {tuple(kpm.shape)}"
+                )
+            B = kpm.shape[0]
+        if self.allowed is not None:
+            a = _check_bool_tensor("allowed", self.allowed, "(N, N) or (B, N, N)")
+            ok = a.shape[-2:] == (N, N) and (a.dim() == 2 or (a.dim() == 3 and (B is None or a.shape[0] == B)))
+            if not ok:
+                want = f"({N}, {N}) or ({'B' if B is None else B}, {N}, {N})"
+                raise ValueError(f"allowed must have shape {want}, got {tuple(a.shape)}")
+            if a.dim() == 3:
+                B = a.shape[0]
+        self._set("batch_size", B)
+
+    def _validate_sparse(self) -> None:
+        for name in ("seq_len", "key_padding_mask", "window", "allowed"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} belongs to the dense layout; a sparse AttentionGraph takes edge_index, "
+                                 "num_nodes, batch and batch_size")
+        if self.causal:
+            raise ValueError("causal belongs to the dense layout; a sparse graph is causal by its edges "
+                             "(or use DiffusionAttention(causal=True))")
+        if self.edge_index is None:
+            raise ValueError("a sparse AttentionGraph needs edge_index of shape (2, E)")
+        e = _check_index_tensor("edge_index", self.edge_index, "(2, E)")
+        if e.dim() != 2 or e.shape[0] != 2:
+            raise ValueError(f"edge_index must have shape (2, E), got {tuple(e.shape)}")
+        batch = None
+        if self.batch is not None:
+            batch = _check_index_tensor("batch", self.batch, "(num_nodes,)")
+            if batch.dim() != 1:
+                raise ValueError(f"batch must have shape (num_nodes,), got {tuple(batch.shape)}")
+        N = self.num_nodes
+        if N is None:
+            if batch is not None:
+                N = batch.numel()
+            elif e.numel() > 0:
+                N = int(e.max()) + 1
+            else:
+                raise ValueError("num_nodes is required for a graph without edges")
+        N = check_int("num_nodes", N, 1)
+        if e.numel() > 0:
+            lo, hi = int(e.min()), int(e.max())
+            if lo < 0 or hi >= N:
+                raise ValueError(f"edge_index values must lie in [0, num_nodes={N}), got range [{lo}, {hi}]")
+        G = None if self.batch_size is None else check_int("batch_size", self.batch_size, 1)
+        if batch is None:
+            if G not in (None, 1):
+                raise ValueError(f"batch_size={G} graphs needs a batch vector assigning nodes to graphs")
+        else:
+            if batch.numel() != N:
+                raise ValueError(f"batch must have shape (num_nodes,) = ({N},), got {tuple(batch.shape)}")
+            lo, hi = int(batch.min()), int(batch.max())
+            if lo < 0 or (G is not None and hi >= G):
+                raise ValueError(f"batch values must lie in [0, batch_size={G}), got range [{lo}, {hi}]")
+            if e.numel() > 0:
+                crossing = int((batch[e[0]] != batch[e[1]]).sum())
+                if crossing:
+                    raise ValueError(f"edge_index connects nodes of different graphs ({crossing} edges with "
+                                     "batch[source] != batch[target]); graphs in a batch must be block-diagonal")
+        self._set("edge_index", e)
+        self._set("num_nodes", N)
+        self._set("batch", batch)
+        self._set("batch_size", G)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def is_dense(self) -> bool:
+        return self.layout == "dense"
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.layout == "sparse"
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the graph's tensors (CPU when it has none)."""
+        for t in (self.key_padding_mask, self.allowed, self.edge_index, self.batch):
+            if t is not None:
+                return t.device
+        return torch.device("cpu")
+
+    def to(self, device: torch.device | str) -> "AttentionGraph":
+        """The same graph with its tensors on ``device``."""
+        move = {
+            name: getattr(self, name).to(device)
+            for name in ("key_padding_mask", "allowed", "edge_index", "batch")
+            if getattr(self, name) is not None
+        }
+        return replace(self, **move)
+
+    def __repr__(self) -> str:
+        if self.is_dense:
+            parts = ([] if self.batch_size is None else [f"B={self.batch_size}"]) + [f"N={self.seq_len}"]
+            if self.causal:
+                parts.append("causal=True")
+            if self.window is not None:
+                parts.append(f"window={self.window}")
+            if self.key_padding_mask is not None:
+                parts.append("padding=True")
+            if self.allowed is not None:
+                parts.append(f"allowed={tuple(self.allowed.shape)}")
+        else:
+            assert self.edge_index is not None  # validated
+            parts = [f"num_nodes={self.num_nodes}", f"E={self.edge_index.shape[1]}"]
+            if self.batch_size is not None:
+                parts.append(f"graphs={self.batch_size}")
+            elif self.batch is not None:
+                parts.append("batch=True")
+        return f"AttentionGraph({self.layout}, {', '.join(parts)})"
+
+    # ------------------------------------------------------------------ layer interface
+    def attention_kwargs(self, x: Tensor) -> dict[str, Tensor]:
+        """Keyword arguments for :meth:`DiffusionAttention.forward <diffusionformer.nn.DiffusionAttention.forward>`.
+
+        Dense: ``attn_mask`` (bool, True = attend; ``(N, N)`` or ``(B, 1, N, N)``) and
+        ``key_padding_mask`` (``(B, N)``), each only when needed; sparse: ``edge_index``.
+
+        Args:
+            x: the layer input, ``(B, N, D)`` (dense) or ``(num_nodes, D)`` (sparse).
+
+        Raises:
+            ValueError: when ``x``'s shape does not match the graph.
+
+        Examples:
+            >>> AttentionGraph.dense(2, causal=True).attention_kwargs(torch.zeros(5, 2, 8))
+            {'attn_mask': tensor([[ True, False],
+                    [ True,  True]])}
+        """
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+        if self.is_sparse:
+            assert self.edge_index is not None
+            if x.dim() != 2 or x.shape[0] != self.num_nodes:
+                raise ValueError(f"this sparse AttentionGraph expects x of shape (num_nodes={self.num_nodes}, D), "
+                                 f"got {tuple(x.shape)}")
+            return {"edge_index": self.edge_index.to(x.device)}
+        N, B = self.seq_len, self.batch_size
+        if x.dim() != 3 or x.shape[1] != N or (B is not None and x.shape[0] != B):
+            raise ValueError(f"this dense AttentionGraph expects x of shape ({'B' if B is None else B}, N={N}, D), "
+                             f"got {tuple(x.shape)}")
+        out: dict[str, Tensor] = {}
+        assert N is not None
+        mask = structural_mask(N, self.causal, self.window, x.device)
+        if self.allowed is not None:
+            a = self.allowed.to(x.device)
+            a = a if a.dim() == 2 else a[:, None]  # (N, N) or (B, 1, N, N)
+            mask = a if mask is None else a & mask
+        if mask is not None:
+            out["attn_mask"] = mask
+        if self.key_padding_mask is not None:
+            out["key_padding_mask"] = self.key_padding_mask.to(x.device)
+        return out
+
+    # ------------------------------------------------------------------ conversions
+    def _resolve_batch_size(self, batch_size: int | None) -> int:
+        if batch_size is not None:
+            check_int("batch_size", batch_size, 1)
+        if self.batch_size is not None:
+            if batch_size is not None and batch_size != self.batch_size:
+                raise ValueError(f"batch_size={batch_size} disagrees with the graph's batch_size={self.batch_size}")
+            return self.batch_size
+        return 1 if batch_size is None else batch_size
+
+    def dense_allowed(self, batch_size: int | None = None) -> Tensor:
+        """The explicit ``(B, N, N)`` bool matrix ``A`` (True at ``[b, i, j]`` when ``j -> i`` is an edge).
+
+        Padding tokens have all-False rows and columns. Sparse graphs are laid out as by
+        :meth:`to_dense` (``B = 1`` without a ``batch`` vector).
+
+        Args:
+            batch_size: ``B`` for a dense graph built for any batch size (default 1).
+
+        Examples:
+            >>> AttentionGraph.sparse(torch.tensor([[0], [1]]), 2).dense_allowed().int()
+            tensor([[[0, 0],
+                     [1, 0]]], dtype=torch.int32)
+        """
+        if self.is_sparse:
+            return self.to_dense().dense_allowed()
+        B, N = self._resolve_batch_size(batch_size), self.seq_len
+        assert N is not None
+        dev = self.device
+        A = structural_mask(N, self.causal, self.window, dev)
+        if A is None:
+            A = torch.ones(N, N, dtype=torch.bool, device=dev)
+        if self.allowed is not None:
+            A = A & self.allowed
+        A = A.expand(B, N, N)
+        if self.key_padding_mask is not None:
+            real = ~self.key_padding_mask
+            A = A & real[:, :, None] & real[:, None, :]
+        return A.contiguous()
+
+    def to_sparse(self, batch_size: int | None = None) -> "AttentionGraph":
+        """The same graph as block-diagonal edges over the ``B * N`` flattened tokens.
+
+        Token ``(b, i)`` becomes node ``b * N + i`` (so ``x.reshape(B * N, D)`` is the input);
+        padding tokens remain as isolated nodes (no in- or out-edges). Edges are grouped by
+        target. A sparse graph is returned as is.
+
+        Args:
+            batch_size: ``B`` for a dense graph built for any batch size (default 1).
+
+        Examples:
+            >>> AttentionGraph.dense(2, batch_size=2).to_sparse().edge_index
+            tensor([[0, 1, 0, 1, 2, 3, 2, 3],
+                    [0, 0, 1, 1, 2, 2, 3, 3]])
+        """
+        if self.is_sparse:
+            return self
+        B, N = self._resolve_batch_size(batch_size), self.seq_len
+        assert N is not None
+        dev = self.device
+        if self.allowed is None:
+            edges = replicate_edges(structural_edges(N, self.causal, self.window, dev), B, N)
+        elif self.allowed.dim() == 2:
+            i, j = self.allowed.nonzero(as_tuple=True)
+            keep = structural_keep(i, j, self.causal, self.window)
+            edges = replicate_edges(torch.stack([j[keep], i[keep]]), B, N)
+        else:
+            b, i, j = self.dense_allowed().nonzero(as_tuple=True)
+            edges = torch.stack([b * N + j, b * N + i])
+        if self.key_padding_mask is not None:
+            real = ~self.key_padding_mask.reshape(-1)  # (B * N,)
+            edges = edges[:, real[edges[0]] & real[edges[1]]]
+        batch = torch.arange(B, device=dev).repeat_interleave(N)
+        return AttentionGraph.sparse(edges, B * N, batch=batch, batch_size=B)
+
+    def to_dense(self) -> "AttentionGraph":
+        """The same graph as padded sequences: ``(B, N_max)`` with key padding and an explicit allowed mask.
+
+        Nodes must be grouped by graph (a sorted ``batch``, as in a PyG ``Batch``); node ``n``
+        of graph ``b`` becomes position ``n - ptr[b]``, matching
+        :func:`torch_geometric.utils.to_dense_batch`. Nodes of different graphs never attend to
+        each other. Without ``batch`` all nodes form one sequence (``B = 1``, ``allowed``
+        ``(N, N)``). A dense graph is returned as is.
+
+        Examples:
+            >>> g = AttentionGraph.sparse(torch.tensor([[1, 2], [0, 2]]), batch=torch.tensor([0, 0, 1]))
+            >>> d = g.to_dense()
+            >>> d
+            AttentionGraph(dense, B=2, N=2, padding=True, allowed=(2, 2, 2))
+            >>> d.key_padding_mask
+            tensor([[False, False],
+                    [False,  True]])
+        """
+        if self.is_dense:
+            return self
+        e, N_tot, batch = self.edge_index, self.num_nodes, self.batch
+        assert e is not None and N_tot is not None
+        dev = e.device
+        if batch is None:
+            allowed = torch.zeros(N_tot, N_tot, dtype=torch.bool, device=dev)
+            allowed[e[1], e[0]] = True
+            return AttentionGraph.dense(N_tot, batch_size=1, allowed=allowed)
+        if batch.numel() > 1 and bool((batch[1:] < batch[:-1]).any()):
+            raise ValueError("to_dense needs the nodes grouped by graph (a non-decreasing batch vector, "
+                             "as in a PyG Batch); sort the nodes by batch first")
+        B = self.batch_size if self.batch_size is not None else int(batch.max()) + 1
+        counts = torch.bincount(batch, minlength=B)  # (B,)
+        ptr = torch.cumsum(counts, 0) - counts
+        pos = torch.arange(N_tot, device=dev) - ptr[batch]  # position of each node in its graph
+        N = int(counts.max())
+        allowed = torch.zeros(B, N, N, dtype=torch.bool, device=dev)
+        allowed[batch[e[1]], pos[e[1]], pos[e[0]]] = True
+        kpm = torch.arange(N, device=dev)[None, :] >= counts[:, None]  # (B, N)
+        return AttentionGraph.dense(N, batch_size=B, allowed=allowed,
+                                    key_padding_mask=kpm if bool(kpm.any()) else None)

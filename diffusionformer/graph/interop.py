@@ -1,0 +1,120 @@
+r"""Graphs from PyTorch Geometric and networkx objects."""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Sequence
+
+import torch
+from torch import Tensor
+
+from diffusionformer.graph._checks import check_layout
+from diffusionformer.graph.core import AttentionGraph
+
+__all__ = ["from_networkx", "from_pyg"]
+
+
+def _set_self_loops(edge_index: Tensor, num_nodes: int, self_loops: bool | None) -> Tensor:
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+
+    if self_loops is None:
+        return edge_index
+    if not isinstance(self_loops, bool):
+        raise TypeError(f"self_loops must be None (keep the graph's), True or False, got {self_loops!r}")
+    edge_index, _ = remove_self_loops(edge_index)
+    if self_loops:
+        edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
+    return edge_index
+
+
+def from_pyg(data: Any, *, self_loops: bool | None = None, layout: str = "sparse") -> AttentionGraph:
+    r"""The graph of a PyG ``Data`` or ``Batch``: node ``i`` attends to ``j`` iff ``j -> i`` is in ``data.edge_index``.
+
+    A ``Batch`` is block-diagonal by construction (its ``batch`` vector is kept, and edges
+    across graphs are rejected), so graphs never attend to each other.
+
+    Args:
+        data: a :class:`torch_geometric.data.Data` or :class:`~torch_geometric.data.Batch`
+            (``edge_index``, ``num_nodes`` and, for a batch, ``batch``).
+        self_loops: ``None`` keeps the edges as they are; ``True`` gives every node exactly one
+            self loop (:func:`~torch_geometric.utils.remove_self_loops` then
+            :func:`~torch_geometric.utils.add_self_loops`); ``False`` removes them.
+        layout: ``"sparse"`` or ``"dense"`` (:meth:`AttentionGraph.to_dense`: ``x`` goes through
+            :func:`torch_geometric.utils.to_dense_batch`).
+
+    Examples:
+        >>> from torch_geometric.data import Data
+        >>> g = from_pyg(Data(edge_index=torch.tensor([[0, 1], [1, 0]]), num_nodes=3), self_loops=True)
+        >>> g.edge_index
+        tensor([[0, 1, 0, 1, 2],
+                [1, 0, 0, 1, 2]])
+    """
+    from torch_geometric.data import Data
+
+    if not isinstance(data, Data):
+        raise TypeError(f"data must be a torch_geometric.data.Data or Batch, got {type(data).__name__}")
+    check_layout(layout)
+    if getattr(data, "edge_index", None) is None:
+        raise ValueError("data has no edge_index")
+    N = data.num_nodes
+    if N is None:
+        raise ValueError("data.num_nodes is unknown (no x, no num_nodes); set data.num_nodes")
+    batch = getattr(data, "batch", None)
+    num_graphs = getattr(data, "num_graphs", None) if batch is not None else None
+    edge_index = _set_self_loops(data.edge_index, int(N), self_loops)
+    g = AttentionGraph.sparse(edge_index, int(N), batch=batch, batch_size=num_graphs)
+    return g if layout == "sparse" else g.to_dense()
+
+
+def from_networkx(
+    G: Any,
+    *,
+    self_loops: bool | None = None,
+    nodelist: Sequence[Hashable] | None = None,
+    layout: str = "sparse",
+    device: torch.device | str | None = None,
+) -> AttentionGraph:
+    r"""The graph of a networkx graph: the edge ``u -> v`` lets ``v`` attend to ``u``.
+
+    Node ``n`` of the result is ``list(G.nodes)[n]`` (the graph's insertion order, as in
+    :func:`torch_geometric.utils.from_networkx`) unless ``nodelist`` gives another order.
+    An undirected edge ``{u, v}`` becomes both ``u -> v`` and ``v -> u``; parallel edges of a
+    multigraph become one edge. Edges keep ``G.edges`` order.
+
+    Args:
+        G: a ``networkx`` ``Graph``, ``DiGraph``, ``MultiGraph`` or ``MultiDiGraph``.
+        self_loops: ``None`` keeps ``G``'s self loops; ``True`` gives every node one; ``False``
+            removes them.
+        nodelist: the node order (a permutation of ``G.nodes``).
+        layout: ``"sparse"`` or ``"dense"`` (one sequence, ``allowed`` ``(N, N)``).
+        device: where the graph's tensors live.
+
+    Examples:
+        >>> import networkx as nx
+        >>> from_networkx(nx.path_graph(3)).edge_index
+        tensor([[0, 1, 1, 2],
+                [1, 0, 2, 1]])
+        >>> from_networkx(nx.DiGraph([("a", "b")]), self_loops=True).edge_index
+        tensor([[0, 0, 1],
+                [1, 0, 1]])
+    """
+    import networkx as nx
+
+    if not isinstance(G, nx.Graph):
+        raise TypeError(f"G must be a networkx graph, got {type(G).__name__}")
+    check_layout(layout)
+    nodes = list(G.nodes) if nodelist is None else list(nodelist)
+    if len(nodes) != G.number_of_nodes() or set(nodes) != set(G.nodes):
+        raise ValueError(f"nodelist must be a permutation of G's {G.number_of_nodes()} nodes, got {len(nodes)} "
+                         "entries that differ from G.nodes")
+    if not nodes:
+        raise ValueError("G has no nodes")
+    index = {n: i for i, n in enumerate(nodes)}
+    pairs: dict[tuple[int, int], None] = {}
+    for u, v in G.edges():
+        pairs[(index[u], index[v])] = None
+        if not G.is_directed():
+            pairs[(index[v], index[u])] = None
+    edge_index = torch.tensor(list(pairs), dtype=torch.long, device=device).reshape(-1, 2).t().contiguous()
+    edge_index = _set_self_loops(edge_index, len(nodes), self_loops)
+    g = AttentionGraph.sparse(edge_index, len(nodes))
+    return g if layout == "sparse" else g.to_dense()

@@ -1,0 +1,125 @@
+r"""k-nearest-neighbour graphs in feature space (data-dependent token graphs)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from diffusionformer.graph._checks import check_int, check_layout
+from diffusionformer.graph.core import AttentionGraph
+
+__all__ = ["KNN_METRICS", "knn"]
+
+KNN_METRICS: tuple[str, ...] = ("euclidean", "cosine")
+
+
+def knn(
+    x: Tensor,
+    k: int,
+    *,
+    batch: Tensor | None = None,
+    metric: str = "euclidean",
+    self_loops: bool = False,
+    layout: str = "sparse",
+) -> AttentionGraph:
+    r"""The k-nearest-neighbour graph: :math:`j \to i` for the ``k`` points :math:`j \ne i` closest to :math:`x_i`.
+
+    Distances are :math:`\lVert x_i - x_j \rVert_2` (``"euclidean"``) or
+    :math:`1 - \cos(x_i, x_j)` (``"cosine"``), computed only within a graph (``batch``) or a
+    sequence (3-D ``x``); a point is never its own neighbour, so every node has exactly ``k``
+    in-edges (``k + 1`` with ``self_loops``), as in :func:`torch_geometric.nn.knn_graph`
+    with ``flow="source_to_target"``. Ties are broken by :func:`torch.topk`. The graph is not
+    differentiable in ``x``.
+
+    Args:
+        x: point features.
+        k: neighbours per node, ``1 <= k < N`` for every graph.
+        batch: graph of each node for 2-D ``x`` (need not be sorted for the sparse layout).
+        metric: ``"euclidean"`` or ``"cosine"``.
+        self_loops: add ``i -> i``.
+        layout: ``"sparse"`` (edges grouped by target, nearest first) or ``"dense"`` (as
+            :meth:`AttentionGraph.to_dense`: ``(B, N, N)`` allowed mask, padding for graphs of
+            unequal sizes).
+
+    Shapes:
+        ``x``: ``(N, D)`` with optional ``batch`` ``(N,)``, or ``(B, N, D)`` (node ``b * N + i``
+        in the sparse layout) -> a graph with ``N`` (or ``B * N``) nodes and ``E = N k`` edges.
+
+    Examples:
+        >>> x = torch.tensor([[0.], [1.], [3.], [7.]])
+        >>> knn(x, 1).edge_index
+        tensor([[1, 0, 1, 2],
+                [0, 1, 2, 3]])
+        >>> knn(x[None], 1, layout="dense")
+        AttentionGraph(dense, B=1, N=4, allowed=(1, 4, 4))
+    """
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor of shape (N, D) or (B, N, D), got "
+                        f"{type(x).__name__ if not isinstance(x, Tensor) else x.dtype}")
+    check_int("k", k, 1)
+    check_layout(layout)
+    if metric not in KNN_METRICS:
+        raise ValueError(f"metric must be one of {KNN_METRICS}, got {metric!r}")
+    if not isinstance(self_loops, bool):
+        raise TypeError(f"self_loops must be a bool, got {type(self_loops).__name__}")
+    dev = x.device
+    x = x.detach()
+    if x.dim() == 3:
+        if batch is not None:
+            raise ValueError("batch is for 2-D x of shape (N, D); a 3-D x (B, N, D) is already batched")
+        B, N, _ = x.shape
+        dense_x = x
+        node = torch.arange(B * N, device=dev).view(B, N)  # node id of each slot
+        counts = torch.full((B,), N, device=dev)
+        graph_batch = torch.arange(B, device=dev).repeat_interleave(N)
+        total = B * N
+    elif x.dim() == 2:
+        total = x.shape[0]
+        if batch is None:
+            dense_x, node = x[None], torch.arange(total, device=dev)[None]
+            counts = torch.full((1,), total, device=dev)
+            graph_batch = None
+        else:
+            from torch_geometric.utils import to_dense_batch
+
+            if not isinstance(batch, Tensor) or batch.dim() != 1 or batch.shape[0] != total:
+                raise ValueError(f"batch must be an integer tensor of shape (N,) = ({total},), got "
+                                 f"{tuple(batch.shape) if isinstance(batch, Tensor) else type(batch).__name__}")
+            graph_batch = batch.long()
+            order = torch.argsort(graph_batch, stable=True)  # group the nodes by graph
+            dense_x, real = to_dense_batch(x[order], graph_batch[order])  # (G, N_max, D)
+            node = torch.full(real.shape, -1, dtype=torch.long, device=dev)
+            node[real] = order
+            counts = real.sum(-1)
+    else:
+        raise ValueError(f"x must have shape (N, D) or (B, N, D), got {tuple(x.shape)}")
+    smallest = int(counts[counts > 0].min()) if bool((counts > 0).any()) else 0
+    if k >= smallest:
+        raise ValueError(f"k must be smaller than the number of nodes in every graph: got k={k}, "
+                         f"smallest graph has N={smallest} nodes")
+
+    G, M, _ = dense_x.shape
+    if metric == "euclidean":
+        dist = torch.cdist(dense_x, dense_x)  # (G, M, M)
+    else:
+        u = F.normalize(dense_x, dim=-1)
+        dist = 1.0 - u @ u.transpose(-2, -1)
+    invalid = torch.eye(M, dtype=torch.bool, device=dev)[None] | (node[:, None, :] < 0)
+    dist = dist.masked_fill(invalid, float("inf"))
+    nbr = dist.topk(k, dim=-1, largest=False).indices  # (G, M, k) slots of the neighbours
+    src = torch.gather(node[:, None, :].expand(G, M, M), 2, nbr)  # (G, M, k) node ids
+    dst = node[:, :, None].expand(G, M, k)
+    if self_loops:
+        src = torch.cat([node[:, :, None], src], dim=-1)
+        dst = torch.cat([node[:, :, None], dst], dim=-1)
+    keep = dst >= 0  # drop the padding slots
+    if graph_batch is not None and x.dim() == 2:
+        # back to the caller's node order: group by target node id
+        tgt = dst[keep]
+        order = torch.argsort(tgt, stable=True)
+        edges = torch.stack([src[keep][order], tgt[order]])
+    else:
+        edges = torch.stack([src[keep], dst[keep]])
+    g = AttentionGraph.sparse(edges, total, batch=graph_batch, batch_size=None if graph_batch is None else G)
+    return g if layout == "sparse" else g.to_dense()
