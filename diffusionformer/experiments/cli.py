@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from diffusionformer.train import CheckpointError
+
 __all__ = ["main"]
 
 
@@ -91,4 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except CheckpointError as exc:
+        print(f"error: {exc}\nRe-run with --restart to discard the unreadable run and train it again.", file=sys.stderr)
         return 2

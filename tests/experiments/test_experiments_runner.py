@@ -1,0 +1,245 @@
+"""The experiment runner: strict configs, overrides, end-to-end runs, resume, failures, torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffusionformer.experiments import load_experiment_config, parse_override
+from diffusionformer.experiments.cli import main as cli_main
+from diffusionformer.experiments.runner import run_dir, run_experiment
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny_config(**extra):
+    cfg = {
+        "name": "tiny",
+        "seeds": [0],
+        "tasks": [{
+            "name": "digits",
+            "dataset": "digits",
+            "model": "vit-digits",
+            "model_overrides": {"dim": 16, "depth": 2, "num_heads": 2},
+            "train": {"max_steps": 6, "batch_size": 16, "lr": 1e-3, "warmup_steps": 0, "eval_interval": 3,
+                      "log_interval": 2, "checkpoint_interval": 2},
+        }],
+        "operators": [{"name": "attention"}, {"name": "lap", "laplacian_heads": "half"}],
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def test_shipped_configs_validate():
+    configs = sorted((REPO / "experiments" / "configs").glob("*.toml"))
+    assert configs, "no configs shipped"
+    for path in configs:
+        cfg = load_experiment_config(path)
+        assert cfg.tasks and cfg.operators and cfg.seeds
+
+
+@pytest.mark.parametrize(
+    "mutate,err,match",
+    [
+        (lambda c: c.update(sedes=[0]), ValueError, r"unknown key 'sedes'.*did you mean 'seeds'"),
+        (lambda c: c["tasks"][0].update(datset="digits"), ValueError, "unknown key 'datset'"),
+        (lambda c: c["tasks"][0]["train"].update(max_step=5), ValueError, "unknown TrainConfig key 'max_step'"),
+        (lambda c: c["tasks"][0]["train"].update(max_steps="5"), TypeError, "max_steps"),
+        (lambda c: c["tasks"][0]["train"].update(seed=3), ValueError, "top-level `seeds`"),
+        (lambda c: c.update(seeds="0"), TypeError, "expected a list"),
+        (lambda c: c["operators"].append({"name": "lap"}), ValueError, "duplicate operator setting names"),
+        (lambda c: c["operators"][1].update(heads="attention:1,laplacian:1"), ValueError, "not both"),
+        (lambda c: c["operators"][1].update(laplacian_heads="most"), ValueError, "'half'"),
+        (lambda c: c.update(tasks=[]), ValueError, "at least one task"),
+    ],
+)
+def test_bad_configs_are_rejected_with_the_key_named(mutate, err, match):
+    cfg = tiny_config()
+    mutate(cfg)
+    with pytest.raises(err, match=match):
+        load_experiment_config(cfg)
+
+
+def test_overrides_go_through_the_same_validator(tmp_path):
+    cfg = load_experiment_config(tiny_config(), ["tasks.digits.train.max_steps=3", "seeds=[4, 5]", "operators=lap"])
+    assert cfg.tasks[0].train["max_steps"] == 3 and cfg.seeds == [4, 5] and [o.name for o in cfg.operators] == ["lap"]
+    with pytest.raises(ValueError, match="no entry named 'digitz'"):
+        load_experiment_config(tiny_config(), ["tasks.digitz.train.max_steps=3"])
+    with pytest.raises(ValueError, match="unknown TrainConfig key 'max_stepz'"):
+        load_experiment_config(tiny_config(), ["tasks.digits.train.max_stepz=3"])
+    with pytest.raises(ValueError, match="key.path=value"):
+        parse_override("seeds")
+    with pytest.raises(FileNotFoundError):
+        load_experiment_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = [")
+    with pytest.raises(ValueError, match="invalid TOML"):
+        load_experiment_config(bad)
+
+
+def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
+    cfg = load_experiment_config(tiny_config())
+    results = run_experiment(cfg, tmp_path, progress=False)
+    assert [r.status for r in results] == ["completed", "completed"]
+    out = tmp_path / "tiny"
+    for name in ("results.md", "results.json", "manifest.json", "plots/digits_curves.png", "plots/digits_final.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    table = (out / "results.md").read_text()
+    assert "| attention |" in table and "| lap |" in table and "test_acc" in table
+    data = json.loads((out / "results.json").read_text())
+    assert len(data["runs"]) == 2 and all(0.0 <= r["value"] <= 1.0 for r in data["runs"])
+    # Laplacian heads do not change the parameter count
+    assert data["runs"][0]["num_parameters"] == data["runs"][1]["num_parameters"]
+    ckpt = run_dir(out, "digits", "attention", 0) / "checkpoint.pt"
+    mtime = ckpt.stat().st_mtime_ns
+    again = run_experiment(cfg, tmp_path, progress=False)
+    assert ckpt.stat().st_mtime_ns == mtime  # not retrained
+    assert [r.value for r in again] == [r.value for r in results]
+
+
+def test_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    from diffusionformer.experiments import tasks as task_module
+
+    cfg = load_experiment_config(tiny_config(), ["operators=attention"])
+    run_experiment(cfg, tmp_path / "clean", progress=False)
+
+    calls = {"n": 0}
+    original = task_module.ClassificationTask.loss
+
+    def dying_loss(self, model, batch):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, model, batch)
+
+    monkeypatch.setattr(task_module.ClassificationTask, "loss", dying_loss)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "killed", progress=False)
+    rdir = run_dir(tmp_path / "killed" / "tiny", "digits", "attention", 0)
+    assert (rdir / "checkpoint.pt").is_file() and not (rdir / "summary.json").exists()
+    monkeypatch.setattr(task_module.ClassificationTask, "loss", original)
+    run_experiment(cfg, tmp_path / "killed", progress=False)
+    a = torch.load(run_dir(tmp_path / "clean" / "tiny", "digits", "attention", 0) / "checkpoint.pt", weights_only=True)
+    b = torch.load(rdir / "checkpoint.pt", weights_only=True)
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+
+
+def test_nan_loss_fails_the_run_clearly_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys):
+    from diffusionformer.experiments import tasks as task_module
+
+    original = task_module.ClassificationTask.loss
+    calls = {"n": 0}
+
+    def nan_loss(self, model, batch):
+        calls["n"] += 1
+        loss, metrics = original(self, model, batch)
+        return (loss * float("nan") if calls["n"] >= 4 else loss), metrics
+
+    monkeypatch.setattr(task_module.ClassificationTask, "loss", nan_loss)
+    cfg_path = tmp_path / "cfg.json"
+    config = tiny_config()
+    config["operators"] = [{"name": "attention"}]
+    import tomllib  # noqa: F401  (python >= 3.11 in CI)
+
+    toml = tmp_path / "tiny.toml"
+    toml.write_text(_to_toml(config))
+    code = cli_main(["run", str(toml), "--out", str(tmp_path / "res"), "--no-progress"])
+    assert code == 1
+    err = capsys.readouterr()
+    assert "non-finite" in (err.out + err.err).lower() and "last good checkpoint" in (err.out + err.err)
+    rdir = run_dir(tmp_path / "res" / "tiny", "digits", "attention", 0)
+    saved = torch.load(rdir / "checkpoint.pt", weights_only=True)
+    assert saved["step"] == 2 and all(torch.isfinite(v).all() for v in saved["model"].values() if v.is_floating_point())
+    del cfg_path
+
+
+def test_cli_errors_are_clear(tmp_path, capsys):
+    toml = tmp_path / "t.toml"
+    cfg = tiny_config()
+    cfg["tasks"][0]["dataset"] = "tinyshakespeare"
+    cfg["tasks"][0]["model"] = "gpt-char-tiny"
+    cfg["tasks"][0]["model_overrides"] = {}
+    toml.write_text(_to_toml(cfg))
+    env_root = os.environ.pop("DIFFUSIONFORMER_DATA", None)
+    try:
+        code = cli_main(["run", str(toml), "--out", str(tmp_path / "r"), "--data-root", str(tmp_path / "nowhere"), "--no-progress"])
+    finally:
+        if env_root is not None:
+            os.environ["DIFFUSIONFORMER_DATA"] = env_root
+    assert code == 2
+    assert "tinyshakespeare" in capsys.readouterr().err
+    cfg = tiny_config()
+    cfg["tasks"][0]["dataset"] = "digitz"
+    toml.write_text(_to_toml(cfg))
+    assert cli_main(["run", str(toml), "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+    assert "unknown dataset" in capsys.readouterr().err.lower()
+
+
+def test_corrupt_checkpoint_is_reported(tmp_path, capsys):
+    cfg = tiny_config()
+    cfg["operators"] = [{"name": "attention"}]
+    toml = tmp_path / "t.toml"
+    toml.write_text(_to_toml(cfg))
+    rdir = run_dir(tmp_path / "r" / "tiny", "digits", "attention", 0)
+    rdir.mkdir(parents=True)
+    (rdir / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    assert cli_main(["run", str(toml), "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint.pt" in err and "--restart" in err
+    assert cli_main(["run", str(toml), "--out", str(tmp_path / "r"), "--no-progress", "--restart"]) == 0
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_runs_the_same_config(tmp_path):
+    cfg = tiny_config()
+    cfg["operators"] = [{"name": "attention"}]
+    toml = tmp_path / "t.toml"
+    toml.write_text(_to_toml(cfg))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           "-m", "diffusionformer.experiments", "run", str(toml), "--out", str(tmp_path / "ddp"), "--no-progress"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir(tmp_path / "ddp" / "tiny", "digits", "attention", 0) / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+    single = run_experiment(load_experiment_config(cfg), tmp_path / "single", progress=False)
+    a = torch.load(run_dir(tmp_path / "ddp" / "tiny", "digits", "attention", 0) / "checkpoint.pt", weights_only=True)
+    b = torch.load(run_dir(tmp_path / "single" / "tiny", "digits", "attention", 0) / "checkpoint.pt", weights_only=True)
+    for key, value in a["model"].items():
+        assert torch.allclose(value, b["model"][key], atol=1e-5), key
+    assert single[0].status == "completed"
+
+
+def _to_toml(cfg: dict) -> str:
+    """A minimal TOML writer for the test configs (tables, arrays of tables, inline values)."""
+
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
+        raise TypeError(v)
+
+    lines = [f"{k} = {value(v)}" for k, v in cfg.items() if not (isinstance(v, list) and v and isinstance(v[0], dict))]
+    for key in ("tasks", "operators"):
+        for entry in cfg.get(key, []):
+            lines.append(f"[[{key}]]")
+            lines += [f"{k} = {value(v)}" for k, v in entry.items()]
+    return "\n".join(lines) + "\n"
