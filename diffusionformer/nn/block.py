@@ -1,0 +1,233 @@
+r"""Pre-norm transformer blocks and the per-layer head composition.
+
+A block is the two-line pre-norm residual of ViT / GPT-2:
+
+.. math::
+    x \leftarrow x + \mathrm{DropPath}(\gamma_1 \odot \mathrm{Attn}(\mathrm{Norm}_1(x))), \qquad
+    x \leftarrow x + \mathrm{DropPath}(\gamma_2 \odot \mathrm{MLP}(\mathrm{Norm}_2(x))),
+
+with optional LayerScale :math:`\gamma` (Touvron et al., 2021) and stochastic depth
+(Huang et al., 2016). The attention is a :class:`~diffusionformer.nn.DiffusionAttention`, so
+each head can be attention, Laplacian, heat, PPR or a learned polynomial.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from diffusionformer.nn.attention import DiffusionAttention
+
+__all__ = ["Block", "DropPath", "LayerScale", "Mlp", "make_norm", "resolve_layer_heads"]
+
+
+def make_norm(norm: str | Callable[[int], nn.Module], dim: int) -> nn.Module:
+    """Build a normalisation layer: ``"layernorm"``, ``"rmsnorm"`` or a callable ``dim -> Module``.
+
+    Examples:
+        >>> make_norm("rmsnorm", 8)
+        RMSNorm((8,), eps=None, elementwise_affine=True)
+    """
+    if callable(norm) and not isinstance(norm, str):
+        return norm(dim)
+    if not isinstance(norm, str):
+        raise TypeError(f"norm must be 'layernorm', 'rmsnorm' or a callable, got {type(norm).__name__}")
+    key = norm.lower().replace("_", "").replace("-", "")
+    if key == "layernorm":
+        return nn.LayerNorm(dim)
+    if key == "rmsnorm":
+        return nn.RMSNorm(dim)
+    raise ValueError(f"unknown norm {norm!r}; expected 'layernorm' or 'rmsnorm'")
+
+
+class Mlp(nn.Module):
+    r"""Two-layer perceptron :math:`W_2\, \sigma(W_1 x + b_1) + b_2` with GELU and dropout.
+
+    Args:
+        dim: input and output width ``D``.
+        hidden_dim: hidden width (default ``4 D``).
+        bias: biases in both layers.
+        dropout: dropout after the second layer.
+        act_layer: activation module class.
+
+    Shapes:
+        ``(..., D) -> (..., D)``.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int | None = None, *, bias: bool = True, dropout: float = 0.0,
+                 act_layer: type[nn.Module] = nn.GELU) -> None:
+        super().__init__()
+        hidden_dim = hidden_dim or 4 * dim
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.act = act_layer()
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.act(self.fc1(x))))
+
+
+class LayerScale(nn.Module):
+    r"""Per-channel residual gain :math:`\gamma \odot x` initialised at ``init`` (CaiT).
+
+    Shapes:
+        ``(..., D) -> (..., D)``.
+    """
+
+    def __init__(self, dim: int, init: float = 1e-5) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
+class DropPath(nn.Module):
+    r"""Stochastic depth: drop the whole residual branch of a sample with probability ``p``.
+
+    Kept samples are scaled by ``1 / (1 - p)``; identity in eval mode.
+
+    Shapes:
+        ``(B, ...) -> (B, ...)`` (sparse inputs ``(N, D)`` are treated as one sample).
+    """
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"drop path probability must lie in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        shape = (x.shape[0],) + (1,) * (x.dim() - 1) if x.dim() > 2 else (1, 1)
+        keep = torch.empty(shape, device=x.device, dtype=x.dtype).bernoulli_(1 - self.p)
+        return x * keep / (1 - self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block with a :class:`DiffusionAttention` and an MLP.
+
+    Args:
+        dim: width ``D``.
+        num_heads: ``H``.
+        heads: head operators of this layer (see :class:`DiffusionAttention`).
+        mlp_ratio: MLP hidden width as a multiple of ``D``.
+        causal: causal attention.
+        qk_norm: LayerNorm on queries and keys.
+        bias: biases in projections and MLP.
+        dropout: dropout after the attention output projection and the MLP.
+        attn_dropout: dropout on attention probabilities.
+        drop_path: stochastic-depth probability.
+        layer_scale: LayerScale init value, or ``None`` for none.
+        norm_layer: ``"layernorm"``, ``"rmsnorm"`` or a callable ``dim -> Module``.
+        mlp_layer: callable ``dim -> Module`` replacing the default :class:`Mlp`.
+        backend: dense back-end of the attention.
+
+    Shapes:
+        ``x``: ``(B, N, D)`` dense or ``(N, D)`` with ``edge_index`` -> same shape.
+
+    Examples:
+        >>> blk = Block(16, 4, heads="attention:3,laplacian:1")
+        >>> blk(torch.randn(2, 5, 16)).shape
+        torch.Size([2, 5, 16])
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        heads: Any = None,
+        *,
+        mlp_ratio: float = 4.0,
+        causal: bool = False,
+        qk_norm: bool = False,
+        bias: bool = True,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        drop_path: float = 0.0,
+        layer_scale: float | None = None,
+        norm_layer: str | Callable[[int], nn.Module] = "layernorm",
+        mlp_layer: Callable[[int], nn.Module] | None = None,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        if mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio}")
+        self.norm1 = make_norm(norm_layer, dim)
+        self.attn = DiffusionAttention(dim, num_heads, heads, causal=causal, qk_norm=qk_norm, bias=bias,
+                                       dropout=attn_dropout, backend=backend)
+        self.drop1 = nn.Dropout(dropout)
+        self.ls1 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
+        self.norm2 = make_norm(norm_layer, dim)
+        self.mlp = mlp_layer(dim) if mlp_layer is not None else Mlp(dim, int(dim * mlp_ratio), bias=bias, dropout=dropout)
+        self.ls2 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
+        x = x + self.drop_path(self.ls1(self.drop1(self.attn(self.norm1(x), **attn_kwargs))))
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+
+
+def resolve_layer_heads(
+    num_layers: int,
+    num_heads: int,
+    heads: Any = None,
+    laplacian_heads: int | Sequence[int] | None = None,
+) -> list[Any]:
+    """One head specification per layer.
+
+    Args:
+        num_layers: depth ``L``.
+        num_heads: heads per layer ``H``.
+        heads: ``None`` (attention), one spec for every layer (a string such as
+            ``"attention:2,laplacian:2"``), a list of ``L`` specs (``None`` entries are
+            attention), or a dict ``{layer: spec}`` overriding some layers.
+        laplacian_heads: convenience for the seed paper's layout: an int (every layer) or a
+            list of ``L`` ints; the last ``k`` heads of a layer become Laplacian, as in the
+            paper's own code. Exclusive with ``heads``.
+
+    Examples:
+        >>> resolve_layer_heads(3, 4, laplacian_heads=[0, 2, 4])
+        [None, 'attention:2,laplacian:2', 'laplacian:4']
+        >>> resolve_layer_heads(2, 2, heads={1: "heat(learnable=True):2"})
+        [None, 'heat(learnable=True):2']
+    """
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+    if laplacian_heads is not None:
+        if heads is not None:
+            raise ValueError("give either heads= or laplacian_heads=, not both")
+        counts = [laplacian_heads] * num_layers if isinstance(laplacian_heads, int) else list(laplacian_heads)
+        if len(counts) != num_layers:
+            raise ValueError(f"laplacian_heads lists {len(counts)} layers, the model has {num_layers}")
+        specs: list[Any] = []
+        for i, k in enumerate(counts):
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= num_heads:
+                raise ValueError(f"laplacian_heads[{i}] must be an int in [0, {num_heads}], got {k!r}")
+            if k == 0:
+                specs.append(None)
+            elif k == num_heads:
+                specs.append(f"laplacian:{k}")
+            else:
+                specs.append(f"attention:{num_heads - k},laplacian:{k}")
+        return specs
+    if heads is None or isinstance(heads, str):
+        return [heads] * num_layers
+    if isinstance(heads, Mapping):
+        specs = [None] * num_layers
+        for layer, spec in heads.items():
+            if isinstance(layer, bool) or not isinstance(layer, int) or not -num_layers <= layer < num_layers:
+                raise ValueError(f"layer index {layer!r} out of range for {num_layers} layers")
+            specs[layer] = spec
+        return specs
+    if isinstance(heads, Sequence):
+        if len(heads) != num_layers:
+            raise ValueError(f"a per-layer heads list must have {num_layers} entries (one per layer), got {len(heads)}")
+        return list(heads)
+    raise TypeError(f"heads must be None, a spec string, a per-layer list or a dict, got {type(heads).__name__}")
