@@ -308,11 +308,13 @@ class AttentionGraph:
         return f"AttentionGraph({self.layout}, {', '.join(parts)})"
 
     # ------------------------------------------------------------------ layer interface
-    def attention_kwargs(self, x: Tensor) -> dict[str, Tensor]:
+    def attention_kwargs(self, x: Tensor) -> dict[str, Any]:
         """Keyword arguments for :meth:`DiffusionAttention.forward <diffusionformer.nn.DiffusionAttention.forward>`.
 
         Dense: ``attn_mask`` (bool, True = attend; ``(N, N)`` or ``(B, 1, N, N)``) and
-        ``key_padding_mask`` (``(B, N)``), each only when needed; sparse: ``edge_index``.
+        ``key_padding_mask`` (``(B, N)``), each only when needed, or ``is_causal=True`` for a
+        plain causal graph (the fused kernel's own causal mask, no ``N x N`` tensor); sparse:
+        ``edge_index``.
 
         Args:
             x: the layer input, ``(B, N, D)`` (dense) or ``(num_nodes, D)`` (sparse).
@@ -322,8 +324,11 @@ class AttentionGraph:
 
         Examples:
             >>> AttentionGraph.dense(2, causal=True).attention_kwargs(torch.zeros(5, 2, 8))
-            {'attn_mask': tensor([[ True, False],
-                    [ True,  True]])}
+            {'is_causal': True}
+            >>> AttentionGraph.dense(3, window=1).attention_kwargs(torch.zeros(5, 3, 8))
+            {'attn_mask': tensor([[ True,  True, False],
+                    [ True,  True,  True],
+                    [False,  True,  True]])}
         """
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
@@ -337,8 +342,14 @@ class AttentionGraph:
         if x.dim() != 3 or x.shape[1] != N or (B is not None and x.shape[0] != B):
             raise ValueError(f"this dense AttentionGraph expects x of shape ({'B' if B is None else B}, N={N}, D), "
                              f"got {tuple(x.shape)}")
-        out: dict[str, Tensor] = {}
+        out: dict[str, Any] = {}
         assert N is not None
+        if self.causal and self.window is None and self.allowed is None:
+            # plain causal graph: let the fused kernel apply its own causal mask (no N x N tensor)
+            out["is_causal"] = True
+            if self.key_padding_mask is not None:
+                out["key_padding_mask"] = self.key_padding_mask.to(x.device)
+            return out
         mask = structural_mask(N, self.causal, self.window, x.device)
         if self.allowed is not None:
             a = self.allowed.to(x.device)

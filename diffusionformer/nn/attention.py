@@ -250,7 +250,7 @@ class DiffusionAttention(nn.Module):
             edge_index: ``(2, E)`` edges ``(source j, target i)`` for the sparse back-end.
             graph: an :class:`~diffusionformer.graph.AttentionGraph` (or any object with an
                 ``attention_kwargs(x)`` method returning some of ``key_padding_mask``,
-                ``attn_mask``, ``edge_index``); exclusive with those three arguments.
+                ``attn_mask``, ``edge_index``, ``is_causal``); exclusive with the first three.
             return_intermediates: also return :class:`AttentionIntermediates` (materialises ``P``).
 
         Returns:
@@ -268,17 +268,20 @@ class DiffusionAttention(nn.Module):
             if not hasattr(graph, "attention_kwargs"):
                 raise TypeError(f"graph must be an AttentionGraph, got {type(graph).__name__}")
             given = graph.attention_kwargs(x)
-            unknown = set(given) - {"key_padding_mask", "attn_mask", "edge_index"}
+            unknown = set(given) - {"key_padding_mask", "attn_mask", "edge_index", "is_causal"}
             if unknown:
                 raise TypeError(f"graph.attention_kwargs returned unknown keys {sorted(unknown)}")
             key_padding_mask = given.get("key_padding_mask")
             attn_mask = given.get("attn_mask")
             edge_index = given.get("edge_index")
+            graph_causal = bool(given.get("is_causal", False))
+        else:
+            graph_causal = False
         if edge_index is not None:
             if key_padding_mask is not None or attn_mask is not None:
                 raise ValueError("key_padding_mask/attn_mask apply to dense inputs; the sparse graph is given by edge_index")
             return self._forward_sparse(x, edge_index, return_intermediates)
-        return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates)
+        return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates, graph_causal)
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         H, C = self.num_heads, self.head_dim
@@ -286,7 +289,8 @@ class DiffusionAttention(nn.Module):
         q, k, v = qkv.unbind(-3)  # each (..., N, H, C)
         return self.q_norm(q), self.k_norm(k), v
 
-    def _dense_mask(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None) -> tuple[Tensor | None, bool]:
+    def _dense_mask(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
+                    causal: bool = False) -> tuple[Tensor | None, bool]:
         B, N, _ = x.shape
         mask = attn_mask
         if key_padding_mask is not None:
@@ -301,15 +305,16 @@ class DiffusionAttention(nn.Module):
                 mask = mask & keep
             else:
                 mask = mask.masked_fill(~keep, float("-inf"))
-        return _dense.normalise_mask(mask, self.causal, (B, self.num_heads, N, N), x.device, x.dtype)
+        return _dense.normalise_mask(mask, self.causal or causal, (B, self.num_heads, N, N), x.device, x.dtype)
 
     def _forward_dense(
-        self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, return_intermediates: bool
+        self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, return_intermediates: bool,
+        causal: bool = False,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 3:
             raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
         B, N, D = x.shape
-        mask, is_causal = self._dense_mask(x, key_padding_mask, attn_mask)
+        mask, is_causal = self._dense_mask(x, key_padding_mask, attn_mask, causal)
         q, k, v = self._project(x)  # (B, N, H, C)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
         dropout_p = self.dropout if self.training else 0.0

@@ -15,11 +15,13 @@ def test_complete_graph_needs_no_mask() -> None:
     assert complete(5).attention_kwargs(torch.zeros(3, 5, 8)) == {}
 
 
-def test_causal_graph_gives_one_shared_bool_mask() -> None:
+def test_plain_causal_graph_uses_the_fused_causal_flag() -> None:
     kw = causal(4).attention_kwargs(torch.zeros(2, 4, 8))
-    assert set(kw) == {"attn_mask"}
-    assert kw["attn_mask"].dtype == torch.bool and kw["attn_mask"].shape == (4, 4)
-    assert torch.equal(kw["attn_mask"], torch.ones(4, 4, dtype=torch.bool).tril())
+    assert kw == {"is_causal": True}
+    # a causal window still needs an explicit mask
+    kw = sliding_window(4, 1, causal=True).attention_kwargs(torch.zeros(2, 4, 8))
+    assert set(kw) == {"attn_mask"} and kw["attn_mask"].shape == (4, 4)
+    assert torch.equal(kw["attn_mask"], torch.ones(4, 4, dtype=torch.bool).tril() & torch.ones(4, 4, dtype=torch.bool).triu(-1))
 
 
 def test_padding_only_gives_a_key_padding_mask() -> None:
