@@ -57,6 +57,12 @@ def run_dir(out: Path, task: str, operator: str, seed: int) -> Path:
     return out / "runs" / task / operator / f"seed{seed}"
 
 
+def _has_heads(config_cls: type) -> bool:
+    import dataclasses
+
+    return any(f.name in ("num_heads", "n_head") for f in dataclasses.fields(config_cls))
+
+
 def _num_heads(config: Any) -> int:
     for name in ("num_heads", "n_head"):
         if hasattr(config, name):
@@ -70,8 +76,14 @@ def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.
     base = {**preset.defaults, **model_overrides_for_data(data, preset.config_cls), **task.model_overrides}
     heads = base.get("num_heads", base.get("n_head"))
     if heads is None:
-        heads = _num_heads(preset.config_cls())
-    overrides = {**model_overrides_for_data(data, preset.config_cls), **task.model_overrides, **setting.overrides(int(heads))}
+        heads = _num_heads(preset.config_cls()) if _has_heads(preset.config_cls) else 0
+    overrides = {**model_overrides_for_data(data, preset.config_cls), **task.model_overrides}
+    if heads:
+        overrides.update(setting.overrides(int(heads)))
+    elif setting.heads is not None or setting.laplacian_heads is not None:
+        raise ValueError(f"operator setting {setting.name!r} sets heads but model {task.model!r} has no attention heads")
+    else:
+        overrides.update(setting.model_overrides)
     return create_model(task.model, **overrides)
 
 

@@ -1,6 +1,7 @@
 """Model families built from diffusion-attention blocks, with typed configs and named presets."""
 
 from diffusionformer.models.common import ModelIntermediates, init_transformer_weights, learned_operator_parameters
+from diffusionformer.models.gcn import GCN, GCNConfig
 from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
 from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphBlock, GraphTransformerConfig
 from diffusionformer.models.registry import (
@@ -17,6 +18,8 @@ __all__ = [
     "DiffusionGPT",
     "DiffusionGraphTransformer",
     "DiffusionViT",
+    "GCN",
+    "GCNConfig",
     "GPTConfig",
     "GraphBlock",
     "GraphTransformerConfig",

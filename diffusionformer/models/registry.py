@@ -18,6 +18,7 @@ import torch  # noqa: F401  (doctests)
 from torch import nn
 
 from diffusionformer.config import config_from_dict
+from diffusionformer.models.gcn import GCN, GCNConfig
 from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
 from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphTransformerConfig
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
@@ -101,3 +102,5 @@ register_model("graph-node-small", DiffusionGraphTransformer, GraphTransformerCo
 register_model("graph-graph-small", DiffusionGraphTransformer, GraphTransformerConfig,
                "graph classification: 3 blocks, width 64, 4 heads, mean pooling",
                task="graph", dim=64, depth=3, num_heads=4, dropout=0.1)
+register_model("gcn-2layer", GCN, GCNConfig, "baseline: 2-layer GCN, 16 hidden, dropout 0.5 (PyG Planetoid example)",
+               task="node", hidden=16, num_layers=2, dropout=0.5)

@@ -1,0 +1,74 @@
+r"""A GCN baseline (Kipf & Welling, ICLR 2017) run through the same data path as the graph transformer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.nn import GCNConv, global_add_pool, global_max_pool, global_mean_pool
+
+from diffusionformer.models.common import check_positive, check_probability
+
+__all__ = ["GCN", "GCNConfig"]
+
+
+@dataclass
+class GCNConfig:
+    """Configuration of :class:`GCN` (defaults: PyG's Planetoid example, 2 layers, 16 hidden, dropout 0.5)."""
+
+    in_channels: int = 16  #: node feature width F
+    num_classes: int = 2  #: output classes
+    task: Literal["node", "graph"] = "node"  #: node or graph classification
+    hidden: int = 16  #: hidden width
+    num_layers: int = 2  #: GCN layers
+    dropout: float = 0.5  #: dropout on the input of every layer
+    pool: Literal["mean", "add", "max"] = "mean"  #: graph readout for task="graph"
+
+    def __post_init__(self) -> None:
+        check_positive("GCNConfig", in_channels=self.in_channels, num_classes=self.num_classes, hidden=self.hidden,
+                       num_layers=self.num_layers)
+        check_probability("GCNConfig", dropout=self.dropout)
+
+
+class GCN(nn.Module):
+    r"""Graph convolutional network :math:`H^{l+1} = \sigma(\hat D^{-1/2} \hat A \hat D^{-1/2} H^l W^l)`.
+
+    The reference baseline for node classification: PyG's example reaches about 81.5% test
+    accuracy on Cora's public split. Same call signature as
+    :class:`~diffusionformer.models.DiffusionGraphTransformer`.
+
+    Shapes:
+        ``x``: ``(N, F)``, ``edge_index``: ``(2, E)``, ``batch``: ``(N,)`` -> ``(N, C)`` or ``(G, C)``.
+
+    Examples:
+        >>> GCN(GCNConfig(in_channels=3, num_classes=2))(torch.randn(4, 3), torch.tensor([[0, 1], [1, 2]])).shape
+        torch.Size([4, 2])
+    """
+
+    def __init__(self, config: GCNConfig) -> None:
+        super().__init__()
+        if not isinstance(config, GCNConfig):
+            raise TypeError(f"config must be a GCNConfig, got {type(config).__name__}")
+        self.config = c = config
+        dims = [c.in_channels] + [c.hidden] * (c.num_layers - 1) + [c.hidden if c.task == "graph" else c.num_classes]
+        self.convs = nn.ModuleList(GCNConv(a, b, cached=False) for a, b in zip(dims[:-1], dims[1:]))
+        self.head = nn.Linear(c.hidden, c.num_classes) if c.task == "graph" else nn.Identity()
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
+        c = self.config
+        if x.dim() != 2 or x.shape[1] != c.in_channels:
+            raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(x.shape)}")
+        for i, conv in enumerate(self.convs):
+            x = F.dropout(x, c.dropout, self.training)
+            x = conv(x, edge_index)
+            if i < len(self.convs) - 1 or c.task == "graph":
+                x = F.relu(x)
+        if c.task == "graph":
+            if batch is None:
+                batch = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+            pool: Any = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[c.pool]
+            x = pool(x, batch)
+        return self.head(x)
