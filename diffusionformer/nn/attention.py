@@ -376,5 +376,7 @@ class DiffusionAttention(nn.Module):
         )
 
     def heads_spec(self) -> str:
-        """The head layout as a spec string, e.g. ``'attention:6,laplacian:2'``."""
-        return ",".join(f"{op.name}:{count}" for op, (_, count) in zip(self.operators, self._groups))
+        """The head layout as a spec string that rebuilds the layer's operators, e.g.
+        ``'attention:6,heat(t=0.5, steps=4, method='taylor', learnable=True):2'`` (learned values
+        live in the state dict)."""
+        return ",".join(f"{op.spec()}:{count}" for op, (_, count) in zip(self.operators, self._groups))

@@ -59,6 +59,22 @@ class DiffusionOperator(nn.Module):
         """Weights on ``P^0 .. P^K``: ``(K+1,)`` or ``(G, K+1)``."""
         raise NotImplementedError(f"{type(self).__name__} must implement coefficients()")
 
+    def spec_kwargs(self) -> dict:
+        """Constructor arguments (besides ``num_heads``) that rebuild this operator's architecture.
+
+        Subclasses with arguments override this; learned values live in the state dict.
+        """
+        return {}
+
+    def spec(self) -> str:
+        """A spec string that :func:`~diffusionformer.operators.build_operator` turns back into
+        an equivalent operator, e.g. ``"heat(t=0.5, steps=4, method='taylor', learnable=True)"``.
+        """
+        kwargs = self.spec_kwargs()
+        if not kwargs:
+            return self.name
+        return f"{self.name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+
     def static_coefficients(self) -> tuple[float, ...] | None:
         """The coefficients as Python floats when they are fixed constants, else ``None``.
 

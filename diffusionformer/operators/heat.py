@@ -167,6 +167,7 @@ class HeatOperator(DiffusionOperator):
         self.method = method
         self.learnable = learnable
         self.min_t = float(min_t)
+        self._t0 = t
         self._static: tuple[float, ...] | None = None
         if learnable:
             self.t = nn.Parameter(torch.full((num_heads,), t))
@@ -179,6 +180,12 @@ class HeatOperator(DiffusionOperator):
     @property
     def degree(self) -> int:
         return self.steps
+
+    def spec_kwargs(self) -> dict:
+        kwargs = {"t": self._t0, "steps": self.steps, "method": self.method, "learnable": self.learnable}
+        if self.min_t != -2.0:
+            kwargs["min_t"] = self.min_t
+        return kwargs
 
     def effective_time(self) -> Tensor:
         """The diffusion time(s) in use (learned values clamped at ``min_t``)."""
@@ -240,10 +247,14 @@ class ExactHeatOperator(DiffusionOperator):
         super().__init__(num_heads)
         t = _check_time(t)
         self.learnable = bool(learnable)
+        self._t0 = t
         if learnable:
             self.t = nn.Parameter(torch.full((num_heads,), t))
         else:
             self.register_buffer("t", torch.full((num_heads,), t))
+
+    def spec_kwargs(self) -> dict:
+        return {"t": self._t0, "learnable": self.learnable}
 
     @property
     def degree(self) -> int:

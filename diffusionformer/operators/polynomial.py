@@ -45,6 +45,8 @@ class PolynomialOperator(DiffusionOperator):
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"steps must be a non-negative int, got {steps!r}")
         self.steps = steps
+        self._init = init.spec() if isinstance(init, DiffusionOperator) else (
+            torch.as_tensor(init).tolist() if isinstance(init, (Tensor, list, tuple)) else init)
         theta = self._initial(init, steps, num_heads)
         self.theta = nn.Parameter(theta)
 
@@ -70,6 +72,9 @@ class PolynomialOperator(DiffusionOperator):
         out = torch.zeros(G, steps + 1)
         out[:, : c.shape[1]] = c
         return out
+
+    def spec_kwargs(self) -> dict:
+        return {"steps": self.steps, "init": self._init}
 
     @property
     def degree(self) -> int:

@@ -71,6 +71,7 @@ class PPROperator(DiffusionOperator):
             raise ValueError("a learnable alpha must start strictly below 1")
         self.steps = steps
         self.learnable = bool(learnable)
+        self._alpha0 = float(alpha)
         self._static: tuple[float, ...] | None = None
         if learnable:
             self.alpha_logit = nn.Parameter(torch.full((num_heads,), math.log(alpha / (1.0 - alpha))))
@@ -79,6 +80,9 @@ class PPROperator(DiffusionOperator):
             coeffs = ppr_coefficients(torch.tensor(float(alpha), dtype=torch.float64), steps)
             self.register_buffer("_c", coeffs.float(), persistent=False)
             self._static = tuple(coeffs.tolist())
+
+    def spec_kwargs(self) -> dict:
+        return {"alpha": self._alpha0, "steps": self.steps, "learnable": self.learnable}
 
     @property
     def degree(self) -> int:

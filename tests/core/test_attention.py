@@ -176,6 +176,18 @@ def test_repr_and_heads_spec():
     assert "(qkv): Linear(in_features=16, out_features=48, bias=True)" in text
 
 
+@pytest.mark.parametrize("heads", ["attention:2,heat(t=0.5, learnable=True, steps=3):1,I-P:1",
+                                   "ppr(alpha=0.3, steps=2, learnable=True):2,polynomial(steps=2, init='laplacian'):2",
+                                   ["attention", "polynomial(steps=1, init=[0.2, 0.8])", "heat-exact(t=0.3)", "lap"]])
+def test_heads_spec_rebuilds_the_layer(heads):
+    a = DiffusionAttention(8, 4, heads=heads)
+    b = DiffusionAttention(8, 4, heads=a.heads_spec())
+    assert b.heads_spec() == a.heads_spec()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 5, 8)
+    assert torch.equal(a(x), b(x))
+
+
 def test_state_dict_round_trip():
     a = DiffusionAttention(8, 2, heads="polynomial(steps=2):1,ppr(learnable=True, steps=2):1")
     b = DiffusionAttention(8, 2, heads="polynomial(steps=2):1,ppr(learnable=True, steps=2):1")
@@ -189,7 +201,7 @@ def test_per_head_list_and_shared_instances():
 
     shared = HeatOperator(t=0.3, steps=2, learnable=True)
     layer = DiffusionAttention(8, 4, heads=["attention", shared, shared, "I-P"])
-    assert layer.heads_spec() == "attention:1,heat:2,laplacian:1"
+    assert layer.heads_spec() == "attention:1,heat(t=0.3, steps=2, method='taylor', learnable=True):2,laplacian:1"
     assert sum(p.numel() for p in layer.parameters()) == 4 * 64 + 4 * 8 + 1
     per_head = HeatOperator(t=0.3, steps=2, learnable=True, num_heads=2)
     layer = DiffusionAttention(8, 4, heads=["attention", per_head, per_head, "I-P"])

@@ -129,7 +129,7 @@ def test_laplacian_heads_keep_parameter_count_learned_ops_add_few():
 def test_vit_layer_three_with_learned_heat_heads_trains():
     torch.manual_seed(2)
     model = create_model("vit-digits", depth=4, dim=32, heads={3: "attention:2,heat(t=1.0, learnable=True, steps=4):2"})
-    assert model.blocks[3].attn.heads_spec() == "attention:2,heat:2"
+    assert model.blocks[3].attn.heads_spec() == "attention:2,heat(t=1.0, steps=4, method='taylor', learnable=True):2"
     assert model.blocks[0].attn.heads_spec() == "attention:4"
     t = model.blocks[3].attn.operators[1].t
     x, y = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
