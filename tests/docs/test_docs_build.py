@@ -1,0 +1,101 @@
+"""The Sphinx documentation builds with warnings as errors, and the pages' examples pass.
+
+Runs ``python -m sphinx -W --keep-going`` with the ``html`` and ``doctest`` builders into a
+temporary directory (the doctest build reuses the html build's doctrees). Skipped, with the
+reason, when the ``docs`` extra is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diffusionformer.operators import list_operators
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+# Paths under docs/ that a build may write (all git-ignored).
+GENERATED = ("_build", "api/generated")
+REQUIRED_MODULES = ("sphinx", "furo", "myst_parser", "matplotlib")
+MISSING = [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        bool(MISSING),
+        reason=f"building the docs needs the 'docs' extra (missing: {', '.join(MISSING)}); "
+        "install it with pip install -e '.[docs]'",
+    ),
+]
+
+
+def _source_files() -> set[str]:
+    """Files under docs/ that are not build products."""
+    files = set()
+    for path in DOCS.rglob("*"):
+        rel = path.relative_to(DOCS).as_posix()
+        if path.is_file() and "__pycache__" not in rel and not rel.startswith(GENERATED):
+            files.add(rel)
+    return files
+
+
+def _sphinx(builder: str, out: Path, doctrees: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", builder, "-d", str(doctrees)]
+    cmd += [str(DOCS), str(out)]
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def _check(result: subprocess.CompletedProcess[str], what: str) -> None:
+    if result.returncode != 0:
+        log = (result.stdout + result.stderr)[-6000:]
+        pytest.fail(f"sphinx {what} build failed (exit {result.returncode}):\n{log}")
+
+
+@pytest.fixture(scope="module")
+def html_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, set[str], set[str]]:
+    root = tmp_path_factory.mktemp("docs")
+    before = _source_files()
+    result = _sphinx("html", root / "html", root / "doctrees")
+    after = _source_files()
+    _check(result, "html")
+    return root / "html", root / "doctrees", before, after
+
+
+def test_html_builds_without_warnings(html_build):
+    html, _, _, _ = html_build
+    for page in ("index", "tutorials/quickstart", "theory/heat", "api/operators", "performance"):
+        assert (html / f"{page}.html").is_file(), f"{page}.html was not built"
+
+
+def test_figures_are_generated_at_build_time(html_build):
+    html, _, _, _ = html_build
+    images = {p.name for p in (html / "_images").glob("*.png")}
+    for page in ("random_walk", "heat", "family", "oversmoothing"):
+        assert any(name.startswith(f"{page}-") for name in images), f"no figure generated for theory/{page}"
+
+
+def test_operator_table_lists_every_registered_operator(html_build):
+    html, _, _, _ = html_build
+    page = (html / "api" / "operators.html").read_text(encoding="utf-8")
+    table = page[page.index("Registered operators") :]
+    for name in list_operators():
+        assert f'<span class="pre">{name}</span>' in table, f"operator {name!r} missing from the generated table"
+
+
+def test_build_writes_only_ignored_paths(html_build):
+    _, _, before, after = html_build
+    assert after == before, f"the build created or removed files under docs/: {sorted(after ^ before)}"
+
+
+def test_page_examples_pass_as_doctests(html_build, tmp_path):
+    _, doctrees, _, _ = html_build
+    result = _sphinx("doctest", tmp_path / "doctest", doctrees)
+    _check(result, "doctest")
+    report = (tmp_path / "doctest" / "output.txt").read_text(encoding="utf-8")
+    assert "0 failures in tests" in report
+    assert " passed and 0 failed" in report
