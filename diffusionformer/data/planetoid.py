@@ -58,13 +58,15 @@ def load_karate(*, seed: int = 0, num_train_per_class: int = 2) -> NodeData:
     )
 
 
-def load_planetoid(name: str, *, root: Path | None, verify: bool = True) -> NodeData:
+def load_planetoid(name: str, *, root: Path | None, verify: bool = True, normalize_features: bool = True) -> NodeData:
     """A Planetoid graph (``"Cora"``, ``"CiteSeer"``, ...) with the public split.
 
     Args:
         name: PyG's spelling of the dataset name.
         root: data root holding ``planetoid/<name>/raw/ind.<name lower>.*``.
         verify: check the raw files' SHA256 against the staged ones.
+        normalize_features: divide every node's bag-of-words row by its sum (PyG's
+            ``NormalizeFeatures``, as in the reference GCN example); rows of zeros stay zero.
     """
     from torch_geometric.datasets import Planetoid
 
@@ -78,6 +80,8 @@ def load_planetoid(name: str, *, root: Path | None, verify: bool = True) -> Node
     copy_into_cache(paths, work / name / "raw")
     dataset = Planetoid(str(work), name, split="public")
     data = dataset[0]
+    if normalize_features:
+        data.x = data.x / data.x.sum(dim=1, keepdim=True).clamp_min(1.0)
     return NodeData(
         name=key,
         data=data,
@@ -89,29 +93,32 @@ def load_planetoid(name: str, *, root: Path | None, verify: bool = True) -> Node
             "split": "public Planetoid split",
             "sizes": {s: int(getattr(data, f"{s}_mask").sum()) for s in ("train", "val", "test")},
             "processed_in": str(work / name),
+            "features": "row-normalised (sum 1)" if normalize_features else "raw binary bag of words",
         },
     )
 
 
 @register_dataset("cora", kind="node", needs_root=True)
-def load_cora(*, root: Path | None, seed: int = 0, verify: bool = True) -> NodeData:
+def load_cora(*, root: Path | None, seed: int = 0, verify: bool = True, normalize_features: bool = True) -> NodeData:
     """Cora citation graph, public split (140/500/1,000), 1,433 features, 7 classes.
 
     Args:
         root: data root.
         seed: unused (the public split is fixed); accepted for a uniform interface.
         verify: check the raw files' SHA256.
+        normalize_features: row-normalise the features (PyG's ``NormalizeFeatures``).
     """
-    return load_planetoid("Cora", root=root, verify=verify)
+    return load_planetoid("Cora", root=root, verify=verify, normalize_features=normalize_features)
 
 
 @register_dataset("citeseer", kind="node", needs_root=True)
-def load_citeseer(*, root: Path | None, seed: int = 0, verify: bool = True) -> NodeData:
+def load_citeseer(*, root: Path | None, seed: int = 0, verify: bool = True, normalize_features: bool = True) -> NodeData:
     """CiteSeer citation graph, public split (120/500/1,000), 3,703 features, 6 classes.
 
     Args:
         root: data root.
         seed: unused (the public split is fixed); accepted for a uniform interface.
         verify: check the raw files' SHA256.
+        normalize_features: row-normalise the features (PyG's ``NormalizeFeatures``).
     """
-    return load_planetoid("CiteSeer", root=root, verify=verify)
+    return load_planetoid("CiteSeer", root=root, verify=verify, normalize_features=normalize_features)
