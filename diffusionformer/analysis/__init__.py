@@ -70,3 +70,16 @@ __all__ = [
     "plot_metric_by_depth",
     "plot_spectra",
 ]
+
+# capture (forward hooks over model.blocks) and per-layer reports
+from diffusionformer.analysis.capture import LayerCapture, LayerRecorder, capture_dataset, pad_by_batch  # noqa: E402
+from diffusionformer.analysis.report import LayerReport, layer_reports  # noqa: E402
+
+__all__ += [
+    "LayerCapture",
+    "LayerRecorder",
+    "capture_dataset",
+    "pad_by_batch",
+    "LayerReport",
+    "layer_reports",
+]

@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--out", default="results")
     a.add_argument("--data-root", default=None)
     a.add_argument("--max-examples", type=int, default=512, help="held-out examples to analyse per run")
+    a.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    a.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "analyze":
             from diffusionformer.experiments.analyze import analyze_experiment
 
-            analyze_experiment(config, args.out, data_root=args.data_root, max_examples=args.max_examples)
+            analyze_experiment(config, args.out, data_root=args.data_root, max_examples=args.max_examples,
+                               device=args.device, progress=not args.no_progress)
             return 0
         from diffusionformer.experiments.runner import aggregate, format_table, run_experiment
 

@@ -1,0 +1,600 @@
+r"""Capture the residual stream (and attention maps) of a model layer by layer, with hooks.
+
+For a model with blocks ``model.blocks[0 .. L-1]`` the *residual stream* is
+
+``X^(0) = embeddings (the input of block 0)``,  ``X^(l) = Block_{l-1}(X^(l-1))``, ``l = 1..L``,
+
+so layer index ``l`` runs over ``0..L`` (``0`` = embeddings, ``l`` = after block ``l - 1``),
+as in :class:`~diffusionformer.models.ModelIntermediates`. The tokens of every layer are
+read with forward hooks on ``model.blocks[i]`` (a pre-hook on block 0 for the embeddings);
+the model's own code path is never changed and the hooks are always removed afterwards.
+
+Attention maps are *recomputed*: a pre-hook on block ``i`` calls
+``block.attn(block.norm1(x), ..., return_intermediates=True)`` on the block's input ``x``
+with the block's own attention arguments (``key_padding_mask``/``attn_mask`` keywords of a
+dense :class:`~diffusionformer.nn.Block`; the ``edge_index`` argument of a
+:class:`~diffusionformer.models.GraphBlock`). This is the ``P`` that block ``i`` diffuses
+over; the block itself still runs its fused path. The optional dense ``global_attn`` of a
+``GraphBlock`` is not captured. Use it in eval mode (``capture_dataset`` switches the model
+to eval and back): with attention dropout active the recomputed ``P`` would differ from the
+block's.
+
+Dense models (ViT, GPT) give tokens ``(B, T, D)``. Graph models give nodes ``(N, D)`` with the
+``batch`` vector of the block call; ``capture_dataset`` pads them per graph to
+``(G, N_max, D)`` with a boolean ``mask`` (valid nodes first, in node order), so a graph is a
+"sequence" of its nodes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["LayerCapture", "LayerRecorder", "capture_dataset", "pad_by_batch"]
+
+IGNORE_INDEX = -100  #: label of padded tokens and of tokens without a target
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------
+
+
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
+        got = type(blocks).__name__ if blocks is not None else "no attribute `blocks`"
+        raise TypeError(
+            f"capture needs a model with a non-empty nn.ModuleList `model.blocks` (DiffusionViT, DiffusionGPT, "
+            f"DiffusionGraphTransformer), got {type(model).__name__} with {got}"
+        )
+    return blocks
+
+
+def _check_layers(layers: Iterable[int] | None, L: int) -> list[int]:
+    if layers is None:
+        return list(range(L + 1))
+    if isinstance(layers, int):
+        layers = [layers]
+    out: list[int] = []
+    for layer in layers:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -(L + 1) <= layer <= L:
+            raise ValueError(
+                f"layers must hold residual-stream indices in [0, {L}] (0 = embeddings, l = after block l-1; "
+                f"negative counts from the end), got {layer!r}"
+            )
+        out.append(layer % (L + 1))
+    if not out:
+        raise ValueError(f"layers must name at least one layer in [0, {L}], got none")
+    return sorted(set(out))
+
+
+def pad_by_batch(x: Tensor, batch: Tensor | None, num_graphs: int | None = None) -> tuple[Tensor, Tensor]:
+    r"""Pad node rows into one padded "sequence" per graph (like PyG's ``to_dense_batch``).
+
+    Node ``n`` of graph ``g = batch[n]`` goes to row ``g``, position ``n - ptr[g]`` where
+    ``ptr[g]`` is the first node of graph ``g``; ``batch`` must be sorted (PyG batches are), so
+    each graph's valid positions are a prefix ``0 .. N_g - 1`` in node order.
+
+    Args:
+        x: node rows.
+        batch: graph id of each node, sorted; ``None`` means one graph.
+        num_graphs: number of graphs ``G`` (default ``batch.max() + 1``).
+
+    Shapes:
+        x: ``(N, *F)``; batch: ``(N,)`` -> padded ``(G, N_max, *F)`` (zeros) and mask
+        ``(G, N_max)`` bool (True = a node).
+
+    Examples:
+        >>> x = torch.tensor([[1.0], [2.0], [3.0]])
+        >>> padded, mask = pad_by_batch(x, torch.tensor([0, 0, 1]))
+        >>> padded[..., 0], mask
+        (tensor([[1., 2.],
+                [3., 0.]]), tensor([[ True,  True],
+                [ True, False]]))
+    """
+    if not isinstance(x, Tensor) or x.ndim < 1:
+        raise ValueError(f"x must be a tensor of node rows (N, ...), got {getattr(x, 'shape', type(x).__name__)}")
+    N = x.shape[0]
+    if batch is None:
+        return x.unsqueeze(0), torch.ones(1, N, dtype=torch.bool, device=x.device)
+    if not isinstance(batch, Tensor) or batch.shape != (N,) or batch.is_floating_point():
+        raise ValueError(f"batch must be an integer tensor of shape ({N},), got {getattr(batch, 'shape', batch)!r}")
+    if N > 1 and bool((batch[1:] < batch[:-1]).any()):
+        raise ValueError("batch must be sorted (nodes of each graph contiguous, as in a PyG Batch)")
+    G = int(batch.max()) + 1 if num_graphs is None and N > 0 else (num_graphs or 0)
+    counts = torch.bincount(batch, minlength=G)  # (G,)
+    ptr = torch.cumsum(counts, 0) - counts  # first node of each graph
+    pos = torch.arange(N, device=x.device) - ptr[batch]
+    n_max = int(counts.max()) if G > 0 else 0
+    padded = x.new_zeros((G, n_max, *x.shape[1:]))
+    padded[batch, pos] = x
+    mask = torch.zeros(G, n_max, dtype=torch.bool, device=x.device)
+    mask[batch, pos] = True
+    return padded, mask
+
+
+def _is_graph_batch(obj: Any) -> bool:
+    return hasattr(obj, "x") and hasattr(obj, "edge_index") and not isinstance(obj, Tensor)
+
+
+def _num_graphs(obj: Any) -> int:
+    n = getattr(obj, "num_graphs", None)
+    return int(n) if n is not None else 1
+
+
+def _num_sequences(inputs: Any) -> int:
+    if isinstance(inputs, Tensor):
+        return int(inputs.shape[0])
+    if _is_graph_batch(inputs):
+        return _num_graphs(inputs)
+    if isinstance(inputs, (tuple, list)) and inputs and isinstance(inputs[0], Tensor):
+        return int(inputs[0].shape[0])
+    raise TypeError(
+        "each batch must be a tensor, a tuple of tensors (model(*inputs)) or a PyG Data/Batch, optionally paired "
+        f"with labels as (inputs, labels); got {type(inputs).__name__}"
+    )
+
+
+def _per_node(labels: Tensor, inputs: Any) -> bool:
+    """Whether ``labels`` of a graph batch hold one value per node (else one per graph)."""
+    return int(labels.shape[0]) == int(inputs.num_nodes) and int(inputs.num_nodes) != _num_graphs(inputs)
+
+
+def _head(inputs: Any, labels: Tensor | None, k: int) -> tuple[Any, Tensor | None]:
+    """The first ``k`` sequences (graphs) of a batch and their labels."""
+    if isinstance(inputs, Tensor):
+        return inputs[:k], None if labels is None else labels[:k]
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(t[:k] for t in inputs), None if labels is None else labels[:k]
+    from torch_geometric.data import Batch
+
+    graphs = inputs.to_data_list()[:k]
+    if labels is not None:
+        labels = labels[inputs.batch < k] if _per_node(labels, inputs) else labels[:k]
+    return Batch.from_data_list(graphs), labels
+
+
+def _to_device(inputs: Any, device: torch.device | None) -> Any:
+    if device is None:
+        return inputs
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(t.to(device) for t in inputs)
+    return inputs.to(device)
+
+
+def _split_item(item: Any) -> tuple[Any, Tensor | None]:
+    """``(inputs, labels)`` of one batch: a 2-tuple/list is always ``(inputs, labels)``."""
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        inputs, labels = item
+        if labels is not None and not isinstance(labels, Tensor):
+            raise TypeError(
+                f"a 2-tuple batch is read as (inputs, labels); labels must be a tensor or None, got "
+                f"{type(labels).__name__} (for model(a, b) without labels pass ((a, b), None))"
+            )
+        return inputs, labels
+    return item, None
+
+
+def _default_forward(model: nn.Module, inputs: Any) -> Any:
+    if _is_graph_batch(inputs):
+        return model(inputs.x, inputs.edge_index, getattr(inputs, "batch", None))
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _split_block_call(
+    block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Tensor, dict[str, Any], Tensor | None]:
+    """``(x, attention kwargs, batch)`` of one block call, by the block's forward signature.
+
+    The first argument is the token/node input; ``edge_index`` (graph blocks) and any
+    ``**kwargs`` (dense blocks: ``key_padding_mask``, ``attn_mask``, ``graph``) go to the
+    attention; ``batch`` is the graph id per node.
+    """
+    sig = inspect.signature(block.forward)
+    bound = sig.bind(*args, **kwargs)
+    names = list(bound.arguments)
+    x = bound.arguments[names[0]]
+    attn_kwargs: dict[str, Any] = {}
+    for name in names[1:]:
+        param = sig.parameters[name]
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            attn_kwargs.update(bound.arguments[name])
+        elif name == "edge_index":
+            attn_kwargs["edge_index"] = bound.arguments[name]
+    batch = bound.arguments.get("batch")
+    return x, attn_kwargs, batch
+
+
+# ----------------------------------------------------------------------------------------
+# Recording one forward pass
+# ----------------------------------------------------------------------------------------
+
+
+class LayerRecorder:
+    r"""Context manager that records the residual stream ``X^(l)`` of every forward pass.
+
+    Registers a forward pre-hook on ``model.blocks[0]`` (embeddings ``X^(0)``, and the
+    attention of block 0) and forward hooks on the blocks whose outputs are wanted; all
+    hooks are removed on exit, also when the body raises. After each forward pass,
+    ``states[l]`` holds ``X^(l)`` of that pass (detached, on the model's device, as the block
+    saw it: ``(B, T, D)`` dense or ``(N, D)`` nodes), ``batch`` the graph id per node of a graph
+    model (``None`` for dense models or one graph), and ``attentions[i]`` the
+    :class:`~diffusionformer.nn.attention.AttentionIntermediates` of block ``i`` (when
+    ``attentions=True``: recomputed from the block's input, for every block ``i`` whose output
+    ``i + 1`` is recorded). A later pass overwrites the earlier one.
+
+    Args:
+        model: a model with ``model.blocks`` (``nn.ModuleList``).
+        layers: residual-stream indices to record, ``0..L`` (default: all).
+        attentions: also recompute each recorded block's attention weights.
+
+    Examples:
+        >>> from diffusionformer.models import DiffusionGPT, GPTConfig
+        >>> gpt = DiffusionGPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
+        >>> with LayerRecorder(gpt, attentions=True) as rec:
+        ...     _ = gpt(torch.randint(0, 11, (3, 8)))
+        >>> sorted(rec.states), rec.states[2].shape, rec.attentions[1].attn_weights.shape
+        ([0, 1, 2], torch.Size([3, 8, 16]), torch.Size([3, 2, 8, 8]))
+        >>> len(gpt.blocks[0]._forward_hooks), len(gpt.blocks[0]._forward_pre_hooks)
+        (0, 0)
+    """
+
+    def __init__(self, model: nn.Module, layers: Iterable[int] | None = None, attentions: bool = False) -> None:
+        self.blocks = _blocks(model)
+        L = len(self.blocks)
+        self.num_blocks = L
+        self.layers = _check_layers(layers, L)
+        if not isinstance(attentions, bool):
+            raise TypeError(f"attentions must be a bool, got {type(attentions).__name__}")
+        self.attention_blocks = [layer - 1 for layer in self.layers if layer >= 1] if attentions else []
+        for i in self.attention_blocks:
+            block = self.blocks[i]
+            if not all(isinstance(getattr(block, name, None), nn.Module) for name in ("attn", "norm1")):
+                raise TypeError(
+                    f"attentions=True needs blocks with `attn` (DiffusionAttention) and `norm1` (pre-norm); "
+                    f"block {i} is a {type(block).__name__}"
+                )
+        self.compute_attentions = True  #: switch the recomputation off (and on) between passes
+        self.states: dict[int, Tensor] = {}
+        self.attentions: dict[int, Any] = {}
+        self.batch: Tensor | None = None
+        self._handles: list[Any] = []
+
+    def clear(self) -> None:
+        """Forget the recorded pass."""
+        self.states, self.attentions, self.batch = {}, {}, None
+
+    def _pre_hook(self, i: int) -> Callable[..., None]:
+        def hook(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            x, attn_kwargs, batch = _split_block_call(block, args, kwargs)
+            if i == 0:
+                self.batch = None if batch is None else batch.detach()
+                if 0 in self.layers:
+                    self.states[0] = x.detach()
+            if i in self.attention_blocks and self.compute_attentions:
+                _, inter = block.attn(block.norm1(x), **attn_kwargs, return_intermediates=True)
+                self.attentions[i] = inter
+
+        return hook
+
+    def _post_hook(self, i: int) -> Callable[..., None]:
+        def hook(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if not isinstance(output, Tensor):
+                raise TypeError(f"block {i} returned {type(output).__name__}; capture expects a tensor")
+            self.states[i + 1] = output.detach()
+
+        return hook
+
+    def __enter__(self) -> "LayerRecorder":
+        self.clear()
+        try:
+            for i, block in enumerate(self.blocks):
+                if i == 0 or i in self.attention_blocks:
+                    self._handles.append(block.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))
+                if i + 1 in self.layers:
+                    self._handles.append(block.register_forward_hook(self._post_hook(i), with_kwargs=True))
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def remove(self) -> None:
+        """Remove every hook this recorder registered (idempotent)."""
+        while self._handles:
+            self._handles.pop().remove()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+# ----------------------------------------------------------------------------------------
+# Captures over a dataset
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class LayerCapture:
+    r"""Token representations per layer of up to ``max_examples`` sequences (CPU, float32).
+
+    Attributes:
+        states: residual-stream index ``l`` (0 = embeddings, ``l`` = after block ``l - 1``) ->
+            tokens ``(B, T, D)``; graphs are padded per graph (see ``mask``).
+        mask: ``(B, T)`` bool, True = a real token; valid tokens are a prefix of each row.
+            ``None`` when nothing is padded.
+        labels: one label per sequence ``(B,)`` (e.g. image class, graph class) or per token
+            ``(B, T)`` (e.g. next token of a language model, node class), ``-100`` where there
+            is none (and at padding). ``None`` when the batches carried no labels.
+        attentions: block index ``i`` -> the attention weights of block ``i`` for the first
+            ``A`` sequences: ``(A, H, T, T)`` dense (rows sum to 1 over real tokens), or
+            ``(E, H)`` per edge for graph blocks (see ``attention_edges``). ``None`` when not
+            captured.
+        attention_edges: block index -> ``(2, E)`` edges ``(source j, target i)`` of the sparse
+            weights, indexing the valid tokens of the first ``A`` sequences in row-major order
+            (``states[l][mask]``); ``None`` for dense models.
+        outputs: the model's outputs (the first tensor of a tuple output), concatenated along
+            dim 0: ``(B, C)`` logits per sequence, ``(B, T, V)`` per token, or ``(N, C)`` per node.
+            ``None`` unless asked for.
+        extra: free-form information (number of batches, model class).
+    """
+
+    states: dict[int, Tensor]
+    mask: Tensor | None = None
+    labels: Tensor | None = None
+    attentions: dict[int, Tensor] | None = None
+    attention_edges: dict[int, Tensor] | None = None
+    outputs: Tensor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def layers(self) -> list[int]:
+        """Captured residual-stream indices, ascending."""
+        return sorted(self.states)
+
+    @property
+    def embeddings(self) -> Tensor | None:
+        """``X^(0)``, the tokens entering the first block (``None`` if layer 0 was not captured)."""
+        return self.states.get(0)
+
+    @property
+    def hidden_states(self) -> list[Tensor]:
+        """``X^(l)`` for the captured ``l >= 1``, in order (all blocks' outputs by default)."""
+        return [self.states[layer] for layer in self.layers if layer >= 1]
+
+    @property
+    def num_examples(self) -> int:
+        """Number of sequences (graphs) ``B``."""
+        return int(next(iter(self.states.values())).shape[0])
+
+    @property
+    def num_attention_examples(self) -> int:
+        """Number ``A`` of leading sequences whose attention weights are kept (0 if none)."""
+        return int(self.extra.get("num_attention_examples", 0)) if self.attentions else 0
+
+    def lengths(self) -> Tensor:
+        """Number of real tokens per sequence, ``(B,)``."""
+        B, T = self.states[self.layers[0]].shape[:2]
+        return self.mask.sum(dim=1) if self.mask is not None else torch.full((B,), T, dtype=torch.long)
+
+    def drop_prefix(self, k: int) -> "LayerCapture":
+        """A view without the first ``k`` tokens of each sequence (e.g. a ViT's class token).
+
+        Dense attention weights are restricted to the remaining tokens (rows then sum to at
+        most 1); captures with sparse attention or padding cannot drop tokens.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"k must be a non-negative int, got {k!r}")
+        if k == 0:
+            return self
+        if self.mask is not None or self.attention_edges:
+            raise ValueError("drop_prefix needs dense, unpadded tokens (a ViT/GPT capture), got a padded/graph capture")
+        labels = self.labels
+        if labels is not None and labels.ndim == 2:
+            labels = labels[:, k:]
+        attentions = None if self.attentions is None else {i: P[..., k:, k:] for i, P in self.attentions.items()}
+        return LayerCapture({l: x[:, k:] for l, x in self.states.items()}, None, labels, attentions, None,
+                            self.outputs, {**self.extra, "dropped_prefix": k})
+
+
+def _collect_labels(labels: Tensor | None, inputs: Any, is_graph: bool, batch: Tensor | None, G: int) -> Tensor | None:
+    if labels is None:
+        return None
+    if not isinstance(labels, Tensor):
+        raise TypeError(f"labels must be a tensor, got {type(labels).__name__}")
+    labels = labels.detach()
+    if is_graph and labels.ndim == 1 and _per_node(labels, inputs):
+        padded, _ = pad_by_batch(labels.to(batch.device if batch is not None else labels.device), batch, G)
+        mask = pad_by_batch(labels.new_ones(labels.shape, dtype=torch.bool), batch, G)[0]
+        return padded.masked_fill(~mask, IGNORE_INDEX).cpu()
+    return labels.cpu()
+
+
+def _pad_seq(t: Tensor, T: int, dim: int, value: float = 0.0) -> Tensor:
+    extra = T - t.shape[dim]
+    if extra == 0:
+        return t
+    pad = [0, 0] * (t.ndim - 1 - dim) + [0, extra]
+    return torch.nn.functional.pad(t, pad, value=value)
+
+
+class _Collector:
+    """Moves each recorded pass to the CPU (float32) and concatenates the passes at the end."""
+
+    def __init__(self, recorder: LayerRecorder, max_attention_examples: int, keep_outputs: bool) -> None:
+        self.recorder = recorder
+        self.max_attention = max_attention_examples
+        self.keep_outputs = keep_outputs
+        self.states: dict[int, list[Tensor]] = {layer: [] for layer in recorder.layers}
+        self.masks: list[Tensor | None] = []
+        self.labels: list[Tensor | None] = []
+        self.attn: dict[int, list[Tensor]] = {i: [] for i in recorder.attention_blocks}
+        self.edges: dict[int, list[Tensor]] = {i: [] for i in recorder.attention_blocks}
+        self.outputs: list[Tensor] = []
+        self.num_attention = self.num_nodes = self.num_batches = 0
+
+    def add(self, inputs: Any, labels: Tensor | None, out: Any, n: int) -> None:
+        rec = self.recorder
+        self.num_batches += 1
+        missing = [layer for layer in rec.layers if layer not in rec.states]
+        if missing:
+            raise RuntimeError(f"layers {missing} were not recorded: did the forward call run model.blocks?")
+        is_graph = any(x.ndim == 2 for x in rec.states.values())
+        mask = None
+        for layer in rec.layers:
+            x = rec.states[layer]
+            if is_graph:
+                x, mask = pad_by_batch(x, rec.batch, n)
+            self.states[layer].append(x.to(device="cpu", dtype=torch.float32))
+        self.masks.append(None if mask is None else mask.cpu())
+        self.labels.append(_collect_labels(labels, inputs, is_graph, rec.batch, n))
+        a = min(n, self.max_attention - self.num_attention)
+        if a > 0 and rec.attention_blocks:
+            kept_nodes = int(mask[:a].sum()) if mask is not None else 0
+            for i in rec.attention_blocks:
+                inter = rec.attentions[i]
+                w = inter.attn_weights.detach().to(device="cpu", dtype=torch.float32)
+                if inter.edge_index is None:  # dense (B, H, T, T)
+                    self.attn[i].append(w[:a])
+                else:  # sparse (E, H): edges among the nodes of the first `a` graphs
+                    ei = inter.edge_index.detach().cpu()
+                    keep = (ei[1] < kept_nodes) & (ei[0] < kept_nodes)
+                    self.attn[i].append(w[keep])
+                    self.edges[i].append(ei[:, keep] + self.num_nodes)
+            self.num_attention += a
+            rec.compute_attentions = self.num_attention < self.max_attention  # no recomputation once full
+        if mask is not None:
+            self.num_nodes += int(mask.sum())
+        if self.keep_outputs:
+            o = out[0] if isinstance(out, (tuple, list)) else out
+            if not isinstance(o, Tensor):
+                raise TypeError(f"keep_outputs needs a tensor output, got {type(o).__name__}")
+            self.outputs.append(o.detach().to(device="cpu", dtype=torch.float32))
+
+    def finish(self, model_name: str) -> LayerCapture:
+        first = self.states[self.recorder.layers[0]]
+        T = max(x.shape[1] for x in first)
+        mask: Tensor | None = None
+        if any(m is not None for m in self.masks) or any(x.shape[1] != T for x in first):
+            parts = [torch.ones(x.shape[:2], dtype=torch.bool) if m is None else m for m, x in zip(self.masks, first)]
+            mask = torch.cat([_pad_seq(m, T, 1, False) for m in parts])
+            mask = None if bool(mask.all()) else mask
+        states = {layer: torch.cat([_pad_seq(x, T, 1) for x in xs]) for layer, xs in self.states.items()}
+        labels: Tensor | None = None
+        if any(lab is not None for lab in self.labels):
+            if any(lab is None for lab in self.labels):
+                raise ValueError("either every batch carries labels or none does")
+            labels = torch.cat([_pad_seq(lab, T, 1, IGNORE_INDEX) if lab.ndim == 2 else lab  # type: ignore[union-attr]
+                                for lab in self.labels])  # type: ignore[misc]
+        attentions = edges = None
+        if self.num_attention > 0:
+            if any(self.edges.values()):
+                attentions = {i: torch.cat(p) for i, p in self.attn.items()}
+                edges = {i: torch.cat(p, dim=1) for i, p in self.edges.items()}
+            else:
+                attentions = {i: torch.cat([_pad_seq(_pad_seq(P, T, 2), T, 3) for P in p])
+                              for i, p in self.attn.items()}
+        extra = {"num_batches": self.num_batches, "model": model_name, "num_attention_examples": self.num_attention}
+        outputs = torch.cat(self.outputs) if self.keep_outputs else None
+        return LayerCapture(states, mask, labels, attentions, edges, outputs, extra)
+
+
+def capture_dataset(
+    model: nn.Module,
+    batches: Iterable[Any],
+    *,
+    layers: Iterable[int] | None = None,
+    max_examples: int = 512,
+    attentions: bool = False,
+    max_attention_examples: int = 64,
+    keep_outputs: bool = False,
+    forward: Callable[[nn.Module, Any], Any] | None = None,
+    device: str | torch.device | None = None,
+) -> LayerCapture:
+    r"""Stream ``batches`` through ``model`` and keep the residual stream of the first sequences.
+
+    Memory bound: the raw tokens of at most ``max_examples`` sequences (graphs) are kept,
+    on the CPU in float32, i.e. ``max_examples * T * D * len(layers) * 4`` bytes, plus dense
+    attention maps of at most ``max_attention_examples`` sequences
+    (``A * H * T^2 * 4`` bytes per block). Iteration stops as soon as ``max_examples`` sequences
+    are captured (no further batch is drawn), and the last batch is cut to fit before it
+    runs. The model runs under ``torch.no_grad()`` in eval mode; its training mode is
+    restored and all hooks are removed afterwards (also on error).
+
+    Each batch is ``inputs`` or ``(inputs, labels)`` (a 2-tuple is always read as the latter:
+    write ``((a, b), None)`` for ``model(a, b)`` without labels):
+
+    - ``inputs`` a tensor (``model(inputs)``: images for a ViT, token ids for a GPT), a tuple of
+      tensors (``model(*inputs)``) or a PyG ``Data``/``Batch``
+      (``model(b.x, b.edge_index, b.batch)``); pass ``forward(model, inputs)`` to call differently;
+    - ``labels`` one per sequence ``(B,)``, per token ``(B, T)`` (``-100`` = none), or, for graph
+      batches, per graph ``(G,)`` or per node ``(N,)`` (padded like the nodes).
+
+    Args:
+        model: a model with ``model.blocks`` (ViT, GPT, graph transformer, or any such).
+        batches: an iterable of batches (consumed lazily).
+        layers: residual-stream indices to keep, ``0..L`` (default: all ``L + 1``).
+        max_examples: number of sequences to keep (``>= 1``).
+        attentions: also keep each captured block's attention weights.
+        max_attention_examples: number of leading sequences whose attention weights are kept
+            (``0``: none, and ``attentions`` of the result is ``None``).
+        keep_outputs: also keep the model outputs (e.g. logits, for predictions).
+        forward: ``forward(model, inputs) -> output``; default as described above.
+        device: where to run (inputs are moved there; the model is not moved).
+
+    Returns:
+        A :class:`LayerCapture`.
+
+    Shapes:
+        dense states ``(B, T, D)``; graph states ``(G, N_max, D)`` with ``mask`` ``(G, N_max)``.
+
+    Examples:
+        >>> from diffusionformer.models import DiffusionViT, ViTConfig
+        >>> vit = DiffusionViT(ViTConfig(input_size=(8, 8), patch_size=4, dim=8, depth=2, num_heads=2))
+        >>> batches = [(torch.randn(3, 1, 8, 8), torch.tensor([0, 1, 2]))] * 4
+        >>> cap = capture_dataset(vit, batches, max_examples=5, attentions=True, max_attention_examples=2)
+        >>> cap.layers, cap.states[2].shape, cap.labels.tolist(), cap.attentions[0].shape
+        ([0, 1, 2], torch.Size([5, 5, 8]), [0, 1, 2, 0, 1], torch.Size([2, 2, 5, 5]))
+    """
+    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
+        raise ValueError(f"max_examples must be a positive int, got {max_examples!r}")
+    if (isinstance(max_attention_examples, bool) or not isinstance(max_attention_examples, int)
+            or max_attention_examples < 0):
+        raise ValueError(f"max_attention_examples must be a non-negative int, got {max_attention_examples!r}")
+    run = forward if forward is not None else _default_forward
+    dev = None if device is None else torch.device(device)
+    recorder = LayerRecorder(model, layers, attentions)
+    recorder.compute_attentions = max_attention_examples > 0
+    collector = _Collector(recorder, max_attention_examples, keep_outputs)
+    count = 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), recorder:
+            for item in batches:
+                inputs, labels = _split_item(item)
+                n = _num_sequences(inputs)
+                if n == 0:
+                    continue
+                if n > max_examples - count:
+                    n = max_examples - count
+                    inputs, labels = _head(inputs, labels, n)
+                inputs = _to_device(inputs, dev)
+                recorder.clear()
+                out = run(model, inputs)
+                collector.add(inputs, labels, out, n)
+                count += n
+                if count >= max_examples:
+                    break
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise ValueError("capture_dataset got no examples: `batches` was empty")
+    return collector.finish(type(model).__name__)
+

@@ -1,0 +1,517 @@
+"""Token-geometry analysis of a finished comparison: ``python -m diffusionformer.experiments analyze CONFIG``.
+
+For every finished run of ``<out>/<name>/runs/<task>/<operator>/seed<k>/`` the model is rebuilt
+exactly as the runner built it (:func:`~diffusionformer.experiments.runner.build_model`), its
+weights are loaded from ``checkpoint.pt`` (``weights_only=True``), and the residual stream of
+held-out data (the ``test`` split of the same dataset with the same ``data_seed``; seeded
+windows of the ``val`` stream for text) is captured layer by layer
+(:func:`~diffusionformer.analysis.capture_dataset`) and measured
+(:func:`~diffusionformer.analysis.layer_reports`). Written under ``<out>/<name>/analysis/``::
+
+    metrics.json                     per task / operator / seed / layer, and mean ± std over seeds
+    README.md                        first vs last layer per operator setting, one table per task
+    plots/<task>_smoothing.png       variance, variance ratio, Dirichlet energy (complete graph and
+                                     attention graph) by depth, one line per operator setting
+    plots/<task>_spectra.png         last-layer token spectra; effective rank and power-law exponent by depth
+    plots/<task>_collapse.png        Neural Collapse / ANOVA (classification) or next-token NC1 and
+                                     linear probe (language models) by depth
+    plots/<task>_pca_maps.png        PCA maps of patch tokens for a few held-out images (image tasks)
+    plots/<task>_frequency_response.png  f(lambda) of every head of the last block, per setting
+    plots/<task>_learned_operators.png   learned diffusion times / coefficients per layer and head
+
+Layer ``0`` is the embedding output (the input of block 0); layer ``l`` the residual stream
+after block ``l - 1``. For a ViT the class token is left out (patch tokens only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from diffusionformer.analysis.capture import IGNORE_INDEX, capture_dataset
+from diffusionformer.analysis.report import layer_reports
+from diffusionformer.data import load_dataset
+from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
+from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
+from diffusionformer.experiments.runner import build_model, run_dir
+from diffusionformer.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from diffusionformer.train.metrics import write_json_atomic
+
+__all__ = ["analyze_experiment", "analyze_run"]
+
+_TEXT_SEED = 1234  # the same held-out windows for every run
+_PCA_IMAGES = 4
+_RUN_HINT = "run `python -m diffusionformer.experiments run CONFIG` first (with the same config and --out)"
+
+
+# ----------------------------------------------------------------------------- runs on disk
+def _run_state(rdir: Path) -> str:
+    """``"completed"``, ``"unfinished"`` (started, not completed) or ``"missing"``."""
+    summary = rdir / "summary.json"
+    if summary.is_file():
+        try:
+            status = json.loads(summary.read_text()).get("status")
+        except json.JSONDecodeError:
+            status = None
+        if status == "completed":
+            if not (rdir / CHECKPOINT_NAME).is_file():
+                raise FileNotFoundError(
+                    f"run {rdir} is marked completed but its checkpoint {rdir / CHECKPOINT_NAME} is missing; "
+                    f"{_RUN_HINT.replace('first', 'again with --restart')}"
+                )
+            return "completed"
+    return "unfinished" if rdir.is_dir() else "missing"
+
+
+_Run = tuple[TaskConfig, OperatorSetting, int, Path]
+
+
+def _find_runs(out: Path, config: ExperimentConfig) -> tuple[list[_Run], list[str]]:
+    runs_root = out / "runs"
+    if not runs_root.is_dir():
+        raise FileNotFoundError(f"no runs of experiment {config.name!r}: {runs_root} does not exist; {_RUN_HINT}")
+    done, missing, skipped = [], [], []
+    for task in config.tasks:
+        for setting in config.operators:
+            for seed in config.seeds:
+                rdir = run_dir(out, task.name, setting.name, seed)
+                state = _run_state(rdir)
+                if state == "completed":
+                    done.append((task, setting, seed, rdir))
+                elif state == "missing":
+                    missing.append(str(rdir / CHECKPOINT_NAME))
+                else:
+                    skipped.append(str(rdir))
+                    warnings.warn(f"run {rdir} is not finished (no completed summary.json); skipping it",
+                                  RuntimeWarning, stacklevel=3)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise FileNotFoundError(f"{len(missing)} run(s) of {config.name!r} have no checkpoint: {shown}; {_RUN_HINT}")
+    if not done:
+        raise FileNotFoundError(f"no finished run of {config.name!r} under {runs_root} to analyse; {_RUN_HINT}")
+    return done, skipped
+
+
+# ----------------------------------------------------------------------------- held-out data
+def _heldout(
+    data: Any, model: torch.nn.Module, split: str, max_examples: int, batch_size: int
+) -> tuple[list[Any], dict[str, Any]]:
+    """Batches of held-out data for ``capture_dataset`` and a description of them."""
+    if isinstance(data, ClassificationData):
+        x, y = data.split(split)
+        n = min(x.shape[0], max_examples)
+        batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, n, batch_size)]
+        return batches, {"split": split, "labels": "class per sequence"}
+    if isinstance(data, SequenceTaskData):
+        x, y = data.split(split)
+        n = min(x.shape[0], max_examples)
+        batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, n, batch_size)]
+        return batches, {"split": split, "labels": "target token per position (-100 = none)"}
+    if isinstance(data, TextData):
+        block = int(model.config.block_size)  # type: ignore[union-attr]
+        g = torch.Generator().manual_seed(_TEXT_SEED)
+        batches = []
+        for start in range(0, max_examples, batch_size):
+            batches.append(data.get_batch("val", min(batch_size, max_examples - start), block, g))
+        return batches, {"split": "val", "labels": "next token", "windows": f"seeded random windows of {block} tokens"}
+    if isinstance(data, NodeData):
+        d = data.data
+        labels = d.y.masked_fill(~getattr(d, f"{split}_mask"), IGNORE_INDEX)
+        return [(d, labels)], {"split": split, "labels": f"node class ({split} nodes)"}
+    if isinstance(data, GraphSetData):
+        from torch_geometric.data import Batch
+
+        graphs = list(data.split(split))[:max_examples]
+        batches = []
+        for i in range(0, len(graphs), batch_size):
+            b = Batch.from_data_list(graphs[i : i + batch_size])
+            batches.append((b, b.y.view(-1)))
+        return batches, {"split": split, "labels": "class per graph"}
+    raise TypeError(f"no held-out data for {type(data).__name__}")
+
+
+# ----------------------------------------------------------------------------- one run
+def analyze_run(
+    model: torch.nn.Module,
+    data: Any,
+    *,
+    split: str = "test",
+    max_examples: int = 512,
+    max_attention_examples: int = 64,
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """Per-layer token-geometry metrics of one trained model on held-out data.
+
+    Args:
+        model: a trained ViT, GPT or graph transformer (moved to ``device``).
+        data: the task's dataset container (``load_dataset`` output).
+        split: ``"test"`` or ``"val"`` (text corpora only have ``val``).
+        max_examples: held-out sequences (graphs) to analyse.
+        max_attention_examples: of those, how many keep their attention maps.
+        batch_size: sequences per forward pass.
+        device: where the model runs.
+
+    Returns:
+        ``{"layers": [{"layer": l, metric: value, ...}], "spectra": [[s_1, ...] per layer],
+        "coefficients": [(H, K+1) per block], "pca_rgb": tensor or None, "info": {...}}``.
+    """
+    model = model.to(device).eval()
+    batches, info = _heldout(data, model, split, max_examples, batch_size)
+    is_seq_cls = isinstance(data, (ClassificationData, GraphSetData))
+    cap = capture_dataset(model, batches, max_examples=max_examples, attentions=True,
+                          max_attention_examples=max_attention_examples, keep_outputs=is_seq_cls, device=device)
+    prefix = int(getattr(model, "num_prefix", 0) or 0)
+    if prefix:
+        cap = cap.drop_prefix(prefix)
+        info["tokens"] = f"patch tokens ({prefix} class token dropped)"
+    predictions = cap.outputs.argmax(dim=-1) if is_seq_cls and cap.outputs is not None else None
+    if predictions is not None and cap.labels is not None:
+        # cross-checks with the run's own evaluation (same numbers when all of the split is analysed)
+        info["accuracy"] = int((predictions == cap.labels).sum()) / cap.num_examples
+        info["loss"] = float(torch.nn.functional.cross_entropy(cap.outputs.double(), cap.labels))
+    reports = layer_reports(cap, predictions=predictions)
+    info.update(num_examples=cap.num_examples, num_attention_examples=cap.num_attention_examples,
+                tokens_per_sequence=int(cap.states[0].shape[1]))
+    return {
+        "layers": [{"layer": r.layer, **r.metrics} for r in reports],
+        "spectra": [r.singular_values.tolist() for r in reports],
+        "coefficients": [blk.attn.coefficients().detach().cpu().tolist()  # type: ignore[union-attr]
+                         for blk in model.blocks],  # type: ignore[union-attr]
+        "pca_rgb": _pca_rgb(model, data, split, device),
+        "info": info,
+    }
+
+
+@torch.no_grad()
+def _pca_rgb(model: torch.nn.Module, data: Any, split: str, device: str | torch.device) -> torch.Tensor | None:
+    from diffusionformer.analysis import pca_token_rgb
+
+    grid = getattr(getattr(model, "config", None), "grid_size", None)
+    if not (isinstance(data, ClassificationData) and data.kind == "image" and hasattr(model, "forward_patch_tokens")
+            and grid is not None and len(grid) == 2):
+        return None
+    images = data.split(split)[0][:_PCA_IMAGES].to(device)
+    tokens = model.forward_patch_tokens(images).float().cpu()  # type: ignore[operator]
+    return pca_token_rgb(tokens, tuple(int(g) for g in grid))
+
+
+# ----------------------------------------------------------------------------- aggregation
+def _summary(per_seed: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Mean, sample std (0 for one seed) and count over seeds, per layer and metric."""
+    rows = []
+    for layer_rows in zip(*per_seed):
+        row: dict[str, Any] = {"layer": layer_rows[0]["layer"]}
+        for key in layer_rows[0]:
+            if key == "layer":
+                continue
+            vals = [float(r[key]) for r in layer_rows if r.get(key) is not None and math.isfinite(float(r[key]))]
+            row[key] = {
+                "mean": statistics.fmean(vals) if vals else None,
+                "std": (statistics.stdev(vals) if len(vals) > 1 else 0.0) if vals else None,
+                "n": len(vals),
+            }
+        rows.append(row)
+    return rows
+
+
+def _means(summary: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    mean = [r[key]["mean"] if r.get(key) and r[key]["mean"] is not None else math.nan for r in summary]
+    std = [r[key]["std"] if r.get(key) and r[key]["std"] is not None else math.nan for r in summary]
+    return mean, std
+
+
+# ----------------------------------------------------------------------------- entry point
+def analyze_experiment(
+    config: ExperimentConfig,
+    out_root: str | Path = "results",
+    *,
+    data_root: str | None = None,
+    max_examples: int = 512,
+    device: str | torch.device | None = None,
+    split: str = "test",
+    max_attention_examples: int = 64,
+    progress: bool = True,
+    plots: bool = True,
+) -> dict[str, Any]:
+    """Analyse every finished run of ``config`` and write ``<out_root>/<name>/analysis/``.
+
+    Args:
+        config: the experiment that was run.
+        out_root: the results root given to ``run`` (``--out``).
+        data_root: data root for datasets that need one (else ``$DIFFUSIONFORMER_DATA``).
+        max_examples: held-out sequences (graphs) per run.
+        device: where models run (default: CUDA if available, else CPU).
+        split: held-out split, ``"test"`` or ``"val"`` (text corpora always use ``val``).
+        max_attention_examples: sequences per run whose attention maps are kept (attention-graph
+            Dirichlet energy).
+        progress: show a progress bar over runs.
+        plots: write the figures (needs matplotlib; skipped with a warning without it).
+
+    Returns:
+        The content of ``metrics.json``.
+
+    Raises:
+        FileNotFoundError: the runs (or a finished run's checkpoint) are missing; the message
+            names the path and says to run the comparison first. Unfinished runs are skipped
+            with a ``RuntimeWarning``.
+    """
+    if not isinstance(config, ExperimentConfig):
+        raise TypeError(f"config must be an ExperimentConfig (load_experiment_config), got {type(config).__name__}")
+    if split not in ("test", "val"):
+        raise ValueError(f"split must be 'test' or 'val', got {split!r}")
+    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
+        raise ValueError(f"max_examples must be a positive int, got {max_examples!r}")
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out = Path(out_root) / config.name
+    runs, skipped = _find_runs(out, config)
+    result: dict[str, Any] = {
+        "experiment": config.name,
+        "split": split,
+        "max_examples": max_examples,
+        "max_attention_examples": max_attention_examples,
+        "layer_index": "0 = embeddings (input of block 0); l = residual stream after block l-1",
+        "skipped_runs": skipped,
+        "tasks": {},
+    }
+    pca: dict[str, dict[str, torch.Tensor]] = {}
+    spectra: dict[str, dict[str, list[list[list[float]]]]] = {}
+    images: dict[str, torch.Tensor] = {}
+    bar = tqdm(total=len(runs), desc=f"analyze {config.name}", unit="run", disable=not progress, dynamic_ncols=True)
+    try:
+        for task in config.tasks:
+            task_runs = [r for r in runs if r[0] is task]
+            if not task_runs:
+                continue
+            data = load_dataset(task.dataset, root=data_root, seed=task.data_seed, **task.dataset_options)
+            entry: dict[str, Any] = {"dataset": task.dataset, "model": task.model, "kind": data.kind, "operators": {}}
+            result["tasks"][task.name] = entry
+            for _, setting, seed, rdir in task_runs:
+                bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
+                model = build_model(task, setting, data)
+                payload = load_checkpoint(rdir / CHECKPOINT_NAME)
+                model.load_state_dict(payload["model"])
+                res = analyze_run(model, data, split=split, max_examples=max_examples,
+                                  max_attention_examples=max_attention_examples,
+                                  batch_size=min(task.eval_batch_size, 256), device=dev)
+                accuracy, loss = res["info"].pop("accuracy", None), res["info"].pop("loss", None)
+                entry.update(res["info"])
+                op = entry["operators"].setdefault(setting.name, {"seeds": {}})
+                learned_path = rdir / "learned_operators.json"
+                op["seeds"][str(seed)] = {
+                    "checkpoint": str(rdir / CHECKPOINT_NAME),
+                    "step": payload["step"],
+                    "heldout_accuracy": accuracy,
+                    "heldout_loss": loss,
+                    "layers": res["layers"],
+                    "coefficients": res["coefficients"],
+                    "learned_operators": json.loads(learned_path.read_text()) if learned_path.is_file() else {},
+                    "singular_values_last_layer": res["spectra"][-1],
+                }
+                spectra.setdefault(task.name, {}).setdefault(setting.name, []).append(res["spectra"])
+                if res["pca_rgb"] is not None and setting.name not in pca.get(task.name, {}):
+                    pca.setdefault(task.name, {})[setting.name] = res["pca_rgb"]
+                    images[task.name] = data.split(split)[0][:_PCA_IMAGES]
+                bar.update(1)
+            for op in entry["operators"].values():
+                op["summary"] = _summary([s["layers"] for s in op["seeds"].values()])
+    finally:
+        bar.close()
+
+    adir = out / "analysis"
+    adir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(adir / "metrics.json", result)
+    (adir / "README.md").write_text(_markdown(result))
+    if plots:
+        try:
+            _write_plots(adir / "plots", result, spectra, pca, images)
+        except ImportError as exc:  # matplotlib missing: metrics are still written
+            warnings.warn(f"analysis plots skipped: {exc}", RuntimeWarning, stacklevel=2)
+    return json.loads((adir / "metrics.json").read_text())
+
+
+# ----------------------------------------------------------------------------- markdown
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Token geometry: {result['experiment']}", "",
+             f"Held-out split `{result['split']}`, up to {result['max_examples']} sequences per run. "
+             f"Layer 0 = embeddings, L = last block. Mean over seeds (see metrics.json for std).", ""]
+    for name, task in result["tasks"].items():
+        cls = "nc1" if task["operators"] and any(
+            "nc1" in s["layers"][0] for op in task["operators"].values() for s in op["seeds"].values()) else "token_nc1"
+        lines += [f"## {name} ({task['dataset']}, {task['model']})", "",
+                  f"| operator | within-var L0 | within-var L | ratio L/L0 | Dirichlet (complete) L | "
+                  f"Dirichlet (attention) L | eff. rank L | {cls} L |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for op_name, op in task["operators"].items():
+            s = op["summary"]
+
+            def get(i: int, key: str, s: list[dict[str, Any]] = s) -> float | None:
+                v = s[i].get(key)
+                return None if not v else v["mean"]
+
+            v0, vl = get(0, "within_variance"), get(-1, "within_variance")
+            ratio = vl / v0 if v0 and vl is not None else None
+            last = [get(-1, key) for key in ("dirichlet_complete", "dirichlet_attention", "effective_rank", cls)]
+            lines.append(f"| {op_name} | {_fmt(v0)} | {_fmt(vl)} | {_fmt(ratio)} | " + " | ".join(map(_fmt, last)) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- plots
+def _by_depth(ax: Any, task: dict[str, Any], key: str, ylabel: str, logy: bool = False) -> bool:
+    """One line per operator setting (mean over seeds) with a ±std band; False if nothing to draw."""
+    from diffusionformer.analysis import plot_metric_by_depth
+
+    series = {name: _means(op["summary"], key) for name, op in task["operators"].items()}
+    if all(all(math.isnan(v) for v in mean) for mean, _ in series.values()):
+        ax.set_visible(False)
+        return False
+    plot_metric_by_depth({name: mean for name, (mean, _) in series.items()}, ylabel, ax=ax,
+                         xlabel="layer (0 = embeddings)", logy=logy)
+    for line, (mean, std) in zip(ax.lines, series.values()):
+        lo = [m - s for m, s in zip(mean, std)]
+        hi = [m + s for m, s in zip(mean, std)]
+        ax.fill_between(range(len(mean)), lo, hi, color=line.get_color(), alpha=0.2)
+    _integer_x(ax)
+    ax.legend(fontsize=7)
+    return True
+
+
+def _integer_x(ax: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _figure(**kwargs: Any) -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError('plots need matplotlib: pip install "diffusionformer[plot]"') from exc
+    return Figure(layout="constrained", **kwargs)
+
+
+def _grid(panels: list[tuple[str, str, bool]], task: dict[str, Any], title: str) -> Any:
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = _figure(figsize=(4.2 * cols, 3.3 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, (key, label, logy) in zip(axes, panels):
+        _by_depth(ax, task, key, label, logy)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    return fig
+
+
+def _learned_series(learned: dict[str, list[float]]) -> dict[str, dict[int, list[float]]]:
+    """``{"blocks.0.attn.operators.1.t": [...]}`` -> ``{"t (operators.1)": {0: [...]}}``."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for name, values in learned.items():
+        m = re.search(r"blocks\.(\d+)\.(.+)$", name)
+        if m is None:
+            continue
+        layer, rest = int(m.group(1)), m.group(2)
+        parts = rest.split(".")
+        label = f"{parts[-1]} ({'.'.join(parts[-3:-1])})" if len(parts) >= 3 else parts[-1]
+        out.setdefault(label, {})[layer] = values
+    return out
+
+
+def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str, list[Any]]],
+                 pca: dict[str, dict[str, torch.Tensor]], images: dict[str, torch.Tensor]) -> list[Path]:
+    from diffusionformer.analysis import plot_frequency_response, plot_pca_token_maps, plot_spectra
+
+    _figure()  # fail early (ImportError) without matplotlib
+    pdir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        path = pdir / name
+        fig.savefig(path, dpi=110)
+        written.append(path)
+
+    for tname, task in result["tasks"].items():
+        if not task["operators"]:
+            continue
+        save(_grid([("within_variance", "within-sequence variance", True),
+                    ("variance_ratio", "within / total variance", False),
+                    ("dirichlet_complete", "Dirichlet energy, complete graph", True),
+                    ("dirichlet_attention", "Dirichlet energy, attention graph", True),
+                    ("mean_cosine", "mean pairwise cosine", False),
+                    ("rank_collapse_svd", "rank-1 residual (SVD)", False)], task,
+                   f"{tname}: smoothing by depth (mean ± std over seeds)"), f"{tname}_smoothing.png")
+
+        fig = _figure(figsize=(12.6, 3.4))
+        ax_s, ax_r, ax_a = fig.subplots(1, 3)
+        last = {name: torch.tensor(runs).mean(dim=0)[-1] for name, runs in spectra[tname].items()}
+        plot_spectra(last, ax=ax_s)
+        ax_s.set_title("last layer, sequence-centred tokens")
+        _by_depth(ax_r, task, "effective_rank", "effective rank")
+        _by_depth(ax_a, task, "power_law_alpha", "power-law exponent alpha")
+        fig.suptitle(f"{tname}: token spectra")
+        save(fig, f"{tname}_spectra.png")
+
+        first_seed = next(iter(next(iter(task["operators"].values()))["seeds"].values()))["layers"][0]
+        if "nc1" in first_seed:
+            panels = [("nc1", "NC1 of sequence means", True),
+                      ("nc2_etf_distance", "NC2: distance to simplex ETF", False),
+                      ("nc4_agreement", "NC4: NCC = model prediction", False),
+                      ("seq_probe_acc", "linear probe on sequence means", False),
+                      ("anova_between_class_fraction", "between-class share of scatter", False),
+                      ("anova_within_fraction", "within-sequence share of scatter", False)]
+        else:
+            panels = [("token_nc1", "NC1, class = next token / token label", True),
+                      ("token_probe_acc", "linear probe accuracy (token label)", False)]
+        save(_grid(panels, task, f"{tname}: collapse and separability by depth"), f"{tname}_collapse.png")
+
+        if tname in pca:
+            fig = plot_pca_token_maps(images[tname], pca[tname], max_images=_PCA_IMAGES)
+            fig.suptitle(f"{tname}: top-3 PCA of last-layer patch tokens")
+            save(fig, f"{tname}_pca_maps.png")
+
+        coeffs = {}
+        for name, op in task["operators"].items():
+            c = torch.tensor(next(iter(op["seeds"].values()))["coefficients"][-1], dtype=torch.float64)
+            c = c[~torch.isnan(c).any(dim=-1)]
+            if c.numel():
+                coeffs[name] = c
+        if coeffs:
+            fig = _figure(figsize=(6.0, 4.0))
+            ax = plot_frequency_response(coeffs, ax=fig.subplots())
+            ax.legend(fontsize=6, ncol=2)
+            ax.set_title(f"{tname}: f(lambda) of each head, last block (first seed)")
+            save(fig, f"{tname}_frequency_response.png")
+
+        learned = {name: [_learned_series(s["learned_operators"]) for s in op["seeds"].values()]
+                   for name, op in task["operators"].items()}
+        learned = {name: runs for name, runs in learned.items() if any(runs)}
+        if learned:
+            keys = sorted({k for runs in learned.values() for r in runs for k in r})
+            fig = _figure(figsize=(4.6 * len(keys), 3.4))
+            for ax, key in zip(fig.subplots(1, len(keys), squeeze=False).ravel(), keys):
+                for i, (name, runs) in enumerate(learned.items()):
+                    for j, run in enumerate(runs):
+                        for layer, values in sorted(run.get(key, {}).items()):
+                            jitter = [layer + 0.08 * (h - (len(values) - 1) / 2) for h in range(len(values))]
+                            ax.scatter(jitter, values, color=f"C{i}", s=14, alpha=0.8,
+                                       label=name if (j == 0 and layer == min(run[key])) else None)
+                ax.set(xlabel="layer (block index), dots = heads, all seeds", ylabel=key)
+                _integer_x(ax)
+                ax.legend(fontsize=7)
+            fig.suptitle(f"{tname}: learned operator parameters")
+            save(fig, f"{tname}_learned_operators.png")
+    return written
+

@@ -1,0 +1,152 @@
+"""The analysis command end to end on tiny comparisons: files, JSON structure, finite numbers, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diffusionformer.experiments import load_experiment_config
+from diffusionformer.experiments.analyze import analyze_experiment
+from diffusionformer.experiments.runner import run_experiment
+
+pytest.importorskip("matplotlib")
+
+TRAIN = {"max_steps": 4, "batch_size": 16, "eval_interval": 4, "checkpoint_interval": 4, "warmup_steps": 0}
+OPERATORS = [{"name": "attention"}, {"name": "laplacian", "laplacian_heads": 1}]
+CORE = ("within_variance", "variance_ratio", "mean_cosine", "high_frequency_ratio", "rank_collapse_svd",
+        "dirichlet_complete", "effective_rank", "stable_rank", "energy_top3", "power_law_alpha")
+
+
+def vit_config() -> Any:
+    return load_experiment_config({
+        "name": "tiny-vit", "seeds": [0],
+        "tasks": [{"name": "digits", "dataset": "digits", "model": "vit-digits",
+                   "model_overrides": {"dim": 16, "depth": 2, "num_heads": 2}, "train": TRAIN}],
+        "operators": OPERATORS,
+    })
+
+
+def gpt_config() -> Any:
+    return load_experiment_config({
+        "name": "tiny-gpt", "seeds": [0],
+        "tasks": [{"name": "chars", "dataset": "pydoc-chars", "model": "gpt-char-tiny", "metric": "val_loss",
+                   "model_overrides": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16},
+                   "train": {**TRAIN, "eval_steps": 2}}],
+        "operators": OPERATORS,
+    })
+
+
+@pytest.fixture(scope="module")
+def vit_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    out = tmp_path_factory.mktemp("vit")
+    config = vit_config()
+    run_experiment(config, out, progress=False, log=lambda _: None)
+    return config, out
+
+
+def finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def test_vit_comparison_writes_metrics_and_plots(vit_runs: tuple[Any, Path]) -> None:
+    config, out = vit_runs
+    result = analyze_experiment(config, out, max_examples=512, progress=False, device="cpu")
+    adir = out / "tiny-vit" / "analysis"
+    on_disk = json.loads((adir / "metrics.json").read_text())
+    assert on_disk == result
+    for name in ("smoothing", "spectra", "collapse", "pca_maps", "frequency_response"):
+        path = adir / "plots" / f"digits_{name}.png"
+        assert path.is_file() and path.stat().st_size > 0, path
+    assert not (adir / "plots" / "digits_learned_operators.png").exists()  # nothing learned here
+    assert "| laplacian |" in (adir / "README.md").read_text()
+
+    task = result["tasks"]["digits"]
+    assert task["kind"] == "image" and task["split"] == "test" and task["num_examples"] == 359
+    assert task["tokens_per_sequence"] == 16  # patch tokens, class token dropped
+    assert sorted(task["operators"]) == ["attention", "laplacian"]
+    for name, op in task["operators"].items():
+        seed = op["seeds"]["0"]
+        assert seed["step"] == 4
+        # the rebuilt model reproduces the run's own held-out accuracy: the checkpoint loaded exactly
+        summary = json.loads((out / "tiny-vit" / "runs" / "digits" / name / "seed0" / "summary.json").read_text())
+        assert seed["heldout_accuracy"] == pytest.approx(summary["eval"]["metrics"]["test_acc"], abs=1e-12)
+        assert seed["heldout_loss"] == pytest.approx(summary["eval"]["metrics"]["test_loss"], rel=1e-5)
+        layers = seed["layers"]
+        assert [r["layer"] for r in layers] == [0, 1, 2]
+        for r in layers:
+            for key in (*CORE, "nc1", "nc2_etf_distance", "nc4_agreement", "seq_probe_acc", "anova_within_fraction"):
+                assert finite(r[key]), (name, r["layer"], key, r[key])
+            assert 0.0 <= r["variance_ratio"] <= 1.0
+        assert layers[0]["dirichlet_attention"] is None
+        assert all(finite(r["dirichlet_attention"]) for r in layers[1:])
+        assert len(seed["singular_values_last_layer"]) == 16
+        assert len(seed["coefficients"]) == 2  # one (H, K+1) table per block
+        summary_rows = op["summary"]
+        assert summary_rows[2]["within_variance"] == {"mean": layers[2]["within_variance"], "std": 0.0, "n": 1}
+    lap_heads = task["operators"]["laplacian"]["seeds"]["0"]["coefficients"][0]
+    assert lap_heads == [[0.0, 1.0], [1.0, -1.0]]  # attention head, then the Laplacian head I - P
+
+
+def test_gpt_comparison_has_next_token_metrics(tmp_path: Path) -> None:
+    config = gpt_config()
+    run_experiment(config, tmp_path, progress=False, log=lambda _: None)
+    result = analyze_experiment(config, tmp_path, max_examples=32, progress=False, plots=False, device="cpu")
+    task = result["tasks"]["chars"]
+    assert task["split"] == "val" and task["num_examples"] == 32 and task["labels"] == "next token"
+    for op in task["operators"].values():
+        layers = op["seeds"]["0"]["layers"]
+        assert [r["layer"] for r in layers] == [0, 1]
+        for r in layers:
+            for key in (*CORE, "token_nc1", "token_probe_acc"):
+                assert finite(r[key]), (r["layer"], key, r[key])
+            assert "nc1" not in r  # no sequence labels for a language model
+            assert 0.0 <= r["token_probe_acc"] <= 1.0
+        assert finite(layers[1]["dirichlet_attention"])
+    assert not (tmp_path / "tiny-gpt" / "analysis" / "plots").exists()
+
+
+def test_missing_runs_name_the_path_and_the_command(tmp_path: Path) -> None:
+    hint = r"python -m diffusionformer\.experiments run CONFIG"
+    with pytest.raises(FileNotFoundError, match=r"tiny-vit.runs does not exist.*" + hint):
+        analyze_experiment(vit_config(), tmp_path, progress=False)
+
+
+def test_unfinished_runs_are_skipped_and_missing_checkpoints_fail(vit_runs: tuple[Any, Path], tmp_path: Path) -> None:
+    config, out = vit_runs
+    shutil.copytree(out / "tiny-vit", tmp_path / "tiny-vit")
+    run = tmp_path / "tiny-vit" / "runs" / "digits" / "laplacian" / "seed0"
+    (run / "summary.json").unlink()  # interrupted run: a checkpoint but no completed summary
+    with pytest.warns(RuntimeWarning, match=r"laplacian.seed0 is not finished"):
+        result = analyze_experiment(config, tmp_path, max_examples=8, progress=False, plots=False)
+    assert sorted(result["tasks"]["digits"]["operators"]) == ["attention"]
+    assert result["skipped_runs"] == [str(run)]
+
+    shutil.rmtree(run)  # never started
+    with pytest.raises(FileNotFoundError, match=r"1 run\(s\) .* no checkpoint: .*laplacian.seed0.checkpoint\.pt.*CONFIG"):
+        analyze_experiment(config, tmp_path, progress=False, plots=False)
+
+    (tmp_path / "tiny-vit" / "runs" / "digits" / "attention" / "seed0" / "checkpoint.pt").unlink()
+    with pytest.raises(FileNotFoundError, match=r"marked completed but its checkpoint .*checkpoint\.pt is missing"):
+        analyze_experiment(config, tmp_path, progress=False, plots=False)
+
+
+def test_cli_dispatches_analyze(vit_runs: tuple[Any, Path], tmp_path: Path) -> None:
+    from diffusionformer.experiments.cli import main
+
+    config, out = vit_runs
+    shutil.copytree(out / "tiny-vit", tmp_path / "tiny-vit")
+    toml = tmp_path / "tiny.toml"
+    toml.write_text(
+        'name = "tiny-vit"\nseeds = [0]\n[[tasks]]\nname = "digits"\ndataset = "digits"\nmodel = "vit-digits"\n'
+        "model_overrides = { dim = 16, depth = 2, num_heads = 2 }\n[tasks.train]\n"
+        + "".join(f"{k} = {v}\n" for k, v in TRAIN.items())
+        + '[[operators]]\nname = "attention"\n[[operators]]\nname = "laplacian"\nlaplacian_heads = 1\n'
+    )
+    assert main(["analyze", str(toml), "--out", str(tmp_path), "--max-examples", "8"]) == 0
+    result = json.loads((tmp_path / "tiny-vit" / "analysis" / "metrics.json").read_text())
+    assert result["tasks"]["digits"]["num_examples"] == 8
