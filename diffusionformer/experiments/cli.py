@@ -3,6 +3,8 @@
 Commands:
     run CONFIG [--set key=value ...]   train every run of a comparison (resumes), print the table
     show CONFIG [--set ...]            validate a config and print the resolved runs
+    analyze CONFIG                     token-geometry metrics and figures of the trained models
+    publish CONFIG --to docs/results   results page (tables, figures, command, machine) for the docs
     list                               registered datasets, model presets and operators
 """
 
@@ -36,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--restart", action="store_true", help="discard earlier runs instead of resuming them")
             c.add_argument("--no-progress", action="store_true", help="no progress bars")
     sub.add_parser("list", help="list datasets, model presets and operators")
+    pub = sub.add_parser("publish", help="write the docs results page of a finished comparison")
+    pub.add_argument("config")
+    pub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    pub.add_argument("--out", default="results", help="results root the comparison was run into")
+    pub.add_argument("--to", default="docs/results", help="docs folder of the results pages")
     a = sub.add_parser("analyze", help="token-geometry analysis of a finished comparison")
     a.add_argument("config")
     a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -71,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  task {t.name}: {t.dataset} -> {t.model}, metric {t.metric}, train {t.train}")
             for o in config.operators:
                 print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}")
+            return 0
+        if args.command == "publish":
+            from diffusionformer.experiments.publish import publish_experiment
+
+            page = publish_experiment(config, args.out, args.to, config_path=args.config)
+            print(f"wrote {page}")
             return 0
         if args.command == "analyze":
             from diffusionformer.experiments.analyze import analyze_experiment

@@ -102,6 +102,14 @@ def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
     again = run_experiment(cfg, tmp_path, progress=False)
     assert ckpt.stat().st_mtime_ns == mtime  # not retrained
     assert [r.value for r in again] == [r.value for r in results]
+    # publish: a docs page with the table and figures, and no checkpoint copied
+    from diffusionformer.experiments.publish import publish_experiment
+
+    page = publish_experiment(cfg, tmp_path, tmp_path / "docs", config_path="tiny.toml")
+    text = page.read_text()
+    assert "| attention |" in text and "tiny/plots/digits_curves.png" in text and "1.0" not in text.split("|")[0]
+    assert (tmp_path / "docs" / "tiny" / "plots" / "digits_final.png").is_file()
+    assert not list((tmp_path / "docs").rglob("*.pt"))
 
 
 def test_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
