@@ -3,14 +3,16 @@
 Layout of ``<out>/<name>/``::
 
     manifest.json                 resolved config, command, machine, versions
-    runs/<task>/<operator>/seed<k>/{metrics.jsonl, summary.json, checkpoint.pt}
+    runs/<task>/<operator>/seed<k>/{metrics.jsonl, summary.json, checkpoint.pt, run_config.json}
     results.json                  one row per run (final metrics, parameters, wall time)
     results.md                    mean ± std over seeds per task and operator setting
     plots/<task>_curves.png       training loss and headline metric over steps
     plots/<task>_final.png        final headline metric per operator (seeds as dots)
 
 A finished run (its ``summary.json`` says completed) is never trained again; an interrupted
-one continues from its last checkpoint, bit-identically.
+one continues from its last checkpoint, bit-identically. ``run_config.json`` records what
+defines a run (data, resolved model config, training budget): reusing a task or operator
+name with a changed definition is refused instead of silently mixing old and new results.
 """
 
 from __future__ import annotations
@@ -158,10 +160,50 @@ def _maybe_init_distributed(device: str | None) -> Any:
     return init_distributed(device or "auto")
 
 
+RUN_CONFIG_NAME = "run_config.json"
+
+
+def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[str, Any]:
+    """What makes two runs the same run: data, resolved model config, training budget."""
+    import dataclasses
+
+    model_cfg = getattr(model, "config", None)
+    return json.loads(json.dumps({
+        "dataset": task.dataset,
+        "dataset_options": task.dataset_options,
+        "data_seed": task.data_seed,
+        "model": task.model,
+        "model_config": dataclasses.asdict(model_cfg) if dataclasses.is_dataclass(model_cfg) else None,
+        "train": {k: v for k, v in train.to_dict().items() if k not in ("progress", "device")},
+    }, default=str))
+
+
+def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, setting: OperatorSetting) -> None:
+    path = rdir / RUN_CONFIG_NAME
+    if not path.is_file():
+        return
+    stored = json.loads(path.read_text())
+    if stored != identity:
+        changed = sorted(k for k in set(stored) | set(identity) if stored.get(k) != identity.get(k))
+        raise ValueError(
+            f"{rdir} holds a run of task {task.name!r} / setting {setting.name!r} made with a different "
+            f"{', '.join(changed)}; rename the task or operator setting, or pass --restart to discard it"
+        )
+
+
 def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
              progress: bool, device: str | None, log: Callable[[str], None]) -> RunResult:
     rdir = run_dir(out, task.name, setting.name, seed)
     summary_path = rdir / "summary.json"
+    extra = {"progress": progress and _is_main()}
+    if device is not None:
+        extra["device"] = device
+    cfg = train_config(task, seed, **extra)
+    seed_everything(seed)
+    model = build_model(task, setting, data)
+    identity = _run_identity(task, model, cfg)
+    if resume:
+        _check_identity(rdir, identity, task, setting)
     if resume and summary_path.is_file():
         summary = json.loads(summary_path.read_text())
         if summary.get("status") == "completed":
@@ -171,12 +213,9 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
 
         if _is_main():
             shutil.rmtree(rdir)
-    extra = {"progress": progress and _is_main()}
-    if device is not None:
-        extra["device"] = device
-    cfg = train_config(task, seed, **extra)
-    seed_everything(seed)
-    model = build_model(task, setting, data)
+    if _is_main():
+        rdir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(rdir / RUN_CONFIG_NAME, identity)
     adapter = build_task(data, model, eval_batch_size=task.eval_batch_size)
     trainer = Trainer(model, adapter, cfg, rdir, resume=True)
     try:

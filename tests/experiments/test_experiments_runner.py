@@ -112,6 +112,18 @@ def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
     assert not list((tmp_path / "docs").rglob("*.pt"))
 
 
+def test_changed_definition_under_the_same_name_is_refused(tmp_path):
+    cfg = load_experiment_config(tiny_config(), ["operators=lap"])
+    run_experiment(cfg, tmp_path, progress=False)
+    changed = load_experiment_config(tiny_config(), ["operators=lap", "operators.lap.laplacian_heads=2"])
+    with pytest.raises(ValueError, match="different model_config.*--restart"):
+        run_experiment(changed, tmp_path, progress=False)
+    longer = load_experiment_config(tiny_config(), ["operators=lap", "tasks.digits.train.max_steps=8"])
+    with pytest.raises(ValueError, match="different train"):
+        run_experiment(longer, tmp_path, progress=False)
+    assert run_experiment(changed, tmp_path, progress=False, resume=False)[0].status == "completed"
+
+
 def test_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     from diffusionformer.experiments import tasks as task_module
 
