@@ -121,7 +121,7 @@ class DiffusionViT(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters excluded from weight decay (timm convention)."""
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token"} & {name for name, _ in self.named_parameters()}
 
     def _embed(self, x: Tensor) -> Tensor:
         c = self.config

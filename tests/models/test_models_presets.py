@@ -60,6 +60,14 @@ def test_every_preset_builds_and_runs(name):
 
 
 @pytest.mark.parametrize("name", list_models())
+def test_no_weight_decay_names_are_parameters(name):
+    model = _small(name)
+    names = {n for n, _ in model.named_parameters()}
+    exclude = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    assert set(exclude) <= names
+
+
+@pytest.mark.parametrize("name", list_models())
 def test_float64_and_state_dict_round_trip(name, tmp_path):
     model = _small(name).double().eval()
     inputs = tuple(t.double() if t.is_floating_point() else t for t in _inputs(model))
