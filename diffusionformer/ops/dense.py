@@ -32,17 +32,22 @@ from diffusionformer.ops._checks import (
     check_degrees,
     check_scale,
     check_tensor,
+    head_runs,
 )
 
 DenseBackend = Literal["auto", "sdpa", "matrix"]
 DENSE_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "matrix")
 
-#: ``"auto"`` materialises ``P`` for operators with ``K >= 2`` when ``N * M`` is at most this.
-MATERIALISE_MAX_ELEMENTS: int = 256 * 256
+#: ``"auto"`` materialises ``P`` for heads with ``K >= 2`` steps when ``N * M`` is at most the
+#: entry for the largest listed ``K' <= K``, for non-causal graphs (see :func:`choose_dense_backend`).
+MATERIALISE_MAX_ELEMENTS: dict[int, int] = {2: 128 * 128, 3: 256 * 256, 4: 384 * 384, 8: 512 * 512}
+#: The same limits for causal graphs (the fused kernel skips the masked half of the work).
+MATERIALISE_MAX_ELEMENTS_CAUSAL: dict[int, int] = {2: 64 * 64, 3: 128 * 128, 4: 256 * 256, 8: 384 * 384}
 
 __all__ = [
     "DENSE_BACKENDS",
     "MATERIALISE_MAX_ELEMENTS",
+    "MATERIALISE_MAX_ELEMENTS_CAUSAL",
     "attention_matrix",
     "choose_dense_backend",
     "diffuse",
@@ -167,26 +172,38 @@ def attention_matrix(
     _check_qk(q, k)
     scale = check_scale(scale, q.shape[-1])
     attn_mask, is_causal = _normalise_mask(attn_mask, is_causal, q, k)
+    return _attention_matrix(q, k, attn_mask, is_causal, scale, _rows_with_keys(attn_mask)).to(q.dtype)
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _attention_matrix(
+    q: Tensor, k: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float, row_ok: Tensor | None
+) -> Tensor:
+    """:func:`attention_matrix` on validated inputs (masks normalised, ``row_ok`` precomputed), in float32 at least."""
     N, M = q.shape[2], k.shape[2]
-    dtype = q.dtype
-    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    scores = torch.matmul(q.to(work), k.to(work).transpose(-2, -1)) * scale
+    work = _work_dtype(q.dtype)
+    # the scale is folded into q (N x C instead of N x M multiplications); the scores are a
+    # fresh tensor, so masks are applied in place
+    scores = torch.matmul(q.to(work) * scale, k.to(work).transpose(-2, -1))
     if is_causal:
-        causal = torch.ones(N, M, dtype=torch.bool, device=q.device).tril()
-        attn_mask = causal
-    row_ok = _rows_with_keys(attn_mask)
+        # top-left aligned: row i keeps keys j <= i, so every row keeps at least key 0
+        scores = scores.masked_fill_(torch.ones(N, M, dtype=torch.bool, device=q.device).triu_(1), float("-inf"))
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
+            scores = scores.masked_fill_(~attn_mask, float("-inf"))
         else:
-            scores = scores + attn_mask.to(work)
-        # A row without keys gets finite scores before the softmax (so gradients stay finite)
-        # and is zeroed afterwards.
-        scores = scores.masked_fill(~row_ok, 0.0)
+            scores = scores.add_(attn_mask.to(work))
+        if row_ok is not None:
+            # A row without keys gets finite scores before the softmax (so gradients stay finite)
+            # and is zeroed afterwards.
+            scores = scores.masked_fill_(~row_ok, 0.0)
     P = torch.softmax(scores, dim=-1)
-    if row_ok is not None:
+    if attn_mask is not None and row_ok is not None:
         P = P.masked_fill(~row_ok, 0.0)
-    return P.to(dtype)
+    return P
 
 
 def propagate_dense(
@@ -246,39 +263,71 @@ def _sdpa(
     return y
 
 
-def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int) -> str:
-    """The rule behind ``backend="auto"``.
+def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is_causal: bool = False) -> str:
+    """The rule behind ``backend="auto"`` for heads that need ``K = max_degree`` powers of ``P``.
 
     * ``K <= 1`` (attention, Laplacian, any ``a I + b P``): ``"sdpa"``, one fused call;
-    * ``K >= 2`` and ``N * M <= MATERIALISE_MAX_ELEMENTS``: ``"matrix"`` (one softmax, ``K``
-      small matmuls beat ``K`` fused calls that each recompute the softmax);
-    * otherwise ``"sdpa"`` (memory ``O(N)`` per call instead of ``O(N^2)``).
+    * ``K >= 2``: ``"matrix"`` (one softmax, then ``K`` batched matmuls with the materialised
+      ``P``) when ``N * M`` is at most the limit in :data:`MATERIALISE_MAX_ELEMENTS` (or
+      :data:`MATERIALISE_MAX_ELEMENTS_CAUSAL`) for the largest listed ``K' <= K``; otherwise
+      ``"sdpa"`` (``K`` fused calls, each recomputing the softmax,
+      but ``O(N)`` memory and no ``N x M`` temporaries, which are slow to allocate and fill).
 
-    The threshold was set from ``benchmarks/bench_dense.py`` (see the performance docs).
+    In words: one softmax plus ``K`` matmuls beat ``K`` fused calls up to ``N = M = 128`` for
+    ``K = 2``, 256 for ``K = 3``, 384 for ``K = 4..7`` and 512 for ``K >= 8``; causal graphs
+    halve these sequence lengths (the fused kernel skips the masked blocks, the matmuls do
+    not). Beyond, ``"sdpa"``. The limits were measured with ``benchmarks/bench_kstep.py``
+    (``H = 8``, ``C = 32``, ``B N = 2048`` tokens, CPU, forward and forward+backward gave the
+    same crossovers; see ``docs/performance.md``).
+
+    Args:
+        num_queries: ``N``.
+        num_keys: ``M``.
+        max_degree: ``K``.
+        is_causal: whether the graph is causal.
 
     Examples:
         >>> choose_dense_backend(1024, 1024, 1), choose_dense_backend(64, 64, 4), choose_dense_backend(1024, 1024, 4)
         ('sdpa', 'matrix', 'sdpa')
+        >>> choose_dense_backend(128, 128, 2), choose_dense_backend(128, 128, 2, is_causal=True)
+        ('matrix', 'sdpa')
     """
     if max_degree <= 1:
         return "sdpa"
-    return "matrix" if num_queries * num_keys <= MATERIALISE_MAX_ELEMENTS else "sdpa"
+    table = MATERIALISE_MAX_ELEMENTS_CAUSAL if is_causal else MATERIALISE_MAX_ELEMENTS
+    limit = table[max(d for d in table if d <= max_degree)]
+    return "matrix" if num_queries * num_keys <= limit else "sdpa"
 
 
+def _runs(idx: list[int]) -> slice | list[int]:
+    """``idx`` as a slice when it is a run of consecutive heads (views instead of copies)."""
+    if idx and idx == list(range(idx[0], idx[-1] + 1)):
+        return slice(idx[0], idx[-1] + 1)
+    return idx
+
+
+# Head subsets are taken with slices (views) and concatenations, never with index tensors: an
+# index tensor built from a Python list would be a host-to-device copy in the forward pass.
 def _select(t: Tensor, heads: slice | list[int]) -> Tensor:
     if isinstance(heads, slice):
         return t[:, heads]
-    return t.index_select(1, torch.tensor(heads, device=t.device))
+    return torch.cat([t[:, a:b] for a, b in head_runs(heads)], dim=1)
 
 
-def _accumulate(out: Tensor, heads: slice | list[int], value: Tensor) -> Tensor:
-    H = out.shape[1]
+def _select_mask(mask: Tensor | None, heads: slice | list[int]) -> Tensor | None:
+    return mask if mask is None or mask.shape[1] == 1 else _select(mask, heads)
+
+
+def _accumulate(out: Tensor, heads: slice | list[int], c: Tensor, x: Tensor) -> Tensor:
+    """``out[:, heads] += c * x`` in place, one fused multiply-add (``out`` is a fresh tensor owned by the caller)."""
     if isinstance(heads, slice):
-        if heads.start == 0 and heads.stop == H:
-            return out + value
-        out[:, heads] += value
+        out[:, heads].addcmul_(c, x)
         return out
-    return out.index_add(1, torch.tensor(heads, device=out.device), value)
+    pos = 0
+    for a, b in head_runs(heads):
+        out[:, a:b].addcmul_(c[:, pos : pos + b - a], x[:, pos : pos + b - a])
+        pos += b - a
+    return out
 
 
 def diffuse_with_weights(
@@ -311,44 +360,65 @@ def diffuse_with_weights(
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
     attn_mask, is_causal = _normalise_mask(attn_mask, is_causal, q, k)
-    max_degree = max(degrees) if degrees else 0
-    if need_weights:
-        backend = "matrix"
-    elif backend == "auto":
-        backend = choose_dense_backend(N, M, max_degree)
-
-    c = coeffs.to(v.dtype)[None, :, :, None, None]  # (1, H, K+1, 1, 1)
-    out = v * c[:, :, 0]
-    P: Tensor | None = None
-    if backend == "matrix" and (max_degree >= 1 or need_weights):
-        P = attention_matrix(q, k, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
     row_ok = _rows_with_keys(attn_mask)
-
+    dtype = v.dtype
+    # half-precision inputs: coefficients, the sum over powers and a materialised P in float32
+    c = coeffs.to(_work_dtype(dtype))[None, :, :, None, None]  # (1, H, K+1, 1, 1)
+    out = v * c[:, :, 0]
+    if need_weights:
+        P = _attention_matrix(q, k, attn_mask, is_causal, scale, row_ok)
+        out = _propagate_matrix(out, P, v, c, list(range(H)), degrees, dropout_p)
+        return out.to(dtype), P.to(dtype)
+    high = [h for h, d in enumerate(degrees) if d >= 2]
+    if backend == "auto":
+        backend = choose_dense_backend(N, M, max(degrees, default=0), is_causal=is_causal)
+        if backend == "matrix" and len(high) < H:
+            # heads with K <= 1 keep the fused kernel; only the K-step heads materialise P
+            low = _runs([h for h, d in enumerate(degrees) if d == 1])
+            if low:
+                y = _sdpa(_select(q, low), _select(k, low), _select(v, low), _select_mask(attn_mask, low), is_causal,
+                          scale, dropout_p, _select_mask(row_ok, low))
+                out = _accumulate(out, low, _select(c[:, :, 1], low), y)
+            if high:
+                sel = _runs(high)
+                P = _attention_matrix(_select(q, sel), _select(k, sel), _select_mask(attn_mask, sel), is_causal, scale,
+                                      _select_mask(row_ok, sel))
+                out = _propagate_matrix(out, P, _select(v, sel), c, high, degrees, dropout_p)
+            return out.to(dtype), None
+    if backend == "matrix":
+        P = _attention_matrix(q, k, attn_mask, is_causal, scale, row_ok)
+        return _propagate_matrix(out, P, v, c, list(range(H)), degrees, dropout_p).to(dtype), None
     cur = v
     prev_heads: slice | list[int] = slice(0, H)
-    for step in range(1, max_degree + 1):
+    for step in range(1, max(degrees, default=0) + 1):
         heads = active_heads(degrees, step)
         # restrict the running power to the heads still active (a subset of the previous ones)
         cur = _restrict(cur, prev_heads, heads, H)
-        if backend == "matrix":
-            Pa = _select(P, heads)
-            if dropout_p > 0.0:
-                Pa = F.dropout(Pa, p=dropout_p)
-            cur = torch.matmul(Pa, cur)
-        else:
-            cur = _sdpa(
-                _select(q, heads),
-                _select(k, heads),
-                cur,
-                attn_mask if attn_mask is None or attn_mask.shape[1] == 1 else _select(attn_mask, heads),
-                is_causal,
-                scale,
-                dropout_p,
-                row_ok if row_ok is None or row_ok.shape[1] == 1 else _select(row_ok, heads),
-            )
-        out = _accumulate(out, heads, _select(c[:, :, step], heads) * cur)
+        cur = _sdpa(_select(q, heads), _select(k, heads), cur, _select_mask(attn_mask, heads), is_causal, scale,
+                    dropout_p, _select_mask(row_ok, heads))
+        out = _accumulate(out, heads, _select(c[:, :, step], heads), cur)
         prev_heads = heads
-    return out, P
+    return out.to(dtype), None
+
+
+def _propagate_matrix(
+    out: Tensor, P: Tensor, v: Tensor, c: Tensor, heads_of_P: list[int], degrees: list[int], dropout_p: float
+) -> Tensor:
+    """Add ``sum_k c_k P^k v`` (``k >= 1``) for the heads ``heads_of_P`` whose ``P`` and ``v`` are given."""
+    cur = v.to(P.dtype)
+    prev = list(range(len(heads_of_P)))  # positions (within heads_of_P) of the heads in ``cur``
+    for step in range(1, max((degrees[h] for h in heads_of_P), default=0) + 1):
+        pos = [i for i, h in enumerate(heads_of_P) if degrees[h] >= step]
+        if pos != prev:
+            cur = _select(cur, _runs([prev.index(i) for i in pos]))
+        Pa = _select(P, _runs(pos))
+        if dropout_p > 0.0:
+            Pa = F.dropout(Pa, p=dropout_p)
+        cur = torch.matmul(Pa, cur)
+        heads = _runs([heads_of_P[i] for i in pos])
+        out = _accumulate(out, heads, _select(c[:, :, step], heads), cur)
+        prev = pos
+    return out
 
 
 def _restrict(cur: Tensor, prev: slice | list[int], new: slice | list[int], H: int) -> Tensor:
@@ -357,10 +427,7 @@ def _restrict(cur: Tensor, prev: slice | list[int], new: slice | list[int], H: i
     new_idx = list(range(H))[new] if isinstance(new, slice) else new
     if prev_idx == new_idx:
         return cur
-    pos = [prev_idx.index(h) for h in new_idx]
-    if pos == list(range(pos[0], pos[-1] + 1)):
-        return cur[:, pos[0] : pos[-1] + 1]
-    return cur.index_select(1, torch.tensor(pos, device=cur.device))
+    return _select(cur, _runs([prev_idx.index(h) for h in new_idx]))
 
 
 def diffuse(
