@@ -55,8 +55,20 @@ def _shape(t: Tensor) -> str:
     return "x".join(str(s) for s in t.shape)
 
 
+class _TensorSplits:
+    """``x_<split>`` / ``y_<split>`` tensor pairs shared by the supervised containers."""
+
+    def split(self, split: str) -> tuple[Tensor, Tensor]:
+        """Return ``(x, y)`` of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
+        _check_split(split)
+        return getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+
+    def _sizes(self) -> str:
+        return ", ".join(f"{s}={self.split(s)[0].shape[0]}" for s in SPLITS)
+
+
 @dataclass(repr=False)
-class ClassificationData:
+class ClassificationData(_TensorSplits):
     r"""Supervised classification data ``(x_i, y_i)``, ``y_i \in \{0, ..., num_classes - 1\}``.
 
     Images (``kind="image"``) are ``(N, C, H, W)`` float32, first scaled to ``[0, 1]`` and then
@@ -115,15 +127,9 @@ class ClassificationData:
                     f"and y of shape (N,), got {tuple(x.shape)} and {tuple(y.shape)}"
                 )
 
-    def split(self, split: str) -> tuple[Tensor, Tensor]:
-        """Return ``(x, y)`` of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
-        _check_split(split)
-        return getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
-
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{s}={self.split(s)[0].shape[0]}" for s in SPLITS)
         return (
-            f"ClassificationData(name={self.name!r}, kind={self.kind!r}, {sizes}, "
+            f"ClassificationData(name={self.name!r}, kind={self.kind!r}, {self._sizes()}, "
             f"input_shape={self.input_shape}, num_classes={self.num_classes})"
         )
 
@@ -262,7 +268,7 @@ class TextData:
 
 
 @dataclass(repr=False)
-class SequenceTaskData:
+class SequenceTaskData(_TensorSplits):
     r"""A token-level sequence task for causal language models with sparse supervision.
 
     ``x`` holds the input tokens; ``y[n, t]`` is the token the model should predict after
@@ -307,15 +313,9 @@ class SequenceTaskData:
         """Sequence length ``T``."""
         return int(self.x_train.shape[1])
 
-    def split(self, split: str) -> tuple[Tensor, Tensor]:
-        """Return ``(inputs, targets)`` of ``split``."""
-        _check_split(split)
-        return getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
-
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{s}={self.split(s)[0].shape[0]}" for s in SPLITS)
         return (
-            f"SequenceTaskData(name={self.name!r}, {sizes}, seq_len={self.seq_len}, "
+            f"SequenceTaskData(name={self.name!r}, {self._sizes()}, seq_len={self.seq_len}, "
             f"vocab_size={self.vocab_size})"
         )
 
