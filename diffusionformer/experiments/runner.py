@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from diffusionformer.data import load_dataset
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
 from diffusionformer.experiments.tasks import as_metrics, build_task, model_overrides_for_data
-from diffusionformer.models import create_model, get_preset
+from diffusionformer.models import create_model, get_preset, model_config
 from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, seed_everything
 from diffusionformer.train.metrics import write_json_atomic
 
@@ -59,27 +59,12 @@ def run_dir(out: Path, task: str, operator: str, seed: int) -> Path:
     return out / "runs" / task / operator / f"seed{seed}"
 
 
-def _has_heads(config_cls: type) -> bool:
-    import dataclasses
-
-    return any(f.name in ("num_heads", "n_head") for f in dataclasses.fields(config_cls))
-
-
-def _num_heads(config: Any) -> int:
-    for name in ("num_heads", "n_head"):
-        if hasattr(config, name):
-            return int(getattr(config, name))
-    raise ValueError(f"cannot find the number of heads in {type(config).__name__}")
-
-
 def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.nn.Module:
     """The model of one run: preset + data-derived sizes + task overrides + the operator setting."""
     preset = get_preset(task.model)
-    base = {**preset.defaults, **model_overrides_for_data(data, preset.config_cls), **task.model_overrides}
-    heads = base.get("num_heads", base.get("n_head"))
-    if heads is None:
-        heads = _num_heads(preset.config_cls()) if _has_heads(preset.config_cls) else 0
     overrides = {**model_overrides_for_data(data, preset.config_cls), **task.model_overrides}
+    resolved = model_config(task.model, **overrides)
+    heads = getattr(resolved, "num_heads", getattr(resolved, "n_head", 0))
     if heads:
         overrides.update(setting.overrides(int(heads)))
     elif setting.heads is not None or setting.laplacian_heads is not None:
