@@ -213,13 +213,13 @@ def machine_info(device: str = "cpu", threads: int | None = None) -> dict[str, A
     return info
 
 
-def machine_line(info: dict[str, Any]) -> str:
+def machine_line(info: dict[str, Any], load: bool = True) -> str:
     gpu = f", GPU {info['gpu']}" if "gpu" in info else ""
-    return (
+    line = (
         f"{info['cpu']}, {info['cores']} cores, torch.set_num_threads({info['torch_threads']}), "
-        f"torch {info['torch']}{gpu}; device {info['device']}; clock {info['clock']}; "
-        f"1-min load average at start {info['loadavg_1min']}"
+        f"torch {info['torch']}{gpu}; device {info['device']}; clock {info['clock']}"
     )
+    return line + (f"; 1-min load average at start {info['loadavg_1min']}" if load else "")
 
 
 # ---------------------------------------------------------------------------- output

@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from diffusionformer.nn._affine import AffineRun, combine_affine
 from diffusionformer.nn.heads import HeadGroup, parse_heads
 from diffusionformer.ops import dense as _dense
-from diffusionformer.ops.dense import DENSE_BACKENDS, attention_matrix, diffuse_with_weights
+from diffusionformer.ops.dense import DENSE_BACKENDS, diffuse_with_weights
 from diffusionformer.ops.sparse import _diffuse_sparse, check_edge_index
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention"]
@@ -136,22 +137,11 @@ class DiffusionAttention(nn.Module):
                 c0 += [s[0]] * g.count
                 c1 += [s[1] if len(s) > 1 else 0.0] * g.count
             self._fused_kind = "attention" if all(a == 0.0 for a in c0) and all(b == 1.0 for b in c1) else "affine"
-            # runs of heads that are not plain attention: (start, stop, c0, c1), updated in place at inference
-            self._affine_runs = [(g.start, g.stop, s[0], s[1] if len(s) > 1 else 0.0) for g, s in zip(groups, static)
-                                 if s is not None and (s[0], s[1] if len(s) > 1 else 0.0) != (0.0, 1.0)]
-            self._static_c = (c0, c1)
-            self.register_buffer("_c0", torch.tensor(c0).view(1, 1, num_heads, 1), persistent=False)
-            self.register_buffer("_c1", torch.tensor(c1).view(1, 1, num_heads, 1), persistent=False)
-
-    def _apply(self, fn, recurse=True):  # type: ignore[override]
-        # The fused combination's coefficients stay float32 (float64 for a float64 layer) when
-        # the layer is cast to half precision; they are rebuilt from the exact Python values.
-        super()._apply(fn, recurse)
-        if getattr(self, "_static_c", None) is not None and isinstance(self._c0, Tensor):
-            dtype = torch.float64 if self._c0.dtype == torch.float64 else torch.float32
-            for name, values in zip(("_c0", "_c1"), self._static_c):
-                setattr(self, name, torch.tensor(values, dtype=dtype, device=self._c0.device).view(1, 1, -1, 1))
-        return self
+            # runs of heads that are not plain attention: (start, stop, c0, c1), see nn/_affine.py
+            self._affine_runs: list[AffineRun] = [
+                (g.start, g.stop, s[0], s[1] if len(s) > 1 else 0.0) for g, s in zip(groups, static)
+                if s is not None and (s[0], s[1] if len(s) > 1 else 0.0) != (0.0, 1.0)
+            ]
 
     # ------------------------------------------------------------------ construction helpers
     @property
@@ -362,18 +352,7 @@ class DiffusionAttention(nn.Module):
 
     def _combine_affine(self, y: Tensor, v: Tensor) -> Tensor:
         """``c0 v + c1 P v`` per head from ``y = P v``; both ``(B, N, H, C)``."""
-        if not y.requires_grad:
-            # inference: only the non-attention heads change, in place in the fused kernel's output
-            for start, stop, a, b in self._affine_runs:
-                ys, vs = y[:, :, start:stop], v[:, :, start:stop]
-                if a == 1.0 and b == -1.0:  # Laplacian: (I - P) v
-                    torch.sub(vs, ys, out=ys)
-                else:
-                    ys.mul_(b).add_(vs, alpha=a)
-            return y
-        # training: out of place (the fused kernel keeps its output for the backward pass); the
-        # coefficients are float32 or float64, so half-precision inputs are combined in float32
-        return torch.addcmul(v * self._c0, y, self._c1).to(y.dtype)
+        return combine_affine(y, v, self._affine_runs)
 
     def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 2:
