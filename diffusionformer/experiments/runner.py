@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -38,7 +38,7 @@ from diffusionformer.models import create_model, get_preset, model_config
 from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, seed_everything
 from diffusionformer.train.metrics import write_json_atomic
 
-__all__ = ["RunResult", "aggregate", "build_model", "format_table", "run_experiment", "run_dir"]
+__all__ = ["RunResult", "aggregate", "build_model", "format_table", "run_dir", "run_experiment", "welch_t"]
 
 
 @dataclass
@@ -251,12 +251,32 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
     return table
 
 
+def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
+    r"""Welch's t statistic of ``mean(a) - mean(b)``: :math:`\Delta / \sqrt{s_a^2/n_a + s_b^2/n_b}`.
+
+    The size of a difference against the seed noise (sample standard deviations ``s``). ``None``
+    when either side has fewer than two values or both spreads are zero. With 3 seeds a side,
+    ``|t|`` above about 2.8 (4 degrees of freedom) to 4.3 (2, very unequal spreads) is a
+    two-sided ``p < 0.05``.
+
+    Examples:
+        >>> round(welch_t([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]), 3)
+        1.225
+        >>> welch_t([1.0], [0.0, 1.0]) is None
+        True
+    """
+    if len(a) < 2 or len(b) < 2:
+        return None
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    return None if se == 0.0 else (statistics.fmean(a) - statistics.fmean(b)) / se
+
+
 def _fmt(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
 def format_table(table: list[dict[str, Any]], config: ExperimentConfig) -> str:
-    """A markdown table per task: mean ± std over seeds, Δ vs the first operator setting."""
+    """A markdown table per task: mean ± std over seeds, Δ vs the first operator setting and its :func:`welch_t`."""
     lines = []
     baseline = config.operators[0].name
     for task in config.tasks:
@@ -266,13 +286,17 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig) -> str:
         arrow = "lower is better" if task.minimize else "higher is better"
         lines.append(f"### {task.name} ({task.dataset}, {task.model}): {task.metric}, {arrow}")
         lines.append("")
-        lines.append(f"| operator | {task.metric} mean ± std | Δ vs {baseline} | seeds | params | time/run (s) |")
-        lines.append("|---|---|---|---|---|---|")
+        lines.append(f"| operator | {task.metric} mean ± std | Δ vs {baseline} | t | seeds | params | time/run (s) |")
+        lines.append("|---|---|---|---|---|---|---|")
         base = next((r for r in rows if r["operator"] == baseline), None)
         for r in rows:
-            delta = "" if base is None or r["mean"] is None or base["mean"] is None or r is base else f"{r['mean'] - base['mean']:+.4f}"
+            delta = t = ""
+            if base is not None and r is not base and r["mean"] is not None and base["mean"] is not None:
+                delta = f"{r['mean'] - base['mean']:+.4f}"
+                stat = welch_t(r["values"], base["values"])
+                t = "" if stat is None else f"{stat:+.1f}"
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
-            lines.append(f"| {r['operator']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | {delta} | {r['n']}{failed} | "
+            lines.append(f"| {r['operator']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | {delta} | {t} | {r['n']}{failed} | "
                          f"{r['num_parameters'] or 'n/a'} | {_fmt(r['elapsed_mean'], 1)} |")
         lines.append("")
     return "\n".join(lines)

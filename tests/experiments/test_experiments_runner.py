@@ -263,3 +263,19 @@ def _to_toml(cfg: dict) -> str:
             lines.append(f"[[{key}]]")
             lines += [f"{k} = {value(v)}" for k, v in entry.items()]
     return "\n".join(lines) + "\n"
+
+
+def test_table_reports_welch_t_of_each_difference():
+    import statistics
+
+    from diffusionformer.experiments.runner import RunResult, aggregate, format_table, welch_t
+
+    cfg = load_experiment_config(tiny_config())
+    vals = {"attention": [0.80, 0.82, 0.84], "lap": [0.86, 0.87, 0.91]}
+    runs = [RunResult("digits", op, s, "completed", "test_acc", v) for op, vs in vals.items() for s, v in enumerate(vs)]
+    a, b = vals["lap"], vals["attention"]
+    t = (statistics.fmean(a) - statistics.fmean(b)) / ((statistics.variance(a) + statistics.variance(b)) / 3) ** 0.5
+    assert welch_t(a, b) == pytest.approx(t) and t == pytest.approx(3.1334, abs=1e-4)
+    row = next(line for line in format_table(aggregate(runs), cfg).splitlines() if line.startswith("| lap |"))
+    assert row.split("|")[3:5] == [" +0.0600 ", " +3.1 "]
+    assert welch_t([1.0, 1.0], [1.0, 1.0]) is None
