@@ -65,6 +65,9 @@ class TaskConfig:
     train: dict[str, Any] = field(default_factory=dict)  #: TrainConfig fields (the seed comes from `seeds`)
     data_seed: int = 0  #: seed of the dataset split (fixed across runs so that runs compare on the same data)
     eval_batch_size: int = 512  #: batch size of evaluation passes
+    #: an evaluation key (e.g. "val_acc") that picks, per run, the evaluation whose `metric` is
+    #: reported beside the final one (model selection on validation data); maximised unless it ends in "loss"
+    select_by: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -74,6 +77,8 @@ class TaskConfig:
         train_config(self, seed=0)  # validates the training budget now, naming any bad key
         if self.eval_batch_size < 1:
             raise ValueError(f"task {self.name!r}: eval_batch_size must be positive")
+        if self.select_by is not None and (not isinstance(self.select_by, str) or not self.select_by):
+            raise ValueError(f"task {self.name!r}: select_by must be an evaluation key such as 'val_acc', got {self.select_by!r}")
 
     @property
     def minimize(self) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.runner import RunResult, aggregate, format_table
+from diffusionformer.experiments.runner import RunResult, aggregate, format_table, read_curves, run_dir, select_evaluation
 
 __all__ = ["publish_experiment"]
 
@@ -43,6 +43,11 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         )
     data = json.loads(results_path.read_text())
     runs = [RunResult(**r) for r in data["runs"]]
+    tasks = {t.name: t for t in config.tasks}
+    for r in runs:  # results written before a task had select_by: pick from the run's own log
+        task = tasks.get(r.task)
+        if task is not None and task.select_by and r.selected_value is None and r.status == "completed":
+            r.selected_value, r.selected_step = select_evaluation(read_curves(run_dir(src, r.task, r.operator, r.seed)), task)
     manifest: dict[str, Any] = json.loads((src / "manifest.json").read_text()) if (src / "manifest.json").is_file() else {}
     docs = Path(docs_dir)
     dst = docs / config.name
@@ -77,7 +82,9 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         f"- **Training wall time:** {total / 60:.1f} min in all (per-run times in the tables)",
         "",
         "Tables give the mean ± sample standard deviation over seeds of the final evaluation "
-        "(after the last step; no early stopping); Δ is the difference of means against the first setting.",
+        "(after the last step; no early stopping); Δ is the difference of means against the first setting "
+        "and t its Welch statistic (|t| below about 3 is within seed noise at 3 seeds). Where a task names "
+        "`select_by`, the metric is also given at each run's evaluation with the best value of that key.",
         "",
         format_table(table, config).replace("### ", "## "),
     ]

@@ -38,7 +38,7 @@ from diffusionformer.models import create_model, get_preset, model_config
 from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, seed_everything
 from diffusionformer.train.metrics import write_json_atomic
 
-__all__ = ["RunResult", "aggregate", "build_model", "format_table", "run_dir", "run_experiment", "welch_t"]
+__all__ = ["RunResult", "aggregate", "build_model", "format_table", "run_dir", "run_experiment", "select_evaluation", "welch_t"]
 
 
 @dataclass
@@ -53,6 +53,9 @@ class RunResult:
     num_parameters: int | None = None
     elapsed: float | None = None
     learned: dict[str, list[float]] = field(default_factory=dict)
+    #: the task's metric at the evaluation picked by ``select_by`` (None without one)
+    selected_value: float | None = None
+    selected_step: int | None = None
 
 
 def run_dir(out: Path, task: str, operator: str, seed: int) -> Path:
@@ -222,8 +225,35 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
         raise ValueError(f"task {task.name!r}: metric {task.metric!r} is not among the evaluation keys {sorted(final)}")
     learned_path = rdir / "learned_operators.json"
     learned = json.loads(learned_path.read_text()) if learned_path.is_file() else {}
+    selected_value, selected_step = select_evaluation(read_curves(rdir), task) if task.select_by else (None, None)
     return RunResult(task.name, setting.name, seed, "completed", task.metric, value, final,
-                     summary.get("num_parameters"), summary.get("elapsed"), learned)
+                     summary.get("num_parameters"), summary.get("elapsed"), learned, selected_value, selected_step)
+
+
+def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[float | None, int | None]:
+    """``(metric, step)`` of the evaluation with the best ``task.select_by`` (the earliest among ties).
+
+    ``select_by`` is maximised unless its name ends in ``loss``. ``(None, None)`` when no
+    evaluation has both keys.
+
+    Examples:
+        >>> t = TaskConfig("t", "digits", "vit-digits", select_by="val_acc")
+        >>> evals = [{"split": "eval", "step": s, "metrics": {"val_acc": a, "test_acc": b}}
+        ...          for s, a, b in [(10, 0.7, 0.60), (20, 0.8, 0.65), (30, 0.8, 0.70), (40, 0.75, 0.72)]]
+        >>> select_evaluation(evals, t)
+        (0.65, 20)
+    """
+    if not task.select_by:
+        raise ValueError(f"task {task.name!r} has no select_by key")
+    key, sign = task.select_by, (-1.0 if task.select_by.endswith("loss") else 1.0)
+    best: tuple[float, int, float] | None = None
+    for r in records:
+        m = as_metrics(r) if r.get("split") == "eval" else {}
+        if key in m and task.metric in m and math.isfinite(m[key]):
+            score = sign * m[key]
+            if best is None or score > best[0]:
+                best = (score, int(r["step"]), float(m[task.metric]))
+    return (None, None) if best is None else (best[2], best[1])
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -248,6 +278,10 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
             "num_parameters": rs[0].num_parameters,
             "elapsed_mean": statistics.fmean([r.elapsed for r in rs if r.elapsed is not None]) if any(r.elapsed for r in rs) else None,
         })
+        selected = [r.selected_value for r in rs if r.selected_value is not None]
+        if selected:
+            table[-1].update(selected_mean=statistics.fmean(selected), selected_std=statistics.stdev(selected) if len(selected) > 1 else 0.0,
+                             selected_values=selected, selected_steps=[r.selected_step for r in rs if r.selected_value is not None])
     return table
 
 
@@ -271,6 +305,14 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
     return None if se == 0.0 else (statistics.fmean(a) - statistics.fmean(b)) / se
 
 
+def _delta(row: dict[str, Any], base: dict[str, Any] | None, mean: str, values: str) -> str:
+    """``"Δ | t"`` cells of ``row`` against ``base`` (empty for the baseline itself)."""
+    if base is None or row is base or row.get(mean) is None or base.get(mean) is None:
+        return " | "
+    stat = welch_t(row[values], base[values])
+    return f"{row[mean] - base[mean]:+.4f} | " + ("" if stat is None else f"{stat:+.1f}")
+
+
 def _fmt(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
@@ -286,17 +328,18 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig) -> str:
         arrow = "lower is better" if task.minimize else "higher is better"
         lines.append(f"### {task.name} ({task.dataset}, {task.model}): {task.metric}, {arrow}")
         lines.append("")
-        lines.append(f"| operator | {task.metric} mean ± std | Δ vs {baseline} | t | seeds | params | time/run (s) |")
-        lines.append("|---|---|---|---|---|---|---|")
         base = next((r for r in rows if r["operator"] == baseline), None)
+        selected = task.select_by is not None and any("selected_mean" in r for r in rows)
+        sel_head = f" at best {task.select_by} | Δ | t |" if selected else ""
+        lines.append(f"| operator | {task.metric} mean ± std | Δ vs {baseline} | t |{sel_head} seeds | params | time/run (s) |")
+        lines.append("|---" * (9 if selected else 6) + "|---|")
         for r in rows:
-            delta = t = ""
-            if base is not None and r is not base and r["mean"] is not None and base["mean"] is not None:
-                delta = f"{r['mean'] - base['mean']:+.4f}"
-                stat = welch_t(r["values"], base["values"])
-                t = "" if stat is None else f"{stat:+.1f}"
+            cells = [_delta(r, base, "mean", "values")]
+            if selected:
+                sel = f"{_fmt(r['selected_mean'])} ± {_fmt(r['selected_std'])}" if "selected_mean" in r else "n/a"
+                cells.append(f"{sel} | {_delta(r, base, 'selected_mean', 'selected_values')}")
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
-            lines.append(f"| {r['operator']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | {delta} | {t} | {r['n']}{failed} | "
+            lines.append(f"| {r['operator']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | {' | '.join(cells)} | {r['n']}{failed} | "
                          f"{r['num_parameters'] or 'n/a'} | {_fmt(r['elapsed_mean'], 1)} |")
         lines.append("")
     return "\n".join(lines)

@@ -15,6 +15,7 @@ import torch
 from diffusionformer.experiments import load_experiment_config, parse_override
 from diffusionformer.experiments.cli import main as cli_main
 from diffusionformer.experiments.runner import run_dir, run_experiment
+from diffusionformer.train import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,6 +51,7 @@ def test_shipped_configs_validate():
     [
         (lambda c: c.update(sedes=[0]), ValueError, r"unknown key 'sedes'.*did you mean 'seeds'"),
         (lambda c: c["tasks"][0].update(datset="digits"), ValueError, "unknown key 'datset'"),
+        (lambda c: c["tasks"][0].update(select_by=""), ValueError, "select_by must be an evaluation key"),
         (lambda c: c["tasks"][0]["train"].update(max_step=5), ValueError, "unknown TrainConfig key 'max_step'"),
         (lambda c: c["tasks"][0]["train"].update(max_steps="5"), TypeError, "max_steps"),
         (lambda c: c["tasks"][0]["train"].update(seed=3), ValueError, "top-level `seeds`"),
@@ -85,15 +87,23 @@ def test_overrides_go_through_the_same_validator(tmp_path):
 
 
 def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
-    cfg = load_experiment_config(tiny_config())
+    raw = tiny_config()
+    raw["tasks"][0]["select_by"] = "val_acc"
+    cfg = load_experiment_config(raw)
     results = run_experiment(cfg, tmp_path, progress=False)
     assert [r.status for r in results] == ["completed", "completed"]
     out = tmp_path / "tiny"
     for name in ("results.md", "results.json", "manifest.json", "plots/digits_curves.png", "plots/digits_final.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     table = (out / "results.md").read_text()
-    assert "| attention |" in table and "| lap |" in table and "test_acc" in table
+    assert "| attention |" in table and "| lap |" in table and "test_acc" in table and "at best val_acc" in table
     data = json.loads((out / "results.json").read_text())
+    for r in data["runs"]:  # the selected evaluation is one of the two logged ones (steps 3 and 6)
+        evals = {rec["step"]: rec["metrics"] for rec in read_metrics(run_dir(out, "digits", r["operator"], 0) / "metrics.jsonl")
+                 if rec["split"] == "eval"}
+        assert sorted(evals) == [3, 6] and r["selected_step"] in evals
+        assert r["selected_value"] == evals[r["selected_step"]]["test_acc"]
+        assert evals[r["selected_step"]]["val_acc"] == max(m["val_acc"] for m in evals.values())
     assert len(data["runs"]) == 2 and all(0.0 <= r["value"] <= 1.0 for r in data["runs"])
     # Laplacian heads do not change the parameter count
     assert data["runs"][0]["num_parameters"] == data["runs"][1]["num_parameters"]
