@@ -152,7 +152,9 @@ def analyze_run(
     """Per-layer token-geometry metrics of one trained model on held-out data.
 
     Args:
-        model: a trained ViT, GPT or graph transformer (moved to ``device``).
+        model: a trained ViT, GPT or graph transformer (moved to ``device``); for a
+            self-supervised :class:`~diffusionformer.models.DINO` its teacher backbone
+            (``model.backbone``) is analysed, without predictions (it has no classifier).
         data: the task's dataset container (``load_dataset`` output).
         split: ``"test"`` or ``"val"`` (text corpora only have ``val``).
         max_examples: held-out sequences (graphs) to analyse.
@@ -164,9 +166,16 @@ def analyze_run(
         ``{"layers": [{"layer": l, metric: value, ...}], "spectra": [[s_1, ...] per layer],
         "coefficients": [(H, K+1) per block], "pca_rgb": tensor or None, "info": {...}}``.
     """
+    from diffusionformer.models.dino import DINO
+
+    self_supervised = isinstance(model, DINO)
+    if self_supervised:
+        model = model.backbone  # the teacher ViT (DINO's evaluation network)
     model = model.to(device).eval()
     batches, info = _heldout(data, model, split, max_examples, batch_size)
-    is_seq_cls = isinstance(data, (ClassificationData, GraphSetData))
+    is_seq_cls = isinstance(data, (ClassificationData, GraphSetData)) and not self_supervised
+    if self_supervised:
+        info["network"] = "DINO teacher backbone (no classifier: no predictions)"
     cap = capture_dataset(model, batches, max_examples=max_examples, attentions=True,
                           max_attention_examples=max_attention_examples, keep_outputs=is_seq_cls, device=device)
     prefix = int(getattr(model, "num_prefix", 0) or 0)

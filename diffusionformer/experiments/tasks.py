@@ -57,6 +57,120 @@ class ClassificationTask:
         return {"loss": val_loss, "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc}
 
 
+def _unwrap_dino(model: nn.Module) -> Any:
+    """The :class:`~diffusionformer.models.DINO` inside a DDP or ``torch.compile`` wrapper."""
+    from diffusionformer.models.dino import DINO
+
+    inner = model
+    for _ in range(4):
+        if isinstance(inner, DINO):
+            return inner
+        wrapped = getattr(inner, "module", None)  # DistributedDataParallel
+        inner = wrapped if isinstance(wrapped, nn.Module) else getattr(inner, "_orig_mod", None)  # torch.compile
+        if not isinstance(inner, nn.Module):
+            break
+    raise TypeError(f"DINOTask expects a DINO model (possibly wrapped by DDP or torch.compile), got {type(model).__name__}")
+
+
+class DINOTask:
+    r"""Self-supervised DINO on images, scored by k-NN accuracy of frozen teacher features.
+
+    Update ``s``: the batch holds ``B`` training images and their augmentation parameters
+    (:class:`~diffusionformer.data.augment.MultiCropAugment`, drawn from the trainer's
+    generator, so a resumed run is bit-identical); :meth:`loss` first moves the teacher
+    towards the student left by update ``s - 1`` (EMA with ``config.momentum_at(s - 1)``; none
+    at ``s = 0``), builds the views on the device, runs the teacher on the 2 global views and
+    the student on all views, and returns :func:`~diffusionformer.models.dino_loss` with
+    ``tau_t = config.teacher_temp_at(s)``; then it updates the centre. The EMA update that
+    would follow the last update is not made (the momentum is 1 there).
+
+    Training metrics: ``teacher_entropy`` (mean entropy of the teacher's targets, nats),
+    ``teacher_mean_entropy`` (entropy of their batch mean: near 0 when every image goes to the
+    same prototype, i.e. collapse; ``log K`` when prototypes are used evenly), ``momentum``
+    (the schedule's value after this update) and ``teacher_temp``. :meth:`evaluate` returns
+    ``knn_val_acc`` and ``knn_test_acc`` (:func:`~diffusionformer.models.knn_classify` with the
+    training split as the bank; ``max_batches`` caps the batches of every split) and ``loss``,
+    the DINO loss of up to ``eval_batch_size`` validation images on fixed seeded views.
+    """
+
+    def __init__(self, data: ClassificationData, model: nn.Module, eval_batch_size: int = 512) -> None:
+        if not (isinstance(data, ClassificationData) and data.kind == "image"):
+            raise ValueError(f"DINOTask needs image data (ClassificationData of kind 'image'), got "
+                             f"{getattr(data, 'name', '?')!r} of kind {getattr(data, 'kind', '?')!r}")
+        self.data = data
+        self.config = _unwrap_dino(model).config
+        self.augment = self.config.augmentation()
+        self.eval_batch_size = eval_batch_size
+
+    def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> dict[str, Any]:
+        x = self.data.x_train
+        idx = torch.randint(0, x.shape[0], (batch_size,), generator=generator)
+        params = self.augment.sample(batch_size, tuple(x.shape[1:]), generator)
+        return {"images": x[idx], "step": step, **params}
+
+    def _views(self, batch: dict[str, Any]) -> Tensor:
+        params = {k: v for k, v in batch.items() if k not in ("images", "step")}
+        return self.augment.apply(batch["images"], params)  # (V, B, C, H, W)
+
+    def _logits(self, model: nn.Module, dino: Any, views: Tensor) -> tuple[Tensor, Tensor]:
+        V, B = views.shape[:2]
+        teacher = dino(views[:2].flatten(0, 1), output="teacher").float().view(2, B, -1)
+        student = model(views.flatten(0, 1), output="student").float().view(V, B, -1)
+        return student, teacher
+
+    def loss(self, model: nn.Module, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
+        from diffusionformer.models.dino import center_sharpen, dino_loss
+
+        dino = _unwrap_dino(model)
+        cfg, step = self.config, int(batch["step"])
+        if step > 0:
+            dino.update_teacher(cfg.momentum_at(step - 1))
+        student, teacher = self._logits(model, dino, self._views(batch))
+        temp = cfg.teacher_temp_at(step)
+        loss = dino_loss(student, teacher, dino.center, cfg.student_temp, temp)
+        with torch.no_grad():
+            p = center_sharpen(teacher, dino.center, temp)
+            entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).mean()
+            mean_p = p.mean(dim=(0, 1))
+            mean_entropy = -(mean_p * mean_p.clamp_min(1e-12).log()).sum()
+        dino.update_center(teacher)
+        return loss, {"teacher_entropy": entropy, "teacher_mean_entropy": mean_entropy,
+                      "momentum": cfg.momentum_at(step), "teacher_temp": temp}
+
+    def _features(self, dino: Any, x: Tensor, max_batches: int | None, device: torch.device) -> Tensor:
+        n = x.shape[0] if max_batches is None else min(x.shape[0], max_batches * self.eval_batch_size)
+        feats = [dino(x[i : i + self.eval_batch_size].to(device)).float()
+                 for i in range(0, n, self.eval_batch_size)]
+        return torch.cat(feats) if feats else torch.zeros(0, self.config.dim, device=device)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
+        from diffusionformer.models.dino import dino_loss, knn_classify
+
+        dino = _unwrap_dino(model)
+        cfg = self.config
+        device = dino.center.device
+        bank = self._features(dino, self.data.x_train, max_batches, device)
+        bank_y = self.data.y_train[: bank.shape[0]].to(device)
+        out: dict[str, float] = {}
+        for split in ("val", "test"):
+            x, y = self.data.split(split)
+            feats = self._features(dino, x, max_batches, device)
+            if bank.shape[0] == 0 or feats.shape[0] == 0:
+                out[f"knn_{split}_acc"] = float("nan")  # an empty split has no accuracy
+                continue
+            pred = knn_classify(bank, bank_y, feats, self.data.num_classes, k=cfg.knn_k, temperature=cfg.knn_temperature)
+            out[f"knn_{split}_acc"] = (pred == y[: pred.shape[0]].to(device)).float().mean().item()
+        x_val = self.data.x_val[: self.eval_batch_size]
+        if x_val.shape[0] > 0:
+            g = torch.Generator().manual_seed(_EVAL_SEED)
+            params = self.augment.sample(x_val.shape[0], tuple(x_val.shape[1:]), g)
+            batch = {"images": x_val.to(device), **{k: v.to(device) for k, v in params.items()}}
+            student, teacher = self._logits(dino, dino, self._views(batch))
+            out["loss"] = dino_loss(student, teacher, dino.center, cfg.student_temp, cfg.teacher_temp).item()
+        return out
+
+
 class TextLMTask:
     """Character-level language modelling on random windows (nanoGPT style)."""
 
@@ -208,8 +322,15 @@ class GraphClassificationTask:
 
 def model_overrides_for_data(data: Any, family: type) -> dict[str, Any]:
     """Config values a model must take from the data (input shape, classes, vocabulary)."""
-    from diffusionformer.models import GCNConfig, GPTConfig, GraphTransformerConfig, ViTConfig
+    from diffusionformer.models import DINOConfig, GCNConfig, GPTConfig, GraphTransformerConfig, ViTConfig
 
+    if family is DINOConfig:
+        if isinstance(data, ClassificationData) and data.kind == "image":
+            return {"in_channels": data.input_shape[0], "input_size": tuple(data.input_shape[1:])}
+        raise ValueError(
+            f"dataset {getattr(data, 'name', '?')!r} of kind {getattr(data, 'kind', '?')!r} does not fit a DINO "
+            "model: self-supervised DINO needs image data (e.g. digits, mnist, mnist-mini, cifar10)"
+        )
     if family is ViTConfig and isinstance(data, ClassificationData):
         shape = tuple(data.input_shape)
         if data.kind == "image":
@@ -231,6 +352,10 @@ def model_overrides_for_data(data: Any, family: type) -> dict[str, Any]:
 
 def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512) -> Any:
     """The :class:`~diffusionformer.train.Task` adapter for ``data`` and ``model``."""
+    from diffusionformer.models.dino import DINO
+
+    if isinstance(model, DINO):
+        return DINOTask(data, model, eval_batch_size)
     if isinstance(data, ClassificationData):
         return ClassificationTask(data, eval_batch_size)
     if isinstance(data, TextData):

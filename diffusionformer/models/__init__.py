@@ -1,6 +1,7 @@
 """Model families built from diffusion-attention blocks, with typed configs and named presets."""
 
 from diffusionformer.models.common import ModelIntermediates, init_transformer_weights, learned_operator_parameters
+from diffusionformer.models.dino import DINO, DINOConfig, DINOHead, dino_loss, knn_classify
 from diffusionformer.models.gcn import GCN, GCNConfig
 from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
 from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphBlock, GraphTransformerConfig
@@ -15,6 +16,9 @@ from diffusionformer.models.registry import (
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
 
 __all__ = [
+    "DINO",
+    "DINOConfig",
+    "DINOHead",
     "DiffusionGPT",
     "DiffusionGraphTransformer",
     "DiffusionViT",
@@ -27,8 +31,10 @@ __all__ = [
     "ModelPreset",
     "ViTConfig",
     "create_model",
+    "dino_loss",
     "get_preset",
     "init_transformer_weights",
+    "knn_classify",
     "learned_operator_parameters",
     "list_models",
     "model_config",

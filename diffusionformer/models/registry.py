@@ -18,6 +18,7 @@ import torch  # noqa: F401  (doctests)
 from torch import nn
 
 from diffusionformer.config import config_from_dict
+from diffusionformer.models.dino import DINO, DINOConfig
 from diffusionformer.models.gcn import GCN, GCNConfig
 from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
 from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphTransformerConfig
@@ -104,3 +105,13 @@ register_model("graph-graph-small", DiffusionGraphTransformer, GraphTransformerC
                task="graph", dim=64, depth=3, num_heads=4, dropout=0.1)
 register_model("gcn-2layer", GCN, GCNConfig, "baseline: 2-layer GCN, 16 hidden, dropout 0.5 (PyG Planetoid example)",
                task="node", hidden=16, num_layers=2, dropout=0.5)
+# DINO presets for short CPU runs: mean pooling and a faster teacher (momentum 0.99) leave the
+# near-uniform start of training in a few hundred updates (a class token and 0.996 take thousands).
+register_model("dino-digits", DINO, DINOConfig,
+               "self-supervised DINO on 8x8 digits: ViT patch 2 (16 tokens), width 64, depth 4, 128 prototypes",
+               input_size=(8, 8), patch_size=2, dim=64, depth=4, num_heads=4, pool="mean", momentum=0.99,
+               out_dim=128, head_hidden=128, head_bottleneck=32, blur_sigma=(0.1, 0.6))
+register_model("dino-mnist", DINO, DINOConfig,
+               "self-supervised DINO on 28x28 MNIST: ViT patch 4 (49 tokens), width 64, depth 4, 256 prototypes",
+               input_size=(28, 28), patch_size=4, dim=64, depth=4, num_heads=4, pool="mean", momentum=0.99,
+               out_dim=256, head_hidden=256, head_bottleneck=64)

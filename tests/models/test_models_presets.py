@@ -8,6 +8,7 @@ from torch_geometric.data import Batch, Data
 
 from diffusionformer import list_operators
 from diffusionformer.models import (
+    DINO,
     DiffusionGPT,
     DiffusionGraphTransformer,
     DiffusionViT,
@@ -20,7 +21,7 @@ from diffusionformer.models import (
     model_config,
 )
 
-SMALL = {"gpt": dict(n_layer=2, n_embd=32), "vit": dict(depth=2, dim=32), "graph": dict(depth=2, dim=32), "gcn": dict(hidden=8)}
+SMALL = {"gpt": dict(n_layer=2, n_embd=32), "vit": dict(depth=2, dim=32), "graph": dict(depth=2, dim=32), "gcn": dict(hidden=8), "dino": dict(depth=2, dim=32)}
 
 
 def _inputs(model, B=2):
@@ -28,7 +29,7 @@ def _inputs(model, B=2):
     if isinstance(model, DiffusionGPT):
         c = model.config
         return (torch.randint(0, c.vocab_size, (B, min(c.block_size, 16)), generator=g),)
-    if isinstance(model, DiffusionViT):
+    if isinstance(model, (DiffusionViT, DINO)):
         c = model.config
         shape = (B, c.in_channels, *c.input_size) if len(c.input_size) == 2 else (B, c.input_size[0], c.in_channels)
         return (torch.randn(*shape, generator=g),)
@@ -53,6 +54,8 @@ def test_every_preset_builds_and_runs(name):
         assert logits.shape[-1] == model.config.vocab_size and loss is None and logits.dtype == torch.float32
     elif isinstance(model, DiffusionViT):
         assert out.shape == (2, model.config.num_classes)
+    elif isinstance(model, DINO):  # frozen features of the teacher backbone
+        assert out.shape == (2, model.config.dim)
     else:
         rows = 2 if model.config.task == "graph" else 9
         assert out.shape == (rows, model.config.num_classes)

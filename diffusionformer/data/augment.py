@@ -1,0 +1,285 @@
+r"""Seeded image augmentation in plain torch: random resized crops, jitter, blur, noise.
+
+The views of self-supervised training (DINO, Caron et al., ICCV 2021; SimCLR's augmentation
+pipeline, Chen et al., ICML 2020) without torchvision. Randomness and pixels are split:
+:meth:`MultiCropAugment.sample` draws every random number of a batch from a
+``torch.Generator`` (on the CPU, in a fixed order) into small parameter tensors, and
+:meth:`MultiCropAugment.apply` turns images and parameters into views on the images' device.
+So a training batch can carry its augmentation as data (bit-identical after a resume) and the
+pixel work runs on the accelerator.
+
+A view of image ``x`` is
+
+.. math::
+    v = \mathrm{noise}\big(\mathrm{blur}_\sigma\big(g\,(c - \bar c) + \bar c + \delta\big)\big),
+    \qquad c = \mathrm{crop}_\theta(x),
+
+where ``crop`` resamples the box ``theta`` back to the full image size (bilinear), ``g`` is a
+contrast gain, ``delta`` an intensity shift (in the data's units: standard deviations for
+normalised images) and ``\bar c`` the view's mean. All views keep the input's size ``(H, W)``,
+so a ViT with a fixed patch grid can take them; small "local" crops are therefore upsampled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["MultiCropAugment", "crop_boxes", "gaussian_blur", "resample_crops"]
+
+_DRAWS = 8  # uniforms per view: area, log-ratio, centre x, centre y, flip, shift, gain, blur
+
+
+def _check_range(name: str, value: tuple[float, float], low: float, high: float) -> None:
+    ok = (isinstance(value, tuple) and len(value) == 2
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+    if not ok or not (low <= value[0] <= value[1] <= high):
+        raise ValueError(f"{name} must be a pair (a, b) with {low} <= a <= b <= {high}, got {value!r}")
+
+
+def crop_boxes(u: Tensor, scale: tuple[float, float], ratio: tuple[float, float]) -> Tensor:
+    r"""Affine matrices of random resized crops from uniforms ``u`` (torchvision's sampling).
+
+    A crop covers a fraction ``s ~ U(scale)`` of the image area with aspect ratio
+    ``r = w / h``, ``log r ~ U(log ratio)``: side fractions ``w = sqrt(s r)``,
+    ``h = sqrt(s / r)`` (clipped to 1), centre uniform among the boxes that fit. In the
+    normalised coordinates of :func:`torch.nn.functional.affine_grid` (the image spans
+    ``[-1, 1]``) the output pixel ``p`` reads the input at ``diag(±w, h) p + (c_x, c_y)``; the sign
+    is a horizontal flip.
+
+    Args:
+        u: uniforms in ``[0, 1)``: area, log-ratio, centre x, centre y and (optional) flip
+            sign (``u[:, 4] < 0.5``: flip; pass 1 to never flip).
+        scale: range of the area fraction, within ``(0, 1]``.
+        ratio: range of the aspect ratio ``w / h``.
+
+    Shapes:
+        ``u``: ``(N, 5)`` -> ``(N, 2, 3)``.
+
+    Examples:
+        >>> u = torch.tensor([[1.0, 0.5, 0.5, 0.5, 1.0], [0.0, 0.5, 0.0, 1.0, 0.0]])
+        >>> crop_boxes(u, scale=(0.25, 1.0), ratio=(1.0, 1.0))
+        tensor([[[ 1.0000,  0.0000,  0.0000],
+                 [ 0.0000,  1.0000,  0.0000]],
+        <BLANKLINE>
+                [[-0.5000,  0.0000, -0.5000],
+                 [ 0.0000,  0.5000,  0.5000]]])
+    """
+    if u.dim() != 2 or u.shape[1] != 5:
+        raise ValueError(f"crop_boxes expects uniforms of shape (N, 5), got {tuple(u.shape)}")
+    _check_range("scale", tuple(scale), 1e-6, 1.0)
+    _check_range("ratio", tuple(ratio), 1e-6, math.inf)
+    area = scale[0] + (scale[1] - scale[0]) * u[:, 0]
+    log_r = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * u[:, 1]
+    r = torch.exp(log_r)
+    w = torch.sqrt(area * r).clamp(max=1.0)
+    h = torch.sqrt(area / r).clamp(max=1.0)
+    cx = (1.0 - w) * (2.0 * u[:, 2] - 1.0)
+    cy = (1.0 - h) * (2.0 * u[:, 3] - 1.0)
+    sign = torch.where(u[:, 4] < 0.5, -1.0, 1.0).to(u.dtype)
+    zero = torch.zeros_like(w)
+    return torch.stack([torch.stack([sign * w, zero, cx], -1), torch.stack([zero, h, cy], -1)], dim=1)
+
+
+def resample_crops(images: Tensor, theta: Tensor) -> Tensor:
+    r"""Crop each image to its box ``theta`` and resample it to the full size (bilinear).
+
+    Args:
+        images: ``(N, C, H, W)``.
+        theta: affine matrices from :func:`crop_boxes` (any device: moved to the images').
+
+    Shapes:
+        ``(N, C, H, W), (N, 2, 3) -> (N, C, H, W)``.
+
+    Examples:
+        >>> x = torch.arange(16.0).view(1, 1, 4, 4)
+        >>> identity = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
+        >>> torch.allclose(resample_crops(x, identity), x, atol=1e-5)
+        True
+        >>> flip = torch.tensor([[[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
+        >>> torch.allclose(resample_crops(x, flip), x.flip(-1), atol=1e-5)
+        True
+    """
+    if images.dim() != 4 or theta.shape != (images.shape[0], 2, 3):
+        raise ValueError(f"resample_crops expects images (N, C, H, W) and theta (N, 2, 3), got "
+                         f"{tuple(images.shape)} and {tuple(theta.shape)}")
+    grid = F.affine_grid(theta.to(device=images.device, dtype=images.dtype), list(images.shape), align_corners=False)
+    return F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def gaussian_blur(images: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
+    r"""Separable Gaussian blur with one width per image: ``k(d) \propto exp(-d^2 / 2 sigma^2)``.
+
+    ``sigma = 0`` leaves an image unchanged (the kernel is a delta). Borders are replicated.
+
+    Args:
+        images: ``(N, C, H, W)``.
+        sigma: per-image standard deviation in pixels, ``>= 0``.
+        kernel_size: odd kernel side ``k``.
+
+    Shapes:
+        ``(N, C, H, W), (N,) -> (N, C, H, W)``.
+
+    Examples:
+        >>> x = torch.zeros(2, 1, 5, 5); x[:, :, 2, 2] = 1.0
+        >>> y = gaussian_blur(x, torch.tensor([0.0, 1.0]), kernel_size=3)
+        >>> torch.equal(y[0], x[0]), round(float(y[1].sum()), 6), round(float(y[1, 0, 2, 2]), 4)
+        (True, 1.0, 0.2042)
+    """
+    if images.dim() != 4 or sigma.shape != (images.shape[0],):
+        raise ValueError(f"gaussian_blur expects images (N, C, H, W) and sigma (N,), got "
+                         f"{tuple(images.shape)} and {tuple(sigma.shape)}")
+    if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size must be a positive odd int, got {kernel_size!r}")
+    N, C, H, W = images.shape
+    half = kernel_size // 2
+    d = torch.arange(-half, half + 1, device=images.device, dtype=images.dtype)
+    s = sigma.to(device=images.device, dtype=images.dtype).clamp(min=1e-6).unsqueeze(1)  # (N, 1)
+    k = torch.exp(-(d**2) / (2 * s**2))
+    k = (k / k.sum(dim=1, keepdim=True)).repeat_interleave(C, dim=0)  # (N C, k)
+    x = F.pad(images.reshape(1, N * C, H, W), (half, half, half, half), mode="replicate")
+    x = F.conv2d(x, k.view(N * C, 1, kernel_size, 1), groups=N * C)  # along H
+    x = F.conv2d(x, k.view(N * C, 1, 1, kernel_size), groups=N * C)  # along W
+    return x.view(N, C, H, W)
+
+
+@dataclass(frozen=True)
+class MultiCropAugment:
+    r"""DINO's multi-crop views (2 global + ``local_crops`` local), all at the input size.
+
+    Every view is a random resized crop (:func:`crop_boxes`: area fraction ``global_scale``
+    or ``local_scale``, aspect ratio ``ratio``, horizontal flip with ``flip_prob``), then a
+    contrast gain ``g ~ U(1 - contrast, 1 + contrast)`` about the view's mean and a shift
+    ``delta ~ U(-brightness, brightness)``, then with ``blur_prob`` a Gaussian blur with
+    ``sigma ~ U(blur_sigma)`` pixels, then Gaussian noise of std ``noise_std``. Views
+    ``0, 1`` are the global crops (the teacher's inputs), views ``2 ..`` the local ones.
+
+    Args:
+        global_crops: number of global crops (``>= 1``; DINO uses 2).
+        local_crops: number of local crops (``>= 0``).
+        global_scale, local_scale: area fraction ranges.
+        ratio: aspect-ratio range.
+        flip_prob: probability of a horizontal flip (0 for digits).
+        brightness: half-width of the intensity shift.
+        contrast: half-width of the contrast gain around 1 (``< 1``).
+        blur_prob: probability of a blur.
+        blur_sigma: range of the blur's standard deviation, in pixels.
+        noise_std: std of additive Gaussian noise (0: none).
+
+    Shapes:
+        :meth:`sample` ``-> {"theta": (B, V, 2, 3), "gain": (B, V), "shift": (B, V),
+        "sigma": (B, V)[, "noise": (B, V, C, H, W)]}``; :meth:`apply`
+        ``(B, C, H, W) -> (V, B, C, H, W)``.
+
+    Examples:
+        >>> aug = MultiCropAugment(local_crops=1, blur_prob=0.5)
+        >>> x = torch.randn(3, 1, 8, 8)
+        >>> views = aug(x, torch.Generator().manual_seed(0))
+        >>> views.shape
+        torch.Size([3, 3, 1, 8, 8])
+        >>> torch.equal(views, aug(x, torch.Generator().manual_seed(0)))
+        True
+    """
+
+    global_crops: int = 2
+    local_crops: int = 0
+    global_scale: tuple[float, float] = (0.4, 1.0)
+    local_scale: tuple[float, float] = (0.1, 0.4)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip_prob: float = 0.0
+    brightness: float = 0.4
+    contrast: float = 0.4
+    blur_prob: float = 0.5
+    blur_sigma: tuple[float, float] = (0.1, 1.0)
+    noise_std: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("global_crops", "local_crops"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "global_crops" else 0):
+                raise ValueError(f"MultiCropAugment.{name} must be an int >= {1 if name == 'global_crops' else 0}, got {v!r}")
+        object.__setattr__(self, "global_scale", tuple(self.global_scale))
+        object.__setattr__(self, "local_scale", tuple(self.local_scale))
+        object.__setattr__(self, "ratio", tuple(self.ratio))
+        object.__setattr__(self, "blur_sigma", tuple(self.blur_sigma))
+        _check_range("MultiCropAugment.global_scale", self.global_scale, 1e-6, 1.0)
+        _check_range("MultiCropAugment.local_scale", self.local_scale, 1e-6, 1.0)
+        _check_range("MultiCropAugment.ratio", self.ratio, 1e-6, math.inf)
+        _check_range("MultiCropAugment.blur_sigma", self.blur_sigma, 0.0, math.inf)
+        for name, high in (("flip_prob", 1.0), ("blur_prob", 1.0), ("contrast", 1.0 - 1e-12),
+                           ("brightness", math.inf), ("noise_std", math.inf)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= high:
+                raise ValueError(f"MultiCropAugment.{name} must lie in [0, {high:g}], got {v!r}")
+
+    @property
+    def num_views(self) -> int:
+        """``V = global_crops + local_crops``."""
+        return self.global_crops + self.local_crops
+
+    def kernel_size(self, height: int, width: int) -> int:
+        """Odd blur kernel side: ``2 ceil(3 sigma_max) + 1``, at most the image's smaller side."""
+        k = 2 * math.ceil(3 * self.blur_sigma[1]) + 1
+        side = min(height, width)
+        return max(1, min(k, side if side % 2 else side - 1))
+
+    def sample(self, batch_size: int, image_shape: tuple[int, int, int], generator: torch.Generator) -> dict[str, Tensor]:
+        """Draw the augmentation parameters of ``batch_size`` images from ``generator`` (CPU).
+
+        Args:
+            batch_size: ``B``.
+            image_shape: ``(C, H, W)`` (for the noise).
+            generator: a CPU ``torch.Generator``; draws happen in a fixed order.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if len(image_shape) != 3:
+            raise ValueError(f"image_shape must be (C, H, W), got {image_shape!r}")
+        B, V, G = batch_size, self.num_views, self.global_crops
+        u = torch.rand(B, V, _DRAWS, generator=generator)
+        flip = torch.where(u[..., 4] < self.flip_prob, 0.0, 1.0)  # crop_boxes flips where < 0.5
+        crop_u = torch.cat([u[..., :4], flip.unsqueeze(-1)], dim=-1)
+        theta = torch.cat([
+            crop_boxes(crop_u[:, :G].reshape(-1, 5), self.global_scale, self.ratio).view(B, G, 2, 3),
+            crop_boxes(crop_u[:, G:].reshape(-1, 5), self.local_scale, self.ratio).view(B, V - G, 2, 3),
+        ], dim=1)
+        shift = self.brightness * (2.0 * u[..., 5] - 1.0)
+        gain = 1.0 + self.contrast * (2.0 * u[..., 6] - 1.0)
+        lo, hi = self.blur_sigma
+        # the blur's coin is u[..., 7] < blur_prob; its width reuses the same uniform, rescaled
+        coin = u[..., 7] < self.blur_prob
+        sigma = torch.where(coin, lo + (hi - lo) * u[..., 7] / max(self.blur_prob, 1e-12), 0.0)
+        params = {"theta": theta, "gain": gain, "shift": shift, "sigma": sigma}
+        if self.noise_std > 0:
+            params["noise"] = self.noise_std * torch.randn(B, V, *image_shape, generator=generator)
+        return params
+
+    def apply(self, images: Tensor, params: dict[str, Tensor]) -> Tensor:
+        """The views of ``images`` for parameters from :meth:`sample` (on the images' device)."""
+        if images.dim() != 4:
+            raise ValueError(f"MultiCropAugment.apply expects images (B, C, H, W), got {tuple(images.shape)}")
+        B, C, H, W = images.shape
+        theta = params["theta"]
+        V = self.num_views
+        if theta.shape != (B, V, 2, 3):
+            raise ValueError(f"augmentation parameters are for theta {tuple(theta.shape)}, expected ({B}, {V}, 2, 3)")
+        dev, dt = images.device, images.dtype
+        x = images.unsqueeze(1).expand(B, V, C, H, W).reshape(B * V, C, H, W)
+        x = resample_crops(x, theta.reshape(B * V, 2, 3))
+        gain = params["gain"].to(device=dev, dtype=dt).reshape(B * V, 1, 1, 1)
+        shift = params["shift"].to(device=dev, dtype=dt).reshape(B * V, 1, 1, 1)
+        mean = x.mean(dim=(1, 2, 3), keepdim=True)
+        x = gain * (x - mean) + mean + shift
+        if self.blur_prob > 0:
+            x = gaussian_blur(x, params["sigma"].reshape(B * V), self.kernel_size(H, W))
+        if "noise" in params:
+            x = x + params["noise"].to(device=dev, dtype=dt).reshape(B * V, C, H, W)
+        return x.view(B, V, C, H, W).transpose(0, 1)
+
+    def __call__(self, images: Tensor, generator: torch.Generator) -> Tensor:
+        """``apply(images, sample(B, (C, H, W), generator))``."""
+        return self.apply(images, self.sample(images.shape[0], tuple(images.shape[1:]), generator))

@@ -1,0 +1,465 @@
+r"""``DINO``: self-distillation with no labels on a :class:`DiffusionViT` backbone.
+
+Caron et al., "Emerging Properties in Self-Supervised Vision Transformers" (ICCV 2021). A
+student ``g_s`` (backbone + projection head) is trained to match a teacher ``g_t`` of the same
+architecture on different views of an image; the teacher is an exponential moving average of
+the student and its outputs are *centred* and *sharpened*:
+
+.. math::
+    P_t(x) = \mathrm{softmax}\big((g_t(x) - c) / \tau_t\big), \qquad
+    P_s(x) = \mathrm{softmax}\big(g_s(x) / \tau_s\big),
+
+.. math::
+    \mathcal{L} = \frac{1}{|\mathcal{P}|} \sum_{(i, j) \in \mathcal{P}}
+        \frac{1}{B} \sum_b H\big(P_t(x^i_b), P_s(x^j_b)\big), \qquad
+    \mathcal{P} = \{(i, j) : i \in \text{global views}, j \in \text{all views}, i \ne j\},
+
+.. math::
+    \theta_t \leftarrow m\, \theta_t + (1 - m)\, \theta_s, \qquad
+    c \leftarrow m_c\, c + (1 - m_c) \frac{1}{|T|} \sum_{x \in T} g_t(x),
+
+with ``H(p, q) = -sum_k p_k log q_k``, a momentum ``m`` that rises from ``momentum`` to 1 on a
+cosine, and ``T`` the teacher's outputs of the batch. Only the student receives gradients.
+
+The backbone's heads follow the model config exactly like :class:`DiffusionViT`'s
+(``heads=``, ``laplacian_heads=``), so attention-only and Laplacian-head students compare
+under the same recipe. The training step itself (views, EMA, loss, centre) is driven by the
+experiment task :class:`diffusionformer.experiments.tasks.DINOTask`; this module holds the
+networks, the state (teacher weights and centre are in ``state_dict``, so a checkpoint resumes
+exactly) and the pure pieces: :func:`dino_loss`, :func:`knn_classify` and the schedules.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from diffusionformer.data.augment import MultiCropAugment
+from diffusionformer.models.common import check_positive, check_probability
+from diffusionformer.models.vit import DiffusionViT, ViTConfig
+
+__all__ = [
+    "DINO",
+    "DINOConfig",
+    "DINOHead",
+    "center_sharpen",
+    "cosine_momentum",
+    "dino_loss",
+    "knn_classify",
+    "teacher_temperature",
+]
+
+
+# ----------------------------------------------------------------------------- pure pieces
+def cosine_momentum(step: int, base: float, total_steps: int) -> float:
+    r"""Teacher EMA momentum after update ``step``: ``1 - (1 - base) (1 + cos(pi step / T)) / 2``.
+
+    DINO's schedule: ``base`` at step 0, rising to 1 at ``step = T = total_steps`` and
+    staying there.
+
+    Args:
+        step: 0-based update index (``>= 0``).
+        base: momentum at step 0, in ``[0, 1]``.
+        total_steps: ``T``, length of the schedule.
+
+    Examples:
+        >>> cosine_momentum(0, 0.996, 100), cosine_momentum(50, 0.996, 100), cosine_momentum(100, 0.996, 100)
+        (0.996, 0.998, 1.0)
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if step >= total_steps:
+        return 1.0
+    return 1.0 - (1.0 - base) * (1.0 + math.cos(math.pi * step / total_steps)) / 2.0
+
+
+def teacher_temperature(step: int, final: float, warmup: float, warmup_steps: int) -> float:
+    r"""Teacher temperature ``tau_t``: linear from ``warmup`` to ``final`` over ``warmup_steps``, then ``final``.
+
+    Args:
+        step: 0-based update index.
+        final: temperature after the warm-up (DINO: 0.04 - 0.07).
+        warmup: temperature at step 0.
+        warmup_steps: length of the warm-up (0: none).
+
+    Examples:
+        >>> [teacher_temperature(s, final=0.08, warmup=0.04, warmup_steps=10) for s in (0, 5, 20)]
+        [0.04, 0.06, 0.08]
+    """
+    if step >= warmup_steps:
+        return final
+    return warmup + (final - warmup) * step / warmup_steps
+
+
+def center_sharpen(teacher_logits: Tensor, center: Tensor, temperature: float) -> Tensor:
+    r"""Teacher targets ``softmax((g_t - c) / tau_t)`` over the last dimension.
+
+    Centring (subtracting the running mean ``c``) keeps one prototype from dominating;
+    sharpening (``tau_t`` below the student's ``tau_s``) keeps the targets from going uniform.
+
+    Args:
+        teacher_logits: teacher head outputs ``(..., K)``.
+        center: the running mean ``(K,)`` or ``(1, K)``.
+        temperature: ``tau_t > 0``.
+
+    Shapes:
+        ``(..., K) -> (..., K)``, rows summing to 1.
+
+    Examples:
+        >>> center_sharpen(torch.tensor([[1.0, 2.0]]), torch.tensor([0.0, 1.0]), 0.5)
+        tensor([[0.5000, 0.5000]])
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    if center.shape[-1] != teacher_logits.shape[-1]:
+        raise ValueError(f"center has {center.shape[-1]} entries, the logits {teacher_logits.shape[-1]}")
+    return torch.softmax((teacher_logits - center.to(teacher_logits.dtype)) / temperature, dim=-1)
+
+
+def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, student_temp: float,
+              teacher_temp: float) -> Tensor:
+    r"""DINO's cross-view cross-entropy, averaged over view pairs and the batch.
+
+    .. math::
+        \mathcal{L} = \frac{1}{|\mathcal{P}|} \sum_{(i, j) \in \mathcal{P}} \frac{1}{B} \sum_b
+            -\sum_k P_t^{i,b,k} \log P_s^{j,b,k}, \quad
+        \mathcal{P} = \{(i, j) : i < V_t,\ j < V_s,\ i \ne j\},
+
+    with ``P_t = center_sharpen(teacher_logits, center, teacher_temp)`` (no gradient) and
+    ``P_s = softmax(student_logits / student_temp)``. Student view ``i < V_t`` is the same crop
+    as teacher view ``i``, so identical views are never paired.
+
+    Args:
+        student_logits: head outputs of the student on all views.
+        teacher_logits: head outputs of the teacher on the first ``V_t`` (global) views.
+        center: the teacher centre ``(K,)`` or ``(1, K)``.
+        student_temp: ``tau_s``.
+        teacher_temp: ``tau_t``.
+
+    Shapes:
+        ``(V_s, B, K), (V_t, B, K) -> ()``.
+
+    Examples:
+        >>> K = 4  # uniform student and teacher: the loss is log K
+        >>> round(float(dino_loss(torch.zeros(3, 2, K), torch.zeros(2, 2, K), torch.zeros(K), 0.1, 0.04)), 4)
+        1.3863
+    """
+    if student_logits.dim() != 3 or teacher_logits.dim() != 3:
+        raise ValueError(f"dino_loss expects (V, B, K) logits, got student {tuple(student_logits.shape)} "
+                         f"and teacher {tuple(teacher_logits.shape)}")
+    Vs, B, K = student_logits.shape
+    Vt = teacher_logits.shape[0]
+    if teacher_logits.shape[1:] != (B, K):
+        raise ValueError(f"teacher logits {tuple(teacher_logits.shape)} do not match the student's (V, {B}, {K})")
+    if Vt > Vs or Vs < 2:
+        raise ValueError(f"dino_loss needs >= 2 student views and at most as many teacher views, got {Vs} and {Vt}")
+    if student_temp <= 0:
+        raise ValueError(f"student_temp must be positive, got {student_temp}")
+    targets = center_sharpen(teacher_logits.detach(), center, teacher_temp)  # (Vt, B, K)
+    log_probs = torch.log_softmax(student_logits / student_temp, dim=-1)  # (Vs, B, K)
+    cross = -torch.einsum("ibk,jbk->ij", targets, log_probs) / B  # (Vt, Vs): mean over the batch
+    keep = ~torch.eye(Vt, Vs, dtype=torch.bool, device=cross.device)
+    return cross[keep].mean()
+
+
+@torch.no_grad()
+def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes: int, k: int = 20,
+                 temperature: float = 0.07, chunk_size: int = 1024) -> Tensor:
+    r"""Weighted k-nearest-neighbour vote on cosine similarity (Wu et al., 2018; DINO's protocol).
+
+    For a query ``q`` with neighbours ``N_k(q)`` (the ``k`` bank features of largest cosine
+    similarity ``s_i``), class ``c`` scores ``sum_{i in N_k(q)} [y_i = c] exp(s_i / T)``; the
+    prediction is the highest score (ties: the smaller class index).
+
+    Args:
+        bank: features of the labelled bank (need not be normalised).
+        bank_labels: their classes in ``[0, num_classes)``.
+        queries: features to classify.
+        num_classes: number of classes ``C``.
+        k: neighbours (clipped to the bank size).
+        temperature: ``T`` of the vote weights.
+        chunk_size: queries per similarity block (memory ``chunk_size x N``).
+
+    Shapes:
+        ``(N, D), (N,), (Q, D) -> (Q,)`` int64.
+
+    Examples:
+        >>> bank = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]])
+        >>> knn_classify(bank, torch.tensor([0, 0, 1]), torch.tensor([[1.0, 0.2], [0.1, 1.0]]), 2, k=1)
+        tensor([0, 1])
+    """
+    if bank.dim() != 2 or queries.dim() != 2 or bank.shape[1] != queries.shape[1]:
+        raise ValueError(f"knn_classify expects bank (N, D) and queries (Q, D), got {tuple(bank.shape)} and "
+                         f"{tuple(queries.shape)}")
+    if bank_labels.shape != (bank.shape[0],):
+        raise ValueError(f"bank_labels must have shape ({bank.shape[0]},), got {tuple(bank_labels.shape)}")
+    if bank.shape[0] == 0:
+        raise ValueError("knn_classify needs a non-empty bank")
+    if k < 1 or temperature <= 0:
+        raise ValueError(f"k must be >= 1 and temperature > 0, got k={k}, temperature={temperature}")
+    bank_n = F.normalize(bank.float(), dim=1)
+    labels = bank_labels.to(bank.device)
+    k = min(k, bank.shape[0])
+    out = []
+    for start in range(0, queries.shape[0], chunk_size):
+        q = F.normalize(queries[start : start + chunk_size].float(), dim=1)
+        sim, idx = (q @ bank_n.T).topk(k, dim=1)  # (q, k)
+        votes = torch.zeros(q.shape[0], num_classes, device=q.device, dtype=sim.dtype)
+        votes.scatter_add_(1, labels[idx], torch.exp(sim / temperature))
+        out.append(votes.argmax(dim=1))
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=queries.device)
+
+
+# ----------------------------------------------------------------------------- config
+@dataclass
+class DINOConfig(ViTConfig):
+    """Configuration of :class:`DINO`: the :class:`ViTConfig` fields of the backbone, plus the head,
+    the loss, the teacher's schedule, the views and the k-NN evaluation.
+
+    ``num_classes`` must stay 0 (the backbone has no classifier; labels are only used by the
+    k-NN evaluation). ``schedule_steps`` is the length of the teacher's momentum schedule: set it
+    to the run's ``max_steps``.
+    """
+
+    num_classes: int = 0  #: must be 0: DINO's backbone has no classifier
+    out_dim: int = 256  #: K, prototypes of the projection head
+    head_hidden: int = 256  #: hidden width of the head's MLP
+    head_bottleneck: int = 64  #: l2-normalised bottleneck before the prototypes
+    head_layers: int = 3  #: linear layers of the MLP (DINO: 3)
+    student_temp: float = 0.1  #: tau_s
+    teacher_temp: float = 0.04  #: tau_t after the warm-up
+    warmup_teacher_temp: float = 0.04  #: tau_t at step 0
+    warmup_teacher_temp_steps: int = 0  #: linear warm-up of tau_t
+    center_momentum: float = 0.9  #: m_c of the centre's EMA
+    momentum: float = 0.996  #: teacher EMA momentum at step 0 (cosine to 1)
+    schedule_steps: int = 1000  #: length of the momentum schedule (set to train.max_steps)
+    local_crops: int = 0  #: local crops besides the 2 global ones (0: two-crop training)
+    global_crop_scale: tuple[float, float] = (0.4, 1.0)  #: area fraction of global crops
+    local_crop_scale: tuple[float, float] = (0.1, 0.4)  #: area fraction of local crops
+    crop_ratio: tuple[float, float] = (0.75, 1.3333333333333333)  #: aspect-ratio range of crops
+    flip_prob: float = 0.0  #: horizontal flips (0 for digits)
+    brightness: float = 0.4  #: intensity shift half-width (data units)
+    contrast: float = 0.4  #: contrast gain half-width around 1
+    blur_prob: float = 0.5  #: probability of a Gaussian blur
+    blur_sigma: tuple[float, float] = (0.1, 1.0)  #: blur std range, pixels
+    noise_std: float = 0.0  #: additive Gaussian noise
+    knn_k: int = 20  #: neighbours of the k-NN evaluation
+    knn_temperature: float = 0.07  #: temperature of the k-NN votes
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_classes != 0:
+            raise ValueError(f"DINOConfig.num_classes must be 0 (no classifier head), got {self.num_classes}")
+        if len(self.input_size) != 2:
+            raise ValueError(f"DINOConfig.input_size must be (H, W): DINO views are image crops, got {self.input_size}")
+        check_positive("DINOConfig", out_dim=self.out_dim, head_hidden=self.head_hidden,
+                       head_bottleneck=self.head_bottleneck, head_layers=self.head_layers,
+                       student_temp=self.student_temp, teacher_temp=self.teacher_temp,
+                       warmup_teacher_temp=self.warmup_teacher_temp, schedule_steps=self.schedule_steps,
+                       knn_k=self.knn_k, knn_temperature=self.knn_temperature)
+        check_probability("DINOConfig", center_momentum=self.center_momentum)
+        if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) or not 0.0 <= self.momentum <= 1.0:
+            raise ValueError(f"DINOConfig.momentum must lie in [0, 1], got {self.momentum!r}")
+        for name in ("warmup_teacher_temp_steps", "local_crops"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"DINOConfig.{name} must be an int >= 0, got {v!r}")
+        self.augmentation()  # validates the view settings, naming the field
+
+    def vit_config(self) -> ViTConfig:
+        """The backbone's :class:`ViTConfig` (the shared fields, ``num_classes=0``)."""
+        return ViTConfig(**{f.name: getattr(self, f.name) for f in fields(ViTConfig)})
+
+    def augmentation(self) -> MultiCropAugment:
+        """The :class:`~diffusionformer.data.augment.MultiCropAugment` of the views."""
+        try:
+            return MultiCropAugment(
+                global_crops=2, local_crops=self.local_crops, global_scale=self.global_crop_scale,
+                local_scale=self.local_crop_scale, ratio=self.crop_ratio, flip_prob=self.flip_prob,
+                brightness=self.brightness, contrast=self.contrast, blur_prob=self.blur_prob,
+                blur_sigma=self.blur_sigma, noise_std=self.noise_std)
+        except ValueError as exc:
+            raise ValueError(f"DINOConfig: {exc}") from None
+
+    def momentum_at(self, step: int) -> float:
+        """Teacher momentum of the EMA update that follows optimiser step ``step``."""
+        return cosine_momentum(step, self.momentum, self.schedule_steps)
+
+    def teacher_temp_at(self, step: int) -> float:
+        """``tau_t`` at update ``step``."""
+        return teacher_temperature(step, self.teacher_temp, self.warmup_teacher_temp, self.warmup_teacher_temp_steps)
+
+
+# ----------------------------------------------------------------------------- modules
+class DINOHead(nn.Module):
+    r"""DINO's projection head: MLP, l2-normalised bottleneck, weight-normalised prototypes.
+
+    .. math::
+        z = \mathrm{MLP}(h), \qquad \hat z = z / \lVert z \rVert_2, \qquad
+        g(h) = \hat W \hat z, \quad \hat W_k = W_k / \lVert W_k \rVert_2,
+
+    i.e. ``weight_norm`` on the last layer with its gain fixed to 1 (``norm_last_layer=True``).
+    The MLP has ``layers`` linear layers with GELU between them.
+
+    Args:
+        in_dim: backbone feature width ``D``.
+        out_dim: prototypes ``K``.
+        hidden: hidden width.
+        bottleneck: bottleneck width.
+        layers: linear layers of the MLP (``>= 1``).
+
+    Shapes:
+        ``(B, D) -> (B, K)``, every output in ``[-1, 1]``.
+
+    Examples:
+        >>> head = DINOHead(8, 5, hidden=16, bottleneck=4)
+        >>> out = head(torch.randn(3, 8))
+        >>> out.shape, bool(out.abs().max() <= 1.0)
+        (torch.Size([3, 5]), True)
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, hidden: int = 256, bottleneck: int = 64, layers: int = 3) -> None:
+        super().__init__()
+        check_positive("DINOHead", in_dim=in_dim, out_dim=out_dim, hidden=hidden, bottleneck=bottleneck, layers=layers)
+        widths = [in_dim] + [hidden] * (layers - 1) + [bottleneck]
+        mods: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+            mods.append(nn.Linear(a, b))
+            if i < layers - 1:
+                mods.append(nn.GELU())
+        self.mlp = nn.Sequential(*mods)
+        self.prototypes = nn.Parameter(torch.empty(out_dim, bottleneck))
+        for m in self.mlp:
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        nn.init.trunc_normal_(self.prototypes, std=0.02)
+
+    def forward(self, h: Tensor) -> Tensor:
+        z = F.normalize(self.mlp(h), dim=-1)
+        return F.linear(z, F.normalize(self.prototypes, dim=-1))
+
+
+class _Branch(nn.Module):
+    """Backbone + projection head: ``head(backbone.forward_features(x))``."""
+
+    def __init__(self, backbone: DiffusionViT, head: DINOHead) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.backbone.forward_features(x))
+
+
+def _parameters_to_buffers(module: nn.Module) -> None:
+    """Turn every parameter of ``module`` into a buffer of the same name (state, not trained)."""
+    for sub in module.modules():
+        for name, p in list(sub.named_parameters(recurse=False)):
+            delattr(sub, name)
+            sub.register_buffer(name, p.detach())
+
+
+class DINO(nn.Module):
+    r"""Student/teacher pair of DINO (Caron et al., ICCV 2021) on :class:`DiffusionViT` backbones.
+
+    ``student = (DiffusionViT, DINOHead)`` is trained; ``teacher`` starts as a copy of it and
+    follows it by EMA (:meth:`update_teacher`); ``center`` is the running mean of the
+    teacher's outputs (:meth:`update_center`). The teacher's weights are *buffers*, not
+    parameters: they are in ``state_dict`` (checkpoints resume exactly) but not in
+    ``parameters()``, so optimisers, parameter counts and learned-operator listings see the
+    student only. The teacher always runs in eval mode.
+
+    :attr:`backbone` is the **teacher's** ViT: DINO evaluates (k-NN, attention and PCA maps)
+    with the teacher, which is the better network of the two. ``forward(x)`` returns its pooled
+    features, so generic code (``model(x)``, token capture on ``model.backbone``) works.
+
+    Args:
+        config: a :class:`DINOConfig`.
+
+    Shapes:
+        ``forward(x, output="features")``: ``(B, C, H, W) -> (B, D)``; ``"student"`` and
+        ``"teacher"``: ``(B, C, H, W) -> (B, K)`` head outputs (logits before the
+        temperatures). :meth:`forward_patch_tokens`: ``(B, num_patches, D)`` of the teacher.
+
+    Examples:
+        >>> dino = DINO(DINOConfig(input_size=(8, 8), patch_size=2, dim=16, depth=2, num_heads=2,
+        ...                        laplacian_heads=1, out_dim=32, head_hidden=16, head_bottleneck=8))
+        >>> x = torch.randn(3, 1, 8, 8)
+        >>> dino(x).shape, dino(x, output="student").shape
+        (torch.Size([3, 16]), torch.Size([3, 32]))
+        >>> dino.backbone.blocks[0].attn.heads_spec()
+        'attention:1,laplacian:1'
+        >>> torch.equal(dino(x, output="teacher"), dino(x, output="student"))  # the teacher starts as a copy
+        True
+    """
+
+    def __init__(self, config: DINOConfig) -> None:
+        super().__init__()
+        if not isinstance(config, DINOConfig):
+            raise TypeError(f"config must be a DINOConfig, got {type(config).__name__}")
+        self.config = c = config
+        backbone = DiffusionViT(c.vit_config())
+        head = DINOHead(c.dim, c.out_dim, c.head_hidden, c.head_bottleneck, c.head_layers)
+        self.student = _Branch(backbone, head)
+        self.teacher = copy.deepcopy(self.student)
+        _parameters_to_buffers(self.teacher)
+        self.teacher.eval()
+        self.register_buffer("center", torch.zeros(1, c.out_dim))
+        self._ema_names = [name for name, _ in self.student.named_parameters()]
+
+    @property
+    def backbone(self) -> DiffusionViT:
+        """The teacher's ViT: the network that evaluation and analysis inspect."""
+        return self.teacher.backbone  # type: ignore[return-value]
+
+    def train(self, mode: bool = True) -> "DINO":
+        super().train(mode)
+        self.teacher.train(False)
+        return self
+
+    def no_weight_decay(self) -> set[str]:
+        """Student parameters excluded from weight decay (position embedding, class token)."""
+        return {f"student.backbone.{n}" for n in self.student.backbone.no_weight_decay()}  # type: ignore[operator]
+
+    @torch.no_grad()
+    def update_teacher(self, momentum: float) -> None:
+        r"""EMA step ``theta_t <- m theta_t + (1 - m) theta_s`` on every student parameter."""
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum must lie in [0, 1], got {momentum}")
+        teacher = dict(self.teacher.named_buffers())
+        student = dict(self.student.named_parameters())
+        for name in self._ema_names:
+            teacher[name].mul_(momentum).add_(student[name].detach(), alpha=1.0 - momentum)
+
+    @torch.no_grad()
+    def update_center(self, teacher_logits: Tensor) -> None:
+        r"""``c <- m_c c + (1 - m_c) mean(teacher_logits)``, the mean taken over all processes."""
+        flat = teacher_logits.detach().reshape(-1, self.config.out_dim).to(self.center.dtype)
+        total = flat.sum(dim=0, keepdim=True)
+        count = flat.shape[0]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(total)
+            count *= torch.distributed.get_world_size()
+        m = self.config.center_momentum
+        self.center.mul_(m).add_(total / count, alpha=1.0 - m)
+
+    def forward(self, x: Tensor, *, output: Literal["features", "student", "teacher"] = "features") -> Tensor:
+        if output == "features":
+            return self.backbone.forward_features(x)
+        if output == "student":
+            return self.student(x)
+        if output == "teacher":
+            with torch.no_grad():
+                return self.teacher(x)
+        raise ValueError(f"output must be 'features', 'student' or 'teacher', got {output!r}")
+
+    def forward_patch_tokens(self, x: Tensor) -> Tensor:
+        """The teacher backbone's patch tokens ``(B, num_patches, D)`` (PCA maps)."""
+        return self.backbone.forward_patch_tokens(x)
