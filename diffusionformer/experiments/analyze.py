@@ -74,7 +74,7 @@ def _run_state(rdir: Path) -> str:
 _Run = tuple[TaskConfig, OperatorSetting, int, Path]
 
 
-def _find_runs(out: Path, config: ExperimentConfig) -> tuple[list[_Run], list[str]]:
+def _find_runs(out: Path, config: ExperimentConfig, partial: bool = False) -> tuple[list[_Run], list[str]]:
     runs_root = out / "runs"
     if not runs_root.is_dir():
         raise FileNotFoundError(f"no runs of experiment {config.name!r}: {runs_root} does not exist; {_RUN_HINT}")
@@ -92,7 +92,11 @@ def _find_runs(out: Path, config: ExperimentConfig) -> tuple[list[_Run], list[st
                     skipped.append(str(rdir))
                     warnings.warn(f"run {rdir} is not finished (no completed summary.json); skipping it",
                                   RuntimeWarning, stacklevel=3)
-    if missing:
+    if missing and partial:
+        skipped += [str(Path(m).parent) for m in missing]
+        warnings.warn(f"{len(missing)} run(s) of {config.name!r} not trained yet; analysing the {len(done)} finished ones",
+                      RuntimeWarning, stacklevel=3)
+    elif missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise FileNotFoundError(f"{len(missing)} run(s) of {config.name!r} have no checkpoint: {shown}; {_RUN_HINT}")
     if not done:
@@ -250,6 +254,7 @@ def analyze_experiment(
     max_attention_examples: int = 64,
     progress: bool = True,
     plots: bool = True,
+    partial: bool = False,
 ) -> dict[str, Any]:
     """Analyse every finished run of ``config`` and write ``<out_root>/<name>/analysis/``.
 
@@ -264,12 +269,14 @@ def analyze_experiment(
             Dirichlet energy).
         progress: show a progress bar over runs.
         plots: write the figures (needs matplotlib; skipped with a warning without it).
+        partial: analyse the finished runs of a comparison that is still being run (runs not
+            trained yet are listed in ``skipped_runs``) instead of refusing.
 
     Returns:
         The content of ``metrics.json``.
 
     Raises:
-        FileNotFoundError: the runs (or a finished run's checkpoint) are missing; the message
+        FileNotFoundError: the runs (or, without ``partial``, some run's checkpoint) are missing; the message
             names the path and says to run the comparison first. Unfinished runs are skipped
             with a ``RuntimeWarning``.
     """
@@ -281,7 +288,7 @@ def analyze_experiment(
         raise ValueError(f"max_examples must be a positive int, got {max_examples!r}")
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_root) / config.name
-    runs, skipped = _find_runs(out, config)
+    runs, skipped = _find_runs(out, config, partial)
     result: dict[str, Any] = {
         "experiment": config.name,
         "split": split,

@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--max-examples", type=int, default=512, help="held-out examples to analyse per run")
     a.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
+    a.add_argument("--partial", action="store_true", help="analyse the finished runs of a comparison still being run")
     return p
 
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             from diffusionformer.experiments.analyze import analyze_experiment
 
             analyze_experiment(config, args.out, data_root=args.data_root, max_examples=args.max_examples,
-                               device=args.device, progress=not args.no_progress)
+                               device=args.device, progress=not args.no_progress, partial=args.partial)
             return 0
         from diffusionformer.experiments.runner import aggregate, format_table, run_experiment
 

@@ -129,6 +129,9 @@ def test_unfinished_runs_are_skipped_and_missing_checkpoints_fail(vit_runs: tupl
     shutil.rmtree(run)  # never started
     with pytest.raises(FileNotFoundError, match=r"1 run\(s\) .* no checkpoint: .*laplacian.seed0.checkpoint\.pt.*CONFIG"):
         analyze_experiment(config, tmp_path, progress=False, plots=False)
+    with pytest.warns(RuntimeWarning, match=r"1 run\(s\) of 'tiny-vit' not trained yet; analysing the 1 finished"):
+        partial = analyze_experiment(config, tmp_path, max_examples=8, progress=False, plots=False, partial=True)
+    assert sorted(partial["tasks"]["digits"]["operators"]) == ["attention"] and partial["skipped_runs"] == [str(run)]
 
     (tmp_path / "tiny-vit" / "runs" / "digits" / "attention" / "seed0" / "checkpoint.pt").unlink()
     with pytest.raises(FileNotFoundError, match=r"marked completed but its checkpoint .*checkpoint\.pt is missing"):
