@@ -42,6 +42,7 @@ from diffusionformer.data import load_dataset
 from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.runner import build_model, run_dir
+from diffusionformer.models import learned_operator_parameters
 from diffusionformer.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from diffusionformer.train.metrics import write_json_atomic
 
@@ -321,7 +322,6 @@ def analyze_experiment(
                 accuracy, loss = res["info"].pop("accuracy", None), res["info"].pop("loss", None)
                 entry.update(res["info"])
                 op = entry["operators"].setdefault(setting.name, {"seeds": {}})
-                learned_path = rdir / "learned_operators.json"
                 op["seeds"][str(seed)] = {
                     "checkpoint": str(rdir / CHECKPOINT_NAME),
                     "step": payload["step"],
@@ -329,7 +329,9 @@ def analyze_experiment(
                     "heldout_loss": loss,
                     "layers": res["layers"],
                     "coefficients": res["coefficients"],
-                    "learned_operators": json.loads(learned_path.read_text()) if learned_path.is_file() else {},
+                    # from the loaded model (not the run's flat learned_operators.json): shapes kept, e.g. (G, K+1)
+                    "learned_operators": {name: p.detach().cpu().tolist()
+                                          for name, p in learned_operator_parameters(model).items()},
                     "singular_values_last_layer": res["spectra"][-1],
                 }
                 spectra.setdefault(task.name, {}).setdefault(setting.name, []).append(res["spectra"])
@@ -432,18 +434,49 @@ def _grid(panels: list[tuple[str, str, bool]], task: dict[str, Any], title: str)
     return fig
 
 
-def _learned_series(learned: dict[str, list[float]]) -> dict[str, dict[int, list[float]]]:
-    """``{"blocks.0.attn.operators.1.t": [...]}`` -> ``{"t (operators.1)": {0: [...]}}``."""
-    out: dict[str, dict[int, list[float]]] = {}
+def _learned_series(learned: dict[str, Any]) -> dict[str, dict[int, torch.Tensor]]:
+    """``{"blocks.0.attn.operators.1.t": [...]}`` -> ``{"t": {0: tensor}}`` (PPR logits as ``alpha``).
+
+    Values keep their shape: ``(G,)`` per head for times and restart probabilities,
+    ``(G, K + 1)`` for polynomial coefficients.
+    """
+    out: dict[str, dict[int, torch.Tensor]] = {}
     for name, values in learned.items():
-        m = re.search(r"blocks\.(\d+)\.(.+)$", name)
+        m = re.search(r"blocks\.(\d+)\..*operators\.\d+\.(\w+)$", name)
         if m is None:
             continue
-        layer, rest = int(m.group(1)), m.group(2)
-        parts = rest.split(".")
-        label = f"{parts[-1]} ({'.'.join(parts[-3:-1])})" if len(parts) >= 3 else parts[-1]
-        out.setdefault(label, {})[layer] = values
+        layer, key = int(m.group(1)), m.group(2)
+        value = torch.tensor(values, dtype=torch.float64)
+        if key == "alpha_logit":
+            key, value = "alpha", torch.sigmoid(value)
+        out.setdefault(key, {})[layer] = value
     return out
+
+
+def _plot_learned(fig: Any, learned: dict[str, list[dict[str, dict[int, torch.Tensor]]]], title: str) -> None:
+    """One panel per (setting, parameter): per-head values by layer, or coefficients ``theta_k`` by ``k``."""
+    panels = [(name, key) for name, runs in learned.items() for key in sorted({k for r in runs for k in r})]
+    axes = fig.subplots(1, len(panels), squeeze=False).ravel()
+    for ax, (name, key) in zip(axes, panels):
+        layers = sorted({layer for r in learned[name] for layer in r.get(key, {})})
+        for run in learned[name]:
+            for layer, value in sorted(run.get(key, {}).items()):
+                color = f"C{layers.index(layer)}"
+                if value.dim() == 2:  # (heads, K + 1): one line per head and seed
+                    for h, row in enumerate(value):
+                        ax.plot(range(row.numel()), row.tolist(), "-o", color=color, ms=3, lw=1, alpha=0.6,
+                                label=f"block {layer}" if (run is learned[name][0] and h == 0) else None)
+                else:  # one value per head
+                    jitter = [layer + 0.08 * (h - (value.numel() - 1) / 2) for h in range(value.numel())]
+                    ax.scatter(jitter, value.flatten().tolist(), color=color, s=14, alpha=0.8)
+        if any(r.get(key, {}) and next(iter(r[key].values())).dim() == 2 for r in learned[name]):
+            ax.axhline(0.0, color="0.7", lw=0.8)
+            ax.set(xlabel="k (coefficient of P^k)", ylabel=key, title=f"{name}: {key} (lines = heads x seeds)")
+            ax.legend(fontsize=7)
+        else:
+            ax.set(xlabel="block (dots = heads, all seeds)", ylabel=key, title=f"{name}: {key}")
+        _integer_x(ax)
+    fig.suptitle(title)
 
 
 def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str, list[Any]]],
@@ -515,19 +548,9 @@ def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str
                    for name, op in task["operators"].items()}
         learned = {name: runs for name, runs in learned.items() if any(runs)}
         if learned:
-            keys = sorted({k for runs in learned.values() for r in runs for k in r})
-            fig = _figure(figsize=(4.6 * len(keys), 3.4))
-            for ax, key in zip(fig.subplots(1, len(keys), squeeze=False).ravel(), keys):
-                for i, (name, runs) in enumerate(learned.items()):
-                    for j, run in enumerate(runs):
-                        for layer, values in sorted(run.get(key, {}).items()):
-                            jitter = [layer + 0.08 * (h - (len(values) - 1) / 2) for h in range(len(values))]
-                            ax.scatter(jitter, values, color=f"C{i}", s=14, alpha=0.8,
-                                       label=name if (j == 0 and layer == min(run[key])) else None)
-                ax.set(xlabel="layer (block index), dots = heads, all seeds", ylabel=key)
-                _integer_x(ax)
-                ax.legend(fontsize=7)
-            fig.suptitle(f"{tname}: learned operator parameters")
+            n = sum(len({k for r in runs for k in r}) for runs in learned.values())
+            fig = _figure(figsize=(4.6 * n, 3.6))
+            _plot_learned(fig, learned, f"{tname}: learned operator parameters")
             save(fig, f"{tname}_learned_operators.png")
     return written
 

@@ -153,3 +153,24 @@ def test_cli_dispatches_analyze(vit_runs: tuple[Any, Path], tmp_path: Path) -> N
     assert main(["analyze", str(toml), "--out", str(tmp_path), "--max-examples", "8"]) == 0
     result = json.loads((tmp_path / "tiny-vit" / "analysis" / "metrics.json").read_text())
     assert result["tasks"]["digits"]["num_examples"] == 8
+
+
+def test_learned_parameters_keep_their_shape_and_ppr_logits_become_alpha() -> None:
+    pytest.importorskip("matplotlib")
+    import math
+
+    from diffusionformer.experiments.analyze import _figure, _learned_series, _plot_learned
+
+    learned = {
+        "blocks.0.attn.operators.1.theta": [[0.0, 1.0, 0.1], [0.1, 0.9, 0.0]],  # (G=2, K+1=3)
+        "blocks.1.attn.operators.1.alpha_logit": [0.0, math.log(3.0)],
+        "head.weight": [1.0],  # not an operator parameter
+    }
+    series = _learned_series(learned)
+    assert sorted(series) == ["alpha", "theta"] and series["theta"][0].shape == (2, 3)
+    assert series["alpha"][1].tolist() == pytest.approx([0.5, 0.75])
+    fig = _figure()
+    _plot_learned(fig, {"poly": [series, series]}, "t")
+    ax_alpha, ax_theta = fig.axes
+    assert len(ax_theta.lines) == 2 * 2 + 1  # heads x seeds, plus the zero line
+    assert ax_theta.get_xlabel().startswith("k") and ax_alpha.get_ylabel() == "alpha"
