@@ -51,7 +51,9 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
         if steps == 0:
             raise ValueError("the Euler heat kernel needs steps >= 1")
         a, b = 1.0 - t / steps, t / steps
-        binom = torch.tensor([math.comb(steps, k) for k in range(steps + 1)], dtype=torch.float64, device=t.device)
+        # binomial coefficients built on t's device (no host-to-device copy in the forward pass)
+        k = torch.arange(steps + 1, dtype=torch.float64, device=t.device)
+        binom = torch.exp(math.lgamma(steps + 1) - torch.lgamma(k + 1) - torch.lgamma(steps - k + 1)).round()
         a_pow = torch.stack([a ** (steps - k) for k in range(steps + 1)], dim=-1)
         b_pow = torch.stack([b**k for k in range(steps + 1)], dim=-1)
         return binom * a_pow * b_pow
