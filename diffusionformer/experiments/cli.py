@@ -5,6 +5,7 @@ Commands:
     show CONFIG [--set ...]            validate a config and print the resolved runs
     analyze CONFIG                     token-geometry metrics and figures of the trained models
     publish CONFIG --to docs/results   results page (tables, figures, command, machine) for the docs
+    summary CONFIG [CONFIG ...]        one table of every setting's difference to the baseline, per task
     list                               registered datasets, model presets and operators
 """
 
@@ -38,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--restart", action="store_true", help="discard earlier runs instead of resuming them")
             c.add_argument("--no-progress", action="store_true", help="no progress bars")
     sub.add_parser("list", help="list datasets, model presets and operators")
+    sm = sub.add_parser("summary", help="one table of each setting's difference to the baseline over several comparisons")
+    sm.add_argument("configs", nargs="+", metavar="config")
+    sm.add_argument("--out", default="results", help="results root the comparisons were run into")
+    sm.add_argument("--selected", action="store_true", help="compare the metric at the best select_by evaluation")
     pub = sub.add_parser("publish", help="write the docs results page of a finished comparison")
     pub.add_argument("config")
     pub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -70,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
             print("models:")
             for m in list_models():
                 print(f"  {m:20s} {get_preset(m).description}")
+            return 0
+        if args.command == "summary":
+            from diffusionformer.experiments.publish import summary_table
+
+            print(summary_table([load_experiment_config(c) for c in args.configs], args.out, selected=args.selected), end="")
             return 0
         config = load_experiment_config(args.config, args.overrides)
         if args.command == "show":

@@ -10,14 +10,15 @@ again, so every table in the docs can be rebuilt from a results folder.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.runner import RunResult, aggregate, format_table, read_curves, run_dir, select_evaluation
+from diffusionformer.experiments.runner import RunResult, aggregate, format_table, read_curves, run_dir, select_evaluation, welch_t
 
-__all__ = ["publish_experiment"]
+__all__ = ["publish_experiment", "summary_table"]
 
 
 def _copy(src: Path, dst: Path) -> Path | None:
@@ -41,13 +42,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         raise FileNotFoundError(
             f"{results_path} not found: run `python -m diffusionformer.experiments run {config_path or 'CONFIG'}` first"
         )
-    data = json.loads(results_path.read_text())
-    runs = [RunResult(**r) for r in data["runs"]]
-    tasks = {t.name: t for t in config.tasks}
-    for r in runs:  # results written before a task had select_by: pick from the run's own log
-        task = tasks.get(r.task)
-        if task is not None and task.select_by and r.selected_value is None and r.status == "completed":
-            r.selected_value, r.selected_step = select_evaluation(read_curves(run_dir(src, r.task, r.operator, r.seed)), task)
+    runs = _load_runs(config, src)  # select_by evaluations of older results are picked from the run logs
     manifest: dict[str, Any] = json.loads((src / "manifest.json").read_text()) if (src / "manifest.json").is_file() else {}
     docs = Path(docs_dir)
     dst = docs / config.name
@@ -103,3 +98,73 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     page = docs / f"{config.name}.md"
     page.write_text("\n".join(lines) + "\n")
     return page
+
+
+def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
+    """The runs of ``results.json``, with ``select_by`` evaluations recomputed from the run logs where missing."""
+    data = json.loads((src / "results.json").read_text())
+    runs = [RunResult(**r) for r in data["runs"]]
+    tasks = {t.name: t for t in config.tasks}
+    for r in runs:
+        task = tasks.get(r.task)
+        if task is not None and task.select_by and r.selected_value is None and r.status == "completed":
+            r.selected_value, r.selected_step = select_evaluation(read_curves(run_dir(src, r.task, r.operator, r.seed)), task)
+    return runs
+
+
+def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, selected: bool = False,
+                  strong: float = 2.8) -> str:
+    r"""One markdown table over several comparisons: each setting against the baseline, per task.
+
+    A cell is ``Δ (t)``: the difference of means against the config's first setting, signed so
+    that **positive is better** (loss differences are negated), and Welch's t of it
+    (:func:`~diffusionformer.experiments.runner.welch_t`); cells with ``|t| >= strong`` are bold.
+    Tasks without finished runs are left out; a cell with fewer seeds than the config asks
+    for says how many it has.
+
+    Args:
+        configs: the comparisons (their results under ``<out_root>/<name>/``).
+        out_root: the results root given to ``run``.
+        selected: compare the metric at each run's best ``select_by`` evaluation instead of
+            the final one (tasks without ``select_by`` keep the final metric).
+        strong: ``|t|`` from which a cell is bold (2.8: two-sided p = 0.05 at 4 degrees of freedom).
+    """
+    settings: list[str] = []
+    rows: list[tuple[str, str, dict[str, str]]] = []
+    for config in configs:
+        src = Path(out_root) / config.name
+        if not (src / "results.json").is_file():
+            continue
+        runs = _load_runs(config, src)
+        baseline = config.operators[0].name
+        for task in config.tasks:
+            values: dict[str, list[float]] = {}
+            for r in runs:
+                v = r.selected_value if (selected and task.select_by) else r.value
+                if r.task == task.name and v is not None and math.isfinite(v):
+                    values.setdefault(r.operator, []).append(v)
+            if baseline not in values:
+                continue
+            sign = -1.0 if task.minimize else 1.0
+            base = values[baseline]
+            cells = {}
+            for setting in config.operators[1:]:
+                if setting.name not in values:
+                    continue
+                if setting.name not in settings:
+                    settings.append(setting.name)
+                vals = values[setting.name]
+                delta = sign * (sum(vals) / len(vals) - sum(base) / len(base)) + 0.0  # no "-0.0000"
+                t = welch_t(vals, base)
+                text = f"{delta:+.4f}" + ("" if t is None else f" ({sign * t:+.1f})")
+                if t is not None and abs(t) >= strong:
+                    text = f"**{text}**"
+                if len(vals) < len(config.seeds) or len(base) < len(config.seeds):
+                    text += f" [{len(vals)} vs {len(base)} seeds]"
+                cells[setting.name] = text
+            metric = task.metric + (f" at best {task.select_by}" if selected and task.select_by else "")
+            rows.append((f"{config.name} / {task.name}", f"{metric} ({sum(base) / len(base):.4f})", cells))
+    lines = ["| task | metric (baseline mean) | " + " | ".join(settings) + " |",
+             "|---|---|" + "---|" * len(settings)]
+    lines += [f"| {name} | {metric} | " + " | ".join(cells.get(s, "") for s in settings) + " |" for name, metric, cells in rows]
+    return "\n".join(lines) + "\n"

@@ -289,3 +289,23 @@ def test_table_reports_welch_t_of_each_difference():
     row = next(line for line in format_table(aggregate(runs), cfg).splitlines() if line.startswith("| lap |"))
     assert row.split("|")[3:5] == [" +0.0600 ", " +3.1 "]
     assert welch_t([1.0, 1.0], [1.0, 1.0]) is None
+
+
+def test_summary_table_signs_differences_so_that_positive_is_better(tmp_path):
+    from dataclasses import asdict
+
+    from diffusionformer.experiments.publish import summary_table
+    from diffusionformer.experiments.runner import RunResult
+
+    raw = tiny_config(seeds=[0, 1, 2])
+    raw["tasks"].append({**raw["tasks"][0], "name": "lm", "metric": "val_loss"})
+    cfg = load_experiment_config(raw)
+    vals = {("digits", "attention"): [0.80, 0.82, 0.84], ("digits", "lap"): [0.86, 0.87, 0.91],
+            ("lm", "attention"): [2.0, 2.1, 2.2], ("lm", "lap"): [2.1]}
+    runs = [asdict(RunResult(task, op, s, "completed", "m", v)) for (task, op), vs in vals.items() for s, v in enumerate(vs)]
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "results.json").write_text(json.dumps({"runs": runs, "summary": []}))
+    lines = summary_table([cfg], tmp_path).splitlines()
+    assert lines[0] == "| task | metric (baseline mean) | lap |"
+    assert lines[2] == "| tiny / digits | test_acc (0.8200) | **+0.0600 (+3.1)** |"
+    assert lines[3] == "| tiny / lm | val_loss (2.1000) | +0.0000 [1 vs 3 seeds] |"  # one seed: no t
