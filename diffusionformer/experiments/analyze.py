@@ -41,7 +41,7 @@ from diffusionformer.analysis.report import layer_reports
 from diffusionformer.data import load_dataset
 from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
-from diffusionformer.experiments.runner import build_model, run_dir
+from diffusionformer.experiments.runner import build_model, run_dir, welch_t
 from diffusionformer.models import learned_operator_parameters
 from diffusionformer.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from diffusionformer.train.metrics import write_json_atomic
@@ -361,28 +361,44 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
 
 
+def _last_layer_values(op: dict[str, Any], key: str) -> list[float]:
+    vals = [s["layers"][-1].get(key) for s in op["seeds"].values()]
+    return [float(v) for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def _cell(values: list[float], base: list[float] | None) -> str:
+    """``mean ± std (t)``: ``t`` is Welch's statistic against the first setting's values."""
+    if not values:
+        return "n/a"
+    text = f"{_fmt(statistics.fmean(values))} ± {_fmt(statistics.stdev(values) if len(values) > 1 else 0.0)}"
+    t = welch_t(values, base) if base is not None else None
+    return text + ("" if t is None else f" ({t:+.1f})")
+
+
 def _markdown(result: dict[str, Any]) -> str:
     lines = [f"# Token geometry: {result['experiment']}", "",
              f"Held-out split `{result['split']}`, up to {result['max_examples']} sequences per run. "
-             f"Layer 0 = embeddings, L = last block. Mean over seeds (see metrics.json for std).", ""]
+             "Layer 0 = embeddings, L = last block. Cells: mean ± sample std over seeds, and in brackets "
+             "Welch's t of the difference to the first setting (|t| below about 3 is within seed noise). "
+             "Per-layer values of every metric are in metrics.json.", ""]
+    keys = ["within_variance", "dirichlet_complete", "dirichlet_attention", "effective_rank"]
+    heads = ["within-var L", "Dirichlet (complete) L", "Dirichlet (attention) L", "eff. rank L"]
     for name, task in result["tasks"].items():
         cls = "nc1" if task["operators"] and any(
             "nc1" in s["layers"][0] for op in task["operators"].values() for s in op["seeds"].values()) else "token_nc1"
         lines += [f"## {name} ({task['dataset']}, {task['model']})", "",
-                  f"| operator | within-var L0 | within-var L | ratio L/L0 | Dirichlet (complete) L | "
-                  f"Dirichlet (attention) L | eff. rank L | {cls} L |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for op_name, op in task["operators"].items():
-            s = op["summary"]
-
-            def get(i: int, key: str, s: list[dict[str, Any]] = s) -> float | None:
-                v = s[i].get(key)
-                return None if not v else v["mean"]
-
-            v0, vl = get(0, "within_variance"), get(-1, "within_variance")
-            ratio = vl / v0 if v0 and vl is not None else None
-            last = [get(-1, key) for key in ("dirichlet_complete", "dirichlet_attention", "effective_rank", cls)]
-            lines.append(f"| {op_name} | {_fmt(v0)} | {_fmt(vl)} | {_fmt(ratio)} | " + " | ".join(map(_fmt, last)) + " |")
+                  "| operator | within-var L0 | " + " | ".join(heads) + f" | {cls} L |",
+                  "|---|---|" + "---|" * (len(keys) + 1)]
+        ops = list(task["operators"].items())
+        first = ops[0][1] if ops else None
+        for op_name, op in ops:
+            v0 = [float(s["layers"][0]["within_variance"]) for s in op["seeds"].values()
+                  if isinstance(s["layers"][0].get("within_variance"), (int, float))]
+            cells = [_cell(v0, None)]
+            for key in [*keys, cls]:
+                base = None if op is first or first is None else _last_layer_values(first, key)
+                cells.append(_cell(_last_layer_values(op, key), base))
+            lines.append(f"| {op_name} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
