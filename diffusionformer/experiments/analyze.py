@@ -370,7 +370,7 @@ def _cell(values: list[float], base: list[float] | None) -> str:
     """``mean ± std (t)``: ``t`` is Welch's statistic against the first setting's values."""
     if not values:
         return "n/a"
-    text = f"{_fmt(statistics.fmean(values))} ± {_fmt(statistics.stdev(values) if len(values) > 1 else 0.0)}"
+    text = f"{_fmt(statistics.fmean(values))} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.2g}"
     t = welch_t(values, base) if base is not None else None
     return text + ("" if t is None else f" ({t:+.1f})")
 
