@@ -400,7 +400,31 @@ def _markdown(result: dict[str, Any]) -> str:
                 cells.append(_cell(_last_layer_values(op, key), base))
             lines.append(f"| {op_name} | " + " | ".join(cells) + " |")
         lines.append("")
+        lines += _learned_markdown(task)
     return "\n".join(lines)
+
+
+def _learned_markdown(task: dict[str, Any]) -> list[str]:
+    """Learned operator parameters per block: mean [min, max] over heads and seeds, or mean theta_k."""
+    rows = []
+    for op_name, op in task["operators"].items():
+        per_block: dict[tuple[str, int], list[torch.Tensor]] = {}
+        for seed in op["seeds"].values():
+            for key, layers in _learned_series(seed.get("learned_operators", {})).items():
+                for layer, value in layers.items():
+                    per_block.setdefault((key, layer), []).append(value)
+        for (key, layer), values in sorted(per_block.items()):
+            v = torch.cat([x.reshape(-1, x.shape[-1]) if x.dim() == 2 else x.reshape(-1, 1) for x in values])
+            if v.shape[1] > 1:  # polynomial coefficients theta_0..theta_K
+                text = "theta = " + ", ".join(f"{c:+.3f}" for c in v.mean(0).tolist())
+            else:
+                text = f"{v.mean().item():.3f} [{v.min().item():.3f}, {v.max().item():.3f}]"
+            rows.append(f"| {op_name} | {key} | {layer} | {text} | {v.shape[0]} |")
+    if not rows:
+        return []
+    return ["Learned operator parameters at the end of training (mean over heads and seeds; "
+            "[min, max] for per-head scalars; theta_k = coefficient of P^k):", "",
+            "| operator | parameter | block | value | heads x seeds |", "|---|---|---|---|---|", *rows, ""]
 
 
 # ----------------------------------------------------------------------------- plots

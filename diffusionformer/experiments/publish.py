@@ -94,6 +94,10 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         lines += ["## Token geometry", "",
                   f"From `python -m diffusionformer.experiments analyze {config_path or '<config>'}`; "
                   f"numbers in [`metrics.json`]({config.name}/analysis/metrics.json).", ""]
+        readme = analysis / "README.md"
+        if readme.is_file():  # the geometry tables (mean ± std, Welch t), headings one level down
+            body = readme.read_text().split("\n", 1)[1] if readme.read_text().startswith("# ") else readme.read_text()
+            lines += [body.replace("\n## ", "\n### ").strip(), ""]
         lines += [f"![{p.stem}]({config.name}/analysis/{p.name})\n" for p in analysis_pngs]
     page = docs / f"{config.name}.md"
     page.write_text("\n".join(lines) + "\n")

@@ -177,3 +177,14 @@ def test_learned_parameters_keep_their_shape_and_ppr_logits_become_alpha() -> No
     ax_alpha, ax_theta = fig.axes
     assert len(ax_theta.lines) == 2 * 2 + 1  # heads x seeds, plus the zero line
     assert ax_theta.get_xlabel().startswith("k") and ax_alpha.get_ylabel() == "alpha"
+
+
+def test_learned_parameter_table_averages_heads_and_seeds() -> None:
+    from diffusionformer.experiments.analyze import _learned_markdown
+
+    seeds = {str(i): {"learned_operators": {"blocks.0.attn.operators.1.t": [0.5 + i, 0.7 + i],
+                                            "blocks.1.attn.operators.1.theta": [[0.0, 1.0], [0.2, 0.8]]}} for i in range(2)}
+    rows = _learned_markdown({"operators": {"attention": {"seeds": {}}, "mix": {"seeds": seeds}}})
+    assert "| mix | t | 0 | 1.100 [0.500, 1.700] | 4 |" in rows
+    assert "| mix | theta | 1 | theta = +0.100, +0.900 | 4 |" in rows
+    assert _learned_markdown({"operators": {"attention": {"seeds": {"0": {"learned_operators": {}}}}}}) == []
