@@ -118,6 +118,14 @@ def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
     page = publish_experiment(cfg, tmp_path, tmp_path / "docs", config_path="tiny.toml")
     text = page.read_text()
     assert "| attention |" in text and "tiny/plots/digits_curves.png" in text and "Machine" in text
+    try:
+        from PIL import Image
+    except ImportError:
+        pass
+    else:  # figures are reduced to a palette, same size in pixels
+        with Image.open(tmp_path / "docs" / "tiny" / "plots" / "digits_curves.png") as small, \
+                Image.open(out / "plots" / "digits_curves.png") as full:
+            assert small.mode == "P" and small.size == full.size
     assert (tmp_path / "docs" / "tiny" / "plots" / "digits_final.png").is_file()
     assert not list((tmp_path / "docs").rglob("*.pt"))
 
