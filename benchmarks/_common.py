@@ -143,6 +143,30 @@ def measure(
     return {n: Timing(samples[n], calls[n]) for n in names}
 
 
+def step_callables(fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, backward: bool,
+                   grad: torch.Tensor | None = None) -> dict[str, Callable[[], None]]:
+    """Zero-argument callables for :func:`measure`: ``f(x)`` under ``no_grad``, or forward + backward.
+
+    With ``backward`` every call runs ``f`` on one leaf copy of ``x`` and backpropagates ``grad``
+    (default: ``randn_like(x)``, drawn once, so all candidates see the same gradient).
+    """
+    if not backward:
+        def fwd(f: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
+            def call() -> None:
+                with torch.no_grad():
+                    f(x)
+            return call
+        return {k: fwd(f) for k, f in fns.items()}
+    xg = x.detach().clone().requires_grad_()
+    g = torch.randn_like(x) if grad is None else grad
+
+    def fb(f: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
+        def call() -> None:
+            torch.autograd.backward(f(xg), g)
+        return call
+    return {k: fb(f) for k, f in fns.items()}
+
+
 def ratio(timings: dict[str, Timing], cand: str, base: str) -> tuple[float, float, float]:
     """Median and quartiles of the paired per-round ratios ``cand / base``."""
     rs = [c / b for c, b in zip(timings[cand].samples, timings[base].samples)]

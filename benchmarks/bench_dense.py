@@ -40,21 +40,7 @@ def callables(mods: dict[str, nn.Module], x: torch.Tensor, causal: bool, backwar
         return mha(inp, inp, inp, need_weights=False, attn_mask=mask, is_causal=causal)[0]
 
     runners = {"mha": run_mha, "attention": mods["attention"], "mixed": mods["mixed"]}
-    if not backward:
-        def fwd(f):  # noqa: ANN001, ANN202
-            def call() -> None:
-                with torch.no_grad():
-                    f(x)
-            return call
-        return {k: fwd(f) for k, f in runners.items()}
-    xg = x.detach().clone().requires_grad_()
-    grad = torch.randn_like(x)
-
-    def fb(f):  # noqa: ANN001, ANN202
-        def call() -> None:
-            torch.autograd.backward(f(xg), grad)
-        return call
-    return {k: fb(f) for k, f in runners.items()}
+    return C.step_callables(runners, x, backward)
 
 
 def main(argv: list[str] | None = None) -> C.Report:

@@ -111,24 +111,6 @@ def part_kernels(args, rep: C.Report) -> None:  # noqa: ANN001
               ["operator", "K", "N", "mode", "sdpa ms", "matrix ms", "auto ms"], op_rows)
 
 
-def layer_callables(layers: dict, x: torch.Tensor, backward: bool) -> dict:
-    if not backward:
-        def fwd(m):  # noqa: ANN001, ANN202
-            def call() -> None:
-                with torch.no_grad():
-                    m(x)
-            return call
-        return {k: fwd(m) for k, m in layers.items()}
-    xg = x.detach().clone().requires_grad_()
-    grad = torch.randn_like(x)
-
-    def fb(m):  # noqa: ANN001, ANN202
-        def call() -> None:
-            torch.autograd.backward(m(xg), grad)
-        return call
-    return {k: fb(m) for k, m in layers.items()}
-
-
 def part_layers(args, rep: C.Report) -> None:  # noqa: ANN001
     sizes = [256] if args.quick else [256, 1024]
     Gs = [2] if args.quick else [1, 2, 4]
@@ -150,7 +132,7 @@ def part_layers(args, rep: C.Report) -> None:  # noqa: ANN001
                         layers[f"G={G},K={K}"] = m
                 for m in layers.values():
                     m.to(args.device).train(backward)
-                t = C.measure(layer_callables(layers, x, backward), device=args.device, rounds=rounds, block_s=0.02)
+                t = C.measure(C.step_callables(layers, x, backward), device=args.device, rounds=rounds, block_s=0.02)
                 for name in layers:
                     if name == "attention":
                         continue

@@ -60,21 +60,8 @@ def runners(conv: nn.Module, ours: nn.Module, x: torch.Tensor, ei: torch.Tensor,
     fns = {"TransformerConv": lambda inp: conv(inp, ei), "ours": lambda inp: ours(inp, edge_index=ei)}
     for m in (conv, ours):
         m.train(backward)
-    if not backward:
-        def fwd(f: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
-            def call() -> None:
-                with torch.no_grad():
-                    f(x)
-            return call
-        return {k: fwd(f) for k, f in fns.items()}
-    xg = x.detach().clone().requires_grad_()
-    grad = torch.randn(x.shape[0], D, device=x.device)
-
-    def fb(f: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
-        def call() -> None:
-            torch.autograd.backward(f(xg), grad)
-        return call
-    return {k: fb(f) for k, f in fns.items()}
+    grad = torch.randn(x.shape[0], D, device=x.device) if backward else None
+    return C.step_callables(fns, x, backward, grad)
 
 
 def set_pyg_scatter(enabled: bool) -> None:
