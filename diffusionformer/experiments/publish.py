@@ -10,7 +10,6 @@ again, so every table in the docs can be rebuilt from a results folder.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -153,26 +152,26 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
         src = Path(out_root) / config.name
         if not (src / "results.json").is_file():
             continue
-        runs = _load_runs(config, src)
+        table = {(row["task"], row["operator"]): row for row in aggregate(_load_runs(config, src))}
         baseline = config.operators[0].name
         for task in config.tasks:
-            values: dict[str, list[float]] = {}
-            for r in runs:
-                v = r.selected_value if (selected and task.select_by) else r.value
-                if r.task == task.name and v is not None and math.isfinite(v):
-                    values.setdefault(r.operator, []).append(v)
-            if baseline not in values:
+            use_selected = selected and task.select_by is not None
+            key_values, key_mean = ("selected_values", "selected_mean") if use_selected else ("values", "mean")
+            rows_of = {o.name: table.get((task.name, o.name), {}) for o in config.operators}
+            base_row = rows_of[baseline]
+            if not base_row.get(key_values):
                 continue
             sign = -1.0 if task.minimize else 1.0
-            base = values[baseline]
+            base = base_row[key_values]
             cells = {}
             for setting in config.operators[1:]:
-                if setting.name not in values:
+                row = rows_of[setting.name]
+                if not row.get(key_values):
                     continue
                 if setting.name not in settings:
                     settings.append(setting.name)
-                vals = values[setting.name]
-                delta = sign * (sum(vals) / len(vals) - sum(base) / len(base)) + 0.0  # no "-0.0000"
+                vals = row[key_values]
+                delta = sign * (row[key_mean] - base_row[key_mean]) + 0.0  # no "-0.0000"
                 t = welch_t(vals, base)
                 text = f"{delta:+.4f}" + ("" if t is None else f" ({sign * t:+.1f})")
                 if t is not None and abs(t) >= strong:
@@ -181,7 +180,7 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
                     text += f" [{len(vals)} vs {len(base)} seeds]"
                 cells[setting.name] = text
             metric = task.metric + (f" at best {task.select_by}" if selected and task.select_by else "")
-            rows.append((f"{config.name} / {task.name}", f"{metric} ({sum(base) / len(base):.4f})", cells))
+            rows.append((f"{config.name} / {task.name}", f"{metric} ({base_row[key_mean]:.4f})", cells))
     lines = ["| task | metric (baseline mean) | " + " | ".join(settings) + " |",
              "|---|---|" + "---|" * len(settings)]
     lines += [f"| {name} | {metric} | " + " | ".join(cells.get(s, "") for s in settings) + " |" for name, metric, cells in rows]

@@ -278,10 +278,11 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
             "num_parameters": rs[0].num_parameters,
             "elapsed_mean": statistics.fmean([r.elapsed for r in rs if r.elapsed is not None]) if any(r.elapsed for r in rs) else None,
         })
-        selected = [r.selected_value for r in rs if r.selected_value is not None]
-        if selected:
+        chosen = [r for r in rs if r.selected_value is not None and math.isfinite(r.selected_value)]
+        if chosen:
+            selected = [r.selected_value for r in chosen]
             table[-1].update(selected_mean=statistics.fmean(selected), selected_std=statistics.stdev(selected) if len(selected) > 1 else 0.0,
-                             selected_values=selected, selected_steps=[r.selected_step for r in rs if r.selected_value is not None])
+                             selected_values=selected, selected_steps=[r.selected_step for r in chosen])
     return table
 
 
