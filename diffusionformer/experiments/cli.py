@@ -1,7 +1,9 @@
 """Command line of the experiment runner: ``python -m diffusionformer.experiments`` (or ``diffusionformer``).
 
 Commands:
-    run CONFIG [--set key=value ...]   train every run of a comparison (resumes), print the table
+    run CONFIG [--set key=value ...]   train every run of a comparison (resumes), print the table;
+                                       [--tasks T ...] trains only some tasks; a second ``run`` of
+                                       the same config skips the runs the first one is training
     show CONFIG [--set ...]            validate a config and print the resolved runs
     analyze CONFIG                     token-geometry metrics and figures of the trained models
     publish CONFIG --to docs/results   results page (tables, figures, command, machine) for the docs
@@ -37,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="data root for standard benchmarks (default: $DIFFUSIONFORMER_DATA)")
             c.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: each task's train.device)")
             c.add_argument("--restart", action="store_true", help="discard earlier runs instead of resuming them")
+            c.add_argument("--tasks", nargs="+", action="extend", default=None, metavar="TASK",
+                           help="train only these tasks (finished runs of the others stay in the results)")
             c.add_argument("--no-progress", action="store_true", help="no progress bars")
     sub.add_parser("list", help="list datasets, model presets and operators")
     sm = sub.add_parser("summary", help="one table of each setting's difference to the baseline over several comparisons")
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.perf_counter()
         results = run_experiment(config, args.out, data_root=args.data_root, resume=not args.restart,
-                                 progress=not args.no_progress, device=args.device)
+                                 progress=not args.no_progress, device=args.device, tasks=args.tasks)
         if int(os.environ.get("RANK", "0")) == 0:
             print()
             print(format_table(aggregate(results), config))

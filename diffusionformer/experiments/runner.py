@@ -10,7 +10,11 @@ Layout of ``<out>/<name>/``::
     plots/<task>_final.png        final headline metric per operator (seeds as dots)
 
 A finished run (its ``summary.json`` says completed) is never trained again; an interrupted
-one continues from its last checkpoint, bit-identically. ``run_config.json`` records what
+one continues from its last checkpoint, bit-identically. A run being trained holds
+``<run>/.lock`` (process id and host): a second ``run`` of the same config on the same
+results folder skips the runs another live process holds, so two workers can share a
+comparison (``tasks=`` / ``--tasks`` splits it by task). ``results.json`` always lists every
+finished run of the config found on disk, whichever process trained it. ``run_config.json`` records what
 defines a run (data, resolved model config, training budget): reusing a task or operator
 name with a changed definition is refused instead of silently mixing old and new results.
 """
@@ -38,7 +42,8 @@ from diffusionformer.models import create_model, get_preset, model_config
 from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, seed_everything
 from diffusionformer.train.metrics import write_json_atomic
 
-__all__ = ["RunResult", "aggregate", "build_model", "format_table", "run_dir", "run_experiment", "select_evaluation", "welch_t"]
+__all__ = ["RunResult", "aggregate", "build_model", "finished_runs", "format_table", "run_dir", "run_experiment",
+           "select_evaluation", "welch_t"]
 
 
 @dataclass
@@ -98,6 +103,7 @@ def run_experiment(
     resume: bool = True,
     progress: bool = True,
     device: str | None = None,
+    tasks: Sequence[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> list[RunResult]:
     """Train every run of ``config`` (skipping finished ones) and write the aggregated results.
@@ -109,34 +115,141 @@ def run_experiment(
         resume: continue interrupted runs and skip finished ones (``False``: start every run afresh).
         progress: show progress bars.
         device: override every task's ``train.device``.
+        tasks: train only the tasks of these names (default: all); finished runs of the
+            other tasks still appear in the results.
         log: where messages go.
 
     Returns:
-        One :class:`RunResult` per run, in config order.
+        One :class:`RunResult` per run trained or found finished, in config order (runs held
+        by another process and not yet finished are left out).
     """
     out = Path(out_root) / config.name
+    chosen = _choose_tasks(config, tasks)
     dist_ctx = _maybe_init_distributed(device)
     if _is_main():
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / "manifest.json", _manifest(config))
-    runs = [(t, o, s) for t in config.tasks for o in config.operators for s in config.seeds]
+    runs = [(t, o, s) for t in chosen for o in config.operators for s in config.seeds]
     results: list[RunResult] = []
     bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=not (progress and _is_main()), dynamic_ncols=True)
     try:
-        for task in config.tasks:
+        for task in chosen:
             data = load_dataset(task.dataset, root=data_root, seed=task.data_seed, **task.dataset_options)
             for setting in config.operators:
                 for seed in config.seeds:
                     bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
-                    results.append(_one_run(out, task, setting, seed, data, resume, progress, device, log))
+                    done_before = resume and _completed(run_dir(out, task.name, setting.name, seed))
+                    result = _one_run(out, task, setting, seed, data, resume, progress, device, log)
+                    if result is not None:
+                        results.append(result)
                     bar.update(1)
-                    if _is_main():
-                        _write_outputs(out, config, results)
+                    if _is_main() and result is not None and not done_before:  # tables and plots after each new run
+                        _write_outputs(out, config, finished_runs(out, config, results))
+        if _is_main():
+            _write_outputs(out, config, finished_runs(out, config, results))
     finally:
         bar.close()
         if dist_ctx is not None:
             dist_ctx.shutdown()
-    return results
+    return finished_runs(out, config, results)
+
+
+def _choose_tasks(config: ExperimentConfig, names: Sequence[str] | None) -> list[TaskConfig]:
+    if names is None:
+        return list(config.tasks)
+    known = [t.name for t in config.tasks]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"unknown task(s) {unknown or names!r} for {config.name!r}; its tasks are {known}")
+    return [t for t in config.tasks if t.name in set(names)]
+
+
+def finished_runs(out: str | Path, config: ExperimentConfig, results: Sequence[RunResult] = ()) -> list[RunResult]:
+    """Every run of ``config`` in config order: those in ``results``, else the finished ones on disk.
+
+    A run is finished on disk when its ``summary.json`` says completed; runs neither in
+    ``results`` nor finished are left out.
+    """
+    out = Path(out)
+    have = {(r.task, r.operator, r.seed): r for r in results}
+    merged = []
+    for task in config.tasks:
+        for setting in config.operators:
+            for seed in config.seeds:
+                r = have.get((task.name, setting.name, seed))
+                if r is None:
+                    rdir = run_dir(out, task.name, setting.name, seed)
+                    summary = _read_summary(rdir)
+                    if summary is not None and summary.get("status") == "completed":
+                        r = _result_from_files(task, setting, seed, rdir, summary)
+                if r is not None:
+                    merged.append(r)
+    return merged
+
+
+def _completed(rdir: Path) -> bool:
+    summary = _read_summary(rdir)
+    return summary is not None and summary.get("status") == "completed"
+
+
+def _read_summary(rdir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((rdir / "summary.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+LOCK_NAME = ".lock"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _acquire_lock(rdir: Path) -> str | None:
+    """Take ``rdir/.lock`` for this process; the holder's description when a live process holds it.
+
+    A lock left by a process that no longer runs on this host is stale and taken over. Locks
+    held from another host are respected (their liveness cannot be checked from here).
+    """
+    rdir.mkdir(parents=True, exist_ok=True)
+    path = rdir / LOCK_NAME
+    me = {"pid": os.getpid(), "host": platform.node()}
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+                pid, host = int(holder["pid"]), str(holder["host"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pid, host = -1, me["host"]  # unreadable: treat as stale
+            if host == me["host"] and (pid <= 0 or not _pid_alive(pid)):
+                path.unlink(missing_ok=True)
+                continue
+            if host == me["host"] and pid == me["pid"]:
+                return None
+            return f"process {pid} on {host}"
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return None
+    return f"a process that keeps re-creating {path}"
+
+
+def _release_lock(rdir: Path) -> None:
+    path = rdir / LOCK_NAME
+    try:
+        holder = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if holder.get("pid") == os.getpid() and holder.get("host") == platform.node():
+        path.unlink(missing_ok=True)
 
 
 def _maybe_init_distributed(device: str | None) -> Any:
@@ -180,8 +293,24 @@ def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, sett
 
 
 def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
-             progress: bool, device: str | None, log: Callable[[str], None]) -> RunResult:
+             progress: bool, device: str | None, log: Callable[[str], None]) -> RunResult | None:
+    """Train (or resume, or read back) one run; ``None`` when another live process holds it."""
     rdir = run_dir(out, task.name, setting.name, seed)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if not distributed:
+        holder = _acquire_lock(rdir)
+        if holder is not None:
+            log(f"[{task.name} / {setting.name} / seed {seed}] skipped: {holder} is training it ({rdir / LOCK_NAME}).")
+            return None
+    try:
+        return _train_one(rdir, task, setting, seed, data, resume, progress, device, log)
+    finally:
+        if not distributed:
+            _release_lock(rdir)
+
+
+def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
+               progress: bool, device: str | None, log: Callable[[str], None]) -> RunResult:
     summary_path = rdir / "summary.json"
     extra = {"progress": progress and _is_main()}
     if device is not None:
@@ -196,11 +325,12 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
         summary = json.loads(summary_path.read_text())
         if summary.get("status") == "completed":
             return _result_from_files(task, setting, seed, rdir, summary)
-    if not resume and rdir.exists():
+    if not resume and rdir.exists() and _is_main():
         import shutil
 
-        if _is_main():
-            shutil.rmtree(rdir)
+        for entry in rdir.iterdir():  # everything but this process's lock
+            if entry.name != LOCK_NAME:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     if _is_main():
         rdir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(rdir / RUN_CONFIG_NAME, identity)

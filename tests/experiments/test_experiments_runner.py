@@ -317,3 +317,79 @@ def test_summary_table_signs_differences_so_that_positive_is_better(tmp_path):
     assert lines[0] == "| task | metric (baseline mean) | lap |"
     assert lines[2] == "| tiny / digits | test_acc (0.8200) | **+0.0600 (+3.1)** |"
     assert lines[3] == "| tiny / lm | val_loss (2.1000) | +0.0000 [1 vs 3 seeds] |"  # one seed: no t
+
+
+def _two_task_config():
+    raw = tiny_config(seeds=[0, 1])
+    second = json.loads(json.dumps(raw["tasks"][0]))
+    second["name"] = "digits-b"
+    raw["tasks"].append(second)
+    raw["operators"] = [{"name": "attention"}]
+    return load_experiment_config(raw)
+
+
+def test_tasks_filter_trains_only_those_and_results_keep_the_others(tmp_path):
+    cfg = _two_task_config()
+    with pytest.raises(ValueError, match=r"unknown task.*'digitz'.*\['digits', 'digits-b'\]"):
+        run_experiment(cfg, tmp_path, progress=False, tasks=["digitz"])
+    first = run_experiment(cfg, tmp_path, progress=False, tasks=["digits-b"])
+    assert [(r.task, r.seed) for r in first] == [("digits-b", 0), ("digits-b", 1)]
+    assert not run_dir(tmp_path / "tiny", "digits", "attention", 0).exists()
+    second = run_experiment(cfg, tmp_path, progress=False, tasks=["digits"])
+    # config order, and the runs of the other invocation read back unchanged
+    assert [(r.task, r.seed) for r in second] == [("digits", 0), ("digits", 1), ("digits-b", 0), ("digits-b", 1)]
+    assert [r.value for r in second[2:]] == [r.value for r in first]
+    data = json.loads((tmp_path / "tiny" / "results.json").read_text())
+    assert [(r["task"], r["seed"]) for r in data["runs"]] == [(r.task, r.seed) for r in second]
+    assert {row["task"]: row["n"] for row in data["summary"]} == {"digits": 2, "digits-b": 2}
+
+
+def test_run_held_by_a_live_process_is_skipped_and_a_stale_lock_is_taken_over(tmp_path):
+    cfg = load_experiment_config(tiny_config(), ["operators=attention", "seeds=[0, 1]"])
+    out = tmp_path / "tiny"
+    held = run_dir(out, "digits", "attention", 0)
+    held.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (held / ".lock").write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
+        messages = []
+        results = run_experiment(cfg, tmp_path, progress=False, log=messages.append)
+        assert [r.seed for r in results] == [1]
+        assert any("seed 0] skipped" in m and str(sleeper.pid) in m for m in messages)
+        assert not (held / "summary.json").exists() and (held / ".lock").is_file()
+        assert not (run_dir(out, "digits", "attention", 1) / ".lock").exists()  # released after training
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the holder is gone: its lock is stale and the run is trained now
+    results = run_experiment(cfg, tmp_path, progress=False)
+    assert [(r.seed, r.status) for r in results] == [(0, "completed"), (1, "completed")]
+    assert not (held / ".lock").exists()
+    # an unreadable lock is stale too
+    cfg2 = load_experiment_config(tiny_config(), ["operators=attention", "seeds=[2]"])
+    junk = run_dir(out, "digits", "attention", 2)
+    junk.mkdir(parents=True)
+    (junk / ".lock").write_text("{not json")
+    assert [r.seed for r in run_experiment(cfg2, tmp_path, progress=False)] == [2]
+
+
+def test_two_workers_on_one_config_train_each_run_once(tmp_path):
+    cfg = tiny_config(seeds=[0, 1, 2])
+    cfg["tasks"][0]["train"]["max_steps"] = 20
+    toml = tmp_path / "tiny.toml"
+    toml.write_text(_to_toml(cfg))
+    cmd = [sys.executable, "-m", "diffusionformer.experiments", "run", str(toml), "--out", str(tmp_path / "res"), "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    out = tmp_path / "res" / "tiny"
+    for op in ("attention", "lap"):
+        for seed in (0, 1, 2):
+            rdir = run_dir(out, "digits", op, seed)
+            steps = [r["step"] for r in read_metrics(rdir / "metrics.jsonl") if r["split"] == "train"]
+            assert steps == sorted(set(steps)), (op, seed, steps)  # one writer per log: no step twice
+            assert json.loads((rdir / "summary.json").read_text())["status"] == "completed"
+            assert not (rdir / ".lock").exists()
+    assert len(json.loads((out / "results.json").read_text())["runs"]) == 6
