@@ -381,6 +381,22 @@ def _add_heads(out: Tensor, idx: list[int], value: Tensor) -> Tensor:
     return torch.cat(parts)
 
 
+_HEAD_INDEX: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
+
+
+def _head_index(idx: Sequence[int], device: torch.device) -> Tensor:
+    """``idx`` as a long tensor on ``device``, built once per (subset, device).
+
+    The per-head step counts are fixed by the model, so the few subsets recur every forward;
+    caching them avoids a host-to-device copy (and a CUDA sync point) per call.
+    """
+    key = (tuple(idx), device)
+    t = _HEAD_INDEX.get(key)
+    if t is None:
+        t = _HEAD_INDEX[key] = torch.tensor(key[0], dtype=torch.long, device=device)
+    return t
+
+
 def _diffuse_native(
     q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, coeffs: Tensor, N: int, scale: float,
     degrees: list[int], dropout_p: float, backend: str, edge_mask: Tensor | None,
@@ -396,16 +412,15 @@ def _diffuse_native(
         heads = active_heads(degrees, step)
         idx = list(range(H))[heads] if isinstance(heads, slice) else heads
         if idx != prev:
-            pos = torch.tensor([prev.index(h) for h in idx], device=v.device)
-            cur = cur.index_select(1, pos)
-        w = alpha if len(idx) == H else alpha.index_select(1, torch.tensor(idx, device=v.device))
+            cur = cur.index_select(1, _head_index([prev.index(h) for h in idx], v.device))
+        sel = None if len(idx) == H else _head_index(idx, v.device)
+        w = alpha if sel is None else alpha.index_select(1, sel)
         if dropout_p > 0.0:
             w = F.dropout(w, p=dropout_p)
         cur = _native_propagate(w, cur, src, dst, N, backend)  # type: ignore[arg-type]
-        contrib = c[:, idx, step] * cur if len(idx) != H else c[:, :, step] * cur
-        if len(idx) == H:
-            out = out + contrib
+        if sel is None:
+            out = out + c[:, :, step] * cur
         else:
-            out = out.index_add(1, torch.tensor(idx, device=v.device), contrib)
+            out = out.index_add(1, sel, c.index_select(1, sel)[:, :, step] * cur)
         prev = idx
     return out, alpha
