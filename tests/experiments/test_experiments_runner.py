@@ -142,32 +142,19 @@ def test_changed_definition_under_the_same_name_is_refused(tmp_path):
     assert run_experiment(changed, tmp_path, progress=False, resume=False)[0].status == "completed"
 
 
-def test_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    from diffusionformer.experiments import tasks as task_module
+def test_killed_run_resumes_to_the_same_weights(tmp_path):
+    from diffusionformer.experiments.tasks import ClassificationTask
+    from diffusionformer.testing import assert_same_checkpoint_weights, interrupt_on_call
 
     cfg = load_experiment_config(tiny_config(), ["operators=attention"])
     run_experiment(cfg, tmp_path / "clean", progress=False)
-
-    calls = {"n": 0}
-    original = task_module.ClassificationTask.loss
-
-    def dying_loss(self, model, batch):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, model, batch)
-
-    monkeypatch.setattr(task_module.ClassificationTask, "loss", dying_loss)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupt_on_call(ClassificationTask, "loss", 5), pytest.raises(KeyboardInterrupt):
         run_experiment(cfg, tmp_path / "killed", progress=False)
     rdir = run_dir(tmp_path / "killed" / "tiny", "digits", "attention", 0)
     assert (rdir / "checkpoint.pt").is_file() and not (rdir / "summary.json").exists()
-    monkeypatch.setattr(task_module.ClassificationTask, "loss", original)
     run_experiment(cfg, tmp_path / "killed", progress=False)
-    a = torch.load(run_dir(tmp_path / "clean" / "tiny", "digits", "attention", 0) / "checkpoint.pt", weights_only=True)
-    b = torch.load(rdir / "checkpoint.pt", weights_only=True)
-    for key, value in a["model"].items():
-        assert torch.equal(value, b["model"][key]), key
+    assert_same_checkpoint_weights(run_dir(tmp_path / "clean" / "tiny", "digits", "attention", 0) / "checkpoint.pt",
+                                   rdir / "checkpoint.pt")
 
 
 def test_nan_loss_fails_the_run_clearly_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys):

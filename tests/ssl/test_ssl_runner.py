@@ -90,34 +90,22 @@ def test_evaluation_reproduces_the_recorded_knn_accuracy(finished):
     assert got["loss"] == pytest.approx(recorded["loss"], rel=1e-5)
 
 
-def test_killed_run_resumes_to_the_same_teacher_student_and_centre(tmp_path, monkeypatch):
-    from diffusionformer.experiments import tasks as task_module
+def test_killed_run_resumes_to_the_same_teacher_student_and_centre(tmp_path):
+    from diffusionformer.experiments.tasks import DINOTask
+    from diffusionformer.testing import assert_same_checkpoint_weights, interrupt_on_call
 
     cfg = load_experiment_config(tiny_config().to_dict(), ["operators=lap"])
     run_experiment(cfg, tmp_path / "clean", progress=False)
-    original = task_module.DINOTask.loss
-    calls = {"n": 0}
-
-    def dying_loss(self, model, batch):
-        calls["n"] += 1
-        if calls["n"] == 6:  # after the checkpoint of step 4, inside the update of step 5
-            original(self, model, batch)
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, model, batch)
-
-    monkeypatch.setattr(task_module.DINOTask, "loss", dying_loss)
-    with pytest.raises(KeyboardInterrupt):
+    # after the checkpoint of step 4, inside the update of step 5 (the EMA update of that call happens)
+    with interrupt_on_call(DINOTask, "loss", 6, after=True), pytest.raises(KeyboardInterrupt):
         run_experiment(cfg, tmp_path / "killed", progress=False)
     rdir = run_dir(tmp_path / "killed" / "tiny-ssl", "digits-dino", "lap", 0)
     assert torch.load(rdir / "checkpoint.pt", weights_only=True)["step"] == 4
     assert not (rdir / "summary.json").exists()
-    monkeypatch.setattr(task_module.DINOTask, "loss", original)
     run_experiment(cfg, tmp_path / "killed", progress=False)
-    a = torch.load(run_dir(tmp_path / "clean" / "tiny-ssl", "digits-dino", "lap", 0) / "checkpoint.pt", weights_only=True)
-    b = torch.load(rdir / "checkpoint.pt", weights_only=True)
-    assert set(a["model"]) == set(b["model"]) and any(k.startswith("teacher.") for k in a["model"])
-    for key, value in a["model"].items():
-        assert torch.equal(value, b["model"][key]), key
+    clean = run_dir(tmp_path / "clean" / "tiny-ssl", "digits-dino", "lap", 0) / "checkpoint.pt"
+    assert any(k.startswith("teacher.") for k in torch.load(clean, weights_only=True)["model"])
+    assert_same_checkpoint_weights(clean, rdir / "checkpoint.pt")
     sa = json.loads((run_dir(tmp_path / "clean" / "tiny-ssl", "digits-dino", "lap", 0) / "summary.json").read_text())
     sb = json.loads((rdir / "summary.json").read_text())
     assert sa["eval"]["metrics"] == sb["eval"]["metrics"]

@@ -1,0 +1,70 @@
+"""Simulated failures for testing that training resumes exactly: a kill inside any method."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+__all__ = ["assert_same_checkpoint_weights", "interrupt_on_call"]
+
+
+@contextmanager
+def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) -> Iterator[dict[str, int]]:
+    """Patch ``owner.name`` so that its ``call``-th call raises :class:`KeyboardInterrupt`.
+
+    A stand-in for a killed process at a chosen point of training (e.g. inside the ``loss``
+    of a task adapter). The original is restored on exit, also when the interrupt
+    propagates. With ``after=True`` the original runs first, so side effects of that call
+    (an EMA update, an optimizer step inside the method) happen before the "kill".
+
+    Yields a dict whose ``"calls"`` counts the calls made so far.
+
+    Examples:
+        >>> class Task:
+        ...     def loss(self, x):
+        ...         return x
+        >>> with interrupt_on_call(Task, "loss", 2) as seen:
+        ...     Task().loss(1)
+        ...     try:
+        ...         Task().loss(2)
+        ...     except KeyboardInterrupt:
+        ...         print("killed at call", seen["calls"])
+        1
+        killed at call 2
+        >>> Task().loss(3)  # restored
+        3
+    """
+    if call < 1:
+        raise ValueError(f"call must be >= 1, got {call}")
+    original = getattr(owner, name)
+    seen = {"calls": 0}
+
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        seen["calls"] += 1
+        if seen["calls"] == call:
+            if after:
+                original(*args, **kwargs)
+            raise KeyboardInterrupt(f"simulated kill in {name} (call {call})")
+        return original(*args, **kwargs)
+
+    # a method looked up on a class is a plain function: setattr puts the wrapper in its place
+    setattr(owner, name, patched)
+    try:
+        yield seen
+    finally:
+        setattr(owner, name, original)
+
+
+def assert_same_checkpoint_weights(a: str | Path, b: str | Path, key: str = "model") -> None:
+    """Assert that two checkpoints hold bit-identical tensors under ``key`` (same names, same values)."""
+    sa = torch.load(a, map_location="cpu", weights_only=True)[key]
+    sb = torch.load(b, map_location="cpu", weights_only=True)[key]
+    if set(sa) != set(sb):
+        raise AssertionError(f"checkpoints hold different tensors: only in {a}: {sorted(set(sa) - set(sb))}, "
+                             f"only in {b}: {sorted(set(sb) - set(sa))}")
+    differ = [k for k, v in sa.items() if not torch.equal(v, sb[k])]
+    if differ:
+        raise AssertionError(f"{len(differ)} of {len(sa)} tensors differ between {a} and {b}, e.g. {differ[:5]}")
