@@ -322,7 +322,7 @@ class GraphClassificationTask:
 
 def model_overrides_for_data(data: Any, family: type) -> dict[str, Any]:
     """Config values a model must take from the data (input shape, classes, vocabulary)."""
-    from diffusionformer.models import DINOConfig, GCNConfig, GPTConfig, GraphTransformerConfig, ViTConfig
+    from diffusionformer.models import DINOConfig, GCNConfig, GINConfig, GPTConfig, GraphTransformerConfig, ViTConfig
 
     if family is DINOConfig:
         if isinstance(data, ClassificationData) and data.kind == "image":
@@ -340,9 +340,9 @@ def model_overrides_for_data(data: Any, family: type) -> dict[str, Any]:
         return {"vocab_size": data.vocab_size}
     if family is GPTConfig and isinstance(data, SequenceTaskData):
         return {"vocab_size": data.vocab_size}
-    if family in (GraphTransformerConfig, GCNConfig) and isinstance(data, NodeData):
+    if family in (GraphTransformerConfig, GCNConfig, GINConfig) and isinstance(data, NodeData):
         return {"in_channels": data.num_features, "num_classes": data.num_classes, "task": "node"}
-    if family in (GraphTransformerConfig, GCNConfig) and isinstance(data, GraphSetData):
+    if family in (GraphTransformerConfig, GCNConfig, GINConfig) and isinstance(data, GraphSetData):
         return {"in_channels": data.num_features, "num_classes": data.num_classes, "task": "graph"}
     raise ValueError(
         f"dataset {getattr(data, 'name', '?')!r} of kind {getattr(data, 'kind', '?')!r} does not fit a "

@@ -3,6 +3,7 @@
 from diffusionformer.models.common import ModelIntermediates, init_transformer_weights, learned_operator_parameters
 from diffusionformer.models.dino import DINO, DINOConfig, DINOHead, dino_loss, knn_classify
 from diffusionformer.models.gcn import GCN, GCNConfig
+from diffusionformer.models.gin import GIN, GINConfig
 from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
 from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphBlock, GraphTransformerConfig
 from diffusionformer.models.registry import (
@@ -24,6 +25,8 @@ __all__ = [
     "DiffusionViT",
     "GCN",
     "GCNConfig",
+    "GIN",
+    "GINConfig",
     "GPTConfig",
     "GraphBlock",
     "GraphTransformerConfig",

@@ -20,6 +20,7 @@ from torch import nn
 from diffusionformer.config import config_from_dict
 from diffusionformer.models.dino import DINO, DINOConfig
 from diffusionformer.models.gcn import GCN, GCNConfig
+from diffusionformer.models.gin import GIN, GINConfig
 from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
 from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphTransformerConfig
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
@@ -105,6 +106,9 @@ register_model("graph-graph-small", DiffusionGraphTransformer, GraphTransformerC
                task="graph", dim=64, depth=3, num_heads=4, dropout=0.1)
 register_model("gcn-2layer", GCN, GCNConfig, "baseline: 2-layer GCN, 16 hidden, dropout 0.5 (PyG Planetoid example)",
                task="node", hidden=16, num_layers=2, dropout=0.5)
+register_model("gin-graph", GIN, GINConfig,
+               "baseline: GIN-0 for graph classification, 5 layers, 64 hidden, sum readout (Xu et al. 2019)",
+               task="graph", hidden=64, num_layers=5, dropout=0.5, pool="add")
 # DINO presets for short CPU runs: mean pooling and a faster teacher (momentum 0.99) leave the
 # near-uniform start of training in a few hundred updates (a class token and 0.996 take thousands).
 register_model("dino-digits", DINO, DINOConfig,

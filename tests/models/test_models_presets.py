@@ -21,7 +21,7 @@ from diffusionformer.models import (
     model_config,
 )
 
-SMALL = {"gpt": dict(n_layer=2, n_embd=32), "vit": dict(depth=2, dim=32), "graph": dict(depth=2, dim=32), "gcn": dict(hidden=8), "dino": dict(depth=2, dim=32)}
+SMALL = {"gpt": dict(n_layer=2, n_embd=32), "vit": dict(depth=2, dim=32), "graph": dict(depth=2, dim=32), "gcn": dict(hidden=8), "gin": dict(hidden=8, num_layers=3), "dino": dict(depth=2, dim=32)}
 
 
 def _inputs(model, B=2):

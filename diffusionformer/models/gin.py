@@ -1,0 +1,85 @@
+r"""A GIN baseline (Xu et al., "How Powerful are Graph Neural Networks?", ICLR 2019) for graph classification."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
+
+from diffusionformer.models.common import check_positive, check_probability
+
+__all__ = ["GIN", "GINConfig"]
+
+
+@dataclass
+class GINConfig:
+    """Configuration of :class:`GIN` (defaults: the paper's graph-classification setup, GIN-0)."""
+
+    in_channels: int = 16  #: node feature width F
+    num_classes: int = 2  #: output classes
+    task: Literal["node", "graph"] = "graph"  #: graph classification (readout) or node classification
+    hidden: int = 64  #: hidden width
+    num_layers: int = 5  #: layers counting the input one (num_layers - 1 GIN convolutions)
+    dropout: float = 0.5  #: dropout before every prediction head
+    pool: Literal["mean", "add", "max"] = "add"  #: graph readout (the paper: sum)
+    train_eps: bool = False  #: learn epsilon (GIN-eps) instead of fixing it at 0 (GIN-0)
+
+    def __post_init__(self) -> None:
+        check_positive("GINConfig", in_channels=self.in_channels, num_classes=self.num_classes, hidden=self.hidden)
+        if self.num_layers < 2:
+            raise ValueError(f"GINConfig.num_layers must be >= 2 (input layer + at least one convolution), got {self.num_layers}")
+        check_probability("GINConfig", dropout=self.dropout)
+        if self.task not in ("node", "graph"):
+            raise ValueError(f"GINConfig.task must be 'node' or 'graph', got {self.task!r}")
+        if self.pool not in ("mean", "add", "max"):
+            raise ValueError(f"GINConfig.pool must be 'mean', 'add' or 'max', got {self.pool!r}")
+
+
+class GIN(nn.Module):
+    r"""Graph isomorphism network :math:`h^{l+1}_v = \mathrm{MLP}^l\big((1+\epsilon) h^l_v + \sum_{u \in N(v)} h^l_u\big)`.
+
+    Each MLP has two linear layers with batch normalisation and ReLU; every layer's
+    representation (the input one included) is read out, mapped to class scores by its own
+    linear head after dropout, and the scores are summed, as in the paper. The paper reports
+    76.2 ± 2.8% (PROTEINS) and 89.4 ± 5.6% (MUTAG) by 10-fold cross-validation. Same call
+    signature as :class:`~diffusionformer.models.DiffusionGraphTransformer`.
+
+    Shapes:
+        ``x``: ``(N, F)``, ``edge_index``: ``(2, E)``, ``batch``: ``(N,)`` -> ``(G, C)`` or ``(N, C)``.
+
+    Examples:
+        >>> model = GIN(GINConfig(in_channels=3, num_classes=2)).eval()
+        >>> model(torch.randn(5, 3), torch.tensor([[0, 1, 3], [1, 2, 4]]), torch.tensor([0, 0, 0, 1, 1])).shape
+        torch.Size([2, 2])
+    """
+
+    def __init__(self, config: GINConfig) -> None:
+        super().__init__()
+        if not isinstance(config, GINConfig):
+            raise TypeError(f"config must be a GINConfig, got {type(config).__name__}")
+        self.config = c = config
+        dims = [c.in_channels] + [c.hidden] * (c.num_layers - 1)
+        self.convs = nn.ModuleList(
+            GINConv(nn.Sequential(nn.Linear(a, b), nn.BatchNorm1d(b), nn.ReLU(), nn.Linear(b, b), nn.BatchNorm1d(b), nn.ReLU()),
+                    train_eps=c.train_eps)
+            for a, b in zip(dims[:-1], dims[1:])
+        )
+        self.heads = nn.ModuleList(nn.Linear(d, c.num_classes) for d in dims)
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
+        c = self.config
+        if x.dim() != 2 or x.shape[1] != c.in_channels:
+            raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(x.shape)}")
+        hs = [x]
+        for conv in self.convs:
+            hs.append(conv(hs[-1], edge_index))
+        if c.task == "graph":
+            if batch is None:
+                batch = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+            pool: Any = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[c.pool]
+            hs = [pool(h, batch) for h in hs]
+        return sum(head(F.dropout(h, c.dropout, self.training)) for head, h in zip(self.heads, hs))  # type: ignore[return-value]
