@@ -21,6 +21,10 @@ windows of the ``val`` stream for text) is captured layer by layer
 
 Layer ``0`` is the embedding output (the input of block 0); layer ``l`` the residual stream
 after block ``l - 1``. For a ViT the class token is left out (patch tokens only).
+
+Each run's measurements are cached in ``<run>/analysis_cache.pt``, keyed by the checkpoint
+(step, size, modification time), the analysis settings and :data:`ANALYSIS_VERSION`; a second
+``analyze`` of a growing comparison measures only the new runs.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ from diffusionformer.train.metrics import write_json_atomic
 __all__ = ["analyze_experiment", "analyze_run"]
 
 _TEXT_SEED = 1234  # the same held-out windows for every run
+#: bump when what :func:`analyze_run` measures changes (invalidates every run's cache)
+ANALYSIS_VERSION = 1
+_CACHE_NAME = "analysis_cache.pt"
 _PCA_IMAGES = 4
 _RUN_HINT = "run `python -m diffusionformer.experiments run CONFIG` first (with the same config and --out)"
 
@@ -316,9 +323,18 @@ def analyze_experiment(
                 model = build_model(task, setting, data)
                 payload = load_checkpoint(rdir / CHECKPOINT_NAME)
                 model.load_state_dict(payload["model"])
-                res = analyze_run(model, data, split=split, max_examples=max_examples,
-                                  max_attention_examples=max_attention_examples,
-                                  batch_size=min(task.eval_batch_size, 256), device=dev)
+                ckpt = rdir / CHECKPOINT_NAME
+                stat = ckpt.stat()
+                key = {"version": ANALYSIS_VERSION, "step": int(payload["step"]), "size": stat.st_size,
+                       "mtime_ns": stat.st_mtime_ns, "split": split, "max_examples": max_examples,
+                       "max_attention_examples": max_attention_examples}
+                res = _cached(rdir / _CACHE_NAME, key)
+                if res is None:
+                    res = analyze_run(model, data, split=split, max_examples=max_examples,
+                                      max_attention_examples=max_attention_examples,
+                                      batch_size=min(task.eval_batch_size, 256), device=dev)
+                    _store(rdir / _CACHE_NAME, key, res)
+                res = {**res, "info": dict(res["info"])}
                 accuracy, loss = res["info"].pop("accuracy", None), res["info"].pop("loss", None)
                 entry.update(res["info"])
                 op = entry["operators"].setdefault(setting.name, {"seeds": {}})
@@ -354,6 +370,23 @@ def analyze_experiment(
         except ImportError as exc:  # matplotlib missing: metrics are still written
             warnings.warn(f"analysis plots skipped: {exc}", RuntimeWarning, stacklevel=2)
     return json.loads((adir / "metrics.json").read_text())
+
+
+def _cached(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The cached :func:`analyze_run` result at ``path`` if it was made under ``key`` (else None)."""
+    if not path.is_file():
+        return None
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # unreadable or from an incompatible version: measure again
+        return None
+    return blob["result"] if isinstance(blob, dict) and blob.get("key") == key else None
+
+
+def _store(path: Path, key: dict[str, Any], res: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"key": key, "result": res}, tmp)
+    tmp.replace(path)
 
 
 # ----------------------------------------------------------------------------- markdown

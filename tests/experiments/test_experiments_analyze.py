@@ -188,3 +188,34 @@ def test_learned_parameter_table_averages_heads_and_seeds() -> None:
     assert "| mix | t | 0 | 1.100 [0.500, 1.700] | 4 |" in rows
     assert "| mix | theta | 1 | theta = +0.100, +0.900 | 4 |" in rows
     assert _learned_markdown({"operators": {"attention": {"seeds": {"0": {"learned_operators": {}}}}}}) == []
+
+
+def test_second_analysis_reads_each_runs_cache_and_a_new_checkpoint_invalidates_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from diffusionformer.experiments import analyze as analyze_module
+
+    out = tmp_path / "res"
+    config = vit_config()
+    run_experiment(config, out, progress=False, log=lambda _: None)
+    calls = {"n": 0}
+    original = analyze_module.analyze_run
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(analyze_module, "analyze_run", counting)
+    first = analyze_experiment(config, out, progress=False, plots=False, max_examples=32)
+    assert calls["n"] == 2
+    second = analyze_experiment(config, out, progress=False, plots=False, max_examples=32)
+    assert calls["n"] == 2 and second == first  # both runs read back, identical metrics
+    analyze_experiment(config, out, progress=False, plots=False, max_examples=16)
+    assert calls["n"] == 4  # other settings: measured again
+    rdir = out / "tiny-vit" / "runs" / "digits" / "attention" / "seed0"
+    ckpt = rdir / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes())  # a rewritten checkpoint (new mtime)
+    analyze_experiment(config, out, progress=False, plots=False, max_examples=16)
+    assert calls["n"] == 5
+    (rdir / "analysis_cache.pt").write_bytes(b"garbage")  # unreadable cache: measured again, no error
+    analyze_experiment(config, out, progress=False, plots=False, max_examples=16)
+    assert calls["n"] == 6
