@@ -8,6 +8,7 @@ Commands:
     analyze CONFIG                     token-geometry metrics and figures of the trained models
     publish CONFIG --to docs/results   results page (tables, figures, command, machine) for the docs
     summary CONFIG [CONFIG ...]        one table of every setting's difference to the baseline, per task
+    status CONFIG                      which runs are completed, running, interrupted or missing; time left
     list                               registered datasets, model presets and operators
 """
 
@@ -42,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--tasks", nargs="+", action="extend", default=None, metavar="TASK",
                            help="train only these tasks (finished runs of the others stay in the results)")
             c.add_argument("--no-progress", action="store_true", help="no progress bars")
+    st = sub.add_parser("status", help="where every run of a comparison stands (completed, running, interrupted, missing)")
+    st.add_argument("config")
+    st.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    st.add_argument("--out", default="results", help="results root the comparison is run into")
     sub.add_parser("list", help="list datasets, model presets and operators")
     sm = sub.add_parser("summary", help="one table of each setting's difference to the baseline over several comparisons")
     sm.add_argument("configs", nargs="+", metavar="config")
@@ -93,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  task {t.name}: {t.dataset} -> {t.model}, metric {t.metric}, train {t.train}")
             for o in config.operators:
                 print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}")
+            return 0
+        if args.command == "status":
+            from diffusionformer.experiments.runner import format_status, run_status
+
+            print(format_status(run_status(config, args.out)), end="")
             return 0
         if args.command == "publish":
             from diffusionformer.experiments.publish import publish_experiment

@@ -42,8 +42,8 @@ from diffusionformer.models import create_model, get_preset, model_config
 from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, seed_everything
 from diffusionformer.train.metrics import write_json_atomic
 
-__all__ = ["RunResult", "aggregate", "build_model", "finished_runs", "format_table", "run_dir", "run_experiment",
-           "select_evaluation", "welch_t"]
+__all__ = ["RunResult", "aggregate", "build_model", "finished_runs", "format_status", "format_table", "run_dir",
+           "run_experiment", "run_status", "select_evaluation", "welch_t"]
 
 
 @dataclass
@@ -199,6 +199,76 @@ def _read_summary(rdir: Path) -> dict[str, Any] | None:
         return None
 
 
+def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str, Any]]:
+    """Where every run of ``config`` stands, without loading any model or data.
+
+    One row per run in config order: ``task``, ``operator``, ``seed``, ``state`` (``"completed"``,
+    ``"failed"``, ``"running"`` (a live process holds its lock), ``"interrupted"`` (started, not
+    finished, nobody training it) or ``"missing"``), ``step`` (updates logged so far),
+    ``max_steps``, ``elapsed`` (training seconds so far) and ``holder`` (the lock's process).
+    """
+    out = Path(out_root) / config.name
+    rows = []
+    for task in config.tasks:
+        max_steps = int(task.train.get("max_steps", 0)) if isinstance(task.train, dict) else None
+        for setting in config.operators:
+            for seed in config.seeds:
+                rdir = run_dir(out, task.name, setting.name, seed)
+                summary = _read_summary(rdir)
+                row: dict[str, Any] = {"task": task.name, "operator": setting.name, "seed": seed, "max_steps": max_steps,
+                                       "step": 0, "elapsed": None, "holder": None}
+                if summary is not None and summary.get("status") == "completed":
+                    row.update(state="completed", step=summary.get("step", max_steps),
+                               elapsed=(summary.get("train") or {}).get("elapsed", summary.get("elapsed")))
+                elif not rdir.is_dir():
+                    row["state"] = "missing"
+                else:
+                    records = read_curves(rdir)
+                    if records:
+                        row.update(step=int(records[-1].get("step", 0)), elapsed=records[-1].get("elapsed"))
+                    holder = _live_holder(rdir)
+                    row["holder"] = holder
+                    if holder is not None:
+                        row["state"] = "running"
+                    elif summary is not None and str(summary.get("status", "")).startswith("failed"):
+                        row["state"] = "failed"
+                    else:
+                        row["state"] = "interrupted" if (records or (rdir / "checkpoint.pt").is_file()) else "missing"
+                rows.append(row)
+    return rows
+
+
+def format_status(rows: list[dict[str, Any]]) -> str:
+    """A markdown table per task of :func:`run_status` rows, and an estimate of the training time left.
+
+    The estimate scales the mean training time of a task's completed runs by the steps each
+    unfinished run still has to do (one worker; divide by the number of workers).
+    """
+    lines, left_total, unknown = [], 0.0, 0
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    done = sum(r["state"] == "completed" for r in rows)
+    lines.append(f"{done} of {len(rows)} runs completed")
+    for task in tasks:
+        rs = [r for r in rows if r["task"] == task]
+        finished = [r for r in rs if r["state"] == "completed" and r["elapsed"]]
+        per_step = (statistics.fmean(r["elapsed"] / max(r["step"], 1) for r in finished)) if finished else None
+        lines += ["", f"### {task}", "", "| operator | seed | state | step | training time (s) |", "|---|---|---|---|---|"]
+        for r in rs:
+            steps = f"{r['step']} / {r['max_steps']}" if r["max_steps"] else str(r["step"])
+            state = r["state"] + (f" ({r['holder']})" if r["holder"] else "")
+            lines.append(f"| {r['operator']} | {r['seed']} | {state} | {steps} | {_fmt(r['elapsed'], 0)} |")
+            if r["state"] != "completed":
+                if per_step is None or not r["max_steps"]:
+                    unknown += 1
+                else:
+                    left_total += per_step * max(r["max_steps"] - r["step"], 0)
+    left = f"about {left_total / 60:.0f} min of training left on one worker"
+    if unknown:
+        left += f" (plus {unknown} run(s) of tasks with no finished run to time)"
+    lines[0] += f"; {left}."
+    return "\n".join(lines) + "\n"
+
+
 LOCK_NAME = ".lock"
 
 
@@ -210,6 +280,18 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+def _live_holder(rdir: Path) -> str | None:
+    """The live process holding ``rdir/.lock`` (``"pid N on host"``), else None."""
+    try:
+        holder = json.loads((rdir / LOCK_NAME).read_text())
+        pid, host = int(holder["pid"]), str(holder["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host == platform.node() and not _pid_alive(pid):
+        return None
+    return f"pid {pid} on {host}"
 
 
 def _acquire_lock(rdir: Path) -> str | None:

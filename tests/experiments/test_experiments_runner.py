@@ -380,3 +380,34 @@ def test_two_workers_on_one_config_train_each_run_once(tmp_path):
             assert json.loads((rdir / "summary.json").read_text())["status"] == "completed"
             assert not (rdir / ".lock").exists()
     assert len(json.loads((out / "results.json").read_text())["runs"]) == 6
+
+
+def test_status_reports_completed_interrupted_running_and_missing_runs(tmp_path, capsys):
+    from diffusionformer.experiments.runner import format_status, run_status
+    from diffusionformer.experiments.tasks import ClassificationTask
+    from diffusionformer.testing import interrupt_on_call
+
+    raw = tiny_config(seeds=[0, 1, 2, 3])
+    raw["operators"] = [{"name": "attention"}]
+    cfg = load_experiment_config(raw)
+    run_experiment(load_experiment_config(raw, ["seeds=[0]"]), tmp_path, progress=False)
+    with interrupt_on_call(ClassificationTask, "loss", 5), pytest.raises(KeyboardInterrupt):
+        run_experiment(load_experiment_config(raw, ["seeds=[1]"]), tmp_path, progress=False)
+    held = run_dir(tmp_path / "tiny", "digits", "attention", 2)
+    held.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (held / ".lock").write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
+        rows = run_status(cfg, tmp_path)
+        text = format_status(rows)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert [r["state"] for r in rows] == ["completed", "interrupted", "running", "missing"]
+    assert rows[0]["step"] == 6 and rows[1]["step"] == 4 and rows[1]["max_steps"] == 6  # logged every 2 steps, killed in step 5
+    assert str(sleeper.pid) in rows[2]["holder"]
+    assert text.startswith("1 of 4 runs completed; about ") and "| 1 | interrupted | 4 / 6 |" in text
+    toml = tmp_path / "tiny.toml"
+    toml.write_text(_to_toml(raw))
+    assert cli_main(["status", str(toml), "--out", str(tmp_path)]) == 0
+    assert "1 of 4 runs completed" in capsys.readouterr().out
