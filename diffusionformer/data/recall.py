@@ -10,6 +10,10 @@ and the model must output :math:`v_j` after reading :math:`q`. Keys come from th
 of the vocabulary ``[0, V // 2)`` and are distinct within a sequence (so the answer is
 unique); values come from the upper half ``[V // 2, V)`` and may repeat. ``T = 2P + 1``.
 Targets are :data:`~diffusionformer.data.base.IGNORE_INDEX` everywhere but the last position.
+
+With ``num_queries = Q > 1`` (multi-query associative recall, Zoology's MQAR) the pairs are
+followed by ``Q`` distinct query keys of the sequence, each with its value as the target at its
+own position, ``T = 2P + Q``: ``Q`` training signals per sequence instead of one.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ __all__ = ["make_assoc_recall", "load_assoc_recall"]
 
 
 def make_assoc_recall(
-    num_examples: int, num_pairs: int, vocab_size: int, generator: torch.Generator
+    num_examples: int, num_pairs: int, vocab_size: int, generator: torch.Generator, num_queries: int = 1
 ) -> tuple[Tensor, Tensor]:
     """Generate associative-recall inputs and targets (see the module docstring).
 
@@ -35,9 +39,11 @@ def make_assoc_recall(
         num_pairs: ``P`` key-value pairs per sequence; at most ``vocab_size // 2``.
         vocab_size: ``V`` >= 4; keys ``[0, V // 2)``, values ``[V // 2, V)``.
         generator: source of randomness.
+        num_queries: ``Q`` distinct keys queried per sequence, in ``[1, P]`` (``Q = 1`` draws
+            exactly what earlier versions drew).
 
     Shapes:
-        - inputs, targets: ``(N, 2P + 1)`` int64
+        - inputs, targets: ``(N, 2P + Q)`` int64
 
     Examples:
         >>> x, y = make_assoc_recall(3, 2, 8, torch.Generator().manual_seed(0))
@@ -56,16 +62,21 @@ def make_assoc_recall(
             f"num_pairs must be in [1, vocab_size // 2 = {num_keys}] so that keys are distinct, "
             f"got {num_pairs}"
         )
-    N, P = num_examples, num_pairs
+    if isinstance(num_queries, bool) or not isinstance(num_queries, int) or not 1 <= num_queries <= num_pairs:
+        raise ValueError(f"num_queries must be an int in [1, num_pairs = {num_pairs}], got {num_queries!r}")
+    N, P, Q = num_examples, num_pairs, num_queries
     keys = torch.rand(N, num_keys, generator=generator).argsort(dim=1)[:, :P]  # (N, P) distinct
     values = torch.randint(num_keys, vocab_size, (N, P), generator=generator)  # (N, P)
-    which = torch.randint(0, P, (N, 1), generator=generator)  # (N, 1) queried pair
-    query = keys.gather(1, which)  # (N, 1)
-    answer = values.gather(1, which)  # (N, 1)
+    if Q == 1:
+        which = torch.randint(0, P, (N, 1), generator=generator)  # (N, 1) queried pair
+    else:
+        which = torch.rand(N, P, generator=generator).argsort(dim=1)[:, :Q]  # (N, Q) distinct pairs
+    query = keys.gather(1, which)  # (N, Q)
+    answer = values.gather(1, which)  # (N, Q)
     pairs = torch.stack([keys, values], dim=2).reshape(N, 2 * P)  # k1 v1 k2 v2 ...
-    inputs = torch.cat([pairs, query], dim=1)  # (N, 2P + 1)
+    inputs = torch.cat([pairs, query], dim=1)  # (N, 2P + Q)
     targets = torch.full_like(inputs, IGNORE_INDEX)
-    targets[:, -1:] = answer
+    targets[:, 2 * P :] = answer
     return inputs, targets
 
 
@@ -76,6 +87,7 @@ def load_assoc_recall(
     num_examples: int = 10_000,
     num_pairs: int = 8,
     vocab_size: int = 64,
+    num_queries: int = 1,
     val_fraction: float = 0.1,
     test_fraction: float = 0.1,
 ) -> SequenceTaskData:
@@ -86,13 +98,14 @@ def load_assoc_recall(
         num_examples: total examples over the three splits.
         num_pairs: key-value pairs per sequence (``T = 2 * num_pairs + 1``).
         vocab_size: token vocabulary (keys in the lower half, values in the upper half).
+        num_queries: queried keys per sequence (multi-query recall for ``> 1``).
         val_fraction, test_fraction: shares of the examples in val and test.
 
     Shapes:
-        - x, y of each split: ``(N_split, 2 * num_pairs + 1)`` int64
+        - x, y of each split: ``(N_split, 2 * num_pairs + num_queries)`` int64
     """
     n_train, n_val, n_test = split_sizes(num_examples, val_fraction, test_fraction)
-    x, y = make_assoc_recall(num_examples, num_pairs, vocab_size, seeded_generator(seed))
+    x, y = make_assoc_recall(num_examples, num_pairs, vocab_size, seeded_generator(seed), num_queries)
     a, b = n_train, n_train + n_val
     return SequenceTaskData(
         name="assoc-recall",
@@ -107,6 +120,7 @@ def load_assoc_recall(
             "source": "generated (H3 / Zoology-style associative recall)",
             "licence": "synthetic",
             "num_pairs": num_pairs,
+            "num_queries": num_queries,
             "keys": [0, vocab_size // 2],
             "values": [vocab_size // 2, vocab_size],
             "seed": seed,

@@ -27,6 +27,27 @@ def test_every_pair_position_is_queried():
     assert position.bincount(minlength=4).min() > 400  # about 500 each
 
 
+def test_single_query_data_is_what_the_study_was_trained_on():
+    # checksums of the draws made before num_queries existed (seeded generator 0, P = 8, V = 64)
+    x, y = make_assoc_recall(1000, 8, 64, torch.Generator().manual_seed(0))
+    assert int((x * torch.arange(1, 18)).sum()) == 4684908 and int(y[:, -1].sum()) == 47920
+
+
+def test_multi_query_targets_every_query_with_its_value():
+    P, Q, V = 6, 4, 20
+    x, y = make_assoc_recall(300, P, V, torch.Generator().manual_seed(3), num_queries=Q)
+    assert x.shape == y.shape == (300, 2 * P + Q)
+    for inputs, targets in zip(x.tolist(), y.tolist()):
+        keys, values, queries = inputs[0 : 2 * P : 2], inputs[1 : 2 * P : 2], inputs[2 * P :]
+        assert len(set(queries)) == Q and set(queries) <= set(keys)
+        assert targets[2 * P :] == [values[keys.index(q)] for q in queries]
+        assert targets[: 2 * P] == [IGNORE_INDEX] * (2 * P)
+    data = load_dataset("assoc-recall", num_examples=50, num_pairs=3, vocab_size=16, num_queries=3)
+    assert data.seq_len == 9 and data.meta["num_queries"] == 3
+    with pytest.raises(ValueError, match=r"num_queries must be an int in \[1, num_pairs = 3\]"):
+        make_assoc_recall(5, 3, 16, torch.Generator(), num_queries=4)
+
+
 def test_loss_only_sees_the_answer():
     x, y = make_assoc_recall(8, 3, 12, torch.Generator().manual_seed(2))
     logits = torch.zeros(8, 7, 12)
