@@ -210,7 +210,7 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     out = Path(out_root) / config.name
     rows = []
     for task in config.tasks:
-        max_steps = int(task.train.get("max_steps", 0)) if isinstance(task.train, dict) else None
+        max_steps = train_config(task, config.seeds[0]).max_steps  # the task's budget, defaults resolved
         for setting in config.operators:
             for seed in config.seeds:
                 rdir = run_dir(out, task.name, setting.name, seed)
@@ -218,8 +218,7 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                 row: dict[str, Any] = {"task": task.name, "operator": setting.name, "seed": seed, "max_steps": max_steps,
                                        "step": 0, "elapsed": None, "holder": None}
                 if summary is not None and summary.get("status") == "completed":
-                    row.update(state="completed", step=summary.get("step", max_steps),
-                               elapsed=(summary.get("train") or {}).get("elapsed", summary.get("elapsed")))
+                    row.update(state="completed", step=summary.get("step", max_steps), elapsed=summary.get("elapsed"))
                 elif not rdir.is_dir():
                     row["state"] = "missing"
                 else:
@@ -227,7 +226,7 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                     if records:
                         row.update(step=int(records[-1].get("step", 0)), elapsed=records[-1].get("elapsed"))
                     holder = _live_holder(rdir)
-                    row["holder"] = holder
+                    row["holder"] = None if holder is None else f"pid {holder[0]} on {holder[1]}"
                     if holder is not None:
                         row["state"] = "running"
                     elif summary is not None and str(summary.get("status", "")).startswith("failed"):
@@ -282,56 +281,56 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _live_holder(rdir: Path) -> str | None:
-    """The live process holding ``rdir/.lock`` (``"pid N on host"``), else None."""
+def _read_lock(rdir: Path) -> tuple[int, str] | None:
+    """``(pid, host)`` recorded in ``rdir/.lock``; None when there is none or it cannot be read."""
     try:
         holder = json.loads((rdir / LOCK_NAME).read_text())
-        pid, host = int(holder["pid"]), str(holder["host"])
+        return int(holder["pid"]), str(holder["host"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if host == platform.node() and not _pid_alive(pid):
+
+
+def _live_holder(rdir: Path) -> tuple[int, str] | None:
+    """``(pid, host)`` of the process holding ``rdir/.lock``, or None when the lock is absent or stale.
+
+    Stale: unreadable, or left by a process that no longer runs on this host. Locks held
+    from another host count as live (their liveness cannot be checked from here).
+    """
+    holder = _read_lock(rdir)
+    if holder is None:
         return None
-    return f"pid {pid} on {host}"
+    pid, host = holder
+    if host == platform.node() and (pid <= 0 or not _pid_alive(pid)):
+        return None
+    return holder
 
 
 def _acquire_lock(rdir: Path) -> str | None:
     """Take ``rdir/.lock`` for this process; the holder's description when a live process holds it.
 
-    A lock left by a process that no longer runs on this host is stale and taken over. Locks
-    held from another host are respected (their liveness cannot be checked from here).
+    A stale lock (see :func:`_live_holder`) is taken over.
     """
     rdir.mkdir(parents=True, exist_ok=True)
     path = rdir / LOCK_NAME
-    me = {"pid": os.getpid(), "host": platform.node()}
+    me = (os.getpid(), platform.node())
     for _ in range(2):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            try:
-                holder = json.loads(path.read_text())
-                pid, host = int(holder["pid"]), str(holder["host"])
-            except (OSError, ValueError, KeyError, TypeError):
-                pid, host = -1, me["host"]  # unreadable: treat as stale
-            if host == me["host"] and (pid <= 0 or not _pid_alive(pid)):
+            holder = _live_holder(rdir)
+            if holder is None:
                 path.unlink(missing_ok=True)
                 continue
-            if host == me["host"] and pid == me["pid"]:
-                return None
-            return f"process {pid} on {host}"
+            return None if holder == me else f"process {holder[0]} on {holder[1]}"
         with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
+            json.dump({"pid": me[0], "host": me[1]}, f)
         return None
     return f"a process that keeps re-creating {path}"
 
 
 def _release_lock(rdir: Path) -> None:
-    path = rdir / LOCK_NAME
-    try:
-        holder = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
-    if holder.get("pid") == os.getpid() and holder.get("host") == platform.node():
-        path.unlink(missing_ok=True)
+    if _read_lock(rdir) == (os.getpid(), platform.node()):
+        (rdir / LOCK_NAME).unlink(missing_ok=True)
 
 
 def _maybe_init_distributed(device: str | None) -> Any:

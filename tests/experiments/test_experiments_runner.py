@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -331,23 +332,30 @@ def test_tasks_filter_trains_only_those_and_results_keep_the_others(tmp_path):
     assert {row["task"]: row["n"] for row in data["summary"]} == {"digits": 2, "digits-b": 2}
 
 
+@contextlib.contextmanager
+def _locked_by_a_live_process(rdir):
+    """``rdir/.lock`` held by a sleeping child process (killed on exit); yields its pid."""
+    rdir.mkdir(parents=True, exist_ok=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (rdir / ".lock").write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
+        yield sleeper.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_run_held_by_a_live_process_is_skipped_and_a_stale_lock_is_taken_over(tmp_path):
     cfg = load_experiment_config(tiny_config(), ["operators=attention", "seeds=[0, 1]"])
     out = tmp_path / "tiny"
     held = run_dir(out, "digits", "attention", 0)
-    held.mkdir(parents=True)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        (held / ".lock").write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
+    with _locked_by_a_live_process(held) as pid:
         messages = []
         results = run_experiment(cfg, tmp_path, progress=False, log=messages.append)
         assert [r.seed for r in results] == [1]
-        assert any("seed 0] skipped" in m and str(sleeper.pid) in m for m in messages)
+        assert any("seed 0] skipped" in m and str(pid) in m for m in messages)
         assert not (held / "summary.json").exists() and (held / ".lock").is_file()
         assert not (run_dir(out, "digits", "attention", 1) / ".lock").exists()  # released after training
-    finally:
-        sleeper.kill()
-        sleeper.wait()
     # the holder is gone: its lock is stale and the run is trained now
     results = run_experiment(cfg, tmp_path, progress=False)
     assert [(r.seed, r.status) for r in results] == [(0, "completed"), (1, "completed")]
@@ -394,18 +402,12 @@ def test_status_reports_completed_interrupted_running_and_missing_runs(tmp_path,
     with interrupt_on_call(ClassificationTask, "loss", 5), pytest.raises(KeyboardInterrupt):
         run_experiment(load_experiment_config(raw, ["seeds=[1]"]), tmp_path, progress=False)
     held = run_dir(tmp_path / "tiny", "digits", "attention", 2)
-    held.mkdir(parents=True)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        (held / ".lock").write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
+    with _locked_by_a_live_process(held) as pid:
         rows = run_status(cfg, tmp_path)
         text = format_status(rows)
-    finally:
-        sleeper.kill()
-        sleeper.wait()
     assert [r["state"] for r in rows] == ["completed", "interrupted", "running", "missing"]
     assert rows[0]["step"] == 6 and rows[1]["step"] == 4 and rows[1]["max_steps"] == 6  # logged every 2 steps, killed in step 5
-    assert str(sleeper.pid) in rows[2]["holder"]
+    assert rows[2]["holder"] == f"pid {pid} on {socket.gethostname()}"
     assert text.startswith("1 of 4 runs completed; about ") and "| 1 | interrupted | 4 / 6 |" in text
     toml = tmp_path / "tiny.toml"
     toml.write_text(_to_toml(raw))
