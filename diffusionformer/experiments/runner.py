@@ -169,6 +169,11 @@ def finished_runs(out: str | Path, config: ExperimentConfig, results: Sequence[R
 
     A run is finished on disk when its ``summary.json`` says completed; runs neither in
     ``results`` nor finished are left out.
+
+    Args:
+        out: the comparison's folder (``<out_root>/<config.name>``).
+        config: the comparison.
+        results: runs already in memory (they take precedence over the files).
     """
     out = Path(out)
     have = {(r.task, r.operator, r.seed): r for r in results}
@@ -206,6 +211,10 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     ``"failed"``, ``"running"`` (a live process holds its lock), ``"interrupted"`` (started, not
     finished, nobody training it) or ``"missing"``), ``step`` (updates logged so far),
     ``max_steps``, ``elapsed`` (training seconds so far) and ``holder`` (the lock's process).
+
+    Args:
+        config: the comparison.
+        out_root: the results root given to ``run`` (``--out``).
     """
     out = Path(out_root) / config.name
     rows = []
@@ -242,6 +251,9 @@ def format_status(rows: list[dict[str, Any]]) -> str:
 
     The estimate scales the mean training time of a task's completed runs by the steps each
     unfinished run still has to do (one worker; divide by the number of workers).
+
+    Args:
+        rows: the output of :func:`run_status`.
     """
     lines, left_total, unknown = [], 0.0, 0
     tasks = list(dict.fromkeys(r["task"] for r in rows))

@@ -20,6 +20,12 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
     propagates. With ``after=True`` the original runs first, so side effects of that call
     (an EMA update, an optimizer step inside the method) happen before the "kill".
 
+    Args:
+        owner: the class (or object) whose attribute is patched, e.g. a task adapter class.
+        name: the method's name, e.g. ``"loss"``.
+        call: which call raises, counting from 1.
+        after: run the original before raising.
+
     Yields a dict whose ``"calls"`` counts the calls made so far.
 
     Examples:
@@ -59,7 +65,15 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
 
 
 def assert_same_checkpoint_weights(a: str | Path, b: str | Path, key: str = "model") -> None:
-    """Assert that two checkpoints hold bit-identical tensors under ``key`` (same names, same values)."""
+    """Assert that two checkpoints hold bit-identical tensors under ``key`` (same names, same values).
+
+    Args:
+        a, b: checkpoint files written by :class:`~diffusionformer.train.Trainer` (``torch.save`` dicts).
+        key: the entry holding a state dict (``"model"``; ``"optimizer"`` state is nested and not compared).
+
+    Raises:
+        AssertionError: naming the tensors present in only one file, or the first ones that differ.
+    """
     sa = torch.load(a, map_location="cpu", weights_only=True)[key]
     sb = torch.load(b, map_location="cpu", weights_only=True)[key]
     if set(sa) != set(sb):
