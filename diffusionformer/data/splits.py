@@ -16,6 +16,7 @@ __all__ = [
     "split_sizes",
     "random_split",
     "stratified_split",
+    "stratified_kfold_split",
     "per_class_split",
     "index_to_mask",
     "carve_val",
@@ -124,6 +125,65 @@ def stratified_split(
         idx = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.long)
         out.append(idx[torch.randperm(idx.numel(), generator=g)])
     return out[0], out[1], out[2]
+
+
+def stratified_kfold_split(
+    labels: Tensor, num_folds: int, fold: int, val_fraction: float, seed: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Fold ``fold`` of a seeded stratified ``num_folds``-fold partition, with an inner val split.
+
+    The items of each class are shuffled (seeded) and dealt to the folds in turn, continuing
+    from class to class, so every fold holds :math:`\lfloor n_c / K \rfloor` or
+    :math:`\lceil n_c / K \rceil` items of each class ``c`` and fold sizes differ by at most
+    one. Fold ``fold`` is the test part; the other folds are split by
+    :func:`stratified_split` (seed ``seed``, no test share) into train and val, so model
+    selection never sees the test fold: the protocol of Errica et al., "A fair comparison of
+    graph neural networks for graph classification" (ICLR 2020), with a holdout inner split.
+    The ``num_folds`` test parts of one seed partition ``range(N)``.
+
+    Args:
+        labels: integer class labels.
+        num_folds: number of folds ``K >= 2``.
+        fold: which fold is the test part, ``0 <= fold < K``.
+        val_fraction: share of each class of the remaining folds that goes to val, in ``[0, 1)``.
+        seed: the partition's seed (the same seed gives the same folds for every ``fold``).
+
+    Shapes:
+        - labels: ``(N,)``
+        - outputs: three int64 index tensors ``train, val, test`` that partition ``range(N)``
+
+    Examples:
+        >>> y = torch.tensor([0] * 10 + [1] * 20)
+        >>> tests = [stratified_kfold_split(y, 5, k, 0.2, seed=0)[2] for k in range(5)]
+        >>> sorted(torch.cat(tests).tolist()) == list(range(30)), [y[t].bincount().tolist() for t in tests][0]
+        (True, [2, 4])
+        >>> tr, va, te = stratified_kfold_split(y, 5, 0, 0.2, seed=0)
+        >>> len(tr), len(va), len(te)
+        (19, 5, 6)
+    """
+    if labels.dim() != 1:
+        raise ValueError(f"labels must be 1-D, got shape {tuple(labels.shape)}")
+    if not isinstance(num_folds, int) or isinstance(num_folds, bool) or num_folds < 2:
+        raise ValueError(f"num_folds must be an int >= 2, got {num_folds!r}")
+    if not isinstance(fold, int) or isinstance(fold, bool) or not 0 <= fold < num_folds:
+        raise ValueError(f"fold must be an int in [0, {num_folds}), got {fold!r}")
+    if labels.numel() < num_folds:
+        raise ValueError(f"{num_folds} folds need at least {num_folds} items, got {labels.numel()}")
+    split_sizes(labels.numel(), val_fraction, 0.0)  # validates the fraction
+    g = generator(seed)
+    labels = labels.cpu()
+    assignment = torch.empty(labels.numel(), dtype=torch.long)
+    offset = 0
+    for c in torch.unique(labels).tolist():
+        idx = (labels == c).nonzero().flatten()
+        idx = idx[torch.randperm(idx.numel(), generator=g)]
+        assignment[idx] = (torch.arange(idx.numel()) + offset) % num_folds
+        offset += idx.numel()
+    test = (assignment == fold).nonzero().flatten()
+    rest = (assignment != fold).nonzero().flatten()
+    test = test[torch.randperm(test.numel(), generator=g)]
+    tr, va, _ = stratified_split(labels[rest], val_fraction, 0.0, seed)
+    return rest[tr], rest[va], test
 
 
 def per_class_split(

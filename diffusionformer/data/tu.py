@@ -15,7 +15,12 @@ Node features (option ``node_features``):
 * ``"degree"``: always the one-hot degree (appended to existing features);
 * ``"constant"``: a single feature 1.0 for every node (replacing existing features).
 
-Split: seeded stratified 80/10/10 over graphs (each class keeps its share in every part).
+Split: seeded stratified 80/10/10 over graphs (each class keeps its share in every part);
+with ``fold`` set, fold ``fold`` of a seeded stratified ``num_folds``-fold partition is the
+test part and the other folds are split into train and val (``val_fraction`` of each class):
+k-fold cross-validation with an inner holdout for model selection
+(:func:`~diffusionformer.data.splits.stratified_kfold_split`). In an experiment config, a
+task's ``folds = K`` sets both from the run's seed.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from .base import GraphSetData
 from .checksums import sha256_file, verify_file
 from .paths import CorruptDataError, cache_dir, require_files
 from .registry import register_dataset
-from .splits import stratified_split
+from .splits import stratified_kfold_split, stratified_split
 
 __all__ = ["TU_DATASETS", "extract_tu_zip", "load_tu"]
 
@@ -104,6 +109,8 @@ def load_tu(
     use_node_attr: bool = False,
     val_fraction: float = 0.1,
     test_fraction: float = 0.1,
+    fold: int | None = None,
+    num_folds: int = 10,
     verify: bool = True,
 ) -> GraphSetData:
     """A TU graph-classification dataset with a seeded stratified split (see the module doc).
@@ -114,7 +121,11 @@ def load_tu(
         seed: seed of the split.
         node_features: ``"auto"``, ``"degree"`` or ``"constant"``.
         use_node_attr: also use continuous node attributes (PROTEINS, ENZYMES have some).
-        val_fraction, test_fraction: shares of each class in val and test.
+        val_fraction, test_fraction: shares of each class in val and test (with ``fold``:
+            ``val_fraction`` of the training folds goes to val; ``test_fraction`` is unused).
+        fold: the test fold of a ``num_folds``-fold cross-validation (default: no folds, the
+            80/10/10 split).
+        num_folds: number of folds when ``fold`` is given.
         verify: check the zip's SHA256 against the staged one.
     """
     from torch_geometric import transforms as T
@@ -151,7 +162,12 @@ def load_tu(
             recipe = f"dataset features + {recipe}"
 
     labels = dataset.y.view(-1)
-    train_idx, val_idx, test_idx = stratified_split(labels, val_fraction, test_fraction, seed)
+    if fold is None:
+        train_idx, val_idx, test_idx = stratified_split(labels, val_fraction, test_fraction, seed)
+        split = f"stratified, seed={seed}, val={val_fraction}, test={test_fraction}"
+    else:
+        train_idx, val_idx, test_idx = stratified_kfold_split(labels, num_folds, fold, val_fraction, seed)
+        split = f"stratified {num_folds}-fold, test fold {fold}, seed={seed}, val={val_fraction} of the other folds"
     return GraphSetData(
         name=key,
         dataset=dataset,
@@ -164,7 +180,7 @@ def load_tu(
             "source": f"TU Dortmund graph collection, {name}.zip",
             "licence": "no single licence; cite the original source of each TU dataset",
             "node_features": recipe,
-            "split": f"stratified, seed={seed}, val={val_fraction}, test={test_fraction}",
+            "split": split,
             "sizes": {"train": len(train_idx), "val": len(val_idx), "test": len(test_idx)},
             "processed_in": str(work / name),
         },
@@ -180,6 +196,8 @@ def _register(key: str, name: str) -> None:
         use_node_attr: bool = False,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
+        fold: int | None = None,
+        num_folds: int = 10,
         verify: bool = True,
     ) -> GraphSetData:
         return load_tu(
@@ -190,6 +208,8 @@ def _register(key: str, name: str) -> None:
             use_node_attr=use_node_attr,
             val_fraction=val_fraction,
             test_fraction=test_fraction,
+            fold=fold,
+            num_folds=num_folds,
             verify=verify,
         )
 

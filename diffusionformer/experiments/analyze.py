@@ -315,10 +315,16 @@ def analyze_experiment(
             task_runs = [r for r in runs if r[0] is task]
             if not task_runs:
                 continue
-            data = load_dataset(task.dataset, root=data_root, seed=task.data_seed, **task.dataset_options)
-            entry: dict[str, Any] = {"dataset": task.dataset, "model": task.model, "kind": data.kind, "operators": {}}
+            folds: dict[int | None, Any] = {}  # the task's data, one entry per fold (one without folds)
+            entry: dict[str, Any] = {"dataset": task.dataset, "model": task.model, "operators": {}}
             result["tasks"][task.name] = entry
             for _, setting, seed, rdir in task_runs:
+                fold = task.fold_of(seed)
+                if fold not in folds:
+                    folds[fold] = load_dataset(task.dataset, root=data_root, seed=task.data_seed,
+                                               **task.dataset_kwargs(seed))
+                data = folds[fold]
+                entry["kind"] = data.kind
                 bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
                 model = build_model(task, setting, data)
                 payload = load_checkpoint(rdir / CHECKPOINT_NAME)

@@ -68,10 +68,21 @@ class TaskConfig:
     #: an evaluation key (e.g. "val_acc") that picks, per run, the evaluation whose `metric` is
     #: reported beside the final one (model selection on validation data); maximised unless it ends in "loss"
     select_by: str | None = None
+    #: k-fold cross-validation: the run of seed ``s`` tests on fold ``s % folds`` (the dataset
+    #: gets ``fold`` and ``num_folds``; its other folds give train and val), so seeds
+    #: ``0 .. folds - 1`` make one K-fold estimate and the table's mean and spread are over folds
+    folds: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
             raise ValueError(f"task name must be a non-empty string without '/', got {self.name!r}")
+        if self.folds is not None:
+            if not isinstance(self.folds, int) or isinstance(self.folds, bool) or self.folds < 2:
+                raise ValueError(f"task {self.name!r}: folds must be an int >= 2, got {self.folds!r}")
+            clash = sorted({"fold", "num_folds"} & set(self.dataset_options))
+            if clash:
+                raise ValueError(f"task {self.name!r}: with folds = {self.folds}, the run's seed sets "
+                                 f"{' and '.join(clash)}; remove it from dataset_options")
         if "seed" in self.train:
             raise ValueError(f"task {self.name!r}: set seeds with the top-level `seeds`, not train.seed")
         train_config(self, seed=0)  # validates the training budget now, naming any bad key
@@ -83,6 +94,16 @@ class TaskConfig:
     @property
     def minimize(self) -> bool:
         return self.metric.endswith("loss")
+
+    def fold_of(self, seed: int) -> int | None:
+        """The test fold of the run with ``seed`` (``None`` without cross-validation)."""
+        return None if self.folds is None else seed % self.folds
+
+    def dataset_kwargs(self, seed: int) -> dict[str, Any]:
+        """Options for ``load_dataset`` in the run with ``seed`` (``dataset_options`` plus the fold)."""
+        if self.folds is None:
+            return dict(self.dataset_options)
+        return {**self.dataset_options, "fold": self.fold_of(seed), "num_folds": self.folds}
 
 
 @dataclass
@@ -142,6 +163,15 @@ class ExperimentConfig:
                 raise ValueError(f"duplicate {what} names: {sorted(dup)}")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"duplicate seeds: {self.seeds}")
+        for task in self.tasks:
+            if task.folds is not None:
+                counts = [sum(1 for s in self.seeds if s % task.folds == k) for k in range(task.folds)]
+                if min(counts) != max(counts):
+                    raise ValueError(
+                        f"task {task.name!r} uses {task.folds}-fold cross-validation: the seeds must cover "
+                        f"every fold equally often (fold = seed % {task.folds}), e.g. "
+                        f"seeds = {list(range(task.folds))}; got {self.seeds} (runs per fold: {counts})"
+                    )
 
     def to_dict(self) -> dict[str, Any]:
         return config_to_dict(self)

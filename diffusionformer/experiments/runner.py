@@ -134,9 +134,14 @@ def run_experiment(
     bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=not (progress and _is_main()), dynamic_ncols=True)
     try:
         for task in chosen:
-            data = load_dataset(task.dataset, root=data_root, seed=task.data_seed, **task.dataset_options)
+            folds: dict[int | None, Any] = {}  # the task's data, one entry per fold (one without folds)
             for setting in config.operators:
                 for seed in config.seeds:
+                    fold = task.fold_of(seed)
+                    if fold not in folds:
+                        folds[fold] = load_dataset(task.dataset, root=data_root, seed=task.data_seed,
+                                                   **task.dataset_kwargs(seed))
+                    data = folds[fold]
                     bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
                     done_before = resume and _completed(run_dir(out, task.name, setting.name, seed))
                     result = _one_run(out, task, setting, seed, data, resume, progress, device, log)
@@ -362,14 +367,18 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
     import dataclasses
 
     model_cfg = getattr(model, "config", None)
-    return json.loads(json.dumps({
+    identity: dict[str, Any] = {
         "dataset": task.dataset,
         "dataset_options": task.dataset_options,
         "data_seed": task.data_seed,
         "model": task.model,
         "model_config": dataclasses.asdict(model_cfg) if dataclasses.is_dataclass(model_cfg) else None,
         "train": {k: v for k, v in train.to_dict().items() if k not in ("progress", "device")},
-    }, default=str))
+    }
+    if task.folds is not None:  # only then, so runs made before folds existed keep their identity
+        identity["folds"] = task.folds
+        identity["fold"] = task.fold_of(train.seed)
+    return json.loads(json.dumps(identity, default=str))
 
 
 def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, setting: OperatorSetting) -> None:

@@ -83,3 +83,24 @@ def test_a_changed_zip_is_re_extracted(tu_root, writers):
     writers.write_tu_zip(tu_root / "tudataset" / "MUTAG.zip", "MUTAG", graphs_per_class=15)
     second = load_dataset("mutag", root=tu_root, verify=False)
     assert len(first.dataset) == 20 and len(second.dataset) == 30
+
+
+def test_tu_k_fold_cross_validation(tu_root):
+    """fold k of a stratified K-fold partition is the test part; the test folds tile the data."""
+    tests = []
+    for k in range(5):
+        d = load_dataset("mutag", root=tu_root, verify=False, seed=3, fold=k, num_folds=5)
+        parts = [d.train_idx, d.val_idx, d.test_idx]
+        assert sorted(torch.cat(parts).tolist()) == list(range(20))  # a partition of the graphs
+        labels = torch.cat([g.y for g in d.dataset])
+        assert labels[d.test_idx].bincount(minlength=2).tolist() == [2, 2]  # stratified: 10 + 10 over 5 folds
+        assert labels[d.val_idx].bincount(minlength=2).tolist() == [1, 1]  # 10% of each class's 8
+        assert d.meta["split"].startswith("stratified 5-fold, test fold %d" % k)
+        tests.append(d.test_idx)
+    assert sorted(torch.cat(tests).tolist()) == list(range(20))  # every graph is tested exactly once
+    again = load_dataset("mutag", root=tu_root, verify=False, seed=3, fold=2, num_folds=5)
+    assert torch.equal(again.test_idx, tests[2])
+    with pytest.raises(ValueError, match="fold must be an int in"):
+        load_dataset("mutag", root=tu_root, verify=False, fold=5, num_folds=5)
+    with pytest.raises(ValueError, match="num_folds must be an int >= 2"):
+        load_dataset("mutag", root=tu_root, verify=False, fold=0, num_folds=1)

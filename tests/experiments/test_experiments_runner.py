@@ -61,6 +61,10 @@ def test_shipped_configs_validate():
         (lambda c: c["operators"][1].update(heads="attention:1,laplacian:1"), ValueError, "not both"),
         (lambda c: c["operators"][1].update(laplacian_heads="most"), ValueError, "'half'"),
         (lambda c: c.update(tasks=[]), ValueError, "at least one task"),
+        (lambda c: c["tasks"][0].update(folds=1), ValueError, "folds must be an int >= 2"),
+        (lambda c: c["tasks"][0].update(folds=2), ValueError, r"cover every fold.*runs per fold: \[1, 0\]"),
+        (lambda c: c["tasks"][0].update(folds=2, dataset_options={"fold": 0}), ValueError,
+         "seed sets fold; remove it from dataset_options"),
     ],
 )
 def test_bad_configs_are_rejected_with_the_key_named(mutate, err, match):
@@ -413,3 +417,53 @@ def test_status_reports_completed_interrupted_running_and_missing_runs(tmp_path,
     toml.write_text(_to_toml(raw))
     assert cli_main(["status", str(toml), "--out", str(tmp_path)]) == 0
     assert "1 of 4 runs completed" in capsys.readouterr().out
+
+
+def test_folds_give_each_seed_its_own_test_fold_and_analysis_follows(tmp_path, monkeypatch):
+    """``folds = K``: the run of seed s trains on the folds other than s % K and tests on fold s % K."""
+    import importlib.util
+
+    from diffusionformer.data import load_dataset
+    from diffusionformer.experiments.analyze import analyze_experiment
+
+    spec = importlib.util.spec_from_file_location("df_test_writers", REPO / "tests" / "data" / "data_writers.py")
+    writers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writers)
+    monkeypatch.setenv("DIFFUSIONFORMER_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "data"
+    writers.write_tu_zip(root / "tudataset" / "MUTAG.zip", "MUTAG", node_labels=True)
+    raw = {
+        "name": "cv", "seeds": [0, 1],
+        "tasks": [{"name": "mutag-cv", "dataset": "mutag", "model": "graph-graph-small", "folds": 2,
+                   "dataset_options": {"verify": False}, "select_by": "val_acc",
+                   "model_overrides": {"dim": 16, "depth": 1, "num_heads": 2},
+                   "train": {"max_steps": 4, "batch_size": 8, "warmup_steps": 0, "eval_interval": 2,
+                             "log_interval": 2, "checkpoint_interval": 2}}],
+        "operators": [{"name": "attention"}],
+    }
+    cfg = load_experiment_config(raw)
+    import diffusionformer.experiments.runner as runner_mod
+
+    seen = {}
+    original = runner_mod._train_one
+
+    def spy(rdir, task, setting, seed, data, *args):
+        seen[seed] = (data.train_idx.clone(), data.test_idx.clone())
+        return original(rdir, task, setting, seed, data, *args)
+
+    monkeypatch.setattr(runner_mod, "_train_one", spy)
+    results = run_experiment(cfg, tmp_path / "out", data_root=root, progress=False)
+    assert [r.seed for r in results] == [0, 1]
+    folds = [load_dataset("mutag", root=root, verify=False, fold=k, num_folds=2) for k in (0, 1)]
+    for seed in (0, 1):
+        train_idx, test_idx = seen[seed]
+        assert torch.equal(test_idx, folds[seed].test_idx) and torch.equal(train_idx, folds[seed].train_idx)
+        rdir = run_dir(tmp_path / "out" / "cv", "mutag-cv", "attention", seed)
+        identity = json.loads((rdir / "run_config.json").read_text())
+        assert (identity["folds"], identity["fold"]) == (2, seed)
+    assert not set(seen[0][1].tolist()) & set(seen[1][1].tolist())  # disjoint test folds
+    # a resumed run finds the same fold (its identity matches) and is not retrained
+    again = run_experiment(cfg, tmp_path / "out", data_root=root, progress=False)
+    assert [r.value for r in again] == [r.value for r in results]
+    analysis = analyze_experiment(cfg, tmp_path / "out", data_root=root, progress=False)
+    assert set(analysis["tasks"]["mutag-cv"]["operators"]["attention"]["seeds"]) == {"0", "1"}
