@@ -181,7 +181,8 @@ def plot_metric_by_depth(
         ylabel: name of the metric.
         ax: axes to draw on; a new figure if omitted.
         xlabel: x-axis label.
-        logy: logarithmic y axis.
+        logy: logarithmic y axis (kept linear when no value is positive, e.g. a metric that is
+            zero at every depth, where a log axis has nothing to show).
 
     Examples:
         >>> ax = plot_metric_by_depth({"attention": [1.0, 0.5, 0.2]}, ylabel="variance")
@@ -191,12 +192,14 @@ def plot_metric_by_depth(
     if not results:
         raise ValueError("results must hold at least one setting, got none")
     ax = _new_axes(ax)
+    positive = False
     for name, values in results.items():
         values = [float(v) for v in values]
+        positive = positive or any(v > 0 for v in values)
         ax.plot(range(len(values)), values, marker="o", markersize=3, label=name)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    if logy:
+    if logy and positive:
         ax.set_yscale("log")
     ax.legend()
     return ax

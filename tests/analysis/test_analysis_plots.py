@@ -78,6 +78,12 @@ def test_metric_by_depth_and_spectra_on_given_axes(tmp_path: Path) -> None:
         plot_spectra({"x": torch.ones(2, 2)})
     with pytest.raises(ValueError, match="at least one setting"):
         plot_metric_by_depth({}, "variance")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns when a log axis has no positive data
+        zeros = plot_metric_by_depth({"a": [0.0, 0.0]}, "energy", logy=True)
+    assert zeros.get_yscale() == "linear"
 
 
 def test_missing_matplotlib_names_the_plot_extra(monkeypatch: pytest.MonkeyPatch) -> None:
