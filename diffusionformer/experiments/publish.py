@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.runner import RunResult, aggregate, format_table, read_curves, run_dir, select_evaluation, welch_t
+from diffusionformer.experiments.runner import RunResult, aggregate, difference_t, format_table, read_curves, run_dir, select_evaluation
 
 __all__ = ["publish_experiment", "summary_table"]
 
@@ -83,6 +83,9 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         " (add `--data-root <root>` for standard benchmarks), then `publish` with the same config",
         f"- **Config:** `{config_path}`" if config_path else "- **Config:** see `manifest.json`",
         f"- **Runs:** {done} of {expected} finished (tasks x operator settings x seeds {config.seeds})",
+        *([f"- **Cross-validation:** {', '.join(t.name for t in config.tasks if t.folds)}: seed s tests on fold "
+           f"s % folds of a stratified partition, trains and selects on the other folds; means and "
+           f"spreads are over folds, t is paired over folds"] if any(t.folds for t in config.tasks) else []),
         f"- **Machine:** {manifest.get('processor', '?')}, {manifest.get('cpu_count', '?')} CPUs, "
         f"{manifest.get('machine', '?')}; CUDA: {manifest.get('cuda') or 'none'}",
         f"- **Versions:** torch {manifest.get('torch', '?')}, diffusionformer {manifest.get('diffusionformer', '?')}, "
@@ -135,7 +138,9 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
 
     A cell is ``Δ (t)``: the difference of means against the config's first setting, signed so
     that **positive is better** (loss differences are negated), and Welch's t of it
-    (:func:`~diffusionformer.experiments.runner.welch_t`); cells with ``|t| >= strong`` are bold.
+    (:func:`~diffusionformer.experiments.runner.welch_t`; for tasks with ``folds``, the t paired
+    over folds, :func:`~diffusionformer.experiments.runner.paired_t`); cells with
+    ``|t| >= strong`` are bold.
     Tasks without finished runs are left out; a cell with fewer seeds than the config asks
     for says how many it has.
 
@@ -172,7 +177,7 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
                     settings.append(setting.name)
                 vals = row[key_values]
                 delta = sign * (row[key_mean] - base_row[key_mean]) + 0.0  # no "-0.0000"
-                t = welch_t(vals, base)
+                t = difference_t(row, base_row, key_values, paired=task.folds is not None)
                 text = f"{delta:+.4f}" + ("" if t is None else f" ({sign * t:+.1f})")
                 if t is not None and abs(t) >= strong:
                     text = f"**{text}**"

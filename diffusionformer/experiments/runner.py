@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -43,7 +43,7 @@ from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, see
 from diffusionformer.train.metrics import write_json_atomic
 
 __all__ = ["RunResult", "aggregate", "build_model", "finished_runs", "format_status", "format_table", "run_dir",
-           "run_experiment", "run_status", "select_evaluation", "welch_t"]
+           "paired_t", "run_experiment", "run_status", "select_evaluation", "welch_t"]
 
 
 @dataclass
@@ -507,6 +507,7 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
             "failed": sum(1 for r in rs if r.status != "completed"),
             "values": vals,
             "seeds": [r.seed for r in rs if r.value is not None],
+            "by_seed": {r.seed: r.value for r in rs if r.value is not None and math.isfinite(r.value)},
             "num_parameters": rs[0].num_parameters,
             "elapsed_mean": statistics.fmean([r.elapsed for r in rs if r.elapsed is not None]) if any(r.elapsed for r in rs) else None,
         })
@@ -514,7 +515,8 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
         if chosen:
             selected = [r.selected_value for r in chosen]
             table[-1].update(selected_mean=statistics.fmean(selected), selected_std=statistics.stdev(selected) if len(selected) > 1 else 0.0,
-                             selected_values=selected, selected_steps=[r.selected_step for r in chosen])
+                             selected_values=selected, selected_steps=[r.selected_step for r in chosen],
+                             selected_by_seed={r.seed: r.selected_value for r in chosen})
     return table
 
 
@@ -538,11 +540,47 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
     return None if se == 0.0 else (statistics.fmean(a) - statistics.fmean(b)) / se
 
 
-def _delta(row: dict[str, Any], base: dict[str, Any] | None, mean: str, values: str) -> str:
+def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
+    r"""Paired t statistic of ``a - b`` over the keys both have: :math:`\bar d / (s_d / \sqrt{n})`.
+
+    For k-fold cross-validation, where the run of seed ``s`` of every setting tests on the same
+    fold: the fold-to-fold differences in difficulty cancel in each difference
+    :math:`d_s = a_s - b_s`, which Welch's t (:func:`welch_t`) would count as noise. The folds'
+    training sets overlap, so the differences are not independent and the statistic is
+    somewhat optimistic (Nadeau and Bengio, 2003); read ``|t|`` near the threshold with care.
+    ``None`` with fewer than two shared keys or identical differences.
+
+    Args:
+        a, b: value per seed (fold) of the two settings.
+
+    Examples:
+        >>> round(paired_t({0: 0.8, 1: 0.6, 2: 0.7}, {0: 0.7, 1: 0.55, 2: 0.62}), 2)
+        5.28
+        >>> paired_t({0: 1.0}, {0: 0.0}) is None
+        True
+    """
+    keys = sorted(set(a) & set(b))
+    if len(keys) < 2:
+        return None
+    d = [a[k] - b[k] for k in keys]
+    sd = statistics.stdev(d)
+    return None if sd == 0.0 else statistics.fmean(d) / (sd / math.sqrt(len(d)))
+
+
+def difference_t(row: Mapping[str, Any], base: Mapping[str, Any], values: str, paired: bool) -> float | None:
+    """t of ``row``'s mean minus ``base``'s for the ``values`` key of :func:`aggregate` rows:
+    :func:`paired_t` over seeds when ``paired`` (k-fold tasks), else :func:`welch_t`."""
+    if paired:
+        key = "by_seed" if values == "values" else values.replace("_values", "_by_seed")
+        return paired_t(row.get(key, {}), base.get(key, {}))
+    return welch_t(row[values], base[values])
+
+
+def _delta(row: dict[str, Any], base: dict[str, Any] | None, mean: str, values: str, paired: bool = False) -> str:
     """``"Δ | t"`` cells of ``row`` against ``base`` (empty for the baseline itself)."""
     if base is None or row is base or row.get(mean) is None or base.get(mean) is None:
         return " | "
-    stat = welch_t(row[values], base[values])
+    stat = difference_t(row, base, values, paired)
     return f"{row[mean] - base[mean]:+.4f} | " + ("" if stat is None else f"{stat:+.1f}")
 
 
@@ -563,14 +601,20 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig) -> str:
         lines.append("")
         base = next((r for r in rows if r["operator"] == baseline), None)
         selected = task.select_by is not None and any("selected_mean" in r for r in rows)
-        sel_head = f" at best {task.select_by} | Δ | t |" if selected else ""
-        lines.append(f"| operator | {task.metric} mean ± std | Δ vs {baseline} | t |{sel_head} seeds | params | time/run (s) |")
+        paired = task.folds is not None
+        t_head = "paired t" if paired else "t"
+        if paired:
+            lines.append(f"{task.folds}-fold cross-validation: seed s tests on fold s % {task.folds}; the spread is over "
+                         "folds and t is paired over folds.")
+            lines.append("")
+        sel_head = f" at best {task.select_by} | Δ | {t_head} |" if selected else ""
+        lines.append(f"| operator | {task.metric} mean ± std | Δ vs {baseline} | {t_head} |{sel_head} seeds | params | time/run (s) |")
         lines.append("|---" * (9 if selected else 6) + "|---|")
         for r in rows:
-            cells = [_delta(r, base, "mean", "values")]
+            cells = [_delta(r, base, "mean", "values", paired)]
             if selected:
                 sel = f"{_fmt(r['selected_mean'])} ± {_fmt(r['selected_std'])}" if "selected_mean" in r else "n/a"
-                cells.append(f"{sel} | {_delta(r, base, 'selected_mean', 'selected_values')}")
+                cells.append(f"{sel} | {_delta(r, base, 'selected_mean', 'selected_values', paired)}")
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
             lines.append(f"| {r['operator']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | {' | '.join(cells)} | {r['n']}{failed} | "
                          f"{r['num_parameters'] or 'n/a'} | {_fmt(r['elapsed_mean'], 1)} |")

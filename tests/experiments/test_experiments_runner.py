@@ -467,3 +467,23 @@ def test_folds_give_each_seed_its_own_test_fold_and_analysis_follows(tmp_path, m
     assert [r.value for r in again] == [r.value for r in results]
     analysis = analyze_experiment(cfg, tmp_path / "out", data_root=root, progress=False)
     assert set(analysis["tasks"]["mutag-cv"]["operators"]["attention"]["seeds"]) == {"0", "1"}
+
+
+def test_paired_t_cancels_fold_difficulty_that_welch_counts_as_noise():
+    from diffusionformer.experiments.runner import RunResult, aggregate, format_table, paired_t, welch_t
+
+    hard_easy = [0.60, 0.90, 0.70, 0.80]  # fold difficulty dominates the spread
+    better = {k: v + 0.02 + 0.005 * (k % 2) for k, v in enumerate(hard_easy)}
+    base = dict(enumerate(hard_easy))
+    d = [better[k] - base[k] for k in range(4)]  # 0.02, 0.025, 0.02, 0.025
+    expected = (sum(d) / 4) / (torch.tensor(d, dtype=torch.float64).std().item() / 2)
+    assert paired_t(better, base) == pytest.approx(expected)
+    assert abs(welch_t(list(better.values()), hard_easy)) < 0.3  # Welch sees only noise
+    assert paired_t({0: 1.0, 1: 2.0}, {2: 0.0, 3: 1.0}) is None  # no shared folds
+    cfg = load_experiment_config(tiny_config(seeds=[0, 1, 2, 3]))
+    cfg.tasks[0].folds = 4
+    runs = [RunResult(task="digits", operator=op, seed=s, metric="test_acc", value=v[s], status="completed")
+            for op, v in (("attention", base), ("lap", better)) for s in range(4)]
+    text = format_table(aggregate(runs), cfg)
+    assert "4-fold cross-validation" in text and "| paired t |" in text
+    assert f"| {expected:+.1f} |" in text
