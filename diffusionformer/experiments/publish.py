@@ -94,7 +94,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         "",
         "Tables give the mean ± sample standard deviation over seeds of the final evaluation "
         "(after the last step; no early stopping); Δ is the difference of means against the first setting "
-        "and t its Welch statistic (|t| below about 3 is within seed noise at 3 seeds). Where a task names "
+        "and t its Welch statistic (paired over folds for cross-validated tasks; |t| below about 3 is within seed "
+        "noise at 3 seeds). Where a task names "
         "`select_by`, the metric is also given at each run's evaluation with the best value of that key.",
         "",
         format_table(table, config).replace("### ", "## "),
