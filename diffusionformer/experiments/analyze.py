@@ -3,8 +3,8 @@
 For every finished run of ``<out>/<name>/runs/<task>/<operator>/seed<k>/`` the model is rebuilt
 exactly as the runner built it (:func:`~diffusionformer.experiments.runner.build_model`), its
 weights are loaded from ``checkpoint.pt`` (``weights_only=True``), and the residual stream of
-held-out data (the ``test`` split of the same dataset with the same ``data_seed``; seeded
-windows of the ``val`` stream for text) is captured layer by layer
+held-out data (a seeded random subset of the ``test`` split of the same dataset with the
+same ``data_seed``; seeded windows of the ``val`` stream for text) is captured layer by layer
 (:func:`~diffusionformer.analysis.capture_dataset`) and measured
 (:func:`~diffusionformer.analysis.layer_reports`). Written under ``<out>/<name>/analysis/``::
 
@@ -44,6 +44,7 @@ from diffusionformer.analysis.capture import IGNORE_INDEX, capture_dataset
 from diffusionformer.analysis.report import layer_reports
 from diffusionformer.data import load_dataset
 from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
+from diffusionformer.data.splits import seeded_subset
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.runner import build_model, run_dir, welch_t
 from diffusionformer.models import learned_operator_parameters
@@ -53,8 +54,10 @@ from diffusionformer.train.metrics import write_json_atomic
 __all__ = ["analyze_experiment", "analyze_run"]
 
 _TEXT_SEED = 1234  # the same held-out windows for every run
-#: bump when what :func:`analyze_run` measures changes (invalidates every run's cache)
-ANALYSIS_VERSION = 1
+_HELDOUT_SEED = 1234  # the same held-out examples for every run
+#: bump when what :func:`analyze_run` measures changes (invalidates every run's cache);
+#: 2: held-out examples are a seeded random subset instead of the first ``max_examples``
+ANALYSIS_VERSION = 2
 _CACHE_NAME = "analysis_cache.pt"
 _PCA_IMAGES = 4
 _RUN_HINT = "run `python -m diffusionformer.experiments run CONFIG` first (with the same config and --out)"
@@ -117,16 +120,15 @@ def _heldout(
     data: Any, model: torch.nn.Module, split: str, max_examples: int, batch_size: int
 ) -> tuple[list[Any], dict[str, Any]]:
     """Batches of held-out data for ``capture_dataset`` and a description of them."""
-    if isinstance(data, ClassificationData):
+    if isinstance(data, (ClassificationData, SequenceTaskData)):
         x, y = data.split(split)
-        n = min(x.shape[0], max_examples)
-        batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, n, batch_size)]
-        return batches, {"split": split, "labels": "class per sequence"}
-    if isinstance(data, SequenceTaskData):
-        x, y = data.split(split)
-        n = min(x.shape[0], max_examples)
-        batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, n, batch_size)]
-        return batches, {"split": split, "labels": "target token per position (-100 = none)"}
+        # a seeded random subset, not the first rows: a split stored in class order (the CIFAR-10
+        # JPEG archives are read class folder by class folder) would otherwise give one class
+        keep = seeded_subset(x.shape[0], max_examples, _HELDOUT_SEED)
+        x, y = x[keep], y[keep]
+        batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, keep.numel(), batch_size)]
+        labels = "class per sequence" if isinstance(data, ClassificationData) else "target token per position (-100 = none)"
+        return batches, {"split": split, "labels": labels, "examples": f"seeded random subset of {keep.numel()}"}
     if isinstance(data, TextData):
         block = int(model.config.block_size)  # type: ignore[union-attr]
         g = torch.Generator().manual_seed(_TEXT_SEED)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from diffusionformer.experiments import load_experiment_config
 from diffusionformer.experiments.analyze import analyze_experiment
@@ -219,3 +220,21 @@ def test_second_analysis_reads_each_runs_cache_and_a_new_checkpoint_invalidates_
     (rdir / "analysis_cache.pt").write_bytes(b"garbage")  # unreadable cache: measured again, no error
     analyze_experiment(config, out, progress=False, plots=False, max_examples=16)
     assert calls["n"] == 6
+
+
+def test_heldout_examples_are_a_seeded_subset_of_every_class_even_when_the_split_is_class_sorted() -> None:
+    """The CIFAR-10 JPEG archives give a test split in class order; the first rows would be one class."""
+    from diffusionformer.data.base import ClassificationData
+    from diffusionformer.experiments.analyze import _heldout
+
+    y = torch.arange(10).repeat_interleave(100)  # sorted by class
+    x = torch.randn(1000, 1, 4, 4)
+    data = ClassificationData(name="sorted", kind="image", x_train=x, y_train=y, x_val=x, y_val=y, x_test=x,
+                              y_test=y, num_classes=10, input_shape=(1, 4, 4))
+    batches, info = _heldout(data, torch.nn.Identity(), "test", max_examples=200, batch_size=64)
+    labels = torch.cat([b[1] for b in batches])
+    assert labels.numel() == 200 and labels.unique().numel() == 10 and "seeded random subset" in info["examples"]
+    again, _ = _heldout(data, torch.nn.Identity(), "test", max_examples=200, batch_size=64)
+    assert torch.equal(torch.cat([b[0] for b in again]), torch.cat([b[0] for b in batches]))  # the same rows every run
+    rows = torch.cat([b[0] for b in batches]).flatten(1)
+    assert all(any(torch.equal(r, xr) for xr in x.flatten(1)) for r in rows[:5])  # real rows, unchanged
