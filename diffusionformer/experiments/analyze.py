@@ -42,11 +42,10 @@ from tqdm.auto import tqdm
 
 from diffusionformer.analysis.capture import IGNORE_INDEX, capture_dataset
 from diffusionformer.analysis.report import layer_reports
-from diffusionformer.data import load_dataset
 from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
 from diffusionformer.data.splits import seeded_subset
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
-from diffusionformer.experiments.runner import build_model, run_dir, welch_t
+from diffusionformer.experiments.runner import build_model, run_dir, task_data, welch_t
 from diffusionformer.models import learned_operator_parameters
 from diffusionformer.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from diffusionformer.train.metrics import write_json_atomic
@@ -317,16 +316,12 @@ def analyze_experiment(
             task_runs = [r for r in runs if r[0] is task]
             if not task_runs:
                 continue
-            folds: dict[int | None, Any] = {}  # the task's data, one entry per fold (one without folds)
-            entry: dict[str, Any] = {"dataset": task.dataset, "model": task.model, "operators": {}}
+            loaded: dict[int | None, Any] = {}
+            kind = task_data(task, task_runs[0][2], data_root, loaded).kind
+            entry: dict[str, Any] = {"dataset": task.dataset, "model": task.model, "kind": kind, "operators": {}}
             result["tasks"][task.name] = entry
             for _, setting, seed, rdir in task_runs:
-                fold = task.fold_of(seed)
-                if fold not in folds:
-                    folds[fold] = load_dataset(task.dataset, root=data_root, seed=task.data_seed,
-                                               **task.dataset_kwargs(seed))
-                data = folds[fold]
-                entry["kind"] = data.kind
+                data = task_data(task, seed, data_root, loaded)
                 bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
                 model = build_model(task, setting, data)
                 payload = load_checkpoint(rdir / CHECKPOINT_NAME)

@@ -67,6 +67,14 @@ def run_dir(out: Path, task: str, operator: str, seed: int) -> Path:
     return out / "runs" / task / operator / f"seed{seed}"
 
 
+def task_data(task: TaskConfig, seed: int, data_root: str | None, cache: dict[int | None, Any]) -> Any:
+    """The dataset of ``task``'s run with ``seed``: loaded once per fold (once without folds) into ``cache``."""
+    fold = task.fold_of(seed)
+    if fold not in cache:
+        cache[fold] = load_dataset(task.dataset, root=data_root, seed=task.data_seed, **task.dataset_kwargs(seed))
+    return cache[fold]
+
+
 def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.nn.Module:
     """The model of one run: preset + data-derived sizes + task overrides + the operator setting."""
     preset = get_preset(task.model)
@@ -134,14 +142,10 @@ def run_experiment(
     bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=not (progress and _is_main()), dynamic_ncols=True)
     try:
         for task in chosen:
-            folds: dict[int | None, Any] = {}  # the task's data, one entry per fold (one without folds)
+            loaded: dict[int | None, Any] = {}
             for setting in config.operators:
                 for seed in config.seeds:
-                    fold = task.fold_of(seed)
-                    if fold not in folds:
-                        folds[fold] = load_dataset(task.dataset, root=data_root, seed=task.data_seed,
-                                                   **task.dataset_kwargs(seed))
-                    data = folds[fold]
+                    data = task_data(task, seed, data_root, loaded)
                     bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
                     done_before = resume and _completed(run_dir(out, task.name, setting.name, seed))
                     result = _one_run(out, task, setting, seed, data, resume, progress, device, log)
@@ -571,7 +575,7 @@ def difference_t(row: Mapping[str, Any], base: Mapping[str, Any], values: str, p
     """t of ``row``'s mean minus ``base``'s for the ``values`` key of :func:`aggregate` rows:
     :func:`paired_t` over seeds when ``paired`` (k-fold tasks), else :func:`welch_t`."""
     if paired:
-        key = "by_seed" if values == "values" else values.replace("_values", "_by_seed")
+        key = {"values": "by_seed", "selected_values": "selected_by_seed"}[values]
         return paired_t(row.get(key, {}), base.get(key, {}))
     return welch_t(row[values], base[values])
 
