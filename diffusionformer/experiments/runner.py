@@ -43,11 +43,21 @@ from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, see
 from diffusionformer.train.metrics import write_json_atomic
 
 __all__ = ["RunResult", "aggregate", "build_model", "finished_runs", "format_status", "format_table", "run_dir",
-           "paired_t", "run_experiment", "run_status", "select_evaluation", "welch_t"]
+           "difference_t", "paired_t", "read_curves", "run_experiment", "run_status", "select_evaluation",
+           "task_data", "welch_t"]
 
 
 @dataclass
 class RunResult:
+    """One run (task, operator setting, seed) as the runner reports it.
+
+    ``value`` is the task's metric at the end of training; ``selected_value`` is the same
+    metric at the evaluation picked by the task's ``select_by`` (early stopping on the
+    validation split), which is what the published tables report when a task has one.
+    ``learned`` holds the learned diffusion parameters per layer (diffusion times,
+    polynomial coefficients, teleport probabilities) at the end of training.
+    """
+
     task: str
     operator: str
     seed: int
