@@ -29,6 +29,7 @@ models of different widths, e.g. ``heads = "attention:{half},heat(t=0.5, learnab
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,10 @@ class TaskConfig:
     #: gets ``fold`` and ``num_folds``; its other folds give train and val), so seeds
     #: ``0 .. folds - 1`` make one K-fold estimate and the table's mean and spread are over folds
     folds: int | None = None
+    #: learning speed: ``{key = threshold}`` with one evaluation key, e.g. ``{val_acc = 0.9}``;
+    #: each run reports the first evaluated step at which the key reaches the threshold
+    #: (``>=``, or ``<=`` for keys ending in "loss"), and the table its mean over seeds
+    reach: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -90,6 +95,14 @@ class TaskConfig:
             raise ValueError(f"task {self.name!r}: eval_batch_size must be positive")
         if self.select_by is not None and (not isinstance(self.select_by, str) or not self.select_by):
             raise ValueError(f"task {self.name!r}: select_by must be an evaluation key such as 'val_acc', got {self.select_by!r}")
+        if self.reach is not None:
+            ok = isinstance(self.reach, dict) and len(self.reach) == 1
+            key, value = next(iter(self.reach.items())) if ok else (None, None)
+            if not (ok and isinstance(key, str) and key and isinstance(value, (int, float))
+                    and not isinstance(value, bool) and math.isfinite(value)):
+                raise ValueError(f"task {self.name!r}: reach must be one evaluation key with a finite threshold, "
+                                 f"e.g. reach = {{ val_acc = 0.9 }}; got {self.reach!r}")
+            self.reach = {key: float(value)}
 
     @property
     def minimize(self) -> bool:

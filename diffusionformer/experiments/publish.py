@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.runner import RunResult, aggregate, difference_t, format_table, read_curves, run_dir, select_evaluation
+from diffusionformer.experiments.runner import (RunResult, aggregate, difference_t, first_reach, format_table, read_curves,
+                                                run_dir, select_evaluation)
 
 __all__ = ["publish_experiment", "summary_table"]
 
@@ -122,14 +123,18 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
 
 
 def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
-    """The runs of ``results.json``, with ``select_by`` evaluations recomputed from the run logs where missing."""
+    """The runs of ``results.json``, with ``select_by`` evaluations and ``reach`` steps recomputed from the run logs where missing."""
     data = json.loads((src / "results.json").read_text())
     runs = [RunResult(**r) for r in data["runs"]]
     tasks = {t.name: t for t in config.tasks}
     for r in runs:
         task = tasks.get(r.task)
-        if task is not None and task.select_by and r.selected_value is None and r.status == "completed":
+        if task is None or r.status != "completed":
+            continue
+        if task.select_by and r.selected_value is None:
             r.selected_value, r.selected_step = select_evaluation(read_curves(run_dir(src, r.task, r.operator, r.seed)), task)
+        if task.reach and r.reach_step is None:
+            r.reach_step = first_reach(read_curves(run_dir(src, r.task, r.operator, r.seed)), task)
     return runs
 
 

@@ -43,7 +43,7 @@ from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, see
 from diffusionformer.train.metrics import write_json_atomic
 
 __all__ = ["RunResult", "aggregate", "build_model", "finished_runs", "format_status", "format_table", "run_dir",
-           "difference_t", "paired_t", "read_curves", "run_experiment", "run_status", "select_evaluation",
+           "difference_t", "first_reach", "paired_t", "read_curves", "run_experiment", "run_status", "select_evaluation",
            "task_data", "welch_t"]
 
 
@@ -54,6 +54,7 @@ class RunResult:
     ``value`` is the task's metric at the end of training; ``selected_value`` is the same
     metric at the evaluation picked by the task's ``select_by`` (early stopping on the
     validation split), which is what the published tables report when a task has one.
+    ``reach_step`` is the first evaluated step at which the task's ``reach`` threshold was met.
     ``learned`` holds the learned diffusion parameters per layer (diffusion times,
     polynomial coefficients, teleport probabilities) at the end of training.
     """
@@ -71,6 +72,8 @@ class RunResult:
     #: the task's metric at the evaluation picked by ``select_by`` (None without one)
     selected_value: float | None = None
     selected_step: int | None = None
+    #: the first evaluated step at which the task's ``reach`` key met its threshold (None if never)
+    reach_step: int | None = None
 
 
 def run_dir(out: Path, task: str, operator: str, seed: int) -> Path:
@@ -471,9 +474,11 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
         raise ValueError(f"task {task.name!r}: metric {task.metric!r} is not among the evaluation keys {sorted(final)}")
     learned_path = rdir / "learned_operators.json"
     learned = json.loads(learned_path.read_text()) if learned_path.is_file() else {}
-    selected_value, selected_step = select_evaluation(read_curves(rdir), task) if task.select_by else (None, None)
+    curves = read_curves(rdir) if task.select_by or task.reach else []
+    selected_value, selected_step = select_evaluation(curves, task) if task.select_by else (None, None)
     return RunResult(task.name, setting.name, seed, "completed", task.metric, value, final,
-                     summary.get("num_parameters"), summary.get("elapsed"), learned, selected_value, selected_step)
+                     summary.get("num_parameters"), summary.get("elapsed"), learned, selected_value, selected_step,
+                     first_reach(curves, task) if task.reach else None)
 
 
 def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[float | None, int | None]:
@@ -500,6 +505,30 @@ def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[
             if best is None or score > best[0]:
                 best = (score, int(r["step"]), float(m[task.metric]))
     return (None, None) if best is None else (best[2], best[1])
+
+
+def first_reach(records: list[dict[str, Any]], task: TaskConfig) -> int | None:
+    """The first evaluated step at which ``task.reach``'s key meets its threshold, else ``None``.
+
+    The key must reach ``>=`` the threshold, or ``<=`` for keys ending in ``loss``. The step
+    is a multiple of the evaluation interval, so it bounds the true first step from above.
+
+    Examples:
+        >>> t = TaskConfig("t", "digits", "vit-digits", reach={"val_acc": 0.9})
+        >>> evals = [{"split": "eval", "step": s, "metrics": {"val_acc": a}}
+        ...          for s, a in [(250, 0.2), (500, 0.93), (750, 0.85), (1000, 0.99)]]
+        >>> first_reach(evals, t), first_reach(evals[:1], t)
+        (500, None)
+    """
+    if not task.reach:
+        raise ValueError(f"task {task.name!r} has no reach threshold")
+    (key, threshold), = task.reach.items()
+    sign = -1.0 if key.endswith("loss") else 1.0
+    for r in sorted((r for r in records if r.get("split") == "eval"), key=lambda r: int(r["step"])):
+        value = as_metrics(r).get(key)
+        if value is not None and math.isfinite(value) and sign * value >= sign * threshold:
+            return int(r["step"])
+    return None
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -531,6 +560,9 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
             table[-1].update(selected_mean=statistics.fmean(selected), selected_std=statistics.stdev(selected) if len(selected) > 1 else 0.0,
                              selected_values=selected, selected_steps=[r.selected_step for r in chosen],
                              selected_by_seed={r.seed: r.selected_value for r in chosen})
+        done = [r for r in rs if r.status == "completed"]
+        if any(r.reach_step is not None for r in done):
+            table[-1]["reach_steps"] = [r.reach_step for r in done]  # None: never reached
     return table
 
 
@@ -602,8 +634,22 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
+def _reach_cell(row: Mapping[str, Any]) -> str:
+    """``"mean ± std (k of n)"`` over the runs that reached the threshold."""
+    steps = row.get("reach_steps") or []
+    hit = [s for s in steps if s is not None]
+    if not hit:
+        return f"never (0 of {len(steps)})" if steps else "never"
+    spread = f" ± {statistics.stdev(hit):.0f}" if len(hit) > 1 else ""
+    return f"{statistics.fmean(hit):.0f}{spread} ({len(hit)} of {len(steps)})"
+
+
 def format_table(table: list[dict[str, Any]], config: ExperimentConfig) -> str:
-    """A markdown table per task: mean ± std over seeds, Δ vs the first operator setting and its :func:`welch_t`."""
+    """A markdown table per task: mean ± std over seeds, Δ vs the first operator setting and its :func:`welch_t`.
+
+    Tasks with ``select_by`` add the metric at the best evaluation of that key; tasks with
+    ``reach`` add the mean number of steps to reach the threshold, over the runs that did.
+    """
     lines = []
     baseline = config.operators[0].name
     for task in config.tasks:
@@ -622,13 +668,19 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig) -> str:
                          "folds and t is paired over folds.")
             lines.append("")
         sel_head = f" at best {task.select_by} | Δ | {t_head} |" if selected else ""
+        reach = task.reach is not None
+        if reach:
+            (rkey, rval), = task.reach.items()
+            sel_head += f" steps to {rkey} {'≤' if rkey.endswith('loss') else '≥'} {rval:g} |"
         lines.append(f"| operator | {task.metric} mean ± std | Δ vs {baseline} | {t_head} |{sel_head} seeds | params | time/run (s) |")
-        lines.append("|---" * (9 if selected else 6) + "|---|")
+        lines.append("|---" * (6 + 3 * selected + reach) + "|---|")
         for r in rows:
             cells = [_delta(r, base, "mean", "values", paired)]
             if selected:
                 sel = f"{_fmt(r['selected_mean'])} ± {_fmt(r['selected_std'])}" if "selected_mean" in r else "n/a"
                 cells.append(f"{sel} | {_delta(r, base, 'selected_mean', 'selected_values', paired)}")
+            if reach:
+                cells.append(_reach_cell(r))
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
             lines.append(f"| {r['operator']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | {' | '.join(cells)} | {r['n']}{failed} | "
                          f"{r['num_parameters'] or 'n/a'} | {_fmt(r['elapsed_mean'], 1)} |")

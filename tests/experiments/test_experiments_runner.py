@@ -53,6 +53,8 @@ def test_shipped_configs_validate():
         (lambda c: c.update(sedes=[0]), ValueError, r"unknown key 'sedes'.*did you mean 'seeds'"),
         (lambda c: c["tasks"][0].update(datset="digits"), ValueError, "unknown key 'datset'"),
         (lambda c: c["tasks"][0].update(select_by=""), ValueError, "select_by must be an evaluation key"),
+        (lambda c: c["tasks"][0].update(reach={"val_acc": 0.9, "test_acc": 0.9}), ValueError, "reach must be one evaluation key"),
+        (lambda c: c["tasks"][0].update(reach={"val_acc": float("nan")}), ValueError, "finite threshold"),
         (lambda c: c["tasks"][0]["train"].update(max_step=5), ValueError, "unknown TrainConfig key 'max_step'"),
         (lambda c: c["tasks"][0]["train"].update(max_steps="5"), TypeError, "max_steps"),
         (lambda c: c["tasks"][0]["train"].update(seed=3), ValueError, "top-level `seeds`"),
@@ -289,6 +291,34 @@ def test_table_reports_welch_t_of_each_difference():
     row = next(line for line in format_table(aggregate(runs), cfg).splitlines() if line.startswith("| lap |"))
     assert row.split("|")[3:5] == [" +0.0600 ", " +3.1 "]
     assert welch_t([1.0, 1.0], [1.0, 1.0]) is None
+
+
+def test_reach_reports_the_first_step_at_the_threshold_over_the_runs_that_got_there(tmp_path):
+    from diffusionformer.experiments.publish import _load_runs
+    from diffusionformer.experiments.runner import RunResult, aggregate, first_reach, format_table
+
+    raw = tiny_config()
+    raw["tasks"][0]["reach"] = {"val_acc": 0.5}
+    cfg = load_experiment_config(raw)
+    task = cfg.tasks[0]
+    evals = [{"split": "eval", "step": s, "metrics": {"val_acc": a, "val_loss": 1 - a}} for s, a in [(3, 0.3), (6, 0.5), (9, 0.7)]]
+    train = [{"split": "train", "step": 4, "metrics": {"val_acc": 0.9}}]  # training records never count
+    assert first_reach(train + evals, task) == 6
+    assert first_reach(evals[:1], task) is None
+    loss_task = load_experiment_config(raw, ['tasks.digits.reach={val_loss = 0.4}']).tasks[0]
+    assert first_reach(evals, loss_task) == 9  # loss keys must fall to the threshold
+    steps = {("attention", 0): 500, ("attention", 1): 1000, ("attention", 2): 1500,
+             ("lap", 0): 2000, ("lap", 1): None, ("lap", 2): None}
+    runs = [RunResult("digits", op, s, "completed", "test_acc", 0.5 + 0.01 * s, reach_step=v) for (op, s), v in steps.items()]
+    lines = format_table(aggregate(runs), cfg).splitlines()
+    assert "steps to val_acc ≥ 0.5" in lines[2] and lines[3].count("|") == lines[2].count("|")
+    assert "| 1000 ± 500 (3 of 3) |" in next(line for line in lines if line.startswith("| attention |"))
+    assert "| 2000 (1 of 3) |" in next(line for line in lines if line.startswith("| lap |"))
+    # results written before `reach` was set get their steps from the run logs when published
+    results = run_experiment(load_experiment_config(tiny_config()), tmp_path, progress=False)
+    assert all(r.reach_step is None for r in results)
+    anything = load_experiment_config(raw, ["tasks.digits.reach={val_acc = 0.0}"])  # met at the first evaluation
+    assert [r.reach_step for r in _load_runs(anything, tmp_path / "tiny")] == [3, 3]
 
 
 def test_summary_table_signs_differences_so_that_positive_is_better(tmp_path):
