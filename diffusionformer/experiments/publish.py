@@ -97,7 +97,10 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         "(after the last step; no early stopping); Δ is the difference of means against the first setting "
         "and t its Welch statistic (paired over folds for cross-validated tasks; |t| below about 3 is within seed "
         "noise at 3 seeds). Where a task names "
-        "`select_by`, the metric is also given at each run's evaluation with the best value of that key.",
+        "`select_by`, the metric is also given at each run's evaluation with the best value of that key."
+        + (" Where a task names `reach`, the table gives the first evaluated step at which each run met that "
+           "threshold: mean ± std over the runs that did (k of n), and the difference to the first setting with "
+           "Welch's t only where every run of both did." if any(t.reach for t in config.tasks) else ""),
         "",
         format_table(table, config).replace("### ", "## "),
     ]

@@ -634,21 +634,28 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def _reach_cell(row: Mapping[str, Any]) -> str:
-    """``"mean ± std (k of n)"`` over the runs that reached the threshold."""
+def _reach_cell(row: Mapping[str, Any], base: Mapping[str, Any] | None) -> str:
+    """``"mean ± std (k of n)"`` over the runs that reached the threshold, and the difference to
+    ``base`` with its :func:`welch_t` when every run of both reached it (else the mean is censored)."""
     steps = row.get("reach_steps") or []
     hit = [s for s in steps if s is not None]
     if not hit:
         return f"never (0 of {len(steps)})" if steps else "never"
     spread = f" ± {statistics.stdev(hit):.0f}" if len(hit) > 1 else ""
-    return f"{statistics.fmean(hit):.0f}{spread} ({len(hit)} of {len(steps)})"
+    cell = f"{statistics.fmean(hit):.0f}{spread} ({len(hit)} of {len(steps)})"
+    ref = (base or {}).get("reach_steps") or []
+    if base is not None and row is not base and ref and None not in ref and None not in steps:
+        t = welch_t([float(s) for s in steps], [float(s) for s in ref])
+        cell += f"; {statistics.fmean(steps) - statistics.fmean(ref):+.0f}" + ("" if t is None else f" (t {t:+.1f})")
+    return cell
 
 
 def format_table(table: list[dict[str, Any]], config: ExperimentConfig) -> str:
     """A markdown table per task: mean ± std over seeds, Δ vs the first operator setting and its :func:`welch_t`.
 
     Tasks with ``select_by`` add the metric at the best evaluation of that key; tasks with
-    ``reach`` add the mean number of steps to reach the threshold, over the runs that did.
+    ``reach`` add the mean number of steps to reach the threshold over the runs that did, and
+    its difference to the baseline with Welch's t where every run of both did.
     """
     lines = []
     baseline = config.operators[0].name
@@ -680,7 +687,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig) -> str:
                 sel = f"{_fmt(r['selected_mean'])} ± {_fmt(r['selected_std'])}" if "selected_mean" in r else "n/a"
                 cells.append(f"{sel} | {_delta(r, base, 'selected_mean', 'selected_values', paired)}")
             if reach:
-                cells.append(_reach_cell(r))
+                cells.append(_reach_cell(r, base))
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
             lines.append(f"| {r['operator']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | {' | '.join(cells)} | {r['n']}{failed} | "
                          f"{r['num_parameters'] or 'n/a'} | {_fmt(r['elapsed_mean'], 1)} |")

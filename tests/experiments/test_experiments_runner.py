@@ -313,7 +313,11 @@ def test_reach_reports_the_first_step_at_the_threshold_over_the_runs_that_got_th
     lines = format_table(aggregate(runs), cfg).splitlines()
     assert "steps to val_acc ≥ 0.5" in lines[2] and lines[3].count("|") == lines[2].count("|")
     assert "| 1000 ± 500 (3 of 3) |" in next(line for line in lines if line.startswith("| attention |"))
-    assert "| 2000 (1 of 3) |" in next(line for line in lines if line.startswith("| lap |"))
+    assert "| 2000 (1 of 3) |" in next(line for line in lines if line.startswith("| lap |"))  # censored: no t
+    steps.update({("lap", 1): 2500, ("lap", 2): 3000})  # all reached: difference 1500, Welch t = 1500 / sqrt(2 * 500^2 / 3)
+    runs = [RunResult("digits", op, s, "completed", "test_acc", 0.5 + 0.01 * s, reach_step=v) for (op, s), v in steps.items()]
+    lap = next(line for line in format_table(aggregate(runs), cfg).splitlines() if line.startswith("| lap |"))
+    assert "| 2500 ± 500 (3 of 3); +1500 (t +3.7) |" in lap
     # results written before `reach` was set get their steps from the run logs when published
     results = run_experiment(load_experiment_config(tiny_config()), tmp_path, progress=False)
     assert all(r.reach_step is None for r in results)
