@@ -137,7 +137,9 @@ def test_masks_are_built_on_the_input_device() -> None:  # pragma: no cover - GP
     x = torch.zeros(2, 4, 8, device="cuda")
     for g in (causal(4), sliding_window(4, 1), grid(2, 2),
               complete(4, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))):
-        for t in g.attention_kwargs(x).values():
+        tensors = [t for t in g.attention_kwargs(x).values() if isinstance(t, torch.Tensor)]  # not is_causal=True
+        assert tensors or g.attention_kwargs(x) == {"is_causal": True}
+        for t in tensors:
             assert t.device.type == "cuda"
     assert causal(4, layout="sparse").attention_kwargs(x[0]).get("edge_index").device.type == "cuda"
     kpm = torch.tensor([[False, False, False, True]] * 2, device="cuda")
