@@ -72,7 +72,7 @@ def part_kernels(args, rep: C.Report) -> None:  # noqa: ANN001
                     if N >= 1024 and not args.quick:
                         del fns["auto"]  # long calls: time the two back-ends only (auto runs one of them)
                     t = C.measure(fns, device=args.device, rounds=rounds, block_s=0.02)
-                    chosen = choose_dense_backend(N, N, K, is_causal=causal)
+                    chosen = choose_dense_backend(N, N, K, is_causal=causal, device_type=torch.device(args.device).type)
                     other = "matrix" if chosen == "sdpa" else "sdpa"
                     # the rule's loss: the backend it picks against the other one, paired per round
                     loss = max(1.0, C.ratio(t, chosen, other)[0])

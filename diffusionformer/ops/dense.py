@@ -43,11 +43,16 @@ DENSE_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "matrix")
 MATERIALISE_MAX_ELEMENTS: dict[int, int] = {2: 128 * 128, 3: 256 * 256, 4: 384 * 384, 8: 512 * 512}
 #: The same limits for causal graphs (the fused kernel skips the masked half of the work).
 MATERIALISE_MAX_ELEMENTS_CAUSAL: dict[int, int] = {2: 64 * 64, 3: 128 * 128, 4: 256 * 256, 8: 384 * 384}
+#: On CUDA devices ``"auto"`` materialises ``P`` for heads with ``K >= 4`` steps when ``N * M`` lies
+#: in this range, causal or not (measured on an H200: below it the calls are launch-bound and the
+#: fused kernel wins; above it was not measured, and ``P`` takes ``B H N M`` floats).
+CUDA_MATERIALISE_ELEMENTS: tuple[int, int] = (1024 * 1024, 2048 * 2048)
 
 __all__ = [
     "DENSE_BACKENDS",
     "MATERIALISE_MAX_ELEMENTS",
     "MATERIALISE_MAX_ELEMENTS_CAUSAL",
+    "CUDA_MATERIALISE_ELEMENTS",
     "attention_matrix",
     "choose_dense_backend",
     "diffuse",
@@ -263,7 +268,8 @@ def _sdpa(
     return y
 
 
-def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is_causal: bool = False) -> str:
+def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is_causal: bool = False,
+                         device_type: str = "cpu") -> str:
     """The rule behind ``backend="auto"`` for heads that need ``K = max_degree`` powers of ``P``.
 
     * ``K <= 1`` (attention, Laplacian, any ``a I + b P``): ``"sdpa"``, one fused call;
@@ -280,6 +286,12 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
     (``H = 8``, ``C = 32``, ``B N = 2048`` tokens, CPU, forward and forward+backward gave the
     same crossovers; see ``docs/performance.md``).
 
+    On CUDA (``device_type="cuda"``) the crossover runs the other way: the fused kernel wins
+    for short sequences, where every call is launch-bound, and one softmax plus ``K`` matmuls
+    win for long ones. There ``"matrix"`` is picked for ``K >= 4`` when ``N * M`` lies in
+    :data:`CUDA_MATERIALISE_ELEMENTS` (``N = M`` from 1024 to 2048, causal or not; measured on
+    an H200 with the same benchmark), else ``"sdpa"``.
+
     Args:
         num_queries: ``N``.
         num_keys: ``M``.
@@ -291,9 +303,14 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
         ('sdpa', 'matrix', 'sdpa')
         >>> choose_dense_backend(128, 128, 2), choose_dense_backend(128, 128, 2, is_causal=True)
         ('matrix', 'sdpa')
+        >>> choose_dense_backend(64, 64, 4, device_type="cuda"), choose_dense_backend(1024, 1024, 4, device_type="cuda")
+        ('sdpa', 'matrix')
     """
     if max_degree <= 1:
         return "sdpa"
+    if device_type == "cuda":
+        low, high = CUDA_MATERIALISE_ELEMENTS
+        return "matrix" if max_degree >= 4 and low <= num_queries * num_keys <= high else "sdpa"
     table = MATERIALISE_MAX_ELEMENTS_CAUSAL if is_causal else MATERIALISE_MAX_ELEMENTS
     limit = table[max(d for d in table if d <= max_degree)]
     return "matrix" if num_queries * num_keys <= limit else "sdpa"
@@ -371,7 +388,7 @@ def diffuse_with_weights(
         return out.to(dtype), P.to(dtype)
     high = [h for h, d in enumerate(degrees) if d >= 2]
     if backend == "auto":
-        backend = choose_dense_backend(N, M, max(degrees, default=0), is_causal=is_causal)
+        backend = choose_dense_backend(N, M, max(degrees, default=0), is_causal=is_causal, device_type=q.device.type)
         if backend == "matrix" and len(high) < H:
             # heads with K <= 1 keep the fused kernel; only the K-step heads materialise P
             low = _runs([h for h, d in enumerate(degrees) if d == 1])

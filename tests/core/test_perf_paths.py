@@ -210,6 +210,23 @@ def test_auto_rule_is_monotone():
     assert all(choose_dense_backend(16, 16, 1, is_causal=c) == "sdpa" for c in (False, True))
 
 
+def test_cuda_rule_materialises_only_long_sequences_with_many_steps():
+    """On CUDA short sequences are launch-bound (fused wins); long ones favour one softmax + K matmuls."""
+    from diffusionformer.ops.dense import CUDA_MATERIALISE_ELEMENTS
+
+    low, high = CUDA_MATERIALISE_ELEMENTS
+    for causal in (False, True):
+        for N in (16, 64, 256, 512):
+            assert choose_dense_backend(N, N, 8, is_causal=causal, device_type="cuda") == "sdpa"
+        for N in (1024, 1536, 2048):
+            assert choose_dense_backend(N, N, 1, is_causal=causal, device_type="cuda") == "sdpa"
+            assert choose_dense_backend(N, N, 3, is_causal=causal, device_type="cuda") == "sdpa"
+            assert choose_dense_backend(N, N, 4, is_causal=causal, device_type="cuda") == "matrix"
+        assert choose_dense_backend(4096, 4096, 8, is_causal=causal, device_type="cuda") == "sdpa"  # beyond: O(N) memory
+    assert (low, high) == (1024 * 1024, 2048 * 2048)
+    assert choose_dense_backend(1024, 1024, 4) == "sdpa"  # the CPU rule is unchanged
+
+
 def test_dense_half_precision_sums_in_float32():
     q, k, v = random_qkv(1, 2, 16, 8, dtype=torch.float32, seed=17)
     coeffs = torch.tensor([0.3, 0.3, 0.4])
