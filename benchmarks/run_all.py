@@ -62,6 +62,9 @@ def write_readme(out: Path, names: list[str], meta: dict, include: list[Path]) -
         lines += [f"## Another run: `{other}`", "", body.replace("\n## ", "\n### "), ""]
     notes = HERE / "NOTES.md"
     if notes.exists():
+        if info.get("device", "cpu") != "cpu":  # the notes discuss the CPU results
+            lines += ["(The notes below were written about the CPU results in `benchmarks/results/`; the "
+                      "summary of this device's run is in `docs/performance.md`.)", ""]
         lines += [notes.read_text(), ""]
     path = out / "README.md"
     path.write_text("\n".join(lines))
