@@ -134,10 +134,15 @@ def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
         task = tasks.get(r.task)
         if task is None or r.status != "completed":
             continue
-        if task.select_by and r.selected_value is None:
-            r.selected_value, r.selected_step = select_evaluation(read_curves(run_dir(src, r.task, r.operator, r.seed)), task)
-        if task.reach and r.reach_step is None:
-            r.reach_step = first_reach(read_curves(run_dir(src, r.task, r.operator, r.seed)), task)
+        need_select = task.select_by is not None and r.selected_value is None
+        need_reach = task.reach is not None and r.reach_step is None
+        if not (need_select or need_reach):
+            continue
+        curves = read_curves(run_dir(src, r.task, r.operator, r.seed))  # one read of the run's log for both
+        if need_select:
+            r.selected_value, r.selected_step = select_evaluation(curves, task)
+        if need_reach:
+            r.reach_step = first_reach(curves, task)
     return runs
 
 

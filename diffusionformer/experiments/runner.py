@@ -513,6 +513,17 @@ def first_reach(records: list[dict[str, Any]], task: TaskConfig) -> int | None:
     The key must reach ``>=`` the threshold, or ``<=`` for keys ending in ``loss``. The step
     is a multiple of the evaluation interval, so it bounds the true first step from above.
 
+    Args:
+        records: a run's metrics log (:func:`read_curves`); only ``"eval"`` records count,
+            in step order, and non-finite values never meet the threshold.
+        task: a task with ``reach = {key: threshold}``.
+
+    Returns:
+        The step, or ``None`` when no evaluation met the threshold.
+
+    Raises:
+        ValueError: if ``task`` has no ``reach``.
+
     Examples:
         >>> t = TaskConfig("t", "digits", "vit-digits", reach={"val_acc": 0.9})
         >>> evals = [{"split": "eval", "step": s, "metrics": {"val_acc": a}}
@@ -560,9 +571,8 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
             table[-1].update(selected_mean=statistics.fmean(selected), selected_std=statistics.stdev(selected) if len(selected) > 1 else 0.0,
                              selected_values=selected, selected_steps=[r.selected_step for r in chosen],
                              selected_by_seed={r.seed: r.selected_value for r in chosen})
-        done = [r for r in rs if r.status == "completed"]
-        if any(r.reach_step is not None for r in done):
-            table[-1]["reach_steps"] = [r.reach_step for r in done]  # None: never reached
+        # per completed run (None: never reached, or the task has no `reach`); read only for tasks with `reach`
+        table[-1]["reach_steps"] = [r.reach_step for r in rs if r.status == "completed"]
     return table
 
 

@@ -296,7 +296,9 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
         num_queries: ``N``.
         num_keys: ``M``.
         max_degree: ``K``.
-        is_causal: whether the graph is causal.
+        is_causal: whether the graph is causal (the CPU limits depend on it; the CUDA rule does not).
+        device_type: ``torch.device.type`` of the inputs; ``"cuda"`` uses the CUDA rule, any
+            other type the CPU limits.
 
     Examples:
         >>> choose_dense_backend(1024, 1024, 1), choose_dense_backend(64, 64, 4), choose_dense_backend(1024, 1024, 4)

@@ -34,11 +34,17 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 2e-4) -> N
     torch.testing.assert_close(actual.detach().double().cpu(), expected.detach().double().cpu(), atol=tol, rtol=tol)
 
 
+def _pair(make, device: str) -> tuple[torch.nn.Module, torch.nn.Module]:  # noqa: ANN001
+    """``make()`` twice: a float64 CPU reference and a float32 copy of its weights on ``device``."""
+    torch.manual_seed(0)
+    ref = make().double()
+    module = make()
+    module.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
+    return ref, module.to(device)
+
+
 def _ops(name: str, device: str) -> tuple[torch.nn.Module, torch.nn.Module]:
-    ref = build_operator(name, num_heads=3, **OPERATORS[name]).double()
-    op = build_operator(name, num_heads=3, **OPERATORS[name])
-    op.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
-    return ref, op.to(device)
+    return _pair(lambda: build_operator(name, num_heads=3, **OPERATORS[name]), device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -82,11 +88,7 @@ HEADS = ["attention:2,laplacian:2", "attention:2,heat(t=0.5, learnable=True, ste
 
 
 def _layers(heads: str, device: str, **kwargs) -> tuple[DiffusionAttention, DiffusionAttention]:
-    torch.manual_seed(0)
-    ref = DiffusionAttention(16, 4, heads, **kwargs).double()
-    layer = DiffusionAttention(16, 4, heads, **kwargs)
-    layer.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
-    return ref, layer.to(device)
+    return _pair(lambda: DiffusionAttention(16, 4, heads, **kwargs), device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -140,11 +142,8 @@ def test_bfloat16_autocast_stays_near_float32(heads, device):
 def _model_pair(name: str, device: str, **overrides):
     from diffusionformer.models import create_model
 
-    torch.manual_seed(0)
-    ref = create_model(name, dropout=0.0, **overrides).double().eval()
-    model = create_model(name, dropout=0.0, **overrides)
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
-    return ref, model.to(device).eval()
+    ref, model = _pair(lambda: create_model(name, dropout=0.0, **overrides), device)
+    return ref.eval(), model.eval()
 
 
 @pytest.mark.parametrize("device", DEVICES)

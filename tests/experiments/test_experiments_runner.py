@@ -314,6 +314,8 @@ def test_reach_reports_the_first_step_at_the_threshold_over_the_runs_that_got_th
     assert "steps to val_acc ≥ 0.5" in lines[2] and lines[3].count("|") == lines[2].count("|")
     assert "| 1000 ± 500 (3 of 3) |" in next(line for line in lines if line.startswith("| attention |"))
     assert "| 2000 (1 of 3) |" in next(line for line in lines if line.startswith("| lap |"))  # censored: no t
+    never = [RunResult("digits", "lap", s, "completed", "test_acc", 0.5) for s in range(3)]
+    assert "| never (0 of 3) |" in format_table(aggregate(never), cfg)
     steps.update({("lap", 1): 2500, ("lap", 2): 3000})  # all reached: difference 1500, Welch t = 1500 / sqrt(2 * 500^2 / 3)
     runs = [RunResult("digits", op, s, "completed", "test_acc", 0.5 + 0.01 * s, reach_step=v) for (op, s), v in steps.items()]
     lap = next(line for line in format_table(aggregate(runs), cfg).splitlines() if line.startswith("| lap |"))
