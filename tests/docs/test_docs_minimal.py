@@ -127,3 +127,25 @@ def test_published_page_joins_the_results_toctree_and_the_docs_still_build(tmp_p
     assert index.read_text().replace("tiny-published\n", "", 1) == before  # nothing else changed
     _build(src, tmp_path / "html")
     assert (tmp_path / "html" / "results" / "tiny-published.html").is_file()
+
+
+def _code_lines(rst: str) -> list[str]:
+    """The lines of the literal and directive blocks (``::``-introduced, indented) of an rst page."""
+    out, in_block = [], False
+    for line in rst.splitlines():
+        if line.rstrip().endswith("::"):
+            in_block = True
+            continue
+        if in_block and line.strip() and not line.startswith(" "):
+            in_block = False
+        if in_block and line.strip():
+            out.append(line)
+    return out
+
+
+def test_quickstart_code_fits_the_content_column():
+    """Code lines of the quickstart stay within 80 characters (the furo column shows about that many)."""
+    lines = _code_lines((DOCS / "tutorials" / "quickstart.rst").read_text())
+    assert len(lines) > 40  # the parser found the doctest blocks
+    wide = [line for line in lines if len(line) > 80]
+    assert not wide, wide
