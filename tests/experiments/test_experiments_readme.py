@@ -1,4 +1,4 @@
-"""The README's table of the main job has the layout that ``run`` prints (headings, columns, separators)."""
+"""What a newcomer reads: the README's table has the layout ``run`` prints; ``--help`` explains ``--set``."""
 
 from __future__ import annotations
 
@@ -34,3 +34,19 @@ def test_readme_table_has_the_printed_layout():
         else:
             assert mine.count("|") == theirs.count("|")  # same cells
             assert mine.split("|")[1] == theirs.split("|")[1]  # same operator, in the same order
+
+
+def test_run_help_says_that_set_operators_selects_by_name(capsys):
+    import pytest
+
+    from diffusionformer.experiments.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "operators=NAME,... keep only the named tasks / operator settings" in text
+    assert "--threads N" in text and "--workers W" in text
+    # and it does what the help says
+    config = load_experiment_config(REPO / "experiments" / "configs" / "default.toml",
+                                    ["operators=attention,laplacian-half"])
+    assert [o.name for o in config.operators] == ["attention", "laplacian-half"]
