@@ -22,13 +22,45 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
     __version__ = "0.0.0+unknown"
 
+# Imported on first use (PEP 562): ``import diffusionformer`` stays light, and the models and the
+# experiment runner (data sets, plots) load only when one of their names is asked for.
+_LAZY = {
+    "DiffusionGPT": "diffusionformer.models",
+    "DiffusionGraphTransformer": "diffusionformer.models",
+    "DiffusionViT": "diffusionformer.models",
+    "LoadedRun": "diffusionformer.experiments.reload",
+    "create_model": "diffusionformer.models",
+    "load_run": "diffusionformer.experiments.reload",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from importlib import import_module
+
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value  # later look-ups skip this hook
+        return value
+    raise AttributeError(f"module 'diffusionformer' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "AttentionIntermediates",
     "DiffusionAttention",
+    "DiffusionGPT",
+    "DiffusionGraphTransformer",
     "DiffusionOperator",
+    "DiffusionViT",
+    "LoadedRun",
     "__version__",
     "build_operator",
+    "create_model",
     "functional",
     "list_operators",
+    "load_run",
     "register_operator",
 ]

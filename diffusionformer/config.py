@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import types
 import typing
 from typing import Any, Mapping, TypeVar
 
-__all__ = ["check_value", "config_from_dict", "config_to_dict"]
+__all__ = ["FIELDS_HEADER", "check_value", "config_from_dict", "config_to_dict", "document_fields"]
 
 T = TypeVar("T")
 
@@ -127,3 +128,76 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], *, where: str | None
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A plain, JSON-friendly dict of a (nested) dataclass config."""
     return dataclasses.asdict(config)
+
+
+#: first line of the section :func:`document_fields` appends to a class docstring
+FIELDS_HEADER = "Fields:"
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """``{field: text}`` from the ``#:`` comments of ``cls``'s own source (trailing or on the lines above)."""
+    import io
+    import textwrap
+    import tokenize
+
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source (frozen app, REPL): nothing to add
+        return {}
+    comments: dict[int, str] = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT and tok.string.startswith("#:"):
+                comments[tok.start[0]] = tok.string[2:].strip()
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return {}
+    out: dict[str, str] = {}
+    lines = source.splitlines()
+    for row, line in enumerate(lines, start=1):
+        stripped = line.strip()
+        name = stripped.split(":", 1)[0].strip() if ":" in stripped else ""
+        if not name.isidentifier() or line[: len(line) - len(line.lstrip())] != "    ":
+            continue  # only annotated names directly in the class body
+        text = comments.get(row) if row in comments and not stripped.startswith("#") else None
+        above, r = [], row - 1
+        while r >= 1 and lines[r - 1].strip().startswith("#:"):
+            above.insert(0, comments.get(r, ""))
+            r -= 1
+        text = " ".join(filter(None, [*above, text or ""])).strip()
+        if text:
+            out.setdefault(name, text)
+    return out
+
+
+def document_fields(cls: type[T]) -> type[T]:
+    """Class decorator: append each dataclass field's ``#:`` comment to the class docstring.
+
+    Sphinx reads the ``#:`` comments of a config's fields from the source; ``help(cls)`` and
+    ``cls.__doc__`` do not. This adds a ``Fields:`` section (name, type, default, comment) so
+    both say what every field means; fields of base classes take their base's comments. The
+    docs build drops the section again (``docs/_ext/df_api.py``), since there each field is
+    documented from its comment.
+
+    Examples:
+        >>> from diffusionformer.models import GPTConfig  # decorated where it is defined
+        >>> print("\\n".join(GPTConfig.__doc__.splitlines()[2:5]))
+        Fields:
+            vocab_size (int, default 65): number of token ids
+            block_size (int, default 64): maximum context length T
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"document_fields: expected a dataclass, got {cls!r}")
+    comments: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        comments.update(_field_comments(klass))  # a subclass's comment wins
+    rows = []
+    for f in dataclasses.fields(cls):
+        if f.name not in comments:
+            continue
+        tp = f.type if isinstance(f.type, str) else _type_name(f.type)
+        default = "" if f.default is dataclasses.MISSING else f", default {f.default!r}"
+        rows.append(f"    {f.name} ({tp}{default}): {comments[f.name]}")
+    if rows:
+        head = inspect.cleandoc(cls.__doc__ or "")
+        cls.__doc__ = (head + "\n\n" if head else "") + "\n".join([FIELDS_HEADER, *rows])
+    return cls

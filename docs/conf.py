@@ -1,6 +1,6 @@
 """Sphinx configuration of the diffusionformer documentation.
 
-Build (offline; warnings are errors)::
+Build (offline, and the built pages load nothing from the network; warnings are errors)::
 
     python -m sphinx -W --keep-going -b html docs docs/_build/html
     python -m sphinx -W --keep-going -b doctest docs docs/_build/doctest
@@ -40,6 +40,10 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
+    # MathJax 3 bundled into _static/mathjax/ (mathjax_path = "mathjax/tex-chtml.js"): formulas
+    # render without internet. tests/docs/test_docs_minimal.py checks that no page loads
+    # anything from outside the build.
+    "sphinx-mathjax-offline",
     "sphinx.ext.viewcode",
     "sphinx.ext.doctest",
     "myst_parser",

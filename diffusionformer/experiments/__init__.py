@@ -3,7 +3,8 @@
 A study is a TOML config (:func:`load_experiment_config`); :func:`run_experiment` trains
 every (task, operator setting, seed) run with checkpoint and resume,
 :func:`analyze_experiment` measures token geometry of the trained models,
-:func:`publish_experiment` writes a results page, and :func:`summary_table` compares several
+:func:`publish_experiment` writes a results page, :func:`load_run` rebuilds a trained run's
+model with its weights, config and metrics, and :func:`summary_table` compares several
 studies at once. The command line (``python -m diffusionformer.experiments``) wraps them.
 """
 
@@ -17,6 +18,7 @@ from diffusionformer.experiments.config import (
     parse_override,
 )
 from diffusionformer.experiments.publish import publish_experiment, summary_table
+from diffusionformer.experiments.reload import LoadedRun, load_run
 from diffusionformer.experiments.runner import (
     RunResult,
     aggregate,
@@ -31,6 +33,7 @@ from diffusionformer.experiments.runner import (
 
 __all__ = [
     "ExperimentConfig",
+    "LoadedRun",
     "OperatorSetting",
     "RunResult",
     "TaskConfig",
@@ -42,6 +45,7 @@ __all__ = [
     "finished_runs",
     "format_table",
     "load_experiment_config",
+    "load_run",
     "paired_t",
     "parse_override",
     "publish_experiment",

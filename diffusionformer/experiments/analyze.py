@@ -1,8 +1,8 @@
 """Token-geometry analysis of a finished comparison: ``python -m diffusionformer.experiments analyze CONFIG``.
 
 For every finished run of ``<out>/<name>/runs/<task>/<operator>/seed<k>/`` the model is rebuilt
-exactly as the runner built it (:func:`~diffusionformer.experiments.runner.build_model`), its
-weights are loaded from ``checkpoint.pt`` (``weights_only=True``), and the residual stream of
+with its trained weights by :func:`~diffusionformer.experiments.load_run` (from the resolved
+config the runner recorded in ``run_config.json`` and ``checkpoint.pt``), and the residual stream of
 held-out data (a seeded random subset of the ``test`` split of the same dataset with the
 same ``data_seed``; seeded windows of the ``val`` stream for text) is captured layer by layer
 (:func:`~diffusionformer.analysis.capture_dataset`) and measured
@@ -45,9 +45,10 @@ from diffusionformer.analysis.report import layer_reports
 from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
 from diffusionformer.data.splits import seeded_subset
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
-from diffusionformer.experiments.runner import build_model, run_dir, task_data, welch_t
+from diffusionformer.experiments.reload import load_run
+from diffusionformer.experiments.runner import run_dir, task_data, welch_t
 from diffusionformer.models import learned_operator_parameters
-from diffusionformer.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from diffusionformer.train.checkpoint import CHECKPOINT_NAME
 from diffusionformer.train.metrics import write_json_atomic
 
 __all__ = ["analyze_experiment", "analyze_run"]
@@ -323,12 +324,11 @@ def analyze_experiment(
             for _, setting, seed, rdir in task_runs:
                 data = task_data(task, seed, data_root, loaded)
                 bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
-                model = build_model(task, setting, data)
-                payload = load_checkpoint(rdir / CHECKPOINT_NAME)
-                model.load_state_dict(payload["model"])
+                run = load_run(rdir)
+                model = run.model
                 ckpt = rdir / CHECKPOINT_NAME
                 stat = ckpt.stat()
-                key = {"version": ANALYSIS_VERSION, "step": int(payload["step"]), "size": stat.st_size,
+                key = {"version": ANALYSIS_VERSION, "step": run.step, "size": stat.st_size,
                        "mtime_ns": stat.st_mtime_ns, "split": split, "max_examples": max_examples,
                        "max_attention_examples": max_attention_examples}
                 res = _cached(rdir / _CACHE_NAME, key)
@@ -343,7 +343,7 @@ def analyze_experiment(
                 op = entry["operators"].setdefault(setting.name, {"seeds": {}})
                 op["seeds"][str(seed)] = {
                     "checkpoint": str(rdir / CHECKPOINT_NAME),
-                    "step": payload["step"],
+                    "step": run.step,
                     "heldout_accuracy": accuracy,
                     "heldout_loss": loss,
                     "layers": res["layers"],

@@ -3,7 +3,8 @@
 Commands:
     run CONFIG [--set key=value ...]   train every run of a comparison (resumes), print the table;
                                        [--tasks T ...] trains only some tasks; a second ``run`` of
-                                       the same config skips the runs the first one is training
+                                       the same config skips the runs the first one is training;
+                                       [--threads N | --workers W] sizes torch's threads per process
     show CONFIG [--set ...]            validate a config and print the resolved runs
     analyze CONFIG                     token-geometry metrics and figures of the trained models
     publish CONFIG --to docs/results   results page (tables, figures, command, machine) for the docs
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -33,7 +35,9 @@ def _parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_text)
         c.add_argument("config", help="TOML config, e.g. experiments/configs/default.toml")
         c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config value (TOML syntax), e.g. seeds=[0] or tasks.digits.train.max_steps=50")
+                       help="override a config value (TOML syntax), e.g. seeds=[0] or tasks.digits.train.max_steps=50; "
+                            "tasks=NAME,... and operators=NAME,... keep only the named tasks / operator settings "
+                            "(operators=attention,laplacian-half)")
         if name == "run":
             c.add_argument("--out", default="results", help="results root (default: results)")
             c.add_argument("--data-root", default=None,
@@ -42,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--restart", action="store_true", help="discard earlier runs instead of resuming them")
             c.add_argument("--tasks", nargs="+", action="extend", default=None, metavar="TASK",
                            help="train only these tasks (finished runs of the others stay in the results)")
-            c.add_argument("--no-progress", action="store_true", help="no progress bars")
+            c.add_argument("--no-progress", action="store_true", help="no progress bars (neither runs nor steps)")
+            _thread_args(c)
     st = sub.add_parser("status", help="where every run of a comparison stands (completed, running, interrupted, missing)")
     st.add_argument("config")
     st.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -66,7 +71,28 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
     a.add_argument("--partial", action="store_true", help="analyse the finished runs of a comparison still being run")
+    _thread_args(a)
     return p
+
+
+def _thread_args(c: argparse.ArgumentParser) -> None:
+    from diffusionformer.experiments.threads import WORKERS_ENV
+
+    c.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch threads of this process (default: $OMP_NUM_THREADS if set, else cores // workers)")
+    c.add_argument("--workers", type=int, default=None, metavar="W",
+                   help=f"processes sharing this machine, to size the threads (default: ${WORKERS_ENV}, "
+                        "else torchrun's $LOCAL_WORLD_SIZE, else 1)")
+
+
+def _size_threads(args: argparse.Namespace) -> None:
+    """Set torch's thread count by :func:`~diffusionformer.experiments.threads.plan_threads` and say so."""
+    from diffusionformer.experiments.threads import apply_threads, plan_threads
+
+    plan = plan_threads(threads=args.threads, workers=args.workers)
+    apply_threads(plan)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(plan.describe(), file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {page}")
             return 0
         if args.command == "analyze":
+            _size_threads(args)
             from diffusionformer.experiments.analyze import analyze_experiment
 
             analyze_experiment(config, args.out, data_root=args.data_root, max_examples=args.max_examples,
@@ -118,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from diffusionformer.experiments.runner import aggregate, format_table, run_experiment
 
+        _size_threads(args)
+        if int(os.environ.get("RANK", "0")) == 0:
+            out_flag = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
+            out_flag += "" if args.out == "results" else f" --out {shlex.quote(args.out)}"
+            print(f"every run's step and time left, from another shell: python -m diffusionformer.experiments status "
+                  f"{args.config}{out_flag}", file=sys.stderr)
         t0 = time.perf_counter()
         results = run_experiment(config, args.out, data_root=args.data_root, resume=not args.restart,
                                  progress=not args.no_progress, device=args.device, tasks=args.tasks)

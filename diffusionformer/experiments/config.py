@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from diffusionformer.config import config_from_dict, config_to_dict
+from diffusionformer.config import config_from_dict, config_to_dict, document_fields
 from diffusionformer.train import TrainConfig
 
 if sys.version_info >= (3, 11):
@@ -53,6 +53,7 @@ __all__ = [
 ]
 
 
+@document_fields
 @dataclass
 class TaskConfig:
     """One task of a comparison: a dataset, a model preset and a training budget."""
@@ -119,6 +120,7 @@ class TaskConfig:
         return {**self.dataset_options, "fold": self.fold_of(seed), "num_folds": self.folds}
 
 
+@document_fields
 @dataclass
 class OperatorSetting:
     """A head layout applied to every task's model (``None`` everywhere: attention only)."""
@@ -157,6 +159,7 @@ def _format_heads(heads: Any, fmt: dict[str, int]) -> Any:
     return heads
 
 
+@document_fields
 @dataclass
 class ExperimentConfig:
     """A comparison: every operator setting on every task, for every seed."""

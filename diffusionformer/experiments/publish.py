@@ -3,14 +3,17 @@
 ``python -m diffusionformer.experiments publish CONFIG --out results --to docs/results`` writes
 ``docs/results/<name>.md`` and copies the small result files (``results.json``, ``results.md``,
 PNG plots, the analysis ``metrics.json`` and figures when present) to ``docs/results/<name>/``.
-Checkpoints are never copied. The page is regenerated from those files by running the command
-again, so every table in the docs can be rebuilt from a results folder.
+Checkpoints are never copied, and the page is added to the toctree of ``docs/results/index.md``
+(once) so that the docs keep building with ``sphinx -W``. The page is regenerated from those
+files by running the command again, so every table in the docs can be rebuilt from a results folder.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from diffusionformer.experiments.config import ExperimentConfig
 from diffusionformer.experiments.runner import (RunResult, aggregate, difference_t, first_reach, format_table, read_curves,
                                                 run_dir, select_evaluation)
 
-__all__ = ["publish_experiment", "summary_table"]
+__all__ = ["add_to_toctree", "publish_experiment", "summary_table"]
 
 
 def _copy(src: Path, dst: Path) -> Path | None:
@@ -122,7 +125,63 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         lines += [f"![{p.stem}]({config.name}/analysis/{p.name})\n" for p in analysis_pngs]
     page = docs / f"{config.name}.md"
     page.write_text("\n".join(lines) + "\n")
+    index = docs / "index.md"
+    if index.is_file():
+        add_to_toctree(index, config.name)
+    else:
+        warnings.warn(f"{index} not found: add {page.name} to a toctree, or `sphinx -W` fails "
+                      "(\"document isn't included in any toctree\")", RuntimeWarning, stacklevel=2)
     return page
+
+
+def add_to_toctree(index: str | Path, entry: str) -> bool:
+    r"""Add ``entry`` to the first ``{toctree}`` of the MyST page ``index``, once.
+
+    ``publish`` calls it for ``<docs_dir>/index.md`` so that a new results page is part of the
+    docs tree and ``sphinx -W`` keeps passing. An entry already listed (``name`` or
+    ``name.md``) is left alone; a page without a toctree gets a hidden one at its end.
+
+    Args:
+        index: the MyST markdown page holding the toctree.
+        entry: the document name relative to ``index``'s folder, without suffix.
+
+    Returns:
+        Whether the file was changed.
+
+    Examples:
+        >>> import tempfile
+        >>> page = Path(tempfile.mkdtemp()) / "index.md"
+        >>> _ = page.write_text("# Results\n\n```{toctree}\n:maxdepth: 1\n\nbaselines\n```\n")
+        >>> add_to_toctree(page, "default"), add_to_toctree(page, "default")
+        (True, False)
+        >>> print(page.read_text())
+        # Results
+        <BLANKLINE>
+        ```{toctree}
+        :maxdepth: 1
+        <BLANKLINE>
+        baselines
+        default
+        ```
+        <BLANKLINE>
+    """
+    path = Path(index)
+    text = path.read_text()
+    lines = text.split("\n")
+    start = next((i for i, line in enumerate(lines) if re.match(r"^(`{3,}|:{3,})\{toctree\}", line.strip())), None)
+    if start is None:
+        path.write_text(text.rstrip("\n") + f"\n\n```{{toctree}}\n:hidden:\n\n{entry}\n```\n")
+        return True
+    fence = re.match(r"^(`{3,}|:{3,})", lines[start].strip()).group(1)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() == fence), None)
+    if end is None:
+        raise ValueError(f"{path}: expected a closing {fence} for the toctree opened on line {start + 1}, got none")
+    listed = {line.strip().removesuffix(".md") for line in lines[start + 1:end] if line.strip() and not line.strip().startswith(":")}
+    if entry in listed:
+        return False
+    lines.insert(end, entry)
+    path.write_text("\n".join(lines))
+    return True
 
 
 def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:

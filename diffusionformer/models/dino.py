@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from diffusionformer.config import document_fields
 from diffusionformer.data.augment import MultiCropAugment
 from diffusionformer.models.common import check_positive, check_probability
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
@@ -217,6 +218,7 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
 
 
 # ----------------------------------------------------------------------------- config
+@document_fields
 @dataclass
 class DINOConfig(ViTConfig):
     """Configuration of :class:`DINO`: the :class:`ViTConfig` fields of the backbone, plus the head,

@@ -10,11 +10,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GCNConv, global_add_pool, global_max_pool, global_mean_pool
 
+from diffusionformer.config import document_fields
 from diffusionformer.models.common import check_positive, check_probability
 
 __all__ = ["GCN", "GCNConfig"]
 
 
+@document_fields
 @dataclass
 class GCNConfig:
     """Configuration of :class:`GCN` (defaults: PyG's Planetoid example, 2 layers, 16 hidden, dropout 0.5)."""

@@ -10,11 +10,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
 
+from diffusionformer.config import document_fields
 from diffusionformer.models.common import check_positive, check_probability
 
 __all__ = ["GIN", "GINConfig"]
 
 
+@document_fields
 @dataclass
 class GINConfig:
     """Configuration of :class:`GIN` (defaults: the paper's graph-classification setup, GIN-0)."""

@@ -9,12 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from diffusionformer.config import document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
 
 __all__ = ["DiffusionGPT", "GPTConfig"]
 
 
+@document_fields
 @dataclass
 class GPTConfig:
     """Configuration of :class:`DiffusionGPT` (defaults: nanoGPT's Shakespeare-char CPU setting)."""

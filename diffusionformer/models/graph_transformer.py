@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 from torch_geometric.utils import add_self_loops, remove_self_loops, to_dense_batch
 
+from diffusionformer.config import document_fields
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import DropPath, Mlp, make_norm, resolve_layer_heads
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
@@ -17,6 +18,7 @@ from diffusionformer.models.common import ModelIntermediates, check_positive, ch
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig"]
 
 
+@document_fields
 @dataclass
 class GraphTransformerConfig:
     """Configuration of :class:`DiffusionGraphTransformer`."""

@@ -9,12 +9,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from diffusionformer.config import document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
 
 __all__ = ["DiffusionViT", "ViTConfig"]
 
 
+@document_fields
 @dataclass
 class ViTConfig:
     """Configuration of :class:`DiffusionViT`.

@@ -242,10 +242,13 @@ class Trainer:
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
 
         self._t0, self._elapsed0 = time.perf_counter(), elapsed0
+        # Under an open outer bar (the experiment runner's runs) tqdm places this one below it
+        # and removes it when the run ends (leave=None); alone it stays on screen.
         self._pbar = tqdm(
-            total=cfg.max_steps, initial=start, dynamic_ncols=True, desc="train",
+            total=cfg.max_steps, initial=start, dynamic_ncols=True, desc="train", unit="step", leave=None,
             disable=True if not (cfg.progress and ctx.is_main) else None,
         )
+        self._postfix: dict[str, str] = {}
         # First non-finite update so far, kept on the device: no host sync per update.
         first_bad = torch.full((), _NO_BAD_STEP, dtype=torch.long, device=device)
         train_model.train()
@@ -407,7 +410,8 @@ class Trainer:
         values = self.ctx.all_reduce_mean(means).tolist()
         self._record("train", done, lr, values[0], dict(zip(names, values[1:])))
         if self._pbar is not None:
-            self._pbar.set_postfix(loss=f"{values[0]:.4g}", lr=f"{lr:.3g}", refresh=False)
+            self._postfix.update(loss=f"{values[0]:.4g}", lr=f"{lr:.3g}")
+            self._pbar.set_postfix(self._postfix, refresh=False)
 
     def _evaluate(self, done: int, lr: float) -> None:
         self._train_model.eval()
@@ -431,7 +435,8 @@ class Trainer:
         loss = metrics.get("loss")
         self._record("eval", done, lr, loss, metrics)
         if self._pbar is not None and loss is not None and math.isfinite(loss):
-            self._pbar.set_postfix(eval_loss=f"{loss:.4g}", refresh=False)
+            self._postfix["eval_loss"] = f"{loss:.4g}"
+            self._pbar.set_postfix(self._postfix, refresh=False)
 
     def _save(self, done: int) -> None:
         finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()

@@ -1,6 +1,6 @@
 """API reference helpers: public-name coverage, references through re-exports, tidier autodoc.
 
-Four jobs; the first two are driven by the objects actually documented in the Python domain:
+Five jobs; the first two are driven by the objects actually documented in the Python domain:
 
 * **Coverage.** Every name in the ``__all__`` of the modules listed in the config value
   ``df_api_modules`` must be documented somewhere (under any of its import paths). An entry
@@ -22,6 +22,8 @@ Four jobs; the first two are driven by the objects actually documented in the Py
   comment autodoc cannot see (it reads comments only in the documented module, not in the
   submodule a package re-exports from) would show its type's docstring ("Built-in
   immutable sequence."): it gets the defining module's comment instead, or no text.
+* **Config fields.** The ``Fields:`` section that ``document_fields`` appends to a config's
+  docstring for ``help()`` is dropped: the page documents each field from its ``#:`` comment.
 """
 
 from __future__ import annotations
@@ -247,6 +249,23 @@ def _reset(app: Any, env: Any, *args: Any) -> None:
     app._df_api_documented = None
 
 
+def drop_fields_section(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
+    """Remove the ``Fields:`` section that :func:`diffusionformer.config.document_fields` appends
+    for ``help()``: in these pages every field is documented from its ``#:`` comment already."""
+    if what != "class" or not isinstance(obj, type):
+        return
+    from diffusionformer.config import FIELDS_HEADER
+
+    if FIELDS_HEADER not in (obj.__dict__.get("__doc__") or ""):
+        return
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i] == FIELDS_HEADER:
+            del lines[i:]
+            while lines and not lines[-1].strip():
+                lines.pop()
+            return
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.add_config_value("df_api_modules", [], "env", types=[list])
     app.connect("env-updated", _reset)
@@ -255,4 +274,5 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("autodoc-skip-member", skip_foreign_docstrings)
     app.connect("autodoc-process-bases", public_bases)
     app.connect("autodoc-process-docstring", constant_docstring)
+    app.connect("autodoc-process-docstring", drop_fields_section, priority=400)  # before napoleon
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

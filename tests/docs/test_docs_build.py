@@ -99,3 +99,15 @@ def test_page_examples_pass_as_doctests(html_build, tmp_path):
     report = (tmp_path / "doctest" / "output.txt").read_text(encoding="utf-8")
     assert "0 failures in tests" in report
     assert " passed and 0 failed" in report
+
+
+def test_pages_load_nothing_from_the_network(html_build):
+    """The README promises offline docs: no page loads a script, stylesheet or font from outside the build."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_df_docs_minimal", Path(__file__).with_name("test_docs_minimal.py"))
+    minimal = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(minimal)
+    html, _, _, _ = html_build
+    assert minimal.external_resources(html) == []
+    assert "_static/mathjax/tex-chtml.js" in (html / "theory" / "heat.html").read_text()

@@ -1,0 +1,127 @@
+"""Reload a trained run of the experiment runner: ``load_run(path)``.
+
+A run directory ``<out>/<name>/runs/<task>/<operator>/seed<k>/`` written by
+:func:`~diffusionformer.experiments.run_experiment` holds everything needed to rebuild its
+model without the config or the data it was trained on: ``run_config.json`` names the model
+preset and its fully resolved config (data-derived sizes and the operator setting included),
+``checkpoint.pt`` the weights of the last saved step, ``metrics.jsonl`` the training and
+evaluation records and ``summary.json`` the final result.
+
+Examples:
+    Rebuild a run's model and evaluate it (``results/default`` is the README's main job)::
+
+        from diffusionformer import load_run
+
+        run = load_run("results/default/runs/digits/laplacian-half/seed0")
+        logits = run.model(images)                  # eval mode, on the CPU
+        run.config                                  # the ViTConfig it was built with
+        evals = [r for r in run.metrics if r["split"] == "eval"]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["LoadedRun", "load_run"]
+
+RUN_CONFIG_NAME = "run_config.json"
+
+
+@dataclass
+class LoadedRun:
+    """A trained run read back from its directory by :func:`load_run`.
+
+    Attributes:
+        model: the model rebuilt from ``config`` with the checkpoint's weights, in eval mode.
+        config: the model's config dataclass (e.g. :class:`~diffusionformer.models.GPTConfig`).
+        metrics: the run's ``metrics.jsonl`` records (see :func:`~diffusionformer.train.read_metrics`).
+        summary: ``summary.json`` (``status``, final ``eval``, ``elapsed`` ...), or ``None`` for
+            a run that never finished.
+        train_config: the :class:`~diffusionformer.train.TrainConfig` stored in the checkpoint.
+        step: the number of updates done when the checkpoint was saved.
+        preset: the model preset the run was built from (``run_config.json``'s ``model``).
+        path: the run directory.
+    """
+
+    model: nn.Module
+    config: Any
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    train_config: Any
+    step: int
+    preset: str
+    path: Path
+
+    def __repr__(self) -> str:
+        status = (self.summary or {}).get("status", "unfinished")
+        return (f"LoadedRun(path={str(self.path)!r}, preset={self.preset!r}, model={type(self.model).__name__}, "
+                f"step={self.step}, status={status!r}, records={len(self.metrics)})")
+
+
+def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu") -> LoadedRun:
+    """Rebuild the model of a run directory with its trained weights, its config and its metrics.
+
+    The model is ``preset.model_cls(config)`` where ``config`` is the resolved model config
+    recorded in ``run_config.json`` when the run started, so it is exactly the model the runner
+    trained (no data or experiment config is needed); the weights are those of
+    ``checkpoint.pt`` (the last saved step: the final one for a completed run).
+
+    Args:
+        path: the run directory (``.../runs/<task>/<operator>/seed<k>``) or a file in it.
+        map_location: where the weights (and so the model) go.
+
+    Returns:
+        A :class:`LoadedRun`; ``run.model`` is in eval mode.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a run directory, or lacks ``run_config.json`` or
+            ``checkpoint.pt`` (the run has not saved a step yet).
+        ValueError: ``run_config.json`` names an unknown preset or holds an invalid config.
+        CheckpointError: the checkpoint is unreadable or does not fit the model.
+    """
+    from diffusionformer.config import config_from_dict
+    from diffusionformer.models import get_preset
+    from diffusionformer.train import CheckpointError, TrainConfig, read_metrics
+    from diffusionformer.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
+
+    rdir = Path(path)
+    if rdir.is_file():
+        rdir = rdir.parent
+    if not rdir.is_dir():
+        raise FileNotFoundError(f"load_run: expected a run directory (.../runs/<task>/<operator>/seed<k>), got missing {rdir}")
+    ident_path = rdir / RUN_CONFIG_NAME
+    if not ident_path.is_file():
+        raise FileNotFoundError(
+            f"load_run: expected {ident_path} (written by `python -m diffusionformer.experiments run` when a run "
+            f"starts), got none; is {rdir} a run directory?"
+        )
+    identity = json.loads(ident_path.read_text())
+    preset_name, cfg_dict = identity.get("model"), identity.get("model_config")
+    if not isinstance(preset_name, str) or not isinstance(cfg_dict, dict):
+        raise ValueError(f"load_run: expected 'model' (a preset name) and 'model_config' (a table) in {ident_path}, "
+                         f"got {preset_name!r} and {type(cfg_dict).__name__}")
+    preset = get_preset(preset_name)
+    config = config_from_dict(preset.config_cls, cfg_dict, where=f"{ident_path} model_config")
+    ckpt = rdir / CHECKPOINT_NAME
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"load_run: expected the checkpoint {ckpt}, got none (the run has not saved a step yet)")
+    payload = load_checkpoint(ckpt)
+    model = preset.model_cls(config)
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as err:
+        raise CheckpointError(f"checkpoint {ckpt}: expected the weights of the {preset_name!r} model of "
+                              f"{ident_path}, got ones that do not fit: {err}") from err
+    model.to(map_location).eval()
+    summary_path = rdir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    metrics = read_metrics(rdir) if (rdir / "metrics.jsonl").is_file() else []
+    return LoadedRun(model, config, metrics, summary, TrainConfig.from_dict(payload["config"]), int(payload["step"]),
+                     preset_name, rdir)
