@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from diffusionformer.data import load_dataset
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
+from diffusionformer.experiments.stats import difference_t, paired_t, welch_t  # re-exported: their home is stats
 from diffusionformer.experiments.tasks import as_metrics, build_task, model_overrides_for_data
 from diffusionformer.models import create_model, get_preset, model_config
 from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, seed_everything
@@ -574,62 +575,6 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
         # per completed run (None: never reached, or the task has no `reach`); read only for tasks with `reach`
         table[-1]["reach_steps"] = [r.reach_step for r in rs if r.status == "completed"]
     return table
-
-
-def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
-    r"""Welch's t statistic of ``mean(a) - mean(b)``: :math:`\Delta / \sqrt{s_a^2/n_a + s_b^2/n_b}`.
-
-    The size of a difference against the seed noise (sample standard deviations ``s``). ``None``
-    when either side has fewer than two values or both spreads are zero. With 3 seeds a side,
-    ``|t|`` above about 2.8 (4 degrees of freedom) to 4.3 (2, very unequal spreads) is a
-    two-sided ``p < 0.05``.
-
-    Examples:
-        >>> round(welch_t([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]), 3)
-        1.225
-        >>> welch_t([1.0], [0.0, 1.0]) is None
-        True
-    """
-    if len(a) < 2 or len(b) < 2:
-        return None
-    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
-    return None if se == 0.0 else (statistics.fmean(a) - statistics.fmean(b)) / se
-
-
-def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
-    r"""Paired t statistic of ``a - b`` over the keys both have: :math:`\bar d / (s_d / \sqrt{n})`.
-
-    For k-fold cross-validation, where the run of seed ``s`` of every setting tests on the same
-    fold: the fold-to-fold differences in difficulty cancel in each difference
-    :math:`d_s = a_s - b_s`, which Welch's t (:func:`welch_t`) would count as noise. The folds'
-    training sets overlap, so the differences are not independent and the statistic is
-    somewhat optimistic (Nadeau and Bengio, 2003); read ``|t|`` near the threshold with care.
-    ``None`` with fewer than two shared keys or identical differences.
-
-    Args:
-        a, b: value per seed (fold) of the two settings.
-
-    Examples:
-        >>> round(paired_t({0: 0.8, 1: 0.6, 2: 0.7}, {0: 0.7, 1: 0.55, 2: 0.62}), 2)
-        5.28
-        >>> paired_t({0: 1.0}, {0: 0.0}) is None
-        True
-    """
-    keys = sorted(set(a) & set(b))
-    if len(keys) < 2:
-        return None
-    d = [a[k] - b[k] for k in keys]
-    sd = statistics.stdev(d)
-    return None if sd == 0.0 else statistics.fmean(d) / (sd / math.sqrt(len(d)))
-
-
-def difference_t(row: Mapping[str, Any], base: Mapping[str, Any], values: str, paired: bool) -> float | None:
-    """t of ``row``'s mean minus ``base``'s for the ``values`` key of :func:`aggregate` rows:
-    :func:`paired_t` over seeds when ``paired`` (k-fold tasks), else :func:`welch_t`."""
-    if paired:
-        key = {"values": "by_seed", "selected_values": "selected_by_seed"}[values]
-        return paired_t(row.get(key, {}), base.get(key, {}))
-    return welch_t(row[values], base[values])
 
 
 def _delta(row: dict[str, Any], base: dict[str, Any] | None, mean: str, values: str, paired: bool = False) -> str:
