@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.runner import (RunResult, aggregate, difference_t, first_reach, format_table, read_curves,
-                                                run_dir, select_evaluation)
+from diffusionformer.experiments.runner import (RunResult, aggregate, first_reach, format_table, read_curves, run_dir,
+                                                select_evaluation)
 
 __all__ = ["publish_experiment", "summary_table"]
 
@@ -147,32 +147,43 @@ def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
 
 
 def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, selected: bool = False,
-                  strong: float = 2.8) -> str:
+                  alpha: float = 0.05, strong: float | None = None) -> str:
     r"""One markdown table over several comparisons: each setting against the baseline, per task.
 
-    A cell is ``Δ (t)``: the difference of means against the config's first setting, signed so
-    that **positive is better** (loss differences are negated), and Welch's t of it
-    (:func:`~diffusionformer.experiments.runner.welch_t`; for tasks with ``folds``, the t paired
-    over folds, :func:`~diffusionformer.experiments.runner.paired_t`); cells with
-    ``|t| >= strong`` are bold.
-    Tasks without finished runs are left out; a cell with fewer seeds than the config asks
-    for says how many it has.
+    A cell is ``Δ (p; Holm p)``: the mean over seeds of the paired difference to the config's
+    first setting (:func:`~diffusionformer.experiments.stats.paired_difference`; Nadeau-Bengio
+    corrected for tasks with ``folds``), signed so that **positive is better** (loss
+    differences are negated), its two-sided p and the p adjusted by Holm's method over every
+    cell of the table. Cells whose Holm p is below ``alpha`` are bold; contrasts a config names
+    in ``primary`` are marked ``[primary]``. A last line counts the cells below ``alpha``
+    unadjusted, after Holm and after Benjamini-Hochberg. Tasks without finished runs are left
+    out; a cell with fewer seeds than the config asks for says how many it has.
 
     Args:
         configs: the comparisons (their results under ``<out_root>/<name>/``).
         out_root: the results root given to ``run``.
         selected: compare the metric at each run's best ``select_by`` evaluation instead of
             the final one (tasks without ``select_by`` keep the final metric).
-        strong: ``|t|`` from which a cell is bold (2.8: two-sided p = 0.05 at 4 degrees of freedom).
+        alpha: level for the bold cells and the counts.
+        strong: no longer used (cells were bold from a fixed ``|t|``); passing it warns.
     """
+    from diffusionformer.experiments.compare import format_p, format_signed
+    from diffusionformer.experiments.stats import benjamini_hochberg, compare_rows, holm
+
+    if strong is not None:
+        import warnings
+
+        warnings.warn("summary_table(strong=...) is ignored: cells are judged by their Holm-adjusted p (alpha)",
+                      DeprecationWarning, stacklevel=2)
     settings: list[str] = []
-    rows: list[tuple[str, str, dict[str, str]]] = []
+    rows: list[tuple[str, str, dict[str, Any]]] = []
     for config in configs:
         src = Path(out_root) / config.name
         if not (src / "results.json").is_file():
             continue
         table = {(row["task"], row["operator"]): row for row in aggregate(_load_runs(config, src))}
         baseline = config.operators[0].name
+        primary = config.primary_contrasts()
         for task in config.tasks:
             use_selected = selected and task.select_by is not None
             key_values, key_mean = ("selected_values", "selected_mean") if use_selected else ("values", "mean")
@@ -181,26 +192,37 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
             if not base_row.get(key_values):
                 continue
             sign = -1.0 if task.minimize else 1.0
-            base = base_row[key_values]
-            cells = {}
+            cells: dict[str, Any] = {}
             for setting in config.operators[1:]:
                 row = rows_of[setting.name]
                 if not row.get(key_values):
                     continue
                 if setting.name not in settings:
                     settings.append(setting.name)
-                vals = row[key_values]
-                delta = sign * (row[key_mean] - base_row[key_mean]) + 0.0  # no "-0.0000"
-                t = difference_t(row, base_row, key_values, paired=task.folds is not None)
-                text = f"{delta:+.4f}" + ("" if t is None else f" ({sign * t:+.1f})")
-                if t is not None and abs(t) >= strong:
-                    text = f"**{text}**"
-                if len(vals) < len(config.seeds) or len(base) < len(config.seeds):
-                    text += f" [{len(vals)} vs {len(base)} seeds]"
-                cells[setting.name] = text
+                diff = compare_rows(row, base_row, key_values, folds=task.folds)
+                short = ""
+                if len(row[key_values]) < len(config.seeds) or len(base_row[key_values]) < len(config.seeds):
+                    short = f" [{len(row[key_values])} vs {len(base_row[key_values])} seeds]"
+                cells[setting.name] = {"delta": None if diff.mean is None else sign * diff.mean, "p": diff.p,
+                                       "primary": (task.name, setting.name) in primary, "short": short}
             metric = task.metric + (f" at best {task.select_by}" if selected and task.select_by else "")
             rows.append((f"{config.name} / {task.name}", f"{metric} ({base_row[key_mean]:.4f})", cells))
+    family = [c for _, _, cells in rows for c in cells.values()]
+    for c, ph, pb in zip(family, holm([c["p"] for c in family]), benjamini_hochberg([c["p"] for c in family])):
+        c["holm"], c["bh"] = ph, pb
+
+    def text(c: dict[str, Any]) -> str:
+        out = f"{format_signed(c['delta'])} (p {format_p(c['p'])}; Holm {format_p(c['holm'])})"
+        if c["holm"] is not None and c["holm"] < alpha:
+            out = f"**{out}**"
+        return out + (" [primary]" if c["primary"] else "") + c["short"]
+
     lines = ["| task | metric (baseline mean) | " + " | ".join(settings) + " |",
              "|---|---|" + "---|" * len(settings)]
-    lines += [f"| {name} | {metric} | " + " | ".join(cells.get(s, "") for s in settings) + " |" for name, metric, cells in rows]
+    lines += [f"| {name} | {metric} | " + " | ".join(text(cells[s]) if s in cells else "" for s in settings) + " |"
+              for name, metric, cells in rows]
+    below = sum(1 for c in family if c["p"] is not None and c["p"] < alpha)
+    lines += ["", f"{len(family)} comparisons; p < {alpha:g} unadjusted: {below}; after Holm: "
+              f"{sum(1 for c in family if c['holm'] is not None and c['holm'] < alpha)}; after Benjamini-Hochberg: "
+              f"{sum(1 for c in family if c['bh'] is not None and c['bh'] < alpha)}."]
     return "\n".join(lines) + "\n"

@@ -22,7 +22,8 @@ two settings with the same seed are therefore **pairs**: the difference
 
 Degenerate inputs give defined outputs, never NaN: fewer than two pairs give a
 :class:`Difference` with only ``n`` and (for one pair) ``mean``; differences with no spread
-(:math:`s_d = 0`) have no t distribution, so ``t`` and ``p`` are ``None`` unless every
+(:math:`s_d = 0`, or below :data:`RELATIVE_RESOLUTION` of the values, the float32 rounding of
+logged metrics) have no t distribution, so ``t`` and ``p`` are ``None`` unless every
 difference is zero (then ``t = 0``, ``p = 1``); the Wilcoxon p stays defined in both cases.
 
 The distribution functions are scipy's (``scipy.special.stdtr``, ``stdtrit``, ``ndtr``);
@@ -95,7 +96,17 @@ def _finish(method: str, n: int, mean: float, se: float, df: float, level: float
     return Difference(method, n, mean, se, mean - half, mean + half, df, t, _t_sf2(t, df), p_wilcoxon, level)
 
 
-def _pairs(a: Mapping[Any, float], b: Mapping[Any, float]) -> list[float]:
+#: a spread below this fraction of the values' magnitude counts as none: logged metrics are
+#: float32 (relative rounding 6e-8), so "equal" differences such as 3 more correct nodes out of
+#: 200 on every seed differ in the last bits, and their t would be a rounding artefact
+RELATIVE_RESOLUTION = 1e-6
+
+
+def _no_spread(spread: float, values: Sequence[float]) -> bool:
+    return spread <= RELATIVE_RESOLUTION * max([1e-300, *map(abs, values)])
+
+
+def _pairs(a: Mapping[Any, float], b: Mapping[Any, float]) -> tuple[list[float], list[float]]:
     if not isinstance(a, Mapping) or not isinstance(b, Mapping):
         raise TypeError(f"paired values must be mappings seed -> value, got {type(a).__name__} and {type(b).__name__}")
     keys = sorted(set(a) & set(b))
@@ -103,7 +114,7 @@ def _pairs(a: Mapping[Any, float], b: Mapping[Any, float]) -> list[float]:
     bad = [k for k, x in zip(keys, d) if not math.isfinite(x)]
     if bad:
         raise ValueError(f"non-finite paired values for seeds {bad}")
-    return d
+    return d, [float(a[k]) for k in keys] + [float(b[k]) for k in keys]
 
 
 def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float], *, level: float = 0.95,
@@ -138,15 +149,20 @@ def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float], *, level: 
     if test_train_ratio is not None and not (isinstance(test_train_ratio, (int, float)) and test_train_ratio > 0):
         raise ValueError(f"test_train_ratio must be a positive number (n_test / n_train), got {test_train_ratio!r}")
     method = "paired t" if test_train_ratio is None else "Nadeau-Bengio"
-    d = _pairs(a, b)
+    d, values = _pairs(a, b)
     n = len(d)
     if n < 2:
         return Difference(method, n, d[0] if d else None, level=level,
                           note=f"{n} pair(s): at least 2 seeds both settings share are needed")
     mean = statistics.fmean(d)
     sd = statistics.stdev(d)
+    if _no_spread(sd, values):
+        sd = 0.0
+        if _no_spread(abs(mean), values):
+            mean, d = 0.0, [0.0] * n
     se = sd * math.sqrt(1.0 / n + (test_train_ratio or 0.0))
-    return _finish(method, n, mean, se, n - 1, level, wilcoxon_p(d))
+    q = RELATIVE_RESOLUTION * max(map(abs, values))  # differences equal up to float32 rounding tie in the ranks
+    return _finish(method, n, mean, se, n - 1, level, wilcoxon_p([round(x / q) * q if q > 0 else x for x in d]))
 
 
 def nadeau_bengio(a: Mapping[Any, float], b: Mapping[Any, float], folds: int, *, level: float = 0.95,
@@ -207,6 +223,9 @@ def welch_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0
     va, vb = statistics.variance(a) / na, statistics.variance(b) / nb
     se = math.sqrt(va + vb)
     mean = statistics.fmean(a) - statistics.fmean(b)
+    if _no_spread(se, a + b):
+        va = vb = se = 0.0
+        mean = 0.0 if _no_spread(abs(mean), a + b) else mean
     df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)) if se > 0 else float(na + nb - 2)
     return _finish("Welch", min(na, nb), mean, se, df, level, None)
 
