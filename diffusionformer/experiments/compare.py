@@ -134,7 +134,7 @@ def table_legend(config: ExperimentConfig, *, compact: bool = False) -> str:
             f"t test")
     if not compact:
         text += ("; df: its degrees of freedom (seeds - 1); p Wilcoxon: the signed-rank test of the same differences "
-                 "(exact; at least 0.25 with 3 seeds)")
+                 "(exact; with n seeds it cannot fall below 2^(1-n), 0.25 for 3 seeds)")
     text += ("; p Holm: p adjusted by Holm's method over all comparisons of the same quantity on the page "
              "(tasks x settings); below 0.05 is significant at a 5% family-wise error rate.")
     if cv:

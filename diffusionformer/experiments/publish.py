@@ -3,8 +3,16 @@
 ``python -m diffusionformer.experiments publish CONFIG --out results --to docs/results`` writes
 ``docs/results/<name>.md`` and copies the small result files (``results.json``, ``results.md``,
 PNG plots, the analysis ``metrics.json`` and figures when present) to ``docs/results/<name>/``.
-Checkpoints are never copied. The page is regenerated from those files by running the command
-again, so every table in the docs can be rebuilt from a results folder.
+Checkpoints are never copied. Each run's metrics log is published as a small JSON file,
+``docs/results/<name>/logs/<task>/<operator>/seed<k>.json`` (columns ``step``, ``loss``, ``lr``
+and every metric, for the training and the evaluation records), so curves can be checked.
+The page is regenerated from those files by running the command again.
+
+**From the published files.** ``publish CONFIG --out docs/results --to docs/results`` (the
+results root is the docs folder itself) rewrites the page from the files already published
+there (``results.json``, ``manifest.json``, plots, ``analysis/``) without copying or deleting
+anything: how the tables of studies whose raw results folders are gone are recomputed when
+the statistics change.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from diffusionformer.experiments.config import ExperimentConfig
 from diffusionformer.experiments.runner import (RunResult, aggregate, first_reach, format_table, read_curves, run_dir,
                                                 select_evaluation)
 
-__all__ = ["publish_experiment", "summary_table"]
+__all__ = ["publish_experiment", "summary_table", "write_run_log"]
 
 
 def _copy(src: Path, dst: Path) -> Path | None:
@@ -60,16 +68,25 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     manifest: dict[str, Any] = json.loads((src / "manifest.json").read_text()) if (src / "manifest.json").is_file() else {}
     docs = Path(docs_dir)
     dst = docs / config.name
-    if dst.exists():
-        shutil.rmtree(dst)
-    _copy(results_path, dst / "results.json")
-    _copy(src / "manifest.json", dst / "manifest.json")
-    for png in sorted((src / "plots").glob("*.png")):
-        _copy_png(png, dst / "plots" / png.name)
+    in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
     analysis = src / "analysis"
-    _copy(analysis / "metrics.json", dst / "analysis" / "metrics.json")
-    for png in sorted((analysis / "plots").glob("*.png")):
-        _copy_png(png, dst / "analysis" / png.name)
+    if not in_place:
+        if dst.exists():
+            shutil.rmtree(dst)
+        _copy(results_path, dst / "results.json")
+        _copy(src / "manifest.json", dst / "manifest.json")
+        for png in sorted((src / "plots").glob("*.png")):
+            _copy_png(png, dst / "plots" / png.name)
+        _copy(analysis / "metrics.json", dst / "analysis" / "metrics.json")
+        _copy(analysis / "README.md", dst / "analysis" / "README.md")
+        for png in sorted((analysis / "plots").glob("*.png")):
+            _copy_png(png, dst / "analysis" / png.name)
+        for r in runs:
+            log = run_dir(src, r.task, r.operator, r.seed) / "metrics.jsonl"
+            if log.is_file():
+                write_run_log(read_curves(log.parent), dst / "logs" / r.task / r.operator / f"seed{r.seed}.json")
+    logs = sorted((dst / "logs").rglob("*.json")) if (dst / "logs").is_dir() else []
+    commit = manifest.get("git_commit")
 
     table = aggregate(runs)
     total = sum(r.elapsed or 0.0 for r in runs)
@@ -86,21 +103,29 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         f"- **Runs:** {done} of {expected} finished (tasks x operator settings x seeds {config.seeds})",
         *([f"- **Cross-validation:** {', '.join(t.name for t in config.tasks if t.folds)}: seed s tests on fold "
            f"s % folds of a stratified partition, trains and selects on the other folds; means and "
-           f"spreads are over folds, t is paired over folds"] if any(t.folds for t in config.tasks) else []),
+           f"spreads are over folds; comparisons are paired over folds with the Nadeau-Bengio correction"] if any(t.folds for t in config.tasks) else []),
         f"- **Machine:** {manifest.get('processor', '?')}, {manifest.get('cpu_count', '?')} CPUs, "
         f"{manifest.get('machine', '?')}; CUDA: {manifest.get('cuda') or 'none'}",
         f"- **Versions:** torch {manifest.get('torch', '?')}, diffusionformer {manifest.get('diffusionformer', '?')}, "
         f"Python {manifest.get('python', '?')}",
+        f"- **Git commit:** `{commit}`" if commit else
+        "- **Git commit:** not recorded (this study's manifest predates the `git_commit` field)",
         f"- **Training wall time:** {total / 60:.1f} min in all (per-run times in the tables)",
+        f"- **Per-run metric logs:** {len(logs)} files, `{config.name}/logs/<task>/<operator>/seed<k>.json` "
+        "(training and evaluation records by step)" if logs else
+        "- **Per-run metric logs:** not published for this study (it was published before `publish` copied them, "
+        "and its raw results folder is not kept); the curve figures show mean ± std over seeds",
+        f"- **Primary contrasts:** {_primary_line(config)}",
         "",
-        "Tables give the mean ± sample standard deviation over seeds of the final evaluation "
-        "(after the last step; no early stopping); Δ is the difference of means against the first setting "
-        "and t its Welch statistic (paired over folds for cross-validated tasks; |t| below about 3 is within seed "
-        "noise at 3 seeds). Where a task names "
-        "`select_by`, the metric is also given at each run's evaluation with the best value of that key."
-        + (" Where a task names `reach`, the table gives the first evaluated step at which each run met that "
-           "threshold: mean ± std over the runs that did (k of n), and the difference to the first setting with "
-           "Welch's t only where every run of both did." if any(t.reach for t in config.tasks) else ""),
+        "Tables give the mean ± sample standard deviation over seeds of the final evaluation (after the last step; "
+        "no early stopping) and each setting's difference to the first one, paired over seeds (a seed fixes the "
+        "initial weights, the batches and the dropout of every setting); the legend under the tables says what "
+        "each column is."
+        " Where a task names `select_by`, a second table gives the metric at each run's evaluation with the best "
+        "value of that key."
+        + (" Where a task names `reach`, a table gives the first evaluated step at which each run met that "
+           "threshold: mean ± std over the runs that did (k of n), compared only where every run of both settings "
+           "did." if any(t.reach for t in config.tasks) else ""),
         "",
         format_table(table, config).replace("### ", "## "),
     ]
@@ -114,7 +139,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     if analysis_pngs:
         lines += ["## Token geometry", "",
                   f"From `python -m diffusionformer.experiments analyze {config_path or '<config>'}`; "
-                  f"numbers in [`metrics.json`]({config.name}/analysis/metrics.json).", ""]
+                  f"numbers in [`metrics.json`]({config.name}/analysis/metrics.json). The t in these tables is "
+                  "Welch's, unpaired and not adjusted for the many metrics and layers: read them as exploratory.", ""]
         readme = analysis / "README.md"
         if readme.is_file():  # the geometry tables (mean ± std, Welch t), headings one level down
             body = readme.read_text().split("\n", 1)[1] if readme.read_text().startswith("# ") else readme.read_text()
@@ -123,6 +149,47 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     page = docs / f"{config.name}.md"
     page.write_text("\n".join(lines) + "\n")
     return page
+
+
+def _primary_line(config: ExperimentConfig) -> str:
+    if len(config.operators) == 1:
+        return "none (one setting: nothing is compared)"
+    if config.primary:
+        return (", ".join(f"`{p}`" for p in config.primary) + " against the first setting, named in the config before it "
+                "ran; every other comparison is exploratory")
+    return ("none were named before this study ran, so every comparison on this page is exploratory: a p below 0.05 "
+            "here suggests where to look, it does not establish an effect")
+
+
+def write_run_log(records: list[dict[str, Any]], path: str | Path) -> Path:
+    """Write a run's metrics log as a small column-wise JSON file: ``{"train": {...}, "eval": {...}}``.
+
+    Each split maps ``step``, ``loss``, ``lr``, ``elapsed`` and every metric name to a list
+    with one entry per record of that split (``None`` where a record lacks the key).
+
+    Examples:
+        >>> import json, tempfile, pathlib
+        >>> recs = [{"split": "train", "step": 2, "loss": 1.5, "lr": 0.1, "metrics": {}},
+        ...         {"split": "eval", "step": 2, "loss": 1.4, "metrics": {"val_acc": 0.5}}]
+        >>> p = write_run_log(recs, pathlib.Path(tempfile.mkdtemp()) / "seed0.json")
+        >>> json.loads(p.read_text())["eval"]
+        {'step': [2], 'loss': [1.4], 'lr': [None], 'elapsed': [None], 'val_acc': [0.5]}
+    """
+    out: dict[str, dict[str, list[Any]]] = {}
+    for split in ("train", "eval"):
+        recs = [r for r in records if r.get("split") == split]
+        if not recs:
+            continue
+        keys = ["step", "loss", "lr", "elapsed"] + sorted({k for r in recs for k in r.get("metrics", {})})
+        cols: dict[str, list[Any]] = {}
+        for k in keys:
+            vals = [r.get(k) if k in ("step", "loss", "lr", "elapsed") else r.get("metrics", {}).get(k) for r in recs]
+            cols[k] = [round(v, 6) if isinstance(v, float) else v for v in vals]
+        out[split] = cols
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, separators=(",", ":")))
+    return path
 
 
 def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:

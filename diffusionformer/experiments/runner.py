@@ -44,7 +44,7 @@ from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, see
 from diffusionformer.train.metrics import write_json_atomic
 
 __all__ = ["RunResult", "aggregate", "build_model", "finished_runs", "format_status", "format_table", "run_dir",
-           "difference_t", "first_reach", "paired_t", "read_curves", "run_experiment", "run_status", "select_evaluation",
+           "difference_t", "first_reach", "git_commit", "paired_t", "read_curves", "run_experiment", "run_status", "select_evaluation",
            "task_data", "welch_t"]
 
 
@@ -634,6 +634,8 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
     role = bool(config.primary)
     stat_heads = ["Δ vs " + baseline, "95% CI"] + ([] if compact else ["df"]) + ["p"] + ([] if compact else ["p Wilcoxon"]) + ["p Holm"]
     stat_heads += ["role"] if role else []
+    if len(config.operators) == 1:  # nothing to compare
+        stat_heads = []
 
     def stat_cells(task: str, op: str, kind: str, digits: int) -> list[str]:
         c = found.get((task, op, kind))
@@ -665,7 +667,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
         if compact:
             continue
         if task.select_by is not None and any("selected_mean" in r for r in rows):
-            lines += [f"#### {task.name}: {task.metric} at the best {task.select_by}", ""]
+            lines += [f"#### {task.name}: {task.metric} at best {task.select_by}", ""]
             lines += header(["operator", f"{task.metric} mean ± std", *stat_heads])
             for r in rows:
                 sel = f"{_fmt(r['selected_mean'])} ± {_fmt(r['selected_std'])}" if "selected_mean" in r else "n/a"
@@ -678,7 +680,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
             for r in rows:
                 lines.append("| " + " | ".join([r["operator"], _reach_steps_cell(r), *stat_cells(task.name, r["operator"], "reach", 0)]) + " |")
             lines.append("")
-    if lines:
+    if lines and stat_heads:
         lines.append(table_legend(config, compact=compact))
         lines.append("")
     return "\n".join(lines)
@@ -698,7 +700,26 @@ def _manifest(config: ExperimentConfig) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "git_commit": git_commit(),
     }
+
+
+def git_commit(path: str | Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding ``path`` (default: this package), with
+    ``"+dirty"`` appended when tracked files differ from it; ``None`` outside a git checkout or
+    without git."""
+    import subprocess
+
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
 def _write_outputs(out: Path, config: ExperimentConfig, results: list[RunResult]) -> None:

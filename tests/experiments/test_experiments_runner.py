@@ -136,6 +136,28 @@ def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
             assert small.mode == "P" and small.size == full.size
     assert (tmp_path / "docs" / "tiny" / "plots" / "digits_final.png").is_file()
     assert not list((tmp_path / "docs").rglob("*.pt"))
+    # the manifest records the git commit (None outside a checkout); the page says which
+    from diffusionformer.experiments.runner import git_commit
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "git_commit" in manifest and manifest["git_commit"] == git_commit()
+    assert git_commit(tmp_path) is None  # not a checkout
+    if manifest["git_commit"]:
+        assert f"**Git commit:** `{manifest['git_commit']}`" in text
+    # per-run metric logs as small JSON, equal to the run's metrics.jsonl
+    for op in ("attention", "lap"):
+        log = json.loads((tmp_path / "docs" / "tiny" / "logs" / "digits" / op / "seed0.json").read_text())
+        records = read_metrics(run_dir(out, "digits", op, 0) / "metrics.jsonl")
+        evals = [r for r in records if r["split"] == "eval"]
+        assert log["eval"]["step"] == [r["step"] for r in evals] == [3, 6]
+        assert log["eval"]["val_acc"] == [pytest.approx(r["metrics"]["val_acc"], abs=1e-6) for r in evals]
+        assert log["train"]["loss"] == [pytest.approx(r["loss"], abs=1e-6) for r in records if r["split"] == "train"]
+    assert "Per-run metric logs:** 2 files" in text and "primary" in text.lower()
+    # regenerating the page from the published files keeps them and gives the same tables
+    published = sorted(p.relative_to(tmp_path / "docs") for p in (tmp_path / "docs").rglob("*"))
+    again_page = publish_experiment(cfg, tmp_path / "docs", tmp_path / "docs", config_path="tiny.toml")
+    assert sorted(p.relative_to(tmp_path / "docs") for p in (tmp_path / "docs").rglob("*")) == published
+    assert again_page.read_text() == text
 
 
 def test_changed_definition_under_the_same_name_is_refused(tmp_path):
