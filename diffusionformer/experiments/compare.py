@@ -4,8 +4,8 @@ A page (one comparison config) holds, per task, one contrast of each operator se
 the baseline (the config's first setting) for each quantity it reports: the final metric,
 the metric at the best ``select_by`` evaluation and the steps to the ``reach`` threshold.
 Runs with the same seed pair (same initialisation, batches and, for k-fold tasks, test
-fold), so each contrast is a paired difference (:func:`~diffusionformer.experiments.stats.paired_difference`;
-:func:`~diffusionformer.experiments.stats.nadeau_bengio` for k-fold tasks). Holm's adjustment
+fold), so each contrast is a paired difference (:func:`~diffusionformer.experiments.paired_difference`;
+:func:`~diffusionformer.experiments.nadeau_bengio` for k-fold tasks). Holm's adjustment
 runs over the contrasts of one quantity on the page (all tasks, all settings); when the
 config names ``primary`` contrasts, those are adjusted among themselves (the confirmatory
 family) and the others, labelled exploratory, over all contrasts of the quantity.

@@ -103,7 +103,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         f"- **Runs:** {done} of {expected} finished (tasks x operator settings x seeds {config.seeds})",
         *([f"- **Cross-validation:** {', '.join(t.name for t in config.tasks if t.folds)}: seed s tests on fold "
            f"s % folds of a stratified partition, trains and selects on the other folds; means and "
-           f"spreads are over folds; comparisons are paired over folds with the Nadeau-Bengio correction"] if any(t.folds for t in config.tasks) else []),
+           f"spreads are over folds; comparisons are paired over folds with the Nadeau-Bengio correction"]
+          if any(t.folds for t in config.tasks) else []),
         f"- **Machine:** {manifest.get('processor', '?')}, {manifest.get('cpu_count', '?')} CPUs, "
         f"{manifest.get('machine', '?')}; CUDA: {manifest.get('cuda') or 'none'}",
         f"- **Versions:** torch {manifest.get('torch', '?')}, diffusionformer {manifest.get('diffusionformer', '?')}, "
@@ -218,7 +219,7 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
     r"""One markdown table over several comparisons: each setting against the baseline, per task.
 
     A cell is ``Δ (p; Holm p)``: the mean over seeds of the paired difference to the config's
-    first setting (:func:`~diffusionformer.experiments.stats.paired_difference`; Nadeau-Bengio
+    first setting (:func:`~diffusionformer.experiments.paired_difference`; Nadeau-Bengio
     corrected for tasks with ``folds``), signed so that **positive is better** (loss
     differences are negated), its two-sided p and the p adjusted by Holm's method over every
     cell of the table. Cells whose Holm p is below ``alpha`` are bold; contrasts a config names

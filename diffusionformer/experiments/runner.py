@@ -632,7 +632,8 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
     lines = []
     baseline = config.operators[0].name
     role = bool(config.primary)
-    stat_heads = ["Δ vs " + baseline, "95% CI"] + ([] if compact else ["df"]) + ["p"] + ([] if compact else ["p Wilcoxon"]) + ["p Holm"]
+    stat_heads = (["Δ vs " + baseline, "95% CI"] + ([] if compact else ["df"]) + ["p"]
+                  + ([] if compact else ["p Wilcoxon"]) + ["p Holm"])
     stat_heads += ["role"] if role else []
     if len(config.operators) == 1:  # nothing to compare
         stat_heads = []
@@ -678,7 +679,8 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
             lines += [f"#### {task.name}: steps to {rkey} {'≤' if rkey.endswith('loss') else '≥'} {rval:g}", ""]
             lines += header(["operator", "steps mean ± std (runs that reached it)", *stat_heads])
             for r in rows:
-                lines.append("| " + " | ".join([r["operator"], _reach_steps_cell(r), *stat_cells(task.name, r["operator"], "reach", 0)]) + " |")
+                cells = [r["operator"], _reach_steps_cell(r), *stat_cells(task.name, r["operator"], "reach", 0)]
+                lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
     if lines and stat_heads:
         lines.append(table_legend(config, compact=compact))
