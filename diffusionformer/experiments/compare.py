@@ -137,6 +137,9 @@ def table_legend(config: ExperimentConfig, *, compact: bool = False) -> str:
                  "(exact; with n seeds it cannot fall below 2^(1-n), 0.25 for 3 seeds)")
     text += ("; p Holm: p adjusted by Holm's method over all comparisons of the same quantity on the page "
              "(tasks x settings); below 0.05 is significant at a 5% family-wise error rate.")
+    if any(t.reach for t in config.tasks) and not compact:
+        text += (" Steps to a threshold are compared only where every run of both settings reached it; n/a "
+                 "otherwise (censored: a run that never reached it has no step to subtract).")
     if cv:
         text += (" Cross-validated tasks (" + ", ".join(t.name for t in cv) + "): seed s tests on fold s % K; the "
                  "t, CI and p are Nadeau-Bengio corrected (variance (1/n + 1/(K-1)) s², n2/n1 = 1/(K-1) for K folds).")

@@ -601,3 +601,28 @@ def test_paired_t_cancels_fold_difficulty_that_welch_counts_as_noise():
     p = 2 * sps.t.sf(abs(nb.item()), 3)
     lap = next(line for line in text.splitlines() if line.startswith("| lap |")).split(" | ")
     assert lap[4:6] == ["3", f"{p:.3f}"]
+
+
+def test_holm_family_is_every_task_of_a_page_per_quantity():
+    from scipy import stats as sps
+
+    from diffusionformer.experiments.compare import contrasts
+    from diffusionformer.experiments.runner import RunResult, aggregate
+
+    raw = tiny_config(seeds=[0, 1, 2])
+    raw["tasks"][0]["select_by"] = "val_acc"
+    raw["tasks"].append({**raw["tasks"][0], "name": "digits-b"})
+    cfg = load_experiment_config(raw)
+    final = {("digits", "attention"): [0.80, 0.82, 0.84], ("digits", "lap"): [0.86, 0.87, 0.91],
+             ("digits-b", "attention"): [0.70, 0.75, 0.72], ("digits-b", "lap"): [0.71, 0.78, 0.72]}
+    chosen = {k: [v + 0.01 * (i + 1) * (k[1] == "lap") for i, v in enumerate(vs)] for k, vs in final.items()}
+    runs = [RunResult(task, op, s, "completed", "test_acc", v, selected_value=chosen[(task, op)][s], selected_step=3)
+            for (task, op), vs in final.items() for s, v in enumerate(vs)]
+    found = {(c.task, c.kind): c for c in contrasts(aggregate(runs), cfg)}
+    assert sorted(found) == [("digits", "final"), ("digits", "selected"), ("digits-b", "final"), ("digits-b", "selected")]
+    for kind, vals in (("final", final), ("selected", chosen)):
+        p = {t: sps.ttest_rel(vals[(t, "lap")], vals[(t, "attention")]).pvalue for t in ("digits", "digits-b")}
+        lo, hi = sorted(p, key=p.get)  # Holm with m = 2: 2 p_(1), then max(that, p_(2))
+        assert found[(lo, kind)].p_holm == pytest.approx(min(1, 2 * p[lo]))
+        assert found[(hi, kind)].p_holm == pytest.approx(max(min(1, 2 * p[lo]), p[hi]))
+        assert found[("digits", kind)].diff.p == pytest.approx(p["digits"]) and found[("digits", kind)].role == "exploratory"
