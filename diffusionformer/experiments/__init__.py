@@ -5,7 +5,10 @@ every (task, operator setting, seed) run with checkpoint and resume,
 :func:`analyze_experiment` measures token geometry of the trained models,
 :func:`publish_experiment` writes a results page, :func:`load_run` rebuilds a trained run's
 model with its weights, config and metrics, and :func:`summary_table` compares several
-studies at once. The command line (``python -m diffusionformer.experiments``) wraps them.
+studies at once. Comparisons are paired over seeds (:func:`paired_difference`,
+:func:`nadeau_bengio` for k-fold tasks, :func:`wilcoxon_p`) and adjusted over a page
+(:func:`holm`, :func:`benjamini_hochberg`). The command line
+(``python -m diffusionformer.experiments``) wraps them.
 """
 
 from diffusionformer.experiments.analyze import analyze_experiment, analyze_run
@@ -19,6 +22,15 @@ from diffusionformer.experiments.config import (
 )
 from diffusionformer.experiments.publish import publish_experiment, summary_table
 from diffusionformer.experiments.reload import LoadedRun, load_run
+from diffusionformer.experiments.stats import (
+    Difference,
+    benjamini_hochberg,
+    holm,
+    nadeau_bengio,
+    paired_difference,
+    welch_difference,
+    wilcoxon_p,
+)
 from diffusionformer.experiments.runner import (
     RunResult,
     aggregate,
@@ -32,6 +44,7 @@ from diffusionformer.experiments.runner import (
 )
 
 __all__ = [
+    "Difference",
     "ExperimentConfig",
     "LoadedRun",
     "OperatorSetting",
@@ -41,16 +54,22 @@ __all__ = [
     "analyze_experiment",
     "analyze_run",
     "apply_overrides",
+    "benjamini_hochberg",
     "difference_t",
     "finished_runs",
     "format_table",
+    "holm",
     "load_experiment_config",
     "load_run",
+    "nadeau_bengio",
+    "paired_difference",
     "paired_t",
     "parse_override",
     "publish_experiment",
     "run_experiment",
     "run_status",
     "summary_table",
+    "welch_difference",
     "welch_t",
+    "wilcoxon_p",
 ]

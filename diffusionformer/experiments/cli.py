@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                                  progress=not args.no_progress, device=args.device, tasks=args.tasks)
         if int(os.environ.get("RANK", "0")) == 0:
             print()
-            print(format_table(aggregate(results), config))
+            print(format_table(aggregate(results), config, compact=True))
             out = Path(args.out) / config.name
             print(f"results: {out}/results.md, {out}/results.json, plots in {out}/plots/ "
                   f"(wall time {time.perf_counter() - t0:.0f} s)")

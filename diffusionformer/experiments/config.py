@@ -169,10 +169,15 @@ class ExperimentConfig:
     operators: list[OperatorSetting]  #: head layouts to compare (the first is the baseline of the Δ column)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  #: one run per seed
     description: str = ""  #: shown in the results README
+    #: primary contrasts, named before the comparison runs: ``"task:setting"`` (one task) or
+    #: ``"setting"`` (every task), each against the baseline (the first setting). Findings rest
+    #: on these; every other comparison is labelled exploratory. Empty: all are exploratory.
+    primary: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.tasks or not self.operators or not self.seeds:
             raise ValueError("an experiment needs at least one task, one operator setting and one seed")
+        self._check_primary()
         for what, names in (("task", [t.name for t in self.tasks]), ("operator setting", [o.name for o in self.operators])):
             dup = {n for n in names if names.count(n) > 1}
             if dup:
@@ -189,8 +194,52 @@ class ExperimentConfig:
                         f"seeds = {list(range(task.folds))}; got {self.seeds} (runs per fold: {counts})"
                     )
 
+    def _check_primary(self) -> None:
+        if not isinstance(self.primary, list) or not all(isinstance(p, str) for p in self.primary):
+            raise TypeError(f"primary must be a list of strings such as 'task:setting' or 'setting', got {self.primary!r}")
+        tasks = [t.name for t in self.tasks]
+        settings = [o.name for o in self.operators]
+        baseline = settings[0]
+        for entry in self.primary:
+            task, _, setting = entry.rpartition(":")
+            if task and task not in tasks:
+                raise ValueError(f"primary contrast {entry!r}: unknown task {task!r}{_did_you_mean(task, tasks)}; "
+                                 f"the tasks are {tasks}")
+            if setting == baseline:
+                raise ValueError(f"primary contrast {entry!r}: {baseline!r} is the baseline every contrast is taken "
+                                 f"against; name one of {settings[1:]}")
+            if setting not in settings:
+                raise ValueError(f"primary contrast {entry!r}: unknown operator setting {setting!r}"
+                                 f"{_did_you_mean(setting, settings[1:])}; the settings are {settings[1:]} "
+                                 f"(format 'task:setting' or 'setting')")
+        if len(set(self.primary)) != len(self.primary):
+            raise ValueError(f"duplicate primary contrasts: {self.primary}")
+
+    def primary_contrasts(self) -> set[tuple[str, str]]:
+        """The ``(task, setting)`` pairs named by ``primary`` (each against the baseline).
+
+        Examples:
+            >>> cfg = ExperimentConfig("x", [TaskConfig("a", "digits", "vit-digits"), TaskConfig("b", "digits", "vit-digits")],
+            ...                        [OperatorSetting("attention"), OperatorSetting("lap", laplacian_heads=1)],
+            ...                        primary=["a:lap"])
+            >>> sorted(cfg.primary_contrasts())
+            [('a', 'lap')]
+        """
+        out = set()
+        for entry in self.primary:
+            task, _, setting = entry.rpartition(":")
+            out |= {(t.name, setting) for t in self.tasks if not task or t.name == task}
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return config_to_dict(self)
+
+
+def _did_you_mean(name: str, choices: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def train_config(task: TaskConfig, seed: int, **extra: Any) -> TrainConfig:

@@ -4,8 +4,16 @@
 ``docs/results/<name>.md`` and copies the small result files (``results.json``, ``results.md``,
 PNG plots, the analysis ``metrics.json`` and figures when present) to ``docs/results/<name>/``.
 Checkpoints are never copied, and the page is added to the toctree of ``docs/results/index.md``
-(once) so that the docs keep building with ``sphinx -W``. The page is regenerated from those
-files by running the command again, so every table in the docs can be rebuilt from a results folder.
+(once) so that the docs keep building with ``sphinx -W``. Each run's metrics log is published as a small JSON file,
+``docs/results/<name>/logs/<task>/<operator>/seed<k>.json`` (columns ``step``, ``loss``, ``lr``
+and every metric, for the training and the evaluation records), so curves can be checked.
+The page is regenerated from those files by running the command again.
+
+**From the published files.** ``publish CONFIG --out docs/results --to docs/results`` (the
+results root is the docs folder itself) rewrites the page from the files already published
+there (``results.json``, ``manifest.json``, plots, ``analysis/``) without copying or deleting
+anything: how the tables of studies whose raw results folders are gone are recomputed when
+the statistics change.
 """
 
 from __future__ import annotations
@@ -18,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.runner import (RunResult, aggregate, difference_t, first_reach, format_table, read_curves,
-                                                run_dir, select_evaluation)
+from diffusionformer.experiments.runner import (RunResult, aggregate, first_reach, format_table, read_curves, run_dir,
+                                                select_evaluation)
 
-__all__ = ["add_to_toctree", "publish_experiment", "summary_table"]
+__all__ = ["add_to_toctree", "publish_experiment", "summary_table", "write_run_log"]
 
 
 def _copy(src: Path, dst: Path) -> Path | None:
@@ -63,16 +71,25 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     manifest: dict[str, Any] = json.loads((src / "manifest.json").read_text()) if (src / "manifest.json").is_file() else {}
     docs = Path(docs_dir)
     dst = docs / config.name
-    if dst.exists():
-        shutil.rmtree(dst)
-    _copy(results_path, dst / "results.json")
-    _copy(src / "manifest.json", dst / "manifest.json")
-    for png in sorted((src / "plots").glob("*.png")):
-        _copy_png(png, dst / "plots" / png.name)
+    in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
     analysis = src / "analysis"
-    _copy(analysis / "metrics.json", dst / "analysis" / "metrics.json")
-    for png in sorted((analysis / "plots").glob("*.png")):
-        _copy_png(png, dst / "analysis" / png.name)
+    if not in_place:
+        if dst.exists():
+            shutil.rmtree(dst)
+        _copy(results_path, dst / "results.json")
+        _copy(src / "manifest.json", dst / "manifest.json")
+        for png in sorted((src / "plots").glob("*.png")):
+            _copy_png(png, dst / "plots" / png.name)
+        _copy(analysis / "metrics.json", dst / "analysis" / "metrics.json")
+        _copy(analysis / "README.md", dst / "analysis" / "README.md")
+        for png in sorted((analysis / "plots").glob("*.png")):
+            _copy_png(png, dst / "analysis" / png.name)
+        for r in runs:
+            log = run_dir(src, r.task, r.operator, r.seed) / "metrics.jsonl"
+            if log.is_file():
+                write_run_log(read_curves(log.parent), dst / "logs" / r.task / r.operator / f"seed{r.seed}.json")
+    logs = sorted((dst / "logs").rglob("*.json")) if (dst / "logs").is_dir() else []
+    commit = manifest.get("git_commit")
 
     table = aggregate(runs)
     total = sum(r.elapsed or 0.0 for r in runs)
@@ -89,21 +106,30 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         f"- **Runs:** {done} of {expected} finished (tasks x operator settings x seeds {config.seeds})",
         *([f"- **Cross-validation:** {', '.join(t.name for t in config.tasks if t.folds)}: seed s tests on fold "
            f"s % folds of a stratified partition, trains and selects on the other folds; means and "
-           f"spreads are over folds, t is paired over folds"] if any(t.folds for t in config.tasks) else []),
+           f"spreads are over folds; comparisons are paired over folds with the Nadeau-Bengio correction"]
+          if any(t.folds for t in config.tasks) else []),
         f"- **Machine:** {manifest.get('processor', '?')}, {manifest.get('cpu_count', '?')} CPUs, "
         f"{manifest.get('machine', '?')}; CUDA: {manifest.get('cuda') or 'none'}",
         f"- **Versions:** torch {manifest.get('torch', '?')}, diffusionformer {manifest.get('diffusionformer', '?')}, "
         f"Python {manifest.get('python', '?')}",
+        f"- **Git commit:** `{commit}`" if commit else
+        "- **Git commit:** not recorded (this study's manifest predates the `git_commit` field)",
         f"- **Training wall time:** {total / 60:.1f} min in all (per-run times in the tables)",
+        f"- **Per-run metric logs:** {len(logs)} files, `{config.name}/logs/<task>/<operator>/seed<k>.json` "
+        "(training and evaluation records by step)" if logs else
+        "- **Per-run metric logs:** not published for this study (it was published before `publish` copied them, "
+        "and its raw results folder is not kept); the curve figures show mean ± std over seeds",
+        f"- **Primary contrasts:** {_primary_line(config)}",
         "",
-        "Tables give the mean ± sample standard deviation over seeds of the final evaluation "
-        "(after the last step; no early stopping); Δ is the difference of means against the first setting "
-        "and t its Welch statistic (paired over folds for cross-validated tasks; |t| below about 3 is within seed "
-        "noise at 3 seeds). Where a task names "
-        "`select_by`, the metric is also given at each run's evaluation with the best value of that key."
-        + (" Where a task names `reach`, the table gives the first evaluated step at which each run met that "
-           "threshold: mean ± std over the runs that did (k of n), and the difference to the first setting with "
-           "Welch's t only where every run of both did." if any(t.reach for t in config.tasks) else ""),
+        "Tables give the mean ± sample standard deviation over seeds of the final evaluation (after the last step; "
+        "no early stopping) and each setting's difference to the first one, paired over seeds (a seed fixes the "
+        "initial weights, the batches and the dropout of every setting); the legend under the tables says what "
+        "each column is."
+        " Where a task names `select_by`, a second table gives the metric at each run's evaluation with the best "
+        "value of that key."
+        + (" Where a task names `reach`, a table gives the first evaluated step at which each run met that "
+           "threshold: mean ± std over the runs that did (k of n), compared only where every run of both settings "
+           "did." if any(t.reach for t in config.tasks) else ""),
         "",
         format_table(table, config).replace("### ", "## "),
     ]
@@ -117,7 +143,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     if analysis_pngs:
         lines += ["## Token geometry", "",
                   f"From `python -m diffusionformer.experiments analyze {config_path or '<config>'}`; "
-                  f"numbers in [`metrics.json`]({config.name}/analysis/metrics.json).", ""]
+                  f"numbers in [`metrics.json`]({config.name}/analysis/metrics.json). The t in these tables is "
+                  "Welch's, unpaired and not adjusted for the many metrics and layers: read them as exploratory.", ""]
         readme = analysis / "README.md"
         if readme.is_file():  # the geometry tables (mean ± std, Welch t), headings one level down
             body = readme.read_text().split("\n", 1)[1] if readme.read_text().startswith("# ") else readme.read_text()
@@ -182,6 +209,45 @@ def add_to_toctree(index: str | Path, entry: str) -> bool:
     lines.insert(end, entry)
     path.write_text("\n".join(lines))
     return True
+def _primary_line(config: ExperimentConfig) -> str:
+    if len(config.operators) == 1:
+        return "none (one setting: nothing is compared)"
+    if config.primary:
+        return (", ".join(f"`{p}`" for p in config.primary) + " against the first setting, named in the config before it "
+                "ran; every other comparison is exploratory")
+    return ("none were named before this study ran, so every comparison on this page is exploratory: a p below 0.05 "
+            "here suggests where to look, it does not establish an effect")
+
+
+def write_run_log(records: list[dict[str, Any]], path: str | Path) -> Path:
+    """Write a run's metrics log as a small column-wise JSON file: ``{"train": {...}, "eval": {...}}``.
+
+    Each split maps ``step``, ``loss``, ``lr``, ``elapsed`` and every metric name to a list
+    with one entry per record of that split (``None`` where a record lacks the key).
+
+    Examples:
+        >>> import json, tempfile, pathlib
+        >>> recs = [{"split": "train", "step": 2, "loss": 1.5, "lr": 0.1, "metrics": {}},
+        ...         {"split": "eval", "step": 2, "loss": 1.4, "metrics": {"val_acc": 0.5}}]
+        >>> p = write_run_log(recs, pathlib.Path(tempfile.mkdtemp()) / "seed0.json")
+        >>> json.loads(p.read_text())["eval"]
+        {'step': [2], 'loss': [1.4], 'lr': [None], 'elapsed': [None], 'val_acc': [0.5]}
+    """
+    out: dict[str, dict[str, list[Any]]] = {}
+    for split in ("train", "eval"):
+        recs = [r for r in records if r.get("split") == split]
+        if not recs:
+            continue
+        keys = ["step", "loss", "lr", "elapsed"] + sorted({k for r in recs for k in r.get("metrics", {})})
+        cols: dict[str, list[Any]] = {}
+        for k in keys:
+            vals = [r.get(k) if k in ("step", "loss", "lr", "elapsed") else r.get("metrics", {}).get(k) for r in recs]
+            cols[k] = [round(v, 6) if isinstance(v, float) else v for v in vals]
+        out[split] = cols
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, separators=(",", ":")))
+    return path
 
 
 def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
@@ -206,32 +272,43 @@ def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
 
 
 def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, selected: bool = False,
-                  strong: float = 2.8) -> str:
+                  alpha: float = 0.05, strong: float | None = None) -> str:
     r"""One markdown table over several comparisons: each setting against the baseline, per task.
 
-    A cell is ``Δ (t)``: the difference of means against the config's first setting, signed so
-    that **positive is better** (loss differences are negated), and Welch's t of it
-    (:func:`~diffusionformer.experiments.runner.welch_t`; for tasks with ``folds``, the t paired
-    over folds, :func:`~diffusionformer.experiments.runner.paired_t`); cells with
-    ``|t| >= strong`` are bold.
-    Tasks without finished runs are left out; a cell with fewer seeds than the config asks
-    for says how many it has.
+    A cell is ``Δ (p; Holm p)``: the mean over seeds of the paired difference to the config's
+    first setting (:func:`~diffusionformer.experiments.paired_difference`; Nadeau-Bengio
+    corrected for tasks with ``folds``), signed so that **positive is better** (loss
+    differences are negated), its two-sided p and the p adjusted by Holm's method over every
+    cell of the table. Cells whose Holm p is below ``alpha`` are bold; contrasts a config names
+    in ``primary`` are marked ``[primary]``. A last line counts the cells below ``alpha``
+    unadjusted, after Holm and after Benjamini-Hochberg. Tasks without finished runs are left
+    out; a cell with fewer seeds than the config asks for says how many it has.
 
     Args:
         configs: the comparisons (their results under ``<out_root>/<name>/``).
         out_root: the results root given to ``run``.
         selected: compare the metric at each run's best ``select_by`` evaluation instead of
             the final one (tasks without ``select_by`` keep the final metric).
-        strong: ``|t|`` from which a cell is bold (2.8: two-sided p = 0.05 at 4 degrees of freedom).
+        alpha: level for the bold cells and the counts.
+        strong: no longer used (cells were bold from a fixed ``|t|``); passing it warns.
     """
+    from diffusionformer.experiments.compare import format_p, format_signed
+    from diffusionformer.experiments.stats import benjamini_hochberg, compare_rows, holm
+
+    if strong is not None:
+        import warnings
+
+        warnings.warn("summary_table(strong=...) is ignored: cells are judged by their Holm-adjusted p (alpha)",
+                      DeprecationWarning, stacklevel=2)
     settings: list[str] = []
-    rows: list[tuple[str, str, dict[str, str]]] = []
+    rows: list[tuple[str, str, dict[str, Any]]] = []
     for config in configs:
         src = Path(out_root) / config.name
         if not (src / "results.json").is_file():
             continue
         table = {(row["task"], row["operator"]): row for row in aggregate(_load_runs(config, src))}
         baseline = config.operators[0].name
+        primary = config.primary_contrasts()
         for task in config.tasks:
             use_selected = selected and task.select_by is not None
             key_values, key_mean = ("selected_values", "selected_mean") if use_selected else ("values", "mean")
@@ -240,26 +317,37 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
             if not base_row.get(key_values):
                 continue
             sign = -1.0 if task.minimize else 1.0
-            base = base_row[key_values]
-            cells = {}
+            cells: dict[str, Any] = {}
             for setting in config.operators[1:]:
                 row = rows_of[setting.name]
                 if not row.get(key_values):
                     continue
                 if setting.name not in settings:
                     settings.append(setting.name)
-                vals = row[key_values]
-                delta = sign * (row[key_mean] - base_row[key_mean]) + 0.0  # no "-0.0000"
-                t = difference_t(row, base_row, key_values, paired=task.folds is not None)
-                text = f"{delta:+.4f}" + ("" if t is None else f" ({sign * t:+.1f})")
-                if t is not None and abs(t) >= strong:
-                    text = f"**{text}**"
-                if len(vals) < len(config.seeds) or len(base) < len(config.seeds):
-                    text += f" [{len(vals)} vs {len(base)} seeds]"
-                cells[setting.name] = text
+                diff = compare_rows(row, base_row, key_values, folds=task.folds)
+                short = ""
+                if len(row[key_values]) < len(config.seeds) or len(base_row[key_values]) < len(config.seeds):
+                    short = f" [{len(row[key_values])} vs {len(base_row[key_values])} seeds]"
+                cells[setting.name] = {"delta": None if diff.mean is None else sign * diff.mean, "p": diff.p,
+                                       "primary": (task.name, setting.name) in primary, "short": short}
             metric = task.metric + (f" at best {task.select_by}" if selected and task.select_by else "")
             rows.append((f"{config.name} / {task.name}", f"{metric} ({base_row[key_mean]:.4f})", cells))
+    family = [c for _, _, cells in rows for c in cells.values()]
+    for c, ph, pb in zip(family, holm([c["p"] for c in family]), benjamini_hochberg([c["p"] for c in family])):
+        c["holm"], c["bh"] = ph, pb
+
+    def text(c: dict[str, Any]) -> str:
+        out = f"{format_signed(c['delta'])} (p {format_p(c['p'])}; Holm {format_p(c['holm'])})"
+        if c["holm"] is not None and c["holm"] < alpha:
+            out = f"**{out}**"
+        return out + (" [primary]" if c["primary"] else "") + c["short"]
+
     lines = ["| task | metric (baseline mean) | " + " | ".join(settings) + " |",
              "|---|---|" + "---|" * len(settings)]
-    lines += [f"| {name} | {metric} | " + " | ".join(cells.get(s, "") for s in settings) + " |" for name, metric, cells in rows]
+    lines += [f"| {name} | {metric} | " + " | ".join(text(cells[s]) if s in cells else "" for s in settings) + " |"
+              for name, metric, cells in rows]
+    below = sum(1 for c in family if c["p"] is not None and c["p"] < alpha)
+    lines += ["", f"{len(family)} comparisons; p < {alpha:g} unadjusted: {below}; after Holm: "
+              f"{sum(1 for c in family if c['holm'] is not None and c['holm'] < alpha)}; after Benjamini-Hochberg: "
+              f"{sum(1 for c in family if c['bh'] is not None and c['bh'] < alpha)}."]
     return "\n".join(lines) + "\n"

@@ -37,13 +37,14 @@ from tqdm.auto import tqdm
 
 from diffusionformer.data import load_dataset
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
+from diffusionformer.experiments.stats import difference_t, paired_t, welch_t  # re-exported: their home is stats
 from diffusionformer.experiments.tasks import as_metrics, build_task, model_overrides_for_data
 from diffusionformer.models import create_model, get_preset, model_config
 from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, seed_everything
 from diffusionformer.train.metrics import write_json_atomic
 
 __all__ = ["RunResult", "aggregate", "build_model", "finished_runs", "format_status", "format_table", "run_dir",
-           "difference_t", "first_reach", "paired_t", "read_curves", "run_experiment", "run_status", "select_evaluation",
+           "difference_t", "first_reach", "git_commit", "paired_t", "read_curves", "run_experiment", "run_status", "select_evaluation",
            "task_data", "welch_t"]
 
 
@@ -573,102 +574,79 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
                              selected_by_seed={r.seed: r.selected_value for r in chosen})
         # per completed run (None: never reached, or the task has no `reach`); read only for tasks with `reach`
         table[-1]["reach_steps"] = [r.reach_step for r in rs if r.status == "completed"]
+        table[-1]["reach_by_seed"] = {r.seed: r.reach_step for r in rs if r.status == "completed"}
     return table
-
-
-def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
-    r"""Welch's t statistic of ``mean(a) - mean(b)``: :math:`\Delta / \sqrt{s_a^2/n_a + s_b^2/n_b}`.
-
-    The size of a difference against the seed noise (sample standard deviations ``s``). ``None``
-    when either side has fewer than two values or both spreads are zero. With 3 seeds a side,
-    ``|t|`` above about 2.8 (4 degrees of freedom) to 4.3 (2, very unequal spreads) is a
-    two-sided ``p < 0.05``.
-
-    Examples:
-        >>> round(welch_t([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]), 3)
-        1.225
-        >>> welch_t([1.0], [0.0, 1.0]) is None
-        True
-    """
-    if len(a) < 2 or len(b) < 2:
-        return None
-    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
-    return None if se == 0.0 else (statistics.fmean(a) - statistics.fmean(b)) / se
-
-
-def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
-    r"""Paired t statistic of ``a - b`` over the keys both have: :math:`\bar d / (s_d / \sqrt{n})`.
-
-    For k-fold cross-validation, where the run of seed ``s`` of every setting tests on the same
-    fold: the fold-to-fold differences in difficulty cancel in each difference
-    :math:`d_s = a_s - b_s`, which Welch's t (:func:`welch_t`) would count as noise. The folds'
-    training sets overlap, so the differences are not independent and the statistic is
-    somewhat optimistic (Nadeau and Bengio, 2003); read ``|t|`` near the threshold with care.
-    ``None`` with fewer than two shared keys or identical differences.
-
-    Args:
-        a, b: value per seed (fold) of the two settings.
-
-    Examples:
-        >>> round(paired_t({0: 0.8, 1: 0.6, 2: 0.7}, {0: 0.7, 1: 0.55, 2: 0.62}), 2)
-        5.28
-        >>> paired_t({0: 1.0}, {0: 0.0}) is None
-        True
-    """
-    keys = sorted(set(a) & set(b))
-    if len(keys) < 2:
-        return None
-    d = [a[k] - b[k] for k in keys]
-    sd = statistics.stdev(d)
-    return None if sd == 0.0 else statistics.fmean(d) / (sd / math.sqrt(len(d)))
-
-
-def difference_t(row: Mapping[str, Any], base: Mapping[str, Any], values: str, paired: bool) -> float | None:
-    """t of ``row``'s mean minus ``base``'s for the ``values`` key of :func:`aggregate` rows:
-    :func:`paired_t` over seeds when ``paired`` (k-fold tasks), else :func:`welch_t`."""
-    if paired:
-        key = {"values": "by_seed", "selected_values": "selected_by_seed"}[values]
-        return paired_t(row.get(key, {}), base.get(key, {}))
-    return welch_t(row[values], base[values])
-
-
-def _delta(row: dict[str, Any], base: dict[str, Any] | None, mean: str, values: str, paired: bool = False) -> str:
-    """``"Δ | t"`` cells of ``row`` against ``base`` (empty for the baseline itself)."""
-    if base is None or row is base or row.get(mean) is None or base.get(mean) is None:
-        return " | "
-    stat = difference_t(row, base, values, paired)
-    return f"{row[mean] - base[mean]:+.4f} | " + ("" if stat is None else f"{stat:+.1f}")
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def _reach_cell(row: Mapping[str, Any], base: Mapping[str, Any] | None) -> str:
-    """``"mean ± std (k of n)"`` over the runs that reached the threshold, and the difference to
-    ``base`` with its :func:`welch_t` when every run of both reached it (else the mean is censored)."""
+def _reach_steps_cell(row: Mapping[str, Any]) -> str:
+    """``"mean ± std (k of n)"`` of the steps to the threshold over the runs that reached it."""
     steps = row.get("reach_steps") or []
     hit = [s for s in steps if s is not None]
     if not hit:
         return f"never (0 of {len(steps)})" if steps else "never"
     spread = f" ± {statistics.stdev(hit):.0f}" if len(hit) > 1 else ""
-    cell = f"{statistics.fmean(hit):.0f}{spread} ({len(hit)} of {len(steps)})"
-    ref = (base or {}).get("reach_steps") or []
-    if base is not None and row is not base and ref and None not in ref and None not in steps:
-        t = welch_t([float(s) for s in steps], [float(s) for s in ref])
-        cell += f"; {statistics.fmean(steps) - statistics.fmean(ref):+.0f}" + ("" if t is None else f" (t {t:+.1f})")
-    return cell
+    return f"{statistics.fmean(hit):.0f}{spread} ({len(hit)} of {len(steps)})"
 
 
-def format_table(table: list[dict[str, Any]], config: ExperimentConfig) -> str:
-    """A markdown table per task: mean ± std over seeds, Δ vs the first operator setting and its :func:`welch_t`.
+def _contrast_cells(c: Any, digits: int, compact: bool) -> list[str]:
+    """``Δ | 95% CI | [df |] p | [p Wilcoxon |] p Holm`` of a contrast (p Holm bold below 0.05)."""
+    from diffusionformer.experiments.compare import format_ci, format_p, format_signed
 
-    Tasks with ``select_by`` add the metric at the best evaluation of that key; tasks with
-    ``reach`` add the mean number of steps to reach the threshold over the runs that did, and
-    its difference to the baseline with Welch's t where every run of both did.
+    d = c.diff
+    holm_p = format_p(c.p_holm)
+    if c.p_holm is not None and c.p_holm < 0.05:
+        holm_p = f"**{holm_p}**"
+    cells = [format_signed(d.mean, digits), format_ci(d, digits)]
+    if not compact:
+        cells.append("n/a" if d.df is None else f"{d.df:g}")
+    cells.append(format_p(d.p))
+    if not compact:
+        cells.append(format_p(d.p_wilcoxon))
+    return cells + [holm_p]
+
+
+def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compact: bool = False) -> str:
+    """A markdown table per task: mean ± std over seeds and the paired difference to the baseline.
+
+    Each setting is compared with the config's first setting over the seeds both have
+    (:mod:`~diffusionformer.experiments.compare`): Δ with its 95% confidence interval, the
+    paired t test's degrees of freedom and p, the Wilcoxon signed-rank p and the p adjusted by
+    Holm's method over the page's comparisons (Nadeau-Bengio corrected for k-fold tasks). Tasks
+    with ``select_by`` add a table of the metric at each run's best evaluation of that key;
+    tasks with ``reach`` a table of the steps to the threshold (mean over the runs that reached
+    it; compared only where every run of both settings did). With a ``primary`` list, a role
+    column marks primary and exploratory contrasts.
+
+    Args:
+        table: the output of :func:`aggregate`.
+        config: the comparison.
+        compact: the short form printed by ``run``: final metric only; Δ, CI, p and Holm p.
     """
+    from diffusionformer.experiments.compare import contrasts, table_legend
+
+    found = {(c.task, c.setting, c.kind): c for c in contrasts(table, config)}
     lines = []
     baseline = config.operators[0].name
+    role = bool(config.primary)
+    stat_heads = (["Δ vs " + baseline, "95% CI"] + ([] if compact else ["df"]) + ["p"]
+                  + ([] if compact else ["p Wilcoxon"]) + ["p Holm"])
+    stat_heads += ["role"] if role else []
+    if len(config.operators) == 1:  # nothing to compare
+        stat_heads = []
+
+    def stat_cells(task: str, op: str, kind: str, digits: int) -> list[str]:
+        c = found.get((task, op, kind))
+        if c is None:
+            return [""] * len(stat_heads)
+        return _contrast_cells(c, digits, compact) + ([c.role] if role else [])
+
+    def header(cols: list[str]) -> list[str]:
+        return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+
     for task in config.tasks:
         rows = [r for r in table if r["task"] == task.name]
         if not rows:
@@ -676,31 +654,36 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig) -> str:
         arrow = "lower is better" if task.minimize else "higher is better"
         lines.append(f"### {task.name} ({task.dataset}, {task.model}): {task.metric}, {arrow}")
         lines.append("")
-        base = next((r for r in rows if r["operator"] == baseline), None)
-        selected = task.select_by is not None and any("selected_mean" in r for r in rows)
-        paired = task.folds is not None
-        t_head = "paired t" if paired else "t"
-        if paired:
+        if task.folds is not None:
             lines.append(f"{task.folds}-fold cross-validation: seed s tests on fold s % {task.folds}; the spread is over "
-                         "folds and t is paired over folds.")
+                         f"folds and the comparison is paired over folds with the Nadeau-Bengio correction.")
             lines.append("")
-        sel_head = f" at best {task.select_by} | Δ | {t_head} |" if selected else ""
-        reach = task.reach is not None
-        if reach:
-            (rkey, rval), = task.reach.items()
-            sel_head += f" steps to {rkey} {'≤' if rkey.endswith('loss') else '≥'} {rval:g} |"
-        lines.append(f"| operator | {task.metric} mean ± std | Δ vs {baseline} | {t_head} |{sel_head} seeds | params | time/run (s) |")
-        lines.append("|---" * (6 + 3 * selected + reach) + "|---|")
+        lines += header(["operator", f"{task.metric} mean ± std", *stat_heads, "seeds", "params", "time/run (s)"])
         for r in rows:
-            cells = [_delta(r, base, "mean", "values", paired)]
-            if selected:
-                sel = f"{_fmt(r['selected_mean'])} ± {_fmt(r['selected_std'])}" if "selected_mean" in r else "n/a"
-                cells.append(f"{sel} | {_delta(r, base, 'selected_mean', 'selected_values', paired)}")
-            if reach:
-                cells.append(_reach_cell(r, base))
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
-            lines.append(f"| {r['operator']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | {' | '.join(cells)} | {r['n']}{failed} | "
-                         f"{r['num_parameters'] or 'n/a'} | {_fmt(r['elapsed_mean'], 1)} |")
+            cells = [r["operator"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", *stat_cells(task.name, r["operator"], "final", 4),
+                     f"{r['n']}{failed}", str(r["num_parameters"] or "n/a"), _fmt(r["elapsed_mean"], 1)]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        if compact:
+            continue
+        if task.select_by is not None and any("selected_mean" in r for r in rows):
+            lines += [f"#### {task.name}: {task.metric} at best {task.select_by}", ""]
+            lines += header(["operator", f"{task.metric} mean ± std", *stat_heads])
+            for r in rows:
+                sel = f"{_fmt(r['selected_mean'])} ± {_fmt(r['selected_std'])}" if "selected_mean" in r else "n/a"
+                lines.append("| " + " | ".join([r["operator"], sel, *stat_cells(task.name, r["operator"], "selected", 4)]) + " |")
+            lines.append("")
+        if task.reach is not None:
+            (rkey, rval), = task.reach.items()
+            lines += [f"#### {task.name}: steps to {rkey} {'≤' if rkey.endswith('loss') else '≥'} {rval:g}", ""]
+            lines += header(["operator", "steps mean ± std (runs that reached it)", *stat_heads])
+            for r in rows:
+                cells = [r["operator"], _reach_steps_cell(r), *stat_cells(task.name, r["operator"], "reach", 0)]
+                lines.append("| " + " | ".join(cells) + " |")
+            lines.append("")
+    if lines and stat_heads:
+        lines.append(table_legend(config, compact=compact))
         lines.append("")
     return "\n".join(lines)
 
@@ -719,7 +702,26 @@ def _manifest(config: ExperimentConfig) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "git_commit": git_commit(),
     }
+
+
+def git_commit(path: str | Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding ``path`` (default: this package), with
+    ``"+dirty"`` appended when tracked files differ from it; ``None`` outside a git checkout or
+    without git."""
+    import subprocess
+
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
 def _write_outputs(out: Path, config: ExperimentConfig, results: list[RunResult]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -136,6 +137,28 @@ def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
             assert small.mode == "P" and small.size == full.size
     assert (tmp_path / "docs" / "tiny" / "plots" / "digits_final.png").is_file()
     assert not list((tmp_path / "docs").rglob("*.pt"))
+    # the manifest records the git commit (None outside a checkout); the page says which
+    from diffusionformer.experiments.runner import git_commit
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "git_commit" in manifest and manifest["git_commit"] == git_commit()
+    assert git_commit(tmp_path) is None  # not a checkout
+    if manifest["git_commit"]:
+        assert f"**Git commit:** `{manifest['git_commit']}`" in text
+    # per-run metric logs as small JSON, equal to the run's metrics.jsonl
+    for op in ("attention", "lap"):
+        log = json.loads((tmp_path / "docs" / "tiny" / "logs" / "digits" / op / "seed0.json").read_text())
+        records = read_metrics(run_dir(out, "digits", op, 0) / "metrics.jsonl")
+        evals = [r for r in records if r["split"] == "eval"]
+        assert log["eval"]["step"] == [r["step"] for r in evals] == [3, 6]
+        assert log["eval"]["val_acc"] == [pytest.approx(r["metrics"]["val_acc"], abs=1e-6) for r in evals]
+        assert log["train"]["loss"] == [pytest.approx(r["loss"], abs=1e-6) for r in records if r["split"] == "train"]
+    assert "Per-run metric logs:** 2 files" in text and "primary" in text.lower()
+    # regenerating the page from the published files keeps them and gives the same tables
+    published = sorted(p.relative_to(tmp_path / "docs") for p in (tmp_path / "docs").rglob("*"))
+    again_page = publish_experiment(cfg, tmp_path / "docs", tmp_path / "docs", config_path="tiny.toml")
+    assert sorted(p.relative_to(tmp_path / "docs") for p in (tmp_path / "docs").rglob("*")) == published
+    assert again_page.read_text() == text
 
 
 def test_changed_definition_under_the_same_name_is_refused(tmp_path):
@@ -278,20 +301,57 @@ def _to_toml(cfg: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_table_reports_welch_t_of_each_difference():
+def test_table_reports_the_paired_difference_with_ci_df_p_wilcoxon_and_holm():
     import statistics
+
+    from scipy import stats as sps
 
     from diffusionformer.experiments.runner import RunResult, aggregate, format_table, welch_t
 
-    cfg = load_experiment_config(tiny_config())
-    vals = {"attention": [0.80, 0.82, 0.84], "lap": [0.86, 0.87, 0.91]}
+    raw = tiny_config(seeds=[0, 1, 2])
+    raw["operators"].append({"name": "lap1", "laplacian_heads": 1})
+    cfg = load_experiment_config(raw)
+    vals = {"attention": [0.80, 0.82, 0.84], "lap": [0.86, 0.87, 0.91], "lap1": [0.79, 0.83, 0.84]}
     runs = [RunResult("digits", op, s, "completed", "test_acc", v) for op, vs in vals.items() for s, v in enumerate(vs)]
     a, b = vals["lap"], vals["attention"]
     t = (statistics.fmean(a) - statistics.fmean(b)) / ((statistics.variance(a) + statistics.variance(b)) / 3) ** 0.5
-    assert welch_t(a, b) == pytest.approx(t) and t == pytest.approx(3.1334, abs=1e-4)
-    row = next(line for line in format_table(aggregate(runs), cfg).splitlines() if line.startswith("| lap |"))
-    assert row.split("|")[3:5] == [" +0.0600 ", " +3.1 "]
-    assert welch_t([1.0, 1.0], [1.0, 1.0]) is None
+    assert welch_t(a, b) == pytest.approx(t) and t == pytest.approx(3.1334, abs=1e-4)  # still exported
+    text = format_table(aggregate(runs), cfg)
+    head = next(line for line in text.splitlines() if line.startswith("| operator |"))
+    assert head.split(" | ")[2:8] == ["Δ vs attention", "95% CI", "df", "p", "p Wilcoxon", "p Holm"]
+    row = next(line for line in text.splitlines() if line.startswith("| lap |")).split(" | ")
+    ref = sps.ttest_rel(a, b)
+    ci = ref.confidence_interval(0.95)
+    p1 = sps.ttest_rel(vals["lap1"], b).pvalue
+    assert row[2:8] == ["+0.0600", f"[{ci.low:+.4f}, {ci.high:+.4f}]", "2", f"{ref.pvalue:.3f}", "0.250",
+                        f"**{min(1.0, 2 * min(ref.pvalue, p1)):.3f}**"]  # Holm over the page's 2 comparisons, bold < 0.05
+    assert "p Holm: p adjusted by Holm's method" in text and "every comparison is exploratory" in text
+    compact = format_table(aggregate(runs), cfg, compact=True)
+    assert "| operator | test_acc mean ± std | Δ vs attention | 95% CI | p | p Holm |" in compact and "df" not in compact
+
+
+def test_primary_contrasts_are_validated_marked_and_adjusted_among_themselves():
+    from scipy import stats as sps
+
+    from diffusionformer.experiments.compare import contrasts
+    from diffusionformer.experiments.runner import RunResult, aggregate, format_table
+
+    raw = tiny_config(seeds=[0, 1, 2])
+    raw["operators"].append({"name": "lap1", "laplacian_heads": 1})
+    for bad, msg in ((["lapp"], "unknown operator setting 'lapp' (did you mean 'lap'?)"), (["digit:lap"], "unknown task 'digit' (did you mean 'digits'?)"),
+                     (["attention"], "is the baseline"), (["lap", "lap"], "duplicate")):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            load_experiment_config({**raw, "primary": bad})
+    cfg = load_experiment_config({**raw, "primary": ["digits:lap"]})
+    assert cfg.primary_contrasts() == {("digits", "lap")}
+    vals = {"attention": [0.80, 0.82, 0.84], "lap": [0.86, 0.87, 0.91], "lap1": [0.79, 0.83, 0.84]}
+    runs = [RunResult("digits", op, s, "completed", "test_acc", v) for op, vs in vals.items() for s, v in enumerate(vs)]
+    found = {c.setting: c for c in contrasts(aggregate(runs), cfg)}
+    p = {op: sps.ttest_rel(vals[op], vals["attention"]).pvalue for op in ("lap", "lap1")}
+    assert found["lap"].role == "primary" and found["lap"].p_holm == pytest.approx(p["lap"])  # a family of one
+    assert found["lap1"].role == "exploratory" and found["lap1"].p_holm == pytest.approx(min(1, 2 * max(p.values())))
+    text = format_table(aggregate(runs), cfg)
+    assert "| role |" in text and "| primary |" in text and "| exploratory |" in text
 
 
 def test_reach_reports_the_first_step_at_the_threshold_over_the_runs_that_got_there(tmp_path):
@@ -312,15 +372,21 @@ def test_reach_reports_the_first_step_at_the_threshold_over_the_runs_that_got_th
              ("lap", 0): 2000, ("lap", 1): None, ("lap", 2): None}
     runs = [RunResult("digits", op, s, "completed", "test_acc", 0.5 + 0.01 * s, reach_step=v) for (op, s), v in steps.items()]
     lines = format_table(aggregate(runs), cfg).splitlines()
-    assert "steps to val_acc ≥ 0.5" in lines[2] and lines[3].count("|") == lines[2].count("|")
+    at = lines.index("#### digits: steps to val_acc ≥ 0.5")
+    lines = lines[at:]
+    assert lines[2].startswith("| operator | steps mean ± std") and lines[3].count("|") == lines[2].count("|")
     assert "| 1000 ± 500 (3 of 3) |" in next(line for line in lines if line.startswith("| attention |"))
-    assert "| 2000 (1 of 3) |" in next(line for line in lines if line.startswith("| lap |"))  # censored: no t
+    assert "| 2000 (1 of 3) | n/a |" in next(line for line in lines if line.startswith("| lap |"))  # censored: no test
     never = [RunResult("digits", "lap", s, "completed", "test_acc", 0.5) for s in range(3)]
     assert "| never (0 of 3) |" in format_table(aggregate(never), cfg)
-    steps.update({("lap", 1): 2500, ("lap", 2): 3000})  # all reached: difference 1500, Welch t = 1500 / sqrt(2 * 500^2 / 3)
+    steps.update({("lap", 1): 2500, ("lap", 2): 2500})  # all reached: paired differences 1500, 1500, 1000
     runs = [RunResult("digits", op, s, "completed", "test_acc", 0.5 + 0.01 * s, reach_step=v) for (op, s), v in steps.items()]
-    lap = next(line for line in format_table(aggregate(runs), cfg).splitlines() if line.startswith("| lap |"))
-    assert "| 2500 ± 500 (3 of 3); +1500 (t +3.7) |" in lap
+    tables = format_table(aggregate(runs), cfg).split("#### ")
+    lap = next(line for line in tables[1].splitlines() if line.startswith("| lap |"))
+    from scipy import stats as sps
+    ref = sps.ttest_rel([2000, 2500, 2500], [500, 1000, 1500])
+    assert f"| 2333 ± 289 (3 of 3) | +1333 | [{ref.confidence_interval().low:+.0f}, " in lap
+    assert f" | 2 | {ref.pvalue:.3f} | 0.250 |" in lap
     # results written before `reach` was set get their steps from the run logs when published
     results = run_experiment(load_experiment_config(tiny_config()), tmp_path, progress=False)
     assert all(r.reach_step is None for r in results)
@@ -343,9 +409,16 @@ def test_summary_table_signs_differences_so_that_positive_is_better(tmp_path):
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "results.json").write_text(json.dumps({"runs": runs, "summary": []}))
     lines = summary_table([cfg], tmp_path).splitlines()
+    from scipy import stats as sps
+    p = sps.ttest_rel(vals[("digits", "lap")], vals[("digits", "attention")]).pvalue
     assert lines[0] == "| task | metric (baseline mean) | lap |"
-    assert lines[2] == "| tiny / digits | test_acc (0.8200) | **+0.0600 (+3.1)** |"
-    assert lines[3] == "| tiny / lm | val_loss (2.1000) | +0.0000 [1 vs 3 seeds] |"  # one seed: no t
+    # Holm over the table: the lm cell has no test and counts as p = 1 in a family of 2
+    assert lines[2] == f"| tiny / digits | test_acc (0.8200) | **+0.0600 (p {p:.3f}; Holm {min(1, 2 * p):.3f})** |"
+    assert lines[3] == "| tiny / lm | val_loss (2.1000) | -0.1000 (p n/a; Holm n/a) [1 vs 3 seeds] |"  # one pair, loss up
+    assert lines[-1] == "2 comparisons; p < 0.05 unadjusted: 1; after Holm: 1; after Benjamini-Hochberg: 1."
+    assert "**" not in summary_table([cfg], tmp_path, alpha=0.01).splitlines()[2]
+    with pytest.warns(DeprecationWarning, match="Holm"):
+        summary_table([cfg], tmp_path, strong=2.8)
 
 
 def _two_task_config():
@@ -522,5 +595,35 @@ def test_paired_t_cancels_fold_difficulty_that_welch_counts_as_noise():
     runs = [RunResult(task="digits", operator=op, seed=s, metric="test_acc", value=v[s], status="completed")
             for op, v in (("attention", base), ("lap", better)) for s in range(4)]
     text = format_table(aggregate(runs), cfg)
-    assert "4-fold cross-validation" in text and "| paired t |" in text
-    assert f"| {expected:+.1f} |" in text
+    assert "4-fold cross-validation" in text and "Nadeau-Bengio" in text
+    d = torch.tensor(d, dtype=torch.float64)
+    nb = d.mean() / (d.std() * (1 / 4 + 1 / 3) ** 0.5)  # Nadeau-Bengio, n2/n1 = 1/(K-1)
+    from scipy import stats as sps
+    p = 2 * sps.t.sf(abs(nb.item()), 3)
+    lap = next(line for line in text.splitlines() if line.startswith("| lap |")).split(" | ")
+    assert lap[4:6] == ["3", f"{p:.3f}"]
+
+
+def test_holm_family_is_every_task_of_a_page_per_quantity():
+    from scipy import stats as sps
+
+    from diffusionformer.experiments.compare import contrasts
+    from diffusionformer.experiments.runner import RunResult, aggregate
+
+    raw = tiny_config(seeds=[0, 1, 2])
+    raw["tasks"][0]["select_by"] = "val_acc"
+    raw["tasks"].append({**raw["tasks"][0], "name": "digits-b"})
+    cfg = load_experiment_config(raw)
+    final = {("digits", "attention"): [0.80, 0.82, 0.84], ("digits", "lap"): [0.86, 0.87, 0.91],
+             ("digits-b", "attention"): [0.70, 0.75, 0.72], ("digits-b", "lap"): [0.71, 0.78, 0.72]}
+    chosen = {k: [v + 0.01 * (i + 1) * (k[1] == "lap") for i, v in enumerate(vs)] for k, vs in final.items()}
+    runs = [RunResult(task, op, s, "completed", "test_acc", v, selected_value=chosen[(task, op)][s], selected_step=3)
+            for (task, op), vs in final.items() for s, v in enumerate(vs)]
+    found = {(c.task, c.kind): c for c in contrasts(aggregate(runs), cfg)}
+    assert sorted(found) == [("digits", "final"), ("digits", "selected"), ("digits-b", "final"), ("digits-b", "selected")]
+    for kind, vals in (("final", final), ("selected", chosen)):
+        p = {t: sps.ttest_rel(vals[(t, "lap")], vals[(t, "attention")]).pvalue for t in ("digits", "digits-b")}
+        lo, hi = sorted(p, key=p.get)  # Holm with m = 2: 2 p_(1), then max(that, p_(2))
+        assert found[(lo, kind)].p_holm == pytest.approx(min(1, 2 * p[lo]))
+        assert found[(hi, kind)].p_holm == pytest.approx(max(min(1, 2 * p[lo]), p[hi]))
+        assert found[("digits", kind)].diff.p == pytest.approx(p["digits"]) and found[("digits", kind)].role == "exploratory"

@@ -1,0 +1,400 @@
+r"""Statistics of a comparison: paired differences over seeds, their intervals and p-values.
+
+Every setting of a comparison is trained with the same seeds, and a seed fixes the initial
+weights, the batches and the dropout masks (and, for k-fold tasks, the test fold). Runs of
+two settings with the same seed are therefore **pairs**: the difference
+:math:`d_s = a_s - b_s` cancels what the seed contributes to both, and the analysis is on the
+:math:`n` differences.
+
+- :func:`paired_difference`: mean difference :math:`\bar d`, its standard error
+  :math:`s_d / \sqrt n`, a :math:`(1-\alpha)` confidence interval
+  :math:`\bar d \pm t_{1-\alpha/2,\,n-1}\, s_d/\sqrt n`, the paired t statistic, its
+  degrees of freedom :math:`n - 1` and two-sided p, with the Wilcoxon signed-rank p beside it
+  (:func:`wilcoxon_p`: exact for up to 50 non-zero differences, ties included).
+- :func:`nadeau_bengio`: the same for k-fold cross-validation, with the variance corrected
+  for the overlap of the folds' training sets (Nadeau and Bengio, 2003):
+  :math:`\hat\sigma^2 = (1/n + n_2/n_1)\, s_d^2` with :math:`n_2/n_1` the test/train size
+  ratio, :math:`1/(K-1)` for K-fold.
+- :func:`welch_difference`: unpaired, for runs that do not pair; Welch's t with the
+  Welch-Satterthwaite degrees of freedom.
+- :func:`holm` and :func:`benjamini_hochberg`: p-values adjusted over the comparisons of a
+  page (family-wise error rate, resp. false discovery rate).
+
+Degenerate inputs give defined outputs, never NaN: fewer than two pairs give a
+:class:`Difference` with only ``n`` and (for one pair) ``mean``; differences with no spread
+(:math:`s_d = 0`, or below :data:`RELATIVE_RESOLUTION` of the values, the float32 rounding of
+logged metrics) have no t distribution, so ``t`` and ``p`` are ``None`` unless every
+difference is zero (then ``t = 0``, ``p = 1``); the Wilcoxon p stays defined in both cases.
+
+The distribution functions are scipy's (``scipy.special.stdtr``, ``stdtrit``, ``ndtr``);
+scipy comes with the ``experiments`` extra.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+__all__ = ["Difference", "benjamini_hochberg", "compare_rows", "difference_t", "holm", "nadeau_bengio", "paired_difference",
+           "paired_t", "welch_difference", "welch_t", "wilcoxon_p"]
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A difference of two settings' means with its uncertainty.
+
+    ``mean`` is :math:`\\bar a - \\bar b` (for paired data the mean of the differences);
+    ``low, high`` bound its ``level`` confidence interval; ``t`` is ``mean / se`` with ``df``
+    degrees of freedom and two-sided ``p``; ``p_wilcoxon`` is the Wilcoxon signed-rank p of the
+    paired differences (``None`` for unpaired data). ``method`` is ``"paired t"``,
+    ``"Nadeau-Bengio"`` or ``"Welch"``; ``note`` says why a field is ``None``.
+    """
+
+    method: str
+    n: int
+    mean: float | None = None
+    se: float | None = None
+    low: float | None = None
+    high: float | None = None
+    df: float | None = None
+    t: float | None = None
+    p: float | None = None
+    p_wilcoxon: float | None = None
+    level: float = 0.95
+    note: str = ""
+
+
+def _t_sf2(t: float, df: float) -> float:
+    """Two-sided p of ``t`` under Student's t with ``df`` degrees of freedom: :math:`2 P(T > |t|)`."""
+    from scipy.special import stdtr
+
+    return float(min(1.0, 2.0 * stdtr(df, -abs(t))))
+
+
+def _t_quantile(q: float, df: float) -> float:
+    from scipy.special import stdtrit
+
+    return float(stdtrit(df, q))
+
+
+def _check_level(level: float) -> None:
+    if not (isinstance(level, (int, float)) and 0.0 < level < 1.0):
+        raise ValueError(f"level must be a probability in (0, 1), e.g. 0.95; got {level!r}")
+
+
+def _finish(method: str, n: int, mean: float, se: float, df: float, level: float, p_wilcoxon: float | None) -> Difference:
+    """A :class:`Difference` from its mean, standard error and degrees of freedom (``se`` may be 0)."""
+    if se == 0.0:
+        if mean == 0.0:
+            return Difference(method, n, 0.0, 0.0, 0.0, 0.0, df, 0.0, 1.0, p_wilcoxon, level, "all differences are zero")
+        return Difference(method, n, mean, 0.0, mean, mean, df, None, None, p_wilcoxon, level,
+                          "no spread: the differences are all equal, so t and p are undefined")
+    half = _t_quantile(0.5 + level / 2.0, df) * se
+    t = mean / se
+    return Difference(method, n, mean, se, mean - half, mean + half, df, t, _t_sf2(t, df), p_wilcoxon, level)
+
+
+#: a spread below this fraction of the values' magnitude counts as none: logged metrics are
+#: float32 (relative rounding 6e-8), so "equal" differences such as 3 more correct nodes out of
+#: 200 on every seed differ in the last bits, and their t would be a rounding artefact
+RELATIVE_RESOLUTION = 1e-6
+
+
+def _no_spread(spread: float, values: Sequence[float]) -> bool:
+    return spread <= RELATIVE_RESOLUTION * max([1e-300, *map(abs, values)])
+
+
+def _pairs(a: Mapping[Any, float], b: Mapping[Any, float]) -> tuple[list[float], list[float]]:
+    if not isinstance(a, Mapping) or not isinstance(b, Mapping):
+        raise TypeError(f"paired values must be mappings seed -> value, got {type(a).__name__} and {type(b).__name__}")
+    keys = sorted(set(a) & set(b))
+    d = [float(a[k]) - float(b[k]) for k in keys]
+    bad = [k for k, x in zip(keys, d) if not math.isfinite(x)]
+    if bad:
+        raise ValueError(f"non-finite paired values for seeds {bad}")
+    return d, [float(a[k]) for k in keys] + [float(b[k]) for k in keys]
+
+
+def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float], *, level: float = 0.95,
+                      test_train_ratio: float | None = None) -> Difference:
+    r"""Paired comparison of ``a - b`` over the seeds (keys) both have.
+
+    .. math::
+        \bar d = \frac1n \sum_s (a_s - b_s),\quad
+        \mathrm{se} = s_d \sqrt{1/n + \rho},\quad
+        t = \bar d / \mathrm{se},\quad \mathrm{df} = n - 1,\quad
+        \bar d \pm t_{(1+\mathrm{level})/2,\,n-1}\,\mathrm{se}
+
+    with :math:`s_d` the sample standard deviation of the differences and :math:`\rho = 0`
+    (the paired t test, as ``scipy.stats.ttest_rel``) or :math:`\rho = n_2/n_1` (the
+    Nadeau-Bengio corrected resampled t, :func:`nadeau_bengio`). The Wilcoxon signed-rank p of
+    the differences (:func:`wilcoxon_p`) is given beside the t test's.
+
+    Args:
+        a, b: value per seed of the two settings (seeds only one side has are ignored).
+        level: confidence level of the interval.
+        test_train_ratio: :math:`n_2/n_1` for the Nadeau-Bengio correction (``None``: plain paired t).
+
+    Returns:
+        A :class:`Difference` (``method`` ``"paired t"`` or ``"Nadeau-Bengio"``).
+
+    Examples:
+        >>> r = paired_difference({0: 0.8, 1: 0.6, 2: 0.7}, {0: 0.7, 1: 0.55, 2: 0.62})
+        >>> round(r.mean, 4), round(r.t, 2), r.df, round(r.p, 4), r.p_wilcoxon
+        (0.0767, 5.28, 2, 0.0341, 0.25)
+    """
+    _check_level(level)
+    if test_train_ratio is not None and not (isinstance(test_train_ratio, (int, float)) and test_train_ratio > 0):
+        raise ValueError(f"test_train_ratio must be a positive number (n_test / n_train), got {test_train_ratio!r}")
+    method = "paired t" if test_train_ratio is None else "Nadeau-Bengio"
+    d, values = _pairs(a, b)
+    n = len(d)
+    if n < 2:
+        return Difference(method, n, d[0] if d else None, level=level,
+                          note=f"{n} pair(s): at least 2 seeds both settings share are needed")
+    mean = statistics.fmean(d)
+    sd = statistics.stdev(d)
+    if _no_spread(sd, values):
+        sd = 0.0
+        if _no_spread(abs(mean), values):
+            mean, d = 0.0, [0.0] * n
+    se = sd * math.sqrt(1.0 / n + (test_train_ratio or 0.0))
+    q = RELATIVE_RESOLUTION * max(map(abs, values))  # differences equal up to float32 rounding tie in the ranks
+    return _finish(method, n, mean, se, n - 1, level, wilcoxon_p([round(x / q) * q if q > 0 else x for x in d]))
+
+
+def nadeau_bengio(a: Mapping[Any, float], b: Mapping[Any, float], folds: int, *, level: float = 0.95,
+                  test_train_ratio: float | None = None) -> Difference:
+    r"""Nadeau-Bengio corrected resampled t for K-fold cross-validation (Nadeau and Bengio, 2003).
+
+    The K folds' training sets share :math:`(K-2)/(K-1)` of their examples, so the fold
+    differences are positively correlated and the plain paired t (:math:`s_d^2/n`)
+    understates the variance. The corrected variance is :math:`(1/n + n_2/n_1)\, s_d^2` with
+    :math:`n_2/n_1` the ratio of test to training examples; for K-fold,
+    :math:`n_2/n_1 = (N/K) / (N (K-1)/K) = 1/(K-1)`. (Where part of the training folds is held
+    out for model selection, the true ratio is a little larger; pass it as ``test_train_ratio``.)
+    With one K-fold pass, ``n = K``.
+
+    Args:
+        a, b: value per fold (seed) of the two settings.
+        folds: K.
+        level: confidence level.
+        test_train_ratio: override :math:`n_2/n_1` (default ``1 / (folds - 1)``).
+
+    Examples:
+        >>> r = nadeau_bengio({k: 0.7 + 0.01 * k for k in range(5)}, {k: 0.69 + 0.012 * k for k in range(5)}, 5)
+        >>> round(r.t, 3) == round(paired_difference({k: 0.7 + 0.01 * k for k in range(5)},
+        ...     {k: 0.69 + 0.012 * k for k in range(5)}).t / (1 + 5 / 4) ** 0.5, 3)
+        True
+    """
+    if not isinstance(folds, int) or isinstance(folds, bool) or folds < 2:
+        raise ValueError(f"folds must be an int >= 2, got {folds!r}")
+    ratio = 1.0 / (folds - 1) if test_train_ratio is None else test_train_ratio
+    return paired_difference(a, b, level=level, test_train_ratio=ratio)
+
+
+def welch_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0.95) -> Difference:
+    r"""Unpaired comparison of ``mean(a) - mean(b)`` by Welch's t.
+
+    .. math::
+        \mathrm{se}^2 = s_a^2/n_a + s_b^2/n_b,\qquad
+        \mathrm{df} = \frac{\mathrm{se}^4}{(s_a^2/n_a)^2/(n_a-1) + (s_b^2/n_b)^2/(n_b-1)}
+
+    (Welch-Satterthwaite), as ``scipy.stats.ttest_ind(a, b, equal_var=False)``. Unlike the
+    pooled t, it does not assume equal variances; with equal sizes the t values agree and
+    only the degrees of freedom differ.
+
+    Examples:
+        >>> r = welch_difference([1.0, 2.0, 3.0], [0.0, 1.0, 2.0])
+        >>> round(r.t, 3), r.df, round(r.p, 3)
+        (1.225, 4.0, 0.288)
+    """
+    _check_level(level)
+    a, b = [float(x) for x in a], [float(x) for x in b]
+    if not all(map(math.isfinite, a + b)):
+        raise ValueError("non-finite values")
+    na, nb = len(a), len(b)
+    if na < 2 or nb < 2:
+        mean = statistics.fmean(a) - statistics.fmean(b) if na and nb else None
+        return Difference("Welch", min(na, nb), mean, level=level,
+                          note=f"{na} and {nb} value(s): at least 2 on each side are needed")
+    va, vb = statistics.variance(a) / na, statistics.variance(b) / nb
+    se = math.sqrt(va + vb)
+    mean = statistics.fmean(a) - statistics.fmean(b)
+    if _no_spread(se, a + b):
+        va = vb = se = 0.0
+        mean = 0.0 if _no_spread(abs(mean), a + b) else mean
+    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)) if se > 0 else float(na + nb - 2)
+    return _finish("Welch", min(na, nb), mean, se, df, level, None)
+
+
+def wilcoxon_p(d: Sequence[float]) -> float | None:
+    r"""Two-sided Wilcoxon signed-rank p of the differences ``d`` (zeros dropped, ties mid-ranked).
+
+    The statistic is :math:`W^+ = \sum_{d_i > 0} \mathrm{rank}(|d_i|)`. Up to 50 non-zero
+    differences its null distribution (every sign pattern equally likely, given the ranks) is
+    computed exactly, ties included, and :math:`p = \min(1, 2\min(P(W^+ \le w), P(W^+ \ge w)))`;
+    beyond, the normal approximation with the tie correction. With ``n`` non-zero differences the
+    smallest attainable p is :math:`2^{1-n}`: 0.25 with three seeds, so the test cannot reject at
+    0.05 below six seeds. ``None`` with fewer than two differences; 1.0 when all are zero.
+
+    Examples:
+        >>> wilcoxon_p([0.1, 0.2, 0.3]), wilcoxon_p([0.1, -0.2, 0.3, 0.4, 0.5])
+        (0.25, 0.1875)
+    """
+    d = [float(x) for x in d]
+    if len(d) < 2:
+        return None
+    nz = [x for x in d if x != 0.0]
+    n = len(nz)
+    if n == 0:
+        return 1.0
+    order = sorted(range(n), key=lambda i: abs(nz[i]))
+    twice_rank = [0] * n  # ranks doubled, so mid-ranks of ties stay integers
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and abs(nz[order[j + 1]]) == abs(nz[order[i]]):
+            j += 1
+        for k in range(i, j + 1):
+            twice_rank[order[k]] = i + j + 2  # 2 * mean of ranks i+1 .. j+1
+        i = j + 1
+    w = sum(r for r, x in zip(twice_rank, nz) if x > 0)  # doubled W+
+    if n <= 50:
+        counts = {0: 1}  # doubled W+ -> number of sign patterns
+        for r in twice_rank:
+            nxt = dict(counts)
+            for s, c in counts.items():
+                nxt[s + r] = nxt.get(s + r, 0) + c
+            counts = nxt
+        total = 2**n
+        le = sum(c for s, c in counts.items() if s <= w) / total
+        ge = sum(c for s, c in counts.items() if s >= w) / total
+        return min(1.0, 2.0 * min(le, ge))
+    from scipy.special import ndtr
+
+    ranks = [r / 2.0 for r in twice_rank]
+    mean = n * (n + 1) / 4.0
+    ties: dict[float, int] = {}
+    for r in ranks:
+        ties[r] = ties.get(r, 0) + 1
+    var = n * (n + 1) * (2 * n + 1) / 24.0 - sum(c**3 - c for c in ties.values()) / 48.0
+    z = (w / 2.0 - mean) / math.sqrt(var)
+    return float(min(1.0, 2.0 * ndtr(-abs(z))))
+
+
+def holm(p: Sequence[float | None]) -> list[float | None]:
+    r"""Holm's step-down adjusted p-values (family-wise error rate).
+
+    With the :math:`m` p-values sorted, :math:`p_{(1)} \le \dots \le p_{(m)}`, the adjusted
+    value is :math:`\tilde p_{(i)} = \max_{j \le i} \min(1, (m - j + 1)\, p_{(j)})`; rejecting
+    where :math:`\tilde p \le \alpha` is Holm's procedure at level :math:`\alpha`. ``None``
+    entries (tests that could not be computed) count in :math:`m` as :math:`p = 1` and stay
+    ``None``.
+
+    Examples:
+        >>> [None if x is None else round(x, 4) for x in holm([0.01, 0.04, 0.03, None])]
+        [0.04, 0.09, 0.09, None]
+    """
+    vals = [1.0 if x is None else float(x) for x in p]
+    _check_p(vals)
+    m = len(vals)
+    order = sorted(range(m), key=lambda i: vals[i])
+    out: list[float | None] = [None] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * vals[i]))
+        out[i] = running
+    return [None if x is None else y for x, y in zip(p, out)]
+
+
+def benjamini_hochberg(p: Sequence[float | None]) -> list[float | None]:
+    r"""Benjamini-Hochberg step-up adjusted p-values (false discovery rate).
+
+    :math:`\tilde p_{(i)} = \min_{j \ge i} \min(1, m\, p_{(j)} / j)`; rejecting where
+    :math:`\tilde p \le q` controls the false discovery rate at :math:`q` for independent (or
+    positively dependent) tests. ``None`` entries count as :math:`p = 1` and stay ``None``.
+
+    Examples:
+        >>> [round(x, 4) for x in benjamini_hochberg([0.01, 0.04, 0.03, 0.5])]
+        [0.04, 0.0533, 0.0533, 0.5]
+    """
+    vals = [1.0 if x is None else float(x) for x in p]
+    _check_p(vals)
+    m = len(vals)
+    order = sorted(range(m), key=lambda i: vals[i], reverse=True)
+    out: list[float | None] = [None] * m
+    running = 1.0
+    for k, i in enumerate(order):
+        rank = m - k  # 1-based rank in ascending order
+        running = min(running, min(1.0, m * vals[i] / rank))
+        out[i] = running
+    return [None if x is None else y for x, y in zip(p, out)]
+
+
+def _check_p(vals: list[float]) -> None:
+    bad = [x for x in vals if not (0.0 <= x <= 1.0)]
+    if bad:
+        raise ValueError(f"p-values must lie in [0, 1], got {bad}")
+
+
+# ----------------------------------------------------------------------------- the bare statistics (kept for callers of runner)
+def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
+    r"""Welch's t statistic of ``mean(a) - mean(b)``: :math:`\Delta / \sqrt{s_a^2/n_a + s_b^2/n_b}`.
+
+    ``None`` when either side has fewer than two values or both spreads are zero. For its
+    degrees of freedom, p and interval use :func:`welch_difference`.
+
+    Examples:
+        >>> round(welch_t([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]), 3)
+        1.225
+        >>> welch_t([1.0], [0.0, 1.0]) is None
+        True
+    """
+    if len(a) < 2 or len(b) < 2:
+        return None
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    return None if se == 0.0 else (statistics.fmean(a) - statistics.fmean(b)) / se
+
+
+def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
+    r"""Paired t statistic of ``a - b`` over the keys both have: :math:`\bar d / (s_d / \sqrt{n})`.
+
+    ``None`` with fewer than two shared keys or identical differences. For df, p, the interval
+    and the k-fold correction use :func:`paired_difference` / :func:`nadeau_bengio`.
+
+    Examples:
+        >>> round(paired_t({0: 0.8, 1: 0.6, 2: 0.7}, {0: 0.7, 1: 0.55, 2: 0.62}), 2)
+        5.28
+        >>> paired_t({0: 1.0}, {0: 0.0}) is None
+        True
+    """
+    keys = sorted(set(a) & set(b))
+    if len(keys) < 2:
+        return None
+    d = [a[k] - b[k] for k in keys]
+    sd = statistics.stdev(d)
+    return None if sd == 0.0 else statistics.fmean(d) / (sd / math.sqrt(len(d)))
+
+
+def difference_t(row: Mapping[str, Any], base: Mapping[str, Any], values: str, paired: bool) -> float | None:
+    """t of ``row``'s mean minus ``base``'s for the ``values`` key of ``aggregate`` rows:
+    :func:`paired_t` over seeds when ``paired``, else :func:`welch_t`."""
+    if paired:
+        key = {"values": "by_seed", "selected_values": "selected_by_seed"}[values]
+        return paired_t(row.get(key, {}), base.get(key, {}))
+    return welch_t(row[values], base[values])
+
+
+def compare_rows(row: Mapping[str, Any], base: Mapping[str, Any], values: str = "values", *,
+                 folds: int | None = None, level: float = 0.95) -> Difference:
+    """The :class:`Difference` of two ``aggregate`` rows: paired over seeds (Nadeau-Bengio when
+    ``folds`` is given), for the final metric (``values``) or the one at the best ``select_by``
+    evaluation (``selected_values``)."""
+    key = {"values": "by_seed", "selected_values": "selected_by_seed"}[values]
+    a, b = row.get(key) or {}, base.get(key) or {}
+    if folds is not None:
+        return nadeau_bengio(a, b, folds, level=level)
+    return paired_difference(a, b, level=level)
