@@ -149,9 +149,17 @@ def run_experiment(
     Returns:
         One :class:`RunResult` per run trained or found finished, in config order (runs held
         by another process and not yet finished are left out).
+
+    Raises:
+        ValueError: before anything is written or trained, listing every run that would fail
+            to start (:func:`~diffusionformer.experiments.validate.check_experiment`: dataset,
+            model and heads, metric keys, training budget).
     """
     out = Path(out_root) / config.name
     chosen = _choose_tasks(config, tasks)
+    from diffusionformer.experiments.validate import check_experiment
+
+    check_experiment(config, data_root=data_root, tasks=[t.name for t in chosen])  # every run resolves, or nothing starts
     dist_ctx = _maybe_init_distributed(device)
     if _is_main():
         out.mkdir(parents=True, exist_ok=True)
