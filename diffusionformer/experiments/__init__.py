@@ -3,6 +3,7 @@
 A study is a TOML config (:func:`load_experiment_config`); :func:`run_experiment` trains
 every (task, operator setting, seed) run with checkpoint and resume,
 :func:`analyze_experiment` measures token geometry of the trained models,
+:func:`validate_experiment` resolves every run before anything trains,
 :func:`publish_experiment` writes a results page, and :func:`summary_table` compares several
 studies at once. The command line (``python -m diffusionformer.experiments``) wraps them.
 """
@@ -28,6 +29,7 @@ from diffusionformer.experiments.runner import (
     run_status,
     welch_t,
 )
+from diffusionformer.experiments.validate import check_experiment, validate_experiment
 
 __all__ = [
     "ExperimentConfig",
@@ -38,6 +40,7 @@ __all__ = [
     "analyze_experiment",
     "analyze_run",
     "apply_overrides",
+    "check_experiment",
     "difference_t",
     "finished_runs",
     "format_table",
@@ -48,5 +51,6 @@ __all__ = [
     "run_experiment",
     "run_status",
     "summary_table",
+    "validate_experiment",
     "welch_t",
 ]
