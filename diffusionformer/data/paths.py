@@ -153,12 +153,16 @@ def save_cached(obj: Any, path: Path) -> None:
 
 def load_cached(path: Path) -> Any | None:
     """``torch.load`` (tensors only) a file written by :func:`save_cached`; ``None`` if absent
-    or unreadable (it is then rebuilt)."""
+    or unreadable (it is then rebuilt, with a ``UserWarning`` naming the file and the error)."""
     if not path.is_file():
         return None
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # a damaged cache file is rebuilt, never trusted
+    except Exception as err:  # a damaged or doctored cache file is rebuilt, never trusted
+        import warnings
+
+        first = str(err).splitlines()[0] if str(err) else ""
+        warnings.warn(f"cached file refused and rebuilt: {path}: {type(err).__name__}: {first}", UserWarning, stacklevel=2)
         return None
 
 

@@ -85,3 +85,19 @@ def test_a_doctored_processed_cache_file_is_refused_rebuilt_and_never_runs(tmp_p
     with pytest.warns(UserWarning, match=r"processed/data\.pt"):
         load_dataset("mutag", root=tmp_path, verify=False)
     assert not sentinel.exists()
+
+
+def test_a_doctored_or_truncated_decoded_cache_file_is_named_and_rebuilt(tmp_path):
+    from diffusionformer.data.paths import load_cached, save_cached
+
+    path = tmp_path / "images.pt"
+    save_cached({"x": torch.arange(3)}, path)
+    assert torch.equal(load_cached(path)["x"], torch.arange(3))
+    sentinel = tmp_path / "pwned"
+    torch.save({"x": _RunsShell(f"touch {sentinel}")}, path)
+    with pytest.warns(UserWarning, match=r"cached file refused and rebuilt: .*images\.pt: UnpicklingError"):
+        assert load_cached(path) is None
+    assert not sentinel.exists()
+    path.write_bytes(b"PK\x03\x04 truncated")
+    with pytest.warns(UserWarning, match=r"images\.pt"):
+        assert load_cached(path) is None
