@@ -120,6 +120,8 @@ class DiffusionGPT(nn.Module):
             raise ValueError(f"sequence length T={T} exceeds block_size={self.config.block_size}")
         if targets is not None and targets.shape != idx.shape:
             raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        if targets is not None and targets.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"targets must be token ids (an integer tensor), got dtype {targets.dtype}")
         if idx.device.type == "cpu" and not torch.compiler.is_compiling():  # no host sync on accelerators
             _check_token_ids("idx", idx, self.config.vocab_size)
             if targets is not None:

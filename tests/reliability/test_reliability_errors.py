@@ -35,6 +35,11 @@ def test_gpt_targets_outside_the_vocabulary_are_named_and_ignore_index_is_allowe
     assert loss is not None
 
 
+def test_gpt_float_targets_are_refused_not_read_as_probabilities(gpt):
+    with pytest.raises(ValueError, match=r"targets must be token ids \(an integer tensor\), got dtype torch.float32"):
+        gpt(torch.tensor([[1, 2, 3]]), torch.zeros(1, 3))
+
+
 def test_gpt_in_range_ids_at_both_ends_are_fine(gpt):
     logits, _ = gpt(torch.tensor([[0, 10, 0, 10]]))
     assert logits.shape == (1, 4, 11) and torch.isfinite(logits).all()
