@@ -21,7 +21,7 @@ from diffusionformer.experiments.store import (
     release_lock,
 )
 
-ROUNDS = 300  # per kind of round: fresh run folder, and a folder holding a stale lock
+ROUNDS = 500  # per kind of round: fresh run folder, and a folder holding a stale lock
 
 
 def _dead_pid() -> int:
