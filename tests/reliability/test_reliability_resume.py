@@ -31,8 +31,9 @@ def _trainer(digits, out, max_steps, resume=False, **model_kw):
 
 
 def test_the_record_names_class_config_and_heads():
-    rec = model_record(create_model("vit-digits", **SMALL, laplacian_heads=1))
-    assert rec["class"].endswith(".DiffusionViT") or "ViT" in rec["class"]
+    model = create_model("vit-digits", **SMALL, laplacian_heads=1)
+    rec = model_record(model)
+    assert rec["class"] == "diffusionformer.models.vit.DiffusionViT" == f"{type(model).__module__}.{type(model).__name__}"
     assert rec["config"]["laplacian_heads"] == 1 and rec["config"]["dim"] == 16
     assert set(rec["heads"].values()) == {"attention:1,laplacian:1"} and len(rec["heads"]) == 2
 
