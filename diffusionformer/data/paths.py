@@ -28,6 +28,7 @@ __all__ = [
     "copy_into_cache",
     "save_cached",
     "load_cached",
+    "drop_unsafe_processed",
 ]
 
 DATA_ENV = "DIFFUSIONFORMER_DATA"
@@ -152,10 +153,47 @@ def save_cached(obj: Any, path: Path) -> None:
 
 def load_cached(path: Path) -> Any | None:
     """``torch.load`` (tensors only) a file written by :func:`save_cached`; ``None`` if absent
-    or unreadable (it is then rebuilt)."""
+    or unreadable (it is then rebuilt, with a ``UserWarning`` naming the file and the error)."""
     if not path.is_file():
         return None
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # a damaged cache file is rebuilt, never trusted
+    except Exception as err:  # a damaged or doctored cache file is rebuilt, never trusted
+        import warnings
+
+        first = str(err).splitlines()[0] if str(err) else ""
+        warnings.warn(f"cached file refused and rebuilt: {path}: {type(err).__name__}: {first}", UserWarning, stacklevel=2)
         return None
+
+
+def drop_unsafe_processed(folder: Path) -> list[str]:
+    """Remove ``folder`` (PyG's ``processed/`` in the cache) unless every ``*.pt`` in it loads
+    with ``torch.load(weights_only=True)``; PyG then rebuilds it from ``raw/``.
+
+    PyG's own loader retries a file that ``weights_only=True`` refuses with
+    ``weights_only=False``, which would run whatever code a doctored file names; calling this
+    first means PyG only ever reads files that load as plain tensors and registered PyG
+    containers. A damaged file (a killed processing step, a truncated copy) is rebuilt too.
+
+    Args:
+        folder: the ``processed`` folder (absent: nothing to do).
+
+    Returns:
+        ``"<file>: <error>"`` for each refused file (empty when nothing was removed); each is
+        also reported as a ``UserWarning``.
+    """
+    import warnings
+
+    if not folder.is_dir():
+        return []
+    refused = []
+    for path in sorted(folder.glob("*.pt")):
+        try:
+            torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # any failure: the file is not trusted, the folder is rebuilt
+            refused.append(f"{path}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+    if refused:
+        shutil.rmtree(folder, ignore_errors=True)
+        for why in refused:
+            warnings.warn(f"cached file refused and rebuilt from the raw files: {why}", UserWarning, stacklevel=2)
+    return refused

@@ -8,21 +8,33 @@
 * ``"cora"``, ``"citeseer"``: Planetoid (Yang, Cohen & Salakhutdinov, ICML 2016) with its
   public split (Cora 140/500/1,000 of 2,708 nodes, 7 classes; CiteSeer 120/500/1,000 of
   3,327 nodes, 6 classes). The raw files ``<root>/planetoid/<Name>/raw/ind.<name>.*`` are
-  checked, copied to ``$DIFFUSIONFORMER_CACHE/planetoid/<Name>/raw`` and processed there by
-  ``torch_geometric.datasets.Planetoid`` (which writes ``processed/`` beside ``raw/``).
+  checked and read in place, the way ``torch_geometric.io.read_planetoid_data`` reads them
+  (same nodes, edges, features and masks) but with a restricted unpickler: the ``ind.*``
+  files are Python pickles, and a plain ``pickle.load`` of a doctored one would run any code
+  it names. Only NumPy arrays, SciPy CSR matrices, lists and the ``defaultdict`` of the
+  graph are rebuilt; any other global, a truncated file or a wrong type is a
+  :class:`~diffusionformer.data.CorruptDataError` naming the file. Nothing is cached.
 """
 
 from __future__ import annotations
 
+import io
+import pickle
+import warnings
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
 
 from .base import NodeData
 from .checksums import verify_file
-from .paths import cache_dir, copy_into_cache, require_files
+from .paths import CorruptDataError, require_files
 from .registry import register_dataset
 from .splits import index_to_mask, per_class_split
 
-__all__ = ["load_karate", "load_planetoid", "load_cora", "load_citeseer"]
+__all__ = ["load_karate", "load_planetoid", "load_cora", "load_citeseer", "read_planetoid"]
 
 PLANETOID_FILES = ["x", "tx", "allx", "y", "ty", "ally", "graph", "test.index"]
 
@@ -68,34 +80,152 @@ def load_planetoid(name: str, *, root: Path | None, verify: bool = True, normali
         normalize_features: divide every node's bag-of-words row by its sum (PyG's
             ``NormalizeFeatures``, as in the reference GCN example); rows of zeros stay zero.
     """
-    from torch_geometric.datasets import Planetoid
-
     key = name.lower()
     rels = [f"planetoid/{name}/raw/ind.{key}.{part}" for part in PLANETOID_FILES]
     paths = require_files(key, root, rels)
     if verify:
         for path, rel in zip(paths, rels):
             verify_file(path, rel)
-    work = cache_dir("planetoid")
-    copy_into_cache(paths, work / name / "raw")
-    dataset = Planetoid(str(work), name, split="public")
-    data = dataset[0]
+    data = read_planetoid(paths[0].parent, key)
+    num_classes = int(data.y.max()) + 1
     if normalize_features:
         data.x = data.x / data.x.sum(dim=1, keepdim=True).clamp_min(1.0)
     return NodeData(
         name=key,
         data=data,
-        num_classes=dataset.num_classes,
-        num_features=dataset.num_features,
+        num_classes=num_classes,
+        num_features=int(data.x.size(1)),
         meta={
             "source": "Planetoid (Yang, Cohen & Salakhutdinov 2016), kimiyoung/planetoid",
             "licence": "MIT (kimiyoung/planetoid)",
             "split": "public Planetoid split",
             "sizes": {s: int(getattr(data, f"{s}_mask").sum()) for s in ("train", "val", "test")},
-            "processed_in": str(work / name),
+            "read_from": str(paths[0].parent),
             "features": "row-normalised (sum 1)" if normalize_features else "raw binary bag of words",
         },
     )
+
+
+class _PlanetoidUnpickler(pickle.Unpickler):
+    """Rebuilds what Planetoid's ``ind.*`` pickles hold (Python 2 protocol): NumPy arrays,
+    SciPy CSR matrices, lists and a ``defaultdict(list)``; any other global is refused."""
+
+    _ALLOWED = {
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+        ("collections", "defaultdict"),
+        ("__builtin__", "list"), ("builtins", "list"),
+        ("_codecs", "encode"),  # bytes in protocol-2 pickles written by Python 3
+    }
+    _CSR = {("scipy.sparse.csr", "csr_matrix"), ("scipy.sparse._csr", "csr_matrix"), ("scipy.sparse", "csr_matrix")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._CSR:
+            from scipy.sparse import csr_matrix
+
+            return csr_matrix
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a Planetoid file")
+        return super().find_class(module, name)
+
+
+def _unpickle_planetoid(path: Path) -> Any:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return _PlanetoidUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
+            KeyError, ImportError, MemoryError, OverflowError, UnicodeDecodeError) as err:
+        raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: {type(err).__name__}: {err}") from None
+
+
+def _planetoid_matrix(path: Path) -> Tensor:
+    """A feature or one-hot label matrix (dense array or SciPy sparse) as a float tensor."""
+    obj = _unpickle_planetoid(path)
+    if hasattr(obj, "toarray") and hasattr(obj, "shape"):
+        obj = obj.toarray()
+    if not isinstance(obj, np.ndarray) or obj.ndim != 2 or obj.dtype.kind not in "biuf":
+        what = f"{obj.dtype} array of shape {obj.shape}" if isinstance(obj, np.ndarray) else type(obj).__name__
+        raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: expected a 2-D numeric matrix, got {what}")
+    return torch.from_numpy(np.asarray(obj, dtype=np.float32))
+
+
+def _planetoid_graph(path: Path) -> dict[int, list[int]]:
+    obj = _unpickle_planetoid(path)
+    ok = isinstance(obj, dict) and all(
+        isinstance(k, int) and isinstance(v, list) and all(isinstance(j, int) for j in v) for k, v in obj.items()
+    )
+    if not ok:
+        raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: expected a dict of node -> list of neighbours, "
+                               f"got {type(obj).__name__}")
+    return obj
+
+
+def _planetoid_index(path: Path) -> Tensor:
+    try:
+        values = [int(line) for line in path.read_text().split()]
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: expected one node index per line ({err})") from None
+    if not values:
+        raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: no node indices")
+    return torch.tensor(values, dtype=torch.long)
+
+
+def read_planetoid(folder: str | Path, prefix: str) -> Any:
+    """Read ``folder/ind.<prefix>.*`` into a PyG ``Data`` with the public split, without running code.
+
+    The same result as ``torch_geometric.io.read_planetoid_data(folder, prefix)`` (features
+    ``allx`` then ``tx`` reordered by ``test.index``; CiteSeer's isolated test nodes get zero
+    rows; self-loops and duplicate edges removed), but the pickles are read by a restricted
+    unpickler and checked for shape before use.
+
+    Args:
+        folder: the ``raw`` folder.
+        prefix: ``"cora"``, ``"citeseer"`` or ``"pubmed"`` (NELL is not supported).
+
+    Raises:
+        CorruptDataError: (a ``ValueError``) a file that is truncated, not a Planetoid pickle,
+            names a global other than the allowed array types, or has inconsistent sizes.
+    """
+    from torch_geometric.data import Data
+    from torch_geometric.io.planetoid import edge_index_from_dict
+    from torch_geometric.utils import index_to_mask
+
+    folder, prefix = Path(folder), prefix.lower()
+    if prefix.startswith("nell"):
+        raise ValueError("NELL is not supported by read_planetoid")
+    f = {part: folder / f"ind.{prefix}.{part}" for part in PLANETOID_FILES}
+    x, tx, allx, y, ty, ally = (_planetoid_matrix(f[p]) for p in ("x", "tx", "allx", "y", "ty", "ally"))
+    graph = _planetoid_graph(f["graph"])
+    test_index = _planetoid_index(f["test.index"])
+    sizes = {p: tuple(t.shape) for p, t in zip(("x", "tx", "allx", "y", "ty", "ally"), (x, tx, allx, y, ty, ally))}
+    feats, labels = {tx.size(1), allx.size(1), x.size(1)}, {ty.size(1), ally.size(1), y.size(1)}
+    if len(feats) != 1 or len(labels) != 1 or allx.size(0) != ally.size(0) or tx.size(0) != ty.size(0) \
+            or tx.size(0) != test_index.numel() or y.size(0) + 500 > ally.size(0):
+        raise CorruptDataError(f"corrupt Planetoid files in {str(folder)!r} ({prefix}): inconsistent sizes {sizes} "
+                               f"with {test_index.numel()} test indices")
+    sorted_test_index = test_index.sort()[0]
+    if prefix == "citeseer":  # isolated test nodes: zero rows where test.index has gaps
+        lo = int(test_index.min())
+        tx_ext = torch.zeros(int(test_index.max()) - lo + 1, tx.size(1), dtype=tx.dtype)
+        tx_ext[sorted_test_index - lo] = tx
+        ty_ext = torch.zeros(tx_ext.size(0), ty.size(1), dtype=ty.dtype)
+        ty_ext[sorted_test_index - lo] = ty
+        tx, ty = tx_ext, ty_ext
+    x = torch.cat([allx, tx], dim=0)
+    N = x.size(0)
+    if int(test_index.min()) < 0 or int(test_index.max()) >= N or (graph and max(max(graph), max(
+            (j for v in graph.values() for j in v), default=0)) >= N) or min(graph, default=0) < 0:
+        raise CorruptDataError(f"corrupt Planetoid files in {str(folder)!r} ({prefix}): a node index is outside [0, {N})")
+    x[test_index] = x[sorted_test_index]
+    y_all = torch.cat([ally, ty], dim=0).max(dim=1)[1]
+    y_all[test_index] = y_all[sorted_test_index]
+    data = Data(x=x, edge_index=edge_index_from_dict(graph, num_nodes=N), y=y_all)
+    data.train_mask = index_to_mask(torch.arange(y.size(0)), size=N)
+    data.val_mask = index_to_mask(torch.arange(y.size(0), y.size(0) + 500), size=N)
+    data.test_mask = index_to_mask(test_index, size=N)
+    return data
 
 
 @register_dataset("cora", kind="node", needs_root=True)

@@ -8,6 +8,7 @@ duplicate name raises); look-up is forgiving about case and ``-``/``_`` (``"PTC-
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import os
 from dataclasses import dataclass
@@ -111,8 +112,10 @@ def dataset_spec(name: str) -> DatasetSpec:
     try:
         return _REGISTRY[_key(name)]
     except KeyError:
+        close = difflib.get_close_matches(_key(name), list(_REGISTRY), n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(repr(_REGISTRY[c].name) for c in close)}?)" if close else ""
         raise ValueError(
-            f"unknown dataset {name!r}; valid names: {', '.join(list_datasets())}"
+            f"unknown dataset {name!r}{hint}; valid names: {', '.join(list_datasets())}"
         ) from None
 
 

@@ -34,7 +34,7 @@ import torch
 
 from .base import GraphSetData
 from .checksums import sha256_file, verify_file
-from .paths import CorruptDataError, cache_dir, require_files
+from .paths import CorruptDataError, cache_dir, drop_unsafe_processed, require_files
 from .registry import register_dataset
 from .splits import stratified_kfold_split, stratified_split
 
@@ -142,6 +142,7 @@ def load_tu(
     digest = verify_file(zip_path, rel) if verify else sha256_file(zip_path)
     work = cache_dir("tudataset")
     extract_tu_zip(zip_path, name, work / name / "raw", digest)
+    drop_unsafe_processed(work / name / "processed")  # PyG would retry a refused file unsafely
     dataset = TUDataset(str(work), name, use_node_attr=use_node_attr)
 
     had_features = dataset.num_node_features > 0

@@ -8,7 +8,8 @@ model with its weights, config and metrics, and :func:`summary_table` compares s
 studies at once. Comparisons are paired over seeds (:func:`paired_difference`,
 :func:`nadeau_bengio` for k-fold tasks, :func:`wilcoxon_p`) and adjusted over a page
 (:func:`holm`, :func:`benjamini_hochberg`). The command line
-(``python -m diffusionformer.experiments``) wraps them.
+(``python -m diffusionformer.experiments``) wraps them. :func:`validate_experiment`
+resolves every run before anything trains.
 """
 
 from diffusionformer.experiments.analyze import analyze_experiment, analyze_run
@@ -42,6 +43,7 @@ from diffusionformer.experiments.runner import (
     run_status,
     welch_t,
 )
+from diffusionformer.experiments.validate import check_experiment, validate_experiment
 
 __all__ = [
     "Difference",
@@ -55,6 +57,7 @@ __all__ = [
     "analyze_run",
     "apply_overrides",
     "benjamini_hochberg",
+    "check_experiment",
     "difference_t",
     "finished_runs",
     "format_table",
@@ -69,6 +72,7 @@ __all__ = [
     "run_experiment",
     "run_status",
     "summary_table",
+    "validate_experiment",
     "welch_difference",
     "welch_t",
     "wilcoxon_p",

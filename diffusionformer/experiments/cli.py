@@ -5,7 +5,8 @@ Commands:
                                        [--tasks T ...] trains only some tasks; a second ``run`` of
                                        the same config skips the runs the first one is training;
                                        [--threads N | --workers W] sizes torch's threads per process
-    show CONFIG [--set ...]            validate a config and print the resolved runs
+    show CONFIG [--set ...]            validate every run of a config (datasets, models and heads,
+                                       metric keys) and print them; exit 2 listing every problem
     analyze CONFIG                     token-geometry metrics and figures of the trained models
     publish CONFIG --to docs/results   results page (tables, figures, command, machine) for the docs
     summary CONFIG [CONFIG ...]        one table of every setting's difference to the baseline, per task
@@ -38,10 +39,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="override a config value (TOML syntax), e.g. seeds=[0] or tasks.digits.train.max_steps=50; "
                             "tasks=NAME,... and operators=NAME,... keep only the named tasks / operator settings "
                             "(operators=attention,laplacian-half)")
+        c.add_argument("--data-root", default=None,
+                       help="data root for standard benchmarks (default: $DIFFUSIONFORMER_DATA)")
         if name == "run":
             c.add_argument("--out", default="results", help="results root (default: results)")
-            c.add_argument("--data-root", default=None,
-                           help="data root for standard benchmarks (default: $DIFFUSIONFORMER_DATA)")
             c.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: each task's train.device)")
             c.add_argument("--restart", action="store_true", help="discard earlier runs instead of resuming them")
             c.add_argument("--tasks", nargs="+", action="extend", default=None, metavar="TASK",
@@ -118,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         config = load_experiment_config(args.config, args.overrides)
         if args.command == "show":
+            from diffusionformer.experiments.validate import check_experiment
+
+            # every task x setting x seed resolves (datasets whose files are absent: from the preset's sizes)
+            check_experiment(config, data_root=args.data_root, missing_data_ok=True)
             print(f"{config.name}: {len(config.tasks)} tasks x {len(config.operators)} operator settings x "
                   f"{len(config.seeds)} seeds = {len(config.tasks) * len(config.operators) * len(config.seeds)} runs")
             for t in config.tasks:

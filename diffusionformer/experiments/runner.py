@@ -38,6 +38,12 @@ from tqdm.auto import tqdm
 from diffusionformer.data import load_dataset
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
 from diffusionformer.experiments.stats import difference_t, paired_t, welch_t  # re-exported: their home is stats
+from diffusionformer.experiments.store import LOCK_NAME
+from diffusionformer.experiments.store import _pid_alive as _pid_alive  # noqa: F401  (back-compat)
+from diffusionformer.experiments.store import acquire_lock as _acquire_lock
+from diffusionformer.experiments.store import live_holder as _live_holder
+from diffusionformer.experiments.store import read_lock as _read_lock  # noqa: F401  (back-compat)
+from diffusionformer.experiments.store import release_lock as _release_lock
 from diffusionformer.experiments.tasks import as_metrics, build_task, model_overrides_for_data
 from diffusionformer.models import create_model, get_preset, model_config
 from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, seed_everything
@@ -144,9 +150,17 @@ def run_experiment(
     Returns:
         One :class:`RunResult` per run trained or found finished, in config order (runs held
         by another process and not yet finished are left out).
+
+    Raises:
+        ValueError: before anything is written or trained, listing every run that would fail
+            to start (:func:`~diffusionformer.experiments.validate.check_experiment`: dataset,
+            model and heads, metric keys, training budget).
     """
     out = Path(out_root) / config.name
     chosen = _choose_tasks(config, tasks)
+    from diffusionformer.experiments.validate import check_experiment
+
+    check_experiment(config, data_root=data_root, tasks=[t.name for t in chosen])  # every run resolves, or nothing starts
     dist_ctx = _maybe_init_distributed(device)
     if _is_main():
         out.mkdir(parents=True, exist_ok=True)
@@ -303,71 +317,6 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-LOCK_NAME = ".lock"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def _read_lock(rdir: Path) -> tuple[int, str] | None:
-    """``(pid, host)`` recorded in ``rdir/.lock``; None when there is none or it cannot be read."""
-    try:
-        holder = json.loads((rdir / LOCK_NAME).read_text())
-        return int(holder["pid"]), str(holder["host"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _live_holder(rdir: Path) -> tuple[int, str] | None:
-    """``(pid, host)`` of the process holding ``rdir/.lock``, or None when the lock is absent or stale.
-
-    Stale: unreadable, or left by a process that no longer runs on this host. Locks held
-    from another host count as live (their liveness cannot be checked from here).
-    """
-    holder = _read_lock(rdir)
-    if holder is None:
-        return None
-    pid, host = holder
-    if host == platform.node() and (pid <= 0 or not _pid_alive(pid)):
-        return None
-    return holder
-
-
-def _acquire_lock(rdir: Path) -> str | None:
-    """Take ``rdir/.lock`` for this process; the holder's description when a live process holds it.
-
-    A stale lock (see :func:`_live_holder`) is taken over.
-    """
-    rdir.mkdir(parents=True, exist_ok=True)
-    path = rdir / LOCK_NAME
-    me = (os.getpid(), platform.node())
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _live_holder(rdir)
-            if holder is None:
-                path.unlink(missing_ok=True)
-                continue
-            return None if holder == me else f"process {holder[0]} on {holder[1]}"
-        with os.fdopen(fd, "w") as f:
-            json.dump({"pid": me[0], "host": me[1]}, f)
-        return None
-    return f"a process that keeps re-creating {path}"
-
-
-def _release_lock(rdir: Path) -> None:
-    if _read_lock(rdir) == (os.getpid(), platform.node()):
-        (rdir / LOCK_NAME).unlink(missing_ok=True)
-
-
 def _maybe_init_distributed(device: str | None) -> Any:
     """Join the torchrun process group once for all runs (the trainer then reuses it)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
@@ -449,7 +398,7 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
         import shutil
 
         for entry in rdir.iterdir():  # everything but this process's lock
-            if entry.name != LOCK_NAME:
+            if not entry.name.startswith(LOCK_NAME):  # nor other workers' lock claims in flight
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     if _is_main():
         rdir.mkdir(parents=True, exist_ok=True)

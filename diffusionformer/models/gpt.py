@@ -108,6 +108,11 @@ class DiffusionGPT(nn.Module):
         Returns:
             ``(logits, loss)`` (``loss`` is None without targets), plus :class:`ModelIntermediates`
             when asked.
+
+        Raises:
+            ValueError: a malformed ``idx`` or ``targets``; on CPU tensors also a token id
+                outside ``[0, vocab_size)`` (checked only there: on an accelerator the check
+                would synchronise with the host every step).
         """
         if not isinstance(idx, Tensor) or idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 2:
             raise ValueError(f"idx must be an integer tensor of shape (B, T), got {getattr(idx, 'shape', idx)!r}"
@@ -117,6 +122,12 @@ class DiffusionGPT(nn.Module):
             raise ValueError(f"sequence length T={T} exceeds block_size={self.config.block_size}")
         if targets is not None and targets.shape != idx.shape:
             raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        if targets is not None and targets.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"targets must be token ids (an integer tensor), got dtype {targets.dtype}")
+        if idx.device.type == "cpu" and not torch.compiler.is_compiling():  # no host sync on accelerators
+            _check_token_ids("idx", idx, self.config.vocab_size)
+            if targets is not None:
+                _check_token_ids("targets", targets, self.config.vocab_size, ignore_index=-100)
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, D)
         inter = ModelIntermediates(embeddings=x) if return_intermediates else None
@@ -178,3 +189,21 @@ class DiffusionGPT(nn.Module):
         finally:
             self.train(was_training)
         return idx
+
+
+def _check_token_ids(name: str, ids: Tensor, vocab_size: int, ignore_index: int | None = None) -> None:
+    """Raise a ValueError naming ``name`` when an id lies outside ``[0, vocab_size)`` (``ignore_index`` allowed).
+
+    Called on CPU tensors only: on an accelerator reading the minimum and maximum back would
+    stall the stream every step, and the embedding kernel reports out-of-range ids itself.
+    """
+    if ids.numel() == 0:
+        return
+    valid = ids if ignore_index is None else ids[ids != ignore_index]
+    if valid.numel() == 0:
+        return
+    lo, hi = int(valid.min()), int(valid.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        extra = f" (or {ignore_index} to ignore a position)" if ignore_index is not None else ""
+        raise ValueError(f"{name} holds token id {bad}, outside the vocabulary [0, {vocab_size}){extra}")

@@ -297,6 +297,8 @@ class DiffusionAttention(nn.Module):
                     causal: bool = False) -> tuple[Tensor | None, bool]:
         B, N, _ = x.shape
         mask = attn_mask
+        if attn_mask is not None:  # type, dtype and shape checked before the padding is folded in
+            mask, _ = _dense.normalise_mask(attn_mask, False, (B, self.num_heads, N, N), x.device, x.dtype)
         if key_padding_mask is not None:
             if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
                 raise TypeError("key_padding_mask must be a bool tensor (True = padding)")
@@ -307,8 +309,8 @@ class DiffusionAttention(nn.Module):
                 mask = keep
             elif mask.dtype == torch.bool:
                 mask = mask & keep
-            else:
-                mask = mask.masked_fill(~keep, float("-inf"))
+            else:  # torch.where broadcasts a (1, 1, N, N) mask up to the padding's batch
+                mask = torch.where(keep, mask, float("-inf"))
         return _dense.normalise_mask(mask, self.causal or causal, (B, self.num_heads, N, N), x.device, x.dtype)
 
     def _forward_dense(

@@ -19,8 +19,9 @@ from diffusionformer.operators.heat import (
     HeatOperator,
     heat_coefficients,
     heat_steps_for_tolerance,
+    heat_truncation_error,
 )
-from diffusionformer.operators.ppr import PPROperator, ppr_coefficients
+from diffusionformer.operators.ppr import PPROperator, ppr_coefficients, ppr_steps_for_tolerance
 from diffusionformer.operators.polynomial import PolynomialOperator
 
 __all__ = [
@@ -34,10 +35,12 @@ __all__ = [
     "build_operator",
     "heat_coefficients",
     "heat_steps_for_tolerance",
+    "heat_truncation_error",
     "list_operators",
     "operator_class",
     "parse_operator_spec",
     "ppr_coefficients",
+    "ppr_steps_for_tolerance",
     "register_operator",
     "unregister_operator",
 ]

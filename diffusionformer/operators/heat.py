@@ -10,9 +10,12 @@ from torch import Tensor, nn
 from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter
 from diffusionformer.operators.registry import register_operator
 
-__all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps_for_tolerance"]
+__all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps_for_tolerance", "heat_truncation_error"]
 
 MAX_STEPS = 256
+#: the truncation error accepted for an explicit ``steps`` when no ``tol`` is given: a Taylor
+#: series cut where it has lost more than half its mass makes a head that mostly outputs nothing
+MAX_TRUNCATION_ERROR = 0.5
 
 
 def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
@@ -98,6 +101,54 @@ def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> in
     return K
 
 
+def heat_truncation_error(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
+    r"""Bound on :math:`\|\exp(-t(I-P)) - \sum_{k \le K} c_k P^k\|_\infty` over row-stochastic ``P``.
+
+    Taylor: the Poisson tail :math:`1 - \sum_{k \le K} e^{-|t|} |t|^k / k!`, times
+    :math:`e^{2|t|}` for ``t < 0``; Euler: :math:`2 t^2 e^{2|t|} / K` (see
+    :func:`heat_steps_for_tolerance`).
+
+    Shapes:
+        ``t``: ``()`` or ``(G,)`` -> the same, float64.
+
+    Examples:
+        >>> heat_truncation_error(torch.tensor(1.0), 2).item() < 0.081
+        True
+        >>> heat_truncation_error(torch.tensor(50.0), 4).item()  # the series has lost all its mass
+        1.0
+    """
+    t = t.detach().double()
+    if method == "euler":
+        return 2 * t * t * torch.exp(2 * t.abs()) / steps
+    c = heat_coefficients(t.abs(), steps, "taylor")
+    tail = (1.0 - c.sum(-1)).clamp_min(0.0)
+    return torch.where(t < 0, torch.exp(2 * t.abs()) * tail, tail)
+
+
+def _check_truncation(t: float, steps: int, method: str, tol: float | None) -> None:
+    """Refuse a ``steps`` too small for ``t`` (a head that silently outputs almost nothing)."""
+    spec = f"heat(t={t:g}, steps={steps}" + (f", method={method!r}" if method != "taylor" else "")
+    if method == "euler":  # mass is conserved; the product is unstable (sign-alternating weights) for t > K
+        if t > steps:
+            raise ValueError(f"{spec}): the Euler product needs steps >= t (each step is 1 - t/K = {1 - t / steps:g} "
+                             f"times I plus t/K times P); steps={math.ceil(t)} would do, or use method='taylor'")
+        return
+    limit = MAX_TRUNCATION_ERROR if tol is None else tol
+    err = float(heat_truncation_error(torch.tensor(t, dtype=torch.float64), steps))
+    if err <= limit:
+        return
+    try:
+        fix = f"steps={heat_steps_for_tolerance(t, limit)} would do"
+    except ValueError:
+        fix = f"no steps up to {MAX_STEPS} would do; use a smaller t"
+    kept = float(heat_coefficients(torch.tensor(abs(t), dtype=torch.float64), steps).sum())
+    why = (f"the truncated series keeps {kept:.3g} of the kernel's weight, so the head outputs "
+           f"{'almost nothing' if kept < 0.05 else 'a damped signal'}") if t >= 0 else \
+        f"a sharpening head's missing tail is amplified up to e^(2|t|) = {math.exp(2 * abs(t)):.3g} times"
+    raise ValueError(f"{spec}): truncation error {err:.3g} exceeds tol={limit:g} ({why}); {fix} "
+                     "(or pass steps=None to choose it, or a larger tol)")
+
+
 def _check_time(t: object) -> float:
     if isinstance(t, bool) or not isinstance(t, (int, float)):
         raise TypeError(f"t must be a float, got {type(t).__name__}")
@@ -119,10 +170,14 @@ class HeatOperator(DiffusionOperator):
     Args:
         t: initial diffusion time.
         steps: ``K``; ``None`` picks the smallest ``K`` meeting ``tol`` (for learnable ``t``
-            the bound is taken at ``max(2 |t|, 1)`` to leave room to grow).
+            the bound is taken at ``max(2 |t|, 1)`` to leave room to grow). An explicit ``K``
+            whose :meth:`truncation_error` at the initial ``t`` exceeds ``tol`` (default
+            ``0.5``: the series would have lost half its weight) is refused with the ``K``
+            that would do; with ``"euler"``, ``K < t`` is refused (an unstable product).
         method: ``"taylor"`` (default) or ``"euler"`` (``((1 - t/K) I + t/K P)^K``).
         learnable: learn ``t`` (one value per head).
-        tol: truncation tolerance used when ``steps`` is ``None``.
+        tol: truncation tolerance: ``steps=None`` meets it (default ``1e-4``); an explicit
+            ``steps`` must meet it (default ``0.5``).
         min_t: lower bound applied to a learned ``t``.
         num_heads: number of heads ``G`` this instance serves.
 
@@ -146,7 +201,7 @@ class HeatOperator(DiffusionOperator):
         steps: int | None = None,
         method: str = "taylor",
         learnable: bool = False,
-        tol: float = 1e-4,
+        tol: float | None = None,
         min_t: float = -2.0,
         num_heads: int = 1,
     ) -> None:
@@ -158,13 +213,19 @@ class HeatOperator(DiffusionOperator):
             raise TypeError(f"learnable must be a bool, got {type(learnable).__name__}")
         if t < min_t:
             raise ValueError(f"t={t} is below min_t={min_t}")
+        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):
+            raise ValueError(f"tol must be a positive float (or None), got {tol!r}")
         if steps is None:
             bound = max(2 * abs(t), 1.0) if learnable else t
-            steps = heat_steps_for_tolerance(bound, tol, method)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < (1 if method == "euler" else 0):
+            steps = heat_steps_for_tolerance(bound, 1e-4 if tol is None else tol, method)
+        elif isinstance(steps, bool) or not isinstance(steps, int) or steps < (1 if method == "euler" else 0):
             raise ValueError(f"steps must be a positive int (or None), got {steps!r}")
+        elif steps <= MAX_STEPS:
+            _check_truncation(t, steps, method, tol)
         if steps > MAX_STEPS:
             raise ValueError(f"steps={steps} exceeds the maximum of {MAX_STEPS}")
+        # a tolerance looser than the default for explicit steps travels with the spec
+        self._tol = float(tol) if tol is not None and tol > MAX_TRUNCATION_ERROR else None
         self.steps = steps
         self.method = method
         self.learnable = learnable
@@ -187,6 +248,8 @@ class HeatOperator(DiffusionOperator):
         kwargs = {"t": self._t0, "steps": self.steps, "method": self.method, "learnable": self.learnable}
         if self.min_t != -2.0:
             kwargs["min_t"] = self.min_t
+        if self._tol is not None:
+            kwargs["tol"] = self._tol
         return kwargs
 
     def effective_time(self) -> Tensor:
@@ -205,12 +268,7 @@ class HeatOperator(DiffusionOperator):
 
     def truncation_error(self) -> Tensor:
         """Bound on the ``inf``-norm error of the truncated series vs the exact kernel, per head."""
-        t = self.effective_time().detach().double()
-        if self.method == "euler":
-            return 2 * t * t * torch.exp(2 * t.abs()) / self.steps
-        c = heat_coefficients(t.abs(), self.steps, "taylor")
-        tail = (1.0 - c.sum(-1)).clamp_min(0.0)
-        return torch.where(t < 0, torch.exp(2 * t.abs()) * tail, tail)
+        return heat_truncation_error(self.effective_time(), self.steps, self.method)
 
     def extra_repr(self) -> str:
         t = self.t.detach()

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter
 from diffusionformer.operators.registry import register_operator
 
-__all__ = ["PPROperator", "ppr_coefficients"]
+__all__ = ["PPROperator", "ppr_coefficients", "ppr_steps_for_tolerance"]
 
 
 def ppr_coefficients(alpha: Tensor, steps: int) -> Tensor:
@@ -34,6 +34,27 @@ def ppr_coefficients(alpha: Tensor, steps: int) -> Tensor:
     return torch.stack(c, dim=-1)
 
 
+def ppr_steps_for_tolerance(alpha: float, tol: float) -> int:
+    r"""Smallest ``K`` whose truncation error :math:`2 (1 - \alpha)^K` is at most ``tol``.
+
+    The ``K``-step series differs from the full personalised PageRank
+    :math:`\alpha (I - (1-\alpha) P)^{-1}` by :math:`(1-\alpha)^K P^K - \alpha \sum_{k \ge K}
+    (1-\alpha)^k P^k`, whose two parts each have :math:`\infty`-norm at most
+    :math:`(1-\alpha)^K` for a row-stochastic ``P``.
+
+    Examples:
+        >>> ppr_steps_for_tolerance(0.5, 1e-3)
+        11
+    """
+    if not tol > 0:
+        raise ValueError(f"tol must be positive, got {tol}")
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
+    if alpha == 1.0 or tol >= 2.0:
+        return 1
+    return max(1, math.ceil(math.log(tol / 2.0) / math.log(1.0 - alpha) - 1e-12))
+
+
 @register_operator
 class PPROperator(DiffusionOperator):
     r"""Personalised PageRank, :math:`f(P) = \alpha \sum_{k<K} (1-\alpha)^k P^k + (1-\alpha)^K P^K`.
@@ -44,7 +65,12 @@ class PPROperator(DiffusionOperator):
 
     Args:
         alpha: teleport probability in ``(0, 1]``.
-        steps: ``K`` power-iteration steps.
+        steps: ``K`` power-iteration steps; ``None`` picks the smallest ``K`` whose
+            :meth:`truncation_error` meets ``tol`` (default ``1e-4``).
+        tol: when given with ``steps``, a ``K`` whose truncation error (at the initial
+            ``alpha``) exceeds it is refused, naming the ``K`` that would do. Without it a
+            short ``K`` is accepted as the ``K``-step APPNP operator it is (its weights
+            always sum to one, so no head goes silent).
         learnable: learn ``alpha`` per head (through a logit, so it stays in ``(0, 1)``).
         num_heads: number of heads ``G`` this instance serves.
 
@@ -59,14 +85,23 @@ class PPROperator(DiffusionOperator):
     name = "ppr"
     aliases = ("appnp", "pagerank", "personalized-pagerank", "personalised-pagerank")
 
-    def __init__(self, alpha: float = 0.1, steps: int = 10, learnable: bool = False, num_heads: int = 1) -> None:
+    def __init__(self, alpha: float = 0.1, steps: int | None = 10, learnable: bool = False, num_heads: int = 1,
+                 tol: float | None = None) -> None:
         super().__init__(num_heads)
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
             raise TypeError(f"alpha must be a float, got {type(alpha).__name__}")
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
+        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):
+            raise ValueError(f"tol must be a positive float (or None), got {tol!r}")
+        if steps is None:
+            steps = ppr_steps_for_tolerance(float(alpha), 1e-4 if tol is None else float(tol))
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a positive int, got {steps!r}")
+        if tol is not None and 2.0 * (1.0 - alpha) ** steps > tol:
+            raise ValueError(f"ppr(alpha={alpha:g}, steps={steps}): truncation error {2.0 * (1.0 - alpha) ** steps:.3g} "
+                             f"exceeds tol={tol:g}; steps={ppr_steps_for_tolerance(float(alpha), float(tol))} would do "
+                             "(or pass steps=None to choose it)")
         if learnable and alpha >= 1.0:
             raise ValueError("a learnable alpha must start strictly below 1")
         self.steps = steps
@@ -105,6 +140,10 @@ class PPROperator(DiffusionOperator):
 
     def static_coefficients(self) -> tuple[float, ...] | None:
         return self._static
+
+    def truncation_error(self) -> Tensor:
+        r"""Bound :math:`2 (1 - \alpha)^K` on the ``inf``-norm distance to the full PageRank series, per head."""
+        return 2.0 * (1.0 - self.alpha.detach().double()) ** self.steps
 
     def extra_repr(self) -> str:
         a = self.alpha.detach()

@@ -11,6 +11,7 @@ Examples:
 from __future__ import annotations
 
 import ast
+import difflib
 import re
 from typing import Any, Callable, TypeVar
 
@@ -115,7 +116,10 @@ def operator_class(name: str) -> type[DiffusionOperator]:
     key = _ALIASES.get(key, key)
     if key not in _REGISTRY:
         aliases = ", ".join(f"{a!r}->{t!r}" for a, t in sorted(_ALIASES.items()))
-        raise ValueError(f"unknown operator {name!r}; valid names: {list_operators()} (aliases: {aliases})")
+        close = difflib.get_close_matches(key, [*_REGISTRY, *_ALIASES], n=3, cutoff=0.7)
+        close = list(dict.fromkeys(_REGISTRY[_ALIASES.get(c, c)].name for c in close))
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        raise ValueError(f"unknown operator {name!r}{hint}; valid names: {list_operators()} (aliases: {aliases})")
     return _REGISTRY[key]
 
 

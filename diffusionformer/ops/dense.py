@@ -108,9 +108,11 @@ def normalise_mask(
         raise ValueError(
             f"attn_mask must be broadcastable to (B, H, N, M) = {(B, H, N, M)}, got shape {tuple(attn_mask.shape)}"
         )
-    try:
-        torch.broadcast_shapes(attn_mask.shape, (B, H, N, M))
+    try:  # broadcastable *to* the scores: it may not widen them, (2, 1) against N = M = 1 included
+        ok = torch.broadcast_shapes(attn_mask.shape, (B, H, N, M)) == (B, H, N, M)
     except RuntimeError:
+        ok = False
+    if not ok:
         raise ValueError(
             f"attn_mask must be broadcastable to (B, H, N, M) = {(B, H, N, M)}, got shape {tuple(attn_mask.shape)}"
         ) from None

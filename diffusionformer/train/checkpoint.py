@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import pickle
 import tempfile
@@ -15,7 +17,8 @@ import torch
 
 from .errors import CheckpointError
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_NAME", "save_checkpoint", "load_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_NAME", "save_checkpoint", "load_checkpoint", "model_record",
+           "model_record_differences"]
 
 CHECKPOINT_FORMAT = "diffusionformer.train/1"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -117,3 +120,37 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise CheckpointError(f"checkpoint {path}: expected an int step >= 0, got {step!r}")
     return payload
+
+
+def model_record(model: torch.nn.Module) -> dict[str, Any]:
+    """What identifies a model beyond its tensor shapes, as plain JSON-like values.
+
+    ``class`` (module and qualified name), ``config`` (``model.config`` when it is a
+    dataclass, else ``None``) and ``heads``: the head layout of every submodule that has a
+    ``heads_spec()`` (each diffusion attention layer), by module name. Two models with
+    the same shapes but different operators (all attention vs Laplacian heads) differ here.
+
+    Args:
+        model: any module (train/ knows no model class; the fields are read by duck typing).
+
+    Examples:
+        >>> model_record(torch.nn.Linear(2, 3))
+        {'class': 'torch.nn.modules.linear.Linear', 'config': None, 'heads': {}}
+    """
+    cfg = getattr(model, "config", None)
+    config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type) else None
+    heads = {name: m.heads_spec() for name, m in model.named_modules() if callable(getattr(m, "heads_spec", None))}
+    record = {"class": f"{type(model).__module__}.{type(model).__qualname__}", "config": config, "heads": heads}
+    return json.loads(json.dumps(record, default=str))  # plain types: weights_only-safe, comparable after a reload
+
+
+def model_record_differences(saved: Mapping[str, Any], now: Mapping[str, Any], limit: int = 6) -> list[str]:
+    """Human-readable differences between two :func:`model_record` values (at most ``limit``)."""
+    diffs = []
+    if saved.get("class") != now.get("class"):
+        diffs.append(f"class: checkpoint {saved.get('class')}, now {now.get('class')}")
+    a, b = saved.get("config") or {}, now.get("config") or {}
+    diffs += [f"config {k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    ha, hb = saved.get("heads") or {}, now.get("heads") or {}
+    diffs += [f"heads of {k}: checkpoint {ha.get(k)!r}, now {hb.get(k)!r}" for k in sorted(set(ha) | set(hb)) if ha.get(k) != hb.get(k)]
+    return diffs[:limit] + ([f"... and {len(diffs) - limit} more"] if len(diffs) > limit else [])

@@ -6,6 +6,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,14 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from .batch import to_device
-from .checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from .checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    load_checkpoint,
+    model_record,
+    model_record_differences,
+    save_checkpoint,
+)
 from .config import TrainConfig, resolve_amp
 from .distributed import DistContext, init_distributed, shard_batch
 from .errors import CheckpointError, NonFiniteLossError
@@ -180,6 +188,17 @@ class Trainer:
             raise ValueError(
                 f"resume: expected max_steps >= the checkpoint's step {payload['step']}, got "
                 f"{now.max_steps}"
+            )
+        saved_model = payload.get("model_record")
+        if saved_model is None:
+            warnings.warn(f"checkpoint {path} predates model records: resuming without checking that it was "
+                          "written by a model of this class, config and head layout", UserWarning, stacklevel=4)
+            return
+        model_diffs = model_record_differences(saved_model, model_record(self.model))
+        if model_diffs:
+            raise ValueError(
+                f"resume: checkpoint {path} was written by a different model ({'; '.join(model_diffs)}); "
+                "build the model the checkpoint was trained with, or start a new out_dir"
             )
 
     def _load_state(
@@ -449,6 +468,7 @@ class Trainer:
             "optimizer": self._optimizer.state_dict(),
             "rng": capture_rng_state(self.ctx.device, self._generator),
             "config": self.config.to_dict(),
+            "model_record": model_record(self.model),
             "elapsed": self._elapsed(),
             "last_train": self._last["train"],
             "last_eval": self._last["eval"],

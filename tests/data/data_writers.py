@@ -124,3 +124,43 @@ def write_tu_zip(
             zf.writestr(f"{name}//{fname}", text + "\n")
         zf.writestr(f"{name}//README.txt", "tiny generated TU dataset\n")
     return path
+
+
+def write_planetoid_layout(root: Path, name: str = "Cora", *, num_train: int = 14, num_test: int = 20,
+                           num_features: int = 9, num_classes: int = 3, gap: bool = False, seed: int = 0) -> Path:
+    """A tiny, valid Planetoid ``raw`` folder under ``root/planetoid/<name>/raw`` in the original
+    format: Python-2-protocol pickles of SciPy CSR features, one-hot label arrays and a
+    ``defaultdict(list)`` graph, and ``test.index`` as text. ``allx`` covers ``num_train + 500 +
+    extra`` nodes (the public split takes 500 validation nodes after the training ones); with
+    ``gap`` the test indices skip one node (CiteSeer's isolated nodes)."""
+    import collections
+
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    num_all = num_train + 500 + 6
+    span = num_test + 1 if gap else num_test
+    test_index = num_all + rng.permutation(span)[:num_test]
+    N = num_all + span
+
+    def onehot(n: int) -> np.ndarray:
+        return np.eye(num_classes, dtype=np.int32)[rng.integers(0, num_classes, n)]
+
+    def feats(n: int) -> sp.csr_matrix:
+        return sp.csr_matrix((rng.random((n, num_features)) < 0.3).astype(np.float32))
+
+    ally = onehot(num_all)
+    graph = collections.defaultdict(list)
+    for _ in range(3 * N):
+        i, j = (int(v) for v in rng.integers(0, N, 2))
+        graph[i].append(j)
+        graph[j].append(i)
+    allx = feats(num_all)
+    parts = {"x": allx[:num_train], "y": ally[:num_train], "allx": allx, "ally": ally,
+             "tx": feats(num_test), "ty": onehot(num_test), "graph": graph}
+    raw = root / "planetoid" / name / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for part, obj in parts.items():
+        (raw / f"ind.{name.lower()}.{part}").write_bytes(pickle.dumps(obj, protocol=2))
+    (raw / f"ind.{name.lower()}.test.index").write_text("".join(f"{int(i)}\n" for i in test_index))
+    return raw

@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -474,11 +475,14 @@ def test_run_held_by_a_live_process_is_skipped_and_a_stale_lock_is_taken_over(tm
     results = run_experiment(cfg, tmp_path, progress=False)
     assert [(r.seed, r.status) for r in results] == [(0, "completed"), (1, "completed")]
     assert not (held / ".lock").exists()
-    # an unreadable lock is stale too
+    # an unreadable lock is held while young (someone may be writing it) and stale when old
     cfg2 = load_experiment_config(tiny_config(), ["operators=attention", "seeds=[2]"])
     junk = run_dir(out, "digits", "attention", 2)
     junk.mkdir(parents=True)
     (junk / ".lock").write_text("{not json")
+    assert run_experiment(cfg2, tmp_path, progress=False) == []  # skipped, not trained
+    old = time.time() - 3600
+    os.utime(junk / ".lock", (old, old))
     assert [r.seed for r in run_experiment(cfg2, tmp_path, progress=False)] == [2]
 
 

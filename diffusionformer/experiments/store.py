@@ -1,0 +1,208 @@
+"""The run store's locks: one worker per run, claimed atomically.
+
+A run being trained holds ``<run>/.lock``, a small JSON file ``{"pid": ..., "host": ...}``.
+Claiming it must be atomic: two workers that start on the same run at the same instant must
+never both train it. The lock is therefore never visible half written:
+
+1. the claimant writes its record to a private temporary file beside the lock
+   (``.lock.<pid>.<random>.tmp``), and
+2. ``os.link`` s it to ``.lock``; the link fails with ``FileExistsError`` when any lock is
+   there, so of several claimants exactly one wins.
+
+What a present lock means:
+
+- readable, with a process that runs on this host (or any process on another host, whose
+  liveness cannot be checked from here): **held**;
+- readable, with a process id that no longer runs on this host: **stale**; it is taken over;
+- unreadable (empty or not JSON): **held** while it is younger than :data:`UNREADABLE_GRACE_S`
+  (a lock written by an older, non-atomic version of this code that is still being filled),
+  stale after that (junk left by a crash or another tool).
+
+Taking over a stale lock is itself a race (two workers may both see the same dead holder),
+so a takeover is done under a second lock, ``.lock.break``, claimed the same way: the
+winner re-reads ``.lock``, checks that it is still the same stale file, removes it and links
+its own; a worker that loses the ``.lock.break`` race reports the run as held and moves on.
+A ``.lock.break`` left by a worker killed in the middle of a takeover (a window of a few
+system calls) is removed once it is older than :data:`UNREADABLE_GRACE_S`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import secrets
+import time
+from pathlib import Path
+
+__all__ = ["LOCK_NAME", "UNREADABLE_GRACE_S", "acquire_lock", "live_holder", "read_lock", "release_lock"]
+
+LOCK_NAME = ".lock"
+#: seconds during which an unreadable lock (or a takeover's ``.lock.break``) counts as held
+UNREADABLE_GRACE_S = 60.0
+
+_BREAK_NAME = LOCK_NAME + ".break"
+_UNREADABLE = (-1, "")  # sentinel holder of a lock file that exists but cannot be parsed
+
+
+def _me() -> tuple[int, str]:
+    return os.getpid(), platform.node()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _parse(text: str) -> tuple[int, str] | None:
+    try:
+        holder = json.loads(text)
+        return int(holder["pid"]), str(holder["host"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def read_lock(rdir: str | os.PathLike[str]) -> tuple[int, str] | None:
+    """``(pid, host)`` recorded in ``rdir/.lock``; None when there is none or it cannot be read.
+
+    Args:
+        rdir: a run's folder.
+    """
+    try:
+        return _parse((Path(rdir) / LOCK_NAME).read_text())
+    except OSError:
+        return None
+
+
+def _state(path: Path) -> tuple[tuple[int, str] | None, os.stat_result | None]:
+    """``(holder, stat)`` of the lock file at ``path``: ``(None, None)`` when absent,
+    ``(_UNREADABLE, stat)`` when it exists but cannot be parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            st = os.fstat(f.fileno())
+            text = f.read()
+    except FileNotFoundError:
+        return None, None
+    except OSError:
+        try:
+            return _UNREADABLE, path.stat()
+        except OSError:
+            return None, None
+    holder = _parse(text)
+    return (_UNREADABLE if holder is None else holder), st
+
+
+def _is_stale(holder: tuple[int, str], st: os.stat_result) -> bool:
+    if holder == _UNREADABLE:
+        return time.time() - st.st_mtime > UNREADABLE_GRACE_S
+    pid, host = holder
+    return host == platform.node() and (pid <= 0 or not _pid_alive(pid))
+
+
+def live_holder(rdir: str | os.PathLike[str]) -> tuple[int, str] | None:
+    """``(pid, host)`` of the process holding ``rdir/.lock``, or None when the lock is absent or stale.
+
+    A lock that cannot be read and is younger than :data:`UNREADABLE_GRACE_S` counts as held
+    and is reported as ``(-1, "")``. Locks held from another host count as live.
+
+    Args:
+        rdir: a run's folder.
+    """
+    holder, st = _state(Path(rdir) / LOCK_NAME)
+    if holder is None or st is None or _is_stale(holder, st):
+        return None
+    return holder
+
+
+def _describe(holder: tuple[int, str], path: Path) -> str:
+    if holder == _UNREADABLE:
+        return f"a process that is still writing {path}"
+    return f"process {holder[0]} on {holder[1]}"
+
+
+def _link_exclusive(src: Path, dst: Path) -> bool:
+    """Make ``dst`` a hard link to ``src``; False when ``dst`` exists."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        return False
+    return True
+
+
+def acquire_lock(rdir: str | os.PathLike[str]) -> str | None:
+    """Claim ``rdir/.lock`` for this process, atomically.
+
+    Args:
+        rdir: a run's folder (created if missing).
+
+    Returns:
+        None when this process holds the lock now (or held it already); else a description
+        of the holder, e.g. ``"process 4242 on node-3"``.
+    """
+    rdir = Path(rdir)
+    rdir.mkdir(parents=True, exist_ok=True)
+    path, me = rdir / LOCK_NAME, _me()
+    tmp = rdir / f"{LOCK_NAME}.{me[0]}.{secrets.token_hex(6)}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"pid": me[0], "host": me[1]}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        for _ in range(3):
+            if _link_exclusive(tmp, path):
+                return None
+            holder, st = _state(path)
+            if holder is None or st is None:  # released between our link and our read: try again
+                continue
+            if holder == me:
+                return None
+            if not _is_stale(holder, st):
+                return _describe(holder, path)
+            taken = _take_over(rdir, tmp, st)
+            if taken is not None:
+                return None if taken else _describe(holder, path)
+        return f"a process that keeps re-creating {path}"
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _take_over(rdir: Path, tmp: Path, stale: os.stat_result) -> bool | None:
+    """Replace the stale lock (``stale`` is its stat) by ours under ``.lock.break``.
+
+    Returns True when we hold the lock now, False when someone else does (or is taking it
+    over), None when the stale lock went away meanwhile (the caller tries again).
+    """
+    path, brk = rdir / LOCK_NAME, rdir / _BREAK_NAME
+    if not _link_exclusive(tmp, brk):
+        try:
+            if time.time() - brk.stat().st_mtime > UNREADABLE_GRACE_S:  # left by a killed worker
+                brk.unlink(missing_ok=True)
+                return None
+        except FileNotFoundError:
+            return None
+        return False
+    try:
+        holder, st = _state(path)
+        if holder is None or st is None:
+            return None
+        if (st.st_ino, st.st_dev) != (stale.st_ino, stale.st_dev) or not _is_stale(holder, st):
+            return False  # another worker replaced it: it is live
+        path.unlink()
+        return _link_exclusive(tmp, path)  # False: a fresh claimant linked first; it holds the lock
+    finally:
+        brk.unlink(missing_ok=True)
+
+
+def release_lock(rdir: str | os.PathLike[str]) -> None:
+    """Remove ``rdir/.lock`` if this process holds it (else leave it alone).
+
+    Args:
+        rdir: a run's folder.
+    """
+    if read_lock(rdir) == _me():
+        (Path(rdir) / LOCK_NAME).unlink(missing_ok=True)

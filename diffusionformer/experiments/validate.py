@@ -1,0 +1,192 @@
+"""Check a whole comparison before anything trains: every task x setting x seed, all problems at once.
+
+A config that loads (:func:`~diffusionformer.experiments.load_experiment_config` checks its
+keys and types) can still fail hours into a run: a dataset name the registry does not know,
+a head layout that does not fit the second setting's model, a headline ``metric`` that the
+task never evaluates. :func:`validate_experiment` resolves, for every run, what the runner
+will resolve:
+
+- the dataset: registered name (with a "did you mean"), known options, and (when
+  ``load_data``) the data itself, loaded once per task;
+- the model: the preset, the task's overrides, the sizes taken from the data and the
+  operator setting's heads, built exactly as the runner builds it
+  (:func:`~diffusionformer.experiments.runner.build_model`), so bad head strings,
+  operator arguments (e.g. a heat head whose ``steps`` cannot reach its tolerance) and
+  model options are all caught;
+- the metric keys: ``metric``, ``select_by`` and the ``reach`` key must be keys of the
+  task's evaluation (:func:`evaluation_keys`);
+- the training budget of every seed.
+
+It returns the problems as sentences; :func:`check_experiment` raises one ``ValueError``
+listing them all. ``run`` calls it before it writes anything, ``show`` before it prints.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Sequence
+
+from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
+
+__all__ = ["check_experiment", "evaluation_keys", "validate_experiment"]
+
+_SPLIT_KEYS = ("val_loss", "val_acc", "test_loss", "test_acc", "loss")
+#: evaluation keys of each task adapter (experiments/tasks.py), by dataset kind
+_EVAL_KEYS: dict[str, tuple[str, ...]] = {
+    "image": ("loss", "val_acc", "test_loss", "test_acc"),
+    "sequence": ("loss", "val_acc", "test_loss", "test_acc"),
+    "sequence_lm": ("loss", "val_acc", "test_loss", "test_acc"),
+    "text": ("train_loss", "val_loss", "loss"),
+    "node": _SPLIT_KEYS,
+    "graph": _SPLIT_KEYS,
+}
+_DINO_KEYS = ("knn_val_acc", "knn_test_acc", "loss")
+
+
+def evaluation_keys(dataset_kind: str, model: str) -> tuple[str, ...]:
+    """The keys a run's evaluation reports, from the dataset's kind and the model preset.
+
+    Args:
+        dataset_kind: ``dataset_spec(name).kind`` (``"image"``, ``"text"``, ``"node"``, ...).
+        model: a model preset name (DINO presets report k-NN accuracies instead).
+
+    Examples:
+        >>> evaluation_keys("image", "vit-digits")
+        ('loss', 'val_acc', 'test_loss', 'test_acc')
+        >>> evaluation_keys("image", "dino-digits")
+        ('knn_val_acc', 'knn_test_acc', 'loss')
+    """
+    from diffusionformer.models import DINOConfig, get_preset
+
+    if get_preset(model).config_cls is DINOConfig:
+        return _DINO_KEYS
+    if dataset_kind not in _EVAL_KEYS:
+        raise ValueError(f"dataset_kind must be one of {sorted(_EVAL_KEYS)}, got {dataset_kind!r}")
+    return _EVAL_KEYS[dataset_kind]
+
+
+def _hint(word: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if not isinstance(exc, (ValueError, TypeError)) else text
+
+
+def validate_experiment(config: ExperimentConfig, *, data_root: str | None = None, load_data: bool = True,
+                        missing_data_ok: bool = False, tasks: Sequence[str] | None = None) -> list[str]:
+    """Every problem of ``config`` that would stop one of its runs, without training anything.
+
+    Args:
+        config: a loaded comparison.
+        data_root: data root for datasets read from files (else ``$DIFFUSIONFORMER_DATA``).
+        load_data: load each task's dataset (once) to resolve data-derived model sizes and
+            catch missing or damaged files; ``False`` resolves models from the preset's sizes.
+        missing_data_ok: a dataset whose data root or files are missing is not a problem
+            (its models are resolved from the preset's sizes); ``show`` uses this.
+        tasks: check only these tasks (default: all).
+
+    Returns:
+        One sentence per problem, each naming its task, setting and seed where they matter;
+        empty when every run resolves.
+    """
+    from diffusionformer.data import DataRootError, dataset_spec
+    from diffusionformer.models import get_preset, model_config
+
+    problems: list[str] = []
+
+    def add(msg: str) -> None:
+        if msg not in problems:
+            problems.append(msg)
+
+    for task in config.tasks:
+        if tasks is not None and task.name not in tasks:
+            continue
+        where = f"task {task.name!r}"
+        for seed in config.seeds:
+            try:
+                train_config(task, seed)
+            except (TypeError, ValueError) as exc:
+                add(f"{where} seed {seed}: {_first_line(exc)}")
+        try:
+            preset = get_preset(task.model)
+        except (TypeError, ValueError) as exc:
+            add(f"{where}: {_first_line(exc)}")
+            preset = None
+        try:
+            spec = dataset_spec(task.dataset)
+        except (TypeError, ValueError) as exc:
+            add(f"{where}: {_first_line(exc)}")
+            spec = None
+        if spec is not None:
+            unknown = [k for k in task.dataset_kwargs(config.seeds[0]) if k not in spec.options]
+            if unknown:
+                add(f"{where}: dataset {spec.name!r} has no option(s) {unknown}; its options: {sorted(spec.options)}")
+                spec_ok = False
+            else:
+                spec_ok = True
+            if preset is not None:
+                keys = evaluation_keys(spec.kind, task.model)
+                named = [("metric", task.metric), ("select_by", task.select_by)]
+                named += [("reach", k) for k in (task.reach or {})]
+                for what, key in named:
+                    if key is not None and key not in keys:
+                        add(f"{where}: {what} {key!r} is not an evaluation key of a {spec.kind} task with "
+                            f"{task.model!r}{_hint(key, keys)}; its keys: {list(keys)}")
+        else:
+            spec_ok = False
+        if preset is None:
+            continue
+        data: Any = None
+        if spec is not None and spec_ok and load_data:
+            try:  # once per task: every fold gives the model the same sizes
+                from diffusionformer.data import load_dataset
+
+                data = load_dataset(task.dataset, root=data_root, seed=task.data_seed,
+                                    **task.dataset_kwargs(config.seeds[0]))
+            except DataRootError as exc:
+                if not missing_data_ok:
+                    add(f"{where}: {_first_line(exc)}")
+            except Exception as exc:  # any failure to load is a problem of this task
+                add(f"{where}: dataset {task.dataset!r} does not load: {_first_line(exc)}")
+        for setting in config.operators:
+            try:
+                _resolve_model(task, setting, data, preset, model_config)
+            except (TypeError, ValueError, NotImplementedError) as exc:
+                add(f"{where} / setting {setting.name!r}: {_first_line(exc)}")
+    return problems
+
+
+def _resolve_model(task: TaskConfig, setting: OperatorSetting, data: Any, preset: Any, model_config: Any) -> None:
+    """Build the run's model as the runner does (with data), else resolve and build it from the preset's sizes."""
+    from diffusionformer.experiments.runner import build_model
+
+    if data is not None:
+        build_model(task, setting, data)
+        return
+    resolved = model_config(task.model, **task.model_overrides)
+    heads = getattr(resolved, "num_heads", getattr(resolved, "n_head", 0))
+    overrides = dict(task.model_overrides)
+    if heads:
+        overrides.update(setting.overrides(int(heads)))
+    elif setting.heads is not None or setting.laplacian_heads is not None:
+        raise ValueError(f"operator setting {setting.name!r} sets heads but model {task.model!r} has no attention heads")
+    else:
+        overrides.update(setting.model_overrides)
+    preset.model_cls(model_config(task.model, **overrides))
+
+
+def check_experiment(config: ExperimentConfig, **kwargs: Any) -> None:
+    """Raise one ``ValueError`` listing every problem :func:`validate_experiment` finds.
+
+    Args:
+        config: a loaded comparison.
+        kwargs: passed to :func:`validate_experiment`.
+    """
+    problems = validate_experiment(config, **kwargs)
+    if problems:
+        runs = len(config.tasks) * len(config.operators) * len(config.seeds)
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise ValueError(f"config {config.name!r} ({runs} runs) has {len(problems)} problem(s); nothing was trained:\n{lines}")
