@@ -9,11 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.nn._affine import AffineRun, combine_affine
+from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights, diffuse_with_weights
 from diffusionformer.nn.heads import HeadGroup, parse_heads
-from diffusionformer.ops import dense as _dense
-from diffusionformer.ops.dense import DENSE_BACKENDS, diffuse_with_weights
-from diffusionformer.ops.sparse import _diffuse_sparse, check_edge_index
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention"]
 
@@ -119,6 +116,13 @@ class DiffusionAttention(nn.Module):
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
 
         groups = parse_heads(heads, num_heads)
+        for g in groups:
+            flags = [f for f in ("needs_second_map", "needs_layer_state", "reprojects_each_step") if getattr(g.operator, f)]
+            if flags:
+                raise ValueError(
+                    f"operator {g.operator.name!r} declares {', '.join(flags)}, which DiffusionAttention does not "
+                    "resolve (it applies one polynomial in one P per head)"
+                )
         self.operators = nn.ModuleList([g.operator for g in groups])
         self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
         self._polynomial = [g.operator.is_polynomial for g in groups]
@@ -126,22 +130,17 @@ class DiffusionAttention(nn.Module):
         self._degrees = []
         for g in groups:
             self._degrees += [g.operator.degree if g.operator.is_polynomial else 0] * g.count
-        # Static plan: when every head's coefficients are fixed constants of degree <= 1
-        # (attention, Laplacian, a I + b P) the layer is one fused call and a cheap combination.
+        # Fixed coefficients (attention, Laplacian, fixed heat/PPR) are handed to the functional
+        # API as Python floats: static coefficients let it take the fused path (one attention
+        # call and an in-place combination for degree <= 1) without reading a device tensor.
         static = [g.operator.static_coefficients() for g in groups]
-        self._fused_kind = "none"
-        if all(s is not None and len(s) <= 2 for s in static) and all(self._polynomial):
-            c0, c1 = [], []
+        self._static_coefficients: tuple[tuple[float, ...], ...] | None = None
+        if all(s is not None for s in static) and all(self._polynomial):
+            rows: list[tuple[float, ...]] = []
             for g, s in zip(groups, static):
                 assert s is not None
-                c0 += [s[0]] * g.count
-                c1 += [s[1] if len(s) > 1 else 0.0] * g.count
-            self._fused_kind = "attention" if all(a == 0.0 for a in c0) and all(b == 1.0 for b in c1) else "affine"
-            # runs of heads that are not plain attention: (start, stop, c0, c1), see nn/_affine.py
-            self._affine_runs: list[AffineRun] = [
-                (g.start, g.stop, s[0], s[1] if len(s) > 1 else 0.0) for g, s in zip(groups, static)
-                if s is not None and (s[0], s[1] if len(s) > 1 else 0.0) != (0.0, 1.0)
-            ]
+                rows += [tuple(s) + (0.0,) * (self.max_degree + 1 - len(s))] * g.count
+            self._static_coefficients = tuple(rows)
 
     # ------------------------------------------------------------------ construction helpers
     @property
@@ -293,8 +292,8 @@ class DiffusionAttention(nn.Module):
         q, k, v = qkv.unbind(-3)  # each (..., N, H, C)
         return self.q_norm(q), self.k_norm(k), v
 
-    def _dense_mask(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
-                    causal: bool = False) -> tuple[Tensor | None, bool]:
+    def _dense_mask(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor | None:
+        """``attn_mask`` with the key padding folded in (validated once, by :func:`~diffusionformer.functional.diffuse`)."""
         B, N, _ = x.shape
         mask = attn_mask
         if key_padding_mask is not None:
@@ -305,11 +304,23 @@ class DiffusionAttention(nn.Module):
             keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, N)
             if mask is None:
                 mask = keep
-            elif mask.dtype == torch.bool:
-                mask = mask & keep
+            elif not isinstance(mask, Tensor):
+                raise TypeError(f"attn_mask must be a tensor or None, got {type(mask).__name__}")
             else:
-                mask = mask.masked_fill(~keep, float("-inf"))
-        return _dense.normalise_mask(mask, self.causal or causal, (B, self.num_heads, N, N), x.device, x.dtype)
+                try:
+                    mask = mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
+                except RuntimeError:
+                    raise ValueError(
+                        f"attn_mask must be broadcastable to (B, H, N, M) = {(B, self.num_heads, N, N)}, "
+                        f"got shape {tuple(mask.shape)}"
+                    ) from None
+        return mask
+
+    def _call_coefficients(self, need_weights: bool) -> Tensor | tuple[tuple[float, ...], ...]:
+        """Static coefficients as Python floats when the layer has them, else the ``(H, K+1)`` tensor."""
+        if self._static_coefficients is not None and not need_weights:
+            return self._static_coefficients
+        return self._coefficients()
 
     def _forward_dense(
         self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, return_intermediates: bool,
@@ -318,24 +329,15 @@ class DiffusionAttention(nn.Module):
         if x.dim() != 3:
             raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
         B, N, D = x.shape
-        mask, is_causal = self._dense_mask(x, key_padding_mask, attn_mask, causal)
+        mask = self._dense_mask(x, key_padding_mask, attn_mask)
         q, k, v = self._project(x)  # (B, N, H, C)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
         dropout_p = self.dropout if self.training else 0.0
-        scale = self.head_dim**-0.5
-
-        if self._fused_kind != "none" and not return_intermediates and self.backend != "matrix":
-            y = _dense._sdpa(q, k, v, mask, is_causal, scale, dropout_p, _dense._rows_with_keys(mask))
-            y = y.transpose(1, 2)  # (B, N, H, C)
-            if self._fused_kind == "affine":
-                y = self._combine_affine(y, v.transpose(1, 2))
-            return self.out_proj(y.reshape(B, N, D))
-
-        coeffs = self._coefficients()
         need_weights = return_intermediates or not all(self._polynomial)
         out, P = diffuse_with_weights(
-            q, k, v, coeffs, attn_mask=mask, is_causal=is_causal, scale=scale, backend=self.backend,
-            degrees=self._degrees, dropout_p=dropout_p, need_weights=need_weights,
+            q, k, v, self._call_coefficients(need_weights), attn_mask=mask, is_causal=self.causal or causal,
+            scale=self.head_dim**-0.5, backend=self.backend, degrees=self._degrees, dropout_p=dropout_p,
+            need_weights=need_weights,
         )
         if not all(self._polynomial):
             assert P is not None
@@ -345,14 +347,10 @@ class DiffusionAttention(nn.Module):
                     if dropout_p > 0.0:
                         Pg = F.dropout(Pg, p=dropout_p)
                     out = out.index_add(1, torch.arange(s, s + c, device=out.device), op.apply_matrix(Pg, v[:, s : s + c]))
-        y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))
+        y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))  # (B, N, H, C) -> (B, N, D)
         if return_intermediates:
             return y, AttentionIntermediates(P, self.coefficients().detach(), None, "matrix")
         return y
-
-    def _combine_affine(self, y: Tensor, v: Tensor) -> Tensor:
-        """``c0 v + c1 P v`` per head from ``y = P v``; both ``(B, N, H, C)``."""
-        return combine_affine(y, v, self._affine_runs)
 
     def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 2:
@@ -364,29 +362,18 @@ class DiffusionAttention(nn.Module):
                     "use a dense input or a polynomial operator such as 'heat'"
                 )
         N, D = x.shape
-        edge_index = check_edge_index(edge_index, N)
-        edge_mask = None
-        if self.causal:
-            keep = edge_index[0] <= edge_index[1]
-            if x.is_cuda:  # mask instead of filtering: a boolean index would synchronise with the host
-                edge_mask = keep
-            else:
-                edge_index = edge_index[:, keep]
         q, k, v = self._project(x)  # (N, H, C)
-        # static attention/Laplacian heads: one propagation P v, then the cheap combination
-        fused = self._fused_kind != "none"
-        out, alpha = _diffuse_sparse(
-            q, k, v, edge_index, None if fused else self._coefficients(), num_nodes=N, scale=self.head_dim**-0.5,
+        out, alpha = diffuse_sparse_with_weights(
+            q, k, v, edge_index, self._call_coefficients(False), num_nodes=N, scale=self.head_dim**-0.5,
             degrees=self._degrees, dropout_p=self.dropout if self.training else 0.0, backend="auto",
-            need_weights=return_intermediates, edge_mask=edge_mask,
+            is_causal=self.causal, need_weights=return_intermediates,
         )
-        if self._fused_kind == "affine":
-            out = self._combine_affine(out[None], v[None])[0]
         y = self.out_proj(out.reshape(N, D))
         if return_intermediates:
             assert alpha is not None
-            if edge_mask is not None:
-                edge_index, alpha = edge_index[:, edge_mask], alpha[edge_mask]
+            if self.causal:  # the edges the layer attended over
+                keep = edge_index[0] <= edge_index[1]
+                edge_index, alpha = edge_index[:, keep], alpha[keep]
             return y, AttentionIntermediates(alpha, self.coefficients().detach(), edge_index, "sparse")
         return y
 
