@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights, diffuse_with_weights
+from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn.heads import HeadGroup, parse_heads
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention"]
@@ -236,24 +237,32 @@ class DiffusionAttention(nn.Module):
     def forward(
         self,
         x: Tensor,
+        graph: AttentionGraph | None = None,
         *,
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         edge_index: Tensor | None = None,
-        graph: Any = None,
+        is_causal: bool = False,
         return_intermediates: bool = False,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
-        """Apply the layer (dense when ``edge_index`` is None, sparse otherwise).
+        """Apply the layer over the token graph ``graph`` (dense or sparse).
+
+        The graph is the one structural argument: ``attn(x, graph)``. The keyword arguments
+        ``key_padding_mask``, ``attn_mask``, ``is_causal`` (dense) and ``edge_index`` (sparse)
+        are shorthands that build the graph (:meth:`graph_from_arguments`); without any of
+        them the graph is complete (causal for a ``causal=True`` layer).
 
         Args:
             x: tokens ``(B, N, D)`` (dense) or nodes ``(N, D)`` (sparse).
+            graph: an :class:`~diffusionformer.graph.AttentionGraph` (or any object with an
+                ``attention_kwargs(x)`` method returning some of ``key_padding_mask``,
+                ``attn_mask``, ``edge_index``, ``is_causal``); exclusive with the shorthands.
             key_padding_mask: ``(B, N)`` bool, True marks padding (dense only). A fully padded
                 sequence gives finite output.
             attn_mask: extra dense mask with SDPA semantics (bool True = attend, or additive float).
             edge_index: ``(2, E)`` edges ``(source j, target i)`` for the sparse back-end.
-            graph: an :class:`~diffusionformer.graph.AttentionGraph` (or any object with an
-                ``attention_kwargs(x)`` method returning some of ``key_padding_mask``,
-                ``attn_mask``, ``edge_index``, ``is_causal``); exclusive with the first three.
+            is_causal: position ``i`` attends to ``j <= i`` only (dense; the layer's ``causal``
+                flag applies in any case).
             return_intermediates: also return :class:`AttentionIntermediates` (materialises ``P``).
 
         Returns:
@@ -265,26 +274,57 @@ class DiffusionAttention(nn.Module):
             raise TypeError(f"x must be floating point, got {x.dtype}")
         if x.shape[-1:] != (self.dim,):
             raise ValueError(f"x must have last dimension dim={self.dim}, got shape {tuple(x.shape)}")
-        if graph is not None:
-            if key_padding_mask is not None or attn_mask is not None or edge_index is not None:
-                raise ValueError("pass either graph= or key_padding_mask/attn_mask/edge_index, not both")
-            if not hasattr(graph, "attention_kwargs"):
-                raise TypeError(f"graph must be an AttentionGraph, got {type(graph).__name__}")
-            given = graph.attention_kwargs(x)
-            unknown = set(given) - {"key_padding_mask", "attn_mask", "edge_index", "is_causal"}
-            if unknown:
-                raise TypeError(f"graph.attention_kwargs returned unknown keys {sorted(unknown)}")
-            key_padding_mask = given.get("key_padding_mask")
-            attn_mask = given.get("attn_mask")
-            edge_index = given.get("edge_index")
-            graph_causal = bool(given.get("is_causal", False))
-        else:
-            graph_causal = False
+        if graph is None:
+            graph = self.graph_from_arguments(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                                              edge_index=edge_index, is_causal=is_causal)
+        elif key_padding_mask is not None or attn_mask is not None or edge_index is not None or is_causal:
+            raise ValueError("pass either graph= or key_padding_mask/attn_mask/edge_index/is_causal, not both")
+        if not hasattr(graph, "attention_kwargs"):
+            raise TypeError(f"graph must be an AttentionGraph, got {type(graph).__name__}")
+        given = graph.attention_kwargs(x)
+        unknown = set(given) - {"key_padding_mask", "attn_mask", "edge_index", "is_causal"}
+        if unknown:
+            raise TypeError(f"graph.attention_kwargs returned unknown keys {sorted(unknown)}")
+        if given.get("edge_index") is not None:
+            return self._forward_sparse(x, given["edge_index"], return_intermediates)
+        return self._forward_dense(x, given.get("key_padding_mask"), given.get("attn_mask"), return_intermediates,
+                                   bool(given.get("is_causal", False)))
+
+    def graph_from_arguments(
+        self,
+        x: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        edge_index: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> AttentionGraph:
+        """The :class:`~diffusionformer.graph.AttentionGraph` that :meth:`forward`'s shorthands describe.
+
+        ``edge_index`` gives a sparse graph over the ``N`` rows of ``x`` (its bounds are
+        checked once, by the kernel: ``checked=False``); otherwise a dense graph over
+        ``x``'s ``B`` sequences of ``N`` tokens.
+
+        Examples:
+            >>> attn = DiffusionAttention(8, 2)
+            >>> attn.graph_from_arguments(torch.zeros(2, 3, 8), is_causal=True)
+            AttentionGraph(dense, B=2, N=3, causal=True)
+            >>> attn.graph_from_arguments(torch.zeros(3, 8), edge_index=torch.tensor([[0, 1], [1, 2]]))
+            AttentionGraph(sparse, num_nodes=3, E=2, checked=False)
+        """
+        if not isinstance(is_causal, bool):
+            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
         if edge_index is not None:
-            if key_padding_mask is not None or attn_mask is not None:
-                raise ValueError("key_padding_mask/attn_mask apply to dense inputs; the sparse graph is given by edge_index")
-            return self._forward_sparse(x, edge_index, return_intermediates)
-        return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates, graph_causal)
+            if key_padding_mask is not None or attn_mask is not None or is_causal:
+                raise ValueError("key_padding_mask/attn_mask/is_causal apply to dense inputs; the sparse graph is "
+                                 "given by edge_index (use DiffusionAttention(causal=True) for causal edges)")
+            if x.dim() != 2:
+                raise ValueError(f"sparse input x must have shape (N, D), got {tuple(x.shape)}")
+            return AttentionGraph.sparse(edge_index, x.shape[0], checked=False)
+        if x.dim() != 3:
+            raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
+        return AttentionGraph.dense(x.shape[1], batch_size=x.shape[0], key_padding_mask=key_padding_mask,
+                                    causal=is_causal, attn_mask=attn_mask)
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         H, C = self.num_heads, self.head_dim

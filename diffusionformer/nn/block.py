@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn.attention import DiffusionAttention
 
 __all__ = ["Block", "DropPath", "LayerScale", "Mlp", "make_norm", "resolve_layer_heads"]
@@ -130,7 +131,7 @@ class Block(nn.Module):
         backend: dense back-end of the attention.
 
     Shapes:
-        ``x``: ``(B, N, D)`` dense or ``(N, D)`` with ``edge_index`` -> same shape.
+        ``x``: ``(B, N, D)`` dense or ``(N, D)`` with a sparse graph (or ``edge_index``) -> same shape.
 
     Examples:
         >>> blk = Block(16, 4, heads="attention:3,laplacian:1")
@@ -169,8 +170,9 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
-        x = x + self.drop_path(self.ls1(self.drop1(self.attn(self.norm1(x), **attn_kwargs))))
+    def forward(self, x: Tensor, graph: AttentionGraph | None = None, **attn_kwargs: Any) -> Tensor:
+        """``x`` after the block; ``graph`` (or the shorthands of :meth:`DiffusionAttention.forward`) goes to the attention."""
+        x = x + self.drop_path(self.ls1(self.drop1(self.attn(self.norm1(x), graph, **attn_kwargs))))
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 

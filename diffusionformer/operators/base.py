@@ -14,7 +14,7 @@ are not polynomials in one ``P`` (the exact ``matrix_exp`` reference) set
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +40,9 @@ class DiffusionOperator(nn.Module):
             first-layer values).
         reprojects_each_step: the signal is re-projected between steps (nonlinear diffusion),
             so the steps are not powers of one linear ``P``.
+        example_kwargs: constructor arguments that exercise the operator's code paths where
+            the defaults hide one (learnable times, a non-identity polynomial); the
+            registry-wide tests build every registered operator with them.
         num_heads: the number of heads ``G`` this instance serves (learned parameters may be
             per head); fixed operators ignore it.
         degree: the highest power ``K`` of ``P`` used (static; it fixes the cost).
@@ -55,6 +58,7 @@ class DiffusionOperator(nn.Module):
     needs_second_map: ClassVar[bool] = False
     needs_layer_state: ClassVar[bool] = False
     reprojects_each_step: ClassVar[bool] = False
+    example_kwargs: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, num_heads: int = 1) -> None:
         super().__init__()
