@@ -154,7 +154,7 @@ class DiffusionGraphTransformer(nn.Module):
         h = self.embed(self.input_drop(x.to(self.embed.weight.dtype)))
         inter = ModelIntermediates(embeddings=h) if return_intermediates else None
         for block in self.blocks:
-            h = block(h, graph)
+            h = block(h, graph, batch)
             if inter is not None:
                 inter.hidden_states.append(h)
         h = self.norm(h)
