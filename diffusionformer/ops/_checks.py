@@ -65,22 +65,3 @@ def check_scale(scale: float | None, head_dim: int) -> float:
     if not (scale == scale) or scale in (float("inf"), float("-inf")):
         raise ValueError(f"scale must be finite, got {scale}")
     return float(scale)
-
-
-def active_heads(degrees: list[int], step: int) -> slice | list[int]:
-    """Heads that still propagate at ``step`` (degree >= step), as a slice when contiguous."""
-    idx = [h for h, d in enumerate(degrees) if d >= step]
-    if idx and idx == list(range(idx[0], idx[-1] + 1)):
-        return slice(idx[0], idx[-1] + 1)
-    return idx
-
-
-def head_runs(heads: list[int]) -> list[tuple[int, int]]:
-    """Maximal runs ``[(start, stop), ...]`` of consecutive heads in ``heads`` (in order)."""
-    runs: list[tuple[int, int]] = []
-    for h in heads:
-        if runs and runs[-1][1] == h:
-            runs[-1] = (runs[-1][0], h + 1)
-        else:
-            runs.append((h, h + 1))
-    return runs

@@ -5,14 +5,17 @@ For every head ``h`` the kernels use
 .. math::
     P_h = \operatorname{softmax}\big(q_h k_h^\top \cdot \text{scale} + \text{mask}\big),
 
-and :func:`diffuse` returns :math:`\sum_{k=0}^{K} c_{h,k} P_h^k v_h`. Two ways to apply ``P``:
+and :func:`diffuse` returns :math:`\sum_{k=0}^{K} c_{h,k} P_h^k v_h`, computed by the engine
+(:func:`~diffusionformer.ops.engine.polynomial`) on one of two back-ends:
 
-* ``"sdpa"``: :func:`torch.nn.functional.scaled_dot_product_attention` once per power (fused
-  flash / memory-efficient kernels, ``O(N)`` extra memory);
-* ``"matrix"``: materialise ``P`` once and multiply ``K`` times (cheaper for small ``N`` and
-  several steps; needed when the attention weights are returned).
+* :class:`SdpaBackend` (``"sdpa"``): :func:`torch.nn.functional.scaled_dot_product_attention`
+  once per power (fused flash / memory-efficient kernels, ``O(N)`` extra memory);
+* :class:`MatrixBackend` (``"matrix"``): materialise ``P`` once and multiply ``K`` times
+  (cheaper for small ``N`` and several steps; needed when the attention weights are returned).
 
-``backend="auto"`` applies the rule of :func:`choose_dense_backend`.
+``backend="auto"`` applies the rule of :func:`choose_dense_backend`. Static coefficients of
+degree ``<= 1`` (Python floats) take one fused call and the affine combination
+(:func:`~diffusionformer.ops.engine.affine`).
 
 A query with no admissible key (a fully masked row) gets a zero row of ``P``, as in the
 sparse back-end, so such a position outputs ``c_0 v`` and never NaN.

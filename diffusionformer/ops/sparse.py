@@ -11,13 +11,15 @@ without incoming edges has an all-zero row of ``P`` (so ``P x`` is 0 there and a
 head passes its value through unchanged). Edge weights are computed once and reused for
 every power of ``P``.
 
-Two implementations, chosen with ``backend``:
+The sum over powers is the engine's loop (:func:`~diffusionformer.ops.engine.polynomial`)
+on one of two back-ends, chosen with ``backend``:
 
-* ``"csr"`` (the default, ``"auto"``): edges sorted once by target, ``P`` as one CSR matrix
-  per head, sparse-dense products on :func:`torch.sparse.mm` and memory-light autograd
-  functions (:mod:`diffusionformer.ops.csr`); memory ``O(E H + N H C)``;
-* ``"native"`` / ``"torch_scatter"``: the gather-multiply-scatter reference (PyG's message
-  passing: ``(E, H, C)`` messages, then a scatter-sum with native kernels or torch-scatter).
+* :class:`CsrBackend` (``"csr"``, the default, ``"auto"``): edges sorted once by target,
+  ``P`` as one CSR matrix per head, sparse-dense products on :func:`torch.sparse.mm` and
+  memory-light autograd functions (:mod:`diffusionformer.ops.csr`); memory ``O(E H + N H C)``;
+* :class:`NativeBackend` (``"native"`` / ``"torch_scatter"``): the gather-multiply-scatter
+  reference (PyG's message passing: ``(E, H, C)`` messages, then a scatter-sum with native
+  kernels or torch-scatter).
 """
 
 from __future__ import annotations

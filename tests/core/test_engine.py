@@ -211,3 +211,25 @@ def test_operator_capabilities_the_layer_cannot_resolve_are_refused():
     assert not DiffusionOperator.reprojects_each_step
     with pytest.raises(ValueError, match="declares needs_second_map"):
         DiffusionAttention(8, 2, [TwoMaps(), "attention"])
+
+
+# ---------------------------------------------------------------------------- one head spec
+def test_head_layout_sugar_is_resolved_in_one_place():
+    from diffusionformer.experiments.config import OperatorSetting
+    from diffusionformer.models import GPTConfig
+    from diffusionformer.nn.heads import format_head_spec, resolve_layer_heads
+
+    assert resolve_layer_heads(2, 4, laplacian_heads="half") == ["attention:2,laplacian:2"] * 2
+    assert resolve_layer_heads(3, 4, laplacian_heads=[0, "half", 4]) == [None, "attention:2,laplacian:2", "laplacian:4"]
+    assert resolve_layer_heads(2, 6, heads={"1": "heat(t=0.5):{half},attention:{half}"}) == [None, "heat(t=0.5):3,attention:3"]
+    assert resolve_layer_heads(2, 4, heads=["laplacian:{H}", None]) == ["laplacian:4", None]
+    # the experiments' operator settings and a layer's own spec go through the same resolver
+    assert OperatorSetting("lap", laplacian_heads="half").overrides(6) == {"laplacian_heads": 3}
+    assert OperatorSetting("mix", heads="attention:{half},laplacian:{half}").overrides(4) == {"heads": "attention:2,laplacian:2"}
+    assert DiffusionAttention(8, 4, "attention:{half},laplacian:{half}").heads_spec() == "attention:2,laplacian:2"
+    gpt = GPTConfig(vocab_size=5, block_size=4, n_layer=2, n_head=4, n_embd=8, laplacian_heads="half")
+    assert resolve_layer_heads(gpt.n_layer, gpt.n_head, gpt.heads, gpt.laplacian_heads)[0] == "attention:2,laplacian:2"
+    with pytest.raises(ValueError, match="only the templates"):
+        format_head_spec("attention:{quarter}", 4)
+    with pytest.raises(ValueError, match="laplacian_heads must be an int, 'half'"):
+        resolve_layer_heads(2, 4, laplacian_heads="all")
