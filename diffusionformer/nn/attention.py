@@ -44,9 +44,15 @@ class DiffusionAttention(nn.Module):
     with :math:`f_h(P) = \sum_k c_{h,k} P^k` given by the head's operator: ``P`` for
     attention, ``I - P`` for the Laplacian heads of Zhang & Papyan (arXiv 2602.09297),
     truncated heat kernels, personalised PageRank, learned polynomials
-    (:mod:`diffusionformer.operators`). Heads that use only ``P^0`` and ``P^1`` share one fused
-    :func:`~torch.nn.functional.scaled_dot_product_attention` call; heads that need ``K``
-    steps are propagated further, alone.
+    (:mod:`diffusionformer.operators`). The layer projects and calls the functional API
+    (:func:`~diffusionformer.functional.diffuse`, :func:`~diffusionformer.functional.diffuse_sparse`),
+    which picks the path: heads with fixed coefficients on ``P^0`` and ``P^1`` share one
+    fused :func:`~torch.nn.functional.scaled_dot_product_attention` call; heads that need
+    ``K`` steps are propagated further, alone.
+
+    The token graph is one argument, an :class:`~diffusionformer.graph.AttentionGraph`
+    (``attn(x, graph)``); ``key_padding_mask=``, ``attn_mask=``, ``is_causal=`` and
+    ``edge_index=`` are shorthands that build one.
 
     The projections match :class:`torch.nn.MultiheadAttention` (``qkv.weight`` =
     ``in_proj_weight``: q | k | v, each split into heads ``0 .. H-1``) and PyG's
@@ -79,6 +85,9 @@ class DiffusionAttention(nn.Module):
         torch.Size([2, 5, 16])
         >>> attn(torch.randn(5, 16), edge_index=torch.tensor([[0, 1, 2], [1, 2, 0]])).shape
         torch.Size([5, 16])
+        >>> from diffusionformer.graph import sliding_window
+        >>> attn(torch.randn(2, 5, 16), sliding_window(5, 1)).shape
+        torch.Size([2, 5, 16])
     """
 
     def __init__(
@@ -128,9 +137,10 @@ class DiffusionAttention(nn.Module):
         self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
         self._polynomial = [g.operator.is_polynomial for g in groups]
         self.max_degree = max((g.operator.degree for g in groups if g.operator.is_polynomial), default=0)
-        self._degrees = []
+        degrees: list[int] = []
         for g in groups:
-            self._degrees += [g.operator.degree if g.operator.is_polynomial else 0] * g.count
+            degrees += [g.operator.degree if g.operator.is_polynomial else 0] * g.count
+        self._degrees = tuple(degrees)
         # Fixed coefficients (attention, Laplacian, fixed heat/PPR) are handed to the functional
         # API as Python floats: static coefficients let it take the fused path (one attention
         # call and an in-place combination for degree <= 1) without reading a device tensor.
@@ -275,6 +285,9 @@ class DiffusionAttention(nn.Module):
         if x.shape[-1:] != (self.dim,):
             raise ValueError(f"x must have last dimension dim={self.dim}, got shape {tuple(x.shape)}")
         if graph is None:
+            if key_padding_mask is None and attn_mask is None and edge_index is None and not is_causal:
+                # the complete graph (causal when the layer is): nothing to build or to mask
+                return self._forward_dense(x, None, None, return_intermediates)
             graph = self.graph_from_arguments(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                                               edge_index=edge_index, is_causal=is_causal)
         elif key_padding_mask is not None or attn_mask is not None or edge_index is not None or is_causal:

@@ -32,6 +32,7 @@ from torch import Tensor
 from diffusionformer.ops._checks import check_coefficients, check_degrees, check_scale, check_tensor
 from diffusionformer.ops.engine import (
     Backend,
+    affine_coefficients,
     Heads,
     active_heads,
     affine,
@@ -425,7 +426,7 @@ def diffuse_with_weights(
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
     attn_mask, is_causal = _normalise_mask(attn_mask, is_causal, q, k)
     return _diffuse_dense(q, k, v, coeffs if static is None else static, attn_mask, is_causal, scale, backend,
-                          tuple(degrees), dropout_p, need_weights)
+                          degrees, dropout_p, need_weights)
 
 
 def _diffuse_dense(
@@ -441,8 +442,7 @@ def _diffuse_dense(
     if isinstance(coeffs, tuple):  # static coefficients (Python floats)
         if len(coeffs[0]) == 2 and backend != "matrix" and not need_weights:
             # degree <= 1: one fused call for every head, then c0 v + c1 P v in place
-            c0 = tuple(r[0] for r in coeffs)
-            c1 = tuple(r[1] if d >= 1 else 0.0 for r, d in zip(coeffs, degrees))
+            c0, c1 = affine_coefficients(coeffs, degrees)
             sdpa = SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok)
             return affine(sdpa, v, c0, c1), None
         coeffs = torch.tensor(coeffs, dtype=torch.float64).to(device=v.device, dtype=work)

@@ -106,6 +106,7 @@ __all__ = [
     "Heads",
     "active_heads",
     "affine",
+    "affine_coefficients",
     "affine_runs",
     "all_heads",
     "combine_affine",
@@ -191,10 +192,12 @@ def select(t: Tensor, heads: Heads, dim: int) -> Tensor:
         >>> select(torch.arange(5), (1, 2, 4), 0).tolist()
         [1, 2, 4]
     """
+    if len(heads) == t.shape[dim]:  # increasing heads of a tensor that holds that many: all of them
+        return t
     runs = head_runs(heads)
     if len(runs) == 1:
         a, b = runs[0]
-        return t if a == 0 and b == t.shape[dim] else t.narrow(dim, a, b - a)
+        return t.narrow(dim, a, b - a)
     return torch.cat([t.narrow(dim, a, b - a) for a, b in runs], dim=dim)
 
 
@@ -324,6 +327,13 @@ def static_coefficients(coeffs: object, num_heads: int) -> tuple[tuple[float, ..
     """
     if not isinstance(coeffs, (list, tuple)):
         return None
+    if isinstance(coeffs, tuple) and all(type(r) is tuple or type(r) is float for r in coeffs):
+        return _static_rows(coeffs, num_heads)  # layers pass the same tuple every call: validate it once
+    return _static_rows.__wrapped__(coeffs, num_heads)
+
+
+@lru_cache(maxsize=256)
+def _static_rows(coeffs: Sequence[Any], num_heads: int) -> tuple[tuple[float, ...], ...]:
     if coeffs and all(isinstance(r, (list, tuple)) for r in coeffs):
         rows = tuple(tuple(float(c) for c in r) for r in coeffs)
     elif all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in coeffs):
@@ -344,6 +354,22 @@ def static_coefficients(coeffs: object, num_heads: int) -> tuple[tuple[float, ..
     return rows
 
 
+def affine_coefficients(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(c0, c1)`` per head from static rows of degree ``<= 1`` (``c1 = 0`` for heads of degree 0).
+
+    Examples:
+        >>> affine_coefficients(((0.0, 1.0), (1.0, -1.0)), (1, 0))
+        ((0.0, 1.0), (1.0, 0.0))
+    """
+    return _affine_coefficients(rows, tuple(degrees))
+
+
+@lru_cache(maxsize=256)
+def _affine_coefficients(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return tuple(r[0] for r in rows), tuple(r[1] if d >= 1 else 0.0 for r, d in zip(rows, degrees))
+
+
+@lru_cache(maxsize=256)
 def affine_runs(c0: Sequence[float], c1: Sequence[float]) -> tuple[AffineRun, ...]:
     """Runs of consecutive heads with equal ``(c0, c1)`` that are not plain attention ``(0, 1)``.
 
@@ -364,7 +390,7 @@ def affine_runs(c0: Sequence[float], c1: Sequence[float]) -> tuple[AffineRun, ..
 
 def _apply_runs(out: Tensor, v: Tensor, runs: Sequence[AffineRun]) -> None:
     for start, stop, c0, c1 in runs:
-        ys, vs = out[..., start:stop, :], v[..., start:stop, :]
+        ys, vs = out.narrow(-2, start, stop - start), v.narrow(-2, start, stop - start)
         if c0 == 1.0 and c1 == -1.0:  # Laplacian: (I - P) v
             torch.sub(vs, ys, out=ys)
         else:
@@ -441,7 +467,9 @@ def affine(backend: Backend, v: Tensor, c0: Sequence[float], c1: Sequence[float]
         return backend.affine(v, c0, c1)
     dim = backend.head_axis
     y = backend.propagate(v, all_heads(v.shape[dim]))
-    runs = affine_runs(c0, c1)
+    runs = affine_runs(c0 if isinstance(c0, tuple) else tuple(c0), c1 if isinstance(c1, tuple) else tuple(c1))
     if not runs:
         return y
-    return combine_affine(y.movedim(dim, -2), v.to(y.dtype).movedim(dim, -2), runs).movedim(-2, dim)
+    if v.dtype != y.dtype:
+        v = v.to(y.dtype)
+    return combine_affine(y.movedim(dim, -2), v.movedim(dim, -2), runs).movedim(-2, dim)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from diffusionformer.ops._checks import check_coefficients, check_degrees, check_scale, check_tensor
-from diffusionformer.ops.engine import Backend, Heads, affine, polynomial, select, static_coefficients, work_dtype
+from diffusionformer.ops.engine import Backend, Heads, affine, affine_coefficients, polynomial, select, static_coefficients, work_dtype
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
 from diffusionformer.ops.scatter import ScatterBackend, scatter_sum, segment_softmax
 
@@ -364,7 +364,7 @@ def diffuse_sparse_with_weights(
         K = coeffs.shape[1] - 1
     else:
         K = len(static[0]) - 1
-    degrees = tuple(check_degrees(degrees, H, K))
+    degrees = check_degrees(degrees, H, K)
     edge_index = check_edge_index(edge_index, N)
     scale = check_scale(scale, q.shape[-1])
     edge_mask = keep = None
@@ -406,8 +406,7 @@ def _diffuse_sparse(
         vb = v  # (N, H, C)
     weights = engine.weights().to(dtype) if need_weights else None
     if isinstance(coeffs, tuple) and len(coeffs[0]) == 2:  # static, degree <= 1: one propagation
-        c0 = tuple(r[0] for r in coeffs)
-        c1 = tuple(r[1] if d >= 1 else 0.0 for r, d in zip(coeffs, degrees))
+        c0, c1 = affine_coefficients(coeffs, degrees)
         out = affine(engine, vb, c0, c1)
     else:
         if isinstance(coeffs, tuple):
