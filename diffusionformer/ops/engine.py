@@ -12,16 +12,14 @@ of ``H`` heads taking ``K`` steps propagates ``H + (K - 1) G`` head-signals, not
 :class:`Backend` supplies ``propagate(x, heads) = P[heads] x``. The back-ends of the
 package are
 
-===================  ===================================  ============================  ==========
-back-end             where                                ``P``                         layout
-===================  ===================================  ============================  ==========
-``SdpaBackend``      :mod:`~diffusionformer.ops.dense`    recomputed by the fused SDPA  ``B H N C``
-                                                          kernel at every step
-``MatrixBackend``    :mod:`~diffusionformer.ops.dense`    materialised ``(B, H, N, M)`` ``B H N C``
-``CsrBackend``       :mod:`~diffusionformer.ops.sparse`   one CSR matrix per head       ``H N C``
-``NativeBackend``    :mod:`~diffusionformer.ops.sparse`   ``(E, H)`` edge weights,      ``N H C``
-                                                          gather-multiply-scatter
-===================  ===================================  ============================  ==========
+* ``SdpaBackend`` (:mod:`~diffusionformer.ops.dense`): ``P`` recomputed by the fused SDPA
+  kernel at every step; signals ``(B, H, N, C)``;
+* ``MatrixBackend`` (:mod:`~diffusionformer.ops.dense`): ``P`` materialised once,
+  ``(B, H, N, M)``; signals ``(B, H, N, C)``;
+* ``CsrBackend`` (:mod:`~diffusionformer.ops.sparse`): one CSR matrix per head; signals
+  head-major ``(H, N, C)``;
+* ``NativeBackend`` (:mod:`~diffusionformer.ops.sparse`): ``(E, H)`` edge weights,
+  gather-multiply-scatter; signals node-major ``(N, H, C)``;
 
 and the GPU (Triton) kernels and rival operators plug in the same way.
 
@@ -103,7 +101,6 @@ from torch import Tensor
 
 __all__ = [
     "Backend",
-    "Heads",
     "active_heads",
     "affine",
     "affine_coefficients",
@@ -118,7 +115,7 @@ __all__ = [
     "work_dtype",
 ]
 
-#: A subset of heads: increasing head indices.
+# A subset of heads: increasing head indices.
 Heads = tuple[int, ...]
 
 #: ``(start, stop, c0, c1)``: heads ``start .. stop - 1`` output ``c0 v + c1 P v``.
