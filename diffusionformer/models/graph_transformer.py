@@ -8,9 +8,10 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
-from torch_geometric.utils import add_self_loops, remove_self_loops, to_dense_batch
+from torch_geometric.utils import to_dense_batch
 
 from diffusionformer.graph.core import AttentionGraph
+from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import DropPath, Mlp, make_norm, resolve_layer_heads
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
@@ -132,11 +133,6 @@ class DiffusionGraphTransformer(nn.Module):
         self.head = nn.Linear(c.dim, c.num_classes)
         init_transformer_weights(self, c.depth)
 
-    def _prepare_edges(self, edge_index: Tensor, num_nodes: int) -> Tensor:
-        if self.config.self_loops:
-            edge_index, _ = remove_self_loops(edge_index)
-            edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
-        return edge_index
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
                 return_intermediates: bool = False) -> Any:
@@ -149,8 +145,8 @@ class DiffusionGraphTransformer(nn.Module):
             raise ValueError(f"batch must have shape (N,) = ({N},), got {tuple(batch.shape)}")
         if c.task == "graph" and batch is None:
             batch = torch.zeros(N, dtype=torch.long, device=x.device)
-        # the graph is built once per batch; its edge_index is checked once per layer, by the kernel
-        graph = AttentionGraph.sparse(self._prepare_edges(edge_index, N), N, batch=batch, checked=False)
+        # the graph is built once per batch by the builder; its edge_index is checked by the kernel
+        graph = from_edge_index(edge_index, N, batch=batch, self_loops=True if c.self_loops else None, checked=False)
         h = self.embed(self.input_drop(x.to(self.embed.weight.dtype)))
         inter = ModelIntermediates(embeddings=h) if return_intermediates else None
         for block in self.blocks:
