@@ -233,3 +233,18 @@ def test_head_layout_sugar_is_resolved_in_one_place():
         format_head_spec("attention:{quarter}", 4)
     with pytest.raises(ValueError, match="laplacian_heads must be an int, 'half'"):
         resolve_layer_heads(2, 4, laplacian_heads="all")
+
+
+def test_from_edge_index_equals_from_pyg_and_defers_the_check():
+    from torch_geometric.data import Data
+
+    from diffusionformer.graph import from_edge_index, from_pyg
+
+    ei = torch.tensor([[0, 1, 1, 2], [1, 0, 1, 3]])
+    for self_loops in (None, True, False):
+        a = from_edge_index(ei, 4, self_loops=self_loops)
+        b = from_pyg(Data(edge_index=ei, num_nodes=4), self_loops=self_loops)
+        assert torch.equal(a.edge_index, b.edge_index) and a.num_nodes == b.num_nodes == 4
+    with pytest.raises(ValueError, match="edge_index values must lie"):
+        from_edge_index(torch.tensor([[0], [7]]), 4)
+    assert not from_edge_index(torch.tensor([[0], [7]]), 4, checked=False).checked
