@@ -194,9 +194,10 @@ def _split_block_call(
 ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
     """``(x, attention kwargs, batch)`` of one block call, by the block's forward signature.
 
-    The first argument is the token/node input; ``edge_index`` (graph blocks) and any
-    ``**kwargs`` (dense blocks: ``key_padding_mask``, ``attn_mask``, ``graph``) go to the
-    attention; ``batch`` is the graph id per node.
+    The first argument is the token/node input; ``graph`` (an
+    :class:`~diffusionformer.graph.AttentionGraph` or a bare ``edge_index``), ``edge_index``
+    and any ``**kwargs`` (dense blocks: ``key_padding_mask``, ``attn_mask``) go to the
+    attention; ``batch`` is the graph id per node (or the graph's own ``batch``).
     """
     sig = inspect.signature(block.forward)
     bound = sig.bind(*args, **kwargs)
@@ -209,7 +210,12 @@ def _split_block_call(
             attn_kwargs.update(bound.arguments[name])
         elif name == "edge_index":
             attn_kwargs["edge_index"] = bound.arguments[name]
+        elif name == "graph" and bound.arguments[name] is not None:  # an AttentionGraph, or a bare edge_index
+            value = bound.arguments[name]
+            attn_kwargs["edge_index" if isinstance(value, Tensor) else "graph"] = value
     batch = bound.arguments.get("batch")
+    if batch is None and not isinstance(attn_kwargs.get("graph"), (Tensor, type(None))):
+        batch = getattr(attn_kwargs["graph"], "batch", None)
     return x, attn_kwargs, batch
 
 

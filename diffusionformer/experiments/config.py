@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from diffusionformer.config import config_from_dict, config_to_dict, document_fields
+from diffusionformer.nn.heads import format_head_spec, laplacian_count
 from diffusionformer.train import TrainConfig
 
 if sys.version_info >= (3, 11):
@@ -141,22 +142,12 @@ class OperatorSetting:
     def overrides(self, num_heads: int) -> dict[str, Any]:
         """Model-config overrides for a model with ``num_heads`` heads per layer."""
         out = dict(self.model_overrides)
-        fmt = {"H": num_heads, "half": num_heads // 2}
+        # the sugar ("half", {H}/{half}) is resolved where every head layout is: diffusionformer.nn.heads
         if self.laplacian_heads is not None:
-            out["laplacian_heads"] = fmt["half"] if self.laplacian_heads == "half" else self.laplacian_heads
+            out["laplacian_heads"] = laplacian_count(self.laplacian_heads, num_heads)
         if self.heads is not None:
-            out["heads"] = _format_heads(self.heads, fmt)
+            out["heads"] = format_head_spec(self.heads, num_heads)
         return out
-
-
-def _format_heads(heads: Any, fmt: dict[str, int]) -> Any:
-    if isinstance(heads, str):
-        return heads.format(**fmt)
-    if isinstance(heads, list):
-        return [_format_heads(h, fmt) for h in heads]
-    if isinstance(heads, dict):
-        return {int(k): _format_heads(v, fmt) for k, v in heads.items()}
-    return heads
 
 
 @document_fields

@@ -10,7 +10,7 @@ mask) and a sparse layout (PyG ``edge_index``); the builders produce either, and
 from diffusionformer.graph.builders import GRID_METRICS, causal, complete, grid, sliding_window
 from diffusionformer.graph.core import LAYOUTS, AttentionGraph
 from diffusionformer.graph.export import draw_attention_graph, grid_layout, to_networkx
-from diffusionformer.graph.interop import from_networkx, from_pyg
+from diffusionformer.graph.interop import from_edge_index, from_networkx, from_pyg
 from diffusionformer.graph.knn import KNN_METRICS, knn
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "causal",
     "complete",
     "draw_attention_graph",
+    "from_edge_index",
     "from_networkx",
     "from_pyg",
     "grid",

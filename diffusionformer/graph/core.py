@@ -94,6 +94,15 @@ class AttentionGraph:
         causal: ``i`` never attends to ``j > i`` (dense).
         window: attend to ``|i - j| <= window`` (``j in [i - window, i]`` when causal) (dense).
         allowed: ``(N, N)`` or ``(B, N, N)`` bool, True = ``i`` may attend to ``j`` (dense).
+        attn_mask: an extra mask with :func:`~torch.nn.functional.scaled_dot_product_attention`
+            semantics (bool True = attend, or additive float), broadcastable to
+            ``(B, H, N, N)`` (dense). It may weight keys or differ per head, so it has no sparse
+            form: it is handed to the kernel as is (and checked there) and the conversions
+            refuse it.
+        checked: whether the sparse ``edge_index`` was checked at construction (bounds,
+            block-diagonal batches: host synchronisations). ``False`` defers those checks to the
+            kernel (:func:`~diffusionformer.functional.diffuse_sparse`), which is how
+            :class:`~diffusionformer.nn.DiffusionAttention` wraps a bare ``edge_index``.
         edge_index: ``(2, E)`` long, row 0 source ``j``, row 1 target ``i`` (sparse).
         num_nodes: total number of nodes (sparse).
         batch: ``(num_nodes,)`` long graph assignment (sparse).
@@ -126,6 +135,8 @@ class AttentionGraph:
     edge_index: Tensor | None = None
     num_nodes: int | None = None
     batch: Tensor | None = None
+    attn_mask: Tensor | None = None
+    checked: bool = True
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -138,6 +149,7 @@ class AttentionGraph:
         causal: bool = False,
         window: int | None = None,
         allowed: Tensor | None = None,
+        attn_mask: Tensor | None = None,
     ) -> "AttentionGraph":
         """A dense graph over ``B`` sequences of ``seq_len`` tokens (see the class docstring).
 
@@ -147,7 +159,7 @@ class AttentionGraph:
         """
         return cls(
             "dense", seq_len=seq_len, batch_size=batch_size, key_padding_mask=key_padding_mask,
-            causal=causal, window=window, allowed=allowed,
+            causal=causal, window=window, allowed=allowed, attn_mask=attn_mask,
         )
 
     @classmethod
@@ -158,14 +170,19 @@ class AttentionGraph:
         *,
         batch: Tensor | None = None,
         batch_size: int | None = None,
+        checked: bool = True,
     ) -> "AttentionGraph":
         """A sparse graph; ``num_nodes`` defaults to ``batch.numel()`` or ``edge_index.max() + 1``.
+
+        ``checked=False`` (``num_nodes`` required) keeps only the shape and dtype checks and
+        leaves the bounds to the kernel, which checks them once per call.
 
         Examples:
             >>> AttentionGraph.sparse(torch.tensor([[0, 1], [1, 0]]))
             AttentionGraph(sparse, num_nodes=2, E=2)
         """
-        return cls("sparse", edge_index=edge_index, num_nodes=num_nodes, batch=batch, batch_size=batch_size)
+        return cls("sparse", edge_index=edge_index, num_nodes=num_nodes, batch=batch, batch_size=batch_size,
+                   checked=checked)
 
     def __post_init__(self) -> None:
         check_layout(self.layout)
@@ -173,7 +190,8 @@ class AttentionGraph:
             self._validate_dense()
         else:
             self._validate_sparse()
-        devices = {t.device for t in (self.key_padding_mask, self.allowed, self.edge_index, self.batch) if t is not None}
+        devices = {t.device for t in (self.key_padding_mask, self.allowed, self.edge_index, self.batch, self.attn_mask)
+                   if t is not None}
         if len(devices) > 1:
             raise ValueError(f"all tensors of an AttentionGraph must be on one device, got {sorted(map(str, devices))}")
 
@@ -181,6 +199,8 @@ class AttentionGraph:
         object.__setattr__(self, name, value)
 
     def _validate_dense(self) -> None:
+        if not isinstance(self.checked, bool) or not self.checked:
+            raise ValueError("checked=False applies to sparse graphs (it defers the edge_index bounds check)")
         for name in ("edge_index", "num_nodes", "batch"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} belongs to the sparse layout; a dense AttentionGraph takes seq_len, "
@@ -208,10 +228,16 @@ class AttentionGraph:
                 raise ValueError(f"allowed must have shape {want}, got {tuple(a.shape)}")
             if a.dim() == 3:
                 B = a.shape[0]
+        if self.attn_mask is not None:
+            m = self.attn_mask
+            if not isinstance(m, Tensor):
+                raise TypeError(f"attn_mask must be a tensor or None, got {type(m).__name__}")
+            if m.dtype != torch.bool and not m.is_floating_point():
+                raise TypeError(f"attn_mask must be bool (True = attend) or floating point, got {m.dtype}")
         self._set("batch_size", B)
 
     def _validate_sparse(self) -> None:
-        for name in ("seq_len", "key_padding_mask", "window", "allowed"):
+        for name in ("seq_len", "key_padding_mask", "window", "allowed", "attn_mask"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} belongs to the dense layout; a sparse AttentionGraph takes edge_index, "
                                  "num_nodes, batch and batch_size")
@@ -228,6 +254,17 @@ class AttentionGraph:
             batch = _check_index_tensor("batch", self.batch, "(num_nodes,)")
             if batch.dim() != 1:
                 raise ValueError(f"batch must have shape (num_nodes,), got {tuple(batch.shape)}")
+        if not isinstance(self.checked, bool):
+            raise TypeError(f"checked must be a bool, got {type(self.checked).__name__}")
+        if not self.checked:
+            if self.num_nodes is None:
+                raise ValueError("an unchecked sparse AttentionGraph (checked=False) needs num_nodes")
+            if batch is not None and batch.numel() != self.num_nodes:
+                raise ValueError(f"batch must have shape (num_nodes,) = ({self.num_nodes},), got {tuple(batch.shape)}")
+            self._set("edge_index", e)
+            self._set("num_nodes", check_int("num_nodes", self.num_nodes, 1))
+            self._set("batch", batch)
+            return
         N = self.num_nodes
         if N is None:
             if batch is not None:
@@ -273,7 +310,7 @@ class AttentionGraph:
     @property
     def device(self) -> torch.device:
         """Device of the graph's tensors (CPU when it has none)."""
-        for t in (self.key_padding_mask, self.allowed, self.edge_index, self.batch):
+        for t in (self.key_padding_mask, self.allowed, self.edge_index, self.batch, self.attn_mask):
             if t is not None:
                 return t.device
         return torch.device("cpu")
@@ -282,7 +319,7 @@ class AttentionGraph:
         """The same graph with its tensors on ``device``."""
         move = {
             name: getattr(self, name).to(device)
-            for name in ("key_padding_mask", "allowed", "edge_index", "batch")
+            for name in ("key_padding_mask", "allowed", "edge_index", "batch", "attn_mask")
             if getattr(self, name) is not None
         }
         return replace(self, **move)
@@ -298,6 +335,8 @@ class AttentionGraph:
                 parts.append("padding=True")
             if self.allowed is not None:
                 parts.append(f"allowed={tuple(self.allowed.shape)}")
+            if self.attn_mask is not None:
+                parts.append(f"attn_mask={tuple(self.attn_mask.shape)}")
         else:
             assert self.edge_index is not None  # validated
             parts = [f"num_nodes={self.num_nodes}", f"E={self.edge_index.shape[1]}"]
@@ -305,6 +344,8 @@ class AttentionGraph:
                 parts.append(f"graphs={self.batch_size}")
             elif self.batch is not None:
                 parts.append("batch=True")
+            if not self.checked:
+                parts.append("checked=False")
         return f"AttentionGraph({self.layout}, {', '.join(parts)})"
 
     # ------------------------------------------------------------------ layer interface
@@ -344,9 +385,12 @@ class AttentionGraph:
                              f"got {tuple(x.shape)}")
         out: dict[str, Any] = {}
         assert N is not None
+        extra = None if self.attn_mask is None else self.attn_mask.to(x.device)
         if self.causal and self.window is None and self.allowed is None:
             # plain causal graph: let the fused kernel apply its own causal mask (no N x N tensor)
             out["is_causal"] = True
+            if extra is not None:
+                out["attn_mask"] = extra
             if self.key_padding_mask is not None:
                 out["key_padding_mask"] = self.key_padding_mask.to(x.device)
             return out
@@ -355,6 +399,13 @@ class AttentionGraph:
             a = self.allowed.to(x.device)
             a = a if a.dim() == 2 else a[:, None]  # (N, N) or (B, 1, N, N)
             mask = a if mask is None else a & mask
+        if extra is not None:  # the structural mask (bool) and the caller's SDPA mask, both applied
+            if mask is None:
+                mask = extra
+            elif extra.dtype == torch.bool:
+                mask = extra & mask
+            else:
+                mask = extra.masked_fill(~mask, float("-inf"))
         if mask is not None:
             out["attn_mask"] = mask
         if self.key_padding_mask is not None:
@@ -362,6 +413,11 @@ class AttentionGraph:
         return out
 
     # ------------------------------------------------------------------ conversions
+    def _refuse_attn_mask(self, what: str) -> None:
+        if self.attn_mask is not None:
+            raise ValueError(f"{what}: this graph has an SDPA attn_mask (float weights or per-head masks have no "
+                             "boolean adjacency); describe the graph with allowed= instead")
+
     def _resolve_batch_size(self, batch_size: int | None) -> int:
         if batch_size is not None:
             check_int("batch_size", batch_size, 1)
@@ -387,6 +443,7 @@ class AttentionGraph:
         """
         if self.is_sparse:
             return self.to_dense().dense_allowed()
+        self._refuse_attn_mask("dense_allowed")
         B, N = self._resolve_batch_size(batch_size), self.seq_len
         assert N is not None
         dev = self.device
@@ -418,6 +475,7 @@ class AttentionGraph:
         """
         if self.is_sparse:
             return self
+        self._refuse_attn_mask("to_sparse")
         B, N = self._resolve_batch_size(batch_size), self.seq_len
         assert N is not None
         dev = self.device

@@ -10,7 +10,7 @@ from torch import Tensor
 from diffusionformer.graph._checks import check_layout
 from diffusionformer.graph.core import AttentionGraph
 
-__all__ = ["from_networkx", "from_pyg"]
+__all__ = ["from_edge_index", "from_networkx", "from_pyg"]
 
 
 def _set_self_loops(edge_index: Tensor, num_nodes: int, self_loops: bool | None) -> Tensor:
@@ -24,6 +24,38 @@ def _set_self_loops(edge_index: Tensor, num_nodes: int, self_loops: bool | None)
     if self_loops:
         edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
     return edge_index
+
+
+def from_edge_index(
+    edge_index: Tensor,
+    num_nodes: int,
+    *,
+    batch: Tensor | None = None,
+    self_loops: bool | None = None,
+    checked: bool = True,
+) -> AttentionGraph:
+    r"""The sparse graph of a PyG ``edge_index`` over ``num_nodes`` nodes: ``i`` attends to ``j`` iff ``j -> i`` is an edge.
+
+    Args:
+        edge_index: ``(source j, target i)`` pairs.
+        num_nodes: ``N``.
+        batch: graph of every node (``(N,)``), as in a PyG ``Batch``.
+        self_loops: ``None`` keeps the edges as they are; ``True`` gives every node exactly one
+            self loop (:func:`~torch_geometric.utils.remove_self_loops` then
+            :func:`~torch_geometric.utils.add_self_loops`); ``False`` removes them.
+        checked: ``False`` leaves the bounds check (a host synchronisation) to the kernel, which
+            runs it once per call (see :class:`AttentionGraph`); models that build a graph per
+            batch use it.
+
+    Examples:
+        >>> from_edge_index(torch.tensor([[0, 1], [1, 0]]), 3, self_loops=True).edge_index
+        tensor([[0, 1, 0, 1, 2],
+                [1, 0, 0, 1, 2]])
+    """
+    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool):
+        raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
+    edge_index = _set_self_loops(edge_index, num_nodes, self_loops)
+    return AttentionGraph.sparse(edge_index, num_nodes, batch=batch, checked=checked)
 
 
 def from_pyg(data: Any, *, self_loops: bool | None = None, layout: str = "sparse") -> AttentionGraph:

@@ -8,9 +8,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
-from torch_geometric.utils import add_self_loops, remove_self_loops, to_dense_batch
+from torch_geometric.utils import to_dense_batch
 
 from diffusionformer.config import document_fields
+from diffusionformer.graph.core import AttentionGraph
+from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import DropPath, Mlp, make_norm, resolve_layer_heads
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
@@ -61,8 +63,12 @@ class GraphBlock(nn.Module):
         x \leftarrow x + \mathrm{Attn}_{E}(\mathrm{Norm}(x)) [+ \mathrm{Attn}_{global}(\mathrm{Norm}(x))],
         \qquad x \leftarrow x + \mathrm{MLP}(\mathrm{Norm}(x))
 
+    The graph is an :class:`~diffusionformer.graph.AttentionGraph` (built once per batch by
+    :class:`DiffusionGraphTransformer`) or a bare ``edge_index``.
+
     Shapes:
-        ``x``: ``(N, D)``, ``edge_index``: ``(2, E)``, ``batch``: ``(N,)`` -> ``(N, D)``.
+        ``x``: ``(N, D)``, ``graph``: a sparse graph over ``N`` nodes or ``edge_index`` ``(2, E)``,
+        ``batch``: ``(N,)`` -> ``(N, D)``.
     """
 
     def __init__(self, dim: int, num_heads: int, heads: Any = None, *, mlp_ratio: float = 2.0, dropout: float = 0.0,
@@ -75,9 +81,13 @@ class GraphBlock(nn.Module):
         self.norm2 = make_norm(norm_layer, dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout=dropout)
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, graph: AttentionGraph | Tensor, batch: Tensor | None = None) -> Tensor:
+        if isinstance(graph, Tensor):
+            graph = AttentionGraph.sparse(graph, x.shape[0], batch=batch, checked=False)
+        if batch is None:
+            batch = graph.batch
         h = self.norm1(x)
-        update = self.attn(h, edge_index=edge_index)
+        update = self.attn(h, graph)
         if self.global_attn is not None:
             dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
             g = self.global_attn(dense, key_padding_mask=~mask)
@@ -125,11 +135,6 @@ class DiffusionGraphTransformer(nn.Module):
         self.head = nn.Linear(c.dim, c.num_classes)
         init_transformer_weights(self, c.depth)
 
-    def _prepare_edges(self, edge_index: Tensor, num_nodes: int) -> Tensor:
-        if self.config.self_loops:
-            edge_index, _ = remove_self_loops(edge_index)
-            edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
-        return edge_index
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
                 return_intermediates: bool = False) -> Any:
@@ -142,11 +147,12 @@ class DiffusionGraphTransformer(nn.Module):
             raise ValueError(f"batch must have shape (N,) = ({N},), got {tuple(batch.shape)}")
         if c.task == "graph" and batch is None:
             batch = torch.zeros(N, dtype=torch.long, device=x.device)
-        edges = self._prepare_edges(edge_index, N)
+        # the graph is built once per batch by the builder; its edge_index is checked by the kernel
+        graph = from_edge_index(edge_index, N, batch=batch, self_loops=True if c.self_loops else None, checked=False)
         h = self.embed(self.input_drop(x.to(self.embed.weight.dtype)))
         inter = ModelIntermediates(embeddings=h) if return_intermediates else None
         for block in self.blocks:
-            h = block(h, edges, batch)
+            h = block(h, graph, batch)
             if inter is not None:
                 inter.hidden_states.append(h)
         h = self.norm(h)

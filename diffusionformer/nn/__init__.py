@@ -1,8 +1,8 @@
 """Modules: :class:`DiffusionAttention` and (in :mod:`diffusionformer.nn.block`) transformer blocks."""
 
 from diffusionformer.nn.attention import AttentionIntermediates, DiffusionAttention
-from diffusionformer.nn.block import Block, DropPath, LayerScale, Mlp, make_norm, resolve_layer_heads
-from diffusionformer.nn.heads import HeadGroup, parse_heads
+from diffusionformer.nn.block import Block, DropPath, LayerScale, Mlp, make_norm
+from diffusionformer.nn.heads import HeadGroup, parse_heads, resolve_layer_heads
 
 __all__ = [
     "AttentionIntermediates",

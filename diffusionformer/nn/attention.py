@@ -9,11 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.nn._affine import AffineRun, combine_affine
+from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights, diffuse_with_weights
+from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn.heads import HeadGroup, parse_heads
-from diffusionformer.ops import dense as _dense
-from diffusionformer.ops.dense import DENSE_BACKENDS, diffuse_with_weights
-from diffusionformer.ops.sparse import _diffuse_sparse, check_edge_index
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention"]
 
@@ -46,9 +44,15 @@ class DiffusionAttention(nn.Module):
     with :math:`f_h(P) = \sum_k c_{h,k} P^k` given by the head's operator: ``P`` for
     attention, ``I - P`` for the Laplacian heads of Zhang & Papyan (arXiv 2602.09297),
     truncated heat kernels, personalised PageRank, learned polynomials
-    (:mod:`diffusionformer.operators`). Heads that use only ``P^0`` and ``P^1`` share one fused
-    :func:`~torch.nn.functional.scaled_dot_product_attention` call; heads that need ``K``
-    steps are propagated further, alone.
+    (:mod:`diffusionformer.operators`). The layer projects and calls the functional API
+    (:func:`~diffusionformer.functional.diffuse`, :func:`~diffusionformer.functional.diffuse_sparse`),
+    which picks the path: heads with fixed coefficients on ``P^0`` and ``P^1`` share one
+    fused :func:`~torch.nn.functional.scaled_dot_product_attention` call; heads that need
+    ``K`` steps are propagated further, alone.
+
+    The token graph is one argument, an :class:`~diffusionformer.graph.AttentionGraph`
+    (``attn(x, graph)``); ``key_padding_mask=``, ``attn_mask=``, ``is_causal=`` and
+    ``edge_index=`` are shorthands that build one.
 
     The projections match :class:`torch.nn.MultiheadAttention` (``qkv.weight`` =
     ``in_proj_weight``: q | k | v, each split into heads ``0 .. H-1``) and PyG's
@@ -81,6 +85,9 @@ class DiffusionAttention(nn.Module):
         torch.Size([2, 5, 16])
         >>> attn(torch.randn(5, 16), edge_index=torch.tensor([[0, 1, 2], [1, 2, 0]])).shape
         torch.Size([5, 16])
+        >>> from diffusionformer.graph import sliding_window
+        >>> attn(torch.randn(2, 5, 16), sliding_window(5, 1)).shape
+        torch.Size([2, 5, 16])
     """
 
     def __init__(
@@ -119,29 +126,32 @@ class DiffusionAttention(nn.Module):
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
 
         groups = parse_heads(heads, num_heads)
+        for g in groups:
+            flags = [f for f in ("needs_second_map", "needs_layer_state", "reprojects_each_step") if getattr(g.operator, f)]
+            if flags:
+                raise ValueError(
+                    f"operator {g.operator.name!r} declares {', '.join(flags)}, which DiffusionAttention does not "
+                    "resolve (it applies one polynomial in one P per head)"
+                )
         self.operators = nn.ModuleList([g.operator for g in groups])
         self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
         self._polynomial = [g.operator.is_polynomial for g in groups]
         self.max_degree = max((g.operator.degree for g in groups if g.operator.is_polynomial), default=0)
-        self._degrees = []
+        degrees: list[int] = []
         for g in groups:
-            self._degrees += [g.operator.degree if g.operator.is_polynomial else 0] * g.count
-        # Static plan: when every head's coefficients are fixed constants of degree <= 1
-        # (attention, Laplacian, a I + b P) the layer is one fused call and a cheap combination.
+            degrees += [g.operator.degree if g.operator.is_polynomial else 0] * g.count
+        self._degrees = tuple(degrees)
+        # Fixed coefficients (attention, Laplacian, fixed heat/PPR) are handed to the functional
+        # API as Python floats: static coefficients let it take the fused path (one attention
+        # call and an in-place combination for degree <= 1) without reading a device tensor.
         static = [g.operator.static_coefficients() for g in groups]
-        self._fused_kind = "none"
-        if all(s is not None and len(s) <= 2 for s in static) and all(self._polynomial):
-            c0, c1 = [], []
+        self._static_coefficients: tuple[tuple[float, ...], ...] | None = None
+        if all(s is not None for s in static) and all(self._polynomial):
+            rows: list[tuple[float, ...]] = []
             for g, s in zip(groups, static):
                 assert s is not None
-                c0 += [s[0]] * g.count
-                c1 += [s[1] if len(s) > 1 else 0.0] * g.count
-            self._fused_kind = "attention" if all(a == 0.0 for a in c0) and all(b == 1.0 for b in c1) else "affine"
-            # runs of heads that are not plain attention: (start, stop, c0, c1), see nn/_affine.py
-            self._affine_runs: list[AffineRun] = [
-                (g.start, g.stop, s[0], s[1] if len(s) > 1 else 0.0) for g, s in zip(groups, static)
-                if s is not None and (s[0], s[1] if len(s) > 1 else 0.0) != (0.0, 1.0)
-            ]
+                rows += [tuple(s) + (0.0,) * (self.max_degree + 1 - len(s))] * g.count
+            self._static_coefficients = tuple(rows)
 
     # ------------------------------------------------------------------ construction helpers
     @property
@@ -237,24 +247,32 @@ class DiffusionAttention(nn.Module):
     def forward(
         self,
         x: Tensor,
+        graph: AttentionGraph | None = None,
         *,
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         edge_index: Tensor | None = None,
-        graph: Any = None,
+        is_causal: bool = False,
         return_intermediates: bool = False,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
-        """Apply the layer (dense when ``edge_index`` is None, sparse otherwise).
+        """Apply the layer over the token graph ``graph`` (dense or sparse).
+
+        The graph is the one structural argument: ``attn(x, graph)``. The keyword arguments
+        ``key_padding_mask``, ``attn_mask``, ``is_causal`` (dense) and ``edge_index`` (sparse)
+        are shorthands that build the graph (:meth:`graph_from_arguments`); without any of
+        them the graph is complete (causal for a ``causal=True`` layer).
 
         Args:
             x: tokens ``(B, N, D)`` (dense) or nodes ``(N, D)`` (sparse).
+            graph: an :class:`~diffusionformer.graph.AttentionGraph` (or any object with an
+                ``attention_kwargs(x)`` method returning some of ``key_padding_mask``,
+                ``attn_mask``, ``edge_index``, ``is_causal``); exclusive with the shorthands.
             key_padding_mask: ``(B, N)`` bool, True marks padding (dense only). A fully padded
                 sequence gives finite output.
             attn_mask: extra dense mask with SDPA semantics (bool True = attend, or additive float).
             edge_index: ``(2, E)`` edges ``(source j, target i)`` for the sparse back-end.
-            graph: an :class:`~diffusionformer.graph.AttentionGraph` (or any object with an
-                ``attention_kwargs(x)`` method returning some of ``key_padding_mask``,
-                ``attn_mask``, ``edge_index``, ``is_causal``); exclusive with the first three.
+            is_causal: position ``i`` attends to ``j <= i`` only (dense; the layer's ``causal``
+                flag applies in any case).
             return_intermediates: also return :class:`AttentionIntermediates` (materialises ``P``).
 
         Returns:
@@ -266,26 +284,60 @@ class DiffusionAttention(nn.Module):
             raise TypeError(f"x must be floating point, got {x.dtype}")
         if x.shape[-1:] != (self.dim,):
             raise ValueError(f"x must have last dimension dim={self.dim}, got shape {tuple(x.shape)}")
-        if graph is not None:
-            if key_padding_mask is not None or attn_mask is not None or edge_index is not None:
-                raise ValueError("pass either graph= or key_padding_mask/attn_mask/edge_index, not both")
-            if not hasattr(graph, "attention_kwargs"):
-                raise TypeError(f"graph must be an AttentionGraph, got {type(graph).__name__}")
-            given = graph.attention_kwargs(x)
-            unknown = set(given) - {"key_padding_mask", "attn_mask", "edge_index", "is_causal"}
-            if unknown:
-                raise TypeError(f"graph.attention_kwargs returned unknown keys {sorted(unknown)}")
-            key_padding_mask = given.get("key_padding_mask")
-            attn_mask = given.get("attn_mask")
-            edge_index = given.get("edge_index")
-            graph_causal = bool(given.get("is_causal", False))
-        else:
-            graph_causal = False
+        if graph is None:
+            if key_padding_mask is None and attn_mask is None and edge_index is None and not is_causal:
+                # the complete graph (causal when the layer is): nothing to build or to mask
+                return self._forward_dense(x, None, None, return_intermediates)
+            graph = self.graph_from_arguments(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                                              edge_index=edge_index, is_causal=is_causal)
+        elif key_padding_mask is not None or attn_mask is not None or edge_index is not None or is_causal:
+            raise ValueError("pass either graph= or key_padding_mask/attn_mask/edge_index/is_causal, not both")
+        if not hasattr(graph, "attention_kwargs"):
+            raise TypeError(f"graph must be an AttentionGraph, got {type(graph).__name__}")
+        given = graph.attention_kwargs(x)
+        unknown = set(given) - {"key_padding_mask", "attn_mask", "edge_index", "is_causal"}
+        if unknown:
+            raise TypeError(f"graph.attention_kwargs returned unknown keys {sorted(unknown)}")
+        if given.get("edge_index") is not None:
+            return self._forward_sparse(x, given["edge_index"], return_intermediates)
+        return self._forward_dense(x, given.get("key_padding_mask"), given.get("attn_mask"), return_intermediates,
+                                   bool(given.get("is_causal", False)))
+
+    def graph_from_arguments(
+        self,
+        x: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        edge_index: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> AttentionGraph:
+        """The :class:`~diffusionformer.graph.AttentionGraph` that :meth:`forward`'s shorthands describe.
+
+        ``edge_index`` gives a sparse graph over the ``N`` rows of ``x`` (its bounds are
+        checked once, by the kernel: ``checked=False``); otherwise a dense graph over
+        ``x``'s ``B`` sequences of ``N`` tokens.
+
+        Examples:
+            >>> attn = DiffusionAttention(8, 2)
+            >>> attn.graph_from_arguments(torch.zeros(2, 3, 8), is_causal=True)
+            AttentionGraph(dense, B=2, N=3, causal=True)
+            >>> attn.graph_from_arguments(torch.zeros(3, 8), edge_index=torch.tensor([[0, 1], [1, 2]]))
+            AttentionGraph(sparse, num_nodes=3, E=2, checked=False)
+        """
+        if not isinstance(is_causal, bool):
+            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
         if edge_index is not None:
-            if key_padding_mask is not None or attn_mask is not None:
-                raise ValueError("key_padding_mask/attn_mask apply to dense inputs; the sparse graph is given by edge_index")
-            return self._forward_sparse(x, edge_index, return_intermediates)
-        return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates, graph_causal)
+            if key_padding_mask is not None or attn_mask is not None or is_causal:
+                raise ValueError("key_padding_mask/attn_mask/is_causal apply to dense inputs; the sparse graph is "
+                                 "given by edge_index (use DiffusionAttention(causal=True) for causal edges)")
+            if x.dim() != 2:
+                raise ValueError(f"sparse input x must have shape (N, D), got {tuple(x.shape)}")
+            return AttentionGraph.sparse(edge_index, x.shape[0], checked=False)
+        if x.dim() != 3:
+            raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
+        return AttentionGraph.dense(x.shape[1], batch_size=x.shape[0], key_padding_mask=key_padding_mask,
+                                    causal=is_causal, attn_mask=attn_mask)
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         H, C = self.num_heads, self.head_dim
@@ -293,8 +345,8 @@ class DiffusionAttention(nn.Module):
         q, k, v = qkv.unbind(-3)  # each (..., N, H, C)
         return self.q_norm(q), self.k_norm(k), v
 
-    def _dense_mask(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
-                    causal: bool = False) -> tuple[Tensor | None, bool]:
+    def _dense_mask(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor | None:
+        """``attn_mask`` with the key padding folded in (validated once, by :func:`~diffusionformer.functional.diffuse`)."""
         B, N, _ = x.shape
         mask = attn_mask
         if attn_mask is not None:  # type, dtype and shape checked before the padding is folded in
@@ -307,11 +359,23 @@ class DiffusionAttention(nn.Module):
             keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, N)
             if mask is None:
                 mask = keep
-            elif mask.dtype == torch.bool:
-                mask = mask & keep
-            else:  # torch.where broadcasts a (1, 1, N, N) mask up to the padding's batch
-                mask = torch.where(keep, mask, float("-inf"))
-        return _dense.normalise_mask(mask, self.causal or causal, (B, self.num_heads, N, N), x.device, x.dtype)
+            elif not isinstance(mask, Tensor):
+                raise TypeError(f"attn_mask must be a tensor or None, got {type(mask).__name__}")
+            else:
+                try:
+                    mask = mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
+                except RuntimeError:
+                    raise ValueError(
+                        f"attn_mask must be broadcastable to (B, H, N, M) = {(B, self.num_heads, N, N)}, "
+                        f"got shape {tuple(mask.shape)}"
+                    ) from None
+        return mask
+
+    def _call_coefficients(self, need_weights: bool) -> Tensor | tuple[tuple[float, ...], ...]:
+        """Static coefficients as Python floats when the layer has them, else the ``(H, K+1)`` tensor."""
+        if self._static_coefficients is not None and not need_weights:
+            return self._static_coefficients
+        return self._coefficients()
 
     def _forward_dense(
         self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, return_intermediates: bool,
@@ -320,24 +384,15 @@ class DiffusionAttention(nn.Module):
         if x.dim() != 3:
             raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
         B, N, D = x.shape
-        mask, is_causal = self._dense_mask(x, key_padding_mask, attn_mask, causal)
+        mask = self._dense_mask(x, key_padding_mask, attn_mask)
         q, k, v = self._project(x)  # (B, N, H, C)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
         dropout_p = self.dropout if self.training else 0.0
-        scale = self.head_dim**-0.5
-
-        if self._fused_kind != "none" and not return_intermediates and self.backend != "matrix":
-            y = _dense._sdpa(q, k, v, mask, is_causal, scale, dropout_p, _dense._rows_with_keys(mask))
-            y = y.transpose(1, 2)  # (B, N, H, C)
-            if self._fused_kind == "affine":
-                y = self._combine_affine(y, v.transpose(1, 2))
-            return self.out_proj(y.reshape(B, N, D))
-
-        coeffs = self._coefficients()
         need_weights = return_intermediates or not all(self._polynomial)
         out, P = diffuse_with_weights(
-            q, k, v, coeffs, attn_mask=mask, is_causal=is_causal, scale=scale, backend=self.backend,
-            degrees=self._degrees, dropout_p=dropout_p, need_weights=need_weights,
+            q, k, v, self._call_coefficients(need_weights), attn_mask=mask, is_causal=self.causal or causal,
+            scale=self.head_dim**-0.5, backend=self.backend, degrees=self._degrees, dropout_p=dropout_p,
+            need_weights=need_weights,
         )
         if not all(self._polynomial):
             assert P is not None
@@ -347,14 +402,10 @@ class DiffusionAttention(nn.Module):
                     if dropout_p > 0.0:
                         Pg = F.dropout(Pg, p=dropout_p)
                     out = out.index_add(1, torch.arange(s, s + c, device=out.device), op.apply_matrix(Pg, v[:, s : s + c]))
-        y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))
+        y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))  # (B, N, H, C) -> (B, N, D)
         if return_intermediates:
             return y, AttentionIntermediates(P, self.coefficients().detach(), None, "matrix")
         return y
-
-    def _combine_affine(self, y: Tensor, v: Tensor) -> Tensor:
-        """``c0 v + c1 P v`` per head from ``y = P v``; both ``(B, N, H, C)``."""
-        return combine_affine(y, v, self._affine_runs)
 
     def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 2:
@@ -366,29 +417,18 @@ class DiffusionAttention(nn.Module):
                     "use a dense input or a polynomial operator such as 'heat'"
                 )
         N, D = x.shape
-        edge_index = check_edge_index(edge_index, N)
-        edge_mask = None
-        if self.causal:
-            keep = edge_index[0] <= edge_index[1]
-            if x.is_cuda:  # mask instead of filtering: a boolean index would synchronise with the host
-                edge_mask = keep
-            else:
-                edge_index = edge_index[:, keep]
         q, k, v = self._project(x)  # (N, H, C)
-        # static attention/Laplacian heads: one propagation P v, then the cheap combination
-        fused = self._fused_kind != "none"
-        out, alpha = _diffuse_sparse(
-            q, k, v, edge_index, None if fused else self._coefficients(), num_nodes=N, scale=self.head_dim**-0.5,
+        out, alpha = diffuse_sparse_with_weights(
+            q, k, v, edge_index, self._call_coefficients(False), num_nodes=N, scale=self.head_dim**-0.5,
             degrees=self._degrees, dropout_p=self.dropout if self.training else 0.0, backend="auto",
-            need_weights=return_intermediates, edge_mask=edge_mask,
+            is_causal=self.causal, need_weights=return_intermediates,
         )
-        if self._fused_kind == "affine":
-            out = self._combine_affine(out[None], v[None])[0]
         y = self.out_proj(out.reshape(N, D))
         if return_intermediates:
             assert alpha is not None
-            if edge_mask is not None:
-                edge_index, alpha = edge_index[:, edge_mask], alpha[edge_mask]
+            if self.causal:  # the edges the layer attended over
+                keep = edge_index[0] <= edge_index[1]
+                edge_index, alpha = edge_index[:, keep], alpha[keep]
             return y, AttentionIntermediates(alpha, self.coefficients().detach(), edge_index, "sparse")
         return y
 

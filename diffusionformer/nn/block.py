@@ -13,14 +13,16 @@ each head can be attention, Laplacian, heat, PPR or a learned polynomial.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
+from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn.attention import DiffusionAttention
+from diffusionformer.nn.heads import resolve_layer_heads  # noqa: F401  (re-exported: its historical home)
 
-__all__ = ["Block", "DropPath", "LayerScale", "Mlp", "make_norm", "resolve_layer_heads"]
+__all__ = ["Block", "DropPath", "LayerScale", "Mlp", "make_norm"]
 
 
 def make_norm(norm: str | Callable[[int], nn.Module], dim: int) -> nn.Module:
@@ -130,7 +132,7 @@ class Block(nn.Module):
         backend: dense back-end of the attention.
 
     Shapes:
-        ``x``: ``(B, N, D)`` dense or ``(N, D)`` with ``edge_index`` -> same shape.
+        ``x``: ``(B, N, D)`` dense or ``(N, D)`` with a sparse graph (or ``edge_index``) -> same shape.
 
     Examples:
         >>> blk = Block(16, 4, heads="attention:3,laplacian:1")
@@ -169,65 +171,7 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
-        x = x + self.drop_path(self.ls1(self.drop1(self.attn(self.norm1(x), **attn_kwargs))))
+    def forward(self, x: Tensor, graph: AttentionGraph | None = None, **attn_kwargs: Any) -> Tensor:
+        """``x`` after the block; ``graph`` (or the shorthands of :meth:`DiffusionAttention.forward`) goes to the attention."""
+        x = x + self.drop_path(self.ls1(self.drop1(self.attn(self.norm1(x), graph, **attn_kwargs))))
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
-
-
-def resolve_layer_heads(
-    num_layers: int,
-    num_heads: int,
-    heads: Any = None,
-    laplacian_heads: int | Sequence[int] | None = None,
-) -> list[Any]:
-    """One head specification per layer.
-
-    Args:
-        num_layers: depth ``L``.
-        num_heads: heads per layer ``H``.
-        heads: ``None`` (attention), one spec for every layer (a string such as
-            ``"attention:2,laplacian:2"``), a list of ``L`` specs (``None`` entries are
-            attention), or a dict ``{layer: spec}`` overriding some layers.
-        laplacian_heads: convenience for the seed paper's layout: an int (every layer) or a
-            list of ``L`` ints; the last ``k`` heads of a layer become Laplacian, as in the
-            paper's own code. Exclusive with ``heads``.
-
-    Examples:
-        >>> resolve_layer_heads(3, 4, laplacian_heads=[0, 2, 4])
-        [None, 'attention:2,laplacian:2', 'laplacian:4']
-        >>> resolve_layer_heads(2, 2, heads={1: "heat(learnable=True):2"})
-        [None, 'heat(learnable=True):2']
-    """
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
-    if laplacian_heads is not None:
-        if heads is not None:
-            raise ValueError("give either heads= or laplacian_heads=, not both")
-        counts = [laplacian_heads] * num_layers if isinstance(laplacian_heads, int) else list(laplacian_heads)
-        if len(counts) != num_layers:
-            raise ValueError(f"laplacian_heads lists {len(counts)} layers, the model has {num_layers}")
-        specs: list[Any] = []
-        for i, k in enumerate(counts):
-            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= num_heads:
-                raise ValueError(f"laplacian_heads[{i}] must be an int in [0, {num_heads}], got {k!r}")
-            if k == 0:
-                specs.append(None)
-            elif k == num_heads:
-                specs.append(f"laplacian:{k}")
-            else:
-                specs.append(f"attention:{num_heads - k},laplacian:{k}")
-        return specs
-    if heads is None or isinstance(heads, str):
-        return [heads] * num_layers
-    if isinstance(heads, Mapping):
-        specs = [None] * num_layers
-        for layer, spec in heads.items():
-            if isinstance(layer, bool) or not isinstance(layer, int) or not -num_layers <= layer < num_layers:
-                raise ValueError(f"layer index {layer!r} out of range for {num_layers} layers")
-            specs[layer] = spec
-        return specs
-    if isinstance(heads, Sequence):
-        if len(heads) != num_layers:
-            raise ValueError(f"a per-layer heads list must have {num_layers} entries (one per layer), got {len(heads)}")
-        return list(heads)
-    raise TypeError(f"heads must be None, a spec string, a per-layer list or a dict, got {type(heads).__name__}")

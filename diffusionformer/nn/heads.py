@@ -1,13 +1,26 @@
-"""Head specifications: which operator runs on which head of a layer."""
+"""Head specifications: which operator runs on which head of a layer, and of every layer of a model.
+
+This module is the one place where head layouts are resolved. A model's layout is, inside
+the library, a per-layer list of specs (:func:`resolve_layer_heads`); every way of writing
+one is sugar turned into that list here:
+
+* one spec for every layer, a per-layer list, or a ``{layer: spec}`` dict;
+* ``laplacian_heads``: the seed paper's layout (the last ``k`` heads of a layer are
+  Laplacian), an int, ``"half"`` (``H // 2``) or one entry per layer;
+* templates ``{H}`` (heads per layer) and ``{half}`` (``H // 2``) inside spec strings
+  (:func:`format_head_spec`), so one setting fits models of different widths.
+
+A layer's spec is then parsed into operator groups by :func:`parse_heads`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from diffusionformer.operators import DiffusionOperator, build_operator
 
-__all__ = ["HeadGroup", "parse_heads", "split_top_level"]
+__all__ = ["HeadGroup", "format_head_spec", "laplacian_count", "parse_heads", "resolve_layer_heads", "split_top_level"]
 
 
 @dataclass
@@ -83,9 +96,13 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
     Examples:
         >>> [(g.operator.name, g.start, g.count) for g in parse_heads("attention:3,I-P:1", 4)]
         [('attention', 0, 3), ('laplacian', 3, 1)]
+        >>> [(g.operator.name, g.count) for g in parse_heads("attention:{half},laplacian:{half}", 4)]
+        [('attention', 2), ('laplacian', 2)]
     """
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    if isinstance(heads, str):
+        heads = format_head_spec(heads, num_heads)
     if heads is None:
         return [HeadGroup(build_operator("attention", num_heads=num_heads), 0, num_heads)]
     if isinstance(heads, DiffusionOperator):
@@ -136,3 +153,114 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
         "heads must be None, a string like 'attention:6,laplacian:2', or a list with one operator per head; "
         f"got {type(heads).__name__}"
     )
+
+
+def format_head_spec(heads: Any, num_heads: int) -> Any:
+    """Fill the templates ``{H}`` (``num_heads``) and ``{half}`` (``num_heads // 2``) of a head spec.
+
+    Strings are formatted; lists and ``{layer: spec}`` dicts are formatted entry by entry
+    (dict keys become ints); anything else is returned as is.
+
+    Raises:
+        ValueError: an unknown template name.
+
+    Examples:
+        >>> format_head_spec("attention:{half},heat(t=0.5):{half}", 8)
+        'attention:4,heat(t=0.5):4'
+        >>> format_head_spec({"1": "laplacian:{H}"}, 2)
+        {1: 'laplacian:2'}
+    """
+    if isinstance(heads, str):
+        if "{" not in heads:
+            return heads
+        try:
+            return heads.format(H=num_heads, half=num_heads // 2)
+        except (KeyError, IndexError, ValueError) as err:
+            raise ValueError(f"head spec {heads!r}: only the templates {{H}} and {{half}} are known ({err})") from None
+    if isinstance(heads, list):
+        return [format_head_spec(h, num_heads) for h in heads]
+    if isinstance(heads, dict):
+        return {int(k): format_head_spec(v, num_heads) for k, v in heads.items()}
+    return heads
+
+
+def laplacian_count(count: Any, num_heads: int) -> Any:
+    """``laplacian_heads`` with ``"half"`` (one value, or list entries) replaced by ``num_heads // 2``.
+
+    Examples:
+        >>> laplacian_count("half", 6), laplacian_count([0, "half"], 4), laplacian_count(3, 8)
+        (3, [0, 2], 3)
+    """
+    if count == "half":
+        return num_heads // 2
+    if isinstance(count, list):
+        return [laplacian_count(c, num_heads) for c in count]
+    return count
+
+
+def resolve_layer_heads(
+    num_layers: int,
+    num_heads: int,
+    heads: Any = None,
+    laplacian_heads: int | str | Sequence[int | str] | None = None,
+) -> list[Any]:
+    """One head specification per layer: the library's one representation of a model's head layout.
+
+    Args:
+        num_layers: depth ``L``.
+        num_heads: heads per layer ``H``.
+        heads: ``None`` (attention), one spec for every layer (a string such as
+            ``"attention:2,laplacian:2"``, templates ``{H}``/``{half}`` allowed), a list of
+            ``L`` specs (``None`` entries are attention), or a dict ``{layer: spec}``
+            overriding some layers.
+        laplacian_heads: convenience for the seed paper's layout: an int or ``"half"`` (every
+            layer) or a list of ``L`` of them; the last ``k`` heads of a layer become
+            Laplacian, as in the paper's own code. Exclusive with ``heads``.
+
+    Examples:
+        >>> resolve_layer_heads(3, 4, laplacian_heads=[0, 2, 4])
+        [None, 'attention:2,laplacian:2', 'laplacian:4']
+        >>> resolve_layer_heads(2, 2, heads={1: "heat(learnable=True):2"})
+        [None, 'heat(learnable=True):2']
+        >>> resolve_layer_heads(2, 4, laplacian_heads="half")
+        ['attention:2,laplacian:2', 'attention:2,laplacian:2']
+    """
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+    if laplacian_heads is not None:
+        if heads is not None:
+            raise ValueError("give either heads= or laplacian_heads=, not both")
+        if isinstance(laplacian_heads, str) and laplacian_heads != "half":
+            raise ValueError(f"laplacian_heads must be an int, 'half' or a list of them, got {laplacian_heads!r}")
+        counts = laplacian_count(
+            [laplacian_heads] * num_layers if isinstance(laplacian_heads, (int, str)) else list(laplacian_heads),
+            num_heads,
+        )
+        if len(counts) != num_layers:
+            raise ValueError(f"laplacian_heads lists {len(counts)} layers, the model has {num_layers}")
+        specs: list[Any] = []
+        for i, k in enumerate(counts):
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= num_heads:
+                raise ValueError(f"laplacian_heads[{i}] must be an int in [0, {num_heads}], got {k!r}")
+            if k == 0:
+                specs.append(None)
+            elif k == num_heads:
+                specs.append(f"laplacian:{k}")
+            else:
+                specs.append(f"attention:{num_heads - k},laplacian:{k}")
+        return specs
+    heads = format_head_spec(heads, num_heads)
+    if heads is None or isinstance(heads, str):
+        return [heads] * num_layers
+    if isinstance(heads, Mapping):
+        specs = [None] * num_layers
+        for layer, spec in heads.items():
+            if isinstance(layer, bool) or not isinstance(layer, int) or not -num_layers <= layer < num_layers:
+                raise ValueError(f"layer index {layer!r} out of range for {num_layers} layers")
+            specs[layer] = spec
+        return specs
+    if isinstance(heads, Sequence):
+        if len(heads) != num_layers:
+            raise ValueError(f"a per-layer heads list must have {num_layers} entries (one per layer), got {len(heads)}")
+        return list(heads)
+    raise TypeError(f"heads must be None, a spec string, a per-layer list or a dict, got {type(heads).__name__}")

@@ -14,10 +14,13 @@ are not polynomials in one ``P`` (the exact ``matrix_exp`` reference) set
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+
+from diffusionformer.ops.dense import MatrixBackend
+from diffusionformer.ops.engine import all_heads, polynomial
 
 __all__ = ["DiffusionOperator"]
 
@@ -32,6 +35,14 @@ class DiffusionOperator(nn.Module):
         aliases: other names accepted by :func:`build_operator`.
         supports_sparse: whether the sparse (edge) back-end can run it.
         is_polynomial: whether :meth:`coefficients` describes it exactly.
+        needs_second_map: the operator combines two score maps (e.g. differential attention).
+        needs_layer_state: the operator reads state of another layer (e.g. NeuTRENO's
+            first-layer values).
+        reprojects_each_step: the signal is re-projected between steps (nonlinear diffusion),
+            so the steps are not powers of one linear ``P``.
+        example_kwargs: constructor arguments that exercise the operator's code paths where
+            the defaults hide one (learnable times, a non-identity polynomial); the
+            registry-wide tests build every registered operator with them.
         num_heads: the number of heads ``G`` this instance serves (learned parameters may be
             per head); fixed operators ignore it.
         degree: the highest power ``K`` of ``P`` used (static; it fixes the cost).
@@ -44,6 +55,10 @@ class DiffusionOperator(nn.Module):
     aliases: ClassVar[tuple[str, ...]] = ()
     supports_sparse: ClassVar[bool] = True
     is_polynomial: ClassVar[bool] = True
+    needs_second_map: ClassVar[bool] = False
+    needs_layer_state: ClassVar[bool] = False
+    reprojects_each_step: ClassVar[bool] = False
+    example_kwargs: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, num_heads: int = 1) -> None:
         super().__init__()
@@ -110,16 +125,15 @@ class DiffusionOperator(nn.Module):
     def apply_matrix(self, P: Tensor, v: Tensor) -> Tensor:
         r"""Apply ``f(P)`` to ``v`` given the materialised ``P`` (default: the polynomial).
 
+        The sum runs on the engine's loop (:func:`~diffusionformer.ops.engine.polynomial`) with
+        ``P`` as a :class:`~diffusionformer.ops.dense.MatrixBackend`.
+
         Shapes:
             ``P``: ``(B, G, N, N)``, ``v``: ``(B, G, N, C)`` -> ``(B, G, N, C)``.
         """
         c = self.head_coefficients(P.shape[1]).to(v.dtype)
-        out = v * c[None, :, 0, None, None]
-        cur = v
-        for step in range(1, c.shape[1]):
-            cur = P @ cur
-            out = out + c[None, :, step, None, None] * cur
-        return out
+        G, K = c.shape[0], c.shape[1] - 1
+        return polynomial(MatrixBackend(P.to(v.dtype), all_heads(G)), v, c, (K,) * G)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"

@@ -194,6 +194,7 @@ class HeatOperator(DiffusionOperator):
 
     name = "heat"
     aliases = ("heat-kernel", "exp", "diffusion")
+    example_kwargs = {"t": 0.7, "steps": 4, "learnable": True}
 
     def __init__(
         self,
@@ -300,6 +301,7 @@ class ExactHeatOperator(DiffusionOperator):
 
     name = "heat-exact"
     aliases = ("expm", "matrix-exp", "exact-heat")
+    example_kwargs = {"t": 0.7}
     supports_sparse = False
     is_polynomial = False
 

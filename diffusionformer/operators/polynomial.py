@@ -39,6 +39,7 @@ class PolynomialOperator(DiffusionOperator):
 
     name = "polynomial"
     aliases = ("poly", "gpr", "gprgnn", "learned-polynomial")
+    example_kwargs = {"steps": 3, "init": [0.1, 0.6, 0.2, 0.1]}
 
     def __init__(self, steps: int = 3, init: Any = "attention", num_heads: int = 1) -> None:
         super().__init__(num_heads)

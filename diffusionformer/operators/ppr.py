@@ -84,6 +84,7 @@ class PPROperator(DiffusionOperator):
 
     name = "ppr"
     aliases = ("appnp", "pagerank", "personalized-pagerank", "personalised-pagerank")
+    example_kwargs = {"alpha": 0.2, "steps": 4}
 
     def __init__(self, alpha: float = 0.1, steps: int | None = 10, learnable: bool = False, num_heads: int = 1,
                  tol: float | None = None) -> None:

@@ -14,10 +14,12 @@ from diffusionformer.ops.dense import (
     attention_matrix,
     choose_dense_backend,
     diffuse,
+    diffuse_with_weights,
     propagate_dense,
 )
 from diffusionformer.ops.sparse import (
     diffuse_sparse,
+    diffuse_sparse_with_weights,
     edge_attention,
     propagate_sparse,
 )
@@ -34,6 +36,8 @@ __all__ = [
     "dense_attention_reference",
     "diffuse",
     "diffuse_sparse",
+    "diffuse_sparse_with_weights",
+    "diffuse_with_weights",
     "edge_attention",
     "heat_kernel_reference",
     "polynomial_reference",

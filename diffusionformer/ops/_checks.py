@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 import torch
@@ -46,15 +47,23 @@ def check_coefficients(coeffs: object, num_heads: int, like: Tensor) -> Tensor:
     return coeffs.to(device=like.device, dtype=dtype)
 
 
-def check_degrees(degrees: Sequence[int] | None, num_heads: int, max_degree: int) -> list[int]:
+def check_degrees(degrees: Sequence[int] | None, num_heads: int, max_degree: int) -> tuple[int, ...]:
+    """The highest power of every head as a tuple (default ``K`` for all); a tuple is checked once and cached."""
     if degrees is None:
-        return [max_degree] * num_heads
+        return (max_degree,) * num_heads
+    if isinstance(degrees, tuple) and all(type(d) is int for d in degrees):  # layers pass the same tuple every call
+        return _checked_degrees(degrees, num_heads, max_degree)
+    return _checked_degrees.__wrapped__(degrees, num_heads, max_degree)
+
+
+@lru_cache(maxsize=256)
+def _checked_degrees(degrees: Sequence[int], num_heads: int, max_degree: int) -> tuple[int, ...]:
     degrees = [int(d) for d in degrees]
     if len(degrees) != num_heads:
         raise ValueError(f"degrees must list one integer per head (H={num_heads}), got {len(degrees)}")
     if any(d < 0 or d > max_degree for d in degrees):
         raise ValueError(f"every degree must lie in [0, K={max_degree}], got {degrees}")
-    return degrees
+    return tuple(degrees)
 
 
 def check_scale(scale: float | None, head_dim: int) -> float:
@@ -65,22 +74,3 @@ def check_scale(scale: float | None, head_dim: int) -> float:
     if not (scale == scale) or scale in (float("inf"), float("-inf")):
         raise ValueError(f"scale must be finite, got {scale}")
     return float(scale)
-
-
-def active_heads(degrees: list[int], step: int) -> slice | list[int]:
-    """Heads that still propagate at ``step`` (degree >= step), as a slice when contiguous."""
-    idx = [h for h, d in enumerate(degrees) if d >= step]
-    if idx and idx == list(range(idx[0], idx[-1] + 1)):
-        return slice(idx[0], idx[-1] + 1)
-    return idx
-
-
-def head_runs(heads: list[int]) -> list[tuple[int, int]]:
-    """Maximal runs ``[(start, stop), ...]`` of consecutive heads in ``heads`` (in order)."""
-    runs: list[tuple[int, int]] = []
-    for h in heads:
-        if runs and runs[-1][1] == h:
-            runs[-1] = (runs[-1][0], h + 1)
-        else:
-            runs.append((h, h + 1))
-    return runs

@@ -5,14 +5,17 @@ For every head ``h`` the kernels use
 .. math::
     P_h = \operatorname{softmax}\big(q_h k_h^\top \cdot \text{scale} + \text{mask}\big),
 
-and :func:`diffuse` returns :math:`\sum_{k=0}^{K} c_{h,k} P_h^k v_h`. Two ways to apply ``P``:
+and :func:`diffuse` returns :math:`\sum_{k=0}^{K} c_{h,k} P_h^k v_h`, computed by the engine
+(:func:`~diffusionformer.ops.engine.polynomial`) on one of two back-ends:
 
-* ``"sdpa"``: :func:`torch.nn.functional.scaled_dot_product_attention` once per power (fused
-  flash / memory-efficient kernels, ``O(N)`` extra memory);
-* ``"matrix"``: materialise ``P`` once and multiply ``K`` times (cheaper for small ``N`` and
-  several steps; needed when the attention weights are returned).
+* :class:`SdpaBackend` (``"sdpa"``): :func:`torch.nn.functional.scaled_dot_product_attention`
+  once per power (fused flash / memory-efficient kernels, ``O(N)`` extra memory);
+* :class:`MatrixBackend` (``"matrix"``): materialise ``P`` once and multiply ``K`` times
+  (cheaper for small ``N`` and several steps; needed when the attention weights are returned).
 
-``backend="auto"`` applies the rule of :func:`choose_dense_backend`.
+``backend="auto"`` applies the rule of :func:`choose_dense_backend`. Static coefficients of
+degree ``<= 1`` (Python floats) take one fused call and the affine combination
+(:func:`~diffusionformer.ops.engine.affine`).
 
 A query with no admissible key (a fully masked row) gets a zero row of ``P``, as in the
 sparse back-end, so such a position outputs ``c_0 v`` and never NaN.
@@ -26,13 +29,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import (
+from diffusionformer.ops._checks import check_coefficients, check_degrees, check_scale, check_tensor
+from diffusionformer.ops.engine import (
+    Backend,
+    affine_coefficients,
+    Heads,
     active_heads,
-    check_coefficients,
-    check_degrees,
-    check_scale,
-    check_tensor,
-    head_runs,
+    affine,
+    all_heads,
+    polynomial,
+    positions,
+    select,
+    static_coefficients,
+    work_dtype,
 )
 
 DenseBackend = Literal["auto", "sdpa", "matrix"]
@@ -53,9 +62,12 @@ __all__ = [
     "MATERIALISE_MAX_ELEMENTS",
     "MATERIALISE_MAX_ELEMENTS_CAUSAL",
     "CUDA_MATERIALISE_ELEMENTS",
+    "MatrixBackend",
+    "SdpaBackend",
     "attention_matrix",
     "choose_dense_backend",
     "diffuse",
+    "diffuse_with_weights",
     "propagate_dense",
 ]
 
@@ -182,16 +194,12 @@ def attention_matrix(
     return _attention_matrix(q, k, attn_mask, is_causal, scale, _rows_with_keys(attn_mask)).to(q.dtype)
 
 
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def _attention_matrix(
     q: Tensor, k: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float, row_ok: Tensor | None
 ) -> Tensor:
     """:func:`attention_matrix` on validated inputs (masks normalised, ``row_ok`` precomputed), in float32 at least."""
     N, M = q.shape[2], k.shape[2]
-    work = _work_dtype(q.dtype)
+    work = work_dtype(q.dtype)
     # the scale is folded into q (N x C instead of N x M multiplications); the scores are a
     # fresh tensor, so masks are applied in place
     scores = torch.matmul(q.to(work) * scale, k.to(work).transpose(-2, -1))
@@ -320,42 +328,68 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
     return "matrix" if num_queries * num_keys <= limit else "sdpa"
 
 
-def _runs(idx: list[int]) -> slice | list[int]:
-    """``idx`` as a slice when it is a run of consecutive heads (views instead of copies)."""
-    if idx and idx == list(range(idx[0], idx[-1] + 1)):
-        return slice(idx[0], idx[-1] + 1)
-    return idx
+def _select_mask(mask: Tensor | None, heads: Heads) -> Tensor | None:
+    """A mask's heads ``heads`` (masks shared by all heads, ``(B, 1, N, M)``, are returned as is)."""
+    return mask if mask is None or mask.shape[1] == 1 else select(mask, heads, 1)
 
 
-# Head subsets are taken with slices (views) and concatenations, never with index tensors: an
-# index tensor built from a Python list would be a host-to-device copy in the forward pass.
-def _select(t: Tensor, heads: slice | list[int]) -> Tensor:
-    if isinstance(heads, slice):
-        return t[:, heads]
-    return torch.cat([t[:, a:b] for a, b in head_runs(heads)], dim=1)
+class SdpaBackend(Backend):
+    """``P x`` through :func:`torch.nn.functional.scaled_dot_product_attention`: ``P`` is recomputed every step.
+
+    Shapes:
+        ``q``: ``(B, H, N, C)``, ``k``: ``(B, H, M, C)``; :meth:`propagate`: ``x`` ``(B, H', M, C_x)`` -> ``(B, H', N, C_x)``.
+    """
+
+    name = "sdpa"
+    head_axis = 1
+    recomputes_scores = True
+
+    def __init__(self, q: Tensor, k: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float,
+                 dropout_p: float, row_ok: Tensor | None) -> None:
+        self.q, self.k, self.attn_mask, self.is_causal = q, k, attn_mask, is_causal
+        self.scale, self.dropout_p, self.row_ok = scale, dropout_p, row_ok
+
+    def propagate(self, x: Tensor, heads: Heads) -> Tensor:
+        return _sdpa(select(self.q, heads, 1), select(self.k, heads, 1), x, _select_mask(self.attn_mask, heads),
+                     self.is_causal, self.scale, self.dropout_p, _select_mask(self.row_ok, heads))
 
 
-def _select_mask(mask: Tensor | None, heads: slice | list[int]) -> Tensor | None:
-    return mask if mask is None or mask.shape[1] == 1 else _select(mask, heads)
+class MatrixBackend(Backend):
+    """``P x`` with a materialised ``P`` (one softmax, then one batched matmul per step).
+
+    Args:
+        P: the attention matrix of the heads ``heads_of_P``, ``(B, H_P, N, M)``, in the working dtype.
+        heads_of_P: the (global) heads whose ``P`` is given.
+        dropout_p: dropout on ``P`` at every step.
+    """
+
+    name = "matrix"
+    head_axis = 1
+
+    def __init__(self, P: Tensor, heads_of_P: Heads, dropout_p: float = 0.0) -> None:
+        self.P, self.heads_of_P, self.dropout_p = P, heads_of_P, dropout_p
+
+    def propagate(self, x: Tensor, heads: Heads) -> Tensor:
+        Pa = select(self.P, positions(heads, self.heads_of_P), 1)
+        if self.dropout_p > 0.0:
+            Pa = F.dropout(Pa, p=self.dropout_p)
+        return torch.matmul(Pa, x.to(Pa.dtype))
+
+    def weights(self) -> Tensor:
+        return self.P
 
 
-def _accumulate(out: Tensor, heads: slice | list[int], c: Tensor, x: Tensor) -> Tensor:
-    """``out[:, heads] += c * x`` in place, one fused multiply-add (``out`` is a fresh tensor owned by the caller)."""
-    if isinstance(heads, slice):
-        out[:, heads].addcmul_(c, x)
-        return out
-    pos = 0
-    for a, b in head_runs(heads):
-        out[:, a:b].addcmul_(c[:, pos : pos + b - a], x[:, pos : pos + b - a])
-        pos += b - a
-    return out
+def _check_dropout(dropout_p: object) -> float:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p!r}")
+    return float(dropout_p)
 
 
 def diffuse_with_weights(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    coeffs: Tensor,
+    coeffs: Tensor | Sequence[float] | Sequence[Sequence[float]],
     *,
     attn_mask: Tensor | None = None,
     is_causal: bool = False,
@@ -365,97 +399,85 @@ def diffuse_with_weights(
     dropout_p: float = 0.0,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """:func:`diffuse` that can also return ``P`` (``need_weights=True`` forces ``"matrix"``)."""
+    """:func:`diffuse` that can also return ``P``: ``(out, P)``, with ``P`` ``None`` unless ``need_weights``.
+
+    ``need_weights=True`` materialises ``P`` (the ``"matrix"`` back-end) and returns it in
+    the input dtype, ``(B, H, N, N)``. The arguments are those of :func:`diffuse`.
+
+    Examples:
+        >>> q = torch.zeros(1, 1, 2, 4); k = torch.zeros(1, 1, 2, 4); v = torch.tensor([[[[1.], [3.]]]])
+        >>> out, P = diffuse_with_weights(q, k, v, [0.0, 1.0], is_causal=True, need_weights=True)
+        >>> out.flatten().tolist(), P.flatten().tolist()
+        ([1.0, 2.0], [1.0, 0.0, 0.5, 0.5])
+    """
     _check_qk(q, k)
     _check_v(q, k, v)
-    B, H, N, C = q.shape
-    M = k.shape[2]
+    H, C = q.shape[1], q.shape[3]
     scale = check_scale(scale, C)
-    coeffs = check_coefficients(coeffs, H, v)
-    K = coeffs.shape[1] - 1
+    static = static_coefficients(coeffs, H)
+    if static is None:
+        coeffs = check_coefficients(coeffs, H, v)
+        K = coeffs.shape[1] - 1
+    else:
+        K = len(static[0]) - 1
     degrees = check_degrees(degrees, H, K)
     if backend not in DENSE_BACKENDS:
         raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    dropout_p = _check_dropout(dropout_p)
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
     attn_mask, is_causal = _normalise_mask(attn_mask, is_causal, q, k)
-    row_ok = _rows_with_keys(attn_mask)
+    return _diffuse_dense(q, k, v, coeffs if static is None else static, attn_mask, is_causal, scale, backend,
+                          degrees, dropout_p, need_weights)
+
+
+def _diffuse_dense(
+    q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor | tuple[tuple[float, ...], ...], attn_mask: Tensor | None,
+    is_causal: bool, scale: float, backend: str, degrees: tuple[int, ...], dropout_p: float, need_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`diffuse_with_weights` on validated inputs: picks the path and a back-end, runs the engine."""
+    B, H, N, _ = q.shape
+    M = k.shape[2]
     dtype = v.dtype
-    # half-precision inputs: coefficients, the sum over powers and a materialised P in float32
-    c = coeffs.to(_work_dtype(dtype))[None, :, :, None, None]  # (1, H, K+1, 1, 1)
-    out = v * c[:, :, 0]
+    work = work_dtype(dtype)
+    row_ok = _rows_with_keys(attn_mask)
+    if isinstance(coeffs, tuple):  # static coefficients (Python floats)
+        if len(coeffs[0]) == 2 and backend != "matrix" and not need_weights:
+            # degree <= 1: one fused call for every head, then c0 v + c1 P v in place
+            c0, c1 = affine_coefficients(coeffs, degrees)
+            sdpa = SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok)
+            return affine(sdpa, v, c0, c1), None
+        coeffs = torch.tensor(coeffs, dtype=torch.float64).to(device=v.device, dtype=work)
+    c = coeffs.to(work)
     if need_weights:
         P = _attention_matrix(q, k, attn_mask, is_causal, scale, row_ok)
-        out = _propagate_matrix(out, P, v, c, list(range(H)), degrees, dropout_p)
+        out = polynomial(MatrixBackend(P, all_heads(H), dropout_p), v, c, degrees)
         return out.to(dtype), P.to(dtype)
-    high = [h for h, d in enumerate(degrees) if d >= 2]
     if backend == "auto":
         backend = choose_dense_backend(N, M, max(degrees, default=0), is_causal=is_causal, device_type=q.device.type)
+        high = active_heads(degrees, 2)
         if backend == "matrix" and len(high) < H:
             # heads with K <= 1 keep the fused kernel; only the K-step heads materialise P
-            low = _runs([h for h, d in enumerate(degrees) if d == 1])
-            if low:
-                y = _sdpa(_select(q, low), _select(k, low), _select(v, low), _select_mask(attn_mask, low), is_causal,
-                          scale, dropout_p, _select_mask(row_ok, low))
-                out = _accumulate(out, low, _select(c[:, :, 1], low), y)
-            if high:
-                sel = _runs(high)
-                P = _attention_matrix(_select(q, sel), _select(k, sel), _select_mask(attn_mask, sel), is_causal, scale,
-                                      _select_mask(row_ok, sel))
-                out = _propagate_matrix(out, P, _select(v, sel), c, high, degrees, dropout_p)
+            low = tuple(h for h in range(H) if degrees[h] == 1)
+            out = polynomial(SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok), v, c, degrees,
+                             heads=low)
+            P = _attention_matrix(select(q, high, 1), select(k, high, 1), _select_mask(attn_mask, high), is_causal,
+                                  scale, _select_mask(row_ok, high))
+            out = polynomial(MatrixBackend(P, high, dropout_p), v, c, degrees, heads=high, out=out)
             return out.to(dtype), None
     if backend == "matrix":
-        P = _attention_matrix(q, k, attn_mask, is_causal, scale, row_ok)
-        return _propagate_matrix(out, P, v, c, list(range(H)), degrees, dropout_p).to(dtype), None
-    cur = v
-    prev_heads: slice | list[int] = slice(0, H)
-    for step in range(1, max(degrees, default=0) + 1):
-        heads = active_heads(degrees, step)
-        # restrict the running power to the heads still active (a subset of the previous ones)
-        cur = _restrict(cur, prev_heads, heads, H)
-        cur = _sdpa(_select(q, heads), _select(k, heads), cur, _select_mask(attn_mask, heads), is_causal, scale,
-                    dropout_p, _select_mask(row_ok, heads))
-        out = _accumulate(out, heads, _select(c[:, :, step], heads), cur)
-        prev_heads = heads
-    return out.to(dtype), None
-
-
-def _propagate_matrix(
-    out: Tensor, P: Tensor, v: Tensor, c: Tensor, heads_of_P: list[int], degrees: list[int], dropout_p: float
-) -> Tensor:
-    """Add ``sum_k c_k P^k v`` (``k >= 1``) for the heads ``heads_of_P`` whose ``P`` and ``v`` are given."""
-    cur = v.to(P.dtype)
-    prev = list(range(len(heads_of_P)))  # positions (within heads_of_P) of the heads in ``cur``
-    for step in range(1, max((degrees[h] for h in heads_of_P), default=0) + 1):
-        pos = [i for i, h in enumerate(heads_of_P) if degrees[h] >= step]
-        if pos != prev:
-            cur = _select(cur, _runs([prev.index(i) for i in pos]))
-        Pa = _select(P, _runs(pos))
-        if dropout_p > 0.0:
-            Pa = F.dropout(Pa, p=dropout_p)
-        cur = torch.matmul(Pa, cur)
-        heads = _runs([heads_of_P[i] for i in pos])
-        out = _accumulate(out, heads, _select(c[:, :, step], heads), cur)
-        prev = pos
-    return out
-
-
-def _restrict(cur: Tensor, prev: slice | list[int], new: slice | list[int], H: int) -> Tensor:
-    """Select from ``cur`` (laid out over heads ``prev``) the heads ``new``."""
-    prev_idx = list(range(H))[prev] if isinstance(prev, slice) else prev
-    new_idx = list(range(H))[new] if isinstance(new, slice) else new
-    if prev_idx == new_idx:
-        return cur
-    return _select(cur, _runs([prev_idx.index(h) for h in new_idx]))
+        engine: Backend = MatrixBackend(_attention_matrix(q, k, attn_mask, is_causal, scale, row_ok), all_heads(H),
+                                        dropout_p)
+    else:
+        engine = SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok)
+    return polynomial(engine, v, c, degrees).to(dtype), None
 
 
 def diffuse(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    coeffs: Tensor,
+    coeffs: Tensor | Sequence[float] | Sequence[Sequence[float]],
     *,
     attn_mask: Tensor | None = None,
     is_causal: bool = False,
@@ -469,15 +491,22 @@ def diffuse(
     With ``P_h = softmax(q_h k_h^T * scale + mask)`` row-stochastic, ``coeffs = (0, 1)`` is
     standard attention, ``(1, -1)`` the Laplacian head ``(I - P) v`` of Zhang & Papyan
     (arXiv 2602.09297), and truncated series give heat kernels, personalised PageRank and
-    learned polynomials (see :mod:`diffusionformer.operators`). Operators with ``K <= 1``
-    cost one fused attention call for all heads.
+    learned polynomials (see :mod:`diffusionformer.operators`). The sum is computed by the
+    engine (:mod:`diffusionformer.ops.engine`) on the back-end chosen by ``backend``.
+
+    Coefficients given as Python numbers (a list or tuple) are *static*: with ``K <= 1``
+    every head then costs one fused attention call for all heads, and ``c_0 v + c_1 P v``
+    is combined in place at inference (the fast path of
+    :class:`~diffusionformer.nn.DiffusionAttention`'s attention and Laplacian heads). A
+    tensor is always taken through the general loop (its values are never read on the
+    host, so it may be learned and live on any device).
 
     Args:
         q: queries.
         k: keys (the same tokens as the queries: ``P`` is square).
         v: values.
         coeffs: weights on ``P^0 .. P^K``, one row per head or one row shared by all heads;
-            differentiable.
+            a tensor (differentiable) or Python numbers (static, see above).
         attn_mask: bool (True = attend) or additive float mask broadcastable to ``(B, H, N, N)``,
             as in :func:`~torch.nn.functional.scaled_dot_product_attention`.
         is_causal: position ``i`` attends to ``j <= i`` only (may be combined with ``attn_mask``).
@@ -497,6 +526,8 @@ def diffuse(
         >>> q = torch.zeros(1, 1, 2, 4); k = torch.zeros(1, 1, 2, 4)
         >>> v = torch.tensor([[[[1.], [3.]]]])
         >>> diffuse(q, k, v, torch.tensor([1., -1.])).flatten().tolist()  # (I - P) v
+        [-1.0, 1.0]
+        >>> diffuse(q, k, v, [1., -1.]).flatten().tolist()  # static: one fused call, combined in place
         [-1.0, 1.0]
     """
     out, _ = diffuse_with_weights(

@@ -11,13 +11,15 @@ without incoming edges has an all-zero row of ``P`` (so ``P x`` is 0 there and a
 head passes its value through unchanged). Edge weights are computed once and reused for
 every power of ``P``.
 
-Two implementations, chosen with ``backend``:
+The sum over powers is the engine's loop (:func:`~diffusionformer.ops.engine.polynomial`)
+on one of two back-ends, chosen with ``backend``:
 
-* ``"csr"`` (the default, ``"auto"``): edges sorted once by target, ``P`` as one CSR matrix
-  per head, sparse-dense products on :func:`torch.sparse.mm` and memory-light autograd
-  functions (:mod:`diffusionformer.ops.csr`); memory ``O(E H + N H C)``;
-* ``"native"`` / ``"torch_scatter"``: the gather-multiply-scatter reference (PyG's message
-  passing: ``(E, H, C)`` messages, then a scatter-sum with native kernels or torch-scatter).
+* :class:`CsrBackend` (``"csr"``, the default, ``"auto"``): edges sorted once by target,
+  ``P`` as one CSR matrix per head, sparse-dense products on :func:`torch.sparse.mm` and
+  memory-light autograd functions (:mod:`diffusionformer.ops.csr`); memory ``O(E H + N H C)``;
+* :class:`NativeBackend` (``"native"`` / ``"torch_scatter"``): the gather-multiply-scatter
+  reference (PyG's message passing: ``(E, H, C)`` messages, then a scatter-sum with native
+  kernels or torch-scatter).
 """
 
 from __future__ import annotations
@@ -28,18 +30,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import (
-    active_heads,
-    check_coefficients,
-    check_degrees,
-    check_scale,
-    check_tensor,
-    head_runs,
-)
+from diffusionformer.ops._checks import check_coefficients, check_degrees, check_scale, check_tensor
+from diffusionformer.ops.engine import Backend, Heads, affine, affine_coefficients, polynomial, select, static_coefficients, work_dtype
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
 from diffusionformer.ops.scatter import ScatterBackend, scatter_sum, segment_softmax
 
-__all__ = ["SPARSE_BACKENDS", "check_edge_index", "diffuse_sparse", "edge_attention", "propagate_sparse"]
+__all__ = [
+    "SPARSE_BACKENDS",
+    "CsrBackend",
+    "NativeBackend",
+    "check_edge_index",
+    "diffuse_sparse",
+    "diffuse_sparse_with_weights",
+    "edge_attention",
+    "propagate_sparse",
+]
 
 SparseBackend = Literal["auto", "csr", "native", "torch_scatter"]
 SPARSE_BACKENDS: tuple[str, ...] = ("auto", "csr", "native", "torch_scatter")
@@ -51,11 +56,6 @@ def _use_csr(backend: str) -> bool:
     if backend in ("native", "torch_scatter"):
         return False
     raise ValueError(f"sparse backend must be one of {SPARSE_BACKENDS}, got {backend!r}")
-
-
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Half-precision inputs are computed in float32 (scores, softmax and sums)."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def check_edge_index(edge_index: object, num_nodes: int) -> Tensor:
@@ -128,7 +128,7 @@ def edge_attention(
     edge_index = check_edge_index(edge_index, N)
     scale = check_scale(scale, q.shape[-1])
     if _use_csr(backend):
-        work = _work_dtype(q.dtype)
+        work = work_dtype(q.dtype)
         layout = EdgeLayout(edge_index, N)
         scores = csr_edge_scores(_head_major(q, work), _head_major(k, work), layout, scale)
         return layout.to_input_order(csr_edge_softmax(scores, layout).t()).to(q.dtype)
@@ -140,7 +140,7 @@ def _native_edge_attention(
 ) -> Tensor:
     src, dst = edge_index[0], edge_index[1]
     dtype = q.dtype
-    work = _work_dtype(dtype)
+    work = work_dtype(dtype)
     scores = (q.index_select(0, dst).to(work) * k.index_select(0, src).to(work)).sum(-1) * scale
     if edge_mask is not None:
         scores = scores.masked_fill(~edge_mask.unsqueeze(-1), float("-inf"))
@@ -180,7 +180,7 @@ def propagate_sparse(
             f"weights must have shape (E, H) = ({edge_index.shape[1]}, {x.shape[1]}), got {tuple(weights.shape)}"
         )
     if _use_csr(backend):
-        work = _work_dtype(x.dtype)
+        work = work_dtype(x.dtype)
         layout = EdgeLayout(edge_index, N)
         w = layout.from_input_order(weights.to(work)).t()  # (H, E)
         y = csr_propagate(w, _head_major(x, work), layout)  # (H, N, C)
@@ -193,18 +193,85 @@ def _native_propagate(weights: Tensor, x: Tensor, src: Tensor, dst: Tensor, N: i
     return scatter_sum(messages, dst, N, backend=backend)
 
 
+def _head_major(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``(N, H, C)`` -> contiguous ``(H, N, C)`` in ``dtype``."""
+    return t.to(dtype).permute(1, 0, 2).contiguous()
+
+
+class CsrBackend(Backend):
+    """``P x`` as one CSR sparse-dense product per head (:func:`~diffusionformer.ops.csr.csr_propagate`).
+
+    Args:
+        alpha: edge weights per head in the layout's sorted order, ``(H, E)``.
+        layout: the graph's :class:`~diffusionformer.ops.csr.EdgeLayout`.
+        dropout_p: dropout on the edge weights at every step.
+
+    Shapes:
+        :meth:`propagate`: ``x`` head-major ``(H', N, C)`` -> ``(H', N, C)``.
+    """
+
+    name = "csr"
+    head_axis = 0
+
+    def __init__(self, alpha: Tensor, layout: EdgeLayout, dropout_p: float = 0.0) -> None:
+        self.alpha, self.layout, self.dropout_p = alpha, layout, dropout_p
+
+    def propagate(self, x: Tensor, heads: Heads) -> Tensor:
+        w = select(self.alpha, heads, 0)
+        if self.dropout_p > 0.0:
+            w = F.dropout(w, p=self.dropout_p)
+        return csr_propagate(w, x, self.layout)
+
+    def weights(self) -> Tensor:
+        """``(E, H)`` in the caller's edge order."""
+        return self.layout.to_input_order(self.alpha.t())
+
+
+class NativeBackend(Backend):
+    """``P x`` by gather-multiply-scatter (PyG's message passing; the readable reference).
+
+    Args:
+        alpha: edge weights ``(E, H)`` in the order of ``edge_index``.
+        edge_index: ``(source j, target i)`` pairs.
+        num_nodes: ``N``.
+        scatter: ``"native"``, ``"torch_scatter"`` or ``"auto"`` (see :func:`~diffusionformer.ops.scatter.scatter_sum`).
+        dropout_p: dropout on the edge weights at every step.
+
+    Shapes:
+        :meth:`propagate`: ``x`` node-major ``(N, H', C)`` -> ``(N, H', C)``.
+    """
+
+    name = "native"
+    head_axis = 1
+
+    def __init__(self, alpha: Tensor, edge_index: Tensor, num_nodes: int, scatter: str = "auto",
+                 dropout_p: float = 0.0) -> None:
+        self.alpha, self.src, self.dst = alpha, edge_index[0], edge_index[1]
+        self.num_nodes, self.scatter, self.dropout_p = num_nodes, scatter, dropout_p
+
+    def propagate(self, x: Tensor, heads: Heads) -> Tensor:
+        w = select(self.alpha, heads, 1)
+        if self.dropout_p > 0.0:
+            w = F.dropout(w, p=self.dropout_p)
+        return _native_propagate(w, x, self.src, self.dst, self.num_nodes, self.scatter)  # type: ignore[arg-type]
+
+    def weights(self) -> Tensor:
+        return self.alpha
+
+
 def diffuse_sparse(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     edge_index: Tensor,
-    coeffs: Tensor,
+    coeffs: Tensor | Sequence[float] | Sequence[Sequence[float]],
     *,
     num_nodes: int | None = None,
     scale: float | None = None,
     degrees: Sequence[int] | None = None,
     dropout_p: float = 0.0,
     backend: SparseBackend = "auto",
+    is_causal: bool = False,
 ) -> Tensor:
     r"""Polynomial diffusion on a sparse graph: :math:`\sum_{k=0}^{K} c_{h,k} P_h^k v_h`.
 
@@ -212,19 +279,25 @@ def diffuse_sparse(
     for all ``K`` steps. Nodes without incoming edges have a zero row of ``P``. The default
     back-end keeps memory linear in ``E H`` (no edge-by-feature tensor, also in the backward
     pass); half-precision inputs are computed in float32 and returned in their dtype.
+    Coefficients given as Python numbers are static, as in
+    :func:`~diffusionformer.ops.dense.diffuse` (degree ``<= 1``: one propagation and an
+    in-place combination).
 
     Args:
         q: queries.
         k: keys.
         v: values.
         edge_index: ``(source j, target i)`` pairs, PyG convention.
-        coeffs: weights on ``P^0 .. P^K`` per head ``(H, K+1)`` or shared ``(K+1,)``.
+        coeffs: weights on ``P^0 .. P^K`` per head ``(H, K+1)`` or shared ``(K+1,)``; a
+            tensor (differentiable) or Python numbers (static).
         num_nodes: number of nodes (default ``N`` of ``q``).
         scale: score scale, default ``1 / sqrt(C)``.
         degrees: optional highest power used by each head (see :func:`~diffusionformer.ops.dense.diffuse`).
         dropout_p: dropout on the edge weights at every step (training only).
         backend: ``"auto"``/``"csr"`` (sorted CSR kernels) or ``"native"``/``"torch_scatter"``
             (gather-scatter reference).
+        is_causal: ignore the edges whose source comes after their target (``j > i``), so
+            node ``i`` never sees a later node.
 
     Shapes:
         ``q``, ``k``: ``(N, H, C)``; ``v``: ``(N, H, C_v)``; ``edge_index``: ``(2, E)``;
@@ -235,10 +308,12 @@ def diffuse_sparse(
         >>> complete = torch.tensor([[0, 1, 0, 1], [0, 0, 1, 1]])
         >>> diffuse_sparse(q, k, v, complete, torch.tensor([1., -1.])).flatten().tolist()
         [-1.0, 1.0]
+        >>> diffuse_sparse(q, k, v, complete, [0., 1.], is_causal=True).flatten().tolist()
+        [1.0, 2.0]
     """
-    out, _ = _diffuse_sparse(
+    out, _ = diffuse_sparse_with_weights(
         q, k, v, edge_index, coeffs, num_nodes=num_nodes, scale=scale, degrees=degrees,
-        dropout_p=dropout_p, backend=backend, need_weights=False,
+        dropout_p=dropout_p, backend=backend, is_causal=is_causal, need_weights=False,
     )
     return out
 
@@ -248,41 +323,28 @@ def diffuse_sparse_with_weights(
     k: Tensor,
     v: Tensor,
     edge_index: Tensor,
-    coeffs: Tensor,
+    coeffs: Tensor | Sequence[float] | Sequence[Sequence[float]],
     *,
     num_nodes: int | None = None,
     scale: float | None = None,
     degrees: Sequence[int] | None = None,
     dropout_p: float = 0.0,
     backend: SparseBackend = "auto",
-) -> tuple[Tensor, Tensor]:
-    """:func:`diffuse_sparse` that also returns the edge weights ``(E, H)`` (in the order of ``edge_index``)."""
-    out, alpha = _diffuse_sparse(
-        q, k, v, edge_index, coeffs, num_nodes=num_nodes, scale=scale, degrees=degrees,
-        dropout_p=dropout_p, backend=backend, need_weights=True,
-    )
-    assert alpha is not None
-    return out, alpha
-
-
-def _diffuse_sparse(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    edge_index: Tensor,
-    coeffs: Tensor | None,
-    *,
-    num_nodes: int | None,
-    scale: float | None,
-    degrees: Sequence[int] | None,
-    dropout_p: float,
-    backend: str,
-    need_weights: bool,
-    edge_mask: Tensor | None = None,
+    is_causal: bool = False,
+    need_weights: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
-    """Shared body; ``edge_mask`` ``(E,)`` bool gives masked edges weight 0 without a host sync.
+    """:func:`diffuse_sparse` that also returns the edge weights ``(E, H)``, in the order of ``edge_index``.
 
-    ``coeffs=None`` computes plain attention ``P v`` (no coefficients, no combination step).
+    Edges ignored by ``is_causal`` get weight 0. With ``need_weights=False`` the weights
+    are ``None``. The other arguments are those of :func:`diffuse_sparse`; this is the one
+    place where they are validated (and where ``edge_index``'s bounds are checked, the only
+    host synchronisation of a sparse call).
+
+    Examples:
+        >>> q = torch.zeros(2, 1, 4); k = torch.zeros(2, 1, 4); v = torch.tensor([[[1.]], [[3.]]])
+        >>> _, w = diffuse_sparse_with_weights(q, k, v, torch.tensor([[0, 1, 0, 1], [0, 0, 1, 1]]), [0., 1.], is_causal=True)
+        >>> w.flatten().tolist()
+        [1.0, 0.0, 0.5, 0.5]
     """
     N = _check_nodes(q, k, num_nodes)
     check_tensor("v", v, 3, "(N, H, C_v)")
@@ -290,137 +352,64 @@ def _diffuse_sparse(
         raise ValueError(f"v must have shape (N, H, C_v) with (N, H) = {tuple(q.shape[:2])}, got {tuple(v.shape)}")
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p!r}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    _use_csr(backend)  # validates the name
     H = q.shape[1]
-    if coeffs is None:
-        coeffs, degrees = None, [1] * H
-    else:
+    static = static_coefficients(coeffs, H)
+    if static is None:
         coeffs = check_coefficients(coeffs, H, v)
-        degrees = check_degrees(degrees, H, coeffs.shape[1] - 1)
+        K = coeffs.shape[1] - 1
+    else:
+        K = len(static[0]) - 1
+    degrees = check_degrees(degrees, H, K)
     edge_index = check_edge_index(edge_index, N)
     scale = check_scale(scale, q.shape[-1])
-    if _use_csr(backend):
-        return _diffuse_csr(q, k, v, edge_index, coeffs, N, scale, degrees, dropout_p, need_weights, edge_mask)
-    if coeffs is None:
-        coeffs = torch.tensor([0.0, 1.0], dtype=v.dtype if v.dtype == torch.float64 else torch.float32, device=v.device)
-        coeffs = check_coefficients(coeffs, H, v)
-    return _diffuse_native(q, k, v, edge_index, coeffs, N, scale, degrees, dropout_p, backend, edge_mask)
-
-
-def _diffuse_csr(
-    q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, coeffs: Tensor | None, N: int, scale: float,
-    degrees: list[int], dropout_p: float, need_weights: bool, edge_mask: Tensor | None,
-) -> tuple[Tensor, Tensor | None]:
-    dtype = v.dtype
-    work = _work_dtype(dtype)
-    H = q.shape[1]
-    layout = EdgeLayout(edge_index, N)
-    scores = csr_edge_scores(_head_major(q, work), _head_major(k, work), layout, scale)  # (H, E), sorted edges
-    if edge_mask is not None:
-        scores = scores.masked_fill(~layout.from_input_order(edge_mask).unsqueeze(0), float("-inf"))
-    alpha = csr_edge_softmax(scores, layout)  # (H, E): one CSR value vector per head
-    v_hm = _head_major(v, work)  # (H, N, C)
-    weights = layout.to_input_order(alpha.t()).to(dtype) if need_weights else None
-    if coeffs is None:  # plain attention: P v
-        w = F.dropout(alpha, p=dropout_p) if dropout_p > 0.0 else alpha
-        return csr_propagate(w, v_hm, layout).permute(1, 0, 2).to(dtype), weights
-    c = coeffs.to(work)  # (H, K+1)
-    out = v_hm * c[:, 0, None, None]
-    max_degree = max(degrees, default=0)
-    if max_degree >= 1:
-        w_all = alpha
-        cur = v_hm
-        prev = list(range(H))
-        for step in range(1, max_degree + 1):
-            heads = active_heads(degrees, step)
-            idx = list(range(H))[heads] if isinstance(heads, slice) else heads
-            if idx != prev:
-                cur = _take(cur, [prev.index(h) for h in idx])
-            w = w_all if len(idx) == H else _take(w_all, idx)
-            if dropout_p > 0.0:
-                w = F.dropout(w, p=dropout_p)
-            cur = csr_propagate(w, cur, layout)  # (H', N, C)
-            if len(idx) == H:
-                out = out + c[:, step, None, None] * cur
-            else:
-                ci = c[:, step, None, None][idx[0] : idx[-1] + 1] if _is_run(idx) else _take(c[:, step, None, None], idx)
-                out = _add_heads(out, idx, ci * cur)
-            prev = idx
-    return out.permute(1, 0, 2).to(dtype), weights
-
-
-def _head_major(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """``(N, H, C)`` -> contiguous ``(H, N, C)`` in ``dtype``."""
-    return t.to(dtype).permute(1, 0, 2).contiguous()
-
-
-def _is_run(idx: list[int]) -> bool:
-    return idx == list(range(idx[0], idx[-1] + 1))
-
-
-# Head subsets use slices and concatenations, never index tensors built from Python lists
-# (a host-to-device copy in the forward pass on CUDA).
-def _take(t: Tensor, idx: list[int]) -> Tensor:
-    """Rows ``idx`` of ``t`` along dim 0 (a view when they are consecutive)."""
-    if _is_run(idx):
-        return t[idx[0] : idx[-1] + 1]
-    return torch.cat([t[a:b] for a, b in head_runs(idx)])
-
-
-def _add_heads(out: Tensor, idx: list[int], value: Tensor) -> Tensor:
-    """``out`` with ``value`` added to its rows ``idx`` (dim 0), out of place."""
-    parts, pos, h = [], 0, 0
-    for a, b in head_runs(idx):
-        if a > h:
-            parts.append(out[h:a])
-        parts.append(out[a:b] + value[pos : pos + b - a])
-        pos, h = pos + b - a, b
-    if h < out.shape[0]:
-        parts.append(out[h:])
-    return torch.cat(parts)
-
-
-_HEAD_INDEX: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
-
-
-def _head_index(idx: Sequence[int], device: torch.device) -> Tensor:
-    """``idx`` as a long tensor on ``device``, built once per (subset, device).
-
-    The per-head step counts are fixed by the model, so the few subsets recur every forward;
-    caching them avoids a host-to-device copy (and a CUDA sync point) per call.
-    """
-    key = (tuple(idx), device)
-    t = _HEAD_INDEX.get(key)
-    if t is None:
-        t = _HEAD_INDEX[key] = torch.tensor(key[0], dtype=torch.long, device=device)
-    return t
-
-
-def _diffuse_native(
-    q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, coeffs: Tensor, N: int, scale: float,
-    degrees: list[int], dropout_p: float, backend: str, edge_mask: Tensor | None,
-) -> tuple[Tensor, Tensor]:
-    H = q.shape[1]
-    alpha = _native_edge_attention(q, k, edge_index, N, scale, edge_mask, backend)  # type: ignore[arg-type]
-    src, dst = edge_index[0], edge_index[1]
-    c = coeffs.to(v.dtype)[None, :, :, None]  # (1, H, K+1, 1)
-    out = v * c[:, :, 0]
-    cur = v
-    prev = list(range(H))
-    for step in range(1, max(degrees, default=0) + 1):
-        heads = active_heads(degrees, step)
-        idx = list(range(H))[heads] if isinstance(heads, slice) else heads
-        if idx != prev:
-            cur = cur.index_select(1, _head_index([prev.index(h) for h in idx], v.device))
-        sel = None if len(idx) == H else _head_index(idx, v.device)
-        w = alpha if sel is None else alpha.index_select(1, sel)
-        if dropout_p > 0.0:
-            w = F.dropout(w, p=dropout_p)
-        cur = _native_propagate(w, cur, src, dst, N, backend)  # type: ignore[arg-type]
-        if sel is None:
-            out = out + c[:, :, step] * cur
+    edge_mask = keep = None
+    if is_causal:
+        keep = edge_index[0] <= edge_index[1]
+        if edge_index.is_cuda:  # mask instead of filtering: a boolean index would synchronise with the host
+            edge_mask, keep = keep, None
         else:
-            out = out.index_add(1, sel, c.index_select(1, sel)[:, :, step] * cur)
-        prev = idx
-    return out, alpha
+            edge_index = edge_index[:, keep]
+    out, weights = _diffuse_sparse(q, k, v, edge_index, coeffs if static is None else static, N, scale, degrees,
+                                   float(dropout_p), backend, need_weights, edge_mask)
+    if weights is not None and keep is not None:  # back to the caller's edges, 0 on the dropped ones
+        weights = weights.new_zeros(keep.shape[0], H).index_put_((keep,), weights)
+    return out, weights
+
+
+def _diffuse_sparse(
+    q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, coeffs: Tensor | tuple[tuple[float, ...], ...], N: int,
+    scale: float, degrees: tuple[int, ...], dropout_p: float, backend: str, need_weights: bool,
+    edge_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """The body of :func:`diffuse_sparse_with_weights` on validated inputs (unchecked).
+
+    ``edge_mask`` ``(E,)`` bool gives masked edges weight 0 without a host sync.
+    """
+    dtype = v.dtype
+    work = work_dtype(dtype)
+    engine: Backend
+    if _use_csr(backend):
+        layout = EdgeLayout(edge_index, N)
+        scores = csr_edge_scores(_head_major(q, work), _head_major(k, work), layout, scale)  # (H, E), sorted edges
+        if edge_mask is not None:
+            scores = scores.masked_fill(~layout.from_input_order(edge_mask).unsqueeze(0), float("-inf"))
+        engine = CsrBackend(csr_edge_softmax(scores, layout), layout, dropout_p)  # one CSR value vector per head
+        vb = _head_major(v, work)  # (H, N, C)
+    else:
+        alpha = _native_edge_attention(q, k, edge_index, N, scale, edge_mask, backend)  # type: ignore[arg-type]
+        engine = NativeBackend(alpha, edge_index, N, backend, dropout_p)
+        vb = v  # (N, H, C)
+    weights = engine.weights().to(dtype) if need_weights else None
+    if isinstance(coeffs, tuple) and len(coeffs[0]) == 2:  # static, degree <= 1: one propagation
+        c0, c1 = affine_coefficients(coeffs, degrees)
+        out = affine(engine, vb, c0, c1)
+    else:
+        if isinstance(coeffs, tuple):
+            coeffs = torch.tensor(coeffs, dtype=torch.float64).to(device=v.device)
+        out = polynomial(engine, vb, coeffs.to(work), degrees)
+    return out.movedim(engine.head_axis, 1).to(dtype), weights

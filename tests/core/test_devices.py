@@ -11,23 +11,20 @@ import pytest
 import torch
 
 from diffusionformer import DiffusionAttention, build_operator, list_operators
+from diffusionformer.operators import operator_class
 from diffusionformer.testing import apply_operator_dense, apply_operator_sparse, random_qkv
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-# the registered operators with a parameter set that differs from the defaults where the default
-# hides a code path (learnable times, a non-identity polynomial)
-OPERATORS = {
-    "attention": {},
-    "laplacian": {},
-    "heat": {"t": 0.7, "steps": 4, "learnable": True},
-    "heat-exact": {"t": 0.7},
-    "ppr": {"alpha": 0.2, "steps": 4},
-    "polynomial": {"steps": 3, "init": [0.1, 0.6, 0.2, 0.1]},
-}
+# every registered operator, with the parameters it declares for tests (``example_kwargs``: they
+# differ from the defaults where a default hides a code path, e.g. learnable times): a new
+# operator is tested here with no list to edit
+OPERATORS = {name: dict(operator_class(name).example_kwargs) for name in list_operators()}
 
 
 def test_every_registered_operator_is_covered():
     assert sorted(OPERATORS) == sorted(list_operators())
+    for name, kwargs in OPERATORS.items():  # the declared parameters build the operator
+        assert build_operator(name, num_heads=3, **kwargs).name == name
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 2e-4) -> None:
@@ -63,8 +60,11 @@ def test_dense_operator_matches_float64_cpu(name, causal, backend, device):
 SPARSE = sorted(n for n in OPERATORS if build_operator(n, num_heads=1, **OPERATORS[n]).supports_sparse)
 
 
-def test_only_the_exact_heat_kernel_is_dense_only():
-    assert sorted(set(OPERATORS) - set(SPARSE)) == ["heat-exact"]  # matrix_exp needs the whole matrix
+@pytest.mark.parametrize("name", sorted(set(OPERATORS) - set(SPARSE)))
+def test_dense_only_operators_are_refused_by_the_sparse_layer(name):
+    layer = DiffusionAttention(8, 2, heads=f"{name}:1,attention:1")
+    with pytest.raises(ValueError, match="does not support the sparse back-end"):
+        layer(torch.randn(4, 8), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]))
 
 
 @pytest.mark.parametrize("device", DEVICES)

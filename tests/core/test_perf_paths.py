@@ -26,7 +26,7 @@ from diffusionformer.functional import (
 )
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate, sddmm_heads, spmm_heads
 from diffusionformer.ops.dense import diffuse_with_weights
-from diffusionformer.ops.sparse import _diffuse_sparse
+from diffusionformer.ops.sparse import _diffuse_sparse, diffuse_sparse_with_weights
 from diffusionformer.testing import dense_allowed_from_edges, random_qkv
 
 
@@ -131,12 +131,14 @@ def test_edge_mask_equals_filtering_the_edges():
     keep = ei[0] <= ei[1]
     coeffs = torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64)
     for backend in ("csr", "native"):
-        masked, w = _diffuse_sparse(q, k, v, ei, coeffs, num_nodes=None, scale=None, degrees=None, dropout_p=0.0,
-                                    backend=backend, need_weights=True, edge_mask=keep)
-        filtered, w_f = _diffuse_sparse(q, k, v, ei[:, keep], coeffs, num_nodes=None, scale=None, degrees=None,
-                                        dropout_p=0.0, backend=backend, need_weights=True)
+        # the unchecked internal with an edge mask (the CUDA path of is_causal) against filtering the edges
+        masked, w = _diffuse_sparse(q, k, v, ei, coeffs.expand(2, -1), 8, 3 ** -0.5, (2, 2), 0.0, backend, True, edge_mask=keep)
+        filtered, w_f = diffuse_sparse_with_weights(q, k, v, ei[:, keep], coeffs, backend=backend)
         assert torch.allclose(masked, filtered, atol=1e-12)
         assert torch.allclose(w[keep], w_f, atol=1e-12) and (w[~keep] == 0).all()
+        # the public is_causal (filtering on CPU) gives the same output and weights 0 on the dropped edges
+        causal, w_c = diffuse_sparse_with_weights(q, k, v, ei, coeffs, backend=backend, is_causal=True)
+        assert torch.allclose(causal, filtered, atol=1e-12) and torch.allclose(w_c, w, atol=1e-12)
         g1 = torch.autograd.grad(masked.sum(), (q, k, v))
         g2 = torch.autograd.grad(filtered.sum(), (q, k, v))
         assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(g1, g2))
@@ -243,7 +245,7 @@ def test_dense_half_precision_sums_in_float32():
 def test_inplace_inference_path_equals_training_path(heads):
     torch.manual_seed(0)
     layer = DiffusionAttention(16, 4, heads, causal=True).double()
-    assert layer._fused_kind == "affine"
+    assert layer._static_coefficients is not None and layer.max_degree == 1
     x = torch.randn(3, 6, 16, dtype=torch.float64)
     with torch.no_grad():
         inference = layer(x)
@@ -268,7 +270,7 @@ def test_half_precision_fused_layer_combines_accurately():
 
 
 def test_affine_heads_function_gradcheck_and_layer_gradients():
-    from diffusionformer.nn._affine import AffineHeads
+    from diffusionformer.ops.engine import AffineHeads
 
     g = torch.Generator().manual_seed(3)
     y = torch.randn(2, 3, 5, 2, generator=g, dtype=torch.float64, requires_grad=True)
@@ -280,7 +282,6 @@ def test_affine_heads_function_gradcheck_and_layer_gradients():
     x = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
     (gx,) = torch.autograd.grad(layer(x).square().sum(), x)
     layer.backend = "matrix"  # the general (non-fused) path as the reference
-    layer._fused_kind = "none"
     (gr,) = torch.autograd.grad(layer(x).square().sum(), x)
     assert torch.allclose(gx, gr, atol=1e-10)
 
@@ -289,7 +290,7 @@ def test_affine_heads_function_gradcheck_and_layer_gradients():
 def test_sparse_fused_layer_path_matches_reference(heads):
     torch.manual_seed(0)
     layer = DiffusionAttention(12, 3, heads).double()
-    assert layer._fused_kind != "none"
+    assert layer._static_coefficients is not None and layer.max_degree == 1
     x = torch.randn(10, 12, dtype=torch.float64)
     ei = _graph(N=10, E=35, seed=15)
     with torch.no_grad():
@@ -299,10 +300,12 @@ def test_sparse_fused_layer_path_matches_reference(heads):
     ref = diffuse_sparse(q, k, v, ei, layer._coefficients(), backend="native")
     ref = layer.out_proj(ref.reshape(10, 12))
     assert torch.allclose(inference, ref, atol=1e-12) and torch.allclose(training, ref, atol=1e-12)
-    # plain attention (coeffs=None) on the reference back-end as well
-    pv, _ = _diffuse_sparse(q, k, v, ei, None, num_nodes=None, scale=None, degrees=None, dropout_p=0.0,
-                            backend="native", need_weights=False)
-    assert torch.allclose(pv, diffuse_sparse(q, k, v, ei, torch.tensor([0.0, 1.0], dtype=torch.float64)), atol=1e-12)
+    # static coefficients (the affine pass) against the general loop, on both sparse back-ends
+    for backend in ("csr", "native"):
+        for c in ([0.0, 1.0], [[0.0, 1.0], [1.0, -1.0], [0.3, 0.7]]):
+            static = diffuse_sparse(q, k, v, ei, c, backend=backend)
+            loop = diffuse_sparse(q, k, v, ei, torch.tensor(c, dtype=torch.float64), backend=backend)
+            assert torch.allclose(static, loop, atol=1e-12)
 
 
 def test_csr_softmax_all_masked_target_is_zero_not_nan():

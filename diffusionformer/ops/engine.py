@@ -1,0 +1,472 @@
+r"""The diffusion engine: :math:`\sum_{k=0}^{K} c_{h,k} P_h^k v_h`, written once, over interchangeable back-ends.
+
+Every head operator of the package is a polynomial (or truncated series) in its
+row-stochastic attention matrix ``P``, so one loop computes all of them:
+
+.. math::
+    \text{out} = c_0 v + \sum_{k=1}^{K} c_k\, x_k, \qquad x_0 = v,\; x_k = P\, x_{k-1},
+
+restricted at step ``k`` to the heads whose degree is at least ``k`` (a layer with ``G``
+of ``H`` heads taking ``K`` steps propagates ``H + (K - 1) G`` head-signals, not ``K H``).
+:func:`polynomial` is that loop. It knows nothing about how ``P`` is stored: a
+:class:`Backend` supplies ``propagate(x, heads) = P[heads] x``. The back-ends of the
+package are
+
+* ``SdpaBackend`` (:mod:`~diffusionformer.ops.dense`): ``P`` recomputed by the fused SDPA
+  kernel at every step; signals ``(B, H, N, C)``;
+* ``MatrixBackend`` (:mod:`~diffusionformer.ops.dense`): ``P`` materialised once,
+  ``(B, H, N, M)``; signals ``(B, H, N, C)``;
+* ``CsrBackend`` (:mod:`~diffusionformer.ops.sparse`): one CSR matrix per head; signals
+  head-major ``(H, N, C)``;
+* ``NativeBackend`` (:mod:`~diffusionformer.ops.sparse`): ``(E, H)`` edge weights,
+  gather-multiply-scatter; signals node-major ``(N, H, C)``;
+
+and the GPU (Triton) kernels and rival operators plug in the same way.
+
+Layering
+--------
+The public entry points (:func:`diffusionformer.functional.diffuse`,
+:func:`~diffusionformer.functional.diffuse_sparse`) validate their inputs once (shapes,
+dtypes, masks, ``edge_index`` bounds: the only host synchronisations), build a back-end and
+call the unchecked engine below. The entry point also picks the path:
+
+* coefficients given as Python numbers are *static* (:func:`static_coefficients`); when
+  they are of degree ``<= 1`` the layer costs one propagation of every head and the
+  combination ``c_0 v + c_1 P v`` (:func:`affine`), done in place at inference;
+* otherwise the general loop :func:`polynomial`.
+
+Writing a back-end
+------------------
+Subclass :class:`Backend` and implement :meth:`Backend.propagate`::
+
+    class MyBackend(Backend):
+        name = "mine"
+        head_axis = 1                  # heads are dim 1 of the signals it propagates
+
+        def __init__(self, weights):   # whatever describes P, computed once per call
+            self.weights = weights
+
+        def propagate(self, x, heads):  # x holds exactly the heads ``heads`` (a tuple of ints)
+            return my_kernel(select(self.weights, heads, 0), x)
+
+Optional: set ``fused_affine = True`` and implement :meth:`Backend.affine` (one pass for
+``c_0 v + c_1 P v``), and :meth:`Backend.weights` (the materialised ``P`` for
+``need_weights``). Head subsets are tuples of head indices in increasing order; take
+them with :func:`select` (views for runs of consecutive heads, concatenations otherwise,
+never index tensors built on the host).
+
+Capability flags
+----------------
+Back-ends (class attributes of :class:`Backend`):
+
+* ``head_axis``: the dimension of the head axis in the signals ``x`` (dense ``(B, H, N, C)``:
+  1; head-major ``(H, N, C)``: 0; node-major ``(N, H, C)``: 1);
+* ``recomputes_scores``: ``P`` is recomputed at every step (the fused SDPA kernel), so a
+  step costs a softmax; the ``auto`` rule of :func:`~diffusionformer.ops.dense.choose_dense_backend`
+  weighs this against materialising ``P``;
+* ``fused_affine``: :meth:`Backend.affine` is a single fused pass.
+
+Operators (class attributes of :class:`~diffusionformer.operators.DiffusionOperator`, all
+``False`` by default; an operator that sets one declares what it needs beyond one ``P``
+and its coefficients, and the layer resolves it instead of special-casing the operator):
+
+* ``is_polynomial``: ``False`` when :meth:`~diffusionformer.operators.DiffusionOperator.coefficients`
+  does not describe the operator exactly (it then implements ``apply_matrix`` on a
+  materialised ``P``; dense only);
+* ``supports_sparse``: the sparse back-ends can run it;
+* ``needs_second_map``: the operator combines two score maps (differential attention);
+* ``needs_layer_state``: the operator reads state of another layer (NeuTRENO's first-layer
+  values);
+* ``reprojects_each_step``: the signal is re-projected between steps (nonlinear diffusion),
+  so the steps are not powers of one linear ``P``.
+
+Examples:
+    >>> import torch
+    >>> P = torch.tensor([[[[0.5, 0.5], [0.0, 1.0]]]])       # (B, H, N, N)
+    >>> v = torch.tensor([[[[2.0], [4.0]]]])                 # (B, H, N, C)
+    >>> c = torch.tensor([[1.0, -1.0]])                      # (H, K+1): the Laplacian I - P
+    >>> polynomial(_MatrixDemo(P), v, c, (1,)).flatten().tolist()
+    [-1.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from functools import lru_cache
+from typing import Any, ClassVar, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Backend",
+    "active_heads",
+    "affine",
+    "affine_coefficients",
+    "affine_runs",
+    "all_heads",
+    "combine_affine",
+    "head_runs",
+    "polynomial",
+    "positions",
+    "select",
+    "static_coefficients",
+    "work_dtype",
+]
+
+# A subset of heads: increasing head indices.
+Heads = tuple[int, ...]
+
+#: ``(start, stop, c0, c1)``: heads ``start .. stop - 1`` output ``c0 v + c1 P v``.
+AffineRun = tuple[int, int, float, float]
+
+
+# ---------------------------------------------------------------------------- dtypes and heads
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype sums over powers (and materialised ``P``) are computed in: float32 for half precision.
+
+    Examples:
+        >>> work_dtype(torch.bfloat16), work_dtype(torch.float64)
+        (torch.float32, torch.float64)
+    """
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+@lru_cache(maxsize=64)
+def all_heads(num_heads: int) -> Heads:
+    """``(0, 1, ..., H - 1)``."""
+    return tuple(range(num_heads))
+
+
+@lru_cache(maxsize=1024)
+def head_runs(heads: Heads) -> tuple[tuple[int, int], ...]:
+    """Maximal runs ``((start, stop), ...)`` of consecutive heads in ``heads``.
+
+    Examples:
+        >>> head_runs((0, 1, 2, 5, 6))
+        ((0, 3), (5, 7))
+    """
+    runs: list[tuple[int, int]] = []
+    for h in heads:
+        if runs and runs[-1][1] == h:
+            runs[-1] = (runs[-1][0], h + 1)
+        else:
+            runs.append((h, h + 1))
+    return tuple(runs)
+
+
+@lru_cache(maxsize=1024)
+def positions(sub: Heads, of: Heads) -> Heads:
+    """Positions in ``of`` of the heads ``sub`` (a subset): how a tensor laid out over ``of`` is restricted to ``sub``.
+
+    Examples:
+        >>> positions((2, 5), (0, 2, 3, 5))
+        (1, 3)
+    """
+    where = {h: i for i, h in enumerate(of)}
+    return tuple(where[h] for h in sub)
+
+
+def active_heads(degrees: Sequence[int], step: int, among: Heads | None = None) -> Heads:
+    """The heads (of ``among``, default all) whose degree is at least ``step``.
+
+    Examples:
+        >>> active_heads([1, 3, 0, 2], 2)
+        (1, 3)
+    """
+    heads = range(len(degrees)) if among is None else among
+    return tuple(h for h in heads if degrees[h] >= step)
+
+
+def select(t: Tensor, heads: Heads, dim: int) -> Tensor:
+    """The heads ``heads`` of ``t`` along ``dim``: a view for a run of consecutive heads, else one concatenation.
+
+    Index tensors are never used: one built from a Python list is a host-to-device copy in
+    the forward pass.
+
+    Examples:
+        >>> select(torch.arange(5), (1, 2, 4), 0).tolist()
+        [1, 2, 4]
+    """
+    if len(heads) == t.shape[dim]:  # increasing heads of a tensor that holds that many: all of them
+        return t
+    runs = head_runs(heads)
+    if len(runs) == 1:
+        a, b = runs[0]
+        return t.narrow(dim, a, b - a)
+    return torch.cat([t.narrow(dim, a, b - a) for a, b in runs], dim=dim)
+
+
+def accumulate_(out: Tensor, heads: Heads, c: Tensor, x: Tensor, dim: int) -> Tensor:
+    """``out[heads] += c[heads] * x`` along ``dim``, in place (``out`` is a fresh tensor owned by the caller).
+
+    ``c`` covers every head (broadcastable to ``out``), ``x`` only ``heads``; one fused
+    multiply-add per run of consecutive heads.
+    """
+    pos = 0
+    for a, b in head_runs(heads):
+        n = b - a
+        out.narrow(dim, a, n).addcmul_(c.narrow(dim, a, n), x.narrow(dim, pos, n))
+        pos += n
+    return out
+
+
+# ---------------------------------------------------------------------------- back-ends
+class Backend(ABC):
+    """How ``P`` is applied to a signal: the one thing a back-end of the engine supplies.
+
+    A back-end is built once per call from whatever describes ``P`` (queries and keys for the
+    fused kernel, a materialised matrix, CSR edge weights) and then asked for
+    :meth:`propagate` on head subsets, once per power of ``P``.
+
+    Attributes:
+        name: short name (reported in intermediates and errors).
+        head_axis: dimension of the head axis in the signals ``x`` (see the module docstring).
+        recomputes_scores: ``P`` is recomputed at every step (fused kernels).
+        fused_affine: :meth:`affine` is one fused pass (otherwise :func:`affine` composes it
+            from :meth:`propagate` and :func:`combine_affine`).
+    """
+
+    name: ClassVar[str] = ""
+    head_axis: ClassVar[int] = 1
+    recomputes_scores: ClassVar[bool] = False
+    fused_affine: ClassVar[bool] = False
+
+    @abstractmethod
+    def propagate(self, x: Tensor, heads: Heads) -> Tensor:
+        """``P[heads] x``: one diffusion step for the heads ``heads``; ``x`` holds exactly those heads."""
+
+    def affine(self, v: Tensor, c0: Sequence[float], c1: Sequence[float]) -> Tensor:
+        """``c0[h] v_h + c1[h] (P v)_h`` for every head in one pass (only when ``fused_affine``)."""
+        raise NotImplementedError(f"back-end {self.name!r} has no fused affine pass")
+
+    def weights(self) -> Tensor:
+        """The attention weights ``P`` (for ``need_weights``)."""
+        raise NotImplementedError(f"back-end {self.name!r} does not materialise P")
+
+
+class _MatrixDemo(Backend):
+    """A minimal back-end for the module's doctest: ``P`` given as a ``(B, H, N, N)`` tensor."""
+
+    name = "demo"
+
+    def __init__(self, P: Tensor) -> None:
+        self.P = P
+
+    def propagate(self, x: Tensor, heads: Heads) -> Tensor:
+        return select(self.P, heads, 1) @ x
+
+
+# ---------------------------------------------------------------------------- the loop
+def polynomial(
+    backend: Backend,
+    v: Tensor,
+    coeffs: Tensor,
+    degrees: Sequence[int],
+    *,
+    heads: Heads | None = None,
+    out: Tensor | None = None,
+) -> Tensor:
+    r"""The engine's one loop: ``out + sum_{k>=1} c_k P^k v`` over ``heads`` (unchecked).
+
+    Step ``k`` propagates only the heads of ``heads`` whose degree is at least ``k``; the
+    running power is restricted to them (a subset of the previous step's heads) before the
+    call. Inputs are not validated: the public entry points do that once.
+
+    Args:
+        backend: applies ``P`` (see :class:`Backend`).
+        v: values, heads along ``backend.head_axis``.
+        coeffs: ``(H, K+1)`` weights on ``P^0 .. P^K`` in the working dtype.
+        degrees: highest power used by each of the ``H`` heads (``<= K``).
+        heads: the heads to propagate (default all); the others only receive ``c_0 v``
+            (when ``out`` is ``None``) or are left as they are.
+        out: accumulator to add into, in place (default a fresh ``c_0 v``).
+
+    Shapes:
+        ``v``: ``(..., H, ...)`` with ``H`` at ``backend.head_axis``; ``coeffs``: ``(H, K+1)``
+        -> the shape of ``v`` (in the dtype of ``coeffs * v``).
+    """
+    dim = backend.head_axis
+    H = v.shape[dim]
+    shape = [1] * v.dim()
+    shape[dim] = H
+    c = coeffs.t().reshape([coeffs.shape[1]] + shape)  # (K+1, ..., H, ...): c[k] broadcasts against v
+    if out is None:
+        out = v * c[0]
+    heads = all_heads(H) if heads is None else heads
+    cur, prev = v, all_heads(H)
+    for step in range(1, max((degrees[h] for h in heads), default=0) + 1):
+        act = active_heads(degrees, step, heads)
+        if act != prev:
+            cur = select(cur, positions(act, prev), dim)
+        cur = backend.propagate(cur, act)
+        accumulate_(out, act, c[step], cur, dim)
+        prev = act
+    return out
+
+
+# ---------------------------------------------------------------------------- the affine pass
+def static_coefficients(coeffs: object, num_heads: int) -> tuple[tuple[float, ...], ...] | None:
+    """Coefficients given as Python numbers, as ``H`` rows of floats; ``None`` for a tensor.
+
+    Static coefficients are constants the engine may specialise on without reading a device
+    tensor (the affine path of degree-1 heads). ``(K+1,)`` sequences are shared by all heads.
+
+    Raises:
+        ValueError: ragged rows, a wrong number of rows, no column, or non-finite values.
+
+    Examples:
+        >>> static_coefficients([1.0, -1.0], 2)
+        ((1.0, -1.0), (1.0, -1.0))
+        >>> static_coefficients(torch.tensor([1.0, -1.0]), 2) is None
+        True
+    """
+    if not isinstance(coeffs, (list, tuple)):
+        return None
+    if isinstance(coeffs, tuple) and all(type(r) is tuple or type(r) is float for r in coeffs):
+        return _static_rows(coeffs, num_heads)  # layers pass the same tuple every call: validate it once
+    return _static_rows.__wrapped__(coeffs, num_heads)
+
+
+@lru_cache(maxsize=256)
+def _static_rows(coeffs: Sequence[Any], num_heads: int) -> tuple[tuple[float, ...], ...]:
+    if coeffs and all(isinstance(r, (list, tuple)) for r in coeffs):
+        rows = tuple(tuple(float(c) for c in r) for r in coeffs)
+    elif all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in coeffs):
+        rows = (tuple(float(c) for c in coeffs),) * num_heads
+    else:
+        raise TypeError(f"coeffs given as a sequence must hold numbers (K+1,) or rows of numbers (H, K+1), got {coeffs!r}")
+    if len(rows) != num_heads:
+        raise ValueError(
+            f"coeffs has {len(rows)} rows but the inputs have H={num_heads} heads; expected shape ({num_heads}, K+1) or (K+1,)"
+        )
+    width = {len(r) for r in rows}
+    if len(width) != 1:
+        raise ValueError(f"coeffs rows must all have K+1 entries, got lengths {sorted(width)}")
+    if width == {0}:
+        raise ValueError("coeffs must have at least one column (the coefficient of P^0)")
+    if not all(math.isfinite(c) for r in rows for c in r):
+        raise ValueError(f"coeffs must be finite, got {[list(r) for r in rows]}")
+    return rows
+
+
+def affine_coefficients(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(c0, c1)`` per head from static rows of degree ``<= 1`` (``c1 = 0`` for heads of degree 0).
+
+    Examples:
+        >>> affine_coefficients(((0.0, 1.0), (1.0, -1.0)), (1, 0))
+        ((0.0, 1.0), (1.0, 0.0))
+    """
+    return _affine_coefficients(rows, tuple(degrees))
+
+
+@lru_cache(maxsize=256)
+def _affine_coefficients(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return tuple(r[0] for r in rows), tuple(r[1] if d >= 1 else 0.0 for r, d in zip(rows, degrees))
+
+
+@lru_cache(maxsize=256)
+def affine_runs(c0: Sequence[float], c1: Sequence[float]) -> tuple[AffineRun, ...]:
+    """Runs of consecutive heads with equal ``(c0, c1)`` that are not plain attention ``(0, 1)``.
+
+    Examples:
+        >>> affine_runs((0.0, 1.0, 1.0, 0.0), (1.0, -1.0, -1.0, 1.0))
+        ((1, 3, 1.0, -1.0),)
+    """
+    runs: list[AffineRun] = []
+    for h, (a, b) in enumerate(zip(c0, c1)):
+        if (a, b) == (0.0, 1.0):
+            continue
+        if runs and runs[-1][1] == h and runs[-1][2:] == (a, b):
+            runs[-1] = (runs[-1][0], h + 1, a, b)
+        else:
+            runs.append((h, h + 1, a, b))
+    return tuple(runs)
+
+
+def _apply_runs(out: Tensor, v: Tensor, runs: Sequence[AffineRun]) -> None:
+    for start, stop, c0, c1 in runs:
+        ys, vs = out.narrow(-2, start, stop - start), v.narrow(-2, start, stop - start)
+        if c0 == 1.0 and c1 == -1.0:  # Laplacian: (I - P) v
+            torch.sub(vs, ys, out=ys)
+        else:
+            ys.mul_(c1).add_(vs, alpha=c0)
+
+
+class AffineHeads(torch.autograd.Function):
+    """``out = y`` except on the runs, where ``out = c0 v + c1 y``; the coefficients are Python floats.
+
+    Touches every element once in each direction (the fused kernel keeps ``y`` for its
+    backward pass, so ``y`` itself cannot be overwritten while training).
+
+    Shapes:
+        ``y``, ``v``: ``(..., N, H, C)`` -> ``(..., N, H, C)``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, y: Tensor, v: Tensor, runs: tuple[AffineRun, ...]) -> Tensor:
+        ctx.runs = runs
+        out = y.clone(memory_format=torch.contiguous_format)
+        _apply_runs(out, v, runs)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        dy = dv = None
+        if ctx.needs_input_grad[0]:
+            dy = grad.clone(memory_format=torch.contiguous_format)
+            for start, stop, _, c1 in ctx.runs:
+                dy[..., start:stop, :].mul_(c1)
+        if ctx.needs_input_grad[1]:
+            dv = torch.zeros_like(grad, memory_format=torch.contiguous_format)
+            for start, stop, c0, _ in ctx.runs:
+                torch.mul(grad[..., start:stop, :], c0, out=dv[..., start:stop, :])
+        return dy, dv, None
+
+
+def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun]) -> Tensor:
+    r"""``c0 v + c1 y`` on the heads of ``runs`` and ``y`` elsewhere (``y = P v`` per head), token-major.
+
+    Without autograd history ``y`` is updated in place (and returned); otherwise through
+    :class:`AffineHeads`. Scalars multiply in float32 even for half-precision tensors.
+
+    Args:
+        y: the propagated values ``P v``.
+        v: the values.
+        runs: ``(start, stop, c0, c1)`` per run of non-attention heads (:func:`affine_runs`).
+
+    Shapes:
+        ``y``, ``v``: ``(..., N, H, C)`` -> ``(..., N, H, C)``.
+
+    Examples:
+        >>> y = torch.ones(1, 1, 2, 1); v = torch.full((1, 1, 2, 1), 3.0)
+        >>> combine_affine(y, v, [(1, 2, 1.0, -1.0)]).flatten().tolist()  # head 1 is Laplacian
+        [1.0, 2.0]
+    """
+    if not (y.requires_grad or v.requires_grad):
+        _apply_runs(y, v, runs)
+        return y
+    return AffineHeads.apply(y, v, tuple(runs))
+
+
+def affine(backend: Backend, v: Tensor, c0: Sequence[float], c1: Sequence[float]) -> Tensor:
+    """``c0[h] v_h + c1[h] (P v)_h`` for every head: one propagation and an in-place combination (unchecked).
+
+    Plain attention heads (``c0, c1 = 0, 1``) return ``P v`` untouched; the back-end's own
+    :meth:`Backend.affine` is used when it declares ``fused_affine``. The combination runs
+    token-major (``(..., N, H, C)``), the layout the layers reshape to ``(..., N, D)``.
+
+    Shapes:
+        ``v``: heads along ``backend.head_axis``; ``c0``, ``c1``: ``H`` floats -> the shape of ``v``.
+    """
+    if backend.fused_affine:
+        return backend.affine(v, c0, c1)
+    dim = backend.head_axis
+    y = backend.propagate(v, all_heads(v.shape[dim]))
+    runs = affine_runs(c0 if isinstance(c0, tuple) else tuple(c0), c1 if isinstance(c1, tuple) else tuple(c1))
+    if not runs:
+        return y
+    if v.dtype != y.dtype:
+        v = v.to(y.dtype)
+    return combine_affine(y.movedim(dim, -2), v.movedim(dim, -2), runs).movedim(-2, dim)
