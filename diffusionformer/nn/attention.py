@@ -349,8 +349,11 @@ class DiffusionAttention(nn.Module):
         """``attn_mask`` with the key padding folded in (validated once, by :func:`~diffusionformer.functional.diffuse`)."""
         B, N, _ = x.shape
         mask = attn_mask
-        if attn_mask is not None:  # type, dtype and shape checked before the padding is folded in
-            mask, _ = _dense.normalise_mask(attn_mask, False, (B, self.num_heads, N, N), x.device, x.dtype)
+        if attn_mask is not None:  # type and dtype checked before the padding is folded in (shape: by diffuse)
+            if not isinstance(attn_mask, Tensor):
+                raise TypeError(f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}")
+            if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+                raise TypeError(f"attn_mask must be bool (True = attend) or floating point, got {attn_mask.dtype}")
         if key_padding_mask is not None:
             if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
                 raise TypeError("key_padding_mask must be a bool tensor (True = padding)")
