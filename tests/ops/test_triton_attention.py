@@ -141,9 +141,19 @@ def test_inference_path_and_strided_inputs_match_the_training_path():
     coeffs = torch.rand(H, 4, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     with torch.no_grad():
         fast = polynomial_attention(q, k, v, coeffs, is_causal=True)
-    slow = polynomial_attention(q.contiguous(), k.contiguous(), v.contiguous().requires_grad_(), coeffs, is_causal=True)
+    vg = v.contiguous().requires_grad_()
+    slow = polynomial_attention(q.contiguous(), k.contiguous(), vg, coeffs, is_causal=True)
     torch.testing.assert_close(fast, slow.detach(), atol=1e-6, rtol=1e-6)
+    # stored as (B, N, H, C) like SDPA's output, so merging the heads is a free view
+    assert fast.transpose(1, 2).is_contiguous()
     torch.testing.assert_close(fast.double(), reference(q, k, v, coeffs, True, None), atol=1e-5, rtol=1e-5)
+    # the output gradient is read with its strides: here that of a merged-heads (B, N, H * C) view
+    g = torch.randn(B, N, H * C, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    (dv,) = torch.autograd.grad(slow.transpose(1, 2).reshape(B, N, H * C), vg, g)
+    vd = vg.detach().double().requires_grad_()
+    ref = reference(q, k, vd, coeffs, True, None).transpose(1, 2).reshape(B, N, H * C)
+    (want,) = torch.autograd.grad(ref, vd, g.double())
+    torch.testing.assert_close(dv.double(), want, atol=1e-5, rtol=1e-5)
 
 
 @requires_triton

@@ -58,6 +58,7 @@ if HAS_TRITON:
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_vb, stride_vh, stride_vn, stride_vc,
+        stride_ob, stride_oh, stride_on, stride_oc,
         stride_pb, stride_cf,
         H, N, C, qk_scale,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, STORE_Y: tl.constexpr,
@@ -114,20 +115,22 @@ if HAS_TRITON:
         c1 = tl.load(C1 + h * stride_cf).to(tl.float32)
         v_rows = tl.load(v_base + offs_m[:, None] * stride_vn + offs_c[None, :] * stride_vc,
                          mask=io_mask, other=0.0).to(tl.float32)
-        tl.store(OUT + io_off, (c0 * v_rows + c1 * y).to(OUT.dtype.element_ty), mask=io_mask)
+        out_off = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_on + offs_c[None, :] * stride_oc
+        tl.store(OUT + out_off, (c0 * v_rows + c1 * y).to(OUT.dtype.element_ty), mask=io_mask)
 
     @triton.jit
     def _next_step(
         Q, K, X, PAD, CK, ACC, OUT, Y, LSE,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
+        stride_ob, stride_oh, stride_on, stride_oc,
         stride_pb, stride_cf,
         H, N, C, qk_scale,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, STORE_Y: tl.constexpr,
         UPCAST: tl.constexpr, IEEE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
-        """``y = P x`` with the stored log2-sum-exp; ``out = acc + c_k[h] y`` (X, ACC, OUT, Y contiguous)."""
+        """``y = P x`` with the stored log2-sum-exp; ``out = acc + c_k[h] y`` (X, ACC, Y contiguous, OUT strided)."""
         start_m = tl.program_id(0) * BLOCK_M
         bh = tl.program_id(1)
         b = bh // H
@@ -164,20 +167,27 @@ if HAS_TRITON:
             tl.store(Y + io_off, acc.to(Y.dtype.element_ty), mask=io_mask)
         ck = tl.load(CK + h * stride_cf).to(tl.float32)
         prev = tl.load(ACC + io_off, mask=io_mask, other=0.0).to(tl.float32)
-        tl.store(OUT + io_off, (prev + ck * acc).to(OUT.dtype.element_ty), mask=io_mask)
+        out_off = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_on + offs_c[None, :] * stride_oc
+        tl.store(OUT + out_off, (prev + ck * acc).to(OUT.dtype.element_ty), mask=io_mask)
 
     @triton.jit
     def _transposed_step(
-        Q, K, G, A_IN, A_OUT, PAD, CK, LSE,
+        Q, K, G, A_IN, A_OUT, Y, PAD, CK, LSE, DELTA, DCROW,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
+        stride_gb, stride_gh, stride_gn, stride_gc,
         stride_pb, stride_cf,
         H, N, C, qk_scale,
-        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_IN: tl.constexpr,
         UPCAST: tl.constexpr, IEEE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
-        """One step of the adjoint recursion: ``a_out = c_k[h] g + P^T a_in`` (G, A_IN, A_OUT contiguous)."""
+        """One step ``m`` of the adjoint recursion: ``a_m = c_m[h] g + P^T a_{m+1}`` (no ``P^T`` term without HAS_IN).
+
+        Also per row ``j``: ``DELTA[j] (+)= <a_m, y_m>`` (written fresh without HAS_IN, i.e. for
+        ``m = K``, the first launch) and ``DCROW[j] = <g, y_m>`` (summed to ``dc[h, m]`` outside).
+        A_IN, A_OUT, Y contiguous ``(B, H, N, C)``; G strided.
+        """
         start_n = tl.program_id(0) * BLOCK_N
         bh = tl.program_id(1)
         b = bh // H
@@ -194,32 +204,44 @@ if HAS_TRITON:
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_c[None, :] * stride_kc,
                     mask=key_ok[:, None] & c_ok[None, :], other=0.0)
         acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
-        lo = 0
-        if CAUSAL:
-            lo = (start_n // BLOCK_M) * BLOCK_M
-        for start_m in range(lo, N, BLOCK_M):
-            qm = start_m + offs_m
-            qT = tl.load(q_base + qm[None, :] * stride_qn + offs_c[:, None] * stride_qc,
-                         mask=(qm[None, :] < N) & c_ok[:, None], other=0.0)
-            lse = tl.load(LSE + bh.to(tl.int64) * N + qm, mask=qm < N, other=float("inf"))
-            sT = _dot(k, qT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
-            keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, CAUSAL, HAS_PAD)
-            pT = tl.where(keep, tl.math.exp2(sT - lse[None, :]), 0.0)
-            a = tl.load(A_IN + io_base + qm[:, None] * C + offs_c[None, :],
-                        mask=(qm[:, None] < N) & c_ok[None, :], other=0.0)
-            acc = _dot(pT.to(a.dtype), a, acc, UPCAST, IEEE)
+        if HAS_IN:
+            lo = 0
+            if CAUSAL:
+                lo = (start_n // BLOCK_M) * BLOCK_M
+            for start_m in range(lo, N, BLOCK_M):
+                qm = start_m + offs_m
+                qT = tl.load(q_base + qm[None, :] * stride_qn + offs_c[:, None] * stride_qc,
+                             mask=(qm[None, :] < N) & c_ok[:, None], other=0.0)
+                lse = tl.load(LSE + bh.to(tl.int64) * N + qm, mask=qm < N, other=float("inf"))
+                sT = _dot(k, qT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+                keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, CAUSAL, HAS_PAD)
+                pT = tl.where(keep, tl.math.exp2(sT - lse[None, :]), 0.0)
+                a = tl.load(A_IN + io_base + qm[:, None] * C + offs_c[None, :],
+                            mask=(qm[:, None] < N) & c_ok[None, :], other=0.0)
+                acc = _dot(pT.to(a.dtype), a, acc, UPCAST, IEEE)
         io_mask = key_ok[:, None] & c_ok[None, :]
         io_off = io_base + offs_n[:, None] * C + offs_c[None, :]
         ck = tl.load(CK + h * stride_cf).to(tl.float32)
-        g = tl.load(G + io_off, mask=io_mask, other=0.0).to(tl.float32)
-        tl.store(A_OUT + io_off, (ck * g + acc).to(A_OUT.dtype.element_ty), mask=io_mask)
+        g_off = b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh + offs_n[:, None] * stride_gn + offs_c[None, :] * stride_gc
+        g = tl.load(G + g_off, mask=io_mask, other=0.0).to(tl.float32)
+        a_new = ck * g + acc
+        tl.store(A_OUT + io_off, a_new.to(A_OUT.dtype.element_ty), mask=io_mask)
+        y = tl.load(Y + io_off, mask=io_mask, other=0.0).to(tl.float32)
+        row = bh.to(tl.int64) * N + offs_n
+        delta = tl.sum(a_new * y, 1)
+        if HAS_IN:
+            delta += tl.load(DELTA + row, mask=key_ok, other=0.0)
+        tl.store(DELTA + row, delta, mask=key_ok)
+        tl.store(DCROW + row, tl.sum(g * y, 1), mask=key_ok)
 
     @triton.jit
     def _bwd_dkdv(
-        Q, K, V, G, A, YS, PAD, C0, LSE, DELTA, DK, DV,
+        Q, K, V, G, A, YS, PAD, C0, LSE, DELTA, DK, DV, DCROW,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_vb, stride_vh, stride_vn, stride_vc,
+        stride_gb, stride_gh, stride_gn, stride_gc,
+        stride_db, stride_dh, stride_dn, stride_dc,
         stride_pb, stride_cf, stride_step,
         H, N, C, STEPS, qk_scale, sm_scale,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
@@ -229,7 +251,7 @@ if HAS_TRITON:
         """Per key block: ``dk = s * dS^T q`` with ``dP = sum_m a_{m+1} y_m^T``, and ``dv = c0 g + P^T a_1``.
 
         ``A[m]`` holds ``a_{m+1}`` and ``YS[m]`` holds ``y_{m+1}`` (``m = 0..STEPS-1``, stride
-        ``stride_step``); ``y_0 = v``.
+        ``stride_step``); ``y_0 = v``. Also ``DCROW[j] = <g_j, v_j>`` (for ``dc[h, 0]``). G, DK, DV strided.
         """
         start_n = tl.program_id(0) * BLOCK_N
         bh = tl.program_id(1)
@@ -275,11 +297,13 @@ if HAS_TRITON:
                 dpT = _dot(y, aT, dpT, UPCAST, IEEE)
             dsT = pT * (dpT - delta[None, :])
             dk = _dot(dsT.to(q.dtype), q, dk, UPCAST, IEEE)
-        out_off = io_base + offs_n[:, None] * C + offs_c[None, :]
         c0 = tl.load(C0 + h * stride_cf).to(tl.float32)
-        g = tl.load(G + out_off, mask=kv_mask, other=0.0).to(tl.float32)
-        tl.store(DK + out_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
-        tl.store(DV + out_off, (c0 * g + dv).to(DV.dtype.element_ty), mask=kv_mask)
+        g_off = b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh + offs_n[:, None] * stride_gn + offs_c[None, :] * stride_gc
+        g = tl.load(G + g_off, mask=kv_mask, other=0.0).to(tl.float32)
+        tl.store(DCROW + bh.to(tl.int64) * N + offs_n, tl.sum(g * v.to(tl.float32), 1), mask=key_ok)
+        d_off = b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_n[:, None] * stride_dn + offs_c[None, :] * stride_dc
+        tl.store(DK + d_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+        tl.store(DV + d_off, (c0 * g + dv).to(DV.dtype.element_ty), mask=kv_mask)
 
     @triton.jit
     def _bwd_dq(
@@ -287,6 +311,7 @@ if HAS_TRITON:
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_vb, stride_vh, stride_vn, stride_vc,
+        stride_db, stride_dh, stride_dn, stride_dc,
         stride_pb, stride_step,
         H, N, C, STEPS, qk_scale, sm_scale,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
@@ -335,4 +360,5 @@ if HAS_TRITON:
                 dp = _dot(a, yT, dp, UPCAST, IEEE)
             ds = p * (dp - delta[:, None])
             dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, UPCAST, IEEE)
-        tl.store(DQ + a_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=io_mask)
+        d_off = b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_m[:, None] * stride_dn + offs_c[None, :] * stride_dc
+        tl.store(DQ + d_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=io_mask)

@@ -25,10 +25,15 @@ Backward (reverse recursion). With ``g`` the output gradient, the adjoint vector
 ``dc_{h,k} = \langle g_h, y_{h,k} \rangle`` and
 ``dP = \sum_{m=0}^{K-1} a_{m+1} y_m^\top`` (``y_0 = v``), which the softmax backward turns into
 ``dS = P \odot (dP - \delta)`` with ``\delta_i = \sum_{m=1}^{K} \langle a_{m,i}, y_{m,i} \rangle``.
-Launches: ``K - 1`` transposed steps (``P^\top`` streamed over query blocks), then one kernel for
+Launches: ``K`` transposed steps (``P^\top`` streamed over query blocks), then one kernel for
 ``dk`` and ``dv = c_0 g + P^\top a_1`` and one for ``dq``; both contract ``dP`` block by block
 (inner dimension ``K C``), never ``N x N``. The forward pass saves ``y_1 .. y_K`` for this
-(``K`` extra tensors the size of ``v``); ``\delta`` and ``dc`` are two small PyTorch reductions.
+(``K`` extra tensors the size of ``v``). The transposed steps also write ``\delta`` and the
+per-row terms of ``dc`` (one ``(K+1, B, H, N)`` float32 tensor, summed by PyTorch), and
+``a_K = c_K g`` is the first transposed launch without its ``P^\top`` term, so backward is
+``K + 2`` launches plus one small reduction. Outputs and gradients are ``(B, H, N, C)`` tensors
+stored as ``(B, N, H, C)`` (as SDPA's output), and the output gradient is read with its strides,
+so a layer's ``transpose(1, 2).reshape(B, N, D)`` around the kernels copies nothing.
 
 Precision: scores, softmax statistics and accumulators are float32; ``P`` is cast to the input
 dtype before each ``P x`` product (as in flash attention). float32 inputs use IEEE float32 dot
@@ -143,25 +148,28 @@ def _forward(kernels, L: _Launch, q: Tensor, k: Tensor, v: Tensor, coeffs: Tenso
     K = coeffs.shape[1] - 1
     dt = q.dtype
     lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
-    out = torch.empty(B, H, N, C, device=q.device, dtype=dt)
+    # (B, H, N, C) stored as (B, N, H, C), like SDPA's output: out.transpose(1, 2).reshape(B, N, H * C) is free
+    out = torch.empty(B, N, H, C, device=q.device, dtype=dt).transpose(1, 2)
     if save:
         ys = torch.empty(K, B, H, N, C, device=q.device, dtype=dt)
     else:  # only the last two powers are needed at any time
         ys = torch.empty(min(K, 2), B, H, N, C, device=q.device, dtype=dt)
     slot = (lambda j: ys[j - 1]) if save else (lambda j: ys[(j - 1) % 2])
-    acc = out if (K == 1 or dt == torch.float32) else torch.empty(B, H, N, C, device=q.device, dtype=torch.float32)
+    # K >= 2: the sum is accumulated in a float32 buffer and cast once by the last step
+    acc = out if K == 1 else torch.empty(B, H, N, C, device=q.device, dtype=torch.float32)
     kernels._first_step[L.grid(L.fwd_m)](
         q, k, v, L.pad, coeffs[:, 0], coeffs[:, 1], acc, slot(1), lse,
-        *q.stride(), *k.stride(), *v.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *acc.stride(),
         L.stride_pb, coeffs.stride(0),
         H, N, C, L.qk_scale,
         STORE_Y=save or K > 1, BLOCK_M=L.fwd_m, BLOCK_N=L.fwd_n, BLOCK_C=L.block_c,
         **L.flags, **L.warps,
     )
     for j in range(2, K + 1):
+        dst = out if j == K else acc
         kernels._next_step[L.grid(L.fwd_m)](
-            q, k, slot(j - 1), L.pad, coeffs[:, j], acc, out if j == K else acc, slot(j), lse,
-            *q.stride(), *k.stride(),
+            q, k, slot(j - 1), L.pad, coeffs[:, j], acc, dst, slot(j), lse,
+            *q.stride(), *k.stride(), *dst.stride(),
             L.stride_pb, coeffs.stride(0),
             H, N, C, L.qk_scale,
             STORE_Y=save or j < K, BLOCK_M=L.fwd_m, BLOCK_N=L.fwd_n, BLOCK_C=L.block_c,
@@ -174,32 +182,29 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
     B, H, N, C = L.B, L.H, L.N, L.C
     K = coeffs.shape[1] - 1
     dt = q.dtype
-    g = g.contiguous()
-    # A[m - 1] = a_m, m = 1..K: a_K = c_K g, a_m = c_m g + P^T a_{m+1}
-    A = torch.empty(K, B, H, N, C, device=q.device, dtype=dt)
-    A[K - 1] = (coeffs[:, K].view(1, H, 1, 1) * g.float()).to(dt)
-    for m in range(K - 1, 0, -1):
+    dev = q.device
+    # A[m - 1] = a_m, m = 1..K: a_K = c_K g, a_m = c_m g + P^T a_{m+1}; the same launches write
+    # delta_i = sum_m <a_m,i, y_m,i> and the rows <g_j, y_m,j> of the coefficient gradients
+    A = torch.empty(K, B, H, N, C, device=dev, dtype=dt)
+    delta = torch.empty(B, H, N, device=dev, dtype=torch.float32)
+    dcrows = torch.empty(K + 1, B, H, N, device=dev, dtype=torch.float32)
+    for m in range(K, 0, -1):
         kernels._transposed_step[L.grid(L.bwd_n)](
-            q, k, g, A[m], A[m - 1], L.pad, coeffs[:, m], lse,
-            *q.stride(), *k.stride(),
+            q, k, g, A[m] if m < K else A[m - 1], A[m - 1], ys[m - 1], L.pad, coeffs[:, m], lse, delta, dcrows[m],
+            *q.stride(), *k.stride(), *g.stride(),
             L.stride_pb, coeffs.stride(0),
             H, N, C, L.qk_scale,
-            BLOCK_M=L.bwd_m, BLOCK_N=L.bwd_n, BLOCK_C=L.block_c,
+            HAS_IN=m < K, BLOCK_M=L.bwd_m, BLOCK_N=L.bwd_n, BLOCK_C=L.block_c,
             **L.flags, **L.warps,
         )
-    gf = g.float()
-    # delta_i = sum_m <a_m,i, y_m,i>;  dc[h, k] = <g_h, y_{h,k}>  (float32 reductions)
-    delta = torch.einsum("kbhnc,kbhnc->bhn", A.float(), ys.float()).contiguous()
-    dcoeffs = torch.cat(
-        [torch.einsum("bhnc,bhnc->h", gf, v.float())[:, None], torch.einsum("bhnc,kbhnc->hk", gf, ys.float())], dim=1
-    )
-    dq = torch.empty(B, H, N, C, device=q.device, dtype=dt)
-    dk = torch.empty_like(dq)
-    dv = torch.empty_like(dq)
+    # gradients stored as (B, N, H, C), the layout of a packed qkv projection
+    dq = torch.empty(B, N, H, C, device=dev, dtype=dt).transpose(1, 2)
+    dk = torch.empty(B, N, H, C, device=dev, dtype=dt).transpose(1, 2)
+    dv = torch.empty(B, N, H, C, device=dev, dtype=dt).transpose(1, 2)
     step = B * H * N * C
     kernels._bwd_dkdv[L.grid(L.bwd_n)](
-        q, k, v, g, A, ys, L.pad, coeffs[:, 0], lse, delta, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(),
+        q, k, v, g, A, ys, L.pad, coeffs[:, 0], lse, delta, dk, dv, dcrows[0],
+        *q.stride(), *k.stride(), *v.stride(), *g.stride(), *dk.stride(),
         L.stride_pb, coeffs.stride(0), step,
         H, N, C, K, L.qk_scale, L.sm_scale,
         BLOCK_M=L.bwd_m, BLOCK_N=L.bwd_n, BLOCK_C=L.block_c,
@@ -207,12 +212,13 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
     )
     kernels._bwd_dq[L.grid(L.bwd_n)](
         q, k, v, A, ys, L.pad, lse, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *dq.stride(),
         L.stride_pb, step,
         H, N, C, K, L.qk_scale, L.sm_scale,
         BLOCK_M=L.bwd_n, BLOCK_N=L.bwd_m, BLOCK_C=L.block_c,
         **L.flags, **L.warps,
     )
+    dcoeffs = dcrows.sum(dim=(1, 3)).transpose(0, 1)  # (H, K + 1)
     return dq, dk, dv, dcoeffs.to(coeffs.dtype)
 
 
