@@ -207,3 +207,18 @@ def test_library_imports_and_reports_without_triton():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "needs the 'triton' package" in res.stdout
+
+
+@requires_triton
+@pytest.mark.skipif(DEVICE == "cuda", reason="checks the error for CPU tensors without the interpreter")
+def test_cpu_tensors_without_the_interpreter_get_a_clear_error():
+    code = (
+        "import os; os.environ['TRITON_INTERPRET'] = '0'\n"
+        "import torch, diffusionformer.ops.triton as t\n"
+        "x = torch.zeros(1, 1, 2, 4)\n"
+        "try:\n    t.affine_attention(x, x, x, 0.0, 1.0)\n"
+        "except RuntimeError as e:\n    print('RuntimeError:', e)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "TRITON_INTERPRET=1" in res.stdout

@@ -2,7 +2,8 @@
 #
 # The forward pass follows the FlashAttention-2 algorithm (Tri Dao, https://tridao.me/publications/flash2/flash2.pdf)
 # in the structure of Triton's fused-attention tutorial (python/tutorials/06-fused-attention.py of
-# https://github.com/triton-lang/triton, "Credits: OpenAI kernel team", MIT licence): one program per
+# https://github.com/triton-lang/triton, "Credits: OpenAI kernel team"; Triton is Copyright 2018-2020
+# Philippe Tillet and 2020-2022 OpenAI, under the MIT licence): one program per
 # (query block, batch * head), keys streamed in blocks, an online softmax in base 2 that keeps the
 # row maximum and the row sum, and the log-sum-exp of every row stored for the backward pass.
 # What is new here: the epilogue writes c0[h] v + c1[h] (P v) instead of P v; later steps of the
