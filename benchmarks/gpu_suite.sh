@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_suite.sh --smoke [OUT_DIR]  (or GPU_SUITE_SMOKE=1: a CPU smoke run of the
 #                                                    issue-15 script at tiny sizes, default OUT_DIR
 #                                                    /tmp/df-gpu-suite-smoke; no GPU needed)
+#   bash benchmarks/gpu_suite.sh --issue15 [OUT_DIR] (or GPU_SUITE_ISSUE15=1: steps 1 and 3 only,
+#                                                    when GPU time is short)
 #
 # Steps on the GPU: (1) the Triton kernel tests compiled for the device (tests/ops, float64
 # references), written to OUT_DIR/triton-tests.txt; a failure is reported and the suite goes on;
@@ -18,7 +20,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 SMOKE="${GPU_SUITE_SMOKE:-0}"
+ISSUE15="${GPU_SUITE_ISSUE15:-0}"
 if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; shift; fi
+if [[ "${1:-}" == "--issue15" ]]; then ISSUE15=1; shift; fi
 start=$(date +%s)
 if [[ "$SMOKE" != "0" ]]; then
   OUT="${1:-/tmp/df-gpu-suite-smoke}"
@@ -47,9 +51,11 @@ else
   echo "gpu_suite.sh: Triton kernel tests FAILED, see $OUT/triton-tests.txt"; tail -n 30 "$OUT/triton-tests.txt"
 fi
 # (2) the library's benchmark grid: on a modern GPU every benchmark finishes in well under a minute
-"$PY" benchmarks/run_all.py --device cuda --out "$OUT"
+if [[ "$ISSUE15" == "0" ]]; then
+  "$PY" benchmarks/run_all.py --device cuda --out "$OUT"
+fi
 # (3) issue 15's tables, profile and GPT comparison
 "$PY" benchmarks/bench_issue15.py --device cuda --out "$OUT" || echo "gpu_suite.sh: bench_issue15.py FAILED"
-cat "$OUT/README.md"
+[[ -f "$OUT/README.md" ]] && cat "$OUT/README.md"
 [[ -f "$OUT/bench_issue15.md" ]] && cat "$OUT/bench_issue15.md"
 echo "gpu_suite.sh: done in $(( $(date +%s) - start )) s; tables in $OUT/README.md and $OUT/bench_issue15.md"
