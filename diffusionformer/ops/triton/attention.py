@@ -237,6 +237,7 @@ class _PolynomialAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, coeffs, pad, lse, ys = ctx.saved_tensors
         kernels = _kernels_module()
