@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch

@@ -43,8 +43,6 @@ to float32, because the interpreter's bfloat16 ``tl.dot`` is not reliable.
 
 from __future__ import annotations
 
-import math
-import os
 
 import torch
 from torch import Tensor
