@@ -235,11 +235,16 @@ from diffusionformer.ops.triton import _kernels as K
 POINTERS = {"PAD": "*u8", "C0": "*fp32", "C1": "*fp32", "CK": "*fp32", "LSE": "*fp32", "DELTA": "*fp32",
             "DCROW": "*fp32", "ACC": "*fp32"}
 common = dict(CAUSAL=True, HAS_PAD=True, UPCAST=False, IEEE=False, BLOCK_C=64)
-for fn, extra in [(K._first_step, dict(STORE_Y=True, BLOCK_M=64, BLOCK_N=64)),
-                  (K._next_step, dict(STORE_Y=True, BLOCK_M=64, BLOCK_N=64)),
-                  (K._transposed_step, dict(HAS_IN=True, BLOCK_M=32, BLOCK_N=64)),
-                  (K._bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=64)),
-                  (K._bwd_dq, dict(BLOCK_M=64, BLOCK_N=32))]:
+fwd = dict(STORE_Y=True, BLOCK_M=64, BLOCK_N=64)
+cases = [(K._first_step, fwd), (K._next_step, fwd),
+         (K._transposed_step, dict(HAS_IN=True, BLOCK_M=32, BLOCK_N=64)),
+         (K._bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=64)),
+         (K._bwd_dq, dict(BLOCK_M=64, BLOCK_N=32))]
+# the forward kernels also have an unmasked stage when keys are not padded (causal or not)
+for causal in (True, False):
+    cases += [(K._first_step, dict(fwd, HAS_PAD=False, CAUSAL=causal)),
+              (K._next_step, dict(fwd, HAS_PAD=False, CAUSAL=causal))]
+for fn, extra in cases:
     consts = dict(common, **extra)
     sig = {}
     for name in fn.arg_names:
@@ -263,10 +268,11 @@ for fn, extra in [(K._first_step, dict(STORE_Y=True, BLOCK_M=64, BLOCK_N=64)),
 @requires_triton
 @pytest.mark.slow
 def test_kernels_compile_for_a_gpu_target_without_a_gpu():
-    # the interpreter does not type-check like the compiler: build every kernel (bf16, causal,
-    # padded) down to an sm_90 cubin with triton's bundled toolchain; no device is needed
+    # the interpreter does not type-check like the compiler: build every kernel (bf16; causal and
+    # padded, and the forward kernels' unpadded variants) down to an sm_90 cubin with triton's
+    # bundled toolchain; no device is needed
     res = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, timeout=600)
     if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
         pytest.skip("triton's ptxas is not available on this machine")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.count("compiled") == 5
+    assert res.stdout.count("compiled") == 9

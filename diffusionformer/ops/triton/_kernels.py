@@ -54,6 +54,60 @@ if HAS_TRITON:
         return keep
 
     @triton.jit
+    def _free_keys(start_m, N, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+        """End of the key blocks that every query ``start_m ..`` of the block may see without a mask."""
+        if CAUSAL:
+            free = tl.minimum(N, start_m + 1)
+        else:
+            free = N
+        return (free // BLOCK_N) * BLOCK_N
+
+    @triton.jit
+    def _online_block(
+        acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
+        stride_kn, stride_kc, stride_vn, stride_vc,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """One key block of the online softmax (MASKED: apply bounds, padding and the causal mask)."""
+        kn = start_n + offs_n
+        kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc,
+                     mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
+        s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        if MASKED:
+            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2(-inf) = 0
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + kn[:, None] * stride_vn + offs_c[None, :] * stride_vc,
+                    mask=(kn[:, None] < N) & c_ok[None, :], other=0.0)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST, IEEE)
+        return acc, l_i, m_new
+
+    @triton.jit
+    def _fixed_block(
+        acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
+        stride_kn, stride_kc,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """One key block of ``P x`` with the stored log2-sum-exp (MASKED as in :func:`_online_block`)."""
+        kn = start_n + offs_n
+        kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc,
+                     mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
+        s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        p = tl.math.exp2(s - lse[:, None])
+        if MASKED:
+            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
+            p = tl.where(keep, p, 0.0)
+        x = tl.load(x_base + kn[:, None] * C + offs_c[None, :],
+                    mask=(kn[:, None] < N) & c_ok[None, :], other=0.0)
+        return _dot(p.to(x.dtype), x, acc, UPCAST, IEEE)
+
+    @triton.jit
     def _first_step(
         Q, K, V, PAD, C0, C1, OUT, Y, LSE,
         stride_qb, stride_qh, stride_qn, stride_qc,
@@ -88,22 +142,18 @@ if HAS_TRITON:
         hi = N
         if CAUSAL:
             hi = tl.minimum(N, start_m + BLOCK_M)
-        for start_n in range(0, hi, BLOCK_N):
-            kn = start_n + offs_n
-            kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc,
-                         mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
-            s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
-            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
-            s = tl.where(keep, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2(-inf) = 0
-            p = tl.math.exp2(s - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + kn[:, None] * stride_vn + offs_c[None, :] * stride_vc,
-                        mask=(kn[:, None] < N) & c_ok[None, :], other=0.0)
-            acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST, IEEE)
-            m_i = m_new
+        # key blocks below the diagonal and inside N need no mask (unless keys are padded)
+        free = 0
+        if not HAS_PAD:
+            free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
+        for start_n in range(0, free, BLOCK_N):
+            acc, l_i, m_i = _online_block(
+                acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
+                stride_kn, stride_kc, stride_vn, stride_vc, False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        for start_n in range(free, hi, BLOCK_N):
+            acc, l_i, m_i = _online_block(
+                acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
+                stride_kn, stride_kc, stride_vn, stride_vc, True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
         has = l_i > 0.0
         y = acc / tl.where(has, l_i, 1.0)[:, None]  # a row with no admissible key is a zero row of P
         lse = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("inf"))
@@ -152,16 +202,15 @@ if HAS_TRITON:
         hi = N
         if CAUSAL:
             hi = tl.minimum(N, start_m + BLOCK_M)
-        for start_n in range(0, hi, BLOCK_N):
-            kn = start_n + offs_n
-            kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc,
-                         mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
-            s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
-            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
-            p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)
-            x = tl.load(x_base + kn[:, None] * C + offs_c[None, :],
-                        mask=(kn[:, None] < N) & c_ok[None, :], other=0.0)
-            acc = _dot(p.to(x.dtype), x, acc, UPCAST, IEEE)
+        free = 0
+        if not HAS_PAD:
+            free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
+        for start_n in range(0, free, BLOCK_N):
+            acc = _fixed_block(acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
+                               qk_scale, stride_kn, stride_kc, False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        for start_n in range(free, hi, BLOCK_N):
+            acc = _fixed_block(acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
+                               qk_scale, stride_kn, stride_kc, True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
         io_mask = row_ok[:, None] & c_ok[None, :]
         io_off = bh.to(tl.int64) * N * C + offs_m[:, None] * C + offs_c[None, :]
         if STORE_Y:
