@@ -240,10 +240,11 @@ cases = [(K._first_step, fwd), (K._next_step, fwd),
          (K._transposed_step, dict(HAS_IN=True, BLOCK_M=32, BLOCK_N=64)),
          (K._bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=64)),
          (K._bwd_dq, dict(BLOCK_M=64, BLOCK_N=32))]
-# the forward kernels also have an unmasked stage when keys are not padded (causal or not)
+# without key padding the kernels also have an unmasked stage (causal or not)
 for causal in (True, False):
     cases += [(K._first_step, dict(fwd, HAS_PAD=False, CAUSAL=causal)),
               (K._next_step, dict(fwd, HAS_PAD=False, CAUSAL=causal))]
+cases += [(fn, dict(extra, HAS_PAD=False)) for fn, extra in cases[2:5]]
 for fn, extra in cases:
     consts = dict(common, **extra)
     sig = {}
@@ -269,10 +270,10 @@ for fn, extra in cases:
 @pytest.mark.slow
 def test_kernels_compile_for_a_gpu_target_without_a_gpu():
     # the interpreter does not type-check like the compiler: build every kernel (bf16; causal and
-    # padded, and the forward kernels' unpadded variants) down to an sm_90 cubin with triton's
-    # bundled toolchain; no device is needed
+    # padded, causal and unpadded, and the forward kernels non-causal and unpadded) down to an
+    # sm_90 cubin with triton's bundled toolchain; no device is needed
     res = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, timeout=600)
     if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
         pytest.skip("triton's ptxas is not available on this machine")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.count("compiled") == 9
+    assert res.stdout.count("compiled") == 12

@@ -221,6 +221,103 @@ if HAS_TRITON:
         tl.store(OUT + out_off, (prev + ck * acc).to(OUT.dtype.element_ty), mask=io_mask)
 
     @triton.jit
+    def _query_ranges(start_n, N, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+        """For keys ``start_n ..``: query blocks ``[lo, mid)`` need the mask, ``[mid, N)`` do not.
+
+        Queries past ``N`` need none (their log-sum-exp is ``+inf``, so ``P = 0``), nor do keys past
+        ``N`` (their rows are never stored); only the causal and the padding masks remain.
+        """
+        lo = 0
+        mid = 0
+        if CAUSAL:
+            lo = (start_n // BLOCK_M) * BLOCK_M
+            # the first query block whose every query i >= every key j of this block
+            mid = tl.minimum(((start_n + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, N)
+        if HAS_PAD:
+            mid = N
+        return lo, mid
+
+    @triton.jit
+    def _transposed_block(
+        acc, k, q_base, a_base, lse_base, pad_row, start_m, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
+        stride_qn, stride_qc,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """``acc + P^T[key block, query block] a[query block]``."""
+        qm = start_m + offs_m
+        qT = tl.load(q_base + qm[None, :] * stride_qn + offs_c[:, None] * stride_qc,
+                     mask=(qm[None, :] < N) & c_ok[:, None], other=0.0)
+        lse = tl.load(lse_base + qm, mask=qm < N, other=float("inf"))
+        sT = _dot(k, qT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        pT = tl.math.exp2(sT - lse[None, :])
+        if MASKED:
+            keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, CAUSAL, HAS_PAD)
+            pT = tl.where(keep, pT, 0.0)
+        a = tl.load(a_base + qm[:, None] * C + offs_c[None, :], mask=(qm[:, None] < N) & c_ok[None, :], other=0.0)
+        return _dot(pT.to(a.dtype), a, acc, UPCAST, IEEE)
+
+    @triton.jit
+    def _dkdv_block(
+        dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m, offs_n, offs_c, c_ok,
+        kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """One query block of :func:`_bwd_dkdv`."""
+        qm = start_m + offs_m
+        qm_ok = qm < N
+        q = tl.load(q_base + qm[:, None] * stride_qn + offs_c[None, :] * stride_qc,
+                    mask=qm_ok[:, None] & c_ok[None, :], other=0.0)
+        lse = tl.load(lse_base + qm, mask=qm_ok, other=float("inf"))
+        delta = tl.load(delta_base + qm, mask=qm_ok, other=0.0)
+        sT = _dot(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        pT = tl.math.exp2(sT - lse[None, :])
+        if MASKED:
+            keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, CAUSAL, HAS_PAD)
+            pT = tl.where(keep, pT, 0.0)
+        a_off = io_base + qm[None, :] * C + offs_c[:, None]
+        a_mask = qm_ok[None, :] & c_ok[:, None]
+        a1T = tl.load(A + a_off, mask=a_mask, other=0.0)  # a_1^T: (BLOCK_C, BLOCK_M)
+        dv = _dot(pT.to(a1T.dtype), tl.trans(a1T), dv, UPCAST, IEEE)
+        dpT = _dot(v, a1T, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
+        for m in range(1, STEPS):
+            y = tl.load(YS + (m - 1) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
+                        mask=kv_mask, other=0.0)
+            aT = tl.load(A + m * stride_step + a_off, mask=a_mask, other=0.0)
+            dpT = _dot(y, aT, dpT, UPCAST, IEEE)
+        dsT = pT * (dpT - delta[None, :])
+        dk = _dot(dsT.to(q.dtype), q, dk, UPCAST, IEEE)
+        return dk, dv
+
+    @triton.jit
+    def _dq_block(
+        dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n, offs_m, offs_n,
+        offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc, stride_vn, stride_vc,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """One key block of :func:`_bwd_dq`."""
+        kn = start_n + offs_n
+        kT_mask = (kn[None, :] < N) & c_ok[:, None]
+        kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc, mask=kT_mask, other=0.0)
+        s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        p = tl.math.exp2(s - lse[:, None])
+        if MASKED:
+            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
+            p = tl.where(keep, p, 0.0)
+        vT = tl.load(v_base + kn[None, :] * stride_vn + offs_c[:, None] * stride_vc, mask=kT_mask, other=0.0)
+        dp = _dot(a1, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
+        for m in range(1, STEPS):
+            yT = tl.load(YS + (m - 1) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
+                         mask=kT_mask, other=0.0)
+            a = tl.load(A + m * stride_step + a_off, mask=io_mask, other=0.0)
+            dp = _dot(a, yT, dp, UPCAST, IEEE)
+        ds = p * (dp - delta[:, None])
+        return _dot(ds.to(kT.dtype), tl.trans(kT), dq, UPCAST, IEEE)
+
+    @triton.jit
     def _transposed_step(
         Q, K, G, A_IN, A_OUT, Y, PAD, CK, LSE, DELTA, DCROW,
         stride_qb, stride_qh, stride_qn, stride_qc,
@@ -255,20 +352,16 @@ if HAS_TRITON:
                     mask=key_ok[:, None] & c_ok[None, :], other=0.0)
         acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
         if HAS_IN:
-            lo = 0
-            if CAUSAL:
-                lo = (start_n // BLOCK_M) * BLOCK_M
-            for start_m in range(lo, N, BLOCK_M):
-                qm = start_m + offs_m
-                qT = tl.load(q_base + qm[None, :] * stride_qn + offs_c[:, None] * stride_qc,
-                             mask=(qm[None, :] < N) & c_ok[:, None], other=0.0)
-                lse = tl.load(LSE + bh.to(tl.int64) * N + qm, mask=qm < N, other=float("inf"))
-                sT = _dot(k, qT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
-                keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, CAUSAL, HAS_PAD)
-                pT = tl.where(keep, tl.math.exp2(sT - lse[None, :]), 0.0)
-                a = tl.load(A_IN + io_base + qm[:, None] * C + offs_c[None, :],
-                            mask=(qm[:, None] < N) & c_ok[None, :], other=0.0)
-                acc = _dot(pT.to(a.dtype), a, acc, UPCAST, IEEE)
+            lo, mid = _query_ranges(start_n, N, CAUSAL, HAS_PAD, BLOCK_M, BLOCK_N)
+            lse_base = LSE + bh.to(tl.int64) * N
+            for start_m in range(lo, mid, BLOCK_M):
+                acc = _transposed_block(acc, k, q_base, A_IN + io_base, lse_base, pad_row, start_m, offs_m, offs_n,
+                                        offs_c, c_ok, N, C, qk_scale, stride_qn, stride_qc,
+                                        True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+            for start_m in range(mid, N, BLOCK_M):
+                acc = _transposed_block(acc, k, q_base, A_IN + io_base, lse_base, pad_row, start_m, offs_m, offs_n,
+                                        offs_c, c_ok, N, C, qk_scale, stride_qn, stride_qc,
+                                        False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
         io_mask = key_ok[:, None] & c_ok[None, :]
         io_off = io_base + offs_n[:, None] * C + offs_c[None, :]
         ck = tl.load(CK + h * stride_cf).to(tl.float32)
@@ -322,31 +415,17 @@ if HAS_TRITON:
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_c[None, :] * stride_vc, mask=kv_mask, other=0.0)
         dk = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
-        lo = 0
-        if CAUSAL:
-            lo = (start_n // BLOCK_M) * BLOCK_M
-        for start_m in range(lo, N, BLOCK_M):
-            qm = start_m + offs_m
-            qm_ok = qm < N
-            q = tl.load(q_base + qm[:, None] * stride_qn + offs_c[None, :] * stride_qc,
-                        mask=qm_ok[:, None] & c_ok[None, :], other=0.0)
-            lse = tl.load(LSE + bh.to(tl.int64) * N + qm, mask=qm_ok, other=float("inf"))
-            delta = tl.load(DELTA + bh.to(tl.int64) * N + qm, mask=qm_ok, other=0.0)
-            sT = _dot(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
-            keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, CAUSAL, HAS_PAD)
-            pT = tl.where(keep, tl.math.exp2(sT - lse[None, :]), 0.0)
-            a_off = io_base + qm[None, :] * C + offs_c[:, None]
-            a_mask = qm_ok[None, :] & c_ok[:, None]
-            a1T = tl.load(A + a_off, mask=a_mask, other=0.0)  # a_1^T: (BLOCK_C, BLOCK_M)
-            dv = _dot(pT.to(a1T.dtype), tl.trans(a1T), dv, UPCAST, IEEE)
-            dpT = _dot(v, a1T, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
-            for m in range(1, STEPS):
-                y = tl.load(YS + (m - 1) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
-                            mask=kv_mask, other=0.0)
-                aT = tl.load(A + m * stride_step + a_off, mask=a_mask, other=0.0)
-                dpT = _dot(y, aT, dpT, UPCAST, IEEE)
-            dsT = pT * (dpT - delta[None, :])
-            dk = _dot(dsT.to(q.dtype), q, dk, UPCAST, IEEE)
+        lo, mid = _query_ranges(start_n, N, CAUSAL, HAS_PAD, BLOCK_M, BLOCK_N)
+        lse_base = LSE + bh.to(tl.int64) * N
+        delta_base = DELTA + bh.to(tl.int64) * N
+        for start_m in range(lo, mid, BLOCK_M):
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m,
+                                 offs_n, offs_c, c_ok, kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc,
+                                 True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        for start_m in range(mid, N, BLOCK_M):
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m,
+                                 offs_n, offs_c, c_ok, kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc,
+                                 False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
         c0 = tl.load(C0 + h * stride_cf).to(tl.float32)
         g_off = b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh + offs_n[:, None] * stride_gn + offs_c[None, :] * stride_gc
         g = tl.load(G + g_off, mask=kv_mask, other=0.0).to(tl.float32)
@@ -393,22 +472,16 @@ if HAS_TRITON:
         if CAUSAL:
             hi = tl.minimum(N, start_m + BLOCK_M)
         a1 = tl.load(A + a_off, mask=io_mask, other=0.0)
-        for start_n in range(0, hi, BLOCK_N):
-            kn = start_n + offs_n
-            kn_ok = kn < N
-            kT_mask = kn_ok[None, :] & c_ok[:, None]
-            kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc, mask=kT_mask, other=0.0)
-            s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
-            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
-            p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)
-            vT = tl.load(v_base + kn[None, :] * stride_vn + offs_c[:, None] * stride_vc, mask=kT_mask, other=0.0)
-            dp = _dot(a1, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
-            for m in range(1, STEPS):
-                yT = tl.load(YS + (m - 1) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
-                             mask=kT_mask, other=0.0)
-                a = tl.load(A + m * stride_step + a_off, mask=io_mask, other=0.0)
-                dp = _dot(a, yT, dp, UPCAST, IEEE)
-            ds = p * (dp - delta[:, None])
-            dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, UPCAST, IEEE)
+        free = 0
+        if not HAS_PAD:
+            free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
+        for start_n in range(0, free, BLOCK_N):
+            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n,
+                           offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
+                           stride_vn, stride_vc, False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        for start_n in range(free, hi, BLOCK_N):
+            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n,
+                           offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
+                           stride_vn, stride_vc, True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
         d_off = b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_m[:, None] * stride_dn + offs_c[None, :] * stride_dc
         tl.store(DQ + d_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=io_mask)

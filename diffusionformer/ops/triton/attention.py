@@ -118,8 +118,9 @@ class _Launch:
                 "TRITON_INTERPRET=1 before triton is first imported (interpreter, slow: tests only)"
             )
         self.block_c = max(16, 1 << (C - 1).bit_length())
-        if self.interpreted:
-            self.fwd_m = self.fwd_n = self.bwd_m = self.bwd_n = 16
+        if self.interpreted:  # small and unequal blocks: the tests cross every kind of block edge
+            self.fwd_m, self.fwd_n = 32, 16
+            self.bwd_m, self.bwd_n = 16, 32
             self.warps = {}
         else:
             self.fwd_m, self.fwd_n = 64, 64
