@@ -1,21 +1,61 @@
 #!/usr/bin/env bash
-# Run the whole benchmark suite on one CUDA device and print the tables (about 3-5 minutes).
+# Run the whole benchmark suite on one CUDA device and print the tables (about 10 minutes).
 #
-#   bash benchmarks/gpu_suite.sh [OUT_DIR]     (default OUT_DIR: benchmarks/results-cuda)
+#   bash benchmarks/gpu_suite.sh [OUT_DIR]          (default OUT_DIR: benchmarks/results-cuda)
+#   bash benchmarks/gpu_suite.sh --smoke [OUT_DIR]  (or GPU_SUITE_SMOKE=1: a CPU smoke run of the
+#                                                    issue-15 script at tiny sizes, default OUT_DIR
+#                                                    /tmp/df-gpu-suite-smoke; no GPU needed)
+#   bash benchmarks/gpu_suite.sh --issue15 [OUT_DIR] (or GPU_SUITE_ISSUE15=1: steps 1 and 3 only,
+#                                                    when GPU time is short)
 #
-# Uses the python of $PYTHON (default: python3). Fails early when no CUDA device is visible.
+# Steps on the GPU: (1) the Triton kernel tests compiled for the device (tests/ops, float64
+# references), written to OUT_DIR/triton-tests.txt; a failure is reported and the suite goes on;
+# (2) benchmarks/run_all.py (every benchmark of the library); (3) benchmarks/bench_issue15.py
+# (issue 15: every head type vs the SDPA reference layer, the profile of SDPA kernels, launches,
+# copies, casts and syncs, GPT vs nanoGPT at both sizes, with a Triton column when triton imports).
+#
+# Uses the python of $PYTHON (default: python3). Fails early when no CUDA device is visible
+# (except in smoke mode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+SMOKE="${GPU_SUITE_SMOKE:-0}"
+ISSUE15="${GPU_SUITE_ISSUE15:-0}"
+if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; shift; fi
+if [[ "${1:-}" == "--issue15" ]]; then ISSUE15=1; shift; fi
+start=$(date +%s)
+if [[ "$SMOKE" != "0" ]]; then
+  OUT="${1:-/tmp/df-gpu-suite-smoke}"
+  echo "gpu_suite.sh: smoke run on CPU (tiny sizes; the numbers mean nothing) -> $OUT"
+  "$PY" benchmarks/bench_issue15.py --smoke --device cpu --threads 1 --out "$OUT"
+  echo "gpu_suite.sh: smoke run done in $(( $(date +%s) - start )) s; tables in $OUT/bench_issue15.md"
+  exit 0
+fi
 OUT="${1:-benchmarks/results-cuda}"
 "$PY" - <<'PY'
 import sys, torch
 if not torch.cuda.is_available():
-    sys.exit("gpu_suite.sh: torch.cuda.is_available() is False; nothing to benchmark")
+    sys.exit("gpu_suite.sh: torch.cuda.is_available() is False; nothing to benchmark (try --smoke)")
 print("device:", torch.cuda.get_device_name(), "| torch", torch.__version__)
+try:
+    import triton
+    print("triton", triton.__version__)
+except ImportError:
+    print("triton: not installed (no Triton column)")
 PY
-start=$(date +%s)
-# the full grid: on a modern GPU every benchmark finishes in well under a minute
-"$PY" benchmarks/run_all.py --device cuda --out "$OUT"
-cat "$OUT/README.md"
-echo "gpu_suite.sh: done in $(( $(date +%s) - start )) s; tables in $OUT/README.md"
+mkdir -p "$OUT"
+# (1) the Triton kernels, compiled for this device, against the float64 references
+if "$PY" -m pytest -q tests/ops -p no:cacheprovider > "$OUT/triton-tests.txt" 2>&1; then
+  echo "gpu_suite.sh: Triton kernel tests passed ($(tail -n 1 "$OUT/triton-tests.txt"))"
+else
+  echo "gpu_suite.sh: Triton kernel tests FAILED, see $OUT/triton-tests.txt"; tail -n 30 "$OUT/triton-tests.txt"
+fi
+# (2) the library's benchmark grid: on a modern GPU every benchmark finishes in well under a minute
+if [[ "$ISSUE15" == "0" ]]; then
+  "$PY" benchmarks/run_all.py --device cuda --out "$OUT"
+fi
+# (3) issue 15's tables, profile and GPT comparison
+"$PY" benchmarks/bench_issue15.py --device cuda --out "$OUT" || echo "gpu_suite.sh: bench_issue15.py FAILED"
+[[ -f "$OUT/README.md" ]] && cat "$OUT/README.md"
+[[ -f "$OUT/bench_issue15.md" ]] && cat "$OUT/bench_issue15.md"
+echo "gpu_suite.sh: done in $(( $(date +%s) - start )) s; tables in $OUT/README.md and $OUT/bench_issue15.md"

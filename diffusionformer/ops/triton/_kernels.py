@@ -1,0 +1,487 @@
+# Triton kernels of diffusionformer.ops.triton (flash-style diffusion with P = softmax(q k^T s + mask)).
+#
+# The forward pass follows the FlashAttention-2 algorithm (Tri Dao, https://tridao.me/publications/flash2/flash2.pdf)
+# in the structure of Triton's fused-attention tutorial (python/tutorials/06-fused-attention.py of
+# https://github.com/triton-lang/triton, "Credits: OpenAI kernel team"; Triton is Copyright 2018-2020
+# Philippe Tillet and 2020-2022 OpenAI, under the MIT licence): one program per
+# (query block, batch * head), keys streamed in blocks, an online softmax in base 2 that keeps the
+# row maximum and the row sum, and the log-sum-exp of every row stored for the backward pass.
+# What is new here: the epilogue writes c0[h] v + c1[h] (P v) instead of P v; later steps of the
+# Krylov sequence reuse the stored log-sum-exp (no online rescaling) and accumulate c_k[h] P^k v in
+# the same kernel; the backward pass is the reverse (Horner) recursion of the polynomial, with
+# dP = sum_m a_{m+1} y_m^T contracted inside the dq and dk/dv kernels (never N x N in memory);
+# boundary blocks are masked (any N, any head dimension), and the key-padding mask, empty rows
+# and the causal mask are handled in-kernel.
+#
+# This module defines its kernels only when triton imports, so that the library (and pytest's
+# doctest collection) imports without triton; diffusionformer.ops.triton imports it lazily.
+
+from __future__ import annotations
+
+try:  # the library must work without triton
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised where triton is absent
+    triton = None
+    tl = None
+
+__all__ = ["HAS_TRITON"]
+
+HAS_TRITON = triton is not None
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _dot(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+        """``acc + a @ b`` with fp32 accumulation (UPCAST: fp32 operands, for the interpreter's bf16)."""
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:
+            return tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            return tl.dot(a, b, acc)
+
+    @triton.jit
+    def _keep(offs_q, offs_k, N, pad_row, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr):
+        """bool block: key ``offs_k`` is admissible for query ``offs_q`` (both 2-D broadcastable index grids)."""
+        keep = (offs_k < N) & (offs_q < N)
+        if HAS_PAD:
+            pad = tl.load(pad_row + offs_k, mask=offs_k < N, other=1)
+            keep = keep & (pad == 0)
+        if CAUSAL:
+            keep = keep & (offs_q >= offs_k)
+        return keep
+
+    @triton.jit
+    def _free_keys(start_m, N, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+        """End of the key blocks that every query ``start_m ..`` of the block may see without a mask."""
+        if CAUSAL:
+            free = tl.minimum(N, start_m + 1)
+        else:
+            free = N
+        return (free // BLOCK_N) * BLOCK_N
+
+    @triton.jit
+    def _online_block(
+        acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
+        stride_kn, stride_kc, stride_vn, stride_vc,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """One key block of the online softmax (MASKED: apply bounds, padding and the causal mask)."""
+        kn = start_n + offs_n
+        kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc,
+                     mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
+        s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        if MASKED:
+            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2(-inf) = 0
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + kn[:, None] * stride_vn + offs_c[None, :] * stride_vc,
+                    mask=(kn[:, None] < N) & c_ok[None, :], other=0.0)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST, IEEE)
+        return acc, l_i, m_new
+
+    @triton.jit
+    def _fixed_block(
+        acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
+        stride_kn, stride_kc,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """One key block of ``P x`` with the stored log2-sum-exp (MASKED as in :func:`_online_block`)."""
+        kn = start_n + offs_n
+        kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc,
+                     mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
+        s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        p = tl.math.exp2(s - lse[:, None])
+        if MASKED:
+            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
+            p = tl.where(keep, p, 0.0)
+        x = tl.load(x_base + kn[:, None] * C + offs_c[None, :],
+                    mask=(kn[:, None] < N) & c_ok[None, :], other=0.0)
+        return _dot(p.to(x.dtype), x, acc, UPCAST, IEEE)
+
+    @triton.jit
+    def _first_step(
+        Q, K, V, PAD, C0, C1, OUT, Y, LSE,
+        stride_qb, stride_qh, stride_qn, stride_qc,
+        stride_kb, stride_kh, stride_kn, stride_kc,
+        stride_vb, stride_vh, stride_vn, stride_vc,
+        stride_ob, stride_oh, stride_on, stride_oc,
+        stride_pb, stride_cf,
+        H, N, C, qk_scale,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, STORE_Y: tl.constexpr,
+        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        """``y = P v`` by an online softmax; ``out = c0[h] v + c1[h] y``; stores log2-sum-exp per row."""
+        start_m = tl.program_id(0) * BLOCK_M
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_c = tl.arange(0, BLOCK_C)
+        c_ok = offs_c < C
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+        pad_row = PAD + b.to(tl.int64) * stride_pb
+        row_ok = offs_m < N
+        q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc,
+                    mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+        hi = N
+        if CAUSAL:
+            hi = tl.minimum(N, start_m + BLOCK_M)
+        # key blocks below the diagonal and inside N need no mask (unless keys are padded)
+        free = 0
+        if not HAS_PAD:
+            free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
+        for start_n in range(0, free, BLOCK_N):
+            acc, l_i, m_i = _online_block(
+                acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
+                stride_kn, stride_kc, stride_vn, stride_vc, False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        for start_n in range(free, hi, BLOCK_N):
+            acc, l_i, m_i = _online_block(
+                acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
+                stride_kn, stride_kc, stride_vn, stride_vc, True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        has = l_i > 0.0
+        y = acc / tl.where(has, l_i, 1.0)[:, None]  # a row with no admissible key is a zero row of P
+        lse = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("inf"))
+        tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=row_ok)
+        io_mask = row_ok[:, None] & c_ok[None, :]
+        io_off = bh.to(tl.int64) * N * C + offs_m[:, None] * C + offs_c[None, :]
+        if STORE_Y:
+            tl.store(Y + io_off, y.to(Y.dtype.element_ty), mask=io_mask)
+        c0 = tl.load(C0 + h * stride_cf).to(tl.float32)
+        c1 = tl.load(C1 + h * stride_cf).to(tl.float32)
+        v_rows = tl.load(v_base + offs_m[:, None] * stride_vn + offs_c[None, :] * stride_vc,
+                         mask=io_mask, other=0.0).to(tl.float32)
+        out_off = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_on + offs_c[None, :] * stride_oc
+        tl.store(OUT + out_off, (c0 * v_rows + c1 * y).to(OUT.dtype.element_ty), mask=io_mask)
+
+    @triton.jit
+    def _next_step(
+        Q, K, X, PAD, CK, ACC, OUT, Y, LSE,
+        stride_qb, stride_qh, stride_qn, stride_qc,
+        stride_kb, stride_kh, stride_kn, stride_kc,
+        stride_ob, stride_oh, stride_on, stride_oc,
+        stride_pb, stride_cf,
+        H, N, C, qk_scale,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, STORE_Y: tl.constexpr,
+        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        """``y = P x`` with the stored log2-sum-exp; ``out = acc + c_k[h] y`` (X, ACC, Y contiguous, OUT strided)."""
+        start_m = tl.program_id(0) * BLOCK_M
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_c = tl.arange(0, BLOCK_C)
+        c_ok = offs_c < C
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+        x_base = X + bh.to(tl.int64) * N * C
+        pad_row = PAD + b.to(tl.int64) * stride_pb
+        row_ok = offs_m < N
+        q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc,
+                    mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+        lse = tl.load(LSE + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=float("inf"))
+        acc = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+        hi = N
+        if CAUSAL:
+            hi = tl.minimum(N, start_m + BLOCK_M)
+        free = 0
+        if not HAS_PAD:
+            free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
+        for start_n in range(0, free, BLOCK_N):
+            acc = _fixed_block(acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
+                               qk_scale, stride_kn, stride_kc, False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        for start_n in range(free, hi, BLOCK_N):
+            acc = _fixed_block(acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
+                               qk_scale, stride_kn, stride_kc, True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        io_mask = row_ok[:, None] & c_ok[None, :]
+        io_off = bh.to(tl.int64) * N * C + offs_m[:, None] * C + offs_c[None, :]
+        if STORE_Y:
+            tl.store(Y + io_off, acc.to(Y.dtype.element_ty), mask=io_mask)
+        ck = tl.load(CK + h * stride_cf).to(tl.float32)
+        prev = tl.load(ACC + io_off, mask=io_mask, other=0.0).to(tl.float32)
+        out_off = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_on + offs_c[None, :] * stride_oc
+        tl.store(OUT + out_off, (prev + ck * acc).to(OUT.dtype.element_ty), mask=io_mask)
+
+    @triton.jit
+    def _query_ranges(start_n, N, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+        """For keys ``start_n ..``: query blocks ``[lo, mid)`` need the mask, ``[mid, N)`` do not.
+
+        Queries past ``N`` need none (their log-sum-exp is ``+inf``, so ``P = 0``), nor do keys past
+        ``N`` (their rows are never stored); only the causal and the padding masks remain.
+        """
+        lo = 0
+        mid = 0
+        if CAUSAL:
+            lo = (start_n // BLOCK_M) * BLOCK_M
+            # the first query block whose every query i >= every key j of this block
+            mid = tl.minimum(((start_n + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, N)
+        if HAS_PAD:
+            mid = N
+        return lo, mid
+
+    @triton.jit
+    def _transposed_block(
+        acc, k, q_base, a_base, lse_base, pad_row, start_m, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
+        stride_qn, stride_qc,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """``acc + P^T[key block, query block] a[query block]``."""
+        qm = start_m + offs_m
+        qT = tl.load(q_base + qm[None, :] * stride_qn + offs_c[:, None] * stride_qc,
+                     mask=(qm[None, :] < N) & c_ok[:, None], other=0.0)
+        lse = tl.load(lse_base + qm, mask=qm < N, other=float("inf"))
+        sT = _dot(k, qT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        pT = tl.math.exp2(sT - lse[None, :])
+        if MASKED:
+            keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, CAUSAL, HAS_PAD)
+            pT = tl.where(keep, pT, 0.0)
+        a = tl.load(a_base + qm[:, None] * C + offs_c[None, :], mask=(qm[:, None] < N) & c_ok[None, :], other=0.0)
+        return _dot(pT.to(a.dtype), a, acc, UPCAST, IEEE)
+
+    @triton.jit
+    def _dkdv_block(
+        dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m, offs_n, offs_c, c_ok,
+        kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """One query block of :func:`_bwd_dkdv`."""
+        qm = start_m + offs_m
+        qm_ok = qm < N
+        q = tl.load(q_base + qm[:, None] * stride_qn + offs_c[None, :] * stride_qc,
+                    mask=qm_ok[:, None] & c_ok[None, :], other=0.0)
+        lse = tl.load(lse_base + qm, mask=qm_ok, other=float("inf"))
+        delta = tl.load(delta_base + qm, mask=qm_ok, other=0.0)
+        sT = _dot(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        pT = tl.math.exp2(sT - lse[None, :])
+        if MASKED:
+            keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, CAUSAL, HAS_PAD)
+            pT = tl.where(keep, pT, 0.0)
+        a_off = io_base + qm[None, :] * C + offs_c[:, None]
+        a_mask = qm_ok[None, :] & c_ok[:, None]
+        a1T = tl.load(A + a_off, mask=a_mask, other=0.0)  # a_1^T: (BLOCK_C, BLOCK_M)
+        dv = _dot(pT.to(a1T.dtype), tl.trans(a1T), dv, UPCAST, IEEE)
+        dpT = _dot(v, a1T, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
+        for m in range(1, STEPS):
+            y = tl.load(YS + (m - 1) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
+                        mask=kv_mask, other=0.0)
+            aT = tl.load(A + m * stride_step + a_off, mask=a_mask, other=0.0)
+            dpT = _dot(y, aT, dpT, UPCAST, IEEE)
+        dsT = pT * (dpT - delta[None, :])
+        dk = _dot(dsT.to(q.dtype), q, dk, UPCAST, IEEE)
+        return dk, dv
+
+    @triton.jit
+    def _dq_block(
+        dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n, offs_m, offs_n,
+        offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc, stride_vn, stride_vc,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """One key block of :func:`_bwd_dq`."""
+        kn = start_n + offs_n
+        kT_mask = (kn[None, :] < N) & c_ok[:, None]
+        kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc, mask=kT_mask, other=0.0)
+        s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        p = tl.math.exp2(s - lse[:, None])
+        if MASKED:
+            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
+            p = tl.where(keep, p, 0.0)
+        vT = tl.load(v_base + kn[None, :] * stride_vn + offs_c[:, None] * stride_vc, mask=kT_mask, other=0.0)
+        dp = _dot(a1, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
+        for m in range(1, STEPS):
+            yT = tl.load(YS + (m - 1) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
+                         mask=kT_mask, other=0.0)
+            a = tl.load(A + m * stride_step + a_off, mask=io_mask, other=0.0)
+            dp = _dot(a, yT, dp, UPCAST, IEEE)
+        ds = p * (dp - delta[:, None])
+        return _dot(ds.to(kT.dtype), tl.trans(kT), dq, UPCAST, IEEE)
+
+    @triton.jit
+    def _transposed_step(
+        Q, K, G, A_IN, A_OUT, Y, PAD, CK, LSE, DELTA, DCROW,
+        stride_qb, stride_qh, stride_qn, stride_qc,
+        stride_kb, stride_kh, stride_kn, stride_kc,
+        stride_gb, stride_gh, stride_gn, stride_gc,
+        stride_pb, stride_cf,
+        H, N, C, qk_scale,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_IN: tl.constexpr,
+        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        """One step ``m`` of the adjoint recursion: ``a_m = c_m[h] g + P^T a_{m+1}`` (no ``P^T`` term without HAS_IN).
+
+        Also per row ``j``: ``DELTA[j] (+)= <a_m, y_m>`` (written fresh without HAS_IN, i.e. for
+        ``m = K``, the first launch) and ``DCROW[j] = <g, y_m>`` (summed to ``dc[h, m]`` outside).
+        A_IN, A_OUT, Y contiguous ``(B, H, N, C)``; G strided.
+        """
+        start_n = tl.program_id(0) * BLOCK_N
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_c = tl.arange(0, BLOCK_C)
+        c_ok = offs_c < C
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+        io_base = bh.to(tl.int64) * N * C
+        pad_row = PAD + b.to(tl.int64) * stride_pb
+        key_ok = offs_n < N
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_c[None, :] * stride_kc,
+                    mask=key_ok[:, None] & c_ok[None, :], other=0.0)
+        acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
+        if HAS_IN:
+            lo, mid = _query_ranges(start_n, N, CAUSAL, HAS_PAD, BLOCK_M, BLOCK_N)
+            lse_base = LSE + bh.to(tl.int64) * N
+            for start_m in range(lo, mid, BLOCK_M):
+                acc = _transposed_block(acc, k, q_base, A_IN + io_base, lse_base, pad_row, start_m, offs_m, offs_n,
+                                        offs_c, c_ok, N, C, qk_scale, stride_qn, stride_qc,
+                                        True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+            for start_m in range(mid, N, BLOCK_M):
+                acc = _transposed_block(acc, k, q_base, A_IN + io_base, lse_base, pad_row, start_m, offs_m, offs_n,
+                                        offs_c, c_ok, N, C, qk_scale, stride_qn, stride_qc,
+                                        False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        io_mask = key_ok[:, None] & c_ok[None, :]
+        io_off = io_base + offs_n[:, None] * C + offs_c[None, :]
+        ck = tl.load(CK + h * stride_cf).to(tl.float32)
+        g_off = b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh + offs_n[:, None] * stride_gn + offs_c[None, :] * stride_gc
+        g = tl.load(G + g_off, mask=io_mask, other=0.0).to(tl.float32)
+        a_new = ck * g + acc
+        tl.store(A_OUT + io_off, a_new.to(A_OUT.dtype.element_ty), mask=io_mask)
+        y = tl.load(Y + io_off, mask=io_mask, other=0.0).to(tl.float32)
+        row = bh.to(tl.int64) * N + offs_n
+        delta = tl.sum(a_new * y, 1)
+        if HAS_IN:
+            delta += tl.load(DELTA + row, mask=key_ok, other=0.0)
+        tl.store(DELTA + row, delta, mask=key_ok)
+        tl.store(DCROW + row, tl.sum(g * y, 1), mask=key_ok)
+
+    @triton.jit
+    def _bwd_dkdv(
+        Q, K, V, G, A, YS, PAD, C0, LSE, DELTA, DK, DV, DCROW,
+        stride_qb, stride_qh, stride_qn, stride_qc,
+        stride_kb, stride_kh, stride_kn, stride_kc,
+        stride_vb, stride_vh, stride_vn, stride_vc,
+        stride_gb, stride_gh, stride_gn, stride_gc,
+        stride_db, stride_dh, stride_dn, stride_dc,
+        stride_pb, stride_cf, stride_step,
+        H, N, C, STEPS, qk_scale, sm_scale,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        """Per key block: ``dk = s * dS^T q`` with ``dP = sum_m a_{m+1} y_m^T``, and ``dv = c0 g + P^T a_1``.
+
+        ``A[m]`` holds ``a_{m+1}`` and ``YS[m]`` holds ``y_{m+1}`` (``m = 0..STEPS-1``, stride
+        ``stride_step``); ``y_0 = v``. Also ``DCROW[j] = <g_j, v_j>`` (for ``dc[h, 0]``). G, DK, DV strided.
+        """
+        start_n = tl.program_id(0) * BLOCK_N
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_c = tl.arange(0, BLOCK_C)
+        c_ok = offs_c < C
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+        io_base = bh.to(tl.int64) * N * C
+        pad_row = PAD + b.to(tl.int64) * stride_pb
+        key_ok = offs_n < N
+        kv_mask = key_ok[:, None] & c_ok[None, :]
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_c[None, :] * stride_kc, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_c[None, :] * stride_vc, mask=kv_mask, other=0.0)
+        dk = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
+        lo, mid = _query_ranges(start_n, N, CAUSAL, HAS_PAD, BLOCK_M, BLOCK_N)
+        lse_base = LSE + bh.to(tl.int64) * N
+        delta_base = DELTA + bh.to(tl.int64) * N
+        for start_m in range(lo, mid, BLOCK_M):
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m,
+                                 offs_n, offs_c, c_ok, kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc,
+                                 True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        for start_m in range(mid, N, BLOCK_M):
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m,
+                                 offs_n, offs_c, c_ok, kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc,
+                                 False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        c0 = tl.load(C0 + h * stride_cf).to(tl.float32)
+        g_off = b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh + offs_n[:, None] * stride_gn + offs_c[None, :] * stride_gc
+        g = tl.load(G + g_off, mask=kv_mask, other=0.0).to(tl.float32)
+        tl.store(DCROW + bh.to(tl.int64) * N + offs_n, tl.sum(g * v.to(tl.float32), 1), mask=key_ok)
+        d_off = b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_n[:, None] * stride_dn + offs_c[None, :] * stride_dc
+        tl.store(DK + d_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+        tl.store(DV + d_off, (c0 * g + dv).to(DV.dtype.element_ty), mask=kv_mask)
+
+    @triton.jit
+    def _bwd_dq(
+        Q, K, V, A, YS, PAD, LSE, DELTA, DQ,
+        stride_qb, stride_qh, stride_qn, stride_qc,
+        stride_kb, stride_kh, stride_kn, stride_kc,
+        stride_vb, stride_vh, stride_vn, stride_vc,
+        stride_db, stride_dh, stride_dn, stride_dc,
+        stride_pb, stride_step,
+        H, N, C, STEPS, qk_scale, sm_scale,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        """Per query block: ``dq = s * dS k`` with ``dS = P * (dP - delta)``, ``dP = sum_m a_{m+1} y_m^T``."""
+        start_m = tl.program_id(0) * BLOCK_M
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_c = tl.arange(0, BLOCK_C)
+        c_ok = offs_c < C
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+        io_base = bh.to(tl.int64) * N * C
+        pad_row = PAD + b.to(tl.int64) * stride_pb
+        row_ok = offs_m < N
+        io_mask = row_ok[:, None] & c_ok[None, :]
+        q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc, mask=io_mask, other=0.0)
+        lse = tl.load(LSE + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=float("inf"))
+        delta = tl.load(DELTA + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=0.0)
+        a_off = io_base + offs_m[:, None] * C + offs_c[None, :]
+        dq = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+        hi = N
+        if CAUSAL:
+            hi = tl.minimum(N, start_m + BLOCK_M)
+        a1 = tl.load(A + a_off, mask=io_mask, other=0.0)
+        free = 0
+        if not HAS_PAD:
+            free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
+        for start_n in range(0, free, BLOCK_N):
+            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n,
+                           offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
+                           stride_vn, stride_vc, False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        for start_n in range(free, hi, BLOCK_N):
+            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n,
+                           offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
+                           stride_vn, stride_vc, True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        d_off = b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_m[:, None] * stride_dn + offs_c[None, :] * stride_dc
+        tl.store(DQ + d_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=io_mask)
