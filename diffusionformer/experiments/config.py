@@ -166,10 +166,20 @@ class ExperimentConfig:
     operators: list[OperatorSetting]  #: head layouts to compare (the first is the baseline of the Δ column)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  #: one run per seed
     description: str = ""  #: shown in the results README
+    #: primary contrasts, named before the study runs: operator settings compared against the
+    #: baseline (the first setting); findings rest on these, every other comparison is exploratory
+    primary: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.tasks or not self.operators or not self.seeds:
             raise ValueError("an experiment needs at least one task, one operator setting and one seed")
+        settings = [o.name for o in self.operators]
+        unknown = [p for p in self.primary if p not in settings]
+        if unknown:
+            raise ValueError(f"primary: expected names of operator settings {settings}, got unknown {unknown}")
+        if settings[0] in self.primary:
+            raise ValueError(f"primary: the baseline {settings[0]!r} is what the primary settings are compared "
+                             f"against; name the other settings, got {self.primary}")
         for what, names in (("task", [t.name for t in self.tasks]), ("operator setting", [o.name for o in self.operators])):
             dup = {n for n in names if names.count(n) > 1}
             if dup:
@@ -240,6 +250,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if missing:
                 raise ValueError(f"override {text!r}: no {path[0]} named {missing}; available: {known}")
             data[path[0]] = [e for e in entries if e.get("name") in wanted]
+            if path[0] == "operators" and isinstance(data.get("primary"), list):  # primary contrasts still run
+                kept = [e.get("name") for e in data["operators"]]
+                data["primary"] = [p for p in data["primary"] if p in kept[1:]]
             continue
         node: Any = data
         for i, part in enumerate(path[:-1]):

@@ -390,7 +390,9 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
         "data_seed": task.data_seed,
         "model": task.model,
         "model_config": dataclasses.asdict(model_cfg) if dataclasses.is_dataclass(model_cfg) else None,
-        "train": {k: v for k, v in train.to_dict().items() if k not in ("progress", "device")},
+        # a new TrainConfig field joins the identity only when set, so earlier runs keep resuming
+        "train": {k: v for k, v in train.to_dict().items()
+                  if k not in ("progress", "device") and not (k == "weight_decay_rule" and v == "default")},
     }
     if task.folds is not None:  # only then, so runs made before folds existed keep their identity
         identity["folds"] = task.folds

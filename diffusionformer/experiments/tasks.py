@@ -172,7 +172,13 @@ class DINOTask:
 
 
 class TextLMTask:
-    """Character-level language modelling on random windows (nanoGPT style)."""
+    r"""Character-level language modelling on random windows (nanoGPT style).
+
+    :meth:`evaluate` gives ``train_loss`` and ``val_loss`` (mean cross-entropy over the same
+    number of windows of each split, drawn from one fixed seed, as nanoGPT's
+    ``estimate_loss``), ``loss = val_loss`` and the generalisation gap
+    ``gap_loss = val_loss - train_loss``.
+    """
 
     def __init__(self, data: TextData, block_size: int, eval_batch_size: int = 64, eval_batches: int = 20) -> None:
         self.data = data
@@ -201,6 +207,8 @@ class TextLMTask:
                 total += model(x.to(device), y.to(device))[1].item()
             out[f"{split}_loss"] = total / batches
         out["loss"] = out["val_loss"]
+        # over-fitting: both losses come from the same protocol (same batch count, size and seed)
+        out["gap_loss"] = out["val_loss"] - out["train_loss"]
         return out
 
 
