@@ -130,7 +130,10 @@ class DiffusionGPT(nn.Module):
         logits = self.lm_head(self.norm(x))  # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten().long(), ignore_index=-100)
+            flat = logits.flatten(0, 1)
+            if flat.dtype in (torch.float16, torch.bfloat16):  # autocast: the loss in float32; float64 stays
+                flat = flat.float()
+            loss = F.cross_entropy(flat, targets.flatten().long(), ignore_index=-100)
         if inter is not None:
             return logits, loss, inter
         return logits, loss
