@@ -169,10 +169,25 @@ class ExperimentConfig:
     #: primary contrasts, named before the study runs: operator settings compared against the
     #: baseline (the first setting); findings rest on these, every other comparison is exploratory
     primary: list[str] = field(default_factory=list)
+    #: device of every run ("auto", "cpu", "cuda", "cuda:N"); ``run --device`` overrides it,
+    #: ``None`` leaves each task's ``train.device``
+    device: str | None = None
+    #: "bf16" (bf16 autocast), "fp32" or "auto" (bf16 on CUDA only): sets each task's
+    #: ``train.amp`` where the task does not set it; ``run --precision`` overrides both
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks or not self.operators or not self.seeds:
             raise ValueError("an experiment needs at least one task, one operator setting and one seed")
+        from diffusionformer.experiments.gpu import check_device, precision_amp
+
+        if self.device is not None:
+            check_device(self.device, available=False)  # spelling only: configs are read on any machine
+        if self.precision is not None:
+            amp = precision_amp(self.precision)
+            for task in self.tasks:
+                if "amp" not in task.train:
+                    task.train = {**task.train, "amp": amp}
         settings = [o.name for o in self.operators]
         unknown = [p for p in self.primary if p not in settings]
         if unknown:

@@ -135,7 +135,8 @@ def run_experiment(
         data_root: data root for datasets that need one (else ``$DIFFUSIONFORMER_DATA``).
         resume: continue interrupted runs and skip finished ones (``False``: start every run afresh).
         progress: show progress bars.
-        device: override every task's ``train.device``.
+        device: override every task's ``train.device`` (default: ``config.device`` when set);
+            checked first (:func:`~diffusionformer.experiments.gpu.check_device`).
         tasks: train only the tasks of these names (default: all); finished runs of the
             other tasks still appear in the results.
         log: where messages go.
@@ -146,6 +147,11 @@ def run_experiment(
     """
     out = Path(out_root) / config.name
     chosen = _choose_tasks(config, tasks)
+    device = device if device is not None else config.device
+    if device is not None:
+        from diffusionformer.experiments.gpu import check_device
+
+        check_device(device)
     dist_ctx = _maybe_init_distributed(device)
     if _is_main():
         out.mkdir(parents=True, exist_ok=True)
