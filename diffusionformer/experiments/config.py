@@ -77,6 +77,11 @@ class TaskConfig:
     #: each run reports the first evaluated step at which the key reaches the threshold
     #: (``>=``, or ``<=`` for keys ending in "loss"), and the table its mean over seeds
     reach: dict[str, float] | None = None
+    #: training-batch augmentation of image classification: ``{crop_padding = 4, flip = true}``
+    #: (pad, random crop of the original size, horizontal flip; empty: none)
+    augment: dict[str, Any] = field(default_factory=dict)
+    #: label smoothing of the training loss of classification tasks (0: none)
+    label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -95,6 +100,17 @@ class TaskConfig:
             raise ValueError(f"task {self.name!r}: eval_batch_size must be positive")
         if self.select_by is not None and (not isinstance(self.select_by, str) or not self.select_by):
             raise ValueError(f"task {self.name!r}: select_by must be an evaluation key such as 'val_acc', got {self.select_by!r}")
+        unknown = sorted(set(self.augment) - {"crop_padding", "flip"})
+        if unknown:
+            raise ValueError(f"task {self.name!r}: unknown augment key(s) {unknown}; expected crop_padding, flip")
+        pad = self.augment.get("crop_padding", 0)
+        if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+            raise ValueError(f"task {self.name!r}: augment.crop_padding must be an int >= 0, got {pad!r}")
+        if not isinstance(self.augment.get("flip", False), bool):
+            raise ValueError(f"task {self.name!r}: augment.flip must be true or false, got {self.augment['flip']!r}")
+        if isinstance(self.label_smoothing, bool) or not isinstance(self.label_smoothing, (int, float)) \
+                or not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"task {self.name!r}: label_smoothing must be a float in [0, 1), got {self.label_smoothing!r}")
         if self.reach is not None:
             ok = isinstance(self.reach, dict) and len(self.reach) == 1
             key, value = next(iter(self.reach.items())) if ok else (None, None)

@@ -400,6 +400,10 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
         "train": {k: v for k, v in train.to_dict().items()
                   if k not in ("progress", "device") and not (k == "weight_decay_rule" and v == "default")},
     }
+    if task.augment:  # only when set, so earlier runs keep their identity
+        identity["augment"] = task.augment
+    if task.label_smoothing:
+        identity["label_smoothing"] = task.label_smoothing
     if task.folds is not None:  # only then, so runs made before folds existed keep their identity
         identity["folds"] = task.folds
         identity["fold"] = task.fold_of(train.seed)
@@ -461,7 +465,8 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     if _is_main():
         rdir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(rdir / RUN_CONFIG_NAME, identity)
-    adapter = build_task(data, model, eval_batch_size=task.eval_batch_size)
+    adapter = build_task(data, model, eval_batch_size=task.eval_batch_size, augment=task.augment,
+                         label_smoothing=task.label_smoothing)
     trainer = Trainer(model, adapter, cfg, rdir, resume=True)
     try:
         summary = trainer.fit()

@@ -99,7 +99,11 @@ head -n 1 "$OUT/status.md"
 if [ -d "$RESULTS/$name/workers" ]; then
   for f in "$RESULTS/$name"/workers/*.log; do echo "== $f"; tail -n 20 "$f"; done > "$OUT/workers.log"
 fi
-tar -C "$RESULTS" --exclude='checkpoint.pt' --exclude='.lock' -czf "$OUT/results-$name.tar.gz" "$name"
+if [ -d "$RESULTS/$name" ]; then
+  tar -C "$RESULTS" --exclude='checkpoint.pt' --exclude='.lock' -czf "$OUT/results-$name.tar.gz" "$name"
+else
+  echo "no results folder $RESULTS/$name: nothing to pack"
+fi
 ls -l "$OUT"
 echo "gpu_study.sh: done in $(( $(date +%s) - t0 )) s"
 exit $code
