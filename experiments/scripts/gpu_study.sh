@@ -93,7 +93,9 @@ set -e
 echo "run exit code $code after $(( $(date +%s) - t0 )) s (124: stopped by the budget)"
 tail -n 30 "$OUT/run.log"
 
-"$PY" -m diffusionformer.experiments status "$config" --out "$RESULTS" > "$OUT/status.md" 2>&1 || true
+sets=(); prev=""
+for a in "$@"; do [ "$prev" = "--set" ] && sets+=(--set "$a"); prev="$a"; done  # status takes the --set overrides
+"$PY" -m diffusionformer.experiments status "$config" ${sets[@]+"${sets[@]}"} --out "$RESULTS" > "$OUT/status.md" 2>&1 || true
 head -n 1 "$OUT/status.md"
 [ -f "$RESULTS/$name/results.md" ] && cp "$RESULTS/$name/results.md" "$OUT/results.md"
 if [ -d "$RESULTS/$name/workers" ]; then
