@@ -196,3 +196,17 @@ def test_workers_share_the_runs_and_each_run_trains_once(tmp_path, monkeypatch, 
             assert not (rdir / ".lock").exists()
     assert len(json.loads((root / "results.json").read_text())["runs"]) == 6
     assert all("results:" in p.read_text() for p in logs)  # both workers ran to the end
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_bf16_runs_with_two_workers_on_one_gpu(tmp_path, monkeypatch):
+    """For a GPU sitting: the whole path (config device and precision, two workers on one GPU)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    toml = _toml(tmp_path, top='device = "cuda"\nprecision = "bf16"')
+    out = tmp_path / "res"
+    assert cli_main(["run", str(toml), "--out", str(out), "--workers", "2", "--no-progress"]) == 0
+    for op in ("attention", "lap", "heat"):
+        for seed in (0, 1):
+            summary = json.loads((run_dir(out / "tiny", "digits", op, seed) / "summary.json").read_text())
+            assert summary["status"] == "completed" and summary["amp"] == "bf16"
+            assert summary["device"].startswith("cuda")
