@@ -38,7 +38,8 @@ if [ "$what" = "stage" ]; then
   src="${SRC:-${DIFFUSIONFORMER_DATA:-../shared/data}}"
   [ -d "$src" ] || { echo "gpu_study.sh stage: data root '$src' not found; set SRC=<data root>" >&2; exit 2; }
   mkdir -p "$DATA"
-  grep -qx '/.gpudata/' .git/info/exclude 2>/dev/null || echo '/.gpudata/' >> "$(git rev-parse --git-path info/exclude)"
+  exclude="$(git rev-parse --git-path info/exclude)"  # .git may be a file (worktrees)
+  grep -qx '/.gpudata/' "$exclude" 2>/dev/null || echo '/.gpudata/' >> "$exclude"
   case "${1:-}" in
     text)   folder=tinyshakespeare ;;
     vision) folder=cifar10_jpg ;;
