@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["MultiCropAugment", "crop_boxes", "gaussian_blur", "resample_crops"]
+__all__ = ["MultiCropAugment", "crop_boxes", "gaussian_blur", "random_crop_flip", "resample_crops"]
 
 _DRAWS = 8  # uniforms per view: area, log-ratio, centre x, centre y, flip, shift, gain, blur
 
@@ -283,3 +283,47 @@ class MultiCropAugment:
     def __call__(self, images: Tensor, generator: torch.Generator) -> Tensor:
         """``apply(images, sample(B, (C, H, W), generator))``."""
         return self.apply(images, self.sample(images.shape[0], tuple(images.shape[1:]), generator))
+
+
+def random_crop_flip(images: Tensor, generator: torch.Generator, *, padding: int = 4, flip: bool = True) -> Tensor:
+    r"""The supervised CIFAR augmentation: pad, take a random crop of the original size, flip.
+
+    .. math::
+        v_b = \mathrm{flip}^{f_b}\big(\mathrm{pad}_p(x_b)[\,i_b : i_b + H,\; j_b : j_b + W\,]\big),
+        \qquad i_b, j_b \sim \mathcal U\{0, \dots, 2p\},\; f_b \sim \mathrm{Bernoulli}(1/2)
+
+    with zero padding (the mean colour for standardised images) and a horizontal flip
+    (He et al., "Deep Residual Learning", CVPR 2016, section 4.2; the ViT-CIFAR recipes). The
+    offsets ``(i_b, j_b)`` and then the flips are drawn from ``generator`` in that order.
+
+    Args:
+        images: ``(B, C, H, W)``.
+        generator: CPU generator of the offsets and flips.
+        padding: ``p >= 0`` pixels on every side (``0``: no crop).
+        flip: flip each image left-right with probability 1/2.
+
+    Shapes:
+        ``(B, C, H, W) -> (B, C, H, W)``.
+
+    Examples:
+        >>> x = torch.arange(16.0).view(1, 1, 4, 4)
+        >>> torch.equal(random_crop_flip(x, torch.Generator().manual_seed(0), padding=0, flip=False), x)
+        True
+    """
+    if images.dim() != 4:
+        raise ValueError(f"random_crop_flip: expected images of shape (B, C, H, W), got {tuple(images.shape)}")
+    if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
+        raise ValueError(f"random_crop_flip: padding must be an int >= 0, got {padding!r}")
+    B, C, H, W = images.shape
+    offsets = torch.randint(0, 2 * padding + 1, (B, 2), generator=generator)
+    flips = torch.rand(B, generator=generator) < 0.5 if flip else torch.zeros(B, dtype=torch.bool)
+    out = images
+    if padding > 0:
+        padded = F.pad(images, (padding, padding, padding, padding))
+        rows = (offsets[:, 0, None] + torch.arange(H)).to(images.device)  # (B, H)
+        cols = (offsets[:, 1, None] + torch.arange(W)).to(images.device)  # (B, W)
+        b = torch.arange(B, device=images.device)[:, None, None]
+        out = padded.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)  # (B, C, H, W)
+    if flip:
+        out = torch.where(flips.to(images.device)[:, None, None, None], out.flip(-1), out)
+    return out.contiguous()

@@ -102,7 +102,8 @@ def load_pydoc_chars(*, seed: int = 0, train_fraction: float = 0.9) -> TextData:
 
 @register_dataset("tinyshakespeare", kind="text", needs_root=True)
 def load_tinyshakespeare(
-    *, root: Path | None, seed: int = 0, train_fraction: float = 0.9, verify: bool = True
+    *, root: Path | None, seed: int = 0, train_fraction: float = 0.9, verify: bool = True,
+    train_chars: int | None = None,
 ) -> TextData:
     """Tiny Shakespeare (char-rnn / nanoGPT ``shakespeare_char``) from the data root.
 
@@ -111,14 +112,20 @@ def load_tinyshakespeare(
         seed: unused (the split is contiguous); accepted for a uniform interface.
         train_fraction: share of the characters in train (nanoGPT: 0.9).
         verify: check the file's SHA256 against the staged one.
+        train_chars: keep only the first ``train_chars`` characters of the train split (a
+            small training set that a model over-fits); the val split and the vocabulary
+            stay those of the full corpus. ``None`` keeps all.
 
     Shapes:
         - train, val: ``(L,)`` int64; the staged file gives 1,003,854 / 111,540 tokens, vocab 65.
     """
+    if train_chars is not None and (isinstance(train_chars, bool) or not isinstance(train_chars, int)
+                                    or train_chars < 2):
+        raise ValueError(f"train_chars must be an int >= 2 or None, got {train_chars!r}")
     (path,) = require_files("tinyshakespeare", root, [TINYSHAKESPEARE])
     if verify:
         verify_file(path, TINYSHAKESPEARE)
-    return char_text_data(
+    data = char_text_data(
         "tinyshakespeare",
         read_text(path),
         train_fraction=train_fraction,
@@ -128,3 +135,11 @@ def load_tinyshakespeare(
             "path": str(path),
         },
     )
+    if train_chars is None:
+        return data
+    if train_chars > data.train.numel():
+        raise ValueError(f"train_chars must be at most the {data.train.numel()} train characters, got {train_chars}")
+    data.train = data.train[:train_chars].clone()
+    data.meta["sizes"] = {"train": train_chars, "val": data.val.numel()}
+    data.meta["split"] += f"; train cut to its first {train_chars} characters"
+    return data

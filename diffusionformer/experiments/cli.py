@@ -4,7 +4,9 @@ Commands:
     run CONFIG [--set key=value ...]   train every run of a comparison (resumes), print the table;
                                        [--tasks T ...] trains only some tasks; a second ``run`` of
                                        the same config skips the runs the first one is training;
-                                       [--threads N | --workers W] sizes torch's threads per process
+                                       [--device cuda] [--precision bf16|fp32|auto] [--workers N]
+                                       (N processes share the runs, each with cores // N threads;
+                                       --threads N sets the threads per process)
     show CONFIG [--set ...]            validate every run of a config (datasets, models and heads,
                                        metric keys) and print them; exit 2 listing every problem
     analyze CONFIG                     token-geometry metrics and figures of the trained models
@@ -43,7 +45,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="data root for standard benchmarks (default: $DIFFUSIONFORMER_DATA)")
         if name == "run":
             c.add_argument("--out", default="results", help="results root (default: results)")
-            c.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: each task's train.device)")
+            c.add_argument("--device", default=None,
+                           help="cpu, cuda, cuda:1 ... (default: the config's device, else each task's train.device)")
+            c.add_argument("--precision", default=None, choices=["bf16", "fp32", "auto"],
+                           help="bf16 autocast, fp32, or auto (bf16 on CUDA only); sets every task's train.amp")
             c.add_argument("--restart", action="store_true", help="discard earlier runs instead of resuming them")
             c.add_argument("--tasks", nargs="+", action="extend", default=None, metavar="TASK",
                            help="train only these tasks (finished runs of the others stay in the results)")
@@ -81,9 +86,10 @@ def _thread_args(c: argparse.ArgumentParser) -> None:
 
     c.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch threads of this process (default: $OMP_NUM_THREADS if set, else cores // workers)")
-    c.add_argument("--workers", type=int, default=None, metavar="W",
-                   help=f"processes sharing this machine, to size the threads (default: ${WORKERS_ENV}, "
-                        "else torchrun's $LOCAL_WORLD_SIZE, else 1)")
+    c.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="run: start N worker processes that share the runs through the run locks (e.g. several "
+                        "small runs on one GPU); every command: size each process's torch threads to cores // N "
+                        f"(default: ${WORKERS_ENV}, else torchrun's $LOCAL_WORLD_SIZE, else 1)")
 
 
 def _size_threads(args: argparse.Namespace) -> None:
@@ -148,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             analyze_experiment(config, args.out, data_root=args.data_root, max_examples=args.max_examples,
                                device=args.device, progress=not args.no_progress, partial=args.partial)
             return 0
+        from diffusionformer.experiments.gpu import check_device, precision_amp, run_workers, worker_argv
         from diffusionformer.experiments.runner import aggregate, format_table, run_experiment
 
         _size_threads(args)
@@ -156,9 +163,28 @@ def main(argv: list[str] | None = None) -> int:
             out_flag += "" if args.out == "results" else f" --out {shlex.quote(args.out)}"
             print(f"every run's step and time left, from another shell: python -m diffusionformer.experiments status "
                   f"{args.config}{out_flag}", file=sys.stderr)
+        device = args.device if args.device is not None else config.device
+        if device is not None:
+            check_device(device)  # before any data is loaded: unknown, or CUDA where there is none
+        if args.precision is not None:
+            amp = precision_amp(args.precision)
+            for task in config.tasks:
+                task.train = {**task.train, "amp": amp}
         t0 = time.perf_counter()
+        workers = 1 if args.workers is None else args.workers
+        if workers < 1:
+            raise ValueError(f"--workers: expected an int >= 1, got {workers}")
+        if workers > 1:
+            if args.restart:
+                raise ValueError("--restart with --workers: every worker would discard the others' runs; "
+                                 "run once with --restart --workers 1, or delete the results folder")
+            raw = list(sys.argv[1:] if argv is None else argv)
+            codes = run_workers(worker_argv(raw), workers, Path(args.out) / config.name / "workers")
+            if any(codes):
+                print(f"worker exit codes {codes}; see {Path(args.out) / config.name / 'workers'}", file=sys.stderr)
+        # one pass in this process: trains what no worker finished, then writes the tables
         results = run_experiment(config, args.out, data_root=args.data_root, resume=not args.restart,
-                                 progress=not args.no_progress, device=args.device, tasks=args.tasks)
+                                 progress=not args.no_progress, device=device, tasks=args.tasks)
         if int(os.environ.get("RANK", "0")) == 0:
             print()
             print(format_table(aggregate(results), config, compact=True))

@@ -79,6 +79,11 @@ class TaskConfig:
     #: each run reports the first evaluated step at which the key reaches the threshold
     #: (``>=``, or ``<=`` for keys ending in "loss"), and the table its mean over seeds
     reach: dict[str, float] | None = None
+    #: training-batch augmentation of image classification: ``{crop_padding = 4, flip = true}``
+    #: (pad, random crop of the original size, horizontal flip; empty: none)
+    augment: dict[str, Any] = field(default_factory=dict)
+    #: label smoothing of the training loss of classification tasks (0: none)
+    label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -97,6 +102,17 @@ class TaskConfig:
             raise ValueError(f"task {self.name!r}: eval_batch_size must be positive")
         if self.select_by is not None and (not isinstance(self.select_by, str) or not self.select_by):
             raise ValueError(f"task {self.name!r}: select_by must be an evaluation key such as 'val_acc', got {self.select_by!r}")
+        unknown = sorted(set(self.augment) - {"crop_padding", "flip"})
+        if unknown:
+            raise ValueError(f"task {self.name!r}: unknown augment key(s) {unknown}; expected crop_padding, flip")
+        pad = self.augment.get("crop_padding", 0)
+        if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+            raise ValueError(f"task {self.name!r}: augment.crop_padding must be an int >= 0, got {pad!r}")
+        if not isinstance(self.augment.get("flip", False), bool):
+            raise ValueError(f"task {self.name!r}: augment.flip must be true or false, got {self.augment['flip']!r}")
+        if isinstance(self.label_smoothing, bool) or not isinstance(self.label_smoothing, (int, float)) \
+                or not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"task {self.name!r}: label_smoothing must be a float in [0, 1), got {self.label_smoothing!r}")
         if self.reach is not None:
             ok = isinstance(self.reach, dict) and len(self.reach) == 1
             key, value = next(iter(self.reach.items())) if ok else (None, None)
@@ -160,15 +176,29 @@ class ExperimentConfig:
     operators: list[OperatorSetting]  #: head layouts to compare (the first is the baseline of the Δ column)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  #: one run per seed
     description: str = ""  #: shown in the results README
-    #: primary contrasts, named before the comparison runs: ``"task:setting"`` (one task) or
-    #: ``"setting"`` (every task), each against the baseline (the first setting). Findings rest
-    #: on these; every other comparison is labelled exploratory. Empty: all are exploratory.
+    #: primary contrasts, named before the study runs: operator settings compared against the
+    #: baseline (the first setting); findings rest on these, every other comparison is exploratory
     primary: list[str] = field(default_factory=list)
+    #: device of every run ("auto", "cpu", "cuda", "cuda:N"); ``run --device`` overrides it,
+    #: ``None`` leaves each task's ``train.device``
+    device: str | None = None
+    #: "bf16" (bf16 autocast), "fp32" or "auto" (bf16 on CUDA only): sets each task's
+    #: ``train.amp`` where the task does not set it; ``run --precision`` overrides both
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks or not self.operators or not self.seeds:
             raise ValueError("an experiment needs at least one task, one operator setting and one seed")
         self._check_primary()
+        from diffusionformer.experiments.gpu import check_device, precision_amp
+
+        if self.device is not None:
+            check_device(self.device, available=False)  # spelling only: configs are read on any machine
+        if self.precision is not None:
+            amp = precision_amp(self.precision)
+            for task in self.tasks:
+                if "amp" not in task.train:
+                    task.train = {**task.train, "amp": amp}
         for what, names in (("task", [t.name for t in self.tasks]), ("operator setting", [o.name for o in self.operators])):
             dup = {n for n in names if names.count(n) > 1}
             if dup:
@@ -283,6 +313,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if missing:
                 raise ValueError(f"override {text!r}: no {path[0]} named {missing}; available: {known}")
             data[path[0]] = [e for e in entries if e.get("name") in wanted]
+            if path[0] == "operators" and isinstance(data.get("primary"), list):  # primary contrasts still run
+                kept = [e.get("name") for e in data["operators"]]
+                data["primary"] = [p for p in data["primary"] if p in kept[1:]]
             continue
         node: Any = data
         for i, part in enumerate(path[:-1]):

@@ -142,7 +142,8 @@ def run_experiment(
         data_root: data root for datasets that need one (else ``$DIFFUSIONFORMER_DATA``).
         resume: continue interrupted runs and skip finished ones (``False``: start every run afresh).
         progress: show progress bars.
-        device: override every task's ``train.device``.
+        device: override every task's ``train.device`` (default: ``config.device`` when set);
+            checked first (:func:`~diffusionformer.experiments.gpu.check_device`).
         tasks: train only the tasks of these names (default: all); finished runs of the
             other tasks still appear in the results.
         log: where messages go.
@@ -161,6 +162,11 @@ def run_experiment(
     from diffusionformer.experiments.validate import check_experiment
 
     check_experiment(config, data_root=data_root, tasks=[t.name for t in chosen])  # every run resolves, or nothing starts
+    device = device if device is not None else config.device
+    if device is not None:
+        from diffusionformer.experiments.gpu import check_device
+
+        check_device(device)
     dist_ctx = _maybe_init_distributed(device)
     if _is_main():
         out.mkdir(parents=True, exist_ok=True)
@@ -340,8 +346,14 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
         "data_seed": task.data_seed,
         "model": task.model,
         "model_config": dataclasses.asdict(model_cfg) if dataclasses.is_dataclass(model_cfg) else None,
-        "train": {k: v for k, v in train.to_dict().items() if k not in ("progress", "device")},
+        # a new TrainConfig field joins the identity only when set, so earlier runs keep resuming
+        "train": {k: v for k, v in train.to_dict().items()
+                  if k not in ("progress", "device") and not (k == "weight_decay_rule" and v == "default")},
     }
+    if task.augment:  # only when set, so earlier runs keep their identity
+        identity["augment"] = task.augment
+    if task.label_smoothing:
+        identity["label_smoothing"] = task.label_smoothing
     if task.folds is not None:  # only then, so runs made before folds existed keep their identity
         identity["folds"] = task.folds
         identity["fold"] = task.fold_of(train.seed)
@@ -403,7 +415,8 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     if _is_main():
         rdir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(rdir / RUN_CONFIG_NAME, identity)
-    adapter = build_task(data, model, eval_batch_size=task.eval_batch_size)
+    adapter = build_task(data, model, eval_batch_size=task.eval_batch_size, augment=task.augment,
+                         label_smoothing=task.label_smoothing)
     trainer = Trainer(model, adapter, cfg, rdir, resume=True)
     try:
         summary = trainer.fit()

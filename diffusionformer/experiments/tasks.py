@@ -23,22 +23,57 @@ def _accuracy(logits: Tensor, y: Tensor) -> Tensor:
     return (logits.argmax(-1) == y).float().mean()
 
 
-class ClassificationTask:
-    """Images ``(N, C, H, W)`` or signals ``(N, T, F)`` with one label each."""
+AUGMENT_KEYS = ("crop_padding", "flip")
 
-    def __init__(self, data: ClassificationData, eval_batch_size: int = 512) -> None:
+
+class ClassificationTask:
+    r"""Images ``(N, C, H, W)`` or signals ``(N, T, F)`` with one label each.
+
+    Training batches are drawn with replacement; with ``augment`` (images only) each is
+    augmented by :func:`~diffusionformer.data.augment.random_crop_flip` from the same
+    generator. The training loss is the cross-entropy with label smoothing :math:`\varepsilon`
+    (Szegedy et al., CVPR 2016): :math:`(1 - \varepsilon)\,(-\log p_y) + \varepsilon\,
+    \mathrm{mean}_c(-\log p_c)`; evaluation losses are plain cross-entropy.
+
+    Args:
+        data: the dataset.
+        eval_batch_size: batch size of evaluation passes.
+        augment: ``{"crop_padding": p, "flip": bool}`` (both optional; ``None``/empty: none).
+        label_smoothing: :math:`\varepsilon \in [0, 1)`.
+    """
+
+    def __init__(self, data: ClassificationData, eval_batch_size: int = 512, *,
+                 augment: Mapping[str, Any] | None = None, label_smoothing: float = 0.0) -> None:
         self.data = data
         self.eval_batch_size = eval_batch_size
+        augment = dict(augment or {})
+        unknown = sorted(set(augment) - set(AUGMENT_KEYS))
+        if unknown:
+            raise ValueError(f"augment: unknown key(s) {unknown}; expected some of {list(AUGMENT_KEYS)}")
+        if augment and data.x_train.dim() != 4:
+            raise ValueError(f"augment needs images (N, C, H, W), got training data of shape {tuple(data.x_train.shape)}")
+        self.augment = augment
+        if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) \
+                or not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be a float in [0, 1), got {label_smoothing!r}")
+        self.label_smoothing = float(label_smoothing)
 
     def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> tuple[Tensor, Tensor]:
         n = self.data.x_train.shape[0]
         idx = torch.randint(0, n, (batch_size,), generator=generator)
-        return self.data.x_train[idx], self.data.y_train[idx]
+        x = self.data.x_train[idx]
+        if self.augment:
+            from diffusionformer.data.augment import random_crop_flip
+
+            x = random_crop_flip(x, generator, padding=int(self.augment.get("crop_padding", 0)),
+                                 flip=bool(self.augment.get("flip", False)))
+        return x, self.data.y_train[idx]
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Any]]:
         x, y = batch
         logits = model(x)
-        return F.cross_entropy(logits.float(), y), {"acc": _accuracy(logits.detach(), y)}
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=self.label_smoothing)
+        return loss, {"acc": _accuracy(logits.detach(), y)}
 
     @torch.no_grad()
     def _score(self, model: nn.Module, x: Tensor, y: Tensor) -> tuple[float, float]:
@@ -172,7 +207,13 @@ class DINOTask:
 
 
 class TextLMTask:
-    """Character-level language modelling on random windows (nanoGPT style)."""
+    r"""Character-level language modelling on random windows (nanoGPT style).
+
+    :meth:`evaluate` gives ``train_loss`` and ``val_loss`` (mean cross-entropy over the same
+    number of windows of each split, drawn from one fixed seed, as nanoGPT's
+    ``estimate_loss``), ``loss = val_loss`` and the generalisation gap
+    ``gap_loss = val_loss - train_loss``.
+    """
 
     def __init__(self, data: TextData, block_size: int, eval_batch_size: int = 64, eval_batches: int = 20) -> None:
         self.data = data
@@ -201,6 +242,8 @@ class TextLMTask:
                 total += model(x.to(device), y.to(device))[1].item()
             out[f"{split}_loss"] = total / batches
         out["loss"] = out["val_loss"]
+        # over-fitting: both losses come from the same protocol (same batch count, size and seed)
+        out["gap_loss"] = out["val_loss"] - out["train_loss"]
         return out
 
 
@@ -350,14 +393,22 @@ def model_overrides_for_data(data: Any, family: type) -> dict[str, Any]:
     )
 
 
-def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512) -> Any:
-    """The :class:`~diffusionformer.train.Task` adapter for ``data`` and ``model``."""
+def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512,
+               augment: Mapping[str, Any] | None = None, label_smoothing: float = 0.0) -> Any:
+    """The :class:`~diffusionformer.train.Task` adapter for ``data`` and ``model``.
+
+    ``augment`` and ``label_smoothing`` apply to supervised classification only (see
+    :class:`ClassificationTask`); other adapters refuse them.
+    """
+    if (augment or label_smoothing) and not (isinstance(data, ClassificationData) and not _is_dino(model)):
+        raise ValueError(f"augment and label_smoothing apply to supervised classification only, "
+                         f"not to {type(data).__name__} with {type(model).__name__}")
     from diffusionformer.models.dino import DINO
 
     if isinstance(model, DINO):
         return DINOTask(data, model, eval_batch_size)
     if isinstance(data, ClassificationData):
-        return ClassificationTask(data, eval_batch_size)
+        return ClassificationTask(data, eval_batch_size, augment=augment, label_smoothing=label_smoothing)
     if isinstance(data, TextData):
         block = getattr(getattr(model, "config", None), "block_size", None)
         if block is None:
@@ -370,6 +421,12 @@ def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512) -> An
     if isinstance(data, GraphSetData):
         return GraphClassificationTask(data, min(eval_batch_size, 256))
     raise TypeError(f"no task adapter for {type(data).__name__}")
+
+
+def _is_dino(model: nn.Module) -> bool:
+    from diffusionformer.models.dino import DINO
+
+    return isinstance(model, DINO)
 
 
 def as_metrics(record: Mapping[str, Any] | None) -> dict[str, float]:

@@ -3,6 +3,7 @@ r"""``DiffusionGPT``: a causal character/token language model with diffusion hea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ class GPTConfig:
     n_head: int = 4  #: heads per layer H
     n_embd: int = 128  #: width D
     dropout: float = 0.0  #: dropout on embeddings, attention probabilities and residual branches
-    bias: bool = True  #: biases in Linear layers and norms
+    bias: bool = True  #: biases in Linear layers and LayerNorms (False: nanoGPT's ``bias=False``)
     mlp_ratio: float = 4.0  #: MLP hidden width / D
     norm: str = "layernorm"  #: "layernorm" or "rmsnorm"
     qk_norm: bool = False  #: LayerNorm on queries and keys
@@ -76,15 +77,19 @@ class DiffusionGPT(nn.Module):
         self.config = config
         c = config
         specs = resolve_layer_heads(c.n_layer, c.n_head, c.heads, c.laplacian_heads)
+        # bias=False drops the LayerNorm biases too (nanoGPT's LayerNorm(ndim, bias=config.bias))
+        norm: Any = c.norm
+        if not c.bias and c.norm.lower().replace("_", "").replace("-", "") == "layernorm":
+            norm = partial(nn.LayerNorm, bias=False)
         self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
         self.pos_emb = nn.Embedding(c.block_size, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             Block(c.n_embd, c.n_head, spec, mlp_ratio=c.mlp_ratio, causal=True, qk_norm=c.qk_norm, bias=c.bias,
-                  dropout=c.dropout, attn_dropout=c.dropout, norm_layer=c.norm, backend=c.backend)
+                  dropout=c.dropout, attn_dropout=c.dropout, norm_layer=norm, backend=c.backend)
             for spec in specs
         )
-        self.norm = make_norm(c.norm, c.n_embd)
+        self.norm = make_norm(norm, c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         init_transformer_weights(self, c.n_layer)
         if c.tie_weights:
@@ -138,7 +143,10 @@ class DiffusionGPT(nn.Module):
         logits = self.lm_head(self.norm(x))  # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten().long(), ignore_index=-100)
+            flat = logits.flatten(0, 1)
+            if flat.dtype in (torch.float16, torch.bfloat16):  # autocast: the loss in float32; float64 stays
+                flat = flat.float()
+            loss = F.cross_entropy(flat, targets.flatten().long(), ignore_index=-100)
         if inter is not None:
             return logits, loss, inter
         return logits, loss

@@ -14,6 +14,7 @@ import torch
 __all__ = ["TrainConfig", "resolve_device", "resolve_amp"]
 
 _AMP_CHOICES = ("auto", "bf16", "off")
+_DECAY_RULES = ("default", "nanogpt")
 
 
 def _type_name(value: Any) -> str:
@@ -68,8 +69,8 @@ class TrainConfig:
         lr: peak learning rate (``> 0``).
         min_lr: learning rate at the end of the cosine decay (``0 <= min_lr <= lr``).
         weight_decay: decoupled weight decay of the matrices (see
-            :func:`~diffusionformer.train.param_groups`); biases, norm weights and
-            embeddings are never decayed.
+            :func:`~diffusionformer.train.param_groups`); biases and norm weights are never
+            decayed, embeddings only under ``weight_decay_rule = "nanogpt"``.
         betas: AdamW ``(beta1, beta2)``, each in ``[0, 1)``; a list is accepted.
         warmup_steps: updates of linear warm-up (``0`` = none).
         lr_decay_steps: update at which the cosine reaches ``min_lr``; ``None`` = ``max_steps``.
@@ -86,6 +87,10 @@ class TrainConfig:
         amp: ``"auto"`` (bf16 autocast on CUDA, off elsewhere), ``"bf16"`` or ``"off"``.
         compile: wrap the model in ``torch.compile``.
         progress: show a tqdm progress bar (only on rank 0, and only on a terminal).
+        weight_decay_rule: which tensors ``weight_decay`` applies to (see
+            :func:`~diffusionformer.train.param_groups`): ``"default"`` every tensor with
+            ``dim >= 2`` except embeddings and ``no_weight_decay()`` names; ``"nanogpt"`` every
+            tensor with ``dim >= 2``, embeddings included (nanoGPT's ``configure_optimizers``).
 
     Examples:
         >>> cfg = TrainConfig.from_dict({"max_steps": 100, "lr": 1e-3, "betas": [0.9, 0.99]})
@@ -115,6 +120,7 @@ class TrainConfig:
     amp: str = "auto"
     compile: bool = False
     progress: bool = True
+    weight_decay_rule: str = "default"
 
     def __post_init__(self) -> None:
         _check_int("max_steps", self.max_steps, 1)
@@ -163,6 +169,10 @@ class TrainConfig:
                 ) from err
         if not isinstance(self.amp, str) or self.amp not in _AMP_CHOICES:
             raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {self.amp!r}")
+        if not isinstance(self.weight_decay_rule, str) or self.weight_decay_rule not in _DECAY_RULES:
+            raise ValueError(
+                f"TrainConfig.weight_decay_rule: expected one of {_DECAY_RULES}, got {self.weight_decay_rule!r}"
+            )
         _check_bool("compile", self.compile)
         _check_bool("progress", self.progress)
         # Normalise numeric types so that equal configs compare and serialise equal.

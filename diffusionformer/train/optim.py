@@ -27,18 +27,26 @@ def _exempt_names(model: nn.Module) -> set[str]:
     return set(names)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def param_groups(model: nn.Module, weight_decay: float, rule: str = "default") -> list[dict[str, Any]]:
     r"""Split trainable parameters into a decayed and a non-decayed AdamW group.
 
-    A parameter ``p`` is decayed iff ``p.dim() >= 2`` (weight matrices, convolution kernels:
-    the nanoGPT rule) and it is neither owned by an ``nn.Embedding`` (token/position tables,
+    ``rule="default"``: a parameter ``p`` is decayed iff ``p.dim() >= 2`` (weight matrices,
+    convolution kernels) and it is neither owned by an ``nn.Embedding`` (token/position tables,
     and any weight tied to one) nor named by ``model.no_weight_decay()`` (the timm hook, e.g.
-    ``{"pos_embed", "cls_token"}``). Biases and norm gains (``dim < 2``) are never decayed.
-    Frozen parameters (``requires_grad=False``) are left out; shared parameters appear once.
+    ``{"pos_embed", "cls_token"}``).
+
+    ``rule="nanogpt"``: ``p`` is decayed iff ``p.dim() >= 2``, embeddings included, exactly as
+    nanoGPT's ``GPT.configure_optimizers`` (Karpathy, ``nanoGPT/model.py``);
+    ``no_weight_decay()`` is ignored.
+
+    Under both rules biases and norm gains (``dim < 2``) are never decayed, frozen parameters
+    (``requires_grad=False``) are left out and shared parameters appear once, under their
+    first name in ``model.named_parameters()``.
 
     Args:
         model: the module to optimise.
         weight_decay: decay of the first group (``>= 0``).
+        rule: ``"default"`` or ``"nanogpt"``.
 
     Returns:
         ``[{"params": decayed, "weight_decay": weight_decay, "names": [...]},
@@ -48,7 +56,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
         >>> model = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 4), nn.LayerNorm(4))
         >>> [(g["names"], g["weight_decay"]) for g in param_groups(model, 0.1)]
         [(['1.weight'], 0.1), (['0.weight', '1.bias', '2.weight', '2.bias'], 0.0)]
+        >>> [(g["names"], g["weight_decay"]) for g in param_groups(model, 0.1, rule="nanogpt")]
+        [(['0.weight', '1.weight'], 0.1), (['1.bias', '2.weight', '2.bias'], 0.0)]
     """
+    if rule not in ("default", "nanogpt"):
+        raise ValueError(f"param_groups: expected rule 'default' or 'nanogpt', got {rule!r}")
+    if rule == "nanogpt":
+        decay = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
+        return _groups(decay, no_decay, weight_decay)
     exempt_ids = {
         id(p)
         for module in model.modules()
@@ -72,6 +88,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
         if not p.requires_grad:
             continue
         (decay if p.dim() >= 2 and id(p) not in exempt_ids else no_decay).append((name, p))
+    return _groups(decay, no_decay, weight_decay)
+
+
+def _groups(decay: list[tuple[str, nn.Parameter]], no_decay: list[tuple[str, nn.Parameter]],
+            weight_decay: float) -> list[dict[str, Any]]:
     groups = [
         {"params": [p for _, p in decay], "weight_decay": weight_decay, "names": [n for n, _ in decay]},
         {"params": [p for _, p in no_decay], "weight_decay": 0.0, "names": [n for n, _ in no_decay]},
@@ -80,7 +101,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over :func:`param_groups` with ``config.lr``, ``config.betas``, ``config.weight_decay``.
+    """AdamW over :func:`param_groups` (``config.weight_decay_rule``) with ``config.lr``,
+    ``config.betas``, ``config.weight_decay``.
 
     Uses the fused CUDA kernel on CUDA and the ``foreach`` implementation elsewhere. The group
     key ``"names"`` is kept so that a saved optimizer state says which tensor is which.
@@ -90,7 +112,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device)
         config: the training config.
         device: the training device.
     """
-    groups = param_groups(model, config.weight_decay)
+    groups = param_groups(model, config.weight_decay, config.weight_decay_rule)
     if not groups:
         raise ValueError(
             f"build_optimizer: expected a model with trainable parameters, got {type(model).__name__} "

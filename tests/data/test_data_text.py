@@ -105,3 +105,16 @@ def test_tinyshakespeare_missing_file_and_bad_encoding(tmp_path):
     (tmp_path / "tinyshakespeare" / "input.txt").write_bytes(b"abc\xff\xfe")
     with pytest.raises(CorruptDataError, match="not valid UTF-8"):
         load_dataset("tinyshakespeare", root=tmp_path, verify=False)
+
+
+def test_tinyshakespeare_train_chars_keeps_the_start_of_train_and_all_of_val(shakespeare_root):
+    full = load_dataset("tinyshakespeare", root=shakespeare_root, verify=False)
+    cut = load_dataset("tinyshakespeare", root=shakespeare_root, verify=False, train_chars=100)
+    n = int(0.9 * len(TEXT))
+    assert cut.decode(cut.train) == TEXT[:100]
+    assert cut.decode(cut.val) == TEXT[n:] == full.decode(full.val)
+    assert cut.itos == full.itos  # vocabulary of the whole corpus
+    assert cut.meta["sizes"] == {"train": 100, "val": len(TEXT) - n}
+    for bad in (1, n + 1, 2.5, True):
+        with pytest.raises(ValueError, match="train_chars"):
+            load_dataset("tinyshakespeare", root=shakespeare_root, verify=False, train_chars=bad)

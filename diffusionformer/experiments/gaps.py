@@ -1,0 +1,161 @@
+r"""Over-fitting tables: train and validation loss, and their gap, from a comparison's run logs.
+
+For every text task (evaluations with ``train_loss`` and ``val_loss`` measured on the same
+protocol, see :class:`~diffusionformer.experiments.tasks.TextLMTask`) and every operator
+setting, over seeds: the final validation and train loss and the gap
+:math:`g = \mathrm{val} - \mathrm{train}` after the last step, the best (lowest) validation
+loss with its step and the gap there. Differences to the baseline (the first setting) are
+paired over seeds (a seed fixes the initial weights and the batches of every setting).
+
+``python -m diffusionformer.experiments.gaps CONFIG --out results [--page docs/results/<name>.md]``
+prints the tables, or writes them into the results page (replacing an earlier copy), so the
+page can be rebuilt after ``publish``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from diffusionformer.experiments.config import ExperimentConfig, load_experiment_config
+from diffusionformer.experiments.runner import paired_t, read_curves, run_dir
+from diffusionformer.experiments.tasks import as_metrics
+
+__all__ = ["GAP_MARKER", "gap_rows", "gap_table", "run_gaps", "write_gap_section"]
+
+GAP_MARKER = "<!-- gap tables: python -m diffusionformer.experiments.gaps -->"
+
+
+def run_gaps(records: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Final and best-validation losses and gaps of one run's metrics log.
+
+    Returns ``None`` when the log has no evaluation with both ``train_loss`` and ``val_loss``.
+
+    Examples:
+        >>> evals = [{"split": "eval", "step": s, "metrics": {"train_loss": t, "val_loss": v}}
+        ...          for s, t, v in [(100, 2.0, 2.5), (200, 1.5, 2.25), (300, 1.0, 2.75)]]
+        >>> run_gaps(evals)
+        {'final_val': 2.75, 'final_train': 1.0, 'final_gap': 1.75, 'best_val': 2.25, 'best_step': 200.0, 'best_gap': 0.75}
+    """
+    evals = []
+    for r in records:
+        if r.get("split") != "eval":
+            continue
+        m = as_metrics(r)
+        if "train_loss" in m and "val_loss" in m and math.isfinite(m["val_loss"]) and math.isfinite(m["train_loss"]):
+            evals.append((int(r["step"]), m["train_loss"], m["val_loss"]))
+    if not evals:
+        return None
+    evals.sort()
+    step, train, val = evals[-1]
+    best = min(evals, key=lambda e: (e[2], e[0]))  # lowest val, earliest among ties
+    return {"final_val": val, "final_train": train, "final_gap": val - train,
+            "best_val": best[2], "best_step": float(best[0]), "best_gap": best[2] - best[1]}
+
+
+def gap_rows(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict[str, dict[int, dict[str, float]]]]:
+    """``{task: {setting: {seed: run_gaps(...)}}}`` over the finished runs with train/val losses."""
+    out = Path(out_root) / config.name
+    rows: dict[str, dict[str, dict[int, dict[str, float]]]] = {}
+    for task in config.tasks:
+        for setting in config.operators:
+            for seed in config.seeds:
+                rdir = run_dir(out, task.name, setting.name, seed)
+                summary = rdir / "summary.json"
+                if not summary.is_file() or '"completed"' not in summary.read_text():
+                    continue
+                g = run_gaps(read_curves(rdir))
+                if g is not None:
+                    rows.setdefault(task.name, {}).setdefault(setting.name, {})[seed] = g
+    return rows
+
+
+def _ms(values: list[float], digits: int = 4) -> str:
+    if not values:
+        return "n/a"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.{digits}f} ± {sd:.{digits}f}"
+
+
+def _diff(row: dict[int, dict[str, float]], base: dict[int, dict[str, float]], key: str) -> str:
+    seeds = sorted(set(row) & set(base))
+    if not seeds:
+        return ""
+    d = [row[s][key] - base[s][key] for s in seeds]
+    t = paired_t({s: row[s][key] for s in seeds}, {s: base[s][key] for s in seeds})
+    return f"{statistics.fmean(d):+.4f}" + ("" if t is None else f" (t {t:+.1f}, {len(seeds) - 1} df)")
+
+
+def gap_table(config: ExperimentConfig, out_root: str | Path) -> str:
+    """Markdown tables of :func:`gap_rows` (mean ± sample std over seeds; Δ paired over seeds)."""
+    rows = gap_rows(config, out_root)
+    baseline = config.operators[0].name
+    lines: list[str] = []
+    for task in config.tasks:
+        settings = rows.get(task.name, {})
+        if not settings:
+            continue
+        base = settings.get(baseline, {})
+        lines += [f"### {task.name}: train/validation gap", "",
+                  "Losses from the same evaluation protocol on both splits; gap = val - train. "
+                  f"Δ: mean of the per-seed differences to {baseline} with the paired t "
+                  "(degrees of freedom = shared seeds - 1)."
+                  + (f" Primary contrasts (named before the runs): {', '.join(config.primary)}; the rest is exploratory."
+                     if getattr(config, "primary", None) else ""), "",
+                  f"| operator | seeds | final val | final train | final gap | Δ final val | Δ final gap | "
+                  f"best val | at step | gap at best val | Δ best val |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for setting in config.operators:
+            row = settings.get(setting.name)
+            if not row:
+                continue
+            get = lambda k: [row[s][k] for s in sorted(row)]  # noqa: E731
+            label = setting.name + (" (primary)" if setting.name in getattr(config, "primary", []) else "")
+            is_base = setting.name == baseline
+            lines.append(
+                f"| {label} | {len(row)} | {_ms(get('final_val'))} | {_ms(get('final_train'))} | {_ms(get('final_gap'))} | "
+                f"{'' if is_base else _diff(row, base, 'final_val')} | {'' if is_base else _diff(row, base, 'final_gap')} | "
+                f"{_ms(get('best_val'))} | {_ms(get('best_step'), 0)} | {_ms(get('best_gap'))} | "
+                f"{'' if is_base else _diff(row, base, 'best_val')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_gap_section(page: str | Path, table: str) -> Path:
+    """Put ``table`` at the end of ``page`` under :data:`GAP_MARKER`, replacing an earlier copy."""
+    page = Path(page)
+    text = page.read_text() if page.is_file() else ""
+    text = text.split(GAP_MARKER)[0].rstrip() + "\n\n" + GAP_MARKER + "\n\n## Over-fitting: train/validation gap\n\n" + table
+    page.write_text(text.rstrip() + "\n")
+    return page
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m diffusionformer.experiments.gaps", description=__doc__.split("\n")[0])
+    p.add_argument("config")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default="results", help="results root the comparison was run into")
+    p.add_argument("--page", default=None, help="results page to write the tables into (default: print them)")
+    args = p.parse_args(argv)
+    try:
+        config = load_experiment_config(args.config, args.overrides)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    table = gap_table(config, args.out)
+    if not table:
+        print(f"error: no finished runs with train_loss and val_loss under {Path(args.out) / config.name}", file=sys.stderr)
+        return 1
+    if args.page:
+        print(f"wrote {write_gap_section(args.page, table)}")
+    else:
+        print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Run (part of) a GPU comparison in one call on a machine with one CUDA GPU, and pack what
+# finished so that the next call (or this checkout) resumes from it.
+#
+# 1. Here, before the call (no GPU needed): stage the data the config reads, compressed,
+#    in the git-ignored folder .gpudata/ (solid xz archives: the 60,000 CIFAR JPEGs share their
+#    headers, so CIFAR-10 travels as about 19 MB instead of 62):
+#
+#      bash experiments/scripts/gpu_study.sh stage text      # tinyshakespeare (0.4 MB)
+#      bash experiments/scripts/gpu_study.sh stage vision    # cifar10_jpg     (about 19 MB)
+#
+#    and, to resume, put the results-<name>.tar.gz an earlier call brought back into .gpudata/.
+# 2. On the GPU machine (carry .gpudata), e.g. one seed of every setting as 6 concurrent runs:
+#
+#      bash experiments/scripts/gpu_study.sh run experiments/configs/gpu_text.toml 6 --set seeds=[0]
+#
+#    unpacks .gpudata/*.tar.xz, unpacks .gpudata/results-<name>.tar.gz into the results root,
+#    checks CUDA, trains with N worker processes on the GPU (each takes the next run nobody
+#    holds; finished runs are skipped) for at most $BUDGET seconds (default 540), then writes
+#    to $OUT (default ./gpu-out): results-<name>.tar.gz (every file of the comparison but the
+#    checkpoints), results.md, status.md and the workers' logs (tail). Runs cut short by the
+#    budget are lost (their checkpoints stay on the GPU machine): size each call so its runs
+#    finish, e.g. one seed per call.
+# 3. Here, after the calls: tar xzf results-<name>.tar.gz -C results/, then
+#      python -m diffusionformer.experiments publish CONFIG --out results --to docs/results
+#
+# Environment: PY (python, default python3), BUDGET (seconds, default 540), OUT,
+# RESULTS (working results root, default /tmp/df-results), DATA (default .gpudata),
+# ALLOW_CPU=1 (a dry run of the whole script on a machine without CUDA, for configs on CPU).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY="${PY:-python3}"
+DATA="${DATA:-.gpudata}"
+what="${1:-}"
+shift || true
+
+if [ "$what" = "stage" ]; then
+  src="${SRC:-${DIFFUSIONFORMER_DATA:-../shared/data}}"
+  [ -d "$src" ] || { echo "gpu_study.sh stage: data root '$src' not found; set SRC=<data root>" >&2; exit 2; }
+  mkdir -p "$DATA"
+  exclude="$(git rev-parse --git-path info/exclude)"  # .git may be a file (worktrees)
+  grep -qx '/.gpudata/' "$exclude" 2>/dev/null || echo '/.gpudata/' >> "$exclude"
+  case "${1:-}" in
+    text)   folder=tinyshakespeare ;;
+    vision) folder=cifar10_jpg ;;
+    *) echo "usage: gpu_study.sh stage text|vision   (SRC=<data root>, default \$DIFFUSIONFORMER_DATA or ../shared/data)" >&2; exit 2 ;;
+  esac
+  [ -d "$src/$folder" ] || { echo "gpu_study.sh stage: '$src/$folder' not found" >&2; exit 2; }
+  tar -C "$src" -cf - "$folder" | xz -T0 -6 > "$DATA/$folder.tar.xz.part"
+  mv "$DATA/$folder.tar.xz.part" "$DATA/$folder.tar.xz"
+  ls -l "$DATA"
+  exit 0
+fi
+if [ "$what" != "run" ] || [ $# -lt 2 ]; then
+  echo "usage: gpu_study.sh run CONFIG WORKERS [run options such as --set seeds=[0]]" >&2
+  echo "       gpu_study.sh stage text|vision" >&2
+  exit 2
+fi
+config="$1"; workers="$2"; shift 2
+OUT="${OUT:-gpu-out}"
+RESULTS="${RESULTS:-/tmp/df-results}"
+BUDGET="${BUDGET:-540}"
+mkdir -p "$OUT" "$RESULTS"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export DIFFUSIONFORMER_CACHE="${DIFFUSIONFORMER_CACHE:-/tmp/df-cache}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+t0=$(date +%s)
+
+"$PY" - <<'PY'
+import os, sys, torch
+if not torch.cuda.is_available() and os.environ.get("ALLOW_CPU") != "1":  # ALLOW_CPU=1: a dry run on CPU
+    sys.exit("gpu_study.sh: torch.cuda.is_available() is False; this script needs a CUDA GPU")
+if torch.cuda.is_available():
+    print("device:", torch.cuda.get_device_name(), "| torch", torch.__version__, "| bf16:", torch.cuda.is_bf16_supported())
+PY
+for archive in "$DATA"/*.tar.xz; do
+  [ -e "$archive" ] || continue
+  echo "unpacking $archive"
+  tar -C "$DATA" -xJf "$archive"
+done
+name=$("$PY" -c "import sys; from diffusionformer.experiments import load_experiment_config as l; print(l(sys.argv[1]).name)" "$config")
+if [ -f "$DATA/results-$name.tar.gz" ]; then
+  echo "resuming from $DATA/results-$name.tar.gz"
+  tar -C "$RESULTS" -xzf "$DATA/results-$name.tar.gz"
+fi
+echo "setup: $(( $(date +%s) - t0 )) s; training $config with $workers workers for at most $BUDGET s"
+
+set +e
+# SIGINT: the parent stops its workers (KeyboardInterrupt), so nothing writes while we pack
+timeout -s INT -k 30 "$BUDGET" "$PY" -m diffusionformer.experiments run "$config" --data-root "$DATA" \
+  --out "$RESULTS" --workers "$workers" --no-progress "$@" > "$OUT/run.log" 2>&1
+code=$?
+set -e
+echo "run exit code $code after $(( $(date +%s) - t0 )) s (124: stopped by the budget)"
+tail -n 30 "$OUT/run.log"
+
+sets=(); prev=""
+for a in "$@"; do [ "$prev" = "--set" ] && sets+=(--set "$a"); prev="$a"; done  # status takes the --set overrides
+"$PY" -m diffusionformer.experiments status "$config" ${sets[@]+"${sets[@]}"} --out "$RESULTS" > "$OUT/status.md" 2>&1 || true
+head -n 1 "$OUT/status.md"
+[ -f "$RESULTS/$name/results.md" ] && cp "$RESULTS/$name/results.md" "$OUT/results.md"
+if [ -d "$RESULTS/$name/workers" ]; then
+  for f in "$RESULTS/$name"/workers/*.log; do echo "== $f"; tail -n 20 "$f"; done > "$OUT/workers.log"
+fi
+if [ -d "$RESULTS/$name" ]; then
+  tar -C "$RESULTS" --exclude='checkpoint.pt' --exclude='.lock' -czf "$OUT/results-$name.tar.gz" "$name"
+else
+  echo "no results folder $RESULTS/$name: nothing to pack"
+fi
+ls -l "$OUT"
+echo "gpu_study.sh: done in $(( $(date +%s) - t0 )) s"
+exit $code

@@ -1,0 +1,75 @@
+"""Over-fitting tables from run logs: final/best validation loss and the train/validation gap."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffusionformer.experiments import load_experiment_config
+from diffusionformer.experiments.gaps import GAP_MARKER, gap_rows, gap_table, main, write_gap_section
+from diffusionformer.experiments.runner import run_dir
+
+stats = pytest.importorskip("scipy.stats")  # the reference; scipy is a test-only need
+
+CFG = {"name": "g", "seeds": [0, 1, 2], "primary": ["lap"],
+       "tasks": [{"name": "t", "dataset": "pydoc-chars", "model": "gpt-char-tiny", "metric": "val_loss"}],
+       "operators": [{"name": "attention"}, {"name": "lap", "laplacian_heads": 1}]}
+
+# (train, val) at steps 100, 200, 300 per (setting, seed)
+CURVES = {
+    ("attention", 0): [(2.0, 2.5), (1.5, 2.4), (1.0, 2.9)],
+    ("attention", 1): [(2.1, 2.6), (1.4, 2.3), (0.9, 3.0)],
+    ("attention", 2): [(2.0, 2.4), (1.6, 2.45), (1.1, 2.8)],
+    ("lap", 0): [(2.1, 2.5), (1.6, 2.35), (1.2, 2.6)],
+    ("lap", 1): [(2.2, 2.6), (1.5, 2.3), (1.2, 2.7)],
+    ("lap", 2): [(2.0, 2.4), (1.7, 2.4), (1.3, 2.65)],
+}
+
+
+def _write(root):
+    config = load_experiment_config(CFG)
+    for (op, seed), curve in CURVES.items():
+        rdir = run_dir(root / "g", "t", op, seed)
+        rdir.mkdir(parents=True)
+        (rdir / "summary.json").write_text(json.dumps({"status": "completed"}))
+        lines = [json.dumps({"step": 100 * (i + 1), "split": "eval", "metrics": {"train_loss": t, "val_loss": v}})
+                 for i, (t, v) in enumerate(curve)]
+        lines.insert(1, json.dumps({"step": 150, "split": "train", "loss": 0.1}))  # train records are ignored
+        (rdir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return config
+
+
+def test_gap_rows_and_paired_differences_match_scipy(tmp_path):
+    config = _write(tmp_path)
+    rows = gap_rows(config, tmp_path)["t"]
+    for (op, seed), curve in CURVES.items():
+        r = rows[op][seed]
+        assert r["final_val"] == curve[-1][1] and r["final_train"] == curve[-1][0]
+        assert r["final_gap"] == pytest.approx(curve[-1][1] - curve[-1][0])
+        best = min(range(3), key=lambda i: curve[i][1])
+        assert r["best_val"] == curve[best][1] and r["best_step"] == 100 * (best + 1)
+        assert r["best_gap"] == pytest.approx(curve[best][1] - curve[best][0])
+    table = gap_table(config, tmp_path)
+    gap = {op: [CURVES[(op, s)][-1][1] - CURVES[(op, s)][-1][0] for s in range(3)] for op in ("attention", "lap")}
+    t = stats.ttest_rel(gap["lap"], gap["attention"]).statistic
+    d = sum(a - b for a, b in zip(gap["lap"], gap["attention"])) / 3
+    assert f"{d:+.4f} (t {t:+.1f}, 2 df)" in table
+    assert "| lap (primary) | 3 |" in table and "exploratory" in table
+
+
+def test_gap_section_is_replaced_not_repeated(tmp_path, capsys):
+    _write(tmp_path)
+    page = tmp_path / "page.md"
+    page.write_text("# g\n\ntables\n")
+    cfg = tmp_path / "g.toml"
+    cfg.write_text('name = "g"\nseeds = [0, 1, 2]\nprimary = ["lap"]\n[[tasks]]\nname = "t"\ndataset = "pydoc-chars"\n'
+                   'model = "gpt-char-tiny"\nmetric = "val_loss"\n[[operators]]\nname = "attention"\n'
+                   '[[operators]]\nname = "lap"\nlaplacian_heads = 1\n')
+    assert main([str(cfg), "--out", str(tmp_path), "--page", str(page)]) == 0
+    assert main([str(cfg), "--out", str(tmp_path), "--page", str(page)]) == 0
+    text = page.read_text()
+    assert text.startswith("# g\n\ntables\n") and text.count(GAP_MARKER) == 1 and text.count("| attention | 3 |") == 1
+    assert main([str(cfg), "--out", str(tmp_path / "none")]) == 1
+    write_gap_section(page, "x\n")
+    assert page.read_text().endswith("train/validation gap\n\nx\n")
