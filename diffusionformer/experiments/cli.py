@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         from diffusionformer.experiments.gpu import check_device, precision_amp, run_workers, worker_argv
         from diffusionformer.experiments.runner import aggregate, format_table, run_experiment
 
+        workers = 1 if args.workers is None else args.workers
+        if workers < 1:
+            raise ValueError(f"--workers: expected an int >= 1, got {workers}")
         _size_threads(args)
         if int(os.environ.get("RANK", "0")) == 0:
             out_flag = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
@@ -171,9 +174,6 @@ def main(argv: list[str] | None = None) -> int:
             for task in config.tasks:
                 task.train = {**task.train, "amp": amp}
         t0 = time.perf_counter()
-        workers = 1 if args.workers is None else args.workers
-        if workers < 1:
-            raise ValueError(f"--workers: expected an int >= 1, got {workers}")
         if workers > 1:
             if args.restart:
                 raise ValueError("--restart with --workers: every worker would discard the others' runs; "

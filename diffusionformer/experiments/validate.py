@@ -36,7 +36,7 @@ _EVAL_KEYS: dict[str, tuple[str, ...]] = {
     "image": ("loss", "val_acc", "test_loss", "test_acc"),
     "sequence": ("loss", "val_acc", "test_loss", "test_acc"),
     "sequence_lm": ("loss", "val_acc", "test_loss", "test_acc"),
-    "text": ("train_loss", "val_loss", "loss"),
+    "text": ("train_loss", "val_loss", "gap_loss", "loss"),
     "node": _SPLIT_KEYS,
     "graph": _SPLIT_KEYS,
 }

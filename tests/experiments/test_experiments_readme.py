@@ -45,7 +45,7 @@ def test_run_help_says_that_set_operators_selects_by_name(capsys):
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "operators=NAME,... keep only the named tasks / operator settings" in text
-    assert "--threads N" in text and "--workers W" in text
+    assert "--threads N" in text and "--workers N" in text
     # and it does what the help says
     config = load_experiment_config(REPO / "experiments" / "configs" / "default.toml",
                                     ["operators=attention,laplacian-half"])
