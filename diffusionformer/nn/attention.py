@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from diffusionformer.nn._affine import AffineRun, combine_affine
 from diffusionformer.nn.heads import HeadGroup, parse_heads
 from diffusionformer.ops import dense as _dense
+from diffusionformer.ops import rivals as _rivals
 from diffusionformer.ops.dense import DENSE_BACKENDS, diffuse_with_weights
 from diffusionformer.ops.sparse import _diffuse_sparse, check_edge_index
 
@@ -119,6 +120,8 @@ class DiffusionAttention(nn.Module):
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
 
         groups = parse_heads(heads, num_heads)
+        for g in groups:
+            g.operator.bind(head_dim=self.head_dim)
         self.operators = nn.ModuleList([g.operator for g in groups])
         self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
         self._polynomial = [g.operator.is_polynomial for g in groups]
@@ -243,6 +246,7 @@ class DiffusionAttention(nn.Module):
         edge_index: Tensor | None = None,
         graph: Any = None,
         return_intermediates: bool = False,
+        state: _rivals.LayerState | None = None,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         """Apply the layer (dense when ``edge_index`` is None, sparse otherwise).
 
@@ -256,6 +260,9 @@ class DiffusionAttention(nn.Module):
                 ``attention_kwargs(x)`` method returning some of ``key_padding_mask``,
                 ``attn_mask``, ``edge_index``, ``is_causal``); exclusive with the first three.
             return_intermediates: also return :class:`AttentionIntermediates` (materialises ``P``).
+            state: a :class:`~diffusionformer.ops.rivals.LayerState` shared by the layers of one
+                model call: the first layer leaves its values there for operators that need them
+                (NeuTRENO, value residuals) and each layer learns its depth.
 
         Returns:
             the output, or ``(output, intermediates)`` when ``return_intermediates``.
@@ -284,8 +291,8 @@ class DiffusionAttention(nn.Module):
         if edge_index is not None:
             if key_padding_mask is not None or attn_mask is not None:
                 raise ValueError("key_padding_mask/attn_mask apply to dense inputs; the sparse graph is given by edge_index")
-            return self._forward_sparse(x, edge_index, return_intermediates)
-        return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates, graph_causal)
+            return self._forward_sparse(x, edge_index, return_intermediates, state)
+        return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates, graph_causal, state)
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         H, C = self.num_heads, self.head_dim
@@ -313,7 +320,7 @@ class DiffusionAttention(nn.Module):
 
     def _forward_dense(
         self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, return_intermediates: bool,
-        causal: bool = False,
+        causal: bool = False, state: _rivals.LayerState | None = None,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 3:
             raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
@@ -321,6 +328,7 @@ class DiffusionAttention(nn.Module):
         mask, is_causal = self._dense_mask(x, key_padding_mask, attn_mask, causal)
         q, k, v = self._project(x)  # (B, N, H, C)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
+        entered = state.enter(v) if state is not None else (0, None)
         dropout_p = self.dropout if self.training else 0.0
         scale = self.head_dim**-0.5
 
@@ -332,19 +340,23 @@ class DiffusionAttention(nn.Module):
             return self.out_proj(y.reshape(B, N, D))
 
         coeffs = self._coefficients()
-        need_weights = return_intermediates or not all(self._polynomial)
+        need_weights = return_intermediates or any(not p and not op.uses_context
+                                                   for p, op in zip(self._polynomial, self.operators))
         out, P = diffuse_with_weights(
             q, k, v, coeffs, attn_mask=mask, is_causal=is_causal, scale=scale, backend=self.backend,
             degrees=self._degrees, dropout_p=dropout_p, need_weights=need_weights,
         )
         if not all(self._polynomial):
-            assert P is not None
             for op, (s, c), poly in zip(self.operators, self._groups, self._polynomial):
-                if not poly:
+                if not poly and not op.uses_context:
+                    assert P is not None
                     Pg = P[:, s : s + c]
                     if dropout_p > 0.0:
                         Pg = F.dropout(Pg, p=dropout_p)
                     out = out.index_add(1, torch.arange(s, s + c, device=out.device), op.apply_matrix(Pg, v[:, s : s + c]))
+        # --- operators with capabilities (rivals: second map, layer state, re-projection, DC) ---
+        out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, mask=mask, is_causal=is_causal,
+                                           dropout_p=dropout_p)
         y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))
         if return_intermediates:
             return y, AttentionIntermediates(P, self.coefficients().detach(), None, "matrix")
@@ -354,7 +366,8 @@ class DiffusionAttention(nn.Module):
         """``c0 v + c1 P v`` per head from ``y = P v``; both ``(B, N, H, C)``."""
         return combine_affine(y, v, self._affine_runs)
 
-    def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool) -> Tensor | tuple[Tensor, AttentionIntermediates]:
+    def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool,
+                        state: _rivals.LayerState | None = None) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 2:
             raise ValueError(f"sparse input x must have shape (N, D), got {tuple(x.shape)}")
         for op in self.operators:
@@ -373,6 +386,7 @@ class DiffusionAttention(nn.Module):
             else:
                 edge_index = edge_index[:, keep]
         q, k, v = self._project(x)  # (N, H, C)
+        entered = state.enter(v.transpose(0, 1).unsqueeze(0)) if state is not None else (0, None)
         # static attention/Laplacian heads: one propagation P v, then the cheap combination
         fused = self._fused_kind != "none"
         out, alpha = _diffuse_sparse(
@@ -382,6 +396,8 @@ class DiffusionAttention(nn.Module):
         )
         if self._fused_kind == "affine":
             out = self._combine_affine(out[None], v[None])[0]
+        out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, edge_index=edge_index,
+                                           edge_mask=edge_mask, dropout_p=self.dropout if self.training else 0.0)
         y = self.out_proj(out.reshape(N, D))
         if return_intermediates:
             assert alpha is not None
