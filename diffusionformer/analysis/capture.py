@@ -27,6 +27,7 @@ Dense models (ViT, GPT) give tokens ``(B, T, D)``. Graph models give nodes ``(N,
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -207,8 +208,11 @@ def _split_block_call(
         param = sig.parameters[name]
         if param.kind is inspect.Parameter.VAR_KEYWORD:
             attn_kwargs.update(bound.arguments[name])
-        elif name == "edge_index":
-            attn_kwargs["edge_index"] = bound.arguments[name]
+        elif name in ("edge_index", "state"):
+            attn_kwargs[name] = bound.arguments[name]
+    if attn_kwargs.get("state") is not None:
+        # re-running the attention must neither advance the model's LayerState nor record values
+        attn_kwargs["state"] = copy.copy(attn_kwargs["state"])
     batch = bound.arguments.get("batch")
     return x, attn_kwargs, batch
 

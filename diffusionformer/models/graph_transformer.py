@@ -12,6 +12,7 @@ from torch_geometric.utils import add_self_loops, remove_self_loops, to_dense_ba
 
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import DropPath, Mlp, make_norm, resolve_layer_heads
+from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig"]
@@ -73,12 +74,13 @@ class GraphBlock(nn.Module):
         self.norm2 = make_norm(norm_layer, dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout=dropout)
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, state: LayerState | None = None,
+                global_state: LayerState | None = None) -> Tensor:
         h = self.norm1(x)
-        update = self.attn(h, edge_index=edge_index)
+        update = self.attn(h, edge_index=edge_index, state=state)
         if self.global_attn is not None:
             dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
-            g = self.global_attn(dense, key_padding_mask=~mask)
+            g = self.global_attn(dense, key_padding_mask=~mask, state=global_state)
             update = update + g[mask]
         x = x + self.drop(update)
         return x + self.mlp(self.norm2(x))
@@ -143,8 +145,9 @@ class DiffusionGraphTransformer(nn.Module):
         edges = self._prepare_edges(edge_index, N)
         h = self.embed(self.input_drop(x.to(self.embed.weight.dtype)))
         inter = ModelIntermediates(embeddings=h) if return_intermediates else None
+        state, global_state = LayerState(), LayerState()  # one per attention stack (local edges, global)
         for block in self.blocks:
-            h = block(h, edges, batch)
+            h = block(h, edges, batch, state=state, global_state=global_state)
             if inter is not None:
                 inter.hidden_states.append(h)
         h = self.norm(h)

@@ -139,7 +139,8 @@ class DifferentialOperator(DiffusionOperator):
         q1, q2 = ctx.q[..., :half], ctx.q[..., half:]
         k1, k2 = ctx.k[..., :half], ctx.k[..., half:]
         y = ctx.attend(q1, k1, ctx.v, scale=scale) - lam.to(ctx.v.dtype) * ctx.attend(q2, k2, ctx.v, scale=scale)
-        return self.subln(y) * (1.0 - self.init_value(ctx.depth))
+        work = torch.float64 if y.dtype == torch.float64 else torch.float32  # the norm in full precision
+        return (self.subln(y.to(work)) * (1.0 - self.init_value(ctx.depth))).to(y.dtype)
 
     def extra_repr(self) -> str:
         return f"depth={self.depth}, lambda_init={self.lambda_init}, head_dim={self.head_dim}, num_heads={self.num_heads}"

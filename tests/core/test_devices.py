@@ -23,6 +23,13 @@ OPERATORS = {
     "heat-exact": {"t": 0.7},
     "ppr": {"alpha": 0.2, "steps": 4},
     "polynomial": {"steps": 3, "init": [0.1, 0.6, 0.2, 0.1]},
+    # the rivals (issue 19); layer-state operators run here without a state (first layer)
+    "ppr-exact": {"alpha": 0.2},
+    "attnscale": {"omega": 0.4},
+    "neutreno": {"lam": 0.6},
+    "value-residual": {"lam": 1.0},
+    "differential": {"head_dim": 8, "depth": 2},
+    "grand-nl": {"t": 1.0, "steps": 2, "method": "rk4"},
 }
 
 
@@ -63,8 +70,9 @@ def test_dense_operator_matches_float64_cpu(name, causal, backend, device):
 SPARSE = sorted(n for n in OPERATORS if build_operator(n, num_heads=1, **OPERATORS[n]).supports_sparse)
 
 
-def test_only_the_exact_heat_kernel_is_dense_only():
-    assert sorted(set(OPERATORS) - set(SPARSE)) == ["heat-exact"]  # matrix_exp needs the whole matrix
+def test_only_the_exact_kernels_are_dense_only():
+    # matrix_exp and the PPR solve need the whole matrix
+    assert sorted(set(OPERATORS) - set(SPARSE)) == ["heat-exact", "ppr-exact"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -84,7 +92,9 @@ def test_sparse_operator_matches_float64_cpu(name, device):
 
 
 HEADS = ["attention:2,laplacian:2", "attention:2,heat(t=0.5, learnable=True, steps=4):2",
-         "attention:2,polynomial(steps=3, init='attention'):2", "attention:2,ppr(alpha=0.2, steps=4):2"]
+         "attention:2,polynomial(steps=3, init='attention'):2", "attention:2,ppr(alpha=0.2, steps=4):2",
+         "differential:2,attnscale(omega=0.3):1,ppr-exact(alpha=0.3):1",
+         "grand-nl(steps=2, method='rk4'):2,polynomial(steps=3, init=[0.1, 0.2, 0.3, 0.4], basis='chebyshev'):2"]
 
 
 def _layers(heads: str, device: str, **kwargs) -> tuple[DiffusionAttention, DiffusionAttention]:
