@@ -98,7 +98,8 @@ def differential_reference(q: Tensor, k: Tensor, v: Tensor, lq1: Tensor, lk1: Te
     s = h**-0.5
     P1 = dense_attention_reference(q[..., :h], k[..., :h], allowed=allowed, scale=s)
     P2 = dense_attention_reference(q[..., h:], k[..., h:], allowed=allowed, scale=s)
-    lam = math.exp(float((lq1.double() * lk1.double()).sum())) - math.exp(float((lq2.double() * lk2.double()).sum())) + lambda_init
+    lam = (math.exp(float((lq1.detach().double() * lk1.detach().double()).sum()))
+           - math.exp(float((lq2.detach().double() * lk2.detach().double()).sum())) + lambda_init)
     y = (P1 - lam * P2) @ v.double()
     rms = torch.sqrt((y * y).mean(-1, keepdim=True) + eps)
     return (1.0 - lambda_init) * gain.double() * y / rms
