@@ -413,3 +413,18 @@ def test_rival_reference_covers_every_rival():
         assert rival_reference(op.double(), q, k, v).shape == v.shape
     with pytest.raises(TypeError, match="no rival reference"):
         rival_reference(build_operator("heat"), q, k, v)
+
+
+def test_recording_attentions_does_not_disturb_the_layer_state():
+    from diffusionformer.analysis.capture import LayerRecorder
+    from diffusionformer.models import create_model
+
+    torch.manual_seed(11)
+    model = create_model("gpt-char-tiny", vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=8,
+                         heads=[None, "neutreno:1,differential:1", "value-residual:2"], dropout=0.0).double().eval()
+    idx = torch.randint(0, 11, (2, 8))
+    plain = model(idx)[0]
+    with LayerRecorder(model, attentions=True) as rec:
+        recorded = model(idx)[0]
+    assert torch.allclose(recorded, plain, atol=1e-12)
+    assert sorted(rec.attentions) == [0, 1, 2]
