@@ -18,7 +18,7 @@ def lambda_init_schedule(depth: int) -> float:
 
     Examples:
         >>> round(lambda_init_schedule(0), 4), round(lambda_init_schedule(11), 4)
-        (0.2, 0.7782)
+        (0.2, 0.7779)
     """
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
         raise ValueError(f"depth must be a non-negative int, got {depth!r}")
