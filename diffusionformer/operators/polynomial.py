@@ -59,6 +59,10 @@ class PolynomialOperator(DiffusionOperator):
     ChebNetII): the same function space, a better-conditioned parameterisation on the
     spectrum of ``P`` in ``[-1, 1]``. :meth:`coefficients` still returns monomial weights
     (``theta`` times :func:`chebyshev_matrix`), so the engine and its back-ends are unchanged.
+    The monomial form of :math:`T_k` has coefficients up to :math:`2^{k-1}` that cancel on
+    :math:`[-1, 1]`: in float32 the relative error against the float64 recursion is about
+    ``1e-5`` at ``K = 10`` and ``5e-4`` at ``K = 16``, so keep ``K <= 12`` in float32 (float64
+    is exact to ``1e-10`` far beyond).
 
     Args:
         steps: ``K``.
