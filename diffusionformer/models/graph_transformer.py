@@ -60,6 +60,10 @@ class GraphBlock(nn.Module):
         x \leftarrow x + \mathrm{Attn}_{E}(\mathrm{Norm}(x)) [+ \mathrm{Attn}_{global}(\mathrm{Norm}(x))],
         \qquad x \leftarrow x + \mathrm{MLP}(\mathrm{Norm}(x))
 
+    ``state`` and ``global_state`` are the :class:`~diffusionformer.ops.rivals.LayerState` of the
+    edge-attention stack and of the global-attention stack of the model (the first layer's
+    values and the depth, for the rival operators that read them).
+
     Shapes:
         ``x``: ``(N, D)``, ``edge_index``: ``(2, E)``, ``batch``: ``(N,)`` -> ``(N, D)``.
     """

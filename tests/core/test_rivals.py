@@ -428,3 +428,30 @@ def test_recording_attentions_does_not_disturb_the_layer_state():
         recorded = model(idx)[0]
     assert torch.allclose(recorded, plain, atol=1e-12)
     assert sorted(rec.attentions) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("heads", ["differential(depth=2):1,attnscale(omega=0.4):1",
+                                   "grand-nl(t=0.9, steps=2, method='rk4'):1,neutreno:1"])
+def test_gradcheck_float64_sparse(heads):
+    torch.manual_seed(12)
+    layer = DiffusionAttention(8, 2, heads=heads).double()
+    first = DiffusionAttention(8, 2).double()
+    edges = complete_edge_index(5)
+    edges = edges[:, (edges[0] + 2 * edges[1]) % 3 != 0]  # an irregular graph (some nodes lose in-edges)
+    x = torch.randn(5, 8, dtype=f64, requires_grad=True)
+    x0 = torch.randn(5, 8, dtype=f64, requires_grad=True)
+
+    def run(x, x0):
+        state = LayerState()
+        first(x0, edge_index=edges, state=state)
+        return layer(x, edge_index=edges, state=state)
+
+    assert torch.autograd.gradcheck(run, (x, x0), eps=1e-6, atol=1e-6)
+    # and the same graph as a dense mask gives the same output
+    allowed = torch.zeros(5, 5, dtype=torch.bool)
+    allowed[edges[1], edges[0]] = True
+    s_dense, s_sparse = LayerState(), LayerState()
+    first(x0[None], attn_mask=allowed, state=s_dense)
+    dense = layer(x[None], attn_mask=allowed, state=s_dense)[0]
+    rows = allowed.any(-1)
+    assert torch.allclose(dense[rows], run(x, x0)[rows], atol=1e-10)
