@@ -27,6 +27,7 @@ Dense models (ViT, GPT) give tokens ``(B, T, D)``. Graph models give nodes ``(N,
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -196,8 +197,8 @@ def _split_block_call(
 
     The first argument is the token/node input; ``graph`` (an
     :class:`~diffusionformer.graph.AttentionGraph` or a bare ``edge_index``), ``edge_index``
-    and any ``**kwargs`` (dense blocks: ``key_padding_mask``, ``attn_mask``) go to the
-    attention; ``batch`` is the graph id per node (or the graph's own ``batch``).
+    any ``**kwargs`` (dense blocks: ``key_padding_mask``, ``attn_mask``) and a
+    :class:`~diffusionformer.ops.rivals.LayerState` ``state`` (copied) go to the attention; ``batch`` is the graph id per node (or the graph's own ``batch``).
     """
     sig = inspect.signature(block.forward)
     bound = sig.bind(*args, **kwargs)
@@ -213,6 +214,11 @@ def _split_block_call(
         elif name == "graph" and bound.arguments[name] is not None:  # an AttentionGraph, or a bare edge_index
             value = bound.arguments[name]
             attn_kwargs["edge_index" if isinstance(value, Tensor) else "graph"] = value
+        elif name == "state":
+            attn_kwargs["state"] = bound.arguments[name]
+    if attn_kwargs.get("state") is not None:
+        # re-running the attention must neither advance the model's LayerState nor record values
+        attn_kwargs["state"] = copy.copy(attn_kwargs["state"])
     batch = bound.arguments.get("batch")
     if batch is None and not isinstance(attn_kwargs.get("graph"), (Tensor, type(None))):
         batch = getattr(attn_kwargs["graph"], "batch", None)

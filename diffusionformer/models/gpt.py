@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
+from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
 
 __all__ = ["DiffusionGPT", "GPTConfig"]
@@ -131,8 +132,9 @@ class DiffusionGPT(nn.Module):
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, D)
         inter = ModelIntermediates(embeddings=x) if return_intermediates else None
+        state = LayerState()  # first layer's values and layer depth, for operators that read them
         for block in self.blocks:
-            x = block(x)
+            x = block(x, state=state)
             if inter is not None:
                 inter.hidden_states.append(x)
         logits = self.lm_head(self.norm(x))  # (B, T, V)

@@ -15,6 +15,7 @@ from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import DropPath, Mlp, make_norm, resolve_layer_heads
+from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig"]
@@ -66,6 +67,10 @@ class GraphBlock(nn.Module):
     The graph is an :class:`~diffusionformer.graph.AttentionGraph` (built once per batch by
     :class:`DiffusionGraphTransformer`) or a bare ``edge_index``.
 
+    ``state`` and ``global_state`` are the :class:`~diffusionformer.ops.rivals.LayerState` of the
+    edge-attention stack and of the global-attention stack of the model (the first layer's
+    values and the depth, for the rival operators that read them).
+
     Shapes:
         ``x``: ``(N, D)``, ``graph``: a sparse graph over ``N`` nodes or ``edge_index`` ``(2, E)``,
         ``batch``: ``(N,)`` -> ``(N, D)``.
@@ -81,16 +86,17 @@ class GraphBlock(nn.Module):
         self.norm2 = make_norm(norm_layer, dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout=dropout)
 
-    def forward(self, x: Tensor, graph: AttentionGraph | Tensor, batch: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, graph: AttentionGraph | Tensor, batch: Tensor | None = None,
+                state: LayerState | None = None, global_state: LayerState | None = None) -> Tensor:
         if isinstance(graph, Tensor):
             graph = AttentionGraph.sparse(graph, x.shape[0], batch=batch, checked=False)
         if batch is None:
             batch = graph.batch
         h = self.norm1(x)
-        update = self.attn(h, graph)
+        update = self.attn(h, graph, state=state)
         if self.global_attn is not None:
             dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
-            g = self.global_attn(dense, key_padding_mask=~mask)
+            g = self.global_attn(dense, key_padding_mask=~mask, state=global_state)
             update = update + g[mask]
         x = x + self.drop(update)
         return x + self.mlp(self.norm2(x))
@@ -151,8 +157,9 @@ class DiffusionGraphTransformer(nn.Module):
         graph = from_edge_index(edge_index, N, batch=batch, self_loops=True if c.self_loops else None, checked=False)
         h = self.embed(self.input_drop(x.to(self.embed.weight.dtype)))
         inter = ModelIntermediates(embeddings=h) if return_intermediates else None
+        state, global_state = LayerState(), LayerState()  # one per attention stack (local edges, global)
         for block in self.blocks:
-            h = block(h, graph, batch)
+            h = block(h, graph, batch, state=state, global_state=global_state)
             if inter is not None:
                 inter.hidden_states.append(h)
         h = self.norm(h)

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
+from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
 
 __all__ = ["DiffusionViT", "ViTConfig"]
@@ -145,6 +146,7 @@ class DiffusionViT(nn.Module):
         """All output tokens after the final norm (class token first when ``pool="cls"``)."""
         z = self._embed(x)
         inter = ModelIntermediates(embeddings=z) if return_intermediates else None
+        attn_kwargs = {"state": LayerState(), **attn_kwargs}  # first layer's values and depth, for the rivals
         for block in self.blocks:
             z = block(z, **attn_kwargs)
             if inter is not None:

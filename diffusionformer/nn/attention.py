@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights, diffuse_with_weights
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn.heads import HeadGroup, parse_heads
+from diffusionformer.ops import rivals as _rivals
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention"]
 
@@ -127,11 +128,16 @@ class DiffusionAttention(nn.Module):
 
         groups = parse_heads(heads, num_heads)
         for g in groups:
-            flags = [f for f in ("needs_second_map", "needs_layer_state", "reprojects_each_step") if getattr(g.operator, f)]
-            if flags:
+            # operators whose parameters depend on the head width (differential attention) get it here;
+            # their capability flags (second map, layer state, re-projection, uniform map) are resolved in
+            # forward by the one context dispatch (diffusionformer.ops.rivals.apply_context_groups)
+            g.operator.bind(head_dim=self.head_dim)
+            if g.operator.uses_context and g.operator.is_polynomial:
+                flags = [f for f in ("needs_second_map", "needs_layer_state", "reprojects_each_step", "needs_uniform_map")
+                         if getattr(g.operator, f)]
                 raise ValueError(
-                    f"operator {g.operator.name!r} declares {', '.join(flags)}, which DiffusionAttention does not "
-                    "resolve (it applies one polynomial in one P per head)"
+                    f"operator {g.operator.name!r} declares {', '.join(flags)} but is_polynomial=True: an operator with "
+                    "capability flags is applied through apply_context(ctx) and must set is_polynomial = False"
                 )
         self.operators = nn.ModuleList([g.operator for g in groups])
         self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
@@ -254,6 +260,7 @@ class DiffusionAttention(nn.Module):
         edge_index: Tensor | None = None,
         is_causal: bool = False,
         return_intermediates: bool = False,
+        state: _rivals.LayerState | None = None,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         """Apply the layer over the token graph ``graph`` (dense or sparse).
 
@@ -274,10 +281,15 @@ class DiffusionAttention(nn.Module):
             is_causal: position ``i`` attends to ``j <= i`` only (dense; the layer's ``causal``
                 flag applies in any case).
             return_intermediates: also return :class:`AttentionIntermediates` (materialises ``P``).
+            state: a :class:`~diffusionformer.ops.rivals.LayerState` shared by the layers of one
+                model call: the first layer leaves its values there for operators that need them
+                (NeuTRENO, value residuals) and each layer learns its depth.
 
         Returns:
             the output, or ``(output, intermediates)`` when ``return_intermediates``.
         """
+        if state is not None and not isinstance(state, _rivals.LayerState):
+            raise TypeError(f"state must be a LayerState or None, got {type(state).__name__}")
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
         if not x.is_floating_point():
@@ -287,7 +299,7 @@ class DiffusionAttention(nn.Module):
         if graph is None:
             if key_padding_mask is None and attn_mask is None and edge_index is None and not is_causal:
                 # the complete graph (causal when the layer is): nothing to build or to mask
-                return self._forward_dense(x, None, None, return_intermediates)
+                return self._forward_dense(x, None, None, return_intermediates, state=state)
             graph = self.graph_from_arguments(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                                               edge_index=edge_index, is_causal=is_causal)
         elif key_padding_mask is not None or attn_mask is not None or edge_index is not None or is_causal:
@@ -299,9 +311,9 @@ class DiffusionAttention(nn.Module):
         if unknown:
             raise TypeError(f"graph.attention_kwargs returned unknown keys {sorted(unknown)}")
         if given.get("edge_index") is not None:
-            return self._forward_sparse(x, given["edge_index"], return_intermediates)
+            return self._forward_sparse(x, given["edge_index"], return_intermediates, state)
         return self._forward_dense(x, given.get("key_padding_mask"), given.get("attn_mask"), return_intermediates,
-                                   bool(given.get("is_causal", False)))
+                                   bool(given.get("is_causal", False)), state)
 
     def graph_from_arguments(
         self,
@@ -382,7 +394,7 @@ class DiffusionAttention(nn.Module):
 
     def _forward_dense(
         self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, return_intermediates: bool,
-        causal: bool = False,
+        causal: bool = False, state: _rivals.LayerState | None = None,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 3:
             raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
@@ -390,27 +402,35 @@ class DiffusionAttention(nn.Module):
         mask = self._dense_mask(x, key_padding_mask, attn_mask)
         q, k, v = self._project(x)  # (B, N, H, C)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
+        entered = state.enter(v) if state is not None else (0, None)
         dropout_p = self.dropout if self.training else 0.0
-        need_weights = return_intermediates or not all(self._polynomial)
+        is_causal = self.causal or causal
+        # heads with a non-polynomial f(P) (heat-exact, ppr-exact) need P; context operators build their own maps
+        need_weights = return_intermediates or any(not p and not op.uses_context
+                                                   for p, op in zip(self._polynomial, self.operators))
         out, P = diffuse_with_weights(
-            q, k, v, self._call_coefficients(need_weights), attn_mask=mask, is_causal=self.causal or causal,
+            q, k, v, self._call_coefficients(need_weights), attn_mask=mask, is_causal=is_causal,
             scale=self.head_dim**-0.5, backend=self.backend, degrees=self._degrees, dropout_p=dropout_p,
             need_weights=need_weights,
         )
         if not all(self._polynomial):
-            assert P is not None
             for op, (s, c), poly in zip(self.operators, self._groups, self._polynomial):
-                if not poly:
+                if not poly and not op.uses_context:
+                    assert P is not None
                     Pg = P[:, s : s + c]
                     if dropout_p > 0.0:
                         Pg = F.dropout(Pg, p=dropout_p)
                     out = out.index_add(1, torch.arange(s, s + c, device=out.device), op.apply_matrix(Pg, v[:, s : s + c]))
+        # operators with capabilities (rivals: second map, layer state, re-projection, uniform map)
+        out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, mask=mask, is_causal=is_causal,
+                                           dropout_p=dropout_p)
         y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))  # (B, N, H, C) -> (B, N, D)
         if return_intermediates:
             return y, AttentionIntermediates(P, self.coefficients().detach(), None, "matrix")
         return y
 
-    def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool) -> Tensor | tuple[Tensor, AttentionIntermediates]:
+    def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool,
+                        state: _rivals.LayerState | None = None) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 2:
             raise ValueError(f"sparse input x must have shape (N, D), got {tuple(x.shape)}")
         for op in self.operators:
@@ -421,11 +441,15 @@ class DiffusionAttention(nn.Module):
                 )
         N, D = x.shape
         q, k, v = self._project(x)  # (N, H, C)
+        entered = state.enter(v.transpose(0, 1).unsqueeze(0)) if state is not None else (0, None)
+        dropout_p = self.dropout if self.training else 0.0
         out, alpha = diffuse_sparse_with_weights(
             q, k, v, edge_index, self._call_coefficients(False), num_nodes=N, scale=self.head_dim**-0.5,
-            degrees=self._degrees, dropout_p=self.dropout if self.training else 0.0, backend="auto",
+            degrees=self._degrees, dropout_p=dropout_p, backend="auto",
             is_causal=self.causal, need_weights=return_intermediates,
         )
+        out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, edge_index=edge_index,
+                                           is_causal=self.causal, dropout_p=dropout_p)
         y = self.out_proj(out.reshape(N, D))
         if return_intermediates:
             assert alpha is not None
