@@ -13,7 +13,7 @@ import torch
 
 __all__ = ["TrainConfig", "resolve_device", "resolve_amp"]
 
-_AMP_CHOICES = ("auto", "bf16", "off")
+_AMP_CHOICES = ("auto", "bf16", "fp16", "off")
 
 
 def _type_name(value: Any) -> str:
@@ -65,6 +65,12 @@ class TrainConfig:
         max_steps: number of optimiser updates of the whole run (``>= 1``).
         batch_size: global batch size handed to ``task.train_batch`` (split across ranks under
             DDP, so the effective batch does not depend on the number of processes).
+        grad_accum_steps: micro-batches per update (``>= 1``). Each rank's share of the batch is
+            split into this many equal micro-batches (``task.shard_batch`` or
+            :func:`~diffusionformer.train.shard_batch`); each micro-batch's loss is scaled by
+            ``1 / grad_accum_steps`` and back-propagated, and one optimiser step follows, so the
+            update equals the one on the whole batch while only a micro-batch is in memory.
+            Under DDP the gradient all-reduce runs on the last micro-batch only (``no_sync``).
         lr: peak learning rate (``> 0``).
         min_lr: learning rate at the end of the cosine decay (``0 <= min_lr <= lr``).
         weight_decay: decoupled weight decay of the matrices (see
@@ -83,7 +89,12 @@ class TrainConfig:
             last one (``0`` = only after the last one).
         seed: seeds Python, NumPy, torch (CPU and CUDA) and the batch generator (``[0, 2**32)``).
         device: ``"auto"`` (CUDA when available, else CPU) or a ``torch.device`` string.
-        amp: ``"auto"`` (bf16 autocast on CUDA, off elsewhere), ``"bf16"`` or ``"off"``.
+        amp: ``"auto"`` (bf16 autocast on CUDA, off elsewhere), ``"bf16"``, ``"fp16"`` or
+            ``"off"``. ``"fp16"`` autocasts to float16 and scales the loss with
+            :class:`torch.amp.GradScaler` (Micikevicius et al., "Mixed Precision Training", ICLR
+            2018): an update whose gradients overflow is skipped and the scale halved, so a
+            non-finite gradient norm is not an error under fp16 (a non-finite loss still is);
+            the scaler's state is checkpointed. bf16 needs no scaler.
         compile: wrap the model in ``torch.compile``.
         progress: show a tqdm progress bar (only on rank 0, and only on a terminal).
 
@@ -99,6 +110,7 @@ class TrainConfig:
 
     max_steps: int = 1000
     batch_size: int = 32
+    grad_accum_steps: int = 1  # micro-batches per update
     lr: float = 3e-4
     min_lr: float = 0.0
     weight_decay: float = 0.1
@@ -119,6 +131,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_int("max_steps", self.max_steps, 1)
         _check_int("batch_size", self.batch_size, 1)
+        _check_int("grad_accum_steps", self.grad_accum_steps, 1)
         lr = _check_float("lr", self.lr, 0.0, strict=True)
         min_lr = _check_float("min_lr", self.min_lr, 0.0)
         if min_lr > lr:
@@ -237,7 +250,7 @@ def resolve_amp(spec: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for ``TrainConfig.amp`` on ``device`` (``None`` = no autocast).
 
     Args:
-        spec: ``"auto"`` (bf16 on CUDA only), ``"bf16"`` or ``"off"``.
+        spec: ``"auto"`` (bf16 on CUDA only), ``"bf16"``, ``"fp16"`` or ``"off"``.
         device: the training device.
 
     Examples:
@@ -245,11 +258,15 @@ def resolve_amp(spec: str, device: torch.device) -> torch.dtype | None:
         True
         >>> resolve_amp("bf16", torch.device("cpu"))
         torch.bfloat16
+        >>> resolve_amp("fp16", torch.device("cpu"))
+        torch.float16
     """
     if spec == "off":
         return None
     if spec == "bf16":
         return torch.bfloat16
+    if spec == "fp16":
+        return torch.float16
     if spec == "auto":
         return torch.bfloat16 if device.type == "cuda" else None
     raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {spec!r}")

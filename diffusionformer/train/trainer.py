@@ -45,8 +45,10 @@ class Trainer:
 
     Update ``s = 0, 1, ..., max_steps - 1`` draws the global batch
     ``b_s = task.train_batch(s, g, batch_size)`` from a seeded, checkpointed generator ``g``,
-    takes this rank's shard, computes ``loss, metrics = task.loss(model, b_s)`` (bf16 autocast on
-    CUDA), back-propagates, clips the global gradient norm to ``grad_clip`` and takes an AdamW
+    takes this rank's shard, splits it into ``grad_accum_steps`` equal micro-batches ``m`` and
+    for each computes ``loss, metrics = task.loss(model, m)`` (bf16 autocast on CUDA; fp16 with
+    a :class:`torch.amp.GradScaler` when ``amp="fp16"``) and back-propagates
+    ``loss / grad_accum_steps``; then it clips the global gradient norm to ``grad_clip`` and takes an AdamW
     step (Loshchilov & Hutter, ICLR 2019) with learning rate :func:`cosine_lr` ``(s)`` and weight
     decay on matrices only (:func:`param_groups`). "Step ``k``" in logs and checkpoints means
     ``k`` updates done.
@@ -230,8 +232,9 @@ class Trainer:
         self.step = start
 
         train_model: nn.Module = model
+        self._ddp: DistributedDataParallel | None = None
         if ctx.is_distributed:
-            train_model = DistributedDataParallel(
+            train_model = self._ddp = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None
             )
         if cfg.compile:
@@ -239,6 +242,11 @@ class Trainer:
         self._train_model = train_model
         self._generator = generator
         self._amp = resolve_amp(cfg.amp, device)
+        self._scaler: torch.amp.GradScaler | None = None
+        if self._amp == torch.float16:
+            self._scaler = torch.amp.GradScaler(device.type)
+            if payload is not None and payload.get("scaler"):
+                self._scaler.load_state_dict(payload["scaler"])
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
 
         self._t0, self._elapsed0 = time.perf_counter(), elapsed0
@@ -283,7 +291,7 @@ class Trainer:
             "num_parameters": sum(p.numel() for p in model.parameters()),
             "world_size": ctx.world_size,
             "device": str(device),
-            "amp": "bf16" if self._amp is not None else "off",
+            "amp": {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[self._amp],
             "config": cfg.to_dict(),
             "checkpoint": str(self.checkpoint_path),
         }
@@ -293,27 +301,53 @@ class Trainer:
         return summary
 
     def _update(self, step: int, lr: float) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
-        """One optimiser update; returns the detached loss, the metrics and a non-finite flag."""
+        """One optimiser update over ``grad_accum_steps`` micro-batches; returns the detached loss
+        (mean over the micro-batches), the metrics (means) and a non-finite flag."""
         cfg, ctx, optimizer = self.config, self.ctx, self._optimizer
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = self.task.train_batch(step, self._generator, cfg.batch_size)
+        shard = getattr(self.task, "shard_batch", None)
+        split = shard if shard is not None else shard_batch
         if ctx.is_distributed:
-            shard = getattr(self.task, "shard_batch", None)
-            batch = (shard(batch, ctx.rank, ctx.world_size) if shard is not None
-                     else shard_batch(batch, ctx.rank, ctx.world_size))
-        batch = to_device(batch, ctx.device)
+            batch = split(batch, ctx.rank, ctx.world_size)
+        A = cfg.grad_accum_steps
         optimizer.zero_grad(set_to_none=True)
-        with self._autocast():
-            loss, metrics = self._check_loss(self.task.loss(self._train_model, batch), step)
-        loss.backward()
-        loss = loss.detach().float()
+        loss_sum: torch.Tensor | None = None
+        window: dict[str, list[Any]] = {}
+        for micro in range(A):
+            part = split(batch, micro, A) if A > 1 else batch
+            part = to_device(part, ctx.device)
+            # DDP all-reduces the gradients on the last micro-batch only.
+            sync = self._ddp is None or micro == A - 1
+            with (contextlib.nullcontext() if sync else self._ddp.no_sync()):
+                with self._autocast():
+                    loss, metrics = self._check_loss(self.task.loss(self._train_model, part), step)
+                scaled = loss / A if A > 1 else loss
+                if self._scaler is not None:
+                    scaled = self._scaler.scale(scaled)
+                scaled.backward()
+            loss = loss.detach().float()
+            loss_sum = loss if loss_sum is None else loss_sum + loss
+            if A > 1:
+                self._accumulate(window, loss, metrics, ctx.device)
+        assert loss_sum is not None
+        if A > 1:
+            loss = loss_sum / A
+            metrics = {k: v[0] / v[1] for k, v in window.items() if k != "loss"}
         bad = ~torch.isfinite(loss)
+        if self._scaler is not None:
+            self._scaler.unscale_(optimizer)  # clip the true gradients
         if cfg.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip)
             metrics["grad_norm"] = grad_norm
-            bad = bad | ~torch.isfinite(grad_norm)
-        optimizer.step()
+            if self._scaler is None:  # under fp16 an overflow skips the step instead
+                bad = bad | ~torch.isfinite(grad_norm)
+        if self._scaler is not None:
+            self._scaler.step(optimizer)
+            self._scaler.update()
+        else:
+            optimizer.step()
         return loss, metrics, bad
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -442,6 +476,8 @@ class Trainer:
             "step": done,
             "model": self.model.state_dict(),
             "optimizer": self._optimizer.state_dict(),
+            # fp16 loss scale and growth tracker (empty without fp16)
+            "scaler": self._scaler.state_dict() if self._scaler is not None else {},
             "rng": capture_rng_state(self.ctx.device, self._generator),
             "config": self.config.to_dict(),
             "elapsed": self._elapsed(),
