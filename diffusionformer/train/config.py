@@ -14,6 +14,7 @@ import torch
 __all__ = ["TrainConfig", "resolve_device", "resolve_amp"]
 
 _AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+_LOGGER_CHOICES = ("jsonl", "csv", "tensorboard")  # = loggers.LOGGER_CHOICES (no import cycle)
 
 
 def _type_name(value: Any) -> str:
@@ -97,6 +98,11 @@ class TrainConfig:
             the scaler's state is checkpointed. bf16 needs no scaler.
         compile: wrap the model in ``torch.compile``.
         progress: show a tqdm progress bar (only on rank 0, and only on a terminal).
+        loggers: metrics writers of the run directory, a subset of ``("jsonl", "csv",
+            "tensorboard")`` that includes ``"jsonl"`` (``metrics.jsonl`` is what resume and the
+            experiment runner read); ``"csv"`` adds ``metrics.csv``, ``"tensorboard"`` event files
+            under ``tensorboard/`` (needs the optional ``tensorboard`` package). See
+            :mod:`diffusionformer.train.loggers`. A list is accepted.
 
     Examples:
         >>> cfg = TrainConfig.from_dict({"max_steps": 100, "lr": 1e-3, "betas": [0.9, 0.99]})
@@ -127,6 +133,7 @@ class TrainConfig:
     amp: str = "auto"
     compile: bool = False
     progress: bool = True
+    loggers: tuple[str, ...] = ("jsonl",)  # subset of ("jsonl", "csv", "tensorboard")
 
     def __post_init__(self) -> None:
         _check_int("max_steps", self.max_steps, 1)
@@ -178,12 +185,25 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {self.amp!r}")
         _check_bool("compile", self.compile)
         _check_bool("progress", self.progress)
+        if not isinstance(self.loggers, (tuple, list)) or not all(isinstance(n, str) for n in self.loggers):
+            raise TypeError(
+                f"TrainConfig.loggers: expected a list of names from {_LOGGER_CHOICES}, got "
+                f"{_type_name(self.loggers)} ({self.loggers!r})"
+            )
+        loggers = tuple(self.loggers)
+        unknown = [n for n in loggers if n not in _LOGGER_CHOICES]
+        if unknown or len(set(loggers)) != len(loggers) or "jsonl" not in loggers:
+            raise ValueError(
+                f"TrainConfig.loggers: expected distinct names from {_LOGGER_CHOICES} including "
+                f"'jsonl' (metrics.jsonl is what resume and the experiment runner read), got {list(loggers)}"
+            )
         # Normalise numeric types so that equal configs compare and serialise equal.
         object.__setattr__(self, "lr", lr)
         object.__setattr__(self, "min_lr", min_lr)
         object.__setattr__(self, "weight_decay", weight_decay)
         object.__setattr__(self, "grad_clip", grad_clip)
         object.__setattr__(self, "betas", betas)
+        object.__setattr__(self, "loggers", loggers)
 
     @property
     def decay_steps(self) -> int:
@@ -214,6 +234,7 @@ class TrainConfig:
         through :meth:`from_dict`."""
         out = dataclasses.asdict(self)
         out["betas"] = list(self.betas)
+        out["loggers"] = list(self.loggers)
         return out
 
 

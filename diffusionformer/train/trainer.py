@@ -20,7 +20,8 @@ from .checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_NAME, load_checkpoint, sav
 from .config import TrainConfig, resolve_amp
 from .distributed import DistContext, init_distributed, shard_batch
 from .errors import CheckpointError, NonFiniteLossError
-from .metrics import METRICS_NAME, MetricsLog, write_json_atomic
+from .loggers import CSV_NAME, TENSORBOARD_DIR, open_loggers
+from .metrics import METRICS_NAME, write_json_atomic
 from .optim import build_optimizer
 from .rng import capture_rng_state, preserve_rng_state, restore_rng_state, seed_everything
 from .schedule import cosine_lr
@@ -34,7 +35,7 @@ SUMMARY_NAME = "summary.json"
 #: change the sequence of updates (``lr_decay_steps`` is compared after resolving ``None``).
 RESUMABLE_FIELDS = frozenset(
     {"max_steps", "lr_decay_steps", "eval_interval", "eval_steps", "log_interval",
-     "checkpoint_interval", "device", "amp", "compile", "progress"}
+     "checkpoint_interval", "device", "amp", "compile", "progress", "loggers"}
 )
 
 _NO_BAD_STEP = 2**62  # "no non-finite step yet" in the on-device running minimum
@@ -54,7 +55,7 @@ class Trainer:
     ``k`` updates done.
 
     Every ``log_interval`` updates a train record (window means) goes to
-    ``<out_dir>/metrics.jsonl``; every ``eval_interval`` updates ``task.evaluate`` runs (without
+    ``<out_dir>/metrics.jsonl`` (and to ``metrics.csv`` / TensorBoard when ``loggers`` asks); every ``eval_interval`` updates ``task.evaluate`` runs (without
     advancing the training RNGs); every ``checkpoint_interval`` updates
     ``<out_dir>/checkpoint.pt`` is replaced atomically with model, optimizer, step, all RNG
     states (Python, NumPy, torch CPU/CUDA, batch generator) and config. The last update always
@@ -124,8 +125,12 @@ class Trainer:
         """Train to ``config.max_steps`` and return the summary (also in ``summary.json``)."""
         ctx = init_distributed(self.config.device)
         self.ctx = ctx
-        self._log = MetricsLog(self.metrics_path, active=ctx.is_main)
         self._pbar: tqdm | None = None
+        try:
+            self._log = open_loggers(self.config.loggers, self.out_dir, active=ctx.is_main)
+        except BaseException:
+            ctx.shutdown()
+            raise
         try:
             return self._fit(ctx)
         finally:
@@ -137,7 +142,8 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _resume_payload(self, ctx: DistContext) -> dict[str, Any] | None:
         if self.resume is False:
-            existing = [p.name for p in (self.checkpoint_path, self.metrics_path, self.summary_path)
+            existing = [p.name for p in (self.checkpoint_path, self.metrics_path, self.summary_path,
+                                         self.out_dir / CSV_NAME, self.out_dir / TENSORBOARD_DIR)
                         if p.exists()]
             if existing:
                 raise FileExistsError(
