@@ -14,6 +14,7 @@ from diffusionformer.models.registry import (
     model_config,
     register_model,
 )
+from diffusionformer.models.sampling import top_k_filter, top_p_filter
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "get_preset",
     "init_transformer_weights",
     "knn_classify",
+    "top_k_filter",
+    "top_p_filter",
     "learned_operator_parameters",
     "list_models",
     "model_config",

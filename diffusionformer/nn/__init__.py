@@ -3,6 +3,8 @@
 from diffusionformer.nn.attention import AttentionIntermediates, DiffusionAttention
 from diffusionformer.nn.block import Block, DropPath, LayerScale, Mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.heads import HeadGroup, parse_heads
+from diffusionformer.nn.kv_cache import LayerKVCache, attend_cached
+from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D, apply_rotary
 
 __all__ = [
     "AttentionIntermediates",
@@ -10,8 +12,13 @@ __all__ = [
     "DiffusionAttention",
     "DropPath",
     "HeadGroup",
+    "LayerKVCache",
     "LayerScale",
     "Mlp",
+    "RotaryEmbedding",
+    "RotaryEmbedding2D",
+    "apply_rotary",
+    "attend_cached",
     "make_norm",
     "parse_heads",
     "resolve_layer_heads",

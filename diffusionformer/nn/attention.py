@@ -69,6 +69,13 @@ class DiffusionAttention(nn.Module):
         dropout: dropout on the attention probabilities at every propagation step (training only).
         backend: dense back-end, ``"auto"``, ``"sdpa"`` or ``"matrix"`` (see
             :func:`~diffusionformer.ops.dense.choose_dense_backend`).
+        num_kv_heads: key/value heads ``H_kv`` (must divide ``H``; ``None`` = ``H``). Fewer
+            than ``H`` is grouped-query attention (Ainslie et al., EMNLP 2023; ``1`` = multi-query,
+            Shazeer 2019): query head ``h`` uses key/value head ``h // (H / H_kv)``. The ``qkv``
+            projection is then ``D -> D + 2 H_kv C``.
+        rotary: a :class:`~diffusionformer.nn.rotary.RotaryEmbedding` (or 2-D) applied to
+            ``q`` and ``k`` after the projection (and ``qk_norm``), so every head's ``P`` is
+            built from rotated scores; ``forward(positions=...)`` gives the positions.
 
     Shapes:
         - dense: ``x`` ``(B, N, D)``, ``key_padding_mask`` ``(B, N)`` bool (True = padding),
@@ -94,6 +101,8 @@ class DiffusionAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         backend: str = "auto",
+        num_kv_heads: int | None = None,
+        rotary: nn.Module | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("dim", dim), ("num_heads", num_heads)):
@@ -113,7 +122,16 @@ class DiffusionAttention(nn.Module):
         self.causal = causal
         self.dropout = float(dropout)
         self.backend = backend
-        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        # ---- modern parts (GQA, RoPE, KV cache): see nn/rotary.py and nn/kv_cache.py
+        kv = num_heads if num_kv_heads is None else num_kv_heads
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or num_heads % kv:
+            raise ValueError(f"num_kv_heads: expected a positive int dividing num_heads={num_heads}, got {num_kv_heads!r}")
+        if rotary is not None and getattr(rotary, "head_dim", None) != dim // num_heads:
+            raise ValueError(f"rotary: expected a rotary embedding with head_dim={dim // num_heads}, got {rotary!r}")
+        self.num_kv_heads = kv
+        self.rotary = rotary
+        self.qkv = nn.Linear(dim, dim + 2 * kv * (dim // num_heads), bias=bias)
+        # ---- end modern parts
         self.out_proj = nn.Linear(dim, dim, bias=bias)
         self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
@@ -243,6 +261,8 @@ class DiffusionAttention(nn.Module):
         edge_index: Tensor | None = None,
         graph: Any = None,
         return_intermediates: bool = False,
+        positions: Tensor | None = None,
+        cache: Any = None,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         """Apply the layer (dense when ``edge_index`` is None, sparse otherwise).
 
@@ -256,6 +276,11 @@ class DiffusionAttention(nn.Module):
                 ``attention_kwargs(x)`` method returning some of ``key_padding_mask``,
                 ``attn_mask``, ``edge_index``, ``is_causal``); exclusive with the first three.
             return_intermediates: also return :class:`AttentionIntermediates` (materialises ``P``).
+            positions: token positions for ``rotary`` (``(N,)``, or ``(N, 2)`` for 2-D RoPE);
+                ``None`` = ``0 .. N-1`` (1-D), or continuing after the cache.
+            cache: a :class:`~diffusionformer.nn.kv_cache.LayerKVCache` for incremental causal
+                decoding: ``x`` holds the new tokens only, the cache the earlier ones (dense,
+                causal layers; it is updated in place).
 
         Returns:
             the output, or ``(output, intermediates)`` when ``return_intermediates``.
@@ -266,6 +291,12 @@ class DiffusionAttention(nn.Module):
             raise TypeError(f"x must be floating point, got {x.dtype}")
         if x.shape[-1:] != (self.dim,):
             raise ValueError(f"x must have last dimension dim={self.dim}, got shape {tuple(x.shape)}")
+        if cache is not None:
+            from diffusionformer.nn.kv_cache import attend_cached
+
+            if graph is not None or key_padding_mask is not None or attn_mask is not None or edge_index is not None:
+                raise ValueError("cache= runs causal decoding on dense tokens; it takes no graph or masks")
+            return attend_cached(self, x, cache, positions)
         if graph is not None:
             if key_padding_mask is not None or attn_mask is not None or edge_index is not None:
                 raise ValueError("pass either graph= or key_padding_mask/attn_mask/edge_index, not both")
@@ -284,14 +315,19 @@ class DiffusionAttention(nn.Module):
         if edge_index is not None:
             if key_padding_mask is not None or attn_mask is not None:
                 raise ValueError("key_padding_mask/attn_mask apply to dense inputs; the sparse graph is given by edge_index")
-            return self._forward_sparse(x, edge_index, return_intermediates)
-        return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates, graph_causal)
+            return self._forward_sparse(x, edge_index, return_intermediates, positions)
+        return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates, graph_causal, positions)
 
-    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        H, C = self.num_heads, self.head_dim
-        qkv = self.qkv(x).unflatten(-1, (3, H, C))  # (..., N, 3, H, C)
-        q, k, v = qkv.unbind(-3)  # each (..., N, H, C)
-        return self.q_norm(q), self.k_norm(k), v
+    def _project(self, x: Tensor, positions: Tensor | None = None, expand: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        H, C, G = self.num_heads, self.head_dim, self.num_kv_heads
+        q, k, v = self.qkv(x).split([H * C, G * C, G * C], dim=-1)
+        q, k, v = q.unflatten(-1, (H, C)), k.unflatten(-1, (G, C)), v.unflatten(-1, (G, C))  # (..., N, H|G, C)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+        if expand and G != H:  # grouped-query attention: query head h reads key/value head h // (H / G)
+            k, v = k.repeat_interleave(H // G, dim=-2), v.repeat_interleave(H // G, dim=-2)
+        return q, k, v
 
     def _dense_mask(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
                     causal: bool = False) -> tuple[Tensor | None, bool]:
@@ -313,13 +349,13 @@ class DiffusionAttention(nn.Module):
 
     def _forward_dense(
         self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, return_intermediates: bool,
-        causal: bool = False,
+        causal: bool = False, positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 3:
             raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
         B, N, D = x.shape
         mask, is_causal = self._dense_mask(x, key_padding_mask, attn_mask, causal)
-        q, k, v = self._project(x)  # (B, N, H, C)
+        q, k, v = self._project(x, positions)  # (B, N, H, C)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
         dropout_p = self.dropout if self.training else 0.0
         scale = self.head_dim**-0.5
@@ -354,7 +390,8 @@ class DiffusionAttention(nn.Module):
         """``c0 v + c1 P v`` per head from ``y = P v``; both ``(B, N, H, C)``."""
         return combine_affine(y, v, self._affine_runs)
 
-    def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool) -> Tensor | tuple[Tensor, AttentionIntermediates]:
+    def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool,
+                        positions: Tensor | None = None) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 2:
             raise ValueError(f"sparse input x must have shape (N, D), got {tuple(x.shape)}")
         for op in self.operators:
@@ -372,7 +409,7 @@ class DiffusionAttention(nn.Module):
                 edge_mask = keep
             else:
                 edge_index = edge_index[:, keep]
-        q, k, v = self._project(x)  # (N, H, C)
+        q, k, v = self._project(x, positions)  # (N, H, C)
         # static attention/Laplacian heads: one propagation P v, then the cheap combination
         fused = self._fused_kind != "none"
         out, alpha = _diffuse_sparse(
@@ -391,8 +428,9 @@ class DiffusionAttention(nn.Module):
         return y
 
     def extra_repr(self) -> str:
+        kv = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
         return (
-            f"dim={self.dim}, num_heads={self.num_heads}, heads={self.heads_spec()!r}, causal={self.causal}, "
+            f"dim={self.dim}, num_heads={self.num_heads}{kv}, heads={self.heads_spec()!r}, causal={self.causal}, "
             f"backend={self.backend!r}"
         )
 
