@@ -5,7 +5,12 @@ from diffusionformer.models.dino import DINO, DINOConfig, DINOHead, dino_loss, k
 from diffusionformer.models.gcn import GCN, GCNConfig
 from diffusionformer.models.gin import GIN, GINConfig
 from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
-from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphBlock, GraphTransformerConfig
+from diffusionformer.models.graph_transformer import (
+    DiffusionGraphTransformer,
+    GraphBlock,
+    GraphTransformerConfig,
+    positional_encoding_transform,
+)
 from diffusionformer.models.registry import (
     ModelPreset,
     create_model,
@@ -39,6 +44,7 @@ __all__ = [
     "get_preset",
     "init_transformer_weights",
     "knn_classify",
+    "positional_encoding_transform",
     "top_k_filter",
     "top_p_filter",
     "learned_operator_parameters",

@@ -2,6 +2,7 @@
 
 from diffusionformer.nn.attention import AttentionIntermediates, DiffusionAttention
 from diffusionformer.nn.block import Block, DropPath, LayerScale, Mlp, make_norm, resolve_layer_heads
+from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.nn.heads import HeadGroup, parse_heads
 from diffusionformer.nn.kv_cache import LayerKVCache, attend_cached
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D, apply_rotary
@@ -19,6 +20,7 @@ __all__ = [
     "RotaryEmbedding2D",
     "apply_rotary",
     "attend_cached",
+    "edge_feature_attention",
     "make_norm",
     "parse_heads",
     "resolve_layer_heads",
