@@ -20,7 +20,7 @@ from diffusionformer.models.registry import (
     register_model,
 )
 from diffusionformer.models.sampling import top_k_filter, top_p_filter
-from diffusionformer.models.vit import DiffusionViT, ViTConfig
+from diffusionformer.models.vit import DiffusionViT, ViTConfig, attention_rollout
 
 __all__ = [
     "DINO",
@@ -39,6 +39,7 @@ __all__ = [
     "ModelIntermediates",
     "ModelPreset",
     "ViTConfig",
+    "attention_rollout",
     "create_model",
     "dino_loss",
     "get_preset",
