@@ -143,3 +143,17 @@ def test_tensorboard_event_files(tmp_path):  # pragma: no cover - needs tensorbo
     acc.Reload()
     losses = [e.value for e in acc.Scalars("train/loss")]
     assert losses == pytest.approx([r["loss"] for r in read_metrics(tmp_path) if r["split"] == "train"])
+
+
+def test_loggers_and_accumulation_are_selectable_in_an_experiment_toml(tmp_path):
+    from diffusionformer.experiments.config import load_experiment_config, train_config
+
+    path = tmp_path / "exp.toml"
+    path.write_text(
+        'name = "demo"\nseeds = [0]\n[[operators]]\nname = "attention"\n'
+        '[[tasks]]\nname = "t"\ndataset = "csbm"\nmodel = "graph-node-small"\n'
+        '[tasks.train]\nmax_steps = 4\ngrad_accum_steps = 2\namp = "fp16"\nloggers = ["jsonl", "csv", "tensorboard"]\n'
+    )
+    cfg = load_experiment_config(path)
+    tc = train_config(cfg.tasks[0], seed=0)
+    assert tc.loggers == ("jsonl", "csv", "tensorboard") and tc.grad_accum_steps == 2 and tc.amp == "fp16"
