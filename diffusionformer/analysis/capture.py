@@ -207,8 +207,8 @@ def _split_block_call(
         param = sig.parameters[name]
         if param.kind is inspect.Parameter.VAR_KEYWORD:
             attn_kwargs.update(bound.arguments[name])
-        elif name == "edge_index":
-            attn_kwargs["edge_index"] = bound.arguments[name]
+        elif name in ("edge_index", "edge_attr"):
+            attn_kwargs[name] = bound.arguments[name]
     batch = bound.arguments.get("batch")
     return x, attn_kwargs, batch
 
@@ -280,7 +280,18 @@ class LayerRecorder:
                 if 0 in self.layers:
                     self.states[0] = x.detach()
             if i in self.attention_blocks and self.compute_attentions:
-                _, inter = block.attn(block.norm1(x), **attn_kwargs, return_intermediates=True)
+                edge_attr = attn_kwargs.pop("edge_attr", None)
+                if edge_attr is not None and getattr(block, "edge_proj", None) is not None:
+                    # a GraphBlock with edge features: P comes from the edge-aware scores
+                    from diffusionformer.nn.attention import AttentionIntermediates
+                    from diffusionformer.nn.edge_features import edge_feature_attention
+
+                    edge_index = attn_kwargs["edge_index"]
+                    _, P = edge_feature_attention(block.attn, block.norm1(x), edge_index,
+                                                  block.edge_proj(edge_attr.to(x.dtype)), return_weights=True)
+                    inter = AttentionIntermediates(P, block.attn.coefficients().detach(), edge_index, "sparse")
+                else:
+                    _, inter = block.attn(block.norm1(x), **attn_kwargs, return_intermediates=True)
                 self.attentions[i] = inter
 
         return hook

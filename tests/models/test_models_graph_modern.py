@@ -189,3 +189,22 @@ def test_neighbor_loader_without_compiled_samplers():
         next(iter(NeighborLoader(data, [2], batch_size=4)))  # PyG 2.8 has no fallback
     batch = next(iter(neighbor_loader(data, [2], batch_size=4)))  # ours does
     assert batch.batch_size == 4 and torch.equal(batch.n_id[:4], torch.arange(4))
+
+
+def test_layer_recorder_recomputes_the_edge_aware_attention():
+    from diffusionformer.analysis.capture import LayerRecorder
+
+    torch.manual_seed(0)
+    cfg = GraphTransformerConfig(in_channels=4, num_classes=2, dim=8, num_heads=2, depth=2, edge_dim=3)
+    model = DiffusionGraphTransformer(cfg).double().eval()
+    ei = _graph(10, 30)
+    x = torch.randn(10, 4, dtype=torch.float64)
+    e = torch.randn(ei.shape[1], 3, dtype=torch.float64)
+    with LayerRecorder(model, attentions=True) as rec:
+        model(x, ei, edge_attr=e)
+    edges, attrs = model._prepare_edges(ei, 10, e)
+    h = model.embed(x)
+    block = model.blocks[0]
+    _, P = edge_feature_attention(block.attn, block.norm1(h), edges, block.edge_proj(attrs), return_weights=True)
+    torch.testing.assert_close(rec.attentions[0].attn_weights, P, rtol=0, atol=1e-12)
+    assert torch.equal(rec.attentions[0].edge_index, edges)
