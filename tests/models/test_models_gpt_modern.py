@@ -226,3 +226,12 @@ def test_top_p_boundary_is_inclusive():
     assert top_p_filter(logits, 0.5).isfinite().tolist() == [[True, False, False, False]]
     assert top_p_filter(logits, 0.75).isfinite().tolist() == [[True, True, False, False]]
     assert torch.equal(_reference_top_p(logits, 0.75), top_p_filter(logits, 0.75).isfinite())
+
+
+def test_an_operator_can_opt_out_of_the_cache():
+    class NoCacheHeat(operator_class("heat")):
+        supports_kv_cache = False
+
+    layer = DiffusionAttention(8, 2, [NoCacheHeat(), "attention"], causal=True)
+    with pytest.raises(ValueError, match="does not support a KV cache.*use_cache=False"):
+        attend_cached(layer, torch.randn(1, 3, 8), LayerKVCache())
