@@ -17,20 +17,25 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import threading
 import time
 from typing import Any
 
-import psutil
 import torch
 import torch.nn.functional as F
+
+
+def rss() -> int:
+    """Resident set size of this process in bytes (Linux: /proc/self/statm)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class PeakRSS:
     """Peak resident set size of this process, sampled in a background thread."""
 
     def __init__(self, interval: float = 0.005) -> None:
-        self.proc = psutil.Process()
         self.interval = interval
         self.peak = 0
         self._stop = threading.Event()
@@ -38,18 +43,18 @@ class PeakRSS:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
+            self.peak = max(self.peak, rss())
             time.sleep(self.interval)
 
     def __enter__(self) -> PeakRSS:
-        self.peak = self.proc.memory_info().rss
+        self.peak = rss()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
+        self.peak = max(self.peak, rss())
 
 
 def run(args: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +78,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
                                  num_heads=4, heads="attention:2,laplacian:2")
     model = DiffusionGraphTransformer(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    rss_before = psutil.Process().memory_info().rss
+    rss_before = rss()
     steps = args["steps"]
     with PeakRSS() as peak:
         t0 = time.perf_counter()
