@@ -49,6 +49,10 @@ class DiffusionOperator(nn.Module):
             (nonlinear diffusion, GRAND-nl), so the steps are not powers of one linear ``P``.
         needs_uniform_map: the operator uses the uniform average over the admissible keys
             (AttnScale's direct-current part ``DC``).
+        supports_kv_cache: whether :func:`~diffusionformer.nn.kv_cache.attend_cached` can serve
+            it (polynomials incrementally, other functions of one causal ``P`` through
+            :meth:`apply_matrix`); operators that are not a function of one ``P`` set it to
+            ``False`` and are refused by cached decoding.
 
     Operators that declare any of the last four are "context" operators
     (:attr:`uses_context`): the layer hands them a
@@ -68,6 +72,7 @@ class DiffusionOperator(nn.Module):
     needs_layer_state: ClassVar[bool] = False
     reprojects_each_step: ClassVar[bool] = False
     needs_uniform_map: ClassVar[bool] = False
+    supports_kv_cache: ClassVar[bool] = True
     example_kwargs: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, num_heads: int = 1) -> None:

@@ -41,6 +41,8 @@ class NeuTRENOOperator(DiffusionOperator):
     aliases = ("neu-treno",)
     is_polynomial = False
     needs_layer_state = True
+    # reads the first layer's values v0 from the LayerState, which cached decoding does not carry
+    supports_kv_cache = False
     example_kwargs = {"lam": 0.6}
 
     def __init__(self, lam: float = 0.6, num_heads: int = 1) -> None:
@@ -88,6 +90,8 @@ class ValueResidualOperator(DiffusionOperator):
     aliases = ("resformer", "value-residual-attention")
     is_polynomial = False
     needs_layer_state = True
+    # reads the first layer's values v0 from the LayerState, which cached decoding does not carry
+    supports_kv_cache = False
     example_kwargs = {"lam": 1.0}
 
     def __init__(self, lam: float = 1.0, num_heads: int = 1) -> None:

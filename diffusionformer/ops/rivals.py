@@ -98,8 +98,9 @@ class RivalContext:
 
     Attributes:
         q, k, v: queries, keys (after the layer's q/k norm) and values, ``(B, G, N, C)``.
-        q_raw, k_raw: queries and keys before the q/k norm (equal to ``q``, ``k`` without one);
-            operators that evolve them (GRAND-nl) re-apply :meth:`normalise_qk`.
+        q_raw, k_raw: queries and keys before the layer's q/k norm and rotary embedding (equal
+            to ``q``, ``k`` without either); operators that evolve them (GRAND-nl) re-apply
+            :meth:`normalise_qk`.
         scale: the layer's score scale ``1 / sqrt(C)``.
         v0: the first layer's values for these heads ``(B, G, N, C)``, or ``None`` when this
             layer is the first (or no state was given).
@@ -225,13 +226,15 @@ def _slice_heads(mask: Tensor | None, s: int, c: int, H: int) -> Tensor | None:
 def apply_context_groups(
     layer: nn.Module, out: Tensor, x: Tensor, q: Tensor, k: Tensor, v: Tensor, *, entered: tuple[int, Tensor | None],
     mask: Tensor | None = None, is_causal: bool = False, edge_index: Tensor | None = None, dropout_p: float = 0.0,
+    positions: Tensor | None = None,
 ) -> Tensor:
     """Add the output of every context operator of ``layer`` to ``out`` (their rows of ``out`` are zero).
 
     The one place where :class:`~diffusionformer.nn.DiffusionAttention` hands heads to
     operators that declare capabilities; the layer itself has no per-operator cases.
     ``entered`` is what :meth:`LayerState.enter` returned for this layer (``(0, None)``
-    without a state).
+    without a state); ``positions`` are the layer's rotary positions (re-applied, with its
+    q/k norm, by operators that evolve ``q`` and ``k``).
 
     Shapes:
         dense: ``x`` ``(B, N, D)``, ``q``/``k``/``v``/``out`` ``(B, H, N, C)``;
@@ -244,21 +247,23 @@ def apply_context_groups(
     groups = [(op, s, c) for op, (s, c) in zip(layer.operators, layer._groups) if op.uses_context]
     if not groups:
         return out
-    has_norm = not isinstance(layer.q_norm, nn.Identity)
+    # the layer's q/k transform (norm, then rotary): operators that evolve q and k re-apply it
+    has_norm = not isinstance(layer.q_norm, nn.Identity) or getattr(layer, "rotary", None) is not None
     raw = None
     for op, s, c in groups:
         q_raw = k_raw = None
         if op.reprojects_each_step and has_norm:
             if raw is None:
-                raw = layer.qkv(x).unflatten(-1, (3, H, layer.head_dim))  # (..., N, 3, H, C)
-            q_raw, k_raw = raw[..., 0, s : s + c, :], raw[..., 1, s : s + c, :]  # (..., N, G, C)
+                raw = layer._project(x, positions, transform=False)  # (..., N, H, C), key/value heads expanded
+            q_raw, k_raw = raw[0][..., s : s + c, :], raw[1][..., s : s + c, :]  # (..., N, G, C)
             if not sparse:
                 q_raw, k_raw = q_raw.transpose(1, 2), k_raw.transpose(1, 2)
         v0 = None if v0_all is None else v0_all[:, s : s + c]
 
         def norm(qq: Tensor, kk: Tensor) -> tuple[Tensor, Tensor]:
-            # the layer's norms act on the last dimension, head layout does not matter
-            return layer.q_norm(qq), layer.k_norm(kk)
+            # head-major (B, G, N, C) -> the layer's node-major (B, N, G, C) and back
+            qq, kk = layer._transform_qk(qq.transpose(-3, -2), kk.transpose(-3, -2), positions)
+            return qq.transpose(-3, -2), kk.transpose(-3, -2)
 
         kwargs = dict(scale=layer.head_dim**-0.5, v0=v0, depth=depth, dropout_p=dropout_p, q_raw=q_raw, k_raw=k_raw,
                       normalise_qk=norm if has_norm else None)
