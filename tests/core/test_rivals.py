@@ -337,6 +337,24 @@ def test_sparse_layer_state_matches_dense():
     assert not torch.allclose(dense, second(x1)[0])
 
 
+def test_causal_sparse_rivals_match_the_causal_dense_layer():
+    # the sparse context drops the edges j > i through the public diffuse_sparse(is_causal=True)
+    torch.manual_seed(8)
+    x0, x1 = torch.randn(1, N, D, dtype=f64), torch.randn(1, N, D, dtype=f64)
+    first = DiffusionAttention(D, H, causal=True).double()
+    second = DiffusionAttention(D, H, heads="attnscale(omega=0.4):1,neutreno:1,differential:1,grand-nl(steps=2):1",
+                                causal=True).double()
+    s_dense, s_sparse = LayerState(), LayerState()
+    first(x0, state=s_dense)
+    first(x0[0], edge_index=complete_edge_index(N), state=s_sparse)
+    dense = second(x1, state=s_dense)[0]
+    sparse = second(x1[0], edge_index=complete_edge_index(N), state=s_sparse)
+    torch.testing.assert_close(sparse, dense, atol=1e-12, rtol=0)
+    second.causal, s_all = False, LayerState()  # the same layer and state on all edges differs
+    first(x0[0], edge_index=complete_edge_index(N), state=s_all)
+    assert not torch.allclose(second(x1[0], edge_index=complete_edge_index(N), state=s_all), dense)
+
+
 # ---------------------------------------------------------------------------------- gradients
 @pytest.mark.parametrize("heads", [
     "attnscale(omega=0.5):1,ppr-exact(alpha=0.3):1",

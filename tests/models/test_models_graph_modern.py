@@ -105,6 +105,18 @@ def test_graph_transformer_with_edge_features_and_pe():
         model(data.x, ei, edge_attr=e)
 
 
+@pytest.mark.parametrize("rival", ["neutreno", "differential", "attnscale", "grand-nl"])
+def test_edge_features_refuse_operators_that_are_not_a_polynomial_in_one_p(rival):
+    # their heads would silently be zero in the edge-aware polynomial loop
+    layer = DiffusionAttention(8, 2, f"{rival}:1,attention:1")
+    ei = _graph(5, 8)
+    with pytest.raises(ValueError, match=f"operator {rival!r} is not a polynomial in one P"):
+        edge_feature_attention(layer, torch.randn(5, 8), ei, torch.zeros(ei.shape[1], 8))
+    # without edge features the graph transformer runs them through the layer (and its LayerState)
+    cfg = GraphTransformerConfig(in_channels=3, num_classes=2, dim=8, num_heads=2, heads=f"{rival}:1,attention:1")
+    assert DiffusionGraphTransformer(cfg)(torch.randn(5, 3), ei).shape == (5, 2)
+
+
 def test_positional_encodings_are_the_references():
     ei = to_undirected(_graph(10, 30, seed=5))
     N = 10
