@@ -27,6 +27,7 @@ Dense models (ViT, GPT) give tokens ``(B, T, D)``. Graph models give nodes ``(N,
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -196,8 +197,10 @@ def _split_block_call(
 
     The first argument is the token/node input; ``graph`` (an
     :class:`~diffusionformer.graph.AttentionGraph` or a bare ``edge_index``), ``edge_index``
-    and any ``**kwargs`` (dense blocks: ``key_padding_mask``, ``attn_mask``) go to the
-    attention; ``batch`` is the graph id per node (or the graph's own ``batch``).
+    any ``**kwargs`` (dense blocks: ``key_padding_mask``, ``attn_mask``) and a
+    :class:`~diffusionformer.ops.rivals.LayerState` ``state`` (copied) go to the attention
+    (``edge_attr`` to the edge-aware scores of a graph block); ``batch`` is the graph id per
+    node (or the graph's own ``batch``).
     """
     sig = inspect.signature(block.forward)
     bound = sig.bind(*args, **kwargs)
@@ -213,6 +216,13 @@ def _split_block_call(
         elif name == "graph" and bound.arguments[name] is not None:  # an AttentionGraph, or a bare edge_index
             value = bound.arguments[name]
             attn_kwargs["edge_index" if isinstance(value, Tensor) else "graph"] = value
+        elif name == "edge_attr":
+            attn_kwargs["edge_attr"] = bound.arguments[name]
+        elif name == "state":
+            attn_kwargs["state"] = bound.arguments[name]
+    if attn_kwargs.get("state") is not None:
+        # re-running the attention must neither advance the model's LayerState nor record values
+        attn_kwargs["state"] = copy.copy(attn_kwargs["state"])
     batch = bound.arguments.get("batch")
     if batch is None and not isinstance(attn_kwargs.get("graph"), (Tensor, type(None))):
         batch = getattr(attn_kwargs["graph"], "batch", None)
@@ -286,7 +296,19 @@ class LayerRecorder:
                 if 0 in self.layers:
                     self.states[0] = x.detach()
             if i in self.attention_blocks and self.compute_attentions:
-                _, inter = block.attn(block.norm1(x), **attn_kwargs, return_intermediates=True)
+                edge_attr = attn_kwargs.pop("edge_attr", None)
+                if edge_attr is not None and getattr(block, "edge_proj", None) is not None:
+                    # a GraphBlock with edge features: P comes from the edge-aware scores
+                    from diffusionformer.nn.attention import AttentionIntermediates
+                    from diffusionformer.nn.edge_features import edge_feature_attention
+
+                    graph = attn_kwargs.get("graph")
+                    edge_index = attn_kwargs["edge_index"] if graph is None else graph.edge_index
+                    _, P = edge_feature_attention(block.attn, block.norm1(x), edge_index,
+                                                  block.edge_proj(edge_attr.to(x.dtype)), return_weights=True)
+                    inter = AttentionIntermediates(P, block.attn.coefficients().detach(), edge_index, "sparse")
+                else:
+                    _, inter = block.attn(block.norm1(x), **attn_kwargs, return_intermediates=True)
                 self.attentions[i] = inter
 
         return hook

@@ -5,7 +5,12 @@ from diffusionformer.models.dino import DINO, DINOConfig, DINOHead, dino_loss, k
 from diffusionformer.models.gcn import GCN, GCNConfig
 from diffusionformer.models.gin import GIN, GINConfig
 from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
-from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphBlock, GraphTransformerConfig
+from diffusionformer.models.graph_transformer import (
+    DiffusionGraphTransformer,
+    GraphBlock,
+    GraphTransformerConfig,
+    positional_encoding_transform,
+)
 from diffusionformer.models.registry import (
     ModelPreset,
     create_model,
@@ -14,7 +19,8 @@ from diffusionformer.models.registry import (
     model_config,
     register_model,
 )
-from diffusionformer.models.vit import DiffusionViT, ViTConfig
+from diffusionformer.models.sampling import top_k_filter, top_p_filter
+from diffusionformer.models.vit import DiffusionViT, ViTConfig, attention_rollout
 
 __all__ = [
     "DINO",
@@ -33,11 +39,15 @@ __all__ = [
     "ModelIntermediates",
     "ModelPreset",
     "ViTConfig",
+    "attention_rollout",
     "create_model",
     "dino_loss",
     "get_preset",
     "init_transformer_weights",
     "knn_classify",
+    "positional_encoding_transform",
+    "top_k_filter",
+    "top_p_filter",
     "learned_operator_parameters",
     "list_models",
     "model_config",

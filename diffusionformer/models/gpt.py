@@ -12,7 +12,11 @@ from torch import Tensor, nn
 
 from diffusionformer.config import document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
+from diffusionformer.ops.rivals import LayerState
+from diffusionformer.nn.kv_cache import LayerKVCache
+from diffusionformer.nn.rotary import RotaryEmbedding
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
+from diffusionformer.models.sampling import top_k_filter, top_p_filter
 
 __all__ = ["DiffusionGPT", "GPTConfig"]
 
@@ -36,6 +40,10 @@ class GPTConfig:
     heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}
     laplacian_heads: int | list[int] | None = None  #: trailing Laplacian heads per layer (seed paper layout)
     backend: str = "auto"  #: dense back-end of the attention
+    rope: bool = False  #: rotary q/k positions (RoFormer) instead of learned absolute positions
+    rope_base: float = 10000.0  #: RoPE frequency base
+    n_kv_head: int | None = None  #: key/value heads (GQA; 1 = multi-query; None = n_head)
+    zero_init_proj: bool = False  #: zero-initialise the attention and MLP output projections
 
     def __post_init__(self) -> None:
         check_positive("GPTConfig", vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
@@ -44,6 +52,16 @@ class GPTConfig:
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"GPTConfig: n_head={self.n_head} must divide n_embd={self.n_embd}")
         resolve_layer_heads(self.n_layer, self.n_head, self.heads, self.laplacian_heads)
+        for name in ("rope", "zero_init_proj"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"GPTConfig.{name}: expected bool, got {getattr(self, name)!r}")
+        if self.rope and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"GPTConfig.rope: expected an even head dim n_embd/n_head, got {self.n_embd // self.n_head}")
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) or self.rope_base <= 1:
+            raise ValueError(f"GPTConfig.rope_base: expected a float > 1, got {self.rope_base!r}")
+        kv = self.n_kv_head
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.n_head % kv):
+            raise ValueError(f"GPTConfig.n_kv_head: expected None or a positive int dividing n_head={self.n_head}, got {kv!r}")
 
 
 class DiffusionGPT(nn.Module):
@@ -55,6 +73,14 @@ class DiffusionGPT(nn.Module):
 
     (output head tied to the token embedding). Every operator is run on the causal token
     graph, so position ``i``'s logits never depend on tokens after ``i``.
+
+    Options of the 2020s baselines (all off by default): ``rope=True`` replaces ``E_pos`` by
+    rotary embeddings of ``q`` and ``k`` (:class:`~diffusionformer.nn.rotary.RotaryEmbedding`),
+    applied before the operator, so every head type diffuses over rotated scores;
+    ``n_kv_head`` shares key/value heads between groups of query heads (GQA / MQA);
+    ``zero_init_proj`` starts every residual branch at zero. :meth:`generate` samples with
+    top-k / nucleus filtering and can decode with a KV cache that also serves multi-step
+    operators (:mod:`diffusionformer.nn.kv_cache`).
 
     Args:
         config: a :class:`GPTConfig`.
@@ -82,23 +108,37 @@ class DiffusionGPT(nn.Module):
         if not c.bias and c.norm.lower().replace("_", "").replace("-", "") == "layernorm":
             norm = partial(nn.LayerNorm, bias=False)
         self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
-        self.pos_emb = nn.Embedding(c.block_size, c.n_embd)
+        self.pos_emb = None if c.rope else nn.Embedding(c.block_size, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             Block(c.n_embd, c.n_head, spec, mlp_ratio=c.mlp_ratio, causal=True, qk_norm=c.qk_norm, bias=c.bias,
-                  dropout=c.dropout, attn_dropout=c.dropout, norm_layer=norm, backend=c.backend)
+                  dropout=c.dropout, attn_dropout=c.dropout, norm_layer=norm, backend=c.backend,
+                  num_kv_heads=c.n_kv_head,
+                  rotary=RotaryEmbedding(c.n_embd // c.n_head, c.rope_base) if c.rope else None)
             for spec in specs
         )
         self.norm = make_norm(norm, c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         init_transformer_weights(self, c.n_layer)
+        if c.zero_init_proj:
+            for block in self.blocks:
+                nn.init.zeros_(block.attn.out_proj.weight)
+                fc2 = getattr(block.mlp, "fc2", None)
+                if isinstance(fc2, nn.Linear):
+                    nn.init.zeros_(fc2.weight)
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Parameter count (shared weights counted once); optionally without position embeddings."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.pos_emb.weight.numel() if exclude_embeddings else n
+        return n - self.pos_emb.weight.numel() if exclude_embeddings and self.pos_emb is not None else n
+
+    def _embed(self, idx: Tensor, start: int = 0) -> Tensor:
+        x = self.tok_emb(idx)  # (B, T, D)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(start, start + idx.shape[1], device=idx.device))
+        return self.drop(x)
 
     def forward(
         self, idx: Tensor, targets: Tensor | None = None, *, return_intermediates: bool = False
@@ -133,11 +173,11 @@ class DiffusionGPT(nn.Module):
             _check_token_ids("idx", idx, self.config.vocab_size)
             if targets is not None:
                 _check_token_ids("targets", targets, self.config.vocab_size, ignore_index=-100)
-        pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, D)
+        x = self._embed(idx)  # (B, T, D)
         inter = ModelIntermediates(embeddings=x) if return_intermediates else None
+        state = LayerState()  # first layer's values and layer depth, for operators that read them
         for block in self.blocks:
-            x = block(x)
+            x = block(x, state=state)
             if inter is not None:
                 inter.hidden_states.append(x)
         logits = self.lm_head(self.norm(x))  # (B, T, V)
@@ -151,6 +191,32 @@ class DiffusionGPT(nn.Module):
             return logits, loss, inter
         return logits, loss
 
+    def new_cache(self) -> list[LayerKVCache]:
+        """An empty KV cache, one :class:`~diffusionformer.nn.kv_cache.LayerKVCache` per block."""
+        return [LayerKVCache() for _ in self.blocks]
+
+    def forward_cached(self, idx: Tensor, cache: list[LayerKVCache]) -> Tensor:
+        """Logits of new tokens ``idx`` that follow the tokens in ``cache`` (updated in place).
+
+        Equal, up to rounding, to the last ``n`` rows of ``self(cat(past, idx))[0]`` for every
+        head operator (see :mod:`diffusionformer.nn.kv_cache`).
+
+        Shapes:
+            ``idx``: ``(B, n)`` with ``cache length + n <= block_size`` -> logits ``(B, n, vocab_size)``.
+        """
+        if len(cache) != len(self.blocks):
+            raise ValueError(f"cache: expected {len(self.blocks)} layer caches, got {len(cache)}")
+        start = cache[0].length
+        if start + idx.shape[1] > self.config.block_size:
+            raise ValueError(
+                f"forward_cached: expected cached + new tokens <= block_size={self.config.block_size}, "
+                f"got {start} + {idx.shape[1]}"
+            )
+        x = self._embed(idx, start)
+        for block, layer_cache in zip(self.blocks, cache):
+            x = block(x, cache=layer_cache)
+        return self.lm_head(self.norm(x))
+
     @torch.no_grad()
     def generate(
         self,
@@ -159,6 +225,9 @@ class DiffusionGPT(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        *,
+        top_p: float | None = None,
+        use_cache: bool = False,
     ) -> Tensor:
         """Sample ``max_new_tokens`` tokens autoregressively (context cropped to ``block_size``).
 
@@ -168,6 +237,14 @@ class DiffusionGPT(nn.Module):
             temperature: softmax temperature; ``0`` picks the most likely token (greedy).
             top_k: sample among the ``top_k`` most likely tokens only.
             generator: random generator for reproducible sampling.
+            top_p: nucleus sampling: sample among the fewest most likely tokens whose probability
+                sums to at least ``top_p`` (:func:`~diffusionformer.models.sampling.top_p_filter`,
+                applied after ``top_k``).
+            use_cache: decode with a KV cache (:meth:`forward_cached`): the prompt is run once
+                and each new token costs one row per layer and power of ``P`` instead of a full
+                forward pass. Same tokens as without the cache (up to rounding ties). Once the
+                context exceeds ``block_size`` the window slides, every position changes, and
+                the cache is rebuilt from the cropped context at each step.
 
         Shapes:
             ``(B, T0) -> (B, T0 + max_new_tokens)``.
@@ -178,19 +255,32 @@ class DiffusionGPT(nn.Module):
             raise ValueError(f"temperature must be a non-negative float, got {temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                                  or not 0.0 < top_p <= 1.0):
+            raise ValueError(f"top_p must be a float in (0, 1] or None, got {top_p!r}")
+        if not isinstance(use_cache, bool):
+            raise TypeError(f"use_cache must be a bool, got {type(use_cache).__name__}")
         was_training = self.training
         self.eval()
+        block_size = self.config.block_size
+        cache: list[LayerKVCache] | None = None
         try:
             for _ in range(max_new_tokens):
-                context = idx[:, -self.config.block_size :]
-                logits = self(context)[0][:, -1, :].float()  # (B, V)
+                if not use_cache:
+                    logits = self(idx[:, -block_size:])[0][:, -1, :].float()  # (B, V)
+                elif cache is not None and cache[0].length < block_size:
+                    logits = self.forward_cached(idx[:, -1:], cache)[:, -1, :].float()
+                else:  # first step, or the window slid: (re)build the cache from the context
+                    cache = self.new_cache()
+                    logits = self.forward_cached(idx[:, -block_size:], cache)[:, -1, :].float()
                 if temperature == 0:
                     nxt = logits.argmax(dim=-1, keepdim=True)
                 else:
                     logits = logits / temperature
                     if top_k is not None:
-                        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                        logits = logits.masked_fill(logits < kth, float("-inf"))
+                        logits = top_k_filter(logits, top_k)
+                    if top_p is not None:
+                        logits = top_p_filter(logits, top_p)
                     probs = torch.softmax(logits, dim=-1)
                     nxt = torch.multinomial(probs, 1, generator=generator)
                 idx = torch.cat([idx, nxt.to(idx.dtype)], dim=1)

@@ -8,16 +8,20 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
-from torch_geometric.utils import to_dense_batch
+from torch_geometric.utils import add_self_loops, remove_self_loops, to_dense_batch
 
 from diffusionformer.config import document_fields
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import DropPath, Mlp, make_norm, resolve_layer_heads
+from diffusionformer.nn.edge_features import edge_feature_attention
+from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
 
-__all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig"]
+__all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
+
+_PE_KINDS = (None, "laplacian", "random_walk")
 
 
 @document_fields
@@ -41,6 +45,10 @@ class GraphTransformerConfig:
     norm: str = "layernorm"  #: "layernorm" or "rmsnorm"
     heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}
     laplacian_heads: int | list[int] | None = None  #: trailing Laplacian heads per layer
+    edge_dim: int | None = None  #: edge feature width; edge features enter the scores (TransformerConv's edge_dim)
+    pe: str | None = None  #: positional encoding passed as ``pe=``: None, "laplacian" or "random_walk"
+    pe_dim: int = 8  #: width of the positional encoding (eigenvectors k, or walk length)
+    pe_sign_flip: bool = True  #: random sign flip of each Laplacian eigenvector in training
 
     def __post_init__(self) -> None:
         check_positive("GraphTransformerConfig", in_channels=self.in_channels, num_classes=self.num_classes,
@@ -54,6 +62,43 @@ class GraphTransformerConfig:
         if self.dim % self.num_heads:
             raise ValueError(f"GraphTransformerConfig: num_heads={self.num_heads} must divide dim={self.dim}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
+        if self.edge_dim is not None:
+            check_positive("GraphTransformerConfig", edge_dim=self.edge_dim)
+        if self.pe not in _PE_KINDS:
+            raise ValueError(f"GraphTransformerConfig.pe: expected one of {_PE_KINDS}, got {self.pe!r}")
+        check_positive("GraphTransformerConfig", pe_dim=self.pe_dim)
+
+
+def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str = "pe") -> Any:
+    """The PyG transform that adds the positional encoding ``config.pe`` expects, as ``data.pe``.
+
+    ``"laplacian"``: :class:`~torch_geometric.transforms.AddLaplacianEigenvectorPE` with
+    ``k = pe_dim`` (the eigenvectors of the ``k`` smallest non-trivial eigenvalues of the
+    normalised Laplacian; Dwivedi et al., "Benchmarking GNNs", JMLR 2023); their signs are
+    arbitrary, so the model flips each one at random in training (``pe_sign_flip``).
+    ``"random_walk"``: :class:`~torch_geometric.transforms.AddRandomWalkPE` with
+    ``walk_length = pe_dim`` (the return probabilities of 1..k-step random walks; Dwivedi et
+    al., "Graph Neural Networks with Learnable Structural and Positional Representations",
+    ICLR 2022), sign-free.
+
+    Args:
+        config: the model config (``pe`` and ``pe_dim``).
+        attr_name: the ``Data`` attribute to write.
+
+    Examples:
+        >>> from torch_geometric.data import Data
+        >>> cfg = GraphTransformerConfig(in_channels=1, pe="random_walk", pe_dim=3)
+        >>> ring = Data(edge_index=torch.tensor([[0, 1, 2, 1, 2, 0], [1, 2, 0, 0, 1, 2]]), num_nodes=3)
+        >>> positional_encoding_transform(cfg)(ring).pe[0]   # return after 1, 2, 3 steps on a triangle
+        tensor([0.0000, 0.5000, 0.2500])
+    """
+    from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
+
+    if config.pe == "laplacian":
+        return AddLaplacianEigenvectorPE(config.pe_dim, attr_name=attr_name, is_undirected=True)
+    if config.pe == "random_walk":
+        return AddRandomWalkPE(config.pe_dim, attr_name=attr_name)
+    raise ValueError(f"positional_encoding_transform: expected config.pe 'laplacian' or 'random_walk', got {config.pe!r}")
 
 
 class GraphBlock(nn.Module):
@@ -66,31 +111,47 @@ class GraphBlock(nn.Module):
     The graph is an :class:`~diffusionformer.graph.AttentionGraph` (built once per batch by
     :class:`DiffusionGraphTransformer`) or a bare ``edge_index``.
 
+    ``edge_attr`` (for a block built with ``edge_dim``) enters the edge scores through
+    :func:`~diffusionformer.nn.edge_features.edge_feature_attention` (polynomial operators only).
+    ``state`` and ``global_state`` are the :class:`~diffusionformer.ops.rivals.LayerState` of the
+    edge-attention stack and of the global-attention stack of the model (the first layer's
+    values and the depth, for the rival operators that read them).
+
     Shapes:
         ``x``: ``(N, D)``, ``graph``: a sparse graph over ``N`` nodes or ``edge_index`` ``(2, E)``,
         ``batch``: ``(N,)`` -> ``(N, D)``.
     """
 
     def __init__(self, dim: int, num_heads: int, heads: Any = None, *, mlp_ratio: float = 2.0, dropout: float = 0.0,
-                 attn_dropout: float = 0.0, global_attention: bool = False, norm_layer: str = "layernorm") -> None:
+                 attn_dropout: float = 0.0, global_attention: bool = False, norm_layer: str = "layernorm",
+                 edge_dim: int | None = None) -> None:
         super().__init__()
         self.norm1 = make_norm(norm_layer, dim)
         self.attn = DiffusionAttention(dim, num_heads, heads, dropout=attn_dropout)
+        # W_e of the edge features in the scores (TransformerConv's lin_edge); see nn/edge_features.py
+        self.edge_proj = nn.Linear(edge_dim, dim, bias=False) if edge_dim is not None else None
         self.global_attn = DiffusionAttention(dim, num_heads, heads, dropout=attn_dropout) if global_attention else None
         self.drop = nn.Dropout(dropout)
         self.norm2 = make_norm(norm_layer, dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout=dropout)
 
-    def forward(self, x: Tensor, graph: AttentionGraph | Tensor, batch: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, graph: AttentionGraph | Tensor, batch: Tensor | None = None,
+                edge_attr: Tensor | None = None, state: LayerState | None = None,
+                global_state: LayerState | None = None) -> Tensor:
         if isinstance(graph, Tensor):
             graph = AttentionGraph.sparse(graph, x.shape[0], batch=batch, checked=False)
         if batch is None:
             batch = graph.batch
         h = self.norm1(x)
-        update = self.attn(h, graph)
+        if self.edge_proj is not None:
+            if edge_attr is None:
+                raise ValueError("GraphBlock: expected edge_attr (the block was built with edge_dim), got None")
+            update = edge_feature_attention(self.attn, h, graph.edge_index, self.edge_proj(edge_attr.to(h.dtype)))
+        else:
+            update = self.attn(h, graph, state=state)
         if self.global_attn is not None:
             dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
-            g = self.global_attn(dense, key_padding_mask=~mask)
+            g = self.global_attn(dense, key_padding_mask=~mask, state=global_state)
             update = update + g[mask]
         x = x + self.drop(update)
         return x + self.mlp(self.norm2(x))
@@ -126,19 +187,38 @@ class DiffusionGraphTransformer(nn.Module):
         specs = resolve_layer_heads(c.depth, c.num_heads, c.heads, c.laplacian_heads)
         self.input_drop = nn.Dropout(c.input_dropout)
         self.embed = nn.Linear(c.in_channels, c.dim)
+        self.pe_embed = nn.Linear(c.pe_dim, c.dim) if c.pe is not None else None
         self.blocks = nn.ModuleList(
             GraphBlock(c.dim, c.num_heads, spec, mlp_ratio=c.mlp_ratio, dropout=c.dropout, attn_dropout=c.attn_dropout,
-                       global_attention=c.global_attention, norm_layer=c.norm)
+                       global_attention=c.global_attention, norm_layer=c.norm, edge_dim=c.edge_dim)
             for spec in specs
         )
         self.norm = make_norm(c.norm, c.dim)
         self.head = nn.Linear(c.dim, c.num_classes)
         init_transformer_weights(self, c.depth)
 
+    def _prepare_edges(self, edge_index: Tensor, num_nodes: int, edge_attr: Tensor) -> tuple[Tensor, Tensor]:
+        """Self loops (with zero edge features) as :func:`~diffusionformer.graph.from_edge_index` sets them."""
+        if self.config.self_loops:
+            edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+            edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=0.0, num_nodes=num_nodes)
+        return edge_index, edge_attr
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
+                edge_attr: Tensor | None = None, pe: Tensor | None = None,
                 return_intermediates: bool = False) -> Any:
-        """Node or graph logits (plus :class:`ModelIntermediates` when asked)."""
+        """Node or graph logits (plus :class:`ModelIntermediates` when asked).
+
+        Args:
+            x: node features ``(N, F)``.
+            edge_index: ``(2, E)`` edges ``(source j, target i)``.
+            batch: graph index per node ``(N,)``.
+            edge_attr: edge features ``(E, edge_dim)`` (required when ``edge_dim`` is set).
+            pe: positional encoding ``(N, pe_dim)`` (required when ``pe`` is set), e.g. from
+                :func:`positional_encoding_transform`; added to the node embedding through a
+                linear map. Laplacian eigenvectors get a random sign per column in training.
+            return_intermediates: also return the residual stream after every block.
+        """
         c = self.config
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
@@ -147,12 +227,32 @@ class DiffusionGraphTransformer(nn.Module):
             raise ValueError(f"batch must have shape (N,) = ({N},), got {tuple(batch.shape)}")
         if c.task == "graph" and batch is None:
             batch = torch.zeros(N, dtype=torch.long, device=x.device)
-        # the graph is built once per batch by the builder; its edge_index is checked by the kernel
-        graph = from_edge_index(edge_index, N, batch=batch, self_loops=True if c.self_loops else None, checked=False)
+        if (c.edge_dim is None) != (edge_attr is None):
+            raise ValueError(f"edge_attr: expected {'(E, edge_dim) edge features' if c.edge_dim else 'None'} "
+                             f"(edge_dim={c.edge_dim}), got {None if edge_attr is None else tuple(edge_attr.shape)}")
+        if edge_attr is not None and (edge_attr.dim() != 2 or edge_attr.shape != (edge_index.shape[1], c.edge_dim)):
+            raise ValueError(f"edge_attr: expected shape (E, edge_dim) = ({edge_index.shape[1]}, {c.edge_dim}), "
+                             f"got {tuple(edge_attr.shape)}")
+        if (c.pe is None) != (pe is None) or (pe is not None and pe.shape != (N, c.pe_dim)):
+            raise ValueError(f"pe: expected {f'shape (N, pe_dim) = ({N}, {c.pe_dim})' if c.pe else 'None'} "
+                             f"(pe={c.pe!r}), got {None if pe is None else tuple(pe.shape)}")
+        # the graph is built once per batch; its edge_index is checked by the kernel
+        if edge_attr is None:
+            graph = from_edge_index(edge_index, N, batch=batch, self_loops=True if c.self_loops else None,
+                                    checked=False)
+        else:  # the edge features follow the edges (self loops get zero features)
+            edges, edge_attr = self._prepare_edges(edge_index, N, edge_attr)
+            graph = AttentionGraph.sparse(edges, N, batch=batch, checked=False)
         h = self.embed(self.input_drop(x.to(self.embed.weight.dtype)))
+        if self.pe_embed is not None and pe is not None:
+            pe = pe.to(h.dtype)
+            if c.pe == "laplacian" and c.pe_sign_flip and self.training:  # eigenvector signs are arbitrary
+                pe = pe * (torch.randint(0, 2, (1, c.pe_dim), device=pe.device) * 2 - 1).to(pe.dtype)
+            h = h + self.pe_embed(pe)
         inter = ModelIntermediates(embeddings=h) if return_intermediates else None
+        state, global_state = LayerState(), LayerState()  # one per attention stack (local edges, global)
         for block in self.blocks:
-            h = block(h, graph, batch)
+            h = block(h, graph, batch, edge_attr, state=state, global_state=global_state)
             if inter is not None:
                 inter.hidden_states.append(h)
         h = self.norm(h)

@@ -11,9 +11,11 @@ from torch import Tensor, nn
 
 from diffusionformer.config import document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
+from diffusionformer.ops.rivals import LayerState
+from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
 
-__all__ = ["DiffusionViT", "ViTConfig"]
+__all__ = ["DiffusionViT", "ViTConfig", "attention_rollout"]
 
 
 @document_fields
@@ -43,6 +45,8 @@ class ViTConfig:
     heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}
     laplacian_heads: int | list[int] | None = None  #: trailing Laplacian heads per layer
     backend: str = "auto"  #: dense back-end of the attention
+    rope: bool = False  #: 2-D rotary q/k positions (1-D for signals) instead of the learned pos_embed
+    rope_base: float = 100.0  #: RoPE frequency base
 
     def __post_init__(self) -> None:
         self.input_size = tuple(self.input_size)
@@ -60,6 +64,12 @@ class ViTConfig:
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"ViTConfig.pool must be 'cls' or 'mean', got {self.pool!r}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
+        if not isinstance(self.rope, bool):
+            raise TypeError(f"ViTConfig.rope: expected bool, got {self.rope!r}")
+        multiple = 4 if len(self.input_size) == 2 else 2
+        if self.rope and (self.dim // self.num_heads) % multiple:
+            raise ValueError(f"ViTConfig.rope: expected a head dim dim/num_heads divisible by {multiple}, "
+                             f"got {self.dim // self.num_heads}")
 
     @property
     def grid_size(self) -> tuple[int, ...]:
@@ -105,19 +115,21 @@ class DiffusionViT(nn.Module):
         self.patch_embed = conv(c.in_channels, c.dim, kernel_size=c.patch_size, stride=c.patch_size)
         self.num_prefix = 1 if c.pool == "cls" else 0
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pool == "cls" else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, c.num_patches + self.num_prefix, c.dim))
+        self.pos_embed = None if c.rope else nn.Parameter(torch.zeros(1, c.num_patches + self.num_prefix, c.dim))
         self.drop = nn.Dropout(c.dropout)
         rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
+        rope_cls = RotaryEmbedding2D if len(c.input_size) == 2 else RotaryEmbedding
         self.blocks = nn.ModuleList(
             Block(c.dim, c.num_heads, spec, mlp_ratio=c.mlp_ratio, qk_norm=c.qk_norm, dropout=c.dropout,
                   attn_dropout=c.attn_dropout, drop_path=r, layer_scale=c.layer_scale, norm_layer=c.norm,
-                  backend=c.backend)
+                  backend=c.backend, rotary=rope_cls(c.dim // c.num_heads, c.rope_base) if c.rope else None)
             for spec, r in zip(specs, rates)
         )
         self.norm = make_norm(c.norm, c.dim)
         self.head = nn.Linear(c.dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
         init_transformer_weights(self, c.depth)
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.trunc_normal_(self.cls_token, std=0.02)
 
@@ -139,12 +151,27 @@ class DiffusionViT(nn.Module):
             tokens = self.patch_embed(x.transpose(1, 2)).transpose(1, 2)  # (B, T, D)
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), tokens], dim=1)
-        return self.drop(tokens + self.pos_embed)
+        return self.drop(tokens + self.pos_embed if self.pos_embed is not None else tokens)
+
+    def token_positions(self, device: torch.device | None = None) -> Tensor:
+        """RoPE positions of the tokens: patch ``(r, c)`` of the row-major grid at ``(r + 1, c + 1)``
+        and the class token at ``(0, 0)`` (no rotation), ``(N, 2)``; for signals patch ``t`` at
+        ``t + 1``, ``(N,)``."""
+        grid = self.config.grid_size
+        if len(grid) == 2:
+            rows, cols = torch.meshgrid(torch.arange(grid[0], device=device), torch.arange(grid[1], device=device),
+                                        indexing="ij")
+            pos = torch.stack([rows.flatten(), cols.flatten()], dim=1) + 1
+            return torch.cat([torch.zeros(self.num_prefix, 2, dtype=pos.dtype, device=device), pos])
+        return torch.arange(1 - self.num_prefix, grid[0] + 1, device=device)
 
     def forward_tokens(self, x: Tensor, *, return_intermediates: bool = False, **attn_kwargs: Any) -> Any:
         """All output tokens after the final norm (class token first when ``pool="cls"``)."""
         z = self._embed(x)
+        if self.config.rope and "positions" not in attn_kwargs:
+            attn_kwargs["positions"] = self.token_positions(z.device)
         inter = ModelIntermediates(embeddings=z) if return_intermediates else None
+        attn_kwargs = {"state": LayerState(), **attn_kwargs}  # first layer's values and depth, for the rivals
         for block in self.blocks:
             z = block(z, **attn_kwargs)
             if inter is not None:
@@ -163,3 +190,85 @@ class DiffusionViT(nn.Module):
 
     def forward(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
         return self.head(self.forward_features(x, **attn_kwargs))
+
+    @torch.no_grad()
+    def attention_maps(self, x: Tensor, kind: str = "P", **attn_kwargs: Any) -> list[Tensor]:
+        r"""Per layer, the token-mixing matrices of every head, ``L`` tensors ``(B, H, N, N)``.
+
+        ``kind="P"``: the attention matrices :math:`P_{l,h}` (row-stochastic). ``kind="operator"``:
+        the matrices the heads actually apply, :math:`f_{l,h}(P_{l,h})` (``I - P`` for a
+        Laplacian head, the heat kernel for a heat head), from each operator's
+        :meth:`~diffusionformer.operators.DiffusionOperator.apply_matrix`. They are recomputed
+        from each block's input by :class:`~diffusionformer.analysis.LayerRecorder`, in eval mode.
+
+        Args:
+            x: images or signals, as :meth:`forward`.
+            kind: ``"P"`` or ``"operator"``.
+        """
+        from diffusionformer.analysis.capture import LayerRecorder
+
+        if kind not in ("P", "operator"):
+            raise ValueError(f"attention_maps: expected kind 'P' or 'operator', got {kind!r}")
+        was_training = self.training
+        self.eval()
+        try:
+            with LayerRecorder(self, attentions=True) as rec:
+                self.forward_tokens(x, **attn_kwargs)
+        finally:
+            self.train(was_training)
+        maps = [rec.attentions[i].attn_weights for i in range(len(self.blocks))]
+        if kind == "P":
+            return maps
+        out = []
+        for block, P in zip(self.blocks, maps):
+            eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device).expand_as(P)
+            parts = [op.apply_matrix(P[:, s : s + c], eye[:, s : s + c])
+                     for op, (s, c) in zip(block.attn.operators, block.attn._groups)]
+            out.append(torch.cat(parts, dim=1))
+        return out
+
+    def attention_rollout(self, x: Tensor, kind: str = "P", residual: float = 0.5, **attn_kwargs: Any) -> Tensor:
+        """:func:`attention_rollout` of :meth:`attention_maps`: ``(B, N, N)``; row 0 of a
+        ``pool="cls"`` model is the class token's relevance of every token."""
+        return attention_rollout(self.attention_maps(x, kind, **attn_kwargs), residual=residual)
+
+
+def attention_rollout(maps: list[Tensor], residual: float = 0.5, normalize: bool = True) -> Tensor:
+    r"""Attention rollout (Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020).
+
+    .. math::
+        	ilde A_l = (1 - r)\, I + r\, 	frac{1}{H} 	extstyle\sum_h A_{l,h}, \qquad
+        	ilde A_l \leftarrow 	ilde A_l / 	ilde A_l \mathbf 1 \ 	ext{(rows, when ``normalize``)}, \qquad
+        R = 	ilde A_L \cdots 	ilde A_1,
+
+    the residual connection mixed in with weight ``1 - r`` (``r = 0.5`` in the paper).
+
+    Args:
+        maps: per layer ``(B, H, N, N)`` (e.g. :meth:`DiffusionViT.attention_maps`), first layer first.
+        residual: ``r`` in ``(0, 1]``: the weight of the attention against the identity.
+        normalize: renormalise each layer's rows to sum to 1.
+
+    Shapes:
+        ``L x (B, H, N, N) -> (B, N, N)``.
+
+    Examples:
+        >>> P = torch.tensor([[[[0.0, 1.0], [1.0, 0.0]]]])       # one layer, one head: swap
+        >>> attention_rollout([P, P], residual=1.0)[0]
+        tensor([[1., 0.],
+                [0., 1.]])
+    """
+    if not maps:
+        raise ValueError("attention_rollout: expected at least one layer's maps, got none")
+    if isinstance(residual, bool) or not isinstance(residual, (int, float)) or not 0.0 < residual <= 1.0:
+        raise ValueError(f"attention_rollout: expected residual in (0, 1], got {residual!r}")
+    rollout = None
+    for A in maps:
+        if A.dim() != 4 or A.shape[-1] != A.shape[-2]:
+            raise ValueError(f"attention_rollout: expected maps of shape (B, H, N, N), got {tuple(A.shape)}")
+        eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+        layer = (1.0 - residual) * eye + residual * A.mean(dim=1)  # (B, N, N)
+        if normalize:
+            layer = layer / layer.sum(dim=-1, keepdim=True)
+        rollout = layer if rollout is None else layer @ rollout
+    assert rollout is not None
+    return rollout

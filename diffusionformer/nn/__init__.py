@@ -2,7 +2,11 @@
 
 from diffusionformer.nn.attention import AttentionIntermediates, DiffusionAttention
 from diffusionformer.nn.block import Block, DropPath, LayerScale, Mlp, make_norm
+from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.nn.heads import HeadGroup, parse_heads, resolve_layer_heads
+from diffusionformer.nn.kv_cache import LayerKVCache, attend_cached
+from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D, apply_rotary
+from diffusionformer.ops.rivals import LayerState
 
 __all__ = [
     "AttentionIntermediates",
@@ -10,8 +14,15 @@ __all__ = [
     "DiffusionAttention",
     "DropPath",
     "HeadGroup",
+    "LayerKVCache",
     "LayerScale",
+    "LayerState",
     "Mlp",
+    "RotaryEmbedding",
+    "RotaryEmbedding2D",
+    "apply_rotary",
+    "attend_cached",
+    "edge_feature_attention",
     "make_norm",
     "parse_heads",
     "resolve_layer_heads",

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights, diffuse_with_weights
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn.heads import HeadGroup, parse_heads
+from diffusionformer.ops import rivals as _rivals
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention"]
 
@@ -73,6 +74,13 @@ class DiffusionAttention(nn.Module):
         dropout: dropout on the attention probabilities at every propagation step (training only).
         backend: dense back-end, ``"auto"``, ``"sdpa"`` or ``"matrix"`` (see
             :func:`~diffusionformer.ops.dense.choose_dense_backend`).
+        num_kv_heads: key/value heads ``H_kv`` (must divide ``H``; ``None`` = ``H``). Fewer
+            than ``H`` is grouped-query attention (Ainslie et al., EMNLP 2023; ``1`` = multi-query,
+            Shazeer 2019): query head ``h`` uses key/value head ``h // (H / H_kv)``. The ``qkv``
+            projection is then ``D -> D + 2 H_kv C``.
+        rotary: a :class:`~diffusionformer.nn.rotary.RotaryEmbedding` (or 2-D) applied to
+            ``q`` and ``k`` after the projection (and ``qk_norm``), so every head's ``P`` is
+            built from rotated scores; ``forward(positions=...)`` gives the positions.
 
     Shapes:
         - dense: ``x`` ``(B, N, D)``, ``key_padding_mask`` ``(B, N)`` bool (True = padding),
@@ -101,6 +109,8 @@ class DiffusionAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         backend: str = "auto",
+        num_kv_heads: int | None = None,
+        rotary: nn.Module | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("dim", dim), ("num_heads", num_heads)):
@@ -120,18 +130,32 @@ class DiffusionAttention(nn.Module):
         self.causal = causal
         self.dropout = float(dropout)
         self.backend = backend
-        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        # ---- modern parts (GQA, RoPE, KV cache): see nn/rotary.py and nn/kv_cache.py
+        kv = num_heads if num_kv_heads is None else num_kv_heads
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or num_heads % kv:
+            raise ValueError(f"num_kv_heads: expected a positive int dividing num_heads={num_heads}, got {num_kv_heads!r}")
+        if rotary is not None and getattr(rotary, "head_dim", None) != dim // num_heads:
+            raise ValueError(f"rotary: expected a rotary embedding with head_dim={dim // num_heads}, got {rotary!r}")
+        self.num_kv_heads = kv
+        self.rotary = rotary
+        self.qkv = nn.Linear(dim, dim + 2 * kv * (dim // num_heads), bias=bias)
+        # ---- end modern parts
         self.out_proj = nn.Linear(dim, dim, bias=bias)
         self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
 
         groups = parse_heads(heads, num_heads)
         for g in groups:
-            flags = [f for f in ("needs_second_map", "needs_layer_state", "reprojects_each_step") if getattr(g.operator, f)]
-            if flags:
+            # operators whose parameters depend on the head width (differential attention) get it here;
+            # their capability flags (second map, layer state, re-projection, uniform map) are resolved in
+            # forward by the one context dispatch (diffusionformer.ops.rivals.apply_context_groups)
+            g.operator.bind(head_dim=self.head_dim)
+            if g.operator.uses_context and g.operator.is_polynomial:
+                flags = [f for f in ("needs_second_map", "needs_layer_state", "reprojects_each_step", "needs_uniform_map")
+                         if getattr(g.operator, f)]
                 raise ValueError(
-                    f"operator {g.operator.name!r} declares {', '.join(flags)}, which DiffusionAttention does not "
-                    "resolve (it applies one polynomial in one P per head)"
+                    f"operator {g.operator.name!r} declares {', '.join(flags)} but is_polynomial=True: an operator with "
+                    "capability flags is applied through apply_context(ctx) and must set is_polynomial = False"
                 )
         self.operators = nn.ModuleList([g.operator for g in groups])
         self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
@@ -254,6 +278,9 @@ class DiffusionAttention(nn.Module):
         edge_index: Tensor | None = None,
         is_causal: bool = False,
         return_intermediates: bool = False,
+        state: _rivals.LayerState | None = None,
+        positions: Tensor | None = None,
+        cache: Any = None,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         """Apply the layer over the token graph ``graph`` (dense or sparse).
 
@@ -274,20 +301,38 @@ class DiffusionAttention(nn.Module):
             is_causal: position ``i`` attends to ``j <= i`` only (dense; the layer's ``causal``
                 flag applies in any case).
             return_intermediates: also return :class:`AttentionIntermediates` (materialises ``P``).
+            state: a :class:`~diffusionformer.ops.rivals.LayerState` shared by the layers of one
+                model call: the first layer leaves its values there for operators that need them
+                (NeuTRENO, value residuals) and each layer learns its depth.
+            positions: token positions for ``rotary`` (``(N,)``, or ``(N, 2)`` for 2-D RoPE);
+                ``None`` = ``0 .. N-1`` (1-D), or continuing after the cache.
+            cache: a :class:`~diffusionformer.nn.kv_cache.LayerKVCache` for incremental causal
+                decoding: ``x`` holds the new tokens only, the cache the earlier ones (dense,
+                causal layers; it is updated in place; no graph, masks or ``state``).
 
         Returns:
             the output, or ``(output, intermediates)`` when ``return_intermediates``.
         """
+        if state is not None and not isinstance(state, _rivals.LayerState):
+            raise TypeError(f"state must be a LayerState or None, got {type(state).__name__}")
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
         if not x.is_floating_point():
             raise TypeError(f"x must be floating point, got {x.dtype}")
         if x.shape[-1:] != (self.dim,):
             raise ValueError(f"x must have last dimension dim={self.dim}, got shape {tuple(x.shape)}")
+        if cache is not None:
+            from diffusionformer.nn.kv_cache import attend_cached
+
+            if (graph is not None or key_padding_mask is not None or attn_mask is not None or edge_index is not None
+                    or is_causal or state is not None or return_intermediates):
+                raise ValueError("cache= runs causal decoding on dense tokens; it takes no graph, masks, state or "
+                                 "return_intermediates")
+            return attend_cached(self, x, cache, positions)
         if graph is None:
             if key_padding_mask is None and attn_mask is None and edge_index is None and not is_causal:
                 # the complete graph (causal when the layer is): nothing to build or to mask
-                return self._forward_dense(x, None, None, return_intermediates)
+                return self._forward_dense(x, None, None, return_intermediates, state=state, positions=positions)
             graph = self.graph_from_arguments(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                                               edge_index=edge_index, is_causal=is_causal)
         elif key_padding_mask is not None or attn_mask is not None or edge_index is not None or is_causal:
@@ -299,9 +344,9 @@ class DiffusionAttention(nn.Module):
         if unknown:
             raise TypeError(f"graph.attention_kwargs returned unknown keys {sorted(unknown)}")
         if given.get("edge_index") is not None:
-            return self._forward_sparse(x, given["edge_index"], return_intermediates)
+            return self._forward_sparse(x, given["edge_index"], return_intermediates, state, positions)
         return self._forward_dense(x, given.get("key_padding_mask"), given.get("attn_mask"), return_intermediates,
-                                   bool(given.get("is_causal", False)))
+                                   bool(given.get("is_causal", False)), state, positions)
 
     def graph_from_arguments(
         self,
@@ -339,11 +384,25 @@ class DiffusionAttention(nn.Module):
         return AttentionGraph.dense(x.shape[1], batch_size=x.shape[0], key_padding_mask=key_padding_mask,
                                     causal=is_causal, attn_mask=attn_mask)
 
-    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        H, C = self.num_heads, self.head_dim
-        qkv = self.qkv(x).unflatten(-1, (3, H, C))  # (..., N, 3, H, C)
-        q, k, v = qkv.unbind(-3)  # each (..., N, H, C)
-        return self.q_norm(q), self.k_norm(k), v
+    def _project(self, x: Tensor, positions: Tensor | None = None, expand: bool = True,
+                 transform: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """``q``, ``k``, ``v`` ``(..., N, H|H_kv, C)``: the projection, then (``transform``) q/k norm and rotary;
+        ``expand`` repeats the key/value heads over their query groups (GQA)."""
+        H, C, G = self.num_heads, self.head_dim, self.num_kv_heads
+        q, k, v = self.qkv(x).split([H * C, G * C, G * C], dim=-1)
+        q, k, v = q.unflatten(-1, (H, C)), k.unflatten(-1, (G, C)), v.unflatten(-1, (G, C))  # (..., N, H|G, C)
+        if transform:
+            q, k = self._transform_qk(q, k, positions)
+        if expand and G != H:  # grouped-query attention: query head h reads key/value head h // (H / G)
+            k, v = k.repeat_interleave(H // G, dim=-2), v.repeat_interleave(H // G, dim=-2)
+        return q, k, v
+
+    def _transform_qk(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The layer's q/k norm, then its rotary embedding; ``q``, ``k`` ``(..., N, heads, C)``."""
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+        return q, k
 
     def _dense_mask(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor | None:
         """``attn_mask`` with the key padding folded in (validated once, by :func:`~diffusionformer.functional.diffuse`)."""
@@ -382,35 +441,44 @@ class DiffusionAttention(nn.Module):
 
     def _forward_dense(
         self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, return_intermediates: bool,
-        causal: bool = False,
+        causal: bool = False, state: _rivals.LayerState | None = None, positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 3:
             raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
         B, N, D = x.shape
         mask = self._dense_mask(x, key_padding_mask, attn_mask)
-        q, k, v = self._project(x)  # (B, N, H, C)
+        q, k, v = self._project(x, positions)  # (B, N, H, C)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
+        entered = state.enter(v) if state is not None else (0, None)
         dropout_p = self.dropout if self.training else 0.0
-        need_weights = return_intermediates or not all(self._polynomial)
+        is_causal = self.causal or causal
+        # heads with a non-polynomial f(P) (heat-exact, ppr-exact) need P; context operators build their own maps
+        need_weights = return_intermediates or any(not p and not op.uses_context
+                                                   for p, op in zip(self._polynomial, self.operators))
         out, P = diffuse_with_weights(
-            q, k, v, self._call_coefficients(need_weights), attn_mask=mask, is_causal=self.causal or causal,
+            q, k, v, self._call_coefficients(need_weights), attn_mask=mask, is_causal=is_causal,
             scale=self.head_dim**-0.5, backend=self.backend, degrees=self._degrees, dropout_p=dropout_p,
             need_weights=need_weights,
         )
         if not all(self._polynomial):
-            assert P is not None
             for op, (s, c), poly in zip(self.operators, self._groups, self._polynomial):
-                if not poly:
+                if not poly and not op.uses_context:
+                    assert P is not None
                     Pg = P[:, s : s + c]
                     if dropout_p > 0.0:
                         Pg = F.dropout(Pg, p=dropout_p)
                     out = out.index_add(1, torch.arange(s, s + c, device=out.device), op.apply_matrix(Pg, v[:, s : s + c]))
+        # operators with capabilities (rivals: second map, layer state, re-projection, uniform map)
+        out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, mask=mask, is_causal=is_causal,
+                                           dropout_p=dropout_p, positions=positions)
         y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))  # (B, N, H, C) -> (B, N, D)
         if return_intermediates:
             return y, AttentionIntermediates(P, self.coefficients().detach(), None, "matrix")
         return y
 
-    def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool) -> Tensor | tuple[Tensor, AttentionIntermediates]:
+    def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool,
+                        state: _rivals.LayerState | None = None,
+                        positions: Tensor | None = None) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 2:
             raise ValueError(f"sparse input x must have shape (N, D), got {tuple(x.shape)}")
         for op in self.operators:
@@ -420,12 +488,16 @@ class DiffusionAttention(nn.Module):
                     "use a dense input or a polynomial operator such as 'heat'"
                 )
         N, D = x.shape
-        q, k, v = self._project(x)  # (N, H, C)
+        q, k, v = self._project(x, positions)  # (N, H, C)
+        entered = state.enter(v.transpose(0, 1).unsqueeze(0)) if state is not None else (0, None)
+        dropout_p = self.dropout if self.training else 0.0
         out, alpha = diffuse_sparse_with_weights(
             q, k, v, edge_index, self._call_coefficients(False), num_nodes=N, scale=self.head_dim**-0.5,
-            degrees=self._degrees, dropout_p=self.dropout if self.training else 0.0, backend="auto",
+            degrees=self._degrees, dropout_p=dropout_p, backend="auto",
             is_causal=self.causal, need_weights=return_intermediates,
         )
+        out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, edge_index=edge_index,
+                                           is_causal=self.causal, dropout_p=dropout_p, positions=positions)
         y = self.out_proj(out.reshape(N, D))
         if return_intermediates:
             assert alpha is not None
@@ -436,8 +508,9 @@ class DiffusionAttention(nn.Module):
         return y
 
     def extra_repr(self) -> str:
+        kv = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
         return (
-            f"dim={self.dim}, num_heads={self.num_heads}, heads={self.heads_spec()!r}, causal={self.causal}, "
+            f"dim={self.dim}, num_heads={self.num_heads}{kv}, heads={self.heads_spec()!r}, causal={self.causal}, "
             f"backend={self.backend!r}"
         )
 

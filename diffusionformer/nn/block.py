@@ -130,6 +130,8 @@ class Block(nn.Module):
         norm_layer: ``"layernorm"``, ``"rmsnorm"`` or a callable ``dim -> Module``.
         mlp_layer: callable ``dim -> Module`` replacing the default :class:`Mlp`.
         backend: dense back-end of the attention.
+        num_kv_heads: key/value heads of the attention (grouped-query attention; ``None`` = ``num_heads``).
+        rotary: rotary embedding applied to the attention's ``q`` and ``k`` (:mod:`diffusionformer.nn.rotary`).
 
     Shapes:
         ``x``: ``(B, N, D)`` dense or ``(N, D)`` with a sparse graph (or ``edge_index``) -> same shape.
@@ -157,13 +159,16 @@ class Block(nn.Module):
         norm_layer: str | Callable[[int], nn.Module] = "layernorm",
         mlp_layer: Callable[[int], nn.Module] | None = None,
         backend: str = "auto",
+        num_kv_heads: int | None = None,
+        rotary: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if mlp_ratio <= 0:
             raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio}")
         self.norm1 = make_norm(norm_layer, dim)
         self.attn = DiffusionAttention(dim, num_heads, heads, causal=causal, qk_norm=qk_norm, bias=bias,
-                                       dropout=attn_dropout, backend=backend)
+                                       dropout=attn_dropout, backend=backend, num_kv_heads=num_kv_heads,
+                                       rotary=rotary)
         self.drop1 = nn.Dropout(dropout)
         self.ls1 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
         self.norm2 = make_norm(norm_layer, dim)

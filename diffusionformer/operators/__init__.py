@@ -22,10 +22,23 @@ from diffusionformer.operators.heat import (
     heat_truncation_error,
 )
 from diffusionformer.operators.ppr import PPROperator, ppr_coefficients, ppr_steps_for_tolerance
-from diffusionformer.operators.polynomial import PolynomialOperator
+from diffusionformer.operators.polynomial import PolynomialOperator, chebyshev_matrix
+from diffusionformer.operators.ppr_exact import ExactPPROperator
+from diffusionformer.operators.attnscale import AttnScaleOperator
+from diffusionformer.operators.neutreno import NeuTRENOOperator, ValueResidualOperator
+from diffusionformer.operators.differential import DifferentialOperator, lambda_init_schedule
+from diffusionformer.operators.grand import NonlinearDiffusionOperator
 
 __all__ = [
     "AttentionOperator",
+    "AttnScaleOperator",
+    "DifferentialOperator",
+    "ExactPPROperator",
+    "NeuTRENOOperator",
+    "NonlinearDiffusionOperator",
+    "ValueResidualOperator",
+    "chebyshev_matrix",
+    "lambda_init_schedule",
     "DiffusionOperator",
     "ExactHeatOperator",
     "HeatOperator",

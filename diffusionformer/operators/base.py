@@ -35,17 +35,30 @@ class DiffusionOperator(nn.Module):
         aliases: other names accepted by :func:`build_operator`.
         supports_sparse: whether the sparse (edge) back-end can run it.
         is_polynomial: whether :meth:`coefficients` describes it exactly.
-        needs_second_map: the operator combines two score maps (e.g. differential attention).
-        needs_layer_state: the operator reads state of another layer (e.g. NeuTRENO's
-            first-layer values).
-        reprojects_each_step: the signal is re-projected between steps (nonlinear diffusion),
-            so the steps are not powers of one linear ``P``.
         example_kwargs: constructor arguments that exercise the operator's code paths where
             the defaults hide one (learnable times, a non-identity polynomial); the
             registry-wide tests build every registered operator with them.
         num_heads: the number of heads ``G`` this instance serves (learned parameters may be
             per head); fixed operators ignore it.
         degree: the highest power ``K`` of ``P`` used (static; it fixes the cost).
+        needs_second_map: the operator forms its own score maps from the head's queries and
+            keys (differential attention: two softmax maps from split ``q``/``k``).
+        needs_layer_state: the operator reads state that the first layer of a model leaves
+            for later layers (NeuTRENO, value residuals: the first layer's values ``v0``).
+        reprojects_each_step: ``P`` is recomputed from the evolving state at every step
+            (nonlinear diffusion, GRAND-nl), so the steps are not powers of one linear ``P``.
+        needs_uniform_map: the operator uses the uniform average over the admissible keys
+            (AttnScale's direct-current part ``DC``).
+        supports_kv_cache: whether :func:`~diffusionformer.nn.kv_cache.attend_cached` can serve
+            it (polynomials incrementally, other functions of one causal ``P`` through
+            :meth:`apply_matrix`); operators that are not a function of one ``P`` set it to
+            ``False`` and are refused by cached decoding.
+
+    Operators that declare any of the last four are "context" operators
+    (:attr:`uses_context`): the layer hands them a
+    :class:`~diffusionformer.ops.rivals.RivalContext` (their heads' ``q``, ``k``, ``v``, the
+    mask or edges, a back-end-agnostic ``attend``/``uniform`` and the layer state) and calls
+    :meth:`apply_context`; they set ``is_polynomial = False``.
 
     Shapes:
         :meth:`coefficients`: ``(K+1,)`` shared by the ``G`` heads, or ``(G, K+1)``.
@@ -58,6 +71,8 @@ class DiffusionOperator(nn.Module):
     needs_second_map: ClassVar[bool] = False
     needs_layer_state: ClassVar[bool] = False
     reprojects_each_step: ClassVar[bool] = False
+    needs_uniform_map: ClassVar[bool] = False
+    supports_kv_cache: ClassVar[bool] = True
     example_kwargs: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, num_heads: int = 1) -> None:
@@ -134,6 +149,23 @@ class DiffusionOperator(nn.Module):
         c = self.head_coefficients(P.shape[1]).to(v.dtype)
         G, K = c.shape[0], c.shape[1] - 1
         return polynomial(MatrixBackend(P.to(v.dtype), all_heads(G)), v, c, (K,) * G)
+
+    @property
+    def uses_context(self) -> bool:
+        """Whether the layer must call :meth:`apply_context` (any capability flag is set)."""
+        return bool(self.needs_second_map or self.needs_layer_state or self.reprojects_each_step
+                    or self.needs_uniform_map)
+
+    def bind(self, *, head_dim: int) -> None:
+        """Called once by the layer with its head width ``C``; operators whose parameters
+        depend on ``C`` (differential attention) create or check them here. Default: nothing."""
+
+    def apply_context(self, ctx) -> Tensor:  # noqa: ANN001 - RivalContext (ops layer, imported lazily)
+        r"""Output of a context operator for its heads, ``(B, G, N, C)`` (see :attr:`uses_context`).
+
+        The default applies :meth:`apply_matrix` to the materialised ``P`` of the context.
+        """
+        return self.apply_matrix(ctx.attention_matrix(), ctx.v)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"

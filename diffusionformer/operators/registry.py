@@ -103,7 +103,7 @@ def list_operators() -> list[str]:
 
     Examples:
         >>> list_operators()[:3]
-        ['attention', 'heat', 'heat-exact']
+        ['attention', 'attnscale', 'differential']
     """
     return sorted(_REGISTRY)
 

@@ -78,7 +78,15 @@ and its coefficients, and the layer resolves it instead of special-casing the op
 * ``needs_layer_state``: the operator reads state of another layer (NeuTRENO's first-layer
   values);
 * ``reprojects_each_step``: the signal is re-projected between steps (nonlinear diffusion),
-  so the steps are not powers of one linear ``P``.
+  so the steps are not powers of one linear ``P``;
+* ``needs_uniform_map``: the operator uses the uniform average over the admissible keys
+  (AttnScale's ``DC`` part).
+
+An operator with any of the last four flags sets ``is_polynomial = False`` and implements
+``apply_context(ctx)``; the layer builds the :class:`~diffusionformer.ops.rivals.RivalContext`
+in one dispatch (:func:`~diffusionformer.ops.rivals.apply_context_groups`), whose
+``attend(q, k, x)`` runs on the public functional API (:func:`~diffusionformer.ops.dense.propagate_dense`
+dense, :func:`~diffusionformer.ops.sparse.diffuse_sparse` sparse).
 
 Examples:
     >>> import torch

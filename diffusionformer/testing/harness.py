@@ -25,6 +25,8 @@ from torch import Tensor
 from diffusionformer.operators import DiffusionOperator, build_operator
 from diffusionformer.ops.dense import attention_matrix, diffuse
 from diffusionformer.ops.reference import dense_attention_reference, polynomial_reference
+from diffusionformer.ops.reference_rivals import rival_reference
+from diffusionformer.ops.rivals import RivalContext
 from diffusionformer.ops.sparse import diffuse_sparse
 from diffusionformer.testing.graphs import causal_edge_index, complete_edge_index, dense_allowed_from_edges, random_qkv
 
@@ -35,8 +37,11 @@ def apply_operator_dense(
     op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, *, backend: str = "auto", is_causal: bool = False,
     attn_mask: Tensor | None = None,
 ) -> Tensor:
-    """Run one operator on all heads of dense ``(B, H, N, C)`` inputs through the engine."""
+    """Run one operator on all heads of dense ``(B, H, N, C)`` inputs through the engine (context
+    operators through a :class:`~diffusionformer.ops.rivals.RivalContext` without layer state)."""
     H = q.shape[1]
+    if op.uses_context:
+        return op.apply_context(RivalContext.dense(q, k, v, attn_mask=attn_mask, is_causal=is_causal))
     if op.is_polynomial:
         return diffuse(q, k, v, op.head_coefficients(H), backend=backend, is_causal=is_causal, attn_mask=attn_mask)
     P = attention_matrix(q, k, is_causal=is_causal, attn_mask=attn_mask)
@@ -47,10 +52,14 @@ def apply_operator_sparse(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor
     """Run one operator on node inputs ``(N, H, C)`` over ``edge_index``."""
     if not op.supports_sparse:
         raise ValueError(f"operator {op.name!r} does not support the sparse back-end")
+    if op.uses_context:
+        return op.apply_context(RivalContext.sparse(q, k, v, edge_index))[0].transpose(0, 1)
     return diffuse_sparse(q, k, v, edge_index, op.head_coefficients(q.shape[1]))
 
 
 def _reference(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
+    if op.uses_context or type(op).__name__ == "ExactPPROperator":
+        return rival_reference(op, q, k, v, allowed)
     P = dense_attention_reference(q, k, allowed=allowed)
     if op.is_polynomial:
         return polynomial_reference(P, v, op.head_coefficients(q.shape[1]).detach().double())
@@ -101,6 +110,7 @@ def assert_operator(
     else:
         op = build_operator(spec, num_heads=num_heads, **kwargs)
         H = num_heads
+    op.bind(head_dim=head_dim)
     op = op.to(dtype)
     tol_a = atol if atol is not None else (1e-10 if dtype == torch.float64 else 2e-5)
     tol_r = rtol if rtol is not None else (1e-8 if dtype == torch.float64 else 1e-4)

@@ -2,7 +2,8 @@
 
 ``Trainer(model, task, TrainConfig(...), out_dir).fit()`` runs AdamW with warm-up + cosine
 schedule, gradient clipping, periodic evaluation, bf16 autocast on CUDA, optional
-``torch.compile``, JSON-lines metrics, atomic bit-exact-resumable checkpoints and, under
+``torch.compile``, JSON-lines metrics (plus CSV / TensorBoard on request), gradient
+accumulation, an fp16 GradScaler, atomic bit-exact-resumable checkpoints and, under
 ``torchrun``, DistributedDataParallel. The task supplies batches, the loss and evaluation
 (see :class:`Task`).
 """
@@ -14,6 +15,7 @@ from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .config import TrainConfig, resolve_amp, resolve_device
 from .distributed import DistContext, dist_env, init_distributed, shard_batch
 from .errors import CheckpointError, NonFiniteLossError
+from .loggers import CSVLog, TensorBoardLog, open_loggers, read_metrics_csv
 from .metrics import METRICS_NAME, MetricsLog, read_metrics
 from .optim import build_optimizer, param_groups
 from .rng import capture_rng_state, preserve_rng_state, restore_rng_state, seed_everything
@@ -26,11 +28,13 @@ __all__ = [
     "METRICS_NAME",
     "RESUMABLE_FIELDS",
     "SUMMARY_NAME",
+    "CSVLog",
     "CheckpointError",
     "DistContext",
     "MetricsLog",
     "NonFiniteLossError",
     "Task",
+    "TensorBoardLog",
     "TrainConfig",
     "Trainer",
     "build_optimizer",
@@ -40,9 +44,11 @@ __all__ = [
     "dist_env",
     "init_distributed",
     "load_checkpoint",
+    "open_loggers",
     "param_groups",
     "preserve_rng_state",
     "read_metrics",
+    "read_metrics_csv",
     "resolve_amp",
     "resolve_device",
     "restore_rng_state",

@@ -13,8 +13,9 @@ import torch
 
 __all__ = ["TrainConfig", "resolve_device", "resolve_amp"]
 
-_AMP_CHOICES = ("auto", "bf16", "off")
 _DECAY_RULES = ("default", "nanogpt")
+_AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+_LOGGER_CHOICES = ("jsonl", "csv", "tensorboard")  # = loggers.LOGGER_CHOICES (no import cycle)
 
 
 def _type_name(value: Any) -> str:
@@ -66,6 +67,12 @@ class TrainConfig:
         max_steps: number of optimiser updates of the whole run (``>= 1``).
         batch_size: global batch size handed to ``task.train_batch`` (split across ranks under
             DDP, so the effective batch does not depend on the number of processes).
+        grad_accum_steps: micro-batches per update (``>= 1``). Each rank's share of the batch is
+            split into this many equal micro-batches (``task.shard_batch`` or
+            :func:`~diffusionformer.train.shard_batch`); each micro-batch's loss is scaled by
+            ``1 / grad_accum_steps`` and back-propagated, and one optimiser step follows, so the
+            update equals the one on the whole batch while only a micro-batch is in memory.
+            Under DDP the gradient all-reduce runs on the last micro-batch only (``no_sync``).
         lr: peak learning rate (``> 0``).
         min_lr: learning rate at the end of the cosine decay (``0 <= min_lr <= lr``).
         weight_decay: decoupled weight decay of the matrices (see
@@ -84,13 +91,23 @@ class TrainConfig:
             last one (``0`` = only after the last one).
         seed: seeds Python, NumPy, torch (CPU and CUDA) and the batch generator (``[0, 2**32)``).
         device: ``"auto"`` (CUDA when available, else CPU) or a ``torch.device`` string.
-        amp: ``"auto"`` (bf16 autocast on CUDA, off elsewhere), ``"bf16"`` or ``"off"``.
+        amp: ``"auto"`` (bf16 autocast on CUDA, off elsewhere), ``"bf16"``, ``"fp16"`` or
+            ``"off"``. ``"fp16"`` autocasts to float16 and scales the loss with
+            :class:`torch.amp.GradScaler` (Micikevicius et al., "Mixed Precision Training", ICLR
+            2018): an update whose gradients overflow is skipped and the scale halved, so a
+            non-finite gradient norm is not an error under fp16 (a non-finite loss still is);
+            the scaler's state is checkpointed. bf16 needs no scaler.
         compile: wrap the model in ``torch.compile``.
         progress: show a tqdm progress bar (only on rank 0, and only on a terminal).
         weight_decay_rule: which tensors ``weight_decay`` applies to (see
             :func:`~diffusionformer.train.param_groups`): ``"default"`` every tensor with
             ``dim >= 2`` except embeddings and ``no_weight_decay()`` names; ``"nanogpt"`` every
             tensor with ``dim >= 2``, embeddings included (nanoGPT's ``configure_optimizers``).
+        loggers: metrics writers of the run directory, a subset of ``("jsonl", "csv",
+            "tensorboard")`` that includes ``"jsonl"`` (``metrics.jsonl`` is what resume and the
+            experiment runner read); ``"csv"`` adds ``metrics.csv``, ``"tensorboard"`` event files
+            under ``tensorboard/`` (needs the optional ``tensorboard`` package). See
+            :mod:`diffusionformer.train.loggers`. A list is accepted.
 
     Examples:
         >>> cfg = TrainConfig.from_dict({"max_steps": 100, "lr": 1e-3, "betas": [0.9, 0.99]})
@@ -104,6 +121,7 @@ class TrainConfig:
 
     max_steps: int = 1000
     batch_size: int = 32
+    grad_accum_steps: int = 1  # micro-batches per update
     lr: float = 3e-4
     min_lr: float = 0.0
     weight_decay: float = 0.1
@@ -121,10 +139,12 @@ class TrainConfig:
     compile: bool = False
     progress: bool = True
     weight_decay_rule: str = "default"
+    loggers: tuple[str, ...] = ("jsonl",)  # subset of ("jsonl", "csv", "tensorboard")
 
     def __post_init__(self) -> None:
         _check_int("max_steps", self.max_steps, 1)
         _check_int("batch_size", self.batch_size, 1)
+        _check_int("grad_accum_steps", self.grad_accum_steps, 1)
         lr = _check_float("lr", self.lr, 0.0, strict=True)
         min_lr = _check_float("min_lr", self.min_lr, 0.0)
         if min_lr > lr:
@@ -175,12 +195,25 @@ class TrainConfig:
             )
         _check_bool("compile", self.compile)
         _check_bool("progress", self.progress)
+        if not isinstance(self.loggers, (tuple, list)) or not all(isinstance(n, str) for n in self.loggers):
+            raise TypeError(
+                f"TrainConfig.loggers: expected a list of names from {_LOGGER_CHOICES}, got "
+                f"{_type_name(self.loggers)} ({self.loggers!r})"
+            )
+        loggers = tuple(self.loggers)
+        unknown = [n for n in loggers if n not in _LOGGER_CHOICES]
+        if unknown or len(set(loggers)) != len(loggers) or "jsonl" not in loggers:
+            raise ValueError(
+                f"TrainConfig.loggers: expected distinct names from {_LOGGER_CHOICES} including "
+                f"'jsonl' (metrics.jsonl is what resume and the experiment runner read), got {list(loggers)}"
+            )
         # Normalise numeric types so that equal configs compare and serialise equal.
         object.__setattr__(self, "lr", lr)
         object.__setattr__(self, "min_lr", min_lr)
         object.__setattr__(self, "weight_decay", weight_decay)
         object.__setattr__(self, "grad_clip", grad_clip)
         object.__setattr__(self, "betas", betas)
+        object.__setattr__(self, "loggers", loggers)
 
     @property
     def decay_steps(self) -> int:
@@ -211,6 +244,7 @@ class TrainConfig:
         through :meth:`from_dict`."""
         out = dataclasses.asdict(self)
         out["betas"] = list(self.betas)
+        out["loggers"] = list(self.loggers)
         return out
 
 
@@ -247,7 +281,7 @@ def resolve_amp(spec: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for ``TrainConfig.amp`` on ``device`` (``None`` = no autocast).
 
     Args:
-        spec: ``"auto"`` (bf16 on CUDA only), ``"bf16"`` or ``"off"``.
+        spec: ``"auto"`` (bf16 on CUDA only), ``"bf16"``, ``"fp16"`` or ``"off"``.
         device: the training device.
 
     Examples:
@@ -255,11 +289,15 @@ def resolve_amp(spec: str, device: torch.device) -> torch.dtype | None:
         True
         >>> resolve_amp("bf16", torch.device("cpu"))
         torch.bfloat16
+        >>> resolve_amp("fp16", torch.device("cpu"))
+        torch.float16
     """
     if spec == "off":
         return None
     if spec == "bf16":
         return torch.bfloat16
+    if spec == "fp16":
+        return torch.float16
     if spec == "auto":
         return torch.bfloat16 if device.type == "cuda" else None
     raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {spec!r}")

@@ -28,7 +28,8 @@ from .checkpoint import (
 from .config import TrainConfig, resolve_amp
 from .distributed import DistContext, init_distributed, shard_batch
 from .errors import CheckpointError, NonFiniteLossError
-from .metrics import METRICS_NAME, MetricsLog, write_json_atomic
+from .loggers import CSV_NAME, TENSORBOARD_DIR, open_loggers
+from .metrics import METRICS_NAME, write_json_atomic
 from .optim import build_optimizer
 from .rng import capture_rng_state, preserve_rng_state, restore_rng_state, seed_everything
 from .schedule import cosine_lr
@@ -42,7 +43,7 @@ SUMMARY_NAME = "summary.json"
 #: change the sequence of updates (``lr_decay_steps`` is compared after resolving ``None``).
 RESUMABLE_FIELDS = frozenset(
     {"max_steps", "lr_decay_steps", "eval_interval", "eval_steps", "log_interval",
-     "checkpoint_interval", "device", "amp", "compile", "progress"}
+     "checkpoint_interval", "device", "amp", "compile", "progress", "loggers"}
 )
 
 _NO_BAD_STEP = 2**62  # "no non-finite step yet" in the on-device running minimum
@@ -53,14 +54,16 @@ class Trainer:
 
     Update ``s = 0, 1, ..., max_steps - 1`` draws the global batch
     ``b_s = task.train_batch(s, g, batch_size)`` from a seeded, checkpointed generator ``g``,
-    takes this rank's shard, computes ``loss, metrics = task.loss(model, b_s)`` (bf16 autocast on
-    CUDA), back-propagates, clips the global gradient norm to ``grad_clip`` and takes an AdamW
+    takes this rank's shard, splits it into ``grad_accum_steps`` equal micro-batches ``m`` and
+    for each computes ``loss, metrics = task.loss(model, m)`` (bf16 autocast on CUDA; fp16 with
+    a :class:`torch.amp.GradScaler` when ``amp="fp16"``) and back-propagates
+    ``loss / grad_accum_steps``; then it clips the global gradient norm to ``grad_clip`` and takes an AdamW
     step (Loshchilov & Hutter, ICLR 2019) with learning rate :func:`cosine_lr` ``(s)`` and weight
     decay on matrices only (:func:`param_groups`). "Step ``k``" in logs and checkpoints means
     ``k`` updates done.
 
     Every ``log_interval`` updates a train record (window means) goes to
-    ``<out_dir>/metrics.jsonl``; every ``eval_interval`` updates ``task.evaluate`` runs (without
+    ``<out_dir>/metrics.jsonl`` (and to ``metrics.csv`` / TensorBoard when ``loggers`` asks); every ``eval_interval`` updates ``task.evaluate`` runs (without
     advancing the training RNGs); every ``checkpoint_interval`` updates
     ``<out_dir>/checkpoint.pt`` is replaced atomically with model, optimizer, step, all RNG
     states (Python, NumPy, torch CPU/CUDA, batch generator) and config. The last update always
@@ -130,8 +133,12 @@ class Trainer:
         """Train to ``config.max_steps`` and return the summary (also in ``summary.json``)."""
         ctx = init_distributed(self.config.device)
         self.ctx = ctx
-        self._log = MetricsLog(self.metrics_path, active=ctx.is_main)
         self._pbar: tqdm | None = None
+        try:
+            self._log = open_loggers(self.config.loggers, self.out_dir, active=ctx.is_main)
+        except BaseException:
+            ctx.shutdown()
+            raise
         try:
             return self._fit(ctx)
         finally:
@@ -143,7 +150,8 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _resume_payload(self, ctx: DistContext) -> dict[str, Any] | None:
         if self.resume is False:
-            existing = [p.name for p in (self.checkpoint_path, self.metrics_path, self.summary_path)
+            existing = [p.name for p in (self.checkpoint_path, self.metrics_path, self.summary_path,
+                                         self.out_dir / CSV_NAME, self.out_dir / TENSORBOARD_DIR)
                         if p.exists()]
             if existing:
                 raise FileExistsError(
@@ -249,8 +257,9 @@ class Trainer:
         self.step = start
 
         train_model: nn.Module = model
+        self._ddp: DistributedDataParallel | None = None
         if ctx.is_distributed:
-            train_model = DistributedDataParallel(
+            train_model = self._ddp = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None
             )
         if cfg.compile:
@@ -258,6 +267,11 @@ class Trainer:
         self._train_model = train_model
         self._generator = generator
         self._amp = resolve_amp(cfg.amp, device)
+        self._scaler: torch.amp.GradScaler | None = None
+        if self._amp == torch.float16:
+            self._scaler = torch.amp.GradScaler(device.type)
+            if payload is not None and payload.get("scaler"):
+                self._scaler.load_state_dict(payload["scaler"])
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
 
         self._t0, self._elapsed0 = time.perf_counter(), elapsed0
@@ -305,7 +319,7 @@ class Trainer:
             "num_parameters": sum(p.numel() for p in model.parameters()),
             "world_size": ctx.world_size,
             "device": str(device),
-            "amp": "bf16" if self._amp is not None else "off",
+            "amp": {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[self._amp],
             "config": cfg.to_dict(),
             "checkpoint": str(self.checkpoint_path),
         }
@@ -315,27 +329,53 @@ class Trainer:
         return summary
 
     def _update(self, step: int, lr: float) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
-        """One optimiser update; returns the detached loss, the metrics and a non-finite flag."""
+        """One optimiser update over ``grad_accum_steps`` micro-batches; returns the detached loss
+        (mean over the micro-batches), the metrics (means) and a non-finite flag."""
         cfg, ctx, optimizer = self.config, self.ctx, self._optimizer
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = self.task.train_batch(step, self._generator, cfg.batch_size)
+        shard = getattr(self.task, "shard_batch", None)
+        split = shard if shard is not None else shard_batch
         if ctx.is_distributed:
-            shard = getattr(self.task, "shard_batch", None)
-            batch = (shard(batch, ctx.rank, ctx.world_size) if shard is not None
-                     else shard_batch(batch, ctx.rank, ctx.world_size))
-        batch = to_device(batch, ctx.device)
+            batch = split(batch, ctx.rank, ctx.world_size)
+        A = cfg.grad_accum_steps
         optimizer.zero_grad(set_to_none=True)
-        with self._autocast():
-            loss, metrics = self._check_loss(self.task.loss(self._train_model, batch), step)
-        loss.backward()
-        loss = loss.detach().float()
+        loss_sum: torch.Tensor | None = None
+        window: dict[str, list[Any]] = {}
+        for micro in range(A):
+            part = split(batch, micro, A) if A > 1 else batch
+            part = to_device(part, ctx.device)
+            # DDP all-reduces the gradients on the last micro-batch only.
+            sync = self._ddp is None or micro == A - 1
+            with (contextlib.nullcontext() if sync else self._ddp.no_sync()):
+                with self._autocast():
+                    loss, metrics = self._check_loss(self.task.loss(self._train_model, part), step)
+                scaled = loss / A if A > 1 else loss
+                if self._scaler is not None:
+                    scaled = self._scaler.scale(scaled)
+                scaled.backward()
+            loss = loss.detach().float()
+            loss_sum = loss if loss_sum is None else loss_sum + loss
+            if A > 1:
+                self._accumulate(window, loss, metrics, ctx.device)
+        assert loss_sum is not None
+        if A > 1:
+            loss = loss_sum / A
+            metrics = {k: v[0] / v[1] for k, v in window.items() if k != "loss"}
         bad = ~torch.isfinite(loss)
+        if self._scaler is not None:
+            self._scaler.unscale_(optimizer)  # clip the true gradients
         if cfg.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip)
             metrics["grad_norm"] = grad_norm
-            bad = bad | ~torch.isfinite(grad_norm)
-        optimizer.step()
+            if self._scaler is None:  # under fp16 an overflow skips the step instead
+                bad = bad | ~torch.isfinite(grad_norm)
+        if self._scaler is not None:
+            self._scaler.step(optimizer)
+            self._scaler.update()
+        else:
+            optimizer.step()
         return loss, metrics, bad
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -466,6 +506,8 @@ class Trainer:
             "step": done,
             "model": self.model.state_dict(),
             "optimizer": self._optimizer.state_dict(),
+            # fp16 loss scale and growth tracker (empty without fp16)
+            "scaler": self._scaler.state_dict() if self._scaler is not None else {},
             "rng": capture_rng_state(self.ctx.device, self._generator),
             "config": self.config.to_dict(),
             "model_record": model_record(self.model),

@@ -83,7 +83,7 @@ def test_equals_transformer_conv():
 def test_layer_dense_equals_sparse_for_every_operator(name):
     torch.manual_seed(4)
     kwargs = {}
-    if not operator_class(name).supports_sparse:  # e.g. heat-exact: matrix_exp needs the whole matrix
+    if not operator_class(name).supports_sparse:  # dense-only operators (heat-exact, ppr-exact) refuse clearly
         layer = DiffusionAttention(12, 3, heads=name).double().eval()
         x = torch.randn(1, 5, 12, dtype=torch.float64)
         with pytest.raises(ValueError, match="does not support the sparse back-end"):

@@ -67,6 +67,11 @@ def test_dense_only_operators_are_refused_by_the_sparse_layer(name):
         layer(torch.randn(4, 8), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]))
 
 
+def test_only_the_exact_kernels_are_dense_only():
+    # matrix_exp and the PPR solve need the whole matrix
+    assert sorted(set(OPERATORS) - set(SPARSE)) == ["heat-exact", "ppr-exact"]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", SPARSE)
 def test_sparse_operator_matches_float64_cpu(name, device):
@@ -84,7 +89,9 @@ def test_sparse_operator_matches_float64_cpu(name, device):
 
 
 HEADS = ["attention:2,laplacian:2", "attention:2,heat(t=0.5, learnable=True, steps=4):2",
-         "attention:2,polynomial(steps=3, init='attention'):2", "attention:2,ppr(alpha=0.2, steps=4):2"]
+         "attention:2,polynomial(steps=3, init='attention'):2", "attention:2,ppr(alpha=0.2, steps=4):2",
+         "differential:2,attnscale(omega=0.3):1,ppr-exact(alpha=0.3):1",
+         "grand-nl(steps=2, method='rk4'):2,polynomial(steps=3, init=[0.1, 0.2, 0.3, 0.4], basis='chebyshev'):2"]
 
 
 def _layers(heads: str, device: str, **kwargs) -> tuple[DiffusionAttention, DiffusionAttention]:

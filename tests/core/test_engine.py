@@ -198,8 +198,11 @@ def test_unchecked_sparse_graph_is_checked_by_the_kernel():
         layer(x, bad)
 
 
-def test_operator_capabilities_the_layer_cannot_resolve_are_refused():
+def test_operator_capabilities_are_resolved_through_the_context():
+    from diffusionformer.ops.reference import dense_attention_reference
+
     class TwoMaps(DiffusionOperator):
+        # declares a second map but also claims to be a polynomial: its heads would be counted twice
         name = "two-maps-test"
         needs_second_map = True
         degree = 1
@@ -207,10 +210,30 @@ def test_operator_capabilities_the_layer_cannot_resolve_are_refused():
         def coefficients(self):
             return torch.tensor([0.0, 1.0])
 
+    class HalfMaps(TwoMaps):
+        # a context operator: 0.5 (P_a + P_b) v with P_a, P_b the maps of the two halves of q and k
+        is_polynomial = False
+
+        def apply_context(self, ctx):
+            C = ctx.q.shape[-1] // 2
+            a = ctx.attend(ctx.q[..., :C], ctx.k[..., :C], ctx.v)
+            return 0.5 * (a + ctx.attend(ctx.q[..., C:], ctx.k[..., C:], ctx.v))
+
     assert not DiffusionOperator.needs_second_map and not DiffusionOperator.needs_layer_state
-    assert not DiffusionOperator.reprojects_each_step
-    with pytest.raises(ValueError, match="declares needs_second_map"):
+    assert not DiffusionOperator.reprojects_each_step and not DiffusionOperator.needs_uniform_map
+    with pytest.raises(ValueError, match="declares needs_second_map but is_polynomial=True"):
         DiffusionAttention(8, 2, [TwoMaps(), "attention"])
+    torch.manual_seed(0)
+    layer = DiffusionAttention(8, 2, [HalfMaps(), "attention"], causal=True).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    q, k, v = (t.transpose(1, 2) for t in layer._project(x))  # (B, H, N, C)
+    tril = torch.ones(5, 5, dtype=torch.bool).tril()
+    half = [dense_attention_reference(q[:, :1, :, sl], k[:, :1, :, sl], allowed=tril, scale=0.5)
+            for sl in (slice(0, 2), slice(2, 4))]  # the layer's scale 1/sqrt(C) for both halves
+    head0 = 0.5 * (half[0] + half[1]) @ v[:, :1]
+    head1 = dense_attention_reference(q[:, 1:], k[:, 1:], allowed=tril) @ v[:, 1:]
+    expected = layer.out_proj(torch.cat([head0, head1], 1).transpose(1, 2).reshape(2, 5, 8))
+    torch.testing.assert_close(layer(x), expected, atol=1e-12, rtol=1e-12)
 
 
 # ---------------------------------------------------------------------------- one head spec

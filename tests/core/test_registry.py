@@ -128,6 +128,13 @@ def test_every_registered_operator(name, dtype):
         ("polynomial", dict(steps=4, init=[0.3, -0.2, 0.5, 0.1, -0.4])),
         ("polynomial", dict(steps=2, init="laplacian")),
         ("heat-exact", dict(t=0.7, learnable=True)),
+        ("polynomial", dict(steps=4, init=[0.3, -0.2, 0.5, 0.1, -0.4], basis="chebyshev")),
+        ("ppr-exact", dict(alpha=0.05)),
+        ("attnscale", dict(omega=-0.6)),
+        ("neutreno", dict(lam=0.3)),
+        ("differential", dict(depth=5)),
+        ("differential", dict(lambda_init=0.5)),
+        ("grand-nl", dict(t=2.0, steps=3, method="rk4")),
     ],
 )
 def test_harness_on_configured_operators(spec, kwargs):

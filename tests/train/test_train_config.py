@@ -44,7 +44,7 @@ def test_frozen():
         ({"eval_steps": 0}, ValueError, ["eval_steps", ">= 1"]),
         ({"seed": -1}, ValueError, ["seed", ">= 0"]),
         ({"seed": 2**32}, ValueError, ["seed", "<= 4294967295"]),
-        ({"amp": "fp16"}, ValueError, ["amp", "('auto', 'bf16', 'off')", "'fp16'"]),
+        ({"amp": "fp8"}, ValueError, ["amp", "('auto', 'bf16', 'fp16', 'off')", "'fp8'"]),
         ({"device": "gpu0"}, ValueError, ["device", "'gpu0'"]),
         ({"device": 0}, TypeError, ["device", "expected str", "got int"]),
         ({"compile": "yes"}, TypeError, ["compile", "expected bool", "got str"]),

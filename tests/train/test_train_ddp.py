@@ -62,20 +62,22 @@ def test_single_process_context(monkeypatch):
 
 
 @pytest.mark.slow
-def test_two_process_ddp_matches_single_process(tmp_path):
+@pytest.mark.parametrize("accum", [1, 2])
+def test_two_process_ddp_matches_single_process(tmp_path, accum):
     out = tmp_path / "ddp"
     env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(HERE / "train_ddp_worker.py"),
-           str(out)]
+           str(out), str(accum)]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
     seed_everything(0)
     single = TinyMLP(dropout=0.0)
-    Trainer(single, RegressionTask(), ddp_config(), tmp_path / "single").fit()
+    Trainer(single, RegressionTask(global_rng=accum == 1), ddp_config(grad_accum_steps=accum),
+            tmp_path / "single").fit()
 
     ddp_weights = load_checkpoint(out / "checkpoint.pt")["model"]
     replica = torch.load(out / "replica_rank1.pt", weights_only=True)

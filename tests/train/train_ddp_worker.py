@@ -1,6 +1,6 @@
 """Worker run by ``test_train_ddp.py`` under ``python -m torch.distributed.run --nproc_per_node=2``.
 
-Usage: ``train_ddp_worker.py OUT_DIR``. Trains the tiny regression task on every rank; rank 1
+Usage: ``train_ddp_worker.py OUT_DIR [GRAD_ACCUM_STEPS]``. Trains the tiny regression task on every rank; rank 1
 also saves its replica's final weights to ``OUT_DIR/replica_rank1.pt`` so the test can check
 that DDP kept the replicas equal.
 """
@@ -11,7 +11,7 @@ import os
 import sys
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, accum: int = 1) -> None:
     import torch
     from train_tiny_tasks import RegressionTask, TinyMLP, ddp_config
 
@@ -23,17 +23,29 @@ def main(out_dir: str) -> None:
             return super().loss(model, batch)
 
     rows: list[int] = []
+    no_sync_calls: list[int] = []
+    original_no_sync = torch.nn.parallel.DistributedDataParallel.no_sync
+
+    def counting_no_sync(self):  # type: ignore[no-untyped-def]
+        no_sync_calls.append(1)
+        return original_no_sync(self)
+
+    torch.nn.parallel.DistributedDataParallel.no_sync = counting_no_sync  # type: ignore[method-assign]
     torch.set_num_threads(1)
     seed_everything(0)
     model = TinyMLP(dropout=0.0)  # dropout masks of a shard differ from the whole batch's
-    config = ddp_config()
-    summary = Trainer(model, ShapeRecorder(), config, out_dir).fit()
+    config = ddp_config(grad_accum_steps=accum)
+    # the task's loss jitter from the global RNGs is drawn per loss call, so with accumulation
+    # rank r's micro-batches would get other draws than the single process's: leave it out then
+    summary = Trainer(model, ShapeRecorder(global_rng=accum == 1), config, out_dir).fit()
     assert summary["world_size"] == 2, summary
-    # each rank saw its half of every global batch
-    assert rows == [config.batch_size // 2] * config.max_steps, rows
+    # each rank saw its half of every global batch, in `accum` micro-batches
+    assert rows == [config.batch_size // (2 * accum)] * (config.max_steps * accum), rows
+    # gradients were all-reduced on the last micro-batch of each update only
+    assert len(no_sync_calls) == (accum - 1) * config.max_steps, no_sync_calls
     if int(os.environ["RANK"]) == 1:
         torch.save(model.state_dict(), os.path.join(out_dir, "replica_rank1.pt"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)

@@ -1,0 +1,180 @@
+r"""Mini-batches of node neighbourhoods for graphs too big for one batch (PyG ``NeighborLoader``).
+
+A batch is the ``L``-hop neighbourhood of ``batch_size`` seed nodes, sampled hop by hop
+with at most ``num_neighbors[l]`` incoming edges per node at hop ``l`` (Hamilton et al.,
+"Inductive Representation Learning on Large Graphs", NeurIPS 2017). The model runs on the
+sampled subgraph only, so attention stays inside it, and the loss is taken on the seeds
+(the first ``batch_size`` nodes of the batch).
+
+A seed's output depends on its ``R``-hop neighbourhood, where ``R`` is the number of
+*propagation steps* of the model, not of layers: a layer whose heads use ``P^K`` reaches
+``K`` hops, so ``R = sum_l K_l`` (2 layers of 2-step heat heads: ``R = 4``). With
+``num_neighbors = [-1] * R`` (all neighbours) the seeds get exactly their full-batch outputs;
+fewer hops or fewer neighbours per hop approximate them.
+
+PyG 2.8's :class:`~torch_geometric.loader.NeighborLoader` samples with ``pyg-lib`` or
+``torch-sparse``; with neither installed it has **no fallback**: iterating it raises
+``ImportError: 'NeighborSampler' requires either 'pyg-lib' or 'torch-sparse'``.
+:func:`neighbor_loader` therefore uses PyG's sampler when one of them is present and
+otherwise plugs :class:`TorchNeighborSampler` (pure PyTorch, this module) into the same
+``NeighborLoader`` through its ``neighbor_sampler=`` argument, so batches look the same
+(``n_id``, ``e_id``, ``batch_size``, ``input_id``, seeds first) either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch_geometric.typing as pyg_typing
+from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.loader import NeighborLoader
+from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
+
+__all__ = ["TorchNeighborSampler", "has_compiled_sampler", "neighbor_loader"]
+
+
+def has_compiled_sampler() -> bool:
+    """Whether PyG's own neighbour sampler can run (``pyg-lib`` or ``torch-sparse`` installed)."""
+    return bool(pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE)
+
+
+class TorchNeighborSampler(BaseSampler):
+    r"""Uniform neighbour sampling without replacement in pure PyTorch (no compiled extension).
+
+    The graph is sorted once by target (CSC): ``colptr[i] .. colptr[i+1]`` are the incoming
+    edges of node ``i``. Hop ``l`` takes, for every node first reached at hop ``l - 1``, all
+    its incoming edges when it has at most ``k = num_neighbors[l]`` of them, else ``k`` of
+    them uniformly without replacement (one random key per edge, the ``k`` smallest keys of
+    each node; vectorised over the frontier). Sources not yet in the batch are appended in
+    order of first appearance. Sampled edges point from neighbour to the node that sampled
+    it (``directional``, as PyG's default).
+
+    Args:
+        data: a PyG ``Data`` with ``edge_index`` ``(2, E)`` and ``num_nodes``.
+        num_neighbors: neighbours per node at each hop (``-1`` = all).
+        generator: random generator (default: torch's global one).
+
+    Examples:
+        >>> data = Data(edge_index=torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]]), num_nodes=4)
+        >>> out = TorchNeighborSampler(data, [-1]).sample_from_nodes(
+        ...     NodeSamplerInput(input_id=None, node=torch.tensor([0])))
+        >>> out.node.tolist(), out.row.tolist(), out.col.tolist()
+        ([0, 1, 2, 3], [1, 2, 3], [0, 0, 0])
+    """
+
+    def __init__(self, data: Data, num_neighbors: Sequence[int], generator: torch.Generator | None = None) -> None:
+        if not isinstance(data, Data) or data.edge_index is None:
+            raise TypeError(f"TorchNeighborSampler: expected a PyG Data with edge_index, got {type(data).__name__}")
+        hops = list(num_neighbors)
+        if not hops or any(isinstance(k, bool) or not isinstance(k, int) or (k < 1 and k != -1) for k in hops):
+            raise ValueError(f"num_neighbors: expected a non-empty list of positive ints or -1, got {num_neighbors!r}")
+        self.num_neighbors = hops
+        self.generator = generator
+        N = int(data.num_nodes)
+        src, dst = data.edge_index[0].long(), data.edge_index[1].long()
+        dst_sorted, perm = torch.sort(dst, stable=True)
+        self.num_nodes = N
+        self.perm = perm  # CSC position -> original edge id
+        self.row = src[perm]  # sources in CSC order
+        self.colptr = torch.zeros(N + 1, dtype=torch.long)
+        self.colptr[1:] = torch.cumsum(torch.bincount(dst_sorted, minlength=N), 0)
+
+    @property
+    def edge_permutation(self) -> None:
+        return None  # edge ids are returned in the original order
+
+    def _sample_hop(self, frontier: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """(CSC positions of the sampled edges, index into ``frontier`` of their target)."""
+        start = self.colptr[frontier]
+        deg = self.colptr[frontier + 1] - start
+        total = int(deg.sum())
+        if total == 0:
+            empty = torch.empty(0, dtype=torch.long)
+            return empty, empty
+        seg = torch.repeat_interleave(torch.arange(frontier.numel()), deg)  # (total,)
+        seg_start = torch.cumsum(deg, 0) - deg
+        offset = torch.arange(total) - seg_start[seg]
+        pos = start[seg] + offset
+        if k == -1:
+            return pos, seg
+        keys = torch.rand(total, generator=self.generator, dtype=torch.float64)
+        order = torch.argsort(seg.double() + keys)  # within each segment, by random key
+        rank = torch.empty(total, dtype=torch.long)
+        rank[order] = offset  # offsets are 0..deg-1 in segment order, so this is the rank
+        keep = rank < k
+        return pos[keep], seg[keep]
+
+    def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> SamplerOutput:
+        seeds = index.node.long()
+        N = self.num_nodes
+        local = torch.full((N,), -1, dtype=torch.long)
+        local[seeds] = torch.arange(seeds.numel())
+        nodes, rows, cols, edges = [seeds], [], [], []
+        frontier = seeds
+        num_nodes, num_edges = [seeds.numel()], []
+        count = seeds.numel()
+        for k in self.num_neighbors:
+            pos, seg = self._sample_hop(frontier, k)
+            src = self.row[pos]
+            candidates = src[local[src] < 0]
+            fresh = candidates
+            if candidates.numel():  # the new nodes, in order of first appearance
+                uniq, inverse = torch.unique(candidates, return_inverse=True)
+                first = torch.full((uniq.numel(),), candidates.numel(), dtype=torch.long).scatter_reduce(
+                    0, inverse, torch.arange(candidates.numel()), reduce="amin")
+                fresh = uniq[torch.argsort(first)]
+                local[fresh] = torch.arange(count, count + fresh.numel())
+                count += fresh.numel()
+            rows.append(local[src])
+            cols.append(local[frontier[seg]])
+            edges.append(self.perm[pos])
+            nodes.append(fresh)
+            num_nodes.append(fresh.numel())
+            num_edges.append(pos.numel())
+            frontier = fresh
+        out = SamplerOutput(
+            node=torch.cat(nodes), row=torch.cat(rows), col=torch.cat(cols), edge=torch.cat(edges),
+            batch=None, num_sampled_nodes=num_nodes, num_sampled_edges=num_edges,
+        )
+        out.metadata = (index.input_id, index.time)
+        return out
+
+    def sample_from_edges(self, index: Any, neg_sampling: Any = None) -> Any:  # pragma: no cover
+        raise NotImplementedError("TorchNeighborSampler samples node neighbourhoods only")
+
+
+def neighbor_loader(
+    data: Data,
+    num_neighbors: Sequence[int],
+    *,
+    batch_size: int,
+    input_nodes: Tensor | None = None,
+    shuffle: bool = False,
+    generator: torch.Generator | None = None,
+    force_torch: bool = False,
+    **kwargs: Any,
+) -> NeighborLoader:
+    """A PyG :class:`~torch_geometric.loader.NeighborLoader` that also runs without ``pyg-lib``
+    and ``torch-sparse`` (then with :class:`TorchNeighborSampler`).
+
+    Args:
+        data: the whole graph (``x``, ``edge_index``, ``y`` ... on the CPU).
+        num_neighbors: neighbours per node at each hop (``-1`` = all); one entry per layer.
+        batch_size: seed nodes per batch.
+        input_nodes: the seeds to iterate over (index or bool mask; default: all nodes).
+        shuffle: reshuffle the seeds every epoch.
+        generator: random generator of :class:`TorchNeighborSampler` (the PyG samplers use
+            torch's global RNG).
+        force_torch: use :class:`TorchNeighborSampler` even when a compiled sampler exists.
+        kwargs: further ``NeighborLoader`` / ``DataLoader`` arguments.
+
+    Returns:
+        The loader; each batch is a ``Data`` whose first ``batch.batch_size`` nodes are the seeds.
+    """
+    if not has_compiled_sampler() or force_torch:
+        kwargs["neighbor_sampler"] = TorchNeighborSampler(data, num_neighbors, generator)
+    return NeighborLoader(data, list(num_neighbors), batch_size=batch_size, input_nodes=input_nodes,
+                          shuffle=shuffle, **kwargs)

@@ -1,0 +1,78 @@
+r"""Edge features in the attention scores of a sparse :class:`~diffusionformer.nn.DiffusionAttention`.
+
+As in PyG's :class:`~torch_geometric.nn.conv.TransformerConv` with ``edge_dim`` (Shi et al.,
+"Masked Label Prediction", IJCAI 2021), an edge ``j -> i`` with features ``e_ij`` shifts the
+key it is scored with:
+
+.. math::
+    s_{ij} = \frac{q_i^\top (k_j + W_e e_{ij})}{\sqrt C}, \qquad
+    P_{ij} = \operatorname{softmax}_{j \to i}(s_{ij}), \qquad
+    \mathrm{out} = \Big[\textstyle\sum_k c_{h,k} P_h^k V_h\Big]_h W_O,
+
+so the edge features decide how much each neighbour counts in every power of ``P``.
+(``TransformerConv`` also adds ``W_e e_ij`` to the message ``v_j``; a message that carries
+its edge does not compose into ``P^k v``, so here edge features act through ``P`` only.)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from diffusionformer.ops import propagate_sparse, segment_softmax
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffusionformer.nn.attention import DiffusionAttention
+
+__all__ = ["edge_feature_attention"]
+
+
+def edge_feature_attention(
+    layer: DiffusionAttention, x: Tensor, edge_index: Tensor, edge_keys: Tensor, *, return_weights: bool = False
+) -> Tensor | tuple[Tensor, Tensor]:
+    r"""The layer's sparse output with the edge terms ``W_e e_ij`` added to the keys of the scores.
+
+    Args:
+        layer: a non-causal :class:`~diffusionformer.nn.DiffusionAttention` whose operators are
+            polynomials in ``P`` that run on sparse graphs.
+        x: node features ``(N, D)``.
+        edge_index: ``(2, E)`` edges ``(source j, target i)``.
+        edge_keys: ``W_e e_ij`` per edge, ``(E, D)`` (split into heads like the keys).
+        return_weights: also return ``P`` per edge and head ``(E, H)``.
+
+    Shapes:
+        ``(N, D)`` -> ``(N, D)`` (and ``(E, H)``).
+    """
+    if layer.causal:
+        raise ValueError("edge_feature_attention: expected a non-causal layer (graphs have no token order)")
+    for op in layer.operators:
+        if not op.supports_sparse:
+            raise ValueError(f"operator {op.name!r} does not support the sparse back-end (it needs a dense P)")
+        if op.uses_context or not op.is_polynomial:
+            # the edge-aware P enters the polynomial loop below; operators that build their own maps
+            # (rivals: second map, layer state, re-attention, uniform map) are not served
+            raise ValueError(f"edge_feature_attention: operator {op.name!r} is not a polynomial in one P; "
+                             "edge features need polynomial heads (attention, laplacian, heat, ppr, polynomial)")
+    N, D = x.shape
+    H, C = layer.num_heads, layer.head_dim
+    E = edge_index.shape[1]
+    if edge_keys.shape != (E, D):
+        raise ValueError(f"edge_keys: expected shape (E, D) = ({E}, {D}), got {tuple(edge_keys.shape)}")
+    q, k, v = layer._project(x)  # (N, H, C)
+    src, dst = edge_index[0], edge_index[1]
+    keys = k.index_select(0, src) + edge_keys.reshape(E, H, C)  # (E, H, C)
+    scores = (q.index_select(0, dst) * keys).sum(-1) * C**-0.5  # (E, H)
+    P = segment_softmax(scores, dst, N)
+    dropout_p = layer.dropout if layer.training else 0.0
+    coeffs = layer._coefficients().to(v.dtype)  # (H, K+1)
+    out = coeffs[None, :, 0, None] * v
+    cur = v
+    for step in range(1, coeffs.shape[1]):
+        W = F.dropout(P, p=dropout_p) if dropout_p > 0 else P
+        cur = propagate_sparse(W, cur, edge_index, num_nodes=N)
+        out = out + coeffs[None, :, step, None] * cur
+    y = layer.out_proj(out.reshape(N, D))
+    return (y, P) if return_weights else y

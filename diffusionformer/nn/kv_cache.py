@@ -1,0 +1,147 @@
+r"""Incremental causal decoding with a cache that serves every operator of the family.
+
+Attention caches keys and values. A diffusion head needs more: ``f(P) v = \sum_k c_k P^k v``
+asks for the powers ``P^k v``. On a causal graph ``P`` is lower triangular, so row ``i`` of
+``P^k v`` is
+
+.. math::
+    (P^k v)_i = \sum_{j \le i} P_{ij}\, (P^{k-1} v)_j ,
+
+a function of the rows ``j <= i`` of the previous power only. The cache therefore keeps,
+per layer, the keys and the ``K + 1`` sequences ``v, Pv, ..., P^K v`` of the tokens seen so
+far; a new token ``i`` needs its row ``P_{i, \le i}`` (one query against the cached keys)
+and ``K`` vector-matrix products, and appends one row to each sequence. Earlier rows never
+change, because a later token never enters an earlier row of ``P``.
+
+Heads whose operator is not a polynomial in ``P`` (the exact ``matrix_exp`` reference) are
+served exactly by caching the queries as well and recomputing their ``(T, T)`` matrix at each
+step: still correct (``f(P)`` of a lower-triangular ``P`` is lower triangular and its leading
+block is ``f`` of ``P``'s leading block), only not incremental. An operator that is not a
+function of one ``P`` through :meth:`~diffusionformer.operators.DiffusionOperator.apply_matrix`
+declares ``supports_kv_cache = False`` and is refused with a clear error: the rivals with a
+context (differential attention's second map, NeuTRENO's and value residuals' first-layer
+values, GRAND-nl's re-attention, AttnScale's uniform map) do; ``ppr-exact`` is served like
+``heat-exact``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffusionformer.nn.attention import DiffusionAttention
+
+__all__ = ["LayerKVCache", "attend_cached"]
+
+
+@dataclass
+class LayerKVCache:
+    """The cached state of one causal :class:`~diffusionformer.nn.DiffusionAttention` layer.
+
+    Attributes:
+        keys: rotated keys of the tokens so far, ``(B, H_kv, T, C)`` (``None`` when empty).
+        powers: ``[v, Pv, ..., P^K v]`` of the tokens so far: ``powers[0]`` is ``(B, H_kv, T, C)``
+            (the values, not repeated over query groups), ``powers[k]`` is ``(B, H, T, C)``.
+        queries: rotated queries ``(B, H, T, C)``, kept only for non-polynomial heads.
+    """
+
+    keys: Tensor | None = None
+    powers: list[Tensor] = field(default_factory=list)
+    queries: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Number of cached tokens ``T``."""
+        return 0 if self.keys is None else int(self.keys.shape[2])
+
+
+def _cat(old: Tensor | None, new: Tensor) -> Tensor:
+    return new if old is None else torch.cat([old, new], dim=2)
+
+
+def _repeat(x: Tensor, H: int) -> Tensor:
+    """``(B, G, T, C) -> (B, H, T, C)``: key/value head ``g`` serves query heads ``g H/G .. (g+1) H/G - 1``."""
+    G = x.shape[1]
+    return x if G == H else x.repeat_interleave(H // G, dim=1)
+
+
+def attend_cached(
+    layer: DiffusionAttention, x: Tensor, cache: LayerKVCache, positions: Tensor | None = None
+) -> Tensor:
+    r"""The layer's output for new tokens ``x`` that follow the cached ones; updates ``cache``.
+
+    Equal (up to rounding) to the last ``n`` rows of ``layer(cat(x_past, x))`` on the causal
+    graph, for every head operator.
+
+    Args:
+        layer: a causal, dense :class:`~diffusionformer.nn.DiffusionAttention`.
+        x: the new tokens ``(B, n, D)`` (the prompt at the first call, then one token a step).
+        cache: the layer's :class:`LayerKVCache` (empty at the first call).
+        positions: rotary positions of the new tokens (default ``T .. T + n - 1``).
+
+    Shapes:
+        ``x``: ``(B, n, D)`` -> ``(B, n, D)``.
+    """
+    if not layer.causal:
+        raise ValueError("attend_cached: expected a causal layer (causal=True); a KV cache is only exact on a causal graph")
+    if not isinstance(cache, LayerKVCache):
+        raise TypeError(f"cache: expected a LayerKVCache, got {type(cache).__name__}")
+    for op in layer.operators:
+        # operators beyond f(P) of one P (two score maps, layer state, re-projection per step) opt out
+        if not op.supports_kv_cache or op.uses_context:
+            why = "supports_kv_cache=False" if not op.supports_kv_cache else "it needs a RivalContext"
+            raise ValueError(
+                f"attend_cached: operator {op.name!r} does not support a KV cache ({why}); "
+                "generate with use_cache=False"
+            )
+    if x.dim() != 3:
+        raise ValueError(f"attend_cached: expected x of shape (B, n, D), got {tuple(x.shape)}")
+    B, n, D = x.shape
+    H, C = layer.num_heads, layer.head_dim
+    start = cache.length
+    if cache.keys is not None and cache.keys.shape[0] != B:
+        raise ValueError(f"attend_cached: expected batch size {cache.keys.shape[0]} (the cache's), got {B}")
+    if positions is None and layer.rotary is not None:
+        positions = torch.arange(start, start + n, device=x.device)
+    q, k, v = layer._project(x, positions, expand=False)  # (B, n, H, C), (B, n, G, C) x2
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|G, n, C)
+    keys = _cat(cache.keys, k)  # (B, G, T, C)
+    values = _cat(cache.powers[0] if cache.powers else None, v)
+    T = start + n
+    scale = C**-0.5
+    rows = torch.arange(start, T, device=x.device)[:, None]
+    visible = torch.arange(T, device=x.device)[None, :] <= rows  # (n, T): causal
+    scores = (q @ _repeat(keys, H).transpose(-1, -2)) * scale  # (B, H, n, T)
+    P = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+
+    coeffs = layer._coefficients().to(v.dtype)  # (H, K+1); zero rows for non-polynomial heads
+    K = coeffs.shape[1] - 1
+    out = coeffs[None, :, 0, None, None] * _repeat(v, H)  # (B, H, n, C)
+    powers = [values]
+    prev = _repeat(values, H)  # (B, H, T, C)
+    for step in range(1, K + 1):
+        new_rows = P @ prev  # (B, H, n, C): rows start..T-1 of P^step v
+        old = cache.powers[step] if len(cache.powers) > step else None
+        prev = _cat(old, new_rows)
+        powers.append(prev)
+        out = out + coeffs[None, :, step, None, None] * new_rows
+
+    polynomial = layer._polynomial
+    queries = None
+    if not all(polynomial):
+        queries = _cat(cache.queries, q)  # (B, H, T, C)
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        vals, ks = _repeat(values, H), _repeat(keys, H)
+        for op, (s, c), poly in zip(layer.operators, layer._groups, polynomial):
+            if poly:
+                continue
+            S = (queries[:, s : s + c] @ ks[:, s : s + c].transpose(-1, -2)) * scale
+            Pg = torch.softmax(S.masked_fill(~causal, float("-inf")), dim=-1)  # (B, c, T, T)
+            out[:, s : s + c] = out[:, s : s + c] + op.apply_matrix(Pg, vals[:, s : s + c])[:, :, start:]
+
+    cache.keys, cache.powers, cache.queries = keys, powers, queries
+    return layer.out_proj(out.transpose(1, 2).reshape(B, n, D))

@@ -1,0 +1,156 @@
+r"""Rotary position embeddings (RoPE) for queries and keys, in 1-D (sequences) and 2-D (grids).
+
+RoPE (Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", 2021)
+rotates each pair of channels ``(x_{2i}, x_{2i+1})`` of a query or key at position ``m`` by
+the angle ``m \theta_i`` with ``\theta_i = \mathrm{base}^{-2i/C}``:
+
+.. math::
+    \begin{pmatrix} x'_{2i} \\ x'_{2i+1} \end{pmatrix} =
+    \begin{pmatrix} \cos m\theta_i & -\sin m\theta_i \\ \sin m\theta_i & \cos m\theta_i \end{pmatrix}
+    \begin{pmatrix} x_{2i} \\ x_{2i+1} \end{pmatrix},
+    \qquad (R_m q)^\top (R_n k) = q^\top R_{n-m}\, k,
+
+so the score of a query at ``m`` and a key at ``n`` depends on ``n - m`` only. Applied to
+``q`` and ``k`` before the scores, every head of a :class:`~diffusionformer.nn.DiffusionAttention`
+(attention, Laplacian, heat, ...) diffuses over the rotated ``P``. The 2-D variant (as in
+Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024, axial form)
+rotates the first half of the channels by the row and the second half by the column of a
+patch. Neither has parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["RotaryEmbedding", "RotaryEmbedding2D", "apply_rotary"]
+
+
+def _check_dim(name: str, head_dim: int, multiple: int) -> None:
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < multiple or head_dim % multiple:
+        raise ValueError(f"{name}: expected head_dim a positive multiple of {multiple}, got {head_dim!r}")
+
+
+def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
+    r"""Rotate channel pairs ``(x_{2i}, x_{2i+1})`` of ``x`` by ``angles[..., i]``.
+
+    Args:
+        x: ``(..., N, H, C)`` queries or keys.
+        angles: ``(N, C/2)`` rotation angles per position and pair (broadcast over heads).
+
+    Shapes:
+        ``(..., N, H, C) -> (..., N, H, C)``.
+
+    Examples:
+        >>> x = torch.tensor([[[1.0, 0.0]]])                    # (N=1, H=1, C=2)
+        >>> apply_rotary(x, torch.tensor([[torch.pi / 2]])).round(decimals=6).abs()  # (1, 0) -> (0, 1)
+        tensor([[[0., 1.]]])
+    """
+    C = x.shape[-1]
+    if angles.shape[-1] * 2 != C or angles.shape[0] != x.shape[-3]:
+        raise ValueError(
+            f"apply_rotary: expected angles of shape (N, C/2) = ({x.shape[-3]}, {C // 2}), got {tuple(angles.shape)}"
+        )
+    cos = angles.cos().to(x.dtype)[:, None, :]  # (N, 1, C/2)
+    sin = angles.sin().to(x.dtype)[:, None, :]
+    pairs = x.unflatten(-1, (C // 2, 2))  # (..., N, H, C/2, 2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+
+class RotaryEmbedding(nn.Module):
+    r"""1-D RoPE: position ``m`` rotates channel pair ``i`` by ``m\, \mathrm{base}^{-2i/C}``.
+
+    Args:
+        head_dim: ``C``, even.
+        base: the frequency base (10000 in RoFormer and LLaMA).
+
+    Shapes:
+        ``x``: ``(..., N, H, C)``, ``positions``: ``(N,)`` (int or float; default ``0..N-1``)
+        -> ``(..., N, H, C)``.
+
+    Examples:
+        >>> rope = RotaryEmbedding(4)
+        >>> q, k = torch.randn(3, 1, 4), torch.randn(3, 1, 4)
+        >>> s = (rope(q)[:, 0] @ rope(k)[:, 0].T)                 # scores of positions 0..2
+        >>> s2 = (rope(q, torch.arange(5, 8))[:, 0] @ rope(k, torch.arange(5, 8))[:, 0].T)
+        >>> torch.allclose(s, s2, atol=1e-5)                      # shift-invariant
+        True
+    """
+
+    ndim = 1
+
+    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        _check_dim("RotaryEmbedding", head_dim, 2)
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 1:
+            raise ValueError(f"RotaryEmbedding: expected base a float > 1, got {base!r}")
+        self.head_dim = head_dim
+        self.base = float(base)
+
+    def inv_freq(self, device: torch.device | None = None) -> Tensor:
+        """``theta_i = base^{-2i/C}``, ``(C/2,)`` in float64."""
+        C = self.head_dim
+        return self.base ** (-torch.arange(0, C, 2, dtype=torch.float64, device=device) / C)
+
+    def default_positions(self, N: int, device: torch.device | None = None) -> Tensor:
+        """``0, 1, ..., N-1``."""
+        return torch.arange(N, device=device)
+
+    def angles(self, positions: Tensor) -> Tensor:
+        """``(N,)`` positions -> ``(N, C/2)`` angles (float64)."""
+        if positions.dim() != 1:
+            raise ValueError(f"RotaryEmbedding: expected positions of shape (N,), got {tuple(positions.shape)}")
+        return positions.to(torch.float64)[:, None] * self.inv_freq(positions.device)[None, :]
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"RotaryEmbedding: expected x with last dim head_dim={self.head_dim}, got {tuple(x.shape)}")
+        if positions is None:
+            positions = self.default_positions(x.shape[-3], x.device)
+        return apply_rotary(x, self.angles(positions))
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base}"
+
+
+class RotaryEmbedding2D(RotaryEmbedding):
+    r"""Axial 2-D RoPE: channels ``[0, C/2)`` rotate by the row ``r``, ``[C/2, C)`` by the column ``c``,
+    each half with the 1-D frequencies of a ``C/2``-dimensional RoPE.
+
+    Then ``(R_{r,c} q)^\top (R_{r',c'} k)`` depends only on ``(r' - r, c' - c)``.
+
+    Args:
+        head_dim: ``C``, a multiple of 4.
+        base: the frequency base.
+
+    Shapes:
+        ``x``: ``(..., N, H, C)``, ``positions``: ``(N, 2)`` rows and columns (required) ->
+        ``(..., N, H, C)``.
+
+    Examples:
+        >>> rope = RotaryEmbedding2D(8)
+        >>> grid = torch.tensor([[0, 0], [0, 1], [1, 0]])
+        >>> rope(torch.randn(2, 3, 1, 8), grid).shape
+        torch.Size([2, 3, 1, 8])
+    """
+
+    ndim = 2
+
+    def __init__(self, head_dim: int, base: float = 100.0) -> None:
+        _check_dim("RotaryEmbedding2D", head_dim, 4)
+        super().__init__(head_dim, base)
+
+    def inv_freq(self, device: torch.device | None = None) -> Tensor:
+        half = self.head_dim // 2
+        return self.base ** (-torch.arange(0, half, 2, dtype=torch.float64, device=device) / half)
+
+    def default_positions(self, N: int, device: torch.device | None = None) -> Tensor:
+        raise ValueError("RotaryEmbedding2D: expected explicit (N, 2) positions (row, column), got none")
+
+    def angles(self, positions: Tensor) -> Tensor:
+        if positions.dim() != 2 or positions.shape[1] != 2:
+            raise ValueError(f"RotaryEmbedding2D: expected positions of shape (N, 2), got {tuple(positions.shape)}")
+        f = self.inv_freq(positions.device)[None, :]  # (1, C/4)
+        p = positions.to(torch.float64)
+        return torch.cat([p[:, :1] * f, p[:, 1:] * f], dim=1)  # (N, C/2)

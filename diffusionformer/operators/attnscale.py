@@ -1,0 +1,86 @@
+r"""AttnScale (Wang et al., ICLR 2022): re-weight the high-frequency part of ``P``."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter
+from diffusionformer.operators.registry import register_operator
+
+__all__ = ["AttnScaleOperator"]
+
+
+@register_operator
+class AttnScaleOperator(DiffusionOperator):
+    r"""AttnScale: :math:`f(P) = DC + (1 + \omega_h)\, HC`, with :math:`DC` the uniform average and :math:`HC = P - DC`.
+
+    From Wang, Zheng, Chen & Wang, "Anti-Oversmoothing in Deep Vision Transformers via the
+    Fourier Domain Analysis: From Theory to Practice" (ICLR 2022). A softmax map is a low-pass
+    filter; AttnScale splits it into its direct-current part
+    :math:`DC = \frac{1}{N} 1 1^\top` (here: each row's uniform average over its *admissible*
+    keys, so causal row ``i`` averages ``j <= i`` and padding is ignored) and the rest
+    :math:`HC = P - DC`, and amplifies the rest by a learned :math:`1 + \omega_h` per head
+    (``omega`` starts at 0, where the head is plain attention):
+
+    .. math::
+        f(P)\, v = DC\, v + (1 + \omega_h)(P v - DC\, v).
+
+    ``DC`` is not a function of ``P``, so the operator declares ``needs_uniform_map`` and runs
+    through the layer's context (two attention-shaped calls: ``P v`` and ``DC v``). Defined on
+    every back-end: on a sparse graph ``DC`` is the mean over incoming edges.
+
+    Args:
+        omega: initial :math:`\omega` (the paper: 0).
+        learnable: learn ``omega`` per head (the paper: yes).
+        num_heads: number of heads ``G`` this instance serves.
+
+    Examples:
+        >>> AttnScaleOperator(num_heads=2).omega.tolist()
+        [0.0, 0.0]
+    """
+
+    name = "attnscale"
+    aliases = ("attn-scale", "attention-scale")
+    is_polynomial = False
+    needs_uniform_map = True
+    # the cache serves functions of one P (apply_matrix); DC is a second, uniform map it does not keep
+    supports_kv_cache = False
+    example_kwargs = {"omega": 0.4}
+
+    def __init__(self, omega: float = 0.0, learnable: bool = True, num_heads: int = 1) -> None:
+        super().__init__(num_heads)
+        if isinstance(omega, bool) or not isinstance(omega, (int, float)):
+            raise TypeError(f"omega must be a float, got {type(omega).__name__}")
+        if not isinstance(learnable, bool):
+            raise TypeError(f"learnable must be a bool, got {type(learnable).__name__}")
+        self._omega0 = float(omega)
+        self.learnable = learnable
+        init = torch.full((num_heads,), float(omega))
+        if learnable:
+            self.omega = nn.Parameter(init)
+        else:
+            self.register_buffer("omega", init)
+
+    def spec_kwargs(self) -> dict:
+        return {"omega": self._omega0, "learnable": self.learnable}
+
+    @property
+    def degree(self) -> int:
+        raise NotImplementedError("attnscale uses the uniform map DC, not only powers of P")
+
+    def coefficients(self) -> Tensor:
+        raise NotImplementedError("attnscale is not a polynomial in P; the layer calls apply_context()")
+
+    def apply_context(self, ctx) -> Tensor:  # noqa: ANN001
+        check_finite_parameter(self, "omega", self.omega)
+        G = ctx.v.shape[1]
+        if G != self.num_heads and self.num_heads != 1:
+            raise ValueError(f"attnscale serves {self.num_heads} heads, got {G}")
+        w = self.omega.to(ctx.v.dtype).view(1, -1, 1, 1)
+        pv = ctx.propagate(ctx.v)
+        dc = ctx.uniform(ctx.v)
+        return dc + (1.0 + w) * (pv - dc)
+
+    def extra_repr(self) -> str:
+        return f"omega={[round(x, 4) for x in self.omega.detach().tolist()]}, learnable={self.learnable}, num_heads={self.num_heads}"

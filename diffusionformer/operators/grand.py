@@ -1,0 +1,130 @@
+r"""Nonlinear diffusion (GRAND-nl, Chamberlain et al., ICML 2021): re-attend at every step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from diffusionformer.operators.base import DiffusionOperator
+from diffusionformer.operators.registry import register_operator
+
+__all__ = ["NonlinearDiffusionOperator"]
+
+FIXED_STEP = ("euler", "rk4")
+
+
+@register_operator
+class NonlinearDiffusionOperator(DiffusionOperator):
+    r"""GRAND-nl: integrate :math:`\dot X = (P(X) - I)\, X` to time ``t``, with ``P`` re-computed from ``X``.
+
+    From Chamberlain, Rowbottom, Gorinova, Webb, Rossi & Bronstein, "GRAND: Graph Neural
+    Diffusion" (ICML 2021), nonlinear variant: the attention :math:`P(X) = \operatorname{softmax}
+    (X W_Q (X W_K)^\top / \sqrt{C} + \text{mask})` is recomputed from the current state at every
+    step, so the diffusivity follows the features it smooths. The state is the head's input
+    in model space; since the projections are affine and ``P`` is row-stochastic, the
+    projected queries, keys and values follow the same equation,
+    :math:`\dot q = (P - I) q`, :math:`\dot k = (P - I) k`, :math:`\dot v = (P - I) v`, which is what
+    the operator integrates (a layer with q/k norm re-applies it to the evolving ``q``, ``k``).
+    The head's output is ``v(t)``.
+
+    Solvers: ``"euler"`` (``K`` steps of :math:`X \leftarrow X + \tau (P(X) - I) X`,
+    :math:`\tau = t / K`) and ``"rk4"`` (classical Runge-Kutta, ``K`` steps, 4 attention calls
+    each); any other name (``"dopri5"``, ...) is an adaptive solver of ``torchdiffeq``
+    (optional, not a dependency: a clear ``ImportError`` says how to install it). Euler with
+    ``t = 1, K = 1`` is one attention step, ``v <- P v``. Defined on every back-end (the
+    context's ``attend`` re-attends on the same graph).
+
+    Args:
+        t: integration time.
+        steps: ``K`` fixed steps (ignored by adaptive solvers).
+        method: ``"euler"``, ``"rk4"`` or a ``torchdiffeq`` method name.
+        rtol, atol: tolerances of an adaptive solver.
+        num_heads: number of heads ``G`` this instance serves.
+
+    Examples:
+        >>> NonlinearDiffusionOperator(t=1.0, steps=2, method="rk4").calls_per_forward()
+        8
+    """
+
+    name = "grand-nl"
+    aliases = ("grand", "nonlinear-diffusion", "re-attention")
+    is_polynomial = False
+    reprojects_each_step = True
+    # P is recomputed from the evolving q, k, v at every step: no cached powers of one P apply
+    supports_kv_cache = False
+    example_kwargs = {"t": 1.0, "steps": 2, "method": "rk4"}
+
+    def __init__(self, t: float = 1.0, steps: int = 4, method: str = "euler", rtol: float = 1e-5, atol: float = 1e-6,
+                 num_heads: int = 1) -> None:
+        super().__init__(num_heads)
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"t must be a finite non-negative float, got {t!r}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        if not isinstance(method, str):
+            raise TypeError(f"method must be a str, got {type(method).__name__}")
+        if method not in FIXED_STEP:
+            _odeint()  # fail at construction, not in the forward pass
+        self.t, self.steps, self.method = float(t), steps, method
+        self.rtol, self.atol = float(rtol), float(atol)
+
+    def spec_kwargs(self) -> dict:
+        kwargs = {"t": self.t, "steps": self.steps, "method": self.method}
+        if self.method not in FIXED_STEP:
+            kwargs.update(rtol=self.rtol, atol=self.atol)
+        return kwargs
+
+    @property
+    def degree(self) -> int:
+        raise NotImplementedError("grand-nl recomputes P at every step; it is not a polynomial in one P")
+
+    def coefficients(self) -> Tensor:
+        raise NotImplementedError("grand-nl is not a polynomial in P; the layer calls apply_context()")
+
+    def calls_per_forward(self) -> int:
+        """Attention calls of the fixed-step solvers (``K`` Euler, ``4 K`` RK4)."""
+        return self.steps * (4 if self.method == "rk4" else 1)
+
+    def apply_context(self, ctx) -> Tensor:  # noqa: ANN001
+        C = ctx.q_raw.shape[-1]
+        Cv = ctx.v.shape[-1]
+
+        def field(state: Tensor) -> Tensor:
+            q, k = ctx.normalise_qk(state[..., :C], state[..., C : 2 * C])
+            return ctx.attend(q, k, state) - state
+
+        state = torch.cat([ctx.q_raw, ctx.k_raw, ctx.v], dim=-1)  # (B, G, N, 2C + Cv)
+        if self.t == 0.0:
+            return ctx.v
+        if self.method in FIXED_STEP:
+            tau = self.t / self.steps
+            for _ in range(self.steps):
+                if self.method == "euler":
+                    state = state + tau * field(state)
+                else:
+                    k1 = field(state)
+                    k2 = field(state + 0.5 * tau * k1)
+                    k3 = field(state + 0.5 * tau * k2)
+                    k4 = field(state + tau * k3)
+                    state = state + (tau / 6.0) * (k1 + 2 * k2 + 2 * k3 + k4)
+        else:
+            odeint = _odeint()
+            times = torch.tensor([0.0, self.t], dtype=state.dtype, device=state.device)
+            state = odeint(lambda _t, s: field(s), state, times, method=self.method, rtol=self.rtol, atol=self.atol)[-1]
+        return state[..., 2 * C : 2 * C + Cv]
+
+    def extra_repr(self) -> str:
+        return f"t={self.t:g}, steps={self.steps}, method={self.method!r}, num_heads={self.num_heads}"
+
+
+def _odeint():  # noqa: ANN202
+    try:
+        from torchdiffeq import odeint
+    except ImportError:
+        raise ImportError(
+            "grand-nl with an adaptive solver needs torchdiffeq, which is not installed "
+            "(pip install torchdiffeq); the built-in solvers are method='euler' and method='rk4'"
+        ) from None
+    return odeint

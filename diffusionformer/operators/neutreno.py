@@ -1,0 +1,116 @@
+r"""Cross-layer rivals that read the first layer's values: NeuTRENO and value residuals (ResFormer)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from diffusionformer.operators.base import DiffusionOperator
+from diffusionformer.operators.registry import register_operator
+
+__all__ = ["NeuTRENOOperator", "ValueResidualOperator"]
+
+
+def _check_lambda(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    return float(value)
+
+
+@register_operator
+class NeuTRENOOperator(DiffusionOperator):
+    r"""NeuTRENO: :math:`P v + \lambda (v_0 - v)`, with :math:`v_0` the first layer's values.
+
+    From Nguyen, Nguyen & Baraniuk, "Mitigating Over-smoothing in Transformers via Regularized
+    Nonlocal Functionals" (NeurIPS 2023): attention is a gradient step of a nonlocal smoothing
+    functional; adding a fidelity term :math:`\lambda \|v - v_0\|^2` to it pulls every layer
+    back towards the first layer's values, which keeps the high frequencies the smoothing
+    removes. ``lambda = 0.6`` is the authors' DeiT setting (``self.alpha = 0.6`` in their
+    code). The first layer of a model (or a layer called without a
+    :class:`~diffusionformer.ops.rivals.LayerState`) has :math:`v_0 = v`: plain attention.
+
+    Args:
+        lam: :math:`\lambda`, the fidelity weight.
+        num_heads: number of heads ``G`` this instance serves.
+
+    Examples:
+        >>> NeuTRENOOperator().lam
+        0.6
+    """
+
+    name = "neutreno"
+    aliases = ("neu-treno",)
+    is_polynomial = False
+    needs_layer_state = True
+    # reads the first layer's values v0 from the LayerState, which cached decoding does not carry
+    supports_kv_cache = False
+    example_kwargs = {"lam": 0.6}
+
+    def __init__(self, lam: float = 0.6, num_heads: int = 1) -> None:
+        super().__init__(num_heads)
+        self.lam = _check_lambda(lam, "lam")
+
+    def spec_kwargs(self) -> dict:
+        return {"lam": self.lam}
+
+    @property
+    def degree(self) -> int:
+        raise NotImplementedError("neutreno reads the first layer's values; it is not a polynomial in P")
+
+    def coefficients(self) -> Tensor:
+        raise NotImplementedError("neutreno is not a polynomial in P; the layer calls apply_context()")
+
+    def apply_context(self, ctx) -> Tensor:  # noqa: ANN001
+        out = ctx.propagate(ctx.v)
+        if ctx.v0 is None:
+            return out
+        return out + self.lam * (ctx.v0 - ctx.v)
+
+    def extra_repr(self) -> str:
+        return f"lam={self.lam:g}, num_heads={self.num_heads}"
+
+
+@register_operator
+class ValueResidualOperator(DiffusionOperator):
+    r"""Value residual (ResFormer): :math:`P (v + \lambda v_1)`, with :math:`v_1` the first layer's values.
+
+    From Zhou et al., "Value Residual Learning For Alleviating Attention Concentration In
+    Transformers" (2024): every layer after the first attends over its own values plus the
+    first layer's, a residual connection on the values that keeps token information the
+    attention would otherwise average away. ``lam = 1`` is the plain sum :math:`V_n + V_1`
+    (the paper's weighted variants :math:`\lambda_1 V_n + \lambda_2 V_1` differ by a scale the
+    output projection absorbs when :math:`\lambda_1 = \lambda_2`). The first layer (no
+    earlier values) is plain attention.
+
+    Args:
+        lam: weight of the first layer's values.
+        num_heads: number of heads ``G`` this instance serves.
+    """
+
+    name = "value-residual"
+    aliases = ("resformer", "value-residual-attention")
+    is_polynomial = False
+    needs_layer_state = True
+    # reads the first layer's values v0 from the LayerState, which cached decoding does not carry
+    supports_kv_cache = False
+    example_kwargs = {"lam": 1.0}
+
+    def __init__(self, lam: float = 1.0, num_heads: int = 1) -> None:
+        super().__init__(num_heads)
+        self.lam = _check_lambda(lam, "lam")
+
+    def spec_kwargs(self) -> dict:
+        return {"lam": self.lam}
+
+    @property
+    def degree(self) -> int:
+        raise NotImplementedError("value-residual reads the first layer's values; it is not a polynomial in P")
+
+    def coefficients(self) -> Tensor:
+        raise NotImplementedError("value-residual is not a polynomial in P; the layer calls apply_context()")
+
+    def apply_context(self, ctx) -> Tensor:  # noqa: ANN001
+        v = ctx.v if ctx.v0 is None else ctx.v + self.lam * ctx.v0
+        return ctx.propagate(v)
+
+    def extra_repr(self) -> str:
+        return f"lam={self.lam:g}, num_heads={self.num_heads}"

@@ -1,0 +1,279 @@
+r"""What the rival operators need beyond one polynomial in ``P``: a context and a layer state.
+
+Most heads of this library are polynomials :math:`\sum_k c_k P^k` and run through the
+polynomial engine. The published rivals are not:
+
+* differential attention forms **two** score maps from split queries and keys;
+* NeuTRENO and value residuals read the **first layer's values** ``v0``;
+* nonlinear diffusion (GRAND-nl) **re-attends** at every step from the evolving state;
+* AttnScale needs the **uniform average** over the admissible keys (its ``DC`` part).
+
+An operator declares these needs with capability flags
+(:attr:`~diffusionformer.operators.DiffusionOperator.needs_second_map`, ...). The layer then
+builds a :class:`RivalContext` for the operator's heads and calls
+:meth:`~diffusionformer.operators.DiffusionOperator.apply_context`. The context hides the
+back-end: :meth:`RivalContext.attend` is ``softmax(q k^T s + mask) x`` with any ``q``, ``k``,
+``x`` on the dense (SDPA) or the sparse (edge softmax) path, so every rival written against it
+runs on both. Tensors handed to operators are head-major, ``(B, G, N, C)`` (``B = 1`` for a
+sparse graph).
+
+:class:`LayerState` is the small object that carries the first layer's values and the depth
+of the current layer through a model's forward pass (models create one per call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from diffusionformer.ops.dense import attention_matrix, normalise_mask, propagate_dense
+from diffusionformer.ops.sparse import diffuse_sparse
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffusionformer.operators.base import DiffusionOperator
+
+__all__ = ["LayerState", "RivalContext", "apply_context_groups", "uniform_average"]
+
+
+@dataclass
+class LayerState:
+    """State shared by the :class:`~diffusionformer.nn.DiffusionAttention` layers of one forward pass.
+
+    The first layer called with a state records its values ``v`` (all heads, head-major
+    ``(B, H, N, C)``); later layers read them (NeuTRENO's ``v0``, ResFormer's ``V_1``).
+    ``depth`` counts the layers called so far, so the ``l``-th layer (0-based) sees
+    ``depth == l`` (differential attention's ``lambda_init`` schedule).
+
+    Examples:
+        >>> s = LayerState()
+        >>> s.enter(torch.ones(1, 2, 3, 4))
+        (0, None)
+        >>> depth, v0 = s.enter(torch.zeros(1, 2, 3, 4)); depth, v0.sum().item()
+        (1, 24.0)
+    """
+
+    first_values: Tensor | None = None
+    depth: int = 0
+
+    def enter(self, v: Tensor) -> tuple[int, Tensor | None]:
+        """Register a layer with values ``v`` ``(B, H, N, C)``: its depth and the first layer's
+        values (``None`` for the first layer itself)."""
+        depth = self.depth
+        self.depth += 1
+        if self.first_values is None:
+            self.first_values = v
+            return depth, None
+        return depth, self.first_values
+
+
+def uniform_average(x: Tensor, allowed: Tensor | None) -> Tensor:
+    r"""The direct-current part :math:`DC\,x`: each row averages ``x`` over its admissible keys.
+
+    With ``allowed`` ``None`` every key counts (:math:`DC = \frac{1}{N} 1 1^\top`); a row with
+    no admissible key is zero (like ``P``). This is the explicit float-mask form used in
+    references; layers use :meth:`RivalContext.uniform`, which runs through the same kernels
+    as attention.
+
+    Shapes:
+        ``x``: ``(B, G, N, C)``; ``allowed``: bool broadcastable to ``(B, G, N, N)`` -> ``(B, G, N, C)``.
+
+    Examples:
+        >>> x = torch.tensor([[[[1.], [3.]]]])
+        >>> uniform_average(x, torch.ones(2, 2, dtype=torch.bool).tril()).flatten().tolist()
+        [1.0, 2.0]
+    """
+    N = x.shape[-2]
+    if allowed is None:
+        return x.mean(dim=-2, keepdim=True).expand_as(x)
+    w = allowed.to(x.dtype).expand(*x.shape[:-2], N, N)
+    count = w.sum(-1, keepdim=True)
+    return (w @ x) / count.clamp_min(1.0)
+
+
+class RivalContext:
+    r"""What a context operator sees of its layer, for its ``G`` heads.
+
+    Attributes:
+        q, k, v: queries, keys (after the layer's q/k norm) and values, ``(B, G, N, C)``.
+        q_raw, k_raw: queries and keys before the layer's q/k norm and rotary embedding (equal
+            to ``q``, ``k`` without either); operators that evolve them (GRAND-nl) re-apply
+            :meth:`normalise_qk`.
+        scale: the layer's score scale ``1 / sqrt(C)``.
+        v0: the first layer's values for these heads ``(B, G, N, C)``, or ``None`` when this
+            layer is the first (or no state was given).
+        depth: the index of this layer in the model (0 without a state).
+        dropout_p: dropout on attention probabilities (training only; 0 in eval).
+
+    Use :meth:`dense` or :meth:`sparse` to build one.
+    """
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, *, scale: float, v0: Tensor | None = None, depth: int = 0,
+                 dropout_p: float = 0.0, q_raw: Tensor | None = None, k_raw: Tensor | None = None,
+                 normalise_qk: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None) -> None:
+        self.q, self.k, self.v = q, k, v
+        self.q_raw = q if q_raw is None else q_raw
+        self.k_raw = k if k_raw is None else k_raw
+        self._normalise_qk = normalise_qk
+        self.scale = float(scale)
+        if v0 is not None and v0.shape != v.shape:
+            raise ValueError(
+                f"the first layer's values have shape {tuple(v0.shape)}, this layer's heads {tuple(v.shape)}; "
+                "layers sharing a LayerState need the same batch, length, heads and head width"
+            )
+        self.v0 = v0
+        self.depth = int(depth)
+        self.dropout_p = float(dropout_p)
+        self._mode = ""
+        self._mask: Tensor | None = None
+        self._is_causal = False
+        self._edge_index: Tensor | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def dense(cls, q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False,
+              scale: float | None = None, **kwargs: Any) -> "RivalContext":
+        """A dense context; ``attn_mask`` bool (True = attend) or additive, broadcastable to ``(B, G, N, N)``."""
+        B, G, N, C = q.shape
+        mask, is_causal = normalise_mask(attn_mask, is_causal, (B, G, N, k.shape[2]), q.device, q.dtype)
+        ctx = cls(q, k, v, scale=C**-0.5 if scale is None else scale, **kwargs)
+        ctx._mode, ctx._mask, ctx._is_causal = "dense", mask, is_causal
+        return ctx
+
+    @classmethod
+    def sparse(cls, q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor, *, is_causal: bool = False,
+               scale: float | None = None, **kwargs: Any) -> "RivalContext":
+        """A sparse context from node-major ``(N, G, C)`` inputs and ``edge_index`` ``(2, E)``
+        (``(source j, target i)``); tensors are stored head-major ``(1, G, N, C)``. With
+        ``is_causal`` the edges whose source comes after their target are ignored (as in
+        :func:`~diffusionformer.ops.sparse.diffuse_sparse`)."""
+        C = q.shape[-1]
+
+        def hm(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.transpose(0, 1).unsqueeze(0)
+
+        for key in ("q_raw", "k_raw"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = hm(kwargs[key])
+        if kwargs.get("v0") is not None and kwargs["v0"].dim() == 3:
+            kwargs["v0"] = hm(kwargs["v0"])
+        ctx = cls(hm(q), hm(k), hm(v), scale=C**-0.5 if scale is None else scale, **kwargs)  # type: ignore[arg-type]
+        ctx._mode, ctx._edge_index, ctx._is_causal = "sparse", edge_index, bool(is_causal)
+        return ctx
+
+    @property
+    def is_sparse(self) -> bool:
+        return self._mode == "sparse"
+
+    # ------------------------------------------------------------------ kernels
+    def normalise_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """The layer's q/k norm (identity when it has none)."""
+        return (q, k) if self._normalise_qk is None else self._normalise_qk(q, k)
+
+    def attend(self, q: Tensor, k: Tensor, x: Tensor, scale: float | None = None) -> Tensor:
+        r""":math:`\operatorname{softmax}(q k^\top s + \text{mask})\, x` on this context's graph.
+
+        Rows without an admissible key give zero. Dropout ``dropout_p`` applies to the
+        probabilities.
+
+        Shapes:
+            ``q``, ``k``: ``(B, G, N, C')``; ``x``: ``(B, G, N, C_x)`` -> ``(B, G, N, C_x)``.
+        """
+        s = self.scale if scale is None else float(scale)
+        if self._mode == "dense":  # one fused attention call (rows without keys pinned to 0 there)
+            return propagate_dense(q, k, x, attn_mask=self._mask, is_causal=self._is_causal, scale=s,
+                                   dropout_p=self.dropout_p)
+        assert self._edge_index is not None
+        nm = [t[0].transpose(0, 1) for t in (q, k, x)]  # (N, G, .)
+        # static coefficients (0, 1): one edge softmax and one propagation, P x
+        out = diffuse_sparse(nm[0], nm[1], nm[2], self._edge_index, [0.0, 1.0], num_nodes=nm[0].shape[0], scale=s,
+                             dropout_p=self.dropout_p, is_causal=self._is_causal)
+        return out.transpose(0, 1).unsqueeze(0)
+
+    def propagate(self, x: Tensor) -> Tensor:
+        """``P x`` with the layer's own ``P`` (its ``q``, ``k``, ``scale``)."""
+        return self.attend(self.q, self.k, x)
+
+    def uniform(self, x: Tensor) -> Tensor:
+        r"""``DC x``: the average of ``x`` over each row's admissible keys (zero scores, no dropout)."""
+        zeros = torch.zeros_like(self.q[..., :1])
+        drop, self.dropout_p = self.dropout_p, 0.0
+        try:
+            return self.attend(zeros, torch.zeros_like(self.k[..., :1]), x, scale=1.0)
+        finally:
+            self.dropout_p = drop
+
+    def attention_matrix(self) -> Tensor:
+        """The layer's ``P`` for these heads, ``(B, G, N, N)`` (dense contexts only)."""
+        if self._mode != "dense":
+            raise ValueError("attention_matrix() needs a dense context; this operator is dense-only")
+        P = attention_matrix(self.q, self.k, attn_mask=self._mask, is_causal=self._is_causal, scale=self.scale)
+        if self.dropout_p > 0.0:
+            P = torch.nn.functional.dropout(P, p=self.dropout_p)
+        return P
+
+
+def _slice_heads(mask: Tensor | None, s: int, c: int, H: int) -> Tensor | None:
+    if mask is None or mask.dim() < 4 or mask.shape[1] == 1:
+        return mask
+    if mask.shape[1] != H:
+        raise ValueError(f"attn_mask has {mask.shape[1]} heads, the layer {H}")
+    return mask[:, s : s + c]
+
+
+def apply_context_groups(
+    layer: nn.Module, out: Tensor, x: Tensor, q: Tensor, k: Tensor, v: Tensor, *, entered: tuple[int, Tensor | None],
+    mask: Tensor | None = None, is_causal: bool = False, edge_index: Tensor | None = None, dropout_p: float = 0.0,
+    positions: Tensor | None = None,
+) -> Tensor:
+    """Add the output of every context operator of ``layer`` to ``out`` (their rows of ``out`` are zero).
+
+    The one place where :class:`~diffusionformer.nn.DiffusionAttention` hands heads to
+    operators that declare capabilities; the layer itself has no per-operator cases.
+    ``entered`` is what :meth:`LayerState.enter` returned for this layer (``(0, None)``
+    without a state); ``positions`` are the layer's rotary positions (re-applied, with its
+    q/k norm, by operators that evolve ``q`` and ``k``).
+
+    Shapes:
+        dense: ``x`` ``(B, N, D)``, ``q``/``k``/``v``/``out`` ``(B, H, N, C)``;
+        sparse: ``x`` ``(N, D)``, ``q``/``k``/``v``/``out`` ``(N, H, C)``.
+    """
+    sparse = edge_index is not None
+    H = layer.num_heads
+    head_axis = 1
+    depth, v0_all = entered
+    groups = [(op, s, c) for op, (s, c) in zip(layer.operators, layer._groups) if op.uses_context]
+    if not groups:
+        return out
+    # the layer's q/k transform (norm, then rotary): operators that evolve q and k re-apply it
+    has_norm = not isinstance(layer.q_norm, nn.Identity) or getattr(layer, "rotary", None) is not None
+    raw = None
+    for op, s, c in groups:
+        q_raw = k_raw = None
+        if op.reprojects_each_step and has_norm:
+            if raw is None:
+                raw = layer._project(x, positions, transform=False)  # (..., N, H, C), key/value heads expanded
+            q_raw, k_raw = raw[0][..., s : s + c, :], raw[1][..., s : s + c, :]  # (..., N, G, C)
+            if not sparse:
+                q_raw, k_raw = q_raw.transpose(1, 2), k_raw.transpose(1, 2)
+        v0 = None if v0_all is None else v0_all[:, s : s + c]
+
+        def norm(qq: Tensor, kk: Tensor) -> tuple[Tensor, Tensor]:
+            # head-major (B, G, N, C) -> the layer's node-major (B, N, G, C) and back
+            qq, kk = layer._transform_qk(qq.transpose(-3, -2), kk.transpose(-3, -2), positions)
+            return qq.transpose(-3, -2), kk.transpose(-3, -2)
+
+        kwargs = dict(scale=layer.head_dim**-0.5, v0=v0, depth=depth, dropout_p=dropout_p, q_raw=q_raw, k_raw=k_raw,
+                      normalise_qk=norm if has_norm else None)
+        sl = slice(s, s + c)
+        if sparse:
+            ctx = RivalContext.sparse(q[:, sl], k[:, sl], v[:, sl], edge_index, is_causal=is_causal, **kwargs)
+            y = op.apply_context(ctx)[0].transpose(0, 1)  # (N, G, C)
+        else:
+            ctx = RivalContext.dense(q[:, sl], k[:, sl], v[:, sl], attn_mask=_slice_heads(mask, s, c, H),
+                                     is_causal=is_causal, **kwargs)
+            y = op.apply_context(ctx)
+        out = out.index_add(head_axis, torch.arange(s, s + c, device=out.device), y.to(out.dtype))
+    return out

@@ -1,0 +1,302 @@
+"""Metrics writers beside ``metrics.jsonl``: a CSV table and TensorBoard event files.
+
+``TrainConfig.loggers`` picks them (``["jsonl", "csv", "tensorboard"]``). Every writer gets
+the same records as the JSON-lines log, ``{"step", "split", "loss", "lr", "metrics",
+"elapsed", "time"}``, and the same :meth:`truncate` on resume, so a resumed run never shows
+the steps replayed after its checkpoint twice. ``metrics.jsonl`` stays the record the
+experiment runner and :func:`~diffusionformer.train.read_metrics` read; it is always on.
+
+TensorBoard is optional: ``"tensorboard"`` needs the ``tensorboard`` package (not a
+dependency of this library) and fails with a clear ``ModuleNotFoundError`` before training
+starts when it is missing.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from .metrics import METRICS_NAME, MetricsLog
+
+__all__ = [
+    "CSV_NAME",
+    "LOGGER_CHOICES",
+    "TENSORBOARD_DIR",
+    "CSVLog",
+    "LogGroup",
+    "MetricsWriter",
+    "TensorBoardLog",
+    "open_loggers",
+    "read_metrics_csv",
+]
+
+CSV_NAME = "metrics.csv"
+TENSORBOARD_DIR = "tensorboard"
+LOGGER_CHOICES = ("jsonl", "csv", "tensorboard")
+
+#: Fixed leading columns of ``metrics.csv``; a metric ``m`` of a record is the column ``metrics.m``.
+CSV_BASE_COLUMNS = ("step", "split", "loss", "lr", "elapsed", "time")
+_PREFIX = "metrics."
+
+
+class MetricsWriter(Protocol):
+    """What the trainer needs of a writer: append a record, cut back on resume, close."""
+
+    def append(self, record: Mapping[str, Any]) -> None: ...
+
+    def truncate(self, max_step: int) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def _cell(value: Any) -> str:
+    """A CSV cell: ``repr`` of a float (round-trips exactly), empty for None and non-finite."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ""
+    return str(value)
+
+
+def _parse_number(text: str) -> float | None:
+    return None if text == "" else float(text)
+
+
+def _row_to_record(row: Mapping[str, str]) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "step": int(row["step"]),
+        "split": row["split"],
+        "loss": _parse_number(row["loss"]),
+        "lr": _parse_number(row["lr"]),
+        "metrics": {},
+        "elapsed": _parse_number(row["elapsed"]),
+        "time": _parse_number(row["time"]),
+    }
+    for column, text in row.items():
+        if column.startswith(_PREFIX) and text != "":
+            record["metrics"][column[len(_PREFIX):]] = float(text)
+    return record
+
+
+def read_metrics_csv(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read ``metrics.csv`` (a file or a run directory) into records shaped like
+    :func:`~diffusionformer.train.read_metrics`'s.
+
+    The table has one row per record: ``step, split, loss, lr, elapsed, time`` and one column
+    ``metrics.<name>`` per metric seen so far; a metric a record lacks is an empty cell and is
+    left out of that record's ``metrics`` (so train and eval rows share one table). Empty
+    cells of the fixed columns read as ``None`` (the JSON-lines log writes ``null`` there).
+
+    Args:
+        path: ``metrics.csv`` or the directory that holds it.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / CSV_NAME
+    with open(path, newline="", encoding="utf-8") as f:
+        return [_row_to_record(row) for row in csv.DictReader(f)]
+
+
+class CSVLog:
+    """Wide CSV table of the metrics records (``<out_dir>/metrics.csv``), for spreadsheets and
+    ``pandas.read_csv``.
+
+    The header holds the fixed columns and one ``metrics.<name>`` column per metric, sorted.
+    When a record brings a metric not seen before, the file is rewritten once with the wider
+    header (atomically); otherwise a row is appended and flushed.
+
+    Args:
+        path: the CSV file.
+        active: whether this process writes (rank 0 only under DDP).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, active: bool = True) -> None:
+        self.path = Path(path)
+        self.active = active
+        self._columns: list[str] | None = None
+
+    def _read(self) -> tuple[list[str], list[dict[str, str]]]:
+        if not self.path.exists():
+            return list(CSV_BASE_COLUMNS), []
+        with open(self.path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            return list(reader.fieldnames or CSV_BASE_COLUMNS), rows
+
+    def _rewrite(self, columns: list[str], rows: Sequence[Mapping[str, str]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=columns, restval="")
+                writer.writeheader()
+                writer.writerows(rows)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        self._columns = columns
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Append one record as a row (rewriting the header first if it brings new metrics).
+
+        Args:
+            record: ``{"step", "split", "loss", "lr", "metrics", "elapsed", "time"}``.
+        """
+        if not self.active:
+            return
+        row = {name: _cell(record.get(name)) for name in CSV_BASE_COLUMNS}
+        for name, value in dict(record.get("metrics") or {}).items():
+            row[_PREFIX + str(name)] = _cell(value)
+        if self._columns is None:
+            self._columns, rows = self._read()
+            if not self.path.exists():
+                self._rewrite(self._columns, [])
+        else:
+            rows = None
+        missing = [c for c in row if c not in self._columns]
+        if missing:
+            if rows is None:
+                _, rows = self._read()
+            metric_columns = sorted({c for c in self._columns if c.startswith(_PREFIX)} | set(missing))
+            self._rewrite(list(CSV_BASE_COLUMNS) + metric_columns, rows)
+        with open(self.path, "a", newline="", encoding="utf-8") as f:
+            csv.DictWriter(f, fieldnames=self._columns, restval="").writerow(row)
+
+    def truncate(self, max_step: int) -> int:
+        """Drop rows with ``step > max_step``; return how many (see :meth:`MetricsLog.truncate`)."""
+        if not self.active or not self.path.exists():
+            return 0
+        columns, rows = self._read()
+        kept = [r for r in rows if r.get("step", "").isdigit() and int(r["step"]) <= max_step]
+        self._rewrite(columns, kept)
+        return len(rows) - len(kept)
+
+    def close(self) -> None:
+        """Nothing to close: every append opens, writes and closes the file."""
+
+
+class TensorBoardLog:
+    """TensorBoard scalars ``<split>/loss``, ``<split>/lr`` and ``<split>/<metric>`` at
+    ``global_step = step`` in ``<out_dir>/tensorboard/``.
+
+    Needs the optional ``tensorboard`` package (through :mod:`torch.utils.tensorboard`). On
+    resume, :meth:`truncate` makes the writer purge events after the checkpoint's step
+    (``SummaryWriter(purge_step=max_step + 1)``).
+
+    Args:
+        log_dir: the event-file directory.
+        active: whether this process writes (rank 0 only under DDP).
+
+    Raises:
+        ModuleNotFoundError: when ``active`` and ``tensorboard`` is not installed.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike[str], *, active: bool = True) -> None:
+        self.log_dir = Path(log_dir)
+        self.active = active
+        self._purge_step: int | None = None
+        self._writer: Any = None
+        self._writer_cls: Any = None
+        if active:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise ModuleNotFoundError(
+                    "TrainConfig.loggers: expected the 'tensorboard' package for the 'tensorboard' "
+                    f"logger, got an import error ({err}); install it (pip install tensorboard) or "
+                    "drop 'tensorboard' from loggers"
+                ) from err
+            self._writer_cls = SummaryWriter
+
+    def _open(self) -> Any:
+        if self._writer is None:
+            self._writer = self._writer_cls(log_dir=str(self.log_dir), purge_step=self._purge_step)
+        return self._writer
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Write the record's finite scalars and flush."""
+        if not self.active:
+            return
+        writer = self._open()
+        split, step = str(record["split"]), int(record["step"])
+        values = {"loss": record.get("loss"), "lr": record.get("lr")}
+        values.update({str(k): v for k, v in dict(record.get("metrics") or {}).items() if k != "loss"})
+        for name, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                writer.add_scalar(f"{split}/{name}", float(value), global_step=step)
+        writer.flush()
+
+    def truncate(self, max_step: int) -> int:
+        """Purge events with ``step > max_step`` when the writer opens; returns 0 (unknown count)."""
+        if self.active:
+            self.close()
+            self._purge_step = max_step + 1
+        return 0
+
+    def close(self) -> None:
+        """Close the event file (appending reopens it)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class LogGroup:
+    """Several writers behind the interface of one (:class:`MetricsLog`'s)."""
+
+    def __init__(self, writers: Sequence[MetricsWriter]) -> None:
+        self.writers = list(writers)
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        for writer in self.writers:
+            writer.append(record)
+
+    def truncate(self, max_step: int) -> int:
+        """Truncate every writer; returns the count of the first (the JSON-lines log)."""
+        counts = [writer.truncate(max_step) for writer in self.writers]
+        return counts[0] if counts else 0
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+def open_loggers(names: Sequence[str], out_dir: str | os.PathLike[str], *, active: bool = True) -> LogGroup:
+    """The writers named in ``TrainConfig.loggers`` for a run directory.
+
+    Args:
+        names: a subset of :data:`LOGGER_CHOICES`; ``"jsonl"`` writes ``metrics.jsonl``,
+            ``"csv"`` :data:`CSV_NAME`, ``"tensorboard"`` event files under :data:`TENSORBOARD_DIR`.
+        out_dir: the run directory.
+        active: whether this process writes (rank 0 only under DDP).
+
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     log = open_loggers(["jsonl", "csv"], d)
+        ...     log.append({"step": 1, "split": "train", "loss": 0.5, "lr": 0.1, "metrics": {"acc": 1.0},
+        ...                 "elapsed": 2.0, "time": 3.0})
+        ...     log.close()
+        ...     read_metrics_csv(d)[0]["metrics"], sorted(p.name for p in Path(d).iterdir())
+        ({'acc': 1.0}, ['metrics.csv', 'metrics.jsonl'])
+    """
+    out_dir = Path(out_dir)
+    writers: list[MetricsWriter] = []
+    for name in names:
+        if name == "jsonl":
+            writers.append(MetricsLog(out_dir / METRICS_NAME, active=active))
+        elif name == "csv":
+            writers.append(CSVLog(out_dir / CSV_NAME, active=active))
+        elif name == "tensorboard":
+            writers.append(TensorBoardLog(out_dir / TENSORBOARD_DIR, active=active))
+        else:
+            raise ValueError(f"loggers: expected names from {LOGGER_CHOICES}, got {name!r}")
+    return LogGroup(writers)
