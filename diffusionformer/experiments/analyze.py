@@ -46,7 +46,9 @@ from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData
 from diffusionformer.data.splits import seeded_subset
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.reload import load_run
-from diffusionformer.experiments.runner import run_dir, task_data, welch_t
+from diffusionformer.experiments.build import task_data
+from diffusionformer.experiments.results import run_dir
+from diffusionformer.experiments.stats import welch_t
 from diffusionformer.models import learned_operator_parameters
 from diffusionformer.train.checkpoint import CHECKPOINT_NAME
 from diffusionformer.train.metrics import write_json_atomic

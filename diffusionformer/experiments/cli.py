@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}")
             return 0
         if args.command == "status":
-            from diffusionformer.experiments.runner import format_status, run_status
+            from diffusionformer.experiments.results import run_status
+            from diffusionformer.experiments.tables import format_status
 
             print(format_status(run_status(config, args.out)), end="")
             return 0
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             analyze_experiment(config, args.out, data_root=args.data_root, max_examples=args.max_examples,
                                device=args.device, progress=not args.no_progress, partial=args.partial)
             return 0
-        from diffusionformer.experiments.runner import aggregate, format_table, run_experiment
+        from diffusionformer.experiments.runner import run_experiment
+        from diffusionformer.experiments.tables import aggregate, format_table
 
         _size_threads(args)
         if int(os.environ.get("RANK", "0")) == 0:
