@@ -40,23 +40,22 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from diffusionformer.analysis.capture import IGNORE_INDEX, capture_dataset
+from diffusionformer.analysis.capture import capture_dataset
 from diffusionformer.analysis.report import layer_reports
-from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
-from diffusionformer.data.splits import seeded_subset
+from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.reload import load_run
 from diffusionformer.experiments.build import task_data
 from diffusionformer.experiments.results import run_dir
 from diffusionformer.experiments.stats import welch_t
+from diffusionformer.experiments.tasks import _HELDOUT_SEED, _TEXT_SEED  # noqa: F401  (back-compat: their home is tasks)
+from diffusionformer.experiments.tasks import find_adapter, heldout_batches, model_family
 from diffusionformer.models import learned_operator_parameters
 from diffusionformer.train.checkpoint import CHECKPOINT_NAME
 from diffusionformer.train.metrics import write_json_atomic
 
 __all__ = ["analyze_experiment", "analyze_run"]
 
-_TEXT_SEED = 1234  # the same held-out windows for every run
-_HELDOUT_SEED = 1234  # the same held-out examples for every run
 #: bump when what :func:`analyze_run` measures changes (invalidates every run's cache);
 #: 2: held-out examples are a seeded random subset instead of the first ``max_examples``
 ANALYSIS_VERSION = 2
@@ -121,37 +120,8 @@ def _find_runs(out: Path, config: ExperimentConfig, partial: bool = False) -> tu
 def _heldout(
     data: Any, model: torch.nn.Module, split: str, max_examples: int, batch_size: int
 ) -> tuple[list[Any], dict[str, Any]]:
-    """Batches of held-out data for ``capture_dataset`` and a description of them."""
-    if isinstance(data, (ClassificationData, SequenceTaskData)):
-        x, y = data.split(split)
-        # a seeded random subset, not the first rows: a split stored in class order (the CIFAR-10
-        # JPEG archives are read class folder by class folder) would otherwise give one class
-        keep = seeded_subset(x.shape[0], max_examples, _HELDOUT_SEED)
-        x, y = x[keep], y[keep]
-        batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, keep.numel(), batch_size)]
-        labels = "class per sequence" if isinstance(data, ClassificationData) else "target token per position (-100 = none)"
-        return batches, {"split": split, "labels": labels, "examples": f"seeded random subset of {keep.numel()}"}
-    if isinstance(data, TextData):
-        block = int(model.config.block_size)  # type: ignore[union-attr]
-        g = torch.Generator().manual_seed(_TEXT_SEED)
-        batches = []
-        for start in range(0, max_examples, batch_size):
-            batches.append(data.get_batch("val", min(batch_size, max_examples - start), block, g))
-        return batches, {"split": "val", "labels": "next token", "windows": f"seeded random windows of {block} tokens"}
-    if isinstance(data, NodeData):
-        d = data.data
-        labels = d.y.masked_fill(~getattr(d, f"{split}_mask"), IGNORE_INDEX)
-        return [(d, labels)], {"split": split, "labels": f"node class ({split} nodes)"}
-    if isinstance(data, GraphSetData):
-        from torch_geometric.data import Batch
-
-        graphs = list(data.split(split))[:max_examples]
-        batches = []
-        for i in range(0, len(graphs), batch_size):
-            b = Batch.from_data_list(graphs[i : i + batch_size])
-            batches.append((b, b.y.view(-1)))
-        return batches, {"split": split, "labels": "class per graph"}
-    raise TypeError(f"no held-out data for {type(data).__name__}")
+    """Batches of held-out data for ``capture_dataset`` and a description of them (the data's task adapter)."""
+    return heldout_batches(data, model, split, max_examples, batch_size)
 
 
 # ----------------------------------------------------------------------------- one run
@@ -182,16 +152,16 @@ def analyze_run(
         ``{"layers": [{"layer": l, metric: value, ...}], "spectra": [[s_1, ...] per layer],
         "coefficients": [(H, K+1) per block], "pca_rgb": tensor or None, "info": {...}}``.
     """
-    from diffusionformer.models.dino import DINO
-
-    self_supervised = isinstance(model, DINO)
-    if self_supervised:
-        model = model.backbone  # the teacher ViT (DINO's evaluation network)
+    family = model_family(model)
+    network = find_adapter(family, data, "analysed")  # e.g. DINO: the teacher ViT, its evaluation network
+    if network is not None:
+        model = network.analysed(model)  # type: ignore[misc]
     model = model.to(device).eval()
     batches, info = _heldout(data, model, split, max_examples, batch_size)
-    is_seq_cls = isinstance(data, (ClassificationData, GraphSetData)) and not self_supervised
-    if self_supervised:
-        info["network"] = "DINO teacher backbone (no classifier: no predictions)"
+    scored = find_adapter(family, data, "predictions")
+    is_seq_cls = bool(scored is not None and scored.predictions)
+    if network is not None and network.note:
+        info["network"] = network.note
     cap = capture_dataset(model, batches, max_examples=max_examples, attentions=True,
                           max_attention_examples=max_attention_examples, keep_outputs=is_seq_cls, device=device)
     prefix = int(getattr(model, "num_prefix", 0) or 0)
