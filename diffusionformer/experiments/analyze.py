@@ -41,7 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from diffusionformer.analysis.capture import capture_dataset
-from diffusionformer.analysis.report import layer_reports
+from diffusionformer.analysis.report import layer_reports, list_metrics
 from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.reload import load_run
@@ -389,21 +389,24 @@ def _markdown(result: dict[str, Any]) -> str:
              "Layer 0 = embeddings, L = last block. Cells: mean ± sample std over seeds, and in brackets "
              "Welch's t of the difference to the first setting (|t| below about 3 is within seed noise). "
              "Per-layer values of every metric are in metrics.json.", ""]
-    keys = ["within_variance", "dirichlet_complete", "dirichlet_attention", "effective_rank"]
-    heads = ["within-var L", "Dirichlet (complete) L", "Dirichlet (attention) L", "eff. rank L"]
+    always = [m for m in list_metrics() if m.column and m.group in ("smoothing", "spectral")]
+    labelled = [m for m in list_metrics() if m.column and m.group not in ("smoothing", "spectral")]
     for name, task in result["tasks"].items():
-        cls = "nc1" if task["operators"] and any(
-            "nc1" in s["layers"][0] for op in task["operators"].values() for s in op["seeds"].values()) else "token_nc1"
+        seeds = [s for op in task["operators"].values() for s in op["seeds"].values()]
+        # a label metric has a column where some run has it (sequence labels: nc1; token labels: token_nc1)
+        present = [m for m in labelled if any(m.key in s["layers"][0] for s in seeds)] or labelled[-1:]
+        columns = [*always, *present]
         lines += [f"## {name} ({task['dataset']}, {task['model']})", "",
-                  "| operator | within-var L0 | " + " | ".join(heads) + f" | {cls} L |",
-                  "|---|---|" + "---|" * (len(keys) + 1)]
+                  f"| operator | {always[0].column} L0 | " + " | ".join(f"{m.column} L" for m in columns) + " |",
+                  "|---|---|" + "---|" * len(columns)]
         ops = list(task["operators"].items())
         first = ops[0][1] if ops else None
         for op_name, op in ops:
-            v0 = [float(s["layers"][0]["within_variance"]) for s in op["seeds"].values()
-                  if isinstance(s["layers"][0].get("within_variance"), (int, float))]
+            key0 = always[0].key  # the first column also at the embeddings
+            v0 = [float(s["layers"][0][key0]) for s in op["seeds"].values()
+                  if isinstance(s["layers"][0].get(key0), (int, float))]
             cells = [_cell(v0, None)]
-            for key in [*keys, cls]:
+            for key in [m.key for m in columns]:
                 base = None if op is first or first is None else _last_layer_values(first, key)
                 cells.append(_cell(_last_layer_values(op, key), base))
             lines.append(f"| {op_name} | " + " | ".join(cells) + " |")
@@ -459,6 +462,12 @@ def _integer_x(ax: Any) -> None:
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _panels(group: str) -> list[tuple[str, str, bool]]:
+    """``(key, label, logy)`` of the registered metrics of ``group`` that have a panel, in panel order."""
+    return [(m.key, m.label, m.logy) for m in sorted((m for m in list_metrics(group) if m.panel is not None),
+                                                      key=lambda m: m.panel)]
 
 
 def _figure(**kwargs: Any) -> Any:
@@ -543,12 +552,7 @@ def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str
     for tname, task in result["tasks"].items():
         if not task["operators"]:
             continue
-        save(_grid([("within_variance", "within-sequence variance", True),
-                    ("variance_ratio", "within / total variance", False),
-                    ("dirichlet_complete", "Dirichlet energy, complete graph", True),
-                    ("dirichlet_attention", "Dirichlet energy, attention graph", True),
-                    ("mean_cosine", "mean pairwise cosine", False),
-                    ("rank_collapse_svd", "rank-1 residual (SVD)", False)], task,
+        save(_grid(_panels("smoothing"), task,
                    f"{tname}: smoothing by depth (mean ± std over seeds)"), f"{tname}_smoothing.png")
 
         fig = _figure(figsize=(12.6, 3.4))
@@ -562,16 +566,8 @@ def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str
         save(fig, f"{tname}_spectra.png")
 
         first_seed = next(iter(next(iter(task["operators"].values()))["seeds"].values()))["layers"][0]
-        if "nc1" in first_seed:
-            panels = [("nc1", "NC1 of sequence means", True),
-                      ("nc2_etf_distance", "NC2: distance to simplex ETF", False),
-                      ("nc4_agreement", "NC4: NCC = model prediction", False),
-                      ("seq_probe_acc", "linear probe on sequence means", False),
-                      ("anova_between_class_fraction", "between-class share of scatter", False),
-                      ("anova_within_fraction", "within-sequence share of scatter", False)]
-        else:
-            panels = [("token_nc1", "NC1, class = next token / token label", True),
-                      ("token_probe_acc", "linear probe accuracy (token label)", False)]
+        labelled = _panels("sequence_label")
+        panels = labelled if any(p[0] in first_seed for p in labelled) else _panels("token_label")
         save(_grid(panels, task, f"{tname}: collapse and separability by depth"), f"{tname}_collapse.png")
 
         if tname in pca:
