@@ -23,8 +23,11 @@ Papyan (arXiv 2602.09297) track through depth:
   with the token's label as its class, classes with fewer than 2 tokens dropped) and
   ``token_probe_acc``.
 
-A metric that is undefined for the data (fewer than 2 classes, ANOVA of padded graphs, no
-attention captured) is ``None``. Padded captures (graphs) are handled exactly: per-sequence
+Every metric is one function registered once (:func:`register_metric`, keyed by its name, with
+its group, axis label, figure panel and table column); :func:`layer_reports`, the analysis of a
+comparison (``metrics.json``, its summary table and figures) read the registry
+(:func:`list_metrics`). A metric that is undefined for the data (fewer than 2 classes, ANOVA of
+padded graphs, no attention captured) is ``None``. Padded captures (graphs) are handled exactly: per-sequence
 metrics are computed on groups of equal length, pooled quantities on the real tokens only.
 """
 
@@ -50,7 +53,7 @@ from diffusionformer.analysis.metrics import (
 )
 from diffusionformer.analysis.spectral import effective_rank, energy_top_k, power_law_exponent, stable_rank
 
-__all__ = ["LayerReport", "LayerView", "Metric", "layer_reports", "list_metrics", "register_metric", "unregister_metric",
+__all__ = ["GROUPS", "LayerReport", "LayerView", "Metric", "layer_reports", "list_metrics", "register_metric", "unregister_metric",
            "SMOOTHING_METRICS", "SPECTRAL_METRICS", "SEQUENCE_LABEL_METRICS", "TOKEN_LABEL_METRICS"]
 
 _RANK_RTOL = 1e-6
