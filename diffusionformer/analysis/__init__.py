@@ -73,7 +73,15 @@ __all__ = [
 
 # capture (forward hooks over model.blocks) and per-layer reports
 from diffusionformer.analysis.capture import LayerCapture, LayerRecorder, capture_dataset, pad_by_batch  # noqa: E402
-from diffusionformer.analysis.report import LayerReport, layer_reports  # noqa: E402
+from diffusionformer.analysis.report import (  # noqa: E402
+    LayerReport,
+    LayerView,
+    Metric,
+    layer_reports,
+    list_metrics,
+    register_metric,
+    unregister_metric,
+)
 
 __all__ += [
     "LayerCapture",
@@ -82,4 +90,10 @@ __all__ += [
     "pad_by_batch",
     "LayerReport",
     "layer_reports",
+    # the metric registry: adding a metric = one registered function
+    "LayerView",
+    "Metric",
+    "list_metrics",
+    "register_metric",
+    "unregister_metric",
 ]

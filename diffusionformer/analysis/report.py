@@ -23,15 +23,18 @@ Papyan (arXiv 2602.09297) track through depth:
   with the token's label as its class, classes with fewer than 2 tokens dropped) and
   ``token_probe_acc``.
 
-A metric that is undefined for the data (fewer than 2 classes, ANOVA of padded graphs, no
-attention captured) is ``None``. Padded captures (graphs) are handled exactly: per-sequence
+Every metric is one function registered once (:func:`register_metric`, keyed by its name, with
+its group, axis label, figure panel and table column); :func:`layer_reports`, the analysis of a
+comparison (``metrics.json``, its summary table and figures) read the registry
+(:func:`list_metrics`). A metric that is undefined for the data (fewer than 2 classes, ANOVA of
+padded graphs, no attention captured) is ``None``. Padded captures (graphs) are handled exactly: per-sequence
 metrics are computed on groups of equal length, pooled quantities on the real tokens only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -50,16 +53,8 @@ from diffusionformer.analysis.metrics import (
 )
 from diffusionformer.analysis.spectral import effective_rank, energy_top_k, power_law_exponent, stable_rank
 
-__all__ = ["LayerReport", "layer_reports", "SMOOTHING_METRICS", "SPECTRAL_METRICS", "SEQUENCE_LABEL_METRICS",
-           "TOKEN_LABEL_METRICS"]
-
-SMOOTHING_METRICS = ("within_variance", "variance_ratio", "mean_cosine", "high_frequency_ratio",
-                     "rank_collapse_svd", "dirichlet_complete", "dirichlet_attention")
-SPECTRAL_METRICS = ("effective_rank", "stable_rank", "energy_top3", "power_law_alpha")
-SEQUENCE_LABEL_METRICS = ("anova_within_fraction", "anova_between_sequence_fraction", "anova_between_class_fraction",
-                          "nc1", "nc2_equinorm", "nc2_equiangularity", "nc2_etf_distance", "nc4_agreement",
-                          "seq_probe_acc")
-TOKEN_LABEL_METRICS = ("token_nc1", "token_probe_acc")
+__all__ = ["GROUPS", "LayerReport", "LayerView", "Metric", "layer_reports", "list_metrics", "register_metric", "unregister_metric",
+           "SMOOTHING_METRICS", "SPECTRAL_METRICS", "SEQUENCE_LABEL_METRICS", "TOKEN_LABEL_METRICS"]
 
 _RANK_RTOL = 1e-6
 
@@ -156,6 +151,276 @@ def _dirichlet_attention(cap: LayerCapture, layer: int, X: Tensor, lengths: Tens
     return float(dirichlet_energy(X[:A], P, reduction="mean"))
 
 
+# ----------------------------------------------------------------------------- the metric registry
+#: the groups of metrics, in report order; a group's metrics are measured only when its data exist
+GROUPS = ("smoothing", "spectral", "sequence_label", "token_label")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A token-geometry metric of one layer, as :func:`register_metric` records it.
+
+    Attributes:
+        key: its name in :attr:`LayerReport.metrics`, ``metrics.json`` and the tables.
+        fn: ``LayerView -> float | None`` (``None`` where undefined for the data).
+        group: one of :data:`GROUPS`: ``"smoothing"`` and ``"spectral"`` metrics are measured on
+            every capture, ``"sequence_label"`` ones when there is one label per sequence,
+            ``"token_label"`` ones when there is one label per token.
+        label: what a plot axis says.
+        logy: plotted on a log scale.
+        panel: its place in the group's figure of the analysis (``None``: not plotted).
+        column: its column heading in the analysis summary table (last layer; ``None``: no column).
+    """
+
+    key: str
+    fn: Callable[["LayerView"], float | None]
+    group: str
+    label: str
+    logy: bool = False
+    panel: int | None = None
+    column: str | None = None
+
+
+_METRICS: dict[str, Metric] = {}
+
+
+def register_metric(
+    key: str, *, group: str, label: str | None = None, logy: bool = False, panel: int | None = None,
+    column: str | None = None,
+) -> Callable[[Callable[["LayerView"], float | None]], Callable[["LayerView"], float | None]]:
+    """Decorator: measure ``fn(view)`` as metric ``key`` of every layer :func:`layer_reports` reports.
+
+    The analysis (``metrics.json``, its summary table and figures) reads the registry, so a new
+    metric is one registered function::
+
+        @register_metric("token_norm", group="smoothing", label="mean token norm", column="norm")
+        def _token_norm(view):
+            return float(view.tokens.norm(dim=-1).mean())
+
+    Args:
+        key: the metric's name (unique).
+        group: one of :data:`GROUPS` (when it is measured).
+        label: axis label (default ``key``).
+        logy: plot on a log scale.
+        panel: its place in the group's figure (``None``: not plotted).
+        column: heading of its column in the analysis summary table (``None``: no column).
+
+    Raises:
+        ValueError: on a key already registered or an unknown group.
+    """
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"metric key must be a non-empty string, got {key!r}")
+    if group not in GROUPS:
+        raise ValueError(f"unknown metric group {group!r}; expected one of {GROUPS}")
+    if key in _METRICS:
+        raise ValueError(f"metric {key!r} is already registered")
+
+    def register(fn: Callable[["LayerView"], float | None]) -> Callable[["LayerView"], float | None]:
+        _METRICS[key] = Metric(key, fn, group, label or key, logy, panel, column)
+        return fn
+
+    return register
+
+
+def unregister_metric(key: str) -> Metric:
+    """Remove metric ``key`` from the registry and return it (``KeyError`` listing the known keys if absent)."""
+    if key not in _METRICS:
+        raise KeyError(f"no metric {key!r}; registered: {sorted(_METRICS)}")
+    return _METRICS.pop(key)
+
+
+def list_metrics(group: str | None = None) -> list[Metric]:
+    """The registered metrics in report order (by group, then as registered), optionally of one group."""
+    if group is not None and group not in GROUPS:
+        raise ValueError(f"unknown metric group {group!r}; expected one of {GROUPS}")
+    return [m for g in GROUPS if group in (None, g) for m in _METRICS.values() if m.group == g]
+
+
+class LayerView:
+    """One captured layer as metric functions see it (float64, CPU); shared work is computed once.
+
+    Attributes:
+        capture: the :class:`~diffusionformer.analysis.capture.LayerCapture`.
+        layer: residual-stream index.
+        X: ``(B, T, D)`` tokens (padded for graphs; see ``mask``).
+        lengths: ``(B,)`` real tokens per sequence.
+        mask: ``(B, T)`` real-token mask, ``None`` when unpadded.
+        tokens: ``(N, D)`` the real tokens, row-major.
+        means: ``(B, D)`` per-sequence means of the real tokens.
+        seq_of_token: ``(N,)`` the sequence of each real token.
+        seq_labels: ``(B,)`` one label per sequence, or ``None``.
+        tok_labels: ``(B, T)`` one label per token (``-100`` = none), or ``None``.
+        predictions: ``(B,)`` the model's predicted classes, or ``None``.
+        probe_seed: seed of the linear probes' split.
+    """
+
+    def __init__(self, capture: LayerCapture, layer: int, lengths: Tensor, seq_labels: Tensor | None,
+                 tok_labels: Tensor | None, predictions: Tensor | None, probe_seed: int) -> None:
+        self.capture, self.layer, self.lengths = capture, layer, lengths
+        self.mask = capture.mask
+        self.X = capture.states[layer].to(torch.float64)
+        self.tokens = _valid(self.X, self.mask)
+        self.means = _sequence_means(self.X, self.mask)
+        self.seq_of_token = torch.arange(self.X.shape[0]).repeat_interleave(lengths)
+        self.seq_labels, self.tok_labels, self.predictions, self.probe_seed = seq_labels, tok_labels, predictions, probe_seed
+        self._cache: dict[str, Any] = {}
+
+    def cached(self, name: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per layer for every metric that shares it."""
+        if name not in self._cache:
+            self._cache[name] = compute()
+        return self._cache[name]
+
+    def per_sequence(self, fn: Callable[[Tensor], Tensor], min_len: int = 1) -> float | None:
+        """Mean of ``fn`` (one value per sequence of a ``(b, n, D)`` block) over the sequences of at least ``min_len`` tokens."""
+        return _mean_per_sequence(fn, self.X, self.lengths, min_len)
+
+    @property
+    def singular_values(self) -> Tensor:
+        """``(R,)`` spectrum of the sequence-centred tokens pooled over sequences, descending."""
+        return self.cached("svd", lambda: torch.linalg.svdvals(self.tokens - self.means[self.seq_of_token]))
+
+
+# built-in metrics, in report order (the order of SMOOTHING_METRICS ... TOKEN_LABEL_METRICS)
+@register_metric("within_variance", group="smoothing", label="within-sequence variance", logy=True, panel=0,
+                 column="within-var")
+def _within_variance(v: LayerView) -> float | None:
+    return v.per_sequence(within_sequence_variance)
+
+
+@register_metric("variance_ratio", group="smoothing", label="within / total variance", panel=1)
+def _variance_ratio(v: LayerView) -> float | None:
+    within = (v.tokens - v.means[v.seq_of_token]).pow(2).sum()
+    total = (v.tokens - v.tokens.mean(dim=0)).pow(2).sum()
+    return float(within / total) if total > 0 else 0.0  # == variance_ratio(X, "pooled") unpadded
+
+
+@register_metric("mean_cosine", group="smoothing", label="mean pairwise cosine", panel=4)
+def _mean_cosine(v: LayerView) -> float | None:
+    return v.per_sequence(mean_pairwise_cosine, min_len=2)
+
+
+@register_metric("high_frequency_ratio", group="smoothing", label="high-frequency ratio")
+def _high_frequency_ratio(v: LayerView) -> float | None:
+    return v.per_sequence(high_frequency_ratio)
+
+
+@register_metric("rank_collapse_svd", group="smoothing", label="rank-1 residual (SVD)", panel=5)
+def _rank_collapse_svd(v: LayerView) -> float | None:
+    return v.per_sequence(lambda g: rank_collapse_residual(g, "svd"))
+
+
+@register_metric("dirichlet_complete", group="smoothing", label="Dirichlet energy, complete graph", logy=True, panel=2,
+                 column="Dirichlet (complete)")
+def _dirichlet_complete(v: LayerView) -> float | None:
+    return v.per_sequence(dirichlet_energy)
+
+
+@register_metric("dirichlet_attention", group="smoothing", label="Dirichlet energy, attention graph", logy=True, panel=3,
+                 column="Dirichlet (attention)")
+def _dirichlet_attention_metric(v: LayerView) -> float | None:
+    return _dirichlet_attention(v.capture, v.layer, v.X, v.lengths)
+
+
+def _spectrum(v: LayerView) -> dict[str, float | None]:
+    return v.cached("spectrum", lambda: _spectrum_summary(v.singular_values))
+
+
+@register_metric("effective_rank", group="spectral", label="effective rank", column="eff. rank")
+def _effective_rank(v: LayerView) -> float | None:
+    return _spectrum(v)["effective_rank"]
+
+
+@register_metric("stable_rank", group="spectral", label="stable rank")
+def _stable_rank(v: LayerView) -> float | None:
+    return _spectrum(v)["stable_rank"]
+
+
+@register_metric("energy_top3", group="spectral", label="energy of the top 3 directions")
+def _energy_top3(v: LayerView) -> float | None:
+    return _spectrum(v)["energy_top3"]
+
+
+@register_metric("power_law_alpha", group="spectral", label="power-law exponent alpha")
+def _power_law_alpha(v: LayerView) -> float | None:
+    return _spectrum(v)["power_law_alpha"]
+
+
+def _anova(v: LayerView) -> tuple[float, float, float] | None:
+    """ANOVA fractions of an unpadded capture (``None`` for padded graphs: groups of unequal size)."""
+    return v.cached("anova", lambda: None if v.mask is not None else anova_decomposition(v.X, v.seq_labels).fractions)
+
+
+def _collapse(v: LayerView) -> Any:
+    """Neural Collapse of the sequence means (``None`` with fewer than 2 classes)."""
+    return v.cached("nc", lambda: neural_collapse(v.means, v.seq_labels, v.predictions)
+                    if _num_classes(v.seq_labels) >= 2 else None)
+
+
+def _register_anova(key: str, index: int, label: str, panel: int | None) -> None:
+    def fraction(v: LayerView) -> float | None:
+        fractions = _anova(v)
+        return None if fractions is None else fractions[index]
+
+    register_metric(key, group="sequence_label", label=label, panel=panel)(fraction)
+
+
+def _register_collapse(key: str, attr: str, label: str, logy: bool = False, panel: int | None = None,
+                       column: str | None = None) -> None:
+    def value(v: LayerView) -> float | None:
+        nc = _collapse(v)
+        return None if nc is None else getattr(nc, attr)
+
+    register_metric(key, group="sequence_label", label=label, logy=logy, panel=panel, column=column)(value)
+
+
+_register_anova("anova_within_fraction", 0, "within-sequence share of scatter", 5)
+_register_anova("anova_between_sequence_fraction", 1, "between-sequence share of scatter", None)
+_register_anova("anova_between_class_fraction", 2, "between-class share of scatter", 4)
+_register_collapse("nc1", "nc1", "NC1 of sequence means", logy=True, panel=0, column="nc1")
+_register_collapse("nc2_equinorm", "equinorm", "NC2: equinorm")
+_register_collapse("nc2_equiangularity", "equiangularity", "NC2: equiangularity")
+_register_collapse("nc2_etf_distance", "etf_distance", "NC2: distance to simplex ETF", panel=1)
+_register_collapse("nc4_agreement", "ncc_agreement", "NC4: NCC = model prediction", panel=2)
+
+
+@register_metric("seq_probe_acc", group="sequence_label", label="linear probe on sequence means", panel=3)
+def _seq_probe_acc(v: LayerView) -> float | None:
+    if _num_classes(v.seq_labels) < 2 or v.X.shape[0] < 4:
+        return None
+    return _probe(v.means, v.seq_labels, v.probe_seed)
+
+
+def _token_labelled(v: LayerView) -> tuple[Tensor, Tensor]:
+    """The real tokens that have a label, and their labels."""
+    def compute() -> tuple[Tensor, Tensor]:
+        y = _valid(v.tok_labels.unsqueeze(-1), v.mask).squeeze(-1)
+        keep = y != IGNORE_INDEX
+        return v.tokens[keep], y[keep]
+
+    return v.cached("token_labels", compute)
+
+
+@register_metric("token_nc1", group="token_label", label="NC1, class = next token / token label", logy=True, panel=0,
+                 column="token_nc1")
+def _token_nc1(v: LayerView) -> float | None:
+    feats, y = _token_labelled(v)
+    return next_token_nc1(feats, y, min_count=2) if _num_classes(y, 2) >= 2 else None
+
+
+@register_metric("token_probe_acc", group="token_label", label="linear probe accuracy (token label)", panel=1)
+def _token_probe_acc(v: LayerView) -> float | None:
+    feats, y = _token_labelled(v)
+    return _probe(feats, y, v.probe_seed) if y.numel() >= 4 else None
+
+
+#: the built-in metrics of each group, in report order (the registry may hold more: :func:`list_metrics`)
+SMOOTHING_METRICS = tuple(m.key for m in list_metrics("smoothing"))
+SPECTRAL_METRICS = tuple(m.key for m in list_metrics("spectral"))
+SEQUENCE_LABEL_METRICS = tuple(m.key for m in list_metrics("sequence_label"))
+TOKEN_LABEL_METRICS = tuple(m.key for m in list_metrics("token_label"))
+
+
 def layer_reports(
     capture: LayerCapture,
     *,
@@ -196,47 +461,10 @@ def layer_reports(
     B = capture.num_examples
     if predictions is not None and (not isinstance(predictions, Tensor) or predictions.shape != (B,)):
         raise ValueError(f"predictions must have shape ({B},), got {getattr(predictions, 'shape', predictions)!r}")
+    measured = [g for g, present in zip(GROUPS, (True, True, seq_labels is not None, tok_labels is not None)) if present]
     reports = []
     for layer in capture.layers:
-        X = capture.states[layer].to(torch.float64)
-        B, T, D = X.shape
-        m: dict[str, float | None] = {}
-        m["within_variance"] = _mean_per_sequence(within_sequence_variance, X, lengths)
-        tokens = _valid(X, mask)
-        mu = tokens.mean(dim=0)
-        means = _sequence_means(X, mask)
-        seq_of_token = torch.arange(B).repeat_interleave(lengths)
-        within = (tokens - means[seq_of_token]).pow(2).sum()
-        total = (tokens - mu).pow(2).sum()
-        m["variance_ratio"] = float(within / total) if total > 0 else 0.0  # == variance_ratio(X, "pooled") unpadded
-        m["mean_cosine"] = _mean_per_sequence(mean_pairwise_cosine, X, lengths, min_len=2)
-        m["high_frequency_ratio"] = _mean_per_sequence(high_frequency_ratio, X, lengths)
-        m["rank_collapse_svd"] = _mean_per_sequence(lambda g: rank_collapse_residual(g, "svd"), X, lengths)
-        m["dirichlet_complete"] = _mean_per_sequence(dirichlet_energy, X, lengths)
-        m["dirichlet_attention"] = _dirichlet_attention(capture, layer, X, lengths)
-
-        s = torch.linalg.svdvals(tokens - means[seq_of_token])  # sequence-centred, pooled
-        m.update(_spectrum_summary(s))
-
-        if seq_labels is not None:
-            y = seq_labels
-            for key in SEQUENCE_LABEL_METRICS:
-                m[key] = None
-            if mask is None:
-                fractions = anova_decomposition(X, y).fractions
-                for key, value in zip(SEQUENCE_LABEL_METRICS[:3], fractions):
-                    m[key] = value
-            if _num_classes(y) >= 2:
-                nc = neural_collapse(means, y, predictions)
-                m.update(nc1=nc.nc1, nc2_equinorm=nc.equinorm, nc2_equiangularity=nc.equiangularity,
-                         nc2_etf_distance=nc.etf_distance, nc4_agreement=nc.ncc_agreement)
-                if B >= 4:
-                    m["seq_probe_acc"] = _probe(means, y, probe_seed)
-        if tok_labels is not None:
-            y = _valid(tok_labels.unsqueeze(-1), mask).squeeze(-1)
-            keep = y != IGNORE_INDEX
-            feats, y = tokens[keep], y[keep]
-            m["token_nc1"] = next_token_nc1(feats, y, min_count=2) if _num_classes(y, 2) >= 2 else None
-            m["token_probe_acc"] = _probe(feats, y, probe_seed) if y.numel() >= 4 else None
-        reports.append(LayerReport(layer, m, s.to(torch.float32)))
+        view = LayerView(capture, layer, lengths, seq_labels, tok_labels, predictions, probe_seed)
+        m: dict[str, float | None] = {metric.key: metric.fn(view) for g in measured for metric in list_metrics(g)}
+        reports.append(LayerReport(layer, m, view.singular_values.to(torch.float32)))
     return reports

@@ -40,21 +40,22 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from diffusionformer.analysis.capture import IGNORE_INDEX, capture_dataset
-from diffusionformer.analysis.report import layer_reports
-from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
-from diffusionformer.data.splits import seeded_subset
+from diffusionformer.analysis.capture import capture_dataset
+from diffusionformer.analysis.report import layer_reports, list_metrics
+from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.reload import load_run
-from diffusionformer.experiments.runner import run_dir, task_data, welch_t
+from diffusionformer.experiments.build import task_data
+from diffusionformer.experiments.results import run_dir
+from diffusionformer.experiments.stats import welch_t
+from diffusionformer.experiments.tasks import _HELDOUT_SEED, _TEXT_SEED  # noqa: F401  (back-compat: their home is tasks)
+from diffusionformer.experiments.tasks import find_adapter, heldout_batches, model_family
 from diffusionformer.models import learned_operator_parameters
 from diffusionformer.train.checkpoint import CHECKPOINT_NAME
 from diffusionformer.train.metrics import write_json_atomic
 
 __all__ = ["analyze_experiment", "analyze_run"]
 
-_TEXT_SEED = 1234  # the same held-out windows for every run
-_HELDOUT_SEED = 1234  # the same held-out examples for every run
 #: bump when what :func:`analyze_run` measures changes (invalidates every run's cache);
 #: 2: held-out examples are a seeded random subset instead of the first ``max_examples``
 ANALYSIS_VERSION = 2
@@ -119,37 +120,8 @@ def _find_runs(out: Path, config: ExperimentConfig, partial: bool = False) -> tu
 def _heldout(
     data: Any, model: torch.nn.Module, split: str, max_examples: int, batch_size: int
 ) -> tuple[list[Any], dict[str, Any]]:
-    """Batches of held-out data for ``capture_dataset`` and a description of them."""
-    if isinstance(data, (ClassificationData, SequenceTaskData)):
-        x, y = data.split(split)
-        # a seeded random subset, not the first rows: a split stored in class order (the CIFAR-10
-        # JPEG archives are read class folder by class folder) would otherwise give one class
-        keep = seeded_subset(x.shape[0], max_examples, _HELDOUT_SEED)
-        x, y = x[keep], y[keep]
-        batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, keep.numel(), batch_size)]
-        labels = "class per sequence" if isinstance(data, ClassificationData) else "target token per position (-100 = none)"
-        return batches, {"split": split, "labels": labels, "examples": f"seeded random subset of {keep.numel()}"}
-    if isinstance(data, TextData):
-        block = int(model.config.block_size)  # type: ignore[union-attr]
-        g = torch.Generator().manual_seed(_TEXT_SEED)
-        batches = []
-        for start in range(0, max_examples, batch_size):
-            batches.append(data.get_batch("val", min(batch_size, max_examples - start), block, g))
-        return batches, {"split": "val", "labels": "next token", "windows": f"seeded random windows of {block} tokens"}
-    if isinstance(data, NodeData):
-        d = data.data
-        labels = d.y.masked_fill(~getattr(d, f"{split}_mask"), IGNORE_INDEX)
-        return [(d, labels)], {"split": split, "labels": f"node class ({split} nodes)"}
-    if isinstance(data, GraphSetData):
-        from torch_geometric.data import Batch
-
-        graphs = list(data.split(split))[:max_examples]
-        batches = []
-        for i in range(0, len(graphs), batch_size):
-            b = Batch.from_data_list(graphs[i : i + batch_size])
-            batches.append((b, b.y.view(-1)))
-        return batches, {"split": split, "labels": "class per graph"}
-    raise TypeError(f"no held-out data for {type(data).__name__}")
+    """Batches of held-out data for ``capture_dataset`` and a description of them (the data's task adapter)."""
+    return heldout_batches(data, model, split, max_examples, batch_size)
 
 
 # ----------------------------------------------------------------------------- one run
@@ -180,16 +152,16 @@ def analyze_run(
         ``{"layers": [{"layer": l, metric: value, ...}], "spectra": [[s_1, ...] per layer],
         "coefficients": [(H, K+1) per block], "pca_rgb": tensor or None, "info": {...}}``.
     """
-    from diffusionformer.models.dino import DINO
-
-    self_supervised = isinstance(model, DINO)
-    if self_supervised:
-        model = model.backbone  # the teacher ViT (DINO's evaluation network)
+    family = model_family(model)
+    network = find_adapter(family, data, "analysed")  # e.g. DINO: the teacher ViT, its evaluation network
+    if network is not None:
+        model = network.analysed(model)  # type: ignore[misc]
     model = model.to(device).eval()
     batches, info = _heldout(data, model, split, max_examples, batch_size)
-    is_seq_cls = isinstance(data, (ClassificationData, GraphSetData)) and not self_supervised
-    if self_supervised:
-        info["network"] = "DINO teacher backbone (no classifier: no predictions)"
+    scored = find_adapter(family, data, "predictions")
+    is_seq_cls = bool(scored is not None and scored.predictions)
+    if network is not None and network.note:
+        info["network"] = network.note
     cap = capture_dataset(model, batches, max_examples=max_examples, attentions=True,
                           max_attention_examples=max_attention_examples, keep_outputs=is_seq_cls, device=device)
     prefix = int(getattr(model, "num_prefix", 0) or 0)
@@ -417,21 +389,24 @@ def _markdown(result: dict[str, Any]) -> str:
              "Layer 0 = embeddings, L = last block. Cells: mean ± sample std over seeds, and in brackets "
              "Welch's t of the difference to the first setting (|t| below about 3 is within seed noise). "
              "Per-layer values of every metric are in metrics.json.", ""]
-    keys = ["within_variance", "dirichlet_complete", "dirichlet_attention", "effective_rank"]
-    heads = ["within-var L", "Dirichlet (complete) L", "Dirichlet (attention) L", "eff. rank L"]
+    always = [m for m in list_metrics() if m.column and m.group in ("smoothing", "spectral")]
+    labelled = [m for m in list_metrics() if m.column and m.group not in ("smoothing", "spectral")]
     for name, task in result["tasks"].items():
-        cls = "nc1" if task["operators"] and any(
-            "nc1" in s["layers"][0] for op in task["operators"].values() for s in op["seeds"].values()) else "token_nc1"
+        seeds = [s for op in task["operators"].values() for s in op["seeds"].values()]
+        # a label metric has a column where some run has it (sequence labels: nc1; token labels: token_nc1)
+        present = [m for m in labelled if any(m.key in s["layers"][0] for s in seeds)] or labelled[-1:]
+        columns = [*always, *present]
         lines += [f"## {name} ({task['dataset']}, {task['model']})", "",
-                  "| operator | within-var L0 | " + " | ".join(heads) + f" | {cls} L |",
-                  "|---|---|" + "---|" * (len(keys) + 1)]
+                  f"| operator | {always[0].column} L0 | " + " | ".join(f"{m.column} L" for m in columns) + " |",
+                  "|---|---|" + "---|" * len(columns)]
         ops = list(task["operators"].items())
         first = ops[0][1] if ops else None
         for op_name, op in ops:
-            v0 = [float(s["layers"][0]["within_variance"]) for s in op["seeds"].values()
-                  if isinstance(s["layers"][0].get("within_variance"), (int, float))]
+            key0 = always[0].key  # the first column also at the embeddings
+            v0 = [float(s["layers"][0][key0]) for s in op["seeds"].values()
+                  if isinstance(s["layers"][0].get(key0), (int, float))]
             cells = [_cell(v0, None)]
-            for key in [*keys, cls]:
+            for key in [m.key for m in columns]:
                 base = None if op is first or first is None else _last_layer_values(first, key)
                 cells.append(_cell(_last_layer_values(op, key), base))
             lines.append(f"| {op_name} | " + " | ".join(cells) + " |")
@@ -487,6 +462,12 @@ def _integer_x(ax: Any) -> None:
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _panels(group: str) -> list[tuple[str, str, bool]]:
+    """``(key, label, logy)`` of the registered metrics of ``group`` that have a panel, in panel order."""
+    return [(m.key, m.label, m.logy) for m in sorted((m for m in list_metrics(group) if m.panel is not None),
+                                                      key=lambda m: m.panel)]
 
 
 def _figure(**kwargs: Any) -> Any:
@@ -571,12 +552,7 @@ def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str
     for tname, task in result["tasks"].items():
         if not task["operators"]:
             continue
-        save(_grid([("within_variance", "within-sequence variance", True),
-                    ("variance_ratio", "within / total variance", False),
-                    ("dirichlet_complete", "Dirichlet energy, complete graph", True),
-                    ("dirichlet_attention", "Dirichlet energy, attention graph", True),
-                    ("mean_cosine", "mean pairwise cosine", False),
-                    ("rank_collapse_svd", "rank-1 residual (SVD)", False)], task,
+        save(_grid(_panels("smoothing"), task,
                    f"{tname}: smoothing by depth (mean ± std over seeds)"), f"{tname}_smoothing.png")
 
         fig = _figure(figsize=(12.6, 3.4))
@@ -590,16 +566,8 @@ def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str
         save(fig, f"{tname}_spectra.png")
 
         first_seed = next(iter(next(iter(task["operators"].values()))["seeds"].values()))["layers"][0]
-        if "nc1" in first_seed:
-            panels = [("nc1", "NC1 of sequence means", True),
-                      ("nc2_etf_distance", "NC2: distance to simplex ETF", False),
-                      ("nc4_agreement", "NC4: NCC = model prediction", False),
-                      ("seq_probe_acc", "linear probe on sequence means", False),
-                      ("anova_between_class_fraction", "between-class share of scatter", False),
-                      ("anova_within_fraction", "within-sequence share of scatter", False)]
-        else:
-            panels = [("token_nc1", "NC1, class = next token / token label", True),
-                      ("token_probe_acc", "linear probe accuracy (token label)", False)]
+        labelled = _panels("sequence_label")
+        panels = labelled if any(p[0] in first_seed for p in labelled) else _panels("token_label")
         save(_grid(panels, task, f"{tname}: collapse and separability by depth"), f"{tname}_collapse.png")
 
         if tname in pca:

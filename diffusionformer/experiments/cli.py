@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}")
             return 0
         if args.command == "status":
-            from diffusionformer.experiments.runner import format_status, run_status
+            from diffusionformer.experiments.results import run_status
+            from diffusionformer.experiments.tables import format_status
 
             print(format_status(run_status(config, args.out)), end="")
             return 0
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                                device=args.device, progress=not args.no_progress, partial=args.partial)
             return 0
         from diffusionformer.experiments.gpu import check_device, precision_amp, run_workers, worker_argv
-        from diffusionformer.experiments.runner import aggregate, format_table, run_experiment
+        from diffusionformer.experiments.runner import run_experiment
+        from diffusionformer.experiments.tables import aggregate, format_table
 
         workers = 1 if args.workers is None else args.workers
         if workers < 1:

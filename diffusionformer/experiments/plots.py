@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.runner import RunResult, read_curves, run_dir
+from diffusionformer.experiments.results import RunResult, read_curves, run_dir
 
 __all__ = ["plot_experiment"]
 

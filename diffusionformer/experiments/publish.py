@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.runner import (RunResult, aggregate, first_reach, format_table, read_curves, run_dir,
-                                                select_evaluation)
+from diffusionformer.experiments.results import RunResult, first_reach, read_curves, run_dir, select_evaluation
+from diffusionformer.experiments.tables import aggregate, format_table
 
 __all__ = ["add_to_toctree", "publish_experiment", "summary_table", "write_run_log"]
 

@@ -1,20 +1,28 @@
 """Task adapters: a dataset + model family as a :class:`diffusionformer.train.Task`.
 
+Which adapter serves a run is looked up, not branched on: :func:`register_task_adapter` (or the
+:func:`task_adapter` decorator) keys a :class:`TaskAdapter` by (model config class, data container
+class); the runner (:func:`model_overrides_for_data`, :func:`build_task`) and the analysis
+(:func:`heldout_batches`, :func:`find_adapter`) read the registry.
+
 Every adapter draws its training batches from the trainer's seeded generator (so a resumed
 run is bit-identical) and evaluates deterministically on fixed held-out data.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
+from diffusionformer.models import DINOConfig, GCNConfig, GINConfig, GPTConfig, GraphTransformerConfig, ViTConfig
 
-__all__ = ["build_task", "model_overrides_for_data"]
+__all__ = ["TaskAdapter", "build_task", "find_adapter", "heldout_batches", "model_overrides_for_data",
+           "register_task_adapter", "task_adapter"]
 
 _EVAL_SEED = 1234  # fixed windows for text evaluation: every run is scored on the same text
 
@@ -363,34 +371,128 @@ class GraphClassificationTask:
         return out
 
 
+# ----------------------------------------------------------------------------- adapters
+@dataclass(frozen=True)
+class TaskAdapter:
+    """What the runner and the analysis need for one model family on one kind of data.
+
+    Each hook is optional; :func:`find_adapter` picks, for a hook, the adapter registered for
+    the model's config class and the nearest class of the data container, else the one
+    registered for any model (``family=None``) and that data. A new model family registers one
+    adapter with its :attr:`overrides` and inherits the task and the held-out data of its data.
+
+    Attributes:
+        overrides: ``data -> {config field: value}``, what the model takes from the data
+            (input shape, classes, vocabulary); may raise ``ValueError`` when the data does not fit.
+        task: ``(data, model, eval_batch_size) -> Task``, the :class:`~diffusionformer.train.Task`
+            the trainer drives.
+        heldout: ``(data, model, split, max_examples, batch_size) -> (batches, info)``, the
+            held-out batches :func:`~diffusionformer.analysis.capture_dataset` reads and a
+            description of them.
+        analysed: ``model -> network`` whose tokens the analysis reads (e.g. DINO's teacher backbone).
+        predictions: whether the analysed network predicts one class per sequence (its outputs
+            are kept and scored).
+        note: a line the analysis adds to its ``info`` (what network was analysed, and why).
+    """
+
+    overrides: Callable[[Any], dict[str, Any]] | None = None
+    task: Callable[[Any, nn.Module, int], Any] | None = None
+    heldout: Callable[[Any, nn.Module, str, int, int], tuple[list[Any], dict[str, Any]]] | None = None
+    analysed: Callable[[nn.Module], nn.Module] | None = None
+    predictions: bool | None = None
+    note: str | None = None
+
+
+_ADAPTERS: dict[tuple[type | None, type], TaskAdapter] = {}
+
+
+def register_task_adapter(family: type | Sequence[type] | None, data: type | Sequence[type], adapter: TaskAdapter) -> TaskAdapter:
+    """Register ``adapter`` for every (model config class in ``family``, data container class in ``data``).
+
+    Args:
+        family: the model config dataclass(es) (e.g. ``ViTConfig``), or ``None`` for any model.
+        data: the data container class(es) (e.g. ``ClassificationData``); ``object`` matches any data.
+        adapter: the hooks.
+
+    Raises:
+        TypeError: if ``adapter`` is not a :class:`TaskAdapter` or a key is not a class.
+        ValueError: if a pair already has an adapter.
+    """
+    if not isinstance(adapter, TaskAdapter):
+        raise TypeError(f"adapter must be a TaskAdapter, got {type(adapter).__name__}")
+    families = [family] if family is None or isinstance(family, type) else list(family)
+    datas = [data] if isinstance(data, type) else list(data)
+    keys = [(f, d) for f in families for d in datas]
+    for f, d in keys:
+        if not (f is None or isinstance(f, type)) or not isinstance(d, type):
+            raise TypeError(f"task adapters are keyed by classes (model config, data container), got ({f!r}, {d!r})")
+        if (f, d) in _ADAPTERS:
+            raise ValueError(f"a task adapter for ({getattr(f, '__name__', f)}, {d.__name__}) is already registered")
+    for key in keys:
+        _ADAPTERS[key] = adapter
+    return adapter
+
+
+def task_adapter(family: type | Sequence[type] | None, data: type | Sequence[type], **hooks: Any) -> Callable[[Callable[[Any], dict[str, Any]]], Callable[[Any], dict[str, Any]]]:
+    """Decorator: register the decorated ``data -> overrides`` function (and ``hooks``) as an adapter.
+
+    A new model family on text needs only what it takes from the data; the language-model task
+    and the held-out windows come from the adapter registered for any model on
+    :class:`~diffusionformer.data.base.TextData`::
+
+        @task_adapter(MambaConfig, TextData)
+        def _mamba_sizes(data):
+            return {"vocab_size": data.vocab_size}
+
+    Other hooks (``task=``, ``heldout=``, ``analysed=``, ``predictions=``, ``note=``) are passed as keywords.
+    """
+    def register(fn: Callable[[Any], dict[str, Any]]) -> Callable[[Any], dict[str, Any]]:
+        register_task_adapter(family, data, TaskAdapter(overrides=fn, **hooks))
+        return fn
+
+    return register
+
+
+def find_adapter(family: type | None, data: Any, hook: str, *, any_model: bool = True) -> TaskAdapter | None:
+    """The adapter that supplies ``hook`` for a model of config class ``family`` on ``data``.
+
+    Adapters of ``family`` come first (nearest data class first), then, with ``any_model``,
+    those registered for any model. ``data`` is a container or its class. ``None`` when none has the hook.
+
+    Examples:
+        >>> from diffusionformer.data.base import TextData
+        >>> from diffusionformer.models import GPTConfig, ViTConfig
+        >>> find_adapter(GPTConfig, TextData, "task") is find_adapter(None, TextData, "task")  # any model's
+        True
+        >>> find_adapter(ViTConfig, TextData, "overrides", any_model=False) is None  # a ViT does not fit text
+        True
+    """
+    if hook not in TaskAdapter.__dataclass_fields__:
+        raise ValueError(f"unknown adapter hook {hook!r}; expected one of {sorted(TaskAdapter.__dataclass_fields__)}")
+    mro = (data if isinstance(data, type) else type(data)).__mro__
+    for fam in ((family, None) if any_model and family is not None else (family,)):
+        for cls in mro:
+            adapter = _ADAPTERS.get((fam, cls))
+            if adapter is not None and getattr(adapter, hook) is not None:
+                return adapter
+    return None
+
+
+def model_family(model: nn.Module) -> type | None:
+    """The config class of ``model`` (``type(model.config)``), the key of its adapters; ``None`` without one."""
+    config = getattr(model, "config", None)
+    return None if config is None else type(config)
+
+
 def model_overrides_for_data(data: Any, family: type) -> dict[str, Any]:
     """Config values a model must take from the data (input shape, classes, vocabulary)."""
-    from diffusionformer.models import DINOConfig, GCNConfig, GINConfig, GPTConfig, GraphTransformerConfig, ViTConfig
-
-    if family is DINOConfig:
-        if isinstance(data, ClassificationData) and data.kind == "image":
-            return {"in_channels": data.input_shape[0], "input_size": tuple(data.input_shape[1:])}
+    adapter = find_adapter(family, data, "overrides", any_model=False)
+    if adapter is None:
         raise ValueError(
-            f"dataset {getattr(data, 'name', '?')!r} of kind {getattr(data, 'kind', '?')!r} does not fit a DINO "
-            "model: self-supervised DINO needs image data (e.g. digits, mnist, mnist-mini, cifar10)"
+            f"dataset {getattr(data, 'name', '?')!r} of kind {getattr(data, 'kind', '?')!r} does not fit a "
+            f"{family.__name__.replace('Config', '')} model; pick a preset of the matching family"
         )
-    if family is ViTConfig and isinstance(data, ClassificationData):
-        shape = tuple(data.input_shape)
-        if data.kind == "image":
-            return {"in_channels": shape[0], "input_size": shape[1:], "num_classes": data.num_classes}
-        return {"in_channels": shape[1], "input_size": shape[:1], "num_classes": data.num_classes}
-    if family is GPTConfig and isinstance(data, TextData):
-        return {"vocab_size": data.vocab_size}
-    if family is GPTConfig and isinstance(data, SequenceTaskData):
-        return {"vocab_size": data.vocab_size}
-    if family in (GraphTransformerConfig, GCNConfig, GINConfig) and isinstance(data, NodeData):
-        return {"in_channels": data.num_features, "num_classes": data.num_classes, "task": "node"}
-    if family in (GraphTransformerConfig, GCNConfig, GINConfig) and isinstance(data, GraphSetData):
-        return {"in_channels": data.num_features, "num_classes": data.num_classes, "task": "graph"}
-    raise ValueError(
-        f"dataset {getattr(data, 'name', '?')!r} of kind {getattr(data, 'kind', '?')!r} does not fit a "
-        f"{family.__name__.replace('Config', '')} model; pick a preset of the matching family"
-    )
+    return adapter.overrides(data)  # type: ignore[misc]
 
 
 def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512,
@@ -400,27 +502,127 @@ def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512,
     ``augment`` and ``label_smoothing`` apply to supervised classification only (see
     :class:`ClassificationTask`); other adapters refuse them.
     """
-    if (augment or label_smoothing) and not (isinstance(data, ClassificationData) and not _is_dino(model)):
-        raise ValueError(f"augment and label_smoothing apply to supervised classification only, "
-                         f"not to {type(data).__name__} with {type(model).__name__}")
-    from diffusionformer.models.dino import DINO
+    adapter = find_adapter(model_family(model), data, "task")
+    if adapter is None:
+        raise TypeError(f"no task adapter for {type(data).__name__}")
+    options = {k: v for k, v in (("augment", augment), ("label_smoothing", label_smoothing)) if v}
+    if options:
+        if not (isinstance(data, ClassificationData) and not _is_dino(model)):
+            raise ValueError(f"augment and label_smoothing apply to supervised classification only, "
+                             f"not to {type(data).__name__} with {type(model).__name__}")
+        return adapter.task(data, model, eval_batch_size, **options)  # type: ignore[misc]
+    return adapter.task(data, model, eval_batch_size)  # type: ignore[misc]
 
-    if isinstance(model, DINO):
-        return DINOTask(data, model, eval_batch_size)
-    if isinstance(data, ClassificationData):
-        return ClassificationTask(data, eval_batch_size, augment=augment, label_smoothing=label_smoothing)
-    if isinstance(data, TextData):
-        block = getattr(getattr(model, "config", None), "block_size", None)
-        if block is None:
-            raise ValueError("a text task needs a GPT model (with config.block_size)")
-        return TextLMTask(data, block)
-    if isinstance(data, SequenceTaskData):
-        return SequenceLMTask(data, eval_batch_size)
-    if isinstance(data, NodeData):
-        return NodeTask(data)
-    if isinstance(data, GraphSetData):
-        return GraphClassificationTask(data, min(eval_batch_size, 256))
-    raise TypeError(f"no task adapter for {type(data).__name__}")
+
+def heldout_batches(data: Any, model: nn.Module, split: str, max_examples: int, batch_size: int) -> tuple[list[Any], dict[str, Any]]:
+    """Batches of held-out data for :func:`~diffusionformer.analysis.capture_dataset` and a description of them."""
+    adapter = find_adapter(model_family(model), data, "heldout")
+    if adapter is None:
+        raise TypeError(f"no held-out data for {type(data).__name__}")
+    return adapter.heldout(data, model, split, max_examples, batch_size)  # type: ignore[misc]
+
+
+_HELDOUT_SEED = 1234  # the same held-out examples for every run
+_TEXT_SEED = 1234  # the same held-out windows for every run
+
+
+def _heldout_labelled(data: Any, model: nn.Module, split: str, max_examples: int, batch_size: int) -> tuple[list[Any], dict[str, Any]]:
+    from diffusionformer.data.splits import seeded_subset
+
+    x, y = data.split(split)
+    # a seeded random subset, not the first rows: a split stored in class order (the CIFAR-10
+    # JPEG archives are read class folder by class folder) would otherwise give one class
+    keep = seeded_subset(x.shape[0], max_examples, _HELDOUT_SEED)
+    x, y = x[keep], y[keep]
+    batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, keep.numel(), batch_size)]
+    labels = "class per sequence" if isinstance(data, ClassificationData) else "target token per position (-100 = none)"
+    return batches, {"split": split, "labels": labels, "examples": f"seeded random subset of {keep.numel()}"}
+
+
+def _heldout_text(data: TextData, model: nn.Module, split: str, max_examples: int, batch_size: int) -> tuple[list[Any], dict[str, Any]]:
+    block = int(model.config.block_size)  # type: ignore[union-attr]
+    g = torch.Generator().manual_seed(_TEXT_SEED)
+    batches = []
+    for start in range(0, max_examples, batch_size):
+        batches.append(data.get_batch("val", min(batch_size, max_examples - start), block, g))
+    return batches, {"split": "val", "labels": "next token", "windows": f"seeded random windows of {block} tokens"}
+
+
+def _heldout_nodes(data: NodeData, model: nn.Module, split: str, max_examples: int, batch_size: int) -> tuple[list[Any], dict[str, Any]]:
+    from diffusionformer.analysis.capture import IGNORE_INDEX
+
+    d = data.data
+    labels = d.y.masked_fill(~getattr(d, f"{split}_mask"), IGNORE_INDEX)
+    return [(d, labels)], {"split": split, "labels": f"node class ({split} nodes)"}
+
+
+def _heldout_graphs(data: GraphSetData, model: nn.Module, split: str, max_examples: int, batch_size: int) -> tuple[list[Any], dict[str, Any]]:
+    from torch_geometric.data import Batch
+
+    graphs = list(data.split(split))[:max_examples]
+    batches = []
+    for i in range(0, len(graphs), batch_size):
+        b = Batch.from_data_list(graphs[i : i + batch_size])
+        batches.append((b, b.y.view(-1)))
+    return batches, {"split": split, "labels": "class per graph"}
+
+
+def _text_task(data: TextData, model: nn.Module, eval_batch_size: int) -> TextLMTask:
+    block = getattr(getattr(model, "config", None), "block_size", None)
+    if block is None:
+        raise ValueError("a text task needs a GPT model (with config.block_size)")
+    return TextLMTask(data, block)
+
+
+# any model: the task and the held-out data follow the data container
+register_task_adapter(None, ClassificationData, TaskAdapter(
+    task=lambda data, model, ebs, **options: ClassificationTask(data, ebs, **options), heldout=_heldout_labelled,
+    predictions=True))
+register_task_adapter(None, TextData, TaskAdapter(task=_text_task, heldout=_heldout_text, predictions=False))
+register_task_adapter(None, SequenceTaskData, TaskAdapter(
+    task=lambda data, model, ebs: SequenceLMTask(data, ebs), heldout=_heldout_labelled, predictions=False))
+register_task_adapter(None, NodeData, TaskAdapter(task=lambda data, model, ebs: NodeTask(data), heldout=_heldout_nodes,
+                                                  predictions=False))
+register_task_adapter(None, GraphSetData, TaskAdapter(
+    task=lambda data, model, ebs: GraphClassificationTask(data, min(ebs, 256)), heldout=_heldout_graphs, predictions=True))
+
+
+# the model families: what each takes from the data it fits
+@task_adapter(ViTConfig, ClassificationData)
+def _vit_sizes(data: ClassificationData) -> dict[str, Any]:
+    shape = tuple(data.input_shape)
+    if data.kind == "image":
+        return {"in_channels": shape[0], "input_size": shape[1:], "num_classes": data.num_classes}
+    return {"in_channels": shape[1], "input_size": shape[:1], "num_classes": data.num_classes}
+
+
+@task_adapter(GPTConfig, (TextData, SequenceTaskData))
+def _gpt_sizes(data: TextData | SequenceTaskData) -> dict[str, Any]:
+    return {"vocab_size": data.vocab_size}
+
+
+@task_adapter((GraphTransformerConfig, GCNConfig, GINConfig), NodeData)
+def _graph_node_sizes(data: NodeData) -> dict[str, Any]:
+    return {"in_channels": data.num_features, "num_classes": data.num_classes, "task": "node"}
+
+
+@task_adapter((GraphTransformerConfig, GCNConfig, GINConfig), GraphSetData)
+def _graph_set_sizes(data: GraphSetData) -> dict[str, Any]:
+    return {"in_channels": data.num_features, "num_classes": data.num_classes, "task": "graph"}
+
+
+# DINO: any data reaches it (and is refused unless it is images); its task is self-supervised, and
+# the analysis reads its teacher backbone, which has no classifier
+@task_adapter(DINOConfig, object, task=lambda data, model, ebs: DINOTask(data, model, ebs),
+              analysed=lambda model: model.backbone, predictions=False,
+              note="DINO teacher backbone (no classifier: no predictions)")
+def _dino_sizes(data: Any) -> dict[str, Any]:
+    if isinstance(data, ClassificationData) and data.kind == "image":
+        return {"in_channels": data.input_shape[0], "input_size": tuple(data.input_shape[1:])}
+    raise ValueError(
+        f"dataset {getattr(data, 'name', '?')!r} of kind {getattr(data, 'kind', '?')!r} does not fit a DINO "
+        "model: self-supervised DINO needs image data (e.g. digits, mnist, mnist-mini, cifar10)"
+    )
 
 
 def _is_dino(model: nn.Module) -> bool:

@@ -161,7 +161,7 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
 
 def _resolve_model(task: TaskConfig, setting: OperatorSetting, data: Any, preset: Any, model_config: Any) -> None:
     """Build the run's model as the runner does (with data), else resolve and build it from the preset's sizes."""
-    from diffusionformer.experiments.runner import build_model
+    from diffusionformer.experiments.build import build_model
 
     if data is not None:
         build_model(task, setting, data)

@@ -1,0 +1,37 @@
+"""The data and the model of one run, as the runner, the validator and the analysis build them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from diffusionformer.data import load_dataset
+from diffusionformer.experiments.config import OperatorSetting, TaskConfig
+from diffusionformer.experiments.tasks import model_overrides_for_data
+from diffusionformer.models import create_model, get_preset, model_config
+
+__all__ = ["build_model", "task_data"]
+
+
+def task_data(task: TaskConfig, seed: int, data_root: str | None, cache: dict[int | None, Any]) -> Any:
+    """The dataset of ``task``'s run with ``seed``: loaded once per fold (once without folds) into ``cache``."""
+    fold = task.fold_of(seed)
+    if fold not in cache:
+        cache[fold] = load_dataset(task.dataset, root=data_root, seed=task.data_seed, **task.dataset_kwargs(seed))
+    return cache[fold]
+
+
+def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.nn.Module:
+    """The model of one run: preset + data-derived sizes + task overrides + the operator setting."""
+    preset = get_preset(task.model)
+    overrides = {**model_overrides_for_data(data, preset.config_cls), **task.model_overrides}
+    resolved = model_config(task.model, **overrides)
+    heads = getattr(resolved, "num_heads", getattr(resolved, "n_head", 0))
+    if heads:
+        overrides.update(setting.overrides(int(heads)))
+    elif setting.heads is not None or setting.laplacian_heads is not None:
+        raise ValueError(f"operator setting {setting.name!r} sets heads but model {task.model!r} has no attention heads")
+    else:
+        overrides.update(setting.model_overrides)
+    return create_model(task.model, **overrides)

@@ -1,0 +1,71 @@
+"""What a comparison writes besides its runs: the manifest, ``results.json``, ``results.md`` and the plots."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from diffusionformer.experiments.config import ExperimentConfig
+from diffusionformer.experiments.results import RunResult
+from diffusionformer.experiments.tables import aggregate, format_table
+from diffusionformer.train.metrics import write_json_atomic
+
+__all__ = ["git_commit", "manifest", "write_outputs"]
+
+
+def manifest(config: ExperimentConfig) -> dict[str, Any]:
+    """What ``manifest.json`` records: the resolved config, the command, the machine, versions and commit."""
+    from diffusionformer import __version__
+
+    return {
+        "config": config.to_dict(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "diffusionformer": __version__,
+        "machine": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "git_commit": git_commit(),
+    }
+
+
+def git_commit(path: str | Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding ``path`` (default: this package), with
+    ``"+dirty"`` appended when tracked files differ from it; ``None`` outside a git checkout or
+    without git."""
+    import subprocess
+
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def write_outputs(out: Path, config: ExperimentConfig, results: list[RunResult]) -> None:
+    """Write ``results.json``, ``results.md`` and ``plots/`` of ``results`` into ``out`` (plots skipped without matplotlib)."""
+    rows = [r.__dict__ for r in results]
+    table = aggregate(results)
+    write_json_atomic(out / "results.json", {"runs": rows, "summary": table})
+    text = f"# {config.name}\n\n{config.description}\n\nSeeds: {config.seeds}. Mean ± sample std over seeds.\n\n"
+    (out / "results.md").write_text(text + format_table(table, config))
+    try:
+        from diffusionformer.experiments.plots import plot_experiment
+
+        plot_experiment(out, config, results)
+    except ImportError as exc:  # matplotlib missing: results are still written
+        print(f"plots skipped: {exc}", file=sys.stderr)

@@ -1,0 +1,218 @@
+"""A comparison's runs read back from disk: where a run lives, its result, its curves and its state.
+
+Layout of ``<out>/<name>/runs/<task>/<operator>/seed<k>/``: ``summary.json`` (written when a run
+ends; ``status`` is ``"completed"`` or ``"failed: <reason>"``), ``metrics.jsonl`` (one record per
+logged step or evaluation), ``learned_operators.json`` and ``run_config.json``. Nothing here loads
+a model or data, so reading results back is cheap and safe while other processes train.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
+from diffusionformer.experiments.store import live_holder as _live_holder
+from diffusionformer.experiments.tasks import as_metrics
+from diffusionformer.train import read_metrics
+
+__all__ = ["RunResult", "finished_runs", "first_reach", "read_curves", "run_dir", "run_status", "select_evaluation"]
+
+
+@dataclass
+class RunResult:
+    """One run (task, operator setting, seed) as the runner reports it.
+
+    ``value`` is the task's metric at the end of training; ``selected_value`` is the same
+    metric at the evaluation picked by the task's ``select_by`` (early stopping on the
+    validation split), which is what the published tables report when a task has one.
+    ``reach_step`` is the first evaluated step at which the task's ``reach`` threshold was met.
+    ``learned`` holds the learned diffusion parameters per layer (diffusion times,
+    polynomial coefficients, teleport probabilities) at the end of training.
+    """
+
+    task: str
+    operator: str
+    seed: int
+    status: str  #: "completed" or "failed: <reason>"
+    metric: str
+    value: float | None
+    final: dict[str, float] = field(default_factory=dict)
+    num_parameters: int | None = None
+    elapsed: float | None = None
+    learned: dict[str, list[float]] = field(default_factory=dict)
+    #: the task's metric at the evaluation picked by ``select_by`` (None without one)
+    selected_value: float | None = None
+    selected_step: int | None = None
+    #: the first evaluated step at which the task's ``reach`` key met its threshold (None if never)
+    reach_step: int | None = None
+
+
+def run_dir(out: Path, task: str, operator: str, seed: int) -> Path:
+    return out / "runs" / task / operator / f"seed{seed}"
+
+
+def read_curves(rdir: Path) -> list[dict[str, Any]]:
+    """The records of a run's metrics log (empty when it has none yet)."""
+    path = rdir / "metrics.jsonl"
+    return read_metrics(path) if path.is_file() else []
+
+
+def finished_runs(out: str | Path, config: ExperimentConfig, results: Sequence[RunResult] = ()) -> list[RunResult]:
+    """Every run of ``config`` in config order: those in ``results``, else the finished ones on disk.
+
+    A run is finished on disk when its ``summary.json`` says completed; runs neither in
+    ``results`` nor finished are left out.
+
+    Args:
+        out: the comparison's folder (``<out_root>/<config.name>``).
+        config: the comparison.
+        results: runs already in memory (they take precedence over the files).
+    """
+    out = Path(out)
+    have = {(r.task, r.operator, r.seed): r for r in results}
+    merged = []
+    for task in config.tasks:
+        for setting in config.operators:
+            for seed in config.seeds:
+                r = have.get((task.name, setting.name, seed))
+                if r is None:
+                    rdir = run_dir(out, task.name, setting.name, seed)
+                    summary = _read_summary(rdir)
+                    if summary is not None and summary.get("status") == "completed":
+                        r = _result_from_files(task, setting, seed, rdir, summary)
+                if r is not None:
+                    merged.append(r)
+    return merged
+
+
+def _completed(rdir: Path) -> bool:
+    summary = _read_summary(rdir)
+    return summary is not None and summary.get("status") == "completed"
+
+
+def _read_summary(rdir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((rdir / "summary.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str, Any]]:
+    """Where every run of ``config`` stands, without loading any model or data.
+
+    One row per run in config order: ``task``, ``operator``, ``seed``, ``state`` (``"completed"``,
+    ``"failed"``, ``"running"`` (a live process holds its lock), ``"interrupted"`` (started, not
+    finished, nobody training it) or ``"missing"``), ``step`` (updates logged so far),
+    ``max_steps``, ``elapsed`` (training seconds so far) and ``holder`` (the lock's process).
+
+    Args:
+        config: the comparison.
+        out_root: the results root given to ``run`` (``--out``).
+    """
+    out = Path(out_root) / config.name
+    rows = []
+    for task in config.tasks:
+        max_steps = train_config(task, config.seeds[0]).max_steps  # the task's budget, defaults resolved
+        for setting in config.operators:
+            for seed in config.seeds:
+                rdir = run_dir(out, task.name, setting.name, seed)
+                summary = _read_summary(rdir)
+                row: dict[str, Any] = {"task": task.name, "operator": setting.name, "seed": seed, "max_steps": max_steps,
+                                       "step": 0, "elapsed": None, "holder": None}
+                if summary is not None and summary.get("status") == "completed":
+                    row.update(state="completed", step=summary.get("step", max_steps), elapsed=summary.get("elapsed"))
+                elif not rdir.is_dir():
+                    row["state"] = "missing"
+                else:
+                    records = read_curves(rdir)
+                    if records:
+                        row.update(step=int(records[-1].get("step", 0)), elapsed=records[-1].get("elapsed"))
+                    holder = _live_holder(rdir)
+                    row["holder"] = None if holder is None else f"pid {holder[0]} on {holder[1]}"
+                    if holder is not None:
+                        row["state"] = "running"
+                    elif summary is not None and str(summary.get("status", "")).startswith("failed"):
+                        row["state"] = "failed"
+                    else:
+                        row["state"] = "interrupted" if (records or (rdir / "checkpoint.pt").is_file()) else "missing"
+                rows.append(row)
+    return rows
+
+
+def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rdir: Path, summary: dict[str, Any]) -> RunResult:
+    final = as_metrics(summary.get("eval"))
+    value = final.get(task.metric)
+    if value is None and summary.get("eval"):
+        raise ValueError(f"task {task.name!r}: metric {task.metric!r} is not among the evaluation keys {sorted(final)}")
+    learned_path = rdir / "learned_operators.json"
+    learned = json.loads(learned_path.read_text()) if learned_path.is_file() else {}
+    curves = read_curves(rdir) if task.select_by or task.reach else []
+    selected_value, selected_step = select_evaluation(curves, task) if task.select_by else (None, None)
+    return RunResult(task.name, setting.name, seed, "completed", task.metric, value, final,
+                     summary.get("num_parameters"), summary.get("elapsed"), learned, selected_value, selected_step,
+                     first_reach(curves, task) if task.reach else None)
+
+
+def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[float | None, int | None]:
+    """``(metric, step)`` of the evaluation with the best ``task.select_by`` (the earliest among ties).
+
+    ``select_by`` is maximised unless its name ends in ``loss``. ``(None, None)`` when no
+    evaluation has both keys.
+
+    Examples:
+        >>> t = TaskConfig("t", "digits", "vit-digits", select_by="val_acc")
+        >>> evals = [{"split": "eval", "step": s, "metrics": {"val_acc": a, "test_acc": b}}
+        ...          for s, a, b in [(10, 0.7, 0.60), (20, 0.8, 0.65), (30, 0.8, 0.70), (40, 0.75, 0.72)]]
+        >>> select_evaluation(evals, t)
+        (0.65, 20)
+    """
+    if not task.select_by:
+        raise ValueError(f"task {task.name!r} has no select_by key")
+    key, sign = task.select_by, (-1.0 if task.select_by.endswith("loss") else 1.0)
+    best: tuple[float, int, float] | None = None
+    for r in records:
+        m = as_metrics(r) if r.get("split") == "eval" else {}
+        if key in m and task.metric in m and math.isfinite(m[key]):
+            score = sign * m[key]
+            if best is None or score > best[0]:
+                best = (score, int(r["step"]), float(m[task.metric]))
+    return (None, None) if best is None else (best[2], best[1])
+
+
+def first_reach(records: list[dict[str, Any]], task: TaskConfig) -> int | None:
+    """The first evaluated step at which ``task.reach``'s key meets its threshold, else ``None``.
+
+    The key must reach ``>=`` the threshold, or ``<=`` for keys ending in ``loss``. The step
+    is a multiple of the evaluation interval, so it bounds the true first step from above.
+
+    Args:
+        records: a run's metrics log (:func:`read_curves`); only ``"eval"`` records count,
+            in step order, and non-finite values never meet the threshold.
+        task: a task with ``reach = {key: threshold}``.
+
+    Returns:
+        The step, or ``None`` when no evaluation met the threshold.
+
+    Raises:
+        ValueError: if ``task`` has no ``reach``.
+
+    Examples:
+        >>> t = TaskConfig("t", "digits", "vit-digits", reach={"val_acc": 0.9})
+        >>> evals = [{"split": "eval", "step": s, "metrics": {"val_acc": a}}
+        ...          for s, a in [(250, 0.2), (500, 0.93), (750, 0.85), (1000, 0.99)]]
+        >>> first_reach(evals, t), first_reach(evals[:1], t)
+        (500, None)
+    """
+    if not task.reach:
+        raise ValueError(f"task {task.name!r} has no reach threshold")
+    (key, threshold), = task.reach.items()
+    sign = -1.0 if key.endswith("loss") else 1.0
+    for r in sorted((r for r in records if r.get("split") == "eval"), key=lambda r: int(r["step"])):
+        value = as_metrics(r).get(key)
+        if value is not None and math.isfinite(value) and sign * value >= sign * threshold:
+            return int(r["step"])
+    return None

@@ -1,0 +1,190 @@
+"""Tables of a comparison: seeds aggregated per (task, operator setting) and written as markdown."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Mapping
+
+from diffusionformer.experiments.config import ExperimentConfig
+from diffusionformer.experiments.results import RunResult
+
+__all__ = ["aggregate", "format_status", "format_table"]
+
+
+def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
+    """Mean, sample standard deviation and count over seeds per (task, operator)."""
+    rows: dict[tuple[str, str], list[RunResult]] = {}
+    for r in results:
+        rows.setdefault((r.task, r.operator), []).append(r)
+    table = []
+    for (task, op), rs in rows.items():
+        vals = [r.value for r in rs if r.value is not None and math.isfinite(r.value)]
+        table.append({
+            "task": task,
+            "operator": op,
+            "metric": rs[0].metric,
+            "mean": statistics.fmean(vals) if vals else None,
+            "std": statistics.stdev(vals) if len(vals) > 1 else (0.0 if vals else None),
+            "n": len(vals),
+            "failed": sum(1 for r in rs if r.status != "completed"),
+            "values": vals,
+            "seeds": [r.seed for r in rs if r.value is not None],
+            "by_seed": {r.seed: r.value for r in rs if r.value is not None and math.isfinite(r.value)},
+            "num_parameters": rs[0].num_parameters,
+            "elapsed_mean": statistics.fmean([r.elapsed for r in rs if r.elapsed is not None]) if any(r.elapsed for r in rs) else None,
+        })
+        chosen = [r for r in rs if r.selected_value is not None and math.isfinite(r.selected_value)]
+        if chosen:
+            selected = [r.selected_value for r in chosen]
+            table[-1].update(selected_mean=statistics.fmean(selected), selected_std=statistics.stdev(selected) if len(selected) > 1 else 0.0,
+                             selected_values=selected, selected_steps=[r.selected_step for r in chosen],
+                             selected_by_seed={r.seed: r.selected_value for r in chosen})
+        # per completed run (None: never reached, or the task has no `reach`); read only for tasks with `reach`
+        table[-1]["reach_steps"] = [r.reach_step for r in rs if r.status == "completed"]
+        table[-1]["reach_by_seed"] = {r.seed: r.reach_step for r in rs if r.status == "completed"}
+    return table
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def _reach_steps_cell(row: Mapping[str, Any]) -> str:
+    """``"mean ± std (k of n)"`` of the steps to the threshold over the runs that reached it."""
+    steps = row.get("reach_steps") or []
+    hit = [s for s in steps if s is not None]
+    if not hit:
+        return f"never (0 of {len(steps)})" if steps else "never"
+    spread = f" ± {statistics.stdev(hit):.0f}" if len(hit) > 1 else ""
+    return f"{statistics.fmean(hit):.0f}{spread} ({len(hit)} of {len(steps)})"
+
+
+def _contrast_cells(c: Any, digits: int, compact: bool) -> list[str]:
+    """``Δ | 95% CI | [df |] p | [p Wilcoxon |] p Holm`` of a contrast (p Holm bold below 0.05)."""
+    from diffusionformer.experiments.compare import format_ci, format_p, format_signed
+
+    d = c.diff
+    holm_p = format_p(c.p_holm)
+    if c.p_holm is not None and c.p_holm < 0.05:
+        holm_p = f"**{holm_p}**"
+    cells = [format_signed(d.mean, digits), format_ci(d, digits)]
+    if not compact:
+        cells.append("n/a" if d.df is None else f"{d.df:g}")
+    cells.append(format_p(d.p))
+    if not compact:
+        cells.append(format_p(d.p_wilcoxon))
+    return cells + [holm_p]
+
+
+def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compact: bool = False) -> str:
+    """A markdown table per task: mean ± std over seeds and the paired difference to the baseline.
+
+    Each setting is compared with the config's first setting over the seeds both have
+    (:mod:`~diffusionformer.experiments.compare`): Δ with its 95% confidence interval, the
+    paired t test's degrees of freedom and p, the Wilcoxon signed-rank p and the p adjusted by
+    Holm's method over the page's comparisons (Nadeau-Bengio corrected for k-fold tasks). Tasks
+    with ``select_by`` add a table of the metric at each run's best evaluation of that key;
+    tasks with ``reach`` a table of the steps to the threshold (mean over the runs that reached
+    it; compared only where every run of both settings did). With a ``primary`` list, a role
+    column marks primary and exploratory contrasts.
+
+    Args:
+        table: the output of :func:`aggregate`.
+        config: the comparison.
+        compact: the short form printed by ``run``: final metric only; Δ, CI, p and Holm p.
+    """
+    from diffusionformer.experiments.compare import contrasts, table_legend
+
+    found = {(c.task, c.setting, c.kind): c for c in contrasts(table, config)}
+    lines = []
+    baseline = config.operators[0].name
+    role = bool(config.primary)
+    stat_heads = (["Δ vs " + baseline, "95% CI"] + ([] if compact else ["df"]) + ["p"]
+                  + ([] if compact else ["p Wilcoxon"]) + ["p Holm"])
+    stat_heads += ["role"] if role else []
+    if len(config.operators) == 1:  # nothing to compare
+        stat_heads = []
+
+    def stat_cells(task: str, op: str, kind: str, digits: int) -> list[str]:
+        c = found.get((task, op, kind))
+        if c is None:
+            return [""] * len(stat_heads)
+        return _contrast_cells(c, digits, compact) + ([c.role] if role else [])
+
+    def header(cols: list[str]) -> list[str]:
+        return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+
+    for task in config.tasks:
+        rows = [r for r in table if r["task"] == task.name]
+        if not rows:
+            continue
+        arrow = "lower is better" if task.minimize else "higher is better"
+        lines.append(f"### {task.name} ({task.dataset}, {task.model}): {task.metric}, {arrow}")
+        lines.append("")
+        if task.folds is not None:
+            lines.append(f"{task.folds}-fold cross-validation: seed s tests on fold s % {task.folds}; the spread is over "
+                         f"folds and the comparison is paired over folds with the Nadeau-Bengio correction.")
+            lines.append("")
+        lines += header(["operator", f"{task.metric} mean ± std", *stat_heads, "seeds", "params", "time/run (s)"])
+        for r in rows:
+            failed = f" ({r['failed']} failed)" if r["failed"] else ""
+            cells = [r["operator"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", *stat_cells(task.name, r["operator"], "final", 4),
+                     f"{r['n']}{failed}", str(r["num_parameters"] or "n/a"), _fmt(r["elapsed_mean"], 1)]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        if compact:
+            continue
+        if task.select_by is not None and any("selected_mean" in r for r in rows):
+            lines += [f"#### {task.name}: {task.metric} at best {task.select_by}", ""]
+            lines += header(["operator", f"{task.metric} mean ± std", *stat_heads])
+            for r in rows:
+                sel = f"{_fmt(r['selected_mean'])} ± {_fmt(r['selected_std'])}" if "selected_mean" in r else "n/a"
+                lines.append("| " + " | ".join([r["operator"], sel, *stat_cells(task.name, r["operator"], "selected", 4)]) + " |")
+            lines.append("")
+        if task.reach is not None:
+            (rkey, rval), = task.reach.items()
+            lines += [f"#### {task.name}: steps to {rkey} {'≤' if rkey.endswith('loss') else '≥'} {rval:g}", ""]
+            lines += header(["operator", "steps mean ± std (runs that reached it)", *stat_heads])
+            for r in rows:
+                cells = [r["operator"], _reach_steps_cell(r), *stat_cells(task.name, r["operator"], "reach", 0)]
+                lines.append("| " + " | ".join(cells) + " |")
+            lines.append("")
+    if lines and stat_heads:
+        lines.append(table_legend(config, compact=compact))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def format_status(rows: list[dict[str, Any]]) -> str:
+    """A markdown table per task of :func:`run_status` rows, and an estimate of the training time left.
+
+    The estimate scales the mean training time of a task's completed runs by the steps each
+    unfinished run still has to do (one worker; divide by the number of workers).
+
+    Args:
+        rows: the output of :func:`run_status`.
+    """
+    lines, left_total, unknown = [], 0.0, 0
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    done = sum(r["state"] == "completed" for r in rows)
+    lines.append(f"{done} of {len(rows)} runs completed")
+    for task in tasks:
+        rs = [r for r in rows if r["task"] == task]
+        finished = [r for r in rs if r["state"] == "completed" and r["elapsed"]]
+        per_step = (statistics.fmean(r["elapsed"] / max(r["step"], 1) for r in finished)) if finished else None
+        lines += ["", f"### {task}", "", "| operator | seed | state | step | training time (s) |", "|---|---|---|---|---|"]
+        for r in rs:
+            steps = f"{r['step']} / {r['max_steps']}" if r["max_steps"] else str(r["step"])
+            state = r["state"] + (f" ({r['holder']})" if r["holder"] else "")
+            lines.append(f"| {r['operator']} | {r['seed']} | {state} | {steps} | {_fmt(r['elapsed'], 0)} |")
+            if r["state"] != "completed":
+                if per_step is None or not r["max_steps"]:
+                    unknown += 1
+                else:
+                    left_total += per_step * max(r["max_steps"] - r["step"], 0)
+    left = f"about {left_total / 60:.0f} min of training left on one worker"
+    if unknown:
+        left += f" (plus {unknown} run(s) of tasks with no finished run to time)"
+    lines[0] += f"; {left}."
+    return "\n".join(lines) + "\n"
