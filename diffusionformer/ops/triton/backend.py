@@ -97,7 +97,7 @@ def triton_unsupported(
     from diffusionformer.ops.triton import is_available
 
     if not is_available():
-        return "inputs without triton installed (pip install 'triton>=3.3')"
+        return "running without the 'triton' package (pip install 'triton>=3.3')"
     if not _runs_here(q.device):
         return (f"{q.device.type} tensors (the kernels run on CUDA, or on CPU under TRITON_INTERPRET=1 set "
                 "before triton is first imported)")
