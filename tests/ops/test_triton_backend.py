@@ -221,3 +221,31 @@ def test_auto_on_cpu_never_takes_triton(monkeypatch):
     monkeypatch.setattr(triton_backend.TritonBackend, "diffuse", boom)
     q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
     diffuse(q, k, v, [1.0, -1.0])
+
+
+def test_torch_compile_fullgraph_captures_the_kernels():
+    # the kernels are custom operators: fullgraph=True captures the layer (static coefficients,
+    # affine and K-step heads) and the back-end with learned coefficients, forward and backward
+    torch.manual_seed(7)
+    layer = DiffusionAttention(32, 4, "attention:2,laplacian:1,heat(t=1.0, steps=3):1", backend="triton", causal=True)
+    layer = layer.to(DEVICE)
+    x = torch.randn(2, 9, 32, device=DEVICE, requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    (dx,) = torch.autograd.grad(out.square().sum(), x)
+    want = layer(x)
+    (want_dx,) = torch.autograd.grad(want.square().sum(), x)
+    torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(dx, want_dx, atol=1e-6, rtol=1e-6)
+
+    B, H, N, C = 1, 3, 8, 4
+    q, k, v = (torch.randn(B, H, N, C, device=DEVICE, requires_grad=True) for _ in range(3))
+    c = torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.5, 0.3], [1.0, -1.0, 0.0]], device=DEVICE, requires_grad=True)
+    fn = lambda q, k, v, c: triton_backend.TritonBackend(q, k, False, None, C**-0.5).diffuse(v, c, (1, 2, 1))  # noqa: E731
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v, c)
+    got = torch.autograd.grad(out.sum(), (q, k, v, c))
+    ref = poly_reference(explicit_P(q, k, False, None), v, c, (1, 2, 1))
+    want = torch.autograd.grad(ref.sum(), (q, k, v, c))
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b.double(), atol=1e-4, rtol=1e-4)

@@ -35,6 +35,11 @@ per-row terms of ``dc`` (one ``(K+1, B, H, N)`` float32 tensor, summed by PyTorc
 stored as ``(B, N, H, C)`` (as SDPA's output), and the output gradient is read with its strides,
 so a layer's ``transpose(1, 2).reshape(B, N, D)`` around the kernels copies nothing.
 
+The forward and backward launches are registered as PyTorch custom operators
+(``diffusionformer::triton_polynomial_fwd`` / ``_bwd``, :mod:`diffusionformer.ops.triton._library`,
+with fake implementations and an autograd rule), so ``torch.compile(fullgraph=True)`` captures
+a call as one graph node each way instead of breaking the graph.
+
 Precision: scores, softmax statistics and accumulators are float32; ``P`` is cast to the input
 dtype before each ``P x`` product (as in flash attention). float32 inputs use IEEE float32 dot
 products (no TF32). Under ``TRITON_INTERPRET=1`` (CPU tensors) bfloat16 dot operands are upcast
@@ -221,32 +226,6 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
     return dq, dk, dv, dcoeffs.to(coeffs.dtype)
 
 
-class _PolynomialAttention(torch.autograd.Function):
-    """Autograd wrapper: forward by the step kernels, backward by the reverse recursion (module docstring)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, coeffs, pad, is_causal, scale):
-        kernels = _kernels_module()
-        L = _Launch(kernels, q, is_causal, pad, scale)
-        save = any(ctx.needs_input_grad[:4])
-        out, lse, ys = _forward(kernels, L, q, k, v, coeffs, save)
-        if save:
-            ctx.save_for_backward(q, k, v, coeffs, pad, lse, ys)
-        ctx.is_causal, ctx.scale = is_causal, scale
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, coeffs, pad, lse, ys = ctx.saved_tensors
-        kernels = _kernels_module()
-        L = _Launch(kernels, q, ctx.is_causal, pad, ctx.scale)
-        dq, dk, dv, dc = _backward(kernels, L, q, k, v, coeffs, lse, ys, grad_out)
-        need = ctx.needs_input_grad
-        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-                dc if need[3] else None, None, None, None)
-
-
 def polynomial_attention(
     q: Tensor,
     k: Tensor,
@@ -289,7 +268,9 @@ def polynomial_attention(
     pad = None
     if key_padding_mask is not None:
         pad = key_padding_mask.to(q.device).contiguous().view(torch.uint8)
-    return _PolynomialAttention.apply(q, k, v, coeffs, pad, is_causal, scale)
+    from diffusionformer.ops.triton._library import polynomial
+
+    return polynomial(q, k, v, coeffs, pad, is_causal, scale)
 
 
 def affine_attention(
