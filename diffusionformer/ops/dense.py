@@ -306,7 +306,9 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
     ``need_weights``, float32/float16/bfloat16, ``v`` with the head size of ``q``), ``"auto"``
     runs :class:`~diffusionformer.ops.triton.backend.TritonBackend` (one fused launch for all
     affine heads, one launch per power of ``P`` for all K-step heads) before this rule is
-    consulted; this function is the rule for the remaining calls.
+    consulted, unless every head is plain attention with static coefficients (then the stock
+    fused SDPA kernel, flash or cuDNN, is exactly the operation and stays); this function is
+    the rule for the remaining calls.
 
     On CUDA (``device_type="cuda"``) the crossover runs the other way: the fused kernel wins
     for short sequences, where every call is launch-bound, and one softmax plus ``K`` matmuls
@@ -448,11 +450,21 @@ def diffuse_with_weights(
                           degrees, dropout_p, need_weights)
 
 
+def _plain_attention(coeffs: Tensor | tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> bool:
+    """Static coefficients that make every head plain attention ``P v`` (``c_0, c_1 = 0, 1``, degree 1)."""
+    if not isinstance(coeffs, tuple) or len(coeffs[0]) < 2 or any(d != 1 for d in degrees):
+        return False
+    c0, c1 = affine_coefficients(coeffs, degrees)
+    return not any(c0) and all(c == 1.0 for c in c1)
+
+
 def _try_triton(
     q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor | tuple[tuple[float, ...], ...], attn_mask: Tensor | None,
     is_causal: bool, scale: float, backend: str, degrees: tuple[int, ...], dropout_p: float, need_weights: bool,
 ) -> Tensor | None:
     """The call on :class:`TritonBackend` when it supports it; ``None`` to fall back (``"auto"``), else ValueError."""
+    if backend == "auto" and _plain_attention(coeffs, degrees):
+        return None  # every head is softmax attention: the stock fused SDPA kernel is that exact operation
     mask, _ = _normalise_mask(attn_mask, False, q, k)  # validated, 4-dimensional, causal not folded in
     reason = triton_unsupported(q, k, v, mask, dropout_p, need_weights)
     if reason is not None:

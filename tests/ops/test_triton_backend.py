@@ -206,9 +206,25 @@ def test_auto_on_cuda_uses_triton_and_falls_back_when_unsupported(monkeypatch):
     q, k, v = (torch.randn(1, 2, 16, 8, device="cuda") for _ in range(3))
     diffuse(q, k, v, [1.0, -1.0], is_causal=True)
     assert calls == [1]
+    diffuse(q, k, v, [0.0, 1.0], is_causal=True)  # all plain attention: the stock SDPA kernel stays
+    assert calls == [1]
     out = diffuse(q, k, v, [1.0, -1.0], attn_mask=torch.zeros(16, 16, device="cuda"))  # float mask: fallback
     assert calls == [1]
     torch.testing.assert_close(out, diffuse(q, k, v, [1.0, -1.0], backend="matrix"))
+
+
+def test_auto_rule_keeps_sdpa_for_all_attention_only():
+    # the rule behind "auto" once the device is CUDA (private helper, run here on any device)
+    from diffusionformer.ops.dense import _try_triton
+
+    q, k, v = (torch.randn(1, 2, 6, 4, device=DEVICE) for _ in range(3))
+    args = (None, False, 0.5, "auto")
+    assert _try_triton(q, k, v, ((0.0, 1.0, 0.0), (0.0, 1.0, 0.0)), *args, (1, 1), 0.0, False) is None
+    for rows, degrees in [(((0.0, 1.0), (1.0, -1.0)), (1, 1)), (((0.0, 1.0, 0.5), (0.0, 1.0, 0.0)), (2, 1))]:
+        out = _try_triton(q, k, v, rows, *args, degrees, 0.0, False)
+        torch.testing.assert_close(out, diffuse(q, k, v, list(map(list, rows)), degrees=degrees, scale=0.5,
+                                                backend="matrix"), atol=1e-5, rtol=1e-5)
+    assert _try_triton(q, k, v, ((0.0, 1.0), (1.0, -1.0)), *args, (1, 1), 0.1, False) is None  # dropout: fall back
 
 
 def test_auto_on_cpu_never_takes_triton(monkeypatch):

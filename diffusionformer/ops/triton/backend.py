@@ -37,7 +37,10 @@ When the back-end applies
 
 ``backend="triton"`` raises a :class:`ValueError` naming that feature; ``backend="auto"`` takes
 the Triton back-end for CUDA tensors when triton imports and the call is supported, and
-otherwise falls back to the rule of :func:`~diffusionformer.ops.dense.choose_dense_backend`.
+otherwise falls back to the rule of :func:`~diffusionformer.ops.dense.choose_dense_backend`. One
+exception under ``"auto"``: when every head is plain attention given as static coefficients
+(``c_0, c_1 = 0, 1``, an all-attention layer), the stock fused SDPA kernel (flash or cuDNN)
+computes exactly that and is kept.
 """
 
 from __future__ import annotations
