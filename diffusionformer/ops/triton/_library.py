@@ -86,6 +86,15 @@ _fwd.register_autograd(_backward_rule, setup_context=_setup_context)
 
 def polynomial(q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, pad: Optional[Tensor], is_causal: bool,
                scale: float) -> Tensor:
-    """``sum_k c_k P^k v`` through the custom operators (validated inputs; ``coeffs`` float32 contiguous ``(H, K+1)``)."""
-    save = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, coeffs))
-    return _fwd(q, k, v, coeffs, pad, is_causal, scale, save)[0]
+    """``sum_k c_k P^k v`` on validated inputs (``coeffs`` float32 contiguous ``(H, K+1)``).
+
+    Eager calls take the :class:`torch.autograd.Function` (a custom operator costs tens of
+    microseconds of Python dispatch per call, which matters next to a layer's few hundred);
+    calls traced by ``torch.compile`` take the custom operators, which the graph can hold.
+    """
+    if torch.compiler.is_compiling():
+        save = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, coeffs))
+        return _fwd(q, k, v, coeffs, pad, is_causal, scale, save)[0]
+    from diffusionformer.ops.triton.attention import _PolynomialAttention
+
+    return _PolynomialAttention.apply(q, k, v, coeffs, pad, is_causal, scale)

@@ -38,7 +38,8 @@ so a layer's ``transpose(1, 2).reshape(B, N, D)`` around the kernels copies noth
 The forward and backward launches are registered as PyTorch custom operators
 (``diffusionformer::triton_polynomial_fwd`` / ``_bwd``, :mod:`diffusionformer.ops.triton._library`,
 with fake implementations and an autograd rule), so ``torch.compile(fullgraph=True)`` captures
-a call as one graph node each way instead of breaking the graph.
+a call as one graph node each way instead of breaking the graph; eager calls launch them from
+an :class:`torch.autograd.Function` (less dispatch overhead).
 
 Precision: scores, softmax statistics and accumulators are float32; ``P`` is cast to the input
 dtype before each ``P x`` product (as in flash attention). float32 inputs use IEEE float32 dot
@@ -224,6 +225,32 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
     )
     dcoeffs = dcrows.sum(dim=(1, 3)).transpose(0, 1)  # (H, K + 1)
     return dq, dk, dv, dcoeffs.to(coeffs.dtype)
+
+
+class _PolynomialAttention(torch.autograd.Function):
+    """Autograd wrapper: forward by the step kernels, backward by the reverse recursion (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, coeffs, pad, is_causal, scale):
+        kernels = _kernels_module()
+        L = _Launch(kernels, q, is_causal, pad, scale)
+        save = any(ctx.needs_input_grad[:4])
+        out, lse, ys = _forward(kernels, L, q, k, v, coeffs, save)
+        if save:
+            ctx.save_for_backward(q, k, v, coeffs, pad, lse, ys)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, coeffs, pad, lse, ys = ctx.saved_tensors
+        kernels = _kernels_module()
+        L = _Launch(kernels, q, ctx.is_causal, pad, ctx.scale)
+        dq, dk, dv, dc = _backward(kernels, L, q, k, v, coeffs, lse, ys, grad_out)
+        need = ctx.needs_input_grad
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
+                dc if need[3] else None, None, None, None)
 
 
 def polynomial_attention(
