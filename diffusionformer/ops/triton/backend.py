@@ -190,7 +190,7 @@ class TritonBackend(Backend):
         self._pad = None if key_padding_mask is None else key_padding_mask.contiguous().view(torch.uint8)
 
     def _run(self, heads: Heads | None, v: Tensor, c: Tensor) -> Tensor:
-        """``sum_j c_j P^j v`` for the heads ``heads`` (default all) through the custom operator (unchecked)."""
+        """``sum_j c_j P^j v`` for the heads ``heads`` (default all) on validated inputs (no re-checks)."""
         from diffusionformer.ops.triton._library import polynomial
 
         q, k = (self.q, self.k) if heads is None else (select(self.q, heads, 1), select(self.k, heads, 1))
@@ -232,7 +232,7 @@ class TritonBackend(Backend):
             return (c[:, 0].view(1, -1, 1, 1) * v.float()).to(v.dtype)
         low, high, segments = _split(degrees)
         outs: list[Tensor | None] = []
-        # inputs were validated by the entry point: the custom operator is called directly (the
+        # inputs were validated by the entry point: the kernels are called directly (the
         # public wrappers would re-check, and a data-dependent check breaks torch.compile graphs)
         if low:  # affine_attention: one launch, epilogue c0 v + c1 P v
             outs.append(self._run(low, select(v, low, 1), select(c, low, 0)[:, :2]))
