@@ -57,6 +57,9 @@ DENSE_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "matrix", "triton")
 MATERIALISE_MAX_ELEMENTS: dict[int, int] = {2: 128 * 128, 3: 256 * 256, 4: 384 * 384, 8: 512 * 512}
 #: The same limits for causal graphs (the fused kernel skips the masked half of the work).
 MATERIALISE_MAX_ELEMENTS_CAUSAL: dict[int, int] = {2: 64 * 64, 3: 128 * 128, 4: 256 * 256, 8: 384 * 384}
+#: ``"auto"`` takes the Triton back-end only for head sizes up to this (the kernels' shared-memory
+#: use was checked, by compiling for sm_90, up to 128; ``backend="triton"`` takes any size).
+TRITON_AUTO_MAX_HEAD_DIM: int = 128
 #: On CUDA devices ``"auto"`` materialises ``P`` for heads with ``K >= 4`` steps when ``N * M`` lies
 #: in this range, causal or not (measured on an H200: below it the calls are launch-bound and the
 #: fused kernel wins; above it was not measured, and ``P`` takes ``B H N M`` floats).
@@ -67,6 +70,7 @@ __all__ = [
     "MATERIALISE_MAX_ELEMENTS",
     "MATERIALISE_MAX_ELEMENTS_CAUSAL",
     "CUDA_MATERIALISE_ELEMENTS",
+    "TRITON_AUTO_MAX_HEAD_DIM",
     "MatrixBackend",
     "SdpaBackend",
     "attention_matrix",
@@ -307,8 +311,8 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
     runs :class:`~diffusionformer.ops.triton.backend.TritonBackend` (one fused launch for all
     affine heads, one launch per power of ``P`` for all K-step heads) before this rule is
     consulted, unless every head is plain attention with static coefficients (then the stock
-    fused SDPA kernel, flash or cuDNN, is exactly the operation and stays); this function is
-    the rule for the remaining calls.
+    fused SDPA kernel, flash or cuDNN, is exactly the operation and stays) or the head size
+    exceeds :data:`TRITON_AUTO_MAX_HEAD_DIM`; this function is the rule for the remaining calls.
 
     On CUDA (``device_type="cuda"``) the crossover runs the other way: the fused kernel wins
     for short sequences, where every call is launch-bound, and one softmax plus ``K`` matmuls
@@ -465,6 +469,8 @@ def _try_triton(
     """The call on :class:`TritonBackend` when it supports it; ``None`` to fall back (``"auto"``), else ValueError."""
     if backend == "auto" and _plain_attention(coeffs, degrees):
         return None  # every head is softmax attention: the stock fused SDPA kernel is that exact operation
+    if backend == "auto" and q.shape[-1] > TRITON_AUTO_MAX_HEAD_DIM:
+        return None  # the kernels' shared memory was only checked up to this head size
     mask, _ = _normalise_mask(attn_mask, False, q, k)  # validated, 4-dimensional, causal not folded in
     reason = triton_unsupported(q, k, v, mask, dropout_p, need_weights)
     if reason is not None:

@@ -225,6 +225,8 @@ def test_auto_rule_keeps_sdpa_for_all_attention_only():
         torch.testing.assert_close(out, diffuse(q, k, v, list(map(list, rows)), degrees=degrees, scale=0.5,
                                                 backend="matrix"), atol=1e-5, rtol=1e-5)
     assert _try_triton(q, k, v, ((0.0, 1.0), (1.0, -1.0)), *args, (1, 1), 0.1, False) is None  # dropout: fall back
+    big = torch.randn(1, 2, 3, 136, device=DEVICE)  # head size above TRITON_AUTO_MAX_HEAD_DIM: fall back
+    assert _try_triton(big, big, big, ((0.0, 1.0), (1.0, -1.0)), *args, (1, 1), 0.0, False) is None
 
 
 def test_auto_on_cpu_never_takes_triton(monkeypatch):

@@ -40,7 +40,8 @@ the Triton back-end for CUDA tensors when triton imports and the call is support
 otherwise falls back to the rule of :func:`~diffusionformer.ops.dense.choose_dense_backend`. One
 exception under ``"auto"``: when every head is plain attention given as static coefficients
 (``c_0, c_1 = 0, 1``, an all-attention layer), the stock fused SDPA kernel (flash or cuDNN)
-computes exactly that and is kept.
+computes exactly that and is kept; and ``"auto"`` keeps head sizes above
+:data:`~diffusionformer.ops.dense.TRITON_AUTO_MAX_HEAD_DIM` (128) on the PyTorch back-ends.
 """
 
 from __future__ import annotations
