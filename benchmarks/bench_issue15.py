@@ -4,8 +4,10 @@ Part 1 (layers). Reference layer: ``qkv Linear -> F.scaled_dot_product_attention
 (nanoGPT's ``CausalSelfAttention`` without dropout, ``bias=False``). Candidates, all with the
 reference's weights: ``DiffusionAttention`` with all heads attention, half the heads Laplacian,
 2 of H heads ``heat(t=1.0, steps=8)``, 2 of H heads ``ppr(steps=10)``, half the heads
-``heat(t=0.5, learnable=True)``; and the same layers through the Triton kernels
-(``benchmarks/triton_layer.py``) when triton imports. Sizes ``(B, N, D, H)``: (8, 1024, 768, 12),
+``heat(t=0.5, learnable=True)``, with ``backend=--library-backend`` (default ``"auto"``: on CUDA
+that is the Triton back-end for every layer but the all-attention one when triton imports; pass
+``sdpa`` to measure the PyTorch path); and the same layers with ``backend="triton"`` (the
+engine's Triton back-end through the real layer) when triton imports. Sizes ``(B, N, D, H)``: (8, 1024, 768, 12),
 (2, 4096, 768, 12), (64, 256, 384, 6); causal and not; forward (eval, ``no_grad``) and
 forward+backward; bf16 autocast. Medians of paired ratios over interleaved rounds with the IQR.
 Targets (issue 15), relative to the all-attention ``DiffusionAttention``: affine layers
@@ -22,7 +24,7 @@ Part 3 (GPT). One training step (bf16 autocast forward + loss, backward, AdamW f
 ``zero_grad``), eager, of nanoGPT's GPT (``benchmarks/nanogpt_model.py``) and ``DiffusionGPT`` at
 equal size (``bias=False``) with attention only, half the heads Laplacian and 2 heat heads of
 ``K = 4`` per layer (targets >= 1.00, >= 0.97, >= 0.85 of nanoGPT's throughput, peak memory
-<= nanoGPT's + 5%), plus the Triton versions when triton imports. Sizes: 6 layers, 6 heads,
+<= nanoGPT's + 5%), plus the Triton versions (``GPTConfig(backend="triton")``) when triton imports. Sizes: 6 layers, 6 heads,
 width 384, T = 256, batch 64, vocabulary 65; 12 layers, 12 heads, width 768, T = 1024, batch 16,
 vocabulary 50304.
 
@@ -34,6 +36,7 @@ Run: ``python benchmarks/bench_issue15.py --device cuda --out benchmarks/results
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from typing import Any, Callable
@@ -108,24 +111,25 @@ def budget(layer: DiffusionAttention) -> tuple[float, str]:
     return 1.05 * (1 + (K - 1) * G / H), f"1.05(1+{K - 1}*{G}/{H})"
 
 
-def build_layers(D: int, H: int, causal: bool, device: str, with_triton: bool) -> tuple[dict[str, nn.Module], dict[str, float]]:
+def build_layers(D: int, H: int, causal: bool, device: str, with_triton: bool,
+                 backend: str = "auto") -> tuple[dict[str, nn.Module], dict[str, float]]:
     torch.manual_seed(0)
     ref = ReferenceLayer(D, H, causal)
     layers: dict[str, nn.Module] = {"reference (SDPA)": ref}
     budgets: dict[str, float] = {}
     lib: dict[str, DiffusionAttention] = {}
     for name, spec in layer_specs(H).items():
-        m = DiffusionAttention(D, H, spec, causal=causal, bias=False)
+        m = DiffusionAttention(D, H, spec, causal=causal, bias=False, backend=backend)
         m.qkv.load_state_dict(ref.qkv.state_dict())
         m.out_proj.load_state_dict(ref.out_proj.state_dict())
         lib[name] = m
         layers[name] = m
         budgets[name] = budget(m)[0]
     if with_triton:
-        from triton_layer import TritonAttention
-
         for name, m in lib.items():
-            layers[f"triton: {name}"] = TritonAttention(m)
+            t = DiffusionAttention(D, H, layer_specs(H)[name], causal=causal, bias=False, backend="triton")
+            t.load_state_dict(m.state_dict())
+            layers[f"triton: {name}"] = t
             budgets[f"triton: {name}"] = budgets[name]
     for m in layers.values():
         m.to(device)
@@ -168,7 +172,7 @@ def part_layers(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> Non
     for (B, N, D, H) in sizes:
         for causal in causals:
             for backward in (False, True):
-                layers, budgets = build_layers(D, H, causal, dev, with_triton)
+                layers, budgets = build_layers(D, H, causal, dev, with_triton, args.library_backend)
                 x = torch.randn(B, N, D, generator=torch.Generator().manual_seed(1)).to(dev)
                 t = C.measure(layer_callables(layers, x, backward, dev), device=dev, rounds=rounds,
                               block_s=0.0 if smoke else 0.02, warmup=1 if smoke else 3)
@@ -251,7 +255,7 @@ def profile_call(fn: Callable[[], None], device: str) -> dict[str, Any]:
 def part_profile(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
     dev = args.device
     B, N, D, H = (SMOKE_LAYER_SIZES if smoke else LAYER_SIZES)[0]
-    layers, _ = build_layers(D, H, True, dev, with_triton)
+    layers, _ = build_layers(D, H, True, dev, with_triton, args.library_backend)
     x = torch.randn(B, N, D, generator=torch.Generator().manual_seed(1)).to(dev)
     rows = []
     for name, fn in layer_callables(layers, x, True, dev).items():
@@ -264,7 +268,8 @@ def part_profile(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> No
 
 
 # ---------------------------------------------------------------------------- GPT
-def gpt_models(name: str, L: int, H: int, D: int, T: int, V: int, device: str, with_triton: bool) -> dict[str, nn.Module]:
+def gpt_models(name: str, L: int, H: int, D: int, T: int, V: int, device: str, with_triton: bool,
+               backend: str = "auto") -> dict[str, nn.Module]:
     torch.manual_seed(0)
     models: dict[str, nn.Module] = {"nanoGPT": GPT(NanoGPTConfig(block_size=T, vocab_size=V, n_layer=L, n_head=H, n_embd=D))}
     common = dict(vocab_size=V, block_size=T, n_layer=L, n_head=H, n_embd=D, bias=False, dropout=0.0)
@@ -274,12 +279,10 @@ def gpt_models(name: str, L: int, H: int, D: int, T: int, V: int, device: str, w
         "2 heat(K=4)": GPTConfig(**common, heads=f"attention:{H - 2},heat(t=1.0, steps=4):2"),
     }
     for vname, cfg in variants.items():
-        models[f"DiffusionGPT {vname}"] = DiffusionGPT(cfg)
+        models[f"DiffusionGPT {vname}"] = DiffusionGPT(dataclasses.replace(cfg, backend=backend))
     if with_triton:
-        from triton_layer import tritonise_gpt
-
         for vname, cfg in variants.items():
-            models[f"triton: DiffusionGPT {vname}"] = tritonise_gpt(DiffusionGPT(cfg))
+            models[f"triton: DiffusionGPT {vname}"] = DiffusionGPT(dataclasses.replace(cfg, backend="triton"))
     return {k: m.to(device) for k, m in models.items()}
 
 
@@ -290,7 +293,7 @@ def part_gpt(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
     dev = args.device
     rounds = args.rounds or (2 if smoke else 7)
     for (sname, L, H, D, T, B, V) in (SMOKE_GPT_SIZES if smoke else GPT_SIZES):
-        models = gpt_models(sname, L, H, D, T, V, dev, with_triton)
+        models = gpt_models(sname, L, H, D, T, V, dev, with_triton, args.library_backend)
         g = torch.Generator().manual_seed(1)
         idx = torch.randint(0, V, (B, T), generator=g).to(dev)
         targets = torch.randint(0, V, (B, T), generator=g).to(dev)
@@ -336,6 +339,8 @@ def part_gpt(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
 def main(argv: list[str] | None = None) -> C.Report:
     def extra(p):  # noqa: ANN001, ANN202
         p.add_argument("--smoke", action="store_true", help="tiny sizes and rounds (CPU smoke test of the script)")
+        p.add_argument("--library-backend", default="auto", choices=["auto", "sdpa", "matrix"],
+                       help="dense back-end of the library columns (the Triton column always uses 'triton')")
         p.add_argument("--parts", nargs="*", default=["layers", "profile", "gpt"], choices=["layers", "profile", "gpt"])
 
     args = C.parse_args(__doc__.splitlines()[0], argv, extra)
@@ -345,6 +350,7 @@ def main(argv: list[str] | None = None) -> C.Report:
     with_triton = triton_ready(args.device)
     rep = C.Report("bench_issue15", "Issue 15: head types vs the reference attention layer, profile, GPT vs nanoGPT", args)
     rep.note(f"Triton column: {'yes' if with_triton else 'no (triton not importable, or CPU without TRITON_INTERPRET=1)'}"
+             + f"; library columns: backend={args.library_backend!r}"
              + ("; smoke run: tiny sizes, the numbers mean nothing" if smoke else ""))
     if "layers" in args.parts:
         part_layers(args, rep, smoke, with_triton)

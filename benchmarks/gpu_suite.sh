@@ -12,7 +12,8 @@
 # references), written to OUT_DIR/triton-tests.txt; a failure is reported and the suite goes on;
 # (2) benchmarks/run_all.py (every benchmark of the library); (3) benchmarks/bench_issue15.py
 # (issue 15: every head type vs the SDPA reference layer, the profile of SDPA kernels, launches,
-# copies, casts and syncs, GPT vs nanoGPT at both sizes, with a Triton column when triton imports).
+# copies, casts and syncs, GPT vs nanoGPT at both sizes, with a Triton column when triton imports;
+# the library columns run backend='sdpa', the PyTorch path, since 'auto' on CUDA is now Triton).
 #
 # Uses the python of $PYTHON (default: python3). Fails early when no CUDA device is visible
 # (except in smoke mode).
@@ -55,7 +56,7 @@ if [[ "$ISSUE15" == "0" ]]; then
   "$PY" benchmarks/run_all.py --device cuda --out "$OUT"
 fi
 # (3) issue 15's tables, profile and GPT comparison
-"$PY" benchmarks/bench_issue15.py --device cuda --out "$OUT" || echo "gpu_suite.sh: bench_issue15.py FAILED"
+"$PY" benchmarks/bench_issue15.py --device cuda --library-backend sdpa --out "$OUT" || echo "gpu_suite.sh: bench_issue15.py FAILED"
 [[ -f "$OUT/README.md" ]] && cat "$OUT/README.md"
 [[ -f "$OUT/bench_issue15.md" ]] && cat "$OUT/bench_issue15.md"
 echo "gpu_suite.sh: done in $(( $(date +%s) - start )) s; tables in $OUT/README.md and $OUT/bench_issue15.md"

@@ -11,9 +11,13 @@ and :func:`diffuse` returns :math:`\sum_{k=0}^{K} c_{h,k} P_h^k v_h`, computed b
 * :class:`SdpaBackend` (``"sdpa"``): :func:`torch.nn.functional.scaled_dot_product_attention`
   once per power (fused flash / memory-efficient kernels, ``O(N)`` extra memory);
 * :class:`MatrixBackend` (``"matrix"``): materialise ``P`` once and multiply ``K`` times
-  (cheaper for small ``N`` and several steps; needed when the attention weights are returned).
+  (cheaper for small ``N`` and several steps; needed when the attention weights are returned);
+* :class:`~diffusionformer.ops.triton.backend.TritonBackend` (``"triton"``): the Triton kernels,
+  all affine heads of a call in one launch and all K-step heads in one launch per power of ``P``
+  (optional: needs triton; see :mod:`diffusionformer.ops.triton.backend` for what it supports).
 
-``backend="auto"`` applies the rule of :func:`choose_dense_backend`. Static coefficients of
+``backend="auto"`` takes the Triton back-end for CUDA tensors when triton imports and the call
+is supported, and otherwise applies the rule of :func:`choose_dense_backend`. Static coefficients of
 degree ``<= 1`` (Python floats) take one fused call and the affine combination
 (:func:`~diffusionformer.ops.engine.affine`).
 
@@ -30,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from diffusionformer.ops._checks import check_coefficients, check_degrees, check_scale, check_tensor
+from diffusionformer.ops.triton.backend import TritonBackend, key_padding_from_mask, triton_unsupported
 from diffusionformer.ops.engine import (
     Backend,
     affine_coefficients,
@@ -44,14 +49,21 @@ from diffusionformer.ops.engine import (
     work_dtype,
 )
 
-DenseBackend = Literal["auto", "sdpa", "matrix"]
-DENSE_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "matrix")
+DenseBackend = Literal["auto", "sdpa", "matrix", "triton"]
+DENSE_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "matrix", "triton")
 
 #: ``"auto"`` materialises ``P`` for heads with ``K >= 2`` steps when ``N * M`` is at most the
 #: entry for the largest listed ``K' <= K``, for non-causal graphs (see :func:`choose_dense_backend`).
 MATERIALISE_MAX_ELEMENTS: dict[int, int] = {2: 128 * 128, 3: 256 * 256, 4: 384 * 384, 8: 512 * 512}
 #: The same limits for causal graphs (the fused kernel skips the masked half of the work).
 MATERIALISE_MAX_ELEMENTS_CAUSAL: dict[int, int] = {2: 64 * 64, 3: 128 * 128, 4: 256 * 256, 8: 384 * 384}
+#: ``"auto"`` takes the Triton back-end only for head sizes up to this (the kernels' shared-memory
+#: use was checked, by compiling for sm_90, up to 128; ``backend="triton"`` takes any size).
+TRITON_AUTO_MAX_HEAD_DIM: int = 128
+#: Whether ``"auto"`` takes the Triton back-end on CUDA at all. ``False`` until the kernels have been
+#: measured against the stock kernels on a GPU (issue 15; they are verified only under
+#: ``TRITON_INTERPRET=1`` and compiled for sm_90 so far): ``backend="triton"`` opts in per call or layer.
+TRITON_IN_AUTO: bool = False
 #: On CUDA devices ``"auto"`` materialises ``P`` for heads with ``K >= 4`` steps when ``N * M`` lies
 #: in this range, causal or not (measured on an H200: below it the calls are launch-bound and the
 #: fused kernel wins; above it was not measured, and ``P`` takes ``B H N M`` floats).
@@ -62,6 +74,8 @@ __all__ = [
     "MATERIALISE_MAX_ELEMENTS",
     "MATERIALISE_MAX_ELEMENTS_CAUSAL",
     "CUDA_MATERIALISE_ELEMENTS",
+    "TRITON_AUTO_MAX_HEAD_DIM",
+    "TRITON_IN_AUTO",
     "MatrixBackend",
     "SdpaBackend",
     "attention_matrix",
@@ -296,6 +310,15 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
     (``H = 8``, ``C = 32``, ``B N = 2048`` tokens, CPU, forward and forward+backward gave the
     same crossovers; see ``docs/performance.md``).
 
+    Triton comes first: for CUDA tensors, when triton imports and the call is supported (no
+    general ``attn_mask`` beyond ``is_causal`` and bool key padding, no dropout on ``P``, no
+    ``need_weights``, float32/float16/bfloat16, ``v`` with the head size of ``q``), ``"auto"``
+    runs :class:`~diffusionformer.ops.triton.backend.TritonBackend` (one fused launch for all
+    affine heads, one launch per power of ``P`` for all K-step heads) before this rule is
+    consulted, unless every head is plain attention with static coefficients (then the stock
+    fused SDPA kernel, flash or cuDNN, is exactly the operation and stays) or the head size
+    exceeds :data:`TRITON_AUTO_MAX_HEAD_DIM`; this function is the rule for the remaining calls.
+
     On CUDA (``device_type="cuda"``) the crossover runs the other way: the fused kernel wins
     for short sequences, where every call is launch-bound, and one softmax plus ``K`` matmuls
     win for long ones. There ``"matrix"`` is picked for ``K >= 4`` when ``N * M`` lies in
@@ -426,9 +449,42 @@ def diffuse_with_weights(
     dropout_p = _check_dropout(dropout_p)
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
+    if backend == "triton" or (backend == "auto" and TRITON_IN_AUTO and q.device.type == "cuda"):
+        out = _try_triton(q, k, v, coeffs if static is None else static, attn_mask, is_causal, scale, backend,
+                          degrees, dropout_p, need_weights)
+        if out is not None:
+            return out, None
     attn_mask, is_causal = _normalise_mask(attn_mask, is_causal, q, k)
     return _diffuse_dense(q, k, v, coeffs if static is None else static, attn_mask, is_causal, scale, backend,
                           degrees, dropout_p, need_weights)
+
+
+def _plain_attention(coeffs: Tensor | tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> bool:
+    """Static coefficients that make every head plain attention ``P v`` (``c_0, c_1 = 0, 1``, degree 1)."""
+    if not isinstance(coeffs, tuple) or len(coeffs[0]) < 2 or any(d != 1 for d in degrees):
+        return False
+    c0, c1 = affine_coefficients(coeffs, degrees)
+    return not any(c0) and all(c == 1.0 for c in c1)
+
+
+def _try_triton(
+    q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor | tuple[tuple[float, ...], ...], attn_mask: Tensor | None,
+    is_causal: bool, scale: float, backend: str, degrees: tuple[int, ...], dropout_p: float, need_weights: bool,
+) -> Tensor | None:
+    """The call on :class:`TritonBackend` when it supports it; ``None`` to fall back (``"auto"``), else ValueError."""
+    if backend == "auto" and _plain_attention(coeffs, degrees):
+        return None  # every head is softmax attention: the stock fused SDPA kernel is that exact operation
+    if backend == "auto" and q.shape[-1] > TRITON_AUTO_MAX_HEAD_DIM:
+        return None  # the kernels' shared memory was only checked up to this head size
+    mask, _ = _normalise_mask(attn_mask, False, q, k)  # validated, 4-dimensional, causal not folded in
+    reason = triton_unsupported(q, k, v, mask, dropout_p, need_weights)
+    if reason is not None:
+        if backend == "triton":
+            raise ValueError(f"backend='triton' does not support {reason}; use backend='auto' to fall back to the "
+                             "PyTorch back-ends")
+        return None
+    pad = key_padding_from_mask(mask, q.shape[0])
+    return TritonBackend(q, k, is_causal, pad, scale).diffuse(v, coeffs, degrees)
 
 
 def _diffuse_dense(
@@ -511,8 +567,10 @@ def diffuse(
             as in :func:`~torch.nn.functional.scaled_dot_product_attention`.
         is_causal: position ``i`` attends to ``j <= i`` only (may be combined with ``attn_mask``).
         scale: score scale, default ``1 / sqrt(C)``.
-        backend: ``"auto"`` (rule of :func:`choose_dense_backend`), ``"sdpa"`` (re-propagate
-            with the fused kernel) or ``"matrix"`` (materialise ``P``).
+        backend: ``"auto"`` (Triton for supported CUDA calls, else the rule of
+            :func:`choose_dense_backend`), ``"sdpa"`` (re-propagate with the fused kernel),
+            ``"matrix"`` (materialise ``P``) or ``"triton"`` (the Triton kernels; a ValueError
+            names any unsupported feature, see :mod:`diffusionformer.ops.triton.backend`).
         degrees: optional highest power used by each head (``<= K``); heads are propagated
             only as far as they need (a layer with ``G`` of ``H`` heads needing ``K`` steps
             costs ``1 + (K - 1) G / H`` fused calls).

@@ -20,8 +20,12 @@ package are
   head-major ``(H, N, C)``;
 * ``NativeBackend`` (:mod:`~diffusionformer.ops.sparse`): ``(E, H)`` edge weights,
   gather-multiply-scatter; signals node-major ``(N, H, C)``;
+* ``TritonBackend`` (:mod:`~diffusionformer.ops.triton.backend`): ``P`` recomputed inside the
+  Triton kernels; besides ``propagate`` and the fused ``affine``, its ``diffuse`` runs a whole
+  layer as one affine launch plus one launch per power for all K-step heads; signals
+  ``(B, H, N, C)``;
 
-and the GPU (Triton) kernels and rival operators plug in the same way.
+and rival operators plug in the same way.
 
 Layering
 --------

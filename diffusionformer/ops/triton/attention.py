@@ -35,6 +35,12 @@ per-row terms of ``dc`` (one ``(K+1, B, H, N)`` float32 tensor, summed by PyTorc
 stored as ``(B, N, H, C)`` (as SDPA's output), and the output gradient is read with its strides,
 so a layer's ``transpose(1, 2).reshape(B, N, D)`` around the kernels copies nothing.
 
+The forward and backward launches are registered as PyTorch custom operators
+(``diffusionformer::triton_polynomial_fwd`` / ``_bwd``, :mod:`diffusionformer.ops.triton._library`,
+with fake implementations and an autograd rule), so ``torch.compile(fullgraph=True)`` captures
+a call as one graph node each way instead of breaking the graph; eager calls launch them from
+an :class:`torch.autograd.Function` (less dispatch overhead).
+
 Precision: scores, softmax statistics and accumulators are float32; ``P`` is cast to the input
 dtype before each ``P x`` product (as in flash attention). float32 inputs use IEEE float32 dot
 products (no TF32). Under ``TRITON_INTERPRET=1`` (CPU tensors) bfloat16 dot operands are upcast
@@ -289,7 +295,9 @@ def polynomial_attention(
     pad = None
     if key_padding_mask is not None:
         pad = key_padding_mask.to(q.device).contiguous().view(torch.uint8)
-    return _PolynomialAttention.apply(q, k, v, coeffs, pad, is_causal, scale)
+    from diffusionformer.ops.triton._library import polynomial
+
+    return polynomial(q, k, v, coeffs, pad, is_causal, scale)
 
 
 def affine_attention(

@@ -1,0 +1,100 @@
+"""The Triton kernels as PyTorch custom operators, so ``torch.compile(fullgraph=True)`` captures them.
+
+``diffusionformer::triton_polynomial_fwd`` (the ``K`` forward launches) and
+``diffusionformer::triton_polynomial_bwd`` (the reverse recursion) are opaque to the compiler
+(:func:`torch.library.custom_op`, present in torch >= 2.4): a compiled graph calls them as one
+node each, with shapes and strides from their fake implementations, and
+:func:`torch.library.register_autograd` ties the backward operator to the forward one. The
+kernels themselves (and triton) are imported only when an operator runs.
+
+No ``from __future__ import annotations`` here: the schemas are inferred from the annotations.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["polynomial"]
+
+
+def _kernels():
+    from diffusionformer.ops.triton.attention import _kernels_module
+
+    return _kernels_module()
+
+
+def _slots(K: int, save: bool) -> int:
+    return K if save else min(K, 2)
+
+
+@torch.library.custom_op("diffusionformer::triton_polynomial_fwd", mutates_args=())
+def _fwd(q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, pad: Optional[Tensor], is_causal: bool, scale: float,
+         save: bool) -> tuple[Tensor, Tensor, Tensor]:
+    from diffusionformer.ops.triton.attention import _Launch, _forward
+
+    kernels = _kernels()
+    return _forward(kernels, _Launch(kernels, q, is_causal, pad, scale), q, k, v, coeffs, save)
+
+
+@_fwd.register_fake
+def _fwd_fake(q, k, v, coeffs, pad, is_causal, scale, save):
+    B, H, N, C = q.shape
+    K = coeffs.shape[1] - 1
+    out = q.new_empty(B, N, H, C).transpose(1, 2)
+    lse = q.new_empty(B, H, N, dtype=torch.float32)
+    ys = q.new_empty(_slots(K, save), B, H, N, C)
+    return out, lse, ys
+
+
+@torch.library.custom_op("diffusionformer::triton_polynomial_bwd", mutates_args=())
+def _bwd(q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, pad: Optional[Tensor], lse: Tensor, ys: Tensor, g: Tensor,
+         is_causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    from diffusionformer.ops.triton.attention import _Launch, _backward
+
+    kernels = _kernels()
+    return _backward(kernels, _Launch(kernels, q, is_causal, pad, scale), q, k, v, coeffs, lse, ys, g)
+
+
+@_bwd.register_fake
+def _bwd_fake(q, k, v, coeffs, pad, lse, ys, g, is_causal, scale):
+    B, H, N, C = q.shape
+    grads = [q.new_empty(B, N, H, C).transpose(1, 2) for _ in range(3)]
+    return grads[0], grads[1], grads[2], coeffs.new_empty(coeffs.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, coeffs, pad, is_causal, scale, save = inputs
+    _, lse, ys = output
+    if save:
+        ctx.save_for_backward(q, k, v, coeffs, pad, lse, ys)
+    ctx.is_causal, ctx.scale, ctx.save = is_causal, scale, save
+
+
+def _backward_rule(ctx, grad_out, grad_lse, grad_ys):
+    if not ctx.save:
+        raise RuntimeError("triton_polynomial_fwd ran without saving its powers (no input required grad)")
+    q, k, v, coeffs, pad, lse, ys = ctx.saved_tensors
+    dq, dk, dv, dc = _bwd(q, k, v, coeffs, pad, lse, ys, grad_out, ctx.is_causal, ctx.scale)
+    need = ctx.needs_input_grad
+    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
+            dc if need[3] else None, None, None, None, None)
+
+
+_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def polynomial(q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, pad: Optional[Tensor], is_causal: bool,
+               scale: float) -> Tensor:
+    """``sum_k c_k P^k v`` on validated inputs (``coeffs`` float32 contiguous ``(H, K+1)``).
+
+    Eager calls take the :class:`torch.autograd.Function` (a custom operator costs tens of
+    microseconds of Python dispatch per call, which matters next to a layer's few hundred);
+    calls traced by ``torch.compile`` take the custom operators, which the graph can hold.
+    """
+    if torch.compiler.is_compiling():
+        save = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, coeffs))
+        return _fwd(q, k, v, coeffs, pad, is_causal, scale, save)[0]
+    from diffusionformer.ops.triton.attention import _PolynomialAttention
+
+    return _PolynomialAttention.apply(q, k, v, coeffs, pad, is_causal, scale)
