@@ -10,7 +10,7 @@ its threads before training::
               max(1, cores // workers)  otherwise
 
 where ``cores`` are the CPUs this process may run on (its affinity mask) and ``workers`` is the
-number of processes expected to share them: ``--workers W``, else ``$DIFFUSIONFORMER_WORKERS``,
+number of processes expected to share them: ``--workers N``, else ``$DIFFUSIONFORMER_WORKERS``,
 else torchrun's ``$LOCAL_WORLD_SIZE``, else 1.
 
 Examples:
@@ -56,7 +56,7 @@ class ThreadPlan:
         workers = f"{self.workers} worker{'s' if self.workers != 1 else ''}"
         if self.source == "cores // workers":
             return (f"torch threads: {self.threads} per worker ({self.cores} cores // {workers}; "
-                    f"--threads N overrides, --workers W or ${WORKERS_ENV} sets the workers)")
+                    f"--threads N overrides, --workers N or ${WORKERS_ENV} sets the workers)")
         return f"torch threads: {self.threads} per worker (from {self.source}; {self.cores} cores, {workers})"
 
 
