@@ -19,7 +19,7 @@ __all__ = ["polynomial"]
 
 
 def _kernels():
-    from diffusionformer.ops.triton.attention import _kernels_module
+    from diffusionformer.ops.triton._launch import _kernels_module
 
     return _kernels_module()
 
@@ -31,7 +31,7 @@ def _slots(K: int, save: bool) -> int:
 @torch.library.custom_op("diffusionformer::triton_polynomial_fwd", mutates_args=())
 def _fwd(q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, pad: Optional[Tensor], is_causal: bool, scale: float,
          save: bool) -> tuple[Tensor, Tensor, Tensor]:
-    from diffusionformer.ops.triton.attention import _Launch, _forward
+    from diffusionformer.ops.triton._launch import _Launch, _forward
 
     kernels = _kernels()
     return _forward(kernels, _Launch(kernels, q, is_causal, pad, scale), q, k, v, coeffs, save)
@@ -50,7 +50,7 @@ def _fwd_fake(q, k, v, coeffs, pad, is_causal, scale, save):
 @torch.library.custom_op("diffusionformer::triton_polynomial_bwd", mutates_args=())
 def _bwd(q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, pad: Optional[Tensor], lse: Tensor, ys: Tensor, g: Tensor,
          is_causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    from diffusionformer.ops.triton.attention import _Launch, _backward
+    from diffusionformer.ops.triton._launch import _Launch, _backward
 
     kernels = _kernels()
     return _backward(kernels, _Launch(kernels, q, is_causal, pad, scale), q, k, v, coeffs, lse, ys, g)
@@ -95,6 +95,6 @@ def polynomial(q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, pad: Optional[Te
     if torch.compiler.is_compiling():
         save = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, coeffs))
         return _fwd(q, k, v, coeffs, pad, is_causal, scale, save)[0]
-    from diffusionformer.ops.triton.attention import _PolynomialAttention
+    from diffusionformer.ops.triton._launch import _PolynomialAttention
 
     return _PolynomialAttention.apply(q, k, v, coeffs, pad, is_causal, scale)

@@ -1,0 +1,199 @@
+"""The launches behind :mod:`diffusionformer.ops.triton.attention`: input checks, launch geometry,
+the forward and backward recursions, and the :class:`torch.autograd.Function` of the eager path.
+
+Shared by :mod:`~diffusionformer.ops.triton.attention` (the public functions) and
+:mod:`~diffusionformer.ops.triton._library` (the custom operators), which both import it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_LOG2E = 1.4426950408889634
+
+
+def _kernels_module():
+    from diffusionformer.ops.triton import _kernels
+
+    if not _kernels.HAS_TRITON:
+        raise ImportError(
+            "diffusionformer.ops.triton needs the 'triton' package (pip install 'triton>=3.3' on Linux); "
+            "use diffusionformer.functional.diffuse for the PyTorch back-ends"
+        )
+    return _kernels
+
+
+def _interpreted(kernels) -> bool:
+    return type(kernels._first_step).__name__ == "InterpretedFunction"
+
+
+def _check_inputs(q: object, k: object, v: object, key_padding_mask: object) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, C), got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, H, N, C) (4 dims), got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            "q, k and v must have the same shape (B, H, N, C) (self-attention: c0 v needs as many values as "
+            f"queries), got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+            got = key_padding_mask.dtype if isinstance(key_padding_mask, Tensor) else type(key_padding_mask).__name__
+            raise TypeError(f"key_padding_mask must be a bool tensor (True = padding), got {got}")
+        B, _, N, _ = q.shape
+        if tuple(key_padding_mask.shape) != (B, N):
+            raise ValueError(
+                f"key_padding_mask must have shape (B, N) = {(B, N)}, got {tuple(key_padding_mask.shape)}"
+            )
+
+
+class _Launch:
+    """Launch geometry and flags shared by the kernels of one call."""
+
+    def __init__(self, kernels, q: Tensor, is_causal: bool, pad: Tensor | None, scale: float):
+        B, H, N, C = q.shape
+        self.B, self.H, self.N, self.C = B, H, N, C
+        self.interpreted = _interpreted(kernels)
+        if q.device.type != "cuda" and not self.interpreted:
+            raise RuntimeError(
+                f"the Triton kernels run on CUDA tensors, got a {q.device.type} tensor; on CPU set "
+                "TRITON_INTERPRET=1 before triton is first imported (interpreter, slow: tests only)"
+            )
+        self.block_c = max(16, 1 << (C - 1).bit_length())
+        if self.interpreted:  # small and unequal blocks: the tests cross every kind of block edge
+            self.fwd_m, self.fwd_n = 32, 16
+            self.bwd_m, self.bwd_n = 16, 32
+            self.warps = {}
+        else:
+            self.fwd_m, self.fwd_n = 64, 64
+            self.bwd_m, self.bwd_n = 32, 64
+            self.warps = {"num_warps": 8 if self.block_c >= 128 else 4, "num_stages": 2}
+        self.flags = dict(
+            CAUSAL=bool(is_causal),
+            HAS_PAD=pad is not None,
+            UPCAST=self.interpreted and q.dtype == torch.bfloat16,
+            IEEE=q.dtype == torch.float32,
+        )
+        self.pad = pad if pad is not None else torch.zeros(1, dtype=torch.uint8, device=q.device)
+        self.stride_pb = N
+        self.sm_scale = scale
+        self.qk_scale = scale * _LOG2E
+
+    def grid(self, block: int) -> tuple[int, int]:
+        return ((self.N + block - 1) // block, self.B * self.H)
+
+
+def _forward(kernels, L: _Launch, q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, save: bool):
+    """Run the ``K`` forward launches; returns ``(out, lse, ys)`` (``ys`` = ``y_1..y_K`` when ``save``)."""
+    B, H, N, C = L.B, L.H, L.N, L.C
+    K = coeffs.shape[1] - 1
+    dt = q.dtype
+    lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
+    # (B, H, N, C) stored as (B, N, H, C), like SDPA's output: out.transpose(1, 2).reshape(B, N, H * C) is free
+    out = torch.empty(B, N, H, C, device=q.device, dtype=dt).transpose(1, 2)
+    if save:
+        ys = torch.empty(K, B, H, N, C, device=q.device, dtype=dt)
+    else:  # only the last two powers are needed at any time
+        ys = torch.empty(min(K, 2), B, H, N, C, device=q.device, dtype=dt)
+    slot = (lambda j: ys[j - 1]) if save else (lambda j: ys[(j - 1) % 2])
+    # K >= 2: the sum is accumulated in a float32 buffer and cast once by the last step
+    acc = out if K == 1 else torch.empty(B, H, N, C, device=q.device, dtype=torch.float32)
+    kernels._first_step[L.grid(L.fwd_m)](
+        q, k, v, L.pad, coeffs[:, 0], coeffs[:, 1], acc, slot(1), lse,
+        *q.stride(), *k.stride(), *v.stride(), *acc.stride(),
+        L.stride_pb, coeffs.stride(0),
+        H, N, C, L.qk_scale,
+        STORE_Y=save or K > 1, BLOCK_M=L.fwd_m, BLOCK_N=L.fwd_n, BLOCK_C=L.block_c,
+        **L.flags, **L.warps,
+    )
+    for j in range(2, K + 1):
+        dst = out if j == K else acc
+        kernels._next_step[L.grid(L.fwd_m)](
+            q, k, slot(j - 1), L.pad, coeffs[:, j], acc, dst, slot(j), lse,
+            *q.stride(), *k.stride(), *dst.stride(),
+            L.stride_pb, coeffs.stride(0),
+            H, N, C, L.qk_scale,
+            STORE_Y=save or j < K, BLOCK_M=L.fwd_m, BLOCK_N=L.fwd_n, BLOCK_C=L.block_c,
+            **L.flags, **L.warps,
+        )
+    return out, lse, ys
+
+
+def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
+    B, H, N, C = L.B, L.H, L.N, L.C
+    K = coeffs.shape[1] - 1
+    dt = q.dtype
+    dev = q.device
+    # A[m - 1] = a_m, m = 1..K: a_K = c_K g, a_m = c_m g + P^T a_{m+1}; the same launches write
+    # delta_i = sum_m <a_m,i, y_m,i> and the rows <g_j, y_m,j> of the coefficient gradients
+    A = torch.empty(K, B, H, N, C, device=dev, dtype=dt)
+    delta = torch.empty(B, H, N, device=dev, dtype=torch.float32)
+    dcrows = torch.empty(K + 1, B, H, N, device=dev, dtype=torch.float32)
+    for m in range(K, 0, -1):
+        kernels._transposed_step[L.grid(L.bwd_n)](
+            q, k, g, A[m] if m < K else A[m - 1], A[m - 1], ys[m - 1], L.pad, coeffs[:, m], lse, delta, dcrows[m],
+            *q.stride(), *k.stride(), *g.stride(),
+            L.stride_pb, coeffs.stride(0),
+            H, N, C, L.qk_scale,
+            HAS_IN=m < K, BLOCK_M=L.bwd_m, BLOCK_N=L.bwd_n, BLOCK_C=L.block_c,
+            **L.flags, **L.warps,
+        )
+    # gradients stored as (B, N, H, C), the layout of a packed qkv projection
+    dq = torch.empty(B, N, H, C, device=dev, dtype=dt).transpose(1, 2)
+    dk = torch.empty(B, N, H, C, device=dev, dtype=dt).transpose(1, 2)
+    dv = torch.empty(B, N, H, C, device=dev, dtype=dt).transpose(1, 2)
+    step = B * H * N * C
+    kernels._bwd_dkdv[L.grid(L.bwd_n)](
+        q, k, v, g, A, ys, L.pad, coeffs[:, 0], lse, delta, dk, dv, dcrows[0],
+        *q.stride(), *k.stride(), *v.stride(), *g.stride(), *dk.stride(),
+        L.stride_pb, coeffs.stride(0), step,
+        H, N, C, K, L.qk_scale, L.sm_scale,
+        BLOCK_M=L.bwd_m, BLOCK_N=L.bwd_n, BLOCK_C=L.block_c,
+        **L.flags, **L.warps,
+    )
+    kernels._bwd_dq[L.grid(L.bwd_n)](
+        q, k, v, A, ys, L.pad, lse, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *dq.stride(),
+        L.stride_pb, step,
+        H, N, C, K, L.qk_scale, L.sm_scale,
+        BLOCK_M=L.bwd_n, BLOCK_N=L.bwd_m, BLOCK_C=L.block_c,
+        **L.flags, **L.warps,
+    )
+    dcoeffs = dcrows.sum(dim=(1, 3)).transpose(0, 1)  # (H, K + 1)
+    return dq, dk, dv, dcoeffs.to(coeffs.dtype)
+
+
+class _PolynomialAttention(torch.autograd.Function):
+    """Autograd wrapper: forward by the step kernels, backward by the reverse recursion (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, coeffs, pad, is_causal, scale):
+        kernels = _kernels_module()
+        L = _Launch(kernels, q, is_causal, pad, scale)
+        save = any(ctx.needs_input_grad[:4])
+        out, lse, ys = _forward(kernels, L, q, k, v, coeffs, save)
+        if save:
+            ctx.save_for_backward(q, k, v, coeffs, pad, lse, ys)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, coeffs, pad, lse, ys = ctx.saved_tensors
+        kernels = _kernels_module()
+        L = _Launch(kernels, q, ctx.is_causal, pad, ctx.scale)
+        dq, dk, dv, dc = _backward(kernels, L, q, k, v, coeffs, lse, ys, grad_out)
+        need = ctx.needs_input_grad
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
+                dc if need[3] else None, None, None, None)
