@@ -17,11 +17,9 @@ import diffusionformer
 
 #: packages whose job is to be entered from outside (the command line, the test suite), not imported
 ENTRY_POINTS = {"diffusionformer.experiments", "diffusionformer.testing"}
-#: folders known to be imported by nothing yet, each with the change that ends it. ``ops.triton``: the
-#: Triton kernels (issue 15, CPU side) are called by the benchmarks and tests only until the engine
-#: dispatches to them (issue 15, GPU side). Remove an entry once its folder is imported; never add one
-#: without such a note.
-NOT_YET_WIRED: set[str] = set()  # folders allowed to be imported by nothing yet (none: ops.triton is the engine's back-end)
+#: folders known to be imported by nothing yet, each with a note on the change that ends it (none now:
+#: ``ops.triton`` became the engine's ``"triton"`` back-end). Never add one without such a note.
+NOT_YET_WIRED: set[str] = set()
 
 
 def module_files(root: Path, package: str) -> dict[str, Path]:
