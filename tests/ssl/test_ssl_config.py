@@ -152,3 +152,16 @@ def test_a_toml_ssl_table_is_read(tmp_path: Path):
                     '[[operators]]\nname = "attention"\n')
     task = load_experiment_config(path).tasks[0]
     assert task.ssl == {"local_crops": 2, "blur_sigma": [0.2, 0.5]} and task.model_overrides == {}
+
+
+def test_an_operator_setting_with_old_style_ssl_overrides_still_sets_the_run_views():
+    from diffusionformer.data import load_dataset
+    from diffusionformer.experiments import OperatorSetting
+    from diffusionformer.experiments.build import build_model
+
+    task = load_experiment_config(_config("new")).tasks[0]
+    setting = OperatorSetting("two-local", model_overrides={"local_crops": 2})
+    with pytest.warns(DeprecationWarning, match=r"\['local_crops'\] are settings of the task"):
+        model = build_model(task, setting, load_dataset("digits"))
+    # the setting's value wins over the task's, the task's other settings stay
+    assert model.task_config == SSLConfig(local_crops=2, knn_k=5, brightness=0.3, blur_sigma=(0.1, 0.6))
