@@ -10,6 +10,7 @@ from diffusionformer.data import load_dataset
 from diffusionformer.experiments.config import OperatorSetting, TaskConfig
 from diffusionformer.experiments.tasks import model_overrides_for_data
 from diffusionformer.models import create_model, get_preset, model_config
+from diffusionformer.models.registry import split_task_settings, task_config
 
 __all__ = ["build_model", "task_data"]
 
@@ -23,7 +24,11 @@ def task_data(task: TaskConfig, seed: int, data_root: str | None, cache: dict[in
 
 
 def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.nn.Module:
-    """The model of one run: preset + data-derived sizes + task overrides + the operator setting."""
+    """The model of one run: preset + data-derived sizes + task overrides + the operator setting.
+
+    A model with task settings (DINO) gets the run's as ``model.task_config``: the preset's
+    defaults and the task's ``ssl`` table.
+    """
     preset = get_preset(task.model)
     overrides = {**model_overrides_for_data(data, preset.config_cls), **task.model_overrides}
     resolved = model_config(task.model, **overrides)
@@ -34,4 +39,11 @@ def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.
         raise ValueError(f"operator setting {setting.name!r} sets heads but model {task.model!r} has no attention heads")
     else:
         overrides.update(setting.model_overrides)
-    return create_model(task.model, **overrides)
+    # task settings (DINO's views and k-NN evaluation): the task's `ssl` table, and any an operator
+    # setting still passes (deprecated) among its model overrides
+    overrides, moved = split_task_settings(task.model, overrides)
+    model = create_model(task.model, **overrides)
+    settings = task_config(task.model, **{**task.ssl, **moved})
+    if settings is not None:
+        model.task_config = settings
+    return model

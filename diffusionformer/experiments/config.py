@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import math
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -84,6 +85,10 @@ class TaskConfig:
     augment: dict[str, Any] = field(default_factory=dict)
     #: label smoothing of the training loss of classification tasks (0: none)
     label_smoothing: float = 0.0
+    #: settings of the self-supervised (DINO) task, :class:`~diffusionformer.data.ssl.SSLConfig`
+    #: fields: views (``local_crops``, crop scales, jitter, blur, noise) and k-NN evaluation
+    #: (``knn_k``, ``knn_temperature``); the model preset gives the defaults
+    ssl: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -113,6 +118,7 @@ class TaskConfig:
         if isinstance(self.label_smoothing, bool) or not isinstance(self.label_smoothing, (int, float)) \
                 or not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"task {self.name!r}: label_smoothing must be a float in [0, 1), got {self.label_smoothing!r}")
+        self._check_ssl()
         if self.reach is not None:
             ok = isinstance(self.reach, dict) and len(self.reach) == 1
             key, value = next(iter(self.reach.items())) if ok else (None, None)
@@ -121,6 +127,35 @@ class TaskConfig:
                 raise ValueError(f"task {self.name!r}: reach must be one evaluation key with a finite threshold, "
                                  f"e.g. reach = {{ val_acc = 0.9 }}; got {self.reach!r}")
             self.reach = {key: float(value)}
+
+    def _check_ssl(self) -> None:
+        """Move SSL settings given (deprecated) as model overrides to ``ssl``, and validate ``ssl``."""
+        from diffusionformer.models.registry import get_preset, split_task_settings, task_config
+
+        if not isinstance(self.ssl, dict):
+            raise TypeError(f"task {self.name!r}: ssl must be a table of SSLConfig fields, got {type(self.ssl).__name__}")
+        try:
+            preset = get_preset(self.model)
+        except (TypeError, ValueError):
+            return  # an unknown model is reported where the model is built or the config validated
+        rest, moved = split_task_settings(self.model, self.model_overrides, warn=False)
+        if moved:
+            clash = sorted(set(moved) & set(self.ssl))
+            if clash:
+                raise ValueError(f"task {self.name!r}: {clash} set in both model_overrides and ssl; keep them in ssl only")
+            warnings.warn(f"task {self.name!r}: model_overrides {sorted(moved)} are settings of the SSL task, no "
+                          f"longer of the model; move them to the task's ssl table ([tasks.ssl]); the run and its "
+                          "identity are the same either way", DeprecationWarning, stacklevel=4)
+            self.model_overrides = rest
+            self.ssl = {**moved, **self.ssl}
+        if self.ssl:
+            if preset.task_config_cls is None:
+                raise ValueError(f"task {self.name!r}: ssl applies to self-supervised (DINO) presets only, "
+                                 f"not to model {self.model!r}; got {sorted(self.ssl)}")
+            try:
+                task_config(self.model, **self.ssl)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"task {self.name!r}: {exc}") from None
 
     @property
     def minimize(self) -> bool:

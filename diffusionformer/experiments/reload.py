@@ -70,7 +70,8 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
 
     The model is ``preset.model_cls(config)`` where ``config`` is the resolved model config
     recorded in ``run_config.json`` when the run started, so it is exactly the model the runner
-    trained (no data or experiment config is needed); the weights are those of
+    trained (no data or experiment config is needed; a DINO model also gets the run's
+    :class:`~diffusionformer.data.ssl.SSLConfig` as ``model.task_config``); the weights are those of
     ``checkpoint.pt`` (the last saved step: the final one for a completed run).
 
     Args:
@@ -88,6 +89,7 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     """
     from diffusionformer.config import config_from_dict
     from diffusionformer.models import get_preset
+    from diffusionformer.models.registry import split_task_settings, task_config
     from diffusionformer.train import CheckpointError, TrainConfig, read_metrics
     from diffusionformer.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
 
@@ -108,12 +110,16 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
         raise ValueError(f"load_run: expected 'model' (a preset name) and 'model_config' (a table) in {ident_path}, "
                          f"got {preset_name!r} and {type(cfg_dict).__name__}")
     preset = get_preset(preset_name)
+    # the run's task settings (DINO's views and k-NN evaluation) sit beside the model's in the identity
+    cfg_dict, settings = split_task_settings(preset_name, cfg_dict, warn=False)
     config = config_from_dict(preset.config_cls, cfg_dict, where=f"{ident_path} model_config")
     ckpt = rdir / CHECKPOINT_NAME
     if not ckpt.is_file():
         raise FileNotFoundError(f"load_run: expected the checkpoint {ckpt}, got none (the run has not saved a step yet)")
     payload = load_checkpoint(ckpt)
     model = preset.model_cls(config)
+    if preset.task_config_cls is not None:
+        model.task_config = task_config(preset_name, **settings)
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as err:

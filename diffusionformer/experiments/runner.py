@@ -197,6 +197,9 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
 
     model_cfg = getattr(model, "config", None)
     model_dict = dataclasses.asdict(model_cfg) if dataclasses.is_dataclass(model_cfg) else None
+    task_cfg = getattr(model, "task_config", None)  # DINO's SSL settings, once DINOConfig fields: same keys
+    if model_dict is not None and dataclasses.is_dataclass(task_cfg):
+        model_dict.update(dataclasses.asdict(task_cfg))
     identity: dict[str, Any] = {
         "dataset": task.dataset,
         "dataset_options": task.dataset_options,

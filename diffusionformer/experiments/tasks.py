@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from diffusionformer.config import config_from_dict
 from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
+from diffusionformer.data.ssl import SSLConfig
 from diffusionformer.models import DINOConfig, GCNConfig, GINConfig, GPTConfig, GraphTransformerConfig, ViTConfig
 
 __all__ = ["TaskAdapter", "build_task", "find_adapter", "heldout_batches", "model_overrides_for_data",
@@ -127,6 +129,10 @@ class DINOTask:
     ``tau_t = config.teacher_temp_at(s)``; then it updates the centre. The EMA update that
     would follow the last update is not made (the momentum is 1 there).
 
+    The views and the k-NN evaluation follow ``ssl`` (:class:`~diffusionformer.data.ssl.SSLConfig`,
+    or a dict of its fields; ``None``: the model's ``task_config``, which
+    :func:`~diffusionformer.models.create_model` sets to its preset's, else the defaults).
+
     Training metrics: ``teacher_entropy`` (mean entropy of the teacher's targets, nats),
     ``teacher_mean_entropy`` (entropy of their batch mean: near 0 when every image goes to the
     same prototype, i.e. collapse; ``log K`` when prototypes are used evenly), ``momentum``
@@ -136,13 +142,22 @@ class DINOTask:
     the DINO loss of up to ``eval_batch_size`` validation images on fixed seeded views.
     """
 
-    def __init__(self, data: ClassificationData, model: nn.Module, eval_batch_size: int = 512) -> None:
+    def __init__(self, data: ClassificationData, model: nn.Module, eval_batch_size: int = 512, *,
+                 ssl: SSLConfig | Mapping[str, Any] | None = None) -> None:
         if not (isinstance(data, ClassificationData) and data.kind == "image"):
             raise ValueError(f"DINOTask needs image data (ClassificationData of kind 'image'), got "
                              f"{getattr(data, 'name', '?')!r} of kind {getattr(data, 'kind', '?')!r}")
+        dino = _unwrap_dino(model)
         self.data = data
-        self.config = _unwrap_dino(model).config
-        self.augment = self.config.augmentation()
+        self.config = dino.config
+        if ssl is None:  # the model's (create_model gives its preset's), else the defaults
+            ssl = getattr(dino, "task_config", None) or SSLConfig()
+        elif isinstance(ssl, Mapping):
+            ssl = config_from_dict(SSLConfig, ssl, where="DINOTask ssl")
+        elif not isinstance(ssl, SSLConfig):
+            raise TypeError(f"ssl must be an SSLConfig, a dict of its fields or None, got {type(ssl).__name__}")
+        self.ssl = ssl
+        self.augment = ssl.augmentation()
         self.eval_batch_size = eval_batch_size
 
     def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> dict[str, Any]:
@@ -202,7 +217,8 @@ class DINOTask:
             if bank.shape[0] == 0 or feats.shape[0] == 0:
                 out[f"knn_{split}_acc"] = float("nan")  # an empty split has no accuracy
                 continue
-            pred = knn_classify(bank, bank_y, feats, self.data.num_classes, k=cfg.knn_k, temperature=cfg.knn_temperature)
+            pred = knn_classify(bank, bank_y, feats, self.data.num_classes, k=self.ssl.knn_k,
+                                temperature=self.ssl.knn_temperature)
             out[f"knn_{split}_acc"] = (pred == y[: pred.shape[0]].to(device)).float().mean().item()
         x_val = self.data.x_val[: self.eval_batch_size]
         if x_val.shape[0] > 0:
@@ -496,15 +512,21 @@ def model_overrides_for_data(data: Any, family: type) -> dict[str, Any]:
 
 
 def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512,
-               augment: Mapping[str, Any] | None = None, label_smoothing: float = 0.0) -> Any:
+               augment: Mapping[str, Any] | None = None, label_smoothing: float = 0.0,
+               ssl: SSLConfig | Mapping[str, Any] | None = None) -> Any:
     """The :class:`~diffusionformer.train.Task` adapter for ``data`` and ``model``.
 
     ``augment`` and ``label_smoothing`` apply to supervised classification only (see
-    :class:`ClassificationTask`); other adapters refuse them.
+    :class:`ClassificationTask`); ``ssl`` (views and k-NN evaluation) to DINO only (see
+    :class:`DINOTask`); other adapters refuse them.
     """
     adapter = find_adapter(model_family(model), data, "task")
     if adapter is None:
         raise TypeError(f"no task adapter for {type(data).__name__}")
+    if ssl is not None:
+        if not _is_dino(model):
+            raise ValueError(f"ssl applies to DINO models only, not to {type(model).__name__}")
+        return DINOTask(data, model, eval_batch_size, ssl=ssl)
     options = {k: v for k, v in (("augment", augment), ("label_smoothing", label_smoothing)) if v}
     if options:
         if not (isinstance(data, ClassificationData) and not _is_dino(model)):

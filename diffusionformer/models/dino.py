@@ -41,7 +41,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffusionformer.config import document_fields
-from diffusionformer.data.augment import MultiCropAugment
 from diffusionformer.models.common import check_positive, check_probability
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
 
@@ -222,7 +221,8 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
 @dataclass
 class DINOConfig(ViTConfig):
     """Configuration of :class:`DINO`: the :class:`ViTConfig` fields of the backbone, plus the head,
-    the loss, the teacher's schedule, the views and the k-NN evaluation.
+    the loss and the teacher's schedule. The views and the k-NN evaluation are settings of the
+    self-supervised task, :class:`~diffusionformer.data.ssl.SSLConfig`.
 
     ``num_classes`` must stay 0 (the backbone has no classifier; labels are only used by the
     k-NN evaluation). ``schedule_steps`` is the length of the teacher's momentum schedule: set it
@@ -241,18 +241,6 @@ class DINOConfig(ViTConfig):
     center_momentum: float = 0.9  #: m_c of the centre's EMA
     momentum: float = 0.996  #: teacher EMA momentum at step 0 (cosine to 1)
     schedule_steps: int = 1000  #: length of the momentum schedule (set to train.max_steps)
-    local_crops: int = 0  #: local crops besides the 2 global ones (0: two-crop training)
-    global_crop_scale: tuple[float, float] = (0.4, 1.0)  #: area fraction of global crops
-    local_crop_scale: tuple[float, float] = (0.1, 0.4)  #: area fraction of local crops
-    crop_ratio: tuple[float, float] = (0.75, 1.3333333333333333)  #: aspect-ratio range of crops
-    flip_prob: float = 0.0  #: horizontal flips (0 for digits)
-    brightness: float = 0.4  #: intensity shift half-width (data units)
-    contrast: float = 0.4  #: contrast gain half-width around 1
-    blur_prob: float = 0.5  #: probability of a Gaussian blur
-    blur_sigma: tuple[float, float] = (0.1, 1.0)  #: blur std range, pixels
-    noise_std: float = 0.0  #: additive Gaussian noise
-    knn_k: int = 20  #: neighbours of the k-NN evaluation
-    knn_temperature: float = 0.07  #: temperature of the k-NN votes
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -263,31 +251,17 @@ class DINOConfig(ViTConfig):
         check_positive("DINOConfig", out_dim=self.out_dim, head_hidden=self.head_hidden,
                        head_bottleneck=self.head_bottleneck, head_layers=self.head_layers,
                        student_temp=self.student_temp, teacher_temp=self.teacher_temp,
-                       warmup_teacher_temp=self.warmup_teacher_temp, schedule_steps=self.schedule_steps,
-                       knn_k=self.knn_k, knn_temperature=self.knn_temperature)
+                       warmup_teacher_temp=self.warmup_teacher_temp, schedule_steps=self.schedule_steps)
         check_probability("DINOConfig", center_momentum=self.center_momentum)
         if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) or not 0.0 <= self.momentum <= 1.0:
             raise ValueError(f"DINOConfig.momentum must lie in [0, 1], got {self.momentum!r}")
-        for name in ("warmup_teacher_temp_steps", "local_crops"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"DINOConfig.{name} must be an int >= 0, got {v!r}")
-        self.augmentation()  # validates the view settings, naming the field
+        v = self.warmup_teacher_temp_steps
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"DINOConfig.warmup_teacher_temp_steps must be an int >= 0, got {v!r}")
 
     def vit_config(self) -> ViTConfig:
         """The backbone's :class:`ViTConfig` (the shared fields, ``num_classes=0``)."""
         return ViTConfig(**{f.name: getattr(self, f.name) for f in fields(ViTConfig)})
-
-    def augmentation(self) -> MultiCropAugment:
-        """The :class:`~diffusionformer.data.augment.MultiCropAugment` of the views."""
-        try:
-            return MultiCropAugment(
-                global_crops=2, local_crops=self.local_crops, global_scale=self.global_crop_scale,
-                local_scale=self.local_crop_scale, ratio=self.crop_ratio, flip_prob=self.flip_prob,
-                brightness=self.brightness, contrast=self.contrast, blur_prob=self.blur_prob,
-                blur_sigma=self.blur_sigma, noise_std=self.noise_std)
-        except ValueError as exc:
-            raise ValueError(f"DINOConfig: {exc}") from None
 
     def momentum_at(self, step: int) -> float:
         """Teacher momentum of the EMA update that follows optimiser step ``step``."""

@@ -11,13 +11,15 @@ Examples:
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import torch  # noqa: F401  (doctests)
 from torch import nn
 
 from diffusionformer.config import config_from_dict
+from diffusionformer.data.ssl import SSLConfig
 from diffusionformer.models.dino import DINO, DINOConfig
 from diffusionformer.models.gcn import GCN, GCNConfig
 from diffusionformer.models.gin import GIN, GINConfig
@@ -25,24 +27,33 @@ from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
 from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphTransformerConfig
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
 
-__all__ = ["ModelPreset", "create_model", "get_preset", "list_models", "model_config", "register_model"]
+__all__ = ["ModelPreset", "create_model", "get_preset", "list_models", "model_config", "register_model",
+           "split_task_settings", "task_config"]
 
 
 @dataclass(frozen=True)
 class ModelPreset:
-    """A named model: its class, config class and the config values that differ from the defaults."""
+    """A named model: its class, config class and the config values that differ from the defaults.
+
+    ``task_config_cls`` (e.g. :class:`~diffusionformer.data.ssl.SSLConfig` for DINO) holds the
+    settings of the model's task that are not the model's (views, k-NN evaluation), and
+    ``task_defaults`` the preset's values of them that differ from that class's defaults.
+    """
 
     name: str
     model_cls: Callable[[Any], nn.Module]
     config_cls: type
     defaults: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    task_config_cls: type | None = None
+    task_defaults: dict[str, Any] = field(default_factory=dict)
 
 
 _PRESETS: dict[str, ModelPreset] = {}
 
 
 def register_model(name: str, model_cls: Callable[[Any], nn.Module], config_cls: type, description: str = "",
+                   *, task_config_cls: type | None = None, task_defaults: dict[str, Any] | None = None,
                    **defaults: Any) -> ModelPreset:
     """Register a preset (strict: a taken name raises ``ValueError``; defaults are validated now)."""
     if not isinstance(name, str) or not name:
@@ -50,7 +61,12 @@ def register_model(name: str, model_cls: Callable[[Any], nn.Module], config_cls:
     if name in _PRESETS:
         raise ValueError(f"model preset {name!r} is already registered")
     config_from_dict(config_cls, defaults, where=f"preset {name!r}")
-    preset = ModelPreset(name, model_cls, config_cls, dict(defaults), description)
+    if task_defaults and task_config_cls is None:
+        raise ValueError(f"preset {name!r}: task_defaults {sorted(task_defaults)} need a task_config_cls, got None")
+    if task_config_cls is not None:
+        config_from_dict(task_config_cls, task_defaults or {}, where=f"preset {name!r} task_defaults")
+    preset = ModelPreset(name, model_cls, config_cls, dict(defaults), description, task_config_cls,
+                         dict(task_defaults or {}))
     _PRESETS[name] = preset
     return preset
 
@@ -70,15 +86,63 @@ def get_preset(name: str) -> ModelPreset:
     return _PRESETS[name]
 
 
-def model_config(name: str, **overrides: Any) -> Any:
-    """The validated config of preset ``name`` with ``overrides`` applied (unknown keys raise)."""
+def split_task_settings(name: str, overrides: dict[str, Any], *, warn: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(model overrides, task settings)``: the keys of ``overrides`` that are fields of preset
+    ``name``'s ``task_config_cls`` (e.g. DINO's views and k-NN settings, once ``DINOConfig``
+    fields) split off, with a ``DeprecationWarning`` when there are any and ``warn``."""
     preset = get_preset(name)
+    if preset.task_config_cls is None:
+        return dict(overrides), {}
+    keys = {f.name for f in fields(preset.task_config_cls)}
+    moved = {k: v for k, v in overrides.items() if k in keys}
+    if moved and warn:
+        task_cls = preset.task_config_cls.__name__
+        warnings.warn(f"model {name!r}: {sorted(moved)} are settings of the task ({task_cls}), no longer "
+                      f"{preset.config_cls.__name__} fields; set them in the task's `ssl` table (experiment "
+                      f"configs) or pass build_task(..., ssl={task_cls}(...)); as model overrides they are "
+                      "deprecated", DeprecationWarning, stacklevel=3)
+    return {k: v for k, v in overrides.items() if k not in keys}, moved
+
+
+def task_config(name: str, **settings: Any) -> Any:
+    """Preset ``name``'s validated task settings (``task_config_cls``) with ``settings`` applied;
+    ``None`` for a preset without any (then ``settings`` must be empty)."""
+    preset = get_preset(name)
+    if preset.task_config_cls is None:
+        if settings:
+            raise ValueError(f"model {name!r} has no task settings, got {sorted(settings)}")
+        return None
+    return config_from_dict(preset.task_config_cls, {**preset.task_defaults, **settings},
+                            where=f"model {name!r} {preset.task_config_cls.__name__}")
+
+
+def model_config(name: str, **overrides: Any) -> Any:
+    """The validated config of preset ``name`` with ``overrides`` applied (unknown keys raise).
+
+    Task settings among ``overrides`` (deprecated, see :func:`split_task_settings`) are
+    validated and left out of the config.
+    """
+    preset = get_preset(name)
+    overrides, moved = split_task_settings(name, overrides)
+    if moved:
+        task_config(name, **moved)
     return config_from_dict(preset.config_cls, {**preset.defaults, **overrides}, where=f"model {name!r}")
 
 
 def create_model(name: str, **overrides: Any) -> nn.Module:
-    """Build preset ``name`` with config ``overrides`` (e.g. ``heads=``, ``laplacian_heads=``)."""
-    return get_preset(name).model_cls(model_config(name, **overrides))
+    """Build preset ``name`` with config ``overrides`` (e.g. ``heads=``, ``laplacian_heads=``).
+
+    A preset with task settings (DINO: :class:`~diffusionformer.data.ssl.SSLConfig`) gives its
+    model a ``task_config`` attribute: the preset's task defaults, plus any task settings passed
+    (deprecated) among ``overrides``; a task adapter built without settings uses it.
+    """
+    preset = get_preset(name)
+    overrides, moved = split_task_settings(name, overrides)
+    settings = task_config(name, **moved)
+    model = preset.model_cls(model_config(name, **overrides))
+    if settings is not None:
+        model.task_config = settings
+    return model
 
 
 # ----------------------------------------------------------------------------- presets
@@ -114,8 +178,9 @@ register_model("gin-graph", GIN, GINConfig,
 register_model("dino-digits", DINO, DINOConfig,
                "self-supervised DINO on 8x8 digits: ViT patch 2 (16 tokens), width 64, depth 4, 128 prototypes",
                input_size=(8, 8), patch_size=2, dim=64, depth=4, num_heads=4, pool="mean", momentum=0.99,
-               out_dim=128, head_hidden=128, head_bottleneck=32, blur_sigma=(0.1, 0.6))
+               out_dim=128, head_hidden=128, head_bottleneck=32,
+               task_config_cls=SSLConfig, task_defaults={"blur_sigma": (0.1, 0.6)})
 register_model("dino-mnist", DINO, DINOConfig,
                "self-supervised DINO on 28x28 MNIST: ViT patch 4 (49 tokens), width 64, depth 4, 256 prototypes",
                input_size=(28, 28), patch_size=4, dim=64, depth=4, num_heads=4, pool="mean", momentum=0.99,
-               out_dim=256, head_hidden=256, head_bottleneck=64)
+               out_dim=256, head_hidden=256, head_bottleneck=64, task_config_cls=SSLConfig)

@@ -9,11 +9,12 @@ import re
 import pytest
 
 from diffusionformer.config import FIELDS_HEADER, document_fields
+from diffusionformer.data.ssl import SSLConfig
 from diffusionformer.experiments import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.models import (DINOConfig, GCNConfig, GINConfig, GPTConfig, GraphTransformerConfig, ViTConfig)
 
-CONFIGS = [GPTConfig, ViTConfig, GraphTransformerConfig, GCNConfig, GINConfig, DINOConfig, TaskConfig, OperatorSetting,
-           ExperimentConfig]
+CONFIGS = [GPTConfig, ViTConfig, GraphTransformerConfig, GCNConfig, GINConfig, DINOConfig, SSLConfig, TaskConfig,
+           OperatorSetting, ExperimentConfig]
 
 
 def test_help_of_gpt_config_gives_each_fields_meaning():
@@ -40,7 +41,10 @@ def test_every_commented_field_is_in_the_docstring_with_its_comment(cls):
 
 def test_inherited_fields_keep_their_base_comment_and_the_original_text_stays_first():
     assert "    patch_size (" in DINOConfig.__doc__ and DINOConfig.__doc__.startswith("Configuration of :class:`DINO`")
-    assert "knn_k (int, default 20): neighbours of the k-NN evaluation" in DINOConfig.__doc__
+    assert "out_dim (int, default 256): K, prototypes of the projection head" in DINOConfig.__doc__
+    # the k-NN and view settings are the SSL task's (SSLConfig), documented there
+    assert "knn_k" not in DINOConfig.__doc__
+    assert "knn_k (int, default 20): neighbours of the k-NN evaluation" in SSLConfig.__doc__
 
 
 def test_document_fields_needs_a_dataclass():
