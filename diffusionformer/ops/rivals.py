@@ -187,9 +187,9 @@ class RivalContext:
             # SDPA's fused CPU kernels need one width for q, k and x, else it takes the unfused math
             # path (4x slower for differential's half-width scores at N = 1024). Zero columns change
             # no score q k^T (the scale is explicit), so pad the narrower side; padding q, k more
-            # than 2x (GRAND-nl's 3x wider state) only pays from about 256 keys on (docs/performance.md)
+            # than 2x (GRAND-nl's 3x wider state) only pays from about 512 keys on (docs/performance.md)
             Cq, Cx = q.shape[-1], x.shape[-1]
-            if Cq != Cx and (Cq > Cx or 2 * Cq >= Cx or k.shape[-2] >= 256):
+            if Cq != Cx and (Cq > Cx or 2 * Cq >= Cx or k.shape[-2] >= 512):
                 w = max(Cq, Cx)
                 q, k, x = F.pad(q, (0, w - Cq)), F.pad(k, (0, w - Cq)), F.pad(x, (0, w - Cx))
             out = propagate_dense(q, k, x, attn_mask=self._mask, is_causal=self._is_causal, scale=s,
