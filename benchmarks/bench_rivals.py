@@ -7,7 +7,8 @@ head (differential, attnscale, neutreno, value residual), the layer with all hea
 Layer-state operators (NeuTRENO, value residual) are timed as a later layer: the call gets a
 :class:`~diffusionformer.ops.rivals.LayerState` that already holds a first layer's values.
 Forward in eval mode under ``torch.no_grad()``, forward+backward in train mode (dropout 0),
-causal, ``B = max(1, 2048 // N)`` sequences per call.
+causal, ``B = max(1, 2048 // N)`` sequences per call. The parameter column is the layer's
+parameter count minus the all-attention layer's (``D=256``: 263,168 parameters).
 
 There is no target: the table reports the price of each rival (the expected costs are in
 ``docs/theory/rivals.rst``: two fused calls for attnscale and differential, ``K`` or ``4K``
@@ -50,6 +51,10 @@ def layers(causal: bool, device: str) -> dict[str, nn.Module]:
     return mods
 
 
+def n_params(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
 def with_state(layer: nn.Module, v0: torch.Tensor) -> object:
     def run(inp: torch.Tensor) -> torch.Tensor:
         state = LayerState(first_values=v0, depth=1)  # a later layer of a model
@@ -76,16 +81,21 @@ def main(argv: list[str] | None = None) -> C.Report:
                        for name, m in mods.items()}
             t = C.measure(C.step_callables(runners, x, backward), device=args.device, rounds=rounds)
             mode = "fwd+bwd" if backward else "fwd"
+            base_params = n_params(mods["attention"])
             for name in mods:
                 if name == "attention":
                     continue
                 r = C.ratio(t, name, "attention")
-                rows.append([f"`{name}`", N, B, mode, C.ms(t["attention"].median), C.ms(t[name].median), C.rfmt(r)])
-                rep.rows.append({"heads": name, "N": N, "B": B, "mode": mode, "attention_s": t["attention"].median,
-                                 "rival_s": t[name].median, "rival/attention": r})
+                dp = n_params(mods[name]) - base_params
+                rows.append([f"`{name}`", N, B, mode, f"{dp:+d}", C.ms(t["attention"].median), C.ms(t[name].median),
+                             C.rfmt(r)])
+                rep.rows.append({"heads": name, "N": N, "B": B, "mode": mode, "params_delta": dp,
+                                 "attention_s": t["attention"].median, "rival_s": t[name].median,
+                                 "rival/attention": r})
     rep.table(f"D={D}, H={H}, causal; times in ms (median of {rounds} interleaved rounds); ratios are medians of "
               "paired per-round ratios [inter-quartile range] against the all-attention layer of the same run",
-              ["heads", "N", "B", "mode", "attention ms", "rival ms", "rival / attention"], rows)
+              ["heads", "N", "B", "mode", "params vs attention", "attention ms", "rival ms",
+               "rival / attention"], rows)
     rep.write()
     return rep
 

@@ -10,7 +10,7 @@
 #
 # Steps on the GPU: (1) the Triton kernel tests compiled for the device (tests/ops, float64
 # references), written to OUT_DIR/triton-tests.txt; a failure is reported and the suite goes on;
-# (2) benchmarks/run_all.py (every benchmark of the library); (3) benchmarks/bench_issue15.py
+# (2) benchmarks/run_all.py (every benchmark of the library, bench_rivals.py included); (3) benchmarks/bench_issue15.py
 # (issue 15: every head type vs the SDPA reference layer, the profile of SDPA kernels, launches,
 # copies, casts and syncs, GPT vs nanoGPT at both sizes, with a Triton column when triton imports;
 # the library columns run backend='sdpa', the PyTorch path, since 'auto' on CUDA is now Triton).

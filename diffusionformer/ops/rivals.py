@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from diffusionformer.ops.dense import attention_matrix, normalise_mask, propagate_dense
 from diffusionformer.ops.sparse import diffuse_sparse
@@ -183,8 +184,17 @@ class RivalContext:
         """
         s = self.scale if scale is None else float(scale)
         if self._mode == "dense":  # one fused attention call (rows without keys pinned to 0 there)
-            return propagate_dense(q, k, x, attn_mask=self._mask, is_causal=self._is_causal, scale=s,
-                                   dropout_p=self.dropout_p)
+            # SDPA's fused CPU kernels need one width for q, k and x, else it takes the unfused math
+            # path (4x slower for differential's half-width scores at N = 1024). Zero columns change
+            # no score q k^T (the scale is explicit), so pad the narrower side; padding q, k more
+            # than 2x (GRAND-nl's 3x wider state) only pays from about 512 keys on (docs/performance.md)
+            Cq, Cx = q.shape[-1], x.shape[-1]
+            if Cq != Cx and (Cq > Cx or 2 * Cq >= Cx or k.shape[-2] >= 512):
+                w = max(Cq, Cx)
+                q, k, x = F.pad(q, (0, w - Cq)), F.pad(k, (0, w - Cq)), F.pad(x, (0, w - Cx))
+            out = propagate_dense(q, k, x, attn_mask=self._mask, is_causal=self._is_causal, scale=s,
+                                  dropout_p=self.dropout_p)
+            return out[..., :Cx]
         assert self._edge_index is not None
         nm = [t[0].transpose(0, 1) for t in (q, k, x)]  # (N, G, .)
         # static coefficients (0, 1): one edge softmax and one propagation, P x
@@ -198,10 +208,11 @@ class RivalContext:
 
     def uniform(self, x: Tensor) -> Tensor:
         r"""``DC x``: the average of ``x`` over each row's admissible keys (zero scores, no dropout)."""
-        zeros = torch.zeros_like(self.q[..., :1])
+        width = x.shape[-1] if self._mode == "dense" else 1  # dense: x's width keeps SDPA's fused kernel
         drop, self.dropout_p = self.dropout_p, 0.0
         try:
-            return self.attend(zeros, torch.zeros_like(self.k[..., :1]), x, scale=1.0)
+            return self.attend(self.q.new_zeros(*self.q.shape[:-1], width), self.k.new_zeros(*self.k.shape[:-1], width),
+                               x, scale=1.0)
         finally:
             self.dropout_p = drop
 
