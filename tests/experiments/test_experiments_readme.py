@@ -1,4 +1,4 @@
-"""What a newcomer reads: the README's table has the layout ``run`` prints; ``--help`` explains ``--set``."""
+"""What a newcomer reads: the README's table has the layout ``run`` prints (the compact table); ``--help`` explains ``--set``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _printed_table() -> list[str]:
     config = load_experiment_config(REPO / "experiments" / "configs" / "default.toml")
     runs = [RunResult(t.name, o.name, s, "completed", t.metric, 0.5 + 0.01 * s, num_parameters=1000, elapsed=10.0 + s)
             for t in config.tasks for o in config.operators for s in config.seeds]
-    return format_table(aggregate(runs), config).rstrip("\n").split("\n")
+    return format_table(aggregate(runs), config, compact=True).rstrip("\n").split("\n")
 
 
 def test_readme_table_has_the_printed_layout():
