@@ -12,7 +12,7 @@ from diffusionformer.experiments.tasks import model_overrides_for_data
 from diffusionformer.models import create_model, get_preset, model_config
 from diffusionformer.models.registry import split_task_settings, task_config
 
-__all__ = ["build_model", "task_data"]
+__all__ = ["add_setting_overrides", "build_model", "task_data"]
 
 
 def task_data(task: TaskConfig, seed: int, data_root: str | None, cache: dict[int | None, Any]) -> Any:
@@ -23,6 +23,21 @@ def task_data(task: TaskConfig, seed: int, data_root: str | None, cache: dict[in
     return cache[fold]
 
 
+def add_setting_overrides(overrides: dict[str, Any], resolved: Any, task: TaskConfig, setting: OperatorSetting) -> None:
+    """Add an operator setting's model overrides (its head layout for the resolved model's head count) to ``overrides``.
+
+    Raises:
+        ValueError: if the setting sets heads and the model has no attention heads.
+    """
+    heads = getattr(resolved, "num_heads", getattr(resolved, "n_head", 0))
+    if heads:
+        overrides.update(setting.overrides(int(heads)))
+    elif setting.heads is not None or setting.laplacian_heads is not None:
+        raise ValueError(f"operator setting {setting.name!r} sets heads but model {task.model!r} has no attention heads")
+    else:
+        overrides.update(setting.model_overrides)
+
+
 def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.nn.Module:
     """The model of one run: preset + data-derived sizes + task overrides + the operator setting.
 
@@ -31,14 +46,7 @@ def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.
     """
     preset = get_preset(task.model)
     overrides = {**model_overrides_for_data(data, preset.config_cls), **task.model_overrides}
-    resolved = model_config(task.model, **overrides)
-    heads = getattr(resolved, "num_heads", getattr(resolved, "n_head", 0))
-    if heads:
-        overrides.update(setting.overrides(int(heads)))
-    elif setting.heads is not None or setting.laplacian_heads is not None:
-        raise ValueError(f"operator setting {setting.name!r} sets heads but model {task.model!r} has no attention heads")
-    else:
-        overrides.update(setting.model_overrides)
+    add_setting_overrides(overrides, model_config(task.model, **overrides), task, setting)
     # task settings (DINO's views and k-NN evaluation): the task's `ssl` table, and any an operator
     # setting still passes (deprecated) among its model overrides
     overrides, moved = split_task_settings(task.model, overrides)

@@ -161,20 +161,13 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
 
 def _resolve_model(task: TaskConfig, setting: OperatorSetting, data: Any, preset: Any, model_config: Any) -> None:
     """Build the run's model as the runner does (with data), else resolve and build it from the preset's sizes."""
-    from diffusionformer.experiments.build import build_model
+    from diffusionformer.experiments.build import add_setting_overrides, build_model
 
     if data is not None:
         build_model(task, setting, data)
         return
-    resolved = model_config(task.model, **task.model_overrides)
-    heads = getattr(resolved, "num_heads", getattr(resolved, "n_head", 0))
     overrides = dict(task.model_overrides)
-    if heads:
-        overrides.update(setting.overrides(int(heads)))
-    elif setting.heads is not None or setting.laplacian_heads is not None:
-        raise ValueError(f"operator setting {setting.name!r} sets heads but model {task.model!r} has no attention heads")
-    else:
-        overrides.update(setting.model_overrides)
+    add_setting_overrides(overrides, model_config(task.model, **overrides), task, setting)
     preset.model_cls(model_config(task.model, **overrides))
 
 

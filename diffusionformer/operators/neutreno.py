@@ -16,8 +16,37 @@ def _check_lambda(value: object, name: str) -> float:
     return float(value)
 
 
+class _FirstLayerValuesOperator(DiffusionOperator):
+    """Shared part of the operators that read the first layer's values ``v0`` from the layer state.
+
+    Subclasses set ``name``, ``example_kwargs``, the default ``lam`` and :meth:`apply_context`.
+    """
+
+    is_polynomial = False
+    needs_layer_state = True
+    # reads the first layer's values v0 from the LayerState, which cached decoding does not carry
+    supports_kv_cache = False
+
+    def __init__(self, lam: float, num_heads: int = 1) -> None:
+        super().__init__(num_heads)
+        self.lam = _check_lambda(lam, "lam")
+
+    def spec_kwargs(self) -> dict:
+        return {"lam": self.lam}
+
+    @property
+    def degree(self) -> int:
+        raise NotImplementedError(f"{self.name} reads the first layer's values; it is not a polynomial in P")
+
+    def coefficients(self) -> Tensor:
+        raise NotImplementedError(f"{self.name} is not a polynomial in P; the layer calls apply_context()")
+
+    def extra_repr(self) -> str:
+        return f"lam={self.lam:g}, num_heads={self.num_heads}"
+
+
 @register_operator
-class NeuTRENOOperator(DiffusionOperator):
+class NeuTRENOOperator(_FirstLayerValuesOperator):
     r"""NeuTRENO: :math:`P v + \lambda (v_0 - v)`, with :math:`v_0` the first layer's values.
 
     From Nguyen, Nguyen & Baraniuk, "Mitigating Over-smoothing in Transformers via Regularized
@@ -39,25 +68,10 @@ class NeuTRENOOperator(DiffusionOperator):
 
     name = "neutreno"
     aliases = ("neu-treno",)
-    is_polynomial = False
-    needs_layer_state = True
-    # reads the first layer's values v0 from the LayerState, which cached decoding does not carry
-    supports_kv_cache = False
     example_kwargs = {"lam": 0.6}
 
     def __init__(self, lam: float = 0.6, num_heads: int = 1) -> None:
-        super().__init__(num_heads)
-        self.lam = _check_lambda(lam, "lam")
-
-    def spec_kwargs(self) -> dict:
-        return {"lam": self.lam}
-
-    @property
-    def degree(self) -> int:
-        raise NotImplementedError("neutreno reads the first layer's values; it is not a polynomial in P")
-
-    def coefficients(self) -> Tensor:
-        raise NotImplementedError("neutreno is not a polynomial in P; the layer calls apply_context()")
+        super().__init__(lam, num_heads)
 
     def apply_context(self, ctx) -> Tensor:  # noqa: ANN001
         out = ctx.propagate(ctx.v)
@@ -65,12 +79,9 @@ class NeuTRENOOperator(DiffusionOperator):
             return out
         return out + self.lam * (ctx.v0 - ctx.v)
 
-    def extra_repr(self) -> str:
-        return f"lam={self.lam:g}, num_heads={self.num_heads}"
-
 
 @register_operator
-class ValueResidualOperator(DiffusionOperator):
+class ValueResidualOperator(_FirstLayerValuesOperator):
     r"""Value residual (ResFormer): :math:`P (v + \lambda v_1)`, with :math:`v_1` the first layer's values.
 
     From Zhou et al., "Value Residual Learning For Alleviating Attention Concentration In
@@ -88,29 +99,11 @@ class ValueResidualOperator(DiffusionOperator):
 
     name = "value-residual"
     aliases = ("resformer", "value-residual-attention")
-    is_polynomial = False
-    needs_layer_state = True
-    # reads the first layer's values v0 from the LayerState, which cached decoding does not carry
-    supports_kv_cache = False
     example_kwargs = {"lam": 1.0}
 
     def __init__(self, lam: float = 1.0, num_heads: int = 1) -> None:
-        super().__init__(num_heads)
-        self.lam = _check_lambda(lam, "lam")
-
-    def spec_kwargs(self) -> dict:
-        return {"lam": self.lam}
-
-    @property
-    def degree(self) -> int:
-        raise NotImplementedError("value-residual reads the first layer's values; it is not a polynomial in P")
-
-    def coefficients(self) -> Tensor:
-        raise NotImplementedError("value-residual is not a polynomial in P; the layer calls apply_context()")
+        super().__init__(lam, num_heads)
 
     def apply_context(self, ctx) -> Tensor:  # noqa: ANN001
         v = ctx.v if ctx.v0 is None else ctx.v + self.lam * ctx.v0
         return ctx.propagate(v)
-
-    def extra_repr(self) -> str:
-        return f"lam={self.lam:g}, num_heads={self.num_heads}"
