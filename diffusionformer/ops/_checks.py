@@ -8,6 +8,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from diffusionformer.ops.engine import static_coefficients
+
 
 def check_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
     if not isinstance(x, Tensor):
@@ -74,3 +76,25 @@ def check_scale(scale: float | None, head_dim: int) -> float:
     if not (scale == scale) or scale in (float("inf"), float("-inf")):
         raise ValueError(f"scale must be finite, got {scale}")
     return float(scale)
+
+
+def check_dropout(dropout_p: object) -> float:
+    """``dropout_p`` as a float in ``[0, 1)``, else a ValueError."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p!r}")
+    return float(dropout_p)
+
+
+def check_layout(coeffs: object, degrees: Sequence[int] | None, num_heads: int, like: Tensor
+                 ) -> tuple[Tensor | tuple[tuple[float, ...], ...], tuple[int, ...]]:
+    """The coefficients and per-head degrees of one call of the dense or sparse engine, validated.
+
+    Coefficients given as Python numbers stay static (``H`` rows of floats, see
+    :func:`~diffusionformer.ops.engine.static_coefficients`); a tensor becomes ``(H, K+1)`` on
+    ``like``'s device. ``degrees`` defaults to ``K`` for every head.
+    """
+    static = static_coefficients(coeffs, num_heads)
+    if static is None:
+        checked = check_coefficients(coeffs, num_heads, like)
+        return checked, check_degrees(degrees, num_heads, checked.shape[1] - 1)
+    return static, check_degrees(degrees, num_heads, len(static[0]) - 1)

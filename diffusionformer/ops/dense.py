@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import check_coefficients, check_degrees, check_scale, check_tensor
+from diffusionformer.ops._checks import check_dropout, check_layout, check_scale, check_tensor
 from diffusionformer.ops.triton.backend import TritonBackend, key_padding_from_mask, triton_unsupported
 from diffusionformer.ops.engine import (
     Backend,
@@ -45,7 +45,6 @@ from diffusionformer.ops.engine import (
     polynomial,
     positions,
     select,
-    static_coefficients,
     work_dtype,
 )
 
@@ -402,12 +401,6 @@ class MatrixBackend(Backend):
         return self.P
 
 
-def _check_dropout(dropout_p: object) -> float:
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p!r}")
-    return float(dropout_p)
-
-
 def diffuse_with_weights(
     q: Tensor,
     k: Tensor,
@@ -437,25 +430,19 @@ def diffuse_with_weights(
     _check_v(q, k, v)
     H, C = q.shape[1], q.shape[3]
     scale = check_scale(scale, C)
-    static = static_coefficients(coeffs, H)
-    if static is None:
-        coeffs = check_coefficients(coeffs, H, v)
-        K = coeffs.shape[1] - 1
-    else:
-        K = len(static[0]) - 1
-    degrees = check_degrees(degrees, H, K)
+    coeffs, degrees = check_layout(coeffs, degrees, H, v)
     if backend not in DENSE_BACKENDS:
         raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}")
-    dropout_p = _check_dropout(dropout_p)
+    dropout_p = check_dropout(dropout_p)
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
     if backend == "triton" or (backend == "auto" and TRITON_IN_AUTO and q.device.type == "cuda"):
-        out = _try_triton(q, k, v, coeffs if static is None else static, attn_mask, is_causal, scale, backend,
+        out = _try_triton(q, k, v, coeffs, attn_mask, is_causal, scale, backend,
                           degrees, dropout_p, need_weights)
         if out is not None:
             return out, None
     attn_mask, is_causal = _normalise_mask(attn_mask, is_causal, q, k)
-    return _diffuse_dense(q, k, v, coeffs if static is None else static, attn_mask, is_causal, scale, backend,
+    return _diffuse_dense(q, k, v, coeffs, attn_mask, is_causal, scale, backend,
                           degrees, dropout_p, need_weights)
 
 

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import check_coefficients, check_degrees, check_scale, check_tensor
-from diffusionformer.ops.engine import Backend, Heads, affine, affine_coefficients, polynomial, select, static_coefficients, work_dtype
+from diffusionformer.ops._checks import check_dropout, check_layout, check_scale, check_tensor
+from diffusionformer.ops.engine import Backend, Heads, affine, affine_coefficients, polynomial, select, work_dtype
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
 from diffusionformer.ops.scatter import ScatterBackend, scatter_sum, segment_softmax
 
@@ -352,19 +352,12 @@ def diffuse_sparse_with_weights(
         raise ValueError(f"v must have shape (N, H, C_v) with (N, H) = {tuple(q.shape[:2])}, got {tuple(v.shape)}")
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p!r}")
+    dropout_p = check_dropout(dropout_p)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     _use_csr(backend)  # validates the name
     H = q.shape[1]
-    static = static_coefficients(coeffs, H)
-    if static is None:
-        coeffs = check_coefficients(coeffs, H, v)
-        K = coeffs.shape[1] - 1
-    else:
-        K = len(static[0]) - 1
-    degrees = check_degrees(degrees, H, K)
+    coeffs, degrees = check_layout(coeffs, degrees, H, v)
     edge_index = check_edge_index(edge_index, N)
     scale = check_scale(scale, q.shape[-1])
     edge_mask = keep = None
@@ -374,7 +367,7 @@ def diffuse_sparse_with_weights(
             edge_mask, keep = keep, None
         else:
             edge_index = edge_index[:, keep]
-    out, weights = _diffuse_sparse(q, k, v, edge_index, coeffs if static is None else static, N, scale, degrees,
+    out, weights = _diffuse_sparse(q, k, v, edge_index, coeffs, N, scale, degrees,
                                    float(dropout_p), backend, need_weights, edge_mask)
     if weights is not None and keep is not None:  # back to the caller's edges, 0 on the dropped ones
         weights = weights.new_zeros(keep.shape[0], H).index_put_((keep,), weights)
