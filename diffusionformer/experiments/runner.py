@@ -105,31 +105,38 @@ def run_experiment(
         One :class:`RunResult` per run trained or found finished, in config order (runs held
         by another process and not yet finished are left out).
 
+    Each task's dataset is loaded once (once per fold with ``folds``), just before the task's
+    runs, and checked then with its models built from it; only that task's data is held.
+
     Raises:
         ValueError: before anything is written or trained, listing every run that would fail
-            to start (:func:`~diffusionformer.experiments.validate.check_experiment`: dataset,
-            model and heads, metric keys, training budget).
+            to start on the config alone (:func:`~diffusionformer.experiments.validate.check_experiment`
+            without data: dataset names and options, a missing data root, model and heads, metric
+            keys, training budget, mini-batch options); and before a task's first run, listing
+            the problems its loaded data reveals (files that do not load, data-derived model sizes
+            that do not fit); the finished runs of the tasks before it are kept.
     """
     out = Path(out_root) / config.name
     chosen = _choose_tasks(config, tasks)
     from diffusionformer.experiments.validate import check_experiment
 
-    check_experiment(config, data_root=data_root, tasks=[t.name for t in chosen])  # every run resolves, or nothing starts
+    # every run resolves on the config alone, or nothing starts; the data are checked task by task below
+    check_experiment(config, data_root=data_root, tasks=[t.name for t in chosen], load_data=False)
     device = device if device is not None else config.device
     if device is not None:
         from diffusionformer.experiments.gpu import check_device
 
         check_device(device)
     dist_ctx = _maybe_init_distributed(device)
-    if _is_main():
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "manifest.json", _manifest(config))
     runs = [(t, o, s) for t in chosen for o in config.operators for s in config.seeds]
     results: list[RunResult] = []
     bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=not (progress and _is_main()), dynamic_ncols=True)
     try:
-        for task in chosen:
-            loaded: dict[int | None, Any] = {}
+        for i, task in enumerate(chosen):
+            loaded = _checked_task_data(config, task, data_root, first=i == 0)
+            if i == 0 and _is_main():  # the first task's data load: now something will train
+                out.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(out / "manifest.json", _manifest(config))
             for setting in config.operators:
                 for seed in config.seeds:
                     data = task_data(task, seed, data_root, loaded)
@@ -148,6 +155,27 @@ def run_experiment(
         if dist_ctx is not None:
             dist_ctx.shutdown()
     return finished_runs(out, config, results)
+
+
+def _checked_task_data(config: ExperimentConfig, task: TaskConfig, data_root: str | None,
+                       first: bool) -> dict[int | None, Any]:
+    """Load ``task``'s data once and check its runs with it: the fold cache of :func:`task_data`.
+
+    Raises:
+        ValueError: listing the problems of ``task``'s runs (the data does not load, or a
+            model built from it does not fit).
+    """
+    from diffusionformer.experiments.validate import validate_experiment
+
+    seen: dict[str, Any] = {}
+    problems = validate_experiment(config, data_root=data_root, tasks=[task.name], loaded=seen)
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        done = "nothing was trained" if first else "the runs of the tasks before it are finished and kept"
+        raise ValueError(f"config {config.name!r}: task {task.name!r} cannot start, its data reveal "
+                         f"{len(problems)} problem(s); {done}:\n{lines}")
+    # the checked load serves its fold's runs (a task checked without loading loads in task_data)
+    return {task.fold_of(config.seeds[0]): seen[task.name]} if task.name in seen else {}
 
 
 def _choose_tasks(config: ExperimentConfig, names: Sequence[str] | None) -> list[TaskConfig]:

@@ -24,7 +24,7 @@ listing them all. ``run`` calls it before it writes anything, ``show`` before it
 from __future__ import annotations
 
 import difflib
-from typing import Any, Sequence
+from typing import Any, MutableMapping, Sequence
 
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
 
@@ -76,7 +76,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def validate_experiment(config: ExperimentConfig, *, data_root: str | None = None, load_data: bool = True,
-                        missing_data_ok: bool = False, tasks: Sequence[str] | None = None) -> list[str]:
+                        missing_data_ok: bool = False, tasks: Sequence[str] | None = None,
+                        loaded: MutableMapping[str, Any] | None = None) -> list[str]:
     """Every problem of ``config`` that would stop one of its runs, without training anything.
 
     Args:
@@ -87,6 +88,10 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
         missing_data_ok: a dataset whose data root or files are missing is not a problem
             (its models are resolved from the preset's sizes); ``show`` uses this.
         tasks: check only these tasks (default: all).
+        loaded: datasets by task name: a task found there is not loaded again, and a dataset
+            loaded here is stored there, so a caller can reuse it (the runner passes one task
+            at a time, so only that task's data is held). Without ``load_data`` a dataset that
+            needs a data root still has the root checked (not its files).
 
     Returns:
         One sentence per problem, each naming its task, setting and seed where they matter;
@@ -140,17 +145,28 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
         if preset is None:
             continue
         data: Any = None
-        if spec is not None and spec_ok and load_data:
+        if loaded is not None and task.name in loaded:
+            data = loaded[task.name]
+        elif spec is not None and spec_ok and load_data:
             try:  # once per task: every fold gives the model the same sizes
-                from diffusionformer.data import load_dataset
+                from diffusionformer.experiments.build import task_data
 
-                data = load_dataset(task.dataset, root=data_root, seed=task.data_seed,
-                                    **task.dataset_kwargs(config.seeds[0]))
+                data = task_data(task, config.seeds[0], data_root, {})
+                if loaded is not None:
+                    loaded[task.name] = data
             except DataRootError as exc:
                 if not missing_data_ok:
                     add(f"{where}: {_first_line(exc)}")
             except Exception as exc:  # any failure to load is a problem of this task
                 add(f"{where}: dataset {task.dataset!r} does not load: {_first_line(exc)}")
+        elif spec is not None and spec_ok and spec.needs_root and not missing_data_ok:
+            from diffusionformer.data.paths import resolve_root
+
+            root = resolve_root(data_root)
+            if root is None or not root.is_dir():
+                add(f"{where}: dataset {spec.name!r} reads files from a data root, and "
+                    + ("none is set (pass --data-root or set $DIFFUSIONFORMER_DATA)" if root is None
+                       else f"{str(root)!r} is not a directory"))
         for setting in config.operators:
             try:
                 _resolve_model(task, setting, data, preset, model_config)
