@@ -31,9 +31,10 @@ import torch_geometric.typing as pyg_typing
 from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.loader import NeighborLoader
+from torch_geometric.loader.utils import filter_data
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
-__all__ = ["TorchNeighborSampler", "has_compiled_sampler", "neighbor_loader"]
+__all__ = ["TorchNeighborSampler", "has_compiled_sampler", "neighbor_batch", "neighbor_loader"]
 
 
 def has_compiled_sampler() -> bool:
@@ -178,3 +179,53 @@ def neighbor_loader(
         kwargs["neighbor_sampler"] = TorchNeighborSampler(data, num_neighbors, generator)
     return NeighborLoader(data, list(num_neighbors), batch_size=batch_size, input_nodes=input_nodes,
                           shuffle=shuffle, **kwargs)
+
+
+def neighbor_batch(data: Data, sampler: TorchNeighborSampler, seeds: Tensor,
+                   generator: torch.Generator | None = None) -> Data:
+    r"""The sampled neighbourhood of ``seeds`` as one batch, laid out as :func:`neighbor_loader`'s.
+
+    One draw of ``sampler`` (:class:`TorchNeighborSampler`) from ``generator``, without a
+    loader: for a training loop that picks its own seeds each step and must draw all its
+    randomness from one checkpointed generator (the experiment runner's mini-batch node task).
+    Node attributes (``x``, ``y``, masks ...) are gathered by ``n_id``, edge attributes by
+    ``e_id``, exactly as PyG's ``NeighborLoader`` does (``filter_data``).
+
+    Args:
+        data: the whole graph ``sampler`` was built on.
+        sampler: a :class:`TorchNeighborSampler` of ``data``.
+        seeds: the seed node ids ``(B,)`` (distinct).
+        generator: random generator of this draw (default: the sampler's own).
+
+    Returns:
+        A ``Data`` whose first ``batch_size = B`` nodes are ``seeds``, in order, with ``n_id``
+        ``(N_b,)`` (global ids), ``e_id`` ``(E_b,)``, ``input_id`` and ``edge_index`` ``(2, E_b)``
+        in local ids (source, target).
+
+    Shapes:
+        ``seeds``: ``(B,)`` -> a batch over ``N_b >= B`` nodes and ``E_b`` edges.
+
+    Examples:
+        >>> data = Data(x=torch.arange(4.).view(4, 1), edge_index=torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]]))
+        >>> b = neighbor_batch(data, TorchNeighborSampler(data, [-1]), torch.tensor([1]))
+        >>> b.n_id.tolist(), b.edge_index.tolist(), b.x.view(-1).tolist(), b.batch_size
+        ([1, 0], [[1], [0]], [1.0, 0.0], 1)
+    """
+    if not isinstance(sampler, TorchNeighborSampler):
+        raise TypeError(f"neighbor_batch: expected a TorchNeighborSampler, got {type(sampler).__name__}")
+    if not isinstance(seeds, Tensor) or seeds.dim() != 1:
+        raise ValueError(f"neighbor_batch: expected seeds of shape (B,), got {getattr(seeds, 'shape', type(seeds))}")
+    seeds = seeds.long().cpu()
+    own = sampler.generator
+    if generator is not None:
+        sampler.generator = generator
+    try:
+        out = sampler.sample_from_nodes(NodeSamplerInput(input_id=None, node=seeds))
+    finally:
+        sampler.generator = own
+    batch = filter_data(data, out.node, out.row, out.col, out.edge, sampler.edge_permutation)
+    batch.n_id = out.node
+    batch.e_id = out.edge
+    batch.input_id = torch.arange(seeds.numel())
+    batch.batch_size = seeds.numel()
+    return batch
