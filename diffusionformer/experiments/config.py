@@ -89,6 +89,11 @@ class TaskConfig:
     #: fields: views (``local_crops``, crop scales, jitter, blur, noise) and k-NN evaluation
     #: (``knn_k``, ``knn_temperature``); the model preset gives the defaults
     ssl: dict[str, Any] = field(default_factory=dict)
+    #: neighbour-sampled mini-batch training of a node task,
+    #: :class:`~diffusionformer.experiments.minibatch.MiniBatchConfig` fields: ``batch_size`` (seed
+    #: nodes per update), ``num_neighbors`` (per hop, ``-1`` = all; one int: every propagation hop)
+    #: and ``eval`` (``"full"`` or ``"sampled"``); empty: full-batch training
+    minibatch: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -119,6 +124,7 @@ class TaskConfig:
                 or not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"task {self.name!r}: label_smoothing must be a float in [0, 1), got {self.label_smoothing!r}")
         self._check_ssl()
+        self._check_minibatch()
         if self.reach is not None:
             ok = isinstance(self.reach, dict) and len(self.reach) == 1
             key, value = next(iter(self.reach.items())) if ok else (None, None)
@@ -156,6 +162,28 @@ class TaskConfig:
                 task_config(self.model, **self.ssl)
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"task {self.name!r}: {exc}") from None
+
+    def _check_minibatch(self) -> None:
+        """Validate ``minibatch`` (types and sizes; the hops against each model are checked by validate)."""
+        from diffusionformer.experiments.minibatch import MiniBatchConfig
+
+        if not isinstance(self.minibatch, dict):
+            raise TypeError(f"task {self.name!r}: minibatch must be a table of MiniBatchConfig fields, "
+                            f"got {type(self.minibatch).__name__}")
+        if not self.minibatch:
+            return
+        MiniBatchConfig.from_dict(self.minibatch, where=f"task {self.name!r} minibatch")
+        accum = self.train.get("grad_accum_steps", 1)
+        if accum != 1:
+            raise ValueError(f"task {self.name!r}: minibatch trains on one sampled subgraph per update, which "
+                             f"grad_accum_steps cannot split; got grad_accum_steps = {accum!r}: raise "
+                             "minibatch.batch_size instead")
+
+    def minibatch_config(self) -> Any:
+        """The task's :class:`~diffusionformer.experiments.minibatch.MiniBatchConfig`, ``None`` when full-batch."""
+        from diffusionformer.experiments.minibatch import MiniBatchConfig
+
+        return MiniBatchConfig.from_dict(self.minibatch, where=f"task {self.name!r} minibatch") if self.minibatch else None
 
     @property
     def minimize(self) -> bool:

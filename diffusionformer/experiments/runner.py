@@ -242,6 +242,8 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
         identity["augment"] = task.augment
     if task.label_smoothing:
         identity["label_smoothing"] = task.label_smoothing
+    if task.minibatch:  # only when set (full-batch runs keep their identity), with its defaults filled in
+        identity["minibatch"] = task.minibatch_config().to_dict()
     if task.folds is not None:  # only then, so runs made before folds existed keep their identity
         identity["folds"] = task.folds
         identity["fold"] = task.fold_of(train.seed)
@@ -304,7 +306,7 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
         rdir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(rdir / RUN_CONFIG_NAME, identity)
     adapter = build_task(data, model, eval_batch_size=task.eval_batch_size, augment=task.augment,
-                         label_smoothing=task.label_smoothing)
+                         label_smoothing=task.label_smoothing, minibatch=task.minibatch or None)
     trainer = Trainer(model, adapter, cfg, rdir, resume=True)
     try:
         summary = trainer.fit()

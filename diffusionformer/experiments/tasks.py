@@ -513,16 +513,24 @@ def model_overrides_for_data(data: Any, family: type) -> dict[str, Any]:
 
 def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512,
                augment: Mapping[str, Any] | None = None, label_smoothing: float = 0.0,
-               ssl: SSLConfig | Mapping[str, Any] | None = None) -> Any:
+               ssl: SSLConfig | Mapping[str, Any] | None = None, minibatch: Mapping[str, Any] | None = None) -> Any:
     """The :class:`~diffusionformer.train.Task` adapter for ``data`` and ``model``.
 
     ``augment`` and ``label_smoothing`` apply to supervised classification only (see
     :class:`ClassificationTask`); ``ssl`` (views and k-NN evaluation) to DINO only (see
-    :class:`DINOTask`); other adapters refuse them.
+    :class:`DINOTask`); ``minibatch`` (neighbour-sampled training) to node classification only
+    (see :class:`~diffusionformer.experiments.minibatch.NodeMiniBatchTask`); other adapters refuse them.
     """
     adapter = find_adapter(model_family(model), data, "task")
     if adapter is None:
         raise TypeError(f"no task adapter for {type(data).__name__}")
+    if minibatch:
+        if not isinstance(data, NodeData) or augment or label_smoothing or ssl is not None:
+            raise ValueError(f"minibatch applies to node classification (NodeData) only, without augment, "
+                             f"label_smoothing or ssl; got {type(data).__name__}")
+        from diffusionformer.experiments.minibatch import NodeMiniBatchTask
+
+        return NodeMiniBatchTask.for_model(data, model, minibatch, eval_batch_size)
     if ssl is not None:
         if not _is_dino(model):
             raise ValueError(f"ssl applies to DINO models only, not to {type(model).__name__}")

@@ -15,7 +15,9 @@ will resolve:
   model options are all caught;
 - the metric keys: ``metric``, ``select_by`` and the ``reach`` key must be keys of the
   task's evaluation (:func:`evaluation_keys`);
-- the training budget of every seed.
+- the training budget of every seed;
+- a node task's ``minibatch``: node data, and ``num_neighbors`` against each setting's
+  model (more hops than its propagation hops ``R`` is a problem, fewer a ``UserWarning``).
 
 It returns the problems as sentences; :func:`check_experiment` raises one ``ValueError``
 listing them all. ``run`` calls it before it writes anything, ``show`` before it prints.
@@ -142,6 +144,9 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
                             f"{task.model!r}{_hint(key, keys)}; its keys: {list(keys)}")
         else:
             spec_ok = False
+        if task.minibatch and spec is not None and spec.kind != "node":
+            add(f"{where}: minibatch (neighbour-sampled training) applies to node tasks, and dataset "
+                f"{spec.name!r} is of kind {spec.kind!r}")
         if preset is None:
             continue
         data: Any = None
@@ -169,22 +174,37 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
                        else f"{str(root)!r} is not a directory"))
         for setting in config.operators:
             try:
-                _resolve_model(task, setting, data, preset, model_config)
+                model = _resolve_model(task, setting, data, preset, model_config)
             except (TypeError, ValueError, NotImplementedError) as exc:
                 add(f"{where} / setting {setting.name!r}: {_first_line(exc)}")
+                continue
+            if task.minibatch:
+                _check_minibatch(task, setting, model, add)
     return problems
 
 
-def _resolve_model(task: TaskConfig, setting: OperatorSetting, data: Any, preset: Any, model_config: Any) -> None:
+def _check_minibatch(task: TaskConfig, setting: OperatorSetting, model: Any, add: Any) -> None:
+    """``num_neighbors`` against the model's propagation hops: a problem, or a warning for fewer hops."""
+    import warnings
+
+    from diffusionformer.experiments.minibatch import check_num_neighbors, propagation_hops
+
+    problem, warning = check_num_neighbors(task.minibatch_config(), propagation_hops(model))
+    if problem is not None:
+        add(f"task {task.name!r} / setting {setting.name!r}: minibatch.{problem}")
+    if warning is not None:
+        warnings.warn(f"task {task.name!r} / setting {setting.name!r}: minibatch.{warning}", UserWarning, stacklevel=3)
+
+
+def _resolve_model(task: TaskConfig, setting: OperatorSetting, data: Any, preset: Any, model_config: Any) -> Any:
     """Build the run's model as the runner does (with data), else resolve and build it from the preset's sizes."""
     from diffusionformer.experiments.build import add_setting_overrides, build_model
 
     if data is not None:
-        build_model(task, setting, data)
-        return
+        return build_model(task, setting, data)
     overrides = dict(task.model_overrides)
     add_setting_overrides(overrides, model_config(task.model, **overrides), task, setting)
-    preset.model_cls(model_config(task.model, **overrides))
+    return preset.model_cls(model_config(task.model, **overrides))
 
 
 def check_experiment(config: ExperimentConfig, **kwargs: Any) -> None:
