@@ -42,13 +42,14 @@ from .paths import (
     cache_dir,
     resolve_root,
 )
-from .neighbors import TorchNeighborSampler, has_compiled_sampler, neighbor_loader
+from .neighbors import TorchNeighborSampler, has_compiled_sampler, neighbor_batch, neighbor_loader
 from .recall import make_assoc_recall
 from .registry import DatasetSpec, dataset_spec, list_datasets, load_dataset, register_dataset
 
 __all__ = [
     "TorchNeighborSampler",
     "has_compiled_sampler",
+    "neighbor_batch",
     "neighbor_loader",
     "load_dataset",
     "list_datasets",

@@ -9,7 +9,9 @@ studies at once. Comparisons are paired over seeds (:func:`paired_difference`,
 :func:`nadeau_bengio` for k-fold tasks, :func:`wilcoxon_p`) and adjusted over a page
 (:func:`holm`, :func:`benjamini_hochberg`). The command line
 (``python -m diffusionformer.experiments``) wraps them. :func:`validate_experiment`
-resolves every run before anything trains.
+resolves every run before anything trains. A node task's ``minibatch`` table
+(:class:`MiniBatchConfig`) trains it on neighbour-sampled mini-batches
+(:class:`NodeMiniBatchTask`, :func:`propagation_hops`).
 """
 
 from diffusionformer.experiments.analyze import analyze_experiment, analyze_run
@@ -21,6 +23,7 @@ from diffusionformer.experiments.config import (
     load_experiment_config,
     parse_override,
 )
+from diffusionformer.experiments.minibatch import MiniBatchConfig, NodeMiniBatchTask, propagation_hops
 from diffusionformer.experiments.publish import publish_experiment, summary_table
 from diffusionformer.experiments.reload import LoadedRun, load_run
 from diffusionformer.experiments.stats import (
@@ -49,6 +52,8 @@ __all__ = [
     "Difference",
     "ExperimentConfig",
     "LoadedRun",
+    "MiniBatchConfig",
+    "NodeMiniBatchTask",
     "OperatorSetting",
     "RunResult",
     "TaskConfig",
@@ -68,6 +73,7 @@ __all__ = [
     "paired_difference",
     "paired_t",
     "parse_override",
+    "propagation_hops",
     "publish_experiment",
     "run_experiment",
     "run_status",
