@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -168,7 +169,9 @@ def _checked_task_data(config: ExperimentConfig, task: TaskConfig, data_root: st
     from diffusionformer.experiments.validate import validate_experiment
 
     seen: dict[str, Any] = {}
-    problems = validate_experiment(config, data_root=data_root, tasks=[task.name], loaded=seen)
+    with warnings.catch_warnings():  # the check of the whole config gave these warnings already
+        warnings.filterwarnings("ignore", message=r"task '.*' / setting '.*': minibatch\.", category=UserWarning)
+        problems = validate_experiment(config, data_root=data_root, tasks=[task.name], loaded=seen)
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
         done = "nothing was trained" if first else "the runs of the tasks before it are finished and kept"
