@@ -81,7 +81,10 @@ class MiniBatchConfig:
         try:
             return config_from_dict(cls, data, where=where)
         except (TypeError, ValueError) as exc:
-            raise type(exc)(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
+            text = str(exc)
+            if not text.startswith(where):  # a range check of __post_init__: "minibatch.<field> ..."
+                text = where + text[len("minibatch"):] if text.startswith("minibatch") else f"{where}: {text}"
+            raise type(exc)(text) from None
 
     def to_dict(self) -> dict[str, Any]:
         return config_to_dict(self)
