@@ -35,7 +35,6 @@ def counted_loads(monkeypatch):
 
     original = data_pkg.load_dataset
     counts: dict[str, int] = {}
-    live: dict[str, int] = {}
 
     def counting(name, **kwargs):
         counts[name] = counts.get(name, 0) + 1
