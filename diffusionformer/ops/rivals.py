@@ -76,8 +76,8 @@ def uniform_average(x: Tensor, allowed: Tensor | None) -> Tensor:
 
     With ``allowed`` ``None`` every key counts (:math:`DC = \frac{1}{N} 1 1^\top`); a row with
     no admissible key is zero (like ``P``). This is the explicit float-mask form used in
-    references; layers use :meth:`RivalContext.uniform`, which runs through the same kernels
-    as attention.
+    references; layers use :meth:`RivalContext.uniform` (a reduction over keys for the masks
+    known from the call's structure, else the attention kernels).
 
     Shapes:
         ``x``: ``(B, G, N, C)``; ``allowed``: bool broadcastable to ``(B, G, N, N)`` -> ``(B, G, N, C)``.
