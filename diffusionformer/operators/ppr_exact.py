@@ -87,7 +87,7 @@ class ExactPPROperator(DiffusionOperator):
         N = P.shape[-1]
         work = torch.float64 if P.dtype == torch.float64 else torch.float32
         eye = torch.eye(N, dtype=work, device=P.device)
-        system = eye - (1.0 - self.alpha) * P.to(work)  # (B, G, N, N)
+        system = torch.add(eye, P.to(work), alpha=-(1.0 - self.alpha))  # I - (1 - alpha) P in one pass, (B, G, N, N)
         if lower_triangular:
             out = torch.linalg.solve_triangular(system, v.to(work), upper=False)
         else:
