@@ -31,12 +31,12 @@ def uniform_mean(x: Tensor, key_mask: Tensor | None = None, *, is_causal: bool =
 
     Args:
         x: the signal over the keys.
-        key_mask: bool, True = admissible key, the same for every query: broadcastable to
-            ``(B, G, 1, M)``; ``None`` admits every key.
+        key_mask: bool, True = admissible key, the same for every query: four dimensions
+            ``(B or 1, G or 1, 1, M)``; ``None`` admits every key.
         is_causal: query ``i`` admits only keys ``j <= i`` (as well).
 
     Shapes:
-        ``x``: ``(B, G, M, C)``; ``key_mask``: ``(B, G, 1, M)`` or broadcastable -> ``(B, G, M, C)``.
+        ``x``: ``(B, G, M, C)``; ``key_mask``: ``(B, G, 1, M)``, ``B`` and ``G`` possibly 1 -> ``(B, G, M, C)``.
 
     Examples:
         >>> x = torch.tensor([[[[1.], [3.], [5.]]]])
