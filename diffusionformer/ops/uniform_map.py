@@ -27,7 +27,7 @@ __all__ = ["uniform_mean"]
 
 
 def uniform_mean(x: Tensor, key_mask: Tensor | None = None, *, is_causal: bool = False) -> Tensor:
-    r""":math:`DC\,x` for self-attention (as many queries as keys) with no mask, a causal mask, a mask over keys, or both.
+    r""":math:`DC\,x` for self-attention (queries = keys): no mask, causal, a mask over keys, or both.
 
     Args:
         x: the signal over the keys.
