@@ -467,7 +467,8 @@ class DiffusionAttention(nn.Module):
                     Pg = P[:, s : s + c]
                     if dropout_p > 0.0:
                         Pg = F.dropout(Pg, p=dropout_p)
-                    out = out.index_add(1, torch.arange(s, s + c, device=out.device), op.apply_matrix(Pg, v[:, s : s + c]))
+                    apply = op.apply_causal_matrix if is_causal else op.apply_matrix  # causal: P lower triangular
+                    out = out.index_add(1, torch.arange(s, s + c, device=out.device), apply(Pg, v[:, s : s + c]))
         # operators with capabilities (rivals: second map, layer state, re-projection, uniform map)
         out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, mask=mask, is_causal=is_causal,
                                            dropout_p=dropout_p, positions=positions)

@@ -141,7 +141,7 @@ def attend_cached(
                 continue
             S = (queries[:, s : s + c] @ ks[:, s : s + c].transpose(-1, -2)) * scale
             Pg = torch.softmax(S.masked_fill(~causal, float("-inf")), dim=-1)  # (B, c, T, T)
-            out[:, s : s + c] = out[:, s : s + c] + op.apply_matrix(Pg, vals[:, s : s + c])[:, :, start:]
+            out[:, s : s + c] = out[:, s : s + c] + op.apply_causal_matrix(Pg, vals[:, s : s + c])[:, :, start:]
 
     cache.keys, cache.powers, cache.queries = keys, powers, queries
     return layer.out_proj(out.transpose(1, 2).reshape(B, n, D))

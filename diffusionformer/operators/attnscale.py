@@ -27,8 +27,11 @@ class AttnScaleOperator(DiffusionOperator):
         f(P)\, v = DC\, v + (1 + \omega_h)(P v - DC\, v).
 
     ``DC`` is not a function of ``P``, so the operator declares ``needs_uniform_map`` and runs
-    through the layer's context (two attention-shaped calls: ``P v`` and ``DC v``). Defined on
-    every back-end: on a sparse graph ``DC`` is the mean over incoming edges.
+    through the layer's context: one attention call for ``P v``, and ``DC v`` as a mean,
+    cumulative mean or masked mean when the dense call has no mask, a causal mask, key padding
+    or both (:func:`~diffusionformer.ops.uniform_map.uniform_mean`; any other mask: a second,
+    zero-score attention call). Defined on every back-end: on a sparse graph ``DC`` is the mean
+    over incoming edges.
 
     Args:
         omega: initial :math:`\omega` (the paper: 0).

@@ -150,6 +150,20 @@ class DiffusionOperator(nn.Module):
         G, K = c.shape[0], c.shape[1] - 1
         return polynomial(MatrixBackend(P.to(v.dtype), all_heads(G)), v, c, (K,) * G)
 
+    def apply_causal_matrix(self, P: Tensor, v: Tensor) -> Tensor:
+        r""":meth:`apply_matrix` for a call that guarantees a lower-triangular ``P`` (a causal mask).
+
+        The layer and cached decoding call this hook instead of :meth:`apply_matrix` whenever the
+        call is causal (``is_causal``, with or without a further mask such as key padding: the
+        causal mask alone zeroes every :math:`P_{ij}, j > i`), so an operator may exploit the
+        structure (``ppr-exact``: a triangular solve). The structure comes from the call, never
+        from inspecting ``P``. Default: :meth:`apply_matrix`.
+
+        Shapes:
+            ``P``: ``(B, G, N, N)`` lower triangular, ``v``: ``(B, G, N, C)`` -> ``(B, G, N, C)``.
+        """
+        return self.apply_matrix(P, v)
+
     @property
     def uses_context(self) -> bool:
         """Whether the layer must call :meth:`apply_context` (any capability flag is set)."""

@@ -32,6 +32,7 @@ from torch.nn import functional as F
 
 from diffusionformer.ops.dense import attention_matrix, normalise_mask, propagate_dense
 from diffusionformer.ops.sparse import diffuse_sparse
+from diffusionformer.ops.uniform_map import uniform_mean
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffusionformer.operators.base import DiffusionOperator
@@ -75,8 +76,8 @@ def uniform_average(x: Tensor, allowed: Tensor | None) -> Tensor:
 
     With ``allowed`` ``None`` every key counts (:math:`DC = \frac{1}{N} 1 1^\top`); a row with
     no admissible key is zero (like ``P``). This is the explicit float-mask form used in
-    references; layers use :meth:`RivalContext.uniform`, which runs through the same kernels
-    as attention.
+    references; layers use :meth:`RivalContext.uniform` (a reduction over keys for the masks
+    known from the call's structure, else the attention kernels).
 
     Shapes:
         ``x``: ``(B, G, N, C)``; ``allowed``: bool broadcastable to ``(B, G, N, N)`` -> ``(B, G, N, C)``.
@@ -131,6 +132,7 @@ class RivalContext:
         self._mask: Tensor | None = None
         self._is_causal = False
         self._edge_index: Tensor | None = None
+        self._uniform_plan: tuple[Tensor | None, bool] | None = None  # (key mask, is_causal): DC x without attention
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -138,9 +140,17 @@ class RivalContext:
               scale: float | None = None, **kwargs: Any) -> "RivalContext":
         """A dense context; ``attn_mask`` bool (True = attend) or additive, broadcastable to ``(B, G, N, N)``."""
         B, G, N, C = q.shape
-        mask, is_causal = normalise_mask(attn_mask, is_causal, (B, G, N, k.shape[2]), q.device, q.dtype)
+        M = k.shape[2]
+        causal_call = is_causal
+        mask, is_causal = normalise_mask(attn_mask, is_causal, (B, G, N, M), q.device, q.dtype)
         ctx = cls(q, k, v, scale=C**-0.5 if scale is None else scale, **kwargs)
         ctx._mode, ctx._mask, ctx._is_causal = "dense", mask, is_causal
+        # the uniform map's admissible keys from the call's structure alone (never from mask values):
+        # no mask, causal, a bool mask over keys only (key padding), or causal and key padding
+        if N == M and (attn_mask is None or (attn_mask.dtype == torch.bool and attn_mask.dim() >= 2
+                                             and attn_mask.shape[-2] == 1 and attn_mask.shape[-1] == M)):
+            keys = None if attn_mask is None else attn_mask.reshape((1,) * (4 - attn_mask.dim()) + attn_mask.shape)
+            ctx._uniform_plan = (keys, bool(causal_call))
         return ctx
 
     @classmethod
@@ -207,7 +217,16 @@ class RivalContext:
         return self.attend(self.q, self.k, x)
 
     def uniform(self, x: Tensor) -> Tensor:
-        r"""``DC x``: the average of ``x`` over each row's admissible keys (zero scores, no dropout)."""
+        r"""``DC x``: the average of ``x`` over each row's admissible keys (zero scores, no dropout).
+
+        A dense context whose mask is none, causal, a bool mask over keys only (key padding) or
+        causal and key padding takes :func:`~diffusionformer.ops.uniform_map.uniform_mean`
+        (a mean, cumulative mean or masked mean, ``O(N)``); any other mask, and the sparse
+        back-end, a zero-score attention call.
+        """
+        if self._uniform_plan is not None:
+            keys, causal = self._uniform_plan
+            return uniform_mean(x, keys, is_causal=causal)
         width = x.shape[-1] if self._mode == "dense" else 1  # dense: x's width keeps SDPA's fused kernel
         drop, self.dropout_p = self.dropout_p, 0.0
         try:

@@ -45,7 +45,7 @@ def apply_operator_dense(
     if op.is_polynomial:
         return diffuse(q, k, v, op.head_coefficients(H), backend=backend, is_causal=is_causal, attn_mask=attn_mask)
     P = attention_matrix(q, k, is_causal=is_causal, attn_mask=attn_mask)
-    return op.apply_matrix(P, v)
+    return (op.apply_causal_matrix if is_causal else op.apply_matrix)(P, v)
 
 
 def apply_operator_sparse(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor) -> Tensor:
