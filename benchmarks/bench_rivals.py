@@ -11,8 +11,9 @@ causal, ``B = max(1, 2048 // N)`` sequences per call. The parameter column is th
 parameter count minus the all-attention layer's (``D=256``: 263,168 parameters).
 
 There is no target: the table reports the price of each rival (the expected costs are in
-``docs/theory/rivals.rst``: two fused calls for attnscale and differential, ``K`` or ``4K``
-re-attentions of a 3x wider state for GRAND-nl, an ``O(N^3)`` solve for ppr-exact).
+``docs/theory/rivals.rst``: two fused calls for differential, one fused call and a (cumulative)
+mean for attnscale, ``K`` or ``4K`` re-attentions of a 3x wider state for GRAND-nl, an ``O(N^3)``
+solve for ppr-exact, ``O(N^2)`` per column under a causal mask).
 
 Run: ``python benchmarks/bench_rivals.py [--quick] [--device cpu|cuda]``.
 """
