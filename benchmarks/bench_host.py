@@ -20,8 +20,8 @@ per-round paired ratios ``t_model / t_nanoGPT`` with their IQR.
 synchronisation it skips on accelerators); the script switches that check off (``--id-check``
 keeps it) so that the CPU measurement models the accelerator path.
 
-The tables also give the module calls and aten operators of one forward (counted once, outside
-the timing, with a global forward pre-hook and a ``TorchDispatchMode``).
+The tables also give the module calls and aten operators of one call (counted once, outside the
+timing, with ``sys.setprofile`` and a ``TorchDispatchMode``).
 
 Run: ``python benchmarks/bench_host.py --threads 1 --clock cpu`` (one thread and the process' CPU
 time: robust on a shared machine).
@@ -30,7 +30,7 @@ time: robust on a shared machine).
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
+import sys
 from typing import Any, Callable, Iterator
 
 import torch
@@ -107,16 +107,26 @@ class _OpCount(TorchDispatchMode):
 
 
 def count_calls(fn: Callable[[], None]) -> tuple[int, int]:
-    """Module calls and aten operators of one call of ``fn``."""
-    modules = Counter()
-    handle = nn.modules.module.register_module_forward_pre_hook(lambda mod, inp: modules.update([1]))
+    """Module calls and aten operators of one call of ``fn``.
+
+    Module calls are counted with a profile function (``sys.setprofile``), not with a module hook:
+    a hook would make the library call the placeholders it skips when no hook is registered.
+    """
+    code = nn.Module._call_impl.__code__
+    modules = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal modules
+        if event == "call" and frame.f_code is code:
+            modules += 1
+    sys.setprofile(profile)
     try:
         fn()
     finally:
-        handle.remove()
+        sys.setprofile(None)
     with _OpCount() as ops:
         fn()
-    return modules[1], ops.count
+    return modules, ops.count
 
 
 def main(argv: list[str] | None = None) -> C.Report:
