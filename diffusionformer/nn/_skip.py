@@ -15,21 +15,15 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.modules import module as _module
 
-__all__ = ["global_hooks", "is_noop"]
+__all__ = ["is_noop"]
 
 
-def global_hooks() -> bool:
-    """Whether any global module hook (``torch.nn.modules.module.register_module_*_hook``) is registered."""
-    return bool(_module._global_forward_hooks or _module._global_forward_pre_hooks
-                or _module._global_backward_hooks or _module._global_backward_pre_hooks)
-
-
-def is_noop(m: nn.Module, hooked: bool | None = None) -> bool:
+def is_noop(m: nn.Module) -> bool:
     """Whether calling ``m`` would return its input and run nothing else: a hook-free ``nn.Identity``.
 
-    Args:
-        m: the module.
-        hooked: :func:`global_hooks` when the caller has it already (one check for several modules).
+    The test of :meth:`torch.nn.Module.__call__` for "no hook to run" (the module's own hooks and
+    the global ones of ``torch.nn.modules.module.register_module_*_hook``), written out: layers ask
+    it several times per call.
 
     Examples:
         >>> is_noop(nn.Identity()), is_noop(nn.Dropout(0.0))
@@ -38,8 +32,8 @@ def is_noop(m: nn.Module, hooked: bool | None = None) -> bool:
         >>> is_noop(m)
         False
     """
-    if type(m) is not nn.Identity:
-        return False
-    if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
-        return False
-    return not (global_hooks() if hooked is None else hooked)
+    return type(m) is nn.Identity and not (
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        or _module._global_forward_hooks or _module._global_forward_pre_hooks
+        or _module._global_backward_hooks or _module._global_backward_pre_hooks
+    )

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights
 from diffusionformer.graph.core import AttentionGraph
-from diffusionformer.nn._skip import global_hooks, is_noop
+from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn.heads import HeadGroup, parse_heads
 from diffusionformer.operators import DiffusionOperator
 from diffusionformer.ops import dense as _dense
@@ -359,7 +359,8 @@ class DiffusionAttention(nn.Module):
         Returns:
             the output, or ``(output, intermediates)`` when ``return_intermediates``.
         """
-        self._check_plan()
+        if tuple(self._modules["operators"]._modules.values()) != self._plan_key:  # _check_plan, inlined
+            self._refresh_plan()
         if state is not None and not isinstance(state, _rivals.LayerState):
             raise TypeError(f"state must be a LayerState or None, got {type(state).__name__}")
         if not isinstance(x, Tensor):
@@ -453,10 +454,9 @@ class DiffusionAttention(nn.Module):
         Without ``qk_norm`` the norms are hook-free ``nn.Identity`` modules and are skipped
         (:func:`~diffusionformer.nn._skip.is_noop`)."""
         q_norm, k_norm = self._modules["q_norm"], self._modules["k_norm"]
-        hooked = global_hooks()
-        if not is_noop(q_norm, hooked):
+        if not is_noop(q_norm):
             q = q_norm(q)
-        if not is_noop(k_norm, hooked):
+        if not is_noop(k_norm):
             k = k_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(q, positions), self.rotary(k, positions)
@@ -506,9 +506,11 @@ class DiffusionAttention(nn.Module):
         B, N, D = x.shape
         dropout_p = self.dropout if self.training else 0.0
         is_causal = self.causal or causal
-        if (self._affine_runs is not None and key_padding_mask is None and attn_mask is None
-                and not return_intermediates and self._stock_kernel(x)):
-            return self._forward_affine(x, is_causal, dropout_p, state, positions)
+        if self._affine_runs is not None and key_padding_mask is None and attn_mask is None and not return_intermediates:
+            # the fused kernel is the path unless the back-end is "matrix", "triton", or "auto" that would try Triton
+            backend = self.backend
+            if backend == "sdpa" or (backend == "auto" and not (_dense.TRITON_IN_AUTO and x.device.type == "cuda")):
+                return self._forward_affine(x, is_causal, dropout_p, state, positions)
         mask = None if key_padding_mask is None and attn_mask is None else self._dense_mask(x, key_padding_mask, attn_mask)
         q, k, v = self._project(x, positions)  # (B, N, H, C)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
@@ -536,15 +538,6 @@ class DiffusionAttention(nn.Module):
         if return_intermediates:
             return y, AttentionIntermediates(P, self.coefficients().detach(), None, "matrix")
         return y
-
-    def _stock_kernel(self, x: Tensor) -> bool:
-        """Whether :func:`~diffusionformer.functional.diffuse` would run this layer's fixed affine heads on the
-        stock fused kernel (:class:`~diffusionformer.ops.dense.SdpaBackend`): back-end ``"sdpa"``, or ``"auto"``
-        unless it would try the Triton back-end (``TRITON_IN_AUTO`` and a CUDA tensor)."""
-        backend = self.backend
-        if backend == "sdpa":
-            return True
-        return backend == "auto" and not (_dense.TRITON_IN_AUTO and x.device.type == "cuda")
 
     def _forward_affine(self, x: Tensor, is_causal: bool, dropout_p: float, state: _rivals.LayerState | None,
                         positions: Tensor | None) -> Tensor:

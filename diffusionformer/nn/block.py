@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.graph.core import AttentionGraph
-from diffusionformer.nn._skip import global_hooks, is_noop
+from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.heads import resolve_layer_heads  # noqa: F401  (re-exported: its historical home)
 
@@ -185,13 +185,11 @@ class Block(nn.Module):
         """
         m = self._modules
         ls1, ls2, drop_path = m["ls1"], m["ls2"], m["drop_path"]
-        hooked = global_hooks()
         y = m["drop1"](m["attn"](m["norm1"](x), graph, **attn_kwargs))
-        if not is_noop(ls1, hooked):
+        if not is_noop(ls1):
             y = ls1(y)
-        skip_path = is_noop(drop_path, hooked)
-        x = x + (y if skip_path else drop_path(y))
+        x = x + (y if is_noop(drop_path) else drop_path(y))
         y = m["mlp"](m["norm2"](x))
-        if not is_noop(ls2, hooked):
+        if not is_noop(ls2):
             y = ls2(y)
-        return x + (y if skip_path else drop_path(y))
+        return x + (y if is_noop(drop_path) else drop_path(y))
