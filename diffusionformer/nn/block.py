@@ -188,8 +188,9 @@ class Block(nn.Module):
         y = m["drop1"](m["attn"](m["norm1"](x), graph, **attn_kwargs))
         if not is_noop(ls1):
             y = ls1(y)
-        x = x + (y if is_noop(drop_path) else drop_path(y))
+        skip_path = is_noop(drop_path)
+        x = x + (y if skip_path else drop_path(y))
         y = m["mlp"](m["norm2"](x))
         if not is_noop(ls2):
             y = ls2(y)
-        return x + (y if is_noop(drop_path) else drop_path(y))
+        return x + (y if skip_path else drop_path(y))
