@@ -16,7 +16,7 @@ from diffusionformer.nn.heads import HeadGroup, parse_heads
 from diffusionformer.operators import DiffusionOperator
 from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
-from diffusionformer.ops._checks import check_degrees, check_layout
+from diffusionformer.ops._checks import check_degrees, check_dropout, check_layout
 from diffusionformer.ops.engine import AffineRun, affine_coefficients, affine_runs, combine_affine, static_coefficients
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention"]
@@ -505,6 +505,8 @@ class DiffusionAttention(nn.Module):
             raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
         B, N, D = x.shape
         dropout_p = self.dropout if self.training else 0.0
+        if dropout_p:  # a settable attribute: checked when it applies, as the functional API would
+            dropout_p = check_dropout(dropout_p)
         is_causal = self.causal or causal
         if self._affine_runs is not None and key_padding_mask is None and attn_mask is None and not return_intermediates:
             # the fused kernel is the path unless the back-end is "matrix", "triton", or "auto" that would try Triton
@@ -516,6 +518,8 @@ class DiffusionAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
         entered = state.enter(v) if state is not None else (0, None)
         # heads with a non-polynomial f(P) (heat-exact, ppr-exact) need P; context operators build their own maps
+        if self.backend not in DENSE_BACKENDS:  # a settable attribute, checked as the functional API would
+            raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {self.backend!r}")
         need_weights = return_intermediates or self._need_weights
         coeffs = self._call_coefficients(need_weights)
         if not isinstance(coeffs, tuple):  # learned coefficients: validated every call (finite on CPU)

@@ -123,6 +123,21 @@ def test_masks_intermediates_and_multi_step_heads_leave_the_fused_path():
             layer(x)
 
 
+@pytest.mark.parametrize("heads", ["attention:2,laplacian:2", "attention:2,heat(t=1.0, steps=2):2"])
+def test_settable_backend_and_dropout_are_still_checked_on_every_path(heads):
+    layer = DiffusionAttention(D, H, heads).train()
+    x = torch.randn(1, 3, D)
+    layer.backend = "fast"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        layer(x)
+    layer.backend = "auto"
+    layer.dropout = 1.5
+    with pytest.raises(ValueError, match=r"dropout_p must lie in \[0, 1\)"):
+        layer(x)
+    layer.eval()  # no dropout at inference: nothing to check
+    assert layer(x).shape == x.shape
+
+
 def test_plan_is_refreshed_when_an_operator_is_replaced():
     torch.manual_seed(0)
     x = torch.randn(2, 5, D, dtype=torch.float64)
