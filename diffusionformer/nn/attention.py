@@ -9,10 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights, diffuse_with_weights
+from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights
 from diffusionformer.graph.core import AttentionGraph
+from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn.heads import HeadGroup, parse_heads
+from diffusionformer.operators import DiffusionOperator
+from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
+from diffusionformer.ops._checks import check_degrees, check_dropout, check_layout
+from diffusionformer.ops.engine import AffineRun, affine_coefficients, affine_runs, combine_affine, static_coefficients
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention"]
 
@@ -49,7 +54,11 @@ class DiffusionAttention(nn.Module):
     (:func:`~diffusionformer.functional.diffuse`, :func:`~diffusionformer.functional.diffuse_sparse`),
     which picks the path: heads with fixed coefficients on ``P^0`` and ``P^1`` share one
     fused :func:`~torch.nn.functional.scaled_dot_product_attention` call; heads that need
-    ``K`` steps are propagated further, alone.
+    ``K`` steps are propagated further, alone. What the layer derives from its operators is
+    computed once (and again when ``operators`` is changed), and when every head is a fixed
+    ``a I + b P`` on a complete or causal graph the layer runs that fused path itself, without
+    re-checking the ``q``, ``k``, ``v`` it projected: an all-attention layer then costs the
+    calls of nanoGPT's attention.
 
     The token graph is one argument, an :class:`~diffusionformer.graph.AttentionGraph`
     (``attn(x, graph)``); ``key_padding_mask=``, ``attn_mask=``, ``is_causal=`` and
@@ -145,37 +154,77 @@ class DiffusionAttention(nn.Module):
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
 
         groups = parse_heads(heads, num_heads)
-        for g in groups:
+        self.operators = nn.ModuleList([g.operator for g in groups])
+        self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
+        self._scale = self.head_dim**-0.5
+        self._refresh_plan()
+
+    # ------------------------------------------------------------------ per-layer plan
+    def _refresh_plan(self) -> None:
+        """Derive everything a call needs from the operators, once (again when ``operators`` changed).
+
+        Sets ``_polynomial``, ``max_degree``, ``_degrees`` (per head), ``_static_coefficients``
+        (Python floats, validated here once, or ``None``), and the flags of :meth:`forward`:
+        ``_has_context`` (context operators, resolved by ``ops.rivals.apply_context_groups``),
+        ``_need_weights`` (non-polynomial heads that apply a matrix to ``P``), ``_sparse_unsupported``
+        (the first operator without a sparse back-end) and ``_affine_runs`` (``None``, or the runs of
+        :func:`~diffusionformer.ops.engine.affine_runs` when every head is a fixed ``a I + b P``: the
+        layer's fused path). ``_plan_key`` records the operators this plan was made for.
+        """
+        ops = tuple(self.operators)
+        if len(ops) != len(self._groups):
+            raise ValueError(f"operators: expected {len(self._groups)} operators, one per head group "
+                             f"{self._groups} (start, count), got {len(ops)}")
+        for op, (_, count) in zip(ops, self._groups):
+            if not isinstance(op, DiffusionOperator):
+                raise TypeError(f"operators: expected DiffusionOperator modules, got {type(op).__name__}")
+            if op.num_heads not in (1, count):
+                raise ValueError(f"operators: operator {op.name!r} has num_heads={op.num_heads} but covers {count} heads")
             # operators whose parameters depend on the head width (differential attention) get it here;
             # their capability flags (second map, layer state, re-projection, uniform map) are resolved in
             # forward by the one context dispatch (diffusionformer.ops.rivals.apply_context_groups)
-            g.operator.bind(head_dim=self.head_dim)
-            if g.operator.uses_context and g.operator.is_polynomial:
+            op.bind(head_dim=self.head_dim)
+            if op.uses_context and op.is_polynomial:
                 flags = [f for f in ("needs_second_map", "needs_layer_state", "reprojects_each_step", "needs_uniform_map")
-                         if getattr(g.operator, f)]
+                         if getattr(op, f)]
                 raise ValueError(
-                    f"operator {g.operator.name!r} declares {', '.join(flags)} but is_polynomial=True: an operator with "
+                    f"operator {op.name!r} declares {', '.join(flags)} but is_polynomial=True: an operator with "
                     "capability flags is applied through apply_context(ctx) and must set is_polynomial = False"
                 )
-        self.operators = nn.ModuleList([g.operator for g in groups])
-        self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
-        self._polynomial = [g.operator.is_polynomial for g in groups]
-        self.max_degree = max((g.operator.degree for g in groups if g.operator.is_polynomial), default=0)
+        counts = [c for _, c in self._groups]
+        self._polynomial = [op.is_polynomial for op in ops]
+        self.max_degree = max((op.degree for op in ops if op.is_polynomial), default=0)
         degrees: list[int] = []
-        for g in groups:
-            degrees += [g.operator.degree if g.operator.is_polynomial else 0] * g.count
+        for op, count in zip(ops, counts):
+            degrees += [op.degree if op.is_polynomial else 0] * count
         self._degrees = tuple(degrees)
         # Fixed coefficients (attention, Laplacian, fixed heat/PPR) are handed to the functional
         # API as Python floats: static coefficients let it take the fused path (one attention
         # call and an in-place combination for degree <= 1) without reading a device tensor.
-        static = [g.operator.static_coefficients() for g in groups]
+        static = [op.static_coefficients() for op in ops]
         self._static_coefficients: tuple[tuple[float, ...], ...] | None = None
         if all(s is not None for s in static) and all(self._polynomial):
             rows: list[tuple[float, ...]] = []
-            for g, s in zip(groups, static):
+            for s, count in zip(static, counts):
                 assert s is not None
-                rows += [tuple(s) + (0.0,) * (self.max_degree + 1 - len(s))] * g.count
+                rows += [tuple(float(c) for c in s) + (0.0,) * (self.max_degree + 1 - len(s))] * count
             self._static_coefficients = tuple(rows)
+            # validated here, once: every call hands the same tuples to the engine
+            static_coefficients(self._static_coefficients, self.num_heads)
+            check_degrees(self._degrees, self.num_heads, self.max_degree)
+        self._has_context = any(op.uses_context for op in ops)
+        self._need_weights = any(not op.is_polynomial and not op.uses_context for op in ops)
+        self._sparse_unsupported = next((op.name for op in ops if not op.supports_sparse), None)
+        self._affine_runs: tuple[AffineRun, ...] | None = None
+        if self._static_coefficients is not None and self.max_degree <= 1:
+            c0, c1 = affine_coefficients(self._static_coefficients, self._degrees)
+            self._affine_runs = affine_runs(c0, c1)
+        self._plan_key = ops
+
+    def _check_plan(self) -> None:
+        """Refresh the plan when the operators were replaced (``layer.operators[i] = op``) since it was made."""
+        if tuple(self._modules["operators"]._modules.values()) != self._plan_key:
+            self._refresh_plan()
 
     # ------------------------------------------------------------------ construction helpers
     @property
@@ -250,6 +299,7 @@ class DiffusionAttention(nn.Module):
     # ------------------------------------------------------------------ coefficients
     def coefficients(self) -> Tensor:
         """Weights on ``P^0 .. P^K`` of every head, ``(H, K+1)`` (NaN rows for non-polynomial heads)."""
+        self._check_plan()
         return self._coefficients(nan_for_nonpolynomial=True)
 
     def _coefficients(self, nan_for_nonpolynomial: bool = False) -> Tensor:
@@ -313,6 +363,8 @@ class DiffusionAttention(nn.Module):
         Returns:
             the output, or ``(output, intermediates)`` when ``return_intermediates``.
         """
+        if tuple(self._modules["operators"]._modules.values()) != self._plan_key:  # _check_plan, inlined
+            self._refresh_plan()
         if state is not None and not isinstance(state, _rivals.LayerState):
             raise TypeError(f"state must be a LayerState or None, got {type(state).__name__}")
         if not isinstance(x, Tensor):
@@ -389,8 +441,11 @@ class DiffusionAttention(nn.Module):
         """``q``, ``k``, ``v`` ``(..., N, H|H_kv, C)``: the projection, then (``transform``) q/k norm and rotary;
         ``expand`` repeats the key/value heads over their query groups (GQA)."""
         H, C, G = self.num_heads, self.head_dim, self.num_kv_heads
-        q, k, v = self.qkv(x).split([H * C, G * C, G * C], dim=-1)
-        q, k, v = q.unflatten(-1, (H, C)), k.unflatten(-1, (G, C)), v.unflatten(-1, (G, C))  # (..., N, H|G, C)
+        qkv = self.qkv(x)
+        # one split size when H_kv = H (aten ``split``, as nanoGPT), else the three sizes
+        q, k, v = qkv.split(H * C, dim=-1) if G == H else qkv.split([H * C, G * C, G * C], dim=-1)
+        lead = x.shape[:-1]
+        q, k, v = q.view(*lead, H, C), k.view(*lead, G, C), v.view(*lead, G, C)  # (..., N, H|G, C)
         if transform:
             q, k = self._transform_qk(q, k, positions)
         if expand and G != H:  # grouped-query attention: query head h reads key/value head h // (H / G)
@@ -398,8 +453,15 @@ class DiffusionAttention(nn.Module):
         return q, k, v
 
     def _transform_qk(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """The layer's q/k norm, then its rotary embedding; ``q``, ``k`` ``(..., N, heads, C)``."""
-        q, k = self.q_norm(q), self.k_norm(k)
+        """The layer's q/k norm, then its rotary embedding; ``q``, ``k`` ``(..., N, heads, C)``.
+
+        Without ``qk_norm`` the norms are hook-free ``nn.Identity`` modules and are skipped
+        (:func:`~diffusionformer.nn._skip.is_noop`)."""
+        q_norm, k_norm = self._modules["q_norm"], self._modules["k_norm"]
+        if not is_noop(q_norm):
+            q = q_norm(q)
+        if not is_noop(k_norm):
+            k = k_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         return q, k
@@ -446,21 +508,30 @@ class DiffusionAttention(nn.Module):
         if x.dim() != 3:
             raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
         B, N, D = x.shape
-        mask = self._dense_mask(x, key_padding_mask, attn_mask)
+        dropout_p = self.dropout if self.training else 0.0
+        if dropout_p:  # a settable attribute: checked when it applies, as the functional API would
+            dropout_p = check_dropout(dropout_p)
+        is_causal = self.causal or causal
+        if self._affine_runs is not None and key_padding_mask is None and attn_mask is None and not return_intermediates:
+            # the fused kernel is the path unless the back-end is "matrix", "triton", or "auto" that would try Triton
+            backend = self.backend
+            if backend == "sdpa" or (backend == "auto" and not (_dense.TRITON_IN_AUTO and x.device.type == "cuda")):
+                return self._forward_affine(x, is_causal, dropout_p, state, positions)
+        mask = None if key_padding_mask is None and attn_mask is None else self._dense_mask(x, key_padding_mask, attn_mask)
         q, k, v = self._project(x, positions)  # (B, N, H, C)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
         entered = state.enter(v) if state is not None else (0, None)
-        dropout_p = self.dropout if self.training else 0.0
-        is_causal = self.causal or causal
         # heads with a non-polynomial f(P) (heat-exact, ppr-exact) need P; context operators build their own maps
-        need_weights = return_intermediates or any(not p and not op.uses_context
-                                                   for p, op in zip(self._polynomial, self.operators))
-        out, P = diffuse_with_weights(
-            q, k, v, self._call_coefficients(need_weights), attn_mask=mask, is_causal=is_causal,
-            scale=self.head_dim**-0.5, backend=self.backend, degrees=self._degrees, dropout_p=dropout_p,
-            need_weights=need_weights,
-        )
-        if not all(self._polynomial):
+        if self.backend not in DENSE_BACKENDS:  # a settable attribute, checked as the functional API would
+            raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {self.backend!r}")
+        need_weights = return_intermediates or self._need_weights
+        coeffs = self._call_coefficients(need_weights)
+        if not isinstance(coeffs, tuple):  # learned coefficients: validated every call (finite on CPU)
+            coeffs, _ = check_layout(coeffs, self._degrees, self.num_heads, v)
+        # q, k, v, the static coefficients and the degrees are the layer's own (checked once); the mask is checked there
+        out, P = _dense._diffuse_checked(q, k, v, coeffs, mask, is_causal, self._scale, self.backend, self._degrees,
+                                         dropout_p, need_weights)
+        if self._need_weights:
             for op, (s, c), poly in zip(self.operators, self._groups, self._polynomial):
                 if not poly and not op.uses_context:
                     assert P is not None
@@ -469,36 +540,66 @@ class DiffusionAttention(nn.Module):
                         Pg = F.dropout(Pg, p=dropout_p)
                     apply = op.apply_causal_matrix if is_causal else op.apply_matrix  # causal: P lower triangular
                     out = out.index_add(1, torch.arange(s, s + c, device=out.device), apply(Pg, v[:, s : s + c]))
-        # operators with capabilities (rivals: second map, layer state, re-projection, uniform map)
-        out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, mask=mask, is_causal=is_causal,
-                                           dropout_p=dropout_p, positions=positions)
+        if self._has_context:  # operators with capabilities (rivals: second map, layer state, re-projection, uniform map)
+            out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, mask=mask, is_causal=is_causal,
+                                               dropout_p=dropout_p, positions=positions)
         y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))  # (B, N, H, C) -> (B, N, D)
         if return_intermediates:
             return y, AttentionIntermediates(P, self.coefficients().detach(), None, "matrix")
         return y
+
+    def _forward_affine(self, x: Tensor, is_causal: bool, dropout_p: float, state: _rivals.LayerState | None,
+                        positions: Tensor | None) -> Tensor:
+        r"""The layer when every head is a fixed :math:`a_h I + b_h P` and the graph is complete (or causal).
+
+        The computation of :func:`~diffusionformer.functional.diffuse`'s affine path (one
+        :func:`~torch.nn.functional.scaled_dot_product_attention` call for all heads, then
+        :math:`a_h v_h + b_h (P v)_h` by :func:`~diffusionformer.ops.engine.combine_affine` on the heads
+        that are not plain attention) without the call's checks: ``q``, ``k``, ``v`` are the layer's
+        own projections and the coefficients were validated when the plan was made. The combination
+        runs token-major, on the layout the output projection reads, so plain attention costs the
+        operations of nanoGPT's attention and nothing else.
+        """
+        B, N, D = x.shape
+        H, C, G = self.num_heads, self.head_dim, self.num_kv_heads
+        qkv = self.qkv(x)
+        q, k, v = qkv.split(D, dim=-1) if G == H else qkv.split([D, G * C, G * C], dim=-1)
+        q, k, v = q.view(B, N, H, C), k.view(B, N, G, C), v.view(B, N, G, C)  # (B, N, H|G, C)
+        q, k = self._transform_qk(q, k, positions)
+        if G != H:  # grouped-query attention: query head h reads key/value head h // (H / G)
+            k, v = k.repeat_interleave(H // G, dim=-2), v.repeat_interleave(H // G, dim=-2)
+        vt = v.transpose(1, 2)  # (B, H, N, C)
+        if state is not None:
+            state.enter(vt)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), vt, is_causal=is_causal,
+                                           dropout_p=dropout_p, scale=self._scale).transpose(1, 2)  # (B, N, H, C)
+        runs = self._affine_runs
+        if runs:  # heads that are not plain attention: a v + b P v
+            y = combine_affine(y, v if v.dtype == y.dtype else v.to(y.dtype), runs)
+        return self.out_proj(y.reshape(B, N, D))
 
     def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool,
                         state: _rivals.LayerState | None = None,
                         positions: Tensor | None = None) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         if x.dim() != 2:
             raise ValueError(f"sparse input x must have shape (N, D), got {tuple(x.shape)}")
-        for op in self.operators:
-            if not op.supports_sparse:
-                raise ValueError(
-                    f"operator {op.name!r} does not support the sparse back-end (it needs a dense P); "
-                    "use a dense input or a polynomial operator such as 'heat'"
-                )
+        if self._sparse_unsupported is not None:
+            raise ValueError(
+                f"operator {self._sparse_unsupported!r} does not support the sparse back-end (it needs a dense P); "
+                "use a dense input or a polynomial operator such as 'heat'"
+            )
         N, D = x.shape
         q, k, v = self._project(x, positions)  # (N, H, C)
         entered = state.enter(v.transpose(0, 1).unsqueeze(0)) if state is not None else (0, None)
         dropout_p = self.dropout if self.training else 0.0
         out, alpha = diffuse_sparse_with_weights(
-            q, k, v, edge_index, self._call_coefficients(False), num_nodes=N, scale=self.head_dim**-0.5,
+            q, k, v, edge_index, self._call_coefficients(False), num_nodes=N, scale=self._scale,
             degrees=self._degrees, dropout_p=dropout_p, backend="auto",
             is_causal=self.causal, need_weights=return_intermediates,
         )
-        out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, edge_index=edge_index,
-                                           is_causal=self.causal, dropout_p=dropout_p, positions=positions)
+        if self._has_context:
+            out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, edge_index=edge_index,
+                                               is_causal=self.causal, dropout_p=dropout_p, positions=positions)
         y = self.out_proj(out.reshape(N, D))
         if return_intermediates:
             assert alpha is not None

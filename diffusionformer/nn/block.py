@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.graph.core import AttentionGraph
+from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.heads import resolve_layer_heads  # noqa: F401  (re-exported: its historical home)
 
@@ -177,6 +178,19 @@ class Block(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor, graph: AttentionGraph | None = None, **attn_kwargs: Any) -> Tensor:
-        """``x`` after the block; ``graph`` (or the shorthands of :meth:`DiffusionAttention.forward`) goes to the attention."""
-        x = x + self.drop_path(self.ls1(self.drop1(self.attn(self.norm1(x), graph, **attn_kwargs))))
-        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+        """``x`` after the block; ``graph`` (or the shorthands of :meth:`DiffusionAttention.forward`) goes to the attention.
+
+        ``ls1``, ``ls2`` and ``drop_path`` that are off (hook-free ``nn.Identity``) are skipped, not
+        called (:func:`~diffusionformer.nn._skip.is_noop`): the same result for a module call less each.
+        """
+        m = self._modules
+        ls1, ls2, drop_path = m["ls1"], m["ls2"], m["drop_path"]
+        y = m["drop1"](m["attn"](m["norm1"](x), graph, **attn_kwargs))
+        if not is_noop(ls1):
+            y = ls1(y)
+        skip_path = is_noop(drop_path)
+        x = x + (y if skip_path else drop_path(y))
+        y = m["mlp"](m["norm2"](x))
+        if not is_noop(ls2):
+            y = ls2(y)
+        return x + (y if skip_path else drop_path(y))

@@ -436,6 +436,16 @@ def diffuse_with_weights(
     dropout_p = check_dropout(dropout_p)
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
+    return _diffuse_checked(q, k, v, coeffs, attn_mask, is_causal, scale, backend, degrees, dropout_p, need_weights)
+
+
+def _diffuse_checked(
+    q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor | tuple[tuple[float, ...], ...], attn_mask: Tensor | None,
+    is_causal: bool, scale: float, backend: str, degrees: tuple[int, ...], dropout_p: float, need_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`diffuse_with_weights` past its checks of ``q``, ``k``, ``v``, ``coeffs``, ``degrees``, ``scale``,
+    ``backend`` and ``dropout_p`` (for callers that built them: :class:`~diffusionformer.nn.DiffusionAttention`);
+    ``attn_mask`` and ``is_causal`` are validated here."""
     if backend == "triton" or (backend == "auto" and TRITON_IN_AUTO and q.device.type == "cuda"):
         out = _try_triton(q, k, v, coeffs, attn_mask, is_causal, scale, backend,
                           degrees, dropout_p, need_weights)
