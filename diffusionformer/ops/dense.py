@@ -497,7 +497,7 @@ def _diffuse_dense(
         out = polynomial(MatrixBackend(P, all_heads(H), dropout_p), v, c, degrees)
         return out.to(dtype), P.to(dtype)
     if backend == "auto":
-        backend = choose_dense_backend(N, M, max(degrees, default=0), is_causal=is_causal, device_type=q.device.type)
+        backend = choose_dense_backend(N, M, max((0, *degrees)), is_causal=is_causal, device_type=q.device.type)
         high = active_heads(degrees, 2)
         if backend == "matrix" and len(high) < H:
             # heads with K <= 1 keep the fused kernel; only the K-step heads materialise P
