@@ -45,6 +45,7 @@ from diffusionformer.ops.engine import (
     polynomial,
     positions,
     select,
+    static_tensor,
     work_dtype,
 )
 
@@ -490,7 +491,7 @@ def _diffuse_dense(
             c0, c1 = affine_coefficients(coeffs, degrees)
             sdpa = SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok)
             return affine(sdpa, v, c0, c1), None
-        coeffs = torch.tensor(coeffs, dtype=torch.float64).to(device=v.device, dtype=work)
+        coeffs = static_tensor(coeffs, v.device, work)  # built and copied to the device once
     c = coeffs.to(work)
     if need_weights:
         P = _attention_matrix(q, k, attn_mask, is_causal, scale, row_ok)

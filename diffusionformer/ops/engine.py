@@ -124,6 +124,7 @@ __all__ = [
     "positions",
     "select",
     "static_coefficients",
+    "static_tensor",
     "work_dtype",
 ]
 
@@ -361,6 +362,23 @@ def _static_rows(coeffs: Sequence[Any], num_heads: int) -> tuple[tuple[float, ..
     if not all(math.isfinite(c) for r in rows for c in r):
         raise ValueError(f"coeffs must be finite, got {[list(r) for r in rows]}")
     return rows
+
+
+@lru_cache(maxsize=256)
+def static_tensor(rows: tuple[tuple[float, ...], ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    """Static coefficient rows as an ``(H, K+1)`` tensor on ``device``, built once per ``(rows, device, dtype)``.
+
+    Copying a new host tensor to an accelerator at every call would be a blocking copy (a host
+    synchronisation) in the hot path; the cached tensor is only read. It is created outside
+    inference mode, so a layer first called under :func:`torch.inference_mode` still trains.
+
+    Examples:
+        >>> static_tensor(((0.0, 1.0), (1.0, -1.0)), torch.device("cpu"), torch.float32)
+        tensor([[ 0.,  1.],
+                [ 1., -1.]])
+    """
+    with torch.inference_mode(False):
+        return torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=dtype)
 
 
 def affine_coefficients(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:

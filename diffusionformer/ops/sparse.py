@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from diffusionformer.ops._checks import check_dropout, check_layout, check_scale, check_tensor, checks_values
-from diffusionformer.ops.engine import Backend, Heads, affine, affine_coefficients, polynomial, select, work_dtype
+from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
+                                         work_dtype)
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
 from diffusionformer.ops.scatter import ScatterBackend, scatter_sum, segment_softmax
 
@@ -367,7 +368,8 @@ def diffuse_sparse_with_weights(
     edge_mask = keep = None
     if is_causal:
         keep = edge_index[0] <= edge_index[1]
-        if edge_index.is_cuda:  # mask instead of filtering: a boolean index would synchronise with the host
+        if edge_index.is_cuda or torch.compiler.is_compiling():
+            # mask instead of filtering: a boolean index synchronises with the host (a data-dependent shape)
             edge_mask, keep = keep, None
         else:
             edge_index = edge_index[:, keep]
@@ -407,6 +409,6 @@ def _diffuse_sparse(
         out = affine(engine, vb, c0, c1)
     else:
         if isinstance(coeffs, tuple):
-            coeffs = torch.tensor(coeffs, dtype=torch.float64).to(device=v.device)
+            coeffs = static_tensor(coeffs, v.device, work)  # built and copied to the device once
         out = polynomial(engine, vb, coeffs.to(work), degrees)
     return out.movedim(engine.head_axis, 1).to(dtype), weights

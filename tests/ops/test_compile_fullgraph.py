@@ -27,6 +27,7 @@ from diffusionformer import DiffusionAttention, list_operators
 from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
 from diffusionformer.operators import operator_class
+from diffusionformer.ops.engine import static_tensor
 from diffusionformer.ops.rivals import LayerState
 
 pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
@@ -205,3 +206,21 @@ def test_value_checks_run_in_eager_mode_only():
         layer(x)
     out = torch.compile(layer, fullgraph=True, backend="aot_eager")(x)
     assert torch.isnan(out).any()
+
+
+def test_static_coefficients_are_built_once_and_train_after_inference_mode():
+    # static K-step coefficients become a device tensor once per (rows, device, dtype): a fresh host tensor
+    # copied every call would be a blocking copy on an accelerator; the cached one must not be an
+    # inference tensor, or a training call after an inference_mode call could not save it for backward
+    static_tensor.cache_clear()
+    layer = DiffusionAttention(16, 2, "attention:1,heat(t=0.5, steps=3):1")
+    x = torch.randn(2, 5, 16)
+    with torch.inference_mode():
+        want = layer(x)
+    built = static_tensor.cache_info().misses
+    x.requires_grad_(True)
+    y = layer(x)
+    y.sum().backward()
+    assert static_tensor.cache_info().misses == built == 1
+    torch.testing.assert_close(y.detach(), want)
+    assert x.grad is not None and torch.isfinite(x.grad).all()
