@@ -25,6 +25,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 from diffusionformer import DiffusionAttention, list_operators
 from diffusionformer.models.gpt import DiffusionGPT, GPTConfig
+from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphTransformerConfig
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
 from diffusionformer.operators import operator_class
 from diffusionformer.ops.engine import static_tensor
@@ -179,6 +180,16 @@ def test_vit_compiles_fullgraph():
     model = DiffusionViT(ViTConfig(input_size=(8, 8), patch_size=4, dim=16, depth=2, num_heads=2, num_classes=3,
                                    heads="laplacian:1,heat(t=0.5, learnable=True):1")).double()
     assert_compiles_like_eager(model, torch.randn(2, 1, 8, 8, dtype=torch.float64, requires_grad=True))
+
+
+def test_graph_transformer_compiles_fullgraph():
+    # local (sparse) attention; global_attention=True pads graphs with to_dense_batch, whose size is data-dependent
+    torch.manual_seed(7)
+    model = DiffusionGraphTransformer(GraphTransformerConfig(in_channels=5, dim=16, num_heads=2, depth=1, task="node",
+                                                             heads="laplacian:1,heat(t=0.5, learnable=True):1")).double()
+    x = torch.randn(9, 5, dtype=torch.float64, requires_grad=True)
+    edge_index = torch.tensor([[0, 1, 2, 3, 1, 4, 5, 6, 7, 8, 6], [1, 2, 3, 0, 3, 5, 6, 7, 8, 4, 8]])
+    assert_compiles_like_eager(model, x, edge_index)
 
 
 def _cxx_compiler() -> str | None:
