@@ -125,7 +125,7 @@ def test_every_registered_operator_compiles_fullgraph(name, layout):
 ])
 def test_variants_compile_fullgraph(spec, learned):
     torch.manual_seed(1)
-    model = _Layers(f"laplacian:1,{spec}:1", causal=False).double()
+    model = _Layers(f"laplacian:1,{spec}:1", causal=True).double()  # causal and padded
     x, kpm = _tokens(True)
     assert_compiles_like_eager(model, x, kpm)
     assert any(True for _ in model.layers[0].operators[1].parameters()) == learned
