@@ -11,11 +11,14 @@ C++ compiler is found.
 
 Value checks that read tensors on the host (the finiteness of learned parameters and
 coefficients, the bounds of ``edge_index``) run in eager mode on CPU only
-(:func:`~diffusionformer.ops._checks.checks_values`); the last test pins both sides.
+(:func:`~diffusionformer.ops._checks.checks_values`); ``test_value_checks_run_in_eager_mode_only``
+pins both sides. Static coefficients of ``K``-step heads are copied to the device once, not at
+every call (``test_static_coefficients_are_built_once_and_train_after_inference_mode``).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -193,8 +196,6 @@ def test_graph_transformer_compiles_fullgraph():
 
 
 def _cxx_compiler() -> str | None:
-    import os
-
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
