@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.dense import MatrixBackend
 from diffusionformer.ops.engine import all_heads, polynomial
 
@@ -186,8 +187,12 @@ class DiffusionOperator(nn.Module):
 
 
 def check_finite_parameter(module: nn.Module, name: str, value: Tensor) -> None:
-    """Raise a clear error when a learned parameter became non-finite (CPU only: no device sync)."""
-    if value.device.type == "cpu" and not torch.isfinite(value.detach()).all():
+    """Raise a clear error when a learned parameter became non-finite.
+
+    Eager mode on CPU only (:func:`~diffusionformer.ops._checks.checks_values`): on an accelerator
+    the check would synchronise with the device, and under :func:`torch.compile` it would break the graph.
+    """
+    if checks_values(value) and not torch.isfinite(value.detach()).all():
         raise ValueError(
             f"{type(module).__name__}.{name} is not finite ({value.detach().tolist()}); "
             "training diverged or the parameter was set to NaN/inf"

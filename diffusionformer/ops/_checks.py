@@ -21,6 +21,21 @@ def check_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
     return x
 
 
+def checks_values(t: Tensor) -> bool:
+    """Whether a check that reads the values of ``t`` on the host runs: a CPU tensor in eager mode.
+
+    Such a check (``if not torch.isfinite(t).all(): raise ...``) is a device-to-host
+    synchronisation on an accelerator and data-dependent control flow (a graph break) under
+    :func:`torch.compile`, so it runs only in eager mode on CPU, where it is cheap and turns a
+    NaN into a clear error instead of a NaN output three layers later.
+
+    Examples:
+        >>> checks_values(torch.zeros(2))
+        True
+    """
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def check_coefficients(coeffs: object, num_heads: int, like: Tensor) -> Tensor:
     """Return coefficients as a ``(H, K+1)`` tensor on ``like``'s device (float32 at least)."""
     if not isinstance(coeffs, Tensor):
@@ -43,7 +58,7 @@ def check_coefficients(coeffs: object, num_heads: int, like: Tensor) -> Tensor:
         )
     if coeffs.shape[1] < 1:
         raise ValueError("coeffs must have at least one column (the coefficient of P^0)")
-    if coeffs.device.type == "cpu" and not torch.isfinite(coeffs.detach()).all():
+    if checks_values(coeffs) and not torch.isfinite(coeffs.detach()).all():
         raise ValueError(f"coeffs must be finite, got {coeffs.detach().tolist()}")
     dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
     return coeffs.to(device=like.device, dtype=dtype)

@@ -54,7 +54,7 @@ class EdgeLayout:
         num_nodes: ``N``.
         num_edges: ``E``.
         order: position in the caller's edge list of every sorted edge, or ``None`` when the
-            input was already sorted by target (checked on CPU only; CUDA inputs are sorted).
+            input was already sorted by target (checked in eager mode on CPU only; other inputs are sorted).
         src: sources ``j`` in sorted order.
         dst: targets ``i`` in sorted order (non-decreasing).
         crow: CSR row pointers ``(N + 1,)``: the incoming edges of ``i`` are ``crow[i]:crow[i+1]``.
@@ -82,7 +82,9 @@ class EdgeLayout:
         self.order: Tensor | None = None
         # sort by (target, source): CSR rows with ascending columns, as sparse libraries expect
         key = dst * N + src
-        if key.device.type != "cpu" or not _is_sorted(key):
+        # the sortedness test reads the keys on the host: eager CPU only (on an accelerator a
+        # device synchronisation, under torch.compile data-dependent control flow); else always sort
+        if key.device.type != "cpu" or torch.compiler.is_compiling() or not _is_sorted(key):
             key, order = torch.sort(key, stable=True)
             dst = key.div(N, rounding_mode="floor")  # cheaper than two gathers by ``order``
             src = key - dst * N

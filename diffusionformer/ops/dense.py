@@ -45,6 +45,7 @@ from diffusionformer.ops.engine import (
     polynomial,
     positions,
     select,
+    static_tensor,
     work_dtype,
 )
 
@@ -500,14 +501,14 @@ def _diffuse_dense(
             c0, c1 = affine_coefficients(coeffs, degrees)
             sdpa = SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok)
             return affine(sdpa, v, c0, c1), None
-        coeffs = torch.tensor(coeffs, dtype=torch.float64).to(device=v.device, dtype=work)
+        coeffs = static_tensor(coeffs, v.device, work)  # built and copied to the device once
     c = coeffs.to(work)
     if need_weights:
         P = _attention_matrix(q, k, attn_mask, is_causal, scale, row_ok)
         out = polynomial(MatrixBackend(P, all_heads(H), dropout_p), v, c, degrees)
         return out.to(dtype), P.to(dtype)
     if backend == "auto":
-        backend = choose_dense_backend(N, M, max(degrees, default=0), is_causal=is_causal, device_type=q.device.type)
+        backend = choose_dense_backend(N, M, max((0, *degrees)), is_causal=is_causal, device_type=q.device.type)
         high = active_heads(degrees, 2)
         if backend == "matrix" and len(high) < H:
             # heads with K <= 1 keep the fused kernel; only the K-step heads materialise P

@@ -124,6 +124,7 @@ __all__ = [
     "positions",
     "select",
     "static_coefficients",
+    "static_tensor",
     "work_dtype",
 ]
 
@@ -308,7 +309,7 @@ def polynomial(
         out = v * c[0]
     heads = all_heads(H) if heads is None else heads
     cur, prev = v, all_heads(H)
-    for step in range(1, max((degrees[h] for h in heads), default=0) + 1):
+    for step in range(1, max((0, *(degrees[h] for h in heads))) + 1):  # not max(..., default=): dynamo refuses it
         act = active_heads(degrees, step, heads)
         if act != prev:
             cur = select(cur, positions(act, prev), dim)
@@ -363,6 +364,23 @@ def _static_rows(coeffs: Sequence[Any], num_heads: int) -> tuple[tuple[float, ..
     return rows
 
 
+@lru_cache(maxsize=256)
+def static_tensor(rows: tuple[tuple[float, ...], ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    """Static coefficient rows as an ``(H, K+1)`` tensor on ``device``, built once per ``(rows, device, dtype)``.
+
+    Copying a new host tensor to an accelerator at every call would be a blocking copy (a host
+    synchronisation) in the hot path; the cached tensor is only read. It is created outside
+    inference mode, so a layer first called under :func:`torch.inference_mode` still trains.
+
+    Examples:
+        >>> static_tensor(((0.0, 1.0), (1.0, -1.0)), torch.device("cpu"), torch.float32)
+        tensor([[ 0.,  1.],
+                [ 1., -1.]])
+    """
+    with torch.inference_mode(False):
+        return torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
 def affine_coefficients(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """``(c0, c1)`` per head from static rows of degree ``<= 1`` (``c1 = 0`` for heads of degree 0).
 
@@ -400,8 +418,8 @@ def affine_runs(c0: Sequence[float], c1: Sequence[float]) -> tuple[AffineRun, ..
 def _apply_runs(out: Tensor, v: Tensor, runs: Sequence[AffineRun]) -> None:
     for start, stop, c0, c1 in runs:
         ys, vs = out.narrow(-2, start, stop - start), v.narrow(-2, start, stop - start)
-        if c0 == 1.0 and c1 == -1.0:  # Laplacian: (I - P) v
-            torch.sub(vs, ys, out=ys)
+        if c0 == 1.0 and c1 == -1.0 and not torch.compiler.is_compiling():  # Laplacian: (I - P) v, one pass
+            torch.sub(vs, ys, out=ys)  # dynamo refuses out= on a strided view; the compiler fuses the two passes below
         else:
             ys.mul_(c1).add_(vs, alpha=c0)
 
@@ -432,8 +450,12 @@ class AffineHeads(torch.autograd.Function):
                 dy[..., start:stop, :].mul_(c1)
         if ctx.needs_input_grad[1]:
             dv = torch.zeros_like(grad, memory_format=torch.contiguous_format)
+            compiling = torch.compiler.is_compiling()
             for start, stop, c0, _ in ctx.runs:
-                torch.mul(grad[..., start:stop, :], c0, out=dv[..., start:stop, :])
+                if compiling:  # dynamo refuses out= on a strided view
+                    dv[..., start:stop, :] = grad[..., start:stop, :] * c0
+                else:
+                    torch.mul(grad[..., start:stop, :], c0, out=dv[..., start:stop, :])
         return dy, dv, None
 
 

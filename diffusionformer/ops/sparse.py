@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import check_dropout, check_layout, check_scale, check_tensor
-from diffusionformer.ops.engine import Backend, Heads, affine, affine_coefficients, polynomial, select, work_dtype
+from diffusionformer.ops._checks import check_dropout, check_layout, check_scale, check_tensor, checks_values
+from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
+                                         work_dtype)
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
 from diffusionformer.ops.scatter import ScatterBackend, scatter_sum, segment_softmax
 
@@ -51,7 +52,10 @@ SPARSE_BACKENDS: tuple[str, ...] = ("auto", "csr", "native", "torch_scatter")
 
 
 def _use_csr(backend: str) -> bool:
-    if backend in ("auto", "csr"):
+    if backend == "auto":
+        # torch.compile cannot trace sparse CSR tensors; the gather-scatter path compiles (and fuses)
+        return not torch.compiler.is_compiling()
+    if backend == "csr":
         return True
     if backend in ("native", "torch_scatter"):
         return False
@@ -61,8 +65,9 @@ def _use_csr(backend: str) -> bool:
 def check_edge_index(edge_index: object, num_nodes: int) -> Tensor:
     """Validate a PyG ``edge_index`` of shape ``(2, E)``.
 
-    Bounds are checked for CPU tensors only (a bounds check on an accelerator would force a
-    host synchronisation; out-of-range indices there fail inside the gather kernel).
+    Bounds are checked for CPU tensors in eager mode only (a bounds check on an accelerator would
+    force a host synchronisation, and under :func:`torch.compile` it is data-dependent control
+    flow; out-of-range indices there fail inside the gather kernel).
     """
     if not isinstance(edge_index, Tensor):
         raise TypeError(f"edge_index must be a LongTensor of shape (2, E), got {type(edge_index).__name__}")
@@ -70,7 +75,7 @@ def check_edge_index(edge_index: object, num_nodes: int) -> Tensor:
         raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
     if edge_index.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"edge_index must be an integer tensor (int64), got {edge_index.dtype}")
-    if edge_index.device.type == "cpu" and edge_index.numel() > 0:
+    if checks_values(edge_index) and edge_index.numel() > 0:
         lo, hi = int(edge_index.min()), int(edge_index.max())
         if lo < 0 or hi >= num_nodes:
             raise ValueError(
@@ -363,7 +368,8 @@ def diffuse_sparse_with_weights(
     edge_mask = keep = None
     if is_causal:
         keep = edge_index[0] <= edge_index[1]
-        if edge_index.is_cuda:  # mask instead of filtering: a boolean index would synchronise with the host
+        if edge_index.is_cuda or torch.compiler.is_compiling():
+            # mask instead of filtering: a boolean index synchronises with the host (a data-dependent shape)
             edge_mask, keep = keep, None
         else:
             edge_index = edge_index[:, keep]
@@ -403,6 +409,6 @@ def _diffuse_sparse(
         out = affine(engine, vb, c0, c1)
     else:
         if isinstance(coeffs, tuple):
-            coeffs = torch.tensor(coeffs, dtype=torch.float64).to(device=v.device)
+            coeffs = static_tensor(coeffs, v.device, work)  # built and copied to the device once
         out = polynomial(engine, vb, coeffs.to(work), degrees)
     return out.movedim(engine.head_axis, 1).to(dtype), weights
