@@ -158,6 +158,9 @@ class DiffusionAttention(nn.Module):
         self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
         self._scale = self.head_dim**-0.5
         self._refresh_plan()
+        if self.dropout > 0.0:  # operators that cannot take dropout on P say so now
+            for op in self.operators:
+                op.check_attention_dropout(self.dropout)
 
     # ------------------------------------------------------------------ per-layer plan
     def _refresh_plan(self) -> None:
@@ -537,6 +540,7 @@ class DiffusionAttention(nn.Module):
                     assert P is not None
                     Pg = P[:, s : s + c]
                     if dropout_p > 0.0:
+                        op.check_attention_dropout(dropout_p)  # dropout is a settable attribute
                         Pg = F.dropout(Pg, p=dropout_p)
                     apply = op.apply_causal_matrix if is_causal else op.apply_matrix  # causal: P lower triangular
                     out = out.index_add(1, torch.arange(s, s + c, device=out.device), apply(Pg, v[:, s : s + c]))

@@ -165,6 +165,13 @@ class DiffusionOperator(nn.Module):
         """
         return self.apply_matrix(P, v)
 
+    def check_attention_dropout(self, p: float) -> None:
+        r"""Raise a ValueError when dropout ``p`` on ``P`` (kept entries scaled by ``1/(1-p)``) breaks ``f(P)``.
+
+        The layer calls it at construction and before it drops entries of a materialised ``P``
+        for :meth:`apply_matrix` (training with ``dropout > 0``). Default: every ``p`` is fine.
+        """
+
     @property
     def uses_context(self) -> bool:
         """Whether the layer must call :meth:`apply_context` (any capability flag is set)."""

@@ -69,6 +69,28 @@ class ExactPPROperator(DiffusionOperator):
             "(the dense back-end does this automatically), or 'ppr' for the truncated series"
         )
 
+    def check_attention_dropout(self, p: float) -> None:
+        r"""Dropout on ``P`` needs ``p < alpha``, else :math:`I - (1-\alpha) P` may be singular.
+
+        Inverted dropout scales the kept entries of a row by ``1/(1-p)``, so a row of the dropped
+        ``P`` sums to at most ``1/(1-p)`` and :math:`I - (1-\alpha) P` stays strictly diagonally
+        dominant (invertible) exactly when :math:`(1-\alpha)/(1-p) < 1`, i.e. ``p < alpha``. At
+        ``p >= alpha`` it can be singular: the first row of a causal ``P`` is ``[1, 0, ...]``, and
+        with ``p = alpha`` its kept entry becomes ``1/(1-\alpha)``.
+
+        Examples:
+            >>> ExactPPROperator(alpha=0.2).check_attention_dropout(0.2)
+            Traceback (most recent call last):
+            ...
+            ValueError: ppr-exact(alpha=0.2) with attention dropout 0.2: ...
+        """
+        if p >= self.alpha:
+            raise ValueError(
+                f"ppr-exact(alpha={self.alpha:g}) with attention dropout {p:g}: dropout scales the kept entries of P "
+                f"by 1/(1-p), so I - (1 - alpha) P is only guaranteed invertible for dropout < alpha; lower the "
+                f"layer's dropout below {self.alpha:g} or raise alpha above {p:g}"
+            )
+
     def apply_matrix(self, P: Tensor, v: Tensor) -> Tensor:
         return self._solve(P, v, lower_triangular=False)
 

@@ -297,3 +297,31 @@ def test_gradcheck_float64_fast_paths(monkeypatch, causal):
     run(x).sum().backward()
     assert calls[0] == 1  # the attnscale head's P v only
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in params)
+
+
+# ----------------------------------------------------------------------------- ppr-exact and dropout on P
+def test_ppr_exact_refuses_attention_dropout_at_or_above_alpha():
+    """Inverted dropout scales kept entries by 1/(1-p): at p = alpha the causal first row makes
+    I - (1 - alpha) P singular, so the layer refuses p >= alpha (at construction and when the
+    settable ``dropout`` grows later) and trains at p < alpha."""
+    op = build_operator("ppr-exact(alpha=0.2)")
+    P = torch.zeros(1, 1, 3, 3, dtype=torch.float64)
+    P[0, 0, 0, 0] = 1.0 / (1.0 - 0.2)  # the first causal row [1, 0, 0] after dropout keeps its entry
+    P[0, 0, 1, :2] = 0.5
+    P[0, 0, 2, :3] = 1.0 / 3.0
+    system = torch.eye(3, dtype=torch.float64) - 0.8 * P[0, 0]
+    assert torch.linalg.det(system).abs() < 1e-12  # why: singular at p = alpha
+    with pytest.raises(ValueError, match=r"ppr-exact\(alpha=0.2\) with attention dropout 0.2"):
+        op.check_attention_dropout(0.2)
+    op.check_attention_dropout(0.19)
+    with pytest.raises(ValueError, match="guaranteed invertible for dropout < alpha"):
+        DiffusionAttention(16, 2, heads="attention:1,ppr-exact(alpha=0.2):1", causal=True, dropout=0.2)
+    layer = DiffusionAttention(16, 2, heads="attention:1,ppr-exact(alpha=0.2):1", causal=True, dropout=0.15).train()
+    for seed in range(20):
+        torch.manual_seed(seed)
+        assert torch.isfinite(layer(torch.randn(2, 6, 16))).all()
+    layer.dropout = 0.3
+    with pytest.raises(ValueError, match="attention dropout 0.3"):
+        layer(torch.randn(2, 6, 16))
+    layer.eval()  # no dropout in evaluation: nothing to refuse
+    assert torch.isfinite(layer(torch.randn(2, 6, 16))).all()
