@@ -12,11 +12,17 @@ The compiled and eager steps of one layout alternate in interleaved rounds (``_c
 the ratio compiled / eager is the median of the per-round ratios with its inter-quartile range
 (below 1: compiled is faster). Compilation happens in the warm-up and is reported separately.
 
-Run: ``python benchmarks/bench_compile.py [--quick] [--device cpu|cuda] [--threads 1 --clock cpu]``.
+On CUDA the model is issue 15's small GPT instead (nanoGPT's Shakespeare-char GPU config: 6 layers,
+6 heads, width 384, block 256, batch 64, ``bias=False``) under bf16 autocast, with 3 of the 6 heads
+Laplacian, 2 heat heads (``K = 4``) and 2 PPR heads (``K = 4``) per layer as the other layouts.
+
+Run: ``python benchmarks/bench_compile.py [--quick] [--device cpu|cuda] [--threads 1 --clock cpu]``
+(``benchmarks/gpu_suite.sh`` runs it on CUDA).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -32,9 +38,18 @@ LAYOUTS: dict[str, dict] = {
 }
 
 
-def step(model: torch.nn.Module, idx: torch.Tensor, targets: torch.Tensor):
+CUDA_LAYOUTS: dict[str, dict] = {
+    "attention": {},
+    "laplacian_heads=3": {"laplacian_heads": 3},
+    "attention:4,heat(K=4):2": {"heads": "attention:4,heat(t=1.0, steps=4):2"},
+    "attention:4,ppr(K=4):2": {"heads": "attention:4,ppr(alpha=0.2, steps=4):2"},
+}
+
+
+def step(model: torch.nn.Module, idx: torch.Tensor, targets: torch.Tensor, bf16: bool = False):
     def call() -> None:
-        _, loss = model(idx, targets)
+        with torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            _, loss = model(idx, targets)
         loss.backward()
         for p in model.parameters():
             p.grad = None
@@ -45,29 +60,36 @@ def main(argv: list[str] | None = None) -> C.Report:
     args = C.parse_args(__doc__.splitlines()[0], argv)
     rep = C.Report("bench_compile", "torch.compile(fullgraph=True) vs eager: DiffusionGPT forward + backward", args)
     dev = args.device
-    batch, block = (4, 32) if args.quick else (12, 64)
+    cuda = dev.startswith("cuda") and not args.quick
+    if cuda:  # issue 15's small GPT, bf16 autocast
+        batch, block, n_layer, n_head, n_embd, extra_cfg = 64, 256, 6, 6, 384, {"bias": False}
+    else:  # nanoGPT's Shakespeare-char CPU config (--quick: a smaller batch and block)
+        batch, block = (4, 32) if args.quick else (12, 64)
+        n_layer, n_head, n_embd, extra_cfg = 4, 4, 128, {}
     g = torch.Generator().manual_seed(1)
     idx = torch.randint(0, 65, (batch, block), generator=g).to(dev)
     targets = torch.randint(0, 65, (batch, block), generator=g).to(dev)
     rounds = args.rounds or (3 if args.quick else 11)
-    layouts = dict(list(LAYOUTS.items())[:2]) if args.quick else LAYOUTS
+    layouts = dict(list(LAYOUTS.items())[:2]) if args.quick else CUDA_LAYOUTS if cuda else LAYOUTS
     rows = []
     for name, extra in layouts.items():
         torch.manual_seed(0)
-        model = DiffusionGPT(GPTConfig(vocab_size=65, block_size=block, n_layer=4, n_head=4, n_embd=128, **extra))
+        model = DiffusionGPT(GPTConfig(vocab_size=65, block_size=block, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                                       **extra_cfg, **extra))
         model.to(dev).train()
         compiled = torch.compile(model, fullgraph=True)
         t0 = time.perf_counter()
-        step(compiled, idx, targets)()  # compiles the forward and the backward graph
+        step(compiled, idx, targets, cuda)()  # compiles the forward and the backward graph
         C.sync(dev)
         compile_s = time.perf_counter() - t0
-        t = C.measure({"eager": step(model, idx, targets), "compiled": step(compiled, idx, targets)}, device=dev,
+        t = C.measure({"eager": step(model, idx, targets, cuda), "compiled": step(compiled, idx, targets, cuda)}, device=dev,
                       rounds=rounds, block_s=0.0 if args.quick else 0.3, warmup=2)
         r = C.ratio(t, "compiled", "eager")
         rows.append([name, C.ms(t["eager"].median), C.ms(t["compiled"].median), C.rfmt(r), f"{compile_s:.0f}"])
         rep.rows.append({"layout": name, "eager_s": t["eager"].median, "compiled_s": t["compiled"].median,
                          "compiled_vs_eager": r, "compile_s": compile_s})
-    rep.table(f"DiffusionGPT forward + backward, batch {batch} x block {block}, 4 layers, 4 heads, width 128; median of "
+    rep.table(f"DiffusionGPT forward + backward, batch {batch} x block {block}, {n_layer} layers, {n_head} heads, width "
+              f"{n_embd}{', bf16 autocast' if cuda else ''}; median of "
               f"{rounds} interleaved rounds; ratio = compiled / eager [IQR] (below 1: compiled is faster)",
               ["heads", "eager ms", "compiled ms", "compiled / eager", "compile s (wall)"], rows)
     rep.write()

@@ -14,7 +14,8 @@
 # --issue15 bench_host.py runs alone); (3) benchmarks/bench_issue15.py
 # (issue 15: every head type vs the SDPA reference layer, the profile of SDPA kernels, launches,
 # copies, casts and syncs, GPT vs nanoGPT at both sizes, with a Triton column when triton imports;
-# the library columns run backend='sdpa', the PyTorch path, since 'auto' on CUDA is now Triton).
+# the library columns run backend='sdpa', the PyTorch path, since 'auto' on CUDA is now Triton);
+# (4) benchmarks/bench_compile.py (torch.compile(fullgraph=True) vs eager, the small GPT in bf16).
 #
 # Uses the python of $PYTHON (default: python3). Fails early when no CUDA device is visible
 # (except in smoke mode).
@@ -62,7 +63,10 @@ if [[ "$ISSUE15" != "0" ]]; then
 fi
 # (3) issue 15's tables, profile and GPT comparison
 "$PY" benchmarks/bench_issue15.py --device cuda --library-backend sdpa --out "$OUT" || echo "gpu_suite.sh: bench_issue15.py FAILED"
+# (4) torch.compile(fullgraph=True) vs eager, issue 15's small GPT in bf16 (about 1 min per layout to compile)
+"$PY" benchmarks/bench_compile.py --device cuda --out "$OUT" || echo "gpu_suite.sh: bench_compile.py FAILED"
 [[ -f "$OUT/README.md" ]] && cat "$OUT/README.md"
 [[ -f "$OUT/bench_issue15.md" ]] && cat "$OUT/bench_issue15.md"
 [[ "$ISSUE15" != "0" && -f "$OUT/bench_host.md" ]] && cat "$OUT/bench_host.md"
+[[ -f "$OUT/bench_compile.md" ]] && cat "$OUT/bench_compile.md"
 echo "gpu_suite.sh: done in $(( $(date +%s) - start )) s; tables in $OUT/README.md and $OUT/bench_issue15.md"
