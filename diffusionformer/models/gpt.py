@@ -213,8 +213,11 @@ class DiffusionGPT(nn.Module):
                 f"got {start} + {idx.shape[1]}"
             )
         x = self._embed(idx, start)
+        # as in forward: the first layer leaves its values (of all cached and new tokens) and each
+        # layer learns its depth, for the context operators that the cache serves by recomputation
+        state = LayerState()
         for block, layer_cache in zip(self.blocks, cache):
-            x = block(x, cache=layer_cache)
+            x = block(x, cache=layer_cache, state=state)
         return self.lm_head(self.norm(x))
 
     @torch.no_grad()

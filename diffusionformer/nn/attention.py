@@ -361,7 +361,7 @@ class DiffusionAttention(nn.Module):
                 ``None`` = ``0 .. N-1`` (1-D), or continuing after the cache.
             cache: a :class:`~diffusionformer.nn.kv_cache.LayerKVCache` for incremental causal
                 decoding: ``x`` holds the new tokens only, the cache the earlier ones (dense,
-                causal layers; it is updated in place; no graph, masks or ``state``).
+                causal layers; it is updated in place; no graph or masks; ``state`` as above).
 
         Returns:
             the output, or ``(output, intermediates)`` when ``return_intermediates``.
@@ -380,10 +380,10 @@ class DiffusionAttention(nn.Module):
             from diffusionformer.nn.kv_cache import attend_cached
 
             if (graph is not None or key_padding_mask is not None or attn_mask is not None or edge_index is not None
-                    or is_causal or state is not None or return_intermediates):
-                raise ValueError("cache= runs causal decoding on dense tokens; it takes no graph, masks, state or "
+                    or is_causal or return_intermediates):
+                raise ValueError("cache= runs causal decoding on dense tokens; it takes no graph, masks or "
                                  "return_intermediates")
-            return attend_cached(self, x, cache, positions)
+            return attend_cached(self, x, cache, positions, state)
         if graph is None:
             if key_padding_mask is None and attn_mask is None and edge_index is None and not is_causal:
                 # the complete graph (causal when the layer is): nothing to build or to mask

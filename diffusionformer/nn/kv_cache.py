@@ -13,15 +13,30 @@ far; a new token ``i`` needs its row ``P_{i, \le i}`` (one query against the cac
 and ``K`` vector-matrix products, and appends one row to each sequence. Earlier rows never
 change, because a later token never enters an earlier row of ``P``.
 
-Heads whose operator is not a polynomial in ``P`` (the exact ``matrix_exp`` reference) are
-served exactly by caching the queries as well and recomputing their ``(T, T)`` matrix at each
-step: still correct (``f(P)`` of a lower-triangular ``P`` is lower triangular and its leading
-block is ``f`` of ``P``'s leading block), only not incremental. An operator that is not a
-function of one ``P`` through :meth:`~diffusionformer.operators.DiffusionOperator.apply_matrix`
-declares ``supports_kv_cache = False`` and is refused with a clear error: the rivals with a
-context (differential attention's second map, NeuTRENO's and value residuals' first-layer
-values, GRAND-nl's re-attention, AttnScale's uniform map) do; ``ppr-exact`` is served like
-``heat-exact``.
+Heads whose operator is not a polynomial in ``P`` (the exact ``matrix_exp`` reference,
+``ppr-exact``) are served exactly by caching the queries as well and recomputing their
+``(T, T)`` matrix at each step: still correct (``f(P)`` of a lower-triangular ``P`` is lower
+triangular and its leading block is ``f`` of ``P``'s leading block), only not incremental.
+
+The context operators (the rivals of :mod:`diffusionformer.ops.rivals`: differential
+attention's second map, NeuTRENO's and value residuals' first-layer values, GRAND-nl's
+re-attention, AttnScale's uniform map) are served the same way, by recomputation: a layer
+with such heads also keeps its input ``x`` (and its rotary positions) of all ``T`` tokens,
+and at each step runs the layer's one context dispatch
+(:func:`~diffusionformer.ops.rivals.apply_context_groups`) over the cached queries, keys and
+values of all ``T`` tokens on the causal graph, then keeps the rows of the new tokens. This
+is exact because every context reads tokens only through the causal graph (``attend``,
+``propagate``, ``uniform``, ``attention_matrix``) and row-wise maps (RMSNorm, ``v0 - v``),
+so row ``i`` depends on the tokens ``j <= i`` only and does not change when tokens follow.
+(GRAND-nl with an adaptive ``torchdiffeq`` solver is the exception: its step size depends on
+every row, so there the cache agrees with the full forward to the solver's tolerance.) The
+first layer's values and the layer depth come from a
+:class:`~diffusionformer.ops.rivals.LayerState` that
+:meth:`~diffusionformer.models.DiffusionGPT.forward_cached` threads through the layers, as
+the uncached forward does: the first layer enters the values of all ``T`` tokens (its
+cached ``powers[0]`` and the new rows). Heads of the other operators keep the incremental
+path. An operator that cannot be served this way declares ``supports_kv_cache = False`` and
+is refused with a clear error.
 """
 
 from __future__ import annotations
@@ -31,6 +46,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+from diffusionformer.ops import rivals as _rivals
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffusionformer.nn.attention import DiffusionAttention
@@ -47,11 +64,17 @@ class LayerKVCache:
         powers: ``[v, Pv, ..., P^K v]`` of the tokens so far: ``powers[0]`` is ``(B, H_kv, T, C)``
             (the values, not repeated over query groups), ``powers[k]`` is ``(B, H, T, C)``.
         queries: rotated queries ``(B, H, T, C)``, kept only for non-polynomial heads.
+        inputs: the layer's input ``x`` of the tokens so far, ``(B, T, D)``, kept only for layers
+            with context operators (recomputed over all ``T`` tokens at each step).
+        positions: rotary positions of the tokens so far (``(T,)`` or ``(T, 2)``), kept only for
+            layers with context operators and a rotary embedding.
     """
 
     keys: Tensor | None = None
     powers: list[Tensor] = field(default_factory=list)
     queries: Tensor | None = None
+    inputs: Tensor | None = None
+    positions: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -59,8 +82,8 @@ class LayerKVCache:
         return 0 if self.keys is None else int(self.keys.shape[2])
 
 
-def _cat(old: Tensor | None, new: Tensor) -> Tensor:
-    return new if old is None else torch.cat([old, new], dim=2)
+def _cat(old: Tensor | None, new: Tensor, dim: int = 2) -> Tensor:
+    return new if old is None else torch.cat([old, new], dim=dim)
 
 
 def _repeat(x: Tensor, H: int) -> Tensor:
@@ -70,18 +93,23 @@ def _repeat(x: Tensor, H: int) -> Tensor:
 
 
 def attend_cached(
-    layer: DiffusionAttention, x: Tensor, cache: LayerKVCache, positions: Tensor | None = None
+    layer: DiffusionAttention, x: Tensor, cache: LayerKVCache, positions: Tensor | None = None,
+    state: _rivals.LayerState | None = None,
 ) -> Tensor:
     r"""The layer's output for new tokens ``x`` that follow the cached ones; updates ``cache``.
 
-    Equal (up to rounding) to the last ``n`` rows of ``layer(cat(x_past, x))`` on the causal
-    graph, for every head operator.
+    Equal (up to rounding) to the last ``n`` rows of ``layer(cat(x_past, x), state=state)`` on
+    the causal graph, for every head operator (context operators by recomputation over all
+    cached tokens, see the module docstring).
 
     Args:
         layer: a causal, dense :class:`~diffusionformer.nn.DiffusionAttention`.
         x: the new tokens ``(B, n, D)`` (the prompt at the first call, then one token a step).
         cache: the layer's :class:`LayerKVCache` (empty at the first call).
         positions: rotary positions of the new tokens (default ``T .. T + n - 1``).
+        state: the :class:`~diffusionformer.ops.rivals.LayerState` of this decoding step, shared
+            by the model's layers (the first layer enters the values of all ``T`` tokens; later
+            layers read them and their depth); ``None`` = a layer called alone (depth 0, no ``v0``).
 
     Shapes:
         ``x``: ``(B, n, D)`` -> ``(B, n, D)``.
@@ -90,12 +118,13 @@ def attend_cached(
         raise ValueError("attend_cached: expected a causal layer (causal=True); a KV cache is only exact on a causal graph")
     if not isinstance(cache, LayerKVCache):
         raise TypeError(f"cache: expected a LayerKVCache, got {type(cache).__name__}")
+    layer._check_plan()  # the operators may have been replaced since the layer's plan was made
+    if state is not None and not isinstance(state, _rivals.LayerState):
+        raise TypeError(f"state: expected a LayerState or None, got {type(state).__name__}")
     for op in layer.operators:
-        # operators beyond f(P) of one P (two score maps, layer state, re-projection per step) opt out
-        if not op.supports_kv_cache or op.uses_context:
-            why = "supports_kv_cache=False" if not op.supports_kv_cache else "it needs a RivalContext"
+        if not op.supports_kv_cache:
             raise ValueError(
-                f"attend_cached: operator {op.name!r} does not support a KV cache ({why}); "
+                f"attend_cached: operator {op.name!r} does not support a KV cache (supports_kv_cache=False); "
                 "generate with use_cache=False"
             )
     if x.dim() != 3:
@@ -112,6 +141,9 @@ def attend_cached(
     keys = _cat(cache.keys, k)  # (B, G, T, C)
     values = _cat(cache.powers[0] if cache.powers else None, v)
     T = start + n
+    entered = (0, None)
+    if state is not None:  # the first layer leaves the values of all T tokens, repeated over query groups
+        entered = state.enter(_repeat(values, H) if state.first_values is None else values)
     scale = C**-0.5
     rows = torch.arange(start, T, device=x.device)[:, None]
     visible = torch.arange(T, device=x.device)[None, :] <= rows  # (n, T): causal
@@ -131,17 +163,26 @@ def attend_cached(
         out = out + coeffs[None, :, step, None, None] * new_rows
 
     polynomial = layer._polynomial
-    queries = None
+    queries = inputs = all_positions = None
     if not all(polynomial):
         queries = _cat(cache.queries, q)  # (B, H, T, C)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         vals, ks = _repeat(values, H), _repeat(keys, H)
         for op, (s, c), poly in zip(layer.operators, layer._groups, polynomial):
-            if poly:
+            if poly or op.uses_context:
                 continue
             S = (queries[:, s : s + c] @ ks[:, s : s + c].transpose(-1, -2)) * scale
             Pg = torch.softmax(S.masked_fill(~causal, float("-inf")), dim=-1)  # (B, c, T, T)
             out[:, s : s + c] = out[:, s : s + c] + op.apply_causal_matrix(Pg, vals[:, s : s + c])[:, :, start:]
+        if layer._has_context:
+            # context heads: the layer's own dispatch over all T tokens on the causal graph, then the new rows
+            inputs = _cat(cache.inputs, x, dim=1)  # (B, T, D)
+            if layer.rotary is not None:
+                all_positions = _cat(cache.positions, positions, dim=0)  # (T,) or (T, 2)
+            full = _rivals.apply_context_groups(layer, torch.zeros_like(vals), inputs, queries, ks, vals,
+                                                entered=entered, is_causal=True, positions=all_positions)
+            out = out + full[:, :, start:].to(out.dtype)  # (B, H, n, C); zero on the other heads
 
     cache.keys, cache.powers, cache.queries = keys, powers, queries
+    cache.inputs, cache.positions = inputs, all_positions
     return layer.out_proj(out.transpose(1, 2).reshape(B, n, D))

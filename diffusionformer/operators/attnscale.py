@@ -47,8 +47,6 @@ class AttnScaleOperator(DiffusionOperator):
     aliases = ("attn-scale", "attention-scale")
     is_polynomial = False
     needs_uniform_map = True
-    # the cache serves functions of one P (apply_matrix); DC is a second, uniform map it does not keep
-    supports_kv_cache = False
     example_kwargs = {"omega": 0.4}
 
     def __init__(self, omega: float = 0.0, learnable: bool = True, num_heads: int = 1) -> None:

@@ -51,9 +51,12 @@ class DiffusionOperator(nn.Module):
         needs_uniform_map: the operator uses the uniform average over the admissible keys
             (AttnScale's direct-current part ``DC``).
         supports_kv_cache: whether :func:`~diffusionformer.nn.kv_cache.attend_cached` can serve
-            it (polynomials incrementally, other functions of one causal ``P`` through
-            :meth:`apply_matrix`); operators that are not a function of one ``P`` set it to
-            ``False`` and are refused by cached decoding.
+            it (polynomials incrementally; other functions of one causal ``P`` through
+            :meth:`apply_causal_matrix`, and context operators through :meth:`apply_context`,
+            both exactly by recomputation over all cached tokens). Every registered operator
+            does; an operator whose row ``i`` could depend on tokens after ``i`` on a causal
+            graph (it reads tokens other than through the context's causal graph) sets it to
+            ``False`` and is refused by cached decoding.
 
     Operators that declare any of the last four are "context" operators
     (:attr:`uses_context`): the layer hands them a

@@ -70,8 +70,6 @@ class DifferentialOperator(DiffusionOperator):
     aliases = ("diff-attention", "differential-attention", "diff-attn")
     is_polynomial = False
     needs_second_map = True
-    # two score maps from split q/k (and a per-head RMSNorm): the cache keeps one P per head
-    supports_kv_cache = False
     example_kwargs = {"head_dim": 8, "depth": 2}
 
     def __init__(self, depth: int | None = None, lambda_init: float | None = None, head_dim: int | None = None,

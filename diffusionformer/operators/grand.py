@@ -52,8 +52,6 @@ class NonlinearDiffusionOperator(DiffusionOperator):
     aliases = ("grand", "nonlinear-diffusion", "re-attention")
     is_polynomial = False
     reprojects_each_step = True
-    # P is recomputed from the evolving q, k, v at every step: no cached powers of one P apply
-    supports_kv_cache = False
     example_kwargs = {"t": 1.0, "steps": 2, "method": "rk4"}
 
     def __init__(self, t: float = 1.0, steps: int = 4, method: str = "euler", rtol: float = 1e-5, atol: float = 1e-6,

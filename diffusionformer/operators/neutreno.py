@@ -24,8 +24,6 @@ class _FirstLayerValuesOperator(DiffusionOperator):
 
     is_polynomial = False
     needs_layer_state = True
-    # reads the first layer's values v0 from the LayerState, which cached decoding does not carry
-    supports_kv_cache = False
 
     def __init__(self, lam: float, num_heads: int = 1) -> None:
         super().__init__(num_heads)

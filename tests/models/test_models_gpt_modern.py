@@ -24,15 +24,9 @@ def _gpt(heads: str, **kw) -> DiffusionGPT:
     return DiffusionGPT(cfg).double().eval()
 
 
-def _skip_if_uncacheable(name: str) -> None:
-    if not getattr(operator_class(name), "supports_kv_cache", True):
-        pytest.skip(f"operator {name!r} declares supports_kv_cache=False (not a function of one causal P)")
-
-
 @pytest.mark.parametrize("variant", [{}, {"rope": True, "n_kv_head": 2}, {"n_kv_head": 1}])
 @pytest.mark.parametrize("name", OPERATORS)
 def test_cached_greedy_generation_equals_uncached_for_every_operator(name, variant):
-    _skip_if_uncacheable(name)
     model = _gpt(f"attention:2,{name}:2", **variant)
     prompt = torch.randint(0, 13, (3, 4), generator=torch.Generator().manual_seed(1))
     # 4 + 12 tokens > block_size 10: the window slides and the cache is rebuilt
@@ -43,7 +37,6 @@ def test_cached_greedy_generation_equals_uncached_for_every_operator(name, varia
 
 @pytest.mark.parametrize("name", OPERATORS)
 def test_cached_logits_equal_the_full_forward_rows(name):
-    _skip_if_uncacheable(name)
     model = _gpt(f"{name}:3,attention:1", rope=True)
     idx = torch.randint(0, 13, (2, 9), generator=torch.Generator().manual_seed(2))
     cache = model.new_cache()
@@ -163,7 +156,6 @@ def test_rope_and_gqa_layers_match_the_explicit_reference_for_every_operator(nam
     x = torch.randn(2, 6, 16, dtype=torch.float64)
     expected = _reference_layer(layer, x, rotary)
     torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-10)
-    _skip_if_uncacheable(name)
     cache = LayerKVCache()  # and the cached path on the same layer
     got = torch.cat([attend_cached(layer, x[:, :3], cache)] + [attend_cached(layer, x[:, i : i + 1], cache)
                                                                 for i in range(3, 6)], dim=1)
