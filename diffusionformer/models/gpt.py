@@ -80,7 +80,8 @@ class DiffusionGPT(nn.Module):
     ``n_kv_head`` shares key/value heads between groups of query heads (GQA / MQA);
     ``zero_init_proj`` starts every residual branch at zero. :meth:`generate` samples with
     top-k / nucleus filtering and can decode with a KV cache that also serves multi-step
-    operators (:mod:`diffusionformer.nn.kv_cache`).
+    operators, and the non-polynomial heads and context rivals exactly by recomputation
+    (:mod:`diffusionformer.nn.kv_cache`).
 
     Args:
         config: a :class:`GPTConfig`.
@@ -215,7 +216,9 @@ class DiffusionGPT(nn.Module):
         x = self._embed(idx, start)
         # as in forward: the first layer leaves its values (of all cached and new tokens) and each
         # layer learns its depth, for the context operators that the cache serves by recomputation
-        state = LayerState()
+        # (only they read the state: without them the incremental path copies nothing for it)
+        uses_context = any(op.uses_context for block in self.blocks for op in block.attn.operators)
+        state = LayerState() if uses_context else None
         for block, layer_cache in zip(self.blocks, cache):
             x = block(x, cache=layer_cache, state=state)
         return self.lm_head(self.norm(x))
@@ -245,7 +248,9 @@ class DiffusionGPT(nn.Module):
                 applied after ``top_k``).
             use_cache: decode with a KV cache (:meth:`forward_cached`): the prompt is run once
                 and each new token costs one row per layer and power of ``P`` instead of a full
-                forward pass. Same tokens as without the cache (up to rounding ties). Once the
+                forward pass (heads that are not polynomials in ``P``, the context rivals among
+                them, recompute their ``(T, T)`` maps over the cached tokens: exact, not
+                incremental). Same tokens as without the cache (up to rounding ties). Once the
                 context exceeds ``block_size`` the window slides, every position changes, and
                 the cache is rebuilt from the cropped context at each step.
 
