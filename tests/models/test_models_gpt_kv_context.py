@@ -154,3 +154,17 @@ def test_attend_cached_rejects_a_state_of_the_wrong_type():
     layer = DiffusionAttention(8, 2, "neutreno:1,attention:1", causal=True)
     with pytest.raises(TypeError, match="state: expected a LayerState or None, got dict"):
         attend_cached(layer, torch.randn(1, 2, 8), LayerKVCache(), state={})
+
+
+def test_the_layer_state_is_built_only_for_models_with_context_operators(monkeypatch):
+    entered = []
+    original = LayerState.enter
+    monkeypatch.setattr(LayerState, "enter", lambda self, v: entered.append(v.shape) or original(self, v))
+    idx = torch.randint(0, 13, (2, 5), generator=torch.Generator().manual_seed(5))
+    plain = _gpt(["attention:2,heat(steps=2):2", "laplacian:2,heat-exact:2"], n_kv_head=2)
+    plain.forward_cached(idx, plain.new_cache())
+    assert entered == []  # the incremental path copies no values for a state nobody reads
+    rival = _gpt(["attention:2,heat(steps=2):2", "laplacian:2,neutreno:2"], n_kv_head=2)
+    rival.forward_cached(idx, rival.new_cache())
+    # every layer enters (depth); the first with its values of all tokens, repeated over query groups
+    assert entered == [(2, 4, 5, 4), (2, 2, 5, 4)]
