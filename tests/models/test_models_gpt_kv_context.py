@@ -130,7 +130,8 @@ def test_every_rival_in_one_gpt_generates_the_uncached_tokens():
     torch.testing.assert_close(_cached_logits(model, idx, 4), model(idx)[0], rtol=0, atol=1e-12)
     prompt = idx[:, :3]
     # 3 + 11 tokens > block_size 10: the window slides and the cache is rebuilt
-    assert torch.equal(model.generate(prompt, 11, temperature=0, use_cache=True), model.generate(prompt, 11, temperature=0))
+    cached = model.generate(prompt, 11, temperature=0, use_cache=True)
+    assert torch.equal(cached, model.generate(prompt, 11, temperature=0))
 
 
 def test_context_layers_keep_their_inputs_and_positions():
