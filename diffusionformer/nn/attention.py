@@ -169,7 +169,8 @@ class DiffusionAttention(nn.Module):
         Sets ``_polynomial``, ``max_degree``, ``_degrees`` (per head), ``_static_coefficients``
         (Python floats, validated here once, or ``None``), and the flags of :meth:`forward`:
         ``_has_context`` (context operators, resolved by ``ops.rivals.apply_context_groups``),
-        ``_need_weights`` (non-polynomial heads that apply a matrix to ``P``), ``_sparse_unsupported``
+        ``_need_weights`` (non-polynomial heads that apply a matrix to ``P``; ``_matrix_groups``: their
+        ``(operator, start, count)``, ``_matrix_heads``: their head indices), ``_sparse_unsupported``
         (the first operator without a sparse back-end) and ``_affine_runs`` (``None``, or the runs of
         :func:`~diffusionformer.ops.engine.affine_runs` when every head is a fixed ``a I + b P``: the
         layer's fused path). ``_plan_key`` records the operators this plan was made for.
@@ -217,6 +218,10 @@ class DiffusionAttention(nn.Module):
             check_degrees(self._degrees, self.num_heads, self.max_degree)
         self._has_context = any(op.uses_context for op in ops)
         self._need_weights = any(not op.is_polynomial and not op.uses_context for op in ops)
+        # the heads that apply a matrix function to a materialised P (heat-exact, ppr-exact): only these build P
+        self._matrix_groups: tuple[tuple[DiffusionOperator, int, int], ...] = tuple(
+            (op, s, c) for op, (s, c) in zip(ops, self._groups) if not op.is_polynomial and not op.uses_context)
+        self._matrix_heads: tuple[int, ...] = tuple(h for _, s, c in self._matrix_groups for h in range(s, s + c))
         self._sparse_unsupported = next((op.name for op in ops if not op.supports_sparse), None)
         self._affine_runs: tuple[AffineRun, ...] | None = None
         if self._static_coefficients is not None and self.max_degree <= 1:
@@ -524,26 +529,32 @@ class DiffusionAttention(nn.Module):
         q, k, v = self._project(x, positions)  # (B, N, H, C)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
         entered = state.enter(v) if state is not None else (0, None)
-        # heads with a non-polynomial f(P) (heat-exact, ppr-exact) need P; context operators build their own maps
         if self.backend not in DENSE_BACKENDS:  # a settable attribute, checked as the functional API would
             raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {self.backend!r}")
-        need_weights = return_intermediates or self._need_weights
+        # Heads with a non-polynomial f(P) (heat-exact, ppr-exact) need P; context operators build their own maps.
+        # The polynomial heads take the engine's path (fused SDPA, or "auto"'s choice); the non-polynomial heads have
+        # degree 0 and zero coefficients there (they receive 0) and P is materialised for them alone, below. All
+        # heads share one P when it is returned or when the layer's back-end materialises it anyway ("matrix").
+        need_weights = return_intermediates or (self._need_weights and self.backend == "matrix")
         coeffs = self._call_coefficients(need_weights)
         if not isinstance(coeffs, tuple):  # learned coefficients: validated every call (finite on CPU)
             coeffs, _ = check_layout(coeffs, self._degrees, self.num_heads, v)
         # q, k, v, the static coefficients and the degrees are the layer's own (checked once); the mask is checked there
         out, P = _dense._diffuse_checked(q, k, v, coeffs, mask, is_causal, self._scale, self.backend, self._degrees,
                                          dropout_p, need_weights)
-        if self._need_weights:
-            for op, (s, c), poly in zip(self.operators, self._groups, self._polynomial):
-                if not poly and not op.uses_context:
-                    assert P is not None
-                    Pg = P[:, s : s + c]
-                    if dropout_p > 0.0:
-                        op.check_attention_dropout(dropout_p)  # dropout is a settable attribute
-                        Pg = F.dropout(Pg, p=dropout_p)
-                    apply = op.apply_causal_matrix if is_causal else op.apply_matrix  # causal: P lower triangular
-                    out = out.index_add(1, torch.arange(s, s + c, device=out.device), apply(Pg, v[:, s : s + c]))
+        if self._matrix_groups:
+            # the full P (B, H, N, N), or (B, H', N, N) for the H' non-polynomial heads alone, in head order
+            Pm = P if P is not None else _dense._attention_matrix_heads(q, k, self._matrix_heads, mask, is_causal,
+                                                                         self._scale)
+            at = 0
+            for op, s, c in self._matrix_groups:
+                Pg = Pm.narrow(1, s if P is not None else at, c)
+                at += c
+                if dropout_p > 0.0:  # drawn per group, as before: (B, c, N, N) each
+                    op.check_attention_dropout(dropout_p)  # dropout is a settable attribute
+                    Pg = F.dropout(Pg, p=dropout_p)
+                apply = op.apply_causal_matrix if is_causal else op.apply_matrix  # causal: P lower triangular
+                out = out.index_add(1, torch.arange(s, s + c, device=out.device), apply(Pg, v[:, s : s + c]))
         if self._has_context:  # operators with capabilities (rivals: second map, layer state, re-projection, uniform map)
             out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, mask=mask, is_causal=is_causal,
                                                dropout_p=dropout_p, positions=positions)

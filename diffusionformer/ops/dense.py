@@ -356,6 +356,27 @@ def _select_mask(mask: Tensor | None, heads: Heads) -> Tensor | None:
     return mask if mask is None or mask.shape[1] == 1 else select(mask, heads, 1)
 
 
+def _attention_matrix_heads(
+    q: Tensor, k: Tensor, heads: Heads, attn_mask: Tensor | None, is_causal: bool, scale: float
+) -> Tensor:
+    r""":math:`P_h` for the heads ``heads`` only, in the dtype of ``q``: one softmax over their queries and keys.
+
+    What :func:`_diffuse_checked` with ``need_weights`` materialises for every head, restricted to
+    ``heads`` (the layer's non-polynomial heads, which apply a matrix function to ``P``): the same
+    mask (validated against all ``H`` heads, causal folded in as there), scale and zero rows for
+    queries without an admissible key. ``q``, ``k`` and ``scale`` are the caller's, already checked.
+
+    Shapes:
+        ``q``: ``(B, H, N, C)``, ``k``: ``(B, H, M, C)``, ``heads``: ``H'`` increasing indices
+        -> ``(B, H', N, M)``.
+    """
+    attn_mask, is_causal = _normalise_mask(attn_mask, is_causal, q, k)
+    row_ok = _rows_with_keys(attn_mask)
+    P = _attention_matrix(select(q, heads, 1), select(k, heads, 1), _select_mask(attn_mask, heads), is_causal,
+                          scale, _select_mask(row_ok, heads))
+    return P.to(q.dtype)
+
+
 class SdpaBackend(Backend):
     """``P x`` through :func:`torch.nn.functional.scaled_dot_product_attention`: ``P`` is recomputed every step.
 
