@@ -43,8 +43,10 @@ def _pad() -> torch.Tensor:
     return pad
 
 
-def _allowed(causal: bool, pad: torch.Tensor | None) -> torch.Tensor:
+def _allowed(causal: bool, pad: torch.Tensor | None, extra: torch.Tensor | None = None) -> torch.Tensor:
     allowed = torch.ones(B, 1, N, N, dtype=torch.bool)
+    if extra is not None:
+        allowed = allowed & extra
     if causal:
         allowed = allowed & torch.ones(N, N, dtype=torch.bool).tril()
     if pad is not None:
@@ -52,18 +54,21 @@ def _allowed(causal: bool, pad: torch.Tensor | None) -> torch.Tensor:
     return allowed
 
 
-def _softmax_reference(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+def _softmax_reference(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
     """``P = exp(s) / sum exp(s)`` over the allowed keys, by hand in float64; zero rows without keys.
 
     No max is subtracted (the scores of these tests are small), so the gradient is finite on rows
     without keys too (:func:`dense_attention_reference` masks with ``-1e300``, whose gradient is NaN there).
     """
-    e = torch.where(allowed, (q @ k.transpose(-2, -1) * C**-0.5).exp(), torch.zeros((), dtype=f64))
+    s = q @ k.transpose(-2, -1) * C**-0.5 + (0.0 if bias is None else bias)
+    e = torch.where(allowed, s.exp(), torch.zeros((), dtype=f64))
     z = e.sum(-1, keepdim=True)
     return e / torch.where(z > 0, z, torch.ones((), dtype=f64))
 
 
-def _reference(layer: DiffusionAttention, x: torch.Tensor, causal: bool, pad: torch.Tensor | None) -> torch.Tensor:
+def _reference(layer: DiffusionAttention, x: torch.Tensor, causal: bool, pad: torch.Tensor | None,
+               extra: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The layer's output from explicit float64 matrices: P per head, then f(P) v per operator group."""
     G = layer.num_kv_heads
     q, k, v = layer.qkv(x).split([H * C, G * C, G * C], dim=-1)
@@ -72,7 +77,7 @@ def _reference(layer: DiffusionAttention, x: torch.Tensor, causal: bool, pad: to
         q, k = layer.rotary(q), layer.rotary(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # query head h reads h // (H/G)
-    P = _softmax_reference(q, k, _allowed(causal, pad))
+    P = _softmax_reference(q, k, _allowed(causal, pad, extra), bias)
     outs = []
     for op, (s, c) in zip(layer.operators, layer._groups):
         Pg, vg = P[:, s : s + c], v[:, s : s + c]
@@ -132,6 +137,24 @@ def test_rotary_and_gqa_layer_matches_the_reference(causal):
     torch.testing.assert_close(y, want, rtol=0, atol=1e-12)
     for g, g_ref in zip(_grads(layer, x, y), _grads(layer, x, want)):
         torch.testing.assert_close(g, g_ref, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_per_head_float_masks_and_2d_bool_masks_reach_the_right_heads(causal):
+    """INTERLEAVED's matrix heads (0, 3, 4) are not a run: their slice of a per-head mask is a concatenation."""
+    layer = _layer(INTERLEAVED, causal, None, "auto", seed=7).eval()
+    x = torch.randn(B, N, D, dtype=f64, requires_grad=True)
+    bias = torch.randn(B, H, N, N, dtype=f64)  # additive float mask, one per head
+    band = torch.ones(N, N, dtype=torch.bool).triu(-2).tril(2)  # bool (N, N): |i - j| <= 2
+    for kwargs, want in (
+        (dict(attn_mask=bias, key_padding_mask=_pad()), _reference(layer, x, causal, _pad(), bias=bias)),
+        (dict(attn_mask=band), _reference(layer, x, causal, None, extra=band)),
+    ):
+        y = layer(x, **kwargs)
+        torch.testing.assert_close(y, want, rtol=0, atol=1e-12)
+        torch.testing.assert_close(y, layer(x, return_intermediates=True, **kwargs)[0], rtol=0, atol=1e-12)
+        for g, g_ref in zip(_grads(layer, x, y), _grads(layer, x, want)):
+            torch.testing.assert_close(g, g_ref, rtol=0, atol=1e-10)
 
 
 def _count_materialised(monkeypatch) -> list[int]:
