@@ -54,11 +54,12 @@ class DiffusionAttention(nn.Module):
     (:func:`~diffusionformer.functional.diffuse`, :func:`~diffusionformer.functional.diffuse_sparse`),
     which picks the path: heads with fixed coefficients on ``P^0`` and ``P^1`` share one
     fused :func:`~torch.nn.functional.scaled_dot_product_attention` call; heads that need
-    ``K`` steps are propagated further, alone. What the layer derives from its operators is
-    computed once (and again when ``operators`` is changed), and when every head is a fixed
-    ``a I + b P`` on a complete or causal graph the layer runs that fused path itself, without
-    re-checking the ``q``, ``k``, ``v`` it projected: an all-attention layer then costs the
-    calls of nanoGPT's attention.
+    ``K`` steps are propagated further, alone; heads whose :math:`f` is not a polynomial
+    (``heat-exact``, ``ppr-exact``) get ``P`` materialised for themselves only. What the layer
+    derives from its operators is computed once (and again when ``operators`` is changed), and
+    when every head is a fixed ``a I + b P`` on a complete or causal graph the layer runs that
+    fused path itself, without re-checking the ``q``, ``k``, ``v`` it projected: an
+    all-attention layer then costs the calls of nanoGPT's attention.
 
     The token graph is one argument, an :class:`~diffusionformer.graph.AttentionGraph`
     (``attn(x, graph)``); ``key_padding_mask=``, ``attn_mask=``, ``is_causal=`` and
