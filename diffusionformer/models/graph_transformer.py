@@ -240,7 +240,9 @@ class DiffusionGraphTransformer(nn.Module):
     ``forward`` and the padding, the gather back and the graph readout take their shapes from
     these Python ints instead of from ``batch`` (the same result, no host read of ``batch``),
     which ``torch.compile(model, fullgraph=True)`` needs to capture one graph without
-    data-dependent shapes.
+    data-dependent shapes. (With ``self_loops=True`` the edges' self-loop normalisation,
+    :func:`~torch_geometric.utils.remove_self_loops`, is still a boolean mask: captured by the
+    compiler, but a ``nonzero``.)
 
     Args:
         config: a :class:`GraphTransformerConfig`.
