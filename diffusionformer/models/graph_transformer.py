@@ -212,9 +212,13 @@ class GraphBlock(nn.Module):
                 raise ValueError(f"num_graphs: a call without batch holds one graph, got num_graphs={num_graphs}")
             batch = torch.zeros(N, dtype=torch.long, device=h.device)
         G = num_graphs if num_graphs is not None else int(batch.max()) + 1 if N else 1  # host read if not given
-        if checks_values(batch) and N and not (0 <= int(batch.min()) and int(batch.max()) < G):
-            raise ValueError(f"batch: expected graph ids in [0, num_graphs={G}), "
-                             f"got ids in [{int(batch.min())}, {int(batch.max())}]")
+        if checks_values(batch) and N:
+            if not (0 <= int(batch.min()) and int(batch.max()) < G):
+                raise ValueError(f"batch: expected graph ids in [0, num_graphs={G}), "
+                                 f"got ids in [{int(batch.min())}, {int(batch.max())}]")
+            if N > 1 and bool((batch[1:] < batch[:-1]).any()):  # pos_i = i - ptr_{b_i} holds for sorted ids only
+                raise ValueError("batch: expected sorted graph ids (the nodes of each graph contiguous, as in a "
+                                 "PyG Batch), got an unsorted batch")
         pos, counts = _node_positions(batch, G)  # (N,), (G,)
         M = max_num_nodes if max_num_nodes is not None else max(int(counts.max()), 1)  # host read if not given
         if checks_values(counts) and int(counts.max()) > M:
