@@ -48,7 +48,8 @@ def _batch(sizes=SIZES, edge_dim=None, seed=0):
     edge_index = torch.cat(edges, dim=1)
     batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     x = torch.randn(start, 5, generator=g, dtype=torch.float64).requires_grad_(True)
-    edge_attr = None if edge_dim is None else torch.randn(edge_index.shape[1], edge_dim, generator=g, dtype=torch.float64)
+    E = edge_index.shape[1]
+    edge_attr = None if edge_dim is None else torch.randn(E, edge_dim, generator=g, dtype=torch.float64)
     return x, edge_index, batch, edge_attr
 
 
