@@ -16,6 +16,7 @@ from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import DropPath, Mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.edge_features import edge_feature_attention
+from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
 
@@ -101,6 +102,33 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
     raise ValueError(f"positional_encoding_transform: expected config.pe 'laplacian' or 'random_walk', got {config.pe!r}")
 
 
+def _check_size(name: str, value: object) -> None:
+    """``max_num_nodes`` / ``num_graphs``: ``None`` or a positive Python int (a shape, never a tensor)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name}: expected None or a positive int, got {value!r}")
+
+
+def _node_positions(batch: Tensor, num_graphs: int) -> tuple[Tensor, Tensor]:
+    r"""The position of every node in its graph and the node count of every graph, read from no host value.
+
+    .. math::
+        n_g = \#\{i : b_i = g\}, \qquad \mathrm{ptr}_g = \sum_{g' < g} n_{g'}, \qquad
+        \mathrm{pos}_i = i - \mathrm{ptr}_{b_i}
+
+    for a sorted ``batch`` (the nodes of each graph contiguous, as in a PyG ``Batch``): node ``i``
+    is row ``pos_i`` of its graph's block in :func:`~torch_geometric.utils.to_dense_batch`'s
+    layout. Every shape is fixed by ``N`` and ``num_graphs`` (a scatter-add, not ``bincount``,
+    whose length depends on the values).
+
+    Shapes:
+        ``batch``: ``(N,)`` -> ``pos``: ``(N,)``, ``counts``: ``(num_graphs,)``.
+    """
+    counts = torch.zeros(num_graphs, dtype=batch.dtype, device=batch.device).scatter_add_(
+        0, batch, torch.ones_like(batch))
+    ptr = torch.cumsum(counts, 0) - counts  # first node of every graph
+    return torch.arange(batch.shape[0], device=batch.device) - ptr[batch], counts
+
+
 class GraphBlock(nn.Module):
     r"""Pre-norm block on a graph: sparse diffusion attention over edges (+ optional global attention).
 
@@ -116,6 +144,19 @@ class GraphBlock(nn.Module):
     ``state`` and ``global_state`` are the :class:`~diffusionformer.ops.rivals.LayerState` of the
     edge-attention stack and of the global-attention stack of the model (the first layer's
     values and the depth, for the rival operators that read them).
+
+    Global attention pads the nodes of every graph into ``(G, N_max, D)``. Without sizes,
+    :func:`~torch_geometric.utils.to_dense_batch` reads ``G`` and ``N_max`` from ``batch`` and a
+    boolean index gathers the nodes back (a host synchronisation on an accelerator, a
+    data-dependent shape under :func:`torch.compile`). With ``max_num_nodes`` (and
+    ``num_graphs``) given, node ``i`` goes to row ``pos_i = i - ptr_{b_i}`` of graph ``b_i``
+    and comes back by the same index, so every shape is fixed by the call's Python ints: no
+    host read, and ``torch.compile(fullgraph=True)`` captures it. The padded keys are masked,
+    so the result equals the inferred-size one (to rounding, exactly for the same ``N_max``).
+    ``batch`` must be sorted (as in a PyG ``Batch``). A graph with more than ``max_num_nodes``
+    nodes is a ``ValueError`` in eager mode on CPU (where value checks run, see
+    :func:`~diffusionformer.ops._checks.checks_values`); elsewhere its node's index is out of
+    range (an indexing error, never a silently dropped node).
 
     Shapes:
         ``x``: ``(N, D)``, ``graph``: a sparse graph over ``N`` nodes or ``edge_index`` ``(2, E)``,
@@ -137,7 +178,8 @@ class GraphBlock(nn.Module):
 
     def forward(self, x: Tensor, graph: AttentionGraph | Tensor, batch: Tensor | None = None,
                 edge_attr: Tensor | None = None, state: LayerState | None = None,
-                global_state: LayerState | None = None) -> Tensor:
+                global_state: LayerState | None = None, *, max_num_nodes: int | None = None,
+                num_graphs: int | None = None) -> Tensor:
         if isinstance(graph, Tensor):
             graph = AttentionGraph.sparse(graph, x.shape[0], batch=batch, checked=False)
         if batch is None:
@@ -150,11 +192,43 @@ class GraphBlock(nn.Module):
         else:
             update = self.attn(h, graph, state=state)
         if self.global_attn is not None:
-            dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
-            g = self.global_attn(dense, key_padding_mask=~mask, state=global_state)
-            update = update + g[mask]
+            if max_num_nodes is None and num_graphs is None:  # sizes read from batch (host syncs)
+                dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
+                g = self.global_attn(dense, key_padding_mask=~mask, state=global_state)
+                update = update + g[mask]
+            else:
+                update = update + self._global_sized(h, batch, max_num_nodes, num_graphs, global_state)
         x = x + self.drop(update)
         return x + self.mlp(self.norm2(x))
+
+    def _global_sized(self, h: Tensor, batch: Tensor | None, max_num_nodes: int | None, num_graphs: int | None,
+                      global_state: LayerState | None) -> Tensor:
+        """Global attention in the ``(G, M, D)`` layout of the given sizes, gathered back by index (no boolean mask)."""
+        _check_size("max_num_nodes", max_num_nodes)
+        _check_size("num_graphs", num_graphs)
+        N, D = h.shape
+        if batch is None:  # one graph
+            if num_graphs not in (None, 1):
+                raise ValueError(f"num_graphs: a call without batch holds one graph, got num_graphs={num_graphs}")
+            batch = torch.zeros(N, dtype=torch.long, device=h.device)
+        G = num_graphs if num_graphs is not None else int(batch.max()) + 1 if N else 1  # host read if not given
+        if checks_values(batch) and N:
+            if not (0 <= int(batch.min()) and int(batch.max()) < G):
+                raise ValueError(f"batch: expected graph ids in [0, num_graphs={G}), "
+                                 f"got ids in [{int(batch.min())}, {int(batch.max())}]")
+            if N > 1 and bool((batch[1:] < batch[:-1]).any()):  # pos_i = i - ptr_{b_i} holds for sorted ids only
+                raise ValueError("batch: expected sorted graph ids (the nodes of each graph contiguous, as in a "
+                                 "PyG Batch), got an unsorted batch")
+        pos, counts = _node_positions(batch, G)  # (N,), (G,)
+        M = max_num_nodes if max_num_nodes is not None else max(int(counts.max()), 1)  # host read if not given
+        if checks_values(counts) and int(counts.max()) > M:
+            g = int(counts.argmax())
+            raise ValueError(f"max_num_nodes: graph {g} has {int(counts[g])} nodes, more than "
+                             f"max_num_nodes={M}; expected max_num_nodes >= the largest graph's node count")
+        dense = h.new_zeros(G, M, D).index_put((batch, pos), h)  # (G, M, D); pos >= M is an index error
+        padding = torch.arange(M, device=h.device) >= counts.unsqueeze(1)  # (G, M): True where no node
+        g = self.global_attn(dense, key_padding_mask=padding, state=global_state)
+        return g[batch, pos]  # (N, D)
 
 
 class DiffusionGraphTransformer(nn.Module):
@@ -164,6 +238,15 @@ class DiffusionGraphTransformer(nn.Module):
     self loop per node) with the configured head operators, and a linear head classifies
     nodes (``task="node"``) or pooled graphs (``task="graph"``). Node-permutation equivariant
     (graph outputs invariant).
+
+    With ``global_attention=True`` (GraphGPS style) every node also attends to all nodes of its
+    graph, padded per graph. Give the padded size ``max_num_nodes`` and ``num_graphs`` to
+    ``forward`` and the padding, the gather back and the graph readout take their shapes from
+    these Python ints instead of from ``batch`` (the same result, no host read of ``batch``),
+    which ``torch.compile(model, fullgraph=True)`` needs to capture one graph without
+    data-dependent shapes. (With ``self_loops=True`` the edges' self-loop normalisation,
+    :func:`~torch_geometric.utils.remove_self_loops`, is still a boolean mask: captured by the
+    compiler, but a ``nonzero``.)
 
     Args:
         config: a :class:`GraphTransformerConfig`.
@@ -177,6 +260,11 @@ class DiffusionGraphTransformer(nn.Module):
         >>> model = DiffusionGraphTransformer(cfg)
         >>> model(torch.randn(5, 3), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])).shape
         torch.Size([5, 2])
+        >>> gps = DiffusionGraphTransformer(GraphTransformerConfig(in_channels=3, dim=8, num_heads=2, task="graph",
+        ...                                                        global_attention=True))
+        >>> batch = torch.tensor([0, 0, 0, 1, 1])  # two graphs of 3 and 2 nodes
+        >>> gps(torch.randn(5, 3), torch.tensor([[0, 1, 3], [1, 2, 4]]), batch, max_num_nodes=4, num_graphs=2).shape
+        torch.Size([2, 2])
     """
 
     def __init__(self, config: GraphTransformerConfig) -> None:
@@ -206,6 +294,7 @@ class DiffusionGraphTransformer(nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
                 edge_attr: Tensor | None = None, pe: Tensor | None = None,
+                max_num_nodes: int | None = None, num_graphs: int | None = None,
                 return_intermediates: bool = False) -> Any:
         """Node or graph logits (plus :class:`ModelIntermediates` when asked).
 
@@ -217,6 +306,15 @@ class DiffusionGraphTransformer(nn.Module):
             pe: positional encoding ``(N, pe_dim)`` (required when ``pe`` is set), e.g. from
                 :func:`positional_encoding_transform`; added to the node embedding through a
                 linear map. Laplacian eigenvectors get a random sign per column in training.
+            max_num_nodes: an upper bound on the node count of every graph (e.g. the dataset's
+                largest graph); global attention pads each graph to it instead of reading the
+                largest graph's size from ``batch``. With ``num_graphs`` too, the forward reads
+                no tensor value on the host and compiles with ``fullgraph=True``; the result
+                equals the call without sizes. A larger graph is a ``ValueError`` (eager mode on
+                CPU) or an indexing error, never dropped nodes.
+            num_graphs: the number of graphs ``G`` in the batch (PyG's ``data.num_graphs``; may
+                exceed ``batch.max() + 1``, the extra graphs being empty), for global attention
+                and the graph readout instead of ``batch.max() + 1``.
             return_intermediates: also return the residual stream after every block.
         """
         c = self.config
@@ -225,6 +323,10 @@ class DiffusionGraphTransformer(nn.Module):
         N = x.shape[0]
         if batch is not None and (batch.dim() != 1 or batch.shape[0] != N):
             raise ValueError(f"batch must have shape (N,) = ({N},), got {tuple(batch.shape)}")
+        _check_size("max_num_nodes", max_num_nodes)
+        _check_size("num_graphs", num_graphs)
+        if batch is None and num_graphs not in (None, 1):
+            raise ValueError(f"num_graphs: a call without batch holds one graph, got num_graphs={num_graphs}")
         if c.task == "graph" and batch is None:
             batch = torch.zeros(N, dtype=torch.long, device=x.device)
         if (c.edge_dim is None) != (edge_attr is None):
@@ -252,12 +354,13 @@ class DiffusionGraphTransformer(nn.Module):
         inter = ModelIntermediates(embeddings=h) if return_intermediates else None
         state, global_state = LayerState(), LayerState()  # one per attention stack (local edges, global)
         for block in self.blocks:
-            h = block(h, graph, batch, edge_attr, state=state, global_state=global_state)
+            h = block(h, graph, batch, edge_attr, state=state, global_state=global_state,
+                      max_num_nodes=max_num_nodes, num_graphs=num_graphs)
             if inter is not None:
                 inter.hidden_states.append(h)
         h = self.norm(h)
         if c.task == "graph":
             pool = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[c.pool]
-            h = pool(h, batch)
+            h = pool(h, batch, num_graphs)  # num_graphs=None: batch.max() + 1 (a host read)
         out = self.head(h)
         return (out, inter) if inter is not None else out
