@@ -16,7 +16,7 @@ from diffusionformer.experiments.results import RunResult
 from diffusionformer.experiments.tables import aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic
 
-__all__ = ["git_commit", "manifest", "write_outputs"]
+__all__ = ["git_commit", "manifest", "merged_manifest", "write_outputs"]
 
 
 def manifest(config: ExperimentConfig) -> dict[str, Any]:
@@ -36,6 +36,29 @@ def manifest(config: ExperimentConfig) -> dict[str, Any]:
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "git_commit": git_commit(),
     }
+
+
+def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) -> dict[str, Any]:
+    """``current`` plus ``git_commits``: every commit an invocation of ``run`` recorded for this
+    comparison, oldest first (a study resumed across commits lists each; ``git_commit`` is the
+    latest). ``previous`` is the manifest already on disk, or ``None``.
+
+    Examples:
+        >>> merged_manifest({"git_commit": "a", "git_commits": ["a"]}, {"git_commit": "b"})["git_commits"]
+        ['a', 'b']
+        >>> merged_manifest({"git_commit": "a"}, {"git_commit": "a"})["git_commits"]
+        ['a']
+    """
+    seen: list[str] = []
+    if isinstance(previous, dict):
+        earlier = previous.get("git_commits")
+        for c in (earlier if isinstance(earlier, list) else [previous.get("git_commit")]):
+            if isinstance(c, str) and c not in seen:
+                seen.append(c)
+    c = current.get("git_commit")
+    if isinstance(c, str) and c not in seen:
+        seen.append(c)
+    return {**current, "git_commits": seen}
 
 
 def git_commit(path: str | Path | None = None) -> str | None:

@@ -54,6 +54,20 @@ def _copy_png(src: Path, dst: Path) -> Path | None:
     return dst
 
 
+def _commit_line(manifest: dict[str, Any]) -> str:
+    """The page's git line: the commit of the last ``run`` invocation, and every earlier one when the
+    comparison was trained over several commits (``git_commits`` of :func:`~diffusionformer.experiments.outputs.merged_manifest`)."""
+    commit = manifest.get("git_commit")
+    if not commit:
+        return "- **Git commit:** not recorded (this study's manifest predates the `git_commit` field)"
+    commits = [c for c in manifest.get("git_commits") or [] if isinstance(c, str)]
+    if len(commits) > 1:
+        listed = ", ".join(f"`{c}`" for c in commits)
+        return (f"- **Git commits:** {listed} (the invocations of `run` that trained this comparison ran at these "
+                f"{len(commits)} commits, in this order; the last at `{commit}`)")
+    return f"- **Git commit:** `{commit}`"
+
+
 def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir: str | Path,
                        *, config_path: str | None = None) -> Path:
     """Write the results page of ``config`` from ``<out_root>/<name>/`` into ``docs_dir``.
@@ -89,7 +103,6 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
             if log.is_file():
                 write_run_log(read_curves(log.parent), dst / "logs" / r.task / r.operator / f"seed{r.seed}.json")
     logs = sorted((dst / "logs").rglob("*.json")) if (dst / "logs").is_dir() else []
-    commit = manifest.get("git_commit")
 
     table = aggregate(runs)
     total = sum(r.elapsed or 0.0 for r in runs)
@@ -112,8 +125,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         f"{manifest.get('machine', '?')}; CUDA: {manifest.get('cuda') or 'none'}",
         f"- **Versions:** torch {manifest.get('torch', '?')}, diffusionformer {manifest.get('diffusionformer', '?')}, "
         f"Python {manifest.get('python', '?')}",
-        f"- **Git commit:** `{commit}`" if commit else
-        "- **Git commit:** not recorded (this study's manifest predates the `git_commit` field)",
+        _commit_line(manifest),
         f"- **Training wall time:** {total / 60:.1f} min in all (per-run times in the tables)",
         f"- **Per-run metric logs:** {len(logs)} files, `{config.name}/logs/<task>/<operator>/seed<k>.json` "
         "(training and evaluation records by step)" if logs else

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from diffusionformer.experiments.build import build_model, task_data
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
 from diffusionformer.experiments.outputs import git_commit
-from diffusionformer.experiments.outputs import manifest as _manifest
+from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.results import _completed, _result_from_files
 from diffusionformer.experiments.results import _read_summary as _read_summary  # noqa: F401  (back-compat)
@@ -137,7 +137,7 @@ def run_experiment(
             loaded = _checked_task_data(config, task, data_root, first=i == 0)
             if i == 0 and _is_main():  # the first task's data load: now something will train
                 out.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(out / "manifest.json", _manifest(config))
+                write_json_atomic(out / "manifest.json", merged_manifest(_read_manifest(out), _manifest(config)))
             for setting in config.operators:
                 for seed in config.seeds:
                     data = task_data(task, seed, data_root, loaded)
@@ -281,6 +281,15 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
     finally:
         if not distributed:
             _release_lock(rdir)
+
+
+def _read_manifest(out: Path) -> dict[str, Any] | None:
+    """The comparison's ``manifest.json``, or ``None`` when absent or unreadable (it is rewritten)."""
+    try:
+        data = json.loads((out / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,

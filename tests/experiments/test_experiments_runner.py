@@ -118,6 +118,10 @@ def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
     assert data["runs"][0]["num_parameters"] == data["runs"][1]["num_parameters"]
     ckpt = run_dir(out, "digits", "attention", 0) / "checkpoint.pt"
     mtime = ckpt.stat().st_mtime_ns
+    # a resumed comparison keeps the commits of earlier invocations (here: a fake older one)
+    first_manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**first_manifest, "git_commit": "0ld0c0mm17",
+                                                   "git_commits": ["0ld0c0mm17"]}))
     again = run_experiment(cfg, tmp_path, progress=False)
     assert ckpt.stat().st_mtime_ns == mtime  # not retrained
     assert [r.value for r in again] == [r.value for r in results]
@@ -145,7 +149,14 @@ def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
     assert "git_commit" in manifest and manifest["git_commit"] == git_commit()
     assert git_commit(tmp_path) is None  # not a checkout
     if manifest["git_commit"]:
-        assert f"**Git commit:** `{manifest['git_commit']}`" in text
+        assert manifest["git_commits"] == ["0ld0c0mm17", manifest["git_commit"]]
+        assert (f"**Git commits:** `0ld0c0mm17`, `{manifest['git_commit']}` (the invocations of `run` that "
+                f"trained this comparison ran at these 2 commits, in this order; the last at "
+                f"`{manifest['git_commit']}`)") in text
+    from diffusionformer.experiments.publish import _commit_line
+
+    assert _commit_line({"git_commit": "abc", "git_commits": ["abc"]}) == "- **Git commit:** `abc`"
+    assert "not recorded" in _commit_line({})
     # per-run metric logs as small JSON, equal to the run's metrics.jsonl
     for op in ("attention", "lap"):
         log = json.loads((tmp_path / "docs" / "tiny" / "logs" / "digits" / op / "seed0.json").read_text())
