@@ -577,13 +577,7 @@ class DiffusionAttention(nn.Module):
         operations of nanoGPT's attention and nothing else.
         """
         B, N, D = x.shape
-        H, C, G = self.num_heads, self.head_dim, self.num_kv_heads
-        qkv = self.qkv(x)
-        q, k, v = qkv.split(D, dim=-1) if G == H else qkv.split([D, G * C, G * C], dim=-1)
-        q, k, v = q.view(B, N, H, C), k.view(B, N, G, C), v.view(B, N, G, C)  # (B, N, H|G, C)
-        q, k = self._transform_qk(q, k, positions)
-        if G != H:  # grouped-query attention: query head h reads key/value head h // (H / G)
-            k, v = k.repeat_interleave(H // G, dim=-2), v.repeat_interleave(H // G, dim=-2)
+        q, k, v = self._project(x, positions)  # (B, N, H, C), key/value heads repeated for GQA
         vt = v.transpose(1, 2)  # (B, H, N, C)
         if state is not None:
             state.enter(vt)
