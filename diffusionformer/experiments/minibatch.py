@@ -35,6 +35,8 @@ from torch import Tensor, nn
 
 from diffusionformer.config import config_from_dict, config_to_dict, document_fields
 from diffusionformer.data.base import NodeData
+from diffusionformer.experiments._metrics import accuracy as _accuracy
+from diffusionformer.experiments._metrics import full_graph_metrics
 
 __all__ = ["MiniBatchConfig", "NodeMiniBatchTask", "check_num_neighbors", "operator_hops", "propagation_hops",
            "resolve_num_neighbors"]
@@ -190,10 +192,6 @@ def resolve_num_neighbors(config: MiniBatchConfig, hops: int | None) -> list[int
     return list(config.num_neighbors)  # type: ignore[arg-type]
 
 
-def _accuracy(logits: Tensor, y: Tensor) -> Tensor:
-    return (logits.argmax(-1) == y).float().mean()
-
-
 class NodeMiniBatchTask:
     r"""Node classification on neighbour-sampled mini-batches of seed nodes (see the module docstring).
 
@@ -275,33 +273,27 @@ class NodeMiniBatchTask:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
+        if self.eval == "full":
+            return full_graph_metrics(model, self.data)
+        from diffusionformer.data.neighbors import neighbor_batch
+
         device = next(model.parameters()).device
         out: dict[str, float] = {}
-        if self.eval == "full":
-            d = self.data.data.to(device)
-            logits = model(d.x, d.edge_index).float()
-            for split in ("val", "test"):
-                m = getattr(d, f"{split}_mask")
-                out[f"{split}_loss"] = F.cross_entropy(logits[m], d.y[m]).item()
-                out[f"{split}_acc"] = _accuracy(logits[m], d.y[m]).item()
-        else:
-            from diffusionformer.data.neighbors import neighbor_batch
-
-            g = torch.Generator().manual_seed(_EVAL_SEED)
-            for split in ("val", "test"):
-                nodes = getattr(self.data.data, f"{split}_mask").nonzero().view(-1)
-                loss_sum, correct, count = 0.0, 0.0, 0
-                for b, i in enumerate(range(0, nodes.numel(), self.eval_batch_size)):
-                    if max_batches is not None and b >= max_batches:
-                        break
-                    batch = neighbor_batch(self.data.data, self.sampler, nodes[i : i + self.eval_batch_size], g)
-                    B = int(batch.batch_size)
-                    logits = model(batch.x.to(device), batch.edge_index.to(device))[:B].float()
-                    y = batch.y[:B].to(device)
-                    loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-                    correct += (logits.argmax(-1) == y).sum().item()
-                    count += B
-                out[f"{split}_loss"] = loss_sum / count if count else float("nan")
-                out[f"{split}_acc"] = correct / count if count else float("nan")
+        g = torch.Generator().manual_seed(_EVAL_SEED)
+        for split in ("val", "test"):
+            nodes = getattr(self.data.data, f"{split}_mask").nonzero().view(-1)
+            loss_sum, correct, count = 0.0, 0.0, 0
+            for b, i in enumerate(range(0, nodes.numel(), self.eval_batch_size)):
+                if max_batches is not None and b >= max_batches:
+                    break
+                batch = neighbor_batch(self.data.data, self.sampler, nodes[i : i + self.eval_batch_size], g)
+                B = int(batch.batch_size)
+                logits = model(batch.x.to(device), batch.edge_index.to(device))[:B].float()
+                y = batch.y[:B].to(device)
+                loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+                correct += (logits.argmax(-1) == y).sum().item()
+                count += B
+            out[f"{split}_loss"] = loss_sum / count if count else float("nan")
+            out[f"{split}_acc"] = correct / count if count else float("nan")
         out["loss"] = out["val_loss"]
         return out

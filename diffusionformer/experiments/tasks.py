@@ -21,16 +21,14 @@ from torch import Tensor, nn
 from diffusionformer.config import config_from_dict
 from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
 from diffusionformer.data.ssl import SSLConfig
+from diffusionformer.experiments._metrics import accuracy as _accuracy
+from diffusionformer.experiments._metrics import full_graph_metrics
 from diffusionformer.models import DINOConfig, GCNConfig, GINConfig, GPTConfig, GraphTransformerConfig, ViTConfig
 
 __all__ = ["TaskAdapter", "build_task", "find_adapter", "heldout_batches", "model_overrides_for_data",
            "register_task_adapter", "task_adapter"]
 
 _EVAL_SEED = 1234  # fixed windows for text evaluation: every run is scored on the same text
-
-
-def _accuracy(logits: Tensor, y: Tensor) -> Tensor:
-    return (logits.argmax(-1) == y).float().mean()
 
 
 AUGMENT_KEYS = ("crop_padding", "flip")
@@ -325,18 +323,8 @@ class NodeTask:
         m = batch.train_mask
         return F.cross_entropy(logits[m].float(), batch.y[m]), {"acc": _accuracy(logits.detach()[m], batch.y[m])}
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
-        device = next(model.parameters()).device
-        d = self.data.data.to(device)
-        logits = model(d.x, d.edge_index).float()
-        out = {}
-        for split in ("val", "test"):
-            m = getattr(d, f"{split}_mask")
-            out[f"{split}_loss"] = F.cross_entropy(logits[m], d.y[m]).item()
-            out[f"{split}_acc"] = _accuracy(logits[m], d.y[m]).item()
-        out["loss"] = out["val_loss"]
-        return out
+        return full_graph_metrics(model, self.data)
 
 
 class GraphClassificationTask:

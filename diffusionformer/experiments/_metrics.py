@@ -1,0 +1,29 @@
+"""Metrics shared by the task adapters (a leaf module: it imports nothing of the runner)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from diffusionformer.data.base import NodeData
+
+
+def accuracy(logits: Tensor, y: Tensor) -> Tensor:
+    """The fraction of rows whose arg-max is the label (a 0-d float tensor)."""
+    return (logits.argmax(-1) == y).float().mean()
+
+
+@torch.no_grad()
+def full_graph_metrics(model: nn.Module, data: NodeData) -> dict[str, float]:
+    """``val_loss``, ``val_acc``, ``test_loss``, ``test_acc`` and ``loss = val_loss`` of one full-graph forward."""
+    device = next(model.parameters()).device
+    d = data.data.to(device)
+    logits = model(d.x, d.edge_index).float()
+    out: dict[str, float] = {}
+    for split in ("val", "test"):
+        m = getattr(d, f"{split}_mask")
+        out[f"{split}_loss"] = F.cross_entropy(logits[m], d.y[m]).item()
+        out[f"{split}_acc"] = accuracy(logits[m], d.y[m]).item()
+    out["loss"] = out["val_loss"]
+    return out
