@@ -478,10 +478,60 @@ def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun]) -> Tensor:
         >>> combine_affine(y, v, [(1, 2, 1.0, -1.0)]).flatten().tolist()  # head 1 is Laplacian
         [1.0, 2.0]
     """
-    if not (y.requires_grad or v.requires_grad):
+    runs = tuple(runs)
+    grad = y.requires_grad or v.requires_grad
+    columns = _head_columns(runs, y.shape[-2], y.device, y.dtype)
+    if columns is not None:  # stock autograd ops: 2 kernels each way and no Python in the backward pass
+        c0, c1 = columns
+        if grad or torch.compiler.is_compiling():  # dynamo refuses out= on a strided view
+            return torch.addcmul(v * c0, y, c1)
+        return torch.addcmul(v * c0, y, c1, out=y)  # the same operation, in place: inference equals training
+    if not grad:
         _apply_runs(y, v, runs)
         return y
-    return AffineHeads.apply(y, v, tuple(runs))
+    return AffineHeads.apply(y, v, runs)
+
+
+@lru_cache(maxsize=256)
+def _head_columns(runs: tuple[AffineRun, ...], num_heads: int, device: torch.device,
+                  dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
+    """``c0``, ``c1`` of every head as ``(H, 1)`` columns in ``dtype`` (built once), or ``None``.
+
+    ``None`` when a coefficient is not exact in ``dtype`` (then :class:`AffineHeads` multiplies
+    by the float32 scalars, as documented). Attention ``(0, 1)``, the Laplacian ``(1, -1)`` and
+    any dyadic coefficients are exact in every floating dtype, so ``v * c0 + y * c1`` gives the
+    bits of the run-by-run combination (one rounding per element).
+    """
+    bits = _SIGNIFICAND_BITS.get(dtype)
+    if bits is None:
+        return None
+    c0, c1 = [0.0] * num_heads, [1.0] * num_heads
+    for start, stop, a, b in runs:
+        if stop > num_heads or not (_exact(a, *bits) and _exact(b, *bits)):
+            return None
+        c0[start:stop] = [a] * (stop - start)
+        c1[start:stop] = [b] * (stop - start)
+    with torch.inference_mode(False):
+        cast = torch.tensor([c0, c1], dtype=torch.float64).to(device=device, dtype=dtype).unsqueeze(-1)
+    return cast[0], cast[1]
+
+
+#: significand bits (with the implicit one) and the smallest and largest binary exponents of normal numbers
+_SIGNIFICAND_BITS = {torch.float64: (53, -1021, 1024), torch.float32: (24, -125, 128),
+                     torch.bfloat16: (8, -125, 128), torch.float16: (11, -13, 16)}
+
+
+def _exact(x: float, significand: int, min_exp: int, max_exp: int) -> bool:
+    """Whether ``x`` is a normal number (or zero) of a binary format with these parameters (pure Python).
+
+    Examples:
+        >>> _exact(-1.0, 8, -125, 128), _exact(0.5, 8, -125, 128), _exact(0.1, 8, -125, 128)
+        (True, True, False)
+    """
+    if x == 0.0:
+        return True
+    m, e = math.frexp(x)  # x = m 2^e, 0.5 <= |m| < 1
+    return min_exp <= e <= max_exp and (m * 2.0**significand).is_integer()
 
 
 def affine(backend: Backend, v: Tensor, c0: Sequence[float], c1: Sequence[float]) -> Tensor:
