@@ -211,20 +211,6 @@ def select(t: Tensor, heads: Heads, dim: int) -> Tensor:
     return torch.cat([t.narrow(dim, a, b - a) for a, b in runs], dim=dim)
 
 
-def accumulate_(out: Tensor, heads: Heads, c: Tensor, x: Tensor, dim: int) -> Tensor:
-    """``out[heads] += c[heads] * x`` along ``dim``, in place (``out`` is a fresh tensor owned by the caller).
-
-    ``c`` covers every head (broadcastable to ``out``), ``x`` only ``heads``; one fused
-    multiply-add per run of consecutive heads.
-    """
-    pos = 0
-    for a, b in head_runs(heads):
-        n = b - a
-        out.narrow(dim, a, n).addcmul_(c.narrow(dim, a, n), x.narrow(dim, pos, n))
-        pos += n
-    return out
-
-
 # ---------------------------------------------------------------------------- back-ends
 class Backend(ABC):
     """How ``P`` is applied to a signal: the one thing a back-end of the engine supplies.
@@ -294,7 +280,7 @@ def polynomial(
         degrees: highest power used by each of the ``H`` heads (``<= K``).
         heads: the heads to propagate (default all); the others only receive ``c_0 v``
             (when ``out`` is ``None``) or are left as they are.
-        out: accumulator to add into, in place (default a fresh ``c_0 v``).
+        out: the accumulator to add to, all ``H`` heads (default ``c_0 v``); not modified.
 
     Shapes:
         ``v``: ``(..., H, ...)`` with ``H`` at ``backend.head_axis``; ``coeffs``: ``(H, K+1)``
@@ -308,15 +294,50 @@ def polynomial(
     if out is None:
         out = v * c[0]
     heads = all_heads(H) if heads is None else heads
+    # Out of place, so that autograd records one multiply-add per step (an in-place update of a view of
+    # the accumulator records a copy of the whole accumulator per step). ``acc`` holds the heads ``held``;
+    # heads that stop propagating are set aside in ``done`` and put back in head order at the end.
+    acc, held, done = out, all_heads(H), []
     cur, prev = v, all_heads(H)
     for step in range(1, max((0, *(degrees[h] for h in heads))) + 1):  # not max(..., default=): dynamo refuses it
         act = active_heads(degrees, step, heads)
+        if act != held:
+            rest = tuple(h for h in held if h not in act)
+            done.append((rest, select(acc, positions(rest, held), dim)))
+            acc, held = select(acc, positions(act, held), dim), act
         if act != prev:
             cur = select(cur, positions(act, prev), dim)
         cur = backend.propagate(cur, act)
-        accumulate_(out, act, c[step], cur, dim)
+        acc = torch.addcmul(acc, select(c[step], act, dim), cur)
         prev = act
-    return out
+    if not done:
+        return acc
+    done.append((held, acc))
+    # one concatenation in head order, token-major (heads second to last): the layout the layers' output
+    # projections read
+    parts = [done[i][1].movedim(dim, -2).narrow(-2, a, n) for i, a, n in _merge_plan(tuple(p for p, _ in done))]
+    return torch.cat(parts, dim=-2).movedim(-2, dim)
+
+
+@lru_cache(maxsize=1024)
+def _merge_plan(parts: tuple[Heads, ...]) -> tuple[tuple[int, int, int], ...]:
+    """``(part, start, length)`` slices that put the heads of ``parts`` (a partition) back in head order.
+
+    Examples:
+        >>> _merge_plan(((2, 3), (0, 1)))
+        ((1, 0, 2), (0, 0, 2))
+        >>> _merge_plan(((1,), (0, 2, 3)))
+        ((1, 0, 1), (0, 0, 1), (1, 1, 2))
+    """
+    where = {h: (i, j) for i, part in enumerate(parts) for j, h in enumerate(part)}
+    plan: list[tuple[int, int, int]] = []
+    for h in sorted(where):
+        i, j = where[h]
+        if plan and plan[-1][0] == i and plan[-1][1] + plan[-1][2] == j:
+            plan[-1] = (i, plan[-1][1], plan[-1][2] + 1)
+        else:
+            plan.append((i, j, 1))
+    return tuple(plan)
 
 
 # ---------------------------------------------------------------------------- the affine pass
