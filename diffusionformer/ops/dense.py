@@ -37,11 +37,13 @@ from diffusionformer.ops._checks import check_dropout, check_layout, check_scale
 from diffusionformer.ops.triton.backend import TritonBackend, key_padding_from_mask, triton_unsupported
 from diffusionformer.ops.engine import (
     Backend,
-    affine_coefficients,
     Heads,
     active_heads,
     affine,
+    affine_coefficients,
     all_heads,
+    head_runs,
+    merge_heads,
     polynomial,
     positions,
     select,
@@ -522,6 +524,9 @@ def _diffuse_dense(
             c0, c1 = affine_coefficients(coeffs, degrees)
             sdpa = SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok)
             return affine(sdpa, v, c0, c1), None
+        if backend != "matrix" and not need_weights and 0 < len(active_heads(degrees, 2)) < H:
+            return _split_static(q, k, v, coeffs, attn_mask, is_causal, scale, backend, degrees, dropout_p,
+                                 row_ok), None
         coeffs = static_tensor(coeffs, v.device, work)  # built and copied to the device once
     c = coeffs.to(work)
     if need_weights:
@@ -546,6 +551,52 @@ def _diffuse_dense(
     else:
         engine = SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok)
     return polynomial(engine, v, c, degrees).to(dtype), None
+
+
+def _split_static(
+    q: Tensor, k: Tensor, v: Tensor, rows: tuple[tuple[float, ...], ...], attn_mask: Tensor | None, is_causal: bool,
+    scale: float, backend: str, degrees: tuple[int, ...], dropout_p: float, row_ok: Tensor | None,
+) -> Tensor:
+    """Static coefficients, heads of degree ``<= 1`` beside ``K``-step heads: each group on its own path.
+
+    The heads of degree ``<= 1`` take the affine path (one fused call, ``c0 v + c1 P v`` in the
+    input dtype: plain attention heads return the kernel's output untouched); only the
+    ``K``-step heads run the engine's loop with a float32 accumulator (on the fused kernel, or
+    their own materialised ``P`` when ``backend="auto"`` picks ``"matrix"``). The two outputs
+    are merged token-major in one concatenation. One more kernel call than a loop over all
+    heads, but no float32 pass over the heads that do not need it; when each group is one run of
+    heads, ``q``, ``k``, ``v`` are split in one operation, whose gradient is one concatenation.
+    """
+    H, N, M = q.shape[1], q.shape[2], k.shape[2]
+    high = active_heads(degrees, 2)
+    low = tuple(h for h in range(H) if degrees[h] <= 1)
+    (q_lo, q_hi), (k_lo, k_hi), (v_lo, v_hi) = (_split_heads(t, low, high) for t in (q, k, v))
+    m_lo, m_hi = (attn_mask, attn_mask) if attn_mask is None or attn_mask.shape[1] == 1 else _split_heads(attn_mask, low, high)
+    r_lo, r_hi = (row_ok, row_ok) if row_ok is None or row_ok.shape[1] == 1 else _split_heads(row_ok, low, high)
+    c0, c1 = affine_coefficients(tuple(rows[h] for h in low), tuple(degrees[h] for h in low))
+    out_low = affine(SdpaBackend(q_lo, k_lo, m_lo, is_causal, scale, dropout_p, r_lo), v_lo, c0, c1)
+    deg_high = tuple(degrees[h] for h in high)
+    if backend == "auto":
+        backend = choose_dense_backend(N, M, max(deg_high), is_causal=is_causal, device_type=q.device.type)
+    if backend == "matrix":
+        engine: Backend = MatrixBackend(_attention_matrix(q_hi, k_hi, m_hi, is_causal, scale, r_hi),
+                                        all_heads(len(high)), dropout_p)
+    else:
+        engine = SdpaBackend(q_hi, k_hi, m_hi, is_causal, scale, dropout_p, r_hi)
+    c_high = static_tensor(tuple(rows[h] for h in high), v.device, work_dtype(v.dtype))
+    out_high = polynomial(engine, v_hi, c_high, deg_high).to(v.dtype)
+    return merge_heads(((low, out_low), (high, out_high)), 1)
+
+
+def _split_heads(t: Tensor, a: Heads, b: Heads) -> tuple[Tensor, Tensor]:
+    """The heads ``a`` and ``b`` (a partition of ``t``'s heads, axis 1): one split when each is one run."""
+    if len(head_runs(a)) == 1 and len(head_runs(b)) == 1:
+        if a[0] == 0:
+            ta, tb = torch.split(t, [len(a), len(b)], dim=1)
+        else:
+            tb, ta = torch.split(t, [len(b), len(a)], dim=1)
+        return ta, tb
+    return select(t, a, 1), select(t, b, 1)
 
 
 def diffuse(

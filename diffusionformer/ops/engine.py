@@ -120,6 +120,7 @@ __all__ = [
     "all_heads",
     "combine_affine",
     "head_runs",
+    "merge_heads",
     "polynomial",
     "positions",
     "select",
@@ -313,10 +314,25 @@ def polynomial(
     if not done:
         return acc
     done.append((held, acc))
-    # one concatenation in head order, token-major (heads second to last): the layout the layers' output
-    # projections read
-    parts = [done[i][1].movedim(dim, -2).narrow(-2, a, n) for i, a, n in _merge_plan(tuple(p for p, _ in done))]
-    return torch.cat(parts, dim=-2).movedim(-2, dim)
+    return merge_heads(done, dim)
+
+
+def merge_heads(parts: Sequence[tuple[Heads, Tensor]], dim: int) -> Tensor:
+    """The tensors of ``parts`` (each over its heads; the heads partition ``0 .. H-1``) in head order.
+
+    One concatenation, token-major (heads second to last, then moved back to ``dim``): the
+    layout the layers' output projections read, so merging heads costs no copy there.
+
+    Examples:
+        >>> a, b = torch.tensor([[0.0, 2.0]]), torch.tensor([[1.0]])
+        >>> merge_heads([((0, 2), a), ((1,), b)], dim=1).tolist()
+        [[0.0, 1.0, 2.0]]
+    """
+    pieces = []
+    for i, a, n in _merge_plan(tuple(h for h, _ in parts)):
+        t = parts[i][1].movedim(dim, -2)
+        pieces.append(t if n == t.shape[-2] else t.narrow(-2, a, n))  # a whole part: no slice for autograd to undo
+    return torch.cat(pieces, dim=-2).movedim(-2, dim)
 
 
 @lru_cache(maxsize=1024)

@@ -1,0 +1,101 @@
+"""Static coefficients with heads of degree <= 1 beside K-step heads: the split path of the dense engine.
+
+``diffuse`` with Python-number coefficients and per-head degrees runs the heads of degree <= 1 on
+the affine path (one fused call, combined in the input dtype) and only the K-step heads through
+the engine's float32 loop, then merges them in head order. Every layout of the two groups (one
+run each, either first, or interleaved), every back-end choice and mask kind is checked against
+explicit float64 matrices, forward and backward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffusionformer.functional import dense_attention_reference, diffuse, polynomial_reference
+from diffusionformer.ops import dense as _dense
+from diffusionformer.testing import random_qkv
+
+ATT, LAP = [0.0, 1.0, 0.0, 0.0], [1.0, -1.0, 0.0, 0.0]
+HEAT2, POLY3 = [0.5, 0.3, 0.2, 0.0], [0.2, 0.3, -0.4, 0.9]
+LAYOUTS = {
+    "low-then-high": ([ATT, LAP, ATT, HEAT2, POLY3], [1, 1, 1, 2, 3]),
+    "high-then-low": ([POLY3, HEAT2, LAP, ATT], [3, 2, 1, 1]),
+    "interleaved": ([HEAT2, ATT, POLY3, LAP, ATT, HEAT2], [2, 1, 3, 1, 1, 2]),
+    "affine-degree-0": ([[0.7, 0.0, 0.0, 0.0], POLY3, ATT], [0, 3, 1]),
+}
+
+
+def _allowed(kind: str, B: int, H: int, N: int) -> tuple[torch.Tensor | None, torch.Tensor | None, bool]:
+    """``(attn_mask, allowed, is_causal)``: the call's mask and the reference's allowed entries."""
+    g = torch.Generator().manual_seed(5)
+    if kind == "none":
+        return None, None, False
+    if kind == "causal":
+        return None, torch.ones(N, N, dtype=torch.bool).tril(), True
+    if kind == "key-padding":
+        keep = torch.ones(B, 1, 1, N, dtype=torch.bool)
+        keep[1, ..., -2:] = False
+        return keep, keep.expand(B, H, N, N), False
+    per_head = torch.rand(B, H, N, N, generator=g) < 0.6  # a mask per head, with a fully masked row
+    per_head[0, 1, 2] = False
+    return per_head, per_head, False
+
+
+def _reference_P(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Explicit float64 ``P``; a query row without keys is a constant zero row (with a finite gradient)."""
+    if allowed is None:
+        return dense_attention_reference(q, k)
+    allowed = allowed.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    empty = ~allowed.any(-1, keepdim=True)
+    P = dense_attention_reference(q, k, allowed=allowed | empty)  # softmax of a whole row where it has no key...
+    return P.masked_fill(empty, 0.0)  # ...then the documented zero row
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("backend", ["sdpa", "auto"])
+@pytest.mark.parametrize("mask", ["none", "causal", "key-padding", "per-head"])
+def test_split_path_matches_float64_matrices_with_gradients(layout, backend, mask, monkeypatch):
+    rows, degrees = LAYOUTS[layout]
+    H, N = len(rows), 7
+    calls = []
+    split = _dense._split_static
+    monkeypatch.setattr(_dense, "_split_static", lambda *a: calls.append(1) or split(*a))
+    q, k, v = (t.requires_grad_() for t in random_qkv(2, H, N, 4, seed=3))
+    attn_mask, allowed, is_causal = _allowed(mask, 2, H, N)
+    out = diffuse(q, k, v, rows, degrees=degrees, attn_mask=attn_mask, is_causal=is_causal, backend=backend)
+    assert calls, "the call did not take the split path"
+    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    truncated = torch.tensor([[c if j <= d else 0.0 for j, c in enumerate(r)] for r, d in zip(rows, degrees)],
+                             dtype=torch.float64)
+    ref = polynomial_reference(_reference_P(qr, kr, allowed), vr, truncated)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    for a, b in ((q, qr), (k, kr), (v, vr)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_split_path_equals_the_general_loop_in_bfloat16(layout):
+    rows, degrees = LAYOUTS[layout]
+    q, k, v = (t.to(torch.bfloat16) for t in random_qkv(2, len(rows), 9, 8, seed=4))
+    static = diffuse(q, k, v, rows, degrees=degrees, is_causal=True, backend="sdpa")
+    general = diffuse(q, k, v, torch.tensor(rows), degrees=degrees, is_causal=True, backend="sdpa")  # tensor: the loop
+    assert static.dtype == torch.bfloat16
+    ref = polynomial_reference(dense_attention_reference(q.double(), k.double(),
+                                                         allowed=torch.ones(9, 9, dtype=torch.bool).tril()),
+                               v.double(), torch.tensor([[c if j <= d else 0.0 for j, c in enumerate(r)]
+                                                         for r, d in zip(rows, degrees)], dtype=torch.float64))
+    # both round to bfloat16 once at the end of a float32 sum for K-step heads; affine heads round once too
+    torch.testing.assert_close(static.double(), ref, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(static.double(), general.double(), rtol=2e-2, atol=2e-2)
+
+
+def test_split_output_is_token_major_so_merging_heads_is_a_view():
+    rows, degrees = LAYOUTS["low-then-high"]
+    q, k, v = random_qkv(2, len(rows), 6, 4, seed=6)
+    out = diffuse(q, k, v, rows, degrees=degrees, backend="sdpa")  # (B, H, N, C)
+    merged = out.transpose(1, 2)
+    assert merged.is_contiguous()  # (B, N, H, C) in memory: the layer's reshape to (B, N, D) copies nothing
