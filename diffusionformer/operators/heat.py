@@ -3,6 +3,7 @@ r"""Heat-kernel operators :math:`\exp(-t (I - P))`: truncated series and the exa
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 from torch import Tensor, nn
@@ -21,9 +22,10 @@ MAX_TRUNCATION_ERROR = 0.5
 def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
     r"""Weights on ``P^0 .. P^K`` of the truncated heat kernel :math:`\exp(-t (I - P))`.
 
-    * ``"taylor"``: :math:`c_k = e^{-t} t^k / k!` (the Poisson weights; computed as a running
-      product in float64, so there is no overflow or NaN up to ``t`` of several hundred and
-      the gradient in ``t`` is finite everywhere, ``t = 0`` included);
+    * ``"taylor"``: :math:`c_k = e^{-t} t^k / k!` (the Poisson weights, in float64: as a vector
+      of powers for ``K <= 20`` and as a running product beyond, so there is no overflow or
+      NaN up to ``t`` of several hundred and the gradient in ``t`` is finite everywhere,
+      ``t = 0`` included);
     * ``"euler"``: :math:`((1 - t/K) I + (t/K) P)^K`, i.e.
       :math:`c_k = \binom{K}{k} (1 - t/K)^{K-k} (t/K)^k` (``K`` explicit Euler steps of
       ``dx/dt = -(I - P) x``).
@@ -46,10 +48,14 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
     t = t.to(torch.float64)
     if method == "taylor":
-        c = [torch.exp(-t)]
-        for k in range(1, steps + 1):
-            c.append(c[-1] * t / k)
-        return torch.stack(c, dim=-1)
+        if steps > _VECTOR_STEPS:
+            c = [torch.exp(-t)]
+            for k in range(1, steps + 1):
+                c.append(c[-1] * t / k)
+            return torch.stack(c, dim=-1)
+        # a fixed number of kernels whatever K (the running product costs 2 K tiny launches each way)
+        k, inv_factorial = _taylor_table(steps, t.device)
+        return torch.exp(-t).unsqueeze(-1) * t.unsqueeze(-1).pow(k) * inv_factorial
     if method == "euler":
         if steps == 0:
             raise ValueError("the Euler heat kernel needs steps >= 1")
@@ -61,6 +67,20 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
         b_pow = torch.stack([b**k for k in range(steps + 1)], dim=-1)
         return binom * a_pow * b_pow
     raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}")
+
+
+#: up to this K the Taylor weights are computed as ``e^{-t} t^k / k!`` with a vector of powers (``|t|^K``
+#: stays far from float64's overflow for any ``|t| < 10^15``); beyond it, as the running product
+_VECTOR_STEPS = 20
+
+
+@lru_cache(maxsize=64)
+def _taylor_table(steps: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``k = 0 .. K`` and ``1 / k!`` in float64 on ``device``, built once (no copy to the device per call)."""
+    with torch.inference_mode(False):
+        k = torch.arange(steps + 1, dtype=torch.float64)
+        return k.to(device), torch.tensor([1.0 / math.factorial(i) for i in range(steps + 1)],
+                                          dtype=torch.float64).to(device)
 
 
 def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> int:

@@ -3,6 +3,7 @@ r"""Personalised PageRank (APPNP) diffusion."""
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 from torch import Tensor, nn
@@ -30,8 +31,17 @@ def ppr_coefficients(alpha: Tensor, steps: int) -> Tensor:
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     keep = 1.0 - alpha
-    c = [alpha * keep**k for k in range(steps)] + [keep**steps]
-    return torch.stack(c, dim=-1)
+    k, last = _ppr_table(steps, alpha.device, alpha.dtype)
+    # (1 - alpha)^k times alpha, and times 1 on P^K: a fixed number of kernels whatever K
+    return keep.unsqueeze(-1).pow(k) * torch.where(last, 1.0, alpha.unsqueeze(-1))
+
+
+@lru_cache(maxsize=64)
+def _ppr_table(steps: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``k = 0 .. K`` in ``dtype`` and the mask of ``k = K`` on ``device``, built once."""
+    with torch.inference_mode(False):
+        k = torch.arange(steps + 1, dtype=dtype)
+        return k.to(device), (k == steps).to(device)
 
 
 def ppr_steps_for_tolerance(alpha: float, tol: float) -> int:

@@ -292,15 +292,22 @@ def polynomial(
     shape = [1] * v.dim()
     shape[dim] = H
     c = coeffs.t().reshape([coeffs.shape[1]] + shape)  # (K+1, ..., H, ...): c[k] broadcasts against v
-    if out is None:
-        out = v * c[0]
     heads = all_heads(H) if heads is None else heads
+    K = max((0, *(degrees[h] for h in heads)))  # not max(..., default=): dynamo refuses it
+    # the coefficients of every step, restricted to that step's heads: one narrow, head selection and unbind
+    # per run of steps with the same heads (autograd then records a few operations, not a few per step)
+    cs: list[Tensor] = []
+    for s0, n, act in _coefficient_blocks(tuple(degrees), heads, K):
+        block = c if n == c.shape[0] else c.narrow(0, s0, n)
+        cs.extend(select(block, act, dim + 1).unbind(0))
+    if out is None:
+        out = v * cs[0]
     # Out of place, so that autograd records one multiply-add per step (an in-place update of a view of
     # the accumulator records a copy of the whole accumulator per step). ``acc`` holds the heads ``held``;
     # heads that stop propagating are set aside in ``done`` and put back in head order at the end.
     acc, held, done = out, all_heads(H), []
     cur, prev = v, all_heads(H)
-    for step in range(1, max((0, *(degrees[h] for h in heads))) + 1):  # not max(..., default=): dynamo refuses it
+    for step in range(1, K + 1):
         act = active_heads(degrees, step, heads)
         if act != held:
             rest = tuple(h for h in held if h not in act)
@@ -309,12 +316,28 @@ def polynomial(
         if act != prev:
             cur = select(cur, positions(act, prev), dim)
         cur = backend.propagate(cur, act)
-        acc = torch.addcmul(acc, select(c[step], act, dim), cur)
+        acc = torch.addcmul(acc, cs[step], cur)
         prev = act
     if not done:
         return acc
     done.append((held, acc))
     return merge_heads(done, dim)
+
+
+@lru_cache(maxsize=1024)
+def _coefficient_blocks(degrees: tuple[int, ...], heads: Heads, K: int) -> tuple[tuple[int, int, Heads], ...]:
+    """``(first step, steps, heads)`` runs of steps ``0 .. K`` that share their heads (step 0: every head).
+
+    Examples:
+        >>> _coefficient_blocks((1, 3, 3), (0, 1, 2), 3)
+        ((0, 2, (0, 1, 2)), (2, 2, (1, 2)))
+    """
+    blocks: list[tuple[int, int, Heads]] = [(0, 1, all_heads(len(degrees)))]
+    for step in range(1, K + 1):
+        act = active_heads(degrees, step, heads)
+        s0, n, prev = blocks[-1]
+        blocks[-1:] = [(s0, n + 1, prev)] if act == prev else [blocks[-1], (step, 1, act)]
+    return tuple(blocks)
 
 
 def merge_heads(parts: Sequence[tuple[Heads, Tensor]], dim: int) -> Tensor:

@@ -15,6 +15,7 @@ from diffusionformer.operators import (
     PPROperator,
     heat_coefficients,
     heat_steps_for_tolerance,
+    ppr_coefficients,
 )
 from diffusionformer.testing import random_qkv
 
@@ -204,3 +205,24 @@ def test_heat_coefficients_euler_equal_taylor_in_the_limit():
     tay = heat_coefficients(t, 9)
     assert torch.allclose(e, tay, atol=5e-3)
     assert math.isclose(heat_coefficients(t, 200, "euler").sum().item(), 1.0, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("steps", [1, 4, 8, 20, 21, 40])
+@pytest.mark.parametrize("t", [0.0, 1e-8, 0.5, -0.7, 3.0, 300.0, 600.0])
+def test_heat_and_ppr_weights_match_the_closed_forms_with_finite_gradients(t, steps):
+    # heat: e^{-t} t^k / k! from Python's math (both the vector-of-powers and the running-product branches)
+    tt = torch.tensor(t, dtype=torch.float64, requires_grad=True)
+    c = heat_coefficients(tt, steps)
+    ref = torch.tensor([math.exp(-t) * t**k / math.factorial(k) for k in range(steps + 1)], dtype=torch.float64)
+    torch.testing.assert_close(c, ref, rtol=1e-12, atol=1e-300)
+    (g,) = torch.autograd.grad((c * torch.arange(steps + 1)).sum(), tt)  # d/dt of sum_k k c_k
+    expected = sum(k * (math.exp(-t) * (k * t ** (k - 1) if k else 0.0) / math.factorial(k) - ref[k].item())
+                   for k in range(steps + 1))
+    assert math.isfinite(g.item()) and g.item() == pytest.approx(expected, rel=1e-9, abs=1e-300)
+    # PPR: alpha (1 - alpha)^k, and (1 - alpha)^K on P^K
+    alpha = min(abs(t), 1.0)
+    a = torch.tensor([alpha, 0.3])
+    p = ppr_coefficients(a, steps)
+    for row, al in zip(p, (alpha, 0.3)):
+        expect = [al * (1 - al) ** k for k in range(steps)] + [(1 - al) ** steps]
+        torch.testing.assert_close(row, torch.tensor(expect), rtol=1e-5, atol=1e-7)
