@@ -21,8 +21,34 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if HAS_TRITON and DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 
+
+
+def _interpreter_problem() -> str | None:
+    """Why the installed triton cannot interpret the kernels here, or ``None``.
+
+    triton 3.6's interpreter turns a loop bound computed from a scalar argument into a
+    one-element array and ``int()`` of that fails with numpy >= 2.4 ("only 0-dimensional arrays
+    can be converted to Python scalars"); triton 3.7, 3.8 and 3.9 interpret the kernels with
+    numpy 2.4, and triton 3.6 with numpy 2.3. Compiled kernels (a CUDA device) are not affected.
+    """
+    if not HAS_TRITON or DEVICE != "cpu":
+        return None
+    import numpy
+    import triton
+
+    def version(v: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in v.split("+")[0].split(".")[:2] if p.isdigit())
+
+    if version(triton.__version__) < (3, 7) and version(numpy.__version__) >= (2, 4):
+        return (f"triton {triton.__version__}'s interpreter fails with numpy {numpy.__version__} "
+                "(pip install 'triton>=3.7' or 'numpy<2.4' to run the kernel tests on CPU)")
+    return None
+
+
+INTERPRETER_PROBLEM = _interpreter_problem()
 requires_triton = pytest.mark.skipif(
-    not HAS_TRITON, reason="triton is not installed (pip install 'triton>=3.3'; Linux wheels only)"
+    not HAS_TRITON or INTERPRETER_PROBLEM is not None,
+    reason=INTERPRETER_PROBLEM or "triton is not installed (pip install 'triton>=3.7'; Linux wheels only)",
 )
 
 
@@ -30,7 +56,9 @@ requires_triton = pytest.mark.skipif(
 def triton_kernels():
     """The kernel module, interpreted when there is no CUDA device."""
     if not HAS_TRITON:
-        pytest.skip("triton is not installed (pip install 'triton>=3.3'; Linux wheels only)")
+        pytest.skip("triton is not installed (pip install 'triton>=3.7'; Linux wheels only)")
+    if INTERPRETER_PROBLEM is not None:
+        pytest.skip(INTERPRETER_PROBLEM)
     from diffusionformer.ops.triton import _kernels
 
     if DEVICE == "cpu" and type(_kernels._first_step).__name__ != "InterpretedFunction":
