@@ -132,17 +132,22 @@ def run_experiment(
     runs = [(t, o, s) for t in chosen for o in config.operators for s in config.seeds]
     results: list[RunResult] = []
     bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=not (progress and _is_main()), dynamic_ncols=True)
+    recorded = False  # this invocation's manifest (machine, versions, commit): written when it first trains
     try:
         for i, task in enumerate(chosen):
             loaded = _checked_task_data(config, task, data_root, first=i == 0)
             if i == 0 and _is_main():  # the first task's data load: now something will train
                 out.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(out / "manifest.json", merged_manifest(_read_manifest(out), _manifest(config)))
             for setting in config.operators:
                 for seed in config.seeds:
                     data = task_data(task, seed, data_root, loaded)
                     bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
                     done_before = resume and _completed(run_dir(out, task.name, setting.name, seed))
+                    if not done_before and not recorded and _is_main():
+                        # only an invocation that trains adds its commit: a pass over finished runs (the tables
+                        # after parallel workers, a re-run) leaves the provenance of the comparison as it was
+                        write_json_atomic(out / "manifest.json", merged_manifest(_read_manifest(out), _manifest(config)))
+                        recorded = True
                     result = _one_run(out, task, setting, seed, data, resume, progress, device, log)
                     if result is not None:
                         results.append(result)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -120,11 +121,17 @@ def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
     mtime = ckpt.stat().st_mtime_ns
     # a resumed comparison keeps the commits of earlier invocations (here: a fake older one)
     first_manifest = json.loads((out / "manifest.json").read_text())
-    (out / "manifest.json").write_text(json.dumps({**first_manifest, "git_commit": "0ld0c0mm17",
-                                                   "git_commits": ["0ld0c0mm17"]}))
+    older = {**first_manifest, "git_commit": "0ld0c0mm17", "git_commits": ["0ld0c0mm17"]}
+    (out / "manifest.json").write_text(json.dumps(older))
     again = run_experiment(cfg, tmp_path, progress=False)
     assert ckpt.stat().st_mtime_ns == mtime  # not retrained
     assert [r.value for r in again] == [r.value for r in results]
+    # an invocation that trained nothing adds nothing to the provenance
+    assert json.loads((out / "manifest.json").read_text()) == older
+    # one that trains a run (here: the Laplacian run, removed) adds its commit
+    shutil.rmtree(run_dir(out, "digits", "lap", 0))
+    run_experiment(cfg, tmp_path, progress=False)
+    assert ckpt.stat().st_mtime_ns == mtime  # the attention run is still not retrained
     # publish: a docs page with the table and figures, and no checkpoint copied
     from diffusionformer.experiments.publish import publish_experiment
 
