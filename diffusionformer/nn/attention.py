@@ -228,6 +228,27 @@ class DiffusionAttention(nn.Module):
         if self._static_coefficients is not None and self.max_degree <= 1:
             c0, c1 = affine_coefficients(self._static_coefficients, self._degrees)
             self._affine_runs = affine_runs(c0, c1)
+        # With learned coefficients somewhere: the heads whose operator is a fixed c0 I + c1 P (attention,
+        # Laplacian) and the heads that receive 0 from the engine (non-polynomial) take the affine path in the
+        # input dtype; only the others run the float32 loop (ops.dense._split_paths)
+        self._affine_heads: tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]] | None = None
+        if self._static_coefficients is None:
+            heads: list[int] = []
+            c0s: list[float] = []
+            c1s: list[float] = []
+            for op, (start, count), st in zip(ops, self._groups, static):
+                if not op.is_polynomial:
+                    row = (0.0, 0.0)
+                elif st is not None and op.degree <= 1:
+                    row = (float(st[0]), float(st[1]) if op.degree == 1 else 0.0)
+                else:
+                    continue
+                heads += range(start, start + count)
+                c0s += [row[0]] * count
+                c1s += [row[1]] * count
+            if heads and len(heads) < self.num_heads:
+                static_coefficients(tuple(zip(c0s, c1s)), len(heads))  # finite: validated once
+                self._affine_heads = (tuple(heads), tuple(c0s), tuple(c1s))
         self._plan_key = ops
 
     def _check_plan(self) -> None:
@@ -542,7 +563,7 @@ class DiffusionAttention(nn.Module):
             coeffs, _ = check_layout(coeffs, self._degrees, self.num_heads, v)
         # q, k, v, the static coefficients and the degrees are the layer's own (checked once); the mask is checked there
         out, P = _dense._diffuse_checked(q, k, v, coeffs, mask, is_causal, self._scale, self.backend, self._degrees,
-                                         dropout_p, need_weights)
+                                         dropout_p, need_weights, self._affine_heads)
         if self._matrix_groups:
             # the full P (B, H, N, N), or (B, H', N, N) for the H' non-polynomial heads alone, in head order
             Pm = P if P is not None else _dense._attention_matrix_heads(q, k, self._matrix_heads, mask, is_causal,

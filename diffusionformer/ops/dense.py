@@ -27,6 +27,7 @@ sparse back-end, so such a position outputs ``c_0 v`` and never NaN.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal, Sequence
 
 import torch
@@ -466,10 +467,15 @@ def diffuse_with_weights(
 def _diffuse_checked(
     q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor | tuple[tuple[float, ...], ...], attn_mask: Tensor | None,
     is_causal: bool, scale: float, backend: str, degrees: tuple[int, ...], dropout_p: float, need_weights: bool,
+    affine_heads: AffineHeadsPlan | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`diffuse_with_weights` past its checks of ``q``, ``k``, ``v``, ``coeffs``, ``degrees``, ``scale``,
     ``backend`` and ``dropout_p`` (for callers that built them: :class:`~diffusionformer.nn.DiffusionAttention`);
-    ``attn_mask`` and ``is_causal`` are validated here."""
+    ``attn_mask`` and ``is_causal`` are validated here.
+
+    ``affine_heads`` (with a coefficient tensor): ``(heads, c0, c1)``, heads whose rows of ``coeffs``
+    are the fixed ``c0 I + c1 P`` (validated by the caller), which then take the affine path in the
+    input dtype while the other heads run the loop (see :func:`_split_paths`)."""
     if backend == "triton" or (backend == "auto" and TRITON_IN_AUTO and q.device.type == "cuda"):
         out = _try_triton(q, k, v, coeffs, attn_mask, is_causal, scale, backend,
                           degrees, dropout_p, need_weights)
@@ -477,7 +483,7 @@ def _diffuse_checked(
             return out, None
     attn_mask, is_causal = _normalise_mask(attn_mask, is_causal, q, k)
     return _diffuse_dense(q, k, v, coeffs, attn_mask, is_causal, scale, backend,
-                          degrees, dropout_p, need_weights)
+                          degrees, dropout_p, need_weights, affine_heads)
 
 
 def _plain_attention(coeffs: Tensor | tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> bool:
@@ -511,6 +517,7 @@ def _try_triton(
 def _diffuse_dense(
     q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor | tuple[tuple[float, ...], ...], attn_mask: Tensor | None,
     is_causal: bool, scale: float, backend: str, degrees: tuple[int, ...], dropout_p: float, need_weights: bool,
+    affine_heads: AffineHeadsPlan | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`diffuse_with_weights` on validated inputs: picks the path and a back-end, runs the engine."""
     B, H, N, _ = q.shape
@@ -524,11 +531,19 @@ def _diffuse_dense(
             c0, c1 = affine_coefficients(coeffs, degrees)
             sdpa = SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok)
             return affine(sdpa, v, c0, c1), None
-        if backend != "matrix" and not need_weights and 0 < len(active_heads(degrees, 2)) < H:
-            return _split_static(q, k, v, coeffs, attn_mask, is_causal, scale, backend, degrees, dropout_p,
-                                 row_ok), None
+        high = active_heads(degrees, 2)
+        if backend != "matrix" and not need_weights and 0 < len(high) < H:
+            low = tuple(h for h in range(H) if degrees[h] <= 1)
+            c0, c1 = affine_coefficients(tuple(coeffs[h] for h in low), tuple(degrees[h] for h in low))
+            c_high = static_tensor(tuple(coeffs[h] for h in high), v.device, work)
+            return _split_paths(q, k, v, (low, c0, c1), high, c_high, degrees, attn_mask, is_causal, scale, backend,
+                                dropout_p, row_ok), None
         coeffs = static_tensor(coeffs, v.device, work)  # built and copied to the device once
     c = coeffs.to(work)
+    if affine_heads is not None and backend != "matrix" and not need_weights and 0 < len(affine_heads[0]) < H:
+        high = _complement(affine_heads[0], H)
+        return _split_paths(q, k, v, affine_heads, high, select(c, high, 0), degrees, attn_mask, is_causal, scale,
+                            backend, dropout_p, row_ok), None
     if need_weights:
         P = _attention_matrix(q, k, attn_mask, is_causal, scale, row_ok)
         out = polynomial(MatrixBackend(P, all_heads(H), dropout_p), v, c, degrees)
@@ -553,27 +568,36 @@ def _diffuse_dense(
     return polynomial(engine, v, c, degrees).to(dtype), None
 
 
-def _split_static(
-    q: Tensor, k: Tensor, v: Tensor, rows: tuple[tuple[float, ...], ...], attn_mask: Tensor | None, is_causal: bool,
-    scale: float, backend: str, degrees: tuple[int, ...], dropout_p: float, row_ok: Tensor | None,
-) -> Tensor:
-    """Static coefficients, heads of degree ``<= 1`` beside ``K``-step heads: each group on its own path.
+#: ``(heads, c0, c1)``: heads (increasing) whose operator is the fixed ``c0[i] I + c1[i] P``
+AffineHeadsPlan = tuple[Heads, tuple[float, ...], tuple[float, ...]]
 
-    The heads of degree ``<= 1`` take the affine path (one fused call, ``c0 v + c1 P v`` in the
-    input dtype: plain attention heads return the kernel's output untouched); only the
-    ``K``-step heads run the engine's loop with a float32 accumulator (on the fused kernel, or
-    their own materialised ``P`` when ``backend="auto"`` picks ``"matrix"``). The two outputs
-    are merged token-major in one concatenation. One more kernel call than a loop over all
-    heads, but no float32 pass over the heads that do not need it; when each group is one run of
-    heads, ``q``, ``k``, ``v`` are split in one operation, whose gradient is one concatenation.
+
+@lru_cache(maxsize=256)
+def _complement(heads: Heads, num_heads: int) -> Heads:
+    return tuple(h for h in range(num_heads) if h not in heads)
+
+
+def _split_paths(
+    q: Tensor, k: Tensor, v: Tensor, affine_heads: AffineHeadsPlan, high: Heads, c_high: Tensor,
+    degrees: tuple[int, ...], attn_mask: Tensor | None, is_causal: bool, scale: float, backend: str, dropout_p: float,
+    row_ok: Tensor | None,
+) -> Tensor:
+    """Fixed ``c0 I + c1 P`` heads beside heads of the loop: each group on its own path.
+
+    The fixed affine heads (``affine_heads``) take the affine path (one fused call, ``c0 v + c1 P v``
+    in the input dtype: plain attention heads return the kernel's output untouched); only the
+    other heads (``high``, coefficients ``c_high``, ``(len(high), K+1)`` in the working dtype, fixed
+    or learned) run the engine's loop with a float32 accumulator (on the fused kernel, or their
+    own materialised ``P`` when ``backend="auto"`` picks ``"matrix"``). The two outputs are merged
+    token-major in one concatenation. One more kernel call than a loop over all heads, but no
+    float32 pass over the heads that do not need it; when each group is one run of heads, ``q``,
+    ``k``, ``v`` are split in one operation, whose gradient is one concatenation.
     """
-    H, N, M = q.shape[1], q.shape[2], k.shape[2]
-    high = active_heads(degrees, 2)
-    low = tuple(h for h in range(H) if degrees[h] <= 1)
+    N, M = q.shape[2], k.shape[2]
+    low, c0, c1 = affine_heads
     (q_lo, q_hi), (k_lo, k_hi), (v_lo, v_hi) = (_split_heads(t, low, high) for t in (q, k, v))
     m_lo, m_hi = (attn_mask, attn_mask) if attn_mask is None or attn_mask.shape[1] == 1 else _split_heads(attn_mask, low, high)
     r_lo, r_hi = (row_ok, row_ok) if row_ok is None or row_ok.shape[1] == 1 else _split_heads(row_ok, low, high)
-    c0, c1 = affine_coefficients(tuple(rows[h] for h in low), tuple(degrees[h] for h in low))
     out_low = affine(SdpaBackend(q_lo, k_lo, m_lo, is_causal, scale, dropout_p, r_lo), v_lo, c0, c1)
     deg_high = tuple(degrees[h] for h in high)
     if backend == "auto":
@@ -583,7 +607,6 @@ def _split_static(
                                         all_heads(len(high)), dropout_p)
     else:
         engine = SdpaBackend(q_hi, k_hi, m_hi, is_causal, scale, dropout_p, r_hi)
-    c_high = static_tensor(tuple(rows[h] for h in high), v.device, work_dtype(v.dtype))
     out_high = polynomial(engine, v_hi, c_high, deg_high).to(v.dtype)
     return merge_heads(((low, out_low), (high, out_high)), 1)
 

@@ -1,17 +1,21 @@
-"""Static coefficients with heads of degree <= 1 beside K-step heads: the split path of the dense engine.
+"""Fixed affine heads beside loop heads: the split path of the dense engine (``ops.dense._split_paths``).
 
 ``diffuse`` with Python-number coefficients and per-head degrees runs the heads of degree <= 1 on
 the affine path (one fused call, combined in the input dtype) and only the K-step heads through
-the engine's float32 loop, then merges them in head order. Every layout of the two groups (one
-run each, either first, or interleaved), every back-end choice and mask kind is checked against
-explicit float64 matrices, forward and backward.
+the engine's float32 loop, then merges them in head order; a ``DiffusionAttention`` with learned
+coefficients does the same for the fixed affine heads its plan names. Every layout of the two
+groups (one run each, either first, or interleaved), every back-end choice and mask kind is
+checked against explicit float64 matrices, forward and backward (learned heat times included).
 """
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
+from diffusionformer import DiffusionAttention
 from diffusionformer.functional import dense_attention_reference, diffuse, polynomial_reference
 from diffusionformer.ops import dense as _dense
 from diffusionformer.testing import random_qkv
@@ -59,8 +63,8 @@ def test_split_path_matches_float64_matrices_with_gradients(layout, backend, mas
     rows, degrees = LAYOUTS[layout]
     H, N = len(rows), 7
     calls = []
-    split = _dense._split_static
-    monkeypatch.setattr(_dense, "_split_static", lambda *a: calls.append(1) or split(*a))
+    split = _dense._split_paths
+    monkeypatch.setattr(_dense, "_split_paths", lambda *a: calls.append(1) or split(*a))
     q, k, v = (t.requires_grad_() for t in random_qkv(2, H, N, 4, seed=3))
     attn_mask, allowed, is_causal = _allowed(mask, 2, H, N)
     out = diffuse(q, k, v, rows, degrees=degrees, attn_mask=attn_mask, is_causal=is_causal, backend=backend)
@@ -99,3 +103,76 @@ def test_split_output_is_token_major_so_merging_heads_is_a_view():
     out = diffuse(q, k, v, rows, degrees=degrees, backend="sdpa")  # (B, H, N, C)
     merged = out.transpose(1, 2)
     assert merged.is_contiguous()  # (B, N, H, C) in memory: the layer's reshape to (B, N, D) copies nothing
+
+
+def _heat_reference_weights(op, K: int) -> torch.Tensor:
+    """``e^{-t} t^k / k!`` for ``k = 0 .. K`` from the operator's raw time, by an explicit loop (float64)."""
+    t = op.t.double().clamp(min=op.min_t).reshape(-1)
+    return torch.stack([torch.exp(-t) * t**k / math.factorial(k) for k in range(K + 1)], dim=-1)
+
+
+def _layer_reference(layer, x: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """The layer in float64 from its weights: explicit softmax, ``sum_k c_k P^k v`` per head group."""
+    B, N, D = x.shape
+    H, C = layer.num_heads, layer.head_dim
+    q, k, v = (x @ layer.qkv.weight.t() + layer.qkv.bias).split(D, dim=-1)
+    q, k, v = (t.reshape(B, N, H, C).transpose(1, 2) for t in (q, k, v))
+    P = _reference_P(q, k, allowed)
+    K = layer.max_degree
+    rows = []
+    for group in layer.head_groups:
+        op = group.operator
+        if op.name == "heat":
+            c = _heat_reference_weights(op, op.steps).expand(group.count, -1)
+        else:
+            c = op.head_coefficients(group.count).double()
+        rows.append(torch.nn.functional.pad(c, (0, K + 1 - c.shape[1])))
+    out = polynomial_reference(P, v, torch.cat(rows))
+    return out.transpose(1, 2).reshape(B, N, D) @ layer.out_proj.weight.t() + layer.out_proj.bias
+
+
+LEARNED_LAYOUTS = ["attention:2,heat(t=0.5, learnable=True, steps=3):2",
+                   "heat(t=0.7, learnable=True, steps=2):1,laplacian:2,heat(t=0.3, learnable=True, steps=3):1",
+                   "laplacian:1,attention:1,heat(t=0.5, learnable=True, steps=4):2"]
+
+
+@pytest.mark.parametrize("heads", LEARNED_LAYOUTS)
+@pytest.mark.parametrize("mask", ["none", "causal", "key-padding"])
+@pytest.mark.parametrize("backend", ["sdpa", "auto"])
+def test_learned_layers_keep_fixed_affine_heads_off_the_float32_loop(heads, mask, backend, monkeypatch):
+    torch.manual_seed(0)
+    layer = DiffusionAttention(16, 4, heads, backend=backend).double()
+    assert layer._affine_heads is not None and layer._static_coefficients is None
+    calls = []
+    split = _dense._split_paths
+    monkeypatch.setattr(_dense, "_split_paths", lambda *a: calls.append(1) or split(*a))
+    x = torch.randn(2, 7, 16, dtype=torch.float64, requires_grad=True)
+    kwargs, allowed = {}, None
+    if mask == "causal":
+        kwargs, allowed = {"is_causal": True}, torch.ones(7, 7, dtype=torch.bool).tril()
+    elif mask == "key-padding":
+        keep = torch.ones(2, 7, dtype=torch.bool)
+        keep[1, -3:] = False
+        kwargs, allowed = {"key_padding_mask": ~keep}, keep.view(2, 1, 1, 7).expand(2, 4, 7, 7)
+    y = layer(x, **kwargs)
+    assert calls, "the layer did not split its fixed affine heads from the loop"
+    ref = _layer_reference(layer, x, allowed)
+    torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-12)
+    g = torch.randn_like(ref)
+    params = [x, layer.qkv.weight] + [op.t for op in layer.operators if op.name == "heat"]
+    ours = torch.autograd.grad(y, params, g)
+    theirs = torch.autograd.grad(ref, params, g)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_non_polynomial_heads_beside_learned_heads_match_the_general_loop():
+    torch.manual_seed(1)
+    layer = DiffusionAttention(16, 4, "attention:1,heat-exact(t=0.7):1,heat(t=0.5, learnable=True, steps=2):2",
+                               causal=True).double()
+    assert layer._affine_heads == ((0, 1), (0.0, 0.0), (1.0, 0.0))  # heat-exact receives 0 from the engine
+    x = torch.randn(2, 6, 16, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    layer._affine_heads = None  # every head through the float32 loop, as before the split
+    y_loop = layer(x)
+    torch.testing.assert_close(y, y_loop, rtol=1e-12, atol=1e-13)
