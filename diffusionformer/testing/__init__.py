@@ -1,7 +1,8 @@
 """Public test helpers: tiny graphs, the operator property harness and simulated kills."""
 
 from diffusionformer.testing.faults import assert_same_checkpoint_weights, interrupt_on_call
-from diffusionformer.testing.graphs import causal_edge_index, complete_edge_index, dense_allowed_from_edges, random_qkv
+from diffusionformer.testing.graphs import (causal_edge_index, complete_edge_index, dense_allowed_from_edges, random_qkv,
+                                            reference_qkv)
 from diffusionformer.testing.harness import apply_operator_dense, apply_operator_sparse, assert_operator
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "dense_allowed_from_edges",
     "interrupt_on_call",
     "random_qkv",
+    "reference_qkv",
 ]

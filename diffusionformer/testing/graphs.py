@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["causal_edge_index", "complete_edge_index", "random_qkv", "dense_allowed_from_edges"]
+__all__ = ["causal_edge_index", "complete_edge_index", "random_qkv", "dense_allowed_from_edges", "reference_qkv"]
 
 
 def complete_edge_index(num_nodes: int, *, self_loops: bool = True, device: torch.device | str | None = None) -> Tensor:
@@ -58,3 +58,36 @@ def random_qkv(
     """
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(B, H, N, C, generator=g, dtype=dtype).to(device) for _ in range(3))  # type: ignore[return-value]
+
+
+def reference_qkv(layer: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    r"""``q``, ``k``, ``v`` of a :class:`~diffusionformer.nn.DiffusionAttention` computed by hand from its weights.
+
+    :math:`[q\,|\,k\,|\,v] = x W^\top + b` with ``W``, ``b`` the layer's ``qkv`` projection, split
+    into ``H`` query heads and ``G`` key/value heads of width ``C``; query head ``h`` reads
+    key/value head ``h G / H`` (grouped-query attention), so ``k`` and ``v`` are returned with
+    ``H`` heads. No q/k norm or rotary embedding is applied: references add their own.
+
+    Args:
+        layer: the attention layer (its ``qkv``, ``num_heads``, ``num_kv_heads``, ``head_dim``).
+        x: the layer's input.
+
+    Shapes:
+        ``x``: ``(B, N, D)`` -> three ``(B, N, H, C)``.
+
+    Examples:
+        >>> from diffusionformer.nn import DiffusionAttention
+        >>> layer = DiffusionAttention(8, 4, num_kv_heads=2)
+        >>> [tuple(t.shape) for t in reference_qkv(layer, torch.zeros(1, 3, 8))]
+        [(1, 3, 4, 2), (1, 3, 4, 2), (1, 3, 4, 2)]
+    """
+    B, N, D = x.shape
+    H, C, G = layer.num_heads, layer.head_dim, layer.num_kv_heads
+    W, b = layer.qkv.weight, layer.qkv.bias
+    qkv = x @ W.T if b is None else x @ W.T + b
+    q = qkv[..., : H * C].reshape(B, N, H, C)
+    k = qkv[..., H * C : (H + G) * C].reshape(B, N, G, C)
+    v = qkv[..., (H + G) * C :].reshape(B, N, G, C)
+    k = torch.stack([k[:, :, h * G // H] for h in range(H)], dim=2)  # query head h uses kv head h // (H/G)
+    v = torch.stack([v[:, :, h * G // H] for h in range(H)], dim=2)
+    return q, k, v

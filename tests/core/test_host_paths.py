@@ -20,6 +20,7 @@ from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn.rotary import RotaryEmbedding
 from diffusionformer.operators import build_operator
 from diffusionformer.ops import dense as _dense
+from diffusionformer.testing import reference_qkv
 
 D, H = 16, 4
 
@@ -27,15 +28,9 @@ D, H = 16, 4
 def reference(layer: DiffusionAttention, x: torch.Tensor, causal: bool) -> torch.Tensor:
     """The layer in float64 from its weights: q/k norm, rotary, explicit softmax, ``sum_k c_k P^k v``."""
     B, N, _ = x.shape
-    C, G = layer.head_dim, layer.num_kv_heads
-    x = x.double()
-    qkv = x @ layer.qkv.weight.double().t()
-    if layer.qkv.bias is not None:
-        qkv = qkv + layer.qkv.bias.double()
-    q, k, v = qkv.split([H * C, G * C, G * C], dim=-1)
-    q, k, v = q.reshape(B, N, H, C), k.reshape(B, N, G, C), v.reshape(B, N, G, C)
-    q, k = layer._transform_qk(q, k)  # the layer's own q/k norm and rotary (their own tests cover them)
-    k, v = k.repeat_interleave(H // G, dim=2), v.repeat_interleave(H // G, dim=2)
+    C = layer.head_dim
+    q, k, v = reference_qkv(layer, x.double())  # (B, N, H, C), key/value heads repeated for GQA
+    q, k = layer._transform_qk(q, k)  # the layer's own q/k norm and rotary, per head (their own tests cover them)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
     allowed = torch.ones(N, N, dtype=torch.bool).tril() if causal else None
     P = dense_attention_reference(q, k, allowed=allowed, scale=C**-0.5)

@@ -18,7 +18,7 @@ import torch
 from diffusionformer import DiffusionAttention
 from diffusionformer.functional import dense_attention_reference, diffuse, polynomial_reference
 from diffusionformer.ops import dense as _dense
-from diffusionformer.testing import random_qkv
+from diffusionformer.testing import random_qkv, reference_qkv
 
 ATT, LAP = [0.0, 1.0, 0.0, 0.0], [1.0, -1.0, 0.0, 0.0]
 HEAT2, POLY3 = [0.5, 0.3, 0.2, 0.0], [0.2, 0.3, -0.4, 0.9]
@@ -114,9 +114,7 @@ def _heat_reference_weights(op, K: int) -> torch.Tensor:
 def _layer_reference(layer, x: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
     """The layer in float64 from its weights: explicit softmax, ``sum_k c_k P^k v`` per head group."""
     B, N, D = x.shape
-    H, C = layer.num_heads, layer.head_dim
-    q, k, v = (x @ layer.qkv.weight.t() + layer.qkv.bias).split(D, dim=-1)
-    q, k, v = (t.reshape(B, N, H, C).transpose(1, 2) for t in (q, k, v))
+    q, k, v = (t.transpose(1, 2) for t in reference_qkv(layer, x))  # (B, H, N, C)
     P = _reference_P(q, k, allowed)
     K = layer.max_degree
     rows = []

@@ -18,6 +18,7 @@ from diffusionformer.nn.kv_cache import LayerKVCache, attend_cached
 from diffusionformer.nn.rotary import RotaryEmbedding
 from diffusionformer.ops.reference_rivals import rival_reference
 from diffusionformer.ops.rivals import LayerState
+from diffusionformer.testing import reference_qkv
 
 
 def _decode(layer: DiffusionAttention, x: torch.Tensor, chunks: list[int], state_for=None, positions=None):
@@ -38,13 +39,8 @@ def _reference_mixed(layer: DiffusionAttention, x: torch.Tensor, depth: int) -> 
     """Explicit float64 reference of an ``attention, laplacian, differential`` layer (GQA, no q/k norm or
     rotary): projections by hand, causal softmax per head, the differential rival's own reference."""
     B, N, D = x.shape
-    H, C, G = layer.num_heads, layer.head_dim, layer.num_kv_heads
-    W, b = layer.qkv.weight, layer.qkv.bias
-    q = (x @ W[:D].T + b[:D]).reshape(B, N, H, C)
-    k = (x @ W[D : D + G * C].T + b[D : D + G * C]).reshape(B, N, G, C)
-    v = (x @ W[D + G * C :].T + b[D + G * C :]).reshape(B, N, G, C)
-    k = torch.stack([k[:, :, h * G // H] for h in range(H)], dim=2)  # query head h uses kv head h // (H/G)
-    v = torch.stack([v[:, :, h * G // H] for h in range(H)], dim=2)
+    H, C = layer.num_heads, layer.head_dim
+    q, k, v = reference_qkv(layer, x)  # (B, N, H, C), key/value heads repeated for GQA
     mask = torch.ones(N, N, dtype=torch.bool).tril()
     out = torch.zeros(B, N, H, C, dtype=x.dtype)
     names = layer.head_operator_names

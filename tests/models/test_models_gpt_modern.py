@@ -14,6 +14,7 @@ from diffusionformer.nn.kv_cache import LayerKVCache, attend_cached
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
 from diffusionformer.ops.reference_rivals import rival_reference
 from diffusionformer.operators import list_operators, operator_class
+from diffusionformer.testing import reference_qkv
 
 OPERATORS = list_operators()
 
@@ -96,13 +97,8 @@ def _reference_layer(layer: DiffusionAttention, x: torch.Tensor, rotary: RotaryE
     """Explicit float64 reference: projections by hand, rotation by matrices, GQA by repeating,
     causal softmax, then f(P) per head (explicit polynomial or the operator's matrix function)."""
     B, N, D = x.shape
-    H, C, G = layer.num_heads, layer.head_dim, layer.num_kv_heads
-    W, b = layer.qkv.weight, layer.qkv.bias
-    q = (x @ W[:D].T + b[:D]).reshape(B, N, H, C)
-    k = (x @ W[D : D + G * C].T + b[D : D + G * C]).reshape(B, N, G, C)
-    v = (x @ W[D + G * C :].T + b[D + G * C :]).reshape(B, N, G, C)
-    k = torch.stack([k[:, :, h * G // H] for h in range(H)], dim=2)  # query head h uses kv head h // (H/G)
-    v = torch.stack([v[:, :, h * G // H] for h in range(H)], dim=2)
+    H, C = layer.num_heads, layer.head_dim
+    q, k, v = reference_qkv(layer, x)  # (B, N, H, C), key/value heads repeated for GQA
     q_raw, k_raw = q, k
 
     def rotate(t: torch.Tensor) -> torch.Tensor:  # (B, N, h, C)
