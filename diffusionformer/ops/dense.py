@@ -531,13 +531,11 @@ def _diffuse_dense(
             c0, c1 = affine_coefficients(coeffs, degrees)
             sdpa = SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok)
             return affine(sdpa, v, c0, c1), None
-        high = active_heads(degrees, 2)
-        if backend != "matrix" and not need_weights and 0 < len(high) < H:
-            low = tuple(h for h in range(H) if degrees[h] <= 1)
-            c0, c1 = affine_coefficients(tuple(coeffs[h] for h in low), tuple(degrees[h] for h in low))
-            c_high = static_tensor(tuple(coeffs[h] for h in high), v.device, work)
-            return _split_paths(q, k, v, (low, c0, c1), high, c_high, degrees, attn_mask, is_causal, scale, backend,
-                                dropout_p, row_ok), None
+        split = _static_split(coeffs, degrees) if backend != "matrix" and not need_weights else None
+        if split is not None:  # heads of degree <= 1 beside K-step heads
+            plan, high, rows_high = split
+            return _split_paths(q, k, v, plan, high, static_tensor(rows_high, v.device, work), degrees, attn_mask,
+                                is_causal, scale, backend, dropout_p, row_ok), None
         coeffs = static_tensor(coeffs, v.device, work)  # built and copied to the device once
     c = coeffs.to(work)
     if affine_heads is not None and backend != "matrix" and not need_weights and 0 < len(affine_heads[0]) < H:
@@ -575,6 +573,19 @@ AffineHeadsPlan = tuple[Heads, tuple[float, ...], tuple[float, ...]]
 @lru_cache(maxsize=256)
 def _complement(heads: Heads, num_heads: int) -> Heads:
     return tuple(h for h in range(num_heads) if h not in heads)
+
+
+@lru_cache(maxsize=256)
+def _static_split(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]
+                  ) -> tuple[AffineHeadsPlan, Heads, tuple[tuple[float, ...], ...]] | None:
+    """For static rows: the heads of degree ``<= 1`` as an affine plan, the ``K``-step heads and their
+    rows (made once per layout), or ``None`` unless both groups are present."""
+    high = active_heads(degrees, 2)
+    if not 0 < len(high) < len(rows):
+        return None
+    low = _complement(high, len(rows))
+    c0, c1 = affine_coefficients(tuple(rows[h] for h in low), tuple(degrees[h] for h in low))
+    return (low, c0, c1), high, tuple(rows[h] for h in high)
 
 
 def _split_paths(
