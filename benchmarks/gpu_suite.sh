@@ -10,8 +10,8 @@
 #
 # Steps on the GPU: (1) the Triton kernel tests compiled for the device (tests/ops, float64
 # references), written to OUT_DIR/triton-tests.txt; a failure is reported and the suite goes on;
-# (2) benchmarks/run_all.py (every benchmark of the library, bench_rivals.py and bench_host.py included; with
-# --issue15 bench_host.py runs alone); (3) benchmarks/bench_issue15.py
+# (2) benchmarks/run_all.py (every benchmark of the library, bench_rivals.py, bench_host.py and bench_memory.py
+# included; with --issue15 bench_host.py and bench_memory.py run alone); (3) benchmarks/bench_issue15.py
 # (issue 15: every head type vs the SDPA reference layer, the profile of SDPA kernels, launches,
 # copies, casts and syncs, GPT vs nanoGPT at both sizes, with a Triton column when triton imports;
 # the library columns run backend='sdpa', the PyTorch path, since 'auto' on CUDA is now Triton);
@@ -60,6 +60,8 @@ fi
 # host overhead per call (tiny GPTs, launch-bound; part of run_all.py in the full suite)
 if [[ "$ISSUE15" != "0" ]]; then
   "$PY" benchmarks/bench_host.py --device cuda --out "$OUT" || echo "gpu_suite.sh: bench_host.py FAILED"
+  # peak memory of a training step vs nanoGPT's, recomputed head outputs on and off (seconds)
+  "$PY" benchmarks/bench_memory.py --device cuda --out "$OUT" || echo "gpu_suite.sh: bench_memory.py FAILED"
 fi
 # (3) issue 15's tables, profile and GPT comparison
 "$PY" benchmarks/bench_issue15.py --device cuda --library-backend sdpa --out "$OUT" || echo "gpu_suite.sh: bench_issue15.py FAILED"
@@ -68,5 +70,6 @@ fi
 [[ -f "$OUT/README.md" ]] && cat "$OUT/README.md"
 [[ -f "$OUT/bench_issue15.md" ]] && cat "$OUT/bench_issue15.md"
 [[ "$ISSUE15" != "0" && -f "$OUT/bench_host.md" ]] && cat "$OUT/bench_host.md"
+[[ "$ISSUE15" != "0" && -f "$OUT/bench_memory.md" ]] && cat "$OUT/bench_memory.md"
 [[ -f "$OUT/bench_compile.md" ]] && cat "$OUT/bench_compile.md"
 echo "gpu_suite.sh: done in $(( $(date +%s) - start )) s; tables in $OUT/README.md and $OUT/bench_issue15.md"

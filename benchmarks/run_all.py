@@ -23,7 +23,8 @@ sys.path.insert(0, str(HERE))
 
 import _common as C  # noqa: E402
 
-BENCHMARKS = ["bench_dense", "bench_kstep", "bench_sparse", "bench_crossover", "bench_gpt", "bench_rivals", "bench_host", "profile_gaps"]
+BENCHMARKS = ["bench_dense", "bench_kstep", "bench_sparse", "bench_crossover", "bench_gpt", "bench_rivals", "bench_host", "bench_memory",
+              "profile_gaps"]
 
 
 def _fmt_load(x: float | None) -> str:

@@ -18,6 +18,7 @@ from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
 from diffusionformer.ops._checks import check_degrees, check_dropout, check_layout
 from diffusionformer.ops.engine import AffineRun, affine_coefficients, affine_runs, combine_affine, static_coefficients
+from diffusionformer.ops.recompute import recompute_saved, wants_recompute
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention"]
 
@@ -561,9 +562,14 @@ class DiffusionAttention(nn.Module):
         coeffs = self._call_coefficients(need_weights)
         if not isinstance(coeffs, tuple):  # learned coefficients: validated every call (finite on CPU)
             coeffs, _ = check_layout(coeffs, self._degrees, self.num_heads, v)
-        # q, k, v, the static coefficients and the degrees are the layer's own (checked once); the mask is checked there
+        # q, k, v, the static coefficients and the degrees are the layer's own (checked once); the mask is checked there.
+        # While training, the engine hands back how to form `out` again from what the attention calls keep, so that
+        # the output projection need not keep it (diffusionformer.ops.recompute); heads that change `out` after the
+        # engine (non-polynomial, context operators) keep it as usual.
+        rebuild: list | None = ([] if v.requires_grad and not (self._matrix_groups or self._has_context)
+                                and wants_recompute() else None)
         out, P = _dense._diffuse_checked(q, k, v, coeffs, mask, is_causal, self._scale, self.backend, self._degrees,
-                                         dropout_p, need_weights, self._affine_heads)
+                                         dropout_p, need_weights, self._affine_heads, rebuild)
         if self._matrix_groups:
             # the full P (B, H, N, N), or (B, H', N, N) for the H' non-polynomial heads alone, in head order
             Pm = P if P is not None else _dense._attention_matrix_heads(q, k, self._matrix_heads, mask, is_causal,
@@ -580,7 +586,11 @@ class DiffusionAttention(nn.Module):
         if self._has_context:  # operators with capabilities (rivals: second map, layer state, re-projection, uniform map)
             out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, mask=mask, is_causal=is_causal,
                                                dropout_p=dropout_p, positions=positions)
-        y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))  # (B, N, H, C) -> (B, N, D)
+        if rebuild:
+            with recompute_saved(out, rebuild[0]):
+                y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))  # (B, N, H, C) -> (B, N, D)
+        else:
+            y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))
         if return_intermediates:
             return y, AttentionIntermediates(P, self.coefficients().detach(), None, "matrix")
         return y
@@ -605,9 +615,14 @@ class DiffusionAttention(nn.Module):
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), vt, is_causal=is_causal,
                                            dropout_p=dropout_p, scale=self._scale).transpose(1, 2)  # (B, N, H, C)
         runs = self._affine_runs
-        if runs:  # heads that are not plain attention: a v + b P v
-            y = combine_affine(y, v if v.dtype == y.dtype else v.to(y.dtype), runs)
-        return self.out_proj(y.reshape(B, N, D))
+        if not runs:
+            return self.out_proj(y.reshape(B, N, D))
+        # heads that are not plain attention: a v + b P v, not kept for the projection's backward but formed
+        # again from P v and v (which the attention call keeps anyway; see diffusionformer.ops.recompute)
+        v = v if v.dtype == y.dtype else v.to(y.dtype)
+        z = combine_affine(y, v, runs)
+        with recompute_saved(z, lambda: combine_affine(y, v, runs, inplace=False)):
+            return self.out_proj(z.reshape(B, N, D))
 
     def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool,
                         state: _rivals.LayerState | None = None,

@@ -28,7 +28,7 @@ sparse back-end, so such a position outputs ``c_0 v`` and never NaN.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -288,11 +288,16 @@ def _sdpa(
     y = F.scaled_dot_product_attention(
         q, k, x, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale
     )
-    if row_ok is not None:
-        # Kernels differ on rows with no admissible key (0 on CPU, NaN on some GPU kernels):
-        # pin them to the documented zero row of P.
-        y = y.masked_fill(~row_ok, 0.0)
-    return y
+    return _zero_rows(y, row_ok)
+
+
+def _zero_rows(y: Tensor, row_ok: Tensor | None) -> Tensor:
+    """``y`` with the rows of queries without an admissible key set to 0.
+
+    Kernels differ on such rows (0 on CPU, NaN on some GPU kernels): this pins them to the
+    documented zero row of ``P``.
+    """
+    return y if row_ok is None else y.masked_fill(~row_ok, 0.0)
 
 
 def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is_causal: bool = False,
@@ -395,10 +400,35 @@ class SdpaBackend(Backend):
                  dropout_p: float, row_ok: Tensor | None) -> None:
         self.q, self.k, self.attn_mask, self.is_causal = q, k, attn_mask, is_causal
         self.scale, self.dropout_p, self.row_ok = scale, dropout_p, row_ok
+        #: a list to record each call's kernel output and row mask in (for :class:`_SdpaReplay`), or ``None``
+        self.kernel_outputs: list[tuple[Tensor, Tensor | None]] | None = None
 
     def propagate(self, x: Tensor, heads: Heads) -> Tensor:
-        return _sdpa(select(self.q, heads, 1), select(self.k, heads, 1), x, _select_mask(self.attn_mask, heads),
-                     self.is_causal, self.scale, self.dropout_p, _select_mask(self.row_ok, heads))
+        y = F.scaled_dot_product_attention(select(self.q, heads, 1), select(self.k, heads, 1), x,
+                                           attn_mask=_select_mask(self.attn_mask, heads), is_causal=self.is_causal,
+                                           dropout_p=self.dropout_p, scale=self.scale)
+        row_ok = _select_mask(self.row_ok, heads)
+        if self.kernel_outputs is not None:
+            self.kernel_outputs.append((y, row_ok))
+        return _zero_rows(y, row_ok)
+
+
+class _SdpaReplay(Backend):
+    """The results of an :class:`SdpaBackend` that recorded them (its ``kernel_outputs``), handed out again in
+    order without computing attention: the kernel outputs are what the fused kernel keeps for its backward pass
+    anyway, so a combination run again on this back-end repeats the forward's operations on the forward's
+    tensors at no memory cost (see :mod:`diffusionformer.ops.recompute`)."""
+
+    name = "sdpa"
+    head_axis = 1
+
+    def __init__(self, kernel_outputs: list[tuple[Tensor, Tensor | None]]) -> None:
+        self.kernel_outputs, self._next = kernel_outputs, 0
+
+    def propagate(self, x: Tensor, heads: Heads) -> Tensor:
+        y, row_ok = self.kernel_outputs[self._next]
+        self._next += 1
+        return _zero_rows(y, row_ok)
 
 
 class MatrixBackend(Backend):
@@ -467,7 +497,7 @@ def diffuse_with_weights(
 def _diffuse_checked(
     q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor | tuple[tuple[float, ...], ...], attn_mask: Tensor | None,
     is_causal: bool, scale: float, backend: str, degrees: tuple[int, ...], dropout_p: float, need_weights: bool,
-    affine_heads: AffineHeadsPlan | None = None,
+    affine_heads: AffineHeadsPlan | None = None, rebuild: list[Callable[[], Tensor]] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`diffuse_with_weights` past its checks of ``q``, ``k``, ``v``, ``coeffs``, ``degrees``, ``scale``,
     ``backend`` and ``dropout_p`` (for callers that built them: :class:`~diffusionformer.nn.DiffusionAttention`);
@@ -475,7 +505,11 @@ def _diffuse_checked(
 
     ``affine_heads`` (with a coefficient tensor): ``(heads, c0, c1)``, heads whose rows of ``coeffs``
     are the fixed ``c0 I + c1 P`` (validated by the caller), which then take the affine path in the
-    input dtype while the other heads run the loop (see :func:`_split_paths`)."""
+    input dtype while the other heads run the loop (see :func:`_split_paths`).
+
+    ``rebuild`` (a list, for the layers): the PyTorch paths append a function that forms ``out`` again from
+    the propagated signals they keep (see :mod:`diffusionformer.ops.recompute`); nothing is appended
+    where that does not apply (Triton, ``need_weights``, the affine path of static coefficients)."""
     if backend == "triton" or (backend == "auto" and TRITON_IN_AUTO and q.device.type == "cuda"):
         out = _try_triton(q, k, v, coeffs, attn_mask, is_causal, scale, backend,
                           degrees, dropout_p, need_weights)
@@ -483,7 +517,7 @@ def _diffuse_checked(
             return out, None
     attn_mask, is_causal = _normalise_mask(attn_mask, is_causal, q, k)
     return _diffuse_dense(q, k, v, coeffs, attn_mask, is_causal, scale, backend,
-                          degrees, dropout_p, need_weights, affine_heads)
+                          degrees, dropout_p, need_weights, affine_heads, rebuild)
 
 
 def _plain_attention(coeffs: Tensor | tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> bool:
@@ -517,7 +551,7 @@ def _try_triton(
 def _diffuse_dense(
     q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor | tuple[tuple[float, ...], ...], attn_mask: Tensor | None,
     is_causal: bool, scale: float, backend: str, degrees: tuple[int, ...], dropout_p: float, need_weights: bool,
-    affine_heads: AffineHeadsPlan | None = None,
+    affine_heads: AffineHeadsPlan | None = None, rebuild: list[Callable[[], Tensor]] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`diffuse_with_weights` on validated inputs: picks the path and a back-end, runs the engine."""
     B, H, N, _ = q.shape
@@ -535,13 +569,13 @@ def _diffuse_dense(
         if split is not None:  # heads of degree <= 1 beside K-step heads
             plan, high, rows_high = split
             return _split_paths(q, k, v, plan, high, static_tensor(rows_high, v.device, work), degrees, attn_mask,
-                                is_causal, scale, backend, dropout_p, row_ok), None
+                                is_causal, scale, backend, dropout_p, row_ok, rebuild), None
         coeffs = static_tensor(coeffs, v.device, work)  # built and copied to the device once
     c = coeffs.to(work)
     if affine_heads is not None and backend != "matrix" and not need_weights and 0 < len(affine_heads[0]) < H:
         high = _complement(affine_heads[0], H)
         return _split_paths(q, k, v, affine_heads, high, select(c, high, 0), degrees, attn_mask, is_causal, scale,
-                            backend, dropout_p, row_ok), None
+                            backend, dropout_p, row_ok, rebuild), None
     if need_weights:
         P = _attention_matrix(q, k, attn_mask, is_causal, scale, row_ok)
         out = polynomial(MatrixBackend(P, all_heads(H), dropout_p), v, c, degrees)
@@ -563,7 +597,13 @@ def _diffuse_dense(
                                         dropout_p)
     else:
         engine = SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok)
-    return polynomial(engine, v, c, degrees).to(dtype), None
+    if rebuild is None or not isinstance(engine, SdpaBackend):
+        return polynomial(engine, v, c, degrees).to(dtype), None
+    engine.kernel_outputs = []  # recorded, to form the output again in the backward pass (ops.recompute)
+    out = polynomial(engine, v, c, degrees).to(dtype)
+    outputs = engine.kernel_outputs  # the lists only: no reference to q, k or the mask beyond autograd's own
+    rebuild.append(lambda: polynomial(_SdpaReplay(outputs), v, c, degrees).to(dtype))
+    return out, None
 
 
 #: ``(heads, c0, c1)``: heads (increasing) whose operator is the fixed ``c0[i] I + c1[i] P``
@@ -591,7 +631,7 @@ def _static_split(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]
 def _split_paths(
     q: Tensor, k: Tensor, v: Tensor, affine_heads: AffineHeadsPlan, high: Heads, c_high: Tensor,
     degrees: tuple[int, ...], attn_mask: Tensor | None, is_causal: bool, scale: float, backend: str, dropout_p: float,
-    row_ok: Tensor | None,
+    row_ok: Tensor | None, rebuild: list[Callable[[], Tensor]] | None = None,
 ) -> Tensor:
     """Fixed ``c0 I + c1 P`` heads beside heads of the loop: each group on its own path.
 
@@ -602,24 +642,39 @@ def _split_paths(
     own materialised ``P`` when ``backend="auto"`` picks ``"matrix"``). The two outputs are merged
     token-major in one concatenation. One more kernel call than a loop over all heads, but no
     float32 pass over the heads that do not need it; when each group is one run of heads, ``q``,
-    ``k``, ``v`` are split in one operation, whose gradient is one concatenation.
+    ``k``, ``v`` are split in one operation, whose gradient is one concatenation. With ``rebuild``
+    (a list), a function that forms the output again from the propagated signals is appended.
     """
     N, M = q.shape[2], k.shape[2]
     low, c0, c1 = affine_heads
     (q_lo, q_hi), (k_lo, k_hi), (v_lo, v_hi) = (_split_heads(t, low, high) for t in (q, k, v))
     m_lo, m_hi = (attn_mask, attn_mask) if attn_mask is None or attn_mask.shape[1] == 1 else _split_heads(attn_mask, low, high)
     r_lo, r_hi = (row_ok, row_ok) if row_ok is None or row_ok.shape[1] == 1 else _split_heads(row_ok, low, high)
-    out_low = affine(SdpaBackend(q_lo, k_lo, m_lo, is_causal, scale, dropout_p, r_lo), v_lo, c0, c1)
+    lo: Backend = SdpaBackend(q_lo, k_lo, m_lo, is_causal, scale, dropout_p, r_lo)
     deg_high = tuple(degrees[h] for h in high)
     if backend == "auto":
         backend = choose_dense_backend(N, M, max(deg_high), is_causal=is_causal, device_type=q.device.type)
     if backend == "matrix":
-        engine: Backend = MatrixBackend(_attention_matrix(q_hi, k_hi, m_hi, is_causal, scale, r_hi),
-                                        all_heads(len(high)), dropout_p)
+        hi: Backend = MatrixBackend(_attention_matrix(q_hi, k_hi, m_hi, is_causal, scale, r_hi),
+                                    all_heads(len(high)), dropout_p)
     else:
-        engine = SdpaBackend(q_hi, k_hi, m_hi, is_causal, scale, dropout_p, r_hi)
-    out_high = polynomial(engine, v_hi, c_high, deg_high).to(v.dtype)
-    return merge_heads(((low, out_low), (high, out_high)), 1)
+        hi = SdpaBackend(q_hi, k_hi, m_hi, is_causal, scale, dropout_p, r_hi)
+
+    inplace = None if rebuild is None else False  # a bool, not the list: no reference cycle through the closure
+
+    def combine(lo: Backend, hi: Backend) -> Tensor:
+        out_low = affine(lo, v_lo, c0, c1, inplace=inplace)
+        out_high = polynomial(hi, v_hi, c_high, deg_high).to(v.dtype)
+        return merge_heads(((low, out_low), (high, out_high)), 1)
+
+    if rebuild is None or not isinstance(hi, SdpaBackend):
+        return combine(lo, hi)
+    # recorded, to form the output again in the backward pass (ops.recompute)
+    lo.kernel_outputs, hi.kernel_outputs = [], []
+    out = combine(lo, hi)
+    outputs_lo, outputs_hi = lo.kernel_outputs, hi.kernel_outputs  # the lists only (see above)
+    rebuild.append(lambda: combine(_SdpaReplay(outputs_lo), _SdpaReplay(outputs_hi)))
+    return out
 
 
 def _split_heads(t: Tensor, a: Heads, b: Heads) -> tuple[Tensor, Tensor]:

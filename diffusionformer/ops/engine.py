@@ -519,7 +519,7 @@ class AffineHeads(torch.autograd.Function):
         return dy, dv, None
 
 
-def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun]) -> Tensor:
+def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun], *, inplace: bool | None = None) -> Tensor:
     r"""``c0 v + c1 y`` on the heads of ``runs`` and ``y`` elsewhere (``y = P v`` per head), token-major.
 
     Without autograd history ``y`` is updated in place (and returned); otherwise through
@@ -529,6 +529,8 @@ def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun]) -> Tensor:
         y: the propagated values ``P v``.
         v: the values.
         runs: ``(start, stop, c0, c1)`` per run of non-attention heads (:func:`affine_runs`).
+        inplace: ``False`` leaves ``y`` untouched even without autograd history (the operations,
+            and so the bits, of a call with history); default: in place exactly when there is none.
 
     Shapes:
         ``y``, ``v``: ``(..., N, H, C)`` -> ``(..., N, H, C)``.
@@ -540,13 +542,14 @@ def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun]) -> Tensor:
     """
     runs = tuple(runs)
     grad = y.requires_grad or v.requires_grad
+    copy = grad if inplace is None else not inplace
     columns = _head_columns(runs, y.shape[-2], y.device, y.dtype)
     if columns is not None:  # stock autograd ops: 2 kernels each way and no Python in the backward pass
         c0, c1 = columns
-        if grad or torch.compiler.is_compiling():  # dynamo refuses out= on a strided view
+        if copy or torch.compiler.is_compiling():  # dynamo refuses out= on a strided view
             return torch.addcmul(v * c0, y, c1)
         return torch.addcmul(v * c0, y, c1, out=y)  # the same operation, in place: inference equals training
-    if not grad:
+    if not copy:
         _apply_runs(y, v, runs)
         return y
     return AffineHeads.apply(y, v, runs)
@@ -594,12 +597,15 @@ def _exact(x: float, significand: int, min_exp: int, max_exp: int) -> bool:
     return min_exp <= e <= max_exp and (m * 2.0**significand).is_integer()
 
 
-def affine(backend: Backend, v: Tensor, c0: Sequence[float], c1: Sequence[float]) -> Tensor:
+def affine(backend: Backend, v: Tensor, c0: Sequence[float], c1: Sequence[float], *,
+           inplace: bool | None = None) -> Tensor:
     """``c0[h] v_h + c1[h] (P v)_h`` for every head: one propagation and an in-place combination (unchecked).
 
     Plain attention heads (``c0, c1 = 0, 1``) return ``P v`` untouched; the back-end's own
     :meth:`Backend.affine` is used when it declares ``fused_affine``. The combination runs
     token-major (``(..., N, H, C)``), the layout the layers reshape to ``(..., N, D)``.
+
+    ``inplace`` is that of :func:`combine_affine` (``False``: never overwrite ``P v``).
 
     Shapes:
         ``v``: heads along ``backend.head_axis``; ``c0``, ``c1``: ``H`` floats -> the shape of ``v``.
@@ -613,4 +619,4 @@ def affine(backend: Backend, v: Tensor, c0: Sequence[float], c1: Sequence[float]
         return y
     if v.dtype != y.dtype:
         v = v.to(y.dtype)
-    return combine_affine(y.movedim(dim, -2), v.movedim(dim, -2), runs).movedim(-2, dim)
+    return combine_affine(y.movedim(dim, -2), v.movedim(dim, -2), runs, inplace=inplace).movedim(-2, dim)

@@ -1,0 +1,127 @@
+r"""Recompute a cheap tensor in the backward pass instead of keeping it for the output projection.
+
+A layer whose heads are not all plain attention combines the propagated values into its
+output ``z`` (``c0 v + c1 P v``, a sum of powers, a concatenation of head groups) and then
+projects it, ``y = z W^T``. Autograd keeps ``z`` until the backward pass (the projection's
+weight gradient is ``g^T z``), on top of the tensors the attention calls keep anyway: the
+values ``v`` and every call's output ``P^k v``. So ``z`` is one extra activation of the
+layer's full width, kept only because it was formed, although it is a few element-wise
+operations away from tensors that are kept regardless. nanoGPT's attention keeps nothing of
+the kind (the attention output is both the kernel's saved output and the projection's
+input).
+
+:func:`recompute_saved` drops that copy: inside it, a tensor autograd saves that is ``z`` (or a
+view of it) is stored as a recipe and rebuilt by calling the same function again when the
+backward pass needs it. The recomputation repeats the forward operations on the same inputs,
+so the rebuilt tensor has the forward's bits and the gradients are unchanged; the cost is
+the combination's element-wise operations once more per layer in the backward pass.
+
+:class:`~diffusionformer.nn.DiffusionAttention` uses it on the paths whose propagations are
+kept by autograd anyway: its affine path (``P v`` and ``v``) and the engine on the fused
+kernel, whose outputs the kernel keeps for its own backward pass (the engine records them and
+replays them, ``ops.dense._SdpaReplay``). Where keeping them would cost memory of its own (a
+materialised ``P``, whose products no kernel keeps; heads that change the output after the
+engine), the layer keeps ``z`` as autograd would.
+
+``torch.compile`` needs none of this (its partitioner recomputes cheap element-wise operations
+by itself), so the context does nothing while compiling; it also does nothing without autograd
+history, inside another saved-tensor hook (``torch.utils.checkpoint``, which recomputes the
+whole block anyway), or when :data:`RECOMPUTE` is ``False``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+__all__ = ["RECOMPUTE", "recompute_saved", "wants_recompute"]
+
+#: Rebuild the layers' combined head outputs in the backward pass (``False``: keep them, as
+#: autograd would; for measuring what it saves and costs, ``benchmarks/bench_issue15.py``).
+RECOMPUTE: bool = True
+
+
+class _Rebuild:
+    """What :func:`recompute_saved` stores in place of a saved view of ``z``: how to rebuild it."""
+
+    __slots__ = ("fn", "size", "stride", "offset", "z_stride", "z_dtype")
+
+    def __init__(self, fn: Callable[[], Tensor], saved: Tensor, z_offset: int, z_stride: tuple[int, ...],
+                 z_dtype: torch.dtype) -> None:
+        self.fn = fn
+        self.size, self.stride = saved.size(), saved.stride()
+        self.offset = saved.storage_offset() - z_offset  # where the view starts within z
+        self.z_stride, self.z_dtype = z_stride, z_dtype
+
+    def __call__(self) -> Tensor:
+        with torch.no_grad():
+            z = self.fn()
+        if z.stride() != self.z_stride or z.dtype != self.z_dtype:
+            raise RuntimeError(
+                f"recompute_saved: the recomputed tensor has strides {z.stride()} and dtype {z.dtype}, the forward's "
+                f"{self.z_stride} and {self.z_dtype}; the function must repeat the forward's operations"
+            )
+        return z.as_strided(self.size, self.stride, z.storage_offset() + self.offset)
+
+
+def _outer_hooks() -> bool:
+    """Whether saved-tensor hooks are already active (``torch.utils.checkpoint``, offloading)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:  # unknown torch internals: stay out of the way
+        return True
+    return top(True) is not None
+
+
+def wants_recompute() -> bool:
+    """Whether :func:`recompute_saved` would act now (:data:`RECOMPUTE`, autograd on, eager, no outer hooks).
+
+    Layers ask before they record what a recomputation needs.
+    """
+    return RECOMPUTE and torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _outer_hooks()
+
+
+@contextlib.contextmanager
+def recompute_saved(z: Tensor, fn: Callable[[], Tensor]) -> Iterator[None]:
+    r"""Inside the block, autograd saves ``z`` (or a view of ``z``) as ``fn``, called again in the backward pass.
+
+    ``fn`` must recompute ``z`` from tensors autograd keeps anyway, repeating the forward's
+    operations (then the rebuilt tensor equals ``z`` bit for bit, with ``z``'s strides, and no
+    gradient changes). It runs under ``no_grad`` and must not modify its inputs; it should not
+    hold a reference to ``z`` (autograd keeps it as long as the graph). Tensors other than ``z``
+    and its views are saved as usual. The block is an ordinary block (``z`` is kept) unless
+    :func:`wants_recompute`.
+
+    Args:
+        z: the tensor not to keep (its storage identifies it and its views).
+        fn: recomputes ``z``.
+
+    Examples:
+        >>> a = torch.randn(3, requires_grad=True); w = torch.randn(2, 3, requires_grad=True)
+        >>> z = a * 2.0
+        >>> with recompute_saved(z, lambda: a.detach() * 2.0):
+        ...     y = torch.nn.functional.linear(z, w)  # linear saves z for w's gradient: stored as the recipe
+        >>> y.sum().backward()
+        >>> torch.equal(w.grad, (a.detach() * 2.0).expand(2, 3))
+        True
+    """
+    if not (z.requires_grad and wants_recompute()):
+        yield
+        return
+    # plain values only: autograd keeps the hooks (and so their closures) as long as the graph, and a
+    # reference to z there would keep the very tensor this is meant to release
+    ptr, device, dtype = z.untyped_storage().data_ptr(), z.device, z.dtype
+    offset, stride = z.storage_offset(), z.stride()
+
+    def pack(t: Tensor) -> Tensor | _Rebuild:
+        if t.device == device and t.dtype == dtype and t.untyped_storage().data_ptr() == ptr:
+            return _Rebuild(fn, t, offset, stride, dtype)
+        return t
+
+    def unpack(p: Tensor | _Rebuild) -> Tensor:
+        return p() if isinstance(p, _Rebuild) else p
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
