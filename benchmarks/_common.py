@@ -196,11 +196,14 @@ def peak_memory(fn: Callable[[], Any], device: str = "cpu") -> int:
             events = json.load(f)["traceEvents"]
     finally:
         os.remove(path)
-    peak = 0
-    for e in events:
-        if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0:
-            peak = max(peak, int(e["args"].get("Total Allocated", 0)))
-    return peak
+    # "Total Allocated" is a running counter that memory freed outside a profiled window leaves behind (it
+    # drifts from one measurement to the next); what this call allocated is measured from the counter's value
+    # just before its first event
+    memory = [e["args"] for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+    if not memory:
+        return 0
+    base = int(memory[0].get("Total Allocated", 0)) - int(memory[0].get("Bytes", 0))
+    return max(0, max(int(a.get("Total Allocated", 0)) for a in memory) - base)
 
 
 # ---------------------------------------------------------------------------- machine
