@@ -10,7 +10,10 @@ where the sizes make every call launch-bound).
 
 Models: nanoGPT's GPT (``benchmarks/nanogpt_model.py``) and ``DiffusionGPT`` of equal size with
 attention heads only, half the heads Laplacian (``laplacian_heads=3``) and 2 heat heads of
-``K = 4`` per layer (``heads="attention:4,heat(t=1.0, steps=4):2"``). Calls: the forward pass
+``K = 4`` per layer (``heads="attention:4,heat(t=1.0, steps=4):2"``; on CPU ``"auto"`` materialises
+``P`` for them at this length, so they are also run on the fused kernel, ``backend="sdpa"``, the
+path a GPU takes), and the half-Laplacian and fused-kernel heat models with ``recompute=True``
+(what forming the combined head output again in the backward pass costs the host). Calls: the forward pass
 with targets (logits and loss) in eval mode under ``no_grad``, and forward + backward in train
 mode (gradients set to ``None`` before each call, as in a training step). Timing: interleaved
 rounds of ``benchmarks/_common.py`` (``measure``/``ratio``); ratios are the medians of the
@@ -56,6 +59,12 @@ def models(device: str) -> dict[str, nn.Module]:
         "DiffusionGPT attention": DiffusionGPT(GPTConfig(**common)),
         "DiffusionGPT half Laplacian": DiffusionGPT(GPTConfig(**common, laplacian_heads=H // 2)),
         "DiffusionGPT 2 heat(K=4)": DiffusionGPT(GPTConfig(**common, heads=f"attention:{H - 2},heat(t=1.0, steps=4):2")),
+        # what recompute=True costs on the host (the fused-kernel path of the heat heads, as on a GPU at this length)
+        "DiffusionGPT half Laplacian, recompute": DiffusionGPT(GPTConfig(**common, laplacian_heads=H // 2, recompute=True)),
+        "DiffusionGPT 2 heat(K=4), fused kernel": DiffusionGPT(GPTConfig(**common, heads=f"attention:{H - 2},heat(t=1.0, steps=4):2",
+                                                                         backend="sdpa")),
+        "DiffusionGPT 2 heat(K=4), fused kernel, recompute": DiffusionGPT(GPTConfig(
+            **common, heads=f"attention:{H - 2},heat(t=1.0, steps=4):2", backend="sdpa", recompute=True)),
     }
     return {k: m.to(device) for k, m in out.items()}
 

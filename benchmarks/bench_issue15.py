@@ -24,7 +24,9 @@ Part 3 (GPT). One training step (bf16 autocast forward + loss, backward, AdamW f
 ``zero_grad``), eager, of nanoGPT's GPT (``benchmarks/nanogpt_model.py``) and ``DiffusionGPT`` at
 equal size (``bias=False``) with attention only, half the heads Laplacian and 2 heat heads of
 ``K = 4`` per layer (targets >= 1.00, >= 0.97, >= 0.85 of nanoGPT's throughput, peak memory
-<= nanoGPT's + 5%; the peak of a steady-state step, after a warm-up step made AdamW's state), plus the Triton versions (``GPTConfig(backend="triton")``) when triton imports. Sizes: 6 layers, 6 heads,
+<= nanoGPT's + 5%; the peak of a steady-state step, after a warm-up step made AdamW's state), the
+last two also with ``recompute=True`` (``GPTConfig``: combined head outputs formed again in the
+backward pass instead of kept), plus the Triton versions (``GPTConfig(backend="triton")``) when triton imports. Sizes: 6 layers, 6 heads,
 width 384, T = 256, batch 64, vocabulary 65; 12 layers, 12 heads, width 768, T = 1024, batch 16,
 vocabulary 50304.
 
@@ -277,11 +279,17 @@ def gpt_models(name: str, L: int, H: int, D: int, T: int, V: int, device: str, w
         "attention": GPTConfig(**common),
         "half Laplacian": GPTConfig(**common, laplacian_heads=H // 2),
         "2 heat(K=4)": GPTConfig(**common, heads=f"attention:{H - 2},heat(t=1.0, steps=4):2"),
+        # the same layouts with the layers' combined head output formed again in the backward pass (less memory,
+        # more host and element-wise work: which wins on the GPU decides the default, off for now)
+        "half Laplacian, recompute": GPTConfig(**common, laplacian_heads=H // 2, recompute=True),
+        "2 heat(K=4), recompute": GPTConfig(**common, heads=f"attention:{H - 2},heat(t=1.0, steps=4):2", recompute=True),
     }
     for vname, cfg in variants.items():
         models[f"DiffusionGPT {vname}"] = DiffusionGPT(dataclasses.replace(cfg, backend=backend))
-    if with_triton:
+    if with_triton:  # (recompute has no effect on the Triton back-end, whose kernels keep what they need)
         for vname, cfg in variants.items():
+            if cfg.recompute:
+                continue
             models[f"triton: DiffusionGPT {vname}"] = DiffusionGPT(dataclasses.replace(cfg, backend="triton"))
     return {k: m.to(device) for k, m in models.items()}
 
@@ -320,7 +328,7 @@ def part_gpt(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
         rows = []
         for name in models:
             r = C.ratio(t, "nanoGPT", name)  # throughput ratio = nanoGPT time / time
-            variant = name.replace("triton: ", "").replace("DiffusionGPT ", "")
+            variant = name.replace("triton: ", "").replace("DiffusionGPT ", "").replace(", recompute", "")
             target = GPT_TARGETS.get(variant)
             mem_ratio = mem[name] / max(mem["nanoGPT"], 1)
             met = "" if target is None else C.check(r[0] >= target and mem_ratio <= 1.05)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from diffusionformer.config import document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
+from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
 from diffusionformer.nn.rotary import RotaryEmbedding
 from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
@@ -44,6 +45,7 @@ class GPTConfig:
     rope_base: float = 10000.0  #: RoPE frequency base
     n_kv_head: int | None = None  #: key/value heads (GQA; 1 = multi-query; None = n_head)
     zero_init_proj: bool = False  #: zero-initialise the attention and MLP output projections
+    recompute: bool = False  #: attention layers form their combined head output again in the backward pass (less memory)
 
     def __post_init__(self) -> None:
         check_positive("GPTConfig", vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
@@ -52,7 +54,7 @@ class GPTConfig:
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"GPTConfig: n_head={self.n_head} must divide n_embd={self.n_embd}")
         resolve_layer_heads(self.n_layer, self.n_head, self.heads, self.laplacian_heads)
-        for name in ("rope", "zero_init_proj"):
+        for name in ("rope", "zero_init_proj", "recompute"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"GPTConfig.{name}: expected bool, got {getattr(self, name)!r}")
         if self.rope and (self.n_embd // self.n_head) % 2:
@@ -121,6 +123,8 @@ class DiffusionGPT(nn.Module):
         self.norm = make_norm(norm, c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         init_transformer_weights(self, c.n_layer)
+        if c.recompute:
+            set_recompute(self.blocks)
         if c.zero_init_proj:
             for block in self.blocks:
                 nn.init.zeros_(block.attn.out_proj.weight)

@@ -1,6 +1,6 @@
 """Modules: :class:`DiffusionAttention` and (in :mod:`diffusionformer.nn.block`) transformer blocks."""
 
-from diffusionformer.nn.attention import AttentionIntermediates, DiffusionAttention
+from diffusionformer.nn.attention import AttentionIntermediates, DiffusionAttention, set_recompute
 from diffusionformer.nn.block import Block, DropPath, LayerScale, Mlp, make_norm
 from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.nn.heads import HeadGroup, parse_heads, resolve_layer_heads
@@ -26,4 +26,5 @@ __all__ = [
     "make_norm",
     "parse_heads",
     "resolve_layer_heads",
+    "set_recompute",
 ]

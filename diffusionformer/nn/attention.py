@@ -17,10 +17,17 @@ from diffusionformer.operators import DiffusionOperator
 from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
 from diffusionformer.ops._checks import check_degrees, check_dropout, check_layout
-from diffusionformer.ops.engine import AffineRun, affine_coefficients, affine_runs, combine_affine, static_coefficients
+from diffusionformer.ops.engine import (
+    AffineRun,
+    _head_columns,
+    affine_coefficients,
+    affine_runs,
+    combine_affine,
+    static_coefficients,
+)
 from diffusionformer.ops.recompute import recompute_saved, wants_recompute
 
-__all__ = ["AttentionIntermediates", "DiffusionAttention"]
+__all__ = ["AttentionIntermediates", "DiffusionAttention", "set_recompute"]
 
 
 @dataclass
@@ -92,6 +99,12 @@ class DiffusionAttention(nn.Module):
         rotary: a :class:`~diffusionformer.nn.rotary.RotaryEmbedding` (or 2-D) applied to
             ``q`` and ``k`` after the projection (and ``qk_norm``), so every head's ``P`` is
             built from rotated scores; ``forward(positions=...)`` gives the positions.
+        recompute: while training, form the heads' combined output again in the backward pass
+            instead of keeping it for the output projection's (:mod:`diffusionformer.ops.recompute`):
+            one activation of width ``D`` less per layer whose heads are not all plain attention,
+            for the combination's element-wise operations once more. Off by default (autograd's
+            usual trade); a settable attribute (:func:`~diffusionformer.nn.set_recompute` sets it
+            on every layer of a model).
 
     Shapes:
         - dense: ``x`` ``(B, N, D)``, ``key_padding_mask`` ``(B, N)`` bool (True = padding),
@@ -122,6 +135,7 @@ class DiffusionAttention(nn.Module):
         backend: str = "auto",
         num_kv_heads: int | None = None,
         rotary: nn.Module | None = None,
+        recompute: bool = False,
     ) -> None:
         super().__init__()
         for name, value in (("dim", dim), ("num_heads", num_heads)):
@@ -135,6 +149,9 @@ class DiffusionAttention(nn.Module):
             raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
         if backend not in DENSE_BACKENDS:
             raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}")
+        if not isinstance(recompute, bool):
+            raise TypeError(f"recompute must be a bool, got {type(recompute).__name__}")
+        self.recompute = recompute
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -566,7 +583,7 @@ class DiffusionAttention(nn.Module):
         # While training, the engine hands back how to form `out` again from what the attention calls keep, so that
         # the output projection need not keep it (diffusionformer.ops.recompute); heads that change `out` after the
         # engine (non-polynomial, context operators) keep it as usual.
-        rebuild: list | None = ([] if v.requires_grad and not (self._matrix_groups or self._has_context)
+        rebuild: list | None = ([] if self.recompute and v.requires_grad and not (self._matrix_groups or self._has_context)
                                 and wants_recompute() else None)
         out, P = _dense._diffuse_checked(q, k, v, coeffs, mask, is_causal, self._scale, self.backend, self._degrees,
                                          dropout_p, need_weights, self._affine_heads, rebuild)
@@ -617,11 +634,19 @@ class DiffusionAttention(nn.Module):
         runs = self._affine_runs
         if not runs:
             return self.out_proj(y.reshape(B, N, D))
-        # heads that are not plain attention: a v + b P v, not kept for the projection's backward but formed
-        # again from P v and v (which the attention call keeps anyway; see diffusionformer.ops.recompute)
+        # heads that are not plain attention: a v + b P v; with `recompute`, not kept for the projection's backward
+        # but formed again from P v and v (which the attention call keeps anyway; see diffusionformer.ops.recompute)
         v = v if v.dtype == y.dtype else v.to(y.dtype)
         z = combine_affine(y, v, runs)
-        with recompute_saved(z, lambda: combine_affine(y, v, runs, inplace=False)):
+        if z is y or not self.recompute:  # no autograd history (combined in place), or z kept as autograd would
+            return self.out_proj(z.reshape(B, N, D))
+        columns = _head_columns(runs, y.shape[-2], y.device, y.dtype)
+        if columns is not None:  # combine_affine's own operation on its cached columns, without its dispatch
+            c0, c1 = columns
+            rebuild = lambda: torch.addcmul(v * c0, y, c1)  # noqa: E731
+        else:
+            rebuild = lambda: combine_affine(y, v, runs, inplace=False)  # noqa: E731
+        with recompute_saved(z, rebuild):
             return self.out_proj(z.reshape(B, N, D))
 
     def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool,
@@ -667,3 +692,22 @@ class DiffusionAttention(nn.Module):
         ``'attention:6,heat(t=0.5, steps=4, method='taylor', learnable=True):2'`` (learned values
         live in the state dict)."""
         return ",".join(f"{op.spec()}:{count}" for op, (_, count) in zip(self.operators, self._groups))
+
+
+def set_recompute(module: nn.Module, enabled: bool = True) -> int:
+    """Set :class:`DiffusionAttention`'s ``recompute`` on every such layer of ``module``; returns how many.
+
+    With it, each layer forms its heads' combined output again in the backward pass instead of
+    keeping it (:mod:`diffusionformer.ops.recompute`): less memory, a little more work.
+
+    Examples:
+        >>> from diffusionformer.models import DiffusionGPT, GPTConfig
+        >>> set_recompute(DiffusionGPT(GPTConfig(vocab_size=10, n_layer=2, laplacian_heads=2)))
+        2
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    layers = [m for m in module.modules() if isinstance(m, DiffusionAttention)]
+    for m in layers:
+        m.recompute = enabled
+    return len(layers)

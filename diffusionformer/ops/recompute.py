@@ -26,22 +26,22 @@ engine), the layer keeps ``z`` as autograd would.
 ``torch.compile`` needs none of this (its partitioner recomputes cheap element-wise operations
 by itself), so the context does nothing while compiling; it also does nothing without autograd
 history, inside another saved-tensor hook (``torch.utils.checkpoint``, which recomputes the
-whole block anyway), or when :data:`RECOMPUTE` is ``False``.
+whole block anyway).
+
+The layers do it when asked (``DiffusionAttention(recompute=True)``,
+:func:`~diffusionformer.nn.set_recompute`, ``GPTConfig(recompute=True)``): it trades host and
+element-wise work for memory, and at small sizes, where a GPU waits for the host, the host
+time counts (``docs/performance.md``, "Memory").
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-__all__ = ["RECOMPUTE", "recompute_saved", "wants_recompute"]
-
-#: Rebuild the layers' combined head outputs in the backward pass (``False``: keep them, as
-#: autograd would; for measuring what it saves and costs, ``benchmarks/bench_issue15.py``).
-RECOMPUTE: bool = True
+__all__ = ["recompute_saved", "wants_recompute"]
 
 
 class _Rebuild:
@@ -57,9 +57,12 @@ class _Rebuild:
         self.z_stride, self.z_dtype = z_stride, z_dtype
 
     def __call__(self) -> Tensor:
-        with torch.no_grad():
+        if torch.is_grad_enabled():  # create_graph=True: the rebuilt tensor is a constant all the same
+            with torch.no_grad():
+                z = self.fn()
+        else:
             z = self.fn()
-        if z.stride() != self.z_stride or z.dtype != self.z_dtype:
+        if z.stride() != self.z_stride or z.dtype is not self.z_dtype:
             raise RuntimeError(
                 f"recompute_saved: the recomputed tensor has strides {z.stride()} and dtype {z.dtype}, the forward's "
                 f"{self.z_stride} and {self.z_dtype}; the function must repeat the forward's operations"
@@ -67,24 +70,29 @@ class _Rebuild:
         return z.as_strided(self.size, self.stride, z.storage_offset() + self.offset)
 
 
+def _unpack(p: Tensor | _Rebuild) -> Tensor:
+    return p() if type(p) is _Rebuild else p
+
+
+_TOP_HOOKS = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
 def _outer_hooks() -> bool:
     """Whether saved-tensor hooks are already active (``torch.utils.checkpoint``, offloading)."""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    if top is None:  # unknown torch internals: stay out of the way
+    if _TOP_HOOKS is None:  # unknown torch internals: stay out of the way
         return True
-    return top(True) is not None
+    return _TOP_HOOKS(True) is not None
 
 
 def wants_recompute() -> bool:
-    """Whether :func:`recompute_saved` would act now (:data:`RECOMPUTE`, autograd on, eager, no outer hooks).
+    """Whether :func:`recompute_saved` would act now (autograd on, eager, no outer saved-tensor hooks).
 
     Layers ask before they record what a recomputation needs.
     """
-    return RECOMPUTE and torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _outer_hooks()
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _outer_hooks()
 
 
-@contextlib.contextmanager
-def recompute_saved(z: Tensor, fn: Callable[[], Tensor]) -> Iterator[None]:
+def recompute_saved(z: Tensor, fn: Callable[[], Tensor]) -> "_RecomputeSaved":
     r"""Inside the block, autograd saves ``z`` (or a view of ``z``) as ``fn``, called again in the backward pass.
 
     ``fn`` must recompute ``z`` from tensors autograd keeps anyway, repeating the forward's
@@ -107,21 +115,35 @@ def recompute_saved(z: Tensor, fn: Callable[[], Tensor]) -> Iterator[None]:
         >>> torch.equal(w.grad, (a.detach() * 2.0).expand(2, 3))
         True
     """
-    if not (z.requires_grad and wants_recompute()):
-        yield
-        return
-    # plain values only: autograd keeps the hooks (and so their closures) as long as the graph, and a
-    # reference to z there would keep the very tensor this is meant to release
-    ptr, device, dtype = z.untyped_storage().data_ptr(), z.device, z.dtype
-    offset, stride = z.storage_offset(), z.stride()
+    return _RecomputeSaved(z, fn)
 
-    def pack(t: Tensor) -> Tensor | _Rebuild:
-        if t.device == device and t.dtype == dtype and t.untyped_storage().data_ptr() == ptr:
-            return _Rebuild(fn, t, offset, stride, dtype)
-        return t
 
-    def unpack(p: Tensor | _Rebuild) -> Tensor:
-        return p() if isinstance(p, _Rebuild) else p
+class _RecomputeSaved:
+    """The context of :func:`recompute_saved` (a class: a generator-based context costs more per call)."""
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        yield
+    __slots__ = ("hooks",)
+
+    def __init__(self, z: Tensor, fn: Callable[[], Tensor]) -> None:
+        self.hooks = None
+        if not (z.requires_grad and wants_recompute()):
+            return
+        # plain values only: autograd keeps the hooks (and so their closures) as long as the graph, and a
+        # reference to z there would keep the very tensor this is meant to release. z and its views share one
+        # base tensor, which lives for the whole block (the caller holds z): its id identifies them there.
+        base = z._base if z._base is not None else z
+        base_id, dtype, offset, stride = id(base), z.dtype, z.storage_offset(), z.stride()
+
+        def pack(t: Tensor) -> Tensor | _Rebuild:
+            if t.dtype is dtype and (id(t) == base_id or id(t._base) == base_id):
+                return _Rebuild(fn, t, offset, stride, dtype)
+            return t
+
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
+
+    def __enter__(self) -> None:
+        if self.hooks is not None:
+            self.hooks.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.hooks is not None:
+            self.hooks.__exit__(*exc)

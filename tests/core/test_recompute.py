@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from diffusionformer import DiffusionAttention
-from diffusionformer.ops import recompute as R
 from diffusionformer.ops.recompute import recompute_saved
 
 LAYOUTS = [
@@ -40,7 +39,7 @@ LAYOUTS = [
 
 def _run(layer: DiffusionAttention, x: torch.Tensor, recompute: bool, autocast: bool, mask: str,
          seed: int = 0) -> list[torch.Tensor]:
-    R.RECOMPUTE = recompute
+    layer.recompute = recompute
     try:
         layer.zero_grad(set_to_none=True)
         x.grad = None
@@ -55,7 +54,7 @@ def _run(layer: DiffusionAttention, x: torch.Tensor, recompute: bool, autocast: 
         (y.float() ** 2).sum().backward()
         return [y.detach()] + [p.grad.clone() for p in layer.parameters()] + [x.grad.clone()]
     finally:
-        R.RECOMPUTE = True
+        layer.recompute = False
 
 
 @pytest.mark.parametrize("heads", LAYOUTS)
@@ -105,19 +104,16 @@ def _held_after(fn: Callable[[], object]) -> int:
 def _forward_held(heads: str, recompute: bool, autocast: bool) -> tuple[int, int]:
     """Bytes one layer's forward keeps for the backward pass (output included), and its output's bytes."""
     torch.manual_seed(0)
-    layer = DiffusionAttention(64, 4, heads, causal=True, bias=False, backend="sdpa")
+    layer = DiffusionAttention(64, 4, heads, causal=True, bias=False, backend="sdpa", recompute=recompute)
     x = torch.randn(2, 32, 64, requires_grad=True)
-    R.RECOMPUTE = recompute
-    try:
-        def fwd() -> torch.Tensor:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                return layer(x)
-        fwd()  # caches (head columns, plans) filled outside the measurement
-        out = []
-        held = _held_after(lambda: out.append(fwd()))
-        return held, out[0].nbytes
-    finally:
-        R.RECOMPUTE = True
+
+    def fwd() -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return layer(x)
+    fwd()  # caches (head columns, plans) filled outside the measurement
+    out = []
+    held = _held_after(lambda: out.append(fwd()))
+    return held, out[0].nbytes
 
 
 @pytest.mark.parametrize("autocast", [False, True])
@@ -139,7 +135,8 @@ def test_k_step_layers_release_the_combined_output(heads):
 def test_no_reference_cycle_keeps_tensors_past_the_backward_pass():
     # a cycle through the rebuild closure would hold the layer's tensors until the garbage collector ran
     torch.manual_seed(0)
-    layer = DiffusionAttention(64, 4, "attention:2,heat(t=1.0, steps=4):2", causal=True, bias=False, backend="sdpa")
+    layer = DiffusionAttention(64, 4, "attention:2,heat(t=1.0, steps=4):2", causal=True, bias=False, backend="sdpa",
+                               recompute=True)
     x = torch.randn(2, 32, 64, requires_grad=True)
 
     def step() -> None:
@@ -165,6 +162,7 @@ def test_activation_checkpointing_gives_the_plain_gradients(reentrant):
     layer = DiffusionAttention(48, 6, "attention:4,heat(t=1.0, steps=4):2", causal=True, bias=False, backend="sdpa")
     x = torch.randn(2, 9, 48, requires_grad=True)
     plain = _run(layer, x, True, False, "causal")
+    layer.recompute = True
     layer.zero_grad(set_to_none=True)
     x.grad = None
     y = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=reentrant)
@@ -175,7 +173,7 @@ def test_activation_checkpointing_gives_the_plain_gradients(reentrant):
 
 def test_retain_graph_rebuilds_at_every_backward_pass():
     torch.manual_seed(0)
-    layer = DiffusionAttention(48, 6, "attention:3,laplacian:3", causal=True, bias=False)
+    layer = DiffusionAttention(48, 6, "attention:3,laplacian:3", causal=True, bias=False, recompute=True)
     x = torch.randn(2, 9, 48, requires_grad=True)
     loss = layer(x).square().sum()
     loss.backward(retain_graph=True)
@@ -206,14 +204,28 @@ def test_a_recomputation_that_changes_the_layout_is_refused():
 
 
 def test_nothing_is_recorded_without_autograd_history():
-    layer = DiffusionAttention(48, 6, "attention:3,laplacian:3", causal=True, bias=False)
+    layer = DiffusionAttention(48, 6, "attention:3,laplacian:3", causal=True, bias=False, recompute=True)
     x = torch.randn(2, 9, 48)
     with torch.no_grad():
         a = layer(x)
-    R.RECOMPUTE = False
-    try:
-        with torch.no_grad():
-            b = layer(x)
-    finally:
-        R.RECOMPUTE = True
+    layer.recompute = False
+    with torch.no_grad():
+        b = layer(x)
     assert torch.equal(a, b)
+
+
+def test_off_by_default_and_set_on_a_whole_model():
+    from diffusionformer.models import DiffusionGPT, GPTConfig
+    from diffusionformer.nn import set_recompute
+
+    cfg = GPTConfig(vocab_size=11, n_layer=3, n_head=2, n_embd=16, laplacian_heads=1)
+    model = DiffusionGPT(cfg)
+    layers = [m for m in model.modules() if isinstance(m, DiffusionAttention)]
+    assert len(layers) == 3 and not any(m.recompute for m in layers)
+    assert set_recompute(model) == 3 and all(m.recompute for m in layers)
+    assert all(m.recompute for m in DiffusionGPT(GPTConfig(**{**cfg.__dict__, "recompute": True})).modules()
+               if isinstance(m, DiffusionAttention))
+    with pytest.raises(TypeError, match="recompute must be a bool"):
+        DiffusionAttention(16, 2, recompute=1)
+    with pytest.raises(TypeError, match="GPTConfig.recompute"):
+        GPTConfig(vocab_size=11, recompute="yes")
