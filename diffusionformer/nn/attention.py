@@ -432,6 +432,15 @@ class DiffusionAttention(nn.Module):
         if graph is None:
             if key_padding_mask is None and attn_mask is None and edge_index is None and not is_causal:
                 # the complete graph (causal when the layer is): nothing to build or to mask
+                if self._affine_runs is not None and not return_intermediates and x.dim() == 3:
+                    # every head a fixed a I + b P: the fused kernel, unless the back-end is "matrix", "triton", or
+                    # "auto" that would try Triton (what _forward_dense decides, without its frame)
+                    backend = self.backend
+                    if backend == "sdpa" or (backend == "auto" and not (_dense.TRITON_IN_AUTO and x.is_cuda)):
+                        dropout_p = self.dropout if self.training else 0.0
+                        if dropout_p:
+                            dropout_p = check_dropout(dropout_p)
+                        return self._forward_affine(x, self.causal, dropout_p, state, positions)
                 return self._forward_dense(x, None, None, return_intermediates, state=state, positions=positions)
             graph = self.graph_from_arguments(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                                               edge_index=edge_index, is_causal=is_causal)
@@ -625,7 +634,15 @@ class DiffusionAttention(nn.Module):
         operations of nanoGPT's attention and nothing else.
         """
         B, N, D = x.shape
-        q, k, v = self._project(x, positions)  # (B, N, H, C), key/value heads repeated for GQA
+        H = self.num_heads
+        m = self._modules
+        if self.num_kv_heads == H and self.rotary is None and is_noop(m["q_norm"]) and is_noop(m["k_norm"]):
+            # _project's operations (nanoGPT's), without its options: no GQA, q/k norm or rotary
+            C = self.head_dim
+            q, k, v = m["qkv"](x).split(D, dim=-1)
+            q, k, v = q.view(B, N, H, C), k.view(B, N, H, C), v.view(B, N, H, C)
+        else:
+            q, k, v = self._project(x, positions)  # (B, N, H, C), key/value heads repeated for GQA
         vt = v.transpose(1, 2)  # (B, H, N, C)
         if state is not None:
             state.enter(vt)
