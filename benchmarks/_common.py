@@ -266,8 +266,11 @@ class Report:
         self.info = machine_info(self.args.device, self.args.threads)
 
     def table(self, caption: str, header: list[str], rows: list[list[Any]]) -> None:
+        """Add a table, print it and write the report so far (a run cut short, e.g. by a GPU job's time limit,
+        keeps every finished table)."""
         self.sections.append((caption, header, rows))
         print(f"\n{caption}\n" + markdown_table(header, rows), flush=True)
+        self.write()
 
     def note(self, text: str) -> None:
         self.notes.append(text)
