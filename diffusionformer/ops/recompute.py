@@ -115,6 +115,10 @@ def recompute_saved(z: Tensor, fn: Callable[[], Tensor]) -> "_RecomputeSaved":
         >>> torch.equal(w.grad, (a.detach() * 2.0).expand(2, 3))
         True
     """
+    if not isinstance(z, Tensor):
+        raise TypeError(f"recompute_saved: z must be a tensor, got {type(z).__name__}")
+    if not callable(fn):
+        raise TypeError(f"recompute_saved: fn must be callable (it recomputes z), got {type(fn).__name__}")
     return _RecomputeSaved(z, fn)
 
 

@@ -203,6 +203,13 @@ def test_a_recomputation_that_changes_the_layout_is_refused():
         y.sum().backward()
 
 
+def test_bad_arguments_are_refused_with_their_names():
+    with pytest.raises(TypeError, match="z must be a tensor"):
+        recompute_saved([1.0], lambda: torch.zeros(1))
+    with pytest.raises(TypeError, match="fn must be callable"):
+        recompute_saved(torch.zeros(1), torch.zeros(1))
+
+
 def test_nothing_is_recorded_without_autograd_history():
     layer = DiffusionAttention(48, 6, "attention:3,laplacian:3", causal=True, bias=False, recompute=True)
     x = torch.randn(2, 9, 48)
