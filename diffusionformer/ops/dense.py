@@ -678,13 +678,20 @@ def _split_paths(
 
 
 def _split_heads(t: Tensor, a: Heads, b: Heads) -> tuple[Tensor, Tensor]:
-    """The heads ``a`` and ``b`` (a partition of ``t``'s heads, axis 1): one split when each is one run."""
+    """The heads ``a`` and ``b`` (a partition of ``t``'s heads, axis 1): one split when each is one run.
+
+    A tensor stored token-major (``(B, N, H, C)`` seen as ``(B, H, N, C)``, as the layers' projections
+    are) is split in that layout, so that the split's gradient, one concatenation, is token-major
+    too: the projection's ``view`` then takes it as it is (split head-major, the concatenation is
+    head-major and the ``view`` copies each of ``q``, ``k`` and ``v``'s gradients once more).
+    """
     if len(head_runs(a)) == 1 and len(head_runs(b)) == 1:
-        if a[0] == 0:
-            ta, tb = torch.split(t, [len(a), len(b)], dim=1)
+        first, second = (a, b) if a[0] == 0 else (b, a)
+        if t.dim() == 4 and t.stride(1) < t.stride(2):  # token-major storage
+            pieces = [p.transpose(1, 2) for p in torch.split(t.transpose(1, 2), [len(first), len(second)], dim=2)]
         else:
-            tb, ta = torch.split(t, [len(b), len(a)], dim=1)
-        return ta, tb
+            pieces = torch.split(t, [len(first), len(second)], dim=1)
+        return (pieces[0], pieces[1]) if a[0] == 0 else (pieces[1], pieces[0])
     return select(t, a, 1), select(t, b, 1)
 
 

@@ -105,6 +105,31 @@ def test_split_output_is_token_major_so_merging_heads_is_a_view():
     assert merged.is_contiguous()  # (B, N, H, C) in memory: the layer's reshape to (B, N, D) copies nothing
 
 
+@pytest.mark.parametrize("heads", ["attention:4,heat(t=1.0, steps=4):2", "heat(t=1.0, steps=4):2,laplacian:4",
+                                   "attention:3,heat(t=0.5, learnable=True):3"])
+def test_split_gradients_reach_the_projection_without_copies(heads):
+    # the layer's q, k, v are token-major views of its projection: split there, the gradient's concatenation is
+    # token-major and the projection's view takes it as it is (split head-major: one clone each of q, k and v)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    layer = DiffusionAttention(48, 6, heads, causal=True, bias=False, backend="sdpa")
+    x = torch.randn(2, 5, 48, requires_grad=True)
+    y = layer(x)
+    with Count() as c:
+        y.sum().backward()
+    assert "aten.clone" not in c.ops and "aten.copy_" not in c.ops
+
+
 def _heat_reference_weights(op, K: int) -> torch.Tensor:
     """``e^{-t} t^k / k!`` for ``k = 0 .. K`` from the operator's raw time, by an explicit loop (float64)."""
     t = op.t.double().clamp(min=op.min_t).reshape(-1)
