@@ -498,12 +498,17 @@ class DiffusionAttention(nn.Module):
         """``q``, ``k``, ``v`` ``(..., N, H|H_kv, C)``: the projection, then (``transform``) q/k norm and rotary;
         ``expand`` repeats the key/value heads over their query groups (GQA)."""
         H, C, G = self.num_heads, self.head_dim, self.num_kv_heads
-        qkv = self.qkv(x)
+        m = self._modules
+        qkv = m["qkv"](x)
         # one split size when H_kv = H (aten ``split``, as nanoGPT), else the three sizes
         q, k, v = qkv.split(H * C, dim=-1) if G == H else qkv.split([H * C, G * C, G * C], dim=-1)
-        lead = x.shape[:-1]
-        q, k, v = q.view(*lead, H, C), k.view(*lead, G, C), v.view(*lead, G, C)  # (..., N, H|G, C)
-        if transform:
+        if x.dim() == 3:  # (B, N, D), the layers' usual input: the sizes spelled out (fewer Python operations)
+            B, N, _ = x.shape
+            q, k, v = q.view(B, N, H, C), k.view(B, N, G, C), v.view(B, N, G, C)
+        else:
+            lead = x.shape[:-1]
+            q, k, v = q.view(*lead, H, C), k.view(*lead, G, C), v.view(*lead, G, C)  # (..., N, H|G, C)
+        if transform and not (self.rotary is None and is_noop(m["q_norm"]) and is_noop(m["k_norm"])):
             q, k = self._transform_qk(q, k, positions)
         if expand and G != H:  # grouped-query attention: query head h reads key/value head h // (H / G)
             k, v = k.repeat_interleave(H // G, dim=-2), v.repeat_interleave(H // G, dim=-2)
@@ -634,15 +639,7 @@ class DiffusionAttention(nn.Module):
         operations of nanoGPT's attention and nothing else.
         """
         B, N, D = x.shape
-        H = self.num_heads
-        m = self._modules
-        if self.num_kv_heads == H and self.rotary is None and is_noop(m["q_norm"]) and is_noop(m["k_norm"]):
-            # _project's operations (nanoGPT's), without its options: no GQA, q/k norm or rotary
-            C = self.head_dim
-            q, k, v = m["qkv"](x).split(D, dim=-1)
-            q, k, v = q.view(B, N, H, C), k.view(B, N, H, C), v.view(B, N, H, C)
-        else:
-            q, k, v = self._project(x, positions)  # (B, N, H, C), key/value heads repeated for GQA
+        q, k, v = self._project(x, positions)  # (B, N, H, C), key/value heads repeated for GQA
         vt = v.transpose(1, 2)  # (B, H, N, C)
         if state is not None:
             state.enter(vt)
