@@ -27,13 +27,14 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+
+from diffusionformer.testing.memory import cpu_allocations
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing the package
@@ -184,26 +185,13 @@ def peak_memory(fn: Callable[[], Any], device: str = "cpu") -> int:
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - before
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.remove(path)
+    _, changes, totals = cpu_allocations(fn)
     # "Total Allocated" is a running counter that memory freed outside a profiled window leaves behind (it
     # drifts from one measurement to the next); what this call allocated is measured from the counter's value
     # just before its first event
-    memory = [e["args"] for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
-    if not memory:
+    if not totals:
         return 0
-    base = int(memory[0].get("Total Allocated", 0)) - int(memory[0].get("Bytes", 0))
-    return max(0, max(int(a.get("Total Allocated", 0)) for a in memory) - base)
+    return max(0, max(totals) - (totals[0] - changes[0]))
 
 
 # ---------------------------------------------------------------------------- machine

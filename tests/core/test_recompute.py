@@ -13,18 +13,15 @@ stands aside (activation checkpointing, ``retain_graph``).
 from __future__ import annotations
 
 import gc
-import json
-import os
-import tempfile
 from typing import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
 from diffusionformer import DiffusionAttention
 from diffusionformer.ops.recompute import recompute_saved
+from diffusionformer.testing import cpu_allocations
 
 LAYOUTS = [
     "attention:3,laplacian:3",  # the layer's own affine path
@@ -85,20 +82,9 @@ def test_same_bits_with_dropout_on_P(heads):
 
 def _held_after(fn: Callable[[], object]) -> int:
     """Bytes allocated by ``fn()`` and still held when it returns (its result kept), from the profiler."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.remove(path)
-    held = sum(int(e["args"]["Bytes"]) for e in events
-               if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0)
+    result, changes, _ = cpu_allocations(fn)
     del result
-    return held
+    return sum(changes)
 
 
 def _forward_held(heads: str, recompute: bool, autocast: bool) -> tuple[int, int]:

@@ -1,0 +1,50 @@
+"""What PyTorch allocates on the CPU during a call, from the profiler's memory events.
+
+CPU tensors have no ``torch.cuda.max_memory_allocated``; the profiler (``profile_memory=True``)
+records every allocation and free made while it runs. Allocation sizes are exact and
+deterministic on the CPU, so tests can assert memory to the byte (what a layer keeps for its
+backward pass) and the benchmarks measure peaks the GPU will see (``benchmarks/bench_memory.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Callable
+
+__all__ = ["cpu_allocations"]
+
+
+def cpu_allocations(fn: Callable[[], Any]) -> tuple[Any, list[int], list[int]]:
+    """Run ``fn()`` under the profiler; its result, and the byte change and running total of each CPU event.
+
+    Frees of memory allocated before the call are not recorded (the profiler does not know their
+    size), and the running total ("Total Allocated") starts from whatever an earlier profiled
+    window left behind, so measure from the first event: ``sum(changes)`` is what the call still
+    holds at its end, and ``max(totals) - (totals[0] - changes[0])`` its peak above the start.
+
+    Returns:
+        ``(result, changes, totals)``: ``fn``'s result and, per CPU memory event in order, the bytes
+        allocated (negative: freed) and the profiler's running total after it.
+
+    Examples:
+        >>> import torch
+        >>> _, changes, _ = cpu_allocations(lambda: torch.empty(256, dtype=torch.float32).fill_(1.0))
+        >>> sum(changes)  # the call's result, 256 float32, is still held at its end
+        1024
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.remove(path)
+    memory = [e["args"] for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+    return result, [int(a.get("Bytes", 0)) for a in memory], [int(a.get("Total Allocated", 0)) for a in memory]
