@@ -428,6 +428,9 @@ class _SdpaReplay(Backend):
     def propagate(self, x: Tensor, heads: Heads) -> Tensor:
         y, row_ok = self.kernel_outputs[self._next]
         self._next += 1
+        if y.shape != x.shape:  # P is square: each step returns the shape it is given
+            raise RuntimeError(f"_SdpaReplay: step {self._next} recorded {tuple(y.shape)} but is asked for "
+                               f"{tuple(x.shape)}; the replay must repeat the recorded calls in order")
         return _zero_rows(y, row_ok)
 
 
