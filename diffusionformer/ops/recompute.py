@@ -26,7 +26,9 @@ engine), the layer keeps ``z`` as autograd would.
 ``torch.compile`` needs none of this (its partitioner recomputes cheap element-wise operations
 by itself), so the context does nothing while compiling; it also does nothing without autograd
 history, inside another saved-tensor hook (``torch.utils.checkpoint``, which recomputes the
-whole block anyway).
+whole block anyway) or inside a ``torch.func`` transform (which refuses saved-tensor hooks).
+Higher-order gradients (``create_graph=True``) stay exact: autograd gives the rebuilt tensor the
+original's place in the graph.
 
 The layers do it when asked (``DiffusionAttention(recompute=True)``,
 :func:`~diffusionformer.nn.set_recompute`, ``GPTConfig(recompute=True)``): it trades host and
@@ -75,6 +77,7 @@ def _unpack(p: Tensor | _Rebuild) -> Tensor:
 
 
 _TOP_HOOKS = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+_FUNCTORCH_STACK = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
 
 
 def _outer_hooks() -> bool:
@@ -84,12 +87,19 @@ def _outer_hooks() -> bool:
     return _TOP_HOOKS(True) is not None
 
 
+def _in_functorch() -> bool:
+    """Whether a ``torch.func`` transform (``grad``, ``vjp``, ``vmap``, ...) is running: they refuse saved-tensor hooks."""
+    return _FUNCTORCH_STACK is None or _FUNCTORCH_STACK() is not None
+
+
 def wants_recompute() -> bool:
-    """Whether :func:`recompute_saved` would act now (autograd on, eager, no outer saved-tensor hooks).
+    """Whether :func:`recompute_saved` would act now: autograd on, eager (not compiling, not inside a
+    ``torch.func`` transform) and no outer saved-tensor hooks.
 
     Layers ask before they record what a recomputation needs.
     """
-    return torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _outer_hooks()
+    return (torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _outer_hooks()
+            and not _in_functorch())
 
 
 def recompute_saved(z: Tensor, fn: Callable[[], Tensor]) -> "_RecomputeSaved":

@@ -169,6 +169,35 @@ def test_retain_graph_rebuilds_at_every_backward_pass():
         assert torch.equal(p.grad, 2 * g)
 
 
+@pytest.mark.parametrize("heads", ["attention:3,laplacian:3", "attention:4,heat(t=1.0, steps=4):2"])
+def test_second_order_gradients_equal_the_kept_output(heads):
+    # a gradient penalty: the weight gradient is differentiated again (create_graph=True)
+    res = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        layer = DiffusionAttention(24, 6, heads, causal=True, bias=False, backend="sdpa", recompute=recompute).double()
+        x = torch.randn(2, 5, 24, dtype=torch.float64, requires_grad=True)
+        (g,) = torch.autograd.grad(layer(x).square().sum(), layer.out_proj.weight, create_graph=True)
+        g.square().sum().backward()
+        res.append([p.grad for p in layer.parameters()] + [x.grad])
+    for a, b in zip(*res):
+        assert torch.equal(a, b)
+
+
+def test_torch_func_transforms_run_without_the_hooks():
+    # torch.func refuses saved-tensor hooks: inside a transform the layer keeps its output as autograd would
+    from torch.func import functional_call, grad
+
+    torch.manual_seed(0)
+    layer = DiffusionAttention(24, 6, "attention:3,laplacian:3", causal=True, bias=False, recompute=True)
+    x = torch.randn(2, 5, 24)
+    params = {k: v.detach() for k, v in layer.named_parameters()}
+    grads = grad(lambda p: functional_call(layer, p, (x,)).square().sum())(params)
+    layer(x).square().sum().backward()
+    for name, p in layer.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad)
+
+
 def test_a_saved_view_is_rebuilt_at_its_offset():
     a = torch.randn(4, 6, requires_grad=True)
     w = torch.randn(3, 2, requires_grad=True)
