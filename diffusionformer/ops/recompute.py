@@ -78,13 +78,15 @@ def _unpack(p: Tensor | _Rebuild) -> Tensor:
 
 _TOP_HOOKS = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 _FUNCTORCH_STACK = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+_HOOKS_ENABLED = getattr(torch._C._autograd, "_saved_tensors_hooks_is_enabled", None)
 
 
 def _outer_hooks() -> bool:
-    """Whether saved-tensor hooks are already active (``torch.utils.checkpoint``, offloading)."""
-    if _TOP_HOOKS is None:  # unknown torch internals: stay out of the way
+    """Whether saved-tensor hooks are already active (``torch.utils.checkpoint``, offloading) or disabled
+    (:func:`torch.autograd.graph.disable_saved_tensors_hooks`, where registering one raises)."""
+    if _TOP_HOOKS is None or _HOOKS_ENABLED is None:  # unknown torch internals: stay out of the way
         return True
-    return _TOP_HOOKS(True) is not None
+    return _TOP_HOOKS(True) is not None or not _HOOKS_ENABLED()
 
 
 def _in_functorch() -> bool:
