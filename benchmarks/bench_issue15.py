@@ -168,7 +168,8 @@ def layer_callables(layers: dict[str, nn.Module], x: Tensor, backward: bool, dev
 
 def part_layers(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
     dev = args.device
-    sizes = SMOKE_LAYER_SIZES if smoke else LAYER_SIZES
+    sizes = SMOKE_LAYER_SIZES if smoke else [s for i, s in enumerate(LAYER_SIZES) if args.layer_sizes is None
+                                              or i in args.layer_sizes]
     causals = [True] if smoke else [False, True]
     rounds = args.rounds or (2 if smoke else 7)
     for (B, N, D, H) in sizes:
@@ -300,7 +301,8 @@ GPT_TARGETS = {"attention": 1.00, "half Laplacian": 0.97, "2 heat(K=4)": 0.85}
 def part_gpt(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
     dev = args.device
     rounds = args.rounds or (2 if smoke else 7)
-    for (sname, L, H, D, T, B, V) in (SMOKE_GPT_SIZES if smoke else GPT_SIZES):
+    for (sname, L, H, D, T, B, V) in (SMOKE_GPT_SIZES if smoke else [s for s in GPT_SIZES if args.gpt_sizes is None
+                                                                      or s[0] in args.gpt_sizes]):
         models = gpt_models(sname, L, H, D, T, V, dev, with_triton, args.library_backend)
         g = torch.Generator().manual_seed(1)
         idx = torch.randint(0, V, (B, T), generator=g).to(dev)
@@ -353,9 +355,16 @@ def main(argv: list[str] | None = None) -> C.Report:
         p.add_argument("--library-backend", default="auto", choices=["auto", "sdpa", "matrix"],
                        help="dense back-end of the library columns (the Triton column always uses 'triton')")
         p.add_argument("--parts", nargs="*", default=["layers", "profile", "gpt"], choices=["layers", "profile", "gpt"])
+        p.add_argument("--layer-sizes", nargs="*", type=int, default=None, metavar="I",
+                       help=f"indices into the layer sizes {LAYER_SIZES} (default: all; for a GPU call short of time)")
+        p.add_argument("--gpt-sizes", nargs="*", default=None, choices=[s[0] for s in GPT_SIZES],
+                       help="GPT sizes to run (default: all)")
 
     args = C.parse_args(__doc__.splitlines()[0], argv, extra)
     smoke = args.smoke or os.environ.get("DF_BENCH_SMOKE", "0") not in ("", "0")
+    bad = [i for i in args.layer_sizes or [] if not 0 <= i < len(LAYER_SIZES)]
+    if bad:
+        raise SystemExit(f"bench_issue15: --layer-sizes {bad} out of range: 0 .. {len(LAYER_SIZES) - 1} index {LAYER_SIZES}")
     if args.device == "cpu" and not smoke:
         print("bench_issue15: the full sizes are meant for a GPU; on CPU pass --smoke")
     with_triton = triton_ready(args.device)

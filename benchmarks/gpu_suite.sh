@@ -22,7 +22,8 @@
 # from tests, grid, host, memory, issue15, compile, so that one suite can be split over several
 # GPU calls of at most 10 minutes each, e.g. GPU_SUITE_STEPS=tests,issue15 then host,memory,compile
 # (grid is step 2, which --issue15 leaves out). Every benchmark writes its tables as they finish,
-# so a call cut short keeps them.
+# so a call cut short keeps them. BENCH_ISSUE15_ARGS passes options to bench_issue15.py, e.g.
+# "--parts gpt --gpt-sizes 6L-384" or "--layer-sizes 2".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -75,7 +76,9 @@ if [[ "$ISSUE15" != "0" ]] && step memory; then
 fi
 # (3) issue 15's tables, profile and GPT comparison
 if step issue15; then
-  "$PY" benchmarks/bench_issue15.py --device cuda --library-backend sdpa --out "$OUT" || echo "gpu_suite.sh: bench_issue15.py FAILED"
+  # shellcheck disable=SC2086  # BENCH_ISSUE15_ARGS is a list of options
+  "$PY" benchmarks/bench_issue15.py --device cuda --library-backend sdpa --out "$OUT" ${BENCH_ISSUE15_ARGS:-} \
+    || echo "gpu_suite.sh: bench_issue15.py FAILED"
 fi
 # (4) torch.compile(fullgraph=True) vs eager, issue 15's small GPT in bf16 (about 1 min per layout to compile)
 if step compile; then
