@@ -175,6 +175,22 @@ def ratio(timings: dict[str, Timing], cand: str, base: str) -> tuple[float, floa
     return statistics.median(rs), lo, hi
 
 
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, idx: torch.Tensor, targets: torch.Tensor,
+               autocast: str | None = None) -> Callable[[], None]:
+    """One training step of a GPT ``model(idx, targets) -> (logits, loss)``: forward and loss (under bf16
+    autocast on the device type ``autocast``, if given), backward, ``opt.step()``, gradients set to ``None``."""
+    def step() -> None:
+        if autocast is None:
+            _, loss = model(idx, targets)
+        else:
+            with torch.autocast(autocast, dtype=torch.bfloat16):
+                _, loss = model(idx, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
 # ---------------------------------------------------------------------------- memory
 def peak_memory(fn: Callable[[], Any], device: str = "cpu") -> int:
     """Peak bytes allocated by PyTorch during ``fn()`` beyond what was allocated before it."""

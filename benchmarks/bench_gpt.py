@@ -103,15 +103,6 @@ class PlainGPT(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, idx: Tensor, targets: Tensor):  # noqa: ANN201
-    def step() -> None:
-        _, loss = model(idx, targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
-
-
 def main(argv: list[str] | None = None) -> C.Report:
     args = C.parse_args(__doc__.splitlines()[0], argv)
     rep = C.Report("bench_gpt", "GPT training step: DiffusionGPT vs plain PyTorch GPT", args)
@@ -135,7 +126,7 @@ def main(argv: list[str] | None = None) -> C.Report:
     for name, m in models.items():
         m.to(dev).train()
         params[name] = sum(p.numel() for p in m.parameters())
-        steps[name] = train_step(m, torch.optim.AdamW(m.parameters(), lr=1e-4), idx, targets)
+        steps[name] = C.train_step(m, torch.optim.AdamW(m.parameters(), lr=1e-4), idx, targets)
     rounds = args.rounds or (5 if args.quick else 21)
     t = C.measure(steps, device=dev, rounds=rounds, block_s=0.0 if args.quick else 0.1, warmup=3)
     tokens = batch * pc.block_size

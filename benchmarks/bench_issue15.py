@@ -314,14 +314,7 @@ def part_gpt(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
             other = [p for p in m.parameters() if p.dim() < 2]
             opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                                     lr=6e-4, betas=(0.9, 0.95), **({"fused": True} if dev == "cuda" else {}))
-
-            def step(m: nn.Module = m, opt: torch.optim.Optimizer = opt) -> None:
-                with autocast(dev):
-                    _, loss = m(idx, targets)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            steps[name] = step
+            steps[name] = C.train_step(m, opt, idx, targets, autocast=dev)
         mem = {}
         for name, fn in steps.items():  # steady state: AdamW's state is made by a warm-up step, outside the peak
             fn()

@@ -25,7 +25,6 @@ Run: ``python benchmarks/bench_memory.py`` (CPU, about 1 minute) or ``--device c
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 import torch
 from torch import nn
@@ -59,18 +58,6 @@ def models(device: str) -> dict[str, tuple[nn.Module, bool]]:
     return {k: (m.to(device), r) for k, (m, r) in out.items()}
 
 
-def training_step(m: nn.Module, idx: torch.Tensor, targets: torch.Tensor, device: str) -> Callable[[], None]:
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, **({"fused": True} if device == "cuda" else {}))
-
-    def step() -> None:
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-            _, loss = m(idx, targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
-
-
 def main(argv: list[str] | None = None) -> C.Report:
     def extra(p):  # noqa: ANN001, ANN202
         p.add_argument("--batch", type=int, default=None, help="batch size (default 64 on CUDA, 4 on CPU)")
@@ -85,7 +72,8 @@ def main(argv: list[str] | None = None) -> C.Report:
     targets = torch.randint(0, V, (B, T), generator=g).to(dev)
     peaks: dict[str, dict[bool, int]] = {}
     for name, (m, recomputes) in models(dev).items():
-        step = training_step(m, idx, targets, dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, **({"fused": True} if dev == "cuda" else {}))
+        step = C.train_step(m, opt, idx, targets, autocast=torch.device(dev).type)
         step()  # warm-up: AdamW's state and the layers' caches exist before the measurement
         peaks[name] = {}
         for on in ((False, True) if recomputes else (False,)):
@@ -93,7 +81,7 @@ def main(argv: list[str] | None = None) -> C.Report:
             step()  # warm-up of this path
             peaks[name][on] = C.peak_memory(step, dev)
         set_recompute(m, False)
-        del m, step
+        del m, opt, step
         if dev == "cuda":
             torch.cuda.empty_cache()
     base = peaks["nanoGPT"][False]

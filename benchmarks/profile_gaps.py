@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import _common as C
-from bench_gpt import PlainConfig, PlainGPT, train_step
+from bench_gpt import PlainConfig, PlainGPT
 from diffusionformer import DiffusionAttention
 from diffusionformer.models import DiffusionGPT, GPTConfig
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> C.Report:
     steps = {}
     for name, model in (("plain GPT", PlainGPT(pc)), ("DiffusionGPT laplacian_heads=2", DiffusionGPT(GPTConfig(laplacian_heads=2)))):
         model.to(dev)
-        steps[name] = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), idx, tgt)
+        steps[name] = C.train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), idx, tgt)
     compare(rep, "GPT training step (batch 12 x 64 tokens)", steps, dev)
     rep.write()
     return rep
