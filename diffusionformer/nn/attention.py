@@ -17,14 +17,7 @@ from diffusionformer.operators import DiffusionOperator
 from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
 from diffusionformer.ops._checks import check_degrees, check_dropout, check_layout
-from diffusionformer.ops.engine import (
-    AffineRun,
-    _head_columns,
-    affine_coefficients,
-    affine_runs,
-    combine_affine,
-    static_coefficients,
-)
+from diffusionformer.ops.engine import AffineRun, affine_coefficients, affine_runs, combine_affine, static_coefficients
 from diffusionformer.ops.recompute import recompute_saved, wants_recompute
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention", "set_recompute"]
@@ -432,15 +425,9 @@ class DiffusionAttention(nn.Module):
         if graph is None:
             if key_padding_mask is None and attn_mask is None and edge_index is None and not is_causal:
                 # the complete graph (causal when the layer is): nothing to build or to mask
-                if self._affine_runs is not None and not return_intermediates and x.dim() == 3:
-                    # every head a fixed a I + b P: the fused kernel, unless the back-end is "matrix", "triton", or
-                    # "auto" that would try Triton (what _forward_dense decides, without its frame)
-                    backend = self.backend
-                    if backend == "sdpa" or (backend == "auto" and not (_dense.TRITON_IN_AUTO and x.is_cuda)):
-                        dropout_p = self.dropout if self.training else 0.0
-                        if dropout_p:
-                            dropout_p = check_dropout(dropout_p)
-                        return self._forward_affine(x, self.causal, dropout_p, state, positions)
+                if not return_intermediates and x.dim() == 3 and self._fused_affine_path(x):
+                    # what _forward_dense would decide, without its frame
+                    return self._forward_affine(x, self.causal, self._call_dropout(), state, positions)
                 return self._forward_dense(x, None, None, return_intermediates, state=state, positions=positions)
             graph = self.graph_from_arguments(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                                               edge_index=edge_index, is_causal=is_causal)
@@ -570,15 +557,10 @@ class DiffusionAttention(nn.Module):
         if x.dim() != 3:
             raise ValueError(f"dense input x must have shape (B, N, D), got {tuple(x.shape)}; pass edge_index for (N, D) node inputs")
         B, N, D = x.shape
-        dropout_p = self.dropout if self.training else 0.0
-        if dropout_p:  # a settable attribute: checked when it applies, as the functional API would
-            dropout_p = check_dropout(dropout_p)
+        dropout_p = self._call_dropout()
         is_causal = self.causal or causal
-        if self._affine_runs is not None and key_padding_mask is None and attn_mask is None and not return_intermediates:
-            # the fused kernel is the path unless the back-end is "matrix", "triton", or "auto" that would try Triton
-            backend = self.backend
-            if backend == "sdpa" or (backend == "auto" and not (_dense.TRITON_IN_AUTO and x.device.type == "cuda")):
-                return self._forward_affine(x, is_causal, dropout_p, state, positions)
+        if key_padding_mask is None and attn_mask is None and not return_intermediates and self._fused_affine_path(x):
+            return self._forward_affine(x, is_causal, dropout_p, state, positions)
         mask = None if key_padding_mask is None and attn_mask is None else self._dense_mask(x, key_padding_mask, attn_mask)
         q, k, v = self._project(x, positions)  # (B, N, H, C)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
@@ -626,6 +608,20 @@ class DiffusionAttention(nn.Module):
             return y, AttentionIntermediates(P, self.coefficients().detach(), None, "matrix")
         return y
 
+    def _call_dropout(self) -> float:
+        """Dropout on ``P`` for this call: the attribute in training (settable, so checked when it applies, as
+        the functional API would), else 0."""
+        dropout_p = self.dropout if self.training else 0.0
+        return check_dropout(dropout_p) if dropout_p else dropout_p
+
+    def _fused_affine_path(self, x: Tensor) -> bool:
+        """Whether a call on the complete (or causal) graph takes :meth:`_forward_affine`: every head is a fixed
+        ``a I + b P`` and the back-end is the fused kernel (not ``"matrix"``, ``"triton"``, or ``"auto"`` that
+        would try Triton on a CUDA tensor)."""
+        backend = self.backend
+        return self._affine_runs is not None and (
+            backend == "sdpa" or (backend == "auto" and not (_dense.TRITON_IN_AUTO and x.is_cuda)))
+
     def _forward_affine(self, x: Tensor, is_causal: bool, dropout_p: float, state: _rivals.LayerState | None,
                         positions: Tensor | None) -> Tensor:
         r"""The layer when every head is a fixed :math:`a_h I + b_h P` and the graph is complete (or causal).
@@ -654,13 +650,7 @@ class DiffusionAttention(nn.Module):
         z = combine_affine(y, v, runs)
         if z is y or not self.recompute:  # no autograd history (combined in place), or z kept as autograd would
             return self.out_proj(z.reshape(B, N, D))
-        columns = _head_columns(runs, y.shape[-2], y.device, y.dtype)
-        if columns is not None:  # combine_affine's own operation on its cached columns, without its dispatch
-            c0, c1 = columns
-            rebuild = lambda: torch.addcmul(v * c0, y, c1)  # noqa: E731
-        else:
-            rebuild = lambda: combine_affine(y, v, runs, inplace=False)  # noqa: E731
-        with recompute_saved(z, rebuild):
+        with recompute_saved(z, lambda: combine_affine(y, v, runs, inplace=False)):  # the same operations again
             return self.out_proj(z.reshape(B, N, D))
 
     def _forward_sparse(self, x: Tensor, edge_index: Tensor, return_intermediates: bool,
