@@ -600,13 +600,25 @@ def _diffuse_dense(
                                         dropout_p)
     else:
         engine = SdpaBackend(q, k, attn_mask, is_causal, scale, dropout_p, row_ok)
-    if rebuild is None or not isinstance(engine, SdpaBackend):
-        return polynomial(engine, v, c, degrees).to(dtype), None
-    engine.kernel_outputs = []  # recorded, to form the output again in the backward pass (ops.recompute)
-    out = polynomial(engine, v, c, degrees).to(dtype)
-    outputs = engine.kernel_outputs  # the lists only: no reference to q, k or the mask beyond autograd's own
-    rebuild.append(lambda: polynomial(_SdpaReplay(outputs), v, c, degrees).to(dtype))
-    return out, None
+    return _recorded(lambda e: polynomial(e, v, c, degrees).to(dtype), (engine,), rebuild), None
+
+
+def _recorded(combine: Callable[..., Tensor], backends: tuple[Backend, ...],
+              rebuild: list[Callable[[], Tensor]] | None) -> Tensor:
+    """``combine(*backends)``; with ``rebuild`` (a list) and fused-kernel back-ends only, also appends a function
+    that runs ``combine`` again on their recorded kernel outputs (:class:`_SdpaReplay`, ``ops.recompute``).
+
+    ``combine`` must not refer to ``rebuild`` (the appended function keeps ``combine``: that would be a reference
+    cycle holding the layer's tensors until the garbage collector runs).
+    """
+    if rebuild is None or not all(isinstance(b, SdpaBackend) for b in backends):
+        return combine(*backends)
+    for b in backends:
+        b.kernel_outputs = []
+    out = combine(*backends)
+    outputs = [b.kernel_outputs for b in backends]  # the lists only: no reference to q, k or the mask
+    rebuild.append(lambda: combine(*(_SdpaReplay(o) for o in outputs)))
+    return out
 
 
 #: ``(heads, c0, c1)``: heads (increasing) whose operator is the fixed ``c0[i] I + c1[i] P``
@@ -670,14 +682,7 @@ def _split_paths(
         out_high = polynomial(hi, v_hi, c_high, deg_high).to(v.dtype)
         return merge_heads(((low, out_low), (high, out_high)), 1)
 
-    if rebuild is None or not isinstance(hi, SdpaBackend):
-        return combine(lo, hi)
-    # recorded, to form the output again in the backward pass (ops.recompute)
-    lo.kernel_outputs, hi.kernel_outputs = [], []
-    out = combine(lo, hi)
-    outputs_lo, outputs_hi = lo.kernel_outputs, hi.kernel_outputs  # the lists only (see above)
-    rebuild.append(lambda: combine(_SdpaReplay(outputs_lo), _SdpaReplay(outputs_hi)))
-    return out
+    return _recorded(combine, (lo, hi), rebuild)
 
 
 def _split_heads(t: Tensor, a: Heads, b: Heads) -> tuple[Tensor, Tensor]:
