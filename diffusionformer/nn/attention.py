@@ -704,8 +704,13 @@ def set_recompute(module: nn.Module, enabled: bool = True) -> int:
     With it, each layer forms its heads' combined output again in the backward pass instead of
     keeping it (:mod:`diffusionformer.ops.recompute`): less memory, a little more work.
 
+    Args:
+        module: a model or layer; every :class:`DiffusionAttention` among its modules is set.
+        enabled: the value of ``recompute`` (a bool).
+
     Examples:
         >>> from diffusionformer.models import DiffusionGPT, GPTConfig
+        >>> from diffusionformer.nn import set_recompute  # the package's (a doctest run may load a second copy of this file)
         >>> set_recompute(DiffusionGPT(GPTConfig(vocab_size=10, n_layer=2, laplacian_heads=2)))
         2
     """

@@ -115,8 +115,11 @@ def recompute_saved(z: Tensor, fn: Callable[[], Tensor]) -> "_RecomputeSaved":
     :func:`wants_recompute`.
 
     Args:
-        z: the tensor not to keep (its storage identifies it and its views).
+        z: the tensor not to keep (it and its views are recognised by their common base tensor).
         fn: recomputes ``z``.
+
+    Shapes:
+        ``fn()`` returns ``z``'s shape, strides and dtype (a RuntimeError in the backward pass otherwise).
 
     Examples:
         >>> a = torch.randn(3, requires_grad=True); w = torch.randn(2, 3, requires_grad=True)

@@ -24,6 +24,9 @@ def cpu_allocations(fn: Callable[[], Any]) -> tuple[Any, list[int], list[int]]:
     window left behind, so measure from the first event: ``sum(changes)`` is what the call still
     holds at its end, and ``max(totals) - (totals[0] - changes[0])`` its peak above the start.
 
+    Args:
+        fn: the call to measure (no arguments).
+
     Returns:
         ``(result, changes, totals)``: ``fn``'s result and, per CPU memory event in order, the bytes
         allocated (negative: freed) and the profiler's running total after it.
