@@ -48,6 +48,7 @@ from diffusionformer.ops.engine import (
     polynomial,
     positions,
     select,
+    split_heads,
     static_tensor,
     work_dtype,
 )
@@ -402,12 +403,22 @@ class SdpaBackend(Backend):
         self.scale, self.dropout_p, self.row_ok = scale, dropout_p, row_ok
         #: a list to record each call's kernel output and row mask in (for :class:`_SdpaReplay`), or ``None``
         self.kernel_outputs: list[tuple[Tensor, Tensor | None]] | None = None
+        self._selected: dict[Heads, tuple[Tensor, Tensor, Tensor | None, Tensor | None]] = {}
+
+    def _heads(self, heads: Heads) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """``q``, ``k``, the mask and the row mask of the heads ``heads``, selected once per head set: the steps of
+        a loop that propagate the same proper subset of heads share one selection, so the backward pass sums
+        their gradients before the selection's single ``slice_backward`` instead of running one per step."""
+        got = self._selected.get(heads)
+        if got is None:
+            got = self._selected[heads] = (select(self.q, heads, 1), select(self.k, heads, 1),
+                                           _select_mask(self.attn_mask, heads), _select_mask(self.row_ok, heads))
+        return got
 
     def propagate(self, x: Tensor, heads: Heads) -> Tensor:
-        y = F.scaled_dot_product_attention(select(self.q, heads, 1), select(self.k, heads, 1), x,
-                                           attn_mask=_select_mask(self.attn_mask, heads), is_causal=self.is_causal,
+        q, k, attn_mask, row_ok = self._heads(heads)
+        y = F.scaled_dot_product_attention(q, k, x, attn_mask=attn_mask, is_causal=self.is_causal,
                                            dropout_p=self.dropout_p, scale=self.scale)
-        row_ok = _select_mask(self.row_ok, heads)
         if self.kernel_outputs is not None:
             self.kernel_outputs.append((y, row_ok))
         return _zero_rows(y, row_ok)
@@ -662,9 +673,9 @@ def _split_paths(
     """
     N, M = q.shape[2], k.shape[2]
     low, c0, c1 = affine_heads
-    (q_lo, q_hi), (k_lo, k_hi), (v_lo, v_hi) = (_split_heads(t, low, high) for t in (q, k, v))
-    m_lo, m_hi = (attn_mask, attn_mask) if attn_mask is None or attn_mask.shape[1] == 1 else _split_heads(attn_mask, low, high)
-    r_lo, r_hi = (row_ok, row_ok) if row_ok is None or row_ok.shape[1] == 1 else _split_heads(row_ok, low, high)
+    (q_lo, q_hi), (k_lo, k_hi), (v_lo, v_hi) = (split_heads(t, low, high, 1) for t in (q, k, v))
+    m_lo, m_hi = (attn_mask, attn_mask) if attn_mask is None or attn_mask.shape[1] == 1 else split_heads(attn_mask, low, high, 1)
+    r_lo, r_hi = (row_ok, row_ok) if row_ok is None or row_ok.shape[1] == 1 else split_heads(row_ok, low, high, 1)
     lo: Backend = SdpaBackend(q_lo, k_lo, m_lo, is_causal, scale, dropout_p, r_lo)
     deg_high = tuple(degrees[h] for h in high)
     if backend == "auto":
@@ -683,24 +694,6 @@ def _split_paths(
         return merge_heads(((low, out_low), (high, out_high)), 1)
 
     return _recorded(combine, (lo, hi), rebuild)
-
-
-def _split_heads(t: Tensor, a: Heads, b: Heads) -> tuple[Tensor, Tensor]:
-    """The heads ``a`` and ``b`` (a partition of ``t``'s heads, axis 1): one split when each is one run.
-
-    A tensor stored token-major (``(B, N, H, C)`` seen as ``(B, H, N, C)``, as the layers' projections
-    are) is split in that layout, so that the split's gradient, one concatenation, is token-major
-    too: the projection's ``view`` then takes it as it is (split head-major, the concatenation is
-    head-major and the ``view`` copies each of ``q``, ``k`` and ``v``'s gradients once more).
-    """
-    if len(head_runs(a)) == 1 and len(head_runs(b)) == 1:
-        first, second = (a, b) if a[0] == 0 else (b, a)
-        if t.dim() == 4 and t.stride(1) < t.stride(2):  # token-major storage
-            pieces = [p.transpose(1, 2) for p in torch.split(t.transpose(1, 2), [len(first), len(second)], dim=2)]
-        else:
-            pieces = torch.split(t, [len(first), len(second)], dim=1)
-        return (pieces[0], pieces[1]) if a[0] == 0 else (pieces[1], pieces[0])
-    return select(t, a, 1), select(t, b, 1)
 
 
 def diffuse(

@@ -124,6 +124,7 @@ __all__ = [
     "polynomial",
     "positions",
     "select",
+    "split_heads",
     "static_coefficients",
     "static_tensor",
     "work_dtype",
@@ -210,6 +211,30 @@ def select(t: Tensor, heads: Heads, dim: int) -> Tensor:
         a, b = runs[0]
         return t.narrow(dim, a, b - a)
     return torch.cat([t.narrow(dim, a, b - a) for a, b in runs], dim=dim)
+
+
+def split_heads(t: Tensor, a: Heads, b: Heads, dim: int) -> tuple[Tensor, Tensor]:
+    """The heads ``a`` and ``b`` (a partition of ``t``'s heads along ``dim``): one split when each is one run.
+
+    One ``split`` has one concatenation as its gradient; two :func:`select` narrows would each
+    give a zero-filled gradient of the whole of ``t`` (``slice_backward``) and an addition. A
+    4-dimensional tensor stored token-major (``(B, N, H, C)`` seen as ``(B, H, N, C)``, as the
+    layers' projections are) is split in that layout when ``dim`` is 1, so that the gradient is
+    token-major too: the projection's ``view`` then takes it as it is (split head-major, the
+    concatenation is head-major and the ``view`` copies the gradient once more).
+
+    Examples:
+        >>> [p.tolist() for p in split_heads(torch.arange(4), (2, 3), (0, 1), 0)]
+        [[2, 3], [0, 1]]
+    """
+    if len(head_runs(a)) == 1 and len(head_runs(b)) == 1:
+        first, second = (a, b) if a[0] == 0 else (b, a)
+        if dim == 1 and t.dim() == 4 and t.stride(1) < t.stride(2):  # token-major storage
+            pieces = [p.transpose(1, 2) for p in torch.split(t.transpose(1, 2), [len(first), len(second)], dim=2)]
+        else:
+            pieces = torch.split(t, [len(first), len(second)], dim=dim)
+        return (pieces[0], pieces[1]) if a[0] == 0 else (pieces[1], pieces[0])
+    return select(t, a, dim), select(t, b, dim)
 
 
 # ---------------------------------------------------------------------------- back-ends
@@ -309,10 +334,11 @@ def polynomial(
     cur, prev = v, all_heads(H)
     for step in range(1, K + 1):
         act = active_heads(degrees, step, heads)
-        if act != held:
+        if act != held:  # the heads that stop here are set aside: one split, whose gradient is one concatenation
             rest = tuple(h for h in held if h not in act)
-            done.append((rest, select(acc, positions(rest, held), dim)))
-            acc, held = select(acc, positions(act, held), dim), act
+            finished, acc = split_heads(acc, positions(rest, held), positions(act, held), dim)
+            done.append((rest, finished))
+            held = act
         if act != prev:
             cur = select(cur, positions(act, prev), dim)
         cur = backend.propagate(cur, act)

@@ -99,6 +99,50 @@ class _FusedAffine(_Recording):
         return torch.stack([c0[h] * v[:, h] + c1[h] * (self.P[:, h] @ v[:, h]) for h in range(v.shape[1])], 1)
 
 
+@pytest.mark.parametrize("degrees,runs", [((1, 2, 4, 4), True), ((1, 1, 3, 3, 2), True), ((3, 0, 2, 3, 1), False)])
+def test_mixed_degrees_on_the_fused_kernel_match_float64_gradients_without_zero_filled_copies(degrees, runs):
+    """Heads that stop propagating are split off the accumulator in one operation, and the steps that propagate
+    the same heads share one selection of ``q`` and ``k``: gradients equal explicit float64 powers of ``P``, and
+    the backward pass zero-fills (``slice_backward``) only the unused heads of each dropped power and one ``q``,
+    one ``k`` per distinct proper head subset (counted where every step's heads are one run: otherwise the
+    selections themselves are concatenations of slices)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    H, K = len(degrees), max(degrees)
+    q, k = (t.requires_grad_() for t in random_qkv(2, H, 6, 4, seed=5)[:2])
+    v = torch.randn(2, H, 6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(6), requires_grad=True)
+    c = torch.randn(H, K + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    out = diffuse(q, k, v, c, degrees=list(degrees), backend="sdpa")
+    grad = torch.randn_like(out)
+
+    class ZeroFills(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if func.overloadpacket is torch.ops.aten.slice_backward:
+                self.shapes.append(tuple(result.shape))
+            return result
+
+    spy = ZeroFills()
+    with spy:
+        got = torch.autograd.grad(out, (q, k, v, c), grad)
+    expected = torch.autograd.grad(_explicit(dense_attention_reference(q, k), v, c, degrees), (q, k, v, c), grad)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-10, rtol=0)
+    if not runs:
+        return
+    steps = [active_heads(degrees, s) for s in range(1, K + 1)]
+    drops = sum(a != b for a, b in zip(steps, steps[1:]))
+    subsets = {s for s in steps if len(s) < H}
+    value_fills = [s for s in spy.shapes if len(s) == 4 and s[-1] == 3]  # (B, heads, N, 3): powers of v
+    qk_fills = [s for s in spy.shapes if len(s) == 4 and s[-1] == 4]  # (B, H, N, 4): q and k
+    assert len(value_fills) == drops  # the unused heads of each dropped power; not the accumulator's two halves
+    assert len(qk_fills) == 2 * len(subsets)  # one q and one k per head subset, not per step
+
+
 def test_affine_pass_composed_or_fused_by_the_backend():
     q, k, v = random_qkv(1, 4, 5, 2, seed=3)
     P = dense_attention_reference(q, k)
