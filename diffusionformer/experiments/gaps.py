@@ -7,6 +7,14 @@ setting, over seeds: the final validation and train loss and the gap
 loss with its step and the gap there. Differences to the baseline (the first setting) are
 paired over seeds (a seed fixes the initial weights and the batches of every setting).
 
+When the config names primary contrasts (``primary``), a last table tests them: for each
+primary ``(task, setting)`` and each primary quantity (``--primary``, default the final
+validation loss; the over-fitting studies named the final validation loss and the final gap),
+the paired difference to the baseline with its 95% confidence interval, the paired t (``df``
+= seeds - 1), the Wilcoxon signed-rank p and the p adjusted by Holm's method over the primary
+cells of the table (:mod:`~diffusionformer.experiments.stats`); the best validation loss of the
+same settings follows as exploratory (no adjustment).
+
 ``python -m diffusionformer.experiments.gaps CONFIG --out results [--page docs/results/<name>.md]``
 prints the tables, or writes them into the results page (replacing an earlier copy), so the
 page can be rebuilt after ``publish``.
@@ -23,11 +31,16 @@ from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig, load_experiment_config
 from diffusionformer.experiments.runner import paired_t, read_curves, run_dir
+from diffusionformer.experiments.stats import holm, paired_difference
 from diffusionformer.experiments.tasks import as_metrics
 
-__all__ = ["GAP_MARKER", "gap_rows", "gap_table", "run_gaps", "write_gap_section"]
+__all__ = ["GAP_MARKER", "QUANTITIES", "gap_rows", "gap_table", "primary_table", "run_gaps", "write_gap_section"]
 
 GAP_MARKER = "<!-- gap tables: python -m diffusionformer.experiments.gaps -->"
+
+#: the quantities of :func:`run_gaps` a primary contrast may name, with their labels
+QUANTITIES = {"final_val": "final val loss", "final_gap": "final gap", "final_train": "final train loss",
+              "best_val": "best val loss", "best_gap": "gap at best val"}
 
 
 def run_gaps(records: list[dict[str, Any]]) -> dict[str, float] | None:
@@ -125,6 +138,62 @@ def gap_table(config: ExperimentConfig, out_root: str | Path) -> str:
     return "\n".join(lines)
 
 
+def _g(x: float | None, spec: str = ".2g") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _check_quantities(quantities: tuple[str, ...]) -> None:
+    if not quantities or any(q not in QUANTITIES for q in quantities) or len(set(quantities)) != len(quantities):
+        raise ValueError(f"primary quantities must be distinct names among {', '.join(QUANTITIES)}, "
+                         f"got {list(quantities)}")
+
+
+def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tuple[str, ...] = ("final_val",)) -> str:
+    """The primary contrasts of ``config`` on ``quantities`` (Holm over them), then ``best_val`` as exploratory.
+
+    Each cell compares a primary ``(task, setting)`` with the baseline (the first setting), paired
+    over the seeds both finished (:func:`~diffusionformer.experiments.stats.paired_difference`).
+    Returns ``""`` when the config names no primary contrast or none has finished runs.
+
+    Raises:
+        ValueError: an unknown quantity (the keys of :data:`QUANTITIES`).
+    """
+    _check_quantities(quantities)
+    primary = config.primary_contrasts()
+    rows = gap_rows(config, out_root)
+    baseline = config.operators[0].name
+    cells = []  # (label, Difference, is primary)
+    for extra in (False, True):
+        for task in config.tasks:
+            for setting in config.operators:
+                if (task.name, setting.name) not in primary:
+                    continue
+                row, base = rows.get(task.name, {}).get(setting.name), rows.get(task.name, {}).get(baseline)
+                if not row or not base:
+                    continue
+                for q in (("best_val",) if extra else quantities):
+                    if extra and q in quantities:
+                        continue
+                    d = paired_difference({s: v[q] for s, v in row.items()}, {s: v[q] for s, v in base.items()})
+                    cells.append((f"{task.name}, {setting.name}, {QUANTITIES[q]}", d, not extra))
+    if not cells:
+        return ""
+    adjusted = iter(holm([d.p for _, d, prim in cells if prim]))
+    n_primary = sum(prim for _, _, prim in cells)
+    lines = [f"### Primary contrasts: {', '.join(QUANTITIES[q] for q in quantities)}", "",
+             f"Named in the config before the runs: {', '.join(config.primary)} against {baseline}, on the "
+             f"{' and the '.join(QUANTITIES[q] for q in quantities)}. Δ: mean of the per-seed differences (setting - "
+             f"{baseline}); 95% CI: its t interval; t and df: the paired t test (df = seeds - 1); p: its two-sided p; "
+             f"p Wilcoxon: the exact signed-rank test of the same differences; p Holm: adjusted over the {n_primary} "
+             "primary cells. Exploratory rows are not adjusted.", "",
+             "| contrast | Δ | 95% CI | t | df | p | p Wilcoxon | p Holm |", "|---|---|---|---|---|---|---|---|"]
+    for label, d, prim in cells:
+        ci = "n/a" if d.low is None else f"[{d.low:+.4f}, {d.high:+.4f}]"
+        lines.append(f"| {'' if prim else '*exploratory:* '}{label} | {_g(d.mean, '+.4f')} | {ci} | {_g(d.t, '.2f')} | "
+                     f"{_g(d.df, '.0f')} | {_g(d.p)} | {_g(d.p_wilcoxon)} | {_g(next(adjusted)) if prim else ''} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_gap_section(page: str | Path, table: str) -> Path:
     """Put ``table`` at the end of ``page`` under :data:`GAP_MARKER`, replacing an earlier copy."""
     page = Path(page)
@@ -140,9 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="results", help="results root the comparison was run into")
     p.add_argument("--page", default=None, help="results page to write the tables into (default: print them)")
+    p.add_argument("--primary", default="final_val", metavar="Q[,Q...]",
+                   help=f"quantities of the primary contrasts, Holm-adjusted together (among {', '.join(QUANTITIES)}; "
+                        "default final_val)")
     args = p.parse_args(argv)
     try:
         config = load_experiment_config(args.config, args.overrides)
+        quantities = tuple(q.strip() for q in args.primary.split(",") if q.strip())
+        _check_quantities(quantities)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -150,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     if not table:
         print(f"error: no finished runs with train_loss and val_loss under {Path(args.out) / config.name}", file=sys.stderr)
         return 1
+    table = table.rstrip() + "\n\n" + primary_table(config, args.out, quantities)
     if args.page:
         print(f"wrote {write_gap_section(args.page, table)}")
     else:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from diffusionformer.experiments import load_experiment_config
-from diffusionformer.experiments.gaps import GAP_MARKER, gap_rows, gap_table, main, write_gap_section
+from diffusionformer.experiments.gaps import GAP_MARKER, gap_rows, gap_table, main, primary_table, write_gap_section
 from diffusionformer.experiments.runner import run_dir
 
 stats = pytest.importorskip("scipy.stats")  # the reference; scipy is a test-only need
@@ -73,3 +73,47 @@ def test_gap_section_is_replaced_not_repeated(tmp_path, capsys):
     assert main([str(cfg), "--out", str(tmp_path / "none")]) == 1
     write_gap_section(page, "x\n")
     assert page.read_text().endswith("train/validation gap\n\nx\n")
+
+
+def test_primary_contrasts_match_scipy_with_holm_over_the_named_quantities(tmp_path, capsys):
+    config = _write(tmp_path)
+    table = primary_table(config, tmp_path, ("final_val", "final_gap"))
+    final = {op: {"final_val": [CURVES[(op, s)][-1][1] for s in range(3)],
+                  "final_gap": [CURVES[(op, s)][-1][1] - CURVES[(op, s)][-1][0] for s in range(3)],
+                  "best_val": [min(v for _, v in CURVES[(op, s)]) for s in range(3)]} for op in ("attention", "lap")}
+    p = {}
+    for q, label in [("final_val", "final val loss"), ("final_gap", "final gap"), ("best_val", "best val loss")]:
+        a, b = final["lap"][q], final["attention"][q]
+        d = [x - y for x, y in zip(a, b)]
+        ref = stats.ttest_rel(a, b)
+        ci = ref.confidence_interval(0.95)
+        p[q] = ref.pvalue
+        line = next(l for l in table.splitlines() if f"t, lap, {label} |" in l)
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert float(cells[1]) == pytest.approx(sum(d) / 3, abs=5e-5)
+        assert cells[2] == f"[{ci.low:+.4f}, {ci.high:+.4f}]"
+        assert float(cells[3]) == pytest.approx(ref.statistic, abs=5e-3) and cells[4] == "2"
+        assert float(cells[5]) == pytest.approx(ref.pvalue, rel=5e-2)
+        assert float(cells[6]) == pytest.approx(stats.wilcoxon(d).pvalue, rel=5e-2)
+        if q == "best_val":
+            assert cells[0].startswith("*exploratory:*") and cells[7] == ""  # not adjusted
+    holm = {}  # Holm over the two primary cells
+    (q1, p1), (q2, p2) = sorted(((q, p[q]) for q in ("final_val", "final_gap")), key=lambda x: x[1])
+    holm[q1] = min(1.0, 2 * p1)
+    holm[q2] = max(holm[q1], min(1.0, p2))
+    for q, label in [("final_val", "final val loss"), ("final_gap", "final gap")]:
+        line = next(l for l in table.splitlines() if f"t, lap, {label} |" in l)
+        assert float(line.split("|")[8]) == pytest.approx(holm[q], rel=5e-2)
+    assert "adjusted over the 2 primary cells" in table
+    # only the primary cells are tested: a config without primary contrasts has no table
+    assert primary_table(load_experiment_config({**CFG, "primary": []}), tmp_path) == ""
+    with pytest.raises(ValueError, match="primary quantities"):
+        primary_table(config, tmp_path, ("final_vall",))
+    cfg = tmp_path / "g.toml"
+    cfg.write_text('name = "g"\nseeds = [0, 1, 2]\nprimary = ["lap"]\n[[tasks]]\nname = "t"\ndataset = "pydoc-chars"\n'
+                   'model = "gpt-char-tiny"\nmetric = "val_loss"\n[[operators]]\nname = "attention"\n'
+                   '[[operators]]\nname = "lap"\nlaplacian_heads = 1\n')
+    assert main([str(cfg), "--out", str(tmp_path), "--primary", "gap"]) == 2
+    assert "primary quantities" in capsys.readouterr().err
+    assert main([str(cfg), "--out", str(tmp_path), "--primary", "final_val,final_gap"]) == 0
+    assert "### Primary contrasts: final val loss, final gap" in capsys.readouterr().out
