@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig, load_experiment_config
+from diffusionformer.experiments.publish import GAP_MARKER, READING_MARKER, read_run_log
 from diffusionformer.experiments.runner import paired_t, read_curves, run_dir
 from diffusionformer.experiments.stats import holm, paired_difference
 from diffusionformer.experiments.tasks import as_metrics
 
 __all__ = ["GAP_MARKER", "QUANTITIES", "gap_rows", "gap_table", "primary_table", "run_gaps", "write_gap_section"]
 
-GAP_MARKER = "<!-- gap tables: python -m diffusionformer.experiments.gaps -->"
 
 #: the quantities of :func:`run_gaps` a primary contrast may name, with their labels
 QUANTITIES = {"final_val": "final val loss", "final_gap": "final gap", "final_train": "final train loss",
@@ -71,7 +71,11 @@ def run_gaps(records: list[dict[str, Any]]) -> dict[str, float] | None:
 
 
 def gap_rows(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict[str, dict[int, dict[str, float]]]]:
-    """``{task: {setting: {seed: run_gaps(...)}}}`` over the finished runs with train/val losses."""
+    """``{task: {setting: {seed: run_gaps(...)}}}`` over the finished runs with train/val losses.
+
+    ``out_root`` is the results root the comparison was run into, or a docs folder it was
+    published to (the per-run logs of ``publish``: ``<name>/logs/<task>/<setting>/seed<k>.json``).
+    """
     out = Path(out_root) / config.name
     rows: dict[str, dict[str, dict[int, dict[str, float]]]] = {}
     for task in config.tasks:
@@ -79,9 +83,16 @@ def gap_rows(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict[s
             for seed in config.seeds:
                 rdir = run_dir(out, task.name, setting.name, seed)
                 summary = rdir / "summary.json"
-                if not summary.is_file() or '"completed"' not in summary.read_text():
+                published = out / "logs" / task.name / setting.name / f"seed{seed}.json"
+                if summary.is_file():
+                    if '"completed"' not in summary.read_text():
+                        continue
+                    records = read_curves(rdir)
+                elif published.is_file():  # publish writes the logs of finished runs only
+                    records = read_run_log(published)
+                else:
                     continue
-                g = run_gaps(read_curves(rdir))
+                g = run_gaps(records)
                 if g is not None:
                     rows.setdefault(task.name, {}).setdefault(setting.name, {})[seed] = g
     return rows
@@ -195,11 +206,13 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
 
 
 def write_gap_section(page: str | Path, table: str) -> Path:
-    """Put ``table`` at the end of ``page`` under :data:`GAP_MARKER`, replacing an earlier copy."""
+    """Put ``table`` under :data:`GAP_MARKER` at the end of ``page``, replacing an earlier copy; a reading written
+    by hand after :data:`~diffusionformer.experiments.publish.READING_MARKER` stays after it."""
     page = Path(page)
     text = page.read_text() if page.is_file() else ""
-    text = text.split(GAP_MARKER)[0].rstrip() + "\n\n" + GAP_MARKER + "\n\n## Over-fitting: train/validation gap\n\n" + table
-    page.write_text(text.rstrip() + "\n")
+    head, sep, reading = text.partition(READING_MARKER)
+    text = head.split(GAP_MARKER)[0].rstrip() + "\n\n" + GAP_MARKER + "\n\n## Over-fitting: train/validation gap\n\n" + table
+    page.write_text(text.rstrip() + "\n" + (f"\n{sep}{reading}" if sep else ""))
     return page
 
 

@@ -7,7 +7,9 @@ Checkpoints are never copied, and the page is added to the toctree of ``docs/res
 (once) so that the docs keep building with ``sphinx -W``. Each run's metrics log is published as a small JSON file,
 ``docs/results/<name>/logs/<task>/<operator>/seed<k>.json`` (columns ``step``, ``loss``, ``lr``
 and every metric, for the training and the evaluation records), so curves can be checked.
-The page is regenerated from those files by running the command again.
+The page is regenerated from those files by running the command again. What follows
+:data:`GAP_MARKER` (the over-fitting tables of :mod:`~diffusionformer.experiments.gaps`) or
+:data:`READING_MARKER` (a reading written by hand) on an existing page is kept at its end.
 
 **From the published files.** ``publish CONFIG --out docs/results --to docs/results`` (the
 results root is the docs folder itself) rewrites the page from the files already published
@@ -29,7 +31,25 @@ from diffusionformer.experiments.config import ExperimentConfig
 from diffusionformer.experiments.results import RunResult, first_reach, read_curves, run_dir, select_evaluation
 from diffusionformer.experiments.tables import aggregate, format_table
 
-__all__ = ["add_to_toctree", "publish_experiment", "summary_table", "write_run_log"]
+__all__ = ["GAP_MARKER", "READING_MARKER", "add_to_toctree", "publish_experiment", "read_run_log", "summary_table",
+           "write_run_log"]
+
+#: starts the over-fitting tables of :mod:`~diffusionformer.experiments.gaps` on a results page
+GAP_MARKER = "<!-- gap tables: python -m diffusionformer.experiments.gaps -->"
+#: starts a reading written by hand at the end of a results page: ``publish`` and ``gaps`` keep it
+READING_MARKER = "<!-- reading: written by hand; publish and gaps keep it -->"
+
+
+def _kept_tail(text: str) -> str:
+    """The part of a results page that rebuilding it keeps: from the first :data:`GAP_MARKER` or
+    :data:`READING_MARKER` on (``""`` when it has neither).
+
+    Examples:
+        >>> _kept_tail("tables " + READING_MARKER + " ours") == READING_MARKER + " ours"
+        True
+    """
+    at = [i for i in (text.find(GAP_MARKER), text.find(READING_MARKER)) if i >= 0]
+    return text[min(at):] if at else ""
 
 
 def _copy(src: Path, dst: Path) -> Path | None:
@@ -163,7 +183,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
             lines += [body.replace("\n## ", "\n### ").strip(), ""]
         lines += [f"![{p.stem}]({config.name}/analysis/{p.name})\n" for p in analysis_pngs]
     page = docs / f"{config.name}.md"
-    page.write_text("\n".join(lines) + "\n")
+    tail = _kept_tail(page.read_text()) if page.is_file() else ""
+    page.write_text("\n".join(lines).rstrip() + "\n" + ("\n" + tail if tail else ""))
     index = docs / "index.md"
     if index.is_file():
         add_to_toctree(index, config.name)
@@ -229,6 +250,31 @@ def _primary_line(config: ExperimentConfig) -> str:
                 "ran; every other comparison is exploratory")
     return ("none were named before this study ran, so every comparison on this page is exploratory: a p below 0.05 "
             "here suggests where to look, it does not establish an effect")
+
+
+def read_run_log(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a log written by :func:`write_run_log` (its inverse, up to the rounding to 6 digits; a
+    metric named like one of its columns, such as an evaluation's ``loss``, is that column).
+
+    Examples:
+        >>> import tempfile, pathlib
+        >>> recs = [{"split": "eval", "step": 2, "loss": 1.4, "metrics": {"val_acc": 0.5}}]
+        >>> read_run_log(write_run_log(recs, pathlib.Path(tempfile.mkdtemp()) / "seed0.json"))
+        [{'split': 'eval', 'step': 2, 'loss': 1.4, 'metrics': {'val_acc': 0.5}}]
+    """
+    data = json.loads(Path(path).read_text())
+    records: list[dict[str, Any]] = []
+    for split in ("train", "eval"):
+        cols = data.get(split)
+        if not isinstance(cols, dict):
+            continue
+        for i in range(len(cols.get("step", []))):
+            rec: dict[str, Any] = {"split": split}
+            rec.update({k: cols[k][i] for k in ("step", "loss", "lr", "elapsed") if k in cols and cols[k][i] is not None})
+            rec["metrics"] = {k: v[i] for k, v in cols.items() if k not in ("step", "loss", "lr", "elapsed")
+                              and v[i] is not None}
+            records.append(rec)
+    return sorted(records, key=lambda r: r.get("step", 0))
 
 
 def write_run_log(records: list[dict[str, Any]], path: str | Path) -> Path:

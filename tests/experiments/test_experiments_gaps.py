@@ -8,6 +8,7 @@ import pytest
 
 from diffusionformer.experiments import load_experiment_config
 from diffusionformer.experiments.gaps import GAP_MARKER, gap_rows, gap_table, main, primary_table, write_gap_section
+from diffusionformer.experiments.publish import READING_MARKER, write_run_log
 from diffusionformer.experiments.runner import run_dir
 
 stats = pytest.importorskip("scipy.stats")  # the reference; scipy is a test-only need
@@ -117,3 +118,21 @@ def test_primary_contrasts_match_scipy_with_holm_over_the_named_quantities(tmp_p
     assert "primary quantities" in capsys.readouterr().err
     assert main([str(cfg), "--out", str(tmp_path), "--primary", "final_val,final_gap"]) == 0
     assert "### Primary contrasts: final val loss, final gap" in capsys.readouterr().out
+
+
+def test_gaps_from_published_logs_equal_the_run_folders_and_keep_a_reading(tmp_path):
+    config = _write(tmp_path / "results")
+    docs = tmp_path / "docs"
+    for (op, seed) in CURVES:  # what publish writes: one small JSON log per finished run
+        records = [json.loads(line) for line in
+                   (run_dir(tmp_path / "results" / "g", "t", op, seed) / "metrics.jsonl").read_text().splitlines()]
+        write_run_log(records, docs / "g" / "logs" / "t" / op / f"seed{seed}.json")
+    assert gap_rows(config, docs) == gap_rows(config, tmp_path / "results")
+    assert gap_table(config, docs) == gap_table(config, tmp_path / "results")
+    page = docs / "g.md"
+    page.write_text("# g\n\ntables\n\n" + READING_MARKER + "\n\nOur reading.\n")
+    write_gap_section(page, "first\n")
+    write_gap_section(page, "second\n")
+    text = page.read_text()
+    assert text.startswith("# g\n\ntables\n\n" + GAP_MARKER) and "first" not in text
+    assert text.endswith("second\n\n" + READING_MARKER + "\n\nOur reading.\n")

@@ -178,6 +178,20 @@ def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
     again_page = publish_experiment(cfg, tmp_path / "docs", tmp_path / "docs", config_path="tiny.toml")
     assert sorted(p.relative_to(tmp_path / "docs") for p in (tmp_path / "docs").rglob("*")) == published
     assert again_page.read_text() == text
+    # a reading written by hand at the end of the page survives a rebuild, and the logs read back as the records
+    from diffusionformer.experiments.publish import READING_MARKER, read_run_log
+
+    again_page.write_text(text + "\n" + READING_MARKER + "\n\nOur reading.\n")
+    assert publish_experiment(cfg, tmp_path / "docs", tmp_path / "docs", config_path="tiny.toml").read_text() == (
+        text + "\n" + READING_MARKER + "\n\nOur reading.\n")
+    for op in ("attention", "lap"):
+        back = read_run_log(tmp_path / "docs" / "tiny" / "logs" / "digits" / op / "seed0.json")
+        records = read_metrics(run_dir(out, "digits", op, 0) / "metrics.jsonl")
+        assert [(r["split"], r["step"]) for r in back] == [(r["split"], r["step"]) for r in records]
+        for b, r in zip(back, records):  # a metric named like a column (an evaluation's "loss") is that column
+            assert b.get("loss") == pytest.approx(r.get("loss"), abs=1e-6)
+            metrics = {k: v for k, v in r.get("metrics", {}).items() if k not in ("step", "loss", "lr", "elapsed")}
+            assert b["metrics"] == pytest.approx(metrics, abs=1e-6)
 
 
 def test_changed_definition_under_the_same_name_is_refused(tmp_path):
