@@ -233,11 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    table = gap_table(config, args.out)
+    try:
+        table = gap_table(config, args.out)
+    except ValueError as exc:  # a corrupt run log: named, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not table:
         print(f"error: no finished runs with train_loss and val_loss under {Path(args.out) / config.name}", file=sys.stderr)
         return 1
-    table = table.rstrip() + "\n\n" + primary_table(config, args.out, quantities)
+    table = table.rstrip() + "\n\n" + primary_table(config, args.out, quantities)  # the same logs, read again
     if args.page:
         print(f"wrote {write_gap_section(args.page, table)}")
     else:

@@ -262,13 +262,23 @@ def read_run_log(path: str | Path) -> list[dict[str, Any]]:
         >>> read_run_log(write_run_log(recs, pathlib.Path(tempfile.mkdtemp()) / "seed0.json"))
         [{'split': 'eval', 'step': 2, 'loss': 1.4, 'metrics': {'val_acc': 0.5}}]
     """
-    data = json.loads(Path(path).read_text())
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a run log written by publish (not JSON: {exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a run log written by publish (expected an object of splits)")
     records: list[dict[str, Any]] = []
     for split in ("train", "eval"):
         cols = data.get(split)
-        if not isinstance(cols, dict):
+        if cols is None:
             continue
-        for i in range(len(cols.get("step", []))):
+        lengths = {len(v) for v in cols.values() if isinstance(v, list)} if isinstance(cols, dict) else set()
+        if (not isinstance(cols, dict) or len(lengths) != 1 or not all(isinstance(v, list) for v in cols.values())
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in cols.get("step", [None]))):
+            raise ValueError(f"{path}: split {split!r} is not columns of equal length with integer steps")
+        for i in range(len(cols["step"])):
             rec: dict[str, Any] = {"split": split}
             rec.update({k: cols[k][i] for k in ("step", "loss", "lr", "elapsed") if k in cols and cols[k][i] is not None})
             rec["metrics"] = {k: v[i] for k, v in cols.items() if k not in ("step", "loss", "lr", "elapsed")

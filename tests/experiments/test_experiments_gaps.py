@@ -136,3 +136,18 @@ def test_gaps_from_published_logs_equal_the_run_folders_and_keep_a_reading(tmp_p
     text = page.read_text()
     assert text.startswith("# g\n\ntables\n\n" + GAP_MARKER) and "first" not in text
     assert text.endswith("second\n\n" + READING_MARKER + "\n\nOur reading.\n")
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"eval": {"step": [1, 2], "val_loss": [1.0]}}',
+                                  '{"eval": {"step": ["a"], "val_loss": [1.0]}}', '{"eval": [1]}'])
+def test_a_corrupt_published_log_is_named_not_a_traceback(tmp_path, capsys, text):
+    docs = tmp_path / "docs"
+    log = docs / "g" / "logs" / "t" / "attention" / "seed0.json"
+    log.parent.mkdir(parents=True)
+    log.write_text(text)
+    cfg = tmp_path / "g.toml"
+    cfg.write_text('name = "g"\nseeds = [0]\n[[tasks]]\nname = "t"\ndataset = "pydoc-chars"\n'
+                   'model = "gpt-char-tiny"\nmetric = "val_loss"\n[[operators]]\nname = "attention"\n')
+    assert main([str(cfg), "--out", str(docs)]) == 2
+    err = capsys.readouterr().err
+    assert str(log) in err and "not" in err
