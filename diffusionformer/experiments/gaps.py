@@ -17,7 +17,9 @@ same settings follows as exploratory (no adjustment).
 
 ``python -m diffusionformer.experiments.gaps CONFIG --out results [--page docs/results/<name>.md]``
 prints the tables, or writes them into the results page (replacing an earlier copy), so the
-page can be rebuilt after ``publish``.
+page can be rebuilt after ``publish``; with ``--page`` it also draws, per task, the train and
+validation loss of the evaluations and their gap over steps (:func:`plot_gaps`,
+``<name>/plots/<task>_gap.png`` beside the page).
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig, load_experiment_config
-from diffusionformer.experiments.publish import GAP_MARKER, READING_MARKER, read_run_log
+from diffusionformer.experiments.publish import GAP_MARKER, READING_MARKER, _copy_png, read_run_log
 from diffusionformer.experiments.runner import paired_t, read_curves, run_dir
 from diffusionformer.experiments.stats import holm, paired_difference
 from diffusionformer.experiments.tasks import as_metrics
 
-__all__ = ["GAP_MARKER", "QUANTITIES", "gap_rows", "gap_table", "primary_table", "run_gaps", "write_gap_section"]
+__all__ = ["GAP_MARKER", "QUANTITIES", "gap_curves", "gap_rows", "gap_table", "plot_gaps", "primary_table", "run_gaps",
+           "write_gap_section"]
 
 
 #: the quantities of :func:`run_gaps` a primary contrast may name, with their labels
@@ -70,6 +73,18 @@ def run_gaps(records: list[dict[str, Any]]) -> dict[str, float] | None:
             "best_val": best[2], "best_step": float(best[0]), "best_gap": best[2] - best[1]}
 
 
+def _run_records(out: Path, task: str, setting: str, seed: int) -> list[dict[str, Any]] | None:
+    """The metrics records of a finished run: its run folder's log, else the log ``publish`` wrote; ``None``
+    when the run has not finished (or is not there)."""
+    summary = run_dir(out, task, setting, seed) / "summary.json"
+    published = out / "logs" / task / setting / f"seed{seed}.json"
+    if summary.is_file():
+        return read_curves(summary.parent) if '"completed"' in summary.read_text() else None
+    if published.is_file():  # publish writes the logs of finished runs only
+        return read_run_log(published)
+    return None
+
+
 def gap_rows(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict[str, dict[int, dict[str, float]]]]:
     """``{task: {setting: {seed: run_gaps(...)}}}`` over the finished runs with train/val losses.
 
@@ -81,18 +96,8 @@ def gap_rows(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict[s
     for task in config.tasks:
         for setting in config.operators:
             for seed in config.seeds:
-                rdir = run_dir(out, task.name, setting.name, seed)
-                summary = rdir / "summary.json"
-                published = out / "logs" / task.name / setting.name / f"seed{seed}.json"
-                if summary.is_file():
-                    if '"completed"' not in summary.read_text():
-                        continue
-                    records = read_curves(rdir)
-                elif published.is_file():  # publish writes the logs of finished runs only
-                    records = read_run_log(published)
-                else:
-                    continue
-                g = run_gaps(records)
+                records = _run_records(out, task.name, setting.name, seed)
+                g = None if records is None else run_gaps(records)
                 if g is not None:
                     rows.setdefault(task.name, {}).setdefault(setting.name, {})[seed] = g
     return rows
@@ -205,6 +210,83 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
     return "\n".join(lines) + "\n"
 
 
+def _eval_losses(records: list[dict[str, Any]]) -> tuple[list[int], list[float], list[float]]:
+    """Steps, train and validation loss of the evaluations that measured both (as :func:`run_gaps` reads them)."""
+    rows = []
+    for r in records:
+        m = as_metrics(r) if r.get("split") == "eval" else {}
+        if "train_loss" in m and "val_loss" in m and math.isfinite(m["val_loss"]) and math.isfinite(m["train_loss"]):
+            rows.append((int(r["step"]), m["train_loss"], m["val_loss"]))
+    rows.sort()
+    return [s for s, _, _ in rows], [t for _, t, _ in rows], [v for _, _, v in rows]
+
+
+def gap_curves(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{task: {setting: {"n": seeds, "val" | "train" | "gap": (steps, mean, std)}}}`` over the finished runs.
+
+    The train and validation loss of the evaluations that measured both, and their gap, at the steps
+    every seed of the setting evaluated; mean and (population) standard deviation over seeds, as
+    the comparison's other figures. Reads the same logs as :func:`gap_rows`.
+    """
+    from diffusionformer.experiments.plots import _mean_band
+
+    out = Path(out_root) / config.name
+    curves: dict[str, dict[str, dict[str, Any]]] = {}
+    for task in config.tasks:
+        for setting in config.operators:
+            runs = []
+            for seed in config.seeds:
+                records = _run_records(out, task.name, setting.name, seed)
+                if records is not None and _eval_losses(records)[0]:
+                    runs.append(_eval_losses(records))
+            if not runs:
+                continue
+            entry: dict[str, Any] = {"n": len(runs)}
+            for key, series in (("val", [(st, v) for st, _, v in runs]), ("train", [(st, t) for st, t, _ in runs]),
+                                ("gap", [(st, [a - b for a, b in zip(v, t)]) for st, t, v in runs])):
+                band = _mean_band(series)
+                if band is not None:
+                    entry[key] = band
+            curves.setdefault(task.name, {})[setting.name] = entry
+    return curves
+
+
+def plot_gaps(config: ExperimentConfig, out_root: str | Path, plots: str | Path) -> list[Path]:
+    """Write ``<plots>/<task>_gap.png`` per text task: train and validation loss of the evaluation protocol
+    (left) and their gap (right) over steps, mean ± std over seeds per setting (:func:`gap_curves`).
+
+    Needs matplotlib (an ImportError naming the extra otherwise).
+    """
+    from diffusionformer.experiments.plots import _figure
+
+    _figure()  # fail early (ImportError) without matplotlib
+    plots = Path(plots)
+    written: list[Path] = []
+    for task, settings in gap_curves(config, out_root).items():
+        fig = _figure(figsize=(10, 3.6), layout="constrained")
+        ax_loss, ax_gap = fig.subplots(1, 2)
+        for i, setting in enumerate(config.operators):
+            entry = settings.get(setting.name)
+            if entry is None:
+                continue
+            color, label = f"C{i}", f"{setting.name} (n={entry['n']})"
+            for ax, key, style, lab in ((ax_loss, "val", "-", label + ", val"), (ax_loss, "train", "--", label + ", train"),
+                                        (ax_gap, "gap", "-", label)):
+                if key not in entry:
+                    continue
+                x, m, sd = entry[key]
+                ax.plot(x, m, style, color=color, label=lab)
+                ax.fill_between(x, m - sd, m + sd, color=color, alpha=0.15)
+        ax_loss.set(xlabel="step", ylabel="loss", title=f"{task}: validation (solid) and train (dashed) loss")
+        ax_gap.set(xlabel="step", ylabel="val - train", title=f"{task}: train/validation gap (mean ± std)")
+        ax_loss.legend(fontsize=7)
+        plots.mkdir(parents=True, exist_ok=True)
+        path = plots / f"{task}_gap.png"
+        fig.savefig(path, dpi=110)
+        written.append(path)
+    return written
+
+
 def write_gap_section(page: str | Path, table: str) -> Path:
     """Put ``table`` under :data:`GAP_MARKER` at the end of ``page``, replacing an earlier copy; a reading written
     by hand after :data:`~diffusionformer.experiments.publish.READING_MARKER` stays after it."""
@@ -241,6 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     if not table:
         print(f"error: no finished runs with train_loss and val_loss under {Path(args.out) / config.name}", file=sys.stderr)
         return 1
+    if args.page:  # the figures beside the page's other files, reduced to a palette like publish's
+        figures = []
+        try:
+            figures = plot_gaps(config, args.out, Path(args.page).parent / config.name / "plots")
+        except ImportError as exc:
+            print(f"warning: no gap figures: {exc}", file=sys.stderr)
+        for png in figures:
+            _copy_png(png, png)
+            table = table.rstrip() + f"\n\n![{png.stem[:-4]}: train and validation loss and their gap over steps " \
+                                     f"(mean ± std over seeds)]({config.name}/plots/{png.name})\n"
     table = table.rstrip() + "\n\n" + primary_table(config, args.out, quantities)  # the same logs, read again
     if args.page:
         print(f"wrote {write_gap_section(args.page, table)}")

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from diffusionformer.experiments import load_experiment_config
-from diffusionformer.experiments.gaps import GAP_MARKER, gap_rows, gap_table, main, primary_table, write_gap_section
+from diffusionformer.experiments.gaps import (GAP_MARKER, gap_curves, gap_rows, gap_table, main, plot_gaps, primary_table,
+                                             write_gap_section)
 from diffusionformer.experiments.publish import READING_MARKER, write_run_log
 from diffusionformer.experiments.runner import run_dir
 
@@ -151,3 +152,31 @@ def test_a_corrupt_published_log_is_named_not_a_traceback(tmp_path, capsys, text
     assert main([str(cfg), "--out", str(docs)]) == 2
     err = capsys.readouterr().err
     assert str(log) in err and "not" in err
+
+
+def test_gap_curves_are_the_seed_means_and_the_page_shows_the_figure(tmp_path):
+    import numpy as np
+
+    config = _write(tmp_path)
+    curves = gap_curves(config, tmp_path)["t"]
+    for op in ("attention", "lap"):
+        runs = [CURVES[(op, s)] for s in range(3)]
+        assert curves[op]["n"] == 3
+        for key, f in (("val", lambda t, v: v), ("train", lambda t, v: t), ("gap", lambda t, v: v - t)):
+            x, m, sd = curves[op][key]
+            vals = np.array([[f(t, v) for t, v in run] for run in runs])
+            assert list(x) == [100, 200, 300]
+            np.testing.assert_allclose(m, vals.mean(0), rtol=1e-12)
+            np.testing.assert_allclose(sd, vals.std(0), rtol=1e-12)
+    pytest.importorskip("matplotlib")
+    (png,) = plot_gaps(config, tmp_path, tmp_path / "plots")
+    assert png.name == "t_gap.png" and png.read_bytes()[:4] == b"\x89PNG"
+    cfg = tmp_path / "g.toml"
+    cfg.write_text('name = "g"\nseeds = [0, 1, 2]\nprimary = ["lap"]\n[[tasks]]\nname = "t"\ndataset = "pydoc-chars"\n'
+                   'model = "gpt-char-tiny"\nmetric = "val_loss"\n[[operators]]\nname = "attention"\n'
+                   '[[operators]]\nname = "lap"\nlaplacian_heads = 1\n')
+    page = tmp_path / "docs" / "g.md"
+    page.parent.mkdir()
+    assert main([str(cfg), "--out", str(tmp_path), "--page", str(page)]) == 0
+    assert (tmp_path / "docs" / "g" / "plots" / "t_gap.png").is_file()
+    assert "](g/plots/t_gap.png)" in page.read_text()
