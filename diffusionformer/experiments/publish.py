@@ -253,7 +253,7 @@ def _primary_line(config: ExperimentConfig) -> str:
 
 
 def read_run_log(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a log written by :func:`write_run_log` (its inverse, up to the rounding to 6 digits; a
+    """The records of a log written by :func:`write_run_log` (its inverse, up to its rounding to 9 significant digits; a
     metric named like one of its columns, such as an evaluation's ``loss``, is that column).
 
     Examples:
@@ -291,7 +291,10 @@ def write_run_log(records: list[dict[str, Any]], path: str | Path) -> Path:
     """Write a run's metrics log as a small column-wise JSON file: ``{"train": {...}, "eval": {...}}``.
 
     Each split maps ``step``, ``loss``, ``lr``, ``elapsed`` and every metric name to a list
-    with one entry per record of that split (``None`` where a record lacks the key).
+    with one entry per record of that split (``None`` where a record lacks the key). Floats keep 9
+    significant digits (every float32 value exactly), so statistics recomputed from the
+    published logs (``gaps``) agree with those of the run folders to about 9 digits (rounded to 6
+    decimals, a p value of 0.02650 read 0.02649 and printed 0.026 against 0.027).
 
     Examples:
         >>> import json, tempfile, pathlib
@@ -310,7 +313,7 @@ def write_run_log(records: list[dict[str, Any]], path: str | Path) -> Path:
         cols: dict[str, list[Any]] = {}
         for k in keys:
             vals = [r.get(k) if k in ("step", "loss", "lr", "elapsed") else r.get("metrics", {}).get(k) for r in recs]
-            cols[k] = [round(v, 6) if isinstance(v, float) else v for v in vals]
+            cols[k] = [float(f"{v:.9g}") if isinstance(v, float) else v for v in vals]
         out[split] = cols
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
