@@ -277,8 +277,9 @@ def plot_gaps(config: ExperimentConfig, out_root: str | Path, plots: str | Path)
                 x, m, sd = entry[key]
                 ax.plot(x, m, style, color=color, label=lab)
                 ax.fill_between(x, m - sd, m + sd, color=color, alpha=0.15)
-        ax_loss.set(xlabel="step", ylabel="loss", title=f"{task}: validation (solid) and train (dashed) loss")
-        ax_gap.set(xlabel="step", ylabel="val - train", title=f"{task}: train/validation gap (mean ± std)")
+        fig.suptitle(task)
+        ax_loss.set(xlabel="step", ylabel="loss", title="validation (solid) and train (dashed) loss")
+        ax_gap.set(xlabel="step", ylabel="val - train", title="train/validation gap (mean ± std over seeds)")
         ax_loss.legend(fontsize=7)
         plots.mkdir(parents=True, exist_ok=True)
         path = plots / f"{task}_gap.png"
