@@ -237,8 +237,9 @@ def gap_curves(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict
             runs = []
             for seed in config.seeds:
                 records = _run_records(out, task.name, setting.name, seed)
-                if records is not None and _eval_losses(records)[0]:
-                    runs.append(_eval_losses(records))
+                losses = _eval_losses(records) if records is not None else None
+                if losses is not None and losses[0]:
+                    runs.append(losses)
             if not runs:
                 continue
             entry: dict[str, Any] = {"n": len(runs)}

@@ -276,7 +276,7 @@ def read_run_log(path: str | Path) -> list[dict[str, Any]]:
             continue
         lengths = {len(v) for v in cols.values() if isinstance(v, list)} if isinstance(cols, dict) else set()
         if (not isinstance(cols, dict) or len(lengths) != 1 or not all(isinstance(v, list) for v in cols.values())
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in cols.get("step", [None]))):
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in cols.get("step", [None]))):
             raise ValueError(f"{path}: split {split!r} is not columns of equal length with integer steps")
         for i in range(len(cols["step"])):
             rec: dict[str, Any] = {"split": split}
