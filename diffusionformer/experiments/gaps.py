@@ -135,7 +135,7 @@ def gap_table(config: ExperimentConfig, out_root: str | Path) -> str:
                   "(degrees of freedom = shared seeds - 1)."
                   + (f" Primary contrasts (named before the runs): {', '.join(config.primary)}; the rest is exploratory."
                      if getattr(config, "primary", None) else ""), "",
-                  f"| operator | seeds | final val | final train | final gap | Δ final val | Δ final gap | "
+                  "| operator | seeds | final val | final train | final gap | Δ final val | Δ final gap | "
                   f"best val | at step | gap at best val | Δ best val |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for setting in config.operators:

@@ -43,7 +43,6 @@ from diffusionformer.ops.engine import (
     affine,
     affine_coefficients,
     all_heads,
-    head_runs,
     merge_heads,
     polynomial,
     positions,
