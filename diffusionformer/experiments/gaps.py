@@ -136,7 +136,7 @@ def gap_table(config: ExperimentConfig, out_root: str | Path) -> str:
                   + (f" Primary contrasts (named before the runs): {', '.join(config.primary)}; the rest is exploratory."
                      if getattr(config, "primary", None) else ""), "",
                   "| operator | seeds | final val | final train | final gap | Δ final val | Δ final gap | "
-                  f"best val | at step | gap at best val | Δ best val |",
+                  "best val | at step | gap at best val | Δ best val |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for setting in config.operators:
             row = settings.get(setting.name)
