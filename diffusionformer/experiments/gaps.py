@@ -46,6 +46,17 @@ QUANTITIES = {"final_val": "final val loss", "final_gap": "final gap", "final_tr
               "best_val": "best val loss", "best_gap": "gap at best val"}
 
 
+def _eval_losses(records: list[dict[str, Any]]) -> tuple[list[int], list[float], list[float]]:
+    """Steps, train and validation loss of the evaluations that measured both (as :func:`run_gaps` reads them)."""
+    rows = []
+    for r in records:
+        m = as_metrics(r) if r.get("split") == "eval" else {}
+        if "train_loss" in m and "val_loss" in m and math.isfinite(m["val_loss"]) and math.isfinite(m["train_loss"]):
+            rows.append((int(r["step"]), m["train_loss"], m["val_loss"]))
+    rows.sort()
+    return [s for s, _, _ in rows], [t for _, t, _ in rows], [v for _, _, v in rows]
+
+
 def run_gaps(records: list[dict[str, Any]]) -> dict[str, float] | None:
     """Final and best-validation losses and gaps of one run's metrics log.
 
@@ -57,16 +68,9 @@ def run_gaps(records: list[dict[str, Any]]) -> dict[str, float] | None:
         >>> run_gaps(evals)
         {'final_val': 2.75, 'final_train': 1.0, 'final_gap': 1.75, 'best_val': 2.25, 'best_step': 200.0, 'best_gap': 0.75}
     """
-    evals = []
-    for r in records:
-        if r.get("split") != "eval":
-            continue
-        m = as_metrics(r)
-        if "train_loss" in m and "val_loss" in m and math.isfinite(m["val_loss"]) and math.isfinite(m["train_loss"]):
-            evals.append((int(r["step"]), m["train_loss"], m["val_loss"]))
+    evals = list(zip(*_eval_losses(records)))  # (step, train, val), by step
     if not evals:
         return None
-    evals.sort()
     step, train, val = evals[-1]
     best = min(evals, key=lambda e: (e[2], e[0]))  # lowest val, earliest among ties
     return {"final_val": val, "final_train": train, "final_gap": val - train,
@@ -119,9 +123,11 @@ def _diff(row: dict[int, dict[str, float]], base: dict[int, dict[str, float]], k
     return f"{statistics.fmean(d):+.4f}" + ("" if t is None else f" (t {t:+.1f}, {len(seeds) - 1} df)")
 
 
-def gap_table(config: ExperimentConfig, out_root: str | Path) -> str:
-    """Markdown tables of :func:`gap_rows` (mean ± sample std over seeds; Δ paired over seeds)."""
-    rows = gap_rows(config, out_root)
+def gap_table(config: ExperimentConfig, out_root: str | Path,
+              rows: dict[str, dict[str, dict[int, dict[str, float]]]] | None = None) -> str:
+    """Markdown tables of :func:`gap_rows` (mean ± sample std over seeds; Δ paired over seeds); ``rows``: those
+    :func:`gap_rows` already returned (read from ``out_root`` otherwise)."""
+    rows = gap_rows(config, out_root) if rows is None else rows
     baseline = config.operators[0].name
     lines: list[str] = []
     for task in config.tasks:
@@ -164,34 +170,33 @@ def _check_quantities(quantities: tuple[str, ...]) -> None:
                          f"got {list(quantities)}")
 
 
-def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tuple[str, ...] = ("final_val",)) -> str:
+def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tuple[str, ...] = ("final_val",),
+                  rows: dict[str, dict[str, dict[int, dict[str, float]]]] | None = None) -> str:
     """The primary contrasts of ``config`` on ``quantities`` (Holm over them), then ``best_val`` as exploratory.
 
     Each cell compares a primary ``(task, setting)`` with the baseline (the first setting), paired
     over the seeds both finished (:func:`~diffusionformer.experiments.stats.paired_difference`).
-    Returns ``""`` when the config names no primary contrast or none has finished runs.
+    Returns ``""`` when the config names no primary contrast or none has finished runs. ``rows``: those
+    :func:`gap_rows` already returned (read from ``out_root`` otherwise).
 
     Raises:
         ValueError: an unknown quantity (the keys of :data:`QUANTITIES`).
     """
     _check_quantities(quantities)
     primary = config.primary_contrasts()
-    rows = gap_rows(config, out_root)
+    rows = gap_rows(config, out_root) if rows is None else rows
     baseline = config.operators[0].name
-    cells = []  # (label, Difference, is primary)
-    for extra in (False, True):
-        for task in config.tasks:
-            for setting in config.operators:
-                if (task.name, setting.name) not in primary:
-                    continue
-                row, base = rows.get(task.name, {}).get(setting.name), rows.get(task.name, {}).get(baseline)
-                if not row or not base:
-                    continue
-                for q in (("best_val",) if extra else quantities):
-                    if extra and q in quantities:
-                        continue
-                    d = paired_difference({s: v[q] for s, v in row.items()}, {s: v[q] for s, v in base.items()})
-                    cells.append((f"{task.name}, {setting.name}, {QUANTITIES[q]}", d, not extra))
+    named, extra = [], []  # (label, Difference, is primary): the primary cells first, then best_val (exploratory)
+    for task in config.tasks:
+        for setting in config.operators:
+            row, base = rows.get(task.name, {}).get(setting.name), rows.get(task.name, {}).get(baseline)
+            if (task.name, setting.name) not in primary or not row or not base:
+                continue
+            asked = [(q, True) for q in quantities] + ([] if "best_val" in quantities else [("best_val", False)])
+            for q, is_primary in asked:
+                d = paired_difference({s: v[q] for s, v in row.items()}, {s: v[q] for s, v in base.items()})
+                (named if is_primary else extra).append((f"{task.name}, {setting.name}, {QUANTITIES[q]}", d, is_primary))
+    cells = named + extra
     if not cells:
         return ""
     adjusted = iter(holm([d.p for _, d, prim in cells if prim]))
@@ -208,17 +213,6 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
         lines.append(f"| {'' if prim else '*exploratory:* '}{label} | {_g(d.mean, '+.4f')} | {ci} | {_g(d.t, '.2f')} | "
                      f"{_g(d.df, '.0f')} | {_g(d.p)} | {_g(d.p_wilcoxon)} | {_g(next(adjusted)) if prim else ''} |")
     return "\n".join(lines) + "\n"
-
-
-def _eval_losses(records: list[dict[str, Any]]) -> tuple[list[int], list[float], list[float]]:
-    """Steps, train and validation loss of the evaluations that measured both (as :func:`run_gaps` reads them)."""
-    rows = []
-    for r in records:
-        m = as_metrics(r) if r.get("split") == "eval" else {}
-        if "train_loss" in m and "val_loss" in m and math.isfinite(m["val_loss"]) and math.isfinite(m["train_loss"]):
-            rows.append((int(r["step"]), m["train_loss"], m["val_loss"]))
-    rows.sort()
-    return [s for s, _, _ in rows], [t for _, t, _ in rows], [v for _, _, v in rows]
 
 
 def gap_curves(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
@@ -318,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        table = gap_table(config, args.out)
+        rows = gap_rows(config, args.out)
+        table = gap_table(config, args.out, rows)
     except ValueError as exc:  # a corrupt run log: named, not a traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -335,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             _copy_png(png, png)
             table = table.rstrip() + f"\n\n![{png.stem[:-4]}: train and validation loss and their gap over steps " \
                                      f"(mean ± std over seeds)]({config.name}/plots/{png.name})\n"
-    table = table.rstrip() + "\n\n" + primary_table(config, args.out, quantities)  # the same logs, read again
+    table = table.rstrip() + "\n\n" + primary_table(config, args.out, quantities, rows)
     if args.page:
         print(f"wrote {write_gap_section(args.page, table)}")
     else:
