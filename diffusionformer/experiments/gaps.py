@@ -179,6 +179,12 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
     Returns ``""`` when the config names no primary contrast or none has finished runs. ``rows``: those
     :func:`gap_rows` already returned (read from ``out_root`` otherwise).
 
+    Args:
+        config: the comparison (its ``primary`` names the contrasts).
+        out_root: the results root it was run into, or the docs folder it was published to.
+        quantities: keys of :data:`QUANTITIES` tested together (Holm over all of their cells).
+        rows: what :func:`gap_rows` returned, if already read.
+
     Raises:
         ValueError: an unknown quantity (the keys of :data:`QUANTITIES`).
     """
@@ -221,6 +227,10 @@ def gap_curves(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict
     The train and validation loss of the evaluations that measured both, and their gap, at the steps
     every seed of the setting evaluated; mean and (population) standard deviation over seeds, as
     the comparison's other figures. Reads the same logs as :func:`gap_rows`.
+
+    Args:
+        config: the comparison.
+        out_root: the results root it was run into, or the docs folder it was published to.
     """
     from diffusionformer.experiments.plots import _mean_band
 
@@ -251,6 +261,14 @@ def plot_gaps(config: ExperimentConfig, out_root: str | Path, plots: str | Path)
     (left) and their gap (right) over steps, mean ± std over seeds per setting (:func:`gap_curves`).
 
     Needs matplotlib (an ImportError naming the extra otherwise).
+
+    Args:
+        config: the comparison.
+        out_root: the results root it was run into, or the docs folder it was published to.
+        plots: the folder to write the figures into (made if missing).
+
+    Returns:
+        The paths written, one per task with finished text runs.
     """
     from diffusionformer.experiments.plots import _figure
 

@@ -256,6 +256,15 @@ def read_run_log(path: str | Path) -> list[dict[str, Any]]:
     """The records of a log written by :func:`write_run_log` (its inverse, up to its rounding to 9 significant digits; a
     metric named like one of its columns, such as an evaluation's ``loss``, is that column).
 
+    Args:
+        path: a ``seed<k>.json`` log of ``publish``.
+
+    Returns:
+        The records in step order: ``{"split", "step", "loss", "lr", "elapsed", "metrics"}`` (absent keys left out).
+
+    Raises:
+        ValueError: the file is not JSON or not columns of equal length with integer steps (its path named).
+
     Examples:
         >>> import tempfile, pathlib
         >>> recs = [{"split": "eval", "step": 2, "loss": 1.4, "metrics": {"val_acc": 0.5}}]

@@ -223,6 +223,14 @@ def split_heads(t: Tensor, a: Heads, b: Heads, dim: int) -> tuple[Tensor, Tensor
     token-major too: the projection's ``view`` then takes it as it is (split head-major, the
     concatenation is head-major and the ``view`` copies the gradient once more).
 
+    Args:
+        t: a tensor with one entry per head along ``dim``.
+        a, b: increasing heads (positions along ``dim``) that together are every head once.
+        dim: the head axis.
+
+    Shapes:
+        ``t``: ``(..., H, ...)`` with ``H`` at ``dim`` -> ``t``'s shape with ``len(a)`` and ``len(b)`` heads.
+
     Examples:
         >>> [p.tolist() for p in split_heads(torch.arange(4), (2, 3), (0, 1), 0)]
         [[2, 3], [0, 1]]
