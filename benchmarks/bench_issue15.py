@@ -30,6 +30,13 @@ backward pass instead of kept), plus the Triton versions (``GPTConfig(backend="t
 width 384, T = 256, batch 64, vocabulary 65; 12 layers, 12 heads, width 768, T = 1024, batch 16,
 vocabulary 50304.
 
+Part 4 (dropout; with the Triton column only). The cost of dropout on ``P`` in the Triton kernels
+(a Philox mask per power, drawn again by the backward pass): forward+backward in training mode at
+the first size, causal, of the reference layer with SDPA's dropout and of the Triton layers
+(half Laplacian, 2 heat heads of ``K = 8``) with ``dropout=0.1`` and without, and the library's
+PyTorch path (``--library-backend``) with dropout for comparison; ratios to the same layer
+without dropout.
+
 ``--smoke`` (or ``DF_BENCH_SMOKE=1``): tiny sizes, few rounds, CPU allowed, so the whole script
 is testable without a GPU (the Triton column then runs only under ``TRITON_INTERPRET=1``).
 
@@ -202,6 +209,62 @@ def part_layers(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> Non
                     torch.cuda.empty_cache()
 
 
+# ---------------------------------------------------------------------------- dropout
+class DropoutReferenceLayer(ReferenceLayer):
+    """:class:`ReferenceLayer` with SDPA's dropout on ``P`` while training."""
+
+    def __init__(self, dim: int, num_heads: int, causal: bool, dropout: float) -> None:
+        super().__init__(dim, num_heads, causal)
+        self.dropout = dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, N, D = x.shape
+        q, k, v = self.qkv(x).split(D, dim=2)
+        q, k, v = (t.view(B, N, self.num_heads, D // self.num_heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out_proj(y.transpose(1, 2).contiguous().view(B, N, D))
+
+
+def part_dropout(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
+    if not with_triton:
+        rep.note("Dropout part skipped: no Triton column")
+        return
+    dev = args.device
+    B, N, D, H = SMOKE_LAYER_SIZES[0] if smoke else LAYER_SIZES[0]
+    rounds = args.rounds or (2 if smoke else 7)
+    p = 0.1
+    torch.manual_seed(0)
+    layers: dict[str, nn.Module] = {"reference (SDPA)": ReferenceLayer(D, H, True),
+                                    f"reference (SDPA), dropout {p}": DropoutReferenceLayer(D, H, True, p)}
+    pairs = [("reference (SDPA)", f"reference (SDPA), dropout {p}")]
+    specs = layer_specs(H)
+    for name in ("half Laplacian", "2 heat(t=1, K=8)"):
+        for backend in ("triton", args.library_backend):
+            for drop in (0.0, p):
+                label = f"{backend}: {name}" + (f", dropout {p}" if drop else "")
+                layers[label] = DiffusionAttention(D, H, specs[name], causal=True, bias=False, backend=backend,
+                                                   dropout=drop)
+            pairs.append((f"{backend}: {name}", f"{backend}: {name}, dropout {p}"))
+    for m in layers.values():
+        m.to(dev)
+    x = torch.randn(B, N, D, generator=torch.Generator().manual_seed(1)).to(dev)
+    t = C.measure(layer_callables(layers, x, True, dev), device=dev, rounds=rounds,
+                  block_s=0.0 if smoke else 0.02, warmup=1 if smoke else 3)
+    rows = []
+    for base, dropped in pairs:
+        r = C.ratio(t, dropped, base)
+        rows.append([dropped, C.ms(t[dropped].median), C.ms(t[base].median), C.rfmt(r)])
+        rep.rows.append({"part": "dropout", "size": (B, N, D, H), "layer": dropped, "seconds": t[dropped].median,
+                         "vs_no_dropout": r})
+    rep.table(f"Dropout on P ({p}), (B, N, D, H) = {(B, N, D, H)}, causal, forward+backward in training mode, bf16 "
+              f"autocast; median of {rounds} interleaved rounds, ratio [IQR] to the same layer without dropout",
+              ["layer", "ms", "ms without dropout", "/ without dropout"], rows)
+    del layers, x
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+
+
 # ---------------------------------------------------------------------------- profile
 class SDPARecorder(TorchFunctionMode):
     """Records the inputs of every ``F.scaled_dot_product_attention`` call."""
@@ -347,7 +410,8 @@ def main(argv: list[str] | None = None) -> C.Report:
         p.add_argument("--smoke", action="store_true", help="tiny sizes and rounds (CPU smoke test of the script)")
         p.add_argument("--library-backend", default="auto", choices=["auto", "sdpa", "matrix"],
                        help="dense back-end of the library columns (the Triton column always uses 'triton')")
-        p.add_argument("--parts", nargs="*", default=["layers", "profile", "gpt"], choices=["layers", "profile", "gpt"])
+        p.add_argument("--parts", nargs="*", default=["layers", "profile", "gpt", "dropout"],
+                       choices=["layers", "profile", "gpt", "dropout"])
         p.add_argument("--layer-sizes", nargs="*", type=int, default=None, metavar="I",
                        help=f"indices into the layer sizes {LAYER_SIZES} (default: all; for a GPU call short of time)")
         p.add_argument("--gpt-sizes", nargs="*", default=None, choices=[s[0] for s in GPT_SIZES],
@@ -371,6 +435,8 @@ def main(argv: list[str] | None = None) -> C.Report:
         part_profile(args, rep, smoke, with_triton)
     if "gpt" in args.parts:
         part_gpt(args, rep, smoke, with_triton)
+    if "dropout" in args.parts:
+        part_dropout(args, rep, smoke, with_triton)
     rep.write()
     return rep
 

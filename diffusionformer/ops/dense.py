@@ -318,9 +318,9 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
     (``H = 8``, ``C = 32``, ``B N = 2048`` tokens, CPU, forward and forward+backward gave the
     same crossovers; see ``docs/performance.md``).
 
-    Triton comes first: for CUDA tensors, when triton imports and the call is supported (no
-    general ``attn_mask`` beyond ``is_causal`` and bool key padding, no dropout on ``P``, no
-    ``need_weights``, float32/float16/bfloat16, ``v`` with the head size of ``q``), ``"auto"``
+    Triton comes first (when :data:`TRITON_IN_AUTO` is set): for CUDA tensors, when triton
+    imports and the call is supported (no general ``attn_mask`` beyond ``is_causal`` and bool key
+    padding, no ``need_weights``, float32/float16/bfloat16, ``v`` with the head size of ``q``), ``"auto"``
     runs :class:`~diffusionformer.ops.triton.backend.TritonBackend` (one fused launch for all
     affine heads, one launch per power of ``P`` for all K-step heads) before this rule is
     consulted, unless every head is plain attention with static coefficients (then the stock
@@ -551,14 +551,14 @@ def _try_triton(
     if backend == "auto" and q.shape[-1] > TRITON_AUTO_MAX_HEAD_DIM:
         return None  # the kernels' shared memory was only checked up to this head size
     mask, _ = _normalise_mask(attn_mask, False, q, k)  # validated, 4-dimensional, causal not folded in
-    reason = triton_unsupported(q, k, v, mask, dropout_p, need_weights)
+    reason = triton_unsupported(q, k, v, mask, need_weights)
     if reason is not None:
         if backend == "triton":
             raise ValueError(f"backend='triton' does not support {reason}; use backend='auto' to fall back to the "
                              "PyTorch back-ends")
         return None
     pad = key_padding_from_mask(mask, q.shape[0])
-    return TritonBackend(q, k, is_causal, pad, scale).diffuse(v, coeffs, degrees)
+    return TritonBackend(q, k, is_causal, pad, scale, dropout_p).diffuse(v, coeffs, degrees)
 
 
 def _diffuse_dense(

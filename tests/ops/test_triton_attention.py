@@ -233,8 +233,8 @@ from triton.compiler import ASTSource
 from diffusionformer.ops.triton import _kernels as K
 
 POINTERS = {"PAD": "*u8", "C0": "*fp32", "C1": "*fp32", "CK": "*fp32", "LSE": "*fp32", "DELTA": "*fp32",
-            "DCROW": "*fp32", "ACC": "*fp32"}
-common = dict(CAUSAL=True, HAS_PAD=True, UPCAST=False, IEEE=False, BLOCK_C=64)
+            "DCROW": "*fp32", "ACC": "*fp32", "SEED": "*i64"}
+common = dict(CAUSAL=True, HAS_PAD=True, UPCAST=False, IEEE=False, DROPOUT=False, BLOCK_C=64)
 fwd = dict(STORE_Y=True, BLOCK_M=64, BLOCK_N=64)
 cases = [(K._first_step, fwd), (K._next_step, fwd),
          (K._transposed_step, dict(HAS_IN=True, BLOCK_M=32, BLOCK_N=64)),
@@ -245,17 +245,20 @@ for causal in (True, False):
     cases += [(K._first_step, dict(fwd, HAS_PAD=False, CAUSAL=causal)),
               (K._next_step, dict(fwd, HAS_PAD=False, CAUSAL=causal))]
 cases += [(fn, dict(extra, HAS_PAD=False)) for fn, extra in cases[2:5]]
+# dropout on P: every kernel with its Philox masks (causal and padded), and the mask writer
+cases += [(fn, dict(extra, DROPOUT=True)) for fn, extra in cases[:5]]
+cases.append((K._dropout_scales, dict(BLOCK_M=32, BLOCK_N=32)))
 for fn, extra in cases:
-    consts = dict(common, **extra)
+    consts = {n: v for n, v in dict(common, **extra).items() if n in fn.arg_names}
     sig = {}
     for name in fn.arg_names:
         if name in consts:
             sig[name] = "constexpr"
-        elif name in POINTERS:
-            sig[name] = POINTERS[name]
+        elif name in POINTERS or (name == "OUT" and fn is K._dropout_scales):
+            sig[name] = POINTERS.get(name, "*fp32")
         elif name in ("Q", "K", "V", "X", "G", "A", "A_IN", "A_OUT", "Y", "YS", "OUT", "DQ", "DK", "DV"):
             sig[name] = "*bf16"
-        elif name.endswith("scale"):
+        elif name.endswith("scale") or name in ("drop_p", "inv_keep"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
@@ -270,10 +273,10 @@ for fn, extra in cases:
 @pytest.mark.slow
 def test_kernels_compile_for_a_gpu_target_without_a_gpu():
     # the interpreter does not type-check like the compiler: build every kernel (bf16; causal and
-    # padded, causal and unpadded, and the forward kernels non-causal and unpadded) down to an
-    # sm_90 cubin with triton's bundled toolchain; no device is needed
+    # padded, causal and unpadded, and the forward kernels non-causal and unpadded; with dropout on P,
+    # and the mask writer) down to an sm_90 cubin with triton's bundled toolchain; no device is needed
     res = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, timeout=600)
     if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
         pytest.skip("triton's ptxas is not available on this machine")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.count("compiled") == 12
+    assert res.stdout.count("compiled") == 18

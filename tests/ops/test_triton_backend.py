@@ -174,10 +174,9 @@ def test_backend_plugs_into_the_generic_engine():
     [
         (dict(attn_mask=torch.zeros(7, 7)), "additive float attn_mask"),
         (dict(attn_mask=torch.ones(7, 7, dtype=torch.bool).tril()), "depends on the head or the query"),
-        (dict(dropout_p=0.1), "dropout on P"),
         (dict(need_weights=True), "need_weights"),
     ],
-    ids=["float-mask", "query-mask", "dropout", "weights"],
+    ids=["float-mask", "query-mask", "weights"],
 )
 def test_explicit_triton_names_the_unsupported_feature(kwargs, match):
     q, k, v = (torch.randn(1, 2, 7, 4, device=DEVICE) for _ in range(3))
@@ -230,7 +229,8 @@ def test_auto_rule_keeps_sdpa_for_all_attention_only():
         out = _try_triton(q, k, v, rows, *args, degrees, 0.0, False)
         torch.testing.assert_close(out, diffuse(q, k, v, list(map(list, rows)), degrees=degrees, scale=0.5,
                                                 backend="matrix"), atol=1e-5, rtol=1e-5)
-    assert _try_triton(q, k, v, ((0.0, 1.0), (1.0, -1.0)), *args, (1, 1), 0.1, False) is None  # dropout: fall back
+    with_dropout = _try_triton(q, k, v, ((0.0, 1.0), (1.0, -1.0)), *args, (1, 1), 0.5, False)  # dropout: Triton too
+    assert with_dropout is not None and with_dropout.shape == v.shape
     big = torch.randn(1, 2, 3, 136, device=DEVICE)  # head size above TRITON_AUTO_MAX_HEAD_DIM: fall back
     assert _try_triton(big, big, big, ((0.0, 1.0), (1.0, -1.0)), *args, (1, 1), 0.0, False) is None
 

@@ -11,7 +11,10 @@
 # the same kernel; the backward pass is the reverse (Horner) recursion of the polynomial, with
 # dP = sum_m a_{m+1} y_m^T contracted inside the dq and dk/dv kernels (never N x N in memory);
 # boundary blocks are masked (any N, any head dimension), and the key-padding mask, empty rows
-# and the causal mask are handled in-kernel.
+# and the causal mask are handled in-kernel. Dropout on P draws a fresh mask per power of P (as the
+# PyTorch back-ends do): the mask of entry (i, j) of step t of head bh is a Philox draw keyed by the
+# call's seed with the counter (i N + j, bh, t, 0), regenerated wherever the backward pass needs it
+# (the approach of FlashAttention's dropout): nothing N x N is stored.
 #
 # This module defines its kernels only when triton imports, so that the library (and pytest's
 # doctest collection) imports without triton; diffusionformer.ops.triton imports it lazily.
@@ -43,6 +46,42 @@ if HAS_TRITON:
             return tl.dot(a, b, acc)
 
     @triton.jit
+    def _dropout_scale(seed, bh, step, rows, cols, N, drop_p, inv_keep):
+        """float block: ``inv_keep`` where entry ``(rows, cols)`` of power ``step`` of head ``bh`` is kept, else 0.
+
+        ``rows`` and ``cols`` are broadcastable index grids (queries, keys); the draw is Philox with the
+        counter ``(rows * N + cols, bh, step, 0)`` under the 64-bit ``seed``, so the forward and the
+        backward kernels see the same mask whatever the block shapes and orientation.
+        """
+        c0 = (rows * N + cols).to(tl.uint32, bitcast=True)
+        z = tl.zeros_like(c0)
+        r, _, _, _ = tl.philox(seed, c0, z + bh, z + step, z)
+        u = tl.uint_to_uniform_float(r)
+        return tl.where(u >= drop_p, inv_keep, 0.0)
+
+    @triton.jit
+    def _seed(SEED, DROPOUT: tl.constexpr):
+        """The call's dropout seed (int64, read on the device: no host sync), or 0 without dropout."""
+        if DROPOUT:
+            return tl.load(SEED)
+        else:
+            return tl.zeros([], dtype=tl.int64)
+
+    @triton.jit
+    def _dropout_scales(SEED, OUT, N, drop_p, inv_keep, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """``OUT[step - 1, bh, i, j]`` = the scale (0 or ``inv_keep``) the kernels give entry ``(i, j)`` of power ``step``
+        of head ``bh`` (grid: query blocks, ``B * H``, steps; ``OUT`` contiguous float32)."""
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        bh = tl.program_id(1)
+        step = tl.program_id(2) + 1
+        seed = tl.load(SEED)
+        base = OUT + (tl.program_id(2).to(tl.int64) * tl.num_programs(1) + bh) * N * N
+        for start_n in range(0, N, BLOCK_N):
+            kn = start_n + tl.arange(0, BLOCK_N)
+            d = _dropout_scale(seed, bh, step, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
+            tl.store(base + offs_m[:, None] * N + kn[None, :], d, mask=(offs_m[:, None] < N) & (kn[None, :] < N))
+
+    @triton.jit
     def _keep(offs_q, offs_k, N, pad_row, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr):
         """bool block: key ``offs_k`` is admissible for query ``offs_q`` (both 2-D broadcastable index grids)."""
         keep = (offs_k < N) & (offs_q < N)
@@ -65,9 +104,9 @@ if HAS_TRITON:
     @triton.jit
     def _online_block(
         acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
-        stride_kn, stride_kc, stride_vn, stride_vc,
+        stride_kn, stride_kc, stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
         """One key block of the online softmax (MASKED: apply bounds, padding and the causal mask)."""
         kn = start_n + offs_n
@@ -81,7 +120,9 @@ if HAS_TRITON:
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2(-inf) = 0
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.sum(p, 1)  # the softmax normaliser counts every key, dropped or not
+        if DROPOUT:
+            p = p * _dropout_scale(seed, bh, 1, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
         v = tl.load(v_base + kn[:, None] * stride_vn + offs_c[None, :] * stride_vc,
                     mask=(kn[:, None] < N) & c_ok[None, :], other=0.0)
         acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST, IEEE)
@@ -90,11 +131,12 @@ if HAS_TRITON:
     @triton.jit
     def _fixed_block(
         acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
-        stride_kn, stride_kc,
+        stride_kn, stride_kc, seed, bh, step, drop_p, inv_keep,
         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
-        """One key block of ``P x`` with the stored log2-sum-exp (MASKED as in :func:`_online_block`)."""
+        """One key block of ``P x`` with the stored log2-sum-exp (MASKED as in :func:`_online_block`; DROPOUT:
+        the mask of power ``step``)."""
         kn = start_n + offs_n
         kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc,
                      mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
@@ -103,21 +145,23 @@ if HAS_TRITON:
         if MASKED:
             keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
             p = tl.where(keep, p, 0.0)
+        if DROPOUT:
+            p = p * _dropout_scale(seed, bh, step, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
         x = tl.load(x_base + kn[:, None] * C + offs_c[None, :],
                     mask=(kn[:, None] < N) & c_ok[None, :], other=0.0)
         return _dot(p.to(x.dtype), x, acc, UPCAST, IEEE)
 
     @triton.jit
     def _first_step(
-        Q, K, V, PAD, C0, C1, OUT, Y, LSE,
+        Q, K, V, PAD, C0, C1, OUT, Y, LSE, SEED,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_vb, stride_vh, stride_vn, stride_vc,
         stride_ob, stride_oh, stride_on, stride_oc,
         stride_pb, stride_cf,
-        H, N, C, qk_scale,
+        H, N, C, qk_scale, drop_p, inv_keep,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, STORE_Y: tl.constexpr,
-        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        UPCAST: tl.constexpr, IEEE: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
         """``y = P v`` by an online softmax; ``out = c0[h] v + c1[h] y``; stores log2-sum-exp per row."""
@@ -133,6 +177,7 @@ if HAS_TRITON:
         k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
         pad_row = PAD + b.to(tl.int64) * stride_pb
+        seed = _seed(SEED, DROPOUT)
         row_ok = offs_m < N
         q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc,
                     mask=row_ok[:, None] & c_ok[None, :], other=0.0)
@@ -149,11 +194,13 @@ if HAS_TRITON:
         for start_n in range(0, free, BLOCK_N):
             acc, l_i, m_i = _online_block(
                 acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
-                stride_kn, stride_kc, stride_vn, stride_vc, False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                stride_kn, stride_kc, stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
+                False, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_n in range(free, hi, BLOCK_N):
             acc, l_i, m_i = _online_block(
                 acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
-                stride_kn, stride_kc, stride_vn, stride_vc, True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                stride_kn, stride_kc, stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
+                True, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         has = l_i > 0.0
         y = acc / tl.where(has, l_i, 1.0)[:, None]  # a row with no admissible key is a zero row of P
         lse = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("inf"))
@@ -171,17 +218,18 @@ if HAS_TRITON:
 
     @triton.jit
     def _next_step(
-        Q, K, X, PAD, CK, ACC, OUT, Y, LSE,
+        Q, K, X, PAD, CK, ACC, OUT, Y, LSE, SEED,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_ob, stride_oh, stride_on, stride_oc,
         stride_pb, stride_cf,
-        H, N, C, qk_scale,
+        H, N, C, qk_scale, step, drop_p, inv_keep,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, STORE_Y: tl.constexpr,
-        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        UPCAST: tl.constexpr, IEEE: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
-        """``y = P x`` with the stored log2-sum-exp; ``out = acc + c_k[h] y`` (X, ACC, Y contiguous, OUT strided)."""
+        """``y = P x`` (power ``step``) with the stored log2-sum-exp; ``out = acc + c_k[h] y`` (X, ACC, Y contiguous,
+        OUT strided)."""
         start_m = tl.program_id(0) * BLOCK_M
         bh = tl.program_id(1)
         b = bh // H
@@ -194,6 +242,7 @@ if HAS_TRITON:
         k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
         x_base = X + bh.to(tl.int64) * N * C
         pad_row = PAD + b.to(tl.int64) * stride_pb
+        seed = _seed(SEED, DROPOUT)
         row_ok = offs_m < N
         q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc,
                     mask=row_ok[:, None] & c_ok[None, :], other=0.0)
@@ -207,10 +256,12 @@ if HAS_TRITON:
             free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
         for start_n in range(0, free, BLOCK_N):
             acc = _fixed_block(acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
-                               qk_scale, stride_kn, stride_kc, False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                               qk_scale, stride_kn, stride_kc, seed, bh, step, drop_p, inv_keep,
+                               False, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_n in range(free, hi, BLOCK_N):
             acc = _fixed_block(acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
-                               qk_scale, stride_kn, stride_kc, True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                               qk_scale, stride_kn, stride_kc, seed, bh, step, drop_p, inv_keep,
+                               True, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         io_mask = row_ok[:, None] & c_ok[None, :]
         io_off = bh.to(tl.int64) * N * C + offs_m[:, None] * C + offs_c[None, :]
         if STORE_Y:
@@ -241,11 +292,11 @@ if HAS_TRITON:
     @triton.jit
     def _transposed_block(
         acc, k, q_base, a_base, lse_base, pad_row, start_m, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
-        stride_qn, stride_qc,
+        stride_qn, stride_qc, seed, bh, step, drop_p, inv_keep,
         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
-        """``acc + P^T[key block, query block] a[query block]``."""
+        """``acc + P^T[key block, query block] a[query block]`` (DROPOUT: ``P`` of power ``step``, dropped)."""
         qm = start_m + offs_m
         qT = tl.load(q_base + qm[None, :] * stride_qn + offs_c[:, None] * stride_qc,
                      mask=(qm[None, :] < N) & c_ok[:, None], other=0.0)
@@ -255,17 +306,24 @@ if HAS_TRITON:
         if MASKED:
             keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, CAUSAL, HAS_PAD)
             pT = tl.where(keep, pT, 0.0)
+        if DROPOUT:
+            pT = pT * _dropout_scale(seed, bh, step, qm[None, :], offs_n[:, None], N, drop_p, inv_keep)
         a = tl.load(a_base + qm[:, None] * C + offs_c[None, :], mask=(qm[:, None] < N) & c_ok[None, :], other=0.0)
         return _dot(pT.to(a.dtype), a, acc, UPCAST, IEEE)
 
     @triton.jit
     def _dkdv_block(
         dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m, offs_n, offs_c, c_ok,
-        kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc,
+        kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc, seed, bh, drop_p, inv_keep,
         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
-        """One query block of :func:`_bwd_dkdv`."""
+        """One query block of :func:`_bwd_dkdv`.
+
+        With DROPOUT, power ``t`` used its own mask ``D_t``: ``dv`` takes ``(P * D_1)^T`` and the term
+        ``a_t y_{t-1}^T`` of ``dP`` is masked by ``D_t`` (``dP = sum_t D_t * a_t y_{t-1}^T``); ``delta`` needs
+        no change (it is formed from the dropped powers ``y_t``).
+        """
         qm = start_m + offs_m
         qm_ok = qm < N
         q = tl.load(q_base + qm[:, None] * stride_qn + offs_c[None, :] * stride_qc,
@@ -280,13 +338,24 @@ if HAS_TRITON:
         a_off = io_base + qm[None, :] * C + offs_c[:, None]
         a_mask = qm_ok[None, :] & c_ok[:, None]
         a1T = tl.load(A + a_off, mask=a_mask, other=0.0)  # a_1^T: (BLOCK_C, BLOCK_M)
-        dv = _dot(pT.to(a1T.dtype), tl.trans(a1T), dv, UPCAST, IEEE)
-        dpT = _dot(v, a1T, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
-        for m in range(1, STEPS):
-            y = tl.load(YS + (m - 1) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
-                        mask=kv_mask, other=0.0)
-            aT = tl.load(A + m * stride_step + a_off, mask=a_mask, other=0.0)
-            dpT = _dot(y, aT, dpT, UPCAST, IEEE)
+        if DROPOUT:
+            d1 = _dropout_scale(seed, bh, 1, qm[None, :], offs_n[:, None], N, drop_p, inv_keep)
+            dv = _dot((pT * d1).to(a1T.dtype), tl.trans(a1T), dv, UPCAST, IEEE)
+            dpT = d1 * _dot(v, a1T, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
+            for m in range(1, STEPS):
+                y = tl.load(YS + (m - 1) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
+                            mask=kv_mask, other=0.0)
+                aT = tl.load(A + m * stride_step + a_off, mask=a_mask, other=0.0)
+                term = _dot(y, aT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
+                dpT += term * _dropout_scale(seed, bh, m + 1, qm[None, :], offs_n[:, None], N, drop_p, inv_keep)
+        else:
+            dv = _dot(pT.to(a1T.dtype), tl.trans(a1T), dv, UPCAST, IEEE)
+            dpT = _dot(v, a1T, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
+            for m in range(1, STEPS):
+                y = tl.load(YS + (m - 1) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
+                            mask=kv_mask, other=0.0)
+                aT = tl.load(A + m * stride_step + a_off, mask=a_mask, other=0.0)
+                dpT = _dot(y, aT, dpT, UPCAST, IEEE)
         dsT = pT * (dpT - delta[None, :])
         dk = _dot(dsT.to(q.dtype), q, dk, UPCAST, IEEE)
         return dk, dv
@@ -295,10 +364,11 @@ if HAS_TRITON:
     def _dq_block(
         dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n, offs_m, offs_n,
         offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc, stride_vn, stride_vc,
+        seed, bh, drop_p, inv_keep,
         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
-        """One key block of :func:`_bwd_dq`."""
+        """One key block of :func:`_bwd_dq` (DROPOUT: the term ``a_t y_{t-1}^T`` of ``dP`` masked by ``D_t``)."""
         kn = start_n + offs_n
         kT_mask = (kn[None, :] < N) & c_ok[:, None]
         kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc, mask=kT_mask, other=0.0)
@@ -309,27 +379,37 @@ if HAS_TRITON:
             p = tl.where(keep, p, 0.0)
         vT = tl.load(v_base + kn[None, :] * stride_vn + offs_c[:, None] * stride_vc, mask=kT_mask, other=0.0)
         dp = _dot(a1, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
-        for m in range(1, STEPS):
-            yT = tl.load(YS + (m - 1) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
-                         mask=kT_mask, other=0.0)
-            a = tl.load(A + m * stride_step + a_off, mask=io_mask, other=0.0)
-            dp = _dot(a, yT, dp, UPCAST, IEEE)
+        if DROPOUT:
+            dp = dp * _dropout_scale(seed, bh, 1, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
+            for m in range(1, STEPS):
+                yT = tl.load(YS + (m - 1) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
+                             mask=kT_mask, other=0.0)
+                a = tl.load(A + m * stride_step + a_off, mask=io_mask, other=0.0)
+                term = _dot(a, yT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
+                dp += term * _dropout_scale(seed, bh, m + 1, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
+        else:
+            for m in range(1, STEPS):
+                yT = tl.load(YS + (m - 1) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
+                             mask=kT_mask, other=0.0)
+                a = tl.load(A + m * stride_step + a_off, mask=io_mask, other=0.0)
+                dp = _dot(a, yT, dp, UPCAST, IEEE)
         ds = p * (dp - delta[:, None])
         return _dot(ds.to(kT.dtype), tl.trans(kT), dq, UPCAST, IEEE)
 
     @triton.jit
     def _transposed_step(
-        Q, K, G, A_IN, A_OUT, Y, PAD, CK, LSE, DELTA, DCROW,
+        Q, K, G, A_IN, A_OUT, Y, PAD, CK, LSE, DELTA, DCROW, SEED,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_gb, stride_gh, stride_gn, stride_gc,
         stride_pb, stride_cf,
-        H, N, C, qk_scale,
+        H, N, C, qk_scale, step, drop_p, inv_keep,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_IN: tl.constexpr,
-        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        UPCAST: tl.constexpr, IEEE: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
-        """One step ``m`` of the adjoint recursion: ``a_m = c_m[h] g + P^T a_{m+1}`` (no ``P^T`` term without HAS_IN).
+        """One step ``m`` of the adjoint recursion: ``a_m = c_m[h] g + P^T a_{m+1}`` (no ``P^T`` term without HAS_IN;
+        with DROPOUT, ``P`` carries the mask of power ``step = m + 1``).
 
         Also per row ``j``: ``DELTA[j] (+)= <a_m, y_m>`` (written fresh without HAS_IN, i.e. for
         ``m = K``, the first launch) and ``DCROW[j] = <g, y_m>`` (summed to ``dc[h, m]`` outside).
@@ -347,6 +427,7 @@ if HAS_TRITON:
         k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
         io_base = bh.to(tl.int64) * N * C
         pad_row = PAD + b.to(tl.int64) * stride_pb
+        seed = _seed(SEED, DROPOUT)
         key_ok = offs_n < N
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_c[None, :] * stride_kc,
                     mask=key_ok[:, None] & c_ok[None, :], other=0.0)
@@ -357,11 +438,13 @@ if HAS_TRITON:
             for start_m in range(lo, mid, BLOCK_M):
                 acc = _transposed_block(acc, k, q_base, A_IN + io_base, lse_base, pad_row, start_m, offs_m, offs_n,
                                         offs_c, c_ok, N, C, qk_scale, stride_qn, stride_qc,
-                                        True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                                        seed, bh, step, drop_p, inv_keep,
+                                        True, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
             for start_m in range(mid, N, BLOCK_M):
                 acc = _transposed_block(acc, k, q_base, A_IN + io_base, lse_base, pad_row, start_m, offs_m, offs_n,
                                         offs_c, c_ok, N, C, qk_scale, stride_qn, stride_qc,
-                                        False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                                        seed, bh, step, drop_p, inv_keep,
+                                        False, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         io_mask = key_ok[:, None] & c_ok[None, :]
         io_off = io_base + offs_n[:, None] * C + offs_c[None, :]
         ck = tl.load(CK + h * stride_cf).to(tl.float32)
@@ -379,16 +462,16 @@ if HAS_TRITON:
 
     @triton.jit
     def _bwd_dkdv(
-        Q, K, V, G, A, YS, PAD, C0, LSE, DELTA, DK, DV, DCROW,
+        Q, K, V, G, A, YS, PAD, C0, LSE, DELTA, DK, DV, DCROW, SEED,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_vb, stride_vh, stride_vn, stride_vc,
         stride_gb, stride_gh, stride_gn, stride_gc,
         stride_db, stride_dh, stride_dn, stride_dc,
         stride_pb, stride_cf, stride_step,
-        H, N, C, STEPS, qk_scale, sm_scale,
+        H, N, C, STEPS, qk_scale, sm_scale, drop_p, inv_keep,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        UPCAST: tl.constexpr, IEEE: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
         """Per key block: ``dk = s * dS^T q`` with ``dP = sum_m a_{m+1} y_m^T``, and ``dv = c0 g + P^T a_1``.
@@ -409,6 +492,7 @@ if HAS_TRITON:
         v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
         io_base = bh.to(tl.int64) * N * C
         pad_row = PAD + b.to(tl.int64) * stride_pb
+        seed = _seed(SEED, DROPOUT)
         key_ok = offs_n < N
         kv_mask = key_ok[:, None] & c_ok[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_c[None, :] * stride_kc, mask=kv_mask, other=0.0)
@@ -421,11 +505,13 @@ if HAS_TRITON:
         for start_m in range(lo, mid, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m,
                                  offs_n, offs_c, c_ok, kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc,
-                                 True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                                 seed, bh, drop_p, inv_keep,
+                                 True, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_m in range(mid, N, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m,
                                  offs_n, offs_c, c_ok, kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc,
-                                 False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                                 seed, bh, drop_p, inv_keep,
+                                 False, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         c0 = tl.load(C0 + h * stride_cf).to(tl.float32)
         g_off = b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh + offs_n[:, None] * stride_gn + offs_c[None, :] * stride_gc
         g = tl.load(G + g_off, mask=kv_mask, other=0.0).to(tl.float32)
@@ -436,15 +522,15 @@ if HAS_TRITON:
 
     @triton.jit
     def _bwd_dq(
-        Q, K, V, A, YS, PAD, LSE, DELTA, DQ,
+        Q, K, V, A, YS, PAD, LSE, DELTA, DQ, SEED,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_vb, stride_vh, stride_vn, stride_vc,
         stride_db, stride_dh, stride_dn, stride_dc,
         stride_pb, stride_step,
-        H, N, C, STEPS, qk_scale, sm_scale,
+        H, N, C, STEPS, qk_scale, sm_scale, drop_p, inv_keep,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        UPCAST: tl.constexpr, IEEE: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
         """Per query block: ``dq = s * dS k`` with ``dS = P * (dP - delta)``, ``dP = sum_m a_{m+1} y_m^T``."""
@@ -461,6 +547,7 @@ if HAS_TRITON:
         v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
         io_base = bh.to(tl.int64) * N * C
         pad_row = PAD + b.to(tl.int64) * stride_pb
+        seed = _seed(SEED, DROPOUT)
         row_ok = offs_m < N
         io_mask = row_ok[:, None] & c_ok[None, :]
         q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc, mask=io_mask, other=0.0)
@@ -478,10 +565,12 @@ if HAS_TRITON:
         for start_n in range(0, free, BLOCK_N):
             dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n,
                            offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
-                           stride_vn, stride_vc, False, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                           stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
+                           False, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_n in range(free, hi, BLOCK_N):
             dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n,
                            offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
-                           stride_vn, stride_vc, True, CAUSAL, HAS_PAD, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+                           stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
+                           True, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         d_off = b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_m[:, None] * stride_dn + offs_c[None, :] * stride_dc
         tl.store(DQ + d_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=io_mask)

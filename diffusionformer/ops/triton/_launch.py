@@ -60,7 +60,8 @@ def _check_inputs(q: object, k: object, v: object, key_padding_mask: object) -> 
 class _Launch:
     """Launch geometry and flags shared by the kernels of one call."""
 
-    def __init__(self, kernels, q: Tensor, is_causal: bool, pad: Tensor | None, scale: float):
+    def __init__(self, kernels, q: Tensor, is_causal: bool, pad: Tensor | None, scale: float,
+                 dropout_p: float = 0.0, seed: Tensor | None = None):
         B, H, N, C = q.shape
         self.B, self.H, self.N, self.C = B, H, N, C
         self.interpreted = _interpreted(kernels)
@@ -83,8 +84,14 @@ class _Launch:
             HAS_PAD=pad is not None,
             UPCAST=self.interpreted and q.dtype == torch.bfloat16,
             IEEE=q.dtype == torch.float32,
+            DROPOUT=dropout_p > 0.0,
         )
         self.pad = pad if pad is not None else torch.zeros(1, dtype=torch.uint8, device=q.device)
+        if dropout_p > 0.0 and seed is None:
+            raise ValueError("dropout_p > 0 needs the call's seed (a (1,) int64 tensor on the device)")
+        # dropout on P: the kernels drop an entry when its uniform draw is < drop_p and scale the kept ones
+        self.seed = seed if dropout_p > 0.0 else self.pad  # any pointer when unused
+        self.drop_p, self.inv_keep = float(dropout_p), 1.0 / (1.0 - float(dropout_p))
         self.stride_pb = N
         self.sm_scale = scale
         self.qk_scale = scale * _LOG2E
@@ -109,20 +116,20 @@ def _forward(kernels, L: _Launch, q: Tensor, k: Tensor, v: Tensor, coeffs: Tenso
     # K >= 2: the sum is accumulated in a float32 buffer and cast once by the last step
     acc = out if K == 1 else torch.empty(B, H, N, C, device=q.device, dtype=torch.float32)
     kernels._first_step[L.grid(L.fwd_m)](
-        q, k, v, L.pad, coeffs[:, 0], coeffs[:, 1], acc, slot(1), lse,
+        q, k, v, L.pad, coeffs[:, 0], coeffs[:, 1], acc, slot(1), lse, L.seed,
         *q.stride(), *k.stride(), *v.stride(), *acc.stride(),
         L.stride_pb, coeffs.stride(0),
-        H, N, C, L.qk_scale,
+        H, N, C, L.qk_scale, L.drop_p, L.inv_keep,
         STORE_Y=save or K > 1, BLOCK_M=L.fwd_m, BLOCK_N=L.fwd_n, BLOCK_C=L.block_c,
         **L.flags, **L.warps,
     )
     for j in range(2, K + 1):
         dst = out if j == K else acc
         kernels._next_step[L.grid(L.fwd_m)](
-            q, k, slot(j - 1), L.pad, coeffs[:, j], acc, dst, slot(j), lse,
+            q, k, slot(j - 1), L.pad, coeffs[:, j], acc, dst, slot(j), lse, L.seed,
             *q.stride(), *k.stride(), *dst.stride(),
             L.stride_pb, coeffs.stride(0),
-            H, N, C, L.qk_scale,
+            H, N, C, L.qk_scale, j, L.drop_p, L.inv_keep,
             STORE_Y=save or j < K, BLOCK_M=L.fwd_m, BLOCK_N=L.fwd_n, BLOCK_C=L.block_c,
             **L.flags, **L.warps,
         )
@@ -142,9 +149,10 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
     for m in range(K, 0, -1):
         kernels._transposed_step[L.grid(L.bwd_n)](
             q, k, g, A[m] if m < K else A[m - 1], A[m - 1], ys[m - 1], L.pad, coeffs[:, m], lse, delta, dcrows[m],
+            L.seed,
             *q.stride(), *k.stride(), *g.stride(),
             L.stride_pb, coeffs.stride(0),
-            H, N, C, L.qk_scale,
+            H, N, C, L.qk_scale, m + 1, L.drop_p, L.inv_keep,
             HAS_IN=m < K, BLOCK_M=L.bwd_m, BLOCK_N=L.bwd_n, BLOCK_C=L.block_c,
             **L.flags, **L.warps,
         )
@@ -154,18 +162,18 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
     dv = torch.empty(B, N, H, C, device=dev, dtype=dt).transpose(1, 2)
     step = B * H * N * C
     kernels._bwd_dkdv[L.grid(L.bwd_n)](
-        q, k, v, g, A, ys, L.pad, coeffs[:, 0], lse, delta, dk, dv, dcrows[0],
+        q, k, v, g, A, ys, L.pad, coeffs[:, 0], lse, delta, dk, dv, dcrows[0], L.seed,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *dk.stride(),
         L.stride_pb, coeffs.stride(0), step,
-        H, N, C, K, L.qk_scale, L.sm_scale,
+        H, N, C, K, L.qk_scale, L.sm_scale, L.drop_p, L.inv_keep,
         BLOCK_M=L.bwd_m, BLOCK_N=L.bwd_n, BLOCK_C=L.block_c,
         **L.flags, **L.warps,
     )
     kernels._bwd_dq[L.grid(L.bwd_n)](
-        q, k, v, A, ys, L.pad, lse, delta, dq,
+        q, k, v, A, ys, L.pad, lse, delta, dq, L.seed,
         *q.stride(), *k.stride(), *v.stride(), *dq.stride(),
         L.stride_pb, step,
-        H, N, C, K, L.qk_scale, L.sm_scale,
+        H, N, C, K, L.qk_scale, L.sm_scale, L.drop_p, L.inv_keep,
         BLOCK_M=L.bwd_n, BLOCK_N=L.bwd_m, BLOCK_C=L.block_c,
         **L.flags, **L.warps,
     )
@@ -177,23 +185,33 @@ class _PolynomialAttention(torch.autograd.Function):
     """Autograd wrapper: forward by the step kernels, backward by the reverse recursion (module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, coeffs, pad, is_causal, scale):
+    def forward(ctx, q, k, v, coeffs, pad, is_causal, scale, dropout_p=0.0, seed=None):
         kernels = _kernels_module()
-        L = _Launch(kernels, q, is_causal, pad, scale)
+        L = _Launch(kernels, q, is_causal, pad, scale, dropout_p, seed)
         save = any(ctx.needs_input_grad[:4])
         out, lse, ys = _forward(kernels, L, q, k, v, coeffs, save)
         if save:
-            ctx.save_for_backward(q, k, v, coeffs, pad, lse, ys)
-        ctx.is_causal, ctx.scale = is_causal, scale
+            ctx.save_for_backward(q, k, v, coeffs, pad, lse, ys, seed)
+        ctx.is_causal, ctx.scale, ctx.dropout_p = is_causal, scale, dropout_p
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, coeffs, pad, lse, ys = ctx.saved_tensors
+        q, k, v, coeffs, pad, lse, ys, seed = ctx.saved_tensors
         kernels = _kernels_module()
-        L = _Launch(kernels, q, ctx.is_causal, pad, ctx.scale)
+        L = _Launch(kernels, q, ctx.is_causal, pad, ctx.scale, ctx.dropout_p, seed)
         dq, dk, dv, dc = _backward(kernels, L, q, k, v, coeffs, lse, ys, grad_out)
         need = ctx.needs_input_grad
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-                dc if need[3] else None, None, None, None)
+                dc if need[3] else None, None, None, None, None, None)
+
+
+def _dropout_scales(seed: Tensor, batch: int, heads: int, n: int, steps: int, dropout_p: float) -> Tensor:
+    """The dropout scales the kernels apply under ``seed``: ``(steps, B, H, N, N)`` float32 (0 or ``1 / (1 - p)``)."""
+    kernels = _kernels_module()
+    out = torch.empty(steps, batch, heads, n, n, device=seed.device, dtype=torch.float32)
+    block = 32
+    kernels._dropout_scales[((n + block - 1) // block, batch * heads, steps)](
+        seed, out, n, float(dropout_p), 1.0 / (1.0 - float(dropout_p)), BLOCK_M=block, BLOCK_N=block)
+    return out

@@ -11,6 +11,15 @@ For every head ``h`` with :math:`P_h = \operatorname{softmax}(q_h k_h^\top \cdot
 ``P`` is never materialised: every application streams key blocks through an online softmax
 (FlashAttention-2), so memory is ``O(N)`` per head.
 
+Dropout on ``P`` (``dropout_p > 0``, training) drops every power with its own mask, as the
+PyTorch back-ends do (:class:`~diffusionformer.ops.dense.MatrixBackend` and SDPA draw a fresh
+mask per step): ``sum_k c_k (P * D_k) ... (P * D_1) v`` with ``D_t`` entries ``0`` (probability
+``p``) or ``1 / (1 - p)``. The masks are never stored: entry ``(i, j)`` of ``D_t`` for head
+``b H + h`` is a Philox draw under the call's ``seed`` with the counter ``(i N + j, b H + h, t, 0)``,
+which the backward kernels draw again (``dP = sum_t D_t * (a_t y_{t-1}^T)``; the softmax
+normaliser counts dropped keys, as :func:`torch.nn.functional.dropout` after the softmax does).
+:func:`dropout_scales` writes the masks of a seed out, for tests and debugging.
+
 Forward, one kernel launch per power of ``P`` for all ``B * H`` heads:
 
 * step 1 (online softmax) computes ``y_1 = P v`` and the log-sum-exp of every row, and its
@@ -53,10 +62,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffusionformer.ops._checks import check_coefficients, check_scale
+from diffusionformer.ops._checks import check_coefficients, check_dropout, check_scale
 from diffusionformer.ops.triton._launch import _check_inputs
 
-__all__ = ["affine_attention", "polynomial_attention", "is_available"]
+__all__ = ["affine_attention", "dropout_scales", "polynomial_attention", "is_available"]
+
 
 def is_available() -> bool:
     """Whether triton imports (the kernels then run on CUDA tensors, or on CPU under ``TRITON_INTERPRET=1``)."""
@@ -74,6 +84,8 @@ def polynomial_attention(
     is_causal: bool = False,
     key_padding_mask: Tensor | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
+    seed: Tensor | None = None,
 ) -> Tensor:
     r"""K-step diffusion :math:`\sum_{k=0}^{K} c_{h,k} P_h^k v_h` in ``K`` Triton launches for all heads.
 
@@ -89,13 +101,22 @@ def polynomial_attention(
         is_causal: position ``i`` attends to keys ``j <= i`` only.
         key_padding_mask: ``(B, N)`` bool, True marks padding keys (never attended to).
         scale: score scale, default ``1 / sqrt(C)``.
+        dropout_p: dropout on ``P``, a fresh mask per power (training only; module docstring).
+        seed: ``(1,)`` int64 tensor on the device of ``q`` that fixes the dropout masks;
+            default a fresh draw from PyTorch's generator (``torch.manual_seed`` reproduces it).
 
     Shapes:
         ``q``, ``k``, ``v``: ``(B, H, N, C)`` (any strides; float32, float16 or bfloat16, CUDA,
         or CPU under ``TRITON_INTERPRET=1``) -> ``(B, H, N, C)`` in the dtype of ``q``.
+
+    Raises:
+        TypeError, ValueError: wrong types, shapes, dtypes or devices (the message names the
+            argument), ``dropout_p`` outside ``[0, 1)``, or a malformed ``seed``.
     """
     _check_inputs(q, k, v, key_padding_mask)
     scale = check_scale(scale, q.shape[-1])
+    dropout_p = check_dropout(dropout_p)
+    seed = _check_seed(seed, q.device)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     H = q.shape[1]
@@ -109,7 +130,7 @@ def polynomial_attention(
         pad = key_padding_mask.to(q.device).contiguous().view(torch.uint8)
     from diffusionformer.ops.triton._library import polynomial
 
-    return polynomial(q, k, v, coeffs, pad, is_causal, scale)
+    return polynomial(q, k, v, coeffs, pad, is_causal, scale, dropout_p, seed)
 
 
 def affine_attention(
@@ -122,6 +143,8 @@ def affine_attention(
     is_causal: bool = False,
     key_padding_mask: Tensor | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
+    seed: Tensor | None = None,
 ) -> Tensor:
     r"""Affine heads :math:`c_{0,h} v_h + c_{1,h} P_h v_h` in one flash-attention launch (forward).
 
@@ -139,6 +162,8 @@ def affine_attention(
         is_causal: position ``i`` attends to keys ``j <= i`` only.
         key_padding_mask: ``(B, N)`` bool, True marks padding keys.
         scale: score scale, default ``1 / sqrt(C)``.
+        dropout_p: dropout on ``P`` (training only), as in :func:`polynomial_attention`.
+        seed: the dropout seed, as in :func:`polynomial_attention`.
 
     Shapes:
         ``q``, ``k``, ``v``: ``(B, H, N, C)``; ``c0``, ``c1``: ``(H,)`` or scalars -> ``(B, H, N, C)``.
@@ -159,5 +184,50 @@ def affine_attention(
             raise TypeError(f"{name} must be floating point, got {c.dtype}")
         cols.append(c.to(device=q.device, dtype=torch.float32))
     return polynomial_attention(
-        q, k, v, torch.stack(cols, dim=1), is_causal=is_causal, key_padding_mask=key_padding_mask, scale=scale
+        q, k, v, torch.stack(cols, dim=1), is_causal=is_causal, key_padding_mask=key_padding_mask, scale=scale,
+        dropout_p=dropout_p, seed=seed,
     )
+
+
+def _check_seed(seed: object, device: torch.device) -> Tensor | None:
+    if seed is None:
+        return None
+    if not isinstance(seed, Tensor) or seed.dtype != torch.int64 or tuple(seed.shape) != (1,):
+        got = f"{seed.dtype} tensor of shape {tuple(seed.shape)}" if isinstance(seed, Tensor) else type(seed).__name__
+        raise ValueError(f"seed must be a (1,) int64 tensor, got a {got}")
+    if seed.device != device:
+        raise ValueError(f"seed must be on the device of q ({device}), got {seed.device}")
+    return seed
+
+
+def dropout_scales(seed: Tensor, batch_size: int, num_heads: int, num_tokens: int, steps: int,
+                   dropout_p: float) -> Tensor:
+    r"""The dropout masks the kernels draw under ``seed``, written out: ``D[t - 1]`` is the mask of ``P^t``'s factor ``t``.
+
+    Entries are ``0`` (dropped) or ``1 / (1 - dropout_p)`` (kept), so that
+    ``polynomial_attention(q, k, v, c, dropout_p=p, seed=seed)`` equals
+    ``sum_k c_k (P * D[k-1]) ... (P * D[0]) v`` with the softmax matrix ``P`` (module docstring).
+    For tests and debugging: it materialises ``steps * B * H * N * N`` floats.
+
+    Args:
+        seed: ``(1,)`` int64 tensor (CUDA, or CPU under ``TRITON_INTERPRET=1``).
+        batch_size: ``B``.
+        num_heads: ``H``.
+        num_tokens: ``N``.
+        steps: the number of powers ``K``.
+        dropout_p: the dropout probability in ``[0, 1)``.
+
+    Shapes:
+        -> ``(steps, B, H, N, N)`` float32 on the device of ``seed``.
+    """
+    seed = _check_seed(seed, seed.device if isinstance(seed, Tensor) else torch.device("cpu"))
+    if seed is None:
+        raise ValueError("seed must be a (1,) int64 tensor, got None")
+    dropout_p = check_dropout(dropout_p)
+    for name, n in (("batch_size", batch_size), ("num_heads", num_heads), ("num_tokens", num_tokens),
+                    ("steps", steps)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    from diffusionformer.ops.triton._launch import _dropout_scales
+
+    return _dropout_scales(seed, batch_size, num_heads, num_tokens, steps, dropout_p)

@@ -32,8 +32,11 @@ When the back-end applies
 * a general ``attn_mask``: only a bool mask that depends on the key alone (broadcastable to
   ``(B, 1, 1, N)``, as a key padding mask folded in by the layer) is supported, besides
   ``is_causal``; additive float masks are not;
-* dropout on ``P`` (``dropout_p > 0``), and returning the attention weights (``need_weights``,
-  which the layer also sets for non-polynomial operators).
+* returning the attention weights (``need_weights``, which the layer also sets for
+  non-polynomial operators).
+
+Dropout on ``P`` is supported: every power gets its own mask, drawn in the kernels from a
+Philox seed and drawn again by the backward pass (:mod:`diffusionformer.ops.triton.attention`).
 
 ``backend="triton"`` raises a :class:`ValueError` naming that feature. ``backend="auto"`` takes
 the Triton back-end only when :data:`~diffusionformer.ops.dense.TRITON_IN_AUTO` is set (it is
@@ -92,9 +95,7 @@ def key_padding_from_mask(attn_mask: Tensor | None, batch_size: int) -> Tensor |
     return ~attn_mask[:, 0, 0, :].expand(batch_size, attn_mask.shape[-1])
 
 
-def triton_unsupported(
-    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, need_weights: bool
-) -> str | None:
+def triton_unsupported(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, need_weights: bool) -> str | None:
     """The first feature of a (validated) dense call the Triton back-end does not support, or ``None``.
 
     ``attn_mask`` is the user's mask made 4-dimensional (bool True = attend, or float), before
@@ -117,8 +118,6 @@ def triton_unsupported(
         if attn_mask.shape[1] != 1 or attn_mask.shape[2] != 1:
             return (f"an attn_mask of shape {tuple(attn_mask.shape)} that depends on the head or the query "
                     "(only is_causal and bool key masks of shape (B, 1, 1, N))")
-    if dropout_p > 0.0:
-        return f"dropout on P (dropout_p={dropout_p})"
     if need_weights:
         return "need_weights (the kernels never materialise P; non-polynomial operators need it)"
     return None
@@ -177,6 +176,8 @@ class TritonBackend(Backend):
         is_causal: position ``i`` attends to keys ``j <= i`` only.
         key_padding_mask: ``(B, N)`` bool, True marks padding keys, or ``None``.
         scale: score scale.
+        dropout_p: dropout on ``P`` (training only): every launch, hence every power of ``P``, draws
+            its own mask.
 
     Shapes:
         ``q``, ``k``: ``(B, H, N, C)``; signals ``(B, H', N, C)`` (heads along dim 1).
@@ -187,8 +188,10 @@ class TritonBackend(Backend):
     recomputes_scores = True
     fused_affine = True
 
-    def __init__(self, q: Tensor, k: Tensor, is_causal: bool, key_padding_mask: Tensor | None, scale: float) -> None:
+    def __init__(self, q: Tensor, k: Tensor, is_causal: bool, key_padding_mask: Tensor | None, scale: float,
+                 dropout_p: float = 0.0) -> None:
         self.q, self.k, self.is_causal, self.pad, self.scale = q, k, is_causal, key_padding_mask, scale
+        self.dropout_p = dropout_p
         # the kernels' form of the padding mask (bytes, 1 = padding)
         self._pad = None if key_padding_mask is None else key_padding_mask.contiguous().view(torch.uint8)
 
@@ -197,10 +200,10 @@ class TritonBackend(Backend):
         from diffusionformer.ops.triton._library import polynomial
 
         q, k = (self.q, self.k) if heads is None else (select(self.q, heads, 1), select(self.k, heads, 1))
-        return polynomial(q, k, v, c.contiguous(), self._pad, self.is_causal, self.scale)
+        return polynomial(q, k, v, c.contiguous(), self._pad, self.is_causal, self.scale, self.dropout_p)
 
     def _kw(self) -> dict:
-        return dict(is_causal=self.is_causal, key_padding_mask=self.pad, scale=self.scale)
+        return dict(is_causal=self.is_causal, key_padding_mask=self.pad, scale=self.scale, dropout_p=self.dropout_p)
 
     def propagate(self, x: Tensor, heads: Heads) -> Tensor:
         from diffusionformer.ops.triton import affine_attention
