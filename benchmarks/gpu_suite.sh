@@ -15,12 +15,14 @@
 # (issue 15: every head type vs the SDPA reference layer, the profile of SDPA kernels, launches,
 # copies, casts and syncs, GPT vs nanoGPT at both sizes, with a Triton column when triton imports;
 # the library columns run backend='sdpa', the PyTorch path, since 'auto' on CUDA is now Triton);
-# (4) benchmarks/bench_compile.py (torch.compile(fullgraph=True) vs eager, the small GPT in bf16).
+# (4) benchmarks/bench_compile.py (torch.compile(fullgraph=True) vs eager, the small GPT in bf16);
+# (5) benchmarks/bench_triton_blocks.py (the Triton kernels' block sizes, warps and stages swept
+# against the default geometry, with each configuration's output checked; when triton imports).
 #
 # Uses the python of $PYTHON (default: python3). Fails early when no CUDA device is visible
 # (except in smoke mode). GPU_SUITE_STEPS (default: all) names the steps to run, comma-separated,
-# from tests, grid, host, memory, issue15, compile, so that one suite can be split over several
-# GPU calls of at most 10 minutes each, e.g. GPU_SUITE_STEPS=tests,issue15 then host,memory,compile
+# from tests, grid, host, memory, issue15, compile, blocks, so that one suite can be split over several
+# GPU calls of at most 10 minutes each, e.g. GPU_SUITE_STEPS=tests,issue15 then host,memory,compile,blocks
 # (grid is step 2, which --issue15 leaves out). Every benchmark writes its tables as they finish,
 # so a call cut short keeps them. BENCH_ISSUE15_ARGS passes options to bench_issue15.py, e.g.
 # "--parts gpt --gpt-sizes 6L-384" or "--layer-sizes 2".
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 SMOKE="${GPU_SUITE_SMOKE:-0}"
 ISSUE15="${GPU_SUITE_ISSUE15:-0}"
-STEPS=",${GPU_SUITE_STEPS:-tests,grid,host,memory,issue15,compile},"
+STEPS=",${GPU_SUITE_STEPS:-tests,grid,host,memory,issue15,compile,blocks},"
 step() { [[ "$STEPS" == *",$1,"* ]]; }
 if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; shift; fi
 if [[ "${1:-}" == "--issue15" ]]; then ISSUE15=1; shift; fi
@@ -84,9 +86,18 @@ fi
 if step compile; then
   "$PY" benchmarks/bench_compile.py --device cuda --out "$OUT" || echo "gpu_suite.sh: bench_compile.py FAILED"
 fi
+# (5) the Triton kernels' launch geometry (block sizes, warps, stages), each configuration checked
+if step blocks; then
+  if "$PY" -c "import triton" 2>/dev/null; then
+    "$PY" benchmarks/bench_triton_blocks.py --device cuda --out "$OUT" || echo "gpu_suite.sh: bench_triton_blocks.py FAILED"
+  else
+    echo "gpu_suite.sh: triton not installed, no block sweep"
+  fi
+fi
 [[ -f "$OUT/README.md" ]] && cat "$OUT/README.md"
 [[ -f "$OUT/bench_issue15.md" ]] && cat "$OUT/bench_issue15.md"
 [[ "$ISSUE15" != "0" && -f "$OUT/bench_host.md" ]] && cat "$OUT/bench_host.md"
 [[ "$ISSUE15" != "0" && -f "$OUT/bench_memory.md" ]] && cat "$OUT/bench_memory.md"
 [[ -f "$OUT/bench_compile.md" ]] && cat "$OUT/bench_compile.md"
+[[ -f "$OUT/bench_triton_blocks.md" ]] && cat "$OUT/bench_triton_blocks.md"
 echo "gpu_suite.sh: done in $(( $(date +%s) - start )) s; tables in $OUT/README.md and $OUT/bench_issue15.md"

@@ -280,3 +280,47 @@ def test_kernels_compile_for_a_gpu_target_without_a_gpu():
         pytest.skip("triton's ptxas is not available on this machine")
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("compiled") == 18
+
+
+@requires_triton
+@pytest.mark.usefixtures("triton_kernels")
+@pytest.mark.parametrize(
+    "blocks",
+    [dict(fwd_m=16, fwd_n=16, bwd_m=16, bwd_n=16), dict(fwd_m=16, fwd_n=64, bwd_m=64, bwd_n=16),
+     dict(fwd_m=64, fwd_n=32, bwd_m=32, bwd_n=32)],
+    ids=["16-16-16-16", "16-64-64-16", "64-32-32-32"],
+)
+def test_any_block_geometry_matches_float64_and_draws_the_same_dropout_masks(blocks, monkeypatch):
+    # the launch geometry is a setting (ops.triton._launch.BLOCKS on CUDA, INTERPRETER_BLOCKS here, which
+    # benchmarks/bench_triton_blocks.py sweeps): the kernels must be exact for every block shape, and the
+    # dropout masks must not depend on it (they are keyed by the entry, not by the block)
+    from diffusionformer.ops.triton import _launch
+
+    q, k, v = make(B=2, H=2, N=37, C=12)
+    coeffs = torch.tensor([[0.3, 0.5, -0.2, 0.4], [1.0, -0.7, 0.25, 0.1]], device=DEVICE, requires_grad=True)
+    pad = padding(2, 37)
+    seed = torch.tensor([31337], dtype=torch.int64, device=DEVICE)
+    kw = dict(is_causal=True, key_padding_mask=pad)
+    dropped_default = polynomial_attention(q, k, v, coeffs, dropout_p=0.2, seed=seed, **kw)
+    g_default = torch.autograd.grad(dropped_default.sum(), (q, k, v, coeffs))
+    table = _launch.INTERPRETER_BLOCKS if DEVICE == "cpu" else _launch.BLOCKS
+    for key, size in blocks.items():
+        monkeypatch.setitem(table, key, size)
+    check(lambda: polynomial_attention(q, k, v, coeffs, **kw), q, k, v, coeffs, True, pad, atol=1e-4)
+    dropped = polynomial_attention(q, k, v, coeffs, dropout_p=0.2, seed=seed, **kw)
+    torch.testing.assert_close(dropped, dropped_default, atol=1e-5, rtol=1e-5)
+    for a, b in zip(torch.autograd.grad(dropped.sum(), (q, k, v, coeffs)), g_default):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@requires_triton
+@pytest.mark.usefixtures("triton_kernels")
+def test_bad_block_geometry_is_a_clear_error(monkeypatch):
+    from diffusionformer.ops.triton import _launch
+
+    table, name = (_launch.INTERPRETER_BLOCKS, "INTERPRETER_BLOCKS") if DEVICE == "cpu" else (_launch.BLOCKS, "BLOCKS")
+    q, k, v = make(B=1, H=1, N=8, C=4)
+    for bad in (24, 8, "64"):
+        monkeypatch.setitem(table, "bwd_n", bad)
+        with pytest.raises(ValueError, match=rf"{name}\['bwd_n'\] must be a power of two >= 16, got {bad!r}"):
+            affine_attention(q, k, v, 0.0, 1.0)

@@ -13,6 +13,28 @@ from torch import Tensor
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LOG2E = 1.4426950408889634
 
+#: Launch geometry of the compiled kernels (CUDA tensors): the query and key block sizes of the
+#: forward kernels (``fwd_m`` x ``fwd_n``) and of the backward kernels (``bwd_m`` x ``bwd_n``; the
+#: ``dq`` kernel takes them swapped), warps per program (``None``: 8 for head sizes padded to >= 128,
+#: else 4) and software-pipeline stages. Read at every call, so a benchmark or a user may set them;
+#: ``benchmarks/bench_triton_blocks.py`` sweeps them on a GPU. Block sizes are powers of two >= 16.
+BLOCKS: dict[str, int | None] = {"fwd_m": 64, "fwd_n": 64, "bwd_m": 32, "bwd_n": 64, "num_warps": None,
+                                 "num_stages": 2}
+#: The same under the interpreter (CPU tensors, tests): small and unequal, so that the tests cross
+#: every kind of block edge at tiny sizes.
+INTERPRETER_BLOCKS: dict[str, int] = {"fwd_m": 32, "fwd_n": 16, "bwd_m": 16, "bwd_n": 32}
+
+
+def _block_sizes(table: dict, name: str) -> tuple[int, int, int, int]:
+    """The four block sizes of ``table``, checked (a clear error instead of a compiler failure)."""
+    sizes = []
+    for key in ("fwd_m", "fwd_n", "bwd_m", "bwd_n"):
+        b = table.get(key)
+        if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
+            raise ValueError(f"{name}[{key!r}] must be a power of two >= 16, got {b!r}")
+        sizes.append(b)
+    return sizes[0], sizes[1], sizes[2], sizes[3]
+
 
 def _kernels_module():
     from diffusionformer.ops.triton import _kernels
@@ -71,14 +93,16 @@ class _Launch:
                 "TRITON_INTERPRET=1 before triton is first imported (interpreter, slow: tests only)"
             )
         self.block_c = max(16, 1 << (C - 1).bit_length())
-        if self.interpreted:  # small and unequal blocks: the tests cross every kind of block edge
-            self.fwd_m, self.fwd_n = 32, 16
-            self.bwd_m, self.bwd_n = 16, 32
+        if self.interpreted:
+            self.fwd_m, self.fwd_n, self.bwd_m, self.bwd_n = _block_sizes(INTERPRETER_BLOCKS, "INTERPRETER_BLOCKS")
             self.warps = {}
         else:
-            self.fwd_m, self.fwd_n = 64, 64
-            self.bwd_m, self.bwd_n = 32, 64
-            self.warps = {"num_warps": 8 if self.block_c >= 128 else 4, "num_stages": 2}
+            self.fwd_m, self.fwd_n, self.bwd_m, self.bwd_n = _block_sizes(BLOCKS, "BLOCKS")
+            warps, stages = BLOCKS.get("num_warps"), BLOCKS.get("num_stages", 2)
+            for key, n in (("num_warps", warps), ("num_stages", stages)):
+                if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+                    raise ValueError(f"BLOCKS[{key!r}] must be a positive int or None, got {n!r}")
+            self.warps = {"num_warps": warps or (8 if self.block_c >= 128 else 4), "num_stages": stages or 2}
         self.flags = dict(
             CAUSAL=bool(is_causal),
             HAS_PAD=pad is not None,
