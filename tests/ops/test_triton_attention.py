@@ -306,6 +306,8 @@ def test_any_block_geometry_matches_float64_and_draws_the_same_dropout_masks(blo
     table = _launch.INTERPRETER_BLOCKS if DEVICE == "cpu" else _launch.BLOCKS
     for key, size in blocks.items():
         monkeypatch.setitem(table, key, size)
+    L = _launch._Launch(_launch._kernels_module(), q, True, None, 1.0)
+    assert (L.fwd_m, L.fwd_n, L.bwd_m, L.bwd_n) == tuple(blocks[n] for n in ("fwd_m", "fwd_n", "bwd_m", "bwd_n"))
     check(lambda: polynomial_attention(q, k, v, coeffs, **kw), q, k, v, coeffs, True, pad, atol=1e-4)
     dropped = polynomial_attention(q, k, v, coeffs, dropout_p=0.2, seed=seed, **kw)
     torch.testing.assert_close(dropped, dropped_default, atol=1e-5, rtol=1e-5)
