@@ -227,3 +227,23 @@ def test_compiled_dropout_equals_eager_for_one_seed():
     torch.testing.assert_close(out, want_out)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+def test_activation_checkpointing_replays_the_same_masks():
+    # torch.utils.checkpoint runs the forward pass again in the backward pass; the seed is drawn from
+    # PyTorch's generator, whose state checkpoint restores, so the replay draws the same masks and the
+    # gradients equal those of the plain call with the same seed
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    layer = DiffusionAttention(32, 4, "laplacian:2,heat(t=1.0, steps=3):2", backend="triton", causal=True,
+                               dropout=0.4).to(DEVICE)
+    x = torch.randn(2, 10, 32, device=DEVICE, requires_grad=True)
+    torch.manual_seed(5)
+    plain = layer(x)
+    (g_plain,) = torch.autograd.grad(plain.square().sum(), x)
+    torch.manual_seed(5)
+    ckpt = checkpoint(layer, x, use_reentrant=False)
+    (g_ckpt,) = torch.autograd.grad(ckpt.square().sum(), x)
+    torch.testing.assert_close(ckpt, plain)
+    torch.testing.assert_close(g_ckpt, g_plain)
