@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from diffusionformer.ops._checks import check_dropout, check_layout, check_scale, check_tensor
-from diffusionformer.ops.triton.backend import TritonBackend, key_padding_from_mask, triton_unsupported
+from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton_unsupported
 from diffusionformer.ops.engine import (
     Backend,
     Heads,
@@ -319,8 +319,8 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
     same crossovers; see ``docs/performance.md``).
 
     Triton comes first (when :data:`TRITON_IN_AUTO` is set): for CUDA tensors, when triton
-    imports and the call is supported (no general ``attn_mask`` beyond ``is_causal`` and bool key
-    padding, no ``need_weights``, float32/float16/bfloat16, ``v`` with the head size of ``q``), ``"auto"``
+    imports and the call is supported (self-attention, no ``need_weights``, no float
+    ``attn_mask`` that requires grad, float32/float16/bfloat16, ``v`` with the head size of ``q``), ``"auto"``
     runs :class:`~diffusionformer.ops.triton.backend.TritonBackend` (one fused launch for all
     affine heads, one launch per power of ``P`` for all K-step heads) before this rule is
     consulted, unless every head is plain attention with static coefficients (then the stock
@@ -557,8 +557,8 @@ def _try_triton(
             raise ValueError(f"backend='triton' does not support {reason}; use backend='auto' to fall back to the "
                              "PyTorch back-ends")
         return None
-    pad = key_padding_from_mask(mask, q.shape[0])
-    return TritonBackend(q, k, is_causal, pad, scale, dropout_p).diffuse(v, coeffs, degrees)
+    pad, general = split_mask(mask, q.shape[0])
+    return TritonBackend(q, k, is_causal, pad, scale, dropout_p, general).diffuse(v, coeffs, degrees)
 
 
 def _diffuse_dense(

@@ -234,7 +234,7 @@ from diffusionformer.ops.triton import _kernels as K
 
 POINTERS = {"PAD": "*u8", "C0": "*fp32", "C1": "*fp32", "CK": "*fp32", "LSE": "*fp32", "DELTA": "*fp32",
             "DCROW": "*fp32", "ACC": "*fp32", "SEED": "*i64"}
-common = dict(CAUSAL=True, HAS_PAD=True, UPCAST=False, IEEE=False, DROPOUT=False, BLOCK_C=64)
+common = dict(CAUSAL=True, HAS_PAD=True, MASK_KIND=0, UPCAST=False, IEEE=False, DROPOUT=False, BLOCK_C=64)
 fwd = dict(STORE_Y=True, BLOCK_M=64, BLOCK_N=64)
 cases = [(K._first_step, fwd), (K._next_step, fwd),
          (K._transposed_step, dict(HAS_IN=True, BLOCK_M=32, BLOCK_N=64)),
@@ -247,6 +247,8 @@ for causal in (True, False):
 cases += [(fn, dict(extra, HAS_PAD=False)) for fn, extra in cases[2:5]]
 # dropout on P: every kernel with its Philox masks (causal and padded), and the mask writer
 cases += [(fn, dict(extra, DROPOUT=True)) for fn, extra in cases[:5]]
+# a general attn_mask: bool (1) and float (2), causal and unpadded (every block masked)
+cases += [(fn, dict(extra, MASK_KIND=kind, HAS_PAD=False)) for kind in (1, 2) for fn, extra in cases[:5]]
 cases.append((K._dropout_scales, dict(BLOCK_M=32, BLOCK_N=32)))
 for fn, extra in cases:
     consts = {n: v for n, v in dict(common, **extra).items() if n in fn.arg_names}
@@ -254,6 +256,8 @@ for fn, extra in cases:
     for name in fn.arg_names:
         if name in consts:
             sig[name] = "constexpr"
+        elif name == "MASK":
+            sig[name] = "*bf16" if consts.get("MASK_KIND") == 2 else "*u8"
         elif name in POINTERS or (name == "OUT" and fn is K._dropout_scales):
             sig[name] = POINTERS.get(name, "*fp32")
         elif name in ("Q", "K", "V", "X", "G", "A", "A_IN", "A_OUT", "Y", "YS", "OUT", "DQ", "DK", "DV"):
@@ -274,12 +278,12 @@ for fn, extra in cases:
 def test_kernels_compile_for_a_gpu_target_without_a_gpu():
     # the interpreter does not type-check like the compiler: build every kernel (bf16; causal and
     # padded, causal and unpadded, and the forward kernels non-causal and unpadded; with dropout on P,
-    # and the mask writer) down to an sm_90 cubin with triton's bundled toolchain; no device is needed
+    # with bool and float attn_masks, and the mask writer) down to an sm_90 cubin with triton's bundled toolchain; no device is needed
     res = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, timeout=600)
     if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
         pytest.skip("triton's ptxas is not available on this machine")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.count("compiled") == 18
+    assert res.stdout.count("compiled") == 28
 
 
 @requires_triton

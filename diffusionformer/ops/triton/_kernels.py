@@ -10,8 +10,9 @@
 # Krylov sequence reuse the stored log-sum-exp (no online rescaling) and accumulate c_k[h] P^k v in
 # the same kernel; the backward pass is the reverse (Horner) recursion of the polynomial, with
 # dP = sum_m a_{m+1} y_m^T contracted inside the dq and dk/dv kernels (never N x N in memory);
-# boundary blocks are masked (any N, any head dimension), and the key-padding mask, empty rows
-# and the causal mask are handled in-kernel. Dropout on P draws a fresh mask per power of P (as the
+# boundary blocks are masked (any N, any head dimension), and the key-padding mask, a general
+# attn_mask (bool, or float added to the scores; any broadcast over batch, heads, queries and keys),
+# empty rows and the causal mask are handled in-kernel. Dropout on P draws a fresh mask per power of P (as the
 # PyTorch back-ends do): the mask of entry (i, j) of step t of head bh is a Philox draw keyed by the
 # call's seed with the counter (i N + j, bh, t, 0), regenerated wherever the backward pass needs it
 # (the approach of FlashAttention's dropout): nothing N x N is stored.
@@ -82,15 +83,33 @@ if HAS_TRITON:
             tl.store(base + offs_m[:, None] * N + kn[None, :], d, mask=(offs_m[:, None] < N) & (kn[None, :] < N))
 
     @triton.jit
-    def _keep(offs_q, offs_k, N, pad_row, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr):
-        """bool block: key ``offs_k`` is admissible for query ``offs_q`` (both 2-D broadcastable index grids)."""
+    def _keep(offs_q, offs_k, N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+              MASK_KIND: tl.constexpr):
+        """bool block: key ``offs_k`` is admissible for query ``offs_q`` (both 2-D broadcastable index grids).
+
+        MASK_KIND 1: a bool ``attn_mask`` (bytes, nonzero = attend) at ``mask_base`` with strides
+        ``stride_mi, stride_mj`` (0 where broadcast) is part of the rule; kind 2 (float) is added to
+        the scores by :func:`_bias` instead.
+        """
         keep = (offs_k < N) & (offs_q < N)
         if HAS_PAD:
             pad = tl.load(pad_row + offs_k, mask=offs_k < N, other=1)
             keep = keep & (pad == 0)
+        if MASK_KIND == 1:
+            allowed = tl.load(mask_base + offs_q * stride_mi + offs_k * stride_mj, mask=keep, other=0)
+            keep = keep & (allowed != 0)
         if CAUSAL:
             keep = keep & (offs_q >= offs_k)
         return keep
+
+    @triton.jit
+    def _bias(s, offs_q, offs_k, N, mask_base, stride_mi, stride_mj, MASK_KIND: tl.constexpr):
+        """Scores (log2 units) plus a float ``attn_mask`` (MASK_KIND 2, times log2(e)); unchanged otherwise."""
+        if MASK_KIND == 2:
+            ok = (offs_q < N) & (offs_k < N)
+            m = tl.load(mask_base + offs_q * stride_mi + offs_k * stride_mj, mask=ok, other=0.0)
+            s = s + m.to(tl.float32) * 1.4426950408889634
+        return s
 
     @triton.jit
     def _free_keys(start_m, N, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -103,18 +122,19 @@ if HAS_TRITON:
 
     @triton.jit
     def _online_block(
-        acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
+        acc, l_i, m_i, q, k_base, v_base, pad_row, mask_base, stride_mi, stride_mj, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
         stride_kn, stride_kc, stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
-        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
         DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
-        """One key block of the online softmax (MASKED: apply bounds, padding and the causal mask)."""
+        """One key block of the online softmax (MASKED: apply bounds, padding, the causal mask and the attn_mask)."""
         kn = start_n + offs_n
         kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc,
                      mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
         s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
-        if MASKED:
-            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
+        if MASKED:  # a float attn_mask (MASK_KIND 2) joins the scores; with any mask every block is MASKED
+            s = _bias(s, offs_m[:, None], kn[None, :], N, mask_base, stride_mi, stride_mj, MASK_KIND)
+            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
             s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2(-inf) = 0
@@ -130,9 +150,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _fixed_block(
-        acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
+        acc, q, k_base, x_base, pad_row, mask_base, stride_mi, stride_mj, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
         stride_kn, stride_kc, seed, bh, step, drop_p, inv_keep,
-        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
         DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
         """One key block of ``P x`` with the stored log2-sum-exp (MASKED as in :func:`_online_block`; DROPOUT:
@@ -141,9 +161,11 @@ if HAS_TRITON:
         kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc,
                      mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
         s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        if MASKED:
+            s = _bias(s, offs_m[:, None], kn[None, :], N, mask_base, stride_mi, stride_mj, MASK_KIND)
         p = tl.math.exp2(s - lse[:, None])
         if MASKED:
-            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
+            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
             p = tl.where(keep, p, 0.0)
         if DROPOUT:
             p = p * _dropout_scale(seed, bh, step, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
@@ -153,14 +175,14 @@ if HAS_TRITON:
 
     @triton.jit
     def _first_step(
-        Q, K, V, PAD, C0, C1, OUT, Y, LSE, SEED,
+        Q, K, V, PAD, C0, C1, OUT, Y, LSE, SEED, MASK,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_vb, stride_vh, stride_vn, stride_vc,
         stride_ob, stride_oh, stride_on, stride_oc,
-        stride_pb, stride_cf,
+        stride_pb, stride_mb, stride_mh, stride_mi, stride_mj, stride_cf,
         H, N, C, qk_scale, drop_p, inv_keep,
-        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, STORE_Y: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr, STORE_Y: tl.constexpr,
         UPCAST: tl.constexpr, IEEE: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
@@ -177,6 +199,7 @@ if HAS_TRITON:
         k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
         pad_row = PAD + b.to(tl.int64) * stride_pb
+        mask_base = MASK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
         seed = _seed(SEED, DROPOUT)
         row_ok = offs_m < N
         q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc,
@@ -189,18 +212,18 @@ if HAS_TRITON:
             hi = tl.minimum(N, start_m + BLOCK_M)
         # key blocks below the diagonal and inside N need no mask (unless keys are padded)
         free = 0
-        if not HAS_PAD:
+        if not HAS_PAD and MASK_KIND == 0:
             free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
         for start_n in range(0, free, BLOCK_N):
             acc, l_i, m_i = _online_block(
-                acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
+                acc, l_i, m_i, q, k_base, v_base, pad_row, mask_base, stride_mi, stride_mj, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
                 stride_kn, stride_kc, stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
-                False, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
+                False, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_n in range(free, hi, BLOCK_N):
             acc, l_i, m_i = _online_block(
-                acc, l_i, m_i, q, k_base, v_base, pad_row, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
+                acc, l_i, m_i, q, k_base, v_base, pad_row, mask_base, stride_mi, stride_mj, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
                 stride_kn, stride_kc, stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
-                True, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
+                True, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         has = l_i > 0.0
         y = acc / tl.where(has, l_i, 1.0)[:, None]  # a row with no admissible key is a zero row of P
         lse = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("inf"))
@@ -218,13 +241,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _next_step(
-        Q, K, X, PAD, CK, ACC, OUT, Y, LSE, SEED,
+        Q, K, X, PAD, CK, ACC, OUT, Y, LSE, SEED, MASK,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_ob, stride_oh, stride_on, stride_oc,
-        stride_pb, stride_cf,
+        stride_pb, stride_mb, stride_mh, stride_mi, stride_mj, stride_cf,
         H, N, C, qk_scale, step, drop_p, inv_keep,
-        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, STORE_Y: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr, STORE_Y: tl.constexpr,
         UPCAST: tl.constexpr, IEEE: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
@@ -242,6 +265,7 @@ if HAS_TRITON:
         k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
         x_base = X + bh.to(tl.int64) * N * C
         pad_row = PAD + b.to(tl.int64) * stride_pb
+        mask_base = MASK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
         seed = _seed(SEED, DROPOUT)
         row_ok = offs_m < N
         q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc,
@@ -252,16 +276,16 @@ if HAS_TRITON:
         if CAUSAL:
             hi = tl.minimum(N, start_m + BLOCK_M)
         free = 0
-        if not HAS_PAD:
+        if not HAS_PAD and MASK_KIND == 0:
             free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
         for start_n in range(0, free, BLOCK_N):
-            acc = _fixed_block(acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
+            acc = _fixed_block(acc, q, k_base, x_base, pad_row, mask_base, stride_mi, stride_mj, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
                                qk_scale, stride_kn, stride_kc, seed, bh, step, drop_p, inv_keep,
-                               False, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
+                               False, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_n in range(free, hi, BLOCK_N):
-            acc = _fixed_block(acc, q, k_base, x_base, pad_row, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
+            acc = _fixed_block(acc, q, k_base, x_base, pad_row, mask_base, stride_mi, stride_mj, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
                                qk_scale, stride_kn, stride_kc, seed, bh, step, drop_p, inv_keep,
-                               True, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
+                               True, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         io_mask = row_ok[:, None] & c_ok[None, :]
         io_off = bh.to(tl.int64) * N * C + offs_m[:, None] * C + offs_c[None, :]
         if STORE_Y:
@@ -272,7 +296,8 @@ if HAS_TRITON:
         tl.store(OUT + out_off, (prev + ck * acc).to(OUT.dtype.element_ty), mask=io_mask)
 
     @triton.jit
-    def _query_ranges(start_n, N, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    def _query_ranges(start_n, N, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr,
+                      BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr):
         """For keys ``start_n ..``: query blocks ``[lo, mid)`` need the mask, ``[mid, N)`` do not.
 
@@ -285,15 +310,15 @@ if HAS_TRITON:
             lo = (start_n // BLOCK_M) * BLOCK_M
             # the first query block whose every query i >= every key j of this block
             mid = tl.minimum(((start_n + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, N)
-        if HAS_PAD:
+        if HAS_PAD or MASK_KIND != 0:
             mid = N
         return lo, mid
 
     @triton.jit
     def _transposed_block(
-        acc, k, q_base, a_base, lse_base, pad_row, start_m, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
+        acc, k, q_base, a_base, lse_base, pad_row, mask_base, stride_mi, stride_mj, start_m, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
         stride_qn, stride_qc, seed, bh, step, drop_p, inv_keep,
-        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
         DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
         """``acc + P^T[key block, query block] a[query block]`` (DROPOUT: ``P`` of power ``step``, dropped)."""
@@ -302,9 +327,11 @@ if HAS_TRITON:
                      mask=(qm[None, :] < N) & c_ok[:, None], other=0.0)
         lse = tl.load(lse_base + qm, mask=qm < N, other=float("inf"))
         sT = _dot(k, qT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        if MASKED:
+            sT = _bias(sT, qm[None, :], offs_n[:, None], N, mask_base, stride_mi, stride_mj, MASK_KIND)
         pT = tl.math.exp2(sT - lse[None, :])
         if MASKED:
-            keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, CAUSAL, HAS_PAD)
+            keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
             pT = tl.where(keep, pT, 0.0)
         if DROPOUT:
             pT = pT * _dropout_scale(seed, bh, step, qm[None, :], offs_n[:, None], N, drop_p, inv_keep)
@@ -313,9 +340,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _dkdv_block(
-        dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m, offs_n, offs_c, c_ok,
+        dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, mask_base, stride_mi, stride_mj, start_m, offs_m, offs_n, offs_c, c_ok,
         kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc, seed, bh, drop_p, inv_keep,
-        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
         DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
         """One query block of :func:`_bwd_dkdv`.
@@ -331,9 +358,11 @@ if HAS_TRITON:
         lse = tl.load(lse_base + qm, mask=qm_ok, other=float("inf"))
         delta = tl.load(delta_base + qm, mask=qm_ok, other=0.0)
         sT = _dot(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        if MASKED:
+            sT = _bias(sT, qm[None, :], offs_n[:, None], N, mask_base, stride_mi, stride_mj, MASK_KIND)
         pT = tl.math.exp2(sT - lse[None, :])
         if MASKED:
-            keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, CAUSAL, HAS_PAD)
+            keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
             pT = tl.where(keep, pT, 0.0)
         a_off = io_base + qm[None, :] * C + offs_c[:, None]
         a_mask = qm_ok[None, :] & c_ok[:, None]
@@ -362,10 +391,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _dq_block(
-        dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n, offs_m, offs_n,
+        dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, delta, start_n, offs_m, offs_n,
         offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc, stride_vn, stride_vc,
         seed, bh, drop_p, inv_keep,
-        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
         DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
         """One key block of :func:`_bwd_dq` (DROPOUT: the term ``a_t y_{t-1}^T`` of ``dP`` masked by ``D_t``)."""
@@ -373,9 +402,11 @@ if HAS_TRITON:
         kT_mask = (kn[None, :] < N) & c_ok[:, None]
         kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc, mask=kT_mask, other=0.0)
         s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        if MASKED:
+            s = _bias(s, offs_m[:, None], kn[None, :], N, mask_base, stride_mi, stride_mj, MASK_KIND)
         p = tl.math.exp2(s - lse[:, None])
         if MASKED:
-            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, CAUSAL, HAS_PAD)
+            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
             p = tl.where(keep, p, 0.0)
         vT = tl.load(v_base + kn[None, :] * stride_vn + offs_c[:, None] * stride_vc, mask=kT_mask, other=0.0)
         dp = _dot(a1, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
@@ -398,13 +429,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _transposed_step(
-        Q, K, G, A_IN, A_OUT, Y, PAD, CK, LSE, DELTA, DCROW, SEED,
+        Q, K, G, A_IN, A_OUT, Y, PAD, CK, LSE, DELTA, DCROW, SEED, MASK,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_gb, stride_gh, stride_gn, stride_gc,
-        stride_pb, stride_cf,
+        stride_pb, stride_mb, stride_mh, stride_mi, stride_mj, stride_cf,
         H, N, C, qk_scale, step, drop_p, inv_keep,
-        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_IN: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr, HAS_IN: tl.constexpr,
         UPCAST: tl.constexpr, IEEE: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
@@ -427,24 +458,25 @@ if HAS_TRITON:
         k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
         io_base = bh.to(tl.int64) * N * C
         pad_row = PAD + b.to(tl.int64) * stride_pb
+        mask_base = MASK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
         seed = _seed(SEED, DROPOUT)
         key_ok = offs_n < N
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_c[None, :] * stride_kc,
                     mask=key_ok[:, None] & c_ok[None, :], other=0.0)
         acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
         if HAS_IN:
-            lo, mid = _query_ranges(start_n, N, CAUSAL, HAS_PAD, BLOCK_M, BLOCK_N)
+            lo, mid = _query_ranges(start_n, N, CAUSAL, HAS_PAD, MASK_KIND, BLOCK_M, BLOCK_N)
             lse_base = LSE + bh.to(tl.int64) * N
             for start_m in range(lo, mid, BLOCK_M):
-                acc = _transposed_block(acc, k, q_base, A_IN + io_base, lse_base, pad_row, start_m, offs_m, offs_n,
+                acc = _transposed_block(acc, k, q_base, A_IN + io_base, lse_base, pad_row, mask_base, stride_mi, stride_mj, start_m, offs_m, offs_n,
                                         offs_c, c_ok, N, C, qk_scale, stride_qn, stride_qc,
                                         seed, bh, step, drop_p, inv_keep,
-                                        True, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
+                                        True, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
             for start_m in range(mid, N, BLOCK_M):
-                acc = _transposed_block(acc, k, q_base, A_IN + io_base, lse_base, pad_row, start_m, offs_m, offs_n,
+                acc = _transposed_block(acc, k, q_base, A_IN + io_base, lse_base, pad_row, mask_base, stride_mi, stride_mj, start_m, offs_m, offs_n,
                                         offs_c, c_ok, N, C, qk_scale, stride_qn, stride_qc,
                                         seed, bh, step, drop_p, inv_keep,
-                                        False, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
+                                        False, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         io_mask = key_ok[:, None] & c_ok[None, :]
         io_off = io_base + offs_n[:, None] * C + offs_c[None, :]
         ck = tl.load(CK + h * stride_cf).to(tl.float32)
@@ -462,15 +494,15 @@ if HAS_TRITON:
 
     @triton.jit
     def _bwd_dkdv(
-        Q, K, V, G, A, YS, PAD, C0, LSE, DELTA, DK, DV, DCROW, SEED,
+        Q, K, V, G, A, YS, PAD, C0, LSE, DELTA, DK, DV, DCROW, SEED, MASK,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_vb, stride_vh, stride_vn, stride_vc,
         stride_gb, stride_gh, stride_gn, stride_gc,
         stride_db, stride_dh, stride_dn, stride_dc,
-        stride_pb, stride_cf, stride_step,
+        stride_pb, stride_mb, stride_mh, stride_mi, stride_mj, stride_cf, stride_step,
         H, N, C, STEPS, qk_scale, sm_scale, drop_p, inv_keep,
-        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr,
         UPCAST: tl.constexpr, IEEE: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
@@ -492,6 +524,7 @@ if HAS_TRITON:
         v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
         io_base = bh.to(tl.int64) * N * C
         pad_row = PAD + b.to(tl.int64) * stride_pb
+        mask_base = MASK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
         seed = _seed(SEED, DROPOUT)
         key_ok = offs_n < N
         kv_mask = key_ok[:, None] & c_ok[None, :]
@@ -499,19 +532,19 @@ if HAS_TRITON:
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_c[None, :] * stride_vc, mask=kv_mask, other=0.0)
         dk = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
-        lo, mid = _query_ranges(start_n, N, CAUSAL, HAS_PAD, BLOCK_M, BLOCK_N)
+        lo, mid = _query_ranges(start_n, N, CAUSAL, HAS_PAD, MASK_KIND, BLOCK_M, BLOCK_N)
         lse_base = LSE + bh.to(tl.int64) * N
         delta_base = DELTA + bh.to(tl.int64) * N
         for start_m in range(lo, mid, BLOCK_M):
-            dk, dv = _dkdv_block(dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m,
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, mask_base, stride_mi, stride_mj, start_m, offs_m,
                                  offs_n, offs_c, c_ok, kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc,
                                  seed, bh, drop_p, inv_keep,
-                                 True, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
+                                 True, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_m in range(mid, N, BLOCK_M):
-            dk, dv = _dkdv_block(dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, start_m, offs_m,
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, mask_base, stride_mi, stride_mj, start_m, offs_m,
                                  offs_n, offs_c, c_ok, kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc,
                                  seed, bh, drop_p, inv_keep,
-                                 False, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
+                                 False, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         c0 = tl.load(C0 + h * stride_cf).to(tl.float32)
         g_off = b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh + offs_n[:, None] * stride_gn + offs_c[None, :] * stride_gc
         g = tl.load(G + g_off, mask=kv_mask, other=0.0).to(tl.float32)
@@ -522,14 +555,14 @@ if HAS_TRITON:
 
     @triton.jit
     def _bwd_dq(
-        Q, K, V, A, YS, PAD, LSE, DELTA, DQ, SEED,
+        Q, K, V, A, YS, PAD, LSE, DELTA, DQ, SEED, MASK,
         stride_qb, stride_qh, stride_qn, stride_qc,
         stride_kb, stride_kh, stride_kn, stride_kc,
         stride_vb, stride_vh, stride_vn, stride_vc,
         stride_db, stride_dh, stride_dn, stride_dc,
-        stride_pb, stride_step,
+        stride_pb, stride_mb, stride_mh, stride_mi, stride_mj, stride_step,
         H, N, C, STEPS, qk_scale, sm_scale, drop_p, inv_keep,
-        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr,
         UPCAST: tl.constexpr, IEEE: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
@@ -547,6 +580,7 @@ if HAS_TRITON:
         v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
         io_base = bh.to(tl.int64) * N * C
         pad_row = PAD + b.to(tl.int64) * stride_pb
+        mask_base = MASK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
         seed = _seed(SEED, DROPOUT)
         row_ok = offs_m < N
         io_mask = row_ok[:, None] & c_ok[None, :]
@@ -560,17 +594,17 @@ if HAS_TRITON:
             hi = tl.minimum(N, start_m + BLOCK_M)
         a1 = tl.load(A + a_off, mask=io_mask, other=0.0)
         free = 0
-        if not HAS_PAD:
+        if not HAS_PAD and MASK_KIND == 0:
             free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
         for start_n in range(0, free, BLOCK_N):
-            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n,
+            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, delta, start_n,
                            offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
                            stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
-                           False, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
+                           False, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_n in range(free, hi, BLOCK_N):
-            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, lse, delta, start_n,
+            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, delta, start_n,
                            offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
                            stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
-                           True, CAUSAL, HAS_PAD, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
+                           True, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         d_off = b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_m[:, None] * stride_dn + offs_c[None, :] * stride_dc
         tl.store(DQ + d_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=io_mask)

@@ -83,7 +83,7 @@ class _Launch:
     """Launch geometry and flags shared by the kernels of one call."""
 
     def __init__(self, kernels, q: Tensor, is_causal: bool, pad: Tensor | None, scale: float,
-                 dropout_p: float = 0.0, seed: Tensor | None = None):
+                 dropout_p: float = 0.0, seed: Tensor | None = None, mask: Tensor | None = None):
         B, H, N, C = q.shape
         self.B, self.H, self.N, self.C = B, H, N, C
         self.interpreted = _interpreted(kernels)
@@ -109,6 +109,7 @@ class _Launch:
             UPCAST=self.interpreted and q.dtype == torch.bfloat16,
             IEEE=q.dtype == torch.float32,
             DROPOUT=dropout_p > 0.0,
+            MASK_KIND=0 if mask is None else (1 if mask.dtype == torch.bool else 2),
         )
         self.pad = pad if pad is not None else torch.zeros(1, dtype=torch.uint8, device=q.device)
         if dropout_p > 0.0 and seed is None:
@@ -117,6 +118,13 @@ class _Launch:
         self.seed = seed if dropout_p > 0.0 else self.pad  # any pointer when unused
         self.drop_p, self.inv_keep = float(dropout_p), 1.0 / (1.0 - float(dropout_p))
         self.stride_pb = N
+        # a general attn_mask (4-D, broadcastable to (B, H, N, N)): read with stride 0 along broadcast dims
+        if mask is None:
+            self.mask, self.mask_strides = self.pad, (0, 0, 0, 0)
+        else:
+            m = mask.expand(B, H, N, N)
+            self.mask = m.view(torch.uint8) if m.dtype == torch.bool else m
+            self.mask_strides = tuple(m.stride())
         self.sm_scale = scale
         self.qk_scale = scale * _LOG2E
 
@@ -140,9 +148,9 @@ def _forward(kernels, L: _Launch, q: Tensor, k: Tensor, v: Tensor, coeffs: Tenso
     # K >= 2: the sum is accumulated in a float32 buffer and cast once by the last step
     acc = out if K == 1 else torch.empty(B, H, N, C, device=q.device, dtype=torch.float32)
     kernels._first_step[L.grid(L.fwd_m)](
-        q, k, v, L.pad, coeffs[:, 0], coeffs[:, 1], acc, slot(1), lse, L.seed,
+        q, k, v, L.pad, coeffs[:, 0], coeffs[:, 1], acc, slot(1), lse, L.seed, L.mask,
         *q.stride(), *k.stride(), *v.stride(), *acc.stride(),
-        L.stride_pb, coeffs.stride(0),
+        L.stride_pb, *L.mask_strides, coeffs.stride(0),
         H, N, C, L.qk_scale, L.drop_p, L.inv_keep,
         STORE_Y=save or K > 1, BLOCK_M=L.fwd_m, BLOCK_N=L.fwd_n, BLOCK_C=L.block_c,
         **L.flags, **L.warps,
@@ -150,9 +158,9 @@ def _forward(kernels, L: _Launch, q: Tensor, k: Tensor, v: Tensor, coeffs: Tenso
     for j in range(2, K + 1):
         dst = out if j == K else acc
         kernels._next_step[L.grid(L.fwd_m)](
-            q, k, slot(j - 1), L.pad, coeffs[:, j], acc, dst, slot(j), lse, L.seed,
+            q, k, slot(j - 1), L.pad, coeffs[:, j], acc, dst, slot(j), lse, L.seed, L.mask,
             *q.stride(), *k.stride(), *dst.stride(),
-            L.stride_pb, coeffs.stride(0),
+            L.stride_pb, *L.mask_strides, coeffs.stride(0),
             H, N, C, L.qk_scale, j, L.drop_p, L.inv_keep,
             STORE_Y=save or j < K, BLOCK_M=L.fwd_m, BLOCK_N=L.fwd_n, BLOCK_C=L.block_c,
             **L.flags, **L.warps,
@@ -173,9 +181,9 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
     for m in range(K, 0, -1):
         kernels._transposed_step[L.grid(L.bwd_n)](
             q, k, g, A[m] if m < K else A[m - 1], A[m - 1], ys[m - 1], L.pad, coeffs[:, m], lse, delta, dcrows[m],
-            L.seed,
+            L.seed, L.mask,
             *q.stride(), *k.stride(), *g.stride(),
-            L.stride_pb, coeffs.stride(0),
+            L.stride_pb, *L.mask_strides, coeffs.stride(0),
             H, N, C, L.qk_scale, m + 1, L.drop_p, L.inv_keep,
             HAS_IN=m < K, BLOCK_M=L.bwd_m, BLOCK_N=L.bwd_n, BLOCK_C=L.block_c,
             **L.flags, **L.warps,
@@ -186,17 +194,17 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
     dv = torch.empty(B, N, H, C, device=dev, dtype=dt).transpose(1, 2)
     step = B * H * N * C
     kernels._bwd_dkdv[L.grid(L.bwd_n)](
-        q, k, v, g, A, ys, L.pad, coeffs[:, 0], lse, delta, dk, dv, dcrows[0], L.seed,
+        q, k, v, g, A, ys, L.pad, coeffs[:, 0], lse, delta, dk, dv, dcrows[0], L.seed, L.mask,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *dk.stride(),
-        L.stride_pb, coeffs.stride(0), step,
+        L.stride_pb, *L.mask_strides, coeffs.stride(0), step,
         H, N, C, K, L.qk_scale, L.sm_scale, L.drop_p, L.inv_keep,
         BLOCK_M=L.bwd_m, BLOCK_N=L.bwd_n, BLOCK_C=L.block_c,
         **L.flags, **L.warps,
     )
     kernels._bwd_dq[L.grid(L.bwd_n)](
-        q, k, v, A, ys, L.pad, lse, delta, dq, L.seed,
+        q, k, v, A, ys, L.pad, lse, delta, dq, L.seed, L.mask,
         *q.stride(), *k.stride(), *v.stride(), *dq.stride(),
-        L.stride_pb, step,
+        L.stride_pb, *L.mask_strides, step,
         H, N, C, K, L.qk_scale, L.sm_scale, L.drop_p, L.inv_keep,
         BLOCK_M=L.bwd_n, BLOCK_N=L.bwd_m, BLOCK_C=L.block_c,
         **L.flags, **L.warps,
@@ -209,26 +217,26 @@ class _PolynomialAttention(torch.autograd.Function):
     """Autograd wrapper: forward by the step kernels, backward by the reverse recursion (module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, coeffs, pad, is_causal, scale, dropout_p=0.0, seed=None):
+    def forward(ctx, q, k, v, coeffs, pad, is_causal, scale, dropout_p=0.0, seed=None, mask=None):
         kernels = _kernels_module()
-        L = _Launch(kernels, q, is_causal, pad, scale, dropout_p, seed)
+        L = _Launch(kernels, q, is_causal, pad, scale, dropout_p, seed, mask)
         save = any(ctx.needs_input_grad[:4])
         out, lse, ys = _forward(kernels, L, q, k, v, coeffs, save)
         if save:
-            ctx.save_for_backward(q, k, v, coeffs, pad, lse, ys, seed)
+            ctx.save_for_backward(q, k, v, coeffs, pad, lse, ys, seed, mask)
         ctx.is_causal, ctx.scale, ctx.dropout_p = is_causal, scale, dropout_p
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, coeffs, pad, lse, ys, seed = ctx.saved_tensors
+        q, k, v, coeffs, pad, lse, ys, seed, mask = ctx.saved_tensors
         kernels = _kernels_module()
-        L = _Launch(kernels, q, ctx.is_causal, pad, ctx.scale, ctx.dropout_p, seed)
+        L = _Launch(kernels, q, ctx.is_causal, pad, ctx.scale, ctx.dropout_p, seed, mask)
         dq, dk, dv, dc = _backward(kernels, L, q, k, v, coeffs, lse, ys, grad_out)
         need = ctx.needs_input_grad
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-                dc if need[3] else None, None, None, None, None, None)
+                dc if need[3] else None, None, None, None, None, None, None)
 
 
 def _dropout_scales(seed: Tensor, batch: int, heads: int, n: int, steps: int, dropout_p: float) -> Tensor:

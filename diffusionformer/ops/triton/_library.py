@@ -30,15 +30,17 @@ def _slots(K: int, save: bool) -> int:
 
 @torch.library.custom_op("diffusionformer::triton_polynomial_fwd", mutates_args=())
 def _fwd(q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, pad: Optional[Tensor], is_causal: bool, scale: float,
-         save: bool, dropout_p: float, seed: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+         save: bool, dropout_p: float, seed: Optional[Tensor], mask: Optional[Tensor]
+         ) -> tuple[Tensor, Tensor, Tensor]:
     from diffusionformer.ops.triton._launch import _Launch, _forward
 
     kernels = _kernels()
-    return _forward(kernels, _Launch(kernels, q, is_causal, pad, scale, dropout_p, seed), q, k, v, coeffs, save)
+    L = _Launch(kernels, q, is_causal, pad, scale, dropout_p, seed, mask)
+    return _forward(kernels, L, q, k, v, coeffs, save)
 
 
 @_fwd.register_fake
-def _fwd_fake(q, k, v, coeffs, pad, is_causal, scale, save, dropout_p, seed):
+def _fwd_fake(q, k, v, coeffs, pad, is_causal, scale, save, dropout_p, seed, mask):
     B, H, N, C = q.shape
     K = coeffs.shape[1] - 1
     out = q.new_empty(B, N, H, C).transpose(1, 2)
@@ -49,37 +51,38 @@ def _fwd_fake(q, k, v, coeffs, pad, is_causal, scale, save, dropout_p, seed):
 
 @torch.library.custom_op("diffusionformer::triton_polynomial_bwd", mutates_args=())
 def _bwd(q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, pad: Optional[Tensor], lse: Tensor, ys: Tensor, g: Tensor,
-         is_causal: bool, scale: float, dropout_p: float, seed: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+         is_causal: bool, scale: float, dropout_p: float, seed: Optional[Tensor], mask: Optional[Tensor]
+         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     from diffusionformer.ops.triton._launch import _Launch, _backward
 
     kernels = _kernels()
-    L = _Launch(kernels, q, is_causal, pad, scale, dropout_p, seed)
+    L = _Launch(kernels, q, is_causal, pad, scale, dropout_p, seed, mask)
     return _backward(kernels, L, q, k, v, coeffs, lse, ys, g)
 
 
 @_bwd.register_fake
-def _bwd_fake(q, k, v, coeffs, pad, lse, ys, g, is_causal, scale, dropout_p, seed):
+def _bwd_fake(q, k, v, coeffs, pad, lse, ys, g, is_causal, scale, dropout_p, seed, mask):
     B, H, N, C = q.shape
     grads = [q.new_empty(B, N, H, C).transpose(1, 2) for _ in range(3)]
     return grads[0], grads[1], grads[2], coeffs.new_empty(coeffs.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, coeffs, pad, is_causal, scale, save, dropout_p, seed = inputs
+    q, k, v, coeffs, pad, is_causal, scale, save, dropout_p, seed, mask = inputs
     _, lse, ys = output
     if save:
-        ctx.save_for_backward(q, k, v, coeffs, pad, lse, ys, seed)
+        ctx.save_for_backward(q, k, v, coeffs, pad, lse, ys, seed, mask)
     ctx.is_causal, ctx.scale, ctx.save, ctx.dropout_p = is_causal, scale, save, dropout_p
 
 
 def _backward_rule(ctx, grad_out, grad_lse, grad_ys):
     if not ctx.save:
         raise RuntimeError("triton_polynomial_fwd ran without saving its powers (no input required grad)")
-    q, k, v, coeffs, pad, lse, ys, seed = ctx.saved_tensors
-    dq, dk, dv, dc = _bwd(q, k, v, coeffs, pad, lse, ys, grad_out, ctx.is_causal, ctx.scale, ctx.dropout_p, seed)
+    q, k, v, coeffs, pad, lse, ys, seed, mask = ctx.saved_tensors
+    dq, dk, dv, dc = _bwd(q, k, v, coeffs, pad, lse, ys, grad_out, ctx.is_causal, ctx.scale, ctx.dropout_p, seed, mask)
     need = ctx.needs_input_grad
     return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-            dc if need[3] else None, None, None, None, None, None, None)
+            dc if need[3] else None, None, None, None, None, None, None, None)
 
 
 _fwd.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -94,12 +97,14 @@ def new_seed(device: torch.device) -> Tensor:
 
 
 def polynomial(q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, pad: Optional[Tensor], is_causal: bool,
-               scale: float, dropout_p: float = 0.0, seed: Optional[Tensor] = None) -> Tensor:
+               scale: float, dropout_p: float = 0.0, seed: Optional[Tensor] = None,
+               mask: Optional[Tensor] = None) -> Tensor:
     """``sum_k c_k P^k v`` on validated inputs (``coeffs`` float32 contiguous ``(H, K+1)``).
 
     With ``dropout_p > 0`` every power of ``P`` is dropped with its own mask (as on the PyTorch
     back-ends), drawn from ``seed`` (default a fresh :func:`new_seed`), which the backward pass
-    reuses to regenerate the masks.
+    reuses to regenerate the masks. ``mask``: a validated 4-D ``attn_mask`` (bool, True = attend, or
+    float added to the scores) broadcastable to ``(B, H, N, N)``, or ``None``.
 
     Eager calls take the :class:`torch.autograd.Function` (a custom operator costs tens of
     microseconds of Python dispatch per call, which matters next to a layer's few hundred);
@@ -111,7 +116,7 @@ def polynomial(q: Tensor, k: Tensor, v: Tensor, coeffs: Tensor, pad: Optional[Te
         seed = None
     if torch.compiler.is_compiling():
         save = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, coeffs))
-        return _fwd(q, k, v, coeffs, pad, is_causal, scale, save, dropout_p, seed)[0]
+        return _fwd(q, k, v, coeffs, pad, is_causal, scale, save, dropout_p, seed, mask)[0]
     from diffusionformer.ops.triton._launch import _PolynomialAttention
 
-    return _PolynomialAttention.apply(q, k, v, coeffs, pad, is_causal, scale, dropout_p, seed)
+    return _PolynomialAttention.apply(q, k, v, coeffs, pad, is_causal, scale, dropout_p, seed, mask)

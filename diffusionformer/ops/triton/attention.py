@@ -9,7 +9,9 @@ For every head ``h`` with :math:`P_h = \operatorname{softmax}(q_h k_h^\top \cdot
     \text{affine\_attention}(q, k, v, c_0, c_1)_h = c_{0,h}\, v_h + c_{1,h}\, P_h v_h .
 
 ``P`` is never materialised: every application streams key blocks through an online softmax
-(FlashAttention-2), so memory is ``O(N)`` per head.
+(FlashAttention-2), so memory is ``O(N)`` per head. The mask is ``is_causal``, a key padding mask
+and any ``attn_mask`` (bool, True = attend, or float added to the scores; broadcastable to
+``(B, H, N, N)``: a graph such as a sliding window or a grid, read block by block).
 
 Dropout on ``P`` (``dropout_p > 0``, training) drops every power with its own mask, as the
 PyTorch back-ends do (:class:`~diffusionformer.ops.dense.MatrixBackend` and SDPA draw a fresh
@@ -83,6 +85,7 @@ def polynomial_attention(
     *,
     is_causal: bool = False,
     key_padding_mask: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
     seed: Tensor | None = None,
@@ -100,6 +103,10 @@ def polynomial_attention(
         coeffs: coefficients of ``P^0 .. P^K``, per head ``(H, K+1)`` or shared ``(K+1,)``.
         is_causal: position ``i`` attends to keys ``j <= i`` only.
         key_padding_mask: ``(B, N)`` bool, True marks padding keys (never attended to).
+        attn_mask: bool (True = attend) or float (added to the scores) mask broadcastable to
+            ``(B, H, N, N)``, applied besides ``is_causal`` and ``key_padding_mask`` (a window, a
+            grid, a per-head mask); a row with no admissible key is a zero row of ``P``. No
+            gradient flows to a float mask (one that requires grad is an error).
         scale: score scale, default ``1 / sqrt(C)``.
         dropout_p: dropout on ``P``, a fresh mask per power (training only; module docstring).
         seed: ``(1,)`` int64 tensor on the device of ``q`` that fixes the dropout masks;
@@ -117,6 +124,15 @@ def polynomial_attention(
     scale = check_scale(scale, q.shape[-1])
     dropout_p = check_dropout(dropout_p)
     seed = _check_seed(seed, q.device)
+    if attn_mask is not None:
+        from diffusionformer.ops.dense import normalise_mask
+
+        B, H, N, _ = q.shape
+        attn_mask, _ = normalise_mask(attn_mask, False, (B, H, N, N), q.device, q.dtype)
+        if attn_mask.requires_grad:
+            raise ValueError("attn_mask requires grad, but the Triton kernels give the mask no gradient; "
+                             "pass attn_mask.detach() or use diffusionformer.functional.diffuse")
+        attn_mask = attn_mask.to(q.device)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     H = q.shape[1]
@@ -130,7 +146,7 @@ def polynomial_attention(
         pad = key_padding_mask.to(q.device).contiguous().view(torch.uint8)
     from diffusionformer.ops.triton._library import polynomial
 
-    return polynomial(q, k, v, coeffs, pad, is_causal, scale, dropout_p, seed)
+    return polynomial(q, k, v, coeffs, pad, is_causal, scale, dropout_p, seed, attn_mask)
 
 
 def affine_attention(
@@ -142,6 +158,7 @@ def affine_attention(
     *,
     is_causal: bool = False,
     key_padding_mask: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
     seed: Tensor | None = None,
@@ -161,6 +178,7 @@ def affine_attention(
         c1: coefficient of ``P`` per head, a float or a tensor of shape ``(H,)``.
         is_causal: position ``i`` attends to keys ``j <= i`` only.
         key_padding_mask: ``(B, N)`` bool, True marks padding keys.
+        attn_mask: bool or float mask broadcastable to ``(B, H, N, N)``, as in :func:`polynomial_attention`.
         scale: score scale, default ``1 / sqrt(C)``.
         dropout_p: dropout on ``P`` (training only), as in :func:`polynomial_attention`.
         seed: the dropout seed, as in :func:`polynomial_attention`.
@@ -184,8 +202,8 @@ def affine_attention(
             raise TypeError(f"{name} must be floating point, got {c.dtype}")
         cols.append(c.to(device=q.device, dtype=torch.float32))
     return polynomial_attention(
-        q, k, v, torch.stack(cols, dim=1), is_causal=is_causal, key_padding_mask=key_padding_mask, scale=scale,
-        dropout_p=dropout_p, seed=seed,
+        q, k, v, torch.stack(cols, dim=1), is_causal=is_causal, key_padding_mask=key_padding_mask,
+        attn_mask=attn_mask, scale=scale, dropout_p=dropout_p, seed=seed,
     )
 
 

@@ -29,14 +29,16 @@ When the back-end applies
 * triton not installed; tensors neither on CUDA nor on CPU under ``TRITON_INTERPRET=1``;
 * dtypes other than float32, float16, bfloat16 (float64 is not supported);
 * ``v`` with a head size other than that of ``q`` and ``k``;
-* a general ``attn_mask``: only a bool mask that depends on the key alone (broadcastable to
-  ``(B, 1, 1, N)``, as a key padding mask folded in by the layer) is supported, besides
-  ``is_causal``; additive float masks are not;
+* a float ``attn_mask`` that requires grad (the kernels give no gradient to the mask);
 * returning the attention weights (``need_weights``, which the layer also sets for
   non-polynomial operators).
 
-Dropout on ``P`` is supported: every power gets its own mask, drawn in the kernels from a
-Philox seed and drawn again by the backward pass (:mod:`diffusionformer.ops.triton.attention`).
+Supported besides ``is_causal``: any ``attn_mask``, bool (True = attend) or float (added to the
+scores), broadcastable to ``(B, H, N, N)`` (a window, a grid, a per-head mask); a bool mask that
+depends on the key alone (``(B, 1, 1, N)``, a key padding mask folded in by the layer) takes the
+kernels' cheaper key-padding path. Dropout on ``P``: every power gets its own mask, drawn in the
+kernels from a Philox seed and drawn again by the backward pass
+(:mod:`diffusionformer.ops.triton.attention`).
 
 ``backend="triton"`` raises a :class:`ValueError` naming that feature. ``backend="auto"`` takes
 the Triton back-end only when :data:`~diffusionformer.ops.dense.TRITON_IN_AUTO` is set (it is
@@ -59,7 +61,7 @@ from torch import Tensor
 
 from diffusionformer.ops.engine import Backend, Heads, head_runs, select
 
-__all__ = ["TritonBackend", "key_padding_from_mask", "triton_unsupported"]
+__all__ = ["TritonBackend", "key_padding_from_mask", "split_mask", "triton_unsupported"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -73,6 +75,26 @@ def _runs_here(device: torch.device) -> bool:
     if device.type == "cuda":
         return True
     return device.type == "cpu" and type(_kernels._first_step).__name__ == "InterpretedFunction"
+
+
+def split_mask(attn_mask: Tensor | None, batch_size: int) -> tuple[Tensor | None, Tensor | None]:
+    """``(key_padding_mask, general_mask)`` for the kernels: a bool mask that depends on the key alone
+    becomes a ``(B, N)`` key padding mask (the kernels' cheaper path), any other mask stays 4-D.
+
+    Args:
+        attn_mask: a validated 4-dimensional mask (bool True = attend, or float), or ``None``.
+        batch_size: ``B``.
+
+    Examples:
+        >>> pad, general = split_mask(torch.tensor([True, False]).view(1, 1, 1, 2), 1)
+        >>> pad.tolist(), general
+        ([[False, True]], None)
+    """
+    if attn_mask is None:
+        return None, None
+    if attn_mask.dtype == torch.bool and attn_mask.shape[1] == 1 and attn_mask.shape[2] == 1:
+        return key_padding_from_mask(attn_mask, batch_size), None
+    return None, attn_mask
 
 
 def key_padding_from_mask(attn_mask: Tensor | None, batch_size: int) -> Tensor | None:
@@ -112,12 +134,8 @@ def triton_unsupported(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
         return f"dtype {q.dtype} (supported: float32, float16, bfloat16)"
     if v.shape[-1] != q.shape[-1]:
         return f"values of head size {v.shape[-1]} != the query head size {q.shape[-1]}"
-    if attn_mask is not None:
-        if attn_mask.dtype != torch.bool:
-            return "an additive float attn_mask (only is_causal and bool key masks of shape (B, 1, 1, N))"
-        if attn_mask.shape[1] != 1 or attn_mask.shape[2] != 1:
-            return (f"an attn_mask of shape {tuple(attn_mask.shape)} that depends on the head or the query "
-                    "(only is_causal and bool key masks of shape (B, 1, 1, N))")
+    if attn_mask is not None and attn_mask.requires_grad:
+        return "a float attn_mask that requires grad (the kernels give the mask no gradient)"
     if need_weights:
         return "need_weights (the kernels never materialise P; non-polynomial operators need it)"
     return None
@@ -176,6 +194,8 @@ class TritonBackend(Backend):
         is_causal: position ``i`` attends to keys ``j <= i`` only.
         key_padding_mask: ``(B, N)`` bool, True marks padding keys, or ``None``.
         scale: score scale.
+        attn_mask: a validated 4-D ``attn_mask`` (bool True = attend, or float added to the scores)
+            broadcastable to ``(B, H, N, N)``, applied besides ``key_padding_mask``, or ``None``.
         dropout_p: dropout on ``P`` (training only): every launch, hence every power of ``P``, draws
             its own mask.
 
@@ -189,9 +209,9 @@ class TritonBackend(Backend):
     fused_affine = True
 
     def __init__(self, q: Tensor, k: Tensor, is_causal: bool, key_padding_mask: Tensor | None, scale: float,
-                 dropout_p: float = 0.0) -> None:
+                 dropout_p: float = 0.0, attn_mask: Tensor | None = None) -> None:
         self.q, self.k, self.is_causal, self.pad, self.scale = q, k, is_causal, key_padding_mask, scale
-        self.dropout_p = dropout_p
+        self.dropout_p, self.attn_mask = dropout_p, attn_mask
         # the kernels' form of the padding mask (bytes, 1 = padding)
         self._pad = None if key_padding_mask is None else key_padding_mask.contiguous().view(torch.uint8)
 
@@ -200,15 +220,24 @@ class TritonBackend(Backend):
         from diffusionformer.ops.triton._library import polynomial
 
         q, k = (self.q, self.k) if heads is None else (select(self.q, heads, 1), select(self.k, heads, 1))
-        return polynomial(q, k, v, c.contiguous(), self._pad, self.is_causal, self.scale, self.dropout_p)
+        return polynomial(q, k, v, c.contiguous(), self._pad, self.is_causal, self.scale, self.dropout_p, None,
+                          self._mask(heads))
 
-    def _kw(self) -> dict:
-        return dict(is_causal=self.is_causal, key_padding_mask=self.pad, scale=self.scale, dropout_p=self.dropout_p)
+    def _mask(self, heads: Heads | None) -> Tensor | None:
+        """The general mask of the heads ``heads`` (all when ``None``; a mask shared by the heads as it is)."""
+        m = self.attn_mask
+        if m is None or heads is None or m.shape[1] == 1:
+            return m
+        return select(m, heads, 1)
+
+    def _kw(self, heads: Heads | None = None) -> dict:
+        return dict(is_causal=self.is_causal, key_padding_mask=self.pad, scale=self.scale, dropout_p=self.dropout_p,
+                    attn_mask=self._mask(heads))
 
     def propagate(self, x: Tensor, heads: Heads) -> Tensor:
         from diffusionformer.ops.triton import affine_attention
 
-        return affine_attention(select(self.q, heads, 1), select(self.k, heads, 1), x, 0.0, 1.0, **self._kw())
+        return affine_attention(select(self.q, heads, 1), select(self.k, heads, 1), x, 0.0, 1.0, **self._kw(heads))
 
     def affine(self, v: Tensor, c0: Sequence[float] | Tensor, c1: Sequence[float] | Tensor) -> Tensor:
         from diffusionformer.ops.triton import affine_attention
