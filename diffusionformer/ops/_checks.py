@@ -93,6 +93,33 @@ def check_scale(scale: float | None, head_dim: int) -> float:
     return float(scale)
 
 
+def check_attn_mask(attn_mask: object, shape: tuple[int, int, int, int], dtype: torch.dtype) -> Tensor:
+    """``attn_mask`` validated against the scores' ``shape = (B, H, N, M)`` and made 4-dimensional.
+
+    Bool (True = attend) stays bool; a float mask (added to the scores) is cast to ``dtype``.
+    """
+    if not isinstance(attn_mask, Tensor):
+        raise TypeError(f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}")
+    B, H, N, M = shape
+    if attn_mask.dim() > 4 or attn_mask.dim() < 2:
+        raise ValueError(
+            f"attn_mask must be broadcastable to (B, H, N, M) = {(B, H, N, M)}, got shape {tuple(attn_mask.shape)}"
+        )
+    try:  # broadcastable *to* the scores: it may not widen them, (2, 1) against N = M = 1 included
+        ok = torch.broadcast_shapes(attn_mask.shape, (B, H, N, M)) == (B, H, N, M)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"attn_mask must be broadcastable to (B, H, N, M) = {(B, H, N, M)}, got shape {tuple(attn_mask.shape)}"
+        ) from None
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(f"attn_mask must be bool (True = attend) or floating point, got {attn_mask.dtype}")
+    if attn_mask.is_floating_point():
+        attn_mask = attn_mask.to(dtype)
+    return attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+
+
 def check_dropout(dropout_p: object) -> float:
     """``dropout_p`` as a float in ``[0, 1)``, else a ValueError."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:

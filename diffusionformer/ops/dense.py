@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import check_dropout, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
 from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton_unsupported
 from diffusionformer.ops.engine import (
     Backend,
@@ -130,26 +130,8 @@ def normalise_mask(
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if attn_mask is None:
         return None, is_causal
-    if not isinstance(attn_mask, Tensor):
-        raise TypeError(f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}")
+    attn_mask = check_attn_mask(attn_mask, shape, dtype)
     B, H, N, M = shape
-    if attn_mask.dim() > 4 or attn_mask.dim() < 2:
-        raise ValueError(
-            f"attn_mask must be broadcastable to (B, H, N, M) = {(B, H, N, M)}, got shape {tuple(attn_mask.shape)}"
-        )
-    try:  # broadcastable *to* the scores: it may not widen them, (2, 1) against N = M = 1 included
-        ok = torch.broadcast_shapes(attn_mask.shape, (B, H, N, M)) == (B, H, N, M)
-    except RuntimeError:
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"attn_mask must be broadcastable to (B, H, N, M) = {(B, H, N, M)}, got shape {tuple(attn_mask.shape)}"
-        ) from None
-    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-        raise TypeError(f"attn_mask must be bool (True = attend) or floating point, got {attn_mask.dtype}")
-    if attn_mask.is_floating_point():
-        attn_mask = attn_mask.to(dtype)
-    attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
     if is_causal:
         causal = torch.ones(N, M, dtype=torch.bool, device=device).tril()
         if attn_mask.dtype == torch.bool:

@@ -64,7 +64,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffusionformer.ops._checks import check_coefficients, check_dropout, check_scale
+from diffusionformer.ops._checks import check_attn_mask, check_coefficients, check_dropout, check_scale
 from diffusionformer.ops.triton._launch import _check_inputs
 
 __all__ = ["affine_attention", "dropout_scales", "polynomial_attention", "is_available"]
@@ -125,10 +125,8 @@ def polynomial_attention(
     dropout_p = check_dropout(dropout_p)
     seed = _check_seed(seed, q.device)
     if attn_mask is not None:
-        from diffusionformer.ops.dense import normalise_mask
-
         B, H, N, _ = q.shape
-        attn_mask, _ = normalise_mask(attn_mask, False, (B, H, N, N), q.device, q.dtype)
+        attn_mask = check_attn_mask(attn_mask, (B, H, N, N), q.dtype)
         if attn_mask.requires_grad:
             raise ValueError("attn_mask requires grad, but the Triton kernels give the mask no gradient; "
                              "pass attn_mask.detach() or use diffusionformer.functional.diffuse")
