@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from diffusionformer import DiffusionAttention
+from diffusionformer.ops.dense import attention_matrix
 from diffusionformer.ops.triton import affine_attention, dropout_scales, polynomial_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -40,18 +41,10 @@ def seed_tensor(value: int) -> Tensor:
 
 
 def softmax_matrix(q: Tensor, k: Tensor, is_causal: bool, pad: Tensor | None) -> Tensor:
-    """float64 ``P`` with zero rows where no key is admissible, ``(B, H, N, N)``."""
-    q, k = q.double(), k.double()
-    B, H, N, C = q.shape
-    keep = torch.ones(B, 1, N, N, dtype=torch.bool, device=q.device)
-    if is_causal:
-        keep = keep & torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
-    if pad is not None:
-        keep = keep & ~pad[:, None, None, :]
-    s = (q @ k.transpose(-2, -1) / C**0.5).masked_fill(~keep, float("-inf"))
-    m = s.amax(-1, keepdim=True).clamp_min(-1e300).nan_to_num(0.0)
-    e = torch.exp(s - m) * keep
-    return e / e.sum(-1, keepdim=True).clamp_min(1e-300)
+    """float64 ``P`` with zero rows where no key is admissible, ``(B, H, N, N)``, by the library's matrix path
+    (itself checked against explicit float64 softmax matrices in tests/core; independent of the kernels)."""
+    mask = None if pad is None else ~pad[:, None, None, :]
+    return attention_matrix(q.double(), k.double(), attn_mask=mask, is_causal=is_causal)
 
 
 def dropped_reference(q, k, v, coeffs, is_causal, pad, masks: Tensor) -> Tensor:
