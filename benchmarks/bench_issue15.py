@@ -80,19 +80,21 @@ def triton_ready(device: str) -> bool:
 
 # ---------------------------------------------------------------------------- layers
 class ReferenceLayer(nn.Module):
-    """``qkv Linear -> F.scaled_dot_product_attention -> out Linear`` (nanoGPT's attention, no dropout)."""
+    """``qkv Linear -> F.scaled_dot_product_attention -> out Linear`` (nanoGPT's attention; SDPA's dropout on
+    ``P`` while training when ``dropout > 0``, no dropout by default)."""
 
-    def __init__(self, dim: int, num_heads: int, causal: bool) -> None:
+    def __init__(self, dim: int, num_heads: int, causal: bool, dropout: float = 0.0) -> None:
         super().__init__()
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.out_proj = nn.Linear(dim, dim, bias=False)
-        self.num_heads, self.causal = num_heads, causal
+        self.num_heads, self.causal, self.dropout = num_heads, causal, dropout
 
     def forward(self, x: Tensor) -> Tensor:
         B, N, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=2)
         q, k, v = (t.view(B, N, self.num_heads, D // self.num_heads).transpose(1, 2) for t in (q, k, v))  # (B, H, N, C)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
         return self.out_proj(y.transpose(1, 2).contiguous().view(B, N, D))
 
 
@@ -210,22 +212,6 @@ def part_layers(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> Non
 
 
 # ---------------------------------------------------------------------------- dropout
-class DropoutReferenceLayer(ReferenceLayer):
-    """:class:`ReferenceLayer` with SDPA's dropout on ``P`` while training."""
-
-    def __init__(self, dim: int, num_heads: int, causal: bool, dropout: float) -> None:
-        super().__init__(dim, num_heads, causal)
-        self.dropout = dropout
-
-    def forward(self, x: Tensor) -> Tensor:
-        B, N, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=2)
-        q, k, v = (t.view(B, N, self.num_heads, D // self.num_heads).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        return self.out_proj(y.transpose(1, 2).contiguous().view(B, N, D))
-
-
 def part_dropout(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
     if not with_triton:
         rep.note("Dropout part skipped: no Triton column")
@@ -236,7 +222,7 @@ def part_dropout(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> No
     p = 0.1
     torch.manual_seed(0)
     layers: dict[str, nn.Module] = {"reference (SDPA)": ReferenceLayer(D, H, True),
-                                    f"reference (SDPA), dropout {p}": DropoutReferenceLayer(D, H, True, p)}
+                                    f"reference (SDPA), dropout {p}": ReferenceLayer(D, H, True, p)}
     pairs = [("reference (SDPA)", f"reference (SDPA), dropout {p}")]
     specs = layer_specs(H)
     for name in ("half Laplacian", "2 heat(t=1, K=8)"):

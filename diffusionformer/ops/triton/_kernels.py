@@ -371,19 +371,17 @@ if HAS_TRITON:
             d1 = _dropout_scale(seed, bh, 1, qm[None, :], offs_n[:, None], N, drop_p, inv_keep)
             dv = _dot((pT * d1).to(a1T.dtype), tl.trans(a1T), dv, UPCAST, IEEE)
             dpT = d1 * _dot(v, a1T, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
-            for m in range(1, STEPS):
-                y = tl.load(YS + (m - 1) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
-                            mask=kv_mask, other=0.0)
-                aT = tl.load(A + m * stride_step + a_off, mask=a_mask, other=0.0)
-                term = _dot(y, aT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
-                dpT += term * _dropout_scale(seed, bh, m + 1, qm[None, :], offs_n[:, None], N, drop_p, inv_keep)
         else:
             dv = _dot(pT.to(a1T.dtype), tl.trans(a1T), dv, UPCAST, IEEE)
             dpT = _dot(v, a1T, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
-            for m in range(1, STEPS):
-                y = tl.load(YS + (m - 1) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
-                            mask=kv_mask, other=0.0)
-                aT = tl.load(A + m * stride_step + a_off, mask=a_mask, other=0.0)
+        for m in range(1, STEPS):
+            y = tl.load(YS + (m - 1) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
+                        mask=kv_mask, other=0.0)
+            aT = tl.load(A + m * stride_step + a_off, mask=a_mask, other=0.0)
+            if DROPOUT:  # each term of dP has its own mask: contracted apart, then masked
+                term = _dot(y, aT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
+                dpT += term * _dropout_scale(seed, bh, m + 1, qm[None, :], offs_n[:, None], N, drop_p, inv_keep)
+            else:
                 dpT = _dot(y, aT, dpT, UPCAST, IEEE)
         dsT = pT * (dpT - delta[None, :])
         dk = _dot(dsT.to(q.dtype), q, dk, UPCAST, IEEE)
@@ -412,17 +410,14 @@ if HAS_TRITON:
         dp = _dot(a1, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
         if DROPOUT:
             dp = dp * _dropout_scale(seed, bh, 1, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
-            for m in range(1, STEPS):
-                yT = tl.load(YS + (m - 1) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
-                             mask=kT_mask, other=0.0)
-                a = tl.load(A + m * stride_step + a_off, mask=io_mask, other=0.0)
+        for m in range(1, STEPS):
+            yT = tl.load(YS + (m - 1) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
+                         mask=kT_mask, other=0.0)
+            a = tl.load(A + m * stride_step + a_off, mask=io_mask, other=0.0)
+            if DROPOUT:  # each term of dP has its own mask: contracted apart, then masked
                 term = _dot(a, yT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
                 dp += term * _dropout_scale(seed, bh, m + 1, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
-        else:
-            for m in range(1, STEPS):
-                yT = tl.load(YS + (m - 1) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
-                             mask=kT_mask, other=0.0)
-                a = tl.load(A + m * stride_step + a_off, mask=io_mask, other=0.0)
+            else:
                 dp = _dot(a, yT, dp, UPCAST, IEEE)
         ds = p * (dp - delta[:, None])
         return _dot(ds.to(kT.dtype), tl.trans(kT), dq, UPCAST, IEEE)
