@@ -17,6 +17,12 @@ as a difference, not only as a time. A configuration that does not compile (shar
 instance) is listed with its error. The fastest correct configuration per workload and mode ends
 the report, ready to be written into ``BLOCKS``.
 
+Compiling is most of the sweep's time on a fresh machine (every configuration compiles each of the
+kernels it launches, two to three seconds apiece, one after the other in one process): with
+``--warm-workers P`` (default 8 on CUDA) the script first runs every configuration once in ``P``
+processes side by side (``--compile-only``), which fills triton's on-disk kernel cache, so the
+timed sweep loads the kernels instead of compiling them.
+
 ``--smoke``: tiny sizes and two configurations per mode on CPU under ``TRITON_INTERPRET=1`` (tests
 the script; the times mean nothing, and the interpreter uses ``INTERPRETER_BLOCKS``, so the
 sweep there changes nothing but the bookkeeping).
@@ -28,6 +34,9 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
+import time
 from typing import Any, Callable
 
 import torch
@@ -87,6 +96,55 @@ def runner(q, k, v, c, backward: bool, blocks: dict[str, Any], g: torch.Tensor |
     return run
 
 
+def jobs(sizes: list[tuple[int, int, int, int]], grids: dict[str, list[tuple[int, int, int, int]]]) -> list[tuple[Any, ...]]:
+    """Every launch the sweep makes, in order: (size, workload index, mode, configuration or None = default)."""
+    out = []
+    for size in sizes:
+        for w in range(2):
+            for mode, grid in grids.items():
+                out += [(size, w, mode, None)] + [(size, w, mode, cfg) for cfg in grid]
+    return out
+
+
+def compile_only(dev: str, todo: list[tuple[Any, ...]], default: dict[str, Any]) -> int:
+    """Run each launch of ``todo`` once (fills triton's kernel cache); the number that ran."""
+    done, built = 0, None
+    for size, w, mode, cfg in todo:
+        if built is None or built[0] != size:
+            built = (size, list(workloads(*size, dev).values()))
+        q, k, v, c = built[1][w]
+        g = torch.ones_like(q)
+        blocks = default if cfg is None else blocks_for(mode, cfg, default)
+        try:
+            runner(q, k, v, c, mode == "forward+backward", blocks, g)()
+            done += 1
+        except Exception:  # noqa: BLE001,S112 - the timed sweep reports the configurations that cannot run
+            continue
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    return done
+
+
+def warm(argv_sizes: list[str], smoke: bool, dev: str, workers: int, n_jobs: int) -> str:
+    """Compile every configuration in ``workers`` processes at once (``--compile-only``); a note for the report."""
+    t0 = time.perf_counter()
+    base = [sys.executable, os.path.abspath(__file__), "--device", dev, "--threads", "1", *argv_sizes]
+    base += ["--smoke"] if smoke else []
+    procs = [subprocess.Popen(base + ["--compile-only", str(i), str(workers)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(min(workers, n_jobs))]
+    ran, failed = 0, []
+    for i, proc in enumerate(procs):
+        out, _ = proc.communicate()
+        last = out.strip().splitlines()[-1] if out.strip() else ""
+        if proc.returncode == 0 and last.startswith("compiled "):
+            ran += int(last.split()[1])
+        else:
+            failed.append(f"worker {i} (exit {proc.returncode}): {last[-200:]}")
+    note = (f"warm-up: {ran} of {n_jobs} launches compiled in {len(procs)} processes in "
+            f"{time.perf_counter() - t0:.0f} s (the rest do not run, or are listed below as such)")
+    return note + ("; " + "; ".join(failed) if failed else "")
+
+
 def max_diff(a: Any, b: Any) -> float:
     if isinstance(a, tuple):
         return max(max_diff(x, y) for x, y in zip(a, b))
@@ -98,6 +156,10 @@ def main(argv: list[str] | None = None) -> C.Report:
         p.add_argument("--smoke", action="store_true", help="tiny sizes, two configurations (CPU, TRITON_INTERPRET=1)")
         p.add_argument("--sizes", nargs="*", type=int, default=None, metavar="I",
                        help=f"indices into {SIZES} (default: the first two)")
+        p.add_argument("--warm-workers", type=int, default=None, metavar="P",
+                       help="first compile every configuration in P processes at once (default: 8 on CUDA, 0 on CPU)")
+        p.add_argument("--compile-only", nargs=2, type=int, default=None, metavar=("I", "P"),
+                       help="run share I of P of the sweep's launches once, untimed, and exit (what --warm-workers starts)")
 
     args = C.parse_args(__doc__.splitlines()[0], argv, extra)
     smoke = args.smoke or os.environ.get("DF_BENCH_SMOKE", "0") not in ("", "0")
@@ -108,8 +170,25 @@ def main(argv: list[str] | None = None) -> C.Report:
     grids = {"forward": FWD_GRID[:2] if smoke else FWD_GRID, "forward+backward": BWD_GRID[:2] if smoke else BWD_GRID}
     rounds = args.rounds or (2 if smoke else 7)
     default = dict(_launch.BLOCKS)
+    todo = jobs(sizes, grids)
+    if args.compile_only is not None:
+        i, n = args.compile_only
+        if not 0 <= i < n:
+            raise SystemExit(f"bench_triton_blocks: --compile-only I P needs 0 <= I < P, got {i} {n}")
+        print(f"compiled {compile_only(dev, todo[i::n], default)}", flush=True)
+        raise SystemExit(0)
+    workers = args.warm_workers if args.warm_workers is not None else (8 if dev == "cuda" else 0)
+    if workers < 0:
+        raise SystemExit(f"bench_triton_blocks: --warm-workers must be >= 0, got {workers}")
+    warm_note = ""
+    if workers > 0:
+        size_args = [] if args.sizes is None else ["--sizes", *map(str, args.sizes)]
+        warm_note = warm(size_args, smoke, dev, workers, len(todo))
+        print(warm_note, flush=True)
     rep = C.Report("bench_triton_blocks", "Issue 15: the Triton kernels' launch geometry", args)
     rep.note(f"default BLOCKS = {default}" + ("; smoke run: the numbers mean nothing" if smoke else ""))
+    if warm_note:
+        rep.note(warm_note)
     best: dict[tuple[str, str], list[tuple[float, str]]] = {}
     try:
         for (B, N, D, H) in sizes:
