@@ -40,6 +40,10 @@ without dropout.
 ``--smoke`` (or ``DF_BENCH_SMOKE=1``): tiny sizes, few rounds, CPU allowed, so the whole script
 is testable without a GPU (the Triton column then runs only under ``TRITON_INTERPRET=1``).
 
+On CUDA the Triton layers first run once, untimed, in 8 processes side by side (``--warm-workers``;
+``_common.warm_kernels``): that builds their kernels into triton's on-disk cache in parallel, so the
+timed parts load them instead of compiling one after the other.
+
 Run: ``python benchmarks/bench_issue15.py --device cuda --out benchmarks/results-cuda``.
 """
 
@@ -391,6 +395,43 @@ def part_gpt(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
             torch.cuda.empty_cache()
 
 
+# ---------------------------------------------------------------------------- warm-up
+def warm_jobs(args: Any, smoke: bool, with_triton: bool) -> list[list[tuple[Any, ...]]]:
+    """The Triton layers the parts run, as (N, D, H, layer, causal, training, dropout), grouped by kernel variant.
+
+    A group is one layer type, causal or not, training or not, and dropout, at every shape the parts use (the
+    GPT's layers included): the shapes specialise alike, so a group's kernels are built once.
+    """
+    if not with_triton:
+        return []
+    sizes = SMOKE_LAYER_SIZES if smoke else [s for i, s in enumerate(LAYER_SIZES) if args.layer_sizes is None
+                                              or i in args.layer_sizes]
+    shapes: list[tuple[int, int, int]] = []
+    if {"layers", "profile"} & set(args.parts):
+        shapes += [(N, D, H) for (_, N, D, H) in sizes]
+    if "gpt" in args.parts:
+        gpts = SMOKE_GPT_SIZES if smoke else [s for s in GPT_SIZES if args.gpt_sizes is None or s[0] in args.gpt_sizes]
+        shapes += [(T, D, H) for (_, _, H, D, T, _, _) in gpts]
+    shapes = sorted(set(shapes))
+    groups = [[(N, D, H, name, causal, train, 0.0) for (N, D, H) in shapes]
+              for name in layer_specs(2) for causal in ([True] if smoke else [False, True]) for train in (False, True)]
+    if "dropout" in args.parts:
+        B, N, D, H = SMOKE_LAYER_SIZES[0] if smoke else LAYER_SIZES[0]
+        groups += [[(N, D, H, name, True, True, 0.1)] for name in ("half Laplacian", "2 heat(t=1, K=8)")]
+    return [g for g in groups if g]
+
+
+def warm_run(device: str) -> Callable[[list[tuple[Any, ...]]], None]:
+    """Run one group of :func:`warm_jobs` once, untimed (batch 2), as the parts run their layers."""
+    def run(group: list[tuple[Any, ...]]) -> None:
+        for N, D, H, name, causal, train, drop in group:
+            m = DiffusionAttention(D, H, layer_specs(H)[name], causal=causal, bias=False, backend="triton",
+                                   dropout=drop).to(device)
+            x = torch.randn(2, N, D, device=device)
+            layer_callables({name: m}, x, train, device)[name]()
+    return run
+
+
 def main(argv: list[str] | None = None) -> C.Report:
     def extra(p):  # noqa: ANN001, ANN202
         p.add_argument("--smoke", action="store_true", help="tiny sizes and rounds (CPU smoke test of the script)")
@@ -402,6 +443,7 @@ def main(argv: list[str] | None = None) -> C.Report:
                        help=f"indices into the layer sizes {LAYER_SIZES} (default: all; for a GPU call short of time)")
         p.add_argument("--gpt-sizes", nargs="*", default=None, choices=[s[0] for s in GPT_SIZES],
                        help="GPT sizes to run (default: all)")
+        C.add_warm_arguments(p)
 
     args = C.parse_args(__doc__.splitlines()[0], argv, extra)
     smoke = args.smoke or os.environ.get("DF_BENCH_SMOKE", "0") not in ("", "0")
@@ -411,10 +453,16 @@ def main(argv: list[str] | None = None) -> C.Report:
     if args.device == "cpu" and not smoke:
         print("bench_issue15: the full sizes are meant for a GPU; on CPU pass --smoke")
     with_triton = triton_ready(args.device)
+    argv_on = ["--device", args.device, "--threads", "1", "--parts", *args.parts] + (["--smoke"] if smoke else [])
+    argv_on += [] if args.layer_sizes is None else ["--layer-sizes", *map(str, args.layer_sizes)]
+    argv_on += [] if args.gpt_sizes is None else ["--gpt-sizes", *args.gpt_sizes]
+    warm_note = C.warm_kernels(__file__, argv_on, args, warm_jobs(args, smoke, with_triton), warm_run(args.device))
     rep = C.Report("bench_issue15", "Issue 15: head types vs the reference attention layer, profile, GPT vs nanoGPT", args)
     rep.note(f"Triton column: {'yes' if with_triton else 'no (triton not importable, or CPU without TRITON_INTERPRET=1)'}"
              + f"; library columns: backend={args.library_backend!r}"
              + ("; smoke run: tiny sizes, the numbers mean nothing" if smoke else ""))
+    if warm_note:
+        rep.note(warm_note)
     if "layers" in args.parts:
         part_layers(args, rep, smoke, with_triton)
     if "profile" in args.parts:

@@ -34,9 +34,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
-import time
 from typing import Any, Callable
 
 import torch
@@ -96,53 +93,25 @@ def runner(q, k, v, c, backward: bool, blocks: dict[str, Any], g: torch.Tensor |
     return run
 
 
-def jobs(sizes: list[tuple[int, int, int, int]], grids: dict[str, list[tuple[int, int, int, int]]]) -> list[tuple[Any, ...]]:
-    """Every launch the sweep makes, in order: (size, workload index, mode, configuration or None = default)."""
-    out = []
-    for size in sizes:
-        for w in range(2):
-            for mode, grid in grids.items():
-                out += [(size, w, mode, None)] + [(size, w, mode, cfg) for cfg in grid]
-    return out
+def jobs(sizes: list[tuple[int, int, int, int]], grids: dict[str, list[tuple[int, int, int, int]]]) -> list[list[tuple[Any, ...]]]:
+    """Every launch the sweep makes, as (size, workload index, mode, configuration or None = the default), in groups
+    that share their kernels (one workload, mode and configuration at every size: the sizes specialise alike)."""
+    return [[(size, w, mode, cfg) for size in sizes]
+            for w in range(2) for mode, grid in grids.items() for cfg in [None, *grid]]
 
 
-def compile_only(dev: str, todo: list[tuple[Any, ...]], default: dict[str, Any]) -> int:
-    """Run each launch of ``todo`` once (fills triton's kernel cache); the number that ran."""
-    done, built = 0, None
-    for size, w, mode, cfg in todo:
-        if built is None or built[0] != size:
-            built = (size, list(workloads(*size, dev).values()))
-        q, k, v, c = built[1][w]
-        g = torch.ones_like(q)
-        blocks = default if cfg is None else blocks_for(mode, cfg, default)
-        try:
-            runner(q, k, v, c, mode == "forward+backward", blocks, g)()
-            done += 1
-        except Exception:  # noqa: BLE001,S112 - the timed sweep reports the configurations that cannot run
-            continue
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    return done
+def run_job(dev: str, default: dict[str, Any]) -> Callable[[list[tuple[Any, ...]]], None]:
+    """One group of launches of the sweep, untimed (for ``--compile-only``: it compiles the configuration's kernels)."""
+    built: dict[str, Any] = {}
 
-
-def warm(argv_sizes: list[str], smoke: bool, dev: str, workers: int, n_jobs: int) -> str:
-    """Compile every configuration in ``workers`` processes at once (``--compile-only``); a note for the report."""
-    t0 = time.perf_counter()
-    base = [sys.executable, os.path.abspath(__file__), "--device", dev, "--threads", "1", *argv_sizes]
-    base += ["--smoke"] if smoke else []
-    procs = [subprocess.Popen(base + ["--compile-only", str(i), str(workers)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(min(workers, n_jobs))]
-    ran, failed = 0, []
-    for i, proc in enumerate(procs):
-        out, _ = proc.communicate()
-        last = out.strip().splitlines()[-1] if out.strip() else ""
-        if proc.returncode == 0 and last.startswith("compiled "):
-            ran += int(last.split()[1])
-        else:
-            failed.append(f"worker {i} (exit {proc.returncode}): {last[-200:]}")
-    note = (f"warm-up: {ran} of {n_jobs} launches compiled in {len(procs)} processes in "
-            f"{time.perf_counter() - t0:.0f} s (the rest do not run, or are listed below as such)")
-    return note + ("; " + "; ".join(failed) if failed else "")
+    def run(group: list[tuple[Any, ...]]) -> None:
+        for size, w, mode, cfg in group:
+            if built.get("size") != size:
+                built.update(size=size, work=list(workloads(*size, dev).values()))
+            q, k, v, c = built["work"][w]
+            blocks = default if cfg is None else blocks_for(mode, cfg, default)
+            runner(q, k, v, c, mode == "forward+backward", blocks, torch.ones_like(q))()
+    return run
 
 
 def max_diff(a: Any, b: Any) -> float:
@@ -156,10 +125,7 @@ def main(argv: list[str] | None = None) -> C.Report:
         p.add_argument("--smoke", action="store_true", help="tiny sizes, two configurations (CPU, TRITON_INTERPRET=1)")
         p.add_argument("--sizes", nargs="*", type=int, default=None, metavar="I",
                        help=f"indices into {SIZES} (default: the first two)")
-        p.add_argument("--warm-workers", type=int, default=None, metavar="P",
-                       help="first compile every configuration in P processes at once (default: 8 on CUDA, 0 on CPU)")
-        p.add_argument("--compile-only", nargs=2, type=int, default=None, metavar=("I", "P"),
-                       help="run share I of P of the sweep's launches once, untimed, and exit (what --warm-workers starts)")
+        C.add_warm_arguments(p)
 
     args = C.parse_args(__doc__.splitlines()[0], argv, extra)
     smoke = args.smoke or os.environ.get("DF_BENCH_SMOKE", "0") not in ("", "0")
@@ -170,21 +136,9 @@ def main(argv: list[str] | None = None) -> C.Report:
     grids = {"forward": FWD_GRID[:2] if smoke else FWD_GRID, "forward+backward": BWD_GRID[:2] if smoke else BWD_GRID}
     rounds = args.rounds or (2 if smoke else 7)
     default = dict(_launch.BLOCKS)
-    todo = jobs(sizes, grids)
-    if args.compile_only is not None:
-        i, n = args.compile_only
-        if not 0 <= i < n:
-            raise SystemExit(f"bench_triton_blocks: --compile-only I P needs 0 <= I < P, got {i} {n}")
-        print(f"compiled {compile_only(dev, todo[i::n], default)}", flush=True)
-        raise SystemExit(0)
-    workers = args.warm_workers if args.warm_workers is not None else (8 if dev == "cuda" else 0)
-    if workers < 0:
-        raise SystemExit(f"bench_triton_blocks: --warm-workers must be >= 0, got {workers}")
-    warm_note = ""
-    if workers > 0:
-        size_args = [] if args.sizes is None else ["--sizes", *map(str, args.sizes)]
-        warm_note = warm(size_args, smoke, dev, workers, len(todo))
-        print(warm_note, flush=True)
+    argv_on = ["--device", dev, "--threads", "1"] + (["--smoke"] if smoke else [])
+    argv_on += [] if args.sizes is None else ["--sizes", *map(str, args.sizes)]
+    warm_note = C.warm_kernels(__file__, argv_on, args, jobs(sizes, grids), run_job(dev, default))
     rep = C.Report("bench_triton_blocks", "Issue 15: the Triton kernels' launch geometry", args)
     rep.note(f"default BLOCKS = {default}" + ("; smoke run: the numbers mean nothing" if smoke else ""))
     if warm_note:
