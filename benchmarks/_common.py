@@ -260,15 +260,16 @@ def warm_kernels(script: str, argv: Sequence[str], args: argparse.Namespace, job
     t0 = time.perf_counter()
     base = [sys.executable, os.path.abspath(script), *argv]
     procs = [subprocess.Popen(base + ["--compile-only", str(i), str(workers)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(min(workers, len(jobs)))]
+                              stderr=subprocess.PIPE, text=True) for i in range(min(workers, len(jobs)))]
     ran, failed = 0, []
     for i, proc in enumerate(procs):
-        out, _ = proc.communicate()
-        last = out.strip().splitlines()[-1] if out.strip() else ""
-        if proc.returncode == 0 and last.startswith("compiled "):
-            ran += int(last.split()[1])
+        out, err = proc.communicate()
+        counts = [line for line in out.splitlines() if line.startswith("compiled ")]
+        if proc.returncode == 0 and counts:
+            ran += int(counts[-1].split()[1])
         else:
-            failed.append(f"worker {i} (exit {proc.returncode}): {last[-200:]}")
+            last = (err.strip() or out.strip()).splitlines()[-1:] or [""]
+            failed.append(f"worker {i} (exit {proc.returncode}): {last[0][-200:]}")
     note = (f"warm-up: {ran} of {len(jobs)} groups of Triton launches ran in {len(procs)} processes in "
             f"{time.perf_counter() - t0:.0f} s, untimed (the others cannot run, and show so below)")
     note += ("; " + "; ".join(failed)) if failed else ""

@@ -28,7 +28,9 @@ p.add_argument("--die", type=int, default=-1)
 C.add_warm_arguments(p)
 args = p.parse_args()
 if args.compile_only is not None and args.compile_only[0] == args.die:
-    sys.exit(3)
+    sys.exit("worker failed on purpose")
+import atexit
+atexit.register(lambda: print("a warning at exit", file=sys.stderr))  # as a CUDA process may print at exit
 jobs = [[g * 10 + i for i in range(2)] for g in range(7)]  # 7 groups of 2 launches
 
 def run(group):
@@ -75,7 +77,7 @@ def test_a_dead_worker_is_named_in_the_note(tmp_path):
     res, ran = run_script(tmp_path, "--warm-workers", "2", "--die", "1")
     assert res.returncode == 0, res.stderr  # the timed run goes on
     note = next(line for line in res.stdout.splitlines() if line.startswith("NOTE:"))
-    assert "worker 1 (exit 3)" in note and "4 of 7 groups" in note  # worker 0 ran groups 0, 2, 4 and 6
+    assert "worker 1 (exit 1): worker failed on purpose" in note and "4 of 7 groups" in note  # worker 0 ran groups 0, 2, 4 and 6
     assert sorted({j // 10 for _, j in ran}) == [0, 2, 4, 6]
 
 
