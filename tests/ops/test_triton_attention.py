@@ -227,13 +227,9 @@ def test_cpu_tensors_without_the_interpreter_get_a_clear_error():
 COMPILE_SCRIPT = r"""
 import os
 os.environ["TRITON_INTERPRET"] = "0"
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from diffusionformer.ops.triton import _kernels as K
+from diffusionformer.ops.triton._aot import compile_kernel
 
-POINTERS = {"PAD": "*u8", "C0": "*fp32", "C1": "*fp32", "CK": "*fp32", "LSE": "*fp32", "DELTA": "*fp32",
-            "DCROW": "*fp32", "ACC": "*fp32", "SEED": "*i64"}
 common = dict(CAUSAL=True, HAS_PAD=True, MASK_KIND=0, UPCAST=False, IEEE=False, DROPOUT=False, BLOCK_C=64)
 fwd = dict(STORE_Y=True, BLOCK_M=64, BLOCK_N=64)
 cases = [(K._first_step, fwd), (K._next_step, fwd),
@@ -251,23 +247,7 @@ cases += [(fn, dict(extra, DROPOUT=True)) for fn, extra in cases[:5]]
 cases += [(fn, dict(extra, MASK_KIND=kind, HAS_PAD=False)) for kind in (1, 2) for fn, extra in cases[:5]]
 cases.append((K._dropout_scales, dict(BLOCK_M=32, BLOCK_N=32)))
 for fn, extra in cases:
-    consts = {n: v for n, v in dict(common, **extra).items() if n in fn.arg_names}
-    sig = {}
-    for name in fn.arg_names:
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name == "MASK":
-            sig[name] = "*bf16" if consts.get("MASK_KIND") == 2 else "*u8"
-        elif name in POINTERS or (name == "OUT" and fn is K._dropout_scales):
-            sig[name] = POINTERS.get(name, "*fp32")
-        elif name in ("Q", "K", "V", "X", "G", "A", "A_IN", "A_OUT", "Y", "YS", "OUT", "DQ", "DK", "DV"):
-            sig[name] = "*bf16"
-        elif name.endswith("scale") or name in ("drop_p", "inv_keep"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4, "num_stages": 2})
+    k = compile_kernel(fn, dict(common, **extra))
     assert k.asm.get("cubin"), fn.__name__
     print("compiled", fn.__name__)
 """

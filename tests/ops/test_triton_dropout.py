@@ -26,6 +26,7 @@ from torch import Tensor
 from diffusionformer import DiffusionAttention
 from diffusionformer.ops.dense import attention_matrix
 from diffusionformer.ops.triton import affine_attention, dropout_scales, polynomial_attention
+from diffusionformer.ops.triton._launch import dropout_rate
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_triton = pytest.mark.skipif(
@@ -83,7 +84,7 @@ def test_polynomial_dropout_matches_float64_with_the_kernels_masks(is_causal, pa
     seed = seed_tensor(2**40 + 12345)
     out = polynomial_attention(q, k, v, coeffs, is_causal=is_causal, key_padding_mask=pad, dropout_p=p, seed=seed)
     masks = dropout_scales(seed, B, H, N, 3, p)
-    assert set(masks.unique().tolist()) == {0.0, torch.tensor(1.0 / (1.0 - p), dtype=torch.float32).item()}
+    assert set(masks.unique().tolist()) == {0.0, torch.tensor(dropout_rate(p)[1], dtype=torch.float32).item()}
     ref = dropped_reference(q, k, v, coeffs, is_causal, pad, masks)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
@@ -137,12 +138,31 @@ def test_masks_keep_the_right_fraction_independently_across_powers_heads_and_see
         "seeds": (kept, dropout_scales(seed_tensor(12), B, H, N, steps, p) > 0),
         # the draw of (i, j) is not that of (j, i) (the diagonal, where both are one entry, left out)
         "transpose": (kept[..., off_diagonal], kept.transpose(-1, -2)[..., off_diagonal]),
+        # one Philox draw decides 8 neighbouring keys of a row, 16 bits each: neighbours within a draw, the
+        # same 16-bit piece of the next draw (8 keys on) and the next row must all be independent
+        "neighbouring keys": (kept[..., :-1], kept[..., 1:]),
+        "keys 8 apart": (kept[..., :-8], kept[..., 8:]),
+        "neighbouring queries": (kept[..., :-1, :], kept[..., 1:, :]),
     }
     for name, (x, y) in pairs.items():
         rate = (x == y).float().mean().item()
         assert abs(rate - agree) < 5 * math.sqrt(agree * (1 - agree) / x.numel()), (name, rate)
     # a different probability keeps its own fraction with the same seed
     assert abs((dropout_scales(seed_tensor(11), B, H, N, 1, 0.7) > 0).float().mean().item() - 0.3) < 0.02
+
+
+def test_the_kernels_drop_at_p_rounded_to_16_bits_and_stay_unbiased():
+    # the kernels decide an entry with 16 random bits: the rate is p rounded to a multiple of 2^-16 (within
+    # 2^-17 of p, at most 1 - 2^-16) and kept entries are scaled by 1 / (1 - rate), so that E[D] = 1 exactly
+    for p in (0.0, 1e-6, 0.1, 0.2, 0.3, 0.5, 0.9, 0.999999, 1.0 - 1e-12):
+        rate, scale = dropout_rate(p)
+        assert (rate * 65536).is_integer() and 0.0 <= rate <= 1.0 - 2.0**-16
+        assert abs(rate - p) <= 2.0**-17 or p > 1.0 - 2.0**-16
+        assert math.isfinite(scale) and abs((1.0 - rate) * scale - 1.0) < 1e-12
+    # the masks agree: the kept value is that scale, and a rate that rounds to 0 keeps everything
+    assert set(dropout_scales(seed_tensor(3), 1, 1, 24, 1, 1e-6).unique().tolist()) == {1.0}
+    masks = dropout_scales(seed_tensor(3), 1, 1, 24, 1, 0.999999)
+    assert set(masks.unique().tolist()) <= {0.0, torch.tensor(65536.0).item()}
 
 
 def test_average_over_many_masks_tends_to_the_output_without_dropout():

@@ -47,18 +47,34 @@ if HAS_TRITON:
             return tl.dot(a, b, acc)
 
     @triton.jit
-    def _dropout_scale(seed, bh, step, rows, cols, N, drop_p, inv_keep):
-        """float block: ``inv_keep`` where entry ``(rows, cols)`` of power ``step`` of head ``bh`` is kept, else 0.
+    def _dropout_scale(seed, bh, step, rows, cols, N, drop_p, inv_keep, TRANS: tl.constexpr):
+        """float block ``[rows, cols]`` (``[cols, rows]`` with TRANS): ``inv_keep`` where entry ``(row, col)`` of power
+        ``step`` of head ``bh`` is kept, else 0.
 
-        ``rows`` and ``cols`` are broadcastable index grids (queries, keys); the draw is Philox with the
-        counter ``(rows * N + cols, bh, step, 0)`` under the 64-bit ``seed``, so the forward and the
-        backward kernels see the same mask whatever the block shapes and orientation.
+        ``rows`` (queries) and ``cols`` (keys) are 1-D index ranges; ``cols`` is contiguous and starts at a
+        multiple of 8. One Philox draw (4 x 32 bits) decides 8 neighbouring keys of a row, 16 bits each: the
+        counter is ``(row * ceil(N / 8) + col // 8, bh, step, high word)`` under the 64-bit ``seed``, and key
+        ``col`` takes the 16-bit piece ``col % 8`` (low half of word 0, high half of word 0, low half of word 1,
+        ...). An entry is dropped when its piece is ``< 65536 * drop_p`` (the host rounds ``drop_p`` to a
+        multiple of 2^-16), so the forward and the backward kernels see the same mask whatever the block
+        shapes and orientation, at an eighth of the draws of one per entry.
         """
-        c0 = (rows * N + cols).to(tl.uint32, bitcast=True)
+        BM: tl.constexpr = rows.shape[0]
+        BN: tl.constexpr = cols.shape[0]
+        groups = tl.max(tl.reshape(cols, [BN // 8, 8]), axis=1) // 8  # col // 8 of each run of 8 keys
+        ctr = rows[:, None].to(tl.int64) * ((N + 7) // 8) + groups[None, :]
+        c0 = (ctr & 0xFFFFFFFF).to(tl.uint32)
+        c3 = (ctr >> 32).to(tl.uint32)
         z = tl.zeros_like(c0)
-        r, _, _, _ = tl.philox(seed, c0, z + bh, z + step, z)
-        u = tl.uint_to_uniform_float(r)
-        return tl.where(u >= drop_p, inv_keep, 0.0)
+        r0, r1, r2, r3 = tl.philox(seed, c0, z + bh, z + step, c3)
+        thr = (tl.zeros([], dtype=tl.float32) + drop_p * 65536.0).to(tl.uint32)  # exact: the host rounds drop_p
+        k0 = tl.join(tl.join((r0 & 0xFFFF) >= thr, (r0 >> 16) >= thr), tl.join((r1 & 0xFFFF) >= thr, (r1 >> 16) >= thr))
+        k1 = tl.join(tl.join((r2 & 0xFFFF) >= thr, (r2 >> 16) >= thr), tl.join((r3 & 0xFFFF) >= thr, (r3 >> 16) >= thr))
+        keep = tl.reshape(tl.join(k0, k1), [BM, BN])  # [.., g, a, b, c] -> key 8 g + 4 a + 2 b + c
+        d = tl.where(keep, inv_keep, 0.0)
+        if TRANS:
+            d = tl.trans(d)
+        return d
 
     @triton.jit
     def _seed(SEED, DROPOUT: tl.constexpr):
@@ -79,7 +95,7 @@ if HAS_TRITON:
         base = OUT + (tl.program_id(2).to(tl.int64) * tl.num_programs(1) + bh) * N * N
         for start_n in range(0, N, BLOCK_N):
             kn = start_n + tl.arange(0, BLOCK_N)
-            d = _dropout_scale(seed, bh, step, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
+            d = _dropout_scale(seed, bh, step, offs_m, kn, N, drop_p, inv_keep, False)
             tl.store(base + offs_m[:, None] * N + kn[None, :], d, mask=(offs_m[:, None] < N) & (kn[None, :] < N))
 
     @triton.jit
@@ -142,7 +158,7 @@ if HAS_TRITON:
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)  # the softmax normaliser counts every key, dropped or not
         if DROPOUT:
-            p = p * _dropout_scale(seed, bh, 1, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
+            p = p * _dropout_scale(seed, bh, 1, offs_m, kn, N, drop_p, inv_keep, False)
         v = tl.load(v_base + kn[:, None] * stride_vn + offs_c[None, :] * stride_vc,
                     mask=(kn[:, None] < N) & c_ok[None, :], other=0.0)
         acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST, IEEE)
@@ -168,7 +184,7 @@ if HAS_TRITON:
             keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
             p = tl.where(keep, p, 0.0)
         if DROPOUT:
-            p = p * _dropout_scale(seed, bh, step, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
+            p = p * _dropout_scale(seed, bh, step, offs_m, kn, N, drop_p, inv_keep, False)
         x = tl.load(x_base + kn[:, None] * C + offs_c[None, :],
                     mask=(kn[:, None] < N) & c_ok[None, :], other=0.0)
         return _dot(p.to(x.dtype), x, acc, UPCAST, IEEE)
@@ -334,7 +350,7 @@ if HAS_TRITON:
             keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
             pT = tl.where(keep, pT, 0.0)
         if DROPOUT:
-            pT = pT * _dropout_scale(seed, bh, step, qm[None, :], offs_n[:, None], N, drop_p, inv_keep)
+            pT = pT * _dropout_scale(seed, bh, step, qm, offs_n, N, drop_p, inv_keep, True)
         a = tl.load(a_base + qm[:, None] * C + offs_c[None, :], mask=(qm[:, None] < N) & c_ok[None, :], other=0.0)
         return _dot(pT.to(a.dtype), a, acc, UPCAST, IEEE)
 
@@ -368,7 +384,7 @@ if HAS_TRITON:
         a_mask = qm_ok[None, :] & c_ok[:, None]
         a1T = tl.load(A + a_off, mask=a_mask, other=0.0)  # a_1^T: (BLOCK_C, BLOCK_M)
         if DROPOUT:
-            d1 = _dropout_scale(seed, bh, 1, qm[None, :], offs_n[:, None], N, drop_p, inv_keep)
+            d1 = _dropout_scale(seed, bh, 1, qm, offs_n, N, drop_p, inv_keep, True)
             dv = _dot((pT * d1).to(a1T.dtype), tl.trans(a1T), dv, UPCAST, IEEE)
             dpT = d1 * _dot(v, a1T, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
         else:
@@ -380,7 +396,7 @@ if HAS_TRITON:
             aT = tl.load(A + m * stride_step + a_off, mask=a_mask, other=0.0)
             if DROPOUT:  # each term of dP has its own mask: contracted apart, then masked
                 term = _dot(y, aT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
-                dpT += term * _dropout_scale(seed, bh, m + 1, qm[None, :], offs_n[:, None], N, drop_p, inv_keep)
+                dpT += term * _dropout_scale(seed, bh, m + 1, qm, offs_n, N, drop_p, inv_keep, True)
             else:
                 dpT = _dot(y, aT, dpT, UPCAST, IEEE)
         dsT = pT * (dpT - delta[None, :])
@@ -409,14 +425,14 @@ if HAS_TRITON:
         vT = tl.load(v_base + kn[None, :] * stride_vn + offs_c[:, None] * stride_vc, mask=kT_mask, other=0.0)
         dp = _dot(a1, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
         if DROPOUT:
-            dp = dp * _dropout_scale(seed, bh, 1, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
+            dp = dp * _dropout_scale(seed, bh, 1, offs_m, kn, N, drop_p, inv_keep, False)
         for m in range(1, STEPS):
             yT = tl.load(YS + (m - 1) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
                          mask=kT_mask, other=0.0)
             a = tl.load(A + m * stride_step + a_off, mask=io_mask, other=0.0)
             if DROPOUT:  # each term of dP has its own mask: contracted apart, then masked
                 term = _dot(a, yT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
-                dp += term * _dropout_scale(seed, bh, m + 1, offs_m[:, None], kn[None, :], N, drop_p, inv_keep)
+                dp += term * _dropout_scale(seed, bh, m + 1, offs_m, kn, N, drop_p, inv_keep, False)
             else:
                 dp = _dot(a, yT, dp, UPCAST, IEEE)
         ds = p * (dp - delta[:, None])

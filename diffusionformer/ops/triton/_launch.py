@@ -114,9 +114,9 @@ class _Launch:
         self.pad = pad if pad is not None else torch.zeros(1, dtype=torch.uint8, device=q.device)
         if dropout_p > 0.0 and seed is None:
             raise ValueError("dropout_p > 0 needs the call's seed (a (1,) int64 tensor on the device)")
-        # dropout on P: the kernels drop an entry when its uniform draw is < drop_p and scale the kept ones
+        # dropout on P: the kernels drop an entry when its 16-bit draw is < 65536 drop_p and scale the kept ones
         self.seed = seed if dropout_p > 0.0 else self.pad  # any pointer when unused
-        self.drop_p, self.inv_keep = float(dropout_p), 1.0 / (1.0 - float(dropout_p))
+        self.drop_p, self.inv_keep = dropout_rate(dropout_p)
         self.stride_pb = N
         # a general attn_mask (4-D, broadcastable to (B, H, N, N)): read with stride 0 along broadcast dims
         if mask is None:
@@ -239,11 +239,23 @@ class _PolynomialAttention(torch.autograd.Function):
                 dc if need[3] else None, None, None, None, None, None, None)
 
 
+def dropout_rate(dropout_p: float) -> tuple[float, float]:
+    """The rate the kernels drop at for ``dropout_p``, and the scale of a kept entry.
+
+    A kernel decides an entry with 16 random bits (``_kernels._dropout_scale``), so the rate is ``dropout_p``
+    rounded to a multiple of ``2^-16`` (within ``2^-17`` of it; at most ``1 - 2^-16``), and the kept entries
+    are scaled by ``1 / (1 - rate)``: unbiased at the rate the kernels draw.
+    """
+    steps = min(round(float(dropout_p) * 65536.0), 65535)
+    rate = steps / 65536.0
+    return rate, 1.0 / (1.0 - rate)
+
+
 def _dropout_scales(seed: Tensor, batch: int, heads: int, n: int, steps: int, dropout_p: float) -> Tensor:
-    """The dropout scales the kernels apply under ``seed``: ``(steps, B, H, N, N)`` float32 (0 or ``1 / (1 - p)``)."""
+    """The dropout scales the kernels apply under ``seed``: ``(steps, B, H, N, N)`` float32 (0 or ``1 / (1 - rate)``)."""
     kernels = _kernels_module()
     out = torch.empty(steps, batch, heads, n, n, device=seed.device, dtype=torch.float32)
     block = 32
     kernels._dropout_scales[((n + block - 1) // block, batch * heads, steps)](
-        seed, out, n, float(dropout_p), 1.0 / (1.0 - float(dropout_p)), BLOCK_M=block, BLOCK_N=block)
+        seed, out, n, *dropout_rate(dropout_p), BLOCK_M=block, BLOCK_N=block)
     return out

@@ -16,9 +16,10 @@ and any ``attn_mask`` (bool, True = attend, or float added to the scores; broadc
 Dropout on ``P`` (``dropout_p > 0``, training) drops every power with its own mask, as the
 PyTorch back-ends do (:class:`~diffusionformer.ops.dense.MatrixBackend` and SDPA draw a fresh
 mask per step): ``sum_k c_k (P * D_k) ... (P * D_1) v`` with ``D_t`` entries ``0`` (probability
-``p``) or ``1 / (1 - p)``. The masks are never stored: entry ``(i, j)`` of ``D_t`` for head
-``b H + h`` is a Philox draw under the call's ``seed`` with the counter ``(i N + j, b H + h, t, 0)``,
-which the backward kernels draw again (``dP = sum_t D_t * (a_t y_{t-1}^T)``; the softmax
+``p``) or ``1 / (1 - p)``, with ``p`` rounded to a multiple of ``2^-16``. The masks are never
+stored: one Philox draw under the call's ``seed`` decides 8 neighbouring keys ``8 g .. 8 g + 7`` of row
+``i`` of ``D_t`` for head ``b H + h`` (counter ``(i ceil(N / 8) + g, b H + h, t, high word)``, 16 bits per
+key), which the backward kernels draw again (``dP = sum_t D_t * (a_t y_{t-1}^T)``; the softmax
 normaliser counts dropped keys, as :func:`torch.nn.functional.dropout` after the softmax does).
 :func:`dropout_scales` writes the masks of a seed out, for tests and debugging.
 
@@ -220,7 +221,8 @@ def dropout_scales(seed: Tensor, batch_size: int, num_heads: int, num_tokens: in
                    dropout_p: float) -> Tensor:
     r"""The dropout masks the kernels draw under ``seed``, written out: ``D[t - 1]`` is the mask of ``P^t``'s factor ``t``.
 
-    Entries are ``0`` (dropped) or ``1 / (1 - dropout_p)`` (kept), so that
+    Entries are ``0`` (dropped) or ``1 / (1 - rate)`` (kept), where ``rate`` is ``dropout_p`` rounded to a
+    multiple of ``2^-16`` (the kernels decide an entry with 16 random bits), so that
     ``polynomial_attention(q, k, v, c, dropout_p=p, seed=seed)`` equals
     ``sum_k c_k (P * D[k-1]) ... (P * D[0]) v`` with the softmax matrix ``P`` (module docstring).
     For tests and debugging: it materialises ``steps * B * H * N * N`` floats.
