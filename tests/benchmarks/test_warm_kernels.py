@@ -1,4 +1,4 @@
-"""``benchmarks/_common.warm_kernels``: a script's kernel builds shared out over processes before timing.
+"""``benchmarks/_warm.warm_kernels`` (``_common.warm_kernels`` in the scripts): a script's kernel builds shared out over processes before timing.
 
 The benchmarks run it on a GPU only; here a stand-in script whose "jobs" append to a log shows the
 contract: every job group runs exactly once over the worker processes, a group that raises is skipped
@@ -19,7 +19,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPT = r'''
 import argparse, os, sys
 sys.path.insert(0, {bench!r})
-import _common as C
+import _warm as C
 
 p = argparse.ArgumentParser()
 p.add_argument("--device", default="cpu")
