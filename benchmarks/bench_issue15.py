@@ -71,6 +71,25 @@ GPT_SIZES = [("6L-384", 6, 6, 384, 256, 64, 65), ("12L-768", 12, 12, 768, 1024, 
 SMOKE_GPT_SIZES = [("2L-64", 2, 4, 64, 32, 2, 65)]
 
 
+def selected_layer_sizes(args: Any, smoke: bool) -> list[tuple[int, int, int, int]]:
+    """The layer sizes ``(B, N, D, H)`` of the ``layers`` part (``--layer-sizes``; the smoke size with ``--smoke``)."""
+    if smoke:
+        return SMOKE_LAYER_SIZES
+    return [s for i, s in enumerate(LAYER_SIZES) if args.layer_sizes is None or i in args.layer_sizes]
+
+
+def first_layer_size(smoke: bool) -> tuple[int, int, int, int]:
+    """The one size of the ``profile`` and ``dropout`` parts."""
+    return (SMOKE_LAYER_SIZES if smoke else LAYER_SIZES)[0]
+
+
+def selected_gpt_sizes(args: Any, smoke: bool) -> list[tuple[Any, ...]]:
+    """The GPT sizes of the ``gpt`` part (``--gpt-sizes``; the smoke size with ``--smoke``)."""
+    if smoke:
+        return SMOKE_GPT_SIZES
+    return [s for s in GPT_SIZES if args.gpt_sizes is None or s[0] in args.gpt_sizes]
+
+
 def triton_ready(device: str) -> bool:
     """Whether the Triton column can run: triton imports, and CUDA or the interpreter."""
     try:
@@ -181,8 +200,7 @@ def layer_callables(layers: dict[str, nn.Module], x: Tensor, backward: bool, dev
 
 def part_layers(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
     dev = args.device
-    sizes = SMOKE_LAYER_SIZES if smoke else [s for i, s in enumerate(LAYER_SIZES) if args.layer_sizes is None
-                                              or i in args.layer_sizes]
+    sizes = selected_layer_sizes(args, smoke)
     causals = [True] if smoke else [False, True]
     rounds = args.rounds or (2 if smoke else 7)
     for (B, N, D, H) in sizes:
@@ -221,7 +239,7 @@ def part_dropout(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> No
         rep.note("Dropout part skipped: no Triton column")
         return
     dev = args.device
-    B, N, D, H = SMOKE_LAYER_SIZES[0] if smoke else LAYER_SIZES[0]
+    B, N, D, H = first_layer_size(smoke)
     rounds = args.rounds or (2 if smoke else 7)
     p = 0.1
     torch.manual_seed(0)
@@ -310,7 +328,7 @@ def profile_call(fn: Callable[[], None], device: str) -> dict[str, Any]:
 
 def part_profile(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
     dev = args.device
-    B, N, D, H = (SMOKE_LAYER_SIZES if smoke else LAYER_SIZES)[0]
+    B, N, D, H = first_layer_size(smoke)
     layers, _ = build_layers(D, H, True, dev, with_triton, args.library_backend)
     x = torch.randn(B, N, D, generator=torch.Generator().manual_seed(1)).to(dev)
     rows = []
@@ -354,8 +372,7 @@ GPT_TARGETS = {"attention": 1.00, "half Laplacian": 0.97, "2 heat(K=4)": 0.85}
 def part_gpt(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> None:
     dev = args.device
     rounds = args.rounds or (2 if smoke else 7)
-    for (sname, L, H, D, T, B, V) in (SMOKE_GPT_SIZES if smoke else [s for s in GPT_SIZES if args.gpt_sizes is None
-                                                                      or s[0] in args.gpt_sizes]):
+    for (sname, L, H, D, T, B, V) in selected_gpt_sizes(args, smoke):
         models = gpt_models(sname, L, H, D, T, V, dev, with_triton, args.library_backend)
         g = torch.Generator().manual_seed(1)
         idx = torch.randint(0, V, (B, T), generator=g).to(dev)
@@ -404,19 +421,18 @@ def warm_jobs(args: Any, smoke: bool, with_triton: bool) -> list[list[tuple[Any,
     """
     if not with_triton:
         return []
-    sizes = SMOKE_LAYER_SIZES if smoke else [s for i, s in enumerate(LAYER_SIZES) if args.layer_sizes is None
-                                              or i in args.layer_sizes]
     shapes: list[tuple[int, int, int]] = []
-    if {"layers", "profile"} & set(args.parts):
-        shapes += [(N, D, H) for (_, N, D, H) in sizes]
+    if "layers" in args.parts:
+        shapes += [(N, D, H) for (_, N, D, H) in selected_layer_sizes(args, smoke)]
+    if "profile" in args.parts:
+        shapes.append(first_layer_size(smoke)[1:])
     if "gpt" in args.parts:
-        gpts = SMOKE_GPT_SIZES if smoke else [s for s in GPT_SIZES if args.gpt_sizes is None or s[0] in args.gpt_sizes]
-        shapes += [(T, D, H) for (_, _, H, D, T, _, _) in gpts]
+        shapes += [(T, D, H) for (_, _, H, D, T, _, _) in selected_gpt_sizes(args, smoke)]
     shapes = sorted(set(shapes))
     groups = [[(N, D, H, name, causal, train, 0.0) for (N, D, H) in shapes]
               for name in layer_specs(2) for causal in ([True] if smoke else [False, True]) for train in (False, True)]
     if "dropout" in args.parts:
-        B, N, D, H = SMOKE_LAYER_SIZES[0] if smoke else LAYER_SIZES[0]
+        _, N, D, H = first_layer_size(smoke)
         groups += [[(N, D, H, name, True, True, 0.1)] for name in ("half Laplacian", "2 heat(t=1, K=8)")]
     return [g for g in groups if g]
 
