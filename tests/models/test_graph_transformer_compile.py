@@ -131,7 +131,7 @@ def test_block_with_sizes_equals_each_graph_on_its_own():
 
 
 def test_too_small_max_num_nodes_is_an_error_not_dropped_nodes():
-    model = _model(task="graph")
+    model = _model(task="graph", depth=1)
     x, edge_index, batch, _ = _batch()
     with pytest.raises(ValueError, match=r"graph 2 has 5 nodes, more than max_num_nodes=4"):
         model(x, edge_index, batch, max_num_nodes=4, num_graphs=3)
@@ -163,7 +163,7 @@ class _Sized(nn.Module):
 
 @pytest.mark.parametrize("task, edge_dim", [("node", None), ("graph", 3)])
 def test_compiles_fullgraph_like_eager(task, edge_dim):
-    model = _model(task=task, edge_dim=edge_dim)
+    model = _model(task=task, edge_dim=edge_dim, depth=1)  # one block: compiling is the test's time
     sized = _Sized(model, max_num_nodes=6, num_graphs=3)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(sized, fullgraph=True, backend=counter)
@@ -208,7 +208,7 @@ def _spied_backend(spy: TorchDispatchMode):
 @pytest.mark.parametrize("task, edge_dim", [("node", None), ("graph", 3)])
 def test_compiled_forward_and_backward_read_no_value_on_the_host(task, edge_dim):
     # self_loops=False: the self-loop normalisation of the edges (remove_self_loops) is a boolean mask
-    model = _model(task=task, edge_dim=edge_dim, self_loops=False)
+    model = _model(task=task, edge_dim=edge_dim, self_loops=False, depth=1)
     x, edge_index, batch, edge_attr = _batch(edge_dim=edge_dim)
     spy = _NoDataDependentOps()
     compiled = torch.compile(_Sized(model, max_num_nodes=6, num_graphs=3), fullgraph=True, backend=_spied_backend(spy))

@@ -167,8 +167,8 @@ def test_the_kernels_drop_at_p_rounded_to_16_bits_and_stay_unbiased():
 
 def test_average_over_many_masks_tends_to_the_output_without_dropout():
     # independent of dropout_scales: E[(P * D_2)(P * D_1) v] = P P v for independent masks with mean 1;
-    # 512 copies of one head along the batch draw 512 independent mask sequences in one call
-    R, N, C, p = 512, 9, 4, 0.4
+    # 128 copies of one head along the batch draw 128 independent mask sequences in one call
+    R, N, C, p = 128, 9, 4, 0.4
     q1, k1, v1 = (t.detach()[:1] for t in qkv(1, 1, N, C, seed=5))
     q, k, v = (t.expand(R, 1, N, C) for t in (q1, k1, v1))
     coeffs = torch.tensor([[0.5, 1.0, -0.8]], device=DEVICE)
@@ -177,8 +177,9 @@ def test_average_over_many_masks_tends_to_the_output_without_dropout():
     spread = out.std(0) / math.sqrt(R)  # standard error of the mean, per entry
     err = (out.mean(0) - want).abs()
     assert (spread > 0).all()  # the copies really differ
-    assert (err < 5 * spread + 1e-6).float().mean() > 0.99  # within 5 standard errors (all but 1% of entries)
-    assert err.max() < 0.1
+    # every entry within 5 standard errors (a false alarm somewhere among the 36 about once in 10^5 seeds); a
+    # scale off by sqrt(1 / (1 - p)) or half the drop rate puts 6-15 entries 8-13 standard errors away
+    assert (err < 5 * spread + 1e-6).all()
 
 
 def test_fresh_seed_from_torch_generator_and_validation():
