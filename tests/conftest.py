@@ -18,9 +18,11 @@ if importlib.util.find_spec("triton") is not None and not torch.cuda.is_availabl
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Under pytest-xdist (``-n N``) each worker process gets its share of the cores for torch's
-# intra-op threads, as the runner's workers do (diffusionformer.experiments.threads): N processes
-# with a thread per core each oversubscribe the machine. An explicit $OMP_NUM_THREADS is kept.
+# intra-op threads, by the runner's rule for its workers (diffusionformer.experiments.threads:
+# $OMP_NUM_THREADS when set, else cores // N): N processes with a thread per core each
+# oversubscribe the machine.
 _XDIST_WORKERS = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
-if _XDIST_WORKERS.isdigit() and int(_XDIST_WORKERS) > 1 and not os.environ.get("OMP_NUM_THREADS", "").strip():
-    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(1, _cores // int(_XDIST_WORKERS)))
+if _XDIST_WORKERS.isdigit() and int(_XDIST_WORKERS) > 1:
+    from diffusionformer.experiments.threads import plan_threads
+
+    torch.set_num_threads(plan_threads(workers=int(_XDIST_WORKERS)).threads)
