@@ -177,7 +177,7 @@ def test_average_over_many_masks_tends_to_the_output_without_dropout():
     spread = out.std(0) / math.sqrt(R)  # standard error of the mean, per entry
     err = (out.mean(0) - want).abs()
     assert (spread > 0).all()  # the copies really differ
-    # every entry within 5 standard errors (a false alarm somewhere among the 36 about once in 10^5 seeds); a
+    # every entry within 5 standard errors (for normal means, a false alarm among the 36 in about 2 of 10^5 seeds); a
     # scale off by sqrt(1 / (1 - p)) or half the drop rate puts 6-15 entries 8-13 standard errors away
     assert (err < 5 * spread + 1e-6).all()
 

@@ -94,9 +94,9 @@ def assert_grads_match(out, ref, inputs):
                                    msg=lambda m, n=name: f"{n}: {m}")
 
 
-# Every kernel specialisation by mask kind (bool: window, per-head; float: float, key-float), causality and
-# padding, each with both mask layouts of its kind (a covering set: the full 4 x 2 x 2 product ran the same
-# 8 compiled variants twice over, at twice the time under the interpreter)
+# A covering set of the 4 x 2 x 2 product of mask layout, causality and padding: each kernel specialisation
+# (bool or float mask x causal x padded) runs once, and each layout (bool: window, per-head; float: float,
+# key-float) runs causal and full. The whole product ran the same 8 compiled variants twice, at twice the time.
 @pytest.mark.parametrize("kind, is_causal, padded", [
     pytest.param(kind, causal, padded, id=f"{kind}-{'causal' if causal else 'full'}-{'padded' if padded else 'unpadded'}")
     for kind, causal, padded in [("window", False, False), ("window", True, True), ("per-head", False, True),
