@@ -1,8 +1,8 @@
 """Static cost of dropout on ``P`` in the Triton kernels: PTX instructions per kernel, no GPU needed.
 
 Each kernel that runs a power of ``P`` is compiled for sm_90 (bf16, causal, no padding, head size
-64, the default CUDA block sizes) with and without ``DROPOUT`` by triton's bundled toolchain
-(``diffusionformer.ops.triton._aot``), and the table gives its PTX instruction count, the
+64, the launch geometry of ``ops.triton._launch.BLOCKS``) with and without ``DROPOUT`` by triton's
+bundled toolchain (``diffusionformer.ops.triton._aot``), and the table gives its PTX instruction count, the
 ``mul.hi`` instructions (the Philox rounds' 32-bit high multiplies: 10 rounds x 2 per draw of
 4 x 32 bits) and its shared memory. The kernels' loop bodies are compiled once, so a count is per
 block pair, not per launch; it is a static proxy, not a time (the GPU suite's ``dropout`` rows time
@@ -21,14 +21,18 @@ os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported: compile, do n
 
 import _common as C  # noqa: E402
 from diffusionformer.ops.triton._aot import compile_kernel, ptx_instructions  # noqa: E402
+from diffusionformer.ops.triton._launch import cuda_geometry  # noqa: E402
 
-# (kernel, constexprs beyond the common ones): the default CUDA geometry of ops.triton._launch.BLOCKS
-CASES = [("_first_step", dict(STORE_Y=True, BLOCK_M=64, BLOCK_N=64)),
-         ("_next_step", dict(STORE_Y=True, BLOCK_M=64, BLOCK_N=64)),
-         ("_transposed_step", dict(HAS_IN=True, BLOCK_M=32, BLOCK_N=64)),
-         ("_bwd_dkdv", dict(BLOCK_M=32, BLOCK_N=64)),
-         ("_bwd_dq", dict(BLOCK_M=64, BLOCK_N=32))]
-COMMON = dict(CAUSAL=True, HAS_PAD=False, MASK_KIND=0, UPCAST=False, IEEE=False, BLOCK_C=64)
+BLOCK_C = 64  # head size 64
+# the geometry the library launches with (ops.triton._launch.BLOCKS), block sizes as each kernel takes them
+(FWD_M, FWD_N, BWD_M, BWD_N), LAUNCH = cuda_geometry(BLOCK_C)
+# (kernel, constexprs beyond the common ones)
+CASES = [("_first_step", dict(STORE_Y=True, BLOCK_M=FWD_M, BLOCK_N=FWD_N)),
+         ("_next_step", dict(STORE_Y=True, BLOCK_M=FWD_M, BLOCK_N=FWD_N)),
+         ("_transposed_step", dict(HAS_IN=True, BLOCK_M=BWD_M, BLOCK_N=BWD_N)),
+         ("_bwd_dkdv", dict(BLOCK_M=BWD_M, BLOCK_N=BWD_N)),
+         ("_bwd_dq", dict(BLOCK_M=BWD_N, BLOCK_N=BWD_M))]
+COMMON = dict(CAUSAL=True, HAS_PAD=False, MASK_KIND=0, UPCAST=False, IEEE=False, BLOCK_C=BLOCK_C)
 
 
 def load_kernels(path: str | None):  # noqa: ANN201
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> C.Report:
     for name, extra_consts in CASES:
         counts = {}
         for drop in (False, True):
-            k = compile_kernel(getattr(K, name), dict(COMMON, DROPOUT=drop, **extra_consts))
+            k = compile_kernel(getattr(K, name), dict(COMMON, DROPOUT=drop, **extra_consts), **LAUNCH)
             ins = ptx_instructions(k)
             counts[drop] = (len(ins), sum(i.startswith("mul.hi") for i in ins), k.metadata.shared)
         (n0, _, s0), (n1, h1, s1) = counts[False], counts[True]

@@ -299,6 +299,23 @@ def test_any_block_geometry_matches_float64_and_draws_the_same_dropout_masks(blo
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
+def test_cuda_geometry_reads_blocks_with_its_defaults_and_checks_them(monkeypatch):
+    # the compiled launches' geometry (a CPU run never launches them; ptx_counts.py compiles with it)
+    from diffusionformer.ops.triton import _launch
+
+    base = dict(fwd_m=128, fwd_n=64, bwd_m=32, bwd_n=16, num_warps=None, num_stages=3)
+    monkeypatch.setattr(_launch, "BLOCKS", base)
+    assert _launch.cuda_geometry(64) == ((128, 64, 32, 16), {"num_warps": 4, "num_stages": 3})
+    assert _launch.cuda_geometry(128)[1] == {"num_warps": 8, "num_stages": 3}  # wider heads: 8 warps unless set
+    monkeypatch.setattr(_launch, "BLOCKS", dict(base, num_warps=2, num_stages=None))
+    assert _launch.cuda_geometry(128)[1] == {"num_warps": 2, "num_stages": 2}
+    for key, bad, match in (("num_warps", 0, "a positive int or None"), ("num_stages", True, "a positive int or None"),
+                            ("fwd_n", 48, "a power of two >= 16")):
+        monkeypatch.setattr(_launch, "BLOCKS", dict(base, **{key: bad}))
+        with pytest.raises(ValueError, match=rf"BLOCKS\['{key}'\] must be {match}, got {bad!r}"):
+            _launch.cuda_geometry(64)
+
+
 @requires_triton
 @pytest.mark.usefixtures("triton_kernels")
 def test_bad_block_geometry_is_a_clear_error(monkeypatch):

@@ -36,6 +36,22 @@ def _block_sizes(table: dict, name: str) -> tuple[int, int, int, int]:
     return sizes[0], sizes[1], sizes[2], sizes[3]
 
 
+def cuda_geometry(block_c: int) -> tuple[tuple[int, int, int, int], dict[str, int]]:
+    """The launch geometry of the compiled kernels for head blocks of ``block_c`` channels, from :data:`BLOCKS`.
+
+    Returns the block sizes ``(fwd_m, fwd_n, bwd_m, bwd_n)`` (the forward kernels take ``fwd_m x fwd_n``
+    blocks, ``_transposed_step`` and ``_bwd_dkdv`` ``bwd_m x bwd_n``, ``_bwd_dq`` ``bwd_n x bwd_m``) and the
+    launch options ``num_warps`` (``BLOCKS["num_warps"]``, else 8 from ``block_c >= 128`` on, else 4) and
+    ``num_stages``. Raises ``ValueError`` naming the entry of :data:`BLOCKS` that is not valid.
+    """
+    sizes = _block_sizes(BLOCKS, "BLOCKS")
+    warps, stages = BLOCKS.get("num_warps"), BLOCKS.get("num_stages", 2)
+    for key, n in (("num_warps", warps), ("num_stages", stages)):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"BLOCKS[{key!r}] must be a positive int or None, got {n!r}")
+    return sizes, {"num_warps": warps or (8 if block_c >= 128 else 4), "num_stages": stages or 2}
+
+
 def _kernels_module():
     from diffusionformer.ops.triton import _kernels
 
@@ -97,12 +113,7 @@ class _Launch:
             self.fwd_m, self.fwd_n, self.bwd_m, self.bwd_n = _block_sizes(INTERPRETER_BLOCKS, "INTERPRETER_BLOCKS")
             self.warps = {}
         else:
-            self.fwd_m, self.fwd_n, self.bwd_m, self.bwd_n = _block_sizes(BLOCKS, "BLOCKS")
-            warps, stages = BLOCKS.get("num_warps"), BLOCKS.get("num_stages", 2)
-            for key, n in (("num_warps", warps), ("num_stages", stages)):
-                if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-                    raise ValueError(f"BLOCKS[{key!r}] must be a positive int or None, got {n!r}")
-            self.warps = {"num_warps": warps or (8 if self.block_c >= 128 else 4), "num_stages": stages or 2}
+            (self.fwd_m, self.fwd_n, self.bwd_m, self.bwd_n), self.warps = cuda_geometry(self.block_c)
         self.flags = dict(
             CAUSAL=bool(is_causal),
             HAS_PAD=pad is not None,
