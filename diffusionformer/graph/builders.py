@@ -242,8 +242,9 @@ def grid(
             A = full
         return AttentionGraph.dense(N, batch_size=batch_size, allowed=A)
 
-    r = int(math.floor(radius))
-    dy, dx = torch.meshgrid(torch.arange(-r, r + 1, device=dev), torch.arange(-r, r + 1, device=dev), indexing="ij")
+    r = math.floor(radius)
+    ry, rx = min(r, h - 1), min(r, w - 1)  # offsets that leave the grid join no pair: radius=1e5 costs no more than h, w
+    dy, dx = torch.meshgrid(torch.arange(-ry, ry + 1, device=dev), torch.arange(-rx, rx + 1, device=dev), indexing="ij")
     keep = _within(dy, dx, radius, metric)
     if not self_loops:
         keep = keep & ~((dy == 0) & (dx == 0))

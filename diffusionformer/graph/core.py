@@ -234,6 +234,10 @@ class AttentionGraph:
                 raise TypeError(f"attn_mask must be a tensor or None, got {type(m).__name__}")
             if m.dtype != torch.bool and not m.is_floating_point():
                 raise TypeError(f"attn_mask must be bool (True = attend) or floating point, got {m.dtype}")
+            lead_ok = B is None or m.dim() < 4 or m.shape[0] in (1, B)
+            if not 2 <= m.dim() <= 4 or any(s not in (1, N) for s in m.shape[-2:]) or not lead_ok:
+                raise ValueError(f"attn_mask must be broadcastable to (B, H, N, N) with N={N}"
+                                 f"{'' if B is None else f', B={B}'}, got shape {tuple(m.shape)}")
         self._set("batch_size", B)
 
     def _validate_sparse(self) -> None:
@@ -516,6 +520,9 @@ class AttentionGraph:
             return self
         e, N_tot, batch = self.edge_index, self.num_nodes, self.batch
         assert e is not None and N_tot is not None
+        if not self.checked and e.numel() and not (0 <= int(e.min()) and int(e.max()) < N_tot):
+            raise ValueError(f"edge_index values must lie in [0, num_nodes={N_tot}), got range "
+                             f"[{int(e.min())}, {int(e.max())}]")
         dev = e.device
         if batch is None:
             allowed = torch.zeros(N_tot, N_tot, dtype=torch.bool, device=dev)

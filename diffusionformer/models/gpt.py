@@ -59,8 +59,9 @@ class GPTConfig:
                 raise TypeError(f"GPTConfig.{name}: expected bool, got {getattr(self, name)!r}")
         if self.rope and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"GPTConfig.rope: expected an even head dim n_embd/n_head, got {self.n_embd // self.n_head}")
-        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) or self.rope_base <= 1:
-            raise ValueError(f"GPTConfig.rope_base: expected a float > 1, got {self.rope_base!r}")
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) \
+                or not 1 < self.rope_base < float("inf"):
+            raise ValueError(f"GPTConfig.rope_base: expected a finite float > 1, got {self.rope_base!r}")
         kv = self.n_kv_head
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.n_head % kv):
             raise ValueError(f"GPTConfig.n_kv_head: expected None or a positive int dividing n_head={self.n_head}, got {kv!r}")
@@ -164,20 +165,17 @@ class DiffusionGPT(nn.Module):
                 outside ``[0, vocab_size)`` (checked only there: on an accelerator the check
                 would synchronise with the host every step).
         """
-        if not isinstance(idx, Tensor) or idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 2:
-            raise ValueError(f"idx must be an integer tensor of shape (B, T), got {getattr(idx, 'shape', idx)!r}"
-                             f" with dtype {getattr(idx, 'dtype', None)}")
+        self._check_idx(idx)
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length T={T} exceeds block_size={self.config.block_size}")
-        if targets is not None and targets.shape != idx.shape:
-            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        if targets is not None and (not isinstance(targets, Tensor) or targets.shape != idx.shape):
+            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, "
+                             f"got {getattr(targets, 'shape', targets)!r}")
         if targets is not None and targets.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"targets must be token ids (an integer tensor), got dtype {targets.dtype}")
-        if idx.device.type == "cpu" and not torch.compiler.is_compiling():  # no host sync on accelerators
-            _check_token_ids("idx", idx, self.config.vocab_size)
-            if targets is not None:
-                _check_token_ids("targets", targets, self.config.vocab_size, ignore_index=-100)
+        if targets is not None and idx.device.type == "cpu" and not torch.compiler.is_compiling():
+            _check_token_ids("targets", targets, self.config.vocab_size, ignore_index=-100)
         x = self._embed(idx)  # (B, T, D)
         inter = ModelIntermediates(embeddings=x) if return_intermediates else None
         state = LayerState()  # first layer's values and layer depth, for operators that read them
@@ -196,6 +194,16 @@ class DiffusionGPT(nn.Module):
             return logits, loss, inter
         return logits, loss
 
+    def _check_idx(self, idx: object) -> None:
+        """``idx``: integer ``(B, T)`` with ``B, T >= 1``; on CPU also ids in ``[0, vocab_size)``."""
+        if not isinstance(idx, Tensor) or idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 2:
+            raise ValueError(f"idx must be an integer tensor of shape (B, T), got {getattr(idx, 'shape', idx)!r}"
+                             f" with dtype {getattr(idx, 'dtype', None)}")
+        if idx.shape[0] < 1 or idx.shape[1] < 1:
+            raise ValueError(f"idx must hold at least one sequence of at least one token, got shape {tuple(idx.shape)}")
+        if idx.device.type == "cpu" and not torch.compiler.is_compiling():  # no host sync on accelerators
+            _check_token_ids("idx", idx, self.config.vocab_size)
+
     def new_cache(self) -> list[LayerKVCache]:
         """An empty KV cache, one :class:`~diffusionformer.nn.kv_cache.LayerKVCache` per block."""
         return [LayerKVCache() for _ in self.blocks]
@@ -209,6 +217,9 @@ class DiffusionGPT(nn.Module):
         Shapes:
             ``idx``: ``(B, n)`` with ``cache length + n <= block_size`` -> logits ``(B, n, vocab_size)``.
         """
+        self._check_idx(idx)
+        if not isinstance(cache, (list, tuple)) or not all(isinstance(c, LayerKVCache) for c in cache):
+            raise TypeError(f"cache must be the list that new_cache() returns, got {type(cache).__name__}")
         if len(cache) != len(self.blocks):
             raise ValueError(f"cache: expected {len(self.blocks)} layer caches, got {len(cache)}")
         start = cache[0].length

@@ -321,10 +321,20 @@ class DiffusionGraphTransformer(nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
         N = x.shape[0]
-        if batch is not None and (batch.dim() != 1 or batch.shape[0] != N):
-            raise ValueError(f"batch must have shape (N,) = ({N},), got {tuple(batch.shape)}")
+        if batch is not None and (not isinstance(batch, Tensor) or batch.dim() != 1 or batch.shape[0] != N):
+            raise ValueError(f"batch must have shape (N,) = ({N},), got {tuple(getattr(batch, 'shape', ()))}")
+        if batch is not None and batch.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"batch must hold integer graph ids, got dtype {batch.dtype}")
         _check_size("max_num_nodes", max_num_nodes)
         _check_size("num_graphs", num_graphs)
+        if batch is not None and N and checks_values(batch):  # eager CPU: the ids before any kernel reads them
+            lo, hi = int(batch.min()), int(batch.max())
+            if lo < 0 or (num_graphs is not None and hi >= num_graphs):
+                want = "non-negative graph ids" if num_graphs is None else f"graph ids in [0, num_graphs={num_graphs})"
+                raise ValueError(f"batch: expected {want}, got ids in [{lo}, {hi}]")
+        # eager CPU: the graph checks its edges (bounds, no edge across graphs); elsewhere the kernel
+        # checks the bounds (no host synchronisation per batch)
+        checked = isinstance(edge_index, Tensor) and checks_values(edge_index)
         if batch is None and num_graphs not in (None, 1):
             raise ValueError(f"num_graphs: a call without batch holds one graph, got num_graphs={num_graphs}")
         if c.task == "graph" and batch is None:
@@ -338,13 +348,12 @@ class DiffusionGraphTransformer(nn.Module):
         if (c.pe is None) != (pe is None) or (pe is not None and pe.shape != (N, c.pe_dim)):
             raise ValueError(f"pe: expected {f'shape (N, pe_dim) = ({N}, {c.pe_dim})' if c.pe else 'None'} "
                              f"(pe={c.pe!r}), got {None if pe is None else tuple(pe.shape)}")
-        # the graph is built once per batch; its edge_index is checked by the kernel
         if edge_attr is None:
             graph = from_edge_index(edge_index, N, batch=batch, self_loops=True if c.self_loops else None,
-                                    checked=False)
+                                    checked=checked)
         else:  # the edge features follow the edges (self loops get zero features)
             edges, edge_attr = self._prepare_edges(edge_index, N, edge_attr)
-            graph = AttentionGraph.sparse(edges, N, batch=batch, checked=False)
+            graph = AttentionGraph.sparse(edges, N, batch=batch, checked=checked)
         h = self.embed(self.input_drop(x.to(self.embed.weight.dtype)))
         if self.pe_embed is not None and pe is not None:
             pe = pe.to(h.dtype)

@@ -13,6 +13,7 @@ each head can be attention, Laplacian, heat, PPR or a learned polynomial.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -81,6 +82,8 @@ class LayerScale(nn.Module):
 
     def __init__(self, dim: int, init: float = 1e-5) -> None:
         super().__init__()
+        if isinstance(init, bool) or not isinstance(init, (int, float)) or not math.isfinite(init):
+            raise ValueError(f"LayerScale: init (layer_scale) must be a finite float, got {init!r}")
         self.gamma = nn.Parameter(torch.full((dim,), float(init)))
 
     def forward(self, x: Tensor) -> Tensor:

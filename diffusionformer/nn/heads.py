@@ -15,6 +15,7 @@ A layer's spec is then parsed into operator groups by :func:`parse_heads`.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -106,7 +107,11 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
     if heads is None:
         return [HeadGroup(build_operator("attention", num_heads=num_heads), 0, num_heads)]
     if isinstance(heads, DiffusionOperator):
-        heads = [heads] * num_heads if heads.num_heads in (1, num_heads) else [heads]
+        if heads.num_heads not in (1, num_heads):
+            raise ValueError(f"operator {type(heads).__name__} was built for num_heads={heads.num_heads} heads, but it "
+                             f"is given alone for a layer of num_heads={num_heads}; build it with num_heads=1 or "
+                             f"{num_heads}, or list the other heads too")
+        heads = [heads] * num_heads
     if isinstance(heads, str):
         items = [it for it in split_top_level(heads) if it]
         if not items:
@@ -180,8 +185,19 @@ def format_head_spec(heads: Any, num_heads: int) -> Any:
     if isinstance(heads, list):
         return [format_head_spec(h, num_heads) for h in heads]
     if isinstance(heads, dict):
-        return {int(k): format_head_spec(v, num_heads) for k, v in heads.items()}
+        return {_layer_key(k): format_head_spec(v, num_heads) for k, v in heads.items()}
     return heads
+
+
+def _layer_key(key: Any) -> int:
+    """A key of a ``{layer: spec}`` dict as a layer index (TOML keys arrive as strings: ``"1"``)."""
+    try:
+        if isinstance(key, bool):
+            raise ValueError
+        return int(key) if isinstance(key, str) else operator.index(key)
+    except (TypeError, ValueError):
+        raise ValueError(f"heads given as a dict maps layer indices to specs ({{1: 'laplacian:2'}}); "
+                         f"got the key {key!r}") from None
 
 
 def laplacian_count(count: Any, num_heads: int) -> Any:
@@ -231,6 +247,8 @@ def resolve_layer_heads(
         if heads is not None:
             raise ValueError("give either heads= or laplacian_heads=, not both")
         if isinstance(laplacian_heads, str) and laplacian_heads != "half":
+            raise ValueError(f"laplacian_heads must be an int, 'half' or a list of them, got {laplacian_heads!r}")
+        if not isinstance(laplacian_heads, (int, str, list, tuple)):
             raise ValueError(f"laplacian_heads must be an int, 'half' or a list of them, got {laplacian_heads!r}")
         counts = laplacian_count(
             [laplacian_heads] * num_layers if isinstance(laplacian_heads, (int, str)) else list(laplacian_heads),

@@ -83,8 +83,8 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, base: float = 10000.0) -> None:
         super().__init__()
         _check_dim("RotaryEmbedding", head_dim, 2)
-        if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 1:
-            raise ValueError(f"RotaryEmbedding: expected base a float > 1, got {base!r}")
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not 1 < base < float("inf"):
+            raise ValueError(f"RotaryEmbedding: expected base a finite float > 1, got {base!r}")
         self.head_dim = head_dim
         self.base = float(base)
 

@@ -14,6 +14,7 @@ are not polynomials in one ``P`` (the exact ``matrix_exp`` reference) set
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -207,3 +208,31 @@ def check_finite_parameter(module: nn.Module, name: str, value: Tensor) -> None:
             f"{type(module).__name__}.{name} is not finite ({value.detach().tolist()}); "
             "training diverged or the parameter was set to NaN/inf"
         )
+
+
+MAX_DEGREE = 1024
+"""The most steps (propagations ``P x``) an operator may take: far beyond any useful model,
+and small enough that a typo such as ``steps=10**12`` is an error, not a terabyte allocation."""
+
+
+def check_count(value: object, name: str, *, minimum: int = 1, maximum: int = MAX_DEGREE) -> int:
+    """An int argument in ``[minimum, maximum]`` (bools refused), else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be an int in [{minimum}, {maximum}], got {value!r}")
+    return value
+
+
+def check_finite_float(value: object, name: str) -> float:
+    """A finite real argument as a float (bools refused): a TypeError or ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def check_flag(value: object, name: str) -> bool:
+    """A bool argument (``learnable=...``): ``'no'`` or ``1`` is a TypeError, not silently ``True``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter
+from diffusionformer.operators.base import DiffusionOperator, check_finite_float, check_finite_parameter
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["DifferentialOperator", "lambda_init_schedule"]
@@ -77,10 +77,8 @@ class DifferentialOperator(DiffusionOperator):
         super().__init__(num_heads)
         if depth is not None:
             lambda_init_schedule(depth)  # validates
-        if lambda_init is not None and (isinstance(lambda_init, bool) or not isinstance(lambda_init, (int, float))):
-            raise TypeError(f"lambda_init must be a float or None, got {type(lambda_init).__name__}")
         self.depth = depth
-        self.lambda_init = None if lambda_init is None else float(lambda_init)
+        self.lambda_init = None if lambda_init is None else check_finite_float(lambda_init, "lambda_init")
         self.head_dim: int | None = None
         if head_dim is not None:
             self.bind(head_dim=head_dim)

@@ -2,17 +2,21 @@ r"""Nonlinear diffusion (GRAND-nl, Chamberlain et al., ICML 2021): re-attend at 
 
 from __future__ import annotations
 
+import difflib
 import math
 
 import torch
 from torch import Tensor
 
-from diffusionformer.operators.base import DiffusionOperator
+from diffusionformer.operators.base import DiffusionOperator, check_count
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["NonlinearDiffusionOperator"]
 
 FIXED_STEP = ("euler", "rk4")
+# the solver names torchdiffeq takes (its SOLVERS table, 0.2.x), checked here so a typo gets "did you mean"
+TORCHDIFFEQ_METHODS = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adaptive_heun", "midpoint", "heun2", "heun3",
+                       "explicit_adams", "implicit_adams", "fixed_adams", "scipy_solver")
 
 
 @register_operator
@@ -59,10 +63,14 @@ class NonlinearDiffusionOperator(DiffusionOperator):
         super().__init__(num_heads)
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"t must be a finite non-negative float, got {t!r}")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        check_count(steps, "steps")
         if not isinstance(method, str):
             raise TypeError(f"method must be a str, got {type(method).__name__}")
+        if method not in FIXED_STEP + TORCHDIFFEQ_METHODS:
+            close = difflib.get_close_matches(method, FIXED_STEP + TORCHDIFFEQ_METHODS, n=2)
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            raise ValueError(f"unknown method {method!r}{hint}; built in: {FIXED_STEP}, "
+                             f"with torchdiffeq: {TORCHDIFFEQ_METHODS}")
         if method not in FIXED_STEP:
             _odeint()  # fail at construction, not in the forward pass
         self.t, self.steps, self.method = float(t), steps, method

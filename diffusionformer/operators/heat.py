@@ -8,12 +8,13 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter
+from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter, check_flag
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps_for_tolerance", "heat_truncation_error"]
 
 MAX_STEPS = 256
+EXACT_MIN_T = -40.0  # heat-exact's lowest t: e^(2 * 40) = 5.5e34 still fits float32
 #: the truncation error accepted for an explicit ``steps`` when no ``tol`` is given: a Taylor
 #: series cut where it has lost more than half its mass makes a head that mostly outputs nothing
 MAX_TRUNCATION_ERROR = 0.5
@@ -98,6 +99,8 @@ def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> in
     if not tol > 0:
         raise ValueError(f"tol must be positive, got {tol}")
     a = abs(float(t))
+    if 2 * a > 700:  # e^(2|t|) overflows a float: no K <= MAX_STEPS meets any useful tol
+        raise ValueError(f"the heat kernel needs more than {MAX_STEPS} steps for t={t}, tol={tol}; use a smaller |t|")
     if method == "euler":
         K = max(1, math.ceil(2 * a * a * math.exp(2 * a) / tol))
         if K > MAX_STEPS:
@@ -328,7 +331,10 @@ class ExactHeatOperator(DiffusionOperator):
     def __init__(self, t: float = 1.0, learnable: bool = False, num_heads: int = 1) -> None:
         super().__init__(num_heads)
         t = _check_time(t)
-        self.learnable = bool(learnable)
+        if t < EXACT_MIN_T:
+            raise ValueError(f"heat-exact(t={t:g}): t must be >= {EXACT_MIN_T:g}; exp(|t| (I - P)) grows like "
+                             f"e^(2|t|), which leaves float32's range (3.4e38) below t = -44")
+        self.learnable = check_flag(learnable, "learnable")
         self._t0 = t
         if learnable:
             self.t = nn.Parameter(torch.full((num_heads,), t))

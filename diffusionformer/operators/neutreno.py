@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from diffusionformer.operators.base import DiffusionOperator
+from diffusionformer.operators.base import DiffusionOperator, check_finite_float
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["NeuTRENOOperator", "ValueResidualOperator"]
 
 
 def _check_lambda(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    return float(value)
+    return check_finite_float(value, name)
 
 
 class _FirstLayerValuesOperator(DiffusionOperator):

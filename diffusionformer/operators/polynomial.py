@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter
+from diffusionformer.operators.base import DiffusionOperator, check_count, check_finite_parameter
 from diffusionformer.operators.registry import build_operator, register_operator
 
 __all__ = ["PolynomialOperator", "chebyshev_matrix"]
@@ -90,8 +90,7 @@ class PolynomialOperator(DiffusionOperator):
 
     def __init__(self, steps: int = 3, init: Any = "attention", num_heads: int = 1, basis: str = "monomial") -> None:
         super().__init__(num_heads)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+        check_count(steps, "steps", minimum=0)
         if basis not in BASES:
             raise ValueError(f"basis must be one of {BASES}, got {basis!r}")
         self.steps = steps

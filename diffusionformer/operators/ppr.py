@@ -8,7 +8,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter
+from diffusionformer.operators.base import MAX_DEGREE, DiffusionOperator, check_count, check_finite_parameter, check_flag
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["PPROperator", "ppr_coefficients", "ppr_steps_for_tolerance"]
@@ -62,7 +62,7 @@ def ppr_steps_for_tolerance(alpha: float, tol: float) -> int:
         raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
     if alpha == 1.0 or tol >= 2.0:
         return 1
-    return max(1, math.ceil(math.log(tol / 2.0) / math.log(1.0 - alpha) - 1e-12))
+    return max(1, math.ceil(math.log(tol / 2.0) / math.log1p(-alpha) - 1e-12))
 
 
 @register_operator
@@ -107,8 +107,10 @@ class PPROperator(DiffusionOperator):
             raise ValueError(f"tol must be a positive float (or None), got {tol!r}")
         if steps is None:
             steps = ppr_steps_for_tolerance(float(alpha), 1e-4 if tol is None else float(tol))
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a positive int, got {steps!r}")
+            if steps > MAX_DEGREE:
+                raise ValueError(f"ppr(alpha={alpha:g}) needs more than {MAX_DEGREE} steps to meet "
+                                 f"tol={1e-4 if tol is None else tol:g}; use a larger alpha or tol")
+        check_count(steps, "steps")
         if tol is not None and 2.0 * (1.0 - alpha) ** steps > tol:
             raise ValueError(f"ppr(alpha={alpha:g}, steps={steps}): truncation error {2.0 * (1.0 - alpha) ** steps:.3g} "
                              f"exceeds tol={tol:g}; steps={ppr_steps_for_tolerance(float(alpha), float(tol))} would do "
@@ -116,7 +118,7 @@ class PPROperator(DiffusionOperator):
         if learnable and alpha >= 1.0:
             raise ValueError("a learnable alpha must start strictly below 1")
         self.steps = steps
-        self.learnable = bool(learnable)
+        self.learnable = check_flag(learnable, "learnable")
         self._alpha0 = float(alpha)
         self._static: tuple[float, ...] | None = None
         if learnable:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import inspect
 import re
 from typing import Any, Callable, TypeVar
 
@@ -70,7 +71,10 @@ def register_operator(
         key = _normalise(name if name is not None else c.name)
         if not key:
             raise ValueError(f"{c.__name__} needs a non-empty registry name (class attribute `name` or name=...)")
-        alias_keys = tuple(_normalise(a) for a in (aliases if aliases is not None else c.aliases))
+        names = aliases if aliases is not None else c.aliases
+        if isinstance(names, str):  # one alias, not its characters
+            names = (names,)
+        alias_keys = tuple(_normalise(a) for a in names)
         for k in (key, *alias_keys):
             if k in _REGISTRY or k in _ALIASES:
                 owner = _REGISTRY.get(k) or _REGISTRY[_ALIASES[k]]
@@ -92,7 +96,7 @@ def unregister_operator(name: str) -> None:
     key = _normalise(name)
     key = _ALIASES.get(key, key)
     if key not in _REGISTRY:
-        raise ValueError(f"unknown operator {name!r}; registered: {list_operators()}")
+        operator_class(name)  # raises the "unknown operator ... (did you mean ...)" error
     cls = _REGISTRY.pop(key)
     for a in cls.aliases:
         _ALIASES.pop(a, None)
@@ -147,10 +151,18 @@ def parse_operator_spec(spec: str) -> tuple[str, dict[str, Any]]:
             call = ast.parse(f"f({args})", mode="eval").body
         except SyntaxError as exc:
             raise ValueError(f"cannot parse the arguments of operator spec {spec!r}: {exc.msg}") from None
-        assert isinstance(call, ast.Call)
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
+            raise ValueError(
+                f"cannot parse operator spec {spec!r}; expected 'name' or 'name(key=value, ...)' "
+                "with one pair of parentheses"
+            )
         if call.args:
             raise ValueError(f"operator spec {spec!r}: arguments must be given as key=value")
         for kw in call.keywords:
+            if kw.arg is None:
+                raise ValueError(f"operator spec {spec!r}: arguments must be given as key=value, not **mapping")
+            if kw.arg in kwargs:
+                raise ValueError(f"operator spec {spec!r}: argument {kw.arg!r} is given twice")
             try:
                 kwargs[kw.arg] = ast.literal_eval(kw.value)  # type: ignore[index]
             except ValueError:
@@ -192,7 +204,34 @@ def build_operator(spec: Any, **kwargs: Any) -> DiffusionOperator:
             "operator spec must be a name, a DiffusionOperator subclass or instance, "
             f"got {type(spec).__name__}"
         )
+    unknown = _unknown_arguments(cls, kwargs)
+    if unknown:
+        raise TypeError(f"cannot build operator {cls.name!r} with arguments {kwargs}: {unknown}")
     try:
         return cls(**kwargs)
     except TypeError as exc:
         raise TypeError(f"cannot build operator {cls.name!r} with arguments {kwargs}: {exc}") from None
+
+
+def _unknown_arguments(cls: type, kwargs: dict[str, Any]) -> str:
+    """A message naming the keyword arguments ``cls`` does not take, with "did you mean"; '' if none.
+
+    A constructor with ``**kwargs`` takes any name, so it reports none.
+    """
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # no introspectable signature: let the constructor decide
+        return ""
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return ""
+    valid = [n for n, p in params.items()
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    messages = []
+    for key in kwargs:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=2)
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            messages.append(f"unknown argument {key!r}{hint}")
+    if not messages:
+        return ""
+    return "; ".join(messages) + f"; valid arguments: {valid}"

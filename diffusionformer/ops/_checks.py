@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 from functools import lru_cache
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -75,7 +76,15 @@ def check_degrees(degrees: Sequence[int] | None, num_heads: int, max_degree: int
 
 @lru_cache(maxsize=256)
 def _checked_degrees(degrees: Sequence[int], num_heads: int, max_degree: int) -> tuple[int, ...]:
-    degrees = [int(d) for d in degrees]
+    if isinstance(degrees, (str, bytes)) or not isinstance(degrees, Iterable):
+        raise TypeError(f"degrees must be a sequence of ints, one per head, or None; got {degrees!r}")
+    items = list(degrees)
+    try:  # ints, numpy ints and integer 0-d tensors; 1.5 or True is an error, not truncated
+        if any(isinstance(d, bool) for d in items):
+            raise TypeError
+        degrees = [operator.index(d) for d in items]
+    except TypeError:
+        raise TypeError(f"degrees must be a sequence of ints, one per head; got {items!r}") from None
     if len(degrees) != num_heads:
         raise ValueError(f"degrees must list one integer per head (H={num_heads}), got {len(degrees)}")
     if any(d < 0 or d > max_degree for d in degrees):
@@ -84,6 +93,8 @@ def _checked_degrees(degrees: Sequence[int], num_heads: int, max_degree: int) ->
 
 
 def check_scale(scale: float | None, head_dim: int) -> float:
+    if head_dim < 1:
+        raise ValueError(f"q and k must have a head dimension C >= 1, got C={head_dim}")
     if scale is None:
         return head_dim ** -0.5
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
@@ -117,6 +128,9 @@ def check_attn_mask(attn_mask: object, shape: tuple[int, int, int, int], dtype: 
         raise TypeError(f"attn_mask must be bool (True = attend) or floating point, got {attn_mask.dtype}")
     if attn_mask.is_floating_point():
         attn_mask = attn_mask.to(dtype)
+        if checks_values(attn_mask) and bool((attn_mask.isnan() | (attn_mask == float("inf"))).any()):
+            raise ValueError(f"a float attn_mask is added to the scores: its entries must be finite or -inf "
+                             f"(-inf = do not attend), got NaN or +inf in {dtype}")
     return attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
 
 

@@ -252,7 +252,12 @@ def propagate_dense(
     """
     _check_qk(q, k)
     check_tensor("x", x, 4, "(B, H, M, C_x)")
+    if x.shape[:3] != k.shape[:3]:
+        raise ValueError(f"x must have shape (B, H, M, C_x) matching k {tuple(k.shape)}, got {tuple(x.shape)}")
+    if x.dtype != q.dtype:
+        raise TypeError(f"x must have the dtype of q and k, got {x.dtype} and {q.dtype}")
     scale = check_scale(scale, q.shape[-1])
+    dropout_p = check_dropout(dropout_p)
     attn_mask, is_causal = _normalise_mask(attn_mask, is_causal, q, k)
     return _sdpa(q, k, x, attn_mask, is_causal, scale, dropout_p, _rows_with_keys(attn_mask))
 
@@ -486,6 +491,8 @@ def diffuse_with_weights(
     dropout_p = check_dropout(dropout_p)
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
+    if not isinstance(need_weights, bool):
+        raise TypeError(f"need_weights must be a bool, got {need_weights!r}")
     return _diffuse_checked(q, k, v, coeffs, attn_mask, is_causal, scale, backend, degrees, dropout_p, need_weights)
 
 

@@ -439,6 +439,8 @@ def static_coefficients(coeffs: object, num_heads: int) -> tuple[tuple[float, ..
 @lru_cache(maxsize=256)
 def _static_rows(coeffs: Sequence[Any], num_heads: int) -> tuple[tuple[float, ...], ...]:
     if coeffs and all(isinstance(r, (list, tuple)) for r in coeffs):
+        if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for r in coeffs for c in r):
+            raise TypeError(f"coeffs given as rows (H, K+1) must hold numbers, got {coeffs!r}")
         rows = tuple(tuple(float(c) for c in r) for r in coeffs)
     elif all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in coeffs):
         rows = (tuple(float(c) for c in coeffs),) * num_heads

@@ -91,13 +91,17 @@ def _check_nodes(q: Tensor, k: Tensor, num_nodes: int | None) -> int:
         raise ValueError(f"q and k must have the same shape (N, H, C), got {tuple(q.shape)} and {tuple(k.shape)}")
     if k.dtype != q.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
-    N = q.shape[0]
+    return _check_num_nodes(num_nodes, q.shape[0], "q")
+
+
+def _check_num_nodes(num_nodes: int | None, N: int, name: str) -> int:
+    """``num_nodes`` checked against the ``N`` rows of the tensor ``name`` (``N`` when ``None``)."""
     if num_nodes is None:
         return N
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool):
         raise TypeError(f"num_nodes must be an int or None, got {type(num_nodes).__name__}")
     if num_nodes != N:
-        raise ValueError(f"num_nodes={num_nodes} disagrees with q, which has N={N} rows")
+        raise ValueError(f"num_nodes={num_nodes} disagrees with {name}, which has N={N} rows")
     return N
 
 
@@ -178,8 +182,9 @@ def propagate_sparse(
         [0.0, 0.0, 3.0]
     """
     check_tensor("x", x, 3, "(N, H, C)")
-    N = x.shape[0] if num_nodes is None else num_nodes
+    N = _check_num_nodes(num_nodes, x.shape[0], "x")
     edge_index = check_edge_index(edge_index, N)
+    check_tensor("weights", weights, 2, "(E, H)")
     if weights.dim() != 2 or weights.shape[0] != edge_index.shape[1] or weights.shape[1] != x.shape[1]:
         raise ValueError(
             f"weights must have shape (E, H) = ({edge_index.shape[1]}, {x.shape[1]}), got {tuple(weights.shape)}"
@@ -360,6 +365,8 @@ def diffuse_sparse_with_weights(
     dropout_p = check_dropout(dropout_p)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if not isinstance(need_weights, bool):
+        raise TypeError(f"need_weights must be a bool, got {need_weights!r}")
     _use_csr(backend)  # validates the name
     H = q.shape[1]
     coeffs, degrees = check_layout(coeffs, degrees, H, v)

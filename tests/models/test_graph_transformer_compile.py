@@ -137,7 +137,10 @@ def test_too_small_max_num_nodes_is_an_error_not_dropped_nodes():
         model(x, edge_index, batch, max_num_nodes=4, num_graphs=3)
     with pytest.raises(ValueError, match=r"graph ids in \[0, num_graphs=2\), got ids in \[0, 2\]"):
         model(x, edge_index, batch, max_num_nodes=5, num_graphs=2)
+    N = batch.shape[0]  # the nodes in reverse order, edges relabelled: each graph intact, its ids unsorted
     with pytest.raises(ValueError, match="expected sorted graph ids"):
+        model(x.flip(0), N - 1 - edge_index, batch.flip(0), max_num_nodes=5, num_graphs=3)
+    with pytest.raises(ValueError, match="edge_index connects nodes of different graphs"):
         model(x, edge_index, batch.flip(0), max_num_nodes=5, num_graphs=3)
     for bad in (0, True, 4.0, torch.tensor(5)):
         with pytest.raises(ValueError, match="max_num_nodes: expected None or a positive int"):

@@ -35,7 +35,8 @@ def _inputs(model, B=2):
         return (torch.randn(*shape, generator=g),)
     c = model.config
     x = torch.randn(9, c.in_channels, generator=g)
-    edges = torch.randint(0, 9, (2, 20), generator=g)
+    # two graphs (nodes 0-4 and 5-8), with edges inside each: a batch is block-diagonal
+    edges = torch.cat([torch.randint(0, 5, (2, 12), generator=g), torch.randint(5, 9, (2, 8), generator=g)], dim=1)
     batch = torch.tensor([0] * 5 + [1] * 4)
     return (x, edges, batch)
 
