@@ -83,7 +83,8 @@ def _commit_line(manifest: dict[str, Any]) -> str:
     commits = [c for c in manifest.get("git_commits") or [] if isinstance(c, str)]
     if len(commits) > 1:
         listed = ", ".join(f"`{c}`" for c in commits)
-        return (f"- **Git commits:** {listed} (the invocations of `run` that trained this comparison ran at these "
+        return (f"- **Git commits:** {listed} (the invocations of `run` that trained this comparison and recorded "
+                f"their commit ran at these "
                 f"{len(commits)} commits, in this order; the last at `{commit}`)")
     return f"- **Git commit:** `{commit}`"
 

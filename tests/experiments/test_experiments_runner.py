@@ -158,7 +158,7 @@ def test_end_to_end_and_resume_skips_finished_runs(tmp_path):
     if manifest["git_commit"]:
         assert manifest["git_commits"] == ["0ld0c0mm17", manifest["git_commit"]]
         assert (f"**Git commits:** `0ld0c0mm17`, `{manifest['git_commit']}` (the invocations of `run` that "
-                f"trained this comparison ran at these 2 commits, in this order; the last at "
+                f"trained this comparison and recorded their commit ran at these 2 commits, in this order; the last at "
                 f"`{manifest['git_commit']}`)") in text
     from diffusionformer.experiments.publish import _commit_line
 
