@@ -31,11 +31,14 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="diffusionformer", description="Compare diffusion operators in transformers.")
+    # allow_abbrev=False: worker_argv removes --workers by its full name, and an abbreviation
+    # (--work 2) left in a worker's command line would make every worker start workers of its own
+    p = argparse.ArgumentParser(prog="diffusionformer", description="Compare diffusion operators in transformers.",
+                                allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("run", "train a comparison and write results/<name>/"),
                             ("show", "validate a config and list its runs")):
-        c = sub.add_parser(name, help=help_text)
+        c = sub.add_parser(name, help=help_text, allow_abbrev=False)
         c.add_argument("config", help="TOML config, e.g. experiments/configs/default.toml")
         c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value (TOML syntax), e.g. seeds=[0] or tasks.digits.train.max_steps=50; "
@@ -54,21 +57,23 @@ def _parser() -> argparse.ArgumentParser:
                            help="train only these tasks (finished runs of the others stay in the results)")
             c.add_argument("--no-progress", action="store_true", help="no progress bars (neither runs nor steps)")
             _thread_args(c)
-    st = sub.add_parser("status", help="where every run of a comparison stands (completed, running, interrupted, missing)")
+    st = sub.add_parser("status", allow_abbrev=False,
+                        help="where every run of a comparison stands (completed, running, interrupted, missing)")
     st.add_argument("config")
     st.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     st.add_argument("--out", default="results", help="results root the comparison is run into")
-    sub.add_parser("list", help="list datasets, model presets and operators")
-    sm = sub.add_parser("summary", help="one table of each setting's difference to the baseline over several comparisons")
+    sub.add_parser("list", help="list datasets, model presets and operators", allow_abbrev=False)
+    sm = sub.add_parser("summary", allow_abbrev=False,
+                        help="one table of each setting's difference to the baseline over several comparisons")
     sm.add_argument("configs", nargs="+", metavar="config")
     sm.add_argument("--out", default="results", help="results root the comparisons were run into")
     sm.add_argument("--selected", action="store_true", help="compare the metric at the best select_by evaluation")
-    pub = sub.add_parser("publish", help="write the docs results page of a finished comparison")
+    pub = sub.add_parser("publish", help="write the docs results page of a finished comparison", allow_abbrev=False)
     pub.add_argument("config")
     pub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     pub.add_argument("--out", default="results", help="results root the comparison was run into")
     pub.add_argument("--to", default="docs/results", help="docs folder of the results pages")
-    a = sub.add_parser("analyze", help="token-geometry analysis of a finished comparison")
+    a = sub.add_parser("analyze", help="token-geometry analysis of a finished comparison", allow_abbrev=False)
     a.add_argument("config")
     a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     a.add_argument("--out", default="results")
@@ -155,13 +160,16 @@ def main(argv: list[str] | None = None) -> int:
             analyze_experiment(config, args.out, data_root=args.data_root, max_examples=args.max_examples,
                                device=args.device, progress=not args.no_progress, partial=args.partial)
             return 0
-        from diffusionformer.experiments.gpu import check_device, precision_amp, run_workers, worker_argv
+        from diffusionformer.experiments.gpu import WORKER_ENV, check_device, precision_amp, run_workers, worker_argv
         from diffusionformer.experiments.runner import run_experiment
         from diffusionformer.experiments.tables import aggregate, format_table
 
         workers = 1 if args.workers is None else args.workers
         if workers < 1:
             raise ValueError(f"--workers: expected an int >= 1, got {workers}")
+        if workers > 1 and os.environ.get(WORKER_ENV):
+            raise ValueError(f"--workers {workers} in a worker process (${WORKER_ENV}={os.environ[WORKER_ENV]}): "
+                             "a worker does not start workers of its own")
         _size_threads(args)
         if int(os.environ.get("RANK", "0")) == 0:
             out_flag = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
@@ -198,9 +206,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(failed)} run(s) failed; see the messages above", file=sys.stderr)
             return 1
         return 0
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError, FileExistsError, PermissionError,
+            ModuleNotFoundError) as exc:  # a bad --out (a file), an optional package missing: no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except CheckpointError as exc:
-        print(f"error: {exc}\nRe-run with --restart to discard the unreadable run and train it again.", file=sys.stderr)
+        print(f"error: {exc}\nDelete that checkpoint.pt to train its run again from step 0 (--restart would "
+              "discard every run of the comparison).", file=sys.stderr)
         return 2

@@ -55,6 +55,19 @@ __all__ = [
 ]
 
 
+def _check_path_name(what: str, name: object) -> str:
+    """A name that becomes one folder of the results tree: non-empty, no ``/`` or ``\\``, not ``.`` or ``..``.
+
+    Examples:
+        >>> _check_path_name("task name", "digits")
+        'digits'
+    """
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ValueError(f"{what} must be a non-empty string without '/' or '\\' and not '.' or '..' "
+                         f"(it names a results folder), got {name!r}")
+    return name
+
+
 @document_fields
 @dataclass
 class TaskConfig:
@@ -96,8 +109,7 @@ class TaskConfig:
     minibatch: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name:
-            raise ValueError(f"task name must be a non-empty string without '/', got {self.name!r}")
+        _check_path_name("task name", self.name)
         if self.folds is not None:
             if not isinstance(self.folds, int) or isinstance(self.folds, bool) or self.folds < 2:
                 raise ValueError(f"task {self.name!r}: folds must be an int >= 2, got {self.folds!r}")
@@ -211,8 +223,7 @@ class OperatorSetting:
     model_overrides: dict[str, Any] = field(default_factory=dict)  #: other model settings of this variant
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name:
-            raise ValueError(f"operator setting name must be a non-empty string without '/', got {self.name!r}")
+        _check_path_name("operator setting name", self.name)
         if self.heads is not None and self.laplacian_heads is not None:
             raise ValueError(f"operator setting {self.name!r}: give heads or laplacian_heads, not both")
         if isinstance(self.laplacian_heads, str) and self.laplacian_heads != "half":
@@ -250,6 +261,7 @@ class ExperimentConfig:
     precision: str | None = None
 
     def __post_init__(self) -> None:
+        _check_path_name("experiment name", self.name)
         if not self.tasks or not self.operators or not self.seeds:
             raise ValueError("an experiment needs at least one task, one operator setting and one seed")
         self._check_primary()
@@ -376,9 +388,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if missing:
                 raise ValueError(f"override {text!r}: no {path[0]} named {missing}; available: {known}")
             data[path[0]] = [e for e in entries if e.get("name") in wanted]
-            if path[0] == "operators" and isinstance(data.get("primary"), list):  # primary contrasts still run
-                kept = [e.get("name") for e in data["operators"]]
-                data["primary"] = [p for p in data["primary"] if p in kept[1:]]
+            if isinstance(data.get("primary"), list):  # the primary contrasts that still run ('task:setting' or 'setting')
+                tasks_kept = [e.get("name") for e in data.get("tasks", [])]
+                settings_kept = [e.get("name") for e in data.get("operators", [])][1:]
+                data["primary"] = [p for p in data["primary"] if isinstance(p, str)
+                                   and p.rpartition(":")[2] in settings_kept
+                                   and p.rpartition(":")[0] in ("", *tasks_kept)]
             continue
         node: Any = data
         for i, part in enumerate(path[:-1]):

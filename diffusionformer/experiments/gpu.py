@@ -37,6 +37,8 @@ __all__ = ["PRECISIONS", "check_device", "precision_amp", "run_workers", "worker
 
 #: ``precision`` -> ``TrainConfig.amp``
 PRECISIONS = {"bf16": "bf16", "fp32": "off", "auto": "auto"}
+#: Set in every process :func:`run_workers` starts (to ``k/N``): a worker never starts workers itself.
+WORKER_ENV = "DIFFUSIONFORMER_WORKER"
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -120,6 +122,8 @@ def worker_argv(argv: Sequence[str]) -> list[str]:
             continue
         if arg.startswith("--workers="):
             continue
+        if arg.startswith("--work") and "--workers".startswith(arg.split("=")[0]):
+            raise ValueError(f"worker_argv: {arg!r} abbreviates --workers; spell it out")
         out.append(arg)
     if "--no-progress" not in out:
         out.append("--no-progress")
@@ -153,7 +157,8 @@ def run_workers(argv: Sequence[str], workers: int, log_dir: str | Path, *, stagg
         for k in range(workers):
             f = open(log_dir / f"worker{k}.log", "w")
             files.append(f)
-            env = {**os.environ, WORKERS_ENV: str(workers)}  # each sizes its threads to cores // workers
+            env = {**os.environ, WORKERS_ENV: str(workers),  # each sizes its threads to cores // workers
+                   WORKER_ENV: f"{k}/{workers}"}
             procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env))
             log(f"worker {k}: pid {procs[-1].pid}, log {log_dir / f'worker{k}.log'}")
             if k + 1 < workers and stagger > 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
@@ -12,11 +13,23 @@ from typing import Any
 import torch
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.results import RunResult
+from diffusionformer.experiments.results import RunResult, _completed, run_dir
 from diffusionformer.experiments.tables import aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic
 
 __all__ = ["git_commit", "manifest", "merged_manifest", "write_outputs"]
+
+
+def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]:
+    """The runs of ``out/results.json`` not in ``results`` whose ``summary.json`` still says completed."""
+    try:
+        previous = json.loads((out / "results.json").read_text())["runs"]
+        rows = [RunResult(**r) for r in previous]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):  # none yet, or unreadable: rebuilt
+        return []
+    have = {(r.task, r.operator, r.seed) for r in results}
+    return [r for r in rows if (r.task, r.operator, r.seed) not in have and r.status == "completed"
+            and _completed(run_dir(out, r.task, r.operator, r.seed))]
 
 
 def manifest(config: ExperimentConfig) -> dict[str, Any]:
@@ -80,7 +93,14 @@ def git_commit(path: str | Path | None = None) -> str | None:
 
 
 def write_outputs(out: Path, config: ExperimentConfig, results: list[RunResult]) -> None:
-    """Write ``results.json``, ``results.md`` and ``plots/`` of ``results`` into ``out`` (plots skipped without matplotlib)."""
+    """Write ``results.json``, ``results.md`` and ``plots/`` of ``results`` into ``out`` (plots skipped without matplotlib).
+
+    Rows of the previous ``results.json`` outside ``results`` are kept while their run is still
+    finished on disk: an invocation on part of a comparison (``--set seeds=[1]``,
+    ``--set tasks=...``, ``--set operators=...``, one GPU call per seed) adds its runs to the
+    comparison's table instead of replacing the others'.
+    """
+    results = list(results) + _other_finished_rows(out, results)
     rows = [r.__dict__ for r in results]
     table = aggregate(results)
     write_json_atomic(out / "results.json", {"runs": rows, "summary": table})

@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.results import RunResult, first_reach, read_curves, run_dir, select_evaluation
+from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir,
+                                                 select_evaluation)
 from diffusionformer.experiments.tables import aggregate, format_table
+from diffusionformer.train.metrics import write_json_atomic
 
 __all__ = ["GAP_MARKER", "READING_MARKER", "add_to_toctree", "publish_experiment", "read_run_log", "summary_table",
            "write_run_log"]
@@ -111,7 +113,12 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     if not in_place:
         if dst.exists():
             shutil.rmtree(dst)
-        _copy(results_path, dst / "results.json")
+        stored = {(r.get("task"), r.get("operator"), r.get("seed")) for r in json.loads(results_path.read_text())["runs"]}
+        if stored == {(r.task, r.operator, r.seed) for r in runs}:
+            _copy(results_path, dst / "results.json")
+        else:  # results.json holds runs outside the config (parts run with --set) or misses some: the page's runs
+            dst.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(dst / "results.json", {"runs": [r.__dict__ for r in runs], "summary": aggregate(runs)})
         _copy(src / "manifest.json", dst / "manifest.json")
         for png in sorted((src / "plots").glob("*.png")):
             _copy_png(png, dst / "plots" / png.name)
@@ -332,9 +339,13 @@ def write_run_log(records: list[dict[str, Any]], path: str | Path) -> Path:
 
 
 def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
-    """The runs of ``results.json``, with ``select_by`` evaluations and ``reach`` steps recomputed from the run logs where missing."""
+    """The runs of ``config`` in ``results.json`` (and finished on disk but not in it), with ``select_by``
+    evaluations and ``reach`` steps recomputed from the run logs where missing.
+
+    Rows of other tasks, settings or seeds are left out: the page shows what its config names.
+    """
     data = json.loads((src / "results.json").read_text())
-    runs = [RunResult(**r) for r in data["runs"]]
+    runs = finished_runs(src, config, [RunResult(**r) for r in data["runs"]])
     tasks = {t.name: t for t in config.tasks}
     for r in runs:
         task = tasks.get(r.task)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -95,10 +96,17 @@ def _completed(rdir: Path) -> bool:
 
 
 def _read_summary(rdir: Path) -> dict[str, Any] | None:
+    return read_json_dict(rdir / "summary.json")
+
+
+def read_json_dict(path: Path) -> dict[str, Any] | None:
+    """A run file's JSON object, or ``None`` when it is missing or unreadable (truncated, not UTF-8,
+    not an object, a folder): callers treat the run as unfinished and rebuild the file from the run."""
     try:
-        return json.loads((rdir / "summary.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # FileNotFoundError, IsADirectoryError, JSONDecodeError, UnicodeDecodeError
         return None
+    return data if isinstance(data, dict) else None
 
 
 def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str, Any]]:
@@ -149,7 +157,11 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
     if value is None and summary.get("eval"):
         raise ValueError(f"task {task.name!r}: metric {task.metric!r} is not among the evaluation keys {sorted(final)}")
     learned_path = rdir / "learned_operators.json"
-    learned = json.loads(learned_path.read_text()) if learned_path.is_file() else {}
+    learned = read_json_dict(learned_path) if learned_path.exists() else {}
+    if learned is None:
+        warnings.warn(f"{learned_path} is unreadable; the run's learned operator values are left out of the tables",
+                      stacklevel=2)
+        learned = {}
     curves = read_curves(rdir) if task.select_by or task.reach else []
     selected_value, selected_step = select_evaluation(curves, task) if task.select_by else (None, None)
     return RunResult(task.name, setting.name, seed, "completed", task.metric, value, final,

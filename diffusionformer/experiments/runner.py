@@ -40,7 +40,7 @@ from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting
 from diffusionformer.experiments.outputs import git_commit
 from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
-from diffusionformer.experiments.results import _completed, _result_from_files
+from diffusionformer.experiments.results import _completed, _result_from_files, read_json_dict
 from diffusionformer.experiments.results import _read_summary as _read_summary  # noqa: F401  (back-compat)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
                                                  select_evaluation)
@@ -54,7 +54,7 @@ from diffusionformer.experiments.store import release_lock as _release_lock
 from diffusionformer.experiments.tables import _fmt as _fmt  # noqa: F401  (back-compat)
 from diffusionformer.experiments.tables import aggregate, format_status, format_table
 from diffusionformer.experiments.tasks import build_task
-from diffusionformer.train import NonFiniteLossError, Trainer, seed_everything
+from diffusionformer.train import CheckpointError, NonFiniteLossError, Trainer, seed_everything
 from diffusionformer.train.metrics import write_json_atomic
 
 # The names above from results, tables, outputs and build are re-exported for back-compat: their homes are
@@ -260,9 +260,9 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
 
 def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, setting: OperatorSetting) -> None:
     path = rdir / RUN_CONFIG_NAME
-    if not path.is_file():
+    stored = read_json_dict(path)
+    if stored is None:  # absent, or unreadable: rewritten below; the trainer still checks the checkpoint's config
         return
-    stored = json.loads(path.read_text())
     if stored != identity:
         changed = sorted(k for k in set(stored) | set(identity) if stored.get(k) != identity.get(k))
         raise ValueError(
@@ -309,9 +309,12 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     identity = _run_identity(task, model, cfg)
     if resume:
         _check_identity(rdir, identity, task, setting)
-    if resume and summary_path.is_file():
-        summary = json.loads(summary_path.read_text())
-        if summary.get("status") == "completed":
+    if resume and summary_path.exists():
+        summary = read_json_dict(summary_path)
+        if summary is None:
+            log(f"[{task.name} / {setting.name} / seed {seed}] {summary_path} is unreadable; "
+                "the run is finished from its checkpoint, which rewrites it.")
+        elif summary.get("status") == "completed":
             return _result_from_files(task, setting, seed, rdir, summary)
     if not resume and rdir.exists() and _is_main():
         import shutil
@@ -324,11 +327,15 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
         write_json_atomic(rdir / RUN_CONFIG_NAME, identity)
     adapter = build_task(data, model, eval_batch_size=task.eval_batch_size, augment=task.augment,
                          label_smoothing=task.label_smoothing, minibatch=task.minibatch or None)
-    trainer = Trainer(model, adapter, cfg, rdir, resume=True)
     try:
+        trainer = Trainer(model, adapter, cfg, rdir, resume=True)
         summary = trainer.fit()
     except NonFiniteLossError as exc:
         log(f"[{task.name} / {setting.name} / seed {seed}] stopped: {exc}. The last good checkpoint is kept in {rdir}.")
+        return RunResult(task.name, setting.name, seed, f"failed: {exc}", task.metric, None)
+    except CheckpointError as exc:  # this run cannot resume; the others can
+        log(f"[{task.name} / {setting.name} / seed {seed}] not resumed: {exc}. Delete {rdir / 'checkpoint.pt'} "
+            f"to train this run again from step 0 (--restart would discard every run of the comparison).")
         return RunResult(task.name, setting.name, seed, f"failed: {exc}", task.metric, None)
     if _is_main():
         learned = _learned(model)

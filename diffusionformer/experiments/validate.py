@@ -114,9 +114,13 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
         where = f"task {task.name!r}"
         for seed in config.seeds:
             try:
-                train_config(task, seed)
+                cfg = train_config(task, seed)
             except (TypeError, ValueError) as exc:
                 add(f"{where} seed {seed}: {_first_line(exc)}")
+                continue
+            if "tensorboard" in cfg.loggers and not _tensorboard_available():
+                add(f"{where}: train.loggers names 'tensorboard', but the tensorboard package is not installed "
+                    "(pip install tensorboard, or drop it from loggers)")
         try:
             preset = get_preset(task.model)
         except (TypeError, ValueError) as exc:
@@ -205,6 +209,13 @@ def _resolve_model(task: TaskConfig, setting: OperatorSetting, data: Any, preset
     overrides = dict(task.model_overrides)
     add_setting_overrides(overrides, model_config(task.model, **overrides), task, setting)
     return preset.model_cls(model_config(task.model, **overrides))
+
+
+def _tensorboard_available() -> bool:
+    """Whether the ``"tensorboard"`` logger can start (:mod:`torch.utils.tensorboard` imports)."""
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
 
 
 def check_experiment(config: ExperimentConfig, **kwargs: Any) -> None:

@@ -273,18 +273,22 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert "unknown dataset" in capsys.readouterr().err.lower()
 
 
-def test_corrupt_checkpoint_is_reported(tmp_path, capsys):
-    cfg = tiny_config()
-    cfg["operators"] = [{"name": "attention"}]
+def test_corrupt_checkpoint_fails_its_run_only_and_says_to_delete_it(tmp_path, capsys):
+    cfg = tiny_config()  # two settings: the corrupt run is the first
     toml = tmp_path / "t.toml"
     toml.write_text(_to_toml(cfg))
     rdir = run_dir(tmp_path / "r" / "tiny", "digits", "attention", 0)
     rdir.mkdir(parents=True)
     (rdir / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    assert cli_main(["run", str(toml), "--out", str(tmp_path / "r"), "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert "checkpoint.pt" in err and "--restart" in err
-    assert cli_main(["run", str(toml), "--out", str(tmp_path / "r"), "--no-progress", "--restart"]) == 0
+    assert cli_main(["run", str(toml), "--out", str(tmp_path / "r"), "--no-progress"]) == 1
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert f"Delete {rdir / 'checkpoint.pt'}" in text and "1 run(s) failed" in out.err
+    assert (rdir / "checkpoint.pt").read_bytes() == b"not a checkpoint"  # left untouched
+    other = run_dir(tmp_path / "r" / "tiny", "digits", "lap", 0)
+    assert json.loads((other / "summary.json").read_text())["status"] == "completed"  # the next run still trained
+    (rdir / "checkpoint.pt").unlink()  # as the message says: that run alone trains again
+    assert cli_main(["run", str(toml), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
 
 
 @pytest.mark.slow
