@@ -38,7 +38,9 @@ from .paths import CorruptDataError, cache_dir, load_cached, require_files, save
 from .registry import register_dataset
 from .splits import carve_val, seeded_subset
 
-__all__ = ["CIFAR10_CLASSES", "read_image_zip", "read_cifar_batch", "load_cifar10"]
+__all__ = [
+    "CIFAR10_CLASSES", "read_image_zip", "read_cifar_batch", "read_cifar_meta", "load_cifar10",
+]  # fmt: skip
 
 CIFAR10_CLASSES = [
     "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
@@ -153,28 +155,79 @@ def _unpickle(path: Path) -> dict[str, Any]:
 def read_cifar_batch(path: Path) -> tuple[Tensor, Tensor]:
     """Read one official CIFAR-10 python batch (a pickled dict with ``data`` and ``labels``).
 
+    ``data`` must be a uint8 array of ``N >= 1`` rows of 3,072 pixels and ``labels`` ``N``
+    integers in ``[0, 10)``.
+
     Raises:
-        CorruptDataError: unreadable pickle, missing keys or inconsistent sizes.
+        CorruptDataError: unreadable pickle, missing keys, a wrong shape or dtype, differing
+            counts, or a label outside ``[0, 10)``.
 
     Shapes:
         - images: ``(N, 3, 32, 32)`` uint8 (rows of ``data`` are R, G, B planes of 32x32)
         - labels: ``(N,)`` int64
     """
     batch = _unpickle(path)
+    where = f"corrupt CIFAR batch {str(path)!r}"
     if "data" not in batch or "labels" not in batch:
+        raise CorruptDataError(f"{where}: expected keys 'data' and 'labels', got {sorted(batch)}")
+    data = batch["data"]
+    try:
+        labels = np.asarray(batch["labels"])
+    except ValueError as err:  # ragged nesting
+        raise CorruptDataError(f"{where}: labels are not a flat list of integers: {err}") from None
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
+        what = f"{data.dtype} array" if isinstance(data, np.ndarray) else type(data).__name__
+        raise CorruptDataError(f"{where}: data must be a uint8 array, got {what}")
+    if labels.dtype.kind not in "iu" and labels.size:
+        raise CorruptDataError(f"{where}: labels must be integers, got {labels.dtype}")
+    N = data.shape[0] if data.ndim else 0
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or labels.shape != (N,) or not N:
         raise CorruptDataError(
-            f"corrupt CIFAR batch {str(path)!r}: expected keys 'data' and 'labels', "
-            f"got {sorted(batch)}"
+            f"{where}: data {data.shape} and labels {labels.shape} do not form (N, 3072) and "
+            f"(N,) with N >= 1"
         )
-    data = np.asarray(batch["data"], dtype=np.uint8)
-    labels = np.asarray(batch["labels"], dtype=np.int64)
-    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(data) != len(labels):
+    num_classes = len(CIFAR10_CLASSES)
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any():
+        i = int(bad.nonzero()[0][0])
         raise CorruptDataError(
-            f"corrupt CIFAR batch {str(path)!r}: data {data.shape} and labels {labels.shape} "
-            f"do not form (N, 3072) and (N,)"
+            f"{where}: labels must lie in [0, {num_classes}), found {int(labels[i])} at position "
+            f"{i} ({int(bad.sum())} out of range)"
         )
     images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
-    return images, torch.from_numpy(labels)
+    return images, torch.from_numpy(labels.astype(np.int64))
+
+
+def read_cifar_meta(path: Path) -> list[str]:
+    """The 10 class names of a ``batches.meta`` pickle (its ``label_names``).
+
+    Raises:
+        CorruptDataError: unreadable pickle, no ``label_names``, or not 10 distinct non-empty
+            names.
+    """
+    where = f"corrupt CIFAR meta {str(path)!r}"
+    label_names = _unpickle(path).get("label_names")
+    if isinstance(label_names, np.ndarray):
+        label_names = label_names.tolist()
+    if not isinstance(label_names, (list, tuple)):
+        raise CorruptDataError(
+            f"{where}: expected a list 'label_names', got {type(label_names).__name__}"
+        )
+    try:
+        names = [n.decode() if isinstance(n, bytes) else n for n in label_names]
+    except UnicodeDecodeError as err:
+        raise CorruptDataError(f"{where}: a label name is not UTF-8: {err}") from None
+    num_classes = len(CIFAR10_CLASSES)
+    if (
+        len(names) != num_classes
+        or not all(isinstance(n, str) and n for n in names)
+        or len(set(names)) != len(names)
+    ):
+        raise CorruptDataError(
+            f"{where}: label_names must list {num_classes} distinct non-empty names, "
+            f"got {len(names)}: {names!r}"
+        )
+    return names
 
 
 def _from_batches(
@@ -188,9 +241,7 @@ def _from_batches(
     test = read_cifar_batch(folder / "test_batch")
     classes = CIFAR10_CLASSES
     if (folder / "batches.meta").is_file():
-        label_names = _unpickle(folder / "batches.meta").get("label_names")
-        if label_names:
-            classes = [n.decode() if isinstance(n, bytes) else str(n) for n in label_names]
+        classes = read_cifar_meta(folder / "batches.meta")
     return train, test, classes, folder
 
 

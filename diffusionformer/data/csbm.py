@@ -28,7 +28,7 @@ from torch import Tensor
 from .base import NodeData
 from .registry import register_dataset
 from .splits import generator as seeded_generator
-from .splits import index_to_mask, random_split
+from .splits import index_to_mask, random_split, require_heldout
 
 __all__ = ["csbm_graph", "edge_homophily", "load_csbm"]
 
@@ -177,6 +177,7 @@ def load_csbm(
     g = seeded_generator(seed)
     x, edge_index, y = csbm_graph(num_nodes, num_classes, avg_degree, homophily, feature_dim, mu, g)
     train_idx, val_idx, test_idx = random_split(num_nodes, val_fraction, test_fraction, seed)
+    require_heldout("csbm", (train_idx, val_idx, test_idx), val_fraction, test_fraction)
     data = Data(
         x=x,
         edge_index=edge_index,

@@ -24,7 +24,7 @@ from .base import ClassificationData
 from .checksums import sha256_file
 from .paths import cache_dir, load_cached, save_cached
 from .registry import register_dataset
-from .splits import normalize_channels, stratified_split
+from .splits import normalize_channels, require_heldout, stratified_split
 
 __all__ = ["build_image_data", "load_digits", "load_mnist_mini"]
 
@@ -116,7 +116,8 @@ def load_digits(
 
     Args:
         seed: seed of the split.
-        val_fraction, test_fraction: share of each class in val and test.
+        val_fraction, test_fraction: share of each class in val and test; each part must
+            get at least one example (``ValueError`` naming the option otherwise).
         normalize: standardise with the training split's mean/std.
 
     Shapes:
@@ -127,6 +128,7 @@ def load_digits(
     images = torch.from_numpy(np.asarray(bunch.images, dtype=np.float32)).unsqueeze(1)
     labels = torch.from_numpy(np.asarray(bunch.target, dtype=np.int64))
     splits = stratified_split(labels, val_fraction, test_fraction, seed)
+    require_heldout("digits", splits, val_fraction, test_fraction)
     return build_image_data(
         "digits",
         images,
@@ -174,7 +176,8 @@ def load_mnist_mini(
 
     Args:
         seed: seed of the split.
-        val_fraction, test_fraction: share of each class in val and test.
+        val_fraction, test_fraction: share of each class in val and test; each part must
+            get at least one example (``ValueError`` naming the option otherwise).
         normalize: standardise with the training split's mean/std.
 
     Shapes:
@@ -182,6 +185,7 @@ def load_mnist_mini(
     """
     images, labels = _mnist_mini_arrays()
     splits = stratified_split(labels, val_fraction, test_fraction, seed)
+    require_heldout("mnist-mini", splits, val_fraction, test_fraction)
     return build_image_data(
         "mnist-mini",
         images,

@@ -105,6 +105,11 @@ def load_assoc_recall(
         - x, y of each split: ``(N_split, 2 * num_pairs + num_queries)`` int64
     """
     n_train, n_val, n_test = split_sizes(num_examples, val_fraction, test_fraction)
+    for option, fraction, part, n in (("val_fraction", val_fraction, "val", n_val),
+                                      ("test_fraction", test_fraction, "test", n_test)):
+        if n == 0:  # as splits.require_heldout: an empty part fails only at the first evaluation
+            raise ValueError(f"assoc-recall: {option}={fraction} leaves the {part} split empty (0 of {num_examples} "
+                             f"examples); use a larger {option} or more examples")
     x, y = make_assoc_recall(num_examples, num_pairs, vocab_size, seeded_generator(seed), num_queries)
     a, b = n_train, n_train + n_val
     return SequenceTaskData(

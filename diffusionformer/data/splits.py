@@ -17,6 +17,7 @@ __all__ = [
     "random_split",
     "stratified_split",
     "stratified_kfold_split",
+    "require_heldout",
     "per_class_split",
     "index_to_mask",
     "carve_val",
@@ -125,6 +126,45 @@ def stratified_split(
         idx = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.long)
         out.append(idx[torch.randperm(idx.numel(), generator=g)])
     return out[0], out[1], out[2]
+
+
+def require_heldout(
+    dataset: str, splits: tuple[Tensor, Tensor, Tensor], val_fraction: float, test_fraction: float
+) -> None:
+    """Refuse split fractions that leave the val or the test part empty.
+
+    Every evaluation averages over the val and test examples, so an empty part would only fail
+    at a run's first evaluation, after steps have trained; a loader calls this right after
+    splitting instead.
+
+    Args:
+        dataset: the dataset's name, for the message.
+        splits: ``(train_idx, val_idx, test_idx)``.
+        val_fraction, test_fraction: the options that sized the val and test parts.
+
+    Raises:
+        ValueError: naming the option whose part is empty.
+
+    Examples:
+        >>> y = torch.tensor([0] * 10 + [1] * 10)
+        >>> require_heldout("toy", stratified_split(y, 0.2, 0.2, seed=0), 0.2, 0.2)
+        >>> no_val = stratified_split(y, 0.0, 0.2, seed=0)
+        >>> require_heldout("toy", no_val, 0.0, 0.2)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: toy: val_fraction=0.0 leaves the val split empty (0 of 20 examples); ...
+    """
+    n = sum(idx.numel() for idx in splits)
+    for option, fraction, part, idx in (
+        ("val_fraction", val_fraction, "val", splits[1]),
+        ("test_fraction", test_fraction, "test", splits[2]),
+    ):
+        if idx.numel() == 0:
+            raise ValueError(
+                f"{dataset}: {option}={fraction} leaves the {part} split empty "
+                f"(0 of {n} examples); evaluation needs at least one {part} example, so use a "
+                f"larger {option}"
+            )
 
 
 def stratified_kfold_split(

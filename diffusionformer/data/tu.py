@@ -36,7 +36,7 @@ from .base import GraphSetData
 from .checksums import sha256_file, verify_file
 from .paths import CorruptDataError, cache_dir, drop_unsafe_processed, require_files
 from .registry import register_dataset
-from .splits import stratified_kfold_split, stratified_split
+from .splits import require_heldout, stratified_kfold_split, stratified_split
 
 __all__ = ["TU_DATASETS", "extract_tu_zip", "load_tu"]
 
@@ -165,9 +165,11 @@ def load_tu(
     labels = dataset.y.view(-1)
     if fold is None:
         train_idx, val_idx, test_idx = stratified_split(labels, val_fraction, test_fraction, seed)
+        require_heldout(key, (train_idx, val_idx, test_idx), val_fraction, test_fraction)
         split = f"stratified, seed={seed}, val={val_fraction}, test={test_fraction}"
     else:
         train_idx, val_idx, test_idx = stratified_kfold_split(labels, num_folds, fold, val_fraction, seed)
+        require_heldout(key, (train_idx, val_idx, test_idx), val_fraction, test_fraction)
         split = f"stratified {num_folds}-fold, test fold {fold}, seed={seed}, val={val_fraction} of the other folds"
     return GraphSetData(
         name=key,

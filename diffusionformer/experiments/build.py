@@ -38,14 +38,48 @@ def add_setting_overrides(overrides: dict[str, Any], resolved: Any, task: TaskCo
         overrides.update(setting.model_overrides)
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal, with lists (as TOML gives them) and tuples (as the data gives them) alike."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _check_data_overrides(sizes: dict[str, Any], overrides: dict[str, Any], task: TaskConfig, source: str) -> None:
+    """Refuse an override that changes a size the model takes from the data (classes, channels, vocabulary...).
+
+    Args:
+        sizes: the data-derived config values (:func:`~diffusionformer.experiments.tasks.model_overrides_for_data`).
+        overrides: the overrides to check (an equal value is allowed).
+        task: the run's task, for the message.
+        source: where ``overrides`` come from, for the message (e.g. ``"model_overrides"``).
+
+    Raises:
+        ValueError: naming the field, the override, the data's value and the task.
+    """
+    for key, value in overrides.items():
+        if key == "vocab_size" and isinstance(value, int) and not isinstance(value, bool) and value >= sizes[key]:
+            continue  # a padded vocabulary (nanoGPT pads 50257 to 50304): the extra logits are never targets
+        if key in sizes and not _same(value, sizes[key]):
+            raise ValueError(f"task {task.name!r}: {source} sets {key} = {value!r}, but dataset {task.dataset!r} "
+                             f"gives {key} = {sizes[key]!r}; the model takes {key} from the data, so drop the override")
+
+
 def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.nn.Module:
     """The model of one run: preset + data-derived sizes + task overrides + the operator setting.
 
     A model with task settings (DINO) gets the run's as ``model.task_config``: the preset's
     defaults and the task's ``ssl`` table.
+
+    Raises:
+        ValueError: if the task's or the setting's overrides change a size the model takes from
+            the data (:func:`_check_data_overrides`), among the model's own checks.
     """
     preset = get_preset(task.model)
-    overrides = {**model_overrides_for_data(data, preset.config_cls), **task.model_overrides}
+    sizes = model_overrides_for_data(data, preset.config_cls)
+    _check_data_overrides(sizes, task.model_overrides, task, "model_overrides")
+    _check_data_overrides(sizes, setting.model_overrides, task, f"operator setting {setting.name!r}")
+    overrides = {**sizes, **task.model_overrides}
     add_setting_overrides(overrides, model_config(task.model, **overrides), task, setting)
     # task settings (DINO's views and k-NN evaluation): the task's `ssl` table, and any an operator
     # setting still passes (deprecated) among its model overrides
