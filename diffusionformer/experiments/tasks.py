@@ -140,6 +140,10 @@ class DINOTask:
     the DINO loss of up to ``eval_batch_size`` validation images on fixed seeded views.
     """
 
+    #: the teacher and the centre move at every loss call, so micro-batches would not add up to
+    #: the full batch's update (grad_accum_steps is refused by the Trainer)
+    splits_into_micro_batches = False
+
     def __init__(self, data: ClassificationData, model: nn.Module, eval_batch_size: int = 512, *,
                  ssl: SSLConfig | Mapping[str, Any] | None = None) -> None:
         if not (isinstance(data, ClassificationData) and data.kind == "image"):
@@ -309,6 +313,9 @@ class SequenceLMTask:
 class NodeTask:
     """Full-batch node classification on one graph (the same batch on every rank under DDP)."""
 
+    #: every micro-batch would be the whole graph again (grad_accum_steps is refused by the Trainer)
+    splits_into_micro_batches = False
+
     def __init__(self, data: NodeData) -> None:
         self.data = data
 
@@ -346,6 +353,9 @@ class GraphClassificationTask:
         from torch_geometric.data import Batch
 
         graphs = batch.to_data_list()
+        if len(graphs) % world_size:  # equal parts, or graphs would be dropped
+            raise ValueError(f"shard_batch: a batch of {len(graphs)} graphs does not split into {world_size} equal "
+                             "parts (processes x grad_accum_steps); set batch_size to a multiple of that")
         per = len(graphs) // world_size
         return Batch.from_data_list(graphs[rank * per : (rank + 1) * per])
 

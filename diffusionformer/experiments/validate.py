@@ -151,6 +151,16 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
         if task.minibatch and spec is not None and spec.kind != "node":
             add(f"{where}: minibatch (neighbour-sampled training) applies to node tasks, and dataset "
                 f"{spec.name!r} is of kind {spec.kind!r}")
+        accum = task.train.get("grad_accum_steps", 1)
+        if accum != 1 and spec is not None and preset is not None and not task.minibatch:
+            from diffusionformer.models import DINOConfig
+
+            if spec.kind == "node":  # full-batch: every micro-batch would be the whole graph again
+                add(f"{where}: grad_accum_steps = {accum!r}, but a full-batch node task trains on the whole "
+                    "graph at every update and cannot split it; drop grad_accum_steps")
+            elif preset.config_cls is DINOConfig:  # the teacher and the centre move once per loss call
+                add(f"{where}: grad_accum_steps = {accum!r}, but DINO updates its teacher and centre at every "
+                    "loss call, so micro-batches would not add up to the full batch's update; drop grad_accum_steps")
         if preset is None:
             continue
         data: Any = None

@@ -145,6 +145,9 @@ class TrainConfig:
         _check_int("max_steps", self.max_steps, 1)
         _check_int("batch_size", self.batch_size, 1)
         _check_int("grad_accum_steps", self.grad_accum_steps, 1)
+        if self.batch_size % self.grad_accum_steps:
+            raise ValueError(f"TrainConfig.batch_size: expected a multiple of grad_accum_steps "
+                             f"({self.grad_accum_steps}, equal micro-batches), got {self.batch_size}")
         lr = _check_float("lr", self.lr, 0.0, strict=True)
         min_lr = _check_float("min_lr", self.min_lr, 0.0)
         if min_lr > lr:
@@ -181,12 +184,14 @@ class TrainConfig:
             )
         if self.device != "auto":
             try:
-                torch.device(self.device)
+                kind = torch.device(self.device).type
             except (RuntimeError, ValueError) as err:
                 raise ValueError(
                     f"TrainConfig.device: expected 'auto' or a torch device string such as 'cpu', "
                     f"'cuda' or 'cuda:1', got {self.device!r}"
                 ) from err
+            if kind not in ("cpu", "cuda"):  # 'meta', 'mps', ...: the trainer runs on CPU and CUDA only
+                raise ValueError(f"TrainConfig.device: expected 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if not isinstance(self.amp, str) or self.amp not in _AMP_CHOICES:
             raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {self.amp!r}")
         if not isinstance(self.weight_decay_rule, str) or self.weight_decay_rule not in _DECAY_RULES:

@@ -20,7 +20,8 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_s
         \end{cases}
 
     with ``W = warmup_steps`` and ``D = decay_steps``: the peak ``lr`` is reached at ``s = W``
-    and the floor ``min_lr`` at ``s = D`` (SGDR, Loshchilov & Hutter, ICLR 2017, without
+    when ``D > W`` (with ``D = W`` the warm-up ends at ``lr W/(W+1)`` and the next step is at
+    ``min_lr``: nanoGPT's formula divides by zero there) and the floor ``min_lr`` at ``s = D`` (SGDR, Loshchilov & Hutter, ICLR 2017, without
     restarts; the warm-up of nanoGPT). A pure function of the step, so a resumed run needs no
     scheduler state beyond the step.
 

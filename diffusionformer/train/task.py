@@ -47,6 +47,12 @@ class Task(Protocol):
       global batch under DDP. Default: :func:`~diffusionformer.train.shard_batch` (contiguous
       equal slices of dim 0 of every tensor). A full-graph task can return the batch unchanged
       (each rank then computes the same loss and the averaged gradient is the single-process one).
+
+    Optional attribute:
+
+    * ``splits_into_micro_batches`` (default ``True``): ``False`` when ``grad_accum_steps`` micro-batches
+      cannot add up to the whole batch's update (a full-graph task, or a loss with side effects per
+      call such as DINO's teacher EMA); the Trainer then refuses ``grad_accum_steps > 1``.
     """
 
     def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> Any: ...

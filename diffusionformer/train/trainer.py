@@ -40,10 +40,12 @@ __all__ = ["Trainer", "train", "SUMMARY_NAME", "RESUMABLE_FIELDS"]
 SUMMARY_NAME = "summary.json"
 
 #: Config fields that may differ between a checkpoint and the run that resumes it: they do not
-#: change the sequence of updates (``lr_decay_steps`` is compared after resolving ``None``).
+#: change the sequence of updates, up to floating-point rounding for ``device`` and ``compile``
+#: (``lr_decay_steps`` is compared after resolving ``None``). ``amp`` is not among them: bf16
+#: autocast changes every update, so a run resumes in the precision it started with.
 RESUMABLE_FIELDS = frozenset(
     {"max_steps", "lr_decay_steps", "eval_interval", "eval_steps", "log_interval",
-     "checkpoint_interval", "device", "amp", "compile", "progress", "loggers"}
+     "checkpoint_interval", "device", "compile", "progress", "loggers"}
 )
 
 _NO_BAD_STEP = 2**62  # "no non-finite step yet" in the on-device running minimum
@@ -109,6 +111,11 @@ class Trainer:
         if not isinstance(resume, (bool, str, os.PathLike)):
             raise TypeError(
                 f"Trainer: expected resume to be a bool or a path, got {type(resume).__name__}"
+            )
+        if config.grad_accum_steps > 1 and not getattr(task, "splits_into_micro_batches", True):
+            raise ValueError(
+                f"Trainer: grad_accum_steps={config.grad_accum_steps}, but {type(task).__name__} cannot split an "
+                "update into micro-batches (its splits_into_micro_batches is False); use grad_accum_steps=1"
             )
         self.model = model
         self.task = task
@@ -244,6 +251,7 @@ class Trainer:
         # Running sums of the current log window: name -> [sum tensor, count].
         self._window: dict[str, list[Any]] = {}
         self._last_checkpoint_step: int | None = None
+        self._last_checkpoint_path = self.checkpoint_path
         if payload is not None:
             self._check_resumable(payload)
             self._load_state(payload, optimizer, device, generator)
@@ -252,6 +260,7 @@ class Trainer:
             self._last = {"train": payload.get("last_train"), "eval": payload.get("last_eval")}
             self._window = {k: [v[0].to(device), v[1]] for k, v in payload.get("window", {}).items()}
             self._last_checkpoint_step = start
+            self._last_checkpoint_path = Path(payload["_path"])  # resume=<path>: another folder's, until we save
         if self.resume is not False:
             self._log.truncate(start)
         self.step = start
@@ -371,6 +380,10 @@ class Trainer:
             metrics["grad_norm"] = grad_norm
             if self._scaler is None:  # under fp16 an overflow skips the step instead
                 bad = bad | ~torch.isfinite(grad_norm)
+        elif self._scaler is None:  # no clipping: the norm only flags a non-finite gradient at its own update
+            grads = [p.grad for p in self._params if p.grad is not None]
+            if grads:
+                bad = bad | ~torch.isfinite(torch.nn.utils.get_total_norm(grads, foreach=True))
         if self._scaler is not None:
             self._scaler.step(optimizer)
             self._scaler.update()
@@ -444,7 +457,7 @@ class Trainer:
 
     def _fail_non_finite(self, step: int, what: str) -> None:
         last = self._last_checkpoint_step
-        kept = (f"the last good checkpoint {self.checkpoint_path} (step {last}) was kept"
+        kept = (f"the last good checkpoint {self._last_checkpoint_path} (step {last}) was kept"
                 if last is not None else "no checkpoint had been written")
         message = f"{what}; training stopped and {kept}."
         if self.ctx.is_main:
@@ -524,6 +537,7 @@ class Trainer:
             save_checkpoint(self.checkpoint_path, payload)
         self.ctx.barrier()
         self._last_checkpoint_step = done
+        self._last_checkpoint_path = self.checkpoint_path
 
 
 def train(

@@ -119,3 +119,20 @@ def test_missing_tensorboard_and_a_file_as_out_are_errors_before_training(tmp_pa
     assert cli_main(["run", str(toml), "--out", str(tmp_path / "afile"), "--no-progress"]) == 2
     assert "error:" in capsys.readouterr().err
     assert os.path.isfile(tmp_path / "afile")
+
+
+def test_grad_accumulation_is_refused_where_micro_batches_cannot_add_up():
+    from diffusionformer.experiments.validate import validate_experiment
+
+    dino = _config()
+    dino["tasks"][0].update(model="dino-digits", metric="knn_test_acc", model_overrides={})
+    dino["tasks"][0]["train"].update(grad_accum_steps=2)
+    problems = validate_experiment(load_experiment_config(dino), load_data=False)
+    assert any("DINO updates its teacher and centre at every loss call" in p for p in problems), problems
+    node = _config()
+    node["tasks"][0].update(dataset="csbm", model="graph-node-small", metric="test_acc", model_overrides={})
+    node["tasks"][0]["train"].update(grad_accum_steps=2)
+    problems = validate_experiment(load_experiment_config(node), load_data=False)
+    assert any("full-batch node task" in p for p in problems), problems
+    node["tasks"][0]["train"].update(grad_accum_steps=1)
+    assert not any("grad_accum_steps" in p for p in validate_experiment(load_experiment_config(node), load_data=False))
