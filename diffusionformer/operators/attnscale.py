@@ -30,8 +30,11 @@ class AttnScaleOperator(DiffusionOperator):
     through the layer's context: one attention call for ``P v``, and ``DC v`` as a mean,
     cumulative mean or masked mean when the dense call has no mask, a causal mask, key padding
     or both (:func:`~diffusionformer.ops.uniform_map.uniform_mean`; any other mask: a second,
-    zero-score attention call). Defined on every back-end: on a sparse graph ``DC`` is the mean
-    over incoming edges.
+    zero-score attention call). That call makes ``DC`` the softmax of the mask alone: the uniform
+    average over the admissible keys for a bool mask or a float mask of ``0`` and ``-inf``, and a
+    bias-weighted average ``softmax(mask)`` for a float mask with other finite entries (the
+    scores' own bias, without ``QK^T``). Defined on every back-end: on a sparse graph ``DC`` is
+    the mean over incoming edges.
 
     Args:
         omega: initial :math:`\omega` (the paper: 0).
@@ -57,11 +60,10 @@ class AttnScaleOperator(DiffusionOperator):
             raise TypeError(f"learnable must be a bool, got {type(learnable).__name__}")
         self._omega0 = float(omega)
         self.learnable = learnable
-        init = torch.full((num_heads,), float(omega))
         if learnable:
-            self.omega = nn.Parameter(init)
-        else:
-            self.register_buffer("omega", init)
+            self.omega = nn.Parameter(torch.full((num_heads,), float(omega)))
+        else:  # float64: exact in a float64 layer
+            self.register_buffer("omega", torch.full((num_heads,), float(omega), dtype=torch.float64))
 
     def spec_kwargs(self) -> dict:
         return {"omega": self._omega0, "learnable": self.learnable}

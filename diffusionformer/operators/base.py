@@ -210,6 +210,13 @@ def check_finite_parameter(module: nn.Module, name: str, value: Tensor) -> None:
         )
 
 
+def static_dtype() -> torch.dtype:
+    """The dtype of a new operator's fixed-coefficient buffer: float64 under
+    ``torch.set_default_dtype(torch.float64)``, else float32 (:meth:`DiffusionOperator._apply`
+    rebuilds it exactly when the module is cast)."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
 MAX_DEGREE = 1024
 """The most steps (propagations ``P x``) an operator may take: far beyond any useful model,
 and small enough that a typo such as ``steps=10**12`` is an error, not a terabyte allocation."""

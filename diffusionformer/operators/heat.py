@@ -8,7 +8,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter, check_flag
+from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter, check_flag, static_dtype
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps_for_tolerance", "heat_truncation_error"]
@@ -261,7 +261,7 @@ class HeatOperator(DiffusionOperator):
         else:
             self.register_buffer("t", torch.tensor(t, dtype=torch.float64))
             coeffs = heat_coefficients(torch.tensor(t, dtype=torch.float64), steps, method)
-            self.register_buffer("_c", coeffs.float(), persistent=False)
+            self.register_buffer("_c", coeffs.to(static_dtype()), persistent=False)
             self._static = tuple(coeffs.tolist())
 
     @property
@@ -338,8 +338,8 @@ class ExactHeatOperator(DiffusionOperator):
         self._t0 = t
         if learnable:
             self.t = nn.Parameter(torch.full((num_heads,), t))
-        else:
-            self.register_buffer("t", torch.full((num_heads,), t))
+        else:  # float64: a float64 layer applies exp(-t (I - P)) with t as given, not rounded to float32
+            self.register_buffer("t", torch.full((num_heads,), t, dtype=torch.float64))
 
     def spec_kwargs(self) -> dict:
         return {"t": self._t0, "learnable": self.learnable}

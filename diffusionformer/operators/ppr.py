@@ -8,7 +8,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import MAX_DEGREE, DiffusionOperator, check_count, check_finite_parameter, check_flag
+from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, check_count, check_finite_parameter,
+                                             check_flag, static_dtype)
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["PPROperator", "ppr_coefficients", "ppr_steps_for_tolerance"]
@@ -126,7 +127,7 @@ class PPROperator(DiffusionOperator):
         else:
             self.register_buffer("_alpha", torch.tensor(float(alpha), dtype=torch.float64))
             coeffs = ppr_coefficients(torch.tensor(float(alpha), dtype=torch.float64), steps)
-            self.register_buffer("_c", coeffs.float(), persistent=False)
+            self.register_buffer("_c", coeffs.to(static_dtype()), persistent=False)
             self._static = tuple(coeffs.tolist())
 
     def spec_kwargs(self) -> dict:
