@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from diffusionformer.ops._checks import checks_values
+
 __all__ = [
     "within_sequence_variance",
     "variance_ratio",
@@ -59,8 +61,13 @@ def _check_float(x: object, name: str, ndims: tuple[int, ...], layout: str) -> T
         )
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating tensor (float32/float64), got dtype {x.dtype}")
+    if x.dtype in (torch.float16, torch.bfloat16):  # squares of activations overflow float16; bf16 keeps 3 digits
+        raise TypeError(f"{name} must be float32 or float64, got {x.dtype}: pass {name}.float() "
+                        "(the capture hooks store float32)")
     if x.numel() == 0:
         raise ValueError(f"{name} must be non-empty, got shape {tuple(x.shape)}")
+    if checks_values(x) and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} holds NaN or inf values: the metric is undefined for them (not 0)")
     return x
 
 
@@ -97,8 +104,9 @@ def _reduce(values: Tensor, reduction: str) -> Tensor:
 
 
 def _safe_div(num: Tensor, den: Tensor) -> Tensor:
-    """``num / den`` where ``den > 0`` and ``0`` where ``den == 0`` (no NaN, no Inf)."""
-    return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), 0.0)
+    """``num / den``, and ``0`` where ``den == 0`` (no variation to measure); a NaN stays NaN, never 0."""
+    zero = den == 0
+    return torch.where(zero, 0.0, num / torch.where(zero, torch.ones_like(den), den))
 
 
 def _wide_dtype(x: Tensor) -> torch.dtype:
@@ -205,7 +213,8 @@ def mean_pairwise_cosine(X: Tensor, reduction: str = "none", eps: float = 1e-12)
     _, T, _ = X.shape
     if T < 2:
         raise ValueError(f"mean_pairwise_cosine needs T >= 2 tokens per sequence, got T={T}")
-    U = F.normalize(X, dim=-1, eps=eps)  # (B, T, D)
+    norms = X.norm(dim=-1, keepdim=True)  # (B, T, 1)
+    U = torch.where(norms >= eps, X / norms.clamp_min(eps), 0.0)  # a token below eps: cosine 0 with the others
     off_diagonal = U.sum(dim=1).pow(2).sum(dim=-1) - U.pow(2).sum(dim=(1, 2))  # (B,)
     return _reduce(off_diagonal / (T * (T - 1)), reduction)
 
@@ -527,7 +536,8 @@ class NeuralCollapse:
 
     Args:
         num_classes: number of classes ``C`` used.
-        nc1: ``tr(S_W S_B^+) / C``; 0 when every feature equals its class mean.
+        nc1: ``tr(S_W S_B^+) / C``; 0 when every feature equals its class mean, ``inf`` when the
+            class means coincide while the features spread around them (no collapse at all).
         equinorm: ``std_c ||m_c - mu|| / mean_c ||m_c - mu||``; 0 for equal norms.
         equiangularity: ``std_{c < c'} cos(m_c - mu, m_c' - mu)``; 0 for equal angles.
         max_angle: ``mean_{c < c'} |cos(m_c - mu, m_c' - mu) + 1/(C-1)|``; 0 for a simplex.
@@ -570,7 +580,10 @@ def _nc1(residual: Tensor, centred_means: Tensor, rtol: float) -> Tensor:
     keep = (s > rtol * s[0]) & (torch.arange(s.shape[0], device=s.device) < K - 1)
     inv_eig = torch.where(keep, K / torch.where(keep, s, torch.ones_like(s)).pow(2), 0.0)
     projected = (residual @ Vh.T).pow(2).sum(dim=0) / n  # v_k^T S_W v_k, (r,)
-    return (inv_eig * projected).sum() / K
+    nc1 = (inv_eig * projected).sum() / K
+    # coinciding class means with spread inside the classes: no collapse at all (the limit is +inf), not 0
+    within = residual.pow(2).sum() / n
+    return torch.where(keep.any() | (within == 0), nc1, torch.full_like(nc1, float("inf")))
 
 
 def neural_collapse(

@@ -101,7 +101,7 @@ def effective_rank(s: Tensor) -> Tensor:
     total = s.sum(dim=-1, keepdim=True)
     p = _safe_div(s, total)
     entropy = -torch.special.xlogy(p, p).sum(dim=-1)
-    return torch.where(total.squeeze(-1) > 0, entropy.exp(), 0.0)
+    return torch.where(total.squeeze(-1) == 0, 0.0, entropy.exp())  # NaN stays NaN
 
 
 def stable_rank(s: Tensor) -> Tensor:

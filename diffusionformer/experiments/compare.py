@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.stats import Difference, compare_rows, holm, paired_difference
+from diffusionformer.experiments.stats import Difference, compare_rows, holm, nadeau_bengio, paired_difference
 
 __all__ = ["Contrast", "contrasts", "format_ci", "format_p", "format_signed", "table_legend"]
 
@@ -80,6 +80,8 @@ def contrasts(table: Sequence[Mapping[str, Any]], config: ExperimentConfig, *, l
                     a, b = _reach_by_seed(row), _reach_by_seed(base)
                     if a is None or b is None:
                         diff = Difference("paired t", 0, level=level, note="censored: some run never reached the threshold")
+                    elif task.folds is not None:  # k-fold: the same correction as the final metric
+                        diff = nadeau_bengio(a, b, task.folds, level=level)
                     else:
                         diff = paired_difference(a, b, level=level)
                     minimize = True
@@ -136,7 +138,9 @@ def table_legend(config: ExperimentConfig, *, compact: bool = False) -> str:
         text += ("; df: its degrees of freedom (seeds - 1); p Wilcoxon: the signed-rank test of the same differences "
                  "(exact; with n seeds it cannot fall below 2^(1-n), 0.25 for 3 seeds)")
     text += ("; p Holm: p adjusted by Holm's method over all comparisons of the same quantity on the page "
-             "(tasks x settings); below 0.05 is significant at a 5% family-wise error rate.")
+             "(tasks x settings)" + ("; a primary contrast's over the primary contrasts of that quantity alone"
+                                     if config.primary else "") +
+             "; below 0.05 is significant at a 5% family-wise error rate.")
     if any(t.reach for t in config.tasks) and not compact:
         text += (" Steps to a threshold are compared only where every run of both settings reached it; n/a "
                  "otherwise (censored: a run that never reached it has no step to subtract).")

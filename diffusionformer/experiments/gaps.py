@@ -33,7 +33,7 @@ from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig, load_experiment_config
 from diffusionformer.experiments.publish import GAP_MARKER, READING_MARKER, _copy_png, read_run_log
-from diffusionformer.experiments.runner import paired_t, read_curves, run_dir
+from diffusionformer.experiments.runner import read_curves, run_dir
 from diffusionformer.experiments.stats import holm, paired_difference
 from diffusionformer.experiments.tasks import as_metrics
 
@@ -110,8 +110,8 @@ def gap_rows(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict[s
 def _ms(values: list[float], digits: int = 4) -> str:
     if not values:
         return "n/a"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.{digits}f} ± {sd:.{digits}f}"
+    sd = f"{statistics.stdev(values):.{digits}f}" if len(values) > 1 else "n/a"  # one value has no sample std
+    return f"{statistics.fmean(values):.{digits}f} ± {sd}"
 
 
 def _diff(row: dict[int, dict[str, float]], base: dict[int, dict[str, float]], key: str) -> str:
@@ -119,7 +119,8 @@ def _diff(row: dict[int, dict[str, float]], base: dict[int, dict[str, float]], k
     if not seeds:
         return ""
     d = [row[s][key] - base[s][key] for s in seeds]
-    t = paired_t({s: row[s][key] for s in seeds}, {s: base[s][key] for s in seeds})
+    # paired_difference, as the primary-contrast table: no t where the differences do not spread
+    t = paired_difference({s: row[s][key] for s in seeds}, {s: base[s][key] for s in seeds}).t
     return f"{statistics.fmean(d):+.4f}" + ("" if t is None else f" (t {t:+.1f}, {len(seeds) - 1} df)")
 
 
@@ -149,7 +150,8 @@ def gap_table(config: ExperimentConfig, out_root: str | Path,
             if not row:
                 continue
             get = lambda k: [row[s][k] for s in sorted(row)]  # noqa: E731
-            label = setting.name + (" (primary)" if setting.name in getattr(config, "primary", []) else "")
+            primary = (task.name, setting.name) in config.primary_contrasts() if getattr(config, "primary", None) else False
+            label = setting.name + (" (primary)" if primary else "")
             is_base = setting.name == baseline
             lines.append(
                 f"| {label} | {len(row)} | {_ms(get('final_val'))} | {_ms(get('final_train'))} | {_ms(get('final_gap'))} | "

@@ -25,11 +25,14 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
             "operator": op,
             "metric": rs[0].metric,
             "mean": statistics.fmean(vals) if vals else None,
-            "std": statistics.stdev(vals) if len(vals) > 1 else (0.0 if vals else None),
+            "std": statistics.stdev(vals) if len(vals) > 1 else None,  # one value has no sample std
             "n": len(vals),
             "failed": sum(1 for r in rs if r.status != "completed"),
+            # completed runs whose metric is NaN or inf: out of the mean and the pairing, and said so
+            "non_finite": sum(1 for r in rs if r.status == "completed" and r.value is not None
+                              and not math.isfinite(r.value)),
             "values": vals,
-            "seeds": [r.seed for r in rs if r.value is not None],
+            "seeds": [r.seed for r in rs if r.value is not None and math.isfinite(r.value)],
             "by_seed": {r.seed: r.value for r in rs if r.value is not None and math.isfinite(r.value)},
             "num_parameters": rs[0].num_parameters,
             "elapsed_mean": statistics.fmean([r.elapsed for r in rs if r.elapsed is not None]) if any(r.elapsed for r in rs) else None,
@@ -37,7 +40,7 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
         chosen = [r for r in rs if r.selected_value is not None and math.isfinite(r.selected_value)]
         if chosen:
             selected = [r.selected_value for r in chosen]
-            table[-1].update(selected_mean=statistics.fmean(selected), selected_std=statistics.stdev(selected) if len(selected) > 1 else 0.0,
+            table[-1].update(selected_mean=statistics.fmean(selected), selected_std=statistics.stdev(selected) if len(selected) > 1 else None,
                              selected_values=selected, selected_steps=[r.selected_step for r in chosen],
                              selected_by_seed={r.seed: r.selected_value for r in chosen})
         # per completed run (None: never reached, or the task has no `reach`); read only for tasks with `reach`
@@ -129,6 +132,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
         lines += header(["operator", f"{task.metric} mean ± std", *stat_heads, "seeds", "params", "time/run (s)"])
         for r in rows:
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
+            failed += f" ({r['non_finite']} non-finite)" if r.get("non_finite") else ""
             cells = [r["operator"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", *stat_cells(task.name, r["operator"], "final", 4),
                      f"{r['n']}{failed}", str(r["num_parameters"] or "n/a"), _fmt(r["elapsed_mean"], 1)]
             lines.append("| " + " | ".join(cells) + " |")
