@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import Block
 
-__all__ = ["ModelIntermediates", "check_positive", "init_transformer_weights", "learned_operator_parameters"]
+__all__ = ["ModelIntermediates", "check_positive", "check_positive_int", "init_transformer_weights", "learned_operator_parameters"]
 
 
 @dataclass
@@ -29,9 +29,26 @@ class ModelIntermediates:
 
 
 def check_positive(where: str, **values: Any) -> None:
+    """Every value a positive int or float (for float fields: ``mlp_ratio``, temperatures); see :func:`check_positive_int`."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ValueError(f"{where}.{name} must be positive, got {value!r}")
+
+
+def check_positive_int(where: str, **values: Any) -> None:
+    """Every value a positive int (sizes: widths, depths, counts): a float or bool is a ``TypeError``.
+
+    Examples:
+        >>> check_positive_int("GPTConfig", n_embd=128.0)
+        Traceback (most recent call last):
+        ...
+        TypeError: GPTConfig.n_embd must be a positive int, got float 128.0
+    """
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{where}.{name} must be a positive int, got {type(value).__name__} {value!r}")
+        if value <= 0:
+            raise ValueError(f"{where}.{name} must be a positive int, got {value!r}")
 
 
 def check_probability(where: str, **values: Any) -> None:

@@ -16,7 +16,7 @@ from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
 from diffusionformer.nn.rotary import RotaryEmbedding
-from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
+from diffusionformer.models.common import ModelIntermediates, check_positive, check_positive_int, check_probability, init_transformer_weights
 from diffusionformer.models.sampling import top_k_filter, top_p_filter
 
 __all__ = ["DiffusionGPT", "GPTConfig"]
@@ -48,8 +48,9 @@ class GPTConfig:
     recompute: bool = False  #: attention layers form their combined head output again in the backward pass (less memory)
 
     def __post_init__(self) -> None:
-        check_positive("GPTConfig", vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
-                       n_head=self.n_head, n_embd=self.n_embd, mlp_ratio=self.mlp_ratio)
+        check_positive_int("GPTConfig", vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
+                           n_head=self.n_head, n_embd=self.n_embd)
+        check_positive("GPTConfig", mlp_ratio=self.mlp_ratio)
         check_probability("GPTConfig", dropout=self.dropout)
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"GPTConfig: n_head={self.n_head} must divide n_embd={self.n_embd}")

@@ -18,7 +18,7 @@ from diffusionformer.nn.block import DropPath, Mlp, make_norm, resolve_layer_hea
 from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
-from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
+from diffusionformer.models.common import ModelIntermediates, check_positive, check_positive_int, check_probability, init_transformer_weights
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
 
@@ -52,8 +52,9 @@ class GraphTransformerConfig:
     pe_sign_flip: bool = True  #: random sign flip of each Laplacian eigenvector in training
 
     def __post_init__(self) -> None:
-        check_positive("GraphTransformerConfig", in_channels=self.in_channels, num_classes=self.num_classes,
-                       dim=self.dim, depth=self.depth, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio)
+        check_positive_int("GraphTransformerConfig", in_channels=self.in_channels, num_classes=self.num_classes,
+                           dim=self.dim, depth=self.depth, num_heads=self.num_heads)
+        check_positive("GraphTransformerConfig", mlp_ratio=self.mlp_ratio)
         check_probability("GraphTransformerConfig", dropout=self.dropout, attn_dropout=self.attn_dropout,
                           input_dropout=self.input_dropout)
         if self.task not in ("node", "graph"):
@@ -64,10 +65,10 @@ class GraphTransformerConfig:
             raise ValueError(f"GraphTransformerConfig: num_heads={self.num_heads} must divide dim={self.dim}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
         if self.edge_dim is not None:
-            check_positive("GraphTransformerConfig", edge_dim=self.edge_dim)
+            check_positive_int("GraphTransformerConfig", edge_dim=self.edge_dim)
         if self.pe not in _PE_KINDS:
             raise ValueError(f"GraphTransformerConfig.pe: expected one of {_PE_KINDS}, got {self.pe!r}")
-        check_positive("GraphTransformerConfig", pe_dim=self.pe_dim)
+        check_positive_int("GraphTransformerConfig", pe_dim=self.pe_dim)
 
 
 def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str = "pe") -> Any:
@@ -106,6 +107,13 @@ def _check_size(name: str, value: object) -> None:
     """``max_num_nodes`` / ``num_graphs``: ``None`` or a positive Python int (a shape, never a tensor)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"{name}: expected None or a positive int, got {value!r}")
+
+
+def _check_sorted_batch(batch: Tensor) -> None:
+    """A ``ValueError`` unless the graph ids of ``batch`` are non-decreasing (reads values: call under ``checks_values``)."""
+    if batch.shape[0] > 1 and bool((batch[1:] < batch[:-1]).any()):
+        raise ValueError("batch: expected sorted graph ids (the nodes of each graph contiguous, as in a "
+                         "PyG Batch), got an unsorted batch")
 
 
 def _node_positions(batch: Tensor, num_graphs: int) -> tuple[Tensor, Tensor]:
@@ -153,10 +161,13 @@ class GraphBlock(nn.Module):
     and comes back by the same index, so every shape is fixed by the call's Python ints: no
     host read, and ``torch.compile(fullgraph=True)`` captures it. The padded keys are masked,
     so the result equals the inferred-size one (to rounding, exactly for the same ``N_max``).
-    ``batch`` must be sorted (as in a PyG ``Batch``). A graph with more than ``max_num_nodes``
-    nodes is a ``ValueError`` in eager mode on CPU (where value checks run, see
-    :func:`~diffusionformer.ops._checks.checks_values`); elsewhere its node's index is out of
-    range (an indexing error, never a silently dropped node).
+    With or without sizes, ``batch`` must be sorted (the nodes of each graph contiguous, as in a
+    PyG ``Batch``): in eager mode on CPU (where value checks run, see
+    :func:`~diffusionformer.ops._checks.checks_values`) an unsorted ``batch`` is a
+    ``ValueError``; on an accelerator or under :func:`torch.compile` it is not checked (no host
+    read) and the global-attention output would mix graphs, so sort the nodes first. A graph
+    with more than ``max_num_nodes`` nodes is likewise a ``ValueError`` in eager mode on CPU;
+    elsewhere its node's index is out of range (an indexing error, never a silently dropped node).
 
     Shapes:
         ``x``: ``(N, D)``, ``graph``: a sparse graph over ``N`` nodes or ``edge_index`` ``(2, E)``,
@@ -193,6 +204,10 @@ class GraphBlock(nn.Module):
             update = self.attn(h, graph, state=state)
         if self.global_attn is not None:
             if max_num_nodes is None and num_graphs is None:  # sizes read from batch (host syncs)
+                if batch is not None and checks_values(batch):  # g[mask] returns nodes in sorted-id order
+                    if batch.shape[0] and int(batch.min()) < 0:
+                        raise ValueError(f"batch: expected non-negative graph ids, got min {int(batch.min())}")
+                    _check_sorted_batch(batch)
                 dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
                 g = self.global_attn(dense, key_padding_mask=~mask, state=global_state)
                 update = update + g[mask]
@@ -216,9 +231,7 @@ class GraphBlock(nn.Module):
             if not (0 <= int(batch.min()) and int(batch.max()) < G):
                 raise ValueError(f"batch: expected graph ids in [0, num_graphs={G}), "
                                  f"got ids in [{int(batch.min())}, {int(batch.max())}]")
-            if N > 1 and bool((batch[1:] < batch[:-1]).any()):  # pos_i = i - ptr_{b_i} holds for sorted ids only
-                raise ValueError("batch: expected sorted graph ids (the nodes of each graph contiguous, as in a "
-                                 "PyG Batch), got an unsorted batch")
+            _check_sorted_batch(batch)  # pos_i = i - ptr_{b_i} holds for sorted ids only
         pos, counts = _node_positions(batch, G)  # (N,), (G,)
         M = max_num_nodes if max_num_nodes is not None else max(int(counts.max()), 1)  # host read if not given
         if checks_values(counts) and int(counts.max()) > M:
@@ -301,7 +314,9 @@ class DiffusionGraphTransformer(nn.Module):
         Args:
             x: node features ``(N, F)``.
             edge_index: ``(2, E)`` edges ``(source j, target i)``.
-            batch: graph index per node ``(N,)``.
+            batch: graph index per node ``(N,)``; sorted (as in a PyG ``Batch``) with global
+                attention: a ``ValueError`` in eager mode on CPU, unchecked on an accelerator
+                or under :func:`torch.compile`.
             edge_attr: edge features ``(E, edge_dim)`` (required when ``edge_dim`` is set).
             pe: positional encoding ``(N, pe_dim)`` (required when ``pe`` is set), e.g. from
                 :func:`positional_encoding_transform`; added to the node embedding through a

@@ -13,12 +13,14 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
 
     Args:
         logits: ``(B, V)``.
-        k: a positive int (clipped to ``V``).
+        k: a positive int (clipped to ``V``); anything else is a ``ValueError``.
 
     Examples:
         >>> top_k_filter(torch.tensor([[1.0, 3.0, 2.0]]), 2)
         tensor([[-inf, 3., 2.]])
     """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"top_k: expected a positive int, got {k!r}")
     kth = torch.topk(logits, min(k, logits.shape[-1])).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 
@@ -29,7 +31,10 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
 
     With the row's probabilities sorted, :math:`\pi_{(1)} \ge \pi_{(2)} \ge \dots`, token
     :math:`(r)` is kept iff :math:`\sum_{s < r} \pi_{(s)} < p`: the most likely token is
-    always kept, and ``p = 1`` keeps every token.
+    always kept, and ``p = 1`` keeps every token (the logits are returned as they are). The
+    running mass is summed in float64 (float32 on MPS, which has no float64), without the
+    cancellation of ``cumsum - probs``: the mass compared with ``p`` carries float64 rounding
+    (``~V * 1e-16``) instead of float32's (``~1e-7`` and up), which dropped or kept tokens.
 
     Args:
         logits: ``(B, V)`` (already divided by the temperature).
@@ -45,9 +50,13 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
         raise ValueError(f"top_p: expected a float in (0, 1], got {p!r}")
+    if p >= 1.0:  # every token: the mass before the last one is < 1 in exact arithmetic, not in float
+        return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits.float(), dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # (B, V): probability of the better-ranked tokens
+    dtype = torch.float32 if logits.device.type == "mps" else torch.float64
+    probs = torch.softmax(sorted_logits.to(dtype), dim=-1)
+    # (B, V): probability of the better-ranked tokens, an exclusive cumulative sum
+    mass_before = torch.nn.functional.pad(probs[..., :-1].cumsum(dim=-1), (1, 0))
     drop_sorted = mass_before >= p
     drop_sorted[..., 0] = False
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)

@@ -13,7 +13,7 @@ from diffusionformer.config import document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
-from diffusionformer.models.common import ModelIntermediates, check_positive, check_probability, init_transformer_weights
+from diffusionformer.models.common import ModelIntermediates, check_positive, check_positive_int, check_probability, init_transformer_weights
 
 __all__ = ["DiffusionViT", "ViTConfig", "attention_rollout"]
 
@@ -50,8 +50,9 @@ class ViTConfig:
 
     def __post_init__(self) -> None:
         self.input_size = tuple(self.input_size)
-        check_positive("ViTConfig", in_channels=self.in_channels, patch_size=self.patch_size, dim=self.dim,
-                       depth=self.depth, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio)
+        check_positive_int("ViTConfig", in_channels=self.in_channels, patch_size=self.patch_size, dim=self.dim,
+                           depth=self.depth, num_heads=self.num_heads)
+        check_positive("ViTConfig", mlp_ratio=self.mlp_ratio)
         check_probability("ViTConfig", dropout=self.dropout, attn_dropout=self.attn_dropout, drop_path=self.drop_path)
         if len(self.input_size) not in (1, 2) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in self.input_size):
             raise ValueError(f"ViTConfig.input_size must be (H, W) or (T,) positive ints, got {self.input_size}")
@@ -59,6 +60,9 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.patch_size={self.patch_size} must divide input_size={self.input_size}")
         if self.dim % self.num_heads:
             raise ValueError(f"ViTConfig: num_heads={self.num_heads} must divide dim={self.dim}")
+        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int):
+            raise TypeError(f"ViTConfig.num_classes must be an int >= 0 (0: no head), "
+                            f"got {type(self.num_classes).__name__} {self.num_classes!r}")
         if self.num_classes < 0:
             raise ValueError(f"ViTConfig.num_classes must be >= 0, got {self.num_classes}")
         if self.pool not in ("cls", "mean"):

@@ -81,7 +81,7 @@ class DiffusionAttention(nn.Module):
         causal: position ``i`` never sees ``j > i`` (dense: causal mask; sparse: edges with
             source > target are dropped).
         qk_norm: LayerNorm on queries and keys per head (Dehghani et al., 2023).
-        bias: biases in the projections.
+        bias: biases in the projections and in the ``qk_norm`` LayerNorms.
         dropout: dropout on the attention probabilities at every propagation step (training only).
         backend: dense back-end, ``"auto"``, ``"sdpa"`` or ``"matrix"`` (see
             :func:`~diffusionformer.ops.dense.choose_dense_backend`).
@@ -162,8 +162,9 @@ class DiffusionAttention(nn.Module):
         self.qkv = nn.Linear(dim, dim + 2 * kv * (dim // num_heads), bias=bias)
         # ---- end modern parts
         self.out_proj = nn.Linear(dim, dim, bias=bias)
-        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        # the q/k LayerNorms follow ``bias`` (bias=False: nanoGPT's LayerNorm without bias)
+        self.q_norm = nn.LayerNorm(self.head_dim, bias=bias) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, bias=bias) if qk_norm else nn.Identity()
 
         groups = parse_heads(heads, num_heads)
         self.operators = nn.ModuleList([g.operator for g in groups])

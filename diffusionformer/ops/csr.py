@@ -139,7 +139,11 @@ def sddmm_heads(crow: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:
     r"""Per-head dot products on the stored entries (SDDMM): :math:`s_{h,e} = a_{h,r_e} \cdot b_{h,c_e}`.
 
     ``r_e`` is the row of entry ``e`` in the CSR structure ``(crow, col)`` and ``c_e = col[e]``;
-    one :func:`torch.sparse.sampled_addmm` per head.
+    one :func:`torch.sparse.sampled_addmm` per head. Repeated entries (duplicate edges) each get
+    their product. A structure with more entries than the ``R x M`` matrix has cells (only
+    possible with duplicates) does not fit :func:`torch.sparse.sampled_addmm`, which sizes its
+    result to at most ``R M`` entries; there the ``(H, R, M)`` dense products (fewer values than
+    the ``H E`` results) are gathered at the entries instead.
 
     Args:
         crow: row pointers ``(R + 1,)``.
@@ -162,6 +166,10 @@ def sddmm_heads(crow: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:
     out = a.new_empty(H, E)
     if E == 0:
         return out
+    if E > R * M:  # duplicates beyond R * M: the dense products, gathered per entry (a shape test, no host read)
+        rows = torch.searchsorted(crow, torch.arange(E, device=crow.device, dtype=crow.dtype), right=True) - 1
+        flat = rows.long() * M + col.long()  # (E,): the cell of every entry in the row-major (R, M) matrix
+        return torch.bmm(a, b.transpose(1, 2)).flatten(1).index_select(1, flat)
     pattern = _csr(crow, col, a.new_zeros(E), (R, M))  # zeros: sampled_addmm reads them even with beta=0
     for h in range(H):  # the result's values are row h of ``out``
         torch.sparse.sampled_addmm(pattern, a[h], b[h].t(), beta=0.0, out=_csr(crow, col, out[h], (R, M)))
