@@ -24,7 +24,7 @@ from torch import Tensor
 from .base import IGNORE_INDEX, SequenceTaskData
 from .registry import register_dataset
 from .splits import generator as seeded_generator
-from .splits import split_sizes
+from .splits import require_heldout, split_sizes
 
 __all__ = ["make_assoc_recall", "load_assoc_recall"]
 
@@ -105,11 +105,7 @@ def load_assoc_recall(
         - x, y of each split: ``(N_split, 2 * num_pairs + num_queries)`` int64
     """
     n_train, n_val, n_test = split_sizes(num_examples, val_fraction, test_fraction)
-    for option, fraction, part, n in (("val_fraction", val_fraction, "val", n_val),
-                                      ("test_fraction", test_fraction, "test", n_test)):
-        if n == 0:  # as splits.require_heldout: an empty part fails only at the first evaluation
-            raise ValueError(f"assoc-recall: {option}={fraction} leaves the {part} split empty (0 of {num_examples} "
-                             f"examples); use a larger {option} or more examples")
+    require_heldout("assoc-recall", (n_train, n_val, n_test), val_fraction, test_fraction)
     x, y = make_assoc_recall(num_examples, num_pairs, vocab_size, seeded_generator(seed), num_queries)
     a, b = n_train, n_train + n_val
     return SequenceTaskData(

@@ -59,7 +59,7 @@ def load_mnist1d(
     x_test = torch.as_tensor(np.asarray(raw["x_test"], dtype=np.float32)).unsqueeze(-1)
     y_test = torch.as_tensor(np.asarray(raw["y_test"], dtype=np.int64))
     train_idx, val_idx, _ = random_split(len(y_all), val_fraction, 0.0, seed)
-    require_heldout("mnist1d", (train_idx, val_idx, torch.arange(len(y_test))), val_fraction, 0.0)  # test: the package's
+    require_heldout("mnist1d", (train_idx, val_idx, len(y_test)), val_fraction, 0.0)  # test: the package's
     T, F = x_all.shape[1:]
     return ClassificationData(
         name="mnist1d",

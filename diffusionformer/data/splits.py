@@ -129,7 +129,7 @@ def stratified_split(
 
 
 def require_heldout(
-    dataset: str, splits: tuple[Tensor, Tensor, Tensor], val_fraction: float, test_fraction: float
+    dataset: str, splits: tuple[Tensor | int, Tensor | int, Tensor | int], val_fraction: float, test_fraction: float
 ) -> None:
     """Refuse split fractions that leave the val or the test part empty.
 
@@ -139,7 +139,7 @@ def require_heldout(
 
     Args:
         dataset: the dataset's name, for the message.
-        splits: ``(train_idx, val_idx, test_idx)``.
+        splits: ``(train_idx, val_idx, test_idx)``, or the three parts' sizes.
         val_fraction, test_fraction: the options that sized the val and test parts.
 
     Raises:
@@ -154,12 +154,13 @@ def require_heldout(
         ...
         ValueError: toy: val_fraction=0.0 leaves the val split empty (0 of 20 examples); ...
     """
-    n = sum(idx.numel() for idx in splits)
-    for option, fraction, part, idx in (
-        ("val_fraction", val_fraction, "val", splits[1]),
-        ("test_fraction", test_fraction, "test", splits[2]),
+    sizes = [idx if isinstance(idx, int) else idx.numel() for idx in splits]
+    n = sum(sizes)
+    for option, fraction, part, size in (
+        ("val_fraction", val_fraction, "val", sizes[1]),
+        ("test_fraction", test_fraction, "test", sizes[2]),
     ):
-        if idx.numel() == 0:
+        if size == 0:
             raise ValueError(
                 f"{dataset}: {option}={fraction} leaves the {part} split empty "
                 f"(0 of {n} examples); evaluation needs at least one {part} example, so use a "
