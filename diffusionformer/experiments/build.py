@@ -58,9 +58,11 @@ def _check_data_overrides(sizes: dict[str, Any], overrides: dict[str, Any], task
         ValueError: naming the field, the override, the data's value and the task.
     """
     for key, value in overrides.items():
+        if key not in sizes:  # not a data-derived size: the model config checks it
+            continue
         if key == "vocab_size" and isinstance(value, int) and not isinstance(value, bool) and value >= sizes[key]:
             continue  # a padded vocabulary (nanoGPT pads 50257 to 50304): the extra logits are never targets
-        if key in sizes and not _same(value, sizes[key]):
+        if not _same(value, sizes[key]):
             raise ValueError(f"task {task.name!r}: {source} sets {key} = {value!r}, but dataset {task.dataset!r} "
                              f"gives {key} = {sizes[key]!r}; the model takes {key} from the data, so drop the override")
 

@@ -107,3 +107,10 @@ def test_run_trains_nothing_with_a_wrong_num_classes(tmp_path):
                                          r"gives num_classes = 10"):
         run_experiment(cfg, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_override_of_a_size_the_data_does_not_give_reaches_the_model_config_check(tmp_path):
+    pytest.importorskip("sklearn", reason="the digits dataset comes with scikit-learn")
+    cfg = _config(tmp_path, ", vocab_size = 100")  # a ViT has no vocabulary: was a bare KeyError('vocab_size')
+    problems = validate_experiment(cfg)
+    assert any("unknown key 'vocab_size'" in p for p in problems), problems
