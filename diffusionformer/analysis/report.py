@@ -450,7 +450,6 @@ def layer_reports(
     """
     if not isinstance(capture, LayerCapture):
         raise TypeError(f"capture must be a LayerCapture, got {type(capture).__name__}")
-    mask = capture.mask
     lengths = capture.lengths()
     labels = capture.labels
     seq_labels = labels if labels is not None and labels.ndim == 1 else None

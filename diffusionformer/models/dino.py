@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffusionformer.config import document_fields
-from diffusionformer.models.common import check_positive, check_probability
+from diffusionformer.models.common import check_positive, check_positive_int, check_probability
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
 
 __all__ = [
@@ -248,10 +248,11 @@ class DINOConfig(ViTConfig):
             raise ValueError(f"DINOConfig.num_classes must be 0 (no classifier head), got {self.num_classes}")
         if len(self.input_size) != 2:
             raise ValueError(f"DINOConfig.input_size must be (H, W): DINO views are image crops, got {self.input_size}")
-        check_positive("DINOConfig", out_dim=self.out_dim, head_hidden=self.head_hidden,
-                       head_bottleneck=self.head_bottleneck, head_layers=self.head_layers,
-                       student_temp=self.student_temp, teacher_temp=self.teacher_temp,
-                       warmup_teacher_temp=self.warmup_teacher_temp, schedule_steps=self.schedule_steps)
+        check_positive_int("DINOConfig", out_dim=self.out_dim, head_hidden=self.head_hidden,
+                           head_bottleneck=self.head_bottleneck, head_layers=self.head_layers,
+                           schedule_steps=self.schedule_steps)
+        check_positive("DINOConfig", student_temp=self.student_temp, teacher_temp=self.teacher_temp,
+                       warmup_teacher_temp=self.warmup_teacher_temp)
         check_probability("DINOConfig", center_momentum=self.center_momentum)
         if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) or not 0.0 <= self.momentum <= 1.0:
             raise ValueError(f"DINOConfig.momentum must lie in [0, 1], got {self.momentum!r}")

@@ -9,6 +9,9 @@ import pytest
 import torch
 
 from diffusionformer.models import (
+    DINOConfig,
+    GCNConfig,
+    GINConfig,
     DiffusionGPT,
     DiffusionGraphTransformer,
     DiffusionViT,
@@ -216,6 +219,15 @@ def test_attention_qk_norm_follows_bias_and_keeps_the_bias_true_keys():
     (lambda v: GraphTransformerConfig(depth=v), "GraphTransformerConfig.depth"),
     (lambda v: GraphTransformerConfig(edge_dim=v), "GraphTransformerConfig.edge_dim"),
     (lambda v: GraphTransformerConfig(pe_dim=v), "GraphTransformerConfig.pe_dim"),
+    (lambda v: GCNConfig(hidden=v), "GCNConfig.hidden"),
+    (lambda v: GCNConfig(num_layers=v), "GCNConfig.num_layers"),
+    (lambda v: GCNConfig(in_channels=v), "GCNConfig.in_channels"),
+    (lambda v: GINConfig(hidden=v), "GINConfig.hidden"),
+    (lambda v: GINConfig(num_layers=v), "GINConfig.num_layers"),
+    (lambda v: GINConfig(num_classes=v), "GINConfig.num_classes"),
+    (lambda v: DINOConfig(out_dim=v), "DINOConfig.out_dim"),
+    (lambda v: DINOConfig(head_layers=v), "DINOConfig.head_layers"),
+    (lambda v: DINOConfig(schedule_steps=v), "DINOConfig.schedule_steps"),
 ])
 @pytest.mark.parametrize("value", [2.0, 2.5, True])
 def test_config_sizes_must_be_ints(make, field, value):
@@ -230,7 +242,12 @@ def test_config_size_values_and_float_fields():
         GraphTransformerConfig(dim=-8)
     with pytest.raises(TypeError, match=r"X.size must be a positive int, got float 3.0"):
         check_positive_int("X", size=3.0)
-    # float fields stay floats
+    with pytest.raises(ValueError, match=r"GCNConfig.num_layers must be a positive int, got 0"):
+        GCNConfig(num_layers=0)
+    with pytest.raises(ValueError, match=r"GINConfig.num_layers must be >= 2"):
+        GINConfig(num_layers=1)
+    # float fields stay floats (DINO's temperatures among them)
+    assert DINOConfig(student_temp=1, teacher_temp=0.5).student_temp == 1
     gpt = DiffusionGPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, mlp_ratio=1.5))
     assert gpt.blocks[0].mlp.fc1.out_features == 12
     vit = DiffusionViT(ViTConfig(input_size=(8, 8), patch_size=4, dim=8, depth=1, num_heads=2, num_classes=0,
