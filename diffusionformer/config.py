@@ -14,6 +14,16 @@ Examples:
     Traceback (most recent call last):
     ...
     ValueError: Cfg: unknown key 'detph'; valid keys: ['depth', 'rate'] (did you mean 'depth'?)
+
+Every unknown key and mistyped value of a config is reported in one error
+(:class:`ConfigErrors`), not the first alone:
+
+    >>> config_from_dict(Cfg, {"detph": 4, "rate": "fast"})
+    Traceback (most recent call last):
+    ...
+    diffusionformer.config.ConfigErrors: Cfg: 2 problems:
+      - Cfg: unknown key 'detph'; valid keys: ['depth', 'rate'] (did you mean 'depth'?)
+      - Cfg.rate: expected a float, got str 'fast'
 """
 
 from __future__ import annotations
@@ -25,9 +35,33 @@ import types
 import typing
 from typing import Any, Mapping, TypeVar
 
-__all__ = ["FIELDS_HEADER", "check_value", "config_from_dict", "config_to_dict", "document_fields"]
+__all__ = ["FIELDS_HEADER", "ConfigErrors", "check_value", "config_from_dict", "config_to_dict", "document_fields"]
 
 T = TypeVar("T")
+
+
+class ConfigErrors(ValueError, TypeError):
+    """Several problems of one config at once: unknown keys, mistyped values, failed range checks.
+
+    A ``ValueError`` and a ``TypeError`` alike (its parts are either), so code that catches one
+    of them keeps working; a config with a single problem raises that problem's own error.
+
+    Attributes:
+        problems: one sentence per problem, each naming its key path.
+    """
+
+    def __init__(self, problems: list[str], where: str) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{where}: {len(self.problems)} problems:\n{lines}")
+
+
+def _raise_collected(errors: list[Exception], where: str) -> None:
+    """Raise nothing, the one error as it is, or :class:`ConfigErrors` listing every problem."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigErrors([p for e in errors for p in (e.problems if isinstance(e, ConfigErrors) else [str(e)])], where)
 
 
 def _type_name(tp: Any) -> str:
@@ -81,7 +115,13 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
             items = [check_value(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args))]
         else:
             arg = args[0] if args else Any
-            items = [check_value(v, arg, f"{where}[{i}]") for i, v in enumerate(value)]
+            items, errors = [], []
+            for i, v in enumerate(value):  # every item's problems, not the first item's alone
+                try:
+                    items.append(check_value(v, arg, f"{where}[{i}]"))
+                except (TypeError, ValueError) as exc:
+                    errors.append(exc)
+            _raise_collected(errors, where)
         return tuple(items) if origin is tuple else items
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
@@ -106,7 +146,14 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
 def config_from_dict(cls: type[T], data: Mapping[str, Any], *, where: str | None = None) -> T:
     """Build dataclass ``cls`` from ``data``, rejecting unknown keys and mistyped values.
 
-    The dataclass's ``__post_init__`` then runs its own range checks.
+    The dataclass's ``__post_init__`` then runs its own range checks (when every key and
+    type is right).
+
+    Raises:
+        ValueError: an unknown key (with a "did you mean"), or a range check.
+        TypeError: a mistyped value.
+        ConfigErrors: several of these, every one listed, including those of nested
+            configs (each table of a list of tables is checked, and range-checked, on its own).
     """
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
@@ -116,12 +163,18 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], *, where: str | None
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
+    errors: list[Exception] = []
     for key, value in data.items():
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"{where}: unknown key {key!r}; valid keys: {sorted(fields)}{hint}")
-        kwargs[key] = check_value(value, hints[key], f"{where}.{key}")
+            errors.append(ValueError(f"{where}: unknown key {key!r}; valid keys: {sorted(fields)}{hint}"))
+            continue
+        try:
+            kwargs[key] = check_value(value, hints[key], f"{where}.{key}")
+        except (TypeError, ValueError) as exc:
+            errors.append(exc)
+    _raise_collected(errors, where)
     return cls(**kwargs)
 
 

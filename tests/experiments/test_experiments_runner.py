@@ -79,6 +79,31 @@ def test_bad_configs_are_rejected_with_the_key_named(mutate, err, match):
         load_experiment_config(cfg)
 
 
+def test_every_problem_of_a_config_is_reported_at_once():
+    """Unknown keys, mistyped values and range checks of several tables come in one error, each named."""
+    from diffusionformer.config import ConfigErrors
+
+    cfg = tiny_config(descripton="typo")
+    cfg["operators"][1]["hedas"] = 1
+    cfg["tasks"][0]["metric"] = 3
+    cfg["tasks"].append({**cfg["tasks"][0], "name": "second", "metric": "val_acc", "eval_batch_size": 0})
+    cfg["tasks"].append({**cfg["tasks"][0], "name": "third", "metric": "val_acc", "folds": 1})
+    with pytest.raises(ConfigErrors) as info:
+        load_experiment_config(cfg)
+    problems = info.value.problems
+    assert len(problems) == 5, problems
+    expected = [r"config: unknown key 'descripton'.*did you mean 'description'", r"config.operators\[1\]: unknown key 'hedas'",
+                r"config.tasks\[0\].metric: expected a string, got int 3", r"task 'second': eval_batch_size must be positive",
+                r"task 'third': folds must be an int >= 2"]
+    for pattern in expected:
+        assert sum(bool(re.search(pattern, p)) for p in problems) == 1, (pattern, problems)
+    assert str(info.value).startswith("config: 5 problems:\n  - ")
+    assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)  # callers catching either keep working
+    # a single problem keeps its own type and message
+    with pytest.raises(TypeError, match=r"^config.tasks\[0\].metric: expected a string, got int 3$"):
+        load_experiment_config(tiny_config(tasks=[{**tiny_config()["tasks"][0], "metric": 3}]))
+
+
 def test_overrides_go_through_the_same_validator(tmp_path):
     cfg = load_experiment_config(tiny_config(), ["tasks.digits.train.max_steps=3", "seeds=[4, 5]", "operators=lap"])
     assert cfg.tasks[0].train["max_steps"] == 3 and cfg.seeds == [4, 5] and [o.name for o in cfg.operators] == ["lap"]
