@@ -4,9 +4,11 @@
 #   bash benchmarks/gpu_suite.sh [OUT_DIR]          (default OUT_DIR: benchmarks/results-cuda)
 #   bash benchmarks/gpu_suite.sh --smoke [OUT_DIR]  (or GPU_SUITE_SMOKE=1: a CPU smoke run of the
 #                                                    issue-15 script at tiny sizes, default OUT_DIR
-#                                                    /tmp/df-gpu-suite-smoke; no GPU needed)
-#   bash benchmarks/gpu_suite.sh --issue15 [OUT_DIR] (or GPU_SUITE_ISSUE15=1: steps 1 and 3 only,
-#                                                    when GPU time is short)
+#                                                    /tmp/df-gpu-suite-smoke; no GPU needed; with
+#                                                    GPU_SUITE_STEPS, the scripts of those steps)
+#   bash benchmarks/gpu_suite.sh --issue15 [OUT_DIR] (or GPU_SUITE_ISSUE15=1: every step but the grid,
+#                                                    step 2, with bench_host.py and bench_memory.py
+#                                                    run alone, when GPU time is short)
 #
 # Steps on the GPU: (1) the Triton kernel tests compiled for the device (tests/ops, float64
 # references), written to OUT_DIR/triton-tests.txt; a failure is reported and the suite goes on;
@@ -14,7 +16,8 @@
 # included; with --issue15 bench_host.py and bench_memory.py run alone); (3) benchmarks/bench_issue15.py
 # (issue 15: every head type vs the SDPA reference layer, the profile of SDPA kernels, launches,
 # copies, casts and syncs, GPT vs nanoGPT at both sizes, with a Triton column when triton imports;
-# the library columns run backend='sdpa', the PyTorch path, since 'auto' on CUDA is now Triton);
+# the library columns run backend='sdpa', the PyTorch path: 'auto' on CUDA materialises P for K >= 4 steps
+# in CUDA_MATERIALISE_ELEMENTS and would take Triton once TRITON_IN_AUTO is set);
 # (4) benchmarks/bench_compile.py (torch.compile(fullgraph=True) vs eager, the small GPT in bf16);
 # (5) benchmarks/bench_triton_blocks.py (the Triton kernels' block sizes, warps and stages swept
 # against the default geometry, with each configuration's output checked; when triton imports).
@@ -39,10 +42,32 @@ if [[ "${1:-}" == "--issue15" ]]; then ISSUE15=1; shift; fi
 start=$(date +%s)
 if [[ "$SMOKE" != "0" ]]; then
   OUT="${1:-/tmp/df-gpu-suite-smoke}"
+  # Without GPU_SUITE_STEPS: the issue-15 script alone (< 1 min). With it: each named step's script on CPU at its
+  # smoke size (host, memory, compile: --quick; blocks: --smoke under TRITON_INTERPRET=1; tests and grid are CI's),
+  # so that each GPU call's split can be tried here first. bench_issue15.py takes the GPU call's options.
+  SMOKE_STEPS=",${GPU_SUITE_STEPS:-issue15},"
+  sstep() { [[ "$SMOKE_STEPS" == *",$1,"* ]]; }
   echo "gpu_suite.sh: smoke run on CPU (tiny sizes; the numbers mean nothing) -> $OUT"
-  "$PY" benchmarks/bench_issue15.py --smoke --device cpu --threads 1 --out "$OUT"
-  echo "gpu_suite.sh: smoke run done in $(( $(date +%s) - start )) s; tables in $OUT/bench_issue15.md"
-  exit 0
+  failed=()
+  cpu=(--device cpu --threads 1 --out "$OUT")
+  if sstep issue15; then
+    # shellcheck disable=SC2086  # BENCH_ISSUE15_ARGS is a list of options
+    "$PY" benchmarks/bench_issue15.py --smoke "${cpu[@]}" --library-backend sdpa ${BENCH_ISSUE15_ARGS:-} \
+      || failed+=(bench_issue15.py)
+  fi
+  if sstep host; then "$PY" benchmarks/bench_host.py --quick "${cpu[@]}" || failed+=(bench_host.py); fi
+  if sstep memory; then "$PY" benchmarks/bench_memory.py --quick "${cpu[@]}" || failed+=(bench_memory.py); fi
+  if sstep compile; then "$PY" benchmarks/bench_compile.py --quick "${cpu[@]}" || failed+=(bench_compile.py); fi
+  if sstep blocks; then
+    if "$PY" -c "import triton" 2>/dev/null; then
+      TRITON_INTERPRET=1 "$PY" benchmarks/bench_triton_blocks.py --smoke "${cpu[@]}" || failed+=(bench_triton_blocks.py)
+    else
+      echo "gpu_suite.sh: triton not installed, no block sweep"
+    fi
+  fi
+  echo "gpu_suite.sh: smoke run done in $(( $(date +%s) - start )) s; tables in $OUT${failed[*]:+; FAILED: ${failed[*]}}"
+  [[ ${#failed[@]} -eq 0 ]]
+  exit
 fi
 OUT="${1:-benchmarks/results-cuda}"
 "$PY" - <<'PY'
