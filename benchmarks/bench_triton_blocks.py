@@ -9,7 +9,8 @@ the issue's sizes, bf16, causal:
 * ``K-step``: one call with ``K = 8`` over 2 heads (``heat(t=1.0, steps=8)`` heads);
 
 forward alone (the forward block sizes, warps and stages) and forward+backward (the backward
-block sizes, warps and stages, with the forward geometry at its default). Every configuration is
+block sizes, warps and stages: ``bwd_m``, ``bwd_n``, ``bwd_num_warps``, ``bwd_num_stages``, with the
+forward geometry at its default). Every configuration is
 timed in the same interleaved rounds as the default geometry (``_common.measure``), so the table
 gives ratios to the default with their IQR, and every configuration's output (and, for
 forward+backward, ``dq``) is compared with the default's: a geometry the kernels get wrong shows
@@ -59,10 +60,9 @@ def blocks_for(mode: str, cfg: tuple[int, int, int, int], default: dict[str, Any
     m, n, w, s = cfg
     b = dict(default)
     if mode == "forward":
-        b.update(fwd_m=m, fwd_n=n)
-    else:
-        b.update(bwd_m=m, bwd_n=n)
-    b.update(num_warps=w, num_stages=s)
+        b.update(fwd_m=m, fwd_n=n, num_warps=w, num_stages=s)
+    else:  # the backward's own warps and stages: the forward kernels keep the default geometry
+        b.update(bwd_m=m, bwd_n=n, bwd_num_warps=w, bwd_num_stages=s)
     return b
 
 

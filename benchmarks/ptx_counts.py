@@ -26,6 +26,7 @@ from diffusionformer.ops.triton._launch import cuda_geometry  # noqa: E402
 BLOCK_C = 64  # head size 64
 # the geometry the library launches with (ops.triton._launch.BLOCKS), block sizes as each kernel takes them
 (FWD_M, FWD_N, BWD_M, BWD_N), LAUNCH = cuda_geometry(BLOCK_C)
+BWD_LAUNCH = cuda_geometry(BLOCK_C, backward=True)[1]  # the backward kernels' warps and stages
 # (kernel, constexprs beyond the common ones)
 CASES = [("_first_step", dict(STORE_Y=True, BLOCK_M=FWD_M, BLOCK_N=FWD_N)),
          ("_next_step", dict(STORE_Y=True, BLOCK_M=FWD_M, BLOCK_N=FWD_N)),
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> C.Report:
     for name, extra_consts in CASES:
         counts = {}
         for drop in (False, True):
-            k = compile_kernel(getattr(K, name), dict(COMMON, DROPOUT=drop, **extra_consts), **LAUNCH)
+            k = compile_kernel(getattr(K, name), dict(COMMON, DROPOUT=drop, **extra_consts),
+                               **(LAUNCH if name in ("_first_step", "_next_step") else BWD_LAUNCH))
             ins = ptx_instructions(k)
             counts[drop] = (len(ins), sum(i.startswith("mul.hi") for i in ins), k.metadata.shared)
         (n0, _, s0), (n1, h1, s1) = counts[False], counts[True]

@@ -309,11 +309,52 @@ def test_cuda_geometry_reads_blocks_with_its_defaults_and_checks_them(monkeypatc
     assert _launch.cuda_geometry(128)[1] == {"num_warps": 8, "num_stages": 3}  # wider heads: 8 warps unless set
     monkeypatch.setattr(_launch, "BLOCKS", dict(base, num_warps=2, num_stages=None))
     assert _launch.cuda_geometry(128)[1] == {"num_warps": 2, "num_stages": 2}
+    # the backward's warps and stages: its own entries when set, else the forward's
+    assert _launch.cuda_geometry(64, backward=True)[1] == {"num_warps": 2, "num_stages": 2}
+    monkeypatch.setattr(_launch, "BLOCKS", dict(base, bwd_num_warps=8, bwd_num_stages=4))
+    assert _launch.cuda_geometry(64)[1] == {"num_warps": 4, "num_stages": 3}
+    assert _launch.cuda_geometry(64, backward=True) == ((128, 64, 32, 16), {"num_warps": 8, "num_stages": 4})
     for key, bad, match in (("num_warps", 0, "a positive int or None"), ("num_stages", True, "a positive int or None"),
+                            ("bwd_num_warps", 2.0, "a positive int or None"), ("bwd_num_stages", -1, "a positive int or None"),
                             ("fwd_n", 48, "a power of two >= 16")):
         monkeypatch.setattr(_launch, "BLOCKS", dict(base, **{key: bad}))
         with pytest.raises(ValueError, match=rf"BLOCKS\['{key}'\] must be {match}, got {bad!r}"):
             _launch.cuda_geometry(64)
+
+
+def test_backward_kernels_launch_with_the_backward_warps_and_stages():
+    # the launches of one call, recorded by stand-in kernels (CPU tensors; nothing runs): the forward's
+    # take L.warps, the backward's L.bwd_warps, so a sweep of one leaves the other as it was
+    from diffusionformer.ops.triton import _launch
+
+    launches: list[tuple[str, dict]] = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.name, kw))
+
+    kernels = type("Kernels", (), {n: Kernel(n) for n in ("_first_step", "_next_step", "_transposed_step",
+                                                           "_bwd_dkdv", "_bwd_dq")})()
+    B, H, N, C, K = 1, 2, 8, 4, 3
+    q = k = v = g = torch.zeros(B, H, N, C)
+    L = object.__new__(_launch._Launch)
+    L.B, L.H, L.N, L.C, L.block_c = B, H, N, C, 16
+    L.fwd_m = L.fwd_n = L.bwd_m = L.bwd_n = 16
+    L.warps, L.bwd_warps = {"num_warps": 4, "num_stages": 2}, {"num_warps": 8, "num_stages": 3}
+    L.flags, L.pad, L.seed, L.mask, L.mask_strides = {}, torch.zeros(1), torch.zeros(1), torch.zeros(1), (0, 0, 0, 0)
+    L.stride_pb, L.qk_scale, L.sm_scale, L.drop_p, L.inv_keep = N, 1.0, 1.0, 0, 1.0
+    L.grid = lambda block: (1,)
+    coeffs = torch.zeros(H, K + 1)
+    _, lse, ys = _launch._forward(kernels, L, q, k, v, coeffs, True)
+    _launch._backward(kernels, L, q, k, v, coeffs, lse, ys, g)
+    names = [n for n, _ in launches]
+    assert names == ["_first_step"] + ["_next_step"] * (K - 1) + ["_transposed_step"] * K + ["_bwd_dkdv", "_bwd_dq"]
+    for name, kw in launches:
+        want = L.warps if name in ("_first_step", "_next_step") else L.bwd_warps
+        assert {key: kw[key] for key in want} == want, name
 
 
 @requires_triton

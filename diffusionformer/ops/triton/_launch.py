@@ -16,10 +16,12 @@ _LOG2E = 1.4426950408889634
 #: Launch geometry of the compiled kernels (CUDA tensors): the query and key block sizes of the
 #: forward kernels (``fwd_m`` x ``fwd_n``) and of the backward kernels (``bwd_m`` x ``bwd_n``; the
 #: ``dq`` kernel takes them swapped), warps per program (``None``: 8 for head sizes padded to >= 128,
-#: else 4) and software-pipeline stages. Read at every call, so a benchmark or a user may set them;
-#: ``benchmarks/bench_triton_blocks.py`` sweeps them on a GPU. Block sizes are powers of two >= 16.
+#: else 4) and software-pipeline stages of the forward kernels, and the same two of the backward
+#: kernels (``bwd_num_warps``, ``bwd_num_stages``; ``None``: the forward's). Read at every call, so a
+#: benchmark or a user may set them; ``benchmarks/bench_triton_blocks.py`` sweeps them on a GPU, the
+#: backward's with the forward's left as they are. Block sizes are powers of two >= 16.
 BLOCKS: dict[str, int | None] = {"fwd_m": 64, "fwd_n": 64, "bwd_m": 32, "bwd_n": 64, "num_warps": None,
-                                 "num_stages": 2}
+                                 "num_stages": 2, "bwd_num_warps": None, "bwd_num_stages": None}
 #: The same under the interpreter (CPU tensors, tests): small and unequal, so that the tests cross
 #: every kind of block edge at tiny sizes.
 INTERPRETER_BLOCKS: dict[str, int] = {"fwd_m": 32, "fwd_n": 16, "bwd_m": 16, "bwd_n": 32}
@@ -36,19 +38,26 @@ def _block_sizes(table: dict, name: str) -> tuple[int, int, int, int]:
     return sizes[0], sizes[1], sizes[2], sizes[3]
 
 
-def cuda_geometry(block_c: int) -> tuple[tuple[int, int, int, int], dict[str, int]]:
+def cuda_geometry(block_c: int, backward: bool = False) -> tuple[tuple[int, int, int, int], dict[str, int]]:
     """The launch geometry of the compiled kernels for head blocks of ``block_c`` channels, from :data:`BLOCKS`.
 
     Returns the block sizes ``(fwd_m, fwd_n, bwd_m, bwd_n)`` (the forward kernels take ``fwd_m x fwd_n``
     blocks, ``_transposed_step`` and ``_bwd_dkdv`` ``bwd_m x bwd_n``, ``_bwd_dq`` ``bwd_n x bwd_m``) and the
-    launch options ``num_warps`` (``BLOCKS["num_warps"]``, else 8 from ``block_c >= 128`` on, else 4) and
-    ``num_stages``. Raises ``ValueError`` naming the entry of :data:`BLOCKS` that is not valid.
+    launch options of the forward kernels, or with ``backward`` of the backward kernels: ``num_warps``
+    (``BLOCKS["num_warps"]``, for the backward ``BLOCKS["bwd_num_warps"]`` when set, else 8 from
+    ``block_c >= 128`` on, else 4) and ``num_stages`` (likewise). Raises ``ValueError`` naming the entry
+    of :data:`BLOCKS` that is not valid.
     """
     sizes = _block_sizes(BLOCKS, "BLOCKS")
-    warps, stages = BLOCKS.get("num_warps"), BLOCKS.get("num_stages", 2)
-    for key, n in (("num_warps", warps), ("num_stages", stages)):
+    entries = {key: BLOCKS.get(key) for key in ("num_warps", "num_stages", "bwd_num_warps", "bwd_num_stages")}
+    entries["num_stages"] = BLOCKS.get("num_stages", 2)
+    for key, n in entries.items():
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"BLOCKS[{key!r}] must be a positive int or None, got {n!r}")
+    warps, stages = entries["num_warps"], entries["num_stages"]
+    if backward:
+        warps = entries["bwd_num_warps"] or warps
+        stages = entries["bwd_num_stages"] or stages
     return sizes, {"num_warps": warps or (8 if block_c >= 128 else 4), "num_stages": stages or 2}
 
 
@@ -111,9 +120,10 @@ class _Launch:
         self.block_c = max(16, 1 << (C - 1).bit_length())
         if self.interpreted:
             self.fwd_m, self.fwd_n, self.bwd_m, self.bwd_n = _block_sizes(INTERPRETER_BLOCKS, "INTERPRETER_BLOCKS")
-            self.warps = {}
+            self.warps, self.bwd_warps = {}, {}
         else:
             (self.fwd_m, self.fwd_n, self.bwd_m, self.bwd_n), self.warps = cuda_geometry(self.block_c)
+            self.bwd_warps = cuda_geometry(self.block_c, backward=True)[1]
         self.flags = dict(
             CAUSAL=bool(is_causal),
             HAS_PAD=pad is not None,
@@ -197,7 +207,7 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
             L.stride_pb, *L.mask_strides, coeffs.stride(0),
             H, N, C, L.qk_scale, m + 1, L.drop_p, L.inv_keep,
             HAS_IN=m < K, BLOCK_M=L.bwd_m, BLOCK_N=L.bwd_n, BLOCK_C=L.block_c,
-            **L.flags, **L.warps,
+            **L.flags, **L.bwd_warps,
         )
     # gradients stored as (B, N, H, C), the layout of a packed qkv projection
     dq = torch.empty(B, N, H, C, device=dev, dtype=dt).transpose(1, 2)
@@ -210,7 +220,7 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
         L.stride_pb, *L.mask_strides, coeffs.stride(0), step,
         H, N, C, K, L.qk_scale, L.sm_scale, L.drop_p, L.inv_keep,
         BLOCK_M=L.bwd_m, BLOCK_N=L.bwd_n, BLOCK_C=L.block_c,
-        **L.flags, **L.warps,
+        **L.flags, **L.bwd_warps,
     )
     kernels._bwd_dq[L.grid(L.bwd_n)](
         q, k, v, A, ys, L.pad, lse, delta, dq, L.seed, L.mask,
@@ -218,7 +228,7 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
         L.stride_pb, *L.mask_strides, step,
         H, N, C, K, L.qk_scale, L.sm_scale, L.drop_p, L.inv_keep,
         BLOCK_M=L.bwd_n, BLOCK_N=L.bwd_m, BLOCK_C=L.block_c,
-        **L.flags, **L.warps,
+        **L.flags, **L.bwd_warps,
     )
     dcoeffs = dcrows.sum(dim=(1, 3)).transpose(0, 1)  # (H, K + 1)
     return dq, dk, dv, dcoeffs.to(coeffs.dtype)
