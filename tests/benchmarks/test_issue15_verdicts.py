@@ -64,3 +64,22 @@ def test_host_syncs_leave_out_the_scripts_own_device_synchronize():
                      "aten::mm": 5})
     assert B.host_syncs(names) == 2
     assert B.host_syncs(Counter({"cudaDeviceSynchronize": 2})) == 0
+
+
+def test_bench_compile_records_a_layout_that_does_not_compile_and_goes_on(tmp_path, monkeypatch):
+    # issue 15: torch.compile(fullgraph=True) works for every operator; a layout that breaks is a failed row,
+    # not the end of the benchmark (the other layouts still run and the report is written)
+    import json
+
+    import bench_compile
+
+    def broken(model, fullgraph=False):
+        raise RuntimeError("graph break in a stand-in")
+
+    monkeypatch.setattr(bench_compile.torch, "compile", broken)
+    rep = bench_compile.main(["--quick", "--device", "cpu", "--threads", "1", "--out", str(tmp_path)])
+    (caption, header, rows), = rep.sections
+    assert header[-1] == "compiled faster" and len(rows) == 2
+    assert all(r[3].startswith("does not compile: RuntimeError: graph break") and r[-1] == "**no**" for r in rows)
+    saved = json.loads((tmp_path / "bench_compile.json").read_text())
+    assert [r["error"] for r in saved["rows"]] == ["RuntimeError: graph break in a stand-in"] * 2
