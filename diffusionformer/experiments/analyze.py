@@ -378,7 +378,8 @@ def _cell(values: list[float], base: list[float] | None) -> str:
     """``mean ± std (t)``: ``t`` is Welch's statistic against the first setting's values."""
     if not values:
         return "n/a"
-    text = f"{_fmt(statistics.fmean(values))} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.2g}"
+    sd = f"{statistics.stdev(values):.2g}" if len(values) > 1 else "n/a"  # one value has no sample std (as tables.py)
+    text = f"{_fmt(statistics.fmean(values))} ± {sd}"
     t = welch_t(values, base) if base is not None else None
     return text + ("" if t is None else f" ({t:+.1f})")
 
