@@ -30,6 +30,13 @@
 # so a call cut short keeps them. GPU_SUITE_TEST_WORKERS (default 8) and GPU_SUITE_TEST_TIMEOUT (default
 # 300 s) set step 1's pytest-xdist processes and time limit. BENCH_ISSUE15_ARGS passes options to bench_issue15.py, e.g.
 # "--parts gpt --gpt-sizes 6L-384" or "--layer-sizes 2".
+#
+# Issue 15 in one 15-minute device budget (each call <= 600 s; a machine's cold start is 1-2 min):
+#   call 1: GPU_SUITE_TEST_TIMEOUT=180 GPU_SUITE_STEPS=tests,issue15 bash benchmarks/gpu_suite.sh --issue15 $OUT
+#           (3 files: triton-tests.txt, bench_issue15.md/.json; the tests' limit leaves the benchmark >= 6 min)
+#   call 2: GPU_SUITE_STEPS=host,memory,compile,blocks bash benchmarks/gpu_suite.sh --issue15 $OUT
+#           (8 files, .md and .json of 4 benchmarks: the most $OUT brings back, so add nothing to this call)
+# Try each on CPU first with --smoke and the same GPU_SUITE_STEPS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
