@@ -25,10 +25,11 @@ def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]
     try:
         previous = json.loads((out / "results.json").read_text())["runs"]
         rows = [RunResult(**r) for r in previous]
-    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):  # none yet, or unreadable: rebuilt
+    except (FileNotFoundError, ValueError, KeyError, TypeError):  # none yet, or unreadable (not JSON, not UTF-8): rebuilt
         return []
     have = {(r.task, r.operator, r.seed) for r in results}
-    return [r for r in rows if (r.task, r.operator, r.seed) not in have and r.status == "completed"
+    return [r for r in rows if isinstance(r.task, str) and isinstance(r.operator, str)  # else no run folder: dropped
+            and (r.task, r.operator, r.seed) not in have and r.status == "completed"
             and _completed(run_dir(out, r.task, r.operator, r.seed))]
 
 

@@ -43,7 +43,7 @@ class LoadedRun:
         config: the model's config dataclass (e.g. :class:`~diffusionformer.models.GPTConfig`).
         metrics: the run's ``metrics.jsonl`` records (see :func:`~diffusionformer.train.read_metrics`).
         summary: ``summary.json`` (``status``, final ``eval``, ``elapsed`` ...), or ``None`` for
-            a run that never finished.
+            a run that never finished (or whose ``summary.json`` is unreadable: a warning names it).
         train_config: the :class:`~diffusionformer.train.TrainConfig` stored in the checkpoint.
         step: the number of updates done when the checkpoint was saved.
         preset: the model preset the run was built from (``run_config.json``'s ``model``).
@@ -127,7 +127,16 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
                               f"{ident_path}, got ones that do not fit: {err}") from err
     model.to(map_location).eval()
     summary_path = rdir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    summary = None
+    if summary_path.is_file():
+        from diffusionformer.experiments.results import read_json_dict
+
+        summary = read_json_dict(summary_path)
+        if summary is None:  # truncated or not JSON: the weights are still good (the runner rebuilds it on resume)
+            import warnings
+
+            warnings.warn(f"load_run: {summary_path} is unreadable (truncated or not a JSON object); "
+                          "run.summary is None", stacklevel=2)
     metrics = read_metrics(rdir) if (rdir / "metrics.jsonl").is_file() else []
     return LoadedRun(model, config, metrics, summary, TrainConfig.from_dict(payload["config"]), int(payload["step"]),
                      preset_name, rdir)
