@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from train_tiny_tasks import RegressionTask, TinyMLP, tiny_config
+from train_tiny_tasks import InfGrad, RegressionTask, TinyMLP, fp16_supported, tiny_config
 
 from diffusionformer.train import (
     NonFiniteLossError,
@@ -62,16 +62,6 @@ def test_trainer_matches_a_hand_written_adamw_loop_with_the_schedule_on_every_gr
         torch.testing.assert_close(p, q, rtol=0, atol=1e-7, msg=name)
 
 
-class _InfGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return torch.zeros_like(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return torch.full_like(g, float("inf"))
-
-
 class _InfGradAt(RegressionTask):
     def __init__(self, bad: int) -> None:
         super().__init__(global_rng=False)
@@ -84,7 +74,7 @@ class _InfGradAt(RegressionTask):
     def loss(self, model, batch):
         loss, metrics = super().loss(model, batch)
         if self.step == self.bad:
-            loss = loss + _InfGrad.apply(model.fc2.weight).sum()
+            loss = loss + InfGrad.apply(model.fc2.weight).sum()
         return loss, metrics
 
 
@@ -185,16 +175,6 @@ def test_non_finite_parameters_are_never_checkpointed(tmp_path):
     assert ckpt["step"] == 2 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
 
 
-def _fp16_supported() -> bool:
-    try:
-        with torch.autocast("cpu", dtype=torch.float16):
-            y = nn.Linear(2, 2)(torch.randn(3, 2))
-        torch.amp.GradScaler("cpu")
-        return y.dtype == torch.float16
-    except (RuntimeError, TypeError, ValueError):
-        return False
-
-
 class _SmallLoss(RegressionTask):
     """Loss scaled by 1e-3 so the fp16 gradients times the initial scale 2**16 do not overflow."""
 
@@ -203,7 +183,7 @@ class _SmallLoss(RegressionTask):
         return loss * 1e-3, metrics
 
 
-@pytest.mark.skipif(not _fp16_supported(), reason="this torch build has no fp16 CPU autocast")
+@pytest.mark.skipif(not fp16_supported(), reason="this torch build has no fp16 CPU autocast")
 def test_fp16_clips_the_unscaled_gradients(tmp_path):
     """Kills T4 (clipping applied before ``GradScaler.unscale_``): the logged norm and the clipped
     ``.grad`` must be those of the true gradients, as in the same update in float32."""
@@ -288,7 +268,7 @@ def test_resume_refuses_a_checkpoint_of_a_model_with_the_same_shapes_but_another
                 resume=True).fit()
 
 
-@pytest.mark.skipif(not _fp16_supported(), reason="this torch build has no fp16 CPU autocast")
+@pytest.mark.skipif(not fp16_supported(), reason="this torch build has no fp16 CPU autocast")
 def test_fp16_a_non_finite_loss_is_still_an_error(tmp_path):
     """Kills T29 (the non-finite-loss flag dropped: under fp16 the scaler then skips the NaN
     update as if it were a gradient overflow and the run goes on)."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from train_tiny_tasks import RegressionTask, TinyMLP, tiny_config
+from train_tiny_tasks import RegressionTask, TinyMLP, fp16_supported, tiny_config
 
 from diffusionformer.train import Trainer, TrainConfig, load_checkpoint, read_metrics, seed_everything
 
@@ -82,17 +82,7 @@ def test_grad_accum_steps_is_validated_and_not_resumable():
     assert "grad_accum_steps" not in RESUMABLE_FIELDS
 
 
-def _fp16_supported() -> bool:
-    try:
-        with torch.autocast("cpu", dtype=torch.float16):
-            y = nn.Linear(2, 2)(torch.randn(3, 2))
-        torch.amp.GradScaler("cpu")
-        return y.dtype == torch.float16
-    except (RuntimeError, TypeError, ValueError):
-        return False
-
-
-needs_fp16 = pytest.mark.skipif(not _fp16_supported(), reason="this torch build has no fp16 CPU autocast")
+needs_fp16 = pytest.mark.skipif(not fp16_supported(), reason="this torch build has no fp16 CPU autocast")
 
 
 @needs_fp16

@@ -9,19 +9,7 @@ import torch
 
 from diffusionformer.train import NonFiniteLossError, TrainConfig, Trainer
 
-from tests.train.train_tiny_tasks import RegressionTask, TinyMLP, tiny_config
-
-
-class _InfGrad(torch.autograd.Function):
-    """Zero forward, infinite gradient: a finite loss whose update is not."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return torch.zeros_like(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return torch.full_like(g, float("inf"))
+from tests.train.train_tiny_tasks import InfGrad, RegressionTask, TinyMLP, tiny_config
 
 
 class InfGradAt(RegressionTask):
@@ -36,7 +24,7 @@ class InfGradAt(RegressionTask):
     def loss(self, model, batch):
         loss, metrics = super().loss(model, batch)
         if self.step == self.bad:
-            loss = loss + _InfGrad.apply(model.fc2.weight).sum()
+            loss = loss + InfGrad.apply(model.fc2.weight).sum()
         return loss, metrics
 
 

@@ -102,3 +102,26 @@ def ddp_config(**overrides: Any) -> TrainConfig:
                 progress=False)
     base.update(overrides)
     return TrainConfig(**base)
+
+
+class InfGrad(torch.autograd.Function):
+    """Zero forward, infinite gradient: a finite loss whose update is not."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.zeros_like(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.full_like(g, float("inf"))
+
+
+def fp16_supported() -> bool:
+    """Whether this torch build has fp16 autocast and a GradScaler on CPU."""
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            y = nn.Linear(2, 2)(torch.randn(3, 2))
+        torch.amp.GradScaler("cpu")
+        return y.dtype == torch.float16
+    except (RuntimeError, TypeError, ValueError):
+        return False
