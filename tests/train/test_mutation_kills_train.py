@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from train_tiny_tasks import InfGrad, RegressionTask, TinyMLP, fp16_supported, tiny_config
+from train_tiny_tasks import InfGradAt, RegressionTask, TinyMLP, fp16_supported, tiny_config
 
 from diffusionformer.train import (
     NonFiniteLossError,
@@ -62,28 +62,12 @@ def test_trainer_matches_a_hand_written_adamw_loop_with_the_schedule_on_every_gr
         torch.testing.assert_close(p, q, rtol=0, atol=1e-7, msg=name)
 
 
-class _InfGradAt(RegressionTask):
-    def __init__(self, bad: int) -> None:
-        super().__init__(global_rng=False)
-        self.bad, self.step = bad, None
-
-    def train_batch(self, step, generator, batch_size):
-        self.step = step
-        return super().train_batch(step, generator, batch_size)
-
-    def loss(self, model, batch):
-        loss, metrics = super().loss(model, batch)
-        if self.step == self.bad:
-            loss = loss + InfGrad.apply(model.fc2.weight).sum()
-        return loss, metrics
-
-
 def test_an_infinite_gradient_with_clipping_is_caught_at_its_own_update(tmp_path):
     """Kills T6 (with grad_clip > 0 the non-finite clipped norm no longer flags the update: the
     error is then reported one update late, from the NaN loss that the poisoned weights give)."""
     cfg = tiny_config(max_steps=8, grad_clip=1.0, log_interval=4, eval_interval=0, checkpoint_interval=4)
     with pytest.raises(NonFiniteLossError) as info:
-        Trainer(TinyMLP(), _InfGradAt(5), cfg, tmp_path).fit()
+        Trainer(TinyMLP(), InfGradAt(5, global_rng=False), cfg, tmp_path).fit()
     assert info.value.step == 5 and info.value.last_checkpoint_step == 4
 
 

@@ -9,23 +9,7 @@ import torch
 
 from diffusionformer.train import NonFiniteLossError, TrainConfig, Trainer
 
-from tests.train.train_tiny_tasks import InfGrad, RegressionTask, TinyMLP, tiny_config
-
-
-class InfGradAt(RegressionTask):
-    def __init__(self, bad: int) -> None:
-        super().__init__()
-        self.bad, self.step = bad, None
-
-    def train_batch(self, step, generator, batch_size):
-        self.step = step
-        return super().train_batch(step, generator, batch_size)
-
-    def loss(self, model, batch):
-        loss, metrics = super().loss(model, batch)
-        if self.step == self.bad:
-            loss = loss + InfGrad.apply(model.fc2.weight).sum()
-        return loss, metrics
+from tests.train.train_tiny_tasks import InfGradAt, RegressionTask, TinyMLP, tiny_config
 
 
 @pytest.mark.parametrize("bad", [5, 7])  # mid-window, and the update just before a log/eval boundary

@@ -116,6 +116,24 @@ class InfGrad(torch.autograd.Function):
         return torch.full_like(g, float("inf"))
 
 
+class InfGradAt(RegressionTask):
+    """A regression task whose update ``bad`` has an infinite gradient (and a finite loss)."""
+
+    def __init__(self, bad: int, global_rng: bool = True) -> None:
+        super().__init__(global_rng=global_rng)
+        self.bad, self.step = bad, None
+
+    def train_batch(self, step, generator, batch_size):
+        self.step = step
+        return super().train_batch(step, generator, batch_size)
+
+    def loss(self, model, batch):
+        loss, metrics = super().loss(model, batch)
+        if self.step == self.bad:
+            loss = loss + InfGrad.apply(model.fc2.weight).sum()
+        return loss, metrics
+
+
 def fp16_supported() -> bool:
     """Whether this torch build has fp16 autocast and a GradScaler on CPU."""
     try:
