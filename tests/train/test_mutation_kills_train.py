@@ -123,7 +123,7 @@ def test_elapsed_time_accumulates_across_a_resume(tmp_path):
     save_checkpoint(tmp_path / "checkpoint.pt", ckpt)
     summary = Trainer(TinyMLP(), RegressionTask(), tiny_config(max_steps=3, lr_decay_steps=10), tmp_path,
                       resume=True).fit()
-    assert 1000.0 <= summary["elapsed"] < 1000.0 + 60.0
+    assert summary["elapsed"] >= 1000.0  # the checkpoint's time plus this run's (no bound on wall-clock time)
     assert all(r["elapsed"] >= 1000.0 for r in read_metrics(tmp_path) if r["step"] == 3)
 
 
