@@ -168,7 +168,7 @@ def build_layers(D: int, H: int, causal: bool, device: str, with_triton: bool,
                  backend: str = "auto") -> tuple[dict[str, nn.Module], dict[str, float]]:
     torch.manual_seed(0)
     ref = ReferenceLayer(D, H, causal)
-    layers: dict[str, nn.Module] = {"reference (SDPA)": ref}
+    layers: dict[str, nn.Module] = {REFERENCE: ref}
     budgets: dict[str, float] = {}
     lib: dict[str, DiffusionAttention] = {}
     for name, spec in layer_specs(H).items():
@@ -231,7 +231,7 @@ def part_layers(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> Non
                               block_s=0.0 if smoke else 0.02, warmup=1 if smoke else 3)
                 rows = []
                 for name in layers:
-                    r_ref = C.ratio(t, name, "reference (SDPA)")
+                    r_ref = C.ratio(t, name, REFERENCE)
                     row: list[Any] = [name, C.ms(t[name].median), C.rfmt(r_ref)]
                     rec = {"size": (B, N, D, H), "causal": causal, "backward": backward, "layer": name,
                            "seconds": t[name].median, "vs_reference": r_ref}
@@ -264,9 +264,9 @@ def part_dropout(args: Any, rep: C.Report, smoke: bool, with_triton: bool) -> No
     rounds = args.rounds or (2 if smoke else 7)
     p = 0.1
     torch.manual_seed(0)
-    layers: dict[str, nn.Module] = {"reference (SDPA)": ReferenceLayer(D, H, True),
-                                    f"reference (SDPA), dropout {p}": ReferenceLayer(D, H, True, p)}
-    pairs = [("reference (SDPA)", f"reference (SDPA), dropout {p}")]
+    layers: dict[str, nn.Module] = {REFERENCE: ReferenceLayer(D, H, True),
+                                    f"{REFERENCE}, dropout {p}": ReferenceLayer(D, H, True, p)}
+    pairs = [(REFERENCE, f"{REFERENCE}, dropout {p}")]
     specs = layer_specs(H)
     for name in ("half Laplacian", "2 heat(t=1, K=8)"):
         for backend in ("triton", args.library_backend):
