@@ -136,3 +136,32 @@ def test_grad_accumulation_is_refused_where_micro_batches_cannot_add_up():
     assert any("full-batch node task" in p for p in problems), problems
     node["tasks"][0]["train"].update(grad_accum_steps=1)
     assert not any("grad_accum_steps" in p for p in validate_experiment(load_experiment_config(node), load_data=False))
+
+
+@pytest.mark.parametrize("dataset,model,metric", [
+    ("digits", "vit-digits", "test_acc"),
+    ("digits", "dino-digits", "knn_test_acc"),
+    ("csbm", "graph-node-small", "test_acc"),
+    ("csbm", "gcn-2layer", "test_acc"),
+    ("pydoc-chars", "gpt-char-tiny", "loss"),
+    ("assoc-recall", "gpt-recall", "test_acc"),
+])
+def test_validation_refuses_grad_accumulation_exactly_where_the_built_task_cannot_split(dataset, model, metric):
+    """validate_experiment states the micro-batch rule from the config alone (no data, no model);
+    the Trainer enforces it from the task the runner builds (``splits_into_micro_batches``). The
+    two must agree for every kind of task, or a study passes validation and then fails at its
+    first run (or is refused although it would train)."""
+    from diffusionformer.experiments.build import build_model, task_data
+    from diffusionformer.experiments.tasks import build_task
+    from diffusionformer.experiments.validate import validate_experiment
+
+    cfg = _config()
+    cfg["tasks"][0].update(dataset=dataset, model=model, metric=metric, model_overrides={})
+    cfg["tasks"][0]["train"].update(grad_accum_steps=2)
+    config = load_experiment_config(cfg)
+    refused = any("grad_accum_steps" in p for p in validate_experiment(config, load_data=False))
+    task, setting = config.tasks[0], config.operators[0]
+    data = task_data(task, config.seeds[0], None, {})
+    built = build_task(data, build_model(task, setting, data), eval_batch_size=task.eval_batch_size,
+                       augment=task.augment, label_smoothing=task.label_smoothing, minibatch=task.minibatch or None)
+    assert refused == (not getattr(built, "splits_into_micro_batches", True)), (type(built).__name__, refused)
