@@ -85,7 +85,7 @@ def pad_by_batch(x: Tensor, batch: Tensor | None, num_graphs: int | None = None)
     Args:
         x: node rows.
         batch: graph id of each node, sorted; ``None`` means one graph.
-        num_graphs: number of graphs ``G`` (default ``batch.max() + 1``).
+        num_graphs: number of graphs ``G`` (default ``batch.max() + 1``); ids outside ``[0, G)`` are a ``ValueError``.
 
     Shapes:
         x: ``(N, *F)``; batch: ``(N,)`` -> padded ``(G, N_max, *F)`` (zeros) and mask
@@ -109,6 +109,9 @@ def pad_by_batch(x: Tensor, batch: Tensor | None, num_graphs: int | None = None)
     if N > 1 and bool((batch[1:] < batch[:-1]).any()):
         raise ValueError("batch must be sorted (nodes of each graph contiguous, as in a PyG Batch)")
     G = int(batch.max()) + 1 if num_graphs is None and N > 0 else (num_graphs or 0)
+    if N > 0 and (int(batch.min()) < 0 or int(batch.max()) >= G):
+        raise ValueError(f"batch must hold graph ids in [0, {G}) (num_graphs={num_graphs}), "
+                         f"got ids in [{int(batch.min())}, {int(batch.max())}]")
     counts = torch.bincount(batch, minlength=G)  # (G,)
     ptr = torch.cumsum(counts, 0) - counts  # first node of each graph
     pos = torch.arange(N, device=x.device) - ptr[batch]

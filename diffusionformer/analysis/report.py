@@ -33,6 +33,7 @@ metrics are computed on groups of equal length, pooled quantities on the real to
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -225,7 +226,9 @@ def register_metric(
 def unregister_metric(key: str) -> Metric:
     """Remove metric ``key`` from the registry and return it (``KeyError`` listing the known keys if absent)."""
     if key not in _METRICS:
-        raise KeyError(f"no metric {key!r}; registered: {sorted(_METRICS)}")
+        close = difflib.get_close_matches(str(key), list(_METRICS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise KeyError(f"no metric {key!r}{hint}; registered: {sorted(_METRICS)}")
     return _METRICS.pop(key)
 
 
@@ -458,6 +461,10 @@ def layer_reports(
         raise ValueError(f"capture.labels must have one label per sequence ({capture.num_examples},), "
                          f"got {tuple(seq_labels.shape)}")
     B = capture.num_examples
+    T = capture.states[capture.layers[0]].shape[1]
+    if labels is not None and labels.ndim != 1 and tuple(labels.shape) != (B, T):
+        raise ValueError(f"capture.labels must have one label per sequence ({B},) or per token ({B}, {T}), "
+                         f"got {tuple(labels.shape)}")
     if predictions is not None and (not isinstance(predictions, Tensor) or predictions.shape != (B,)):
         raise ValueError(f"predictions must have shape ({B},), got {getattr(predictions, 'shape', predictions)!r}")
     measured = [g for g, present in zip(GROUPS, (True, True, seq_labels is not None, tok_labels is not None)) if present]
