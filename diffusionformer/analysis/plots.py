@@ -146,6 +146,8 @@ def plot_frequency_response(
     """
     if not named_coeffs:
         raise ValueError("named_coeffs must hold at least one operator, got none")
+    if not isinstance(num_points, int) or isinstance(num_points, bool) or num_points < 2:
+        raise ValueError(f"num_points must be an integer >= 2, got {num_points!r}")
     ax = _new_axes(ax)
     lam = torch.linspace(-1.0, 1.0, num_points, dtype=torch.float64)
     for name, coeffs in named_coeffs.items():

@@ -143,7 +143,7 @@ def energy_top_k(s: Tensor, k: int) -> Tensor:
     """
     _check_spectrum(s)
     R = s.shape[-1]
-    if not isinstance(k, int) or not 1 <= k <= R:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= R:
         raise ValueError(f"k must be an integer in [1, {R}] (R = s.shape[-1]), got {k!r}")
     s2 = s.sort(dim=-1, descending=True).values.pow(2)
     return _safe_div(s2[..., :k].sum(dim=-1), s2.sum(dim=-1))
@@ -176,7 +176,7 @@ def power_law_exponent(s: Tensor, start: int = 1, stop: int | None = None) -> Te
     _check_spectrum(s)
     R = s.shape[-1]
     stop = R if stop is None else stop
-    if not (isinstance(start, int) and isinstance(stop, int) and 1 <= start < stop <= R):
+    if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop)) and 1 <= start < stop <= R):
         raise ValueError(
             f"need integers 1 <= start < stop <= R = {R} (at least 2 points), "
             f"got start={start!r}, stop={stop!r}"

@@ -334,3 +334,25 @@ def test_pad_by_batch_rejects_graph_ids_outside_num_graphs() -> None:
     for batch, num_graphs in cases:
         with pytest.raises(ValueError, match=r"batch must hold graph ids in \[0, \d\) \(num_graphs=.*\), got ids in"):
             pad_by_batch(x, batch, num_graphs)
+
+
+# ---------------------------------------------------------------------------- integer arguments
+def test_integer_arguments_refuse_bools_and_too_few_points() -> None:
+    """kills: ``True`` accepted as k = 1 / start = 1, and a frequency-response plot of one point
+    (or a float count) drawn instead of refused"""
+    from diffusionformer.analysis.spectral import energy_top_k, power_law_exponent
+
+    s = torch.arange(8, 0, -1, dtype=torch.float64)
+    assert energy_top_k(s, 1).item() == pytest.approx(64 / float((s**2).sum()))
+    with pytest.raises(ValueError, match="k must be an integer"):
+        energy_top_k(s, True)
+    with pytest.raises(ValueError, match="need integers 1 <= start < stop"):
+        power_law_exponent(s, start=True)
+    pytest.importorskip("matplotlib")
+    from diffusionformer.analysis import plot_frequency_response
+
+    coeffs = {"attention": torch.tensor([0.0, 1.0])}
+    for bad in (1, 0, 2.5, True):
+        with pytest.raises(ValueError, match="num_points must be an integer >= 2"):
+            plot_frequency_response(coeffs, num_points=bad)
+    assert len(plot_frequency_response(coeffs, num_points=2).lines[0].get_xdata()) == 2
