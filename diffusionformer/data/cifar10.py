@@ -284,7 +284,8 @@ def load_cifar10(
         root: data root (see the module docstring for the two layouts).
         seed: seed of the val carve and of the ``limit_*`` subsets.
         source: ``"auto"`` (pickled batches if present, else JPEG zips), ``"pickle"`` or ``"jpg"``.
-        val_size: training images held out for val (``None``: ``min(5000, n // 10)``).
+        val_size: training images held out for val (``None``: ``min(5000, n // 10)``); an
+            empty val part is a ``ValueError``.
         limit_train: use a seeded random subset of this many training images.
         limit_test: use a seeded random subset of this many test images.
         normalize: standardise with the training split's mean/std.
@@ -323,6 +324,12 @@ def load_cifar10(
             )
         origin = "JPEG zips (lossy re-encoding of CIFAR-10)"
     train_idx, val_idx = carve_val(len(y_tr), val_size, seed)
+    if not len(val_idx):  # evaluation needs a val example: refuse now, not after training
+        raise ValueError(
+            f"cifar10: val_size={val_size} leaves the val split empty (0 of {len(y_tr)} training "
+            f"images; None holds out min(5000, n // 10)); evaluation needs at least one val example, "
+            f"so use a larger val_size or limit_train"
+        )
     return build_image_data(
         "cifar10",
         x_tr,

@@ -75,7 +75,7 @@ def load_mnist(
         root: data root (see the module docstring for the layout).
         seed: seed of the val carve and of the ``limit_*`` subsets.
         val_size: training images held out for val (``None``: ``min(5000, n // 10)``, i.e.
-            5,000 for the full set).
+            5,000 for the full set); an empty val part is a ``ValueError``.
         limit_train: use a seeded random subset of this many training images (quick runs).
         limit_test: use a seeded random subset of this many test images.
         normalize: standardise with the training split's mean/std.
@@ -118,6 +118,12 @@ def load_mnist(
     keep_test = seeded_subset(len(test_labels), limit_test, seed)
     test_images, test_labels = test_images[keep_test], test_labels[keep_test]
     train_idx, val_idx = carve_val(len(train_labels), val_size, seed)
+    if not len(val_idx):  # evaluation needs a val example: refuse now, not after training
+        raise ValueError(
+            f"mnist: val_size={val_size} leaves the val split empty (0 of {len(train_labels)} training "
+            f"images; None holds out min(5000, n // 10)); evaluation needs at least one val example, "
+            f"so use a larger val_size or limit_train"
+        )
     return build_image_data(
         "mnist",
         train_images.unsqueeze(1),
