@@ -520,9 +520,8 @@ class AttentionGraph:
             return self
         e, N_tot, batch = self.edge_index, self.num_nodes, self.batch
         assert e is not None and N_tot is not None
-        if not self.checked and e.numel() and not (0 <= int(e.min()) and int(e.max()) < N_tot):
-            raise ValueError(f"edge_index values must lie in [0, num_nodes={N_tot}), got range "
-                             f"[{int(e.min())}, {int(e.max())}]")
+        if not self.checked:  # the checks deferred at construction: bounds, batch ids, block-diagonal batches
+            return replace(self, checked=True).to_dense()
         dev = e.device
         if batch is None:
             allowed = torch.zeros(N_tot, N_tot, dtype=torch.bool, device=dev)
