@@ -150,7 +150,7 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], *, where: str | None
     type is right).
 
     Raises:
-        ValueError: an unknown key (with a "did you mean"), or a range check.
+        ValueError: an unknown key (with a "did you mean"), a missing required key, or a range check.
         TypeError: a mistyped value.
         ConfigErrors: several of these, every one listed, including those of nested
             configs (each table of a list of tables is checked, and range-checked, on its own).
@@ -174,6 +174,9 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], *, where: str | None
             kwargs[key] = check_value(value, hints[key], f"{where}.{key}")
         except (TypeError, ValueError) as exc:
             errors.append(exc)
+    for name, f in fields.items():  # was: the dataclass's "__init__() missing 1 required positional argument"
+        if name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            errors.append(ValueError(f"{where}: missing required key {name!r}"))
     _raise_collected(errors, where)
     return cls(**kwargs)
 

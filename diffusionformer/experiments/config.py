@@ -383,6 +383,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if path[0] in ("tasks", "operators") and len(path) == 1:
             wanted = value if isinstance(value, list) else [v.strip() for v in str(value).split(",")]
             entries = data.get(path[0], [])
+            if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+                raise ValueError(f"override {text!r}: {path[0]} must be a list of tables ([[{path[0]}]] entries, each "
+                                 f"with a name) to keep entries by name, got {entries!r}")
             known = [e.get("name") for e in entries]
             missing = [w for w in wanted if w not in known]
             if missing:
@@ -427,7 +430,9 @@ def load_experiment_config(path: str | Path | Mapping[str, Any], overrides: list
         if not p.is_file():
             raise FileNotFoundError(f"experiment config {str(p)!r} not found")
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_text(encoding="utf-8"))  # TOML is UTF-8, whatever the locale
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{p}: not UTF-8 text (TOML files are UTF-8): {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{p}: invalid TOML: {exc}") from None
         where = p.name

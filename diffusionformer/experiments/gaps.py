@@ -36,6 +36,7 @@ from diffusionformer.experiments.publish import GAP_MARKER, READING_MARKER, _cop
 from diffusionformer.experiments.runner import read_curves, run_dir
 from diffusionformer.experiments.stats import holm, paired_difference
 from diffusionformer.experiments.tasks import as_metrics
+from diffusionformer.train.metrics import write_text_atomic
 
 __all__ = ["GAP_MARKER", "QUANTITIES", "gap_curves", "gap_rows", "gap_table", "plot_gaps", "primary_table", "run_gaps",
            "write_gap_section"]
@@ -307,10 +308,10 @@ def write_gap_section(page: str | Path, table: str) -> Path:
     """Put ``table`` under :data:`GAP_MARKER` at the end of ``page``, replacing an earlier copy; a reading written
     by hand after :data:`~diffusionformer.experiments.publish.READING_MARKER` stays after it."""
     page = Path(page)
-    text = page.read_text() if page.is_file() else ""
+    text = page.read_text(encoding="utf-8") if page.is_file() else ""
     head, sep, reading = text.partition(READING_MARKER)
     text = head.split(GAP_MARKER)[0].rstrip() + "\n\n" + GAP_MARKER + "\n\n## Over-fitting: train/validation gap\n\n" + table
-    page.write_text(text.rstrip() + "\n" + (f"\n{sep}{reading}" if sep else ""))
+    write_text_atomic(page, text.rstrip() + "\n" + (f"\n{sep}{reading}" if sep else ""))  # the reading survives a failed write
     return page
 
 

@@ -31,7 +31,7 @@ from diffusionformer.experiments.config import ExperimentConfig
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir,
                                                  select_evaluation)
 from diffusionformer.experiments.tables import aggregate, format_table
-from diffusionformer.train.metrics import write_json_atomic
+from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
 __all__ = ["GAP_MARKER", "READING_MARKER", "add_to_toctree", "publish_experiment", "read_run_log", "summary_table",
            "write_run_log"]
@@ -187,12 +187,12 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
                   "Welch's, unpaired and not adjusted for the many metrics and layers: read them as exploratory.", ""]
         readme = analysis / "README.md"
         if readme.is_file():  # the geometry tables (mean ± std, Welch t), headings one level down
-            body = readme.read_text().split("\n", 1)[1] if readme.read_text().startswith("# ") else readme.read_text()
+            body = readme.read_text(encoding="utf-8").split("\n", 1)[1] if readme.read_text(encoding="utf-8").startswith("# ") else readme.read_text(encoding="utf-8")
             lines += [body.replace("\n## ", "\n### ").strip(), ""]
         lines += [f"![{p.stem}]({config.name}/analysis/{p.name})\n" for p in analysis_pngs]
     page = docs / f"{config.name}.md"
-    tail = _kept_tail(page.read_text()) if page.is_file() else ""
-    page.write_text("\n".join(lines).rstrip() + "\n" + ("\n" + tail if tail else ""))
+    tail = _kept_tail(page.read_text(encoding="utf-8")) if page.is_file() else ""
+    write_text_atomic(page, "\n".join(lines).rstrip() + "\n" + ("\n" + tail if tail else ""))  # the hand-written tail survives a failed write
     index = docs / "index.md"
     if index.is_file():
         add_to_toctree(index, config.name)
@@ -234,11 +234,11 @@ def add_to_toctree(index: str | Path, entry: str) -> bool:
         <BLANKLINE>
     """
     path = Path(index)
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
     lines = text.split("\n")
     start = next((i for i, line in enumerate(lines) if re.match(r"^(`{3,}|:{3,})\{toctree\}", line.strip())), None)
     if start is None:
-        path.write_text(text.rstrip("\n") + f"\n\n```{{toctree}}\n:hidden:\n\n{entry}\n```\n")
+        write_text_atomic(path, text.rstrip("\n") + f"\n\n```{{toctree}}\n:hidden:\n\n{entry}\n```\n")
         return True
     fence = re.match(r"^(`{3,}|:{3,})", lines[start].strip()).group(1)
     end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() == fence), None)
@@ -248,7 +248,7 @@ def add_to_toctree(index: str | Path, entry: str) -> bool:
     if entry in listed:
         return False
     lines.insert(end, entry)
-    path.write_text("\n".join(lines))
+    write_text_atomic(path, "\n".join(lines))
     return True
 def _primary_line(config: ExperimentConfig) -> str:
     if len(config.operators) == 1:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["METRICS_NAME", "MetricsLog", "read_metrics", "write_json_atomic"]
+__all__ = ["METRICS_NAME", "MetricsLog", "read_metrics", "write_json_atomic", "write_text_atomic"]
 
 METRICS_NAME = "metrics.jsonl"
 
@@ -27,19 +28,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write ``obj`` as indented JSON via a temporary file and ``os.replace``.
-
-    Args:
-        path: destination file.
-        obj: JSON-serialisable value (non-finite floats are written as ``null``).
-    """
+@contextlib.contextmanager
+def _atomic_file(path: str | os.PathLike[str]) -> Iterator[TextIO]:
+    """A UTF-8 text file that replaces ``path`` (``os.replace``) only once written and synced;
+    on any failure the previous file stays whole and no temporary is left behind."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(_plain(obj), f, indent=2, allow_nan=False)
-            f.write("\n")
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -47,6 +44,28 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) via a temporary file beside ``path`` and ``os.replace``.
+
+    A write that fails half-way (a full disk, an interrupt) leaves the previous file whole
+    and no temporary behind.
+    """
+    with _atomic_file(path) as f:
+        f.write(text)
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented JSON via a temporary file and ``os.replace``.
+
+    Args:
+        path: destination file.
+        obj: JSON-serialisable value (non-finite floats are written as ``null``).
+    """
+    with _atomic_file(path) as f:
+        json.dump(_plain(obj), f, indent=2, allow_nan=False)
+        f.write("\n")
 
 
 def _parse_lines(path: Path) -> list[dict[str, Any]]:
