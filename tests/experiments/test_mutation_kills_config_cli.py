@@ -22,24 +22,14 @@ from diffusionformer.experiments import load_experiment_config, parse_override
 from diffusionformer.experiments.cli import main as cli_main
 from diffusionformer.experiments.config import TaskConfig
 
+from tests.experiments.test_experiments_gpu import TINY
+from tests.experiments.test_mutation_kills_runner_data import _raw_config
+
 
 def _raw(**extra):
-    """A small valid comparison as a plain dict (what a TOML file parses to)."""
-    cfg = {
-        "name": "mk",
-        "seeds": [0, 1],
-        "tasks": [{
-            "name": "digits",
-            "dataset": "digits",
-            "model": "vit-digits",
-            "model_overrides": {"dim": 8, "depth": 1, "num_heads": 2},
-            "train": {"max_steps": 2, "batch_size": 8, "lr": 1e-3, "warmup_steps": 0, "eval_interval": 2,
-                      "log_interval": 1, "checkpoint_interval": 2},
-        }],
-        "operators": [{"name": "attention"}, {"name": "lap", "laplacian_heads": 1}],
-    }
-    cfg.update(extra)
-    return cfg
+    """A small valid comparison as a plain dict (what a TOML file parses to): two seeds, two settings."""
+    return _raw_config(**{"seeds": [0, 1], "operators": [{"name": "attention"}, {"name": "lap", "laplacian_heads": 1}],
+                          **extra})
 
 
 def _task(**fields):
@@ -230,28 +220,6 @@ def test_an_unknown_dataset_option_is_a_problem_without_loading_the_data():
 
 
 # ---------------------------------------------------------------------------- experiments/cli.py
-_TOML = """\
-name = "mk"
-seeds = [0, 1]
-{top}
-[[tasks]]
-name = "digits"
-dataset = "digits"
-model = "vit-digits"
-model_overrides = {{ dim = 8, depth = 1, num_heads = 2 }}
-[tasks.train]
-max_steps = 2
-batch_size = 8
-{train}
-[[operators]]
-name = "attention"
-
-[[operators]]
-name = "lap"
-laplacian_heads = 1
-"""
-
-
 @pytest.fixture
 def cli_run(tmp_path, monkeypatch):
     """``run``'s command line with run_experiment swapped for a stub that records its arguments and returns
@@ -271,7 +239,7 @@ def cli_run(tmp_path, monkeypatch):
 
         def toml(self, top="", train=""):
             path = tmp_path / "mk.toml"
-            path.write_text(_TOML.format(top=top, train=train))
+            path.write_text(TINY.format(top=top, train=train))  # the GPU tests' comparison: nothing trains here
             return str(path)
 
     stub = Stub()

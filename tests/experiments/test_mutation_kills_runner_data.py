@@ -45,7 +45,8 @@ def _writers():
 _EVAL = {"loss": 1.0, "val_acc": 0.5, "test_loss": 1.0, "test_acc": 0.25}
 
 
-def _config(**extra):
+def _raw_config(**extra):
+    """A one-seed, one-setting comparison on digits as a plain dict (what a TOML file parses to)."""
     cfg = {
         "name": "mk",
         "seeds": [0],
@@ -60,7 +61,11 @@ def _config(**extra):
         "operators": [{"name": "attention"}],
     }
     cfg.update(extra)
-    return load_experiment_config(cfg)
+    return cfg
+
+
+def _config(**extra):
+    return load_experiment_config(_raw_config(**extra))
 
 
 class _StubTrainer:
