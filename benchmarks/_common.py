@@ -64,6 +64,9 @@ def parse_args(description: str, argv: Sequence[str] | None = None, extra: Calla
         p.error("--device cuda was requested but torch.cuda.is_available() is False")
     if args.device == "cuda" and args.clock == "cpu":
         p.error("--clock cpu measures host CPU time; use the wall clock with --device cuda")
+    for flag, value in (("--rounds", args.rounds), ("--threads", args.threads)):
+        if value is not None and value < 1:  # not after minutes of warm-up, as an IndexError of empty samples
+            p.error(f"{flag} must be >= 1, got {value}")
     args.threads = setup_threads(args.threads)
     set_clock(args.clock)
     return args

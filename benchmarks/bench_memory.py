@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> C.Report:
         p.add_argument("--batch", type=int, default=None, help="batch size (default 64 on CUDA, 4 on CPU)")
 
     args = C.parse_args(__doc__.splitlines()[0], argv, extra)
+    if args.batch is not None and args.batch < 1:
+        raise SystemExit(f"bench_memory: --batch must be >= 1, got {args.batch}")
     rep = C.Report("bench_memory", "Peak memory of a GPT training step vs nanoGPT's, recomputed head outputs on and off", args)
     dev = args.device
     L, H, D, T, V = SIZE
