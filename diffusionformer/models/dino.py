@@ -157,8 +157,8 @@ def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, st
     Vt = teacher_logits.shape[0]
     if teacher_logits.shape[1:] != (B, K):
         raise ValueError(f"teacher logits {tuple(teacher_logits.shape)} do not match the student's (V, {B}, {K})")
-    if Vt > Vs or Vs < 2:
-        raise ValueError(f"dino_loss needs >= 2 student views and at most as many teacher views, got {Vs} and {Vt}")
+    if Vt < 1 or Vt > Vs or Vs < 2:
+        raise ValueError(f"dino_loss needs >= 2 student views and 1 to as many teacher views, got {Vs} and {Vt}")
     if student_temp <= 0:
         raise ValueError(f"student_temp must be positive, got {student_temp}")
     targets = center_sharpen(teacher_logits.detach(), center, teacher_temp)  # (Vt, B, K)
@@ -201,6 +201,9 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
         raise ValueError(f"bank_labels must have shape ({bank.shape[0]},), got {tuple(bank_labels.shape)}")
     if bank.shape[0] == 0:
         raise ValueError("knn_classify needs a non-empty bank")
+    lo, hi = int(bank_labels.min()), int(bank_labels.max())  # once per evaluation: the sync is cheap
+    if lo < 0 or hi >= num_classes:
+        raise ValueError(f"bank_labels must lie in [0, num_classes={num_classes}), got labels in [{lo}, {hi}]")
     if k < 1 or temperature <= 0:
         raise ValueError(f"k must be >= 1 and temperature > 0, got k={k}, temperature={temperature}")
     bank_n = F.normalize(bank.float(), dim=1)
