@@ -36,7 +36,7 @@ from .checksums import sha256_file, verify_file
 from .images import build_image_data
 from .paths import CorruptDataError, cache_dir, load_cached, require_files, save_cached
 from .registry import register_dataset
-from .splits import carve_val, seeded_subset
+from .splits import _require_carved_val, carve_val, seeded_subset
 
 __all__ = [
     "CIFAR10_CLASSES", "read_image_zip", "read_cifar_batch", "read_cifar_meta", "load_cifar10",
@@ -324,12 +324,7 @@ def load_cifar10(
             )
         origin = "JPEG zips (lossy re-encoding of CIFAR-10)"
     train_idx, val_idx = carve_val(len(y_tr), val_size, seed)
-    if not len(val_idx):  # evaluation needs a val example: refuse now, not after training
-        raise ValueError(
-            f"cifar10: val_size={val_size} leaves the val split empty (0 of {len(y_tr)} training "
-            f"images; None holds out min(5000, n // 10)); evaluation needs at least one val example, "
-            f"so use a larger val_size or limit_train"
-        )
+    _require_carved_val("cifar10", val_idx, len(y_tr), val_size)
     return build_image_data(
         "cifar10",
         x_tr,

@@ -28,7 +28,7 @@ from .idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, parse_idx, read_idx_bytes
 from .images import build_image_data
 from .paths import CorruptDataError, require_files
 from .registry import register_dataset
-from .splits import carve_val, seeded_subset
+from .splits import _require_carved_val, carve_val, seeded_subset
 
 __all__ = ["load_mnist"]
 
@@ -118,12 +118,7 @@ def load_mnist(
     keep_test = seeded_subset(len(test_labels), limit_test, seed)
     test_images, test_labels = test_images[keep_test], test_labels[keep_test]
     train_idx, val_idx = carve_val(len(train_labels), val_size, seed)
-    if not len(val_idx):  # evaluation needs a val example: refuse now, not after training
-        raise ValueError(
-            f"mnist: val_size={val_size} leaves the val split empty (0 of {len(train_labels)} training "
-            f"images; None holds out min(5000, n // 10)); evaluation needs at least one val example, "
-            f"so use a larger val_size or limit_train"
-        )
+    _require_carved_val("mnist", val_idx, len(train_labels), val_size)
     return build_image_data(
         "mnist",
         train_images.unsqueeze(1),

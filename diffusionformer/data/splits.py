@@ -168,6 +168,17 @@ def require_heldout(
             )
 
 
+def _require_carved_val(dataset: str, val_idx: Tensor, n: int, val_size: int | None) -> None:
+    """Refuse a :func:`carve_val` that left the val part empty (the loaders with ``val_size``;
+    :func:`require_heldout` is the same rule for those with ``val_fraction``)."""
+    if not len(val_idx):  # evaluation needs a val example: refuse now, not after training
+        raise ValueError(
+            f"{dataset}: val_size={val_size} leaves the val split empty (0 of {n} training "
+            f"images; None holds out min(5000, n // 10)); evaluation needs at least one val example, "
+            f"so use a larger val_size or limit_train"
+        )
+
+
 def stratified_kfold_split(
     labels: Tensor, num_folds: int, fold: int, val_fraction: float, seed: int
 ) -> tuple[Tensor, Tensor, Tensor]:

@@ -187,7 +187,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
                   "Welch's, unpaired and not adjusted for the many metrics and layers: read them as exploratory.", ""]
         readme = analysis / "README.md"
         if readme.is_file():  # the geometry tables (mean ± std, Welch t), headings one level down
-            body = readme.read_text(encoding="utf-8").split("\n", 1)[1] if readme.read_text(encoding="utf-8").startswith("# ") else readme.read_text(encoding="utf-8")
+            body = readme.read_text(encoding="utf-8")
+            body = body.split("\n", 1)[1] if body.startswith("# ") else body
             lines += [body.replace("\n## ", "\n### ").strip(), ""]
         lines += [f"![{p.stem}]({config.name}/analysis/{p.name})\n" for p in analysis_pngs]
     page = docs / f"{config.name}.md"

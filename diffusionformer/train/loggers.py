@@ -16,12 +16,11 @@ from __future__ import annotations
 import csv
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .metrics import METRICS_NAME, MetricsLog
+from .metrics import METRICS_NAME, MetricsLog, _atomic_file
 
 __all__ = [
     "CSV_NAME",
@@ -130,19 +129,10 @@ class CSVLog:
 
     def _rewrite(self, columns: list[str], rows: Sequence[Mapping[str, str]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, fieldnames=columns, restval="")
-                writer.writeheader()
-                writer.writerows(rows)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with _atomic_file(self.path, newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
         self._columns = columns
 
     def append(self, record: Mapping[str, Any]) -> None:

@@ -29,13 +29,14 @@ def _plain(value: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _atomic_file(path: str | os.PathLike[str]) -> Iterator[TextIO]:
+def _atomic_file(path: str | os.PathLike[str], newline: str | None = None) -> Iterator[TextIO]:
     """A UTF-8 text file that replaces ``path`` (``os.replace``) only once written and synced;
-    on any failure the previous file stays whole and no temporary is left behind."""
+    on any failure the previous file stays whole and no temporary is left behind. ``newline``
+    as for :func:`open` (``""`` for the csv module)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline=newline) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -131,13 +132,9 @@ class MetricsLog:
         self.close()
         records = _parse_lines(self.path)
         kept = [r for r in records if isinstance(r.get("step"), int) and r["step"] <= max_step]
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with _atomic_file(self.path) as f:
             for r in kept:
                 f.write(json.dumps(r, allow_nan=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
         return len(records) - len(kept)
 
     def append(self, record: Mapping[str, Any]) -> None:
