@@ -57,6 +57,10 @@ def uniform_mean(x: Tensor, key_mask: Tensor | None = None, *, is_causal: bool =
             raise TypeError(f"key_mask must be bool (True = admissible key), got {key_mask.dtype}")
         if key_mask.dim() != 4 or key_mask.shape[-2] != 1 or key_mask.shape[-1] != M:
             raise ValueError(f"key_mask must have shape (B, G, 1, M) with M = {M}, got {tuple(key_mask.shape)}")
+        if key_mask.shape[0] not in (1, x.shape[0]) or key_mask.shape[1] not in (1, x.shape[1]):
+            B, G = x.shape[0], x.shape[1]
+            raise ValueError(f"key_mask must have shape (B or 1, G or 1, 1, M) = ({B} or 1, {G} or 1, 1, {M}), "
+                             f"got {tuple(key_mask.shape)}")
     out_dtype = x.dtype
     if x.dtype != torch.float64 and torch.is_autocast_enabled(x.device.type):
         out_dtype = torch.get_autocast_dtype(x.device.type)  # what the attention call would return
