@@ -275,7 +275,7 @@ class DiffusionGPT(nn.Module):
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:  # NaN too
             raise ValueError(f"temperature must be a non-negative float, got {temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
