@@ -212,9 +212,13 @@ def test_auto_on_cuda_takes_triton_only_when_enabled(monkeypatch):
     assert calls == [1]
     diffuse(q, k, v, [0.0, 1.0], is_causal=True)  # all plain attention: the stock SDPA kernel stays
     assert calls == [1]
-    out = diffuse(q, k, v, [1.0, -1.0], attn_mask=torch.zeros(16, 16, device="cuda"))  # float mask: fallback
-    assert calls == [1]
-    torch.testing.assert_close(out, diffuse(q, k, v, [1.0, -1.0], backend="matrix"))
+    mask = torch.randn(16, 16, device="cuda")
+    out = diffuse(q, k, v, [1.0, -1.0], attn_mask=mask)  # a float mask is supported: Triton
+    assert calls == [1, 1]
+    torch.testing.assert_close(out, diffuse(q, k, v, [1.0, -1.0], attn_mask=mask, backend="matrix"), atol=1e-5,
+                               rtol=1e-5)
+    diffuse(q, k, v, [1.0, -1.0], attn_mask=mask.clone().requires_grad_())  # a learned mask: fallback
+    assert calls == [1, 1]
 
 
 def test_auto_rule_keeps_sdpa_for_all_attention_only():

@@ -29,6 +29,8 @@ When the back-end applies
 * triton not installed; tensors neither on CUDA nor on CPU under ``TRITON_INTERPRET=1``;
 * dtypes other than float32, float16, bfloat16 (float64 is not supported);
 * ``v`` with a head size other than that of ``q`` and ``k``;
+* more than 65535 sequence-heads ``B * H`` (the kernels launch one program row per
+  sequence-head on the grid's second axis, which CUDA caps at 65535);
 * a float ``attn_mask`` that requires grad (the kernels give no gradient to the mask);
 * returning the attention weights (``need_weights``, which the layer also sets for
   non-polynomial operators).
@@ -117,6 +119,9 @@ def key_padding_from_mask(attn_mask: Tensor | None, batch_size: int) -> Tensor |
     return ~attn_mask[:, 0, 0, :].expand(batch_size, attn_mask.shape[-1])
 
 
+_MAX_GRID_Y = 65535  # CUDA caps gridDim.y (and z) at 2**16 - 1; the kernels put B * H there
+
+
 def triton_unsupported(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, need_weights: bool) -> str | None:
     """The first feature of a (validated) dense call the Triton back-end does not support, or ``None``.
 
@@ -134,6 +139,9 @@ def triton_unsupported(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
         return f"dtype {q.dtype} (supported: float32, float16, bfloat16)"
     if v.shape[-1] != q.shape[-1]:
         return f"values of head size {v.shape[-1]} != the query head size {q.shape[-1]}"
+    if q.shape[0] * q.shape[1] > _MAX_GRID_Y:
+        return (f"B * H = {q.shape[0] * q.shape[1]} sequence-heads, more than the {_MAX_GRID_Y} a CUDA grid's "
+                "second axis holds (the kernels launch one program row per sequence-head)")
     if attn_mask is not None and attn_mask.requires_grad:
         return "a float attn_mask that requires grad (the kernels give the mask no gradient)"
     if need_weights:
