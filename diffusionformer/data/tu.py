@@ -28,6 +28,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import torch
@@ -61,7 +62,8 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
     the zip's SHA256, so a changed zip is re-extracted and a half-done extraction is redone.
 
     Raises:
-        CorruptDataError: not a zip, or no ``<name>_A.txt``/``<name>_graph_indicator.txt`` inside.
+        CorruptDataError: not a zip, no ``<name>_A.txt``/``<name>_graph_indicator.txt``/
+            ``<name>_graph_labels.txt`` inside, or an empty ``<name>_A.txt``.
     """
     marker = raw_dir / _MARKER
     if marker.is_file() and marker.read_text().strip() == digest:
@@ -76,7 +78,9 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
                     if info.is_dir() or not base.startswith(f"{name}_"):
                         continue  # skip folders, README.txt and anything unexpected
                     (tmp / base).write_bytes(zf.read(info))
-        except (zipfile.BadZipFile, OSError) as err:
+        except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, OSError) as err:
+            # zlib.error/EOFError: a damaged or cut deflate stream; NotImplementedError: an
+            # unknown compression method
             raise CorruptDataError(f"corrupt zip archive {str(zip_path)!r}: {err}") from None
         required = [f"{name}_A.txt", f"{name}_graph_indicator.txt", f"{name}_graph_labels.txt"]
         missing = [f for f in required if not (tmp / f).is_file()]
@@ -84,6 +88,10 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
             raise CorruptDataError(
                 f"{str(zip_path)!r} is not a TU dataset archive for {name}: missing "
                 f"{', '.join(missing)} (expected entries {name}/{name}_A.txt, ...)"
+            )
+        if not (tmp / f"{name}_A.txt").read_bytes().strip():  # PyG fails on it with an IndexError
+            raise CorruptDataError(
+                f"{str(zip_path)!r}: {name}_A.txt is empty (a TU dataset lists its edges there)"
             )
         for old in raw_dir.iterdir():
             if old.is_file():
