@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import pytest
 import torch
 
 if importlib.util.find_spec("triton") is not None and not torch.cuda.is_available():
@@ -26,3 +27,14 @@ if _XDIST_WORKERS.isdigit() and int(_XDIST_WORKERS) > 1:
     from diffusionformer.experiments.threads import plan_threads
 
     torch.set_num_threads(plan_threads(workers=int(_XDIST_WORKERS)).threads)
+
+
+@pytest.fixture
+def task_adapters():
+    """The task-adapter registry (``experiments.tasks._ADAPTERS``), restored after the test whatever it registered."""
+    from diffusionformer.experiments import tasks
+
+    before = dict(tasks._ADAPTERS)
+    yield tasks._ADAPTERS
+    tasks._ADAPTERS.clear()
+    tasks._ADAPTERS.update(before)

@@ -123,15 +123,7 @@ def test_heldout_batches_of_a_graph_set_follow_the_data():
     assert isinstance(T.build_task(data, _Model(GCNConfig.__new__(GCNConfig)), eval_batch_size=999), T.GraphClassificationTask)
 
 
-@pytest.fixture
-def registry():
-    before = dict(T._ADAPTERS)
-    yield T._ADAPTERS
-    T._ADAPTERS.clear()
-    T._ADAPTERS.update(before)
-
-
-def test_a_new_family_registers_one_adapter_and_inherits_the_task_of_its_data(registry):
+def test_a_new_family_registers_one_adapter_and_inherits_the_task_of_its_data(task_adapters):
     class MambaConfig:
         block_size = 16
 
@@ -152,7 +144,7 @@ def test_a_new_family_registers_one_adapter_and_inherits_the_task_of_its_data(re
         T.find_adapter(MambaConfig, TextData, "overide")
 
 
-def test_a_family_specific_task_wins_over_the_task_of_any_model(registry):
+def test_a_family_specific_task_wins_over_the_task_of_any_model(task_adapters):
     class Special(T.ClassificationTask):
         pass
 

@@ -58,14 +58,6 @@ class _Model(nn.Module):
         self.config = config
 
 
-@pytest.fixture
-def adapters():
-    before = dict(T._ADAPTERS)
-    yield T._ADAPTERS
-    T._ADAPTERS.clear()
-    T._ADAPTERS.update(before)
-
-
 # ---------------------------------------------------------------------------- dino.py: the pure pieces
 def test_cosine_momentum_refuses_a_negative_step():
     """kills: cosine_momentum without its ``step < 0`` check (a negative step silently gives a momentum
@@ -303,17 +295,17 @@ def test_text_lm_evaluation_honours_max_batches():
 
 
 # ---------------------------------------------------------------------------- tasks.py: the adapter registry
-def test_register_task_adapter_registers_nothing_when_one_pair_is_taken(adapters):
+def test_register_task_adapter_registers_nothing_when_one_pair_is_taken(task_adapters):
     """kills: register_task_adapter writing each pair as it checks it (a refused registration would leave
     the pairs before the taken one registered); contract: bad input loses nothing and adds nothing"""
 
     class FreshData:
         pass
 
-    before = dict(adapters)
+    before = dict(task_adapters)
     with pytest.raises(ValueError, match=r"\(None, ClassificationData\) is already registered"):
         T.register_task_adapter(None, (FreshData, ClassificationData), T.TaskAdapter(task=lambda d, m, b: None))
-    assert dict(adapters) == before
+    assert dict(task_adapters) == before
     assert T.find_adapter(None, FreshData, "task") is None
 
 
