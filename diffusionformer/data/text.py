@@ -54,6 +54,11 @@ def char_text_data(
     stoi = {ch: i for i, ch in enumerate(itos)}
     ids = torch.tensor([stoi[ch] for ch in text], dtype=torch.int64)
     n = int(train_fraction * len(ids))
+    if n == 0:  # (the val split is never empty: floor(f L) < L for f < 1)
+        raise ValueError(
+            f"train_fraction={train_fraction} of {len(ids)} characters leaves the train split "
+            "empty; give a longer text or a larger train_fraction"
+        )
     meta = dict(meta or {})
     meta.update(
         characters=len(text),

@@ -65,6 +65,15 @@ def test_get_batch_is_reproducible_with_a_generator():
     assert not torch.equal(a[0], c[0])
 
 
+def test_split_that_would_be_empty_is_refused():
+    """Bug: ``char_text_data("t", "abcde", train_fraction=0.1)`` gave an empty train split, and
+    the error came only at ``get_batch`` as "block_size must be in [1, -1]"."""
+    with pytest.raises(ValueError, match="leaves the train split empty"):
+        char_text_data("toy", "abcde", train_fraction=0.1)
+    data = char_text_data("toy", "ab", train_fraction=0.5)  # the smallest legal corpus
+    assert data.train.tolist() == [0] and data.val.tolist() == [1]
+
+
 def test_get_batch_reaches_the_last_token():
     data = char_text_data("toy", "abcdefghij", train_fraction=0.5)  # train = "abcde"
     x, y = data.get_batch("train", 64, 4, torch.Generator().manual_seed(0))
