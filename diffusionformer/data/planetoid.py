@@ -215,8 +215,8 @@ def read_planetoid(folder: str | Path, prefix: str) -> Any:
         tx, ty = tx_ext, ty_ext
     x = torch.cat([allx, tx], dim=0)
     N = x.size(0)
-    if int(test_index.min()) < 0 or int(test_index.max()) >= N or (graph and max(max(graph), max(
-            (j for v in graph.values() for j in v), default=0)) >= N) or min(graph, default=0) < 0:
+    node_ids = [*graph, *(j for v in graph.values() for j in v)]
+    if int(test_index.min()) < 0 or int(test_index.max()) >= N or any(not 0 <= i < N for i in node_ids):
         raise CorruptDataError(f"corrupt Planetoid files in {str(folder)!r} ({prefix}): a node index is outside [0, {N})")
     x[test_index] = x[sorted_test_index]
     y_all = torch.cat([ally, ty], dim=0).max(dim=1)[1]

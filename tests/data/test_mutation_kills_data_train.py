@@ -218,6 +218,22 @@ def test_a_negative_test_index_is_a_named_corrupt_file(tmp_path, writers):
         read_planetoid(raw, "cora")
 
 
+@pytest.mark.parametrize("where", ["neighbour", "key"])
+def test_a_negative_node_in_the_graph_is_a_named_corrupt_file(tmp_path, writers, where):
+    """Bug: a negative neighbour in ``ind.cora.graph`` passed the range check (only the keys'
+    minimum was checked) and PyG's edge builder silently wrapped it into some other node's edge."""
+    raw = writers.write_planetoid_layout(tmp_path)
+    path = raw / "ind.cora.graph"
+    graph = collections.defaultdict(list, pickle.loads(path.read_bytes()))  # written by this test
+    if where == "neighbour":
+        graph[0].append(-3)
+    else:
+        graph[-2].append(0)
+    path.write_bytes(pickle.dumps(graph, protocol=2))
+    with pytest.raises(CorruptDataError, match=r"a node index is outside \[0, 540\)"):
+        read_planetoid(raw, "cora")
+
+
 def test_an_empty_test_index_is_a_named_corrupt_file(tmp_path, writers):
     """kills: planetoid.py:170 the ``if not values`` check dropped (an empty ``test.index`` with
     empty ``tx``/``ty`` passed the size checks and failed on ``test_index.min()`` with a bare
