@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from diffusionformer.ops._checks import check_tensor
 from diffusionformer.ops.dense import attention_matrix, normalise_mask, propagate_dense
 from diffusionformer.ops.sparse import diffuse_sparse
 from diffusionformer.ops.uniform_map import uniform_mean
@@ -139,6 +140,8 @@ class RivalContext:
     def dense(cls, q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False,
               scale: float | None = None, **kwargs: Any) -> "RivalContext":
         """A dense context; ``attn_mask`` bool (True = attend) or additive, broadcastable to ``(B, G, N, N)``."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_tensor(name, t, 4, "(B, G, N, C)")
         B, G, N, C = q.shape
         M = k.shape[2]
         causal_call = is_causal
@@ -160,6 +163,10 @@ class RivalContext:
         (``(source j, target i)``); tensors are stored head-major ``(1, G, N, C)``. With
         ``is_causal`` the edges whose source comes after their target are ignored (as in
         :func:`~diffusionformer.ops.sparse.diffuse_sparse`)."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_tensor(name, t, 3, "(N, G, C)")
+        if not isinstance(is_causal, bool):  # as the dense context and diffuse_sparse: bool("no") is True
+            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
         C = q.shape[-1]
 
         def hm(t: Tensor | None) -> Tensor | None:
