@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from diffusionformer.nn.attention import DiffusionAttention
@@ -49,6 +48,24 @@ def check_positive_int(where: str, **values: Any) -> None:
             raise TypeError(f"{where}.{name} must be a positive int, got {type(value).__name__} {value!r}")
         if value <= 0:
             raise ValueError(f"{where}.{name} must be a positive int, got {value!r}")
+
+
+def _check_mlp_ratio(where: str, dim: int, mlp_ratio: Any) -> None:
+    """``mlp_ratio`` positive, finite and large enough for an MLP hidden width ``int(dim * mlp_ratio) >= 1``
+    (a width of 0 would make :class:`~diffusionformer.nn.block.Mlp` fall back to ``4 * dim``)."""
+    check_positive(where, mlp_ratio=mlp_ratio)
+    if not math.isfinite(mlp_ratio):
+        raise ValueError(f"{where}.mlp_ratio must be a finite float, got {mlp_ratio!r}")
+    if int(dim * mlp_ratio) < 1:
+        raise ValueError(f"{where}.mlp_ratio={mlp_ratio!r} gives an MLP hidden width int(dim * mlp_ratio) = "
+                         f"{int(dim * mlp_ratio)} for dim={dim}; expected a width >= 1")
+
+
+def _check_bools(where: str, **values: Any) -> None:
+    """Every value a bool (a string such as ``"false"`` would be truthy): else a ``TypeError``."""
+    for name, value in values.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{where}.{name}: expected bool, got {value!r}")
 
 
 def check_probability(where: str, **values: Any) -> None:

@@ -16,7 +16,8 @@ from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
 from diffusionformer.nn.rotary import RotaryEmbedding
-from diffusionformer.models.common import ModelIntermediates, check_positive, check_positive_int, check_probability, init_transformer_weights
+from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, check_positive_int,
+                                           check_probability, init_transformer_weights)
 from diffusionformer.models.sampling import top_k_filter, top_p_filter
 
 __all__ = ["DiffusionGPT", "GPTConfig"]
@@ -50,14 +51,13 @@ class GPTConfig:
     def __post_init__(self) -> None:
         check_positive_int("GPTConfig", vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
                            n_head=self.n_head, n_embd=self.n_embd)
-        check_positive("GPTConfig", mlp_ratio=self.mlp_ratio)
+        _check_mlp_ratio("GPTConfig", self.n_embd, self.mlp_ratio)
         check_probability("GPTConfig", dropout=self.dropout)
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"GPTConfig: n_head={self.n_head} must divide n_embd={self.n_embd}")
         resolve_layer_heads(self.n_layer, self.n_head, self.heads, self.laplacian_heads)
-        for name in ("rope", "zero_init_proj", "recompute"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"GPTConfig.{name}: expected bool, got {getattr(self, name)!r}")
+        _check_bools("GPTConfig", bias=self.bias, qk_norm=self.qk_norm, tie_weights=self.tie_weights, rope=self.rope,
+                     zero_init_proj=self.zero_init_proj, recompute=self.recompute)
         if self.rope and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"GPTConfig.rope: expected an even head dim n_embd/n_head, got {self.n_embd // self.n_head}")
         if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) \

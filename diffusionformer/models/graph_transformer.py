@@ -14,11 +14,12 @@ from diffusionformer.config import document_fields
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
-from diffusionformer.nn.block import DropPath, Mlp, make_norm, resolve_layer_heads
+from diffusionformer.nn.block import Mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
-from diffusionformer.models.common import ModelIntermediates, check_positive, check_positive_int, check_probability, init_transformer_weights
+from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, check_positive_int,
+                                           check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
 
@@ -54,7 +55,9 @@ class GraphTransformerConfig:
     def __post_init__(self) -> None:
         check_positive_int("GraphTransformerConfig", in_channels=self.in_channels, num_classes=self.num_classes,
                            dim=self.dim, depth=self.depth, num_heads=self.num_heads)
-        check_positive("GraphTransformerConfig", mlp_ratio=self.mlp_ratio)
+        _check_mlp_ratio("GraphTransformerConfig", self.dim, self.mlp_ratio)
+        _check_bools("GraphTransformerConfig", self_loops=self.self_loops, global_attention=self.global_attention,
+                     pe_sign_flip=self.pe_sign_flip)
         check_probability("GraphTransformerConfig", dropout=self.dropout, attn_dropout=self.attn_dropout,
                           input_dropout=self.input_dropout)
         if self.task not in ("node", "graph"):
@@ -178,6 +181,7 @@ class GraphBlock(nn.Module):
                  attn_dropout: float = 0.0, global_attention: bool = False, norm_layer: str = "layernorm",
                  edge_dim: int | None = None) -> None:
         super().__init__()
+        _check_mlp_ratio("GraphBlock", dim, mlp_ratio)
         self.norm1 = make_norm(norm_layer, dim)
         self.attn = DiffusionAttention(dim, num_heads, heads, dropout=attn_dropout)
         # W_e of the edge features in the scores (TransformerConv's lin_edge); see nn/edge_features.py
@@ -354,6 +358,9 @@ class DiffusionGraphTransformer(nn.Module):
             raise ValueError(f"num_graphs: a call without batch holds one graph, got num_graphs={num_graphs}")
         if c.task == "graph" and batch is None:
             batch = torch.zeros(N, dtype=torch.long, device=x.device)
+        for name, value in (("edge_attr", edge_attr), ("pe", pe)):
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"{name}: expected a Tensor or None, got {type(value).__name__}")
         if (c.edge_dim is None) != (edge_attr is None):
             raise ValueError(f"edge_attr: expected {'(E, edge_dim) edge features' if c.edge_dim else 'None'} "
                              f"(edge_dim={c.edge_dim}), got {None if edge_attr is None else tuple(edge_attr.shape)}")

@@ -13,7 +13,8 @@ from diffusionformer.config import document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
-from diffusionformer.models.common import ModelIntermediates, check_positive, check_positive_int, check_probability, init_transformer_weights
+from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, check_positive_int,
+                                           check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionViT", "ViTConfig", "attention_rollout"]
 
@@ -49,10 +50,12 @@ class ViTConfig:
     rope_base: float = 100.0  #: RoPE frequency base
 
     def __post_init__(self) -> None:
+        if not isinstance(self.input_size, (tuple, list)):
+            raise TypeError(f"ViTConfig.input_size must be (H, W) or (T,) positive ints, got {self.input_size!r}")
         self.input_size = tuple(self.input_size)
         check_positive_int("ViTConfig", in_channels=self.in_channels, patch_size=self.patch_size, dim=self.dim,
                            depth=self.depth, num_heads=self.num_heads)
-        check_positive("ViTConfig", mlp_ratio=self.mlp_ratio)
+        _check_mlp_ratio("ViTConfig", self.dim, self.mlp_ratio)
         check_probability("ViTConfig", dropout=self.dropout, attn_dropout=self.attn_dropout, drop_path=self.drop_path)
         if len(self.input_size) not in (1, 2) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in self.input_size):
             raise ValueError(f"ViTConfig.input_size must be (H, W) or (T,) positive ints, got {self.input_size}")
@@ -68,8 +71,7 @@ class ViTConfig:
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"ViTConfig.pool must be 'cls' or 'mean', got {self.pool!r}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
-        if not isinstance(self.rope, bool):
-            raise TypeError(f"ViTConfig.rope: expected bool, got {self.rope!r}")
+        _check_bools("ViTConfig", qk_norm=self.qk_norm, rope=self.rope)
         multiple = 4 if len(self.input_size) == 2 else 2
         if self.rope and (self.dim // self.num_heads) % multiple:
             raise ValueError(f"ViTConfig.rope: expected a head dim dim/num_heads divisible by {multiple}, "
@@ -143,6 +145,8 @@ class DiffusionViT(nn.Module):
 
     def _embed(self, x: Tensor) -> Tensor:
         c = self.config
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a Tensor of images (B, C, H, W) or signals (B, T, C), got {type(x).__name__}")
         if len(c.input_size) == 2:
             expected = (c.in_channels, *c.input_size)
             if x.dim() != 4 or tuple(x.shape[1:]) != expected:
