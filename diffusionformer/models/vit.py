@@ -76,6 +76,9 @@ class ViTConfig:
         if self.rope and (self.dim // self.num_heads) % multiple:
             raise ValueError(f"ViTConfig.rope: expected a head dim dim/num_heads divisible by {multiple}, "
                              f"got {self.dim // self.num_heads}")
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) \
+                or not 1 < self.rope_base < float("inf"):
+            raise ValueError(f"ViTConfig.rope_base: expected a finite float > 1, got {self.rope_base!r}")
 
     @property
     def grid_size(self) -> tuple[int, ...]:

@@ -63,7 +63,10 @@ class Mlp(nn.Module):
     def __init__(self, dim: int, hidden_dim: int | None = None, *, bias: bool = True, dropout: float = 0.0,
                  act_layer: type[nn.Module] = nn.GELU) -> None:
         super().__init__()
-        hidden_dim = hidden_dim or 4 * dim
+        if hidden_dim is None:
+            hidden_dim = 4 * dim
+        elif isinstance(hidden_dim, bool) or not isinstance(hidden_dim, int) or hidden_dim < 1:
+            raise ValueError(f"Mlp: hidden_dim must be a positive int or None, got {hidden_dim!r}")
         self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
         self.act = act_layer()
         self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
@@ -167,8 +170,9 @@ class Block(nn.Module):
         rotary: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        if mlp_ratio <= 0:
-            raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio}")
+        if not 0 < mlp_ratio < float("inf") or int(dim * mlp_ratio) < 1:
+            raise ValueError(f"mlp_ratio must be positive and finite with an MLP width int(dim * mlp_ratio) >= 1, "
+                             f"got {mlp_ratio} for dim={dim}")
         self.norm1 = make_norm(norm_layer, dim)
         self.attn = DiffusionAttention(dim, num_heads, heads, causal=causal, qk_norm=qk_norm, bias=bias,
                                        dropout=attn_dropout, backend=backend, num_kv_heads=num_kv_heads,

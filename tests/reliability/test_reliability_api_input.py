@@ -234,3 +234,35 @@ def test_graph_transformer_checks_batch_ids_and_edges_between_graphs():
     with pytest.raises(TypeError, match="batch must hold integer graph ids"):
         g(x, inside, torch.zeros(6))
     assert g(x, inside, torch.tensor([0, 0, 0, 1, 1, 1])).shape == (2, 2)
+
+
+# --- blocks and model configs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ratio", [0.01, float("inf"), float("nan"), -1.0])
+def test_block_mlp_ratio_that_gives_no_valid_width_is_refused(ratio):
+    """Bug: ``Block(8, 2, mlp_ratio=0.01)`` gave ``Mlp(8, 0)``, which read the width 0 as "default" and
+    silently built a 32-wide MLP; ``inf`` died inside ``int()`` and ``nan`` passed the ``<= 0`` check."""
+    with pytest.raises(ValueError, match="mlp_ratio must be positive and finite"):
+        Block(8, 2, mlp_ratio=ratio)
+    assert Block(8, 2, mlp_ratio=0.125).mlp.fc1.out_features == 1  # the smallest width still builds
+
+
+def test_mlp_hidden_width_zero_is_refused_not_read_as_the_default():
+    """Bug: ``Mlp(8, 0)`` built the default ``4 * dim`` hidden layer (``hidden_dim or 4 * dim``)."""
+    from diffusionformer.nn.block import Mlp
+
+    with pytest.raises(ValueError, match="hidden_dim must be a positive int or None, got 0"):
+        Mlp(8, 0)
+    assert Mlp(8).fc1.out_features == 32 and Mlp(8, 3).fc1.out_features == 3
+
+
+@pytest.mark.parametrize("base", [1.0, 0.5, float("inf"), float("nan"), "100", True])
+def test_vit_config_checks_rope_base_by_name(base):
+    """Bug: ``ViTConfig.rope_base`` was not checked (``GPTConfig.rope_base`` is); a bad base was caught
+    only when a rotary model was built, by an error naming ``base``, not the config field."""
+    from diffusionformer.models.vit import ViTConfig
+
+    with pytest.raises(ValueError, match=r"ViTConfig\.rope_base: expected a finite float > 1"):
+        ViTConfig(rope_base=base)
+    assert ViTConfig(rope_base=10000).rope_base == 10000
