@@ -33,6 +33,7 @@ from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig, load_experiment_config
 from diffusionformer.experiments.publish import GAP_MARKER, READING_MARKER, _copy_png, read_run_log
+from diffusionformer.experiments.results import read_json_dict
 from diffusionformer.experiments.runner import read_curves, run_dir
 from diffusionformer.experiments.stats import holm, paired_difference
 from diffusionformer.experiments.tasks import as_metrics
@@ -83,8 +84,8 @@ def _run_records(out: Path, task: str, setting: str, seed: int) -> list[dict[str
     when the run has not finished (or is not there)."""
     summary = run_dir(out, task, setting, seed) / "summary.json"
     published = out / "logs" / task / setting / f"seed{seed}.json"
-    if summary.is_file():
-        return read_curves(summary.parent) if '"completed"' in summary.read_text() else None
+    if summary.is_file():  # an unreadable summary (truncated, not UTF-8) is an unfinished run, as in results
+        return read_curves(summary.parent) if (read_json_dict(summary) or {}).get("status") == "completed" else None
     if published.is_file():  # publish writes the logs of finished runs only
         return read_run_log(published)
     return None

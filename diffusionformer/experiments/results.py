@@ -1,8 +1,9 @@
 """A comparison's runs read back from disk: where a run lives, its result, its curves and its state.
 
 Layout of ``<out>/<name>/runs/<task>/<operator>/seed<k>/``: ``summary.json`` (written when a run
-ends; ``status`` is ``"completed"`` or ``"failed: <reason>"``), ``metrics.jsonl`` (one record per
-logged step or evaluation), ``learned_operators.json`` and ``run_config.json``. Nothing here loads
+ends; ``status`` is ``"completed"``, ``"non_finite"`` (stopped by a non-finite loss) or
+``"failed: <reason>"``), ``metrics.jsonl`` (one record per logged step or evaluation),
+``learned_operators.json`` and ``run_config.json``. Nothing here loads
 a model or data, so reading results back is cheap and safe while other processes train.
 """
 
@@ -143,12 +144,19 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                     row["holder"] = None if holder is None else f"pid {holder[0]} on {holder[1]}"
                     if holder is not None:
                         row["state"] = "running"
-                    elif summary is not None and str(summary.get("status", "")).startswith("failed"):
+                    elif summary is not None and _failed(summary):
                         row["state"] = "failed"
                     else:
                         row["state"] = "interrupted" if (records or (rdir / "checkpoint.pt").is_file()) else "missing"
                 rows.append(row)
     return rows
+
+
+def _failed(summary: dict[str, Any]) -> bool:
+    """Whether a run's summary says it failed: ``"failed: <reason>"``, or ``"non_finite"`` (the Trainer stopped
+    it on a non-finite loss)."""
+    status = str(summary.get("status", ""))
+    return status.startswith("failed") or status == "non_finite"
 
 
 def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rdir: Path, summary: dict[str, Any]) -> RunResult:

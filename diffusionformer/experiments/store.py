@@ -59,9 +59,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _parse(text: str) -> tuple[int, str] | None:
+def _parse(text: bytes) -> tuple[int, str] | None:
     try:
-        holder = json.loads(text)
+        holder = json.loads(text)  # bytes that are not UTF-8 raise UnicodeDecodeError, a ValueError
         return int(holder["pid"]), str(holder["host"])
     except (ValueError, KeyError, TypeError):
         return None
@@ -74,7 +74,7 @@ def read_lock(rdir: str | os.PathLike[str]) -> tuple[int, str] | None:
         rdir: a run's folder.
     """
     try:
-        return _parse((Path(rdir) / LOCK_NAME).read_text())
+        return _parse((Path(rdir) / LOCK_NAME).read_bytes())
     except OSError:
         return None
 
@@ -83,7 +83,7 @@ def _state(path: Path) -> tuple[tuple[int, str] | None, os.stat_result | None]:
     """``(holder, stat)`` of the lock file at ``path``: ``(None, None)`` when absent,
     ``(_UNREADABLE, stat)`` when it exists but cannot be parsed."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, "rb") as f:
             st = os.fstat(f.fileno())
             text = f.read()
     except FileNotFoundError:
