@@ -119,13 +119,14 @@ class CSVLog:
         self.active = active
         self._columns: list[str] | None = None
 
-    def _read(self) -> tuple[list[str], list[dict[str, str]]]:
+    def _read(self) -> tuple[list[str] | None, list[dict[str, str]]]:
+        """The header (``None`` when the file is missing or empty) and the rows."""
         if not self.path.exists():
-            return list(CSV_BASE_COLUMNS), []
+            return None, []
         with open(self.path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
             rows = list(reader)
-            return list(reader.fieldnames or CSV_BASE_COLUMNS), rows
+            return (list(reader.fieldnames) if reader.fieldnames else None), rows
 
     def _rewrite(self, columns: list[str], rows: Sequence[Mapping[str, str]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -147,9 +148,10 @@ class CSVLog:
         for name, value in dict(record.get("metrics") or {}).items():
             row[_PREFIX + str(name)] = _cell(value)
         if self._columns is None:
-            self._columns, rows = self._read()
-            if not self.path.exists():
-                self._rewrite(self._columns, [])
+            columns, rows = self._read()
+            if columns is None:  # no file, or an empty one: write the header first
+                self._rewrite(list(CSV_BASE_COLUMNS), rows)
+            self._columns = columns or list(CSV_BASE_COLUMNS)
         else:
             rows = None
         missing = [c for c in row if c not in self._columns]
@@ -167,7 +169,7 @@ class CSVLog:
             return 0
         columns, rows = self._read()
         kept = [r for r in rows if r.get("step", "").isdigit() and int(r["step"]) <= max_step]
-        self._rewrite(columns, kept)
+        self._rewrite(columns or list(CSV_BASE_COLUMNS), kept)
         return len(rows) - len(kept)
 
     def close(self) -> None:

@@ -330,7 +330,8 @@ class Trainer:
             "device": str(device),
             "amp": {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[self._amp],
             "config": cfg.to_dict(),
-            "checkpoint": str(self.checkpoint_path),
+            # where the final weights are: another folder's after resume=<path> with nothing left to do
+            "checkpoint": str(self._last_checkpoint_path),
         }
         if ctx.is_main:
             write_json_atomic(self.summary_path, summary)
