@@ -18,6 +18,7 @@ Every container carries ``name``, ``kind`` and ``meta`` (source, licence note, s
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -49,6 +50,17 @@ def _check_split(split: str, allowed: Sequence[str] = SPLITS) -> str:
     if split not in allowed:
         raise ValueError(f"split must be one of {list(allowed)}, got {split!r}")
     return split
+
+
+def _as_count(name: str, value: Any) -> int:
+    """``value`` as a Python int (NumPy and 0-d tensor ints too); anything else, bool included,
+    is a ``TypeError`` naming ``name``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {value!r}") from None
 
 
 def _shape(t: Tensor) -> str:
@@ -212,10 +224,16 @@ class TextData:
                 raise ValueError(f"decode expects a 1-D tensor, got shape {tuple(ids.shape)}")
             ids = ids.tolist()
         try:
+            ids = list(ids)
+        except TypeError:
+            raise TypeError(f"decode expects a 1-D tensor or a sequence of ints, got {type(ids).__name__}") from None
+        try:
+            if any(i < 0 for i in ids):  # Python would index from the end of itos
+                raise IndexError
             return "".join(self.itos[i] for i in ids)
         except (IndexError, TypeError):
             raise ValueError(
-                f"decode expects token ids in [0, {self.vocab_size}), got {list(ids)[:20]}"
+                f"decode expects token ids in [0, {self.vocab_size}), got {ids[:20]}"
             ) from None
 
     def get_batch(
@@ -245,6 +263,7 @@ class TextData:
         _check_split(split, ("train", "val"))
         data: Tensor = getattr(self, split)
         L = data.shape[0]
+        batch_size, block_size = _as_count("batch_size", batch_size), _as_count("block_size", block_size)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 1 <= block_size < L:
