@@ -426,6 +426,9 @@ class LayerCapture:
             return self
         if self.mask is not None or self.attention_edges:
             raise ValueError("drop_prefix needs dense, unpadded tokens (a ViT/GPT capture), got a padded/graph capture")
+        T = self.states[self.layers[0]].shape[1]
+        if k >= T:
+            raise ValueError(f"k must leave at least one token: k < T = {T}, got {k}")
         labels = self.labels
         if labels is not None and labels.ndim == 2:
             labels = labels[:, k:]
@@ -434,7 +437,8 @@ class LayerCapture:
                             self.outputs, {**self.extra, "dropped_prefix": k})
 
 
-def _collect_labels(labels: Tensor | None, inputs: Any, is_graph: bool, batch: Tensor | None, G: int) -> Tensor | None:
+def _collect_labels(labels: Tensor | None, inputs: Any, is_graph: bool, batch: Tensor | None, G: int,
+                    T: int, index: int) -> Tensor | None:
     if labels is None:
         return None
     if not isinstance(labels, Tensor):
@@ -444,7 +448,20 @@ def _collect_labels(labels: Tensor | None, inputs: Any, is_graph: bool, batch: T
         padded, _ = pad_by_batch(labels.to(batch.device if batch is not None else labels.device), batch, G)
         mask = pad_by_batch(labels.new_ones(labels.shape, dtype=torch.bool), batch, G)[0]
         return padded.masked_fill(~mask, IGNORE_INDEX).cpu()
+    _check_batch_labels(labels, inputs, is_graph, G, T, index)
     return labels.cpu()
+
+
+def _check_batch_labels(labels: Tensor, inputs: Any, is_graph: bool, G: int, T: int, index: int) -> None:
+    """One label per sequence (graph) of the batch, or per token ``(G, T)`` of a dense batch."""
+    rows_ok = labels.ndim >= 1 and labels.shape[0] == G
+    if is_graph:
+        if not rows_ok:
+            raise ValueError(f"labels of batch {index} must have shape ({G},) (one per graph) or be one per node "
+                             f"({int(inputs.num_nodes)},), got {tuple(labels.shape)}")
+    elif not rows_ok or (labels.ndim == 2 and labels.shape[1] != T):
+        raise ValueError(f"labels of batch {index} must have shape ({G},) or ({G}, {T}) (one per sequence or per "
+                         f"token), got {tuple(labels.shape)}")
 
 
 def _pad_seq(t: Tensor, T: int, dim: int, value: float = 0.0) -> Tensor:
@@ -470,7 +487,7 @@ class _Collector:
         self.outputs: list[Tensor] = []
         self.num_attention = self.num_nodes = self.num_batches = 0
 
-    def add(self, inputs: Any, labels: Tensor | None, out: Any, n: int) -> None:
+    def add(self, inputs: Any, labels: Tensor | None, out: Any, n: int, index: int = 0) -> None:
         rec = self.recorder
         self.num_batches += 1
         missing = [layer for layer in rec.layers if layer not in rec.states]
@@ -484,7 +501,8 @@ class _Collector:
                 x, mask = pad_by_batch(x, rec.batch, n)
             self.states[layer].append(x.to(device="cpu", dtype=torch.float32))
         self.masks.append(None if mask is None else mask.cpu())
-        self.labels.append(_collect_labels(labels, inputs, is_graph, rec.batch, n))
+        T = rec.states[rec.layers[0]].shape[1] if not is_graph else 0
+        self.labels.append(_collect_labels(labels, inputs, is_graph, rec.batch, n, T, index))
         a = min(n, self.max_attention - self.num_attention)
         if a > 0 and rec.attention_blocks:
             kept_nodes = int(mask[:a].sum()) if mask is not None else 0
@@ -608,7 +626,7 @@ def capture_dataset(
     model.eval()
     try:
         with torch.no_grad(), recorder:
-            for item in batches:
+            for index, item in enumerate(batches):
                 inputs, labels = _split_item(item)
                 n = _num_sequences(inputs)
                 if n == 0:
@@ -619,7 +637,7 @@ def capture_dataset(
                 inputs = _to_device(inputs, dev)
                 recorder.clear()
                 out = run(model, inputs)
-                collector.add(inputs, labels, out, n)
+                collector.add(inputs, labels, out, n, index)
                 count += n
                 if count >= max_examples:
                     break
