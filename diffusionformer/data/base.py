@@ -369,6 +369,16 @@ class NodeData:
             raise ValueError(
                 f"expected x of shape ({d.num_nodes}, {self.num_features}), got {tuple(d.x.shape)}"
             )
+        N = d.num_nodes
+        if d.y.dim() < 1 or d.y.shape[0] != N:
+            raise ValueError(f"expected y with one row per node ({N}), got shape {tuple(d.y.shape)}")
+        for split in SPLITS:
+            mask = getattr(d, f"{split}_mask")
+            if mask.dtype != torch.bool or tuple(mask.shape) != (N,):
+                raise ValueError(
+                    f"expected {split}_mask to be a bool tensor of shape ({N},), got {mask.dtype} of shape "
+                    f"{tuple(mask.shape)}"
+                )
 
     def __repr__(self) -> str:
         d = self.data

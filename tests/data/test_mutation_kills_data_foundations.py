@@ -410,3 +410,15 @@ def test_decode_of_something_not_a_sequence_names_what_it_expects(ids):
     data = TextData("toy", torch.tensor([0, 1]), torch.tensor([1]), 2, ["a", "b"])
     with pytest.raises(TypeError, match="decode expects a 1-D tensor or a sequence of ints, got"):
         data.decode(ids)
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"y": torch.zeros(3, dtype=torch.int64)}, r"expected y with one row per node \(4\), got shape \(3,\)"),
+    ({"train_mask": torch.tensor([1, 1, 0, 0])}, r"expected train_mask to be a bool tensor of shape \(4,\), got torch.int64"),
+    ({"val_mask": torch.tensor([False, True])}, r"expected val_mask to be a bool tensor of shape \(4,\), got torch.bool of shape \(2,\)"),
+])
+def test_node_data_checks_labels_and_masks_against_the_nodes(over, message):
+    """Bug: ``NodeData`` checked only ``x``; an int 0/1 mask indexed nodes 0 and 1 instead of selecting,
+    and labels or masks of another length failed (or broadcast) deep inside a training step."""
+    with pytest.raises(ValueError, match=message):
+        NodeData("toy", _node_graph(**over), num_classes=2, num_features=3)
