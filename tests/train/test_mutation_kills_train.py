@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from train_tiny_tasks import InfGradAt, RegressionTask, TinyMLP, fp16_supported, tiny_config
+from train_tiny_tasks import CorruptingEval, InfGradAt, RegressionTask, TinyMLP, fp16_supported, tiny_config
 
 from diffusionformer.train import (
     NonFiniteLossError,
@@ -137,23 +137,12 @@ def test_nanogpt_rule_decays_embeddings_and_leaves_out_frozen_parameters():
     assert groups == {0.1: ["wte.weight", "proj.weight"], 0.0: ["proj.bias", "norm.weight", "norm.bias"]}
 
 
-class _CorruptingEval(RegressionTask):
-    """An ``evaluate`` that writes an infinity into the weights on its second call."""
-
-    def evaluate(self, model, max_batches):
-        out = super().evaluate(model, max_batches)
-        if len(self.eval_calls) == 2:
-            with torch.no_grad():
-                model.fc2.bias.fill_(float("inf"))
-        return out
-
-
 def test_non_finite_parameters_are_never_checkpointed(tmp_path):
     """Kills T23 (the finite-parameters check before saving removed): weights that became
     non-finite without a non-finite loss or gradient must not replace the last good checkpoint."""
     cfg = tiny_config(max_steps=6, eval_interval=2, checkpoint_interval=2, log_interval=2)
     with pytest.raises(NonFiniteLossError, match="non-finite parameters after step 4") as info:
-        Trainer(TinyMLP(), _CorruptingEval(global_rng=False), cfg, tmp_path).fit()
+        Trainer(TinyMLP(), CorruptingEval(global_rng=False), cfg, tmp_path).fit()
     assert info.value.last_checkpoint_step == 2
     ckpt = load_checkpoint(tmp_path / "checkpoint.pt")
     assert ckpt["step"] == 2 and all(torch.isfinite(t).all() for t in ckpt["model"].values())

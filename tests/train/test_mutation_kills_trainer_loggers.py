@@ -14,7 +14,7 @@ import types
 
 import pytest
 import torch
-from train_tiny_tasks import RegressionTask, SimulatedKill, TinyMLP, tiny_config
+from train_tiny_tasks import CorruptingEval, RegressionTask, SimulatedKill, TinyMLP, tiny_config
 
 from diffusionformer.train import (
     CheckpointError,
@@ -169,23 +169,12 @@ def test_a_bad_update_is_caught_at_a_checkpoint_boundary_before_saving(tmp_path)
     assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 2
 
 
-class _CorruptingEval(RegressionTask):
-    """An ``evaluate`` that writes an infinity into the weights on its second call."""
-
-    def evaluate(self, model, max_batches):
-        out = super().evaluate(model, max_batches)
-        if len(self.eval_calls) == 2:
-            with torch.no_grad():
-                model.fc2.bias.fill_(float("inf"))
-        return out
-
-
 def test_non_finite_parameters_at_a_checkpoint_blame_the_update_before_it(tmp_path):
     """Kills T31 (``bad_step`` of non-finite parameters at checkpoint ``k`` reported as ``k``, one
     past the last update, index ``k - 1``, that ``task.train_batch`` saw)."""
     cfg = tiny_config(max_steps=6, eval_interval=2, checkpoint_interval=2, log_interval=2)
     with pytest.raises(NonFiniteLossError, match="non-finite parameters after step 4") as info:
-        Trainer(TinyMLP(), _CorruptingEval(global_rng=False), cfg, tmp_path).fit()
+        Trainer(TinyMLP(), CorruptingEval(global_rng=False), cfg, tmp_path).fit()
     assert info.value.step == 3
     assert json.loads((tmp_path / "summary.json").read_text())["bad_step"] == 3
 

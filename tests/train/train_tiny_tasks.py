@@ -134,6 +134,18 @@ class InfGradAt(RegressionTask):
         return loss, metrics
 
 
+class CorruptingEval(RegressionTask):
+    """An ``evaluate`` that writes an infinity into the weights on its second call (non-finite
+    parameters without a non-finite loss or gradient)."""
+
+    def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
+        out = super().evaluate(model, max_batches)
+        if len(self.eval_calls) == 2:
+            with torch.no_grad():
+                model.fc2.bias.fill_(float("inf"))
+        return out
+
+
 def fp16_supported() -> bool:
     """Whether this torch build has fp16 autocast and a GradScaler on CPU."""
     try:
