@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 

@@ -24,7 +24,7 @@ of the current layer through a model's forward pass (models create one per call)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -34,9 +34,6 @@ from diffusionformer.ops._checks import check_tensor
 from diffusionformer.ops.dense import attention_matrix, normalise_mask, propagate_dense
 from diffusionformer.ops.sparse import diffuse_sparse
 from diffusionformer.ops.uniform_map import uniform_mean
-
-if TYPE_CHECKING:  # pragma: no cover
-    from diffusionformer.operators.base import DiffusionOperator
 
 __all__ = ["LayerState", "RivalContext", "apply_context_groups", "uniform_average"]
 
