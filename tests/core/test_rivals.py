@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from diffusionformer import DiffusionAttention, build_operator
 from diffusionformer.operators import (

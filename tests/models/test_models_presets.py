@@ -10,7 +10,6 @@ from diffusionformer import list_operators
 from diffusionformer.models import (
     DINO,
     DiffusionGPT,
-    DiffusionGraphTransformer,
     DiffusionViT,
     GPTConfig,
     GraphTransformerConfig,

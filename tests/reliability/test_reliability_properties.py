@@ -13,7 +13,6 @@ import re
 import tempfile
 from pathlib import Path
 
-import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
