@@ -487,7 +487,7 @@ class _Collector:
         self.outputs: list[Tensor] = []
         self.num_attention = self.num_nodes = self.num_batches = 0
 
-    def add(self, inputs: Any, labels: Tensor | None, out: Any, n: int, index: int = 0) -> None:
+    def add(self, inputs: Any, labels: Tensor | None, out: Any, n: int, index: int) -> None:
         rec = self.recorder
         self.num_batches += 1
         missing = [layer for layer in rec.layers if layer not in rec.states]

@@ -61,6 +61,13 @@ def _check_mlp_ratio(where: str, dim: int, mlp_ratio: Any) -> None:
                          f"{int(dim * mlp_ratio)} for dim={dim}; expected a width >= 1")
 
 
+def _check_rope_base(where: str, value: Any) -> None:
+    """A RoPE frequency base: a finite int or float > 1 (a base of 1 gives every position the same
+    angle); else a ``ValueError`` naming ``<where>.rope_base``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 < value < math.inf:
+        raise ValueError(f"{where}.rope_base: expected a finite float > 1, got {value!r}")
+
+
 def _check_bools(where: str, **values: Any) -> None:
     """Every value a bool (a string such as ``"false"`` would be truthy): else a ``TypeError``."""
     for name, value in values.items():

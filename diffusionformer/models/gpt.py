@@ -16,8 +16,8 @@ from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
 from diffusionformer.nn.rotary import RotaryEmbedding
-from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, check_positive_int,
-                                           check_probability, init_transformer_weights)
+from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, _check_rope_base,
+                                           check_positive_int, check_probability, init_transformer_weights)
 from diffusionformer.models.sampling import top_k_filter, top_p_filter
 
 __all__ = ["DiffusionGPT", "GPTConfig"]
@@ -60,9 +60,7 @@ class GPTConfig:
                      zero_init_proj=self.zero_init_proj, recompute=self.recompute)
         if self.rope and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"GPTConfig.rope: expected an even head dim n_embd/n_head, got {self.n_embd // self.n_head}")
-        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) \
-                or not 1 < self.rope_base < float("inf"):
-            raise ValueError(f"GPTConfig.rope_base: expected a finite float > 1, got {self.rope_base!r}")
+        _check_rope_base("GPTConfig", self.rope_base)
         kv = self.n_kv_head
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.n_head % kv):
             raise ValueError(f"GPTConfig.n_kv_head: expected None or a positive int dividing n_head={self.n_head}, got {kv!r}")

@@ -13,8 +13,8 @@ from diffusionformer.config import document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
-from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, check_positive_int,
-                                           check_probability, init_transformer_weights)
+from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, _check_rope_base,
+                                           check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionViT", "ViTConfig", "attention_rollout"]
 
@@ -76,9 +76,7 @@ class ViTConfig:
         if self.rope and (self.dim // self.num_heads) % multiple:
             raise ValueError(f"ViTConfig.rope: expected a head dim dim/num_heads divisible by {multiple}, "
                              f"got {self.dim // self.num_heads}")
-        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) \
-                or not 1 < self.rope_base < float("inf"):
-            raise ValueError(f"ViTConfig.rope_base: expected a finite float > 1, got {self.rope_base!r}")
+        _check_rope_base("ViTConfig", self.rope_base)
 
     @property
     def grid_size(self) -> tuple[int, ...]:
