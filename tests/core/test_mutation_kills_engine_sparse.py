@@ -285,6 +285,18 @@ def test_scatter_primitives_refuse_bad_indices(fn):
         fn(src, torch.zeros(3, dtype=torch.long), -1)
 
 
+@pytest.mark.parametrize("fn", [scatter_sum, scatter_max, segment_softmax], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("index", [[0, 3], [-1, 0], [3, 3]])
+def test_scatter_primitives_refuse_indices_out_of_range(fn, index):
+    """Bug: an index outside [0, dim_size) failed inside ``index_add_`` / ``scatter_reduce_`` with an error naming
+    neither ``index`` nor ``dim_size`` ("index out of range in self"); on CPU it is now checked first, as
+    ``check_edge_index`` does, and the message gives the range found. Edge values at the bounds still pass."""
+    with pytest.raises(ValueError, match=rf"index values must lie in \[0, dim_size=3\), got range \[{min(index)}, {max(index)}\]"):
+        fn(torch.tensor([1.0, 2.0]), torch.tensor(index), 3)
+    assert torch.equal(scatter_sum(torch.tensor([1.0, 2.0]), torch.tensor([0, 2]), 3), torch.tensor([1.0, 0.0, 2.0]))
+    assert scatter_sum(torch.zeros(0), torch.zeros(0, dtype=torch.long), 0).shape == (0,)
+
+
 def test_scatter_max_of_negative_scores_ignores_the_zero_fill():
     """kills: scatter.scatter_max including the zero-filled output in the maximum (``include_self=True``), so a
     bucket of negative values has maximum 0 and a segment softmax of very negative scores underflows to 0"""
