@@ -165,7 +165,7 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
 
     Args:
         batch: tensor or nested ``dict``/``list``/``tuple`` of tensors and plain values.
-        rank: this process's rank.
+        rank: this process's rank (``0 <= rank < world_size``).
         world_size: number of processes; must divide every tensor's dim 0.
 
     Shapes:
@@ -175,6 +175,11 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
         >>> shard_batch({"x": torch.arange(6), "n": 3}, rank=1, world_size=3)
         {'x': tensor([2, 3]), 'n': 3}
     """
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"shard_batch: expected {name} an int, got {type(value).__name__} ({value!r})")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"shard_batch: expected 0 <= rank < world_size, got rank={rank} world_size={world_size}")
     if world_size == 1:
         return batch
     if isinstance(batch, torch.Tensor):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -19,7 +22,9 @@ def _exempt_names(model: nn.Module) -> set[str]:
     if hook is None:
         return set()
     names = hook()
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+    iterable = not isinstance(names, str) and isinstance(names, Iterable)
+    names = list(names) if iterable else names  # a generator is read once
+    if not iterable or not all(isinstance(n, str) for n in names):
         raise TypeError(
             f"{type(model).__name__}.no_weight_decay(): expected an iterable of parameter names, "
             f"got {names!r}"
@@ -61,6 +66,11 @@ def param_groups(model: nn.Module, weight_decay: float, rule: str = "default") -
     """
     if rule not in ("default", "nanogpt"):
         raise ValueError(f"param_groups: expected rule 'default' or 'nanogpt', got {rule!r}")
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, numbers.Real):
+        raise TypeError(f"param_groups: expected weight_decay a float >= 0, got {type(weight_decay).__name__} "
+                        f"({weight_decay!r})")
+    if not (math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"param_groups: expected weight_decay a finite float >= 0, got {weight_decay}")
     if rule == "nanogpt":
         decay = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
@@ -104,7 +114,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device)
     """AdamW over :func:`param_groups` (``config.weight_decay_rule``) with ``config.lr``,
     ``config.betas``, ``config.weight_decay``.
 
-    Uses the fused CUDA kernel on CUDA and the ``foreach`` implementation elsewhere. The group
+    Uses the fused CUDA kernel on CUDA and PyTorch's default elsewhere (on CPU, the per-tensor loop). The group
     key ``"names"`` is kept so that a saved optimizer state says which tensor is which.
 
     Args:
