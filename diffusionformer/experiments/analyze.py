@@ -52,7 +52,7 @@ from diffusionformer.experiments.tasks import _HELDOUT_SEED, _TEXT_SEED  # noqa:
 from diffusionformer.experiments.tasks import find_adapter, heldout_batches, model_family
 from diffusionformer.models import learned_operator_parameters
 from diffusionformer.train.checkpoint import CHECKPOINT_NAME
-from diffusionformer.train.metrics import write_json_atomic
+from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
 __all__ = ["analyze_experiment", "analyze_run"]
 
@@ -70,9 +70,10 @@ def _run_state(rdir: Path) -> str:
     summary = rdir / "summary.json"
     if summary.is_file():
         try:
-            status = json.loads(summary.read_text()).get("status")
-        except json.JSONDecodeError:
-            status = None
+            record = json.loads(summary.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = None  # half-written or foreign: the run is not finished
+        status = record.get("status") if isinstance(record, dict) else None
         if status == "completed":
             if not (rdir / CHECKPOINT_NAME).is_file():
                 raise FileNotFoundError(
@@ -338,7 +339,7 @@ def analyze_experiment(
     adir = out / "analysis"
     adir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(adir / "metrics.json", result)
-    (adir / "README.md").write_text(_markdown(result))
+    write_text_atomic(adir / "README.md", _markdown(result))
     if plots:
         try:
             _write_plots(adir / "plots", result, spectra, pca, images)
@@ -404,8 +405,8 @@ def _markdown(result: dict[str, Any]) -> str:
         first = ops[0][1] if ops else None
         for op_name, op in ops:
             key0 = always[0].key  # the first column also at the embeddings
-            v0 = [float(s["layers"][0][key0]) for s in op["seeds"].values()
-                  if isinstance(s["layers"][0].get(key0), (int, float))]
+            v0 = [float(v) for v in (s["layers"][0].get(key0) for s in op["seeds"].values())
+                  if isinstance(v, (int, float)) and math.isfinite(v)]  # as _last_layer_values
             cells = [_cell(v0, None)]
             for key in [m.key for m in columns]:
                 base = None if op is first or first is None else _last_layer_values(first, key)
