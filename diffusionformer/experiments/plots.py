@@ -63,11 +63,12 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
             records = [read_curves(run_dir(out, task.name, setting.name, s)) for s in seeds]
             color = f"C{i}"
             for ax, split, key in ((ax_loss, "train", "loss"), (ax_metric, "eval", metric_key)):
-                band = _mean_band([_series(rec, split, key) for rec in records])
+                series = [_series(rec, split, key) for rec in records]
+                band = _mean_band(series)
                 if band is None:
                     continue
-                x, m, sd = band
-                ax.plot(x, m, color=color, label=f"{setting.name} (n={len(seeds)})")
+                x, m, sd = band  # over the runs with a curve: a run that failed before logging has none
+                ax.plot(x, m, color=color, label=f"{setting.name} (n={sum(1 for steps, _ in series if steps)})")
                 ax.fill_between(x, m - sd, m + sd, color=color, alpha=0.2)
         ax_loss.set(xlabel="step", ylabel="train loss", title=f"{task.name}: training loss")
         ax_metric.set(xlabel="step", ylabel=task.metric, title=f"{task.name}: {task.metric} (mean ± std)")
