@@ -55,6 +55,8 @@ def dist_env() -> tuple[int, int, int] | None:
             f"distributed environment: expected 0 <= RANK < WORLD_SIZE, got RANK={rank} "
             f"WORLD_SIZE={world_size}"
         )
+    if local_rank < 0:  # it picks the CUDA device: cuda:-1 would fail far from here
+        raise ValueError(f"distributed environment: expected LOCAL_RANK >= 0, got LOCAL_RANK={local_rank}")
     return None if world_size == 1 else (rank, world_size, local_rank)
 
 

@@ -28,6 +28,21 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _new_file_mode() -> int:
+    """The mode ``open()`` gives a new file (``0o666`` less the umask), for a temporary from
+    :func:`tempfile.mkstemp` (always ``0o600``) that replaces a run file: checkpoints and logs stay
+    readable by whoever may read the run folder. The umask is read from ``/proc`` (setting it to
+    read it back would race with other threads); ``0o644`` where that is not available."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o644
+
+
 @contextlib.contextmanager
 def _atomic_file(path: str | os.PathLike[str], newline: str | None = None) -> Iterator[TextIO]:
     """A UTF-8 text file that replaces ``path`` (``os.replace``) only once written and synced;
@@ -36,6 +51,7 @@ def _atomic_file(path: str | os.PathLike[str], newline: str | None = None) -> It
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _new_file_mode())
         with os.fdopen(fd, "w", encoding="utf-8", newline=newline) as f:
             yield f
             f.flush()

@@ -436,6 +436,17 @@ def test_dist_env_takes_the_local_rank_from_the_rank_when_unset(no_dist_env):
     assert dist_env() == (2, 3, 0)
 
 
+def test_bug_dist_env_refuses_a_negative_local_rank(no_dist_env):
+    """Bug: ``LOCAL_RANK=-1`` was accepted, and it picks the CUDA device, so the run failed later at
+    ``cuda:-1`` with a message naming no variable. It is now a ValueError naming ``LOCAL_RANK``."""
+    for k, v in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "-1"}.items():
+        no_dist_env.setenv(k, v)
+    with pytest.raises(ValueError, match=r"distributed environment: expected LOCAL_RANK >= 0, got LOCAL_RANK=-1"):
+        dist_env()
+    no_dist_env.setenv("LOCAL_RANK", "0")
+    assert dist_env() == (1, 2, 0)
+
+
 @pytest.mark.parametrize("env", [{"WORLD_SIZE": "2"}, {"WORLD_SIZE": "2", "RANK": "one"},
                                  {"WORLD_SIZE": "two", "RANK": "0"}, {"WORLD_SIZE": "2", "RANK": "-1"}])
 def test_dist_env_refuses_a_missing_or_bad_rank_with_a_value_error(no_dist_env, env):
@@ -613,3 +624,28 @@ def test_ssl_config_passes_brightness_and_contrast_to_their_own_fields():
 # Not run as mutants, equivalent by reading: distributed.py ``world_size < 1 or`` in ``dist_env`` (no
 #     rank satisfies ``0 <= rank < world_size`` when ``world_size < 1``); checkpoint.py ``os.replace``
 #     -> ``os.rename`` (the same call on POSIX).
+
+
+# ----------------------------------------------------------------------------- file modes
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_bug_checkpoints_and_run_files_get_the_mode_open_would_give(tmp_path, umask):
+    """Bug: ``save_checkpoint`` and the atomic text writers (``summary.json``, ``metrics.csv``...) wrote
+    through ``tempfile.mkstemp``, so every such file was ``0600`` whatever the umask: on a shared
+    cluster a group that may read the run folder could not read its checkpoints or logs. They now get
+    the mode a plain ``open()`` gives (the reference file below), so a private umask still keeps them private."""
+    from diffusionformer.train.metrics import write_text_atomic
+
+    old = os.umask(umask)
+    try:
+        reference = tmp_path / "reference"
+        reference.write_text("x")
+        ckpt = save_checkpoint(tmp_path / "checkpoint.pt", _payload())
+        write_text_atomic(tmp_path / "summary.json", "{}")
+    finally:
+        os.umask(old)
+    expected = stat.S_IMODE(reference.stat().st_mode)
+    assert expected == 0o666 & ~umask
+    assert stat.S_IMODE(ckpt.stat().st_mode) == expected
+    assert stat.S_IMODE((tmp_path / "summary.json").stat().st_mode) == expected
+    assert load_checkpoint(ckpt)["step"] == 2
