@@ -245,12 +245,21 @@ def add_to_toctree(index: str | Path, entry: str) -> bool:
     end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() == fence), None)
     if end is None:
         raise ValueError(f"{path}: expected a closing {fence} for the toctree opened on line {start + 1}, got none")
-    listed = {line.strip().removesuffix(".md") for line in lines[start + 1:end] if line.strip() and not line.strip().startswith(":")}
+    listed = {_toctree_target(line) for line in lines[start + 1:end] if line.strip() and not line.strip().startswith(":")}
     if entry in listed:
         return False
     lines.insert(end, entry)
     write_text_atomic(path, "\n".join(lines))
     return True
+
+
+def _toctree_target(line: str) -> str:
+    """The document a toctree line names: ``name``, ``name.md`` or ``Title <name>`` (Sphinx's titled entry)."""
+    line = line.strip()
+    titled = re.fullmatch(r".*<([^<>]+)>", line)
+    return (titled.group(1).strip() if titled else line).removesuffix(".md")
+
+
 def _primary_line(config: ExperimentConfig) -> str:
     if len(config.operators) == 1:
         return "none (one setting: nothing is compared)"

@@ -264,6 +264,20 @@ def test_a_colon_fenced_toctree_gets_the_entry_inside_it(tmp_path):
     assert index.read_text() == "# Results\n\n:::{toctree}\n:maxdepth: 1\n\nother\nmk\n:::\n\nText after.\n"
 
 
+def test_bug_a_titled_toctree_entry_counts_as_listed(tmp_path):
+    """Bug: ``add_to_toctree`` compared whole lines, so an entry written with a title (``Main study <mk>``,
+    Sphinx's titled form) was not seen and ``publish`` listed ``mk`` a second time. ``Title <mk.md>`` and a
+    title holding ``<`` elsewhere are read the same way; a different target is still added."""
+    text = "```{toctree}\n:maxdepth: 1\n\nMain study <mk>\nA <b> page <other.md>\n```\n"
+    index = tmp_path / "index.md"
+    index.write_text(text)
+    assert add_to_toctree(index, "mk") is False
+    assert add_to_toctree(index, "other") is False
+    assert index.read_text() == text
+    assert add_to_toctree(index, "Main study") is True
+    assert index.read_text() == text.replace("<other.md>\n```", "<other.md>\nMain study\n```")
+
+
 def test_a_page_without_a_toctree_gets_a_hidden_one_and_says_it_changed(tmp_path):
     """kills: publish.py ``add_to_toctree`` returning False after appending a toctree to a page that had none"""
     index = tmp_path / "index.md"
