@@ -43,6 +43,12 @@ def _new_file_mode() -> int:
     return 0o644
 
 
+def _set_new_file_mode(fd: int) -> None:
+    """Give the open temporary ``fd`` the mode of :func:`_new_file_mode` (where ``os.fchmod`` exists)."""
+    if hasattr(os, "fchmod"):
+        os.fchmod(fd, _new_file_mode())
+
+
 @contextlib.contextmanager
 def _atomic_file(path: str | os.PathLike[str], newline: str | None = None) -> Iterator[TextIO]:
     """A UTF-8 text file that replaces ``path`` (``os.replace``) only once written and synced;
@@ -51,8 +57,8 @@ def _atomic_file(path: str | os.PathLike[str], newline: str | None = None) -> It
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, _new_file_mode())
         with os.fdopen(fd, "w", encoding="utf-8", newline=newline) as f:
+            _set_new_file_mode(f.fileno())
             yield f
             f.flush()
             os.fsync(f.fileno())
