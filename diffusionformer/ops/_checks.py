@@ -37,6 +37,21 @@ def checks_values(t: Tensor) -> bool:
     return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
+def check_index_range(name: str, index: Tensor, size_name: str, size: int) -> None:
+    """``index`` values must lie in ``[0, size)``: else a ``ValueError`` naming ``name``, ``size_name``
+    and the range found. Runs only where :func:`checks_values` allows (no host sync, no graph break).
+
+    Examples:
+        >>> check_index_range("index", torch.tensor([0, 3]), "dim_size", 3)
+        Traceback (most recent call last):
+        ValueError: index values must lie in [0, dim_size=3), got range [0, 3]
+    """
+    if checks_values(index) and index.numel() > 0:
+        lo, hi = int(index.min()), int(index.max())
+        if lo < 0 or hi >= size:
+            raise ValueError(f"{name} values must lie in [0, {size_name}={size}), got range [{lo}, {hi}]")
+
+
 def check_coefficients(coeffs: object, num_heads: int, like: Tensor) -> Tensor:
     """Return coefficients as a ``(H, K+1)`` tensor on ``like``'s device (float32 at least)."""
     if not isinstance(coeffs, Tensor):

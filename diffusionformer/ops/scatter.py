@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from diffusionformer.ops._checks import checks_values
+from diffusionformer.ops._checks import check_index_range
 
 try:  # optional accelerator, used for CUDA tensors when present
     import torch_scatter as _torch_scatter  # type: ignore[import-not-found]
@@ -54,11 +54,7 @@ def _check_index(src: Tensor, index: Tensor, dim_size: int) -> None:
         )
     if dim_size < 0:
         raise ValueError(f"dim_size must be non-negative, got {dim_size}")
-    # the bounds check reads values on the host: CPU eager only, as check_edge_index (no device sync)
-    if checks_values(index) and index.numel() > 0:
-        lo, hi = int(index.min()), int(index.max())
-        if lo < 0 or hi >= dim_size:
-            raise ValueError(f"index values must lie in [0, dim_size={dim_size}), got range [{lo}, {hi}]")
+    check_index_range("index", index, "dim_size", dim_size)  # CPU eager only, as check_edge_index
 
 
 def scatter_sum(src: Tensor, index: Tensor, dim_size: int, *, backend: ScatterBackend = "auto") -> Tensor:

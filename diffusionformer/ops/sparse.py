@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import check_dropout, check_layout, check_scale, check_tensor, checks_values
+from diffusionformer.ops._checks import check_dropout, check_index_range, check_layout, check_scale, check_tensor
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
@@ -75,12 +75,7 @@ def check_edge_index(edge_index: object, num_nodes: int) -> Tensor:
         raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
     if edge_index.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"edge_index must be an integer tensor (int64), got {edge_index.dtype}")
-    if checks_values(edge_index) and edge_index.numel() > 0:
-        lo, hi = int(edge_index.min()), int(edge_index.max())
-        if lo < 0 or hi >= num_nodes:
-            raise ValueError(
-                f"edge_index values must lie in [0, num_nodes={num_nodes}), got range [{lo}, {hi}]"
-            )
+    check_index_range("edge_index", edge_index, "num_nodes", num_nodes)
     return edge_index.long()
 
 
