@@ -46,7 +46,7 @@ from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.reload import load_run
 from diffusionformer.experiments.build import task_data
-from diffusionformer.experiments.results import run_dir
+from diffusionformer.experiments.results import read_json_dict, run_dir
 from diffusionformer.experiments.stats import welch_t
 from diffusionformer.experiments.tasks import _HELDOUT_SEED, _TEXT_SEED  # noqa: F401  (back-compat: their home is tasks)
 from diffusionformer.experiments.tasks import find_adapter, heldout_batches, model_family
@@ -67,20 +67,14 @@ _RUN_HINT = "run `python -m diffusionformer.experiments run CONFIG` first (with 
 # ----------------------------------------------------------------------------- runs on disk
 def _run_state(rdir: Path) -> str:
     """``"completed"``, ``"unfinished"`` (started, not completed) or ``"missing"``."""
-    summary = rdir / "summary.json"
-    if summary.is_file():
-        try:
-            record = json.loads(summary.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            record = None  # half-written or foreign: the run is not finished
-        status = record.get("status") if isinstance(record, dict) else None
-        if status == "completed":
-            if not (rdir / CHECKPOINT_NAME).is_file():
-                raise FileNotFoundError(
-                    f"run {rdir} is marked completed but its checkpoint {rdir / CHECKPOINT_NAME} is missing; "
-                    f"{_RUN_HINT.replace('first', 'again with --restart')}"
-                )
-            return "completed"
+    record = read_json_dict(rdir / "summary.json")  # None when half-written or foreign: not finished
+    if record is not None and record.get("status") == "completed":
+        if not (rdir / CHECKPOINT_NAME).is_file():
+            raise FileNotFoundError(
+                f"run {rdir} is marked completed but its checkpoint {rdir / CHECKPOINT_NAME} is missing; "
+                f"{_RUN_HINT.replace('first', 'again with --restart')}"
+            )
+        return "completed"
     return "unfinished" if rdir.is_dir() else "missing"
 
 
