@@ -57,19 +57,25 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
         ax_loss, ax_metric = fig.subplots(1, 2)
         metric_key = "loss" if task.metric == "val_loss" else task.metric
         for i, setting in enumerate(config.operators):
-            seeds = [r.seed for r in task_results if r.operator == setting.name]
-            if not seeds:
+            runs = [r for r in task_results if r.operator == setting.name]
+            if not runs:
                 continue
-            records = [read_curves(run_dir(out, task.name, setting.name, s)) for s in seeds]
+            # The band is over the completed runs: a run that failed at step 300 of 1000 would cut every
+            # curve of its setting to the steps all runs share. A failed run's partial log is drawn on its own.
+            done = [read_curves(run_dir(out, task.name, setting.name, r.seed)) for r in runs if r.status == "completed"]
+            failed = [read_curves(run_dir(out, task.name, setting.name, r.seed)) for r in runs if r.status != "completed"]
             color = f"C{i}"
             for ax, split, key in ((ax_loss, "train", "loss"), (ax_metric, "eval", metric_key)):
-                series = [_series(rec, split, key) for rec in records]
+                series = [_series(rec, split, key) for rec in done]
                 band = _mean_band(series)
-                if band is None:
-                    continue
-                x, m, sd = band  # over the runs with a curve: a run that failed before logging has none
-                ax.plot(x, m, color=color, label=f"{setting.name} (n={sum(1 for steps, _ in series if steps)})")
-                ax.fill_between(x, m - sd, m + sd, color=color, alpha=0.2)
+                if band is not None:
+                    x, m, sd = band  # over the runs with a curve: a run that failed before logging has none
+                    ax.plot(x, m, color=color, label=f"{setting.name} (n={sum(1 for steps, _ in series if steps)})")
+                    ax.fill_between(x, m - sd, m + sd, color=color, alpha=0.2)
+                partial = [c for c in (_series(rec, split, key) for rec in failed) if c[0]]
+                for j, (steps, values) in enumerate(partial):
+                    ax.plot(steps, values, color=color, linestyle=":", linewidth=1,
+                            label=f"{setting.name} failed (n={len(partial)})" if j == 0 else None)
         ax_loss.set(xlabel="step", ylabel="train loss", title=f"{task.name}: training loss")
         ax_metric.set(xlabel="step", ylabel=task.metric, title=f"{task.name}: {task.metric} (mean ± std)")
         ax_loss.legend(fontsize=8)

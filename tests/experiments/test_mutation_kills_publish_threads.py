@@ -498,10 +498,10 @@ class _Ax:
     """Records what ``plot_experiment`` draws on one matplotlib axis."""
 
     def __init__(self):
-        self.lines, self.bands, self.errorbars, self.scatters = [], [], [], []
+        self.lines, self.bands, self.errorbars, self.scatters, self.partial = [], [], [], [], []
 
-    def plot(self, x, y, color=None, label=None):
-        self.lines.append((list(x), list(y), color, label))
+    def plot(self, x, y, color=None, label=None, linestyle="-", linewidth=None):
+        (self.lines if linestyle == "-" else self.partial).append((list(x), list(y), color, label))
 
     def fill_between(self, x, lo, hi, color=None, alpha=None):
         self.bands.append((list(x), list(lo), list(hi), color))
@@ -601,6 +601,30 @@ def test_bug_the_legend_counts_the_runs_in_the_band_not_a_failed_run_without_a_l
     assert [label for *_, label in loss_ax.lines] == ["attention (n=3)", "lap (n=2)"]
     assert [label for *_, label in metric_ax.lines] == ["attention (n=3)", "lap (n=2)"]
     assert [label for *_, label in figs[2].axes[0].lines] == ["attention (n=1)", "lap (n=1)"]
+
+
+def test_bug_a_run_that_failed_mid_way_does_not_cut_its_settings_curve(tmp_path, monkeypatch):
+    """Bug: the band of a setting was over every run with a log, on the steps all of them share, so one run
+    that diverged at step 2 of 4 cut lap's mean curve (and its band) to steps 1-2. The band is now over the
+    completed runs (the whole curve, n=2), and the failed run's partial log is drawn on its own, dotted, in
+    the setting's colour, labelled once as failed."""
+    raw = _raw(seeds=[0, 1, 2])
+    cfg = load_experiment_config(raw)
+    out = tmp_path / "mk"
+    results = []
+    for s, losses in {0: [1.0, 0.8, 0.6, 0.4], 1: [1.2, 1.0, 0.8, 0.6], 2: [1.1, 5.0]}.items():
+        _write_log(out, "digits", "lap", s, [{"step": t + 1, "split": "train", "loss": v, "metrics": {}}
+                                             for t, v in enumerate(losses)])
+        results.append(RunResult("digits", "lap", s, "completed" if s < 2 else "failed: non-finite loss",
+                                 "test_acc", 0.5 if s < 2 else None))
+    _Figure.made = []
+    monkeypatch.setattr(plots, "_figure", _Figure)
+    plots.plot_experiment(out, cfg, results)
+    loss_ax = _Figure.made[0].axes[0]
+    ((x, m, color, label),) = loss_ax.lines
+    assert x == [1, 2, 3, 4] and m == pytest.approx([1.1, 0.9, 0.7, 0.5]) and label == "lap (n=2)"
+    assert loss_ax.bands[0][1] == pytest.approx([1.0, 0.8, 0.6, 0.4])  # mean - population std (0.1)
+    assert loss_ax.partial == [([1, 2], [1.1, 5.0], color, "lap failed (n=1)")]
 
 
 def test_plot_experiment_final_panel_and_the_files_it_writes(tmp_path, monkeypatch):
