@@ -354,10 +354,22 @@ def _anova(v: LayerView) -> tuple[float, float, float] | None:
     return v.cached("anova", lambda: None if v.mask is not None else anova_decomposition(v.X, v.seq_labels).fractions)
 
 
+def _sequences(v: LayerView) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Means, labels and predictions of the sequences with at least one real token: a padded batch may hold an
+    empty graph, whose mean (zero) is no point of the class geometry and would count in NC and the probe."""
+    keep = v.lengths > 0
+    if bool(keep.all()):
+        return v.means, v.seq_labels, v.predictions
+    return v.means[keep], v.seq_labels[keep], None if v.predictions is None else v.predictions[keep]
+
+
 def _collapse(v: LayerView) -> Any:
     """Neural Collapse of the sequence means (``None`` with fewer than 2 classes)."""
-    return v.cached("nc", lambda: neural_collapse(v.means, v.seq_labels, v.predictions)
-                    if _num_classes(v.seq_labels) >= 2 else None)
+    def compute() -> Any:
+        means, labels, predictions = _sequences(v)
+        return neural_collapse(means, labels, predictions) if _num_classes(labels) >= 2 else None
+
+    return v.cached("nc", compute)
 
 
 def _register_anova(key: str, index: int, label: str, panel: int | None) -> None:
@@ -389,9 +401,10 @@ _register_collapse("nc4_agreement", "ncc_agreement", "NC4: NCC = model predictio
 
 @register_metric("seq_probe_acc", group="sequence_label", label="linear probe on sequence means", panel=3)
 def _seq_probe_acc(v: LayerView) -> float | None:
-    if _num_classes(v.seq_labels) < 2 or v.X.shape[0] < 4:
+    means, labels, _ = _sequences(v)
+    if _num_classes(labels) < 2 or means.shape[0] < 4:
         return None
-    return _probe(v.means, v.seq_labels, v.probe_seed)
+    return _probe(means, labels, v.probe_seed)
 
 
 def _token_labelled(v: LayerView) -> tuple[Tensor, Tensor]:

@@ -419,6 +419,27 @@ def test_an_empty_sequence_is_left_out_of_the_per_sequence_metrics() -> None:
     assert all(math.isfinite(m[k]) for k in ("nc1", "nc2_equinorm", "variance_ratio", "effective_rank"))
 
 
+def test_bug_an_empty_sequence_is_no_point_of_neural_collapse_or_the_sequence_probe() -> None:
+    """Bug: the mean of a sequence without real tokens (an empty graph in a padded batch) was the zero vector,
+    and it counted as a point of its class in NC1/NC2/NC4 and as an example of the sequence probe. The
+    reference is the same capture with the empty sequence removed: every sequence-label metric must agree."""
+    gen = torch.Generator().manual_seed(0)
+    B, T, D = 9, 4, 3
+    X = torch.randn(B, T, D, generator=gen, dtype=torch.float64) + torch.arange(B).remainder(2).view(B, 1, 1) * 3.0
+    lengths = torch.tensor([4, 3, 0, 2, 4, 1, 3, 4, 2])
+    mask = torch.arange(T) < lengths.unsqueeze(1)
+    X = X * mask.unsqueeze(-1)
+    labels = torch.arange(B).remainder(2)
+    predictions = torch.tensor([0, 1, 1, 1, 0, 0, 0, 1, 0])
+    keep = lengths > 0
+    got = layer_reports(LayerCapture({0: X}, mask=mask, labels=labels), predictions=predictions)[0].metrics
+    ref = layer_reports(LayerCapture({0: X[keep]}, mask=mask[keep], labels=labels[keep]),
+                        predictions=predictions[keep])[0].metrics
+    keys = ("nc1", "nc2_equinorm", "nc2_equiangularity", "nc2_etf_distance", "nc4_agreement", "seq_probe_acc")
+    assert all(ref[k] is not None for k in keys)
+    assert {k: got[k] for k in keys} == pytest.approx({k: ref[k] for k in keys}, rel=1e-12, abs=1e-12)
+
+
 def test_mean_cosine_averages_the_sequences_of_at_least_two_tokens() -> None:
     """Kills report.py R2 (sequences of exactly two tokens left out), R15 (single-token sequences
     passed to ``mean_pairwise_cosine``, which refuses them) and R3 (no sequence long enough:
