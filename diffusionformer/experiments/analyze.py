@@ -196,11 +196,19 @@ def _pca_rgb(model: torch.nn.Module, data: Any, split: str, device: str | torch.
 
 # ----------------------------------------------------------------------------- aggregation
 def _summary(per_seed: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Mean, sample std (0 for one seed) and count over seeds, per layer and metric."""
+    """Mean, sample std (0 for one seed) and count over seeds, per layer and metric.
+
+    Rows are matched by their ``layer`` index, not by position, so a seed that lacks a layer or a metric lowers
+    that entry's ``n`` instead of cutting every seed to the shortest list."""
+    by_layer: dict[Any, list[dict[str, Any]]] = {}
+    for layers in per_seed:
+        for r in layers:
+            by_layer.setdefault(r["layer"], []).append(r)
     rows = []
-    for layer_rows in zip(*per_seed):
-        row: dict[str, Any] = {"layer": layer_rows[0]["layer"]}
-        for key in layer_rows[0]:
+    for layer in sorted(by_layer):
+        layer_rows = by_layer[layer]
+        row: dict[str, Any] = {"layer": layer}
+        for key in dict.fromkeys(k for r in layer_rows for k in r):
             if key == "layer":
                 continue
             vals = [float(r[key]) for r in layer_rows if r.get(key) is not None and math.isfinite(float(r[key]))]

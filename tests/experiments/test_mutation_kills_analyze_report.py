@@ -375,6 +375,20 @@ def test_summary_counts_only_finite_values_and_has_no_mean_without_any() -> None
                    "y": {"mean": None, "std": None, "n": 0}}
 
 
+def test_bug_summary_matches_seeds_by_layer_and_does_not_cut_them_to_the_shortest() -> None:
+    """Bug: ``_summary`` zipped the seeds' layer lists, so a seed with fewer layers (or a layer missing from
+    its analysis) silently cut every seed to the shortest list, and a metric only a later seed had was dropped.
+    Rows are now matched on ``layer``; a seed without a layer or a metric lowers that entry's ``n``."""
+    per_seed = [[{"layer": 0, "x": 1.0}, {"layer": 1, "x": 2.0}, {"layer": 2, "x": 5.0}],
+                [{"layer": 1, "x": 4.0, "z": 7.0}, {"layer": 0, "x": 3.0}]]
+    rows = A._summary(per_seed)
+    assert [r["layer"] for r in rows] == [0, 1, 2]
+    assert rows[0]["x"] == {"mean": 2.0, "std": pytest.approx(statistics.stdev([1.0, 3.0])), "n": 2}
+    assert rows[1] == {"layer": 1, "x": {"mean": 3.0, "std": pytest.approx(statistics.stdev([2.0, 4.0])), "n": 2},
+                       "z": {"mean": 7.0, "std": 0.0, "n": 1}}
+    assert rows[2] == {"layer": 2, "x": {"mean": 5.0, "std": 0.0, "n": 1}}
+
+
 def test_means_for_plotting_turn_missing_values_into_nan() -> None:
     """Kills analyze.py A53 (a ``None`` mean passed on to the plot instead of NaN)."""
     summary = [{"x": {"mean": 1.0, "std": 0.5}}, {"x": {"mean": None, "std": None}}, {"y": {"mean": 2.0, "std": 0.0}}]
