@@ -271,6 +271,9 @@ def analyze_experiment(
         raise ValueError(f"split must be 'test' or 'val', got {split!r}")
     if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
         raise ValueError(f"max_examples must be a positive int, got {max_examples!r}")
+    if (isinstance(max_attention_examples, bool) or not isinstance(max_attention_examples, int)
+            or max_attention_examples < 0):  # capture_dataset's rule, checked before any run is loaded
+        raise ValueError(f"max_attention_examples must be a non-negative int, got {max_attention_examples!r}")
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_root) / config.name
     runs, skipped = _find_runs(out, config, partial)

@@ -167,6 +167,9 @@ def test_analyze_experiment_checks_its_arguments_before_reading_runs(tmp_path: P
     for bad in (True, 0, -3, 2.0):
         with pytest.raises(ValueError, match=rf"max_examples must be a positive int, got {bad!r}"):
             A.analyze_experiment(config, tmp_path, max_examples=bad)
+    for bad in (True, -1, 1.5):  # was checked only by capture_dataset, after the first model was loaded
+        with pytest.raises(ValueError, match=rf"max_attention_examples must be a non-negative int, got {bad!r}"):
+            A.analyze_experiment(config, tmp_path, max_attention_examples=bad)
     with pytest.raises(TypeError, match=r"config must be an ExperimentConfig \(load_experiment_config\), got dict"):
         A.analyze_experiment({"name": "fake"}, tmp_path)  # type: ignore[arg-type]
     assert not (tmp_path / "fake").exists()
