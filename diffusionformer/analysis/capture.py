@@ -494,6 +494,14 @@ class _Collector:
         if missing:
             raise RuntimeError(f"layers {missing} were not recorded: did the forward call run model.blocks?")
         is_graph = any(x.ndim == 2 for x in rec.states.values())
+        if is_graph and not _is_graph_batch(inputs):
+            # a tuple's or tensor's leading size counts nodes, not graphs: the count, the cut of the last batch
+            # and the padding per graph would all be wrong
+            raise TypeError(
+                f"the model's blocks returned node states (a graph model), but the batch is a {type(inputs).__name__}: "
+                "graphs are counted and cut by the batch vector of a PyG Data/Batch, so pass the Batch itself "
+                "(with forward=... to call the model differently)"
+            )
         mask = None
         for layer in rec.layers:
             x = rec.states[layer]
@@ -581,7 +589,9 @@ def capture_dataset(
 
     - ``inputs`` a tensor (``model(inputs)``: images for a ViT, token ids for a GPT), a tuple of
       tensors (``model(*inputs)``) or a PyG ``Data``/``Batch``
-      (``model(b.x, b.edge_index, b.batch)``); pass ``forward(model, inputs)`` to call differently;
+      (``model(b.x, b.edge_index, b.batch)``); pass ``forward(model, inputs)`` to call differently.
+      A graph model needs the Data/Batch: its graphs are counted and cut by the batch vector, and a
+      tuple ``(x, edge_index, batch)`` is refused with a ``TypeError``;
     - ``labels`` one per sequence ``(B,)``, per token ``(B, T)`` (``-100`` = none), or, for graph
       batches, per graph ``(G,)`` or per node ``(N,)`` (padded like the nodes).
 

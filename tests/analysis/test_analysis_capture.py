@@ -203,6 +203,22 @@ def test_graph_model_capture_is_padded_per_graph() -> None:
     assert int(cut.attention_edges[0].max()) < 8
 
 
+def test_bug_a_graph_model_fed_a_tuple_is_refused_not_counted_by_nodes() -> None:
+    """Bug: a graph model fed ``((x, edge_index, batch), y)`` had its batch counted by ``x.shape[0]`` (12 nodes
+    read as 12 sequences): three graphs came back as 12 padded rows, nine of them empty, and ``max_examples``
+    cut ``x`` and ``edge_index`` by rows. Node states from a batch that is not a PyG Data/Batch are now a
+    ``TypeError`` that says to pass the Batch; the hooks are removed and the training mode is restored."""
+    model = DiffusionGraphTransformer(GraphTransformerConfig(in_channels=3, num_classes=2, task="graph", dim=8, depth=2,
+                                                             num_heads=2))
+    b = graph_batch([3, 5, 4])
+    model.train()
+    with pytest.raises(TypeError, match=r"graph model.*batch is a tuple.*pass the Batch itself"):
+        capture_dataset(model, [((b.x, b.edge_index, b.batch), b.y)])
+    assert no_hooks(model) and model.training
+    cap = capture_dataset(model, [(b, b.y)])  # the Batch itself: three graphs
+    assert cap.lengths().tolist() == [3, 5, 4]
+
+
 def test_pad_by_batch_rejects_unsorted_batches() -> None:
     with pytest.raises(ValueError, match="batch must be sorted"):
         pad_by_batch(torch.zeros(3, 2), torch.tensor([1, 0, 1]))
