@@ -6,7 +6,7 @@ cores, and the job takes many times longer than on an idle machine. The runner t
 its threads before training::
 
     threads = N                         given --threads N
-              $OMP_NUM_THREADS          else, when it is set
+              $OMP_NUM_THREADS          else, when it is set (a list "4,2": its first count)
               max(1, cores // workers)  otherwise
 
 where ``cores`` are the CPUs this process may run on (its affinity mask) and ``workers`` is the
@@ -118,7 +118,10 @@ def plan_threads(
     if threads is not None:
         return ThreadPlan(_positive_int(threads, "--threads"), cores, workers, "--threads")
     if env.get("OMP_NUM_THREADS", "").strip():
-        return ThreadPlan(_positive_int(env["OMP_NUM_THREADS"], "$OMP_NUM_THREADS"), cores, workers, "OMP_NUM_THREADS")
+        # OpenMP allows a list, one count per nesting level ("4,2"): torch's intra-op pool is the outer level
+        omp = env["OMP_NUM_THREADS"]
+        what = "$OMP_NUM_THREADS" if "," not in omp else f"$OMP_NUM_THREADS={omp!r} (its first, outer-level count)"
+        return ThreadPlan(_positive_int(omp.split(",")[0], what), cores, workers, "OMP_NUM_THREADS")
     return ThreadPlan(max(1, cores // workers), cores, workers, "cores // workers")
 
 

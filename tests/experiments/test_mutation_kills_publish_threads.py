@@ -466,6 +466,19 @@ def test_an_empty_environ_is_used_not_replaced_by_the_process_environment(monkey
     assert plan_threads(cores=4) == ThreadPlan(7, 4, 3, "OMP_NUM_THREADS")
 
 
+def test_bug_an_openmp_list_in_omp_num_threads_gives_its_outer_count():
+    """Bug: OpenMP lets ``OMP_NUM_THREADS`` be a list, one count per nesting level (``"4,2"``), and the runner
+    refused it ("expected a positive int"). torch's intra-op pool is the outer level: the first count is taken;
+    a bad first count is still refused, naming the whole value."""
+    assert plan_threads(cores=8, environ={"OMP_NUM_THREADS": "4,2"}) == ThreadPlan(4, 8, 1, "OMP_NUM_THREADS")
+    assert plan_threads(cores=8, environ={"OMP_NUM_THREADS": " 3 ,1"}).threads == 3
+    assert plan_threads(cores=8, environ={"OMP_NUM_THREADS": "5"}).threads == 5
+    with pytest.raises(ValueError, match=r"OMP_NUM_THREADS='0,2' \(its first, outer-level count\): expected a positive"):
+        plan_threads(cores=8, environ={"OMP_NUM_THREADS": "0,2"})
+    with pytest.raises(ValueError, match=r"^\$OMP_NUM_THREADS: expected a positive int, got 'x'$"):
+        plan_threads(cores=8, environ={"OMP_NUM_THREADS": "x"})
+
+
 @pytest.mark.parametrize("kwargs,err,match", [
     ({"cores": 0}, ValueError, r"^cores: expected a positive int, got 0$"),
     ({"cores": 2.0}, TypeError, r"^cores: expected a positive int, got float$"),
