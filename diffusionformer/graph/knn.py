@@ -87,6 +87,9 @@ def knn(
                 raise ValueError(f"batch must be an integer tensor of shape (N,) = ({total},), got "
                                  f"{tuple(batch.shape) if isinstance(batch, Tensor) else type(batch).__name__}")
             graph_batch = batch.long()
+            if graph_batch.numel() and int(graph_batch.min()) < 0:
+                raise ValueError(f"batch values must be >= 0 (the graph of each node), got range "
+                                 f"[{int(graph_batch.min())}, {int(graph_batch.max())}]")
             order = torch.argsort(graph_batch, stable=True)  # group the nodes by graph
             dense_x, real = to_dense_batch(x[order], graph_batch[order])  # (G, N_max, D)
             node = torch.full(real.shape, -1, dtype=torch.long, device=dev)
