@@ -24,7 +24,9 @@ _EMPTY = "\\ "  # an empty cell in a list-table
 
 
 def _summary(cls: type) -> str:
-    doc = inspect.getdoc(cls) or ""
+    # the class's own docstring: ``inspect.getdoc`` would show a base class's text (for an
+    # operator without a docstring, the generic one of ``DiffusionOperator``) as its definition
+    doc = inspect.cleandoc(cls.__dict__.get("__doc__") or "")
     first = doc.split("\n\n", 1)[0]
     return " ".join(first.split())
 
