@@ -86,6 +86,8 @@ def knn(
             if not isinstance(batch, Tensor) or batch.dim() != 1 or batch.shape[0] != total:
                 raise ValueError(f"batch must be an integer tensor of shape (N,) = ({total},), got "
                                  f"{tuple(batch.shape) if isinstance(batch, Tensor) else type(batch).__name__}")
+            if batch.dtype.is_floating_point or batch.dtype.is_complex or batch.dtype == torch.bool:
+                raise ValueError(f"batch must be an integer tensor (the graph of each node), got dtype {batch.dtype}")
             graph_batch = batch.long()
             if graph_batch.numel() and int(graph_batch.min()) < 0:
                 raise ValueError(f"batch values must be >= 0 (the graph of each node), got range "

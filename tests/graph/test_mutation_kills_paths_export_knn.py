@@ -9,9 +9,10 @@ names it: file and mutation) and checks the code against an independent referenc
 modes and mtimes set by hand, messages written out by hand, a pickle that only loads with
 ``weights_only=False``, edge lists and weights written by hand, a pure-Python top-k reference, the
 arguments handed to a stand-in ``networkx.draw_networkx``, and a numpy brute-force neighbour search.
-Mutants judged equivalent are listed, with the reason, at the end of the file. One test, whose docstring
-starts with "Bug:", pins a defect fixed here: ``knn`` with a negative graph id in ``batch`` failed inside PyG
-with an index error that named neither ``batch`` nor the value.
+Mutants judged equivalent are listed, with the reason, at the end of the file. Two tests, whose docstrings
+start with "Bug:", pin defects fixed here: ``knn`` took a float ``batch`` and truncated it, and with a
+negative graph id in ``batch`` it failed inside PyG with an index error that named neither ``batch`` nor
+the value.
 CPU only, deterministic, no network; files only under ``tmp_path``.
 """
 
@@ -491,3 +492,17 @@ def test_knn_refuses_a_negative_graph_id():
 # - knn.py dropping ``x = x.detach()``: the graph holds only integer node ids, which never carry autograd.
 # - knn.py ``dst = cat([node, dst])`` -> ``cat([dst, node])``: every entry of row ``i`` of ``dst`` is node ``i``,
 #   so the order of the concatenation does not change it.
+
+
+def test_bug_knn_refuses_a_batch_that_is_not_integer():
+    """Bug: ``knn`` said "batch must be an integer tensor" but took a float batch and truncated it with
+    ``.long()``, so graph ids 0.5 and 0.7 became one graph 0 without a word. Float, complex and bool batches are
+    now refused, naming the dtype; any integer dtype is still accepted."""
+    x = torch.arange(8, dtype=torch.float32).view(4, 2)
+    for dtype in (torch.float32, torch.float64, torch.bool):
+        with pytest.raises(ValueError, match=rf"batch must be an integer tensor \(the graph of each node\), got dtype {dtype}"):
+            knn(x, 1, batch=torch.tensor([0, 0, 1, 1]).to(dtype))
+    ref = knn(x, 1, batch=torch.tensor([0, 0, 1, 1]))
+    for dtype in (torch.int32, torch.int16, torch.uint8):
+        got = knn(x, 1, batch=torch.tensor([0, 0, 1, 1], dtype=dtype))
+        assert torch.equal(got.edge_index, ref.edge_index)
