@@ -16,6 +16,8 @@ from typing import Any, Iterable
 
 import torch
 
+from diffusionformer._files import new_file_mode
+
 __all__ = [
     "DATA_ENV",
     "CACHE_ENV",
@@ -132,7 +134,7 @@ def copy_into_cache(files: Iterable[Path], dest: Path) -> Path:
         os.close(fd)
         shutil.copyfile(src, tmp)
         os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; cached copies are not secret
+        os.chmod(tmp, new_file_mode())  # mkstemp makes 0600: the copy gets the mode open() would give
         os.replace(tmp, target)
     return dest
 
@@ -144,7 +146,7 @@ def save_cached(obj: Any, path: Path) -> None:
     os.close(fd)
     try:
         torch.save(obj, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; cached arrays are not secret
+        os.chmod(tmp, new_file_mode())  # mkstemp makes 0600: the array gets the mode open() would give
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
+from diffusionformer._files import set_new_file_mode
+
 from .errors import CheckpointError
-from .metrics import _set_new_file_mode
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_NAME", "save_checkpoint", "load_checkpoint", "model_record",
            "model_record_differences"]
@@ -64,7 +65,7 @@ def save_checkpoint(path: str | os.PathLike[str], payload: Mapping[str, Any]) ->
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            _set_new_file_mode(f.fileno())  # mkstemp's 0600 would hide the checkpoint from the run folder's readers
+            set_new_file_mode(f.fileno())  # mkstemp's 0600 would hide the checkpoint from the run folder's readers
             torch.save(dict(payload), f)
             f.flush()
             os.fsync(f.fileno())

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from diffusionformer._files import set_new_file_mode
+
 __all__ = ["METRICS_NAME", "MetricsLog", "read_metrics", "write_json_atomic", "write_text_atomic"]
 
 METRICS_NAME = "metrics.jsonl"
@@ -28,27 +30,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _new_file_mode() -> int:
-    """The mode ``open()`` gives a new file (``0o666`` less the umask), for a temporary from
-    :func:`tempfile.mkstemp` (always ``0o600``) that replaces a run file: checkpoints and logs stay
-    readable by whoever may read the run folder. The umask is read from ``/proc`` (setting it to
-    read it back would race with other threads); ``0o644`` where that is not available."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o644
-
-
-def _set_new_file_mode(fd: int) -> None:
-    """Give the open temporary ``fd`` the mode of :func:`_new_file_mode` (where ``os.fchmod`` exists)."""
-    if hasattr(os, "fchmod"):
-        os.fchmod(fd, _new_file_mode())
-
-
 @contextlib.contextmanager
 def _atomic_file(path: str | os.PathLike[str], newline: str | None = None) -> Iterator[TextIO]:
     """A UTF-8 text file that replaces ``path`` (``os.replace``) only once written and synced;
@@ -58,7 +39,7 @@ def _atomic_file(path: str | os.PathLike[str], newline: str | None = None) -> It
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline=newline) as f:
-            _set_new_file_mode(f.fileno())
+            set_new_file_mode(f.fileno())
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -92,10 +92,39 @@ def test_copy_into_cache_recopies_a_file_of_another_size_with_the_same_mtime(tmp
     assert (dest / "x.bin").read_bytes() == b"new content, longer"
 
 
+def _umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_bug_cached_data_gets_the_mode_open_would_give(tmp_path, umask):
+    """Bug: the cache copies and cached arrays were set to a fixed ``0o644`` whatever the umask, so a private
+    umask (``077``) still left cached data readable by everyone, and a group umask (``002``) did not let the
+    group write it, while the run files and checkpoints followed the umask. All now get the mode a plain
+    ``open()`` gives: the reference file below."""
+    src = tmp_path / "x.bin"
+    src.write_bytes(b"abc")
+    old = os.umask(umask)
+    try:
+        reference = tmp_path / "reference"
+        reference.write_text("x")
+        copy_into_cache([src], tmp_path / "cache")
+        save_cached({"x": torch.arange(2)}, tmp_path / "cache" / "arr.pt")
+    finally:
+        os.umask(old)
+    expected = stat.S_IMODE(reference.stat().st_mode)
+    assert expected == 0o666 & ~umask
+    assert stat.S_IMODE((tmp_path / "cache" / "x.bin").stat().st_mode) == expected
+    assert stat.S_IMODE((tmp_path / "cache" / "arr.pt").stat().st_mode) == expected
+
+
 def test_copy_into_cache_keeps_an_up_to_date_copy_and_copies_metadata(tmp_path):
     """kills: paths.py ``copy_into_cache`` ``continue`` -> ``pass`` (an up-to-date copy, same size and mtime,
     was copied again), dropping ``os.utime`` (the copy's mtime differed from the source, so every call copied
-    again), dropping ``os.chmod(tmp, 0o644)`` (copies stayed 0600) and ``return dest`` -> ``None``"""
+    again), dropping ``os.chmod(tmp, new_file_mode())`` (copies stayed 0600) and ``return dest`` -> ``None``"""
     src = tmp_path / "raw" / "x.bin"
     src.parent.mkdir()
     src.write_bytes(b"abc")
@@ -105,7 +134,7 @@ def test_copy_into_cache_keeps_an_up_to_date_copy_and_copies_metadata(tmp_path):
     target = dest / "x.bin"
     assert target.read_bytes() == b"abc"
     assert target.stat().st_mtime_ns == 1_500_000_000_123_456_789
-    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~_umask()
     assert [p.name for p in dest.iterdir()] == ["x.bin"]  # no temporary left
     # a copy of the same size and mtime counts as up to date: it is not rewritten
     target.write_bytes(b"xyz")
@@ -115,10 +144,10 @@ def test_copy_into_cache_keeps_an_up_to_date_copy_and_copies_metadata(tmp_path):
 
 
 def test_save_cached_file_is_readable_by_others_and_loads_back(tmp_path):
-    """kills: paths.py ``save_cached`` dropping ``os.chmod(tmp, 0o644)`` (cached arrays stayed 0600)"""
+    """kills: paths.py ``save_cached`` dropping ``os.chmod(tmp, new_file_mode())`` (cached arrays stayed 0600)"""
     path = tmp_path / "deep" / "arr.pt"
     save_cached({"x": torch.arange(3)}, path)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~_umask()
     assert [p.name for p in path.parent.iterdir()] == ["arr.pt"]
     assert torch.equal(load_cached(path)["x"], torch.tensor([0, 1, 2]))
 

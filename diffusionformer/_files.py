@@ -1,0 +1,27 @@
+"""File modes shared by every writer that goes through a temporary file (run files, checkpoints, data caches)."""
+
+from __future__ import annotations
+
+import os
+
+
+def new_file_mode() -> int:
+    """The mode ``open()`` gives a new file (``0o666`` less the umask), for a temporary from
+    :func:`tempfile.mkstemp` (always ``0o600``) that replaces a file others may read: checkpoints, run logs
+    and cached data stay readable by whoever may read their folder, and a private umask keeps them private.
+    The umask is read from ``/proc`` (setting it to read it back would race with other threads); ``0o644``
+    where that is not available."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o644
+
+
+def set_new_file_mode(fd: int) -> None:
+    """Give the open temporary ``fd`` the mode of :func:`new_file_mode` (where ``os.fchmod`` exists)."""
+    if hasattr(os, "fchmod"):
+        os.fchmod(fd, new_file_mode())
