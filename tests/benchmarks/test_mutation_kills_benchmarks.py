@@ -553,7 +553,9 @@ def test_issue15_options_given_without_values_are_refused_not_judging_nothing(ar
         B.main(["--device", "cpu", "--smoke", *argv])
 
 
-def test_memory_batch_below_one_is_refused():
-    """defect (fixed): ``bench_memory --batch 0`` silently meant the default batch"""
+def test_memory_batch_below_one_is_refused(tmp_path):
+    """defect (fixed): ``bench_memory --batch 0`` silently meant the default batch (``--out`` under tmp_path, so
+    that a regression cannot overwrite the committed ``benchmarks/results/bench_memory.*``)"""
     with pytest.raises(SystemExit, match="--batch must be >= 1, got 0"):
-        bench_memory.main(["--device", "cpu", "--batch", "0"])
+        bench_memory.main(["--device", "cpu", "--batch", "0", "--out", str(tmp_path)])
+    assert not list(tmp_path.iterdir())
