@@ -46,14 +46,6 @@ from diffusionformer.models import DiffusionGPT, GPTConfig  # noqa: E402
 E1 = math.exp(-1.0)
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    """The scripts' ``main`` sets ``torch.set_num_threads(--threads)``: give the rest of the session its count back."""
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def _timings(times: dict[str, float], rounds: int = 2) -> dict[str, C.Timing]:
     """Stand-in result of ``C.measure``: every round of a candidate takes the same time."""
     return {name: C.Timing([t] * rounds, 1) for name, t in times.items()}

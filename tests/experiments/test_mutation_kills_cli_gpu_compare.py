@@ -341,43 +341,6 @@ def test_worker_argv_keeps_other_flags_that_start_like_workers():
                                                                                     "--no-progress"]
 
 
-class _Proc:
-    """A ``subprocess.Popen`` stand-in for run_workers: records its arguments and calls, starts nothing."""
-
-    started: list = []
-    code_of = staticmethod(lambda k: 0)
-
-    def __init__(self, cmd, stdout=None, stderr=None, env=None):
-        self.k = len(self.started)
-        self.cmd, self.stdout, self.stderr, self.env, self.pid = cmd, stdout, stderr, env, 4000 + self.k
-        self.terminated = self.killed = False
-        self.wait_timeouts = []
-        self.started.append(self)
-
-    def poll(self):
-        return None
-
-    def wait(self, timeout=None):
-        self.wait_timeouts.append(timeout)
-        return self.code_of(self.k)
-
-    def terminate(self):
-        self.terminated = True
-
-    def kill(self):
-        self.killed = True
-
-
-@pytest.fixture
-def procs(monkeypatch):
-    import subprocess
-
-    _Proc.started = []
-    monkeypatch.setattr(subprocess, "Popen", _Proc)
-    monkeypatch.setattr(_Proc, "code_of", staticmethod(lambda k: 0))
-    return _Proc
-
-
 def test_run_workers_logs_to_a_new_nested_folder_truncates_old_logs_and_closes_them(tmp_path, procs):
     """kills: gpu.py:153 ``mkdir(parents=True)`` dropped (``--out`` of a fresh results tree); :158 log opened
     with ``"a"`` (a worker's log of an earlier launch kept above the new one); :162 ``stderr=STDOUT`` dropped
@@ -427,8 +390,8 @@ def test_an_interrupt_stops_only_the_live_workers_and_kills_one_that_ignores_it(
             raise subprocess.TimeoutExpired("python", timeout)  # worker 1 ignores SIGTERM
         return -15
 
-    monkeypatch.setattr(_Proc, "wait", wait)
-    monkeypatch.setattr(_Proc, "poll", lambda self: 0 if self.k == 2 else None)  # worker 2 has already finished
+    monkeypatch.setattr(procs, "wait", wait)
+    monkeypatch.setattr(procs, "poll", lambda self: 0 if self.k == 2 else None)  # worker 2 has already finished
     with pytest.raises(KeyboardInterrupt):
         run_workers(["run", "c.toml"], 3, tmp_path / "w", stagger=0, log=lambda _: None)
     assert [(p.terminated, p.killed) for p in procs.started] == [(True, False), (True, True), (False, False)]

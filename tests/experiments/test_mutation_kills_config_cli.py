@@ -436,47 +436,18 @@ def test_devices_other_than_cpu_and_cuda_are_refused_even_by_spelling(spec):
             check_device(spec, available=available)
 
 
-class _FakePopen:
-    """Stands in for ``subprocess.Popen`` in run_workers: records the command and environment, starts nothing."""
-
-    started: list = []
-
-    def __init__(self, cmd, stdout=None, stderr=None, env=None):
-        self.cmd, self.env, self.pid = cmd, env, 1000 + len(self.started)
-        self.terminated = False
-        self.started.append(self)
-
-    def poll(self):
-        return None if not self.terminated else -15
-
-    def wait(self, timeout=None):
-        return 0
-
-    def terminate(self):
-        self.terminated = True
-
-
-@pytest.fixture
-def fake_popen(monkeypatch):
-    import subprocess
-
-    _FakePopen.started = []
-    monkeypatch.setattr(subprocess, "Popen", _FakePopen)
-    return _FakePopen
-
-
 @pytest.mark.parametrize("workers", [0, -1, True, 2.0])
-def test_run_workers_refuses_a_count_below_one_and_starts_nothing(tmp_path, fake_popen, workers):
+def test_run_workers_refuses_a_count_below_one_and_starts_nothing(tmp_path, procs, workers):
     """kills: gpu.py:150 ``workers < 1`` -> ``workers < 0`` (``run_workers(argv, 0, ...)`` returns no exit codes,
     which ``any(codes)`` reads as every worker succeeding)"""
     from diffusionformer.experiments.gpu import run_workers
 
     with pytest.raises(ValueError, match=r"workers: expected an int >= 1"):
         run_workers(["run", "c.toml"], workers, tmp_path / "w", stagger=0, log=lambda _: None)
-    assert fake_popen.started == [] and not (tmp_path / "w").exists()
+    assert procs.started == [] and not (tmp_path / "w").exists()
 
 
-def test_each_worker_is_told_the_worker_count_and_its_own_rank(tmp_path, fake_popen):
+def test_each_worker_is_told_the_worker_count_and_its_own_rank(tmp_path, procs):
     """kills: gpu.py:160 dropping ``WORKERS_ENV: str(workers)`` (every worker sizes its torch threads to all the
     cores: N workers oversubscribe the machine N times) and gpu.py:161 dropping ``WORKER_ENV: f"{k}/{workers}"``
     (a worker could start workers of its own)"""
@@ -487,14 +458,14 @@ def test_each_worker_is_told_the_worker_count_and_its_own_rank(tmp_path, fake_po
 
     codes = run_workers(["run", "c.toml", "--no-progress"], 3, tmp_path / "w", stagger=0, log=lambda _: None)
     assert codes == [0, 0, 0]
-    assert [p.cmd for p in fake_popen.started] == [[sys.executable, "-m", "diffusionformer.experiments", "run", "c.toml",
+    assert [p.cmd for p in procs.started] == [[sys.executable, "-m", "diffusionformer.experiments", "run", "c.toml",
                                                     "--no-progress"]] * 3
-    assert [p.env[WORKERS_ENV] for p in fake_popen.started] == ["3", "3", "3"]
-    assert [p.env[WORKER_ENV] for p in fake_popen.started] == ["0/3", "1/3", "2/3"]
+    assert [p.env[WORKERS_ENV] for p in procs.started] == ["3", "3", "3"]
+    assert [p.env[WORKER_ENV] for p in procs.started] == ["0/3", "1/3", "2/3"]
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["worker0.log", "worker1.log", "worker2.log"]
 
 
-def test_an_interrupted_run_workers_stops_every_live_worker(tmp_path, fake_popen, monkeypatch):
+def test_an_interrupted_run_workers_stops_every_live_worker(tmp_path, procs, monkeypatch):
     """kills: gpu.py:170 dropping ``p.terminate()`` (Ctrl-C in the parent leaves the workers training on,
     holding their run locks and the GPU)"""
     from diffusionformer.experiments.gpu import run_workers
@@ -504,10 +475,10 @@ def test_an_interrupted_run_workers_stops_every_live_worker(tmp_path, fake_popen
             raise KeyboardInterrupt
         return -15 if self.terminated else None
 
-    monkeypatch.setattr(_FakePopen, "wait", interrupted_wait)
+    monkeypatch.setattr(procs, "wait", interrupted_wait)
     with pytest.raises(KeyboardInterrupt):
         run_workers(["run", "c.toml"], 2, tmp_path / "w", stagger=0, log=lambda _: None)
-    assert len(fake_popen.started) == 2 and all(p.terminated for p in fake_popen.started)
+    assert len(procs.started) == 2 and all(p.terminated for p in procs.started)
 
 
 # ---------------------------------------------------------------------------- experiments/minibatch.py
