@@ -50,6 +50,14 @@ def check_positive_int(where: str, **values: Any) -> None:
             raise ValueError(f"{where}.{name} must be a positive int, got {value!r}")
 
 
+def _check_graph_task(where: str, task: Any, pool: Any) -> None:
+    """``task`` of a graph model (``"node"`` or ``"graph"``) and its readout ``pool`` (``"mean"``, ``"add"``, ``"max"``)."""
+    if task not in ("node", "graph"):
+        raise ValueError(f"{where}.task must be 'node' or 'graph', got {task!r}")
+    if pool not in ("mean", "add", "max"):
+        raise ValueError(f"{where}.pool must be 'mean', 'add' or 'max', got {pool!r}")
+
+
 def _check_mlp_ratio(where: str, dim: int, mlp_ratio: Any) -> None:
     """``mlp_ratio`` positive, finite and large enough for an MLP hidden width ``int(dim * mlp_ratio) >= 1``
     (a width of 0 would make :class:`~diffusionformer.nn.block.Mlp` fall back to ``4 * dim``)."""

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GCNConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import document_fields
-from diffusionformer.models.common import check_positive_int, check_probability
+from diffusionformer.models.common import _check_graph_task, check_positive_int, check_probability
 
 __all__ = ["GCN", "GCNConfig"]
 
@@ -33,6 +33,7 @@ class GCNConfig:
         check_positive_int("GCNConfig", in_channels=self.in_channels, num_classes=self.num_classes, hidden=self.hidden,
                            num_layers=self.num_layers)
         check_probability("GCNConfig", dropout=self.dropout)
+        _check_graph_task("GCNConfig", self.task, self.pool)
 
 
 class GCN(nn.Module):

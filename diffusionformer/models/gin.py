@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import document_fields
-from diffusionformer.models.common import check_positive_int, check_probability
+from diffusionformer.models.common import _check_graph_task, check_positive_int, check_probability
 
 __all__ = ["GIN", "GINConfig"]
 
@@ -36,10 +36,7 @@ class GINConfig:
         if self.num_layers < 2:
             raise ValueError(f"GINConfig.num_layers must be >= 2 (input layer + at least one convolution), got {self.num_layers}")
         check_probability("GINConfig", dropout=self.dropout)
-        if self.task not in ("node", "graph"):
-            raise ValueError(f"GINConfig.task must be 'node' or 'graph', got {self.task!r}")
-        if self.pool not in ("mean", "add", "max"):
-            raise ValueError(f"GINConfig.pool must be 'mean', 'add' or 'max', got {self.pool!r}")
+        _check_graph_task("GINConfig", self.task, self.pool)
 
 
 class GIN(nn.Module):

@@ -18,8 +18,8 @@ from diffusionformer.nn.block import Mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
-from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, check_positive_int,
-                                           check_probability, init_transformer_weights)
+from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_graph_task, _check_mlp_ratio,
+                                           check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
 
@@ -60,10 +60,7 @@ class GraphTransformerConfig:
                      pe_sign_flip=self.pe_sign_flip)
         check_probability("GraphTransformerConfig", dropout=self.dropout, attn_dropout=self.attn_dropout,
                           input_dropout=self.input_dropout)
-        if self.task not in ("node", "graph"):
-            raise ValueError(f"GraphTransformerConfig.task must be 'node' or 'graph', got {self.task!r}")
-        if self.pool not in ("mean", "add", "max"):
-            raise ValueError(f"GraphTransformerConfig.pool must be 'mean', 'add' or 'max', got {self.pool!r}")
+        _check_graph_task("GraphTransformerConfig", self.task, self.pool)
         if self.dim % self.num_heads:
             raise ValueError(f"GraphTransformerConfig: num_heads={self.num_heads} must divide dim={self.dim}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)

@@ -46,6 +46,10 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
     if call < 1:
         raise ValueError(f"call must be >= 1, got {call}")
     original = getattr(owner, name)
+    # restore what owner itself held (a staticmethod or classmethod object, or nothing when inherited)
+    own = getattr(owner, "__dict__", None)
+    inherited = own is not None and name not in own
+    stored = original if own is None or inherited else own[name]
     seen = {"calls": 0}
 
     def patched(*args: Any, **kwargs: Any) -> Any:
@@ -61,7 +65,10 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
     try:
         yield seen
     finally:
-        setattr(owner, name, original)
+        if inherited:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, stored)
 
 
 def assert_same_checkpoint_weights(a: str | Path, b: str | Path, key: str = "model") -> None:
