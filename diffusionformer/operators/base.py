@@ -15,6 +15,7 @@ are not polynomials in one ``P`` (the exact ``matrix_exp`` reference) set
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, ClassVar
 
 import torch
@@ -229,13 +230,20 @@ def check_count(value: object, name: str, *, minimum: int = 1, maximum: int = MA
     return value
 
 
-def check_finite_float(value: object, name: str) -> float:
-    """A finite real argument as a float (bools refused): a TypeError or ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def check_real(value: object, name: str) -> float:
+    """A real argument as a float: Python and numpy ints and floats (``np.float32(0.1)`` from a sweep);
+    bools, strings, tensors and complex numbers are a TypeError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    return float(value)
+
+
+def check_finite_float(value: object, name: str) -> float:
+    """A finite real argument as a float (see :func:`check_real`): a TypeError or ValueError naming it."""
+    value = check_real(value, name)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
+    return value
 
 
 def check_flag(value: object, name: str) -> bool:

@@ -3,6 +3,7 @@ r"""Differential attention (Ye et al., 2024): the difference of two softmax maps
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor, nn
@@ -20,9 +21,9 @@ def lambda_init_schedule(depth: int) -> float:
         >>> round(lambda_init_schedule(0), 4), round(lambda_init_schedule(11), 4)
         (0.2, 0.7779)
     """
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+    if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 0:  # numpy ints too
         raise ValueError(f"depth must be a non-negative int, got {depth!r}")
-    return 0.8 - 0.6 * math.exp(-0.3 * depth)
+    return 0.8 - 0.6 * math.exp(-0.3 * int(depth))
 
 
 @register_operator

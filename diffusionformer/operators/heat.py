@@ -8,7 +8,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter, check_flag, static_dtype
+from diffusionformer.operators.base import (DiffusionOperator, check_finite_float, check_finite_parameter, check_flag,
+                                            static_dtype)
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps_for_tolerance", "heat_truncation_error"]
@@ -173,11 +174,7 @@ def _check_truncation(t: float, steps: int, method: str, tol: float | None) -> N
 
 
 def _check_time(t: object) -> float:
-    if isinstance(t, bool) or not isinstance(t, (int, float)):
-        raise TypeError(f"t must be a float, got {type(t).__name__}")
-    if not math.isfinite(t):
-        raise ValueError(f"t must be finite, got {t}")
-    return float(t)
+    return check_finite_float(t, "t")
 
 
 @register_operator

@@ -8,7 +8,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, check_count, check_finite_parameter,
+from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, check_count, check_finite_parameter, check_real,
                                              check_flag, static_dtype)
 from diffusionformer.operators.registry import register_operator
 
@@ -100,8 +100,7 @@ class PPROperator(DiffusionOperator):
     def __init__(self, alpha: float = 0.1, steps: int | None = 10, learnable: bool = False, num_heads: int = 1,
                  tol: float | None = None) -> None:
         super().__init__(num_heads)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-            raise TypeError(f"alpha must be a float, got {type(alpha).__name__}")
+        alpha = check_real(alpha, "alpha")
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
         if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffusionformer.operators.base import DiffusionOperator
+from diffusionformer.operators.base import DiffusionOperator, check_real
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["ExactPPROperator"]
@@ -50,8 +50,7 @@ class ExactPPROperator(DiffusionOperator):
 
     def __init__(self, alpha: float = 0.1, num_heads: int = 1) -> None:
         super().__init__(num_heads)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-            raise TypeError(f"alpha must be a float, got {type(alpha).__name__}")
+        alpha = check_real(alpha, "alpha")
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
         self.alpha = float(alpha)

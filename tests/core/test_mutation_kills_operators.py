@@ -327,6 +327,27 @@ def test_ppr_alpha_validation():
     assert ExactPPROperator(alpha=1e-9).alpha == 1e-9
 
 
+def test_bug_numpy_scalars_are_numbers_to_the_operators():
+    """Bug: a hyper-parameter taken from a numpy sweep was refused with a message that contradicts itself:
+    ``ExactPPROperator(alpha=np.float32(0.1))`` raised "alpha must be a float, got float32", as did ``ppr``,
+    ``attnscale``'s ``omega`` and ``heat``'s ``t``, and ``lambda_init_schedule(np.int64(3))`` said "depth must
+    be a non-negative int". numpy reals and ints are now taken (one ``check_real`` for every operator); bools,
+    strings, complex numbers and tensors are still a TypeError."""
+    a32 = float(np.float32(0.1))
+    assert ExactPPROperator(alpha=np.float32(0.1)).alpha == a32
+    assert ExactPPROperator(alpha=np.float64(0.25)).alpha == 0.25
+    assert float(build_operator("ppr", alpha=np.float32(0.5), steps=4).alpha) == 0.5
+    assert build_operator("attnscale", omega=np.float32(0.5))._omega0 == 0.5
+    heat = build_operator("heat", t=np.float32(2.0), steps=8)
+    assert heat.spec_kwargs()["t"] == 2.0
+    assert lambda_init_schedule(np.int64(3)) == lambda_init_schedule(3) == pytest.approx(0.8 - 0.6 * math.exp(-0.9))
+    for bad in (np.bool_(True), 1 + 0j, torch.tensor(0.1), "0.1"):
+        with pytest.raises(TypeError, match="alpha must be a float"):
+            ExactPPROperator(alpha=bad)
+    with pytest.raises(ValueError, match="depth must be a non-negative int"):
+        lambda_init_schedule(np.float64(3.0))
+
+
 def test_ppr_default_alpha_and_spec_kwargs():
     """kills: ppr_exact.py the default ``alpha=0.1`` -> ``0.2`` and ``spec_kwargs`` -> ``{}``"""
     op = ExactPPROperator()
