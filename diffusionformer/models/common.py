@@ -51,7 +51,8 @@ def check_positive_int(where: str, **values: Any) -> None:
 
 
 def _check_graph_task(where: str, task: Any, pool: Any) -> None:
-    """``task`` of a graph model (``"node"`` or ``"graph"``) and its readout ``pool`` (``"mean"``, ``"add"``, ``"max"``)."""
+    """``task`` of a graph model (``"node"`` or ``"graph"``) and its readout ``pool``
+    (``"mean"``, ``"add"`` or ``"max"``)."""
     if task not in ("node", "graph"):
         raise ValueError(f"{where}.task must be 'node' or 'graph', got {task!r}")
     if pool not in ("mean", "add", "max"):

@@ -8,8 +8,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, check_count, check_finite_parameter, check_real,
-                                             check_flag, static_dtype)
+from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, check_count, check_finite_parameter,
+                                             check_flag, check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["PPROperator", "ppr_coefficients", "ppr_steps_for_tolerance"]
