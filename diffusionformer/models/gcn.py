@@ -45,6 +45,8 @@ class GCN(nn.Module):
 
     Shapes:
         ``x``: ``(N, F)``, ``edge_index``: ``(2, E)``, ``batch``: ``(N,)`` -> ``(N, C)`` or ``(G, C)``.
+        An edge ``(j, i)`` of ``edge_index`` sends node ``j``'s features to node ``i`` (PyG's source-to-target
+        order): pass both directions for an undirected graph.
 
     Examples:
         >>> GCN(GCNConfig(in_channels=3, num_classes=2))(torch.randn(4, 3), torch.tensor([[0, 1], [1, 2]])).shape

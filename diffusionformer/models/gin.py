@@ -50,6 +50,8 @@ class GIN(nn.Module):
 
     Shapes:
         ``x``: ``(N, F)``, ``edge_index``: ``(2, E)``, ``batch``: ``(N,)`` -> ``(G, C)`` or ``(N, C)``.
+        An edge ``(j, i)`` of ``edge_index`` sends node ``j``'s features to node ``i`` (PyG's source-to-target
+        order): pass both directions for an undirected graph.
 
     Examples:
         >>> model = GIN(GINConfig(in_channels=3, num_classes=2)).eval()
