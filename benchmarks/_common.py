@@ -75,6 +75,19 @@ def parse_args(description: str, argv: Sequence[str] | None = None, extra: Calla
 _CLOCK: Callable[[], float] = time.perf_counter
 
 
+def check_indices(script: str, flag: str, chosen: Sequence[int] | None, table: Sequence[Any], default: str) -> None:
+    """Refuse an index-list flag (``nargs="*"``) given without values (an empty argument expansion in a GPU call
+    would run nothing and exit 0) or with an index outside ``table`` (an IndexError after set-up, or a negative
+    index silently taken from the end): a SystemExit before any work. ``None`` (the flag left out) passes."""
+    if chosen is None:
+        return
+    if not chosen:
+        raise SystemExit(f"{script}: {flag} was given without values; leave it out for {default}")
+    bad = [i for i in chosen if not 0 <= i < len(table)]
+    if bad:
+        raise SystemExit(f"{script}: {flag} {bad} out of range: 0 .. {len(table) - 1} index {table}")
+
+
 def set_clock(name: str) -> None:
     """``"wall"`` (:func:`time.perf_counter`) or ``"cpu"`` (:func:`time.process_time`, all threads of the process)."""
     global _CLOCK

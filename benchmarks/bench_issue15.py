@@ -498,9 +498,7 @@ def main(argv: list[str] | None = None) -> C.Report:
     for flag, chosen in (("--layer-sizes", args.layer_sizes), ("--gpt-sizes", args.gpt_sizes), ("--parts", args.parts)):
         if chosen is not None and not chosen:  # e.g. an empty $BENCH_ISSUE15_ARGS expansion: it would judge nothing
             raise SystemExit(f"bench_issue15: {flag} was given without values; leave it out for all")
-    bad = [i for i in args.layer_sizes or [] if not 0 <= i < len(LAYER_SIZES)]
-    if bad:
-        raise SystemExit(f"bench_issue15: --layer-sizes {bad} out of range: 0 .. {len(LAYER_SIZES) - 1} index {LAYER_SIZES}")
+    C.check_indices("bench_issue15", "--layer-sizes", args.layer_sizes, LAYER_SIZES, "all")
     if args.device == "cpu" and not smoke:
         print("bench_issue15: the full sizes are meant for a GPU; on CPU pass --smoke")
     with_triton = triton_ready(args.device)

@@ -128,12 +128,7 @@ def main(argv: list[str] | None = None) -> C.Report:
         C.add_warm_arguments(p)
 
     args = C.parse_args(__doc__.splitlines()[0], argv, extra)
-    if args.sizes is not None:  # not a sweep of nothing, nor an IndexError (or a size from the end) after set-up
-        if not args.sizes:
-            raise SystemExit("bench_triton_blocks: --sizes was given without values; leave it out for the first two")
-        bad = [i for i in args.sizes if not 0 <= i < len(SIZES)]
-        if bad:
-            raise SystemExit(f"bench_triton_blocks: --sizes {bad} out of range: 0 .. {len(SIZES) - 1} index {SIZES}")
+    C.check_indices("bench_triton_blocks", "--sizes", args.sizes, SIZES, "the first two")
     smoke = args.smoke or os.environ.get("DF_BENCH_SMOKE", "0") not in ("", "0")
     dev = args.device
     if dev != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
