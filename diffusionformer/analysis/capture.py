@@ -562,6 +562,15 @@ class _Collector:
         return LayerCapture(states, mask, labels, attentions, edges, outputs, extra)
 
 
+def _check_capture_limits(max_examples: object, max_attention_examples: object) -> None:
+    """``max_examples`` a positive int and ``max_attention_examples`` a non-negative int (bools refused)."""
+    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
+        raise ValueError(f"max_examples must be a positive int, got {max_examples!r}")
+    if (isinstance(max_attention_examples, bool) or not isinstance(max_attention_examples, int)
+            or max_attention_examples < 0):
+        raise ValueError(f"max_attention_examples must be a non-negative int, got {max_attention_examples!r}")
+
+
 def capture_dataset(
     model: nn.Module,
     batches: Iterable[Any],
@@ -621,11 +630,7 @@ def capture_dataset(
         >>> cap.layers, cap.states[2].shape, cap.labels.tolist(), cap.attentions[0].shape
         ([0, 1, 2], torch.Size([5, 5, 8]), [0, 1, 2, 0, 1], torch.Size([2, 2, 5, 5]))
     """
-    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
-        raise ValueError(f"max_examples must be a positive int, got {max_examples!r}")
-    if (isinstance(max_attention_examples, bool) or not isinstance(max_attention_examples, int)
-            or max_attention_examples < 0):
-        raise ValueError(f"max_attention_examples must be a non-negative int, got {max_attention_examples!r}")
+    _check_capture_limits(max_examples, max_attention_examples)
     run = forward if forward is not None else _default_forward
     dev = None if device is None else torch.device(device)
     recorder = LayerRecorder(model, layers, attentions)

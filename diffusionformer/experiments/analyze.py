@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from diffusionformer.analysis.capture import capture_dataset
+from diffusionformer.analysis.capture import _check_capture_limits, capture_dataset
 from diffusionformer.analysis.report import layer_reports, list_metrics
 from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
@@ -269,11 +269,7 @@ def analyze_experiment(
         raise TypeError(f"config must be an ExperimentConfig (load_experiment_config), got {type(config).__name__}")
     if split not in ("test", "val"):
         raise ValueError(f"split must be 'test' or 'val', got {split!r}")
-    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
-        raise ValueError(f"max_examples must be a positive int, got {max_examples!r}")
-    if (isinstance(max_attention_examples, bool) or not isinstance(max_attention_examples, int)
-            or max_attention_examples < 0):  # capture_dataset's rule, checked before any run is loaded
-        raise ValueError(f"max_attention_examples must be a non-negative int, got {max_attention_examples!r}")
+    _check_capture_limits(max_examples, max_attention_examples)  # capture_dataset's rules, before any run is loaded
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_root) / config.name
     runs, skipped = _find_runs(out, config, partial)
