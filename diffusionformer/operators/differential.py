@@ -7,6 +7,7 @@ import numbers
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from diffusionformer.operators.base import DiffusionOperator, check_finite_float, check_finite_parameter
 from diffusionformer.operators.registry import register_operator
@@ -139,8 +140,10 @@ class DifferentialOperator(DiffusionOperator):
         q1, q2 = ctx.q[..., :half], ctx.q[..., half:]
         k1, k2 = ctx.k[..., :half], ctx.k[..., half:]
         y = ctx.attend(q1, k1, ctx.v, scale=scale) - lam.to(ctx.v.dtype) * ctx.attend(q2, k2, ctx.v, scale=scale)
-        work = torch.float64 if y.dtype == torch.float64 else torch.float32  # the norm in full precision
-        return (self.subln(y.to(work)) * (1.0 - self.init_value(ctx.depth))).to(y.dtype)
+        work = torch.float64 if y.dtype == torch.float64 else torch.float32  # the norm in full precision,
+        gain = self.subln.weight.to(work)  # its gain too: a half-precision gain beside float32 input makes rms_norm warn
+        normed = F.rms_norm(y.to(work), self.subln.normalized_shape, gain, self.subln.eps)
+        return (normed * (1.0 - self.init_value(ctx.depth))).to(y.dtype)
 
     def extra_repr(self) -> str:
         return f"depth={self.depth}, lambda_init={self.lambda_init}, head_dim={self.head_dim}, num_heads={self.num_heads}"

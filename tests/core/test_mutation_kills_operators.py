@@ -305,6 +305,31 @@ def test_differential_half_inputs_norm_in_float32_without_warning():
     np.testing.assert_allclose(out.double().detach().numpy(), ref, rtol=0, atol=2e-2)
 
 
+
+def test_bug_differential_in_half_precision_does_not_warn_and_trains_its_gain():
+    """Bug: a ``DifferentialOperator`` cast to half precision (``.half()``, as ``model.half()`` does) gave
+    ``rms_norm`` float32 input beside a float16 gain, and PyTorch warned "Mismatch dtype between input and
+    weight" on every call. The gain now joins the input in float32; the output matches the paper's equations
+    and the gain still gets its gradient."""
+    rng = np.random.default_rng(8)
+    op = DifferentialOperator(head_dim=8, lambda_init=0.3)
+    vals = _set_lambdas(op, rng)
+    op = op.half()
+    with torch.no_grad():  # the reference uses the parameters as float16 holds them
+        vals = {n: (op.subln.weight if n == "gain" else getattr(op, n)).double().numpy() for n in vals}
+    q, k, v = _qkv(rng, B=1, G=1, N=4, C=8)
+    half = [torch.from_numpy(a).half() for a in (q, k, v)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = op.apply_context(RivalContext.dense(*half))
+        out.float().sum().backward()
+    assert out.dtype == torch.float16
+    assert op.subln.weight.grad is not None and op.subln.weight.grad.dtype == torch.float16
+    assert torch.count_nonzero(op.subln.weight.grad) > 0
+    ref, _ = _diff_reference(*(t.double().numpy() for t in half), vals, 0.3)
+    np.testing.assert_allclose(out.double().detach().numpy(), ref, rtol=0, atol=2e-2)
+
+
 # ---------------------------------------------------------------------------- ppr_exact.py
 
 
