@@ -238,6 +238,15 @@ def check_real(value: object, name: str) -> float:
     return float(value)
 
 
+def _check_tol(tol: object) -> float | None:
+    """A truncation tolerance (``heat``, ``ppr``): ``None`` or a positive real, numpy scalars included, as a float."""
+    if tol is None:
+        return None
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not tol > 0:
+        raise ValueError(f"tol must be a positive float (or None), got {tol!r}")
+    return float(tol)
+
+
 def check_finite_float(value: object, name: str) -> float:
     """A finite real argument as a float (see :func:`check_real`): a TypeError or ValueError naming it."""
     value = check_real(value, name)

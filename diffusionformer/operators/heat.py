@@ -8,8 +8,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import (DiffusionOperator, check_finite_float, check_finite_parameter, check_flag,
-                                            static_dtype)
+from diffusionformer.operators.base import (DiffusionOperator, _check_tol, check_finite_float, check_finite_parameter,
+                                            check_flag, static_dtype)
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps_for_tolerance", "heat_truncation_error"]
@@ -234,8 +234,7 @@ class HeatOperator(DiffusionOperator):
             raise TypeError(f"learnable must be a bool, got {type(learnable).__name__}")
         if t < min_t:
             raise ValueError(f"t={t} is below min_t={min_t}")
-        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):
-            raise ValueError(f"tol must be a positive float (or None), got {tol!r}")
+        tol = _check_tol(tol)
         if steps is None:
             bound = max(2 * abs(t), 1.0) if learnable else t
             steps = heat_steps_for_tolerance(bound, 1e-4 if tol is None else tol, method)

@@ -8,8 +8,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, check_count, check_finite_parameter,
-                                             check_flag, check_real, static_dtype)
+from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, _check_tol, check_count,
+                                             check_finite_parameter, check_flag, check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["PPROperator", "ppr_coefficients", "ppr_steps_for_tolerance"]
@@ -103,8 +103,7 @@ class PPROperator(DiffusionOperator):
         alpha = check_real(alpha, "alpha")
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
-        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):
-            raise ValueError(f"tol must be a positive float (or None), got {tol!r}")
+        tol = _check_tol(tol)
         if steps is None:
             steps = ppr_steps_for_tolerance(float(alpha), 1e-4 if tol is None else float(tol))
             if steps > MAX_DEGREE:

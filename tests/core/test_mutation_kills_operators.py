@@ -373,6 +373,25 @@ def test_bug_numpy_scalars_are_numbers_to_the_operators():
         lambda_init_schedule(np.float64(3.0))
 
 
+
+def test_bug_numpy_tolerances_are_numbers_too():
+    """Bug: ``heat`` and ``ppr`` took ``alpha`` / ``t`` from a numpy sweep but refused the same sweep's ``tol``
+    with "tol must be a positive float (or None), got np.float32(0.001)". A numpy real is a tolerance now (one
+    check for both operators); a bool, a string, zero or a negative value is still refused."""
+    ppr = build_operator("ppr", alpha=0.5, steps=None, tol=np.float32(1e-3))
+    assert ppr.steps == build_operator("ppr", alpha=0.5, steps=None, tol=float(np.float32(1e-3))).steps
+    assert ppr.steps == math.ceil(math.log(float(np.float32(1e-3)) / 2) / math.log(0.5))  # 2 (1 - alpha)^K <= tol
+    heat = build_operator("heat", t=1.0, steps=None, tol=np.float64(1e-3))
+    assert heat.steps == build_operator("heat", t=1.0, steps=None, tol=1e-3).steps
+    with pytest.raises(ValueError, match=r"truncation error .* exceeds tol=0\.001"):
+        build_operator("ppr", alpha=0.5, steps=2, tol=np.float32(1e-3))
+    for bad in (np.bool_(True), np.float64(0.0), np.int64(-1), "1e-3"):
+        with pytest.raises(ValueError, match="tol must be a positive float"):
+            build_operator("ppr", alpha=0.5, steps=4, tol=bad)
+        with pytest.raises(ValueError, match="tol must be a positive float"):
+            build_operator("heat", t=1.0, steps=4, tol=bad)
+
+
 def test_ppr_default_alpha_and_spec_kwargs():
     """kills: ppr_exact.py the default ``alpha=0.1`` -> ``0.2`` and ``spec_kwargs`` -> ``{}``"""
     op = ExactPPROperator()
