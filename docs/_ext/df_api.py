@@ -46,9 +46,14 @@ _ROOT = "diffusionformer"
 _MISSING = object()
 
 
+def _ours(name: str) -> bool:
+    """Whether a dotted name is the package or inside it (``diffusionformer_extras`` is not)."""
+    return name == _ROOT or name.startswith(_ROOT + ".")
+
+
 def _import_path(path: str) -> Any:
     """The object at a dotted path (``pkg.mod.Class.attr``), or ``_MISSING``."""
-    if not path.startswith(_ROOT):
+    if not _ours(path):
         return _MISSING
     parts = path.split(".")
     for cut in range(len(parts), 0, -1):
@@ -83,7 +88,7 @@ def _documented(app: Any, env: Any) -> dict[int, str]:
     if cache is not None:
         return cache
     domain = env.get_domain("py")
-    names = [n for n in domain.objects if n.startswith(_ROOT)] + [m for m in domain.modules if m.startswith(_ROOT)]
+    names = [n for n in domain.objects if _ours(n)] + [m for m in domain.modules if _ours(m)]
     index: dict[int, str] = {}
     for name in sorted(names, key=len):  # shortest (public) path wins
         key = _identity(_import_path(name))
@@ -199,7 +204,7 @@ def skip_foreign_docstrings(app: Any, what: str, name: str, obj: Any, skip: bool
     if skip or what != "class" or not callable(obj) or getattr(obj, "__doc__", "") is not None:
         return None
     owner = _owner_of_docstring(obj)
-    if owner is not None and not owner.__module__.startswith(_ROOT):
+    if owner is not None and not _ours(owner.__module__):
         return True
     return None
 

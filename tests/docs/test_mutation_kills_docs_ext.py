@@ -51,7 +51,7 @@ import df_stale_stubs  # noqa: E402
 from diffusionformer.config import FIELDS_HEADER  # noqa: E402
 from diffusionformer.operators import DiffusionOperator, register_operator, unregister_operator  # noqa: E402
 
-PKG = "diffusionformer_mkdocs"  # starts with "diffusionformer": df_api treats it as part of the library
+PKG = "diffusionformer_mkdocs"  # the fixture ``pkg`` makes df_api treat it as the library (its ``_ROOT``)
 FOREIGN = "mkdocs_foreign_lib"
 
 
@@ -213,6 +213,7 @@ def pkg(tmp_path, monkeypatch):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
     monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setattr(df_api, "_ROOT", PKG)
     importlib.invalidate_caches()
     module = importlib.import_module(PKG)
     yield module
@@ -241,6 +242,18 @@ def test_import_path_outside_the_library_and_plain_package(pkg):
     assert df_api._import_path(f"{PKG}.core.Thing.method") is pkg.Base.method
     assert df_api._import_path(f"{PKG}.core.nothing") is df_api._MISSING
 
+
+
+def test_a_package_named_like_the_library_is_not_the_library(pkg, monkeypatch):
+    """df_api.py: ``_ours`` as a bare ``startswith(_ROOT)`` (without the dot): a neighbouring package such as
+    ``diffusionformer_mkdocs`` (or ``os`` for a root ``o``) would be indexed and documented as ours."""
+    monkeypatch.setattr(df_api, "_ROOT", "diffusionformer")
+    assert df_api._import_path(PKG) is df_api._MISSING
+    assert df_api._import_path(f"{PKG}.core.Thing") is df_api._MISSING
+    assert [df_api._ours(n) for n in ("diffusionformer", "diffusionformer.nn", "diffusionformer_x", "diffusion")] == [
+        True, True, False, False]
+    monkeypatch.setattr(df_api, "_ROOT", PKG)
+    assert df_api._import_path(PKG) is pkg
 
 def test_identity_matches_objects_but_not_shared_scalars():
     """df_api.py: ``_identity`` without ``obj is None`` (None matched by identity) or without ``str``
