@@ -60,8 +60,10 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
             raise KeyboardInterrupt(f"simulated kill in {name} (call {call})")
         return original(*args, **kwargs)
 
-    # a method looked up on a class is a plain function: setattr puts the wrapper in its place
-    setattr(owner, name, patched)
+    # a method looked up on a class is a plain function: setattr puts the wrapper in its place. A static or
+    # class method looks up as a function that takes no ``self`` (``original`` is already bound for a class
+    # method): the wrapper must not be bound to the instance either.
+    setattr(owner, name, staticmethod(patched) if isinstance(stored, (staticmethod, classmethod)) else patched)
     try:
         yield seen
     finally:

@@ -450,6 +450,31 @@ def test_interrupt_on_call_restores_staticmethods_and_inherited_methods():
             obj.loss(1)
     assert vars(obj) == {} and obj.loss(7) == 7
 
+
+def test_bug_interrupt_on_call_patches_static_and_class_methods_without_binding_self():
+    """Bug: faults.py set the wrapper as a plain function, so while a staticmethod was patched a call through an
+    instance passed ``self`` to it (``TypeError``: one argument too many), and a classmethod got the instance
+    besides its own class. The wrapper is now a staticmethod for both."""
+    class Task:
+        factor = 3
+
+        @staticmethod
+        def scale(x):
+            return 2 * x
+
+        @classmethod
+        def times(cls, x):
+            return cls.factor * x
+
+    for name, want in (("scale", [2, 4]), ("times", [3, 6])):
+        with interrupt_on_call(Task, name, 3) as seen:
+            assert [getattr(Task(), name)(1), getattr(Task, name)(2)] == want
+            with pytest.raises(KeyboardInterrupt, match=f"simulated kill in {name} \\(call 3\\)"):
+                getattr(Task(), name)(5)
+            assert seen["calls"] == 3
+        assert getattr(Task(), name)(1) == want[0]
+    assert isinstance(vars(Task)["scale"], staticmethod) and isinstance(vars(Task)["times"], classmethod)
+
 def _save(path, **entries):
     torch.save(entries, path)
     return path
