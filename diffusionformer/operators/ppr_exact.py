@@ -106,7 +106,7 @@ class ExactPPROperator(DiffusionOperator):
 
     def _solve(self, P: Tensor, v: Tensor, *, lower_triangular: bool) -> Tensor:
         N = P.shape[-1]
-        work = torch.float64 if P.dtype == torch.float64 else torch.float32
+        work = torch.float64 if torch.float64 in (P.dtype, v.dtype) else torch.float32  # the wider of the two, >= fp32
         eye = torch.eye(N, dtype=work, device=P.device)
         system = torch.add(eye, P.to(work), alpha=-(1.0 - self.alpha))  # I - (1 - alpha) P in one pass, (B, G, N, N)
         if lower_triangular:

@@ -392,6 +392,25 @@ def test_bug_numpy_tolerances_are_numbers_too():
             build_operator("heat", t=1.0, steps=4, tol=bad)
 
 
+
+def test_bug_ppr_exact_solves_in_the_wider_dtype():
+    """Bug: ppr_exact.py solved in ``P``'s precision, so a float32 ``P`` with a float64 ``v`` (a user calling
+    ``apply_matrix`` directly) gave a float64 result with float32 accuracy. The solve now runs in the wider of
+    the two dtypes (at least float32): the result matches the float64 reference on the float32 ``P``."""
+    rng = np.random.default_rng(11)
+    s = rng.normal(size=(1, 1, 6, 6)) * 3
+    P64 = np.exp(s) / np.exp(s).sum(-1, keepdims=True)
+    P32 = torch.from_numpy(P64).float()
+    v = rng.normal(size=(1, 1, 6, 3))
+    op = ExactPPROperator(alpha=0.05)
+    for causal in (False, True):
+        P = torch.tril(P32) if causal else P32
+        want = _ppr_reference(P.double().numpy(), v, 0.05)
+        got = (op.apply_causal_matrix if causal else op.apply_matrix)(P, torch.from_numpy(v))
+        assert got.dtype == torch.float64
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
+
+
 def test_ppr_default_alpha_and_spec_kwargs():
     """kills: ppr_exact.py the default ``alpha=0.1`` -> ``0.2`` and ``spec_kwargs`` -> ``{}``"""
     op = ExactPPROperator()
