@@ -61,6 +61,8 @@ def contrasts(table: Sequence[Mapping[str, Any]], config: ExperimentConfig, *, l
     Returns:
         Contrasts in task, kind, setting order; a task's ``selected`` contrasts only when it
         has ``select_by``, ``reach`` ones only with ``reach`` (censored pairs: no test, ``p`` None).
+        A setting or baseline without values of a kind (every run failed) is listed with no pairs,
+        ``p`` None and a note: it is never dropped from the table.
     """
     rows = {(r["task"], r["operator"]): r for r in table}
     baseline = config.operators[0].name
@@ -86,9 +88,9 @@ def contrasts(table: Sequence[Mapping[str, Any]], config: ExperimentConfig, *, l
                         diff = paired_difference(a, b, level=level)
                     minimize = True
                 else:
+                    # a side without selected values (every run failed) pairs no seeds: listed with its note,
+                    # as the final kind lists a setting whose runs all failed
                     values = "values" if kind == "final" else "selected_values"
-                    if kind == "selected" and "selected_by_seed" not in row:
-                        continue
                     diff = compare_rows(row, base, values, folds=task.folds, level=level)
                     minimize = task.minimize
                 out.append(Contrast(task.name, setting.name, baseline, kind, diff,

@@ -557,13 +557,22 @@ def test_a_missing_row_skips_only_that_contrast_and_a_task_without_baseline_only
     assert [(c.task, c.kind, c.setting) for c in out] == [("b", "final", "half"), ("b", "reach", "half")]
 
 
-def test_a_row_without_selected_values_has_no_selected_contrast():
-    """kills: compare.py:90-91 dropping ``if kind == "selected" and "selected_by_seed" not in row: continue`` (a
-    setting without a select_by evaluation compared on an empty set of seeds)"""
+@pytest.mark.parametrize("side", ["half", "attention"])
+def test_bug_a_side_without_selected_values_keeps_its_selected_contrast(side):
+    """Bug: compare.py dropped a setting's ``selected`` contrast when the setting's row had no selected values
+    (every run failed), but listed it, with no pairs, when the baseline's row had none; the ``final`` kind never
+    drops one. Both sides now give the contrast with 0 pairs, ``p`` None, no Holm p and the note."""
     rows = _cmp_rows()
-    del next(r for r in rows if (r["task"], r["operator"]) == ("a", "half"))["selected_by_seed"]
+    del next(r for r in rows if (r["task"], r["operator"]) == ("a", side))["selected_by_seed"]
     out = contrasts(rows, _cmp_config())
-    assert [c.setting for c in out if c.kind == "selected"] == ["lap"]
+    sel = {c.setting: c for c in out if c.kind == "selected" and c.task == "a"}
+    assert list(sel) == ["lap", "half"]
+    empty = sel["half"] if side == "half" else sel["lap"]
+    assert empty.diff.n == 0 and empty.diff.p is None and empty.p_holm is None
+    assert empty.diff.note.startswith("0 pair(s)")
+    if side == "half":
+        lap = sel["lap"]
+        assert lap.diff.n == 4 and lap.diff.p is not None
 
 
 def test_reach_steps_per_seed_or_none_when_censored_or_empty():
