@@ -346,7 +346,8 @@ class NodeData:
     Args:
         name: registry name of the dataset.
         data: a PyG ``Data`` with ``x`` ``(N, D)`` float32, ``edge_index`` ``(2, E)`` int64,
-            ``y`` ``(N,)`` int64 and boolean ``train_mask``/``val_mask``/``test_mask`` ``(N,)``.
+            ``y`` ``(N,)`` int64 and boolean ``train_mask``/``val_mask``/``test_mask`` ``(N,)``,
+            each selecting at least one node.
         num_classes: number of node classes.
         num_features: ``D``.
         kind: always ``"node"``.
@@ -379,6 +380,9 @@ class NodeData:
                     f"expected {split}_mask to be a bool tensor of shape ({N},), got {mask.dtype} of shape "
                     f"{tuple(mask.shape)}"
                 )
+            if not bool(mask.any()):  # a loss and an accuracy over no nodes are NaN, not a result
+                raise ValueError(f"{self.name}: {split}_mask selects no node; training and evaluation need at "
+                                 f"least one {split} node")
 
     def __repr__(self) -> str:
         d = self.data
