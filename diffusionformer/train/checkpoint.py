@@ -87,7 +87,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         FileNotFoundError: ``path`` does not exist.
         CheckpointError: the file is truncated/corrupt, holds objects that ``weights_only``
-            refuses, or lacks the trainer's keys. The file is never modified.
+            refuses, lacks the trainer's keys, or may not be read (then it is not called
+            damaged). The file is never modified.
     """
     path = Path(path)
     if not path.is_file():
@@ -95,6 +96,11 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise FileNotFoundError(f"load_checkpoint: expected a checkpoint file, got {what} {path}")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError as err:  # no sign of damage: the advice below would lose a good file
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read by this process ({err}); the file itself may be intact "
+            "and was left untouched: give this user read access to it to continue."
+        ) from err
     except Exception as err:  # torch's unpickler raises struct.error, IndexError, KeyError... on damaged bytes
         size = path.stat().st_size
         raise CheckpointError(

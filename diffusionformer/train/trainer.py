@@ -229,7 +229,13 @@ class Trainer:
                 f"checkpoint {path}: expected the state of this model and optimizer, got one that "
                 f"does not fit: {err}"
             ) from err
-        restore_rng_state(payload["rng"], device, generator)
+        try:
+            restore_rng_state(payload["rng"], device, generator)
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(
+                f"checkpoint {path}: expected the random-generator states the trainer saves, got ones "
+                f"that do not fit: {type(err).__name__}: {err}"
+            ) from err
 
     # ------------------------------------------------------------------ loop
     def _fit(self, ctx: DistContext) -> dict[str, Any]:
