@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except CheckpointError as exc:
-        print(f"error: {exc}\nDelete that checkpoint.pt to train its run again from step 0 (--restart would "
-              "discard every run of the comparison).", file=sys.stderr)
+        from diffusionformer.experiments.runner import _not_resumed_advice
+
+        print(f"error: {exc}\n{_not_resumed_advice(exc, 'that checkpoint.pt', 'its')}", file=sys.stderr)
         return 2

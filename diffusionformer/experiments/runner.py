@@ -73,6 +73,15 @@ def _learned(model: torch.nn.Module) -> dict[str, list[float]]:
     return out
 
 
+def _not_resumed_advice(exc: CheckpointError, checkpoint: str, which: str) -> str:
+    """What to do about a checkpoint that did not load: grant read access to an unreadable one (deleting it would
+    lose a good file), else delete it to retrain that run (``which``: "this" or "its")."""
+    if isinstance(exc.__cause__, PermissionError):
+        return f"Give this user read access to {checkpoint} and run again to resume {which} run."
+    return (f"Delete {checkpoint} to train {which} run again from step 0 (--restart would discard every run of "
+            "the comparison).")
+
+
 def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
@@ -334,8 +343,8 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
         log(f"[{task.name} / {setting.name} / seed {seed}] stopped: {exc}. The last good checkpoint is kept in {rdir}.")
         return RunResult(task.name, setting.name, seed, f"failed: {exc}", task.metric, None)
     except CheckpointError as exc:  # this run cannot resume; the others can
-        log(f"[{task.name} / {setting.name} / seed {seed}] not resumed: {exc}. Delete {rdir / 'checkpoint.pt'} "
-            f"to train this run again from step 0 (--restart would discard every run of the comparison).")
+        log(f"[{task.name} / {setting.name} / seed {seed}] not resumed: {exc}. "
+            f"{_not_resumed_advice(exc, str(rdir / 'checkpoint.pt'), 'this')}")
         return RunResult(task.name, setting.name, seed, f"failed: {exc}", task.metric, None)
     if _is_main():
         learned = _learned(model)

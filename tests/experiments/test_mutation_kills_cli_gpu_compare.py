@@ -199,6 +199,26 @@ def test_a_corrupt_checkpoint_is_exit_2_with_what_to_delete(cli, capsys):
         "to train its run again from step 0 (--restart would discard every run of the comparison).\n")
 
 
+def test_bug_an_unreadable_checkpoint_is_not_advised_away(cli, capsys):
+    """Bug: a checkpoint this user may not read (``CheckpointError`` caused by a ``PermissionError``: the file may
+    be intact) got the advice for a damaged one, "Delete that checkpoint.pt to train its run again", which loses a
+    good file. The CLI and the runner's log now ask for read access instead."""
+    err = CheckpointError("checkpoint results/x/checkpoint.pt cannot be read by this process")
+    err.__cause__ = PermissionError(13, "Permission denied")
+    cli.raise_in_run = err
+    assert cli_main(["run", cli.toml()]) == 2
+    text = capsys.readouterr().err
+    assert text.endswith("\nGive this user read access to that checkpoint.pt and run again to resume its run.\n")
+    assert "Delete" not in text
+    from diffusionformer.experiments.runner import _not_resumed_advice
+
+    assert _not_resumed_advice(err, "runs/a/checkpoint.pt", "this") == (
+        "Give this user read access to runs/a/checkpoint.pt and run again to resume this run.")
+    assert _not_resumed_advice(CheckpointError("truncated"), "runs/a/checkpoint.pt", "this") == (
+        "Delete runs/a/checkpoint.pt to train this run again from step 0 (--restart would discard every run of the "
+        "comparison).")
+
+
 def test_workers_refused_below_one_in_a_worker_and_with_restart(cli, capsys, monkeypatch):
     """kills: cli.py:168 ``workers < 1`` -> ``< 0``; :170 ``workers > 1`` -> ``> 2`` or the check dropped, or
     ``$DIFFUSIONFORMER_WORKER`` -> ``$RANK`` (a worker starting workers, a torchrun process refused); :188
