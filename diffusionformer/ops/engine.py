@@ -516,6 +516,9 @@ def _apply_runs(out: Tensor, v: Tensor, runs: Sequence[AffineRun]) -> None:
         ys, vs = out.narrow(-2, start, stop - start), v.narrow(-2, start, stop - start)
         if c0 == 1.0 and c1 == -1.0 and not torch.compiler.is_compiling():  # Laplacian: (I - P) v, one pass
             torch.sub(vs, ys, out=ys)  # dynamo refuses out= on a strided view; the compiler fuses the two passes below
+        elif ys.dtype in (torch.float16, torch.bfloat16) and ys.device.type == "cpu":  # CPU kernels round alpha=
+            # to the tensor's dtype (CUDA's keep it in float32): c0 v in float32, as combine_affine documents
+            ys.mul_(c1).add_(vs.float().mul_(c0))
         else:
             ys.mul_(c1).add_(vs, alpha=c0)
 
