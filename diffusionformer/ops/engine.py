@@ -602,7 +602,9 @@ def _head_columns(runs: tuple[AffineRun, ...], num_heads: int, device: torch.dev
     ``None`` when a coefficient is not exact in ``dtype`` (then :class:`AffineHeads` multiplies
     by the float32 scalars, as documented). Attention ``(0, 1)``, the Laplacian ``(1, -1)`` and
     any dyadic coefficients are exact in every floating dtype, so ``v * c0 + y * c1`` gives the
-    bits of the run-by-run combination (one rounding per element).
+    bits of the run-by-run combination (one rounding per element), except where a product
+    ``v * c0`` falls below the dtype's smallest normal number: that product is rounded once more
+    (float16 values near ``2**-14``, a last-bit difference).
     """
     bits = _SIGNIFICAND_BITS.get(dtype)
     if bits is None:
