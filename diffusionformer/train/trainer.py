@@ -51,6 +51,16 @@ RESUMABLE_FIELDS = frozenset(
 _NO_BAD_STEP = 2**62  # "no non-finite step yet" in the on-device running minimum
 
 
+@contextlib.contextmanager
+def _entries_fit(path: Any, expected: str) -> Any:
+    """Turn an error raised while loading checkpoint entries into a :class:`CheckpointError` naming the file:
+    "checkpoint PATH: expected EXPECTED: <error type>: <error>"."""
+    try:
+        yield
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
+        raise CheckpointError(f"checkpoint {path}: expected {expected}: {type(err).__name__}: {err}") from err
+
+
 class Trainer:
     r"""Minimise a task's loss with AdamW, resumable bit-exactly, on 1 or N processes.
 
@@ -221,21 +231,11 @@ class Trainer:
         generator: torch.Generator,
     ) -> None:
         path = payload["_path"]
-        try:
+        with _entries_fit(path, "the state of this model and optimizer, got one that does not fit"):
             self.model.load_state_dict(payload["model"])
             optimizer.load_state_dict(payload["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as err:
-            raise CheckpointError(
-                f"checkpoint {path}: expected the state of this model and optimizer, got one that "
-                f"does not fit: {err}"
-            ) from err
-        try:
+        with _entries_fit(path, "the random-generator states the trainer saves, got ones that do not fit"):
             restore_rng_state(payload["rng"], device, generator)
-        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise CheckpointError(
-                f"checkpoint {path}: expected the random-generator states the trainer saves, got ones "
-                f"that do not fit: {type(err).__name__}: {err}"
-            ) from err
 
     # ------------------------------------------------------------------ loop
     def _fit(self, ctx: DistContext) -> dict[str, Any]:
@@ -262,9 +262,13 @@ class Trainer:
             self._check_resumable(payload)
             self._load_state(payload, optimizer, device, generator)
             start = payload["step"]
-            elapsed0 = float(payload.get("elapsed", 0.0))
-            self._last = {"train": payload.get("last_train"), "eval": payload.get("last_eval")}
-            self._window = {k: [v[0].to(device), v[1]] for k, v in payload.get("window", {}).items()}
+            with _entries_fit(payload["_path"], "the run time, last metrics and log window the trainer saves, "
+                                                "got ones that do not fit"):
+                elapsed0 = float(payload.get("elapsed", 0.0))
+                self._last = {"train": payload.get("last_train"), "eval": payload.get("last_eval")}
+                if not all(v is None or isinstance(v, Mapping) for v in self._last.values()):
+                    raise TypeError(f"last_train/last_eval must be mappings, got {self._last!r}")
+                self._window = {k: [v[0].to(device), int(v[1])] for k, v in payload.get("window", {}).items()}
             self._last_checkpoint_step = start
             self._last_checkpoint_path = Path(payload["_path"])  # resume=<path>: another folder's, until we save
         if self.resume is not False:
@@ -286,7 +290,9 @@ class Trainer:
         if self._amp == torch.float16:
             self._scaler = torch.amp.GradScaler(device.type)
             if payload is not None and payload.get("scaler"):
-                self._scaler.load_state_dict(payload["scaler"])
+                with _entries_fit(payload["_path"], "the fp16 loss-scaler state the trainer saves, got one that "
+                                                    "does not fit"):
+                    self._scaler.load_state_dict(payload["scaler"])
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
 
         self._t0, self._elapsed0 = time.perf_counter(), elapsed0

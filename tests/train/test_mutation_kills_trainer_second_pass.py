@@ -95,6 +95,35 @@ def test_bug_a_checkpoint_with_damaged_rng_states_is_a_checkpoint_error(tmp_path
     assert path.read_bytes() == before
 
 
+@pytest.mark.parametrize("entry", ["window", "window-count", "elapsed", "last_train", "scaler"])
+def test_bug_a_checkpoint_with_damaged_loop_state_is_a_checkpoint_error(tmp_path, entry):
+    """Bug: a checkpoint whose loop state was damaged (the log window's sums not tensors or its count not a
+    number, ``elapsed`` not a number, ``last_train`` not a mapping, an fp16 loss-scaler state that does not fit)
+    passed ``load_checkpoint`` and then failed the resume with a bare ``AttributeError``, ``ValueError`` or
+    ``TypeError`` naming no file (``last_train`` only at the end of the run). It is now a ``CheckpointError``
+    naming the checkpoint, and the file is kept."""
+    amp = "fp16" if entry == "scaler" else "off"
+    seed_everything(0)
+    Trainer(TinyMLP(), RegressionTask(), tiny_config(max_steps=3, amp=amp), tmp_path).fit()
+    path = tmp_path / "checkpoint.pt"
+    payload = torch.load(path, weights_only=True)
+    if entry == "scaler":
+        assert payload["scaler"]
+        payload["scaler"] = {"scale": "big"}
+    else:
+        damage = {"window": {"window": {"loss": [0.5, 1]}},
+                  "window-count": {"window": {"loss": [torch.tensor(0.5), "one"]}},
+                  "elapsed": {"elapsed": "3 s"}, "last_train": {"last_train": "loss 0.5"}}
+        payload.update(damage[entry])
+    torch.save(payload, path)
+    before = path.read_bytes()
+    trainer = Trainer(TinyMLP(), RegressionTask(), tiny_config(max_steps=5, lr_decay_steps=3, amp=amp), tmp_path,
+                      resume=True)
+    with pytest.raises(CheckpointError, match=rf"checkpoint {path}: expected the .* saves, got .* not fit: "):
+        trainer.fit()
+    assert path.read_bytes() == before
+
+
 def test_an_empty_string_as_resume_path_is_not_a_fresh_start(tmp_path):
     """Kills trainer.py S50 (``resume is False`` -> ``not resume``: ``resume=""``, a path left empty
     by a launcher script, silently started a fresh run instead of naming the missing checkpoint)."""
