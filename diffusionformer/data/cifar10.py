@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -143,13 +144,14 @@ def _unpickle(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             obj = _NumpyOnlyUnpickler(f, encoding="bytes").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
-        raise CorruptDataError(f"corrupt CIFAR batch {str(path)!r}: {err}") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, LookupError,
+            MemoryError, OverflowError) as err:  # a lying size field asks for more than memory holds
+        raise CorruptDataError(f"corrupt CIFAR batch {str(path)!r}: {str(err) or type(err).__name__}") from None
     if not isinstance(obj, dict):
         raise CorruptDataError(
             f"corrupt CIFAR batch {str(path)!r}: expected a dict, got {type(obj).__name__}"
         )
-    return {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
+    return {k.decode(errors="replace") if isinstance(k, bytes) else k: v for k, v in obj.items()}
 
 
 def read_cifar_batch(path: Path) -> tuple[Tensor, Tensor]:
@@ -169,7 +171,7 @@ def read_cifar_batch(path: Path) -> tuple[Tensor, Tensor]:
     batch = _unpickle(path)
     where = f"corrupt CIFAR batch {str(path)!r}"
     if "data" not in batch or "labels" not in batch:
-        raise CorruptDataError(f"{where}: expected keys 'data' and 'labels', got {sorted(batch)}")
+        raise CorruptDataError(f"{where}: expected keys 'data' and 'labels', got {sorted(batch, key=str)}")
     data = batch["data"]
     try:
         labels = np.asarray(batch["labels"])
@@ -245,12 +247,32 @@ def _from_batches(
     return train, test, classes, folder
 
 
+def _cache_fits(cached: Any) -> bool:
+    """Whether a loaded cache file holds what :func:`_from_zip` writes (else it is rebuilt)."""
+    if not isinstance(cached, dict):
+        return False
+    images, labels, classes = cached.get("images"), cached.get("labels"), cached.get("classes")
+    return (
+        isinstance(images, Tensor) and images.dtype == torch.uint8 and images.dim() == 4
+        and isinstance(labels, Tensor) and labels.dtype == torch.int64
+        and tuple(labels.shape) == tuple(images.shape[:1]) and labels.numel() > 0
+        and isinstance(classes, list) and all(isinstance(c, str) for c in classes)
+        and 0 <= int(labels.min()) and int(labels.max()) < len(classes)
+    )
+
+
 def _from_zip(
     path: Path, rel: str, split: str, limit: int | None, seed: int, verify: bool
 ) -> tuple[Tensor, Tensor, list[str]]:
     digest = verify_file(path, rel) if verify else sha256_file(path)
     cached_path = cache_dir("cifar10") / f"{split}-{digest[:16]}.pt"
     cached = load_cached(cached_path)
+    if cached is not None and not _cache_fits(cached):  # loads, but is not the decoded arrays
+        warnings.warn(
+            f"cached file refused and rebuilt: {cached_path}: not the decoded images, labels and "
+            f"classes of {str(path)!r}", UserWarning, stacklevel=2,
+        )
+        cached = None
     if cached is not None:
         keep = seeded_subset(len(cached["labels"]), limit, seed)
         return cached["images"][keep], cached["labels"][keep], list(cached["classes"])
