@@ -160,10 +160,14 @@ def _failed(summary: dict[str, Any]) -> bool:
 
 
 def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rdir: Path, summary: dict[str, Any]) -> RunResult:
-    final = as_metrics(summary.get("eval"))
+    record = summary.get("eval")
+    if record is not None and not (isinstance(record, dict) and isinstance(record.get("metrics", {}), dict)):
+        raise ValueError(f"{rdir / 'summary.json'}: 'eval' is not an evaluation record: {str(record)[:80]}")
+    final = as_metrics(record)
     value = final.get(task.metric)
-    if value is None and summary.get("eval"):
-        raise ValueError(f"task {task.name!r}: metric {task.metric!r} is not among the evaluation keys {sorted(final)}")
+    if value is None and record:
+        raise ValueError(f"task {task.name!r}: metric {task.metric!r} is not among the evaluation keys {sorted(final)} "
+                         f"of {rdir / 'summary.json'}")
     learned_path = rdir / "learned_operators.json"
     learned = read_json_dict(learned_path) if learned_path.exists() else {}
     if learned is None:
