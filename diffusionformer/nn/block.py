@@ -182,7 +182,8 @@ class Block(nn.Module):
         self.norm2 = make_norm(norm_layer, dim)
         self.mlp = mlp_layer(dim) if mlp_layer is not None else Mlp(dim, int(dim * mlp_ratio), bias=bias, dropout=dropout)
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        # != 0, not > 0: a negative or NaN rate reaches DropPath's range check instead of switching stochastic depth off
+        self.drop_path = DropPath(drop_path) if drop_path != 0 else nn.Identity()
 
     def forward(self, x: Tensor, graph: AttentionGraph | None = None, **attn_kwargs: Any) -> Tensor:
         """``x`` after the block; ``graph`` (or the shorthands of :meth:`DiffusionAttention.forward`) goes to the attention.
