@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+
+from diffusionformer.experiments.results import run_dir
 
 
 class _Proc:
@@ -40,3 +44,19 @@ def procs(monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", _Proc)
     monkeypatch.setattr(_Proc, "code_of", staticmethod(lambda k: 0))
     return _Proc
+
+
+def _write_run(out, task, op, seed, records, status="completed", **summary):
+    """A run folder by hand: ``summary.json`` (``status`` None: none) and ``metrics.jsonl``."""
+    rdir = run_dir(out, task, op, seed)
+    rdir.mkdir(parents=True, exist_ok=True)
+    if status is not None:
+        (rdir / "summary.json").write_text(json.dumps({"status": status, **summary}))
+    (rdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return rdir
+
+
+@pytest.fixture
+def write_run():
+    """:func:`_write_run`: writes the run folder ``run_dir(out, task, op, seed)`` the runner would leave."""
+    return _write_run

@@ -34,16 +34,6 @@ def _eval(step, **metrics):
     return {"split": "eval", "step": step, "metrics": metrics}
 
 
-def _write_run(out, task, op, seed, records, status="completed", **summary):
-    """A run folder by hand: ``summary.json`` (``status`` None: none) and ``metrics.jsonl``."""
-    rdir = run_dir(out, task, op, seed)
-    rdir.mkdir(parents=True, exist_ok=True)
-    if status is not None:
-        (rdir / "summary.json").write_text(json.dumps({"status": status, **summary}))
-    (rdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return rdir
-
-
 def _text_config(seeds, operators=("attention",), tasks=("t",), primary=()):
     return ExperimentConfig("g", [TaskConfig(t, "pydoc-chars", "gpt-char-tiny", metric="val_loss") for t in tasks],
                             [OperatorSetting(o) if i == 0 else OperatorSetting(o, laplacian_heads=1)
@@ -76,17 +66,17 @@ def test_run_gaps_by_hand_from_an_unsorted_log_with_incomplete_and_non_finite_ev
     assert gaps.run_gaps([]) is None
 
 
-def test_gap_rows_reads_finished_runs_only_and_prefers_the_run_folder_to_the_published_log(tmp_path):
+def test_gap_rows_reads_finished_runs_only_and_prefers_the_run_folder_to_the_published_log(write_run, tmp_path):
     """Kills gaps._run_records reading an unfinished run (``'"completed"' in summary`` dropped) and preferring
     the published log to the run folder; and gaps.gap_rows keeping runs whose log has no train/val evaluation
     (``g is not None`` -> ``records is not None``: a ``None`` entry)."""
     config = _text_config(range(5))
     out = tmp_path / "g"
-    _write_run(out, "t", "attention", 0, [_eval(10, train_loss=1.0, val_loss=1.5)])
+    write_run(out, "t", "attention", 0, [_eval(10, train_loss=1.0, val_loss=1.5)])
     trainer_failure = {"error": "non-finite loss", "bad_step": 10, "eval": {"val_loss": 1.2}}  # what Trainer writes
-    _write_run(out, "t", "attention", 1, [_eval(10, train_loss=1.0, val_loss=1.2)], status="non_finite", **trainer_failure)
-    _write_run(out, "t", "attention", 2, [{"split": "train", "step": 10, "loss": 1.0}, _eval(10, val_acc=0.5)])
-    _write_run(out, "t", "attention", 3, [_eval(10, train_loss=1.0, val_loss=1.25)])
+    write_run(out, "t", "attention", 1, [_eval(10, train_loss=1.0, val_loss=1.2)], status="non_finite", **trainer_failure)
+    write_run(out, "t", "attention", 2, [{"split": "train", "step": 10, "loss": 1.0}, _eval(10, val_acc=0.5)])
+    write_run(out, "t", "attention", 3, [_eval(10, train_loss=1.0, val_loss=1.25)])
     write_run_log([_eval(10, train_loss=9.0, val_loss=9.5)], out / "logs" / "t" / "attention" / "seed3.json")
     write_run_log([_eval(10, train_loss=0.5, val_loss=0.75)], out / "logs" / "t" / "attention" / "seed4.json")
     rows = gaps.gap_rows(config, tmp_path)["t"]["attention"]
@@ -96,27 +86,27 @@ def test_gap_rows_reads_finished_runs_only_and_prefers_the_run_folder_to_the_pub
     assert (rows[4]["final_val"], rows[4]["final_gap"]) == (0.75, 0.25)  # no run folder: the published log
 
 
-def test_bug_an_unreadable_summary_counts_as_an_unfinished_run_in_the_gap_tables(tmp_path, capsys):
+def test_bug_an_unreadable_summary_counts_as_an_unfinished_run_in_the_gap_tables(write_run, tmp_path, capsys):
     """Bug: gaps._run_records tested ``'"completed"' in summary.read_text()``: a ``summary.json`` that is not
     UTF-8 (junk left by a crash or another tool) raised a bare UnicodeDecodeError from gap_rows, and
     ``python -m diffusionformer.experiments.gaps`` failed with "error: 'utf-8' codec can't decode ..." naming
     no file. Now it is an unfinished run, as everywhere else in the results layer (results.read_json_dict)."""
     config = _text_config([0, 1])
     out = tmp_path / "g"
-    _write_run(out, "t", "attention", 0, [_eval(10, train_loss=1.0, val_loss=1.5)])
-    rdir = _write_run(out, "t", "attention", 1, [_eval(10, train_loss=1.0, val_loss=1.2)])
+    write_run(out, "t", "attention", 0, [_eval(10, train_loss=1.0, val_loss=1.5)])
+    rdir = write_run(out, "t", "attention", 1, [_eval(10, train_loss=1.0, val_loss=1.2)])
     (rdir / "summary.json").write_bytes(b'\xff\xfe{"status": "completed"')
     assert sorted(gaps.gap_rows(config, tmp_path)["t"]["attention"]) == [0]
     assert gaps.gap_curves(config, tmp_path)["t"]["attention"]["n"] == 1
 
 
-def test_gap_curves_count_only_the_runs_with_train_and_val_evaluations(tmp_path):
+def test_gap_curves_count_only_the_runs_with_train_and_val_evaluations(write_run, tmp_path):
     """Kills gaps.gap_curves keeping a finished run with no train/val evaluation (``losses[0]`` check dropped)."""
     config = _text_config([0, 1, 2])
     out = tmp_path / "g"
-    _write_run(out, "t", "attention", 0, [_eval(10, train_loss=1.0, val_loss=1.5), _eval(20, train_loss=0.5, val_loss=1.25)])
-    _write_run(out, "t", "attention", 1, [_eval(10, train_loss=2.0, val_loss=2.5), _eval(20, train_loss=1.5, val_loss=2.25)])
-    _write_run(out, "t", "attention", 2, [{"split": "train", "step": 10, "loss": 1.0}])
+    write_run(out, "t", "attention", 0, [_eval(10, train_loss=1.0, val_loss=1.5), _eval(20, train_loss=0.5, val_loss=1.25)])
+    write_run(out, "t", "attention", 1, [_eval(10, train_loss=2.0, val_loss=2.5), _eval(20, train_loss=1.5, val_loss=2.25)])
+    write_run(out, "t", "attention", 2, [{"split": "train", "step": 10, "loss": 1.0}])
     entry = gaps.gap_curves(config, tmp_path)["t"]["attention"]
     assert entry["n"] == 2
     x, m, sd = entry["gap"]
@@ -227,13 +217,13 @@ def _toml(tmp_path):
     return cfg
 
 
-def test_gaps_cli_strips_the_primary_list_and_names_a_missing_config(tmp_path, capsys):
+def test_gaps_cli_strips_the_primary_list_and_names_a_missing_config(write_run, tmp_path, capsys):
     """Kills gaps.main splitting ``--primary`` without stripping the names (``"final_val, final_gap"`` refused)
     and without catching FileNotFoundError (a missing config a traceback instead of exit code 2)."""
     out = tmp_path / "g"
     for op, vals in (("attention", (2.0, 2.3)), ("lap", (1.9, 2.25))):
         for seed, v in enumerate(vals):
-            _write_run(out, "t", op, seed, [_eval(10, train_loss=1.0, val_loss=v)])
+            write_run(out, "t", op, seed, [_eval(10, train_loss=1.0, val_loss=v)])
     assert gaps.main([str(_toml(tmp_path)), "--out", str(tmp_path), "--primary", "final_val, final_gap,"]) == 0
     assert "### Primary contrasts: final val loss, final gap" in capsys.readouterr().out
     assert gaps.main([str(tmp_path / "missing.toml"), "--out", str(tmp_path)]) == 2
@@ -241,7 +231,7 @@ def test_gaps_cli_strips_the_primary_list_and_names_a_missing_config(tmp_path, c
     assert err.startswith("error: ") and "missing.toml" in err
 
 
-def test_gaps_cli_page_figure_is_reduced_to_a_palette(tmp_path):
+def test_gaps_cli_page_figure_is_reduced_to_a_palette(write_run, tmp_path):
     """Kills gaps.main skipping ``_copy_png`` on the figures it links from the page (a full RGBA PNG in the
     docs, not the 256-colour palette publish writes)."""
     pytest.importorskip("matplotlib")
@@ -249,7 +239,7 @@ def test_gaps_cli_page_figure_is_reduced_to_a_palette(tmp_path):
     out = tmp_path / "g"
     for op, vals in (("attention", (2.0, 2.3)), ("lap", (1.9, 2.25))):
         for seed, v in enumerate(vals):
-            _write_run(out, "t", op, seed, [_eval(10, train_loss=1.5, val_loss=v + 0.5), _eval(20, train_loss=1.0, val_loss=v)])
+            write_run(out, "t", op, seed, [_eval(10, train_loss=1.5, val_loss=v + 0.5), _eval(20, train_loss=1.0, val_loss=v)])
     page = tmp_path / "docs" / "g.md"
     assert gaps.main([str(_toml(tmp_path)), "--out", str(tmp_path), "--page", str(page)]) == 0
     png = tmp_path / "docs" / "g" / "plots" / "t_gap.png"
@@ -396,16 +386,16 @@ def _digits_config(seeds=(0, 1), operators=("attention",), **task):
                              for i, o in enumerate(operators)], seeds=list(seeds))
 
 
-def test_finished_runs_prefer_memory_keep_config_order_and_skip_unfinished_runs(tmp_path):
+def test_finished_runs_prefer_memory_keep_config_order_and_skip_unfinished_runs(write_run, tmp_path):
     """Kills results.finished_runs ignoring the runs in memory, reading a run whose summary is not
     ``completed``, and ordering by seed before setting."""
     config = _digits_config(seeds=(0, 1, 2), operators=("attention", "lap"))
     out = tmp_path / "r"
     for op in ("attention", "lap"):
-        _write_run(out, "d", op, 0, [], eval=_eval(7, test_acc=0.5))
-    _write_run(out, "d", "attention", 1, [], status="non_finite", eval=_eval(7, test_acc=0.1))
-    _write_run(out, "d", "attention", 2, [], eval=_eval(7, test_acc=0.6))
-    _write_run(out, "d", "lap", 2, [], eval=_eval(7, test_acc=0.75))
+        write_run(out, "d", op, 0, [], eval=_eval(7, test_acc=0.5))
+    write_run(out, "d", "attention", 1, [], status="non_finite", eval=_eval(7, test_acc=0.1))
+    write_run(out, "d", "attention", 2, [], eval=_eval(7, test_acc=0.6))
+    write_run(out, "d", "lap", 2, [], eval=_eval(7, test_acc=0.75))
     memory = [RunResult("d", "lap", 1, "completed", "test_acc", 0.8), RunResult("d", "attention", 0, "completed", "test_acc", 0.9)]
     got = finished_runs(out, config, memory)
     assert [(r.operator, r.seed, r.value) for r in got] == [("attention", 0, 0.9), ("attention", 2, 0.6), ("lap", 0, 0.5),
@@ -414,11 +404,11 @@ def test_finished_runs_prefer_memory_keep_config_order_and_skip_unfinished_runs(
 
 
 @pytest.mark.parametrize("raw", [b"[1, 2]", b'"completed"', b"\xff\xfe{}", b'{"status": "comp'])
-def test_a_summary_that_is_not_a_json_object_is_no_summary(tmp_path, raw):
+def test_a_summary_that_is_not_a_json_object_is_no_summary(write_run, tmp_path, raw):
     """Kills results.read_json_dict returning any JSON value (a list, a string) and catching only JSONDecodeError
     (a file that is not UTF-8 raised UnicodeDecodeError)."""
     config = _digits_config(seeds=(0,))
-    rdir = _write_run(tmp_path / "r", "d", "attention", 0, [{"split": "train", "step": 2, "loss": 1.0}])
+    rdir = write_run(tmp_path / "r", "d", "attention", 0, [{"split": "train", "step": 2, "loss": 1.0}])
     (rdir / "summary.json").write_bytes(raw)
     assert read_json_dict(rdir / "summary.json") is None
     assert finished_runs(tmp_path / "r", config) == []
@@ -426,16 +416,16 @@ def test_a_summary_that_is_not_a_json_object_is_no_summary(tmp_path, raw):
     assert (row["state"], row["step"]) == ("interrupted", 2)
 
 
-def test_run_status_states_by_hand(tmp_path):
+def test_run_status_states_by_hand(write_run, tmp_path):
     """Kills results.run_status: the step of a completed summary without ``step`` defaulting to 0 instead of the
     budget, the running check after the failed one, ``startswith("failed")`` -> ``== "failed"``, a folder with only
     a checkpoint reported missing, and the holder left out."""
     config = _digits_config(seeds=(0, 1, 2, 3, 4))
     out = tmp_path / "r"
-    _write_run(out, "d", "attention", 0, [], elapsed=3.5)  # completed, no step recorded
-    failed = _write_run(out, "d", "attention", 1, [{"split": "train", "step": 4, "loss": 1.0, "elapsed": 2.0}],
+    write_run(out, "d", "attention", 0, [], elapsed=3.5)  # completed, no step recorded
+    failed = write_run(out, "d", "attention", 1, [{"split": "train", "step": 4, "loss": 1.0, "elapsed": 2.0}],
                         status="failed: out of memory")
-    _write_run(out, "d", "attention", 2, [{"split": "train", "step": 2, "loss": 1.0}], status="failed: boom")
+    write_run(out, "d", "attention", 2, [{"split": "train", "step": 2, "loss": 1.0}], status="failed: boom")
     _lock(run_dir(out, "d", "attention", 2), ME[0])  # retrained now by this (live) process
     ckpt = run_dir(out, "d", "attention", 3)
     ckpt.mkdir(parents=True)
@@ -448,52 +438,52 @@ def test_run_status_states_by_hand(tmp_path):
     assert all(r["max_steps"] == 7 for r in rows) and failed.is_dir()
 
 
-def test_bug_a_run_stopped_by_a_non_finite_loss_is_reported_failed(tmp_path):
+def test_bug_a_run_stopped_by_a_non_finite_loss_is_reported_failed(write_run, tmp_path):
     """Bug: results.run_status reported ``failed`` only for a summary status starting with "failed", which no
     code writes to ``summary.json``; the Trainer writes ``"non_finite"`` when a loss stops the run, so such a run
     showed as ``interrupted`` ("started, not finished, nobody training it"). Now it is ``failed``."""
     config = _digits_config(seeds=(0,))
-    _write_run(tmp_path / "r", "d", "attention", 0, [{"split": "train", "step": 4, "loss": 1.0}], status="non_finite",
+    write_run(tmp_path / "r", "d", "attention", 0, [{"split": "train", "step": 4, "loss": 1.0}], status="non_finite",
                error="loss is nan at step 5; training stopped", bad_step=5)
     (row,) = run_status(config, tmp_path)
     assert (row["state"], row["step"]) == ("failed", 4)
 
 
-def test_a_completed_run_without_an_evaluation_has_no_value_and_no_error(tmp_path):
+def test_a_completed_run_without_an_evaluation_has_no_value_and_no_error(write_run, tmp_path):
     """Kills results._result_from_files raising "metric not among the evaluation keys" for a summary with no
     evaluation at all (``and summary.get("eval")`` dropped); the named error stays for an evaluation without it."""
     config = _digits_config(seeds=(0, 1))
     out = tmp_path / "r"
-    _write_run(out, "d", "attention", 0, [], eval=None)
+    write_run(out, "d", "attention", 0, [], eval=None)
     (r,) = finished_runs(out, _digits_config(seeds=(0,)))
     assert (r.value, r.final) == (None, {})
-    _write_run(out, "d", "attention", 1, [], eval=_eval(7, val_acc=0.5))
+    write_run(out, "d", "attention", 1, [], eval=_eval(7, val_acc=0.5))
     with pytest.raises(ValueError, match="metric 'test_acc' is not among the evaluation keys \\['val_acc'\\]"):
         finished_runs(out, config)
 
 
-def test_learned_operators_missing_is_silent_and_unreadable_warns(tmp_path):
+def test_learned_operators_missing_is_silent_and_unreadable_warns(write_run, tmp_path):
     """Kills results._result_from_files reading a missing learned_operators.json as unreadable (a warning for
     every run without learned operators), and dropping the warning for an unreadable one."""
     config = _digits_config(seeds=(0, 1))
     out = tmp_path / "r"
-    _write_run(out, "d", "attention", 0, [], eval=_eval(7, test_acc=0.5))
+    write_run(out, "d", "attention", 0, [], eval=_eval(7, test_acc=0.5))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         (r,) = finished_runs(out, _digits_config(seeds=(0,)))
     assert r.learned == {}
-    rdir = _write_run(out, "d", "attention", 1, [], eval=_eval(7, test_acc=0.5))
+    rdir = write_run(out, "d", "attention", 1, [], eval=_eval(7, test_acc=0.5))
     (rdir / "learned_operators.json").write_text('{"layer0": [0.5')
     with pytest.warns(UserWarning, match="learned_operators.json is unreadable"):
         runs = finished_runs(out, config)
     assert [r.learned for r in runs] == [{}, {}]
 
 
-def test_reach_is_read_from_the_log_without_a_select_by_key(tmp_path):
+def test_reach_is_read_from_the_log_without_a_select_by_key(write_run, tmp_path):
     """Kills results._result_from_files reading the log only for ``select_by`` (``or task.reach`` dropped: the
     reach step of runs read back from disk is always None)."""
     config = _digits_config(seeds=(0,), reach={"val_acc": 0.9})
-    _write_run(tmp_path / "r", "d", "attention", 0, [_eval(5, val_acc=0.5), _eval(10, val_acc=0.95)],
+    write_run(tmp_path / "r", "d", "attention", 0, [_eval(5, val_acc=0.5), _eval(10, val_acc=0.95)],
                eval=_eval(7, test_acc=0.9))
     (r,) = finished_runs(tmp_path / "r", config)
     assert (r.reach_step, r.selected_value, r.selected_step) == (10, None, None)

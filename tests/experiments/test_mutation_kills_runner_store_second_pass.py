@@ -384,15 +384,6 @@ def _eval(step, **metrics):
     return {"split": "eval", "step": step, "metrics": metrics}
 
 
-def _write_run(out, task, op, seed, records, status="completed", **summary):
-    rdir = run_dir(out, task, op, seed)
-    rdir.mkdir(parents=True, exist_ok=True)
-    if status is not None:
-        (rdir / "summary.json").write_text(json.dumps({"status": status, **summary}))
-    (rdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return rdir
-
-
 def _digits(seeds=(0,), **task):
     return ExperimentConfig("r", [TaskConfig("d", "digits", "vit-digits", **task)], [OperatorSetting("attention")],
                             seeds=list(seeds))
@@ -413,21 +404,21 @@ def test_a_summary_folder_is_an_unfinished_run(tmp_path):
     assert run_status(_digits(), tmp_path)[0]["state"] == "missing"
 
 
-def test_run_status_of_a_failed_and_a_diverged_run(tmp_path):
+def test_run_status_of_a_failed_and_a_diverged_run(write_run, tmp_path):
     """Kills results._failed without ``status == "non_finite"`` and with ``startswith("failed")`` ->
     ``== "failed"`` (a failed or diverged run shows as interrupted or missing: it looks like it will
     finish on the next ``run``)."""
     config = _digits(seeds=(0, 1))
-    _write_run(tmp_path / "r", "d", "attention", 0, [], status="failed: loss is nan")
-    _write_run(tmp_path / "r", "d", "attention", 1, [], status="non_finite")
+    write_run(tmp_path / "r", "d", "attention", 0, [], status="failed: loss is nan")
+    write_run(tmp_path / "r", "d", "attention", 1, [], status="non_finite")
     assert [row["state"] for row in run_status(config, tmp_path)] == ["failed", "failed"]
 
 
-def test_run_status_of_a_completed_run_and_of_a_run_with_only_a_checkpoint(tmp_path):
+def test_run_status_of_a_completed_run_and_of_a_run_with_only_a_checkpoint(write_run, tmp_path):
     """Kills results.run_status dropping ``elapsed`` of a completed run, and counting a run with a checkpoint
     but no log yet as missing (``or checkpoint.pt`` dropped); its budget comes from the resolved defaults."""
     config = _digits(seeds=(0, 1), train={"batch_size": 8})
-    _write_run(tmp_path / "r", "d", "attention", 0, [], step=12, elapsed=3.5)
+    write_run(tmp_path / "r", "d", "attention", 0, [], step=12, elapsed=3.5)
     rdir = run_dir(tmp_path / "r", "d", "attention", 1)
     rdir.mkdir(parents=True)
     (rdir / "checkpoint.pt").write_bytes(b"x")
@@ -439,10 +430,10 @@ def test_run_status_of_a_completed_run_and_of_a_run_with_only_a_checkpoint(tmp_p
     assert [(r["state"], r["step"], r["elapsed"]) for r in rows] == [("completed", 12, 3.5), ("interrupted", 0, None)]
 
 
-def test_the_number_of_parameters_is_read_back(tmp_path):
+def test_the_number_of_parameters_is_read_back(write_run, tmp_path):
     """Kills results._result_from_files dropping ``num_parameters`` (the tables' parameter column empty for
     every run read back from disk)."""
-    _write_run(tmp_path / "r", "d", "attention", 0, [], num_parameters=1234, elapsed=2.0,
+    write_run(tmp_path / "r", "d", "attention", 0, [], num_parameters=1234, elapsed=2.0,
                eval=_eval(7, test_acc=0.5))
     (r,) = finished_runs(tmp_path / "r", _digits())
     assert (r.num_parameters, r.elapsed, r.value) == (1234, 2.0, 0.5)
@@ -468,22 +459,22 @@ def test_first_reach_sorts_by_step_meets_an_equal_threshold_and_minimises_a_loss
 
 
 @pytest.mark.parametrize("record", [["eval", 7], "eval", {"split": "eval", "metrics": [0.5]}])
-def test_bug_a_summary_whose_evaluation_is_not_a_record_is_named(tmp_path, record):
+def test_bug_a_summary_whose_evaluation_is_not_a_record_is_named(write_run, tmp_path, record):
     """Bug: a completed ``summary.json`` whose ``eval`` is not an evaluation record (a list, a string, or
     ``metrics`` a list: a file edited by hand or written by another tool) stopped ``finished_runs`` (and so
     ``run``, ``table`` and ``publish``) with an AttributeError naming no file; it is now a ValueError naming
     the file, and the file is left as it was."""
-    rdir = _write_run(tmp_path / "r", "d", "attention", 0, [], eval=record)
+    rdir = write_run(tmp_path / "r", "d", "attention", 0, [], eval=record)
     before = (rdir / "summary.json").read_bytes()
     with pytest.raises(ValueError, match=re.escape(f"{rdir / 'summary.json'}: 'eval' is not an evaluation record")):
         finished_runs(tmp_path / "r", _digits())
     assert (rdir / "summary.json").read_bytes() == before
 
 
-def test_bug_a_summary_without_the_tasks_metric_is_named(tmp_path):
+def test_bug_a_summary_without_the_tasks_metric_is_named(write_run, tmp_path):
     """Bug: a completed ``summary.json`` whose evaluation lacks the task's metric was refused naming the task
     only; with many runs the user could not tell which file; the error now names the file."""
-    rdir = _write_run(tmp_path / "r", "d", "attention", 0, [], eval=_eval(7, val_acc=0.5))
+    rdir = write_run(tmp_path / "r", "d", "attention", 0, [], eval=_eval(7, val_acc=0.5))
     with pytest.raises(ValueError, match=re.escape(f"evaluation keys ['val_acc'] of {rdir / 'summary.json'}")):
         finished_runs(tmp_path / "r", _digits())
 
