@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,3 +40,15 @@ def task_adapters():
     yield tasks._ADAPTERS
     tasks._ADAPTERS.clear()
     tasks._ADAPTERS.update(before)
+
+
+@pytest.fixture(scope="session")
+def nanogpt_reference():
+    """nanoGPT's ``model.py`` as reproduced in ``tests/models/nanogpt_reference.py`` (MIT), loaded by path once."""
+    name = "diffusionformer_tests_nanogpt_reference"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "models" / "nanogpt_reference.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

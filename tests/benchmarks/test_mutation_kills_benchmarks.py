@@ -12,7 +12,6 @@ for the baseline model, and a stand-in python for ``gpu_suite.sh``'s GPU path. C
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -367,19 +366,9 @@ def test_host_ratios_are_time_over_nanogpts_with_the_id_check_off(monkeypatch, t
 
 
 # ---------------------------------------------------------------------------- nanogpt_model against nanoGPT's model.py
-def _reference():
-    name = "diffusionformer_tests_nanogpt_reference"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "models" / "nanogpt_reference.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
-def _pair(bias: bool = False):
-    ref_mod = _reference()
+def _pair(ref_mod, bias: bool = False):
     kw = dict(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=bias)
     torch.manual_seed(0)
     ref = ref_mod.GPT(ref_mod.GPTConfig(**kw)).double()
@@ -389,11 +378,11 @@ def _pair(bias: bool = False):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_benchmark_nanogpt_is_nanogpts_model(bias):
+def test_benchmark_nanogpt_is_nanogpts_model(nanogpt_reference, bias):
     """kills (benchmarks/nanogpt_model.py): the residual projections' init std 0.02 / sqrt(L) instead of
     / sqrt(2 L); weight tying dropped; ``is_causal=False``; ``ignore_index=-1`` dropped from the loss; the
     1-dim tensors put in the decaying AdamW group (``dim() > 2``); ``T > block_size`` made ``>=``"""
-    ref, ours = _pair(bias)
+    ref, ours = _pair(nanogpt_reference, bias)
     rp, op = dict(ref.named_parameters()), dict(ours.named_parameters())
     assert rp.keys() == op.keys()
     for k in rp:  # same seed, same construction: the same GPT-2 initialisation, bit for bit
@@ -490,12 +479,12 @@ def test_bench_gpt_throughput_is_baseline_time_over_time(monkeypatch, tmp_path):
     ]
 
 
-def test_bench_gpt_plain_baseline_is_nanogpt():
+def test_bench_gpt_plain_baseline_is_nanogpt(nanogpt_reference):
     """kills: bench_gpt's PlainGPT (the issue-7 baseline) with the residual projections' init std 0.02 / sqrt(L)
     instead of / sqrt(2 L), or its attention not causal: checked against nanoGPT's model.py with bias=True"""
     import bench_gpt
 
-    ref_mod = _reference()
+    ref_mod = nanogpt_reference
     pc = bench_gpt.PlainConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
     torch.manual_seed(0)
     ref = ref_mod.GPT(ref_mod.GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16, dropout=0.0,

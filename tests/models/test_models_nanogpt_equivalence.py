@@ -8,25 +8,11 @@ gradient must agree in float64, and the AdamW parameter groups of ``weight_decay
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from diffusionformer.models import DiffusionGPT, GPTConfig
 from diffusionformer.train import TrainConfig, build_optimizer, param_groups
-
-
-def _reference():
-    name = "diffusionformer_tests_nanogpt_reference"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("nanogpt_reference.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def _name_map(n_layer: int) -> dict[str, str]:
@@ -43,9 +29,8 @@ def _name_map(n_layer: int) -> dict[str, str]:
     return out
 
 
-def _pair(bias: bool = False, dropout: float = 0.0, n_layer: int = 2, n_head: int = 3, n_embd: int = 24,
-          block_size: int = 16, vocab_size: int = 13, flash: bool = True):
-    ref_mod = _reference()
+def _pair(ref_mod, bias: bool = False, dropout: float = 0.0, n_layer: int = 2, n_head: int = 3,
+          n_embd: int = 24, block_size: int = 16, vocab_size: int = 13, flash: bool = True):
     torch.manual_seed(0)
     ref = ref_mod.GPT(ref_mod.GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                                         n_embd=n_embd, dropout=dropout, bias=bias)).double()
@@ -71,8 +56,8 @@ def _pair(bias: bool = False, dropout: float = 0.0, n_layer: int = 2, n_head: in
 
 @pytest.mark.parametrize("flash", [True, False])
 @pytest.mark.parametrize("bias", [False, True])
-def test_same_logits_loss_gradients_float64(bias: bool, flash: bool):
-    ref, ours, names = _pair(bias=bias, flash=flash)
+def test_same_logits_loss_gradients_float64(nanogpt_reference, bias: bool, flash: bool):
+    ref, ours, names = _pair(nanogpt_reference, bias=bias, flash=flash)
     g = torch.Generator().manual_seed(2)
     idx = torch.randint(0, 13, (3, 16), generator=g)
     targets = torch.randint(0, 13, (3, 16), generator=g)
@@ -92,23 +77,23 @@ def test_same_logits_loss_gradients_float64(bias: bool, flash: bool):
     torch.testing.assert_close(ours(idx)[0][:, -1:], ref(idx)[0], rtol=1e-12, atol=1e-12)
 
 
-def test_same_outputs_in_train_mode_without_dropout():
-    ref, ours, _ = _pair(dropout=0.0)
+def test_same_outputs_in_train_mode_without_dropout(nanogpt_reference):
+    ref, ours, _ = _pair(nanogpt_reference, dropout=0.0)
     ref.train(), ours.train()
     idx = torch.randint(0, 13, (2, 9), generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(ours(idx, idx)[1], ref(idx, idx)[1], rtol=1e-12, atol=1e-12)
 
 
-def test_bias_false_has_no_bias_anywhere():
-    ref, ours, _ = _pair(bias=False)
+def test_bias_false_has_no_bias_anywhere(nanogpt_reference):
+    ref, ours, _ = _pair(nanogpt_reference, bias=False)
     assert not [n for n, _ in ours.named_parameters() if n.endswith("bias")]
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
 
 
-def test_fresh_init_matches_nanogpt_statistics():
+def test_fresh_init_matches_nanogpt_statistics(nanogpt_reference):
     """Not the same draws (different module order), but the same init rule: N(0, 0.02) weights,
     residual projections N(0, 0.02 / sqrt(2 L)), unit LayerNorm gains."""
-    ref_mod = _reference()
+    ref_mod = nanogpt_reference
     torch.manual_seed(0)
     n_layer = 6
     ref = ref_mod.GPT(ref_mod.GPTConfig(block_size=64, vocab_size=65, n_layer=n_layer, n_head=6, n_embd=384, bias=False))
@@ -123,8 +108,8 @@ def test_fresh_init_matches_nanogpt_statistics():
 
 
 @pytest.mark.parametrize("device_type", ["cpu"])
-def test_nanogpt_rule_groups_equal_configure_optimizers(device_type: str):
-    ref, ours, names = _pair(bias=False, n_layer=3)
+def test_nanogpt_rule_groups_equal_configure_optimizers(nanogpt_reference, device_type: str):
+    ref, ours, names = _pair(nanogpt_reference, bias=False, n_layer=3)
     ref_opt = ref.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.99), device_type=device_type)
     ref_names = {id(p): n for n, p in ref.named_parameters()}
     cfg = TrainConfig(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, weight_decay_rule="nanogpt")

@@ -16,10 +16,7 @@ or NaN ``drop_path`` silently. CPU only, deterministic (seeded generators), tiny
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -77,17 +74,6 @@ def _reference_attention(layer: DiffusionAttention, x: Tensor, allowed: Tensor, 
         out[:, :, h] = _softmax_rows(s, allowed[:, h]) @ v[:, :, g]
     y = out.reshape(B, N, D) @ layer.out_proj.weight.T
     return y + layer.out_proj.bias if layer.out_proj.bias is not None else y
-
-
-def _nanogpt():
-    """nanoGPT's ``model.py`` as reproduced in ``tests/models/nanogpt_reference.py`` (loaded by path)."""
-    name = "diffusionformer_tests_nanogpt_reference_second_pass"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("nanogpt_reference.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def _gpt(**kw) -> DiffusionGPT:
@@ -293,14 +279,14 @@ def _name_map(n_layer: int) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("backend", ["auto", "sdpa"])
-def test_bias_free_gpt_on_the_fused_path_equals_nanogpt(backend):
+def test_bias_free_gpt_on_the_fused_path_equals_nanogpt(nanogpt_reference, backend):
     """Kills: gpt.py building the final norm from ``c.norm`` (a LayerNorm with bias) instead of the bias-free
     ``norm``, and ``lm_head.weight.data = tok_emb.weight.data`` (copied, not tied: the gradients of the two uses
     are not summed), here on the default ``backend="auto"`` path and on ``"sdpa"`` (the fused
     :meth:`DiffusionAttention._forward_affine`, which the existing nanoGPT test, run with ``backend="matrix"``,
     does not reach). Reference: nanoGPT's ``GPT(bias=False)`` with the same random weights, in float64:
     logits, loss, every gradient, and a dropout model in eval mode."""
-    ref_mod = _nanogpt()
+    ref_mod = nanogpt_reference
     n_layer, n_head, n_embd, block_size, vocab = 2, 2, 16, 8, 11
     torch.manual_seed(0)
     ref = ref_mod.GPT(ref_mod.GPTConfig(block_size=block_size, vocab_size=vocab, n_layer=n_layer, n_head=n_head,
@@ -583,11 +569,11 @@ def test_drop_path_keeps_a_sample_with_probability_one_minus_p():
     torch.testing.assert_close(y[kept], torch.full_like(y[kept], 4 / 3), rtol=0, atol=1e-15)
 
 
-def test_bias_free_gpt_drops_the_norm_biases_for_every_spelling_of_layernorm():
+def test_bias_free_gpt_drops_the_norm_biases_for_every_spelling_of_layernorm(nanogpt_reference):
     """Kills: gpt.py comparing ``c.norm == "layernorm"`` literally when choosing the bias-free LayerNorm
     (``norm="LayerNorm"`` or ``"layer_norm"``, which ``make_norm`` accepts, then keeps LayerNorm biases that
     nanoGPT's ``bias=False`` model does not have); reference: nanoGPT's parameter count."""
-    ref_mod = _nanogpt()
+    ref_mod = nanogpt_reference
     torch.manual_seed(0)
     ref = ref_mod.GPT(ref_mod.GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16, bias=False))
     for spelling in ("LayerNorm", "layer_norm", "Layer-Norm"):
