@@ -9,10 +9,12 @@ names it: file and mutation) and checks the code against an independent referenc
 ``numpy`` seeded by hand, checkpoint files written by hand with ``torch.save``, values computed by
 hand (fp16 sums), a stand-in ``torch.cuda`` RNG that records its calls, and an uninterrupted run for
 the resume promises. Mutants judged equivalent are listed, with the reason, at the end of the file.
-Two tests, whose docstrings start with "Bug:", pin defects fixed here: a checkpoint whose RNG
-states do not fit failed the resume with a bare KeyError/ValueError/RuntimeError naming no file
-(now a ``CheckpointError``), and a checkpoint that could not be read for lack of permission was
-reported as corrupt with the advice to delete it.
+Three tests, whose docstrings start with "Bug:", pin defects fixed here: a checkpoint whose RNG
+states, or whose loop state (log window, elapsed time, last metrics, fp16 scaler), do not fit failed
+the resume with a bare KeyError/ValueError/RuntimeError naming no file (now a ``CheckpointError``),
+and a checkpoint that could not be read for lack of permission was reported as corrupt with the
+advice to delete it. An interrupted ``save_checkpoint`` (``except BaseException`` narrowed) is
+killed by ``tests/data/test_mutation_kills_data_train.py``, not here.
 CPU only, deterministic, no network; files only under ``tmp_path``.
 """
 
@@ -329,23 +331,6 @@ def test_model_record_differences_are_cut_at_the_limit_with_a_count_of_the_rest(
         expected.append(f"... and {n - 6} more")
     assert model_record_differences(saved, now) == expected
 
-
-def test_a_kill_during_the_write_leaves_no_temporary_file_and_the_old_checkpoint(tmp_path, monkeypatch):
-    """Kills checkpoint.py K7 (``except BaseException`` -> ``except Exception``: a KeyboardInterrupt
-    or SystemExit, what a kill looks like, left the half-written temporary file behind)."""
-    path = tmp_path / "checkpoint.pt"
-    save_checkpoint(path, _good_payload())
-    good = path.read_bytes()
-
-    def killed(obj, f, *args, **kwargs):
-        f.write(b"half")
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(torch, "save", killed)
-    with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(path, _good_payload(step=3))
-    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
-    assert path.read_bytes() == good
 
 
 def test_an_unreadable_checkpoint_error_quotes_only_the_first_line_of_the_cause(tmp_path, monkeypatch):
