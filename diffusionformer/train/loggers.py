@@ -93,12 +93,27 @@ def read_metrics_csv(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
     Args:
         path: ``metrics.csv`` or the directory that holds it.
+
+    Raises:
+        ValueError: a row that is not a metrics row, or bytes that are not UTF-8 (the message
+            names the file, and the line of a bad row).
     """
     path = Path(path)
     if path.is_dir():
         path = path / CSV_NAME
+    records = []
     with open(path, newline="", encoding="utf-8") as f:
-        return [_row_to_record(row) for row in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        try:
+            for row in reader:
+                records.append(_row_to_record(row))
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not UTF-8 text; the metrics.jsonl beside it holds the same "
+                             "records (diffusionformer.train.read_metrics)") from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}:{reader.line_num}: not a metrics row ({type(e).__name__}: {e}); the "
+                             "metrics.jsonl beside it holds the same records") from None
+    return records
 
 
 class CSVLog:
@@ -123,7 +138,9 @@ class CSVLog:
         """The header (``None`` when the file is missing or empty) and the rows."""
         if not self.path.exists():
             return None, []
-        with open(self.path, newline="", encoding="utf-8") as f:
+        # A damaged byte must not stop a resume: it reads as U+FFFD, and a row whose step it
+        # spoils is dropped by ``truncate``.
+        with open(self.path, newline="", encoding="utf-8", errors="replace") as f:
             reader = csv.DictReader(f)
             rows = list(reader)
             return (list(reader.fieldnames) if reader.fieldnames else None), rows

@@ -74,14 +74,15 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
 
 def _parse_lines(path: Path) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         lines = f.read().splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            # Bytes that are not UTF-8 make a malformed line, like broken JSON: the rest is kept.
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
             # A run killed mid-write leaves a partial last line; anything else is worth a warning.
             if number != len(lines):
                 warnings.warn(f"{path}:{number}: skipping a malformed metrics line", stacklevel=3)

@@ -11,6 +11,7 @@ from train_tiny_tasks import RegressionTask, SimulatedKill, TinyMLP, tiny_config
 
 from diffusionformer.train import (
     CSVLog,
+    MetricsLog,
     Trainer,
     TrainConfig,
     open_loggers,
@@ -67,6 +68,40 @@ def test_csv_widens_its_header_for_new_metrics(tmp_path):
     CSVLog(tmp_path / "m.csv").append({"step": 2, "split": "train", "loss": 1.0, "lr": 0.1, "metrics": {"a": 3.0},
                                        "elapsed": 4.0, "time": 12.0})
     assert [r["metrics"] for r in read_metrics_csv(tmp_path / "m.csv")] == [{"b": 2.0}, {"a": 3.0}]
+
+
+def test_a_line_that_is_not_utf8_is_skipped_like_a_malformed_line(tmp_path):
+    """Bug: one metrics.jsonl line with bytes that are not UTF-8 (a damaged disk block) made
+    ``read_metrics`` and the resume's ``MetricsLog.truncate`` fail with a bare ``UnicodeDecodeError``
+    naming no file; it is now skipped with the malformed-line warning and every other record kept."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "split": "train"}\n\xff\xfe{"step": 2}\n{"step": 3, "split": "eval"}\n')
+    with pytest.warns(UserWarning, match=r"metrics.jsonl:2: skipping a malformed metrics line"):
+        assert read_metrics(tmp_path) == [{"step": 1, "split": "train"}, {"step": 3, "split": "eval"}]
+    with pytest.warns(UserWarning, match=r"metrics.jsonl:2:"):
+        assert MetricsLog(path).truncate(1) == 1
+    assert path.read_text(encoding="utf-8") == '{"step": 1, "split": "train"}\n'
+
+
+def test_a_damaged_csv_is_a_clear_error_to_read_and_no_obstacle_to_resume(tmp_path):
+    """Bug: ``read_metrics_csv`` on a row that is not a metrics row raised a bare ``ValueError``
+    ("could not convert string to float") or ``TypeError`` naming no file, and on bytes that are not
+    UTF-8 a bare ``UnicodeDecodeError``, which also stopped ``CSVLog.truncate`` (the resume). Reading
+    now names the file and line; the resume reads a damaged byte as U+FFFD and drops a row it spoils."""
+    path = tmp_path / "metrics.csv"
+    header = "step,split,loss,lr,elapsed,time\n"
+    path.write_text(header + "1,train,0.5,0.1,1.0,2.0\n2,train,zero,0.1,1.0,2.0\n")
+    with pytest.raises(ValueError, match=r"metrics\.csv:3: not a metrics row \(ValueError"):
+        read_metrics_csv(path)
+    path.write_text(header + "1,train,0.5\n")  # a short row: the missing cells read as None
+    with pytest.raises(ValueError, match=r"metrics\.csv:2: not a metrics row \(TypeError"):
+        read_metrics_csv(path)
+    path.write_bytes(header.encode() + b"1,train,0.5,0.1,1.0,2.0\n\xff2,train,0.5,0.1,1.0,2.0\n"
+                     b"3,eval,0.25,0.1,1.0,2.0\n")
+    with pytest.raises(ValueError, match=r"metrics\.csv: not UTF-8 text"):
+        read_metrics_csv(path)
+    assert CSVLog(path).truncate(3) == 1  # the row whose step the byte spoiled
+    assert [r["step"] for r in read_metrics_csv(path)] == [1, 3]
 
 
 def test_inactive_writers_write_nothing(tmp_path):
