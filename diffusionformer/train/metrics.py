@@ -87,9 +87,21 @@ def _parse_lines(path: Path) -> list[dict[str, Any]]:
             if number != len(lines):
                 warnings.warn(f"{path}:{number}: skipping a malformed metrics line", stacklevel=3)
             continue
-        if isinstance(record, dict):
+        if _is_record(record):
             records.append(record)
+        else:
+            warnings.warn(f"{path}:{number}: skipping a line that is not a metrics record (an integer 'step', a "
+                          "'split' name and a 'metrics' mapping)", stacklevel=3)
     return records
+
+
+def _is_record(record: Any) -> bool:
+    """Whether a parsed line has the fields every reader of the log relies on."""
+    if not isinstance(record, dict):
+        return False
+    step = record.get("step")
+    return (isinstance(step, int) and not isinstance(step, bool) and isinstance(record.get("split"), str)
+            and isinstance(record.get("metrics", {}), dict))
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -99,7 +111,9 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     is the number of updates done, ``split`` is ``"train"`` (means over the log window) or
     ``"eval"`` (the task's ``evaluate`` output, ``loss`` copied from its ``"loss"`` key),
     ``elapsed`` the training seconds so far (accumulated across resumes), ``time`` a Unix time.
-    A truncated last line (a killed run) is skipped.
+    A truncated last line (a killed run) is skipped; any other line that is not JSON, not UTF-8
+    or not such a record (an integer ``step``, a ``split`` name, a ``metrics`` mapping) is
+    skipped with a warning naming the file and line.
 
     Args:
         path: ``metrics.jsonl`` or the directory that holds it.

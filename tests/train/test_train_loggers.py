@@ -83,6 +83,25 @@ def test_a_line_that_is_not_utf8_is_skipped_like_a_malformed_line(tmp_path):
     assert path.read_text(encoding="utf-8") == '{"step": 1, "split": "train"}\n'
 
 
+@pytest.mark.parametrize("line", ['{"split": "eval", "metrics": {"val_acc": 0.9}}',
+                                  '{"step": "20", "split": "eval", "metrics": {}}',
+                                  '{"step": true, "split": "eval", "metrics": {}}',
+                                  '{"step": 20, "metrics": {}}',
+                                  '{"step": 20, "split": "eval", "metrics": null}',
+                                  '[20, "eval"]'],
+                         ids=["no-step", "string-step", "bool-step", "no-split", "null-metrics", "a-list"])
+def test_a_line_that_is_not_a_metrics_record_is_skipped_with_a_warning(tmp_path, line):
+    """Bug: a JSON line without an integer step, a split or a metrics mapping (a hand-edited or damaged
+    log) was returned by ``read_metrics``, and the experiment readers built on it (``select_evaluation``,
+    ``first_reach``, the gap and curve plots) failed on it with a bare ``KeyError``, ``ValueError`` or
+    ``AttributeError``; such a line is now skipped with a warning naming the file and line."""
+    good = ['{"step": 10, "split": "eval", "metrics": {"val_acc": 0.5}}', '{"step": 30, "split": "train"}']
+    (tmp_path / "metrics.jsonl").write_text("\n".join([good[0], line, good[1]]) + "\n")
+    with pytest.warns(UserWarning, match=r"metrics\.jsonl:2: skipping a line that is not a metrics record"):
+        records = read_metrics(tmp_path)
+    assert records == [{"step": 10, "split": "eval", "metrics": {"val_acc": 0.5}}, {"step": 30, "split": "train"}]
+
+
 def test_a_damaged_csv_is_a_clear_error_to_read_and_no_obstacle_to_resume(tmp_path):
     """Bug: ``read_metrics_csv`` on a row that is not a metrics row raised a bare ``ValueError``
     ("could not convert string to float") or ``TypeError`` naming no file, and on bytes that are not
