@@ -104,8 +104,8 @@ class DropPath(nn.Module):
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"drop path probability must lie in [0, 1), got {p}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            raise ValueError(f"drop path probability must lie in [0, 1), got {p!r}")
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ or NaN ``drop_path`` silently. CPU only, deterministic (seeded generators), tiny
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -235,6 +236,17 @@ def test_drop_path_of_one_is_refused():
         DropPath(1.0)
     with pytest.raises(ValueError, match=r"drop path probability must lie in \[0, 1\)"):
         Block(8, 2, drop_path=1.0)
+
+
+@pytest.mark.parametrize("p", ["0.5", None, True, [0.1]], ids=["string", "none", "bool", "list"])
+def test_drop_path_that_is_not_a_number_is_a_clear_error(p):
+    """Bug: ``DropPath("0.5")``, ``DropPath([0.1])`` or ``Block(..., drop_path=None)`` failed with a bare
+    ``TypeError`` from the range comparison; a value that is not a real number (``True`` included) is now the
+    range check's ``ValueError`` with its repr."""
+    with pytest.raises(ValueError, match=r"drop path probability must lie in \[0, 1\), got " + re.escape(repr(p))):
+        DropPath(p)
+    with pytest.raises(ValueError, match=r"drop path probability must lie in \[0, 1\)"):
+        Block(8, 2, drop_path=p)
 
 
 def test_drop_path_treats_a_node_matrix_as_one_sample():
