@@ -8,6 +8,7 @@ uint32 sizes, then the values, big-endian, in C order. MNIST images have magic `
 from __future__ import annotations
 
 import gzip
+import io
 import math
 import struct
 import zlib
@@ -23,6 +24,11 @@ __all__ = ["IDX_IMAGES_MAGIC", "IDX_LABELS_MAGIC", "parse_idx", "read_idx_bytes"
 
 IDX_IMAGES_MAGIC = 0x00000803
 IDX_LABELS_MAGIC = 0x00000801
+
+# deflate's largest expansion (RFC 1951: a 258-byte match in at most ~2 bits, about 1032:1)
+_MAX_DEFLATE_RATIO = 1032
+# bytes read past a gzipped header that is not IDX's
+_SNIFF = 64
 
 # type code -> big-endian NumPy dtype
 _IDX_TYPES = {
@@ -85,14 +91,31 @@ def parse_idx(raw: bytes, *, expected_magic: int | None = None, source: str = "<
 def read_idx_bytes(path: Path) -> bytes:
     """The uncompressed content of an IDX file (gunzipped when it starts with the gzip magic).
 
+    A gzip stream is read no further than one byte past the size its IDX header declares
+    (enough for :func:`parse_idx` to report trailing bytes), and a header declaring more than
+    deflate could expand the file to is refused: a small hostile ``.gz`` cannot fill memory.
+
     Raises:
-        CorruptDataError: a gzip stream that is truncated or damaged, naming the file.
+        CorruptDataError: a gzip stream that is truncated or damaged, or whose header declares
+            more data than the file can hold, naming the file.
     """
     raw = Path(path).read_bytes()
     if raw[:2] != b"\x1f\x8b":
         return raw
     try:
-        return gzip.decompress(raw)
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+            head = f.read(4)
+            if len(head) < 4 or head[0] or head[1] or head[2] not in _IDX_TYPES:
+                return head + f.read(_SNIFF)  # not an IDX header: enough for parse_idx's message
+            head += f.read(4 * head[3])
+            if len(head) < 4 + 4 * head[3]:
+                return head
+            declared = math.prod(struct.unpack(f">{head[3]}I", head[4:])) * _IDX_TYPES[head[2]].itemsize
+            if declared > _MAX_DEFLATE_RATIO * len(raw):
+                raise CorruptDataError(
+                    f"corrupt gzip file {str(path)!r}: its IDX header declares {declared} B of data, more than "
+                    f"deflate can expand {len(raw)} B to ({_MAX_DEFLATE_RATIO}x)")
+            return head + f.read(declared + 1)
     except (EOFError, OSError, zlib.error) as err:
         raise CorruptDataError(f"corrupt or truncated gzip file {str(path)!r}: {err}") from None
 

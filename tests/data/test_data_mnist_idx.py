@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from diffusionformer.data import ChecksumError, CorruptDataError, DataRootError, load_dataset
-from diffusionformer.data.idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, parse_idx, read_idx
+from diffusionformer.data.idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, parse_idx, read_idx, read_idx_bytes
 
 
 def test_idx_round_trip_of_several_types(tmp_path, writers):
@@ -47,6 +47,31 @@ def test_truncated_gzip_names_the_file(tmp_path, writers):
     path.write_bytes(path.read_bytes()[:-12])
     with pytest.raises(CorruptDataError, match=r"corrupt or truncated gzip file .*t-idx1-ubyte"):
         read_idx(path)
+
+
+def test_a_gzip_bomb_is_read_no_further_than_its_header_declares(tmp_path, writers):
+    """Bug: ``read_idx_bytes`` gunzipped the whole stream into memory, so a small ``.gz`` holding a tiny IDX
+    header and gigabytes of zeros filled memory before ``parse_idx`` saw the trailing bytes. The stream is now
+    read one byte past the declared size, and a header declaring more than deflate can expand the file to (about
+    1032:1) is refused up front."""
+    labels = writers.idx_bytes(np.arange(10, dtype=np.uint8))
+    bomb = tmp_path / "bomb-idx1-ubyte.gz"
+    bomb.write_bytes(gzip.compress(labels + bytes(8 << 20)))  # 8 MiB of trailing zeros in ~8 KiB
+    assert bomb.stat().st_size < 64 << 10
+    assert read_idx_bytes(bomb) == labels + b"\x00"  # the 8 header bytes, 10 labels, 1 byte to see the excess
+    with pytest.raises(CorruptDataError, match="has trailing bytes"):
+        read_idx(bomb, expected_magic=IDX_LABELS_MAGIC)
+    huge = tmp_path / "huge-idx3-ubyte.gz"  # declares 2**16 x 2**16 x 2**8 bytes = 1 TiB
+    huge.write_bytes(gzip.compress(bytes([0, 0, 8, 3, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0]) + bytes(1000)))
+    with pytest.raises(CorruptDataError, match=r"huge-idx3-ubyte\.gz.*declares 1099511627776 B of data, more than "
+                                               r"deflate can expand \d+ B to"):
+        read_idx(huge)
+    assert read_idx_bytes(writers.write_idx_gz(tmp_path / "ok-idx1-ubyte.gz", np.arange(10, dtype=np.uint8))) == labels
+    junk = tmp_path / "junk.gz"  # not IDX inside: only its first bytes are read, for parse_idx's message
+    junk.write_bytes(gzip.compress(b"PK\x03\x04" + bytes(1 << 20)))
+    assert read_idx_bytes(junk) == b"PK\x03\x04" + bytes(64)
+    with pytest.raises(CorruptDataError, match="bad IDX magic number 0x504b0304"):
+        read_idx(junk)
 
 
 def test_mnist_loader_on_the_staged_layout(tmp_path, writers):
