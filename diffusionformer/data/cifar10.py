@@ -79,7 +79,8 @@ def read_image_zip(
         ``(images, labels, classes)``.
 
     Raises:
-        CorruptDataError: not a zip, no matching entries, or an entry Pillow cannot decode.
+        CorruptDataError: not a zip, no matching entries, or an entry Pillow cannot decode or
+            calls a decompression bomb (more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``).
 
     Shapes:
         - images: ``(N, 3, H, W)`` uint8
@@ -105,8 +106,11 @@ def read_image_zip(
         images: np.ndarray | None = None
         for i, (_, name) in enumerate(members):
             try:
-                with image_mod.open(io.BytesIO(zf.read(name))) as im:
-                    pixels = np.asarray(im.convert("RGB"))
+                with warnings.catch_warnings():
+                    # Pillow only warns between MAX_IMAGE_PIXELS and twice that: here a decompression bomb is refused
+                    warnings.simplefilter("error", image_mod.DecompressionBombWarning)
+                    with image_mod.open(io.BytesIO(zf.read(name))) as im:
+                        pixels = np.asarray(im.convert("RGB"))
             except Exception as err:  # PIL raises several types for damaged images
                 raise CorruptDataError(f"{str(path)!r}: cannot decode {name!r}: {err}") from None
             if images is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 import zipfile
 
@@ -83,6 +84,24 @@ def test_damaged_zip_and_image_give_clear_errors(tmp_path):
         read_image_zip(broken, "train")
     with pytest.raises(CorruptDataError, match="holds no 'test/<class>/<image>' entries"):
         read_image_zip(broken, "test")
+
+
+def test_an_image_beyond_pillows_pixel_limit_is_refused(tmp_path, monkeypatch):
+    """Bug: an entry with more pixels than ``PIL.Image.MAX_IMAGE_PIXELS`` (but fewer than twice that, where Pillow
+    itself raises) was decoded after a mere ``DecompressionBombWarning``, and every image was then allocated at
+    its size; it is now a ``CorruptDataError`` naming the entry."""
+    from PIL import Image
+
+    path = tmp_path / "bomb.zip"
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (10, 20, 30)).save(buf, format="PNG")
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("train/cat/0000.png", buf.getvalue())
+    images, _, _ = read_image_zip(path, "train")
+    assert images.shape == (1, 3, 16, 16) and images[0, :, 0, 0].tolist() == [10, 20, 30]
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 200)  # 256 pixels: above the limit, below twice it
+    with pytest.raises(CorruptDataError, match=r"bomb\.zip.*cannot decode 'train/cat/0000\.png'.*exceeds limit"):
+        read_image_zip(path, "train")
 
 
 def test_pickled_batches_are_preferred_and_read_exactly(tmp_path, writers):
