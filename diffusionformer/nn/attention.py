@@ -397,7 +397,8 @@ class DiffusionAttention(nn.Module):
                 model call: the first layer leaves its values there for operators that need them
                 (NeuTRENO, value residuals) and each layer learns its depth.
             positions: token positions for ``rotary`` (``(N,)``, or ``(N, 2)`` for 2-D RoPE);
-                ``None`` = ``0 .. N-1`` (1-D), or continuing after the cache.
+                ``None`` = ``0 .. N-1`` (1-D), or continuing after the cache. A layer without
+                ``rotary`` refuses them (``ValueError``) rather than ignore them.
             cache: a :class:`~diffusionformer.nn.kv_cache.LayerKVCache` for incremental causal
                 decoding: ``x`` holds the new tokens only, the cache the earlier ones (dense,
                 causal layers; it is updated in place; no graph or masks; ``state`` as above).
@@ -415,6 +416,9 @@ class DiffusionAttention(nn.Module):
             raise TypeError(f"x must be floating point, got {x.dtype}")
         if x.shape[-1:] != (self.dim,):
             raise ValueError(f"x must have last dimension dim={self.dim}, got shape {tuple(x.shape)}")
+        if positions is not None and self.rotary is None:
+            raise ValueError("positions= places the tokens for a rotary embedding, and this layer has none "
+                             "(build it with rotary=RotaryEmbedding(...)); positions would be ignored")
         if cache is not None:
             from diffusionformer.nn.kv_cache import attend_cached
 

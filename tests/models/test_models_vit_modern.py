@@ -43,6 +43,21 @@ def test_2d_rope_attention_depends_on_relative_grid_offsets_only():
     assert not torch.allclose(a, layer(x, positions=grid.flip(1)))  # transposing the grid changes offsets
 
 
+def test_positions_without_a_rotary_embedding_are_refused_not_ignored():
+    """Bug: ``DiffusionAttention(...)(x, positions=grid)`` on a layer without ``rotary`` ignored the positions and
+    returned the position-free output, as did a ViT without ``rope`` called with ``positions=``;
+    both now raise."""
+    layer = DiffusionAttention(16, 2, "attention:1,heat(steps=3):1").double()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"positions= places the tokens for a rotary embedding, and this layer has "
+                                         r"none \(build it with rotary=RotaryEmbedding"):
+        layer(x, positions=torch.arange(6))
+    assert layer(x, positions=None).shape == (2, 6, 16)
+    vit = DiffusionViT(ViTConfig(input_size=(8, 8), patch_size=4, num_classes=3, dim=16, num_heads=2, depth=1))
+    with pytest.raises(ValueError, match="positions= places the tokens"):
+        vit(torch.randn(1, 1, 8, 8), positions=torch.arange(5))
+
+
 def test_attention_maps_are_the_explicit_softmax_and_operator_matrices():
     vit = _vit(rope=True, heads={0: "laplacian:1,heat(t=0.7, steps=4):1"})
     x = torch.randn(2, 1, 8, 8, dtype=torch.float64)
