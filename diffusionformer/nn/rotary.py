@@ -20,6 +20,8 @@ patch. Neither has parameters.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor, nn
 
@@ -27,7 +29,9 @@ __all__ = ["RotaryEmbedding", "RotaryEmbedding2D", "apply_rotary"]
 
 
 def _check_dim(name: str, head_dim: int, multiple: int) -> None:
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < multiple or head_dim % multiple:
+    # numbers.Integral: a numpy int from a sweep is an int here, as it is to the operators
+    if (isinstance(head_dim, bool) or not isinstance(head_dim, numbers.Integral) or head_dim < multiple
+            or head_dim % multiple):
         raise ValueError(f"{name}: expected head_dim a positive multiple of {multiple}, got {head_dim!r}")
 
 
@@ -83,9 +87,9 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, base: float = 10000.0) -> None:
         super().__init__()
         _check_dim("RotaryEmbedding", head_dim, 2)
-        if isinstance(base, bool) or not isinstance(base, (int, float)) or not 1 < base < float("inf"):
+        if isinstance(base, bool) or not isinstance(base, numbers.Real) or not 1 < base < float("inf"):
             raise ValueError(f"RotaryEmbedding: expected base a finite float > 1, got {base!r}")
-        self.head_dim = head_dim
+        self.head_dim = int(head_dim)
         self.base = float(base)
 
     def inv_freq(self, device: torch.device | None = None) -> Tensor:
@@ -108,6 +112,9 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"RotaryEmbedding: expected x with last dim head_dim={self.head_dim}, got {tuple(x.shape)}")
         if positions is None:
             positions = self.default_positions(x.shape[-3], x.device)
+        elif positions.shape[:1] != x.shape[-3:-2]:
+            raise ValueError(f"{type(self).__name__}: expected positions for the N={x.shape[-3]} tokens of x "
+                             f"{tuple(x.shape)}, got positions of shape {tuple(positions.shape)}")
         return apply_rotary(x, self.angles(positions))
 
     def extra_repr(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -61,7 +62,7 @@ class NonlinearDiffusionOperator(DiffusionOperator):
     def __init__(self, t: float = 1.0, steps: int = 4, method: str = "euler", rtol: float = 1e-5, atol: float = 1e-6,
                  num_heads: int = 1) -> None:
         super().__init__(num_heads)
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
             raise ValueError(f"t must be a finite non-negative float, got {t!r}")
         check_count(steps, "steps")
         if not isinstance(method, str):
