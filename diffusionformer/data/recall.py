@@ -96,7 +96,7 @@ def load_assoc_recall(
     Args:
         seed: seed of the generator.
         num_examples: total examples over the three splits.
-        num_pairs: key-value pairs per sequence (``T = 2 * num_pairs + 1``).
+        num_pairs: key-value pairs per sequence (``T = 2 * num_pairs + num_queries``).
         vocab_size: token vocabulary (keys in the lower half, values in the upper half).
         num_queries: queried keys per sequence (multi-query recall for ``> 1``).
         val_fraction, test_fraction: shares of the examples in val and test.
