@@ -84,9 +84,8 @@ def build_image_data(
         mean, std, (x_train, x_val, x_test) = normalize_channels(x_train, x_val, x_test)
     meta = dict(meta)
     meta["sizes"] = {"train": len(x_train), "val": len(x_val), "test": len(x_test)}
-    meta["pixel_scale"] = f"x = pixel / {scale:g}, then per-channel (x - mean) / std" + (
-        "" if normalize else " (normalisation off)"
-    )
+    meta["pixel_scale"] = f"x = pixel / {scale:g}" + (", then per-channel (x - mean) / std" if normalize
+                                                      else " (per-channel normalisation off)")
     return ClassificationData(
         name=name,
         kind="image",

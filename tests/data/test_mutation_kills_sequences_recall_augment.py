@@ -380,11 +380,11 @@ def test_digits_refuses_a_val_fraction_that_leaves_val_empty():
 
 
 @pytest.mark.parametrize("normalize,text", [
-    (False, "x = pixel / 4, then per-channel (x - mean) / std (normalisation off)"),
+    (False, "x = pixel / 4 (per-channel normalisation off)"),
     (True, "x = pixel / 4, then per-channel (x - mean) / std"),
 ])
 def test_the_recorded_pixel_scale_says_whether_images_were_normalised(normalize, text):
-    """kills: images.py:88 the ``"" if normalize else " (normalisation off)"`` test inverted (the meta of
+    """kills: images.py:87 the ``if normalize else " (per-channel normalisation off)"`` test inverted (the meta of
     a normalised dataset said normalisation was off, and the other way round); reference: pixels
     0..3 over scale 4 by hand, standardised with the train split's mean 0.375 and population std by hand"""
     from diffusionformer.data.images import build_image_data
