@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import checks_values
+from diffusionformer.ops._checks import check_index_range, checks_values
 
 __all__ = [
     "within_sequence_variance",
@@ -404,6 +404,7 @@ def _sparse_dirichlet(
         raise ValueError(f"edge_index must have shape (2, E), got {got}")
     if edge_index.is_floating_point():
         raise TypeError(f"edge_index must hold integer node ids, got dtype {edge_index.dtype}")
+    check_index_range("edge_index", edge_index, "num_nodes", N)  # a negative id would wrap round silently
     E = edge_index.shape[1]
     if edge_weight is None:
         edge_weight = X.new_ones(E)
