@@ -34,8 +34,9 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
             "values": vals,
             "seeds": [r.seed for r in rs if r.value is not None and math.isfinite(r.value)],
             "by_seed": {r.seed: r.value for r in rs if r.value is not None and math.isfinite(r.value)},
-            "num_parameters": rs[0].num_parameters,
-            "elapsed_mean": statistics.fmean([r.elapsed for r in rs if r.elapsed is not None]) if any(r.elapsed for r in rs) else None,
+            "num_parameters": next((r.num_parameters for r in rs if r.num_parameters is not None), None),
+            "elapsed_mean": (statistics.fmean([r.elapsed for r in rs if r.elapsed is not None])
+                             if any(r.elapsed is not None for r in rs) else None),
         })
         chosen = [r for r in rs if r.selected_value is not None and math.isfinite(r.selected_value)]
         if chosen:
