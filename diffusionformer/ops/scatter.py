@@ -47,7 +47,7 @@ def _check_index(src: Tensor, index: Tensor, dim_size: int) -> None:
     if index.dim() != 1:
         raise ValueError(f"index must be 1-D of shape (E,), got shape {tuple(index.shape)}")
     if index.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"index must be an integer tensor (int64), got {index.dtype}")
+        raise TypeError(f"index must be an integer tensor (int64 or int32), got {index.dtype}")
     if src.shape[0] != index.shape[0]:
         raise ValueError(
             f"src and index disagree on the number of rows: src has {src.shape[0]}, index has {index.shape[0]}"

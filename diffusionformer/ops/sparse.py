@@ -74,7 +74,7 @@ def check_edge_index(edge_index: object, num_nodes: int) -> Tensor:
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:
         raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
     if edge_index.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"edge_index must be an integer tensor (int64), got {edge_index.dtype}")
+        raise TypeError(f"edge_index must be an integer tensor (int64 or int32), got {edge_index.dtype}")
     check_index_range("edge_index", edge_index, "num_nodes", num_nodes)
     return edge_index.long()
 
