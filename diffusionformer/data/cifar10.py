@@ -34,7 +34,7 @@ from torch import Tensor
 from ._optional import import_optional
 from .base import ClassificationData
 from .checksums import sha256_file, verify_file
-from .images import build_image_data
+from .images import _labelled_images_fit, build_image_data
 from .paths import CorruptDataError, cache_dir, load_cached, require_files, save_cached
 from .registry import register_dataset
 from .splits import _require_carved_val, carve_val, seeded_subset
@@ -255,14 +255,9 @@ def _cache_fits(cached: Any) -> bool:
     """Whether a loaded cache file holds what :func:`_from_zip` writes (else it is rebuilt)."""
     if not isinstance(cached, dict):
         return False
-    images, labels, classes = cached.get("images"), cached.get("labels"), cached.get("classes")
-    return (
-        isinstance(images, Tensor) and images.dtype == torch.uint8 and images.dim() == 4
-        and isinstance(labels, Tensor) and labels.dtype == torch.int64
-        and tuple(labels.shape) == tuple(images.shape[:1]) and labels.numel() > 0
-        and isinstance(classes, list) and all(isinstance(c, str) for c in classes)
-        and 0 <= int(labels.min()) and int(labels.max()) < len(classes)
-    )
+    classes = cached.get("classes")
+    return (isinstance(classes, list) and all(isinstance(c, str) for c in classes)
+            and _labelled_images_fit(cached.get("images"), cached.get("labels"), len(classes)))
 
 
 def _from_zip(
@@ -270,13 +265,7 @@ def _from_zip(
 ) -> tuple[Tensor, Tensor, list[str]]:
     digest = verify_file(path, rel) if verify else sha256_file(path)
     cached_path = cache_dir("cifar10") / f"{split}-{digest[:16]}.pt"
-    cached = load_cached(cached_path)
-    if cached is not None and not _cache_fits(cached):  # loads, but is not the decoded arrays
-        warnings.warn(
-            f"cached file refused and rebuilt: {cached_path}: not the decoded images, labels and "
-            f"classes of {str(path)!r}", UserWarning, stacklevel=2,
-        )
-        cached = None
+    cached = load_cached(cached_path, _cache_fits, f"the decoded images, labels and classes of {str(path)!r}")
     if cached is not None:
         keep = seeded_subset(len(cached["labels"]), limit, seed)
         return cached["images"][keep], cached["labels"][keep], list(cached["classes"])

