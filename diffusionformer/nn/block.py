@@ -23,6 +23,7 @@ from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.heads import resolve_layer_heads  # noqa: F401  (re-exported: its historical home)
+from diffusionformer.ops._checks import check_dropout
 
 __all__ = ["Block", "DropPath", "LayerScale", "Mlp", "make_norm"]
 
@@ -104,9 +105,7 @@ class DropPath(nn.Module):
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-            raise ValueError(f"drop path probability must lie in [0, 1), got {p!r}")
-        self.p = p
+        self.p = check_dropout(p, "drop path probability")
 
     def forward(self, x: Tensor) -> Tensor:
         if self.p == 0.0 or not self.training:

@@ -149,10 +149,10 @@ def check_attn_mask(attn_mask: object, shape: tuple[int, int, int, int], dtype: 
     return attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
 
 
-def check_dropout(dropout_p: object) -> float:
-    """``dropout_p`` as a float in ``[0, 1)``, else a ValueError."""
+def check_dropout(dropout_p: object, name: str = "dropout_p") -> float:
+    """``dropout_p`` as a float in ``[0, 1)``, else a ValueError naming it ``name``."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p!r}")
+        raise ValueError(f"{name} must lie in [0, 1), got {dropout_p!r}")
     return float(dropout_p)
 
 
