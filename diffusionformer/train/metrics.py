@@ -149,7 +149,7 @@ class MetricsLog:
             return 0
         self.close()
         records = _parse_lines(self.path)
-        kept = [r for r in records if isinstance(r.get("step"), int) and r["step"] <= max_step]
+        kept = [r for r in records if r["step"] <= max_step]  # every record has an integer step (_is_record)
         with _atomic_file(self.path) as f:
             for r in kept:
                 f.write(json.dumps(r, allow_nan=False) + "\n")
