@@ -344,7 +344,8 @@ def _check_p(vals: list[float]) -> None:
 def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
     r"""Welch's t statistic of ``mean(a) - mean(b)``: :math:`\Delta / \sqrt{s_a^2/n_a + s_b^2/n_b}`.
 
-    ``None`` when either side has fewer than two values or both spreads are zero. For its
+    ``None`` when either side has fewer than two values or both spreads are zero (below
+    :data:`RELATIVE_RESOLUTION` of the values, as in :func:`welch_difference`). For its
     degrees of freedom, p and interval use :func:`welch_difference`.
 
     Examples:
@@ -356,13 +357,14 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
     if len(a) < 2 or len(b) < 2:
         return None
     se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
-    return None if se == 0.0 else (statistics.fmean(a) - statistics.fmean(b)) / se
+    return None if _no_spread(se, [*a, *b]) else (statistics.fmean(a) - statistics.fmean(b)) / se
 
 
 def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
     r"""Paired t statistic of ``a - b`` over the keys both have: :math:`\bar d / (s_d / \sqrt{n})`.
 
-    ``None`` with fewer than two shared keys or identical differences. For df, p, the interval
+    ``None`` with fewer than two shared keys or differences equal up to
+    :data:`RELATIVE_RESOLUTION` of the values (as in :func:`paired_difference`). For df, p, the interval
     and the k-fold correction use :func:`paired_difference` / :func:`nadeau_bengio`.
 
     Examples:
@@ -376,7 +378,8 @@ def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
         return None
     d = [a[k] - b[k] for k in keys]
     sd = statistics.stdev(d)
-    return None if sd == 0.0 else statistics.fmean(d) / (sd / math.sqrt(len(d)))
+    values = [a[k] for k in keys] + [b[k] for k in keys]
+    return None if _no_spread(sd, values) else statistics.fmean(d) / (sd / math.sqrt(len(d)))
 
 
 def difference_t(row: Mapping[str, Any], base: Mapping[str, Any], values: str, paired: bool) -> float | None:

@@ -11,7 +11,7 @@ import pytest
 scipy_stats = pytest.importorskip("scipy.stats")
 
 from diffusionformer.experiments.stats import (benjamini_hochberg, holm, nadeau_bengio, paired_difference,  # noqa: E402
-                                               welch_difference, wilcoxon_p)
+                                               paired_t, welch_difference, welch_t, wilcoxon_p)
 
 
 def _pairs(rng, n, shift=0.3, noise=1.0, common=3.0):
@@ -147,6 +147,28 @@ def test_edge_cases_are_defined_not_nan():
         paired_difference({0: 1.0, 1: 2.0}, {0: 0.0, 1: 0.0}, level=95)
     with pytest.raises(TypeError, match="mappings"):
         paired_difference([1.0, 2.0], [0.0, 1.0])
+
+
+def test_bare_t_statistics_share_the_no_spread_resolution_of_the_differences():
+    """Bug: ``paired_t`` and ``welch_t`` compared the spread with exactly 0.0, so float32
+    metrics whose differences are equal but for rounding got a t in the millions (a rounding
+    artefact), while ``paired_difference``/``welch_difference`` report no spread for the same
+    values. The t itself is checked against scipy where there is a spread."""
+    base = [0.9649999737739563, 0.9750000238418579, 0.9700000286102295]  # float32 accuracies
+    better = [0.9800000190734863, 0.9900000095367432, 0.9850000143051147]  # +3 nodes of 200 each
+    a, b = dict(enumerate(better)), dict(enumerate(base))
+    assert _sample_std([x - y for x, y in zip(better, base)]) > 0  # the rounding is there
+    assert paired_difference(a, b).t is None and paired_t(a, b) is None
+    flat_a, flat_b = [0.5 + 1e-9, 0.5, 0.5 - 1e-9], [0.25 + 1e-9, 0.25, 0.25]
+    assert welch_difference(flat_a, flat_b).t is None and welch_t(flat_a, flat_b) is None
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(1.0, 0.1, 6), rng.normal(0.9, 0.1, 6)
+    assert paired_t(dict(enumerate(x)), dict(enumerate(y))) == pytest.approx(scipy_stats.ttest_rel(x, y).statistic)
+    assert welch_t(list(x), list(y)) == pytest.approx(scipy_stats.ttest_ind(x, y, equal_var=False).statistic)
+
+
+def _sample_std(values):
+    return float(np.std(np.asarray(values, dtype=np.float64), ddof=1))
 
 
 def _holm_rejects(p, alpha):
