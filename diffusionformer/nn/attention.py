@@ -138,8 +138,7 @@ class DiffusionAttention(nn.Module):
             raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+        dropout = check_dropout(dropout, "dropout")
         if backend not in DENSE_BACKENDS:
             raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}")
         if not isinstance(recompute, bool):
@@ -617,7 +616,7 @@ class DiffusionAttention(nn.Module):
         """Dropout on ``P`` for this call: the attribute in training (settable, so checked when it applies, as
         the functional API would), else 0."""
         dropout_p = self.dropout if self.training else 0.0
-        return check_dropout(dropout_p) if dropout_p else dropout_p
+        return check_dropout(dropout_p, "dropout") if dropout_p else dropout_p
 
     def _fused_affine_path(self, x: Tensor) -> bool:
         """Whether a call on the complete (or causal) graph takes :meth:`_forward_affine`: every head is a fixed

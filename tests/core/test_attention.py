@@ -216,7 +216,7 @@ BAD = [
     (ValueError, "must be an integer", lambda: DiffusionAttention(8, 4, heads="attention:two")),
     (ValueError, "per-head list must have num_heads=4", lambda: DiffusionAttention(8, 4, heads=["attention"] * 3)),
     (TypeError, "heads must be None", lambda: DiffusionAttention(8, 4, heads=3)),
-    (ValueError, "dropout must be", lambda: DiffusionAttention(8, 4, dropout=1.5)),
+    (ValueError, "dropout must lie", lambda: DiffusionAttention(8, 4, dropout=1.5)),
     (ValueError, "backend must be one of", lambda: DiffusionAttention(8, 4, backend="cuda")),
     (ValueError, "last dimension dim=8", lambda: DiffusionAttention(8, 4)(torch.randn(2, 3, 7))),
     (ValueError, "key_padding_mask must have shape", lambda: DiffusionAttention(8, 4)(torch.randn(2, 3, 8), key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))),

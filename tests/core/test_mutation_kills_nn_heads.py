@@ -68,7 +68,7 @@ def test_zero_heads_or_zero_width_are_refused_by_name():
 
 def test_dropout_of_one_is_refused():
     """Kills: the dropout range check ``0 <= dropout < 1`` relaxed to ``<= 1`` (every probability dropped)."""
-    with pytest.raises(ValueError, match=r"dropout must be a float in \[0, 1\), got 1.0"):
+    with pytest.raises(ValueError, match=r"dropout must lie in \[0, 1\), got 1.0"):
         DiffusionAttention(8, 2, dropout=1.0)
 
 
