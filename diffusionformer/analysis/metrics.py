@@ -315,7 +315,8 @@ def dirichlet_energy(
       because ``E`` depends only on differences, and reduces cancellation);
     - a sparse graph ``(edge_index, edge_weight)`` in PyTorch Geometric convention
       (``edge_index[0]`` = source ``j``, ``edge_index[1]`` = target ``i``):
-      ``E = 1/2 sum_e w_e ||x_{src(e)} - x_{dst(e)}||^2``, accumulated per graph.
+      ``E = 1/2 sum_e w_e ||x_{src(e)} - x_{dst(e)}||^2``, accumulated per graph (an edge
+      joining two graphs of ``batch`` counts for its target's graph).
 
     The scale-free version (``normalized=True``) divides by ``sum_i ||x_i||^2 = ||X||_F^2`` of
     the same sequence/graph, so that rescaling the tokens leaves it unchanged; it is
