@@ -215,7 +215,17 @@ def neighbor_batch(data: Data, sampler: TorchNeighborSampler, seeds: Tensor,
         raise TypeError(f"neighbor_batch: expected a TorchNeighborSampler, got {type(sampler).__name__}")
     if not isinstance(seeds, Tensor) or seeds.dim() != 1:
         raise ValueError(f"neighbor_batch: expected seeds of shape (B,), got {getattr(seeds, 'shape', type(seeds))}")
+    if seeds.dtype == torch.bool or seeds.is_floating_point() or seeds.is_complex():  # .long() would read a mask as ids 0/1
+        hint = " (for a node mask, pass mask.nonzero().view(-1))" if seeds.dtype == torch.bool else ""
+        raise TypeError(f"neighbor_batch: expected integer seed node ids, got dtype {seeds.dtype}{hint}")
     seeds = seeds.long().cpu()
+    if seeds.numel():
+        lo, hi, n = int(seeds.min()), int(seeds.max()), data.num_nodes
+        if lo < 0 or hi >= n:
+            raise ValueError(f"neighbor_batch: seed node ids must lie in [0, num_nodes={n}), got range [{lo}, {hi}]")
+        ids, counts = seeds.unique(return_counts=True)
+        if bool((counts > 1).any()):  # a repeated seed's later copies would get no neighbours
+            raise ValueError(f"neighbor_batch: expected distinct seeds, got repeated node ids {ids[counts > 1].tolist()[:10]}")
     own = sampler.generator
     if generator is not None:
         sampler.generator = generator
