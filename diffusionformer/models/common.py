@@ -94,6 +94,11 @@ def init_transformer_weights(model: nn.Module, num_layers: int, std: float = 0.0
     """GPT-2 / nanoGPT initialisation: N(0, std) weights, zero biases, residual projections
     scaled by ``1 / sqrt(2 L)``. Operator parameters (diffusion times, polynomial
     coefficients) keep the values their constructors chose.
+
+    The scaled projections are every :class:`~diffusionformer.nn.DiffusionAttention`'s
+    ``out_proj`` and the MLP ``fc2`` of every :class:`~diffusionformer.nn.Block`. The MLP of a
+    graph transformer's ``GraphBlock`` (not a ``Block``) keeps std ``std``, as the published
+    graph results were trained.
     """
     for module in model.modules():
         if isinstance(module, nn.Linear):

@@ -74,6 +74,8 @@ def cosine_momentum(step: int, base: float, total_steps: int) -> float:
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
+    if not 0.0 <= base <= 1.0:  # a momentum outside [0, 1] would extrapolate the teacher away from the student
+        raise ValueError(f"base must lie in [0, 1], got {base}")
     if step >= total_steps:
         return 1.0
     return 1.0 - (1.0 - base) * (1.0 + math.cos(math.pi * step / total_steps)) / 2.0
@@ -83,7 +85,7 @@ def teacher_temperature(step: int, final: float, warmup: float, warmup_steps: in
     r"""Teacher temperature ``tau_t``: linear from ``warmup`` to ``final`` over ``warmup_steps``, then ``final``.
 
     Args:
-        step: 0-based update index.
+        step: 0-based update index (``>= 0``).
         final: temperature after the warm-up (DINO: 0.04 - 0.07).
         warmup: temperature at step 0.
         warmup_steps: length of the warm-up (0: none).
@@ -92,6 +94,8 @@ def teacher_temperature(step: int, final: float, warmup: float, warmup_steps: in
         >>> [teacher_temperature(s, final=0.08, warmup=0.04, warmup_steps=10) for s in (0, 5, 20)]
         [0.04, 0.06, 0.08]
     """
+    if step < 0:  # would extrapolate the warm-up line beyond ``warmup``
+        raise ValueError(f"step must be >= 0, got {step}")
     if step >= warmup_steps:
         return final
     return warmup + (final - warmup) * step / warmup_steps
@@ -206,6 +210,8 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
         raise ValueError(f"bank_labels must lie in [0, num_classes={num_classes}), got labels in [{lo}, {hi}]")
     if k < 1 or temperature <= 0:
         raise ValueError(f"k must be >= 1 and temperature > 0, got k={k}, temperature={temperature}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     bank_n = F.normalize(bank.float(), dim=1)
     labels = bank_labels.to(bank.device)
     k = min(k, bank.shape[0])
@@ -421,6 +427,9 @@ class DINO(nn.Module):
     @torch.no_grad()
     def update_center(self, teacher_logits: Tensor) -> None:
         r"""``c <- m_c c + (1 - m_c) mean(teacher_logits)``, the mean taken over all processes."""
+        if teacher_logits.shape[-1] != self.config.out_dim:
+            raise ValueError(f"update_center: expected teacher logits (..., out_dim={self.config.out_dim}), "
+                             f"got {tuple(teacher_logits.shape)}")
         flat = teacher_logits.detach().reshape(-1, self.config.out_dim).to(self.center.dtype)
         total = flat.sum(dim=0, keepdim=True)
         count = flat.shape[0]
