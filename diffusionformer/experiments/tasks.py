@@ -11,6 +11,8 @@ run is bit-identical) and evaluates deterministically on fixed held-out data.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -92,6 +94,8 @@ class ClassificationTask:
             logits = model(xb).float()
             loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
             correct += (logits.argmax(-1) == yb).sum().item()
+        if x.shape[0] == 0:  # an empty split has no loss or accuracy (not a perfect 0.0 loss)
+            return math.nan, math.nan
         return loss_sum / x.shape[0], correct / x.shape[0]
 
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
@@ -302,7 +306,9 @@ class SequenceLMTask:
             loss_sum += F.cross_entropy(logits[mask], yb[mask], reduction="sum").item()
             correct += (logits[mask].argmax(-1) == yb[mask]).sum().item()
             count += int(mask.sum())
-        return loss_sum / max(count, 1), correct / max(count, 1)
+        if count == 0:  # no target to score (all ignore_index): no loss, not a perfect 0.0
+            return math.nan, math.nan
+        return loss_sum / count, correct / count
 
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
         val_loss, val_acc = self._score(model, self.data.x_val, self.data.y_val)
@@ -379,8 +385,9 @@ class GraphClassificationTask:
                 y = b.y.view(-1)
                 loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
                 correct += (logits.argmax(-1) == y).sum().item()
-            out[f"{split}_loss"] = loss_sum / max(len(graphs), 1)
-            out[f"{split}_acc"] = correct / max(len(graphs), 1)
+            n = len(graphs)  # an empty split has no loss or accuracy (not a perfect 0.0 loss)
+            out[f"{split}_loss"] = loss_sum / n if n else math.nan
+            out[f"{split}_acc"] = correct / n if n else math.nan
         out["loss"] = out["val_loss"]
         return out
 
