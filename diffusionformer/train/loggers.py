@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import math
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -60,6 +61,15 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else ""
     return str(value)
+
+
+def _metric_cell(value: Any) -> str:
+    """A metric's CSV cell: a number as :func:`_cell` writes it; anything else (a bool, a string)
+    empty, as the TensorBoard log skips it, so that :func:`read_metrics_csv` can read the table
+    back (the JSONL log keeps every value)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return ""
+    return _cell(value if isinstance(value, int) else float(value))
 
 
 def _parse_number(text: str) -> float | None:
@@ -163,7 +173,7 @@ class CSVLog:
             return
         row = {name: _cell(record.get(name)) for name in CSV_BASE_COLUMNS}
         for name, value in dict(record.get("metrics") or {}).items():
-            row[_PREFIX + str(name)] = _cell(value)
+            row[_PREFIX + str(name)] = _metric_cell(value)
         if self._columns is None:
             columns, rows = self._read()
             if columns is None:  # no file, or an empty one: write the header first
