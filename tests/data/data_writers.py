@@ -62,6 +62,15 @@ def jpeg_bytes(colour: tuple[int, int, int], size: int = 32) -> bytes:
     return buf.getvalue()
 
 
+def write_stored_zip(path: Path, entries) -> Path:
+    """A stored zip of ``(name, bytes or text)`` entries, in the order given."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name, data in entries:
+            zf.writestr(name, data)
+    return path
+
+
 def write_image_zip(path: Path, split: str, per_class: int = 3) -> Path:
     """``<split>/<class>/NNNN.jpg`` solid-colour JPEGs, classes listed out of sorted order."""
     path.parent.mkdir(parents=True, exist_ok=True)

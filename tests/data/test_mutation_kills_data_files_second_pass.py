@@ -29,7 +29,6 @@ import pickle
 import re
 import struct
 import warnings
-import zipfile
 
 import numpy as np
 import pytest
@@ -58,14 +57,6 @@ def _image_bytes(colour, size=(8, 8), mode="RGB", fmt="PNG"):
     return buf.getvalue()
 
 
-def _zip(path, entries):
-    """A stored zip of ``(name, bytes)`` entries, in the order given."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name, data in entries:
-            zf.writestr(name, data)
-    return path
-
 
 def _colours(images):
     """The colour of each solid image of an ``(N, 3, H, W)`` uint8 tensor, as tuples."""
@@ -76,14 +67,14 @@ def _colours(images):
 _RED, _GREEN, _BLUE, _GREY = (200, 10, 10), (10, 200, 10), (10, 10, 200), (90, 90, 90)
 
 
-def _cifar_zips(root, train_entries=None, test_entries=None):
+def _cifar_zips(writers, root, train_entries=None, test_entries=None):
     train = train_entries or [
         ("train/dog/0000.jpg", _image_bytes(_RED)), ("train/dog/0001.jpg", _image_bytes(_GREEN)),
         ("train/cat/0000.jpg", _image_bytes(_BLUE)), ("train/cat/0001.jpg", _image_bytes(_GREY)),
         ("train/cat/0002.jpg", _image_bytes((1, 2, 3))), ("train/dog/0002.jpg", _image_bytes((4, 5, 6))),
     ]
     test = test_entries or [("test/cat/0000.jpg", _image_bytes(_GREY)), ("test/dog/0000.jpg", _image_bytes(_RED))]
-    return _zip(root / "cifar10_jpg" / "train.zip", train), _zip(root / "cifar10_jpg" / "test.zip", test)
+    return writers.write_stored_zip(root / "cifar10_jpg" / "train.zip", train), writers.write_stored_zip(root / "cifar10_jpg" / "test.zip", test)
 
 
 # --------------------------------------------------------------------------- cifar10: bugs (pickles)
@@ -283,19 +274,19 @@ def test_source_jpg_reads_the_zips_even_when_batches_exist(tmp_path, writers, mo
     read the python batches when both layouts were present)."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     writers.write_cifar_batches(tmp_path / "cifar-10-batches-py", per_batch=3)
-    _cifar_zips(tmp_path)
+    _cifar_zips(writers, tmp_path)
     data = load_dataset("cifar10", root=tmp_path, source="jpg", verify=False, normalize=False, val_size=1)
     assert data.class_names == ["cat", "dog"]
     assert data.meta["sizes"] == {"train": 5, "val": 1, "test": 2}
 
 
 # ------------------------------------------------------------------------------ cifar10: the zips
-def test_zip_entries_are_filtered_by_split_depth_and_suffix(tmp_path):
+def test_zip_entries_are_filtered_by_split_depth_and_suffix(tmp_path, writers):
     """kills: cifar10.py ``len(parts) == 3`` -> ``>= 3`` (a nested ``train/cat/deep.jpg/0003.jpg``
     was read as a cat);
     ``parts[0] == split`` dropped (``test/...`` entries were read as training images);
     ``.lower()`` dropped (``0001.JPG`` was skipped); ``.png`` dropped from the suffixes."""
-    path = _zip(tmp_path / "a.zip", [
+    path = writers.write_stored_zip(tmp_path / "a.zip", [
         ("train/cat/0000.jpg", _image_bytes(_RED)),
         ("train/cat/0001.JPG", _image_bytes(_GREEN)),
         ("train/cat/0002.png", _image_bytes(_BLUE)),
@@ -309,11 +300,11 @@ def test_zip_entries_are_filtered_by_split_depth_and_suffix(tmp_path):
     assert _colours(images) == [_RED, _GREEN, _BLUE]
 
 
-def test_zip_entries_are_ordered_by_class_then_file_name_whatever_the_zip_order(tmp_path):
+def test_zip_entries_are_ordered_by_class_then_file_name_whatever_the_zip_order(tmp_path, writers):
     """kills: cifar10.py ``return sorted(members)`` -> ``return members`` (zip order: ``zebra``,
     written first, got the first images); each entry decoded from the first member's bytes
     instead of its own."""
-    path = _zip(tmp_path / "a.zip", [
+    path = writers.write_stored_zip(tmp_path / "a.zip", [
         ("train/zebra/0001.jpg", _image_bytes(_RED)),
         ("train/ant/0002.jpg", _image_bytes(_GREEN)),
         ("train/zebra/0000.jpg", _image_bytes(_BLUE)),
@@ -325,10 +316,10 @@ def test_zip_entries_are_ordered_by_class_then_file_name_whatever_the_zip_order(
     assert _colours(images) == [_GREY, _GREEN, _BLUE, _RED]
 
 
-def test_indices_decode_only_those_positions(tmp_path):
+def test_indices_decode_only_those_positions(tmp_path, writers):
     """kills: cifar10.py ``read_image_zip`` ignoring ``indices`` (every entry was returned); the
     class list stays that of the whole zip."""
-    path = _zip(tmp_path / "a.zip", [
+    path = writers.write_stored_zip(tmp_path / "a.zip", [
         ("train/a/0.png", _image_bytes(_RED)), ("train/a/1.png", _image_bytes(_GREEN)),
         ("train/b/0.png", _image_bytes(_BLUE)), ("train/b/1.png", _image_bytes(_GREY)),
     ])
@@ -337,10 +328,10 @@ def test_indices_decode_only_those_positions(tmp_path):
     assert _colours(images) == [_GREEN, _GREY]
 
 
-def test_grey_and_rgba_images_are_converted_to_rgb(tmp_path):
+def test_grey_and_rgba_images_are_converted_to_rgb(tmp_path, writers):
     """kills: cifar10.py ``np.asarray(im.convert("RGB"))`` -> ``np.asarray(im)`` (a greyscale first
     image gave (N, 1, H, W)-like arrays, an RGBA one 4 channels)."""
-    path = _zip(tmp_path / "a.zip", [
+    path = writers.write_stored_zip(tmp_path / "a.zip", [
         ("train/a/0.png", _image_bytes(77, mode="L")),
         ("train/a/1.png", _image_bytes((9, 8, 7, 255), mode="RGBA")),
     ])
@@ -349,17 +340,17 @@ def test_grey_and_rgba_images_are_converted_to_rgb(tmp_path):
     assert _colours(images) == [(77, 77, 77), (9, 8, 7)]
 
 
-def test_an_image_of_another_size_is_a_corrupt_archive_naming_it(tmp_path):
+def test_an_image_of_another_size_is_a_corrupt_archive_naming_it(tmp_path, writers):
     """kills: cifar10.py the same-size check dropped (a 16x16 second image after an 8x8 first
     one failed with a bare NumPy broadcast ``ValueError`` naming neither zip nor entry)."""
-    path = _zip(tmp_path / "a.zip", [("train/a/0.png", _image_bytes(_RED)), ("train/a/1.png", _image_bytes(_RED, (16, 16)))])
+    path = writers.write_stored_zip(tmp_path / "a.zip", [("train/a/0.png", _image_bytes(_RED)), ("train/a/1.png", _image_bytes(_RED, (16, 16)))])
     with pytest.raises(CorruptDataError, match=r"a\.zip': 'train/a/1\.png' has shape \(16, 16, 3\), expected \(8, 8, 3\)"):
         read_image_zip(path, "train")
 
 
-def test_an_undecodable_entry_is_a_corrupt_archive_naming_it(tmp_path):
+def test_an_undecodable_entry_is_a_corrupt_archive_naming_it(tmp_path, writers):
     """kills: cifar10.py the decode error re-raised bare instead of as a ``CorruptDataError``."""
-    path = _zip(tmp_path / "a.zip", [("train/a/0.png", _image_bytes(_RED)), ("train/a/1.jpg", b"\xff\xd8 not a jpeg")])
+    path = writers.write_stored_zip(tmp_path / "a.zip", [("train/a/0.png", _image_bytes(_RED)), ("train/a/1.jpg", b"\xff\xd8 not a jpeg")])
     with pytest.raises(CorruptDataError, match=r"a\.zip': cannot decode 'train/a/1\.jpg'"):
         read_image_zip(path, "train")
 
@@ -370,11 +361,11 @@ def _cache_file(tmp_path, zip_path, split):
     return tmp_path / "cache" / "cifar10" / f"{split}-{digest[:16]}.pt"
 
 
-def test_the_full_decode_is_cached_under_the_zip_digest(tmp_path, monkeypatch):
+def test_the_full_decode_is_cached_under_the_zip_digest(tmp_path, monkeypatch, writers):
     """kills: cifar10.py ``save_cached`` of the full decode dropped (no cache file was written);
     paths.py ``os.chmod(tmp, new_file_mode())`` dropped (the cache kept mkstemp's 0600 mode)."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    train, _ = _cifar_zips(tmp_path)
+    train, _ = _cifar_zips(writers, tmp_path)
     old = os.umask(0o022)
     try:
         load_dataset("cifar10", root=tmp_path, source="jpg", verify=False, normalize=False, val_size=1)
@@ -389,28 +380,28 @@ def test_the_full_decode_is_cached_under_the_zip_digest(tmp_path, monkeypatch):
     assert not [p.name for p in cached.parent.iterdir() if p.name.startswith(".")]  # no temporaries left
 
 
-def test_a_changed_zip_is_decoded_again_not_read_from_the_old_cache(tmp_path, monkeypatch):
+def test_a_changed_zip_is_decoded_again_not_read_from_the_old_cache(tmp_path, monkeypatch, writers):
     """kills: cifar10.py the cache name without the zip digest (``f"{split}.pt"``): a train zip
     replaced by another one was served from the first one's cache."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    _cifar_zips(tmp_path)
+    _cifar_zips(writers, tmp_path)
     kw = dict(root=tmp_path, source="jpg", verify=False, normalize=False, val_size=1)
     first = load_dataset("cifar10", **kw)
     assert first.meta["sizes"]["train"] + first.meta["sizes"]["val"] == 6
-    _zip(tmp_path / "cifar10_jpg" / "train.zip", [(f"train/{c}/{i}.png", _image_bytes(_RED)) for c in "xy" for i in range(2)])
-    _zip(tmp_path / "cifar10_jpg" / "test.zip", [("test/x/0.png", _image_bytes(_RED)), ("test/y/0.png", _image_bytes(_RED))])
+    writers.write_stored_zip(tmp_path / "cifar10_jpg" / "train.zip", [(f"train/{c}/{i}.png", _image_bytes(_RED)) for c in "xy" for i in range(2)])
+    writers.write_stored_zip(tmp_path / "cifar10_jpg" / "test.zip", [("test/x/0.png", _image_bytes(_RED)), ("test/y/0.png", _image_bytes(_RED))])
     second = load_dataset("cifar10", **kw)
     assert second.class_names == ["x", "y"]
     assert second.meta["sizes"] == {"train": 3, "val": 1, "test": 2}
 
 
-def test_a_limited_subset_is_the_same_with_a_cold_and_a_warm_cache(tmp_path, monkeypatch):
+def test_a_limited_subset_is_the_same_with_a_cold_and_a_warm_cache(tmp_path, monkeypatch, writers):
     """kills: cifar10.py the warm-cache subset drawn with another seed (``seed + 1``), and the
     cold-cache subset drawn with seed 0 instead of ``seed``: the module docstring promises the same
     subset whether the cache exists or not."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     many = [(f"train/{('cat', 'dog')[k % 2]}/{k:02d}.png", _image_bytes((k, 2 * k, 3 * k))) for k in range(12)]
-    train, _ = _cifar_zips(tmp_path, train_entries=many)
+    train, _ = _cifar_zips(writers, tmp_path, train_entries=many)
     kw = dict(root=tmp_path, source="jpg", verify=False, normalize=False, val_size=1, limit_train=5)
     colours = {}
     for seed in (3, 11):
@@ -426,11 +417,11 @@ def test_a_limited_subset_is_the_same_with_a_cold_and_a_warm_cache(tmp_path, mon
         assert sorted(_colours(torch.cat([warm.x_train, warm.x_val]).mul(255).round().to(torch.uint8))) == colours[seed]
 
 
-def test_a_doctored_cache_file_runs_nothing_and_is_rebuilt(tmp_path, monkeypatch):
+def test_a_doctored_cache_file_runs_nothing_and_is_rebuilt(tmp_path, monkeypatch, writers):
     """kills: paths.py ``load_cached`` with ``weights_only=False`` (a cache file whose pickle calls
     ``open`` ran it); paths.py without the ``is_file`` guard (a cold cache warned "refused")."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    train, _ = _cifar_zips(tmp_path)
+    train, _ = _cifar_zips(writers, tmp_path)
     kw = dict(root=tmp_path, source="jpg", verify=False, normalize=False, val_size=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
@@ -458,13 +449,13 @@ def test_a_doctored_cache_file_runs_nothing_and_is_rebuilt(tmp_path, monkeypatch
      {"images": torch.zeros(6, 3, 8, 8, dtype=torch.uint8), "labels": torch.full((6,), 7), "classes": ["cat", "dog"]}],
     ids=["tensor", "no-labels", "short-labels", "label-out-of-range"],
 )
-def test_a_cache_file_that_loads_but_is_not_the_decoded_arrays_is_rebuilt(tmp_path, monkeypatch, content):
+def test_a_cache_file_that_loads_but_is_not_the_decoded_arrays_is_rebuilt(tmp_path, monkeypatch, content, writers):
     """Bug: cifar10.py ``_from_zip`` trusted any cache file that ``torch.load`` accepted: one holding
     a bare tensor, or a dict without ``labels``, failed with a bare ``IndexError``/``KeyError``,
     and one whose labels were fewer than its images, or outside the classes, was served as data.
     Such a file is now refused with a warning naming it and rebuilt from the zip."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    train, _ = _cifar_zips(tmp_path)
+    train, _ = _cifar_zips(writers, tmp_path)
     cached = _cache_file(tmp_path, train, "train")
     cached.parent.mkdir(parents=True)
     torch.save(content, cached)
@@ -476,12 +467,12 @@ def test_a_cache_file_that_loads_but_is_not_the_decoded_arrays_is_rebuilt(tmp_pa
     assert torch.load(cached, weights_only=True)["labels"].tolist() == [0, 0, 0, 1, 1, 1]
 
 
-def test_verify_is_on_by_default_for_the_zips(tmp_path, monkeypatch):
+def test_verify_is_on_by_default_for_the_zips(tmp_path, monkeypatch, writers):
     """kills: cifar10.py ``verify: bool = True`` -> ``False``, and ``_from_zip`` hashing without
     checking (``digest = sha256_file(path)`` whatever ``verify``): hand-made zips at the staged
     paths differ from the recorded SHA256 and must be refused unless ``verify=False``."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    _cifar_zips(tmp_path)
+    _cifar_zips(writers, tmp_path)
     with pytest.raises(ChecksumError, match=r"cifar10_jpg/train\.zip"):
         load_dataset("cifar10", root=tmp_path, source="jpg", normalize=False, val_size=1)
     assert not (tmp_path / "cache" / "cifar10").exists() or not list((tmp_path / "cache" / "cifar10").iterdir())

@@ -46,14 +46,6 @@ def _png(colour, size=(8, 8)):
     return buf.getvalue()
 
 
-def _store_zip(path, entries):
-    """A stored zip of ``(name, bytes)`` entries, in the order given."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name, data in entries:
-            zf.writestr(name, data)
-    return path
-
 
 # ------------------------------------------------------------------------------------------ splits
 def test_a_bool_seed_is_refused():
@@ -222,7 +214,7 @@ def test_a_zip_path_that_is_a_folder_is_a_corrupt_archive_naming_it(tmp_path):
         read_image_zip(folder, "train")
 
 
-def test_image_rows_are_the_height_axis_of_a_wide_image(tmp_path):
+def test_image_rows_are_the_height_axis_of_a_wide_image(tmp_path, writers):
     """kills: cifar10.py ``permute(0, 3, 1, 2)`` -> ``permute(0, 3, 2, 1)`` (width and height
     swapped: invisible on square images, a (N, 3, W, H) tensor on a wide one)."""
     image = _pil_image().new("RGB", (4, 2))  # width 4, height 2
@@ -231,7 +223,7 @@ def test_image_rows_are_the_height_axis_of_a_wide_image(tmp_path):
             image.putpixel((x, y), (10 * x + y, 100 + x, 200 + y))
     buf = io.BytesIO()
     image.save(buf, format="PNG")
-    path = _store_zip(tmp_path / "a.zip", [("train/a/0.png", buf.getvalue())])
+    path = writers.write_stored_zip(tmp_path / "a.zip", [("train/a/0.png", buf.getvalue())])
     images, labels, classes = read_image_zip(path, "train")
     assert images.shape == (1, 3, 2, 4) and images.dtype == torch.uint8
     assert images[0, 0].tolist() == [[0, 10, 20, 30], [1, 11, 21, 31]]  # R = 10 x + y, rows = y
@@ -280,14 +272,14 @@ def test_a_batches_meta_that_is_a_folder_is_ignored(tmp_path, writers):
     assert data.meta["sizes"] == {"train": 9, "val": 1, "test": 2}
 
 
-def test_a_cache_file_with_class_names_that_are_not_strings_is_rebuilt(tmp_path, monkeypatch):
+def test_a_cache_file_with_class_names_that_are_not_strings_is_rebuilt(tmp_path, monkeypatch, writers):
     """kills: cifar10.py ``_cache_fits`` without ``all(isinstance(c, str) for c in classes)`` (a
     cache file listing the classes as ints ``[0, 1]`` was served, and the dataset's class names
     became ints)."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    train = _store_zip(tmp_path / "cifar10_jpg" / "train.zip",
+    train = writers.write_stored_zip(tmp_path / "cifar10_jpg" / "train.zip",
                        [(f"train/{c}/{i}.png", _png((i, 0, 0))) for c in ("dog", "cat") for i in range(3)])
-    _store_zip(tmp_path / "cifar10_jpg" / "test.zip", [("test/cat/0.png", _png((9, 9, 9))), ("test/dog/0.png", _png((9, 9, 9)))])
+    writers.write_stored_zip(tmp_path / "cifar10_jpg" / "test.zip", [("test/cat/0.png", _png((9, 9, 9))), ("test/dog/0.png", _png((9, 9, 9)))])
     digest = hashlib.sha256(train.read_bytes()).hexdigest()
     cached = tmp_path / "cache" / "cifar10" / f"train-{digest[:16]}.pt"
     cached.parent.mkdir(parents=True)
@@ -311,9 +303,9 @@ def test_a_limited_load_of_a_file_that_is_not_a_zip_is_a_corrupt_archive(tmp_pat
         load_dataset("cifar10", root=tmp_path, source="jpg", verify=False, limit_train=3, val_size=1)
 
 
-def test_a_zip_without_entries_of_the_split_is_refused_naming_the_zip(tmp_path):
+def test_a_zip_without_entries_of_the_split_is_refused_naming_the_zip(tmp_path, writers):
     """kills: cifar10.py the "holds no entries" message without the zip's path."""
-    path = _store_zip(tmp_path / "only-test.zip", [("test/cat/0000.png", _png((1, 2, 3)))])
+    path = writers.write_stored_zip(tmp_path / "only-test.zip", [("test/cat/0000.png", _png((1, 2, 3)))])
     with pytest.raises(CorruptDataError, match=r"'.*only-test\.zip' holds no 'train/<class>/<image>' entries"):
         read_image_zip(path, "train")
 
@@ -509,9 +501,9 @@ def test_citeseer_raw_features_stay_binary_when_asked(tmp_path, writers):
 
 
 # ---------------------------------------------------------------------------------------------- tu
-def _tu_zip(path, name, files):
+def _tu_zip(writers, path, name, files):
     """A TU zip holding ``<name>/<file>`` entries with the given texts (graphs written by hand)."""
-    return _store_zip(path, [(f"{name}/{fname}", text) for fname, text in files.items()])
+    return writers.write_stored_zip(path, [(f"{name}/{fname}", text) for fname, text in files.items()])
 
 
 def _two_triangles_and_two_paths(name):
@@ -526,13 +518,13 @@ def _two_triangles_and_two_paths(name):
             f"{name}_graph_labels.txt": "1\n2\n1\n2\n"}
 
 
-def test_folder_entries_are_not_extracted_as_files(tmp_path, monkeypatch):
+def test_folder_entries_are_not_extracted_as_files(tmp_path, monkeypatch, writers):
     """kills: tu.py the ``info.is_dir()`` skip dropped (a folder entry ``MUTAG/MUTAG_extra/``
     became an empty file ``MUTAG_extra`` in ``raw/``)."""
     cache = tmp_path / "cache"
     monkeypatch.setenv(CACHE_ENV, str(cache))
     files = _two_triangles_and_two_paths("MUTAG")
-    path = _tu_zip(tmp_path / "tudataset" / "MUTAG.zip", "MUTAG", files)
+    path = _tu_zip(writers, tmp_path / "tudataset" / "MUTAG.zip", "MUTAG", files)
     with zipfile.ZipFile(path, "a") as zf:
         zf.writestr("MUTAG/MUTAG_extra/", b"")
     data = load_dataset("mutag", root=tmp_path, verify=False, val_fraction=0.25, test_fraction=0.25)
@@ -541,29 +533,29 @@ def test_folder_entries_are_not_extracted_as_files(tmp_path, monkeypatch):
     assert sorted(p.name for p in raw.iterdir()) == [".source_sha256", *sorted(files)]
 
 
-def test_a_tu_zip_without_graph_indicator_is_a_named_corrupt_archive(tmp_path, monkeypatch):
+def test_a_tu_zip_without_graph_indicator_is_a_named_corrupt_archive(tmp_path, monkeypatch, writers):
     """kills: tu.py ``_graph_indicator.txt`` dropped from the required entries (PyG then failed
     on the missing file with a bare error naming no archive)."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     files = _two_triangles_and_two_paths("MUTAG")
     del files["MUTAG_graph_indicator.txt"]
-    _tu_zip(tmp_path / "tudataset" / "MUTAG.zip", "MUTAG", files)
+    _tu_zip(writers, tmp_path / "tudataset" / "MUTAG.zip", "MUTAG", files)
     with pytest.raises(CorruptDataError, match=r"MUTAG\.zip' is not a TU dataset archive for MUTAG: missing MUTAG_graph_indicator\.txt"):
         load_dataset("mutag", root=tmp_path, verify=False)
 
 
-def test_the_temporary_extraction_folder_is_removed(tmp_path, monkeypatch):
+def test_the_temporary_extraction_folder_is_removed(tmp_path, monkeypatch, writers):
     """kills: tu.py the ``shutil.rmtree(tmp)`` of the ``finally`` clause dropped (every extraction,
     and every refused archive, left a ``.extract-*`` folder beside ``raw/``)."""
     cache = tmp_path / "cache"
     monkeypatch.setenv(CACHE_ENV, str(cache))
     files = _two_triangles_and_two_paths("PTC_MR")
-    zip_path = _tu_zip(tmp_path / "tudataset" / "PTC_MR.zip", "PTC_MR", files)
+    zip_path = _tu_zip(writers, tmp_path / "tudataset" / "PTC_MR.zip", "PTC_MR", files)
     load_dataset("ptc_mr", root=tmp_path, verify=False, val_fraction=0.25, test_fraction=0.25)
     work = cache / "tudataset" / "PTC_MR"
     assert sorted(p.name for p in work.iterdir()) == ["processed", "raw"]
     del files["PTC_MR_graph_labels.txt"]
-    _tu_zip(zip_path, "PTC_MR", files)  # a changed (and now broken) archive
+    _tu_zip(writers, zip_path, "PTC_MR", files)  # a changed (and now broken) archive
     with pytest.raises(CorruptDataError, match="missing PTC_MR_graph_labels.txt"):
         load_dataset("ptc_mr", root=tmp_path, verify=False)
     assert not [p.name for p in work.iterdir() if p.name.startswith(".extract-")]

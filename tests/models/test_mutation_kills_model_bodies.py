@@ -21,16 +21,8 @@ from torch import Tensor, nn
 from diffusionformer.models import DiffusionGPT, GPTConfig
 from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphBlock, GraphTransformerConfig
 from diffusionformer.models.sampling import top_k_filter, top_p_filter
-from diffusionformer.models.vit import DiffusionViT, ViTConfig, attention_rollout
+from diffusionformer.models.vit import ViTConfig, attention_rollout
 from diffusionformer.ops.rivals import LayerState
-
-
-def _layer_norm(t: Tensor, ln: nn.LayerNorm) -> Tensor:
-    """LayerNorm over the last dim, by hand (biased variance, as torch)."""
-    mu = t.mean(-1, keepdim=True)
-    var = ((t - mu) ** 2).mean(-1, keepdim=True)
-    out = (t - mu) / torch.sqrt(var + ln.eps) * ln.weight
-    return out + ln.bias if ln.bias is not None else out
 
 
 def _gpt(**kw) -> DiffusionGPT:
@@ -38,20 +30,6 @@ def _gpt(**kw) -> DiffusionGPT:
     cfg = dict(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
     cfg.update(kw)
     return DiffusionGPT(GPTConfig(**cfg))
-
-
-def _vit(**kw) -> DiffusionViT:
-    torch.manual_seed(0)
-    cfg = dict(input_size=(4, 4), patch_size=2, dim=8, depth=2, num_heads=2, num_classes=3)
-    cfg.update(kw)
-    return DiffusionViT(ViTConfig(**cfg)).double()
-
-
-def _graph(**kw) -> DiffusionGraphTransformer:
-    torch.manual_seed(0)
-    cfg = dict(in_channels=3, num_classes=2, dim=8, num_heads=2, depth=1)
-    cfg.update(kw)
-    return DiffusionGraphTransformer(GraphTransformerConfig(**cfg)).double()
 
 
 # ------------------------------------------------------------------------------------- GPT config
@@ -82,14 +60,14 @@ def test_gpt_hands_its_dropout_and_rope_base_to_every_block():
             [500.0 ** (-i / 8) for i in (0, 2, 4, 6)], rel=1e-12)
 
 
-def test_gpt_zero_init_proj_makes_every_block_the_identity():
+def test_gpt_zero_init_proj_makes_every_block_the_identity(by_hand):
     """Kills: ``zero_init_proj`` zeroing only the attention output projections and not the MLP's ``fc2``:
     with both zero (and zero biases) every block returns its input, so the logits are
     ``LN(E_tok[x] + E_pos) E_tok^T`` (by hand)."""
     model = _gpt(zero_init_proj=True).double().eval()
     idx = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     h = model.tok_emb.weight[idx[0]] + model.pos_emb.weight[:8]
-    expected = _layer_norm(h, model.norm) @ model.tok_emb.weight.T
+    expected = by_hand.layer_norm(h, model.norm) @ model.tok_emb.weight.T
     torch.testing.assert_close(model(idx)[0][0], expected, rtol=0, atol=1e-12)
 
 
@@ -182,7 +160,7 @@ def test_gpt_half_precision_loss_is_computed_in_float32(dtype):
     torch.testing.assert_close(loss, F.cross_entropy(logits[0].float(), targets[0]), rtol=0, atol=0)
 
 
-def test_gpt_logits_are_the_normalised_final_state_times_the_embedding():
+def test_gpt_logits_are_the_normalised_final_state_times_the_embedding(by_hand):
     """Kills: the output head applied to the last hidden state without the final norm; reference:
     ``LN(h^L) E_tok^T`` by hand from the last intermediate."""
     model = _gpt().double().eval()
@@ -191,7 +169,7 @@ def test_gpt_logits_are_the_normalised_final_state_times_the_embedding():
         model.norm.bias.normal_()
     idx = torch.tensor([[1, 2, 3]])
     logits, _, inter = model(idx, return_intermediates=True)
-    expected = _layer_norm(inter.hidden_states[-1], model.norm) @ model.tok_emb.weight.T
+    expected = by_hand.layer_norm(inter.hidden_states[-1], model.norm) @ model.tok_emb.weight.T
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-12)
 
 
@@ -284,21 +262,21 @@ def test_vit_config_rejects(kw, error, match):
         ViTConfig(**{"patch_size": 2, **kw})
 
 
-def test_vit_without_classes_returns_the_pooled_features():
+def test_vit_without_classes_returns_the_pooled_features(tiny_vit):
     """Kills: ``num_classes=0`` building ``nn.Linear(dim, 0)`` (``>= 0``) instead of no head: the output is
     the ``(B, D)`` feature, the normalised class token."""
-    vit = _vit(num_classes=0).eval()
+    vit = tiny_vit(num_classes=0).eval()
     x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
     assert isinstance(vit.head, nn.Identity)
     torch.testing.assert_close(vit(x), vit.forward_tokens(x)[:, 0], rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------------------ ViT embeddings
-def test_vit_signal_patch_tokens_are_linear_maps_of_consecutive_samples():
+def test_vit_signal_patch_tokens_are_linear_maps_of_consecutive_samples(tiny_vit):
     """Kills: the 1-d patch embedding reading the signal ``(B, T, C)`` with a ``reshape`` to ``(B, C, T)``
     instead of a ``transpose`` (samples and channels scrambled); reference: token ``t`` is
     ``sum_{c, k} W[:, c, k] x[t p + k, c] + b`` by hand, class token first."""
-    vit = _vit(input_size=(12,), patch_size=3, in_channels=2).eval()
+    vit = tiny_vit(input_size=(12,), patch_size=3, in_channels=2).eval()
     x = torch.randn(2, 12, 2, dtype=torch.float64)
     W, b = vit.patch_embed.weight, vit.patch_embed.bias  # (D, C, p), (D,)
     tokens = torch.stack([torch.einsum("dck,bkc->bd", W, x[:, 3 * t : 3 * t + 3]) + b for t in range(4)], 1)
@@ -306,21 +284,21 @@ def test_vit_signal_patch_tokens_are_linear_maps_of_consecutive_samples():
     torch.testing.assert_close(vit._embed(x), expected, rtol=0, atol=1e-12)
 
 
-def test_vit_class_token_and_position_embeddings_are_initialised():
+def test_vit_class_token_and_position_embeddings_are_initialised(tiny_vit):
     """Kills: ``DiffusionViT`` leaving ``pos_embed`` or ``cls_token`` at zero instead of drawing them from
     a truncated normal with std 0.02 (timm); checked on 17 * 64 and 64 draws."""
-    vit = _vit(input_size=(8, 8), dim=64, num_heads=4)
+    vit = tiny_vit(input_size=(8, 8), dim=64, num_heads=4)
     pos, cls = vit.pos_embed.detach(), vit.cls_token.detach()
     assert float(pos.pow(2).mean().sqrt()) == pytest.approx(0.02, rel=0.1)
     assert float(cls.pow(2).mean().sqrt()) == pytest.approx(0.02, rel=0.3)
     assert vit.no_weight_decay() == {"pos_embed", "cls_token"}
-    assert _vit(pool="mean").no_weight_decay() == {"pos_embed"}
+    assert tiny_vit(pool="mean").no_weight_decay() == {"pos_embed"}
 
 
-def test_vit_drops_the_embeddings_in_training():
+def test_vit_drops_the_embeddings_in_training(tiny_vit):
     """Kills: ``DiffusionViT._embed`` without ``self.drop``: in training with ``dropout=0.5`` the embedding
     is the patch tokens plus positions with about half the entries zeroed and the rest doubled."""
-    vit = _vit(dropout=0.5).train()
+    vit = tiny_vit(dropout=0.5).train()
     x = torch.randn(4, 1, 4, 4, dtype=torch.float64)
     clean = vit.eval()._embed(x)
     torch.manual_seed(1)
@@ -331,70 +309,70 @@ def test_vit_drops_the_embeddings_in_training():
 
 
 @pytest.mark.parametrize("shape", [(2, 1, 4, 6), (2, 1, 6, 4)])
-def test_vit_rejects_images_of_the_wrong_size(shape):
+def test_vit_rejects_images_of_the_wrong_size(shape, tiny_vit):
     """Kills: the image check reading only ``x.dim() != 4`` (an image of the wrong height or width then
     reaches ``pos_embed`` with a shape error)."""
     with pytest.raises(ValueError, match=r"expected images of shape \(B, 1, 4, 4\), got"):
-        _vit()(torch.randn(*shape, dtype=torch.float64))
+        tiny_vit()(torch.randn(*shape, dtype=torch.float64))
 
 
-def test_vit_rejects_signals_of_the_wrong_length():
+def test_vit_rejects_signals_of_the_wrong_length(tiny_vit):
     """Kills: the signal check reading only ``x.dim() != 3``."""
     with pytest.raises(ValueError, match=r"expected signals of shape \(B, 12, 2\), got \(2, 15, 2\)"):
-        _vit(input_size=(12,), patch_size=3, in_channels=2)(torch.randn(2, 15, 2, dtype=torch.float64))
+        tiny_vit(input_size=(12,), patch_size=3, in_channels=2)(torch.randn(2, 15, 2, dtype=torch.float64))
 
 
 # ------------------------------------------------------------------------------- ViT forward path
-def test_vit_mean_pool_averages_every_normalised_patch_token():
+def test_vit_mean_pool_averages_every_normalised_patch_token(tiny_vit, by_hand):
     """Kills: ``pool="mean"`` averaging ``z[:, 1:]`` (a class token that does not exist: the first patch
     dropped) or returning the first token; reference: the mean over the patch axis of the
     hand-normalised last hidden state."""
-    vit = _vit(pool="mean").eval()
+    vit = tiny_vit(pool="mean").eval()
     x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
     _, inter = vit.forward_tokens(x, return_intermediates=True)
-    expected = _layer_norm(inter.hidden_states[-1], vit.norm).mean(1)
+    expected = by_hand.layer_norm(inter.hidden_states[-1], vit.norm).mean(1)
     torch.testing.assert_close(vit.forward_features(x), expected, rtol=0, atol=1e-12)
     assert vit.forward_patch_tokens(x).shape == (2, 4, 8)
 
 
-def test_vit_forward_tokens_normalises_the_last_hidden_state():
+def test_vit_forward_tokens_normalises_the_last_hidden_state(tiny_vit, by_hand):
     """Kills: ``forward_tokens`` returning the last block's output without the final norm."""
-    vit = _vit().eval()
+    vit = tiny_vit().eval()
     with torch.no_grad():
         vit.norm.weight.uniform_(0.5, 1.5)
         vit.norm.bias.normal_()
     x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
     z, inter = vit.forward_tokens(x, return_intermediates=True)
-    torch.testing.assert_close(z, _layer_norm(inter.hidden_states[-1], vit.norm), rtol=0, atol=1e-12)
+    torch.testing.assert_close(z, by_hand.layer_norm(inter.hidden_states[-1], vit.norm), rtol=0, atol=1e-12)
 
 
-def test_vit_given_rope_positions_are_not_overwritten():
+def test_vit_given_rope_positions_are_not_overwritten(tiny_vit):
     """Kills: ``forward_tokens`` replacing caller-given ``positions`` by ``token_positions()``: positions
     that spread the grid twice as far change the RoPE scores, so the output must change, and the
     default equals passing ``token_positions()`` explicitly."""
-    vit = _vit(rope=True, dim=16, num_heads=2).eval()
+    vit = tiny_vit(rope=True, dim=16, num_heads=2).eval()
     x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
     pos = vit.token_positions()
     torch.testing.assert_close(vit.forward_tokens(x, positions=pos), vit.forward_tokens(x), rtol=0, atol=0)
     assert not torch.allclose(vit.forward_tokens(x, positions=3 * pos), vit.forward_tokens(x))
 
 
-def test_vit_blocks_share_one_layer_state():
+def test_vit_blocks_share_one_layer_state(tiny_vit, by_hand):
     """Kills: ``forward_tokens`` without a shared ``LayerState`` (the value-residual head of layer 1 must
     read layer 0's values); reference: the blocks chained by hand with one state."""
-    vit = _vit(heads=["attention:2", "value-residual:1,attention:1"]).eval()
+    vit = tiny_vit(heads=["attention:2", "value-residual:1,attention:1"]).eval()
     x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
     state = LayerState()
     z = vit._embed(x)
     for block in vit.blocks:
         z = block(z, state=state)
-    torch.testing.assert_close(vit.forward_tokens(x), _layer_norm(z, vit.norm), rtol=0, atol=1e-12)
+    torch.testing.assert_close(vit.forward_tokens(x), by_hand.layer_norm(z, vit.norm), rtol=0, atol=1e-12)
 
 
-def test_vit_attention_maps_restore_the_training_mode_and_check_kind():
+def test_vit_attention_maps_restore_the_training_mode_and_check_kind(tiny_vit):
     """Kills: ``attention_maps`` leaving the model in eval mode (``self.train(was_training)`` dropped) and
     accepting an unknown ``kind``."""
-    vit = _vit().train()
+    vit = tiny_vit().train()
     vit.attention_maps(torch.randn(1, 1, 4, 4, dtype=torch.float64))
     assert vit.training and all(m.training for m in vit.modules())
     with pytest.raises(ValueError, match=r"attention_maps: expected kind 'P' or 'operator', got 'Q'"):
@@ -433,54 +411,39 @@ def test_graph_config_rejects(kw, error, match):
 
 
 # ------------------------------------------------------------------------------ graph reference
-def _edge_softmax_layer(attn, h: Tensor, src: Tensor, dst: Tensor) -> Tensor:
-    """One softmax-attention layer over edges ``j -> i`` (TransformerConv without edge features), by hand."""
-    N, D = h.shape
-    H = attn.num_heads
-    C = D // H
-    qkv = h @ attn.qkv.weight.T + attn.qkv.bias
-    q, k, v = (qkv[:, i * D : (i + 1) * D].reshape(N, H, C) for i in range(3))
-    out = torch.zeros(N, H, C, dtype=h.dtype)
-    for i in range(N):
-        js = src[dst == i]
-        s = (q[i] * k[js]).sum(-1) / math.sqrt(C)  # (n_i, H)
-        out[i] = (torch.softmax(s, 0).unsqueeze(-1) * v[js]).sum(0)
-    return out.reshape(N, D) @ attn.out_proj.weight.T + attn.out_proj.bias
-
-
-def _graph_reference(model: DiffusionGraphTransformer, x: Tensor, src: Tensor, dst: Tensor, pe: Tensor | None = None):
+def _graph_reference(by_hand, model: DiffusionGraphTransformer, x: Tensor, src: Tensor, dst: Tensor, pe: Tensor | None = None):
     """The node logits of a depth-1 softmax-attention graph transformer, by hand."""
     h = x @ model.embed.weight.T + model.embed.bias
     if pe is not None:
         h = h + pe @ model.pe_embed.weight.T + model.pe_embed.bias
     block = model.blocks[0]
-    h = h + _edge_softmax_layer(block.attn, _layer_norm(h, block.norm1), src, dst)
-    m = _layer_norm(h, block.norm2)
+    h = h + by_hand.edge_softmax(block.attn, by_hand.layer_norm(h, block.norm1), src, dst)
+    m = by_hand.layer_norm(h, block.norm2)
     h = h + F.gelu(m @ block.mlp.fc1.weight.T + block.mlp.fc1.bias) @ block.mlp.fc2.weight.T + block.mlp.fc2.bias
-    return _layer_norm(h, model.norm), h
+    return by_hand.layer_norm(h, model.norm), h
 
 
-def test_graph_transformer_without_added_self_loops_keeps_the_given_ones():
+def test_graph_transformer_without_added_self_loops_keeps_the_given_ones(tiny_graph_transformer, by_hand):
     """Kills: ``self_loops=False`` passed to ``from_edge_index`` as ``False`` (remove every self loop)
     instead of ``None`` (keep the edges as given); reference: the edge softmax over exactly the
     given edges, with the given self loops of nodes 0 and 2, by hand."""
-    model = _graph(self_loops=False).eval()
+    model = tiny_graph_transformer(self_loops=False).eval()
     x = torch.randn(4, 3, dtype=torch.float64)
     ei = torch.tensor([[0, 1, 2, 3, 0, 2, 1], [1, 2, 3, 0, 0, 2, 3]])
-    hn, _ = _graph_reference(model, x, ei[0], ei[1])
+    hn, _ = _graph_reference(by_hand, model, x, ei[0], ei[1])
     torch.testing.assert_close(model(x, ei), hn @ model.head.weight.T + model.head.bias, rtol=0, atol=1e-12)
 
 
-def test_graph_transformer_adds_the_positional_encoding_through_an_affine_map():
+def test_graph_transformer_adds_the_positional_encoding_through_an_affine_map(tiny_graph_transformer, by_hand):
     """Kills: ``pe_embed`` built without a bias; reference: ``x W_x + b_x + pe W_pe + b_pe`` then the block,
     by hand (with a non-zero ``b_pe``), in eval mode where no sign is flipped."""
-    model = _graph(pe="laplacian", pe_dim=2).eval()
+    model = tiny_graph_transformer(pe="laplacian", pe_dim=2).eval()
     with torch.no_grad():
         model.pe_embed.bias.normal_()
     x, pe = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
     ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
     loops = torch.arange(4)
-    hn, _ = _graph_reference(model, x, torch.cat([ei[0], loops]), torch.cat([ei[1], loops]), pe)
+    hn, _ = _graph_reference(by_hand, model, x, torch.cat([ei[0], loops]), torch.cat([ei[1], loops]), pe)
     torch.testing.assert_close(model(x, ei, pe=pe), hn @ model.head.weight.T + model.head.bias, rtol=0, atol=1e-12)
 
 
@@ -492,13 +455,13 @@ def _pe_signs(model: DiffusionGraphTransformer, x: Tensor, ei: Tensor, pe: Tenso
     return scaled / pe
 
 
-def test_laplacian_pe_signs_are_flipped_per_column_in_training_only():
+def test_laplacian_pe_signs_are_flipped_per_column_in_training_only(tiny_graph_transformer):
     """Kills: the sign flip drawing factors in ``{0, 1}`` (``* 2 - 1`` dropped: eigenvectors zeroed), the
     flip applied in eval too, and the flip applied to random-walk encodings (which have no sign
     ambiguity); the factors are solved from the embeddings by least squares."""
     x, pe = torch.randn(5, 3, dtype=torch.float64), torch.rand(5, 3, dtype=torch.float64) + 0.5
     ei = torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]])
-    model = _graph(pe="laplacian", pe_dim=3).train()
+    model = tiny_graph_transformer(pe="laplacian", pe_dim=3).train()
     seen = set()
     for seed in range(8):
         torch.manual_seed(seed)
@@ -510,17 +473,17 @@ def test_laplacian_pe_signs_are_flipped_per_column_in_training_only():
     assert seen == {-1.0, 1.0}
     torch.testing.assert_close(_pe_signs(model.eval(), x, ei, pe), torch.ones(5, 3, dtype=torch.float64),
                                rtol=0, atol=1e-9)
-    walk = _graph(pe="random_walk", pe_dim=3).train()
+    walk = tiny_graph_transformer(pe="random_walk", pe_dim=3).train()
     for seed in range(4):
         torch.manual_seed(seed)
         torch.testing.assert_close(_pe_signs(walk, x, ei, pe), torch.ones(5, 3, dtype=torch.float64),
                                    rtol=0, atol=1e-9)
 
 
-def test_graph_transformer_drops_the_input_features_in_training():
+def test_graph_transformer_drops_the_input_features_in_training(tiny_graph_transformer):
     """Kills: ``input_dropout`` not applied (``self.input_drop`` skipped): with one input channel a dropped
     node's embedding is exactly the embedding bias, a kept one ``2 x W + b``."""
-    model = _graph(in_channels=1, input_dropout=0.5).train()
+    model = tiny_graph_transformer(in_channels=1, input_dropout=0.5).train()
     with torch.no_grad():
         model.embed.bias.normal_()
     x = torch.rand(200, 1, dtype=torch.float64) + 0.5
@@ -534,36 +497,36 @@ def test_graph_transformer_drops_the_input_features_in_training():
 
 
 @pytest.mark.parametrize("pool", ["mean", "add", "max"])
-def test_graph_readout_by_hand_with_an_empty_trailing_graph(pool):
+def test_graph_readout_by_hand_with_an_empty_trailing_graph(pool, tiny_graph_transformer, by_hand):
     """Kills: ``pool="add"`` mapped to the mean, and the readout called without ``num_graphs`` (a third,
     empty graph then missing); reference: per-graph sum, mean or max of the normalised node states
     by hand, an empty graph pooled to zero (PyG's convention)."""
-    model = _graph(task="graph", pool=pool).eval()
+    model = tiny_graph_transformer(task="graph", pool=pool).eval()
     x = torch.randn(5, 3, dtype=torch.float64)
     ei = torch.tensor([[0, 1, 3], [1, 2, 4]])
     batch = torch.tensor([0, 0, 0, 1, 1])
     out, inter = model(x, ei, batch, num_graphs=3, return_intermediates=True)
-    h = _layer_norm(inter.hidden_states[-1], model.norm)
+    h = by_hand.layer_norm(inter.hidden_states[-1], model.norm)
     red = {"mean": lambda t: t.mean(0), "add": lambda t: t.sum(0), "max": lambda t: t.max(0).values}[pool]
     pooled = torch.stack([red(h[:3]), red(h[3:]), torch.zeros(8, dtype=torch.float64)])
     torch.testing.assert_close(out, pooled @ model.head.weight.T + model.head.bias, rtol=0, atol=1e-12)
 
 
 # ------------------------------------------------------------------------------- graph checks
-def test_graph_forward_checks_its_arguments():
+def test_graph_forward_checks_its_arguments(tiny_graph_transformer):
     """Kills: the ``edge_attr`` shape check dropped, the ``pe`` shape check reduced to presence, the
     ``batch`` dtype check dropped, the graph-id range check ``hi > num_graphs`` (id ``num_graphs`` let
     through) or without ``lo < 0``, ``num_graphs`` without ``batch`` accepted, ``max_num_nodes=0``
     accepted (``value < 0``), and the ``x`` width check reduced to ``x.dim() != 2``."""
     x = torch.randn(4, 3, dtype=torch.float64)
     ei = torch.tensor([[0, 1, 2], [1, 2, 3]])
-    edge = _graph(edge_dim=2).eval()
+    edge = tiny_graph_transformer(edge_dim=2).eval()
     with pytest.raises(ValueError, match=r"edge_attr: expected shape \(E, edge_dim\) = \(3, 2\), got \(3, 5\)"):
         edge(x, ei, edge_attr=torch.randn(3, 5, dtype=torch.float64))
-    pe = _graph(pe="random_walk", pe_dim=2).eval()
+    pe = tiny_graph_transformer(pe="random_walk", pe_dim=2).eval()
     with pytest.raises(ValueError, match=r"pe: expected shape \(N, pe_dim\) = \(4, 2\) .* got \(4, 3\)"):
         pe(x, ei, pe=torch.randn(4, 3, dtype=torch.float64))
-    model = _graph(task="graph").eval()
+    model = tiny_graph_transformer(task="graph").eval()
     with pytest.raises(TypeError, match="batch must hold integer graph ids, got dtype torch.float32"):
         model(x, ei, torch.zeros(4))
     with pytest.raises(ValueError, match=r"batch: expected graph ids in \[0, num_graphs=2\), got ids in \[0, 2\]"):
@@ -573,7 +536,7 @@ def test_graph_forward_checks_its_arguments():
     with pytest.raises(ValueError, match=r"batch: expected non-negative graph ids, got ids in \[-1, 0\]"):
         model(x, torch.tensor([[1], [2]]), torch.tensor([-1, 0, 0, 0]))
     with pytest.raises(ValueError, match="num_graphs: a call without batch holds one graph, got num_graphs=2"):
-        _graph().eval()(x, ei, num_graphs=2)
+        tiny_graph_transformer().eval()(x, ei, num_graphs=2)
     with pytest.raises(ValueError, match="max_num_nodes: expected None or a positive int, got 0"):
         model(x, ei, max_num_nodes=0)
     with pytest.raises(ValueError, match=r"x must have shape \(N, in_channels=3\), got \(4, 2\)"):
@@ -641,7 +604,7 @@ def test_config_switches_must_be_bools(make, field):
     make(False)
 
 
-def test_bad_input_types_get_errors_naming_the_argument():
+def test_bad_input_types_get_errors_naming_the_argument(tiny_vit, tiny_graph_transformer):
     """Bug: ``ViTConfig(input_size=28)`` failed with ``'int' object is not iterable``, a ViT called on a
     list with ``'list' object has no attribute 'dim'``, and a graph transformer given ``edge_attr`` or
     ``pe`` as a list with ``... has no attribute 'shape'``. Now a ``TypeError`` naming the argument."""
@@ -649,9 +612,9 @@ def test_bad_input_types_get_errors_naming_the_argument():
         ViTConfig(input_size=28)
     assert ViTConfig(input_size=[8, 8], patch_size=2).input_size == (8, 8)
     with pytest.raises(TypeError, match=r"x must be a Tensor of images \(B, C, H, W\) or signals \(B, T, C\), got list"):
-        _vit()([[0.0] * 4] * 4)
+        tiny_vit()([[0.0] * 4] * 4)
     x, ei = torch.randn(3, 3, dtype=torch.float64), torch.tensor([[0, 1], [1, 2]])
     with pytest.raises(TypeError, match="edge_attr: expected a Tensor or None, got list"):
-        _graph(edge_dim=2)(x, ei, edge_attr=[[1.0, 2.0], [3.0, 4.0]])
+        tiny_graph_transformer(edge_dim=2)(x, ei, edge_attr=[[1.0, 2.0], [3.0, 4.0]])
     with pytest.raises(TypeError, match="pe: expected a Tensor or None, got list"):
-        _graph(pe="random_walk", pe_dim=2)(x, ei, pe=[[1.0, 2.0]] * 3)
+        tiny_graph_transformer(pe="random_walk", pe_dim=2)(x, ei, pe=[[1.0, 2.0]] * 3)

@@ -32,33 +32,12 @@ from torch import Tensor, nn
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.models import DINO, DINOConfig, dino_loss, knn_classify
 from diffusionformer.models.dino import DINOHead, center_sharpen, cosine_momentum, teacher_temperature
-from diffusionformer.models.graph_transformer import (DiffusionGraphTransformer, GraphBlock, GraphTransformerConfig,
+from diffusionformer.models.graph_transformer import (GraphBlock, GraphTransformerConfig,
                                                       positional_encoding_transform)
 from diffusionformer.models.vit import DiffusionViT, ViTConfig, attention_rollout
 from diffusionformer.ops.rivals import LayerState
 
 F64 = torch.float64
-
-
-def _layer_norm(t: Tensor, ln: nn.LayerNorm) -> Tensor:
-    """LayerNorm over the last dim, by hand (biased variance, as torch)."""
-    mu = t.mean(-1, keepdim=True)
-    var = ((t - mu) ** 2).mean(-1, keepdim=True)
-    return (t - mu) / torch.sqrt(var + ln.eps) * ln.weight + ln.bias
-
-
-def _vit(**kw) -> DiffusionViT:
-    torch.manual_seed(0)
-    cfg = dict(input_size=(4, 4), patch_size=2, dim=8, depth=2, num_heads=2, num_classes=3)
-    cfg.update(kw)
-    return DiffusionViT(ViTConfig(**cfg)).double()
-
-
-def _graph(**kw) -> DiffusionGraphTransformer:
-    torch.manual_seed(0)
-    cfg = dict(in_channels=3, num_classes=2, dim=8, num_heads=2, depth=1)
-    cfg.update(kw)
-    return DiffusionGraphTransformer(GraphTransformerConfig(**cfg)).double()
 
 
 def _dino(**kw) -> DINO:
@@ -95,30 +74,30 @@ def test_vit_config_refuses(kw, error, match):
         ViTConfig(**cfg)
 
 
-def test_vit_config_asks_the_rope_multiple_of_the_layout_only_with_rope():
+def test_vit_config_asks_the_rope_multiple_of_the_layout_only_with_rope(tiny_vit):
     """Kills (vit.py): the RoPE head-dim check applied without ``self.rope`` (a head dim of 3 or 6 is fine
     without RoPE); and 1-D signals with RoPE take a head dim of 6 (3 pairs), the multiple 2."""
     ViTConfig(input_size=(4, 4), patch_size=2, dim=12, num_heads=2)  # head dim 6, no RoPE
     ViTConfig(input_size=(4, 4), patch_size=2, dim=6, num_heads=2)  # head dim 3, no RoPE
-    vit = _vit(input_size=(12,), patch_size=3, dim=12, num_heads=2, rope=True)  # 1-D: a multiple of 2 is enough
+    vit = tiny_vit(input_size=(12,), patch_size=3, dim=12, num_heads=2, rope=True)  # 1-D: a multiple of 2 is enough
     assert vit(torch.randn(2, 12, 1, dtype=F64)).shape == (2, 3)
 
 
-def test_vit_rope_blocks_get_the_base_and_the_layout():
+def test_vit_rope_blocks_get_the_base_and_the_layout(tiny_vit):
     """Kills (vit.py): the blocks' rotary embeddings built without ``c.rope_base`` (the default 100); reference:
     the 2-D frequencies ``base^(-2i / (C/2))``, i < C/4, written out for ``C = 8`` and base 500."""
-    vit = _vit(rope=True, rope_base=500.0, dim=16, num_heads=2)
+    vit = tiny_vit(rope=True, rope_base=500.0, dim=16, num_heads=2)
     for block in vit.blocks:
         assert block.attn.rotary.base == 500.0
         assert block.attn.rotary.inv_freq(torch.device("cpu")).tolist() == pytest.approx([1.0, 500.0 ** -0.5],
                                                                                            rel=1e-12)
 
 
-def test_vit_hands_its_settings_to_every_block():
+def test_vit_hands_its_settings_to_every_block(tiny_vit):
     """Kills (vit.py, the blocks' arguments): ``qk_norm=False`` instead of ``c.qk_norm``, ``attn_dropout=c.dropout``
     instead of ``c.attn_dropout``, ``layer_scale=None`` instead of ``c.layer_scale``; the final norm built
     as a LayerNorm whatever ``norm``."""
-    vit = _vit(qk_norm=True, dropout=0.1, attn_dropout=0.3, layer_scale=0.25, norm="rmsnorm")
+    vit = tiny_vit(qk_norm=True, dropout=0.1, attn_dropout=0.3, layer_scale=0.25, norm="rmsnorm")
     for block in vit.blocks:
         assert isinstance(block.attn.q_norm, nn.LayerNorm) and isinstance(block.attn.k_norm, nn.LayerNorm)
         assert block.attn.dropout == 0.3
@@ -127,10 +106,10 @@ def test_vit_hands_its_settings_to_every_block():
     assert isinstance(vit.norm, nn.RMSNorm)
 
 
-def test_vit_rmsnorm_final_norm_by_hand():
+def test_vit_rmsnorm_final_norm_by_hand(tiny_vit):
     """Kills (vit.py): ``self.norm = make_norm("layernorm", ...)`` (the final norm ignoring ``norm``); reference:
     RMSNorm ``x / sqrt(mean(x^2) + eps) * w`` by hand on the last hidden state."""
-    vit = _vit(norm="rmsnorm").eval()
+    vit = tiny_vit(norm="rmsnorm").eval()
     with torch.no_grad():
         vit.norm.weight.uniform_(0.5, 1.5)
     x = torch.randn(2, 1, 4, 4, dtype=F64)
@@ -143,12 +122,12 @@ def test_vit_rmsnorm_final_norm_by_hand():
 
 
 # ============================================================================= vit.py: attention maps and rollout
-def _softmax_maps(vit: DiffusionViT, x: Tensor) -> list[Tensor]:
+def _softmax_maps(by_hand, vit: DiffusionViT, x: Tensor) -> list[Tensor]:
     """Per layer, ``softmax(q k^T / sqrt(C))`` of every head, by hand from each block's normalised input."""
     maps, z, state = [], vit._embed(x), LayerState()
     for block in vit.blocks:
         a = block.attn
-        h = _layer_norm(z, block.norm1)
+        h = by_hand.layer_norm(z, block.norm1)
         qkv = h @ a.qkv.weight.T + a.qkv.bias
         B, N, D = h.shape
         C = D // a.num_heads
@@ -159,12 +138,12 @@ def _softmax_maps(vit: DiffusionViT, x: Tensor) -> list[Tensor]:
     return maps
 
 
-def test_vit_attention_maps_are_taken_in_eval_mode():
+def test_vit_attention_maps_are_taken_in_eval_mode(tiny_vit, by_hand):
     """Kills (vit.py): ``attention_maps`` without ``self.eval()`` (attention dropout then drops entries of the
     maps of a model in training); reference: the softmax maps by hand, for every seed."""
-    vit = _vit(attn_dropout=0.5).train()
+    vit = tiny_vit(attn_dropout=0.5).train()
     x = torch.randn(1, 1, 4, 4, dtype=F64)
-    P = _softmax_maps(vit.eval(), x)
+    P = _softmax_maps(by_hand, vit.eval(), x)
     vit.train()
     for seed in range(3):
         torch.manual_seed(seed)
@@ -183,14 +162,14 @@ def _rollout_by_hand(maps: list[Tensor], r: float, normalize: bool = True) -> Te
     return out
 
 
-def test_vit_attention_rollout_passes_kind_and_residual():
+def test_vit_attention_rollout_passes_kind_and_residual(tiny_vit, by_hand):
     """Kills (vit.py, ``DiffusionViT.attention_rollout``): the ``residual`` not passed on (the default 0.5
     used) and ``kind`` not passed on (``"P"`` always); reference: the rollout by hand of the softmax
     maps with the Laplacian head's ``I - P``, at ``r = 0.3``."""
-    vit = _vit(heads="attention:1,laplacian:1").eval()
+    vit = tiny_vit(heads="attention:1,laplacian:1").eval()
     x = torch.randn(2, 1, 4, 4, dtype=F64)
     eye = torch.eye(5, dtype=F64)
-    ops = [torch.stack([P[:, 0], eye - P[:, 1]], 1) for P in _softmax_maps(vit, x)]
+    ops = [torch.stack([P[:, 0], eye - P[:, 1]], 1) for P in _softmax_maps(by_hand, vit, x)]
     torch.testing.assert_close(vit.attention_rollout(x, kind="operator", residual=0.3), _rollout_by_hand(ops, 0.3),
                                rtol=0, atol=1e-12)
 
@@ -229,11 +208,11 @@ def test_graph_config_refuses(kw, match):
         GraphTransformerConfig(**kw)
 
 
-def test_graph_model_hands_its_settings_to_every_block():
+def test_graph_model_hands_its_settings_to_every_block(tiny_graph_transformer):
     """Kills (graph_transformer.py, the blocks' arguments): ``mlp_ratio=2.0`` instead of ``c.mlp_ratio``,
     ``dropout=0.0`` instead of ``c.dropout``, ``attn_dropout=c.dropout``, the blocks' norms or the final
     norm built as LayerNorms whatever ``norm``."""
-    model = _graph(mlp_ratio=1.0, dropout=0.1, attn_dropout=0.3, norm="rmsnorm", depth=2)
+    model = tiny_graph_transformer(mlp_ratio=1.0, dropout=0.1, attn_dropout=0.3, norm="rmsnorm", depth=2)
     for block in model.blocks:
         assert block.mlp.fc1.out_features == 8
         assert block.drop.p == 0.1 and block.attn.dropout == 0.3
@@ -241,11 +220,11 @@ def test_graph_model_hands_its_settings_to_every_block():
     assert isinstance(model.norm, nn.RMSNorm)
 
 
-def test_graph_model_initialises_the_attention_projections_for_its_depth():
+def test_graph_model_initialises_the_attention_projections_for_its_depth(tiny_graph_transformer):
     """Kills (graph_transformer.py): ``init_transformer_weights(self, 1)`` instead of the depth (GPT-2's
     ``0.02 / sqrt(2 L)`` for the attention output projections); checked on 3 x 4096 draws. (The
     ``GraphBlock`` MLP's ``fc2`` keeps std 0.02: ``init_transformer_weights`` scales ``Block`` MLPs only.)"""
-    model = _graph(dim=64, num_heads=4, depth=3)
+    model = tiny_graph_transformer(dim=64, num_heads=4, depth=3)
     w = torch.cat([b.attn.out_proj.weight.flatten() for b in model.blocks]).detach()
     assert float(w.pow(2).mean().sqrt()) == pytest.approx(0.02 / math.sqrt(6), rel=0.05)
 
@@ -277,21 +256,6 @@ def test_laplacian_pe_transform_gives_the_normalised_laplacian_eigenvectors():
 
 
 # ============================================================================= graph_transformer.py: GraphBlock global attention
-def _edge_softmax(attn, h: Tensor, src: Tensor, dst: Tensor) -> Tensor:
-    """Softmax attention over the edges ``j -> i`` (TransformerConv without edge features), by hand."""
-    N, D = h.shape
-    H = attn.num_heads
-    C = D // H
-    qkv = h @ attn.qkv.weight.T + attn.qkv.bias
-    q, k, v = (qkv[:, i * D : (i + 1) * D].reshape(N, H, C) for i in range(3))
-    out = torch.zeros(N, H, C, dtype=h.dtype)
-    for i in range(N):
-        js = src[dst == i]
-        s = (q[i] * k[js]).sum(-1) / math.sqrt(C)
-        out[i] = (torch.softmax(s, 0).unsqueeze(-1) * v[js]).sum(0)
-    return out.reshape(N, D) @ attn.out_proj.weight.T + attn.out_proj.bias
-
-
 def _all_pairs(batch: Tensor) -> tuple[Tensor, Tensor]:
     """Every pair ``(j, i)`` of nodes of the same graph: global attention as edges."""
     src, dst = torch.meshgrid(torch.arange(len(batch)), torch.arange(len(batch)), indexing="ij")
@@ -299,11 +263,11 @@ def _all_pairs(batch: Tensor) -> tuple[Tensor, Tensor]:
     return src[same], dst[same]
 
 
-def _graph_block_by_hand(block: GraphBlock, x: Tensor, ei: Tensor, batch: Tensor) -> Tensor:
-    h = _layer_norm(x, block.norm1)
-    update = _edge_softmax(block.attn, h, ei[0], ei[1]) + _edge_softmax(block.global_attn, h, *_all_pairs(batch))
+def _graph_block_by_hand(by_hand, block: GraphBlock, x: Tensor, ei: Tensor, batch: Tensor) -> Tensor:
+    h = by_hand.layer_norm(x, block.norm1)
+    update = by_hand.edge_softmax(block.attn, h, ei[0], ei[1]) + by_hand.edge_softmax(block.global_attn, h, *_all_pairs(batch))
     x = x + update
-    m = _layer_norm(x, block.norm2)
+    m = by_hand.layer_norm(x, block.norm2)
     return x + F.gelu(m @ block.mlp.fc1.weight.T + block.mlp.fc1.bias) @ block.mlp.fc2.weight.T + block.mlp.fc2.bias
 
 
@@ -319,23 +283,23 @@ def gps_block():
 
 @pytest.mark.parametrize("sizes", [{}, dict(max_num_nodes=4, num_graphs=3), dict(max_num_nodes=3)],
                          ids=["inferred", "padded-and-empty-graph", "max-nodes-only"])
-def test_graph_block_global_attention_by_hand(gps_block, sizes):
+def test_graph_block_global_attention_by_hand(gps_block, sizes, by_hand):
     """Kills (graph_transformer.py, ``GraphBlock``): the global attention without its key padding mask
     (unsized path: ``key_padding_mask=~mask`` dropped; sized path: ``padding`` dropped or ``>`` instead of
     ``>=``, one padded key attended); reference: softmax
     attention over the edges plus softmax attention over every pair of nodes of the same graph (GraphGPS),
     by hand."""
     block, x, ei, batch = gps_block
-    torch.testing.assert_close(block(x, ei, batch, **sizes), _graph_block_by_hand(block, x, ei, batch),
+    torch.testing.assert_close(block(x, ei, batch, **sizes), _graph_block_by_hand(by_hand, block, x, ei, batch),
                                rtol=0, atol=1e-12)
 
 
-def test_graph_block_reads_the_batch_of_an_attention_graph(gps_block):
+def test_graph_block_reads_the_batch_of_an_attention_graph(gps_block, by_hand):
     """Kills (graph_transformer.py): ``GraphBlock.forward`` without ``batch = graph.batch`` (a graph built with
     its batch, the block called without one: global attention would mix the two graphs)."""
     block, x, ei, batch = gps_block
     graph = AttentionGraph.sparse(ei, 5, batch=batch)
-    torch.testing.assert_close(block(x, graph), _graph_block_by_hand(block, x, ei, batch), rtol=0, atol=1e-12)
+    torch.testing.assert_close(block(x, graph), _graph_block_by_hand(by_hand, block, x, ei, batch), rtol=0, atol=1e-12)
 
 
 def test_graph_block_sized_global_attention_checks_ids_and_order(gps_block):
@@ -374,28 +338,28 @@ def test_graph_block_with_edge_features_needs_them():
 
 
 # ============================================================================= graph_transformer.py: forward
-def test_graph_forward_checks_the_batch_length():
+def test_graph_forward_checks_the_batch_length(tiny_graph_transformer):
     """Kills (graph_transformer.py, ``forward``): the batch length check reduced to ``batch.dim() != 1`` (a
     short batch then fails inside PyG's pooling or the graph with a message that does not name it)."""
     x = torch.randn(4, 3, dtype=F64)
     ei = torch.tensor([[0, 1, 2], [1, 2, 3]])
     with pytest.raises(ValueError, match=r"batch must have shape \(N,\) = \(4,\), got \(3,\)"):
-        _graph(task="graph")(x, ei, torch.tensor([0, 0, 1]))
+        tiny_graph_transformer(task="graph")(x, ei, torch.tensor([0, 0, 1]))
 
 
-def test_graph_forward_with_edge_features_checks_the_edges():
+def test_graph_forward_with_edge_features_checks_the_edges(tiny_graph_transformer):
     """Kills (graph_transformer.py): the graph of the edge-feature path built with ``checked=False`` (an edge
     across two graphs of the batch then passes silently in eager mode on CPU)."""
-    model = _graph(edge_dim=2, heads="attention:1,heat(steps=2):1", task="graph")
+    model = tiny_graph_transformer(edge_dim=2, heads="attention:1,heat(steps=2):1", task="graph")
     x = torch.randn(4, 3, dtype=F64)
     with pytest.raises(ValueError, match="edge_index connects nodes of different graphs"):
         model(x, torch.tensor([[0, 1], [1, 2]]), torch.tensor([0, 0, 1, 1]), edge_attr=torch.randn(2, 2, dtype=F64))
 
 
-def test_graph_forward_casts_its_inputs_and_accepts_int32_batches():
+def test_graph_forward_casts_its_inputs_and_accepts_int32_batches(tiny_graph_transformer):
     """Kills (graph_transformer.py): ``x`` not cast to the model's dtype, ``pe`` not cast, and an ``int32``
     batch refused (documented: integer graph ids); reference: the same call in float64 and int64."""
-    model = _graph(pe="random_walk", pe_dim=2, task="graph").eval()
+    model = tiny_graph_transformer(pe="random_walk", pe_dim=2, task="graph").eval()
     x, pe = torch.randn(4, 3), torch.rand(4, 2)
     ei = torch.tensor([[0, 1, 2], [1, 0, 3]])
     batch = torch.tensor([0, 0, 1, 1])
@@ -404,13 +368,13 @@ def test_graph_forward_casts_its_inputs_and_accepts_int32_batches():
     torch.testing.assert_close(model(x.double(), ei, batch.int(), pe=pe.double()), expected, rtol=0, atol=0)
 
 
-def test_graph_edge_path_removes_given_self_loops_before_adding_zero_ones():
+def test_graph_edge_path_removes_given_self_loops_before_adding_zero_ones(tiny_graph_transformer):
     """Kills (graph_transformer.py, ``_prepare_edges``): ``remove_self_loops`` dropped (a given self loop with
     features stays next to the added zero-feature one: two loops on one node); reference: the same
     weights with ``self_loops=False`` on the edges with exactly one zero-feature loop per node."""
     kw = dict(edge_dim=2, heads="attention:1,heat(steps=2):1")
-    model = _graph(**kw).eval()
-    ref = _graph(**kw, self_loops=False).eval()
+    model = tiny_graph_transformer(**kw).eval()
+    ref = tiny_graph_transformer(**kw, self_loops=False).eval()
     ref.load_state_dict(model.state_dict())
     x = torch.randn(4, 3, dtype=F64)
     ei = torch.tensor([[0, 1, 2, 2], [1, 2, 3, 2]])  # the last edge is a self loop of node 2
@@ -420,10 +384,10 @@ def test_graph_edge_path_removes_given_self_loops_before_adding_zero_ones():
     torch.testing.assert_close(model(x, ei, edge_attr=e), expected, rtol=0, atol=1e-12)
 
 
-def test_graph_pe_sign_flip_can_be_switched_off():
+def test_graph_pe_sign_flip_can_be_switched_off(tiny_graph_transformer):
     """Kills (graph_transformer.py): the sign flip applied without ``c.pe_sign_flip`` (``pe_sign_flip=False``
     ignored); reference: ``x W_x + b_x + pe W_pe + b_pe`` by hand in training, for every seed."""
-    model = _graph(pe="laplacian", pe_dim=2, pe_sign_flip=False).train()
+    model = tiny_graph_transformer(pe="laplacian", pe_dim=2, pe_sign_flip=False).train()
     x, pe = torch.randn(4, 3, dtype=F64), torch.rand(4, 2, dtype=F64) + 0.5
     ei = torch.tensor([[0, 1, 2], [1, 2, 3]])
     expected = x @ model.embed.weight.T + model.embed.bias + pe @ model.pe_embed.weight.T + model.pe_embed.bias
@@ -433,12 +397,12 @@ def test_graph_pe_sign_flip_can_be_switched_off():
         torch.testing.assert_close(inter.embeddings, expected, rtol=0, atol=1e-12)
 
 
-def test_graph_blocks_get_one_layer_state_per_attention_stack():
+def test_graph_blocks_get_one_layer_state_per_attention_stack(tiny_graph_transformer):
     """Kills (graph_transformer.py): one ``LayerState`` shared
     by the edge-attention and the global-attention stacks (a value-residual head of the global stack would
     read the first edge layer's values); reference: the blocks chained with one state per stack."""
     heads = ["attention:2", "value-residual:1,attention:1"]
-    model = _graph(depth=2, heads=heads, global_attention=True, task="graph").eval()
+    model = tiny_graph_transformer(depth=2, heads=heads, global_attention=True, task="graph").eval()
     x = torch.randn(5, 3, dtype=F64)
     ei = torch.tensor([[1, 2, 0, 4, 3], [0, 1, 2, 3, 4]])
     batch = torch.tensor([0, 0, 0, 1, 1])
