@@ -12,7 +12,6 @@ run is bit-identical) and evaluates deterministically on fixed held-out data.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
