@@ -210,8 +210,7 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
         raise ValueError(f"bank_labels must lie in [0, num_classes={num_classes}), got labels in [{lo}, {hi}]")
     if k < 1 or temperature <= 0:
         raise ValueError(f"k must be >= 1 and temperature > 0, got k={k}, temperature={temperature}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    check_positive_int("knn_classify", chunk_size=chunk_size)
     bank_n = F.normalize(bank.float(), dim=1)
     labels = bank_labels.to(bank.device)
     k = min(k, bank.shape[0])

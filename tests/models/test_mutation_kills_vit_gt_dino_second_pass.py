@@ -521,7 +521,8 @@ def test_update_center_refuses_logits_of_another_width():
 def test_dino_schedules_and_knn_refuse_arguments_outside_their_domain():
     """Bug: ``teacher_temperature`` at a negative step extrapolated the warm-up line below ``warmup``
     (0.04 - 0.004 at step -1), ``cosine_momentum`` took a ``base`` outside [0, 1], and
-    ``knn_classify(chunk_size=0)`` failed with ``range()``'s bare "arg 3 must not be zero".
+    ``knn_classify(chunk_size=0)`` failed with ``range()``'s bare "arg 3 must not be zero" (now the
+    models' shared ``check_positive_int``: a ValueError, and a TypeError for a float or bool).
     In-domain values keep the schedules' hand values."""
     with pytest.raises(ValueError, match=r"^step must be >= 0, got -1$"):
         teacher_temperature(-1, final=0.08, warmup=0.04, warmup_steps=10)
@@ -532,8 +533,9 @@ def test_dino_schedules_and_knn_refuse_arguments_outside_their_domain():
     assert cosine_momentum(5, 0.9, 10) == pytest.approx(1 - 0.1 * (1 + math.cos(math.pi / 2)) / 2)
     assert cosine_momentum(0, 1.0, 10) == 1.0 and cosine_momentum(0, 0.0, 10) == 0.0  # the closed ends
     bank, labels = torch.eye(3), torch.tensor([0, 1, 2])
-    for bad in (0, -4, 2.0, True):
-        with pytest.raises(ValueError, match=rf"^chunk_size must be a positive int, got {bad!r}$"):
+    for bad, error, got in ((0, ValueError, "0"), (-4, ValueError, "-4"), (2.0, TypeError, "float 2.0"),
+                            (True, TypeError, "bool True")):
+        with pytest.raises(error, match=rf"^knn_classify.chunk_size must be a positive int, got {got}$"):
             knn_classify(bank, labels, bank, 3, k=1, chunk_size=bad)
     assert knn_classify(bank, labels, bank, 3, k=1, chunk_size=1).tolist() == [0, 1, 2]
 
