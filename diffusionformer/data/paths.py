@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -163,8 +164,6 @@ def load_cached(path: Path, fits: Callable[[Any], bool] | None = None, what: str
         fits: whether the loaded object is what the caller saved there (``None``: anything).
         what: the expected content, for the warning when ``fits`` refuses it.
     """
-    import warnings
-
     if not path.is_file():
         return None
     try:
@@ -195,8 +194,6 @@ def drop_unsafe_processed(folder: Path) -> list[str]:
         ``"<file>: <error>"`` for each refused file (empty when nothing was removed); each is
         also reported as a ``UserWarning``.
     """
-    import warnings
-
     if not folder.is_dir():
         return []
     refused = []
