@@ -140,7 +140,11 @@ class DINOTask:
     (the schedule's value after this update) and ``teacher_temp``. :meth:`evaluate` returns
     ``knn_val_acc`` and ``knn_test_acc`` (:func:`~diffusionformer.models.knn_classify` with the
     training split as the bank; ``max_batches`` caps the batches of every split) and ``loss``,
-    the DINO loss of up to ``eval_batch_size`` validation images on fixed seeded views.
+    the DINO loss of up to ``eval_batch_size`` validation images on fixed seeded views, taken at
+    the final teacher temperature ``config.teacher_temp`` (not the warm-up value of the current
+    step, so the score depends on the weights only) against the current centre, which it does
+    not move. A split with nothing to score gives NaN (an empty training split: both
+    accuracies; an empty validation split: ``knn_val_acc`` and ``loss``).
     """
 
     #: the teacher and the centre move at every loss call, so micro-batches would not add up to
@@ -232,6 +236,8 @@ class DINOTask:
             batch = {"images": x_val.to(device), **{k: v.to(device) for k, v in params.items()}}
             student, teacher = self._logits(dino, dino, self._views(batch))
             out["loss"] = dino_loss(student, teacher, dino.center, cfg.student_temp, cfg.teacher_temp).item()
+        else:
+            out["loss"] = float("nan")  # no validation image to score, as in the other tasks
         return out
 
 

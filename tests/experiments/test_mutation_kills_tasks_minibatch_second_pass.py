@@ -982,3 +982,15 @@ def test_shard_batch_refuses_unequal_shards_and_cuts_contiguous_rows():
 #   either way (``float(False) == 0.0``): the same tasks are built and the same errors raised.
 # distributed.py D1 (``world_size < 1 or`` dropped from dist_env's range check): with ``world_size < 1``
 #   the remaining ``0 <= rank < world_size`` is false for every rank, so the same ValueError is raised.
+
+
+def test_dino_evaluation_without_validation_images_reports_a_nan_loss():
+    """Bug: ``DINOTask.evaluate`` left ``loss`` out when the validation split was empty, while every other
+    task reports NaN for a split with nothing to score (a ``select_by: loss`` run then had no key to read)."""
+    model = _tiny_dino().eval()
+    full = _dino_images()
+    data = ClassificationData("toy", "image", full.x_train, full.y_train, full.x_val[:0], full.y_val[:0],
+                              full.x_test, full.y_test, num_classes=3, input_shape=(1, 8, 8))
+    out = T.DINOTask(data, model, eval_batch_size=4).evaluate(model, None)
+    assert set(out) == {"knn_val_acc", "knn_test_acc", "loss"}
+    assert math.isnan(out["knn_val_acc"]) and math.isnan(out["loss"]) and 0.0 <= out["knn_test_acc"] <= 1.0
