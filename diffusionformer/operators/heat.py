@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.operators.base import (DiffusionOperator, _check_tol, check_finite_float, check_finite_parameter,
-                                            check_flag, static_dtype)
+                                            check_flag, check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps_for_tolerance", "heat_truncation_error"]
@@ -198,7 +198,7 @@ class HeatOperator(DiffusionOperator):
         learnable: learn ``t`` (one value per head).
         tol: truncation tolerance: ``steps=None`` meets it (default ``1e-4``); an explicit
             ``steps`` must meet it (default ``0.5``).
-        min_t: lower bound applied to a learned ``t``.
+        min_t: lower bound applied to a learned ``t`` (a real number, ``-inf`` for none; not NaN).
         num_heads: number of heads ``G`` this instance serves.
 
     Shapes:
@@ -232,6 +232,9 @@ class HeatOperator(DiffusionOperator):
             raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}")
         if not isinstance(learnable, bool):
             raise TypeError(f"learnable must be a bool, got {type(learnable).__name__}")
+        min_t = check_real(min_t, "min_t")
+        if math.isnan(min_t):  # clamp(min=nan) would make every learned time, and the head's output, NaN
+            raise ValueError("min_t must be a number (-inf for no bound), got nan")
         if t < min_t:
             raise ValueError(f"t={t} is below min_t={min_t}")
         tol = _check_tol(tol)

@@ -114,10 +114,11 @@ class PPROperator(DiffusionOperator):
             raise ValueError(f"ppr(alpha={alpha:g}, steps={steps}): truncation error {2.0 * (1.0 - alpha) ** steps:.3g} "
                              f"exceeds tol={tol:g}; steps={ppr_steps_for_tolerance(float(alpha), float(tol))} would do "
                              "(or pass steps=None to choose it)")
+        learnable = check_flag(learnable, "learnable")  # before its use below: learnable='yes' is a TypeError
         if learnable and alpha >= 1.0:
             raise ValueError("a learnable alpha must start strictly below 1")
         self.steps = steps
-        self.learnable = check_flag(learnable, "learnable")
+        self.learnable = learnable
         self._alpha0 = float(alpha)
         self._static: tuple[float, ...] | None = None
         if learnable:
