@@ -163,8 +163,9 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
 def format_head_spec(heads: Any, num_heads: int) -> Any:
     """Fill the templates ``{H}`` (``num_heads``) and ``{half}`` (``num_heads // 2``) of a head spec.
 
-    Strings are formatted; lists and ``{layer: spec}`` dicts are formatted entry by entry
-    (dict keys become ints); anything else is returned as is.
+    Strings are formatted; lists, tuples and ``{layer: spec}`` mappings are formatted entry by
+    entry (a list stays a list, a tuple a tuple, a mapping becomes a dict with int keys);
+    anything else is returned as is.
 
     Raises:
         ValueError: an unknown template name.
@@ -182,9 +183,9 @@ def format_head_spec(heads: Any, num_heads: int) -> Any:
             return heads.format(H=num_heads, half=num_heads // 2)
         except (KeyError, IndexError, ValueError) as err:
             raise ValueError(f"head spec {heads!r}: only the templates {{H}} and {{half}} are known ({err})") from None
-    if isinstance(heads, list):
-        return [format_head_spec(h, num_heads) for h in heads]
-    if isinstance(heads, dict):
+    if isinstance(heads, (list, tuple)):
+        return type(heads)(format_head_spec(h, num_heads) for h in heads)
+    if isinstance(heads, Mapping):  # any mapping (a read-only MappingProxyType too), not only a dict
         return {_layer_key(k): format_head_spec(v, num_heads) for k, v in heads.items()}
     return heads
 
