@@ -408,10 +408,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 node = match[0]
             elif isinstance(node, dict):
                 node = node.setdefault(part, {})
-            else:
-                raise ValueError(f"override {text!r}: {'.'.join(path[: i + 1])} is not a table")
-        if not isinstance(node, dict):
+            else:  # the value reached by path[:i] (a string, a number) has no keys
+                raise ValueError(f"override {text!r}: {'.'.join(path[:i])} is not a table, got {node!r}")
+        if isinstance(node, list):
             raise ValueError(f"override {text!r}: cannot set a key inside a list")
+        if not isinstance(node, dict):
+            raise ValueError(f"override {text!r}: {'.'.join(path[:-1])} is not a table, got {node!r}")
         node[path[-1]] = value
     return data
 
