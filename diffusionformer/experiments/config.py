@@ -381,7 +381,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for text in overrides:
         path, value = parse_override(text)
         if path[0] in ("tasks", "operators") and len(path) == 1:
-            wanted = value if isinstance(value, list) else [v.strip() for v in str(value).split(",")]
+            wanted = value if isinstance(value, list) else [v.strip() for v in str(value).split(",") if v.strip()]
+            if not wanted:  # "tasks=" or "tasks=," would keep nothing to run
+                raise ValueError(f"override {text!r}: name at least one of the {path[0]} to keep")
             entries = data.get(path[0], [])
             if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
                 raise ValueError(f"override {text!r}: {path[0]} must be a list of tables ([[{path[0]}]] entries, each "

@@ -439,6 +439,17 @@ def test_a_name_filter_takes_a_toml_list_and_a_comma_list_with_spaces():
     assert [o["name"] for o in apply_overrides(raw, ['operators=["attention", "lap"]'])["operators"]] == ["attention", "lap"]
 
 
+def test_a_name_filter_ignores_a_trailing_comma_and_refuses_to_keep_nothing():
+    """Bug: experiments/config.py apply_overrides read ``tasks=digits,`` as the names ``['digits', '']`` and refused
+    it as "no tasks named ['']"; an empty filter (``operators=``, ``tasks=[]``) got the same puzzle or no error at
+    all. Empty names are now dropped, and a filter that names nothing is refused with a message saying so."""
+    raw = _raw()
+    assert [t["name"] for t in apply_overrides(raw, ["tasks=digits,"])["tasks"]] == ["digits"]
+    for bad in ("operators=", "operators= , ", "tasks=[]"):
+        with pytest.raises(ValueError, match=r"name at least one of the (operators|tasks) to keep"):
+            apply_overrides(raw, [bad])
+
+
 def test_a_name_filter_keeps_a_primary_contrast_named_by_setting_alone():
     """kills: experiments/config.py apply_overrides ``p.rpartition(":")[0] in ("", *tasks_kept)`` ->
     ``in tasks_kept`` (a ``primary = ["lap"]`` contrast dropped by ``--set tasks=digits``)"""
