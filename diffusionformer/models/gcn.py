@@ -48,6 +48,10 @@ class GCN(nn.Module):
         An edge ``(j, i)`` of ``edge_index`` sends node ``j``'s features to node ``i`` (PyG's source-to-target
         order): pass both directions for an undirected graph.
 
+    :math:`\hat A` is ``A`` with a self-loop of weight 1 on every node (PyG's
+    ``add_remaining_self_loops``): a node that already has a self-loop in ``edge_index`` keeps
+    weight 1 there, not 2; repeated edges add up.
+
     Examples:
         >>> GCN(GCNConfig(in_channels=3, num_classes=2))(torch.randn(4, 3), torch.tensor([[0, 1], [1, 2]])).shape
         torch.Size([4, 2])

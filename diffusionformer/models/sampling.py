@@ -35,6 +35,9 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     running mass is summed in float64 (float32 on MPS, which has no float64), without the
     cancellation of ``cumsum - probs``: the mass compared with ``p`` carries float64 rounding
     (``~V * 1e-16``) instead of float32's (``~1e-7`` and up), which dropped or kept tokens.
+    Tokens tied in probability at the edge of the kept set are ranked by an unstable sort:
+    which of them are kept is not specified (:func:`top_k_filter`, by contrast, keeps every
+    token tied with the ``k``-th).
 
     Args:
         logits: ``(B, V)`` (already divided by the temperature).

@@ -73,8 +73,16 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
             setattr(owner, name, stored)
 
 
+def _bit_equal(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes (``torch.equal`` alone takes 1.0 in float32 for 1.0 in float64, 0.0 for -0.0, and
+    calls a NaN different from itself)."""
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return False
+    return torch.equal(x.detach().reshape(-1).view(torch.uint8), y.detach().reshape(-1).view(torch.uint8))
+
+
 def assert_same_checkpoint_weights(a: str | Path, b: str | Path, key: str = "model") -> None:
-    """Assert that two checkpoints hold bit-identical tensors under ``key`` (same names, same values).
+    """Assert that two checkpoints hold bit-identical tensors under ``key`` (same names, dtypes, shapes and bytes).
 
     Args:
         a, b: checkpoint files written by :class:`~diffusionformer.train.Trainer` (``torch.save`` dicts).
@@ -88,6 +96,6 @@ def assert_same_checkpoint_weights(a: str | Path, b: str | Path, key: str = "mod
     if set(sa) != set(sb):
         raise AssertionError(f"checkpoints hold different tensors: only in {a}: {sorted(set(sa) - set(sb))}, "
                              f"only in {b}: {sorted(set(sb) - set(sa))}")
-    differ = [k for k, v in sa.items() if not torch.equal(v, sb[k])]
+    differ = [k for k, v in sa.items() if not _bit_equal(v, sb[k])]
     if differ:
         raise AssertionError(f"{len(differ)} of {len(sa)} tensors differ between {a} and {b}, e.g. {differ[:5]}")
