@@ -58,7 +58,7 @@ extensions = [
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 # results/<study>/analysis/README.md: the geometry tables that `publish` inlines into the study's page
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "results/*/analysis/README.md"]
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "results/*/analysis/README.md", "results/.*.publishing"]
 templates_path = ["_templates"]
 # No intersphinx: the build must work offline. References to torch/PyG names render as text.
 nitpicky = False

@@ -95,6 +95,10 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
                        *, config_path: str | None = None) -> Path:
     """Write the results page of ``config`` from ``<out_root>/<name>/`` into ``docs_dir``.
 
+    The files of ``<docs_dir>/<name>/`` are copied into ``<docs_dir>/.<name>.publishing/``
+    first, which replaces the earlier folder only once complete: a copy that fails half-way
+    (a truncated figure, a full disk) leaves the earlier published files as they were.
+
     Raises:
         FileNotFoundError: the comparison has no ``results.json`` yet (run it first).
     """
@@ -110,26 +114,18 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     dst = docs / config.name
     in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
     analysis = src / "analysis"
-    if not in_place:
+    if not in_place:  # copied into a folder beside it that replaces it once whole: a failure keeps the earlier files
+        stage = docs / f".{config.name}.publishing"
+        if stage.exists():  # left by a publish that failed
+            shutil.rmtree(stage)
+        try:
+            _copy_files(src, stage, runs)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
         if dst.exists():
             shutil.rmtree(dst)
-        stored = {(r.get("task"), r.get("operator"), r.get("seed")) for r in json.loads(results_path.read_text())["runs"]}
-        if stored == {(r.task, r.operator, r.seed) for r in runs}:
-            _copy(results_path, dst / "results.json")
-        else:  # results.json holds runs outside the config (parts run with --set) or misses some: the page's runs
-            dst.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(dst / "results.json", {"runs": [r.__dict__ for r in runs], "summary": aggregate(runs)})
-        _copy(src / "manifest.json", dst / "manifest.json")
-        for png in sorted((src / "plots").glob("*.png")):
-            _copy_png(png, dst / "plots" / png.name)
-        _copy(analysis / "metrics.json", dst / "analysis" / "metrics.json")
-        _copy(analysis / "README.md", dst / "analysis" / "README.md")
-        for png in sorted((analysis / "plots").glob("*.png")):
-            _copy_png(png, dst / "analysis" / png.name)
-        for r in runs:
-            log = run_dir(src, r.task, r.operator, r.seed) / "metrics.jsonl"
-            if log.is_file():
-                write_run_log(read_curves(log.parent), dst / "logs" / r.task / r.operator / f"seed{r.seed}.json")
+        stage.rename(dst)
     logs = sorted((dst / "logs").rglob("*.json")) if (dst / "logs").is_dir() else []
 
     table = aggregate(runs)
@@ -201,6 +197,29 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         warnings.warn(f"{index} not found: add {page.name} to a toctree, or `sphinx -W` fails "
                       "(\"document isn't included in any toctree\")", RuntimeWarning, stacklevel=2)
     return page
+
+
+def _copy_files(src: Path, dst: Path, runs: list[RunResult]) -> None:
+    """Copy the small files of the comparison in ``src`` into ``dst`` (made): results, manifest, figures, analysis
+    and one log per run of ``runs``."""
+    results_path, analysis = src / "results.json", src / "analysis"
+    dst.mkdir(parents=True)
+    stored = {(r.get("task"), r.get("operator"), r.get("seed")) for r in json.loads(results_path.read_text())["runs"]}
+    if stored == {(r.task, r.operator, r.seed) for r in runs}:
+        _copy(results_path, dst / "results.json")
+    else:  # results.json holds runs outside the config (parts run with --set) or misses some: the page's runs
+        write_json_atomic(dst / "results.json", {"runs": [r.__dict__ for r in runs], "summary": aggregate(runs)})
+    _copy(src / "manifest.json", dst / "manifest.json")
+    for png in sorted((src / "plots").glob("*.png")):
+        _copy_png(png, dst / "plots" / png.name)
+    _copy(analysis / "metrics.json", dst / "analysis" / "metrics.json")
+    _copy(analysis / "README.md", dst / "analysis" / "README.md")
+    for png in sorted((analysis / "plots").glob("*.png")):
+        _copy_png(png, dst / "analysis" / png.name)
+    for r in runs:
+        log = run_dir(src, r.task, r.operator, r.seed) / "metrics.jsonl"
+        if log.is_file():
+            write_run_log(read_curves(log.parent), dst / "logs" / r.task / r.operator / f"seed{r.seed}.json")
 
 
 def add_to_toctree(index: str | Path, entry: str) -> bool:
