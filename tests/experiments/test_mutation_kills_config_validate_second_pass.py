@@ -20,6 +20,7 @@ no network; files only under ``tmp_path``.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -260,7 +261,24 @@ def test_a_field_of_another_class_takes_only_an_instance_of_it():
 
 
 # ---------------------------------------------------------------------------- experiments/config.py
-_NAME_RULE = "must be a non-empty string without '/' or '\\' and not '.' or '..' (it names a results folder)"
+_NAME_RULE = ("must be a non-empty string without whitespace, '/' or '\\' and not '.' or '..' "
+              "(it names a results folder)")
+
+
+@pytest.mark.parametrize("where, name", [("experiment", "my study"), ("task", "dig its"), ("operator", "lap\t2")])
+def test_bug_a_name_with_whitespace_is_refused_when_the_config_loads(where, name):
+    """Bug: experiments/config.py ``_check_path_name`` took names with spaces; they name results folders and the
+    published page links its figures by them, and MyST renders ``![x](my study/a.png)`` as plain text (and
+    ``<my study/a.png>`` as a ``my%20study`` path Sphinx cannot find), so the page lost its figures."""
+    raw = _raw()
+    if where == "experiment":
+        raw["name"] = name
+    elif where == "task":
+        raw["tasks"][0]["name"] = name
+    else:
+        raw["operators"][1]["name"] = name
+    with pytest.raises(ValueError, match=re.escape(f"{_NAME_RULE}, got {name!r}")):
+        load_experiment_config(raw)
 
 
 @pytest.mark.parametrize("fields, message", [
