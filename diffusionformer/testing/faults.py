@@ -78,7 +78,10 @@ def _bit_equal(x: torch.Tensor, y: torch.Tensor) -> bool:
     calls a NaN different from itself)."""
     if x.dtype != y.dtype or x.shape != y.shape:
         return False
-    return torch.equal(x.detach().reshape(-1).view(torch.uint8), y.detach().reshape(-1).view(torch.uint8))
+    def as_bytes(t: torch.Tensor) -> torch.Tensor:  # contiguous first: a byte view needs unit stride
+        return t.detach().contiguous().view(-1).view(torch.uint8)
+
+    return torch.equal(as_bytes(x), as_bytes(y))
 
 
 def assert_same_checkpoint_weights(a: str | Path, b: str | Path, key: str = "model") -> None:

@@ -523,6 +523,12 @@ def test_bug_assert_same_checkpoint_weights_compares_dtypes_and_bits(tmp_path):
         other = save(name, **{**dict(w=torch.tensor([1.0, 0.0]), n=torch.tensor([float("nan"), 2.0]), i=torch.tensor([3])), **changed})
         with pytest.raises(AssertionError, match=rf"1 of 3 tensors differ .* \['{next(iter(changed))}'\]"):
             assert_same_checkpoint_weights(base, other)
+    # a strided view (saved and loaded with its strides: a sliced or tied weight) is compared, not refused by
+    # the byte view, which needs unit stride
+    strided = torch.arange(12.0)[::2]
+    assert_same_checkpoint_weights(save("s1.pt", w=strided), save("s2.pt", w=strided.clone()))
+    with pytest.raises(AssertionError, match=r"1 of 1 tensors differ"):
+        assert_same_checkpoint_weights(save("s3.pt", w=strided), save("s4.pt", w=strided + 1))
 
 
 class _ThirdHeadSeesTheFuture(DiffusionOperator):
