@@ -325,6 +325,21 @@ def test_bug_ppr_checks_learnable_before_reading_it():
         PPROperator(alpha=1.0, steps=4, learnable=True)
 
 
+def test_bug_a_spec_with_an_infinite_value_builds_back():
+    """Bug: registry.py ``parse_operator_spec`` refused ``min_t=-inf`` (``literal_eval`` knows no ``inf``), so the
+    spec that ``HeatOperator(min_t=-inf).spec()`` writes, and a config naming "no lower bound", could not be built.
+    Bare ``inf``/``nan`` now read as floats; a quoted ``'inf'`` stays a string and other names are still refused."""
+    op = HeatOperator(t=0.5, steps=6, learnable=True, min_t=-math.inf)
+    assert op.spec() == "heat(t=0.5, steps=6, method='taylor', learnable=True, min_t=-inf)"
+    again = build_operator(op.spec())
+    assert isinstance(again, HeatOperator) and again.min_t == -math.inf and again.spec() == op.spec()
+    name, kwargs = parse_operator_spec("x(a=inf, b=(1, -inf), c=nan, d='inf')")
+    assert name == "x" and kwargs["a"] == math.inf and kwargs["b"] == (1, -math.inf) and kwargs["d"] == "inf"
+    assert math.isnan(kwargs["c"])
+    with pytest.raises(ValueError, match=r"the value of 'a' must be a Python literal"):
+        parse_operator_spec("x(a=infinity)")
+
+
 # ---------------------------------------------------------------------------- equivalent mutants
 # 104 mutants were applied (17 in base.py, 1 in basic.py, 8 in differential.py, 2 in ppr_exact.py, 20 in heat.py,
 # 10 in ppr.py, 10 in polynomial.py, 21 in registry.py, 3 in neutreno.py, 5 in attnscale.py, 7 in grand.py);
