@@ -60,3 +60,39 @@ def _write_run(out, task, op, seed, records, status="completed", **summary):
 def write_run():
     """:func:`_write_run`: writes the run folder ``run_dir(out, task, op, seed)`` the runner would leave."""
     return _write_run
+
+
+class _StandInFigure:
+    """A matplotlib ``Figure`` stand-in for ``experiments.plots._figure``: its axes are ``ax_class`` objects that
+    record what is drawn, every figure made is kept in ``made``, and ``savefig`` writes a placeholder file."""
+
+    ax_class: type = object
+    made: list = []
+
+    def __init__(self, **kwargs):
+        self.axes = []
+        type(self).made.append(self)
+
+    def subplots(self, *shape):
+        self.axes = [self.ax_class() for _ in range(shape[1] if shape else 1)]
+        return tuple(self.axes) if shape else self.axes[0]
+
+    def suptitle(self, text):
+        pass
+
+    def savefig(self, path, dpi=None):
+        path.write_bytes(b"figure")
+
+
+@pytest.fixture
+def stand_in_figure(monkeypatch):
+    """``install(ax_class)``: puts a :class:`_StandInFigure` whose axes are ``ax_class`` in place of
+    ``experiments.plots._figure`` for the test, and returns that class (its ``made`` lists the figures)."""
+    from diffusionformer.experiments import plots
+
+    def install(ax_class):
+        figure = type("_Figure", (_StandInFigure,), {"ax_class": ax_class, "made": []})
+        monkeypatch.setattr(plots, "_figure", figure)
+        return figure
+
+    return install

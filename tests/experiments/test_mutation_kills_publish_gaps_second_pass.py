@@ -366,36 +366,15 @@ class _Ax:
         pass
 
 
-class _Figure:
-    made: list = []
-
-    def __init__(self, **kwargs):
-        self.axes = []
-        _Figure.made.append(self)
-
-    def subplots(self, *shape):
-        self.axes = [_Ax() for _ in range(shape[1])]
-        return tuple(self.axes)
-
-    def suptitle(self, text):
-        pass
-
-    def savefig(self, path, dpi=None):
-        path.write_bytes(b"figure")
-
-
-def test_plot_gaps_draws_the_gap_on_the_right_and_the_losses_on_the_left(write_run, tmp_path, monkeypatch):
+def test_plot_gaps_draws_the_gap_on_the_right_and_the_losses_on_the_left(write_run, tmp_path, stand_in_figure):
     """kills: gaps.py ``plot_gaps`` the right panel drawn from the validation loss instead of the gap"""
-    from diffusionformer.experiments import plots
-
     config = _text_config(seeds=(0, 1), operators=("attention",))
     for seed, (t, v) in enumerate(((1.0, 1.5), (1.5, 2.5))):
         write_run(tmp_path / "g", "t", "attention", seed, [_eval(10, train_loss=t + 1, val_loss=v + 1),
                                                            _eval(20, train_loss=t, val_loss=v)])
-    _Figure.made = []
-    monkeypatch.setattr(plots, "_figure", _Figure)
+    figure = stand_in_figure(_Ax)
     assert gaps.plot_gaps(config, tmp_path, tmp_path / "plots") == [tmp_path / "plots" / "t_gap.png"]
-    loss_ax, gap_ax = _Figure.made[-1].axes
+    loss_ax, gap_ax = figure.made[-1].axes
     assert loss_ax.lines == [([10, 20], [3.0, 2.0], "-", "attention (n=2), val"),
                              ([10, 20], [2.25, 1.25], "--", "attention (n=2), train")]
     assert gap_ax.lines == [([10, 20], [0.75, 0.75], "-", "attention (n=2)")]

@@ -538,22 +538,7 @@ class _Ax:
         pass
 
 
-class _Figure:
-    made: list = []
-
-    def __init__(self, **kwargs):
-        self.axes = []
-        _Figure.made.append(self)
-
-    def subplots(self, *shape):
-        self.axes = [_Ax() for _ in range(shape[1] if shape else 1)]
-        return tuple(self.axes) if shape else self.axes[0]
-
-    def savefig(self, path, dpi=None):
-        path.write_bytes(b"figure")
-
-
-def _plot_study(tmp_path, monkeypatch):
+def _plot_study(tmp_path, stand_in_figure):
     """Logs and results of three tasks written by hand; returns what ``plot_experiment`` drew and wrote."""
     raw = _raw(seeds=[0, 1, 2])
     raw["tasks"].append({**raw["tasks"][0], "name": "lm", "metric": "val_loss"})
@@ -577,19 +562,18 @@ def _plot_study(tmp_path, monkeypatch):
         _write_log(out, "lm", op, 0, [{"step": 4, "split": "train", "loss": 3.0, "metrics": {}},
                                       {"step": 4, "split": "eval", "loss": loss, "metrics": {"val_acc": 0.3}}])
         results.append(RunResult("lm", op, 0, "completed", "val_loss", loss))
-    _Figure.made = []
-    monkeypatch.setattr(plots, "_figure", _Figure)
+    figure = stand_in_figure(_Ax)
     written = plots.plot_experiment(out, cfg, results)
-    return out, written, _Figure.made
+    return out, written, figure.made
 
 
-def test_plot_experiment_draws_seed_means_and_population_std_of_the_logs(tmp_path, monkeypatch):
+def test_plot_experiment_draws_seed_means_and_population_std_of_the_logs(tmp_path, stand_in_figure):
     """kills: plots.py ``_series`` ``!= split`` -> ``== split``, reading ``loss`` from the metrics, taking records
     without the key (``isinstance`` check -> always: TypeError), ``_mean_band`` not dropping a run without a log
     (the failed lap run then hides lap's curve), ``std(ddof=1)`` for the band (the figures show population std,
     as ``gaps`` says), ``set.union`` for the common steps, ``metric_key = task.metric`` (a ``val_loss`` task
     draws no validation curve) and the metric panel read from the train records"""
-    _, _, figs = _plot_study(tmp_path, monkeypatch)
+    _, _, figs = _plot_study(tmp_path, stand_in_figure)
     loss_ax, metric_ax = figs[0].axes
     sd3 = float(np.std([1.0, 1.2, 1.4]))  # population std of the three seeds at each step
     sd2 = float(np.std([1.2, 1.4]))
@@ -605,18 +589,18 @@ def test_plot_experiment_draws_seed_means_and_population_std_of_the_logs(tmp_pat
     assert [(x, y) for x, y, _, _ in lm_metric.lines] == [([4], [2.5]), ([4], [2.25])]
 
 
-def test_bug_the_legend_counts_the_runs_in_the_band_not_a_failed_run_without_a_log(tmp_path, monkeypatch):
+def test_bug_the_legend_counts_the_runs_in_the_band_not_a_failed_run_without_a_log(tmp_path, stand_in_figure):
     """Bug: plots.py labelled each curve ``n=len(seeds)``, the runs of the setting in the results, so lap, whose
     third run failed before it logged anything, read "lap (n=3)" under a mean and band over two seeds. The label
     now counts the runs whose log gave the curve."""
-    _, _, figs = _plot_study(tmp_path, monkeypatch)
+    _, _, figs = _plot_study(tmp_path, stand_in_figure)
     loss_ax, metric_ax = figs[0].axes
     assert [label for *_, label in loss_ax.lines] == ["attention (n=3)", "lap (n=2)"]
     assert [label for *_, label in metric_ax.lines] == ["attention (n=3)", "lap (n=2)"]
     assert [label for *_, label in figs[2].axes[0].lines] == ["attention (n=1)", "lap (n=1)"]
 
 
-def test_bug_a_run_that_failed_mid_way_does_not_cut_its_settings_curve(tmp_path, monkeypatch):
+def test_bug_a_run_that_failed_mid_way_does_not_cut_its_settings_curve(tmp_path, stand_in_figure):
     """Bug: the band of a setting was over every run with a log, on the steps all of them share, so one run
     that diverged at step 2 of 4 cut lap's mean curve (and its band) to steps 1-2. The band is now over the
     completed runs (the whole curve, n=2), and the failed run's partial log is drawn on its own, dotted, in
@@ -630,21 +614,20 @@ def test_bug_a_run_that_failed_mid_way_does_not_cut_its_settings_curve(tmp_path,
                                              for t, v in enumerate(losses)])
         results.append(RunResult("digits", "lap", s, "completed" if s < 2 else "failed: non-finite loss",
                                  "test_acc", 0.5 if s < 2 else None))
-    _Figure.made = []
-    monkeypatch.setattr(plots, "_figure", _Figure)
+    figure = stand_in_figure(_Ax)
     plots.plot_experiment(out, cfg, results)
-    loss_ax = _Figure.made[0].axes[0]
+    loss_ax = figure.made[0].axes[0]
     ((x, m, color, label),) = loss_ax.lines
     assert x == [1, 2, 3, 4] and m == pytest.approx([1.1, 0.9, 0.7, 0.5]) and label == "lap (n=2)"
     assert loss_ax.bands[0][1] == pytest.approx([1.0, 0.8, 0.6, 0.4])  # mean - population std (0.1)
     assert loss_ax.partial == [([1, 2], [1.1, 5.0], color, "lap failed (n=1)")]
 
 
-def test_plot_experiment_final_panel_and_the_files_it_writes(tmp_path, monkeypatch):
+def test_plot_experiment_final_panel_and_the_files_it_writes(tmp_path, stand_in_figure):
     """kills: plots.py ``plot_experiment`` drawing a task without results (``if not task_results: continue``
     dropped), taking a failed run's ``None`` value (TypeError), a population instead of a sample std for the
     error bar, the std of one value (``nan``, not 0), and the final figure left out of the returned paths"""
-    out, written, figs = _plot_study(tmp_path, monkeypatch)
+    out, written, figs = _plot_study(tmp_path, stand_in_figure)
     assert written == [out / "plots" / n for n in ("digits_curves.png", "digits_final.png", "lm_curves.png", "lm_final.png")]
     assert sorted(p.name for p in (out / "plots").iterdir()) == sorted(p.name for p in written)
     assert len(figs) == 4
