@@ -6,10 +6,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import Block
+from diffusionformer.ops._checks import checks_values
 
 __all__ = ["ModelIntermediates", "check_positive", "check_positive_int", "init_transformer_weights", "learned_operator_parameters"]
 
@@ -57,6 +59,23 @@ def _check_graph_task(where: str, task: Any, pool: Any) -> None:
         raise ValueError(f"{where}.task must be 'node' or 'graph', got {task!r}")
     if pool not in ("mean", "add", "max"):
         raise ValueError(f"{where}.pool must be 'mean', 'add' or 'max', got {pool!r}")
+
+
+def _readout_batch(batch: Tensor | None, num_graphs: Any, num_nodes: int, device: torch.device) -> Tensor:
+    """The graph id of every node for a GCN/GIN readout, with ``num_graphs`` (``None`` or a positive int, as
+    :class:`~diffusionformer.models.DiffusionGraphTransformer` takes it) checked against ``batch``: ids in
+    ``[0, num_graphs)`` (read on the host in eager mode on CPU only), one graph when ``batch`` is ``None``."""
+    if num_graphs is not None and (isinstance(num_graphs, bool) or not isinstance(num_graphs, int) or num_graphs < 1):
+        raise ValueError(f"num_graphs: expected None or a positive int, got {num_graphs!r}")
+    if batch is None:
+        if num_graphs not in (None, 1):
+            raise ValueError(f"num_graphs: a call without batch holds one graph, got num_graphs={num_graphs}")
+        return torch.zeros(num_nodes, dtype=torch.long, device=device)
+    if num_graphs is not None and batch.numel() and checks_values(batch):
+        lo, hi = int(batch.min()), int(batch.max())
+        if lo < 0 or hi >= num_graphs:
+            raise ValueError(f"batch: expected graph ids in [0, num_graphs={num_graphs}), got ids in [{lo}, {hi}]")
+    return batch
 
 
 def _check_mlp_ratio(where: str, dim: int, mlp_ratio: Any) -> None:

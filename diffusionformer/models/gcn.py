@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
+import torch  # noqa: F401  (doctests)
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GCNConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import document_fields
-from diffusionformer.models.common import _check_graph_task, check_positive_int, check_probability
+from diffusionformer.models.common import _check_graph_task, _readout_batch, check_positive_int, check_probability
 
 __all__ = ["GCN", "GCNConfig"]
 
@@ -40,8 +40,9 @@ class GCN(nn.Module):
     r"""Graph convolutional network :math:`H^{l+1} = \sigma(\hat D^{-1/2} \hat A \hat D^{-1/2} H^l W^l)`.
 
     The reference baseline for node classification: PyG's example reaches about 81.5% test
-    accuracy on Cora's public split. Same call signature as
-    :class:`~diffusionformer.models.DiffusionGraphTransformer`.
+    accuracy on Cora's public split. Called as
+    :class:`~diffusionformer.models.DiffusionGraphTransformer` is: ``(x, edge_index, batch)`` and the
+    keyword ``num_graphs`` (the graph transformer's other keywords are its own).
 
     Shapes:
         ``x``: ``(N, F)``, ``edge_index``: ``(2, E)``, ``batch``: ``(N,)`` -> ``(N, C)`` or ``(G, C)``.
@@ -66,18 +67,24 @@ class GCN(nn.Module):
         self.convs = nn.ModuleList(GCNConv(a, b, cached=False) for a, b in zip(dims[:-1], dims[1:]))
         self.head = nn.Linear(c.hidden, c.num_classes) if c.task == "graph" else nn.Identity()
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
+                num_graphs: int | None = None) -> Tensor:
+        """Node logits ``(N, C)`` or graph logits ``(G, C)``.
+
+        ``num_graphs``: the number of graphs ``G`` of a graph readout (PyG's ``data.num_graphs``; may exceed
+        ``batch.max() + 1``, the extra graphs being empty), instead of ``batch.max() + 1``; checked and
+        otherwise unused for node tasks, as in :class:`~diffusionformer.models.DiffusionGraphTransformer`.
+        """
         c = self.config
         if x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(x.shape)}")
+        batch = _readout_batch(batch, num_graphs, x.shape[0], x.device)
         for i, conv in enumerate(self.convs):
             x = F.dropout(x, c.dropout, self.training)
             x = conv(x, edge_index)
             if i < len(self.convs) - 1 or c.task == "graph":
                 x = F.relu(x)
         if c.task == "graph":
-            if batch is None:
-                batch = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
             pool: Any = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[c.pool]
-            x = pool(x, batch)
+            x = pool(x, batch, size=num_graphs)
         return self.head(x)

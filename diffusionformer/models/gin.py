@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
+import torch  # noqa: F401  (doctests)
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import document_fields
-from diffusionformer.models.common import _check_graph_task, check_positive_int, check_probability
+from diffusionformer.models.common import _check_graph_task, _readout_batch, check_positive_int, check_probability
 
 __all__ = ["GIN", "GINConfig"]
 
@@ -45,8 +45,9 @@ class GIN(nn.Module):
     Each MLP has two linear layers with batch normalisation and ReLU; every layer's
     representation (the input one included) is read out, mapped to class scores by its own
     linear head after dropout, and the scores are summed, as in the paper. The paper reports
-    76.2 ± 2.8% (PROTEINS) and 89.4 ± 5.6% (MUTAG) by 10-fold cross-validation. Same call
-    signature as :class:`~diffusionformer.models.DiffusionGraphTransformer`.
+    76.2 ± 2.8% (PROTEINS) and 89.4 ± 5.6% (MUTAG) by 10-fold cross-validation. Called as
+    :class:`~diffusionformer.models.DiffusionGraphTransformer` is: ``(x, edge_index, batch)`` and the
+    keyword ``num_graphs`` (the graph transformer's other keywords are its own).
 
     Shapes:
         ``x``: ``(N, F)``, ``edge_index``: ``(2, E)``, ``batch``: ``(N,)`` -> ``(G, C)`` or ``(N, C)``.
@@ -72,16 +73,22 @@ class GIN(nn.Module):
         )
         self.heads = nn.ModuleList(nn.Linear(d, c.num_classes) for d in dims)
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
+                num_graphs: int | None = None) -> Tensor:
+        """Node logits ``(N, C)`` or graph logits ``(G, C)``.
+
+        ``num_graphs``: the number of graphs ``G`` of a graph readout (PyG's ``data.num_graphs``; may exceed
+        ``batch.max() + 1``, the extra graphs being empty), instead of ``batch.max() + 1``; checked and
+        otherwise unused for node tasks, as in :class:`~diffusionformer.models.DiffusionGraphTransformer`.
+        """
         c = self.config
         if x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(x.shape)}")
+        batch = _readout_batch(batch, num_graphs, x.shape[0], x.device)
         hs = [x]
         for conv in self.convs:
             hs.append(conv(hs[-1], edge_index))
         if c.task == "graph":
-            if batch is None:
-                batch = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
             pool: Any = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[c.pool]
-            hs = [pool(h, batch) for h in hs]
+            hs = [pool(h, batch, size=num_graphs) for h in hs]
         return sum(head(F.dropout(h, c.dropout, self.training)) for head, h in zip(self.heads, hs))  # type: ignore[return-value]

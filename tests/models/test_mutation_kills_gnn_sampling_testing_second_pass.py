@@ -192,6 +192,35 @@ def test_gcn_and_gin_readouts_give_an_empty_middle_graph_the_head_bias(pool):
         torch.testing.assert_close(model(x[perm], inv[ei], batch[perm]), model(x, ei, batch), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("pool", ["mean", "add", "max"])
+def test_gcn_and_gin_take_num_graphs_for_trailing_empty_graphs(pool):
+    """Bug: GCN and GIN took no ``num_graphs`` (their docstrings said they take the graph transformer's call), so a
+    batch whose last graphs have no node (PyG's ``data.num_graphs`` beyond ``batch.max() + 1``) could not be read
+    out: the call returned ``batch.max() + 1`` rows. Now the extra graphs pool to zero, so their scores are the
+    heads' biases, and the other rows equal the call without ``num_graphs``; bad sizes and ids are refused."""
+    torch.manual_seed(12)
+    x = torch.randn(5, 2, generator=torch.Generator().manual_seed(13), dtype=f64)
+    ei = torch.tensor([[0, 1, 2, 3], [1, 0, 3, 4]])
+    batch = torch.tensor([0, 0, 1, 1, 1])
+    gcn = GCN(GCNConfig(in_channels=2, num_classes=3, hidden=4, task="graph", pool=pool, dropout=0.0)).double().eval()
+    gin = GIN(GINConfig(in_channels=2, num_classes=3, hidden=4, num_layers=2, pool=pool)).double().eval()
+    for model, bias in ((gcn, gcn.head.bias), (gin, gin.heads[0].bias + gin.heads[1].bias)):
+        out = model(x, ei, batch, num_graphs=4)
+        assert out.shape == (4, 3)
+        torch.testing.assert_close(out[:2], model(x, ei, batch), rtol=0, atol=1e-12)
+        torch.testing.assert_close(out[2:], bias.expand(2, 3), rtol=0, atol=0)
+        assert model(x, ei, None, num_graphs=1).shape == (1, 3)
+        for bad in (0, True, 2.0):
+            with pytest.raises(ValueError, match=rf"num_graphs: expected None or a positive int, got {bad!r}"):
+                model(x, ei, batch, num_graphs=bad)
+        with pytest.raises(ValueError, match=r"batch: expected graph ids in \[0, num_graphs=1\), got ids in \[0, 1\]"):
+            model(x, ei, batch, num_graphs=1)
+        with pytest.raises(ValueError, match=r"num_graphs: a call without batch holds one graph, got num_graphs=2"):
+            model(x, ei, None, num_graphs=2)
+    node = GCN(GCNConfig(in_channels=2, num_classes=3, hidden=4, dropout=0.0)).double().eval()
+    torch.testing.assert_close(node(x, ei, batch, num_graphs=2), node(x, ei), rtol=0, atol=0)  # node task: checked only
+
+
 def test_gcn_max_readout_keeps_negative_maxima_of_a_non_empty_graph():
     """Pins (no surviving mutant): a max readout must not start from 0 instead of the first node (reference: the column maxima by hand of a
     graph whose pre-head features are all negative; a ReLU makes the GCN features non-negative, so the head's input
