@@ -19,7 +19,8 @@ from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_graph_task, _check_mlp_ratio,
-                                           check_positive_int, check_probability, init_transformer_weights)
+                                           _check_num_graphs, _check_size, check_positive_int, check_probability,
+                                           init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
 
@@ -101,12 +102,6 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
     if config.pe == "random_walk":
         return AddRandomWalkPE(config.pe_dim, attr_name=attr_name)
     raise ValueError(f"positional_encoding_transform: expected config.pe 'laplacian' or 'random_walk', got {config.pe!r}")
-
-
-def _check_size(name: str, value: object) -> None:
-    """``max_num_nodes`` / ``num_graphs``: ``None`` or a positive Python int (a shape, never a tensor)."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name}: expected None or a positive int, got {value!r}")
 
 
 def _check_sorted_batch(batch: Tensor) -> None:
@@ -342,17 +337,10 @@ class DiffusionGraphTransformer(nn.Module):
         if batch is not None and batch.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"batch must hold integer graph ids, got dtype {batch.dtype}")
         _check_size("max_num_nodes", max_num_nodes)
-        _check_size("num_graphs", num_graphs)
-        if batch is not None and N and checks_values(batch):  # eager CPU: the ids before any kernel reads them
-            lo, hi = int(batch.min()), int(batch.max())
-            if lo < 0 or (num_graphs is not None and hi >= num_graphs):
-                want = "non-negative graph ids" if num_graphs is None else f"graph ids in [0, num_graphs={num_graphs})"
-                raise ValueError(f"batch: expected {want}, got ids in [{lo}, {hi}]")
+        _check_num_graphs(batch, num_graphs)
         # eager CPU: the graph checks its edges (bounds, no edge across graphs); elsewhere the kernel
         # checks the bounds (no host synchronisation per batch)
         checked = isinstance(edge_index, Tensor) and checks_values(edge_index)
-        if batch is None and num_graphs not in (None, 1):
-            raise ValueError(f"num_graphs: a call without batch holds one graph, got num_graphs={num_graphs}")
         if c.task == "graph" and batch is None:
             batch = torch.zeros(N, dtype=torch.long, device=x.device)
         for name, value in (("edge_attr", edge_attr), ("pe", pe)):
