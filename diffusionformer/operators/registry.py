@@ -130,14 +130,11 @@ def operator_class(name: str) -> type[DiffusionOperator]:
 _SPEC = re.compile(r"^\s*([^()\s][^()]*?)\s*(?:\((.*)\))?\s*$", re.S)
 
 
-def _nonfinite_names(node: ast.expr) -> ast.expr:
-    """``node`` with the bare names ``inf`` and ``nan`` (``repr`` of a non-finite float) as float constants."""
+class _NonFiniteNames(ast.NodeTransformer):
+    """Reads the bare names ``inf`` and ``nan`` (``repr`` of a non-finite float) as float constants."""
 
-    class _Floats(ast.NodeTransformer):
-        def visit_Name(self, name: ast.Name) -> ast.AST:
-            return ast.Constant(float(name.id)) if name.id in ("inf", "nan") else name
-
-    return _Floats().visit(node)
+    def visit_Name(self, name: ast.Name) -> ast.AST:
+        return ast.Constant(float(name.id)) if name.id in ("inf", "nan") else name
 
 
 def parse_operator_spec(spec: str) -> tuple[str, dict[str, Any]]:
@@ -175,7 +172,7 @@ def parse_operator_spec(spec: str) -> tuple[str, dict[str, Any]]:
             if kw.arg in kwargs:
                 raise ValueError(f"operator spec {spec!r}: argument {kw.arg!r} is given twice")
             try:
-                kwargs[kw.arg] = ast.literal_eval(_nonfinite_names(kw.value))  # type: ignore[index]
+                kwargs[kw.arg] = ast.literal_eval(_NonFiniteNames().visit(kw.value))  # type: ignore[index]
             except ValueError:
                 raise ValueError(
                     f"operator spec {spec!r}: the value of {kw.arg!r} must be a Python literal"
