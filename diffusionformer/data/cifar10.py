@@ -61,6 +61,16 @@ def _zip_members(zf: zipfile.ZipFile, split: str) -> list[tuple[str, str]]:
     return sorted(members)
 
 
+def _open_zip(path: Path) -> zipfile.ZipFile:
+    """Open a zip archive; a missing or unreadable path keeps its OS error, not "corrupt"."""
+    try:
+        return zipfile.ZipFile(path)
+    except (FileNotFoundError, PermissionError):
+        raise  # the path is wrong or unreadable, the data is not damaged: keep the OS message
+    except (zipfile.BadZipFile, OSError) as err:
+        raise CorruptDataError(f"corrupt zip archive {str(path)!r}: {err}") from None
+
+
 def read_image_zip(
     path: Path, split: str, indices: Tensor | None = None
 ) -> tuple[Tensor, Tensor, list[str]]:
@@ -79,7 +89,8 @@ def read_image_zip(
         ``(images, labels, classes)``.
 
     Raises:
-        CorruptDataError: not a zip, no matching entries, or an entry Pillow cannot decode or
+        FileNotFoundError: ``path`` does not exist.
+        CorruptDataError: not a zip (a folder included), no matching entries, or an entry Pillow cannot decode or
             calls a decompression bomb (more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``).
 
     Shapes:
@@ -87,11 +98,7 @@ def read_image_zip(
         - labels: ``(N,)`` int64
     """
     image_mod = import_optional("PIL.Image", package="pillow", dataset="cifar10")
-    try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as err:
-        raise CorruptDataError(f"corrupt zip archive {str(path)!r}: {err}") from None
-    with zf:
+    with _open_zip(path) as zf:
         members = _zip_members(zf, split)
         if not members:
             raise CorruptDataError(
@@ -273,11 +280,8 @@ def _from_zip(
         images, labels, classes = read_image_zip(path, split)
         save_cached({"images": images, "labels": labels, "classes": classes}, cached_path)
         return images, labels, classes
-    try:
-        with zipfile.ZipFile(path) as zf:
-            total = len(_zip_members(zf, split))
-    except (zipfile.BadZipFile, OSError) as err:
-        raise CorruptDataError(f"corrupt zip archive {str(path)!r}: {err}") from None
+    with _open_zip(path) as zf:
+        total = len(_zip_members(zf, split))
     return read_image_zip(path, split, seeded_subset(total, limit, seed) if total else None)
 
 

@@ -62,7 +62,8 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
     the zip's SHA256, so a changed zip is re-extracted and a half-done extraction is redone.
 
     Raises:
-        CorruptDataError: not a zip, no ``<name>_A.txt``/``<name>_graph_indicator.txt``/
+        FileNotFoundError: ``zip_path`` does not exist.
+        CorruptDataError: not a zip (a folder included), no ``<name>_A.txt``/``<name>_graph_indicator.txt``/
             ``<name>_graph_labels.txt`` inside, or an empty ``<name>_A.txt``.
     """
     marker = raw_dir / _MARKER
@@ -78,6 +79,8 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
                     if info.is_dir() or not base.startswith(f"{name}_"):
                         continue  # skip folders, README.txt and anything unexpected
                     (tmp / base).write_bytes(zf.read(info))
+        except (FileNotFoundError, PermissionError):
+            raise  # a missing or unreadable path (or an unwritable cache), not a damaged archive
         except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, OSError) as err:
             # zlib.error/EOFError: a damaged or cut deflate stream; NotImplementedError: an
             # unknown compression method

@@ -141,3 +141,10 @@ def test_damaged_or_hostile_pickles_are_refused(tmp_path, writers):
 def test_bad_source_option():
     with pytest.raises(ValueError, match="source must be 'auto', 'pickle' or 'jpg'"):
         load_dataset("cifar10", root="/nonexistent", source="png")
+
+
+def test_a_missing_path_is_named_as_missing_not_corrupt(tmp_path):
+    """Bug: a missing file passed to read_image_zip was reported as a "corrupt zip archive",
+    sending the user to re-download good data instead of fixing the path."""
+    with pytest.raises(FileNotFoundError, match=r"No such file.*nowhere\.zip"):
+        read_image_zip(tmp_path / "nowhere.zip", "train")

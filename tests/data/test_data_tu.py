@@ -104,3 +104,15 @@ def test_tu_k_fold_cross_validation(tu_root):
         load_dataset("mutag", root=tu_root, verify=False, fold=5, num_folds=5)
     with pytest.raises(ValueError, match="num_folds must be an int >= 2"):
         load_dataset("mutag", root=tu_root, verify=False, fold=0, num_folds=1)
+
+
+def test_extract_names_a_wrong_path_as_missing_not_corrupt(tmp_path):
+    """Bug: extract_tu_zip called a missing zip a "corrupt zip archive" (a folder stays one)."""
+    from diffusionformer.data.tu import extract_tu_zip
+
+    raw = tmp_path / "raw"
+    with pytest.raises(FileNotFoundError, match=r"No such file.*nowhere\.zip"):
+        extract_tu_zip(tmp_path / "nowhere.zip", "MUTAG", raw, "0" * 64)
+    with pytest.raises(CorruptDataError, match="corrupt zip archive"):
+        extract_tu_zip(tmp_path, "MUTAG", raw, "0" * 64)
+    assert not (raw / ".source_sha256").exists()
