@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,18 +23,21 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def _check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> None:
-    # bool is a subclass of int; a flag passed for a count is a user error, not a 0/1.
-    if isinstance(value, bool) or not isinstance(value, int):
+def _check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    # bool is a subclass of int; a flag passed for a count is a user error, not a 0/1. Any other
+    # integral number (a numpy int from a sweep grid) is read as the Python int it equals.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"TrainConfig.{name}: expected int, got {_type_name(value)} ({value!r})")
+    value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"TrainConfig.{name}: expected an int >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
         raise ValueError(f"TrainConfig.{name}: expected an int <= {maximum}, got {value}")
+    return value
 
 
 def _check_float(name: str, value: Any, minimum: float, *, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"TrainConfig.{name}: expected float, got {_type_name(value)} ({value!r})")
     value = float(value)
     if not math.isfinite(value):
@@ -61,6 +65,8 @@ class TrainConfig:
 
     Every field is checked on construction: a wrong type raises ``TypeError`` and a value out
     of range raises ``ValueError``, both naming the field, what was expected and what came.
+    Counts take any integral number and rates any real one (a NumPy number from a sweep grid
+    is stored as the Python ``int``/``float`` it equals); a ``bool`` is never a number here.
     Use :meth:`from_dict` for configs read from TOML/JSON: it also rejects unknown keys.
 
     Args:
@@ -142,9 +148,8 @@ class TrainConfig:
     loggers: tuple[str, ...] = ("jsonl",)  # subset of ("jsonl", "csv", "tensorboard")
 
     def __post_init__(self) -> None:
-        _check_int("max_steps", self.max_steps, 1)
-        _check_int("batch_size", self.batch_size, 1)
-        _check_int("grad_accum_steps", self.grad_accum_steps, 1)
+        ints = {name: _check_int(name, getattr(self, name), 1)
+                for name in ("max_steps", "batch_size", "grad_accum_steps")}
         if self.batch_size % self.grad_accum_steps:
             raise ValueError(f"TrainConfig.batch_size: expected a multiple of grad_accum_steps "
                              f"({self.grad_accum_steps}, equal micro-batches), got {self.batch_size}")
@@ -163,21 +168,21 @@ class TrainConfig:
         for i, b in enumerate(betas):
             if b >= 1.0:
                 raise ValueError(f"TrainConfig.betas[{i}]: expected a float in [0, 1), got {b}")
-        _check_int("warmup_steps", self.warmup_steps, 0)
+        ints["warmup_steps"] = _check_int("warmup_steps", self.warmup_steps, 0)
         if self.lr_decay_steps is not None:
-            _check_int("lr_decay_steps", self.lr_decay_steps, 1)
+            ints["lr_decay_steps"] = _check_int("lr_decay_steps", self.lr_decay_steps, 1)
         decay = self.max_steps if self.lr_decay_steps is None else self.lr_decay_steps
         if decay < self.warmup_steps:
             raise ValueError(
                 "TrainConfig.lr_decay_steps: expected lr_decay_steps (None = max_steps) >= "
                 f"warmup_steps ({self.warmup_steps}), got {decay}"
             )
-        _check_int("eval_interval", self.eval_interval, 0)
+        ints["eval_interval"] = _check_int("eval_interval", self.eval_interval, 0)
         if self.eval_steps is not None:
-            _check_int("eval_steps", self.eval_steps, 1)
-        _check_int("log_interval", self.log_interval, 1)
-        _check_int("checkpoint_interval", self.checkpoint_interval, 0)
-        _check_int("seed", self.seed, 0, 2**32 - 1)
+            ints["eval_steps"] = _check_int("eval_steps", self.eval_steps, 1)
+        ints["log_interval"] = _check_int("log_interval", self.log_interval, 1)
+        ints["checkpoint_interval"] = _check_int("checkpoint_interval", self.checkpoint_interval, 0)
+        ints["seed"] = _check_int("seed", self.seed, 0, 2**32 - 1)
         if not isinstance(self.device, str):
             raise TypeError(
                 f"TrainConfig.device: expected str, got {_type_name(self.device)} ({self.device!r})"
@@ -213,6 +218,8 @@ class TrainConfig:
                 f"'jsonl' (metrics.jsonl is what resume and the experiment runner read), got {list(loggers)}"
             )
         # Normalise numeric types so that equal configs compare and serialise equal.
+        for name, value in ints.items():
+            object.__setattr__(self, name, value)
         object.__setattr__(self, "lr", lr)
         object.__setattr__(self, "min_lr", min_lr)
         object.__setattr__(self, "weight_decay", weight_decay)

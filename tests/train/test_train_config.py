@@ -67,6 +67,37 @@ def test_direct_construction_is_validated():
         TrainConfig(max_steps="5")  # type: ignore[arg-type]
 
 
+def test_numpy_numbers_from_a_sweep_grid_are_read_as_python_numbers():
+    """Bug: a numpy int from ``np.arange``/``np.linspace`` grids (``max_steps=np.int64(10)``) was
+    refused as "expected int, got int64"; it is now read as the int it equals, and a config
+    built from numpy numbers equals, hashes and serialises like one built from Python numbers."""
+    import json
+
+    import numpy as np
+
+    plain = TrainConfig(max_steps=10, batch_size=8, grad_accum_steps=2, warmup_steps=3,
+                        lr_decay_steps=9, eval_interval=5, eval_steps=2, log_interval=4,
+                        checkpoint_interval=6, seed=7, lr=1e-3, min_lr=2.5e-4)
+    grid = TrainConfig(max_steps=np.int64(10), batch_size=np.int32(8), grad_accum_steps=np.uint8(2),
+                       warmup_steps=np.int16(3), lr_decay_steps=np.int64(9), eval_interval=np.int64(5),
+                       eval_steps=np.int64(2), log_interval=np.int64(4),
+                       checkpoint_interval=np.int64(6), seed=np.uint32(7), lr=np.float32(1e-3),
+                       min_lr=np.float16(2.5e-4))
+    for name in ("max_steps", "batch_size", "grad_accum_steps", "warmup_steps", "lr_decay_steps",
+                 "eval_interval", "eval_steps", "log_interval", "checkpoint_interval", "seed"):
+        assert type(getattr(grid, name)) is int and getattr(grid, name) == getattr(plain, name)
+    assert type(grid.lr) is float and grid.lr == float(np.float32(1e-3))
+    json.dumps(grid.to_dict())  # numpy ints would raise "Object of type int64 is not JSON serializable"
+    assert TrainConfig(max_steps=np.int64(10)) == TrainConfig(max_steps=10)
+    assert hash(TrainConfig(seed=np.int64(3))) == hash(TrainConfig(seed=3))
+    with pytest.raises(ValueError, match=r"TrainConfig.max_steps: expected an int >= 1, got 0"):
+        TrainConfig(max_steps=np.int64(0))
+    with pytest.raises(TypeError, match=r"TrainConfig.max_steps: expected int, got bool"):
+        TrainConfig(max_steps=np.bool_(True))
+    with pytest.raises(TypeError, match=r"TrainConfig.max_steps: expected int, got float64"):
+        TrainConfig(max_steps=np.float64(10.0))  # a float is not a count, even a whole one
+
+
 def test_resolve_device_and_amp():
     assert resolve_device("cpu") == torch.device("cpu")
     expected = "cuda" if torch.cuda.is_available() else "cpu"
