@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import numbers
 import types
 import typing
 from typing import Any, Mapping, TypeVar
@@ -89,14 +90,14 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
         if value not in typing.get_args(tp):
             raise ValueError(f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}")
         return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if tp is float:  # numpy numbers (a sweep grid's) are read as the Python numbers they equal
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{where}: expected a float, got {type(value).__name__} {value!r}")
         return float(value)
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{where}: expected an int, got {type(value).__name__} {value!r}")
-        return value
+        return int(value)
     if tp is bool:
         if not isinstance(value, bool):
             raise TypeError(f"{where}: expected a bool, got {type(value).__name__} {value!r}")

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GCNConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import document_fields
-from diffusionformer.models.common import _check_graph_task, _readout_batch, check_positive_int, check_probability
+from diffusionformer.models.common import _check_graph_task, _python_numbers, _readout_batch, check_positive_int, check_probability
 
 __all__ = ["GCN", "GCNConfig"]
 
@@ -30,6 +30,7 @@ class GCNConfig:
     pool: Literal["mean", "add", "max"] = "mean"  #: graph readout for task="graph"
 
     def __post_init__(self) -> None:
+        _python_numbers(self)  # a sweep grid's numpy numbers are read as Python numbers
         check_positive_int("GCNConfig", in_channels=self.in_channels, num_classes=self.num_classes, hidden=self.hidden,
                            num_layers=self.num_layers)
         check_probability("GCNConfig", dropout=self.dropout)

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import document_fields
-from diffusionformer.models.common import _check_graph_task, _readout_batch, check_positive_int, check_probability
+from diffusionformer.models.common import _check_graph_task, _python_numbers, _readout_batch, check_positive_int, check_probability
 
 __all__ = ["GIN", "GINConfig"]
 
@@ -31,6 +31,7 @@ class GINConfig:
     train_eps: bool = False  #: learn epsilon (GIN-eps) instead of fixing it at 0 (GIN-0)
 
     def __post_init__(self) -> None:
+        _python_numbers(self)  # a sweep grid's numpy numbers are read as Python numbers
         check_positive_int("GINConfig", in_channels=self.in_channels, num_classes=self.num_classes, hidden=self.hidden,
                            num_layers=self.num_layers)
         if self.num_layers < 2:

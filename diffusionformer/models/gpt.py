@@ -17,7 +17,7 @@ from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
 from diffusionformer.nn.rotary import RotaryEmbedding
 from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, _check_rope_base,
-                                           check_positive_int, check_probability, init_transformer_weights)
+                                           _python_numbers, check_positive_int, check_probability, init_transformer_weights)
 from diffusionformer.models.sampling import top_k_filter, top_p_filter
 
 __all__ = ["DiffusionGPT", "GPTConfig"]
@@ -49,6 +49,7 @@ class GPTConfig:
     recompute: bool = False  #: attention layers form their combined head output again in the backward pass (less memory)
 
     def __post_init__(self) -> None:
+        _python_numbers(self)  # a sweep grid's numpy numbers are read as Python numbers
         check_positive_int("GPTConfig", vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
                            n_head=self.n_head, n_embd=self.n_embd)
         _check_mlp_ratio("GPTConfig", self.n_embd, self.mlp_ratio)

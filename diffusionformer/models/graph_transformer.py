@@ -19,7 +19,7 @@ from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_graph_task, _check_mlp_ratio,
-                                           _check_num_graphs, _check_size, check_positive_int, check_probability,
+                                           _check_num_graphs, _check_size, _python_numbers, check_positive_int, check_probability,
                                            init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
@@ -54,6 +54,7 @@ class GraphTransformerConfig:
     pe_sign_flip: bool = True  #: random sign flip of each Laplacian eigenvector in training
 
     def __post_init__(self) -> None:
+        _python_numbers(self)  # a sweep grid's numpy numbers are read as Python numbers
         check_positive_int("GraphTransformerConfig", in_channels=self.in_channels, num_classes=self.num_classes,
                            dim=self.dim, depth=self.depth, num_heads=self.num_heads)
         _check_mlp_ratio("GraphTransformerConfig", self.dim, self.mlp_ratio)

@@ -14,7 +14,7 @@ from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
 from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, _check_rope_base,
-                                           check_positive_int, check_probability, init_transformer_weights)
+                                           _python_numbers, check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionViT", "ViTConfig", "attention_rollout"]
 
@@ -50,6 +50,7 @@ class ViTConfig:
     rope_base: float = 100.0  #: RoPE frequency base
 
     def __post_init__(self) -> None:
+        _python_numbers(self)  # a sweep grid's numpy numbers are read as Python numbers
         if not isinstance(self.input_size, (tuple, list)):
             raise TypeError(f"ViTConfig.input_size must be (H, W) or (T,) positive ints, got {self.input_size!r}")
         self.input_size = tuple(self.input_size)

@@ -2,6 +2,7 @@ r"""``DiffusionAttention``: multi-head attention whose heads are diffusion opera
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,8 +133,9 @@ class DiffusionAttention(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("dim", dim), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        dim, num_heads = int(dim), int(num_heads)  # numpy ints from a sweep: Python ints from here on
         if dim % num_heads != 0:
             raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
         if not isinstance(causal, bool):
@@ -152,8 +154,9 @@ class DiffusionAttention(nn.Module):
         self.backend = backend
         # ---- modern parts (GQA, RoPE, KV cache): see nn/rotary.py and nn/kv_cache.py
         kv = num_heads if num_kv_heads is None else num_kv_heads
-        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or num_heads % kv:
+        if isinstance(kv, bool) or not isinstance(kv, numbers.Integral) or kv < 1 or num_heads % kv:
             raise ValueError(f"num_kv_heads: expected a positive int dividing num_heads={num_heads}, got {num_kv_heads!r}")
+        kv = int(kv)
         if rotary is not None and getattr(rotary, "head_dim", None) != dim // num_heads:
             raise ValueError(f"rotary: expected a rotary embedding with head_dim={dim // num_heads}, got {rotary!r}")
         self.num_kv_heads = kv

@@ -15,6 +15,7 @@ A layer's spec is then parsed into operator groups by :func:`parse_heads`.
 
 from __future__ import annotations
 
+import numbers
 import operator
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -100,8 +101,9 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
         >>> [(g.operator.name, g.count) for g in parse_heads("attention:{half},laplacian:{half}", 4)]
         [('attention', 2), ('laplacian', 2)]
     """
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    num_heads = int(num_heads)
     if isinstance(heads, str):
         heads = format_head_spec(heads, num_heads)
     if heads is None:

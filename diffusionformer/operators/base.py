@@ -83,9 +83,9 @@ class DiffusionOperator(nn.Module):
 
     def __init__(self, num_heads: int = 1) -> None:
         super().__init__()
-        if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
+        if not isinstance(num_heads, numbers.Integral) or isinstance(num_heads, bool) or num_heads < 1:
             raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
-        self.num_heads = num_heads
+        self.num_heads = int(num_heads)
 
     @property
     def degree(self) -> int:  # pragma: no cover - abstract
@@ -224,10 +224,11 @@ and small enough that a typo such as ``steps=10**12`` is an error, not a terabyt
 
 
 def check_count(value: object, name: str, *, minimum: int = 1, maximum: int = MAX_DEGREE) -> int:
-    """An int argument in ``[minimum, maximum]`` (bools refused), else a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+    """An int argument in ``[minimum, maximum]`` as a Python int (numpy ints from a sweep too;
+    bools refused), else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not minimum <= value <= maximum:
         raise ValueError(f"{name} must be an int in [{minimum}, {maximum}], got {value!r}")
-    return value
+    return int(value)
 
 
 def check_real(value: object, name: str) -> float:

@@ -79,6 +79,7 @@ class DifferentialOperator(DiffusionOperator):
         super().__init__(num_heads)
         if depth is not None:
             lambda_init_schedule(depth)  # validates
+            depth = int(depth)  # a numpy int: the spec writes a Python int
         self.depth = depth
         self.lambda_init = None if lambda_init is None else check_finite_float(lambda_init, "lambda_init")
         self.head_dim: int | None = None
@@ -86,8 +87,9 @@ class DifferentialOperator(DiffusionOperator):
             self.bind(head_dim=head_dim)
 
     def bind(self, *, head_dim: int) -> None:
-        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+        if isinstance(head_dim, bool) or not isinstance(head_dim, numbers.Integral) or head_dim < 2 or head_dim % 2:
             raise ValueError(f"differential attention splits each head in two: head_dim must be an even int >= 2, got {head_dim!r}")
+        head_dim = int(head_dim)
         if self.head_dim is not None:
             if self.head_dim != head_dim:
                 raise ValueError(f"this differential operator was built for head_dim={self.head_dim}, the layer has {head_dim}")

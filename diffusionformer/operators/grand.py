@@ -64,7 +64,7 @@ class NonlinearDiffusionOperator(DiffusionOperator):
         super().__init__(num_heads)
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
             raise ValueError(f"t must be a finite non-negative float, got {t!r}")
-        check_count(steps, "steps")
+        steps = check_count(steps, "steps")
         if not isinstance(method, str):
             raise TypeError(f"method must be a str, got {type(method).__name__}")
         if method not in FIXED_STEP + TORCHDIFFEQ_METHODS:

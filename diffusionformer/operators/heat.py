@@ -3,6 +3,7 @@ r"""Heat-kernel operators :math:`\exp(-t (I - P))`: truncated series and the exa
 from __future__ import annotations
 
 import math
+import numbers
 from functools import lru_cache
 
 import torch
@@ -241,10 +242,12 @@ class HeatOperator(DiffusionOperator):
         if steps is None:
             bound = max(2 * abs(t), 1.0) if learnable else t
             steps = heat_steps_for_tolerance(bound, 1e-4 if tol is None else tol, method)
-        elif isinstance(steps, bool) or not isinstance(steps, int) or steps < (1 if method == "euler" else 0):
+        elif isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < (1 if method == "euler" else 0):
             raise ValueError(f"steps must be a positive int (or None), got {steps!r}")
-        elif steps <= MAX_STEPS:
-            _check_truncation(t, steps, method, tol)
+        else:
+            steps = int(steps)  # a numpy int from a sweep: the spec writes a Python int
+            if steps <= MAX_STEPS:
+                _check_truncation(t, steps, method, tol)
         if steps > MAX_STEPS:
             raise ValueError(f"steps={steps} exceeds the maximum of {MAX_STEPS}")
         # a tolerance looser than the default for explicit steps travels with the spec

@@ -90,7 +90,7 @@ class PolynomialOperator(DiffusionOperator):
 
     def __init__(self, steps: int = 3, init: Any = "attention", num_heads: int = 1, basis: str = "monomial") -> None:
         super().__init__(num_heads)
-        check_count(steps, "steps", minimum=0)
+        steps = check_count(steps, "steps", minimum=0)
         if basis not in BASES:
             raise ValueError(f"basis must be one of {BASES}, got {basis!r}")
         self.steps = steps

@@ -109,7 +109,7 @@ class PPROperator(DiffusionOperator):
             if steps > MAX_DEGREE:
                 raise ValueError(f"ppr(alpha={alpha:g}) needs more than {MAX_DEGREE} steps to meet "
                                  f"tol={1e-4 if tol is None else tol:g}; use a larger alpha or tol")
-        check_count(steps, "steps")
+        steps = check_count(steps, "steps")
         if tol is not None and 2.0 * (1.0 - alpha) ** steps > tol:
             raise ValueError(f"ppr(alpha={alpha:g}, steps={steps}): truncation error {2.0 * (1.0 - alpha) ** steps:.3g} "
                              f"exceeds tol={tol:g}; steps={ppr_steps_for_tolerance(float(alpha), float(tol))} would do "

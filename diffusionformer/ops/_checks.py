@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import operator
 from functools import lru_cache
 from typing import Iterable, Sequence
@@ -150,8 +151,8 @@ def check_attn_mask(attn_mask: object, shape: tuple[int, int, int, int], dtype: 
 
 
 def check_dropout(dropout_p: object, name: str = "dropout_p") -> float:
-    """``dropout_p`` as a float in ``[0, 1)``, else a ValueError naming it ``name``."""
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+    """``dropout_p`` as a float in ``[0, 1)`` (numpy reals too), else a ValueError naming it ``name``."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"{name} must lie in [0, 1), got {dropout_p!r}")
     return float(dropout_p)
 

@@ -139,3 +139,50 @@ def test_every_registered_operator(name, dtype):
 )
 def test_harness_on_configured_operators(spec, kwargs):
     assert_operator(spec, num_heads=3, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(list_operators()))
+def test_numpy_numbers_build_the_same_operator_as_python_numbers(name):
+    """Bug: a numpy int from a sweep grid (``steps=np.int64(4)``, ``num_heads=np.int64(2)``) was
+    refused by ppr/polynomial/grand-nl/heat/differential ("must be an int in [1, 1024], got
+    np.int64(4)"), although numpy floats were read. Both now build the operator a Python number
+    builds: the same spec (Python numbers in it, so it parses again) and the same parameters."""
+    import numpy as np
+
+    kwargs = dict(type(build_operator(name)).example_kwargs)
+    as_numpy = {k: np.int64(v) if isinstance(v, int) and not isinstance(v, bool)
+                else np.float64(v) if isinstance(v, float) else v for k, v in kwargs.items()}
+    assert any(isinstance(v, np.int64) for v in as_numpy.values()) or name not in (
+        "ppr", "polynomial", "grand-nl", "heat", "differential")  # the bug's cases do take an int
+    torch.manual_seed(0)
+    plain = build_operator(name, **kwargs, num_heads=2)
+    torch.manual_seed(0)
+    grid = build_operator(name, **as_numpy, num_heads=np.int64(2))
+    assert grid.spec() == plain.spec() and "np." not in grid.spec()
+    assert type(grid.num_heads) is int and grid.num_heads == 2
+    assert build_operator(grid.spec(), num_heads=2).spec() == plain.spec()
+    got, want = dict(grid.named_parameters()), dict(plain.named_parameters())
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_numpy_sizes_build_the_same_attention_layer():
+    """Bug: ``DiffusionAttention(np.int64(32), np.int64(4))`` was refused ("dim must be a positive
+    int, got np.int64(32)") as were numpy ``num_kv_heads``/``dropout``; torch's own layers take
+    them. The layer built from numpy numbers now equals the one built from Python numbers."""
+    import numpy as np
+
+    from diffusionformer import DiffusionAttention
+
+    torch.manual_seed(0)
+    plain = DiffusionAttention(32, 4, num_kv_heads=2, dropout=0.25, heads="attention:{half},ppr:{half}")
+    torch.manual_seed(0)
+    grid = DiffusionAttention(np.int64(32), np.int32(4), num_kv_heads=np.uint8(2), dropout=np.float32(0.25),
+                              heads="attention:{half},ppr:{half}")
+    assert (grid.dim, grid.num_heads, grid.num_kv_heads, grid.dropout) == (32, 4, 2, 0.25)
+    assert all(type(v) is int for v in (grid.dim, grid.num_heads, grid.num_kv_heads, grid.head_dim))
+    assert [op.spec() for op in grid.operators] == [op.spec() for op in plain.operators]
+    assert grid._groups == plain._groups == [(0, 2), (2, 2)]
+    got, want = grid.state_dict(), plain.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    with pytest.raises(ValueError, match=r"num_heads must be a positive int, got np.True_"):
+        DiffusionAttention(32, np.bool_(True))

@@ -84,6 +84,46 @@ def test_float64_and_state_dict_round_trip(name, tmp_path):
     assert a.dtype == torch.float64 and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("name", list_models())
+def test_numpy_numbers_from_a_sweep_build_the_same_model(name):
+    """Bug: ``create_model("gpt-shakespeare", n_layer=np.int64(2))`` (a sweep grid's numbers) was
+    refused ("n_layer must be a positive int, got int64"). Every config now reads numpy numbers,
+    alone or in a list/tuple, as the Python numbers they equal: the config compares and serialises
+    equal and the model has the same weights for the same seed."""
+    import dataclasses
+    import json
+
+    import numpy as np
+
+    def numpy_of(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value
+        return np.int64(value) if isinstance(value, int) else np.float32(value)
+
+    kind = name.split("-")[0]
+    plain_config = model_config(name, **SMALL[kind])
+    grid = {}
+    for f in dataclasses.fields(plain_config):
+        value = getattr(plain_config, f.name)
+        if isinstance(value, float) and float(np.float32(value)) != value:
+            grid[f.name] = np.float64(value)  # float32 cannot hold it exactly (the comparisons are exact)
+            continue
+        grid[f.name] = type(value)(numpy_of(v) for v in value) if isinstance(value, (list, tuple)) else numpy_of(value)
+    assert any(isinstance(v, np.int64) for v in grid.values())
+    torch.manual_seed(0)
+    plain = create_model(name, **SMALL[kind])
+    torch.manual_seed(0)
+    model = create_model(name, **grid)
+    assert model.config == plain.config
+    assert type(plain_config)(**grid) == plain_config  # built directly, not through create_model
+    assert json.dumps(dataclasses.asdict(model.config)) == json.dumps(dataclasses.asdict(plain.config))
+    for f in dataclasses.fields(model.config):
+        value = getattr(model.config, f.name)
+        assert all(not isinstance(v, np.generic) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    got, want = model.state_dict(), plain.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
 @pytest.mark.parametrize("name", [n for n in list_operators()])
 def test_gpt_is_causal_for_every_operator(name):
     torch.manual_seed(0)
