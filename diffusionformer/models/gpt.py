@@ -2,6 +2,7 @@ r"""``DiffusionGPT``: a causal character/token language model with diffusion hea
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -272,15 +273,19 @@ class DiffusionGPT(nn.Module):
         Shapes:
             ``(B, T0) -> (B, T0 + max_new_tokens)``.
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        # numpy numbers (a sweep grid's) are read as the Python numbers they equal; bools are refused
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:  # NaN too
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature >= 0:  # NaN too
             raise ValueError(f"temperature must be a non-negative float, got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real)
                                   or not 0.0 < top_p <= 1.0):
             raise ValueError(f"top_p must be a float in (0, 1] or None, got {top_p!r}")
+        max_new_tokens, temperature = int(max_new_tokens), float(temperature)
+        top_k = None if top_k is None else int(top_k)
+        top_p = None if top_p is None else float(top_p)
         if not isinstance(use_cache, bool):
             raise TypeError(f"use_cache must be a bool, got {type(use_cache).__name__}")
         was_training = self.training

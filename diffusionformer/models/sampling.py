@@ -2,6 +2,8 @@ r"""Filters on next-token logits for sampling: top-k and nucleus (top-p)."""
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
 
@@ -19,9 +21,9 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
         >>> top_k_filter(torch.tensor([[1.0, 3.0, 2.0]]), 2)
         tensor([[-inf, 3., 2.]])
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:  # numpy ints too
         raise ValueError(f"top_k: expected a positive int, got {k!r}")
-    kth = torch.topk(logits, min(k, logits.shape[-1])).values[..., -1:]
+    kth = torch.topk(logits, min(int(k), logits.shape[-1])).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
@@ -51,7 +53,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
         >>> top_p_filter(logits, 0.75).isfinite()                # 0.5 < 0.75 <= 0.5 + 0.3
         tensor([[ True,  True, False]])
     """
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 < p <= 1.0:  # numpy floats too
         raise ValueError(f"top_p: expected a float in (0, 1], got {p!r}")
     if p >= 1.0:  # every token: the mass before the last one is < 1 in exact arithmetic, not in float
         return logits

@@ -158,6 +158,29 @@ def test_gpt_generate_and_sampling_controls():
         model.generate(prompt, 2, top_k=0)
 
 
+def test_gpt_generate_reads_numpy_numbers_as_python_numbers():
+    """Bug: ``generate(prompt, np.int64(4), top_k=np.int64(5))`` (a sweep grid's numbers) was refused
+    ("max_new_tokens must be a non-negative int, got np.int64(4)"), as were numpy ``temperature``,
+    ``top_p`` and the filters' ``k``/``p``; they now give the tokens Python numbers give."""
+    import numpy as np
+
+    from diffusionformer.models.sampling import top_k_filter, top_p_filter
+
+    torch.manual_seed(1)
+    model = create_model("gpt-char-tiny", n_layer=1, block_size=8)
+    prompt = torch.zeros(2, 3, dtype=torch.long)
+    want = model.generate(prompt, 6, temperature=0.5, top_k=5, top_p=0.75,
+                          generator=torch.Generator().manual_seed(0))
+    got = model.generate(prompt, np.int64(6), temperature=np.float32(0.5), top_k=np.int32(5),
+                         top_p=np.float64(0.75), generator=torch.Generator().manual_seed(0))
+    assert got.shape == (2, 9) and torch.equal(got, want)
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.5]])
+    assert torch.equal(top_k_filter(logits, np.int64(2)), torch.tensor([[-float("inf"), 3.0, 2.0, -float("inf")]]))
+    assert torch.equal(top_p_filter(logits, np.float32(0.5)), top_p_filter(logits, 0.5))
+    with pytest.raises(ValueError, match="max_new_tokens must be a non-negative int, got np.True_"):
+        model.generate(prompt, np.bool_(True))
+
+
 def test_gpt_loss_matches_cross_entropy_and_ignores_minus_100():
     model = create_model("gpt-char-tiny", n_layer=1)
     idx = torch.randint(0, 65, (2, 10))
