@@ -33,7 +33,10 @@ from diffusionformer.experiments.minibatch import (MiniBatchConfig, NodeMiniBatc
 from diffusionformer.models import GCN, GIN, DiffusionGraphTransformer, GCNConfig, GINConfig, GraphTransformerConfig
 from diffusionformer.models import GPTConfig, ViTConfig
 from diffusionformer.train import DistContext, Task, check_task, dist_env, init_distributed, shard_batch
-from diffusionformer.train import distributed as dist_module
+
+# the namespace init_distributed reads resolve_device from: a doctest run of distributed.py collected
+# before this file puts a second copy of the module in sys.modules, so patching the module fails
+_INIT_GLOBALS = init_distributed.__globals__
 
 CPU = torch.device("cpu")
 
@@ -928,7 +931,7 @@ def test_joining_an_existing_group_on_cuda_makes_its_device_current(clean_env, m
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda: 1)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
-    monkeypatch.setattr(dist_module, "resolve_device", lambda spec, local_rank=None: torch.device("cuda", local_rank))
+    monkeypatch.setitem(_INIT_GLOBALS, "resolve_device", lambda spec, local_rank=None: torch.device("cuda", local_rank))
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(d))
     clean_env.setenv("LOCAL_RANK", "1")
     assert init_distributed("cuda") == DistContext(1, 2, 1, torch.device("cuda", 1), owns_group=False)
@@ -948,7 +951,7 @@ def test_init_distributed_without_torch_distributed_says_so(clean_env, monkeypat
 def test_single_process_init_resolves_the_device_asked_for(clean_env, monkeypatch):
     """kills: distributed.py D12 the single-process branch resolving ``"auto"`` whatever was asked"""
     asked = []
-    monkeypatch.setattr(dist_module, "resolve_device", lambda spec, local_rank=None: asked.append(spec) or CPU)
+    monkeypatch.setitem(_INIT_GLOBALS, "resolve_device", lambda spec, local_rank=None: asked.append(spec) or CPU)
     assert init_distributed("cpu") == DistContext(0, 1, 0, CPU)
     assert asked == ["cpu"]
 

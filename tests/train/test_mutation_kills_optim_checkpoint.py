@@ -41,8 +41,11 @@ from diffusionformer.train import (
     save_checkpoint,
     shard_batch,
 )
-from diffusionformer.train import distributed as dist_module
 from diffusionformer.train.checkpoint import CHECKPOINT_FORMAT, model_record, model_record_differences
+
+# the namespace init_distributed reads resolve_device from: a doctest run of distributed.py collected
+# before this file puts a second copy of the module in sys.modules, so patching the module fails
+_INIT_GLOBALS = init_distributed.__globals__
 
 CPU = torch.device("cpu")
 _DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -510,7 +513,7 @@ def test_init_distributed_joins_an_existing_group_without_owning_it(no_dist_env,
         devices.append((spec, local_rank))
         return CPU
 
-    no_dist_env.setattr(dist_module, "resolve_device", resolve)
+    no_dist_env.setitem(_INIT_GLOBALS, "resolve_device", resolve)
     no_dist_env.setattr(dist, "is_initialized", lambda: True)
     no_dist_env.setattr(dist, "get_rank", lambda: 1)
     no_dist_env.setattr(dist, "get_world_size", lambda: 3)
@@ -538,7 +541,7 @@ def test_init_distributed_under_torchrun_creates_and_owns_the_group(no_dist_env,
         devices.append((spec, local_rank))
         return target[0]
 
-    no_dist_env.setattr(dist_module, "resolve_device", resolve)
+    no_dist_env.setitem(_INIT_GLOBALS, "resolve_device", resolve)
     assert init_distributed("cpu") == DistContext(1, 2, 1, CPU, owns_group=True)
     target[0] = torch.device("cuda", 1)
     assert init_distributed("cuda") == DistContext(1, 2, 1, torch.device("cuda", 1), owns_group=True)
