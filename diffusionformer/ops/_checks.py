@@ -113,7 +113,7 @@ def check_scale(scale: float | None, head_dim: int) -> float:
         raise ValueError(f"q and k must have a head dimension C >= 1, got C={head_dim}")
     if scale is None:
         return head_dim ** -0.5
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+    if not isinstance(scale, numbers.Real) or isinstance(scale, bool):  # numpy reals too
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     if not (scale == scale) or scale in (float("inf"), float("-inf")):
         raise ValueError(f"scale must be finite, got {scale}")

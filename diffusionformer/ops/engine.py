@@ -104,6 +104,7 @@ Examples:
 from __future__ import annotations
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from functools import lru_cache
 from typing import Any, ClassVar, Sequence
@@ -415,7 +416,7 @@ def _merge_plan(parts: tuple[Heads, ...]) -> tuple[tuple[int, int, int], ...]:
 
 # ---------------------------------------------------------------------------- the affine pass
 def static_coefficients(coeffs: object, num_heads: int) -> tuple[tuple[float, ...], ...] | None:
-    """Coefficients given as Python numbers, as ``H`` rows of floats; ``None`` for a tensor.
+    """Coefficients given as Python (or numpy) numbers, as ``H`` rows of floats; ``None`` for a tensor.
 
     Static coefficients are constants the engine may specialise on without reading a device
     tensor (the affine path of degree-1 heads). ``(K+1,)`` sequences are shared by all heads.
@@ -439,10 +440,10 @@ def static_coefficients(coeffs: object, num_heads: int) -> tuple[tuple[float, ..
 @lru_cache(maxsize=256)
 def _static_rows(coeffs: Sequence[Any], num_heads: int) -> tuple[tuple[float, ...], ...]:
     if coeffs and all(isinstance(r, (list, tuple)) for r in coeffs):
-        if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for r in coeffs for c in r):
+        if not all(isinstance(c, numbers.Real) and not isinstance(c, bool) for r in coeffs for c in r):
             raise TypeError(f"coeffs given as rows (H, K+1) must hold numbers, got {coeffs!r}")
         rows = tuple(tuple(float(c) for c in r) for r in coeffs)
-    elif all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in coeffs):
+    elif all(isinstance(c, numbers.Real) and not isinstance(c, bool) for c in coeffs):
         rows = (tuple(float(c) for c in coeffs),) * num_heads
     else:
         raise TypeError(f"coeffs given as a sequence must hold numbers (K+1,) or rows of numbers (H, K+1), got {coeffs!r}")

@@ -180,3 +180,27 @@ def test_bad_inputs_raise_clear_errors(match, call):
     q, k, v = random_qkv(1, 2, 5, 4, dtype=torch.float32)
     with pytest.raises((ValueError, TypeError), match=match):
         call(q, k, v)
+
+
+def test_numpy_coefficients_and_scale_are_static_numbers():
+    """Bug: ``diffuse(q, k, v, [np.float32(1), np.float32(-1)], scale=np.float32(0.5))`` was refused
+    ("coeffs given as a sequence must hold numbers", "scale must be a float or None, got float32").
+    numpy numbers now give what Python numbers give, checked against the float64 reference
+    ``c_0 v + c_1 P v + c_2 P^2 v`` with ``P = softmax(scale q k^T)`` written out here."""
+    import numpy as np
+
+    q, k, v = random_qkv(1, 2, 5, 4, seed=11)
+    P = torch.softmax(0.5 * q @ k.transpose(-1, -2), dim=-1)
+    rows = [[0.5, -1.0, 0.25], [1.0, 0.0, -0.5]]
+    want = torch.stack([rows[h][0] * v[0, h] + rows[h][1] * P[0, h] @ v[0, h]
+                        + rows[h][2] * P[0, h] @ P[0, h] @ v[0, h] for h in range(2)])
+    numpy_rows = [[np.float32(c) for c in r] for r in rows]
+    got = diffuse(q, k, v, numpy_rows, scale=np.float32(0.5))
+    assert torch.allclose(got[0], want, atol=1e-12, rtol=0)
+    shared = diffuse(q, k, v, (np.float64(0.5), np.int64(-1), np.float32(0.25)), scale=np.float64(0.5))
+    assert torch.equal(shared, diffuse(q, k, v, [0.5, -1.0, 0.25], scale=0.5))
+    qn, kn, vn = (t[0].transpose(0, 1) for t in (q, k, v))
+    sparse = diffuse_sparse(qn, kn, vn, complete_edge_index(5), numpy_rows, scale=np.float32(0.5))
+    assert torch.allclose(sparse.transpose(0, 1), want, atol=1e-12, rtol=0)
+    with pytest.raises(TypeError, match="must hold numbers"):
+        diffuse(q, k, v, [np.bool_(True), 1.0])
