@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 __all__ = ["LAYOUTS", "check_int", "check_layout"]
 
 #: the two layouts of an :class:`~diffusionformer.graph.AttentionGraph`
@@ -9,12 +11,13 @@ LAYOUTS: tuple[str, ...] = ("dense", "sparse")
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
-    """``value`` as an int ``>= minimum``; TypeError for non-integers (bools included), ValueError below the bound."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` as a Python int ``>= minimum`` (numpy ints too); TypeError for non-integers (bools included),
+    ValueError below the bound."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 def check_layout(layout: object) -> str:

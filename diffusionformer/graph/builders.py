@@ -8,6 +8,7 @@ layout enumerates the edges directly (``O(B N w)`` for a window, ``O(B h w r^2)`
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -32,7 +33,7 @@ def _sequence_graph(
     layout: str,
     device: torch.device | str | None,
 ) -> AttentionGraph:
-    check_int("N", N, 1)
+    N = check_int("N", N, 1)
     check_layout(layout)
     if not isinstance(self_loops, bool):
         raise TypeError(f"self_loops must be a bool, got {type(self_loops).__name__}")
@@ -153,20 +154,21 @@ def sliding_window(
         tensor([[0, 0, 1, 1, 2],
                 [0, 1, 1, 2, 2]])
     """
-    check_int("window", window, 0)
+    window = check_int("window", window, 0)
     return _sequence_graph(N, causal=causal, window=window, self_loops=True, batch_size=batch_size,
                            key_padding_mask=key_padding_mask, layout=layout, device=device)
 
 
-def _check_grid(h: int, w: int, radius: float, metric: str) -> None:
-    check_int("h", h, 1)
-    check_int("w", w, 1)
-    if isinstance(radius, bool) or not isinstance(radius, (int, float)):
+def _check_grid(h: int, w: int, radius: float, metric: str) -> tuple[int, int]:
+    """``(h, w)`` as Python ints, with ``radius`` and ``metric`` checked."""
+    h, w = check_int("h", h, 1), check_int("w", w, 1)
+    if isinstance(radius, bool) or not isinstance(radius, numbers.Real):
         raise TypeError(f"radius must be a number, got {type(radius).__name__}")
     if not radius >= 0 or math.isinf(radius):
         raise ValueError(f"radius must be finite and >= 0, got {radius}")
     if metric not in GRID_METRICS:
         raise ValueError(f"metric must be one of {GRID_METRICS}, got {metric!r}")
+    return h, w
 
 
 def _within(dy: Tensor, dx: Tensor, radius: float, metric: str) -> Tensor:
@@ -221,7 +223,7 @@ def grid(
         tensor([[1, 0, 2, 1],
                 [0, 1, 1, 2]])
     """
-    _check_grid(h, w, radius, metric)
+    h, w = _check_grid(h, w, radius, metric)
     check_layout(layout)
     if not isinstance(self_loops, bool) or not isinstance(cls_token, bool):
         raise TypeError("self_loops and cls_token must be bools")

@@ -208,11 +208,12 @@ class AttentionGraph:
         if self.seq_len is None:
             raise ValueError("a dense AttentionGraph needs seq_len (N)")
         N = check_int("seq_len", self.seq_len, 1)
+        self._set("seq_len", N)  # a numpy int as the Python int it equals
         B = None if self.batch_size is None else check_int("batch_size", self.batch_size, 1)
         if not isinstance(self.causal, bool):
             raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
         if self.window is not None:
-            check_int("window", self.window, 0)
+            self._set("window", check_int("window", self.window, 0))
         if self.key_padding_mask is not None:
             kpm = _check_bool_tensor("key_padding_mask", self.key_padding_mask, "(B, N)")
             if kpm.dim() != 2 or kpm.shape[1] != N or (B is not None and kpm.shape[0] != B):
@@ -424,7 +425,7 @@ class AttentionGraph:
 
     def _resolve_batch_size(self, batch_size: int | None) -> int:
         if batch_size is not None:
-            check_int("batch_size", batch_size, 1)
+            batch_size = check_int("batch_size", batch_size, 1)
         if self.batch_size is not None:
             if batch_size is not None and batch_size != self.batch_size:
                 raise ValueError(f"batch_size={batch_size} disagrees with the graph's batch_size={self.batch_size}")

@@ -79,7 +79,7 @@ def _reduce_heads(w: Tensor, head: int | str | None) -> Tensor:
         if head not in HEAD_REDUCTIONS:
             raise ValueError(f"head must be an int in [0, {H}), one of {HEAD_REDUCTIONS} or None, got {head!r}")
         return w.mean(1) if head == "mean" else w.amax(1)
-    check_int("head", head, 0)
+    head = check_int("head", head, 0)
     if head >= H:
         raise ValueError(f"head must lie in [0, H={H}), got {head}")
     return w[:, head]
@@ -149,7 +149,7 @@ def to_networkx(
             raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
         edge_index = edge_index.long()
     if num_nodes is not None:
-        check_int("num_nodes", num_nodes, 1)
+        num_nodes = check_int("num_nodes", num_nodes, 1)
         if graph_nodes is not None and num_nodes != graph_nodes:
             raise ValueError(f"num_nodes={num_nodes} disagrees with the graph's {graph_nodes} nodes")
     N = graph_nodes if graph_nodes is not None else num_nodes
@@ -178,7 +178,7 @@ def to_networkx(
                 raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
             keep &= w > threshold
         if top_k is not None:
-            check_int("top_k", top_k, 1)
+            top_k = check_int("top_k", top_k, 1)
             keep &= _top_k_per_target(w, edge_index[1], top_k)
         edge_index, w = edge_index[:, keep], w[keep]
 
@@ -201,8 +201,7 @@ def grid_layout(h: int, w: int, *, cls_token: bool = False) -> dict[int, tuple[f
         >>> grid_layout(1, 2, cls_token=True)
         {0: (-1.5, 0.0), 1: (0.0, 0.0), 2: (1.0, 0.0)}
     """
-    check_int("h", h, 1)
-    check_int("w", w, 1)
+    h, w = check_int("h", h, 1), check_int("w", w, 1)
     off = 1 if cls_token else 0
     pos = {n + off: (float(n % w), float(-(n // w))) for n in range(h * w)}
     if cls_token:

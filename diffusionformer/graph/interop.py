@@ -2,6 +2,7 @@ r"""Graphs from PyTorch Geometric and networkx objects."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Hashable, Sequence
 
 import torch
@@ -52,8 +53,9 @@ def from_edge_index(
         tensor([[0, 1, 0, 1, 2],
                 [1, 0, 0, 1, 2]])
     """
-    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool):
+    if not isinstance(num_nodes, numbers.Integral) or isinstance(num_nodes, bool):  # numpy ints too
         raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
+    num_nodes = int(num_nodes)
     edge_index = _set_self_loops(edge_index, num_nodes, self_loops)
     return AttentionGraph.sparse(edge_index, num_nodes, batch=batch, checked=checked)
 

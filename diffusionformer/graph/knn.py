@@ -57,7 +57,7 @@ def knn(
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor of shape (N, D) or (B, N, D), got "
                         f"{type(x).__name__ if not isinstance(x, Tensor) else x.dtype}")
-    check_int("k", k, 1)
+    k = check_int("k", k, 1)
     check_layout(layout)
     if metric not in KNN_METRICS:
         raise ValueError(f"metric must be one of {KNN_METRICS}, got {metric!r}")

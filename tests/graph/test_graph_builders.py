@@ -147,3 +147,41 @@ def test_knn_matches_brute_force() -> None:
     expected = torch.zeros(3, 7, 7, dtype=torch.bool)
     expected.scatter_(2, d.topk(3, largest=False).indices, True)
     assert torch.equal(A, expected)
+
+
+def test_numpy_sizes_build_the_graph_python_ints_build():
+    """Bug: every builder refused a sweep grid's numpy ints (``causal(np.int64(6))``: "N must be an
+    int, got int64"), as did ``knn``'s ``k``, ``grid``'s ``h``/``w``/``radius`` and
+    ``from_edge_index``'s ``num_nodes``. They now build the graph Python ints build, and the
+    graph stores Python ints (its sizes compare, print and serialise as such)."""
+    import numpy as np
+
+    from diffusionformer.graph import AttentionGraph, from_edge_index, grid_layout, knn
+
+    i = np.int64
+    x = torch.tensor([[0.0], [1.0], [3.0], [7.0], [15.0]])  # no distance ties
+    pairs = [
+        (causal(i(6), i(2)), causal(6, 2)),
+        (complete(np.int32(4), layout="sparse"), complete(4, layout="sparse")),
+        (sliding_window(i(6), np.uint8(1)), sliding_window(6, 1)),
+        (grid(i(2), i(3), np.float32(1.0)), grid(2, 3, 1.0)),
+        (grid(i(2), i(3), layout="sparse"), grid(2, 3, layout="sparse")),
+        (knn(x, i(2)), knn(x, 2)),
+        (from_edge_index(torch.tensor([[0, 1], [1, 0]]), i(3)), from_edge_index(torch.tensor([[0, 1], [1, 0]]), 3)),
+        (AttentionGraph.dense(i(5), window=i(1)), AttentionGraph.dense(5, window=1)),
+    ]
+    for got, want in pairs:
+        for name in ("seq_len", "window", "num_nodes", "batch_size"):
+            value = getattr(got, name)
+            assert value == getattr(want, name) and (value is None or type(value) is int), (name, value)
+        if got.is_dense:
+            assert torch.equal(got.dense_allowed(), want.dense_allowed())
+        else:
+            assert torch.equal(got.edge_index, want.edge_index)
+    # knn by hand: the 2 nearest other points of each point on a line, as edges source -> target
+    nearest = {0: {1, 2}, 1: {0, 2}, 2: {1, 0}, 3: {2, 1}, 4: {3, 2}}
+    got = knn(x, i(2)).edge_index
+    assert {(int(s), int(t)) for s, t in got.T} == {(s, t) for t, ss in nearest.items() for s in ss}
+    assert grid_layout(i(1), i(2)) == {0: (0.0, 0.0), 1: (1.0, 0.0)}
+    with pytest.raises(TypeError, match=r"N must be an int, got bool"):
+        causal(np.bool_(True))
