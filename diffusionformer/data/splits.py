@@ -7,6 +7,7 @@ NumPy's global random state, so a dataset's splits depend on ``seed`` alone.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -27,16 +28,16 @@ __all__ = [
 
 
 def generator(seed: int) -> torch.Generator:
-    """A CPU ``torch.Generator`` seeded with ``seed`` (an int; bools are refused).
+    """A CPU ``torch.Generator`` seeded with ``seed`` (an int, numpy ints too; bools are refused).
 
     Examples:
         >>> torch.randint(10, (3,), generator=generator(0)).tolist() == torch.randint(
         ...     10, (3,), generator=generator(0)).tolist()
         True
     """
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator().manual_seed(int(seed))
 
 
 def split_sizes(n: int, val_fraction: float, test_fraction: float) -> tuple[int, int, int]:

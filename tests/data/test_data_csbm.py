@@ -93,3 +93,23 @@ def test_load_csbm_node_data_and_split():
 def test_bad_options_raise(kw, match):
     with pytest.raises(ValueError, match=match):
         _graph(**kw)
+
+
+def test_numpy_seed_and_sizes_from_a_sweep_load_the_same_data():
+    """Bug: ``load_dataset("csbm", seed=np.int64(2))`` (a sweep grid's seed) was refused by the
+    shared split generator ("seed must be an int, got int64"). numpy ints now give the data and
+    splits Python ints give; bools stay refused."""
+    import numpy as np
+
+    from diffusionformer.data.splits import generator
+
+    got = load_dataset("csbm", num_nodes=np.int64(50), seed=np.int64(2)).data
+    want = load_dataset("csbm", num_nodes=50, seed=2).data
+    other = load_dataset("csbm", num_nodes=50, seed=3).data
+    assert got.num_nodes == 50 and not torch.equal(want.x, other.x)  # the seed matters
+    for key in ("x", "y", "edge_index", "train_mask", "val_mask", "test_mask"):
+        assert torch.equal(getattr(got, key), getattr(want, key)), key
+    assert torch.equal(torch.randperm(9, generator=generator(np.uint32(5))),
+                       torch.randperm(9, generator=torch.Generator().manual_seed(5)))
+    with pytest.raises(TypeError, match="seed must be an int, got bool"):
+        generator(np.bool_(True))
