@@ -15,7 +15,7 @@ import torch
 from diffusionformer.experiments.config import ExperimentConfig
 from diffusionformer.experiments.results import RunResult, _completed, run_dir
 from diffusionformer.experiments.tables import aggregate, format_table
-from diffusionformer.train.metrics import write_json_atomic
+from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
 __all__ = ["git_commit", "manifest", "merged_manifest", "write_outputs"]
 
@@ -106,7 +106,7 @@ def write_outputs(out: Path, config: ExperimentConfig, results: list[RunResult])
     table = aggregate(results)
     write_json_atomic(out / "results.json", {"runs": rows, "summary": table})
     text = f"# {config.name}\n\n{config.description}\n\nSeeds: {config.seeds}. Mean ± sample std over seeds.\n\n"
-    (out / "results.md").write_text(text + format_table(table, config))
+    write_text_atomic(out / "results.md", text + format_table(table, config))  # a kill leaves the old table whole
     try:
         from diffusionformer.experiments.plots import plot_experiment
 

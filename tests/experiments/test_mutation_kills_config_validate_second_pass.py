@@ -1013,6 +1013,37 @@ def test_results_md_opens_with_the_name_the_description_and_the_seeds(tmp_path):
         "# second\n\nHand text.\n\nSeeds: [0, 1]. Mean \u00b1 sample std over seeds.\n\n")
 
 
+def test_bug_a_write_of_results_md_that_fails_half_way_keeps_the_old_table(tmp_path, monkeypatch):
+    """Bug: write_outputs wrote results.md in place (``write_text``), so a run killed or a disk filled
+    during the write left a truncated table. It now goes through a temporary file and ``os.replace``:
+    a failure before the replace (here: ``fsync`` raising) leaves the previous results.md whole and
+    no temporary file behind."""
+    import os
+
+    from diffusionformer.experiments.outputs import write_outputs
+
+    old = "# the previous table\n"
+    (tmp_path / "results.md").write_text(old)
+    cfg = load_experiment_config(_raw(description="Hand text.", seeds=[0, 1]))
+
+    real_fsync, synced = os.fsync, []
+
+    def disk_full_after_results_json(fd):
+        synced.append(fd)
+        if len(synced) > 1:  # results.json is written (and synced) first, then results.md
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", disk_full_after_results_json)
+    with pytest.raises(OSError, match="No space left"):
+        write_outputs(tmp_path, cfg, [])
+    assert len(synced) == 2 and (tmp_path / "results.md").read_text() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]  # no temporary left
+    monkeypatch.undo()
+    write_outputs(tmp_path, cfg, [])
+    assert (tmp_path / "results.md").read_text().startswith("# second\n\nHand text.")
+
+
 def test_bug_an_override_into_a_value_that_is_not_a_table_names_that_value():
     """Bug: an override that sets a key inside a string or a number (``name.x=1``,
     ``tasks.digits.train.max_steps.x=1``) said "cannot set a key inside a list", and one that goes deeper named the
