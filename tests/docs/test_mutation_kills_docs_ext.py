@@ -59,23 +59,7 @@ FOREIGN = "mkdocs_foreign_lib"
 # stand-ins
 
 
-class _Log:
-    """Stands in for a ``sphinx.util.logging`` logger: records (level, message, location)."""
-
-    def __init__(self):
-        self.records = []
-
-    def _record(self, level, msg, *args, location=None, **kwargs):
-        self.records.append((level, msg % args if args else msg, location))
-
-    def warning(self, msg, *args, **kwargs):
-        self._record("warning", msg, *args, **kwargs)
-
-    def info(self, msg, *args, **kwargs):
-        self._record("info", msg, *args, **kwargs)
-
-    def warnings(self):
-        return [m for level, m, _ in self.records if level == "warning"]
+# ``log`` (tests/docs/conftest.py): the recording stand-in for the extensions' logger
 
 
 class _Domain:
@@ -219,14 +203,6 @@ def pkg(tmp_path, monkeypatch):
     yield module
     for name in [m for m in sys.modules if m == PKG or m.startswith(f"{PKG}.") or m == FOREIGN]:
         del sys.modules[name]
-
-
-@pytest.fixture
-def log(monkeypatch):
-    rec = _Log()
-    for mod in (df_api, df_exec, df_operator_table, df_stale_stubs):
-        monkeypatch.setattr(mod, "logger", rec)
-    return rec
 
 
 # --------------------------------------------------------------------------------------------
