@@ -97,13 +97,22 @@ def _thread_args(c: argparse.ArgumentParser) -> None:
                         f"(default: ${WORKERS_ENV}, else torchrun's $LOCAL_WORLD_SIZE, else 1)")
 
 
+def _rank_zero() -> bool:
+    """Whether this process prints: no ``torchrun`` group, or its rank 0. An unset or blank ``RANK``
+    is rank 0; a malformed one prints too (``init_distributed`` names the variable when it reads it)."""
+    try:
+        return int(os.environ.get("RANK", "").strip() or 0) == 0
+    except ValueError:
+        return True
+
+
 def _size_threads(args: argparse.Namespace) -> None:
     """Set torch's thread count by :func:`~diffusionformer.experiments.threads.plan_threads` and say so."""
     from diffusionformer.experiments.threads import apply_threads, plan_threads
 
     plan = plan_threads(threads=args.threads, workers=args.workers)
     apply_threads(plan)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if _rank_zero():
         print(plan.describe(), file=sys.stderr)
 
 
@@ -171,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--workers {workers} in a worker process (${WORKER_ENV}={os.environ[WORKER_ENV]}): "
                              "a worker does not start workers of its own")
         _size_threads(args)
-        if int(os.environ.get("RANK", "0")) == 0:
+        if _rank_zero():
             out_flag = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
             out_flag += "" if args.out == "results" else f" --out {shlex.quote(args.out)}"
             print(f"every run's step and time left, from another shell: python -m diffusionformer.experiments status "
@@ -195,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         # one pass in this process: trains what no worker finished, then writes the tables
         results = run_experiment(config, args.out, data_root=args.data_root, resume=not args.restart,
                                  progress=not args.no_progress, device=device, tasks=args.tasks)
-        if int(os.environ.get("RANK", "0")) == 0:
+        if _rank_zero():
             print()
             print(format_table(aggregate(results), config, compact=True))
             out = Path(args.out) / config.name

@@ -162,6 +162,19 @@ def test_only_rank_zero_prints_the_threads_the_status_hint_and_the_table(cli, ca
     assert (got.out, got.err) == ("", "")
 
 
+@pytest.mark.parametrize(("rank", "prints"), [("", True), (" 0 ", True), ("x", True), ("2", False)])
+def test_bug_a_blank_or_malformed_rank_does_not_stop_the_run(cli, capsys, monkeypatch, rank, prints):
+    """Bug: an exported but blank ``RANK`` (``RANK= diffusionformer run ...``) stopped every command with
+    ``ValueError: invalid literal for int() with base 10: ''`` before anything ran. Blank means rank 0,
+    as an unset ``RANK`` does; a malformed one prints too (the process group names it when it reads it);
+    only another rank is silent."""
+    monkeypatch.setenv("RANK", rank)
+    assert cli_main(["run", cli.toml(), "--threads", "1"]) == 0
+    got = capsys.readouterr()
+    assert ("torch threads: 1 per worker (from --threads" in got.err) is prints
+    assert ("TABLE tiny compact=True" in got.out) is prints
+
+
 def test_a_failed_or_non_finite_run_is_exit_1(cli, capsys):
     """kills: cli.py:204 ``r.status != "completed"`` -> ``r.status.startswith("failed")`` (a run stopped by a
     non-finite loss counted as a success) and :207 ``return 1`` -> ``return 0``"""
