@@ -275,7 +275,8 @@ class LayerView:
         return self._cache[name]
 
     def per_sequence(self, fn: Callable[[Tensor], Tensor], min_len: int = 1) -> float | None:
-        """Mean of ``fn`` (one value per sequence of a ``(b, n, D)`` block) over the sequences of at least ``min_len`` tokens."""
+        """Mean of ``fn`` (one value per sequence of a ``(b, n, D)`` block) over the non-empty sequences of at
+        least ``min_len`` tokens (an empty sequence is never handed to ``fn``, whatever ``min_len``)."""
         return _mean_per_sequence(fn, self.X, self.lengths, min_len)
 
     @property

@@ -331,6 +331,23 @@ def test_sparse_dirichlet_attention_averages_heads_and_graphs() -> None:
     assert layer_reports(cap)[0].metrics["dirichlet_attention"] == pytest.approx((e0 + e1) / 2, rel=1e-12)
 
 
+
+def test_sparse_dirichlet_attention_of_graphs_of_unequal_size() -> None:
+    """kills: report.py _dirichlet_attention (sparse) numbering the graphs of the nodes backwards
+    (`repeat_interleave(lengths[:A]).flip(0)`): with graphs of 3 and 1 nodes, node 0 would fall in graph 1"""
+    X = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]], [[2.0, 0.0], [0.0, 0.0], [0.0, 0.0]]],
+                     dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    edges = torch.tensor([[0, 1, 1, 2, 3], [1, 0, 2, 1, 3]])  # node rows of states[mask]: 0, 1, 2 | 3
+    w = torch.tensor([[0.2, 0.6], [1.0, 0.0], [0.5, 0.5], [0.3, 0.1], [0.9, 0.7]], dtype=torch.float64)
+    cap = LayerCapture({1: X}, mask=mask, attentions={0: w}, attention_edges={0: edges},
+                       extra={"num_attention_examples": 2})
+    wbar = w.mean(dim=1).tolist()  # 0.4, 0.5, 0.5, 0.2, 0.8
+    # graph 0: ||x0-x1||^2 = 5, ||x1-x2||^2 = 2, ||X||^2 = 1 + 4 + 2 = 7; graph 1: a self-loop only -> 0
+    e0 = 0.5 * ((wbar[0] + wbar[1]) * 5 + (wbar[2] + wbar[3]) * 2) / 7
+    assert layer_reports(cap)[0].metrics["dirichlet_attention"] == pytest.approx((e0 + 0.0) / 2, rel=1e-12)
+
+
 def test_spectrum_summaries_of_a_two_dimensional_token_space() -> None:
     """kills: report.py _spectrum_summary asking energy_top_k for k = 3 when fewer than 3 singular values exist;
     and fitting a power law to a rank-2 spectrum (2 points: needs r >= 3)"""
@@ -452,6 +469,50 @@ def test_report_types_and_dtypes() -> None:
     assert layer_reports(LayerCapture({0: X}))[0].singular_values.dtype == torch.float32
 
 
+
+def test_an_empty_graph_has_a_zero_mean_and_is_never_handed_to_a_metric() -> None:
+    """kills: report.py _sequence_means dividing by the raw token count (an empty graph's mean 0/0 = NaN, not
+    the zero the LayerView documents and _sequences relies on); and _groups without the `n == 0` skip (an empty
+    (b, 0, D) block handed to a per-sequence metric function)"""
+    X = torch.tensor([[[1.0, 2.0], [3.0, 6.0], [9.0, 9.0]], [[7.0, 7.0], [7.0, 7.0], [7.0, 7.0]],
+                      [[4.0, 0.0], [9.0, 9.0], [9.0, 9.0]]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, False], [False, False, False], [True, False, False]])  # graph 1 is empty
+    cap = LayerCapture({0: X}, mask=mask)
+    v = R.LayerView(cap, 0, cap.lengths(), None, None, None, 0)
+    assert v.lengths.tolist() == [2, 0, 1]
+    assert v.means.tolist() == [[2.0, 4.0], [0.0, 0.0], [4.0, 0.0]]  # hand-worked; the empty graph's mean is 0
+    seen: list[tuple[int, ...]] = []
+
+    def length(g: Tensor) -> Tensor:
+        seen.append(tuple(g.shape))
+        return torch.full((g.shape[0],), float(g.shape[1]), dtype=torch.float64)
+
+    # min_len=0 lets every non-empty length through; the empty graph is still not a sequence to measure
+    assert v.per_sequence(length, min_len=0) == pytest.approx(1.5, rel=1e-12)  # lengths 2 and 1
+    assert sorted(seen) == [(1, 1, 2), (1, 2, 2)]
+
+
+
+def test_unregister_metric_returns_the_metric_it_removed() -> None:
+    """kills: report.py unregister_metric dropping the metric without returning it (its docstring: "remove
+    metric ``key`` ... and return it"; the returned Metric lets a caller put a built-in back)"""
+
+    def first_norm(v: R.LayerView) -> float:
+        return float(v.tokens[0].norm())
+
+    R.register_metric("test_first_norm", group="smoothing", label="norm of token 0", logy=True)(first_norm)
+    try:
+        assert "test_first_norm" in [m.key for m in R.list_metrics("smoothing")]
+    finally:
+        removed = R.unregister_metric("test_first_norm")
+    assert isinstance(removed, R.Metric)
+    assert (removed.key, removed.fn, removed.group, removed.label, removed.logy) == (
+        "test_first_norm", first_norm, "smoothing", "norm of token 0", True)
+    assert "test_first_norm" not in [m.key for m in R.list_metrics()]
+    X = torch.tensor([[[3.0, 4.0]]], dtype=torch.float64)
+    assert "test_first_norm" not in layer_reports(LayerCapture({0: X}))[0].metrics
+
+
 # ============================================================================ spectral.py
 def test_spectrum_summaries_of_unsorted_values_and_negative_ones() -> None:
     """kills: spectral.py _check_spectrum tolerating slightly negative values; and stable_rank dividing by the
@@ -559,3 +620,10 @@ def test_plots_draw_what_they_are_given() -> None:
 # plots.py _to_image: `x = x[0]` inserted before the "1 or 3 channels" ValueError: the same error is raised.
 # report.py _probe: `_num_classes(y) < 2` -> `< 1`. With one class, linear_probe_accuracy raises its "at least 2
 #   classes in training" ValueError, which _probe maps to None: the same None (tested above), only later.
+# capture.py _Collector.add (sparse attention): `keep = (ei[1] < kept_nodes) & (ei[0] < kept_nodes)` ->
+#   `keep = ei[1] < kept_nodes`. The batch vector is sorted (pad_by_batch refuses an unsorted one) so the
+#   nodes of the first `a` graphs are exactly the indices < kept_nodes, and a batch's attention graph is
+#   block-diagonal: AttentionGraph.sparse refuses an edge_index whose source and target lie in different
+#   graphs ("edge_index connects nodes of different graphs", checked by the graph model's forward in eager
+#   mode on CPU; on an accelerator such an edge_index is documented as invalid and left unchecked). For every
+#   valid batch an edge whose target is < kept_nodes has its source < kept_nodes too: the same edges are kept.
