@@ -92,6 +92,26 @@ def _repeat(x: Tensor, H: int) -> Tensor:
     return x if G == H else x.repeat_interleave(H // G, dim=1)
 
 
+def _check_cache_fits(layer: DiffusionAttention, cache: LayerKVCache, K: int) -> None:
+    """A filled cache must hold what the layer's operators read: ``K + 1`` powers, the queries of
+    matrix heads, the inputs of context heads. Operators replaced during decoding (a higher degree,
+    a matrix head added) would otherwise read a short power or miss rows, silently or far from here."""
+    if cache.length == 0:
+        return
+    missing = []
+    if len(cache.powers) != K + 1:
+        missing.append(f"{len(cache.powers) - 1} powers of P for degree K={K}")
+    if not all(layer._polynomial) and cache.queries is None:
+        missing.append("no queries for the matrix heads")
+    if layer._has_context and cache.inputs is None:
+        missing.append("no inputs for the context heads")
+    if missing:
+        raise ValueError(
+            "attend_cached: the cache was filled for other operators than the layer's now ("
+            + "; ".join(missing) + "); the operators were replaced during decoding: start a new LayerKVCache"
+        )
+
+
 def attend_cached(
     layer: DiffusionAttention, x: Tensor, cache: LayerKVCache, positions: Tensor | None = None,
     state: _rivals.LayerState | None = None,
@@ -152,6 +172,7 @@ def attend_cached(
 
     coeffs = layer._coefficients().to(v.dtype)  # (H, K+1); zero rows for non-polynomial heads
     K = coeffs.shape[1] - 1
+    _check_cache_fits(layer, cache, K)
     out = coeffs[None, :, 0, None, None] * _repeat(v, H)  # (B, H, n, C)
     powers = [values]
     prev = _repeat(values, H)  # (B, H, T, C)

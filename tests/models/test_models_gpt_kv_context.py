@@ -165,3 +165,30 @@ def test_the_layer_state_is_built_only_for_models_with_context_operators(monkeyp
     rival.forward_cached(idx, rival.new_cache())
     # every layer enters (depth); the first with its values of all tokens, repeated over query groups
     assert entered == [(2, 4, 5, 4), (2, 2, 5, 4)]
+
+
+@pytest.mark.parametrize(("replacement", "says"), [
+    ("ppr(alpha=0.2, steps=3)", "1 powers of P for degree K=3"),            # a higher degree: a short power read
+    ("heat(t=0.5, steps=2)", "1 powers of P for degree K=2"),               # K up by exactly one: silently wrong
+    ("heat-exact(t=0.5)", "no queries for the matrix heads"),              # a matrix head added
+])
+def test_bug_a_cache_filled_for_other_operators_is_refused(replacement, says):
+    """Bug: with a layer's operators replaced during cached decoding, ``attend_cached`` read the stale
+    cache: a degree up by one stored a short ``P^K v`` and the next step was silently wrong, a higher
+    degree failed with a shape mismatch, a matrix head added found no cached queries. It now names
+    what the cache lacks; a new cache decodes the new operators exactly (checked against the
+    uncached layer on the whole sequence)."""
+    from diffusionformer.operators import build_operator
+
+    torch.manual_seed(0)
+    layer = DiffusionAttention(8, 2, causal=True, heads="attention:1,laplacian:1").double().eval()
+    x = torch.randn(1, 5, 8, dtype=torch.float64)
+    cache = LayerKVCache()
+    attend_cached(layer, x[:, :3], cache)
+    layer.operators[1] = build_operator(replacement, num_heads=1).double()
+    with pytest.raises(ValueError, match=rf"filled for other operators[\s\S]*{says}[\s\S]*new LayerKVCache"):
+        attend_cached(layer, x[:, 3:4], cache)
+    fresh = LayerKVCache()
+    got = torch.cat([attend_cached(layer, x[:, :3], fresh), attend_cached(layer, x[:, 3:4], fresh),
+                     attend_cached(layer, x[:, 4:], fresh)], dim=1)
+    assert torch.allclose(got, layer(x), atol=1e-12, rtol=0)
