@@ -136,7 +136,8 @@ def _unpickle_planetoid(path: Path) -> Any:
             warnings.simplefilter("ignore", DeprecationWarning)
             return _PlanetoidUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
-            KeyError, ImportError, MemoryError, OverflowError, UnicodeDecodeError) as err:
+            LookupError, ImportError, MemoryError, OverflowError, UnicodeDecodeError) as err:
+        # LookupError: KeyError, and ``_codecs.encode`` asked for an unknown codec
         raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: {type(err).__name__}: {err}") from None
 
 
