@@ -2,13 +2,12 @@ r"""Graphs from PyTorch Geometric and networkx objects."""
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Hashable, Sequence
 
 import torch
 from torch import Tensor
 
-from diffusionformer.graph._checks import check_layout
+from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph.core import AttentionGraph
 
 __all__ = ["from_edge_index", "from_networkx", "from_pyg"]
@@ -53,9 +52,7 @@ def from_edge_index(
         tensor([[0, 1, 0, 1, 2],
                 [1, 0, 0, 1, 2]])
     """
-    if not isinstance(num_nodes, numbers.Integral) or isinstance(num_nodes, bool):  # numpy ints too
-        raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
-    num_nodes = int(num_nodes)
+    num_nodes = check_int("num_nodes", num_nodes, 1)  # numpy ints too; AttentionGraph asks the same of it
     edge_index = _set_self_loops(edge_index, num_nodes, self_loops)
     return AttentionGraph.sparse(edge_index, num_nodes, batch=batch, checked=checked)
 

@@ -34,7 +34,7 @@ class ModelIntermediates:
 def _python_number(value: Any) -> Any:
     """A numpy (or other registered) integral/real number as the Python int/float it equals; anything else,
     Python bools, ints and floats included, as it is (a numpy bool stays one, for the checks to refuse)."""
-    if type(value) in (bool, int, float) or isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if type(value) in (bool, int, float) or not isinstance(value, numbers.Real):
         return value
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
