@@ -85,33 +85,38 @@ def _check_graph_task(where: str, task: Any, pool: Any) -> None:
         raise ValueError(f"{where}.pool must be 'mean', 'add' or 'max', got {pool!r}")
 
 
-def _check_size(name: str, value: object) -> None:
-    """``max_num_nodes`` / ``num_graphs``: ``None`` or a positive Python int (a shape, never a tensor)."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+def _check_size(name: str, value: object) -> int | None:
+    """``max_num_nodes`` / ``num_graphs``: ``None`` or a positive integer (a shape, never a tensor; numpy ints
+    too, returned as the Python int they equal, bools refused)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
         raise ValueError(f"{name}: expected None or a positive int, got {value!r}")
+    return None if value is None else int(value)
 
 
-def _check_num_graphs(batch: Tensor | None, num_graphs: Any) -> None:
+def _check_num_graphs(batch: Tensor | None, num_graphs: Any) -> int | None:
     """``num_graphs`` of a graph model's forward against ``batch``: ``None`` or a positive int; one graph without
     ``batch``; with it, graph ids in ``[0, num_graphs)`` (non-negative when ``num_graphs`` is ``None``), read on
-    the host in eager mode on CPU only, before any kernel reads them."""
-    _check_size("num_graphs", num_graphs)
+    the host in eager mode on CPU only, before any kernel reads them. Returns ``num_graphs`` as a Python int
+    (or ``None``)."""
+    num_graphs = _check_size("num_graphs", num_graphs)
     if batch is None:
         if num_graphs not in (None, 1):
             raise ValueError(f"num_graphs: a call without batch holds one graph, got num_graphs={num_graphs}")
-        return
+        return num_graphs
     if batch.numel() and checks_values(batch):
         lo, hi = int(batch.min()), int(batch.max())
         if lo < 0 or (num_graphs is not None and hi >= num_graphs):
             want = "non-negative graph ids" if num_graphs is None else f"graph ids in [0, num_graphs={num_graphs})"
             raise ValueError(f"batch: expected {want}, got ids in [{lo}, {hi}]")
+    return num_graphs
 
 
-def _readout_batch(batch: Tensor | None, num_graphs: Any, num_nodes: int, device: torch.device) -> Tensor:
-    """The graph id of every node for a GCN/GIN readout (zeros without ``batch``), ``num_graphs`` checked against
-    it as the graph transformer checks it (:func:`_check_num_graphs`)."""
-    _check_num_graphs(batch, num_graphs)
-    return torch.zeros(num_nodes, dtype=torch.long, device=device) if batch is None else batch
+def _readout_batch(batch: Tensor | None, num_graphs: Any, num_nodes: int,
+                   device: torch.device) -> tuple[Tensor, int | None]:
+    """The graph id of every node for a GCN/GIN readout (zeros without ``batch``) and ``num_graphs`` checked
+    against it as the graph transformer checks it (:func:`_check_num_graphs`), as a Python int or ``None``."""
+    num_graphs = _check_num_graphs(batch, num_graphs)
+    return (torch.zeros(num_nodes, dtype=torch.long, device=device) if batch is None else batch), num_graphs
 
 
 def _check_mlp_ratio(where: str, dim: int, mlp_ratio: Any) -> None:

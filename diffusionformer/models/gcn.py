@@ -79,7 +79,7 @@ class GCN(nn.Module):
         c = self.config
         if x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(x.shape)}")
-        batch = _readout_batch(batch, num_graphs, x.shape[0], x.device)
+        batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)
         for i, conv in enumerate(self.convs):
             x = F.dropout(x, c.dropout, self.training)
             x = conv(x, edge_index)

@@ -85,7 +85,7 @@ class GIN(nn.Module):
         c = self.config
         if x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(x.shape)}")
-        batch = _readout_batch(batch, num_graphs, x.shape[0], x.device)
+        batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)
         hs = [x]
         for conv in self.convs:
             hs.append(conv(hs[-1], edge_index))

@@ -216,8 +216,8 @@ class GraphBlock(nn.Module):
     def _global_sized(self, h: Tensor, batch: Tensor | None, max_num_nodes: int | None, num_graphs: int | None,
                       global_state: LayerState | None) -> Tensor:
         """Global attention in the ``(G, M, D)`` layout of the given sizes, gathered back by index (no boolean mask)."""
-        _check_size("max_num_nodes", max_num_nodes)
-        _check_size("num_graphs", num_graphs)
+        max_num_nodes = _check_size("max_num_nodes", max_num_nodes)
+        num_graphs = _check_size("num_graphs", num_graphs)
         N, D = h.shape
         if batch is None:  # one graph
             if num_graphs not in (None, 1):
@@ -337,8 +337,8 @@ class DiffusionGraphTransformer(nn.Module):
             raise ValueError(f"batch must have shape (N,) = ({N},), got {tuple(getattr(batch, 'shape', ()))}")
         if batch is not None and batch.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"batch must hold integer graph ids, got dtype {batch.dtype}")
-        _check_size("max_num_nodes", max_num_nodes)
-        _check_num_graphs(batch, num_graphs)
+        max_num_nodes = _check_size("max_num_nodes", max_num_nodes)
+        num_graphs = _check_num_graphs(batch, num_graphs)
         # eager CPU: the graph checks its edges (bounds, no edge across graphs); elsewhere the kernel
         # checks the bounds (no host synchronisation per batch)
         checked = isinstance(edge_index, Tensor) and checks_values(edge_index)

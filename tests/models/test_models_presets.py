@@ -314,3 +314,37 @@ def test_torch_compile_tiny_gpt():
     assert torch.allclose(logits, eager_logits, atol=1e-5)
     loss.backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_graph_models_read_numpy_sizes_as_python_ints(tiny_graph_transformer):
+    """Bug: ``model(x, edge_index, batch, num_graphs=np.int64(4))`` (a count summed with numpy) and the graph
+    transformer's ``max_num_nodes=np.int32(3)`` were refused ("num_graphs: expected None or a positive int, got
+    np.int64(4)") although every config count takes numpy ints. They now give what Python ints give: four rows,
+    the two trailing empty graphs pooled to zero (their scores the heads' biases, for GCN and GIN); bools and
+    floats stay refused."""
+    import numpy as np
+
+    from diffusionformer.models import GCN, GIN, GCNConfig, GINConfig
+
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    ei = torch.tensor([[0, 1, 2, 3], [1, 0, 3, 4]])
+    batch = torch.tensor([0, 0, 1, 1, 1])
+    torch.manual_seed(0)
+    gcn = GCN(GCNConfig(in_channels=3, num_classes=2, hidden=4, task="graph", dropout=0.0)).double().eval()
+    gin = GIN(GINConfig(in_channels=3, num_classes=2, hidden=4, num_layers=2)).double().eval()
+    for model, bias in ((gcn, gcn.head.bias), (gin, gin.heads[0].bias + gin.heads[1].bias)):
+        got = model(x, ei, batch, num_graphs=np.int64(4))
+        assert got.shape == (4, 2)
+        torch.testing.assert_close(got, model(x, ei, batch, num_graphs=4), rtol=0, atol=0)
+        torch.testing.assert_close(got[2:], bias.expand(2, 2), rtol=0, atol=0)
+    gt = tiny_graph_transformer(task="graph", global_attention=True).eval()
+    want = gt(x, ei, batch, max_num_nodes=3, num_graphs=4)
+    got = gt(x, ei, batch, max_num_nodes=np.int32(3), num_graphs=np.int64(4))
+    assert got.shape == (4, 2)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for model in (gcn, gin, gt):
+        for bad in (np.bool_(True), np.float64(4.0), np.int64(0)):
+            with pytest.raises(ValueError, match=r"num_graphs: expected None or a positive int"):
+                model(x, ei, batch, num_graphs=bad)
+    with pytest.raises(ValueError, match=r"max_num_nodes: expected None or a positive int"):
+        gt(x, ei, batch, max_num_nodes=np.float32(3.0))
