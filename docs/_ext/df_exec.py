@@ -11,7 +11,7 @@ can reuse what an earlier block computed):
     header), and renders it as a table. Cells may use inline markup (``:math:`...```).
 
 Both take ``:show-source:`` to display the code above the result. An exception in the
-code is reported as a Sphinx warning at the directive's location (so ``-W`` fails the
+code (``SystemExit`` too: ``sys.exit()`` in a page must not end the build) is reported as a Sphinx warning at the directive's location (so ``-W`` fails the
 build) and the traceback is shown in the page; code never fails silently.
 
 The code runs in the process that builds the docs, against the installed library: the
@@ -53,7 +53,7 @@ class _ExecBase(SphinxDirective):
             compiled = compile(code, f"<{self.name} in {self.env.docname}>", "exec")
             with contextlib.redirect_stdout(out):
                 exec(compiled, namespace)
-        except Exception:  # reported as a build warning, never swallowed
+        except (Exception, SystemExit):  # reported as a build warning, never swallowed (sys.exit would end the build)
             tb = traceback.format_exc()
             logger.warning("%s: the code raised an exception:\n%s", self.name, tb, location=self.get_location())
             return out.getvalue(), None, [nodes.literal_block(tb, tb)]

@@ -549,6 +549,20 @@ def test_exec_error_is_a_warning_with_the_traceback_in_the_page(log):
     assert warning[1].startswith("df-exec: the code raised an exception:\nTraceback")
 
 
+def test_exec_sys_exit_is_a_warning_not_the_end_of_the_build(log):
+    """Bug: code calling ``sys.exit()`` (a script pasted into a page) raised ``SystemExit`` through the directive,
+    which ended the whole docs build (with status 0 for ``sys.exit()``: pages after it silently missing). It is now
+    reported like any exception: a warning at the directive with the traceback in the page."""
+    env = _exec_env()
+    out, state = _run(df_exec.ExecDirective, "import sys\nprint('before')\nsys.exit()", env)
+    assert state.parsed == []
+    assert [type(n) for n in out] == [nodes.literal_block] and out[0].astext().rstrip().endswith("SystemExit")
+    (warning,) = log.records
+    assert warning[0] == "warning" and warning[2] == "page.rst:10"
+    _, state = _run(df_exec.ExecDirective, "print('after')", env)  # the page goes on
+    assert state.parsed == [["after"]]
+
+
 def test_table_renders_hand_written_list_table(log):
     """df_exec.py, ``df-table``: floats as ``.3g`` (E10), whitespace not collapsed (E11), an empty
     cell not escaped (E12), the title dropped (E20), the first data cell repeated (E22), no header
