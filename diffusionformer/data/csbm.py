@@ -25,6 +25,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from diffusionformer.config import check_value
+
 from .base import NodeData
 from .registry import register_dataset
 from .splits import generator as seeded_generator
@@ -77,7 +79,13 @@ def csbm_graph(
         >>> x.shape, ei.shape, bool((y[ei[0]] == y[ei[1]]).all())
         (torch.Size([12, 4]), torch.Size([2, 36]), True)
     """
-    N, C, D = num_nodes, num_classes, feature_dim
+    N, C, D = (check_value(v, int, name) for v, name in
+               ((num_nodes, "num_nodes"), (num_classes, "num_classes"), (feature_dim, "feature_dim")))
+    avg_degree, homophily, mu = (check_value(v, float, name) for v, name in
+                                 ((avg_degree, "avg_degree"), (homophily, "homophily"), (mu, "mu")))
+    for name, value in (("avg_degree", avg_degree), ("mu", mu)):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value}")
     if C < 2:
         raise ValueError(f"num_classes must be >= 2, got {C}")
     if N < 2 * C:

@@ -113,3 +113,23 @@ def test_numpy_seed_and_sizes_from_a_sweep_load_the_same_data():
                        torch.randperm(9, generator=torch.Generator().manual_seed(5)))
     with pytest.raises(TypeError, match="seed must be an int, got bool"):
         generator(np.bool_(True))
+
+
+@pytest.mark.parametrize(
+    "kw, error, match",
+    [
+        (dict(mu=float("nan")), ValueError, "mu must be finite, got nan"),
+        (dict(avg_degree=float("inf")), ValueError, "avg_degree must be finite, got inf"),
+        (dict(avg_degree=float("nan")), ValueError, "avg_degree must be finite, got nan"),
+        (dict(num_nodes=12.5), TypeError, "num_nodes: expected an int, got float 12.5"),
+        (dict(feature_dim=4.0), TypeError, "feature_dim: expected an int, got float 4.0"),
+        (dict(num_classes=True), TypeError, "num_classes: expected an int, got bool True"),
+        (dict(homophily="0.5"), TypeError, "homophily: expected a float, got str"),
+    ],
+)
+def test_non_finite_and_non_integer_options_are_named(kw, error, match):
+    """Bug: ``csbm_graph(mu=nan)`` returned all-NaN features without a word; ``avg_degree=inf`` died in
+    ``round`` ("cannot convert float infinity to integer"), ``num_nodes=12.5`` deep in ``torch.randperm``
+    ("received an invalid combination of arguments"). Each is now refused naming the option."""
+    with pytest.raises(error, match=match):
+        _graph(**kw)
