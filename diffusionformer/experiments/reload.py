@@ -20,7 +20,6 @@ Examples:
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +83,8 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     Raises:
         FileNotFoundError: ``path`` is not a run directory, or lacks ``run_config.json`` or
             ``checkpoint.pt`` (the run has not saved a step yet).
-        ValueError: ``run_config.json`` names an unknown preset or holds an invalid config.
+        ValueError: ``run_config.json`` is unreadable (truncated, not a JSON object), names an
+            unknown preset or holds an invalid config.
         CheckpointError: the checkpoint is unreadable or does not fit the model.
     """
     from diffusionformer.config import config_from_dict
@@ -104,7 +104,12 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
             f"load_run: expected {ident_path} (written by `python -m diffusionformer.experiments run` when a run "
             f"starts), got none; is {rdir} a run directory?"
         )
-    identity = json.loads(ident_path.read_text())
+    from diffusionformer.experiments.results import read_json_dict
+
+    identity = read_json_dict(ident_path)
+    if identity is None:  # truncated, empty, not UTF-8 or not an object: name the file, not json's position
+        raise ValueError(f"load_run: expected {ident_path} to hold a JSON object, got an unreadable file "
+                         "(truncated, empty, not UTF-8 or not an object)")
     preset_name, cfg_dict = identity.get("model"), identity.get("model_config")
     if not isinstance(preset_name, str) or not isinstance(cfg_dict, dict):
         raise ValueError(f"load_run: expected 'model' (a preset name) and 'model_config' (a table) in {ident_path}, "
@@ -129,8 +134,6 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     summary_path = rdir / "summary.json"
     summary = None
     if summary_path.is_file():
-        from diffusionformer.experiments.results import read_json_dict
-
         summary = read_json_dict(summary_path)
         if summary is None:  # truncated or not JSON: the weights are still good (the runner rebuilds it on resume)
             import warnings

@@ -111,10 +111,20 @@ def _check_num_graphs(batch: Tensor | None, num_graphs: Any) -> int | None:
     return num_graphs
 
 
+def _check_batch(batch: Any, num_nodes: int) -> None:
+    """A graph model's ``batch``: ``None`` or integer graph ids of shape ``(N,)``."""
+    if batch is not None and (not isinstance(batch, Tensor) or batch.dim() != 1 or batch.shape[0] != num_nodes):
+        raise ValueError(f"batch must have shape (N,) = ({num_nodes},), got {tuple(getattr(batch, 'shape', ()))}")
+    if batch is not None and batch.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"batch must hold integer graph ids, got dtype {batch.dtype}")
+
+
 def _readout_batch(batch: Tensor | None, num_graphs: Any, num_nodes: int,
                    device: torch.device) -> tuple[Tensor, int | None]:
-    """The graph id of every node for a GCN/GIN readout (zeros without ``batch``) and ``num_graphs`` checked
-    against it as the graph transformer checks it (:func:`_check_num_graphs`), as a Python int or ``None``."""
+    """The graph id of every node for a GCN/GIN readout (zeros without ``batch``; its shape and dtype checked by
+    :func:`_check_batch`) and ``num_graphs`` checked against it as the graph transformer checks it
+    (:func:`_check_num_graphs`), as a Python int or ``None``."""
+    _check_batch(batch, num_nodes)
     num_graphs = _check_num_graphs(batch, num_graphs)
     return (torch.zeros(num_nodes, dtype=torch.long, device=device) if batch is None else batch), num_graphs
 

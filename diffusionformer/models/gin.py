@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import document_fields
+from diffusionformer.ops.sparse import check_edge_index
 from diffusionformer.models.common import _check_graph_task, _python_numbers, _readout_batch, check_positive_int, check_probability
 
 __all__ = ["GIN", "GINConfig"]
@@ -83,8 +84,10 @@ class GIN(nn.Module):
         otherwise unused for node tasks, as in :class:`~diffusionformer.models.DiffusionGraphTransformer`.
         """
         c = self.config
-        if x.dim() != 2 or x.shape[1] != c.in_channels:
-            raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(x.shape)}")
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
+            raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
+        if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided:  # a sparse adjacency passes to PyG
+            edge_index = check_edge_index(edge_index, x.shape[0])  # shape, dtype; bounds on CPU in eager mode
         batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)
         hs = [x]
         for conv in self.convs:

@@ -273,6 +273,7 @@ class DiffusionGPT(nn.Module):
         Shapes:
             ``(B, T0) -> (B, T0 + max_new_tokens)``.
         """
+        self._check_idx(idx)  # also when no token is asked for: a malformed prompt is never handed back
         # numpy numbers (a sweep grid's) are read as the Python numbers they equal; bools are refused
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
@@ -304,7 +305,8 @@ class DiffusionGPT(nn.Module):
                 if temperature == 0:
                     nxt = logits.argmax(dim=-1, keepdim=True)
                 else:
-                    logits = logits / temperature
+                    # shifted so the row maximum is 0: a tiny temperature gives -inf, never inf - inf = NaN
+                    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
                     if top_k is not None:
                         logits = top_k_filter(logits, top_k)
                     if top_p is not None:

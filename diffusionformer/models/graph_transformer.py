@@ -18,8 +18,8 @@ from diffusionformer.nn.block import Mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
-from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_graph_task, _check_mlp_ratio,
-                                           _check_num_graphs, _check_size, _python_numbers, check_positive_int, check_probability,
+from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_bools, _check_graph_task,
+                                           _check_mlp_ratio, _check_num_graphs, _check_size, _python_numbers, check_positive_int, check_probability,
                                            init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
@@ -333,10 +333,7 @@ class DiffusionGraphTransformer(nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
         N = x.shape[0]
-        if batch is not None and (not isinstance(batch, Tensor) or batch.dim() != 1 or batch.shape[0] != N):
-            raise ValueError(f"batch must have shape (N,) = ({N},), got {tuple(getattr(batch, 'shape', ()))}")
-        if batch is not None and batch.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"batch must hold integer graph ids, got dtype {batch.dtype}")
+        _check_batch(batch, N)
         max_num_nodes = _check_size("max_num_nodes", max_num_nodes)
         num_graphs = _check_num_graphs(batch, num_graphs)
         # eager CPU: the graph checks its edges (bounds, no edge across graphs); elsewhere the kernel

@@ -149,6 +149,9 @@ class DiffusionViT(nn.Module):
         c = self.config
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a Tensor of images (B, C, H, W) or signals (B, T, C), got {type(x).__name__}")
+        if not x.is_floating_point():  # uint8 pixels: the patch convolution would fail on the dtype
+            raise TypeError(f"x must be a floating-point tensor (e.g. uint8 images scaled to floats), got dtype {x.dtype}")
+        x = x.to(self.patch_embed.weight.dtype)  # as the graph transformer reads its x: float64 data, float32 model
         if len(c.input_size) == 2:
             expected = (c.in_channels, *c.input_size)
             if x.dim() != 4 or tuple(x.shape[1:]) != expected:
