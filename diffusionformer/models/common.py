@@ -154,6 +154,30 @@ def _check_bools(where: str, **values: Any) -> None:
             raise TypeError(f"{where}.{name}: expected bool, got {value!r}")
 
 
+_NORMS = ("layernorm", "rmsnorm")
+
+
+def _check_block_options(where: str, *, norm: Any, backend: Any = "auto", layer_scale: Any = None) -> None:
+    """A config's ``norm`` (``"layernorm"``/``"rmsnorm"``, ``_``/``-`` and case ignored as
+    :func:`~diffusionformer.nn.block.make_norm` reads it), ``backend`` (one of ``DENSE_BACKENDS``) and
+    ``layer_scale`` (``None`` or a finite number), checked when the config is made rather than when the
+    model is built; a misspelt name gets a "did you mean"."""
+    import difflib
+
+    from diffusionformer.ops.dense import DENSE_BACKENDS
+
+    key = norm.lower().replace("_", "").replace("-", "") if isinstance(norm, str) else None
+    for name, value, ok, choices in (("norm", norm, key in _NORMS, _NORMS),
+                                     ("backend", backend, backend in DENSE_BACKENDS, DENSE_BACKENDS)):
+        if not ok:
+            close = difflib.get_close_matches(str(value), choices, n=1) if isinstance(value, str) else []
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{where}.{name}: expected one of {list(choices)}, got {value!r}{hint}")
+    if layer_scale is not None and (isinstance(layer_scale, bool) or not isinstance(layer_scale, numbers.Real)
+                                    or not math.isfinite(layer_scale)):
+        raise ValueError(f"{where}.layer_scale: expected None or a finite float, got {layer_scale!r}")
+
+
 def check_probability(where: str, **values: Any) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:

@@ -17,7 +17,7 @@ from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
 from diffusionformer.nn.rotary import RotaryEmbedding
-from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, _check_rope_base,
+from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
                                            _python_numbers, check_positive_int, check_probability, init_transformer_weights)
 from diffusionformer.models.sampling import top_k_filter, top_p_filter
 
@@ -58,6 +58,7 @@ class GPTConfig:
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"GPTConfig: n_head={self.n_head} must divide n_embd={self.n_embd}")
         resolve_layer_heads(self.n_layer, self.n_head, self.heads, self.laplacian_heads)
+        _check_block_options("GPTConfig", norm=self.norm, backend=self.backend)
         _check_bools("GPTConfig", bias=self.bias, qk_norm=self.qk_norm, tie_weights=self.tie_weights, rope=self.rope,
                      zero_init_proj=self.zero_init_proj, recompute=self.recompute)
         if self.rope and (self.n_embd // self.n_head) % 2:

@@ -18,7 +18,7 @@ from diffusionformer.nn.block import Mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
-from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_bools, _check_graph_task,
+from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools, _check_graph_task,
                                            _check_mlp_ratio, _check_num_graphs, _check_size, _python_numbers, check_positive_int, check_probability,
                                            init_transformer_weights)
 
@@ -58,6 +58,7 @@ class GraphTransformerConfig:
         check_positive_int("GraphTransformerConfig", in_channels=self.in_channels, num_classes=self.num_classes,
                            dim=self.dim, depth=self.depth, num_heads=self.num_heads)
         _check_mlp_ratio("GraphTransformerConfig", self.dim, self.mlp_ratio)
+        _check_block_options("GraphTransformerConfig", norm=self.norm)
         _check_bools("GraphTransformerConfig", self_loops=self.self_loops, global_attention=self.global_attention,
                      pe_sign_flip=self.pe_sign_flip)
         check_probability("GraphTransformerConfig", dropout=self.dropout, attn_dropout=self.attn_dropout,

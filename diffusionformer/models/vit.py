@@ -13,7 +13,7 @@ from diffusionformer.config import document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
-from diffusionformer.models.common import (ModelIntermediates, _check_bools, _check_mlp_ratio, _check_rope_base,
+from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
                                            _python_numbers, check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionViT", "ViTConfig", "attention_rollout"]
@@ -72,6 +72,7 @@ class ViTConfig:
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"ViTConfig.pool must be 'cls' or 'mean', got {self.pool!r}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
+        _check_block_options("ViTConfig", norm=self.norm, backend=self.backend, layer_scale=self.layer_scale)
         _check_bools("ViTConfig", qk_norm=self.qk_norm, rope=self.rope)
         multiple = 4 if len(self.input_size) == 2 else 2
         if self.rope and (self.dim // self.num_heads) % multiple:

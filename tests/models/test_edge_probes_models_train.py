@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -265,3 +266,34 @@ def test_load_run_on_a_truncated_checkpoint_or_another_operator_is_a_checkpoint_
     save_checkpoint(tmp_path / "checkpoint.pt", payload)
     with pytest.raises(CheckpointError, match="(?s)do not fit.*operators.0.t"):
         diffusionformer.load_run(tmp_path)
+
+
+@pytest.mark.parametrize("cls, base", [("ViTConfig", {}), ("GPTConfig", {}),
+                                       ("GraphTransformerConfig", dict(in_channels=3, num_classes=2))])
+def test_configs_check_norm_backend_and_layer_scale_when_made(cls, base):
+    """Bug: ``ViTConfig(norm="rmsnrom")``, ``GPTConfig(backend="dens")`` or ``ViTConfig(layer_scale=nan)`` were
+    accepted as configs (so a sweep's config check passed) and failed only when the model was built, possibly
+    runs later. They are now refused when the config is made, naming the field, with a "did you mean"; the
+    spellings ``make_norm`` accepts ("RMSNorm", "layer_norm") stay valid."""
+    import diffusionformer.models as models
+
+    config = getattr(models, cls)
+    for ok in ("RMSNorm", "layer_norm", "layernorm"):
+        assert config(**base, norm=ok).norm == ok
+    with pytest.raises(ValueError, match=rf"{cls}\.norm: expected one of \['layernorm', 'rmsnorm'\], got "
+                                         r"'rmsnrom' \(did you mean 'rmsnorm'\?\)"):
+        config(**base, norm="rmsnrom")
+    with pytest.raises(ValueError, match=rf"{cls}\.norm: expected one of .*, got 3$"):
+        config(**base, norm=3)
+    if cls == "GraphTransformerConfig":
+        return
+    with pytest.raises(ValueError, match=rf"{cls}\.backend: expected one of \['auto', 'sdpa', 'matrix', 'triton'\], "
+                                         r"got 'dens'$"):
+        config(**base, backend="dens")
+    with pytest.raises(ValueError, match=rf"{cls}\.backend: .* got 'tritn' \(did you mean 'triton'\?\)"):
+        config(**base, backend="tritn")
+    if cls == "ViTConfig":
+        assert config(layer_scale=np.float32(0.5)).layer_scale == 0.5
+        for bad in (float("nan"), float("inf"), "1e-5", True):
+            with pytest.raises(ValueError, match=r"ViTConfig\.layer_scale: expected None or a finite float"):
+                config(layer_scale=bad)
