@@ -181,6 +181,24 @@ def test_gnn_baselines_name_a_malformed_batch(cls, cfg):
         model(x, ei, torch.zeros(5))
 
 
+@pytest.mark.parametrize("cls,cfg", _GRAPH_MODELS, ids=["gcn", "gin"])
+def test_gnn_baselines_read_float64_and_integer_features_in_their_dtype(cls, cfg):
+    """Bug: float64 features into a float32 GCN/GIN (or integer one-hot features, as some PyG datasets store
+    them) failed in the first layer with a bare dtype RuntimeError ("mat1 and mat2 must have the same dtype");
+    they are now read in the model's dtype, as the graph transformer and the ViT read theirs: the logits equal
+    those of the float32 features (exactly: 0/1 features are exact in every float dtype)."""
+    torch.manual_seed(0)
+    model = cls(cfg(in_channels=3, num_classes=2, task="graph")).eval()
+    x = torch.randint(0, 2, (5, 3), generator=torch.Generator().manual_seed(1))
+    ei, batch = torch.tensor([[0, 1, 2, 3], [1, 0, 3, 4]]), torch.tensor([0, 0, 1, 1, 1])
+    want = model(x.float(), ei, batch)
+    assert want.dtype == torch.float32
+    for features in (x, x.double(), x.to(torch.float16)):
+        got = model(features, ei, batch)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_gcn_on_a_batch_where_one_graph_has_no_edges_matches_plain_linear_layers():
     """A graph without edges: GCN's normalised adjacency with self loops is the identity on it, so its nodes go
     through ``relu(x W1^T + b1) W2^T + b2`` (here by hand), whatever the other graph of the batch holds."""
