@@ -141,5 +141,8 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
             warnings.warn(f"load_run: {summary_path} is unreadable (truncated or not a JSON object); "
                           "run.summary is None", stacklevel=2)
     metrics = read_metrics(rdir) if (rdir / "metrics.jsonl").is_file() else []
-    return LoadedRun(model, config, metrics, summary, TrainConfig.from_dict(payload["config"]), int(payload["step"]),
-                     preset_name, rdir)
+    try:
+        train_config = TrainConfig.from_dict(payload["config"])
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {ckpt}: its config is invalid: {err}") from err
+    return LoadedRun(model, config, metrics, summary, train_config, int(payload["step"]), preset_name, rdir)

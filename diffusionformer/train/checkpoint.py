@@ -127,6 +127,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     step = payload["step"]
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise CheckpointError(f"checkpoint {path}: expected an int step >= 0, got {step!r}")
+    for key in ("model", "config"):  # a state dict and a TrainConfig table (else a bare TypeError far from the file)
+        if not isinstance(payload[key], dict):
+            raise CheckpointError(f"checkpoint {path}: expected {key!r} to be a dict, got {type(payload[key]).__name__}")
     return payload
 
 

@@ -286,6 +286,29 @@ def test_load_run_on_a_truncated_checkpoint_or_another_operator_is_a_checkpoint_
         diffusionformer.load_run(tmp_path)
 
 
+def test_load_run_names_a_checkpoint_whose_model_or_config_is_malformed(tmp_path):
+    """Bug: a checkpoint whose ``model`` entry is not a state dict (a list, a tensor) was a bare ``TypeError``
+    from ``load_state_dict`` ("Expected state_dict to be dict-like"), and one whose training config is invalid a
+    ``ValueError`` that did not name the file; both are now ``CheckpointError``s naming it, for ``load_run`` and
+    for the trainer's ``load_checkpoint`` alike. The file is left as it was."""
+    model = _run_dir(tmp_path)
+    good = {k: None for k in _REQUIRED}
+    good.update(format=CHECKPOINT_FORMAT, model=model.state_dict(), config=TrainConfig(max_steps=3).to_dict(), step=3)
+    cases = [(dict(model=[1, 2]), r"expected 'model' to be a dict, got list"),
+             (dict(model=torch.zeros(2)), r"expected 'model' to be a dict, got Tensor"),
+             (dict(config=[("max_steps", 3)]), r"expected 'config' to be a dict, got list"),
+             (dict(config={"max_steps": -3}), r"its config is invalid: .*max_steps"),
+             (dict(config={"max_stesp": 3}), r"its config is invalid: .*max_stesp")]
+    for change, match in cases:
+        save_checkpoint(tmp_path / "checkpoint.pt", {**good, **change})
+        before = (tmp_path / "checkpoint.pt").read_bytes()
+        with pytest.raises(CheckpointError, match=r"checkpoint .*checkpoint\.pt: " + match):
+            diffusionformer.load_run(tmp_path)
+        assert (tmp_path / "checkpoint.pt").read_bytes() == before
+    save_checkpoint(tmp_path / "checkpoint.pt", good)
+    assert diffusionformer.load_run(tmp_path).train_config == TrainConfig(max_steps=3)
+
+
 @pytest.mark.parametrize("cls, base", [("ViTConfig", {}), ("GPTConfig", {}),
                                        ("GraphTransformerConfig", dict(in_channels=3, num_classes=2))])
 def test_configs_check_norm_backend_and_layer_scale_when_made(cls, base):
