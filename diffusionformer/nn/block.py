@@ -110,7 +110,7 @@ class DropPath(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.p == 0.0 or not self.training:
             return x
-        shape = (x.shape[0],) + (1,) * (x.dim() - 1) if x.dim() > 2 else (1, 1)
+        shape = (x.shape[0],) + (1,) * (x.dim() - 1) if x.dim() > 2 else (1,) * x.dim()  # keeps x's shape
         keep = torch.empty(shape, device=x.device, dtype=x.dtype).bernoulli_(1 - self.p)
         return x * keep / (1 - self.p)
 

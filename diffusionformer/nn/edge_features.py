@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from diffusionformer.ops import propagate_sparse, segment_softmax
+from diffusionformer.ops._checks import check_tensor
+from diffusionformer.ops.sparse import check_edge_index
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffusionformer.nn.attention import DiffusionAttention
@@ -45,6 +47,7 @@ def edge_feature_attention(
     Shapes:
         ``(N, D)`` -> ``(N, D)`` (and ``(E, H)``).
     """
+    layer._check_plan()  # the operators may have been replaced since the layer's plan was made
     if layer.causal:
         raise ValueError("edge_feature_attention: expected a non-causal layer (graphs have no token order)")
     for op in layer.operators:
@@ -55,9 +58,12 @@ def edge_feature_attention(
             # (rivals: second map, layer state, re-attention, uniform map) are not served
             raise ValueError(f"edge_feature_attention: operator {op.name!r} is not a polynomial in one P; "
                              "edge features need polynomial heads (attention, laplacian, heat, ppr, polynomial)")
-    N, D = x.shape
+    N, D = check_tensor("x", x, 2, "(N, D)").shape
     H, C = layer.num_heads, layer.head_dim
+    edge_index = check_edge_index(edge_index, N)
     E = edge_index.shape[1]
+    if not isinstance(edge_keys, Tensor):
+        raise TypeError(f"edge_keys must be a torch.Tensor of shape (E, D), got {type(edge_keys).__name__}")
     if edge_keys.shape != (E, D):
         raise ValueError(f"edge_keys: expected shape (E, D) = ({E}, {D}), got {tuple(edge_keys.shape)}")
     q, k, v = layer._project(x)  # (N, H, C)

@@ -108,6 +108,11 @@ class RotaryEmbedding(nn.Module):
         return positions.to(torch.float64)[:, None] * self.inv_freq(positions.device)[None, :]
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        if not isinstance(x, Tensor) or x.dim() < 3:
+            raise ValueError(f"{type(self).__name__}: expected x of shape (..., N, H, C), "
+                             f"got {tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+        if positions is not None and not isinstance(positions, Tensor):
+            raise TypeError(f"{type(self).__name__}: expected positions as a tensor, got {type(positions).__name__}")
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"RotaryEmbedding: expected x with last dim head_dim={self.head_dim}, got {tuple(x.shape)}")
         if positions is None:

@@ -36,7 +36,10 @@ T = TypeVar("T", bound=type[DiffusionOperator])
 
 
 def _normalise(name: str) -> str:
-    return re.sub(r"[\s_]+", "-", name.strip().lower())
+    if not isinstance(name, str):
+        raise TypeError(f"operator names and aliases must be str, got {type(name).__name__} ({name!r})")
+    # spaces and underscores ignored around and instead of the hyphens: "I - P", "heat_exact", "grand nl"
+    return re.sub(r"[\s_]*-[\s_]*|[\s_]+", "-", name.strip().lower())
 
 
 def register_operator(
@@ -50,7 +53,7 @@ def register_operator(
         aliases: extra names resolved to this operator (default: ``cls.aliases``).
 
     Raises:
-        TypeError: ``cls`` is not a :class:`DiffusionOperator` subclass.
+        TypeError: ``cls`` is not a :class:`DiffusionOperator` subclass, or a name is not a ``str``.
         ValueError: the name or an alias is already taken, or the name is empty.
 
     Examples:

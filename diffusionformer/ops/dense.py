@@ -99,6 +99,8 @@ def _check_qk(q: Tensor, k: Tensor) -> None:
         )
     if k.dtype != q.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
+    if k.device != q.device:
+        raise ValueError(f"q and k must be on one device, got {q.device} and {k.device}")
 
 
 def _check_v(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -107,6 +109,8 @@ def _check_v(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(
             f"v must have shape (B, H, M, C_v) matching k {tuple(k.shape)}, got {tuple(v.shape)}"
         )
+    if v.device != q.device:
+        raise ValueError(f"v must be on the device of q ({q.device}), got {v.device}")
     if q.shape[2] != k.shape[2]:
         raise ValueError(
             "diffusion applies P repeatedly, so P must be square: queries and keys must be the same "
@@ -131,6 +135,8 @@ def normalise_mask(
     if attn_mask is None:
         return None, is_causal
     attn_mask = check_attn_mask(attn_mask, shape, dtype)
+    if attn_mask.device != device:
+        raise ValueError(f"attn_mask must be on the device of q ({device}), got {attn_mask.device}")
     B, H, N, M = shape
     if is_causal:
         causal = torch.ones(N, M, dtype=torch.bool, device=device).tril()

@@ -24,6 +24,7 @@ on one of two back-ends, chosen with ``backend``:
 
 from __future__ import annotations
 
+import numbers
 from typing import Literal, Sequence
 
 import torch
@@ -86,6 +87,8 @@ def _check_nodes(q: Tensor, k: Tensor, num_nodes: int | None) -> int:
         raise ValueError(f"q and k must have the same shape (N, H, C), got {tuple(q.shape)} and {tuple(k.shape)}")
     if k.dtype != q.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
+    if k.device != q.device:
+        raise ValueError(f"q and k must be on one device, got {q.device} and {k.device}")
     return _check_num_nodes(num_nodes, q.shape[0], "q")
 
 
@@ -93,7 +96,7 @@ def _check_num_nodes(num_nodes: int | None, N: int, name: str) -> int:
     """``num_nodes`` checked against the ``N`` rows of the tensor ``name`` (``N`` when ``None``)."""
     if num_nodes is None:
         return N
-    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool):
+    if not isinstance(num_nodes, numbers.Integral) or isinstance(num_nodes, bool):  # numpy ints too
         raise TypeError(f"num_nodes must be an int or None, got {type(num_nodes).__name__}")
     if num_nodes != N:
         raise ValueError(f"num_nodes={num_nodes} disagrees with {name}, which has N={N} rows")
@@ -357,6 +360,8 @@ def diffuse_sparse_with_weights(
         raise ValueError(f"v must have shape (N, H, C_v) with (N, H) = {tuple(q.shape[:2])}, got {tuple(v.shape)}")
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
+    if v.device != q.device:
+        raise ValueError(f"v must be on the device of q ({q.device}), got {v.device}")
     dropout_p = check_dropout(dropout_p)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
