@@ -451,6 +451,9 @@ def _static_rows(coeffs: Sequence[Any], num_heads: int) -> tuple[tuple[float, ..
         raise ValueError(
             f"coeffs has {len(rows)} rows but the inputs have H={num_heads} heads; expected shape ({num_heads}, K+1) or (K+1,)"
         )
+    if not rows:
+        raise ValueError("coeffs given as a sequence need inputs with H >= 1 heads, got H=0 "
+                         "(coefficients given as a tensor of shape (K+1,) take H=0: an empty output)")
     width = {len(r) for r in rows}
     if len(width) != 1:
         raise ValueError(f"coeffs rows must all have K+1 entries, got lengths {sorted(width)}")

@@ -417,3 +417,17 @@ def test_rotary_matches_a_hand_written_rotation():
             ref[:, m, :, 2 * i] = a * math.cos(th) - b * math.sin(th)
             ref[:, m, :, 2 * i + 1] = a * math.sin(th) + b * math.cos(th)
     torch.testing.assert_close(rope(x, pos), ref, rtol=0, atol=1e-12)
+
+
+def test_coefficients_as_a_sequence_name_inputs_without_heads():
+    """Bug: ``DF.diffuse(q, k, v, [0.0, 1.0])`` with ``H = 0`` heads said "coeffs rows must all have K+1 entries,
+    got lengths []" (a message about coefficient rows the caller never gave). It now says the inputs have no
+    head; coefficients given as a tensor still give the empty output (checked: shape ``(B, 0, N, C)``)."""
+    q = torch.randn(2, 0, 4, 8)
+    for backend in ("matrix", "sdpa"):
+        with pytest.raises(ValueError, match=r"coeffs given as a sequence need inputs with H >= 1 heads, got H=0"):
+            DF.diffuse(q, q, q, [0.0, 1.0], backend=backend)
+        assert DF.diffuse(q, q, q, torch.tensor([0.0, 1.0]), backend=backend).shape == (2, 0, 4, 8)
+    qs = torch.randn(4, 0, 8)
+    with pytest.raises(ValueError, match=r"need inputs with H >= 1 heads, got H=0"):
+        DF.diffuse_sparse(qs, qs, qs, torch.tensor([[0, 1], [1, 0]]), [0.0, 1.0])
