@@ -25,6 +25,8 @@ import numbers
 import torch
 from torch import Tensor, nn
 
+from diffusionformer.ops._checks import checks_values
+
 __all__ = ["RotaryEmbedding", "RotaryEmbedding2D", "apply_rotary"]
 
 
@@ -60,6 +62,15 @@ def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
     pairs = x.unflatten(-1, (C // 2, 2))  # (..., N, H, C/2, 2)
     a, b = pairs[..., 0], pairs[..., 1]
     return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+
+def _check_positions(positions: Tensor) -> None:
+    """Positions are real numbers: a bool or complex tensor is a ``TypeError``; a NaN or infinite position (a
+    NaN row of angles, so NaN queries) is a ``ValueError`` in eager mode on CPU (:func:`checks_values`)."""
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"RotaryEmbedding: expected integer or float positions, got dtype {positions.dtype}")
+    if positions.is_floating_point() and checks_values(positions) and not bool(torch.isfinite(positions).all()):
+        raise ValueError("RotaryEmbedding: expected finite positions, got NaN or inf")
 
 
 class RotaryEmbedding(nn.Module):
@@ -105,6 +116,7 @@ class RotaryEmbedding(nn.Module):
         """``(N,)`` positions -> ``(N, C/2)`` angles (float64)."""
         if positions.dim() != 1:
             raise ValueError(f"RotaryEmbedding: expected positions of shape (N,), got {tuple(positions.shape)}")
+        _check_positions(positions)
         return positions.to(torch.float64)[:, None] * self.inv_freq(positions.device)[None, :]
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
@@ -163,6 +175,7 @@ class RotaryEmbedding2D(RotaryEmbedding):
     def angles(self, positions: Tensor) -> Tensor:
         if positions.dim() != 2 or positions.shape[1] != 2:
             raise ValueError(f"RotaryEmbedding2D: expected positions of shape (N, 2), got {tuple(positions.shape)}")
+        _check_positions(positions)
         f = self.inv_freq(positions.device)[None, :]  # (1, C/4)
         p = positions.to(torch.float64)
         return torch.cat([p[:, :1] * f, p[:, 1:] * f], dim=1)  # (N, C/2)

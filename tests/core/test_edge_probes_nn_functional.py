@@ -198,6 +198,30 @@ def test_rotary_names_a_bad_x_or_positions():
             rope(torch.randn(3, 1, 4), positions)
 
 
+def test_rotary_refuses_bool_and_non_finite_positions():
+    """Bug: bool positions were read as 0/1 and a NaN or infinite position gave a NaN row of queries, both
+    without a word (1-D and 2-D RoPE). Both are now refused naming the positions; float positions otherwise still
+    rotate by ``position * theta_i`` (checked by hand for position 1.5: pair 0 turns by 1.5 rad)."""
+    from diffusionformer.nn import RotaryEmbedding2D
+
+    rope, rope2 = RotaryEmbedding(4), RotaryEmbedding2D(4)
+    x = torch.randn(3, 1, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"expected integer or float positions, got dtype torch.bool"):
+        rope(x, torch.tensor([True, False, True]))
+    with pytest.raises(TypeError, match=r"expected integer or float positions, got dtype torch.bool"):
+        rope2(x, torch.ones(3, 2, dtype=torch.bool))
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="RotaryEmbedding: expected finite positions, got NaN or inf"):
+            rope(x, torch.tensor([0.0, bad, 2.0]))
+        with pytest.raises(ValueError, match="expected finite positions"):
+            rope2(x, torch.tensor([[0.0, 0.0], [1.0, bad], [2.0, 2.0]]))
+    y = rope(x, torch.tensor([0.0, 1.5, 2.0], dtype=torch.float64))
+    c, s_ = math.cos(1.5), math.sin(1.5)
+    want0 = x[1, 0, 0] * c - x[1, 0, 1] * s_
+    want1 = x[1, 0, 0] * s_ + x[1, 0, 1] * c
+    torch.testing.assert_close(y[1, 0, :2], torch.stack([want0, want1]), rtol=0, atol=1e-12)
+
+
 def test_drop_path_keeps_the_shape_of_a_1d_input():
     """Bug: ``DropPath(p).train()`` on a 1-D input ``(D,)`` returned ``(1, D)`` (its mask was ``(1, 1)``).
     A 1-D input is one sample, like a 2-D one: kept whole (scaled by 1 / (1 - p)) or zeroed whole."""
