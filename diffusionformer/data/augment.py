@@ -23,6 +23,7 @@ so a ViT with a fixed patch grid can take them; small "local" crops are therefor
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -213,8 +214,9 @@ class MultiCropAugment:
         for name, high in (("flip_prob", 1.0), ("blur_prob", 1.0), ("contrast", 1.0 - 1e-12),
                            ("brightness", math.inf), ("noise_std", math.inf)):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= high:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0.0 <= v <= high:
                 raise ValueError(f"MultiCropAugment.{name} must lie in [0, {high:g}], got {v!r}")
+            object.__setattr__(self, name, float(v))  # a numpy number as the Python float it equals
 
     @property
     def num_views(self) -> int:
@@ -262,6 +264,9 @@ class MultiCropAugment:
         """The views of ``images`` for parameters from :meth:`sample` (on the images' device)."""
         if images.dim() != 4:
             raise ValueError(f"MultiCropAugment.apply expects images (B, C, H, W), got {tuple(images.shape)}")
+        if not images.is_floating_point():
+            raise TypeError(f"MultiCropAugment.apply expects floating-point images (crops are resampled "
+                            f"bilinearly), got {images.dtype}")
         B, C, H, W = images.shape
         theta = params["theta"]
         V = self.num_views
@@ -312,8 +317,9 @@ def random_crop_flip(images: Tensor, generator: torch.Generator, *, padding: int
     """
     if images.dim() != 4:
         raise ValueError(f"random_crop_flip: expected images of shape (B, C, H, W), got {tuple(images.shape)}")
-    if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
+    if isinstance(padding, bool) or not isinstance(padding, numbers.Integral) or padding < 0:
         raise ValueError(f"random_crop_flip: padding must be an int >= 0, got {padding!r}")
+    padding = int(padding)
     B, C, H, W = images.shape
     offsets = torch.randint(0, 2 * padding + 1, (B, 2), generator=generator)
     flips = torch.rand(B, generator=generator) < 0.5 if flip else torch.zeros(B, dtype=torch.bool)

@@ -266,6 +266,9 @@ class TextData:
         batch_size, block_size = _as_count("batch_size", batch_size), _as_count("block_size", block_size)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if L < 2:
+            raise ValueError(f"the {split!r} split has {L} token(s): a window needs at least 2 (an input and "
+                             f"its next token), so no block_size fits; use a longer text")
         if not 1 <= block_size < L:
             raise ValueError(
                 f"block_size must be in [1, {L - 1}] for the {split!r} split of length {L}, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
@@ -97,6 +98,26 @@ def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Calla
     return decorator
 
 
+def _check_option_type(spec: DatasetSpec, key: str, value: Any) -> None:
+    """Refuse an option whose type cannot be that of its default (bool, int, float, str; a
+    ``None`` default is not checked): ``normalize="no"`` or ``val_fraction="0.1"`` would
+    otherwise be read as truthy or fail deep inside the loader."""
+    default = spec.options[key]
+    if isinstance(default, bool):
+        ok, want = isinstance(value, bool), "a bool"
+    elif isinstance(default, int):
+        ok, want = isinstance(value, numbers.Integral) and not isinstance(value, bool), "an int"
+    elif isinstance(default, float):
+        ok, want = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
+    elif isinstance(default, str):
+        ok, want = isinstance(value, str), "a str"
+    else:
+        return
+    if not ok:
+        raise TypeError(f"load_dataset({spec.name!r}): option {key!r} must be {want} (default "
+                        f"{default!r}), got {type(value).__name__} {value!r}")
+
+
 def dataset_spec(name: str) -> DatasetSpec:
     """The :class:`DatasetSpec` registered under ``name`` (case and ``-``/``_`` insensitive).
 
@@ -149,7 +170,8 @@ def load_dataset(
 
     Raises:
         ValueError: unknown name (the message lists the valid names) or a bad option value.
-        TypeError: unknown option (named in the message).
+        TypeError: unknown option (named in the message, with a close match if any), or an
+            option whose type differs from its default's (bool, int, float or str).
         DataRootError: the dataset needs a data root and it or its files are missing.
 
     Examples:
@@ -161,10 +183,14 @@ def load_dataset(
     unknown = [k for k in options if k not in spec.options]
     if unknown:
         valid = ", ".join(spec.options) or "none"
+        close = [c for k in unknown for c in difflib.get_close_matches(k, list(spec.options), n=1, cutoff=0.6)]
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
         raise TypeError(
-            f"load_dataset({spec.name!r}) got unknown option(s) {', '.join(map(repr, unknown))}; "
+            f"load_dataset({spec.name!r}) got unknown option(s) {', '.join(map(repr, unknown))}{hint}; "
             f"valid options: {valid}"
         )
+    for key, value in options.items():
+        _check_option_type(spec, key, value)
     kwargs: dict[str, Any] = dict(options, seed=seed)
     if spec.needs_root:
         kwargs["root"] = resolve_root(root)

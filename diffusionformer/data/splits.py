@@ -12,6 +12,8 @@ import numbers
 import torch
 from torch import Tensor
 
+from .base import _as_count
+
 __all__ = [
     "generator",
     "split_sizes",
@@ -290,6 +292,7 @@ def carve_val(n: int, val_size: int | None, seed: int) -> tuple[Tensor, Tensor]:
     """
     if val_size is None:
         val_size = min(5000, n // 10)
+    val_size = _as_count("val_size", val_size)
     if not 0 <= val_size < n:
         raise ValueError(f"val_size must be in [0, {n}) for {n} training examples, got {val_size}")
     perm = torch.randperm(n, generator=generator(seed))
@@ -306,7 +309,10 @@ def seeded_subset(n: int, limit: int | None, seed: int) -> Tensor:
         >>> len(seeded_subset(100, 7, seed=0))
         7
     """
-    if limit is None or limit >= n:
+    if limit is None:
+        return torch.arange(n)
+    limit = _as_count("limit", limit)
+    if limit >= n:
         return torch.arange(n)
     if limit < 1:
         raise ValueError(f"limit must be >= 1 or None, got {limit}")

@@ -5,6 +5,7 @@ matplotlib is imported lazily (the ``plot`` extra: ``pip install 'diffusionforme
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
@@ -147,6 +148,8 @@ def to_networkx(
     if edge_index is not None:
         if edge_index.dim() != 2 or edge_index.shape[0] != 2:
             raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
+        if edge_index.is_floating_point() or edge_index.is_complex() or edge_index.dtype == torch.bool:
+            raise TypeError(f"edge_index must be an integer tensor, got dtype {edge_index.dtype}")
         edge_index = edge_index.long()
     if num_nodes is not None:
         num_nodes = check_int("num_nodes", num_nodes, 1)
@@ -174,7 +177,7 @@ def to_networkx(
     if w is not None:
         keep = torch.ones(w.shape[0], dtype=torch.bool)
         if threshold is not None:
-            if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+            if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
                 raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
             keep &= w > threshold
         if top_k is not None:

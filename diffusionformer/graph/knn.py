@@ -8,6 +8,7 @@ from torch import Tensor
 
 from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph.core import AttentionGraph
+from diffusionformer.ops._checks import checks_values
 
 __all__ = ["KNN_METRICS", "knn"]
 
@@ -30,7 +31,8 @@ def knn(
     sequence (3-D ``x``); a point is never its own neighbour, so every node has exactly ``k``
     in-edges (``k + 1`` with ``self_loops``), as in :func:`torch_geometric.nn.knn_graph`
     with ``flow="source_to_target"``. Ties are broken by :func:`torch.topk`. The graph is not
-    differentiable in ``x``.
+    differentiable in ``x``; half-precision ``x`` is compared in float32, and a non-finite
+    ``x`` is refused (in eager mode on CPU, where the check reads no device memory).
 
     Args:
         x: point features.
@@ -65,6 +67,10 @@ def knn(
         raise TypeError(f"self_loops must be a bool, got {type(self_loops).__name__}")
     dev = x.device
     x = x.detach()
+    # a NaN/inf distance ties with the masked self entry; read on the host in eager mode on CPU only
+    if x.numel() and checks_values(x) and not bool(torch.isfinite(x).all()):
+        raise ValueError("x must be finite: a NaN or inf feature has no nearest neighbours (and could pick "
+                         "the point itself)")
     if x.dim() == 3:
         if batch is not None:
             raise ValueError("batch is for 2-D x of shape (N, D); a 3-D x (B, N, D) is already batched")
@@ -105,6 +111,8 @@ def knn(
                          f"smallest graph has N={smallest} nodes")
 
     G, M, _ = dense_x.shape
+    if dense_x.dtype in (torch.float16, torch.bfloat16):  # no CPU cdist for them; neighbours need no more
+        dense_x = dense_x.float()
     if metric == "euclidean":
         dist = torch.cdist(dense_x, dense_x)  # (G, M, M)
     else:
