@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from diffusionformer.analysis.metrics import _is_int
+
 __all__ = ["LayerCapture", "LayerRecorder", "capture_dataset", "pad_by_batch"]
 
 IGNORE_INDEX = -100  #: label of padded tokens and of tokens without a target
@@ -60,16 +62,16 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
 def _check_layers(layers: Iterable[int] | None, L: int) -> list[int]:
     if layers is None:
         return list(range(L + 1))
-    if isinstance(layers, int):
+    if _is_int(layers):
         layers = [layers]
     out: list[int] = []
     for layer in layers:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not -(L + 1) <= layer <= L:
+        if not _is_int(layer) or not -(L + 1) <= layer <= L:
             raise ValueError(
                 f"layers must hold residual-stream indices in [0, {L}] (0 = embeddings, l = after block l-1; "
                 f"negative counts from the end), got {layer!r}"
             )
-        out.append(layer % (L + 1))
+        out.append(int(layer) % (L + 1))
     if not out:
         raise ValueError(f"layers must name at least one layer in [0, {L}], got none")
     return sorted(set(out))
@@ -420,8 +422,9 @@ class LayerCapture:
         Dense attention weights are restricted to the remaining tokens (rows then sum to at
         most 1); captures with sparse attention or padding cannot drop tokens.
         """
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        if not _is_int(k) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
+        k = int(k)
         if k == 0:
             return self
         if self.mask is not None or self.attention_edges:
@@ -562,13 +565,14 @@ class _Collector:
         return LayerCapture(states, mask, labels, attentions, edges, outputs, extra)
 
 
-def _check_capture_limits(max_examples: object, max_attention_examples: object) -> None:
-    """``max_examples`` a positive int and ``max_attention_examples`` a non-negative int (bools refused)."""
-    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
+def _check_capture_limits(max_examples: object, max_attention_examples: object) -> tuple[int, int]:
+    """``max_examples`` a positive int and ``max_attention_examples`` a non-negative int (numpy ints too, bools
+    refused), as Python ints."""
+    if not _is_int(max_examples) or max_examples < 1:
         raise ValueError(f"max_examples must be a positive int, got {max_examples!r}")
-    if (isinstance(max_attention_examples, bool) or not isinstance(max_attention_examples, int)
-            or max_attention_examples < 0):
+    if not _is_int(max_attention_examples) or max_attention_examples < 0:
         raise ValueError(f"max_attention_examples must be a non-negative int, got {max_attention_examples!r}")
+    return int(max_examples), int(max_attention_examples)  # type: ignore[call-overload]
 
 
 def capture_dataset(
@@ -630,7 +634,7 @@ def capture_dataset(
         >>> cap.layers, cap.states[2].shape, cap.labels.tolist(), cap.attentions[0].shape
         ([0, 1, 2], torch.Size([5, 5, 8]), [0, 1, 2, 0, 1], torch.Size([2, 2, 5, 5]))
     """
-    _check_capture_limits(max_examples, max_attention_examples)
+    max_examples, max_attention_examples = _check_capture_limits(max_examples, max_attention_examples)
     run = forward if forward is not None else _default_forward
     dev = None if device is None else torch.device(device)
     recorder = LayerRecorder(model, layers, attentions)

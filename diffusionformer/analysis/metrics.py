@@ -19,6 +19,7 @@ variation to measure, and no NaN escapes.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass
 
 import torch
@@ -87,6 +88,11 @@ def _check_labels(y: object, n: int, name: str, per: str, device: torch.device) 
             f"{name} must have shape ({n},): one label per {per}, got shape {tuple(y.shape)}"
         )
     return y.to(device)
+
+
+def _is_int(value: object) -> bool:
+    """Whether ``value`` is an integer argument: a Python or numpy int (``np.int64`` from a sweep), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_reduction(reduction: str, allowed: tuple[str, ...] = _REDUCTIONS) -> None:
@@ -711,7 +717,7 @@ def next_token_nc1(
         tokens, next_token = tokens.reshape(B * T, D), next_token.reshape(B * T)
     N, D = tokens.shape
     next_token = _check_labels(next_token, N, "next_token", "row of tokens", tokens.device)
-    if not isinstance(min_count, int) or min_count < 1:
+    if not _is_int(min_count) or min_count < 1:
         raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
     if ignore_index is not None:
         keep = next_token != ignore_index

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from diffusionformer.analysis.metrics import _is_int
 from diffusionformer.analysis.spectral import frequency_response
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -146,10 +147,14 @@ def plot_frequency_response(
     """
     if not named_coeffs:
         raise ValueError("named_coeffs must hold at least one operator, got none")
-    if not isinstance(num_points, int) or isinstance(num_points, bool) or num_points < 2:
+    if not _is_int(num_points) or num_points < 2:
         raise ValueError(f"num_points must be an integer >= 2, got {num_points!r}")
+    for name, coeffs in named_coeffs.items():
+        if not isinstance(coeffs, Tensor):
+            raise ValueError(f"named_coeffs[{name!r}] must be a tensor of shape (K+1,) or (G, K+1), "
+                            f"got {type(coeffs).__name__}")
     ax = _new_axes(ax)
-    lam = torch.linspace(-1.0, 1.0, num_points, dtype=torch.float64)
+    lam = torch.linspace(-1.0, 1.0, int(num_points), dtype=torch.float64)
     for name, coeffs in named_coeffs.items():
         response = frequency_response(coeffs.detach(), lam).cpu()
         if response.is_complex():

@@ -458,6 +458,9 @@ def layer_reports(
     Returns:
         One :class:`LayerReport` per captured layer, in ``capture.layers`` order.
 
+    Raises:
+        ValueError: a captured layer holds NaN or inf values (the message names the layer).
+
     Examples:
         >>> X = torch.tensor([[[1.0, 0.0], [-1.0, 0.0]], [[3.0, 1.0], [3.0, 1.0]]])
         >>> cap = LayerCapture({0: X}, labels=torch.tensor([0, 1]))
@@ -485,6 +488,9 @@ def layer_reports(
     reports = []
     for layer in capture.layers:
         view = LayerView(capture, layer, lengths, seq_labels, tok_labels, predictions, probe_seed)
+        if not bool(torch.isfinite(view.X).all()):  # else a metric deep inside says "X holds NaN", no layer named
+            raise ValueError(f"capture.states[{layer}] (layer {layer}) holds NaN or inf values, e.g. from a diverged "
+                             "model: its token-geometry metrics are undefined")
         m: dict[str, float | None] = {metric.key: metric.fn(view) for g in measured for metric in list_metrics(g)}
         reports.append(LayerReport(layer, m, view.singular_values.to(torch.float32)))
     return reports

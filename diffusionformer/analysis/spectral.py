@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffusionformer.analysis.metrics import _check_float, _check_tokens, _safe_div
+from diffusionformer.analysis.metrics import _check_float, _check_tokens, _is_int, _safe_div
 
 __all__ = [
     "token_singular_values",
@@ -143,8 +143,9 @@ def energy_top_k(s: Tensor, k: int) -> Tensor:
     """
     _check_spectrum(s)
     R = s.shape[-1]
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= R:
+    if not _is_int(k) or not 1 <= k <= R:
         raise ValueError(f"k must be an integer in [1, {R}] (R = s.shape[-1]), got {k!r}")
+    k = int(k)
     s2 = s.sort(dim=-1, descending=True).values.pow(2)
     return _safe_div(s2[..., :k].sum(dim=-1), s2.sum(dim=-1))
 
@@ -176,11 +177,12 @@ def power_law_exponent(s: Tensor, start: int = 1, stop: int | None = None) -> Te
     _check_spectrum(s)
     R = s.shape[-1]
     stop = R if stop is None else stop
-    if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop)) and 1 <= start < stop <= R):
+    if not (all(_is_int(v) for v in (start, stop)) and 1 <= start < stop <= R):
         raise ValueError(
             f"need integers 1 <= start < stop <= R = {R} (at least 2 points), "
             f"got start={start!r}, stop={stop!r}"
         )
+    start, stop = int(start), int(stop)
     s = s.sort(dim=-1, descending=True).values[..., start - 1 : stop]
     if bool((s <= 0).any()):
         raise ValueError(
@@ -226,10 +228,10 @@ def pca_token_rgb(patch_tokens: Tensor, grid_hw: tuple[int, int]) -> Tensor:
     if (
         not isinstance(grid_hw, (tuple, list))
         or len(grid_hw) != 2
-        or not all(isinstance(v, int) and v > 0 for v in grid_hw)
+        or not all(_is_int(v) and v > 0 for v in grid_hw)
     ):
         raise ValueError(f"grid_hw must be a pair of positive ints (h, w), got {grid_hw!r}")
-    h, w = grid_hw
+    h, w = (int(v) for v in grid_hw)
     if h * w != T:
         raise ValueError(
             f"grid_hw {(h, w)} must satisfy h * w == T = {T} (drop class/register tokens first), "

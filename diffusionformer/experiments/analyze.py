@@ -264,12 +264,15 @@ def analyze_experiment(
         FileNotFoundError: the runs (or, without ``partial``, some run's checkpoint) are missing; the message
             names the path and says to run the comparison first. Unfinished runs are skipped
             with a ``RuntimeWarning``.
+        ValueError: a finished run cannot be measured (e.g. its model gives NaN tokens); the message
+            names the run's folder.
     """
     if not isinstance(config, ExperimentConfig):
         raise TypeError(f"config must be an ExperimentConfig (load_experiment_config), got {type(config).__name__}")
     if split not in ("test", "val"):
         raise ValueError(f"split must be 'test' or 'val', got {split!r}")
-    _check_capture_limits(max_examples, max_attention_examples)  # capture_dataset's rules, before any run is loaded
+    # capture_dataset's rules, before any run is loaded
+    max_examples, max_attention_examples = _check_capture_limits(max_examples, max_attention_examples)
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_root) / config.name
     runs, skipped = _find_runs(out, config, partial)
@@ -307,9 +310,12 @@ def analyze_experiment(
                        "max_attention_examples": max_attention_examples}
                 res = _cached(rdir / _CACHE_NAME, key)
                 if res is None:
-                    res = analyze_run(model, data, split=split, max_examples=max_examples,
-                                      max_attention_examples=max_attention_examples,
-                                      batch_size=min(task.eval_batch_size, 256), device=dev)
+                    try:
+                        res = analyze_run(model, data, split=split, max_examples=max_examples,
+                                          max_attention_examples=max_attention_examples,
+                                          batch_size=min(task.eval_batch_size, 256), device=dev)
+                    except ValueError as exc:  # e.g. a diverged model's NaN tokens: say which run
+                        raise ValueError(f"run {rdir}: {exc}") from exc
                     _store(rdir / _CACHE_NAME, key, res)
                 res = {**res, "info": dict(res["info"])}
                 accuracy, loss = res["info"].pop("accuracy", None), res["info"].pop("loss", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,9 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
         ax = fig.subplots()
         names = [s.name for s in config.operators]
         for i, name in enumerate(names):
-            vals = [r.value for r in task_results if r.operator == name and r.value is not None]
+            # the finite values, as the tables' mean (a NaN run would make the mean NaN and hide the setting's point)
+            vals = [r.value for r in task_results
+                    if r.operator == name and r.value is not None and math.isfinite(r.value)]
             if not vals:
                 continue
             ax.errorbar([i], [np.mean(vals)], yerr=[np.std(vals, ddof=1) if len(vals) > 1 else 0.0], fmt="o",

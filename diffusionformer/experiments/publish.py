@@ -21,6 +21,7 @@ the statistics change.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import warnings
@@ -367,14 +368,30 @@ def write_run_log(records: list[dict[str, Any]], path: str | Path) -> Path:
     return path
 
 
+def _stored_runs(results_path: Path) -> list[RunResult]:
+    """The runs recorded in ``results.json``; a ValueError naming the file when it is not one (truncated, edited,
+    foreign). A completed run whose metric was NaN or inf is written with ``null`` (JSON has no NaN): it is read
+    back as NaN, so the tables still count it as non-finite instead of leaving the seed out unsaid."""
+    try:
+        rows = json.loads(results_path.read_text())["runs"]
+        runs = [RunResult(**row) for row in rows]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{results_path} is not a results file of a comparison ({type(exc).__name__}: {exc}); "
+                         "`run` the comparison again to rewrite it from its finished runs") from None
+    for r in runs:
+        if (r.status == "completed" and r.value is None and isinstance(r.final, dict) and r.metric in r.final
+                and r.final[r.metric] is None):
+            r.value = math.nan
+    return runs
+
+
 def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
     """The runs of ``config`` in ``results.json`` (and finished on disk but not in it), with ``select_by``
     evaluations and ``reach`` steps recomputed from the run logs where missing.
 
     Rows of other tasks, settings or seeds are left out: the page shows what its config names.
     """
-    data = json.loads((src / "results.json").read_text())
-    runs = finished_runs(src, config, [RunResult(**r) for r in data["runs"]])
+    runs = finished_runs(src, config, _stored_runs(src / "results.json"))
     tasks = {t.name: t for t in config.tasks}
     for r in runs:
         task = tasks.get(r.task)

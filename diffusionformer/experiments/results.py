@@ -164,6 +164,8 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
     if record is not None and not (isinstance(record, dict) and isinstance(record.get("metrics", {}), dict)):
         raise ValueError(f"{rdir / 'summary.json'}: 'eval' is not an evaluation record: {str(record)[:80]}")
     final = as_metrics(record)
+    if record:  # a metric that was NaN or inf is written as null (strict JSON has no NaN): it stays non-finite
+        final.update({k: math.nan for k, v in record.get("metrics", {}).items() if v is None})
     value = final.get(task.metric)
     if value is None and record:
         raise ValueError(f"task {task.name!r}: metric {task.metric!r} is not among the evaluation keys {sorted(final)} "

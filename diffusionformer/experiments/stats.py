@@ -33,6 +33,7 @@ scipy comes with the ``experiments`` extra.
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -79,9 +80,11 @@ def _t_quantile(q: float, df: float) -> float:
     return float(stdtrit(df, q))
 
 
-def _check_level(level: float) -> None:
-    if not (isinstance(level, (int, float)) and 0.0 < level < 1.0):
+def _check_level(level: float) -> float:
+    """``level`` as a float in (0, 1) (numpy floats too), else a ValueError."""
+    if isinstance(level, bool) or not (isinstance(level, numbers.Real) and 0.0 < level < 1.0):
         raise ValueError(f"level must be a probability in (0, 1), e.g. 0.95; got {level!r}")
+    return float(level)
 
 
 def _finish(method: str, n: int, mean: float, se: float, df: float, level: float, p_wilcoxon: float | None) -> Difference:
@@ -145,9 +148,13 @@ def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float], *, level: 
         >>> round(r.mean, 4), round(r.t, 2), r.df, round(r.p, 4), r.p_wilcoxon
         (0.0767, 5.28, 2, 0.0341, 0.25)
     """
-    _check_level(level)
-    if test_train_ratio is not None and not (isinstance(test_train_ratio, (int, float)) and test_train_ratio > 0):
-        raise ValueError(f"test_train_ratio must be a positive number (n_test / n_train), got {test_train_ratio!r}")
+    level = _check_level(level)
+    if test_train_ratio is not None:
+        if (isinstance(test_train_ratio, bool) or not isinstance(test_train_ratio, numbers.Real)
+                or not 0 < test_train_ratio < math.inf):
+            raise ValueError(f"test_train_ratio must be a positive number (n_test / n_train, finite), "
+                             f"got {test_train_ratio!r}")
+        test_train_ratio = float(test_train_ratio)
     method = "paired t" if test_train_ratio is None else "Nadeau-Bengio"
     d, values = _pairs(a, b)
     n = len(d)
@@ -189,9 +196,9 @@ def nadeau_bengio(a: Mapping[Any, float], b: Mapping[Any, float], folds: int, *,
         ...     {k: 0.69 + 0.012 * k for k in range(5)}).t / (1 + 5 / 4) ** 0.5, 3)
         True
     """
-    if not isinstance(folds, int) or isinstance(folds, bool) or folds < 2:
+    if not isinstance(folds, numbers.Integral) or isinstance(folds, bool) or folds < 2:
         raise ValueError(f"folds must be an int >= 2, got {folds!r}")
-    ratio = 1.0 / (folds - 1) if test_train_ratio is None else test_train_ratio
+    ratio = 1.0 / (int(folds) - 1) if test_train_ratio is None else test_train_ratio
     return paired_difference(a, b, level=level, test_train_ratio=ratio)
 
 
@@ -211,7 +218,7 @@ def welch_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0
         >>> round(r.t, 3), r.df, round(r.p, 3)
         (1.225, 4.0, 0.288)
     """
-    _check_level(level)
+    level = _check_level(level)
     a, b = [float(x) for x in a], [float(x) for x in b]
     if not all(map(math.isfinite, a + b)):
         raise ValueError("non-finite values")
@@ -238,13 +245,15 @@ def wilcoxon_p(d: Sequence[float]) -> float | None:
     computed exactly, ties included, and :math:`p = \min(1, 2\min(P(W^+ \le w), P(W^+ \ge w)))`;
     beyond, the normal approximation with the tie correction. With ``n`` non-zero differences the
     smallest attainable p is :math:`2^{1-n}`: 0.25 with three seeds, so the test cannot reject at
-    0.05 below six seeds. ``None`` with fewer than two differences; 1.0 when all are zero.
+    0.05 below six seeds. ``None`` with fewer than two differences; 1.0 when all are zero. A NaN or infinite
+    difference is a ``ValueError`` (it has no rank).
 
     Examples:
         >>> wilcoxon_p([0.1, 0.2, 0.3]), wilcoxon_p([0.1, -0.2, 0.3, 0.4, 0.5])
         (0.25, 0.1875)
     """
     d = [float(x) for x in d]
+    _check_finite(d, "d")
     if len(d) < 2:
         return None
     nz = [x for x in d if x != 0.0]
@@ -334,6 +343,13 @@ def benjamini_hochberg(p: Sequence[float | None]) -> list[float | None]:
     return [None if x is None else y for x, y in zip(p, out)]
 
 
+def _check_finite(values: Sequence[float], name: str) -> None:
+    """ValueError naming ``name`` when a value is NaN or infinite (its ranks, mean and spread are undefined)."""
+    bad = [x for x in values if not math.isfinite(x)]
+    if bad:
+        raise ValueError(f"{name} holds non-finite values {bad}: a statistic of them is undefined")
+
+
 def _check_p(vals: list[float]) -> None:
     bad = [x for x in vals if not (0.0 <= x <= 1.0)]
     if bad:
@@ -354,6 +370,7 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
         >>> welch_t([1.0], [0.0, 1.0]) is None
         True
     """
+    _check_finite([*a, *b], "a and b")
     if len(a) < 2 or len(b) < 2:
         return None
     se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
@@ -376,6 +393,7 @@ def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
     keys = sorted(set(a) & set(b))
     if len(keys) < 2:
         return None
+    _check_finite([float(v) for k in keys for v in (a[k], b[k])], "the paired values")
     d = [a[k] - b[k] for k in keys]
     sd = statistics.stdev(d)
     values = [a[k] for k in keys] + [b[k] for k in keys]
