@@ -195,7 +195,9 @@ class CSVLog:
         if not self.active or not self.path.exists():
             return 0
         columns, rows = self._read()
-        kept = [r for r in rows if r.get("step", "").isdigit() and int(r["step"]) <= max_step]
+        # a last row cut short by a kill (no line end) is dropped whatever its step, as MetricsLog does
+        whole = rows[:-1] if rows and not self.path.read_bytes().endswith((b"\n", b"\r")) else rows
+        kept = [r for r in whole if r.get("step", "").isdigit() and int(r["step"]) <= max_step]
         self._rewrite(columns or list(CSV_BASE_COLUMNS), kept)
         return len(rows) - len(kept)
 

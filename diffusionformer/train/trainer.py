@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import os
 import time
 import warnings
@@ -240,6 +241,9 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def _fit(self, ctx: DistContext) -> dict[str, Any]:
         cfg, device = self.config, ctx.device
+        if self.out_dir.exists() and not self.out_dir.is_dir():  # else mkdir's bare "File exists"
+            raise NotADirectoryError(f"Trainer: expected out_dir to be a directory (or a path to create), got the "
+                                     f"file {self.out_dir}")
         if ctx.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         ctx.barrier()
@@ -366,13 +370,19 @@ class Trainer:
         loss_sum: torch.Tensor | None = None
         window: dict[str, list[Any]] = {}
         for micro in range(A):
-            part = split(batch, micro, A) if A > 1 else batch
+            part = self._micro_batch(split, batch, micro, step) if A > 1 else batch
             part = to_device(part, ctx.device)
             # DDP all-reduces the gradients on the last micro-batch only.
             sync = self._ddp is None or micro == A - 1
             with (contextlib.nullcontext() if sync else self._ddp.no_sync()):
                 with self._autocast():
                     loss, metrics = self._check_loss(self.task.loss(self._train_model, part), step)
+                reserved = [k for k in ("loss", "grad_norm") if k in metrics and (k == "loss" or cfg.grad_clip > 0)]
+                if reserved:  # else mixed into the logged loss (or dropped) and overwritten by the clipped norm
+                    raise ValueError(
+                        f"task.loss metrics: expected names other than {reserved} (the trainer logs the returned "
+                        f"loss and the gradient norm under them), got keys {sorted(map(str, metrics))} at step {step}"
+                    )
                 scaled = loss / A if A > 1 else loss
                 if self._scaler is not None:
                     scaled = self._scaler.scale(scaled)
@@ -403,6 +413,16 @@ class Trainer:
         else:
             optimizer.step()
         return loss, metrics, bad
+
+    def _micro_batch(self, split: Any, batch: Any, micro: int, step: int) -> Any:
+        A = self.config.grad_accum_steps
+        try:
+            return split(batch, micro, A)
+        except (ValueError, TypeError) as err:  # shard_batch's message speaks of processes, not micro-batches
+            raise type(err)(
+                f"grad_accum_steps={A}: expected the batch of task.train_batch(step={step}, ...) to split into {A} "
+                f"equal micro-batches (dim 0 divisible by {A}), got an error splitting it: {err}"
+            ) from err
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self._amp is None:
@@ -446,7 +466,7 @@ class Trainer:
                         f"task.loss metrics[{name!r}]: expected a scalar, got shape {tuple(value.shape)}"
                     )
                 value = value.detach().float().reshape(()).to(device)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            elif isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy scalars too
                 value = torch.tensor(float(value), device=device)
             else:
                 raise TypeError(
@@ -511,7 +531,7 @@ class Trainer:
         for name, value in out.items():
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 value = value.item()
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars pass
                 raise TypeError(
                     f"task.evaluate()[{name!r}]: expected a float or scalar tensor, got "
                     f"{type(value).__name__}"
