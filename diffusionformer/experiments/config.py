@@ -56,18 +56,19 @@ __all__ = [
 
 
 def _check_path_name(what: str, name: object) -> str:
-    """A name that becomes one folder of the results tree: non-empty, no whitespace, ``/`` or ``\\``, not ``.`` or
-    ``..`` (a space would also break the figure links of the published page: MyST renders ``![x](my study/a.png)``
-    as plain text).
+    """A name that becomes one folder of the results tree: non-empty, no whitespace, ``/``, ``\\``, ``:`` or NUL,
+    not ``.`` or ``..`` (a space would also break the figure links of the published page: MyST renders
+    ``![x](my study/a.png)`` as plain text; ``:`` separates task and setting in ``primary`` and is no file name
+    character on Windows; NUL ends a path).
 
     Examples:
         >>> _check_path_name("task name", "digits")
         'digits'
     """
-    if (not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", "..")
+    if (not isinstance(name, str) or not name or any(c in name for c in "/\\:\0") or name in (".", "..")
             or any(c.isspace() for c in name)):
-        raise ValueError(f"{what} must be a non-empty string without whitespace, '/' or '\\' and not '.' or '..' "
-                         f"(it names a results folder), got {name!r}")
+        raise ValueError(f"{what} must be a non-empty string without whitespace, '/', '\\', ':' or NUL and not '.' "
+                         f"or '..' (it names a results folder), got {name!r}")
     return name
 
 

@@ -485,7 +485,7 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
     lines += [f"| {name} | {metric} | " + " | ".join(text(cells[s]) if s in cells else "" for s in settings) + " |"
               for name, metric, cells in rows]
     below = sum(1 for c in family if c["p"] is not None and c["p"] < alpha)
-    lines += ["", f"{len(family)} comparisons; p < {alpha:g} unadjusted: {below}; after Holm: "
+    lines += ["", f"{len(family)} comparison{'' if len(family) == 1 else 's'}; p < {alpha:g} unadjusted: {below}; after Holm: "
               f"{sum(1 for c in family if c['holm'] is not None and c['holm'] < alpha)}; after Benjamini-Hochberg: "
               f"{sum(1 for c in family if c['bh'] is not None and c['bh'] < alpha)}."]
     return "\n".join(lines) + "\n"

@@ -261,7 +261,7 @@ def test_a_field_of_another_class_takes_only_an_instance_of_it():
 
 
 # ---------------------------------------------------------------------------- experiments/config.py
-_NAME_RULE = ("must be a non-empty string without whitespace, '/' or '\\' and not '.' or '..' "
+_NAME_RULE = ("must be a non-empty string without whitespace, '/', '\\', ':' or NUL and not '.' or '..' "
               "(it names a results folder)")
 
 
@@ -270,6 +270,24 @@ def test_bug_a_name_with_whitespace_is_refused_when_the_config_loads(where, name
     """Bug: experiments/config.py ``_check_path_name`` took names with spaces; they name results folders and the
     published page links its figures by them, and MyST renders ``![x](my study/a.png)`` as plain text (and
     ``<my study/a.png>`` as a ``my%20study`` path Sphinx cannot find), so the page lost its figures."""
+    raw = _raw()
+    if where == "experiment":
+        raw["name"] = name
+    elif where == "task":
+        raw["tasks"][0]["name"] = name
+    else:
+        raw["operators"][1]["name"] = name
+    with pytest.raises(ValueError, match=re.escape(f"{_NAME_RULE}, got {name!r}")):
+        load_experiment_config(raw)
+
+
+@pytest.mark.parametrize("where, name", [("task", "dig:its"), ("operator", "heat:t1"), ("operator", "lap\0"),
+                                         ("experiment", "a:b")])
+def test_bug_a_name_with_a_colon_or_nul_is_refused_when_the_config_loads(where, name):
+    """Bug: a setting named ``"heat:t1"`` was accepted, yet could never be named in ``primary`` (which splits
+    ``'task:setting'`` at the last ``:``, reading task ``heat`` and setting ``t1``), and ``:`` is no file-name
+    character on Windows; a NUL passed validation and failed later as "embedded null byte". Both are refused
+    when the config loads, with the other names' rule."""
     raw = _raw()
     if where == "experiment":
         raw["name"] = name

@@ -254,7 +254,7 @@ def test_summary_table_a_p_equal_to_alpha_is_not_below_it(tmp_path):
     text = summary_table([load_experiment_config(raw)], tmp_path / "results", alpha=1.0)
     assert text == rows.replace("p < 0.05", "p < 1")
     assert text.splitlines()[2] == "| mk / digits | test_acc (0.5000) | +0.0000 (p 1.000; Holm 1.000) |"
-    assert text.splitlines()[-1] == "1 comparisons; p < 1 unadjusted: 0; after Holm: 0; after Benjamini-Hochberg: 0."
+    assert text.splitlines()[-1] == "1 comparison; p < 1 unadjusted: 0; after Holm: 0; after Benjamini-Hochberg: 0."
 
 
 def test_summary_table_a_setting_sharing_no_seed_with_the_baseline_is_n_a_not_zero(tmp_path):
