@@ -64,9 +64,7 @@ def parse_args(description: str, argv: Sequence[str] | None = None, extra: Calla
         p.error("--device cuda was requested but torch.cuda.is_available() is False")
     if args.device == "cuda" and args.clock == "cpu":
         p.error("--clock cpu measures host CPU time; use the wall clock with --device cuda")
-    for flag, value in (("--rounds", args.rounds), ("--threads", args.threads)):
-        if value is not None and value < 1:  # not after minutes of warm-up, as an IndexError of empty samples
-            p.error(f"{flag} must be >= 1, got {value}")
+    check_threads_and_out(p, args.threads, args.out, args.rounds)
     args.threads = setup_threads(args.threads)
     set_clock(args.clock)
     return args
@@ -75,10 +73,24 @@ def parse_args(description: str, argv: Sequence[str] | None = None, extra: Calla
 _CLOCK: Callable[[], float] = time.perf_counter
 
 
+def check_threads_and_out(p: argparse.ArgumentParser, threads: int | None, out: str, rounds: int | None = None) -> None:
+    """Usage errors (``p.error``) before any work: ``--rounds`` or ``--threads`` below 1 (an IndexError of empty
+    samples after minutes of warm-up, a bare RuntimeError of torch) and an ``--out`` that is not a folder that can
+    be made (a FileExistsError when the first table is written, its measurements lost)."""
+    for flag, value in (("--rounds", rounds), ("--threads", threads)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        p.error(f"--out {out!r} is not a folder that can be written: {e.strerror or e}")
+
+
 def check_indices(script: str, flag: str, chosen: Sequence[int] | None, table: Sequence[Any], default: str) -> None:
     """Refuse an index-list flag (``nargs="*"``) given without values (an empty argument expansion in a GPU call
     would run nothing and exit 0) or with an index outside ``table`` (an IndexError after set-up, or a negative
-    index silently taken from the end): a SystemExit before any work. ``None`` (the flag left out) passes."""
+    index silently taken from the end), or with an index twice: a SystemExit before any work. ``None`` (the flag left
+    out) passes."""
     if chosen is None:
         return
     if not chosen:
@@ -86,6 +98,9 @@ def check_indices(script: str, flag: str, chosen: Sequence[int] | None, table: S
     bad = [i for i in chosen if not 0 <= i < len(table)]
     if bad:
         raise SystemExit(f"{script}: {flag} {bad} out of range: 0 .. {len(table) - 1} index {table}")
+    twice = sorted({i for i in chosen if list(chosen).count(i) > 1})
+    if twice:  # a size run twice costs its GPU time again and counts twice in a summary over sizes
+        raise SystemExit(f"{script}: {flag} names {twice} more than once")
 
 
 def set_clock(name: str) -> None:
@@ -300,6 +315,8 @@ class Report:
     def command(self) -> str:
         extra = " --quick" if self.args.quick else ""
         extra += f" --threads {self.args.threads}"
+        if getattr(self.args, "rounds", None) is not None:  # the command written with the tables reruns them
+            extra += f" --rounds {self.args.rounds}"
         if self.args.clock != "wall":
             extra += f" --clock {self.args.clock}"
         return f"python benchmarks/{self.name}.py --device {self.args.device}{extra}"

@@ -36,7 +36,8 @@
 #           (3 files: triton-tests.txt, bench_issue15.md/.json; the tests' limit leaves the benchmark >= 6 min)
 #   call 2: GPU_SUITE_STEPS=host,memory,compile,blocks bash benchmarks/gpu_suite.sh --issue15 $OUT
 #           (8 files, .md and .json of 4 benchmarks: the most $OUT brings back, so add nothing to this call)
-# Try each on CPU first with --smoke and the same GPU_SUITE_STEPS.
+# Try each on CPU first with --smoke and the same GPU_SUITE_STEPS. An unknown step name, an unknown option or a
+# second OUT_DIR is an error (exit 2) before anything runs; --smoke and --issue15 may come in either order.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -44,8 +45,27 @@ SMOKE="${GPU_SUITE_SMOKE:-0}"
 ISSUE15="${GPU_SUITE_ISSUE15:-0}"
 STEPS=",${GPU_SUITE_STEPS:-tests,grid,host,memory,issue15,compile,blocks},"
 step() { [[ "$STEPS" == *",$1,"* ]]; }
-if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; shift; fi
-if [[ "${1:-}" == "--issue15" ]]; then ISSUE15=1; shift; fi
+# a misspelt step name would run nothing and exit 0 (a GPU call wasted): refuse it before anything runs
+ALL_STEPS=" tests grid host memory issue15 compile blocks "
+IFS=, read -r -a named <<< "${GPU_SUITE_STEPS:-tests}"
+for s in ${named[@]+"${named[@]}"}; do
+  if [[ -n "$s" && "$ALL_STEPS" != *" $s "* ]]; then
+    echo "gpu_suite.sh: unknown step '$s' in GPU_SUITE_STEPS=${GPU_SUITE_STEPS:-}; the steps are:$ALL_STEPS" >&2
+    exit 2
+  fi
+done
+while [[ "${1:-}" == -* ]]; do  # the two options, in either order; anything else is not taken for OUT_DIR
+  case "$1" in
+    --smoke) SMOKE=1 ;;
+    --issue15) ISSUE15=1 ;;
+    *) echo "gpu_suite.sh: unknown option '$1' (options: --smoke, --issue15; then OUT_DIR)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [[ $# -gt 1 ]]; then
+  echo "gpu_suite.sh: one OUT_DIR at most, got $*" >&2
+  exit 2
+fi
 start=$(date +%s)
 if [[ "$SMOKE" != "0" ]]; then
   OUT="${1:-/tmp/df-gpu-suite-smoke}"

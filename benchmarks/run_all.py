@@ -11,6 +11,7 @@ Run: ``python benchmarks/run_all.py [--quick] [--device cpu|cuda] [--out benchma
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import subprocess
@@ -83,11 +84,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-only", action="store_true", help="rebuild README.md from the results in --out")
     p.add_argument("--include", nargs="*", default=[], help="folders of other runs whose README.md to append")
     args = p.parse_args(argv)
+    # every mistake a usage error before the first benchmark runs, not a failed row or a traceback at the end
+    C.check_threads_and_out(p, args.threads, args.out)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.only is not None:
+        if not args.only:
+            p.error("--only was given without names; leave it out for all")
+        for name in args.only:
+            if name not in BENCHMARKS:
+                close = difflib.get_close_matches(name.removesuffix(".py"), BENCHMARKS, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                p.error(f"--only: unknown benchmark {name!r}{hint} (one of {BENCHMARKS})")
     names = args.only or [n for n in BENCHMARKS if not (args.quick and n == "profile_gaps")]
     include = [Path(d) for d in args.include]
+    missing = [str(d) for d in include if not (d / "README.md").is_file()]
+    if missing:
+        p.error(f"--include: no README.md in {missing}")
     if args.report_only:
+        if not (out / "run_all.json").is_file():
+            p.error(f"--report-only: no run_all.json in {str(out)!r} (the folder of a finished run_all.py run)")
         meta = json.loads((out / "run_all.json").read_text())
         names = [n for n in BENCHMARKS if (out / f"{n}.md").exists()]
         print(f"wrote {write_readme(out, names, meta, include)}")

@@ -61,6 +61,7 @@ to float32, because the interpreter's bfloat16 ``tl.dot`` is not reliable.
 
 from __future__ import annotations
 
+import numbers
 
 import torch
 from torch import Tensor
@@ -189,7 +190,7 @@ def affine_attention(
     H = q.shape[1]
     cols = []
     for name, c in (("c0", c0), ("c1", c1)):
-        if isinstance(c, (int, float)) and not isinstance(c, bool):
+        if isinstance(c, numbers.Real) and not isinstance(c, bool):  # numpy reals too
             c = torch.full((H,), float(c), device=q.device)
         if not isinstance(c, Tensor):
             raise TypeError(f"{name} must be a float or a tensor of shape (H,) = ({H},), got {type(c).__name__}")
@@ -244,8 +245,8 @@ def dropout_scales(seed: Tensor, batch_size: int, num_heads: int, num_tokens: in
     dropout_p = check_dropout(dropout_p)
     for name, n in (("batch_size", batch_size), ("num_heads", num_heads), ("num_tokens", num_tokens),
                     ("steps", steps)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:  # numpy ints too
             raise ValueError(f"{name} must be a positive int, got {n!r}")
     from diffusionformer.ops.triton._launch import _dropout_scales
 
-    return _dropout_scales(seed, batch_size, num_heads, num_tokens, steps, dropout_p)
+    return _dropout_scales(seed, int(batch_size), int(num_heads), int(num_tokens), int(steps), dropout_p)
