@@ -15,6 +15,7 @@ from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn.heads import HeadGroup, parse_heads
 from diffusionformer.operators import DiffusionOperator
+from diffusionformer.operators.base import _checked_degree
 from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
 from diffusionformer.ops._checks import check_degrees, check_dropout, check_layout
@@ -212,7 +213,7 @@ class DiffusionAttention(nn.Module):
                 )
         counts = [c for _, c in self._groups]
         self._polynomial = [op.is_polynomial for op in ops]
-        self.max_degree = max((op.degree for op in ops if op.is_polynomial), default=0)
+        self.max_degree = max((_checked_degree(op) for op in ops if op.is_polynomial), default=0)
         degrees: list[int] = []
         for op, count in zip(ops, counts):
             degrees += [op.degree if op.is_polynomial else 0] * count
@@ -224,8 +225,11 @@ class DiffusionAttention(nn.Module):
         self._static_coefficients: tuple[tuple[float, ...], ...] | None = None
         if all(s is not None for s in static) and all(self._polynomial):
             rows: list[tuple[float, ...]] = []
-            for s, count in zip(static, counts):
+            for op, s, count in zip(ops, static, counts):
                 assert s is not None
+                if len(s) > op.degree + 1:  # the engine would drop P^(K+1).. silently
+                    raise ValueError(f"{type(op).__name__}.static_coefficients() must have degree + 1 = "
+                                     f"{op.degree + 1} entries, got {len(s)}")
                 rows += [tuple(float(c) for c in s) + (0.0,) * (self.max_degree + 1 - len(s))] * count
             self._static_coefficients = tuple(rows)
             # validated here, once: every call hands the same tuples to the engine
@@ -353,6 +357,9 @@ class DiffusionAttention(nn.Module):
         for op, (_, count), poly in zip(self.operators, self._groups, self._polynomial):
             if poly:
                 c = op.head_coefficients(count).to(device=ref.device)
+                if c.shape[1] > op.degree + 1:  # F.pad below would drop P^(K+1).. silently
+                    raise ValueError(f"{type(op).__name__}.coefficients() must have degree + 1 = {op.degree + 1} "
+                                     f"columns, got shape {tuple(c.shape)}")
                 c = c.to(torch.float64 if ref.dtype == torch.float64 else torch.float32)
                 rows.append(F.pad(c, (0, K - c.shape[1] + 1)))
             else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import DiffusionOperator, check_finite_parameter, check_real
+from diffusionformer.operators.base import DiffusionOperator, check_finite_float, check_finite_parameter
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["AttnScaleOperator"]
@@ -54,7 +54,7 @@ class AttnScaleOperator(DiffusionOperator):
 
     def __init__(self, omega: float = 0.0, learnable: bool = True, num_heads: int = 1) -> None:
         super().__init__(num_heads)
-        omega = check_real(omega, "omega")
+        omega = check_finite_float(omega, "omega")  # a NaN/inf omega would make every output NaN
         if not isinstance(learnable, bool):
             raise TypeError(f"learnable must be a bool, got {type(learnable).__name__}")
         self._omega0 = float(omega)

@@ -135,6 +135,10 @@ class DiffusionOperator(nn.Module):
         """:meth:`coefficients` expanded to ``(G, K+1)``."""
         G = self.num_heads if num_heads is None else num_heads
         c = self.coefficients()
+        if not isinstance(c, Tensor) or c.dim() not in (1, 2):
+            shape = tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__
+            raise ValueError(f"{type(self).__name__}.coefficients() must be a tensor of shape (K+1,) or (G, K+1), "
+                             f"got {shape}")
         if c.dim() == 1:
             return c.unsqueeze(0).expand(G, -1)
         if c.shape[0] == 1 and G != 1:
@@ -196,6 +200,11 @@ class DiffusionOperator(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"
+
+
+def _checked_degree(op: DiffusionOperator) -> int:
+    """A polynomial operator's :attr:`~DiffusionOperator.degree` as an int, else a ValueError naming the class."""
+    return check_count(op.degree, f"{type(op).__name__}.degree", minimum=0)
 
 
 def check_finite_parameter(module: nn.Module, name: str, value: Tensor) -> None:

@@ -9,7 +9,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from diffusionformer.operators.base import DiffusionOperator, check_count
+from diffusionformer.operators.base import DiffusionOperator, check_count, check_finite_float
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["NonlinearDiffusionOperator"]
@@ -75,7 +75,7 @@ class NonlinearDiffusionOperator(DiffusionOperator):
         if method not in FIXED_STEP:
             _odeint()  # fail at construction, not in the forward pass
         self.t, self.steps, self.method = float(t), steps, method
-        self.rtol, self.atol = float(rtol), float(atol)
+        self.rtol, self.atol = check_finite_float(rtol, "rtol"), check_finite_float(atol, "atol")
 
     def spec_kwargs(self) -> dict:
         kwargs = {"t": self.t, "steps": self.steps, "method": self.method}

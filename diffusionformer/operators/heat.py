@@ -312,7 +312,8 @@ class ExactHeatOperator(DiffusionOperator):
 
     Args:
         t: diffusion time.
-        learnable: learn ``t`` (one value per head).
+        learnable: learn ``t`` (one value per head; a learned ``t`` is clamped at ``-40``, the
+            lowest ``t`` the constructor accepts).
         num_heads: number of heads ``G`` this instance serves.
 
     Shapes:
@@ -363,7 +364,8 @@ class ExactHeatOperator(DiffusionOperator):
             raise ValueError(f"heat-exact serves {self.num_heads} heads, got P with {G}")
         work = torch.float64 if P.dtype == torch.float64 else torch.float32
         eye = torch.eye(N, dtype=work, device=P.device)
-        t = self.t.to(work).view(1, G, 1, 1)
+        # a learned t is kept at EXACT_MIN_T or above, as the constructor keeps t: below it the kernel overflows
+        t = self.t.clamp(min=EXACT_MIN_T).to(work).view(1, G, 1, 1)
         kernel = torch.linalg.matrix_exp(-t * (eye - P.to(work)))
         return (kernel @ v.to(work)).to(v.dtype)
 

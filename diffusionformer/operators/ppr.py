@@ -63,7 +63,8 @@ def ppr_steps_for_tolerance(alpha: float, tol: float) -> int:
         raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
     if alpha == 1.0 or tol >= 2.0:
         return 1
-    return max(1, math.ceil(math.log(tol / 2.0) / math.log1p(-alpha) - 1e-12))
+    steps = math.log(tol / 2.0) / math.log1p(-alpha)  # inf for a subnormal alpha: log1p(-alpha) underflows
+    return max(1, math.ceil(min(steps, 2.0**62) - 1e-12))
 
 
 @register_operator
