@@ -44,6 +44,11 @@ def chebyshev_matrix(steps: int, dtype: torch.dtype = torch.float64) -> Tensor:
     return M.to(dtype)
 
 
+def _is_array(init: Any) -> bool:
+    """Coefficients given as numbers (a tensor, list, tuple or numpy array), not an operator to copy."""
+    return isinstance(init, (Tensor, list, tuple)) or (hasattr(init, "__array__") and not isinstance(init, str))
+
+
 @register_operator
 class PolynomialOperator(DiffusionOperator):
     r"""A learned polynomial :math:`f(P) = \sum_{k=0}^{K} \theta_k P^k`, one ``theta`` per head.
@@ -95,8 +100,9 @@ class PolynomialOperator(DiffusionOperator):
             raise ValueError(f"basis must be one of {BASES}, got {basis!r}")
         self.steps = steps
         self.basis = basis
+        # spec() writes list coefficients as given (float64: 0.1, not float32's 0.10000000149011612)
         self._init = init.spec() if isinstance(init, DiffusionOperator) else (
-            torch.as_tensor(init).tolist() if isinstance(init, (Tensor, list, tuple)) else init)
+            torch.as_tensor(init, dtype=torch.float64).tolist() if _is_array(init) else init)
         theta = self._initial(init, steps, num_heads)
         if basis == "chebyshev":
             M = chebyshev_matrix(steps)
@@ -107,7 +113,7 @@ class PolynomialOperator(DiffusionOperator):
 
     @staticmethod
     def _initial(init: Any, steps: int, G: int) -> Tensor:
-        if isinstance(init, (Tensor, list, tuple)):
+        if _is_array(init):
             c = torch.as_tensor(init, dtype=torch.float32).detach().clone()
         else:
             op = build_operator(init)

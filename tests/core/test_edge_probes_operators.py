@@ -300,3 +300,24 @@ def test_every_alias_in_any_spelling_builds_its_operator(name):
         for spelling in (alias, alias.upper().replace("-", "_"), f"  {alias}  "):
             assert operator_class(spelling) is cls
             assert type(build_operator(spelling, **cls.example_kwargs)) is cls
+
+
+def test_polynomial_init_from_numpy_and_a_readable_spec():
+    """Bug: ``PolynomialOperator(init=np.array([0.1, 0.2, 0.3]), steps=2)`` was refused with "operator spec must be
+    a name, a DiffusionOperator subclass or instance, got ndarray" (read as an operator to copy), and a list
+    ``init`` was written by ``spec()`` in float32 reprs (``0.10000000149011612``). numpy coefficients are now
+    coefficients, and the spec writes a list as given; it still rebuilds the same operator (coefficients compared
+    with the hand-written values)."""
+    import numpy as np
+
+    from diffusionformer.operators.polynomial import PolynomialOperator
+
+    op = PolynomialOperator(init=np.array([0.1, 0.2, 0.3]), steps=2)
+    torch.testing.assert_close(op.coefficients().detach(), torch.tensor([[0.1, 0.2, 0.3]]), rtol=0, atol=0)
+    assert op.spec() == "polynomial(steps=2, init=[0.1, 0.2, 0.3])"
+    listed = PolynomialOperator(init=[0.1, 0.6, 0.2, 0.1])
+    assert listed.spec() == "polynomial(steps=3, init=[0.1, 0.6, 0.2, 0.1])"
+    torch.testing.assert_close(build_operator(listed.spec()).coefficients().detach(),
+                               torch.tensor([[0.1, 0.6, 0.2, 0.1]]), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"init coefficients must have shape \(K\+1,\)"):
+        PolynomialOperator(init=np.float64(0.5), steps=2)
