@@ -84,7 +84,7 @@ class TrainConfig:
         weight_decay: decoupled weight decay of the matrices (see
             :func:`~diffusionformer.train.param_groups`); biases and norm weights are never
             decayed, embeddings only under ``weight_decay_rule = "nanogpt"``.
-        betas: AdamW ``(beta1, beta2)``, each in ``[0, 1)``; a list is accepted.
+        betas: AdamW ``(beta1, beta2)``, each in ``[0, 1)``; a list or a 1-D numpy array is accepted.
         warmup_steps: updates of linear warm-up (``0`` = none).
         lr_decay_steps: update at which the cosine reaches ``min_lr``; ``None`` = ``max_steps``.
             Set it explicitly if a run may later be extended with a larger ``max_steps``.
@@ -159,12 +159,15 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.min_lr: expected a float <= lr ({lr}), got {min_lr}")
         weight_decay = _check_float("weight_decay", self.weight_decay, 0.0)
         grad_clip = _check_float("grad_clip", self.grad_clip, 0.0)
-        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
+        pair = self.betas
+        if hasattr(pair, "__array__") and getattr(pair, "ndim", None) == 1:  # a sweep's numpy pair (or a tensor)
+            pair = tuple(pair.tolist())
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise TypeError(
                 f"TrainConfig.betas: expected a pair (beta1, beta2), got {_type_name(self.betas)} "
                 f"({self.betas!r})"
             )
-        betas = tuple(_check_float(f"betas[{i}]", b, 0.0) for i, b in enumerate(self.betas))
+        betas = tuple(_check_float(f"betas[{i}]", b, 0.0) for i, b in enumerate(pair))
         for i, b in enumerate(betas):
             if b >= 1.0:
                 raise ValueError(f"TrainConfig.betas[{i}]: expected a float in [0, 1), got {b}")

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from train_tiny_tasks import RegressionTask, SimulatedKill, TinyMLP, tiny_config
 
-from diffusionformer.train import NonFiniteLossError, Trainer, read_metrics, read_metrics_csv
+from diffusionformer.train import NonFiniteLossError, Trainer, TrainConfig, read_metrics, read_metrics_csv
 from diffusionformer.train.checkpoint import load_checkpoint
 
 
@@ -284,3 +284,18 @@ def test_tied_weights_are_optimised_once_and_stay_tied(tmp_path):
     groups = [(g["names"], g["weight_decay"]) for g in trainer.optimizer.param_groups]
     assert groups == [(["emb.weight"], 0.1)]
     assert model.head.weight is model.emb.weight
+
+
+def test_betas_from_a_numpy_pair():
+    """Bug: ``TrainConfig(betas=np.array([0.9, 0.95]))`` (a sweep grid's pair) was refused ("expected a pair
+    (beta1, beta2), got ndarray") although every other field takes numpy numbers. A 1-D array of two is now read
+    as the tuple of Python floats it holds: the config equals, and serialises as, the one made from a tuple;
+    arrays of another shape and betas outside [0, 1) stay refused."""
+    got = TrainConfig(betas=np.array([0.9, 0.95]))
+    assert got.betas == (0.9, 0.95) and all(type(b) is float for b in got.betas)
+    assert got == TrainConfig(betas=(0.9, 0.95)) and got.to_dict() == TrainConfig(betas=(0.9, 0.95)).to_dict()
+    for bad in (np.array([[0.9, 0.95]]), np.array([0.9, 0.95, 0.99])):
+        with pytest.raises(TypeError, match=r"TrainConfig.betas: expected a pair \(beta1, beta2\), got ndarray"):
+            TrainConfig(betas=bad)
+    with pytest.raises(ValueError, match=r"TrainConfig.betas\[1\]: expected a float in \[0, 1\), got 1.5"):
+        TrainConfig(betas=np.array([0.9, 1.5]))
