@@ -69,6 +69,28 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def _python_number(value: Any) -> Any:
+    """A numpy (or other registered) integral/real number as the Python int/float it equals; anything else,
+    Python bools, ints and floats included, as it is (a numpy bool stays one, for the checks to refuse)."""
+    if type(value) in (bool, int, float) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
+def _python_numbers(config: Any) -> None:
+    """Every field of a model config that holds a numpy number (``np.int64`` from a sweep grid), alone or in a
+    list/tuple, set to the Python number it equals, so the checks that follow read it and the config
+    serialises and compares like one written with Python numbers (model configs, :class:`~diffusionformer.data.ssl.SSLConfig`)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, (list, tuple)):
+            items = [_python_number(v) for v in value]
+            if any(a is not b for a, b in zip(items, value)):
+                setattr(config, f.name, type(value)(items))
+        elif _python_number(value) is not value:
+            setattr(config, f.name, _python_number(value))
+
+
 def check_value(value: Any, tp: Any, where: str) -> Any:
     """Check (and lightly coerce: int -> float, list -> tuple) ``value`` against annotation ``tp``."""
     origin = typing.get_origin(tp)

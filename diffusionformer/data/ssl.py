@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from diffusionformer.config import document_fields
+from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.data.augment import MultiCropAugment
 
 __all__ = ["SSLConfig", "SSL_KEYS"]
@@ -55,6 +55,7 @@ class SSLConfig:
     knn_temperature: float = 0.07  #: temperature of the k-NN votes
 
     def __post_init__(self) -> None:
+        _python_numbers(self)  # a sweep grid's numpy numbers are read as the Python numbers they equal
         if isinstance(self.knn_k, bool) or not isinstance(self.knn_k, int) or self.knn_k < 1:
             raise ValueError(f"SSLConfig.knn_k must be an int >= 1, got {self.knn_k!r}")
         t = self.knn_temperature

@@ -119,10 +119,12 @@ def center_sharpen(teacher_logits: Tensor, center: Tensor, temperature: float) -
         >>> center_sharpen(torch.tensor([[1.0, 2.0]]), torch.tensor([0.0, 1.0]), 0.5)
         tensor([[0.5000, 0.5000]])
     """
-    if temperature <= 0:
+    if not temperature > 0:  # also refuses NaN, which would turn every target into NaN
         raise ValueError(f"temperature must be positive, got {temperature}")
     if center.shape[-1] != teacher_logits.shape[-1]:
         raise ValueError(f"center has {center.shape[-1]} entries, the logits {teacher_logits.shape[-1]}")
+    if center.dim() > 2 or (center.dim() == 2 and center.shape[0] != 1):  # a (B, K) centre would broadcast per sample
+        raise ValueError(f"center must have shape (K,) or (1, K), got {tuple(center.shape)}")
     return torch.softmax((teacher_logits - center.to(teacher_logits.dtype)) / temperature, dim=-1)
 
 
@@ -163,10 +165,11 @@ def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, st
         raise ValueError(f"teacher logits {tuple(teacher_logits.shape)} do not match the student's (V, {B}, {K})")
     if Vt < 1 or Vt > Vs or Vs < 2:
         raise ValueError(f"dino_loss needs >= 2 student views and 1 to as many teacher views, got {Vs} and {Vt}")
-    if student_temp <= 0:
+    if not student_temp > 0:  # also refuses NaN
         raise ValueError(f"student_temp must be positive, got {student_temp}")
-    targets = center_sharpen(teacher_logits.detach(), center, teacher_temp)  # (Vt, B, K)
-    log_probs = torch.log_softmax(student_logits / student_temp, dim=-1)  # (Vs, B, K)
+    dtype = torch.promote_types(student_logits.dtype, teacher_logits.dtype)  # e.g. a bf16 student, fp32 teacher
+    targets = center_sharpen(teacher_logits.detach().to(dtype), center, teacher_temp)  # (Vt, B, K)
+    log_probs = torch.log_softmax(student_logits.to(dtype) / student_temp, dim=-1)  # (Vs, B, K)
     cross = -torch.einsum("ibk,jbk->ij", targets, log_probs) / B  # (Vt, Vs): mean over the batch
     keep = ~torch.eye(Vt, Vs, dtype=torch.bool, device=cross.device)
     return cross[keep].mean()
@@ -261,6 +264,9 @@ class DINOConfig(ViTConfig):
                            schedule_steps=self.schedule_steps)
         check_positive("DINOConfig", student_temp=self.student_temp, teacher_temp=self.teacher_temp,
                        warmup_teacher_temp=self.warmup_teacher_temp)
+        for name in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
+            if not math.isfinite(getattr(self, name)):  # check_positive lets NaN and inf through
+                raise ValueError(f"DINOConfig.{name} must be positive and finite, got {getattr(self, name)!r}")
         check_probability("DINOConfig", center_momentum=self.center_momentum)
         if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) or not 0.0 <= self.momentum <= 1.0:
             raise ValueError(f"DINOConfig.momentum must lie in [0, 1], got {self.momentum!r}")
@@ -435,6 +441,8 @@ class DINO(nn.Module):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(total)
             count *= torch.distributed.get_world_size()
+        if count == 0:  # no teacher output: nothing to average (0 / 0 would make the centre NaN for good)
+            return
         m = self.config.center_momentum
         self.center.mul_(m).add_(total / count, alpha=1.0 - m)
 

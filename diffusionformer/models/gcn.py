@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GCNConv, global_add_pool, global_max_pool, global_mean_pool
 
-from diffusionformer.config import document_fields
+from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.ops.sparse import check_edge_index
-from diffusionformer.models.common import _check_graph_task, _python_numbers, _readout_batch, check_positive_int, check_probability
+from diffusionformer.models.common import _check_graph_task, _readout_batch, check_positive_int, check_probability
 
 __all__ = ["GCN", "GCNConfig"]
 

@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import document_fields
+from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
 from diffusionformer.nn.rotary import RotaryEmbedding
 from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
-                                           _python_numbers, check_positive_int, check_probability, init_transformer_weights)
+                                           check_positive_int, check_probability, init_transformer_weights)
 from diffusionformer.models.sampling import top_k_filter, top_p_filter
 
 __all__ = ["DiffusionGPT", "GPTConfig"]

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 from torch_geometric.utils import add_self_loops, remove_self_loops, to_dense_batch
 
-from diffusionformer.config import document_fields
+from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
@@ -19,7 +19,7 @@ from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools, _check_graph_task,
-                                           _check_mlp_ratio, _check_num_graphs, _check_size, _python_numbers, check_positive_int, check_probability,
+                                           _check_mlp_ratio, _check_num_graphs, _check_size, check_positive_int, check_probability,
                                            init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]

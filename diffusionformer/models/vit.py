@@ -9,12 +9,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.config import document_fields
+from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
 from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
-                                           _python_numbers, check_positive_int, check_probability, init_transformer_weights)
+                                           check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionViT", "ViTConfig", "attention_rollout"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -43,6 +44,8 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
         >>> Task().loss(3)  # restored
         3
     """
+    if isinstance(call, bool) or not isinstance(call, int):  # a call 1.5 would never come: no kill, silently
+        raise TypeError(f"call must be an int, got {type(call).__name__} {call!r}")
     if call < 1:
         raise ValueError(f"call must be >= 1, got {call}")
     original = getattr(owner, name)
@@ -50,6 +53,8 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
     own = getattr(owner, "__dict__", None)
     inherited = own is not None and name not in own
     stored = original if own is None or inherited else own[name]
+    # the kind of method, found where it is defined (an inherited static or class method looks up as a function)
+    static_kind = isinstance(inspect.getattr_static(owner, name), (staticmethod, classmethod))
     seen = {"calls": 0}
 
     def patched(*args: Any, **kwargs: Any) -> Any:
@@ -63,7 +68,7 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
     # a method looked up on a class is a plain function: setattr puts the wrapper in its place. A static or
     # class method looks up as a function that takes no ``self`` (``original`` is already bound for a class
     # method): the wrapper must not be bound to the instance either.
-    setattr(owner, name, staticmethod(patched) if isinstance(stored, (staticmethod, classmethod)) else patched)
+    setattr(owner, name, staticmethod(patched) if static_kind else patched)
     try:
         yield seen
     finally:
