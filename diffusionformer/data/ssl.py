@@ -17,6 +17,7 @@ carry its own defaults (``dino-digits`` blurs less: ``blur_sigma = (0.1, 0.6)``)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from diffusionformer.config import _python_numbers, document_fields
@@ -59,8 +60,8 @@ class SSLConfig:
         if isinstance(self.knn_k, bool) or not isinstance(self.knn_k, int) or self.knn_k < 1:
             raise ValueError(f"SSLConfig.knn_k must be an int >= 1, got {self.knn_k!r}")
         t = self.knn_temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-            raise ValueError(f"SSLConfig.knn_temperature must be positive, got {t!r}")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
+            raise ValueError(f"SSLConfig.knn_temperature must be positive and finite, got {t!r}")
         v = self.local_crops
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"SSLConfig.local_crops must be an int >= 0, got {v!r}")

@@ -31,10 +31,13 @@ class ModelIntermediates:
 
 
 def check_positive(where: str, **values: Any) -> None:
-    """Every value a positive int or float (for float fields: ``mlp_ratio``, temperatures); see :func:`check_positive_int`."""
+    """Every value a positive, finite int or float (for float fields: ``mlp_ratio``, temperatures); see
+    :func:`check_positive_int`."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ValueError(f"{where}.{name} must be positive, got {value!r}")
+        if not math.isfinite(value):  # NaN passes ``<= 0``; an infinite temperature or ratio is no setting either
+            raise ValueError(f"{where}.{name} must be finite, got {value!r}")
 
 
 def check_positive_int(where: str, **values: Any) -> None:

@@ -264,9 +264,6 @@ class DINOConfig(ViTConfig):
                            schedule_steps=self.schedule_steps)
         check_positive("DINOConfig", student_temp=self.student_temp, teacher_temp=self.teacher_temp,
                        warmup_teacher_temp=self.warmup_teacher_temp)
-        for name in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
-            if not math.isfinite(getattr(self, name)):  # check_positive lets NaN and inf through
-                raise ValueError(f"DINOConfig.{name} must be positive and finite, got {getattr(self, name)!r}")
         check_probability("DINOConfig", center_momentum=self.center_momentum)
         if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) or not 0.0 <= self.momentum <= 1.0:
             raise ValueError(f"DINOConfig.momentum must lie in [0, 1], got {self.momentum!r}")

@@ -274,3 +274,17 @@ def test_graph_helpers_small_graphs():
     assert complete_edge_index(1, self_loops=False).shape == (2, 0)
     assert complete_edge_index(1).tolist() == [[0], [0]]
     assert causal_edge_index(3).shape[1] == 6  # n (n + 1) / 2
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 0.0])
+def test_ssl_knn_temperature_and_dino_head_sizes_must_be_finite(value):
+    """Bug: ``SSLConfig(knn_temperature=inf)`` was accepted (every k-NN vote then weighs the same: the evaluation
+    silently turns into a majority vote), and the shared ``check_positive`` of the model configs let NaN and inf
+    through (a ``DINOHead`` width of inf, a temperature of NaN); now each is named."""
+    from diffusionformer.models.common import check_positive
+
+    with pytest.raises(ValueError, match=r"SSLConfig\.knn_temperature must be positive and finite, got "):
+        SSLConfig(knn_temperature=value)
+    with pytest.raises(ValueError, match=r"^Where\.t must be (positive|finite), got "):
+        check_positive("Where", t=value)
+    check_positive("Where", t=0.07, n=3)
