@@ -6,6 +6,8 @@ in float64.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -17,7 +19,8 @@ def dense_attention_reference(
 ) -> Tensor:
     r"""Explicit :math:`P = \operatorname{softmax}(q k^\top s)` restricted to ``allowed`` entries.
 
-    Rows with no allowed entry are zero. Computed in float64 with an explicit exponential.
+    Rows with no allowed entry are zero, with zero gradients. Computed in float64 with an explicit
+    exponential.
 
     Args:
         q: queries.
@@ -38,8 +41,11 @@ def dense_attention_reference(
     if allowed is None:
         allowed = torch.ones_like(s, dtype=torch.bool)
     allowed = allowed.expand_as(s)
-    s = s - torch.where(allowed, s, torch.full_like(s, -1e300)).amax(-1, keepdim=True).clamp_min(-1e300)
-    e = torch.where(allowed, s.exp(), torch.zeros_like(s))
+    # shift by the row maximum over the allowed entries (0 for a row with none), exponentiate only allowed
+    # entries: no inf appears anywhere, so a fully masked row has zero gradients, not NaN ones
+    m = torch.where(allowed, s, torch.full_like(s, -math.inf)).amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.where(allowed, (torch.where(allowed, s, m) - m).exp(), torch.zeros_like(s))
     z = e.sum(-1, keepdim=True)
     return torch.where(z > 0, e / torch.where(z > 0, z, torch.ones_like(z)), torch.zeros_like(e))
 
