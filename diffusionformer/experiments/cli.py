@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             out_flag = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
             out_flag += "" if args.out == "results" else f" --out {shlex.quote(args.out)}"
             print(f"every run's step and time left, from another shell: python -m diffusionformer.experiments status "
-                  f"{args.config}{out_flag}", file=sys.stderr)
+                  f"{shlex.quote(args.config)}{out_flag}", file=sys.stderr)
         device = args.device if args.device is not None else config.device
         if device is not None:
             check_device(device)  # before any data is loaded: unknown, or CUDA where there is none

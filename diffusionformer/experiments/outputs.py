@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.results import RunResult, _completed, run_dir
+from diffusionformer.experiments.results import RunResult, _completed, _definition, read_json_dict, run_dir
 from diffusionformer.experiments.tables import aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
@@ -28,9 +28,21 @@ def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]
     except (FileNotFoundError, ValueError, KeyError, TypeError):  # none yet, or unreadable (not JSON, not UTF-8): rebuilt
         return []
     have = {(r.task, r.operator, r.seed) for r in results}
-    return [r for r in rows if isinstance(r.task, str) and isinstance(r.operator, str)  # else no run folder: dropped
+    kept = [r for r in rows if isinstance(r.task, str) and isinstance(r.operator, str)  # else no run folder: dropped
             and (r.task, r.operator, r.seed) not in have and r.status == "completed"
             and _completed(run_dir(out, r.task, r.operator, r.seed))]
+    # a row of a task and setting retrained with another definition (--restart with a changed config) is dropped:
+    # averaging it with the new runs would mix two experiments under one name
+    now: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in results:
+        ident = read_json_dict(run_dir(out, r.task, r.operator, r.seed) / "run_config.json")
+        if ident is not None:
+            now.setdefault((r.task, r.operator), _definition(ident))
+
+    def same(r: RunResult) -> bool:
+        ident = read_json_dict(run_dir(out, r.task, r.operator, r.seed) / "run_config.json")
+        return ident is None or (r.task, r.operator) not in now or _definition(ident) == now[(r.task, r.operator)]
+    return [r for r in kept if same(r)]
 
 
 def manifest(config: ExperimentConfig) -> dict[str, Any]:

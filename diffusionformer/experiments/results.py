@@ -110,6 +110,32 @@ def read_json_dict(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _definition(identity: dict[str, Any]) -> dict[str, Any]:
+    """A run's ``run_config.json`` less what differs from seed to seed (``train.seed``, ``fold``): the same
+    for every seed of one task and operator setting of one comparison."""
+    d = {k: v for k, v in identity.items() if k != "fold"}
+    if isinstance(d.get("train"), dict):
+        d["train"] = {k: v for k, v in d["train"].items() if k != "seed"}
+    return d
+
+
+def _identity_changes(stored: dict[str, Any], now: dict[str, Any]) -> str:
+    """The keys where two run identities differ, a dict-valued key with its changed entries:
+    ``"train (lr: 0.001 then 0.5)"``."""
+    parts = []
+    for k in sorted(set(stored) | set(now)):
+        a, b = stored.get(k), now.get(k)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            sub = ", ".join(f"{s}: {a.get(s, 'unset')!r} then {b.get(s, 'unset')!r}"
+                            for s in sorted(set(a) | set(b)) if a.get(s) != b.get(s))
+            parts.append(f"{k} ({sub})")
+        else:
+            parts.append(k)
+    return ", ".join(parts)
+
+
 def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str, Any]]:
     """Where every run of ``config`` stands, without loading any model or data.
 

@@ -40,7 +40,8 @@ from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting
 from diffusionformer.experiments.outputs import git_commit
 from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
-from diffusionformer.experiments.results import _completed, _result_from_files, read_json_dict
+from diffusionformer.experiments.results import (_completed, _definition, _identity_changes, _result_from_files,
+                                                 read_json_dict)
 from diffusionformer.experiments.results import _read_summary as _read_summary  # noqa: F401  (back-compat)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
                                                  select_evaluation)
@@ -273,11 +274,25 @@ def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, sett
     if stored is None:  # absent, or unreadable: rewritten below; the trainer still checks the checkpoint's config
         return
     if stored != identity:
-        changed = sorted(k for k in set(stored) | set(identity) if stored.get(k) != identity.get(k))
         raise ValueError(
             f"{rdir} holds a run of task {task.name!r} / setting {setting.name!r} made with a different "
-            f"{', '.join(changed)}; rename the task or operator setting, or pass --restart to discard it"
+            f"{_identity_changes(stored, identity)}; rename the task or operator setting, or pass --restart to discard it"
         )
+
+
+def _check_sibling_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, setting: OperatorSetting) -> None:
+    """Refuse a run whose finished sibling seeds (same task and setting, on disk) were made with another
+    definition: their rows would be averaged with this run's in the comparison's table."""
+    mine = _definition(identity)
+    for other in sorted(rdir.parent.glob("seed*")):
+        if other == rdir or not _completed(other):
+            continue
+        stored = read_json_dict(other / RUN_CONFIG_NAME)
+        if stored is not None and _definition(stored) != mine:
+            raise ValueError(
+                f"{other} holds a finished run of task {task.name!r} / setting {setting.name!r} made with a different "
+                f"{_identity_changes(_definition(stored), mine)}, which the results table would average with this "
+                "run's; rename the task or operator setting, or pass --restart to discard it")
 
 
 def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
@@ -318,6 +333,7 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     identity = _run_identity(task, model, cfg)
     if resume:
         _check_identity(rdir, identity, task, setting)
+        _check_sibling_identity(rdir, identity, task, setting)
     if resume and summary_path.exists():
         summary = read_json_dict(summary_path)
         if summary is None:
