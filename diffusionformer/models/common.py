@@ -37,7 +37,7 @@ def check_positive(where: str, **values: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ValueError(f"{where}.{name} must be positive, got {value!r}")
         if not math.isfinite(value):  # NaN passes ``<= 0``; an infinite temperature or ratio is no setting either
-            raise ValueError(f"{where}.{name} must be finite, got {value!r}")
+            raise ValueError(f"{where}.{name} must be a finite float, got {value!r}")
 
 
 def check_positive_int(where: str, **values: Any) -> None:
@@ -112,9 +112,7 @@ def _readout_batch(batch: Tensor | None, num_graphs: Any, num_nodes: int,
 def _check_mlp_ratio(where: str, dim: int, mlp_ratio: Any) -> None:
     """``mlp_ratio`` positive, finite and large enough for an MLP hidden width ``int(dim * mlp_ratio) >= 1``
     (a width of 0 would make :class:`~diffusionformer.nn.block.Mlp` fall back to ``4 * dim``)."""
-    check_positive(where, mlp_ratio=mlp_ratio)
-    if not math.isfinite(mlp_ratio):
-        raise ValueError(f"{where}.mlp_ratio must be a finite float, got {mlp_ratio!r}")
+    check_positive(where, mlp_ratio=mlp_ratio)  # positive and finite
     if int(dim * mlp_ratio) < 1:
         raise ValueError(f"{where}.mlp_ratio={mlp_ratio!r} gives an MLP hidden width int(dim * mlp_ratio) = "
                          f"{int(dim * mlp_ratio)} for dim={dim}; expected a width >= 1")

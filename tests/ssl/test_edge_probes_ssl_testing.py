@@ -285,6 +285,6 @@ def test_ssl_knn_temperature_and_dino_head_sizes_must_be_finite(value):
 
     with pytest.raises(ValueError, match=r"SSLConfig\.knn_temperature must be positive and finite, got "):
         SSLConfig(knn_temperature=value)
-    with pytest.raises(ValueError, match=r"^Where\.t must be (positive|finite), got "):
+    with pytest.raises(ValueError, match=r"^Where\.t must be (positive|a finite float), got "):
         check_positive("Where", t=value)
     check_positive("Where", t=0.07, n=3)
