@@ -121,10 +121,10 @@ def center_sharpen(teacher_logits: Tensor, center: Tensor, temperature: float) -
     """
     if not temperature > 0:  # also refuses NaN, which would turn every target into NaN
         raise ValueError(f"temperature must be positive, got {temperature}")
+    if center.dim() not in (1, 2) or (center.dim() == 2 and center.shape[0] != 1):  # (B, K) would act per sample
+        raise ValueError(f"center must have shape (K,) or (1, K), got {tuple(center.shape)}")
     if center.shape[-1] != teacher_logits.shape[-1]:
         raise ValueError(f"center has {center.shape[-1]} entries, the logits {teacher_logits.shape[-1]}")
-    if center.dim() > 2 or (center.dim() == 2 and center.shape[0] != 1):  # a (B, K) centre would broadcast per sample
-        raise ValueError(f"center must have shape (K,) or (1, K), got {tuple(center.shape)}")
     return torch.softmax((teacher_logits - center.to(teacher_logits.dtype)) / temperature, dim=-1)
 
 

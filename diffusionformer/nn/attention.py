@@ -18,7 +18,7 @@ from diffusionformer.operators import DiffusionOperator
 from diffusionformer.operators.base import _checked_degree
 from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
-from diffusionformer.ops._checks import check_degrees, check_dropout, check_layout
+from diffusionformer.ops._checks import _check_is_causal, check_degrees, check_dropout, check_layout
 from diffusionformer.ops.engine import AffineRun, affine_coefficients, affine_runs, combine_affine, static_coefficients
 from diffusionformer.ops.recompute import recompute_saved, wants_recompute
 
@@ -480,8 +480,7 @@ class DiffusionAttention(nn.Module):
             >>> attn.graph_from_arguments(torch.zeros(3, 8), edge_index=torch.tensor([[0, 1], [1, 2]]))
             AttentionGraph(sparse, num_nodes=3, E=2, checked=False)
         """
-        if not isinstance(is_causal, bool):
-            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+        _check_is_causal(is_causal)
         if edge_index is not None:
             if key_padding_mask is not None or attn_mask is not None or is_causal:
                 raise ValueError("key_padding_mask/attn_mask/is_causal apply to dense inputs; the sparse graph is "

@@ -83,6 +83,7 @@ class DifferentialOperator(DiffusionOperator):
         self.depth = depth
         self.lambda_init = None if lambda_init is None else check_finite_float(lambda_init, "lambda_init")
         self.head_dim: int | None = None
+        self._spec_head_dim = head_dim is not None  # given here, not bound by a layer: the spec must carry it
         if head_dim is not None:
             self.bind(head_dim=head_dim)
 
@@ -106,6 +107,8 @@ class DifferentialOperator(DiffusionOperator):
             kwargs["depth"] = self.depth
         if self.lambda_init is not None:
             kwargs["lambda_init"] = self.lambda_init
+        if self._spec_head_dim:  # a standalone operator's parameters have C/2 and C entries: rebuild them bound
+            kwargs["head_dim"] = self.head_dim
         return kwargs
 
     @property

@@ -53,6 +53,22 @@ def check_index_range(name: str, index: Tensor, size_name: str, size: int) -> No
             raise ValueError(f"{name} values must lie in [0, {size_name}={size}), got range [{lo}, {hi}]")
 
 
+def _check_is_causal(is_causal: object) -> bool:
+    """``is_causal`` if it is a Python bool, else a TypeError showing its full type and value (``bool("no")`` is
+    True, so nothing else is read as a flag; a ``numpy.bool`` is refused too, and named ``numpy.bool``, not ``bool``).
+
+    Examples:
+        >>> _check_is_causal(1)
+        Traceback (most recent call last):
+        TypeError: is_causal must be a bool, got int (1)
+    """
+    if not isinstance(is_causal, bool):
+        tp = type(is_causal)
+        name = tp.__qualname__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
+        raise TypeError(f"is_causal must be a bool, got {name} ({is_causal!r})")
+    return is_causal
+
+
 def check_coefficients(coeffs: object, num_heads: int, like: Tensor) -> Tensor:
     """Return coefficients as a ``(H, K+1)`` tensor on ``like``'s device (float32 at least)."""
     if not isinstance(coeffs, Tensor):

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import _check_is_causal, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
 from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton_unsupported
 from diffusionformer.ops.engine import (
     Backend,
@@ -130,8 +130,7 @@ def normalise_mask(
     Returns ``(mask, is_causal)`` with ``mask`` bool (True = attend) or float (added to scores,
     cast to ``dtype``).
     """
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    _check_is_causal(is_causal)
     if attn_mask is None:
         return None, is_causal
     attn_mask = check_attn_mask(attn_mask, shape, dtype)

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from diffusionformer.ops._checks import check_tensor
+from diffusionformer.ops._checks import _check_is_causal, check_tensor
 from diffusionformer.ops.dense import attention_matrix, normalise_mask, propagate_dense
 from diffusionformer.ops.sparse import diffuse_sparse
 from diffusionformer.ops.uniform_map import uniform_mean
@@ -162,8 +162,7 @@ class RivalContext:
         :func:`~diffusionformer.ops.sparse.diffuse_sparse`)."""
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_tensor(name, t, 3, "(N, G, C)")
-        if not isinstance(is_causal, bool):  # as the dense context and diffuse_sparse: bool("no") is True
-            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+        _check_is_causal(is_causal)
         C = q.shape[-1]
 
         def hm(t: Tensor | None) -> Tensor | None:

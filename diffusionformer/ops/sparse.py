@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import check_dropout, check_index_range, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import _check_is_causal, check_dropout, check_index_range, check_layout, check_scale, check_tensor
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
@@ -363,8 +363,7 @@ def diffuse_sparse_with_weights(
     if v.device != q.device:
         raise ValueError(f"v must be on the device of q ({q.device}), got {v.device}")
     dropout_p = check_dropout(dropout_p)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    _check_is_causal(is_causal)
     if not isinstance(need_weights, bool):
         raise TypeError(f"need_weights must be a bool, got {need_weights!r}")
     _use_csr(backend)  # validates the name

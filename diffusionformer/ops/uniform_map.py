@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from diffusionformer.ops._checks import _check_is_causal
+
 __all__ = ["uniform_mean"]
 
 
@@ -49,8 +51,7 @@ def uniform_mean(x: Tensor, key_mask: Tensor | None = None, *, is_causal: bool =
     """
     if x.dim() != 4:
         raise ValueError(f"x must have shape (B, G, M, C), got {tuple(x.shape)}")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    _check_is_causal(is_causal)
     M = x.shape[-2]
     if key_mask is not None:
         if key_mask.dtype != torch.bool:

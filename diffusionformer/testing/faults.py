@@ -89,6 +89,15 @@ def _bit_equal(x: torch.Tensor, y: torch.Tensor) -> bool:
     return torch.equal(as_bytes(x), as_bytes(y))
 
 
+def _checkpoint_entry(path: str | Path, key: str) -> Any:
+    """``torch.load(path)[key]``; a missing key is a ``KeyError`` naming the file and the keys it holds."""
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or key not in payload:
+        found = sorted(map(str, payload)) if isinstance(payload, dict) else type(payload).__name__
+        raise KeyError(f"checkpoint {path} has no entry {key!r}; it holds {found}")
+    return payload[key]
+
+
 def assert_same_checkpoint_weights(a: str | Path, b: str | Path, key: str = "model") -> None:
     """Assert that two checkpoints hold bit-identical tensors under ``key`` (same names, dtypes, shapes and bytes).
 
@@ -98,9 +107,9 @@ def assert_same_checkpoint_weights(a: str | Path, b: str | Path, key: str = "mod
 
     Raises:
         AssertionError: naming the tensors present in only one file, or the first ones that differ.
+        KeyError: when a file has no entry ``key``, naming the entries it holds.
     """
-    sa = torch.load(a, map_location="cpu", weights_only=True)[key]
-    sb = torch.load(b, map_location="cpu", weights_only=True)[key]
+    sa, sb = (_checkpoint_entry(path, key) for path in (a, b))
     if set(sa) != set(sb):
         raise AssertionError(f"checkpoints hold different tensors: only in {a}: {sorted(set(sa) - set(sb))}, "
                              f"only in {b}: {sorted(set(sb) - set(sa))}")

@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from diffusionformer.graph._checks import check_int
+from diffusionformer.ops.sparse import check_edge_index
+
 __all__ = ["causal_edge_index", "complete_edge_index", "random_qkv", "dense_allowed_from_edges", "reference_qkv"]
 
 
@@ -16,6 +19,7 @@ def complete_edge_index(num_nodes: int, *, self_loops: bool = True, device: torc
         tensor([[0, 1, 0, 1],
                 [0, 0, 1, 1]])
     """
+    num_nodes = check_int("num_nodes", num_nodes, 0)
     i, j = torch.meshgrid(torch.arange(num_nodes, device=device), torch.arange(num_nodes, device=device), indexing="ij")
     keep = torch.ones_like(i, dtype=torch.bool) if self_loops else i != j
     return torch.stack([j[keep], i[keep]])
@@ -41,6 +45,8 @@ def dense_allowed_from_edges(edge_index: Tensor, num_nodes: int) -> Tensor:
         tensor([[False, False],
                 [ True, False]])
     """
+    num_nodes = check_int("num_nodes", num_nodes, 0)
+    edge_index = check_edge_index(edge_index, num_nodes)
     allowed = torch.zeros(num_nodes, num_nodes, dtype=torch.bool, device=edge_index.device)
     allowed[edge_index[1], edge_index[0]] = True
     return allowed

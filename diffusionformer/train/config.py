@@ -191,13 +191,7 @@ class TrainConfig:
                 f"TrainConfig.device: expected str, got {_type_name(self.device)} ({self.device!r})"
             )
         if self.device != "auto":
-            try:
-                kind = torch.device(self.device).type
-            except (RuntimeError, ValueError) as err:
-                raise ValueError(
-                    f"TrainConfig.device: expected 'auto' or a torch device string such as 'cpu', "
-                    f"'cuda' or 'cuda:1', got {self.device!r}"
-                ) from err
+            kind = _torch_device(self.device).type
             if kind not in ("cpu", "cuda"):  # 'meta', 'mps', ...: the trainer runs on CPU and CUDA only
                 raise ValueError(f"TrainConfig.device: expected 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if not isinstance(self.amp, str) or self.amp not in _AMP_CHOICES:
@@ -263,6 +257,20 @@ class TrainConfig:
         return out
 
 
+def _torch_device(spec: str) -> torch.device:
+    """``torch.device(spec)``; a string torch cannot read (``"cdua"``) is a ValueError naming ``TrainConfig.device``
+    with a "did you mean" among ``'auto'``, ``'cpu'`` and ``'cuda'``, not torch's RuntimeError listing every device type."""
+    try:
+        return torch.device(spec)
+    except (RuntimeError, ValueError) as err:
+        close = difflib.get_close_matches(str(spec), ["auto", "cpu", "cuda"], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"TrainConfig.device: expected 'auto' or a torch device string such as 'cpu', "
+            f"'cuda' or 'cuda:1', got {spec!r}{hint}"
+        ) from err
+
+
 def resolve_device(spec: str, local_rank: int | None = None) -> torch.device:
     """Turn ``TrainConfig.device`` into a ``torch.device``.
 
@@ -279,7 +287,7 @@ def resolve_device(spec: str, local_rank: int | None = None) -> torch.device:
     """
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(spec)
+    device = _torch_device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(

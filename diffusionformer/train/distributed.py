@@ -10,6 +10,7 @@ equals the single-process update on the whole batch.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -178,8 +179,9 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
         {'x': tensor([2, 3]), 'n': 3}
     """
     for name, value in (("rank", rank), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy ints too, read as ints
             raise TypeError(f"shard_batch: expected {name} an int, got {type(value).__name__} ({value!r})")
+    rank, world_size = int(rank), int(world_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"shard_batch: expected 0 <= rank < world_size, got rank={rank} world_size={world_size}")
     if world_size == 1:

@@ -66,7 +66,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from diffusionformer.ops._checks import check_attn_mask, check_coefficients, check_dropout, check_scale
+from diffusionformer.ops._checks import _check_is_causal, check_attn_mask, check_coefficients, check_dropout, check_scale
 from diffusionformer.ops.triton._launch import _check_inputs
 
 __all__ = ["affine_attention", "dropout_scales", "polynomial_attention", "is_available"]
@@ -133,8 +133,7 @@ def polynomial_attention(
             raise ValueError("attn_mask requires grad, but the Triton kernels give the mask no gradient; "
                              "pass attn_mask.detach() or use diffusionformer.functional.diffuse")
         attn_mask = attn_mask.to(q.device)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    _check_is_causal(is_causal)
     H = q.shape[1]
     coeffs = check_coefficients(coeffs, H, q).float()
     if coeffs.shape[1] == 1:  # K = 0: no propagation at all
