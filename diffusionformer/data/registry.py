@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
+
+from diffusionformer.config import check_value
 
 from .base import TaskData
 from .paths import resolve_root
@@ -98,24 +99,23 @@ def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Calla
     return decorator
 
 
+_OPTION_KINDS = {bool: "a bool", int: "an int", float: "a number", str: "a str"}
+
+
 def _check_option_type(spec: DatasetSpec, key: str, value: Any) -> None:
-    """Refuse an option whose type cannot be that of its default (bool, int, float, str; a
-    ``None`` default is not checked): ``normalize="no"`` or ``val_fraction="0.1"`` would
-    otherwise be read as truthy or fail deep inside the loader."""
+    """Refuse an option whose type cannot be that of its default (bool, int, float, str, read by the config
+    files' :func:`~diffusionformer.config.check_value`: numpy numbers pass, bools are no numbers; a ``None``
+    default is not checked): ``normalize="no"`` or ``val_fraction="0.1"`` would otherwise be read as truthy or
+    fail deep inside the loader."""
     default = spec.options[key]
-    if isinstance(default, bool):
-        ok, want = isinstance(value, bool), "a bool"
-    elif isinstance(default, int):
-        ok, want = isinstance(value, numbers.Integral) and not isinstance(value, bool), "an int"
-    elif isinstance(default, float):
-        ok, want = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
-    elif isinstance(default, str):
-        ok, want = isinstance(value, str), "a str"
-    else:
+    kind = type(default)
+    if kind not in _OPTION_KINDS:
         return
-    if not ok:
-        raise TypeError(f"load_dataset({spec.name!r}): option {key!r} must be {want} (default "
-                        f"{default!r}), got {type(value).__name__} {value!r}")
+    try:
+        check_value(value, kind, f"load_dataset({spec.name!r}): option {key!r}")
+    except TypeError:
+        raise TypeError(f"load_dataset({spec.name!r}): option {key!r} must be {_OPTION_KINDS[kind]} (default "
+                        f"{default!r}), got {type(value).__name__} {value!r}") from None
 
 
 def dataset_spec(name: str) -> DatasetSpec:

@@ -35,13 +35,17 @@ def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]
     # averaging it with the new runs would mix two experiments under one name
     now: dict[tuple[str, str], dict[str, Any]] = {}
     for r in results:
+        if (r.task, r.operator) in now:  # one readable identity per task and setting is enough
+            continue
         ident = read_json_dict(run_dir(out, r.task, r.operator, r.seed) / "run_config.json")
         if ident is not None:
-            now.setdefault((r.task, r.operator), _definition(ident))
+            now[(r.task, r.operator)] = _definition(ident)
 
     def same(r: RunResult) -> bool:
+        if (r.task, r.operator) not in now:  # no new run of this task and setting to differ from
+            return True
         ident = read_json_dict(run_dir(out, r.task, r.operator, r.seed) / "run_config.json")
-        return ident is None or (r.task, r.operator) not in now or _definition(ident) == now[(r.task, r.operator)]
+        return ident is None or _definition(ident) == now[(r.task, r.operator)]
     return [r for r in kept if same(r)]
 
 
