@@ -20,11 +20,9 @@ CPU only, deterministic, no network; files only under ``tmp_path``.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import sys
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,9 +36,7 @@ from docutils.frontend import get_default_settings  # noqa: E402
 from docutils.parsers.rst import Parser  # noqa: E402
 from docutils.statemachine import StringList  # noqa: E402
 
-EXT = Path(__file__).resolve().parents[2] / "docs" / "_ext"
-if str(EXT) not in sys.path:
-    sys.path.insert(0, str(EXT))
+# docs/_ext is on sys.path: tests/docs/conftest.py puts it there
 
 import df_api  # noqa: E402
 import df_autosummary_summary  # noqa: E402
@@ -190,19 +186,8 @@ _FILES = {
 
 
 @pytest.fixture
-def pkg(tmp_path, monkeypatch):
-    root = tmp_path / "site"
-    for rel, text in _FILES.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    monkeypatch.syspath_prepend(str(root))
-    monkeypatch.setattr(df_api, "_ROOT", PKG)
-    importlib.invalidate_caches()
-    module = importlib.import_module(PKG)
-    yield module
-    for name in [m for m in sys.modules if m == PKG or m.startswith(f"{PKG}.") or m == FOREIGN]:
-        del sys.modules[name]
+def pkg(throwaway_package):
+    return throwaway_package(PKG, _FILES, also_unload=(FOREIGN,))
 
 
 # --------------------------------------------------------------------------------------------

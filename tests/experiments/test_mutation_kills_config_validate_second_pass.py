@@ -265,11 +265,9 @@ _NAME_RULE = ("must be a non-empty string without whitespace, '/', '\\', ':' or 
               "(it names a results folder)")
 
 
-@pytest.mark.parametrize("where, name", [("experiment", "my study"), ("task", "dig its"), ("operator", "lap\t2")])
-def test_bug_a_name_with_whitespace_is_refused_when_the_config_loads(where, name):
-    """Bug: experiments/config.py ``_check_path_name`` took names with spaces; they name results folders and the
-    published page links its figures by them, and MyST renders ``![x](my study/a.png)`` as plain text (and
-    ``<my study/a.png>`` as a ``my%20study`` path Sphinx cannot find), so the page lost its figures."""
+def _refused_name(where: str, name: str) -> None:
+    """The config of ``_raw`` with ``name`` as the experiment's, the first task's or the second setting's name
+    is refused with the names' rule when it loads."""
     raw = _raw()
     if where == "experiment":
         raw["name"] = name
@@ -279,6 +277,14 @@ def test_bug_a_name_with_whitespace_is_refused_when_the_config_loads(where, name
         raw["operators"][1]["name"] = name
     with pytest.raises(ValueError, match=re.escape(f"{_NAME_RULE}, got {name!r}")):
         load_experiment_config(raw)
+
+
+@pytest.mark.parametrize("where, name", [("experiment", "my study"), ("task", "dig its"), ("operator", "lap\t2")])
+def test_bug_a_name_with_whitespace_is_refused_when_the_config_loads(where, name):
+    """Bug: experiments/config.py ``_check_path_name`` took names with spaces; they name results folders and the
+    published page links its figures by them, and MyST renders ``![x](my study/a.png)`` as plain text (and
+    ``<my study/a.png>`` as a ``my%20study`` path Sphinx cannot find), so the page lost its figures."""
+    _refused_name(where, name)
 
 
 @pytest.mark.parametrize("where, name", [("task", "dig:its"), ("operator", "heat:t1"), ("operator", "lap\0"),
@@ -288,15 +294,7 @@ def test_bug_a_name_with_a_colon_or_nul_is_refused_when_the_config_loads(where, 
     ``'task:setting'`` at the last ``:``, reading task ``heat`` and setting ``t1``), and ``:`` is no file-name
     character on Windows; a NUL passed validation and failed later as "embedded null byte". Both are refused
     when the config loads, with the other names' rule."""
-    raw = _raw()
-    if where == "experiment":
-        raw["name"] = name
-    elif where == "task":
-        raw["tasks"][0]["name"] = name
-    else:
-        raw["operators"][1]["name"] = name
-    with pytest.raises(ValueError, match=re.escape(f"{_NAME_RULE}, got {name!r}")):
-        load_experiment_config(raw)
+    _refused_name(where, name)
 
 
 @pytest.mark.parametrize("fields, message", [
