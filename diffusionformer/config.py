@@ -91,6 +91,13 @@ def _python_numbers(config: Any) -> None:
             setattr(config, f.name, _python_number(value))
 
 
+def _value_type(value: Any) -> str:
+    """The type of ``value`` for an error message: ``int`` for a builtin, ``numpy.bool`` (not ``bool``, which would
+    read as a contradiction in "expected a bool, got bool") for anything else."""
+    tp = type(value)
+    return tp.__qualname__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
+
+
 def check_value(value: Any, tp: Any, where: str) -> Any:
     """Check (and lightly coerce: int -> float, list -> tuple) ``value`` against annotation ``tp``."""
     origin = typing.get_origin(tp)
@@ -103,7 +110,7 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
                 return check_value(value, arm, where)
             except (TypeError, ValueError) as exc:
                 errors.append(str(exc))
-        raise TypeError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{where}: expected {_type_name(tp)}, got {_value_type(value)} {value!r}")
     if tp is type(None):
         if value is not None:
             raise TypeError(f"{where}: expected None, got {value!r}")
@@ -114,23 +121,23 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
         return value
     if tp is float:  # numpy numbers (a sweep grid's) are read as the Python numbers they equal
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{where}: expected a float, got {type(value).__name__} {value!r}")
+            raise TypeError(f"{where}: expected a float, got {_value_type(value)} {value!r}")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{where}: expected an int, got {type(value).__name__} {value!r}")
+            raise TypeError(f"{where}: expected an int, got {_value_type(value)} {value!r}")
         return int(value)
     if tp is bool:
         if not isinstance(value, bool):
-            raise TypeError(f"{where}: expected a bool, got {type(value).__name__} {value!r}")
+            raise TypeError(f"{where}: expected a bool, got {_value_type(value)} {value!r}")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise TypeError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
+            raise TypeError(f"{where}: expected a string, got {_value_type(value)} {value!r}")
         return value
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise TypeError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+            raise TypeError(f"{where}: expected a list, got {_value_type(value)} {value!r}")
         args = typing.get_args(tp)
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
@@ -148,7 +155,7 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
         return tuple(items) if origin is tuple else items
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
-            raise TypeError(f"{where}: expected a table/dict, got {type(value).__name__}")
+            raise TypeError(f"{where}: expected a table/dict, got {_value_type(value)}")
         args = typing.get_args(tp)
         if args:
             return {check_value(k, args[0], f"{where} key"): check_value(v, args[1], f"{where}[{k!r}]") for k, v in value.items()}
@@ -157,11 +164,11 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
-            raise TypeError(f"{where}: expected a table for {tp.__name__}, got {type(value).__name__}")
+            raise TypeError(f"{where}: expected a table for {tp.__name__}, got {_value_type(value)}")
         return config_from_dict(tp, value, where=where)
     if isinstance(tp, type):
         if not isinstance(value, tp):
-            raise TypeError(f"{where}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+            raise TypeError(f"{where}: expected {tp.__name__}, got {_value_type(value)} {value!r}")
         return value
     return value
 

@@ -228,6 +228,8 @@ class TextData:
         except TypeError:
             raise TypeError(f"decode expects a 1-D tensor or a sequence of ints, got {type(ids).__name__}") from None
         try:
+            if any(isinstance(i, bool) for i in ids):  # True would read as token 1
+                raise TypeError
             if any(i < 0 for i in ids):  # Python would index from the end of itos
                 raise IndexError
             return "".join(self.itos[i] for i in ids)

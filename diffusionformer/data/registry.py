@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from diffusionformer.config import check_value
+from diffusionformer.config import _value_type, check_value
 
 from .base import TaskData
 from .paths import resolve_root
@@ -115,7 +115,7 @@ def _check_option_type(spec: DatasetSpec, key: str, value: Any) -> None:
         check_value(value, kind, f"load_dataset({spec.name!r}): option {key!r}")
     except TypeError:
         raise TypeError(f"load_dataset({spec.name!r}): option {key!r} must be {_OPTION_KINDS[kind]} (default "
-                        f"{default!r}), got {type(value).__name__} {value!r}") from None
+                        f"{default!r}), got {_value_type(value)} {value!r}") from None
 
 
 def dataset_spec(name: str) -> DatasetSpec:

@@ -165,6 +165,8 @@ def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, st
         raise ValueError(f"teacher logits {tuple(teacher_logits.shape)} do not match the student's (V, {B}, {K})")
     if Vt < 1 or Vt > Vs or Vs < 2:
         raise ValueError(f"dino_loss needs >= 2 student views and 1 to as many teacher views, got {Vs} and {Vt}")
+    if B < 1 or K < 1:  # the batch mean of an empty batch is 0/0 (NaN), not a loss
+        raise ValueError(f"dino_loss needs at least one sample and one output dimension, got B={B}, K={K}")
     if not student_temp > 0:  # also refuses NaN
         raise ValueError(f"student_temp must be positive, got {student_temp}")
     dtype = torch.promote_types(student_logits.dtype, teacher_logits.dtype)  # e.g. a bf16 student, fp32 teacher

@@ -303,6 +303,26 @@ class DiffusionGraphTransformer(nn.Module):
             edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=0.0, num_nodes=num_nodes)
         return edge_index, edge_attr
 
+    def _no_nodes(self, x: Tensor, edge_index: Tensor, batch: Tensor | None, num_graphs: int | None,
+                  return_intermediates: bool) -> Any:
+        """The forward of a batch with no node: ``(0, num_classes)`` node logits, or the logits of
+        ``num_graphs`` empty graphs (the head of a zero readout, as for an empty graph beside others)."""
+        if not isinstance(edge_index, Tensor) or edge_index.shape != (2, 0):
+            raise ValueError(f"edge_index: a batch with no node holds no edge, expected shape (2, 0), "
+                             f"got {tuple(getattr(edge_index, 'shape', ()))}")
+        h = self.embed(x.to(self.embed.weight.dtype))  # (0, D)
+        inter = ModelIntermediates(embeddings=h, hidden_states=[h] * len(self.blocks)) if return_intermediates else None
+        out = self._readout(h, batch, num_graphs)  # num_graphs=None and no graph id: no graph
+        return (out, inter) if inter is not None else out
+
+    def _readout(self, h: Tensor, batch: Tensor | None, num_graphs: int | None) -> Tensor:
+        """Logits from the last residual stream: norm, the graph pool (``task="graph"``), head."""
+        h = self.norm(h)
+        if self.config.task == "graph":
+            pool = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[self.config.pool]
+            h = pool(h, batch, num_graphs)  # num_graphs=None: batch.max() + 1 (a host read)
+        return self.head(h)
+
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
                 edge_attr: Tensor | None = None, pe: Tensor | None = None,
                 max_num_nodes: int | None = None, num_graphs: int | None = None,
@@ -310,7 +330,9 @@ class DiffusionGraphTransformer(nn.Module):
         """Node or graph logits (plus :class:`ModelIntermediates` when asked).
 
         Args:
-            x: node features ``(N, F)``.
+            x: node features ``(N, F)``; ``N = 0`` (with ``(2, 0)`` edges) gives ``(0, num_classes)``
+                node logits, or for ``task="graph"`` the logits of ``num_graphs`` empty graphs (none
+                when neither ``batch`` nor ``num_graphs`` names one; one without ``batch``).
             edge_index: ``(2, E)`` edges ``(source j, target i)``.
             batch: graph index per node ``(N,)``; sorted (as in a PyG ``Batch``) with global
                 attention: a ``ValueError`` in eager mode on CPU, unchecked on an accelerator
@@ -340,8 +362,8 @@ class DiffusionGraphTransformer(nn.Module):
         # eager CPU: the graph checks its edges (bounds, no edge across graphs); elsewhere the kernel
         # checks the bounds (no host synchronisation per batch)
         checked = isinstance(edge_index, Tensor) and checks_values(edge_index)
-        if c.task == "graph" and batch is None:
-            batch = torch.zeros(N, dtype=torch.long, device=x.device)
+        if c.task == "graph" and batch is None:  # one graph (an empty one when N = 0)
+            batch, num_graphs = torch.zeros(N, dtype=torch.long, device=x.device), 1 if N == 0 else num_graphs
         for name, value in (("edge_attr", edge_attr), ("pe", pe)):
             if value is not None and not isinstance(value, Tensor):
                 raise TypeError(f"{name}: expected a Tensor or None, got {type(value).__name__}")
@@ -354,6 +376,8 @@ class DiffusionGraphTransformer(nn.Module):
         if (c.pe is None) != (pe is None) or (pe is not None and pe.shape != (N, c.pe_dim)):
             raise ValueError(f"pe: expected {f'shape (N, pe_dim) = ({N}, {c.pe_dim})' if c.pe else 'None'} "
                              f"(pe={c.pe!r}), got {None if pe is None else tuple(pe.shape)}")
+        if N == 0:  # no node to attend over (an attention graph has one at least): the blocks map nothing
+            return self._no_nodes(x, edge_index, batch, num_graphs, return_intermediates)
         if edge_attr is None:
             graph = from_edge_index(edge_index, N, batch=batch, self_loops=True if c.self_loops else None,
                                     checked=checked)
@@ -373,9 +397,5 @@ class DiffusionGraphTransformer(nn.Module):
                       max_num_nodes=max_num_nodes, num_graphs=num_graphs)
             if inter is not None:
                 inter.hidden_states.append(h)
-        h = self.norm(h)
-        if c.task == "graph":
-            pool = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[c.pool]
-            h = pool(h, batch, num_graphs)  # num_graphs=None: batch.max() + 1 (a host read)
-        out = self.head(h)
+        out = self._readout(h, batch, num_graphs)
         return (out, inter) if inter is not None else out

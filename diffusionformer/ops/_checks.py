@@ -10,6 +10,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor
 
+from diffusionformer.config import _value_type
 from diffusionformer.ops.engine import static_coefficients
 
 
@@ -63,9 +64,7 @@ def _check_is_causal(is_causal: object) -> bool:
         TypeError: is_causal must be a bool, got int (1)
     """
     if not isinstance(is_causal, bool):
-        tp = type(is_causal)
-        name = tp.__qualname__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
-        raise TypeError(f"is_causal must be a bool, got {name} ({is_causal!r})")
+        raise TypeError(f"is_causal must be a bool, got {_value_type(is_causal)} ({is_causal!r})")
     return is_causal
 
 

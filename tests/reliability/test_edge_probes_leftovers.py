@@ -1,0 +1,90 @@
+"""Edge cases left noted by the earlier probes, now fixed (each "Bug:" test fails with its fix reverted).
+
+* ``DiffusionGraphTransformer`` refused a batch with no node (``from_edge_index``: "num_nodes must be >= 1")
+  even with ``num_graphs`` given, where GCN and GIN return the logits of empty graphs; it now does as they do.
+* ``dino_loss`` on an empty batch returned NaN (``0 / 0``) as the loss; now a ValueError naming ``B``.
+* ``TextData.decode([True])`` decoded ``True`` as token 1; bools are refused as other non-ints are.
+* ``check_value`` named a numpy bool's type ``bool``: "expected a bool, got bool np.True_" (a contradiction); it
+  now names ``numpy.bool`` as ``is_causal`` already did (one helper, ``config._value_type``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
+
+from diffusionformer.config import check_value
+from diffusionformer.data import load_dataset
+from diffusionformer.data.text import char_text_data
+from diffusionformer.models import GCN, GCNConfig
+from diffusionformer.models.dino import dino_loss
+from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphTransformerConfig
+
+_NO_EDGE = torch.zeros(2, 0, dtype=torch.long)
+_NO_ID = torch.zeros(0, dtype=torch.long)
+
+
+@pytest.mark.parametrize("global_attention", [False, True])
+@pytest.mark.parametrize("pool", ["mean", "max", "add"])
+def test_bug_graph_transformer_reads_out_a_batch_with_no_node(pool, global_attention):
+    """Bug: a graph batch with no node raised "num_nodes must be >= 1" even with ``num_graphs=2``; it now gives
+    the logits of two empty graphs: the head of a zero readout (PyG's pools give 0 for an empty graph), the
+    same numbers an empty graph gets beside a non-empty one, by hand from the head's weights."""
+    torch.manual_seed(0)
+    model = DiffusionGraphTransformer(GraphTransformerConfig(in_channels=3, num_classes=2, task="graph", pool=pool,
+                                                             global_attention=global_attention)).eval()
+    out = model(torch.zeros(0, 3), _NO_EDGE, _NO_ID, num_graphs=2, max_num_nodes=4)
+    by_hand = model.head.bias.detach().expand(2, 2)  # head(0) = its bias
+    torch.testing.assert_close(out, by_hand)
+    beside = model(torch.randn(2, 3), torch.tensor([[0], [1]]), torch.tensor([0, 0]), num_graphs=2)
+    torch.testing.assert_close(beside[1], by_hand[0])
+    pyg_pool = {"mean": global_mean_pool, "max": global_max_pool, "add": global_add_pool}[pool]
+    assert torch.equal(pyg_pool(torch.zeros(0, 4), _NO_ID, 2), torch.zeros(2, 4))  # the premise, from PyG
+
+
+def test_bug_graph_transformer_no_node_shapes_match_gcn():
+    """Bug: as above; the shapes now follow GCN's for every way of naming the graphs: node logits ``(0, C)``;
+    graph logits for ``num_graphs`` graphs, one graph without ``batch``, none with an empty ``batch`` alone.
+    The intermediates hold the empty stream per block, gradients flow, and an edge in an empty batch is refused."""
+    for task in ("node", "graph"):
+        ours = DiffusionGraphTransformer(GraphTransformerConfig(in_channels=3, num_classes=2, task=task))
+        gcn = GCN(GCNConfig(in_channels=3, num_classes=2, task=task))
+        for batch, num_graphs in ((_NO_ID, 2), (_NO_ID, None)):
+            got = ours(torch.zeros(0, 3), _NO_EDGE, batch, num_graphs=num_graphs)
+            assert got.shape == gcn(torch.zeros(0, 3), _NO_EDGE, batch, num_graphs=num_graphs).shape
+        assert ours(torch.zeros(0, 3), _NO_EDGE).shape == ((1, 2) if task == "graph" else (0, 2))
+    out, inter = ours(torch.zeros(0, 3), _NO_EDGE, return_intermediates=True)
+    assert [h.shape for h in inter.hidden_states] == [(0, ours.config.dim)] * ours.config.depth
+    out.sum().backward()
+    assert ours.head.bias.grad is not None
+    with pytest.raises(ValueError, match=r"no node holds no edge, expected shape \(2, 0\), got \(2, 1\)"):
+        ours(torch.zeros(0, 3), torch.zeros(2, 1, dtype=torch.long))
+
+
+def test_bug_dino_loss_refuses_an_empty_batch():
+    """Bug: ``dino_loss`` with ``B = 0`` returned NaN (the batch mean of nothing); now a ValueError naming B."""
+    with pytest.raises(ValueError, match="at least one sample and one output dimension, got B=0, K=4"):
+        dino_loss(torch.zeros(3, 0, 4), torch.zeros(2, 0, 4), torch.zeros(4), 0.1, 0.04)
+    assert torch.isfinite(dino_loss(torch.zeros(3, 1, 4), torch.zeros(2, 1, 4), torch.zeros(4), 0.1, 0.04))
+
+
+def test_bug_decode_refuses_bools():
+    """Bug: ``decode([True])`` read True as token 1 ('b'); bools (a list or a bool tensor) are now refused."""
+    data = char_text_data("toy", "abcabcabca")
+    assert data.decode([1, np.int64(2)]) == "bc"
+    for bad in ([True], torch.tensor([True, False])):
+        with pytest.raises(ValueError, match=r"decode expects token ids in \[0, 3\), got \[True"):
+            data.decode(bad)
+
+
+def test_bug_numpy_bool_option_names_its_full_type():
+    """Bug: a numpy bool for a bool option read "expected a bool, got bool np.True_"; the type is now named
+    ``numpy.bool``, and builtins keep their short names."""
+    with pytest.raises(TypeError, match=r"^x: expected a bool, got numpy\.bool_? np\.True_$"):
+        check_value(np.True_, bool, "x")
+    with pytest.raises(TypeError, match=r"^x: expected an int, got str 'a'$"):
+        check_value("a", int, "x")
+    with pytest.raises(TypeError, match=r"option 'normalize' must be a bool \(default True\), got numpy\.bool_? np\.True_$"):
+        load_dataset("mnist", normalize=np.True_)
