@@ -106,8 +106,12 @@ def pad_by_batch(x: Tensor, batch: Tensor | None, num_graphs: int | None = None)
     N = x.shape[0]
     if batch is None:
         return x.unsqueeze(0), torch.ones(1, N, dtype=torch.bool, device=x.device)
-    if not isinstance(batch, Tensor) or batch.shape != (N,) or batch.is_floating_point():
-        raise ValueError(f"batch must be an integer tensor of shape ({N},), got {getattr(batch, 'shape', batch)!r}")
+    if not isinstance(batch, Tensor) or batch.shape != (N,) or batch.is_floating_point() or batch.is_complex() \
+            or batch.dtype == torch.bool:
+        got = f"{batch.dtype} of shape {tuple(batch.shape)}" if isinstance(batch, Tensor) else type(batch).__name__
+        raise ValueError(f"batch must be an integer tensor of shape ({N},), got {got}")
+    if num_graphs is not None and (not _is_int(num_graphs) or num_graphs < 0):
+        raise ValueError(f"num_graphs must be a non-negative int or None, got {num_graphs!r}")
     if N > 1 and bool((batch[1:] < batch[:-1]).any()):
         raise ValueError("batch must be sorted (nodes of each graph contiguous, as in a PyG Batch)")
     G = int(batch.max()) + 1 if num_graphs is None and N > 0 else (num_graphs or 0)
@@ -594,8 +598,8 @@ def capture_dataset(
     attention maps of at most ``max_attention_examples`` sequences
     (``A * H * T^2 * 4`` bytes per block). Iteration stops as soon as ``max_examples`` sequences
     are captured (no further batch is drawn), and the last batch is cut to fit before it
-    runs. The model runs under ``torch.no_grad()`` in eval mode; its training mode is
-    restored and all hooks are removed afterwards (also on error).
+    runs. The model runs under ``torch.no_grad()`` in eval mode; the training mode of every
+    submodule is restored and all hooks are removed afterwards (also on error).
 
     Each batch is ``inputs`` or ``(inputs, labels)`` (a 2-tuple is always read as the latter:
     write ``((a, b), None)`` for ``model(a, b)`` without labels):
@@ -641,7 +645,7 @@ def capture_dataset(
     recorder.compute_attentions = max_attention_examples > 0
     collector = _Collector(recorder, max_attention_examples, keep_outputs)
     count = 0
-    was_training = model.training
+    modes = [(module, module.training) for module in model.modules()]  # each submodule's own mode (a frozen part)
     model.eval()
     try:
         with torch.no_grad(), recorder:
@@ -661,7 +665,8 @@ def capture_dataset(
                 if count >= max_examples:
                     break
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
     if count == 0:
         raise ValueError("capture_dataset got no examples: `batches` was empty")
     return collector.finish(type(model).__name__)

@@ -219,6 +219,9 @@ def mean_pairwise_cosine(X: Tensor, reduction: str = "none", eps: float = 1e-12)
     _, T, _ = X.shape
     if T < 2:
         raise ValueError(f"mean_pairwise_cosine needs T >= 2 tokens per sequence, got T={T}")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < float("inf"):
+        # eps = 0 would divide a zero token by its zero norm: NaN, not the documented cosine 0
+        raise ValueError(f"eps must be a positive finite float, got {eps!r}")
     norms = X.norm(dim=-1, keepdim=True)  # (B, T, 1)
     U = torch.where(norms >= eps, X / norms.clamp_min(eps), 0.0)  # a token below eps: cosine 0 with the others
     off_diagonal = U.sum(dim=1).pow(2).sum(dim=-1) - U.pow(2).sum(dim=(1, 2))  # (B,)
@@ -363,8 +366,9 @@ def dirichlet_energy(
     if edge_index is not None:
         energy, norm2 = _sparse_dirichlet(X, edge_index, edge_weight, batch, num_graphs)
     else:
-        if edge_weight is not None or batch is not None:
-            raise ValueError("edge_weight and batch are only used with edge_index")
+        if edge_weight is not None or batch is not None or num_graphs is not None:
+            raise ValueError("edge_weight and batch are only used with edge_index"
+                             + ("" if num_graphs is None else f" (and num_graphs, got {num_graphs!r})"))
         _check_tokens(X)
         B, T, _ = X.shape
         Xc = _centre(X)
@@ -409,7 +413,7 @@ def _sparse_dirichlet(
     if not isinstance(edge_index, Tensor) or edge_index.ndim != 2 or edge_index.shape[0] != 2:
         got = tuple(edge_index.shape) if isinstance(edge_index, Tensor) else type(edge_index)
         raise ValueError(f"edge_index must have shape (2, E), got {got}")
-    if edge_index.is_floating_point():
+    if edge_index.is_floating_point() or edge_index.is_complex() or edge_index.dtype == torch.bool:
         raise TypeError(f"edge_index must hold integer node ids, got dtype {edge_index.dtype}")
     check_index_range("edge_index", edge_index, "num_nodes", N)  # a negative id would wrap round silently
     E = edge_index.shape[1]
@@ -419,12 +423,19 @@ def _sparse_dirichlet(
         got = tuple(edge_weight.shape) if isinstance(edge_weight, Tensor) else type(edge_weight)
         raise ValueError(f"edge_weight must have shape ({E},), got {got}")
     if batch is None:
+        if num_graphs is not None:  # else silently one graph, whatever num_graphs says
+            raise ValueError(f"num_graphs counts the graphs of batch: pass batch too, got num_graphs={num_graphs!r} "
+                             "and no batch")
         batch = torch.zeros(N, dtype=torch.long, device=X.device)
         num_graphs = 1
     else:
         batch = _check_labels(batch, N, "batch", "node of X", X.device)
         if num_graphs is None:
             num_graphs = int(batch.max()) + 1
+        elif not _is_int(num_graphs) or num_graphs < 1:
+            raise ValueError(f"num_graphs must be a positive int, got {num_graphs!r}")
+        num_graphs = int(num_graphs)
+        check_index_range("batch", batch, "num_graphs", num_graphs)  # else an IndexError from index_add_
     src, dst = edge_index.to(X.device).unbind(0)
     w = edge_weight.to(device=X.device, dtype=X.dtype)
     energy = X.new_zeros(num_graphs)
@@ -788,8 +799,11 @@ def linear_probe_accuracy(
     _check_float(features, "features", (2,), "(N, D)")
     N, D = features.shape
     labels = _check_labels(labels, N, "labels", "row of features", features.device)
-    if not ridge > 0:
-        raise ValueError(f"ridge must be > 0, got {ridge!r}")
+    if isinstance(ridge, bool) or not isinstance(ridge, numbers.Real) or not ridge > 0:
+        raise ValueError(f"ridge must be > 0 (a real number), got {ridge!r}")
+    if not _is_int(seed):
+        raise TypeError(f"seed must be an int (numpy ints too), got {type(seed).__name__} ({seed!r})")
+    seed = int(seed)  # torch.Generator.manual_seed refuses numpy ints
     if train_mask is None:
         if not 0.0 < train_fraction < 1.0:
             raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction!r}")

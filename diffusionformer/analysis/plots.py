@@ -93,7 +93,9 @@ def plot_pca_token_maps(
         raise ValueError(f"images must have shape (B, C, H, W) or (B, H, W), got {got}")
     if not maps:
         raise ValueError("maps must name at least one model's PCA map, got none")
-    rows = min(images.shape[0], max_images)
+    if not _is_int(max_images):  # a float or bool would reach fig.subplots as a row count
+        raise TypeError(f"max_images must be an int, got {type(max_images).__name__} ({max_images!r})")
+    rows = min(images.shape[0], int(max_images))
     if rows < 1:
         raise ValueError(f"need at least one image and max_images >= 1, got {rows} rows")
     for name, m in maps.items():
@@ -191,6 +193,9 @@ def plot_metric_by_depth(
         logy: logarithmic y axis (kept linear when no value is positive, e.g. a metric that is
             zero at every depth, where a log axis has nothing to show).
 
+    A value ``None`` (a metric :func:`~diffusionformer.analysis.layer_reports` leaves undefined at
+    that layer) is a gap in the line, like NaN.
+
     Examples:
         >>> ax = plot_metric_by_depth({"attention": [1.0, 0.5, 0.2]}, ylabel="variance")
         >>> ax.lines[0].get_ydata().tolist()
@@ -201,7 +206,7 @@ def plot_metric_by_depth(
     ax = _new_axes(ax)
     positive = False
     for name, values in results.items():
-        values = [float(v) for v in values]
+        values = [float("nan") if v is None else float(v) for v in values]
         positive = positive or any(v > 0 for v in values)
         ax.plot(range(len(values)), values, marker="o", markersize=3, label=name)
     ax.set_xlabel(xlabel)

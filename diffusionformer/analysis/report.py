@@ -42,6 +42,7 @@ from torch import Tensor
 
 from diffusionformer.analysis.capture import IGNORE_INDEX, LayerCapture
 from diffusionformer.analysis.metrics import (
+    _is_int,
     anova_decomposition,
     dirichlet_energy,
     high_frequency_ratio,
@@ -470,6 +471,8 @@ def layer_reports(
     """
     if not isinstance(capture, LayerCapture):
         raise TypeError(f"capture must be a LayerCapture, got {type(capture).__name__}")
+    if not capture.states:  # else an IndexError from capture.lengths()
+        raise ValueError("capture.states must hold at least one layer's tokens (B, T, D), got none")
     lengths = capture.lengths()
     labels = capture.labels
     seq_labels = labels if labels is not None and labels.ndim == 1 else None
@@ -483,7 +486,13 @@ def layer_reports(
         raise ValueError(f"capture.labels must have one label per sequence ({B},) or per token ({B}, {T}), "
                          f"got {tuple(labels.shape)}")
     if predictions is not None and (not isinstance(predictions, Tensor) or predictions.shape != (B,)):
-        raise ValueError(f"predictions must have shape ({B},), got {getattr(predictions, 'shape', predictions)!r}")
+        # a numpy array's shape alone would read "must have shape (4,), got (4,)"
+        got = (repr(predictions.shape) if isinstance(predictions, Tensor)
+               else f"{type(predictions).__name__}, not a tensor")
+        raise ValueError(f"predictions must have shape ({B},), got {got}")
+    if not _is_int(probe_seed):  # numpy ints too (torch.Generator.manual_seed refuses them)
+        raise TypeError(f"probe_seed must be an int, got {type(probe_seed).__name__} ({probe_seed!r})")
+    probe_seed = int(probe_seed)
     measured = [g for g, present in zip(GROUPS, (True, True, seq_labels is not None, tok_labels is not None)) if present]
     reports = []
     for layer in capture.layers:

@@ -72,6 +72,10 @@ def _edge_weights(edge_index: Tensor | None, weights: Tensor, num_nodes: int | N
 
 def _reduce_heads(w: Tensor, head: int | str | None) -> Tensor:
     H = w.shape[1]
+    if w.is_complex():  # .double() would drop the imaginary part with only a warning
+        raise TypeError(f"weights must be real, got dtype {w.dtype}")
+    if not w.is_floating_point():  # integer counts or a bool mask: mean/max in float64
+        w = w.double()
     if head is None:
         if H != 1:
             raise ValueError(f"weights have H={H} heads: choose one with head=<int> or reduce with head='mean'/'max'")
@@ -179,6 +183,8 @@ def to_networkx(
         if threshold is not None:
             if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
                 raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
+            if threshold != threshold:  # no weight is > NaN: an empty graph, silently
+                raise ValueError(f"threshold must not be NaN, got {threshold!r}")
             keep &= w > threshold
         if top_k is not None:
             top_k = check_int("top_k", top_k, 1)
@@ -260,6 +266,8 @@ def draw_attention_graph(
         if pos.dim() != 2 or pos.shape != (G.number_of_nodes(), 2):
             raise ValueError(f"pos must have shape (N, 2) = ({G.number_of_nodes()}, 2), got {tuple(pos.shape)}")
         pos = {n: tuple(p) for n, p in zip(G.nodes, pos.tolist())}
+    elif not isinstance(pos, Mapping):  # `n in array` tests values: "no position for nodes [0, 1, ...]"
+        raise TypeError(f"pos must be a dict node -> (x, y) or an (N, 2) tensor, got {type(pos).__name__}")
     missing = [n for n in G.nodes if n not in pos]
     if missing:
         raise ValueError(f"pos has no position for nodes {missing[:5]}")

@@ -86,5 +86,6 @@ def test_bug_numpy_bool_option_names_its_full_type():
         check_value(np.True_, bool, "x")
     with pytest.raises(TypeError, match=r"^x: expected an int, got str 'a'$"):
         check_value("a", int, "x")
-    with pytest.raises(TypeError, match=r"option 'normalize' must be a bool \(default True\), got numpy\.bool_? np\.True_$"):
+    want = r"option 'normalize' must be a bool \(default True\), got numpy\.bool_? np\.True_$"
+    with pytest.raises(TypeError, match=want):
         load_dataset("mnist", normalize=np.True_)
