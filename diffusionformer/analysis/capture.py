@@ -62,6 +62,9 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
 def _check_layers(layers: Iterable[int] | None, L: int) -> list[int]:
     if layers is None:
         return list(range(L + 1))
+    if isinstance(layers, Tensor) and not layers.is_floating_point() and not layers.is_complex() \
+            and layers.dtype != torch.bool:
+        layers = layers.tolist()  # a tensor of indices (a 0-dim one too) as the ints it holds
     if _is_int(layers):
         layers = [layers]
     out: list[int] = []

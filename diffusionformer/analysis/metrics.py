@@ -593,6 +593,9 @@ def _nc1(residual: Tensor, centred_means: Tensor, rtol: float) -> Tensor:
     ``rtol * s_max`` (at most ``C - 1`` of them: the centred means are linearly dependent), so
     ``tr(S_W S_B^+) = sum_k (C / s_k^2) ||R v_k||^2 / n`` and no ``D x D`` matrix is formed.
     """
+    if isinstance(rtol, bool) or not isinstance(rtol, numbers.Real) or not 0 <= rtol < 1:
+        # rtol < 0 keeps zero singular values (an infinite S_B^+); NaN or rtol >= 1 keeps none (nc1 = inf)
+        raise ValueError(f"rtol must be a number in [0, 1), got {rtol!r}")
     n = residual.shape[0]
     K = centred_means.shape[0]
     _, s, Vh = torch.linalg.svd(centred_means, full_matrices=False)  # s: (r,), Vh: (r, D)
@@ -640,8 +643,8 @@ def neural_collapse(
         H: features, one row per sample.
         y: integer labels; at least 2 distinct classes.
         predictions: predicted labels in the same label space as ``y``.
-        rtol: relative cut-off for the pseudo-inverse; default ``max(C, D) * eps`` of
-            ``H.dtype``.
+        rtol: relative cut-off for the pseudo-inverse, in ``[0, 1)``; default
+            ``max(C, D) * eps`` of ``H.dtype``.
 
     Shapes:
         H: ``(n, D)``; y, predictions: ``(n,)``.

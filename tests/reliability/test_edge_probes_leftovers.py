@@ -6,6 +6,10 @@
 * ``TextData.decode([True])`` decoded ``True`` as token 1; bools are refused as other non-ints are.
 * ``check_value`` named a numpy bool's type ``bool``: "expected a bool, got bool np.True_" (a contradiction); it
   now names ``numpy.bool`` as ``is_causal`` already did (one helper, ``config._value_type``).
+* ``neural_collapse`` / ``next_token_nc1`` took a negative, NaN or >= 1 ``rtol`` (a NaN or >= 1 cut-off keeps no
+  direction: nc1 = inf, silently); now a ValueError.
+* ``LayerRecorder(layers=torch.tensor([0, 2]))`` was refused with "got tensor(0)"; an integer tensor of indices
+  is now read as the ints it holds.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ import pytest
 import torch
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 
+from diffusionformer.analysis.capture import LayerRecorder
+from diffusionformer.analysis.metrics import neural_collapse, next_token_nc1
 from diffusionformer.config import check_value
 from diffusionformer.data import load_dataset
 from diffusionformer.data.text import char_text_data
-from diffusionformer.models import GCN, GCNConfig
+from diffusionformer.models import GCN, DiffusionGPT, GCNConfig, GPTConfig
 from diffusionformer.models.dino import dino_loss
 from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphTransformerConfig
 
@@ -89,3 +95,28 @@ def test_bug_numpy_bool_option_names_its_full_type():
     want = r"option 'normalize' must be a bool \(default True\), got numpy\.bool_? np\.True_$"
     with pytest.raises(TypeError, match=want):
         load_dataset("mnist", normalize=np.True_)
+
+
+@pytest.mark.parametrize("rtol", [-1e-3, float("nan"), 1.0, True])
+def test_bug_neural_collapse_refuses_a_meaningless_rtol(rtol):
+    """Bug: a NaN or >= 1 ``rtol`` kept no direction of the pseudo-inverse (nc1 = inf, silently) and a negative one
+    kept the zero singular values; both functions now refuse it. ``rtol=0`` (keep every non-zero direction) runs
+    and equals the default here (the class means span C - 1 directions well above the cut-off)."""
+    H, y = torch.randn(20, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0)), torch.arange(20) % 3
+    with pytest.raises(ValueError, match=r"rtol must be a number in \[0, 1\)"):
+        neural_collapse(H, y, rtol=rtol)
+    with pytest.raises(ValueError, match=r"rtol must be a number in \[0, 1\)"):
+        next_token_nc1(H, y, rtol=rtol)
+    assert neural_collapse(H, y, rtol=0.0).nc1 == pytest.approx(neural_collapse(H, y).nc1, rel=1e-12)
+
+
+def test_bug_layer_recorder_reads_a_tensor_of_layer_indices():
+    """Bug: ``layers=torch.tensor([0, 2])`` was refused with "got tensor(0)"; it now records layers 0 and 2, as the
+    list does (a float tensor stays refused)."""
+    gpt = DiffusionGPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    for layers in (torch.tensor([0, 2]), torch.tensor(2)):
+        with LayerRecorder(gpt, layers=layers) as rec:
+            gpt(torch.randint(0, 11, (1, 8)))
+        assert sorted(rec.states) == layers.reshape(-1).tolist()
+    with pytest.raises(ValueError, match="layers must hold residual-stream indices"):
+        LayerRecorder(gpt, layers=torch.tensor([0.0]))
