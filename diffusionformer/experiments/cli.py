@@ -19,7 +19,9 @@ Commands:
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import shlex
 import sys
 import time
@@ -30,12 +32,43 @@ from diffusionformer.train import CheckpointError
 __all__ = ["main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors suggest the closest name: a misspelt option is reported with the usage of
+    its command and ``did you mean '--device'?``, a misspelt command or choice with ``did you mean 'run'?``."""
+
+    commands: dict[str, argparse.ArgumentParser] = {}  #: the parsers of the subcommands, by name
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:  # reported by the command's parser (its usage, its options), not the top-level one
+            parser = self.commands.get(getattr(ns, "command", None), self)
+            options = [s for a in parser._actions for s in a.option_strings]
+            words = [x.split("=")[0] for x in extras if x.startswith("-")]
+            close = [(w, _closest(w, options)) for w in words]
+            hints = [f"{c!r}" + (f" for {w!r}" if len(words) > 1 else "") for w, c in close if c]
+            parser.error(f"unrecognized arguments: {' '.join(extras)}"
+                         + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
+        return ns
+
+    def error(self, message: str):  # type: ignore[override]
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        close = _closest(bad.group(1), re.findall(r"'([^']*)'", bad.group(2))) if bad else None
+        if close and "did you mean" not in message:
+            message += f"; did you mean {close!r}?"
+        super().error(message)
+
+
+def _closest(word: str, options: list[str]) -> str | None:
+    close = difflib.get_close_matches(word, options, n=1)
+    return close[0] if close else None
+
+
 def _parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: worker_argv removes --workers by its full name, and an abbreviation
     # (--work 2) left in a worker's command line would make every worker start workers of its own
-    p = argparse.ArgumentParser(prog="diffusionformer", description="Compare diffusion operators in transformers.",
-                                allow_abbrev=False)
+    p = _Parser(prog="diffusionformer", description="Compare diffusion operators in transformers.", allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True)
+    p.commands = sub.choices
     for name, help_text in (("run", "train a comparison and write results/<name>/"),
                             ("show", "validate a config and list its runs")):
         c = sub.add_parser(name, help=help_text, allow_abbrev=False)

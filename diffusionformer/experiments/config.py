@@ -395,7 +395,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             known = [e.get("name") for e in entries]
             missing = [w for w in wanted if w not in known]
             if missing:
-                raise ValueError(f"override {text!r}: no {path[0]} named {missing}; available: {known}")
+                raise ValueError(f"override {text!r}: no {path[0]} named {missing}; available: {known}"
+                                 f"{_did_you_mean(str(missing[0]), [k for k in known if isinstance(k, str)])}")
             data[path[0]] = [e for e in entries if e.get("name") in wanted]
             if isinstance(data.get("primary"), list):  # the primary contrasts that still run ('task:setting' or 'setting')
                 tasks_kept = [e.get("name") for e in data.get("tasks", [])]
@@ -435,6 +436,10 @@ def load_experiment_config(path: str | Path | Mapping[str, Any], overrides: list
         where = "config"
     else:
         p = Path(path)
+        if p.is_dir():  # a folder where the TOML file was meant (e.g. experiments/configs)
+            inside = sorted(p.glob("*.toml"))
+            raise FileNotFoundError(f"experiment config {str(p)!r} not found: that path is a folder, expected a TOML "
+                                    "file" + (f" such as {str(inside[0])!r}" if inside else ""))
         if not p.is_file():
             raise FileNotFoundError(f"experiment config {str(p)!r} not found")
         try:

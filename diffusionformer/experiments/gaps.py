@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from diffusionformer.experiments.config import ExperimentConfig, load_experiment_config
+from diffusionformer.experiments.config import ExperimentConfig, _did_you_mean, load_experiment_config
 from diffusionformer.experiments.publish import GAP_MARKER, READING_MARKER, _copy_png, read_run_log
 from diffusionformer.experiments.results import read_json_dict
 from diffusionformer.experiments.runner import read_curves, run_dir
@@ -170,8 +170,9 @@ def _g(x: float | None, spec: str = ".2g") -> str:
 
 def _check_quantities(quantities: tuple[str, ...]) -> None:
     if not quantities or any(q not in QUANTITIES for q in quantities) or len(set(quantities)) != len(quantities):
+        unknown = [q for q in quantities if q not in QUANTITIES]
         raise ValueError(f"primary quantities must be distinct names among {', '.join(QUANTITIES)}, "
-                         f"got {list(quantities)}")
+                         f"got {list(quantities)}{_did_you_mean(unknown[0], list(QUANTITIES)) if unknown else ''}")
 
 
 def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tuple[str, ...] = ("final_val",),
@@ -274,7 +275,7 @@ def plot_gaps(config: ExperimentConfig, out_root: str | Path, plots: str | Path)
     Returns:
         The paths written, one per task with finished text runs.
     """
-    from diffusionformer.experiments.plots import _figure
+    from diffusionformer.experiments.plots import _figure, _save_figure
 
     _figure()  # fail early (ImportError) without matplotlib
     plots = Path(plots)
@@ -300,7 +301,7 @@ def plot_gaps(config: ExperimentConfig, out_root: str | Path, plots: str | Path)
         ax_loss.legend(fontsize=7)
         plots.mkdir(parents=True, exist_ok=True)
         path = plots / f"{task}_gap.png"
-        fig.savefig(path, dpi=110)
+        _save_figure(fig, path)
         written.append(path)
     return written
 
@@ -317,7 +318,9 @@ def write_gap_section(page: str | Path, table: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m diffusionformer.experiments.gaps", description=__doc__.split("\n")[0])
+    from diffusionformer.experiments.cli import _Parser  # a misspelt option gets a did-you-mean
+
+    p = _Parser(prog="python -m diffusionformer.experiments.gaps", description=__doc__.split("\n")[0])
     p.add_argument("config")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="results", help="results root the comparison was run into")
@@ -330,9 +333,20 @@ def main(argv: list[str] | None = None) -> int:
         config = load_experiment_config(args.config, args.overrides)
         quantities = tuple(q.strip() for q in args.primary.split(",") if q.strip())
         _check_quantities(quantities)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+        if args.page and Path(args.page).is_dir():
+            raise ValueError(f"--page: expected the results page (a markdown file), got the folder {args.page!r}")
+    except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:
+        return _write_tables(config, args, quantities)
+    except (ValueError, NotADirectoryError, FileExistsError, PermissionError) as exc:  # --page below a file, a torn figure
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _write_tables(config: ExperimentConfig, args: argparse.Namespace, quantities: tuple[str, ...]) -> int:
+    """The tables of :func:`main`, printed or written into ``args.page``; its exit code."""
     try:
         rows = gap_rows(config, args.out)
         table = gap_table(config, args.out, rows)

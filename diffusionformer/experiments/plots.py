@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,27 @@ def _figure(*args: Any, **kwargs: Any) -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError('plots need matplotlib: pip install "diffusionformer[plot]"') from exc
     return Figure(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _replace_when_written(path: Path) -> Iterator[Path]:
+    """A path of ``path``'s name in a hidden folder beside it, moved over ``path`` (``os.replace``) once written:
+    an interrupt or error while writing leaves the earlier file whole and nothing else behind. The name, and so
+    the suffix that picks the figure format, is kept; the folder keeps a leftover of a killed process out of
+    ``plots/*.png``."""
+    path = Path(path)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp_dir / path.name
+        os.replace(tmp_dir / path.name, path)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _save_figure(fig: Any, path: Path) -> None:
+    """``fig.savefig(path, dpi=110)``, replacing ``path`` only once the figure is written whole."""
+    with _replace_when_written(path) as tmp:
+        fig.savefig(tmp, dpi=110)
 
 
 def _series(records: list[dict[str, Any]], split: str, key: str) -> tuple[list[int], list[float]]:
@@ -81,7 +107,7 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
         ax_metric.set(xlabel="step", ylabel=task.metric, title=f"{task.name}: {task.metric} (mean ± std)")
         ax_loss.legend(fontsize=8)
         path = plots / f"{task.name}_curves.png"
-        fig.savefig(path, dpi=110)
+        _save_figure(fig, path)
         written.append(path)
 
         fig = _figure(figsize=(1.4 + 1.1 * len(config.operators), 3.4), layout="constrained")
@@ -100,6 +126,6 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
         ax.set(ylabel=task.metric, title=f"{task.name}: final {task.metric}")
         ax.grid(axis="y", alpha=0.3)
         path = plots / f"{task.name}_final.png"
-        fig.savefig(path, dpi=110)
+        _save_figure(fig, path)
         written.append(path)
     return written

@@ -63,8 +63,15 @@ def _copy(src: Path, dst: Path) -> Path | None:
     return dst
 
 
+class _UnreadableFigure(ValueError, OSError):
+    """A figure that does not load (truncated by an interrupted run, not a PNG): a ``ValueError`` naming the file,
+    which the command line reports in one line, and an ``OSError`` as Pillow's own error was, so code that caught
+    that keeps working."""
+
+
 def _copy_png(src: Path, dst: Path) -> Path | None:
-    """Copy a figure, reduced to a 256-colour palette when Pillow is installed (about 4x smaller)."""
+    """Copy a figure, reduced to a 256-colour palette when Pillow is installed (about 4x smaller); ``dst`` is
+    replaced once whole (it may be ``src``). A figure that does not load is an :class:`_UnreadableFigure` naming it."""
     if not src.is_file():
         return None
     try:
@@ -72,9 +79,32 @@ def _copy_png(src: Path, dst: Path) -> Path | None:
     except ImportError:
         return _copy(src, dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    with Image.open(src) as im:
-        im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(dst, optimize=True)
+    try:
+        with Image.open(src) as im:
+            small = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    except (OSError, SyntaxError) as exc:  # truncated or not an image (PIL raises OSError, SyntaxError for bad chunks)
+        raise _UnreadableFigure(f"{src}: not a readable PNG figure ({type(exc).__name__}: {exc}); `run` the "
+                                "comparison again to redraw its figures") from None
+    from diffusionformer.experiments.plots import _replace_when_written
+
+    with _replace_when_written(dst) as tmp:
+        small.save(tmp, format="PNG", optimize=True)
     return dst
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """A comparison's ``manifest.json`` (``{}`` when it has none); a ``ValueError`` naming it when it is not one."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # truncated, edited, not UTF-8
+        data = exc
+    if not isinstance(data, dict):
+        why = f"{type(data).__name__}: {data}" if isinstance(data, Exception) else f"a JSON {type(data).__name__}"
+        raise ValueError(f"{path} is not the manifest of a comparison ({why}); restore it, or delete it to publish "
+                         "the page without the machine and versions")
+    return data
 
 
 def _commit_line(manifest: dict[str, Any]) -> str:
@@ -110,7 +140,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
             f"{results_path} not found: run `python -m diffusionformer.experiments run {config_path or 'CONFIG'}` first"
         )
     runs = _load_runs(config, src)  # select_by evaluations of older results are picked from the run logs
-    manifest: dict[str, Any] = json.loads((src / "manifest.json").read_text()) if (src / "manifest.json").is_file() else {}
+    manifest = _read_manifest(src / "manifest.json")
     docs = Path(docs_dir)
     dst = docs / config.name
     in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
@@ -429,6 +459,10 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
             the final one (tasks without ``select_by`` keep the final metric).
         alpha: level for the bold cells and the counts.
         strong: no longer used (cells were bold from a fixed ``|t|``); passing it warns.
+
+    Raises:
+        ValueError: two configs of one name (one results folder: its contrasts would count twice).
+        FileNotFoundError: none of the comparisons has a ``results.json`` under ``out_root``.
     """
     from diffusionformer.experiments.compare import format_p, format_signed
     from diffusionformer.experiments.stats import benjamini_hochberg, compare_rows, holm
@@ -438,6 +472,15 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
 
         warnings.warn("summary_table(strong=...) is ignored: cells are judged by their Holm-adjusted p (alpha)",
                       DeprecationWarning, stacklevel=2)
+    names = [c.name for c in configs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # one folder read twice: its rows repeated, and Holm's family counting each contrast twice
+        raise ValueError(f"summary: comparison(s) {twice} given more than once (configs of one name share the results "
+                         f"folder <out>/<name>); give each comparison once")
+    if configs and not any((Path(out_root) / c.name / "results.json").is_file() for c in configs):
+        raise FileNotFoundError(f"summary: no results under {str(out_root)!r} for {names} (looked for "
+                                f"{', '.join(str(Path(out_root) / n / 'results.json') for n in names)}); "
+                                "run the comparisons first, or pass the --out they were run with")
     settings: list[str] = []
     rows: list[tuple[str, str, dict[str, Any]]] = []
     for config in configs:
@@ -480,9 +523,10 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
             out = f"**{out}**"
         return out + (" [primary]" if c["primary"] else "") + c["short"]
 
-    lines = ["| task | metric (baseline mean) | " + " | ".join(settings) + " |",
+    # one cell per setting (none for a comparison of one setting: the header keeps the separator's two columns)
+    lines = ["| task | metric (baseline mean) |" + "".join(f" {s} |" for s in settings),
              "|---|---|" + "---|" * len(settings)]
-    lines += [f"| {name} | {metric} | " + " | ".join(text(cells[s]) if s in cells else "" for s in settings) + " |"
+    lines += [f"| {name} | {metric} |" + "".join(f" {text(cells[s]) if s in cells else ''} |" for s in settings)
               for name, metric, cells in rows]
     below = sum(1 for c in family if c["p"] is not None and c["p"] < alpha)
     lines += ["", f"{len(family)} comparison{'' if len(family) == 1 else 's'}; p < {alpha:g} unadjusted: {below}; after Holm: "

@@ -36,7 +36,8 @@ import torch
 from tqdm.auto import tqdm
 
 from diffusionformer.experiments.build import build_model, task_data
-from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
+from diffusionformer.experiments.config import (ExperimentConfig, OperatorSetting, TaskConfig, _did_you_mean,
+                                               train_config)
 from diffusionformer.experiments.outputs import git_commit
 from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
@@ -202,7 +203,8 @@ def _choose_tasks(config: ExperimentConfig, names: Sequence[str] | None) -> list
     known = [t.name for t in config.tasks]
     unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise ValueError(f"unknown task(s) {unknown or names!r} for {config.name!r}; its tasks are {known}")
+        hint = _did_you_mean(str(unknown[0]), known) if unknown else ""
+        raise ValueError(f"unknown task(s) {unknown or names!r} for {config.name!r}; its tasks are {known}{hint}")
     return [t for t in config.tasks if t.name in set(names)]
 
 
