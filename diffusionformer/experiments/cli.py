@@ -171,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             print(summary_table([load_experiment_config(c) for c in args.configs], args.out, selected=args.selected), end="")
             return 0
         config = load_experiment_config(args.config, args.overrides)
+        if getattr(args, "out", None) is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+            # else `status` reads every run as missing, and `run` fails on its first write
+            raise NotADirectoryError(f"--out: expected the results folder, got the file {args.out!r}")
         if args.command == "show":
             from diffusionformer.experiments.validate import check_experiment
 
@@ -252,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
             ModuleNotFoundError) as exc:  # a bad --out (a file), an optional package missing: no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; 130 = 128 + SIGINT, as a shell reports it
+        again = (" again: finished runs are kept and an unfinished one resumes from its last checkpoint"
+                 if args.command == "run" else " again")
+        print(f"\ninterrupted: `{args.command}` stopped; run the same command{again}", file=sys.stderr)
+        return 130
     except CheckpointError as exc:
         from diffusionformer.experiments.runner import _not_resumed_advice
 

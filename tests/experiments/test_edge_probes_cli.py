@@ -25,6 +25,8 @@ Found and fixed (tests named ``test_bug_...``):
   broke ``publish``); they now replace the earlier figure only once whole.
 - ``gaps``: ``--page`` naming a folder, or a path below a file, ended in an ``IsADirectoryError`` /
   ``NotADirectoryError`` traceback; both are one ``error:`` line with exit code 2.
+- ``cli``: Ctrl-C printed a ``KeyboardInterrupt`` traceback (now one line on how to go on, exit 130);
+  ``status --out <a file>`` read every run as missing and exited 0 (now one error for every command).
 """
 
 from __future__ import annotations
@@ -361,3 +363,34 @@ def test_bug_gaps_interrupted_while_drawing_keeps_the_published_figure(tmp_path,
         gaps_main(argv)
     assert page.read_text() == text and (page.parent / "g" / "plots" / "t_gap.png").read_bytes() == png
     assert [p.name for p in (page.parent / "g" / "plots").iterdir()] == ["t_gap.png"]
+
+
+@pytest.mark.parametrize("command", ["run", "publish"])
+def test_bug_ctrl_c_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch, command):
+    """Bug: Ctrl-C in any command printed Python's ``KeyboardInterrupt`` traceback; it is now one line saying how
+    to go on (for ``run``: finished runs are kept, an unfinished one resumes) and exit 130, as a shell reports
+    SIGINT."""
+    from diffusionformer.experiments import publish, runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_experiment", interrupted)
+    monkeypatch.setattr(publish, "publish_experiment", interrupted)
+    try:
+        code = main([command, _toml(tmp_path), "--out", str(tmp_path / "res")])
+    except KeyboardInterrupt:  # caught here: escaping, it would stop the whole test session
+        pytest.fail("KeyboardInterrupt escaped main")
+    err = _error(capsys, code, 130)
+    assert f"interrupted: `{command}` stopped; run the same command again" in err
+    assert ("resumes from its last checkpoint" in err) == (command == "run")
+
+
+@pytest.mark.parametrize("command", ["status", "run", "publish"])
+def test_bug_out_that_is_a_file_is_one_error(tmp_path, capsys, command):
+    """Bug: ``status --out notes.txt`` (a file) reported every run "missing" and exited 0; every command that reads
+    or writes the results folder now says the path is a file, exit 2, and leaves the file as it was."""
+    (tmp_path / "notes.txt").write_text("mine")
+    err = _error(capsys, main([command, _toml(tmp_path), "--out", str(tmp_path / "notes.txt")]), 2)
+    assert err == f"error: --out: expected the results folder, got the file {str(tmp_path / 'notes.txt')!r}\n"
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -345,7 +345,7 @@ def test_cli_refuses_bad_numbers_and_an_output_that_is_a_file(tmp_path, capsys):
     cases = [(["run", str(toml), "--tasks", "dd", "--no-progress", "--out", str(tmp_path / "r")], "unknown task(s) ['dd']"),
              (["run", str(toml), "--threads", "0", "--out", str(tmp_path / "r")], "--threads: expected a positive int"),
              (["run", str(toml), "--workers", "0", "--out", str(tmp_path / "r")], "--workers: expected an int >= 1"),
-             (["run", str(toml), "--no-progress", "--out", str(tmp_path / "file")], "Not a directory"),
+             (["run", str(toml), "--no-progress", "--out", str(tmp_path / "file")], "expected the results folder, got the file"),
              (["analyze", str(toml), "--max-examples", "0", "--out", str(tmp_path / "r")], "max_examples must be a positive")]
     for argv, message in cases:
         assert main(argv) == 2, argv
