@@ -41,7 +41,7 @@ class GPTConfig:
     qk_norm: bool = False  #: LayerNorm on queries and keys
     tie_weights: bool = True  #: share the token embedding and the output head
     heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}
-    laplacian_heads: int | list[int] | None = None  #: trailing Laplacian heads per layer (seed paper layout)
+    laplacian_heads: int | str | list[int | str] | None = None  #: trailing Laplacian heads per layer; "half": n_head // 2
     backend: str = "auto"  #: dense back-end of the attention
     rope: bool = False  #: rotary q/k positions (RoFormer) instead of learned absolute positions
     rope_base: float = 10000.0  #: RoPE frequency base
@@ -197,12 +197,14 @@ class DiffusionGPT(nn.Module):
         return logits, loss
 
     def _check_idx(self, idx: object) -> None:
-        """``idx``: integer ``(B, T)`` with ``B, T >= 1``; on CPU also ids in ``[0, vocab_size)``."""
+        """``idx``: integer ``(B, T)`` with ``B, T >= 1`` on the model's device; on CPU also ids in ``[0, vocab_size)``."""
         if not isinstance(idx, Tensor) or idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 2:
             raise ValueError(f"idx must be an integer tensor of shape (B, T), got {getattr(idx, 'shape', idx)!r}"
                              f" with dtype {getattr(idx, 'dtype', None)}")
         if idx.shape[0] < 1 or idx.shape[1] < 1:
             raise ValueError(f"idx must hold at least one sequence of at least one token, got shape {tuple(idx.shape)}")
+        if idx.device != self.tok_emb.weight.device:  # a meta idx on a CPU model gave CPU logits of garbage
+            raise ValueError(f"idx must be on the model's device {self.tok_emb.weight.device}, got {idx.device}")
         if idx.device.type == "cpu" and not torch.compiler.is_compiling():  # no host sync on accelerators
             _check_token_ids("idx", idx, self.config.vocab_size)
 
@@ -306,8 +308,10 @@ class DiffusionGPT(nn.Module):
                 if temperature == 0:
                     nxt = logits.argmax(dim=-1, keepdim=True)
                 else:
-                    # shifted so the row maximum is 0: a tiny temperature gives -inf, never inf - inf = NaN
-                    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+                    # shifted so the row maximum is 0: a tiny temperature gives -inf, never inf - inf = NaN;
+                    # and the maximum stays 0 where the temperature rounds to 0 in float32 (1e-300: 0 / 0)
+                    shifted = logits - logits.amax(dim=-1, keepdim=True)
+                    logits = torch.where(shifted == 0, 0.0, shifted / temperature)
                     if top_k is not None:
                         logits = top_k_filter(logits, top_k)
                     if top_p is not None:

@@ -47,7 +47,7 @@ class GraphTransformerConfig:
     pool: Literal["mean", "add", "max"] = "mean"  #: graph readout for task="graph"
     norm: str = "layernorm"  #: "layernorm" or "rmsnorm"
     heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}
-    laplacian_heads: int | list[int] | None = None  #: trailing Laplacian heads per layer
+    laplacian_heads: int | str | list[int | str] | None = None  #: trailing Laplacian heads per layer; "half": H // 2
     edge_dim: int | None = None  #: edge feature width; edge features enter the scores (TransformerConv's edge_dim)
     pe: str | None = None  #: positional encoding passed as ``pe=``: None, "laplacian" or "random_walk"
     pe_dim: int = 8  #: width of the positional encoding (eigenvectors k, or walk length)

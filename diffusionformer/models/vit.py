@@ -44,7 +44,7 @@ class ViTConfig:
     layer_scale: float | None = None  #: LayerScale init (None: off)
     norm: str = "layernorm"  #: "layernorm" or "rmsnorm"
     heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}
-    laplacian_heads: int | list[int] | None = None  #: trailing Laplacian heads per layer
+    laplacian_heads: int | str | list[int | str] | None = None  #: trailing Laplacian heads per layer; "half": H // 2
     backend: str = "auto"  #: dense back-end of the attention
     rope: bool = False  #: 2-D rotary q/k positions (1-D for signals) instead of the learned pos_embed
     rope_base: float = 100.0  #: RoPE frequency base

@@ -707,8 +707,20 @@ class DiffusionAttention(nn.Module):
     def heads_spec(self) -> str:
         """The head layout as a spec string that rebuilds the layer's operators, e.g.
         ``'attention:6,heat(t=0.5, steps=4, method='taylor', learnable=True):2'`` (learned values
-        live in the state dict)."""
-        return ",".join(f"{op.spec()}:{count}" for op, (_, count) in zip(self.operators, self._groups))
+        live in the state dict). One operator instance with state shared by several heads is
+        written with ``num_heads=1``, so the rebuilt layer's state dict has its shapes."""
+        return ",".join(f"{_group_spec(op, count)}:{count}" for op, (_, count) in zip(self.operators, self._groups))
+
+
+def _group_spec(op: DiffusionOperator, count: int) -> str:
+    """``op.spec()``, with ``num_heads=1`` added when ``op`` is one instance with state shared by ``count`` heads
+    (built from a string, a group has one parameter set per head: ``num_heads=count``)."""
+    spec = op.spec()
+    if op.num_heads == count or not op.state_dict():
+        return spec
+    if spec.endswith("()"):
+        return f"{spec[:-1]}num_heads=1)"
+    return f"{spec[:-1]}, num_heads=1)" if spec.endswith(")") else f"{spec}(num_heads=1)"
 
 
 def set_recompute(module: nn.Module, enabled: bool = True) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from diffusionformer.operators import DiffusionOperator, build_operator
+from diffusionformer.operators.registry import parse_operator_spec
 
 __all__ = ["HeadGroup", "format_head_spec", "laplacian_count", "parse_heads", "resolve_layer_heads", "split_top_level"]
 
@@ -127,7 +128,7 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
             count = 1 if count is None else count
             if count == 0:
                 continue
-            groups.append(HeadGroup(build_operator(spec, num_heads=count), start, count))
+            groups.append(HeadGroup(build_operator(spec, num_heads=_group_num_heads(spec, count)), start, count))
             start += count
         if start != num_heads:
             raise ValueError(
@@ -160,6 +161,17 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
         "heads must be None, a string like 'attention:6,laplacian:2', or a list with one operator per head; "
         f"got {type(heads).__name__}"
     )
+
+
+def _group_num_heads(spec: str, count: int) -> int:
+    """``num_heads`` of the operator serving ``count`` heads: ``count`` (one parameter set per head), or
+    ``1`` when the spec item says ``num_heads=1`` (one operator shared by the heads, as
+    :meth:`~diffusionformer.nn.DiffusionAttention.heads_spec` writes a shared instance)."""
+    given = parse_operator_spec(spec)[1].get("num_heads", count)
+    if isinstance(given, bool) or not isinstance(given, int) or given not in (1, count):
+        raise ValueError(f"head spec item {spec!r}:{count}: num_heads must be 1 (one operator shared by the {count} "
+                         f"heads) or {count} (one per head), got {given!r}")
+    return given
 
 
 def format_head_spec(heads: Any, num_heads: int) -> Any:

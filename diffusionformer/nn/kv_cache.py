@@ -154,6 +154,10 @@ def attend_cached(
     start = cache.length
     if cache.keys is not None and cache.keys.shape[0] != B:
         raise ValueError(f"attend_cached: expected batch size {cache.keys.shape[0]} (the cache's), got {B}")
+    G = layer.num_kv_heads
+    if cache.keys is not None and (cache.keys.shape[1] != G or cache.keys.shape[3] != C):  # else a bare cat error
+        raise ValueError(f"attend_cached: expected a cache of {G} key/value heads of dim {C} (this layer's), got keys "
+                         f"of shape {tuple(cache.keys.shape)}: the cache was filled by another layer; start a new one")
     if positions is None and layer.rotary is not None:
         positions = torch.arange(start, start + n, device=x.device)
     q, k, v = layer._project(x, positions, expand=False)  # (B, n, H, C), (B, n, G, C) x2

@@ -360,12 +360,12 @@ class ExactHeatOperator(DiffusionOperator):
     def apply_matrix(self, P: Tensor, v: Tensor) -> Tensor:
         check_finite_parameter(self, "t", self.t)
         G, N = P.shape[1], P.shape[-1]
-        if G != self.num_heads:
+        if self.num_heads not in (1, G):  # one t shared by the G heads (an instance given for several), or one each
             raise ValueError(f"heat-exact serves {self.num_heads} heads, got P with {G}")
         work = torch.float64 if P.dtype == torch.float64 else torch.float32
         eye = torch.eye(N, dtype=work, device=P.device)
         # a learned t is kept at EXACT_MIN_T or above, as the constructor keeps t: below it the kernel overflows
-        t = self.t.clamp(min=EXACT_MIN_T).to(work).view(1, G, 1, 1)
+        t = self.t.clamp(min=EXACT_MIN_T).to(work).view(1, -1, 1, 1)
         kernel = torch.linalg.matrix_exp(-t * (eye - P.to(work)))
         return (kernel @ v.to(work)).to(v.dtype)
 

@@ -130,6 +130,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     for key in ("model", "config"):  # a state dict and a TrainConfig table (else a bare TypeError far from the file)
         if not isinstance(payload[key], dict):
             raise CheckpointError(f"checkpoint {path}: expected {key!r} to be a dict, got {type(payload[key]).__name__}")
+    bad = [k for k in payload["model"] if not isinstance(k, str)][:1]  # else load_state_dict's bare AttributeError
+    if bad:
+        raise CheckpointError(f"checkpoint {path}: expected 'model' to be a state dict (parameter names as keys), "
+                              f"got the key {bad[0]!r} ({type(bad[0]).__name__})")
     return payload
 
 

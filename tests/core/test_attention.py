@@ -202,7 +202,7 @@ def test_per_head_list_and_shared_instances():
 
     shared = HeatOperator(t=0.3, steps=2, learnable=True)
     layer = DiffusionAttention(8, 4, heads=["attention", shared, shared, "I-P"])
-    assert layer.heads_spec() == "attention:1,heat(t=0.3, steps=2, method='taylor', learnable=True):2,laplacian:1"
+    assert layer.heads_spec() == "attention:1,heat(t=0.3, steps=2, method='taylor', learnable=True, num_heads=1):2,laplacian:1"  # rebuilds one shared t
     assert sum(p.numel() for p in layer.parameters()) == 4 * 64 + 4 * 8 + 1
     per_head = HeatOperator(t=0.3, steps=2, learnable=True, num_heads=2)
     layer = DiffusionAttention(8, 4, heads=["attention", per_head, per_head, "I-P"])

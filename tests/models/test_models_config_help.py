@@ -20,7 +20,7 @@ CONFIGS = [GPTConfig, ViTConfig, GraphTransformerConfig, GCNConfig, GINConfig, D
 def test_help_of_gpt_config_gives_each_fields_meaning():
     text = pydoc.render_doc(GPTConfig, renderer=pydoc.plaintext)
     for line in ("n_layer (int, default 4): depth L", "n_embd (int, default 128): width D",
-                 "laplacian_heads (int | list[int] | None, default None): trailing Laplacian heads per layer",
+                 "laplacian_heads (int | str | list[int | str] | None, default None): trailing Laplacian heads per layer",
                  "norm (str, default 'layernorm'): \"layernorm\" or \"rmsnorm\""):
         assert line in text, line
 
