@@ -139,6 +139,11 @@ class DiffusionOperator(nn.Module):
             shape = tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__
             raise ValueError(f"{type(self).__name__}.coefficients() must be a tensor of shape (K+1,) or (G, K+1), "
                              f"got {shape}")
+        if c.shape[-1] == 0:  # the layer would pad it to zero weights: heads that output 0
+            raise ValueError(f"{type(self).__name__}.coefficients() must have at least one column (the weight on "
+                             f"P^0), got shape {tuple(c.shape)}")
+        if c.dtype == torch.bool or c.is_complex():  # a cast would read True as 1 or drop the imaginary part
+            raise TypeError(f"{type(self).__name__}.coefficients() must be a real tensor, got {c.dtype}")
         if c.dim() == 1:
             return c.unsqueeze(0).expand(G, -1)
         if c.shape[0] == 1 and G != 1:

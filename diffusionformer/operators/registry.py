@@ -50,11 +50,14 @@ def register_operator(
     Args:
         cls: a subclass of :class:`DiffusionOperator`.
         name: registry name (default: ``cls.name``).
-        aliases: extra names resolved to this operator (default: ``cls.aliases``).
+        aliases: extra names resolved to this operator (default: ``cls.aliases`` as the class itself
+            declares them; a subclass does not inherit its registered parent's aliases).
 
     Raises:
         TypeError: ``cls`` is not a :class:`DiffusionOperator` subclass, or a name is not a ``str``.
-        ValueError: the name or an alias is already taken, or the name is empty.
+        ValueError: the name or an alias is already taken, is empty, or holds characters of the spec
+            syntax (``()[]{}:,``) or is ``true``/``false`` (specs could not name it); or ``cls`` is
+            already registered (under another name: give more names with ``aliases``).
 
     Examples:
         >>> from diffusionformer.operators import DiffusionOperator
@@ -71,13 +74,20 @@ def register_operator(
     def wrap(c: T) -> T:
         if not isinstance(c, type) or not issubclass(c, DiffusionOperator):
             raise TypeError(f"register_operator expects a subclass of DiffusionOperator, got {c!r}")
+        owner = next((k for k, v in _REGISTRY.items() if v is c), None)
+        if owner is not None:  # a second name would rename the class: instances of the first would write it
+            raise ValueError(f"{c.__name__} is already registered as {owner!r}; give it more names with aliases=..., "
+                             f"or register a subclass")
         key = _normalise(name if name is not None else c.name)
         if not key:
             raise ValueError(f"{c.__name__} needs a non-empty registry name (class attribute `name` or name=...)")
-        names = aliases if aliases is not None else c.aliases
+        # the class's own aliases: a subclass of a registered operator does not claim its parent's names
+        names = aliases if aliases is not None else c.__dict__.get("aliases", ())
         if isinstance(names, str):  # one alias, not its characters
             names = (names,)
         alias_keys = tuple(_normalise(a) for a in names)
+        for k in (key, *alias_keys):
+            _check_resolvable(k, c)
         for k in (key, *alias_keys):
             if k in _REGISTRY or k in _ALIASES:
                 owner = _REGISTRY.get(k) or _REGISTRY[_ALIASES[k]]
@@ -92,6 +102,19 @@ def register_operator(
     if cls is None:
         return wrap
     return wrap(cls)
+
+
+def _check_resolvable(key: str, cls: type) -> None:
+    """Refuse a name or alias that :func:`parse_operator_spec` and head specs cannot read back as that name."""
+    bad = sorted(set(key) & set(_SPEC_SYNTAX))
+    if bad or key in ("true", "false"):
+        what = f"the characters {bad}, which" if bad else "a boolean literal, which"
+        raise ValueError(f"{cls.__name__}: operator name {key!r} contains {what} operator and head specs "
+                         f"('name(key=value):count,...') cannot read as a name")
+
+
+#: characters of the spec syntax (arguments, counts, lists of heads, templates): never part of a name
+_SPEC_SYNTAX = "()[]{}:,"
 
 
 def unregister_operator(name: str) -> None:

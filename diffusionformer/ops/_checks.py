@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import numbers
 import operator
 from functools import lru_cache
@@ -170,6 +171,18 @@ def check_dropout(dropout_p: object, name: str = "dropout_p") -> float:
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"{name} must lie in [0, 1), got {dropout_p!r}")
     return float(dropout_p)
+
+
+def _backend_hint(backend: object, valid: Sequence[str], other: Sequence[str], other_kind: str) -> str:
+    """`` (did you mean ...?)`` for a misspelt back-end name (``"Matrix"``, ``"nativ"``), or a note that it names a
+    back-end of the other kind (``other_kind``: how that kind is called); ``""`` otherwise."""
+    if not isinstance(backend, str):
+        return ""
+    name = backend.strip().lower().replace("-", "_")
+    if name in other and name not in valid:
+        return f" ({backend!r} is a back-end of {other_kind})"
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_layout(coeffs: object, degrees: Sequence[int] | None, num_heads: int, like: Tensor

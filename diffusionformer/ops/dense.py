@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import _check_is_causal, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import _backend_hint, _check_is_causal, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
 from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton_unsupported
 from diffusionformer.ops.engine import (
     Backend,
@@ -492,7 +492,10 @@ def diffuse_with_weights(
     scale = check_scale(scale, C)
     coeffs, degrees = check_layout(coeffs, degrees, H, v)
     if backend not in DENSE_BACKENDS:
-        raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}")
+        from diffusionformer.ops.sparse import SPARSE_BACKENDS  # sparse imports this module: imported here
+
+        hint = _backend_hint(backend, DENSE_BACKENDS, SPARSE_BACKENDS, "sparse graphs: pass edge_index")
+        raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}{hint}")
     dropout_p = check_dropout(dropout_p)
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")

@@ -350,13 +350,24 @@ def polynomial(
             held = act
         if act != prev:
             cur = select(cur, positions(act, prev), dim)
-        cur = backend.propagate(cur, act)
+        cur = _propagated(backend, cur, act)
         acc = torch.addcmul(acc, cs[step], cur)
         prev = act
     if not done:
         return acc
     done.append((held, acc))
     return merge_heads(done, dim)
+
+
+def _propagated(backend: Backend, x: Tensor, heads: Heads) -> Tensor:
+    """``backend.propagate(x, heads)``, refused unless it is a tensor of the shape of ``x`` (``P`` is square):
+    the sums would broadcast a wrong shape silently. A shape comparison, no synchronisation."""
+    y = backend.propagate(x, heads)
+    if not isinstance(y, Tensor) or y.shape != x.shape:
+        got = tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__
+        raise ValueError(f"back-end {backend.name or type(backend).__name__!r}: propagate(x, heads) must return P x, "
+                         f"of the shape of x {tuple(x.shape)}, got {got}")
+    return y
 
 
 @lru_cache(maxsize=1024)
@@ -658,7 +669,7 @@ def affine(backend: Backend, v: Tensor, c0: Sequence[float], c1: Sequence[float]
     if backend.fused_affine:
         return backend.affine(v, c0, c1)
     dim = backend.head_axis
-    y = backend.propagate(v, all_heads(v.shape[dim]))
+    y = _propagated(backend, v, all_heads(v.shape[dim]))
     runs = affine_runs(c0 if isinstance(c0, tuple) else tuple(c0), c1 if isinstance(c1, tuple) else tuple(c1))
     if not runs:
         return y

@@ -256,6 +256,16 @@ def _slice_heads(mask: Tensor | None, s: int, c: int, H: int) -> Tensor | None:
     return mask[:, s : s + c]
 
 
+def _context_output(op: nn.Module, ctx: RivalContext) -> Tensor:
+    """``op.apply_context(ctx)``, refused (naming the operator) unless a floating tensor of the shape of ``ctx.v``."""
+    y = op.apply_context(ctx)
+    if not isinstance(y, Tensor) or y.shape != ctx.v.shape or not y.is_floating_point():
+        got = f"{tuple(y.shape)} {y.dtype}" if isinstance(y, Tensor) else type(y).__name__
+        raise ValueError(f"{type(op).__name__}.apply_context(ctx) must return the output of its heads, a floating "
+                         f"tensor of the shape of ctx.v {tuple(ctx.v.shape)}, got {got}")
+    return y
+
+
 def apply_context_groups(
     layer: nn.Module, out: Tensor, x: Tensor, q: Tensor, k: Tensor, v: Tensor, *, entered: tuple[int, Tensor | None],
     mask: Tensor | None = None, is_causal: bool = False, edge_index: Tensor | None = None, dropout_p: float = 0.0,
@@ -303,10 +313,10 @@ def apply_context_groups(
         sl = slice(s, s + c)
         if sparse:
             ctx = RivalContext.sparse(q[:, sl], k[:, sl], v[:, sl], edge_index, is_causal=is_causal, **kwargs)
-            y = op.apply_context(ctx)[0].transpose(0, 1)  # (N, G, C)
+            y = _context_output(op, ctx)[0].transpose(0, 1)  # (N, G, C)
         else:
             ctx = RivalContext.dense(q[:, sl], k[:, sl], v[:, sl], attn_mask=_slice_heads(mask, s, c, H),
                                      is_causal=is_causal, **kwargs)
-            y = op.apply_context(ctx)
+            y = _context_output(op, ctx)
         out = out.index_add(head_axis, torch.arange(s, s + c, device=out.device), y.to(out.dtype))
     return out

@@ -31,9 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import _check_is_causal, check_dropout, check_index_range, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import _backend_hint, _check_is_causal, check_dropout, check_index_range, check_layout, check_scale, check_tensor
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
+from diffusionformer.ops.dense import DENSE_BACKENDS
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
 from diffusionformer.ops.scatter import ScatterBackend, scatter_sum, segment_softmax
 
@@ -60,7 +61,8 @@ def _use_csr(backend: str) -> bool:
         return True
     if backend in ("native", "torch_scatter"):
         return False
-    raise ValueError(f"sparse backend must be one of {SPARSE_BACKENDS}, got {backend!r}")
+    hint = _backend_hint(backend, SPARSE_BACKENDS, DENSE_BACKENDS, "dense (B, H, N, C) inputs")
+    raise ValueError(f"sparse backend must be one of {SPARSE_BACKENDS}, got {backend!r}{hint}")
 
 
 def check_edge_index(edge_index: object, num_nodes: int) -> Tensor:
