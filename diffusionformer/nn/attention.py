@@ -18,9 +18,10 @@ from diffusionformer.operators import DiffusionOperator
 from diffusionformer.operators.base import _checked_degree
 from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
-from diffusionformer.ops._checks import _check_is_causal, check_degrees, check_dropout, check_layout
+from diffusionformer.ops._checks import _backend_hint, _check_is_causal, check_degrees, check_dropout, check_layout
 from diffusionformer.ops.engine import AffineRun, affine_coefficients, affine_runs, combine_affine, static_coefficients
 from diffusionformer.ops.recompute import recompute_saved, wants_recompute
+from diffusionformer.ops.sparse import SPARSE_BACKENDS
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention", "set_recompute"]
 
@@ -143,7 +144,8 @@ class DiffusionAttention(nn.Module):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         dropout = check_dropout(dropout, "dropout")
         if backend not in DENSE_BACKENDS:
-            raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}")
+            raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}" + _backend_hint(
+                backend, DENSE_BACKENDS, SPARSE_BACKENDS, "sparse graphs"))
         if not isinstance(recompute, bool):
             raise TypeError(f"recompute must be a bool, got {type(recompute).__name__}")
         self.recompute = recompute
@@ -579,7 +581,8 @@ class DiffusionAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, C)
         entered = state.enter(v) if state is not None else (0, None)
         if self.backend not in DENSE_BACKENDS:  # a settable attribute, checked as the functional API would
-            raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {self.backend!r}")
+            raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {self.backend!r}"
+                             + _backend_hint(self.backend, DENSE_BACKENDS, (), ""))
         # Heads with a non-polynomial f(P) (heat-exact, ppr-exact) need P; context operators build their own maps.
         # The polynomial heads take the engine's path (fused SDPA, or "auto"'s choice); the non-polynomial heads have
         # degree 0 and zero coefficients there (they receive 0) and P is materialised for them alone, below. All

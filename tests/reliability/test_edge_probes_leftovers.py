@@ -10,6 +10,8 @@
   direction: nc1 = inf, silently); now a ValueError.
 * ``LayerRecorder(layers=torch.tensor([0, 2]))`` was refused with "got tensor(0)"; an integer tensor of indices
   is now read as the ints it holds.
+* ``DiffusionAttention(backend="Matrix")`` (or a misspelt ``layer.backend`` set later) got no "did you mean", and
+  ``backend="csr"`` did not say it is a sparse back-end, as the functional API now does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from diffusionformer.data.text import char_text_data
 from diffusionformer.models import GCN, DiffusionGPT, GCNConfig, GPTConfig
 from diffusionformer.models.dino import dino_loss
 from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, GraphTransformerConfig
+from diffusionformer.nn import DiffusionAttention
 
 _NO_EDGE = torch.zeros(2, 0, dtype=torch.long)
 _NO_ID = torch.zeros(0, dtype=torch.long)
@@ -120,3 +123,16 @@ def test_bug_layer_recorder_reads_a_tensor_of_layer_indices():
         assert sorted(rec.states) == layers.reshape(-1).tolist()
     with pytest.raises(ValueError, match="layers must hold residual-stream indices"):
         LayerRecorder(gpt, layers=torch.tensor([0.0]))
+
+
+def test_bug_layer_backend_names_get_did_you_mean():
+    """Bug: a misspelt back-end of the layer listed the valid names only; it now names the close one, at
+    construction and when the attribute is set later, and says when the name is a sparse back-end's."""
+    with pytest.raises(ValueError, match=r"got 'Matrix' \(did you mean 'matrix'\?\)$"):
+        DiffusionAttention(8, 2, backend="Matrix")
+    with pytest.raises(ValueError, match=r"got 'csr' \('csr' is a back-end of sparse graphs\)$"):
+        DiffusionAttention(8, 2, backend="csr")
+    layer = DiffusionAttention(8, 2)
+    layer.backend = "sdp"
+    with pytest.raises(ValueError, match=r"got 'sdp' \(did you mean 'sdpa'\?\)$"):
+        layer(torch.zeros(1, 3, 8))
