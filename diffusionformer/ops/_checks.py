@@ -173,6 +173,12 @@ def check_dropout(dropout_p: object, name: str = "dropout_p") -> float:
     return float(dropout_p)
 
 
+#: back-end names of the dense and the sparse engine (public as ``ops.dense.DENSE_BACKENDS`` and
+#: ``ops.sparse.SPARSE_BACKENDS``; here so that each engine names the other's without importing it)
+DENSE_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "matrix", "triton")
+SPARSE_BACKENDS: tuple[str, ...] = ("auto", "csr", "native", "torch_scatter")
+
+
 def _backend_hint(backend: object, valid: Sequence[str], other: Sequence[str], other_kind: str) -> str:
     """`` (did you mean ...?)`` for a misspelt back-end name (``"Matrix"``, ``"nativ"``), or a note that it names a
     back-end of the other kind (``other_kind``: how that kind is called); ``""`` otherwise."""

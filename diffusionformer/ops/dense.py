@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import _backend_hint, _check_is_causal, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
 from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton_unsupported
 from diffusionformer.ops.engine import (
     Backend,
@@ -53,7 +53,6 @@ from diffusionformer.ops.engine import (
 )
 
 DenseBackend = Literal["auto", "sdpa", "matrix", "triton"]
-DENSE_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "matrix", "triton")
 
 #: ``"auto"`` materialises ``P`` for heads with ``K >= 2`` steps when ``N * M`` is at most the
 #: entry for the largest listed ``K' <= K``, for non-causal graphs (see :func:`choose_dense_backend`).
@@ -492,8 +491,6 @@ def diffuse_with_weights(
     scale = check_scale(scale, C)
     coeffs, degrees = check_layout(coeffs, degrees, H, v)
     if backend not in DENSE_BACKENDS:
-        from diffusionformer.ops.sparse import SPARSE_BACKENDS  # sparse imports this module: imported here
-
         hint = _backend_hint(backend, DENSE_BACKENDS, SPARSE_BACKENDS, "sparse graphs: pass edge_index")
         raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}{hint}")
     dropout_p = check_dropout(dropout_p)

@@ -31,10 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.ops._checks import _backend_hint, _check_is_causal, check_dropout, check_index_range, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_dropout, check_index_range, check_layout, check_scale, check_tensor
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
-from diffusionformer.ops.dense import DENSE_BACKENDS
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
 from diffusionformer.ops.scatter import ScatterBackend, scatter_sum, segment_softmax
 
@@ -50,7 +49,6 @@ __all__ = [
 ]
 
 SparseBackend = Literal["auto", "csr", "native", "torch_scatter"]
-SPARSE_BACKENDS: tuple[str, ...] = ("auto", "csr", "native", "torch_scatter")
 
 
 def _use_csr(backend: str) -> bool:
