@@ -292,6 +292,8 @@ class DiffusionGPT(nn.Module):
         top_p = None if top_p is None else float(top_p)
         if not isinstance(use_cache, bool):
             raise TypeError(f"use_cache must be a bool, got {type(use_cache).__name__}")
+        if max_new_tokens == 0:  # a new tensor, as for any other count: writing into it leaves the prompt
+            return idx.clone()
         was_training = self.training
         self.eval()
         block_size = self.config.block_size

@@ -18,7 +18,7 @@ from diffusionformer.operators import DiffusionOperator
 from diffusionformer.operators.base import _checked_degree
 from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
-from diffusionformer.ops._checks import _backend_hint, _check_is_causal, check_degrees, check_dropout, check_layout
+from diffusionformer.ops._checks import _backend_hint, _matrix_output, _check_is_causal, check_degrees, check_dropout, check_layout
 from diffusionformer.ops.engine import AffineRun, affine_coefficients, affine_runs, combine_affine, static_coefficients
 from diffusionformer.ops.recompute import recompute_saved, wants_recompute
 from diffusionformer.ops.sparse import SPARSE_BACKENDS
@@ -611,7 +611,8 @@ class DiffusionAttention(nn.Module):
                     op.check_attention_dropout(dropout_p)  # dropout is a settable attribute
                     Pg = F.dropout(Pg, p=dropout_p)
                 apply = op.apply_causal_matrix if is_causal else op.apply_matrix  # causal: P lower triangular
-                out = out.index_add(1, torch.arange(s, s + c, device=out.device), apply(Pg, v[:, s : s + c]))
+                y = _matrix_output(op, apply, Pg, v[:, s : s + c])
+                out = out.index_add(1, torch.arange(s, s + c, device=out.device), y)
         if self._has_context:  # operators with capabilities (rivals: second map, layer state, re-projection, uniform map)
             out = _rivals.apply_context_groups(self, out, x, q, k, v, entered=entered, mask=mask, is_causal=is_causal,
                                                dropout_p=dropout_p, positions=positions)

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from diffusionformer.ops import rivals as _rivals
+from diffusionformer.ops._checks import _matrix_output
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffusionformer.nn.attention import DiffusionAttention
@@ -198,7 +199,8 @@ def attend_cached(
                 continue
             S = (queries[:, s : s + c] @ ks[:, s : s + c].transpose(-1, -2)) * scale
             Pg = torch.softmax(S.masked_fill(~causal, float("-inf")), dim=-1)  # (B, c, T, T)
-            out[:, s : s + c] = out[:, s : s + c] + op.apply_causal_matrix(Pg, vals[:, s : s + c])[:, :, start:]
+            y = _matrix_output(op, op.apply_causal_matrix, Pg, vals[:, s : s + c])
+            out[:, s : s + c] = out[:, s : s + c] + y[:, :, start:]
         if layer._has_context:
             # context heads: the layer's own dispatch over all T tokens on the causal graph, then the new rows
             inputs = _cat(cache.inputs, x, dim=1)  # (B, T, D)

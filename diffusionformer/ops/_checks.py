@@ -6,7 +6,7 @@ import difflib
 import numbers
 import operator
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -204,3 +204,15 @@ def check_layout(coeffs: object, degrees: Sequence[int] | None, num_heads: int, 
         checked = check_coefficients(coeffs, num_heads, like)
         return checked, check_degrees(degrees, num_heads, checked.shape[1] - 1)
     return static, check_degrees(degrees, num_heads, len(static[0]) - 1)
+
+
+def _matrix_output(op: object, apply: Any, P: Tensor, v: Tensor) -> Tensor:
+    """``apply(P, v)`` (an operator's ``apply_matrix`` or ``apply_causal_matrix``), refused naming the operator
+    unless a floating tensor of the shape of ``v`` (else ``index_add`` fails with torch's message, which names no
+    operator)."""
+    y = apply(P, v)
+    if not isinstance(y, Tensor) or y.shape != v.shape or not y.is_floating_point():
+        got = f"{tuple(y.shape)} {y.dtype}" if isinstance(y, Tensor) else type(y).__name__
+        raise ValueError(f"{type(op).__name__}.{apply.__name__}(P, v) must return its heads' output, a floating "
+                         f"tensor of the shape of v {tuple(v.shape)}, got {got}")
+    return y

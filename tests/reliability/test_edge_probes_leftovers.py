@@ -12,6 +12,9 @@
   is now read as the ints it holds.
 * ``DiffusionAttention(backend="Matrix")`` (or a misspelt ``layer.backend`` set later) got no "did you mean", and
   ``backend="csr"`` did not say it is a sparse back-end, as the functional API now does.
+* A user operator whose ``apply_matrix`` / ``apply_causal_matrix`` returned a wrong shape failed inside
+  ``index_add`` (layer and cached decoding) with torch's message, naming no operator; now a ValueError naming it.
+* ``generate(idx, 0)`` returned the prompt tensor itself (writing into the result wrote into the prompt).
 """
 
 from __future__ import annotations
@@ -136,3 +139,45 @@ def test_bug_layer_backend_names_get_did_you_mean():
     layer.backend = "sdp"
     with pytest.raises(ValueError, match=r"got 'sdp' \(did you mean 'sdpa'\?\)$"):
         layer(torch.zeros(1, 3, 8))
+
+
+def _bad_matrix_operator():
+    from diffusionformer.operators import DiffusionOperator
+
+    class HalfWidth(DiffusionOperator):  # a user operator that drops half of each head's channels
+        name = "half-width-probe"
+        is_polynomial = False
+
+        def apply_matrix(self, P, v):
+            return (P @ v)[..., : v.shape[-1] // 2]
+
+        def apply_causal_matrix(self, P, v):
+            return self.apply_matrix(P, v)
+
+    return HalfWidth()
+
+
+def test_bug_a_wrong_shaped_apply_matrix_is_named():
+    """Bug: a user operator's ``apply_matrix`` returning ``(..., C // 2)`` failed inside ``index_add`` with torch's
+    message alone; the layer and cached decoding now name the operator, the method and both shapes."""
+    from diffusionformer.nn.kv_cache import LayerKVCache, attend_cached
+
+    layer = DiffusionAttention(8, 2, heads=["attention", _bad_matrix_operator()])
+    causal_layer = DiffusionAttention(8, 2, heads=["attention", _bad_matrix_operator()], causal=True)
+    want = r"HalfWidth\.apply{}_matrix\(P, v\) must return .* shape of v \(1, 1, 3, 4\), got \(1, 1, 3, 2\)"
+    with pytest.raises(ValueError, match=want.format("")):
+        layer(torch.zeros(1, 3, 8))
+    with pytest.raises(ValueError, match=want.format("_causal")):
+        layer(torch.zeros(1, 3, 8), is_causal=True)
+    with pytest.raises(ValueError, match=want.format("_causal")):
+        attend_cached(causal_layer, torch.zeros(1, 3, 8), LayerKVCache())
+
+
+def test_bug_generate_zero_new_tokens_returns_a_new_tensor():
+    """Bug: ``generate(idx, 0)`` returned ``idx`` itself; it now returns an equal, separate tensor."""
+    gpt = DiffusionGPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    prompt = torch.tensor([[1, 2, 3]])
+    out = gpt.generate(prompt, 0)
+    assert torch.equal(out, prompt) and out.data_ptr() != prompt.data_ptr()
+    out[0, 0] = 7
+    assert prompt.tolist() == [[1, 2, 3]]
