@@ -206,13 +206,17 @@ def check_layout(coeffs: object, degrees: Sequence[int] | None, num_heads: int, 
     return static, check_degrees(degrees, num_heads, len(static[0]) - 1)
 
 
-def _matrix_output(op: object, apply: Any, P: Tensor, v: Tensor) -> Tensor:
-    """``apply(P, v)`` (an operator's ``apply_matrix`` or ``apply_causal_matrix``), refused naming the operator
-    unless a floating tensor of the shape of ``v`` (else ``index_add`` fails with torch's message, which names no
-    operator)."""
-    y = apply(P, v)
-    if not isinstance(y, Tensor) or y.shape != v.shape or not y.is_floating_point():
+def _head_output(op: object, call: str, y: object, like: Tensor, like_name: str) -> Tensor:
+    """``y``, what ``op``'s ``call`` returned for its heads, refused naming the operator unless a floating tensor of
+    the shape of ``like`` (else the layer's ``index_add`` fails with torch's message, which names no operator, or
+    casts integers silently)."""
+    if not isinstance(y, Tensor) or y.shape != like.shape or not y.is_floating_point():
         got = f"{tuple(y.shape)} {y.dtype}" if isinstance(y, Tensor) else type(y).__name__
-        raise ValueError(f"{type(op).__name__}.{apply.__name__}(P, v) must return its heads' output, a floating "
-                         f"tensor of the shape of v {tuple(v.shape)}, got {got}")
+        raise ValueError(f"{type(op).__name__}.{call} must return the output of its heads, a floating tensor of "
+                         f"the shape of {like_name} {tuple(like.shape)}, got {got}")
     return y
+
+
+def _matrix_output(op: object, apply: Any, P: Tensor, v: Tensor) -> Tensor:
+    """``apply(P, v)`` (an operator's ``apply_matrix`` or ``apply_causal_matrix``), checked by :func:`_head_output`."""
+    return _head_output(op, f"{apply.__name__}(P, v)", apply(P, v), v, "v")

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from diffusionformer.ops._checks import _check_is_causal, check_tensor
+from diffusionformer.ops._checks import _check_is_causal, _head_output, check_tensor
 from diffusionformer.ops.dense import attention_matrix, normalise_mask, propagate_dense
 from diffusionformer.ops.sparse import diffuse_sparse
 from diffusionformer.ops.uniform_map import uniform_mean
@@ -257,13 +257,8 @@ def _slice_heads(mask: Tensor | None, s: int, c: int, H: int) -> Tensor | None:
 
 
 def _context_output(op: nn.Module, ctx: RivalContext) -> Tensor:
-    """``op.apply_context(ctx)``, refused (naming the operator) unless a floating tensor of the shape of ``ctx.v``."""
-    y = op.apply_context(ctx)
-    if not isinstance(y, Tensor) or y.shape != ctx.v.shape or not y.is_floating_point():
-        got = f"{tuple(y.shape)} {y.dtype}" if isinstance(y, Tensor) else type(y).__name__
-        raise ValueError(f"{type(op).__name__}.apply_context(ctx) must return the output of its heads, a floating "
-                         f"tensor of the shape of ctx.v {tuple(ctx.v.shape)}, got {got}")
-    return y
+    """``op.apply_context(ctx)``, checked by :func:`~diffusionformer.ops._checks._head_output`."""
+    return _head_output(op, "apply_context(ctx)", op.apply_context(ctx), ctx.v, "ctx.v")
 
 
 def apply_context_groups(
