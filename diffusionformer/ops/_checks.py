@@ -78,8 +78,10 @@ def check_coefficients(coeffs: object, num_heads: int, like: Tensor) -> Tensor:
             raise TypeError(
                 f"coeffs must be a tensor of shape (K+1,) or (H, K+1), got {type(coeffs).__name__}"
             )
-    if not coeffs.is_floating_point():
-        raise TypeError(f"coeffs must be floating point, got {coeffs.dtype}")
+    if coeffs.dtype == torch.bool or coeffs.is_complex():
+        raise TypeError(f"coeffs must be real numbers, got {coeffs.dtype}")
+    if not coeffs.is_floating_point():  # integer tensors, like the integer lists above and the layers' coefficients
+        coeffs = coeffs.to(torch.float64)
     if coeffs.dim() == 1:
         coeffs = coeffs.unsqueeze(0).expand(num_heads, -1)
     elif coeffs.dim() != 2:

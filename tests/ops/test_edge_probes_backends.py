@@ -385,3 +385,17 @@ def test_rival_layers_agree_on_every_dense_backend_with_padded_sequences_and_one
             assert torch.isfinite(got).all()
             torch.testing.assert_close(got.double(), expected, atol=2e-5, rtol=2e-5,
                                        msg=lambda m: f"{name} {sorted(kwargs)} N={N} {backend}: {m}")
+
+
+def test_functional_diffuse_takes_integer_coefficient_tensors():
+    """Bug: ``diffuse(q, k, v, torch.tensor([1, -1]))`` (the Laplacian head ``I - P``) was refused ("coeffs must be
+    floating point") while the list ``[1, -1]`` and the layers' integer coefficients were accepted. It now gives
+    exactly what the float coefficients give, checked against an explicit float64 ``I - P``."""
+    from diffusionformer.ops.dense import diffuse
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    out = diffuse(q, k, v, torch.tensor([1, -1]), backend="matrix")
+    p = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)
+    torch.testing.assert_close(out, v - p @ v)
+    torch.testing.assert_close(out, diffuse(q, k, v, torch.tensor([1.0, -1.0]), backend="matrix"), rtol=0, atol=0)

@@ -412,8 +412,10 @@ def test_check_coefficients_shapes_and_values():
         _checks.check_coefficients(torch.zeros(2, 0), 2, like)
     with pytest.raises(ValueError, match="must be finite"):
         _checks.check_coefficients(torch.tensor([0.0, float("nan")]), 2, like)
-    with pytest.raises(TypeError, match="must be floating point, got torch.int64"):
-        _checks.check_coefficients(torch.tensor([0, 1]), 2, like)
+    with pytest.raises(TypeError, match="must be real numbers, got torch.bool"):
+        _checks.check_coefficients(torch.tensor([False, True]), 2, like)
+    with pytest.raises(TypeError, match="must be real numbers, got torch.complex64"):
+        _checks.check_coefficients(torch.tensor([0j, 1 + 0j]), 2, like)
     with pytest.raises(TypeError, match="got str"):
         _checks.check_coefficients("0, 1", 2, like)
 
