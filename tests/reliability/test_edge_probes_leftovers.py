@@ -181,3 +181,16 @@ def test_bug_generate_zero_new_tokens_returns_a_new_tensor():
     assert torch.equal(out, prompt) and out.data_ptr() != prompt.data_ptr()
     out[0, 0] = 7
     assert prompt.tolist() == [[1, 2, 3]]
+
+
+def test_capture_dataset_misspelt_device_is_named_with_a_suggestion():
+    """Bug: ``capture_dataset(model, batches, device="cdua")`` raised torch's RuntimeError listing every device type
+    ("Expected one of cpu, cuda, ipu, xpu, ..."), with no word of which argument was wrong. It now names ``device``
+    and suggests ``'cuda'``; a correct device still captures."""
+    from diffusionformer.analysis.capture import capture_dataset
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"device: .*got 'cdua' \(did you mean 'cuda'\?\)"):
+        capture_dataset(model, [torch.zeros(1, 2)], device="cdua")
+    with pytest.raises(ValueError, match="device: .*got 3.5"):
+        capture_dataset(model, [torch.zeros(1, 2)], device=3.5)
