@@ -174,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "out", None) is not None and Path(args.out).exists() and not Path(args.out).is_dir():
             # else `status` reads every run as missing, and `run` fails on its first write
             raise NotADirectoryError(f"--out: expected the results folder, got the file {args.out!r}")
+        to = getattr(args, "to", None)
+        if to is not None and any(p.exists() and not p.is_dir() for p in (Path(to), *Path(to).parents)):
+            # else publish copies everything into a staging folder and fails with "[Errno 20] Not a directory"
+            raise NotADirectoryError(f"--to: expected the docs folder of the results pages, got {to!r}, "
+                                     f"which is or lies below a file")
         if args.command == "show":
             from diffusionformer.experiments.validate import check_experiment
 

@@ -394,3 +394,15 @@ def test_bug_out_that_is_a_file_is_one_error(tmp_path, capsys, command):
     err = _error(capsys, main([command, _toml(tmp_path), "--out", str(tmp_path / "notes.txt")]), 2)
     assert err == f"error: --out: expected the results folder, got the file {str(tmp_path / 'notes.txt')!r}\n"
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_bug_publish_to_a_file_is_one_error(tmp_path, capsys, below):
+    """Bug: ``publish c.toml --to notes.txt`` (a file, or a path below one) ended in "[Errno 20] Not a directory"
+    with no word of which option was wrong. It now names ``--to``, exit 2, and leaves the file as it was."""
+    (tmp_path / "notes.txt").write_text("mine")
+    to = tmp_path / "notes.txt" / "results" if below else tmp_path / "notes.txt"
+    err = _error(capsys, main(["publish", _toml(tmp_path), "--out", str(tmp_path / "res"), "--to", str(to)]), 2)
+    assert err == (f"error: --to: expected the docs folder of the results pages, got {str(to)!r}, "
+                   f"which is or lies below a file\n")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
