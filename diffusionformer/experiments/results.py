@@ -14,7 +14,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
 from diffusionformer.experiments.store import live_holder as _live_holder
@@ -119,6 +119,32 @@ def _definition(identity: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+# Fields added to the configs after runs were published, with their defaults: at the default they
+# stay out of a run's identity (so earlier runs resume), set to anything else they are part of it.
+_NEW_MODEL_FIELDS: dict[str, Any] = {"rope": False, "rope_base": (100.0, 10000.0), "n_kv_head": None,
+                                     "zero_init_proj": False, "edge_dim": None, "pe": None, "pe_dim": 8,
+                                     "pe_sign_flip": True}
+_NEW_TRAIN_FIELDS: dict[str, Any] = {"grad_accum_steps": 1, "weight_decay_rule": "default", "loggers": ("jsonl",)}
+
+
+def _without_new_defaults(d: dict[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """``d`` without the keys of ``new`` whose value is the default listed there (a tuple: any of them)."""
+    def at_default(key: str, value: Any) -> bool:
+        default = new[key]
+        if isinstance(default, tuple) and key != "loggers":
+            return value in default
+        return (list(value) if isinstance(value, (list, tuple)) else value) == (
+            list(default) if isinstance(default, tuple) else default)
+    return {k: v for k, v in d.items() if not (k in new and at_default(k, v))}
+
+
+def _train_identity(train: Any) -> dict[str, Any]:
+    """The ``train`` entry of a run's identity (``run_config.json``): the training config without its progress bar
+    and device, and without fields added later that are at their defaults."""
+    return _without_new_defaults({k: v for k, v in train.to_dict().items() if k not in ("progress", "device")},
+                                 _NEW_TRAIN_FIELDS)
+
+
 def _identity_changes(stored: dict[str, Any], now: dict[str, Any]) -> str:
     """The keys where two run identities differ, a dict-valued key with its changed entries:
     ``"train (lr: 0.001 then 0.5)"``."""
@@ -142,7 +168,9 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     One row per run in config order: ``task``, ``operator``, ``seed``, ``state`` (``"completed"``,
     ``"failed"``, ``"running"`` (a live process holds its lock), ``"interrupted"`` (started, not
     finished, nobody training it) or ``"missing"``), ``step`` (updates logged so far),
-    ``max_steps``, ``elapsed`` (training seconds so far) and ``holder`` (the lock's process).
+    ``max_steps``, ``elapsed`` (training seconds so far), ``holder`` (the lock's process) and ``changed``: for a
+    run on disk made with another training config than ``config``'s now (a longer ``max_steps``, another ``lr``),
+    what changed, e.g. ``"train (max_steps: 100 then 200)"`` (``run`` refuses it until ``--restart``), else ``None``.
 
     Args:
         config: the comparison.
@@ -152,12 +180,17 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     rows = []
     for task in config.tasks:
         max_steps = train_config(task, config.seeds[0]).max_steps  # the task's budget, defaults resolved
+        trains = {seed: json.loads(json.dumps(_train_identity(train_config(task, seed)), default=str))
+                  for seed in config.seeds}  # as run_config.json holds it
         for setting in config.operators:
             for seed in config.seeds:
                 rdir = run_dir(out, task.name, setting.name, seed)
                 summary = _read_summary(rdir)
                 row: dict[str, Any] = {"task": task.name, "operator": setting.name, "seed": seed, "max_steps": max_steps,
-                                       "step": 0, "elapsed": None, "holder": None}
+                                       "step": 0, "elapsed": None, "holder": None, "changed": None}
+                stored = read_json_dict(rdir / "run_config.json") if rdir.is_dir() else None
+                if stored is not None and isinstance(stored.get("train"), dict) and stored["train"] != trains[seed]:
+                    row["changed"] = _identity_changes({"train": stored["train"]}, {"train": trains[seed]})
                 if summary is not None and summary.get("status") == "completed":
                     row.update(state="completed", step=summary.get("step", max_steps), elapsed=summary.get("elapsed"))
                 elif not rdir.is_dir():

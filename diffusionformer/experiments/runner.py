@@ -30,7 +30,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -41,7 +41,9 @@ from diffusionformer.experiments.config import (ExperimentConfig, OperatorSettin
 from diffusionformer.experiments.outputs import git_commit
 from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
-from diffusionformer.experiments.results import (_completed, _definition, _identity_changes, _result_from_files,
+from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
+from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _completed, _definition, _identity_changes,
+                                                 _result_from_files, _train_identity, _without_new_defaults,
                                                  read_json_dict)
 from diffusionformer.experiments.results import _read_summary as _read_summary  # noqa: F401  (back-compat)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
@@ -220,25 +222,6 @@ def _maybe_init_distributed(device: str | None) -> Any:
 RUN_CONFIG_NAME = "run_config.json"
 
 
-# Fields added to the configs after runs were published, with their defaults: at the default they
-# stay out of a run's identity (so earlier runs resume), set to anything else they are part of it.
-_NEW_MODEL_FIELDS: dict[str, Any] = {"rope": False, "rope_base": (100.0, 10000.0), "n_kv_head": None,
-                                     "zero_init_proj": False, "edge_dim": None, "pe": None, "pe_dim": 8,
-                                     "pe_sign_flip": True}
-_NEW_TRAIN_FIELDS: dict[str, Any] = {"grad_accum_steps": 1, "weight_decay_rule": "default", "loggers": ("jsonl",)}
-
-
-def _without_new_defaults(d: dict[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """``d`` without the keys of ``new`` whose value is the default listed there (a tuple: any of them)."""
-    def at_default(key: str, value: Any) -> bool:
-        default = new[key]
-        if isinstance(default, tuple) and key != "loggers":
-            return value in default
-        return (list(value) if isinstance(value, (list, tuple)) else value) == (
-            list(default) if isinstance(default, tuple) else default)
-    return {k: v for k, v in d.items() if not (k in new and at_default(k, v))}
-
-
 def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[str, Any]:
     """What makes two runs the same run: data, resolved model config, training budget."""
     import dataclasses
@@ -255,8 +238,7 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
         "model": task.model,
         # a field added after runs were published joins the identity only when set, so earlier runs keep resuming
         "model_config": None if model_dict is None else _without_new_defaults(model_dict, _NEW_MODEL_FIELDS),
-        "train": _without_new_defaults({k: v for k, v in train.to_dict().items() if k not in ("progress", "device")},
-                                       _NEW_TRAIN_FIELDS),
+        "train": _train_identity(train),
     }
     if task.augment:  # only when set, so earlier runs keep their identity
         identity["augment"] = task.augment

@@ -172,22 +172,24 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     """
     lines, left_total, unknown = [], 0.0, 0
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    done = sum(r["state"] == "completed" for r in rows)
+    done = sum(r["state"] == "completed" and not r.get("changed") for r in rows)
     lines.append(f"{done} of {len(rows)} runs completed")
     for task in tasks:
         rs = [r for r in rows if r["task"] == task]
-        finished = [r for r in rs if r["state"] == "completed" and r["elapsed"]]
+        finished = [r for r in rs if r["state"] == "completed" and r["elapsed"]]  # timed, changed or not
         per_step = (statistics.fmean(r["elapsed"] / max(r["step"], 1) for r in finished)) if finished else None
         lines += ["", f"### {task}", "", "| operator | seed | state | step | training time (s) |", "|---|---|---|---|---|"]
         for r in rs:
             steps = f"{r['step']} / {r['max_steps']}" if r["max_steps"] else str(r["step"])
             state = r["state"] + (f" ({r['holder']})" if r["holder"] else "")
+            if r.get("changed"):  # `run` refuses it: its definition is not the config's any more
+                state += f", made with another {r['changed']}: `run --restart` redoes it"
             lines.append(f"| {r['operator']} | {r['seed']} | {state} | {steps} | {_fmt(r['elapsed'], 0)} |")
-            if r["state"] != "completed":
+            if r["state"] != "completed" or r.get("changed"):
                 if per_step is None or not r["max_steps"]:
                     unknown += 1
                 else:
-                    left_total += per_step * max(r["max_steps"] - r["step"], 0)
+                    left_total += per_step * (r["max_steps"] if r.get("changed") else max(r["max_steps"] - r["step"], 0))
     left = f"about {left_total / 60:.0f} min of training left on one worker"
     if unknown:
         left += f" (plus {unknown} run(s) of tasks with no finished run to time)"

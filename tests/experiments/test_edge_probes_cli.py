@@ -406,3 +406,22 @@ def test_bug_publish_to_a_file_is_one_error(tmp_path, capsys, below):
     assert err == (f"error: --to: expected the docs folder of the results pages, got {str(to)!r}, "
                    f"which is or lies below a file\n")
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_bug_status_names_runs_made_with_another_training_config(tmp_path, capsys):
+    """Bug: after ``max_steps = 2`` became ``4`` in the config, ``status`` still said "2 of 2 runs completed" and
+    "2 / 4" steps, while ``run`` refused both runs ("made with a different train (max_steps: 2 then 4)"). ``status``
+    now says what changed and that ``run --restart`` redoes them, counts them as not done, and times their steps."""
+    out = str(tmp_path / "res")
+    assert main(["run", _toml(tmp_path), "--out", out, "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["status", _toml(tmp_path), "--out", out]) == 0
+    before = capsys.readouterr().out
+    assert before.startswith("2 of 2 runs completed; about 0 min of training left") and "another" not in before
+    longer = _toml(tmp_path, TOML.replace("max_steps = 2", "max_steps = 4"))
+    assert main(["status", longer, "--out", out]) == 0
+    after = capsys.readouterr().out
+    assert after.startswith("0 of 2 runs completed")
+    assert after.count("| completed, made with another train (max_steps: 2 then 4): `run --restart` redoes it | 2 / 4 |") == 2
+    err = _error(capsys, main(["run", longer, "--out", out, "--no-progress"]), 2)
+    assert "made with a different train (max_steps: 2 then 4)" in err
