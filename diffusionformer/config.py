@@ -98,6 +98,26 @@ def _value_type(value: Any) -> str:
     return tp.__qualname__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
 
 
+def _device_argument(name: str, spec: Any) -> Any:
+    """``torch.device(spec)`` for the argument ``name``; a value torch cannot read (``"cdua"``, ``3.5``) is a
+    ValueError naming ``name`` with a "did you mean" among ``'cpu'``, ``'cuda'`` and ``'mps'``, not torch's
+    RuntimeError listing every device type.
+
+    Examples:
+        >>> _device_argument("device", "cdua")
+        Traceback (most recent call last):
+        ValueError: device: expected a torch device such as 'cpu', 'cuda' or 'cuda:1', got 'cdua' (did you mean 'cuda'?)
+    """
+    import torch  # here: the configs themselves need no torch
+
+    try:
+        return torch.device(spec)
+    except (RuntimeError, ValueError, TypeError) as err:
+        close = difflib.get_close_matches(str(spec), ["cpu", "cuda", "mps"], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{name}: expected a torch device such as 'cpu', 'cuda' or 'cuda:1', got {spec!r}{hint}") from err
+
+
 def check_value(value: Any, tp: Any, where: str) -> Any:
     """Check (and lightly coerce: int -> float, list -> tuple) ``value`` against annotation ``tp``."""
     origin = typing.get_origin(tp)

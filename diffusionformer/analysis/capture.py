@@ -28,7 +28,6 @@ Dense models (ViT, GPT) give tokens ``(B, T, D)``. Graph models give nodes ``(N,
 from __future__ import annotations
 
 import copy
-import difflib
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.analysis.metrics import _is_int
+from diffusionformer.config import _device_argument
 
 __all__ = ["LayerCapture", "LayerRecorder", "capture_dataset", "pad_by_batch"]
 
@@ -172,17 +172,6 @@ def _head(inputs: Any, labels: Tensor | None, k: int) -> tuple[Any, Tensor | Non
     if labels is not None:
         labels = labels[inputs.batch < k] if _per_node(labels, inputs) else labels[:k]
     return Batch.from_data_list(graphs), labels
-
-
-def _capture_device(spec: str | torch.device) -> torch.device:
-    """``torch.device(spec)``; a string torch cannot read (``"cdua"``) is a ValueError naming ``device`` with a
-    "did you mean" among ``'cpu'``, ``'cuda'`` and ``'mps'``, not torch's RuntimeError listing every device type."""
-    try:
-        return torch.device(spec)
-    except (RuntimeError, ValueError, TypeError) as err:
-        close = difflib.get_close_matches(str(spec), ["cpu", "cuda", "mps"], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"device: expected a torch device such as 'cpu', 'cuda' or 'cuda:1', got {spec!r}{hint}") from err
 
 
 def _to_device(inputs: Any, device: torch.device | None) -> Any:
@@ -655,7 +644,7 @@ def capture_dataset(
     """
     max_examples, max_attention_examples = _check_capture_limits(max_examples, max_attention_examples)
     run = forward if forward is not None else _default_forward
-    dev = None if device is None else _capture_device(device)
+    dev = None if device is None else _device_argument("device", device)
     recorder = LayerRecorder(model, layers, attentions)
     recorder.compute_attentions = max_attention_examples > 0
     collector = _Collector(recorder, max_attention_examples, keep_outputs)

@@ -87,12 +87,14 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
             unknown preset or holds an invalid config.
         CheckpointError: the checkpoint is unreadable or does not fit the model.
     """
-    from diffusionformer.config import config_from_dict
+    from diffusionformer.config import _device_argument, config_from_dict
     from diffusionformer.models import get_preset
     from diffusionformer.models.registry import split_task_settings, task_config
     from diffusionformer.train import CheckpointError, TrainConfig, read_metrics
     from diffusionformer.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
 
+    if map_location is not None:  # checked before anything is read
+        map_location = _device_argument("map_location", map_location)
     rdir = Path(path)
     if rdir.is_file():
         rdir = rdir.parent

@@ -194,3 +194,13 @@ def test_capture_dataset_misspelt_device_is_named_with_a_suggestion():
         capture_dataset(model, [torch.zeros(1, 2)], device="cdua")
     with pytest.raises(ValueError, match="device: .*got 3.5"):
         capture_dataset(model, [torch.zeros(1, 2)], device=3.5)
+
+
+def test_load_run_misspelt_map_location_is_named_before_anything_is_read(tmp_path):
+    """Bug: ``load_run(path, map_location="cdua")`` read the run config, built the model and loaded the checkpoint,
+    then failed in ``model.to`` with torch's RuntimeError listing every device type. It is now checked first (a
+    missing run directory is not even looked at) and named with a "did you mean"."""
+    from diffusionformer import load_run
+
+    with pytest.raises(ValueError, match=r"^map_location: .*got 'cdua' \(did you mean 'cuda'\?\)$"):
+        load_run(tmp_path / "no-such-run", map_location="cdua")
