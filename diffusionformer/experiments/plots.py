@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import math
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,12 +29,16 @@ def _figure(*args: Any, **kwargs: Any) -> Any:
     return Figure(*args, **kwargs)
 
 
+_STALE_SECONDS = 600.0
+
+
 @contextlib.contextmanager
 def _replace_when_written(path: Path) -> Iterator[Path]:
     """A path of ``path``'s name in a hidden folder beside it, moved over ``path`` (``os.replace``) once written:
     an interrupt or error while writing leaves the earlier file whole and nothing else behind. The name, and so
     the suffix that picks the figure format, is kept; the folder keeps a leftover of a killed process out of
-    ``plots/*.png``."""
+    ``plots/*.png``, and the next write of the figure removes such leftovers once they are
+    ``_STALE_SECONDS`` old (a writer that is still busy with one is never that slow)."""
     path = Path(path)
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
@@ -40,6 +46,11 @@ def _replace_when_written(path: Path) -> Iterator[Path]:
         os.replace(tmp_dir / path.name, path)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+    now = time.time()
+    for old in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):  # a killed process's, never removed
+        with contextlib.suppress(OSError):
+            if old.is_dir() and now - old.stat().st_mtime > _STALE_SECONDS:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def _save_figure(fig: Any, path: Path) -> None:

@@ -425,3 +425,27 @@ def test_bug_status_names_runs_made_with_another_training_config(tmp_path, capsy
     assert after.count("| completed, made with another train (max_steps: 2 then 4): `run --restart` redoes it | 2 / 4 |") == 2
     err = _error(capsys, main(["run", longer, "--out", out, "--no-progress"]), 2)
     assert "made with a different train (max_steps: 2 then 4)" in err
+
+
+def test_bug_a_killed_writers_hidden_figure_folder_is_swept_by_the_next_write(tmp_path):
+    """Bug: a process killed while saving a figure left ``plots/.<figure>.XXXX.tmp/`` behind for good (the hidden
+    folder keeps it out of ``plots/*.png``, but every kill added one). The next write of that figure now removes
+    leftovers older than ten minutes; a fresh one (a writer still busy) and other figures' are kept."""
+    import os
+
+    from diffusionformer.experiments.plots import _replace_when_written
+
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    stale, fresh, other = (plots / ".a_curves.png.old1.tmp", plots / ".a_curves.png.new1.tmp",
+                           plots / ".b_curves.png.old2.tmp")
+    for d in (stale, fresh, other):
+        d.mkdir()
+        (d / "x.png").write_bytes(b"torn")
+    hour_ago = os.stat(stale).st_mtime - 3600
+    for d in (stale, other):
+        os.utime(d, (hour_ago, hour_ago))
+    with _replace_when_written(plots / "a_curves.png") as tmp:
+        tmp.write_bytes(b"whole")
+    assert (plots / "a_curves.png").read_bytes() == b"whole"
+    assert sorted(p.name for p in plots.iterdir()) == sorted(["a_curves.png", fresh.name, other.name])
