@@ -159,7 +159,7 @@ BAD_CALLS = [
     ("q must have shape", lambda q, k, v: diffuse(q[0], k, v, torch.tensor([0.0, 1.0]))),
     ("q and k must share", lambda q, k, v: diffuse(q, k[:, :1], v, torch.tensor([0.0, 1.0]))),
     ("coeffs has 1 rows", lambda q, k, v: diffuse(q, k, v, torch.ones(1, 2))),
-    ("coeffs must be floating", lambda q, k, v: diffuse(q, k, v, torch.tensor([0, 1]))),
+    ("coeffs must be real numbers", lambda q, k, v: diffuse(q, k, v, torch.tensor([False, True]))),
     ("coeffs must be finite", lambda q, k, v: diffuse(q, k, v, torch.tensor([0.0, float("nan")]))),
     ("backend must be one of", lambda q, k, v: diffuse(q, k, v, torch.tensor([0.0, 1.0]), backend="flash")),
     ("attn_mask must be broadcastable", lambda q, k, v: diffuse(q, k, v, torch.tensor([0.0, 1.0]), attn_mask=torch.ones(3, 3, dtype=torch.bool))),
