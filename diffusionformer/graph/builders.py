@@ -37,6 +37,9 @@ def _sequence_graph(
     check_layout(layout)
     if not isinstance(self_loops, bool):
         raise TypeError(f"self_loops must be a bool, got {type(self_loops).__name__}")
+    if key_padding_mask is not None and not isinstance(key_padding_mask, Tensor):  # before .to / .device
+        raise TypeError("key_padding_mask must be a bool tensor of shape (B, N), got "
+                        f"{type(key_padding_mask).__name__}")
     if key_padding_mask is not None and device is not None:
         key_padding_mask = key_padding_mask.to(device)
     dev = torch.device(device) if device is not None else (

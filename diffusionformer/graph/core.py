@@ -261,6 +261,9 @@ class AttentionGraph:
                 raise ValueError(f"batch must have shape (num_nodes,), got {tuple(batch.shape)}")
         if not isinstance(self.checked, bool):
             raise TypeError(f"checked must be a bool, got {type(self.checked).__name__}")
+        G = None if self.batch_size is None else check_int("batch_size", self.batch_size, 1)
+        if batch is None and G not in (None, 1):
+            raise ValueError(f"batch_size={G} graphs needs a batch vector assigning nodes to graphs")
         if not self.checked:
             if self.num_nodes is None:
                 raise ValueError("an unchecked sparse AttentionGraph (checked=False) needs num_nodes")
@@ -269,7 +272,12 @@ class AttentionGraph:
             self._set("edge_index", e)
             self._set("num_nodes", check_int("num_nodes", self.num_nodes, 1))
             self._set("batch", batch)
+            self._set("batch_size", G)
             return
+        meta = [name for name, t in (("edge_index", e), ("batch", batch)) if t is not None and t.device.type == "meta"]
+        if meta:  # else an unclear Tensor.item() error from the bounds check below
+            raise ValueError(f"{meta[0]} is on the meta device, which has no values to check: build the graph with "
+                             "checked=False (and num_nodes), or on a real device")
         N = self.num_nodes
         if N is None:
             if batch is not None:
@@ -283,11 +291,7 @@ class AttentionGraph:
             lo, hi = int(e.min()), int(e.max())
             if lo < 0 or hi >= N:
                 raise ValueError(f"edge_index values must lie in [0, num_nodes={N}), got range [{lo}, {hi}]")
-        G = None if self.batch_size is None else check_int("batch_size", self.batch_size, 1)
-        if batch is None:
-            if G not in (None, 1):
-                raise ValueError(f"batch_size={G} graphs needs a batch vector assigning nodes to graphs")
-        else:
+        if batch is not None:
             if batch.numel() != N:
                 raise ValueError(f"batch must have shape (num_nodes,) = ({N},), got {tuple(batch.shape)}")
             lo, hi = int(batch.min()), int(batch.max())

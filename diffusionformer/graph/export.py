@@ -211,6 +211,8 @@ def grid_layout(h: int, w: int, *, cls_token: bool = False) -> dict[int, tuple[f
         {0: (-1.5, 0.0), 1: (0.0, 0.0), 2: (1.0, 0.0)}
     """
     h, w = check_int("h", h, 1), check_int("w", w, 1)
+    if not isinstance(cls_token, bool):  # as grid(): a truthy string would add a class token
+        raise TypeError(f"cls_token must be a bool, got {type(cls_token).__name__}")
     off = 1 if cls_token else 0
     pos = {n + off: (float(n % w), float(-(n // w))) for n in range(h * w)}
     if cls_token:

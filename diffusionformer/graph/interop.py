@@ -16,6 +16,10 @@ __all__ = ["from_edge_index", "from_networkx", "from_pyg"]
 def _set_self_loops(edge_index: Tensor, num_nodes: int, self_loops: bool | None) -> Tensor:
     from torch_geometric.utils import add_self_loops, remove_self_loops
 
+    if not isinstance(edge_index, Tensor):  # before PyG reads it
+        raise TypeError(f"edge_index must be an integer tensor of shape (2, E), got {type(edge_index).__name__}")
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:  # PyG would read a (2,) or (3, E) tensor as edges
+        raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
     if self_loops is None:
         return edge_index
     if not isinstance(self_loops, bool):
@@ -53,10 +57,6 @@ def from_edge_index(
                 [1, 0, 0, 1, 2]])
     """
     num_nodes = check_int("num_nodes", num_nodes, 1)  # numpy ints too; AttentionGraph asks the same of it
-    if not isinstance(edge_index, Tensor):  # before PyG reads it
-        raise TypeError(f"edge_index must be an integer tensor of shape (2, E), got {type(edge_index).__name__}")
-    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
     edge_index = _set_self_loops(edge_index, num_nodes, self_loops)
     return AttentionGraph.sparse(edge_index, num_nodes, batch=batch, checked=checked)
 

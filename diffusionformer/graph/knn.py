@@ -2,6 +2,8 @@ r"""k-nearest-neighbour graphs in feature space (data-dependent token graphs).""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -13,6 +15,16 @@ from diffusionformer.ops._checks import checks_values
 __all__ = ["KNN_METRICS", "knn"]
 
 KNN_METRICS: tuple[str, ...] = ("euclidean", "cosine")
+
+
+def _pow2_scale(x: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """``x`` times the power of two that brings ``|x|.amax(dims)`` into ``[0.5, 1)``: exact (no rounding), so
+    distances keep their order, but squares of huge or tiny features neither overflow nor underflow."""
+    if x.shape[-1] == 0:  # no features: every distance is 0
+        return x
+    _, e = torch.frexp(x.abs().amax(dim=dims, keepdim=True))  # amax = m 2^e, m in [0.5, 1); 0 for a zero amax
+    lim = int(math.log2(torch.finfo(x.dtype).max)) - 1  # 2^-e stays a normal number
+    return x * torch.exp2(-e.clamp(-lim, lim).to(x.dtype))
 
 
 def knn(
@@ -65,6 +77,9 @@ def knn(
         raise ValueError(f"metric must be one of {KNN_METRICS}, got {metric!r}")
     if not isinstance(self_loops, bool):
         raise TypeError(f"self_loops must be a bool, got {type(self_loops).__name__}")
+    if x.device.type == "meta":  # else an unclear Tensor.item() error from the size checks below
+        raise ValueError("x is on the meta device: knn reads the values of x to choose neighbours, and a meta "
+                         "tensor has none")
     dev = x.device
     x = x.detach()
     # a NaN/inf distance ties with the masked self entry; read on the host in eager mode on CPU only
@@ -114,9 +129,12 @@ def knn(
     if dense_x.dtype in (torch.float16, torch.bfloat16):  # no CPU cdist for them; neighbours need no more
         dense_x = dense_x.float()
     if metric == "euclidean":
-        dist = torch.cdist(dense_x, dense_x)  # (G, M, M)
+        # scaled into [0.5, 1) per graph so that no square overflows (a self loop) or underflows; the direct
+        # differences, not |x|^2 + |y|^2 - 2 x.y, which cancels for points far from the origin (N > 25)
+        s = _pow2_scale(dense_x, (1, 2))
+        dist = torch.cdist(s, s, compute_mode="donot_use_mm_for_euclid_dist")  # (G, M, M)
     else:
-        u = F.normalize(dense_x, dim=-1)
+        u = F.normalize(_pow2_scale(dense_x, (2,)), dim=-1)  # per point: a tiny norm is not clamped to eps
         dist = 1.0 - u @ u.transpose(-2, -1)
     invalid = torch.eye(M, dtype=torch.bool, device=dev)[None] | (node[:, None, :] < 0)
     dist = dist.masked_fill(invalid, float("inf"))

@@ -148,8 +148,11 @@ def attend_cached(
                 f"attend_cached: operator {op.name!r} does not support a KV cache (supports_kv_cache=False); "
                 "generate with use_cache=False"
             )
-    if x.dim() != 3:
-        raise ValueError(f"attend_cached: expected x of shape (B, n, D), got {tuple(x.shape)}")
+    if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != layer.dim:  # else a bare matmul error
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"attend_cached: expected x of shape (B, n, D), got {got}; this layer has D={layer.dim}")
+    if not x.is_floating_point():
+        raise TypeError(f"attend_cached: expected floating-point x, got dtype {x.dtype}")
     B, n, D = x.shape
     H, C = layer.num_heads, layer.head_dim
     start = cache.length
@@ -163,6 +166,11 @@ def attend_cached(
         positions = torch.arange(start, start + n, device=x.device)
     q, k, v = layer._project(x, positions, expand=False)  # (B, n, H, C), (B, n, G, C) x2
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|G, n, C)
+    if cache.keys is not None and (cache.keys.dtype != k.dtype or cache.keys.device != k.device):
+        # else cat promotes the dtype and a later product fails with a bare "expected scalar type" error
+        raise ValueError(f"attend_cached: the cache holds {cache.keys.dtype} keys on {cache.keys.device}, the layer "
+                         f"now gives {k.dtype} on {k.device} (it was converted or moved during decoding); "
+                         "start a new LayerKVCache or convert the layer back")
     keys = _cat(cache.keys, k)  # (B, G, T, C)
     values = _cat(cache.powers[0] if cache.powers else None, v)
     T = start + n

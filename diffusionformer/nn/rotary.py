@@ -52,8 +52,16 @@ def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
         >>> apply_rotary(x, torch.tensor([[torch.pi / 2]])).round(decimals=6).abs()  # (1, 0) -> (0, 1)
         tensor([[[0., 1.]]])
     """
+    if not isinstance(x, Tensor) or x.dim() < 3 or x.shape[-1] % 2:
+        raise ValueError(f"apply_rotary: expected x of shape (..., N, H, C) with C even, got "
+                         f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+    if not x.is_floating_point():  # cos and sin cast to an integer dtype are 0 and 1: x came back unrotated
+        raise TypeError(f"apply_rotary: expected floating-point x, got dtype {x.dtype}")
+    if not isinstance(angles, Tensor) or angles.is_complex() or angles.dtype == torch.bool:
+        raise TypeError(f"apply_rotary: expected real angles, got "
+                        f"{angles.dtype if isinstance(angles, Tensor) else type(angles).__name__}")
     C = x.shape[-1]
-    if angles.shape[-1] * 2 != C or angles.shape[0] != x.shape[-3]:
+    if angles.dim() != 2 or angles.shape[-1] * 2 != C or angles.shape[0] != x.shape[-3]:
         raise ValueError(
             f"apply_rotary: expected angles of shape (N, C/2) = ({x.shape[-3]}, {C // 2}), got {tuple(angles.shape)}"
         )
