@@ -6,7 +6,9 @@ import contextlib
 import dataclasses
 import json
 import os
+import pickle
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,27 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _crc_failure(path: Path) -> str | None:
+    """The first member of the zip archive ``path`` (``torch.save``'s format) whose bytes fail their
+    CRC-32, else ``None``. ``torch.load`` does not check the CRCs, so a flipped bit in tensor data
+    would load as different numbers. Members stored with CRC 0 (``torch.serialization.set_crc32_options(False)``)
+    are not checked; a file that is not a readable zip is left to ``torch.load`` to judge."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.CRC == 0:
+                    continue
+                try:
+                    with archive.open(info) as member:
+                        while member.read(1 << 24):
+                            pass
+                except zipfile.BadZipFile:
+                    return info.filename
+    except Exception:  # not a zip (a legacy or damaged file), unreadable: torch.load says what is wrong
+        return None
+    return None
 
 
 def save_checkpoint(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
@@ -94,6 +117,13 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         what = "a directory" if path.is_dir() else "missing"
         raise FileNotFoundError(f"load_checkpoint: expected a checkpoint file, got {what} {path}")
+    bad_member = _crc_failure(path)
+    if bad_member is not None:
+        raise CheckpointError(
+            f"checkpoint {path} ({path.stat().st_size} bytes) is corrupt: its entry {bad_member!r} fails its "
+            "CRC-32 check (bytes changed after it was written); it was left untouched. Delete it (or resume "
+            "from another copy) to continue."
+        )
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except PermissionError as err:  # no sign of damage: the advice below would lose a good file
@@ -101,14 +131,20 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"checkpoint {path} cannot be read by this process ({err}); the file itself may be intact "
             "and was left untouched: give this user read access to it to continue."
         ) from err
-    except Exception as err:  # torch's unpickler raises struct.error, IndexError, KeyError... on damaged bytes
-        size = path.stat().st_size
+    except pickle.UnpicklingError as err:
+        refused = [line.strip() for line in str(err).splitlines() if "Unsupported global" in line]
+        if not refused:  # damaged pickle bytes
+            raise _unreadable(path, err) from err
+        # a whole, well-formed file naming a type weights_only does not allow (e.g. a NumPy array returned by
+        # a module's get_extra_state): not damage, so no advice to delete it
         raise CheckpointError(
-            f"checkpoint {path} ({size} bytes) is unreadable: truncated, corrupt, or holding "
-            f"objects that torch.load(weights_only=True) refuses; it was left untouched. Delete it "
-            f"(or resume from another copy) to continue. Cause: {type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}"
+            f"checkpoint {path} is unreadable: it holds objects that torch.load(weights_only=True) refuses "
+            f"({refused[0]}); not damage: there is no need to delete it, and it was left untouched. Load it only "
+            "if you trust its source (torch.serialization.add_safe_globals allows a type); a module's "
+            "get_extra_state should return tensors and plain Python values."
         ) from err
+    except Exception as err:  # torch's unpickler raises struct.error, IndexError, KeyError... on damaged bytes
+        raise _unreadable(path, err) from err
     if not isinstance(payload, dict):
         raise CheckpointError(
             f"checkpoint {path}: expected a dict with keys {list(_REQUIRED)}, got "
@@ -135,6 +171,16 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path}: expected 'model' to be a state dict (parameter names as keys), "
                               f"got the key {bad[0]!r} ({type(bad[0]).__name__})")
     return payload
+
+
+def _unreadable(path: Path, err: BaseException) -> CheckpointError:
+    size = path.stat().st_size
+    return CheckpointError(
+        f"checkpoint {path} ({size} bytes) is unreadable: truncated, corrupt, or holding "
+        f"objects that torch.load(weights_only=True) refuses; it was left untouched. Delete it "
+        f"(or resume from another copy) to continue. Cause: {type(err).__name__}: "
+        f"{str(err).splitlines()[0] if str(err) else ''}"
+    )
 
 
 def model_record(model: torch.nn.Module) -> dict[str, Any]:

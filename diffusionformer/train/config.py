@@ -39,7 +39,11 @@ def _check_int(name: str, value: Any, minimum: int | None = None, maximum: int |
 def _check_float(name: str, value: Any, minimum: float, *, strict: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"TrainConfig.{name}: expected float, got {_type_name(value)} ({value!r})")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int (or Fraction) beyond the float range: float() raises instead of giving inf
+        raise ValueError(f"TrainConfig.{name}: expected a finite float, got {_type_name(value)} beyond the float "
+                         "range (|x| > 1.8e308)") from None
     if not math.isfinite(value):
         raise ValueError(f"TrainConfig.{name}: expected a finite float, got {value}")
     if value < minimum or (strict and value == minimum):
@@ -241,7 +245,7 @@ class TrainConfig:
         names = [f.name for f in dataclasses.fields(cls)]
         for key in data:
             if key not in names:
-                close = difflib.get_close_matches(str(key), names, n=1)
+                close = difflib.get_close_matches(str(key).lower(), names, n=1)  # "LR" -> 'lr'
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(
                     f"unknown TrainConfig key {key!r}{hint}; valid keys: {', '.join(names)}"
@@ -263,12 +267,20 @@ def _torch_device(spec: str) -> torch.device:
     try:
         return torch.device(spec)
     except (RuntimeError, ValueError) as err:
-        close = difflib.get_close_matches(str(spec), ["auto", "cpu", "cuda"], n=1)
+        close = difflib.get_close_matches(str(spec).lower(), ["auto", "cpu", "cuda"], n=1)  # "CPU" -> 'cpu'
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
             f"TrainConfig.device: expected 'auto' or a torch device string such as 'cpu', "
             f"'cuda' or 'cuda:1', got {spec!r}{hint}"
         ) from err
+
+
+def _check_device(where: str, device: Any) -> None:
+    """A ``TypeError`` naming ``where`` unless ``device`` is a ``torch.device`` (else a bare AttributeError on
+    ``device.type`` deep inside; a string goes through :func:`resolve_device` first)."""
+    if not isinstance(device, torch.device):
+        raise TypeError(f"{where}: expected device to be a torch.device (resolve_device turns a string into one), "
+                        f"got {_type_name(device)} ({device!r})")
 
 
 def resolve_device(spec: str, local_rank: int | None = None) -> torch.device:

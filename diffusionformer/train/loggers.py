@@ -14,6 +14,7 @@ starts when it is missing.
 from __future__ import annotations
 
 import csv
+import difflib
 import math
 import numbers
 import os
@@ -86,6 +87,8 @@ def _row_to_record(row: Mapping[str, str]) -> dict[str, Any]:
         "elapsed": _parse_number(row["elapsed"]),
         "time": _parse_number(row["time"]),
     }
+    if None in row:  # csv.DictReader files the cells beyond the header under the key None
+        raise ValueError(f"{len(row[None])} more cell(s) than the header's {len(row) - 1} columns")
     for column, text in row.items():
         if column.startswith(_PREFIX) and text != "":
             record["metrics"][column[len(_PREFIX):]] = float(text)
@@ -309,6 +312,12 @@ def open_loggers(names: Sequence[str], out_dir: str | os.PathLike[str], *, activ
         ...     read_metrics_csv(d)[0]["metrics"], sorted(p.name for p in Path(d).iterdir())
         ({'acc': 1.0}, ['metrics.csv', 'metrics.jsonl'])
     """
+    if isinstance(names, str):  # else read letter by letter: "got 'j'"
+        raise TypeError(f"loggers: expected a list of names from {LOGGER_CHOICES}, got the str {names!r}")
+    names = list(names)
+    repeated = sorted({n for n in names if names.count(n) > 1}, key=str)
+    if repeated:  # two writers of one file: every record written twice
+        raise ValueError(f"loggers: expected distinct names, got {repeated} more than once in {names}")
     out_dir = Path(out_dir)
     writers: list[MetricsWriter] = []
     for name in names:
@@ -319,5 +328,7 @@ def open_loggers(names: Sequence[str], out_dir: str | os.PathLike[str], *, activ
         elif name == "tensorboard":
             writers.append(TensorBoardLog(out_dir / TENSORBOARD_DIR, active=active))
         else:
-            raise ValueError(f"loggers: expected names from {LOGGER_CHOICES}, got {name!r}")
+            close = difflib.get_close_matches(str(name).lower(), LOGGER_CHOICES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"loggers: expected names from {LOGGER_CHOICES}, got {name!r}{hint}")
     return LogGroup(writers)

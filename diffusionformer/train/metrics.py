@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import numbers
 import os
 import tempfile
 import warnings
@@ -20,11 +21,15 @@ METRICS_NAME = "metrics.jsonl"
 
 
 def _plain(value: Any) -> Any:
-    """JSON-safe copy of a record: non-finite floats become ``None`` (strict JSON has no NaN)."""
+    """JSON-safe copy of a record: non-finite floats become ``None`` (strict JSON has no NaN), NumPy
+    numbers the Python ``int``/``float`` they equal."""
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if not isinstance(value, (bool, int, float)) and isinstance(value, numbers.Real):
+        # np.float32 / np.int64 (numbers, but not to json: "Object of type float32 is not JSON serializable")
+        value = int(value) if isinstance(value, numbers.Integral) else float(value)
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import TrainConfig
+from .config import TrainConfig, _check_device
 
 __all__ = ["param_groups", "build_optimizer"]
 
@@ -64,6 +64,8 @@ def param_groups(model: nn.Module, weight_decay: float, rule: str = "default") -
         >>> [(g["names"], g["weight_decay"]) for g in param_groups(model, 0.1, rule="nanogpt")]
         [(['0.weight', '1.weight'], 0.1), (['1.bias', '2.weight', '2.bias'], 0.0)]
     """
+    if not isinstance(model, nn.Module):  # e.g. model.parameters(), what torch.optim takes: a bare AttributeError
+        raise TypeError(f"param_groups: expected model to be an nn.Module, got {type(model).__name__}")
     if rule not in ("default", "nanogpt"):
         raise ValueError(f"param_groups: expected rule 'default' or 'nanogpt', got {rule!r}")
     if isinstance(weight_decay, bool) or not isinstance(weight_decay, numbers.Real):
@@ -122,6 +124,10 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device)
         config: the training config.
         device: the training device.
     """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"build_optimizer: expected config to be a TrainConfig, got {type(config).__name__} "
+                        "(use TrainConfig.from_dict for mappings)")
+    _check_device("build_optimizer", device)
     groups = param_groups(model, config.weight_decay, config.weight_decay_rule)
     if not groups:
         raise ValueError(

@@ -7,12 +7,15 @@ States are stored as tensors and plain Python types so that checkpoints load wit
 from __future__ import annotations
 
 import contextlib
+import numbers
 import random
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
+
+from .config import _check_device
 
 __all__ = ["seed_everything", "capture_rng_state", "restore_rng_state", "preserve_rng_state"]
 
@@ -30,8 +33,10 @@ def seed_everything(seed: int) -> None:
         >>> seed_everything(3); torch.equal(a, torch.rand(2))
         True
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+    # any integral number (a NumPy int from a sweep grid, as TrainConfig.seed takes) is the int it equals
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
         raise ValueError(f"seed_everything: expected an int in [0, 2**32), got {seed!r}")
+    seed = int(seed)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
@@ -52,6 +57,7 @@ def capture_rng_state(device: torch.device, generator: torch.Generator | None = 
         >>> restore_rng_state(s, torch.device("cpu")); torch.equal(a, torch.rand(2))
         True
     """
+    _check_device("capture_rng_state", device)
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
@@ -76,6 +82,10 @@ def restore_rng_state(
         device: the training device (its CUDA generator is restored when one was captured).
         generator: the batch generator to restore, if any.
     """
+    missing = [k for k in ("python", "numpy", "torch") if not isinstance(state, dict) or k not in state]
+    if missing:  # else a bare KeyError 'python'
+        raise ValueError(f"restore_rng_state: expected a state from capture_rng_state, got "
+                         f"{type(state).__name__ if not isinstance(state, dict) else 'a dict'} without {missing}")
     py = state["python"]
     random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
     npst = state["numpy"]

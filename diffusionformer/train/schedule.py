@@ -29,15 +29,17 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_s
         step: number of updates already done (``>= 0``).
         lr: peak learning rate.
         min_lr: final learning rate.
-        warmup_steps: ``W``.
+        warmup_steps: ``W >= 0``.
         decay_steps: ``D >= W``.
 
     Examples:
         >>> [cosine_lr(s, lr=1.0, min_lr=0.0, warmup_steps=3, decay_steps=5) for s in range(7)]
         [0.25, 0.5, 0.75, 1.0, 0.5, 0.0, 0.0]
     """
-    if step < 0:
+    if not step >= 0:  # NaN too: it fell through every branch and came back as a NaN learning rate
         raise ValueError(f"cosine_lr: expected step >= 0, got {step}")
+    if warmup_steps < 0:
+        raise ValueError(f"cosine_lr: expected warmup_steps >= 0, got {warmup_steps}")
     if decay_steps < warmup_steps:
         raise ValueError(
             f"cosine_lr: expected decay_steps >= warmup_steps ({warmup_steps}), got {decay_steps}"

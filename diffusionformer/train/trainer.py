@@ -235,6 +235,11 @@ class Trainer:
         with _entries_fit(path, "the state of this model and optimizer, got one that does not fit"):
             self.model.load_state_dict(payload["model"])
             optimizer.load_state_dict(payload["optimizer"])
+        # _save never writes non-finite parameters: a checkpoint holding some is not a "last good" one to resume from
+        bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if bad:
+            raise CheckpointError(f"checkpoint {path}: expected finite parameters (the trainer saves no others), got "
+                                  f"NaN or inf in {bad[:3]}{' ...' if len(bad) > 3 else ''}")
         with _entries_fit(path, "the random-generator states the trainer saves, got ones that do not fit"):
             restore_rng_state(payload["rng"], device, generator)
 
