@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -82,6 +83,10 @@ def _not_resumed_advice(exc: CheckpointError, checkpoint: str, which: str) -> st
     lose a good file), else delete it to retrain that run (``which``: "this" or "its")."""
     if isinstance(exc.__cause__, PermissionError):
         return f"Give this user read access to {checkpoint} and run again to resume {which} run."
+    if isinstance(exc.__cause__, pickle.UnpicklingError) and "Unsupported global" in str(exc.__cause__):
+        # a whole file naming a type weights_only refuses: not damage, so no advice to delete it
+        return (f"{checkpoint} is whole: allow the type it names (torch.serialization.add_safe_globals) if you trust "
+                f"its source and run again to resume {which} run, or delete it to train {which} run again from step 0.")
     return (f"Delete {checkpoint} to train {which} run again from step 0 (--restart would discard every run of "
             "the comparison).")
 

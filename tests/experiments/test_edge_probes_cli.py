@@ -32,6 +32,7 @@ Found and fixed (tests named ``test_bug_...``):
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 
@@ -449,3 +450,28 @@ def test_bug_a_killed_writers_hidden_figure_folder_is_swept_by_the_next_write(tm
         tmp.write_bytes(b"whole")
     assert (plots / "a_curves.png").read_bytes() == b"whole"
     assert sorted(p.name for p in plots.iterdir()) == sorted(["a_curves.png", fresh.name, other.name])
+
+
+def test_bug_a_whole_checkpoint_of_a_refused_type_is_not_advised_away(tmp_path):
+    """Bug: a whole checkpoint holding a type ``torch.load(weights_only=True)`` refuses (a NumPy array from a
+    module's ``get_extra_state``) got the advice for a damaged one, "Delete ... to train this run again", which
+    loses a good file. The advice now says the file is whole and how to allow the type; deleting is the second
+    choice."""
+    import numpy as np
+    import torch
+
+    from diffusionformer.experiments.runner import _not_resumed_advice
+    from diffusionformer.train import CheckpointError
+    from diffusionformer.train.checkpoint import load_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model": {"extra": np.zeros(2)}}, path)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    advice = _not_resumed_advice(info.value, "runs/a/checkpoint.pt", "this")
+    assert advice.startswith("runs/a/checkpoint.pt is whole: allow the type it names "
+                             "(torch.serialization.add_safe_globals)")
+    assert advice.endswith("or delete it to train this run again from step 0.")
+    damaged = CheckpointError("truncated")
+    damaged.__cause__ = pickle.UnpicklingError("invalid load key, 'x'.")
+    assert _not_resumed_advice(damaged, "runs/a/checkpoint.pt", "this").startswith("Delete runs/a/checkpoint.pt")
