@@ -255,7 +255,8 @@ class TensorBoardLog:
         values = {"loss": record.get("loss"), "lr": record.get("lr")}
         values.update({str(k): v for k, v in dict(record.get("metrics") or {}).items() if k != "loss"})
         for name, value in values.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            # numbers.Real: NumPy scalars too, as the jsonl and csv logs write them
+            if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
                 writer.add_scalar(f"{split}/{name}", float(value), global_step=step)
         writer.flush()
 

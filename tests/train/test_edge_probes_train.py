@@ -262,3 +262,26 @@ def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
     expected = draw()
     restore_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True), CPU, g)
     assert draw() == expected
+
+
+def test_tensorboard_log_writes_numpy_scalars_like_the_other_logs(tmp_path):
+    """Bug: ``TensorBoardLog.append`` dropped NumPy scalars (``np.float32`` accuracy, ``np.int64`` count) without a
+    word, while the jsonl and csv logs write them: TensorBoard lacked curves the other logs had. A NumPy bool and a
+    non-finite value stay out, as a Python bool and NaN do."""
+    from diffusionformer.train import TensorBoardLog
+
+    class _Writer:
+        def __init__(self):
+            self.scalars = []
+
+        def add_scalar(self, tag, value, global_step):
+            self.scalars.append((tag, value, global_step))
+
+        def flush(self):
+            pass
+
+    log = TensorBoardLog(tmp_path / "tb", active=False)  # no tensorboard here: a stand-in writer
+    log.active, log._writer = True, _Writer()
+    log.append({"split": "eval", "step": 3, "loss": np.float64(0.5), "lr": None,
+                "metrics": {"acc": np.float32(0.25), "n": np.int64(7), "flag": np.bool_(True), "bad": np.float32("nan")}})
+    assert log._writer.scalars == [("eval/loss", 0.5, 3), ("eval/acc", 0.25, 3), ("eval/n", 7.0, 3)]
