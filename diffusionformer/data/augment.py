@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .splits import _require_generator
+
 __all__ = ["MultiCropAugment", "crop_boxes", "gaussian_blur", "random_crop_flip", "resample_crops"]
 
 _DRAWS = 8  # uniforms per view: area, log-ratio, centre x, centre y, flip, shift, gain, blur
@@ -37,9 +39,30 @@ _DRAWS = 8  # uniforms per view: area, log-ratio, centre x, centre y, flip, shif
 
 def _check_range(name: str, value: tuple[float, float], low: float, high: float) -> None:
     ok = (isinstance(value, tuple) and len(value) == 2
-          and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+          and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value))
     if not ok or not (low <= value[0] <= value[1] <= high):
         raise ValueError(f"{name} must be a pair (a, b) with {low} <= a <= b <= {high}, got {value!r}")
+    if not math.isfinite(value[1]):  # an infinite ratio gives NaN crops, an infinite blur no kernel
+        raise ValueError(f"{name} must be a pair of finite numbers (a, b) with {low} <= a <= b, got {value!r}")
+
+
+def _float_pair(value: object) -> object:
+    """A pair of real numbers (numpy ones too) as a tuple of Python floats; anything else as given,
+    for :func:`_check_range` to name."""
+    try:
+        items = tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        return value
+    if all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in items):
+        return tuple(float(v) for v in items)
+    return items
+
+
+def _check_images(images: Tensor, owner: str) -> None:
+    """Refuse non-float images before ``affine_grid``/``conv2d`` blame ``theta`` or the kernel."""
+    if not images.is_floating_point():
+        raise TypeError(f"{owner} expects floating-point images, got {images.dtype} (convert them with "
+                        f".float() first)")
 
 
 def crop_boxes(u: Tensor, scale: tuple[float, float], ratio: tuple[float, float]) -> Tensor:
@@ -108,6 +131,9 @@ def resample_crops(images: Tensor, theta: Tensor) -> Tensor:
     if images.dim() != 4 or theta.shape != (images.shape[0], 2, 3):
         raise ValueError(f"resample_crops expects images (N, C, H, W) and theta (N, 2, 3), got "
                          f"{tuple(images.shape)} and {tuple(theta.shape)}")
+    _check_images(images, "resample_crops")
+    if images.numel() == 0:  # affine_grid refuses a size with a zero
+        return images.clone()
     grid = F.affine_grid(theta.to(device=images.device, dtype=images.dtype), list(images.shape), align_corners=False)
     return F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
@@ -134,8 +160,13 @@ def gaussian_blur(images: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
     if images.dim() != 4 or sigma.shape != (images.shape[0],):
         raise ValueError(f"gaussian_blur expects images (N, C, H, W) and sigma (N,), got "
                          f"{tuple(images.shape)} and {tuple(sigma.shape)}")
-    if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+    if isinstance(kernel_size, bool) or not isinstance(kernel_size, numbers.Integral) or kernel_size < 1 \
+            or kernel_size % 2 == 0:
         raise ValueError(f"kernel_size must be a positive odd int, got {kernel_size!r}")
+    kernel_size = int(kernel_size)
+    _check_images(images, "gaussian_blur")
+    if images.numel() == 0:  # conv2d refuses an empty batch of N * C = 0 channels
+        return images.clone()
     N, C, H, W = images.shape
     half = kernel_size // 2
     d = torch.arange(-half, half + 1, device=images.device, dtype=images.dtype)
@@ -201,12 +232,11 @@ class MultiCropAugment:
     def __post_init__(self) -> None:
         for name in ("global_crops", "local_crops"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "global_crops" else 0):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < (1 if name == "global_crops" else 0):
                 raise ValueError(f"MultiCropAugment.{name} must be an int >= {1 if name == 'global_crops' else 0}, got {v!r}")
-        object.__setattr__(self, "global_scale", tuple(self.global_scale))
-        object.__setattr__(self, "local_scale", tuple(self.local_scale))
-        object.__setattr__(self, "ratio", tuple(self.ratio))
-        object.__setattr__(self, "blur_sigma", tuple(self.blur_sigma))
+            object.__setattr__(self, name, int(v))
+        for name in ("global_scale", "local_scale", "ratio", "blur_sigma"):
+            object.__setattr__(self, name, _float_pair(getattr(self, name)))
         _check_range("MultiCropAugment.global_scale", self.global_scale, 1e-6, 1.0)
         _check_range("MultiCropAugment.local_scale", self.local_scale, 1e-6, 1.0)
         _check_range("MultiCropAugment.ratio", self.ratio, 1e-6, math.inf)
@@ -241,6 +271,7 @@ class MultiCropAugment:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if len(image_shape) != 3:
             raise ValueError(f"image_shape must be (C, H, W), got {image_shape!r}")
+        _require_generator(generator, "MultiCropAugment.sample")
         B, V, G = batch_size, self.num_views, self.global_crops
         u = torch.rand(B, V, _DRAWS, generator=generator)
         flip = torch.where(u[..., 4] < self.flip_prob, 0.0, 1.0)  # crop_boxes flips where < 0.5
@@ -272,6 +303,17 @@ class MultiCropAugment:
         V = self.num_views
         if theta.shape != (B, V, 2, 3):
             raise ValueError(f"augmentation parameters are for theta {tuple(theta.shape)}, expected ({B}, {V}, 2, 3)")
+        shapes = {"gain": (B, V), "shift": (B, V)}
+        if self.blur_prob > 0:
+            shapes["sigma"] = (B, V)
+        if "noise" in params:  # parameters carried without noise apply none
+            shapes["noise"] = (B, V, C, H, W)
+        for key, shape in shapes.items():  # parameters drawn for another batch or image size
+            got = params.get(key)
+            if not isinstance(got, Tensor) or tuple(got.shape) != shape:
+                got = "missing" if got is None else tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
+                raise ValueError(f"augmentation parameter {key!r} must have shape {shape} for images "
+                                 f"{tuple(images.shape)}, got {got} (draw it with sample(B, (C, H, W), generator))")
         dev, dt = images.device, images.dtype
         x = images.unsqueeze(1).expand(B, V, C, H, W).reshape(B * V, C, H, W)
         x = resample_crops(x, theta.reshape(B * V, 2, 3))
@@ -320,6 +362,7 @@ def random_crop_flip(images: Tensor, generator: torch.Generator, *, padding: int
     if isinstance(padding, bool) or not isinstance(padding, numbers.Integral) or padding < 0:
         raise ValueError(f"random_crop_flip: padding must be an int >= 0, got {padding!r}")
     padding = int(padding)
+    _require_generator(generator, "random_crop_flip")
     B, C, H, W = images.shape
     offsets = torch.randint(0, 2 * padding + 1, (B, 2), generator=generator)
     flips = torch.rand(B, generator=generator) < 0.5 if flip else torch.zeros(B, dtype=torch.bool)

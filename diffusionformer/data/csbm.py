@@ -30,7 +30,7 @@ from diffusionformer.config import check_value
 from .base import NodeData
 from .registry import register_dataset
 from .splits import generator as seeded_generator
-from .splits import index_to_mask, random_split, require_heldout
+from .splits import _require_generator, index_to_mask, random_split, require_heldout
 
 __all__ = ["csbm_graph", "edge_homophily", "load_csbm"]
 
@@ -98,6 +98,7 @@ def csbm_graph(
         raise ValueError(f"mu must be >= 0, got {mu}")
     if avg_degree <= 0:
         raise ValueError(f"avg_degree must be > 0, got {avg_degree}")
+    _require_generator(generator, "csbm_graph")
     g = generator
 
     y = (torch.arange(N) % C)[torch.randperm(N, generator=g)]

@@ -23,6 +23,7 @@ otherwise plugs :class:`TorchNeighborSampler` (pure PyTorch, this module) into t
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,13 +70,25 @@ class TorchNeighborSampler(BaseSampler):
     def __init__(self, data: Data, num_neighbors: Sequence[int], generator: torch.Generator | None = None) -> None:
         if not isinstance(data, Data) or data.edge_index is None:
             raise TypeError(f"TorchNeighborSampler: expected a PyG Data with edge_index, got {type(data).__name__}")
-        hops = list(num_neighbors)
-        if not hops or any(isinstance(k, bool) or not isinstance(k, int) or (k < 1 and k != -1) for k in hops):
+        try:
+            hops = list(num_neighbors)
+        except TypeError:
+            hops = []
+        if not hops or any(isinstance(k, bool) or not isinstance(k, numbers.Integral) or (k < 1 and k != -1)
+                           for k in hops):
             raise ValueError(f"num_neighbors: expected a non-empty list of positive ints or -1, got {num_neighbors!r}")
-        self.num_neighbors = hops
+        self.num_neighbors = [int(k) for k in hops]
         self.generator = generator
         N = int(data.num_nodes)
-        src, dst = data.edge_index[0].long(), data.edge_index[1].long()
+        ei = data.edge_index
+        if not isinstance(ei, Tensor) or ei.dim() != 2 or ei.shape[0] != 2 or ei.dtype == torch.bool \
+                or ei.is_floating_point() or ei.is_complex():
+            what = f"{ei.dtype} of shape {tuple(ei.shape)}" if isinstance(ei, Tensor) else type(ei).__name__
+            raise ValueError(f"TorchNeighborSampler: expected an integer edge_index of shape (2, E), got {what}")
+        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= N):
+            raise ValueError(f"TorchNeighborSampler: edge_index holds node ids in [{int(ei.min())}, {int(ei.max())}], "
+                             f"outside [0, num_nodes={N})")
+        src, dst = ei[0].long().cpu(), ei[1].long().cpu()
         dst_sorted, perm = torch.sort(dst, stable=True)
         self.num_nodes = N
         self.perm = perm  # CSC position -> original edge id
@@ -111,6 +124,14 @@ class TorchNeighborSampler(BaseSampler):
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> SamplerOutput:
         seeds = index.node.long()
         N = self.num_nodes
+        if seeds.numel():  # an id outside the graph, or a repeated seed whose first copy would get no edges
+            lo, hi = int(seeds.min()), int(seeds.max())
+            if lo < 0 or hi >= N:
+                raise ValueError(f"TorchNeighborSampler: seed node ids must lie in [0, num_nodes={N}), got range [{lo}, {hi}]")
+            ids, counts = seeds.unique(return_counts=True)
+            if bool((counts > 1).any()):
+                raise ValueError(f"TorchNeighborSampler: expected distinct seeds in a batch, got repeated node ids "
+                                 f"{ids[counts > 1].tolist()[:10]}")
         local = torch.full((N,), -1, dtype=torch.long)
         local[seeds] = torch.arange(seeds.numel())
         nodes, rows, cols, edges = [seeds], [], [], []

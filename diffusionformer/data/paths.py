@@ -107,6 +107,7 @@ def require_files(
             f"dataset {dataset!r} reads files from a data root, and none was given. "
             f"Expected files (standard layout):\n{expected}{extra}\n{_HOW_TO_SET}"
         )
+    root = Path(root)  # a str root (a loader called directly) as the Path it names
     paths = [root / rel for rel in relpaths]
     missing = [p for p in paths if not p.is_file()]
     if missing:

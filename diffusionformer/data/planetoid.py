@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import io
+import numbers
 import pickle
 import warnings
 from pathlib import Path
@@ -141,11 +142,35 @@ def _unpickle_planetoid(path: Path) -> Any:
         raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: {type(err).__name__}: {err}") from None
 
 
+# entries of a dense matrix built from the files: far above the largest Planetoid graph (CiteSeer's
+# 3,327 x 3,703 features, 12.3M), far below what a doctored 500-byte sparse header could ask for
+_MAX_DENSE_ENTRIES = 2**28
+
+
+def _check_dense_size(path: Path, shape: tuple[int, ...], what: str) -> None:
+    """Refuse a matrix whose dense form would take more than :data:`_MAX_DENSE_ENTRIES` entries."""
+    entries = 1
+    for n in shape:
+        entries *= max(int(n), 0)
+    if entries > _MAX_DENSE_ENTRIES:
+        raise CorruptDataError(
+            f"corrupt Planetoid file {str(path)!r}: {what} declares a {' x '.join(map(str, shape))} matrix "
+            f"({entries} entries, {entries * 4 / 2**30:.1f} GiB as float32), more than any Planetoid "
+            f"dataset (at most {_MAX_DENSE_ENTRIES} entries)")
+
+
 def _planetoid_matrix(path: Path) -> Tensor:
     """A feature or one-hot label matrix (dense array or SciPy sparse) as a float tensor."""
     obj = _unpickle_planetoid(path)
     if hasattr(obj, "toarray") and hasattr(obj, "shape"):
-        obj = obj.toarray()
+        shape = obj.shape
+        if not (isinstance(shape, tuple) and len(shape) == 2 and all(isinstance(n, numbers.Integral) for n in shape)):
+            raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: a sparse matrix of shape {shape!r}")
+        _check_dense_size(path, shape, "its sparse matrix")  # toarray() would allocate it all
+        try:
+            obj = obj.toarray()
+        except (ValueError, TypeError, IndexError, MemoryError) as err:  # indices that do not fit the shape
+            raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: {type(err).__name__}: {err}") from None
     if not isinstance(obj, np.ndarray) or obj.ndim != 2 or obj.dtype.kind not in "biuf":
         what = f"{obj.dtype} array of shape {obj.shape}" if isinstance(obj, np.ndarray) else type(obj).__name__
         raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: expected a 2-D numeric matrix, got {what}")
@@ -209,6 +234,7 @@ def read_planetoid(folder: str | Path, prefix: str) -> Any:
     sorted_test_index = test_index.sort()[0]
     if prefix == "citeseer":  # isolated test nodes: zero rows where test.index has gaps
         lo = int(test_index.min())
+        _check_dense_size(f["test.index"], (int(test_index.max()) - lo + 1, tx.size(1)), "its index range")
         tx_ext = torch.zeros(int(test_index.max()) - lo + 1, tx.size(1), dtype=tx.dtype)
         tx_ext[sorted_test_index - lo] = tx
         ty_ext = torch.zeros(tx_ext.size(0), ty.size(1), dtype=ty.dtype)

@@ -18,13 +18,15 @@ own position, ``T = 2P + Q``: ``Q`` training signals per sequence instead of one
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
 
-from .base import IGNORE_INDEX, SequenceTaskData
+from .base import IGNORE_INDEX, SequenceTaskData, _as_count
 from .registry import register_dataset
 from .splits import generator as seeded_generator
-from .splits import require_heldout, split_sizes
+from .splits import _require_generator, require_heldout, split_sizes
 
 __all__ = ["make_assoc_recall", "load_assoc_recall"]
 
@@ -52,6 +54,11 @@ def make_assoc_recall(
         >>> bool(((x[:, 0:-1:2] == x[:, -1:]) & (x[:, 1::2] == y[:, -1:])).any(1).all())
         True
     """
+    num_examples, num_pairs, vocab_size = (_as_count(name, v) for name, v in (
+        ("num_examples", num_examples), ("num_pairs", num_pairs), ("vocab_size", vocab_size)))
+    if isinstance(num_queries, numbers.Integral) and not isinstance(num_queries, bool):
+        num_queries = int(num_queries)  # a numpy int as the int it equals
+    _require_generator(generator, "make_assoc_recall")
     if num_examples < 1:
         raise ValueError(f"num_examples must be >= 1, got {num_examples}")
     if vocab_size < 4:
@@ -104,6 +111,9 @@ def load_assoc_recall(
     Shapes:
         - x, y of each split: ``(N_split, 2 * num_pairs + num_queries)`` int64
     """
+    num_examples = _as_count("num_examples", num_examples)
+    if num_examples < 1:
+        raise ValueError(f"num_examples must be >= 1, got {num_examples}")
     n_train, n_val, n_test = split_sizes(num_examples, val_fraction, test_fraction)
     require_heldout("assoc-recall", (n_train, n_val, n_test), val_fraction, test_fraction)
     x, y = make_assoc_recall(num_examples, num_pairs, vocab_size, seeded_generator(seed), num_queries)

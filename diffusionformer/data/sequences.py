@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ._optional import import_optional
-from .base import ClassificationData
+from .base import ClassificationData, _as_count
 from .registry import register_dataset
 from .splits import random_split, require_heldout
 
@@ -43,6 +43,7 @@ def load_mnist1d(
     Shapes:
         - x: ``(N, 40, 1)`` float32; y: ``(N,)`` int64, 10 classes.
     """
+    num_samples = _as_count("num_samples", num_samples)
     if num_samples < 20:
         raise ValueError(f"num_samples must be >= 20 (two per class), got {num_samples}")
     mdata = import_optional("mnist1d.data", package="mnist1d", dataset="mnist1d")

@@ -42,6 +42,26 @@ def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
+def _require_generator(generator: object, owner: str) -> None:
+    """Refuse a ``generator`` that is not a ``torch.Generator`` (``None`` passes: torch's global one),
+    before torch reports it as "received an invalid combination of arguments"."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        hint = " (for a seed, pass torch.Generator().manual_seed(seed))" if isinstance(generator, numbers.Integral) else ""
+        raise TypeError(f"{owner}: generator must be a torch.Generator, got {type(generator).__name__}{hint}")
+
+
+def _class_labels(labels: object, owner: str) -> Tensor:
+    """``labels`` checked as a 1-D integer (or bool) tensor of class labels, on the CPU."""
+    if not isinstance(labels, Tensor):
+        raise TypeError(f"{owner}: labels must be a 1-D integer tensor, got {type(labels).__name__} "
+                        f"(convert with torch.as_tensor)")
+    if labels.dim() != 1:
+        raise ValueError(f"labels must be 1-D, got shape {tuple(labels.shape)}")
+    if labels.is_floating_point() or labels.is_complex():  # NaN labels match no class: items would be lost
+        raise TypeError(f"{owner}: labels must be integer class labels, got dtype {labels.dtype}")
+    return labels.cpu()
+
+
 def split_sizes(n: int, val_fraction: float, test_fraction: float) -> tuple[int, int, int]:
     r"""Sizes ``(n_train, n_val, n_test)``, ``n_val = floor(f_val n + 1/2)``, same for test.
 
@@ -55,6 +75,9 @@ def split_sizes(n: int, val_fraction: float, test_fraction: float) -> tuple[int,
         >>> split_sizes(100, 0.1, 0.2)
         (70, 10, 20)
     """
+    n = _as_count("n", n)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
     for label, f in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
         if not 0.0 <= f < 1.0:
             raise ValueError(f"{label} must be in [0, 1), got {f}")
@@ -111,11 +134,9 @@ def stratified_split(
         >>> y[va].bincount().tolist(), y[te].bincount().tolist(), len(tr)
         ([2, 2], [2, 2], 12)
     """
-    if labels.dim() != 1:
-        raise ValueError(f"labels must be 1-D, got shape {tuple(labels.shape)}")
+    labels = _class_labels(labels, "stratified_split")
     split_sizes(labels.numel(), val_fraction, test_fraction)  # validates the fractions
     g = generator(seed)
-    labels = labels.cpu()
     parts: list[list[Tensor]] = [[], [], []]
     for c in torch.unique(labels).tolist():
         idx = (labels == c).nonzero().flatten()
@@ -216,17 +237,16 @@ def stratified_kfold_split(
         >>> len(tr), len(va), len(te)
         (19, 5, 6)
     """
-    if labels.dim() != 1:
-        raise ValueError(f"labels must be 1-D, got shape {tuple(labels.shape)}")
-    if not isinstance(num_folds, int) or isinstance(num_folds, bool) or num_folds < 2:
+    labels = _class_labels(labels, "stratified_kfold_split")
+    if not isinstance(num_folds, numbers.Integral) or isinstance(num_folds, bool) or num_folds < 2:
         raise ValueError(f"num_folds must be an int >= 2, got {num_folds!r}")
-    if not isinstance(fold, int) or isinstance(fold, bool) or not 0 <= fold < num_folds:
+    if not isinstance(fold, numbers.Integral) or isinstance(fold, bool) or not 0 <= fold < num_folds:
         raise ValueError(f"fold must be an int in [0, {num_folds}), got {fold!r}")
+    num_folds, fold = int(num_folds), int(fold)
     if labels.numel() < num_folds:
         raise ValueError(f"{num_folds} folds need at least {num_folds} items, got {labels.numel()}")
     split_sizes(labels.numel(), val_fraction, 0.0)  # validates the fraction
     g = generator(seed)
-    labels = labels.cpu()
     assignment = torch.empty(labels.numel(), dtype=torch.long)
     offset = 0
     for c in torch.unique(labels).tolist():
@@ -260,12 +280,15 @@ def per_class_split(
         >>> y[tr].tolist().count(0), y[tr].tolist().count(1), len(va), len(te)
         (1, 1, 3, 3)
     """
+    labels = _class_labels(labels, "per_class_split")
+    num_train_per_class = _as_count("num_train_per_class", num_train_per_class)
     if num_train_per_class < 1:
         raise ValueError(f"num_train_per_class must be >= 1, got {num_train_per_class}")
     if not 0.0 <= val_fraction_of_rest <= 1.0:
         raise ValueError(f"val fraction must be in [0, 1], got {val_fraction_of_rest}")
+    if not labels.numel():
+        raise ValueError("per_class_split: labels is empty (no nodes to split)")
     g = generator(seed)
-    labels = labels.cpu()
     train = []
     for c in torch.unique(labels).tolist():
         idx = (labels == c).nonzero().flatten()
@@ -363,7 +386,15 @@ def normalize_channels(
             f"expected float images of shape (N, C, H, W), got {x_train.dtype} "
             f"{tuple(x_train.shape)}"
         )
+    chunk_size = _as_count("chunk_size", chunk_size)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     N, C, H, W = x_train.shape
+    for i, t in enumerate(others):  # checked before anything is modified in place
+        if not isinstance(t, Tensor) or t.dim() != 4 or t.shape[1] != C or not t.is_floating_point():
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"normalize_channels: others[{i}] must be float images (N, {C}, H, W) "
+                             f"like x_train, got {got}")
     count = max(N * H * W, 1)
     total = torch.zeros(C, dtype=torch.float64, device=x_train.device)
     for chunk in x_train.split(chunk_size):
@@ -374,6 +405,11 @@ def normalize_channels(
     for chunk in x_train.split(chunk_size):
         sq += (chunk - m).square().sum(dim=(0, 2, 3), dtype=torch.float64)
     std = (sq / count).sqrt()
+    if not bool(torch.isfinite(mean).all() and torch.isfinite(std).all()):
+        raise ValueError(
+            f"normalize_channels: x_train has non-finite statistics (mean {mean.tolist()}, std "
+            f"{std.tolist()}): it holds NaN or inf pixels, or values too large for {x_train.dtype}; "
+            f"nothing was modified")
     std = torch.where(std > 0, std, torch.ones_like(std))
     s = std.to(x_train.dtype).view(1, C, 1, 1)
     out = [t.sub_(m).div_(s) for t in (x_train, *others)]

@@ -12,6 +12,7 @@ The vocabulary is the sorted set of characters of the whole corpus (as nanoGPT).
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ def char_text_data(
         >>> data.itos, data.train.tolist(), data.val.tolist()
         (['a', 'b', 'c'], [0, 1, 2, 0, 1, 2, 0, 1, 2], [0])
     """
+    if not isinstance(text, str):  # bytes would become integer "characters", a list whole-word tokens
+        hint = " (decode it first, e.g. text.decode('utf-8'))" if isinstance(text, (bytes, bytearray)) else ""
+        raise TypeError(f"text must be a str, got {type(text).__name__}{hint}")
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
     if len(text) < 2:
@@ -124,9 +128,10 @@ def load_tinyshakespeare(
     Shapes:
         - train, val: ``(L,)`` int64; the staged file gives 1,003,854 / 111,540 tokens, vocab 65.
     """
-    if train_chars is not None and (isinstance(train_chars, bool) or not isinstance(train_chars, int)
+    if train_chars is not None and (isinstance(train_chars, bool) or not isinstance(train_chars, numbers.Integral)
                                     or train_chars < 2):
         raise ValueError(f"train_chars must be an int >= 2 or None, got {train_chars!r}")
+    train_chars = None if train_chars is None else int(train_chars)
     (path,) = require_files("tinyshakespeare", root, [TINYSHAKESPEARE])
     if verify:
         verify_file(path, TINYSHAKESPEARE)

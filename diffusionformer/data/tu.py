@@ -53,6 +53,8 @@ TU_DATASETS = {
     "ptc_mr": "PTC_MR",
 }
 _MARKER = ".source_sha256"
+# uncompressed bytes of one archive's entries: 200x the largest here (IMDB-MULTI, 4.8 MB)
+_MAX_UNZIPPED = 2**30
 
 
 def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Path:
@@ -74,11 +76,20 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
     try:
         try:
             with zipfile.ZipFile(zip_path) as zf:
+                wanted = []
                 for info in zf.infolist():
                     base = info.filename.rstrip("/").split("/")[-1]
                     if info.is_dir() or not base.startswith(f"{name}_"):
                         continue  # skip folders, README.txt and anything unexpected
-                    (tmp / base).write_bytes(zf.read(info))
+                    wanted.append((info, base))
+                declared = sum(info.file_size for info, _ in wanted)
+                if declared > _MAX_UNZIPPED:  # a small zip of a huge deflated file: refused before writing
+                    raise CorruptDataError(
+                        f"corrupt zip archive {str(zip_path)!r}: its {name}_* entries declare {declared} B "
+                        f"uncompressed, more than any TU dataset ({_MAX_UNZIPPED} B at most)")
+                for info, base in wanted:  # streamed: never a whole entry in memory
+                    with zf.open(info) as src, open(tmp / base, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
         except (FileNotFoundError, PermissionError):
             raise  # a missing or unreadable path (or an unwritable cache), not a damaged archive
         except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, OSError) as err:
