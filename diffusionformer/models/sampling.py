@@ -7,7 +7,32 @@ import numbers
 import torch
 from torch import Tensor
 
+from diffusionformer.ops._checks import checks_values
+
 __all__ = ["top_k_filter", "top_p_filter"]
+
+
+def _check_logits(name: str, logits: object) -> Tensor:
+    """``logits`` as given when it is a floating-point tensor with a vocabulary dimension, whose entries are
+    real numbers or ``-inf`` (a removed token), else a TypeError or ValueError naming the filter.
+
+    NaN and ``+inf`` are read on CPU in eager mode only (:func:`~diffusionformer.ops._checks.checks_values`):
+    a NaN row kept every token (``top_k``: NaN ranks above every number, so the ``k``-th largest
+    could be NaN) and ``+inf`` made the probabilities of ``top_p`` NaN, which kept every token too.
+    """
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"{name}: logits must be a torch.Tensor of shape (B, V), got {type(logits).__name__}")
+    if not logits.is_floating_point():
+        raise TypeError(f"{name}: logits must be a floating-point tensor, got {logits.dtype}")
+    if logits.dim() == 0:
+        raise ValueError(f"{name}: logits must have shape (B, V) (or (V,)), got a 0-d tensor")
+    if checks_values(logits) and logits.numel() > 0:
+        bad = torch.isnan(logits) | (logits == float("inf"))
+        if bad.any():
+            where = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"{name}: logits must be finite or -inf (a removed token), got "
+                             f"{logits[where].item()} at index {where}")
+    return logits
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
@@ -23,6 +48,7 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:  # numpy ints too
         raise ValueError(f"top_k: expected a positive int, got {k!r}")
+    _check_logits("top_k", logits)
     kth = torch.topk(logits, min(int(k), logits.shape[-1])).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 
@@ -55,6 +81,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 < p <= 1.0:  # numpy floats too
         raise ValueError(f"top_p: expected a float in (0, 1], got {p!r}")
+    _check_logits("top_p", logits)
     if p >= 1.0:  # every token: the mass before the last one is < 1 in exact arithmetic, not in float
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)

@@ -14,6 +14,7 @@ each head can be attention, Laplacian, heat, PPR or a learned polynomial.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable
 
 import torch
@@ -47,6 +48,14 @@ def make_norm(norm: str | Callable[[int], nn.Module], dim: int) -> nn.Module:
     raise ValueError(f"unknown norm {norm!r}; expected 'layernorm' or 'rmsnorm'")
 
 
+def _check_rate(p: object, name: str) -> float:
+    """A dropout rate of :class:`torch.nn.Dropout` as a float in ``[0, 1]`` (numpy reals too), else a ValueError
+    naming it: ``nn.Dropout`` accepts NaN and fails only at the first training step."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {p!r}")
+    return float(p)
+
+
 class Mlp(nn.Module):
     r"""Two-layer perceptron :math:`W_2\, \sigma(W_1 x + b_1) + b_2` with GELU and dropout.
 
@@ -66,8 +75,10 @@ class Mlp(nn.Module):
         super().__init__()
         if hidden_dim is None:
             hidden_dim = 4 * dim
-        elif isinstance(hidden_dim, bool) or not isinstance(hidden_dim, int) or hidden_dim < 1:
+        elif isinstance(hidden_dim, bool) or not isinstance(hidden_dim, numbers.Integral) or hidden_dim < 1:
             raise ValueError(f"Mlp: hidden_dim must be a positive int or None, got {hidden_dim!r}")
+        hidden_dim = int(hidden_dim)  # a numpy int from a sweep
+        dropout = _check_rate(dropout, "Mlp: dropout")
         self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
         self.act = act_layer()
         self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
@@ -86,7 +97,7 @@ class LayerScale(nn.Module):
 
     def __init__(self, dim: int, init: float = 1e-5) -> None:
         super().__init__()
-        if isinstance(init, bool) or not isinstance(init, (int, float)) or not math.isfinite(init):
+        if isinstance(init, bool) or not isinstance(init, numbers.Real) or not math.isfinite(init):  # numpy reals too
             raise ValueError(f"LayerScale: init (layer_scale) must be a finite float, got {init!r}")
         self.gamma = nn.Parameter(torch.full((dim,), float(init)))
 
@@ -169,6 +180,9 @@ class Block(nn.Module):
         rotary: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, numbers.Real):
+            raise TypeError(f"mlp_ratio must be a float, got {type(mlp_ratio).__name__} ({mlp_ratio!r})")
+        dropout = _check_rate(dropout, "dropout")
         if not 0 < mlp_ratio < float("inf") or int(dim * mlp_ratio) < 1:
             raise ValueError(f"mlp_ratio must be positive and finite with an MLP width int(dim * mlp_ratio) >= 1, "
                              f"got {mlp_ratio} for dim={dim}")
@@ -190,6 +204,8 @@ class Block(nn.Module):
         ``ls1``, ``ls2`` and ``drop_path`` that are off (hook-free ``nn.Identity``) are skipped, not
         called (:func:`~diffusionformer.nn._skip.is_noop`): the same result for a module call less each.
         """
+        if isinstance(x, Tensor) and not x.is_floating_point():  # else "mixed dtype (CPU)" from the norm
+            raise TypeError(f"Block: x must be a floating-point tensor, got {x.dtype}")
         m = self._modules
         ls1, ls2, drop_path = m["ls1"], m["ls2"], m["drop_path"]
         y = m["drop1"](m["attn"](m["norm1"](x), graph, **attn_kwargs))

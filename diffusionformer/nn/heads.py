@@ -135,7 +135,7 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
                 f"head specification {heads!r} assigns {start} heads but the layer has num_heads={num_heads}"
             )
         return groups
-    if isinstance(heads, Sequence):
+    if isinstance(heads, Sequence) and not isinstance(heads, (bytes, bytearray)):  # bytes: a str, not a list of ints
         if len(heads) != num_heads:
             raise ValueError(f"a per-head list must have num_heads={num_heads} entries, got {len(heads)}")
         groups = []
@@ -200,7 +200,14 @@ def format_head_spec(heads: Any, num_heads: int) -> Any:
     if isinstance(heads, (list, tuple)):
         return type(heads)(format_head_spec(h, num_heads) for h in heads)
     if isinstance(heads, Mapping):  # any mapping (a read-only MappingProxyType too), not only a dict
-        return {_layer_key(k): format_head_spec(v, num_heads) for k, v in heads.items()}
+        out: dict[int, Any] = {}
+        keys: dict[int, Any] = {}
+        for k, v in heads.items():
+            layer = _layer_key(k)
+            if layer in out:  # {"1": ..., 1: ...}: one of the two specs would be dropped silently
+                raise ValueError(f"heads given as a dict names layer {layer} twice (keys {keys[layer]!r} and {k!r})")
+            out[layer], keys[layer] = format_head_spec(v, num_heads), k
+        return out
     return heads
 
 
@@ -256,25 +263,28 @@ def resolve_layer_heads(
         >>> resolve_layer_heads(2, 4, laplacian_heads="half")
         ['attention:2,laplacian:2', 'attention:2,laplacian:2']
     """
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+    # numpy ints (a sweep grid's) are read as the ints they equal, as parse_heads reads num_heads
+    if isinstance(num_layers, bool) or not isinstance(num_layers, numbers.Integral) or num_layers < 1:
         raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    num_layers, num_heads = int(num_layers), int(num_heads)
     if laplacian_heads is not None:
         if heads is not None:
             raise ValueError("give either heads= or laplacian_heads=, not both")
         if isinstance(laplacian_heads, str) and laplacian_heads != "half":
             raise ValueError(f"laplacian_heads must be an int, 'half' or a list of them, got {laplacian_heads!r}")
-        if not isinstance(laplacian_heads, (int, str, list, tuple)):
+        one = isinstance(laplacian_heads, (numbers.Integral, str))
+        if not (one or isinstance(laplacian_heads, (list, tuple))):
             raise ValueError(f"laplacian_heads must be an int, 'half' or a list of them, got {laplacian_heads!r}")
-        counts = laplacian_count(
-            [laplacian_heads] * num_layers if isinstance(laplacian_heads, (int, str)) else list(laplacian_heads),
-            num_heads,
-        )
+        counts = laplacian_count([laplacian_heads] * num_layers if one else list(laplacian_heads), num_heads)
         if len(counts) != num_layers:
             raise ValueError(f"laplacian_heads lists {len(counts)} layers, the model has {num_layers}")
         specs: list[Any] = []
         for i, k in enumerate(counts):
-            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= num_heads:
+            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k <= num_heads:
                 raise ValueError(f"laplacian_heads[{i}] must be an int in [0, {num_heads}], got {k!r}")
+            k = int(k)
             if k == 0:
                 specs.append(None)
             elif k == num_heads:
@@ -287,10 +297,16 @@ def resolve_layer_heads(
         return [heads] * num_layers
     if isinstance(heads, Mapping):
         specs = [None] * num_layers
+        given: dict[int, int] = {}
         for layer, spec in heads.items():
             if isinstance(layer, bool) or not isinstance(layer, int) or not -num_layers <= layer < num_layers:
                 raise ValueError(f"layer index {layer!r} out of range for {num_layers} layers")
-            specs[layer] = spec
+            index = layer % num_layers
+            if index in given:  # {1: ..., -1: ...} of two layers: the later spec silently replaced the earlier
+                raise ValueError(f"heads given as a dict names layer {index} of {num_layers} twice "
+                                 f"(keys {given[index]!r} and {layer!r})")
+            given[index] = layer
+            specs[index] = spec
         return specs
     if isinstance(heads, Sequence):
         if len(heads) != num_layers:

@@ -212,6 +212,27 @@ def _checked_degree(op: DiffusionOperator) -> int:
     return check_count(op.degree, f"{type(op).__name__}.degree", minimum=0)
 
 
+def _check_loaded_constant(op: DiffusionOperator, state_dict: dict, prefix: str, key: str, value: float, arg: str,
+                           error_msgs: list[str]) -> None:
+    """Report (in ``error_msgs``, as :meth:`~torch.nn.Module.load_state_dict` reports a size mismatch) a saved
+    fixed constant ``state_dict[prefix + key]`` that differs from the ``value`` the operator was built with.
+
+    A fixed operator's coefficients are computed once from its constructor argument ``arg``; loading another
+    value into the buffer would change its ``repr`` but not its output. Compared in the saved tensor's dtype
+    (a half or float32 copy of the same value matches). A one-element ``(1,)`` tensor (a learnable operator's,
+    one head) is read too, as :meth:`~torch.nn.Module.load_state_dict` copies it into the 0-d buffer; other
+    shapes are left to its size check.
+    """
+    saved = state_dict.get(prefix + key)
+    if not isinstance(saved, Tensor) or saved.is_meta or saved.numel() != 1 or not saved.is_floating_point():
+        return
+    if saved.detach().cpu().reshape(()) != torch.tensor(value, dtype=saved.dtype):
+        error_msgs.append(
+            f"{prefix}{key}: {type(op).__name__} was built with the fixed {arg}={value:g}, the state dict holds "
+            f"{arg}={saved.item():g}; a fixed {arg} is part of the architecture (its coefficients are computed at "
+            f"construction): build the operator with {arg}={saved.item():g} (its spec), or with learnable=True")
+
+
 def check_finite_parameter(module: nn.Module, name: str, value: Tensor) -> None:
     """Raise a clear error when a learned parameter became non-finite.
 

@@ -76,6 +76,9 @@ class NonlinearDiffusionOperator(DiffusionOperator):
             _odeint()  # fail at construction, not in the forward pass
         self.t, self.steps, self.method = float(t), steps, method
         self.rtol, self.atol = check_finite_float(rtol, "rtol"), check_finite_float(atol, "atol")
+        for name, tol in (("rtol", self.rtol), ("atol", self.atol)):
+            if tol < 0:  # an adaptive solver's error test would accept no step
+                raise ValueError(f"{name} must be a non-negative float, got {tol!r}")
 
     def spec_kwargs(self) -> dict:
         kwargs = {"t": self.t, "steps": self.steps, "method": self.method}

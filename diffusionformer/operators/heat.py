@@ -9,8 +9,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import (DiffusionOperator, _check_tol, check_finite_float, check_finite_parameter,
-                                            check_flag, check_real, static_dtype)
+from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, _check_tol, check_finite_float,
+                                            check_finite_parameter, check_flag, check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps_for_tolerance", "heat_truncation_error"]
@@ -291,6 +291,11 @@ class HeatOperator(DiffusionOperator):
 
     def static_coefficients(self) -> tuple[float, ...] | None:
         return self._static
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):  # type: ignore[override]
+        if not self.learnable:  # the fixed coefficients were built from the constructor's t
+            _check_loaded_constant(self, state_dict, prefix, "t", self._t0, "t", args[-1])
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def truncation_error(self) -> Tensor:
         """Bound on the ``inf``-norm error of the truncated series vs the exact kernel, per head."""

@@ -49,6 +49,21 @@ def _is_array(init: Any) -> bool:
     return isinstance(init, (Tensor, list, tuple)) or (hasattr(init, "__array__") and not isinstance(init, str))
 
 
+def _check_init_array(init: Any) -> None:
+    """Refuse coefficients that are not real numbers (bools read as 1/0, complex numbers losing their imaginary
+    part, strings) or that have no entry at all (a head that outputs zero), naming ``init``."""
+    try:
+        probe = init if isinstance(init, Tensor) else torch.as_tensor(init)  # the dtype as given
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"init must be an operator spec or numbers of shape (K+1,) or (G, K+1), got {init!r} "
+                        f"({exc})") from None
+    if probe.dtype == torch.bool or probe.is_complex():
+        raise TypeError(f"init coefficients must be real numbers, got {probe.dtype}")
+    if probe.dim() >= 1 and probe.shape[-1] == 0:
+        raise ValueError(f"init coefficients must have at least one entry (the weight on P^0), got shape "
+                         f"{tuple(probe.shape)}")
+
+
 @register_operator
 class PolynomialOperator(DiffusionOperator):
     r"""A learned polynomial :math:`f(P) = \sum_{k=0}^{K} \theta_k P^k`, one ``theta`` per head.
@@ -100,6 +115,8 @@ class PolynomialOperator(DiffusionOperator):
             raise ValueError(f"basis must be one of {BASES}, got {basis!r}")
         self.steps = steps
         self.basis = basis
+        if _is_array(init):
+            _check_init_array(init)
         # spec() writes list coefficients as given (float64: 0.1, not float32's 0.10000000149011612)
         self._init = init.spec() if isinstance(init, DiffusionOperator) else (
             torch.as_tensor(init, dtype=torch.float64).tolist() if _is_array(init) else init)

@@ -8,8 +8,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, _check_tol, check_count,
-                                             check_finite_parameter, check_flag, check_real, static_dtype)
+from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, _check_loaded_constant, _check_tol,
+                                             check_count, check_finite_parameter, check_flag, check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["PPROperator", "ppr_coefficients", "ppr_steps_for_tolerance"]
@@ -155,11 +155,17 @@ class PPROperator(DiffusionOperator):
     def static_coefficients(self) -> tuple[float, ...] | None:
         return self._static
 
+    def _load_from_state_dict(self, state_dict, prefix, *args):  # type: ignore[override]
+        if not self.learnable:  # the fixed coefficients were built from the constructor's alpha
+            _check_loaded_constant(self, state_dict, prefix, "_alpha", self._alpha0, "alpha", args[-1])
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def truncation_error(self) -> Tensor:
         r"""Bound :math:`2 (1 - \alpha)^K` on the ``inf``-norm distance to the full PageRank series, per head."""
         return 2.0 * (1.0 - self.alpha.detach().double()) ** self.steps
 
     def extra_repr(self) -> str:
-        a = self.alpha.detach()
+        # not through ``alpha``: printing a model whose learned alpha diverged shows nan instead of raising
+        a = torch.sigmoid(self.alpha_logit.detach()) if self.learnable else self._alpha
         a_repr = f"{a.item():g}" if a.numel() == 1 else f"{[round(x, 4) for x in a.tolist()]}"
         return f"alpha={a_repr}, steps={self.steps}, learnable={self.learnable}, num_heads={self.num_heads}"

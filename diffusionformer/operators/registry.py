@@ -35,11 +35,15 @@ _ALIASES: dict[str, str] = {}
 T = TypeVar("T", bound=type[DiffusionOperator])
 
 
+#: dashes that typeset text puts in place of the hyphen-minus: "I−P" copied from a paper (U+2212), "heat–exact"
+_DASHES = str.maketrans({c: "-" for c in "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\ufe63\uff0d"})
+
+
 def _normalise(name: str) -> str:
     if not isinstance(name, str):
         raise TypeError(f"operator names and aliases must be str, got {type(name).__name__} ({name!r})")
     # spaces and underscores ignored around and instead of the hyphens: "I - P", "heat_exact", "grand nl"
-    return re.sub(r"[\s_]*-[\s_]*|[\s_]+", "-", name.strip().lower())
+    return re.sub(r"[\s_]*-[\s_]*|[\s_]+", "-", name.translate(_DASHES).strip().lower())
 
 
 def register_operator(
