@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import DiffusionOperator, check_finite_float, check_finite_parameter
+from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, check_finite_float,
+                                            check_finite_parameter)
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["AttnScaleOperator"]
@@ -66,6 +67,11 @@ class AttnScaleOperator(DiffusionOperator):
 
     def spec_kwargs(self) -> dict:
         return {"omega": self._omega0, "learnable": self.learnable}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):  # type: ignore[override]
+        if not self.learnable:  # the spec records the constructor's omega
+            _check_loaded_constant(self, state_dict, prefix, "omega", self._omega0, "omega", args[-1])
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     @property
     def degree(self) -> int:

@@ -217,20 +217,26 @@ def _check_loaded_constant(op: DiffusionOperator, state_dict: dict, prefix: str,
     """Report (in ``error_msgs``, as :meth:`~torch.nn.Module.load_state_dict` reports a size mismatch) a saved
     fixed constant ``state_dict[prefix + key]`` that differs from the ``value`` the operator was built with.
 
-    A fixed operator's coefficients are computed once from its constructor argument ``arg``; loading another
-    value into the buffer would change its ``repr`` but not its output. Compared in the saved tensor's dtype
-    (a half or float32 copy of the same value matches). A one-element ``(1,)`` tensor (a learnable operator's,
-    one head) is read too, as :meth:`~torch.nn.Module.load_state_dict` copies it into the 0-d buffer; other
-    shapes are left to its size check.
+    A fixed constant is part of the architecture: a truncated series computes its coefficients from it once,
+    at construction, and the operator's spec (``heads_spec``, a run's config) records the constructor's value;
+    loading another value into the buffer would change the ``repr`` but not the output (series), or the output
+    but not the spec (exact kernels, AttnScale). Compared in the saved tensor's dtype (a half or float32 copy of
+    the same value matches). A tensor of one element (a learnable operator's, one head) or of as many as the
+    buffer holds is read; other shapes are left to :meth:`~torch.nn.Module.load_state_dict`'s size check.
     """
     saved = state_dict.get(prefix + key)
-    if not isinstance(saved, Tensor) or saved.is_meta or saved.numel() != 1 or not saved.is_floating_point():
+    own = getattr(op, key, None)
+    sizes = (1, own.numel()) if isinstance(own, Tensor) else (1,)
+    if not isinstance(saved, Tensor) or saved.is_meta or saved.numel() not in sizes or not saved.is_floating_point():
         return
-    if saved.detach().cpu().reshape(()) != torch.tensor(value, dtype=saved.dtype):
+    flat = saved.detach().cpu().reshape(-1)
+    differs = flat != torch.tensor(value, dtype=saved.dtype)
+    if bool(differs.any()):
+        other = flat[differs][0].item()
         error_msgs.append(
             f"{prefix}{key}: {type(op).__name__} was built with the fixed {arg}={value:g}, the state dict holds "
-            f"{arg}={saved.item():g}; a fixed {arg} is part of the architecture (its coefficients are computed at "
-            f"construction): build the operator with {arg}={saved.item():g} (its spec), or with learnable=True")
+            f"{arg}={other:g}; a fixed {arg} is part of the architecture (set at construction, recorded in its "
+            f"spec): build the operator with {arg}={other:g}, or with learnable=True")
 
 
 def check_finite_parameter(module: nn.Module, name: str, value: Tensor) -> None:

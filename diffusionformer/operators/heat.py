@@ -352,6 +352,11 @@ class ExactHeatOperator(DiffusionOperator):
     def spec_kwargs(self) -> dict:
         return {"t": self._t0, "learnable": self.learnable}
 
+    def _load_from_state_dict(self, state_dict, prefix, *args):  # type: ignore[override]
+        if not self.learnable:  # the spec records the constructor's t
+            _check_loaded_constant(self, state_dict, prefix, "t", self._t0, "t", args[-1])
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     @property
     def degree(self) -> int:
         raise NotImplementedError("heat-exact is not a polynomial in P: it has no finite degree")

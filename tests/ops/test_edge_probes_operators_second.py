@@ -33,7 +33,7 @@ from diffusionformer.models.sampling import top_k_filter, top_p_filter
 from diffusionformer.nn import DiffusionAttention
 from diffusionformer.nn.block import Block, Mlp
 from diffusionformer.nn.heads import parse_heads, resolve_layer_heads
-from diffusionformer.operators import (ExactHeatOperator, HeatOperator, NonlinearDiffusionOperator,
+from diffusionformer.operators import (AttnScaleOperator, ExactHeatOperator, HeatOperator, NonlinearDiffusionOperator,
                                        PolynomialOperator, PPROperator, build_operator)
 from diffusionformer.ops.rivals import LayerState
 
@@ -46,6 +46,9 @@ C = D // H
     (HeatOperator, {"t": 0.7, "steps": 6}, {"t": 1.5, "steps": 6}),
     (HeatOperator, {"t": 0.7, "steps": 6}, {"t": 1.5, "steps": 6, "learnable": True}),  # (1,) read into ()
     (PPROperator, {"alpha": 0.2, "steps": 4}, {"alpha": 0.5, "steps": 4}),
+    (ExactHeatOperator, {"t": 0.7, "num_heads": 2}, {"t": 1.5, "num_heads": 2}),  # used, but the spec said 0.7
+    (AttnScaleOperator, {"omega": 0.2, "learnable": False, "num_heads": 2},
+     {"omega": 0.5, "learnable": False, "num_heads": 2}),
 ])
 def test_fixed_operator_refuses_a_state_dict_with_another_constant(cls, kw, other):
     """Bug: ``HeatOperator(t=0.7).load_state_dict(HeatOperator(t=1.5).state_dict())`` reported "All keys matched"
