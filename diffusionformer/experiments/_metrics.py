@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -10,8 +12,17 @@ from diffusionformer.data.base import NodeData
 
 
 def accuracy(logits: Tensor, y: Tensor) -> Tensor:
-    """The fraction of rows whose arg-max is the label (a 0-d float tensor)."""
-    return (logits.argmax(-1) == y).float().mean()
+    """The fraction of rows whose arg-max is the label (a 0-d float tensor); NaN when a logit is NaN
+    (a NaN row has no prediction: ``argmax`` would pick the NaN's class), as the loss of such logits."""
+    acc = (logits.argmax(-1) == y).float().mean()
+    return acc.masked_fill(logits.isnan().any(), math.nan)
+
+
+def _num_correct(logits: Tensor, y: Tensor) -> float:
+    """How many rows' arg-max is the label; NaN when a logit is NaN (see :func:`accuracy`)."""
+    if bool(logits.isnan().any()):
+        return math.nan
+    return float((logits.argmax(-1) == y).sum().item())
 
 
 @torch.no_grad()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -60,7 +61,8 @@ def _check_data_overrides(sizes: dict[str, Any], overrides: dict[str, Any], task
     for key, value in overrides.items():
         if key not in sizes:  # not a data-derived size: the model config checks it
             continue
-        if key == "vocab_size" and isinstance(value, int) and not isinstance(value, bool) and value >= sizes[key]:
+        if key == "vocab_size" and isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+                and value >= sizes[key]:
             continue  # a padded vocabulary (nanoGPT pads 50257 to 50304): the extra logits are never targets
         if not _same(value, sizes[key]):
             raise ValueError(f"task {task.name!r}: {source} sets {key} = {value!r}, but dataset {task.dataset!r} "

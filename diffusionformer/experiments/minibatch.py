@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import config_from_dict, config_to_dict, document_fields
 from diffusionformer.data.base import NodeData
+from diffusionformer.experiments._metrics import _num_correct
 from diffusionformer.experiments._metrics import accuracy as _accuracy
 from diffusionformer.experiments._metrics import full_graph_metrics
 
@@ -291,7 +292,7 @@ class NodeMiniBatchTask:
                 logits = model(batch.x.to(device), batch.edge_index.to(device))[:B].float()
                 y = batch.y[:B].to(device)
                 loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-                correct += (logits.argmax(-1) == y).sum().item()
+                correct += _num_correct(logits, y)  # NaN for NaN logits, as the loss
                 count += B
             out[f"{split}_loss"] = loss_sum / count if count else float("nan")
             out[f"{split}_acc"] = correct / count if count else float("nan")

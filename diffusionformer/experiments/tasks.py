@@ -12,6 +12,8 @@ run is bit-identical) and evaluates deterministically on fixed held-out data.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -22,6 +24,7 @@ from torch import Tensor, nn
 from diffusionformer.config import config_from_dict
 from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
 from diffusionformer.data.ssl import SSLConfig
+from diffusionformer.experiments._metrics import _num_correct
 from diffusionformer.experiments._metrics import accuracy as _accuracy
 from diffusionformer.experiments._metrics import full_graph_metrics
 from diffusionformer.models import DINOConfig, GCNConfig, GINConfig, GPTConfig, GraphTransformerConfig, ViTConfig
@@ -33,6 +36,19 @@ _EVAL_SEED = 1234  # fixed windows for text evaluation: every run is scored on t
 
 
 AUGMENT_KEYS = ("crop_padding", "flip")
+
+
+def _positive_int(name: str, value: Any) -> int:
+    """``value`` as a Python int >= 1 (NumPy ints too); a bool, a float or less than 1 is refused naming ``name``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a positive int, got {value!r}") from None
+    if n < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return n
 
 
 class ClassificationTask:
@@ -54,7 +70,7 @@ class ClassificationTask:
     def __init__(self, data: ClassificationData, eval_batch_size: int = 512, *,
                  augment: Mapping[str, Any] | None = None, label_smoothing: float = 0.0) -> None:
         self.data = data
-        self.eval_batch_size = eval_batch_size
+        self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
         augment = dict(augment or {})
         unknown = sorted(set(augment) - set(AUGMENT_KEYS))
         if unknown:
@@ -62,7 +78,7 @@ class ClassificationTask:
         if augment and data.x_train.dim() != 4:
             raise ValueError(f"augment needs images (N, C, H, W), got training data of shape {tuple(data.x_train.shape)}")
         self.augment = augment
-        if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) \
+        if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
                 or not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be a float in [0, 1), got {label_smoothing!r}")
         self.label_smoothing = float(label_smoothing)
@@ -92,7 +108,7 @@ class ClassificationTask:
             xb, yb = x[i : i + self.eval_batch_size].to(device), y[i : i + self.eval_batch_size].to(device)
             logits = model(xb).float()
             loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
-            correct += (logits.argmax(-1) == yb).sum().item()
+            correct += _num_correct(logits, yb)
         if x.shape[0] == 0:  # an empty split has no loss or accuracy (not a perfect 0.0 loss)
             return math.nan, math.nan
         return loss_sum / x.shape[0], correct / x.shape[0]
@@ -167,7 +183,7 @@ class DINOTask:
             raise TypeError(f"ssl must be an SSLConfig, a dict of its fields or None, got {type(ssl).__name__}")
         self.ssl = ssl
         self.augment = ssl.augmentation()
-        self.eval_batch_size = eval_batch_size
+        self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
 
     def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> dict[str, Any]:
         x = self.data.x_train
@@ -253,8 +269,8 @@ class TextLMTask:
     def __init__(self, data: TextData, block_size: int, eval_batch_size: int = 64, eval_batches: int = 20) -> None:
         self.data = data
         self.block_size = block_size
-        self.eval_batch_size = eval_batch_size
-        self.eval_batches = eval_batches
+        self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
+        self.eval_batches = _positive_int("eval_batches", eval_batches)
 
     def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> tuple[Tensor, Tensor]:
         return self.data.get_batch("train", batch_size, self.block_size, generator)
@@ -287,7 +303,7 @@ class SequenceLMTask:
 
     def __init__(self, data: SequenceTaskData, eval_batch_size: int = 512) -> None:
         self.data = data
-        self.eval_batch_size = eval_batch_size
+        self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
 
     def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> tuple[Tensor, Tensor]:
         idx = torch.randint(0, self.data.x_train.shape[0], (batch_size,), generator=generator)
@@ -297,7 +313,7 @@ class SequenceLMTask:
         x, y = batch
         logits, loss = model(x, y)
         mask = y != self.data.ignore_index
-        acc = (logits.detach().argmax(-1)[mask] == y[mask]).float().mean()
+        acc = _accuracy(logits.detach()[mask], y[mask])
         return loss, {"acc": acc}
 
     @torch.no_grad()
@@ -309,7 +325,7 @@ class SequenceLMTask:
             logits = model(xb)[0].float()
             mask = yb != self.data.ignore_index
             loss_sum += F.cross_entropy(logits[mask], yb[mask], reduction="sum").item()
-            correct += (logits[mask].argmax(-1) == yb[mask]).sum().item()
+            correct += _num_correct(logits[mask], yb[mask])
             count += int(mask.sum())
         if count == 0:  # no target to score (all ignore_index): no loss, not a perfect 0.0
             return math.nan, math.nan
@@ -350,7 +366,7 @@ class GraphClassificationTask:
 
     def __init__(self, data: GraphSetData, eval_batch_size: int = 256) -> None:
         self.data = data
-        self.eval_batch_size = eval_batch_size
+        self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
         self.graphs = {s: list(data.split(s)) for s in ("train", "val", "test")}
 
     def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> Any:
@@ -389,7 +405,7 @@ class GraphClassificationTask:
                 logits = model(b.x, b.edge_index, b.batch).float()
                 y = b.y.view(-1)
                 loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-                correct += (logits.argmax(-1) == y).sum().item()
+                correct += _num_correct(logits, y)
             n = len(graphs)  # an empty split has no loss or accuracy (not a perfect 0.0 loss)
             out[f"{split}_loss"] = loss_sum / n if n else math.nan
             out[f"{split}_acc"] = correct / n if n else math.nan
@@ -531,6 +547,7 @@ def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512,
     :class:`DINOTask`); ``minibatch`` (neighbour-sampled training) to node classification only
     (see :class:`~diffusionformer.experiments.minibatch.NodeMiniBatchTask`); other adapters refuse them.
     """
+    eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
     adapter = find_adapter(model_family(model), data, "task")
     if adapter is None:
         raise TypeError(f"no task adapter for {type(data).__name__}")
@@ -556,6 +573,8 @@ def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512,
 
 def heldout_batches(data: Any, model: nn.Module, split: str, max_examples: int, batch_size: int) -> tuple[list[Any], dict[str, Any]]:
     """Batches of held-out data for :func:`~diffusionformer.analysis.capture_dataset` and a description of them."""
+    max_examples = _positive_int("max_examples", max_examples)
+    batch_size = _positive_int("batch_size", batch_size)
     adapter = find_adapter(model_family(model), data, "heldout")
     if adapter is None:
         raise TypeError(f"no held-out data for {type(data).__name__}")

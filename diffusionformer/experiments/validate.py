@@ -63,7 +63,8 @@ def evaluation_keys(dataset_kind: str, model: str) -> tuple[str, ...]:
     if get_preset(model).config_cls is DINOConfig:
         return _DINO_KEYS
     if dataset_kind not in _EVAL_KEYS:
-        raise ValueError(f"dataset_kind must be one of {sorted(_EVAL_KEYS)}, got {dataset_kind!r}")
+        hint = _hint(dataset_kind, sorted(_EVAL_KEYS)) if isinstance(dataset_kind, str) else ""
+        raise ValueError(f"dataset_kind must be one of {sorted(_EVAL_KEYS)}, got {dataset_kind!r}{hint}")
     return _EVAL_KEYS[dataset_kind]
 
 
@@ -102,6 +103,8 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
     from diffusionformer.data import DataRootError, dataset_spec
     from diffusionformer.models import get_preset, model_config
 
+    if tasks is not None:
+        tasks = _check_task_names(config, tasks)
     problems: list[str] = []
 
     def add(msg: str) -> None:
@@ -134,7 +137,9 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
         if spec is not None:
             unknown = [k for k in task.dataset_kwargs(config.seeds[0]) if k not in spec.options]
             if unknown:
-                add(f"{where}: dataset {spec.name!r} has no option(s) {unknown}; its options: {sorted(spec.options)}")
+                hints = "".join(_hint(str(k), sorted(spec.options)) for k in unknown)
+                add(f"{where}: dataset {spec.name!r} has no option(s) {unknown}{hints}; its options: "
+                    f"{sorted(spec.options)}")
                 spec_ok = False
             else:
                 spec_ok = True
@@ -151,6 +156,8 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
         if task.minibatch and spec is not None and spec.kind != "node":
             add(f"{where}: minibatch (neighbour-sampled training) applies to node tasks, and dataset "
                 f"{spec.name!r} is of kind {spec.kind!r}")
+        if (task.augment or task.label_smoothing) and spec is not None and preset is not None:
+            _check_supervised_options(task, spec, preset, add)
         accum = task.train.get("grad_accum_steps", 1)
         if accum != 1 and spec is not None and preset is not None and not task.minibatch:
             from diffusionformer.models import DINOConfig
@@ -195,6 +202,38 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
             if task.minibatch:
                 _check_minibatch(task, setting, model, add)
     return problems
+
+
+def _check_supervised_options(task: TaskConfig, spec: Any, preset: Any, add: Any) -> None:
+    """``augment`` and ``label_smoothing`` as the task adapter takes them: supervised classification (not
+    DINO), and ``augment`` on images only (:func:`~diffusionformer.experiments.tasks.build_task` refuses the rest)."""
+    from diffusionformer.models import DINOConfig
+
+    named = [k for k in ("augment", "label_smoothing") if getattr(task, k)]
+    where = f"task {task.name!r}"
+    if spec.kind not in ("image", "sequence") or preset.config_cls is DINOConfig:
+        verb, them = ("apply", "them") if len(named) > 1 else ("applies", "it")
+        add(f"{where}: {' and '.join(named)} {verb} to supervised classification (image or sequence data, not "
+            f"DINO), and dataset {spec.name!r} is of kind {spec.kind!r} with model {task.model!r}; drop {them}")
+    elif task.augment and spec.kind != "image":
+        add(f"{where}: augment (random crops and flips) needs images, and dataset {spec.name!r} is of kind "
+            f"{spec.kind!r}; drop augment")
+
+
+def _check_task_names(config: ExperimentConfig, tasks: Any) -> list[str]:
+    """``tasks`` as a list of the config's task names; a bare string or an unknown name is refused (with a hint)."""
+    try:
+        if isinstance(tasks, (str, bytes)):  # "cora" would select every task whose name is a substring of it
+            raise TypeError
+        chosen = list(tasks)
+    except TypeError:
+        raise TypeError(f"tasks must be a list of task names, got {tasks!r}") from None
+    names = [t.name for t in config.tasks]
+    unknown = [t for t in chosen if t not in names]
+    if unknown:
+        hint = _hint(unknown[0], names) if isinstance(unknown[0], str) else ""
+        raise ValueError(f"tasks: config {config.name!r} has no task(s) {unknown}{hint}; its tasks: {names}")
+    return chosen
 
 
 def _check_minibatch(task: TaskConfig, setting: OperatorSetting, model: Any, add: Any) -> None:

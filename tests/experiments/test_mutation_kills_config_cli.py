@@ -215,7 +215,7 @@ def test_an_unknown_dataset_option_is_a_problem_without_loading_the_data():
     options = sorted(dataset_spec("digits").options)
     assert "val_fraction" in options
     problems = validate_experiment(load_experiment_config(_task(dataset_options={"val_fractoin": 0.2})), load_data=False)
-    assert problems == [f"task 'digits': dataset 'digits' has no option(s) ['val_fractoin']; its options: {options}"]
+    assert problems == [f"task 'digits': dataset 'digits' has no option(s) ['val_fractoin'] (did you mean 'val_fraction'?); its options: {options}"]
     assert validate_experiment(load_experiment_config(_task(dataset_options={"val_fraction": 0.2})), load_data=False) == []
 
 
