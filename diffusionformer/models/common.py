@@ -99,6 +99,15 @@ def _check_batch(batch: Any, num_nodes: int) -> None:
         raise TypeError(f"batch must hold integer graph ids, got dtype {batch.dtype}")
 
 
+def _check_graph_devices(x: Tensor, **tensors: Any) -> None:
+    """Every tensor among ``tensors`` (``edge_index``, ``batch``; ``None`` and non-tensors skipped) on ``x``'s
+    device: else a ``ValueError`` naming it (a meta ``edge_index`` or ``batch`` on a CPU model failed inside
+    ``torch.nonzero`` or ``Tensor.item``, with no word of which argument)."""
+    for name, value in tensors.items():
+        if isinstance(value, Tensor) and value.device != x.device:
+            raise ValueError(f"{name} must be on x's device {x.device}, got {value.device}")
+
+
 def _readout_batch(batch: Tensor | None, num_graphs: Any, num_nodes: int,
                    device: torch.device) -> tuple[Tensor, int | None]:
     """The graph id of every node for a GCN/GIN readout (zeros without ``batch``; its shape and dtype checked by

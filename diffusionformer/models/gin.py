@@ -12,7 +12,8 @@ from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global
 
 from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.ops.sparse import check_edge_index
-from diffusionformer.models.common import _check_graph_task, _readout_batch, check_positive_int, check_probability
+from diffusionformer.models.common import (_check_graph_devices, _check_graph_task, _readout_batch, check_positive_int,
+                                           check_probability)
 
 __all__ = ["GIN", "GINConfig"]
 
@@ -86,6 +87,7 @@ class GIN(nn.Module):
         c = self.config
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
+        _check_graph_devices(x, edge_index=edge_index, batch=batch)
         if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided:  # a sparse adjacency passes to PyG
             edge_index = check_edge_index(edge_index, x.shape[0])  # shape, dtype; bounds on CPU in eager mode
         batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)

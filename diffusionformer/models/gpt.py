@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import _python_numbers, document_fields
+from diffusionformer.config import _python_numbers, _value_type, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
@@ -171,9 +171,12 @@ class DiffusionGPT(nn.Module):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length T={T} exceeds block_size={self.config.block_size}")
-        if targets is not None and (not isinstance(targets, Tensor) or targets.shape != idx.shape):
-            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, "
-                             f"got {getattr(targets, 'shape', targets)!r}")
+        if targets is not None and not isinstance(targets, Tensor):  # a numpy array's shape read "(2, 8), got (2, 8)"
+            raise TypeError(f"targets must be a torch.Tensor of token ids, got {type(targets).__name__}")
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        if targets is not None and targets.device != idx.device:  # a meta target failed inside torch.nonzero
+            raise ValueError(f"targets must be on idx's device {idx.device}, got {targets.device}")
         if targets is not None and targets.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"targets must be token ids (an integer tensor), got dtype {targets.dtype}")
         if targets is not None and idx.device.type == "cpu" and not torch.compiler.is_compiling():
@@ -290,8 +293,11 @@ class DiffusionGPT(nn.Module):
         max_new_tokens, temperature = int(max_new_tokens), float(temperature)
         top_k = None if top_k is None else int(top_k)
         top_p = None if top_p is None else float(top_p)
-        if not isinstance(use_cache, bool):
-            raise TypeError(f"use_cache must be a bool, got {type(use_cache).__name__}")
+        if not isinstance(use_cache, bool):  # a numpy bool too, as every flag of the package; named as one
+            raise TypeError(f"use_cache must be a bool, got {_value_type(use_cache)} {use_cache!r}")
+        # checked before any token is drawn: greedy decoding and max_new_tokens=0 never reach the sampler
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {generator!r}")
         if max_new_tokens == 0:  # a new tensor, as for any other count: writing into it leaves the prompt
             return idx.clone()
         was_training = self.training

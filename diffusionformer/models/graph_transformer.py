@@ -18,9 +18,9 @@ from diffusionformer.nn.block import Mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.edge_features import edge_feature_attention
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
-from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools, _check_graph_task,
-                                           _check_mlp_ratio, _check_num_graphs, _check_size, check_positive_int, check_probability,
-                                           init_transformer_weights)
+from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools,
+                                           _check_graph_devices, _check_graph_task, _check_mlp_ratio, _check_num_graphs, _check_size,
+                                           check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
 
@@ -356,6 +356,7 @@ class DiffusionGraphTransformer(nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
         N = x.shape[0]
+        _check_graph_devices(x, edge_index=edge_index, batch=batch, edge_attr=edge_attr, pe=pe)
         _check_batch(batch, N)
         max_num_nodes = _check_size("max_num_nodes", max_num_nodes)
         num_graphs = _check_num_graphs(batch, num_graphs)

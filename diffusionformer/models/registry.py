@@ -80,7 +80,9 @@ def get_preset(name: str) -> ModelPreset:
     if not isinstance(name, str):
         raise TypeError(f"model name must be a string, got {type(name).__name__}")
     if name not in _PRESETS:
-        close = difflib.get_close_matches(name, list(_PRESETS), n=1)
+        # also case- and separator-blind: "VIT-MNIST" and "Vit_Mnist" had no hint (difflib compares characters)
+        close = (difflib.get_close_matches(name, list(_PRESETS), n=1)
+                 or difflib.get_close_matches(name.lower().replace("_", "-"), list(_PRESETS), n=1))
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"unknown model {name!r}{hint}; available: {list_models()}")
     return _PRESETS[name]
