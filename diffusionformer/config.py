@@ -66,7 +66,9 @@ def _raise_collected(errors: list[Exception], where: str) -> None:
 
 
 def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):  # typing.Optional[int] is named "Optional" alone
+        return " | ".join(_type_name(arm) for arm in typing.get_args(tp))
+    return "None" if tp is type(None) else getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
 def _python_number(value: Any) -> Any:
@@ -142,7 +144,10 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
     if tp is float:  # numpy numbers (a sweep grid's) are read as the Python numbers they equal
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{where}: expected a float, got {_value_type(value)} {value!r}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int of 400 digits (TOML and JSON ints have no size limit)
+            raise ValueError(f"{where}: expected a float, got an int of {int(value).bit_length()} bits, too large for one") from None
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{where}: expected an int, got {_value_type(value)} {value!r}")
@@ -205,8 +210,8 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], *, where: str | None
         ConfigErrors: several of these, every one listed, including those of nested
             configs (each table of a list of tables is checked, and range-checked, on its own).
     """
-    if not dataclasses.is_dataclass(cls):
-        raise TypeError(f"{cls!r} is not a dataclass")
+    if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):  # an instance is a dataclass too
+        raise TypeError(f"config_from_dict: cls must be a dataclass type, got {cls!r}")
     if not isinstance(data, Mapping):
         raise TypeError(f"{cls.__name__}: expected a table/dict, got {type(data).__name__}")
     where = where or cls.__name__

@@ -381,7 +381,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     ``tasks`` and ``operators`` entries are addressed by name (``tasks.digits.train.lr=1e-3``);
     ``tasks=digits,text`` / ``operators=attention`` keep only the named entries.
     """
-    data = copy.deepcopy(data)
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
+        raise TypeError(f"overrides must be a list of 'key.path=value' strings, got {overrides!r}")
+    try:
+        data = copy.deepcopy(data)
+    except RecursionError:  # e.g. a TOML header [a.a.a. ...] of thousands of parts
+        raise ValueError("experiment config: tables nested too deeply to read") from None
     for text in overrides:
         path, value = parse_override(text)
         if path[0] in ("tasks", "operators") and len(path) == 1:
@@ -448,6 +453,8 @@ def load_experiment_config(path: str | Path | Mapping[str, Any], overrides: list
             raise ValueError(f"{p}: not UTF-8 text (TOML files are UTF-8): {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{p}: invalid TOML: {exc}") from None
+        except RecursionError:  # tomllib recurses once per level of nested arrays, inline or dotted tables
+            raise ValueError(f"{p}: invalid TOML: arrays or tables nested too deeply to read") from None
         where = p.name
     data = apply_overrides(data, overrides or [])
     return config_from_dict(ExperimentConfig, data, where=where)

@@ -110,6 +110,31 @@ def read_json_dict(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _is_finite(value: Any) -> bool:
+    """Whether ``value`` is a finite number (not a bool): an int of 400 digits from a hand-edited log is no more
+    finite than ``Infinity`` (``math.isfinite`` raises OverflowError on it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _summary_number(summary: dict[str, Any], key: str, path: Path, *, integral: bool) -> Any:
+    """``summary[key]`` (``num_parameters``: an int; ``elapsed``: a finite number >= 0), ``None`` when absent; a value
+    of another type (``"many"``, ``true``, ``-3``) is left out with a warning naming the file, not passed on to the
+    tables that add and format it."""
+    value = summary.get(key)
+    if value is None:
+        return None
+    if _is_finite(value) and value >= 0 and (isinstance(value, int) or not integral):
+        return value
+    warnings.warn(f"{path}: {key} must be {'an int' if integral else 'a finite number'} >= 0, got {value!r}; "
+                  "it is left out of the tables", stacklevel=3)
+    return None
+
+
 def _definition(identity: dict[str, Any]) -> dict[str, Any]:
     """A run's ``run_config.json`` less what differs from seed to seed (``train.seed``, ``fold``): the same
     for every seed of one task and operator setting of one comparison."""
@@ -192,13 +217,18 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                 if stored is not None and isinstance(stored.get("train"), dict) and stored["train"] != trains[seed]:
                     row["changed"] = _identity_changes({"train": stored["train"]}, {"train": trains[seed]})
                 if summary is not None and summary.get("status") == "completed":
-                    row.update(state="completed", step=summary.get("step", max_steps), elapsed=summary.get("elapsed"))
+                    step = summary.get("step", max_steps)  # a hand-edited "ten" or -3 reads as the budget done
+                    row.update(state="completed", step=step if _is_finite(step) and isinstance(step, int) and step >= 0
+                               else max_steps, elapsed=_summary_number(summary, "elapsed", rdir / "summary.json",
+                                                                        integral=False))
                 elif not rdir.is_dir():
                     row["state"] = "missing"
                 else:
                     records = read_curves(rdir)
                     if records:
-                        row.update(step=int(records[-1].get("step", 0)), elapsed=records[-1].get("elapsed"))
+                        elapsed = records[-1].get("elapsed")
+                        row.update(step=int(records[-1].get("step", 0)),
+                                   elapsed=elapsed if _is_finite(elapsed) and elapsed >= 0 else None)
                     holder = _live_holder(rdir)
                     row["holder"] = None if holder is None else f"pid {holder[0]} on {holder[1]}"
                     if holder is not None:
@@ -237,8 +267,10 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
         learned = {}
     curves = read_curves(rdir) if task.select_by or task.reach else []
     selected_value, selected_step = select_evaluation(curves, task) if task.select_by else (None, None)
+    spath = rdir / "summary.json"
     return RunResult(task.name, setting.name, seed, "completed", task.metric, value, final,
-                     summary.get("num_parameters"), summary.get("elapsed"), learned, selected_value, selected_step,
+                     _summary_number(summary, "num_parameters", spath, integral=True),
+                     _summary_number(summary, "elapsed", spath, integral=False), learned, selected_value, selected_step,
                      first_reach(curves, task) if task.reach else None)
 
 
@@ -261,7 +293,7 @@ def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[
     best: tuple[float, int, float] | None = None
     for r in records:
         m = as_metrics(r) if r.get("split") == "eval" else {}
-        if key in m and task.metric in m and math.isfinite(m[key]):
+        if key in m and task.metric in m and _is_finite(m[key]):
             score = sign * m[key]
             if best is None or score > best[0]:
                 best = (score, int(r["step"]), float(m[task.metric]))
@@ -298,6 +330,6 @@ def first_reach(records: list[dict[str, Any]], task: TaskConfig) -> int | None:
     sign = -1.0 if key.endswith("loss") else 1.0
     for r in sorted((r for r in records if r.get("split") == "eval"), key=lambda r: int(r["step"])):
         value = as_metrics(r).get(key)
-        if value is not None and math.isfinite(value) and sign * value >= sign * threshold:
+        if _is_finite(value) and sign * value >= sign * threshold:
             return int(r["step"])
     return None

@@ -52,7 +52,7 @@ def _me() -> tuple[int, str]:
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: beyond pid_t, no process has it
         return False
     except PermissionError:  # exists, owned by someone else
         return True
@@ -60,11 +60,17 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _parse(text: bytes) -> tuple[int, str] | None:
+    """``(pid, host)`` of a lock's JSON text; None unless it is an object with an int ``pid`` and a string ``host``
+    (as :func:`acquire_lock` writes them): a ``true``, ``12.7``, ``"12"`` or ``Infinity`` pid or a ``null`` host is junk,
+    not process 1, 12 or a process on host ``"None"`` that would hold the run for ever."""
     try:
         holder = json.loads(text)  # bytes that are not UTF-8 raise UnicodeDecodeError, a ValueError
-        return int(holder["pid"]), str(holder["host"])
-    except (ValueError, KeyError, TypeError):
+    except ValueError:
         return None
+    pid, host = (holder.get("pid"), holder.get("host")) if isinstance(holder, dict) else (None, None)
+    if type(pid) is not int or not isinstance(host, str):
+        return None
+    return pid, host
 
 
 def read_lock(rdir: str | os.PathLike[str]) -> tuple[int, str] | None:
