@@ -448,7 +448,8 @@ def load_experiment_config(path: str | Path | Mapping[str, Any], overrides: list
         if not p.is_file():
             raise FileNotFoundError(f"experiment config {str(p)!r} not found")
         try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))  # TOML is UTF-8, whatever the locale
+            # TOML is UTF-8, whatever the locale; "utf-8-sig" drops the byte-order mark some Windows editors write
+            data = tomllib.loads(p.read_text(encoding="utf-8-sig"))
         except UnicodeDecodeError as exc:
             raise ValueError(f"{p}: not UTF-8 text (TOML files are UTF-8): {exc}") from None
         except tomllib.TOMLDecodeError as exc:

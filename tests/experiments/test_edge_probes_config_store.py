@@ -317,3 +317,14 @@ def test_summary_with_nan_tokens_and_junk_pins(tmp_path):
             assert runs == [] and run_status(cfg, root)[0]["state"] == "missing"
         else:
             assert len(runs) == 1 and (runs[0].value == expected or math.isnan(expected) and math.isnan(runs[0].value))
+
+
+def test_a_toml_file_with_a_byte_order_mark_loads(tmp_path):
+    """Bug: a config saved by an editor that writes a UTF-8 byte-order mark (Windows Notepad) was refused as
+    "invalid TOML: Invalid statement (at line 1, column 1)", with no word of the invisible mark. It now loads as the
+    same file without the mark."""
+    text = 'name = "bom"\nseeds = [0]\n[[tasks]]\nname = "d"\ndataset = "digits"\nmodel = "vit-digits"\n' \
+           '[[operators]]\nname = "attention"\n'
+    (tmp_path / "plain.toml").write_text(text, encoding="utf-8")
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert load_experiment_config(tmp_path / "bom.toml") == load_experiment_config(tmp_path / "plain.toml")
