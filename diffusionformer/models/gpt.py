@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import _python_numbers, _value_type, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
+from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
@@ -304,6 +305,7 @@ class DiffusionGPT(nn.Module):
         self.eval()
         block_size = self.config.block_size
         cache: list[LayerKVCache] | None = None
+        T0 = idx.shape[1]
         try:
             for _ in range(max_new_tokens):
                 if not use_cache:
@@ -313,6 +315,9 @@ class DiffusionGPT(nn.Module):
                 else:  # first step, or the window slid: (re)build the cache from the context
                     cache = self.new_cache()
                     logits = self.forward_cached(idx[:, -block_size:], cache)[:, -1, :].float()
+                if checks_values(logits) and bool(logits.isnan().any()):  # greedy took token 0, sampling failed in torch
+                    raise ValueError(f"generate: the model's logits are NaN at new token {idx.shape[1] - T0} of "
+                                     f"{max_new_tokens} (diverged or non-finite weights); no token can be chosen")
                 if temperature == 0:
                     nxt = logits.argmax(dim=-1, keepdim=True)
                 else:

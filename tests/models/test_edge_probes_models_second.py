@@ -129,3 +129,15 @@ def test_create_model_did_you_mean_ignores_case_and_separators(name: str) -> Non
     """Bug: create_model("VIT-MNIST") listed every preset but gave no "did you mean 'vit-mnist'?"."""
     with pytest.raises(ValueError, match=r"did you mean 'vit-mnist'\?"):
         create_model(name)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_gpt_generate_on_nan_logits_is_named(temperature) -> None:
+    """Bug: a model whose logits were NaN (diverged weights) generated token 0 at every step with greedy decoding,
+    silently, and failed in ``torch.multinomial`` ("probability tensor contains either inf, nan") when sampling.
+    Both now name the NaN logits and the step."""
+    model, idx = _gpt(), torch.tensor([[1], [2]])
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    with pytest.raises(ValueError, match=r"logits are NaN at new token 0 of 3"):
+        model.generate(idx, 3, temperature=temperature, generator=torch.Generator().manual_seed(0))
