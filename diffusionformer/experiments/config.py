@@ -282,6 +282,12 @@ class ExperimentConfig:
             dup = {n for n in names if names.count(n) > 1}
             if dup:
                 raise ValueError(f"duplicate {what} names: {sorted(dup)}")
+            folded: dict[str, str] = {}
+            for n in names:  # each name is a run folder: one folder on macOS's and Windows' default file systems
+                other = folded.setdefault(n.casefold(), n)
+                if other != n:
+                    raise ValueError(f"{what} names {other!r} and {n!r} differ only in case: their run folders would "
+                                     "be one folder on a case-insensitive file system (macOS, Windows); rename one")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"duplicate seeds: {self.seeds}")
         for task in self.tasks:

@@ -92,7 +92,7 @@ def _state(path: Path) -> tuple[tuple[int, str] | None, os.stat_result | None]:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
             text = f.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):  # a folder is no lock: acquire_lock refuses it by name
         return None, None
     except OSError:
         try:
@@ -149,10 +149,16 @@ def acquire_lock(rdir: str | os.PathLike[str]) -> str | None:
     Returns:
         None when this process holds the lock now (or held it already); else a description
         of the holder, e.g. ``"process 4242 on node-3"``.
+
+    Raises:
+        IsADirectoryError: a folder sits where the lock file goes.
     """
     rdir = Path(rdir)
     rdir.mkdir(parents=True, exist_ok=True)
     path, me = rdir / LOCK_NAME, _me()
+    if path.is_dir():  # else reported as held by a process "still writing" it, then a bare IsADirectoryError
+        raise IsADirectoryError(f"{path} is a folder, not a lock file (a run's lock is a small JSON file that this "
+                                "library writes and removes): remove the folder and run again")
     tmp = rdir / f"{LOCK_NAME}.{me[0]}.{secrets.token_hex(6)}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"pid": me[0], "host": me[1]}, f)

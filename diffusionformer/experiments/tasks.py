@@ -694,7 +694,12 @@ def as_metrics(record: Mapping[str, Any] | None) -> dict[str, float]:
     """Flatten an eval record of ``metrics.jsonl`` into ``{name: value}``."""
     if not record:
         return {}
-    out = {k: v for k, v in record.get("metrics", {}).items() if isinstance(v, (int, float))}
-    if isinstance(record.get("loss"), (int, float)):
+    metrics = record.get("metrics")
+
+    def number(v: Any) -> bool:  # a hand-edited true is not accuracy 1.0
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    out = {k: v for k, v in metrics.items() if number(v)} if isinstance(metrics, Mapping) else {}
+    if number(record.get("loss")):
         out.setdefault("loss", record["loss"])
     return out

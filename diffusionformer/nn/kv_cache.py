@@ -218,6 +218,7 @@ def attend_cached(
                                                 entered=entered, is_causal=True, positions=all_positions)
             out = out + full[:, :, start:].to(out.dtype)  # (B, H, n, C); zero on the other heads
 
-    cache.keys, cache.powers, cache.queries = keys, powers, queries
-    cache.inputs, cache.positions = inputs, all_positions
+    if T:  # an empty call on an empty cache leaves it empty: it must not fix the cache's batch size or dtype
+        cache.keys, cache.powers, cache.queries = keys, powers, queries
+        cache.inputs, cache.positions = inputs, all_positions
     return layer.out_proj(out.transpose(1, 2).reshape(B, n, D))

@@ -286,10 +286,18 @@ def test_a_lock_of_the_wrong_json_types_is_unreadable_not_a_crash(tmp_path, cont
     assert acquire_lock(tmp_path) == f"a process that is still writing {tmp_path / LOCK_NAME}"
 
 
-def test_a_lock_that_cannot_be_opened_counts_as_unreadable(tmp_path):
+def test_a_lock_that_cannot_be_opened_counts_as_unreadable(tmp_path, monkeypatch):
     """Kills store._state returning ``(None, None)`` (no lock) for a lock that exists but cannot be opened
-    (here a folder): it must count as held while young, as an unparsable lock."""
-    (tmp_path / LOCK_NAME).mkdir()
+    (here: opening it is refused): it must count as held while young, as an unparsable lock. (A folder in
+    its place is refused by name: tests/reliability/test_edge_probes_leftovers_third.py.)"""
+    (tmp_path / LOCK_NAME).write_text('{"pid": 1, "host": "h"}')
+
+    def refuse(path, *args, **kwargs):
+        if os.fspath(path) == os.fspath(tmp_path / LOCK_NAME):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(store, "open", refuse, raising=False)  # the module's name shadows the builtin
     assert live_holder(tmp_path) == (-1, "")
     assert acquire_lock(tmp_path) == f"a process that is still writing {tmp_path / LOCK_NAME}"
 

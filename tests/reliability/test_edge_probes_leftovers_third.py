@@ -1,0 +1,90 @@
+"""Edge cases left noted by earlier probe rounds, now fixed (each "Bug:" test fails with its fix reverted).
+
+* ``attend_cached`` with no new token (``n = 0``) on an empty cache stored an empty ``(B, H, 0, C)`` cache, which
+  fixed the cache's batch size: the real prompt that followed, of another batch size, was refused.
+* A folder named ``.lock`` in a run folder was reported as held by "a process that is still writing" it, and once
+  older than the grace period a takeover crashed with a bare ``IsADirectoryError``; now ``run`` names the folder
+  and ``status`` shows no holder.
+* Task or operator-setting names that differ only in case (``"Cora"`` and ``"cora"``) are one run folder on a
+  case-insensitive file system (macOS, Windows): the two settings' runs shared checkpoints; now refused.
+* ``as_metrics`` read a hand-edited ``true`` metric as 1.0 (an accuracy of 100 %) and crashed on a ``metrics``
+  entry that is not a table.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from diffusionformer.experiments import store
+from diffusionformer.experiments.config import load_experiment_config
+from diffusionformer.experiments.tasks import as_metrics
+from diffusionformer.nn import DiffusionAttention
+from diffusionformer.nn.kv_cache import LayerKVCache, attend_cached
+
+
+def _experiment(**kw):
+    return {"name": "x", "tasks": [{"name": "d", "dataset": "digits", "model": "vit-digits"}],
+            "operators": [{"name": "attention"}], "seeds": [0], **kw}
+
+
+@pytest.mark.parametrize("heads", [["attention", "laplacian"], ["heat", "ppr"], ["attention", "ppr-exact"]])
+def test_bug_an_empty_first_call_leaves_the_cache_empty(heads):
+    """Bug: attend_cached(layer, x[:, :0], empty cache) fixed the cache's batch size (and dtype) to the empty
+    call's; the next call, the real prompt of another batch size, was refused."""
+    torch.manual_seed(0)
+    layer = DiffusionAttention(8, 2, causal=True, heads=heads).double().eval()
+    cache = LayerKVCache()
+    y0 = attend_cached(layer, torch.randn(2, 0, 8, dtype=torch.float64), cache)
+    assert y0.shape == (2, 0, 8) and cache.length == 0 and cache.keys is None and cache.powers == []
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    y = attend_cached(layer, x, cache)
+    torch.testing.assert_close(y, layer(x))
+    assert cache.length == 5
+
+
+def test_an_empty_call_on_a_filled_cache_changes_nothing():
+    torch.manual_seed(1)
+    layer = DiffusionAttention(8, 2, causal=True, heads=["heat", "attention"]).double().eval()
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    cache = LayerKVCache()
+    attend_cached(layer, x[:, :4], cache)
+    assert attend_cached(layer, x[:, 4:4], cache).shape == (2, 0, 8) and cache.length == 4
+    torch.testing.assert_close(attend_cached(layer, x[:, 4:], cache), layer(x)[:, 4:])
+
+
+def test_bug_a_folder_in_the_lock_s_place_is_named(tmp_path):
+    """Bug: a folder named .lock was reported as held by "a process that is still writing" it; once older than
+    the grace period, acquire_lock crashed with a bare IsADirectoryError from the takeover's unlink."""
+    rdir = tmp_path / "run"
+    (rdir / store.LOCK_NAME).mkdir(parents=True)
+    assert store.live_holder(rdir) is None  # status: no process holds it
+    with pytest.raises(IsADirectoryError, match=r"\.lock is a folder, not a lock file.*remove the folder"):
+        store.acquire_lock(rdir)
+    old = time.time() - 10 * store.UNREADABLE_GRACE_S
+    os.utime(rdir / store.LOCK_NAME, (old, old))
+    with pytest.raises(IsADirectoryError, match=r"\.lock is a folder, not a lock file"):
+        store.acquire_lock(rdir)
+    assert (rdir / store.LOCK_NAME).is_dir()  # nothing of the user's is removed
+    assert [p.name for p in rdir.iterdir()] == [store.LOCK_NAME]  # and no temporary file is left
+
+
+def test_bug_names_that_differ_only_in_case_are_refused():
+    """Bug: operator settings "attention" and "Attention" (or tasks "d" and "D") loaded; on a case-insensitive
+    file system their runs are one folder, so the second setting resumed the first one's checkpoints."""
+    with pytest.raises(ValueError, match=r"operator setting names 'attention' and 'Attention' differ only in case"):
+        load_experiment_config(_experiment(operators=[{"name": "attention"}, {"name": "Attention"}]))
+    task = {"dataset": "digits", "model": "vit-digits"}
+    with pytest.raises(ValueError, match=r"task names 'd' and 'D' differ only in case"):
+        load_experiment_config(_experiment(tasks=[{"name": "d", **task}, {"name": "D", **task}]))
+    assert len(load_experiment_config(_experiment(tasks=[{"name": "d", **task}, {"name": "d2", **task}])).tasks) == 2
+
+
+def test_bug_as_metrics_skips_bools_and_a_metrics_entry_that_is_no_table():
+    """Bug: a hand-edited {"val_acc": true} read as accuracy 1.0; a "metrics": [..] entry raised AttributeError."""
+    assert as_metrics({"metrics": {"val_acc": True, "val_loss": 0.5}, "loss": False}) == {"val_loss": 0.5}
+    assert as_metrics({"metrics": [1.0], "loss": 2.0}) == {"loss": 2.0}
+    assert as_metrics({"metrics": {"loss": 1.5}, "loss": 2.0}) == {"loss": 1.5}
