@@ -156,8 +156,8 @@ class MetricsLog:
         records = _parse_lines(self.path)
         kept = [r for r in records if r["step"] <= max_step]  # every record has an integer step (_is_record)
         with _atomic_file(self.path) as f:
-            for r in kept:
-                f.write(json.dumps(r, allow_nan=False) + "\n")
+            for r in kept:  # a NaN / Infinity literal (read by json.loads) is written back as null
+                f.write(json.dumps(_plain(r), allow_nan=False) + "\n")
         return len(records) - len(kept)
 
     def append(self, record: Mapping[str, Any]) -> None:

@@ -9,6 +9,9 @@
   case-insensitive file system (macOS, Windows): the two settings' runs shared checkpoints; now refused.
 * ``as_metrics`` read a hand-edited ``true`` metric as 1.0 (an accuracy of 100 %) and crashed on a ``metrics``
   entry that is not a table.
+* ``MetricsLog.truncate`` (every resume) crashed with "Out of range float values are not JSON compliant" on a
+  ``metrics.jsonl`` holding a ``NaN`` or ``Infinity`` literal (which ``read_metrics`` reads, as ``json.loads``
+  does, from a log written by another tool or by hand): the run could not resume.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from diffusionformer.experiments.config import load_experiment_config
 from diffusionformer.experiments.tasks import as_metrics
 from diffusionformer.nn import DiffusionAttention
 from diffusionformer.nn.kv_cache import LayerKVCache, attend_cached
+from diffusionformer.train.metrics import MetricsLog, read_metrics
 
 
 def _experiment(**kw):
@@ -88,3 +92,13 @@ def test_bug_as_metrics_skips_bools_and_a_metrics_entry_that_is_no_table():
     assert as_metrics({"metrics": {"val_acc": True, "val_loss": 0.5}, "loss": False}) == {"val_loss": 0.5}
     assert as_metrics({"metrics": [1.0], "loss": 2.0}) == {"loss": 2.0}
     assert as_metrics({"metrics": {"loss": 1.5}, "loss": 2.0}) == {"loss": 1.5}
+
+
+def test_bug_truncating_a_log_with_nan_literals_keeps_the_run_resumable(tmp_path):
+    """Bug: MetricsLog.truncate wrote the kept records back with allow_nan=False, and a NaN / Infinity literal read
+    from the log raised ValueError: the resume that truncates the log failed."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "split": "eval", "loss": NaN, "metrics": {"acc": Infinity, "f1": 0.5}}\n'
+                    '{"step": 5, "split": "train", "loss": 1.0, "metrics": {}}\n')
+    assert MetricsLog(path).truncate(3) == 1
+    assert read_metrics(path) == [{"step": 1, "split": "eval", "loss": None, "metrics": {"acc": None, "f1": 0.5}}]
