@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from diffusionformer.config import _value_type
+
 from .splits import _require_generator
 
 __all__ = ["MultiCropAugment", "crop_boxes", "gaussian_blur", "random_crop_flip", "resample_crops"]
@@ -246,6 +248,8 @@ class MultiCropAugment:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0.0 <= v <= high:
                 raise ValueError(f"MultiCropAugment.{name} must lie in [0, {high:g}], got {v!r}")
+            if not math.isfinite(v):  # an infinite brightness or noise_std made every view inf or NaN
+                raise ValueError(f"MultiCropAugment.{name} must be finite, got {v!r}")
             object.__setattr__(self, name, float(v))  # a numpy number as the Python float it equals
 
     @property
@@ -267,8 +271,9 @@ class MultiCropAugment:
             image_shape: ``(C, H, W)`` (for the noise).
             generator: a CPU ``torch.Generator``; draws happen in a fixed order.
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        batch_size = int(batch_size)  # a numpy int (a count takes any integral number) as the Python int it equals
         if len(image_shape) != 3:
             raise ValueError(f"image_shape must be (C, H, W), got {image_shape!r}")
         _require_generator(generator, "MultiCropAugment.sample")
@@ -362,6 +367,8 @@ def random_crop_flip(images: Tensor, generator: torch.Generator, *, padding: int
     if isinstance(padding, bool) or not isinstance(padding, numbers.Integral) or padding < 0:
         raise ValueError(f"random_crop_flip: padding must be an int >= 0, got {padding!r}")
     padding = int(padding)
+    if not isinstance(flip, bool):  # "no" would read as True; a numpy bool is refused as every flag of the package
+        raise TypeError(f"random_crop_flip: flip must be a bool, got {_value_type(flip)} {flip!r}")
     _require_generator(generator, "random_crop_flip")
     B, C, H, W = images.shape
     offsets = torch.randint(0, 2 * padding + 1, (B, 2), generator=generator)

@@ -25,7 +25,7 @@ from .base import ClassificationData
 from .checksums import sha256_file
 from .paths import CorruptDataError, cache_dir, load_cached, save_cached
 from .registry import register_dataset
-from .splits import normalize_channels, require_heldout, stratified_split
+from .splits import _class_labels, normalize_channels, require_heldout, stratified_split
 
 __all__ = ["build_image_data", "load_digits", "load_mnist_mini"]
 
@@ -71,10 +71,12 @@ def build_image_data(
     def to_float(x: Tensor) -> Tensor:
         return x.to(torch.float32, copy=True).div_(scale)
 
-    labels = labels.to(torch.int64)
+    labels = _checked_labels(labels, num_classes, "labels")
+    if test is not None:
+        test = (test[0], _checked_labels(test[1], num_classes, "test labels"))
     train_idx, val_idx, test_idx = splits
     x_test, y_test = (
-        (to_float(test[0]), test[1].to(torch.int64))
+        (to_float(test[0]), test[1])
         if test is not None
         else (to_float(images[test_idx]), labels[test_idx])
     )
@@ -102,6 +104,16 @@ def build_image_data(
         class_names=class_names,
         meta=meta,
     )
+
+
+def _checked_labels(labels: Any, num_classes: int, what: str) -> Tensor:
+    """``labels`` as int64 after checking them: 1-D integer class ids in ``[0, num_classes)`` (float labels were
+    truncated to other classes by the cast, and ids out of range or of another shape only failed in training)."""
+    labels = _class_labels(labels, "build_image_data" if what == "labels" else f"build_image_data ({what})")
+    if labels.numel() and not (0 <= int(labels.min()) and int(labels.max()) < num_classes):
+        raise ValueError(f"build_image_data: {what} must lie in [0, num_classes={num_classes}), got labels in "
+                         f"[{int(labels.min())}, {int(labels.max())}]")
+    return labels.to(torch.int64)
 
 
 @register_dataset("digits", kind="image")

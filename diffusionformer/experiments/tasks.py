@@ -160,7 +160,8 @@ class DINOTask:
     the final teacher temperature ``config.teacher_temp`` (not the warm-up value of the current
     step, so the score depends on the weights only) against the current centre, which it does
     not move. A split with nothing to score gives NaN (an empty training split: both
-    accuracies; an empty validation split: ``knn_val_acc`` and ``loss``).
+    accuracies; an empty validation split: ``knn_val_acc`` and ``loss``), and so do non-finite
+    features (a diverged model: both accuracies).
     """
 
     #: the teacher and the centre move at every loss call, so micro-batches would not add up to
@@ -236,11 +237,17 @@ class DINOTask:
         bank = self._features(dino, self.data.x_train, max_batches, device)
         bank_y = self.data.y_train[: bank.shape[0]].to(device)
         out: dict[str, float] = {}
+        bank_finite = bool(torch.isfinite(bank).all())  # one sync per evaluation
         for split in ("val", "test"):
             x, y = self.data.split(split)
             feats = self._features(dino, x, max_batches, device)
             if bank.shape[0] == 0 or feats.shape[0] == 0:
                 out[f"knn_{split}_acc"] = float("nan")  # an empty split has no accuracy
+                continue
+            if not (bank_finite and bool(torch.isfinite(feats).all())):
+                # a diverged model: NaN features vote for class 0 (or a NaN neighbour's class), which read as an
+                # accuracy equal to that class's share; no accuracy, as NaN logits have none in the other tasks
+                out[f"knn_{split}_acc"] = float("nan")
                 continue
             pred = knn_classify(bank, bank_y, feats, self.data.num_classes, k=self.ssl.knn_k,
                                 temperature=self.ssl.knn_temperature)

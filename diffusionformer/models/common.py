@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from diffusionformer.config import _value_type
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import Block
 from diffusionformer.ops._checks import checks_values
@@ -138,7 +139,7 @@ def _check_bools(where: str, **values: Any) -> None:
     """Every value a bool (a string such as ``"false"`` would be truthy): else a ``TypeError``."""
     for name, value in values.items():
         if not isinstance(value, bool):
-            raise TypeError(f"{where}.{name}: expected bool, got {value!r}")
+            raise TypeError(f"{where}.{name}: expected bool, got {_value_type(value)} {value!r}")
 
 
 _NORMS = ("layernorm", "rmsnorm")

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import document_fields
+from diffusionformer.config import _python_number, document_fields
 from diffusionformer.models.common import check_positive, check_positive_int, check_probability
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
 
@@ -74,7 +74,7 @@ def cosine_momentum(step: int, base: float, total_steps: int) -> float:
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    if not 0.0 <= base <= 1.0:  # a momentum outside [0, 1] would extrapolate the teacher away from the student
+    if isinstance(base, bool) or not 0.0 <= base <= 1.0:  # outside [0, 1] the teacher leaves the student; a bool is no number
         raise ValueError(f"base must lie in [0, 1], got {base}")
     if step >= total_steps:
         return 1.0
@@ -208,12 +208,20 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
                          f"{tuple(queries.shape)}")
     if bank_labels.shape != (bank.shape[0],):
         raise ValueError(f"bank_labels must have shape ({bank.shape[0]},), got {tuple(bank_labels.shape)}")
+    if bank_labels.is_floating_point() or bank_labels.is_complex() or bank_labels.dtype == torch.bool:
+        raise TypeError(f"bank_labels must be integer class labels, got dtype {bank_labels.dtype}")
     if bank.shape[0] == 0:
         raise ValueError("knn_classify needs a non-empty bank")
+    k, num_classes, temperature, chunk_size = (_python_number(v) for v in (k, num_classes, temperature, chunk_size))
+    for name, value in (("k", k), ("num_classes", num_classes)):  # else torch's topk/zeros fail on a float
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"knn_classify: {name} must be an int, got {type(value).__name__} {value!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"knn_classify: temperature must be a float, got {type(temperature).__name__} {temperature!r}")
     lo, hi = int(bank_labels.min()), int(bank_labels.max())  # once per evaluation: the sync is cheap
     if lo < 0 or hi >= num_classes:
         raise ValueError(f"bank_labels must lie in [0, num_classes={num_classes}), got labels in [{lo}, {hi}]")
-    if k < 1 or temperature <= 0:
+    if k < 1 or not temperature > 0:  # ``not > 0`` refuses NaN too, which made every vote NaN and every prediction 0
         raise ValueError(f"k must be >= 1 and temperature > 0, got k={k}, temperature={temperature}")
     check_positive_int("knn_classify", chunk_size=chunk_size)
     bank_n = F.normalize(bank.float(), dim=1)
@@ -316,7 +324,7 @@ class DINOHead(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, hidden: int = 256, bottleneck: int = 64, layers: int = 3) -> None:
         super().__init__()
-        check_positive("DINOHead", in_dim=in_dim, out_dim=out_dim, hidden=hidden, bottleneck=bottleneck, layers=layers)
+        check_positive_int("DINOHead", in_dim=in_dim, out_dim=out_dim, hidden=hidden, bottleneck=bottleneck, layers=layers)
         widths = [in_dim] + [hidden] * (layers - 1) + [bottleneck]
         mods: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
@@ -421,8 +429,8 @@ class DINO(nn.Module):
     @torch.no_grad()
     def update_teacher(self, momentum: float) -> None:
         r"""EMA step ``theta_t <- m theta_t + (1 - m) theta_s`` on every student parameter."""
-        if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"momentum must lie in [0, 1], got {momentum}")
+        if isinstance(momentum, bool) or not 0.0 <= momentum <= 1.0:  # a bool is no number
+            raise ValueError(f"momentum must lie in [0, 1], got {momentum!r}")
         teacher = dict(self.teacher.named_buffers())
         student = dict(self.student.named_parameters())
         for name in self._ema_names:

@@ -85,6 +85,7 @@ class GCN(nn.Module):
         if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided:  # a sparse adjacency passes to PyG
             edge_index = check_edge_index(edge_index, x.shape[0])  # shape, dtype; bounds on CPU in eager mode
         batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)
+        batch = batch.long()  # int32 ids pass the check, but PyG's pools scatter with int64 indices
         x = x.to(self.convs[0].lin.weight.dtype)  # as the graph transformer reads its x: float64 or int features, float32 model
         for i, conv in enumerate(self.convs):
             x = F.dropout(x, c.dropout, self.training)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
 
-from diffusionformer.config import _python_numbers, document_fields
+from diffusionformer.config import _python_numbers, _value_type, document_fields
 from diffusionformer.ops.sparse import check_edge_index
 from diffusionformer.models.common import (_check_graph_devices, _check_graph_task, _readout_batch, check_positive_int,
                                            check_probability)
@@ -40,6 +40,8 @@ class GINConfig:
             raise ValueError(f"GINConfig.num_layers must be >= 2 (input layer + at least one convolution), got {self.num_layers}")
         check_probability("GINConfig", dropout=self.dropout)
         _check_graph_task("GINConfig", self.task, self.pool)
+        if not isinstance(self.train_eps, bool):  # "no" would read as True; a numpy bool is refused as every flag
+            raise TypeError(f"GINConfig.train_eps: expected bool, got {_value_type(self.train_eps)} {self.train_eps!r}")
 
 
 class GIN(nn.Module):
@@ -91,6 +93,7 @@ class GIN(nn.Module):
         if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided:  # a sparse adjacency passes to PyG
             edge_index = check_edge_index(edge_index, x.shape[0])  # shape, dtype; bounds on CPU in eager mode
         batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)
+        batch = batch.long()  # int32 ids pass the check, but PyG's pools scatter with int64 indices
         x = x.to(self.heads[0].weight.dtype)  # as the graph transformer reads its x: float64 or int features, float32 model
         hs = [x]
         for conv in self.convs:

@@ -358,6 +358,8 @@ class DiffusionGraphTransformer(nn.Module):
         N = x.shape[0]
         _check_graph_devices(x, edge_index=edge_index, batch=batch, edge_attr=edge_attr, pe=pe)
         _check_batch(batch, N)
+        if batch is not None:  # int32 ids pass the check, but PyG's pools scatter with int64 indices
+            batch = batch.long()
         max_num_nodes = _check_size("max_num_nodes", max_num_nodes)
         num_graphs = _check_num_graphs(batch, num_graphs)
         # eager CPU: the graph checks its edges (bounds, no edge across graphs); elsewhere the kernel

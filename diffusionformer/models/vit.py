@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.config import _python_numbers, document_fields
+from diffusionformer.config import _python_numbers, _value_type, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
@@ -251,9 +251,9 @@ def attention_rollout(maps: list[Tensor], residual: float = 0.5, normalize: bool
     r"""Attention rollout (Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020).
 
     .. math::
-        	ilde A_l = (1 - r)\, I + r\, 	frac{1}{H} 	extstyle\sum_h A_{l,h}, \qquad
-        	ilde A_l \leftarrow 	ilde A_l / 	ilde A_l \mathbf 1 \ 	ext{(rows, when ``normalize``)}, \qquad
-        R = 	ilde A_L \cdots 	ilde A_1,
+        \tilde A_l = (1 - r)\, I + r\, \tfrac{1}{H} \textstyle\sum_h A_{l,h}, \qquad
+        \tilde A_l \leftarrow \tilde A_l / \tilde A_l \mathbf 1 \ \text{(rows, when ``normalize``)}, \qquad
+        R = \tilde A_L \cdots \tilde A_1,
 
     the residual connection mixed in with weight ``1 - r`` (``r = 0.5`` in the paper).
 
@@ -275,6 +275,8 @@ def attention_rollout(maps: list[Tensor], residual: float = 0.5, normalize: bool
         raise ValueError("attention_rollout: expected at least one layer's maps, got none")
     if isinstance(residual, bool) or not isinstance(residual, (int, float)) or not 0.0 < residual <= 1.0:
         raise ValueError(f"attention_rollout: expected residual in (0, 1], got {residual!r}")
+    if not isinstance(normalize, bool):  # "no" would read as True; a numpy bool is refused as every flag
+        raise TypeError(f"attention_rollout: expected normalize a bool, got {_value_type(normalize)} {normalize!r}")
     rollout = None
     for A in maps:
         if A.dim() != 4 or A.shape[-1] != A.shape[-2]:

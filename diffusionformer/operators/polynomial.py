@@ -19,7 +19,7 @@ def chebyshev_matrix(steps: int, dtype: torch.dtype = torch.float64) -> Tensor:
     r"""Monomial coefficients of the Chebyshev polynomials :math:`T_0 .. T_K`: row ``k`` holds :math:`T_k`.
 
     :math:`T_0 = 1`, :math:`T_1 = x`, :math:`T_{k+1} = 2 x T_k - T_{k-1}`, so
-    :math:`\sum_k 	heta_k T_k(P) = \sum_j (	heta M)_j P^j`. Lower triangular with
+    :math:`\sum_k \theta_k T_k(P) = \sum_j (\theta M)_j P^j`. Lower triangular with
     :math:`M_{kk} = 2^{k-1}` (``k >= 1``), hence invertible.
 
     Shapes:

@@ -599,7 +599,7 @@ def test_config_switches_must_be_bools(make, field):
     """Bug: the model configs took any value for these switches, so ``tie_weights="false"`` (or
     ``self_loops="no"``, a string from a command line) was truthy and silently switched the option
     on. Now a ``TypeError`` naming the field, as for ``rope``; bools still work."""
-    with pytest.raises(TypeError, match=rf"{field}: expected bool, got 'false'"):
+    with pytest.raises(TypeError, match=rf"{field}: expected bool, got str 'false'"):
         make("false")
     make(False)
 

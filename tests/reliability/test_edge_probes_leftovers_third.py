@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -102,3 +103,48 @@ def test_bug_truncating_a_log_with_nan_literals_keeps_the_run_resumable(tmp_path
                     '{"step": 5, "split": "train", "loss": 1.0, "metrics": {}}\n')
     assert MetricsLog(path).truncate(3) == 1
     assert read_metrics(path) == [{"step": 1, "split": "eval", "loss": None, "metrics": {"acc": None, "f1": 0.5}}]
+
+
+def test_bug_a_diverged_dino_has_no_knn_accuracy():
+    """Bug: DINOTask.evaluate scored NaN features with knn_classify, whose NaN votes pick class 0 (or a NaN
+    neighbour's class): a diverged run reported a k-NN accuracy equal to a class's share beside a NaN loss.
+    Now both accuracies are NaN, as NaN logits give no accuracy in the other tasks."""
+    from diffusionformer.data.base import ClassificationData
+    from diffusionformer.experiments.tasks import DINOTask
+    from diffusionformer.models.dino import DINO, DINOConfig
+    from diffusionformer.experiments.tasks import SSLConfig
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 1, 8, 8, generator=g)
+    y = torch.zeros(12, dtype=torch.long)  # one class: a NaN vote for class 0 scored 100 %
+    y[::3] = 1
+    data = ClassificationData("toy", "image", x, y, x[:8].clone(), y[:8], x[4:].clone(), y[4:], num_classes=2,
+                              input_shape=(1, 8, 8))
+    torch.manual_seed(0)
+    model = DINO(DINOConfig(input_size=(8, 8), in_channels=1, patch_size=4, dim=8, depth=1, num_heads=2, pool="mean",
+                            out_dim=6, head_hidden=8, head_bottleneck=4))
+    task = DINOTask(data, model, ssl=SSLConfig(blur_prob=0.0))
+    healthy = task.evaluate(model, None)
+    assert all(math.isfinite(v) for v in healthy.values()), healthy
+    with torch.no_grad():
+        for name, buf in model.teacher.named_buffers():
+            if name.endswith("weight") and buf.dim() >= 2:
+                buf.fill_(float("nan"))
+    out = task.evaluate(model, None)
+    assert math.isnan(out["knn_val_acc"]) and math.isnan(out["knn_test_acc"]), out
+
+
+def test_bug_no_control_characters_in_the_sources():
+    """Bug: attention_rollout's and ChebyshevOperator's docstrings held TAB characters where ``\\tilde``,
+    ``\\tfrac``, ``\\text`` and ``\\theta`` belong (an escape read in a non-raw string), so their formulas rendered
+    wrong in the API docs. No source file of the package may hold a TAB, bell, backspace, vertical tab or form
+    feed (what ``\\t``, ``\\a``, ``\\b``, ``\\v``, ``\\f`` of a LaTeX command become outside a raw string)."""
+    from pathlib import Path
+
+    import diffusionformer
+
+    root = Path(diffusionformer.__file__).parent
+    bad = [f"{p.relative_to(root)}:{i}" for p in sorted(root.rglob("*.py"))
+           for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1)
+           if any(c in line for c in "\t\a\b\v\f")]
+    assert not bad, bad
