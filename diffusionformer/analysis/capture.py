@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.analysis.metrics import _is_int
+from diffusionformer.analysis.metrics import _check_flag, _is_int
 from diffusionformer.config import _device_argument
 
 __all__ = ["LayerCapture", "LayerRecorder", "capture_dataset", "pad_by_batch"]
@@ -281,8 +281,7 @@ class LayerRecorder:
         L = len(self.blocks)
         self.num_blocks = L
         self.layers = _check_layers(layers, L)
-        if not isinstance(attentions, bool):
-            raise TypeError(f"attentions must be a bool, got {type(attentions).__name__}")
+        _check_flag(attentions, "attentions")  # a numpy bool too, named as one (not "must be a bool, got bool")
         self.attention_blocks = [layer - 1 for layer in self.layers if layer >= 1] if attentions else []
         for i in self.attention_blocks:
             block = self.blocks[i]
@@ -409,10 +408,16 @@ class LayerCapture:
         """``X^(l)`` for the captured ``l >= 1``, in order (all blocks' outputs by default)."""
         return [self.states[layer] for layer in self.layers if layer >= 1]
 
+    def _first_state(self) -> Tensor:
+        """The tokens of the first captured layer; a ValueError for a capture without layers."""
+        if not self.states:  # else a StopIteration (num_examples) or an IndexError (lengths, drop_prefix)
+            raise ValueError("this LayerCapture holds no layers: states is empty, so it has no sequences")
+        return self.states[self.layers[0]]
+
     @property
     def num_examples(self) -> int:
         """Number of sequences (graphs) ``B``."""
-        return int(next(iter(self.states.values())).shape[0])
+        return int(self._first_state().shape[0])
 
     @property
     def num_attention_examples(self) -> int:
@@ -421,7 +426,7 @@ class LayerCapture:
 
     def lengths(self) -> Tensor:
         """Number of real tokens per sequence, ``(B,)``."""
-        B, T = self.states[self.layers[0]].shape[:2]
+        B, T = self._first_state().shape[:2]
         return self.mask.sum(dim=1) if self.mask is not None else torch.full((B,), T, dtype=torch.long)
 
     def drop_prefix(self, k: int) -> "LayerCapture":
@@ -437,7 +442,7 @@ class LayerCapture:
             return self
         if self.mask is not None or self.attention_edges:
             raise ValueError("drop_prefix needs dense, unpadded tokens (a ViT/GPT capture), got a padded/graph capture")
-        T = self.states[self.layers[0]].shape[1]
+        T = self._first_state().shape[1]
         if k >= T:
             raise ValueError(f"k must leave at least one token: k < T = {T}, got {k}")
         labels = self.labels
@@ -643,17 +648,19 @@ def capture_dataset(
         ([0, 1, 2], torch.Size([5, 5, 8]), [0, 1, 2, 0, 1], torch.Size([2, 2, 5, 5]))
     """
     max_examples, max_attention_examples = _check_capture_limits(max_examples, max_attention_examples)
+    _check_flag(keep_outputs, "keep_outputs")  # keep_outputs="no" is truthy: outputs kept (memory) where none were asked
     run = forward if forward is not None else _default_forward
     dev = None if device is None else _device_argument("device", device)
     recorder = LayerRecorder(model, layers, attentions)
     recorder.compute_attentions = max_attention_examples > 0
     collector = _Collector(recorder, max_attention_examples, keep_outputs)
-    count = 0
+    count = drawn = 0
     modes = [(module, module.training) for module in model.modules()]  # each submodule's own mode (a frozen part)
     model.eval()
     try:
         with torch.no_grad(), recorder:
             for index, item in enumerate(batches):
+                drawn += 1
                 inputs, labels = _split_item(item)
                 n = _num_sequences(inputs)
                 if n == 0:
@@ -672,6 +679,7 @@ def capture_dataset(
         for module, training in modes:
             module.training = training
     if count == 0:
-        raise ValueError("capture_dataset got no examples: `batches` was empty")
+        got = "" if drawn == 0 else f" of sequences: its {drawn} batch(es) all held 0 sequences"
+        raise ValueError(f"capture_dataset got no examples: `batches` was empty{got}")
     return collector.finish(type(model).__name__)
 

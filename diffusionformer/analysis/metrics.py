@@ -19,6 +19,7 @@ variation to measure, and no NaN escapes.
 
 from __future__ import annotations
 
+import difflib
 import numbers
 from dataclasses import asdict, dataclass
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from diffusionformer.config import _value_type
 from diffusionformer.ops._checks import check_index_range, checks_values
 
 __all__ = [
@@ -95,9 +97,24 @@ def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _check_flag(value: object, name: str) -> bool:
+    """``value`` if it is a Python bool, else a TypeError naming ``name`` and the full type (``bool("no")`` is True;
+    a ``numpy.bool`` is refused too, named ``numpy.bool``, not the contradictory "must be a bool, got bool")."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {_value_type(value)} ({value!r})")
+    return value
+
+
+def _check_choice(value: object, name: str, allowed: tuple[str, ...]) -> None:
+    """``value`` must be one of ``allowed``: else a ValueError naming ``name``, with a "did you mean" when one is close."""
+    if not isinstance(value, str) or value not in allowed:
+        close = difflib.get_close_matches(value, allowed, n=1) if isinstance(value, str) else []
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}{hint}")
+
+
 def _check_reduction(reduction: str, allowed: tuple[str, ...] = _REDUCTIONS) -> None:
-    if reduction not in allowed:
-        raise ValueError(f"reduction must be one of {allowed}, got {reduction!r}")
+    _check_choice(reduction, "reduction", allowed)
 
 
 def _reduce(values: Tensor, reduction: str) -> Tensor:
@@ -288,8 +305,7 @@ def rank_collapse_residual(X: Tensor, method: str = "mean", reduction: str = "no
     _check_tokens(X)
     if method == "mean":
         return high_frequency_ratio(X, reduction)
-    if method != "svd":
-        raise ValueError(f"method must be 'mean' or 'svd', got {method!r}")
+    _check_choice(method, "method", ("mean", "svd"))
     s2 = torch.linalg.svdvals(X).pow(2)  # (B, min(T, D)), descending
     return _reduce(_safe_div(s2[:, 1:].sum(dim=-1).sqrt(), s2.sum(dim=-1).sqrt()), reduction)
 
@@ -320,8 +336,9 @@ def dirichlet_energy(
       ``E = ||C X||_F^2 = T * within_sequence_variance(X)``;
     - a dense matrix ``P``, evaluated without forming pairwise differences as
       ``E = 1/2 sum_i (r_i + c_i) ||x_i||^2 - tr(X^T P X)`` with row sums ``r = P 1`` and column
-      sums ``c = P^T 1`` (tokens are first centred per sequence, which leaves ``E`` unchanged
-      because ``E`` depends only on differences, and reduces cancellation);
+      sums ``c = P^T 1`` (tokens are first centred per sequence and the diagonal of ``P`` is dropped,
+      which leaves ``E`` unchanged because ``E`` depends only on differences and a self loop has
+      none, and reduces cancellation: ``P = I`` gives exactly 0);
     - a sparse graph ``(edge_index, edge_weight)`` in PyTorch Geometric convention
       (``edge_index[0]`` = source ``j``, ``edge_index[1]`` = target ``i``):
       ``E = 1/2 sum_e w_e ||x_{src(e)} - x_{dst(e)}||^2``, accumulated per graph (an edge
@@ -363,6 +380,7 @@ def dirichlet_energy(
     """
     if P is not None and edge_index is not None:
         raise ValueError("pass either a dense P or a sparse edge_index, not both")
+    _check_flag(normalized, "normalized")
     if edge_index is not None:
         energy, norm2 = _sparse_dirichlet(X, edge_index, edge_weight, batch, num_graphs)
     else:
@@ -379,7 +397,9 @@ def dirichlet_energy(
             if P.shape[-2:] != (T, T) or (P.ndim == 3 and P.shape[0] != B):
                 expected = f"({T}, {T}) or ({B}, {T}, {T})"
                 raise ValueError(f"P must have shape {expected} to match X, got {tuple(P.shape)}")
-            P = P.to(dtype=X.dtype)
+            # the diagonal (self loops) adds nothing to E, but twice to the cancelling terms below: P = I gave a
+            # negative energy (-0.0156 for float32 tokens of scale 10), not 0
+            P = P.to(dtype=X.dtype) * (1 - torch.eye(T, dtype=X.dtype, device=P.device))
             sq = Xc.pow(2).sum(dim=-1)  # (B, T)
             degree = P.sum(dim=-1) + P.sum(dim=-2)  # (B, T) or (T,): r + c
             cross = (Xc * torch.matmul(P, Xc)).sum(dim=(1, 2))  # tr(X^T P X), (B,)
@@ -422,6 +442,11 @@ def _sparse_dirichlet(
     elif not isinstance(edge_weight, Tensor) or edge_weight.shape != (E,):
         got = tuple(edge_weight.shape) if isinstance(edge_weight, Tensor) else type(edge_weight)
         raise ValueError(f"edge_weight must have shape ({E},), got {got}")
+    elif edge_weight.is_complex():
+        raise TypeError(f"edge_weight must be real, got dtype {edge_weight.dtype}")
+    elif checks_values(edge_weight) and edge_weight.is_floating_point() and not bool(torch.isfinite(edge_weight).all()):
+        # as a dense P with NaN: refused, not a NaN energy
+        raise ValueError("edge_weight holds NaN or inf values: the metric is undefined for them (not 0)")
     if batch is None:
         if num_graphs is not None:  # else silently one graph, whatever num_graphs says
             raise ValueError(f"num_graphs counts the graphs of batch: pass batch too, got num_graphs={num_graphs!r} "
@@ -734,6 +759,8 @@ def next_token_nc1(
     if not _is_int(min_count) or min_count < 1:
         raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
     if ignore_index is not None:
+        if not _is_int(ignore_index):  # a float such as 1.5 or -100.5 matches no id: nothing was dropped, silently
+            raise TypeError(f"ignore_index must be an int or None, got {_value_type(ignore_index)} ({ignore_index!r})")
         keep = next_token != ignore_index
         tokens, next_token = tokens[keep], next_token[keep]
     _, inv, counts = torch.unique(next_token, return_inverse=True, return_counts=True)
@@ -808,8 +835,9 @@ def linear_probe_accuracy(
         raise TypeError(f"seed must be an int (numpy ints too), got {type(seed).__name__} ({seed!r})")
     seed = int(seed)  # torch.Generator.manual_seed refuses numpy ints
     if train_mask is None:
-        if not 0.0 < train_fraction < 1.0:
-            raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction!r}")
+        if isinstance(train_fraction, bool) or not isinstance(train_fraction, numbers.Real) \
+                or not 0.0 < train_fraction < 1.0:  # a string: a bare "'<' not supported" TypeError
+            raise ValueError(f"train_fraction must be in (0, 1) (a number), got {train_fraction!r}")
         if N < 2:
             raise ValueError(f"linear_probe_accuracy needs at least 2 rows to split, got {N}")
         n_train = min(max(round(train_fraction * N), 1), N - 1)

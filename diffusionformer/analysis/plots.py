@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from diffusionformer.analysis.metrics import _is_int
+from diffusionformer.analysis.metrics import _check_flag, _is_int
 from diffusionformer.analysis.spectral import frequency_response
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -203,6 +203,7 @@ def plot_metric_by_depth(
     """
     if not results:
         raise ValueError("results must hold at least one setting, got none")
+    _check_flag(logy, "logy")  # logy="no" is truthy: a log axis where a linear one was asked for
     ax = _new_axes(ax)
     positive = False
     for name, values in results.items():
@@ -244,6 +245,7 @@ def plot_spectra(
     """
     if not spectra:
         raise ValueError("spectra must hold at least one spectrum, got none")
+    _check_flag(normalize, "normalize")
     ax = _new_axes(ax)
     for name, s in spectra.items():
         if not isinstance(s, Tensor) or s.ndim != 1:

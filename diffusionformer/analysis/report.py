@@ -42,6 +42,7 @@ from torch import Tensor
 
 from diffusionformer.analysis.capture import IGNORE_INDEX, LayerCapture
 from diffusionformer.analysis.metrics import (
+    _check_flag,
     _is_int,
     anova_decomposition,
     dirichlet_energy,
@@ -216,6 +217,7 @@ def register_metric(
         raise ValueError(f"unknown metric group {group!r}; expected one of {GROUPS}")
     if key in _METRICS:
         raise ValueError(f"metric {key!r} is already registered")
+    _check_flag(logy, "logy")
 
     def register(fn: Callable[["LayerView"], float | None]) -> Callable[["LayerView"], float | None]:
         _METRICS[key] = Metric(key, fn, group, label or key, logy, panel, column)
@@ -439,6 +441,31 @@ SEQUENCE_LABEL_METRICS = tuple(m.key for m in list_metrics("sequence_label"))
 TOKEN_LABEL_METRICS = tuple(m.key for m in list_metrics("token_label"))
 
 
+def _check_capture_shapes(capture: LayerCapture) -> None:
+    """Every layer ``(B, T, D)`` with the same non-empty ``B`` and ``T``, and ``mask`` a ``(B, T)`` bool prefix mask:
+    else a ValueError naming the layer (not an error deep inside a metric about an argument the user never passed, or,
+    for a mask that is not a prefix, metrics of the wrong tokens)."""
+    first = capture.layers[0]
+    for layer in capture.layers:
+        x = capture.states[layer]
+        if not isinstance(x, Tensor) or x.ndim != 3 or 0 in x.shape:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"capture.states[{layer}] must hold tokens of shape (B, T, D) with B, T, D >= 1, got {got}")
+        if x.shape[:2] != capture.states[first].shape[:2]:
+            raise ValueError(f"capture.states[{layer}] has {tuple(x.shape[:2])} (B, T) but capture.states[{first}] has "
+                             f"{tuple(capture.states[first].shape[:2])}: every layer must hold the same sequences")
+    mask = capture.mask
+    if mask is None:
+        return
+    B, T = capture.states[first].shape[:2]
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (B, T):
+        got = f"{mask.dtype} of shape {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"capture.mask must be a bool tensor of shape ({B}, {T}) (True = a real token), got {got}")
+    if T > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+        raise ValueError("capture.mask must mark a prefix of each row (real tokens first, then padding), got a row "
+                         f"with a real token after padding: row {int((mask[:, 1:] & ~mask[:, :-1]).any(dim=1).nonzero()[0])}")
+
+
 def layer_reports(
     capture: LayerCapture,
     *,
@@ -473,8 +500,13 @@ def layer_reports(
         raise TypeError(f"capture must be a LayerCapture, got {type(capture).__name__}")
     if not capture.states:  # else an IndexError from capture.lengths()
         raise ValueError("capture.states must hold at least one layer's tokens (B, T, D), got none")
+    _check_capture_shapes(capture)
     lengths = capture.lengths()
     labels = capture.labels
+    if labels is not None and (not isinstance(labels, Tensor) or labels.is_floating_point() or labels.is_complex()):
+        # else "y must hold integer class labels" from inside neural_collapse, an argument the user never passed
+        got = f"dtype {labels.dtype}" if isinstance(labels, Tensor) else type(labels).__name__
+        raise TypeError(f"capture.labels must be a tensor of integer class labels, got {got}")
     seq_labels = labels if labels is not None and labels.ndim == 1 else None
     tok_labels = labels if labels is not None and labels.ndim == 2 else None
     if seq_labels is not None and seq_labels.shape[0] != capture.num_examples:

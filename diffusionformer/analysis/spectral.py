@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffusionformer.analysis.metrics import _check_float, _check_tokens, _is_int, _safe_div
+from diffusionformer.analysis.metrics import _check_choice, _check_flag, _check_float, _check_tokens, _is_int, _safe_div
 
 __all__ = [
     "token_singular_values",
@@ -61,13 +61,13 @@ def token_singular_values(X: Tensor, *, center: str = "sequence", pool: bool = T
                 [1.4142, 0.0000]])
     """
     _check_tokens(X)
+    _check_choice(center, "center", _CENTRES)
+    _check_flag(pool, "pool")  # pool="no" is truthy: one pooled spectrum where per-sequence ones were asked for
     B, T, D = X.shape
     if center == "sequence":
         X = X - X.mean(dim=1, keepdim=True)
     elif center == "global":
         X = X - X.mean(dim=(0, 1))
-    elif center != "none":
-        raise ValueError(f"center must be one of {_CENTRES}, got {center!r}")
     if pool:
         X = X.reshape(B * T, D)
     return torch.linalg.svdvals(X)

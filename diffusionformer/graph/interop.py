@@ -7,6 +7,7 @@ from typing import Any, Hashable, Sequence
 import torch
 from torch import Tensor
 
+from diffusionformer.config import _value_type
 from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph.core import AttentionGraph
 
@@ -23,7 +24,11 @@ def _set_self_loops(edge_index: Tensor, num_nodes: int, self_loops: bool | None)
     if self_loops is None:
         return edge_index
     if not isinstance(self_loops, bool):
-        raise TypeError(f"self_loops must be None (keep the graph's), True or False, got {self_loops!r}")
+        raise TypeError(f"self_loops must be None (keep the graph's), True or False, got {_value_type(self_loops)} "
+                        f"({self_loops!r})")
+    if edge_index.device.type == "meta":  # PyG's self-loop surgery reads the edges (else a NotImplementedError)
+        raise ValueError(f"self_loops={self_loops} needs the values of edge_index, which is on the meta device: "
+                         "add or remove the self loops on a real device")
     edge_index, _ = remove_self_loops(edge_index)
     if self_loops:
         edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)

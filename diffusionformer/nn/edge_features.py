@@ -16,17 +16,14 @@ its edge does not compose into ``P^k v``, so here edge features act through ``P`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch.nn.functional as F
 from torch import Tensor
 
+from diffusionformer.config import _value_type
+from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.ops import propagate_sparse, segment_softmax
 from diffusionformer.ops._checks import check_tensor
 from diffusionformer.ops.sparse import check_edge_index
-
-if TYPE_CHECKING:  # pragma: no cover
-    from diffusionformer.nn.attention import DiffusionAttention
 
 __all__ = ["edge_feature_attention"]
 
@@ -47,6 +44,10 @@ def edge_feature_attention(
     Shapes:
         ``(N, D)`` -> ``(N, D)`` (and ``(E, H)``).
     """
+    if not isinstance(layer, DiffusionAttention):
+        raise TypeError(f"layer must be a DiffusionAttention, got {type(layer).__name__}")
+    if not isinstance(return_weights, bool):
+        raise TypeError(f"return_weights must be a bool, got {_value_type(return_weights)} ({return_weights!r})")
     layer._check_plan()  # the operators may have been replaced since the layer's plan was made
     if layer.causal:
         raise ValueError("edge_feature_attention: expected a non-causal layer (graphs have no token order)")
@@ -59,6 +60,8 @@ def edge_feature_attention(
             raise ValueError(f"edge_feature_attention: operator {op.name!r} is not a polynomial in one P; "
                              "edge features need polynomial heads (attention, laplacian, heat, ppr, polynomial)")
     N, D = check_tensor("x", x, 2, "(N, D)").shape
+    if D != layer.dim:
+        raise ValueError(f"x must have last dimension dim={layer.dim}, got shape {tuple(x.shape)}")
     H, C = layer.num_heads, layer.head_dim
     edge_index = check_edge_index(edge_index, N)
     E = edge_index.shape[1]
@@ -66,6 +69,11 @@ def edge_feature_attention(
         raise TypeError(f"edge_keys must be a torch.Tensor of shape (E, D), got {type(edge_keys).__name__}")
     if edge_keys.shape != (E, D):
         raise ValueError(f"edge_keys: expected shape (E, D) = ({E}, {D}), got {tuple(edge_keys.shape)}")
+    if not edge_keys.is_floating_point():  # W_e e_ij: raw integer or bool edge attributes would be added as keys
+        raise TypeError(f"edge_keys must be floating point (W_e e_ij, projected edge features), got {edge_keys.dtype}")
+    for name, t in (("edge_index", edge_index), ("edge_keys", edge_keys)):
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on the device of x ({x.device}), got {t.device}")
     q, k, v = layer._project(x)  # (N, H, C)
     src, dst = edge_index[0], edge_index[1]
     keys = k.index_select(0, src) + edge_keys.reshape(E, H, C)  # (E, H, C)

@@ -9,12 +9,14 @@ performance page), so they are used there regardless.
 
 from __future__ import annotations
 
+import numbers
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from diffusionformer.ops._checks import check_index_range
+from diffusionformer.config import _value_type
+from diffusionformer.ops._checks import _backend_hint, check_index_range
 
 try:  # optional accelerator, used for CUDA tensors when present
     import torch_scatter as _torch_scatter  # type: ignore[import-not-found]
@@ -39,11 +41,18 @@ def _use_torch_scatter(src: Tensor, backend: ScatterBackend) -> bool:
             )
         return True
     if backend != "auto":
-        raise ValueError(f"scatter backend must be 'auto', 'native' or 'torch_scatter', got {backend!r}")
+        hint = _backend_hint(backend, ("auto", "native", "torch_scatter"), (), "")
+        raise ValueError(f"scatter backend must be 'auto', 'native' or 'torch_scatter', got {backend!r}{hint}")
     return _torch_scatter is not None and src.is_cuda
 
 
-def _check_index(src: Tensor, index: Tensor, dim_size: int) -> None:
+def _check_index(src: Tensor, index: Tensor, dim_size: int) -> int:
+    """The checks of every reduction; returns ``dim_size`` as a Python int (numpy ints too)."""
+    if not isinstance(src, Tensor) or src.dim() == 0:
+        got = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
+        raise TypeError(f"src must be a tensor of shape (E, *) (at least 1-D), got {got}")
+    if not isinstance(index, Tensor):
+        raise TypeError(f"index must be an integer tensor of shape (E,), got {type(index).__name__}")
     if index.dim() != 1:
         raise ValueError(f"index must be 1-D of shape (E,), got shape {tuple(index.shape)}")
     if index.dtype not in (torch.int64, torch.int32):
@@ -52,9 +61,15 @@ def _check_index(src: Tensor, index: Tensor, dim_size: int) -> None:
         raise ValueError(
             f"src and index disagree on the number of rows: src has {src.shape[0]}, index has {index.shape[0]}"
         )
+    if index.device != src.device:
+        raise ValueError(f"index must be on the device of src ({src.device}), got {index.device}")
+    if isinstance(dim_size, bool) or not isinstance(dim_size, numbers.Integral):
+        raise TypeError(f"dim_size must be an int, got {_value_type(dim_size)} ({dim_size!r})")
     if dim_size < 0:
         raise ValueError(f"dim_size must be non-negative, got {dim_size}")
+    dim_size = int(dim_size)
     check_index_range("index", index, "dim_size", dim_size)  # CPU eager only, as check_edge_index
+    return dim_size
 
 
 def scatter_sum(src: Tensor, index: Tensor, dim_size: int, *, backend: ScatterBackend = "auto") -> Tensor:
@@ -74,7 +89,7 @@ def scatter_sum(src: Tensor, index: Tensor, dim_size: int, *, backend: ScatterBa
         >>> scatter_sum(torch.tensor([1., 2., 3.]), torch.tensor([0, 2, 0]), 3)
         tensor([4., 0., 2.])
     """
-    _check_index(src, index, dim_size)
+    dim_size = _check_index(src, index, dim_size)
     index = index.long()
     if _use_torch_scatter(src, backend):
         return _torch_scatter.scatter_add(src, index, dim=0, dim_size=dim_size)
@@ -100,7 +115,7 @@ def scatter_max(src: Tensor, index: Tensor, dim_size: int, *, backend: ScatterBa
         >>> scatter_max(torch.tensor([1., 5., 3.]), torch.tensor([0, 0, 2]), 3)
         tensor([5., 0., 3.])
     """
-    _check_index(src, index, dim_size)
+    dim_size = _check_index(src, index, dim_size)
     index = index.long()
     src = src.detach()
     if _use_torch_scatter(src, backend):
@@ -138,7 +153,9 @@ def segment_softmax(
         >>> w
         tensor([0.5000, 0.5000, 1.0000])
     """
-    _check_index(src, index, num_nodes)
+    num_nodes = _check_index(src, index, num_nodes)
+    if not src.is_floating_point():  # an integer softmax would be truncated to 0 and 1
+        raise TypeError(f"src must be floating-point scores, got {src.dtype}")
     index = index.long()
     dtype = src.dtype
     work = src.float() if dtype in (torch.float16, torch.bfloat16) else src

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from diffusionformer.config import _value_type
 from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_dropout, check_index_range, check_layout, check_scale, check_tensor
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
@@ -78,6 +79,12 @@ def check_edge_index(edge_index: object, num_nodes: int) -> Tensor:
         raise TypeError(f"edge_index must be an integer tensor (int64 or int32), got {edge_index.dtype}")
     check_index_range("edge_index", edge_index, "num_nodes", num_nodes)
     return edge_index.long()
+
+
+def _check_edge_device(edge_index: Tensor, like: Tensor, name: str) -> None:
+    """``edge_index`` on the device of the tensor ``name`` (else the kernels fail with torch's own device errors)."""
+    if edge_index.device != like.device:
+        raise ValueError(f"edge_index must be on the device of {name} ({like.device}), got {edge_index.device}")
 
 
 def _check_nodes(q: Tensor, k: Tensor, num_nodes: int | None) -> int:
@@ -133,6 +140,7 @@ def edge_attention(
     """
     N = _check_nodes(q, k, num_nodes)
     edge_index = check_edge_index(edge_index, N)
+    _check_edge_device(edge_index, q, "q")
     scale = check_scale(scale, q.shape[-1])
     if _use_csr(backend):
         work = work_dtype(q.dtype)
@@ -182,11 +190,14 @@ def propagate_sparse(
     check_tensor("x", x, 3, "(N, H, C)")
     N = _check_num_nodes(num_nodes, x.shape[0], "x")
     edge_index = check_edge_index(edge_index, N)
+    _check_edge_device(edge_index, x, "x")
     check_tensor("weights", weights, 2, "(E, H)")
     if weights.dim() != 2 or weights.shape[0] != edge_index.shape[1] or weights.shape[1] != x.shape[1]:
         raise ValueError(
             f"weights must have shape (E, H) = ({edge_index.shape[1]}, {x.shape[1]}), got {tuple(weights.shape)}"
         )
+    if weights.device != x.device:
+        raise ValueError(f"weights must be on the device of x ({x.device}), got {weights.device}")
     if _use_csr(backend):
         work = work_dtype(x.dtype)
         layout = EdgeLayout(edge_index, N)
@@ -365,11 +376,12 @@ def diffuse_sparse_with_weights(
     dropout_p = check_dropout(dropout_p)
     _check_is_causal(is_causal)
     if not isinstance(need_weights, bool):
-        raise TypeError(f"need_weights must be a bool, got {need_weights!r}")
+        raise TypeError(f"need_weights must be a bool, got {_value_type(need_weights)} ({need_weights!r})")
     _use_csr(backend)  # validates the name
     H = q.shape[1]
     coeffs, degrees = check_layout(coeffs, degrees, H, v)
     edge_index = check_edge_index(edge_index, N)
+    _check_edge_device(edge_index, q, "q")
     scale = check_scale(scale, q.shape[-1])
     edge_mask = keep = None
     if is_causal:

@@ -49,11 +49,20 @@ def uniform_mean(x: Tensor, key_mask: Tensor | None = None, *, is_causal: bool =
         >>> uniform_mean(x, torch.tensor([False, True, True]).view(1, 1, 1, 3), is_causal=True).flatten().tolist()
         [0.0, 3.0, 4.0]
     """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor of shape (B, G, M, C), got {type(x).__name__}")
     if x.dim() != 4:
         raise ValueError(f"x must have shape (B, G, M, C), got {tuple(x.shape)}")
+    if not x.is_floating_point():  # an integer x would be averaged into truncated integers
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
     _check_is_causal(is_causal)
     M = x.shape[-2]
     if key_mask is not None:
+        if not isinstance(key_mask, Tensor):
+            raise TypeError("key_mask must be a bool tensor of shape (B, G, 1, M) or None, "
+                            f"got {type(key_mask).__name__}")
+        if key_mask.device != x.device:
+            raise ValueError(f"key_mask must be on the device of x ({x.device}), got {key_mask.device}")
         if key_mask.dtype != torch.bool:
             raise TypeError(f"key_mask must be bool (True = admissible key), got {key_mask.dtype}")
         if key_mask.dim() != 4 or key_mask.shape[-2] != 1 or key_mask.shape[-1] != M:

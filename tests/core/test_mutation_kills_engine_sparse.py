@@ -152,7 +152,7 @@ def _bad_sparse_calls():
          lambda: diffuse_sparse(q, k, v[:, :1], ei, c)),
         ("v dtype", TypeError, r"v must have the dtype of q \(torch.float32\), got torch.float64",
          lambda: diffuse_sparse(q, k, v.double(), ei, c)),
-        ("need_weights int", TypeError, "need_weights must be a bool, got 1",
+        ("need_weights int", TypeError, r"need_weights must be a bool, got int \(1\)",
          lambda: diffuse_sparse_with_weights(q, k, v, ei, c, need_weights=1)),
         ("is_causal int", TypeError, "is_causal must be a bool, got int",
          lambda: diffuse_sparse(q, k, v, ei, c, is_causal=1)),
