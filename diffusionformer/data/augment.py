@@ -159,6 +159,9 @@ def gaussian_blur(images: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
         >>> torch.equal(y[0], x[0]), round(float(y[1].sum()), 6), round(float(y[1, 0, 2, 2]), 4)
         (True, 1.0, 0.2042)
     """
+    if not isinstance(images, Tensor) or not isinstance(sigma, Tensor):
+        raise TypeError(f"gaussian_blur expects tensors images (N, C, H, W) and sigma (N,), got "
+                        f"{type(images).__name__} and {type(sigma).__name__}")
     if images.dim() != 4 or sigma.shape != (images.shape[0],):
         raise ValueError(f"gaussian_blur expects images (N, C, H, W) and sigma (N,), got "
                          f"{tuple(images.shape)} and {tuple(sigma.shape)}")
@@ -167,6 +170,13 @@ def gaussian_blur(images: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
         raise ValueError(f"kernel_size must be a positive odd int, got {kernel_size!r}")
     kernel_size = int(kernel_size)
     _check_images(images, "gaussian_blur")
+    if not sigma.is_floating_point() and sigma.dtype != torch.int64 and sigma.dtype != torch.int32:
+        raise TypeError(f"gaussian_blur: sigma must be a real tensor of widths in pixels, got {sigma.dtype}")
+    if sigma.device.type == "cpu" and not torch.compiler.is_compiling():  # on CPU, where it costs no sync
+        bad = ~((sigma >= 0) & torch.isfinite(sigma.double()))
+        if bool(bad.any()):  # a negative width was clamped to no blur, a NaN one gave NaN images
+            raise ValueError(f"gaussian_blur: sigma must be finite and >= 0, got {sigma[bad][:4].tolist()} "
+                             f"(image {int(bad.nonzero()[0])} first)")
     if images.numel() == 0:  # conv2d refuses an empty batch of N * C = 0 channels
         return images.clone()
     N, C, H, W = images.shape

@@ -9,9 +9,12 @@
   case-insensitive file system (macOS, Windows): the two settings' runs shared checkpoints; now refused.
 * ``as_metrics`` read a hand-edited ``true`` metric as 1.0 (an accuracy of 100 %) and crashed on a ``metrics``
   entry that is not a table.
+* ``gaussian_blur`` took a negative width as no blur and a NaN one into NaN images; now refused (on CPU).
 * ``MetricsLog.truncate`` (every resume) crashed with "Out of range float values are not JSON compliant" on a
   ``metrics.jsonl`` holding a ``NaN`` or ``Infinity`` literal (which ``read_metrics`` reads, as ``json.loads``
   does, from a log written by another tool or by hand): the run could not resume.
+* A diverged DINO (NaN features) reported a k-NN accuracy (NaN votes pick class 0); now NaN, as NaN logits.
+* Docstrings held TAB characters where ``\\tilde``/``\\theta`` belong; no control character is left in a source.
 """
 
 from __future__ import annotations
@@ -148,3 +151,20 @@ def test_bug_no_control_characters_in_the_sources():
            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1)
            if any(c in line for c in "\t\a\b\v\f")]
     assert not bad, bad
+
+
+def test_bug_gaussian_blur_refuses_negative_nan_and_non_tensor_widths():
+    """Bug: gaussian_blur clamped a negative sigma to 1e-6 (no blur, silently), turned a NaN sigma into NaN
+    images, took bool widths, and failed on a list sigma with a bare AttributeError."""
+    from diffusionformer.data.augment import gaussian_blur
+
+    x = torch.rand(3, 1, 5, 5)
+    with pytest.raises(ValueError, match=r"sigma must be finite and >= 0, got \[-1\.0\] \(image 1 first\)"):
+        gaussian_blur(x, torch.tensor([1.0, -1.0, 1.0]), 3)
+    with pytest.raises(ValueError, match=r"sigma must be finite and >= 0, got \[nan, inf\] \(image 0 first\)"):
+        gaussian_blur(x, torch.tensor([float("nan"), 1.0, float("inf")]), 3)
+    with pytest.raises(TypeError, match=r"sigma must be a real tensor of widths in pixels, got torch\.bool"):
+        gaussian_blur(x, torch.tensor([True, False, True]), 3)
+    with pytest.raises(TypeError, match=r"expects tensors images \(N, C, H, W\) and sigma \(N,\), got Tensor and list"):
+        gaussian_blur(x, [1.0, 1.0, 1.0], 3)
+    torch.testing.assert_close(gaussian_blur(x, torch.zeros(3, dtype=torch.long), 3), x)  # integer widths: no blur
