@@ -100,6 +100,28 @@ def _value_type(value: Any) -> str:
     return tp.__qualname__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
 
 
+def _choice_hint(value: Any, choices: Any) -> str:
+    """`` (did you mean 'x'?)`` for a string ``value`` close to one of the string ``choices`` (a case-insensitive
+    match first: ``"Sparse"`` -> ``'sparse'``, ``"BF16"`` -> ``'bf16'``; then :func:`difflib.get_close_matches`),
+    ``""`` otherwise (a value that is not a string gets no hint).
+
+    Examples:
+        >>> _choice_hint("Sparse", ("dense", "sparse")), _choice_hint("sparce", ("dense", "sparse"))
+        (" (did you mean 'sparse'?)", " (did you mean 'sparse'?)")
+        >>> _choice_hint("xyz", ("dense", "sparse")), _choice_hint(3, ("dense", "sparse"))
+        ('', '')
+    """
+    if not isinstance(value, str):
+        return ""
+    names = [c for c in choices if isinstance(c, str)]
+    folded = value.strip().lower()
+    close = ([c for c in names if c.lower() == folded] or difflib.get_close_matches(value, names, n=1)
+             or difflib.get_close_matches(folded, [c.lower() for c in names], n=1))
+    if close and close[0] not in names:  # matched in lower case: the choice as spelt
+        close = [c for c in names if c.lower() == close[0]]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _device_argument(name: str, spec: Any) -> Any:
     """``torch.device(spec)`` for the argument ``name``; a value torch cannot read (``"cdua"``, ``3.5``) is a
     ValueError naming ``name`` with a "did you mean" among ``'cpu'``, ``'cuda'`` and ``'mps'``, not torch's
@@ -139,7 +161,8 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
         return None
     if origin is typing.Literal:
         if value not in typing.get_args(tp):
-            raise ValueError(f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}")
+            raise ValueError(f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}"
+                             f"{_choice_hint(value, typing.get_args(tp))}")
         return value
     if tp is float:  # numpy numbers (a sweep grid's) are read as the Python numbers they equal
         if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -55,6 +55,7 @@ from diffusionformer.analysis.metrics import (
     within_sequence_variance,
 )
 from diffusionformer.analysis.spectral import effective_rank, energy_top_k, power_law_exponent, stable_rank
+from diffusionformer.config import _choice_hint
 
 __all__ = ["GROUPS", "LayerReport", "LayerView", "Metric", "layer_reports", "list_metrics", "register_metric", "unregister_metric",
            "SMOOTHING_METRICS", "SPECTRAL_METRICS", "SEQUENCE_LABEL_METRICS", "TOKEN_LABEL_METRICS"]
@@ -214,7 +215,7 @@ def register_metric(
     if not isinstance(key, str) or not key:
         raise TypeError(f"metric key must be a non-empty string, got {key!r}")
     if group not in GROUPS:
-        raise ValueError(f"unknown metric group {group!r}; expected one of {GROUPS}")
+        raise ValueError(f"unknown metric group {group!r}{_choice_hint(group, GROUPS)}; expected one of {GROUPS}")
     if key in _METRICS:
         raise ValueError(f"metric {key!r} is already registered")
     _check_flag(logy, "logy")
@@ -238,7 +239,7 @@ def unregister_metric(key: str) -> Metric:
 def list_metrics(group: str | None = None) -> list[Metric]:
     """The registered metrics in report order (by group, then as registered), optionally of one group."""
     if group is not None and group not in GROUPS:
-        raise ValueError(f"unknown metric group {group!r}; expected one of {GROUPS}")
+        raise ValueError(f"unknown metric group {group!r}{_choice_hint(group, GROUPS)}; expected one of {GROUPS}")
     return [m for g in GROUPS if group in (None, g) for m in _METRICS.values() if m.group == g]
 
 

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 from torch import Tensor
 
+from diffusionformer.config import _choice_hint
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torch_geometric.data import Data
 
@@ -48,7 +50,7 @@ SPLITS = ("train", "val", "test")
 
 def _check_split(split: str, allowed: Sequence[str] = SPLITS) -> str:
     if split not in allowed:
-        raise ValueError(f"split must be one of {list(allowed)}, got {split!r}")
+        raise ValueError(f"split must be one of {list(allowed)}, got {split!r}{_choice_hint(split, allowed)}")
     return split
 
 
@@ -120,7 +122,7 @@ class ClassificationData(_TensorSplits):
 
     def __post_init__(self) -> None:
         if self.kind not in ("image", "sequence"):
-            raise ValueError(f"kind must be 'image' or 'sequence', got {self.kind!r}")
+            raise ValueError(f"kind must be 'image' or 'sequence', got {self.kind!r}{_choice_hint(self.kind, ('image', 'sequence'))}")
         expected_dims = 3 if self.kind == "image" else 2
         if len(self.input_shape) != expected_dims:
             raise ValueError(

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffusionformer.config import _choice_hint
+
 from ._optional import import_optional
 from .base import ClassificationData
 from .checksums import sha256_file, verify_file
@@ -314,7 +316,8 @@ def load_cifar10(
         - x: ``(N, 3, 32, 32)`` float32; y: ``(N,)`` int64.
     """
     if source not in ("auto", "pickle", "jpg"):
-        raise ValueError(f"source must be 'auto', 'pickle' or 'jpg', got {source!r}")
+        raise ValueError(f"source must be 'auto', 'pickle' or 'jpg', got {source!r}"
+                         f"{_choice_hint(source, ('auto', 'pickle', 'jpg'))}")
     use_pickle = source == "pickle" or (
         source == "auto" and root is not None and (root / BATCHES_DIR).is_dir()
     )

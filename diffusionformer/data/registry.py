@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from diffusionformer.config import _value_type, check_value
+from diffusionformer.config import _choice_hint, _value_type, check_value
 
 from .base import TaskData
 from .paths import resolve_root
@@ -67,7 +67,7 @@ def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Calla
         TypeError: when the loader has positional parameters or lacks ``seed``/``root``.
     """
     if kind not in KINDS:
-        raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
+        raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}{_choice_hint(kind, KINDS)}")
 
     def decorator(loader: F) -> F:
         key = _key(name)
@@ -148,7 +148,7 @@ def list_datasets(kind: str | None = None) -> list[str]:
         True
     """
     if kind is not None and kind not in KINDS:
-        raise ValueError(f"kind must be one of {list(KINDS)} or None, got {kind!r}")
+        raise ValueError(f"kind must be one of {list(KINDS)} or None, got {kind!r}{_choice_hint(kind, KINDS)}")
     return sorted(s.name for s in _REGISTRY.values() if kind is None or s.kind == kind)
 
 

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 
 from diffusionformer.analysis.capture import _check_capture_limits, capture_dataset
 from diffusionformer.analysis.report import layer_reports, list_metrics
+from diffusionformer.config import _choice_hint
 from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.reload import load_run
@@ -270,7 +271,7 @@ def analyze_experiment(
     if not isinstance(config, ExperimentConfig):
         raise TypeError(f"config must be an ExperimentConfig (load_experiment_config), got {type(config).__name__}")
     if split not in ("test", "val"):
-        raise ValueError(f"split must be 'test' or 'val', got {split!r}")
+        raise ValueError(f"split must be 'test' or 'val', got {split!r}{_choice_hint(split, ('test', 'val'))}")
     # capture_dataset's rules, before any run is loaded
     max_examples, max_attention_examples = _check_capture_limits(max_examples, max_attention_examples)
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from diffusionformer.config import config_from_dict, config_to_dict, document_fields
+from diffusionformer.config import _value_type, config_from_dict, config_to_dict, document_fields
 from diffusionformer.nn.heads import format_head_spec, laplacian_count
 from diffusionformer.train import TrainConfig
 
@@ -130,12 +130,14 @@ class TaskConfig:
             raise ValueError(f"task {self.name!r}: select_by must be an evaluation key such as 'val_acc', got {self.select_by!r}")
         unknown = sorted(set(self.augment) - {"crop_padding", "flip"})
         if unknown:
-            raise ValueError(f"task {self.name!r}: unknown augment key(s) {unknown}; expected crop_padding, flip")
+            raise ValueError(f"task {self.name!r}: unknown augment key(s) {unknown}"
+                             f"{_did_you_mean(str(unknown[0]), ['crop_padding', 'flip'])}; expected crop_padding, flip")
         pad = self.augment.get("crop_padding", 0)
         if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
             raise ValueError(f"task {self.name!r}: augment.crop_padding must be an int >= 0, got {pad!r}")
         if not isinstance(self.augment.get("flip", False), bool):
-            raise ValueError(f"task {self.name!r}: augment.flip must be true or false, got {self.augment['flip']!r}")
+            flip = self.augment["flip"]  # a numpy bool too, named as one
+            raise ValueError(f"task {self.name!r}: augment.flip must be true or false, got {_value_type(flip)} ({flip!r})")
         if isinstance(self.label_smoothing, bool) or not isinstance(self.label_smoothing, (int, float)) \
                 or not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"task {self.name!r}: label_smoothing must be a float in [0, 1), got {self.label_smoothing!r}")

@@ -31,6 +31,7 @@ from typing import Sequence
 
 import torch
 
+from diffusionformer.config import _choice_hint
 from diffusionformer.experiments.threads import WORKERS_ENV
 
 __all__ = ["PRECISIONS", "check_device", "precision_amp", "run_workers", "worker_argv"]
@@ -50,7 +51,7 @@ def precision_amp(precision: str) -> str:
         ('off', 'bf16')
     """
     if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ValueError(f"precision: expected one of {sorted(PRECISIONS)}, got {precision!r}")
+        raise ValueError(f"precision: expected one of {sorted(PRECISIONS)}, got {precision!r}{_choice_hint(precision, PRECISIONS)}")
     return PRECISIONS[precision]
 
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import config_from_dict, config_to_dict, document_fields
+from diffusionformer.config import _choice_hint, config_from_dict, config_to_dict, document_fields
 from diffusionformer.data.base import NodeData
 from diffusionformer.experiments._metrics import _num_correct
 from diffusionformer.experiments._metrics import accuracy as _accuracy
@@ -76,7 +76,8 @@ class MiniBatchConfig:
             raise ValueError(f"minibatch.num_neighbors must be a positive int or -1 (all), or a non-empty list of "
                              f"them (one per hop), got {self.num_neighbors!r}")
         if self.eval not in EVAL_MODES:
-            raise ValueError(f"minibatch.eval must be one of {list(EVAL_MODES)}, got {self.eval!r}")
+            raise ValueError(f"minibatch.eval must be one of {list(EVAL_MODES)}, got {self.eval!r}"
+                             f"{_choice_hint(self.eval, EVAL_MODES)}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "minibatch") -> MiniBatchConfig:
@@ -223,7 +224,8 @@ class NodeMiniBatchTask:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"NodeMiniBatchTask: batch_size must be a positive int, got {batch_size!r}")
         if eval not in EVAL_MODES:
-            raise ValueError(f"NodeMiniBatchTask: eval must be one of {list(EVAL_MODES)}, got {eval!r}")
+            raise ValueError(f"NodeMiniBatchTask: eval must be one of {list(EVAL_MODES)}, got {eval!r}"
+                             f"{_choice_hint(eval, EVAL_MODES)}")
         if isinstance(eval_batch_size, bool) or not isinstance(eval_batch_size, int) or eval_batch_size < 1:
             raise ValueError(f"NodeMiniBatchTask: eval_batch_size must be a positive int, got {eval_batch_size!r}")
         self.data = data

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import config_from_dict
+from diffusionformer.config import _choice_hint, _value_type, config_from_dict
 from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
 from diffusionformer.data.ssl import SSLConfig
 from diffusionformer.experiments._metrics import _num_correct
@@ -74,7 +74,13 @@ class ClassificationTask:
         augment = dict(augment or {})
         unknown = sorted(set(augment) - set(AUGMENT_KEYS))
         if unknown:
-            raise ValueError(f"augment: unknown key(s) {unknown}; expected some of {list(AUGMENT_KEYS)}")
+            raise ValueError(f"augment: unknown key(s) {unknown}{_choice_hint(unknown[0], AUGMENT_KEYS)}; "
+                             f"expected some of {list(AUGMENT_KEYS)}")
+        pad, flip = augment.get("crop_padding", 0), augment.get("flip", False)
+        if isinstance(pad, bool) or not isinstance(pad, numbers.Integral) or pad < 0:  # int(1.5) would pad 1, silently
+            raise ValueError(f"augment: crop_padding must be an int >= 0, got {_value_type(pad)} ({pad!r})")
+        if not isinstance(flip, bool):  # bool("no") is True: every batch flipped; a numpy bool is refused as every flag
+            raise TypeError(f"augment: flip must be a bool, got {_value_type(flip)} ({flip!r})")
         if augment and data.x_train.dim() != 4:
             raise ValueError(f"augment needs images (N, C, H, W), got training data of shape {tuple(data.x_train.shape)}")
         self.augment = augment
@@ -91,7 +97,7 @@ class ClassificationTask:
             from diffusionformer.data.augment import random_crop_flip
 
             x = random_crop_flip(x, generator, padding=int(self.augment.get("crop_padding", 0)),
-                                 flip=bool(self.augment.get("flip", False)))
+                                 flip=self.augment.get("flip", False))
         return x, self.data.y_train[idx]
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Any]]:
@@ -517,7 +523,8 @@ def find_adapter(family: type | None, data: Any, hook: str, *, any_model: bool =
         True
     """
     if hook not in TaskAdapter.__dataclass_fields__:
-        raise ValueError(f"unknown adapter hook {hook!r}; expected one of {sorted(TaskAdapter.__dataclass_fields__)}")
+        raise ValueError(f"unknown adapter hook {hook!r}{_choice_hint(hook, TaskAdapter.__dataclass_fields__)}; "
+                         f"expected one of {sorted(TaskAdapter.__dataclass_fields__)}")
     mro = (data if isinstance(data, type) else type(data)).__mro__
     for fam in ((family, None) if any_model and family is not None else (family,)):
         for cls in mro:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numbers
 
+from diffusionformer.config import _choice_hint, _value_type
+
 __all__ = ["LAYOUTS", "check_int", "check_layout"]
 
 #: the two layouts of an :class:`~diffusionformer.graph.AttentionGraph`
@@ -20,8 +22,16 @@ def check_int(name: str, value: object, minimum: int) -> int:
     return int(value)
 
 
+def _check_flag(name: str, value: object) -> bool:
+    """``value`` if it is a Python bool, else a TypeError naming ``name`` and the full type (``bool("no")`` is True;
+    a numpy bool is refused as every flag of the package, named ``numpy.bool``)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {_value_type(value)} ({value!r})")
+    return value
+
+
 def check_layout(layout: object) -> str:
     """``layout`` if it is ``"dense"`` or ``"sparse"``, else ValueError."""
     if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}{_choice_hint(layout, LAYOUTS)}")
     return str(layout)

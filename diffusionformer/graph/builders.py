@@ -13,7 +13,8 @@ import numbers
 import torch
 from torch import Tensor
 
-from diffusionformer.graph._checks import check_int, check_layout
+from diffusionformer.config import _choice_hint
+from diffusionformer.graph._checks import _check_flag, check_int, check_layout
 from diffusionformer.graph._structure import replicate_edges, structural_edges
 from diffusionformer.graph.core import AttentionGraph
 
@@ -35,8 +36,7 @@ def _sequence_graph(
 ) -> AttentionGraph:
     N = check_int("N", N, 1)
     check_layout(layout)
-    if not isinstance(self_loops, bool):
-        raise TypeError(f"self_loops must be a bool, got {type(self_loops).__name__}")
+    _check_flag("self_loops", self_loops)
     if key_padding_mask is not None and not isinstance(key_padding_mask, Tensor):  # before .to / .device
         raise TypeError("key_padding_mask must be a bool tensor of shape (B, N), got "
                         f"{type(key_padding_mask).__name__}")
@@ -170,7 +170,7 @@ def _check_grid(h: int, w: int, radius: float, metric: str) -> tuple[int, int]:
     if not radius >= 0 or math.isinf(radius):
         raise ValueError(f"radius must be finite and >= 0, got {radius}")
     if metric not in GRID_METRICS:
-        raise ValueError(f"metric must be one of {GRID_METRICS}, got {metric!r}")
+        raise ValueError(f"metric must be one of {GRID_METRICS}, got {metric!r}{_choice_hint(metric, GRID_METRICS)}")
     return h, w
 
 
@@ -228,8 +228,8 @@ def grid(
     """
     h, w = _check_grid(h, w, radius, metric)
     check_layout(layout)
-    if not isinstance(self_loops, bool) or not isinstance(cls_token, bool):
-        raise TypeError("self_loops and cls_token must be bools")
+    _check_flag("self_loops", self_loops)
+    _check_flag("cls_token", cls_token)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     P = h * w
     off = 1 if cls_token else 0

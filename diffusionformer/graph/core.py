@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from diffusionformer.graph._checks import LAYOUTS, check_int, check_layout
+from diffusionformer.graph._checks import LAYOUTS, _check_flag, check_int, check_layout
 from diffusionformer.graph._structure import (
     replicate_edges,
     structural_edges,
@@ -199,7 +199,8 @@ class AttentionGraph:
         object.__setattr__(self, name, value)
 
     def _validate_dense(self) -> None:
-        if not isinstance(self.checked, bool) or not self.checked:
+        _check_flag("checked", self.checked)
+        if not self.checked:
             raise ValueError("checked=False applies to sparse graphs (it defers the edge_index bounds check)")
         for name in ("edge_index", "num_nodes", "batch"):
             if getattr(self, name) is not None:
@@ -210,8 +211,7 @@ class AttentionGraph:
         N = check_int("seq_len", self.seq_len, 1)
         self._set("seq_len", N)  # a numpy int as the Python int it equals
         B = None if self.batch_size is None else check_int("batch_size", self.batch_size, 1)
-        if not isinstance(self.causal, bool):
-            raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
+        _check_flag("causal", self.causal)
         if self.window is not None:
             self._set("window", check_int("window", self.window, 0))
         if self.key_padding_mask is not None:
@@ -246,7 +246,7 @@ class AttentionGraph:
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} belongs to the dense layout; a sparse AttentionGraph takes edge_index, "
                                  "num_nodes, batch and batch_size")
-        if self.causal:
+        if _check_flag("causal", self.causal):
             raise ValueError("causal belongs to the dense layout; a sparse graph is causal by its edges "
                              "(or use DiffusionAttention(causal=True))")
         if self.edge_index is None:
@@ -259,8 +259,7 @@ class AttentionGraph:
             batch = _check_index_tensor("batch", self.batch, "(num_nodes,)")
             if batch.dim() != 1:
                 raise ValueError(f"batch must have shape (num_nodes,), got {tuple(batch.shape)}")
-        if not isinstance(self.checked, bool):
-            raise TypeError(f"checked must be a bool, got {type(self.checked).__name__}")
+        _check_flag("checked", self.checked)
         G = None if self.batch_size is None else check_int("batch_size", self.batch_size, 1)
         if batch is None and G not in (None, 1):
             raise ValueError(f"batch_size={G} graphs needs a batch vector assigning nodes to graphs")

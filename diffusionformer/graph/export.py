@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 from torch import Tensor
 
+from diffusionformer.config import _choice_hint, _value_type
 from diffusionformer.graph._checks import check_int
 from diffusionformer.graph.core import AttentionGraph
 
@@ -82,7 +83,8 @@ def _reduce_heads(w: Tensor, head: int | str | None) -> Tensor:
         return w[:, 0]
     if isinstance(head, str):
         if head not in HEAD_REDUCTIONS:
-            raise ValueError(f"head must be an int in [0, {H}), one of {HEAD_REDUCTIONS} or None, got {head!r}")
+            raise ValueError(f"head must be an int in [0, {H}), one of {HEAD_REDUCTIONS} or None, got {head!r}"
+                             f"{_choice_hint(head, HEAD_REDUCTIONS)}")
         return w.mean(1) if head == "mean" else w.amax(1)
     head = check_int("head", head, 0)
     if head >= H:
@@ -212,7 +214,7 @@ def grid_layout(h: int, w: int, *, cls_token: bool = False) -> dict[int, tuple[f
     """
     h, w = check_int("h", h, 1), check_int("w", w, 1)
     if not isinstance(cls_token, bool):  # as grid(): a truthy string would add a class token
-        raise TypeError(f"cls_token must be a bool, got {type(cls_token).__name__}")
+        raise TypeError(f"cls_token must be a bool, got {_value_type(cls_token)} ({cls_token!r})")
     off = 1 if cls_token else 0
     pos = {n + off: (float(n % w), float(-(n // w))) for n in range(h * w)}
     if cls_token:

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.graph._checks import check_int, check_layout
+from diffusionformer.config import _choice_hint
+from diffusionformer.graph._checks import _check_flag, check_int, check_layout
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.ops._checks import checks_values
 
@@ -74,9 +75,8 @@ def knn(
     k = check_int("k", k, 1)
     check_layout(layout)
     if metric not in KNN_METRICS:
-        raise ValueError(f"metric must be one of {KNN_METRICS}, got {metric!r}")
-    if not isinstance(self_loops, bool):
-        raise TypeError(f"self_loops must be a bool, got {type(self_loops).__name__}")
+        raise ValueError(f"metric must be one of {KNN_METRICS}, got {metric!r}{_choice_hint(metric, KNN_METRICS)}")
+    _check_flag("self_loops", self_loops)
     if x.device.type == "meta":  # else an unclear Tensor.item() error from the size checks below
         raise ValueError("x is on the meta device: knn reads the values of x to choose neighbours, and a meta "
                          "tensor has none")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.config import _value_type
+from diffusionformer.config import _choice_hint, _value_type
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import Block
 from diffusionformer.ops._checks import checks_values
@@ -61,9 +61,10 @@ def _check_graph_task(where: str, task: Any, pool: Any) -> None:
     """``task`` of a graph model (``"node"`` or ``"graph"``) and its readout ``pool``
     (``"mean"``, ``"add"`` or ``"max"``)."""
     if task not in ("node", "graph"):
-        raise ValueError(f"{where}.task must be 'node' or 'graph', got {task!r}")
+        raise ValueError(f"{where}.task must be 'node' or 'graph', got {task!r}{_choice_hint(task, ('node', 'graph'))}")
     if pool not in ("mean", "add", "max"):
-        raise ValueError(f"{where}.pool must be 'mean', 'add' or 'max', got {pool!r}")
+        raise ValueError(f"{where}.pool must be 'mean', 'add' or 'max', got {pool!r}"
+                         f"{_choice_hint(pool, ('mean', 'add', 'max'))}")
 
 
 def _check_size(name: str, value: object) -> int | None:

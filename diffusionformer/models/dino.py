@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import _python_number, document_fields
+from diffusionformer.config import _choice_hint, _python_number, document_fields
 from diffusionformer.models.common import check_positive, check_positive_int, check_probability
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
 
@@ -461,7 +461,8 @@ class DINO(nn.Module):
         if output == "teacher":
             with torch.no_grad():
                 return self.teacher(x)
-        raise ValueError(f"output must be 'features', 'student' or 'teacher', got {output!r}")
+        raise ValueError(f"output must be 'features', 'student' or 'teacher', got {output!r}"
+                         f"{_choice_hint(output, ('features', 'student', 'teacher'))}")
 
     def forward_patch_tokens(self, x: Tensor) -> Tensor:
         """The teacher backbone's patch tokens ``(B, num_patches, D)`` (PCA maps)."""

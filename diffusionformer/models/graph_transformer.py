@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 from torch_geometric.utils import add_self_loops, remove_self_loops, to_dense_batch
 
-from diffusionformer.config import _python_numbers, document_fields
+from diffusionformer.config import _choice_hint, _python_numbers, document_fields
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
@@ -70,7 +70,8 @@ class GraphTransformerConfig:
         if self.edge_dim is not None:
             check_positive_int("GraphTransformerConfig", edge_dim=self.edge_dim)
         if self.pe not in _PE_KINDS:
-            raise ValueError(f"GraphTransformerConfig.pe: expected one of {_PE_KINDS}, got {self.pe!r}")
+            raise ValueError(f"GraphTransformerConfig.pe: expected one of {_PE_KINDS}, got {self.pe!r}"
+                             f"{_choice_hint(self.pe, _PE_KINDS)}")
         check_positive_int("GraphTransformerConfig", pe_dim=self.pe_dim)
 
 

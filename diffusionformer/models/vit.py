@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.config import _python_numbers, _value_type, document_fields
+from diffusionformer.config import _choice_hint, _python_numbers, _value_type, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
@@ -70,7 +70,7 @@ class ViTConfig:
         if self.num_classes < 0:
             raise ValueError(f"ViTConfig.num_classes must be >= 0, got {self.num_classes}")
         if self.pool not in ("cls", "mean"):
-            raise ValueError(f"ViTConfig.pool must be 'cls' or 'mean', got {self.pool!r}")
+            raise ValueError(f"ViTConfig.pool must be 'cls' or 'mean', got {self.pool!r}{_choice_hint(self.pool, ('cls', 'mean'))}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
         _check_block_options("ViTConfig", norm=self.norm, backend=self.backend, layer_scale=self.layer_scale)
         _check_bools("ViTConfig", qk_norm=self.qk_norm, rope=self.rope)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from diffusionformer.config import _value_type
 from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn._skip import is_noop
@@ -140,14 +141,13 @@ class DiffusionAttention(nn.Module):
         dim, num_heads = int(dim), int(num_heads)  # numpy ints from a sweep: Python ints from here on
         if dim % num_heads != 0:
             raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        for name, flag in (("causal", causal), ("qk_norm", qk_norm), ("bias", bias), ("recompute", recompute)):
+            if not isinstance(flag, bool):  # "no" would read as True; a numpy bool is refused as every flag
+                raise TypeError(f"{name} must be a bool, got {_value_type(flag)} ({flag!r})")
         dropout = check_dropout(dropout, "dropout")
         if backend not in DENSE_BACKENDS:
             raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}" + _backend_hint(
                 backend, DENSE_BACKENDS, SPARSE_BACKENDS, "sparse graphs"))
-        if not isinstance(recompute, bool):
-            raise TypeError(f"recompute must be a bool, got {type(recompute).__name__}")
         self.recompute = recompute
         self.dim = dim
         self.num_heads = num_heads
@@ -744,7 +744,7 @@ def set_recompute(module: nn.Module, enabled: bool = True) -> int:
         2
     """
     if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+        raise TypeError(f"enabled must be a bool, got {_value_type(enabled)} ({enabled!r})")
     layers = [m for m in module.modules() if isinstance(m, DiffusionAttention)]
     for m in layers:
         m.recompute = enabled

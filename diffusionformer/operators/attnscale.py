@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, check_finite_float,
-                                            check_finite_parameter)
+                                            check_finite_parameter, check_flag)
 from diffusionformer.operators.registry import register_operator
 
 __all__ = ["AttnScaleOperator"]
@@ -56,8 +56,7 @@ class AttnScaleOperator(DiffusionOperator):
     def __init__(self, omega: float = 0.0, learnable: bool = True, num_heads: int = 1) -> None:
         super().__init__(num_heads)
         omega = check_finite_float(omega, "omega")  # a NaN/inf omega would make every output NaN
-        if not isinstance(learnable, bool):
-            raise TypeError(f"learnable must be a bool, got {type(learnable).__name__}")
+        learnable = check_flag(learnable, "learnable")
         self._omega0 = float(omega)
         self.learnable = learnable
         if learnable:

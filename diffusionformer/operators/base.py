@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from diffusionformer.config import _value_type
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.dense import MatrixBackend
 from diffusionformer.ops.engine import all_heads, polynomial
@@ -300,5 +301,5 @@ def check_finite_float(value: object, name: str) -> float:
 def check_flag(value: object, name: str) -> bool:
     """A bool argument (``learnable=...``): ``'no'`` or ``1`` is a TypeError, not silently ``True``."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
+        raise TypeError(f"{name} must be a bool, got {_value_type(value)} ({value!r})")
     return value

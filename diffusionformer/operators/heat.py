@@ -9,6 +9,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
+from diffusionformer.config import _choice_hint
 from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, _check_tol, check_finite_float,
                                             check_finite_parameter, check_flag, check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
@@ -20,6 +21,7 @@ EXACT_MIN_T = -40.0  # heat-exact's lowest t: e^(2 * 40) = 5.5e34 still fits flo
 #: the truncation error accepted for an explicit ``steps`` when no ``tol`` is given: a Taylor
 #: series cut where it has lost more than half its mass makes a head that mostly outputs nothing
 MAX_TRUNCATION_ERROR = 0.5
+_METHODS = ("taylor", "euler")
 
 
 def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
@@ -69,7 +71,7 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
         a_pow = torch.stack([a ** (steps - k) for k in range(steps + 1)], dim=-1)
         b_pow = torch.stack([b**k for k in range(steps + 1)], dim=-1)
         return binom * a_pow * b_pow
-    raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}")
+    raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}{_choice_hint(method, _METHODS)}")
 
 
 #: up to this K the Taylor weights are computed as ``e^{-t} t^k / k!`` with a vector of powers (``|t|^K``
@@ -112,7 +114,7 @@ def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> in
             )
         return K
     if method != "taylor":
-        raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}")
+        raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}{_choice_hint(method, _METHODS)}")
     factor = math.exp(2 * a) if t < 0 else 1.0
     term = math.exp(-a)  # Poisson(a) pmf at 0
     cdf = term
@@ -230,9 +232,8 @@ class HeatOperator(DiffusionOperator):
         super().__init__(num_heads)
         t = _check_time(t)
         if method not in ("taylor", "euler"):
-            raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}")
-        if not isinstance(learnable, bool):
-            raise TypeError(f"learnable must be a bool, got {type(learnable).__name__}")
+            raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}{_choice_hint(method, _METHODS)}")
+        learnable = check_flag(learnable, "learnable")
         min_t = check_real(min_t, "min_t")
         if math.isnan(min_t):  # clamp(min=nan) would make every learned time, and the head's output, NaN
             raise ValueError("min_t must be a number (-inf for no bound), got nan")

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from diffusionformer.config import _choice_hint
 from diffusionformer.operators.base import DiffusionOperator, check_count, check_finite_parameter
 from diffusionformer.operators.registry import build_operator, register_operator
 
@@ -112,7 +113,7 @@ class PolynomialOperator(DiffusionOperator):
         super().__init__(num_heads)
         steps = check_count(steps, "steps", minimum=0)
         if basis not in BASES:
-            raise ValueError(f"basis must be one of {BASES}, got {basis!r}")
+            raise ValueError(f"basis must be one of {BASES}, got {basis!r}{_choice_hint(basis, BASES)}")
         self.steps = steps
         self.basis = basis
         if _is_array(init):

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from diffusionformer.config import _choice_hint, _value_type
+
 __all__ = ["TrainConfig", "resolve_device", "resolve_amp"]
 
 _DECAY_RULES = ("default", "nanogpt")
@@ -20,7 +22,7 @@ _LOGGER_CHOICES = ("jsonl", "csv", "tensorboard")  # = loggers.LOGGER_CHOICES (n
 
 
 def _type_name(value: Any) -> str:
-    return type(value).__name__
+    return _value_type(value)  # numpy.bool, not the contradictory "expected bool, got bool"
 
 
 def _check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -199,10 +201,12 @@ class TrainConfig:
             if kind not in ("cpu", "cuda"):  # 'meta', 'mps', ...: the trainer runs on CPU and CUDA only
                 raise ValueError(f"TrainConfig.device: expected 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if not isinstance(self.amp, str) or self.amp not in _AMP_CHOICES:
-            raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {self.amp!r}")
+            raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {self.amp!r}"
+                             f"{_choice_hint(self.amp, _AMP_CHOICES)}")
         if not isinstance(self.weight_decay_rule, str) or self.weight_decay_rule not in _DECAY_RULES:
             raise ValueError(
                 f"TrainConfig.weight_decay_rule: expected one of {_DECAY_RULES}, got {self.weight_decay_rule!r}"
+                f"{_choice_hint(self.weight_decay_rule, _DECAY_RULES)}"
             )
         _check_bool("compile", self.compile)
         _check_bool("progress", self.progress)
@@ -217,6 +221,7 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.loggers: expected distinct names from {_LOGGER_CHOICES} including "
                 f"'jsonl' (metrics.jsonl is what resume and the experiment runner read), got {list(loggers)}"
+                f"{_choice_hint(unknown[0], _LOGGER_CHOICES) if unknown else ''}"
             )
         # Normalise numeric types so that equal configs compare and serialise equal.
         for name, value in ints.items():
@@ -335,4 +340,4 @@ def resolve_amp(spec: str, device: torch.device) -> torch.dtype | None:
         return torch.float16
     if spec == "auto":
         return torch.bfloat16 if device.type == "cuda" else None
-    raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {spec!r}")
+    raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {spec!r}{_choice_hint(spec, _AMP_CHOICES)}")

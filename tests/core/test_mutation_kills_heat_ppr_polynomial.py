@@ -512,7 +512,7 @@ def test_build_operator_messages_and_kwargs_constructors():
     ``**kwargs`` constructor short-cut in ``_unknown_arguments`` dropped (every keyword refused), its suggestions
     ``n=2`` -> ``n=1``, and the ``return ""`` for a class without a signature -> ``raise``"""
     with pytest.raises(TypeError, match=r"^cannot build operator 'heat' with arguments \{'learnable': 'yes'\}: "
-                                        r"learnable must be a bool, got str$"):
+                                        r"learnable must be a bool, got str \('yes'\)$"):
         build_operator("heat", learnable="yes")
     with pytest.raises(TypeError, match=r"unknown argument 'to' \(did you mean 'tol' or 't'\?\); valid arguments: "
                                         r"\['t', 'steps', 'method', 'learnable', 'tol', 'min_t', 'num_heads'\]"):

@@ -309,7 +309,7 @@ def test_bug_a_name_with_a_colon_or_nul_is_refused_when_the_config_loads(where, 
     ({"select_by": ""}, "task 'digits': select_by must be an evaluation key such as 'val_acc', got ''"),
     ({"augment": {"flip": True, "crop": 2}}, "task 'digits': unknown augment key(s) ['crop']; expected crop_padding, flip"),
     ({"augment": {"crop_padding": -1}}, "task 'digits': augment.crop_padding must be an int >= 0, got -1"),
-    ({"augment": {"flip": 1}}, "task 'digits': augment.flip must be true or false, got 1"),
+    ({"augment": {"flip": 1}}, "task 'digits': augment.flip must be true or false, got int (1)"),
     ({"label_smoothing": -0.1}, "task 'digits': label_smoothing must be a float in [0, 1), got -0.1"),
     ({"reach": {"val_acc": 0.5, "loss": 1.0}}, "task 'digits': reach must be one evaluation key with a finite threshold, "
                                                 "e.g. reach = { val_acc = 0.9 }; got {'val_acc': 0.5, 'loss': 1.0}"),

@@ -508,7 +508,7 @@ def test_register_task_adapter_refuses_a_non_adapter_and_a_non_class_data_key(ta
 
 def test_find_adapter_refuses_an_unknown_hook_by_name():
     """kills: tasks.py T38 the unknown-hook check dropped (``"taks"`` raised a bare AttributeError)"""
-    with pytest.raises(ValueError, match=r"unknown adapter hook 'taks'; expected one of \['analysed', 'heldout'"):
+    with pytest.raises(ValueError, match=r"unknown adapter hook 'taks' \(did you mean 'task'\?\); expected one of \['analysed', 'heldout'"):
         T.find_adapter(None, ClassificationData, "taks")
 
 

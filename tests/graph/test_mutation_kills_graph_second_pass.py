@@ -83,7 +83,7 @@ def test_repr_names_an_unchecked_graph_and_an_attn_mask():
 # ---------------------------------------------------------------------------- core: dense validation
 def test_dense_graph_refuses_a_non_bool_checked():
     """kills: core.py _validate_dense dropping ``not isinstance(self.checked, bool)`` (``checked=1`` accepted)"""
-    with pytest.raises(ValueError, match=r"checked=False applies to sparse graphs"):
+    with pytest.raises(TypeError, match=r"checked must be a bool, got int \(1\)"):
         AttentionGraph("dense", seq_len=3, checked=1)
 
 
@@ -308,8 +308,8 @@ def test_sparse_sequence_builder_takes_the_batch_size_from_the_padding_mask():
     [
         ({"w": 0}, ValueError, r"w must be >= 1, got 0"),
         ({"w": 2.0}, TypeError, r"w must be an int, got float"),
-        ({"self_loops": 1}, TypeError, r"self_loops and cls_token must be bools"),
-        ({"cls_token": "yes"}, TypeError, r"self_loops and cls_token must be bools"),
+        ({"self_loops": 1}, TypeError, r"self_loops must be a bool, got int \(1\)"),
+        ({"cls_token": "yes"}, TypeError, r"cls_token must be a bool, got str \('yes'\)"),
     ],
     ids=["w-zero", "w-float", "self-loops-int", "cls-token-str"],
 )

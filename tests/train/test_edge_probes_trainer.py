@@ -295,7 +295,7 @@ def test_betas_from_a_numpy_pair():
     assert got.betas == (0.9, 0.95) and all(type(b) is float for b in got.betas)
     assert got == TrainConfig(betas=(0.9, 0.95)) and got.to_dict() == TrainConfig(betas=(0.9, 0.95)).to_dict()
     for bad in (np.array([[0.9, 0.95]]), np.array([0.9, 0.95, 0.99])):
-        with pytest.raises(TypeError, match=r"TrainConfig.betas: expected a pair \(beta1, beta2\), got ndarray"):
+        with pytest.raises(TypeError, match=r"TrainConfig.betas: expected a pair \(beta1, beta2\), got numpy\.ndarray"):
             TrainConfig(betas=bad)
     with pytest.raises(ValueError, match=r"TrainConfig.betas\[1\]: expected a float in \[0, 1\), got 1.5"):
         TrainConfig(betas=np.array([0.9, 1.5]))

@@ -92,9 +92,9 @@ def test_numpy_numbers_from_a_sweep_grid_are_read_as_python_numbers():
     assert hash(TrainConfig(seed=np.int64(3))) == hash(TrainConfig(seed=3))
     with pytest.raises(ValueError, match=r"TrainConfig.max_steps: expected an int >= 1, got 0"):
         TrainConfig(max_steps=np.int64(0))
-    with pytest.raises(TypeError, match=r"TrainConfig.max_steps: expected int, got bool"):
+    with pytest.raises(TypeError, match=r"TrainConfig.max_steps: expected int, got numpy.bool "):
         TrainConfig(max_steps=np.bool_(True))
-    with pytest.raises(TypeError, match=r"TrainConfig.max_steps: expected int, got float64"):
+    with pytest.raises(TypeError, match=r"TrainConfig.max_steps: expected int, got numpy.float64 "):
         TrainConfig(max_steps=np.float64(10.0))  # a float is not a count, even a whole one
 
 
