@@ -522,6 +522,8 @@ def find_adapter(family: type | None, data: Any, hook: str, *, any_model: bool =
         >>> find_adapter(ViTConfig, TextData, "overrides", any_model=False) is None  # a ViT does not fit text
         True
     """
+    if not isinstance(hook, str):  # else a bare "unhashable type" for a list
+        raise TypeError(f"hook must be the name of an adapter hook (a str), got {_value_type(hook)} ({hook!r})")
     if hook not in TaskAdapter.__dataclass_fields__:
         raise ValueError(f"unknown adapter hook {hook!r}{_choice_hint(hook, TaskAdapter.__dataclass_fields__)}; "
                          f"expected one of {sorted(TaskAdapter.__dataclass_fields__)}")

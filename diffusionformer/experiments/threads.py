@@ -24,6 +24,7 @@ Examples:
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Mapping
@@ -76,11 +77,11 @@ def _positive_int(value: object, what: str) -> int:
             value = int(value.strip())
         except ValueError:
             raise ValueError(f"{what}: expected a positive int, got {value!r}") from None
-    if not isinstance(value, int):
+    if not isinstance(value, numbers.Integral):  # a numpy int (a sweep grid's) is the int it equals
         raise TypeError(f"{what}: expected a positive int, got {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{what}: expected a positive int, got {value}")
-    return value
+    return int(value)
 
 
 def plan_threads(

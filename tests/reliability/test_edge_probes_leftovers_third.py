@@ -14,6 +14,7 @@
   ``metrics.jsonl`` holding a ``NaN`` or ``Infinity`` literal (which ``read_metrics`` reads, as ``json.loads``
   does, from a log written by another tool or by hand): the run could not resume.
 * A diverged DINO (NaN features) reported a k-NN accuracy (NaN votes pick class 0); now NaN, as NaN logits.
+* ``plan_threads`` refused numpy ints; ``find_adapter`` raised a bare "unhashable" for a list hook.
 * Docstrings held TAB characters where ``\\tilde``/``\\theta`` belong; no control character is left in a source.
 """
 
@@ -168,3 +169,20 @@ def test_bug_gaussian_blur_refuses_negative_nan_and_non_tensor_widths():
     with pytest.raises(TypeError, match=r"expects tensors images \(N, C, H, W\) and sigma \(N,\), got Tensor and list"):
         gaussian_blur(x, [1.0, 1.0, 1.0], 3)
     torch.testing.assert_close(gaussian_blur(x, torch.zeros(3, dtype=torch.long), 3), x)  # integer widths: no blur
+
+
+def test_bug_plan_threads_takes_numpy_ints_and_find_adapter_names_a_list_hook():
+    """Bug: plan_threads(workers=np.int64(2)) was refused ("expected a positive int, got int64"), against the
+    policy that a count takes any integral number; find_adapter(..., hook=["build"]) raised a bare "unhashable
+    type: 'list'"."""
+    import numpy as np
+
+    from diffusionformer.experiments.tasks import find_adapter
+    from diffusionformer.experiments.threads import plan_threads
+
+    plan = plan_threads(cores=np.int64(4), workers=np.int64(2), environ={})
+    assert (plan.cores, plan.workers) == (4, 2) and type(plan.workers) is int
+    with pytest.raises(TypeError, match=r"expected a positive int, got bool"):
+        plan_threads(cores=4, workers=np.True_, environ={})
+    with pytest.raises(TypeError, match=r"hook must be the name of an adapter hook \(a str\), got list \(\['build'\]\)"):
+        find_adapter(None, object(), ["build"])
