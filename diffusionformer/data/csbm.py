@@ -62,7 +62,7 @@ def csbm_graph(
     Args:
         num_nodes: ``N`` >= ``2 * num_classes``.
         num_classes: ``C`` >= 2.
-        avg_degree: expected node degree ``d = 2M / N`` > 0.
+        avg_degree: expected node degree ``d = 2M / N``, in ``(0, N - 1]``.
         homophily: ``h`` in [0, 1], expected fraction of intra-class edges.
         feature_dim: ``D`` >= ``C``.
         mu: distance between any two class means (>= 0).
@@ -109,9 +109,17 @@ def csbm_graph(
     offsets = torch.cumsum(counts, 0) - counts
 
     M = round(N * avg_degree / 2)
+    if M > N * (N - 1) // 2:  # before the binomial draw, which returns NaN for a count beyond float range
+        raise ValueError(
+            f"avg_degree={avg_degree} asks for more distinct edges than the {N * (N - 1) // 2} pairs of {N} "
+            f"nodes; avg_degree must be at most num_nodes - 1 = {N - 1}"
+        )
     intra_pool = int((counts * (counts - 1) // 2).sum())
     inter_pool = N * (N - 1) // 2 - intra_pool
-    m_in = int(torch.binomial(torch.tensor(float(M)), torch.tensor(float(homophily)), generator=g))
+    # float32 counts are exact only up to 2**24 (M = 2**24 + 1 at homophily 1 drew an inter-class edge); float64
+    # beyond, float32 below (the draws of earlier versions)
+    dtype = torch.float32 if M <= 2**24 else torch.float64
+    m_in = int(torch.binomial(torch.tensor(float(M), dtype=dtype), torch.tensor(homophily, dtype=dtype), generator=g))
     m_out = M - m_in
     if m_in > intra_pool or m_out > inter_pool:
         raise ValueError(
@@ -145,8 +153,10 @@ def csbm_graph(
 
     q, _ = torch.linalg.qr(torch.randn(D, C, generator=g, dtype=torch.float64))  # (D, C)
     means = (mu / math.sqrt(2.0)) * q.T  # (C, D), pairwise distance mu
-    x = means[y] + torch.randn(N, D, generator=g, dtype=torch.float64)
-    return x.to(torch.float32), edge_index, y
+    x = (means[y] + torch.randn(N, D, generator=g, dtype=torch.float64)).to(torch.float32)
+    if not bool(torch.isfinite(x).all()):  # a finite mu beyond float32's range gave inf features without a word
+        raise ValueError(f"mu={mu} puts the features beyond float32's range (about 3.4e38); use a smaller mu")
+    return x, edge_index, y
 
 
 def edge_homophily(edge_index: Tensor, y: Tensor) -> float:
@@ -156,9 +166,27 @@ def edge_homophily(edge_index: Tensor, y: Tensor) -> float:
         >>> edge_homophily(torch.tensor([[0, 1, 1], [1, 0, 2]]), torch.tensor([0, 0, 1]))
         0.6666666666666666
     """
+    _check_edges_and_labels(edge_index, y)
     if edge_index.numel() == 0:
         raise ValueError("edge_homophily is undefined for a graph without edges")
     return float((y[edge_index[0]] == y[edge_index[1]]).double().mean())
+
+
+def _check_edges_and_labels(edge_index: object, y: object) -> None:
+    """``edge_index`` an integer ``(2, E)`` tensor of node ids in ``[0, len(y))``, ``y`` a 1-D tensor of labels (a
+    ``(1, E)`` edge_index read its one row as both ends, a negative id wrapped around, a 2-D ``y`` compared rows)."""
+    if not isinstance(edge_index, Tensor) or not isinstance(y, Tensor):
+        name, value = ("edge_index", edge_index) if not isinstance(edge_index, Tensor) else ("y", y)
+        raise TypeError(f"edge_homophily: {name} must be a tensor, got {type(value).__name__}")
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"edge_homophily: edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
+    if edge_index.is_floating_point() or edge_index.is_complex() or edge_index.dtype == torch.bool:
+        raise TypeError(f"edge_homophily: edge_index must hold integer node ids, got dtype {edge_index.dtype}")
+    if y.dim() != 1:
+        raise ValueError(f"edge_homophily: y must be 1-D (one label per node), got shape {tuple(y.shape)}")
+    if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= y.shape[0]):
+        raise ValueError(f"edge_homophily: edge_index values must lie in [0, {y.shape[0]}) (the nodes of y), got "
+                         f"range [{int(edge_index.min())}, {int(edge_index.max())}]")
 
 
 @register_dataset("csbm", kind="node")

@@ -31,6 +31,23 @@ from .splits import _require_generator, require_heldout, split_sizes
 __all__ = ["make_assoc_recall", "load_assoc_recall"]
 
 
+#: Random numbers drawn at once for the keys: the rows of ``rand(N, V // 2).argsort(1)`` are made a block at a time.
+_KEY_BLOCK = 1 << 20
+
+#: Largest key range ``V // 2``: float32 uniforms take only ``2**24`` values, and one row already holds ``V // 2``.
+_MAX_KEYS = 1 << 24
+
+
+def _distinct_keys(N: int, num_keys: int, P: int, generator: torch.Generator | None) -> Tensor:
+    """``rand(N, num_keys).argsort(dim=1)[:, :P]`` (``P`` distinct keys per row), made ``_KEY_BLOCK // num_keys`` rows
+    at a time: the same numbers from the same generator, without the ``(N, num_keys)`` tensor (``N = 10**4``,
+    ``V = 131072`` held 8 GB)."""
+    rows = max(1, _KEY_BLOCK // num_keys)
+    blocks = [torch.rand(min(rows, N - start), num_keys, generator=generator).argsort(dim=1)[:, :P].clone()
+              for start in range(0, N, rows)]
+    return torch.cat(blocks)  # (N, P)
+
+
 def make_assoc_recall(
     num_examples: int, num_pairs: int, vocab_size: int, generator: torch.Generator, num_queries: int = 1
 ) -> tuple[Tensor, Tensor]:
@@ -39,7 +56,7 @@ def make_assoc_recall(
     Args:
         num_examples: ``N``.
         num_pairs: ``P`` key-value pairs per sequence; at most ``vocab_size // 2``.
-        vocab_size: ``V`` >= 4; keys ``[0, V // 2)``, values ``[V // 2, V)``.
+        vocab_size: ``V`` in ``[4, 2**25 + 1]``; keys ``[0, V // 2)``, values ``[V // 2, V)``.
         generator: source of randomness.
         num_queries: ``Q`` distinct keys queried per sequence, in ``[1, P]`` (``Q = 1`` draws
             exactly what earlier versions drew).
@@ -64,6 +81,11 @@ def make_assoc_recall(
     if vocab_size < 4:
         raise ValueError(f"vocab_size must be >= 4, got {vocab_size}")
     num_keys = vocab_size // 2
+    if num_keys > _MAX_KEYS:
+        raise ValueError(
+            f"vocab_size must be at most {2 * _MAX_KEYS + 1} (keys are drawn as random orders of the "
+            f"vocab_size // 2 key tokens, {_MAX_KEYS} at most), got {vocab_size}"
+        )
     if not 1 <= num_pairs <= num_keys:
         raise ValueError(
             f"num_pairs must be in [1, vocab_size // 2 = {num_keys}] so that keys are distinct, "
@@ -72,7 +94,7 @@ def make_assoc_recall(
     if isinstance(num_queries, bool) or not isinstance(num_queries, int) or not 1 <= num_queries <= num_pairs:
         raise ValueError(f"num_queries must be an int in [1, num_pairs = {num_pairs}], got {num_queries!r}")
     N, P, Q = num_examples, num_pairs, num_queries
-    keys = torch.rand(N, num_keys, generator=generator).argsort(dim=1)[:, :P]  # (N, P) distinct
+    keys = _distinct_keys(N, num_keys, P, generator)  # (N, P) distinct
     values = torch.randint(num_keys, vocab_size, (N, P), generator=generator)  # (N, P)
     if Q == 1:
         which = torch.randint(0, P, (N, 1), generator=generator)  # (N, 1) queried pair

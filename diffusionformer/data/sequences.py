@@ -10,6 +10,7 @@ validation set from the 4,000 (default 10%: 3,600/400/1,000) and return ``x`` as
 
 from __future__ import annotations
 
+import numbers
 import random
 
 import numpy as np
@@ -21,6 +22,9 @@ from .registry import register_dataset
 from .splits import random_split, require_heldout
 
 __all__ = ["load_mnist1d"]
+
+#: Most examples :func:`load_mnist1d` generates (over an hour of the package's generator, 3 GB of float64).
+_MAX_SAMPLES = 10**7
 
 
 @register_dataset("mnist1d", kind="sequence")
@@ -38,7 +42,9 @@ def load_mnist1d(
     Args:
         seed: seed of the train/val carve (the examples themselves use the package's seed).
         val_fraction: share of the package's training split moved to val.
-        num_samples: total examples to generate (the package's default 5,000; 80% train).
+        num_samples: total examples to generate, in ``[20, 10**7]`` (the package's default 5,000; 80% train);
+            the package makes ``num_samples // 10`` per class, so a count that is no multiple of ten is rounded
+            down to one.
 
     Shapes:
         - x: ``(N, 40, 1)`` float32; y: ``(N,)`` int64, 10 classes.
@@ -46,6 +52,13 @@ def load_mnist1d(
     num_samples = _as_count("num_samples", num_samples)
     if num_samples < 20:
         raise ValueError(f"num_samples must be >= 20 (two per class), got {num_samples}")
+    if num_samples > _MAX_SAMPLES:  # the package draws one example at a time in Python: 10**13 ran until memory ran out
+        raise ValueError(
+            f"num_samples must be at most {_MAX_SAMPLES:,} (mnist1d makes a few thousand examples a second, "
+            f"one at a time in Python), got {num_samples:,}"
+        )
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real):  # "0.1": a bare '<=' error
+        raise ValueError(f"val_fraction must be in [0, 1) (a number), got {val_fraction!r}")
     mdata = import_optional("mnist1d.data", package="mnist1d", dataset="mnist1d")
     args = mdata.get_dataset_args()
     args.num_samples = int(num_samples)

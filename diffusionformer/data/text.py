@@ -50,6 +50,8 @@ def char_text_data(
     if not isinstance(text, str):  # bytes would become integer "characters", a list whole-word tokens
         hint = " (decode it first, e.g. text.decode('utf-8'))" if isinstance(text, (bytes, bytearray)) else ""
         raise TypeError(f"text must be a str, got {type(text).__name__}{hint}")
+    if isinstance(train_fraction, bool) or not isinstance(train_fraction, numbers.Real):  # "0.5": a bare '<' error
+        raise ValueError(f"train_fraction must be in (0, 1) (a number), got {train_fraction!r}")
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
     if len(text) < 2:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import inspect
+import numbers
+import struct
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+
+from diffusionformer.config import _choice_hint, _value_type
 
 __all__ = ["assert_same_checkpoint_weights", "interrupt_on_call"]
 
@@ -44,10 +48,18 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
         >>> Task().loss(3)  # restored
         3
     """
-    if isinstance(call, bool) or not isinstance(call, int):  # a call 1.5 would never come: no kill, silently
+    if isinstance(call, bool) or not isinstance(call, numbers.Integral):  # a call 1.5 would never come: no kill
         raise TypeError(f"call must be an int, got {type(call).__name__} {call!r}")
+    call = int(call)  # a numpy int as the int it equals
     if call < 1:
         raise ValueError(f"call must be >= 1, got {call}")
+    if not isinstance(after, bool):  # "no" would read as True; a numpy bool is refused as every flag of the package
+        raise TypeError(f"after must be a bool, got {_value_type(after)} {after!r}")
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str (the method's name), got {type(name).__name__} {name!r}")
+    if not hasattr(owner, name):
+        hint = _choice_hint(name, [n for n in dir(owner) if not n.startswith("__")])
+        raise AttributeError(f"interrupt_on_call: {owner!r} has no attribute {name!r}{hint}")
     original = getattr(owner, name)
     # restore what owner itself held (a staticmethod or classmethod object, or nothing when inherited)
     own = getattr(owner, "__dict__", None)
@@ -78,9 +90,20 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
             setattr(owner, name, stored)
 
 
-def _bit_equal(x: torch.Tensor, y: torch.Tensor) -> bool:
+def _bit_equal(x: Any, y: Any) -> bool:
     """Same dtype, shape and bytes (``torch.equal`` alone takes 1.0 in float32 for 1.0 in float64, 0.0 for -0.0, and
-    calls a NaN different from itself)."""
+    calls a NaN different from itself). A state dict may also hold a module's extra state (plain Python values,
+    possibly holding tensors): those are compared by type and value, containers item by item."""
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, dict):
+            return x.keys() == y.keys() and all(_bit_equal(v, y[k]) for k, v in x.items())
+        if isinstance(x, (list, tuple)):
+            return len(x) == len(y) and all(_bit_equal(a, b) for a, b in zip(x, y))
+        if isinstance(x, float):  # a NaN equals itself, -0.0 is not 0.0
+            return struct.pack("<d", x) == struct.pack("<d", y)
+        return bool(x == y)
     if x.dtype != y.dtype or x.shape != y.shape:
         return False
     def as_bytes(t: torch.Tensor) -> torch.Tensor:  # contiguous first: a byte view needs unit stride

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from diffusionformer.config import _value_type
 from diffusionformer.graph._checks import check_int
 from diffusionformer.ops.sparse import check_edge_index
 
@@ -20,6 +21,8 @@ def complete_edge_index(num_nodes: int, *, self_loops: bool = True, device: torc
                 [0, 0, 1, 1]])
     """
     num_nodes = check_int("num_nodes", num_nodes, 0)
+    if not isinstance(self_loops, bool):  # "no" would read as True; a numpy bool is refused as every flag
+        raise TypeError(f"self_loops must be a bool, got {_value_type(self_loops)} {self_loops!r}")
     i, j = torch.meshgrid(torch.arange(num_nodes, device=device), torch.arange(num_nodes, device=device), indexing="ij")
     keep = torch.ones_like(i, dtype=torch.bool) if self_loops else i != j
     return torch.stack([j[keep], i[keep]])
@@ -62,6 +65,10 @@ def random_qkv(
         >>> [t.shape for t in random_qkv(1, 2, 3, 4)][0]
         torch.Size([1, 2, 3, 4])
     """
+    B, H, N, C = (check_int(name, value, 0) for name, value in (("B", B), ("H", H), ("N", N), ("C", C)))
+    seed = check_int("seed", seed, -(2**63))  # numpy ints too (manual_seed refused them: "an integer is required")
+    if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or dtype.is_complex):
+        raise TypeError(f"dtype must be a floating or complex torch.dtype (Gaussian samples), got {dtype!r}")
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(B, H, N, C, generator=g, dtype=dtype).to(device) for _ in range(3))  # type: ignore[return-value]
 
