@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 from torch import Tensor
 
-from diffusionformer.config import _choice_hint
+from diffusionformer.config import _choice_hint, _value_type
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torch_geometric.data import Data
@@ -52,6 +52,15 @@ def _check_split(split: str, allowed: Sequence[str] = SPLITS) -> str:
     if split not in allowed:
         raise ValueError(f"split must be one of {list(allowed)}, got {split!r}{_choice_hint(split, allowed)}")
     return split
+
+
+def _check_flags(where: str, **flags: Any) -> None:
+    """Every value of ``flags`` a Python bool, else a ``TypeError`` ``"<where>: <name> must be a bool, got ..."``
+    naming the full type: ``bool("no")`` is True, and a numpy bool is refused as every flag of the package is
+    (named ``numpy.bool``). The loaders call it first, before any file is read."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{where}: {name} must be a bool, got {_value_type(value)} ({value!r})")
 
 
 def _as_count(name: str, value: Any) -> int:

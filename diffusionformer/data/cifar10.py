@@ -34,7 +34,7 @@ from torch import Tensor
 from diffusionformer.config import _choice_hint
 
 from ._optional import import_optional
-from .base import ClassificationData
+from .base import ClassificationData, _check_flags
 from .checksums import sha256_file, verify_file
 from .images import _labelled_images_fit, build_image_data
 from .paths import CorruptDataError, cache_dir, load_cached, require_files, save_cached
@@ -315,6 +315,7 @@ def load_cifar10(
     Shapes:
         - x: ``(N, 3, 32, 32)`` float32; y: ``(N,)`` int64.
     """
+    _check_flags("load_cifar10", normalize=normalize, verify=verify)
     if source not in ("auto", "pickle", "jpg"):
         raise ValueError(f"source must be 'auto', 'pickle' or 'jpg', got {source!r}"
                          f"{_choice_hint(source, ('auto', 'pickle', 'jpg'))}")

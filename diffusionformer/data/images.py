@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ._optional import import_optional
-from .base import ClassificationData
+from .base import ClassificationData, _check_flags
 from .checksums import sha256_file
 from .paths import CorruptDataError, cache_dir, load_cached, save_cached
 from .registry import register_dataset
@@ -65,6 +65,7 @@ def build_image_data(
         - images: ``(N, C, H, W)``
         - labels: ``(N,)``
     """
+    _check_flags("build_image_data", normalize=normalize)
     if images.dim() != 4:
         raise ValueError(f"images must be (N, C, H, W), got shape {tuple(images.shape)}")
 
@@ -135,6 +136,7 @@ def load_digits(
     Shapes:
         - x: ``(N, 1, 8, 8)`` float32; y: ``(N,)`` int64, 10 classes.
     """
+    _check_flags("load_digits", normalize=normalize)
     datasets = import_optional("sklearn.datasets", package="scikit-learn", dataset="digits")
     bunch = datasets.load_digits()
     images = torch.from_numpy(np.asarray(bunch.images, dtype=np.float32)).unsqueeze(1)
@@ -223,6 +225,7 @@ def load_mnist_mini(
     Shapes:
         - x: ``(N, 1, 28, 28)`` float32; y: ``(N,)`` int64, 10 classes.
     """
+    _check_flags("load_mnist_mini", normalize=normalize)
     images, labels = _mnist_mini_arrays()
     splits = stratified_split(labels, val_fraction, test_fraction, seed)
     require_heldout("mnist-mini", splits, val_fraction, test_fraction)

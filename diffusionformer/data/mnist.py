@@ -22,7 +22,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from .base import ClassificationData
+from .base import ClassificationData, _check_flags
 from .checksums import verify_file
 from .idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, parse_idx, read_idx_bytes
 from .images import build_image_data
@@ -84,6 +84,7 @@ def load_mnist(
     Shapes:
         - x: ``(N, 1, 28, 28)`` float32; y: ``(N,)`` int64, 10 classes.
     """
+    _check_flags("load_mnist", normalize=normalize, verify=verify)
     stems = {
         "train_labels": f"{RAW}/train-labels-idx1-ubyte",
         "test_images": f"{RAW}/t10k-images-idx3-ubyte",

@@ -35,6 +35,8 @@ from torch_geometric.loader import NeighborLoader
 from torch_geometric.loader.utils import filter_data
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
+from .base import _check_flags
+
 __all__ = ["TorchNeighborSampler", "has_compiled_sampler", "neighbor_batch", "neighbor_loader"]
 
 
@@ -196,6 +198,7 @@ def neighbor_loader(
     Returns:
         The loader; each batch is a ``Data`` whose first ``batch.batch_size`` nodes are the seeds.
     """
+    _check_flags("neighbor_loader", shuffle=shuffle, force_torch=force_torch)
     if not has_compiled_sampler() or force_torch:
         kwargs["neighbor_sampler"] = TorchNeighborSampler(data, num_neighbors, generator)
     return NeighborLoader(data, list(num_neighbors), batch_size=batch_size, input_nodes=input_nodes,

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .base import NodeData
+from .base import NodeData, _check_flags
 from .checksums import verify_file
 from .paths import CorruptDataError, require_files
 from .registry import register_dataset
@@ -81,6 +81,7 @@ def load_planetoid(name: str, *, root: Path | None, verify: bool = True, normali
         normalize_features: divide every node's bag-of-words row by its sum (PyG's
             ``NormalizeFeatures``, as in the reference GCN example); rows of zeros stay zero.
     """
+    _check_flags("load_planetoid", verify=verify, normalize_features=normalize_features)
     key = name.lower()
     rels = [f"planetoid/{name}/raw/ind.{key}.{part}" for part in PLANETOID_FILES]
     paths = require_files(key, root, rels)
@@ -265,6 +266,7 @@ def load_cora(*, root: Path | None, seed: int = 0, verify: bool = True, normaliz
         verify: check the raw files' SHA256.
         normalize_features: row-normalise the features (PyG's ``NormalizeFeatures``).
     """
+    _check_flags("load_cora", verify=verify, normalize_features=normalize_features)
     return load_planetoid("Cora", root=root, verify=verify, normalize_features=normalize_features)
 
 
@@ -278,4 +280,5 @@ def load_citeseer(*, root: Path | None, seed: int = 0, verify: bool = True, norm
         verify: check the raw files' SHA256.
         normalize_features: row-normalise the features (PyG's ``NormalizeFeatures``).
     """
+    _check_flags("load_citeseer", verify=verify, normalize_features=normalize_features)
     return load_planetoid("CiteSeer", root=root, verify=verify, normalize_features=normalize_features)

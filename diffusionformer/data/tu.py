@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from .base import GraphSetData
+from .base import GraphSetData, _check_flags
 from .checksums import sha256_file, verify_file
 from .paths import CorruptDataError, cache_dir, drop_unsafe_processed, require_files
 from .registry import register_dataset
@@ -150,6 +150,7 @@ def load_tu(
         num_folds: number of folds when ``fold`` is given.
         verify: check the zip's SHA256 against the staged one.
     """
+    _check_flags("load_tu", use_node_attr=use_node_attr, verify=verify)
     from torch_geometric import transforms as T
     from torch_geometric.datasets import TUDataset
     from torch_geometric.utils import degree
@@ -225,6 +226,7 @@ def _register(key: str, name: str) -> None:
         num_folds: int = 10,
         verify: bool = True,
     ) -> GraphSetData:
+        _check_flags(loader.__name__, use_node_attr=use_node_attr, verify=verify)
         return load_tu(
             key,
             root=root,
