@@ -18,6 +18,7 @@ Every container carries ``name``, ``kind`` and ``meta`` (source, licence note, s
 
 from __future__ import annotations
 
+import numbers
 import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
@@ -287,6 +288,14 @@ class TextData:
                 f"block_size must be in [1, {L - 1}] for the {split!r} split of length {L}, "
                 f"got {block_size}"
             )
+        if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != "cpu"):
+            # else torch's "randint() received an invalid combination of arguments" (splits' _require_generator
+            # says the same, but splits imports this module)
+            got = (f"a {generator.device.type} torch.Generator" if isinstance(generator, torch.Generator)
+                   else _value_type(generator))
+            raise TypeError(f"TextData.get_batch: generator must be a CPU torch.Generator or None, got {got}"
+                            + (" (for a seed, pass torch.Generator().manual_seed(seed))"
+                               if isinstance(generator, numbers.Integral) else ""))
         ix = torch.randint(L - block_size, (batch_size,), generator=generator)
         window = ix.to(data.device)[:, None] + torch.arange(block_size + 1, device=data.device)
         chunk = data[window]  # (B, T + 1)

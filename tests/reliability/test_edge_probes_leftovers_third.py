@@ -15,12 +15,14 @@
   does, from a log written by another tool or by hand): the run could not resume.
 * A diverged DINO (NaN features) reported a k-NN accuracy (NaN votes pick class 0); now NaN, as NaN logits.
 * ``plan_threads`` refused numpy ints; ``find_adapter`` raised a bare "unhashable" for a list hook.
+* ``TextData.get_batch`` with a seed (or a numpy Generator) where a torch.Generator belongs failed inside torch.
 * Docstrings held TAB characters where ``\\tilde``/``\\theta`` belong; no control character is left in a source.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import os
 import time
 
@@ -186,3 +188,18 @@ def test_bug_plan_threads_takes_numpy_ints_and_find_adapter_names_a_list_hook():
         plan_threads(cores=4, workers=np.True_, environ={})
     with pytest.raises(TypeError, match=r"hook must be the name of an adapter hook \(a str\), got list \(\['build'\]\)"):
         find_adapter(None, object(), ["build"])
+
+
+def test_bug_text_get_batch_names_a_generator_that_is_not_one():
+    """Bug: TextData.get_batch(..., generator=3) (a seed where a generator belongs) failed inside torch.randint with
+    "received an invalid combination of arguments", naming nothing of ours."""
+    import numpy as np
+
+    from diffusionformer.data.text import char_text_data
+
+    data = char_text_data("t", "hello world, hello diffusion " * 4)
+    for bad, got in ((3, "got int (for a seed"), (np.random.default_rng(0), "got numpy.random._generator.Generator")):
+        with pytest.raises(TypeError, match=r"get_batch: generator must be a CPU torch.Generator or None, " + re.escape(got)):
+            data.get_batch("train", 2, 4, generator=bad)
+    x, y = data.get_batch("train", 2, 4, generator=torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (2, 4) and torch.equal(x[:, 1:], y[:, :-1])
