@@ -100,6 +100,21 @@ def _value_type(value: Any) -> str:
     return tp.__qualname__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
 
 
+def _check_flag(value: Any, name: str) -> bool:
+    """``value`` if it is a Python bool, else a TypeError ``"<name> must be a bool, got <type> (<value>)"``: a string
+    ``"no"`` is truthy and would switch the option on, and a numpy bool is refused too, named ``numpy.bool`` (not the
+    contradictory "must be a bool, got bool"). The one flag check of the package: the modules' own ``_check_flag``
+    helpers call it with their prefix in ``name``.
+
+    Examples:
+        >>> _check_flag(True, "pool")
+        True
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {_value_type(value)} ({value!r})")
+    return value
+
+
 def _choice_hint(value: Any, choices: Any) -> str:
     """`` (did you mean 'x'?)`` for a string ``value`` close to one of the string ``choices`` (a case-insensitive
     match first: ``"Sparse"`` -> ``'sparse'``, ``"BF16"`` -> ``'bf16'``; then :func:`difflib.get_close_matches`),

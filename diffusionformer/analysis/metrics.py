@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.config import _value_type
+from diffusionformer.config import _check_flag, _value_type
 from diffusionformer.ops._checks import check_index_range, checks_values
 
 __all__ = [
@@ -95,14 +95,6 @@ def _check_labels(y: object, n: int, name: str, per: str, device: torch.device) 
 def _is_int(value: object) -> bool:
     """Whether ``value`` is an integer argument: a Python or numpy int (``np.int64`` from a sweep), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_flag(value: object, name: str) -> bool:
-    """``value`` if it is a Python bool, else a TypeError naming ``name`` and the full type (``bool("no")`` is True;
-    a ``numpy.bool`` is refused too, named ``numpy.bool``, not the contradictory "must be a bool, got bool")."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {_value_type(value)} ({value!r})")
-    return value
 
 
 def _check_choice(value: object, name: str, allowed: tuple[str, ...]) -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 from torch import Tensor
 
-from diffusionformer.config import _choice_hint, _value_type
+from diffusionformer.config import _check_flag, _choice_hint, _value_type
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torch_geometric.data import Data
@@ -60,8 +60,7 @@ def _check_flags(where: str, **flags: Any) -> None:
     naming the full type: ``bool("no")`` is True, and a numpy bool is refused as every flag of the package is
     (named ``numpy.bool``). The loaders call it first, before any file is read."""
     for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"{where}: {name} must be a bool, got {_value_type(value)} ({value!r})")
+        _check_flag(value, f"{where}: {name}")
 
 
 def _as_count(name: str, value: Any) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numbers
 
-from diffusionformer.config import _choice_hint, _value_type
+from diffusionformer.config import _check_flag as _config_check_flag
+from diffusionformer.config import _choice_hint
 
 __all__ = ["LAYOUTS", "check_int", "check_layout"]
 
@@ -25,9 +26,7 @@ def check_int(name: str, value: object, minimum: int) -> int:
 def _check_flag(name: str, value: object) -> bool:
     """``value`` if it is a Python bool, else a TypeError naming ``name`` and the full type (``bool("no")`` is True;
     a numpy bool is refused as every flag of the package, named ``numpy.bool``)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {_value_type(value)} ({value!r})")
-    return value
+    return _config_check_flag(value, name)
 
 
 def check_layout(layout: object) -> str:

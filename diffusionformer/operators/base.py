@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.config import _value_type
+from diffusionformer.config import _check_flag
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.dense import MatrixBackend
 from diffusionformer.ops.engine import all_heads, polynomial
@@ -300,6 +300,4 @@ def check_finite_float(value: object, name: str) -> float:
 
 def check_flag(value: object, name: str) -> bool:
     """A bool argument (``learnable=...``): ``'no'`` or ``1`` is a TypeError, not silently ``True``."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {_value_type(value)} ({value!r})")
-    return value
+    return _check_flag(value, name)

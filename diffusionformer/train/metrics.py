@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from diffusionformer._files import set_new_file_mode
-from diffusionformer.config import _value_type
+from diffusionformer.config import _check_flag as _config_check_flag
 
 __all__ = ["METRICS_NAME", "MetricsLog", "read_metrics", "write_json_atomic", "write_text_atomic"]
 
@@ -39,9 +39,7 @@ def _plain(value: Any) -> Any:
 def _check_flag(where: str, name: str, value: Any) -> bool:
     """``value`` if it is a Python bool, else a ``TypeError`` ``"<where>: <name> must be a bool, got ..."`` naming
     the full type (``bool("no")`` is True; a numpy bool is refused as every flag of the package, named ``numpy.bool``)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{where}: {name} must be a bool, got {_value_type(value)} ({value!r})")
-    return value
+    return _config_check_flag(value, f"{where}: {name}")
 
 
 @contextlib.contextmanager
