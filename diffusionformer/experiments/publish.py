@@ -112,6 +112,11 @@ def _commit_line(manifest: dict[str, Any]) -> str:
     comparison was trained over several commits (``git_commits`` of :func:`~diffusionformer.experiments.outputs.merged_manifest`)."""
     commit = manifest.get("git_commit")
     if not commit:
+        if not manifest:
+            return "- **Git commit:** not recorded (this study has no `manifest.json`)"
+        if "git_commit" in manifest:  # written by `git_commit()`: None outside a git checkout or without git
+            return ("- **Git commit:** not recorded (`run` ran outside a git checkout, or without git: the code "
+                    "that trained this study is not identified by a commit)")
         return "- **Git commit:** not recorded (this study's manifest predates the `git_commit` field)"
     commits = [c for c in manifest.get("git_commits") or [] if isinstance(c, str)]
     if len(commits) > 1:
@@ -390,11 +395,12 @@ def write_run_log(records: list[dict[str, Any]], path: str | Path) -> Path:
         cols: dict[str, list[Any]] = {}
         for k in keys:
             vals = [r.get(k) if k in ("step", "loss", "lr", "elapsed") else r.get("metrics", {}).get(k) for r in recs]
-            cols[k] = [float(f"{v:.9g}") if isinstance(v, float) else v for v in vals]
+            # strict JSON (as every run file): a NaN or infinite value (a diverged loss) is null, as in metrics.jsonl
+            cols[k] = [(float(f"{v:.9g}") if math.isfinite(v) else None) if isinstance(v, float) else v for v in vals]
         out[split] = cols
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, separators=(",", ":")))
+    write_text_atomic(path, json.dumps(out, separators=(",", ":"), allow_nan=False))
     return path
 
 

@@ -64,6 +64,15 @@ def _reach_steps_cell(row: Mapping[str, Any]) -> str:
     return f"{statistics.fmean(hit):.0f}{spread} ({len(hit)} of {len(steps)})"
 
 
+def _pairs_note(c: Any, row: Mapping[str, Any], rows: list[dict[str, Any]], baseline: str) -> str:
+    """``" (k paired)"`` when the contrast of ``row`` pairs fewer seeds than it or the baseline has (a seed missing,
+    failed or non-finite on one side): its Δ, df and p are over those ``k`` common seeds, not the ``n`` shown."""
+    if c is None or c.diff.n is None:
+        return ""
+    base = next((b for b in rows if b["operator"] == baseline), {})
+    return f" ({c.diff.n} paired with {baseline})" if c.diff.n < max(row["n"], base.get("n", 0)) else ""
+
+
 def _contrast_cells(c: Any, digits: int, compact: bool) -> list[str]:
     """``Δ | 95% CI | [df |] p | [p Wilcoxon |] p Holm`` of a contrast (p Holm bold below 0.05)."""
     from diffusionformer.experiments.compare import format_ci, format_p, format_signed
@@ -134,6 +143,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
         for r in rows:
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
             failed += f" ({r['non_finite']} non-finite)" if r.get("non_finite") else ""
+            failed += _pairs_note(found.get((task.name, r["operator"], "final")), r, rows, baseline)
             cells = [r["operator"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", *stat_cells(task.name, r["operator"], "final", 4),
                      f"{r['n']}{failed}", str(r["num_parameters"] or "n/a"), _fmt(r["elapsed_mean"], 1)]
             lines.append("| " + " | ".join(cells) + " |")
