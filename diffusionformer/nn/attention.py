@@ -305,6 +305,9 @@ class DiffusionAttention(nn.Module):
             raise TypeError(f"expected nn.MultiheadAttention, got {type(mha).__name__}")
         if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
             raise ValueError("only MultiheadAttention with kdim == vdim == embed_dim, no bias_k/bias_v, no add_zero_attn")
+        if kwargs.get("num_kv_heads") not in (None, mha.num_heads):  # else a shape error from copy_ below
+            raise ValueError(f"num_kv_heads={kwargs['num_kv_heads']!r}: nn.MultiheadAttention has a key and a value per "
+                             f"head, so the layer takes num_kv_heads=None or num_heads={mha.num_heads}")
         bias = mha.in_proj_bias is not None
         layer = cls(mha.embed_dim, mha.num_heads, heads, bias=bias, dropout=mha.dropout, **kwargs)
         layer = layer.to(mha.in_proj_weight.device, mha.in_proj_weight.dtype)
@@ -445,6 +448,12 @@ class DiffusionAttention(nn.Module):
                     # what _forward_dense would decide, without its frame
                     return self._forward_affine(x, self.causal, self._call_dropout(), state, positions)
                 return self._forward_dense(x, None, None, return_intermediates, state=state, positions=positions)
+            if edge_index is None and x.dim() == 3 and 0 in x.shape[:2]:
+                # no sequences (or no tokens): an AttentionGraph needs B, N >= 1, yet the call without the shorthands
+                # runs; the masks are checked as for any other x (by _forward_dense)
+                _check_is_causal(is_causal)
+                return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates, is_causal, state,
+                                           positions)
             graph = self.graph_from_arguments(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                                               edge_index=edge_index, is_causal=is_causal)
         elif key_padding_mask is not None or attn_mask is not None or edge_index is not None or is_causal:
@@ -541,7 +550,9 @@ class DiffusionAttention(nn.Module):
                 raise TypeError(f"attn_mask must be bool (True = attend) or floating point, got {attn_mask.dtype}")
         if key_padding_mask is not None:
             if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
-                raise TypeError("key_padding_mask must be a bool tensor (True = padding)")
+                raise TypeError("key_padding_mask must be a bool tensor (True = padding), got "
+                                + (str(key_padding_mask.dtype) if isinstance(key_padding_mask, Tensor)
+                                   else type(key_padding_mask).__name__))
             if key_padding_mask.shape != (B, N):
                 raise ValueError(f"key_padding_mask must have shape (B, N) = {(B, N)}, got {tuple(key_padding_mask.shape)}")
             keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, N)
@@ -683,7 +694,7 @@ class DiffusionAttention(nn.Module):
         N, D = x.shape
         q, k, v = self._project(x, positions)  # (N, H, C)
         entered = state.enter(v.transpose(0, 1).unsqueeze(0)) if state is not None else (0, None)
-        dropout_p = self.dropout if self.training else 0.0
+        dropout_p = self._call_dropout()  # the attribute checked by its own name, as on the dense path
         out, alpha = diffuse_sparse_with_weights(
             q, k, v, edge_index, self._call_coefficients(False), num_nodes=N, scale=self._scale,
             degrees=self._degrees, dropout_p=dropout_p, backend="auto",

@@ -183,6 +183,9 @@ class Block(nn.Module):
         rotary: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 1:  # else an error from mlp_ratio's check
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        dim = int(dim)  # a numpy int from a sweep
         if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, numbers.Real):
             raise TypeError(f"mlp_ratio must be a float, got {type(mlp_ratio).__name__} ({mlp_ratio!r})")
         dropout = _check_rate(dropout, "dropout")
