@@ -514,7 +514,10 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
                 diff = compare_rows(row, base_row, key_values, folds=task.folds)
                 short = ""
                 if len(row[key_values]) < len(config.seeds) or len(base_row[key_values]) < len(config.seeds):
-                    short = f" [{len(row[key_values])} vs {len(base_row[key_values])} seeds]"
+                    na, nb = len(row[key_values]), len(base_row[key_values])
+                    # seeds 0, 1, 2 against 1, 2, 3: "3 vs 3" hides that Δ and p rest on the 2 seeds both have
+                    paired = f", {diff.n} paired" if diff.method != "Welch" and diff.n < min(na, nb) else ""
+                    short = f" [{na} vs {nb} seeds{paired}]"
                 cells[setting.name] = {"delta": None if diff.mean is None else sign * diff.mean, "p": diff.p,
                                        "primary": (task.name, setting.name) in primary, "short": short}
             metric = task.metric + (f" at best {task.select_by}" if selected and task.select_by else "")

@@ -263,7 +263,18 @@ def test_summary_table_a_setting_sharing_no_seed_with_the_baseline_is_n_a_not_ze
     raw = _raw(seeds=[0, 1, 2])
     values = {("attention", 0): 0.5, ("attention", 1): 0.6, ("lap", 2): 0.9}
     row = _summary(tmp_path, raw, values).splitlines()[2]
-    assert row == "| mk / digits | test_acc (0.5500) | n/a (p n/a; Holm n/a) [1 vs 2 seeds] |"
+    assert row == "| mk / digits | test_acc (0.5500) | n/a (p n/a; Holm n/a) [1 vs 2 seeds, 0 paired] |"
+
+
+def test_bug_summary_table_says_how_many_seeds_a_contrast_pairs(tmp_path):
+    """Bug: with seeds 0, 1, 2 for the baseline and 1, 2, 3 for a setting (each missing one seed of four), the cell
+    said "[3 vs 3 seeds]" while its difference and p rest on the 2 seeds both have (scipy's ttest_rel on those)."""
+    raw = _raw(seeds=[0, 1, 2, 3])
+    base, lap = {0: 0.5, 1: 0.6, 2: 0.55}, {1: 0.7, 2: 0.8, 3: 0.9}
+    values = {("attention", s): v for s, v in base.items()} | {("lap", s): v for s, v in lap.items()}
+    row = _summary(tmp_path, raw, values).splitlines()[2]
+    p = sps.ttest_rel([lap[1], lap[2]], [base[1], base[2]]).pvalue
+    assert row == f"| mk / digits | test_acc (0.5500) | +0.1750 (p {p:.3f}; Holm {p:.3f}) [3 vs 3 seeds, 2 paired] |"
 
 
 def test_summary_table_selected_gives_the_baseline_mean_of_the_selected_values(tmp_path):
