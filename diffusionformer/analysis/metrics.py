@@ -19,7 +19,6 @@ variation to measure, and no NaN escapes.
 
 from __future__ import annotations
 
-import difflib
 import numbers
 from dataclasses import asdict, dataclass
 
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.config import _check_flag, _value_type
+from diffusionformer.config import _check_flag, _choice_hint, _value_type
 from diffusionformer.ops._checks import check_index_range, checks_values
 
 __all__ = [
@@ -100,9 +99,7 @@ def _is_int(value: object) -> bool:
 def _check_choice(value: object, name: str, allowed: tuple[str, ...]) -> None:
     """``value`` must be one of ``allowed``: else a ValueError naming ``name``, with a "did you mean" when one is close."""
     if not isinstance(value, str) or value not in allowed:
-        close = difflib.get_close_matches(value, allowed, n=1) if isinstance(value, str) else []
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}{hint}")
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}{_choice_hint(value, allowed)}")
 
 
 def _check_reduction(reduction: str, allowed: tuple[str, ...] = _REDUCTIONS) -> None:

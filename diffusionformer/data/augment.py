@@ -173,7 +173,7 @@ def gaussian_blur(images: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
     if not sigma.is_floating_point() and sigma.dtype != torch.int64 and sigma.dtype != torch.int32:
         raise TypeError(f"gaussian_blur: sigma must be a real tensor of widths in pixels, got {sigma.dtype}")
     if sigma.device.type == "cpu" and not torch.compiler.is_compiling():  # on CPU, where it costs no sync
-        bad = ~((sigma >= 0) & torch.isfinite(sigma.double()))
+        bad = ~((sigma >= 0) & torch.isfinite(sigma))
         if bool(bad.any()):  # a negative width was clamped to no blur, a NaN one gave NaN images
             raise ValueError(f"gaussian_blur: sigma must be finite and >= 0, got {sigma[bad][:4].tolist()} "
                              f"(image {int(bad.nonzero()[0])} first)")

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import _choice_hint, _value_type, config_from_dict
+from diffusionformer.config import _check_flag, _choice_hint, _value_type, config_from_dict
 from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
 from diffusionformer.data.ssl import SSLConfig
 from diffusionformer.experiments._metrics import _num_correct
@@ -79,8 +79,7 @@ class ClassificationTask:
         pad, flip = augment.get("crop_padding", 0), augment.get("flip", False)
         if isinstance(pad, bool) or not isinstance(pad, numbers.Integral) or pad < 0:  # int(1.5) would pad 1, silently
             raise ValueError(f"augment: crop_padding must be an int >= 0, got {_value_type(pad)} ({pad!r})")
-        if not isinstance(flip, bool):  # bool("no") is True: every batch flipped; a numpy bool is refused as every flag
-            raise TypeError(f"augment: flip must be a bool, got {_value_type(flip)} ({flip!r})")
+        _check_flag(flip, "augment: flip")
         if augment and data.x_train.dim() != 4:
             raise ValueError(f"augment needs images (N, C, H, W), got training data of shape {tuple(data.x_train.shape)}")
         self.augment = augment

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numbers
 
-from diffusionformer.config import _check_flag as _config_check_flag
 from diffusionformer.config import _choice_hint
 
 __all__ = ["LAYOUTS", "check_int", "check_layout"]
@@ -21,12 +20,6 @@ def check_int(name: str, value: object, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
-
-
-def _check_flag(name: str, value: object) -> bool:
-    """``value`` if it is a Python bool, else a TypeError naming ``name`` and the full type (``bool("no")`` is True;
-    a numpy bool is refused as every flag of the package, named ``numpy.bool``)."""
-    return _config_check_flag(value, name)
 
 
 def check_layout(layout: object) -> str:

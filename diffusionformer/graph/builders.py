@@ -13,8 +13,8 @@ import numbers
 import torch
 from torch import Tensor
 
-from diffusionformer.config import _choice_hint
-from diffusionformer.graph._checks import _check_flag, check_int, check_layout
+from diffusionformer.config import _check_flag, _choice_hint
+from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph._structure import replicate_edges, structural_edges
 from diffusionformer.graph.core import AttentionGraph
 
@@ -36,7 +36,7 @@ def _sequence_graph(
 ) -> AttentionGraph:
     N = check_int("N", N, 1)
     check_layout(layout)
-    _check_flag("self_loops", self_loops)
+    _check_flag(self_loops, "self_loops")
     if key_padding_mask is not None and not isinstance(key_padding_mask, Tensor):  # before .to / .device
         raise TypeError("key_padding_mask must be a bool tensor of shape (B, N), got "
                         f"{type(key_padding_mask).__name__}")
@@ -228,8 +228,8 @@ def grid(
     """
     h, w = _check_grid(h, w, radius, metric)
     check_layout(layout)
-    _check_flag("self_loops", self_loops)
-    _check_flag("cls_token", cls_token)
+    _check_flag(self_loops, "self_loops")
+    _check_flag(cls_token, "cls_token")
     dev = torch.device(device) if device is not None else torch.device("cpu")
     P = h * w
     off = 1 if cls_token else 0

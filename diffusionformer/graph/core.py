@@ -23,7 +23,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from diffusionformer.graph._checks import LAYOUTS, _check_flag, check_int, check_layout
+from diffusionformer.config import _check_flag
+from diffusionformer.graph._checks import LAYOUTS, check_int, check_layout
 from diffusionformer.graph._structure import (
     replicate_edges,
     structural_edges,
@@ -199,7 +200,7 @@ class AttentionGraph:
         object.__setattr__(self, name, value)
 
     def _validate_dense(self) -> None:
-        _check_flag("checked", self.checked)
+        _check_flag(self.checked, "checked")
         if not self.checked:
             raise ValueError("checked=False applies to sparse graphs (it defers the edge_index bounds check)")
         for name in ("edge_index", "num_nodes", "batch"):
@@ -211,7 +212,7 @@ class AttentionGraph:
         N = check_int("seq_len", self.seq_len, 1)
         self._set("seq_len", N)  # a numpy int as the Python int it equals
         B = None if self.batch_size is None else check_int("batch_size", self.batch_size, 1)
-        _check_flag("causal", self.causal)
+        _check_flag(self.causal, "causal")
         if self.window is not None:
             self._set("window", check_int("window", self.window, 0))
         if self.key_padding_mask is not None:
@@ -246,7 +247,7 @@ class AttentionGraph:
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} belongs to the dense layout; a sparse AttentionGraph takes edge_index, "
                                  "num_nodes, batch and batch_size")
-        if _check_flag("causal", self.causal):
+        if _check_flag(self.causal, "causal"):
             raise ValueError("causal belongs to the dense layout; a sparse graph is causal by its edges "
                              "(or use DiffusionAttention(causal=True))")
         if self.edge_index is None:
@@ -259,7 +260,7 @@ class AttentionGraph:
             batch = _check_index_tensor("batch", self.batch, "(num_nodes,)")
             if batch.dim() != 1:
                 raise ValueError(f"batch must have shape (num_nodes,), got {tuple(batch.shape)}")
-        _check_flag("checked", self.checked)
+        _check_flag(self.checked, "checked")
         G = None if self.batch_size is None else check_int("batch_size", self.batch_size, 1)
         if batch is None and G not in (None, 1):
             raise ValueError(f"batch_size={G} graphs needs a batch vector assigning nodes to graphs")

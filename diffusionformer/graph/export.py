@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 from torch import Tensor
 
-from diffusionformer.config import _choice_hint, _value_type
+from diffusionformer.config import _check_flag, _choice_hint
 from diffusionformer.graph._checks import check_int
 from diffusionformer.graph.core import AttentionGraph
 
@@ -213,8 +213,7 @@ def grid_layout(h: int, w: int, *, cls_token: bool = False) -> dict[int, tuple[f
         {0: (-1.5, 0.0), 1: (0.0, 0.0), 2: (1.0, 0.0)}
     """
     h, w = check_int("h", h, 1), check_int("w", w, 1)
-    if not isinstance(cls_token, bool):  # as grid(): a truthy string would add a class token
-        raise TypeError(f"cls_token must be a bool, got {_value_type(cls_token)} ({cls_token!r})")
+    _check_flag(cls_token, "cls_token")
     off = 1 if cls_token else 0
     pos = {n + off: (float(n % w), float(-(n // w))) for n in range(h * w)}
     if cls_token:

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.config import _choice_hint
-from diffusionformer.graph._checks import _check_flag, check_int, check_layout
+from diffusionformer.config import _check_flag, _choice_hint
+from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.ops._checks import checks_values
 
@@ -76,7 +76,7 @@ def knn(
     check_layout(layout)
     if metric not in KNN_METRICS:
         raise ValueError(f"metric must be one of {KNN_METRICS}, got {metric!r}{_choice_hint(metric, KNN_METRICS)}")
-    _check_flag("self_loops", self_loops)
+    _check_flag(self_loops, "self_loops")
     if x.device.type == "meta":  # else an unclear Tensor.item() error from the size checks below
         raise ValueError("x is on the meta device: knn reads the values of x to choose neighbours, and a meta "
                          "tensor has none")

@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import _python_numbers, _value_type, document_fields
-from diffusionformer.graph._checks import _check_flag
+from diffusionformer.config import _check_flag, _python_numbers, _value_type, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
@@ -141,7 +140,7 @@ class DiffusionGPT(nn.Module):
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Parameter count (shared weights counted once); optionally without position embeddings."""
-        _check_flag("exclude_embeddings", exclude_embeddings)
+        _check_flag(exclude_embeddings, "exclude_embeddings")
         n = sum(p.numel() for p in self.parameters())
         return n - self.pos_emb.weight.numel() if exclude_embeddings and self.pos_emb is not None else n
 
@@ -170,7 +169,7 @@ class DiffusionGPT(nn.Module):
                 outside ``[0, vocab_size)`` (checked only there: on an accelerator the check
                 would synchronise with the host every step).
         """
-        _check_flag("return_intermediates", return_intermediates)
+        _check_flag(return_intermediates, "return_intermediates")
         self._check_idx(idx)
         B, T = idx.shape
         if T > self.config.block_size:

@@ -10,8 +10,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 from torch_geometric.utils import add_self_loops, remove_self_loops, to_dense_batch
 
-from diffusionformer.config import _choice_hint, _python_numbers, document_fields
-from diffusionformer.graph._checks import _check_flag
+from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
@@ -177,7 +176,7 @@ class GraphBlock(nn.Module):
                  attn_dropout: float = 0.0, global_attention: bool = False, norm_layer: str = "layernorm",
                  edge_dim: int | None = None) -> None:
         super().__init__()
-        _check_flag("GraphBlock: global_attention", global_attention)
+        _check_flag(global_attention, "GraphBlock: global_attention")
         _check_mlp_ratio("GraphBlock", dim, mlp_ratio)
         self.norm1 = make_norm(norm_layer, dim)
         self.attn = DiffusionAttention(dim, num_heads, heads, dropout=attn_dropout)
@@ -356,7 +355,7 @@ class DiffusionGraphTransformer(nn.Module):
             return_intermediates: also return the residual stream after every block.
         """
         c = self.config
-        _check_flag("return_intermediates", return_intermediates)
+        _check_flag(return_intermediates, "return_intermediates")
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
         N = x.shape[0]

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch  # noqa: F401  (doctests)
 from torch import nn
 
-from diffusionformer.config import _value_type, config_from_dict
+from diffusionformer.config import _check_flag, config_from_dict
 from diffusionformer.data.ssl import SSLConfig
 from diffusionformer.models.dino import DINO, DINOConfig
 from diffusionformer.models.gcn import GCN, GCNConfig
@@ -92,8 +92,7 @@ def split_task_settings(name: str, overrides: dict[str, Any], *, warn: bool = Tr
     """``(model overrides, task settings)``: the keys of ``overrides`` that are fields of preset
     ``name``'s ``task_config_cls`` (e.g. DINO's views and k-NN settings, once ``DINOConfig``
     fields) split off, with a ``DeprecationWarning`` when there are any and ``warn``."""
-    if not isinstance(warn, bool):  # "no" would read as True; a numpy bool is refused as every flag
-        raise TypeError(f"split_task_settings: warn must be a bool, got {_value_type(warn)} ({warn!r})")
+    _check_flag(warn, "split_task_settings: warn")
     preset = get_preset(name)
     if preset.task_config_cls is None:
         return dict(overrides), {}

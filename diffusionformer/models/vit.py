@@ -9,8 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.config import _choice_hint, _python_numbers, _value_type, document_fields
-from diffusionformer.graph._checks import _check_flag
+from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, _value_type, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
@@ -182,7 +181,7 @@ class DiffusionViT(nn.Module):
 
     def forward_tokens(self, x: Tensor, *, return_intermediates: bool = False, **attn_kwargs: Any) -> Any:
         """All output tokens after the final norm (class token first when ``pool="cls"``)."""
-        _check_flag("return_intermediates", return_intermediates)
+        _check_flag(return_intermediates, "return_intermediates")
         z = self._embed(x)
         if self.config.rope and "positions" not in attn_kwargs:
             attn_kwargs["positions"] = self.token_positions(z.device)

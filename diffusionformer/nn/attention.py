@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import _value_type
+from diffusionformer.config import _check_flag
 from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn._skip import is_noop
@@ -142,8 +142,7 @@ class DiffusionAttention(nn.Module):
         if dim % num_heads != 0:
             raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
         for name, flag in (("causal", causal), ("qk_norm", qk_norm), ("bias", bias), ("recompute", recompute)):
-            if not isinstance(flag, bool):  # "no" would read as True; a numpy bool is refused as every flag
-                raise TypeError(f"{name} must be a bool, got {_value_type(flag)} ({flag!r})")
+            _check_flag(flag, name)  # "no" would read as True; a numpy bool is refused as every flag
         dropout = check_dropout(dropout, "dropout")
         if backend not in DENSE_BACKENDS:
             raise ValueError(f"backend must be one of {DENSE_BACKENDS}, got {backend!r}" + _backend_hint(
@@ -754,8 +753,7 @@ def set_recompute(module: nn.Module, enabled: bool = True) -> int:
         >>> set_recompute(DiffusionGPT(GPTConfig(vocab_size=10, n_layer=2, laplacian_heads=2)))
         2
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {_value_type(enabled)} ({enabled!r})")
+    _check_flag(enabled, "enabled")
     layers = [m for m in module.modules() if isinstance(m, DiffusionAttention)]
     for m in layers:
         m.recompute = enabled

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.config import _choice_hint, _value_type
+from diffusionformer.config import _check_flag, _choice_hint
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn.attention import DiffusionAttention
@@ -79,8 +79,7 @@ class Mlp(nn.Module):
         elif isinstance(hidden_dim, bool) or not isinstance(hidden_dim, numbers.Integral) or hidden_dim < 1:
             raise ValueError(f"Mlp: hidden_dim must be a positive int or None, got {hidden_dim!r}")
         hidden_dim = int(hidden_dim)  # a numpy int from a sweep
-        if not isinstance(bias, bool):  # nn.Linear(bias="no") would add a bias; a numpy bool is refused as every flag
-            raise TypeError(f"Mlp: bias must be a bool, got {_value_type(bias)} ({bias!r})")
+        _check_flag(bias, "Mlp: bias")
         dropout = _check_rate(dropout, "Mlp: dropout")
         self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
         self.act = act_layer()

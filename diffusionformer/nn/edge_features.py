@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.config import _value_type
+from diffusionformer.config import _check_flag
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.ops import propagate_sparse, segment_softmax
 from diffusionformer.ops._checks import check_tensor
@@ -46,8 +46,7 @@ def edge_feature_attention(
     """
     if not isinstance(layer, DiffusionAttention):
         raise TypeError(f"layer must be a DiffusionAttention, got {type(layer).__name__}")
-    if not isinstance(return_weights, bool):
-        raise TypeError(f"return_weights must be a bool, got {_value_type(return_weights)} ({return_weights!r})")
+    _check_flag(return_weights, "return_weights")
     layer._check_plan()  # the operators may have been replaced since the layer's plan was made
     if layer.causal:
         raise ValueError("edge_feature_attention: expected a non-causal layer (graphs have no token order)")

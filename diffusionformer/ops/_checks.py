@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import Tensor
 
-from diffusionformer.config import _value_type
+from diffusionformer.config import _check_flag
 from diffusionformer.ops.engine import static_coefficients
 
 
@@ -64,8 +64,7 @@ def _check_is_causal(is_causal: object) -> bool:
         Traceback (most recent call last):
         TypeError: is_causal must be a bool, got int (1)
     """
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {_value_type(is_causal)} ({is_causal!r})")
+    _check_flag(is_causal, "is_causal")
     return is_causal
 
 

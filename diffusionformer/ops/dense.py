@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.config import _value_type
+from diffusionformer.config import _check_flag
 from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
 from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton_unsupported
 from diffusionformer.ops.engine import (
@@ -497,8 +497,7 @@ def diffuse_with_weights(
     dropout_p = check_dropout(dropout_p)
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
-    if not isinstance(need_weights, bool):
-        raise TypeError(f"need_weights must be a bool, got {_value_type(need_weights)} ({need_weights!r})")
+    _check_flag(need_weights, "need_weights")
     return _diffuse_checked(q, k, v, coeffs, attn_mask, is_causal, scale, backend, degrees, dropout_p, need_weights)
 
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.config import _value_type
+from diffusionformer.config import _check_flag
 from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_dropout, check_index_range, check_layout, check_scale, check_tensor
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
@@ -375,8 +375,7 @@ def diffuse_sparse_with_weights(
         raise ValueError(f"v must be on the device of q ({q.device}), got {v.device}")
     dropout_p = check_dropout(dropout_p)
     _check_is_causal(is_causal)
-    if not isinstance(need_weights, bool):
-        raise TypeError(f"need_weights must be a bool, got {_value_type(need_weights)} ({need_weights!r})")
+    _check_flag(need_weights, "need_weights")
     _use_csr(backend)  # validates the name
     H = q.shape[1]
     coeffs, degrees = check_layout(coeffs, degrees, H, v)

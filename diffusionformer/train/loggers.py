@@ -22,7 +22,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .metrics import METRICS_NAME, MetricsLog, _atomic_file, _check_flag
+from diffusionformer.config import _check_flag
+
+from .metrics import METRICS_NAME, MetricsLog, _atomic_file
 
 __all__ = [
     "CSV_NAME",
@@ -144,7 +146,7 @@ class CSVLog:
 
     def __init__(self, path: str | os.PathLike[str], *, active: bool = True) -> None:
         self.path = Path(path)
-        self.active = _check_flag("CSVLog", "active", active)
+        self.active = _check_flag(active, "CSVLog: active")
         self._columns: list[str] | None = None
 
     def _read(self) -> tuple[list[str] | None, list[dict[str, str]]]:
@@ -226,7 +228,7 @@ class TensorBoardLog:
 
     def __init__(self, log_dir: str | os.PathLike[str], *, active: bool = True) -> None:
         self.log_dir = Path(log_dir)
-        self.active = _check_flag("TensorBoardLog", "active", active)
+        self.active = _check_flag(active, "TensorBoardLog: active")
         self._purge_step: int | None = None
         self._writer: Any = None
         self._writer_cls: Any = None
@@ -313,7 +315,7 @@ def open_loggers(names: Sequence[str], out_dir: str | os.PathLike[str], *, activ
         ...     read_metrics_csv(d)[0]["metrics"], sorted(p.name for p in Path(d).iterdir())
         ({'acc': 1.0}, ['metrics.csv', 'metrics.jsonl'])
     """
-    _check_flag("open_loggers", "active", active)
+    _check_flag(active, "open_loggers: active")
     if isinstance(names, str):  # else read letter by letter: "got 'j'"
         raise TypeError(f"loggers: expected a list of names from {LOGGER_CHOICES}, got the str {names!r}")
     names = list(names)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from diffusionformer._files import set_new_file_mode
-from diffusionformer.config import _check_flag as _config_check_flag
+from diffusionformer.config import _check_flag
 
 __all__ = ["METRICS_NAME", "MetricsLog", "read_metrics", "write_json_atomic", "write_text_atomic"]
 
@@ -34,12 +34,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def _check_flag(where: str, name: str, value: Any) -> bool:
-    """``value`` if it is a Python bool, else a ``TypeError`` ``"<where>: <name> must be a bool, got ..."`` naming
-    the full type (``bool("no")`` is True; a numpy bool is refused as every flag of the package, named ``numpy.bool``)."""
-    return _config_check_flag(value, f"{where}: {name}")
 
 
 @contextlib.contextmanager
@@ -146,7 +140,7 @@ class MetricsLog:
 
     def __init__(self, path: str | os.PathLike[str], *, active: bool = True) -> None:
         self.path = Path(path)
-        self.active = _check_flag("MetricsLog", "active", active)
+        self.active = _check_flag(active, "MetricsLog: active")
         self._file: TextIO | None = None
 
     def truncate(self, max_step: int) -> int:
