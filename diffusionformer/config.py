@@ -103,8 +103,8 @@ def _value_type(value: Any) -> str:
 def _check_flag(value: Any, name: str) -> bool:
     """``value`` if it is a Python bool, else a TypeError ``"<name> must be a bool, got <type> (<value>)"``: a string
     ``"no"`` is truthy and would switch the option on, and a numpy bool is refused too, named ``numpy.bool`` (not the
-    contradictory "must be a bool, got bool"). The one flag check of the package: the modules' own ``_check_flag``
-    helpers call it with their prefix in ``name``.
+    contradictory "must be a bool, got bool"). The one flag check of the package; a caller puts its prefix in ``name``
+    (``"MetricsLog: active"``).
 
     Examples:
         >>> _check_flag(True, "pool")
