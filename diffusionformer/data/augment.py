@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.config import _value_type
+from diffusionformer.config import _check_flag
 
 from .splits import _require_generator
 
@@ -377,8 +377,7 @@ def random_crop_flip(images: Tensor, generator: torch.Generator, *, padding: int
     if isinstance(padding, bool) or not isinstance(padding, numbers.Integral) or padding < 0:
         raise ValueError(f"random_crop_flip: padding must be an int >= 0, got {padding!r}")
     padding = int(padding)
-    if not isinstance(flip, bool):  # "no" would read as True; a numpy bool is refused as every flag of the package
-        raise TypeError(f"random_crop_flip: flip must be a bool, got {_value_type(flip)} {flip!r}")
+    _check_flag(flip, "random_crop_flip: flip")
     _require_generator(generator, "random_crop_flip")
     B, C, H, W = images.shape
     offsets = torch.randint(0, 2 * padding + 1, (B, 2), generator=generator)

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
 
-from diffusionformer.config import _python_numbers, _value_type, document_fields
+from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.ops.sparse import check_edge_index
-from diffusionformer.models.common import (_check_graph_devices, _check_graph_task, _readout_batch, check_positive_int,
+from diffusionformer.models.common import (_check_bools, _check_graph_devices, _check_graph_task, _readout_batch, check_positive_int,
                                            check_probability)
 
 __all__ = ["GIN", "GINConfig"]
@@ -40,8 +40,7 @@ class GINConfig:
             raise ValueError(f"GINConfig.num_layers must be >= 2 (input layer + at least one convolution), got {self.num_layers}")
         check_probability("GINConfig", dropout=self.dropout)
         _check_graph_task("GINConfig", self.task, self.pool)
-        if not isinstance(self.train_eps, bool):  # "no" would read as True; a numpy bool is refused as every flag
-            raise TypeError(f"GINConfig.train_eps: expected bool, got {_value_type(self.train_eps)} {self.train_eps!r}")
+        _check_bools("GINConfig", train_eps=self.train_eps)
 
 
 class GIN(nn.Module):

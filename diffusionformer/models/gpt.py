@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import _check_flag, _python_numbers, _value_type, document_fields
+from diffusionformer.config import _check_flag, _python_numbers, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
@@ -296,8 +296,7 @@ class DiffusionGPT(nn.Module):
         max_new_tokens, temperature = int(max_new_tokens), float(temperature)
         top_k = None if top_k is None else int(top_k)
         top_p = None if top_p is None else float(top_p)
-        if not isinstance(use_cache, bool):  # a numpy bool too, as every flag of the package; named as one
-            raise TypeError(f"use_cache must be a bool, got {_value_type(use_cache)} {use_cache!r}")
+        _check_flag(use_cache, "use_cache")
         # checked before any token is drawn: greedy decoding and max_new_tokens=0 never reach the sampler
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {generator!r}")

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, _value_type, document_fields
+from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
@@ -276,8 +276,7 @@ def attention_rollout(maps: list[Tensor], residual: float = 0.5, normalize: bool
         raise ValueError("attention_rollout: expected at least one layer's maps, got none")
     if isinstance(residual, bool) or not isinstance(residual, (int, float)) or not 0.0 < residual <= 1.0:
         raise ValueError(f"attention_rollout: expected residual in (0, 1], got {residual!r}")
-    if not isinstance(normalize, bool):  # "no" would read as True; a numpy bool is refused as every flag
-        raise TypeError(f"attention_rollout: expected normalize a bool, got {_value_type(normalize)} {normalize!r}")
+    _check_flag(normalize, "attention_rollout: normalize")
     rollout = None
     for A in maps:
         if A.dim() != 4 or A.shape[-1] != A.shape[-2]:

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import torch
 
-from diffusionformer.config import _choice_hint, _value_type
+from diffusionformer.config import _check_flag, _choice_hint
 
 __all__ = ["assert_same_checkpoint_weights", "interrupt_on_call"]
 
@@ -53,8 +53,7 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
     call = int(call)  # a numpy int as the int it equals
     if call < 1:
         raise ValueError(f"call must be >= 1, got {call}")
-    if not isinstance(after, bool):  # "no" would read as True; a numpy bool is refused as every flag of the package
-        raise TypeError(f"after must be a bool, got {_value_type(after)} {after!r}")
+    _check_flag(after, "after")
     if not isinstance(name, str):
         raise TypeError(f"name must be a str (the method's name), got {type(name).__name__} {name!r}")
     if not hasattr(owner, name):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffusionformer.config import _value_type
+from diffusionformer.config import _check_flag
 from diffusionformer.graph._checks import check_int
 from diffusionformer.ops.sparse import check_edge_index
 
@@ -21,8 +21,7 @@ def complete_edge_index(num_nodes: int, *, self_loops: bool = True, device: torc
                 [0, 0, 1, 1]])
     """
     num_nodes = check_int("num_nodes", num_nodes, 0)
-    if not isinstance(self_loops, bool):  # "no" would read as True; a numpy bool is refused as every flag
-        raise TypeError(f"self_loops must be a bool, got {_value_type(self_loops)} {self_loops!r}")
+    _check_flag(self_loops, "self_loops")
     i, j = torch.meshgrid(torch.arange(num_nodes, device=device), torch.arange(num_nodes, device=device), indexing="ij")
     keep = torch.ones_like(i, dtype=torch.bool) if self_loops else i != j
     return torch.stack([j[keep], i[keep]])

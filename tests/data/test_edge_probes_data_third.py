@@ -275,7 +275,7 @@ def test_bug_interrupt_on_call_reads_numpy_calls_and_checks_its_flag_and_name():
         with pytest.raises(KeyboardInterrupt):
             Task().loss()
     assert seen["calls"] == 2
-    with pytest.raises(TypeError, match=r"after must be a bool, got str 'no'"):
+    with pytest.raises(TypeError, match=r"after must be a bool, got str \('no'\)"):
         with interrupt_on_call(Task, "loss", 1, after="no"):  # type: ignore[arg-type]
             pass
     with pytest.raises(TypeError, match=r"after must be a bool, got numpy.bool"):
@@ -325,7 +325,7 @@ def test_bug_graph_helpers_check_flags_sizes_seeds_and_dtypes():
     """Bug: ``complete_edge_index(self_loops="no")`` kept the self-loops; ``random_qkv(seed=np.int64(3))`` died in
     ``manual_seed`` ("an integer is required"), a float or bool size gave torch's argument dump, an integer dtype
     "normal_kernel_cpu not implemented for 'Long'"."""
-    with pytest.raises(TypeError, match="self_loops must be a bool, got str 'no'"):
+    with pytest.raises(TypeError, match=r"self_loops must be a bool, got str \('no'\)"):
         complete_edge_index(2, self_loops="no")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="self_loops must be a bool, got numpy.bool"):
         complete_edge_index(2, self_loops=np.bool_(False))  # type: ignore[arg-type]

@@ -119,9 +119,9 @@ def test_bug_attention_rollout_normalize_refuses_non_bools():
     """Bug: ``attention_rollout(maps, normalize="no")`` renormalised the rows (a truthy string) and a numpy bool
     passed; both are refused now, naming ``normalize`` and the full type."""
     P = torch.tensor([[[[0.5, 0.5], [0.0, 1.0]]]])
-    with pytest.raises(TypeError, match=r"^attention_rollout: expected normalize a bool, got str 'no'$"):
+    with pytest.raises(TypeError, match=r"^attention_rollout: normalize must be a bool, got str \('no'\)$"):
         attention_rollout([P], normalize="no")
-    with pytest.raises(TypeError, match=r"got numpy\.bool_? np\.False_$"):
+    with pytest.raises(TypeError, match=r"got numpy\.bool_? \(np\.False_\)$"):
         attention_rollout([P], normalize=np.False_)
     torch.testing.assert_close(attention_rollout([P], residual=1.0, normalize=False), P[:, 0])
 
@@ -218,9 +218,9 @@ def test_bug_random_crop_flip_flip_refuses_non_bools():
     both are refused now, naming ``flip`` and the full type."""
     x = torch.arange(16.0).view(1, 1, 4, 4)
     g = torch.Generator().manual_seed(0)
-    with pytest.raises(TypeError, match=r"^random_crop_flip: flip must be a bool, got str 'no'$"):
+    with pytest.raises(TypeError, match=r"^random_crop_flip: flip must be a bool, got str \('no'\)$"):
         random_crop_flip(x, g, padding=0, flip="no")
-    with pytest.raises(TypeError, match=r"got numpy\.bool_? np\.False_$"):
+    with pytest.raises(TypeError, match=r"got numpy\.bool_? \(np\.False_\)$"):
         random_crop_flip(x, g, padding=0, flip=np.False_)
 
 
