@@ -133,7 +133,9 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
 
     The files of ``<docs_dir>/<name>/`` are copied into ``<docs_dir>/.<name>.publishing/``
     first, which replaces the earlier folder only once complete: a copy that fails half-way
-    (a truncated figure, a full disk) leaves the earlier published files as they were.
+    (a truncated figure, a full disk) leaves the earlier published files as they were. The
+    earlier folder steps aside as ``.<name>.previous/`` until the copy has its name; a publish
+    killed between the two renames has its files put back by the next ``publish``.
 
     Raises:
         FileNotFoundError: the comparison has no ``results.json`` yet (run it first).
@@ -151,17 +153,28 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
     analysis = src / "analysis"
     if not in_place:  # copied into a folder beside it that replaces it once whole: a failure keeps the earlier files
-        stage = docs / f".{config.name}.publishing"
-        if stage.exists():  # left by a publish that failed
-            shutil.rmtree(stage)
+        stage, previous = docs / f".{config.name}.publishing", docs / f".{config.name}.previous"
+        if previous.exists() and not dst.exists():  # a publish killed between its two renames: put the files back
+            previous.rename(dst)
+        for left in (stage, previous):  # left by a publish that failed
+            if left.exists():
+                shutil.rmtree(left)
         try:
             _copy_files(src, stage, runs)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
+        # two renames, never a moment without the published files: the earlier folder steps aside (kept under
+        # a hidden name until the new one is in place), the complete copy takes its name
         if dst.exists():
-            shutil.rmtree(dst)
-        stage.rename(dst)
+            dst.rename(previous)
+        try:
+            stage.rename(dst)
+        except BaseException:
+            if previous.exists() and not dst.exists():
+                previous.rename(dst)
+            raise
+        shutil.rmtree(previous, ignore_errors=True)
     logs = sorted((dst / "logs").rglob("*.json")) if (dst / "logs").is_dir() else []
 
     table = aggregate(runs)
