@@ -13,7 +13,10 @@ __all__ = ["to_device"]
 def to_device(batch: Any, device: torch.device) -> Any:
     """Recursively move the tensors of ``batch`` to ``device``.
 
-    Tensors are moved with ``non_blocking=True``; ``dict``/``list``/``tuple`` (named tuples
+    Tensors are moved with ``non_blocking=True`` to an accelerator (a copy that overlaps the
+    host's work; the device's stream orders it before any kernel reading it) and blocking to
+    the CPU (a non-blocking copy from a GPU may be read on the host before it has landed);
+    ``dict``/``list``/``tuple`` (named tuples
     included) are rebuilt; objects with a ``.to(device)`` method (e.g. a PyG ``Data``) are
     moved by it; other values (ints, strings, ``None``) are returned as they are.
 
@@ -27,7 +30,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
         (device(type='cpu'), 1)
     """
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        return batch.to(device, non_blocking=torch.device(device).type != "cpu")
     if isinstance(batch, Mapping):
         return {k: to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple

@@ -3,6 +3,8 @@
 - ``publish_experiment`` removed the earlier published folder, then renamed the complete copy into its place: a
   publish killed between the two left no published folder at all. The earlier folder now steps aside under a
   hidden name and comes back when the rename fails, or at the next ``publish`` after a hard kill.
+- ``to_device`` copied GPU tensors to the CPU with ``non_blocking=True`` (the host could read them before the copy
+  landed); copies to the CPU block now.
 """
 
 from __future__ import annotations
@@ -78,3 +80,26 @@ def test_bug_publish_after_a_hard_kill_between_the_renames_recovers_the_earlier_
         publish(cfg, out, docs)
     assert (docs / "probe" / "results.json").read_text() == before
     assert not list(docs.glob(".probe.*"))
+
+
+def test_bug_to_device_copies_to_the_cpu_blocking(monkeypatch):
+    """Bug: ``to_device`` moved every tensor with ``non_blocking=True``, also from a GPU to the CPU, where the host
+    may read the tensor before the copy has landed (PyTorch's docs: a device-to-host non-blocking copy needs a
+    synchronize). Copies to the CPU block now; copies to an accelerator stay non-blocking."""
+    import torch
+
+    from diffusionformer.train import to_device
+
+    seen = []
+    original = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        seen.append((str(args[0]), kwargs.get("non_blocking", False)))
+        return self if str(args[0]).startswith("cuda") else original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    out = to_device({"x": torch.ones(2), "y": [torch.zeros(1)]}, torch.device("cpu"))
+    to_device(torch.ones(1), "cuda:0")
+    monkeypatch.undo()
+    assert seen == [("cpu", False), ("cpu", False), ("cuda:0", True)]
+    assert torch.equal(out["x"], torch.ones(2)) and torch.equal(out["y"][0], torch.zeros(1))
