@@ -186,20 +186,20 @@ def test_init_distributed_under_torchrun_needs_a_torch_with_distributed(monkeypa
 
 
 def test_to_device_copies_tensors_without_blocking(monkeypatch):
-    """Kills batch.py ``batch.to(device, non_blocking=True)`` -> ``batch.to(device)`` (every host-to-GPU
+    """Kills batch.py ``batch.to(device, non_blocking=...)`` -> ``batch.to(device)`` (every host-to-GPU
     copy of a pinned batch then waited for the copy, serialising loading and compute). ``Tensor.to`` is
-    a stand-in that records its arguments, so no GPU is needed."""
+    a stand-in that records its arguments (and moves nothing), so no GPU is needed."""
     seen = []
-    real_to = torch.Tensor.to
+    cuda = torch.device("cuda", 0)
 
     def to(self, *args, **kwargs):
         seen.append((args, kwargs))
-        return real_to(self, *args, **kwargs)
+        return self
 
     monkeypatch.setattr(torch.Tensor, "to", to)
-    out = to_device({"x": torch.ones(2), "y": [torch.zeros(1)]}, CPU)
+    out = to_device({"x": torch.ones(2), "y": [torch.zeros(1)]}, cuda)
     assert out["x"].tolist() == [1.0, 1.0] and out["y"][0].tolist() == [0.0]
-    assert seen == [((CPU,), {"non_blocking": True})] * 2
+    assert seen == [((cuda,), {"non_blocking": True})] * 2
 
 
 # ----------------------------------------------------------------------------- equivalent mutants
