@@ -265,7 +265,8 @@ class DiffusionGPT(nn.Module):
         Args:
             idx: prompt ids ``(B, T0)``.
             max_new_tokens: number of tokens to append.
-            temperature: softmax temperature; ``0`` picks the most likely token (greedy).
+            temperature: softmax temperature; ``0`` picks the most likely token (greedy), ``inf``
+                samples uniformly among the tokens that ``top_k`` keeps.
             top_k: sample among the ``top_k`` most likely tokens only.
             generator: random generator for reproducible sampling.
             top_p: nucleus sampling: sample among the fewest most likely tokens whose probability
@@ -310,24 +311,30 @@ class DiffusionGPT(nn.Module):
         try:
             for _ in range(max_new_tokens):
                 if not use_cache:
-                    logits = self(idx[:, -block_size:])[0][:, -1, :].float()  # (B, V)
+                    logits = self(idx[:, -block_size:])[0][:, -1, :]  # (B, V)
                 elif cache is not None and cache[0].length < block_size:
-                    logits = self.forward_cached(idx[:, -1:], cache)[:, -1, :].float()
+                    logits = self.forward_cached(idx[:, -1:], cache)[:, -1, :]
                 else:  # first step, or the window slid: (re)build the cache from the context
                     cache = self.new_cache()
-                    logits = self.forward_cached(idx[:, -block_size:], cache)[:, -1, :].float()
+                    logits = self.forward_cached(idx[:, -block_size:], cache)[:, -1, :]
+                if logits.dtype in (torch.float16, torch.bfloat16):  # sampled in float32; float64 stays (a cast
+                    logits = logits.float()  # to float32 tied logits that differ in float64: greedy took the first)
                 if checks_values(logits) and bool(logits.isnan().any()):  # greedy took token 0, sampling failed in torch
                     raise ValueError(f"generate: the model's logits are NaN at new token {idx.shape[1] - T0} of "
                                      f"{max_new_tokens} (diverged or non-finite weights); no token can be chosen")
                 if temperature == 0:
                     nxt = logits.argmax(dim=-1, keepdim=True)
                 else:
-                    # shifted so the row maximum is 0: a tiny temperature gives -inf, never inf - inf = NaN;
-                    # and the maximum stays 0 where the temperature rounds to 0 in float32 (1e-300: 0 / 0)
-                    shifted = logits - logits.amax(dim=-1, keepdim=True)
-                    logits = torch.where(shifted == 0, 0.0, shifted / temperature)
+                    # top_k on the logits before they are scaled (the same tokens for any temperature > 0): a huge
+                    # temperature (inf, or above float32's range) scales every logit to 0, and all tokens tied with
+                    # the k-th were kept, the whole vocabulary
                     if top_k is not None:
                         logits = top_k_filter(logits, top_k)
+                    # shifted so the row maximum is 0: a tiny temperature gives -inf, never inf - inf = NaN;
+                    # and the maximum stays 0 where the temperature rounds to 0 in float32 (1e-300: 0 / 0);
+                    # removed tokens stay -inf (-inf / inf would be NaN)
+                    shifted = logits - logits.amax(dim=-1, keepdim=True)
+                    logits = torch.where((shifted == 0) | shifted.isneginf(), shifted, shifted / temperature)
                     if top_p is not None:
                         logits = top_p_filter(logits, top_p)
                     probs = torch.softmax(logits, dim=-1)

@@ -5,9 +5,10 @@ LayerScale, ``Block.drop_path`` without stochastic depth, ``DiffusionAttention.q
 q/k norm), so state dicts, ``repr`` and user code see the same names whatever the options.
 An off part is an :class:`torch.nn.Identity`, and calling one costs a module call (about a
 microsecond of Python per call, several per layer) for nothing. A layer skips such a module
-when skipping cannot be observed: the module is exactly ``nn.Identity`` (not a subclass) and no
-hook, its own or a global one, would run on the call (hooks such as those of model-summary
-tools still see every module).
+when skipping cannot be observed: the module is exactly ``nn.Identity`` (not a subclass), its
+``forward`` is the class's (not replaced on the instance, as ``accelerate``'s
+``add_hook_to_module`` does) and no hook, its own or a global one, would run on the call (hooks
+such as those of model-summary tools still see every module).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ __all__ = ["is_noop"]
 
 
 def is_noop(m: nn.Module) -> bool:
-    """Whether calling ``m`` would return its input and run nothing else: a hook-free ``nn.Identity``.
+    """Whether calling ``m`` would return its input and run nothing else: a hook-free ``nn.Identity``
+    whose ``forward`` was not replaced on the instance.
 
     The test of :meth:`torch.nn.Module.__call__` for "no hook to run" (the module's own hooks and
     the global ones of ``torch.nn.modules.module.register_module_*_hook``), written out: layers ask
@@ -32,7 +34,8 @@ def is_noop(m: nn.Module) -> bool:
         >>> is_noop(m)
         False
     """
-    return type(m) is nn.Identity and not (
+    # an instance attribute ``forward`` (a wrapper set by a tool) runs on the call: Module.__call__ reads self.forward
+    return type(m) is nn.Identity and "forward" not in m.__dict__ and not (
         m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
         or _module._global_forward_hooks or _module._global_forward_pre_hooks
         or _module._global_backward_hooks or _module._global_backward_pre_hooks

@@ -78,7 +78,7 @@ def edge_feature_attention(
     keys = k.index_select(0, src) + edge_keys.reshape(E, H, C)  # (E, H, C)
     scores = (q.index_select(0, dst) * keys).sum(-1) * C**-0.5  # (E, H)
     P = segment_softmax(scores, dst, N)
-    dropout_p = layer.dropout if layer.training else 0.0
+    dropout_p = layer._call_dropout()  # the settable attribute checked as the layer's own calls do
     coeffs = layer._coefficients().to(v.dtype)  # (H, K+1)
     out = coeffs[None, :, 0, None] * v
     cur = v

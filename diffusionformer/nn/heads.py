@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -71,13 +72,12 @@ def _split_count(item: str) -> tuple[str, int | None]:
             depth -= 1
         elif ch == ":" and depth == 0:
             count_text = item[i + 1 :].strip()
-            try:
-                count = int(count_text)
-            except ValueError:
-                raise ValueError(f"head count after ':' must be an integer, got {count_text!r} in {item!r}") from None
-            if count < 0:
-                raise ValueError(f"head count must be non-negative, got {count} in {item!r}")
-            return item[:i].strip(), count
+            # ASCII digits only: int() also read '1_0' (10), '+2', '\u0662' (an Arabic-Indic 2) and '-0' as counts
+            if re.fullmatch(r"-[0-9]+", count_text):
+                raise ValueError(f"head count must be non-negative, got {count_text} in {item!r}")
+            if not re.fullmatch(r"[0-9]+", count_text):
+                raise ValueError(f"head count after ':' must be an integer, got {count_text!r} in {item!r}")
+            return item[:i].strip(), int(count_text)
     return item.strip(), None
 
 
@@ -149,7 +149,8 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
                 if entry.num_heads not in (1, run):
                     raise ValueError(
                         f"operator instance {entry.name!r} has num_heads={entry.num_heads} but covers "
-                        f"{run} consecutive heads (starting at head {h}); expected 1 or {run}"
+                        f"{run} consecutive heads (starting at head {h}); expected "
+                        + ("1" if run == 1 else f"1 or {run}")
                     )
                 groups.append(HeadGroup(entry, h, run))
                 h += run
@@ -195,7 +196,7 @@ def format_head_spec(heads: Any, num_heads: int) -> Any:
             return heads
         try:
             return heads.format(H=num_heads, half=num_heads // 2)
-        except (KeyError, IndexError, ValueError) as err:
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as err:  # '{H[0]}', '{H.x}' too
             raise ValueError(f"head spec {heads!r}: only the templates {{H}} and {{half}} are known ({err})") from None
     if isinstance(heads, (list, tuple)):
         return type(heads)(format_head_spec(h, num_heads) for h in heads)
@@ -216,7 +217,11 @@ def _layer_key(key: Any) -> int:
     try:
         if isinstance(key, bool):
             raise ValueError
-        return int(key) if isinstance(key, str) else operator.index(key)
+        if isinstance(key, str):  # an optional '-' and ASCII digits: int() also read '1_0' (10), ' 1', '+1'
+            if not re.fullmatch(r"-?[0-9]+", key):
+                raise ValueError
+            return int(key)
+        return operator.index(key)
     except (TypeError, ValueError):
         raise ValueError(f"heads given as a dict maps layer indices to specs ({{1: 'laplacian:2'}}); "
                          f"got the key {key!r}") from None
@@ -292,6 +297,9 @@ def resolve_layer_heads(
             else:
                 specs.append(f"attention:{num_heads - k},laplacian:{k}")
         return specs
+    if isinstance(heads, (bytes, bytearray)):  # else read as a per-layer list of ints ("must have 2 entries, got 11")
+        raise TypeError(f"heads must be None, a spec string, a per-layer list or a dict, got {type(heads).__name__} "
+                        f"{heads!r} (decode it to a str)")
     heads = format_head_spec(heads, num_heads)
     if heads is None or isinstance(heads, str):
         return [heads] * num_layers

@@ -162,8 +162,13 @@ def attend_cached(
     if cache.keys is not None and (cache.keys.shape[1] != G or cache.keys.shape[3] != C):  # else a bare cat error
         raise ValueError(f"attend_cached: expected a cache of {G} key/value heads of dim {C} (this layer's), got keys "
                          f"of shape {tuple(cache.keys.shape)}: the cache was filled by another layer; start a new one")
+    if positions is not None and layer.rotary is None:  # as the layer's forward: never ignored silently
+        raise ValueError("attend_cached: positions= places the tokens for a rotary embedding, and this layer has none "
+                         "(build it with rotary=RotaryEmbedding(...)); positions would be ignored")
     if positions is None and layer.rotary is not None:
-        positions = torch.arange(start, start + n, device=x.device)
+        # the rotary's own default, shifted past the cached tokens: a 2-D rotary names its missing (N, 2) positions
+        # (an arange here was refused as "positions of shape (N,)", positions the caller never gave)
+        positions = layer.rotary.default_positions(n, x.device) + start
     q, k, v = layer._project(x, positions, expand=False)  # (B, n, H, C), (B, n, G, C) x2
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|G, n, C)
     if cache.keys is not None and (cache.keys.dtype != k.dtype or cache.keys.device != k.device):

@@ -107,7 +107,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         _check_dim("RotaryEmbedding", head_dim, 2)
         if isinstance(base, bool) or not isinstance(base, numbers.Real) or not 1 < base < float("inf"):
-            raise ValueError(f"RotaryEmbedding: expected base a finite float > 1, got {base!r}")
+            raise ValueError(f"{type(self).__name__}: expected base a finite float > 1, got {base!r}")
         self.head_dim = int(head_dim)
         self.base = float(base)
 
@@ -140,6 +140,9 @@ class RotaryEmbedding(nn.Module):
         elif positions.shape[:1] != x.shape[-3:-2]:
             raise ValueError(f"{type(self).__name__}: expected positions for the N={x.shape[-3]} tokens of x "
                              f"{tuple(x.shape)}, got positions of shape {tuple(positions.shape)}")
+        elif positions.device != x.device:  # else the rotation failed in a bare "expected device" error
+            raise ValueError(f"{type(self).__name__}: expected positions on the device of x ({x.device}), "
+                             f"got {positions.device}")
         return apply_rotary(x, self.angles(positions))
 
     def extra_repr(self) -> str:

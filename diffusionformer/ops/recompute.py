@@ -72,6 +72,21 @@ class _Rebuild:
         return z.as_strided(self.size, self.stride, z.storage_offset() + self.offset)
 
 
+def _span(t: Tensor) -> tuple[int, int, bool]:
+    """The storage elements ``[first, last]`` that ``t`` reaches, and whether ``t`` fills them each once (a
+    permuted contiguous layout, no gap between its elements and none shared); ``last < first`` when empty."""
+    first = t.storage_offset()
+    if t.numel() == 0:
+        return first, first - 1, True
+    expected, dense, last = 1, True, first
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+        last += (size - 1) * stride
+        if size > 1:
+            dense = dense and stride == expected
+            expected *= size
+    return first, last, dense
+
+
 def _unpack(p: Tensor | _Rebuild) -> Tensor:
     return p() if type(p) is _Rebuild else p
 
@@ -151,10 +166,18 @@ class _RecomputeSaved:
         # base tensor, which lives for the whole block (the caller holds z): its id identifies them there.
         base = z._base if z._base is not None else z
         base_id, dtype, offset, stride = id(base), z.dtype, z.storage_offset(), z.stride()
+        # a view of that base is one of z's views only where it lies within the elements of z: where z is a slice
+        # of a larger tensor, another slice of it has z's base too, and rebuilt from fn() (z's elements alone) it
+        # read past the rebuilt storage in the backward pass ("setStorage: ... out of bounds")
+        z_id, (lo, hi, z_dense) = id(z), _span(z)
 
         def pack(t: Tensor) -> Tensor | _Rebuild:
             if t.dtype is dtype and (id(t) == base_id or id(t._base) == base_id):
-                return _Rebuild(fn, t, offset, stride, dtype)
+                if id(t) == z_id:
+                    return _Rebuild(fn, t, offset, stride, dtype)
+                first, last, _ = _span(t)
+                if z_dense and lo <= first and last <= hi:
+                    return _Rebuild(fn, t, offset, stride, dtype)
             return t
 
         self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
