@@ -57,9 +57,10 @@ def _to_image(x: Tensor) -> Any:
             x = x.permute(1, 2, 0)
         else:
             raise ValueError(f"images must have 1 or 3 channels, got shape {tuple(x.shape)}")
-    lo, hi = x.min(), x.max()
-    x = (x - lo) / (hi - lo) if hi > lo else torch.zeros_like(x)
-    return x.numpy()
+    finite = x[torch.isfinite(x)]  # a NaN min or max would blank the whole panel: scale by the finite pixels
+    lo, hi = (finite.min(), finite.max()) if finite.numel() else (0.0, 0.0)
+    x = ((x - lo) / (hi - lo)).clamp(0.0, 1.0) if hi > lo else torch.where(x.isnan(), x, torch.zeros_like(x))
+    return x.numpy()  # NaN pixels stay NaN (drawn blank), +-inf ones at the ends of the range
 
 
 def plot_pca_token_maps(
@@ -207,6 +208,10 @@ def plot_metric_by_depth(
     ax = _new_axes(ax)
     positive = False
     for name, values in results.items():
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or getattr(values, "ndim", 1) != 1:
+            # a string "12" would plot the digits; a scalar failed with "'float' object is not iterable"
+            got = f"shape {tuple(values.shape)}" if hasattr(values, "shape") else type(values).__name__
+            raise TypeError(f"results[{name!r}] must be a sequence of numbers, one per layer, got {got}")
         values = [float("nan") if v is None else float(v) for v in values]
         positive = positive or any(v > 0 for v in values)
         ax.plot(range(len(values)), values, marker="o", markersize=3, label=name)
@@ -228,7 +233,8 @@ def plot_spectra(
 
     A power law ``s_i^2 ~ i^{-alpha}`` is a straight line of slope ``-alpha/2`` (see
     ``power_law_exponent``). With ``normalize`` each spectrum is divided by its largest
-    value so that decay rates compare at a glance. Zero values are dropped (no log).
+    value so that decay rates compare at a glance. Zero and non-finite values (a diverged run)
+    are dropped (no log); negative values are refused.
 
     Args:
         spectra: name -> singular values (any order; sorted descending here).
@@ -251,8 +257,14 @@ def plot_spectra(
         if not isinstance(s, Tensor) or s.ndim != 1:
             got = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
             raise ValueError(f"spectra[{name!r}] must have shape (R,), got {got}")
-        s = s.detach().to(device="cpu", dtype=torch.float64).sort(descending=True).values
-        s = s[s > 0]
+        if s.is_complex():  # the cast below would keep the real part with only a warning
+            raise TypeError(f"spectra[{name!r}] must hold real singular values, got dtype {s.dtype}")
+        s = s.detach().to(device="cpu", dtype=torch.float64)
+        if bool((s < 0).any()):  # dropped with the zeros, a negative value would shift every later rank
+            raise ValueError(f"spectra[{name!r}] must hold non-negative singular values, got {int((s < 0).sum())} "
+                             f"negative values (min {float(s.min())})")
+        s = s.sort(descending=True).values
+        s = s[torch.isfinite(s) & (s > 0)]  # an inf s_1 would make s / s_1 all 0 and NaN: nothing drawn
         if normalize and s.numel() > 0:
             s = s / s[0]
         ax.plot(torch.arange(1, s.numel() + 1).numpy(), s.numpy(), label=name)

@@ -121,8 +121,9 @@ def stable_rank(s: Tensor) -> Tensor:
         tensor(1.5000)
     """
     _check_spectrum(s)
-    s2 = s.pow(2)
-    return _safe_div(s2.sum(dim=-1), s2.amax(dim=-1))
+    # s_i / s_max first: s^2 over/underflows in float32 (s > 1e19, s < 1e-23)
+    r = _safe_div(s, s.amax(dim=-1, keepdim=True))
+    return r.pow(2).sum(dim=-1)
 
 
 def energy_top_k(s: Tensor, k: int) -> Tensor:
@@ -146,7 +147,8 @@ def energy_top_k(s: Tensor, k: int) -> Tensor:
     if not _is_int(k) or not 1 <= k <= R:
         raise ValueError(f"k must be an integer in [1, {R}] (R = s.shape[-1]), got {k!r}")
     k = int(k)
-    s2 = s.sort(dim=-1, descending=True).values.pow(2)
+    s = s.sort(dim=-1, descending=True).values
+    s2 = _safe_div(s, s[..., :1]).pow(2)  # scaled by s_1 first: s^2 over/underflows in float32
     return _safe_div(s2[..., :k].sum(dim=-1), s2.sum(dim=-1))
 
 
@@ -191,7 +193,7 @@ def power_law_exponent(s: Tensor, start: int = 1, stop: int | None = None) -> Te
         )
     log_i = torch.arange(start, stop + 1, dtype=s.dtype, device=s.device).log()
     log_i = log_i - log_i.mean()
-    log_s2 = s.pow(2).log()
+    log_s2 = 2 * s.log()  # not log(s^2): s^2 over/underflows in float32 (s > 1e19, s < 1e-23)
     log_s2 = log_s2 - log_s2.mean(dim=-1, keepdim=True)
     return -(log_i * log_s2).sum(dim=-1) / log_i.pow(2).sum()
 

@@ -37,9 +37,29 @@ __all__ = ["LAYOUTS", "AttentionGraph", "Layout"]
 Layout = Literal["dense", "sparse"]
 
 
+def _check_strided(name: str, t: Tensor, fix: str) -> None:
+    """TypeError for a sparse (COO, CSR, ...) tensor, which the graph's masks and index arithmetic do not support
+    (else a NotImplementedError from deep inside a conversion or the kernel)."""
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}: {fix}")
+
+
+#: how to turn a sparse adjacency matrix ``adj[source, target]`` (torch.sparse COO/CSR) into an edge_index
+_SPARSE_ADJACENCY_FIX = ("a sparse adjacency matrix adj[source, target] becomes an edge_index with "
+                         "torch_geometric.utils.to_edge_index(adj)[0]")
+
+
+def _edge_index_shape_error(shape: tuple[int, ...]) -> ValueError:
+    """The ValueError for an ``edge_index`` that is not ``(2, E)``, with a hint for a list of ``(E, 2)`` pairs."""
+    hint = ": a list of (source, target) pairs of shape (E, 2) becomes one with edge_index.t()" if (
+        len(shape) == 2 and shape[1] == 2) else ""
+    return ValueError(f"edge_index must have shape (2, E), got {shape}{hint}")
+
+
 def _check_bool_tensor(name: str, t: object, layout: str) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a bool tensor of shape {layout}, got {type(t).__name__}")
+    _check_strided(name, t, f"pass {name}.to_dense()")
     if t.dtype != torch.bool:
         raise TypeError(f"{name} must be a bool tensor of shape {layout}, got dtype {t.dtype}")
     return t
@@ -48,6 +68,7 @@ def _check_bool_tensor(name: str, t: object, layout: str) -> Tensor:
 def _check_index_tensor(name: str, t: object, layout: str) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be an integer tensor of shape {layout}, got {type(t).__name__}")
+    _check_strided(name, t, _SPARSE_ADJACENCY_FIX if name == "edge_index" else f"pass {name}.to_dense()")
     if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise TypeError(f"{name} must be an integer tensor of shape {layout}, got dtype {t.dtype}")
     return t.long()
@@ -234,6 +255,7 @@ class AttentionGraph:
             m = self.attn_mask
             if not isinstance(m, Tensor):
                 raise TypeError(f"attn_mask must be a tensor or None, got {type(m).__name__}")
+            _check_strided("attn_mask", m, "pass attn_mask.to_dense()")
             if m.dtype != torch.bool and not m.is_floating_point():
                 raise TypeError(f"attn_mask must be bool (True = attend) or floating point, got {m.dtype}")
             lead_ok = B is None or m.dim() < 4 or m.shape[0] in (1, B)
@@ -254,7 +276,7 @@ class AttentionGraph:
             raise ValueError("a sparse AttentionGraph needs edge_index of shape (2, E)")
         e = _check_index_tensor("edge_index", self.edge_index, "(2, E)")
         if e.dim() != 2 or e.shape[0] != 2:
-            raise ValueError(f"edge_index must have shape (2, E), got {tuple(e.shape)}")
+            raise _edge_index_shape_error(tuple(e.shape))
         batch = None
         if self.batch is not None:
             batch = _check_index_tensor("batch", self.batch, "(num_nodes,)")

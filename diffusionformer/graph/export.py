@@ -5,6 +5,7 @@ matplotlib is imported lazily (the ``plot`` extra: ``pip install 'diffusionforme
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -13,7 +14,12 @@ from torch import Tensor
 
 from diffusionformer.config import _check_flag, _choice_hint
 from diffusionformer.graph._checks import check_int
-from diffusionformer.graph.core import AttentionGraph
+from diffusionformer.graph.core import (
+    _SPARSE_ADJACENCY_FIX,
+    AttentionGraph,
+    _check_strided,
+    _edge_index_shape_error,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
@@ -73,6 +79,8 @@ def _edge_weights(edge_index: Tensor | None, weights: Tensor, num_nodes: int | N
 
 def _reduce_heads(w: Tensor, head: int | str | None) -> Tensor:
     H = w.shape[1]
+    if H == 0:  # the mean over no heads is NaN on every edge
+        raise ValueError(f"weights have no heads (H=0), got per-edge weights of shape {tuple(w.shape)}")
     if w.is_complex():  # .double() would drop the imaginary part with only a warning
         raise TypeError(f"weights must be real, got dtype {w.dtype}")
     if not w.is_floating_point():  # integer counts or a bool mask: mean/max in float64
@@ -150,10 +158,13 @@ def to_networkx(
 
     if weights is not None and not isinstance(weights, Tensor):
         raise TypeError(f"weights must be a tensor or None, got {type(weights).__name__}")
+    if weights is not None:
+        _check_strided("weights", weights, "pass weights.to_dense()")
     edge_index, graph_nodes, weights = _resolve_source(graph_or_edge_index, weights)
     if edge_index is not None:
+        _check_strided("edge_index", edge_index, _SPARSE_ADJACENCY_FIX)
         if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-            raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
+            raise _edge_index_shape_error(tuple(edge_index.shape))
         if edge_index.is_floating_point() or edge_index.is_complex() or edge_index.dtype == torch.bool:
             raise TypeError(f"edge_index must be an integer tensor, got dtype {edge_index.dtype}")
         edge_index = edge_index.long()
@@ -259,6 +270,12 @@ def draw_attention_graph(
 
     if not isinstance(G, nx.Graph):
         raise TypeError(f"G must be a networkx graph, got {type(G).__name__}")
+    _check_flag(with_labels, "with_labels")  # "no" is truthy: labels drawn where none were asked for
+    weights = [float(d.get("weight", 1.0)) for _, _, d in G.edges(data=True)]
+    bad = [(u, v) for (u, v), x in zip(G.edges(), weights) if not math.isfinite(x)]
+    if bad:  # a NaN width or colour fails deep inside matplotlib's arrow drawing (StopIteration)
+        raise ValueError(f"G has {len(bad)} edges with a NaN or infinite weight, e.g. {bad[0]}: remove them first "
+                         "(G.remove_edges_from(...)), or export with to_networkx(..., threshold=...), which drops NaN")
     if ax is None:
         import matplotlib.pyplot as plt
 
@@ -274,7 +291,6 @@ def draw_attention_graph(
     missing = [n for n in G.nodes if n not in pos]
     if missing:
         raise ValueError(f"pos has no position for nodes {missing[:5]}")
-    weights = [float(d.get("weight", 1.0)) for _, _, d in G.edges(data=True)]
     top = max((abs(x) for x in weights), default=1.0) or 1.0
     widths = [0.5 + 2.5 * abs(x) / top for x in weights]
     nx.draw_networkx(

@@ -9,7 +9,12 @@ from torch import Tensor
 
 from diffusionformer.config import _value_type
 from diffusionformer.graph._checks import check_int, check_layout
-from diffusionformer.graph.core import AttentionGraph
+from diffusionformer.graph.core import (
+    _SPARSE_ADJACENCY_FIX,
+    AttentionGraph,
+    _check_strided,
+    _edge_index_shape_error,
+)
 
 __all__ = ["from_edge_index", "from_networkx", "from_pyg"]
 
@@ -19,8 +24,9 @@ def _set_self_loops(edge_index: Tensor, num_nodes: int, self_loops: bool | None)
 
     if not isinstance(edge_index, Tensor):  # before PyG reads it
         raise TypeError(f"edge_index must be an integer tensor of shape (2, E), got {type(edge_index).__name__}")
+    _check_strided("edge_index", edge_index, _SPARSE_ADJACENCY_FIX)  # before the shape check: an (N, N) adjacency
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:  # PyG would read a (2,) or (3, E) tensor as edges
-        raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
+        raise _edge_index_shape_error(tuple(edge_index.shape))
     if self_loops is None:
         return edge_index
     if not isinstance(self_loops, bool):
@@ -88,12 +94,19 @@ def from_pyg(data: Any, *, self_loops: bool | None = None, layout: str = "sparse
         tensor([[0, 1, 0, 1, 2],
                 [1, 0, 0, 1, 2]])
     """
-    from torch_geometric.data import Data
+    from torch_geometric.data import Data, HeteroData
 
+    if isinstance(data, HeteroData):  # one edge_index per edge type, node ids per node type: no single graph
+        raise TypeError("data must be a torch_geometric.data.Data or Batch, got HeteroData: merge its node and edge "
+                        "types with data.to_homogeneous(), or pick one edge type with "
+                        "from_edge_index(data[edge_type].edge_index, num_nodes)")
     if not isinstance(data, Data):
         raise TypeError(f"data must be a torch_geometric.data.Data or Batch, got {type(data).__name__}")
     check_layout(layout)
     if getattr(data, "edge_index", None) is None:
+        if getattr(data, "adj_t", None) is not None:  # the ToSparseTensor layout: adj_t[target, source]
+            raise ValueError("data has no edge_index but an adj_t (the ToSparseTensor layout); convert it back with "
+                             "data.edge_index = torch_geometric.utils.to_edge_index(data.adj_t)[0].flip(0)")
         raise ValueError("data has no edge_index")
     N = data.num_nodes
     if N is None:

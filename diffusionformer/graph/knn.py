@@ -135,7 +135,11 @@ def knn(
         dist = torch.cdist(s, s, compute_mode="donot_use_mm_for_euclid_dist")  # (G, M, M)
     else:
         u = F.normalize(_pow2_scale(dense_x, (2,)), dim=-1)  # per point: a tiny norm is not clamped to eps
-        dist = 1.0 - u @ u.transpose(-2, -1)
+        # 1 - cos = |u_i - u_j|^2 / 2 from the direct differences: 1 - u.u rounds to 0 in float32 for angles
+        # below ~3e-4 rad, which tied nearly parallel neighbours
+        dist = torch.cdist(u, u, compute_mode="donot_use_mm_for_euclid_dist").square() / 2
+        zero = (u == 0).all(dim=-1)  # a zero vector (left at 0 by F.normalize) has cos = 0 with every point
+        dist = dist.masked_fill(zero[:, :, None] | zero[:, None, :], 1.0)
     invalid = torch.eye(M, dtype=torch.bool, device=dev)[None] | (node[:, None, :] < 0)
     dist = dist.masked_fill(invalid, float("inf"))
     nbr = dist.topk(k, dim=-1, largest=False).indices  # (G, M, k) slots of the neighbours
