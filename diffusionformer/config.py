@@ -152,9 +152,27 @@ def _device_argument(name: str, spec: Any) -> Any:
     try:
         return torch.device(spec)
     except (RuntimeError, ValueError, TypeError) as err:
-        close = difflib.get_close_matches(str(spec), ["cpu", "cuda", "mps"], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"{name}: expected a torch device such as 'cpu', 'cuda' or 'cuda:1', got {spec!r}{hint}") from err
+        raise ValueError(f"{name}: expected a torch device such as 'cpu', 'cuda' or 'cuda:1', got {spec!r}"
+                         f"{_device_hint(spec)}") from err
+
+
+def _device_hint(spec: Any, kinds: tuple[str, ...] = ("cpu", "cuda", "mps")) -> str:
+    """`` (did you mean 'cuda:1'?)`` for a misspelt device string (``"cdua"``, ``"CUDA:1"``, ``"gpu"``, ``"Cpu"``): the
+    closest of ``kinds`` (``gpu`` read as ``cuda``) with the index kept; ``""`` when nothing is close (a device of
+    another kind, ``"tpu"``, is not suggested ``'cpu'``) or ``spec`` is not a string.
+
+    Examples:
+        >>> _device_hint("CUDA:1"), _device_hint("gpu"), _device_hint("tpu")
+        (" (did you mean 'cuda:1'?)", " (did you mean 'cuda'?)", '')
+    """
+    if not isinstance(spec, str):
+        return ""
+    kind, sep, index = spec.strip().lower().partition(":")
+    close = ["cuda"] if kind == "gpu" and "cuda" in kinds else difflib.get_close_matches(kind, kinds, n=1, cutoff=0.75)
+    if not close:
+        return ""
+    suggestion = close[0] + (f":{index}" if sep and index.isdigit() and close[0] != "auto" else "")
+    return f" (did you mean {suggestion!r}?)" if suggestion != spec else ""
 
 
 def check_value(value: Any, tp: Any, where: str) -> Any:

@@ -22,6 +22,8 @@ It sets each task's ``train.amp`` (``"bf16"``, ``"off"``, ``"auto"``).
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import subprocess
 import sys
@@ -31,7 +33,7 @@ from typing import Sequence
 
 import torch
 
-from diffusionformer.config import _choice_hint
+from diffusionformer.config import _check_flag, _choice_hint, _device_hint
 from diffusionformer.experiments.threads import WORKERS_ENV
 
 __all__ = ["PRECISIONS", "check_device", "precision_amp", "run_workers", "worker_argv"]
@@ -78,9 +80,14 @@ def check_device(spec: str, *, available: bool = True) -> torch.device | None:
         Traceback (most recent call last):
         ...
         ValueError: device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'
+        >>> check_device("CUDA:1", available=False)
+        Traceback (most recent call last):
+        ...
+        ValueError: device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'CUDA:1' (did you mean 'cuda:1'?)
     """
     if not isinstance(spec, str):
         raise TypeError(f"device: expected a string such as 'cuda', got {type(spec).__name__} ({spec!r})")
+    _check_flag(available, "check_device: available")
     if spec == "auto":
         return None
     try:
@@ -88,7 +95,8 @@ def check_device(spec: str, *, available: bool = True) -> torch.device | None:
     except (RuntimeError, ValueError):
         device = None
     if device is None or device.type not in _DEVICE_TYPES:
-        raise ValueError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {spec!r}")
+        raise ValueError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {spec!r}"
+                         f"{_device_hint(spec, _DEVICE_TYPES if ':' in spec else ('auto',) + _DEVICE_TYPES)}")
     if available and device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(
@@ -148,8 +156,12 @@ def run_workers(argv: Sequence[str], workers: int, log_dir: str | Path, *, stagg
     Returns:
         The workers' exit codes, in start order.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
         raise ValueError(f"workers: expected an int >= 1, got {workers!r}")
+    workers = int(workers)  # a numpy int (a sweep grid's) is the int it equals
+    # checked before any worker starts: else a bad stagger fails between two starts, and the first worker is stopped
+    if isinstance(stagger, bool) or not isinstance(stagger, numbers.Real) or not math.isfinite(stagger) or stagger < 0:
+        raise ValueError(f"stagger: expected a finite number of seconds >= 0, got {stagger!r}")
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "diffusionformer.experiments", *argv]

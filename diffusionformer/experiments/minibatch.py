@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import _choice_hint, config_from_dict, config_to_dict, document_fields
+from diffusionformer.config import (_choice_hint, _python_number, _python_numbers, config_from_dict, config_to_dict,
+                                    document_fields)
 from diffusionformer.data.base import NodeData
 from diffusionformer.experiments._metrics import _num_correct
 from diffusionformer.experiments._metrics import accuracy as _accuracy
@@ -64,6 +65,7 @@ class MiniBatchConfig:
     eval: Literal["full", "sampled"] = "full"
 
     def __post_init__(self) -> None:
+        _python_numbers(self)  # a sweep grid's np.int64 is the int it equals (a numpy bool stays one, refused below)
         if self.batch_size is None or self.num_neighbors is None:
             missing = [k for k in ("batch_size", "num_neighbors") if getattr(self, k) is None]
             raise ValueError(f"minibatch needs {' and '.join(missing)}, e.g. "
@@ -221,6 +223,7 @@ class NodeMiniBatchTask:
 
         if not isinstance(data, NodeData):
             raise TypeError(f"NodeMiniBatchTask: expected NodeData, got {type(data).__name__}")
+        batch_size, eval_batch_size = _python_number(batch_size), _python_number(eval_batch_size)  # numpy ints too
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"NodeMiniBatchTask: batch_size must be a positive int, got {batch_size!r}")
         if eval not in EVAL_MODES:
@@ -230,7 +233,7 @@ class NodeMiniBatchTask:
             raise ValueError(f"NodeMiniBatchTask: eval_batch_size must be a positive int, got {eval_batch_size!r}")
         self.data = data
         self.sampler = TorchNeighborSampler(data.data, num_neighbors)  # validates num_neighbors
-        self.num_neighbors = list(num_neighbors)
+        self.num_neighbors = [_python_number(k) for k in num_neighbors]
         self.batch_size = batch_size
         self.eval = eval
         self.eval_batch_size = eval_batch_size

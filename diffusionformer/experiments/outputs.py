@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -20,15 +21,28 @@ from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 __all__ = ["git_commit", "manifest", "merged_manifest", "write_outputs"]
 
 
+def _row(data: Any) -> RunResult | None:
+    """A ``results.json`` row as a :class:`RunResult` (keys it does not know, a newer version's, left out); ``None``
+    for one that does not fit (not an object, a required key missing): only that row is dropped, not its neighbours."""
+    if not isinstance(data, dict):
+        return None
+    known = {f.name for f in dataclasses.fields(RunResult)}
+    try:
+        return RunResult(**{k: v for k, v in data.items() if k in known})
+    except TypeError:
+        return None
+
+
 def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]:
     """The runs of ``out/results.json`` not in ``results`` whose ``summary.json`` still says completed."""
     try:
         previous = json.loads((out / "results.json").read_text())["runs"]
-        rows = [RunResult(**r) for r in previous]
     except (FileNotFoundError, ValueError, KeyError, TypeError):  # none yet, or unreadable (not JSON, not UTF-8): rebuilt
         return []
+    rows = [r for r in map(_row, previous if isinstance(previous, list) else []) if r is not None]
     have = {(r.task, r.operator, r.seed) for r in results}
     kept = [r for r in rows if isinstance(r.task, str) and isinstance(r.operator, str)  # else no run folder: dropped
+            and isinstance(r.seed, int) and not isinstance(r.seed, bool)  # "0" would name seed 0's folder twice
             and (r.task, r.operator, r.seed) not in have and r.status == "completed"
             and _completed(run_dir(out, r.task, r.operator, r.seed))]
     # a row of a task and setting retrained with another definition (--restart with a changed config) is dropped:

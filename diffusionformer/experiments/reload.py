@@ -64,6 +64,20 @@ class LoadedRun:
                 f"step={self.step}, status={status!r}, records={len(self.metrics)})")
 
 
+def _check_cuda_exists(device: torch.device) -> None:
+    """A ValueError naming ``map_location`` when ``device`` is a CUDA device this machine does not have: else the
+    whole model is built before ``model.to`` fails with torch's bare AssertionError ("Torch not compiled with CUDA
+    enabled") or "invalid device ordinal"."""
+    if device.type != "cuda":
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0 or (device.index is not None and device.index >= count):
+        have = ("no CUDA device (torch.cuda.is_available() is False)" if count == 0
+                else f"{count} CUDA device(s) (cuda:0 .. cuda:{count - 1})")
+        raise ValueError(f"load_run: map_location {str(device)!r} asked for, but this machine has {have}; "
+                         "use map_location='cpu'")
+
+
 def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu") -> LoadedRun:
     """Rebuild the model of a run directory with its trained weights, its config and its metrics.
 
@@ -84,7 +98,8 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
         FileNotFoundError: ``path`` is not a run directory, or lacks ``run_config.json`` or
             ``checkpoint.pt`` (the run has not saved a step yet).
         ValueError: ``run_config.json`` is unreadable (truncated, not a JSON object), names an
-            unknown preset or holds an invalid config.
+            unknown preset or holds an invalid config; ``map_location`` is not a device, or a CUDA
+            device this machine does not have.
         CheckpointError: the checkpoint is unreadable or does not fit the model.
     """
     from diffusionformer.config import _device_argument, config_from_dict
@@ -95,6 +110,7 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
 
     if map_location is not None:  # checked before anything is read
         map_location = _device_argument("map_location", map_location)
+        _check_cuda_exists(map_location)
     rdir = Path(path)
     if rdir.is_file():
         rdir = rdir.parent

@@ -92,7 +92,22 @@ def _not_resumed_advice(exc: CheckpointError, checkpoint: str, which: str) -> st
 
 
 def _is_main() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+    """Whether this process writes: no ``torchrun`` group, or its rank 0. A blank ``RANK`` is rank 0, as an unset one
+    (the cli's ``_rank_zero``); a malformed one is named by ``init_distributed`` when ``WORLD_SIZE`` > 1."""
+    try:
+        return int(os.environ.get("RANK", "").strip() or 0) == 0
+    except ValueError:
+        return True
+
+
+def _distributed() -> bool:
+    """Whether ``WORLD_SIZE`` asks for more than one process (unset or blank: one)."""
+    world = os.environ.get("WORLD_SIZE", "").strip()
+    try:
+        return int(world or 1) > 1
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE: expected an integer number of processes (as torchrun sets it), "
+                         f"got {world!r}") from None
 
 
 def run_experiment(
@@ -217,7 +232,7 @@ def _choose_tasks(config: ExperimentConfig, names: Sequence[str] | None) -> list
 
 def _maybe_init_distributed(device: str | None) -> Any:
     """Join the torchrun process group once for all runs (the trainer then reuses it)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if not _distributed():
         return None
     from diffusionformer.train import init_distributed
 
@@ -288,7 +303,7 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
              progress: bool, device: str | None, log: Callable[[str], None]) -> RunResult | None:
     """Train (or resume, or read back) one run; ``None`` when another live process holds it."""
     rdir = run_dir(out, task.name, setting.name, seed)
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    distributed = _distributed()
     if not distributed:
         holder = _acquire_lock(rdir)
         if holder is not None:

@@ -78,7 +78,14 @@ for archive in "$DATA"/*.tar.xz; do
   echo "unpacking $archive"
   tar -C "$DATA" -xJf "$archive"
 done
-name=$("$PY" -c "import sys; from diffusionformer.experiments import load_experiment_config as l; print(l(sys.argv[1]).name)" "$config")
+sets=(); prev=""  # the --set overrides (status takes them too): one may rename the comparison (--set name=...)
+for a in "$@"; do
+  [ "$prev" = "--set" ] && sets+=(--set "$a")
+  case "$a" in --set=*) sets+=(--set "${a#--set=}") ;; esac
+  prev="$a"
+done
+name=$("$PY" -c "import sys; from diffusionformer.experiments import load_experiment_config as l; a = sys.argv[2:]
+print(l(sys.argv[1], a[1::2]).name)" "$config" ${sets[@]+"${sets[@]}"})
 if [ -f "$DATA/results-$name.tar.gz" ]; then
   echo "resuming from $DATA/results-$name.tar.gz"
   tar -C "$RESULTS" -xzf "$DATA/results-$name.tar.gz"
@@ -94,8 +101,6 @@ set -e
 echo "run exit code $code after $(( $(date +%s) - t0 )) s (124: stopped by the budget)"
 tail -n 30 "$OUT/run.log"
 
-sets=(); prev=""
-for a in "$@"; do [ "$prev" = "--set" ] && sets+=(--set "$a"); prev="$a"; done  # status takes the --set overrides
 "$PY" -m diffusionformer.experiments status "$config" ${sets[@]+"${sets[@]}"} --out "$RESULTS" > "$OUT/status.md" 2>&1 || true
 head -n 1 "$OUT/status.md"
 [ -f "$RESULTS/$name/results.md" ] && cp "$RESULTS/$name/results.md" "$OUT/results.md"
