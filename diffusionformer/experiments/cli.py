@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from diffusionformer.train import CheckpointError
+from diffusionformer.train.distributed import _rank_zero
 
 __all__ = ["main"]
 
@@ -128,15 +129,6 @@ def _thread_args(c: argparse.ArgumentParser) -> None:
                    help="run: start N worker processes that share the runs through the run locks (e.g. several "
                         "small runs on one GPU); every command: size each process's torch threads to cores // N "
                         f"(default: ${WORKERS_ENV}, else torchrun's $LOCAL_WORLD_SIZE, else 1)")
-
-
-def _rank_zero() -> bool:
-    """Whether this process prints: no ``torchrun`` group, or its rank 0. An unset or blank ``RANK``
-    is rank 0; a malformed one prints too (``init_distributed`` names the variable when it reads it)."""
-    try:
-        return int(os.environ.get("RANK", "").strip() or 0) == 0
-    except ValueError:
-        return True
 
 
 def _size_threads(args: argparse.Namespace) -> None:

@@ -60,6 +60,7 @@ from diffusionformer.experiments.tables import _fmt as _fmt  # noqa: F401  (back
 from diffusionformer.experiments.tables import aggregate, format_status, format_table
 from diffusionformer.experiments.tasks import build_task
 from diffusionformer.train import CheckpointError, NonFiniteLossError, Trainer, seed_everything
+from diffusionformer.train.distributed import _rank_zero
 from diffusionformer.train.metrics import write_json_atomic
 
 # The names above from results, tables, outputs and build are re-exported for back-compat: their homes are
@@ -89,15 +90,6 @@ def _not_resumed_advice(exc: CheckpointError, checkpoint: str, which: str) -> st
                 f"its source and run again to resume {which} run, or delete it to train {which} run again from step 0.")
     return (f"Delete {checkpoint} to train {which} run again from step 0 (--restart would discard every run of "
             "the comparison).")
-
-
-def _is_main() -> bool:
-    """Whether this process writes: no ``torchrun`` group, or its rank 0. A blank ``RANK`` is rank 0, as an unset one
-    (the cli's ``_rank_zero``); a malformed one is named by ``init_distributed`` when ``WORLD_SIZE`` > 1."""
-    try:
-        return int(os.environ.get("RANK", "").strip() or 0) == 0
-    except ValueError:
-        return True
 
 
 def _distributed() -> bool:
@@ -164,19 +156,19 @@ def run_experiment(
     dist_ctx = _maybe_init_distributed(device)
     runs = [(t, o, s) for t in chosen for o in config.operators for s in config.seeds]
     results: list[RunResult] = []
-    bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=not (progress and _is_main()), dynamic_ncols=True)
+    bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=not (progress and _rank_zero()), dynamic_ncols=True)
     recorded = False  # this invocation's manifest (machine, versions, commit): written when it first trains
     try:
         for i, task in enumerate(chosen):
             loaded = _checked_task_data(config, task, data_root, first=i == 0)
-            if i == 0 and _is_main():  # the first task's data load: now something will train
+            if i == 0 and _rank_zero():  # the first task's data load: now something will train
                 out.mkdir(parents=True, exist_ok=True)
             for setting in config.operators:
                 for seed in config.seeds:
                     data = task_data(task, seed, data_root, loaded)
                     bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
                     done_before = resume and _completed(run_dir(out, task.name, setting.name, seed))
-                    if not done_before and not recorded and _is_main():
+                    if not done_before and not recorded and _rank_zero():
                         # only an invocation that trains adds its commit: a pass over finished runs (the tables
                         # after parallel workers, a re-run) leaves the provenance of the comparison as it was
                         write_json_atomic(out / "manifest.json", merged_manifest(_read_manifest(out), _manifest(config)))
@@ -185,9 +177,9 @@ def run_experiment(
                     if result is not None:
                         results.append(result)
                     bar.update(1)
-                    if _is_main() and result is not None and not done_before:  # tables and plots after each new run
+                    if _rank_zero() and result is not None and not done_before:  # tables and plots after each new run
                         _write_outputs(out, config, finished_runs(out, config, results))
-        if _is_main():
+        if _rank_zero():
             _write_outputs(out, config, finished_runs(out, config, results))
     finally:
         bar.close()
@@ -328,7 +320,7 @@ def _read_manifest(out: Path) -> dict[str, Any] | None:
 def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
                progress: bool, device: str | None, log: Callable[[str], None]) -> RunResult:
     summary_path = rdir / "summary.json"
-    extra = {"progress": progress and _is_main()}
+    extra = {"progress": progress and _rank_zero()}
     if device is not None:
         extra["device"] = device
     cfg = train_config(task, seed, **extra)
@@ -345,13 +337,13 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
                 "the run is finished from its checkpoint, which rewrites it.")
         elif summary.get("status") == "completed":
             return _result_from_files(task, setting, seed, rdir, summary)
-    if not resume and rdir.exists() and _is_main():
+    if not resume and rdir.exists() and _rank_zero():
         import shutil
 
         for entry in rdir.iterdir():  # everything but this process's lock
             if not entry.name.startswith(LOCK_NAME):  # nor other workers' lock claims in flight
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    if _is_main():
+    if _rank_zero():
         rdir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(rdir / RUN_CONFIG_NAME, identity)
     adapter = build_task(data, model, eval_batch_size=task.eval_batch_size, augment=task.augment,
@@ -366,7 +358,7 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
         log(f"[{task.name} / {setting.name} / seed {seed}] not resumed: {exc}. "
             f"{_not_resumed_advice(exc, str(rdir / 'checkpoint.pt'), 'this')}")
         return RunResult(task.name, setting.name, seed, f"failed: {exc}", task.metric, None)
-    if _is_main():
+    if _rank_zero():
         learned = _learned(model)
         if learned:
             write_json_atomic(rdir / "learned_operators.json", learned)

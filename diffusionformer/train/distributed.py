@@ -61,6 +61,16 @@ def dist_env() -> tuple[int, int, int] | None:
     return None if world_size == 1 else (rank, world_size, local_rank)
 
 
+def _rank_zero() -> bool:
+    """Whether this process is the one that prints and writes: no ``torchrun`` group, or its rank 0. An unset or
+    blank ``RANK`` is rank 0; a malformed one counts as rank 0 too (:func:`dist_env` names the variable when a
+    multi-process run reads it)."""
+    try:
+        return int(os.environ.get("RANK", "").strip() or 0) == 0
+    except ValueError:
+        return True
+
+
 @dataclass(frozen=True)
 class DistContext:
     """Where this process stands in a (possibly single-process) data-parallel run.
