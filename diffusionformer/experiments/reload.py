@@ -137,6 +137,9 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     cfg_dict, settings = split_task_settings(preset_name, cfg_dict, warn=False)
     config = config_from_dict(preset.config_cls, cfg_dict, where=f"{ident_path} model_config")
     ckpt = rdir / CHECKPOINT_NAME
+    if ckpt.exists() and not ckpt.is_file():  # a folder there is not "no step saved yet"
+        raise FileNotFoundError(f"load_run: expected the checkpoint {ckpt} to be a file, got a directory or other "
+                                "non-file; move it aside (the run's saved steps are not in it)")
     if not ckpt.is_file():
         raise FileNotFoundError(f"load_run: expected the checkpoint {ckpt}, got none (the run has not saved a step yet)")
     payload = load_checkpoint(ckpt)

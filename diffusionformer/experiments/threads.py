@@ -29,6 +29,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from diffusionformer.config import _value_type
+
 __all__ = ["ThreadPlan", "WORKERS_ENV", "apply_threads", "available_cores", "plan_threads"]
 
 #: environment variable telling each runner process how many workers share the machine
@@ -78,7 +80,8 @@ def _positive_int(value: object, what: str) -> int:
         except ValueError:
             raise ValueError(f"{what}: expected a positive int, got {value!r}") from None
     if not isinstance(value, numbers.Integral):  # a numpy int (a sweep grid's) is the int it equals
-        raise TypeError(f"{what}: expected a positive int, got {type(value).__name__}")
+        # named by module too: a numpy bool's bare type name reads "bool"
+        raise TypeError(f"{what}: expected a positive int, got {_value_type(value)}")
     if value < 1:
         raise ValueError(f"{what}: expected a positive int, got {value}")
     return int(value)

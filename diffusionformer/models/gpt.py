@@ -222,7 +222,8 @@ class DiffusionGPT(nn.Module):
         """Logits of new tokens ``idx`` that follow the tokens in ``cache`` (updated in place).
 
         Equal, up to rounding, to the last ``n`` rows of ``self(cat(past, idx))[0]`` for every
-        head operator (see :mod:`diffusionformer.nn.kv_cache`).
+        head operator (see :mod:`diffusionformer.nn.kv_cache`). An eval-mode path: a model in
+        training mode with dropout on the attention probabilities is refused (call ``.eval()``).
 
         Shapes:
             ``idx``: ``(B, n)`` with ``cache length + n <= block_size`` -> logits ``(B, n, vocab_size)``.

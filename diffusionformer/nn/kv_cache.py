@@ -37,6 +37,10 @@ the uncached forward does: the first layer enters the values of all ``T`` tokens
 cached ``powers[0]`` and the new rows). Heads of the other operators keep the incremental
 path. An operator that cannot be served this way declares ``supports_kv_cache = False`` and
 is refused with a clear error.
+
+Decoding is an eval-mode path: dropout on ``P`` cannot be drawn here (the cached rows of
+``P^k v`` were propagated with earlier steps' masks), so a layer in training mode with
+``dropout > 0`` is refused rather than decoded without it.
 """
 
 from __future__ import annotations
@@ -140,6 +144,12 @@ def attend_cached(
     if not isinstance(cache, LayerKVCache):
         raise TypeError(f"cache: expected a LayerKVCache, got {type(cache).__name__}")
     layer._check_plan()  # the operators may have been replaced since the layer's plan was made
+    if layer._call_dropout() > 0.0:  # else dropout on P was skipped silently: not the layer's training forward
+        raise ValueError(
+            f"attend_cached: the layer is in training mode with dropout={layer.dropout} on the attention "
+            "probabilities, which the cached path cannot draw (cached rows of P^k v hold earlier steps' masks); "
+            "call .eval() before decoding (generate does), or set dropout=0"
+        )
     if state is not None and not isinstance(state, _rivals.LayerState):
         raise TypeError(f"state: expected a LayerState or None, got {type(state).__name__}")
     for op in layer.operators:

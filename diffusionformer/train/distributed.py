@@ -27,7 +27,7 @@ __all__ = ["DistContext", "dist_env", "init_distributed", "shard_batch"]
 def dist_env() -> tuple[int, int, int] | None:
     """``(rank, world_size, local_rank)`` from the ``torchrun`` environment, or ``None``.
 
-    ``None`` when ``WORLD_SIZE`` is unset or ``1`` (a single process).
+    ``None`` when ``WORLD_SIZE`` is unset, blank or ``1`` (a single process).
 
     Examples:
         >>> from unittest import mock
@@ -39,7 +39,7 @@ def dist_env() -> tuple[int, int, int] | None:
         True
     """
     world = os.environ.get("WORLD_SIZE")
-    if world is None:
+    if world is None or not world.strip():  # blank as unset: one process, as the runner and _rank_zero read it
         return None
     try:
         world_size = int(world)
