@@ -72,6 +72,9 @@ class AttnScaleOperator(DiffusionOperator):
             _check_loaded_constant(self, state_dict, prefix, "omega", self._omega0, "omega", args[-1])
         super()._load_from_state_dict(state_dict, prefix, *args)
 
+    def _fixed_constants(self) -> dict[str, float]:
+        return {} if self.learnable else {"omega": self._omega0}
+
     @property
     def degree(self) -> int:
         raise NotImplementedError("attnscale uses the uniform map DC, not only powers of P")

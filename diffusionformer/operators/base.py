@@ -130,7 +130,27 @@ class DiffusionOperator(nn.Module):
         if static is not None and isinstance(c, Tensor):
             dtype = torch.float64 if c.dtype == torch.float64 else torch.float32
             self._c = torch.tensor(static, dtype=dtype, device=c.device)
+        self._restore_constants()  # the fixed constants too (heat-exact's t, AttnScale's omega are applied)
         return self
+
+    def _fixed_constants(self) -> dict[str, float]:
+        """``{buffer name: the constructor's value}`` of the fixed constants kept in buffers (none when learned)."""
+        return {}
+
+    def _restore_constants(self) -> None:
+        """Rebuild every fixed-constant buffer from the constructor's value, in float64 or float32 (never half):
+        a cast (``.half()``, ``.float()`` then ``.double()``) or a saved copy in another precision would round it."""
+        for name, value in self._fixed_constants().items():
+            buf = getattr(self, name, None)
+            if isinstance(buf, Tensor) and buf.is_floating_point():
+                dtype = torch.float64 if buf.dtype == torch.float64 else torch.float32
+                setattr(self, name, torch.full(buf.shape, value, dtype=dtype, device=buf.device))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):  # type: ignore[override]
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        # a saved fixed constant equals the constructor's value in the saved precision (_check_loaded_constant):
+        # keep the exact value, not the saved rounding of it
+        self._restore_constants()
 
     def head_coefficients(self, num_heads: int | None = None) -> Tensor:
         """:meth:`coefficients` expanded to ``(G, K+1)``."""

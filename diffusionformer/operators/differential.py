@@ -138,6 +138,7 @@ class DifferentialOperator(DiffusionOperator):
     def apply_context(self, ctx) -> Tensor:  # noqa: ANN001
         C = ctx.q.shape[-1]
         lam = self.lambda_full(ctx.depth)  # raises when unbound
+        check_finite_parameter(self, "subln.weight", self.subln.weight)  # the gain: a NaN would NaN every output
         if C != self.head_dim:
             raise ValueError(f"differential attention bound to head_dim={self.head_dim}, got heads of width {C}")
         half = C // 2

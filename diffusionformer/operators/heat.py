@@ -102,6 +102,8 @@ def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> in
     """
     if not tol > 0:
         raise ValueError(f"tol must be positive, got {tol}")
+    if not math.isfinite(float(t)):  # a NaN t would pass every comparison below and give K = 0
+        raise ValueError(f"t must be finite, got {t}")
     a = abs(float(t))
     if 2 * a > 700:  # e^(2|t|) overflows a float: no K <= MAX_STEPS meets any useful tol
         raise ValueError(f"the heat kernel needs more than {MAX_STEPS} steps for t={t}, tol={tol}; use a smaller |t|")
@@ -144,8 +146,12 @@ def heat_truncation_error(t: Tensor, steps: int, method: str = "taylor") -> Tens
         >>> heat_truncation_error(torch.tensor(50.0), 4).item()  # the series has lost all its mass
         1.0
     """
+    if method not in _METHODS:  # any other name would be read as "taylor"
+        raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}{_choice_hint(method, _METHODS)}")
     t = t.detach().double()
     if method == "euler":
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:  # steps=0: 0/0 or inf
+            raise ValueError(f"the Euler heat kernel needs steps >= 1, got {steps!r}")
         return 2 * t * t * torch.exp(2 * t.abs()) / steps
     c = heat_coefficients(t.abs(), steps, "taylor")
     tail = (1.0 - c.sum(-1)).clamp_min(0.0)
@@ -159,6 +165,15 @@ def _check_truncation(t: float, steps: int, method: str, tol: float | None) -> N
         if t > steps:
             raise ValueError(f"{spec}): the Euler product needs steps >= t (each step is 1 - t/K = {1 - t / steps:g} "
                              f"times I plus t/K times P); steps={math.ceil(t)} would do, or use method='taylor'")
+        if tol is not None:  # a given tol binds the explicit steps as for Taylor (no default: the bound is loose)
+            err = float(heat_truncation_error(torch.tensor(t, dtype=torch.float64), steps, method))
+            if err > tol:
+                try:
+                    fix = (f"steps={heat_steps_for_tolerance(t, tol, method)} would do (or pass steps=None to choose "
+                           "it, or a larger tol)")
+                except ValueError:
+                    fix = f"no steps up to {MAX_STEPS} would do; use method='taylor' or a larger tol"
+                raise ValueError(f"{spec}): truncation error bound {err:.3g} exceeds tol={tol:g}; {fix}")
         return
     limit = MAX_TRUNCATION_ERROR if tol is None else tol
     err = float(heat_truncation_error(torch.tensor(t, dtype=torch.float64), steps))
@@ -200,7 +215,7 @@ class HeatOperator(DiffusionOperator):
         method: ``"taylor"`` (default) or ``"euler"`` (``((1 - t/K) I + t/K P)^K``).
         learnable: learn ``t`` (one value per head).
         tol: truncation tolerance: ``steps=None`` meets it (default ``1e-4``); an explicit
-            ``steps`` must meet it (default ``0.5``).
+            ``steps`` must meet it (default ``0.5``; with ``"euler"`` only a given ``tol``).
         min_t: lower bound applied to a learned ``t`` (a real number, ``-inf`` for none; not NaN).
         num_heads: number of heads ``G`` this instance serves.
 
@@ -298,6 +313,9 @@ class HeatOperator(DiffusionOperator):
             _check_loaded_constant(self, state_dict, prefix, "t", self._t0, "t", args[-1])
         super()._load_from_state_dict(state_dict, prefix, *args)
 
+    def _fixed_constants(self) -> dict[str, float]:
+        return {} if self.learnable else {"t": self._t0}
+
     def truncation_error(self) -> Tensor:
         """Bound on the ``inf``-norm error of the truncated series vs the exact kernel, per head."""
         return heat_truncation_error(self.effective_time(), self.steps, self.method)
@@ -357,6 +375,9 @@ class ExactHeatOperator(DiffusionOperator):
         if not self.learnable:  # the spec records the constructor's t
             _check_loaded_constant(self, state_dict, prefix, "t", self._t0, "t", args[-1])
         super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def _fixed_constants(self) -> dict[str, float]:
+        return {} if self.learnable else {"t": self._t0}
 
     @property
     def degree(self) -> int:

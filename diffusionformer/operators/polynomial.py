@@ -165,7 +165,11 @@ class PolynomialOperator(DiffusionOperator):
     def coefficients(self) -> Tensor:
         check_finite_parameter(self, "theta", self.theta)
         if self.basis == "chebyshev":
-            return self.theta @ self._basis.to(self.theta.dtype)
+            # in float32 (float64 for float64 theta), never half: the monomial weights of T_k reach 2^(k-1) and
+            # cancel, so a half-precision product (a half module, or the matmul autocast runs in bfloat16) is off
+            # by percents; the elementwise product and sum are not autocast ops
+            work = torch.float64 if self.theta.dtype == torch.float64 else torch.float32
+            return (self.theta.to(work).unsqueeze(-1) * self._basis.to(work)).sum(-2)
         return self.theta * 1.0
 
     def _apply(self, fn, recurse=True):  # type: ignore[override]

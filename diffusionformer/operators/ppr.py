@@ -160,6 +160,9 @@ class PPROperator(DiffusionOperator):
             _check_loaded_constant(self, state_dict, prefix, "_alpha", self._alpha0, "alpha", args[-1])
         super()._load_from_state_dict(state_dict, prefix, *args)
 
+    def _fixed_constants(self) -> dict[str, float]:
+        return {} if self.learnable else {"_alpha": self._alpha0}
+
     def truncation_error(self) -> Tensor:
         r"""Bound :math:`2 (1 - \alpha)^K` on the ``inf``-norm distance to the full PageRank series, per head."""
         return 2.0 * (1.0 - self.alpha.detach().double()) ** self.steps

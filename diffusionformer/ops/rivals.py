@@ -249,11 +249,16 @@ class RivalContext:
 
 
 def _slice_heads(mask: Tensor | None, s: int, c: int, H: int) -> Tensor | None:
-    if mask is None or mask.dim() < 4 or mask.shape[1] == 1:
+    """The heads ``s .. s + c - 1`` of a mask broadcastable to ``(B, H, N, M)``: its head axis is the third from
+    the end (``(H, N, M)`` masks too, not only ``(B, H, N, M)``)."""
+    if mask is None or mask.dim() < 3:
         return mask
-    if mask.shape[1] != H:
-        raise ValueError(f"attn_mask has {mask.shape[1]} heads, the layer {H}")
-    return mask[:, s : s + c]
+    axis = mask.dim() - 3
+    if mask.shape[axis] == 1:
+        return mask
+    if mask.shape[axis] != H:
+        raise ValueError(f"attn_mask has {mask.shape[axis]} heads, the layer {H}")
+    return mask.narrow(axis, s, c)
 
 
 def _context_output(op: nn.Module, ctx: RivalContext) -> Tensor:
