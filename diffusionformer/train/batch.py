@@ -17,8 +17,8 @@ def to_device(batch: Any, device: torch.device) -> Any:
     host's work; the device's stream orders it before any kernel reading it) and blocking to
     the CPU (a non-blocking copy from a GPU may be read on the host before it has landed);
     ``dict``/``list``/``tuple`` (named tuples
-    included) are rebuilt; objects with a ``.to(device)`` method (e.g. a PyG ``Data``) are
-    moved by it; other values (ints, strings, ``None``) are returned as they are.
+    included) are rebuilt; objects with a ``.to(device)`` method (e.g. a PyG ``Data``, or a named
+    tuple such as a ``PackedSequence``) are moved by it; other values (ints, strings, ``None``) are returned as they are.
 
     Args:
         batch: a tensor, a nested container, or an object with ``.to``.
@@ -34,6 +34,8 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, Mapping):
         return {k: to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
+        if callable(getattr(type(batch), "to", None)):  # a PackedSequence: its batch_sizes must stay on the CPU
+            return batch.to(device)
         return type(batch)(*(to_device(v, device) for v in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device) for v in batch)

@@ -231,7 +231,11 @@ class TrainConfig:
         object.__setattr__(self, "weight_decay", weight_decay)
         object.__setattr__(self, "grad_clip", grad_clip)
         object.__setattr__(self, "betas", betas)
-        object.__setattr__(self, "loggers", loggers)
+        # a numpy str (a sweep grid's np.array(["bf16", "off"])) is the str it equals: to_dict goes into every
+        # checkpoint, and torch.load(weights_only=True) refuses numpy scalars (the run could never resume)
+        for name in ("device", "amp", "weight_decay_rule"):
+            object.__setattr__(self, name, str(getattr(self, name)))
+        object.__setattr__(self, "loggers", tuple(str(n) for n in loggers))
 
     @property
     def decay_steps(self) -> int:

@@ -61,6 +61,8 @@ def _cell(value: Any) -> str:
     """A CSV cell: ``repr`` of a float (round-trips exactly), empty for None and non-finite."""
     if value is None:
         return ""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, numbers.Integral)):
+        value = float(value)  # a NumPy float: str(np.float32("nan")) is "nan", and "0.1" is not float(np.float32(0.1))
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else ""
     return str(value)
@@ -202,7 +204,9 @@ class CSVLog:
         columns, rows = self._read()
         # a last row cut short by a kill (no line end) is dropped whatever its step, as MetricsLog does
         whole = rows[:-1] if rows and not self.path.read_bytes().endswith((b"\n", b"\r")) else rows
-        kept = [r for r in whole if r.get("step", "").isdigit() and int(r["step"]) <= max_step]
+        # a row with more cells than the header (a damaged byte read as a comma) is dropped like one whose step is
+        # spoiled: its cells no longer sit under their columns, and csv.DictWriter refuses its overflow (key None)
+        kept = [r for r in whole if None not in r and (r.get("step") or "").isdigit() and int(r["step"]) <= max_step]
         self._rewrite(columns or list(CSV_BASE_COLUMNS), kept)
         return len(rows) - len(kept)
 

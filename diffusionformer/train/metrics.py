@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 from diffusionformer._files import set_new_file_mode
 from diffusionformer.config import _check_flag
 
@@ -28,6 +30,8 @@ def _plain(value: Any) -> Any:
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, np.bool_):  # not a numbers.Real; json: "Object of type bool is not JSON serializable"
+        return bool(value)
     if not isinstance(value, (bool, int, float)) and isinstance(value, numbers.Real):
         # np.float32 / np.int64 (numbers, but not to json: "Object of type float32 is not JSON serializable")
         value = int(value) if isinstance(value, numbers.Integral) else float(value)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import TrainConfig, _check_device
+from .config import TrainConfig, _check_device, _type_name
 
 __all__ = ["param_groups", "build_optimizer"]
 
@@ -69,7 +69,7 @@ def param_groups(model: nn.Module, weight_decay: float, rule: str = "default") -
     if rule not in ("default", "nanogpt"):
         raise ValueError(f"param_groups: expected rule 'default' or 'nanogpt', got {rule!r}")
     if isinstance(weight_decay, bool) or not isinstance(weight_decay, numbers.Real):
-        raise TypeError(f"param_groups: expected weight_decay a float >= 0, got {type(weight_decay).__name__} "
+        raise TypeError(f"param_groups: expected weight_decay a float >= 0, got {_type_name(weight_decay)} "
                         f"({weight_decay!r})")
     if not (math.isfinite(weight_decay) and weight_decay >= 0):
         raise ValueError(f"param_groups: expected weight_decay a finite float >= 0, got {weight_decay}")

@@ -38,9 +38,9 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_s
     """
     if not step >= 0:  # NaN too: it fell through every branch and came back as a NaN learning rate
         raise ValueError(f"cosine_lr: expected step >= 0, got {step}")
-    if warmup_steps < 0:
+    if not warmup_steps >= 0:  # NaN too: it failed every comparison and the cosine came back NaN
         raise ValueError(f"cosine_lr: expected warmup_steps >= 0, got {warmup_steps}")
-    if decay_steps < warmup_steps:
+    if not decay_steps >= warmup_steps:
         raise ValueError(
             f"cosine_lr: expected decay_steps >= warmup_steps ({warmup_steps}), got {decay_steps}"
         )

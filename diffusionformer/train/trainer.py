@@ -26,7 +26,7 @@ from .checkpoint import (
     model_record_differences,
     save_checkpoint,
 )
-from .config import TrainConfig, resolve_amp
+from .config import TrainConfig, _type_name, resolve_amp
 from .distributed import DistContext, init_distributed, shard_batch
 from .errors import CheckpointError, NonFiniteLossError
 from .loggers import CSV_NAME, TENSORBOARD_DIR, open_loggers
@@ -121,7 +121,7 @@ class Trainer:
             )
         if not isinstance(resume, (bool, str, os.PathLike)):
             raise TypeError(
-                f"Trainer: expected resume to be a bool or a path, got {type(resume).__name__}"
+                f"Trainer: expected resume to be a bool or a path, got {_type_name(resume)} ({resume!r})"
             )
         if config.grad_accum_steps > 1 and not getattr(task, "splits_into_micro_batches", True):
             raise ValueError(
@@ -220,7 +220,13 @@ class Trainer:
             warnings.warn(f"checkpoint {path} predates model records: resuming without checking that it was "
                           "written by a model of this class, config and head layout", UserWarning, stacklevel=4)
             return
-        model_diffs = model_record_differences(saved_model, model_record(self.model))
+        now_record = model_record(self.model)
+        if not (isinstance(saved_model, Mapping)
+                and all(isinstance(saved_model.get(k) or {}, Mapping) for k in ("config", "heads"))):
+            raise CheckpointError(f"checkpoint {path}: expected a model record as the trainer saves (a mapping with "
+                                  f"'class', 'config' and 'heads' mappings), got {_type_name(saved_model)} "
+                                  f"({repr(saved_model)[:200]})")
+        model_diffs = model_record_differences(saved_model, now_record)
         if model_diffs:
             raise ValueError(
                 f"resume: checkpoint {path} was written by a different model ({'; '.join(model_diffs)}); "
@@ -232,6 +238,7 @@ class Trainer:
         generator: torch.Generator,
     ) -> None:
         path = payload["_path"]
+        self._check_same_training_state(payload, optimizer)
         with _entries_fit(path, "the state of this model and optimizer, got one that does not fit"):
             self.model.load_state_dict(payload["model"])
             optimizer.load_state_dict(payload["optimizer"])
@@ -242,6 +249,40 @@ class Trainer:
                                   f"NaN or inf in {bad[:3]}{' ...' if len(bad) > 3 else ''}")
         with _entries_fit(path, "the random-generator states the trainer saves, got ones that do not fit"):
             restore_rng_state(payload["rng"], device, generator)
+
+    def _check_same_training_state(self, payload: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        """Refuse a checkpoint whose tensors load, but into another run: ``load_state_dict`` casts a float64 state
+        into a float32 model, and hands the Adam moments of one parameter to another of the same size when the
+        frozen parameters changed (it matches parameters by position, and only counts them), both without a word."""
+        path = payload["_path"]
+        saved_optimizer = payload["optimizer"]
+        groups = saved_optimizer.get("param_groups") if isinstance(saved_optimizer, Mapping) else None
+        if isinstance(groups, list) and all(isinstance(g, Mapping) and isinstance(g.get("names"), list)
+                                            and isinstance(g.get("params"), list) for g in groups):
+            saved = [list(g["names"]) for g in groups]
+            now = [list(g["names"]) for g in optimizer.param_groups]
+            sizes = [len(g["params"]) for g in groups] == [len(g["params"]) for g in optimizer.param_groups]
+            if sizes and saved != now:  # other sizes: load_state_dict refuses them (an entry that does not fit)
+                saved_names, now_names = {str(n) for g in saved for n in g}, {str(n) for g in now for n in g}
+                only_saved, only_now = sorted(saved_names - now_names), sorted(now_names - saved_names)
+                what = (f"trained only in the checkpoint: {only_saved[:4]}; trained only now: {only_now[:4]}"
+                        if only_saved or only_now else f"decay groups: checkpoint {saved}, now {now}")
+                raise ValueError(
+                    f"resume: checkpoint {path} was written by a run that optimised other parameters ({what}); "
+                    "freeze (requires_grad_(False)) the parameters the checkpoint was trained with, or start a new "
+                    "out_dir"
+                )
+        state = self.model.state_dict()
+        dtypes = [f"{name}: checkpoint {value.dtype}, now {state[name].dtype}"
+                  for name, value in payload["model"].items()
+                  if isinstance(value, torch.Tensor) and isinstance(state.get(name), torch.Tensor)
+                  and value.dtype != state[name].dtype]
+        if dtypes:
+            raise ValueError(
+                f"resume: checkpoint {path} was written by a model of other dtypes ({'; '.join(dtypes[:3])}"
+                f"{' ...' if len(dtypes) > 3 else ''}); load_state_dict would cast them and the run would not continue "
+                "the one that wrote it: build the model in the checkpoint's dtype, or start a new out_dir"
+            )
 
     # ------------------------------------------------------------------ loop
     def _fit(self, ctx: DistContext) -> dict[str, Any]:
@@ -277,7 +318,14 @@ class Trainer:
                 self._last = {"train": payload.get("last_train"), "eval": payload.get("last_eval")}
                 if not all(v is None or isinstance(v, Mapping) for v in self._last.values()):
                     raise TypeError(f"last_train/last_eval must be mappings, got {self._last!r}")
-                self._window = {k: [v[0].to(device), int(v[1])] for k, v in payload.get("window", {}).items()}
+                self._window = {}
+                for name, entry in payload.get("window", {}).items():
+                    total, count = entry
+                    if not (isinstance(total, torch.Tensor) and total.dim() == 0 and total.is_floating_point()
+                            and isinstance(count, int) and not isinstance(count, bool) and count >= 1):
+                        # else a torch.stack error at the next log, or a window mean divided by a count of 0
+                        raise ValueError(f"window[{name!r}] must be [a 0-d float tensor, a count >= 1], got {entry!r}")
+                    self._window[str(name)] = [total.to(device), count]
             self._last_checkpoint_step = start
             self._last_checkpoint_path = Path(payload["_path"])  # resume=<path>: another folder's, until we save
         if self.resume is not False:
@@ -476,7 +524,7 @@ class Trainer:
             else:
                 raise TypeError(
                     f"task.loss metrics[{name!r}]: expected a float or scalar tensor, got "
-                    f"{type(value).__name__}"
+                    f"{_type_name(value)}"
                 )
             if name in window:
                 window[name][0] = window[name][0] + value
@@ -539,7 +587,7 @@ class Trainer:
             if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars pass
                 raise TypeError(
                     f"task.evaluate()[{name!r}]: expected a float or scalar tensor, got "
-                    f"{type(value).__name__}"
+                    f"{_type_name(value)}"
                 )
             metrics[str(name)] = float(value)
         loss = metrics.get("loss")
