@@ -34,6 +34,7 @@ from torch import Tensor
 from diffusionformer.config import _choice_hint
 
 from ._optional import import_optional
+from ._unpickle import _NUMPY_GLOBALS, _plain
 from .base import ClassificationData, _check_flags
 from .checksums import sha256_file, verify_file
 from .images import _labelled_images_fit, build_image_data
@@ -51,6 +52,11 @@ CIFAR10_CLASSES = [
 BATCHES_DIR = "cifar-10-batches-py"
 TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+#: the formats Pillow may decode an entry as, whatever its name (Pillow guesses from the content, and a ".jpg"
+#: holding EPS would be handed to Ghostscript)
+_IMAGE_FORMATS = ("JPEG", "PNG")
+#: uncompressed bytes of one image entry: an uncompressed RGBA PNG of Pillow's largest image (MAX_IMAGE_PIXELS)
+_MAX_IMAGE_BYTES = 2**29
 
 
 def _zip_members(zf: zipfile.ZipFile, split: str) -> list[tuple[str, str]]:
@@ -79,8 +85,8 @@ def read_image_zip(
     """Decode the images of an ``ImageFolder``-style zip (``<split>/<class>/<file>``).
 
     Entries are ordered by (class name, file name); the class index is the rank of the class
-    name among the sorted names. Every image is converted to RGB and must have the size of
-    the first one.
+    name among the sorted names. Every image is decoded as JPEG or PNG (whatever its name says),
+    converted to RGB and must have the size of the first one.
 
     Args:
         path: the zip file.
@@ -92,8 +98,10 @@ def read_image_zip(
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        CorruptDataError: not a zip (a folder included), no matching entries, or an entry Pillow cannot decode or
-            calls a decompression bomb (more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``).
+        CorruptDataError: not a zip (a folder included), no matching entries, an entry that is no JPEG or PNG,
+            that Pillow cannot decode or calls a decompression bomb (more pixels than
+            ``PIL.Image.MAX_IMAGE_PIXELS``) or that declares more than 512 MiB uncompressed, an image of another
+            size than the first one, or more images of the first one's size than memory holds.
 
     Shapes:
         - images: ``(N, 3, H, W)`` uint8
@@ -114,16 +122,28 @@ def read_image_zip(
         labels = torch.tensor([class_index[c] for c, _ in members], dtype=torch.int64)
         images: np.ndarray | None = None
         for i, (_, name) in enumerate(members):
+            declared = zf.getinfo(name).file_size
+            if declared > _MAX_IMAGE_BYTES:  # zf.read would inflate it all (a small zip of a deflated multi-GB entry)
+                raise CorruptDataError(f"{str(path)!r}: {name!r} declares {declared} B uncompressed, more than any "
+                                       f"image file ({_MAX_IMAGE_BYTES} B at most)")
             try:
                 with warnings.catch_warnings():
                     # Pillow only warns between MAX_IMAGE_PIXELS and twice that: here a decompression bomb is refused
                     warnings.simplefilter("error", image_mod.DecompressionBombWarning)
-                    with image_mod.open(io.BytesIO(zf.read(name))) as im:
+                    with image_mod.open(io.BytesIO(zf.read(name)), formats=_IMAGE_FORMATS) as im:
                         pixels = np.asarray(im.convert("RGB"))
             except Exception as err:  # PIL raises several types for damaged images
-                raise CorruptDataError(f"{str(path)!r}: cannot decode {name!r}: {err}") from None
+                # (Pillow's "cannot identify image file <_io.BytesIO ...>" names a buffer, not the entry)
+                why = "not such an image" if isinstance(err, image_mod.UnidentifiedImageError) else err
+                raise CorruptDataError(
+                    f"{str(path)!r}: cannot decode {name!r} as {' or '.join(_IMAGE_FORMATS)}: {why}") from None
             if images is None:
-                images = np.empty((len(members), *pixels.shape), dtype=np.uint8)
+                try:
+                    images = np.empty((len(members), *pixels.shape), dtype=np.uint8)
+                except MemoryError:
+                    raise CorruptDataError(
+                        f"{str(path)!r}: {len(members)} images of {name!r}'s size ({pixels.shape[0]} x "
+                        f"{pixels.shape[1]}) do not fit in memory") from None
             if pixels.shape != images.shape[1:]:
                 raise CorruptDataError(
                     f"{str(path)!r}: {name!r} has shape {pixels.shape}, "
@@ -135,28 +155,19 @@ def read_image_zip(
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):
-    """Unpickler for CIFAR batches: rebuilds NumPy arrays and nothing else."""
-
-    _ALLOWED = {
-        ("_codecs", "encode"),  # bytes in protocol-2 pickles written by Python 3
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("numpy.core.multiarray", "scalar"),
-        ("numpy._core.multiarray", "scalar"),
-    }
+    """Unpickler for CIFAR batches: rebuilds NumPy arrays of booleans, numbers and fixed-width strings and
+    nothing else, each from the bytes the file holds (see ``_unpickle.py``)."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in self._ALLOWED:
+        if (module, name) not in _NUMPY_GLOBALS:
             raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a CIFAR batch")
-        return super().find_class(module, name)
+        return _NUMPY_GLOBALS[module, name]
 
 
 def _unpickle(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            obj = _NumpyOnlyUnpickler(f, encoding="bytes").load()
+            obj = _plain(_NumpyOnlyUnpickler(f, encoding="bytes").load())
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, LookupError,
             MemoryError, OverflowError) as err:  # a lying size field asks for more than memory holds
         raise CorruptDataError(f"corrupt CIFAR batch {str(path)!r}: {str(err) or type(err).__name__}") from None

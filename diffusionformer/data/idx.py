@@ -84,7 +84,10 @@ def parse_idx(raw: bytes, *, expected_magic: int | None = None, source: str = "<
             f"{source}: IDX file {state}: header says {dims} x {dtype.itemsize} B = {expected} B "
             f"of data, found {got} B"
         )
-    array = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
+    try:
+        array = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
+    except ValueError as err:  # more dimensions than NumPy has (64)
+        raise CorruptDataError(f"{source}: IDX header declares {ndim} dimensions: {err}") from None
     return torch.from_numpy(array.astype(dtype.newbyteorder("="), copy=True))
 
 

@@ -105,6 +105,10 @@ def load_mnist(
     train_labels = _read(root, found["train_labels"], IDX_LABELS_MAGIC, verify)
     test_images = _read(root, found["test_images"], IDX_IMAGES_MAGIC, verify)
     test_labels = _read(root, found["test_labels"], IDX_LABELS_MAGIC, verify)
+    for key, images in (("train_images", train_images), ("test_images", test_images)):
+        if tuple(images.shape[1:]) != (28, 28):  # the header's sizes: 10 x 10 images loaded as a smaller MNIST
+            raise CorruptDataError(f"mnist: {str(root / found[key])!r} holds images of shape {tuple(images.shape)}, "
+                                   f"expected (N, 28, 28)")
     if len(train_images) != len(train_labels) or len(test_images) != len(test_labels):
         raise CorruptDataError(
             f"mnist: image and label counts differ (train {len(train_images)} vs "

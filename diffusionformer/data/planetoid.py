@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._unpickle import _NUMPY_GLOBALS, _plain
 from .base import NodeData, _check_flags
 from .checksums import verify_file
 from .paths import CorruptDataError, require_files
@@ -112,14 +113,7 @@ class _PlanetoidUnpickler(pickle.Unpickler):
     """Rebuilds what Planetoid's ``ind.*`` pickles hold (Python 2 protocol): NumPy arrays,
     SciPy CSR matrices, lists and a ``defaultdict(list)``; any other global is refused."""
 
-    _ALLOWED = {
-        ("numpy", "ndarray"), ("numpy", "dtype"),
-        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-        ("collections", "defaultdict"),
-        ("__builtin__", "list"), ("builtins", "list"),
-        ("_codecs", "encode"),  # bytes in protocol-2 pickles written by Python 3
-    }
+    _ALLOWED = {("collections", "defaultdict"), ("__builtin__", "list"), ("builtins", "list")}
     _CSR = {("scipy.sparse.csr", "csr_matrix"), ("scipy.sparse._csr", "csr_matrix"), ("scipy.sparse", "csr_matrix")}
 
     def find_class(self, module: str, name: str) -> Any:
@@ -127,6 +121,8 @@ class _PlanetoidUnpickler(pickle.Unpickler):
             from scipy.sparse import csr_matrix
 
             return csr_matrix
+        if (module, name) in _NUMPY_GLOBALS:  # arrays of booleans and numbers, from the bytes the file holds
+            return _NUMPY_GLOBALS[module, name]
         if (module, name) not in self._ALLOWED:
             raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a Planetoid file")
         return super().find_class(module, name)
@@ -136,7 +132,7 @@ def _unpickle_planetoid(path: Path) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            return _PlanetoidUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load()
+            return _plain(_PlanetoidUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load())
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
             LookupError, ImportError, MemoryError, OverflowError, UnicodeDecodeError) as err:
         # LookupError: KeyError, and ``_codecs.encode`` asked for an unknown codec
@@ -246,6 +242,13 @@ def read_planetoid(folder: str | Path, prefix: str) -> Any:
     node_ids = [*graph, *(j for v in graph.values() for j in v)]
     if int(test_index.min()) < 0 or int(test_index.max()) >= N or any(not 0 <= i < N for i in node_ids):
         raise CorruptDataError(f"corrupt Planetoid files in {str(folder)!r} ({prefix}): a node index is outside [0, {N})")
+    if int(test_index.min()) < allx.size(0) or test_index.unique().numel() != test_index.numel():
+        # a test node among allx's (train and val) nodes overwrote its features and sat in two masks; a repeated
+        # one dropped a test row
+        raise CorruptDataError(
+            f"corrupt Planetoid file {str(f['test.index'])!r}: the test nodes must be distinct and follow the "
+            f"{allx.size(0)} nodes of allx, got {test_index.numel() - test_index.unique().numel()} repeated and "
+            f"a smallest index of {int(test_index.min())}")
     x[test_index] = x[sorted_test_index]
     y_all = torch.cat([ally, ty], dim=0).max(dim=1)[1]
     y_all[test_index] = y_all[sorted_test_index]

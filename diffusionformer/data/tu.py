@@ -66,7 +66,8 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
     Raises:
         FileNotFoundError: ``zip_path`` does not exist.
         CorruptDataError: not a zip (a folder included), no ``<name>_A.txt``/``<name>_graph_indicator.txt``/
-            ``<name>_graph_labels.txt`` inside, or an empty ``<name>_A.txt``.
+            ``<name>_graph_labels.txt`` inside, an empty ``<name>_A.txt``, or tables that do not fit together
+            (see :func:`_check_tu_tables`).
     """
     marker = raw_dir / _MARKER
     if marker.is_file() and marker.read_text().strip() == digest:
@@ -107,6 +108,7 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
             raise CorruptDataError(
                 f"{str(zip_path)!r}: {name}_A.txt is empty (a TU dataset lists its edges there)"
             )
+        _check_tu_tables(tmp, name, zip_path)
         for old in raw_dir.iterdir():
             if old.is_file():
                 old.unlink()
@@ -120,6 +122,92 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
     if processed.is_dir():
         shutil.rmtree(processed, ignore_errors=True)
     return raw_dir
+
+
+# entries of a one-hot label matrix PyG builds from a label column (nodes x label span); the largest here is
+# NCI1's 122,747 x 37 = 4.5M
+_MAX_ONE_HOT = 2**28
+
+
+def _tu_lines(path: Path, zip_path: Path) -> list[str]:
+    """The lines of an extracted TU table, a missing last newline added to the file (PyG's reader drops the
+    text after the last newline: the last edge or label would be lost without a word)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CorruptDataError(f"{str(zip_path)!r}: {path.name} is not text ({err})") from None
+    if text and not text.endswith("\n"):
+        text += "\n"
+        path.write_text(text, encoding="utf-8")
+    return text.split("\n")[:-1]
+
+
+def _tu_ints(path: Path, zip_path: Path, columns: int | None = 1) -> list[list[int]]:
+    """The rows of integers of an extracted TU table (``columns`` per row, or the first row's count)."""
+    rows = []
+    for i, line in enumerate(_tu_lines(path, zip_path), 1):
+        try:
+            row = [int(v) for v in line.split(",")]
+        except ValueError:
+            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected integers "
+                                   f"separated by commas") from None
+        columns = len(row) if columns is None else columns
+        if len(row) != columns:
+            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected {columns} "
+                                   f"value(s) like the other lines")
+        rows.append(row)
+    return rows
+
+
+def _check_tu_tables(folder: Path, name: str, zip_path: Path) -> None:
+    """Check the extracted tables before PyG reads them: PyG indexes with their values unchecked, so a node
+    id of 0 wrapped to the last node, an id past the end or across graphs became an edge of another graph (or
+    an index beyond its graph), nodes listed out of graph order were sliced into the wrong graphs, a graph id
+    of 10**9 allocated a count per id, and a node label of 10**9 a one-hot matrix of that width.
+
+    Raises:
+        CorruptDataError: naming the archive, the table and the line.
+    """
+    def table(part: str) -> Path:
+        return folder / f"{name}_{part}.txt"
+
+    indicator = [r[0] for r in _tu_ints(table("graph_indicator"), zip_path)]
+    N = len(indicator)
+    for i, (prev, g) in enumerate(zip([0, *indicator], indicator), 1):
+        if g not in (prev, prev + 1) or g < 1:
+            after = f"after graph {prev}" if i > 1 else "first"
+            raise CorruptDataError(
+                f"{str(zip_path)!r}: line {i} of {name}_graph_indicator.txt gives graph {g} {after}: the nodes of a "
+                f"graph must be listed together and graphs numbered 1, 2, ... without gaps")
+    G = indicator[-1] if indicator else 0
+    labels = _tu_ints(table("graph_labels"), zip_path)
+    if len(labels) != G:
+        raise CorruptDataError(f"{str(zip_path)!r}: {name}_graph_labels.txt has {len(labels)} lines for the {G} "
+                               f"graphs of {name}_graph_indicator.txt")
+    edges = _tu_ints(table("A"), zip_path, 2)
+    for i, (a, b) in enumerate(edges, 1):
+        if not (1 <= a <= N and 1 <= b <= N):
+            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {name}_A.txt is the edge ({a}, {b}): node ids "
+                                   f"must lie in [1, {N}] (the lines of {name}_graph_indicator.txt)")
+        if indicator[a - 1] != indicator[b - 1]:
+            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {name}_A.txt joins node {a} of graph "
+                                   f"{indicator[a - 1]} to node {b} of graph {indicator[b - 1]}")
+    for part, rows in (("node", N), ("edge", len(edges))):
+        if table(f"{part}_labels").is_file():
+            values = _tu_ints(table(f"{part}_labels"), zip_path, None)
+            if len(values) != rows:
+                raise CorruptDataError(f"{str(zip_path)!r}: {name}_{part}_labels.txt has {len(values)} lines, "
+                                       f"expected one per {part} ({rows})")
+            width = sum(max(col) - min(col) + 1 for col in zip(*values))  # PyG one-hot encodes each column
+            if rows * width > _MAX_ONE_HOT:
+                raise CorruptDataError(
+                    f"{str(zip_path)!r}: the labels of {name}_{part}_labels.txt span {width} values: their one-hot "
+                    f"matrix would have {rows} x {width} entries, more than any TU dataset (at most {_MAX_ONE_HOT})")
+        if table(f"{part}_attributes").is_file():
+            count = len(_tu_lines(table(f"{part}_attributes"), zip_path))
+            if count != rows:
+                raise CorruptDataError(f"{str(zip_path)!r}: {name}_{part}_attributes.txt has {count} lines, "
+                                       f"expected one per {part} ({rows})")
 
 
 def load_tu(

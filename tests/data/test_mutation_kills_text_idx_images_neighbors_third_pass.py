@@ -334,12 +334,13 @@ _HUGE_DTYPE = (b"\x80\x02cnumpy\ndtype\nU\x02u1K\x00K\x01\x87R(K\x03U\x01|NNNJ\x
 _LIST_STATE = b"\x80\x02]}X\x01\x00\x00\x00aK\x01sb."  # BUILD on a list: it has no __dict__
 
 
-@pytest.mark.parametrize("raw,kind", [(_UNKNOWN_CODEC, "LookupError"), (_HUGE_DTYPE, "OverflowError"),
+@pytest.mark.parametrize("raw,kind", [(_UNKNOWN_CODEC, "UnpicklingError: _codecs.encode"), (_HUGE_DTYPE, "OverflowError"),
                                       (_LIST_STATE, "AttributeError")], ids=["codec", "overflow", "list-state"])
 def test_hostile_pickles_are_corrupt_files_naming_them(tmp_path, writers, raw, kind):
     """Bug: planetoid.py ``_unpickle_planetoid`` caught ``KeyError`` but not its parent ``LookupError``: a
     doctored ``ind.cora.x`` calling the allowed ``_codecs.encode`` with an unknown codec raised a bare
-    ``LookupError: unknown encoding: bogus`` naming no file; it is now a ``CorruptDataError`` naming it.
+    ``LookupError: unknown encoding: bogus`` naming no file; it is now a ``CorruptDataError`` naming it (since
+    the fourth data probe, ``_codecs.encode`` takes ``latin1`` only: an ``UnpicklingError``).
     Also kills: planetoid.py ``OverflowError`` and ``AttributeError`` dropped from the caught errors
     (a dtype of item size 2**120, a list given a ``__dict__`` state); reference: pickles written opcode
     by opcode"""
