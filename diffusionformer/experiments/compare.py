@@ -106,17 +106,21 @@ def contrasts(table: Sequence[Mapping[str, Any]], config: ExperimentConfig, *, l
 
 
 def format_p(p: float | None) -> str:
-    """A p-value for a table: ``"<0.001"``, three decimals (four next to 0.05, so that a value just below
-    the 5% level, which the tables mark bold, never reads 0.050), or ``"n/a"``.
+    """A p-value for a table: ``"<0.001"``, three decimals (four next to 0.05, more where four
+    would round across it, so that a value just below the 5% level, which the tables mark bold, never reads
+    0.050), or ``"n/a"``.
 
     Examples:
-        >>> [format_p(p) for p in (0.0004, 0.0123, 0.0498, 0.0502, 0.051, None)]
-        ['<0.001', '0.012', '0.0498', '0.0502', '0.051', 'n/a']
+        >>> [format_p(p) for p in (0.0004, 0.0123, 0.0498, 0.0502, 0.051, 0.049996, None)]
+        ['<0.001', '0.012', '0.0498', '0.0502', '0.051', '0.049996', 'n/a']
     """
     if p is None:
         return "n/a"
     if 0.0495 <= p < 0.0505:
-        return f"{p:.4f}"
+        digits = 4
+        while digits < 17 and (float(f"{p:.{digits}f}") < 0.05) != (p < 0.05):  # 0.049996: not "0.0500" in bold
+            digits += 1
+        return f"{p:.{digits}f}"
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 

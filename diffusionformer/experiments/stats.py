@@ -168,8 +168,21 @@ def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float], *, level: 
         if _no_spread(abs(mean), values):
             mean, d = 0.0, [0.0] * n
     se = sd * math.sqrt(1.0 / n + (test_train_ratio or 0.0))
-    q = RELATIVE_RESOLUTION * max(map(abs, values))  # differences equal up to float32 rounding tie in the ranks
-    return _finish(method, n, mean, se, n - 1, level, wilcoxon_p([round(x / q) * q if q > 0 else x for x in d]))
+    return _finish(method, n, mean, se, n - 1, level, wilcoxon_p(_resolved(d, values)))
+
+
+def _resolved(d: list[float], values: list[float]) -> list[float]:
+    """The differences ``d`` of the pairs ``(values[i], values[n + i])`` for the ranks: one within
+    :data:`RELATIVE_RESOLUTION` of its own pair's values is zero, and sizes equal up to that resolution tie
+    (float32 rounding is relative to each value, so one large pair, e.g. a diverged seed, blurs no other pair)."""
+    n = len(d)
+    tol = [RELATIVE_RESOLUTION * max(abs(values[i]), abs(values[n + i])) for i in range(n)]
+    out = [0.0 if abs(x) <= t else x for x, t in zip(d, tol)]
+    order = sorted(range(n), key=lambda i: abs(out[i]))
+    for prev, i in zip(order, order[1:]):  # by size: each joins the tie of the one below it when within resolution
+        if out[prev] != 0.0 and abs(out[i]) - abs(out[prev]) <= max(tol[i], tol[prev]):
+            out[i] = math.copysign(abs(out[prev]), out[i])
+    return out
 
 
 def nadeau_bengio(a: Mapping[Any, float], b: Mapping[Any, float], folds: int, *, level: float = 0.95,
@@ -370,6 +383,7 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
         >>> welch_t([1.0], [0.0, 1.0]) is None
         True
     """
+    a, b = [float(x) for x in a], [float(x) for x in b]  # numpy ints and float32s: statistics cannot mix them
     _check_finite([*a, *b], "a and b")
     if len(a) < 2 or len(b) < 2:
         return None
@@ -394,19 +408,33 @@ def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
     if len(keys) < 2:
         return None
     _check_finite([float(v) for k in keys for v in (a[k], b[k])], "the paired values")
-    d = [a[k] - b[k] for k in keys]
+    d = [float(a[k]) - float(b[k]) for k in keys]  # floats: statistics refuses numpy ints (no bit_length)
     sd = statistics.stdev(d)
-    values = [a[k] for k in keys] + [b[k] for k in keys]
+    values = [float(a[k]) for k in keys] + [float(b[k]) for k in keys]
     return None if _no_spread(sd, values) else statistics.fmean(d) / (sd / math.sqrt(len(d)))
 
 
 def difference_t(row: Mapping[str, Any], base: Mapping[str, Any], values: str, paired: bool) -> float | None:
     """t of ``row``'s mean minus ``base``'s for the ``values`` key of ``aggregate`` rows:
     :func:`paired_t` over seeds when ``paired``, else :func:`welch_t`."""
+    key = _by_seed_key(values)
     if paired:
-        key = {"values": "by_seed", "selected_values": "selected_by_seed"}[values]
         return paired_t(row.get(key, {}), base.get(key, {}))
-    return welch_t(row[values], base[values])
+    return welch_t(row.get(values) or [], base.get(values) or [])  # a side without selected values: no t, as paired
+
+
+#: the values of an ``aggregate`` row a comparison may read, with the same values per seed
+_BY_SEED = {"values": "by_seed", "selected_values": "selected_by_seed"}
+
+
+def _by_seed_key(values: Any) -> str:
+    """The per-seed key of the ``values`` key of an ``aggregate`` row; a ValueError naming the two allowed."""
+    if not isinstance(values, str) or values not in _BY_SEED:
+        from diffusionformer.config import _choice_hint
+
+        raise ValueError(f"values must be 'values' (the final metric) or 'selected_values' (at the best select_by "
+                         f"evaluation), got {values!r}{_choice_hint(values, tuple(_BY_SEED))}")
+    return _BY_SEED[values]
 
 
 def compare_rows(row: Mapping[str, Any], base: Mapping[str, Any], values: str = "values", *,
@@ -414,7 +442,7 @@ def compare_rows(row: Mapping[str, Any], base: Mapping[str, Any], values: str = 
     """The :class:`Difference` of two ``aggregate`` rows: paired over seeds (Nadeau-Bengio when
     ``folds`` is given), for the final metric (``values``) or the one at the best ``select_by``
     evaluation (``selected_values``)."""
-    key = {"values": "by_seed", "selected_values": "selected_by_seed"}[values]
+    key = _by_seed_key(values)
     a, b = row.get(key) or {}, base.get(key) or {}
     if folds is not None:
         return nadeau_bengio(a, b, folds, level=level)

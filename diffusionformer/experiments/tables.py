@@ -64,13 +64,16 @@ def _reach_steps_cell(row: Mapping[str, Any]) -> str:
     return f"{statistics.fmean(hit):.0f}{spread} ({len(hit)} of {len(steps)})"
 
 
-def _pairs_note(c: Any, row: Mapping[str, Any], rows: list[dict[str, Any]], baseline: str) -> str:
+def _pairs_note(c: Any, row: Mapping[str, Any], rows: list[dict[str, Any]], baseline: str, by_seed: str = "by_seed") -> str:
     """``" (k paired)"`` when the contrast of ``row`` pairs fewer seeds than it or the baseline has (a seed missing,
-    failed or non-finite on one side): its Δ, df and p are over those ``k`` common seeds, not the ``n`` shown."""
-    if c is None or c.diff.n is None:
+    failed or non-finite on one side): its Δ, df and p are over those ``k`` common seeds, not the ``n`` shown.
+    ``by_seed``: the row's values per seed of the contrast's kind (``selected_by_seed``, ``reach_by_seed``); in their
+    tables a contrast with no pairs at all (censored steps, no selected value) is not noted: its cells say n/a."""
+    if c is None or c.diff.n is None or (not c.diff.n and by_seed != "by_seed"):
         return ""
     base = next((b for b in rows if b["operator"] == baseline), {})
-    return f" ({c.diff.n} paired with {baseline})" if c.diff.n < max(row["n"], base.get("n", 0)) else ""
+    have = max(len(row.get(by_seed) or {}), len(base.get(by_seed) or {}))
+    return f" ({c.diff.n} paired with {baseline})" if c.diff.n < have else ""
 
 
 def _contrast_cells(c: Any, digits: int, compact: bool) -> list[str]:
@@ -155,6 +158,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
             lines += header(["operator", f"{task.metric} mean ± std", *stat_heads])
             for r in rows:
                 sel = f"{_fmt(r['selected_mean'])} ± {_fmt(r['selected_std'])}" if "selected_mean" in r else "n/a"
+                sel += _pairs_note(found.get((task.name, r["operator"], "selected")), r, rows, baseline, "selected_by_seed")
                 lines.append("| " + " | ".join([r["operator"], sel, *stat_cells(task.name, r["operator"], "selected", 4)]) + " |")
             lines.append("")
         if task.reach is not None:
@@ -162,7 +166,9 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
             lines += [f"#### {task.name}: steps to {rkey} {'≤' if rkey.endswith('loss') else '≥'} {rval:g}", ""]
             lines += header(["operator", "steps mean ± std (runs that reached it)", *stat_heads])
             for r in rows:
-                cells = [r["operator"], _reach_steps_cell(r), *stat_cells(task.name, r["operator"], "reach", 0)]
+                steps = _reach_steps_cell(r) + _pairs_note(found.get((task.name, r["operator"], "reach")), r, rows, baseline,
+                                                           "reach_by_seed")
+                cells = [r["operator"], steps, *stat_cells(task.name, r["operator"], "reach", 0)]
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
     if lines and stat_heads:
