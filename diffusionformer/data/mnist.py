@@ -114,6 +114,9 @@ def load_mnist(
             f"mnist: image and label counts differ (train {len(train_images)} vs "
             f"{len(train_labels)}, test {len(test_images)} vs {len(test_labels)})"
         )
+    if not len(train_labels):  # else carve_val's "val_size must be in [0, 0)", naming no file
+        raise CorruptDataError(f"mnist: {str(root / found['train_images'])!r} and {str(root / found['train_labels'])!r} "
+                               "hold no training examples")
     for split, labels in (("train", train_labels), ("test", test_labels)):
         if labels.numel() and int(labels.max()) > 9:
             raise CorruptDataError(f"mnist: {split} labels must be 0..9, found {int(labels.max())}")

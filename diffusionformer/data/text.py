@@ -137,9 +137,12 @@ def load_tinyshakespeare(
     (path,) = require_files("tinyshakespeare", root, [TINYSHAKESPEARE])
     if verify:
         verify_file(path, TINYSHAKESPEARE)
+    text = read_text(path)
+    if len(text) < 2:  # (verify=False): char_text_data would refuse it without naming the file
+        raise CorruptDataError(f"tinyshakespeare: {str(path)!r} holds {len(text)} character(s), expected a corpus")
     data = char_text_data(
         "tinyshakespeare",
-        read_text(path),
+        text,
         train_fraction=train_fraction,
         meta={
             "source": "karpathy/char-rnn data/tinyshakespeare/input.txt",

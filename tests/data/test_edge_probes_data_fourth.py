@@ -340,3 +340,29 @@ def test_bug_planetoid_test_indices_must_be_new_distinct_nodes(tmp_path, writers
     with pytest.raises(CorruptDataError, match=r"ind\.cora\.test\.index'.*test nodes must be distinct and follow the "
                                                r"520 nodes of allx"):
         read_planetoid(raw, "cora")
+
+
+def test_bug_an_empty_mnist_training_file_is_named(tmp_path, writers):
+    """Bug: MNIST files with no training examples (an empty IDX pair) failed in the split with "val_size must be in
+    [0, 0)", naming no file; the loader now names the training files. (No test examples still load.)"""
+    from diffusionformer.data import load_dataset
+    from diffusionformer.data.paths import CorruptDataError
+
+    writers.write_mnist_layout(tmp_path, n_train=0, n_test=3)
+    with pytest.raises(CorruptDataError, match=r"mnist: '.*train-images.*' and '.*train-labels.*' hold no training"):
+        load_dataset("mnist", root=tmp_path, verify=False, val_size=0)
+
+
+@pytest.mark.parametrize("text", ["", "x"])
+def test_bug_a_near_empty_tinyshakespeare_file_is_named(tmp_path, text):
+    """Bug: an empty (or one-character) ``tinyshakespeare/input.txt`` read with ``verify=False`` failed with "text
+    must have at least 2 characters", naming no file; it is now a CorruptDataError naming the path."""
+    from diffusionformer.data import load_dataset
+    from diffusionformer.data.paths import CorruptDataError
+
+    (tmp_path / "tinyshakespeare").mkdir()
+    (tmp_path / "tinyshakespeare" / "input.txt").write_text(text)
+    with pytest.raises(CorruptDataError, match=rf"tinyshakespeare: '.*input\.txt' holds {len(text)} character"):
+        load_dataset("tinyshakespeare", root=tmp_path, verify=False)
+    (tmp_path / "tinyshakespeare" / "input.txt").write_text("ab" * 10)
+    assert load_dataset("tinyshakespeare", root=tmp_path, verify=False).vocab_size == 2
