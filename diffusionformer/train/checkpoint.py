@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import json
 import os
 import pickle
@@ -67,7 +68,8 @@ def save_checkpoint(path: str | os.PathLike[str], payload: Mapping[str, Any]) ->
 
     The payload is written to a temporary file in the same directory, flushed and
     ``fsync``-ed, then moved over ``path`` with ``os.replace`` (atomic on POSIX and Windows);
-    on any error the temporary file is removed and ``path`` is untouched.
+    on any error the temporary file is removed and ``path`` is untouched. Temporary files of
+    ``path`` left by a hard kill of an earlier save are removed once this one has landed.
 
     Args:
         path: destination file.
@@ -98,6 +100,11 @@ def save_checkpoint(path: str | os.PathLike[str], payload: Mapping[str, Any]) ->
             os.unlink(tmp_name)
         raise
     _fsync_dir(path.parent)
+    # a hard kill (SIGKILL, power loss) skips the cleanup above: its checkpoint-sized temporary file stays, one per
+    # kill; this save of the same path supersedes it (one writer per path: the trainer saves on rank 0 only)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
     return path
 
 

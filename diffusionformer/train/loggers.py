@@ -291,9 +291,11 @@ class LogGroup:
             writer.append(record)
 
     def truncate(self, max_step: int) -> int:
-        """Truncate every writer; returns the count of the first (the JSON-lines log)."""
+        """Truncate every writer; returns the count of the JSON-lines log where there is one (whatever the order of
+        ``loggers``), else of the first writer."""
         counts = [writer.truncate(max_step) for writer in self.writers]
-        return counts[0] if counts else 0
+        jsonl = [c for writer, c in zip(self.writers, counts) if isinstance(writer, MetricsLog)]
+        return (jsonl or counts or [0])[0]
 
     def close(self) -> None:
         for writer in self.writers:

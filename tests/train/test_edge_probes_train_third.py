@@ -255,3 +255,51 @@ def test_csv_reopened_after_a_resume_keeps_the_wider_header_and_reads_like_the_j
     csv_records = read_metrics_csv(tmp_path)
     assert [r["metrics"] for r in csv_records] == [{"a": 1.0}, {"a": 2.0}, {"b": 0.25}]
     assert [r["metrics"] for r in read_metrics(tmp_path)] == [{"a": 1.0}, {"a": 2.0}, {"b": 0.25, "a": None}]
+
+
+def test_bug_log_group_truncate_counts_the_jsonl_log_whatever_the_order(tmp_path):
+    """Bug: ``LogGroup.truncate`` returned the count of the first writer, documented as the JSON-lines log, but
+    with ``loggers=["csv", "jsonl"]`` it was the CSV log's (which counts rows differently: a damaged row of one file
+    is not one of the other)."""
+    from diffusionformer.train.loggers import CSV_NAME, open_loggers
+
+    for names in (["csv", "jsonl"], ["jsonl", "csv"]):
+        out = tmp_path / "-".join(names)
+        log = open_loggers(names, out)
+        for step in (1, 2, 3):
+            log.append({"step": step, "split": "train", "loss": 0.5, "lr": 0.1, "metrics": {}, "elapsed": 1.0,
+                        "time": 1.0})
+        log.close()
+        with open(out / CSV_NAME, "a") as f:  # a damaged row in the CSV only: dropped there, not in the JSONL
+            f.write("x,y\n")
+        log = open_loggers(names, out)
+        assert log.truncate(1) == 2, names  # the JSONL log drops steps 2 and 3 (the CSV log 3 rows)
+        log.close()
+
+
+def test_bug_a_hard_killed_save_leaves_no_temporary_file_after_the_next_save(tmp_path):
+    """Bug: a save killed hard (SIGKILL: no cleanup runs) left its checkpoint-sized ``.checkpoint.pt.*.tmp`` in the
+    run folder, one more per such kill, for good; the next save of the same path now removes them (and leaves the
+    temporary files of other names alone)."""
+    import subprocess
+    import sys
+
+    from diffusionformer.train.checkpoint import save_checkpoint
+
+    script = (
+        "import os, signal, sys, torch\n"
+        "from diffusionformer.train import checkpoint as c\n"
+        "def killed(obj, f, *a, **k):\n"
+        "    f.write(b'partial'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "c.torch.save = killed\n"
+        "c.save_checkpoint(sys.argv[1], {'w': torch.ones(2)})\n"
+    )
+    target = tmp_path / "checkpoint.pt"
+    proc = subprocess.run([sys.executable, "-c", script, str(target)], capture_output=True)
+    assert proc.returncode < 0  # killed
+    other = tmp_path / ".other.pt.abc.tmp"
+    other.write_bytes(b"x")
+    assert [p.name.startswith(".checkpoint.pt.") for p in tmp_path.iterdir()].count(True) == 1
+    save_checkpoint(target, {"w": torch.zeros(2)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.pt.abc.tmp", "checkpoint.pt"]
+    assert torch.load(target)["w"].tolist() == [0.0, 0.0]
