@@ -82,6 +82,9 @@ class DifferentialOperator(DiffusionOperator):
             depth = int(depth)  # a numpy int: the spec writes a Python int
         self.depth = depth
         self.lambda_init = None if lambda_init is None else check_finite_float(lambda_init, "lambda_init")
+        if self.lambda_init == 1.0:  # the output is scaled by 1 - lambda_init: a head of zeros that never learns
+            raise ValueError("lambda_init=1 scales the head's output by 1 - lambda_init = 0 (a dead head that gets "
+                             "no gradient); the paper's schedule gives 0.2 .. 0.8 (lambda_init=None uses it)")
         self.head_dim: int | None = None
         self._spec_head_dim = head_dim is not None  # given here, not bound by a layer: the spec must carry it
         if head_dim is not None:

@@ -264,8 +264,10 @@ def test_differential_lambda_init_is_checked():
         DifferentialOperator(lambda_init=float("nan"))
     with pytest.raises(TypeError, match="lambda_init must be a float"):
         DifferentialOperator(lambda_init="0.3")
-    op = DifferentialOperator(lambda_init=1)
-    assert type(op.lambda_init) is float and op.lambda_init == 1.0
+    op = DifferentialOperator(lambda_init=0)
+    assert type(op.lambda_init) is float and op.lambda_init == 0.0
+    with pytest.raises(ValueError, match=r"lambda_init=1 scales the head's output by 1 - lambda_init = 0"):
+        DifferentialOperator(lambda_init=1)  # a dead head (the edge probes' third rivals round)
 
 
 def test_nonfinite_lambda_vector_raises():
