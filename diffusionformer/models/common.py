@@ -114,10 +114,13 @@ def _readout_batch(batch: Tensor | None, num_graphs: Any, num_nodes: int,
                    device: torch.device) -> tuple[Tensor, int | None]:
     """The graph id of every node for a GCN/GIN readout (zeros without ``batch``; its shape and dtype checked by
     :func:`_check_batch`) and ``num_graphs`` checked against it as the graph transformer checks it
-    (:func:`_check_num_graphs`), as a Python int or ``None``."""
+    (:func:`_check_num_graphs`), as a Python int or ``None``; without ``batch``, 1 (one graph, an empty one when
+    there is no node: read from the zeros, ``batch.max() + 1`` gave no graph at all)."""
     _check_batch(batch, num_nodes)
     num_graphs = _check_num_graphs(batch, num_graphs)
-    return (torch.zeros(num_nodes, dtype=torch.long, device=device) if batch is None else batch), num_graphs
+    if batch is None:
+        return torch.zeros(num_nodes, dtype=torch.long, device=device), 1
+    return batch, num_graphs
 
 
 def _check_mlp_ratio(where: str, dim: int, mlp_ratio: Any) -> None:

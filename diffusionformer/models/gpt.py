@@ -137,6 +137,20 @@ class DiffusionGPT(nn.Module):
                     nn.init.zeros_(fc2.weight)
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
+            self.register_load_state_dict_post_hook(_retie_head)
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        # tied: both entries load into one tensor, the head's last, so a tie_weights=False model's state dict
+        # replaced the token embedding by its output head, silently; refused before any weight is written
+        emb, head = state_dict.get(prefix + "tok_emb.weight"), state_dict.get(prefix + "lm_head.weight")
+        if (self.config.tie_weights and isinstance(emb, Tensor) and isinstance(head, Tensor) and emb is not head
+                and "meta" not in (emb.device.type, head.device.type)
+                and (emb.shape != head.shape  # NaN equal to NaN: a diverged model's own state dict loads
+                     or not torch.allclose(emb, head.to(emb.device, emb.dtype), rtol=0.0, atol=0.0, equal_nan=True))):
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}: {prefix}lm_head.weight is "
+                               f"tied to {prefix}tok_emb.weight (tie_weights=True), but the state dict holds different "
+                               "values for the two (the weights of a tie_weights=False model?)")
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Parameter count (shared weights counted once); optionally without position embeddings."""
@@ -344,6 +358,13 @@ class DiffusionGPT(nn.Module):
         finally:
             self.train(was_training)
         return idx
+
+
+def _retie_head(model: nn.Module, incompatible_keys: Any) -> None:
+    """After ``load_state_dict``: a tied head is the token embedding again (``assign=True`` made two parameters
+    of the two entries, counted and trained apart)."""
+    if model.lm_head.weight is not model.tok_emb.weight:
+        model.lm_head.weight = model.tok_emb.weight
 
 
 def _check_token_ids(name: str, ids: Tensor, vocab_size: int, ignore_index: int | None = None) -> None:

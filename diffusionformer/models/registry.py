@@ -107,6 +107,25 @@ def split_task_settings(name: str, overrides: dict[str, Any], *, warn: bool = Tr
     return {k: v for k, v in overrides.items() if k not in keys}, moved
 
 
+def _task_key_hint(preset: ModelPreset, overrides: dict[str, Any]) -> None:
+    """A ``ValueError`` for an override that is no field of the preset's config or task settings and whose
+    closest name is a task setting (``local_crop`` for DINO's ``local_crops``): the config's own unknown-key
+    error listed the config's fields only, with no "did you mean"."""
+    if preset.task_config_cls is None:
+        return
+    model_keys = [f.name for f in fields(preset.config_cls) if f.init]
+    task_keys = [f.name for f in fields(preset.task_config_cls) if f.init]
+    for key in overrides:
+        if key in model_keys or key in task_keys:
+            continue
+        close = difflib.get_close_matches(str(key), model_keys + task_keys, n=1)
+        if close and close[0] in task_keys:
+            task_cls = preset.task_config_cls.__name__
+            raise ValueError(f"model {preset.name!r}: unknown key {key!r} (did you mean {close[0]!r}? a setting of "
+                             f"the task, {task_cls}: set it in the task's `ssl` table or pass build_task(..., "
+                             f"ssl={task_cls}(...))); valid model keys: {sorted(model_keys)}")
+
+
 def task_config(name: str, **settings: Any) -> Any:
     """Preset ``name``'s validated task settings (``task_config_cls``) with ``settings`` applied;
     ``None`` for a preset without any (then ``settings`` must be empty)."""
@@ -129,6 +148,7 @@ def model_config(name: str, **overrides: Any) -> Any:
     overrides, moved = split_task_settings(name, overrides)
     if moved:
         task_config(name, **moved)
+    _task_key_hint(preset, overrides)
     return config_from_dict(preset.config_cls, {**preset.defaults, **overrides}, where=f"model {name!r}")
 
 

@@ -3,6 +3,7 @@ r"""``DiffusionViT``: a vision transformer (images or 1-D signals) with diffusio
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -274,8 +275,9 @@ def attention_rollout(maps: list[Tensor], residual: float = 0.5, normalize: bool
     """
     if not maps:
         raise ValueError("attention_rollout: expected at least one layer's maps, got none")
-    if isinstance(residual, bool) or not isinstance(residual, (int, float)) or not 0.0 < residual <= 1.0:
+    if isinstance(residual, bool) or not isinstance(residual, numbers.Real) or not 0.0 < residual <= 1.0:  # numpy too
         raise ValueError(f"attention_rollout: expected residual in (0, 1], got {residual!r}")
+    residual = float(residual)
     _check_flag(normalize, "attention_rollout: normalize")
     rollout = None
     for A in maps:
