@@ -277,8 +277,7 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], *, where: str | None
     errors: list[Exception] = []
     for key, value in data.items():
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = _choice_hint(str(key), list(fields))  # "N_EMBD" -> 'n_embd' too
             errors.append(ValueError(f"{where}: unknown key {key!r}; valid keys: {sorted(fields)}{hint}"))
             continue
         try:

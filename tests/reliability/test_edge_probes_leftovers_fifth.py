@@ -87,3 +87,15 @@ def test_bug_plan_threads_names_a_numpy_bool_count_by_its_module():
         plan_threads(threads=np.True_, cores=4, environ={})
     with pytest.raises(TypeError, match=r"^cores: expected a positive int, got float$"):
         plan_threads(cores=2.0, environ={})
+
+
+def test_bug_a_config_key_in_other_case_gets_a_did_you_mean():
+    """Bug: ``model_config("gpt-char-tiny", N_EMBD=64)`` listed the valid keys with no "did you mean" (difflib is
+    case-sensitive and finds "N_EMBD" far from "n_embd"); unknown config keys now get the package's one hint,
+    ``config._choice_hint``, which matches case-blind first."""
+    from diffusionformer.models.registry import model_config
+
+    with pytest.raises(ValueError, match=r"unknown key 'N_EMBD'; valid keys: \[.*\] \(did you mean 'n_embd'\?\)"):
+        model_config("gpt-char-tiny", N_EMBD=64)
+    with pytest.raises(ValueError, match=r"unknown key 'n_emdb'; valid keys: \[.*\] \(did you mean 'n_embd'\?\)"):
+        model_config("gpt-char-tiny", n_emdb=64)
