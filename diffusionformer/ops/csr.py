@@ -20,7 +20,9 @@ target so that ``P_h`` is a CSR matrix, and:
 * the softmax uses segment reductions over the sorted targets;
 * three :class:`torch.autograd.Function` objects save only node-sized tensors and the
   ``(H, E)`` weights; their backward passes are the same SDDMM / SpMM kernels on the
-  transposed layout (built once, on demand).
+  transposed layout (built once, on demand). Under ``create_graph=True`` (second-order
+  gradients) the backward passes compute the same sums by differentiable gathers and scatters
+  (``(E, H, C)`` temporaries), since the sparse kernels' ``out=`` calls record no graph.
 
 Memory is therefore ``O(E H + N H C)`` instead of ``O(E H C)``, and a layer issues ``O(H)``
 kernel calls whatever ``E`` (on a CPU shared with other jobs every parallel region may wait
@@ -225,6 +227,13 @@ class _EdgeScores(torch.autograd.Function):
         N = layout.num_nodes
         g = (grad * ctx.scale).contiguous()  # (H, E)
         dq = dk = None
+        if torch.is_grad_enabled():  # create_graph=True: the same sums by differentiable gathers and scatters
+            src, dst = layout.src.long(), layout.dst.long()
+            if ctx.needs_input_grad[0]:
+                dq = torch.zeros_like(q).index_add(1, dst, g.unsqueeze(-1) * k.index_select(1, src))
+            if ctx.needs_input_grad[1]:
+                dk = torch.zeros_like(k).index_add(1, src, g.unsqueeze(-1) * q.index_select(1, dst))
+            return dq, dk, None, None
         if ctx.needs_input_grad[0]:  # dq_i = sum_{j -> i} g_e k_j
             dq = spmm_heads(layout.crow, layout.src, g, k, N)
         if ctx.needs_input_grad[1]:  # dk_j = sum_{j -> i} g_e q_i
@@ -252,7 +261,11 @@ class _EdgeSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         (alpha,) = ctx.saved_tensors
-        dot = torch.segment_reduce(alpha * grad, "sum", offsets=ctx.offsets, axis=1, unsafe=True)
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable segment sum
+            dot = alpha.new_zeros(alpha.shape[0], ctx.layout.num_nodes)
+            dot = dot.index_add(1, ctx.layout.dst.long(), alpha * grad)
+        else:
+            dot = torch.segment_reduce(alpha * grad, "sum", offsets=ctx.offsets, axis=1, unsafe=True)
         return alpha * (grad - dot.index_select(1, ctx.layout.dst)), None
 
 
@@ -271,6 +284,14 @@ class _Propagate(torch.autograd.Function):
         layout: EdgeLayout = ctx.layout
         grad = grad.contiguous()
         dw = dx = None
+        if torch.is_grad_enabled():  # create_graph=True: the same sums by differentiable gathers and scatters
+            src, dst = layout.src.long(), layout.dst.long()
+            g = grad.index_select(1, dst)  # (H, E, C)
+            if ctx.needs_input_grad[0]:
+                dw = (g * x.index_select(1, src)).sum(-1)
+            if ctx.needs_input_grad[1]:
+                dx = torch.zeros_like(x).index_add(1, src, w.unsqueeze(-1) * g)
+            return dw, dx, None
         if ctx.needs_input_grad[0]:  # dw_e = g_i . x_j
             dw = sddmm_heads(layout.crow, layout.src, grad, x)
         if ctx.needs_input_grad[1]:  # dx_j = sum_{j -> i} w_e g_i

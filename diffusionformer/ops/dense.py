@@ -27,6 +27,7 @@ sparse back-end, so such a position outputs ``c_0 v`` and never NaN.
 
 from __future__ import annotations
 
+import numbers
 from functools import lru_cache
 from typing import Callable, Literal, Sequence
 
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer.config import _check_flag
+from diffusionformer.config import _check_flag, _value_type
 from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
 from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton_unsupported
 from diffusionformer.ops.engine import (
@@ -261,6 +262,8 @@ def propagate_dense(
         raise ValueError(f"x must have shape (B, H, M, C_x) matching k {tuple(k.shape)}, got {tuple(x.shape)}")
     if x.dtype != q.dtype:
         raise TypeError(f"x must have the dtype of q and k, got {x.dtype} and {q.dtype}")
+    if x.device != q.device:
+        raise ValueError(f"x must be on the device of q ({q.device}), got {x.device}")
     scale = check_scale(scale, q.shape[-1])
     dropout_p = check_dropout(dropout_p)
     attn_mask, is_causal = _normalise_mask(attn_mask, is_causal, q, k)
@@ -341,6 +344,20 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
         >>> choose_dense_backend(64, 64, 4, device_type="cuda"), choose_dense_backend(1024, 1024, 4, device_type="cuda")
         ('sdpa', 'matrix')
     """
+    for name, value in (("num_queries", num_queries), ("num_keys", num_keys), ("max_degree", max_degree)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be a non-negative int, got {_value_type(value)} ({value!r})")
+        if value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value}")
+    _check_is_causal(is_causal)
+    if not isinstance(device_type, str):
+        raise TypeError(f"device_type must be a device type string such as 'cpu' or 'cuda' (torch.device.type), "
+                        f"got {_value_type(device_type)} ({device_type!r})")
+    return _choose_dense_backend(int(num_queries), int(num_keys), int(max_degree), is_causal, device_type)
+
+
+def _choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, is_causal: bool, device_type: str) -> str:
+    """:func:`choose_dense_backend` on arguments the engine built itself (unchecked)."""
     if max_degree <= 1:
         return "sdpa"
     if device_type == "cuda":
@@ -588,7 +605,7 @@ def _diffuse_dense(
         out = polynomial(MatrixBackend(P, all_heads(H), dropout_p), v, c, degrees)
         return out.to(dtype), P.to(dtype)
     if backend == "auto":
-        backend = choose_dense_backend(N, M, max((0, *degrees)), is_causal=is_causal, device_type=q.device.type)
+        backend = _choose_dense_backend(N, M, max((0, *degrees)), is_causal, q.device.type)
         high = active_heads(degrees, 2)
         if backend == "matrix" and len(high) < H:
             # heads with K <= 1 keep the fused kernel; only the K-step heads materialise P
@@ -672,7 +689,7 @@ def _split_paths(
     lo: Backend = SdpaBackend(q_lo, k_lo, m_lo, is_causal, scale, dropout_p, r_lo)
     deg_high = tuple(degrees[h] for h in high)
     if backend == "auto":
-        backend = choose_dense_backend(N, M, max(deg_high), is_causal=is_causal, device_type=q.device.type)
+        backend = _choose_dense_backend(N, M, max(deg_high), is_causal, q.device.type)
     if backend == "matrix":
         hi: Backend = MatrixBackend(_attention_matrix(q_hi, k_hi, m_hi, is_causal, scale, r_hi),
                                     all_heads(len(high)), dropout_p)

@@ -443,8 +443,11 @@ def static_coefficients(coeffs: object, num_heads: int) -> tuple[tuple[float, ..
     """
     if not isinstance(coeffs, (list, tuple)):
         return None
-    if isinstance(coeffs, tuple) and all(type(r) is tuple or type(r) is float for r in coeffs):
-        return _static_rows(coeffs, num_heads)  # layers pass the same tuple every call: validate it once
+    if isinstance(coeffs, tuple) and all(type(r) is float or (type(r) is tuple and all(type(c) is float for c in r))
+                                         for r in coeffs):
+        # layers pass the same tuple every call: validate it once. Floats only: the cache compares keys by value,
+        # and True == 1.0 (numpy bools too), so a tuple of bools would be given the rows of an equal tuple of floats
+        return _static_rows(coeffs, num_heads)
     return _static_rows.__wrapped__(coeffs, num_heads)
 
 
