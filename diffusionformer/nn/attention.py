@@ -307,6 +307,7 @@ class DiffusionAttention(nn.Module):
         if kwargs.get("num_kv_heads") not in (None, mha.num_heads):  # else a shape error from copy_ below
             raise ValueError(f"num_kv_heads={kwargs['num_kv_heads']!r}: nn.MultiheadAttention has a key and a value per "
                              f"head, so the layer takes num_kv_heads=None or num_heads={mha.num_heads}")
+        _check_copied_kwargs(kwargs, "from_multihead_attention", "nn.MultiheadAttention")
         bias = mha.in_proj_bias is not None
         layer = cls(mha.embed_dim, mha.num_heads, heads, bias=bias, dropout=mha.dropout, **kwargs)
         layer = layer.to(mha.in_proj_weight.device, mha.in_proj_weight.dtype)
@@ -333,10 +334,15 @@ class DiffusionAttention(nn.Module):
             raise ValueError("only TransformerConv(concat=True, root_weight=False, beta=False, edge_dim=None) maps to DiffusionAttention")
         H, C = conv.heads, conv.out_channels
         D = H * C
-        if conv.lin_query.weight.shape[1] != D:
-            raise ValueError(
-                f"TransformerConv in_channels ({conv.lin_query.weight.shape[1]}) must equal heads*out_channels ({D})"
-            )
+        for lin in (conv.lin_query, conv.lin_key, conv.lin_value):
+            # a lazy conv (in_channels=-1) has no weights yet; a bipartite one ((in_src, in_dst)) may differ per side
+            if isinstance(lin.weight, nn.parameter.UninitializedParameter):
+                raise ValueError(f"TransformerConv in_channels={conv.in_channels!r} is lazy: its weights are not "
+                                 "initialised yet (run the conv once, or give in_channels)")
+            if lin.weight.shape[1] != D:
+                raise ValueError(f"TransformerConv in_channels={conv.in_channels!r} must equal heads*out_channels "
+                                 f"({D}) for the queries, keys and values alike (one x feeds all three)")
+        _check_copied_kwargs(kwargs, "from_transformer_conv", "TransformerConv")
         bias = conv.lin_query.bias is not None
         layer = cls(D, H, heads, bias=bias, dropout=conv.dropout, **kwargs)
         layer = layer.to(conv.lin_query.weight.device, conv.lin_query.weight.dtype)
@@ -547,6 +553,7 @@ class DiffusionAttention(nn.Module):
                 raise TypeError(f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}")
             if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
                 raise TypeError(f"attn_mask must be bool (True = attend) or floating point, got {attn_mask.dtype}")
+            _check_mask_shape(attn_mask, (B, self.num_heads, N, N))  # the shape given, before the padding widens it
         if key_padding_mask is not None:
             if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
                 raise TypeError("key_padding_mask must be a bool tensor (True = padding), got "
@@ -724,6 +731,33 @@ class DiffusionAttention(nn.Module):
         live in the state dict). One operator instance with state shared by several heads is
         written with ``num_heads=1``, so the rebuilt layer's state dict has its shapes."""
         return ",".join(f"{_group_spec(op, count)}:{count}" for op, (_, count) in zip(self.operators, self._groups))
+
+
+def _check_copied_kwargs(kwargs: dict[str, Any], method: str, source: str) -> None:
+    """The settings a ``from_*`` constructor copies from its module are not keyword arguments as well (else Python's
+    "got multiple values for keyword argument 'bias'")."""
+    taken = [name for name in ("dim", "num_heads", "bias", "dropout") if name in kwargs]
+    if taken:
+        raise TypeError(f"{method}: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} copied from the {source} and "
+                        f"cannot be given too, got {', '.join(f'{n}={kwargs[n]!r}' for n in taken)}"
+                        + (" (dropout is a settable attribute: layer.dropout = p)" if "dropout" in taken else ""))
+
+
+def _check_mask_shape(attn_mask: Tensor, shape: tuple[int, int, int, int]) -> None:
+    """``attn_mask`` broadcastable to the scores' ``shape = (B, H, N, M)`` (a ValueError naming the shape given), with
+    a hint for :class:`torch.nn.MultiheadAttention`'s ``(B * H, N, M)`` layout."""
+    B, H, N, M = shape
+    try:
+        ok = 2 <= attn_mask.dim() <= 4 and torch.broadcast_shapes(attn_mask.shape, shape) == shape
+    except RuntimeError:
+        ok = False
+    if not ok:
+        hint = ""
+        if attn_mask.dim() == 3 and tuple(attn_mask.shape) == (B * H, N, M):
+            hint = (f"; nn.MultiheadAttention's (B * H, N, M) layout is attn_mask.view({B}, {H}, {N}, {M}) here "
+                    "(bool True = attend: the negation of MultiheadAttention's bool mask)")
+        raise ValueError(f"attn_mask must be broadcastable to (B, H, N, M) = {shape}, got shape "
+                         f"{tuple(attn_mask.shape)}{hint}")
 
 
 def _group_spec(op: DiffusionOperator, count: int) -> str:

@@ -49,6 +49,14 @@ def make_norm(norm: str | Callable[[int], nn.Module], dim: int) -> nn.Module:
     raise ValueError(f"unknown norm {norm!r}{_choice_hint(key, ('layernorm', 'rmsnorm'))}; expected 'layernorm' or 'rmsnorm'")
 
 
+def _check_width(dim: object, name: str) -> int:
+    """A layer width as a Python int >= 1 (numpy ints too), else a ValueError naming it: ``nn.Linear`` and
+    ``torch.full`` fail on a str or float with "argument 'size' ...", and build a module of width 0 silently."""
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 1:
+        raise ValueError(f"{name} must be a positive int, got {dim!r}")
+    return int(dim)
+
+
 def _check_rate(p: object, name: str) -> float:
     """A dropout rate of :class:`torch.nn.Dropout` as a float in ``[0, 1]`` (numpy reals too), else a ValueError
     naming it: ``nn.Dropout`` accepts NaN and fails only at the first training step."""
@@ -74,6 +82,10 @@ class Mlp(nn.Module):
     def __init__(self, dim: int, hidden_dim: int | None = None, *, bias: bool = True, dropout: float = 0.0,
                  act_layer: type[nn.Module] = nn.GELU) -> None:
         super().__init__()
+        dim = _check_width(dim, "Mlp: dim")
+        if not isinstance(act_layer, type) and isinstance(act_layer, nn.Module):  # act_layer() would call its forward
+            raise TypeError(f"Mlp: act_layer must be a module class such as nn.GELU (it is instantiated here), "
+                            f"got the instance {act_layer!r}")
         if hidden_dim is None:
             hidden_dim = 4 * dim
         elif isinstance(hidden_dim, bool) or not isinstance(hidden_dim, numbers.Integral) or hidden_dim < 1:
@@ -99,6 +111,7 @@ class LayerScale(nn.Module):
 
     def __init__(self, dim: int, init: float = 1e-5) -> None:
         super().__init__()
+        dim = _check_width(dim, "LayerScale: dim")
         if isinstance(init, bool) or not isinstance(init, numbers.Real) or not math.isfinite(init):  # numpy reals too
             raise ValueError(f"LayerScale: init (layer_scale) must be a finite float, got {init!r}")
         self.gamma = nn.Parameter(torch.full((dim,), float(init)))
@@ -182,9 +195,9 @@ class Block(nn.Module):
         rotary: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 1:  # else an error from mlp_ratio's check
-            raise ValueError(f"dim must be a positive int, got {dim!r}")
-        dim = int(dim)  # a numpy int from a sweep
+        dim = _check_width(dim, "dim")  # else an error from mlp_ratio's check; a numpy int from a sweep: an int here
+        if mlp_layer is not None and not callable(mlp_layer):  # else "'int' object is not callable"
+            raise TypeError(f"mlp_layer must be None or a callable dim -> Module, got {type(mlp_layer).__name__}")
         if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, numbers.Real):
             raise TypeError(f"mlp_ratio must be a float, got {type(mlp_ratio).__name__} ({mlp_ratio!r})")
         dropout = _check_rate(dropout, "dropout")

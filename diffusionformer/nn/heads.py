@@ -234,7 +234,7 @@ def laplacian_count(count: Any, num_heads: int) -> Any:
         >>> laplacian_count("half", 6), laplacian_count([0, "half"], 4), laplacian_count(3, 8)
         (3, [0, 2], 3)
     """
-    if count == "half":
+    if isinstance(count, str) and count == "half":  # a numpy array compared with "half" has no single truth value
         return num_heads // 2
     if isinstance(count, list):
         return [laplacian_count(c, num_heads) for c in count]
