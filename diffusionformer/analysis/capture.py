@@ -50,7 +50,11 @@ IGNORE_INDEX = -100  #: label of padded tokens and of tokens without a target
 
 
 def _blocks(model: nn.Module) -> nn.ModuleList:
-    blocks = getattr(model, "blocks", None)
+    inner = model
+    while not isinstance(getattr(inner, "blocks", None), nn.ModuleList) \
+            and isinstance(getattr(inner, "module", None), nn.Module):
+        inner = inner.module  # DistributedDataParallel / DataParallel: hooks on the wrapped model's blocks
+    blocks = getattr(inner, "blocks", None)
     if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
         got = type(blocks).__name__ if blocks is not None else "no attribute `blocks`"
         raise TypeError(
@@ -622,7 +626,8 @@ def capture_dataset(
       batches, per graph ``(G,)`` or per node ``(N,)`` (padded like the nodes).
 
     Args:
-        model: a model with ``model.blocks`` (ViT, GPT, graph transformer, or any such).
+        model: a model with ``model.blocks`` (ViT, GPT, graph transformer, or any such); a
+            ``DistributedDataParallel``/``DataParallel`` wrapper of one too (hooks on ``model.module.blocks``).
         batches: an iterable of batches (consumed lazily).
         layers: residual-stream indices to keep, ``0..L`` (default: all ``L + 1``).
         max_examples: number of sequences to keep (``>= 1``).

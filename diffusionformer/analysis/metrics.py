@@ -126,6 +126,22 @@ def _wide_dtype(x: Tensor) -> torch.dtype:
     return torch.float32 if x.device.type == "mps" else torch.float64
 
 
+def _times_pow2(x: Tensor, exponent: Tensor) -> Tensor:
+    """``x * 2 ** exponent``, exact, in two factors (``2 ** 148`` is no float32) that carry no gradient:
+    ``torch.ldexp(x, e)`` itself passes a zero gradient to ``x``."""
+    half = torch.div(exponent, 2, rounding_mode="floor")
+    one = torch.ones_like(exponent, dtype=x.dtype)
+    return x * torch.ldexp(one, half) * torch.ldexp(one, exponent - half)
+
+
+def _unit_scale(x: Tensor, dim: int | tuple[int, ...]) -> Tensor:
+    """``x`` times the power of two that brings its largest ``|x|`` over ``dim`` into ``[0.5, 1)`` (exact, so results at
+    ordinary scales are unchanged), for the scale-free ratios: the squares of finite float32 tokens over/underflow
+    (|x| > 1e19: inf / inf = NaN; |x| < 1e-19: subnormal or 0)."""
+    _, exponent = torch.frexp(x.detach().abs().amax(dim=dim, keepdim=True))  # 0 for an all-zero slice: left alone
+    return _times_pow2(x, -exponent)
+
+
 def _centre(x: Tensor) -> Tensor:
     """``C X`` for every sequence: subtract the mean token over dim 1."""
     return x - x.mean(dim=1, keepdim=True)
@@ -191,6 +207,7 @@ def variance_ratio(X: Tensor, reduction: str = "none") -> Tensor:
     _check_tokens(X)
     _check_reduction(reduction, _REDUCTIONS + ("pooled",))
     _, T, _ = X.shape
+    X = _unit_scale(X, (0, 1, 2))  # one scale for the batch (the total variance is about the batch mean)
     mu = X.mean(dim=(0, 1))  # (D,)
     within = _centre(X).pow(2).sum(dim=(1, 2)) / T  # (B,)
     total = (X - mu).pow(2).sum(dim=(1, 2)) / T  # (B,)
@@ -228,8 +245,11 @@ def mean_pairwise_cosine(X: Tensor, reduction: str = "none", eps: float = 1e-12)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < float("inf"):
         # eps = 0 would divide a zero token by its zero norm: NaN, not the documented cosine 0
         raise ValueError(f"eps must be a positive finite float, got {eps!r}")
-    norms = X.norm(dim=-1, keepdim=True)  # (B, T, 1)
-    U = torch.where(norms >= eps, X / norms.clamp_min(eps), 0.0)  # a token below eps: cosine 0 with the others
+    _, exponent = torch.frexp(X.detach().abs().amax(dim=-1, keepdim=True))  # (B, T, 1): ||x|| of |x| > 1e19 is inf
+    Xs = _times_pow2(X, -exponent)  # each token scaled exactly by a power of two, its largest entry in [0.5, 1)
+    scaled = Xs.norm(dim=-1, keepdim=True)
+    nonzero = _times_pow2(scaled.detach(), exponent) >= eps  # ||x|| >= eps (an inf norm is >= eps too)
+    U = torch.where(nonzero, Xs / torch.where(scaled > 0, scaled, torch.ones_like(scaled)), 0.0)  # a token below eps: cosine 0 with the others
     off_diagonal = U.sum(dim=1).pow(2).sum(dim=-1) - U.pow(2).sum(dim=(1, 2))  # (B,)
     return _reduce(off_diagonal / (T * (T - 1)), reduction)
 
@@ -255,6 +275,7 @@ def high_frequency_ratio(X: Tensor, reduction: str = "none") -> Tensor:
         tensor([0., 1.])
     """
     _check_tokens(X)
+    X = _unit_scale(X, (1, 2))
     num = _centre(X).pow(2).sum(dim=(1, 2)).sqrt()
     den = X.pow(2).sum(dim=(1, 2)).sqrt()
     return _reduce(_safe_div(num, den), reduction)
@@ -295,7 +316,7 @@ def rank_collapse_residual(X: Tensor, method: str = "mean", reduction: str = "no
     if method == "mean":
         return high_frequency_ratio(X, reduction)
     _check_choice(method, "method", ("mean", "svd"))
-    s2 = torch.linalg.svdvals(X).pow(2)  # (B, min(T, D)), descending
+    s2 = torch.linalg.svdvals(_unit_scale(X, (1, 2))).pow(2)  # (B, min(T, D)), descending
     return _reduce(_safe_div(s2[:, 1:].sum(dim=-1).sqrt(), s2.sum(dim=-1).sqrt()), reduction)
 
 
@@ -371,13 +392,15 @@ def dirichlet_energy(
         raise ValueError("pass either a dense P or a sparse edge_index, not both")
     _check_flag(normalized, "normalized")
     if edge_index is not None:
-        energy, norm2 = _sparse_dirichlet(X, edge_index, edge_weight, batch, num_graphs)
+        energy, norm2 = _sparse_dirichlet(X, edge_index, edge_weight, batch, num_graphs, normalized)
     else:
         if edge_weight is not None or batch is not None or num_graphs is not None:
             raise ValueError("edge_weight and batch are only used with edge_index"
                              + ("" if num_graphs is None else f" (and num_graphs, got {num_graphs!r})"))
         _check_tokens(X)
         B, T, _ = X.shape
+        if normalized:  # scale-free: E / ||X||^2 of tokens of |x| > 1e19 was inf / inf = NaN in float32
+            X = _unit_scale(X, (1, 2))
         Xc = _centre(X)
         if P is None:
             energy = Xc.pow(2).sum(dim=(1, 2))  # = T * within-sequence variance
@@ -408,13 +431,19 @@ def _sparse_dirichlet(
     edge_weight: Tensor | None,
     batch: Tensor | None,
     num_graphs: int | None,
+    scale: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Per-graph Dirichlet energy and squared norm on a sparse graph."""
+    """Per-graph Dirichlet energy and squared norm on a sparse graph (of ``X`` over its largest ``|x|`` if ``scale``)."""
     _check_float(X, "X", (2, 3), "(N, D) or (B, T, D)")
+    if scale:
+        X = _unit_scale(X, tuple(range(X.ndim)))
     if X.ndim == 3:
         if batch is not None:
             raise ValueError("batch is implied for X of shape (B, T, D); pass X as (N, D)")
         B, T, D = X.shape
+        if num_graphs is not None and (not _is_int(num_graphs) or num_graphs != B):  # else silently B graphs
+            raise ValueError(f"num_graphs must be None or B = {B} for X of shape (B, T, D) (one graph per sequence), "
+                             f"got {num_graphs!r}")
         batch = torch.arange(B, device=X.device).repeat_interleave(T)
         num_graphs = B
         X = X.reshape(B * T, D)

@@ -18,7 +18,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffusionformer.analysis.metrics import _check_choice, _check_flag, _check_float, _check_tokens, _is_int, _safe_div
+from diffusionformer.analysis.metrics import (
+    _check_choice,
+    _check_flag,
+    _check_float,
+    _check_tokens,
+    _is_int,
+    _safe_div,
+    _unit_scale,
+)
+from diffusionformer.ops._checks import checks_values
 
 __all__ = [
     "token_singular_values",
@@ -239,7 +248,7 @@ def pca_token_rgb(patch_tokens: Tensor, grid_hw: tuple[int, int]) -> Tensor:
             f"grid_hw {(h, w)} must satisfy h * w == T = {T} (drop class/register tokens first), "
             f"got h * w = {h * w}"
         )
-    Z = patch_tokens.reshape(B * T, D)
+    Z = _unit_scale(patch_tokens.reshape(B * T, D), (0, 1))  # Z^T Z of float32 tokens of |x| > 1e19 overflows
     Z = Z - Z.mean(dim=0)
     q = min(3, D)
     _, vecs = torch.linalg.eigh(Z.T @ Z)  # ascending eigenvalues
@@ -288,6 +297,10 @@ def frequency_response(coeffs: Tensor, lambdas: Tensor) -> Tensor:
     if not isinstance(lambdas, Tensor) or lambdas.ndim != 1:
         got = tuple(lambdas.shape) if isinstance(lambdas, Tensor) else type(lambdas).__name__
         raise ValueError(f"lambdas must be a tensor of shape (L,), got {got}")
+    for name, t in (("coeffs", coeffs), ("lambdas", lambdas)):
+        if t.is_floating_point() or t.is_complex():  # else f(lambda) is a silent NaN, as nowhere else here
+            if checks_values(t) and not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name} holds NaN or inf values: the frequency response is undefined for them")
     dtype = torch.complex128 if (coeffs.is_complex() or lambdas.is_complex()) else torch.float64
     c = coeffs.to(dtype).unsqueeze(-1)  # (..., K+1, 1)
     lam = lambdas.to(device=coeffs.device, dtype=dtype)  # (L,)
