@@ -369,11 +369,17 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         (['seeds'], [0, 1])
         >>> parse_override("operators.heat.heads=attention:2,heat:2")
         (['operators', 'heat', 'heads'], 'attention:2,heat:2')
+        >>> parse_override('tasks."csbm-h0.1".train.lr=0.01')  # a name holding a dot, quoted as in TOML
+        (['tasks', 'csbm-h0.1', 'train', 'lr'], 0.01)
     """
     if "=" not in text:
         raise ValueError(f"override {text!r} must look like key.path=value")
     key, raw = text.split("=", 1)
-    path = [p for p in key.strip().split(".") if p]
+    if '"' in key or "'" in key:  # a TOML dotted key: quoted parts may hold dots (and '=' would end the key early)
+        path = _toml_key_path(text)
+        raw = text[len(_toml_key_prefix(text)):]
+    else:
+        path = [p for p in key.strip().split(".") if p]
     if not path:
         raise ValueError(f"override {text!r} has an empty key")
     try:
@@ -383,10 +389,51 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
+def _toml_key_prefix(text: str) -> str:
+    """The part of ``text`` up to and including the ``=`` that ends its (possibly quoted) TOML key."""
+    quote = None
+    for i, c in enumerate(text):
+        if quote is not None:
+            quote = None if c == quote else quote
+        elif c in "\"'":
+            quote = c
+        elif c == "=":
+            return text[:i + 1]
+    raise ValueError(f"override {text!r} must look like key.path=value (a quote in its key is not closed)")
+
+
+def _toml_key_path(text: str) -> list[str]:
+    """The parts of the TOML dotted key of override ``text``: ``tasks."csbm-h0.1".lr`` is ``tasks``, ``csbm-h0.1``,
+    ``lr``."""
+    key = _toml_key_prefix(text)[:-1]
+    try:
+        node: Any = tomllib.loads(f"{key.strip()} = 0")
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"override {text!r}: {key.strip()!r} is not a key path (parts separated by '.', a part "
+                         f"holding a '.' quoted as in TOML: tasks.\"csbm-h0.1\".train.lr=...): {exc}") from None
+    path = []
+    while isinstance(node, dict):
+        (part, node), = node.items()
+        path.append(part)
+    if not all(path):
+        raise ValueError(f"override {text!r} has an empty key part")
+    return path
+
+
+def _entry_end(names: list[Any], path: list[str], i: int) -> int | None:
+    """The index ``k`` (``i <= k < len(path) - 1``) such that ``path[i:k + 1]`` joined by dots names an entry:
+    ``tasks.csbm-h0.1.train.lr`` addresses the task named ``csbm-h0.1`` (the shortest such name first)."""
+    for k in range(i, len(path) - 1):
+        if ".".join(path[i:k + 1]) in names:
+            return k
+    return None
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key.path=value`` overrides to a raw config dict.
 
-    ``tasks`` and ``operators`` entries are addressed by name (``tasks.digits.train.lr=1e-3``);
+    ``tasks`` and ``operators`` entries are addressed by name (``tasks.digits.train.lr=1e-3``; a name holding a
+    dot as it is, ``tasks.csbm-h0.1.train.lr=1e-3``, or quoted as in TOML, ``tasks."csbm-h0.1".train.lr=1e-3``);
     ``tasks=digits,text`` / ``operators=attention`` keep only the named entries.
     """
     if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
@@ -419,17 +466,26 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                                    and p.rpartition(":")[0] in ("", *tasks_kept)]
             continue
         node: Any = data
-        for i, part in enumerate(path[:-1]):
+        i = 0
+        while i < len(path) - 1:
+            part = path[i]
             if isinstance(node, list):
-                match = [e for e in node if isinstance(e, dict) and e.get("name") == part]
-                if not match:
-                    names = [e.get("name") for e in node if isinstance(e, dict)]
-                    raise ValueError(f"override {text!r}: no entry named {part!r} in {'.'.join(path[:i])}; available: {names}")
-                node = match[0]
+                names = [e.get("name") for e in node if isinstance(e, dict)]
+                k = _entry_end(names, path, i)  # a name may hold dots: "csbm-h0.1" is the parts "csbm-h0", "1"
+                if k is None:
+                    known = [n for n in names if isinstance(n, str)]
+                    hint = next((h for h in (_did_you_mean(".".join(path[i:j]), known) for j in range(len(path) - 1, i, -1))
+                                 if h), "")
+                    raise ValueError(f"override {text!r}: no entry named {part!r} in {'.'.join(path[:i])}; available: "
+                                     f"{names}{hint}")
+                node = next(e for e in node if isinstance(e, dict) and e.get("name") == ".".join(path[i:k + 1]))
+                i = k + 1
+                continue
             elif isinstance(node, dict):
                 node = node.setdefault(part, {})
             else:  # the value reached by path[:i] (a string, a number) has no keys
                 raise ValueError(f"override {text!r}: {'.'.join(path[:i])} is not a table, got {node!r}")
+            i += 1
         if isinstance(node, list):
             raise ValueError(f"override {text!r}: cannot set a key inside a list")
         if not isinstance(node, dict):

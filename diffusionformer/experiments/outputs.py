@@ -35,6 +35,8 @@ def _row(data: Any) -> RunResult | None:
 
 def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]:
     """The runs of ``out/results.json`` not in ``results`` whose ``summary.json`` still says completed."""
+    if not (out / "results.json").is_file():  # none yet, or a FIFO or device (reading it would block or fill memory)
+        return []
     try:
         previous = json.loads((out / "results.json").read_text())["runs"]
     except (FileNotFoundError, ValueError, KeyError, TypeError):  # none yet, or unreadable (not JSON, not UTF-8): rebuilt

@@ -102,7 +102,11 @@ def _read_summary(rdir: Path) -> dict[str, Any] | None:
 
 def read_json_dict(path: Path) -> dict[str, Any] | None:
     """A run file's JSON object, or ``None`` when it is missing or unreadable (truncated, not UTF-8,
-    not an object, a folder): callers treat the run as unfinished and rebuild the file from the run."""
+    not an object, a folder, not a regular file): callers treat the run as unfinished and rebuild the file from the run.
+    A FIFO or a device in a run file's place (``summary.json`` -> ``/dev/zero``) is not read: reading it would block
+    for ever or fill the memory."""
+    if not path.is_file():
+        return None
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):  # FileNotFoundError, IsADirectoryError, JSONDecodeError, UnicodeDecodeError

@@ -79,6 +79,28 @@ def _learned(model: torch.nn.Module) -> dict[str, list[float]]:
     return out
 
 
+def _restore_learned(rdir: Path, model: torch.nn.Module, step: Any, log: Callable[[str], None]) -> None:
+    """Write a finished run's missing (or unreadable) ``learned_operators.json`` from its final checkpoint: a run
+    killed between its ``summary.json`` and that file (written after it) would otherwise lose its learned operator
+    values from every table for good. Nothing is done for a model without learned operators or without a checkpoint
+    that loads (the tables then leave the values out, as before)."""
+    from diffusionformer.models import learned_operator_parameters
+    from diffusionformer.train import load_checkpoint
+
+    path = rdir / "learned_operators.json"
+    if (path.is_file() and read_json_dict(path) is not None) or not learned_operator_parameters(model):
+        return
+    try:
+        payload = load_checkpoint(rdir / "checkpoint.pt")
+        if payload.get("step") != step:  # not the final weights the summary reports
+            return
+        model.load_state_dict(payload["model"])
+    except (OSError, CheckpointError, RuntimeError, KeyError, TypeError, ValueError):
+        return
+    write_json_atomic(path, _learned(model))
+    log(f"{path} was missing or unreadable (a run stopped after its summary); rewritten from its final checkpoint.")
+
+
 def _not_resumed_advice(exc: CheckpointError, checkpoint: str, which: str) -> str:
     """What to do about a checkpoint that did not load: grant read access to an unreadable one (deleting it would
     lose a good file), else delete it to retrain that run (``which``: "this" or "its")."""
@@ -310,6 +332,8 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
 
 def _read_manifest(out: Path) -> dict[str, Any] | None:
     """The comparison's ``manifest.json``, or ``None`` when absent or unreadable (it is rewritten)."""
+    if not (out / "manifest.json").is_file():  # a FIFO or a device is not read: it would block or fill memory
+        return None
     try:
         data = json.loads((out / "manifest.json").read_text())
     except (OSError, ValueError):
@@ -336,13 +360,16 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
             log(f"[{task.name} / {setting.name} / seed {seed}] {summary_path} is unreadable; "
                 "the run is finished from its checkpoint, which rewrites it.")
         elif summary.get("status") == "completed":
+            if _rank_zero():
+                _restore_learned(rdir, model, summary.get("step"), log)
             return _result_from_files(task, setting, seed, rdir, summary)
     if not resume and rdir.exists() and _rank_zero():
         import shutil
 
         for entry in rdir.iterdir():  # everything but this process's lock
             if not entry.name.startswith(LOCK_NAME):  # nor other workers' lock claims in flight
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+                # a link to a folder is removed, not followed (rmtree refuses it, half-way through the run's files)
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     if _rank_zero():
         rdir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(rdir / RUN_CONFIG_NAME, identity)

@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import secrets
+import stat
 import time
 from pathlib import Path
 
@@ -43,6 +44,7 @@ UNREADABLE_GRACE_S = 60.0
 
 _BREAK_NAME = LOCK_NAME + ".break"
 _UNREADABLE = (-1, "")  # sentinel holder of a lock file that exists but cannot be parsed
+_MAX_LOCK_BYTES = 4096  # a lock is a JSON record of a pid and a host name: anything longer is junk
 
 
 def _me() -> tuple[int, str]:
@@ -79,22 +81,23 @@ def read_lock(rdir: str | os.PathLike[str]) -> tuple[int, str] | None:
     Args:
         rdir: a run's folder.
     """
-    try:
-        return _parse((Path(rdir) / LOCK_NAME).read_bytes())
-    except OSError:
-        return None
+    holder, _ = _state(Path(rdir) / LOCK_NAME)
+    return None if holder is None or holder == _UNREADABLE else holder
 
 
 def _state(path: Path) -> tuple[tuple[int, str] | None, os.stat_result | None]:
     """``(holder, stat)`` of the lock file at ``path``: ``(None, None)`` when absent,
-    ``(_UNREADABLE, stat)`` when it exists but cannot be parsed."""
-    try:
-        with open(path, "rb") as f:
+    ``(_UNREADABLE, stat)`` when it exists but cannot be parsed. A FIFO or a device in its place (or a file
+    larger than any lock) is not read, which would block for ever or fill the memory: it is unreadable junk."""
+    try:  # O_NONBLOCK: opening a FIFO for reading would wait for a writer
+        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | getattr(os, "O_NONBLOCK", 0))) as f:
             st = os.fstat(f.fileno())
-            text = f.read()
+            text = f.read(_MAX_LOCK_BYTES + 1) if stat.S_ISREG(st.st_mode) else b""
     except (FileNotFoundError, IsADirectoryError):  # a folder is no lock: acquire_lock refuses it by name
         return None, None
     except OSError:
+        text = b""
+    if not text or len(text) > _MAX_LOCK_BYTES:  # a FIFO, a device, empty, or longer than any lock: junk
         try:
             return _UNREADABLE, path.stat()
         except OSError:

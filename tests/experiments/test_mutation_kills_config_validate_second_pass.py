@@ -505,7 +505,7 @@ def test_an_override_naming_no_entry_lists_the_entries():
     with pytest.raises(ValueError) as info:
         apply_overrides(_raw(), ["operators.lapp.laplacian_heads=2"])
     assert str(info.value) == ("override 'operators.lapp.laplacian_heads=2': no entry named 'lapp' in operators; "
-                               "available: ['attention', 'lap']")
+                               "available: ['attention', 'lap'] (did you mean 'lap'?)")
 
 
 def test_an_override_into_a_list_is_refused():
