@@ -131,25 +131,13 @@ def test_bug_laplacian_count_takes_an_array():
 
 
 # ---------------------------------------------------------------------------- working edge cases (layers)
-def _rope(x, pos, base):
-    C = x.shape[-1]
-    out = x.clone()
-    for n in range(x.shape[-3]):
-        for i in range(C // 2):
-            th = float(pos[n]) * base ** (-2 * i / C)
-            a, b = x[..., n, :, 2 * i], x[..., n, :, 2 * i + 1]
-            out[..., n, :, 2 * i] = a * math.cos(th) - b * math.sin(th)
-            out[..., n, :, 2 * i + 1] = a * math.sin(th) + b * math.cos(th)
-    return out
-
-
-def _reference(layer, x, laplacian, pos):
+def _reference(layer, x, laplacian, pos, rope):
     B, N, D = x.shape
     H, C, G = layer.num_heads, layer.head_dim, layer.num_kv_heads
     q, k, v = layer.qkv(x).split([H * C, G * C, G * C], -1)
     q, k, v = q.view(B, N, H, C), k.view(B, N, G, C), v.view(B, N, G, C)
     q, k = layer.q_norm(q), layer.k_norm(k)
-    q, k = _rope(q, pos, layer.rotary.base), _rope(k, pos, layer.rotary.base)
+    q, k = rope(q, pos, layer.rotary.base), rope(k, pos, layer.rotary.base)
     idx = [h * G // H for h in range(H)]
     q, k, v = q.transpose(1, 2), k[:, :, idx].transpose(1, 2), v[:, :, idx].transpose(1, 2)
     s = (q @ k.transpose(-1, -2) / math.sqrt(C))
@@ -164,7 +152,7 @@ def _reference(layer, x, laplacian, pos):
 @pytest.mark.parametrize("backend", ["sdpa", "matrix", "auto"])
 @pytest.mark.parametrize("heads, laplacian", [("attention:4", ()), ("laplacian:1,attention:3", (0,))])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gqa_qk_norm_and_rope_together_match_the_formula(backend, heads, laplacian, causal):
+def test_gqa_qk_norm_and_rope_together_match_the_formula(backend, heads, laplacian, causal, rope_ref):
     """GQA (H_kv = 2 of 4), q/k LayerNorm with random affine parameters and RoPE (base 100) at arbitrary positions,
     with a Laplacian head, equal the formula written out in float64 (dense); the sparse complete graph agrees."""
     torch.manual_seed(0)
@@ -174,7 +162,7 @@ def test_gqa_qk_norm_and_rope_together_match_the_formula(backend, heads, laplaci
         for p in (*layer.q_norm.parameters(), *layer.k_norm.parameters()):
             p.normal_()
     x, pos = _rand(2, 5, 16, seed=4), torch.tensor([3, 1, 4, 1, 5])
-    ref = _reference(layer, x, laplacian, pos)
+    ref = _reference(layer, x, laplacian, pos, rope_ref)
     torch.testing.assert_close(layer(x, positions=pos), ref, rtol=0, atol=1e-12)
     ei = torch.cartesian_prod(torch.arange(5), torch.arange(5)).T
     torch.testing.assert_close(layer(x[0], edge_index=ei, positions=pos), ref[0], rtol=0, atol=1e-12)

@@ -40,18 +40,6 @@ def _rand(*shape, seed=0):
     return torch.randn(*shape, generator=g, dtype=torch.float64)
 
 
-def _rope_ref(x, pos, C, base):
-    """RoFormer: pair ``(x_2i, x_2i+1)`` at position ``m`` rotated by ``m base^(-2i/C)``, one by one."""
-    out = x.clone()
-    for n in range(x.shape[-3]):
-        for i in range(C // 2):
-            th = float(pos[n]) * base ** (-2 * i / C)
-            a, b = x[..., n, :, 2 * i], x[..., n, :, 2 * i + 1]
-            out[..., n, :, 2 * i] = a * math.cos(th) - b * math.sin(th)
-            out[..., n, :, 2 * i + 1] = a * math.sin(th) + b * math.cos(th)
-    return out
-
-
 def _heads_ref(layer, x, laplacian, mask=None, kv_groups=None):
     """``out_proj([f_h(P_h) v_h])`` with ``P = softmax(q k^T / sqrt(C) masked)``, ``f = P`` or ``I - P``."""
     B, N, D = x.shape
@@ -158,7 +146,7 @@ def test_fully_masked_row_outputs_c0_v(backend, heads):
         torch.testing.assert_close(y[0, 1], expected, rtol=0, atol=1e-12)
 
 
-def test_rotary_matches_roformer_with_offsets_bases_and_widths():
+def test_rotary_matches_roformer_with_offsets_bases_and_widths(rope_ref):
     """1-D (C = 2, 6, 8; int, offset and float positions; base 37.5) and axial 2-D RoPE vs the formula, and the
     relative-position property: ``<R_m q, R_n k>`` depends on ``n - m`` only (on both offsets in 2-D)."""
     x = _rand(2, 6, 3, 8, seed=5)
@@ -166,12 +154,12 @@ def test_rotary_matches_roformer_with_offsets_bases_and_widths():
     for C in (2, 6, 8):
         rope = RotaryEmbedding(C, base=37.5)
         for p in (pos, pos.int(), pos.double() * 0.5):
-            torch.testing.assert_close(rope(x[..., :C], p), _rope_ref(x[..., :C], p, C, 37.5), rtol=0, atol=1e-12)
+            torch.testing.assert_close(rope(x[..., :C], p), rope_ref(x[..., :C], p, 37.5), rtol=0, atol=1e-12)
     xs = _rand(2, 6, 3, 16, seed=6)[..., ::2]  # strided
-    torch.testing.assert_close(RotaryEmbedding(8)(xs, pos), _rope_ref(xs, pos, 8, 10000.0), rtol=0, atol=1e-12)
+    torch.testing.assert_close(RotaryEmbedding(8)(xs, pos), rope_ref(xs, pos, 10000.0), rtol=0, atol=1e-12)
     r2 = RotaryEmbedding2D(8, base=50.0)
     grid = torch.tensor([[0, 0], [1, 2], [3, 1], [2, 2], [5, 0], [4, 4]])
-    ref2 = torch.cat([_rope_ref(x[..., :4], grid[:, 0], 4, 50.0), _rope_ref(x[..., 4:], grid[:, 1], 4, 50.0)], -1)
+    ref2 = torch.cat([rope_ref(x[..., :4], grid[:, 0], 50.0), rope_ref(x[..., 4:], grid[:, 1], 50.0)], -1)
     torch.testing.assert_close(r2(x, grid), ref2, rtol=0, atol=1e-12)
     q, k = _rand(1, 1, 8, seed=7), _rand(1, 1, 8, seed=8)
 
@@ -184,7 +172,7 @@ def test_rotary_matches_roformer_with_offsets_bases_and_widths():
     torch.testing.assert_close(score(r2, [1, 2], [3, 7]), score(r2, [11, -4], [13, 1]), rtol=0, atol=1e-12)
 
 
-def test_rotary_layer_matches_rotated_scores_by_hand():
+def test_rotary_layer_matches_rotated_scores_by_hand(rope_ref):
     """A layer with RoPE (base 100, positions offset by 3) and a Laplacian head vs rotating q, k by hand."""
     torch.manual_seed(9)
     layer = DiffusionAttention(16, 2, heads="attention:1,laplacian:1", rotary=RotaryEmbedding(8, base=100.0)).double()
@@ -192,7 +180,7 @@ def test_rotary_layer_matches_rotated_scores_by_hand():
     P = torch.arange(5) + 3
     B, N = 2, 5
     q, k, v = (t.view(B, N, 2, 8) for t in layer.qkv(x).split(16, -1))
-    q, k = _rope_ref(q, P, 8, 100.0), _rope_ref(k, P, 8, 100.0)
+    q, k = rope_ref(q, P, 100.0), rope_ref(k, P, 100.0)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     o = (q @ k.transpose(-1, -2) / math.sqrt(8)).softmax(-1) @ v
     o[:, 1] = v[:, 1] - o[:, 1]
