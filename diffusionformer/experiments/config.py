@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from diffusionformer.config import _value_type, config_from_dict, config_to_dict, document_fields
+from diffusionformer.config import _choice_hint, _value_type, config_from_dict, config_to_dict, document_fields
 from diffusionformer.nn.heads import format_head_spec, laplacian_count
 from diffusionformer.train import TrainConfig
 
@@ -344,10 +344,9 @@ class ExperimentConfig:
 
 
 def _did_you_mean(name: str, choices: list[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, choices, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """The package's one hint, :func:`diffusionformer.config._choice_hint` (case-blind first), under this module's
+    name (its callers in the runner and gaps import it from here)."""
+    return _choice_hint(name, choices)
 
 
 def train_config(task: TaskConfig, seed: int, **extra: Any) -> TrainConfig:
