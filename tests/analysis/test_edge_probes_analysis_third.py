@@ -6,8 +6,6 @@ cases that already work, checked against independent float64 references (numpy, 
 
 from __future__ import annotations
 
-import os
-import socket
 
 import numpy as np
 import pytest
@@ -114,12 +112,6 @@ def test_bug_frequency_response_refuses_nan_coefficients_and_points() -> None:
     assert frequency_response(torch.tensor([1, -1]), torch.tensor([0.25])).item() == 0.75  # integer coefficients
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_bug_capture_of_a_ddp_wrapped_model() -> None:
     """Bug: capture_dataset(DistributedDataParallel(vit), ...) (the model as the trainer holds it) was refused with
     'got DistributedDataParallel with no attribute `blocks`'; the hooks now go on the wrapped model's blocks and the
@@ -131,20 +123,14 @@ def test_bug_capture_of_a_ddp_wrapped_model() -> None:
     vit = DiffusionViT(ViTConfig(input_size=(8, 8), patch_size=4, dim=8, depth=2, num_heads=2))
     x = torch.randn(3, 1, 8, 8)
     ref = capture_dataset(vit, [x], attentions=True)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    old_port = os.environ.get("MASTER_PORT")
-    os.environ["MASTER_PORT"] = str(_free_port())
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # an in-memory store: no port (another test process may hold any free port found) and no environment variables
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         ddp = torch.nn.parallel.DistributedDataParallel(vit)
         vit.train()
         got = capture_dataset(ddp, [x], attentions=True)
     finally:
         dist.destroy_process_group()
-        if old_port is None:
-            os.environ.pop("MASTER_PORT", None)
-        else:
-            os.environ["MASTER_PORT"] = old_port
     assert got.layers == ref.layers
     for layer in ref.layers:
         torch.testing.assert_close(got.states[layer], ref.states[layer])
