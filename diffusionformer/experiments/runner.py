@@ -88,7 +88,7 @@ def _restore_learned(rdir: Path, model: torch.nn.Module, step: Any, log: Callabl
     from diffusionformer.train import load_checkpoint
 
     path = rdir / "learned_operators.json"
-    if (path.is_file() and read_json_dict(path) is not None) or not learned_operator_parameters(model):
+    if read_json_dict(path) is not None or not learned_operator_parameters(model):  # None: missing or unreadable
         return
     try:
         payload = load_checkpoint(rdir / "checkpoint.pt")
@@ -331,14 +331,9 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
 
 
 def _read_manifest(out: Path) -> dict[str, Any] | None:
-    """The comparison's ``manifest.json``, or ``None`` when absent or unreadable (it is rewritten)."""
-    if not (out / "manifest.json").is_file():  # a FIFO or a device is not read: it would block or fill memory
-        return None
-    try:
-        data = json.loads((out / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    """The comparison's ``manifest.json``, or ``None`` when absent or unreadable, a FIFO or a device included (it is
+    rewritten): :func:`read_json_dict`."""
+    return read_json_dict(out / "manifest.json")
 
 
 def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
