@@ -181,10 +181,11 @@ def gaussian_blur(images: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
         return images.clone()
     N, C, H, W = images.shape
     half = kernel_size // 2
-    d = torch.arange(-half, half + 1, device=images.device, dtype=images.dtype)
-    s = sigma.to(device=images.device, dtype=images.dtype).clamp(min=1e-6).unsqueeze(1)  # (N, 1)
+    kdt = torch.promote_types(images.dtype, torch.float32)  # in float16 the clamped s**2 = 1e-12 is 0: a NaN kernel
+    d = torch.arange(-half, half + 1, device=images.device, dtype=kdt)
+    s = sigma.to(device=images.device, dtype=kdt).clamp(min=1e-6).unsqueeze(1)  # (N, 1)
     k = torch.exp(-(d**2) / (2 * s**2))
-    k = (k / k.sum(dim=1, keepdim=True)).repeat_interleave(C, dim=0)  # (N C, k)
+    k = (k / k.sum(dim=1, keepdim=True)).to(images.dtype).repeat_interleave(C, dim=0)  # (N C, k)
     x = F.pad(images.reshape(1, N * C, H, W), (half, half, half, half), mode="replicate")
     x = F.conv2d(x, k.view(N * C, 1, kernel_size, 1), groups=N * C)  # along H
     x = F.conv2d(x, k.view(N * C, 1, 1, kernel_size), groups=N * C)  # along W

@@ -576,6 +576,10 @@ def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512,
     if ssl is not None:
         if not _is_dino(model):
             raise ValueError(f"ssl applies to DINO models only, not to {type(model).__name__}")
+        if augment or label_smoothing:  # DINOTask has neither: they were dropped without a word
+            raise ValueError(f"augment and label_smoothing apply to supervised classification only, not to the "
+                             f"self-supervised DINO task (ssl given); got augment={augment!r}, "
+                             f"label_smoothing={label_smoothing!r}")
         return DINOTask(data, model, eval_batch_size, ssl=ssl)
     options = {k: v for k, v in (("augment", augment), ("label_smoothing", label_smoothing)) if v}
     if options:

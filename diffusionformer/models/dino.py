@@ -225,14 +225,15 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
         raise ValueError(f"k must be >= 1 and temperature > 0, got k={k}, temperature={temperature}")
     check_positive_int("knn_classify", chunk_size=chunk_size)
     bank_n = F.normalize(bank.float(), dim=1)
-    labels = bank_labels.to(bank.device)
+    labels = bank_labels.to(device=bank.device, dtype=torch.long)  # scatter_add_ takes int64 (or int32) indices only
     k = min(k, bank.shape[0])
     out = []
     for start in range(0, queries.shape[0], chunk_size):
         q = F.normalize(queries[start : start + chunk_size].float(), dim=1)
         sim, idx = (q @ bank_n.T).topk(k, dim=1)  # (q, k)
         votes = torch.zeros(q.shape[0], num_classes, device=q.device, dtype=sim.dtype)
-        votes.scatter_add_(1, labels[idx], torch.exp(sim / temperature))
+        # exp((s - s_max) / T): the same argmax, while exp(s / T) overflows float32 for T < ~0.0113 (inf votes tie)
+        votes.scatter_add_(1, labels[idx], torch.exp((sim - sim.amax(dim=1, keepdim=True)) / temperature))
         out.append(votes.argmax(dim=1))
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=queries.device)
 
