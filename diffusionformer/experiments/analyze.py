@@ -112,6 +112,24 @@ def _find_runs(out: Path, config: ExperimentConfig, partial: bool = False) -> tu
     return done, skipped
 
 
+def _check_run_data(rdir: Path, task: TaskConfig, seed: int) -> None:
+    """Refuse a run whose ``run_config.json`` names other data (dataset, its options, ``data_seed``, folds) or another
+    model preset than ``task`` now does: its held-out split, loaded from the config, would not be the one it was
+    trained beside (another ``data_seed`` reshuffles it: the model's training examples among the "held-out" ones)."""
+    stored = read_json_dict(rdir / "run_config.json")
+    if stored is None:  # absent or unreadable: load_run names it
+        return
+    keys = ("dataset", "dataset_options", "data_seed", "model", "folds", "fold")
+    now = json.loads(json.dumps({"dataset": task.dataset, "dataset_options": task.dataset_options,
+                                 "data_seed": task.data_seed, "model": task.model, "folds": task.folds,
+                                 "fold": task.fold_of(seed)}, default=str))
+    changed = [f"{k}: {stored.get(k)!r} then {now[k]!r}" for k in keys if stored.get(k) != now[k]]
+    if changed:
+        raise ValueError(f"run {rdir} was trained on other data or another model than task {task.name!r} of the "
+                         f"config names now ({', '.join(changed)}); analyse it with the config it was run with, "
+                         "or run it again with --restart")
+
+
 # ----------------------------------------------------------------------------- held-out data
 def _heldout(
     data: Any, model: torch.nn.Module, split: str, max_examples: int, batch_size: int
@@ -134,7 +152,8 @@ def analyze_run(
     """Per-layer token-geometry metrics of one trained model on held-out data.
 
     Args:
-        model: a trained ViT, GPT or graph transformer (moved to ``device``); for a
+        model: a trained ViT, GPT or graph transformer (moved to ``device``, run in eval mode; the
+            training mode of each of its modules is restored on return); for a
             self-supervised :class:`~diffusionformer.models.DINO` its teacher backbone
             (``model.backbone``) is analysed, without predictions (it has no classifier).
         data: the task's dataset container (``load_dataset`` output).
@@ -147,12 +166,29 @@ def analyze_run(
     Returns:
         ``{"layers": [{"layer": l, metric: value, ...}], "spectra": [[s_1, ...] per layer],
         "coefficients": [(H, K+1) per block], "pca_rgb": tensor or None, "info": {...}}``.
+
+    Raises:
+        ValueError: ``split`` is not ``"test"`` or ``"val"``.
     """
+    if split not in ("test", "val"):  # else "train" measures the training examples and calls them held-out
+        raise ValueError(f"split must be 'test' or 'val', got {split!r}{_choice_hint(split, ('test', 'val'))}")
     family = model_family(model)
     network = find_adapter(family, data, "analysed")  # e.g. DINO: the teacher ViT, its evaluation network
     if network is not None:
         model = network.analysed(model)  # type: ignore[misc]
-    model = model.to(device).eval()
+    model = model.to(device)
+    modes = [(module, module.training) for module in model.modules()]  # the caller's model: its modes come back
+    try:
+        return _analyze_eval(model.eval(), data, family, network, split, max_examples, max_attention_examples,
+                             batch_size, device)
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _analyze_eval(model: torch.nn.Module, data: Any, family: type | None, network: Any, split: str, max_examples: int,
+                  max_attention_examples: int, batch_size: int, device: str | torch.device) -> dict[str, Any]:
+    """:func:`analyze_run` of ``model`` in eval mode (``network``: its ``"analysed"`` adapter or None)."""
     batches, info = _heldout(data, model, split, max_examples, batch_size)
     scored = find_adapter(family, data, "predictions")
     is_seq_cls = bool(scored is not None and scored.predictions)
@@ -277,6 +313,8 @@ def analyze_experiment(
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_root) / config.name
     runs, skipped = _find_runs(out, config, partial)
+    for task, _, seed, rdir in runs:  # every run before any is measured
+        _check_run_data(rdir, task, seed)
     result: dict[str, Any] = {
         "experiment": config.name,
         "split": split,
@@ -549,6 +587,7 @@ def _plot_learned(fig: Any, learned: dict[str, list[dict[str, dict[int, torch.Te
 def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str, list[Any]]],
                  pca: dict[str, dict[str, torch.Tensor]], images: dict[str, torch.Tensor]) -> list[Path]:
     from diffusionformer.analysis import plot_frequency_response, plot_pca_token_maps, plot_spectra
+    from diffusionformer.experiments.plots import _save_figure
 
     _figure()  # fail early (ImportError) without matplotlib
     pdir.mkdir(parents=True, exist_ok=True)
@@ -556,7 +595,7 @@ def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str
 
     def save(fig: Any, name: str) -> None:
         path = pdir / name
-        fig.savefig(path, dpi=110)
+        _save_figure(fig, path)  # an interrupted drawing leaves the earlier figure whole, not a torn PNG
         written.append(path)
 
     for tname, task in result["tasks"].items():

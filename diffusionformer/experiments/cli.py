@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                                device=args.device, progress=not args.no_progress, partial=args.partial)
             return 0
         from diffusionformer.experiments.gpu import WORKER_ENV, check_device, precision_amp, run_workers, worker_argv
-        from diffusionformer.experiments.runner import run_experiment
+        from diffusionformer.experiments.runner import _choose_tasks, run_experiment
         from diffusionformer.experiments.tables import aggregate, format_table
 
         workers = 1 if args.workers is None else args.workers
@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         if workers > 1 and os.environ.get(WORKER_ENV):
             raise ValueError(f"--workers {workers} in a worker process (${WORKER_ENV}={os.environ[WORKER_ENV]}): "
                              "a worker does not start workers of its own")
+        if workers > 1:  # a misspelt --tasks name, before any worker starts (each would refuse it, as run_experiment)
+            _choose_tasks(config, args.tasks)
         _size_threads(args)
         if _rank_zero():
             out_flag = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)

@@ -55,11 +55,15 @@ __all__ = [
 ]
 
 
+#: the longest name of a task, setting or experiment: the files named after it stay within 255 bytes
+_MAX_NAME_BYTES = 200
+
+
 def _check_path_name(what: str, name: object) -> str:
     """A name that becomes one folder of the results tree: non-empty, no whitespace, ``/``, ``\\``, ``:`` or NUL,
     not ``.`` or ``..`` (a space would also break the figure links of the published page: MyST renders
     ``![x](my study/a.png)`` as plain text; ``:`` separates task and setting in ``primary`` and is no file name
-    character on Windows; NUL ends a path).
+    character on Windows; NUL ends a path), at most ``_MAX_NAME_BYTES`` bytes in UTF-8.
 
     Examples:
         >>> _check_path_name("task name", "digits")
@@ -69,6 +73,11 @@ def _check_path_name(what: str, name: object) -> str:
             or any(c.isspace() for c in name)):
         raise ValueError(f"{what} must be a non-empty string without whitespace, '/', '\\', ':' or NUL and not '.' "
                          f"or '..' (it names a results folder), got {name!r}")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > _MAX_NAME_BYTES:  # else every run trains, then a figure of it fails with "File name too long"
+        raise ValueError(f"{what} must be at most {_MAX_NAME_BYTES} bytes in UTF-8 (files are named after it, e.g. "
+                         f"'<name>_frequency_response.png' and hidden temporary copies, and a file name holds at most "
+                         f"255 bytes), got {size} bytes: {name[:40]!r}...")
     return name
 
 

@@ -1,6 +1,8 @@
 """The run store's locks: one worker per run, claimed atomically.
 
-A run being trained holds ``<run>/.lock``, a small JSON file ``{"pid": ..., "host": ...}``.
+A run being trained holds ``<run>/.lock``, a small JSON file ``{"pid": ..., "host": ..., "start": ...}``
+(``start``: the holder's start time in clock ticks since boot, field 22 of ``/proc/<pid>/stat``; left out where
+there is no ``/proc``).
 Claiming it must be atomic: two workers that start on the same run at the same instant must
 never both train it. The lock is therefore never visible half written:
 
@@ -13,7 +15,10 @@ What a present lock means:
 
 - readable, with a process that runs on this host (or any process on another host, whose
   liveness cannot be checked from here): **held**;
-- readable, with a process id that no longer runs on this host: **stale**; it is taken over;
+- readable, with a process id that no longer runs on this host, or that runs but started at
+  another time than the lock records (the holder died and its id was given to a new process):
+  **stale**; it is taken over (a lock without ``start``, as older versions wrote, is judged by
+  its process id alone);
 - unreadable (empty or not JSON): **held** while it is younger than :data:`UNREADABLE_GRACE_S`
   (a lock written by an older, non-atomic version of this code that is still being filled),
   stale after that (junk left by a crash or another tool).
@@ -43,12 +48,28 @@ LOCK_NAME = ".lock"
 UNREADABLE_GRACE_S = 60.0
 
 _BREAK_NAME = LOCK_NAME + ".break"
-_UNREADABLE = (-1, "")  # sentinel holder of a lock file that exists but cannot be parsed
-_MAX_LOCK_BYTES = 4096  # a lock is a JSON record of a pid and a host name: anything longer is junk
+_UNREADABLE = (-1, "", None)  # sentinel holder of a lock file that exists but cannot be parsed
+_MAX_LOCK_BYTES = 4096  # a lock is a JSON record of a pid, a host name and a start time: anything longer is junk
+
+_Holder = tuple[int, str, int | None]  # (pid, host, start time or None) of a lock's record
 
 
 def _me() -> tuple[int, str]:
     return os.getpid(), platform.node()
+
+
+def _start_time(pid: int) -> int | None:
+    """Start time of process ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``), None where it
+    cannot be read (no ``/proc``, no such process). With the pid it names one process: a pid is reused, the pair is
+    not."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            text = f.read()
+        # the command name (field 2) is in parentheses and may hold spaces and ")": the fields after the last ")"
+        # start at field 3, so field 22 is the 20th of them
+        return int(text[text.rindex(b")") + 1:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -61,10 +82,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _parse(text: bytes) -> tuple[int, str] | None:
-    """``(pid, host)`` of a lock's JSON text; None unless it is an object with an int ``pid`` and a string ``host``
-    (as :func:`acquire_lock` writes them): a ``true``, ``12.7``, ``"12"`` or ``Infinity`` pid or a ``null`` host is junk,
-    not process 1, 12 or a process on host ``"None"`` that would hold the run for ever."""
+def _parse(text: bytes) -> _Holder | None:
+    """``(pid, host, start)`` of a lock's JSON text; None unless it is an object with an int ``pid`` and a string
+    ``host`` (as :func:`acquire_lock` writes them): a ``true``, ``12.7``, ``"12"`` or ``Infinity`` pid or a ``null``
+    host is junk, not process 1, 12 or a process on host ``"None"`` that would hold the run for ever. ``start`` is
+    None when the lock has none (older versions wrote none) or it is not an int (a start time that cannot be
+    compared: the lock is judged by its pid, as one without)."""
     try:
         holder = json.loads(text)  # bytes that are not UTF-8 raise UnicodeDecodeError, a ValueError
     except ValueError:
@@ -72,7 +95,8 @@ def _parse(text: bytes) -> tuple[int, str] | None:
     pid, host = (holder.get("pid"), holder.get("host")) if isinstance(holder, dict) else (None, None)
     if type(pid) is not int or not isinstance(host, str):
         return None
-    return pid, host
+    start = holder.get("start")
+    return pid, host, (start if type(start) is int else None)
 
 
 def read_lock(rdir: str | os.PathLike[str]) -> tuple[int, str] | None:
@@ -82,10 +106,10 @@ def read_lock(rdir: str | os.PathLike[str]) -> tuple[int, str] | None:
         rdir: a run's folder.
     """
     holder, _ = _state(Path(rdir) / LOCK_NAME)
-    return None if holder is None or holder == _UNREADABLE else holder
+    return None if holder is None or holder == _UNREADABLE else holder[:2]
 
 
-def _state(path: Path) -> tuple[tuple[int, str] | None, os.stat_result | None]:
+def _state(path: Path) -> tuple[_Holder | None, os.stat_result | None]:
     """``(holder, stat)`` of the lock file at ``path``: ``(None, None)`` when absent,
     ``(_UNREADABLE, stat)`` when it exists but cannot be parsed. A FIFO or a device in its place (or a file
     larger than any lock) is not read, which would block for ever or fill the memory: it is unreadable junk."""
@@ -106,11 +130,17 @@ def _state(path: Path) -> tuple[tuple[int, str] | None, os.stat_result | None]:
     return (_UNREADABLE if holder is None else holder), st
 
 
-def _is_stale(holder: tuple[int, str], st: os.stat_result) -> bool:
+def _is_stale(holder: _Holder, st: os.stat_result) -> bool:
     if holder == _UNREADABLE:
         return time.time() - st.st_mtime > UNREADABLE_GRACE_S
-    pid, host = holder
-    return host == platform.node() and (pid <= 0 or not _pid_alive(pid))
+    pid, host, start = holder
+    if host != platform.node():
+        return False
+    if pid <= 0 or not _pid_alive(pid):
+        return True
+    # the pid runs, but perhaps a process that got the dead holder's id: its start time tells them apart
+    now = _start_time(pid) if start is not None else None
+    return now is not None and now != start
 
 
 def live_holder(rdir: str | os.PathLike[str]) -> tuple[int, str] | None:
@@ -125,10 +155,10 @@ def live_holder(rdir: str | os.PathLike[str]) -> tuple[int, str] | None:
     holder, st = _state(Path(rdir) / LOCK_NAME)
     if holder is None or st is None or _is_stale(holder, st):
         return None
-    return holder
+    return holder[:2]
 
 
-def _describe(holder: tuple[int, str], path: Path) -> str:
+def _describe(holder: _Holder, path: Path) -> str:
     if holder == _UNREADABLE:
         return f"a process that is still writing {path}"
     return f"process {holder[0]} on {holder[1]}"
@@ -163,8 +193,9 @@ def acquire_lock(rdir: str | os.PathLike[str]) -> str | None:
         raise IsADirectoryError(f"{path} is a folder, not a lock file (a run's lock is a small JSON file that this "
                                 "library writes and removes): remove the folder and run again")
     tmp = rdir / f"{LOCK_NAME}.{me[0]}.{secrets.token_hex(6)}.tmp"
+    start = _start_time(me[0])
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"pid": me[0], "host": me[1]}, f)
+        json.dump({"pid": me[0], "host": me[1], **({} if start is None else {"start": start})}, f)
         f.flush()
         os.fsync(f.fileno())
     try:
@@ -174,7 +205,7 @@ def acquire_lock(rdir: str | os.PathLike[str]) -> str | None:
             holder, st = _state(path)
             if holder is None or st is None:  # released between our link and our read: try again
                 continue
-            if holder == me:
+            if holder[:2] == me and not _is_stale(holder, st):  # ours (not a dead process's that had our pid)
                 return None
             if not _is_stale(holder, st):
                 return _describe(holder, path)

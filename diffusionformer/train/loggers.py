@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from diffusionformer.config import _check_flag
 
-from .metrics import METRICS_NAME, MetricsLog, _atomic_file
+from .metrics import METRICS_NAME, MetricsLog, _atomic_file, _check_regular_file
 
 __all__ = [
     "CSV_NAME",
@@ -201,6 +201,7 @@ class CSVLog:
         """Drop rows with ``step > max_step``; return how many (see :meth:`MetricsLog.truncate`)."""
         if not self.active or not self.path.exists():
             return 0
+        _check_regular_file(self.path, "CSVLog.truncate")
         columns, rows = self._read()
         # a last row cut short by a kill (no line end) is dropped whatever its step, as MetricsLog does
         whole = rows[:-1] if rows and not self.path.read_bytes().endswith((b"\n", b"\r")) else rows

@@ -7,6 +7,7 @@ import json
 import math
 import numbers
 import os
+import stat
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
@@ -80,6 +81,21 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     with _atomic_file(path) as f:
         json.dump(_plain(obj), f, indent=2, allow_nan=False)
         f.write("\n")
+
+
+def _check_regular_file(path: Path, what: str) -> None:
+    """Refuse a FIFO, a device, a socket or a folder at ``path`` (a run log that exists): reading a FIFO would wait
+    for a writer for ever, a device (``/dev/zero``) fill the memory, and the rewrite would replace it."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+                "not a regular file")
+        raise ValueError(f"{what}: expected {path} to be a regular file (the run's log, read on resume), got {kind}; "
+                         "remove it (or move it away) and resume again")
 
 
 def _parse_lines(path: Path) -> list[dict[str, Any]]:
@@ -157,6 +173,7 @@ class MetricsLog:
         """
         if not self.active or not self.path.exists():
             return 0
+        _check_regular_file(self.path, "MetricsLog.truncate")
         self.close()
         records = _parse_lines(self.path)
         kept = [r for r in records if r["step"] <= max_step]  # every record has an integer step (_is_record)
