@@ -78,33 +78,61 @@ def manifest(config: ExperimentConfig) -> dict[str, Any]:
         "machine": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        # the vector kernels torch's CPU operators run (AVX512, AVX2, ...; ATEN_CPU_CAPABILITY chooses them): the
+        # same seed rounds differently under another set, so a CPU study's numbers hold for its kernel set
+        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "git_commit": git_commit(),
     }
 
 
+def _cpu_model() -> str | None:
+    """The processor's name (``model name`` of ``/proc/cpuinfo``), None where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip() or None
+    except OSError:
+        pass
+    return None
+
+
+def _merged(previous: dict[str, Any] | None, current: dict[str, Any], key: str, many: str) -> list[str]:
+    """The distinct strings of ``previous[many]`` (or, from a manifest without it, ``previous[key]``) and
+    ``current[key]``, oldest first."""
+    seen: list[str] = []
+    if isinstance(previous, dict):
+        earlier = previous.get(many)
+        for c in (earlier if isinstance(earlier, list) else [previous.get(key)]):
+            if isinstance(c, str) and c not in seen:
+                seen.append(c)
+    c = current.get(key)
+    if isinstance(c, str) and c not in seen:
+        seen.append(c)
+    return seen
+
+
 def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) -> dict[str, Any]:
     """``current`` plus ``git_commits``: every commit an invocation of ``run`` recorded for this
     comparison, oldest first (a study resumed across commits lists each; ``git_commit`` is the
-    latest). ``previous`` is the manifest already on disk, or ``None``.
+    latest), and ``cpu_kernel_sets``: likewise every CPU kernel set (``cpu_kernels``) its runs
+    were trained under. ``previous`` is the manifest already on disk, or ``None``.
 
     Examples:
         >>> merged_manifest({"git_commit": "a", "git_commits": ["a"]}, {"git_commit": "b"})["git_commits"]
         ['a', 'b']
         >>> merged_manifest({"git_commit": "a"}, {"git_commit": "a"})["git_commits"]
         ['a']
+        >>> merged_manifest({"cpu_kernels": "AVX2"}, {"cpu_kernels": "AVX512"})["cpu_kernel_sets"]
+        ['AVX2', 'AVX512']
     """
-    seen: list[str] = []
-    if isinstance(previous, dict):
-        earlier = previous.get("git_commits")
-        for c in (earlier if isinstance(earlier, list) else [previous.get("git_commit")]):
-            if isinstance(c, str) and c not in seen:
-                seen.append(c)
-    c = current.get("git_commit")
-    if isinstance(c, str) and c not in seen:
-        seen.append(c)
-    return {**current, "git_commits": seen}
+    return {**current, "git_commits": _merged(previous, current, "git_commit", "git_commits"),
+            "cpu_kernel_sets": _merged(previous, current, "cpu_kernels", "cpu_kernel_sets")}
 
 
 def git_commit(path: str | Path | None = None) -> str | None:

@@ -107,6 +107,17 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return data
 
 
+def _kernels_text(manifest: dict[str, Any]) -> str:
+    """The Machine line's CPU kernel set (``cpu_kernels``, ``cpu_kernel_sets`` of the manifest), or ``""``."""
+    sets = [k for k in manifest.get("cpu_kernel_sets") or [] if isinstance(k, str)]
+    if len(sets) > 1:
+        return (f"; CPU kernels: {', '.join(sets)} (runs of this comparison were trained under {len(sets)} kernel "
+                "sets of torch's CPU operators: float rounding differs between them, so a run's numbers on CPU hold "
+                "for its kernel set)")
+    kernels = manifest.get("cpu_kernels")
+    return f"; CPU kernels: {kernels}" if isinstance(kernels, str) else ""
+
+
 def _commit_line(manifest: dict[str, Any]) -> str:
     """The page's git line: the commit of the last ``run`` invocation, and every earlier one when the
     comparison was trained over several commits (``git_commits`` of :func:`~diffusionformer.experiments.outputs.merged_manifest`)."""
@@ -194,8 +205,9 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
            f"s % folds of a stratified partition, trains and selects on the other folds; means and "
            f"spreads are over folds; comparisons are paired over folds with the Nadeau-Bengio correction"]
           if any(t.folds for t in config.tasks) else []),
-        f"- **Machine:** {manifest.get('processor', '?')}, {manifest.get('cpu_count', '?')} CPUs, "
-        f"{manifest.get('machine', '?')}; CUDA: {manifest.get('cuda') or 'none'}",
+        f"- **Machine:** {manifest.get('cpu_model') or manifest.get('processor', '?')}, "
+        f"{manifest.get('cpu_count', '?')} CPUs, {manifest.get('machine', '?')}; CUDA: {manifest.get('cuda') or 'none'}"
+        f"{_kernels_text(manifest)}",
         f"- **Versions:** torch {manifest.get('torch', '?')}, diffusionformer {manifest.get('diffusionformer', '?')}, "
         f"Python {manifest.get('python', '?')}",
         _commit_line(manifest),

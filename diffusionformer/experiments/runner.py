@@ -193,7 +193,15 @@ def run_experiment(
                     if not done_before and not recorded and _rank_zero():
                         # only an invocation that trains adds its commit: a pass over finished runs (the tables
                         # after parallel workers, a re-run) leaves the provenance of the comparison as it was
-                        write_json_atomic(out / "manifest.json", merged_manifest(_read_manifest(out), _manifest(config)))
+                        previous = _read_manifest(out)
+                        record = merged_manifest(previous, _manifest(config))
+                        before = merged_manifest(previous, {})["cpu_kernel_sets"]
+                        if before and record["cpu_kernels"] not in before and record.get("cuda") is None:
+                            log(f"note: earlier runs of {config.name} were trained with torch's {', '.join(before)} CPU "
+                                f"kernels, these with {record['cpu_kernels']} (another processor, or "
+                                "$ATEN_CPU_CAPABILITY): float rounding differs between kernel sets, so runs of one "
+                                "seed need not match across them; manifest.json lists both")
+                        write_json_atomic(out / "manifest.json", record)
                         recorded = True
                     result = _one_run(out, task, setting, seed, data, resume, progress, device, log)
                     if result is not None:
