@@ -16,8 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from torch.nn.utils.rnn import PackedSequence
 
 from .config import resolve_device
 
@@ -149,7 +151,14 @@ def init_distributed(device: str = "auto") -> DistContext:
     """
     if dist.is_available() and dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        raw = os.environ.get("LOCAL_RANK")
+        try:  # else int()'s bare "invalid literal for int() with base 10: 'x'"
+            local_rank = rank if raw is None else int(raw)
+        except ValueError:
+            local_rank = -1
+        if local_rank < 0:  # it picks the CUDA device: cuda:-1 would fail far from here
+            raise ValueError(f"distributed environment: expected LOCAL_RANK an int >= 0 (as set by torchrun), "
+                             f"got LOCAL_RANK={raw!r}")
         dev = resolve_device(device, local_rank if world_size > 1 else None)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
@@ -210,11 +219,18 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
         return batch[rank * size : (rank + 1) * size]
     if isinstance(batch, Mapping):
         return {k: shard_batch(v, rank, world_size) for k, v in batch.items()}
+    if isinstance(batch, PackedSequence):  # its rows are time steps of every sequence: sliced, they are garbage
+        raise TypeError(
+            "shard_batch: expected tensors, dict/list/tuple containers or plain values, got a PackedSequence "
+            "(dim 0 of its data is time steps, not samples); give the task a shard_batch(batch, rank, world_size) "
+            "method that splits the sequences before packing"
+        )
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
         return type(batch)(*(shard_batch(v, rank, world_size) for v in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(shard_batch(v, rank, world_size) for v in batch)
-    if batch is None or isinstance(batch, (bool, int, float, str, bytes)):
+    # NumPy scalars too (np.float32, np.int64, np.bool_): shared like the Python numbers they stand for
+    if batch is None or isinstance(batch, (bool, int, float, str, bytes, numbers.Number, np.generic)):
         return batch
     raise TypeError(
         f"shard_batch: expected tensors, dict/list/tuple containers or plain values, got "

@@ -73,6 +73,7 @@ def param_groups(model: nn.Module, weight_decay: float, rule: str = "default") -
                         f"({weight_decay!r})")
     if not (math.isfinite(weight_decay) and weight_decay >= 0):
         raise ValueError(f"param_groups: expected weight_decay a finite float >= 0, got {weight_decay}")
+    weight_decay = float(weight_decay)  # a NumPy rate in a group's state_dict fails torch.load(weights_only=True)
     if rule == "nanogpt":
         decay = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]

@@ -44,9 +44,14 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_s
         raise ValueError(
             f"cosine_lr: expected decay_steps >= warmup_steps ({warmup_steps}), got {decay_steps}"
         )
+    for name, value in (("lr", lr), ("min_lr", min_lr)):
+        if not math.isfinite(value):  # else a NaN/inf learning rate, handed to the optimizer without a word
+            raise ValueError(f"cosine_lr: expected {name} a finite float, got {value}")
+    # a Python float: a NumPy step or rate (np.float64) set as an optimizer's lr made its state_dict unloadable with
+    # torch.load(weights_only=True)
     if step < warmup_steps:
-        return lr * (step + 1) / (warmup_steps + 1)
+        return float(lr * (step + 1) / (warmup_steps + 1))
     if step >= decay_steps:
-        return min_lr
+        return float(min_lr)
     ratio = (step - warmup_steps) / (decay_steps - warmup_steps)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+    return float(min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr))
