@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -34,13 +35,16 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from diffusionformer.testing.memory import cpu_allocations
+ROOT = Path(__file__).resolve().parent.parent
+# before the first import of the package: a script run from a checkout benchmarks that checkout's package (not
+# another copy installed in the environment, nor a ModuleNotFoundError without one)
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from diffusionformer.testing.memory import cpu_allocations  # noqa: E402
+from diffusionformer.train.metrics import write_text_atomic  # noqa: E402
 
 from _warm import add_warm_arguments, warm_kernels  # noqa: E402,F401 - the scripts call them as C.<name>
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run from a checkout without installing the package
-    sys.path.insert(0, str(ROOT))
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 
@@ -57,9 +61,11 @@ def parse_args(description: str, argv: Sequence[str] | None = None, extra: Calla
     p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                    help="wall: time.perf_counter (default); cpu: time.process_time, the CPU time of this process "
                         "(robust to other processes on a shared machine when --threads 1; CPU only)")
+    shared = len(p._actions)
     if extra is not None:
         extra(p)
     args = p.parse_args(argv)
+    args._script_options = _given_options(p._actions[shared:], args)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda was requested but torch.cuda.is_available() is False")
     if args.device == "cuda" and args.clock == "cpu":
@@ -71,6 +77,25 @@ def parse_args(description: str, argv: Sequence[str] | None = None, extra: Calla
 
 
 _CLOCK: Callable[[], float] = time.perf_counter
+
+
+def _given_options(actions: Sequence[argparse.Action], args: argparse.Namespace) -> list[str]:
+    """A script's own options (``extra``'s) as given, the defaults left out, for the command written with the tables
+    (``--smoke``, ``--library-backend sdpa``, ``--parts gpt`` change what a run measures). ``--compile-only``, the
+    warm-up processes' option, is not a command of its own."""
+    words: list[str] = []
+    for a in actions:
+        value = getattr(args, a.dest, None)
+        if not a.option_strings or a.dest == "compile_only" or value == a.default:
+            continue
+        flag = max(a.option_strings, key=len)
+        if a.nargs == 0:  # store_true
+            words.append(flag)
+        elif isinstance(value, (list, tuple)):
+            words += [flag, *map(str, value)]
+        else:
+            words += [flag, str(value)]
+    return words
 
 
 def check_threads_and_out(p: argparse.ArgumentParser, threads: int | None, out: str, rounds: int | None = None) -> None:
@@ -319,6 +344,7 @@ class Report:
             extra += f" --rounds {self.args.rounds}"
         if self.args.clock != "wall":
             extra += f" --clock {self.args.clock}"
+        extra += "".join(f" {shlex.quote(w)}" for w in getattr(self.args, "_script_options", ()))
         return f"python benchmarks/{self.name}.py --device {self.args.device}{extra}"
 
     def markdown(self) -> str:
@@ -333,12 +359,14 @@ class Report:
     def write(self) -> Path:
         out = Path(self.args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{self.name}.md").write_text(self.markdown())
+        # each file replaced whole (a temporary file moved over it): a run killed while writing (a GPU call's time
+        # limit) keeps the report of its previous table instead of a truncated file
+        write_text_atomic(out / f"{self.name}.md", self.markdown())
         payload = {"name": self.name, "title": self.title, "machine": self.info, "command": self.command(),
                    "quick": self.args.quick, "seconds": round(time.perf_counter() - self.started, 1),
                    "tables": [{"caption": c, "header": h, "rows": r} for c, h, r in self.sections],
                    "notes": self.notes, "rows": self.rows}
-        (out / f"{self.name}.json").write_text(json.dumps(payload, indent=1, default=_json_default))
+        write_text_atomic(out / f"{self.name}.json", json.dumps(payload, indent=1, default=_json_default))
         return out / f"{self.name}.md"
 
 

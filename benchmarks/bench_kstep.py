@@ -85,8 +85,9 @@ def part_kernels(args, rep: C.Report) -> None:  # noqa: ANN001
                     rep.rows.append({"part": "kernel", "N": N, "B": B, "causal": causal, "op": "heat", "K": K,
                                      "mode": "fwd+bwd" if backward else "fwd", "chosen": chosen, "loss": loss,
                                      **{f"{b}_s": t[b].median for b in t}})
-    rep.table(f"Kernel: diffuse() with the heat operator (t=1), H={H}, C={HEAD_DIM}; ms (median of 5 interleaved "
-              "rounds, 3 for N >= 1024 and --quick"
+    rounds_text = f"{args.rounds} interleaved rounds" if args.rounds else \
+        "5 interleaved rounds, 3 for N >= 1024 and --quick"  # --rounds R times every point R rounds
+    rep.table(f"Kernel: diffuse() with the heat operator (t=1), H={H}, C={HEAD_DIM}; ms (median of {rounds_text}"
               "; rule loss = time of the back-end auto picks / time of the other one (median of paired rounds, "
               "1 when it picks the faster)",
               ["N", "B", "causal", "K", "mode", "sdpa ms", "matrix ms", "auto ms", "auto picks",

@@ -22,6 +22,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import torch  # noqa: E402
+
 import _common as C  # noqa: E402
 
 BENCHMARKS = ["bench_dense", "bench_kstep", "bench_sparse", "bench_crossover", "bench_gpt", "bench_rivals", "bench_host", "bench_memory",
@@ -100,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(d) for d in include if not (d / "README.md").is_file()]
     if missing:
         p.error(f"--include: no README.md in {missing}")
+    if args.device == "cuda" and not args.report_only and not torch.cuda.is_available():
+        # as each script refuses it; here it was an AssertionError traceback of torch (naming the GPU)
+        p.error("--device cuda was requested but torch.cuda.is_available() is False")
     if args.report_only:
         if not (out / "run_all.json").is_file():
             p.error(f"--report-only: no run_all.json in {str(out)!r} (the folder of a finished run_all.py run)")
@@ -131,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         command += f" --threads {args.threads}"
     if args.clock != "wall":
         command += f" --clock {args.clock}"
+    if args.only:  # the command written with the tables reruns the benchmarks that ran, not the whole suite
+        command += " --only " + " ".join(args.only)
     meta = {"command": command, "machine": info, "minutes": round(total / 60, 2), "loadavg_start": load_start,
             "loadavg_end": load_end, "failed": failed}
     (out / "run_all.json").write_text(json.dumps(meta, indent=1))
