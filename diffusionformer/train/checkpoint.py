@@ -115,14 +115,16 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         path: a file written by the trainer (:func:`save_checkpoint` of the trainer payload).
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        FileNotFoundError: ``path`` does not exist, or is not a regular file (a folder, a FIFO).
         CheckpointError: the file is truncated/corrupt, holds objects that ``weights_only``
             refuses, lacks the trainer's keys, or may not be read (then it is not called
             damaged). The file is never modified.
     """
     path = Path(path)
     if not path.is_file():
-        what = "a directory" if path.is_dir() else "missing"
+        # a FIFO or a device is there, not missing: "missing" sent the user looking for a file that is in place
+        what = ("missing" if not path.exists() else "a directory" if path.is_dir() else "a FIFO" if path.is_fifo()
+                else "a device" if path.is_char_device() or path.is_block_device() else "not a regular file:")
         raise FileNotFoundError(f"load_checkpoint: expected a checkpoint file, got {what} {path}")
     bad_member = _crc_failure(path)
     if bad_member is not None:

@@ -205,3 +205,19 @@ def test_bug_analyze_run_restores_the_models_training_mode():
     assert res["info"]["num_examples"] == 16
     assert {name: m.training for name, m in model.named_modules()} == modes
     assert model.training and not frozen.training
+
+
+# --- train.checkpoint: a FIFO in the checkpoint's place is named, not called missing -----------------------------------
+
+
+def test_bug_a_fifo_as_checkpoint_is_named_not_called_missing(tmp_path):
+    """Bug: ``load_checkpoint`` (and so ``Trainer(resume=True)``) of a FIFO at checkpoint.pt said "got missing
+    .../checkpoint.pt": the user looked for a file that was in place. It says "a FIFO" now (still FileNotFoundError)."""
+    from diffusionformer.train.checkpoint import load_checkpoint
+
+    fifo = tmp_path / "checkpoint.pt"
+    os.mkfifo(fifo)
+    with pytest.raises(FileNotFoundError, match=r"got a FIFO .*checkpoint\.pt"):
+        load_checkpoint(fifo)
+    with pytest.raises(FileNotFoundError, match=r"got missing .*nothing\.pt"):
+        load_checkpoint(tmp_path / "nothing.pt")
