@@ -49,6 +49,10 @@ IGNORE_INDEX = -100  #: label of padded tokens and of tokens without a target
 # ----------------------------------------------------------------------------------------
 
 
+class _NoBlocks(TypeError):
+    """A model without transformer blocks to capture (a GCN or GIN baseline): ``analyze`` skips its task."""
+
+
 def _blocks(model: nn.Module) -> nn.ModuleList:
     inner = model
     while not isinstance(getattr(inner, "blocks", None), nn.ModuleList) \
@@ -57,7 +61,7 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
     blocks = getattr(inner, "blocks", None)
     if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
         got = type(blocks).__name__ if blocks is not None else "no attribute `blocks`"
-        raise TypeError(
+        raise _NoBlocks(
             f"capture needs a model with a non-empty nn.ModuleList `model.blocks` (DiffusionViT, DiffusionGPT, "
             f"DiffusionGraphTransformer), got {type(model).__name__} with {got}"
         )

@@ -170,6 +170,32 @@ class TorchNeighborSampler(BaseSampler):
         raise NotImplementedError("TorchNeighborSampler samples node neighbourhoods only")
 
 
+#: NeighborLoader options that only PyG's own sampler implements, with the value that asks for nothing
+#: (NeighborLoader hands them to the sampler it builds, so with TorchNeighborSampler plugged in they were dropped)
+_COMPILED_ONLY_OPTIONS: dict[str, Any] = {
+    "replace": False, "subgraph_type": "directional", "disjoint": False, "temporal_strategy": "uniform",
+    "time_attr": None, "weight_attr": None, "input_time": None, "directed": True,
+}
+
+
+def _refuse_compiled_only_options(kwargs: dict[str, Any], why: str) -> None:
+    """ValueError for an option of :data:`_COMPILED_ONLY_OPTIONS` away from its default (TorchNeighborSampler
+    samples uniformly without replacement, directional, not disjoint, without times or edge weights)."""
+    for name, default in _COMPILED_ONLY_OPTIONS.items():
+        if name not in kwargs:
+            continue
+        value = kwargs[name]
+        plain = getattr(value, "value", value)  # a SubgraphType member as its string
+        if value is None if default is None else (type(plain) is type(default) and plain == default):
+            continue
+        shown = f"<tensor of shape {tuple(value.shape)}>" if isinstance(value, Tensor) else repr(value)
+        raise ValueError(
+            f"neighbor_loader: {name}={shown} needs PyG's compiled sampler (pyg-lib or torch-sparse; {why}); "
+            "TorchNeighborSampler samples uniformly without replacement, directional, not disjoint, without times "
+            f"or edge weights: leave {name} at {default!r}"
+        )
+
+
 def neighbor_loader(
     data: Data,
     num_neighbors: Sequence[int],
@@ -193,13 +219,22 @@ def neighbor_loader(
         generator: random generator of :class:`TorchNeighborSampler` (the PyG samplers use
             torch's global RNG).
         force_torch: use :class:`TorchNeighborSampler` even when a compiled sampler exists.
-        kwargs: further ``NeighborLoader`` / ``DataLoader`` arguments.
+        kwargs: further ``NeighborLoader`` / ``DataLoader`` arguments; with
+            :class:`TorchNeighborSampler` the sampling options only PyG's samplers implement
+            (``replace``, ``subgraph_type``, ``disjoint``, ``temporal_strategy``, ``time_attr``,
+            ``weight_attr``, ``input_time``, ``directed``) must keep their defaults (else a
+            ``ValueError``), and a ``neighbor_sampler`` of the caller's is used as is.
 
     Returns:
         The loader; each batch is a ``Data`` whose first ``batch.batch_size`` nodes are the seeds.
     """
     _check_flags("neighbor_loader", shuffle=shuffle, force_torch=force_torch)
-    if not has_compiled_sampler() or force_torch:
+    if kwargs.get("neighbor_sampler") is not None:  # the caller's own sampler, used as is
+        if force_torch:
+            raise ValueError("neighbor_loader: force_torch=True and neighbor_sampler= both choose the sampler; "
+                             "pass one of them")
+    elif not has_compiled_sampler() or force_torch:
+        _refuse_compiled_only_options(kwargs, "force_torch=True bypasses it" if force_torch else "not installed")
         kwargs["neighbor_sampler"] = TorchNeighborSampler(data, num_neighbors, generator)
     return NeighborLoader(data, list(num_neighbors), batch_size=batch_size, input_nodes=input_nodes,
                           shuffle=shuffle, **kwargs)

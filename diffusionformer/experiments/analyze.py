@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from diffusionformer.analysis.capture import _check_capture_limits, capture_dataset
+from diffusionformer.analysis.capture import _NoBlocks, _check_capture_limits, capture_dataset
 from diffusionformer.analysis.report import layer_reports, list_metrics
 from diffusionformer.config import _choice_hint
 from diffusionformer.data.base import ClassificationData
@@ -322,6 +322,7 @@ def analyze_experiment(
         "max_attention_examples": max_attention_examples,
         "layer_index": "0 = embeddings (input of block 0); l = residual stream after block l-1",
         "skipped_runs": skipped,
+        "skipped_tasks": {},
         "tasks": {},
     }
     pca: dict[str, dict[str, torch.Tensor]] = {}
@@ -353,6 +354,13 @@ def analyze_experiment(
                         res = analyze_run(model, data, split=split, max_examples=max_examples,
                                           max_attention_examples=max_attention_examples,
                                           batch_size=min(task.eval_batch_size, 256), device=dev)
+                    except _NoBlocks as exc:  # a GCN/GIN baseline beside the transformers: the other tasks go on
+                        warnings.warn(f"analyze: task {task.name!r} skipped: its model has no transformer blocks "
+                                      f"whose tokens could be measured ({exc})", RuntimeWarning, stacklevel=2)
+                        result["skipped_tasks"][task.name] = f"model {type(model).__name__}: no transformer blocks"
+                        del result["tasks"][task.name]
+                        bar.update(len(task_runs))
+                        break
                     except ValueError as exc:  # e.g. a diverged model's NaN tokens: say which run
                         raise ValueError(f"run {rdir}: {exc}") from exc
                     _store(rdir / _CACHE_NAME, key, res)
@@ -437,6 +445,9 @@ def _markdown(result: dict[str, Any]) -> str:
              "Layer 0 = embeddings, L = last block. Cells: mean ± sample std over seeds, and in brackets "
              "Welch's t of the difference to the first setting (|t| below about 3 is within seed noise). "
              "Per-layer values of every metric are in metrics.json.", ""]
+    for name, why in (result.get("skipped_tasks") or {}).items():
+        lines += [f"Task `{name}` is not measured: {why} (token geometry is measured per block of a ViT, GPT or "
+                  "graph transformer).", ""]
     always = [m for m in list_metrics() if m.column and m.group in ("smoothing", "spectral")]
     labelled = [m for m in list_metrics() if m.column and m.group not in ("smoothing", "spectral")]
     for name, task in result["tasks"].items():

@@ -121,7 +121,7 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
     """``current`` plus ``git_commits``: every commit an invocation of ``run`` recorded for this
     comparison, oldest first (a study resumed across commits lists each; ``git_commit`` is the
     latest), and ``cpu_kernel_sets``: likewise every CPU kernel set (``cpu_kernels``) its runs
-    were trained under. ``previous`` is the manifest already on disk, or ``None``.
+    were trained under (left out while none is recorded). ``previous`` is the manifest already on disk, or ``None``.
 
     Examples:
         >>> merged_manifest({"git_commit": "a", "git_commits": ["a"]}, {"git_commit": "b"})["git_commits"]
@@ -131,8 +131,9 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
         >>> merged_manifest({"cpu_kernels": "AVX2"}, {"cpu_kernels": "AVX512"})["cpu_kernel_sets"]
         ['AVX2', 'AVX512']
     """
+    kernels = _merged(previous, current, "cpu_kernels", "cpu_kernel_sets")
     return {**current, "git_commits": _merged(previous, current, "git_commit", "git_commits"),
-            "cpu_kernel_sets": _merged(previous, current, "cpu_kernels", "cpu_kernel_sets")}
+            **({"cpu_kernel_sets": kernels} if kernels else {})}
 
 
 def git_commit(path: str | Path | None = None) -> str | None:

@@ -195,7 +195,7 @@ def run_experiment(
                         # after parallel workers, a re-run) leaves the provenance of the comparison as it was
                         previous = _read_manifest(out)
                         record = merged_manifest(previous, _manifest(config))
-                        before = merged_manifest(previous, {})["cpu_kernel_sets"]
+                        before = merged_manifest(previous, {}).get("cpu_kernel_sets", [])
                         if before and record["cpu_kernels"] not in before and record.get("cuda") is None:
                             log(f"note: earlier runs of {config.name} were trained with torch's {', '.join(before)} CPU "
                                 f"kernels, these with {record['cpu_kernels']} (another processor, or "

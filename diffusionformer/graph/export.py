@@ -65,6 +65,12 @@ def _edge_weights(edge_index: Tensor | None, weights: Tensor, num_nodes: int | N
         if edge_index.numel() and int(edge_index.max()) >= B * N:
             raise ValueError(f"edge_index refers to node {int(edge_index.max())} but dense weights "
                              f"{tuple(weights.shape)} describe B * N = {B * N} nodes")
+        if edge_index.numel() and int(edge_index.min()) >= 0:  # (negative ids: the range check of to_networkx)
+            cross = int((edge_index[0] // N != edge_index[1] // N).sum())
+            if cross:  # else edge b N + j -> b' N + i read the weight of j -> i in sequence b'
+                raise ValueError(f"edge_index has {cross} edge(s) between different sequences of the dense weights "
+                                 f"(B, H, N, N) = {tuple(weights.shape)} (token (b, i) is node b * N + i, and a "
+                                 "token attends only within its own sequence)")
         src, dst = edge_index[0].to(weights.device), edge_index[1].to(weights.device)
         w = weights[dst // N, :, dst % N, src % N]  # (E, H)
         return edge_index, w, B * N
@@ -137,8 +143,8 @@ def to_networkx(
             :class:`~diffusionformer.nn.AttentionIntermediates` of
             ``DiffusionAttention(..., return_intermediates=True)`` (its ``attn_weights`` and
             ``edge_index``; dense weights without a graph keep every nonzero entry).
-        weights: ``(E,)`` or ``(E, H)`` per edge, or ``(B, H, N, N)`` dense; ``None`` for an
-            unweighted graph (no ``weight`` attribute).
+        weights: ``(E,)`` or ``(E, H)`` per edge, or ``(B, H, N, N)`` dense (an ``edge_index``
+            with it joins no two sequences); ``None`` for an unweighted graph (no ``weight`` attribute).
         threshold: keep edges with weight ``> threshold``.
         top_k: keep the ``top_k`` heaviest incoming edges per node.
         head: ``int`` picks a head; ``"mean"`` / ``"max"`` reduce over heads; ``None`` requires

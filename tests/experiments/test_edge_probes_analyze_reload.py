@@ -134,3 +134,32 @@ def test_bug_analyze_run_refuses_the_training_split():
         A.analyze_run(model, data, split="train", max_examples=8, max_attention_examples=2)
     with pytest.raises(ValueError, match=r"split must be 'test' or 'val', got 'tset' \(did you mean 'test'\?\)"):
         A.analyze_run(model, data, split="tset", max_examples=8, max_attention_examples=2)
+
+
+def test_bug_analyze_skips_a_task_without_transformer_blocks_and_measures_the_others(tmp_path):
+    """Bug: ``analyze`` of a comparison with a GCN/GIN baseline task (baselines.toml's ``cora-gcn``) stopped at that
+    task with capture's TypeError ("capture needs a model with ... model.blocks"), naming no task, after the tasks
+    before it had been measured and before the ones after it. It skips such a task now with a warning naming it,
+    lists it under ``skipped_tasks`` and in the README, and measures the other tasks."""
+    from diffusionformer.experiments import load_experiment_config
+    from diffusionformer.experiments.analyze import analyze_experiment
+    from diffusionformer.experiments.runner import run_experiment
+
+    train = {"max_steps": 2, "batch_size": 8, "lr": 1e-3, "warmup_steps": 0, "eval_interval": 2, "log_interval": 1,
+             "checkpoint_interval": 2}
+    cfg = load_experiment_config({
+        "name": "mixed", "seeds": [0],
+        "tasks": [{"name": "graph-gcn", "dataset": "csbm", "model": "gcn-2layer", "metric": "test_acc",
+                   "train": train},
+                  {"name": "digits", "dataset": "digits", "model": "vit-digits",
+                   "model_overrides": {"dim": 16, "depth": 1, "num_heads": 2}, "train": train}],
+        "operators": [{"name": "attention"}],
+    })
+    run_experiment(cfg, tmp_path, progress=False, log=lambda _: None)
+    with pytest.warns(RuntimeWarning, match=r"task 'graph-gcn' skipped: its model has no transformer blocks"):
+        result = analyze_experiment(cfg, tmp_path, max_examples=16, progress=False, plots=False, device="cpu")
+    assert list(result["tasks"]) == ["digits"]
+    assert result["tasks"]["digits"]["operators"]["attention"]["seeds"]["0"]["layers"]
+    assert set(result["skipped_tasks"]) == {"graph-gcn"} and "GCN" in result["skipped_tasks"]["graph-gcn"]
+    readme = (tmp_path / "mixed" / "analysis" / "README.md").read_text()
+    assert "Task `graph-gcn` is not measured" in readme and "## digits" in readme
