@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from functools import lru_cache
 
 import torch
 from torch import Tensor, nn
@@ -13,6 +12,7 @@ from diffusionformer.config import _choice_hint
 from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, _check_tol, check_finite_float,
                                             check_finite_parameter, check_flag, check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
+from diffusionformer.ops.engine import _tensor_cache
 
 __all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps_for_tolerance", "heat_truncation_error"]
 
@@ -79,7 +79,7 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
 _VECTOR_STEPS = 20
 
 
-@lru_cache(maxsize=64)
+@_tensor_cache(maxsize=64)
 def _taylor_table(steps: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """``k = 0 .. K`` and ``1 / k!`` in float64 on ``device``, built once (no copy to the device per call)."""
     with torch.inference_mode(False):

@@ -3,7 +3,6 @@ r"""Personalised PageRank (APPNP) diffusion."""
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import torch
 from torch import Tensor, nn
@@ -11,6 +10,7 @@ from torch import Tensor, nn
 from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, _check_loaded_constant, _check_tol,
                                              check_count, check_finite_parameter, check_flag, check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
+from diffusionformer.ops.engine import _tensor_cache
 
 __all__ = ["PPROperator", "ppr_coefficients", "ppr_steps_for_tolerance"]
 
@@ -37,7 +37,7 @@ def ppr_coefficients(alpha: Tensor, steps: int) -> Tensor:
     return keep.unsqueeze(-1).pow(k) * torch.where(last, 1.0, alpha.unsqueeze(-1))
 
 
-@lru_cache(maxsize=64)
+@_tensor_cache(maxsize=64)
 def _ppr_table(steps: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """``k = 0 .. K`` in ``dtype`` and the mask of ``k = K`` on ``device``, built once."""
     with torch.inference_mode(False):

@@ -10,6 +10,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 from diffusionformer.config import _check_flag
 from diffusionformer.ops.engine import static_coefficients
@@ -31,13 +32,14 @@ def checks_values(t: Tensor) -> bool:
     Such a check (``if not torch.isfinite(t).all(): raise ...``) is a device-to-host
     synchronisation on an accelerator and data-dependent control flow (a graph break) under
     :func:`torch.compile`, so it runs only in eager mode on CPU, where it is cheap and turns a
-    NaN into a clear error instead of a NaN output three layers later.
+    NaN into a clear error instead of a NaN output three layers later. A fake tensor
+    (:class:`~torch._subclasses.fake_tensor.FakeTensorMode`, a dry run) has no values to read.
 
     Examples:
         >>> checks_values(torch.zeros(2))
         True
     """
-    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+    return t.device.type == "cpu" and not torch.compiler.is_compiling() and not isinstance(t, FakeTensor)
 
 
 def check_index_range(name: str, index: Tensor, size_name: str, size: int) -> None:

@@ -353,6 +353,9 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
     if not isinstance(device_type, str):
         raise TypeError(f"device_type must be a device type string such as 'cpu' or 'cuda' (torch.device.type), "
                         f"got {_value_type(device_type)} ({device_type!r})")
+    if ":" in device_type:  # str(q.device) is "cuda:0", which is not "cuda": the CPU rule would apply silently
+        raise ValueError(f"device_type must be a device type such as 'cpu' or 'cuda' (torch.device.type), not a "
+                         f"device with an index, got {device_type!r} (use {device_type.partition(':')[0]!r})")
     return _choose_dense_backend(int(num_queries), int(num_keys), int(max_degree), is_causal, device_type)
 
 

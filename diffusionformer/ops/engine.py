@@ -106,11 +106,12 @@ from __future__ import annotations
 import math
 import numbers
 from abc import ABC, abstractmethod
-from functools import lru_cache
-from typing import Any, ClassVar, Sequence
+from functools import lru_cache, wraps
+from typing import Any, Callable, ClassVar, Sequence, TypeVar
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 __all__ = [
     "Backend",
@@ -136,6 +137,33 @@ Heads = tuple[int, ...]
 
 #: ``(start, stop, c0, c1)``: heads ``start .. stop - 1`` output ``c0 v + c1 P v``.
 AffineRun = tuple[int, int, float, float]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _tensor_cache(maxsize: int) -> Callable[[_F], _F]:
+    """``lru_cache(maxsize)`` for functions that build tensors, bypassed while a torch dispatch mode is active.
+
+    Under :class:`~torch._subclasses.fake_tensor.FakeTensorMode` (a dry run, ``make_fx``) the function
+    builds a fake tensor: cached, every later real call would get it (and a fake call a real tensor cached
+    before), both refused by torch for ever after. Under such a mode the function runs uncached. While
+    compiling the cache is left to dynamo, which traces the function itself.
+    """
+
+    def wrap(fn: _F) -> _F:
+        cached = lru_cache(maxsize=maxsize)(fn)
+
+        @wraps(fn)
+        def call(*args: Any) -> Any:
+            if not torch.compiler.is_compiling() and is_in_torch_dispatch_mode():
+                return fn(*args)
+            return cached(*args)
+
+        call.cache_info, call.cache_clear = cached.cache_info, cached.cache_clear  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
+
+    return wrap
 
 
 # ---------------------------------------------------------------------------- dtypes and heads
@@ -478,7 +506,7 @@ def _static_rows(coeffs: Sequence[Any], num_heads: int) -> tuple[tuple[float, ..
     return rows
 
 
-@lru_cache(maxsize=256)
+@_tensor_cache(maxsize=256)
 def static_tensor(rows: tuple[tuple[float, ...], ...], device: torch.device, dtype: torch.dtype) -> Tensor:
     """Static coefficient rows as an ``(H, K+1)`` tensor on ``device``, built once per ``(rows, device, dtype)``.
 
@@ -612,7 +640,7 @@ def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun], *, inplace: 
     return AffineHeads.apply(y, v, runs)
 
 
-@lru_cache(maxsize=256)
+@_tensor_cache(maxsize=256)
 def _head_columns(runs: tuple[AffineRun, ...], num_heads: int, device: torch.device,
                   dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
     """``c0``, ``c1`` of every head as ``(H, 1)`` columns in ``dtype`` (built once), or ``None``.

@@ -126,8 +126,9 @@ def recompute_saved(z: Tensor, fn: Callable[[], Tensor]) -> "_RecomputeSaved":
     operations (then the rebuilt tensor equals ``z`` bit for bit, with ``z``'s strides, and no
     gradient changes). It runs under ``no_grad`` and must not modify its inputs; it should not
     hold a reference to ``z`` (autograd keeps it as long as the graph). Tensors other than ``z``
-    and its views are saved as usual. The block is an ordinary block (``z`` is kept) unless
-    :func:`wants_recompute`.
+    and its views are saved as usual, and so is ``z`` once it was changed in place inside the
+    block (``fn`` rebuilds the ``z`` of the block's start). The block is an ordinary block (``z``
+    is kept) unless :func:`wants_recompute`.
 
     Args:
         z: the tensor not to keep (it and its views are recognised by their common base tensor).
@@ -170,9 +171,14 @@ class _RecomputeSaved:
         # of a larger tensor, another slice of it has z's base too, and rebuilt from fn() (z's elements alone) it
         # read past the rebuilt storage in the backward pass ("setStorage: ... out of bounds")
         z_id, (lo, hi, z_dense) = id(z), _span(z)
+        # z and its views share one version counter: an in-place change inside the block (a forward pre-hook of the
+        # projection adding to its input) makes z differ from what fn() rebuilds, so such a z is saved as usual
+        version = z._version
 
         def pack(t: Tensor) -> Tensor | _Rebuild:
             if t.dtype is dtype and (id(t) == base_id or id(t._base) == base_id):
+                if t._version != version:
+                    return t
                 if id(t) == z_id:
                     return _Rebuild(fn, t, offset, stride, dtype)
                 first, last, _ = _span(t)

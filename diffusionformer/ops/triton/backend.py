@@ -61,7 +61,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from diffusionformer.ops.engine import Backend, Heads, head_runs, select
+from diffusionformer.ops.engine import Backend, Heads, _tensor_cache, head_runs, select
 
 __all__ = ["TritonBackend", "key_padding_from_mask", "split_mask", "triton_unsupported"]
 
@@ -165,7 +165,7 @@ def _split(degrees: tuple[int, ...]) -> tuple[Heads, Heads, tuple[tuple[int, int
     return low, high, tuple(sorted(segments))
 
 
-@lru_cache(maxsize=256)
+@_tensor_cache(maxsize=256)
 def _degree_mask(degrees: tuple[int, ...], width: int, device: torch.device) -> Tensor:
     """``(H, width)`` float32: 1 where the power ``j <= degrees[h]``, else 0 (built once per layout and device)."""
     with torch.inference_mode(False):
@@ -173,7 +173,7 @@ def _degree_mask(degrees: tuple[int, ...], width: int, device: torch.device) -> 
         return torch.tensor(rows, dtype=torch.float32).to(device)
 
 
-@lru_cache(maxsize=256)
+@_tensor_cache(maxsize=256)
 def _static_tensor(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...], device: torch.device) -> Tensor:
     """Static coefficients as a float32 ``(H, K+1)`` tensor on ``device``, zero beyond each head's degree (cached)."""
     with torch.inference_mode(False):
