@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+import torch
+
 from diffusionformer.operators import DiffusionOperator, build_operator
 from diffusionformer.operators.registry import parse_operator_spec
 
@@ -126,7 +128,9 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
         start = 0
         for spec, count in parsed:
             count = 1 if count is None else count
-            if count == 0:
+            if count == 0:  # serves no head, but a misspelt name or argument is an error all the same
+                with torch.random.fork_rng(devices=[]):  # built and dropped: the model's initialisation is unchanged
+                    build_operator(spec)
                 continue
             groups.append(HeadGroup(build_operator(spec, num_heads=_group_num_heads(spec, count)), start, count))
             start += count

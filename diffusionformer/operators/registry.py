@@ -14,7 +14,7 @@ import ast
 import difflib
 import inspect
 import re
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch  # noqa: F401  (used in doctests)
 
@@ -89,6 +89,9 @@ def register_operator(
         names = aliases if aliases is not None else c.__dict__.get("aliases", ())
         if isinstance(names, str):  # one alias, not its characters
             names = (names,)
+        if not isinstance(names, Iterable):
+            raise TypeError(f"aliases of {c.__name__} must be a str or a sequence of str, got {type(names).__name__} "
+                            f"({names!r})")
         alias_keys = tuple(_normalise(a) for a in names)
         for k in (key, *alias_keys):
             _check_resolvable(k, c)

@@ -3,9 +3,12 @@ r"""A public property harness: every registered operator is held to the same law
 :func:`assert_operator` checks one operator against explicit float64 references and the
 structural properties that hold for any function of a row-stochastic ``P``:
 
-* dense ``"sdpa"`` and ``"matrix"`` back-ends equal :math:`\sum_k c_k P^k v` built from
-  explicit matrix powers (or the operator's own ``apply_matrix`` for non-polynomials);
-* the sparse back-end equals the dense one on the complete and the causal graph;
+* dense ``"sdpa"`` and ``"matrix"`` back-ends, and a polynomial's ``apply_matrix``, equal
+  :math:`\sum_k c_k P^k v` built from explicit matrix powers (or the operator's own
+  ``apply_matrix`` for non-polynomials, and a context operator's own dense path for one the
+  library has no formula for, both on a float64 copy);
+* the sparse back-end equals the dense one on the complete and the causal graph, and the
+  reference on a random graph with a node without in-edges (a zero row of ``P``);
 * node-permutation equivariance and edge-order invariance;
 * causality: under a causal mask, no output depends on a later position, for every ``K``;
 * shift law: since ``P 1 = 1``, :math:`f(P)(v + 1 a^\top) = f(P) v + (\sum_k c_k) 1 a^\top`
@@ -17,12 +20,16 @@ Operators you register are covered by the project's registry-wide test for free;
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from diffusionformer.operators import DiffusionOperator, build_operator
+from diffusionformer.operators import (AttnScaleOperator, DiffusionOperator, DifferentialOperator, ExactPPROperator,
+                                      NeuTRENOOperator, NonlinearDiffusionOperator, ValueResidualOperator,
+                                      build_operator)
+from diffusionformer.operators.base import _checked_degree
 from diffusionformer.ops.dense import attention_matrix, diffuse
 from diffusionformer.ops.reference import dense_attention_reference, polynomial_reference
 from diffusionformer.ops.reference_rivals import rival_reference
@@ -57,13 +64,23 @@ def apply_operator_sparse(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor
     return diffuse_sparse(q, k, v, edge_index, op.head_coefficients(q.shape[1]))
 
 
+#: the operators with an explicit float64 formula in :func:`~diffusionformer.ops.reference_rivals.rival_reference`
+_RIVALS = (ExactPPROperator, AttnScaleOperator, NeuTRENOOperator, ValueResidualOperator, DifferentialOperator,
+           NonlinearDiffusionOperator)
+
+
 def _reference(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
-    if op.uses_context or type(op).__name__ == "ExactPPROperator":
+    if isinstance(op, _RIVALS):
         return rival_reference(op, q, k, v, allowed)
+    # the operator's own float64 path is the reference of what has no explicit formula; on a copy: casting `op`
+    # itself would run the rest of a float32 check in float64 (and change the caller's operator)
+    if op.uses_context:  # a context operator of the caller's: its dense path on a float64 copy
+        ctx = RivalContext.dense(q.double(), k.double(), v.double(), attn_mask=allowed)
+        return copy.deepcopy(op).double().apply_context(ctx)
     P = dense_attention_reference(q, k, allowed=allowed)
     if op.is_polynomial:
         return polynomial_reference(P, v, op.head_coefficients(q.shape[1]).detach().double())
-    return op.double().apply_matrix(P, v.double())
+    return copy.deepcopy(op).double().apply_matrix(P, v.double())
 
 
 def _close(a: Tensor, b: Tensor, what: str, atol: float, rtol: float) -> None:
@@ -105,7 +122,9 @@ def assert_operator(
         >>> assert_operator("heat", t=0.7, steps=6)
     """
     if isinstance(spec, DiffusionOperator):
-        op = spec
+        if kwargs:  # they would not reach the operator: the instance's own arguments would be tested
+            raise TypeError(f"cannot pass operator arguments {sorted(kwargs)} together with an operator instance")
+        op = copy.deepcopy(spec)  # bound and cast below: the caller's operator stays as it is
         H = op.num_heads if op.num_heads > 1 else num_heads
     else:
         op = build_operator(spec, num_heads=num_heads, **kwargs)
@@ -119,14 +138,25 @@ def assert_operator(
     name = op.name or type(op).__name__
 
     if op.is_polynomial:
+        if op.uses_context:  # the layer refuses it
+            raise AssertionError(f"{name}: declares capability flags (uses_context) but is_polynomial=True")
+        try:
+            degree = _checked_degree(op)  # the layer refuses degree = 1.0, True, -1
+        except ValueError as err:
+            raise AssertionError(f"{name}: {err}") from None
         c = op.head_coefficients(H)
-        if c.shape != (H, op.degree + 1):
-            raise AssertionError(f"{name}: coefficients have shape {tuple(c.shape)}, expected ({H}, {op.degree + 1})")
+        if c.shape != (H, degree + 1):
+            raise AssertionError(f"{name}: coefficients have shape {tuple(c.shape)}, expected ({H}, {degree + 1})")
         if not torch.isfinite(c).all():
             raise AssertionError(f"{name}: coefficients are not finite")
         static = op.static_coefficients()
-        if static is not None and not torch.allclose(c.detach().double(), torch.tensor(static, dtype=torch.float64).expand_as(c), atol=1e-6):
-            raise AssertionError(f"{name}: static_coefficients() disagrees with coefficients()")
+        if static is not None:
+            s = torch.tensor(static, dtype=torch.float64)
+            if s.shape not in ((degree + 1,), (1, degree + 1), (H, degree + 1)):
+                raise AssertionError(f"{name}: static_coefficients() has shape {tuple(s.shape)}, coefficients() "
+                                     f"{tuple(c.shape)}")
+            if not torch.allclose(c.detach().double(), s.expand_as(c), atol=1e-6):
+                raise AssertionError(f"{name}: static_coefficients() disagrees with coefficients()")
 
     # 1. dense back-ends against the explicit float64 reference (complete and causal).
     causal_allowed = torch.ones(N, N, dtype=torch.bool).tril()
@@ -136,6 +166,11 @@ def assert_operator(
         for backend in backends:
             out = apply_operator_dense(op, q, k, v, backend=backend, is_causal=is_causal)
             _close(out, ref, f"{name}: dense backend={backend!r} causal={is_causal} vs float64 reference", tol_a, tol_r)
+        if op.is_polynomial:  # its f(P) on a materialised P (attention maps) is the polynomial too
+            hook = "apply_causal_matrix" if is_causal else "apply_matrix"
+            out = getattr(op, hook)(attention_matrix(q, k, is_causal=is_causal), v)
+            _close(out, ref, f"{name}: {hook}(P, v) causal={is_causal} vs float64 reference of coefficients()",
+                   tol_a, tol_r)
 
     # 2. shift law: f(P)(v + 1 a^T) = f(P) v + (sum_k c_k) 1 a^T.
     if op.is_polynomial:
@@ -180,6 +215,7 @@ def assert_operator(
     g = torch.Generator().manual_seed(seed + 3)
     edges = complete_edge_index(N)
     edges = edges[:, torch.rand(edges.shape[1], generator=g) < 0.5]
+    edges = edges[:, edges[1] != N // 2]  # a node without in-edges: its row of P is zero
     allowed = dense_allowed_from_edges(edges, N)
     ref = _reference(op, qn.transpose(0, 1)[None], kn.transpose(0, 1)[None], vn.transpose(0, 1)[None], allowed)[0].transpose(0, 1)
     out = apply_operator_sparse(op, qn, kn, vn, edges)
