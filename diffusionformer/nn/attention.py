@@ -205,6 +205,14 @@ class DiffusionAttention(nn.Module):
             # their capability flags (second map, layer state, re-projection, uniform map) are resolved in
             # forward by the one context dispatch (diffusionformer.ops.rivals.apply_context_groups)
             op.bind(head_dim=self.head_dim)
+            if op.needs_second_map and getattr(self, "rotary", None) is not None and self.head_dim % 4:
+                # the two maps split each head's q and k into halves; RoPE rotates channel pairs (2i, 2i+1), so with
+                # head_dim = 2 (mod 4) one pair straddles the halves and no map's scores depend on n - m alone
+                raise ValueError(
+                    f"operator {op.name!r} splits each head's queries and keys into two halves of width "
+                    f"{self.head_dim // 2}, and the rotary embedding rotates channel pairs (2i, 2i+1): with "
+                    f"head_dim={self.head_dim} a pair straddles the halves and the scores lose RoPE's relative "
+                    "positions; use a head_dim divisible by 4")
             if op.uses_context and op.is_polynomial:
                 flags = [f for f in ("needs_second_map", "needs_layer_state", "reprojects_each_step", "needs_uniform_map")
                          if getattr(op, f)]

@@ -2,6 +2,7 @@ r"""Learned polynomial filters in ``P`` (GPR-GNN style)."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -33,8 +34,9 @@ def chebyshev_matrix(steps: int, dtype: torch.dtype = torch.float64) -> Tensor:
                 [-1.,  0.,  2.,  0.],
                 [ 0., -3.,  0.,  4.]], dtype=torch.float64)
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:  # numpy ints too
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    steps = int(steps)
     M = torch.zeros(steps + 1, steps + 1, dtype=torch.float64)
     M[0, 0] = 1.0
     if steps >= 1:
@@ -124,6 +126,9 @@ class PolynomialOperator(DiffusionOperator):
         theta = self._initial(init, steps, num_heads)
         if basis == "chebyshev":
             M = chebyshev_matrix(steps)
+            if not torch.isfinite(M).all():  # else theta below is NaN, reported later as a diverged parameter
+                raise ValueError(f"basis='chebyshev' with steps={steps}: the monomial weights of T_K (up to about "
+                                 f"2.4^K) overflow float64 from K = 810 on; use fewer steps or basis='monomial'")
             self.register_buffer("_basis", M.float(), persistent=False)
             # theta_cheb M = c  <=>  M^T theta_cheb^T = c^T (M lower triangular)
             theta = torch.linalg.solve_triangular(M.T, theta.double().T, upper=True).T.float()
@@ -137,7 +142,8 @@ class PolynomialOperator(DiffusionOperator):
             op = build_operator(init)
             if not op.is_polynomial:
                 raise ValueError(f"cannot initialise a polynomial from {op.name!r}, which is not a polynomial in P")
-            c = op.coefficients().detach().float()
+            # (G, K+1): a one-head operator's row (a learnable heat or ppr gives (1, K+1)) serves every head
+            c = op.head_coefficients(G).detach().float()
         if c.dim() == 1:
             c = c.unsqueeze(0).expand(G, -1)
         if c.dim() != 2 or c.shape[0] != G:

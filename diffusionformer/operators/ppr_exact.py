@@ -25,7 +25,10 @@ class ExactPPROperator(DiffusionOperator):
     ``P``, so it suits short sequences and serves as the reference the truncated series
     approximates; it refuses the sparse back-end. Under a causal mask ``P`` is lower
     triangular, and :meth:`apply_causal_matrix` solves by forward substitution in ``O(N^2)``
-    per column instead.
+    per column instead. Its condition number grows like ``1 / alpha``: the causal solve stays
+    accurate for any ``alpha`` (its diagonal is formed as :math:`\alpha + (1-\alpha)(1 - P_{ii})`),
+    while the LU solve of a float32 call loses about :math:`10^{-7} / \alpha` (rounding of ``P``
+    included), so for ``alpha < 1e-3`` without a causal mask run the layer in float64.
 
     Args:
         alpha: teleport probability in ``(0, 1]``.
@@ -105,10 +108,14 @@ class ExactPPROperator(DiffusionOperator):
         return self._solve(P, v, lower_triangular=True)
 
     def _solve(self, P: Tensor, v: Tensor, *, lower_triangular: bool) -> Tensor:
-        N = P.shape[-1]
         work = torch.float64 if torch.float64 in (P.dtype, v.dtype) else torch.float32  # the wider of the two, >= fp32
-        eye = torch.eye(N, dtype=work, device=P.device)
-        system = torch.add(eye, P.to(work), alpha=-(1.0 - self.alpha))  # I - (1 - alpha) P in one pass, (B, G, N, N)
+        P = P.to(work)
+        system = P * -(1.0 - self.alpha)  # the off-diagonal part of I - (1 - alpha) P, (B, G, N, N)
+        # its diagonal as alpha + (1 - alpha)(1 - P_ii), not 1 - (1 - alpha) P_ii: in float32, 1 - alpha rounds to 1
+        # for alpha < 6e-8, so a causal row 0 (P_00 = 1) had the diagonal 0 instead of alpha (an inf output), and
+        # the cancellation cost digits of every diagonal entry with P_ii near 1 for small alpha
+        system.diagonal(dim1=-2, dim2=-1).copy_(
+            (1.0 - P.diagonal(dim1=-2, dim2=-1)) * (1.0 - self.alpha) + self.alpha)
         if lower_triangular:
             out = torch.linalg.solve_triangular(system, v.to(work), upper=False)
         else:
