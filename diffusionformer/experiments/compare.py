@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from diffusionformer.experiments.config import ExperimentConfig
+from diffusionformer.experiments.config import _QUANTITIES, _QUANTITY_WORDS, ExperimentConfig
 from diffusionformer.experiments.stats import Difference, compare_rows, holm, nadeau_bengio, paired_difference
 
 __all__ = ["Contrast", "contrasts", "format_ci", "format_p", "format_signed", "table_legend"]
 
-KINDS = ("final", "selected", "reach")
+KINDS = _QUANTITIES  # "final", "selected", "reach"
 
 
 @dataclass
@@ -67,6 +67,7 @@ def contrasts(table: Sequence[Mapping[str, Any]], config: ExperimentConfig, *, l
     rows = {(r["task"], r["operator"]): r for r in table}
     baseline = config.operators[0].name
     primary = config.primary_contrasts()
+    quantities = getattr(config, "primary_quantities", KINDS)  # e.g. ["final"]: the best-validation value exploratory
     out: list[Contrast] = []
     for task in config.tasks:
         base = rows.get((task.name, baseline))
@@ -94,7 +95,7 @@ def contrasts(table: Sequence[Mapping[str, Any]], config: ExperimentConfig, *, l
                     diff = compare_rows(row, base, values, folds=task.folds, level=level)
                     minimize = task.minimize
                 out.append(Contrast(task.name, setting.name, baseline, kind, diff,
-                                    (task.name, setting.name) in primary, minimize))
+                                    (task.name, setting.name) in primary and kind in quantities, minimize))
     for kind in KINDS:
         family = [c for c in out if c.kind == kind]
         for c, p in zip(family, holm([c.diff.p for c in family])):
@@ -162,7 +163,11 @@ def table_legend(config: ExperimentConfig, *, compact: bool = False) -> str:
         text += (" Cross-validated tasks (" + ", ".join(t.name for t in cv) + "): seed s tests on fold s % K; the "
                  "t, CI and p are Nadeau-Bengio corrected (variance (1/n + 1/(K-1)) s², n2/n1 = 1/(K-1) for K folds).")
     if config.primary:
-        text += " role: primary contrasts were named in the config before it ran; all others are exploratory."
+        quantities = list(getattr(config, "primary_quantities", KINDS))
+        named = ("" if set(quantities) >= set(KINDS) else
+                 f" (on the {' and '.join(_QUANTITY_WORDS[k] for k in quantities)} only)")
+        text += (f" role: primary contrasts were named in the config before it ran{named}; all others are "
+                 "exploratory.")
     elif not compact:
         text += (" The config names no primary contrasts (`primary = [...]`): every comparison is exploratory.")
     return text

@@ -55,6 +55,11 @@ __all__ = [
 ]
 
 
+#: the quantities a contrast is taken on (compare.KINDS): the final metric, the metric at the best select_by
+#: evaluation, the steps to a reach threshold
+_QUANTITIES = ("final", "selected", "reach")
+_QUANTITY_WORDS = {"final": "final metric", "selected": "metric at the best evaluation", "reach": "steps to the threshold"}
+
 #: the longest name of a task, setting or experiment: the files named after it stay within 255 bytes
 _MAX_NAME_BYTES = 200
 
@@ -268,6 +273,10 @@ class ExperimentConfig:
     #: primary contrasts, named before the study runs: operator settings compared against the
     #: baseline (the first setting); findings rest on these, every other comparison is exploratory
     primary: list[str] = field(default_factory=list)
+    #: the quantities a primary contrast is tested on, of "final" (the metric after the last step),
+    #: "selected" (at the best ``select_by`` evaluation) and "reach" (steps to the threshold); the
+    #: others are exploratory for every setting (default: all three)
+    primary_quantities: list[str] = field(default_factory=lambda: list(_QUANTITIES))
     #: device of every run ("auto", "cpu", "cuda", "cuda:N"); ``run --device`` overrides it,
     #: ``None`` leaves each task's ``train.device``
     device: str | None = None
@@ -331,6 +340,15 @@ class ExperimentConfig:
                                  f"(format 'task:setting' or 'setting')")
         if len(set(self.primary)) != len(self.primary):
             raise ValueError(f"duplicate primary contrasts: {self.primary}")
+        q = self.primary_quantities
+        if not isinstance(q, list) or not all(isinstance(k, str) for k in q):
+            raise TypeError(f"primary_quantities must be a list of strings of {list(_QUANTITIES)}, got {q!r}")
+        for k in q:
+            if k not in _QUANTITIES:
+                raise ValueError(f"primary_quantities: unknown quantity {k!r}{_did_you_mean(k, list(_QUANTITIES))}; "
+                                 f"the quantities are {list(_QUANTITIES)}")
+        if not q or len(set(q)) != len(q):
+            raise ValueError(f"primary_quantities must name each of its quantities once and at least one, got {q!r}")
 
     def primary_contrasts(self) -> set[tuple[str, str]]:
         """The ``(task, setting)`` pairs named by ``primary`` (each against the baseline).
