@@ -1,8 +1,23 @@
-"""File modes shared by every writer that goes through a temporary file (run files, checkpoints, data caches)."""
+"""File modes shared by every writer that goes through a temporary file (run files, checkpoints, data caches), and
+the words for a path that is not a regular file."""
 
 from __future__ import annotations
 
 import os
+import stat
+
+
+def file_kind(mode: int) -> str:
+    """What a path of ``st_mode`` ``mode`` is, in words, for an error about a run file that is not a regular file:
+    ``"a folder"``, ``"a FIFO"``, ``"a device"``, ``"a socket"``, else ``"not a regular file"``.
+
+    Examples:
+        >>> file_kind(stat.S_IFIFO), file_kind(stat.S_IFDIR)
+        ('a FIFO', 'a folder')
+    """
+    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "not a regular file")
 
 
 def new_file_mode() -> int:

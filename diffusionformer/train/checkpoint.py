@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from diffusionformer._files import set_new_file_mode
+from diffusionformer._files import file_kind, set_new_file_mode
 
 from .errors import CheckpointError
 
@@ -123,8 +123,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         # a FIFO or a device is there, not missing: "missing" sent the user looking for a file that is in place
-        what = ("missing" if not path.exists() else "a directory" if path.is_dir() else "a FIFO" if path.is_fifo()
-                else "a device" if path.is_char_device() or path.is_block_device() else "not a regular file:")
+        what = ("missing" if not path.exists() else "a directory" if path.is_dir() else file_kind(path.stat().st_mode))
         raise FileNotFoundError(f"load_checkpoint: expected a checkpoint file, got {what} {path}")
     bad_member = _crc_failure(path)
     if bad_member is not None:

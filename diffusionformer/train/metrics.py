@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from diffusionformer._files import set_new_file_mode
+from diffusionformer._files import file_kind, set_new_file_mode
 from diffusionformer.config import _check_flag
 
 __all__ = ["METRICS_NAME", "MetricsLog", "read_metrics", "write_json_atomic", "write_text_atomic"]
@@ -91,11 +91,8 @@ def _check_regular_file(path: Path, what: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISREG(mode):
-        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
-                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
-                "not a regular file")
-        raise ValueError(f"{what}: expected {path} to be a regular file (the run's log, read on resume), got {kind}; "
-                         "remove it (or move it away) and resume again")
+        raise ValueError(f"{what}: expected {path} to be a regular file (the run's log, read on resume), got "
+                         f"{file_kind(mode)}; remove it (or move it away) and resume again")
 
 
 def _parse_lines(path: Path) -> list[dict[str, Any]]:
