@@ -130,6 +130,13 @@ def _check_run_data(rdir: Path, task: TaskConfig, seed: int) -> None:
                          "or run it again with --restart")
 
 
+def _check_split(split: object) -> None:
+    """The held-out split to measure: ``"test"`` or ``"val"`` (``"train"`` would measure the training examples and
+    call them held-out)."""
+    if split not in ("test", "val"):
+        raise ValueError(f"split must be 'test' or 'val', got {split!r}{_choice_hint(split, ('test', 'val'))}")
+
+
 # ----------------------------------------------------------------------------- held-out data
 def _heldout(
     data: Any, model: torch.nn.Module, split: str, max_examples: int, batch_size: int
@@ -170,8 +177,7 @@ def analyze_run(
     Raises:
         ValueError: ``split`` is not ``"test"`` or ``"val"``.
     """
-    if split not in ("test", "val"):  # else "train" measures the training examples and calls them held-out
-        raise ValueError(f"split must be 'test' or 'val', got {split!r}{_choice_hint(split, ('test', 'val'))}")
+    _check_split(split)
     family = model_family(model)
     network = find_adapter(family, data, "analysed")  # e.g. DINO: the teacher ViT, its evaluation network
     if network is not None:
@@ -306,8 +312,7 @@ def analyze_experiment(
     """
     if not isinstance(config, ExperimentConfig):
         raise TypeError(f"config must be an ExperimentConfig (load_experiment_config), got {type(config).__name__}")
-    if split not in ("test", "val"):
-        raise ValueError(f"split must be 'test' or 'val', got {split!r}{_choice_hint(split, ('test', 'val'))}")
+    _check_split(split)
     # capture_dataset's rules, before any run is loaded
     max_examples, max_attention_examples = _check_capture_limits(max_examples, max_attention_examples)
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from diffusionformer.experiments.config import _QUANTITIES, _QUANTITY_WORDS, ExperimentConfig
+from diffusionformer.experiments.config import _QUANTITIES, ExperimentConfig
 from diffusionformer.experiments.stats import Difference, compare_rows, holm, nadeau_bengio, paired_difference
 
 __all__ = ["Contrast", "contrasts", "format_ci", "format_p", "format_signed", "table_legend"]
@@ -163,9 +163,8 @@ def table_legend(config: ExperimentConfig, *, compact: bool = False) -> str:
         text += (" Cross-validated tasks (" + ", ".join(t.name for t in cv) + "): seed s tests on fold s % K; the "
                  "t, CI and p are Nadeau-Bengio corrected (variance (1/n + 1/(K-1)) s², n2/n1 = 1/(K-1) for K folds).")
     if config.primary:
-        quantities = list(getattr(config, "primary_quantities", KINDS))
-        named = ("" if set(quantities) >= set(KINDS) else
-                 f" (on the {' and '.join(_QUANTITY_WORDS[k] for k in quantities)} only)")
+        words = config._primary_quantities_text()
+        named = f" (on the {words} only)" if words else ""
         text += (f" role: primary contrasts were named in the config before it ran{named}; all others are "
                  "exploratory.")
     elif not compact:

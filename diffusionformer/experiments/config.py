@@ -350,6 +350,13 @@ class ExperimentConfig:
         if not q or len(set(q)) != len(q):
             raise ValueError(f"primary_quantities must name each of its quantities once and at least one, got {q!r}")
 
+    def _primary_quantities_text(self) -> str:
+        """``""`` when the primary contrasts are tested on every quantity, else the quantities in words
+        (``"final metric"``), for the table legend and the published page."""
+        if set(self.primary_quantities) >= set(_QUANTITIES):
+            return ""
+        return " and ".join(_QUANTITY_WORDS[k] for k in self.primary_quantities)
+
     def primary_contrasts(self) -> set[tuple[str, str]]:
         """The ``(task, setting)`` pairs named by ``primary`` (each against the baseline).
 

@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from diffusionformer.experiments.config import _QUANTITIES, _QUANTITY_WORDS, ExperimentConfig
+from diffusionformer.experiments.config import ExperimentConfig
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir,
                                                  select_evaluation)
 from diffusionformer.experiments.tables import aggregate, format_table
@@ -344,8 +344,8 @@ def _primary_line(config: ExperimentConfig) -> str:
     if len(config.operators) == 1:
         return "none (one setting: nothing is compared)"
     if config.primary:
-        quantities = list(getattr(config, "primary_quantities", _QUANTITIES))
-        on = "" if set(quantities) >= set(_QUANTITIES) else f", on the {' and '.join(_QUANTITY_WORDS[k] for k in quantities)}"
+        words = config._primary_quantities_text()
+        on = f", on the {words}" if words else ""
         return (", ".join(f"`{p}`" for p in config.primary) + f" against the first setting{on}, named in the config "
                 "before it ran; every other comparison is exploratory")
     return ("none were named before this study ran, so every comparison on this page is exploratory: a p below 0.05 "
