@@ -19,7 +19,8 @@ Found and fixed (tests named ``test_bug_*``):
   before the issue-15, compile and block steps; a relative OUT_DIR was taken inside the checkout, not in the
   caller's directory;
 * ``run_all.py --device cuda`` without CUDA was an AssertionError traceback of torch;
-* ``bench_kstep.py``'s kernel table claimed 5 (or 3) rounds when ``--rounds`` set another count.
+* ``bench_kstep.py``'s kernel table claimed 5 (or 3) rounds when ``--rounds`` set another count;
+* ``bench_issue15.py --device cpu`` without ``--smoke`` ran the full GPU sizes after a printed hint (sitting 33).
 """
 
 from __future__ import annotations
@@ -255,3 +256,19 @@ def test_bug_kstep_kernel_caption_gives_the_rounds_of_rounds(tmp_path, monkeypat
         KS.part_kernels(rep.args, rep)
         assert text in rep.sections[0][0]
     assert set(seen) == {2, 3}
+
+
+# ---------------------------------------------------------------------------- bench_issue15: full sizes on a CPU
+def test_bug_issue15_full_sizes_on_cpu_are_refused_before_anything_runs(monkeypatch, tmp_path):
+    """Bug: ``bench_issue15.py --device cpu`` without ``--smoke`` printed a hint and then ran the full GPU grid (a
+    12-layer GPT at T=1024, 4096-token layers: hours on a CPU). Refused up front now; chosen sizes still run."""
+    import bench_issue15 as B
+
+    # anything past the check stops the test at once (the code before ran the whole grid here)
+    monkeypatch.setattr(B, "triton_ready", lambda dev: (_ for _ in ()).throw(RuntimeError("past the check")))
+    with pytest.raises(SystemExit, match=r"--smoke.*--layer-sizes"):
+        B.main(["--device", "cpu", "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())
+    # a size chosen on purpose is the user's call: it passes the check
+    with pytest.raises(RuntimeError, match="past the check"):
+        B.main(["--device", "cpu", "--out", str(tmp_path), "--layer-sizes", "2"])
