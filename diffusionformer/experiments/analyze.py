@@ -47,7 +47,7 @@ from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.reload import load_run
 from diffusionformer.experiments.build import task_data
-from diffusionformer.experiments.results import read_json_dict, run_dir
+from diffusionformer.experiments.results import _DATA_KEYS, _data_identity, read_json_dict, run_dir
 from diffusionformer.experiments.stats import welch_t
 from diffusionformer.experiments.tasks import _HELDOUT_SEED, _TEXT_SEED  # noqa: F401  (back-compat: their home is tasks)
 from diffusionformer.experiments.tasks import find_adapter, heldout_batches, model_family
@@ -119,11 +119,9 @@ def _check_run_data(rdir: Path, task: TaskConfig, seed: int) -> None:
     stored = read_json_dict(rdir / "run_config.json")
     if stored is None:  # absent or unreadable: load_run names it
         return
-    keys = ("dataset", "dataset_options", "data_seed", "model", "folds", "fold")
-    now = json.loads(json.dumps({"dataset": task.dataset, "dataset_options": task.dataset_options,
-                                 "data_seed": task.data_seed, "model": task.model, "folds": task.folds,
-                                 "fold": task.fold_of(seed)}, default=str))
-    changed = [f"{k}: {stored.get(k)!r} then {now[k]!r}" for k in keys if stored.get(k) != now[k]]
+    now = {**_data_identity(task, seed), "model": task.model}  # the runner's own record of a run's data
+    changed = [f"{k}: {stored.get(k)!r} then {now.get(k)!r}" for k in (*_DATA_KEYS, "model")
+               if stored.get(k) != now.get(k)]
     if changed:
         raise ValueError(f"run {rdir} was trained on other data or another model than task {task.name!r} of the "
                          f"config names now ({', '.join(changed)}); analyse it with the config it was run with, "

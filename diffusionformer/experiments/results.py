@@ -148,6 +148,21 @@ def _definition(identity: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+# The keys of a run's ``run_config.json`` that name its data; ``folds`` / ``fold`` only with cross-validation.
+_DATA_KEYS = ("dataset", "dataset_options", "data_seed", "folds", "fold")
+
+
+def _data_identity(task: TaskConfig, seed: int) -> dict[str, Any]:
+    """The data a run of ``task`` with ``seed`` trains and is measured on, as its ``run_config.json`` records it
+    (JSON values): the runner's identity and analyze's check that a run was trained on the config's data."""
+    data: dict[str, Any] = {"dataset": task.dataset, "dataset_options": task.dataset_options,
+                            "data_seed": task.data_seed}
+    if task.folds is not None:  # only then, so runs made before folds existed keep their identity
+        data["folds"] = task.folds
+        data["fold"] = task.fold_of(seed)
+    return json.loads(json.dumps(data, default=str))
+
+
 # Fields added to the configs after runs were published, with their defaults: at the default they
 # stay out of a run's identity (so earlier runs resume), set to anything else they are part of it.
 _NEW_MODEL_FIELDS: dict[str, Any] = {"rope": False, "rope_base": (100.0, 10000.0), "n_kv_head": None,

@@ -43,9 +43,9 @@ from diffusionformer.experiments.outputs import git_commit
 from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
-from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _completed, _definition, _identity_changes,
-                                                 _result_from_files, _train_identity, _without_new_defaults,
-                                                 read_json_dict)
+from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _completed, _data_identity, _definition,
+                                                 _identity_changes, _result_from_files, _train_identity,
+                                                 _without_new_defaults, read_json_dict)
 from diffusionformer.experiments.results import _read_summary as _read_summary  # noqa: F401  (back-compat)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
                                                  select_evaluation)
@@ -273,10 +273,9 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
     task_cfg = getattr(model, "task_config", None)  # DINO's SSL settings, once DINOConfig fields: same keys
     if model_dict is not None and dataclasses.is_dataclass(task_cfg):
         model_dict.update(dataclasses.asdict(task_cfg))
+    data = _data_identity(task, train.seed)
     identity: dict[str, Any] = {
-        "dataset": task.dataset,
-        "dataset_options": task.dataset_options,
-        "data_seed": task.data_seed,
+        **{k: data[k] for k in ("dataset", "dataset_options", "data_seed")},
         "model": task.model,
         # a field added after runs were published joins the identity only when set, so earlier runs keep resuming
         "model_config": None if model_dict is None else _without_new_defaults(model_dict, _NEW_MODEL_FIELDS),
@@ -288,9 +287,7 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
         identity["label_smoothing"] = task.label_smoothing
     if task.minibatch:  # only when set (full-batch runs keep their identity), with its defaults filled in
         identity["minibatch"] = task.minibatch_config().to_dict()
-    if task.folds is not None:  # only then, so runs made before folds existed keep their identity
-        identity["folds"] = task.folds
-        identity["fold"] = task.fold_of(train.seed)
+    identity.update({k: data[k] for k in ("folds", "fold") if k in data})  # cross-validation only
     return json.loads(json.dumps(identity, default=str))
 
 
