@@ -247,7 +247,11 @@ class DiffusionGPT(nn.Module):
             raise TypeError(f"cache must be the list that new_cache() returns, got {type(cache).__name__}")
         if len(cache) != len(self.blocks):
             raise ValueError(f"cache: expected {len(self.blocks)} layer caches, got {len(cache)}")
-        start = cache[0].length
+        lengths = [c.length for c in cache]
+        if len(set(lengths)) > 1:  # a call stopped between layers: the later layers' rows sat at wrong positions
+            raise ValueError(f"cache: expected the layer caches to hold the same number of tokens, got lengths {lengths} "
+                             "(a forward_cached call was interrupted part-way); start a new cache with new_cache()")
+        start = lengths[0]
         if start + idx.shape[1] > self.config.block_size:
             raise ValueError(
                 f"forward_cached: expected cached + new tokens <= block_size={self.config.block_size}, "
@@ -318,7 +322,8 @@ class DiffusionGPT(nn.Module):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {generator!r}")
         if max_new_tokens == 0:  # a new tensor, as for any other count: writing into it leaves the prompt
             return idx.clone()
-        was_training = self.training
+        # every module's own mode, restored as it was: a submodule kept in eval mode (frozen) stays so
+        modes = [(module, module.training) for module in self.modules()]
         self.eval()
         block_size = self.config.block_size
         cache: list[LayerKVCache] | None = None
@@ -334,8 +339,10 @@ class DiffusionGPT(nn.Module):
                     logits = self.forward_cached(idx[:, -block_size:], cache)[:, -1, :]
                 if logits.dtype in (torch.float16, torch.bfloat16):  # sampled in float32; float64 stays (a cast
                     logits = logits.float()  # to float32 tied logits that differ in float64: greedy took the first)
-                if checks_values(logits) and bool(logits.isnan().any()):  # greedy took token 0, sampling failed in torch
-                    raise ValueError(f"generate: the model's logits are NaN at new token {idx.shape[1] - T0} of "
+                # NaN: greedy took token 0, sampling failed in torch; +inf (an overflow): inf - inf = NaN when shifted
+                if checks_values(logits) and bool((logits.isnan() | (logits == float("inf"))).any()):
+                    bad = "NaN" if bool(logits.isnan().any()) else "+inf"
+                    raise ValueError(f"generate: the model's logits are {bad} at new token {idx.shape[1] - T0} of "
                                      f"{max_new_tokens} (diverged or non-finite weights); no token can be chosen")
                 if temperature == 0:
                     nxt = logits.argmax(dim=-1, keepdim=True)
@@ -356,7 +363,9 @@ class DiffusionGPT(nn.Module):
                     nxt = torch.multinomial(probs, 1, generator=generator)
                 idx = torch.cat([idx, nxt.to(idx.dtype)], dim=1)
         finally:
-            self.train(was_training)
+            self.train(modes[0][1])
+            for module, mode in modes[1:]:
+                module.training = mode
         return idx
 
 
