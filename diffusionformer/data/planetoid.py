@@ -171,7 +171,12 @@ def _planetoid_matrix(path: Path) -> Tensor:
     if not isinstance(obj, np.ndarray) or obj.ndim != 2 or obj.dtype.kind not in "biuf":
         what = f"{obj.dtype} array of shape {obj.shape}" if isinstance(obj, np.ndarray) else type(obj).__name__
         raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: expected a 2-D numeric matrix, got {what}")
-    return torch.from_numpy(np.asarray(obj, dtype=np.float32))
+    out = torch.from_numpy(np.asarray(obj, dtype=np.float32))
+    if not bool(out.isfinite().all()):  # NaN features trained to NaN; a NaN label row read as class 0
+        bad = (~out.isfinite()).nonzero()[0].tolist()
+        raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: expected finite values, got "
+                               f"{out[bad[0], bad[1]].item()} at row {bad[0]}, column {bad[1]}")
+    return out
 
 
 def _planetoid_graph(path: Path) -> dict[int, list[int]]:

@@ -25,6 +25,7 @@ task's ``folds = K`` sets both from the run's seed.
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import zipfile
@@ -82,6 +83,8 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
                     base = info.filename.rstrip("/").split("/")[-1]
                     if info.is_dir() or not base.startswith(f"{name}_"):
                         continue  # skip folders, README.txt and anything unexpected
+                    if base == f"{name}_graph_attributes.txt":  # PyG would take these regression values as the
+                        continue  # targets in place of graph_labels: float "labels" no classification split takes
                     wanted.append((info, base))
                 declared = sum(info.file_size for info, _ in wanted)
                 if declared > _MAX_UNZIPPED:  # a small zip of a huge deflated file: refused before writing
@@ -159,6 +162,26 @@ def _tu_ints(path: Path, zip_path: Path, columns: int | None = 1) -> list[list[i
     return rows
 
 
+def _tu_floats(path: Path, zip_path: Path) -> None:
+    """Check the rows of an extracted attribute table: finite numbers separated by commas, as many on every line
+    (PyG reads them unchecked: a word failed with a bare "could not convert string to float", a short line with
+    "expected sequence of length", and NaN or inf became features without a word)."""
+    columns = None
+    for i, line in enumerate(_tu_lines(path, zip_path), 1):
+        try:
+            row = [float(v) for v in line.split(",")]
+        except ValueError:
+            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected numbers "
+                                   f"separated by commas") from None
+        columns = len(row) if columns is None else columns
+        if len(row) != columns:
+            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected {columns} "
+                                   f"value(s) like the other lines")
+        if not all(math.isfinite(v) for v in row):
+            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected finite "
+                                   f"numbers (no NaN or inf)")
+
+
 def _check_tu_tables(folder: Path, name: str, zip_path: Path) -> None:
     """Check the extracted tables before PyG reads them: PyG indexes with their values unchecked, so a node
     id of 0 wrapped to the last node, an id past the end or across graphs became an edge of another graph (or
@@ -192,6 +215,14 @@ def _check_tu_tables(folder: Path, name: str, zip_path: Path) -> None:
         if indicator[a - 1] != indicator[b - 1]:
             raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {name}_A.txt joins node {a} of graph "
                                    f"{indicator[a - 1]} to node {b} of graph {indicator[b - 1]}")
+    if len(edges) == 1:  # PyG reads a one-line table as a vector: an IndexError from its reader
+        raise CorruptDataError(f"{str(zip_path)!r}: {name}_A.txt lists a single edge; a TU dataset lists every "
+                               f"edge in both directions, (a, b) and (b, a)")
+    if G and not any(indicator[a - 1] == G and a != b for a, b in edges):
+        # PyG counts the graphs by their edges (self-loops dropped): trailing graphs without any were lost without
+        # a word, and the labels no longer matched the graphs
+        raise CorruptDataError(f"{str(zip_path)!r}: graph {G}, the last of {name}_graph_indicator.txt, has no edges "
+                               f"in {name}_A.txt (self-loops aside); PyG's TU reader would silently drop it")
     for part, rows in (("node", N), ("edge", len(edges))):
         if table(f"{part}_labels").is_file():
             values = _tu_ints(table(f"{part}_labels"), zip_path, None)
@@ -208,6 +239,7 @@ def _check_tu_tables(folder: Path, name: str, zip_path: Path) -> None:
             if count != rows:
                 raise CorruptDataError(f"{str(zip_path)!r}: {name}_{part}_attributes.txt has {count} lines, "
                                        f"expected one per {part} ({rows})")
+            _tu_floats(table(f"{part}_attributes"), zip_path)
 
 
 def load_tu(
