@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from collections import UserDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,9 +18,10 @@ def to_device(batch: Any, device: torch.device) -> Any:
     Tensors are moved with ``non_blocking=True`` to an accelerator (a copy that overlaps the
     host's work; the device's stream orders it before any kernel reading it) and blocking to
     the CPU (a non-blocking copy from a GPU may be read on the host before it has landed);
-    ``dict``/``list``/``tuple`` (named tuples
-    included) are rebuilt; objects with a ``.to(device)`` method (e.g. a PyG ``Data``, or a named
-    tuple such as a ``PackedSequence``) are moved by it; other values (ints, strings, ``None``) are returned as they are.
+    mappings, ``list`` and ``tuple`` (named tuples included) are rebuilt with their type (a ``dict`` subclass or
+    ``UserDict`` is copied and updated, so a ``defaultdict`` keeps its factory; a mapping that cannot be rebuilt
+    becomes a ``dict``); objects with a ``.to(device)`` method (e.g. a PyG ``Data``, or a named tuple such as a
+    ``PackedSequence``) are moved by it; other values (ints, strings, ``None``) are returned as they are.
 
     Args:
         batch: a tensor, a nested container, or an object with ``.to``.
@@ -32,7 +35,17 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=torch.device(device).type != "cpu")
     if isinstance(batch, Mapping):
-        return {k: to_device(v, device) for k, v in batch.items()}
+        moved = {k: to_device(v, device) for k, v in batch.items()}
+        if type(batch) is dict:
+            return moved
+        try:  # keep the mapping's type: an OrderedDict, a defaultdict's factory, a UserDict's attributes (a
+            if isinstance(batch, (dict, UserDict)):  # copy with storage of its own, so the caller's is untouched)
+                clone = copy.copy(batch)
+                clone.update(moved)
+                return clone
+            return type(batch)(moved)  # other mappings are built from a dict, as torch's pin_memory does
+        except TypeError:  # one that cannot be: a plain dict
+            return moved
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
         if callable(getattr(type(batch), "to", None)):  # a PackedSequence: its batch_sizes must stay on the CPU
             return batch.to(device)

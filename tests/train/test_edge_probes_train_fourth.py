@@ -197,3 +197,22 @@ def test_bug_numpy_scalar_leaves_are_shared_by_shards_and_micro_batches(tmp_path
     cfg = tiny_config(max_steps=2, grad_accum_steps=2)
     seed_everything(0)
     assert Trainer(TinyMLP(), _NumpyLeafTask(), cfg, tmp_path / "run").fit()["status"] == "completed"
+
+
+def test_bug_to_device_keeps_the_attributes_of_a_userdict_batch():
+    """Bug: ``to_device`` rebuilt every mapping as a plain ``dict``: a ``UserDict`` batch with attribute access (a
+    tokenizer's encoding, ``batch.input_ids``) or a ``defaultdict`` came back without its attributes or factory.
+    Rebuilt with its type now (sitting 33)."""
+    from collections import UserDict
+
+    from diffusionformer.train.batch import to_device
+
+    class Encoding(UserDict):
+        def __getattr__(self, name):
+            try:
+                return self.data[name]
+            except KeyError:
+                raise AttributeError(name) from None
+
+    out = to_device(Encoding(input_ids=torch.ones(2, dtype=torch.long)), torch.device("meta"))
+    assert isinstance(out, Encoding) and out.input_ids.device.type == "meta"

@@ -21,7 +21,8 @@ import io
 import os
 import runpy
 import sys
-from collections import OrderedDict, namedtuple
+from collections import OrderedDict, defaultdict, namedtuple
+from collections.abc import Mapping
 from types import MappingProxyType, SimpleNamespace
 
 import numpy as np
@@ -405,13 +406,34 @@ def test_to_device_moves_every_tensor_of_a_nested_batch():
     assert out["n"] is None
 
 
-def test_to_device_rebuilds_any_mapping_as_a_dict():
-    """kills: batch.py ``isinstance(batch, Mapping)`` -> ``dict`` (a read-only mapping came back unmoved) and
-    ``{...}`` -> ``type(batch)(...)`` (a ``MappingProxyType`` cannot be built from pairs)."""
+def test_to_device_rebuilds_a_mapping_with_its_type():
+    """kills: batch.py ``isinstance(batch, Mapping)`` -> ``dict`` (a read-only mapping came back unmoved), the copy of
+    a dict subclass / UserDict -> ``type(batch)(moved)`` (a defaultdict lost its factory) and the fallback for a
+    mapping that cannot be built from a dict."""
     out = to_device(MappingProxyType({"x": torch.ones(1)}), META)
-    assert type(out) is dict and out["x"].device == META
+    assert type(out) is MappingProxyType and out["x"].device == META
     out = to_device(OrderedDict(y=torch.ones(1)), META)
-    assert out == {"y": out["y"]} and out["y"].device == META
+    assert type(out) is OrderedDict and list(out) == ["y"] and out["y"].device == META
+    src = defaultdict(list, z=torch.ones(1))
+    out = to_device(src, META)
+    assert type(out) is defaultdict and out.default_factory is list and out["z"].device == META
+    assert src["z"].device.type == "cpu"  # the caller's batch is not touched
+
+    class Frozen(Mapping):  # a mapping whose constructor takes no dict
+        def __init__(self):
+            self._d = {"w": torch.ones(1)}
+
+        def __getitem__(self, k):
+            return self._d[k]
+
+        def __iter__(self):
+            return iter(self._d)
+
+        def __len__(self):
+            return len(self._d)
+
+    out = to_device(Frozen(), META)
+    assert type(out) is dict and out["w"].device == META
 
 
 def test_to_device_does_not_copy_a_tensor_already_on_the_device():
