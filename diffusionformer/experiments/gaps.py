@@ -25,7 +25,6 @@ validation loss of the evaluations and their gap over steps (:func:`plot_gaps`,
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -33,9 +32,10 @@ from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig, _did_you_mean, load_experiment_config
 from diffusionformer.experiments.publish import GAP_MARKER, READING_MARKER, _copy_png, read_run_log
-from diffusionformer.experiments.results import read_json_dict
+from diffusionformer.experiments.results import _is_finite, read_json_dict
 from diffusionformer.experiments.runner import read_curves, run_dir
 from diffusionformer.experiments.stats import holm, paired_difference
+from diffusionformer.experiments.tables import _cell
 from diffusionformer.experiments.tasks import as_metrics
 from diffusionformer.train.metrics import write_text_atomic
 
@@ -53,7 +53,8 @@ def _eval_losses(records: list[dict[str, Any]]) -> tuple[list[int], list[float],
     rows = []
     for r in records:
         m = as_metrics(r) if r.get("split") == "eval" else {}
-        if "train_loss" in m and "val_loss" in m and math.isfinite(m["val_loss"]) and math.isfinite(m["train_loss"]):
+        # _is_finite: a 400-digit int from a hand-edited log is left out, not an OverflowError of math.isfinite
+        if "train_loss" in m and "val_loss" in m and _is_finite(m["val_loss"]) and _is_finite(m["train_loss"]):
             rows.append((int(r["step"]), m["train_loss"], m["val_loss"]))
     rows.sort()
     return [s for s, _, _ in rows], [t for _, t, _ in rows], [v for _, _, v in rows]
@@ -153,7 +154,7 @@ def gap_table(config: ExperimentConfig, out_root: str | Path,
                 continue
             get = lambda k: [row[s][k] for s in sorted(row)]  # noqa: E731
             primary = (task.name, setting.name) in config.primary_contrasts() if getattr(config, "primary", None) else False
-            label = setting.name + (" (primary)" if primary else "")
+            label = _cell(setting.name) + (" (primary)" if primary else "")
             is_base = setting.name == baseline
             lines.append(
                 f"| {label} | {len(row)} | {_ms(get('final_val'))} | {_ms(get('final_train'))} | {_ms(get('final_gap'))} | "
@@ -221,7 +222,7 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
              "| contrast | Δ | 95% CI | t | df | p | p Wilcoxon | p Holm |", "|---|---|---|---|---|---|---|---|"]
     for label, d, prim in cells:
         ci = "n/a" if d.low is None else f"[{d.low:+.4f}, {d.high:+.4f}]"
-        lines.append(f"| {'' if prim else '*exploratory:* '}{label} | {_g(d.mean, '+.4f')} | {ci} | {_g(d.t, '.2f')} | "
+        lines.append(f"| {'' if prim else '*exploratory:* '}{_cell(label)} | {_g(d.mean, '+.4f')} | {ci} | {_g(d.t, '.2f')} | "
                      f"{_g(d.df, '.0f')} | {_g(d.p)} | {_g(d.p_wilcoxon)} | {_g(next(adjusted)) if prim else ''} |")
     return "\n".join(lines) + "\n"
 

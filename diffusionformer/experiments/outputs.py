@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.results import RunResult, _completed, _definition, read_json_dict, run_dir
+from diffusionformer.experiments.results import (RunResult, _completed, _definition, _row_problem, read_json_dict,
+                                                 run_dir)
 from diffusionformer.experiments.tables import aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
@@ -23,8 +24,8 @@ __all__ = ["git_commit", "manifest", "merged_manifest", "write_outputs"]
 
 def _row(data: Any) -> RunResult | None:
     """A ``results.json`` row as a :class:`RunResult` (keys it does not know, a newer version's, left out); ``None``
-    for one that does not fit (not an object, a required key missing): only that row is dropped, not its neighbours."""
-    if not isinstance(data, dict):
+    for one that does not fit (not an object, a required key missing, a value of the wrong type): only that row is dropped, not its neighbours."""
+    if _row_problem(data) is not None:  # "0.5", true or a 400-digit int as its value: the tables could not add it
         return None
     known = {f.name for f in dataclasses.fields(RunResult)}
     try:
@@ -39,7 +40,8 @@ def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]
         return []
     try:
         previous = json.loads((out / "results.json").read_text())["runs"]
-    except (FileNotFoundError, ValueError, KeyError, TypeError):  # none yet, or unreadable (not JSON, not UTF-8): rebuilt
+    except (FileNotFoundError, ValueError, KeyError, TypeError, RecursionError):  # none yet, or unreadable (not JSON,
+        # not UTF-8, nested thousands deep): rebuilt
         return []
     rows = [r for r in map(_row, previous if isinstance(previous, list) else []) if r is not None]
     have = {(r.task, r.operator, r.seed) for r in results}

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir,
-                                                 select_evaluation)
-from diffusionformer.experiments.tables import aggregate, format_table
+from diffusionformer.experiments.results import (RunResult, _row_problem, finished_runs, first_reach, read_curves,
+                                                 run_dir, select_evaluation)
+from diffusionformer.experiments.tables import _cell, aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
 __all__ = ["GAP_MARKER", "READING_MARKER", "add_to_toctree", "publish_experiment", "read_run_log", "summary_table",
@@ -98,7 +98,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:  # truncated, edited, not UTF-8
+    except (ValueError, RecursionError) as exc:  # truncated, edited, not UTF-8, nested thousands deep
         data = exc
     if not isinstance(data, dict):
         why = f"{type(data).__name__}: {data}" if isinstance(data, Exception) else f"a JSON {type(data).__name__}"
@@ -157,9 +157,12 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         raise FileNotFoundError(
             f"{results_path} not found: run `python -m diffusionformer.experiments run {config_path or 'CONFIG'}` first"
         )
+    docs = Path(docs_dir)
+    if config.name == "index":  # its page would be docs/index.md: the toctree of every results page, written by hand
+        raise ValueError(f"publish: a comparison named 'index' would overwrite {docs / 'index.md'}, the index of the "
+                         "results pages; rename the comparison (its `name`)")
     runs = _load_runs(config, src)  # select_by evaluations of older results are picked from the run logs
     manifest = _read_manifest(src / "manifest.json")
-    docs = Path(docs_dir)
     dst = docs / config.name
     in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
     analysis = src / "analysis"
@@ -168,8 +171,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         if previous.exists() and not dst.exists():  # a publish killed between its two renames: put the files back
             previous.rename(dst)
         for left in (stage, previous):  # left by a publish that failed
-            if left.exists():
-                shutil.rmtree(left)
+            _remove(left)
         try:
             _copy_files(src, stage, runs)
         except BaseException:
@@ -185,7 +187,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
             if previous.exists() and not dst.exists():
                 previous.rename(dst)
             raise
-        shutil.rmtree(previous, ignore_errors=True)
+        _remove(previous, ignore_errors=True)
     logs = sorted((dst / "logs").rglob("*.json")) if (dst / "logs").is_dir() else []
 
     table = aggregate(runs)
@@ -258,6 +260,16 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         warnings.warn(f"{index} not found: add {page.name} to a toctree, or `sphinx -W` fails "
                       "(\"document isn't included in any toctree\")", RuntimeWarning, stacklevel=2)
     return page
+
+
+def _remove(path: Path, *, ignore_errors: bool = False) -> None:
+    """Remove a folder left by :func:`publish_experiment`; a symlink (the published folder was a link to a folder
+    elsewhere, which then stepped aside as ``.<name>.previous``) is unlinked, never followed nor refused as
+    ``shutil.rmtree`` refuses it."""
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=ignore_errors)
 
 
 def _copy_files(src: Path, dst: Path, runs: list[RunResult]) -> None:
@@ -374,7 +386,7 @@ def read_run_log(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     try:
         data = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested thousands deep
         raise ValueError(f"{path}: not a run log written by publish (not JSON: {exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a run log written by publish (expected an object of splits)")
@@ -438,7 +450,12 @@ def _stored_runs(results_path: Path) -> list[RunResult]:
     try:
         rows = json.loads(results_path.read_text())["runs"]
         runs = [RunResult(**row) for row in rows]
-    except (ValueError, KeyError, TypeError) as exc:
+        # a hand-edited "0.5", true or 400-digit value: named here, not a bare "must be real number, not str" (or a
+        # traceback) from the tables, nor a true averaged as 1.0
+        bad = next(((i, why) for i, why in enumerate(map(_row_problem, rows)) if why), None)
+        if bad is not None:
+            raise ValueError(f"run {bad[0]} of 'runs': {bad[1]}")
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: arrays nested thousands deep
         raise ValueError(f"{results_path} is not a results file of a comparison ({type(exc).__name__}: {exc}); "
                          "`run` the comparison again to rewrite it from its finished runs") from None
     for r in runs:
@@ -560,9 +577,9 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
         return out + (" [primary]" if c["primary"] else "") + c["short"]
 
     # one cell per setting (none for a comparison of one setting: the header keeps the separator's two columns)
-    lines = ["| task | metric (baseline mean) |" + "".join(f" {s} |" for s in settings),
+    lines = ["| task | metric (baseline mean) |" + "".join(f" {_cell(s)} |" for s in settings),
              "|---|---|" + "---|" * len(settings)]
-    lines += [f"| {name} | {metric} |" + "".join(f" {text(cells[s]) if s in cells else ''} |" for s in settings)
+    lines += [f"| {_cell(name)} | {_cell(metric)} |" + "".join(f" {text(cells[s]) if s in cells else ''} |" for s in settings)
               for name, metric, cells in rows]
     below = sum(1 for c in family if c["p"] is not None and c["p"] < alpha)
     lines += ["", f"{len(family)} comparison{'' if len(family) == 1 else 's'}; p < {alpha:g} unadjusted: {below}; after Holm: "

@@ -109,8 +109,8 @@ def read_json_dict(path: Path) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):  # FileNotFoundError, IsADirectoryError, JSONDecodeError, UnicodeDecodeError
-        return None
+    except (OSError, ValueError, RecursionError):  # FileNotFoundError, IsADirectoryError, JSONDecodeError,
+        return None  # UnicodeDecodeError; RecursionError: arrays nested thousands deep
     return data if isinstance(data, dict) else None
 
 
@@ -123,6 +123,26 @@ def _is_finite(value: Any) -> bool:
         return math.isfinite(value)
     except OverflowError:
         return False
+
+
+def _row_problem(data: Any) -> str | None:
+    """What makes a ``results.json`` row no :class:`RunResult` the tables can read (``None`` when nothing does): not
+    an object, a name that is not a string, a seed that is not an int, a value that is not a number or null
+    (``"0.5"``, ``true``, an int of 400 digits), a step or parameter count that is not an int or null."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    for key in ("task", "operator", "status", "metric"):
+        if not isinstance(data.get(key), str):
+            return f"{key} must be a string, got {str(data.get(key))[:80]!r}"
+    for key in ("seed", "num_parameters", "selected_step", "reach_step"):
+        v = data.get(key)
+        if (v is not None or key == "seed") and (isinstance(v, bool) or not isinstance(v, int)):
+            return f"{key} must be an int{'' if key == 'seed' else ' or null'}, got {str(v)[:80]!r}"
+    for key in ("value", "selected_value", "elapsed"):
+        v = data.get(key)
+        if v is not None and not (isinstance(v, float) or (_is_finite(v) and isinstance(v, int))):
+            return f"{key} must be a number or null, got {str(v)[:80]!r}"
+    return None
 
 
 def _summary_number(summary: dict[str, Any], key: str, path: Path, *, integral: bool) -> Any:

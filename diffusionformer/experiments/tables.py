@@ -50,6 +50,17 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
     return table
 
 
+def _cell(text: str) -> str:
+    r"""``text`` as one cell of a markdown table: a ``|`` (allowed in task and setting names) escaped as ``\|``,
+    which would otherwise end the cell and shift every later number under the next column's head.
+
+    Examples:
+        >>> _cell("heads|half")
+        'heads\\|half'
+    """
+    return text.replace("|", "\\|")
+
+
 def _fmt(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
@@ -129,7 +140,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
         return _contrast_cells(c, digits, compact) + ([c.role] if role else [])
 
     def header(cols: list[str]) -> list[str]:
-        return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        return ["| " + " | ".join(map(_cell, cols)) + " |", "|" + "---|" * len(cols)]
 
     for task in config.tasks:
         rows = [r for r in table if r["task"] == task.name]
@@ -149,7 +160,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
             failed += _pairs_note(found.get((task.name, r["operator"], "final")), r, rows, baseline)
             cells = [r["operator"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", *stat_cells(task.name, r["operator"], "final", 4),
                      f"{r['n']}{failed}", str(r["num_parameters"] or "n/a"), _fmt(r["elapsed_mean"], 1)]
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append("| " + " | ".join(map(_cell, cells)) + " |")
         lines.append("")
         if compact:
             continue
@@ -159,7 +170,8 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
             for r in rows:
                 sel = f"{_fmt(r['selected_mean'])} ± {_fmt(r['selected_std'])}" if "selected_mean" in r else "n/a"
                 sel += _pairs_note(found.get((task.name, r["operator"], "selected")), r, rows, baseline, "selected_by_seed")
-                lines.append("| " + " | ".join([r["operator"], sel, *stat_cells(task.name, r["operator"], "selected", 4)]) + " |")
+                cells = [r["operator"], sel, *stat_cells(task.name, r["operator"], "selected", 4)]
+                lines.append("| " + " | ".join(map(_cell, cells)) + " |")
             lines.append("")
         if task.reach is not None:
             (rkey, rval), = task.reach.items()
@@ -169,7 +181,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
                 steps = _reach_steps_cell(r) + _pairs_note(found.get((task.name, r["operator"], "reach")), r, rows, baseline,
                                                            "reach_by_seed")
                 cells = [r["operator"], steps, *stat_cells(task.name, r["operator"], "reach", 0)]
-                lines.append("| " + " | ".join(cells) + " |")
+                lines.append("| " + " | ".join(map(_cell, cells)) + " |")
             lines.append("")
     if lines and stat_heads:
         lines.append(table_legend(config, compact=compact))
@@ -200,7 +212,7 @@ def format_status(rows: list[dict[str, Any]]) -> str:
             state = r["state"] + (f" ({r['holder']})" if r["holder"] else "")
             if r.get("changed"):  # `run` refuses it: its definition is not the config's any more
                 state += f", made with another {r['changed']}: `run --restart` redoes it"
-            lines.append(f"| {r['operator']} | {r['seed']} | {state} | {steps} | {_fmt(r['elapsed'], 0)} |")
+            lines.append(f"| {_cell(r['operator'])} | {r['seed']} | {_cell(state)} | {steps} | {_fmt(r['elapsed'], 0)} |")
             if r["state"] != "completed" or r.get("changed"):
                 if per_step is None or not r["max_steps"]:
                     unknown += 1
