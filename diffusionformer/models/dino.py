@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -72,8 +73,10 @@ def cosine_momentum(step: int, base: float, total_steps: int) -> float:
         >>> cosine_momentum(0, 0.996, 100), cosine_momentum(50, 0.996, 100), cosine_momentum(100, 0.996, 100)
         (0.996, 0.998, 1.0)
     """
-    if step < 0:
+    if not step >= 0:  # ``not >=``: NaN too, which gave a NaN momentum
         raise ValueError(f"step must be >= 0, got {step}")
+    if isinstance(total_steps, bool) or not isinstance(total_steps, numbers.Integral) or total_steps < 1:
+        raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")  # else 0 or -5: momentum 1, a frozen teacher
     if isinstance(base, bool) or not 0.0 <= base <= 1.0:  # outside [0, 1] the teacher leaves the student; a bool is no number
         raise ValueError(f"base must lie in [0, 1], got {base}")
     if step >= total_steps:
@@ -94,8 +97,10 @@ def teacher_temperature(step: int, final: float, warmup: float, warmup_steps: in
         >>> [teacher_temperature(s, final=0.08, warmup=0.04, warmup_steps=10) for s in (0, 5, 20)]
         [0.04, 0.06, 0.08]
     """
-    if step < 0:  # would extrapolate the warm-up line beyond ``warmup``
+    if not step >= 0:  # would extrapolate the warm-up line beyond ``warmup``; NaN gave a NaN temperature
         raise ValueError(f"step must be >= 0, got {step}")
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, numbers.Integral) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}")  # else -5 read as no warm-up
     if step >= warmup_steps:
         return final
     return warmup + (final - warmup) * step / warmup_steps

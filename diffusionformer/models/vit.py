@@ -273,6 +273,9 @@ def attention_rollout(maps: list[Tensor], residual: float = 0.5, normalize: bool
         tensor([[1., 0.],
                 [0., 1.]])
     """
+    if isinstance(maps, Tensor):  # `not maps` of a stacked (L, B, H, N, N) tensor failed as "Boolean value ... ambiguous"
+        raise TypeError(f"attention_rollout: expected a list of per-layer maps (B, H, N, N), got a Tensor of shape "
+                        f"{tuple(maps.shape)} (pass list(maps) for a stack of layers)")
     if not maps:
         raise ValueError("attention_rollout: expected at least one layer's maps, got none")
     if isinstance(residual, bool) or not isinstance(residual, numbers.Real) or not 0.0 < residual <= 1.0:  # numpy too
@@ -280,13 +283,27 @@ def attention_rollout(maps: list[Tensor], residual: float = 0.5, normalize: bool
     residual = float(residual)
     _check_flag(normalize, "attention_rollout: normalize")
     rollout = None
-    for A in maps:
+    for i, A in enumerate(maps):
+        if not isinstance(A, Tensor) or not A.is_floating_point():
+            raise TypeError(f"attention_rollout: maps[{i}] must be a floating-point tensor (B, H, N, N), got "
+                            + (f"dtype {A.dtype}" if isinstance(A, Tensor) else type(A).__name__))
         if A.dim() != 4 or A.shape[-1] != A.shape[-2]:
             raise ValueError(f"attention_rollout: expected maps of shape (B, H, N, N), got {tuple(A.shape)}")
+        if rollout is not None and (A.shape[0], A.shape[-1]) != tuple(rollout.shape[:2]):
+            raise ValueError(f"attention_rollout: maps[{i}] has shape {tuple(A.shape)}, the layers before it "
+                             f"(B, N) = {tuple(rollout.shape[:2])}")
         eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
         layer = (1.0 - residual) * eye + residual * A.mean(dim=1)  # (B, N, N)
         if normalize:
-            layer = layer / layer.sum(dim=-1, keepdim=True)
+            sums = layer.sum(dim=-1, keepdim=True)
+            # a row summing to 0 (operator maps I - P of Laplacian heads with residual=1, an all-zero row) made the
+            # rollout NaN or ~1/eps: refused (the sync is one per layer, in an analysis function)
+            if bool((sums.abs() <= torch.finfo(sums.dtype).eps ** 0.5 * layer.abs().sum(dim=-1, keepdim=True)).any()):
+                raise ValueError(f"attention_rollout: a row of layer {i}'s mixed map (1 - residual) I + residual "
+                                 f"mean_h A sums to 0 and cannot be renormalised (residual={residual}; maps whose "
+                                 f"rows sum to 0, e.g. kind='operator' of Laplacian heads); pass a residual < 1 or "
+                                 f"normalize=False")
+            layer = layer / sums
         rollout = layer if rollout is None else layer @ rollout
     assert rollout is not None
     return rollout
