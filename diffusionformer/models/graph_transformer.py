@@ -11,7 +11,7 @@ from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_poo
 from torch_geometric.utils import add_self_loops, remove_self_loops, to_dense_batch
 
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
-from diffusionformer.graph.core import AttentionGraph
+from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edge_index_shape_error
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import Mlp, make_norm, resolve_layer_heads
@@ -114,6 +114,19 @@ def _check_sorted_batch(batch: Tensor) -> None:
                          "PyG Batch), got an unsorted batch")
 
 
+def _check_edge_attr(edge_attr: Tensor, edge_index: Any, edge_dim: int) -> None:
+    """``edge_attr`` a tensor of shape ``(E, edge_dim)``, ``E`` read from ``edge_index``, whose form is checked first
+    (else a list ``edge_index`` was an ``AttributeError`` and an ``(E, 2)`` one an error about ``edge_attr``)."""
+    e = _check_index_tensor("edge_index", edge_index, "(2, E)")
+    if e.dim() != 2 or e.shape[0] != 2:
+        raise _edge_index_shape_error(tuple(e.shape))
+    if not isinstance(edge_attr, Tensor):
+        raise TypeError(f"edge_attr: expected a Tensor of shape (E, edge_dim), got {type(edge_attr).__name__}")
+    if edge_attr.shape != (e.shape[1], edge_dim):
+        raise ValueError(f"edge_attr: expected shape (E, edge_dim) = ({e.shape[1]}, {edge_dim}), "
+                         f"got {tuple(edge_attr.shape)}")
+
+
 def _node_positions(batch: Tensor, num_graphs: int) -> tuple[Tensor, Tensor]:
     r"""The position of every node in its graph and the node count of every graph, read from no host value.
 
@@ -196,9 +209,13 @@ class GraphBlock(nn.Module):
         if batch is None:
             batch = graph.batch
         h = self.norm1(x)
+        if self.edge_proj is None and edge_attr is not None:  # else the edge features were dropped without a word
+            raise ValueError("GraphBlock: got edge_attr, but the block was built without edge_dim (its edge features "
+                             "would be ignored); build it with edge_dim=edge_attr.shape[1]")
         if self.edge_proj is not None:
             if edge_attr is None:
                 raise ValueError("GraphBlock: expected edge_attr (the block was built with edge_dim), got None")
+            _check_edge_attr(edge_attr, graph.edge_index, self.edge_proj.in_features)
             update = edge_feature_attention(self.attn, h, graph.edge_index, self.edge_proj(edge_attr.to(h.dtype)))
         else:
             update = self.attn(h, graph, state=state)
@@ -376,9 +393,8 @@ class DiffusionGraphTransformer(nn.Module):
         if (c.edge_dim is None) != (edge_attr is None):
             raise ValueError(f"edge_attr: expected {'(E, edge_dim) edge features' if c.edge_dim else 'None'} "
                              f"(edge_dim={c.edge_dim}), got {None if edge_attr is None else tuple(edge_attr.shape)}")
-        if edge_attr is not None and (edge_attr.dim() != 2 or edge_attr.shape != (edge_index.shape[1], c.edge_dim)):
-            raise ValueError(f"edge_attr: expected shape (E, edge_dim) = ({edge_index.shape[1]}, {c.edge_dim}), "
-                             f"got {tuple(edge_attr.shape)}")
+        if edge_attr is not None:
+            _check_edge_attr(edge_attr, edge_index, c.edge_dim)
         if (c.pe is None) != (pe is None) or (pe is not None and pe.shape != (N, c.pe_dim)):
             raise ValueError(f"pe: expected {f'shape (N, pe_dim) = ({N}, {c.pe_dim})' if c.pe else 'None'} "
                              f"(pe={c.pe!r}), got {None if pe is None else tuple(pe.shape)}")
