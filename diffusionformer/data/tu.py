@@ -31,6 +31,7 @@ import tempfile
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -147,39 +148,36 @@ def _tu_lines(path: Path, zip_path: Path) -> list[str]:
 
 def _tu_ints(path: Path, zip_path: Path, columns: int | None = 1) -> list[list[int]]:
     """The rows of integers of an extracted TU table (``columns`` per row, or the first row's count)."""
-    rows = []
-    for i, line in enumerate(_tu_lines(path, zip_path), 1):
-        try:
-            row = [int(v) for v in line.split(",")]
-        except ValueError:
-            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected integers "
-                                   f"separated by commas") from None
-        columns = len(row) if columns is None else columns
-        if len(row) != columns:
-            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected {columns} "
-                                   f"value(s) like the other lines")
-        rows.append(row)
-    return rows
+    return _tu_rows(path, zip_path, int, columns)
 
 
 def _tu_floats(path: Path, zip_path: Path) -> None:
     """Check the rows of an extracted attribute table: finite numbers separated by commas, as many on every line
     (PyG reads them unchecked: a word failed with a bare "could not convert string to float", a short line with
     "expected sequence of length", and NaN or inf became features without a word)."""
-    columns = None
+    _tu_rows(path, zip_path, float, None)
+
+
+def _tu_rows(path: Path, zip_path: Path, kind: type, columns: int | None) -> list[list[Any]]:
+    """The rows of ``kind`` (``int``: integers; ``float``: finite numbers) of an extracted TU table, ``columns``
+    per row (or the first row's count); a line that does not fit is named."""
+    what = "integers" if kind is int else "numbers"
+    rows = []
     for i, line in enumerate(_tu_lines(path, zip_path), 1):
         try:
-            row = [float(v) for v in line.split(",")]
+            row = [kind(v) for v in line.split(",")]
         except ValueError:
-            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected numbers "
+            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected {what} "
                                    f"separated by commas") from None
         columns = len(row) if columns is None else columns
         if len(row) != columns:
             raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected {columns} "
                                    f"value(s) like the other lines")
-        if not all(math.isfinite(v) for v in row):
+        if kind is float and not all(math.isfinite(v) for v in row):
             raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected finite "
                                    f"numbers (no NaN or inf)")
+        rows.append(row)
+    return rows
 
 
 def _check_tu_tables(folder: Path, name: str, zip_path: Path) -> None:
