@@ -14,6 +14,7 @@ from diffusionformer.config import _choice_hint, _value_type
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import Block
 from diffusionformer.ops._checks import checks_values
+from diffusionformer.ops.sparse import check_edge_index
 
 __all__ = ["ModelIntermediates", "check_positive", "check_positive_int", "init_transformer_weights", "learned_operator_parameters"]
 
@@ -99,6 +100,19 @@ def _check_batch(batch: Any, num_nodes: int) -> None:
         raise ValueError(f"batch must have shape (N,) = ({num_nodes},), got {tuple(getattr(batch, 'shape', ()))}")
     if batch is not None and batch.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"batch must hold integer graph ids, got dtype {batch.dtype}")
+
+
+def _conv_edges(edge_index: Any, num_nodes: int) -> Any:
+    """The edges of a GCN/GIN forward: an ``edge_index`` ``(2, E)`` checked (shape, dtype; bounds on CPU in eager
+    mode); a torch sparse adjacency, which PyG's convolutions read as ``adj_t`` (row ``i`` lists the sources of target
+    ``i``, the transpose of the adjacency), checked to be ``(N, N)`` (else a bare error from torch's matmul); other
+    objects (a ``torch_sparse.SparseTensor``) passed to PyG as they are."""
+    if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided:
+        return check_edge_index(edge_index, num_nodes)
+    if isinstance(edge_index, Tensor) and tuple(edge_index.shape) != (num_nodes, num_nodes):
+        raise ValueError(f"edge_index: a sparse adjacency (adj_t) must have shape (N, N) = ({num_nodes}, {num_nodes}), "
+                         f"got {tuple(edge_index.shape)}")
+    return edge_index
 
 
 def _check_graph_devices(x: Tensor, **tensors: Any) -> None:

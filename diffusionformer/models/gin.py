@@ -11,8 +11,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import _python_numbers, document_fields
-from diffusionformer.ops.sparse import check_edge_index
-from diffusionformer.models.common import (_check_bools, _check_graph_devices, _check_graph_task, _readout_batch, check_positive_int,
+from diffusionformer.models.common import (_check_bools, _check_graph_devices, _check_graph_task, _conv_edges, _readout_batch, check_positive_int,
                                            check_probability)
 
 __all__ = ["GIN", "GINConfig"]
@@ -84,13 +83,14 @@ class GIN(nn.Module):
         ``num_graphs``: the number of graphs ``G`` of a graph readout (PyG's ``data.num_graphs``; may exceed
         ``batch.max() + 1``, the extra graphs being empty), instead of ``batch.max() + 1``; checked and
         otherwise unused for node tasks, as in :class:`~diffusionformer.models.DiffusionGraphTransformer`.
+        ``edge_index`` may also be a torch sparse adjacency ``(N, N)``, which PyG reads as ``adj_t`` (row ``i``
+        holds the sources of target ``i``: the transpose of the adjacency).
         """
         c = self.config
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
         _check_graph_devices(x, edge_index=edge_index, batch=batch)
-        if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided:  # a sparse adjacency passes to PyG
-            edge_index = check_edge_index(edge_index, x.shape[0])  # shape, dtype; bounds on CPU in eager mode
+        edge_index = _conv_edges(edge_index, x.shape[0])
         batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)
         batch = batch.long()  # int32 ids pass the check, but PyG's pools scatter with int64 indices
         x = x.to(self.heads[0].weight.dtype)  # as the graph transformer reads its x: float64 or int features, float32 model

@@ -244,3 +244,22 @@ def test_bug_attention_rollout_names_malformed_maps():
     with pytest.raises(ValueError, match=r"maps\[1\] has shape \(2, 1, 3, 3\)"):
         attention_rollout([P[0], torch.rand(2, 1, 3, 3)])
     assert math.isfinite(float(attention_rollout((P[0],)).sum()))
+
+
+@pytest.mark.parametrize("kind", ["gcn", "gin"])
+def test_bug_gcn_gin_check_the_shape_of_a_sparse_adjacency(kind):
+    """Bug: a torch sparse adjacency passed GCN/GIN's checks unseen: one of the wrong size failed inside torch's
+    sparse matmul with no word of ``edge_index`` (sitting 33). The right one (PyG's ``adj_t``) equals the edge list."""
+    from diffusionformer.models import GCN, GCNConfig
+    from diffusionformer.models.gin import GIN, GINConfig
+
+    torch.manual_seed(0)
+    model = (GCN(GCNConfig(in_channels=3, num_classes=2, dropout=0.0)) if kind == "gcn"
+             else GIN(GINConfig(in_channels=3, num_classes=2, task="node", dropout=0.0))).double().eval()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    ei = torch.tensor([[0, 1, 2, 3, 1], [1, 0, 3, 2, 2]])
+    adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1], dtype=torch.float64), (4, 4))
+    torch.testing.assert_close(model(x, adj_t), model(x, ei))
+    wrong = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1], dtype=torch.float64), (4, 5))
+    with pytest.raises(ValueError, match=r"edge_index: a sparse adjacency \(adj_t\) must have shape \(N, N\) = \(4, 4\), got \(4, 5\)"):
+        model(x, wrong)
