@@ -98,8 +98,9 @@ def read_image_zip(
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        CorruptDataError: not a zip (a folder included), no matching entries, an entry that is no JPEG or PNG,
-            that Pillow cannot decode or calls a decompression bomb (more pixels than
+        CorruptDataError: not a zip (a folder included), no matching entries, an entry without a class folder
+            name (``train//x.jpg``, ``train/../x.jpg``), an entry that is no JPEG or PNG, has samples wider than
+            8 bits (a 16-bit PNG), that Pillow cannot decode or calls a decompression bomb (more pixels than
             ``PIL.Image.MAX_IMAGE_PIXELS``) or that declares more than 512 MiB uncompressed, an image of another
             size than the first one, or more images of the first one's size than memory holds.
 
@@ -116,6 +117,9 @@ def read_image_zip(
                 f"(expected e.g. {split}/airplane/0000.jpg)"
             )
         classes = sorted({c for c, _ in members})
+        if bad := [c for c in classes if c in ("", ".", "..")]:  # "train/../x.jpg" made a class ".." ranked first
+            name = next(n for c, n in members if c == bad[0])
+            raise CorruptDataError(f"{str(path)!r}: entry {name!r} has no class folder name (got {bad[0]!r})")
         class_index = {c: i for i, c in enumerate(classes)}
         if indices is not None:
             members = [members[i] for i in indices.tolist()]
@@ -131,6 +135,9 @@ def read_image_zip(
                     # Pillow only warns between MAX_IMAGE_PIXELS and twice that: here a decompression bomb is refused
                     warnings.simplefilter("error", image_mod.DecompressionBombWarning)
                     with image_mod.open(io.BytesIO(zf.read(name)), formats=_IMAGE_FORMATS) as im:
+                        if im.mode in ("I", "F") or im.mode.startswith("I;"):  # convert("RGB") clips them at 255
+                            raise ValueError(f"mode {im.mode!r} has samples wider than 8 bits (only 8-bit "
+                                             f"images are read)")
                         pixels = np.asarray(im.convert("RGB"))
             except Exception as err:  # PIL raises several types for damaged images
                 # (Pillow's "cannot identify image file <_io.BytesIO ...>" names a buffer, not the entry)

@@ -12,6 +12,8 @@ Both use a seeded stratified split, by default 70/10/20 train/val/test, rounded 
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 from pathlib import Path
 from typing import Any
@@ -57,7 +59,7 @@ def build_image_data(
         num_classes: number of classes.
         normalize: standardise per channel.
         meta: source/licence notes; split sizes are added.
-        scale: the value that maps to 1.0.
+        scale: the value that maps to 1.0 (positive and finite).
         class_names: names of the classes, if known.
         test: a separate ``(images, labels)`` test set (official test splits).
 
@@ -68,11 +70,17 @@ def build_image_data(
     _check_flags("build_image_data", normalize=normalize)
     if images.dim() != 4:
         raise ValueError(f"images must be (N, C, H, W), got shape {tuple(images.shape)}")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
+        # 0 gave NaN pixels, a negative scale inverted them, inf zeroed them, all silently
+        raise ValueError(f"build_image_data: scale must be a positive finite number, got {scale!r}")
 
     def to_float(x: Tensor) -> Tensor:
         return x.to(torch.float32, copy=True).div_(scale)
 
     labels = _checked_labels(labels, num_classes, "labels")
+    if len(labels) != len(images):  # the splits index both: extra or missing labels paired images with others' labels
+        raise ValueError(f"build_image_data: labels must have one entry per image, got {len(labels)} labels for "
+                         f"{len(images)} images")
     if test is not None:
         test = (test[0], _checked_labels(test[1], num_classes, "test labels"))
     train_idx, val_idx, test_idx = splits
