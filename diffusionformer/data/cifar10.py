@@ -40,7 +40,7 @@ from .checksums import sha256_file, verify_file
 from .images import _labelled_images_fit, build_image_data
 from .paths import CorruptDataError, cache_dir, load_cached, require_files, save_cached
 from .registry import register_dataset
-from .splits import _require_carved_val, carve_val, seeded_subset
+from .splits import _check_limit, _require_carved_val, carve_val, seeded_subset
 
 __all__ = [
     "CIFAR10_CLASSES", "read_image_zip", "read_cifar_batch", "read_cifar_meta", "load_cifar10",
@@ -334,6 +334,8 @@ def load_cifar10(
         - x: ``(N, 3, 32, 32)`` float32; y: ``(N,)`` int64.
     """
     _check_flags("load_cifar10", normalize=normalize, verify=verify)
+    for option, limit in (("limit_train", limit_train), ("limit_test", limit_test)):
+        _check_limit(f"load_cifar10: {option}", limit)  # before any file is read or hashed
     if source not in ("auto", "pickle", "jpg"):
         raise ValueError(f"source must be 'auto', 'pickle' or 'jpg', got {source!r}"
                          f"{_choice_hint(source, ('auto', 'pickle', 'jpg'))}")

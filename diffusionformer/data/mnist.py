@@ -28,7 +28,7 @@ from .idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, parse_idx, read_idx_bytes
 from .images import build_image_data
 from .paths import CorruptDataError, require_files
 from .registry import register_dataset
-from .splits import _require_carved_val, carve_val, seeded_subset
+from .splits import _check_limit, _require_carved_val, carve_val, seeded_subset
 
 __all__ = ["load_mnist"]
 
@@ -85,6 +85,8 @@ def load_mnist(
         - x: ``(N, 1, 28, 28)`` float32; y: ``(N,)`` int64, 10 classes.
     """
     _check_flags("load_mnist", normalize=normalize, verify=verify)
+    for option, limit in (("limit_train", limit_train), ("limit_test", limit_test)):
+        _check_limit(f"load_mnist: {option}", limit)  # before any file is read or hashed
     stems = {
         "train_labels": f"{RAW}/train-labels-idx1-ubyte",
         "test_images": f"{RAW}/t10k-images-idx3-ubyte",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -322,6 +323,17 @@ def carve_val(n: int, val_size: int | None, seed: int) -> tuple[Tensor, Tensor]:
     return perm[: n - val_size], perm[n - val_size :]
 
 
+def _check_limit(name: str, limit: Any) -> int | None:
+    """A subset size option (``limit_train``, ``limit_test``): ``None`` or an int >= 1, checked under its own name
+    (the loaders check theirs before reading any file)."""
+    if limit is None:
+        return None
+    limit = _as_count(name, limit)
+    if limit < 1:
+        raise ValueError(f"{name} must be >= 1 or None, got {limit}")
+    return limit
+
+
 def seeded_subset(n: int, limit: int | None, seed: int) -> Tensor:
     """Sorted indices of ``limit`` items of ``range(n)`` drawn without replacement with ``seed``;
     all of ``range(n)`` when ``limit`` is None or >= n.
@@ -332,13 +344,9 @@ def seeded_subset(n: int, limit: int | None, seed: int) -> Tensor:
         >>> len(seeded_subset(100, 7, seed=0))
         7
     """
-    if limit is None:
+    limit = _check_limit("limit", limit)
+    if limit is None or limit >= n:
         return torch.arange(n)
-    limit = _as_count("limit", limit)
-    if limit >= n:
-        return torch.arange(n)
-    if limit < 1:
-        raise ValueError(f"limit must be >= 1 or None, got {limit}")
     return torch.randperm(n, generator=generator(seed))[:limit].sort().values
 
 

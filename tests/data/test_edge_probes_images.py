@@ -355,3 +355,16 @@ def test_registry_names_close_matches_and_refuses_bad_options():
         load_dataset("cifar10", root=Path("/nonexistent"), source="JPG")
     with pytest.raises(TypeError, match="dataset name must be a str"):
         load_dataset(None)
+
+
+@pytest.mark.parametrize("name", ["cifar10", "mnist"])
+@pytest.mark.parametrize("option", ["limit_train", "limit_test"])
+def test_bug_limit_options_are_named_and_checked_before_any_file(name, option, tmp_path):
+    """Bug: a bad ``limit_train`` / ``limit_test`` was found only after the files were read (and the CIFAR zips
+    hashed), and the error said "limit must be an int", a name the caller never passed (sitting 33)."""
+    from diffusionformer.data import load_dataset
+
+    with pytest.raises(TypeError, match=rf"load_{name}: {option} must be an int, got '5'"):
+        load_dataset(name, root=tmp_path, **{option: "5"})  # an empty root: no file to read before the check
+    with pytest.raises(ValueError, match=rf"load_{name}: {option} must be >= 1 or None, got 0"):
+        load_dataset(name, root=tmp_path, **{option: 0})
