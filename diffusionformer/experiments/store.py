@@ -15,10 +15,10 @@ What a present lock means:
 
 - readable, with a process that runs on this host (or any process on another host, whose
   liveness cannot be checked from here): **held**;
-- readable, with a process id that no longer runs on this host, or that runs but started at
-  another time than the lock records (the holder died and its id was given to a new process):
-  **stale**; it is taken over (a lock without ``start``, as older versions wrote, is judged by
-  its process id alone);
+- readable, with a process id that no longer runs on this host (no process, or a zombie: a killed
+  worker not yet reaped by the ``run --workers`` parent), or that runs but started at another time
+  than the lock records (the holder died and its id was given to a new process): **stale**; it is
+  taken over (a lock without ``start``, as older versions wrote, is judged by its process id alone);
 - unreadable (empty or not JSON): **held** while it is younger than :data:`UNREADABLE_GRACE_S`
   (a lock written by an older, non-atomic version of this code that is still being filled),
   stale after that (junk left by a crash or another tool).
@@ -72,14 +72,28 @@ def _start_time(pid: int) -> int | None:
         return None
 
 
+def _zombie(pid: int) -> bool:
+    """Whether process ``pid`` has exited and waits to be reaped (state ``Z``, field 3 of ``/proc/<pid>/stat``): a
+    worker killed while ``run --workers`` waits for an earlier one stays so, and holds no run. False where it cannot
+    be read, and for a main thread that exited while other threads of its process still run (also shown ``Z``)."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            text = f.read()
+        if text[text.rindex(b")") + 1:].split()[0] not in (b"Z", b"X"):
+            return False
+        return len(os.listdir(f"/proc/{int(pid)}/task")) <= 1
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):  # OverflowError: beyond pid_t, no process has it
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+        pass
+    return not _zombie(pid)  # a killed process not yet reaped answers signal 0, but runs no more
 
 
 def _parse(text: bytes) -> _Holder | None:

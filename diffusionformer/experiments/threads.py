@@ -71,7 +71,11 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _positive_int(value: object, what: str) -> int:
+#: torch.set_num_threads takes a C int: a larger count is refused by name, not by torch's "Overflow when unpacking long"
+_MAX_THREADS = 2**31 - 1
+
+
+def _positive_int(value: object, what: str, limit: int | None = None) -> int:
     if isinstance(value, bool):
         raise TypeError(f"{what}: expected a positive int, got {value!r}")
     if isinstance(value, str):
@@ -84,6 +88,9 @@ def _positive_int(value: object, what: str) -> int:
         raise TypeError(f"{what}: expected a positive int, got {_value_type(value)}")
     if value < 1:
         raise ValueError(f"{what}: expected a positive int, got {value}")
+    if limit is not None and value > limit:
+        raise ValueError(f"{what}: expected a positive int of at most {limit} (torch.set_num_threads takes a C int), "
+                         f"got {value}")
     return int(value)
 
 
@@ -120,12 +127,12 @@ def plan_threads(
     else:
         workers = 1
     if threads is not None:
-        return ThreadPlan(_positive_int(threads, "--threads"), cores, workers, "--threads")
+        return ThreadPlan(_positive_int(threads, "--threads", _MAX_THREADS), cores, workers, "--threads")
     if env.get("OMP_NUM_THREADS", "").strip():
         # OpenMP allows a list, one count per nesting level ("4,2"): torch's intra-op pool is the outer level
         omp = env["OMP_NUM_THREADS"]
         what = "$OMP_NUM_THREADS" if "," not in omp else f"$OMP_NUM_THREADS={omp!r} (its first, outer-level count)"
-        return ThreadPlan(_positive_int(omp.split(",")[0], what), cores, workers, "OMP_NUM_THREADS")
+        return ThreadPlan(_positive_int(omp.split(",")[0], what, _MAX_THREADS), cores, workers, "OMP_NUM_THREADS")
     return ThreadPlan(max(1, cores // workers), cores, workers, "cores // workers")
 
 

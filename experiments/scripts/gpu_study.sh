@@ -46,7 +46,9 @@ if [ "$what" = "stage" ]; then
     *) echo "usage: gpu_study.sh stage text|vision   (SRC=<data root>, default \$DIFFUSIONFORMER_DATA or ../shared/data)" >&2; exit 2 ;;
   esac
   [ -d "$src/$folder" ] || { echo "gpu_study.sh stage: '$src/$folder' not found" >&2; exit 2; }
-  tar -C "$src" -cf - "$folder" | xz -T0 -6 > "$DATA/$folder.tar.xz.part"
+  # -h: a data root whose folders or files are symbolic links packs the files they point to, not links that
+  # dangle on the GPU machine
+  tar -h -C "$src" -cf - "$folder" | xz -T0 -6 > "$DATA/$folder.tar.xz.part"
   mv "$DATA/$folder.tar.xz.part" "$DATA/$folder.tar.xz"
   ls -l "$DATA"
   exit 0
