@@ -347,7 +347,7 @@ def test_fake_implementation_matches_the_forward_operator():
     args = (q, k, v, c, None, False, 0.5, False, 0.0, None, None)
     torch.library.opcheck(_library._fwd, args, test_utils=("test_faketensor",))
     out, lse, ys = _library._fwd(*args)
-    assert ys.shape == (2, 1, 2, 6, 4) and out.transpose(1, 2).is_contiguous() and lse.shape == (1, 2, 6)
+    assert ys.shape == (2, 1, 2, 6, 4) and out.transpose(1, 2).is_contiguous() and lse.shape == (2, 1, 2, 6)
 
 
 def test_dropout_rate_is_rounded_to_sixteen_bits_and_capped_below_one():

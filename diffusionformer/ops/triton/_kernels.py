@@ -119,13 +119,40 @@ if HAS_TRITON:
         return keep
 
     @triton.jit
-    def _bias(s, offs_q, offs_k, N, mask_base, stride_mi, stride_mj, MASK_KIND: tl.constexpr):
-        """Scores (log2 units) plus a float ``attn_mask`` (MASK_KIND 2, times log2(e)); unchanged otherwise."""
+    def _bias(s, offs_q, offs_k, N, mask_base, stride_mi, stride_mj, shift, MASK_KIND: tl.constexpr):
+        """Scores (log2 units) plus a float ``attn_mask`` (MASK_KIND 2) less its row maximum ``shift`` (broadcastable
+        like ``offs_q``; see :func:`_bias_max`), times log2(e); unchanged otherwise."""
         if MASK_KIND == 2:
             ok = (offs_q < N) & (offs_k < N)
             m = tl.load(mask_base + offs_q * stride_mi + offs_k * stride_mj, mask=ok, other=0.0)
-            s = s + m.to(tl.float32) * 1.4426950408889634
+            s = s + (m.to(tl.float32) - shift) * 1.4426950408889634
         return s
+
+    @triton.jit
+    def _bias_max(offs_m, N, hi, pad_row, mask_base, stride_mi, stride_mj, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+        """Per query ``offs_m``: the largest float ``attn_mask`` entry over its admissible keys (0 when none is finite).
+
+        Softmax ignores a per-row constant, so the kernels add ``mask - shift`` to the scores: a row whose every key
+        carries a large negative bias (``-1e9``, ``finfo.min``: padding or a graph as a float mask) keeps its scores
+        in float32 range and its log-sum-exp exact, instead of ``m + log2(l)`` losing ``log2(l)`` next to ``m``.
+        """
+        top = tl.full(offs_m.shape, float("-inf"), dtype=tl.float32)
+        for start_n in range(0, hi, BLOCK_N):
+            kn = start_n + tl.arange(0, BLOCK_N)
+            keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, 2)
+            b = tl.load(mask_base + offs_m[:, None] * stride_mi + kn[None, :] * stride_mj, mask=keep, other=float("-inf"))
+            top = tl.maximum(top, tl.max(b.to(tl.float32), 1))
+        return tl.where(top == float("-inf"), 0.0, top)
+
+    @triton.jit
+    def _row_shift(lse_row, offs, N, MASK_KIND: tl.constexpr):
+        """The shift of :func:`_bias_max` of queries ``offs`` (stored by the first step in the second plane of
+        ``LSE``, ``(2, B, H, N)``; ``lse_row`` points at the head's row of the first plane), 0 without a float mask."""
+        if MASK_KIND == 2:
+            return tl.load(lse_row + tl.num_programs(1).to(tl.int64) * N + offs, mask=offs < N, other=0.0)
+        else:
+            return tl.zeros(offs.shape, dtype=tl.float32)
 
     @triton.jit
     def _free_keys(start_m, N, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -138,8 +165,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _online_block(
-        acc, l_i, m_i, q, k_base, v_base, pad_row, mask_base, stride_mi, stride_mj, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
-        stride_kn, stride_kc, stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
+        acc, l_i, m_i, q, k_base, v_base, pad_row, mask_base, stride_mi, stride_mj, shift, start_n, offs_m, offs_n, offs_c, c_ok, N,
+        qk_scale, stride_kn, stride_kc, stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
         DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
@@ -149,7 +176,7 @@ if HAS_TRITON:
                      mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
         s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
         if MASKED:  # a float attn_mask (MASK_KIND 2) joins the scores; with any mask every block is MASKED
-            s = _bias(s, offs_m[:, None], kn[None, :], N, mask_base, stride_mi, stride_mj, MASK_KIND)
+            s = _bias(s, offs_m[:, None], kn[None, :], N, mask_base, stride_mi, stride_mj, shift[:, None], MASK_KIND)
             keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
             s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -166,7 +193,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _fixed_block(
-        acc, q, k_base, x_base, pad_row, mask_base, stride_mi, stride_mj, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
+        acc, q, k_base, x_base, pad_row, mask_base, stride_mi, stride_mj, lse, shift, start_n, offs_m, offs_n, offs_c, c_ok, N, C, qk_scale,
         stride_kn, stride_kc, seed, bh, step, drop_p, inv_keep,
         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
         DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -178,7 +205,7 @@ if HAS_TRITON:
                      mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
         s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
         if MASKED:
-            s = _bias(s, offs_m[:, None], kn[None, :], N, mask_base, stride_mi, stride_mj, MASK_KIND)
+            s = _bias(s, offs_m[:, None], kn[None, :], N, mask_base, stride_mi, stride_mj, shift[:, None], MASK_KIND)
         p = tl.math.exp2(s - lse[:, None])
         if MASKED:
             keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
@@ -226,18 +253,22 @@ if HAS_TRITON:
         hi = N
         if CAUSAL:
             hi = tl.minimum(N, start_m + BLOCK_M)
+        shift = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if MASK_KIND == 2:  # the float mask's row maxima, for every later launch too
+            shift = _bias_max(offs_m, N, hi, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, BLOCK_N)
+            tl.store(LSE + (tl.num_programs(1) + bh).to(tl.int64) * N + offs_m, shift, mask=row_ok)
         # key blocks below the diagonal and inside N need no mask (unless keys are padded)
         free = 0
         if not HAS_PAD and MASK_KIND == 0:
             free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
         for start_n in range(0, free, BLOCK_N):
             acc, l_i, m_i = _online_block(
-                acc, l_i, m_i, q, k_base, v_base, pad_row, mask_base, stride_mi, stride_mj, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
+                acc, l_i, m_i, q, k_base, v_base, pad_row, mask_base, stride_mi, stride_mj, shift, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
                 stride_kn, stride_kc, stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
                 False, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_n in range(free, hi, BLOCK_N):
             acc, l_i, m_i = _online_block(
-                acc, l_i, m_i, q, k_base, v_base, pad_row, mask_base, stride_mi, stride_mj, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
+                acc, l_i, m_i, q, k_base, v_base, pad_row, mask_base, stride_mi, stride_mj, shift, start_n, offs_m, offs_n, offs_c, c_ok, N, qk_scale,
                 stride_kn, stride_kc, stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
                 True, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         has = l_i > 0.0
@@ -287,6 +318,7 @@ if HAS_TRITON:
         q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc,
                     mask=row_ok[:, None] & c_ok[None, :], other=0.0)
         lse = tl.load(LSE + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=float("inf"))
+        shift = _row_shift(LSE + bh.to(tl.int64) * N, offs_m, N, MASK_KIND)
         acc = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
         hi = N
         if CAUSAL:
@@ -295,11 +327,11 @@ if HAS_TRITON:
         if not HAS_PAD and MASK_KIND == 0:
             free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
         for start_n in range(0, free, BLOCK_N):
-            acc = _fixed_block(acc, q, k_base, x_base, pad_row, mask_base, stride_mi, stride_mj, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
+            acc = _fixed_block(acc, q, k_base, x_base, pad_row, mask_base, stride_mi, stride_mj, lse, shift, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
                                qk_scale, stride_kn, stride_kc, seed, bh, step, drop_p, inv_keep,
                                False, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_n in range(free, hi, BLOCK_N):
-            acc = _fixed_block(acc, q, k_base, x_base, pad_row, mask_base, stride_mi, stride_mj, lse, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
+            acc = _fixed_block(acc, q, k_base, x_base, pad_row, mask_base, stride_mi, stride_mj, lse, shift, start_n, offs_m, offs_n, offs_c, c_ok, N, C,
                                qk_scale, stride_kn, stride_kc, seed, bh, step, drop_p, inv_keep,
                                True, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         io_mask = row_ok[:, None] & c_ok[None, :]
@@ -342,9 +374,10 @@ if HAS_TRITON:
         qT = tl.load(q_base + qm[None, :] * stride_qn + offs_c[:, None] * stride_qc,
                      mask=(qm[None, :] < N) & c_ok[:, None], other=0.0)
         lse = tl.load(lse_base + qm, mask=qm < N, other=float("inf"))
+        shift = _row_shift(lse_base, qm, N, MASK_KIND)
         sT = _dot(k, qT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
         if MASKED:
-            sT = _bias(sT, qm[None, :], offs_n[:, None], N, mask_base, stride_mi, stride_mj, MASK_KIND)
+            sT = _bias(sT, qm[None, :], offs_n[:, None], N, mask_base, stride_mi, stride_mj, shift[None, :], MASK_KIND)
         pT = tl.math.exp2(sT - lse[None, :])
         if MASKED:
             keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
@@ -372,10 +405,11 @@ if HAS_TRITON:
         q = tl.load(q_base + qm[:, None] * stride_qn + offs_c[None, :] * stride_qc,
                     mask=qm_ok[:, None] & c_ok[None, :], other=0.0)
         lse = tl.load(lse_base + qm, mask=qm_ok, other=float("inf"))
+        shift = _row_shift(lse_base, qm, N, MASK_KIND)
         delta = tl.load(delta_base + qm, mask=qm_ok, other=0.0)
         sT = _dot(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
         if MASKED:
-            sT = _bias(sT, qm[None, :], offs_n[:, None], N, mask_base, stride_mi, stride_mj, MASK_KIND)
+            sT = _bias(sT, qm[None, :], offs_n[:, None], N, mask_base, stride_mi, stride_mj, shift[None, :], MASK_KIND)
         pT = tl.math.exp2(sT - lse[None, :])
         if MASKED:
             keep = _keep(qm[None, :], offs_n[:, None], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
@@ -405,7 +439,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _dq_block(
-        dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, delta, start_n, offs_m, offs_n,
+        dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, shift, delta, start_n,
+        offs_m, offs_n,
         offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc, stride_vn, stride_vc,
         seed, bh, drop_p, inv_keep,
         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, MASK_KIND: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
@@ -417,7 +452,7 @@ if HAS_TRITON:
         kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc, mask=kT_mask, other=0.0)
         s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
         if MASKED:
-            s = _bias(s, offs_m[:, None], kn[None, :], N, mask_base, stride_mi, stride_mj, MASK_KIND)
+            s = _bias(s, offs_m[:, None], kn[None, :], N, mask_base, stride_mi, stride_mj, shift[:, None], MASK_KIND)
         p = tl.math.exp2(s - lse[:, None])
         if MASKED:
             keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
@@ -597,6 +632,7 @@ if HAS_TRITON:
         io_mask = row_ok[:, None] & c_ok[None, :]
         q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc, mask=io_mask, other=0.0)
         lse = tl.load(LSE + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=float("inf"))
+        shift = _row_shift(LSE + bh.to(tl.int64) * N, offs_m, N, MASK_KIND)
         delta = tl.load(DELTA + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=0.0)
         a_off = io_base + offs_m[:, None] * C + offs_c[None, :]
         dq = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
@@ -608,12 +644,12 @@ if HAS_TRITON:
         if not HAS_PAD and MASK_KIND == 0:
             free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
         for start_n in range(0, free, BLOCK_N):
-            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, delta, start_n,
+            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, shift, delta, start_n,
                            offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
                            stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
                            False, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_n in range(free, hi, BLOCK_N):
-            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, delta, start_n,
+            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, shift, delta, start_n,
                            offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
                            stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
                            True, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)

@@ -7,6 +7,8 @@ Shared by :mod:`~diffusionformer.ops.triton.attention` (the public functions) an
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
 
@@ -32,9 +34,9 @@ def _block_sizes(table: dict, name: str) -> tuple[int, int, int, int]:
     sizes = []
     for key in ("fwd_m", "fwd_n", "bwd_m", "bwd_n"):
         b = table.get(key)
-        if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
+        if isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 16 or b & (b - 1):  # numpy ints too
             raise ValueError(f"{name}[{key!r}] must be a power of two >= 16, got {b!r}")
-        sizes.append(b)
+        sizes.append(int(b))
     return sizes[0], sizes[1], sizes[2], sizes[3]
 
 
@@ -52,8 +54,11 @@ def cuda_geometry(block_c: int, backward: bool = False) -> tuple[tuple[int, int,
     entries = {key: BLOCKS.get(key) for key in ("num_warps", "num_stages", "bwd_num_warps", "bwd_num_stages")}
     entries["num_stages"] = BLOCKS.get("num_stages", 2)
     for key, n in entries.items():
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1):  # numpy ints too
             raise ValueError(f"BLOCKS[{key!r}] must be a positive int or None, got {n!r}")
+        if n is not None and key.endswith("num_warps") and n & (n - 1):  # triton asserts it when compiling
+            raise ValueError(f"BLOCKS[{key!r}] must be a power of two (warps per program) or None, got {n!r}")
+        entries[key] = None if n is None else int(n)
     warps, stages = entries["num_warps"], entries["num_stages"]
     if backward:
         warps = entries["bwd_num_warps"] or warps
@@ -158,7 +163,9 @@ def _forward(kernels, L: _Launch, q: Tensor, k: Tensor, v: Tensor, coeffs: Tenso
     B, H, N, C = L.B, L.H, L.N, L.C
     K = coeffs.shape[1] - 1
     dt = q.dtype
-    lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
+    # lse[0]: the log2-sum-exp of every row; lse[1]: with a float attn_mask, the row maxima of the mask that every
+    # launch subtracts from it (so that large negative biases keep the log-sum-exp exact; _kernels._bias_max)
+    lse = torch.empty(2, B, H, N, device=q.device, dtype=torch.float32)
     # (B, H, N, C) stored as (B, N, H, C), like SDPA's output: out.transpose(1, 2).reshape(B, N, H * C) is free
     out = torch.empty(B, N, H, C, device=q.device, dtype=dt).transpose(1, 2)
     if save:

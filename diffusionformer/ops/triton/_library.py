@@ -44,7 +44,7 @@ def _fwd_fake(q, k, v, coeffs, pad, is_causal, scale, save, dropout_p, seed, mas
     B, H, N, C = q.shape
     K = coeffs.shape[1] - 1
     out = q.new_empty(B, N, H, C).transpose(1, 2)
-    lse = q.new_empty(B, H, N, dtype=torch.float32)
+    lse = q.new_empty(2, B, H, N, dtype=torch.float32)
     ys = q.new_empty(_slots(K, save), B, H, N, C)
     return out, lse, ys
 

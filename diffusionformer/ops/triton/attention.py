@@ -55,8 +55,11 @@ an :class:`torch.autograd.Function` (less dispatch overhead).
 
 Precision: scores, softmax statistics and accumulators are float32; ``P`` is cast to the input
 dtype before each ``P x`` product (as in flash attention). float32 inputs use IEEE float32 dot
-products (no TF32). Under ``TRITON_INTERPRET=1`` (CPU tensors) bfloat16 dot operands are upcast
-to float32, because the interpreter's bfloat16 ``tl.dot`` is not reliable.
+products (no TF32). A float ``attn_mask`` enters the scores less its row maximum over the admissible keys
+(softmax ignores a per-row constant): a row whose every key carries a large negative bias (``-1e9``,
+``torch.finfo(dtype).min``) keeps an exact log-sum-exp, so every power of ``P`` is its softmax. Under
+``TRITON_INTERPRET=1`` (CPU tensors) bfloat16 dot operands are upcast to float32, because the interpreter's
+bfloat16 ``tl.dot`` is not reliable.
 """
 
 from __future__ import annotations
