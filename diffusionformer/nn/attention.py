@@ -222,7 +222,7 @@ class DiffusionAttention(nn.Module):
                 )
         counts = [c for _, c in self._groups]
         self._polynomial = [op.is_polynomial for op in ops]
-        self.max_degree = max((_checked_degree(op) for op in ops if op.is_polynomial), default=0)
+        self.max_degree = max((0, *(_checked_degree(op) for op in ops if op.is_polynomial)))  # not default=: dynamo refuses it
         degrees: list[int] = []
         for op, count in zip(ops, counts):
             degrees += [op.degree if op.is_polynomial else 0] * count

@@ -94,7 +94,8 @@ class Trainer:
 
     Args:
         model: the module to train; moved to the device. Build it after
-            :func:`seed_everything` for a reproducible initialisation.
+            :func:`seed_everything` for a reproducible initialisation. A ``torch.compile``
+            wrapper trains as given; checkpoints, resume and evaluation use the model inside it.
         task: an object following :class:`Task`.
         config: the :class:`TrainConfig`.
         out_dir: run directory (created if needed).
@@ -128,7 +129,11 @@ class Trainer:
                 f"Trainer: grad_accum_steps={config.grad_accum_steps}, but {type(task).__name__} cannot split an "
                 "update into micro-batches (its splits_into_micro_batches is False); use grad_accum_steps=1"
             )
-        self.model = model
+        # a torch.compile wrapper trains as given, but its state dict names every entry "_orig_mod.<name>" and its
+        # record names the wrapper's class: checkpoints, resume and evaluation take the model inside it
+        inner = getattr(model, "_orig_mod", None)
+        self.model = inner if isinstance(inner, nn.Module) else model
+        self._given_model = model
         self.task = task
         self.config = config
         self.out_dir = Path(out_dir)
@@ -332,11 +337,11 @@ class Trainer:
             self._log.truncate(start)
         self.step = start
 
-        train_model: nn.Module = model
+        train_model: nn.Module = self._given_model  # the model, or the torch.compile wrapper it was given in
         self._ddp: DistributedDataParallel | None = None
         if ctx.is_distributed:
             train_model = self._ddp = DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None
+                train_model, device_ids=[device.index] if device.type == "cuda" else None
             )
         if cfg.compile:
             train_model = torch.compile(train_model)
