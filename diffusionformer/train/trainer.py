@@ -43,11 +43,16 @@ SUMMARY_NAME = "summary.json"
 #: Config fields that may differ between a checkpoint and the run that resumes it: they do not
 #: change the sequence of updates, up to floating-point rounding for ``device`` and ``compile``
 #: (``lr_decay_steps`` is compared after resolving ``None``). ``amp`` is not among them: bf16
-#: autocast changes every update, so a run resumes in the precision it started with.
+#: autocast changes every update, so a run resumes in the precision it started with (compared after
+#: resolving ``"auto"`` on each run's device: an ``"auto"`` run started in bf16 on CUDA is not continued
+#: in float32 on the CPU).
 RESUMABLE_FIELDS = frozenset(
     {"max_steps", "lr_decay_steps", "eval_interval", "eval_steps", "log_interval",
      "checkpoint_interval", "device", "compile", "progress", "loggers"}
 )
+
+#: the resolved autocast dtype (:func:`resolve_amp`) -> the name the summary and the checkpoint record
+_AMP_NAMES = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 _NO_BAD_STEP = 2**62  # "no non-finite step yet" in the on-device running minimum
 
@@ -199,11 +204,25 @@ class Trainer:
         except (TypeError, ValueError) as err:
             raise CheckpointError(f"checkpoint {path}: its config is invalid: {err}") from err
         now = self.config
+        # the precision the checkpoint's updates ran in ("amp" resolved on its device; absent in older checkpoints,
+        # whose amp is compared as written)
+        saved_amp = payload.get("amp")
+        if saved_amp is not None and saved_amp not in _AMP_NAMES.values():
+            raise CheckpointError(f"checkpoint {path}: expected the precision the trainer saves, one of "
+                                  f"{sorted(_AMP_NAMES.values())}, got amp={saved_amp!r}")
         diffs = [
             f"{name}: checkpoint {getattr(saved, name)!r}, now {getattr(now, name)!r}"
             for name in now.to_dict()
-            if name not in RESUMABLE_FIELDS and getattr(saved, name) != getattr(now, name)
+            if name not in RESUMABLE_FIELDS and (name != "amp" or saved_amp is None)
+            and getattr(saved, name) != getattr(now, name)
         ]
+        now_amp = _AMP_NAMES[resolve_amp(now.amp, self.ctx.device)]
+        if saved_amp is not None and saved_amp != now_amp:
+            diffs.append(
+                f"amp (resolved on the run's device): checkpoint {saved_amp!r} (amp={saved.amp!r}), now {now_amp!r} "
+                f"(amp={now.amp!r} on {self.ctx.device}); set amp={saved_amp!r} to continue in the checkpoint's "
+                "precision"
+            )
         if saved.decay_steps != now.decay_steps:
             diffs.append(
                 f"lr_decay_steps (resolved; None = max_steps): checkpoint {saved.decay_steps}, "
@@ -402,7 +421,7 @@ class Trainer:
             "num_parameters": sum(p.numel() for p in model.parameters()),
             "world_size": ctx.world_size,
             "device": str(device),
-            "amp": {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[self._amp],
+            "amp": _AMP_NAMES[self._amp],
             "config": cfg.to_dict(),
             # where the final weights are: another folder's after resume=<path> with nothing left to do
             "checkpoint": str(self._last_checkpoint_path),
@@ -612,6 +631,7 @@ class Trainer:
             "optimizer": self._optimizer.state_dict(),
             # fp16 loss scale and growth tracker (empty without fp16)
             "scaler": self._scaler.state_dict() if self._scaler is not None else {},
+            "amp": _AMP_NAMES[self._amp],  # the precision of the updates: cfg.amp="auto" resolves per device
             "rng": capture_rng_state(self.ctx.device, self._generator),
             "config": self.config.to_dict(),
             "model_record": model_record(self.model),
