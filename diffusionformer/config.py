@@ -115,21 +115,26 @@ def _check_flag(value: Any, name: str) -> bool:
     return value
 
 
-def _choice_hint(value: Any, choices: Any) -> str:
+def _choice_hint(value: Any, choices: Any, aliases: Any = None) -> str:
     """`` (did you mean 'x'?)`` for a string ``value`` close to one of the string ``choices`` (a case-insensitive
     match first: ``"Sparse"`` -> ``'sparse'``, ``"BF16"`` -> ``'bf16'``; then :func:`difflib.get_close_matches`),
-    ``""`` otherwise (a value that is not a string gets no hint).
+    ``""`` otherwise (a value that is not a string gets no hint). ``aliases`` maps other spellings of a choice (lower
+    case) to it, asked first: ``"float32"`` means ``'off'`` for ``amp``, where spelling alone would point at ``'fp16'``.
 
     Examples:
         >>> _choice_hint("Sparse", ("dense", "sparse")), _choice_hint("sparce", ("dense", "sparse"))
         (" (did you mean 'sparse'?)", " (did you mean 'sparse'?)")
         >>> _choice_hint("xyz", ("dense", "sparse")), _choice_hint(3, ("dense", "sparse"))
         ('', '')
+        >>> _choice_hint("FP32", ("off", "fp16"), {"fp32": "off"})
+        " (did you mean 'off'?)"
     """
     if not isinstance(value, str):
         return ""
     names = [c for c in choices if isinstance(c, str)]
     folded = value.strip().lower()
+    if aliases and folded in aliases:
+        return f" (did you mean {aliases[folded]!r}?)"
     close = ([c for c in names if c.lower() == folded] or difflib.get_close_matches(value, names, n=1)
              or difflib.get_close_matches(folded, [c.lower() for c in names], n=1))
     if close and close[0] not in names:  # matched in lower case: the choice as spelt

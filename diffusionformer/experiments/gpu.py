@@ -40,6 +40,8 @@ __all__ = ["PRECISIONS", "check_device", "precision_amp", "run_workers", "worker
 
 #: ``precision`` -> ``TrainConfig.amp``
 PRECISIONS = {"bf16": "bf16", "fp32": "off", "auto": "auto"}
+# other spellings of a precision (TrainConfig.amp's among them): "off" is no near miss of "fp32"
+_PRECISION_ALIASES = {"off": "fp32", "float32": "fp32", "none": "fp32", "bfloat16": "bf16"}
 #: Set in every process :func:`run_workers` starts (to ``k/N``): a worker never starts workers itself.
 WORKER_ENV = "DIFFUSIONFORMER_WORKER"
 _DEVICE_TYPES = ("cpu", "cuda")
@@ -53,7 +55,7 @@ def precision_amp(precision: str) -> str:
         ('off', 'bf16')
     """
     if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ValueError(f"precision: expected one of {sorted(PRECISIONS)}, got {precision!r}{_choice_hint(precision, PRECISIONS)}")
+        raise ValueError(f"precision: expected one of {sorted(PRECISIONS)}, got {precision!r}{_choice_hint(precision, PRECISIONS, _PRECISION_ALIASES)}")
     return PRECISIONS[precision]
 
 

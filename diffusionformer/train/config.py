@@ -18,6 +18,9 @@ __all__ = ["TrainConfig", "resolve_device", "resolve_amp"]
 
 _DECAY_RULES = ("default", "nanogpt")
 _AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+# other spellings of an amp value (--precision's "fp32" among them): spelling alone points "fp32" at "fp16"
+_AMP_ALIASES = {"fp32": "off", "float32": "off", "none": "off", "no": "off", "bfloat16": "bf16", "float16": "fp16",
+                "half": "fp16"}
 _LOGGER_CHOICES = ("jsonl", "csv", "tensorboard")  # = loggers.LOGGER_CHOICES (no import cycle)
 
 
@@ -202,7 +205,7 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.device: expected 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if not isinstance(self.amp, str) or self.amp not in _AMP_CHOICES:
             raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {self.amp!r}"
-                             f"{_choice_hint(self.amp, _AMP_CHOICES)}")
+                             f"{_choice_hint(self.amp, _AMP_CHOICES, _AMP_ALIASES)}")
         if not isinstance(self.weight_decay_rule, str) or self.weight_decay_rule not in _DECAY_RULES:
             raise ValueError(
                 f"TrainConfig.weight_decay_rule: expected one of {_DECAY_RULES}, got {self.weight_decay_rule!r}"
@@ -344,4 +347,4 @@ def resolve_amp(spec: str, device: torch.device) -> torch.dtype | None:
         return torch.float16
     if spec == "auto":
         return torch.bfloat16 if device.type == "cuda" else None
-    raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {spec!r}{_choice_hint(spec, _AMP_CHOICES)}")
+    raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {spec!r}{_choice_hint(spec, _AMP_CHOICES, _AMP_ALIASES)}")

@@ -120,3 +120,23 @@ def test_bf16_autocast_layer_and_operator_gradients_match_float64(spec, mode):
         if name.startswith("operators."):
             assert p.dtype == torch.float32 and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
             assert (p.grad.double() - q.grad).abs().max() <= 5e-2 * q.grad.abs().max() + 1e-6, name
+
+
+@pytest.mark.parametrize("value, hint", [("fp32", "off"), ("float32", "off"), ("None", "off"), ("float16", "fp16"),
+                                         ("bfloat16", "bf16")])
+def test_bug_amp_spelt_as_a_precision_points_at_its_amp_value(value, hint):
+    """Bug: ``TrainConfig(amp="fp32")`` (``--precision``'s word for float32) got no hint, and the spelling
+    closest to it is ``'fp16'``; ``--precision off`` (amp's word) got none either (sitting 33)."""
+    from diffusionformer.train import TrainConfig
+
+    with pytest.raises(ValueError, match=rf"got '{value}' \(did you mean '{hint}'\?\)"):
+        TrainConfig(amp=value)
+
+
+@pytest.mark.parametrize("value, hint", [("off", "fp32"), ("float32", "fp32"), ("bfloat16", "bf16")])
+def test_bug_precision_spelt_as_an_amp_value_points_at_its_precision(value, hint):
+    """Bug: ``--precision off`` (amp's word for float32) got no hint (sitting 33)."""
+    from diffusionformer.experiments.gpu import precision_amp
+
+    with pytest.raises(ValueError, match=rf"got '{value}' \(did you mean '{hint}'\?\)"):
+        precision_amp(value)
