@@ -55,7 +55,8 @@ def precision_amp(precision: str) -> str:
         ('off', 'bf16')
     """
     if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ValueError(f"precision: expected one of {sorted(PRECISIONS)}, got {precision!r}{_choice_hint(precision, PRECISIONS, _PRECISION_ALIASES)}")
+        raise ValueError(f"precision: expected one of {sorted(PRECISIONS)}, got {precision!r}"
+                         f"{_choice_hint(precision, PRECISIONS, _PRECISION_ALIASES)}")
     return PRECISIONS[precision]
 
 

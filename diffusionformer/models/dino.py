@@ -76,7 +76,8 @@ def cosine_momentum(step: int, base: float, total_steps: int) -> float:
     if not step >= 0:  # ``not >=``: NaN too, which gave a NaN momentum
         raise ValueError(f"step must be >= 0, got {step}")
     if isinstance(total_steps, bool) or not isinstance(total_steps, numbers.Integral) or total_steps < 1:
-        raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")  # else 0 or -5: momentum 1, a frozen teacher
+        # else 0 or -5 gave momentum 1 from the first step: a frozen teacher
+        raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")
     if isinstance(base, bool) or not 0.0 <= base <= 1.0:  # outside [0, 1] the teacher leaves the student; a bool is no number
         raise ValueError(f"base must lie in [0, 1], got {base}")
     if step >= total_steps:

@@ -11,8 +11,8 @@ from torch import Tensor, nn
 from torch_geometric.nn import GCNConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import _python_numbers, document_fields
-from diffusionformer.models.common import (_check_graph_devices, _check_graph_task, _conv_edges, _readout_batch, check_positive_int,
-                                           check_probability)
+from diffusionformer.models.common import (_check_graph_devices, _check_graph_task, _conv_edges, _readout_batch,
+                                           check_positive_int, check_probability)
 
 __all__ = ["GCN", "GCNConfig"]
 
