@@ -212,7 +212,10 @@ def plot_metric_by_depth(
             # a string "12" would plot the digits; a scalar failed with "'float' object is not iterable"
             got = f"shape {tuple(values.shape)}" if hasattr(values, "shape") else type(values).__name__
             raise TypeError(f"results[{name!r}] must be a sequence of numbers, one per layer, got {got}")
-        values = [float("nan") if v is None else float(v) for v in values]
+        try:
+            values = [float("nan") if v is None else float(v) for v in values]
+        except (TypeError, ValueError) as err:  # else "could not convert string to float: 'x'", no setting named
+            raise TypeError(f"results[{name!r}] must hold real numbers (or None), one per layer: {err}") from None
         positive = positive or any(v > 0 for v in values)
         ax.plot(range(len(values)), values, marker="o", markersize=3, label=name)
     ax.set_xlabel(xlabel)

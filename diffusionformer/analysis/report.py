@@ -145,14 +145,20 @@ def _dirichlet_attention(cap: LayerCapture, layer: int, X: Tensor, lengths: Tens
     if A == 0:
         return None
     weights = cap.attentions[block].to(X.dtype)
+    real = lengths[:A] > 0  # an empty sequence (graph) has no energy to average (0 / 0), as in LayerView.per_sequence
+    if not bool(real.any()):
+        return None
     if cap.attention_edges is not None and block in cap.attention_edges:
         nodes = _valid(X[:A], None if cap.mask is None else cap.mask[:A])
         seq = torch.arange(A).repeat_interleave(lengths[:A])
         energy = dirichlet_energy(nodes, edge_index=cap.attention_edges[block], edge_weight=weights.mean(dim=-1),
                                   batch=seq, num_graphs=A)
-        return float(energy.mean())
-    P = weights.mean(dim=1)  # (A, T, T), head average
-    return float(dirichlet_energy(X[:A], P, reduction="mean"))
+        return float(energy[real].mean())
+    P, X = weights.mean(dim=1), X[:A]  # (A, T, T), head average
+    if cap.mask is not None:  # real tokens only: padded positions (their values, the rows of padded queries) count not
+        m = cap.mask[:A].to(X.dtype)
+        P, X = P * m.unsqueeze(-1) * m.unsqueeze(-2), X * m.unsqueeze(-1)
+    return float(dirichlet_energy(X, P)[real].mean())
 
 
 # ----------------------------------------------------------------------------- the metric registry
