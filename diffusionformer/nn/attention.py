@@ -465,6 +465,9 @@ class DiffusionAttention(nn.Module):
                 # no sequences (or no tokens): an AttentionGraph needs B, N >= 1, yet the call without the shorthands
                 # runs; the masks are checked as for any other x (by _forward_dense)
                 _check_is_causal(is_causal)
+                # the masks on x's device, as the graph hands them over (attention_kwargs) for B, N >= 1
+                key_padding_mask = _on_device_of_x(key_padding_mask, "key_padding_mask", x)
+                attn_mask = _on_device_of_x(attn_mask, "attn_mask", x)
                 return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates, is_causal, state,
                                            positions)
             graph = self.graph_from_arguments(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
@@ -766,6 +769,16 @@ def _check_mask_shape(attn_mask: Tensor, shape: tuple[int, int, int, int]) -> No
                     "(bool True = attend: the negation of MultiheadAttention's bool mask)")
         raise ValueError(f"attn_mask must be broadcastable to (B, H, N, M) = {shape}, got shape "
                          f"{tuple(attn_mask.shape)}{hint}")
+
+
+def _on_device_of_x(mask: Any, name: str, x: Tensor) -> Any:
+    """A mask shorthand on ``x``'s device (anything else as given, for the checks of :meth:`DiffusionAttention._dense_mask`),
+    as :meth:`~diffusionformer.graph.AttentionGraph.attention_kwargs` hands the masks of a graph to the layer."""
+    if not isinstance(mask, Tensor) or mask.device == x.device:
+        return mask
+    if mask.is_meta:
+        raise ValueError(f"{name} is on the meta device, which has no values to copy to the device of x ({x.device})")
+    return mask.to(x.device)
 
 
 def _group_spec(op: DiffusionOperator, count: int) -> str:

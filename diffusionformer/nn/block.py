@@ -224,6 +224,10 @@ class Block(nn.Module):
         """
         if isinstance(x, Tensor) and not x.is_floating_point():  # else "mixed dtype (CPU)" from the norm
             raise TypeError(f"Block: x must be a floating-point tensor, got {x.dtype}")
+        if attn_kwargs.get("return_intermediates"):  # else dropout() refuses the (y, inter) tuple
+            raise ValueError(f"Block: return_intermediates={attn_kwargs['return_intermediates']!r} is an argument of "
+                             "DiffusionAttention, and a block returns its output only; call "
+                             "block.attn(block.norm1(x), ..., return_intermediates=True) for the attention's intermediates")
         m = self._modules
         ls1, ls2, drop_path = m["ls1"], m["ls2"], m["drop_path"]
         y = m["drop1"](m["attn"](m["norm1"](x), graph, **attn_kwargs))

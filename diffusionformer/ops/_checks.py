@@ -96,6 +96,9 @@ def check_coefficients(coeffs: object, num_heads: int, like: Tensor) -> Tensor:
         raise ValueError("coeffs must have at least one column (the coefficient of P^0)")
     if checks_values(coeffs) and not torch.isfinite(coeffs.detach()).all():
         raise ValueError(f"coeffs must be finite, got {coeffs.detach().tolist()}")
+    if coeffs.is_meta and not like.is_meta:  # else "Cannot copy out of meta tensor; no data!" from the copy below
+        raise ValueError(f"coeffs is on the meta device, which has no values to copy to the device of the inputs "
+                         f"({like.device})")
     dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
     return coeffs.to(device=like.device, dtype=dtype)
 
