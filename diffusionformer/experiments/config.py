@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
+import os
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -62,6 +64,9 @@ _QUANTITY_WORDS = {"final": "final metric", "selected": "metric at the best eval
 
 #: the longest name of a task, setting or experiment: the files named after it stay within 255 bytes
 _MAX_NAME_BYTES = 200
+
+#: the largest ``data_seed``: the splits' torch generators take 64-bit seeds
+_MAX_DATA_SEED = 2**64 - 1
 
 
 def _check_path_name(what: str, name: object) -> str:
@@ -98,7 +103,7 @@ class TaskConfig:
     dataset_options: dict[str, Any] = field(default_factory=dict)  #: options passed to load_dataset
     model_overrides: dict[str, Any] = field(default_factory=dict)  #: config overrides of the preset
     train: dict[str, Any] = field(default_factory=dict)  #: TrainConfig fields (the seed comes from `seeds`)
-    data_seed: int = 0  #: seed of the dataset split (fixed across runs so that runs compare on the same data)
+    data_seed: int = 0  #: seed of the dataset split, in [0, 2**64 - 1] (fixed so that runs compare on the same data)
     eval_batch_size: int = 512  #: batch size of evaluation passes
     #: an evaluation key (e.g. "val_acc") that picks, per run, the evaluation whose `metric` is
     #: reported beside the final one (model selection on validation data); maximised unless it ends in "loss"
@@ -138,6 +143,13 @@ class TaskConfig:
         if "seed" in self.train:
             raise ValueError(f"task {self.name!r}: set seeds with the top-level `seeds`, not train.seed")
         train_config(self, seed=0)  # validates the training budget now, naming any bad key
+        if isinstance(self.data_seed, bool) or not isinstance(self.data_seed, numbers.Integral) \
+                or not 0 <= self.data_seed <= _MAX_DATA_SEED:
+            # else the split's torch generator fails ("Overflow when unpacking long long") only when the data load,
+            # after the tasks before it trained; a negative seed would alias a positive one (-1 is 2**64 - 1)
+            raise ValueError(f"task {self.name!r}: data_seed must be an int in [0, 2**64 - 1] (a torch generator "
+                             f"seed), got {self.data_seed!r}")
+        self.data_seed = int(self.data_seed)  # a numpy int (a sweep grid's) as the Python int it equals
         if self.eval_batch_size < 1:
             raise ValueError(f"task {self.name!r}: eval_batch_size must be positive")
         if self.select_by is not None and (not isinstance(self.select_by, str) or not self.select_by):
@@ -543,6 +555,12 @@ def load_experiment_config(path: str | Path | Mapping[str, Any], overrides: list
             raise FileNotFoundError(f"experiment config {str(p)!r} not found: that path is a folder, expected a TOML "
                                     "file" + (f" such as {str(inside[0])!r}" if inside else ""))
         if not p.is_file():
+            if p.is_symlink() and not p.exists():  # is_file() is False for a loop of links too: not "not found"
+                raise FileNotFoundError(f"experiment config {str(p)!r} is a symbolic link that leads to no file (to a "
+                                        f"missing path, or a loop of links): it points to {os.readlink(p)!r}")
+            if p.exists():  # a FIFO, socket or device: reading one could wait for ever
+                raise FileNotFoundError(f"experiment config {str(p)!r} is not a regular file (a FIFO, socket or "
+                                        "device?); expected a TOML file")
             raise FileNotFoundError(f"experiment config {str(p)!r} not found")
         try:
             # TOML is UTF-8, whatever the locale; "utf-8-sig" drops the byte-order mark some Windows editors write

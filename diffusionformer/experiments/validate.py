@@ -143,6 +143,16 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
                 spec_ok = False
             else:
                 spec_ok = True
+                # an option's type is known from the config alone: checked here, not first when the data load
+                # (``run`` loads each task's data just before its runs, after the earlier tasks trained)
+                from diffusionformer.data.registry import _check_option_type
+
+                for key, value in task.dataset_kwargs(config.seeds[0]).items():
+                    try:
+                        _check_option_type(spec, key, value)
+                    except (TypeError, ValueError) as exc:
+                        add(f"{where}: {_first_line(exc)}")
+                        spec_ok = False
             if preset is not None:
                 keys = evaluation_keys(spec.kind, task.model)
                 named = [("metric", task.metric), ("select_by", task.select_by)]

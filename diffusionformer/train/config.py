@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from diffusionformer.config import _choice_hint, _value_type
+from diffusionformer.config import _choice_hint, _device_hint, _value_type
 
 __all__ = ["TrainConfig", "resolve_device", "resolve_amp"]
 
@@ -279,11 +279,10 @@ def _torch_device(spec: str) -> torch.device:
     try:
         return torch.device(spec)
     except (RuntimeError, ValueError) as err:
-        close = difflib.get_close_matches(str(spec).lower(), ["auto", "cpu", "cuda"], n=1)  # "CPU" -> 'cpu'
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        # the package's device hint: "CPU" -> 'cpu', "CUDA:1" -> 'cuda:1', "gpu" -> 'cuda' (not 'cpu'), "tpu" -> none
         raise ValueError(
             f"TrainConfig.device: expected 'auto' or a torch device string such as 'cpu', "
-            f"'cuda' or 'cuda:1', got {spec!r}{hint}"
+            f"'cuda' or 'cuda:1', got {spec!r}{_device_hint(spec, ('auto', 'cpu', 'cuda'))}"
         ) from err
 
 
