@@ -64,3 +64,25 @@ def triton_kernels():
     if DEVICE == "cpu" and type(_kernels._first_step).__name__ != "InterpretedFunction":
         _kernels = importlib.reload(_kernels)
     return _kernels
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """An empty dynamo cache before and after the test: every compile test builds new modules, so none meets the
+    recompile limit (past it dynamo would run the frame eagerly)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def example_spec():
+    """``name -> "name(k=v, ...)"``: a registered operator's head spec with its ``example_kwargs`` (the arguments
+    that exercise its code paths), the bare name without any."""
+    from diffusionformer.operators import operator_class
+
+    def spec(name: str) -> str:
+        kwargs = operator_class(name).example_kwargs
+        return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")" if kwargs else name
+
+    return spec

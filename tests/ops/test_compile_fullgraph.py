@@ -34,21 +34,8 @@ from diffusionformer.operators import operator_class
 from diffusionformer.ops.engine import static_tensor
 from diffusionformer.ops.rivals import LayerState
 
-pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    # every test compiles new modules: start from an empty cache so no test meets the
-    # recompile limit (past it dynamo would run the frame eagerly)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def _example_spec(name: str) -> str:
-    kwargs = operator_class(name).example_kwargs
-    return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")" if kwargs else name
+pytestmark = [pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`"),
+              pytest.mark.usefixtures("fresh_dynamo")]  # tests/ops/conftest.py
 
 
 class _Layers(nn.Module):
@@ -109,10 +96,10 @@ def _tokens(causal_padding: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 @pytest.mark.parametrize("layout", ["causal", "padded"])
 @pytest.mark.parametrize("name", list_operators())
-def test_every_registered_operator_compiles_fullgraph(name, layout):
+def test_every_registered_operator_compiles_fullgraph(name, layout, example_spec):
     torch.manual_seed(0)
     depth = 2 if operator_class(name).needs_layer_state else 1
-    model = _Layers(f"attention:1,{_example_spec(name)}:1", causal=layout == "causal", depth=depth).double()
+    model = _Layers(f"attention:1,{example_spec(name)}:1", causal=layout == "causal", depth=depth).double()
     x, kpm = _tokens(layout == "padded")
     assert_compiles_like_eager(model, x, kpm)
 

@@ -18,19 +18,8 @@ from diffusionformer.nn.heads import parse_heads
 from diffusionformer.operators import operator_class
 from diffusionformer.train import TrainConfig, Trainer, load_checkpoint, seed_everything
 
-pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def _spec(name: str) -> str:
-    kwargs = operator_class(name).example_kwargs
-    return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")" if kwargs else name
+pytestmark = [pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`"),
+              pytest.mark.usefixtures("fresh_dynamo")]  # tests/ops/conftest.py
 
 
 def _out_and_grads(fn, model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -70,22 +59,22 @@ _STATELESS = [n for n in list_operators() if not operator_class(n).needs_layer_s
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", _STATELESS)
-def test_every_operator_with_an_attn_mask_compiles_like_eager(name):
+def test_every_operator_with_an_attn_mask_compiles_like_eager(name, example_spec):
     # the existing registry test covers causal and key padding; an explicit bool attn_mask goes another way
     torch.manual_seed(0)
     keep = torch.rand(5, 5, generator=torch.Generator().manual_seed(0)) > 0.4
     keep.fill_diagonal_(True)
-    layer = DiffusionAttention(16, 2, f"attention:1,{_spec(name)}:1").double()
+    layer = DiffusionAttention(16, 2, f"attention:1,{example_spec(name)}:1").double()
     _assert_compiles_like_eager(_Call(layer, attn_mask=keep), torch.randn(2, 5, 16, dtype=torch.float64,
                                                                           requires_grad=True))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in _STATELESS if operator_class(n).supports_sparse])
-def test_every_sparse_operator_non_causal_compiles_like_eager(name):
+def test_every_sparse_operator_non_causal_compiles_like_eager(name, example_spec):
     torch.manual_seed(0)
     edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 2, 5, 1, 3, 0], [1, 2, 3, 4, 5, 6, 0, 0, 2, 6, 3, 0]])
-    layer = DiffusionAttention(16, 2, f"attention:1,{_spec(name)}:1").double()
+    layer = DiffusionAttention(16, 2, f"attention:1,{example_spec(name)}:1").double()
     _assert_compiles_like_eager(_Call(layer, edge_index=edge_index), torch.randn(7, 16, dtype=torch.float64,
                                                                                  requires_grad=True))
 
