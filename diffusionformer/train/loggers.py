@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from diffusionformer.config import _check_flag
 
-from .metrics import METRICS_NAME, MetricsLog, _atomic_file, _check_regular_file
+from .metrics import METRICS_NAME, MetricsLog, _atomic_file, _check_regular_file, _cut_back
 
 __all__ = [
     "CSV_NAME",
@@ -194,8 +194,14 @@ class CSVLog:
                 _, rows = self._read()
             metric_columns = sorted({c for c in self._columns if c.startswith(_PREFIX)} | set(missing))
             self._rewrite(list(CSV_BASE_COLUMNS) + metric_columns, rows)
-        with open(self.path, "a", newline="", encoding="utf-8") as f:
+        f = open(self.path, "a", newline="", encoding="utf-8")
+        end = os.fstat(f.fileno()).st_size
+        try:
             csv.DictWriter(f, fieldnames=self._columns, restval="").writerow(row)
+            f.close()
+        except BaseException:  # a full disk: no partial row for the next one to run on from
+            _cut_back(f, self.path, end)
+            raise
 
     def truncate(self, max_step: int) -> int:
         """Drop rows with ``step > max_step``; return how many (see :meth:`MetricsLog.truncate`)."""

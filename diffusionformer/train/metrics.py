@@ -61,6 +61,16 @@ def _atomic_file(path: str | os.PathLike[str], newline: str | None = None) -> It
         raise
 
 
+def _cut_back(f: TextIO, path: Path, size: int) -> None:
+    """After a failed append (a full disk, an interrupt): close ``f`` and cut ``path`` back to ``size``, its length
+    before the append, so that the file ends on a whole line and a later append does not run on from a partial one
+    (a JSON line two records long, or a CSV row whose cells mix two records)."""
+    with contextlib.suppress(OSError):
+        f.close()  # its flush may still write part of the rest: cut after it
+    with contextlib.suppress(OSError):
+        os.truncate(path, size)
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` (UTF-8) via a temporary file beside ``path`` and ``os.replace``.
 
@@ -182,6 +192,8 @@ class MetricsLog:
     def append(self, record: Mapping[str, Any]) -> None:
         """Append one record as a JSON line and flush it.
 
+        A write that fails (a full disk) leaves the file as it was before and raises.
+
         Args:
             record: a JSON-serialisable mapping (non-finite floats are written as ``null``).
         """
@@ -190,8 +202,15 @@ class MetricsLog:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")
-        self._file.write(json.dumps(_plain(record), allow_nan=False) + "\n")
-        self._file.flush()
+        line = json.dumps(_plain(record), allow_nan=False) + "\n"
+        end = os.fstat(self._file.fileno()).st_size  # every append flushes: the end of a whole line
+        try:
+            self._file.write(line)
+            self._file.flush()
+        except BaseException:
+            file, self._file = self._file, None
+            _cut_back(file, self.path, end)
+            raise
 
     def close(self) -> None:
         """Close the underlying file (appending reopens it)."""
