@@ -59,7 +59,10 @@ class TorchNeighborSampler(BaseSampler):
     Args:
         data: a PyG ``Data`` with ``edge_index`` ``(2, E)`` and ``num_nodes``.
         num_neighbors: neighbours per node at each hop (``-1`` = all).
-        generator: random generator (default: torch's global one).
+        generator: random generator (default: torch's global one). In a ``DataLoader`` worker
+            (``num_workers > 0``) each worker draws from a generator of its own, seeded from this
+            one and the worker's seed (new every epoch unless the workers persist), not from its
+            copy of this one, which every worker would hold in the same state.
 
     Examples:
         >>> data = Data(edge_index=torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]]), num_nodes=4)
@@ -81,6 +84,8 @@ class TorchNeighborSampler(BaseSampler):
             raise ValueError(f"num_neighbors: expected a non-empty list of positive ints or -1, got {num_neighbors!r}")
         self.num_neighbors = [int(k) for k in hops]
         self.generator = generator
+        self._worker_seed: int | None = None  # the DataLoader worker seed _worker_generator was made for
+        self._worker_generator: torch.Generator | None = None
         N = int(data.num_nodes)
         ei = data.edge_index
         if not isinstance(ei, Tensor) or ei.dim() != 2 or ei.shape[0] != 2 or ei.dtype == torch.bool \
@@ -102,7 +107,23 @@ class TorchNeighborSampler(BaseSampler):
     def edge_permutation(self) -> None:
         return None  # edge ids are returned in the original order
 
-    def _sample_hop(self, frontier: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    def _draw_generator(self) -> torch.Generator | None:
+        """The generator of this draw: ``self.generator``, or in a ``DataLoader`` worker one of the worker's own.
+
+        Every worker gets a copy of the sampler with ``self.generator`` in the same state (a fresh copy
+        each epoch unless the workers persist), so drawing from it would give every worker, and every
+        epoch, the same neighbourhoods; the worker's seed differs per worker and per epoch.
+        """
+        info = torch.utils.data.get_worker_info()
+        if info is None or self.generator is None:
+            return self.generator
+        if self._worker_seed != info.seed:
+            base = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+            self._worker_seed = info.seed
+            self._worker_generator = torch.Generator().manual_seed((base ^ int(info.seed)) % 2**64)
+        return self._worker_generator
+
+    def _sample_hop(self, frontier: Tensor, k: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """(CSC positions of the sampled edges, index into ``frontier`` of their target)."""
         start = self.colptr[frontier]
         deg = self.colptr[frontier + 1] - start
@@ -116,7 +137,7 @@ class TorchNeighborSampler(BaseSampler):
         pos = start[seg] + offset
         if k == -1:
             return pos, seg
-        keys = torch.rand(total, generator=self.generator, dtype=torch.float64)
+        keys = torch.rand(total, generator=generator, dtype=torch.float64)
         order = torch.argsort(seg.double() + keys)  # within each segment, by random key
         rank = torch.empty(total, dtype=torch.long)
         rank[order] = offset  # offsets are 0..deg-1 in segment order, so this is the rank
@@ -140,8 +161,9 @@ class TorchNeighborSampler(BaseSampler):
         frontier = seeds
         num_nodes, num_edges = [seeds.numel()], []
         count = seeds.numel()
+        generator = self._draw_generator()
         for k in self.num_neighbors:
-            pos, seg = self._sample_hop(frontier, k)
+            pos, seg = self._sample_hop(frontier, k, generator)
             src = self.row[pos]
             candidates = src[local[src] < 0]
             fresh = candidates
