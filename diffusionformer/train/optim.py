@@ -46,7 +46,10 @@ def param_groups(model: nn.Module, weight_decay: float, rule: str = "default") -
 
     Under both rules biases and norm gains (``dim < 2``) are never decayed, frozen parameters
     (``requires_grad=False``) are left out and shared parameters appear once, under their
-    first name in ``model.named_parameters()``.
+    first name in ``model.named_parameters()``. Learned operator parameters follow the same
+    shape rule: a polynomial head's coefficients ``theta`` ``(G, K + 1)`` are decayed (towards
+    the zero operator), the per-head vectors (heat times, PPR teleport logits, AttnScale and
+    differential scalars) are not; name them in ``no_weight_decay()`` to exempt them.
 
     Args:
         model: the module to optimise.
