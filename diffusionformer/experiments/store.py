@@ -58,17 +58,26 @@ def _me() -> tuple[int, str]:
     return os.getpid(), platform.node()
 
 
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` from field 3 (the state) on, None where it cannot be read (no ``/proc``, no
+    such process). The command name (field 2) is in parentheses and may hold spaces and ")": the fields after the
+    last ")" start at field 3."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            text = f.read()
+        return text[text.rindex(b")") + 1:].split()
+    except (OSError, ValueError):
+        return None
+
+
 def _start_time(pid: int) -> int | None:
     """Start time of process ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``), None where it
     cannot be read (no ``/proc``, no such process). With the pid it names one process: a pid is reused, the pair is
     not."""
+    fields = _stat_fields(pid)
     try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            text = f.read()
-        # the command name (field 2) is in parentheses and may hold spaces and ")": the fields after the last ")"
-        # start at field 3, so field 22 is the 20th of them
-        return int(text[text.rindex(b")") + 1:].split()[19])
-    except (OSError, ValueError, IndexError):
+        return None if fields is None else int(fields[19])  # field 22 is the 20th from field 3
+    except (ValueError, IndexError):
         return None
 
 
@@ -76,13 +85,12 @@ def _zombie(pid: int) -> bool:
     """Whether process ``pid`` has exited and waits to be reaped (state ``Z``, field 3 of ``/proc/<pid>/stat``): a
     worker killed while ``run --workers`` waits for an earlier one stays so, and holds no run. False where it cannot
     be read, and for a main thread that exited while other threads of its process still run (also shown ``Z``)."""
+    fields = _stat_fields(pid)
+    if not fields or fields[0] not in (b"Z", b"X"):
+        return False
     try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            text = f.read()
-        if text[text.rindex(b")") + 1:].split()[0] not in (b"Z", b"X"):
-            return False
         return len(os.listdir(f"/proc/{int(pid)}/task")) <= 1
-    except (OSError, ValueError, IndexError):
+    except OSError:
         return False
 
 
