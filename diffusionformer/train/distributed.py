@@ -45,7 +45,9 @@ def dist_env() -> tuple[int, int, int] | None:
         return None
     try:
         world_size = int(world)
-        rank = int(os.environ["RANK"])
+        raw_rank = os.environ.get("RANK")
+        # one process without a RANK (unset or blank) is rank 0, as _rank_zero reads it
+        rank = 0 if world_size == 1 and (raw_rank is None or not raw_rank.strip()) else int(os.environ["RANK"])
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
     except (KeyError, ValueError) as err:
         raise ValueError(

@@ -211,9 +211,10 @@ class CSVLog:
         columns, rows = self._read()
         # a last row cut short by a kill (no line end) is dropped whatever its step, as MetricsLog does
         whole = rows[:-1] if rows and not self.path.read_bytes().endswith((b"\n", b"\r")) else rows
-        # a row with more cells than the header (a damaged byte read as a comma) is dropped like one whose step is
+        # a step int() cannot read ('²' is a digit but not a decimal) is dropped like a spoiled one; a row with
+        # more cells than the header (a damaged byte read as a comma) is dropped like one whose step is
         # spoiled: its cells no longer sit under their columns, and csv.DictWriter refuses its overflow (key None)
-        kept = [r for r in whole if None not in r and (r.get("step") or "").isdigit() and int(r["step"]) <= max_step]
+        kept = [r for r in whole if None not in r and (r.get("step") or "").isdecimal() and int(r["step"]) <= max_step]
         self._rewrite(columns or list(CSV_BASE_COLUMNS), kept)
         return len(rows) - len(kept)
 
@@ -257,6 +258,8 @@ class TensorBoardLog:
     def _open(self) -> Any:
         if self._writer is None:
             self._writer = self._writer_cls(log_dir=str(self.log_dir), purge_step=self._purge_step)
+            # purged once: a writer reopened after close() would drop the steps this run logged since the truncate
+            self._purge_step = None
         return self._writer
 
     def append(self, record: Mapping[str, Any]) -> None:

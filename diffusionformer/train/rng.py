@@ -86,6 +86,9 @@ def restore_rng_state(
     if missing:  # else a bare KeyError 'python'
         raise ValueError(f"restore_rng_state: expected a state from capture_rng_state, got "
                          f"{type(state).__name__ if not isinstance(state, dict) else 'a dict'} without {missing}")
+    _check_device("restore_rng_state", device)
+    if generator is not None and state.get("generator") is None:  # before any generator is set: none half-restored
+        raise ValueError("restore_rng_state: expected a saved batch-generator state, got None")
     py = state["python"]
     random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
     npst = state["numpy"]
@@ -97,8 +100,6 @@ def restore_rng_state(
     if state.get("cuda") is not None and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
     if generator is not None:
-        if state.get("generator") is None:
-            raise ValueError("restore_rng_state: expected a saved batch-generator state, got None")
         generator.set_state(state["generator"])
 
 
