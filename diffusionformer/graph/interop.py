@@ -12,6 +12,7 @@ from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph.core import (
     _SPARSE_ADJACENCY_FIX,
     AttentionGraph,
+    _check_index_tensor,
     _check_strided,
     _edge_index_shape_error,
 )
@@ -32,6 +33,9 @@ def _set_self_loops(edge_index: Tensor, num_nodes: int, self_loops: bool | None)
     if not isinstance(self_loops, bool):
         raise TypeError(f"self_loops must be None (keep the graph's), True or False, got {_value_type(self_loops)} "
                         f"({self_loops!r})")
+    # the dtype before PyG's surgery: its concatenation with the int64 self loops turned a bool tensor (a mask
+    # taken for edges, refused without self_loops) into int64 edges
+    edge_index = _check_index_tensor("edge_index", edge_index, "(2, E)")
     if edge_index.device.type == "meta":  # PyG's self-loop surgery reads the edges (else a NotImplementedError)
         raise ValueError(f"self_loops={self_loops} needs the values of edge_index, which is on the meta device: "
                          "add or remove the self loops on a real device")
