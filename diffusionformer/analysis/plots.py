@@ -47,6 +47,21 @@ def _new_axes(ax: Axes | None, figsize: tuple[float, float] = (5.0, 3.5)) -> Axe
     return _figure_class()(figsize=figsize, layout="constrained").add_subplot()
 
 
+def _plain(name: object) -> str:
+    """``name`` as literal text: each ``$`` escaped (matplotlib reads ``"lr $10^-3$"`` as mathtext, and fails to draw
+    ``"a$\\b$"``)."""
+    return str(name).replace("$", r"\$")
+
+
+def _legend(ax: Axes, named: list[tuple[Any, str]]) -> None:
+    """``ax.legend()`` that lists every ``(artist, label)`` of ``named``: matplotlib leaves out an artist whose label
+    starts with ``_`` (its mark of an unlabelled one), so a setting named ``"_base"`` had a line and no entry."""
+    mine = {id(artist) for artist, _ in named}
+    handles, labels = ax.get_legend_handles_labels()  # the caller's own artists on a given ax first
+    pairs = [(h, lab) for h, lab in zip(handles, labels) if id(h) not in mine] + named
+    ax.legend([h for h, _ in pairs], [lab for _, lab in pairs])
+
+
 def _to_image(x: Tensor) -> Any:
     """``(C, H, W)`` or ``(H, W)`` tensor -> numpy ``(H, W[, 3])`` in [0, 1] for ``imshow``."""
     x = x.detach().to(device="cpu", dtype=torch.float64)
@@ -115,7 +130,7 @@ def plot_pca_token_maps(
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
-                ax.set_title(title)
+                ax.set_title(_plain(title))
     return fig
 
 
@@ -158,18 +173,19 @@ def plot_frequency_response(
                             f"got {type(coeffs).__name__}")
     ax = _new_axes(ax)
     lam = torch.linspace(-1.0, 1.0, int(num_points), dtype=torch.float64)
+    named = []
     for name, coeffs in named_coeffs.items():
         response = frequency_response(coeffs.detach(), lam).cpu()
         if response.is_complex():
             raise ValueError(f"named_coeffs[{name!r}] must be real for a real-axis plot")
         rows = response.unsqueeze(0) if response.ndim == 1 else response
         for g, row in enumerate(rows):
-            label = name if response.ndim == 1 else f"{name}[{g}]"
-            ax.plot(lam.numpy(), row.numpy(), label=label)
+            label = _plain(name if response.ndim == 1 else f"{name}[{g}]")
+            named += [(line, label) for line in ax.plot(lam.numpy(), row.numpy(), label=label)]
     ax.axhline(0.0, color="0.7", linewidth=0.8)
     ax.set_xlabel(r"eigenvalue $\lambda$ of $P$")
     ax.set_ylabel(r"$f(\lambda)$")
-    ax.legend()
+    _legend(ax, named)
     return ax
 
 
@@ -207,6 +223,7 @@ def plot_metric_by_depth(
     _check_flag(logy, "logy")  # logy="no" is truthy: a log axis where a linear one was asked for
     ax = _new_axes(ax)
     positive = False
+    named = []
     for name, values in results.items():
         if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or getattr(values, "ndim", 1) != 1:
             # a string "12" would plot the digits; a scalar failed with "'float' object is not iterable"
@@ -217,12 +234,13 @@ def plot_metric_by_depth(
         except (TypeError, ValueError) as err:  # else "could not convert string to float: 'x'", no setting named
             raise TypeError(f"results[{name!r}] must hold real numbers (or None), one per layer: {err}") from None
         positive = positive or any(v > 0 for v in values)
-        ax.plot(range(len(values)), values, marker="o", markersize=3, label=name)
+        label = _plain(name)
+        named += [(line, label) for line in ax.plot(range(len(values)), values, marker="o", markersize=3, label=label)]
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if logy and positive:
         ax.set_yscale("log")
-    ax.legend()
+    _legend(ax, named)
     return ax
 
 
@@ -256,6 +274,7 @@ def plot_spectra(
         raise ValueError("spectra must hold at least one spectrum, got none")
     _check_flag(normalize, "normalize")
     ax = _new_axes(ax)
+    named = []
     for name, s in spectra.items():
         if not isinstance(s, Tensor) or s.ndim != 1:
             got = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
@@ -270,10 +289,11 @@ def plot_spectra(
         s = s[torch.isfinite(s) & (s > 0)]  # an inf s_1 would make s / s_1 all 0 and NaN: nothing drawn
         if normalize and s.numel() > 0:
             s = s / s[0]
-        ax.plot(torch.arange(1, s.numel() + 1).numpy(), s.numpy(), label=name)
+        label = _plain(name)
+        named += [(line, label) for line in ax.plot(torch.arange(1, s.numel() + 1).numpy(), s.numpy(), label=label)]
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("rank $i$")
     ax.set_ylabel(r"$s_i / s_1$" if normalize else r"$s_i$")
-    ax.legend()
+    _legend(ax, named)
     return ax

@@ -212,7 +212,8 @@ def pca_token_rgb(patch_tokens: Tensor, grid_hw: tuple[int, int]) -> Tensor:
 
     With all ``N = B T`` tokens of the batch stacked and centred (``Z = X - 1 mu^T``), the
     components are the top-3 eigenvectors ``v_1, v_2, v_3`` of ``Z^T Z`` (fitted jointly
-    over the batch so that colours are comparable across images). Channel ``c`` is the
+    over the batch so that colours are comparable across images); a component beyond the
+    numerical rank of ``Z`` (rounding noise) is a channel of 0. Channel ``c`` is the
     projection ``Z v_c`` min-max scaled over the whole batch,
     ``(p - min p) / (max p - min p)`` (a constant projection maps to 0), reshaped to the
     ``h x w`` patch grid in row-major order. Eigenvector signs are fixed so that the
@@ -251,8 +252,11 @@ def pca_token_rgb(patch_tokens: Tensor, grid_hw: tuple[int, int]) -> Tensor:
     Z = _unit_scale(patch_tokens.reshape(B * T, D), (0, 1))  # Z^T Z of float32 tokens of |x| > 1e19 overflows
     Z = Z - Z.mean(dim=0)
     q = min(3, D)
-    _, vecs = torch.linalg.eigh(Z.T @ Z)  # ascending eigenvalues
-    V = vecs[:, -q:].flip(-1)  # (D, q), leading component first
+    _, S, Vh = torch.linalg.svd(Z, full_matrices=False)  # descending singular values
+    V = Vh[:q].T  # (D, q), leading component first
+    # a direction of the numerical null space (rank < 3) carries only rounding noise: left as 0, not min-max scaled
+    # into a full-range channel (the rank tolerance of torch.linalg.matrix_rank)
+    V = V * (S[:q] > max(B * T, D) * torch.finfo(Z.dtype).eps * S[:1]).to(Z.dtype)
     pivot = V.abs().argmax(dim=0)  # (q,)
     V = V * torch.sign(V.gather(0, pivot.unsqueeze(0)))
     proj = Z @ V  # (N, q)

@@ -70,18 +70,20 @@ _MAX_DATA_SEED = 2**64 - 1
 
 
 def _check_path_name(what: str, name: object) -> str:
-    """A name that becomes one folder of the results tree: non-empty, no whitespace, ``/``, ``\\``, ``:`` or NUL,
-    not ``.`` or ``..`` (a space would also break the figure links of the published page: MyST renders
+    """A name that becomes one folder of the results tree: non-empty, no whitespace, ``/``, ``\\``, ``:``, ``$`` or
+    NUL, not ``.`` or ``..`` (a space would also break the figure links of the published page: MyST renders
     ``![x](my study/a.png)`` as plain text; ``:`` separates task and setting in ``primary`` and is no file name
-    character on Windows; NUL ends a path), at most ``_MAX_NAME_BYTES`` bytes in UTF-8.
+    character on Windows; ``$`` opens math in matplotlib's titles and legends (``"t$^$"`` failed ``savefig`` after
+    the whole comparison had trained) and in the published page (MyST dollarmath); NUL ends a path), at most
+    ``_MAX_NAME_BYTES`` bytes in UTF-8.
 
     Examples:
         >>> _check_path_name("task name", "digits")
         'digits'
     """
-    if (not isinstance(name, str) or not name or any(c in name for c in "/\\:\0") or name in (".", "..")
+    if (not isinstance(name, str) or not name or any(c in name for c in "/\\:$\0") or name in (".", "..")
             or any(c.isspace() for c in name)):
-        raise ValueError(f"{what} must be a non-empty string without whitespace, '/', '\\', ':' or NUL and not '.' "
+        raise ValueError(f"{what} must be a non-empty string without whitespace, '/', '\\', ':', '$' or NUL and not '.' "
                          f"or '..' (it names a results folder), got {name!r}")
     size = len(name.encode("utf-8", "surrogatepass"))
     if size > _MAX_NAME_BYTES:  # else every run trains, then a figure of it fails with "File name too long"

@@ -261,7 +261,7 @@ def test_a_field_of_another_class_takes_only_an_instance_of_it():
 
 
 # ---------------------------------------------------------------------------- experiments/config.py
-_NAME_RULE = ("must be a non-empty string without whitespace, '/', '\\', ':' or NUL and not '.' or '..' "
+_NAME_RULE = ("must be a non-empty string without whitespace, '/', '\\', ':', '$' or NUL and not '.' or '..' "
               "(it names a results folder)")
 
 
