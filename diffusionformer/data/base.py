@@ -206,6 +206,14 @@ class TextData:
                 raise ValueError(
                     f"{split}: expected a 1-D int64 tensor, got {t.dtype} of shape {tuple(t.shape)}"
                 )
+            # an id beyond the vocabulary failed at the model's embedding (a device-side assert on a GPU)
+            if t.numel() and (int(t.min()) < 0 or int(t.max()) >= self.vocab_size):
+                raise ValueError(f"{split}: token ids must lie in [0, {self.vocab_size}) (vocab_size), got range "
+                                 f"[{int(t.min())}, {int(t.max())}]")
+        if any(not isinstance(ch, str) for ch in self.itos) or len(set(self.itos)) != len(self.itos):
+            # a repeated character encoded to its last id only: the ids trained on its first one never came back
+            raise ValueError(f"itos must hold distinct strings (one per token id), got {self.itos[:20]!r}"
+                             + ("..." if len(self.itos) > 20 else ""))
         self._stoi = {ch: i for i, ch in enumerate(self.itos)}
 
     @property

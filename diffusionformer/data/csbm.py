@@ -108,7 +108,8 @@ def csbm_graph(
     counts = torch.bincount(y, minlength=C)
     offsets = torch.cumsum(counts, 0) - counts
 
-    M = round(N * avg_degree / 2)
+    half_degree_sum = N * avg_degree / 2  # inf for an avg_degree near float's top (round(inf): an OverflowError)
+    M = round(half_degree_sum) if math.isfinite(half_degree_sum) else math.inf
     if M > N * (N - 1) // 2:  # before the binomial draw, which returns NaN for a count beyond float range
         raise ValueError(
             f"avg_degree={avg_degree} asks for more distinct edges than the {N * (N - 1) // 2} pairs of {N} "

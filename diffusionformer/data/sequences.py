@@ -90,7 +90,7 @@ def load_mnist1d(
             "source": "mnist1d.data.make_dataset(get_dataset_args()), generated locally",
             "licence": "mnist1d package: Apache-2.0",
             "generator_seed": args.seed,
-            "split": f"package train/test 80/20; val = seeded {val_fraction:g} of train "
+            "split": f"package train/test 80/20; val = seeded {float(val_fraction):g} of train "  # a Fraction: no 'g' < 3.12
             f"(seed={seed})",
             "sizes": {"train": len(train_idx), "val": len(val_idx), "test": len(y_test)},
         },

@@ -69,7 +69,7 @@ def char_text_data(
     meta.update(
         characters=len(text),
         sizes={"train": n, "val": len(ids) - n},
-        split=f"first {train_fraction:.0%} train, rest val",
+        split=f"first {float(train_fraction):.0%} train, rest val",  # a Fraction: no "%" before 3.12
     )
     return TextData(
         name=name, train=ids[:n], val=ids[n:], vocab_size=len(itos), itos=itos, meta=meta
