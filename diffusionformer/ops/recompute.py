@@ -49,14 +49,14 @@ __all__ = ["recompute_saved", "wants_recompute"]
 class _Rebuild:
     """What :func:`recompute_saved` stores in place of a saved view of ``z``: how to rebuild it."""
 
-    __slots__ = ("fn", "size", "stride", "offset", "z_stride", "z_dtype")
+    __slots__ = ("fn", "size", "stride", "offset", "z_size", "z_stride", "z_dtype")
 
-    def __init__(self, fn: Callable[[], Tensor], saved: Tensor, z_offset: int, z_stride: tuple[int, ...],
-                 z_dtype: torch.dtype) -> None:
+    def __init__(self, fn: Callable[[], Tensor], saved: Tensor, z_offset: int, z_size: torch.Size,
+                 z_stride: tuple[int, ...], z_dtype: torch.dtype) -> None:
         self.fn = fn
         self.size, self.stride = saved.size(), saved.stride()
         self.offset = saved.storage_offset() - z_offset  # where the view starts within z
-        self.z_stride, self.z_dtype = z_stride, z_dtype
+        self.z_size, self.z_stride, self.z_dtype = z_size, z_stride, z_dtype
 
     def __call__(self) -> Tensor:
         if torch.is_grad_enabled():  # create_graph=True: the rebuilt tensor is a constant all the same
@@ -64,10 +64,12 @@ class _Rebuild:
                 z = self.fn()
         else:
             z = self.fn()
-        if z.stride() != self.z_stride or z.dtype is not self.z_dtype:
+        # the shape too: a larger tensor with z's strides would hand out its first elements as z's, silently
+        if z.shape != self.z_size or z.stride() != self.z_stride or z.dtype is not self.z_dtype:
             raise RuntimeError(
-                f"recompute_saved: the recomputed tensor has strides {z.stride()} and dtype {z.dtype}, the forward's "
-                f"{self.z_stride} and {self.z_dtype}; the function must repeat the forward's operations"
+                f"recompute_saved: the recomputed tensor has shape {tuple(z.shape)}, strides {z.stride()} and dtype "
+                f"{z.dtype}, the forward's {tuple(self.z_size)}, {self.z_stride} and {self.z_dtype}; the function "
+                "must repeat the forward's operations"
             )
         return z.as_strided(self.size, self.stride, z.storage_offset() + self.offset)
 
@@ -166,7 +168,7 @@ class _RecomputeSaved:
         # reference to z there would keep the very tensor this is meant to release. z and its views share one
         # base tensor, which lives for the whole block (the caller holds z): its id identifies them there.
         base = z._base if z._base is not None else z
-        base_id, dtype, offset, stride = id(base), z.dtype, z.storage_offset(), z.stride()
+        base_id, dtype, offset, size, stride = id(base), z.dtype, z.storage_offset(), z.shape, z.stride()
         # a view of that base is one of z's views only where it lies within the elements of z: where z is a slice
         # of a larger tensor, another slice of it has z's base too, and rebuilt from fn() (z's elements alone) it
         # read past the rebuilt storage in the backward pass ("setStorage: ... out of bounds")
@@ -180,10 +182,10 @@ class _RecomputeSaved:
                 if t._version != version:
                     return t
                 if id(t) == z_id:
-                    return _Rebuild(fn, t, offset, stride, dtype)
+                    return _Rebuild(fn, t, offset, size, stride, dtype)
                 first, last, _ = _span(t)
                 if z_dense and lo <= first and last <= hi:
-                    return _Rebuild(fn, t, offset, stride, dtype)
+                    return _Rebuild(fn, t, offset, size, stride, dtype)
             return t
 
         self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)

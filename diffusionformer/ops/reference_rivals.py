@@ -43,7 +43,7 @@ def uniform_matrix_reference(N: int, allowed: Tensor | None = None) -> Tensor:
 def ppr_exact_reference(P: Tensor, v: Tensor, alpha: float) -> Tensor:
     r""":math:`\alpha (I - (1-\alpha) P)^{-1} v` with an explicit inverse."""
     P, v = P.double(), v.double()
-    eye = torch.eye(P.shape[-1], dtype=torch.float64)
+    eye = torch.eye(P.shape[-1], dtype=torch.float64, device=P.device)
     return alpha * torch.linalg.inv(eye - (1.0 - alpha) * P) @ v
 
 
@@ -54,7 +54,7 @@ def chebyshev_reference(P: Tensor, v: Tensor, theta: Tensor) -> Tensor:
         ``P``: ``(B, H, N, N)``, ``v``: ``(B, H, N, C)``, ``theta``: ``(H, K+1)``.
     """
     P, v, theta = P.double(), v.double(), theta.double()
-    eye = torch.eye(P.shape[-1], dtype=torch.float64).expand_as(P)
+    eye = torch.eye(P.shape[-1], dtype=torch.float64, device=P.device).expand_as(P)
     T = [eye, P]
     while len(T) < theta.shape[-1]:
         T.append(2.0 * P @ T[-1] - T[-2])
@@ -65,6 +65,8 @@ def chebyshev_reference(P: Tensor, v: Tensor, theta: Tensor) -> Tensor:
 def attnscale_reference(q: Tensor, k: Tensor, v: Tensor, omega: Tensor, allowed: Tensor | None = None) -> Tensor:
     r"""AttnScale: :math:`(DC + (1 + \omega_h)(P - DC))\, v` with explicit matrices."""
     P = dense_attention_reference(q, k, allowed=allowed)
+    if allowed is None:  # every key: (N, M) on P's device (N queries may differ from M keys: a decoding step)
+        allowed = torch.ones(P.shape[-2:], dtype=torch.bool, device=P.device)
     DC = uniform_matrix_reference(P.shape[-1], allowed)
     w = omega.double().view(1, -1, 1, 1)
     return (DC + (1.0 + w) * (P - DC)) @ v.double()

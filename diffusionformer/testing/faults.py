@@ -60,26 +60,36 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
         hint = _choice_hint(name, [n for n in dir(owner) if not n.startswith("__")])
         raise AttributeError(f"interrupt_on_call: {owner!r} has no attribute {name!r}{hint}")
     original = getattr(owner, name)
+    if not callable(original):  # a property or a data attribute: the wrapper would replace its value, never called
+        raise TypeError(f"interrupt_on_call: {owner!r}.{name} must be a method, got "
+                        f"{type(inspect.getattr_static(owner, name)).__name__}")
     # restore what owner itself held (a staticmethod or classmethod object, or nothing when inherited)
     own = getattr(owner, "__dict__", None)
     inherited = own is not None and name not in own
     stored = original if own is None or inherited else own[name]
     # the kind of method, found where it is defined (an inherited static or class method looks up as a function)
-    static_kind = isinstance(inspect.getattr_static(owner, name), (staticmethod, classmethod))
+    static = inspect.getattr_static(owner, name)
+    static_kind = isinstance(static, (staticmethod, classmethod))
+    # a class method patched on a class: ``original`` is bound to ``owner``, but a subclass calls it with its own class
+    class_method = isinstance(owner, type) and isinstance(static, classmethod)
     seen = {"calls": 0}
 
     def patched(*args: Any, **kwargs: Any) -> Any:
+        fn = original
+        if class_method:  # bound to the class it was looked up on, as the original would be
+            cls, *args = args
+            fn = static.__get__(None, cls)
         seen["calls"] += 1
         if seen["calls"] == call:
             if after:
-                original(*args, **kwargs)
+                fn(*args, **kwargs)
             raise KeyboardInterrupt(f"simulated kill in {name} (call {call})")
-        return original(*args, **kwargs)
+        return fn(*args, **kwargs)
 
-    # a method looked up on a class is a plain function: setattr puts the wrapper in its place. A static or
-    # class method looks up as a function that takes no ``self`` (``original`` is already bound for a class
-    # method): the wrapper must not be bound to the instance either.
-    setattr(owner, name, staticmethod(patched) if static_kind else patched)
+    # a method looked up on a class is a plain function: setattr puts the wrapper in its place. A static method
+    # (or a class method patched on an instance) looks up as a function that takes no ``self`` (``original`` is
+    # already bound for a class method): the wrapper must not be bound to the instance either.
+    setattr(owner, name, classmethod(patched) if class_method else staticmethod(patched) if static_kind else patched)
     try:
         yield seen
     finally:
@@ -106,7 +116,8 @@ def _bit_equal(x: Any, y: Any) -> bool:
     if x.dtype != y.dtype or x.shape != y.shape:
         return False
     def as_bytes(t: torch.Tensor) -> torch.Tensor:  # contiguous first: a byte view needs unit stride
-        return t.detach().contiguous().view(-1).view(torch.uint8)
+        # conjugate and negative views (saved and loaded as such) materialised first: a byte view refuses them
+        return t.detach().resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8)
 
     return torch.equal(as_bytes(x), as_bytes(y))
 
@@ -117,7 +128,10 @@ def _checkpoint_entry(path: str | Path, key: str) -> Any:
     if not isinstance(payload, dict) or key not in payload:
         found = sorted(map(str, payload)) if isinstance(payload, dict) else type(payload).__name__
         raise KeyError(f"checkpoint {path} has no entry {key!r}; it holds {found}")
-    return payload[key]
+    entry = payload[key]
+    if not isinstance(entry, dict):  # its iteration and items() would compare nonsense, or fail on a file itself
+        raise TypeError(f"checkpoint {path}: entry {key!r} must be a state dict, got {type(entry).__name__}")
+    return entry
 
 
 def assert_same_checkpoint_weights(a: str | Path, b: str | Path, key: str = "model") -> None:
@@ -130,6 +144,7 @@ def assert_same_checkpoint_weights(a: str | Path, b: str | Path, key: str = "mod
     Raises:
         AssertionError: naming the tensors present in only one file, or the first ones that differ.
         KeyError: when a file has no entry ``key``, naming the entries it holds.
+        TypeError: when the entry ``key`` is not a dict.
     """
     sa, sb = (_checkpoint_entry(path, key) for path in (a, b))
     if set(sa) != set(sb):

@@ -31,14 +31,25 @@ def cpu_allocations(fn: Callable[[], Any]) -> tuple[Any, list[int], list[int]]:
         ``(result, changes, totals)``: ``fn``'s result and, per CPU memory event in order, the bytes
         allocated (negative: freed) and the profiler's running total after it.
 
+    Raises:
+        RuntimeError: when a profiler is already running (profilers do not nest).
+
     Examples:
         >>> import torch
         >>> _, changes, _ = cpu_allocations(lambda: torch.empty(256, dtype=torch.float32).fill_(1.0))
         >>> sum(changes)  # the call's result, 256 float32, is still held at its end
         1024
     """
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
+    if not callable(fn):
+        raise TypeError(f"cpu_allocations: fn must be callable (the call to measure), got {type(fn).__name__}")
+    # one profiler at a time: a second one started inside stops the session when it exits, and the outer
+    # one's exit and trace export then crash the interpreter (a segmentation fault, not an exception)
+    if torch.autograd._profiler_enabled():
+        raise RuntimeError("cpu_allocations: a profiler is already running (an enclosing cpu_allocations or "
+                           "torch.profiler.profile); measure outside it")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
     fd, path = tempfile.mkstemp(suffix=".json")
