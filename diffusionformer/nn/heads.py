@@ -159,6 +159,8 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
                 groups.append(HeadGroup(entry, h, run))
                 h += run
             else:
+                if isinstance(entry, str):  # 'heat(num_heads=3)' serves one head: refused, not overridden to 1
+                    _group_num_heads(entry, 1)
                 groups.append(HeadGroup(build_operator(entry, num_heads=1), h, 1))
                 h += 1
         return groups
@@ -174,6 +176,8 @@ def _group_num_heads(spec: str, count: int) -> int:
     :meth:`~diffusionformer.nn.DiffusionAttention.heads_spec` writes a shared instance)."""
     given = parse_operator_spec(spec)[1].get("num_heads", count)
     if isinstance(given, bool) or not isinstance(given, int) or given not in (1, count):
+        if count == 1:
+            raise ValueError(f"head spec item {spec!r}:1: num_heads must be 1 (the item serves one head), got {given!r}")
         raise ValueError(f"head spec item {spec!r}:{count}: num_heads must be 1 (one operator shared by the {count} "
                          f"heads) or {count} (one per head), got {given!r}")
     return given

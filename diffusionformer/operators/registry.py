@@ -92,7 +92,10 @@ def register_operator(
         if not isinstance(names, Iterable):
             raise TypeError(f"aliases of {c.__name__} must be a str or a sequence of str, got {type(names).__name__} "
                             f"({names!r})")
+        names = tuple(names)  # a generator is read once
         alias_keys = tuple(_normalise(a) for a in names)
+        if "" in alias_keys:  # '' or '  ' would resolve operator_class('') (and any blank name) to this operator
+            raise ValueError(f"{c.__name__}: aliases must be non-empty names, got {names[alias_keys.index('')]!r}")
         for k in (key, *alias_keys):
             _check_resolvable(k, c)
         for k in (key, *alias_keys):
@@ -182,6 +185,8 @@ def parse_operator_spec(spec: str) -> tuple[str, dict[str, Any]]:
         >>> parse_operator_spec("I-P")
         ('I-P', {})
     """
+    if not isinstance(spec, str):  # else re's "expected string or bytes-like object", which names no argument
+        raise TypeError(f"operator spec must be a str, got {type(spec).__name__} ({spec!r})")
     m = _SPEC.match(spec)
     if m is None:
         raise ValueError(f"cannot parse operator spec {spec!r}; expected 'name' or 'name(key=value, ...)'")
