@@ -69,6 +69,33 @@ def _check_data_overrides(sizes: dict[str, Any], overrides: dict[str, Any], task
                              f"gives {key} = {sizes[key]!r}; the model takes {key} from the data, so drop the override")
 
 
+def _check_graph_model(task: TaskConfig, model: torch.nn.Module) -> None:
+    """Refuse a graph transformer that cannot run in the runner's graph tasks, which failed at its first training
+    step although it builds: ``pe`` (a positional encoding) or ``edge_dim`` (edge features) set, which the task
+    adapters never pass (they call ``model(x, edge_index[, batch])``), or an operator without a sparse back-end
+    (``heat-exact``, ``ppr-exact``: they need a dense ``P``, and the graph transformer attends over edges).
+
+    Raises:
+        ValueError: naming the option or the operator, and the task.
+    """
+    from diffusionformer.models import DiffusionGraphTransformer
+
+    if not isinstance(model, DiffusionGraphTransformer):
+        return
+    for key in ("pe", "edge_dim"):
+        value = getattr(model.config, key)
+        if value is not None:
+            raise ValueError(f"task {task.name!r}: model {task.model!r} has {key} = {value!r}, but the experiment "
+                             f"runner's graph tasks pass the model only x and edge_index (no "
+                             f"{'positional encoding' if key == 'pe' else 'edge features'}); drop {key}")
+    for layer, block in enumerate(model.blocks):
+        dense = [op.name for op in block.attn.operators if not op.supports_sparse]
+        if dense:
+            raise ValueError(f"task {task.name!r}: model {task.model!r} layer {layer} has operator {dense[0]!r}, "
+                             "which needs a dense P, and a graph transformer attends over the graph's edges (the "
+                             "sparse back-end); use a polynomial operator such as 'heat' or 'ppr'")
+
+
 def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.nn.Module:
     """The model of one run: preset + data-derived sizes + task overrides + the operator setting.
 
@@ -77,7 +104,8 @@ def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.
 
     Raises:
         ValueError: if the task's or the setting's overrides change a size the model takes from
-            the data (:func:`_check_data_overrides`), among the model's own checks.
+            the data (:func:`_check_data_overrides`), or a graph model could not run in the graph
+            tasks (:func:`_check_graph_model`), among the model's own checks.
     """
     preset = get_preset(task.model)
     sizes = model_overrides_for_data(data, preset.config_cls)
@@ -89,6 +117,7 @@ def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.
     # setting still passes (deprecated) among its model overrides
     overrides, moved = split_task_settings(task.model, overrides)
     model = create_model(task.model, **overrides)
+    _check_graph_model(task, model)
     settings = task_config(task.model, **{**task.ssl, **moved})
     if settings is not None:
         model.task_config = settings

@@ -45,10 +45,14 @@ def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]
         return []
     rows = [r for r in map(_row, previous if isinstance(previous, list) else []) if r is not None]
     have = {(r.task, r.operator, r.seed) for r in results}
-    kept = [r for r in rows if isinstance(r.task, str) and isinstance(r.operator, str)  # else no run folder: dropped
-            and isinstance(r.seed, int) and not isinstance(r.seed, bool)  # "0" would name seed 0's folder twice
-            and (r.task, r.operator, r.seed) not in have and r.status == "completed"
-            and _completed(run_dir(out, r.task, r.operator, r.seed))]
+    kept = []
+    for r in rows:
+        if (isinstance(r.task, str) and isinstance(r.operator, str)  # else no run folder: dropped
+                and isinstance(r.seed, int) and not isinstance(r.seed, bool)  # "0" would name seed 0's folder twice
+                and (r.task, r.operator, r.seed) not in have and r.status == "completed"
+                and _completed(run_dir(out, r.task, r.operator, r.seed))):
+            have.add((r.task, r.operator, r.seed))  # a run listed twice (an edited file) is one run, not two seeds
+            kept.append(r)
     # a row of a task and setting retrained with another definition (--restart with a changed config) is dropped:
     # averaging it with the new runs would mix two experiments under one name
     now: dict[tuple[str, str], dict[str, Any]] = {}

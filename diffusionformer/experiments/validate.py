@@ -12,7 +12,8 @@ will resolve:
   operator setting's heads, built exactly as the runner builds it
   (:func:`~diffusionformer.experiments.runner.build_model`), so bad head strings,
   operator arguments (e.g. a heat head whose ``steps`` cannot reach its tolerance) and
-  model options are all caught;
+  model options are all caught, and a graph transformer the graph tasks cannot run (``pe`` or
+  ``edge_dim`` set, an operator that needs a dense ``P``) too;
 - the metric keys: ``metric``, ``select_by`` and the ``reach`` key must be keys of the
   task's evaluation (:func:`evaluation_keys`);
 - the training budget of every seed;
@@ -261,13 +262,15 @@ def _check_minibatch(task: TaskConfig, setting: OperatorSetting, model: Any, add
 
 def _resolve_model(task: TaskConfig, setting: OperatorSetting, data: Any, preset: Any, model_config: Any) -> Any:
     """Build the run's model as the runner does (with data), else resolve and build it from the preset's sizes."""
-    from diffusionformer.experiments.build import add_setting_overrides, build_model
+    from diffusionformer.experiments.build import _check_graph_model, add_setting_overrides, build_model
 
     if data is not None:
         return build_model(task, setting, data)
     overrides = dict(task.model_overrides)
     add_setting_overrides(overrides, model_config(task.model, **overrides), task, setting)
-    return preset.model_cls(model_config(task.model, **overrides))
+    model = preset.model_cls(model_config(task.model, **overrides))
+    _check_graph_model(task, model)
+    return model
 
 
 def _tensorboard_available() -> bool:
