@@ -150,7 +150,21 @@ class DiffusionGPT(nn.Module):
             raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}: {prefix}lm_head.weight is "
                                f"tied to {prefix}tok_emb.weight (tie_weights=True), but the state dict holds different "
                                "values for the two (the weights of a tie_weights=False model?)")
+        # tied, the head alone in the state dict (a shared tensor stored once, under its first name in sorted order,
+        # as safetensors' save_model does): with assign=True the head took it, and _retie_head then put the old
+        # embedding back in its place, the loaded weight dropped; now the embedding follows the head
+        if self.config.tie_weights:  # read (and removed) by _retie_head, the post hook of a tied model
+            self._tie_from_head = emb is None and isinstance(head, Tensor)
         super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> DiffusionGPT:  # type: ignore[override]
+        # a conversion that makes new parameters (.to("meta"), torch.__future__'s
+        # set_overwrite_module_params_on_conversion) converted the shared weight once per owner, into two
+        # parameters: the tie was lost, the head counted and trained apart
+        super()._apply(fn, recurse)
+        if self.config.tie_weights and self.lm_head.weight is not self.tok_emb.weight:
+            self.lm_head.weight = self.tok_emb.weight
+        return self
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Parameter count (shared weights counted once); optionally without position embeddings."""
@@ -372,8 +386,12 @@ class DiffusionGPT(nn.Module):
 def _retie_head(model: nn.Module, incompatible_keys: Any) -> None:
     """After ``load_state_dict``: a tied head is the token embedding again (``assign=True`` made two parameters
     of the two entries, counted and trained apart)."""
+    from_head = model.__dict__.pop("_tie_from_head", False)  # set by _load_from_state_dict
     if model.lm_head.weight is not model.tok_emb.weight:
-        model.lm_head.weight = model.tok_emb.weight
+        if from_head:  # only the head was in the state dict: the embedding takes the loaded weight
+            model.tok_emb.weight = model.lm_head.weight
+        else:
+            model.lm_head.weight = model.tok_emb.weight
 
 
 def _check_token_ids(name: str, ids: Tensor, vocab_size: int, ignore_index: int | None = None) -> None:
