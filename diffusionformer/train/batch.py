@@ -53,6 +53,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device) for v in batch)
     to = getattr(batch, "to", None)
-    if callable(to) and not isinstance(batch, (str, bytes)):
+    # a class is a plain value: its ``to`` is an unbound method (``nn.Linear.to(device)`` is a crash, not a move)
+    if callable(to) and not isinstance(batch, (str, bytes, type)):
         return to(device)
     return batch

@@ -411,6 +411,9 @@ class Trainer:
             if save:
                 self._save(done)
 
+        if payload is not None and start == cfg.max_steps:
+            self._finish_resumed_at_the_end(start)
+
         summary = {
             "status": "completed",
             "step": cfg.max_steps,
@@ -431,6 +434,24 @@ class Trainer:
         self.summary = summary
         return summary
 
+    def _finish_resumed_at_the_end(self, done: int) -> None:
+        """A checkpoint resumed with ``max_steps`` equal to its step (a longer run's intermediate one): its last
+        update is this run's last, whose log record (of the window the checkpoint cut) and evaluation, due at the
+        last update, the run that wrote it had not made; make them, and checkpoint, as the last update does."""
+        last_eval = self._last["eval"]
+        evaluated = isinstance(last_eval, Mapping) and last_eval.get("step") == done
+        if not self._window and evaluated:  # the checkpoint of a run that ended here, or of a boundary of all three
+            return
+        cfg = self.config
+        lr = cosine_lr(done - 1, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps,
+                       decay_steps=cfg.decay_steps)
+        if self._window:
+            self._log_train(self._window, done, lr)
+            self._window = {}
+        if not evaluated:
+            self._evaluate(done, lr)
+        self._save(done)
+
     def _update(self, step: int, lr: float) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
         """One optimiser update over ``grad_accum_steps`` micro-batches; returns the detached loss
         (mean over the micro-batches), the metrics (means) and a non-finite flag."""
@@ -445,6 +466,8 @@ class Trainer:
         A = cfg.grad_accum_steps
         optimizer.zero_grad(set_to_none=True)
         loss_sum: torch.Tensor | None = None
+        # judged in the loss's own dtype (a float64 loss past float32's range is finite), before the log's cast
+        loss_bad: torch.Tensor | None = None
         window: dict[str, list[Any]] = {}
         for micro in range(A):
             part = self._micro_batch(split, batch, micro, step) if A > 1 else batch
@@ -464,15 +487,17 @@ class Trainer:
                 if self._scaler is not None:
                     scaled = self._scaler.scale(scaled)
                 scaled.backward()
+            micro_bad = ~torch.isfinite(loss.detach())
+            loss_bad = micro_bad if loss_bad is None else loss_bad | micro_bad
             loss = loss.detach().float()
             loss_sum = loss if loss_sum is None else loss_sum + loss
             if A > 1:
                 self._accumulate(window, loss, metrics, ctx.device)
-        assert loss_sum is not None
+        assert loss_sum is not None and loss_bad is not None
         if A > 1:
             loss = loss_sum / A
             metrics = {k: v[0] / v[1] for k, v in window.items() if k != "loss"}
-        bad = ~torch.isfinite(loss)
+        bad = loss_bad
         if self._scaler is not None:
             self._scaler.unscale_(optimizer)  # clip the true gradients
         if cfg.grad_clip > 0:
