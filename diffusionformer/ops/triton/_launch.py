@@ -81,6 +81,29 @@ def _interpreted(kernels) -> bool:
     return type(kernels._first_step).__name__ == "InterpretedFunction"
 
 
+def _check_device(kernels, device: torch.device, name: str = "") -> None:
+    """A RuntimeError unless the kernels run on tensors of ``device``: CUDA, or CPU under the interpreter (a meta
+    tensor under the interpreter: not a NotImplementedError from a copy; a CPU tensor without it: not triton's
+    "0 active drivers")."""
+    if device.type != "cuda" and not (_interpreted(kernels) and device.type == "cpu"):
+        raise RuntimeError(
+            f"the Triton kernels run on CUDA tensors, got a {device.type} tensor{name}; on CPU set "
+            "TRITON_INTERPRET=1 before triton is first imported (interpreter, slow: tests only)"
+        )
+
+
+_MAX_GRID_Y = 65535  # CUDA caps gridDim.y (and z) at 2**16 - 1; the kernels put B * H there
+
+
+def _check_grid(sequence_heads: int, steps: int = 1) -> None:
+    """A ValueError when the launch grid would pass CUDA's cap on its second (``B * H``) or third (``steps``) axis
+    (else a launch error that names neither; the back-end's dispatch falls back before this)."""
+    for what, unit, n in (("B * H", "sequence-head", sequence_heads), ("steps", "step", steps)):
+        if n > _MAX_GRID_Y:
+            raise ValueError(f"the Triton kernels launch one program row per {unit} on a CUDA grid axis, which holds "
+                             f"at most {_MAX_GRID_Y}; got {what} = {n}")
+
+
 def _check_inputs(q: object, k: object, v: object, key_padding_mask: object) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
@@ -117,11 +140,8 @@ class _Launch:
         B, H, N, C = q.shape
         self.B, self.H, self.N, self.C = B, H, N, C
         self.interpreted = _interpreted(kernels)
-        if q.device.type != "cuda" and not (self.interpreted and q.device.type == "cpu"):
-            raise RuntimeError(  # a meta tensor under the interpreter: not a NotImplementedError from a copy
-                f"the Triton kernels run on CUDA tensors, got a {q.device.type} tensor; on CPU set "
-                "TRITON_INTERPRET=1 before triton is first imported (interpreter, slow: tests only)"
-            )
+        _check_device(kernels, q.device)
+        _check_grid(B * H)
         self.block_c = max(16, 1 << (C - 1).bit_length())
         if self.interpreted:
             self.fwd_m, self.fwd_n, self.bwd_m, self.bwd_n = _block_sizes(INTERPRETER_BLOCKS, "INTERPRETER_BLOCKS")
@@ -282,6 +302,8 @@ def dropout_rate(dropout_p: float) -> tuple[float, float]:
 def _dropout_scales(seed: Tensor, batch: int, heads: int, n: int, steps: int, dropout_p: float) -> Tensor:
     """The dropout scales the kernels apply under ``seed``: ``(steps, B, H, N, N)`` float32 (0 or ``1 / (1 - rate)``)."""
     kernels = _kernels_module()
+    _check_device(kernels, seed.device, " (seed)")
+    _check_grid(batch * heads, steps)
     out = torch.empty(steps, batch, heads, n, n, device=seed.device, dtype=torch.float32)
     block = 32
     kernels._dropout_scales[((n + block - 1) // block, batch * heads, steps)](

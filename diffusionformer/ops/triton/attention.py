@@ -111,7 +111,8 @@ def polynomial_attention(
         attn_mask: bool (True = attend) or float (added to the scores) mask broadcastable to
             ``(B, H, N, N)``, applied besides ``is_causal`` and ``key_padding_mask`` (a window, a
             grid, a per-head mask); a row with no admissible key is a zero row of ``P``. No
-            gradient flows to a float mask (one that requires grad is an error).
+            gradient flows to a float mask (one that requires grad is an error outside
+            :func:`torch.no_grad`).
         scale: score scale, default ``1 / sqrt(C)``.
         dropout_p: dropout on ``P``, a fresh mask per power (training only; module docstring).
         seed: ``(1,)`` int64 tensor on the device of ``q`` that fixes the dropout masks;
@@ -132,7 +133,7 @@ def polynomial_attention(
     if attn_mask is not None:
         B, H, N, _ = q.shape
         attn_mask = check_attn_mask(attn_mask, (B, H, N, N), q.dtype)
-        if attn_mask.requires_grad:
+        if attn_mask.requires_grad and torch.is_grad_enabled():  # under no_grad no gradient is asked for
             raise ValueError("attn_mask requires grad, but the Triton kernels give the mask no gradient; "
                              "pass attn_mask.detach() or use diffusionformer.functional.diffuse")
         attn_mask = attn_mask.to(q.device)

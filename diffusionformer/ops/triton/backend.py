@@ -31,7 +31,8 @@ When the back-end applies
 * ``v`` with a head size other than that of ``q`` and ``k``;
 * more than 65535 sequence-heads ``B * H`` (the kernels launch one program row per
   sequence-head on the grid's second axis, which CUDA caps at 65535);
-* a float ``attn_mask`` that requires grad (the kernels give no gradient to the mask);
+* a float ``attn_mask`` that requires grad while grad mode is on (the kernels give no gradient to
+  the mask; under :func:`torch.no_grad` none is asked for);
 * returning the attention weights (``need_weights``, which the layer also sets for
   non-polynomial operators).
 
@@ -62,6 +63,7 @@ import torch
 from torch import Tensor
 
 from diffusionformer.ops.engine import Backend, Heads, _tensor_cache, head_runs, select
+from diffusionformer.ops.triton._launch import _MAX_GRID_Y
 
 __all__ = ["TritonBackend", "key_padding_from_mask", "split_mask", "triton_unsupported"]
 
@@ -119,7 +121,6 @@ def key_padding_from_mask(attn_mask: Tensor | None, batch_size: int) -> Tensor |
     return ~attn_mask[:, 0, 0, :].expand(batch_size, attn_mask.shape[-1])
 
 
-_MAX_GRID_Y = 65535  # CUDA caps gridDim.y (and z) at 2**16 - 1; the kernels put B * H there
 
 
 def triton_unsupported(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, need_weights: bool) -> str | None:
@@ -142,7 +143,7 @@ def triton_unsupported(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
     if q.shape[0] * q.shape[1] > _MAX_GRID_Y:
         return (f"B * H = {q.shape[0] * q.shape[1]} sequence-heads, more than the {_MAX_GRID_Y} a CUDA grid's "
                 "second axis holds (the kernels launch one program row per sequence-head)")
-    if attn_mask is not None and attn_mask.requires_grad:
+    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():  # no_grad: none is asked for
         return "a float attn_mask that requires grad (the kernels give the mask no gradient)"
     if need_weights:
         return "need_weights (the kernels never materialise P; non-polynomial operators need it)"
