@@ -29,14 +29,52 @@ def _plain_dtype(dtype: Any, what: str) -> np.dtype:
     if not isinstance(dtype, np.dtype) or dtype.kind not in "biufSU":
         raise pickle.UnpicklingError(
             f"{what} of dtype {dtype!r} is not allowed (only booleans, numbers and fixed-width strings)")
+    if not dtype.itemsize:  # NumPy writes no 0-wide strings: 10**18 of them fit in 0 bytes of data
+        raise pickle.UnpicklingError(f"{what} of dtype {dtype!r} is not allowed (strings of width 0)")
     return np.dtype(dtype.str)
+
+
+def _check_code_points(dtype: np.dtype, data: bytes, what: str) -> None:
+    """Refuse unicode data (``dtype`` of kind ``U``) holding code points beyond U+10FFFF: NumPy turns them into
+    ``str`` objects that Python cannot handle (``SystemError``, or a broken string handed on)."""
+    if dtype.kind == "U":
+        codes = np.frombuffer(data, dtype=dtype.str[0] + "u4", count=len(data) // 4)
+        if codes.size and int(codes.max()) > 0x10FFFF:
+            raise pickle.UnpicklingError(f"{what} of dtype {dtype!r} holds the code point {int(codes.max()):#x}, "
+                                         f"beyond U+10FFFF")
+
+
+def _refuse_build(what: str) -> None:
+    raise pickle.UnpicklingError(f"setting attributes of {what} is not allowed (it is shared by every file read)")
 
 
 class _NdarrayName:
     """What ``numpy.ndarray`` names in a restricted pickle: only the first argument of ``_reconstruct``."""
 
+    __slots__ = ()
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise pickle.UnpicklingError("calling numpy.ndarray is not allowed (arrays are rebuilt by _reconstruct)")
+
+    def __setstate__(self, state: Any) -> None:  # a pickle's BUILD on the global itself
+        _refuse_build("numpy.ndarray")
+
+
+class _Function:
+    """A function as a restricted pickle names it: calling it calls the function, and the pickle's BUILD (which
+    would set ``__defaults__``, ``__qualname__`` or any attribute of the module's function, for every later file)
+    is refused."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def __setstate__(self, state: Any) -> None:
+        _refuse_build(self._fn.__name__)
 
 
 _NDARRAY = _NdarrayName()
@@ -55,6 +93,7 @@ class _CheckedArray(np.ndarray):
             data = data.encode("latin1")
         if not isinstance(data, bytes):
             raise pickle.UnpicklingError(f"array data must be raw bytes, got {type(data).__name__}")
+        _check_code_points(dtype, data, "an array")
         super().__setstate__((version, shape, dtype, fortran, data))  # NumPy checks the size against the shape
 
 
@@ -75,6 +114,7 @@ def _scalar(dtype: Any, data: Any = b"") -> Any:
         data = data.encode("latin1")
     if not isinstance(data, bytes):
         raise pickle.UnpicklingError(f"scalar data must be raw bytes, got {type(data).__name__}")
+    _check_code_points(dtype, data, "a scalar")
     return _numpy_scalar(dtype, data)
 
 
@@ -90,25 +130,37 @@ def _encode(obj: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
 _NUMPY_GLOBALS: dict[tuple[str, str], Any] = {
     ("numpy", "ndarray"): _NDARRAY,
     ("numpy", "dtype"): np.dtype,
-    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
-    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
-    ("numpy.core.multiarray", "scalar"): _scalar,
-    ("numpy._core.multiarray", "scalar"): _scalar,
-    ("_codecs", "encode"): _encode,  # bytes in protocol-2 pickles written by Python 3
+    ("numpy.core.multiarray", "_reconstruct"): _Function(_reconstruct),
+    ("numpy._core.multiarray", "_reconstruct"): _Function(_reconstruct),
+    ("numpy.core.multiarray", "scalar"): _Function(_scalar),
+    ("numpy._core.multiarray", "scalar"): _Function(_scalar),
+    ("_codecs", "encode"): _Function(_encode),  # bytes in protocol-2 pickles written by Python 3
 }
 
 
 def _plain(obj: Any) -> Any:
-    """``obj`` with every :class:`_CheckedArray` inside (dict values, list items, attributes) a plain ``ndarray``."""
+    """``obj`` with every :class:`_CheckedArray` inside (dict values, list items, attributes) a plain ``ndarray``.
+
+    Lists and dicts are changed in place and each is visited once: a pickle may reference one list from many
+    places (``[L, L]`` nested 60 deep is 2**60 paths, from a few hundred bytes) or put a list inside itself.
+    Nesting deeper than the interpreter's recursion limit is a ``pickle.UnpicklingError``.
+    """
+    try:
+        return _plain_in_place(obj, set())
+    except RecursionError:
+        raise pickle.UnpicklingError("lists or dicts nested too deep to be data") from None
+
+
+def _plain_in_place(obj: Any, seen: set[int]) -> Any:
     if isinstance(obj, _CheckedArray):
         return obj.view(np.ndarray)
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            if isinstance(value, (_CheckedArray, dict, list)):
-                obj[key] = _plain(value)
+    if isinstance(obj, (dict, list)):
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            for key, value in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+                if isinstance(value, (_CheckedArray, dict, list)):
+                    obj[key] = _plain_in_place(value, seen)
         return obj
-    if isinstance(obj, list):
-        return [_plain(v) for v in obj] if any(isinstance(v, (_CheckedArray, dict, list)) for v in obj) else obj
     if hasattr(obj, "__dict__") and not isinstance(obj, type):  # a SciPy sparse matrix: its arrays are attributes
         for key, value in vars(obj).items():
             if isinstance(value, _CheckedArray):

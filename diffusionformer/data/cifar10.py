@@ -171,6 +171,15 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         return _NUMPY_GLOBALS[module, name]
 
 
+def _shown(item: Any) -> str:
+    """A key or name of a file for a message: ``repr`` of a string, a bytes object or a number of at most 64
+    bits, else the type in angle brackets (``str`` of a 5,000-digit int raises, ``repr`` of a tuple nested
+    thousands deep too, and of a list nested as ``[L, L]`` 60 deep never ends)."""
+    if isinstance(item, (str, bytes, float, type(None))) or (isinstance(item, int) and item.bit_length() <= 64):
+        return repr(item)
+    return f"<{type(item).__name__}>"
+
+
 def _unpickle(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
@@ -202,10 +211,15 @@ def read_cifar_batch(path: Path) -> tuple[Tensor, Tensor]:
     batch = _unpickle(path)
     where = f"corrupt CIFAR batch {str(path)!r}"
     if "data" not in batch or "labels" not in batch:
-        raise CorruptDataError(f"{where}: expected keys 'data' and 'labels', got {sorted(batch, key=str)}")
-    data = batch["data"]
+        keys = sorted(batch, key=lambda k: k if isinstance(k, str) else _shown(k))  # str(k) of a hostile key raises
+        raise CorruptDataError(f"{where}: expected keys 'data' and 'labels', got [{', '.join(map(_shown, keys))}]")
+    data, labels = batch["data"], batch["labels"]
+    if isinstance(labels, (list, tuple)) and (nested := next(
+            (v for v in labels if isinstance(v, (list, tuple, dict, set, frozenset, np.ndarray))), None)) is not None:
+        # before np.asarray: 31 levels of [L, L] in 300 bytes are an array of 2**31 labels
+        raise CorruptDataError(f"{where}: labels are not a flat list of integers (an item is a {type(nested).__name__})")
     try:
-        labels = np.asarray(batch["labels"])
+        labels = np.asarray(labels)
     except ValueError as err:  # ragged nesting
         raise CorruptDataError(f"{where}: labels are not a flat list of integers: {err}") from None
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
@@ -258,7 +272,7 @@ def read_cifar_meta(path: Path) -> list[str]:
     ):
         raise CorruptDataError(
             f"{where}: label_names must list {num_classes} distinct non-empty names, "
-            f"got {len(names)}: {names!r}"
+            f"got {len(names)}: [{', '.join(map(_shown, names))}]"
         )
     return names
 

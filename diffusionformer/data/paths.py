@@ -134,10 +134,14 @@ def copy_into_cache(files: Iterable[Path], dest: Path) -> Path:
                 continue
         fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{src.name}.")
         os.close(fd)
-        shutil.copyfile(src, tmp)
-        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
-        os.chmod(tmp, new_file_mode())  # mkstemp makes 0600: the copy gets the mode open() would give
-        os.replace(tmp, target)
+        try:  # a source that cannot be copied (a folder, a FIFO, unreadable) leaves no temporary file behind
+            shutil.copyfile(src, tmp)
+            os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+            os.chmod(tmp, new_file_mode())  # mkstemp makes 0600: the copy gets the mode open() would give
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
     return dest
 
 

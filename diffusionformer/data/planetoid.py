@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import numbers
 import pickle
@@ -109,6 +110,25 @@ def load_planetoid(name: str, *, root: Path | None, verify: bool = True, normali
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _csr_class() -> type:
+    """What ``csr_matrix`` names in a Planetoid pickle: a subclass whose class attributes cannot be set. The file's
+    NEWOBJ makes an instance and BUILD fills the instance's ``__dict__``; a BUILD on the global itself set attributes
+    of SciPy's own class (``csr_matrix.x = ...``), for the whole process."""
+    from scipy.sparse import csr_matrix
+
+    class _Frozen(type(csr_matrix)):  # type: ignore[misc]
+        def __setattr__(cls, name: str, value: Any) -> None:
+            if cls.__dict__.get("_sealed"):  # ABCMeta sets its own attributes while the class is made
+                raise pickle.UnpicklingError(f"setting attribute {name!r} of scipy.sparse.csr_matrix is not "
+                                             "allowed (the class is shared by every file read)")
+            super().__setattr__(name, value)
+
+    cls = _Frozen("csr_matrix", (csr_matrix,), {"__module__": __name__})
+    cls._sealed = True
+    return cls
+
+
 class _PlanetoidUnpickler(pickle.Unpickler):
     """Rebuilds what Planetoid's ``ind.*`` pickles hold (Python 2 protocol): NumPy arrays,
     SciPy CSR matrices, lists and a ``defaultdict(list)``; any other global is refused."""
@@ -118,9 +138,7 @@ class _PlanetoidUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self._CSR:
-            from scipy.sparse import csr_matrix
-
-            return csr_matrix
+            return _csr_class()
         if (module, name) in _NUMPY_GLOBALS:  # arrays of booleans and numbers, from the bytes the file holds
             return _NUMPY_GLOBALS[module, name]
         if (module, name) not in self._ALLOWED:
