@@ -316,15 +316,35 @@ class SequenceLMTask:
     def __init__(self, data: SequenceTaskData, eval_batch_size: int = 512) -> None:
         self.data = data
         self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
+        self._per_row: float | None = None
+
+    def _targets_per_row(self) -> float:
+        """The training split's mean number of targets per row (1.0 when it has none: every loss is then 0)."""
+        if self._per_row is None:
+            targets = int((self.data.y_train != self.data.ignore_index).sum())
+            self._per_row = targets / self.data.y_train.shape[0] if targets else 1.0
+        return self._per_row
 
     def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> tuple[Tensor, Tensor]:
         idx = torch.randint(0, self.data.x_train.shape[0], (batch_size,), generator=generator)
         return self.data.x_train[idx], self.data.y_train[idx]
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Any]]:
+        """The targets' summed cross-entropy over ``rows x`` the training split's mean targets per row.
+
+        A sum over a fixed count adds up over micro-batches (``grad_accum_steps``) and processes: their
+        mean is the whole batch's. The model's token mean did so only when every row had as many targets
+        (the bundled recall data: there the factor is exactly 1 and the loss is the token mean); with
+        rows of varying counts each micro-batch's targets weighed alike, and one without targets made a
+        NaN loss (a "non-finite loss" stop). A batch without targets has loss 0 and zero gradients.
+        """
         x, y = batch
         logits, loss = model(x, y)
         mask = y != self.data.ignore_index
+        count = mask.sum()
+        scaled = loss * (count.to(loss.dtype) / (x.shape[0] * self._targets_per_row()))
+        # where, not a product with 0: the token mean over no target is NaN, its gradient through where is 0
+        loss = torch.where(count > 0, scaled, torch.zeros((), dtype=scaled.dtype, device=scaled.device))
         acc = _accuracy(logits.detach()[mask], y[mask])
         return loss, {"acc": acc}
 

@@ -248,7 +248,7 @@ def test_sequence_lm_accuracy_counts_target_positions_only():
     logits[:, :, 0] += 0.5  # elsewhere the argmax is 0
     y = torch.full((2, 4), -100)
     y[0, 1], y[0, 3], y[1, 2] = 2, 0, 1  # hits at (0, 1) and (1, 2), a miss at (0, 3)
-    data = _container(SequenceTaskData, ignore_index=-100)
+    data = _container(SequenceTaskData, ignore_index=-100, y_train=y)  # the loss scales by its targets per row
     _, metrics = T.SequenceLMTask(data).loss(_FixedLogits(logits), (torch.zeros(2, 4, dtype=torch.long), y))
     assert float(metrics["acc"]) == pytest.approx(2 / 3, abs=1e-7)
 
