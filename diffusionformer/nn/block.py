@@ -37,8 +37,11 @@ def make_norm(norm: str | Callable[[int], nn.Module], dim: int) -> nn.Module:
         >>> make_norm("rmsnorm", 8)
         RMSNorm((8,), eps=None, elementwise_affine=True)
     """
+    if isinstance(norm, nn.Module):  # else norm(dim) runs its forward on the int: "argument 'input' must be Tensor"
+        raise TypeError(f"norm must be 'layernorm', 'rmsnorm' or a callable dim -> Module (a class or factory, "
+                        f"called with dim), got the instance {norm!r}")
     if callable(norm) and not isinstance(norm, str):
-        return norm(dim)
+        return _checked_module(norm(dim), "norm")
     if not isinstance(norm, str):
         raise TypeError(f"norm must be 'layernorm', 'rmsnorm' or a callable, got {type(norm).__name__}")
     key = norm.lower().replace("_", "").replace("-", "")
@@ -47,6 +50,14 @@ def make_norm(norm: str | Callable[[int], nn.Module], dim: int) -> nn.Module:
     if key == "rmsnorm":
         return nn.RMSNorm(dim)
     raise ValueError(f"unknown norm {norm!r}{_choice_hint(key, ('layernorm', 'rmsnorm'))}; expected 'layernorm' or 'rmsnorm'")
+
+
+def _checked_module(built: object, name: str) -> nn.Module:
+    """What the callable ``name`` built, when it is an ``nn.Module`` (a layer calls its parts through ``_modules``,
+    where a plain function is missing: ``KeyError('norm1')`` at the first call), else a TypeError naming it."""
+    if not isinstance(built, nn.Module):
+        raise TypeError(f"{name} must be a callable dim -> Module, and it returned {type(built).__name__} ({built!r})")
+    return built
 
 
 def _check_width(dim: object, name: str) -> int:
@@ -198,6 +209,9 @@ class Block(nn.Module):
         dim = _check_width(dim, "dim")  # else an error from mlp_ratio's check; a numpy int from a sweep: an int here
         if mlp_layer is not None and not callable(mlp_layer):  # else "'int' object is not callable"
             raise TypeError(f"mlp_layer must be None or a callable dim -> Module, got {type(mlp_layer).__name__}")
+        if isinstance(mlp_layer, nn.Module):  # else mlp_layer(dim) runs its forward on the int
+            raise TypeError(f"mlp_layer must be None or a callable dim -> Module (a class or factory, called with dim), "
+                            f"got the instance {mlp_layer!r}")
         if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, numbers.Real):
             raise TypeError(f"mlp_ratio must be a float, got {type(mlp_ratio).__name__} ({mlp_ratio!r})")
         dropout = _check_rate(dropout, "dropout")
@@ -211,7 +225,8 @@ class Block(nn.Module):
         self.drop1 = nn.Dropout(dropout)
         self.ls1 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
         self.norm2 = make_norm(norm_layer, dim)
-        self.mlp = mlp_layer(dim) if mlp_layer is not None else Mlp(dim, int(dim * mlp_ratio), bias=bias, dropout=dropout)
+        self.mlp = (_checked_module(mlp_layer(dim), "mlp_layer") if mlp_layer is not None
+                    else Mlp(dim, int(dim * mlp_ratio), bias=bias, dropout=dropout))
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
         # != 0, not > 0: a negative or NaN rate reaches DropPath's range check instead of switching stochastic depth off
         self.drop_path = DropPath(drop_path) if drop_path != 0 else nn.Identity()
