@@ -22,8 +22,8 @@ two settings with the same seed are therefore **pairs**: the difference
 
 Degenerate inputs give defined outputs, never NaN: fewer than two pairs give a
 :class:`Difference` with only ``n`` and (for one pair) ``mean``; differences with no spread
-(:math:`s_d = 0`, or below :data:`RELATIVE_RESOLUTION` of the values, the float32 rounding of
-logged metrics) have no t distribution, so ``t`` and ``p`` are ``None`` unless every
+(:math:`s_d = 0`, or equal up to :data:`RELATIVE_RESOLUTION` of each pair's own values, the float32
+rounding of logged metrics; unpaired: each side's spread below that of its own values) have no t distribution, so ``t`` and ``p`` are ``None`` unless every
 difference is zero (then ``t = 0``, ``p = 1``); the Wilcoxon p stays defined in both cases.
 
 The distribution functions are scipy's (``scipy.special.stdtr``, ``stdtrit``, ``ndtr``);
@@ -109,9 +109,32 @@ def _no_spread(spread: float, values: Sequence[float]) -> bool:
     return spread <= RELATIVE_RESOLUTION * max([1e-300, *map(abs, values)])
 
 
-def _pairs(a: Mapping[Any, float], b: Mapping[Any, float]) -> tuple[list[float], list[float]]:
+def _no_spread_either(a: list[float], b: list[float]) -> bool:
+    """Neither side of an unpaired comparison spreads beyond the rounding of its own values (the other side's
+    magnitude, e.g. a diverged setting's, does not blur it)."""
+    return _no_spread(statistics.stdev(a), a) and _no_spread(statistics.stdev(b), b)
+
+
+def _check_mappings(a: Any, b: Any) -> None:
     if not isinstance(a, Mapping) or not isinstance(b, Mapping):
         raise TypeError(f"paired values must be mappings seed -> value, got {type(a).__name__} and {type(b).__name__}")
+
+
+def _check_sequences(a: Any, b: Any) -> None:
+    """A TypeError when a side of an unpaired comparison is a mapping (its keys, the seeds, would be the values) or a str."""
+    if isinstance(a, (Mapping, str)) or isinstance(b, (Mapping, str)):
+        raise TypeError(f"unpaired values must be sequences of values, got {type(a).__name__} and {type(b).__name__} "
+                        "(for values per seed use paired_difference, or pass list(mapping.values()))")
+
+
+def _equal_up_to_rounding(d: list[float], values: list[float]) -> bool:
+    """Whether the differences ``d`` of the pairs ``(values[i], values[n + i])`` are all equal up to each pair's
+    rounding (:func:`_resolved`): one large pair, e.g. a diverged seed, blurs no other pair's difference."""
+    return len(set(_resolved(d, values))) == 1
+
+
+def _pairs(a: Mapping[Any, float], b: Mapping[Any, float]) -> tuple[list[float], list[float]]:
+    _check_mappings(a, b)
     keys = sorted(set(a) & set(b))
     d = [float(a[k]) - float(b[k]) for k in keys]
     bad = [k for k, x in zip(keys, d) if not math.isfinite(x)]
@@ -163,12 +186,13 @@ def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float], *, level: 
                           note=f"{n} pair(s): at least 2 seeds both settings share are needed")
     mean = statistics.fmean(d)
     sd = statistics.stdev(d)
-    if _no_spread(sd, values):
+    resolved = _resolved(d, values)  # each pair against its own rounding: a diverged seed blurs no other pair
+    if len(set(resolved)) == 1:
         sd = 0.0
-        if _no_spread(abs(mean), values):
-            mean, d = 0.0, [0.0] * n
+        if resolved[0] == 0.0:
+            mean = 0.0
     se = sd * math.sqrt(1.0 / n + (test_train_ratio or 0.0))
-    return _finish(method, n, mean, se, n - 1, level, wilcoxon_p(_resolved(d, values)))
+    return _finish(method, n, mean, se, n - 1, level, wilcoxon_p(resolved))
 
 
 def _resolved(d: list[float], values: list[float]) -> list[float]:
@@ -179,9 +203,13 @@ def _resolved(d: list[float], values: list[float]) -> list[float]:
     tol = [RELATIVE_RESOLUTION * max(abs(values[i]), abs(values[n + i])) for i in range(n)]
     out = [0.0 if abs(x) <= t else x for x, t in zip(d, tol)]
     order = sorted(range(n), key=lambda i: abs(out[i]))
+    group_tol = 0.0  # the largest resolution among the tie of the one below (it set that tie's size)
     for prev, i in zip(order, order[1:]):  # by size: each joins the tie of the one below it when within resolution
-        if out[prev] != 0.0 and abs(out[i]) - abs(out[prev]) <= max(tol[i], tol[prev]):
+        group_tol = max(group_tol, tol[prev])
+        if out[prev] != 0.0 and abs(out[i]) - abs(out[prev]) <= max(tol[i], group_tol):
             out[i] = math.copysign(abs(out[prev]), out[i])
+        else:
+            group_tol = 0.0
     return out
 
 
@@ -232,6 +260,7 @@ def welch_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0
         (1.225, 4.0, 0.288)
     """
     level = _check_level(level)
+    _check_sequences(a, b)
     a, b = [float(x) for x in a], [float(x) for x in b]
     if not all(map(math.isfinite, a + b)):
         raise ValueError("non-finite values")
@@ -243,7 +272,7 @@ def welch_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0
     va, vb = statistics.variance(a) / na, statistics.variance(b) / nb
     se = math.sqrt(va + vb)
     mean = statistics.fmean(a) - statistics.fmean(b)
-    if _no_spread(se, a + b):
+    if _no_spread_either(a, b):
         va = vb = se = 0.0
         mean = 0.0 if _no_spread(abs(mean), a + b) else mean
     df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)) if se > 0 else float(na + nb - 2)
@@ -373,8 +402,8 @@ def _check_p(vals: list[float]) -> None:
 def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
     r"""Welch's t statistic of ``mean(a) - mean(b)``: :math:`\Delta / \sqrt{s_a^2/n_a + s_b^2/n_b}`.
 
-    ``None`` when either side has fewer than two values or both spreads are zero (below
-    :data:`RELATIVE_RESOLUTION` of the values, as in :func:`welch_difference`). For its
+    ``None`` when either side has fewer than two values or both spreads are zero (each below
+    :data:`RELATIVE_RESOLUTION` of its own side's values, as in :func:`welch_difference`). For its
     degrees of freedom, p and interval use :func:`welch_difference`.
 
     Examples:
@@ -383,19 +412,20 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
         >>> welch_t([1.0], [0.0, 1.0]) is None
         True
     """
+    _check_sequences(a, b)
     a, b = [float(x) for x in a], [float(x) for x in b]  # numpy ints and float32s: statistics cannot mix them
     _check_finite([*a, *b], "a and b")
     if len(a) < 2 or len(b) < 2:
         return None
     se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
-    return None if _no_spread(se, [*a, *b]) else (statistics.fmean(a) - statistics.fmean(b)) / se
+    return None if _no_spread_either(a, b) else (statistics.fmean(a) - statistics.fmean(b)) / se
 
 
 def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
     r"""Paired t statistic of ``a - b`` over the keys both have: :math:`\bar d / (s_d / \sqrt{n})`.
 
     ``None`` with fewer than two shared keys or differences equal up to
-    :data:`RELATIVE_RESOLUTION` of the values (as in :func:`paired_difference`). For df, p, the interval
+    :data:`RELATIVE_RESOLUTION` of their own pairs' values (as in :func:`paired_difference`). For df, p, the interval
     and the k-fold correction use :func:`paired_difference` / :func:`nadeau_bengio`.
 
     Examples:
@@ -404,6 +434,7 @@ def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
         >>> paired_t({0: 1.0}, {0: 0.0}) is None
         True
     """
+    _check_mappings(a, b)
     keys = sorted(set(a) & set(b))
     if len(keys) < 2:
         return None
@@ -411,7 +442,7 @@ def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
     d = [float(a[k]) - float(b[k]) for k in keys]  # floats: statistics refuses numpy ints (no bit_length)
     sd = statistics.stdev(d)
     values = [float(a[k]) for k in keys] + [float(b[k]) for k in keys]
-    return None if _no_spread(sd, values) else statistics.fmean(d) / (sd / math.sqrt(len(d)))
+    return None if _equal_up_to_rounding(d, values) else statistics.fmean(d) / (sd / math.sqrt(len(d)))
 
 
 def difference_t(row: Mapping[str, Any], base: Mapping[str, Any], values: str, paired: bool) -> float | None:
