@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -162,25 +163,28 @@ def sliding_window(
                            key_padding_mask=key_padding_mask, layout=layout, device=device)
 
 
-def _check_grid(h: int, w: int, radius: float, metric: str) -> tuple[int, int]:
-    """``(h, w)`` as Python ints, with ``radius`` and ``metric`` checked."""
+def _check_grid(h: int, w: int, radius: float, metric: str) -> tuple[int, int, int]:
+    """``(h, w, bound)`` as Python ints, with ``radius`` and ``metric`` checked: ``bound`` is the largest integer
+    distance (squared for the Euclidean metric) within ``radius``, exact, so that both layouts compare integers (a
+    float32 comparison took ``radius=0.99999999`` for 1, and an int64 ``radius**2`` wrapped around)."""
     h, w = check_int("h", h, 1), check_int("w", w, 1)
     if isinstance(radius, bool) or not isinstance(radius, numbers.Real):
         raise TypeError(f"radius must be a number, got {type(radius).__name__}")
-    if not radius >= 0 or math.isinf(radius):
+    if not radius >= 0 or (not isinstance(radius, numbers.Integral) and math.isinf(radius)):
         raise ValueError(f"radius must be finite and >= 0, got {radius}")
     if metric not in GRID_METRICS:
         raise ValueError(f"metric must be one of {GRID_METRICS}, got {metric!r}{_choice_hint(metric, GRID_METRICS)}")
-    return h, w
+    r = float(min(radius, h + w))  # no two patches are h + w apart: a larger radius joins no more pairs
+    return h, w, math.floor(Fraction(r) ** 2) if metric == "euclidean" else math.floor(r)
 
 
-def _within(dy: Tensor, dx: Tensor, radius: float, metric: str) -> Tensor:
+def _within(dy: Tensor, dx: Tensor, bound: int, metric: str) -> Tensor:
     dy, dx = dy.abs(), dx.abs()
     if metric == "chebyshev":
-        return torch.maximum(dy, dx) <= radius
+        return torch.maximum(dy, dx) <= bound
     if metric == "manhattan":
-        return dy + dx <= radius
-    return dy * dy + dx * dx <= radius * radius
+        return dy + dx <= bound
+    return dy * dy + dx * dx <= bound
 
 
 def grid(
@@ -226,7 +230,7 @@ def grid(
         tensor([[1, 0, 2, 1],
                 [0, 1, 1, 2]])
     """
-    h, w = _check_grid(h, w, radius, metric)
+    h, w, bound = _check_grid(h, w, radius, metric)
     check_layout(layout)
     _check_flag(self_loops, "self_loops")
     _check_flag(cls_token, "cls_token")
@@ -237,7 +241,7 @@ def grid(
     if layout == "dense":
         n = torch.arange(P, device=dev)
         y, x = n // w, n % w
-        A = _within(y[:, None] - y[None, :], x[:, None] - x[None, :], radius, metric)  # (P, P)
+        A = _within(y[:, None] - y[None, :], x[:, None] - x[None, :], bound, metric)  # (P, P)
         if not self_loops:
             A = A & ~torch.eye(P, dtype=torch.bool, device=dev)
         if cls_token:
@@ -247,10 +251,10 @@ def grid(
             A = full
         return AttentionGraph.dense(N, batch_size=batch_size, allowed=A)
 
-    r = math.floor(radius)
+    r = math.isqrt(bound) if metric == "euclidean" else bound
     ry, rx = min(r, h - 1), min(r, w - 1)  # offsets that leave the grid join no pair: radius=1e5 costs no more than h, w
     dy, dx = torch.meshgrid(torch.arange(-ry, ry + 1, device=dev), torch.arange(-rx, rx + 1, device=dev), indexing="ij")
-    keep = _within(dy, dx, radius, metric)
+    keep = _within(dy, dx, bound, metric)
     if not self_loops:
         keep = keep & ~((dy == 0) & (dx == 0))
     dy, dx = dy[keep], dx[keep]  # offsets source - target, row-major order

@@ -109,15 +109,20 @@ def knn(
                                  f"{tuple(batch.shape) if isinstance(batch, Tensor) else type(batch).__name__}")
             if batch.dtype.is_floating_point or batch.dtype.is_complex or batch.dtype == torch.bool:
                 raise ValueError(f"batch must be an integer tensor (the graph of each node), got dtype {batch.dtype}")
+            if batch.device != dev:  # else a device-mismatch error from inside to_dense_batch
+                raise ValueError(f"batch must be on x's device ({dev}), got {batch.device}")
             graph_batch = batch.long()
             if graph_batch.numel() and int(graph_batch.min()) < 0:
                 raise ValueError(f"batch values must be >= 0 (the graph of each node), got range "
                                  f"[{int(graph_batch.min())}, {int(graph_batch.max())}]")
-            order = torch.argsort(graph_batch, stable=True)  # group the nodes by graph
-            dense_x, real = to_dense_batch(x[order], graph_batch[order])  # (G, N_max, D)
-            node = torch.full(real.shape, -1, dtype=torch.long, device=dev)
-            node[real] = order
-            counts = real.sum(-1)
+            if total == 0:  # no graph at all (to_dense_batch has no max of an empty batch): refused below
+                counts = torch.zeros(1, dtype=torch.long, device=dev)
+            else:
+                order = torch.argsort(graph_batch, stable=True)  # group the nodes by graph
+                dense_x, real = to_dense_batch(x[order], graph_batch[order])  # (G, N_max, D)
+                node = torch.full(real.shape, -1, dtype=torch.long, device=dev)
+                node[real] = order
+                counts = real.sum(-1)
     else:
         raise ValueError(f"x must have shape (N, D) or (B, N, D), got {tuple(x.shape)}")
     smallest = int(counts[counts > 0].min()) if bool((counts > 0).any()) else 0
