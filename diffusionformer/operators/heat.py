@@ -13,6 +13,7 @@ from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_con
                                             check_finite_parameter, check_flag, check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
 from diffusionformer.ops.engine import _tensor_cache
+from diffusionformer.ops.reference import _matrix_exp
 
 __all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps_for_tolerance", "heat_truncation_error"]
 
@@ -94,7 +95,8 @@ def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> in
     For a row-stochastic ``P`` (``\|P^k\|_\infty = 1``) the Taylor remainder is bounded by the
     Poisson tail :math:`\sum_{k > K} e^{-t} t^k / k!` for ``t >= 0`` and by
     :math:`e^{2|t|} \Pr[\mathrm{Poisson}(|t|) > K]` for ``t < 0``. The Euler product has error
-    at most :math:`2 t^2 e^{2|t|} / K` (first order in ``1/K``).
+    at most :math:`2 t^2 e^{2|t|} / K` (first order in ``1/K``); its ``K`` is also at least ``t``
+    (fewer steps make an unstable product, see :class:`HeatOperator`).
 
     Examples:
         >>> heat_steps_for_tolerance(1.0, 1e-3)
@@ -108,7 +110,8 @@ def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> in
     if 2 * a > 700:  # e^(2|t|) overflows a float: no K <= MAX_STEPS meets any useful tol
         raise ValueError(f"the heat kernel needs more than {MAX_STEPS} steps for t={t}, tol={tol}; use a smaller |t|")
     if method == "euler":
-        K = max(1, math.ceil(2 * a * a * math.exp(2 * a) / tol))
+        # and K >= t: fewer steps make an unstable product (weight 1 - t/K < 0 on I) that HeatOperator refuses
+        K = max(1, math.ceil(t), math.ceil(2 * a * a * math.exp(2 * a) / tol))
         if K > MAX_STEPS:
             raise ValueError(
                 f"the Euler heat kernel needs K={K} > {MAX_STEPS} steps for t={t}, tol={tol}; "
@@ -398,7 +401,7 @@ class ExactHeatOperator(DiffusionOperator):
         eye = torch.eye(N, dtype=work, device=P.device)
         # a learned t is kept at EXACT_MIN_T or above, as the constructor keeps t: below it the kernel overflows
         t = self.t.clamp(min=EXACT_MIN_T).to(work).view(1, -1, 1, 1)
-        kernel = torch.linalg.matrix_exp(-t * (eye - P.to(work)))
+        kernel = _matrix_exp(-t * (eye - P.to(work)))  # not torch's own: off by 1e-5 for a lone float32 matrix
         return (kernel @ v.to(work)).to(v.dtype)
 
     def extra_repr(self) -> str:

@@ -84,8 +84,9 @@ class PolynomialOperator(DiffusionOperator):
     (``theta`` times :func:`chebyshev_matrix`), so the engine and its back-ends are unchanged.
     The monomial form of :math:`T_k` has coefficients up to :math:`2^{k-1}` that cancel on
     :math:`[-1, 1]`: in float32 the relative error against the float64 recursion is about
-    ``1e-5`` at ``K = 10`` and ``5e-4`` at ``K = 16``, so keep ``K <= 12`` in float32 (float64
-    is exact to ``1e-10`` far beyond).
+    ``1e-5`` at ``K = 10`` and ``5e-4`` at ``K = 16``, so keep ``K <= 12`` in float32; float64 is
+    good to about ``1e-9`` at ``K = 20``, ``1e-8`` at ``K = 24`` and ``1e-5`` at ``K = 30`` (the
+    cancellation grows like ``2.4^K``), so keep ``K <= 24`` in float64.
 
     Args:
         steps: ``K``.
