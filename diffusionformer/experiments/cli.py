@@ -22,6 +22,7 @@ import argparse
 import difflib
 import os
 import re
+import select
 import shlex
 import sys
 import time
@@ -46,21 +47,30 @@ class _Parser(argparse.ArgumentParser):
             options = [s for a in parser._actions for s in a.option_strings]
             words = [x.split("=")[0] for x in extras if x.startswith("-")]
             close = [(w, _closest(w, options)) for w in words]
-            hints = [f"{c!r}" + (f" for {w!r}" if len(words) > 1 else "") for w, c in close if c]
+            hints = [f"{c!r}" + (f" for {w!r}" if len(words) > 1 else "") for w, c in close if c and c != w]
+            # an option of the command given before it (`--no-progress run c.toml`): not misspelt, misplaced
+            given = [x.split("=")[0] for x in (sys.argv[1:] if args is None else list(args))]
+            command = getattr(ns, "command", None)
+            placed = [w for w in words if parser is not self and w in options and command in given
+                      and given.index(w) < given.index(command)]
             parser.error(f"unrecognized arguments: {' '.join(extras)}"
-                         + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
+                         + (f" (did you mean {', '.join(hints)}?)" if hints else "")
+                         + (f" ({', '.join(placed)}: option(s) of {command!r}, to be given after it)" if placed else ""))
         return ns
 
     def error(self, message: str):  # type: ignore[override]
         bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
-        close = _closest(bad.group(1), re.findall(r"'([^']*)'", bad.group(2))) if bad else None
+        # the choices are quoted ('run', 'show') up to Python 3.12.7 and 3.13.0, bare (run, show) from 3.12.8 on
+        close = _closest(bad.group(1), [c.strip().strip("'") for c in bad.group(2).split(", ")]) if bad else None
         if close and "did you mean" not in message:
             message += f"; did you mean {close!r}?"
         super().error(message)
 
 
 def _closest(word: str, options: list[str]) -> str | None:
-    close = difflib.get_close_matches(word, options, n=1)
+    # a case-insensitive match first (BF16 -> bf16), as diffusionformer.config._choice_hint
+    close = ([o for o in options if o.lower() == word.lower()] or difflib.get_close_matches(word, options, n=1)
+             or [o for o in options if o.lower() in difflib.get_close_matches(word.lower(), [x.lower() for x in options], n=1)])
     return close[0] if close else None
 
 
@@ -142,6 +152,46 @@ def _size_threads(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a reader gone early (`status c.toml | head -3`) is met here, not at the exit's flush
+        return code
+    except BrokenPipeError:  # stdout's reader has gone: stop quietly, as Unix tools do; 141 = 128 + SIGPIPE
+        if not _stdout_gone():
+            raise
+        return 141
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout's reader has gone; if so stdout's descriptor is pointed to ``os.devnull``, so that the
+    interpreter's flush at exit does not report the broken pipe again (with a traceback and exit code 120)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): nothing to point elsewhere
+        fd = None
+    try:
+        sys.stdout.flush()  # buffered: what the failed write left is still there and fails again
+        # unbuffered ($PYTHONUNBUFFERED): nothing is left to flush; ask the pipe whether its reader is gone
+        gone = fd is not None and hasattr(select, "poll") and _reader_closed(fd)
+    except BrokenPipeError:
+        gone = True
+    if gone and fd is not None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+    return gone  # False: the broken pipe was another one (a subprocess's), not this function's to hide
+
+
+def _reader_closed(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     from diffusionformer.experiments.config import load_experiment_config
 
@@ -166,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "out", None) is not None and Path(args.out).exists() and not Path(args.out).is_dir():
             # else `status` reads every run as missing, and `run` fails on its first write
             raise NotADirectoryError(f"--out: expected the results folder, got the file {args.out!r}")
+        if getattr(args, "out", None) is not None:  # a file above it, or in the comparison folder's place: the same
+            root = Path(args.out)
+            file = next((p for p in (root / config.name, *root.parents) if p.exists() and not p.is_dir()), None)
+            if file is not None:
+                raise NotADirectoryError(f"--out {args.out!r}: {str(file)!r} is a file, where the results "
+                                         f"{'of ' + repr(config.name) if file == root / config.name else 'folder'} "
+                                         "should be a folder")
         to = getattr(args, "to", None)
         if to is not None and any(p.exists() and not p.is_dir() for p in (Path(to), *Path(to).parents)):
             # else publish copies everything into a staging folder and fails with "[Errno 20] Not a directory"

@@ -430,10 +430,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not path:
         raise ValueError(f"override {text!r} has an empty key")
     try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        doc = tomllib.loads(f"v = {raw.strip()}")
     except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    return path, value
+        return path, raw.strip()
+    if len(doc) > 1:  # "seeds=[1]\nname='x'": a second line would be dropped without a word
+        raise ValueError(f"override {text!r}: the value is followed by other TOML keys "
+                         f"({', '.join(repr(k) for k in doc if k != 'v')}); give each key a --set of its own")
+    return path, doc["v"]
 
 
 def _toml_key_prefix(text: str) -> str:
