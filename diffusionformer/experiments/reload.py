@@ -78,6 +78,27 @@ def _check_cuda_exists(device: torch.device) -> None:
                          "use map_location='cpu'")
 
 
+def _check_model_record(saved: Any, model: nn.Module, ckpt: Path, ident_path: Path) -> None:
+    """A CheckpointError when the checkpoint's model record (class, config, head layout of the model that wrote it)
+    differs from ``model`` rebuilt from ``run_config.json``: weights of the same shapes load into another operator
+    (a hand-edited ``heads``) without a word. Config fields the record lacks (added to the library after the run) and
+    a checkpoint without a record (older versions) are not compared."""
+    from collections.abc import Mapping
+
+    from diffusionformer.train import CheckpointError
+    from diffusionformer.train.checkpoint import model_record, model_record_differences
+
+    if not (isinstance(saved, Mapping) and all(isinstance(saved.get(k) or {}, Mapping) for k in ("config", "heads"))):
+        return
+    now = model_record(model)
+    if now["config"] is not None and saved.get("config"):
+        now["config"] = {k: v for k, v in now["config"].items() if k in saved["config"]}
+    diffs = model_record_differences(saved, now)
+    if diffs:
+        raise CheckpointError(f"checkpoint {ckpt}: expected the weights of the model that {ident_path} describes, got "
+                              f"ones written by a different model ({'; '.join(diffs)}); was {ident_path.name} edited?")
+
+
 def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu") -> LoadedRun:
     """Rebuild the model of a run directory with its trained weights, its config and its metrics.
 
@@ -100,7 +121,8 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
         ValueError: ``run_config.json`` is unreadable (truncated, not a JSON object), names an
             unknown preset or holds an invalid config; ``map_location`` is not a device, or a CUDA
             device this machine does not have.
-        CheckpointError: the checkpoint is unreadable or does not fit the model.
+        CheckpointError: the checkpoint is unreadable, does not fit the model, was written by another model
+            (class, config or head layout: an edited ``run_config.json``) or holds NaN or inf weights.
     """
     from diffusionformer.config import _device_argument, config_from_dict
     from diffusionformer.models import get_preset
@@ -140,7 +162,7 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     if ckpt.exists() and not ckpt.is_file():  # a folder there is not "no step saved yet"
         raise FileNotFoundError(f"load_run: expected the checkpoint {ckpt} to be a file, got a directory or other "
                                 "non-file; move it aside (the run's saved steps are not in it)")
-    if not ckpt.is_file():
+    if not ckpt.is_file() and not ckpt.is_symlink():  # a link to a missing file: load_checkpoint names it
         raise FileNotFoundError(f"load_run: expected the checkpoint {ckpt}, got none (the run has not saved a step yet)")
     payload = load_checkpoint(ckpt)
     model = preset.model_cls(config)
@@ -151,6 +173,11 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     except RuntimeError as err:
         raise CheckpointError(f"checkpoint {ckpt}: expected the weights of the {preset_name!r} model of "
                               f"{ident_path}, got ones that do not fit: {err}") from err
+    _check_model_record(payload.get("model_record"), model, ckpt, ident_path)
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:  # the trainer saves no others (and refuses to resume from such a file)
+        raise CheckpointError(f"checkpoint {ckpt}: expected finite parameters (the trainer saves no others), got "
+                              f"NaN or inf in {bad[:3]}{' ...' if len(bad) > 3 else ''}")
     model.to(map_location).eval()
     summary_path = rdir / "summary.json"
     summary = None

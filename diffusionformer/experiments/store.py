@@ -19,7 +19,7 @@ What a present lock means:
   worker not yet reaped by the ``run --workers`` parent), or that runs but started at another time
   than the lock records (the holder died and its id was given to a new process): **stale**; it is
   taken over (a lock without ``start``, as older versions wrote, is judged by its process id alone);
-- unreadable (empty or not JSON): **held** while it is younger than :data:`UNREADABLE_GRACE_S`
+- unreadable (empty, not JSON, a link to a missing file): **held** while it is younger than :data:`UNREADABLE_GRACE_S`
   (a lock written by an older, non-atomic version of this code that is still being filled),
   stale after that (junk left by a crash or another tool).
 
@@ -112,7 +112,7 @@ def _parse(text: bytes) -> _Holder | None:
     compared: the lock is judged by its pid, as one without)."""
     try:
         holder = json.loads(text)  # bytes that are not UTF-8 raise UnicodeDecodeError, a ValueError
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested deeper than Python's recursion limit
         return None
     pid, host = (holder.get("pid"), holder.get("host")) if isinstance(holder, dict) else (None, None)
     if type(pid) is not int or not isinstance(host, str):
@@ -139,15 +139,22 @@ def _state(path: Path) -> tuple[_Holder | None, os.stat_result | None]:
         with open(path, "rb", opener=lambda p, flags: os.open(p, flags | getattr(os, "O_NONBLOCK", 0))) as f:
             st = os.fstat(f.fileno())
             text = f.read(_MAX_LOCK_BYTES + 1) if stat.S_ISREG(st.st_mode) else b""
-    except (FileNotFoundError, IsADirectoryError):  # a folder is no lock: acquire_lock refuses it by name
+    except IsADirectoryError:  # a folder is no lock: acquire_lock refuses it by name
         return None, None
+    except FileNotFoundError:
+        if not path.is_symlink():
+            return None, None
+        text = b""  # a link to a missing file: there, so no lock can be linked in its place, but junk
     except OSError:
         text = b""
     if not text or len(text) > _MAX_LOCK_BYTES:  # a FIFO, a device, empty, or longer than any lock: junk
         try:
             return _UNREADABLE, path.stat()
         except OSError:
-            return None, None
+            try:  # a link to a missing file or a loop of links: judged by the link's own age
+                return _UNREADABLE, path.lstat()
+            except OSError:
+                return None, None
     holder = _parse(text)
     return (_UNREADABLE if holder is None else holder), st
 

@@ -115,7 +115,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         path: a file written by the trainer (:func:`save_checkpoint` of the trainer payload).
 
     Raises:
-        FileNotFoundError: ``path`` does not exist, or is not a regular file (a folder, a FIFO).
+        FileNotFoundError: ``path`` does not exist, or is not a regular file (a folder, a FIFO, a link to a
+            missing file).
         CheckpointError: the file is truncated/corrupt, holds objects that ``weights_only``
             refuses, lacks the trainer's keys, or may not be read (then it is not called
             damaged). The file is never modified.
@@ -123,7 +124,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         # a FIFO or a device is there, not missing: "missing" sent the user looking for a file that is in place
-        what = ("missing" if not path.exists() else "a directory" if path.is_dir() else file_kind(path.stat().st_mode))
+        # a link to a missing file (a disk not mounted) or a loop of links is there too: `ls` lists it
+        what = ("a symbolic link to a missing file (or a loop of links)" if path.is_symlink() and not path.exists()
+                else "missing" if not path.exists() else "a directory" if path.is_dir()
+                else file_kind(path.stat().st_mode))
         raise FileNotFoundError(f"load_checkpoint: expected a checkpoint file, got {what} {path}")
     bad_member = _crc_failure(path)
     if bad_member is not None:

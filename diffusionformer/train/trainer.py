@@ -67,6 +67,19 @@ def _entries_fit(path: Any, expected: str) -> Any:
         raise CheckpointError(f"checkpoint {path}: expected {expected}: {type(err).__name__}: {err}") from err
 
 
+def _check_optimizer_state_shapes(optimizer: torch.optim.Optimizer) -> None:
+    """A ValueError when a loaded AdamW moment is not a tensor of its parameter's shape: ``load_state_dict`` checks
+    only the number of parameters, and the first update would fail with a bare RuntimeError far from the file."""
+    for group in optimizer.param_groups:
+        names = group.get("names") or [None] * len(group["params"])
+        for name, p in zip(names, group["params"]):
+            for key, value in optimizer.state.get(p, {}).items():
+                if key != "step" and not (isinstance(value, torch.Tensor) and value.shape == p.shape):
+                    got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else _type_name(value)
+                    raise ValueError(f"optimizer state {key!r} of parameter {name or tuple(p.shape)} to be a tensor "
+                                     f"of its shape {tuple(p.shape)}, got {got}")
+
+
 class Trainer:
     r"""Minimise a task's loss with AdamW, resumable bit-exactly, on 1 or N processes.
 
@@ -190,6 +203,10 @@ class Trainer:
         if self.resume is True:
             path = self.checkpoint_path
             if not path.exists():
+                if path.is_symlink():  # else trained from step 0, its log cut and the link replaced, without a word
+                    raise CheckpointError(f"checkpoint {path} is a symbolic link to a missing file (or a loop of "
+                                          "links): make its target readable (a disk not mounted?) to resume, or "
+                                          "delete the link to train from step 0")
                 return None
         else:
             path = Path(self.resume)
@@ -266,6 +283,7 @@ class Trainer:
         with _entries_fit(path, "the state of this model and optimizer, got one that does not fit"):
             self.model.load_state_dict(payload["model"])
             optimizer.load_state_dict(payload["optimizer"])
+            _check_optimizer_state_shapes(optimizer)
         # _save never writes non-finite parameters: a checkpoint holding some is not a "last good" one to resume from
         bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
         if bad:
