@@ -19,8 +19,9 @@ Part 2 (profile). One forward+backward of every candidate at the first size, cau
 ``torch.profiler``: which SDPA operator runs (flash / cuDNN / efficient / math, from the aten
 operator names) with the dtype, contiguity, mask and ``is_causal`` of its inputs (recorded by a
 ``TorchFunctionMode``), device kernel launches per call (CUDA; on CPU the number of aten
-operators), copies (``aten::copy_``), casts (``aten::_to_copy``) and host syncs
-(``aten::_local_scalar_dense``, ``cudaStreamSynchronize``; not ``cudaDeviceSynchronize``, which only the
+operators), copies (``aten::copy_``), casts (``aten::_to_copy``) and host syncs (CUDA:
+``cudaStreamSynchronize``, which every ``.item()`` and blocking device-to-host copy ends in; CPU: the
+``aten::_local_scalar_dense`` calls that would wait on a GPU; not ``cudaDeviceSynchronize``, which only the
 script's own synchronisation and the profiler's exit call inside the profiled window).
 
 Part 3 (GPT). One training step (bf16 autocast forward + loss, backward, AdamW fused on CUDA,
@@ -326,15 +327,19 @@ SDPA_KINDS = {
 }
 
 
+# The events of one host synchronisation, per device type. On CUDA an ``.item()`` is an aten::_local_scalar_dense
+# event with a cudaStreamSynchronize inside it (c10::cuda::memcpy_and_sync: cudaMemcpyAsync, then the stream sync),
+# so counting both would count it twice; cudaStreamSynchronize alone also sees blocking device-to-host copies and
+# nonzero. On CPU nothing waits: aten::_local_scalar_dense marks the calls that would on a GPU.
 # cudaDeviceSynchronize is not counted: the library never calls it, while profile_call's own C.sync and the
 # profiler's exit (torch.autograd.profiler.profile.__exit__ synchronises before it stops recording) both do inside
 # the profiled window, so it would add 2 to every row on CUDA, the reference layer's included
-HOST_SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaStreamSynchronize")
+HOST_SYNC_EVENTS = {"cuda": ("cudaStreamSynchronize",), "cpu": ("aten::_local_scalar_dense",)}
 
 
-def host_syncs(names: Counter) -> int:
-    """Host synchronisations among the profiled event names (see :data:`HOST_SYNC_EVENTS`)."""
-    return sum(names[k] for k in HOST_SYNC_EVENTS)
+def host_syncs(names: Counter, device: str) -> int:
+    """Host synchronisations among the profiled event names of a run on ``device`` (see :data:`HOST_SYNC_EVENTS`)."""
+    return sum(names[k] for k in HOST_SYNC_EVENTS["cuda" if torch.device(device).type == "cuda" else "cpu"])
 
 
 def profile_call(fn: Callable[[], None], device: str) -> dict[str, Any]:
@@ -351,7 +356,7 @@ def profile_call(fn: Callable[[], None], device: str) -> dict[str, Any]:
     names = Counter(e.name for e in prof.events())
     kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) if device == "cuda" \
         else sum(n for k, n in names.items() if k.startswith("aten::"))
-    syncs = host_syncs(names)
+    syncs = host_syncs(names, device)
     sdpa = sorted({SDPA_KINDS[k] for k in names if k in SDPA_KINDS})
     triton_kernels = sorted({k for k in names if k.startswith(("_first_step", "_next_step", "_transposed_step", "_bwd_"))})
     return {"sdpa": ", ".join(sdpa) or "-", "inputs": "; ".join(sorted(set(rec.calls))) or "-",
@@ -500,10 +505,13 @@ def main(argv: list[str] | None = None) -> C.Report:
         if chosen is not None and not chosen:  # e.g. an empty $BENCH_ISSUE15_ARGS expansion: it would judge nothing
             raise SystemExit(f"bench_issue15: {flag} was given without values; leave it out for all")
     C.check_indices("bench_issue15", "--layer-sizes", args.layer_sizes, LAYER_SIZES, "all")
-    if args.device == "cpu" and not smoke and args.layer_sizes is None and args.gpt_sizes is None:
-        # the full grid (a 12-layer GPT at T=1024, 4096-token layers) takes hours on a CPU: refuse it up front
+    full = [flag for part, flag, chosen in (("layers", "--layer-sizes", args.layer_sizes),
+                                            ("gpt", "--gpt-sizes", args.gpt_sizes)) if part in args.parts and chosen is None]
+    if args.device == "cpu" and not smoke and full:
+        # the full grid (a 12-layer GPT at T=1024, 4096-token layers) takes hours on a CPU: refuse it up front (also
+        # when only one of the two parts has its sizes chosen: the other would still run all of its own)
         raise SystemExit("bench_issue15: the full sizes are meant for a GPU (hours on a CPU); on CPU pass --smoke, "
-                         "or choose sizes with --layer-sizes / --gpt-sizes")
+                         f"or choose sizes with {' and '.join(full)} (or leave their parts out with --parts)")
     with_triton = triton_ready(args.device)
     argv_on = ["--device", args.device, "--threads", "1", "--parts", *args.parts] + (["--smoke"] if smoke else [])
     argv_on += [] if args.layer_sizes is None else ["--layer-sizes", *map(str, args.layer_sizes)]

@@ -271,4 +271,4 @@ def test_bug_issue15_full_sizes_on_cpu_are_refused_before_anything_runs(monkeypa
     assert not any(tmp_path.iterdir())
     # a size chosen on purpose is the user's call: it passes the check
     with pytest.raises(RuntimeError, match="past the check"):
-        B.main(["--device", "cpu", "--out", str(tmp_path), "--layer-sizes", "2"])
+        B.main(["--device", "cpu", "--out", str(tmp_path), "--layer-sizes", "2", "--parts", "layers"])
