@@ -60,6 +60,13 @@ def _float_pair(value: object) -> object:
     return items
 
 
+def _require_tensor(images: object, owner: str) -> None:
+    """Refuse images that are not a tensor (a numpy array) before ``.dim()`` fails with an AttributeError."""
+    if not isinstance(images, Tensor):
+        raise TypeError(f"{owner} expects images as a tensor (B, C, H, W), got {type(images).__name__} "
+                        f"(convert with torch.as_tensor)")
+
+
 def _check_images(images: Tensor, owner: str) -> None:
     """Refuse non-float images before ``affine_grid``/``conv2d`` blame ``theta`` or the kernel."""
     if not images.is_floating_point():
@@ -130,6 +137,7 @@ def resample_crops(images: Tensor, theta: Tensor) -> Tensor:
         >>> torch.allclose(resample_crops(x, flip), x.flip(-1), atol=1e-5)
         True
     """
+    _require_tensor(images, "resample_crops")
     if images.dim() != 4 or theta.shape != (images.shape[0], 2, 3):
         raise ValueError(f"resample_crops expects images (N, C, H, W) and theta (N, 2, 3), got "
                          f"{tuple(images.shape)} and {tuple(theta.shape)}")
@@ -309,6 +317,7 @@ class MultiCropAugment:
 
     def apply(self, images: Tensor, params: dict[str, Tensor]) -> Tensor:
         """The views of ``images`` for parameters from :meth:`sample` (on the images' device)."""
+        _require_tensor(images, "MultiCropAugment.apply")
         if images.dim() != 4:
             raise ValueError(f"MultiCropAugment.apply expects images (B, C, H, W), got {tuple(images.shape)}")
         if not images.is_floating_point():
@@ -373,6 +382,7 @@ def random_crop_flip(images: Tensor, generator: torch.Generator, *, padding: int
         >>> torch.equal(random_crop_flip(x, torch.Generator().manual_seed(0), padding=0, flip=False), x)
         True
     """
+    _require_tensor(images, "random_crop_flip")
     if images.dim() != 4:
         raise ValueError(f"random_crop_flip: expected images of shape (B, C, H, W), got {tuple(images.shape)}")
     if isinstance(padding, bool) or not isinstance(padding, numbers.Integral) or padding < 0:

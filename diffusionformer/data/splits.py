@@ -30,8 +30,11 @@ __all__ = [
 ]
 
 
+_MAX_SEED = 2**64 - 1  # the largest seed a torch.Generator takes
+
+
 def generator(seed: int) -> torch.Generator:
-    """A CPU ``torch.Generator`` seeded with ``seed`` (an int, numpy ints too; bools are refused).
+    """A CPU ``torch.Generator`` seeded with ``seed`` (an int in ``[0, 2**64 - 1]``, numpy ints too; bools are refused).
 
     Examples:
         >>> torch.randint(10, (3,), generator=generator(0)).tolist() == torch.randint(
@@ -40,7 +43,10 @@ def generator(seed: int) -> torch.Generator:
     """
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    return torch.Generator().manual_seed(int(seed))
+    seed = int(seed)
+    if not 0 <= seed <= _MAX_SEED:  # torch reads -1 as 2**64 - 1 (the same split) and fails beyond with "Overflow"
+        raise ValueError(f"seed must be an int in [0, 2**64 - 1] (a torch generator seed), got {seed}")
+    return torch.Generator().manual_seed(seed)
 
 
 def _require_generator(generator: object, owner: str) -> None:
