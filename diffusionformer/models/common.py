@@ -102,17 +102,28 @@ def _check_batch(batch: Any, num_nodes: int) -> None:
         raise TypeError(f"batch must hold integer graph ids, got dtype {batch.dtype}")
 
 
-def _conv_edges(edge_index: Any, num_nodes: int) -> Any:
+def _conv_edges(edge_index: Any, num_nodes: int, dtype: torch.dtype) -> Any:
     """The edges of a GCN/GIN forward: an ``edge_index`` ``(2, E)`` checked (shape, dtype; bounds on CPU in eager
     mode); a torch sparse adjacency, which PyG's convolutions read as ``adj_t`` (row ``i`` lists the sources of target
-    ``i``, the transpose of the adjacency), checked to be ``(N, N)`` (else a bare error from torch's matmul); other
-    objects (a ``torch_sparse.SparseTensor``) passed to PyG as they are."""
+    ``i``, the transpose of the adjacency), checked to be ``(N, N)`` (else a bare error from torch's matmul) in the
+    COO, CSR or CSC layout, its values cast to the model's ``dtype`` (as ``x`` is; float32 values in a float64
+    model, or integer ones, were a bare dtype error from torch's matmul) and an uncoalesced COO one coalesced
+    into a new tensor (PyG's ``to_edge_index`` flags its input coalesced in place, unsorted: the caller's
+    tensor then gave a wrong ``to_sparse_csr()`` and wrong results in the next model); other objects (a
+    ``torch_sparse.SparseTensor``) passed to PyG as they are."""
     if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided:
         return check_edge_index(edge_index, num_nodes)
-    if isinstance(edge_index, Tensor) and tuple(edge_index.shape) != (num_nodes, num_nodes):
+    if not isinstance(edge_index, Tensor):
+        return edge_index
+    if edge_index.layout not in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc):
+        raise ValueError(f"edge_index: a sparse adjacency (adj_t) must have the layout torch.sparse_coo, "
+                         f"torch.sparse_csr or torch.sparse_csc, got {edge_index.layout}")
+    if tuple(edge_index.shape) != (num_nodes, num_nodes):
         raise ValueError(f"edge_index: a sparse adjacency (adj_t) must have shape (N, N) = ({num_nodes}, {num_nodes}), "
                          f"got {tuple(edge_index.shape)}")
-    return edge_index
+    if edge_index.layout == torch.sparse_coo and not edge_index.is_coalesced():
+        edge_index = edge_index.coalesce()
+    return edge_index.to(dtype)
 
 
 def _check_graph_devices(x: Tensor, **tensors: Any) -> None:

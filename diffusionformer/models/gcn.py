@@ -77,13 +77,14 @@ class GCN(nn.Module):
         ``batch.max() + 1``, the extra graphs being empty), instead of ``batch.max() + 1``; checked and
         otherwise unused for node tasks, as in :class:`~diffusionformer.models.DiffusionGraphTransformer`.
         ``edge_index`` may also be a torch sparse adjacency ``(N, N)``, which PyG reads as ``adj_t`` (row ``i``
-        holds the sources of target ``i``: the transpose of the adjacency).
+        holds the sources of target ``i``: the transpose of the adjacency); its values weight the edges, and PyG
+        adds 1 to every diagonal entry (``add_self_loops``: a self loop already there gets weight 2, not 1).
         """
         c = self.config
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
         _check_graph_devices(x, edge_index=edge_index, batch=batch)
-        edge_index = _conv_edges(edge_index, x.shape[0])
+        edge_index = _conv_edges(edge_index, x.shape[0], self.convs[0].lin.weight.dtype)
         batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)
         batch = batch.long()  # int32 ids pass the check, but PyG's pools scatter with int64 indices
         x = x.to(self.convs[0].lin.weight.dtype)  # as the graph transformer reads its x: float64 or int features, float32 model

@@ -76,6 +76,18 @@ class GIN(nn.Module):
         )
         self.heads = nn.ModuleList(nn.Linear(d, c.num_classes) for d in dims)
 
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        # GIN-0 keeps epsilon at 0 in a buffer, which a GIN-eps model's state dict overwrote without a word: the
+        # model then ran with the other model's learned epsilon; refused before any weight is written
+        if not self.config.train_eps:
+            for i in range(len(self.convs)):
+                eps = state_dict.get(f"{prefix}convs.{i}.eps")
+                if isinstance(eps, Tensor) and eps.device.type != "meta" and bool((eps != 0).any()):
+                    raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}: {prefix}convs.{i}.eps "
+                                       f"is fixed at 0 (train_eps=False, GIN-0), but the state dict holds "
+                                       f"{eps.flatten().tolist()} (the weights of a train_eps=True model?)")
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
                 num_graphs: int | None = None) -> Tensor:
         """Node logits ``(N, C)`` or graph logits ``(G, C)``.
@@ -90,7 +102,7 @@ class GIN(nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
         _check_graph_devices(x, edge_index=edge_index, batch=batch)
-        edge_index = _conv_edges(edge_index, x.shape[0])
+        edge_index = _conv_edges(edge_index, x.shape[0], self.heads[0].weight.dtype)
         batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)
         batch = batch.long()  # int32 ids pass the check, but PyG's pools scatter with int64 indices
         x = x.to(self.heads[0].weight.dtype)  # as the graph transformer reads its x: float64 or int features, float32 model
