@@ -127,6 +127,8 @@ def center_sharpen(teacher_logits: Tensor, center: Tensor, temperature: float) -
     """
     if not temperature > 0:  # also refuses NaN, which would turn every target into NaN
         raise ValueError(f"temperature must be positive, got {temperature}")
+    if temperature == math.inf:  # else every target was uniform: the teacher taught nothing
+        raise ValueError(f"temperature must be finite, got {temperature}")
     if center.dim() not in (1, 2) or (center.dim() == 2 and center.shape[0] != 1):  # (B, K) would act per sample
         raise ValueError(f"center must have shape (K,) or (1, K), got {tuple(center.shape)}")
     if center.shape[-1] != teacher_logits.shape[-1]:
@@ -175,6 +177,8 @@ def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, st
         raise ValueError(f"dino_loss needs at least one sample and one output dimension, got B={B}, K={K}")
     if not student_temp > 0:  # also refuses NaN
         raise ValueError(f"student_temp must be positive, got {student_temp}")
+    if student_temp == math.inf:  # else the student's softmax was uniform: loss log K, zero gradient
+        raise ValueError(f"student_temp must be finite, got {student_temp}")
     dtype = torch.promote_types(student_logits.dtype, teacher_logits.dtype)  # e.g. a bf16 student, fp32 teacher
     targets = center_sharpen(teacher_logits.detach().to(dtype), center, teacher_temp)  # (Vt, B, K)
     log_probs = torch.log_softmax(student_logits.to(dtype) / student_temp, dim=-1)  # (Vs, B, K)
@@ -190,7 +194,8 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
 
     For a query ``q`` with neighbours ``N_k(q)`` (the ``k`` bank features of largest cosine
     similarity ``s_i``), class ``c`` scores ``sum_{i in N_k(q)} [y_i = c] exp(s_i / T)``; the
-    prediction is the highest score (ties: the smaller class index).
+    prediction is the highest score (ties: the smaller class index). The cosines are taken in
+    float64 when either input is float64, else in float32; non-finite features are refused.
 
     Args:
         bank: features of the labelled bank (need not be normalised).
@@ -230,12 +235,18 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
     if k < 1 or not temperature > 0:  # ``not > 0`` refuses NaN too, which made every vote NaN and every prediction 0
         raise ValueError(f"k must be >= 1 and temperature > 0, got k={k}, temperature={temperature}")
     check_positive_int("knn_classify", chunk_size=chunk_size)
-    bank_n = F.normalize(bank.float(), dim=1)
+    for name, feats in (("bank", bank), ("queries", queries)):  # a NaN or inf feature voted silently for class 0
+        if not bool(torch.isfinite(feats).all()):
+            raise ValueError(f"knn_classify: {name} holds non-finite features (NaN or inf)")
+    # float64 features stay float64: in float32 the cosines of nearly parallel features (angles below ~3e-4 rad)
+    # round to the same value, and the neighbours were picked among ties
+    dtype = torch.float64 if torch.float64 in (bank.dtype, queries.dtype) else torch.float32
+    bank_n = F.normalize(bank.to(dtype), dim=1)
     labels = bank_labels.to(device=bank.device, dtype=torch.long)  # scatter_add_ takes int64 (or int32) indices only
     k = min(k, bank.shape[0])
     out = []
     for start in range(0, queries.shape[0], chunk_size):
-        q = F.normalize(queries[start : start + chunk_size].float(), dim=1)
+        q = F.normalize(queries[start : start + chunk_size].to(dtype), dim=1)
         sim, idx = (q @ bank_n.T).topk(k, dim=1)  # (q, k)
         votes = torch.zeros(q.shape[0], num_classes, device=q.device, dtype=sim.dtype)
         # exp((s - s_max) / T): the same argmax, while exp(s / T) overflows float32 for T < ~0.0113 (inf votes tie)
