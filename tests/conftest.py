@@ -44,11 +44,27 @@ def task_adapters():
 
 @pytest.fixture(scope="session")
 def nanogpt_reference():
-    """nanoGPT's ``model.py`` as reproduced in ``tests/models/nanogpt_reference.py`` (MIT), loaded by path once."""
+    """nanoGPT's ``model.py`` as reproduced in ``tests/models/nanogpt_reference.py`` (MIT), loaded by path once;
+    ``.diffusionformer_names(n_layer)`` maps its parameter names to :class:`DiffusionGPT`'s."""
     name = "diffusionformer_tests_nanogpt_reference"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "models" / "nanogpt_reference.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
+        module.diffusionformer_names = _nanogpt_names
     return sys.modules[name]
+
+
+def _nanogpt_names(n_layer: int) -> dict[str, str]:
+    """nanoGPT parameter name -> DiffusionGPT parameter name, for ``n_layer`` blocks."""
+    out = {"transformer.wte.weight": "tok_emb.weight", "transformer.wpe.weight": "pos_emb.weight",
+           "transformer.ln_f.weight": "norm.weight", "transformer.ln_f.bias": "norm.bias",
+           "lm_head.weight": "lm_head.weight"}
+    parts = {"ln_1": "norm1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out_proj", "ln_2": "norm2",
+             "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+    for i in range(n_layer):
+        for a, b in parts.items():
+            for kind in ("weight", "bias"):
+                out[f"transformer.h.{i}.{a}.{kind}"] = f"blocks.{i}.{b}.{kind}"
+    return out

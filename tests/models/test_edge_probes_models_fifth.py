@@ -16,19 +16,6 @@ from diffusionformer.models import DiffusionGPT, DiffusionViT, GPTConfig, ViTCon
 from diffusionformer.train import param_groups
 
 
-def _name_map(n_layer: int) -> dict[str, str]:
-    """nanoGPT parameter name -> DiffusionGPT parameter name (as in test_models_nanogpt_equivalence)."""
-    out = {"transformer.wte.weight": "tok_emb.weight", "transformer.wpe.weight": "pos_emb.weight",
-           "transformer.ln_f.weight": "norm.weight", "transformer.ln_f.bias": "norm.bias",
-           "lm_head.weight": "lm_head.weight"}
-    parts = {"ln_1": "norm1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out_proj", "ln_2": "norm2",
-             "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
-    for i in range(n_layer):
-        for a, b in parts.items():
-            for kind in ("weight", "bias"):
-                out[f"transformer.h.{i}.{a}.{kind}"] = f"blocks.{i}.{b}.{kind}"
-    return out
-
 _TINY = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8)
 
 
@@ -36,8 +23,7 @@ def _tied(model: DiffusionGPT) -> bool:
     return model.lm_head.weight is model.tok_emb.weight
 
 
-def _copy_weights(ref: torch.nn.Module, ours: DiffusionGPT, n_layer: int, seed: int = 1) -> None:
-    names = _name_map(n_layer)
+def _copy_weights(ref: torch.nn.Module, ours: DiffusionGPT, names: dict[str, str], seed: int = 1) -> None:
     ours_params = dict(ours.named_parameters())
     assert sorted(names[n] for n, _ in ref.named_parameters()) == sorted(ours_params)
     g = torch.Generator().manual_seed(seed)
@@ -118,8 +104,8 @@ def test_softmax_heads_equal_nanogpt_in_float64_on_every_cpu_backend(nanogpt_ref
     ref = R.GPT(R.GPTConfig(block_size=16, vocab_size=13, n_layer=2, n_head=3, n_embd=24, bias=True)).double()
     ours = DiffusionGPT(GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=3, n_embd=24, backend=backend,
                                   heads=heads)).double()
-    _copy_weights(ref, ours, 2)
-    names = _name_map(2)
+    names = R.diffusionformer_names(2)
+    _copy_weights(ref, ours, names)
     g = torch.Generator().manual_seed(2)
     for B, T in ((2, 11), (1, 1)):
         idx, tgt = torch.randint(0, 13, (B, T), generator=g), torch.randint(0, 13, (B, T), generator=g)
@@ -178,7 +164,7 @@ def test_nanogpt_decay_groups_with_biases_and_through_a_wrapper(nanogpt_referenc
     R = nanogpt_reference
     ref = R.GPT(R.GPTConfig(block_size=8, vocab_size=13, n_layer=2, n_head=2, n_embd=8, bias=bias))
     ours = DiffusionGPT(GPTConfig(**_TINY, bias=bias))
-    names = _name_map(2)
+    names = R.diffusionformer_names(2)
     ref_names = {id(p): n for n, p in ref.named_parameters()}
     theirs = ref.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").param_groups
     for model, prefix in ((ours, ""), (torch.nn.ModuleDict({"_orig_mod": ours}), "_orig_mod.")):

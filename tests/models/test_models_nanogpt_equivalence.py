@@ -15,20 +15,6 @@ from diffusionformer.models import DiffusionGPT, GPTConfig
 from diffusionformer.train import TrainConfig, build_optimizer, param_groups
 
 
-def _name_map(n_layer: int) -> dict[str, str]:
-    """nanoGPT parameter name -> DiffusionGPT parameter name."""
-    out = {"transformer.wte.weight": "tok_emb.weight", "transformer.wpe.weight": "pos_emb.weight",
-           "transformer.ln_f.weight": "norm.weight", "transformer.ln_f.bias": "norm.bias",
-           "lm_head.weight": "lm_head.weight"}
-    parts = {"ln_1": "norm1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out_proj", "ln_2": "norm2",
-             "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
-    for i in range(n_layer):
-        for a, b in parts.items():
-            for kind in ("weight", "bias"):
-                out[f"transformer.h.{i}.{a}.{kind}"] = f"blocks.{i}.{b}.{kind}"
-    return out
-
-
 def _pair(ref_mod, bias: bool = False, dropout: float = 0.0, n_layer: int = 2, n_head: int = 3,
           n_embd: int = 24, block_size: int = 16, vocab_size: int = 13, flash: bool = True):
     torch.manual_seed(0)
@@ -41,7 +27,7 @@ def _pair(ref_mod, bias: bool = False, dropout: float = 0.0, n_layer: int = 2, n
                                        .view(1, 1, block_size, block_size))
     ours = DiffusionGPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
                                   n_embd=n_embd, dropout=dropout, bias=bias, backend="matrix")).double()
-    names = _name_map(n_layer)
+    names = ref_mod.diffusionformer_names(n_layer)
     ref_params = dict(ref.named_parameters())
     ours_params = dict(ours.named_parameters())
     # every parameter of each model has exactly one partner (tied embedding/head counted once)
@@ -98,7 +84,7 @@ def test_fresh_init_matches_nanogpt_statistics(nanogpt_reference):
     n_layer = 6
     ref = ref_mod.GPT(ref_mod.GPTConfig(block_size=64, vocab_size=65, n_layer=n_layer, n_head=6, n_embd=384, bias=False))
     ours = DiffusionGPT(GPTConfig(vocab_size=65, block_size=64, n_layer=n_layer, n_head=6, n_embd=384, bias=False))
-    names = _name_map(n_layer)
+    names = ref_mod.diffusionformer_names(n_layer)
     ours_params = dict(ours.named_parameters())
     for n, p in ref.named_parameters():
         q = ours_params[names[n]]

@@ -278,17 +278,6 @@ def test_block_routes_dropout_and_attn_dropout_to_their_places():
 
 
 # ---------------------------------------------------------------------------- GPT == nanoGPT on the fused path
-def _name_map(n_layer: int) -> dict[str, str]:
-    """nanoGPT parameter name -> DiffusionGPT parameter name (bias-free)."""
-    out = {"transformer.wte.weight": "tok_emb.weight", "transformer.wpe.weight": "pos_emb.weight",
-           "transformer.ln_f.weight": "norm.weight", "lm_head.weight": "lm_head.weight"}
-    parts = {"ln_1": "norm1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out_proj", "ln_2": "norm2",
-             "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
-    for i in range(n_layer):
-        for a, b in parts.items():
-            out[f"transformer.h.{i}.{a}.weight"] = f"blocks.{i}.{b}.weight"
-    return out
-
 
 @pytest.mark.parametrize("backend", ["auto", "sdpa"])
 def test_bias_free_gpt_on_the_fused_path_equals_nanogpt(nanogpt_reference, backend):
@@ -305,7 +294,7 @@ def test_bias_free_gpt_on_the_fused_path_equals_nanogpt(nanogpt_reference, backe
                                         n_embd=n_embd, dropout=0.25, bias=False)).double().eval()
     ours = DiffusionGPT(GPTConfig(vocab_size=vocab, block_size=block_size, n_layer=n_layer, n_head=n_head,
                                   n_embd=n_embd, dropout=0.25, bias=False, backend=backend)).double().eval()
-    names = _name_map(n_layer)
+    names = ref_mod.diffusionformer_names(n_layer)
     ref_params, ours_params = dict(ref.named_parameters()), dict(ours.named_parameters())
     assert sorted(names[n] for n in ref_params) == sorted(ours_params)
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
