@@ -178,6 +178,7 @@ class DiffusionAttention(nn.Module):
         if self.dropout > 0.0:  # operators that cannot take dropout on P say so now
             for op in self.operators:
                 op.check_attention_dropout(self.dropout)
+        self.register_load_state_dict_post_hook(_materialise_operator_caches)
 
     # ------------------------------------------------------------------ per-layer plan
     def _refresh_plan(self) -> None:
@@ -742,6 +743,17 @@ class DiffusionAttention(nn.Module):
         live in the state dict). One operator instance with state shared by several heads is
         written with ``num_heads=1``, so the rebuilt layer's state dict has its shapes."""
         return ",".join(f"{_group_spec(op, count)}:{count}" for op, (_, count) in zip(self.operators, self._groups))
+
+
+def _materialise_operator_caches(layer: nn.Module, incompatible_keys: Any) -> None:
+    """After ``load_state_dict``: the operators' caches (fixed coefficients, in no state dict) that a layer built
+    under ``with torch.device("meta")`` kept on meta through ``assign=True``, rebuilt on the device of its weights
+    (an attention or Laplacian head has no state of its own to tell the device), in their precision (float64
+    weights assigned to a float32 layer)."""
+    weight = layer.qkv.weight
+    if not weight.is_meta:
+        for op in layer.operators:
+            op._materialise_caches(weight.device, weight.dtype)
 
 
 def _check_copied_kwargs(kwargs: dict[str, Any], method: str, source: str) -> None:

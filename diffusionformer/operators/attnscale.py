@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, check_finite_float,
+from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, _meta_repr, check_finite_float,
                                             check_finite_parameter, check_flag)
 from diffusionformer.operators.registry import register_operator
 
@@ -93,4 +93,5 @@ class AttnScaleOperator(DiffusionOperator):
         return dc + (1.0 + w) * (pv - dc)
 
     def extra_repr(self) -> str:
-        return f"omega={[round(x, 4) for x in self.omega.detach().tolist()]}, learnable={self.learnable}, num_heads={self.num_heads}"
+        omega = _meta_repr(self.omega) or [round(x, 4) for x in self.omega.detach().tolist()]
+        return f"omega={omega}, learnable={self.learnable}, num_heads={self.num_heads}"

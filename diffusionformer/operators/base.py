@@ -151,6 +151,29 @@ class DiffusionOperator(nn.Module):
         # a saved fixed constant equals the constructor's value in the saved precision (_check_loaded_constant):
         # keep the exact value, not the saved rounding of it
         self._restore_constants()
+        # built under `with torch.device("meta")` and loaded with assign=True: the caches, on the loaded state's device
+        own = [t for n, t in (*self._parameters.items(), *self._buffers.items())
+               if isinstance(t, Tensor) and not t.is_meta and n not in self._non_persistent_buffers_set]
+        if own:
+            self._materialise_caches(own[0].device)
+
+    def _materialise_caches(self, device: torch.device, dtype: torch.dtype | None = None) -> None:
+        """Rebuild the non-persistent caches (the fixed coefficients ``_c``) on ``device`` when they are still on
+        the meta device or, given the ``dtype`` of the weights they serve, in another working precision (float64
+        for float64 weights, else float32).
+
+        They are in no state dict: a module built under ``with torch.device("meta")`` and given its state by
+        ``load_state_dict(..., assign=True)`` kept them on meta, and its first call failed ("Cannot copy out of
+        meta tensor"); float64 weights assigned to a float32 module kept float32-rounded coefficients.
+        :meth:`_apply` rebuilds them for ``to_empty`` and casts.
+        """
+        static = self.static_coefficients()
+        c = getattr(self, "_c", None)
+        if static is None or not isinstance(c, Tensor):
+            return
+        work = torch.float64 if (c.dtype if dtype is None else dtype) == torch.float64 else torch.float32
+        if c.is_meta or c.dtype != work:
+            self._c = torch.tensor(static, dtype=work, device=device)
 
     def head_coefficients(self, num_heads: int | None = None) -> Tensor:
         """:meth:`coefficients` expanded to ``(G, K+1)``."""
@@ -231,6 +254,12 @@ class DiffusionOperator(nn.Module):
 def _checked_degree(op: DiffusionOperator) -> int:
     """A polynomial operator's :attr:`~DiffusionOperator.degree` as an int, else a ValueError naming the class."""
     return check_count(op.degree, f"{type(op).__name__}.degree", minimum=0)
+
+
+def _meta_repr(t: Tensor) -> str | None:
+    """What an ``extra_repr`` shows for a tensor on the meta device, its shape (a module built under
+    ``with torch.device("meta")`` has no values to read: ``print(model)`` raised); ``None`` for a tensor with values."""
+    return f"<meta {tuple(t.shape)}>" if t.is_meta else None
 
 
 def _check_loaded_constant(op: DiffusionOperator, state_dict: dict, prefix: str, key: str, value: float, arg: str,

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.config import _choice_hint
-from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, _check_tol, check_finite_float,
-                                            check_finite_parameter, check_flag, check_real, static_dtype)
+from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, _check_tol, _meta_repr,
+                                            check_finite_float, check_finite_parameter, check_flag, check_real,
+                                            static_dtype)
 from diffusionformer.operators.registry import register_operator
 from diffusionformer.ops.engine import _tensor_cache
 from diffusionformer.ops.reference import _matrix_exp
@@ -266,7 +267,8 @@ class HeatOperator(DiffusionOperator):
         else:
             steps = int(steps)  # a numpy int from a sweep: the spec writes a Python int
             if steps <= MAX_STEPS:
-                _check_truncation(t, steps, method, tol)
+                with torch.device("cpu"):  # reads the bound as a float, also under `with torch.device("meta")`
+                    _check_truncation(t, steps, method, tol)
         if steps > MAX_STEPS:
             raise ValueError(f"steps={steps} exceeds the maximum of {MAX_STEPS}")
         # a tolerance looser than the default for explicit steps travels with the spec
@@ -281,9 +283,9 @@ class HeatOperator(DiffusionOperator):
             self.t = nn.Parameter(torch.full((num_heads,), t))
         else:
             self.register_buffer("t", torch.tensor(t, dtype=torch.float64))
-            coeffs = heat_coefficients(torch.tensor(t, dtype=torch.float64), steps, method)
-            self.register_buffer("_c", coeffs.to(static_dtype()), persistent=False)
-            self._static = tuple(coeffs.tolist())
+            with torch.device("cpu"):  # Python floats, also under `with torch.device("meta")` (deferred init)
+                self._static = tuple(heat_coefficients(torch.tensor(t, dtype=torch.float64), steps, method).tolist())
+            self.register_buffer("_c", torch.tensor(self._static, dtype=static_dtype()), persistent=False)
 
     @property
     def degree(self) -> int:
@@ -325,7 +327,7 @@ class HeatOperator(DiffusionOperator):
 
     def extra_repr(self) -> str:
         t = self.t.detach()
-        t_repr = f"{t.item():g}" if t.numel() == 1 else f"{t.tolist()}"
+        t_repr = _meta_repr(t) or (f"{t.item():g}" if t.numel() == 1 else f"{t.tolist()}")
         return f"t={t_repr}, steps={self.steps}, method={self.method!r}, learnable={self.learnable}, num_heads={self.num_heads}"
 
 
@@ -405,4 +407,5 @@ class ExactHeatOperator(DiffusionOperator):
         return (kernel @ v.to(work)).to(v.dtype)
 
     def extra_repr(self) -> str:
-        return f"t={self.t.detach().tolist()}, learnable={self.learnable}, num_heads={self.num_heads}"
+        t = _meta_repr(self.t) or self.t.detach().tolist()
+        return f"t={t}, learnable={self.learnable}, num_heads={self.num_heads}"

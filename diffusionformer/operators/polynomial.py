@@ -119,21 +119,24 @@ class PolynomialOperator(DiffusionOperator):
             raise ValueError(f"basis must be one of {BASES}, got {basis!r}{_choice_hint(basis, BASES)}")
         self.steps = steps
         self.basis = basis
-        if _is_array(init):
-            _check_init_array(init)
-        # spec() writes list coefficients as given (float64: 0.1, not float32's 0.10000000149011612)
-        self._init = init.spec() if isinstance(init, DiffusionOperator) else (
-            torch.as_tensor(init, dtype=torch.float64).tolist() if _is_array(init) else init)
-        theta = self._initial(init, steps, num_heads)
+        device = torch.get_default_device()  # of theta and the basis: meta under `with torch.device("meta")`
+        with torch.device("cpu"):  # the initial values are read as numbers, also under a meta device (deferred init)
+            if _is_array(init):
+                _check_init_array(init)
+            # spec() writes list coefficients as given (float64: 0.1, not float32's 0.10000000149011612)
+            self._init = init.spec() if isinstance(init, DiffusionOperator) else (
+                torch.as_tensor(init, dtype=torch.float64).tolist() if _is_array(init) else init)
+            theta = self._initial(init, steps, num_heads)
+            if basis == "chebyshev":
+                M = chebyshev_matrix(steps)
+                if not torch.isfinite(M).all():  # else theta below is NaN, reported later as a diverged parameter
+                    raise ValueError(f"basis='chebyshev' with steps={steps}: the monomial weights of T_K (up to about "
+                                     f"2.4^K) overflow float64 from K = 810 on; use fewer steps or basis='monomial'")
+                # theta_cheb M = c  <=>  M^T theta_cheb^T = c^T (M lower triangular)
+                theta = torch.linalg.solve_triangular(M.T, theta.double().T, upper=True).T.float()
         if basis == "chebyshev":
-            M = chebyshev_matrix(steps)
-            if not torch.isfinite(M).all():  # else theta below is NaN, reported later as a diverged parameter
-                raise ValueError(f"basis='chebyshev' with steps={steps}: the monomial weights of T_K (up to about "
-                                 f"2.4^K) overflow float64 from K = 810 on; use fewer steps or basis='monomial'")
-            self.register_buffer("_basis", M.float(), persistent=False)
-            # theta_cheb M = c  <=>  M^T theta_cheb^T = c^T (M lower triangular)
-            theta = torch.linalg.solve_triangular(M.T, theta.double().T, upper=True).T.float()
-        self.theta = nn.Parameter(theta)
+            self.register_buffer("_basis", M.float().to(device), persistent=False)
+        self.theta = nn.Parameter(theta.to(device))
 
     @staticmethod
     def _initial(init: Any, steps: int, G: int) -> Tensor:
@@ -187,6 +190,13 @@ class PolynomialOperator(DiffusionOperator):
             dtype = torch.float64 if self.theta.dtype == torch.float64 else torch.float32
             self._basis = chebyshev_matrix(self.steps, dtype).to(M.device)
         return self
+
+    def _materialise_caches(self, device: torch.device, dtype: torch.dtype | None = None) -> None:
+        super()._materialise_caches(device, dtype)
+        M = getattr(self, "_basis", None)
+        work = torch.float64 if self.theta.dtype == torch.float64 else torch.float32  # as _apply makes it
+        if isinstance(M, Tensor) and (M.is_meta or M.dtype != work):
+            self._basis = chebyshev_matrix(self.steps, work).to(device)
 
     def extra_repr(self) -> str:
         basis = f", basis={self.basis!r}" if self.basis != "monomial" else ""

@@ -8,7 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, _check_loaded_constant, _check_tol,
-                                             check_count, check_finite_parameter, check_flag, check_real, static_dtype)
+                                             _meta_repr, check_count, check_finite_parameter, check_flag, check_real,
+                                             static_dtype)
 from diffusionformer.operators.registry import register_operator
 from diffusionformer.ops.engine import _tensor_cache
 
@@ -126,9 +127,9 @@ class PPROperator(DiffusionOperator):
             self.alpha_logit = nn.Parameter(torch.full((num_heads,), math.log(alpha / (1.0 - alpha))))
         else:
             self.register_buffer("_alpha", torch.tensor(float(alpha), dtype=torch.float64))
-            coeffs = ppr_coefficients(torch.tensor(float(alpha), dtype=torch.float64), steps)
-            self.register_buffer("_c", coeffs.to(static_dtype()), persistent=False)
-            self._static = tuple(coeffs.tolist())
+            with torch.device("cpu"):  # Python floats, also under `with torch.device("meta")` (deferred init)
+                self._static = tuple(ppr_coefficients(torch.tensor(float(alpha), dtype=torch.float64), steps).tolist())
+            self.register_buffer("_c", torch.tensor(self._static, dtype=static_dtype()), persistent=False)
 
     def spec_kwargs(self) -> dict:
         return {"alpha": self._alpha0, "steps": self.steps, "learnable": self.learnable}
@@ -170,5 +171,5 @@ class PPROperator(DiffusionOperator):
     def extra_repr(self) -> str:
         # not through ``alpha``: printing a model whose learned alpha diverged shows nan instead of raising
         a = torch.sigmoid(self.alpha_logit.detach()) if self.learnable else self._alpha
-        a_repr = f"{a.item():g}" if a.numel() == 1 else f"{[round(x, 4) for x in a.tolist()]}"
+        a_repr = _meta_repr(a) or (f"{a.item():g}" if a.numel() == 1 else f"{[round(x, 4) for x in a.tolist()]}")
         return f"alpha={a_repr}, steps={self.steps}, learnable={self.learnable}, num_heads={self.num_heads}"

@@ -72,7 +72,9 @@ def uniform_mean(x: Tensor, key_mask: Tensor | None = None, *, is_causal: bool =
             raise ValueError(f"key_mask must have shape (B or 1, G or 1, 1, M) = ({B} or 1, {G} or 1, 1, {M}), "
                              f"got {tuple(key_mask.shape)}")
     out_dtype = x.dtype
-    if x.dtype != torch.float64 and torch.is_autocast_enabled(x.device.type):
+    # no autocast on the meta device (shape inference of a deferred-init model), whose is_autocast_enabled raises
+    if x.dtype != torch.float64 and torch.amp.is_autocast_available(x.device.type) and \
+            torch.is_autocast_enabled(x.device.type):
         out_dtype = torch.get_autocast_dtype(x.device.type)  # what the attention call would return
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     xs = x.to(out_dtype).to(work)  # the values the attention call would read, summed in `work`
