@@ -331,6 +331,7 @@ def analyze_experiment(
     pca: dict[str, dict[str, torch.Tensor]] = {}
     spectra: dict[str, dict[str, list[list[list[float]]]]] = {}
     images: dict[str, torch.Tensor] = {}
+    pca_fold: dict[str, int | None] = {}  # the fold whose test images the task's PCA maps are of
     bar = tqdm(total=len(runs), desc=f"analyze {config.name}", unit="run", disable=not progress, dynamic_ncols=True)
     try:
         for task in config.tasks:
@@ -384,7 +385,10 @@ def analyze_experiment(
                     "singular_values_last_layer": res["spectra"][-1],
                 }
                 spectra.setdefault(task.name, {}).setdefault(setting.name, []).append(res["spectra"])
-                if res["pca_rgb"] is not None and setting.name not in pca.get(task.name, {}):
+                # one row of images per task: only maps of those images (with folds, each fold has its own test
+                # split; --partial may leave a setting without a run of the fold the images are of)
+                if (res["pca_rgb"] is not None and setting.name not in pca.get(task.name, {})
+                        and pca_fold.setdefault(task.name, task.fold_of(seed)) == task.fold_of(seed)):
                     pca.setdefault(task.name, {})[setting.name] = res["pca_rgb"]
                     images[task.name] = data.split(split)[0][:_PCA_IMAGES]
                 bar.update(1)
