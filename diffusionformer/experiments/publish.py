@@ -498,7 +498,8 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
     corrected for tasks with ``folds``), signed so that **positive is better** (loss
     differences are negated), its two-sided p and the p adjusted by Holm's method over every
     cell of the table. Cells whose Holm p is below ``alpha`` are bold; contrasts a config names
-    in ``primary`` are marked ``[primary]``. A last line counts the cells below ``alpha``
+    in ``primary`` are marked ``[primary]`` on the quantities of its ``primary_quantities`` (exploratory
+    otherwise, as on the comparison's page). A last line counts the cells below ``alpha``
     unadjusted, after Holm and after Benjamini-Hochberg. Tasks without finished runs are left
     out; a cell with fewer seeds than the config asks for says how many it has.
 
@@ -540,6 +541,7 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
         table = {(row["task"], row["operator"]): row for row in aggregate(_load_runs(config, src))}
         baseline = config.operators[0].name
         primary = config.primary_contrasts()
+        quantities = config.primary_quantities
         for task in config.tasks:
             use_selected = selected and task.select_by is not None
             key_values, key_mean = ("selected_values", "selected_mean") if use_selected else ("values", "mean")
@@ -562,8 +564,11 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
                     # seeds 0, 1, 2 against 1, 2, 3: "3 vs 3" hides that Δ and p rest on the 2 seeds both have
                     paired = f", {diff.n} paired" if diff.method != "Welch" and diff.n < min(na, nb) else ""
                     short = f" [{na} vs {nb} seeds{paired}]"
+                # primary only on the quantities the config named (primary_quantities): the best-validation cell of
+                # a study that named the final metric is exploratory, as on its page
+                named = (task.name, setting.name) in primary and ("selected" if use_selected else "final") in quantities
                 cells[setting.name] = {"delta": None if diff.mean is None else sign * diff.mean, "p": diff.p,
-                                       "primary": (task.name, setting.name) in primary, "short": short}
+                                       "primary": named, "short": short}
             metric = task.metric + (f" at best {task.select_by}" if selected and task.select_by else "")
             rows.append((f"{config.name} / {task.name}", f"{metric} ({base_row[key_mean]:.4f})", cells))
     family = [c for _, _, cells in rows for c in cells.values()]
