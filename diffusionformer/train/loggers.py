@@ -224,7 +224,7 @@ class CSVLog:
 
 class TensorBoardLog:
     """TensorBoard scalars ``<split>/loss``, ``<split>/lr`` and ``<split>/<metric>`` at
-    ``global_step = step`` in ``<out_dir>/tensorboard/``.
+    ``global_step = step`` in ``<out_dir>/tensorboard/`` (a metric named ``lr``: ``<split>/metrics.lr``).
 
     Needs the optional ``tensorboard`` package (through :mod:`torch.utils.tensorboard`). On
     resume, :meth:`truncate` makes the writer purge events after the checkpoint's step
@@ -269,7 +269,10 @@ class TensorBoardLog:
         writer = self._open()
         split, step = str(record["split"]), int(record["step"])
         values = {"loss": record.get("loss"), "lr": record.get("lr")}
-        values.update({str(k): v for k, v in dict(record.get("metrics") or {}).items() if k != "loss"})
+        # a task metric named "lr" under its own tag (as metrics.csv's column ``metrics.lr``): one tag for two
+        # series overwrote the learning rate with the metric at every step
+        values.update({(f"metrics.{k}" if k == "lr" else str(k)): v
+                       for k, v in dict(record.get("metrics") or {}).items() if k != "loss"})
         for name, value in values.items():
             # numbers.Real: NumPy scalars too, as the jsonl and csv logs write them
             if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):

@@ -188,6 +188,17 @@ def test_bug_tensorboard_purges_only_once_after_a_truncate(tmp_path):
     assert _FakeWriter.opened == [6, None, 7]
 
 
+def test_bug_a_metric_named_lr_keeps_its_own_tensorboard_tag(tmp_path):
+    """Bug: a task metric named ``lr`` was written under ``<split>/lr``, the learning rate's tag: one series of two,
+    each step's learning rate overwritten by the metric. It is ``<split>/metrics.lr`` now (metrics.csv's column)."""
+    _FakeWriter.opened = []
+    log = TensorBoardLog(tmp_path / "tb", active=False)
+    log.active, log._writer_cls = True, _FakeWriter
+    log.append({"step": 3, "split": "train", "loss": 1.0, "lr": 0.1, "metrics": {"lr": 0.5, "acc": 0.25}})
+    assert sorted(log._writer.scalars) == [("train/acc", 0.25, 3), ("train/loss", 1.0, 3), ("train/lr", 0.1, 3),
+                                           ("train/metrics.lr", 0.5, 3)]
+
+
 @pytest.mark.parametrize("step", ["²", "³", "¹⁰"])
 def test_bug_csv_truncate_drops_a_row_whose_step_is_a_non_decimal_digit(tmp_path, step):
     """Bug: ``CSVLog.truncate`` kept rows whose step passed ``str.isdigit``, which takes superscript digits
