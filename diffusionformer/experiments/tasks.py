@@ -280,11 +280,15 @@ class TextLMTask:
 
     def __init__(self, data: TextData, block_size: int, eval_batch_size: int = 64, eval_batches: int = 20) -> None:
         self.data = data
-        self.block_size = block_size
+        self.block_size = _positive_int("block_size", block_size)
         self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
         self.eval_batches = _positive_int("eval_batches", eval_batches)
 
     def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> tuple[Tensor, Tensor]:
+        n_val = self.data.val.shape[0]
+        if self.block_size >= n_val:  # else training ran until the first evaluation, which failed there
+            raise ValueError(f"TextLMTask: block_size must be smaller than the 'val' split's length (a window and its "
+                             f"next token), got block_size={self.block_size} for a 'val' split of {n_val} tokens")
         return self.data.get_batch("train", batch_size, self.block_size, generator)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Any]]:
@@ -296,7 +300,8 @@ class TextLMTask:
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
         device = next(model.parameters()).device
         out: dict[str, float] = {}
-        batches = max_batches or self.eval_batches
+        # max_batches=0 fell back to eval_batches and a negative count scored no window: a loss of -0.0
+        batches = self.eval_batches if max_batches is None else _positive_int("max_batches", max_batches)
         for split in ("train", "val"):
             g = torch.Generator().manual_seed(_EVAL_SEED)
             total = 0.0
