@@ -131,15 +131,28 @@ def _choice_hint(value: Any, choices: Any, aliases: Any = None) -> str:
     """
     if not isinstance(value, str):
         return ""
-    names = [c for c in choices if isinstance(c, str)]
     folded = value.strip().lower()
     if aliases and folded in aliases:
         return f" (did you mean {aliases[folded]!r}?)"
+    close = _closest_choice(value, choices)
+    return f" (did you mean {close!r}?)" if close is not None else ""
+
+
+def _closest_choice(value: str, choices: Any) -> str | None:
+    """The string of ``choices`` closest to ``value``, as :func:`_choice_hint` suggests it (a case-insensitive
+    match first, then :func:`difflib.get_close_matches` as spelt and in lower case), or None.
+
+    Examples:
+        >>> _closest_choice("BF16", ["bf16", "fp16"]), _closest_choice("rn", ["run", "show"]), _closest_choice("x", ["a"])
+        ('bf16', 'run', None)
+    """
+    names = [c for c in choices if isinstance(c, str)]
+    folded = value.strip().lower()
     close = ([c for c in names if c.lower() == folded] or difflib.get_close_matches(value, names, n=1)
              or difflib.get_close_matches(folded, [c.lower() for c in names], n=1))
     if close and close[0] not in names:  # matched in lower case: the choice as spelt
         close = [c for c in names if c.lower() == close[0]]
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return close[0] if close else None
 
 
 def _device_argument(name: str, spec: Any) -> Any:

@@ -19,7 +19,6 @@ Commands:
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import re
 import select
@@ -28,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from diffusionformer.config import _closest_choice
 from diffusionformer.train import CheckpointError
 from diffusionformer.train.distributed import _rank_zero
 
@@ -46,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
             parser = self.commands.get(getattr(ns, "command", None), self)
             options = [s for a in parser._actions for s in a.option_strings]
             words = [x.split("=")[0] for x in extras if x.startswith("-")]
-            close = [(w, _closest(w, options)) for w in words]
+            close = [(w, _closest_choice(w, options)) for w in words]
             hints = [f"{c!r}" + (f" for {w!r}" if len(words) > 1 else "") for w, c in close if c and c != w]
             # an option of the command given before it (`--no-progress run c.toml`): not misspelt, misplaced
             given = [x.split("=")[0] for x in (sys.argv[1:] if args is None else list(args))]
@@ -61,17 +61,10 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         # the choices are quoted ('run', 'show') up to Python 3.12.7 and 3.13.0, bare (run, show) from 3.12.8 on
-        close = _closest(bad.group(1), [c.strip().strip("'") for c in bad.group(2).split(", ")]) if bad else None
+        close = _closest_choice(bad.group(1), [c.strip().strip("'") for c in bad.group(2).split(", ")]) if bad else None
         if close and "did you mean" not in message:
             message += f"; did you mean {close!r}?"
         super().error(message)
-
-
-def _closest(word: str, options: list[str]) -> str | None:
-    # a case-insensitive match first (BF16 -> bf16), as diffusionformer.config._choice_hint
-    close = ([o for o in options if o.lower() == word.lower()] or difflib.get_close_matches(word, options, n=1)
-             or [o for o in options if o.lower() in difflib.get_close_matches(word.lower(), [x.lower() for x in options], n=1)])
-    return close[0] if close else None
 
 
 def _parser() -> argparse.ArgumentParser:

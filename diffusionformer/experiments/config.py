@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from diffusionformer.config import _choice_hint, _value_type, config_from_dict, config_to_dict, document_fields
+from diffusionformer.data.splits import _MAX_SEED  # the largest data_seed: the splits' torch generators take it
 from diffusionformer.nn.heads import format_head_spec, laplacian_count
 from diffusionformer.train import TrainConfig
 
@@ -65,8 +66,6 @@ _QUANTITY_WORDS = {"final": "final metric", "selected": "metric at the best eval
 #: the longest name of a task, setting or experiment: the files named after it stay within 255 bytes
 _MAX_NAME_BYTES = 200
 
-#: the largest ``data_seed``: the splits' torch generators take 64-bit seeds
-_MAX_DATA_SEED = 2**64 - 1
 
 
 def _check_path_name(what: str, name: object) -> str:
@@ -146,7 +145,7 @@ class TaskConfig:
             raise ValueError(f"task {self.name!r}: set seeds with the top-level `seeds`, not train.seed")
         train_config(self, seed=0)  # validates the training budget now, naming any bad key
         if isinstance(self.data_seed, bool) or not isinstance(self.data_seed, numbers.Integral) \
-                or not 0 <= self.data_seed <= _MAX_DATA_SEED:
+                or not 0 <= self.data_seed <= _MAX_SEED:
             # else the split's torch generator fails ("Overflow when unpacking long long") only when the data load,
             # after the tasks before it trained; a negative seed would alias a positive one (-1 is 2**64 - 1)
             raise ValueError(f"task {self.name!r}: data_seed must be an int in [0, 2**64 - 1] (a torch generator "

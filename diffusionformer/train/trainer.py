@@ -406,8 +406,7 @@ class Trainer:
         first_bad = torch.full((), _NO_BAD_STEP, dtype=torch.long, device=device)
         train_model.train()
         for step in range(start, cfg.max_steps):
-            lr = cosine_lr(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps,
-                           decay_steps=cfg.decay_steps)
+            lr = self._lr(step)
             loss, metrics, bad = self._update(step, lr)
             first_bad = torch.where(bad & (first_bad == _NO_BAD_STEP), step, first_bad)
             self._accumulate(self._window, loss, metrics, device)
@@ -452,6 +451,11 @@ class Trainer:
         self.summary = summary
         return summary
 
+    def _lr(self, step: int) -> float:
+        """The learning rate of update ``step`` (0-based), from the config's schedule."""
+        cfg = self.config
+        return cosine_lr(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, decay_steps=cfg.decay_steps)
+
     def _finish_resumed_at_the_end(self, done: int) -> None:
         """A checkpoint resumed with ``max_steps`` equal to its step (a longer run's intermediate one): its last
         update is this run's last, whose log record (of the window the checkpoint cut) and evaluation, due at the
@@ -460,9 +464,7 @@ class Trainer:
         evaluated = isinstance(last_eval, Mapping) and last_eval.get("step") == done
         if not self._window and evaluated:  # the checkpoint of a run that ended here, or of a boundary of all three
             return
-        cfg = self.config
-        lr = cosine_lr(done - 1, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps,
-                       decay_steps=cfg.decay_steps)
+        lr = self._lr(done - 1)  # the learning rate of that last update
         if self._window:
             self._log_train(self._window, done, lr)
             self._window = {}

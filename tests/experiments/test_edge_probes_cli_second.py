@@ -11,7 +11,7 @@ Found and fixed (tests named ``test_bug_...``):
 
 - ``cli._Parser.error``: the did-you-mean of a misspelt command or choice read the choices from argparse's message
   as quoted words; Python 3.12.8 and 3.13.1 on print them bare (``choose from run, show``), so no hint was given.
-- ``cli._closest``: ``--precision BF16`` got no hint (difflib is case-sensitive), unlike the package's other hints.
+- the CLI's did-you-mean (now ``config._closest_choice``, shared with ``_choice_hint``): ``--precision BF16`` got no hint (difflib is case-sensitive), unlike the package's other hints.
 - ``cli._Parser.parse_args``: ``--no-progress run c.toml`` said ``did you mean '--no-progress'?`` of the option as
   typed; it now says the option belongs after the command.
 - ``cli.main``: a closed stdout pipe (``status c.toml | head -3``) ended in a ``BrokenPipeError`` traceback with
