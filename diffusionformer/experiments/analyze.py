@@ -357,7 +357,7 @@ def analyze_experiment(
                     try:
                         res = analyze_run(model, data, split=split, max_examples=max_examples,
                                           max_attention_examples=max_attention_examples,
-                                          batch_size=min(task.eval_batch_size, 256), device=dev)
+                                          batch_size=min(task.eval_batch_size or 256, 256), device=dev)
                     except _NoBlocks as exc:  # a GCN/GIN baseline beside the transformers: the other tasks go on
                         warnings.warn(f"analyze: task {task.name!r} skipped: its model has no transformer blocks "
                                       f"whose tokens could be measured ({exc})", RuntimeWarning, stacklevel=2)

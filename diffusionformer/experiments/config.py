@@ -105,7 +105,8 @@ class TaskConfig:
     model_overrides: dict[str, Any] = field(default_factory=dict)  #: config overrides of the preset
     train: dict[str, Any] = field(default_factory=dict)  #: TrainConfig fields (the seed comes from `seeds`)
     data_seed: int = 0  #: seed of the dataset split, in [0, 2**64 - 1] (fixed so that runs compare on the same data)
-    eval_batch_size: int = 512  #: batch size of evaluation passes
+    #: batch size of evaluation passes; unset: the task's own (64 windows for text, 512 otherwise)
+    eval_batch_size: int | None = None
     #: an evaluation key (e.g. "val_acc") that picks, per run, the evaluation whose `metric` is
     #: reported beside the final one (model selection on validation data); maximised unless it ends in "loss"
     select_by: str | None = None
@@ -151,7 +152,7 @@ class TaskConfig:
             raise ValueError(f"task {self.name!r}: data_seed must be an int in [0, 2**64 - 1] (a torch generator "
                              f"seed), got {self.data_seed!r}")
         self.data_seed = int(self.data_seed)  # a numpy int (a sweep grid's) as the Python int it equals
-        if self.eval_batch_size < 1:
+        if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise ValueError(f"task {self.name!r}: eval_batch_size must be positive")
         if self.select_by is not None and (not isinstance(self.select_by, str) or not self.select_by):
             raise ValueError(f"task {self.name!r}: select_by must be an evaluation key such as 'val_acc', got {self.select_by!r}")

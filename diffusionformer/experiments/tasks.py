@@ -33,6 +33,7 @@ __all__ = ["TaskAdapter", "build_task", "find_adapter", "heldout_batches", "mode
            "register_task_adapter", "task_adapter"]
 
 _EVAL_SEED = 1234  # fixed windows for text evaluation: every run is scored on the same text
+_TEXT_EVAL_BATCH = 64  # windows per text evaluation batch when the config sets none (nanoGPT's batch_size)
 
 
 AUGMENT_KEYS = ("crop_padding", "flip")
@@ -278,7 +279,7 @@ class TextLMTask:
     ``gap_loss = val_loss - train_loss``.
     """
 
-    def __init__(self, data: TextData, block_size: int, eval_batch_size: int = 64, eval_batches: int = 20) -> None:
+    def __init__(self, data: TextData, block_size: int, eval_batch_size: int = _TEXT_EVAL_BATCH, eval_batches: int = 20) -> None:
         self.data = data
         self.block_size = _positive_int("block_size", block_size)
         self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
@@ -577,7 +578,7 @@ def model_overrides_for_data(data: Any, family: type) -> dict[str, Any]:
     return adapter.overrides(data)  # type: ignore[misc]
 
 
-def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512,
+def build_task(data: Any, model: nn.Module, *, eval_batch_size: int | None = None,
                augment: Mapping[str, Any] | None = None, label_smoothing: float = 0.0,
                ssl: SSLConfig | Mapping[str, Any] | None = None, minibatch: Mapping[str, Any] | None = None) -> Any:
     """The :class:`~diffusionformer.train.Task` adapter for ``data`` and ``model``.
@@ -586,7 +587,10 @@ def build_task(data: Any, model: nn.Module, *, eval_batch_size: int = 512,
     :class:`ClassificationTask`); ``ssl`` (views and k-NN evaluation) to DINO only (see
     :class:`DINOTask`); ``minibatch`` (neighbour-sampled training) to node classification only
     (see :class:`~diffusionformer.experiments.minibatch.NodeMiniBatchTask`); other adapters refuse them.
+    ``eval_batch_size=None`` takes the data's default: 64 windows for text (nanoGPT's), 512 otherwise.
     """
+    if eval_batch_size is None:
+        eval_batch_size = _TEXT_EVAL_BATCH if isinstance(data, TextData) else 512
     eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
     adapter = find_adapter(model_family(model), data, "task")
     if adapter is None:
@@ -674,7 +678,7 @@ def _text_task(data: TextData, model: nn.Module, eval_batch_size: int) -> TextLM
     block = getattr(getattr(model, "config", None), "block_size", None)
     if block is None:
         raise ValueError("a text task needs a GPT model (with config.block_size)")
-    return TextLMTask(data, block)
+    return TextLMTask(data, block, eval_batch_size)
 
 
 # any model: the task and the held-out data follow the data container

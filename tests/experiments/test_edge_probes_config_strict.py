@@ -226,7 +226,7 @@ def test_an_unknown_model_key_option_or_operator_stops_the_whole_config_before_a
     ("tasks.first.train.max_steps=true", r"max_steps: expected int, got bool \(True\)"),
     ("tasks.first.train.max_steps=[3]", r"max_steps: expected int, got list \(\[3\]\)"),
     ("tasks.first.train.max_steps=2020-01-01", r"max_steps: expected int, got datetime.date"),
-    ("tasks.first.eval_batch_size=1979-05-27T07:32:00", r"eval_batch_size: expected an int, got datetime.datetime"),
+    ("tasks.first.eval_batch_size=1979-05-27T07:32:00", r"eval_batch_size: expected int \\| None, got datetime.datetime"),
     ("seeds=3", r"seeds: expected a list, got int 3"),
     ("seeds=[0, 0]", r"duplicate seeds: \[0, 0\]"),
     ("seeds=[true]", r"seeds\[0\]: expected an int, got bool True"),

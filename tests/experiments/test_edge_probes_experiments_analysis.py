@@ -80,7 +80,7 @@ def _write_runs(out, values, op="attention"):
     (lambda c: c.update(seeds=[True]), TypeError, "expected an int, got bool"),
     (lambda c: c.update(seeds=[]), ValueError, "at least one task, one operator setting and one seed"),
     (lambda c: c.update(task=[]), ValueError, r"unknown key 'task'.*did you mean 'tasks'"),
-    (lambda c: c["tasks"][0].update(eval_batch_size="5"), TypeError, "eval_batch_size: expected an int"),
+    (lambda c: c["tasks"][0].update(eval_batch_size="5"), TypeError, r"eval_batch_size: expected int \| None, got str"),
     (lambda c: c["operators"][0].update(laplacian_heads=1.5), TypeError, "laplacian_heads"),
     (lambda c: c["operators"][0].update(name="a\u00a0b"), ValueError, "without whitespace"),
 ])

@@ -544,7 +544,7 @@ def test_a_toml_error_names_the_file_and_the_key_path(tmp_path):
     path.write_text(_TOML.format(task="eval_batch_size = true"))
     with pytest.raises(TypeError) as info:
         load_experiment_config(path)
-    assert str(info.value) == "exp.toml.tasks[0].eval_batch_size: expected an int, got bool True"
+    assert str(info.value) == "exp.toml.tasks[0].eval_batch_size: expected int | None, got bool True"
     with pytest.raises(TypeError) as info:
         load_experiment_config({**_raw(), "seeds": [0, "1"]})
     assert str(info.value) == "config.seeds[1]: expected an int, got str '1'"
