@@ -362,7 +362,7 @@ def dirichlet_energy(
 
     Args:
         X: tokens ``(B, T, D)``; for a sparse graph also node features ``(N, D)``.
-        P: dense edge weights; ``(T, T)`` is shared by all sequences.
+        P: dense edge weights; ``(T, T)`` is shared by all sequences (moved to ``X.device``).
         edge_index: sparse edges indexing the rows of ``X`` (``X`` of shape ``(B, T, D)`` is
             flattened to ``B T`` nodes, node ``b T + t`` being token ``t`` of sequence ``b``).
         edge_weight: weight of each edge; ones if omitted.
@@ -411,7 +411,7 @@ def dirichlet_energy(
                 raise ValueError(f"P must have shape {expected} to match X, got {tuple(P.shape)}")
             # the diagonal (self loops) adds nothing to E, but twice to the cancelling terms below: P = I gave a
             # negative energy (-0.0156 for float32 tokens of scale 10), not 0
-            P = P.to(dtype=X.dtype) * (1 - torch.eye(T, dtype=X.dtype, device=P.device))
+            P = P.to(device=X.device, dtype=X.dtype) * (1 - torch.eye(T, dtype=X.dtype, device=X.device))
             sq = Xc.pow(2).sum(dim=-1)  # (B, T)
             degree = P.sum(dim=-1) + P.sum(dim=-2)  # (B, T) or (T,): r + c
             cross = (Xc * torch.matmul(P, Xc)).sum(dim=(1, 2))  # tr(X^T P X), (B,)
@@ -779,7 +779,7 @@ def next_token_nc1(
     if ignore_index is not None:
         if not _is_int(ignore_index):  # a float such as 1.5 or -100.5 matches no id: nothing was dropped, silently
             raise TypeError(f"ignore_index must be an int or None, got {_value_type(ignore_index)} ({ignore_index!r})")
-        keep = next_token != ignore_index
+        keep = next_token.long() != ignore_index  # in int64: uint8 ids compared with -100 wrapped it to id 156
         tokens, next_token = tokens[keep], next_token[keep]
     _, inv, counts = torch.unique(next_token, return_inverse=True, return_counts=True)
     keep = counts[inv] >= min_count

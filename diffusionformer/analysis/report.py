@@ -422,7 +422,7 @@ def _token_labelled(v: LayerView) -> tuple[Tensor, Tensor]:
     """The real tokens that have a label, and their labels."""
     def compute() -> tuple[Tensor, Tensor]:
         y = _valid(v.tok_labels.unsqueeze(-1), v.mask).squeeze(-1)
-        keep = y != IGNORE_INDEX
+        keep = y.long() != IGNORE_INDEX  # in int64: uint8 labels compared with -100 wrapped it to label 156
         return v.tokens[keep], y[keep]
 
     return v.cached("token_labels", compute)

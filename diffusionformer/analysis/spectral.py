@@ -107,6 +107,7 @@ def effective_rank(s: Tensor) -> Tensor:
         tensor([4., 1.])
     """
     _check_spectrum(s)
+    s = _unit_scale(s, -1)  # exact power-of-two scaling: sum_j s_j of float32 s > 1e37 overflowed (inf: rank 1)
     total = s.sum(dim=-1, keepdim=True)
     p = _safe_div(s, total)
     entropy = -torch.special.xlogy(p, p).sum(dim=-1)

@@ -36,6 +36,7 @@ from torch_geometric.loader.utils import filter_data
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
 from .base import _check_flags
+from .splits import _require_generator
 
 __all__ = ["TorchNeighborSampler", "has_compiled_sampler", "neighbor_batch", "neighbor_loader"]
 
@@ -82,6 +83,7 @@ class TorchNeighborSampler(BaseSampler):
         if not hops or any(isinstance(k, bool) or not isinstance(k, numbers.Integral) or (k < 1 and k != -1)
                            for k in hops):
             raise ValueError(f"num_neighbors: expected a non-empty list of positive ints or -1, got {num_neighbors!r}")
+        _require_generator(generator, "TorchNeighborSampler")  # else torch's "rand() received an invalid combination"
         self.num_neighbors = [int(k) for k in hops]
         self.generator = generator
         self._worker_seed: int | None = None  # the DataLoader worker seed _worker_generator was made for
@@ -145,7 +147,10 @@ class TorchNeighborSampler(BaseSampler):
         return pos[keep], seg[keep]
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> SamplerOutput:
-        seeds = index.node.long()
+        seeds = index.node
+        if seeds.dtype == torch.bool or seeds.is_floating_point() or seeds.is_complex():  # .long() truncated them
+            raise TypeError(f"TorchNeighborSampler: expected integer seed node ids, got dtype {seeds.dtype}")
+        seeds = seeds.long()
         N = self.num_nodes
         if seeds.numel():  # an id outside the graph, or a repeated seed whose first copy would get no edges
             lo, hi = int(seeds.min()), int(seeds.max())
@@ -294,6 +299,11 @@ def neighbor_batch(data: Data, sampler: TorchNeighborSampler, seeds: Tensor,
     """
     if not isinstance(sampler, TorchNeighborSampler):
         raise TypeError(f"neighbor_batch: expected a TorchNeighborSampler, got {type(sampler).__name__}")
+    if (sampler.num_nodes, sampler.perm.numel()) != (data.num_nodes, data.num_edges):  # else the other graph's edges
+        raise ValueError(f"neighbor_batch: sampler was built on a graph of {sampler.num_nodes} nodes and "
+                         f"{sampler.perm.numel()} edges, data has {data.num_nodes} nodes and {data.num_edges} edges; "
+                         "build the sampler on data")
+    _require_generator(generator, "neighbor_batch")
     if not isinstance(seeds, Tensor) or seeds.dim() != 1:
         raise ValueError(f"neighbor_batch: expected seeds of shape (B,), got {getattr(seeds, 'shape', type(seeds))}")
     if seeds.dtype == torch.bool or seeds.is_floating_point() or seeds.is_complex():  # .long() would read a mask as ids 0/1

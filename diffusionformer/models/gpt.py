@@ -261,6 +261,9 @@ class DiffusionGPT(nn.Module):
             raise TypeError(f"cache must be the list that new_cache() returns, got {type(cache).__name__}")
         if len(cache) != len(self.blocks):
             raise ValueError(f"cache: expected {len(self.blocks)} layer caches, got {len(cache)}")
+        if len({id(c) for c in cache}) != len(cache):  # [LayerKVCache()] * n_layer: each layer read the others' rows
+            raise ValueError("cache: expected one LayerKVCache per block, got the same LayerKVCache object for several "
+                             "blocks (as [LayerKVCache()] * n_layer makes); start a new cache with new_cache()")
         lengths = [c.length for c in cache]
         if len(set(lengths)) > 1:  # a call stopped between layers: the later layers' rows sat at wrong positions
             raise ValueError(f"cache: expected the layer caches to hold the same number of tokens, got lengths {lengths} "
@@ -354,8 +357,14 @@ class DiffusionGPT(nn.Module):
                 if logits.dtype in (torch.float16, torch.bfloat16):  # sampled in float32; float64 stays (a cast
                     logits = logits.float()  # to float32 tied logits that differ in float64: greedy took the first)
                 # NaN: greedy took token 0, sampling failed in torch; +inf (an overflow): inf - inf = NaN when shifted
-                if checks_values(logits) and bool((logits.isnan() | (logits == float("inf"))).any()):
-                    bad = "NaN" if bool(logits.isnan().any()) else "+inf"
+                # a row of -inf only (every token removed): greedy took token 0, sampling failed in torch (-inf - -inf)
+                bad = None
+                if checks_values(logits):
+                    if bool((logits.isnan() | (logits == float("inf"))).any()):
+                        bad = "NaN" if bool(logits.isnan().any()) else "+inf"
+                    elif bool(logits.isneginf().all(dim=-1).any()):
+                        bad = "-inf for every token"
+                if bad is not None:
                     raise ValueError(f"generate: the model's logits are {bad} at new token {idx.shape[1] - T0} of "
                                      f"{max_new_tokens} (diverged or non-finite weights); no token can be chosen")
                 if temperature == 0:
