@@ -468,6 +468,8 @@ def _collect_labels(labels: Tensor | None, inputs: Any, is_graph: bool, batch: T
     if not isinstance(labels, Tensor):
         raise TypeError(f"labels must be a tensor, got {type(labels).__name__}")
     labels = labels.detach()
+    if not (labels.is_floating_point() or labels.is_complex()):  # ids padded with -100 need a signed dtype: uint8
+        labels = labels.long()  # labels failed in torch ("cannot be converted to type uint8_t without overflow")
     if is_graph and labels.ndim == 1 and _per_node(labels, inputs):
         padded, _ = pad_by_batch(labels.to(batch.device if batch is not None else labels.device), batch, G)
         mask = pad_by_batch(labels.new_ones(labels.shape, dtype=torch.bool), batch, G)[0]

@@ -79,3 +79,21 @@ def test_bug_uint8_labels_of_id_156_are_not_dropped_as_ignore_index() -> None:
     got = layer_reports(LayerCapture({0: X}, labels=labels.to(torch.uint8)))[0].metrics
     for key in ("token_nc1", "token_probe_acc"):
         assert got[key] == pytest.approx(want[key], rel=1e-12), key
+
+
+def test_bug_uint8_token_and_node_labels_are_padded_with_ignore_index():
+    """Bug: capture_dataset padded per-token (and per-node) labels with -100 in the labels' own dtype: uint8 labels
+    (byte ids) of sequences of unequal lengths failed in torch ("cannot be converted to type uint8_t without
+    overflow"); now they are read as int64 ids, equal to the int64 capture."""
+    from diffusionformer.analysis import capture_dataset
+    from diffusionformer.models import DiffusionGPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = DiffusionGPT(GPTConfig(vocab_size=300, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    x1, x2 = torch.randint(0, 300, (2, 6)), torch.randint(0, 300, (2, 4))
+    y1 = torch.tensor([[156, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 255]])
+    y2 = torch.tensor([[156, 2, 3, 4], [5, 6, 7, 0]])
+    wide = capture_dataset(model, [(x1, y1), (x2, y2)])
+    narrow = capture_dataset(model, [(x1, y1.to(torch.uint8)), (x2, y2.to(torch.uint8))])
+    assert narrow.labels.dtype == torch.int64 and torch.equal(narrow.labels, wide.labels)
+    assert narrow.labels[2:, 4:].eq(-100).all() and narrow.labels[0, 0] == 156
