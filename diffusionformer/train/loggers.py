@@ -74,11 +74,30 @@ def _metric_cell(value: Any) -> str:
     back (the JSONL log keeps every value)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return ""
-    return _cell(value if isinstance(value, int) else float(value))
+    # a NumPy int as the int it equals (the JSON-lines log writes it so): float() rounded np.int64(2**53 + 1)
+    return _cell(int(value) if isinstance(value, numbers.Integral) else float(value))
 
 
 def _parse_number(text: str) -> float | None:
     return None if text == "" else float(text)
+
+
+def _sound_row(row: Mapping[str | None, Any]) -> bool:
+    """Whether a row read back from ``metrics.csv`` is one the writer could have made: a decimal step, one cell
+    per column (a damaged byte read as a comma adds one: its cells no longer sit under their columns, and
+    csv.DictWriter refuses the overflow, key None) and a number or nothing in every number column. A damaged byte
+    read as an opening quote makes one cell of the rest of the file: a row cut short, or a number column that is
+    not a number."""
+    # '²' is a digit but not a decimal: int() refuses it
+    if None in row or None in row.values() or not (row.get("step") or "").isdecimal():
+        return False
+    try:
+        for column, text in row.items():
+            if column in CSV_BASE_COLUMNS[2:] or str(column).startswith(_PREFIX):  # the number columns
+                _parse_number(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _row_to_record(row: Mapping[str, str]) -> dict[str, Any]:
@@ -127,7 +146,7 @@ def read_metrics_csv(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         except UnicodeDecodeError:
             raise ValueError(f"{path}: not UTF-8 text; the metrics.jsonl beside it holds the same "
                              "records (diffusionformer.train.read_metrics)") from None
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, csv.Error) as e:  # csv.Error: an unclosed quote past csv's field limit
             raise ValueError(f"{path}:{reader.line_num}: not a metrics row ({type(e).__name__}: {e}); the "
                              "metrics.jsonl beside it holds the same records") from None
     return records
@@ -151,16 +170,26 @@ class CSVLog:
         self.active = _check_flag(active, "CSVLog: active")
         self._columns: list[str] | None = None
 
-    def _read(self) -> tuple[list[str] | None, list[dict[str, str]]]:
-        """The header (``None`` when the file is missing or empty) and the rows."""
+    def _read(self) -> tuple[list[str] | None, list[dict[str, str]], bool]:
+        """The header (``None`` when the file is missing or empty), the rows, and whether they run to the end of
+        the file (``False``: the rows before one the csv module cannot read)."""
         if not self.path.exists():
-            return None, []
-        # A damaged byte must not stop a resume: it reads as U+FFFD, and a row whose step it
-        # spoils is dropped by ``truncate``.
+            return None, [], True
+        # A damaged byte must not stop a resume: it reads as U+FFFD, and a row it spoils is dropped by
+        # ``truncate``. One read as an opening quote runs on to the end of the file, as one cell: past csv's field
+        # limit (128 KiB) a csv.Error, and the rows read before it are the table.
         with open(self.path, newline="", encoding="utf-8", errors="replace") as f:
             reader = csv.DictReader(f)
-            rows = list(reader)
-            return (list(reader.fieldnames) if reader.fieldnames else None), rows
+            fieldnames: Sequence[str] | None = None
+            rows: list[dict[str, str]] = []
+            to_the_end = True
+            try:
+                fieldnames = reader.fieldnames
+                for row in reader:
+                    rows.append(row)
+            except csv.Error:
+                to_the_end = False
+            return (list(fieldnames) if fieldnames else None), rows, to_the_end
 
     def _rewrite(self, columns: list[str], rows: Sequence[Mapping[str, str]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -182,7 +211,7 @@ class CSVLog:
         for name, value in dict(record.get("metrics") or {}).items():
             row[_PREFIX + str(name)] = _metric_cell(value)
         if self._columns is None:
-            columns, rows = self._read()
+            columns, rows, _ = self._read()
             if columns is None:  # no file, or an empty one: write the header first
                 self._rewrite(list(CSV_BASE_COLUMNS), rows)
             self._columns = columns or list(CSV_BASE_COLUMNS)
@@ -191,7 +220,7 @@ class CSVLog:
         missing = [c for c in row if c not in self._columns]
         if missing:
             if rows is None:
-                _, rows = self._read()
+                _, rows, _ = self._read()
             metric_columns = sorted({c for c in self._columns if c.startswith(_PREFIX)} | set(missing))
             self._rewrite(list(CSV_BASE_COLUMNS) + metric_columns, rows)
         f = open(self.path, "a", newline="", encoding="utf-8")
@@ -208,13 +237,13 @@ class CSVLog:
         if not self.active or not self.path.exists():
             return 0
         _check_regular_file(self.path, "CSVLog.truncate")
-        columns, rows = self._read()
+        columns, rows, to_the_end = self._read()
         # a last row cut short by a kill (no line end) is dropped whatever its step, as MetricsLog does
-        whole = rows[:-1] if rows and not self.path.read_bytes().endswith((b"\n", b"\r")) else rows
-        # a step int() cannot read ('²' is a digit but not a decimal) is dropped like a spoiled one; a row with
-        # more cells than the header (a damaged byte read as a comma) is dropped like one whose step is
-        # spoiled: its cells no longer sit under their columns, and csv.DictWriter refuses its overflow (key None)
-        kept = [r for r in whole if None not in r and (r.get("step") or "").isdecimal() and int(r["step"]) <= max_step]
+        torn = to_the_end and rows and not self.path.read_bytes().endswith((b"\n", b"\r"))
+        whole = rows[:-1] if torn else rows
+        # a row a damaged byte spoiled (_sound_row) is dropped whatever its step: an unclosed quote hid the rows
+        # after the checkpoint's step in one cell, and the resumed run logged them twice
+        kept = [r for r in whole if _sound_row(r) and int(r["step"]) <= max_step]
         self._rewrite(columns or list(CSV_BASE_COLUMNS), kept)
         return len(rows) - len(kept)
 
@@ -275,8 +304,14 @@ class TensorBoardLog:
                        for k, v in dict(record.get("metrics") or {}).items() if k != "loss"})
         for name, value in values.items():
             # numbers.Real: NumPy scalars too, as the jsonl and csv logs write them
-            if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
-                writer.add_scalar(f"{split}/{name}", float(value), global_step=step)
+            if not isinstance(value, numbers.Real) or isinstance(value, bool):
+                continue
+            try:
+                value = float(value)
+            except OverflowError:  # an int beyond the float range (the jsonl and csv logs keep it): no scalar holds it
+                continue
+            if math.isfinite(value):
+                writer.add_scalar(f"{split}/{name}", value, global_step=step)
         writer.flush()
 
     def truncate(self, max_step: int) -> int:
@@ -311,8 +346,16 @@ class LogGroup:
         return (jsonl or counts or [0])[0]
 
     def close(self) -> None:
+        """Close every writer, even when one fails (its error is raised once all are closed): a TensorBoard
+        writer whose close raised left the files of the writers after it open."""
+        error: BaseException | None = None
         for writer in self.writers:
-            writer.close()
+            try:
+                writer.close()
+            except BaseException as e:
+                error = error or e
+        if error is not None:
+            raise error
 
 
 def open_loggers(names: Sequence[str], out_dir: str | os.PathLike[str], *, active: bool = True) -> LogGroup:

@@ -21,6 +21,9 @@ def _exempt_names(model: nn.Module) -> set[str]:
     hook = getattr(model, "no_weight_decay", None)
     if hook is None:
         return set()
+    if not callable(hook):  # a set of names as a class attribute: a bare "'set' object is not callable"
+        raise TypeError(f"{type(model).__name__}.no_weight_decay: expected a method returning parameter names (the "
+                        f"timm hook), got {type(hook).__name__} ({hook!r})")
     names = hook()
     iterable = not isinstance(names, str) and isinstance(names, Iterable)
     names = list(names) if iterable else names  # a generator is read once

@@ -45,7 +45,12 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_s
             f"cosine_lr: expected decay_steps >= warmup_steps ({warmup_steps}), got {decay_steps}"
         )
     for name, value in (("lr", lr), ("min_lr", min_lr)):
-        if not math.isfinite(value):  # else a NaN/inf learning rate, handed to the optimizer without a word
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an int beyond the float range: a bare "int too large to convert to float"
+            raise ValueError(f"cosine_lr: expected {name} a finite float, got an int beyond the float range "
+                             "(|x| > 1.8e308)") from None
+        if not finite:  # else a NaN/inf learning rate, handed to the optimizer without a word
             raise ValueError(f"cosine_lr: expected {name} a finite float, got {value}")
     # a Python float: a NumPy step or rate (np.float64) set as an optimizer's lr made its state_dict unloadable with
     # torch.load(weights_only=True)

@@ -183,10 +183,12 @@ class Trainer:
         try:
             return self._fit(ctx)
         finally:
-            if self._pbar is not None:
-                self._pbar.close()
-            self._log.close()
-            ctx.shutdown()
+            try:
+                if self._pbar is not None:
+                    self._pbar.close()
+                self._log.close()
+            finally:  # a logger whose close raised (a full disk) left the process group up
+                ctx.shutdown()
 
     # ------------------------------------------------------------------ setup
     def _resume_payload(self, ctx: DistContext) -> dict[str, Any] | None:
