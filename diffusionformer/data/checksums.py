@@ -59,7 +59,7 @@ KNOWN_CONTENT_SHA256: dict[str, str] = {
     "mnist_train_reconstructed/train-images-idx3-ubyte": "374ba378bee06c633f4800ac6a495f71d1b80b0e82bf763acbfa4c7e9c379f75",
 }
 
-_HASH_CACHE: dict[tuple[str, int, int], str] = {}
+_HASH_CACHE: dict[tuple[str, int, int, int, int, int], str] = {}
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -73,10 +73,12 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: str | Path, chunk_size: int = 1 << 20) -> str:
-    """Hex SHA256 of a file, streamed; remembered per (path, size, mtime) in this process."""
+    """Hex SHA256 of a file, streamed; remembered in this process per (file, inode, size, mtime, ctime)
+    (``cp -p``, ``rsync -a`` and ``shutil.copy2`` give a replacement its predecessor's size and mtime, but a new
+    inode or ctime)."""
     path = Path(path)
     st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    key = (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if key not in _HASH_CACHE:
         h = hashlib.sha256()
         with open(path, "rb") as f:

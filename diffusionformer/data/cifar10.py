@@ -350,6 +350,7 @@ def load_cifar10(
     _check_flags("load_cifar10", normalize=normalize, verify=verify)
     for option, limit in (("limit_train", limit_train), ("limit_test", limit_test)):
         _check_limit(f"load_cifar10: {option}", limit)  # before any file is read or hashed
+    root = None if root is None else Path(root)  # a str root (the loader called directly): "str / str" failed
     if source not in ("auto", "pickle", "jpg"):
         raise ValueError(f"source must be 'auto', 'pickle' or 'jpg', got {source!r}"
                          f"{_choice_hint(source, ('auto', 'pickle', 'jpg'))}")

@@ -10,9 +10,11 @@ from __future__ import annotations
 import gzip
 import io
 import math
+import os
 import struct
 import zlib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -91,34 +93,49 @@ def parse_idx(raw: bytes, *, expected_magic: int | None = None, source: str = "<
     return torch.from_numpy(array.astype(dtype.newbyteorder("="), copy=True))
 
 
+def _read_declared(f: io.BufferedIOBase, room: int, too_large: Callable[[int], str] | None = None) -> bytes:
+    """An IDX file's header and at most one byte more than the data it declares, read from ``f``; only a few
+    bytes when it holds no IDX header (enough for :func:`parse_idx`'s message).
+
+    ``room``: the most bytes of data that can follow the header (no more is asked of ``f``: ``read(n)`` allocates
+    ``n`` bytes first); a header declaring more is refused with ``too_large(declared)`` when that is given.
+    """
+    head = f.read(4)
+    if len(head) < 4 or head[0] or head[1] or head[2] not in _IDX_TYPES:
+        return head + f.read(_SNIFF)  # not an IDX header: enough for parse_idx's message
+    head += f.read(4 * head[3])
+    if len(head) < 4 + 4 * head[3]:
+        return head
+    declared = math.prod(struct.unpack(f">{head[3]}I", head[4:])) * _IDX_TYPES[head[2]].itemsize
+    if declared > room and too_large is not None:
+        raise CorruptDataError(too_large(declared))
+    return head + f.read(min(declared, room) + 1)
+
+
 def read_idx_bytes(path: Path) -> bytes:
     """The uncompressed content of an IDX file (gunzipped when it starts with the gzip magic).
 
-    A gzip stream is read no further than one byte past the size its IDX header declares
-    (enough for :func:`parse_idx` to report trailing bytes), and a header declaring more than
-    deflate could expand the file to is refused: a small hostile ``.gz`` cannot fill memory.
+    The file (or its gzip stream) is read no further than one byte past the size its IDX header
+    declares (enough for :func:`parse_idx` to report trailing bytes), and a gzip stream whose
+    header declares more than deflate could expand the file to is refused: neither a small
+    hostile ``.gz`` nor a sparse file of a terabyte of "trailing bytes" can fill memory.
 
     Raises:
         CorruptDataError: a gzip stream that is truncated or damaged, or whose header declares
             more data than the file can hold, naming the file.
     """
-    raw = Path(path).read_bytes()
-    if raw[:2] != b"\x1f\x8b":
-        return raw
+    with open(path, "rb") as plain:
+        if plain.read(2) != b"\x1f\x8b":
+            # read whole before: a sparse file of 1 TiB (or a header declaring it) was a bare MemoryError
+            plain.seek(0)
+            return _read_declared(plain, os.fstat(plain.fileno()).st_size)
+        plain.seek(0)
+        raw = plain.read()
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
-            head = f.read(4)
-            if len(head) < 4 or head[0] or head[1] or head[2] not in _IDX_TYPES:
-                return head + f.read(_SNIFF)  # not an IDX header: enough for parse_idx's message
-            head += f.read(4 * head[3])
-            if len(head) < 4 + 4 * head[3]:
-                return head
-            declared = math.prod(struct.unpack(f">{head[3]}I", head[4:])) * _IDX_TYPES[head[2]].itemsize
-            if declared > _MAX_DEFLATE_RATIO * len(raw):
-                raise CorruptDataError(
-                    f"corrupt gzip file {str(path)!r}: its IDX header declares {declared} B of data, more than "
-                    f"deflate can expand {len(raw)} B to ({_MAX_DEFLATE_RATIO}x)")
-            return head + f.read(declared + 1)
+            return _read_declared(f, _MAX_DEFLATE_RATIO * len(raw), lambda declared: (
+                f"corrupt gzip file {str(path)!r}: its IDX header declares {declared} B of data, more than "
+                f"deflate can expand {len(raw)} B to ({_MAX_DEFLATE_RATIO}x)"))
     except (EOFError, OSError, zlib.error) as err:
         raise CorruptDataError(f"corrupt or truncated gzip file {str(path)!r}: {err}") from None
 

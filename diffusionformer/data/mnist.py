@@ -87,6 +87,7 @@ def load_mnist(
     _check_flags("load_mnist", normalize=normalize, verify=verify)
     for option, limit in (("limit_train", limit_train), ("limit_test", limit_test)):
         _check_limit(f"load_mnist: {option}", limit)  # before any file is read or hashed
+    root = None if root is None else Path(root)  # a str root (the loader called directly): "str / str" failed
     stems = {
         "train_labels": f"{RAW}/train-labels-idx1-ubyte",
         "test_images": f"{RAW}/t10k-images-idx3-ubyte",

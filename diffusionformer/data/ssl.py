@@ -25,6 +25,9 @@ from diffusionformer.data.augment import MultiCropAugment
 
 __all__ = ["SSLConfig", "SSL_KEYS"]
 
+#: the MultiCropAugment options that SSLConfig names otherwise
+_FIELD_OF_OPTION = {"global_scale": "global_crop_scale", "local_scale": "local_crop_scale", "ratio": "crop_ratio"}
+
 
 @document_fields
 @dataclass
@@ -76,7 +79,11 @@ class SSLConfig:
                 brightness=self.brightness, contrast=self.contrast, blur_prob=self.blur_prob,
                 blur_sigma=self.blur_sigma, noise_std=self.noise_std)
         except ValueError as exc:
-            raise ValueError(f"SSLConfig: {exc}") from None
+            message = str(exc)
+            for option, field in _FIELD_OF_OPTION.items():  # "MultiCropAugment.ratio" named no key of an ssl table
+                if message.startswith(f"MultiCropAugment.{option} "):
+                    message = f"{field} (MultiCropAugment.{option}){message[len('MultiCropAugment.' + option):]}"
+            raise ValueError(f"SSLConfig: {message}") from None
 
 
 #: the field names of :class:`SSLConfig` (settings that were ``DINOConfig`` fields before)

@@ -180,7 +180,9 @@ def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, st
     if student_temp == math.inf:  # else the student's softmax was uniform: loss log K, zero gradient
         raise ValueError(f"student_temp must be finite, got {student_temp}")
     dtype = torch.promote_types(student_logits.dtype, teacher_logits.dtype)  # e.g. a bf16 student, fp32 teacher
-    targets = center_sharpen(teacher_logits.detach().to(dtype), center, teacher_temp)  # (Vt, B, K)
+    # the centre detached too: a centre computed from the teacher's logits (a tensor with a history) sent a
+    # gradient through the targets into the teacher, as DINOLoss detaches the whole targets
+    targets = center_sharpen(teacher_logits.detach().to(dtype), center.detach(), teacher_temp)  # (Vt, B, K)
     log_probs = torch.log_softmax(student_logits.to(dtype) / student_temp, dim=-1)  # (Vs, B, K)
     cross = -torch.einsum("ibk,jbk->ij", targets, log_probs) / B  # (Vt, Vs): mean over the batch
     keep = ~torch.eye(Vt, Vs, dtype=torch.bool, device=cross.device)
@@ -457,9 +459,12 @@ class DINO(nn.Module):
     @torch.no_grad()
     def update_center(self, teacher_logits: Tensor) -> None:
         r"""``c <- m_c c + (1 - m_c) mean(teacher_logits)``, the mean taken over all processes."""
-        if teacher_logits.shape[-1] != self.config.out_dim:
+        if teacher_logits.dim() == 0 or teacher_logits.shape[-1] != self.config.out_dim:  # 0-d: a bare IndexError
             raise ValueError(f"update_center: expected teacher logits (..., out_dim={self.config.out_dim}), "
                              f"got {tuple(teacher_logits.shape)}")
+        if teacher_logits.device != self.center.device:  # meta logits on a CPU centre: the mean silently dropped
+            raise ValueError(f"update_center: expected teacher logits on the centre's device {self.center.device}, "
+                             f"got {teacher_logits.device}")
         flat = teacher_logits.detach().reshape(-1, self.config.out_dim).to(self.center.dtype)
         total = flat.sum(dim=0, keepdim=True)
         count = flat.shape[0]

@@ -96,7 +96,7 @@ class DiffusionViT(nn.Module):
 
     .. math::
         z^0 = [x_{cls};\, x_p^1 E; \dots; x_p^T E] + E_{pos}, \quad z^l = \mathrm{Block}_l(z^{l-1}),
-        \quad y = W\, \mathrm{Norm}(\mathrm{pool}(z^L))
+        \quad y = W\, \mathrm{pool}(\mathrm{Norm}(z^L))
 
     Args:
         config: a :class:`ViTConfig`.
@@ -195,16 +195,28 @@ class DiffusionViT(nn.Module):
         z = self.norm(z)
         return (z, inter) if inter is not None else z
 
+    @staticmethod
+    def _tensor_only(where: str, attn_kwargs: dict[str, Any]) -> None:
+        """``return_intermediates=True`` reached :meth:`forward_tokens` through ``attn_kwargs`` and its
+        ``(z, intermediates)`` tuple was then sliced as a tensor: a bare "tuple indices" ``TypeError``."""
+        if attn_kwargs.get("return_intermediates") is True:
+            raise ValueError(f"DiffusionViT.{where}: return_intermediates=True is an argument of forward_tokens, and "
+                             f"{where} returns a tensor only; call forward_tokens(x, return_intermediates=True) for "
+                             "the residual stream after every block")
+
     def forward_patch_tokens(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
         """Patch tokens only, ``(B, num_patches, D)``, in row-major grid order."""
+        self._tensor_only("forward_patch_tokens", attn_kwargs)
         return self.forward_tokens(x, **attn_kwargs)[:, self.num_prefix :]
 
     def forward_features(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
         """Pooled representation ``(B, D)``: the class token or the mean patch token."""
+        self._tensor_only("forward_features", attn_kwargs)
         z = self.forward_tokens(x, **attn_kwargs)
         return z[:, 0] if self.cls_token is not None else z.mean(dim=1)
 
     def forward(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
+        self._tensor_only("forward", attn_kwargs)
         return self.head(self.forward_features(x, **attn_kwargs))
 
     @torch.no_grad()
