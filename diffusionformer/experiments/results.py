@@ -67,7 +67,10 @@ def finished_runs(out: str | Path, config: ExperimentConfig, results: Sequence[R
     """Every run of ``config`` in config order: those in ``results``, else the finished ones on disk.
 
     A run is finished on disk when its ``summary.json`` says completed; runs neither in
-    ``results`` nor finished are left out.
+    ``results`` nor finished are left out, and so is (with a warning) a finished run on disk whose
+    ``run_config.json`` holds another definition than a run of its task and operator setting in
+    ``results``, whose row would be averaged with theirs: a run that ``resume=False`` has not
+    restarted yet, or one trained meanwhile by another process from another config of the same name.
 
     Args:
         out: the comparison's folder (``<out_root>/<config.name>``).
@@ -76,6 +79,13 @@ def finished_runs(out: str | Path, config: ExperimentConfig, results: Sequence[R
     """
     out = Path(out)
     have = {(r.task, r.operator, r.seed): r for r in results}
+    defined: dict[tuple[str, str], dict[str, Any]] = {}  # the definition of the runs in `results`, by task and setting
+    for r in results:
+        if (r.task, r.operator) in defined:
+            continue
+        ident = read_json_dict(run_dir(out, r.task, r.operator, r.seed) / "run_config.json")
+        if ident is not None:
+            defined[(r.task, r.operator)] = _definition(ident)
     merged = []
     for task in config.tasks:
         for setting in config.operators:
@@ -85,6 +95,16 @@ def finished_runs(out: str | Path, config: ExperimentConfig, results: Sequence[R
                     rdir = run_dir(out, task.name, setting.name, seed)
                     summary = _read_summary(rdir)
                     if summary is not None and summary.get("status") == "completed":
+                        ident = read_json_dict(rdir / "run_config.json")
+                        now = defined.get((task.name, setting.name))
+                        if ident is not None and now is not None and _definition(ident) != now:
+                            warnings.warn(f"{rdir} holds a finished run made with a different "
+                                          f"{_identity_changes(_definition(ident), now)} than the runs of task "
+                                          f"{task.name!r} / setting {setting.name!r} beside it (a run not yet "
+                                          "restarted, or one another process trained from another config of the "
+                                          "same name); it is left out of the results",
+                                          stacklevel=2)
+                            continue
                         r = _result_from_files(task, setting, seed, rdir, summary)
                 if r is not None:
                     merged.append(r)

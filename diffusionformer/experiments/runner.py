@@ -162,7 +162,9 @@ def run_experiment(
             without data: dataset names and options, a missing data root, model and heads, metric
             keys, training budget, mini-batch options); and before a task's first run, listing
             the problems its loaded data reveals (files that do not load, data-derived model sizes
-            that do not fit); the finished runs of the tasks before it are kept.
+            that do not fit); the finished runs of the tasks before it are kept; with ``resume=False``,
+            before anything is discarded, naming the runs another live process is training (they
+            cannot be restarted).
     """
     out = Path(out_root) / config.name
     chosen = _choose_tasks(config, tasks)
@@ -175,8 +177,10 @@ def run_experiment(
         from diffusionformer.experiments.gpu import check_device
 
         check_device(device)
-    dist_ctx = _maybe_init_distributed(device)
     runs = [(t, o, s) for t in chosen for o in config.operators for s in config.seeds]
+    if not resume and not _distributed():
+        _refuse_restart_of_held_runs(out, runs)
+    dist_ctx = _maybe_init_distributed(device)
     results: list[RunResult] = []
     bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=not (progress and _rank_zero()), dynamic_ncols=True)
     recorded = False  # this invocation's manifest (machine, versions, commit): written when it first trains
@@ -216,6 +220,28 @@ def run_experiment(
         if dist_ctx is not None:
             dist_ctx.shutdown()
     return finished_runs(out, config, results)
+
+
+def _refuse_restart_of_held_runs(out: Path, runs: Sequence[tuple[TaskConfig, OperatorSetting, int]]) -> None:
+    """Refuse ``resume=False`` (``--restart``) while another live process holds a lock of one of ``runs``, before
+    anything is discarded: its run would be skipped, not restarted, and once that process finished it (under its own
+    config) read back from disk into this comparison's table with the restarted runs, two definitions averaged
+    under one name.
+
+    Raises:
+        ValueError: naming the held runs' locks and their holders.
+    """
+    held = []
+    for task, setting, seed in runs:
+        lock = run_dir(out, task.name, setting.name, seed) / LOCK_NAME
+        holder = _live_holder(lock.parent)
+        if holder is not None:  # (-1, ""): an unreadable lock, young enough to be a claim being written
+            who = "a process still writing it" if holder[0] < 0 else f"process {holder[0]} on {holder[1]}"
+            held.append(f"{lock} ({who})")
+    if held:
+        raise ValueError(f"resume=False (--restart): {len(held)} run(s) to discard are being trained by another "
+                         f"process: {'; '.join(held[:3])}{' ...' if len(held) > 3 else ''}; stop it (or delete a "
+                         "lock whose process is gone) and run again; nothing was discarded")
 
 
 def _checked_task_data(config: ExperimentConfig, task: TaskConfig, data_root: str | None,
@@ -325,6 +351,10 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
     distributed = _distributed()
     if not distributed:
         holder = _acquire_lock(rdir)
+        if holder is not None and not resume:  # claimed after the check of run_experiment: the same refusal
+            raise ValueError(f"[{task.name} / {setting.name} / seed {seed}] resume=False (--restart) cannot discard "
+                             f"{rdir}: {holder} is training it ({rdir / LOCK_NAME}); stop that process and run "
+                             "again (the runs before this one were restarted)")
         if holder is not None:
             log(f"[{task.name} / {setting.name} / seed {seed}] skipped: {holder} is training it ({rdir / LOCK_NAME}).")
             return None
