@@ -212,7 +212,29 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
                 continue
             if task.minibatch:
                 _check_minibatch(task, setting, model, add)
+            _check_momentum_schedule(task, setting, model)
     return problems
+
+
+def _check_momentum_schedule(task: TaskConfig, setting: OperatorSetting, model: Any) -> None:
+    """A warning when a DINO model's momentum schedule is not the run's length: shorter, the teacher freezes
+    (momentum 1) before the run ends; longer, its momentum never reaches 1 (the SSL tutorial: they must be equal)."""
+    import warnings
+
+    steps = getattr(getattr(model, "config", None), "schedule_steps", None)
+    if steps is None:
+        return
+    try:
+        max_steps = train_config(task, seed=0).max_steps
+    except (TypeError, ValueError):  # a bad budget: a problem of its own, listed above
+        return
+    if steps == max_steps:
+        return
+    effect = "the teacher stops moving (momentum 1) before the run ends" if steps < max_steps else \
+        "the teacher's momentum never reaches 1"
+    warnings.warn(f"task {task.name!r} / setting {setting.name!r}: the DINO momentum schedule spans schedule_steps = "
+                  f"{steps} steps and the run train.max_steps = {max_steps}: {effect}; set model_overrides."
+                  f"schedule_steps = {max_steps}", UserWarning, stacklevel=3)
 
 
 def _check_supervised_options(task: TaskConfig, spec: Any, preset: Any, add: Any) -> None:

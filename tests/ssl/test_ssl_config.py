@@ -165,3 +165,27 @@ def test_an_operator_setting_with_old_style_ssl_overrides_still_sets_the_run_vie
         model = build_model(task, setting, load_dataset("digits"))
     # the setting's value wins over the task's, the task's other settings stay
     assert model.task_config == SSLConfig(local_crops=2, knn_k=5, brightness=0.3, blur_sigma=(0.1, 0.6))
+
+
+def test_bug_validate_warns_when_the_momentum_schedule_is_not_the_runs_length():
+    """Bug: the SSL tutorial says ``schedule_steps`` must equal ``train.max_steps``, but nothing checked it: a
+    shorter schedule froze the teacher (momentum 1) before the run ended, a longer one never reached 1, silently.
+    ``validate_experiment`` (run by ``run`` and ``validate``) now warns, naming both and the fix; equal: no warning."""
+    import warnings
+
+    from diffusionformer.experiments import load_experiment_config
+    from diffusionformer.experiments.validate import validate_experiment
+
+    def config(**overrides):
+        return load_experiment_config({"name": "ssl", "seeds": [0], "tasks": [{
+            "name": "dino", "dataset": "digits", "model": "dino-digits", "model_overrides": overrides, "metric": "knn_test_acc",
+            "ssl": {}, "train": {"max_steps": 40}}], "operators": [{"name": "attention"}]})
+
+    with pytest.warns(UserWarning, match=r"schedule_steps = 1000 steps and the run train.max_steps = 40: the "
+                                         r"teacher's momentum never reaches 1; set model_overrides.schedule_steps = 40"):
+        assert validate_experiment(config(), load_data=False) == []
+    with pytest.warns(UserWarning, match=r"the teacher stops moving \(momentum 1\) before the run ends"):
+        validate_experiment(config(schedule_steps=20), load_data=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        validate_experiment(config(schedule_steps=40), load_data=False)
