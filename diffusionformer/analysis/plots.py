@@ -53,17 +53,31 @@ def _plain(name: object) -> str:
     return str(name).replace("$", r"\$")
 
 
-def _legend(ax: Axes, named: list[tuple[Any, str]]) -> None:
-    """``ax.legend()`` that lists every ``(artist, label)`` of ``named``: matplotlib leaves out an artist whose label
-    starts with ``_`` (its mark of an unlabelled one), so a setting named ``"_base"`` had a line and no entry."""
+def _legend(ax: Axes, named: list[tuple[Any, str]], **kwargs: Any) -> None:
+    """``ax.legend(**kwargs)`` that lists every ``(artist, label)`` of ``named``: matplotlib leaves out an artist whose
+    label starts with ``_`` (its mark of an unlabelled one), so a setting named ``"_base"`` had a line and no entry."""
     mine = {id(artist) for artist, _ in named}
     handles, labels = ax.get_legend_handles_labels()  # the caller's own artists on a given ax first
     pairs = [(h, lab) for h, lab in zip(handles, labels) if id(h) not in mine] + named
-    ax.legend([h for h, _ in pairs], [lab for _, lab in pairs])
+    ax.legend([h for h, _ in pairs], [lab for _, lab in pairs], **kwargs)
+
+
+def _relegend(ax: Axes, **kwargs: Any) -> None:
+    """Draw ``ax``'s legend again with ``kwargs`` (a font size, columns) and the same entries: a plain
+    ``ax.legend(fontsize=7)`` after one of the functions here rebuilt it from the labels, without the names that
+    start with ``_``."""
+    old = ax.get_legend()
+    if old is None:  # nothing listed yet
+        ax.legend(**kwargs)
+        return
+    handles = getattr(old, "legend_handles", None)  # matplotlib >= 3.7
+    if handles is None:  # pragma: no cover - matplotlib 3.6
+        handles = old.legendHandles
+    ax.legend(list(handles), [t.get_text() for t in old.get_texts()], **kwargs)
 
 
 def _to_image(x: Tensor) -> Any:
-    """``(C, H, W)`` or ``(H, W)`` tensor -> numpy ``(H, W[, 3])`` in [0, 1] for ``imshow``."""
+    """``(C, H, W)`` or ``(H, W)`` tensor -> numpy ``(H, W[, 3])`` in [0, 1] for ``imshow`` (min-max scaled)."""
     x = x.detach().to(device="cpu", dtype=torch.float64)
     if x.ndim == 3:
         if x.shape[0] == 1:
@@ -88,7 +102,8 @@ def plot_pca_token_maps(
     r"""Tiles inputs beside their PCA token maps, one row per image and one column per model.
 
     Column 0 shows the input (min-max scaled for display), column ``1 + m`` the RGB map of
-    model ``m`` from ``pca_token_rgb`` (patch grid shown with nearest-neighbour pixels).
+    model ``m`` from ``pca_token_rgb`` as it is (patch grid shown with nearest-neighbour pixels;
+    not scaled again per image, so colours compare across the rows; NaN pixels are blank).
 
     Args:
         images: inputs, channels first (1 or 3 channels) or greyscale ``(B, H, W)``.
@@ -107,6 +122,8 @@ def plot_pca_token_maps(
     if not isinstance(images, Tensor) or images.ndim not in (3, 4):
         got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
         raise ValueError(f"images must have shape (B, C, H, W) or (B, H, W), got {got}")
+    if images.is_complex():  # the float64 cast would keep the real part with only a warning
+        raise TypeError(f"images must be real, got dtype {images.dtype}")
     if not maps:
         raise ValueError("maps must name at least one model's PCA map, got none")
     if not _is_int(max_images):  # a float or bool would reach fig.subplots as a row count
@@ -118,6 +135,14 @@ def plot_pca_token_maps(
         if not isinstance(m, Tensor) or m.ndim != 4 or m.shape[1] != 3 or m.shape[0] < rows:
             got = tuple(m.shape) if isinstance(m, Tensor) else type(m).__name__
             raise ValueError(f"maps[{name!r}] must have shape (B >= {rows}, 3, h, w), got {got}")
+        if m.is_complex():
+            raise TypeError(f"maps[{name!r}] must be real RGB values in [0, 1], got dtype {m.dtype}")
+        drawn = m[:rows].detach().double()
+        outside = ~((drawn >= 0) & (drawn <= 1)) & ~drawn.isnan()  # NaN: a blank pixel
+        if bool(outside.any()):  # drawn as given: a map scaled per image would lose the batch's common scale
+            bad = float(drawn[outside][0])
+            raise ValueError(f"maps[{name!r}] must hold RGB values in [0, 1] (as pca_token_rgb gives), got "
+                             f"{int(outside.sum())} values outside, e.g. {bad}")
     cols = 1 + len(maps)
     fig = _figure_class()(figsize=(cell_size * cols, cell_size * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
@@ -126,7 +151,10 @@ def plot_pca_token_maps(
     for r in range(rows):
         for c, (title, panel) in enumerate(zip(titles, panels)):
             ax = axes[r][c]
-            ax.imshow(_to_image(panel[r]), cmap="gray", interpolation="nearest")
+            # the input min-max scaled; a map as it is: pca_token_rgb scales over the batch so that colours
+            # compare across images (a smoothed image's low contrast included), which a per-panel scale undid
+            rgb = panel[r].detach().to("cpu", torch.float64).permute(1, 2, 0).numpy() if c else None
+            ax.imshow(_to_image(panel[r]) if c == 0 else rgb, cmap="gray", interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
@@ -255,7 +283,8 @@ def plot_spectra(
     A power law ``s_i^2 ~ i^{-alpha}`` is a straight line of slope ``-alpha/2`` (see
     ``power_law_exponent``). With ``normalize`` each spectrum is divided by its largest
     value so that decay rates compare at a glance. Zero and non-finite values (a diverged run)
-    are dropped (no log); negative values are refused.
+    are dropped (no log); negative values are refused. The axes stay linear when nothing is left
+    to draw (every spectrum zero, e.g. fully collapsed tokens, or non-finite).
 
     Args:
         spectra: name -> singular values (any order; sorted descending here).
@@ -275,6 +304,7 @@ def plot_spectra(
     _check_flag(normalize, "normalize")
     ax = _new_axes(ax)
     named = []
+    drawn = False
     for name, s in spectra.items():
         if not isinstance(s, Tensor) or s.ndim != 1:
             got = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
@@ -289,10 +319,12 @@ def plot_spectra(
         s = s[torch.isfinite(s) & (s > 0)]  # an inf s_1 would make s / s_1 all 0 and NaN: nothing drawn
         if normalize and s.numel() > 0:
             s = s / s[0]
+        drawn = drawn or s.numel() > 0
         label = _plain(name)
         named += [(line, label) for line in ax.plot(torch.arange(1, s.numel() + 1).numpy(), s.numpy(), label=label)]
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    if drawn:  # log axes over only empty lines made savefig fail ("Data cannot be log-scaled")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
     ax.set_xlabel("rank $i$")
     ax.set_ylabel(r"$s_i / s_1$" if normalize else r"$s_i$")
     _legend(ax, named)

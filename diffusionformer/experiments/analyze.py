@@ -508,6 +508,7 @@ def _learned_markdown(task: dict[str, Any]) -> list[str]:
 def _by_depth(ax: Any, task: dict[str, Any], key: str, ylabel: str, logy: bool = False) -> bool:
     """One line per operator setting (mean over seeds) with a ±std band; False if nothing to draw."""
     from diffusionformer.analysis import plot_metric_by_depth
+    from diffusionformer.analysis.plots import _relegend
 
     series = {name: _means(op["summary"], key) for name, op in task["operators"].items()}
     if all(all(math.isnan(v) for v in mean) for mean, _ in series.values()):
@@ -520,7 +521,7 @@ def _by_depth(ax: Any, task: dict[str, Any], key: str, ylabel: str, logy: bool =
         hi = [m + s for m, s in zip(mean, std)]
         ax.fill_between(range(len(mean)), lo, hi, color=line.get_color(), alpha=0.2)
     _integer_x(ax)
-    ax.legend(fontsize=7)
+    _relegend(ax, fontsize=7)  # ax.legend(fontsize=7) dropped the settings named "_..." from the legend
     return True
 
 
@@ -605,6 +606,7 @@ def _plot_learned(fig: Any, learned: dict[str, list[dict[str, dict[int, torch.Te
 def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str, list[Any]]],
                  pca: dict[str, dict[str, torch.Tensor]], images: dict[str, torch.Tensor]) -> list[Path]:
     from diffusionformer.analysis import plot_frequency_response, plot_pca_token_maps, plot_spectra
+    from diffusionformer.analysis.plots import _relegend
     from diffusionformer.experiments.plots import _save_figure
 
     _figure()  # fail early (ImportError) without matplotlib
@@ -651,7 +653,7 @@ def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str
         if coeffs:
             fig = _figure(figsize=(6.0, 4.0))
             ax = plot_frequency_response(coeffs, ax=fig.subplots())
-            ax.legend(fontsize=6, ncol=2)
+            _relegend(ax, fontsize=6, ncol=2)  # every head's line, those of a setting "_..." too
             ax.set_title(f"{tname}: f(lambda) of each head, last block (first seed)")
             save(fig, f"{tname}_frequency_response.png")
 

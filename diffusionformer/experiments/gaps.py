@@ -28,10 +28,10 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from diffusionformer.experiments.config import ExperimentConfig, _did_you_mean, load_experiment_config
-from diffusionformer.experiments.publish import GAP_MARKER, READING_MARKER, _copy_png, read_run_log
+from diffusionformer.experiments.publish import GAP_MARKER, READING_MARKER, _copy_png, _image, read_run_log
 from diffusionformer.experiments.results import _is_finite, read_json_dict
 from diffusionformer.experiments.runner import read_curves, run_dir
 from diffusionformer.experiments.stats import holm, paired_difference
@@ -80,14 +80,25 @@ def run_gaps(records: list[dict[str, Any]]) -> dict[str, float] | None:
             "best_val": best[2], "best_step": float(best[0]), "best_gap": best[2] - best[1]}
 
 
-def _run_records(out: Path, task: str, setting: str, seed: int) -> list[dict[str, Any]] | None:
-    """The metrics records of a finished run: its run folder's log, else the log ``publish`` wrote; ``None``
-    when the run has not finished (or is not there)."""
+def _unfinished(out: Path) -> set[tuple[Any, Any, Any]]:
+    """``(task, setting, seed)`` of the runs that ``out/results.json`` lists as not completed (failed, stopped by a
+    non-finite loss): ``publish`` writes their partial logs too, which the tables leave out as they do in the run
+    folders."""
+    rows = (read_json_dict(out / "results.json") or {}).get("runs")
+    return {(r.get("task"), r.get("operator"), r.get("seed")) for r in rows if isinstance(r, dict)
+            and r.get("status") != "completed"} if isinstance(rows, list) else set()
+
+
+def _run_records(out: Path, task: str, setting: str, seed: int,
+                 unfinished: Collection[tuple[Any, Any, Any]] = ()) -> list[dict[str, Any]] | None:
+    """The metrics records of a finished run: its run folder's log, else the log ``publish`` wrote (unless
+    ``unfinished``, :func:`_unfinished` of ``out``, lists the run); ``None`` when the run has not finished (or is not
+    there)."""
     summary = run_dir(out, task, setting, seed) / "summary.json"
     published = out / "logs" / task / setting / f"seed{seed}.json"
     if summary.is_file():  # an unreadable summary (truncated, not UTF-8) is an unfinished run, as in results
         return read_curves(summary.parent) if (read_json_dict(summary) or {}).get("status") == "completed" else None
-    if published.is_file():  # publish writes the logs of finished runs only
+    if published.is_file() and (task, setting, seed) not in unfinished:  # a failed run's log is published too
         return read_run_log(published)
     return None
 
@@ -99,11 +110,12 @@ def gap_rows(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict[s
     published to (the per-run logs of ``publish``: ``<name>/logs/<task>/<setting>/seed<k>.json``).
     """
     out = Path(out_root) / config.name
+    unfinished = _unfinished(out)
     rows: dict[str, dict[str, dict[int, dict[str, float]]]] = {}
     for task in config.tasks:
         for setting in config.operators:
             for seed in config.seeds:
-                records = _run_records(out, task.name, setting.name, seed)
+                records = _run_records(out, task.name, setting.name, seed, unfinished)
                 g = None if records is None else run_gaps(records)
                 if g is not None:
                     rows.setdefault(task.name, {}).setdefault(setting.name, {})[seed] = g
@@ -241,12 +253,13 @@ def gap_curves(config: ExperimentConfig, out_root: str | Path) -> dict[str, dict
     from diffusionformer.experiments.plots import _mean_band
 
     out = Path(out_root) / config.name
+    unfinished = _unfinished(out)
     curves: dict[str, dict[str, dict[str, Any]]] = {}
     for task in config.tasks:
         for setting in config.operators:
             runs = []
             for seed in config.seeds:
-                records = _run_records(out, task.name, setting.name, seed)
+                records = _run_records(out, task.name, setting.name, seed, unfinished)
                 losses = _eval_losses(records) if records is not None else None
                 if losses is not None and losses[0]:
                     runs.append(losses)
@@ -279,11 +292,14 @@ def plot_gaps(config: ExperimentConfig, out_root: str | Path, plots: str | Path)
     from diffusionformer.experiments.plots import _figure, _save_figure
 
     _figure()  # fail early (ImportError) without matplotlib
+    from matplotlib.lines import Line2D
     plots = Path(plots)
     written: list[Path] = []
     for task, settings in gap_curves(config, out_root).items():
         fig = _figure(figsize=(10, 3.6), layout="constrained")
         ax_loss, ax_gap = fig.subplots(1, 2)
+        # the loss panel's legend entries, given to legend() as such: from the labels it leaves out a setting "_base"
+        entries: list[tuple[Any, str]] = []
         for i, setting in enumerate(config.operators):
             entry = settings.get(setting.name)
             if entry is None:
@@ -296,10 +312,13 @@ def plot_gaps(config: ExperimentConfig, out_root: str | Path, plots: str | Path)
                 x, m, sd = entry[key]
                 ax.plot(x, m, style, color=color, label=lab)
                 ax.fill_between(x, m - sd, m + sd, color=color, alpha=0.15)
+                if ax is ax_loss:
+                    entries.append((Line2D([], [], linestyle=style, color=color), lab))
         fig.suptitle(task)
         ax_loss.set(xlabel="step", ylabel="loss", title="validation (solid) and train (dashed) loss")
         ax_gap.set(xlabel="step", ylabel="val - train", title="train/validation gap (mean ± std over seeds)")
-        ax_loss.legend(fontsize=7)
+        if entries:  # (no run logged a step: no legend)
+            ax_loss.legend(handles=[h for h, _ in entries], labels=[lab for _, lab in entries], fontsize=7)
         plots.mkdir(parents=True, exist_ok=True)
         path = plots / f"{task}_gap.png"
         _save_figure(fig, path)
@@ -365,8 +384,9 @@ def _write_tables(config: ExperimentConfig, args: argparse.Namespace, quantities
             print(f"warning: no gap figures: {exc}", file=sys.stderr)
         for png in figures:
             _copy_png(png, png)
-            table = table.rstrip() + f"\n\n![{png.stem[:-4]}: train and validation loss and their gap over steps " \
-                                     f"(mean ± std over seeds)]({config.name}/plots/{png.name})\n"
+            figure = _image(f"{png.stem[:-4]}: train and validation loss and their gap over steps (mean ± std over "
+                            "seeds)", f"{config.name}/plots/{png.name}")
+            table = table.rstrip() + f"\n\n{figure}\n"
     table = table.rstrip() + "\n\n" + primary_table(config, args.out, quantities, rows)
     if args.page:
         print(f"wrote {write_gap_section(args.page, table)}")

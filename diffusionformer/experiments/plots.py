@@ -91,8 +91,12 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
         task_results = [r for r in results if r.task == task.name]
         if not task_results:
             continue
-        fig = _figure(figsize=(10, 3.6), layout="constrained")
+        fig = _figure(figsize=(10, 3.6), layout="constrained")  # first: its ImportError names the `plot` extra
+        from matplotlib.lines import Line2D
+
         ax_loss, ax_metric = fig.subplots(1, 2)
+        # the loss panel's legend entries, given to legend() as such: from the labels it leaves out a setting "_base"
+        entries: list[tuple[Any, str]] = []
         metric_key = "loss" if task.metric == "val_loss" else task.metric
         for i, setting in enumerate(config.operators):
             runs = [r for r in task_results if r.operator == setting.name]
@@ -108,15 +112,21 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
                 band = _mean_band(series)
                 if band is not None:
                     x, m, sd = band  # over the runs with a curve: a run that failed before logging has none
-                    ax.plot(x, m, color=color, label=f"{setting.name} (n={sum(1 for steps, _ in series if steps)})")
+                    label = f"{setting.name} (n={sum(1 for steps, _ in series if steps)})"
+                    ax.plot(x, m, color=color, label=label)
                     ax.fill_between(x, m - sd, m + sd, color=color, alpha=0.2)
+                    if ax is ax_loss:
+                        entries.append((Line2D([], [], color=color), label))
                 partial = [c for c in (_series(rec, split, key) for rec in failed) if c[0]]
                 for j, (steps, values) in enumerate(partial):
-                    ax.plot(steps, values, color=color, linestyle=":", linewidth=1,
-                            label=f"{setting.name} failed (n={len(partial)})" if j == 0 else None)
+                    label = f"{setting.name} failed (n={len(partial)})"
+                    ax.plot(steps, values, color=color, linestyle=":", linewidth=1, label=label if j == 0 else None)
+                    if ax is ax_loss and j == 0:
+                        entries.append((Line2D([], [], color=color, linestyle=":", linewidth=1), label))
         ax_loss.set(xlabel="step", ylabel="train loss", title=f"{task.name}: training loss")
         ax_metric.set(xlabel="step", ylabel=task.metric, title=f"{task.name}: {task.metric} (mean ± std)")
-        ax_loss.legend(fontsize=8)
+        if entries:  # (no run logged a step: no legend)
+            ax_loss.legend(handles=[h for h, _ in entries], labels=[lab for _, lab in entries], fontsize=8)
         path = plots / f"{task.name}_curves.png"
         _save_figure(fig, path)
         written.append(path)

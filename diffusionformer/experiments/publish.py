@@ -55,6 +55,30 @@ def _kept_tail(text: str) -> str:
     return text[min(at):] if at else ""
 
 
+#: a figure path that a markdown image keeps as it is: markdown-it percent-encodes other characters (a non-ASCII
+#: letter, ``[``, ``|``, ``%``) and MyST then looks for a file of the encoded name; ``(`` and ``)`` end the link
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9._~/+=,;@!-]+")
+
+
+def _image(alt: str, target: str) -> str:
+    """A figure of a results page: ``![alt](target)``, or MyST's ``{image}`` directive, which takes the path as it
+    is, where markdown would change it (a comparison or task named ``größe``, ``[x]`` or ``a(b``: the figure was left
+    out of the page, or ``sphinx -W`` failed with "image file not readable"). A tilde fence, as a backtick fence
+    cannot hold a name with a backtick.
+
+    Examples:
+        >>> _image("digits: curves", "default/plots/digits_curves.png")
+        '![digits: curves](default/plots/digits_curves.png)'
+        >>> print(_image("größe: curves", "s/plots/größe_curves.png"))
+        ~~~{image} s/plots/größe_curves.png
+        :alt: größe: curves
+        ~~~
+    """
+    if _PLAIN_PATH.fullmatch(target):
+        return f"![{alt}]({target})"
+    return f"~~~{{image}} {target}\n:alt: {alt}\n~~~"
+
+
 def _copy(src: Path, dst: Path) -> Path | None:
     if not src.is_file():
         return None
@@ -161,6 +185,11 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     if config.name == "index":  # its page would be docs/index.md: the toctree of every results page, written by hand
         raise ValueError(f"publish: a comparison named 'index' would overwrite {docs / 'index.md'}, the index of the "
                          "results pages; rename the comparison (its `name`)")
+    if _toctree_target(config.name) != config.name:  # "x<y>": the page y titled x; "x.md": the page x
+        raise ValueError(f"publish: a comparison named {config.name!r} cannot be listed in the toctree of "
+                         f"{docs / 'index.md'}: Sphinx reads the entry as the page {_toctree_target(config.name)!r} "
+                         "(`sphinx -W` fails, and each publish listed it again); rename the comparison (its `name`) "
+                         "without a '<...>' or '.md' at its end")
     runs = _load_runs(config, src)  # select_by evaluations of older results are picked from the run logs
     manifest = _read_manifest(src / "manifest.json")
     dst = docs / config.name
@@ -237,19 +266,20 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
                               ("final", "final metric per setting (dots: seeds)")):
             png = dst / "plots" / f"{task.name}_{kind}.png"
             if png.is_file():
-                lines += [f"![{task.name}: {caption}]({config.name}/plots/{png.name})", ""]
+                lines += [_image(f"{task.name}: {caption}", f"{config.name}/plots/{png.name}"), ""]
     analysis_pngs = sorted((dst / "analysis").glob("*.png")) if (dst / "analysis").is_dir() else []
     if analysis_pngs:
+        linked = re.sub(r"([()])", r"\\\1", config.name)  # a ( or ) of the name would end the link
         lines += ["## Token geometry", "",
                   f"From `python -m diffusionformer.experiments analyze {config_path or '<config>'}`; "
-                  f"numbers in [`metrics.json`]({config.name}/analysis/metrics.json). The t in these tables is "
+                  f"numbers in [`metrics.json`]({linked}/analysis/metrics.json). The t in these tables is "
                   "Welch's, unpaired and not adjusted for the many metrics and layers: read them as exploratory.", ""]
         readme = analysis / "README.md"
         if readme.is_file():  # the geometry tables (mean ± std, Welch t), headings one level down
             body = readme.read_text(encoding="utf-8")
             body = body.split("\n", 1)[1] if body.startswith("# ") else body
             lines += [body.replace("\n## ", "\n### ").strip(), ""]
-        lines += [f"![{p.stem}]({config.name}/analysis/{p.name})\n" for p in analysis_pngs]
+        lines += [_image(p.stem, f"{config.name}/analysis/{p.name}") + "\n" for p in analysis_pngs]
     page = docs / f"{config.name}.md"
     tail = _kept_tail(page.read_text(encoding="utf-8")) if page.is_file() else ""
     write_text_atomic(page, "\n".join(lines).rstrip() + "\n" + ("\n" + tail if tail else ""))  # the hand-written tail survives a failed write
@@ -469,7 +499,8 @@ def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
     """The runs of ``config`` in ``results.json`` (and finished on disk but not in it), with ``select_by``
     evaluations and ``reach`` steps recomputed from the run logs where missing.
 
-    Rows of other tasks, settings or seeds are left out: the page shows what its config names.
+    Rows of other tasks, settings or seeds are left out: the page shows what its config names. A run without its
+    run folder (``src`` is a published folder: its raw results are not kept) is read from the log ``publish`` wrote.
     """
     runs = finished_runs(src, config, _stored_runs(src / "results.json"))
     tasks = {t.name: t for t in config.tasks}
@@ -481,7 +512,12 @@ def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
         need_reach = task.reach is not None and r.reach_step is None
         if not (need_select or need_reach):
             continue
-        curves = read_curves(run_dir(src, r.task, r.operator, r.seed))  # one read of the run's log for both
+        rdir = run_dir(src, r.task, r.operator, r.seed)
+        published = src / "logs" / r.task / r.operator / f"seed{r.seed}.json"
+        # one read of the run's log for both; publishing in place (the docs folder has no run folders) reads the log
+        # publish wrote there, else the tables of a select_by or reach named after the runs vanished from the page
+        curves = (read_run_log(published) if not (rdir / "metrics.jsonl").is_file() and published.is_file()
+                  else read_curves(rdir))
         if need_select:
             r.selected_value, r.selected_step = select_evaluation(curves, task)
         if need_reach:

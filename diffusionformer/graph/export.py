@@ -282,10 +282,6 @@ def draw_attention_graph(
     if bad:  # a NaN width or colour fails deep inside matplotlib's arrow drawing (StopIteration)
         raise ValueError(f"G has {len(bad)} edges with a NaN or infinite weight, e.g. {bad[0]}: remove them first "
                          "(G.remove_edges_from(...)), or export with to_networkx(..., threshold=...), which drops NaN")
-    if ax is None:
-        import matplotlib.pyplot as plt
-
-        ax = plt.gca()
     if pos is None:
         pos = nx.spring_layout(G, seed=0)
     elif isinstance(pos, Tensor):
@@ -297,12 +293,25 @@ def draw_attention_graph(
     missing = [n for n in G.nodes if n not in pos]
     if missing:
         raise ValueError(f"pos has no position for nodes {missing[:5]}")
+    edge_cmap = _cmap(cmap)
     top = max((abs(x) for x in weights), default=1.0) or 1.0
     widths = [0.5 + 2.5 * abs(x) / top for x in weights]
-    nx.draw_networkx(
-        G, pos=pos, ax=ax, width=widths, edge_color=weights if weights else "k", edge_cmap=_cmap(cmap),
-        node_size=node_size, with_labels=with_labels, arrows=True, **kwargs,
-    )
+    created = None  # the pyplot figure made here for ax=None: closed again if the drawing fails
+    if ax is None:  # after the checks: a refused pos or cmap left an empty pyplot figure open
+        import matplotlib.pyplot as plt
+
+        before = set(plt.get_fignums())
+        ax = plt.gca()
+        created = ax.figure if ax.figure.number not in before else None
+    try:
+        nx.draw_networkx(
+            G, pos=pos, ax=ax, width=widths, edge_color=weights if weights else "k", edge_cmap=edge_cmap,
+            node_size=node_size, with_labels=with_labels, arrows=True, **kwargs,
+        )
+    except BaseException:
+        if created is not None:
+            plt.close(created)
+        raise
     ax.set_axis_off()
     return ax
 
