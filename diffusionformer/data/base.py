@@ -227,6 +227,9 @@ class TextData:
         Raises:
             ValueError: if ``text`` holds a character outside the vocabulary.
         """
+        if not isinstance(text, str):  # bytes gave "character 104 is not in the vocabulary", an int a bare TypeError
+            hint = " (decode it first, e.g. text.decode('utf-8'))" if isinstance(text, (bytes, bytearray)) else ""
+            raise TypeError(f"encode expects a str, got {type(text).__name__}{hint}")
         try:
             ids = [self._stoi[ch] for ch in text]
         except KeyError as err:
@@ -242,6 +245,8 @@ class TextData:
             if ids.dim() != 1:
                 raise ValueError(f"decode expects a 1-D tensor, got shape {tuple(ids.shape)}")
             ids = ids.tolist()
+        elif getattr(ids, "ndim", 1) != 1:  # a (1, T) NumPy array: numpy's "truth value ... is ambiguous"
+            raise ValueError(f"decode expects a 1-D sequence of token ids, got shape {tuple(ids.shape)}")
         try:
             ids = list(ids)
         except TypeError:

@@ -170,7 +170,8 @@ def edge_homophily(edge_index: Tensor, y: Tensor) -> float:
     _check_edges_and_labels(edge_index, y)
     if edge_index.numel() == 0:
         raise ValueError("edge_homophily is undefined for a graph without edges")
-    return float((y[edge_index[0]] == y[edge_index[1]]).double().mean())
+    src, dst = edge_index.long()  # uint8 ids would index y as a boolean mask (a wrong ratio, or a shape error)
+    return float((y[src] == y[dst]).double().mean())
 
 
 def _check_edges_and_labels(edge_index: object, y: object) -> None:

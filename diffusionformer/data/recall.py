@@ -138,6 +138,11 @@ def load_assoc_recall(
         raise ValueError(f"num_examples must be >= 1, got {num_examples}")
     n_train, n_val, n_test = split_sizes(num_examples, val_fraction, test_fraction)
     require_heldout("assoc-recall", (n_train, n_val, n_test), val_fraction, test_fraction)
+    if n_train == 0:  # else the first training step's torch.randint(0, 0) ("expects 'from' to be less than 'to'")
+        raise ValueError(
+            f"assoc-recall: val_fraction={val_fraction} and test_fraction={test_fraction} leave the train split "
+            f"empty ({n_val} + {n_test} of {num_examples} examples held out); use more examples or smaller fractions"
+        )
     x, y = make_assoc_recall(num_examples, num_pairs, vocab_size, seeded_generator(seed), num_queries)
     a, b = n_train, n_train + n_val
     return SequenceTaskData(

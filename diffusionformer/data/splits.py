@@ -86,6 +86,8 @@ def split_sizes(n: int, val_fraction: float, test_fraction: float) -> tuple[int,
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     for label, f in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if isinstance(f, bool) or not isinstance(f, numbers.Real):  # "0.1": a bare '<=' TypeError, False: 0.0
+            raise ValueError(f"{label} must be in [0, 1) (a number), got {f!r}")
         if not 0.0 <= f < 1.0:
             raise ValueError(f"{label} must be in [0, 1), got {f}")
     if val_fraction + test_fraction >= 1.0:
