@@ -82,11 +82,11 @@ class PolynomialOperator(DiffusionOperator):
     ChebNetII): the same function space, a better-conditioned parameterisation on the
     spectrum of ``P`` in ``[-1, 1]``. :meth:`coefficients` still returns monomial weights
     (``theta`` times :func:`chebyshev_matrix`), so the engine and its back-ends are unchanged.
-    The monomial form of :math:`T_k` has coefficients up to :math:`2^{k-1}` that cancel on
-    :math:`[-1, 1]`: in float32 the relative error against the float64 recursion is about
-    ``1e-5`` at ``K = 10`` and ``5e-4`` at ``K = 16``, so keep ``K <= 12`` in float32; float64 is
-    good to about ``1e-9`` at ``K = 20``, ``1e-8`` at ``K = 24`` and ``1e-5`` at ``K = 30`` (the
-    cancellation grows like ``2.4^K``), so keep ``K <= 24`` in float64.
+    The monomial form of :math:`T_k` has coefficients of up to about :math:`2.4^k` (its leading
+    one is :math:`2^{k-1}`) that cancel on :math:`[-1, 1]`: in float32 the relative error against
+    the float64 recursion is about ``1e-5`` at ``K = 10`` and ``5e-4`` at ``K = 16``, so keep
+    ``K <= 12`` in float32; float64 is good to about ``1e-9`` at ``K = 20``, ``1e-8`` at ``K = 24``
+    and ``1e-5`` at ``K = 30`` (the cancellation grows like ``2.4^K``), so keep ``K <= 24`` in float64.
 
     Args:
         steps: ``K``.
@@ -175,7 +175,7 @@ class PolynomialOperator(DiffusionOperator):
     def coefficients(self) -> Tensor:
         check_finite_parameter(self, "theta", self.theta)
         if self.basis == "chebyshev":
-            # in float32 (float64 for float64 theta), never half: the monomial weights of T_k reach 2^(k-1) and
+            # in float32 (float64 for float64 theta), never half: the monomial weights of T_k reach ~2.4^k and
             # cancel, so a half-precision product (a half module, or the matmul autocast runs in bfloat16) is off
             # by percents; the elementwise product and sum are not autocast ops
             work = torch.float64 if self.theta.dtype == torch.float64 else torch.float32
