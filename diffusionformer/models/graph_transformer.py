@@ -8,7 +8,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
-from torch_geometric.utils import add_self_loops, remove_self_loops, to_dense_batch
+from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
+from torch_geometric.transforms.add_positional_encoding import add_node_attr
+from torch_geometric.utils import add_self_loops, is_undirected, remove_self_loops, scatter, to_dense_batch
 
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
 from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edge_index_shape_error
@@ -81,11 +83,15 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
     ``"laplacian"``: :class:`~torch_geometric.transforms.AddLaplacianEigenvectorPE` with
     ``k = pe_dim`` (the eigenvectors of the ``k`` smallest non-trivial eigenvalues of the
     normalised Laplacian; Dwivedi et al., "Benchmarking GNNs", JMLR 2023); their signs are
-    arbitrary, so the model flips each one at random in training (``pe_sign_flip``).
+    arbitrary, so the model flips each one at random in training (``pe_sign_flip``). A graph
+    of ``N <= k`` nodes has ``N - 1`` of them: the other columns are zero (as GraphGPS pads
+    them), so graphs of every size batch together. The graph must be undirected (each edge in
+    both directions, with equal weights) and alone (not a ``Batch`` of several graphs, whose
+    eigenvectors would mix them): else a ``ValueError``.
     ``"random_walk"``: :class:`~torch_geometric.transforms.AddRandomWalkPE` with
     ``walk_length = pe_dim`` (the return probabilities of 1..k-step random walks; Dwivedi et
     al., "Graph Neural Networks with Learnable Structural and Positional Representations",
-    ICLR 2022), sign-free.
+    ICLR 2022), sign-free; a repeated edge counts as often as it is listed, at every size.
 
     Args:
         config: the model config (``pe`` and ``pe_dim``).
@@ -98,13 +104,59 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
         >>> positional_encoding_transform(cfg)(ring).pe[0]   # return after 1, 2, 3 steps on a triangle
         tensor([0.0000, 0.5000, 0.2500])
     """
-    from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
-
     if config.pe == "laplacian":
-        return AddLaplacianEigenvectorPE(config.pe_dim, attr_name=attr_name, is_undirected=True)
+        return _LaplacianPE(config.pe_dim, attr_name=attr_name, is_undirected=True)
     if config.pe == "random_walk":
-        return AddRandomWalkPE(config.pe_dim, attr_name=attr_name)
+        return _RandomWalkPE(config.pe_dim, attr_name=attr_name)
     raise ValueError(f"positional_encoding_transform: expected config.pe 'laplacian' or 'random_walk', got {config.pe!r}")
+
+
+class _LaplacianPE(AddLaplacianEigenvectorPE):
+    """PyG's Laplacian eigenvector PE of one undirected graph, zero-padded to ``k`` columns when it has ``N <= k``
+    nodes (PyG's own transform failed there with a broadcast error: a default ``pe_dim=8`` and a 4-node PROTEINS
+    graph). A directed graph (``eigh`` read one triangle of its Laplacian: eigenvectors of no matrix of the
+    graph) and a ``Batch`` of several graphs (eigenvectors of the union, mixing the graphs) are refused."""
+
+    def forward(self, data: Any) -> Any:
+        from torch_geometric.data import Batch, Data
+
+        N = data.num_nodes
+        if isinstance(data, Batch) and data.num_graphs > 1:
+            raise ValueError(f"positional_encoding_transform: the Laplacian PE is per graph, got a Batch of "
+                             f"{data.num_graphs} graphs (the eigenvectors of their union mix them); apply it to each "
+                             "graph, e.g. as the dataset's transform")
+        if N and not is_undirected(data.edge_index, data.edge_weight, num_nodes=N):
+            raise ValueError("positional_encoding_transform: the Laplacian PE needs an undirected graph (every edge "
+                             "in both directions, with equal weights), got a directed edge_index; make it undirected "
+                             "first (torch_geometric.utils.to_undirected)")
+        if N > self.k + 1:
+            return super().forward(data)
+        pe = torch.zeros(N, 0)
+        if N > 1:  # all N - 1 non-trivial eigenvectors: the dense solver (ARPACK's finds fewer than N)
+            inner = AddLaplacianEigenvectorPE(N - 1, attr_name="pe", is_undirected=True)
+            inner.SPARSE_THRESHOLD = N + 1
+            pe = inner(Data(edge_index=data.edge_index, edge_weight=data.edge_weight, num_nodes=N)).pe
+        return add_node_attr(data, torch.nn.functional.pad(pe, (0, self.k - pe.shape[1])), attr_name=self.attr_name)
+
+
+class _RandomWalkPE(AddRandomWalkPE):
+    """PyG's random-walk PE, with a repeated edge counted in the walk's matrix on graphs of up to 2000 nodes too:
+    PyG's dense path there wrote ``1 / deg`` once per node pair (rows summing below 1: no probabilities), its
+    sparse path for larger graphs summed them, so the same graph got another PE inside a larger one."""
+
+    def forward(self, data: Any) -> Any:
+        N = data.num_nodes
+        if N > 2000:  # PyG's sparse path (a CSR matrix sums repeated entries)
+            return super().forward(data)
+        row, col = data.edge_index
+        value = torch.ones(row.shape[0], device=row.device) if data.edge_weight is None else data.edge_weight
+        value = 1.0 / scatter(value, row, dim_size=N, reduce="sum").clamp(min=1)[row]  # as PyG weighs an edge
+        adj = torch.zeros(N, N, dtype=value.dtype, device=row.device).index_put_((row, col), value, accumulate=True)
+        out, pe = adj, [adj.diagonal()]
+        for _ in range(self.walk_length - 1):
+            out = out @ adj
+            pe.append(out.diagonal())
+        return add_node_attr(data, torch.stack(pe, dim=-1), attr_name=self.attr_name)
 
 
 def _check_sorted_batch(batch: Tensor) -> None:
