@@ -27,10 +27,19 @@ def task_data(task: TaskConfig, seed: int, data_root: str | None, cache: dict[in
 def add_setting_overrides(overrides: dict[str, Any], resolved: Any, task: TaskConfig, setting: OperatorSetting) -> None:
     """Add an operator setting's model overrides (its head layout for the resolved model's head count) to ``overrides``.
 
+    The head count is the model's as built: the setting's own ``num_heads``/``n_head`` among its model overrides
+    when it sets one (its ``{H}``, ``{half}`` and ``"half"`` are of those heads), else ``resolved``'s.
+
     Raises:
         ValueError: if the setting sets heads and the model has no attention heads.
     """
-    heads = getattr(resolved, "num_heads", getattr(resolved, "n_head", 0))
+    field = next((f for f in ("num_heads", "n_head") if hasattr(resolved, f)), None)
+    if field is not None and field in setting.model_overrides:
+        # else "half" of a setting with model_overrides = {num_heads = 4} was half the task's heads (1 Laplacian head
+        # of 4, silently), and "attention:{H}" was refused as assigning the task's 2 heads of the setting's 4
+        rest, _ = split_task_settings(task.model, setting.model_overrides, warn=False)
+        resolved = model_config(task.model, **{**overrides, **rest})
+    heads = getattr(resolved, field, 0) if field is not None else 0
     if heads:
         overrides.update(setting.overrides(int(heads)))
     elif setting.heads is not None or setting.laplacian_heads is not None:

@@ -253,7 +253,7 @@ class OperatorSetting:
 
     name: str  #: label used in paths and tables
     heads: Any = None  #: a head spec (string with optional {H}/{half}), a per-layer list or {layer: spec}
-    laplacian_heads: int | str | list[int] | None = None  #: trailing Laplacian heads; "half" = H // 2
+    laplacian_heads: int | str | list[int | str] | None = None  #: trailing Laplacian heads; "half" = H // 2
     model_overrides: dict[str, Any] = field(default_factory=dict)  #: other model settings of this variant
 
     def __post_init__(self) -> None:
@@ -262,6 +262,12 @@ class OperatorSetting:
             raise ValueError(f"operator setting {self.name!r}: give heads or laplacian_heads, not both")
         if isinstance(self.laplacian_heads, str) and self.laplacian_heads != "half":
             raise ValueError(f"operator setting {self.name!r}: laplacian_heads must be an int, a list or 'half'")
+        own = "heads" if self.heads is not None else "laplacian_heads" if self.laplacian_heads is not None else None
+        clash = sorted({"heads", "laplacian_heads"} & set(self.model_overrides)) if own and isinstance(
+            self.model_overrides, Mapping) else []
+        if clash:  # else the setting's own layout replaced (or joined) the one in model_overrides, without a word
+            raise ValueError(f"operator setting {self.name!r}: {own} is set and model_overrides sets {clash[0]} too; "
+                             f"give the head layout once")
 
     def overrides(self, num_heads: int) -> dict[str, Any]:
         """Model-config overrides for a model with ``num_heads`` heads per layer."""

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffusionformer.config import _check_flag, _choice_hint, _value_type, config_from_dict
-from diffusionformer.data.base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TextData
+from diffusionformer.data.base import (IGNORE_INDEX, SPLITS, ClassificationData, GraphSetData, NodeData, SequenceTaskData,
+                                       TextData)
 from diffusionformer.data.ssl import SSLConfig
 from diffusionformer.experiments._metrics import _num_correct
 from diffusionformer.experiments._metrics import accuracy as _accuracy
@@ -345,8 +346,9 @@ class SequenceLMTask:
         NaN loss (a "non-finite loss" stop). A batch without targets has loss 0 and zero gradients.
         """
         x, y = batch
-        logits, loss = model(x, y)
         mask = y != self.data.ignore_index
+        # the model ignores -100 (IGNORE_INDEX): the data's own ignore_index was scored as a target (0: token 0)
+        logits, loss = model(x, y if self.data.ignore_index == IGNORE_INDEX else y.masked_fill(~mask, IGNORE_INDEX))
         count = mask.sum()
         scaled = loss * (count.to(loss.dtype) / (x.shape[0] * self._targets_per_row()))
         # where, not a product with 0: the token mean over no target is NaN, its gradient through where is 0
@@ -496,12 +498,16 @@ def register_task_adapter(family: type | Sequence[type] | None, data: type | Seq
 
     Raises:
         TypeError: if ``adapter`` is not a :class:`TaskAdapter` or a key is not a class.
-        ValueError: if a pair already has an adapter.
+        ValueError: if a pair already has an adapter, or ``family`` or ``data`` is an empty sequence.
     """
     if not isinstance(adapter, TaskAdapter):
         raise TypeError(f"adapter must be a TaskAdapter, got {type(adapter).__name__}")
     families = [family] if family is None or isinstance(family, type) else list(family)
     datas = [data] if isinstance(data, type) else list(data)
+    for name, given in (("family", families), ("data", datas)):
+        if not given:  # else nothing was registered and the adapter returned as if it were
+            raise ValueError(f"register_task_adapter: {name} names no class (an empty sequence); give a class or "
+                             f"a sequence of classes{' (None: any model)' if name == 'family' else ''}")
     keys = [(f, d) for f in families for d in datas]
     for f, d in keys:
         if not (f is None or isinstance(f, type)) or not isinstance(d, type):
@@ -552,6 +558,11 @@ def find_adapter(family: type | None, data: Any, hook: str, *, any_model: bool =
     if hook not in TaskAdapter.__dataclass_fields__:
         raise ValueError(f"unknown adapter hook {hook!r}{_choice_hint(hook, TaskAdapter.__dataclass_fields__)}; "
                          f"expected one of {sorted(TaskAdapter.__dataclass_fields__)}")
+    if not (family is None or isinstance(family, type)):  # a config instance was "unhashable", a name found nothing
+        raise TypeError(f"family must be a model config class (e.g. ViTConfig) or None, got {_value_type(family)} "
+                        f"({family!r})")
+    if data is None:  # NoneType's adapters: none, silently
+        raise TypeError("data must be a data container or its class, got None")
     mro = (data if isinstance(data, type) else type(data)).__mro__
     for fam in ((family, None) if any_model and family is not None else (family,)):
         for cls in mro:
@@ -623,6 +634,8 @@ def heldout_batches(data: Any, model: nn.Module, split: str, max_examples: int, 
     """Batches of held-out data for :func:`~diffusionformer.analysis.capture_dataset` and a description of them."""
     max_examples = _positive_int("max_examples", max_examples)
     batch_size = _positive_int("batch_size", batch_size)
+    if not isinstance(split, str) or split not in SPLITS:  # else node data: an AttributeError; text: val windows
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}{_choice_hint(split, SPLITS)}")
     adapter = find_adapter(model_family(model), data, "heldout")
     if adapter is None:
         raise TypeError(f"no held-out data for {type(data).__name__}")
@@ -641,6 +654,8 @@ def _heldout_labelled(data: Any, model: nn.Module, split: str, max_examples: int
     # JPEG archives are read class folder by class folder) would otherwise give one class
     keep = seeded_subset(x.shape[0], max_examples, _HELDOUT_SEED)
     x, y = x[keep], y[keep]
+    if isinstance(data, SequenceTaskData) and data.ignore_index != IGNORE_INDEX:  # the analysis reads -100 as none
+        y = y.masked_fill(y == data.ignore_index, IGNORE_INDEX)
     batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, keep.numel(), batch_size)]
     labels = "class per sequence" if isinstance(data, ClassificationData) else "target token per position (-100 = none)"
     return batches, {"split": split, "labels": labels, "examples": f"seeded random subset of {keep.numel()}"}
@@ -649,10 +664,11 @@ def _heldout_labelled(data: Any, model: nn.Module, split: str, max_examples: int
 def _heldout_text(data: TextData, model: nn.Module, split: str, max_examples: int, batch_size: int) -> tuple[list[Any], dict[str, Any]]:
     block = int(model.config.block_size)  # type: ignore[union-attr]
     g = torch.Generator().manual_seed(_TEXT_SEED)
+    source = "train" if split == "train" else "val"  # text has no test split: its held-out text is val
     batches = []
     for start in range(0, max_examples, batch_size):
-        batches.append(data.get_batch("val", min(batch_size, max_examples - start), block, g))
-    return batches, {"split": "val", "labels": "next token", "windows": f"seeded random windows of {block} tokens"}
+        batches.append(data.get_batch(source, min(batch_size, max_examples - start), block, g))
+    return batches, {"split": source, "labels": "next token", "windows": f"seeded random windows of {block} tokens"}
 
 
 def _heldout_nodes(data: NodeData, model: nn.Module, split: str, max_examples: int, batch_size: int) -> tuple[list[Any], dict[str, Any]]:
