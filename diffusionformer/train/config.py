@@ -101,6 +101,9 @@ class TrainConfig:
         eval_interval: evaluate every this many updates and always after the last one
             (``0`` = only after the last one).
         eval_steps: passed to ``task.evaluate`` as ``max_batches`` (``None`` = full evaluation).
+            A cap the task may use: the bundled text, DINO and neighbour-sampled node tasks do
+            (text windows, k-NN batches, sampled batches); classification, sequence, full-batch
+            node and graph tasks always score the whole split.
         log_interval: write a train record (mean over the window) every this many updates.
         checkpoint_interval: save a checkpoint every this many updates and always after the
             last one (``0`` = only after the last one).
