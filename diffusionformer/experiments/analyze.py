@@ -289,7 +289,8 @@ def analyze_experiment(
         out_root: the results root given to ``run`` (``--out``).
         data_root: data root for datasets that need one (else ``$DIFFUSIONFORMER_DATA``).
         max_examples: held-out sequences (graphs) per run.
-        device: where models run (default: CUDA if available, else CPU).
+        device: where models run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (default, or ``"auto"``: CUDA if available, else
+            CPU).
         split: held-out split, ``"test"`` or ``"val"`` (text corpora always use ``val``).
         max_attention_examples: sequences per run whose attention maps are kept (attention-graph
             Dirichlet energy).
@@ -305,15 +306,19 @@ def analyze_experiment(
         FileNotFoundError: the runs (or, without ``partial``, some run's checkpoint) are missing; the message
             names the path and says to run the comparison first. Unfinished runs are skipped
             with a ``RuntimeWarning``.
-        ValueError: a finished run cannot be measured (e.g. its model gives NaN tokens); the message
-            names the run's folder.
+        ValueError: an unknown ``device`` or one this machine lacks; a finished run cannot be measured (e.g. its
+            model gives NaN tokens); the message names the run's folder.
     """
     if not isinstance(config, ExperimentConfig):
         raise TypeError(f"config must be an ExperimentConfig (load_experiment_config), got {type(config).__name__}")
     _check_split(split)
     # capture_dataset's rules, before any run is loaded
     max_examples, max_attention_examples = _check_capture_limits(max_examples, max_attention_examples)
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device is not None:  # run's rule (cpu, cuda, cuda:N that this machine has), before any run is loaded
+        from diffusionformer.experiments.gpu import check_device
+
+        device = check_device(str(device) if isinstance(device, torch.device) else device)  # "auto": None
+    dev = device if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_root) / config.name
     runs, skipped = _find_runs(out, config, partial)
     for task, _, seed, rdir in runs:  # every run before any is measured

@@ -300,11 +300,16 @@ def _main(argv: list[str] | None) -> int:
             print(f"{len(failed)} run(s) failed; see the messages above", file=sys.stderr)
             return 1
         return 0
-    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError, FileExistsError, PermissionError,
-            ModuleNotFoundError) as exc:  # a bad --out (a file), an optional package missing: no traceback
+    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError,
+            PermissionError, ModuleNotFoundError) as exc:  # a bad --out (a file), a package missing: no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; 130 = 128 + SIGINT, as a shell reports it
+        if args.command == "run" and args.restart:  # the same command would discard the runs this one redid
+            print("\ninterrupted: `run --restart` stopped; run again with --restart, every run is discarded again "
+                  "(those it redid too); without --restart, the runs it redid are kept, an unfinished one resumes from "
+                  "its last checkpoint and those it had not reached keep their earlier results", file=sys.stderr)
+            return 130
         again = (" again: finished runs are kept and an unfinished one resumes from its last checkpoint"
                  if args.command == "run" else " again")
         print(f"\ninterrupted: `{args.command}` stopped; run the same command{again}", file=sys.stderr)

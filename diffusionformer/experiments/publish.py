@@ -174,6 +174,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
 
     Raises:
         FileNotFoundError: the comparison has no ``results.json`` yet (run it first).
+        ValueError: ``<docs_dir>/<name>/`` holds the results folder (``out_root="tiny"``, ``docs_dir="."``): replacing
+            it would delete the runs.
     """
     src = Path(out_root) / config.name
     results_path = src / "results.json"
@@ -190,9 +192,13 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
                          f"{docs / 'index.md'}: Sphinx reads the entry as the page {_toctree_target(config.name)!r} "
                          "(`sphinx -W` fails, and each publish listed it again); rename the comparison (its `name`) "
                          "without a '<...>' or '.md' at its end")
+    dst = docs / config.name
+    if dst.resolve() in src.resolve().parents:  # `--out tiny --to .`: docs/tiny, replaced by the copy, holds the runs
+        raise ValueError(f"publish: the published folder {str(dst)!r} (the comparison's name under --to) holds its "
+                         f"results {str(src)!r} (--out); replacing it with the published files would delete every "
+                         "run; publish --to another folder")
     runs = _load_runs(config, src)  # select_by evaluations of older results are picked from the run logs
     manifest = _read_manifest(src / "manifest.json")
-    dst = docs / config.name
     in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
     analysis = src / "analysis"
     if not in_place:  # copied into a folder beside it that replaces it once whole: a failure keeps the earlier files
