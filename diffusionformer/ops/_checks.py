@@ -33,13 +33,30 @@ def checks_values(t: Tensor) -> bool:
     synchronisation on an accelerator and data-dependent control flow (a graph break) under
     :func:`torch.compile`, so it runs only in eager mode on CPU, where it is cheap and turns a
     NaN into a clear error instead of a NaN output three layers later. A fake tensor
-    (:class:`~torch._subclasses.fake_tensor.FakeTensorMode`, a dry run) has no values to read.
+    (:class:`~torch._subclasses.fake_tensor.FakeTensorMode`, a dry run) has no values to read, and
+    a tensor batched by :func:`torch.vmap` none that one Python ``if`` can read (vmap refuses
+    data-dependent control flow).
 
     Examples:
         >>> checks_values(torch.zeros(2))
         True
     """
-    return t.device.type == "cpu" and not torch.compiler.is_compiling() and not isinstance(t, FakeTensor)
+    return (t.device.type == "cpu" and not torch.compiler.is_compiling() and not isinstance(t, FakeTensor)
+            and not _vmapped(t))
+
+
+_FUNCTORCH = getattr(torch._C, "_functorch", None)
+
+
+def _vmapped(t: Tensor) -> bool:
+    """Whether ``t`` is, or wraps (``torch.func.grad`` inside ``vmap``), a tensor batched by :func:`torch.vmap`."""
+    if _FUNCTORCH is None:  # unknown torch internals: the check runs as before
+        return False
+    while _FUNCTORCH.is_functorch_wrapped_tensor(t):
+        if _FUNCTORCH.is_batchedtensor(t):
+            return True
+        t = _FUNCTORCH.get_unwrapped(t)
+    return False
 
 
 def check_index_range(name: str, index: Tensor, size_name: str, size: int) -> None:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from diffusionformer.config import _check_flag, _value_type
-from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, _vmapped, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
 from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton_unsupported
 from diffusionformer.ops.engine import (
     Backend,
@@ -212,10 +212,12 @@ def _attention_matrix(
         # top-left aligned: row i keeps keys j <= i, so every row keeps at least key 0
         scores = scores.masked_fill_(torch.ones(N, M, dtype=torch.bool, device=q.device).triu_(1), float("-inf"))
     if attn_mask is not None:
+        # a mask batched by torch.vmap beside unbatched q and k: the scores cannot take it in place (vmap refuses)
+        batched = not torch.compiler.is_compiling() and _vmapped(attn_mask)
         if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill_(~attn_mask, float("-inf"))
+            scores = (scores.masked_fill if batched else scores.masked_fill_)(~attn_mask, float("-inf"))
         else:
-            scores = scores.add_(attn_mask.to(work))
+            scores = scores + attn_mask.to(work) if batched else scores.add_(attn_mask.to(work))
         if row_ok is not None:
             # A row without keys gets finite scores before the softmax (so gradients stay finite)
             # and is zeroed afterwards.

@@ -113,6 +113,8 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
+from diffusionformer.ops.recompute import _in_functorch
+
 __all__ = [
     "Backend",
     "active_heads",
@@ -628,12 +630,20 @@ def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun], *, inplace: 
     runs = tuple(runs)
     grad = y.requires_grad or v.requires_grad
     copy = grad if inplace is None else not inplace
+    # a torch.func transform (vmap, grad, jacrev, ...): out= kernels have no batching rule (and a batched tensor
+    # says requires_grad=False whatever autograd records), and every transform refuses AffineHeads (an
+    # autograd.Function without setup_context): stock out-of-place operations only
+    transformed = not torch.compiler.is_compiling() and _in_functorch()
     columns = _head_columns(runs, y.shape[-2], y.device, y.dtype)
     if columns is not None:  # stock autograd ops: 2 kernels each way and no Python in the backward pass
         c0, c1 = columns
-        if copy or torch.compiler.is_compiling():  # dynamo refuses out= on a strided view
+        if copy or transformed or torch.compiler.is_compiling():  # dynamo refuses out= on a strided view
             return torch.addcmul(v * c0, y, c1)
         return torch.addcmul(v * c0, y, c1, out=y)  # the same operation, in place: inference equals training
+    if transformed:  # coefficients not exact in y's dtype: multiplied in float32 (at least), as documented
+        work = work_dtype(y.dtype)
+        c0, c1 = _head_columns(runs, y.shape[-2], y.device, work, False)
+        return torch.addcmul(v.to(work) * c0, y.to(work), c1).to(y.dtype)
     if not copy:
         _apply_runs(y, v, runs)
         return y
@@ -642,8 +652,11 @@ def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun], *, inplace: 
 
 @_tensor_cache(maxsize=256)
 def _head_columns(runs: tuple[AffineRun, ...], num_heads: int, device: torch.device,
-                  dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
+                  dtype: torch.dtype, exact: bool = True) -> tuple[Tensor, Tensor] | None:
     """``c0``, ``c1`` of every head as ``(H, 1)`` columns in ``dtype`` (built once), or ``None``.
+
+    ``exact=False`` (for :func:`combine_affine` inside a ``torch.func`` transform) rounds every coefficient to
+    ``dtype`` instead of returning ``None``.
 
     ``None`` when a coefficient is not exact in ``dtype`` (then :class:`AffineHeads` multiplies
     by the float32 scalars, as documented). Attention ``(0, 1)``, the Laplacian ``(1, -1)`` and
@@ -653,11 +666,11 @@ def _head_columns(runs: tuple[AffineRun, ...], num_heads: int, device: torch.dev
     (float16 values near ``2**-14``, a last-bit difference).
     """
     bits = _SIGNIFICAND_BITS.get(dtype)
-    if bits is None:
+    if bits is None and exact:
         return None
     c0, c1 = [0.0] * num_heads, [1.0] * num_heads
     for start, stop, a, b in runs:
-        if stop > num_heads or not (_exact(a, *bits) and _exact(b, *bits)):
+        if stop > num_heads or (exact and not (_exact(a, *bits) and _exact(b, *bits))):
             return None
         c0[start:stop] = [a] * (stop - start)
         c1[start:stop] = [b] * (stop - start)
