@@ -65,6 +65,23 @@ def _raise_collected(errors: list[Exception], where: str) -> None:
         raise ConfigErrors([p for e in errors for p in (e.problems if isinstance(e, ConfigErrors) else [str(e)])], where)
 
 
+def _in_context(exc: Exception, prefix: str) -> Exception:
+    """``exc`` again with ``prefix`` before its message, of its own type: a :class:`ConfigErrors` (whose constructor
+    takes its problems, not one message, so ``type(exc)(text)`` fails on it) with ``prefix`` before each problem.
+
+    Examples:
+        >>> _in_context(TypeError("x: expected an int"), "task 't': ")
+        TypeError("task 't': x: expected an int")
+        >>> print(_in_context(ConfigErrors(["a: bad", "b: bad"], "Cfg"), "task 't': "))
+        task 't': 2 problems:
+          - task 't': a: bad
+          - task 't': b: bad
+    """
+    if isinstance(exc, ConfigErrors):
+        return ConfigErrors([f"{prefix}{p}" for p in exc.problems], prefix.rstrip(": "))
+    return type(exc)(f"{prefix}{exc}")
+
+
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):  # typing.Optional[int] is named "Optional" alone
         return " | ".join(_type_name(arm) for arm in typing.get_args(tp))

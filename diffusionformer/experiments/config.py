@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from diffusionformer.config import _choice_hint, _value_type, config_from_dict, config_to_dict, document_fields
+from diffusionformer.config import (_choice_hint, _in_context, _value_type, config_from_dict, config_to_dict,
+                                    document_fields)
 from diffusionformer.data.splits import _MAX_SEED  # the largest data_seed: the splits' torch generators take it
 from diffusionformer.nn.heads import format_head_spec, laplacian_count
 from diffusionformer.train import TrainConfig
@@ -206,8 +207,8 @@ class TaskConfig:
                                  f"not to model {self.model!r}; got {sorted(self.ssl)}")
             try:
                 task_config(self.model, **self.ssl)
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"task {self.name!r}: {exc}") from None
+            except (TypeError, ValueError) as exc:  # several problems: every one, each naming the task
+                raise _in_context(exc, f"task {self.name!r}: ") from None
 
     def _check_minibatch(self) -> None:
         """Validate ``minibatch`` (types and sizes; the hops against each model are checked by validate)."""
@@ -409,7 +410,7 @@ def train_config(task: TaskConfig, seed: int, **extra: Any) -> TrainConfig:
     try:
         return TrainConfig.from_dict(values)
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"task {task.name!r} train: {exc}") from None
+        raise _in_context(exc, f"task {task.name!r} train: ") from None
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer.config import (_choice_hint, _python_number, _python_numbers, config_from_dict, config_to_dict,
-                                    document_fields)
+from diffusionformer.config import (ConfigErrors, _choice_hint, _python_number, _python_numbers, config_from_dict,
+                                    config_to_dict, document_fields)
 from diffusionformer.data.base import NodeData
 from diffusionformer.experiments._metrics import _num_correct
 from diffusionformer.experiments._metrics import accuracy as _accuracy
@@ -86,6 +86,8 @@ class MiniBatchConfig:
         """Build from a TOML table, rejecting unknown keys (named) and mistyped values."""
         try:
             return config_from_dict(cls, data, where=where)
+        except ConfigErrors:  # several problems, each already named with `where` (and not rebuilt from one message)
+            raise
         except (TypeError, ValueError) as exc:
             text = str(exc)
             if not text.startswith(where):  # a range check of __post_init__: "minibatch.<field> ..."

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from diffusionformer.config import _choice_hint, _device_hint, _value_type
+from diffusionformer.config import _choice_hint, _device_hint, _raise_collected, _value_type
 
 __all__ = ["TrainConfig", "resolve_device", "resolve_amp"]
 
@@ -60,6 +60,51 @@ def _check_float(name: str, value: Any, minimum: float, *, strict: bool = False)
 def _check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"TrainConfig.{name}: expected bool, got {_type_name(value)} ({value!r})")
+
+
+def _check_betas(value: Any) -> tuple[float, float]:
+    pair = value
+    if hasattr(pair, "__array__") and getattr(pair, "ndim", None) == 1:  # a sweep's numpy pair (or a tensor)
+        pair = tuple(pair.tolist())
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise TypeError(f"TrainConfig.betas: expected a pair (beta1, beta2), got {_type_name(value)} ({value!r})")
+    betas = tuple(_check_float(f"betas[{i}]", b, 0.0) for i, b in enumerate(pair))
+    for i, b in enumerate(betas):
+        if b >= 1.0:
+            raise ValueError(f"TrainConfig.betas[{i}]: expected a float in [0, 1), got {b}")
+    return betas
+
+
+def _check_device_field(device: Any) -> None:
+    if not isinstance(device, str):
+        raise TypeError(f"TrainConfig.device: expected str, got {_type_name(device)} ({device!r})")
+    if device != "auto":
+        kind = _torch_device(device).type
+        if kind not in ("cpu", "cuda"):  # 'meta', 'mps', ...: the trainer runs on CPU and CUDA only
+            raise ValueError(f"TrainConfig.device: expected 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...], aliases: Mapping[str, str] | None) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"TrainConfig.{name}: expected one of {choices}, got {value!r}"
+                         f"{_choice_hint(value, choices, aliases)}")
+
+
+def _check_loggers(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (tuple, list)) or not all(isinstance(n, str) for n in value):
+        raise TypeError(
+            f"TrainConfig.loggers: expected a list of names from {_LOGGER_CHOICES}, got "
+            f"{_type_name(value)} ({value!r})"
+        )
+    loggers = tuple(value)
+    unknown = [n for n in loggers if n not in _LOGGER_CHOICES]
+    if unknown or len(set(loggers)) != len(loggers) or "jsonl" not in loggers:
+        raise ValueError(
+            f"TrainConfig.loggers: expected distinct names from {_LOGGER_CHOICES} including "
+            f"'jsonl' (metrics.jsonl is what resume and the experiment runner read), got {list(loggers)}"
+            f"{_choice_hint(unknown[0], _LOGGER_CHOICES) if unknown else ''}"
+        )
+    return loggers
 
 
 @dataclass(frozen=True)
@@ -160,75 +205,50 @@ class TrainConfig:
     loggers: tuple[str, ...] = ("jsonl",)  # subset of ("jsonl", "csv", "tensorboard")
 
     def __post_init__(self) -> None:
-        ints = {name: _check_int(name, getattr(self, name), 1)
+        errors: list[Exception] = []
+
+        def check(fn: Any, *args: Any, **kwargs: Any) -> Any:  # every field's problem, not the first alone
+            try:
+                return fn(*args, **kwargs)
+            except (TypeError, ValueError) as exc:
+                errors.append(exc)
+                return None
+
+        ints = {name: check(_check_int, name, getattr(self, name), 1)
                 for name in ("max_steps", "batch_size", "grad_accum_steps")}
-        if self.batch_size % self.grad_accum_steps:
-            raise ValueError(f"TrainConfig.batch_size: expected a multiple of grad_accum_steps "
-                             f"({self.grad_accum_steps}, equal micro-batches), got {self.batch_size}")
-        lr = _check_float("lr", self.lr, 0.0, strict=True)
-        min_lr = _check_float("min_lr", self.min_lr, 0.0)
-        if min_lr > lr:
-            raise ValueError(f"TrainConfig.min_lr: expected a float <= lr ({lr}), got {min_lr}")
-        weight_decay = _check_float("weight_decay", self.weight_decay, 0.0)
-        grad_clip = _check_float("grad_clip", self.grad_clip, 0.0)
-        pair = self.betas
-        if hasattr(pair, "__array__") and getattr(pair, "ndim", None) == 1:  # a sweep's numpy pair (or a tensor)
-            pair = tuple(pair.tolist())
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise TypeError(
-                f"TrainConfig.betas: expected a pair (beta1, beta2), got {_type_name(self.betas)} "
-                f"({self.betas!r})"
-            )
-        betas = tuple(_check_float(f"betas[{i}]", b, 0.0) for i, b in enumerate(pair))
-        for i, b in enumerate(betas):
-            if b >= 1.0:
-                raise ValueError(f"TrainConfig.betas[{i}]: expected a float in [0, 1), got {b}")
-        ints["warmup_steps"] = _check_int("warmup_steps", self.warmup_steps, 0)
+        batch, accum = ints["batch_size"], ints["grad_accum_steps"]  # None: that field had a problem
+        if None not in (batch, accum) and batch % accum:
+            errors.append(ValueError(f"TrainConfig.batch_size: expected a multiple of grad_accum_steps "
+                                     f"({self.grad_accum_steps}, equal micro-batches), got {self.batch_size}"))
+        lr = check(_check_float, "lr", self.lr, 0.0, strict=True)
+        min_lr = check(_check_float, "min_lr", self.min_lr, 0.0)
+        if None not in (lr, min_lr) and min_lr > lr:
+            errors.append(ValueError(f"TrainConfig.min_lr: expected a float <= lr ({lr}), got {min_lr}"))
+        weight_decay = check(_check_float, "weight_decay", self.weight_decay, 0.0)
+        grad_clip = check(_check_float, "grad_clip", self.grad_clip, 0.0)
+        betas = check(_check_betas, self.betas)
+        ints["warmup_steps"] = check(_check_int, "warmup_steps", self.warmup_steps, 0)
         if self.lr_decay_steps is not None:
-            ints["lr_decay_steps"] = _check_int("lr_decay_steps", self.lr_decay_steps, 1)
-        decay = self.max_steps if self.lr_decay_steps is None else self.lr_decay_steps
-        if decay < self.warmup_steps:
-            raise ValueError(
+            ints["lr_decay_steps"] = check(_check_int, "lr_decay_steps", self.lr_decay_steps, 1)
+        decay = ints["max_steps"] if self.lr_decay_steps is None else ints["lr_decay_steps"]
+        if None not in (decay, ints["warmup_steps"]) and decay < ints["warmup_steps"]:
+            errors.append(ValueError(
                 "TrainConfig.lr_decay_steps: expected lr_decay_steps (None = max_steps) >= "
                 f"warmup_steps ({self.warmup_steps}), got {decay}"
-            )
-        ints["eval_interval"] = _check_int("eval_interval", self.eval_interval, 0)
+            ))
+        ints["eval_interval"] = check(_check_int, "eval_interval", self.eval_interval, 0)
         if self.eval_steps is not None:
-            ints["eval_steps"] = _check_int("eval_steps", self.eval_steps, 1)
-        ints["log_interval"] = _check_int("log_interval", self.log_interval, 1)
-        ints["checkpoint_interval"] = _check_int("checkpoint_interval", self.checkpoint_interval, 0)
-        ints["seed"] = _check_int("seed", self.seed, 0, 2**32 - 1)
-        if not isinstance(self.device, str):
-            raise TypeError(
-                f"TrainConfig.device: expected str, got {_type_name(self.device)} ({self.device!r})"
-            )
-        if self.device != "auto":
-            kind = _torch_device(self.device).type
-            if kind not in ("cpu", "cuda"):  # 'meta', 'mps', ...: the trainer runs on CPU and CUDA only
-                raise ValueError(f"TrainConfig.device: expected 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
-        if not isinstance(self.amp, str) or self.amp not in _AMP_CHOICES:
-            raise ValueError(f"TrainConfig.amp: expected one of {_AMP_CHOICES}, got {self.amp!r}"
-                             f"{_choice_hint(self.amp, _AMP_CHOICES, _AMP_ALIASES)}")
-        if not isinstance(self.weight_decay_rule, str) or self.weight_decay_rule not in _DECAY_RULES:
-            raise ValueError(
-                f"TrainConfig.weight_decay_rule: expected one of {_DECAY_RULES}, got {self.weight_decay_rule!r}"
-                f"{_choice_hint(self.weight_decay_rule, _DECAY_RULES)}"
-            )
-        _check_bool("compile", self.compile)
-        _check_bool("progress", self.progress)
-        if not isinstance(self.loggers, (tuple, list)) or not all(isinstance(n, str) for n in self.loggers):
-            raise TypeError(
-                f"TrainConfig.loggers: expected a list of names from {_LOGGER_CHOICES}, got "
-                f"{_type_name(self.loggers)} ({self.loggers!r})"
-            )
-        loggers = tuple(self.loggers)
-        unknown = [n for n in loggers if n not in _LOGGER_CHOICES]
-        if unknown or len(set(loggers)) != len(loggers) or "jsonl" not in loggers:
-            raise ValueError(
-                f"TrainConfig.loggers: expected distinct names from {_LOGGER_CHOICES} including "
-                f"'jsonl' (metrics.jsonl is what resume and the experiment runner read), got {list(loggers)}"
-                f"{_choice_hint(unknown[0], _LOGGER_CHOICES) if unknown else ''}"
-            )
+            ints["eval_steps"] = check(_check_int, "eval_steps", self.eval_steps, 1)
+        ints["log_interval"] = check(_check_int, "log_interval", self.log_interval, 1)
+        ints["checkpoint_interval"] = check(_check_int, "checkpoint_interval", self.checkpoint_interval, 0)
+        ints["seed"] = check(_check_int, "seed", self.seed, 0, 2**32 - 1)
+        check(_check_device_field, self.device)
+        check(_check_choice, "amp", self.amp, _AMP_CHOICES, _AMP_ALIASES)
+        check(_check_choice, "weight_decay_rule", self.weight_decay_rule, _DECAY_RULES, None)
+        check(_check_bool, "compile", self.compile)
+        check(_check_bool, "progress", self.progress)
+        loggers = check(_check_loggers, self.loggers)
+        _raise_collected(errors, "TrainConfig")
         # Normalise numeric types so that equal configs compare and serialise equal.
         for name, value in ints.items():
             object.__setattr__(self, name, value)
@@ -258,14 +278,20 @@ class TrainConfig:
         if not isinstance(data, Mapping):
             raise TypeError(f"TrainConfig.from_dict: expected a mapping, got {_type_name(data)}")
         names = [f.name for f in dataclasses.fields(cls)]
+        errors: list[Exception] = []  # every unknown key and every problem of the known ones, not the first alone
         for key in data:
             if key not in names:
                 close = difflib.get_close_matches(str(key).lower(), names, n=1)  # "LR" -> 'lr'
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ValueError(
+                errors.append(ValueError(
                     f"unknown TrainConfig key {key!r}{hint}; valid keys: {', '.join(names)}"
-                )
-        return cls(**dict(data))
+                ))
+        try:
+            config = cls(**{k: v for k, v in data.items() if k in names})
+        except (TypeError, ValueError) as exc:
+            errors.append(exc)
+        _raise_collected(errors, "TrainConfig")
+        return config
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-type dict (JSON- and ``torch.load(weights_only=True)``-safe) that round-trips
