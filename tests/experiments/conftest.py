@@ -1,12 +1,19 @@
-"""Shared stand-ins of the experiment tests."""
+"""Shared stand-ins of the experiment tests (and ``experiments_tiny_configs`` made importable: pytest runs with
+``--import-mode=importlib``, which leaves ``sys.path`` alone)."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 from diffusionformer.experiments.results import run_dir
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
 
 class _Proc:

@@ -36,30 +36,12 @@ import pickle
 
 import pytest
 
+from experiments_tiny_configs import TINY_DIGITS_TOML
 from diffusionformer.experiments.cli import main
 from diffusionformer.experiments.gaps import main as gaps_main
 from diffusionformer.experiments.results import RunResult, run_dir
 
-TOML = '''name = "tiny"
-seeds = [0]
-[[tasks]]
-name = "digits"
-dataset = "digits"
-model = "vit-digits"
-model_overrides = {dim = 8, depth = 1, num_heads = 2}
-[tasks.train]
-max_steps = 2
-batch_size = 8
-warmup_steps = 0
-eval_interval = 2
-log_interval = 1
-checkpoint_interval = 2
-[[operators]]
-name = "attention"
-[[operators]]
-name = "lap"
-laplacian_heads = 1
-'''
+TOML = TINY_DIGITS_TOML
 
 GAPS_TOML = ('name = "g"\nseeds = [0, 1]\n[[tasks]]\nname = "t"\ndataset = "pydoc-chars"\nmodel = "gpt-char-tiny"\n'
              'metric = "val_loss"\n[[operators]]\nname = "attention"\n[[operators]]\nname = "lap"\nlaplacian_heads = 1\n')

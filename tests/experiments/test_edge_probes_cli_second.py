@@ -30,29 +30,11 @@ import sys
 
 import pytest
 
+from experiments_tiny_configs import TINY_DIGITS_TOML
 from diffusionformer.experiments import parse_override
 from diffusionformer.experiments.cli import main
 
-TOML = '''name = "tiny"
-seeds = [0]
-[[tasks]]
-name = "digits"
-dataset = "digits"
-model = "vit-digits"
-model_overrides = {dim = 8, depth = 1, num_heads = 2}
-[tasks.train]
-max_steps = 2
-batch_size = 8
-warmup_steps = 0
-eval_interval = 2
-log_interval = 1
-checkpoint_interval = 2
-[[operators]]
-name = "attention"
-[[operators]]
-name = "lap"
-laplacian_heads = 1
-'''
+TOML = TINY_DIGITS_TOML
 
 
 @pytest.fixture

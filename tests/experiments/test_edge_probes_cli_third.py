@@ -36,29 +36,11 @@ from pathlib import Path
 import pytest
 
 import diffusionformer
+from experiments_tiny_configs import TINY_DIGITS_TOML
 from diffusionformer.experiments.cli import _parser, main
 from diffusionformer.experiments.results import run_dir
 
-TOML = '''name = "tiny"
-seeds = [0, 1]
-[[tasks]]
-name = "digits"
-dataset = "digits"
-model = "vit-digits"
-model_overrides = {dim = 8, depth = 1, num_heads = 2}
-[tasks.train]
-max_steps = 2
-batch_size = 8
-warmup_steps = 0
-eval_interval = 2
-log_interval = 1
-checkpoint_interval = 2
-[[operators]]
-name = "attention"
-[[operators]]
-name = "lap"
-laplacian_heads = 1
-'''
+TOML = TINY_DIGITS_TOML.replace("seeds = [0]", "seeds = [0, 1]", 1)
 
 RUNS = [("attention", 0), ("attention", 1), ("lap", 0), ("lap", 1)]
 
