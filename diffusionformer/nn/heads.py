@@ -50,12 +50,12 @@ def split_top_level(text: str, sep: str = ",") -> list[str]:
         ['heat(t=1, steps=4):2', 'attention:2']
     """
     parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "([{":
+    for ch, bare in zip(text, _mask_strings(text)):  # brackets and separators inside a quoted value are its text
+        if bare in "([{":
             depth += 1
-        elif ch in ")]}":
+        elif bare in ")]}":
             depth -= 1
-        if ch == sep and depth == 0:
+        if bare == sep and depth == 0:
             parts.append("".join(cur))
             cur = []
         else:
@@ -64,10 +64,44 @@ def split_top_level(text: str, sep: str = ",") -> list[str]:
     return [p.strip() for p in parts]
 
 
+def _quoted_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, stop)`` of the contents of the quoted string values in ``text`` (inside parentheses, where an
+    operator's arguments are: ``"polynomial(init='heat(t=0.5)')"``; an unterminated one runs to the end)."""
+    spans, depth, quote, escaped, start = [], 0, "", False, 0
+    for i, ch in enumerate(text):
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                spans.append((start, i))
+                quote = ""
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch in "'\"" and depth > 0:
+            quote, start = ch, i + 1
+    if quote:
+        spans.append((start, len(text)))
+    return spans
+
+
+def _mask_strings(text: str) -> str:
+    """``text`` with the characters inside its quoted values replaced by ``_`` (same length): the spec syntax
+    (``()[]{}:,``, the templates) is read outside them only, a value such as ``tag='a)b'`` or ``'{H}'`` is text."""
+    chars = list(text)
+    for start, stop in _quoted_spans(text):
+        chars[start:stop] = "_" * (stop - start)
+    return "".join(chars)
+
+
 def _split_count(item: str) -> tuple[str, int | None]:
     depth = 0
+    bare = _mask_strings(item)
     for i in range(len(item) - 1, -1, -1):
-        ch = item[i]
+        ch = bare[i]
         if ch in ")]}":
             depth += 1
         elif ch in "([{":
@@ -202,8 +236,12 @@ def format_head_spec(heads: Any, num_heads: int) -> Any:
     if isinstance(heads, str):
         if "{" not in heads:
             return heads
-        try:
-            return heads.format(H=num_heads, half=num_heads // 2)
+        try:  # outside quoted values only: a value '{H}' or 'a{b}' is a string, not a template
+            parts, end = [], 0
+            for start, stop in _quoted_spans(heads):
+                parts += [heads[end:start].format(H=num_heads, half=num_heads // 2), heads[start:stop]]
+                end = stop
+            return "".join(parts) + heads[end:].format(H=num_heads, half=num_heads // 2)
         except (KeyError, IndexError, ValueError, TypeError, AttributeError) as err:  # '{H[0]}', '{H.x}' too
             raise ValueError(f"head spec {heads!r}: only the templates {{H}} and {{half}} are known ({err})") from None
     if isinstance(heads, (list, tuple)):
