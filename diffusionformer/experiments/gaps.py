@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Collection
 
 from diffusionformer.experiments.config import ExperimentConfig, _did_you_mean, load_experiment_config
-from diffusionformer.experiments.publish import GAP_MARKER, READING_MARKER, _copy_png, _image, read_run_log
+from diffusionformer.experiments.publish import (GAP_MARKER, READING_MARKER, _copy_png, _image, _run_log_path,
+                                                 read_run_log)
 from diffusionformer.experiments.results import _is_finite, read_json_dict
 from diffusionformer.experiments.runner import read_curves, run_dir
 from diffusionformer.experiments.stats import holm, paired_difference
@@ -95,7 +96,7 @@ def _run_records(out: Path, task: str, setting: str, seed: int,
     ``unfinished``, :func:`_unfinished` of ``out``, lists the run); ``None`` when the run has not finished (or is not
     there)."""
     summary = run_dir(out, task, setting, seed) / "summary.json"
-    published = out / "logs" / task / setting / f"seed{seed}.json"
+    published = _run_log_path(out, task, setting, seed)
     if summary.is_file():  # an unreadable summary (truncated, not UTF-8) is an unfinished run, as in results
         return read_curves(summary.parent) if (read_json_dict(summary) or {}).get("status") == "completed" else None
     if published.is_file() and (task, setting, seed) not in unfinished:  # a failed run's log is published too

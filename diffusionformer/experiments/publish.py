@@ -328,7 +328,7 @@ def _copy_files(src: Path, dst: Path, runs: list[RunResult]) -> None:
     for r in runs:
         log = run_dir(src, r.task, r.operator, r.seed) / "metrics.jsonl"
         if log.is_file():
-            write_run_log(read_curves(log.parent), dst / "logs" / r.task / r.operator / f"seed{r.seed}.json")
+            write_run_log(read_curves(log.parent), _run_log_path(dst, r.task, r.operator, r.seed))
 
 
 def add_to_toctree(index: str | Path, entry: str) -> bool:
@@ -398,6 +398,11 @@ def _primary_line(config: ExperimentConfig) -> str:
                 "before it ran; every other comparison is exploratory")
     return ("none were named before this study ran, so every comparison on this page is exploratory: a p below 0.05 "
             "here suggests where to look, it does not establish an effect")
+
+
+def _run_log_path(root: Path, task: str, setting: str, seed: int) -> Path:
+    """Where ``publish`` writes the log of run ``(task, setting, seed)`` in a published folder ``root``."""
+    return root / "logs" / task / setting / f"seed{seed}.json"
 
 
 def read_run_log(path: str | Path) -> list[dict[str, Any]]:
@@ -519,7 +524,7 @@ def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
         if not (need_select or need_reach):
             continue
         rdir = run_dir(src, r.task, r.operator, r.seed)
-        published = src / "logs" / r.task / r.operator / f"seed{r.seed}.json"
+        published = _run_log_path(src, r.task, r.operator, r.seed)
         # one read of the run's log for both; publishing in place (the docs folder has no run folders) reads the log
         # publish wrote there, else the tables of a select_by or reach named after the runs vanished from the page
         curves = (read_run_log(published) if not (rdir / "metrics.jsonl").is_file() and published.is_file()
