@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from train_tiny_tasks import FakeSummaryWriter
 
 from diffusionformer.train import (
     CSVLog,
@@ -151,49 +152,30 @@ def test_gloo_gradient_average_equals_the_single_process_gradient_of_the_whole_b
 
 
 # ----------------------------------------------------------------------------- loggers.py
-class _FakeWriter:
-    """A stand-in ``SummaryWriter`` (no tensorboard here) that records how it was opened."""
-
-    opened: list[int | None] = []
-
-    def __init__(self, log_dir, purge_step=None):
-        _FakeWriter.opened.append(purge_step)
-        self.scalars = []
-
-    def add_scalar(self, tag, value, global_step):
-        self.scalars.append((tag, value, global_step))
-
-    def flush(self):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_bug_tensorboard_purges_only_once_after_a_truncate(tmp_path):
     """Bug: ``TensorBoardLog.truncate(5)`` set ``purge_step=6`` for good: after ``close()`` the next ``append``
     (``close`` says "appending reopens it") opened a new ``SummaryWriter`` with ``purge_step=6`` again, whose
     purge event makes TensorBoard drop the steps 6, 7, ... this run had logged since the resume."""
-    _FakeWriter.opened = []
+    FakeSummaryWriter.opened = []
     log = TensorBoardLog(tmp_path / "tb", active=False)
-    log.active, log._writer_cls = True, _FakeWriter
+    log.active, log._writer_cls = True, FakeSummaryWriter
     log.truncate(5)
     log.append({"step": 6, "split": "train", "loss": 1.0, "lr": 0.1})
     log.close()
     log.append({"step": 7, "split": "train", "loss": 1.0, "lr": 0.1})
     log.close()
-    assert _FakeWriter.opened == [6, None]
+    assert FakeSummaryWriter.opened == [6, None]
     log.truncate(6)  # a second resume purges once more
     log.append({"step": 7, "split": "train", "loss": 1.0, "lr": 0.1})
-    assert _FakeWriter.opened == [6, None, 7]
+    assert FakeSummaryWriter.opened == [6, None, 7]
 
 
 def test_bug_a_metric_named_lr_keeps_its_own_tensorboard_tag(tmp_path):
     """Bug: a task metric named ``lr`` was written under ``<split>/lr``, the learning rate's tag: one series of two,
     each step's learning rate overwritten by the metric. It is ``<split>/metrics.lr`` now (metrics.csv's column)."""
-    _FakeWriter.opened = []
+    FakeSummaryWriter.opened = []
     log = TensorBoardLog(tmp_path / "tb", active=False)
-    log.active, log._writer_cls = True, _FakeWriter
+    log.active, log._writer_cls = True, FakeSummaryWriter
     log.append({"step": 3, "split": "train", "loss": 1.0, "lr": 0.1, "metrics": {"lr": 0.5, "acc": 0.25}})
     assert sorted(log._writer.scalars) == [("train/acc", 0.25, 3), ("train/loss", 1.0, 3), ("train/lr", 0.1, 3),
                                            ("train/metrics.lr", 0.5, 3)]

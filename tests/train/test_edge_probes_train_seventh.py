@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from train_tiny_tasks import FakeSummaryWriter
 
 from diffusionformer.train import (
     CSVLog,
@@ -103,28 +104,12 @@ def test_bug_csv_writes_numpy_ints_as_the_ints_they_equal(tmp_path):
     assert from_csv == from_jsonl == {k: int(v) for k, v in values.items()}
 
 
-class _Writer:
-    """A stand-in ``SummaryWriter`` (no tensorboard here)."""
-
-    def __init__(self, log_dir, purge_step=None):
-        self.scalars = []
-
-    def add_scalar(self, tag, value, global_step):
-        self.scalars.append((tag, value, global_step))
-
-    def flush(self):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_bug_tensorboard_log_skips_an_int_beyond_the_float_range(tmp_path):
     """Bug: ``TensorBoardLog.append`` of a metric ``10**400`` (which the JSON-lines and CSV logs write) raised
     ``math.isfinite``'s bare "OverflowError: int too large to convert to float" and wrote none of the record's
     scalars; it is skipped like a non-finite value, and the others are written as Python floats."""
     log = TensorBoardLog(tmp_path / "tb", active=False)
-    log.active, log._writer_cls = True, _Writer
+    log.active, log._writer_cls = True, FakeSummaryWriter
     log.append(_record(3, huge=10**400, n=np.int64(5), acc=np.float32(0.25)))
     scalars = sorted(log._writer.scalars)
     assert scalars == [("train/acc", 0.25, 3), ("train/loss", 0.5, 3), ("train/lr", 0.1, 3), ("train/n", 5.0, 3)]

@@ -13,6 +13,26 @@ from torch import nn
 from diffusionformer.train import TrainConfig
 
 
+class FakeSummaryWriter:
+    """A stand-in ``SummaryWriter`` (tensorboard is optional) that records how it was opened (``opened``: the
+    ``purge_step`` of every writer made; reset it in a test) and what it was given (``scalars``)."""
+
+    opened: list[int | None] = []
+
+    def __init__(self, log_dir: Any, purge_step: int | None = None) -> None:
+        FakeSummaryWriter.opened.append(purge_step)
+        self.scalars: list[tuple[str, float, int]] = []
+
+    def add_scalar(self, tag: str, value: float, global_step: int) -> None:
+        self.scalars.append((tag, value, global_step))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class SimulatedKill(Exception):
     """Raised by a task to stop a run at a chosen step, as a kill would."""
 
