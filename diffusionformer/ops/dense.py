@@ -574,7 +574,20 @@ def _try_triton(
                              "PyTorch back-ends")
         return None
     pad, general = split_mask(mask, q.shape[0])
+    low = _autocast_dtype(q)
+    if low is not None and low != q.dtype:  # what autocast does to the inputs of the fused kernel it stands in for
+        q, k, v = q.to(low), k.to(low), v.to(low)
     return TritonBackend(q, k, is_causal, pad, scale, dropout_p, general).diffuse(v, coeffs, degrees)
+
+
+def _autocast_dtype(t: Tensor) -> torch.dtype | None:
+    """The dtype an enabled autocast of ``t``'s device gives a fused attention call on ``t`` (float32 and half
+    inputs; float64 stays), else ``None``: every dense path returns the dtype ``F.scaled_dot_product_attention``
+    returns, whichever back-end ``"auto"`` picks."""
+    dev = t.device.type
+    if dev in ("cpu", "cuda") and t.dtype != torch.float64 and t.is_floating_point() and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return None
 
 
 def _diffuse_dense(
@@ -585,8 +598,8 @@ def _diffuse_dense(
     """:func:`diffuse_with_weights` on validated inputs: picks the path and a back-end, runs the engine."""
     B, H, N, _ = q.shape
     M = k.shape[2]
-    dtype = v.dtype
-    work = work_dtype(dtype)
+    dtype = _autocast_dtype(v) or v.dtype  # every path returns what the fused kernel returns (autocast's dtype)
+    work = work_dtype(v.dtype)
     row_ok = _rows_with_keys(attn_mask)
     if isinstance(coeffs, tuple):  # static coefficients (Python floats)
         if len(coeffs[0]) == 2 and backend != "matrix" and not need_weights:
@@ -705,7 +718,7 @@ def _split_paths(
 
     def combine(lo: Backend, hi: Backend) -> Tensor:
         out_low = affine(lo, v_lo, c0, c1, inplace=inplace)
-        out_high = polynomial(hi, v_hi, c_high, deg_high).to(v.dtype)
+        out_high = polynomial(hi, v_hi, c_high, deg_high).to(_autocast_dtype(v) or v.dtype)
         return merge_heads(((low, out_low), (high, out_high)), 1)
 
     return _recorded(combine, (lo, hi), rebuild)
