@@ -309,8 +309,8 @@ def choose_dense_backend(num_queries: int, num_keys: int, max_degree: int, *, is
       but ``O(N)`` memory and no ``N x M`` temporaries, which are slow to allocate and fill).
 
     In words: one softmax plus ``K`` matmuls beat ``K`` fused calls up to ``N = M = 128`` for
-    ``K = 2``, 256 for ``K = 3``, 384 for ``K = 4..7`` and 512 for ``K >= 8``; causal graphs
-    halve these sequence lengths (the fused kernel skips the masked blocks, the matmuls do
+    ``K = 2``, 256 for ``K = 3``, 384 for ``K = 4..7`` and 512 for ``K >= 8``; on causal graphs
+    up to 64, 128, 256 and 384 (the fused kernel skips the masked blocks, the matmuls do
     not). Beyond, ``"sdpa"``. The limits were measured with ``benchmarks/bench_kstep.py``
     (``H = 8``, ``C = 32``, ``B N = 2048`` tokens, CPU, forward and forward+backward gave the
     same crossovers; see ``docs/performance.md``).

@@ -667,6 +667,17 @@ class Trainer:
             self._postfix["eval_loss"] = f"{loss:.4g}"
             self._pbar.set_postfix(self._postfix, refresh=False)
 
+    def _window_of_all_ranks(self) -> dict[str, list[Any]]:
+        """The log window to checkpoint: each sum averaged over ranks (a collective: every rank calls it), with its
+        count, the same on every rank. Every rank loads it on resume; as the log averages the ranks' window means, the
+        record whose window the checkpoint cut is then the uninterrupted run's (rank 0's sums alone would stand in
+        for every rank's)."""
+        names = sorted(self._window)
+        if not names:
+            return {}
+        sums = self.ctx.all_reduce_mean(torch.stack([self._window[k][0].detach() for k in names])).cpu()
+        return {k: [sums[i].clone(), self._window[k][1]] for i, k in enumerate(names)}
+
     def _save(self, done: int) -> None:
         finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
         if not bool(finite):  # identical on every rank: DDP keeps the replicas equal
@@ -685,8 +696,8 @@ class Trainer:
             "elapsed": self._elapsed(),
             "last_train": self._last["train"],
             "last_eval": self._last["eval"],
-            # a log window cut by the checkpoint continues after a resume
-            "window": {k: [v[0].detach().cpu(), v[1]] for k, v in self._window.items()},
+            # a log window cut by the checkpoint continues after a resume (on every rank: the mean over ranks)
+            "window": self._window_of_all_ranks(),
             "world_size": self.ctx.world_size,
             "torch_version": str(torch.__version__),
         }
