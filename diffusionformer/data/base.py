@@ -226,6 +226,7 @@ class TextData:
 
         Raises:
             ValueError: if ``text`` holds a character outside the vocabulary.
+            TypeError: if ``text`` is not a ``str`` (``bytes`` included).
         """
         if not isinstance(text, str):  # bytes gave "character 104 is not in the vocabulary", an int a bare TypeError
             hint = " (decode it first, e.g. text.decode('utf-8'))" if isinstance(text, (bytes, bytearray)) else ""

@@ -246,7 +246,7 @@ def neighbor_loader(
         generator: random generator of :class:`TorchNeighborSampler` (the PyG samplers use
             torch's global RNG).
         force_torch: use :class:`TorchNeighborSampler` even when a compiled sampler exists.
-        kwargs: further ``NeighborLoader`` / ``DataLoader`` arguments; with
+        **kwargs: further ``NeighborLoader`` / ``DataLoader`` arguments; with
             :class:`TorchNeighborSampler` the sampling options only PyG's samplers implement
             (``replace``, ``subgraph_type``, ``disjoint``, ``temporal_strategy``, ``time_attr``,
             ``weight_attr``, ``input_time``, ``directed``) must keep their defaults (else a

@@ -166,7 +166,7 @@ def load_dataset(
         root: data root for datasets read from files; defaults to ``$DIFFUSIONFORMER_DATA``.
             Ignored by embedded datasets.
         seed: seed of every random choice (splits, generators).
-        options: dataset-specific options; see ``dataset_spec(name).options``.
+        **options: dataset-specific options; see ``dataset_spec(name).options``.
 
     Raises:
         ValueError: unknown name (the message lists the valid names) or a bad option value.

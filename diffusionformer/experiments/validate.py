@@ -307,7 +307,7 @@ def check_experiment(config: ExperimentConfig, **kwargs: Any) -> None:
 
     Args:
         config: a loaded comparison.
-        kwargs: passed to :func:`validate_experiment`.
+        **kwargs: passed to :func:`validate_experiment`.
     """
     problems = validate_experiment(config, **kwargs)
     if problems:

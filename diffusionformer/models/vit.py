@@ -232,6 +232,7 @@ class DiffusionViT(nn.Module):
         Args:
             x: images or signals, as :meth:`forward`.
             kind: ``"P"`` or ``"operator"``.
+            **attn_kwargs: passed on to :meth:`forward_tokens` (and so to every block's attention).
         """
         from diffusionformer.analysis.capture import LayerRecorder
 
