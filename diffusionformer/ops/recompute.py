@@ -111,14 +111,19 @@ def _in_functorch() -> bool:
     return _FUNCTORCH_STACK is None or _FUNCTORCH_STACK() is not None
 
 
+def _in_eager_transform() -> bool:
+    """Whether an eager ``torch.func`` transform is running (not compiling: dynamo traces the transforms itself, and
+    the functorch stack is not to be read there). The test of every path that a transform refuses."""
+    return not torch.compiler.is_compiling() and _in_functorch()
+
+
 def wants_recompute() -> bool:
     """Whether :func:`recompute_saved` would act now: autograd on, eager (not compiling, not inside a
     ``torch.func`` transform) and no outer saved-tensor hooks.
 
     Layers ask before they record what a recomputation needs.
     """
-    return (torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _outer_hooks()
-            and not _in_functorch())
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _outer_hooks() and not _in_functorch()
 
 
 def recompute_saved(z: Tensor, fn: Callable[[], Tensor]) -> "_RecomputeSaved":

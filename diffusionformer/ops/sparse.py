@@ -35,7 +35,7 @@ from diffusionformer.config import _check_flag
 from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_dropout, check_index_range, check_layout, check_scale, check_tensor
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
-from diffusionformer.ops.recompute import _in_functorch
+from diffusionformer.ops.recompute import _in_eager_transform
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
 from diffusionformer.ops.scatter import ScatterBackend, scatter_sum, segment_softmax
 
@@ -57,9 +57,9 @@ def _use_csr(backend: str) -> bool:
     if backend == "auto":
         # torch.compile cannot trace sparse CSR tensors; the gather-scatter path compiles (and fuses); torch.func
         # transforms refuse the CSR kernels' autograd.Functions (no setup_context, out= kernels without batching rules)
-        return not torch.compiler.is_compiling() and not _in_functorch()
+        return not torch.compiler.is_compiling() and not _in_eager_transform()
     if backend == "csr":
-        if not torch.compiler.is_compiling() and _in_functorch():
+        if _in_eager_transform():
             raise ValueError("backend='csr' cannot run inside a torch.func transform (grad, vjp, vmap, ...): its "
                              "sparse kernels have no functorch support; use backend='auto' or 'native' there")
         return True
