@@ -621,7 +621,7 @@ def _diffuse_dense(
     if need_weights:
         P = _attention_matrix(q, k, attn_mask, is_causal, scale, row_ok)
         out = polynomial(MatrixBackend(P, all_heads(H), dropout_p), v, c, degrees)
-        return out.to(dtype), P.to(dtype)
+        return out.to(dtype), P.to(v.dtype)  # P in the input dtype, as attention_matrix returns it
     if backend == "auto":
         backend = _choose_dense_backend(N, M, max((0, *degrees)), is_causal, q.device.type)
         high = active_heads(degrees, 2)

@@ -209,3 +209,17 @@ def test_bug_triton_back_end_under_autocast_returns_the_autocast_dtype(triton_ke
     assert _rel(got, want) <= 3e-2
     got.float().sum().backward()
     assert all(t.grad is not None and t.grad.dtype == torch.float32 and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_weights_under_autocast_keep_the_input_dtype_as_attention_matrix():
+    """``need_weights=True`` under autocast: the output in the autocast dtype (every back-end's), ``P`` in the
+    input dtype, as documented and as :func:`~diffusionformer.ops.dense.attention_matrix` returns it."""
+    from diffusionformer.ops.dense import attention_matrix, diffuse_with_weights
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, P = diffuse_with_weights(q, k, v, [0.5, 0.5], is_causal=True, need_weights=True)
+        ref = attention_matrix(q, k, is_causal=True)
+    assert out.dtype == torch.bfloat16 and P.dtype == ref.dtype == torch.float32
+    assert (P - ref).abs().max() <= 1e-2
