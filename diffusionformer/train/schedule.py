@@ -27,8 +27,8 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_s
 
     Args:
         step: number of updates already done (``>= 0``).
-        lr: peak learning rate.
-        min_lr: final learning rate.
+        lr: peak learning rate (``>= 0``).
+        min_lr: final learning rate (``>= 0``).
         warmup_steps: ``W >= 0``.
         decay_steps: ``D >= W``.
 
@@ -52,6 +52,8 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_s
                              "(|x| > 1.8e308)") from None
         if not finite:  # else a NaN/inf learning rate, handed to the optimizer without a word
             raise ValueError(f"cosine_lr: expected {name} a finite float, got {value}")
+        if value < 0:  # else a negative rate set on the optimizer's groups (which its constructor refuses): ascent
+            raise ValueError(f"cosine_lr: expected {name} a finite float >= 0, got {value}")
     # a Python float: a NumPy step or rate (np.float64) set as an optimizer's lr made its state_dict unloadable with
     # torch.load(weights_only=True)
     if step < warmup_steps:

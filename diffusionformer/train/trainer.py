@@ -389,6 +389,13 @@ class Trainer:
         self._amp = resolve_amp(cfg.amp, device)
         self._scaler: torch.amp.GradScaler | None = None
         if self._amp == torch.float16:
+            half = [n for n, p in model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
+            if half:  # else GradScaler.unscale_'s bare "Attempting to unscale FP16 gradients." at the first update
+                raise ValueError(
+                    f"Trainer: amp='fp16' scales the loss for float32 parameters (autocast runs them in float16), got "
+                    f"float16 parameters {half[:3]}{' ...' if len(half) > 3 else ''}: build the model in float32, "
+                    "or use amp='off'"
+                )
             self._scaler = torch.amp.GradScaler(device.type)
             if payload is not None and payload.get("scaler"):
                 with _entries_fit(payload["_path"], "the fp16 loss-scaler state the trainer saves, got one that "
