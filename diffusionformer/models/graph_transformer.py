@@ -17,7 +17,7 @@ from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edg
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import Mlp, make_norm, resolve_layer_heads
-from diffusionformer.nn.edge_features import edge_feature_attention
+from diffusionformer.nn.edge_features import _check_edge_operators, edge_feature_attention
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools,
@@ -247,6 +247,8 @@ class GraphBlock(nn.Module):
         self.attn = DiffusionAttention(dim, num_heads, heads, dropout=attn_dropout)
         # W_e of the edge features in the scores (TransformerConv's lin_edge); see nn/edge_features.py
         self.edge_proj = nn.Linear(edge_dim, dim, bias=False) if edge_dim is not None else None
+        if edge_dim is not None:  # refused when the model is built (a config check), not at its first forward
+            _check_edge_operators(self.attn, "GraphBlock(edge_dim=...)")
         self.global_attn = DiffusionAttention(dim, num_heads, heads, dropout=attn_dropout) if global_attention else None
         self.drop = nn.Dropout(dropout)
         self.norm2 = make_norm(norm_layer, dim)
@@ -267,6 +269,9 @@ class GraphBlock(nn.Module):
         if self.edge_proj is not None:
             if edge_attr is None:
                 raise ValueError("GraphBlock: expected edge_attr (the block was built with edge_dim), got None")
+            if graph.layout != "sparse":  # else a TypeError about an edge_index the caller never passed
+                raise ValueError("GraphBlock: edge_attr needs a sparse graph (its edge_index orders the edge features), "
+                                 f"got a {graph.layout} AttentionGraph")
             _check_edge_attr(edge_attr, graph.edge_index, self.edge_proj.in_features)
             update = edge_feature_attention(self.attn, h, graph.edge_index, self.edge_proj(edge_attr.to(h.dtype)))
         else:

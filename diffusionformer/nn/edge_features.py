@@ -28,6 +28,18 @@ from diffusionformer.ops.sparse import check_edge_index
 __all__ = ["edge_feature_attention"]
 
 
+def _check_edge_operators(layer: DiffusionAttention, who: str) -> None:
+    """Every operator of ``layer`` a polynomial in one ``P`` that runs on sparse graphs (else ``ValueError``)."""
+    for op in layer.operators:
+        if not op.supports_sparse:
+            raise ValueError(f"{who}: operator {op.name!r} does not support the sparse back-end (it needs a dense P)")
+        if op.uses_context or not op.is_polynomial:
+            # the edge-aware P enters the polynomial loop; operators that build their own maps
+            # (rivals: second map, layer state, re-attention, uniform map) are not served
+            raise ValueError(f"{who}: operator {op.name!r} is not a polynomial in one P; "
+                             "edge features need polynomial heads (attention, laplacian, heat, ppr, polynomial)")
+
+
 def edge_feature_attention(
     layer: DiffusionAttention, x: Tensor, edge_index: Tensor, edge_keys: Tensor, *, return_weights: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -50,14 +62,7 @@ def edge_feature_attention(
     layer._check_plan()  # the operators may have been replaced since the layer's plan was made
     if layer.causal:
         raise ValueError("edge_feature_attention: expected a non-causal layer (graphs have no token order)")
-    for op in layer.operators:
-        if not op.supports_sparse:
-            raise ValueError(f"operator {op.name!r} does not support the sparse back-end (it needs a dense P)")
-        if op.uses_context or not op.is_polynomial:
-            # the edge-aware P enters the polynomial loop below; operators that build their own maps
-            # (rivals: second map, layer state, re-attention, uniform map) are not served
-            raise ValueError(f"edge_feature_attention: operator {op.name!r} is not a polynomial in one P; "
-                             "edge features need polynomial heads (attention, laplacian, heat, ppr, polynomial)")
+    _check_edge_operators(layer, "edge_feature_attention")
     N, D = check_tensor("x", x, 2, "(N, D)").shape
     if D != layer.dim:
         raise ValueError(f"x must have last dimension dim={layer.dim}, got shape {tuple(x.shape)}")
