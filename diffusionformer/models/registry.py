@@ -55,11 +55,15 @@ _PRESETS: dict[str, ModelPreset] = {}
 def register_model(name: str, model_cls: Callable[[Any], nn.Module], config_cls: type, description: str = "",
                    *, task_config_cls: type | None = None, task_defaults: dict[str, Any] | None = None,
                    **defaults: Any) -> ModelPreset:
-    """Register a preset (strict: a taken name raises ``ValueError``; defaults are validated now)."""
+    """Register a preset (strict: a taken name raises ``ValueError``, a ``model_cls`` that cannot be called a
+    ``TypeError``; defaults are validated now)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"preset name must be a non-empty string, got {name!r}")
     if name in _PRESETS:
         raise ValueError(f"model preset {name!r} is already registered")
+    if not callable(model_cls):  # else stored, and create_model failed with "'int' object is not callable"
+        raise TypeError(f"preset {name!r}: model_cls must be a model class or a callable taking the config, "
+                        f"got {type(model_cls).__name__} {model_cls!r}")
     config_from_dict(config_cls, defaults, where=f"preset {name!r}")
     if task_defaults and task_config_cls is None:
         raise ValueError(f"preset {name!r}: task_defaults {sorted(task_defaults)} need a task_config_cls, got None")

@@ -81,6 +81,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 < p <= 1.0:  # numpy floats too
         raise ValueError(f"top_p: expected a float in (0, 1], got {p!r}")
+    p = float(p)  # a Fraction passed the check, then failed "'>=' not supported between Tensor and Fraction"
     _check_logits("top_p", logits)
     if p >= 1.0:  # every token: the mass before the last one is < 1 in exact arithmetic, not in float
         return logits
