@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -9,7 +10,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -149,6 +150,8 @@ def git_commit(path: str | Path | None = None) -> str | None:
     import subprocess
 
     where = Path(path) if path is not None else Path(__file__).resolve().parent
+    if where.is_file():  # a file of the checkout: git runs in its folder (a file as cwd gave None)
+        where = where.parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
@@ -160,23 +163,48 @@ def git_commit(path: str | Path | None = None) -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` of ``folder`` itself (no file is added to it) while the block runs: processes writing
+    the outputs of one comparison at once (``--workers``, one invocation per seed) take turns. Released by the
+    kernel when a holder is killed; a no-op where ``fcntl`` is missing (Windows) or the folder cannot be locked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):  # a file system without locks: written unlocked, as before
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
 def write_outputs(out: Path, config: ExperimentConfig, results: list[RunResult]) -> None:
     """Write ``results.json``, ``results.md`` and ``plots/`` of ``results`` into ``out`` (plots skipped without matplotlib).
 
     Rows of the previous ``results.json`` outside ``results`` are kept while their run is still
     finished on disk: an invocation on part of a comparison (``--set seeds=[1]``,
     ``--set tasks=...``, ``--set operators=...``, one GPU call per seed) adds its runs to the
-    comparison's table instead of replacing the others'.
+    comparison's table instead of replacing the others'. Processes writing one comparison's outputs
+    at once take turns (a lock of ``out``), so none drops the rows another has just written.
     """
-    results = list(results) + _other_finished_rows(out, results)
-    rows = [r.__dict__ for r in results]
-    table = aggregate(results)
-    write_json_atomic(out / "results.json", {"runs": rows, "summary": table})
-    text = f"# {config.name}\n\n{config.description}\n\nSeeds: {config.seeds}. Mean ± sample std over seeds.\n\n"
-    write_text_atomic(out / "results.md", text + format_table(table, config))  # a kill leaves the old table whole
-    try:
-        from diffusionformer.experiments.plots import plot_experiment
+    with _folder_lock(out):  # another writer's read-merge-write in between would drop the rows of one of the two
+        results = list(results) + _other_finished_rows(out, results)
+        rows = [r.__dict__ for r in results]
+        table = aggregate(results)
+        write_json_atomic(out / "results.json", {"runs": rows, "summary": table})
+        text = f"# {config.name}\n\n{config.description}\n\nSeeds: {config.seeds}. Mean ± sample std over seeds.\n\n"
+        write_text_atomic(out / "results.md", text + format_table(table, config))  # a kill leaves the old table whole
+        try:  # in the lock too: the figures of the last writer show the rows of the table it wrote
+            from diffusionformer.experiments.plots import plot_experiment
 
-        plot_experiment(out, config, results)
-    except ImportError as exc:  # matplotlib missing: results are still written
-        print(f"plots skipped: {exc}", file=sys.stderr)
+            plot_experiment(out, config, results)
+        except ImportError as exc:  # matplotlib missing: results are still written
+            print(f"plots skipped: {exc}", file=sys.stderr)

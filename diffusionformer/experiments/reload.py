@@ -67,7 +67,16 @@ class LoadedRun:
 def _check_cuda_exists(device: torch.device) -> None:
     """A ValueError naming ``map_location`` when ``device`` is a CUDA device this machine does not have: else the
     whole model is built before ``model.to`` fails with torch's bare AssertionError ("Torch not compiled with CUDA
-    enabled") or "invalid device ordinal"."""
+    enabled") or "invalid device ordinal". A device of another kind this torch cannot use (``mps`` off a Mac) is one
+    too, not torch's bare RuntimeError once the model is built."""
+    if device.type not in ("cuda", "cpu", "meta"):
+        try:
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError) as err:
+            raise ValueError(f"load_run: map_location {str(device)!r} asked for, but this torch cannot use it "
+                             f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); use "
+                             "map_location='cpu'") from err
+        return
     if device.type != "cuda":
         return
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -120,7 +129,7 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
             ``checkpoint.pt`` (the run has not saved a step yet).
         ValueError: ``run_config.json`` is unreadable (truncated, not a JSON object), names an
             unknown preset or holds an invalid config; ``map_location`` is not a device, or a CUDA
-            device this machine does not have.
+            device (or one of another kind, ``mps``) this machine does not have.
         CheckpointError: the checkpoint is unreadable, does not fit the model, was written by another model
             (class, config or head layout: an edited ``run_config.json``) or holds NaN or inf weights.
     """
