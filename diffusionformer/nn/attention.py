@@ -251,7 +251,10 @@ class DiffusionAttention(nn.Module):
         self._matrix_groups: tuple[tuple[DiffusionOperator, int, int], ...] = tuple(
             (op, s, c) for op, (s, c) in zip(ops, self._groups) if not op.is_polynomial and not op.uses_context)
         self._matrix_heads: tuple[int, ...] = tuple(h for _, s, c in self._matrix_groups for h in range(s, s + c))
-        self._sparse_unsupported = next((op.name for op in ops if not op.supports_sparse), None)
+        # a function of a materialised P (neither polynomial nor context) needs a dense P whatever supports_sparse
+        # says: on edges its heads would receive the engine's 0
+        self._sparse_unsupported = next((op.name for op in ops if not op.supports_sparse or (
+            not op.is_polynomial and not op.uses_context)), None)
         self._affine_runs: tuple[AffineRun, ...] | None = None
         if self._static_coefficients is not None and self.max_degree <= 1:
             c0, c1 = affine_coefficients(self._static_coefficients, self._degrees)

@@ -9,7 +9,8 @@ structural properties that hold for any function of a row-stochastic ``P``:
   library has no formula for, both on a float64 copy);
 * the sparse back-end equals the dense one on the complete and the causal graph, and the
   reference on a random graph with a node without in-edges (a zero row of ``P``);
-* node-permutation equivariance and edge-order invariance;
+* node-permutation equivariance and edge-order invariance, and independence of the rest of the batch;
+* outputs in the input dtype;
 * causality: under a causal mask, no output depends on a later position, for every ``K``;
 * shift law: since ``P 1 = 1``, :math:`f(P)(v + 1 a^\top) = f(P) v + (\sum_k c_k) 1 a^\top`
   (so a Laplacian head, with coefficients summing to 0, ignores a constant shift).
@@ -83,7 +84,9 @@ def _reference(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, allowed: 
     return copy.deepcopy(op).double().apply_matrix(P, v.double())
 
 
-def _close(a: Tensor, b: Tensor, what: str, atol: float, rtol: float) -> None:
+def _close(a: Tensor, b: Tensor, what: str, atol: float, rtol: float, dtype: torch.dtype | None = None) -> None:
+    if dtype is not None and a.dtype != dtype:  # the comparison in float64 below would hide it
+        raise AssertionError(f"{what}: output dtype is {a.dtype}, expected the input dtype {dtype}")
     a, b = a.double(), b.double()
     if a.shape != b.shape:
         raise AssertionError(f"{what}: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}")
@@ -151,10 +154,16 @@ def assert_operator(
             raise AssertionError(f"{name}: coefficients are not finite")
         static = op.static_coefficients()
         if static is not None:
-            s = torch.tensor(static, dtype=torch.float64)
-            if s.shape not in ((degree + 1,), (1, degree + 1), (H, degree + 1)):
+            # the layer reads one flat row of floats, shared by the operator's heads: a nested (1, K+1) or (G, K+1)
+            # tuple made it raise ``float() argument must be ... not 'tuple'``
+            try:
+                s = torch.tensor(static, dtype=torch.float64)
+            except (TypeError, ValueError, RuntimeError) as err:
+                raise AssertionError(f"{name}: static_coefficients() must be a tuple of floats, got {static!r} "
+                                     f"({err})") from None
+            if s.shape != (degree + 1,):
                 raise AssertionError(f"{name}: static_coefficients() has shape {tuple(s.shape)}, coefficients() "
-                                     f"{tuple(c.shape)}")
+                                     f"{tuple(c.shape)}; expected a flat tuple of degree + 1 = {degree + 1} floats")
             if not torch.allclose(c.detach().double(), s.expand_as(c), atol=1e-6):
                 raise AssertionError(f"{name}: static_coefficients() disagrees with coefficients()")
 
@@ -165,12 +174,13 @@ def assert_operator(
         backends = ("sdpa", "matrix") if op.is_polynomial else ("matrix",)
         for backend in backends:
             out = apply_operator_dense(op, q, k, v, backend=backend, is_causal=is_causal)
-            _close(out, ref, f"{name}: dense backend={backend!r} causal={is_causal} vs float64 reference", tol_a, tol_r)
+            _close(out, ref, f"{name}: dense backend={backend!r} causal={is_causal} vs float64 reference", tol_a, tol_r,
+                   dtype)
         if op.is_polynomial:  # its f(P) on a materialised P (attention maps) is the polynomial too
             hook = "apply_causal_matrix" if is_causal else "apply_matrix"
             out = getattr(op, hook)(attention_matrix(q, k, is_causal=is_causal), v)
             _close(out, ref, f"{name}: {hook}(P, v) causal={is_causal} vs float64 reference of coefficients()",
-                   tol_a, tol_r)
+                   tol_a, tol_r, dtype)
 
     # 2. shift law: f(P)(v + 1 a^T) = f(P) v + (sum_k c_k) 1 a^T.
     if op.is_polynomial:
@@ -196,6 +206,13 @@ def assert_operator(
     op_perm = apply_operator_dense(op, q[:, :, perm], k[:, :, perm], v[:, :, perm])
     _close(op_perm, o[:, :, perm], f"{name}: dense output is not permutation-equivariant", tol_a, tol_r)
 
+    # 4b. batch independence: each element's output is the element's alone (a non-polynomial's reference is its own
+    # apply_matrix or dense path on the whole batch, so mixing rows across the batch passed every law above)
+    for b in range(B):
+        alone = apply_operator_dense(op, q[b:b + 1], k[b:b + 1], v[b:b + 1])
+        _close(alone, o[b:b + 1], f"{name}: output of batch element {b} depends on the other batch elements",
+               tol_a, tol_r)
+
     if not op.supports_sparse:
         qn, kn, vn = (t[0].transpose(0, 1) for t in (q, k, v))
         try:
@@ -209,7 +226,7 @@ def assert_operator(
     for edge_index, is_causal in ((complete_edge_index(N), False), (causal_edge_index(N), True)):
         dense_out = apply_operator_dense(op, q[:1], k[:1], v[:1], is_causal=is_causal)[0].transpose(0, 1)
         sparse_out = apply_operator_sparse(op, qn, kn, vn, edge_index)
-        _close(sparse_out, dense_out, f"{name}: sparse vs dense (causal={is_causal})", tol_a, tol_r)
+        _close(sparse_out, dense_out, f"{name}: sparse vs dense (causal={is_causal})", tol_a, tol_r, dtype)
 
     # 6. a general sparse graph against the explicit reference; edge-order invariance; permutation.
     g = torch.Generator().manual_seed(seed + 3)
