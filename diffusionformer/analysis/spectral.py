@@ -219,7 +219,7 @@ def pca_token_rgb(patch_tokens: Tensor, grid_hw: tuple[int, int]) -> Tensor:
     ``(p - min p) / (max p - min p)`` (a constant projection maps to 0), reshaped to the
     ``h x w`` patch grid in row-major order. Eigenvector signs are fixed so that the
     largest-magnitude entry of each ``v_c`` is positive (deterministic colours). If
-    ``D < 3`` the missing channels are 0. This is the visualisation popularised by DINO
+    ``D < 3`` (or ``B T < 3``) the missing channels are 0. This is the visualisation popularised by DINO
     (Caron et al. 2021) and used by Zhang & Papyan (arXiv 2602.09297) to show that
     smoothed patch tokens follow object segments.
 
@@ -252,7 +252,7 @@ def pca_token_rgb(patch_tokens: Tensor, grid_hw: tuple[int, int]) -> Tensor:
         )
     Z = _unit_scale(patch_tokens.reshape(B * T, D), (0, 1))  # Z^T Z of float32 tokens of |x| > 1e19 overflows
     Z = Z - Z.mean(dim=0)
-    q = min(3, D)
+    q = min(3, D, B * T)  # Vh has min(B T, D) rows: fewer than 3 tokens give fewer components too
     _, S, Vh = torch.linalg.svd(Z, full_matrices=False)  # descending singular values
     V = Vh[:q].T  # (D, q), leading component first
     # a direction of the numerical null space (rank < 3) carries only rounding noise: left as 0, not min-max scaled

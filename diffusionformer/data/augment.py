@@ -75,17 +75,19 @@ def _check_images(images: Tensor, owner: str) -> None:
 
 
 def crop_boxes(u: Tensor, scale: tuple[float, float], ratio: tuple[float, float]) -> Tensor:
-    r"""Affine matrices of random resized crops from uniforms ``u`` (torchvision's sampling).
+    r"""Affine matrices of random resized crops from uniforms ``u`` (torchvision's area and log-ratio law, one draw).
 
     A crop covers a fraction ``s ~ U(scale)`` of the image area with aspect ratio
     ``r = w / h``, ``log r ~ U(log ratio)``: side fractions ``w = sqrt(s r)``,
-    ``h = sqrt(s / r)`` (clipped to 1), centre uniform among the boxes that fit. In the
+    ``h = sqrt(s / r)`` (clipped to 1, where torchvision draws again up to 10 times and then
+    falls back to a central crop: a fixed number of uniforms per view keeps resumes exact), centre
+    uniform among the boxes that fit. In the
     normalised coordinates of :func:`torch.nn.functional.affine_grid` (the image spans
     ``[-1, 1]``) the output pixel ``p`` reads the input at ``diag(±w, h) p + (c_x, c_y)``; the sign
     is a horizontal flip.
 
     Args:
-        u: uniforms in ``[0, 1)``: area, log-ratio, centre x, centre y and (optional) flip
+        u: uniforms in ``[0, 1]``: area, log-ratio, centre x, centre y and (optional) flip
             sign (``u[:, 4] < 0.5``: flip; pass 1 to never flip).
         scale: range of the area fraction, within ``(0, 1]``.
         ratio: range of the aspect ratio ``w / h``.
@@ -102,8 +104,16 @@ def crop_boxes(u: Tensor, scale: tuple[float, float], ratio: tuple[float, float]
                 [[-0.5000,  0.0000, -0.5000],
                  [ 0.0000,  0.5000,  0.5000]]])
     """
+    if not isinstance(u, Tensor) or not u.is_floating_point():  # bool uniforms lost every flip (True < 0.5 is False)
+        raise TypeError(f"crop_boxes expects uniforms u as a floating-point tensor (N, 5), got "
+                        f"{u.dtype if isinstance(u, Tensor) else type(u).__name__}")
     if u.dim() != 2 or u.shape[1] != 5:
         raise ValueError(f"crop_boxes expects uniforms of shape (N, 5), got {tuple(u.shape)}")
+    if u.device.type == "cpu" and not torch.compiler.is_compiling():  # on CPU, where it costs no sync
+        bad = ~((u >= 0) & (u <= 1))  # NaN too
+        if bool(bad.any()):  # a uniform outside [0, 1] put the box (partly) outside the image
+            raise ValueError(f"crop_boxes expects uniforms u in [0, 1], got {u[bad][:4].tolist()} "
+                             f"(row {int(bad.nonzero()[0, 0])} first)")
     _check_range("scale", tuple(scale), 1e-6, 1.0)
     _check_range("ratio", tuple(ratio), 1e-6, math.inf)
     area = scale[0] + (scale[1] - scale[0]) * u[:, 0]
@@ -138,10 +148,17 @@ def resample_crops(images: Tensor, theta: Tensor) -> Tensor:
         True
     """
     _require_tensor(images, "resample_crops")
+    if not isinstance(theta, Tensor):
+        raise TypeError(f"resample_crops expects theta as a tensor (N, 2, 3), got {type(theta).__name__}")
     if images.dim() != 4 or theta.shape != (images.shape[0], 2, 3):
         raise ValueError(f"resample_crops expects images (N, C, H, W) and theta (N, 2, 3), got "
                          f"{tuple(images.shape)} and {tuple(theta.shape)}")
     _check_images(images, "resample_crops")
+    if theta.device.type == "cpu" and not torch.compiler.is_compiling():  # on CPU, where it costs no sync
+        bad = ~torch.isfinite(theta).flatten(1).all(dim=1)
+        if bool(bad.any()):  # grid_sample read a NaN box as a plausible image (border pixels), no NaN
+            raise ValueError(f"resample_crops: theta must be finite, got a non-finite box for image "
+                             f"{int(bad.nonzero()[0, 0])} of {theta.shape[0]}")
     if images.numel() == 0:  # affine_grid refuses a size with a zero
         return images.clone()
     grid = F.affine_grid(theta.to(device=images.device, dtype=images.dtype), list(images.shape), align_corners=False)
@@ -324,11 +341,11 @@ class MultiCropAugment:
             raise TypeError(f"MultiCropAugment.apply expects floating-point images (crops are resampled "
                             f"bilinearly), got {images.dtype}")
         B, C, H, W = images.shape
-        theta = params["theta"]
         V = self.num_views
-        if theta.shape != (B, V, 2, 3):
+        theta = params.get("theta")
+        if isinstance(theta, Tensor) and theta.shape != (B, V, 2, 3):
             raise ValueError(f"augmentation parameters are for theta {tuple(theta.shape)}, expected ({B}, {V}, 2, 3)")
-        shapes = {"gain": (B, V), "shift": (B, V)}
+        shapes = {"theta": (B, V, 2, 3), "gain": (B, V), "shift": (B, V)}  # a missing theta was a bare KeyError
         if self.blur_prob > 0:
             shapes["sigma"] = (B, V)
         if "noise" in params:  # parameters carried without noise apply none
