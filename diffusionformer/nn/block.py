@@ -145,11 +145,14 @@ class DropPath(nn.Module):
         self.p = check_dropout(p, "drop path probability")
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.p == 0.0 or not self.training:
+        if not self.training or self.p == 0.0:
             return x
+        # the attribute is settable (a stochastic-depth schedule): 1.0 gave x * 0 / 0 = NaN everywhere, and -0.5 was
+        # refused by bernoulli_ as "p=1.5"
+        p = check_dropout(self.p, "DropPath.p")
         shape = (x.shape[0],) + (1,) * (x.dim() - 1) if x.dim() > 2 else (1,) * x.dim()  # keeps x's shape
-        keep = torch.empty(shape, device=x.device, dtype=x.dtype).bernoulli_(1 - self.p)
-        return x * keep / (1 - self.p)
+        keep = torch.empty(shape, device=x.device, dtype=x.dtype).bernoulli_(1 - p)
+        return x * keep / (1 - p)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

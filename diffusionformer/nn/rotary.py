@@ -65,6 +65,11 @@ def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
         raise ValueError(
             f"apply_rotary: expected angles of shape (N, C/2) = ({x.shape[-3]}, {C // 2}), got {tuple(angles.shape)}"
         )
+    if angles.device != x.device:  # else the rotation failed with a bare "expected device" error
+        raise ValueError(f"apply_rotary: expected angles on the device of x ({x.device}), got {angles.device}")
+    if angles.is_floating_point() and checks_values(angles) and not bool(torch.isfinite(angles).all()):
+        # cos(inf) is NaN: the rotated queries came back NaN, silently (RotaryEmbedding refuses such positions)
+        raise ValueError("apply_rotary: expected finite angles, got NaN or inf")
     cos = angles.cos().to(x.dtype)[:, None, :]  # (N, 1, C/2)
     sin = angles.sin().to(x.dtype)[:, None, :]
     pairs = x.unflatten(-1, (C // 2, 2))  # (..., N, H, C/2, 2)
