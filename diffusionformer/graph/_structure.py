@@ -28,7 +28,7 @@ def structural_mask(N: int, causal: bool, window: int | None, device: torch.devi
     if causal:
         keep = keep & (d >= 0)
     if window is not None:
-        keep = keep & (d.abs() <= window)
+        keep = keep & (d.abs() <= min(window, N))  # a window past int64 wrapped to an empty band (or overflowed)
     return keep
 
 
@@ -38,7 +38,7 @@ def structural_keep(i: Tensor, j: Tensor, causal: bool, window: int | None) -> T
     if causal:
         keep = keep & (j <= i)
     if window is not None:
-        keep = keep & ((i - j).abs() <= window)
+        keep = keep & ((i - j).abs() <= min(window, torch.iinfo(torch.int64).max))  # |i - j| fits: exact
     return keep
 
 

@@ -472,8 +472,8 @@ class AttentionGraph:
             tensor([[[0, 0],
                      [1, 0]]], dtype=torch.int32)
         """
-        if self.is_sparse:
-            return self.to_dense().dense_allowed()
+        if self.is_sparse:  # batch_size checked against the graph's number of graphs, as for a dense graph
+            return self.to_dense().dense_allowed(batch_size)
         self._refuse_attn_mask("dense_allowed")
         B, N = self._resolve_batch_size(batch_size), self.seq_len
         assert N is not None
