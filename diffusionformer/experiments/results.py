@@ -182,7 +182,7 @@ def _summary_number(summary: dict[str, Any], key: str, path: Path, *, integral: 
 def _definition(identity: dict[str, Any]) -> dict[str, Any]:
     """A run's ``run_config.json`` less what differs from seed to seed (``train.seed``, ``fold``): the same
     for every seed of one task and operator setting of one comparison."""
-    d = {k: v for k, v in identity.items() if k != "fold"}
+    d = {k: v for k, v in _normalized_identity(identity).items() if k != "fold"}
     if isinstance(d.get("train"), dict):
         d["train"] = {k: v for k, v in d["train"].items() if k != "seed"}
     return d
@@ -207,7 +207,7 @@ def _data_identity(task: TaskConfig, seed: int) -> dict[str, Any]:
 # stay out of a run's identity (so earlier runs resume), set to anything else they are part of it.
 _NEW_MODEL_FIELDS: dict[str, Any] = {"rope": False, "rope_base": (100.0, 10000.0), "n_kv_head": None,
                                      "zero_init_proj": False, "edge_dim": None, "pe": None, "pe_dim": 8,
-                                     "pe_sign_flip": True}
+                                     "pe_sign_flip": True, "recompute": False}
 _NEW_TRAIN_FIELDS: dict[str, Any] = {"grad_accum_steps": 1, "weight_decay_rule": "default", "loggers": ("jsonl",)}
 
 
@@ -220,6 +220,18 @@ def _without_new_defaults(d: dict[str, Any], new: Mapping[str, Any]) -> dict[str
         return (list(value) if isinstance(value, (list, tuple)) else value) == (
             list(default) if isinstance(default, tuple) else default)
     return {k: v for k, v in d.items() if not (k in new and at_default(k, v))}
+
+
+def _normalized_identity(identity: dict[str, Any]) -> dict[str, Any]:
+    """A stored ``run_config.json`` without the fields added later that sit at their defaults, as a run's identity
+    leaves them out now: a run recorded before such a field existed and one recorded while it was still written at
+    its default (``"recompute": false`` before it joined :data:`_NEW_MODEL_FIELDS`) are the same run."""
+    d = dict(identity)
+    if isinstance(d.get("model_config"), dict):
+        d["model_config"] = _without_new_defaults(d["model_config"], _NEW_MODEL_FIELDS)
+    if isinstance(d.get("train"), dict):
+        d["train"] = _without_new_defaults(d["train"], _NEW_TRAIN_FIELDS)
+    return d
 
 
 def _train_identity(train: Any) -> dict[str, Any]:
@@ -273,6 +285,7 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                 row: dict[str, Any] = {"task": task.name, "operator": setting.name, "seed": seed, "max_steps": max_steps,
                                        "step": 0, "elapsed": None, "holder": None, "changed": None}
                 stored = read_json_dict(rdir / "run_config.json") if rdir.is_dir() else None
+                stored = None if stored is None else _normalized_identity(stored)
                 if stored is not None and isinstance(stored.get("train"), dict) and stored["train"] != trains[seed]:
                     row["changed"] = _identity_changes({"train": stored["train"]}, {"train": trains[seed]})
                 if summary is not None and summary.get("status") == "completed":

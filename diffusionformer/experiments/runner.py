@@ -44,8 +44,8 @@ from diffusionformer.experiments.outputs import manifest as _manifest, merged_ma
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
 from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _completed, _data_identity, _definition,
-                                                 _identity_changes, _result_from_files, _train_identity,
-                                                 _without_new_defaults, read_json_dict)
+                                                 _identity_changes, _normalized_identity, _result_from_files,
+                                                 _train_identity, _without_new_defaults, read_json_dict)
 from diffusionformer.experiments.results import _read_summary as _read_summary  # noqa: F401  (back-compat)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
                                                  select_evaluation)
@@ -322,6 +322,7 @@ def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, sett
     stored = read_json_dict(path)
     if stored is None:  # absent, or unreadable: rewritten below; the trainer still checks the checkpoint's config
         return
+    stored = _normalized_identity(stored)  # a field added since, or recorded at its default, is no change
     if stored != identity:
         raise ValueError(
             f"{rdir} holds a run of task {task.name!r} / setting {setting.name!r} made with a different "
