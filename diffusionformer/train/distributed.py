@@ -10,6 +10,7 @@ equals the single-process update on the whole batch.
 
 from __future__ import annotations
 
+import itertools
 import numbers
 import os
 from collections.abc import Mapping
@@ -137,6 +138,43 @@ class DistContext:
         """Destroy the process group if this context created it."""
         if self.owns_group and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _raise_on_every_rank(ctx: DistContext, error: Exception | None, what: str) -> None:
+    """Agree across ranks on a step only some ranks take (rank 0 alone opens the loggers and writes checkpoints): the
+    failing rank re-raises its ``error``, every other rank a RuntimeError naming that rank and its cause, at once
+    (else they wait for it at their next collective, until the process-group timeout). A collective: every rank calls
+    it, with ``error=None`` where the step went well.
+
+    A failing rank posts its cause under a fresh key of the group's store, then every rank meets at a barrier and
+    looks for the keys. No tensor collective: Gloo's worker threads may free a finished one's Python-owned tensors
+    late, and the process group a DDP module has used outlives ``destroy_process_group``, so one that ran just before
+    the interpreter exits can abort it ("terminate called without an active exception")."""
+    if not ctx.is_distributed:
+        if error is not None:
+            raise error
+        return
+    store = dist.distributed_c10d._get_default_store()
+    call = next(_agreements)  # the same count on every rank: each calls this in the same order
+    keys = [f"diffusionformer/failed/{call}/{rank}" for rank in range(ctx.world_size)]
+    if error is not None:
+        store.set(keys[ctx.rank], f"{type(error).__name__}: {error}")
+    ctx.barrier()  # every cause is posted before any rank looks
+    causes = {rank: store.get(key).decode(errors="replace") for rank, key in enumerate(keys)
+              if rank != ctx.rank and store.check([key])}
+    if error is None and not causes:
+        return
+    # every rank saw the same failures: meet once more so that none leaves (rank 0 may host the store) before the
+    # others have read it, then stop
+    ctx.barrier()
+    if error is not None:
+        raise error
+    rank = min(causes)
+    raise RuntimeError(f"{what} failed on rank {rank} ({causes[rank]}); rank {ctx.rank} stops too rather than wait "
+                       "for it at the next collective")
+
+
+_agreements = itertools.count()
 
 
 def init_distributed(device: str = "auto") -> DistContext:

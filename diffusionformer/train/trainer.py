@@ -27,7 +27,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .config import TrainConfig, _type_name, resolve_amp
-from .distributed import DistContext, init_distributed, shard_batch
+from .distributed import DistContext, _raise_on_every_rank, init_distributed, shard_batch
 from .errors import CheckpointError, NonFiniteLossError
 from .loggers import CSV_NAME, TENSORBOARD_DIR, open_loggers
 from .metrics import METRICS_NAME, write_json_atomic
@@ -175,11 +175,20 @@ class Trainer:
         ctx = init_distributed(self.config.device)
         self.ctx = ctx
         self._pbar: tqdm | None = None
+        log = None
         try:
-            self._log = open_loggers(self.config.loggers, self.out_dir, active=ctx.is_main)
+            error: Exception | None = None
+            try:  # rank 0 alone opens files: a failure there (tensorboard missing, a read-only folder) stops every rank
+                log = open_loggers(self.config.loggers, self.out_dir, active=ctx.is_main)
+            except Exception as err:
+                error = err
+            _raise_on_every_rank(ctx, error, "opening the loggers")
         except BaseException:
+            if log is not None:
+                log.close()
             ctx.shutdown()
             raise
+        self._log = log
         try:
             return self._fit(ctx)
         finally:
@@ -373,7 +382,12 @@ class Trainer:
             self._last_checkpoint_step = start
             self._last_checkpoint_path = Path(payload["_path"])  # resume=<path>: another folder's, until we save
         if self.resume is not False:
-            self._log.truncate(start)
+            error: Exception | None = None
+            try:  # rewrites the logs on rank 0 only
+                self._log.truncate(start)
+            except Exception as err:
+                error = err
+            _raise_on_every_rank(ctx, error, f"cutting the logs back to the resumed step {start}")
         self.step = start
 
         train_model: nn.Module = self._given_model  # the model, or the torch.compile wrapper it was given in
@@ -455,8 +469,13 @@ class Trainer:
             # where the final weights are: another folder's after resume=<path> with nothing left to do
             "checkpoint": str(self._last_checkpoint_path),
         }
+        error = None
         if ctx.is_main:
-            write_json_atomic(self.summary_path, summary)
+            try:
+                write_json_atomic(self.summary_path, summary)
+            except Exception as err:  # else rank 0 fails the run while the others report it completed
+                error = err
+        _raise_on_every_rank(ctx, error, f"writing the summary {self.summary_path}")
         self.summary = summary
         return summary
 
@@ -636,7 +655,12 @@ class Trainer:
                 metrics: dict[str, float]) -> dict[str, Any]:
         record = {"step": done, "split": split, "loss": loss, "lr": lr, "metrics": metrics,
                   "elapsed": self._elapsed(), "time": time.time()}
-        self._log.append(record)
+        error: Exception | None = None
+        try:  # writes on rank 0 only (a full disk there stops every rank, not just rank 0)
+            self._log.append(record)
+        except Exception as err:
+            error = err
+        _raise_on_every_rank(self.ctx, error, f"writing the {split} record of step {done} to the loggers")
         self._last[split] = record
         return record
 
@@ -709,9 +733,13 @@ class Trainer:
             "torch_version": str(torch.__version__),
         }
         self.ctx.barrier()
+        error: Exception | None = None
         if self.ctx.is_main:
-            save_checkpoint(self.checkpoint_path, payload)
-        self.ctx.barrier()
+            try:
+                save_checkpoint(self.checkpoint_path, payload)
+            except Exception as err:  # a full disk, a read-only folder: every rank stops, not just rank 0
+                error = err
+        _raise_on_every_rank(self.ctx, error, f"writing checkpoint {self.checkpoint_path} (step {done})")
         self._last_checkpoint_step = done
         self._last_checkpoint_path = self.checkpoint_path
 
