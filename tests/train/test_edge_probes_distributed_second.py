@@ -7,18 +7,12 @@ The two-process tests start two fresh interpreters (no fork) that join a Gloo gr
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from train_tiny_tasks import launch_gloo_ranks
 
-REPO = Path(__file__).resolve().parents[2]
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_RUN_ID")
 
 _WORKER_HEADER = textwrap.dedent('''
     import json, os, sys
@@ -79,35 +73,13 @@ _WORKER_HEADER = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(tmp_path: Path, body: str, world_size: int = 2, timeout: float = 90.0) -> Path:
     """Run ``_WORKER_HEADER + body`` as ``world_size`` fresh processes of one Gloo group; return the out dir."""
     script = tmp_path / "worker.py"
     script.write_text(_WORKER_HEADER + textwrap.dedent(body) + "\ndist.destroy_process_group()\n")
     out = tmp_path / "out"
     out.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               WORLD_SIZE=str(world_size))
-    procs = [subprocess.Popen([sys.executable, str(script), str(out)], cwd=tmp_path,
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world_size)]
-    try:
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, (p, text) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"rank {r} failed:\n{text[-4000:]}"
+    launch_gloo_ranks(script, [str(out)], tmp_path, world_size, timeout)
     return out
 
 

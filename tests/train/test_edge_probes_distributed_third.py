@@ -9,18 +9,12 @@ until rank 1 has reported, so the unfixed code fails on the timeout instead of h
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from train_tiny_tasks import launch_gloo_ranks
 
-REPO = Path(__file__).resolve().parents[2]
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_RUN_ID")
 
 _WORKER = textwrap.dedent('''
     import datetime, os, sys, time
@@ -83,34 +77,13 @@ _WORKER = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_with_rank0_failing(tmp_path: Path, what: str) -> list[str]:
     """Each rank's outcome ("completed" or "ErrorType: message") with ``trainer.<what>`` raising on rank 0."""
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
     out = tmp_path / "out"
     out.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, str(script), str(out), what], cwd=tmp_path,
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
-    try:
-        outputs = [p.communicate(timeout=90)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, (p, text) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"rank {r} crashed:\n{text[-4000:]}"
+    launch_gloo_ranks(script, [str(out), what], tmp_path)
     return [(out / f"rank{r}.txt").read_text() for r in range(2)]
 
 

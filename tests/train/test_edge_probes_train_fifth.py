@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from train_tiny_tasks import FakeSummaryWriter
+from train_tiny_tasks import DIST_VARS, FakeSummaryWriter, free_port
 
 from diffusionformer.train import (
     CSVLog,
@@ -29,12 +28,10 @@ from diffusionformer.train import (
 
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[2]
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_RUN_ID")
 
 
 def _clear_dist_env(monkeypatch):
-    for var in _DIST_VARS:
+    for var in DIST_VARS:
         monkeypatch.delenv(var, raising=False)
 
 
@@ -114,20 +111,14 @@ _WORKER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_gloo_gradient_average_equals_the_single_process_gradient_of_the_whole_batch(tmp_path):
     """Two fresh interpreters (no fork) join a Gloo group through ``init_distributed``; each takes its
     ``shard_batch`` slice and DDP averages the gradients: in float64 they equal the gradient of the mean loss
     over the whole batch, and ``all_reduce_mean`` / ``all_reduce_min`` reduce over both ranks."""
-    base = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
+    base = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
     base["PYTHONPATH"] = os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    base.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
+    base.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(tmp_path / f"rank{r}.pt")],
                               env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]

@@ -1,14 +1,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from train_tiny_tasks import RegressionTask, TinyMLP, ddp_config
+from train_tiny_tasks import DIST_VARS, RegressionTask, TinyMLP, ddp_config, free_port
 
 from diffusionformer.train import (
     DistContext,
@@ -22,14 +21,6 @@ from diffusionformer.train import (
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_RUN_ID")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_shard_batch_slices_match_the_global_batch():
@@ -49,7 +40,7 @@ def test_shard_batch_errors():
 
 
 def test_single_process_context(monkeypatch):
-    for var in _DIST_VARS:
+    for var in DIST_VARS:
         monkeypatch.delenv(var, raising=False)
     assert dist_env() is None
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -65,11 +56,11 @@ def test_single_process_context(monkeypatch):
 @pytest.mark.parametrize("accum", [1, 2])
 def test_two_process_ddp_matches_single_process(tmp_path, accum):
     out = tmp_path / "ddp"
-    env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(HERE / "train_ddp_worker.py"),
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(HERE / "train_ddp_worker.py"),
            str(out), str(accum)]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -175,3 +180,40 @@ def fp16_supported() -> bool:
         return y.dtype == torch.float16
     except (RuntimeError, TypeError, ValueError):
         return False
+
+
+# ---------------------------------------------------------------- multi-process launches (the DDP tests)
+REPO = Path(__file__).resolve().parents[2]
+#: the torchrun variables a test's own environment must not pass on to the ranks it starts
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+             "TORCHELASTIC_RUN_ID")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for ``MASTER_PORT``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_gloo_ranks(script: Path, args: list[str], cwd: Path, world_size: int = 2, timeout: float = 90.0) -> list[str]:
+    """Run ``script args`` as ``world_size`` fresh interpreters (no fork) of one process group (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` set, one thread each, this checkout first on the
+    path); every rank must exit 0. Returns each rank's output (stdout and stderr)."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size))
+    procs = [subprocess.Popen([sys.executable, str(script), *args], cwd=cwd,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world_size)]
+    try:
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, text) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"rank {r} failed:\n{text[-4000:]}"
+    return outputs
