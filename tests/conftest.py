@@ -12,7 +12,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import json
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -40,6 +42,36 @@ def task_adapters():
     yield tasks._ADAPTERS
     tasks._ADAPTERS.clear()
     tasks._ADAPTERS.update(before)
+
+
+def _write_run_folder(rdir: Path, *, dim: int = 16, heads: str = "attention:1,laplacian:1",
+                      summary: dict[str, Any] | None = None) -> tuple[Path, torch.nn.Module]:
+    """A run folder as the runner leaves it: ``run_config.json`` and a trainer checkpoint (step 3) of a tiny
+    vit-digits model (seed 0), and ``summary.json`` when ``summary`` is given; returns it and the model in eval mode."""
+    from diffusionformer.config import config_to_dict
+    from diffusionformer.models import get_preset
+    from diffusionformer.train import TrainConfig
+    from diffusionformer.train.checkpoint import CHECKPOINT_FORMAT, model_record, save_checkpoint
+
+    preset = get_preset("vit-digits")
+    config = preset.config_cls(**{**preset.defaults, "dim": dim, "depth": 1, "num_heads": 2, "heads": heads})
+    torch.manual_seed(0)
+    model = preset.model_cls(config)
+    rdir.mkdir(parents=True)
+    (rdir / "run_config.json").write_text(json.dumps({"model": "vit-digits", "model_config": config_to_dict(config)}))
+    save_checkpoint(rdir / "checkpoint.pt", {"format": CHECKPOINT_FORMAT, "step": 3, "model": model.state_dict(),
+                                             "optimizer": {}, "rng": {}, "config": TrainConfig().to_dict(),
+                                             "model_record": model_record(model)})
+    if summary is not None:
+        (rdir / "summary.json").write_text(json.dumps(summary))
+    return rdir, model.eval()
+
+
+@pytest.fixture
+def run_folder() -> Callable[..., tuple[Path, torch.nn.Module]]:
+    """``run_folder(rdir, *, dim=16, heads=..., summary=None) -> (rdir, model)``: a saved run of a tiny vit-digits
+    model for the reload tests (tests/experiments, tests/reliability)."""
+    return _write_run_folder
 
 
 @pytest.fixture(scope="session")

@@ -80,42 +80,22 @@ def test_bug_git_commit_of_a_file_in_a_checkout_names_its_commit(tmp_path):
     assert outputs.git_commit(tmp_path / "missing") is None  # neither a file nor a folder: None, as outside a checkout
 
 
-def _run_folder(rdir: Path) -> tuple[Path, torch.nn.Module]:
-    """A run folder as the runner leaves it (run_config.json, a trainer checkpoint, summary.json) and its model."""
-    from diffusionformer.config import config_to_dict
-    from diffusionformer.models import get_preset
-    from diffusionformer.train import TrainConfig
-    from diffusionformer.train.checkpoint import CHECKPOINT_FORMAT, model_record, save_checkpoint
 
-    preset = get_preset("vit-digits")
-    config = preset.config_cls(**{**preset.defaults, "dim": 8, "depth": 1, "num_heads": 2,
-                                  "heads": "attention:1,laplacian:1"})
-    torch.manual_seed(0)
-    model = preset.model_cls(config)
-    rdir.mkdir(parents=True)
-    (rdir / "run_config.json").write_text(json.dumps({"model": "vit-digits", "model_config": config_to_dict(config)}))
-    save_checkpoint(rdir / "checkpoint.pt", {"format": CHECKPOINT_FORMAT, "step": 3, "model": model.state_dict(),
-                                             "optimizer": {}, "rng": {}, "config": TrainConfig().to_dict(),
-                                             "model_record": model_record(model)})
-    (rdir / "summary.json").write_text(json.dumps({"status": "failed: stopped"}))
-    return rdir, model.eval()
-
-
-def test_bug_load_run_names_a_map_location_of_a_device_this_torch_cannot_use(tmp_path):
+def test_bug_load_run_names_a_map_location_of_a_device_this_torch_cannot_use(tmp_path, run_folder):
     """Bug: ``load_run(path, map_location="mps")`` on a machine without MPS built the whole model and failed in
     ``model.to`` with torch's bare RuntimeError ("PyTorch is not linked with support for mps devices"); only a missing
     CUDA device was a ValueError naming ``map_location``."""
     if torch.backends.mps.is_available():
         pytest.skip("this machine has MPS")
-    rdir, _ = _run_folder(tmp_path / "run")
+    rdir, _ = run_folder(tmp_path / "run", dim=8, summary={"status": "failed: stopped"})
     with pytest.raises(ValueError, match=r"map_location 'mps' asked for, but this torch cannot use it"):
         load_run(rdir, map_location="mps")
 
 
-def test_moved_or_linked_failed_run_loads_bit_for_bit_in_eval_mode_pins(tmp_path):
+def test_moved_or_linked_failed_run_loads_bit_for_bit_in_eval_mode_pins(tmp_path, run_folder):
     """Pins: a run folder moved elsewhere or reached by a symbolic link loads the saved weights exactly (float32,
     eval mode, on the CPU), a failed run too; a checkpoint that would run code when unpickled is refused unrun."""
-    rdir, model = _run_folder(tmp_path / "a" / "run")
+    rdir, model = run_folder(tmp_path / "a" / "run", dim=8, summary={"status": "failed: stopped"})
     moved = tmp_path / "b" / "moved"
     (tmp_path / "b").mkdir()
     rdir.rename(moved)

@@ -33,12 +33,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffusionformer.config import config_to_dict
 from diffusionformer.experiments import store
 from diffusionformer.experiments.reload import load_run
-from diffusionformer.models import get_preset
-from diffusionformer.train import CheckpointError, TrainConfig, Trainer, load_checkpoint, save_checkpoint
-from diffusionformer.train.checkpoint import CHECKPOINT_FORMAT, model_record
+from diffusionformer.train import CheckpointError, Trainer, load_checkpoint, save_checkpoint
+from diffusionformer.train.checkpoint import CHECKPOINT_FORMAT
 
 TRAIN_TESTS = str(Path(__file__).resolve().parents[1] / "train")  # the trainer tests' tiny model and task
 if TRAIN_TESTS not in sys.path:
@@ -164,25 +162,11 @@ def test_no_torch_load_without_weights_only_in_the_code():
 # --- experiments.reload ---------------------------------------------------------------------------------------------
 
 
-def _run_folder(rdir: Path, heads: str = "attention:1,laplacian:1") -> Path:
-    """A run folder as the runner leaves it: run_config.json and a trainer checkpoint of a tiny vit-digits model."""
-    preset = get_preset("vit-digits")
-    config = preset.config_cls(**{**preset.defaults, "dim": 16, "depth": 1, "num_heads": 2, "heads": heads})
-    torch.manual_seed(0)
-    model = preset.model_cls(config)
-    rdir.mkdir(parents=True)
-    (rdir / "run_config.json").write_text(json.dumps({"model": "vit-digits", "model_config": config_to_dict(config)}))
-    save_checkpoint(rdir / "checkpoint.pt", {"format": CHECKPOINT_FORMAT, "step": 3, "model": model.state_dict(),
-                                             "optimizer": {}, "rng": {}, "config": TrainConfig().to_dict(),
-                                             "model_record": model_record(model)})
-    return rdir
-
-
-def test_bug_load_run_refuses_a_run_config_edited_to_another_head_layout(tmp_path):
+def test_bug_load_run_refuses_a_run_config_edited_to_another_head_layout(tmp_path, run_folder):
     """Bug: after ``run_config.json``'s ``heads`` was edited from ``attention:1,laplacian:1`` to ``attention:2``
     (same parameter shapes), ``load_run`` loaded the Laplacian-trained weights into an all-attention model without a
     word. The checkpoint's model record (written by the trainer, checked by its resume) is now compared."""
-    rdir = _run_folder(tmp_path / "run")
+    rdir, _ = run_folder(tmp_path / "run")
     run = load_run(rdir)
     assert run.config.heads == "attention:1,laplacian:1" and run.step == 3
     ident = json.loads((rdir / "run_config.json").read_text())
@@ -193,9 +177,9 @@ def test_bug_load_run_refuses_a_run_config_edited_to_another_head_layout(tmp_pat
         load_run(rdir)
 
 
-def test_load_run_ignores_config_fields_the_checkpoint_record_predates(tmp_path):
+def test_load_run_ignores_config_fields_the_checkpoint_record_predates(tmp_path, run_folder):
     """Pins: a record without a config field added later (its default then) and one without a record still load."""
-    rdir = _run_folder(tmp_path / "run")
+    rdir, _ = run_folder(tmp_path / "run")
     payload = torch.load(rdir / "checkpoint.pt", weights_only=True)
     del payload["model_record"]["config"]["rope_base"]
     save_checkpoint(rdir / "checkpoint.pt", payload)
@@ -205,10 +189,10 @@ def test_load_run_ignores_config_fields_the_checkpoint_record_predates(tmp_path)
     assert load_run(rdir).step == 3
 
 
-def test_bug_load_run_refuses_nan_weights(tmp_path):
+def test_bug_load_run_refuses_nan_weights(tmp_path, run_folder):
     """Bug: a checkpoint with NaN weights (which the trainer never saves and refuses to resume from) loaded into
     ``load_run``'s model without a word, and every output was NaN."""
-    rdir = _run_folder(tmp_path / "run")
+    rdir, _ = run_folder(tmp_path / "run")
     payload = torch.load(rdir / "checkpoint.pt", weights_only=True)
     payload["model"]["cls_token"] = torch.full_like(payload["model"]["cls_token"], float("nan"))
     save_checkpoint(rdir / "checkpoint.pt", payload)
@@ -216,10 +200,10 @@ def test_bug_load_run_refuses_nan_weights(tmp_path):
         load_run(rdir)
 
 
-def test_bug_load_run_names_a_checkpoint_link_to_a_missing_file(tmp_path):
+def test_bug_load_run_names_a_checkpoint_link_to_a_missing_file(tmp_path, run_folder):
     """Bug: ``load_run`` of a run whose ``checkpoint.pt`` links to a missing file said "got none (the run has not
     saved a step yet)"."""
-    rdir = _run_folder(tmp_path / "run")
+    rdir, _ = run_folder(tmp_path / "run")
     (rdir / "checkpoint.pt").rename(tmp_path / "moved.pt")
     os.symlink(tmp_path / "gone.pt", rdir / "checkpoint.pt")
     with pytest.raises(FileNotFoundError, match="symbolic link to a missing file"):
