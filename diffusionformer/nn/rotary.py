@@ -52,6 +52,12 @@ def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
         >>> apply_rotary(x, torch.tensor([[torch.pi / 2]])).round(decimals=6).abs()  # (1, 0) -> (0, 1)
         tensor([[[0., 1.]]])
     """
+    return _apply_rotary(x, angles, check_values=True)
+
+
+def _apply_rotary(x: Tensor, angles: Tensor, check_values: bool) -> Tensor:
+    """:func:`apply_rotary`; ``check_values=False`` skips the finiteness test of ``angles`` (a pass over them and, on
+    CPU, a host sync) where they come from positions already found finite (:meth:`RotaryEmbedding.angles`)."""
     if not isinstance(x, Tensor) or x.dim() < 3 or x.shape[-1] % 2:
         raise ValueError(f"apply_rotary: expected x of shape (..., N, H, C) with C even, got "
                          f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
@@ -67,7 +73,7 @@ def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
         )
     if angles.device != x.device:  # else the rotation failed with a bare "expected device" error
         raise ValueError(f"apply_rotary: expected angles on the device of x ({x.device}), got {angles.device}")
-    if angles.is_floating_point() and checks_values(angles) and not bool(torch.isfinite(angles).all()):
+    if check_values and angles.is_floating_point() and checks_values(angles) and not bool(torch.isfinite(angles).all()):
         # cos(inf) is NaN: the rotated queries came back NaN, silently (RotaryEmbedding refuses such positions)
         raise ValueError("apply_rotary: expected finite angles, got NaN or inf")
     cos = angles.cos().to(x.dtype)[:, None, :]  # (N, 1, C/2)
@@ -148,7 +154,7 @@ class RotaryEmbedding(nn.Module):
         elif positions.device != x.device:  # else the rotation failed in a bare "expected device" error
             raise ValueError(f"{type(self).__name__}: expected positions on the device of x ({x.device}), "
                              f"got {positions.device}")
-        return apply_rotary(x, self.angles(positions))
+        return _apply_rotary(x, self.angles(positions), check_values=False)  # positions checked finite
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, base={self.base}"
