@@ -263,8 +263,9 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
 
     One row per run in config order: ``task``, ``operator``, ``seed``, ``state`` (``"completed"``,
     ``"failed"``, ``"running"`` (a live process holds its lock), ``"interrupted"`` (started, not
-    finished, nobody training it) or ``"missing"``), ``step`` (updates logged so far),
-    ``max_steps``, ``elapsed`` (training seconds so far), ``holder`` (the lock's process) and ``changed``: for a
+    finished, nobody training it) or ``"missing"``), ``step`` (updates logged so far), ``resumes_from`` (of an
+    interrupted run: the step of its checkpoint, where ``run`` takes it up again and cuts its log back to; 0 without
+    a checkpoint; ``None`` for a checkpoint that cannot be read, and for every other state), ``max_steps``, ``elapsed`` (training seconds so far), ``holder`` (the lock's process) and ``changed``: for a
     run on disk made with another training config than ``config``'s now (a longer ``max_steps``, another ``lr``),
     what changed, e.g. ``"train (max_steps: 100 then 200)"`` (``run`` refuses it until ``--restart``), else ``None``.
 
@@ -283,7 +284,8 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                 rdir = run_dir(out, task.name, setting.name, seed)
                 summary = _read_summary(rdir)
                 row: dict[str, Any] = {"task": task.name, "operator": setting.name, "seed": seed, "max_steps": max_steps,
-                                       "step": 0, "elapsed": None, "holder": None, "changed": None}
+                                       "step": 0, "resumes_from": None, "elapsed": None, "holder": None,
+                                       "changed": None}
                 stored = read_json_dict(rdir / "run_config.json") if rdir.is_dir() else None
                 stored = None if stored is None else _normalized_identity(stored)
                 if stored is not None and isinstance(stored.get("train"), dict) and stored["train"] != trains[seed]:
@@ -308,9 +310,27 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                     elif summary is not None and _failed(summary):
                         row["state"] = "failed"
                     else:
-                        row["state"] = "interrupted" if (records or (rdir / "checkpoint.pt").is_file()) else "missing"
+                        checkpoint = rdir / "checkpoint.pt"
+                        row["state"] = "interrupted" if (records or checkpoint.is_file()) else "missing"
+                        if row["state"] == "interrupted":  # logged steps past the checkpoint are trained again
+                            row["resumes_from"] = _checkpoint_step(checkpoint) if checkpoint.is_file() else 0
                 rows.append(row)
     return rows
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    """The ``step`` a trainer checkpoint holds, read without loading its tensors (``weights_only``, memory-mapped);
+    ``None`` if the file cannot be read as one (``run`` says why when it resumes)."""
+    import torch
+
+    step = None
+    for mmap in (True, False):  # a file in torch's legacy format cannot be memory-mapped: read it whole
+        try:
+            step = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap).get("step")
+            break
+        except Exception:  # truncated, corrupt, refused by weights_only, not a mapping, unreadable
+            continue
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
 def _failed(summary: dict[str, Any]) -> bool:

@@ -193,7 +193,8 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     """A markdown table per task of :func:`run_status` rows, and an estimate of the training time left.
 
     The estimate scales the mean training time of a task's completed runs by the steps each
-    unfinished run still has to do (one worker; divide by the number of workers).
+    unfinished run still has to do (one worker; divide by the number of workers); an interrupted run
+    counts from the step its checkpoint resumes from, which its state names when the log went further.
 
     Args:
         rows: the output of :func:`run_status`.
@@ -210,6 +211,10 @@ def format_status(rows: list[dict[str, Any]]) -> str:
         for r in rs:
             steps = f"{r['step']} / {r['max_steps']}" if r["max_steps"] else str(r["step"])
             state = r["state"] + (f" ({r['holder']})" if r["holder"] else "")
+            resumes = r.get("resumes_from", r["step"])  # a row from before run_status named it: no note
+            if r["state"] == "interrupted" and resumes != r["step"]:
+                state += (" (its checkpoint is unreadable)" if resumes is None
+                          else f" (resumes from step {resumes})")
             if r.get("changed"):  # `run` refuses it: its definition is not the config's any more
                 state += f", made with another {r['changed']}: `run --restart` redoes it"
             lines.append(f"| {_cell(r['operator'])} | {r['seed']} | {_cell(state)} | {steps} | {_fmt(r['elapsed'], 0)} |")
@@ -217,7 +222,8 @@ def format_status(rows: list[dict[str, Any]]) -> str:
                 if per_step is None or not r["max_steps"]:
                     unknown += 1
                 else:
-                    left_total += per_step * (r["max_steps"] if r.get("changed") else max(r["max_steps"] - r["step"], 0))
+                    done_steps = r["resumes_from"] if r.get("resumes_from") is not None else r["step"]
+                    left_total += per_step * (r["max_steps"] if r.get("changed") else max(r["max_steps"] - done_steps, 0))
     left = f"about {left_total / 60:.0f} min of training left on one worker"
     if unknown:
         left += f" (plus {unknown} run(s) of tasks with no finished run to time)"
