@@ -265,8 +265,8 @@ class LayerRecorder:
     saw it: ``(B, T, D)`` dense or ``(N, D)`` nodes), ``batch`` the graph id per node of a graph
     model (``None`` for dense models or one graph), and ``attentions[i]`` the
     :class:`~diffusionformer.nn.attention.AttentionIntermediates` of block ``i`` (when
-    ``attentions=True``: recomputed from the block's input, for every block ``i`` whose output
-    ``i + 1`` is recorded). A later pass overwrites the earlier one.
+    ``attentions=True``: recomputed from the block's input without an autograd graph, for
+    every block ``i`` whose output ``i + 1`` is recorded). A later pass overwrites the earlier one.
 
     Args:
         model: a model with ``model.blocks`` (``nn.ModuleList``).
@@ -316,22 +316,27 @@ class LayerRecorder:
                 if 0 in self.layers:
                     self.states[0] = x.detach()
             if i in self.attention_blocks and self.compute_attentions:
-                edge_attr = attn_kwargs.pop("edge_attr", None)
-                if edge_attr is not None and getattr(block, "edge_proj", None) is not None:
-                    # a GraphBlock with edge features: P comes from the edge-aware scores
-                    from diffusionformer.nn.attention import AttentionIntermediates
-                    from diffusionformer.nn.edge_features import edge_feature_attention
-
-                    graph = attn_kwargs.get("graph")
-                    edge_index = attn_kwargs["edge_index"] if graph is None else graph.edge_index
-                    _, P = edge_feature_attention(block.attn, block.norm1(x), edge_index,
-                                                  block.edge_proj(edge_attr.to(x.dtype)), return_weights=True)
-                    inter = AttentionIntermediates(P, block.attn.coefficients().detach(), edge_index, "sparse")
-                else:
-                    _, inter = block.attn(block.norm1(x), **attn_kwargs, return_intermediates=True)
-                self.attentions[i] = inter
+                with torch.no_grad():  # a read-out like the detached states: no autograd graph kept (training passes)
+                    self.attentions[i] = self._recompute(block, x, attn_kwargs)
 
         return hook
+
+    @staticmethod
+    def _recompute(block: nn.Module, x: Tensor, attn_kwargs: dict[str, Any]) -> Any:
+        """The attention intermediates of ``block`` on its input ``x``."""
+        edge_attr = attn_kwargs.pop("edge_attr", None)
+        if edge_attr is not None and getattr(block, "edge_proj", None) is not None:
+            # a GraphBlock with edge features: P comes from the edge-aware scores
+            from diffusionformer.nn.attention import AttentionIntermediates
+            from diffusionformer.nn.edge_features import edge_feature_attention
+
+            graph = attn_kwargs.get("graph")
+            edge_index = attn_kwargs["edge_index"] if graph is None else graph.edge_index
+            _, P = edge_feature_attention(block.attn, block.norm1(x), edge_index,
+                                          block.edge_proj(edge_attr.to(x.dtype)), return_weights=True)
+            return AttentionIntermediates(P, block.attn.coefficients().detach(), edge_index, "sparse")
+        _, inter = block.attn(block.norm1(x), **attn_kwargs, return_intermediates=True)
+        return inter
 
     def _post_hook(self, i: int) -> Callable[..., None]:
         def hook(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:

@@ -182,6 +182,16 @@ def _g(x: float | None, spec: str = ".2g") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def _p(p: float | None) -> str:
+    """A p-value with two significant digits, more where two would round across 0.05 (0.0496: not "0.05")."""
+    if p is None:
+        return "n/a"
+    digits = 2
+    while digits < 17 and (float(f"{p:.{digits}g}") < 0.05) != (p < 0.05):
+        digits += 1
+    return f"{p:.{digits}g}"
+
+
 def _check_quantities(quantities: tuple[str, ...]) -> None:
     if not quantities or any(q not in QUANTITIES for q in quantities) or len(set(quantities)) != len(quantities):
         unknown = [q for q in quantities if q not in QUANTITIES]
@@ -236,7 +246,7 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
     for label, d, prim in cells:
         ci = "n/a" if d.low is None else f"[{d.low:+.4f}, {d.high:+.4f}]"
         lines.append(f"| {'' if prim else '*exploratory:* '}{_cell(label)} | {_g(d.mean, '+.4f')} | {ci} | {_g(d.t, '.2f')} | "
-                     f"{_g(d.df, '.0f')} | {_g(d.p)} | {_g(d.p_wilcoxon)} | {_g(next(adjusted)) if prim else ''} |")
+                     f"{_g(d.df, '.0f')} | {_p(d.p)} | {_p(d.p_wilcoxon)} | {_p(next(adjusted)) if prim else ''} |")
     return "\n".join(lines) + "\n"
 
 

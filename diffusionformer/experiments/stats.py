@@ -269,14 +269,24 @@ def welch_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0
         mean = statistics.fmean(a) - statistics.fmean(b) if na and nb else None
         return Difference("Welch", min(na, nb), mean, level=level,
                           note=f"{na} and {nb} value(s): at least 2 on each side are needed")
-    va, vb = statistics.variance(a) / na, statistics.variance(b) / nb
-    se = math.sqrt(va + vb)
+    sa, sb = statistics.stdev(a) / math.sqrt(na), statistics.stdev(b) / math.sqrt(nb)  # standard errors of each mean
+    se = _welch_se(a, b)
     mean = statistics.fmean(a) - statistics.fmean(b)
     if _no_spread_either(a, b):
-        va = vb = se = 0.0
+        se = 0.0
         mean = 0.0 if _no_spread(abs(mean), a + b) else mean
-    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)) if se > 0 else float(na + nb - 2)
+    if se > 0:  # on the standard errors relative to the larger: their squares neither overflow nor underflow
+        va, vb = (sa / max(sa, sb)) ** 2, (sb / max(sa, sb)) ** 2
+        df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
+    else:
+        df = float(na + nb - 2)
     return _finish("Welch", min(na, nb), mean, se, df, level, None)
+
+
+def _welch_se(a: list[float], b: list[float]) -> float:
+    """:math:`\\sqrt{s_a^2/n_a + s_b^2/n_b}` without squaring the spreads (a variance of values beyond 1e154 is
+    past the float range, one of values below 1e-154 underflows)."""
+    return math.hypot(statistics.stdev(a) / math.sqrt(len(a)), statistics.stdev(b) / math.sqrt(len(b)))
 
 
 def wilcoxon_p(d: Sequence[float]) -> float | None:
@@ -417,8 +427,7 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
     _check_finite([*a, *b], "a and b")
     if len(a) < 2 or len(b) < 2:
         return None
-    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
-    return None if _no_spread_either(a, b) else (statistics.fmean(a) - statistics.fmean(b)) / se
+    return None if _no_spread_either(a, b) else (statistics.fmean(a) - statistics.fmean(b)) / _welch_se(a, b)
 
 
 def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:

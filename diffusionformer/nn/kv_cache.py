@@ -97,6 +97,20 @@ def _repeat(x: Tensor, H: int) -> Tensor:
     return x if G == H else x.repeat_interleave(H // G, dim=1)
 
 
+def _check_cache_heads(cache: LayerKVCache, H: int, D: int) -> None:
+    """The per-query-head tensors of a filled cache (``powers[1:]``, ``queries``) hold ``H`` heads and its inputs
+    width ``D``, as the layer's: a cache of another layer with the same key/value heads passed the check of its keys."""
+    got = [(f"powers[{k}]", tuple(p.shape), 1, H) for k, p in enumerate(cache.powers[1:], 1)]
+    if cache.queries is not None:
+        got.append(("queries", tuple(cache.queries.shape), 1, H))
+    if cache.inputs is not None:
+        got.append(("inputs", tuple(cache.inputs.shape), -1, D))
+    for name, shape, dim, want in got:
+        if shape[dim] != want:
+            raise ValueError(f"attend_cached: expected a cache of {H} query heads and width D={D} (this layer's), got "
+                             f"{name} of shape {shape}: the cache was filled by another layer; start a new one")
+
+
 def _check_cache_fits(layer: DiffusionAttention, cache: LayerKVCache, K: int) -> None:
     """A filled cache must hold what the layer's operators read: ``K + 1`` powers, the queries of
     matrix heads, the inputs of context heads. Operators replaced during decoding (a higher degree,
@@ -172,6 +186,8 @@ def attend_cached(
     if cache.keys is not None and (cache.keys.shape[1] != G or cache.keys.shape[3] != C):  # else a bare cat error
         raise ValueError(f"attend_cached: expected a cache of {G} key/value heads of dim {C} (this layer's), got keys "
                          f"of shape {tuple(cache.keys.shape)}: the cache was filled by another layer; start a new one")
+    if cache.keys is not None:  # same key/value heads, other query heads or width: else a bare cat error further on
+        _check_cache_heads(cache, H, D)
     if positions is not None and layer.rotary is None:  # as the layer's forward: never ignored silently
         raise ValueError("attend_cached: positions= places the tokens for a rotary embedding, and this layer has none "
                          "(build it with rotary=RotaryEmbedding(...)); positions would be ignored")
