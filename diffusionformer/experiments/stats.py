@@ -270,7 +270,7 @@ def welch_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0
         return Difference("Welch", min(na, nb), mean, level=level,
                           note=f"{na} and {nb} value(s): at least 2 on each side are needed")
     sa, sb = statistics.stdev(a) / math.sqrt(na), statistics.stdev(b) / math.sqrt(nb)  # standard errors of each mean
-    se = _welch_se(a, b)
+    se = math.hypot(sa, sb)  # not sqrt(va + vb): a variance of values beyond 1e154 overflows, below 1e-154 underflows
     mean = statistics.fmean(a) - statistics.fmean(b)
     if _no_spread_either(a, b):
         se = 0.0
