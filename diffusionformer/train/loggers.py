@@ -132,11 +132,12 @@ def read_metrics_csv(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
     Raises:
         ValueError: a row that is not a metrics row, or bytes that are not UTF-8 (the message
-            names the file, and the line of a bad row).
+            names the file, and the line of a bad row); ``path`` is a FIFO, a device or a socket.
     """
     path = Path(path)
     if path.is_dir():
         path = path / CSV_NAME
+    _check_regular_file(path, "read_metrics_csv", resume=False)  # a FIFO: else a wait for a writer for ever
     records = []
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)

@@ -93,16 +93,17 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
         f.write("\n")
 
 
-def _check_regular_file(path: Path, what: str) -> None:
+def _check_regular_file(path: Path, what: str, *, resume: bool = True) -> None:
     """Refuse a FIFO, a device, a socket or a folder at ``path`` (a run log that exists): reading a FIFO would wait
-    for a writer for ever, a device (``/dev/zero``) fill the memory, and the rewrite would replace it."""
+    for a writer for ever, a device (``/dev/zero``) fill the memory, and the rewrite would replace it. ``resume``:
+    the check is the trainer's on resume (else a reader's: nothing is rewritten)."""
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
         return
     if not stat.S_ISREG(mode):
-        raise ValueError(f"{what}: expected {path} to be a regular file (the run's log, read on resume), got "
-                         f"{file_kind(mode)}; remove it (or move it away) and resume again")
+        raise ValueError(f"{what}: expected {path} to be a regular file (the run's log{', read on resume' * resume}), "
+                         f"got {file_kind(mode)}; remove it (or move it away){' and resume again' * resume}")
 
 
 def _parse_lines(path: Path) -> list[dict[str, Any]]:
@@ -150,10 +151,15 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
     Args:
         path: ``metrics.jsonl`` or the directory that holds it.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: ``path`` is a FIFO, a device or a socket (reading one would wait or fill the memory).
     """
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_NAME
+    _check_regular_file(path, "read_metrics", resume=False)  # a FIFO: else a wait for a writer for ever
     return _parse_lines(path)
 
 
