@@ -121,9 +121,20 @@ def _conv_edges(edge_index: Any, num_nodes: int, dtype: torch.dtype) -> Any:
     if tuple(edge_index.shape) != (num_nodes, num_nodes):
         raise ValueError(f"edge_index: a sparse adjacency (adj_t) must have shape (N, N) = ({num_nodes}, {num_nodes}), "
                          f"got {tuple(edge_index.shape)}")
+    _check_real_features(edge_index=edge_index)  # its values weight the edges
     if edge_index.layout == torch.sparse_coo and not edge_index.is_coalesced():
         edge_index = edge_index.coalesce()
     return edge_index.to(dtype)
+
+
+def _check_real_features(**tensors: Any) -> None:
+    """Every tensor among ``tensors`` (``x``, ``edge_attr``, ``pe``, a sparse adjacency; ``None`` and non-tensors
+    skipped) real: a complex one is a ``TypeError`` naming it (the models' cast to their float dtype dropped its
+    imaginary part with only a ``ComplexWarning``)."""
+    for name, value in tensors.items():
+        if isinstance(value, Tensor) and value.is_complex():
+            raise TypeError(f"{name} must hold real values, got dtype {value.dtype} (a cast to the model's dtype "
+                            f"would drop the imaginary part); pass its .real, .abs() or torch.view_as_real of it")
 
 
 def _check_graph_devices(x: Tensor, **tensors: Any) -> None:

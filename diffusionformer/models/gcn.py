@@ -11,7 +11,8 @@ from torch import Tensor, nn
 from torch_geometric.nn import GCNConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import _python_numbers, document_fields
-from diffusionformer.models.common import (_check_graph_devices, _check_graph_task, _conv_edges, _readout_batch,
+from diffusionformer.models.common import (_check_graph_devices, _check_graph_task, _check_real_features,
+                                           _conv_edges, _readout_batch,
                                            check_positive_int, check_probability)
 
 __all__ = ["GCN", "GCNConfig"]
@@ -83,6 +84,7 @@ class GCN(nn.Module):
         c = self.config
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
+        _check_real_features(x=x)
         _check_graph_devices(x, edge_index=edge_index, batch=batch)
         edge_index = _conv_edges(edge_index, x.shape[0], self.convs[0].lin.weight.dtype)
         batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)

@@ -21,7 +21,8 @@ from diffusionformer.nn.edge_features import _check_edge_operators, edge_feature
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools,
-                                           _check_graph_devices, _check_graph_task, _check_mlp_ratio, _check_num_graphs, _check_size,
+                                           _check_graph_devices, _check_graph_task, _check_mlp_ratio, _check_num_graphs,
+                                           _check_real_features, _check_size,
                                            check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
@@ -447,6 +448,7 @@ class DiffusionGraphTransformer(nn.Module):
         for name, value in (("edge_attr", edge_attr), ("pe", pe)):
             if value is not None and not isinstance(value, Tensor):
                 raise TypeError(f"{name}: expected a Tensor or None, got {type(value).__name__}")
+        _check_real_features(x=x, edge_attr=edge_attr, pe=pe)
         if (c.edge_dim is None) != (edge_attr is None):
             raise ValueError(f"edge_attr: expected {'(E, edge_dim) edge features' if c.edge_dim else 'None'} "
                              f"(edge_dim={c.edge_dim}), got {None if edge_attr is None else tuple(edge_attr.shape)}")
