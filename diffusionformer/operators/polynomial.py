@@ -126,28 +126,34 @@ class PolynomialOperator(DiffusionOperator):
             # spec() writes list coefficients as given (float64: 0.1, not float32's 0.10000000149011612)
             self._init = init.spec() if isinstance(init, DiffusionOperator) else (
                 torch.as_tensor(init, dtype=torch.float64).tolist() if _is_array(init) else init)
-            theta = self._initial(init, steps, num_heads)
+            theta = self._initial(init, steps, num_heads)  # float64: the values as given
             if basis == "chebyshev":
                 M = chebyshev_matrix(steps)
                 if not torch.isfinite(M).all():  # else theta below is NaN, reported later as a diverged parameter
                     raise ValueError(f"basis='chebyshev' with steps={steps}: the monomial weights of T_K (up to about "
                                      f"2.4^K) overflow float64 from K = 810 on; use fewer steps or basis='monomial'")
                 # theta_cheb M = c  <=>  M^T theta_cheb^T = c^T (M lower triangular)
-                theta = torch.linalg.solve_triangular(M.T, theta.double().T, upper=True).T.float()
+                theta = torch.linalg.solve_triangular(M.T, theta.T, upper=True).T
+            # in the default dtype, as every other learned parameter (float64 under torch.set_default_dtype): a
+            # float32 theta, or init values rounded to float32, cost a float64 model its precision
+            theta = theta.to(torch.get_default_dtype())
+            if not torch.isfinite(theta).all():  # a finite float64 value beyond the default dtype's range
+                raise ValueError(f"init coefficients must be finite in {theta.dtype}")
         if basis == "chebyshev":
-            self.register_buffer("_basis", M.float().to(device), persistent=False)
+            work = torch.float64 if theta.dtype == torch.float64 else torch.float32  # as _apply makes it
+            self.register_buffer("_basis", M.to(work).to(device), persistent=False)
         self.theta = nn.Parameter(theta.to(device))
 
     @staticmethod
     def _initial(init: Any, steps: int, G: int) -> Tensor:
         if _is_array(init):
-            c = torch.as_tensor(init, dtype=torch.float32).detach().clone()
+            c = torch.as_tensor(init, dtype=torch.float64).detach().clone()
         else:
             op = build_operator(init)
             if not op.is_polynomial:
                 raise ValueError(f"cannot initialise a polynomial from {op.name!r}, which is not a polynomial in P")
             # (G, K+1): a one-head operator's row (a learnable heat or ppr gives (1, K+1)) serves every head
-            c = op.head_coefficients(G).detach().float()
+            c = op.head_coefficients(G).detach().double()
         if c.dim() == 1:
             c = c.unsqueeze(0).expand(G, -1)
         if c.dim() != 2 or c.shape[0] != G:
@@ -158,7 +164,7 @@ class PolynomialOperator(DiffusionOperator):
             )
         if not torch.isfinite(c).all():
             raise ValueError("init coefficients must be finite")
-        out = torch.zeros(G, steps + 1)
+        out = torch.zeros(G, steps + 1, dtype=torch.float64)
         out[:, : c.shape[1]] = c
         return out
 
