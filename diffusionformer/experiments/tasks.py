@@ -151,7 +151,11 @@ class DINOTask:
     at ``s = 0``), builds the views on the device, runs the teacher on the 2 global views and
     the student on all views, and returns :func:`~diffusionformer.models.dino_loss` with
     ``tau_t = config.teacher_temp_at(s)``; then it updates the centre. The EMA update that
-    would follow the last update is not made (the momentum is 1 there).
+    would follow the last update ``S - 1`` is not made (the task has no hook after the optimiser
+    step): the teacher of the final evaluation makes ``S - 1`` EMA moves, DINO's ``S``. The missed
+    move, with momentum ``momentum_at(S - 1)``, is small once the schedule is long: for ``S`` equal
+    to ``schedule_steps`` its weight ``1 - momentum`` is ``(1 - base)(1 - cos(pi / S)) / 2``, about
+    1e-10 for ``base = 0.996`` and ``S = 10,000``; in a run of a few steps it is not.
 
     The views and the k-NN evaluation follow ``ssl`` (:class:`~diffusionformer.data.ssl.SSLConfig`,
     or a dict of its fields; ``None``: the model's ``task_config``, which
