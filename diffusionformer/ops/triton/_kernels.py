@@ -96,7 +96,7 @@ if HAS_TRITON:
         for start_n in range(0, N, BLOCK_N):
             kn = start_n + tl.arange(0, BLOCK_N)
             d = _dropout_scale(seed, bh, step, offs_m, kn, N, drop_p, inv_keep, False)
-            tl.store(base + offs_m[:, None] * N + kn[None, :], d, mask=(offs_m[:, None] < N) & (kn[None, :] < N))
+            tl.store(base + offs_m[:, None].to(tl.int64) * N + kn[None, :], d, mask=(offs_m[:, None] < N) & (kn[None, :] < N))
 
     @triton.jit
     def _keep(offs_q, offs_k, N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
@@ -105,14 +105,16 @@ if HAS_TRITON:
 
         MASK_KIND 1: a bool ``attn_mask`` (bytes, nonzero = attend) at ``mask_base`` with strides
         ``stride_mi, stride_mj`` (0 where broadcast) is part of the rule; kind 2 (float) is added to
-        the scores by :func:`_bias` instead.
+        the scores by :func:`_bias` instead. Row offsets into the mask (and the dropout table, the stacked
+        powers of the backward) are int64: ``offs_q * stride_mi`` passes 2**31 for a dense ``(N, N)`` mask
+        from N = 46,341 on, and Triton multiplies int32 block indices by int32 strides in int32.
         """
         keep = (offs_k < N) & (offs_q < N)
         if HAS_PAD:
             pad = tl.load(pad_row + offs_k, mask=offs_k < N, other=1)
             keep = keep & (pad == 0)
         if MASK_KIND == 1:
-            allowed = tl.load(mask_base + offs_q * stride_mi + offs_k * stride_mj, mask=keep, other=0)
+            allowed = tl.load(mask_base + offs_q.to(tl.int64) * stride_mi + offs_k * stride_mj, mask=keep, other=0)
             keep = keep & (allowed != 0)
         if CAUSAL:
             keep = keep & (offs_q >= offs_k)
@@ -124,7 +126,7 @@ if HAS_TRITON:
         like ``offs_q``; see :func:`_bias_max`), times log2(e); unchanged otherwise."""
         if MASK_KIND == 2:
             ok = (offs_q < N) & (offs_k < N)
-            m = tl.load(mask_base + offs_q * stride_mi + offs_k * stride_mj, mask=ok, other=0.0)
+            m = tl.load(mask_base + offs_q.to(tl.int64) * stride_mi + offs_k * stride_mj, mask=ok, other=0.0)
             s = s + (m.to(tl.float32) - shift) * 1.4426950408889634
         return s
 
@@ -141,7 +143,7 @@ if HAS_TRITON:
         for start_n in range(0, hi, BLOCK_N):
             kn = start_n + tl.arange(0, BLOCK_N)
             keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, 2)
-            b = tl.load(mask_base + offs_m[:, None] * stride_mi + kn[None, :] * stride_mj, mask=keep, other=float("-inf"))
+            b = tl.load(mask_base + offs_m[:, None].to(tl.int64) * stride_mi + kn[None, :] * stride_mj, mask=keep, other=float("-inf"))
             top = tl.maximum(top, tl.max(b.to(tl.float32), 1))
         return tl.where(top == float("-inf"), 0.0, top)
 
@@ -425,9 +427,9 @@ if HAS_TRITON:
             dv = _dot(pT.to(a1T.dtype), tl.trans(a1T), dv, UPCAST, IEEE)
             dpT = _dot(v, a1T, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
         for m in range(1, STEPS):
-            y = tl.load(YS + (m - 1) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
+            y = tl.load(YS + tl.cast(m - 1, tl.int64) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
                         mask=kv_mask, other=0.0)
-            aT = tl.load(A + m * stride_step + a_off, mask=a_mask, other=0.0)
+            aT = tl.load(A + tl.cast(m, tl.int64) * stride_step + a_off, mask=a_mask, other=0.0)
             if DROPOUT:  # each term of dP has its own mask: contracted apart, then masked
                 term = _dot(y, aT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
                 dpT += term * _dropout_scale(seed, bh, m + 1, qm, offs_n, N, drop_p, inv_keep, True)
@@ -462,9 +464,9 @@ if HAS_TRITON:
         if DROPOUT:
             dp = dp * _dropout_scale(seed, bh, 1, offs_m, kn, N, drop_p, inv_keep, False)
         for m in range(1, STEPS):
-            yT = tl.load(YS + (m - 1) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
+            yT = tl.load(YS + tl.cast(m - 1, tl.int64) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
                          mask=kT_mask, other=0.0)
-            a = tl.load(A + m * stride_step + a_off, mask=io_mask, other=0.0)
+            a = tl.load(A + tl.cast(m, tl.int64) * stride_step + a_off, mask=io_mask, other=0.0)
             if DROPOUT:  # each term of dP has its own mask: contracted apart, then masked
                 term = _dot(a, yT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
                 dp += term * _dropout_scale(seed, bh, m + 1, offs_m, kn, N, drop_p, inv_keep, False)

@@ -257,7 +257,8 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
         BLOCK_M=L.bwd_n, BLOCK_N=L.bwd_m, BLOCK_C=L.block_c,
         **L.flags, **L.bwd_warps,
     )
-    dcoeffs = dcrows.sum(dim=(1, 3)).transpose(0, 1)  # (H, K + 1)
+    # (H, K + 1), contiguous as the fake implementation of the backward operator says (a compiled graph plans with it)
+    dcoeffs = dcrows.sum(dim=(1, 3)).transpose(0, 1).contiguous()
     return dq, dk, dv, dcoeffs.to(coeffs.dtype)
 
 
