@@ -23,8 +23,8 @@ Layer ``0`` is the embedding output (the input of block 0); layer ``l`` the resi
 after block ``l - 1``. For a ViT the class token is left out (patch tokens only).
 
 Each run's measurements are cached in ``<run>/analysis_cache.pt``, keyed by the checkpoint
-(step, size, modification time), the analysis settings and :data:`ANALYSIS_VERSION`; a second
-``analyze`` of a growing comparison measures only the new runs.
+(step, size, modification time), the analysis settings, the registered metrics and :data:`ANALYSIS_VERSION`;
+a second ``analyze`` of a growing comparison measures only the new runs.
 """
 
 from __future__ import annotations
@@ -356,7 +356,8 @@ def analyze_experiment(
                 stat = ckpt.stat()
                 key = {"version": ANALYSIS_VERSION, "step": run.step, "size": stat.st_size,
                        "mtime_ns": stat.st_mtime_ns, "split": split, "max_examples": max_examples,
-                       "max_attention_examples": max_attention_examples}
+                       "max_attention_examples": max_attention_examples,
+                       "metrics": [m.key for m in list_metrics()]}  # a metric registered since: measure again
                 res = _cached(rdir / _CACHE_NAME, key)
                 if res is None:
                     try:

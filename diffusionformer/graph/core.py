@@ -494,7 +494,7 @@ class AttentionGraph:
 
         Token ``(b, i)`` becomes node ``b * N + i`` (so ``x.reshape(B * N, D)`` is the input);
         padding tokens remain as isolated nodes (no in- or out-edges). Edges are grouped by
-        target. A sparse graph is returned as is.
+        target. A sparse graph is returned as is (``batch_size``, if given, must be its number of graphs).
 
         Args:
             batch_size: ``B`` for a dense graph built for any batch size (default 1).
@@ -505,6 +505,11 @@ class AttentionGraph:
                     [0, 0, 1, 1, 2, 2, 3, 3]])
         """
         if self.is_sparse:
+            if batch_size is not None:  # checked against the graph's number of graphs, as by dense_allowed
+                graphs = self.batch_size if self.batch_size is not None else (
+                    1 if self.batch is None else int(self.batch.max()) + 1)
+                if check_int("batch_size", batch_size, 1) != graphs:
+                    raise ValueError(f"batch_size={batch_size} disagrees with the graph's batch_size={graphs}")
             return self
         self._refuse_attn_mask("to_sparse")
         B, N = self._resolve_batch_size(batch_size), self.seq_len

@@ -89,8 +89,9 @@ def _reduce_heads(w: Tensor, head: int | str | None) -> Tensor:
         raise ValueError(f"weights have no heads (H=0), got per-edge weights of shape {tuple(w.shape)}")
     if w.is_complex():  # .double() would drop the imaginary part with only a warning
         raise TypeError(f"weights must be real, got dtype {w.dtype}")
-    if not w.is_floating_point():  # integer counts or a bool mask: mean/max in float64
-        w = w.double()
+    # float64 before reducing (integer counts and bool masks too): a bfloat16 mean rounded the exported weight to
+    # 8 bits, and a float32 mean of large weights overflowed to inf
+    w = w.double()
     if head is None:
         if H != 1:
             raise ValueError(f"weights have H={H} heads: choose one with head=<int> or reduce with head='mean'/'max'")

@@ -80,6 +80,16 @@ def _check_optimizer_state_shapes(optimizer: torch.optim.Optimizer) -> None:
                                      f"of its shape {tuple(p.shape)}, got {got}")
 
 
+def _metric_float(value: numbers.Real, what: str) -> float:
+    """``float(value)``, or a ValueError naming ``what`` for an int beyond the float range (a bare "int too large to
+    convert to float" otherwise)."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{what}: expected a float or scalar tensor, got an int beyond the float range "
+                         "(|x| > 1.8e308)") from None
+
+
 class Trainer:
     r"""Minimise a task's loss with AdamW, resumable bit-exactly, on 1 or N processes.
 
@@ -609,6 +619,11 @@ class Trainer:
         window: dict[str, list[Any]], loss: torch.Tensor, metrics: Mapping[str, Any], device: torch.device
     ) -> None:
         items = [("loss", loss)] + [(str(k), v) for k, v in metrics.items()]
+        names = [name for name, _ in items]
+        if len(set(names)) != len(names):  # else their values were averaged into one entry of the log
+            raise ValueError(f"task.loss metrics: expected names that differ as strings (the log's keys), got keys "
+                             f"{sorted(map(repr, metrics))} naming {sorted({n for n in names if names.count(n) > 1})} "
+                             "more than once")
         for name, value in items:
             if isinstance(value, torch.Tensor):
                 if value.numel() != 1:
@@ -617,7 +632,7 @@ class Trainer:
                     )
                 value = value.detach().float().reshape(()).to(device)
             elif isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy scalars too
-                value = torch.tensor(float(value), device=device)
+                value = torch.tensor(_metric_float(value, f"task.loss metrics[{name!r}]"), device=device)
             else:
                 raise TypeError(
                     f"task.loss metrics[{name!r}]: expected a float or scalar tensor, got "
@@ -691,7 +706,10 @@ class Trainer:
                     f"task.evaluate()[{name!r}]: expected a float or scalar tensor, got "
                     f"{_type_name(value)}"
                 )
-            metrics[str(name)] = float(value)
+            if str(name) in metrics:  # else the later value replaced the earlier one in the log
+                raise ValueError(f"task.evaluate(): expected names that differ as strings (the log's keys), got keys "
+                                 f"{sorted(map(repr, out))} naming {str(name)!r} more than once")
+            metrics[str(name)] = _metric_float(value, f"task.evaluate()[{name!r}]")
         loss = metrics.get("loss")
         self._record("eval", done, lr, loss, metrics)
         if self._pbar is not None and loss is not None and math.isfinite(loss):
