@@ -215,6 +215,8 @@ def _planetoid_index(path: Path) -> Tensor:
         raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: expected one node index per line ({err})") from None
     if not values:
         raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: no node indices")
+    if big := next((v for v in values if not -2**63 <= v < 2**63), None):  # torch.tensor: a bare ValueError
+        raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: node index {big} does not fit in 64 bits")
     return torch.tensor(values, dtype=torch.long)
 
 

@@ -173,6 +173,9 @@ def _tu_rows(path: Path, zip_path: Path, kind: type, columns: int | None) -> lis
         if len(row) != columns:
             raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected {columns} "
                                    f"value(s) like the other lines")
+        if kind is int and not all(-2**63 <= v < 2**63 for v in row):  # PyG's torch.tensor: a bare "Overflow"
+            raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected integers "
+                                   f"of 64 bits")
         if kind is float and not all(math.isfinite(v) for v in row):
             raise CorruptDataError(f"{str(zip_path)!r}: line {i} of {path.name} is {line!r}, expected finite "
                                    f"numbers (no NaN or inf)")
