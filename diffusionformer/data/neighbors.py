@@ -147,6 +147,10 @@ class TorchNeighborSampler(BaseSampler):
         return pos[keep], seg[keep]
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> SamplerOutput:
+        return self._sample_from_nodes(index, self._draw_generator())
+
+    def _sample_from_nodes(self, index: NodeSamplerInput, generator: torch.Generator | None) -> SamplerOutput:
+        """One draw of the neighbourhood of ``index.node`` from ``generator`` (``None``: torch's global RNG)."""
         seeds = index.node
         if seeds.dtype == torch.bool or seeds.is_floating_point() or seeds.is_complex():  # .long() truncated them
             raise TypeError(f"TorchNeighborSampler: expected integer seed node ids, got dtype {seeds.dtype}")
@@ -166,7 +170,6 @@ class TorchNeighborSampler(BaseSampler):
         frontier = seeds
         num_nodes, num_edges = [seeds.numel()], []
         count = seeds.numel()
-        generator = self._draw_generator()
         for k in self.num_neighbors:
             pos, seg = self._sample_hop(frontier, k, generator)
             src = self.row[pos]
@@ -317,13 +320,10 @@ def neighbor_batch(data: Data, sampler: TorchNeighborSampler, seeds: Tensor,
         ids, counts = seeds.unique(return_counts=True)
         if bool((counts > 1).any()):  # a repeated seed's later copies would get no neighbours
             raise ValueError(f"neighbor_batch: expected distinct seeds, got repeated node ids {ids[counts > 1].tolist()[:10]}")
-    own = sampler.generator
-    if generator is not None:
-        sampler.generator = generator
-    try:
-        out = sampler.sample_from_nodes(NodeSamplerInput(input_id=None, node=seeds))
-    finally:
-        sampler.generator = own
+    # an explicit generator is drawn from as is, also in a DataLoader worker (where sample_from_nodes would
+    # replace it by the worker's own generator, so the same generator state gave other neighbourhoods)
+    out = sampler._sample_from_nodes(NodeSamplerInput(input_id=None, node=seeds),
+                                     sampler._draw_generator() if generator is None else generator)
     batch = filter_data(data, out.node, out.row, out.col, out.edge, sampler.edge_permutation)
     batch.n_id = out.node
     batch.e_id = out.edge

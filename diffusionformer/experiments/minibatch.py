@@ -165,6 +165,10 @@ def check_num_neighbors(config: MiniBatchConfig, hops: int | None) -> tuple[str 
         >>> check_num_neighbors(MiniBatchConfig(8, [10, 5]), 3)[1]
         'num_neighbors samples 2 hop(s) but the model propagates R = 3: seed outputs are approximations on truncated neighbourhoods; give 3 entries (-1 = all neighbours) for exact receptive fields'
     """
+    if hops == 0:  # else an int resolved to no hops, which the sampler refused only when the run started
+        return ("the model propagates R = 0 hops (every head's operator has degree 0): no seed's output depends "
+                f"on a neighbour, so num_neighbors = {config.num_neighbors!r} has nothing to sample; train it "
+                "full-batch (leave out minibatch)", None)
     if isinstance(config.num_neighbors, int):
         if hops is None:
             return ("num_neighbors is one int, which needs the model's propagation hops R, and this model's R is "
