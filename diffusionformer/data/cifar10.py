@@ -98,8 +98,8 @@ def read_image_zip(
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        CorruptDataError: not a zip (a folder included), no matching entries, an entry without a class folder
-            name (``train//x.jpg``, ``train/../x.jpg``), an entry that is no JPEG or PNG, has samples wider than
+        CorruptDataError: not a zip (a folder included), no matching entries, two entries of one name, an
+            entry without a class folder name (``train//x.jpg``, ``train/../x.jpg``), an entry that is no JPEG or PNG, has samples wider than
             8 bits (a 16-bit PNG), that Pillow cannot decode or calls a decompression bomb (more pixels than
             ``PIL.Image.MAX_IMAGE_PIXELS``) or that declares more than 512 MiB uncompressed, an image of another
             size than the first one, or more images of the first one's size than memory holds.
@@ -120,6 +120,10 @@ def read_image_zip(
         if bad := [c for c in classes if c in ("", ".", "..")]:  # "train/../x.jpg" made a class ".." ranked first
             name = next(n for c, n in members if c == bad[0])
             raise CorruptDataError(f"{str(path)!r}: entry {name!r} has no class folder name (got {bad[0]!r})")
+        # zipfile reads the last of two members of one name for both: an image twice (in train and val, perhaps)
+        if twice := next((n for (_, n), (_, m) in zip(members, members[1:]) if n == m), None):
+            raise CorruptDataError(f"{str(path)!r}: holds two entries named {twice!r} (an archive appended to, or "
+                                   "a hand-built one): each would read the last copy")
         class_index = {c: i for i, c in enumerate(classes)}
         if indices is not None:
             members = [members[i] for i in indices.tolist()]

@@ -61,3 +61,22 @@ def test_bug_planetoid_test_index_beyond_64_bits_is_named(tmp_path, writers):
     path.write_text("\n".join(lines))
     with pytest.raises(CorruptDataError, match=r"a node index is outside"):
         read_planetoid(raw, "cora")
+
+
+def test_bug_an_image_zip_with_two_entries_of_one_name_is_corrupt(tmp_path, writers):
+    """Bug: a zip holding ``train/cat/0.jpg`` twice (appended to with ``zipfile`` mode "a") listed both entries and
+    read the last copy for each, so one image came twice (in train and val, perhaps); now named as corrupt."""
+    import warnings
+
+    from diffusionformer.data.cifar10 import read_image_zip
+
+    path = writers.write_stored_zip(tmp_path / "train.zip", [("train/cat/0.jpg", writers.jpeg_bytes((200, 0, 0))),
+                                                             ("train/dog/0.jpg", writers.jpeg_bytes((0, 200, 0)))])
+    images, labels, _ = read_image_zip(path, "train")
+    assert labels.tolist() == [0, 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # zipfile: "Duplicate name"
+        with zipfile.ZipFile(path, "a") as zf:
+            zf.writestr("train/cat/0.jpg", writers.jpeg_bytes((0, 0, 200)))
+    with pytest.raises(CorruptDataError, match=r"train\.zip'?: holds two entries named 'train/cat/0\.jpg'"):
+        read_image_zip(path, "train")
