@@ -182,11 +182,22 @@ def check_attn_mask(attn_mask: object, shape: tuple[int, int, int, int], dtype: 
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
         raise TypeError(f"attn_mask must be bool (True = attend) or floating point, got {attn_mask.dtype}")
     if attn_mask.is_floating_point():
-        attn_mask = attn_mask.to(dtype)
+        attn_mask = _cast_float_mask(attn_mask, dtype)
         if checks_values(attn_mask) and bool((attn_mask.isnan() | (attn_mask == float("inf"))).any()):
             raise ValueError(f"a float attn_mask is added to the scores: its entries must be finite or -inf "
                              f"(-inf = do not attend), got NaN or +inf in {dtype}")
     return attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+
+
+def _cast_float_mask(attn_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A float mask in ``dtype`` with its finite entries kept finite: an entry beyond ``dtype``'s range (``-1e30``,
+    ``finfo(float32).min`` for float16 inputs) is clamped to the range instead of overflowing to ``-inf`` (which would
+    turn a row of finite biases into a fully masked zero row, where SDPA attends uniformly) or ``+inf``."""
+    low = attn_mask.to(dtype)
+    if attn_mask.dtype != dtype and torch.finfo(attn_mask.dtype).max > torch.finfo(dtype).max:
+        info = torch.finfo(dtype)
+        low = torch.where(attn_mask.isfinite(), attn_mask.clamp(info.min, info.max).to(dtype), low)
+    return low
 
 
 def check_dropout(dropout_p: object, name: str = "dropout_p") -> float:

@@ -759,7 +759,8 @@ def diffuse(
         coeffs: weights on ``P^0 .. P^K``, one row per head or one row shared by all heads;
             a tensor (differentiable) or Python numbers (static, see above).
         attn_mask: bool (True = attend) or additive float mask broadcastable to ``(B, H, N, N)``,
-            as in :func:`~torch.nn.functional.scaled_dot_product_attention`.
+            as in :func:`~torch.nn.functional.scaled_dot_product_attention`; cast to ``q``'s dtype, a finite
+            entry beyond its range (``-1e9`` for float16) clamped to it (a row of such biases still attends).
         is_causal: position ``i`` attends to ``j <= i`` only (may be combined with ``attn_mask``).
         scale: score scale, default ``1 / sqrt(C)``.
         backend: ``"auto"`` (Triton for supported CUDA calls, else the rule of
