@@ -31,7 +31,7 @@ from typing import Any
 from diffusionformer.experiments.config import ExperimentConfig
 from diffusionformer.experiments.results import (RunResult, _row_problem, finished_runs, first_reach, read_curves,
                                                  run_dir, select_evaluation)
-from diffusionformer.experiments.tables import _cell, aggregate, format_table
+from diffusionformer.experiments.tables import _cell, _text, aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
 __all__ = ["GAP_MARKER", "READING_MARKER", "add_to_toctree", "publish_experiment", "read_run_log", "summary_table",
@@ -230,7 +230,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     done = sum(1 for r in runs if r.status == "completed")
     expected = len(config.tasks) * len(config.operators) * len(config.seeds)
     lines = [
-        f"# {config.name}",
+        f"# {_text(config.name)}",
         "",
         config.description.strip(),
         "",
@@ -617,7 +617,7 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
                 cells[setting.name] = {"delta": None if diff.mean is None else sign * diff.mean, "p": diff.p,
                                        "primary": named, "short": short}
             metric = task.metric + (f" at best {task.select_by}" if selected and task.select_by else "")
-            rows.append((f"{config.name} / {task.name}", f"{metric} ({base_row[key_mean]:.4f})", cells))
+            rows.append((f"{_text(config.name)} / {_text(task.name)}", f"{_text(metric)} ({base_row[key_mean]:.4f})", cells))
     family = [c for _, _, cells in rows for c in cells.values()]
     for c, ph, pb in zip(family, holm([c["p"] for c in family]), benjamini_hochberg([c["p"] for c in family])):
         c["holm"], c["bh"] = ph, pb
@@ -629,7 +629,7 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
         return out + (" [primary]" if c["primary"] else "") + c["short"]
 
     # one cell per setting (none for a comparison of one setting: the header keeps the separator's two columns)
-    lines = ["| task | metric (baseline mean) |" + "".join(f" {_cell(s)} |" for s in settings),
+    lines = ["| task | metric (baseline mean) |" + "".join(f" {_cell(_text(s))} |" for s in settings),
              "|---|---|" + "---|" * len(settings)]
     lines += [f"| {_cell(name)} | {_cell(metric)} |" + "".join(f" {text(cells[s]) if s in cells else ''} |" for s in settings)
               for name, metric, cells in rows]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from typing import Any, Mapping
 
@@ -61,6 +62,22 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+#: markdown that a name could hold: emphasis (``*``; a ``_`` not between two letters or digits), a code span, raw HTML
+#: or an entity (``<``, ``&``), a link (``[``, ``]``), strikethrough (``~``)
+_MARKUP = re.compile(r"[*`<>&\[\]~]|(?<![^\W_])_|_(?![^\W_])")
+
+
+def _text(name: str) -> str:
+    r"""A task, setting or comparison name as literal markdown text: the characters markdown reads as syntax
+    backslash-escaped, so that a setting ``__lap__`` is not shown as a bold ``lap`` (nor ``dig<b>its`` as HTML).
+
+    Examples:
+        >>> _text("__lap__"), _text("lap_half")
+        ('\\_\\_lap\\_\\_', 'lap_half')
+    """
+    return _MARKUP.sub(lambda m: "\\" + m.group(0), name)
+
+
 def _fmt(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
@@ -84,7 +101,7 @@ def _pairs_note(c: Any, row: Mapping[str, Any], rows: list[dict[str, Any]], base
         return ""
     base = next((b for b in rows if b["operator"] == baseline), {})
     have = max(len(row.get(by_seed) or {}), len(base.get(by_seed) or {}))
-    return f" ({c.diff.n} paired with {baseline})" if c.diff.n < have else ""
+    return f" ({c.diff.n} paired with {_text(baseline)})" if c.diff.n < have else ""
 
 
 def _contrast_cells(c: Any, digits: int, compact: bool) -> list[str]:
@@ -127,7 +144,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
     lines = []
     baseline = config.operators[0].name
     role = bool(config.primary)
-    stat_heads = (["Δ vs " + baseline, "95% CI"] + ([] if compact else ["df"]) + ["p"]
+    stat_heads = (["Δ vs " + _text(baseline), "95% CI"] + ([] if compact else ["df"]) + ["p"]
                   + ([] if compact else ["p Wilcoxon"]) + ["p Holm"])
     stat_heads += ["role"] if role else []
     if len(config.operators) == 1:  # nothing to compare
@@ -147,7 +164,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
         if not rows:
             continue
         arrow = "lower is better" if task.minimize else "higher is better"
-        lines.append(f"### {task.name} ({task.dataset}, {task.model}): {task.metric}, {arrow}")
+        lines.append(f"### {_text(task.name)} ({_text(task.dataset)}, {_text(task.model)}): {_text(task.metric)}, {arrow}")
         lines.append("")
         if task.folds is not None:
             lines.append(f"{task.folds}-fold cross-validation: seed s tests on fold s % {task.folds}; the spread is over "
@@ -158,29 +175,29 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
             failed += f" ({r['non_finite']} non-finite)" if r.get("non_finite") else ""
             failed += _pairs_note(found.get((task.name, r["operator"], "final")), r, rows, baseline)
-            cells = [r["operator"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", *stat_cells(task.name, r["operator"], "final", 4),
+            cells = [_text(r["operator"]), f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", *stat_cells(task.name, r["operator"], "final", 4),
                      f"{r['n']}{failed}", str(r["num_parameters"] or "n/a"), _fmt(r["elapsed_mean"], 1)]
             lines.append("| " + " | ".join(map(_cell, cells)) + " |")
         lines.append("")
         if compact:
             continue
         if task.select_by is not None and any("selected_mean" in r for r in rows):
-            lines += [f"#### {task.name}: {task.metric} at best {task.select_by}", ""]
+            lines += [f"#### {_text(task.name)}: {_text(task.metric)} at best {_text(task.select_by)}", ""]
             lines += header(["operator", f"{task.metric} mean ± std", *stat_heads])
             for r in rows:
                 sel = f"{_fmt(r['selected_mean'])} ± {_fmt(r['selected_std'])}" if "selected_mean" in r else "n/a"
                 sel += _pairs_note(found.get((task.name, r["operator"], "selected")), r, rows, baseline, "selected_by_seed")
-                cells = [r["operator"], sel, *stat_cells(task.name, r["operator"], "selected", 4)]
+                cells = [_text(r["operator"]), sel, *stat_cells(task.name, r["operator"], "selected", 4)]
                 lines.append("| " + " | ".join(map(_cell, cells)) + " |")
             lines.append("")
         if task.reach is not None:
             (rkey, rval), = task.reach.items()
-            lines += [f"#### {task.name}: steps to {rkey} {'≤' if rkey.endswith('loss') else '≥'} {rval:g}", ""]
+            lines += [f"#### {_text(task.name)}: steps to {_text(rkey)} {'≤' if rkey.endswith('loss') else '≥'} {rval:g}", ""]
             lines += header(["operator", "steps mean ± std (runs that reached it)", *stat_heads])
             for r in rows:
                 steps = _reach_steps_cell(r) + _pairs_note(found.get((task.name, r["operator"], "reach")), r, rows, baseline,
                                                            "reach_by_seed")
-                cells = [r["operator"], steps, *stat_cells(task.name, r["operator"], "reach", 0)]
+                cells = [_text(r["operator"]), steps, *stat_cells(task.name, r["operator"], "reach", 0)]
                 lines.append("| " + " | ".join(map(_cell, cells)) + " |")
             lines.append("")
     if lines and stat_heads:
