@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from diffusionformer.experiments.build import build_model, task_data
 from diffusionformer.experiments.config import (ExperimentConfig, OperatorSetting, TaskConfig, _did_you_mean,
                                                train_config)
-from diffusionformer.experiments.outputs import git_commit
+from diffusionformer.experiments.outputs import _folder_lock, git_commit
 from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
@@ -197,15 +197,19 @@ def run_experiment(
                     if not done_before and not recorded and _rank_zero():
                         # only an invocation that trains adds its commit: a pass over finished runs (the tables
                         # after parallel workers, a re-run) leaves the provenance of the comparison as it was
-                        previous = _read_manifest(out)
-                        record = merged_manifest(previous, _manifest(config))
-                        before = merged_manifest(previous, {}).get("cpu_kernel_sets", [])
+                        current = _manifest(config)  # outside the lock: it runs git
+                        # read-merge-write under the comparison's lock: another invocation starting at once (one per
+                        # seed, another machine on a shared folder) would else drop the commit or kernel set it added
+                        with _folder_lock(out):
+                            previous = _read_manifest(out)
+                            record = merged_manifest(previous, current)
+                            before = merged_manifest(previous, {}).get("cpu_kernel_sets", [])
+                            write_json_atomic(out / "manifest.json", record)
                         if before and record["cpu_kernels"] not in before and record.get("cuda") is None:
                             log(f"note: earlier runs of {config.name} were trained with torch's {', '.join(before)} CPU "
                                 f"kernels, these with {record['cpu_kernels']} (another processor, or "
                                 "$ATEN_CPU_CAPABILITY): float rounding differs between kernel sets, so runs of one "
                                 "seed need not match across them; manifest.json lists both")
-                        write_json_atomic(out / "manifest.json", record)
                         recorded = True
                     result = _one_run(out, task, setting, seed, data, resume, progress, device, log)
                     if result is not None:
