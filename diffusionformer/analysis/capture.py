@@ -16,8 +16,9 @@ dense :class:`~diffusionformer.nn.Block`; the ``edge_index`` argument of a
 :class:`~diffusionformer.models.GraphBlock`). This is the ``P`` that block ``i`` diffuses
 over; the block itself still runs its fused path. The optional dense ``global_attn`` of a
 ``GraphBlock`` is not captured. Use it in eval mode (``capture_dataset`` switches the model
-to eval and back): with attention dropout active the recomputed ``P`` would differ from the
-block's.
+to eval and back): in training mode the block drops entries of ``P`` at random, which the
+recorded ``P`` (before dropout) leaves out; recording draws no random numbers, so the training
+pass it observes is the same with or without it.
 
 Dense models (ViT, GPT) give tokens ``(B, T, D)``. Graph models give nodes ``(N, D)`` with the
 ``batch`` vector of the block call; ``capture_dataset`` pads them per graph to
@@ -255,6 +256,13 @@ def _split_block_call(
 # ----------------------------------------------------------------------------------------
 
 
+def _rng_untouched(x: Tensor) -> Any:
+    """A context that restores the CPU generator (and that of ``x``'s accelerator) on exit."""
+    if x.device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=[x.device], device_type=x.device.type)
+
+
 class LayerRecorder:
     r"""Context manager that records the residual stream ``X^(l)`` of every forward pass.
 
@@ -316,7 +324,9 @@ class LayerRecorder:
                 if 0 in self.layers:
                     self.states[0] = x.detach()
             if i in self.attention_blocks and self.compute_attentions:
-                with torch.no_grad():  # a read-out like the detached states: no autograd graph kept (training passes)
+                # a read-out like the detached states: no autograd graph kept (training passes), and no random numbers
+                # drawn from the model's generators (attention dropout in training): the pass it observes is unchanged
+                with torch.no_grad(), _rng_untouched(x):
                     self.attentions[i] = self._recompute(block, x, attn_kwargs)
 
         return hook

@@ -238,13 +238,16 @@ class DiffusionViT(nn.Module):
 
         if kind not in ("P", "operator"):
             raise ValueError(f"attention_maps: expected kind 'P' or 'operator', got {kind!r}")
-        was_training = self.training
+        # each module's own mode restored: ``self.train(was_training)`` put a submodule kept in eval (a frozen
+        # block) of a training model back in training mode
+        modes = [(module, module.training) for module in self.modules()]
         self.eval()
         try:
             with LayerRecorder(self, attentions=True) as rec:
                 self.forward_tokens(x, **attn_kwargs)
         finally:
-            self.train(was_training)
+            for module, mode in modes:
+                module.training = mode
         maps = [rec.attentions[i].attn_weights for i in range(len(self.blocks))]
         if kind == "P":
             return maps
@@ -302,9 +305,14 @@ def attention_rollout(maps: list[Tensor], residual: float = 0.5, normalize: bool
                             + (f"dtype {A.dtype}" if isinstance(A, Tensor) else type(A).__name__))
         if A.dim() != 4 or A.shape[-1] != A.shape[-2]:
             raise ValueError(f"attention_rollout: expected maps of shape (B, H, N, N), got {tuple(A.shape)}")
+        if A.shape[1] < 1:  # a mean over no head: an all-NaN rollout
+            raise ValueError(f"attention_rollout: maps[{i}] has no head (H = 0), shape {tuple(A.shape)}; expected H >= 1")
         if rollout is not None and (A.shape[0], A.shape[-1]) != tuple(rollout.shape[:2]):
             raise ValueError(f"attention_rollout: maps[{i}] has shape {tuple(A.shape)}, the layers before it "
                              f"(B, N) = {tuple(rollout.shape[:2])}")
+        if rollout is not None and (A.dtype, A.device) != (rollout.dtype, rollout.device):  # else a bare matmul error
+            raise ValueError(f"attention_rollout: maps[{i}] has dtype {A.dtype} on {A.device}, the layers before it "
+                             f"{rollout.dtype} on {rollout.device}; pass every layer's maps in one dtype, on one device")
         eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
         layer = (1.0 - residual) * eye + residual * A.mean(dim=1)  # (B, N, N)
         if normalize:
