@@ -715,10 +715,12 @@ def _split_paths(
         hi = SdpaBackend(q_hi, k_hi, m_hi, is_causal, scale, dropout_p, r_hi)
 
     inplace = None if rebuild is None else False  # a bool, not the list: no reference cycle through the closure
+    # the forward's output dtype, fixed now: the replay runs in the backward pass, perhaps inside another autocast
+    out_dtype = _autocast_dtype(v) or v.dtype
 
     def combine(lo: Backend, hi: Backend) -> Tensor:
         out_low = affine(lo, v_lo, c0, c1, inplace=inplace)
-        out_high = polynomial(hi, v_hi, c_high, deg_high).to(_autocast_dtype(v) or v.dtype)
+        out_high = polynomial(hi, v_hi, c_high, deg_high).to(out_dtype)
         return merge_heads(((low, out_low), (high, out_high)), 1)
 
     return _recorded(combine, (lo, hi), rebuild)

@@ -55,3 +55,39 @@ def test_recompute_draws_the_same_random_numbers_as_the_plain_layer(heads):
 
     for a, b in zip(run(True), run(False)):
         assert torch.equal(a, b)
+
+
+
+class _Scale(torch.nn.Module):
+    """An output projection that saves ``z`` for an elementwise product (which autocast leaves in float32)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, dim))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z * self.w
+
+
+@pytest.mark.parametrize("heads", ["attention:4,heat(t=1.0, steps=4):2", "laplacian:3,ppr(alpha=0.2, steps=3):3"])
+def test_bug_a_backward_under_autocast_rebuilds_the_forward_z(heads):
+    """Bug: the split path's recipe read autocast's dtype when it ran: a float32 forward whose backward ran inside
+    ``torch.autocast`` rebuilt the K-step heads' half of ``z`` rounded through bfloat16, not the forward's ``z``
+    (recompute_saved's recipe must rebuild it bit for bit; a projection consuming ``z`` outside autocast's casts,
+    here an elementwise scale, got another gradient)."""
+    torch.manual_seed(0)
+    layer = DiffusionAttention(24, 6, heads, causal=True, bias=False, backend="sdpa").train()
+    layer.out_proj = _Scale(24)
+    x = torch.randn(2, 7, 24, requires_grad=True)
+
+    def run(recompute: bool) -> list[torch.Tensor]:
+        layer.recompute = recompute
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        y = layer(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            (y**2).sum().backward()
+        return [x.grad] + [p.grad for p in layer.parameters()]
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)
