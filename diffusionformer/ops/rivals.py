@@ -102,7 +102,7 @@ class RivalContext:
             to ``q``, ``k`` without either); operators that evolve them (GRAND-nl) re-apply
             :meth:`normalise_qk`.
         scale: the layer's score scale ``1 / sqrt(C)``.
-        v0: the first layer's values for these heads ``(B, G, N, C)``, or ``None`` when this
+        v0: the first layer's values for these heads ``(B, G, N, C)`` (in ``v``'s dtype), or ``None`` when this
             layer is the first (or no state was given).
         depth: the index of this layer in the model (0 without a state).
         dropout_p: dropout on attention probabilities (training only; 0 in eval).
@@ -123,6 +123,8 @@ class RivalContext:
                 f"the first layer's values have shape {tuple(v0.shape)}, this layer's heads {tuple(v.shape)}; "
                 "layers sharing a LayerState need the same batch, length, heads and head width"
             )
+        if v0 is not None and v0.dtype != v.dtype:  # a first layer run in another precision: this layer's dtype
+            v0 = v0.to(v.dtype)
         self.v0 = v0
         self.depth = int(depth)
         self.dropout_p = float(dropout_p)
