@@ -370,6 +370,26 @@ def index_to_mask(index: Tensor, size: int) -> Tensor:
     return mask
 
 
+def _refuse_shared_memory(tensors: tuple[Tensor, ...]) -> None:
+    """Refuse tensors whose memory overlaps (a view of ``x_train`` among ``others``, or one tensor twice): the
+    in-place normalisation would standardise those pixels twice. Conservative: spans of elements that interleave
+    are refused too."""
+    spans = []
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1  # elements from the first to the last
+        spans.append((t.device, t.data_ptr(), t.data_ptr() + extent * t.element_size()))
+    names = ["x_train"] + [f"others[{i}]" for i in range(len(tensors) - 1)]
+    names = [n for n, t in zip(names, tensors) if t.numel() > 0]
+    for i in range(len(spans)):
+        for j in range(i):
+            if spans[i][0] == spans[j][0] and spans[i][1] < spans[j][2] and spans[j][1] < spans[i][2]:
+                raise ValueError(f"normalize_channels: {names[i]} shares memory with {names[j]} (a view of it, or "
+                                 f"the same tensor): normalising in place would standardise those pixels twice; "
+                                 f"pass a copy (.clone())")
+
+
 def normalize_channels(
     x_train: Tensor, *others: Tensor, chunk_size: int = 4096
 ) -> tuple[tuple[float, ...], tuple[float, ...], list[Tensor]]:
@@ -411,6 +431,7 @@ def normalize_channels(
             got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"normalize_channels: others[{i}] must be float images (N, {C}, H, W) "
                              f"like x_train, got {got}")
+    _refuse_shared_memory((x_train, *others))
     count = max(N * H * W, 1)
     total = torch.zeros(C, dtype=torch.float64, device=x_train.device)
     for chunk in x_train.split(chunk_size):

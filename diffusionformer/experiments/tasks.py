@@ -73,6 +73,9 @@ class ClassificationTask:
                  augment: Mapping[str, Any] | None = None, label_smoothing: float = 0.0) -> None:
         self.data = data
         self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
+        if augment is not None and not isinstance(augment, Mapping):  # True or ["flip"]: a bare error of dict()
+            raise TypeError(f"augment must be a dict {{'crop_padding': int, 'flip': bool}} or None, got "
+                            f"{_value_type(augment)} ({augment!r})")
         augment = dict(augment or {})
         unknown = sorted(set(augment) - set(AUGMENT_KEYS))
         if unknown:
