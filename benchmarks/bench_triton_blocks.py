@@ -13,7 +13,7 @@ block sizes, warps and stages: ``bwd_m``, ``bwd_n``, ``bwd_num_warps``, ``bwd_nu
 forward geometry at its default). Every configuration is
 timed in the same interleaved rounds as the default geometry (``_common.measure``), so the table
 gives ratios to the default with their IQR, and every configuration's output (and, for
-forward+backward, ``dq``) is compared with the default's: a geometry the kernels get wrong shows
+forward+backward, ``dq``, ``dk`` and ``dv``) is compared with the default's: a geometry the kernels get wrong shows
 as a difference, not only as a time. A configuration that does not compile (shared memory, for
 instance) is listed with its error. The fastest correct configuration per workload and mode ends
 the report, ready to be written into ``BLOCKS``.
@@ -88,8 +88,10 @@ def runner(q, k, v, c, backward: bool, blocks: dict[str, Any], g: torch.Tensor |
             with torch.no_grad():
                 return polynomial_attention(q, k, v, c, is_causal=True)
         out = polynomial_attention(q, k, v, c, is_causal=True)
-        (dq,) = torch.autograd.grad(out, (q,), g)
-        return out, dq
+        # dk and dv too: the backward geometry (bwd_m x bwd_n) tiles _bwd_dkdv as well as _bwd_dq, so a geometry
+        # the dk/dv kernel gets wrong must show in the check (the backward computes all three either way)
+        grads = torch.autograd.grad(out, (q, k, v), g, allow_unused=True)
+        return (out, *grads)
     return run
 
 
@@ -116,7 +118,7 @@ def run_job(dev: str, default: dict[str, Any]) -> Callable[[list[tuple[Any, ...]
 
 def max_diff(a: Any, b: Any) -> float:
     if isinstance(a, tuple):
-        return max(max_diff(x, y) for x, y in zip(a, b))
+        return max(max_diff(x, y) for x, y in zip(a, b) if x is not None and y is not None)
     return (a.float() - b.float()).abs().max().item()
 
 
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> C.Report:
                                 best.setdefault((wname, mode), []).append((r[0], row[0]))
                     rep.table(f"{wname}, (B, N, D, H) = {(B, N, D, H)}, causal, {mode}, bf16; median of {rounds} "
                               "interleaved rounds; ratio [IQR] to the default geometry (first row); max |difference| "
-                              "from the default's output" + (" and dq" if backward else ""),
+                              "from the default's output" + (", dq, dk and dv" if backward else ""),
                               ["configuration", "ms", "/ default", "max diff"], rows)
                 del q, k, v, c
                 if dev == "cuda":
