@@ -367,7 +367,7 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
 
 
 def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[float | None, int | None]:
-    """``(metric, step)`` of the evaluation with the best ``task.select_by`` (the earliest among ties).
+    """``(metric, step)`` of the evaluation with the best ``task.select_by`` (the earliest step among ties, in any log order).
 
     ``select_by`` is maximised unless its name ends in ``loss``. ``(None, None)`` when no
     evaluation has both keys.
@@ -383,8 +383,9 @@ def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[
         raise ValueError(f"task {task.name!r} has no select_by key")
     key, sign = task.select_by, (-1.0 if task.select_by.endswith("loss") else 1.0)
     best: tuple[float, int, float] | None = None
-    for r in records:
-        m = as_metrics(r) if r.get("split") == "eval" else {}
+    # in step order, as first_reach: a log whose evaluations are not in step order keeps the earliest of a tie
+    for r in sorted((r for r in records if r.get("split") == "eval"), key=lambda r: int(r["step"])):
+        m = as_metrics(r)
         if key in m and task.metric in m and _is_finite(m[key]):
             score = sign * m[key]
             if best is None or score > best[0]:
