@@ -303,6 +303,8 @@ def frequency_response(coeffs: Tensor, lambdas: Tensor) -> Tensor:
         got = tuple(lambdas.shape) if isinstance(lambdas, Tensor) else type(lambdas).__name__
         raise ValueError(f"lambdas must be a tensor of shape (L,), got {got}")
     for name, t in (("coeffs", coeffs), ("lambdas", lambdas)):
+        if t.layout != torch.strided:  # else a bare NotImplementedError ("aten::ne.Scalar ... SparseCPU")
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}: pass {name}.to_dense()")
         if t.is_floating_point() or t.is_complex():  # else f(lambda) is a silent NaN, as nowhere else here
             if checks_values(t) and not bool(torch.isfinite(t).all()):
                 raise ValueError(f"{name} holds NaN or inf values: the frequency response is undefined for them")
@@ -310,7 +312,9 @@ def frequency_response(coeffs: Tensor, lambdas: Tensor) -> Tensor:
     c = coeffs.to(dtype).unsqueeze(-1)  # (..., K+1, 1)
     lam = lambdas.to(device=coeffs.device, dtype=dtype)  # (L,)
     K = c.shape[-2] - 1
-    f = c[..., K, :].expand(*c.shape[:-2], lam.shape[0])
+    # a copy: for K = 0 the expanded c_0 was returned as is, a stride-0 view (of coeffs itself for float64
+    # coeffs) that in-place ops refuse or write through to the caller's coefficients
+    f = c[..., K, :].expand(*c.shape[:-2], lam.shape[0]).clone()
     for k in range(K - 1, -1, -1):
         f = f * lam + c[..., k, :]
     return f
