@@ -301,10 +301,15 @@ class Trainer:
     ) -> None:
         path = payload["_path"]
         self._check_same_training_state(payload, optimizer)
+        # load_state_dict takes every group entry from the file, the kernel flags too: a CUDA run's fused=True would
+        # run torch's fused CPU kernel on a CPU resume, a CPU run's None the loop on CUDA; keep build_optimizer's choice
+        kernels = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in optimizer.param_groups]
         with _entries_fit(path, "the state of this model and optimizer, got one that does not fit"):
             self.model.load_state_dict(payload["model"])
             optimizer.load_state_dict(payload["optimizer"])
             _check_optimizer_state_shapes(optimizer)
+        for group, kernel in zip(optimizer.param_groups, kernels):
+            group.update(kernel)
         # _save never writes non-finite parameters: a checkpoint holding some is not a "last good" one to resume from
         bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
         if bad:
