@@ -108,6 +108,38 @@ def _check_model_record(saved: Any, model: nn.Module, ckpt: Path, ident_path: Pa
                               f"ones written by a different model ({'; '.join(diffs)}); was {ident_path.name} edited?")
 
 
+def _runs_below(folder: Path, limit: int = 3) -> str:
+    """`` (did you mean ...?)`` naming up to ``limit`` run directories below ``folder`` (an experiment's output
+    folder, its ``runs`` folder or a task's), else ``""``: the bare "is it a run directory?" left the user to find
+    the ``runs/<task>/<operator>/seed<k>`` layout on their own."""
+    found: list[Path] = []
+    try:  # the runner's layout only, shallowest first: not a walk of every folder below a home directory
+        for pattern in ("seed*", "*/seed*", "*/*/seed*", "runs/*/*/seed*", "*/runs/*/*/seed*"):
+            found += sorted(p.parent for p in folder.glob(f"{pattern}/{RUN_CONFIG_NAME}") if p.is_file())
+            if found:
+                break
+    except OSError:
+        return ""
+    if not found:
+        return ""
+    more = " ..." if len(found) > limit else ""
+    return f" (did you mean a run directory below it: {', '.join(str(p) for p in found[:limit])}{more}?)"
+
+
+def _check_summary_step(summary: dict[str, Any], step: int, summary_path: Path, ckpt: Path) -> None:
+    """A warning when ``summary.json`` reports the results of another step than the checkpoint's: its ``eval``
+    (and status) then describe other weights than ``run.model`` (a checkpoint copied in from another run, or an
+    older one put back), which the runner itself refuses to pair (it rebuilds learned operators only from the
+    checkpoint of the summary's step)."""
+    import warnings
+
+    said = summary.get("step") if summary.get("status") == "completed" else summary.get("last_checkpoint_step")
+    if isinstance(said, int) and not isinstance(said, bool) and said != step:
+        warnings.warn(f"load_run: {summary_path} reports step {said} ({summary.get('status')!r}), but the "
+                      f"checkpoint {ckpt} holds step {step}: run.summary does not describe run.model's weights",
+                      stacklevel=3)
+
+
 def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu") -> LoadedRun:
     """Rebuild the model of a run directory with its trained weights, its config and its metrics.
 
@@ -149,9 +181,15 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
         raise FileNotFoundError(f"load_run: expected a run directory (.../runs/<task>/<operator>/seed<k>), got missing {rdir}")
     ident_path = rdir / RUN_CONFIG_NAME
     if not ident_path.is_file():
+        if ident_path.exists() or ident_path.is_symlink():  # a FIFO or a folder there is not "none"
+            from diffusionformer._files import file_kind
+
+            what = ("a symbolic link to a missing file" if not ident_path.exists()
+                    else file_kind(ident_path.stat().st_mode))
+            raise FileNotFoundError(f"load_run: expected {ident_path} to be a file, got {what}")
         raise FileNotFoundError(
             f"load_run: expected {ident_path} (written by `python -m diffusionformer.experiments run` when a run "
-            f"starts), got none; is {rdir} a run directory?"
+            f"starts), got none; is {rdir} a run directory?{_runs_below(rdir)}"
         )
     from diffusionformer.experiments.results import read_json_dict
 
@@ -197,6 +235,8 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
 
             warnings.warn(f"load_run: {summary_path} is unreadable (truncated or not a JSON object); "
                           "run.summary is None", stacklevel=2)
+    if summary is not None:
+        _check_summary_step(summary, int(payload["step"]), summary_path, ckpt)
     metrics = read_metrics(rdir) if (rdir / "metrics.jsonl").is_file() else []
     try:
         train_config = TrainConfig.from_dict(payload["config"])
