@@ -92,7 +92,8 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
     ``"random_walk"``: :class:`~torch_geometric.transforms.AddRandomWalkPE` with
     ``walk_length = pe_dim`` (the return probabilities of 1..k-step random walks; Dwivedi et
     al., "Graph Neural Networks with Learnable Structural and Positional Representations",
-    ICLR 2022), sign-free; a repeated edge counts as often as it is listed, at every size.
+    ICLR 2022), sign-free; a repeated edge counts as often as it is listed, at every size, and
+    an ``edge_weight`` ``w`` is the step's weight: probability ``w / (sum of the source's weights)``.
 
     Args:
         config: the model config (``pe`` and ``pe_dim``).
@@ -143,20 +144,34 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
 class _RandomWalkPE(AddRandomWalkPE):
     """PyG's random-walk PE, with a repeated edge counted in the walk's matrix on graphs of up to 2000 nodes too:
     PyG's dense path there wrote ``1 / deg`` once per node pair (rows summing below 1: no probabilities), its
-    sparse path for larger graphs summed them, so the same graph got another PE inside a larger one."""
+    sparse path for larger graphs summed them, so the same graph got another PE inside a larger one. An edge of
+    weight ``w`` is taken with probability ``w / sum of its source's weights`` (``D^-1 A``): PyG gave every edge
+    ``1 / max(1, sum)``, its own weight ignored (weights 2 and 3: rows summing below 1; weights 0.5: "return
+    probabilities" of 2)."""
 
     def forward(self, data: Any) -> Any:
+        from torch_geometric.utils import get_self_loop_attr, to_edge_index, to_torch_csr_tensor
+
         N = data.num_nodes
-        if N > 2000:  # PyG's sparse path (a CSR matrix sums repeated entries)
-            return super().forward(data)
         row, col = data.edge_index
         value = torch.ones(row.shape[0], device=row.device) if data.edge_weight is None else data.edge_weight
-        value = 1.0 / scatter(value, row, dim_size=N, reduce="sum").clamp(min=1)[row]  # as PyG weighs an edge
-        adj = torch.zeros(N, N, dtype=value.dtype, device=row.device).index_put_((row, col), value, accumulate=True)
-        out, pe = adj, [adj.diagonal()]
+        value = value.to(torch.promote_types(value.dtype, torch.get_default_dtype()))  # integer weights divide
+        deg = scatter(value, row, dim_size=N, reduce="sum")[row]
+        value = torch.where(deg != 0, value / torch.where(deg != 0, deg, 1), 0)  # D^-1 A (a zero-weight row: 0)
+        sparse = N > 2000  # as PyG: a CSR matrix (which sums repeated entries) for large graphs
+
+        def diag(out: Tensor) -> Tensor:
+            return get_self_loop_attr(*to_edge_index(out), num_nodes=N) if sparse else out.diagonal()
+
+        if sparse:
+            adj = to_torch_csr_tensor(data.edge_index, value, size=(N, N))
+        else:
+            adj = torch.zeros(N, N, dtype=value.dtype, device=row.device).index_put_((row, col), value,
+                                                                                     accumulate=True)
+        out, pe = adj, [diag(adj)]
         for _ in range(self.walk_length - 1):
             out = out @ adj
-            pe.append(out.diagonal())
+            pe.append(diag(out))
         return add_node_attr(data, torch.stack(pe, dim=-1), attr_name=self.attr_name)
 
 
