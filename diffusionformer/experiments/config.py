@@ -33,6 +33,7 @@ import math
 import numbers
 import os
 import sys
+import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,10 +326,12 @@ class ExperimentConfig:
                 raise ValueError(f"duplicate {what} names: {sorted(dup)}")
             folded: dict[str, str] = {}
             for n in names:  # each name is a run folder: one folder on macOS's and Windows' default file systems
-                other = folded.setdefault(n.casefold(), n)
+                # NFC too: macOS's file systems ignore Unicode normalization ("\u00e9" and "e\u0301" are one name)
+                other = folded.setdefault(unicodedata.normalize("NFC", n).casefold(), n)
                 if other != n:
-                    raise ValueError(f"{what} names {other!r} and {n!r} differ only in case: their run folders would "
-                                     "be one folder on a case-insensitive file system (macOS, Windows); rename one")
+                    raise ValueError(f"{what} names {other!r} and {n!r} differ only in case or in Unicode normalization "
+                                     "(a composed accent against a combining one): their run folders would be one "
+                                     "folder on a case-insensitive file system (macOS, Windows); rename one")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"duplicate seeds: {self.seeds}")
         for task in self.tasks:
@@ -486,6 +489,13 @@ def _entry_end(names: list[Any], path: list[str], i: int) -> int | None:
     return None
 
 
+def _first_name(entries: Any) -> Any:
+    """The name of the first of ``entries`` (a config's raw ``operators``), None where there is none."""
+    if isinstance(entries, list) and entries and isinstance(entries[0], dict):
+        return entries[0].get("name")
+    return None
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key.path=value`` overrides to a raw config dict.
 
@@ -502,7 +512,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for text in overrides:
         path, value = parse_override(text)
         if path[0] in ("tasks", "operators") and len(path) == 1:
-            wanted = value if isinstance(value, list) else [v.strip() for v in str(value).split(",") if v.strip()]
+            # names as written: a bare name that reads as a TOML number, bool or date ("0.50", "true", "1_000") is the
+            # name, not the value's str() ("0.5", "True", "1000"), which names no entry
+            listed = value if isinstance(value, (list, str)) else text.split("=", 1)[1]
+            wanted = listed if isinstance(listed, list) else [v.strip() for v in listed.split(",") if v.strip()]
             if not wanted:  # "tasks=" or "tasks=," would keep nothing to run
                 raise ValueError(f"override {text!r}: name at least one of the {path[0]} to keep")
             entries = data.get(path[0], [])
@@ -514,10 +527,14 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if missing:
                 raise ValueError(f"override {text!r}: no {path[0]} named {missing}; available: {known}"
                                  f"{_did_you_mean(str(missing[0]), [k for k in known if isinstance(k, str)])}")
+            baseline = _first_name(data.get("operators"))
             data[path[0]] = [e for e in entries if e.get("name") in wanted]
             if isinstance(data.get("primary"), list):  # the primary contrasts that still run ('task:setting' or 'setting')
                 tasks_kept = [e.get("name") for e in data.get("tasks", [])]
-                settings_kept = [e.get("name") for e in data.get("operators", [])][1:]
+                # each contrast is against the baseline (the first setting): with it dropped, none of them runs (else
+                # "b" would become b against the new first setting, a contrast not named before the runs)
+                settings_kept = [e.get("name") for e in data.get("operators", [])][1:] \
+                    if _first_name(data.get("operators")) == baseline else []
                 data["primary"] = [p for p in data["primary"] if isinstance(p, str)
                                    and p.rpartition(":")[2] in settings_kept
                                    and p.rpartition(":")[0] in ("", *tasks_kept)]

@@ -147,11 +147,12 @@ def test_a_filter_naming_an_unknown_task_is_refused_not_narrowed():
 
 def test_a_filter_that_makes_a_primary_setting_the_baseline_drops_that_contrast():
     """kills: experiments/config.py:396 ``settings_kept = [...][1:]`` -> ``[...]`` (``operators=lap,lap2``
-    makes lap the baseline; a primary contrast naming lap then fails the load: "is the baseline")"""
+    makes lap the baseline; a primary contrast naming lap then fails the load: "is the baseline"); lap2 was named
+    against the dropped baseline, so it is no primary contrast either (test_edge_probes_config_third)"""
     raw = _raw(primary=["lap", "lap2"])
     raw["operators"].append({"name": "lap2", "laplacian_heads": 2})
     cfg = load_experiment_config(raw, ["operators=lap,lap2"])
-    assert [o.name for o in cfg.operators] == ["lap", "lap2"] and cfg.primary == ["lap2"]
+    assert [o.name for o in cfg.operators] == ["lap", "lap2"] and cfg.primary == []
 
 
 def test_a_folder_given_as_the_config_is_a_clear_error_and_exit_2(tmp_path, capsys):
