@@ -25,6 +25,7 @@ import select
 import shlex
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from diffusionformer.config import _closest_choice
@@ -144,9 +145,17 @@ def _size_threads(args: argparse.Namespace) -> None:
         print(plan.describe(), file=sys.stderr)
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as the command line shows it: ``warning: <message>``, not the file, line and source line of the
+    library code that raised it (which names nothing the user can act on)."""
+    return f"warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        code = _main(argv)
+        with warnings.catch_warnings():  # restores the formatter for a caller of main() (a test)
+            warnings.formatwarning = _one_line_warning
+            code = _main(argv)
         if sys.stdout is not None:
             sys.stdout.flush()  # a reader gone early (`status c.toml | head -3`) is met here, not at the exit's flush
         return code
@@ -189,6 +198,9 @@ def _main(argv: list[str] | None) -> int:
     from diffusionformer.experiments.config import load_experiment_config
 
     try:
+        for flag in ("out", "to"):  # Path("") is the current folder: `--out "$UNSET"` would write into it
+            if getattr(args, flag, None) == "":
+                raise ValueError(f"--{flag}: expected a folder, got an empty path")
         if args.command == "list":
             from diffusionformer.data import list_datasets
             from diffusionformer.models import get_preset, list_models

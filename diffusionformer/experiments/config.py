@@ -578,6 +578,8 @@ def load_experiment_config(path: str | Path | Mapping[str, Any], overrides: list
         data = dict(path)
         where = "config"
     else:
+        if isinstance(path, str) and not path:  # Path("") is the current folder: not the folder the user named
+            raise FileNotFoundError("experiment config path is empty; expected a TOML file")
         p = Path(path)
         if p.is_dir():  # a folder where the TOML file was meant (e.g. experiments/configs)
             inside = sorted(p.glob("*.toml"))
