@@ -11,6 +11,8 @@ run is bit-identical) and evaluates deterministically on fixed held-out data.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 import operator
@@ -408,6 +410,30 @@ class NodeTask:
         return full_graph_metrics(model, self.data)
 
 
+@functools.lru_cache(maxsize=64)
+def _takes_num_graphs(cls: type) -> bool:
+    """Whether ``cls.forward`` has a ``num_graphs`` parameter (read once per class: not at every step)."""
+    try:
+        return "num_graphs" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
+
+
+def _graph_logits(model: nn.Module, batch: Any) -> Tensor:
+    """``model``'s logits of the graphs of ``batch``, with ``num_graphs`` where its forward takes it: a trailing
+    graph without nodes has no id in ``batch.batch``, and a readout sized ``batch.max() + 1`` gave it no row."""
+    inner = model
+    for _ in range(4):  # the model inside DDP or torch.compile, whose forwards take any keyword
+        wrapped = getattr(inner, "module", None)
+        wrapped = wrapped if isinstance(wrapped, nn.Module) else getattr(inner, "_orig_mod", None)
+        if not isinstance(wrapped, nn.Module):
+            break
+        inner = wrapped
+    if _takes_num_graphs(type(inner)):
+        return model(batch.x, batch.edge_index, batch.batch, num_graphs=batch.num_graphs)
+    return model(batch.x, batch.edge_index, batch.batch)
+
+
 class GraphClassificationTask:
     """Graph classification over mini-batches of PyG graphs."""
 
@@ -434,7 +460,7 @@ class GraphClassificationTask:
         return Batch.from_data_list(graphs[rank * per : (rank + 1) * per])
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[Tensor, dict[str, Any]]:
-        logits = model(batch.x, batch.edge_index, batch.batch)
+        logits = _graph_logits(model, batch)
         y = batch.y.view(-1)
         return F.cross_entropy(logits.float(), y), {"acc": _accuracy(logits.detach(), y)}
 
@@ -449,7 +475,7 @@ class GraphClassificationTask:
             loss_sum, correct = 0.0, 0.0
             for i in range(0, len(graphs), self.eval_batch_size):
                 b = Batch.from_data_list(graphs[i : i + self.eval_batch_size]).to(device)
-                logits = model(b.x, b.edge_index, b.batch).float()
+                logits = _graph_logits(model, b).float()
                 y = b.y.view(-1)
                 loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
                 correct += _num_correct(logits, y)
