@@ -69,7 +69,9 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
     stored = original if own is None or inherited else own[name]
     # the kind of method, found where it is defined (an inherited static or class method looks up as a function)
     static = inspect.getattr_static(owner, name)
-    static_kind = isinstance(static, (staticmethod, classmethod))
+    # a callable that is no descriptor (a builtin such as ``math.sqrt``, a ``functools.partial``, an object with
+    # ``__call__``) is called without ``self`` through an instance: a plain-function wrapper would be bound to it
+    static_kind = isinstance(static, (staticmethod, classmethod)) or not hasattr(type(static), "__get__")
     # a class method patched on a class: ``original`` is bound to ``owner``, but a subclass calls it with its own class
     class_method = isinstance(owner, type) and isinstance(static, classmethod)
     seen = {"calls": 0}

@@ -66,6 +66,8 @@ def random_qkv(
     """
     B, H, N, C = (check_int(name, value, 0) for name, value in (("B", B), ("H", H), ("N", N), ("C", C)))
     seed = check_int("seed", seed, -(2**63))  # numpy ints too (manual_seed refused them: "an integer is required")
+    if seed >= 2**64:  # manual_seed's own error ("Overflow when unpacking long long") named no argument
+        raise ValueError(f"seed must be < 2**64, got {seed}")
     if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or dtype.is_complex):
         raise TypeError(f"dtype must be a floating or complex torch.dtype (Gaussian samples), got {dtype!r}")
     g = torch.Generator().manual_seed(seed)

@@ -1,7 +1,8 @@
 """What PyTorch allocates on the CPU during a call, from the profiler's memory events.
 
 CPU tensors have no ``torch.cuda.max_memory_allocated``; the profiler (``profile_memory=True``)
-records every allocation and free made while it runs. Allocation sizes are exact and
+records every allocation and free the calling thread makes while it runs (not those of other
+threads the call starts). Allocation sizes are exact and
 deterministic on the CPU, so tests can assert memory to the byte (what a layer keeps for its
 backward pass) and the benchmarks measure peaks the GPU will see (``benchmarks/bench_memory.py``).
 """
