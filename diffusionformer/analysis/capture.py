@@ -29,6 +29,7 @@ Dense models (ViT, GPT) give tokens ``(B, T, D)``. Graph models give nodes ``(N,
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -204,9 +205,35 @@ def _split_item(item: Any) -> tuple[Any, Tensor | None]:
     return item, None
 
 
+def _takes_num_graphs(model: nn.Module) -> bool:
+    """Whether the forward of ``model`` (the model inside DDP or torch.compile) has a ``num_graphs`` parameter."""
+    inner = model
+    for _ in range(4):  # wrappers' forwards take any keyword: read the wrapped model's own signature
+        wrapped = getattr(inner, "module", None)
+        wrapped = wrapped if isinstance(wrapped, nn.Module) else getattr(inner, "_orig_mod", None)
+        if not isinstance(wrapped, nn.Module):
+            break
+        inner = wrapped
+    return _forward_takes_num_graphs(type(inner))
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_takes_num_graphs(cls: type) -> bool:
+    """Whether ``cls.forward`` has a ``num_graphs`` parameter (read once per class: not at every training step)."""
+    try:
+        return "num_graphs" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
+
+
 def _default_forward(model: nn.Module, inputs: Any) -> Any:
     if _is_graph_batch(inputs):
-        return model(inputs.x, inputs.edge_index, getattr(inputs, "batch", None))
+        batch = getattr(inputs, "batch", None)
+        if batch is not None and _takes_num_graphs(model):
+            # a trailing graph without nodes has no id in `batch`: a readout sized batch.max() + 1 gave it no row,
+            # and the outputs of every later graph moved up by one (against the labels and the padded states)
+            return model(inputs.x, inputs.edge_index, batch, num_graphs=_num_graphs(inputs))
+        return model(inputs.x, inputs.edge_index, batch)
     if isinstance(inputs, (tuple, list)):
         return model(*inputs)
     return model(inputs)
@@ -640,7 +667,8 @@ def capture_dataset(
 
     - ``inputs`` a tensor (``model(inputs)``: images for a ViT, token ids for a GPT), a tuple of
       tensors (``model(*inputs)``) or a PyG ``Data``/``Batch``
-      (``model(b.x, b.edge_index, b.batch)``); pass ``forward(model, inputs)`` to call differently.
+      (``model(b.x, b.edge_index, b.batch)``, with ``num_graphs=b.num_graphs`` where the model's forward
+      takes it: a trailing graph without nodes keeps its row); pass ``forward(model, inputs)`` to call differently.
       A graph model needs the Data/Batch: its graphs are counted and cut by the batch vector, and a
       tuple ``(x, edge_index, batch)`` is refused with a ``TypeError``;
     - ``labels`` one per sequence ``(B,)``, per token ``(B, T)`` (``-100`` = none), or, for graph

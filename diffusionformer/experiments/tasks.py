@@ -11,8 +11,6 @@ run is bit-identical) and evaluates deterministically on fixed held-out data.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import numbers
 import operator
@@ -410,26 +408,12 @@ class NodeTask:
         return full_graph_metrics(model, self.data)
 
 
-@functools.lru_cache(maxsize=64)
-def _takes_num_graphs(cls: type) -> bool:
-    """Whether ``cls.forward`` has a ``num_graphs`` parameter (read once per class: not at every step)."""
-    try:
-        return "num_graphs" in inspect.signature(cls.forward).parameters
-    except (TypeError, ValueError):  # no signature to read
-        return False
-
-
 def _graph_logits(model: nn.Module, batch: Any) -> Tensor:
     """``model``'s logits of the graphs of ``batch``, with ``num_graphs`` where its forward takes it: a trailing
     graph without nodes has no id in ``batch.batch``, and a readout sized ``batch.max() + 1`` gave it no row."""
-    inner = model
-    for _ in range(4):  # the model inside DDP or torch.compile, whose forwards take any keyword
-        wrapped = getattr(inner, "module", None)
-        wrapped = wrapped if isinstance(wrapped, nn.Module) else getattr(inner, "_orig_mod", None)
-        if not isinstance(wrapped, nn.Module):
-            break
-        inner = wrapped
-    if _takes_num_graphs(type(inner)):
+    from diffusionformer.analysis.capture import _takes_num_graphs  # the model inside DDP or torch.compile
+
+    if _takes_num_graphs(model):
         return model(batch.x, batch.edge_index, batch.batch, num_graphs=batch.num_graphs)
     return model(batch.x, batch.edge_index, batch.batch)
 
