@@ -59,7 +59,15 @@ def test_reported_layers_match_float64_formulas_on_the_saved_model_whatever_the_
         for got, want in zip(res["layers"], expected):
             for key, value in want.items():
                 assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
-    assert results[0]["layers"] == results[1]["layers"]  # the seeded held-out subset: the same every call
+    # the seeded held-out subset: the same every call (up to float32 rounding: a batch of 7 and one of 30 multiply in
+    # other blockings, so the tokens agree to about 1e-7, not bit for bit)
+    for a, b in zip(results[0]["layers"], results[1]["layers"]):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(b[key], float):
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-8, nan_ok=True), key
+            else:  # the layer index, a metric left out (None)
+                assert a[key] == b[key], key
 
 
 def _study(out: Path) -> Any:
