@@ -249,7 +249,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         f"Python {manifest.get('python', '?')}",
         _commit_line(manifest),
         f"- **Training wall time:** {total / 60:.1f} min in all (per-run times in the tables)",
-        f"- **Per-run metric logs:** {len(logs)} files, `{config.name}/logs/<task>/<operator>/seed<k>.json` "
+        f"- **Per-run metric logs:** {len(logs)} files, {_code(config.name + '/logs/<task>/<operator>/seed<k>.json')} "
         "(training and evaluation records by step)" if logs else
         "- **Per-run metric logs:** not published for this study (it was published before `publish` copied them, "
         "and its raw results folder is not kept); the curve figures show mean ± std over seeds",
@@ -388,13 +388,26 @@ def _toctree_target(line: str) -> str:
     return (titled.group(1).strip() if titled else line).removesuffix(".md")
 
 
+def _code(text: str) -> str:
+    """``text`` as a markdown code span: fenced by one backtick more than its longest run of them (a name holding a
+    backtick closed a one-backtick span early), padded where it starts or ends with one.
+
+    Examples:
+        >>> _code("lap"), _code("a`b")
+        ('`lap`', '``a`b``')
+    """
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _primary_line(config: ExperimentConfig) -> str:
     if len(config.operators) == 1:
         return "none (one setting: nothing is compared)"
     if config.primary:
         words = config._primary_quantities_text()
         on = f", on the {words}" if words else ""
-        return (", ".join(f"`{p}`" for p in config.primary) + f" against the first setting{on}, named in the config "
+        return (", ".join(_code(p) for p in config.primary) + f" against the first setting{on}, named in the config "
                 "before it ran; every other comparison is exploratory")
     return ("none were named before this study ran, so every comparison on this page is exploratory: a p below 0.05 "
             "here suggests where to look, it does not establish an effect")

@@ -103,3 +103,29 @@ def test_bug_summary_table_shows_names_with_markdown_syntax_as_they_are(tmp_path
     assert rows[0] == ["task", "metric (baseline mean)", "__lap__"]
     assert rows[1][:2] == ["s_ / dig<b>its", "test_acc (0.5500)"]
     assert len(rows[1]) == 3
+
+
+@pytest.mark.parametrize("name", ["a`b", "x``y", "`z"])
+def test_bug_a_backtick_in_a_name_keeps_its_code_spans_whole(tmp_path, name):
+    """Bug: the page's metric-log path and primary contrasts are code spans fenced by one backtick: a comparison or
+    setting name holding one closed the span early and showed the rest as markdown (CommonMark: a span is fenced
+    by more backticks than any run inside it)."""
+    markdown_it = pytest.importorskip("markdown_it")
+    from diffusionformer.experiments.publish import _code
+
+    for text in (name, f"{name}/logs/<task>/<operator>/seed<k>.json"):
+        (para,) = [t for t in markdown_it.MarkdownIt("commonmark").parse(f"see {_code(text)} here") if t.type == "inline"]
+        assert [(c.type, c.content) for c in para.children] == [("text", "see "), ("code_inline", text),
+                                                                 ("text", " here")]
+
+
+def test_bug_a_comparison_name_with_a_backtick_keeps_the_log_path_whole_on_its_page(tmp_path):
+    markdown_it = pytest.importorskip("markdown_it")
+    from diffusionformer.experiments.publish import publish_experiment
+
+    out, docs, config = _study(tmp_path, "a`b", "digits", ("attention", "lap"))
+    text = publish_experiment(config, out, docs).read_text(encoding="utf-8")
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("- **Per-run metric logs:**")]
+    codes = [c.content for t in markdown_it.MarkdownIt("commonmark").parse(line) if t.type == "inline"
+             for c in t.children if c.type == "code_inline"]
+    assert codes == ["a`b/logs/<task>/<operator>/seed<k>.json"]
