@@ -341,6 +341,7 @@ def write_gap_section(page: str | Path, table: str) -> Path:
     """Put ``table`` under :data:`GAP_MARKER` at the end of ``page``, replacing an earlier copy; a reading written
     by hand after :data:`~diffusionformer.experiments.publish.READING_MARKER` stays after it."""
     page = Path(page)
+    page.parent.mkdir(parents=True, exist_ok=True)  # as plot_gaps makes it for the figures: not only with matplotlib
     text = page.read_text(encoding="utf-8") if page.is_file() else ""
     head, sep, reading = text.partition(READING_MARKER)
     text = head.split(GAP_MARKER)[0].rstrip() + "\n\n" + GAP_MARKER + "\n\n## Over-fitting: train/validation gap\n\n" + table
