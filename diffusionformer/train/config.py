@@ -41,14 +41,19 @@ def _check_int(name: str, value: Any, minimum: int | None = None, maximum: int |
     return value
 
 
+def _as_float(value: numbers.Real, what: str, expected: str, got: str) -> float:
+    """``float(value)``, or a ValueError "``what``: expected ``expected``, got ``got`` beyond the float range" for an
+    int (or Fraction) beyond it: float() raises a bare "int too large to convert to float" instead of giving inf."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{what}: expected {expected}, got {got} beyond the float range (|x| > 1.8e308)") from None
+
+
 def _check_float(name: str, value: Any, minimum: float, *, strict: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"TrainConfig.{name}: expected float, got {_type_name(value)} ({value!r})")
-    try:
-        value = float(value)
-    except OverflowError:  # an int (or Fraction) beyond the float range: float() raises instead of giving inf
-        raise ValueError(f"TrainConfig.{name}: expected a finite float, got {_type_name(value)} beyond the float "
-                         "range (|x| > 1.8e308)") from None
+    value = _as_float(value, f"TrainConfig.{name}", "a finite float", _type_name(value))
     if not math.isfinite(value):
         raise ValueError(f"TrainConfig.{name}: expected a finite float, got {value}")
     if value < minimum or (strict and value == minimum):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import numbers
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +138,19 @@ class DistContext:
         """Destroy the process group if this context created it."""
         if self.owns_group and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _on_every_rank(ctx: DistContext, what: str, fn: Callable[[], Any], *, here: bool = True) -> None:
+    """``fn()`` where ``here`` (rank 0 alone writes the logs, checkpoints and summary), then
+    :func:`_raise_on_every_rank` with what it raised: if it failed on any rank, every rank stops at once. A
+    collective: every rank calls it, in the same order."""
+    error: Exception | None = None
+    if here:
+        try:
+            fn()
+        except Exception as err:
+            error = err
+    _raise_on_every_rank(ctx, error, what)
 
 
 def _raise_on_every_rank(ctx: DistContext, error: Exception | None, what: str) -> None:

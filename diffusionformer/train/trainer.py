@@ -26,8 +26,8 @@ from .checkpoint import (
     model_record_differences,
     save_checkpoint,
 )
-from .config import TrainConfig, _type_name, resolve_amp
-from .distributed import DistContext, _raise_on_every_rank, init_distributed, shard_batch
+from .config import TrainConfig, _as_float, _type_name, resolve_amp
+from .distributed import DistContext, _on_every_rank, _raise_on_every_rank, init_distributed, shard_batch
 from .errors import CheckpointError, NonFiniteLossError
 from .loggers import CSV_NAME, TENSORBOARD_DIR, open_loggers
 from .metrics import METRICS_NAME, write_json_atomic
@@ -78,16 +78,6 @@ def _check_optimizer_state_shapes(optimizer: torch.optim.Optimizer) -> None:
                     got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else _type_name(value)
                     raise ValueError(f"optimizer state {key!r} of parameter {name or tuple(p.shape)} to be a tensor "
                                      f"of its shape {tuple(p.shape)}, got {got}")
-
-
-def _metric_float(value: numbers.Real, what: str) -> float:
-    """``float(value)``, or a ValueError naming ``what`` for an int beyond the float range (a bare "int too large to
-    convert to float" otherwise)."""
-    try:
-        return float(value)
-    except OverflowError:
-        raise ValueError(f"{what}: expected a float or scalar tensor, got an int beyond the float range "
-                         "(|x| > 1.8e308)") from None
 
 
 class Trainer:
@@ -397,12 +387,8 @@ class Trainer:
             self._last_checkpoint_step = start
             self._last_checkpoint_path = Path(payload["_path"])  # resume=<path>: another folder's, until we save
         if self.resume is not False:
-            error: Exception | None = None
-            try:  # rewrites the logs on rank 0 only
-                self._log.truncate(start)
-            except Exception as err:
-                error = err
-            _raise_on_every_rank(ctx, error, f"cutting the logs back to the resumed step {start}")
+            # rewrites the logs on rank 0 only
+            _on_every_rank(ctx, f"cutting the logs back to the resumed step {start}", lambda: self._log.truncate(start))
         self.step = start
 
         train_model: nn.Module = self._given_model  # the model, or the torch.compile wrapper it was given in
@@ -484,13 +470,9 @@ class Trainer:
             # where the final weights are: another folder's after resume=<path> with nothing left to do
             "checkpoint": str(self._last_checkpoint_path),
         }
-        error = None
-        if ctx.is_main:
-            try:
-                write_json_atomic(self.summary_path, summary)
-            except Exception as err:  # else rank 0 fails the run while the others report it completed
-                error = err
-        _raise_on_every_rank(ctx, error, f"writing the summary {self.summary_path}")
+        # else rank 0 fails the run while the others report it completed
+        _on_every_rank(ctx, f"writing the summary {self.summary_path}",
+                       lambda: write_json_atomic(self.summary_path, summary), here=ctx.is_main)
         self.summary = summary
         return summary
 
@@ -637,7 +619,8 @@ class Trainer:
                     )
                 value = value.detach().float().reshape(()).to(device)
             elif isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy scalars too
-                value = torch.tensor(_metric_float(value, f"task.loss metrics[{name!r}]"), device=device)
+                value = torch.tensor(_as_float(value, f"task.loss metrics[{name!r}]", "a float or scalar tensor",
+                                               "an int"), device=device)
             else:
                 raise TypeError(
                     f"task.loss metrics[{name!r}]: expected a float or scalar tensor, got "
@@ -675,12 +658,9 @@ class Trainer:
                 metrics: dict[str, float]) -> dict[str, Any]:
         record = {"step": done, "split": split, "loss": loss, "lr": lr, "metrics": metrics,
                   "elapsed": self._elapsed(), "time": time.time()}
-        error: Exception | None = None
-        try:  # writes on rank 0 only (a full disk there stops every rank, not just rank 0)
-            self._log.append(record)
-        except Exception as err:
-            error = err
-        _raise_on_every_rank(self.ctx, error, f"writing the {split} record of step {done} to the loggers")
+        # writes on rank 0 only (a full disk there stops every rank, not just rank 0)
+        _on_every_rank(self.ctx, f"writing the {split} record of step {done} to the loggers",
+                       lambda: self._log.append(record))
         self._last[split] = record
         return record
 
@@ -714,7 +694,7 @@ class Trainer:
             if str(name) in metrics:  # else the later value replaced the earlier one in the log
                 raise ValueError(f"task.evaluate(): expected names that differ as strings (the log's keys), got keys "
                                  f"{sorted(map(repr, out))} naming {str(name)!r} more than once")
-            metrics[str(name)] = _metric_float(value, f"task.evaluate()[{name!r}]")
+            metrics[str(name)] = _as_float(value, f"task.evaluate()[{name!r}]", "a float or scalar tensor", "an int")
         loss = metrics.get("loss")
         self._record("eval", done, lr, loss, metrics)
         if self._pbar is not None and loss is not None and math.isfinite(loss):
@@ -756,13 +736,9 @@ class Trainer:
             "torch_version": str(torch.__version__),
         }
         self.ctx.barrier()
-        error: Exception | None = None
-        if self.ctx.is_main:
-            try:
-                save_checkpoint(self.checkpoint_path, payload)
-            except Exception as err:  # a full disk, a read-only folder: every rank stops, not just rank 0
-                error = err
-        _raise_on_every_rank(self.ctx, error, f"writing checkpoint {self.checkpoint_path} (step {done})")
+        # a full disk, a read-only folder: every rank stops, not just rank 0
+        _on_every_rank(self.ctx, f"writing checkpoint {self.checkpoint_path} (step {done})",
+                       lambda: save_checkpoint(self.checkpoint_path, payload), here=self.ctx.is_main)
         self._last_checkpoint_step = done
         self._last_checkpoint_path = self.checkpoint_path
 
