@@ -239,7 +239,7 @@ def format_status(rows: list[dict[str, Any]]) -> str:
                 if per_step is None or not r["max_steps"]:
                     unknown += 1
                 else:
-                    done_steps = r["resumes_from"] if r.get("resumes_from") is not None else r["step"]
+                    done_steps = r["step"] if resumes is None else resumes  # an unreadable checkpoint: as logged
                     left_total += per_step * (r["max_steps"] if r.get("changed") else max(r["max_steps"] - done_steps, 0))
     left = f"about {left_total / 60:.0f} min of training left on one worker"
     if unknown:

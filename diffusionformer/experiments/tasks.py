@@ -411,11 +411,9 @@ class NodeTask:
 def _graph_logits(model: nn.Module, batch: Any) -> Tensor:
     """``model``'s logits of the graphs of ``batch``, with ``num_graphs`` where its forward takes it: a trailing
     graph without nodes has no id in ``batch.batch``, and a readout sized ``batch.max() + 1`` gave it no row."""
-    from diffusionformer.analysis.capture import _takes_num_graphs  # the model inside DDP or torch.compile
+    from diffusionformer.analysis.capture import _default_forward  # the one call of a graph model on a PyG batch
 
-    if _takes_num_graphs(model):
-        return model(batch.x, batch.edge_index, batch.batch, num_graphs=batch.num_graphs)
-    return model(batch.x, batch.edge_index, batch.batch)
+    return _default_forward(model, batch)
 
 
 class GraphClassificationTask:
