@@ -21,6 +21,7 @@ Examples:
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,6 @@ def _check_summary_step(summary: dict[str, Any], step: int, summary_path: Path, 
     (and status) then describe other weights than ``run.model`` (a checkpoint copied in from another run, or an
     older one put back), which the runner itself refuses to pair (it rebuilds learned operators only from the
     checkpoint of the summary's step)."""
-    import warnings
-
     said = summary.get("step") if summary.get("status") == "completed" else summary.get("last_checkpoint_step")
     if isinstance(said, int) and not isinstance(said, bool) and said != step:
         warnings.warn(f"load_run: {summary_path} reports step {said} ({summary.get('status')!r}), but the "
@@ -231,8 +230,6 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     if summary_path.is_file():
         summary = read_json_dict(summary_path)
         if summary is None:  # truncated or not JSON: the weights are still good (the runner rebuilds it on resume)
-            import warnings
-
             warnings.warn(f"load_run: {summary_path} is unreadable (truncated or not a JSON object); "
                           "run.summary is None", stacklevel=2)
     if summary is not None:

@@ -97,9 +97,13 @@ def _repeat(x: Tensor, H: int) -> Tensor:
     return x if G == H else x.repeat_interleave(H // G, dim=1)
 
 
-def _check_cache_heads(cache: LayerKVCache, H: int, D: int) -> None:
-    """The per-query-head tensors of a filled cache (``powers[1:]``, ``queries``) hold ``H`` heads and its inputs
-    width ``D``, as the layer's: a cache of another layer with the same key/value heads passed the check of its keys."""
+def _check_cache_layer(cache: LayerKVCache, G: int, C: int, H: int, D: int) -> None:
+    """A filled cache was filled by a layer of this one's shapes (else a bare torch.cat error further on): its keys
+    hold ``G`` key/value heads of dim ``C``, its per-query-head tensors (``powers[1:]``, ``queries``) ``H`` heads and
+    its inputs width ``D`` (a cache of a layer with the same key/value heads passes the test of its keys)."""
+    if cache.keys.shape[1] != G or cache.keys.shape[3] != C:
+        raise ValueError(f"attend_cached: expected a cache of {G} key/value heads of dim {C} (this layer's), got keys "
+                         f"of shape {tuple(cache.keys.shape)}: the cache was filled by another layer; start a new one")
     got = [(f"powers[{k}]", tuple(p.shape), 1, H) for k, p in enumerate(cache.powers[1:], 1)]
     if cache.queries is not None:
         got.append(("queries", tuple(cache.queries.shape), 1, H))
@@ -183,11 +187,8 @@ def attend_cached(
     if cache.keys is not None and cache.keys.shape[0] != B:
         raise ValueError(f"attend_cached: expected batch size {cache.keys.shape[0]} (the cache's), got {B}")
     G = layer.num_kv_heads
-    if cache.keys is not None and (cache.keys.shape[1] != G or cache.keys.shape[3] != C):  # else a bare cat error
-        raise ValueError(f"attend_cached: expected a cache of {G} key/value heads of dim {C} (this layer's), got keys "
-                         f"of shape {tuple(cache.keys.shape)}: the cache was filled by another layer; start a new one")
-    if cache.keys is not None:  # same key/value heads, other query heads or width: else a bare cat error further on
-        _check_cache_heads(cache, H, D)
+    if cache.keys is not None:
+        _check_cache_layer(cache, G, C, H, D)
     if positions is not None and layer.rotary is None:  # as the layer's forward: never ignored silently
         raise ValueError("attend_cached: positions= places the tokens for a rotary embedding, and this layer has none "
                          "(build it with rotary=RotaryEmbedding(...)); positions would be ignored")
