@@ -269,8 +269,8 @@ def welch_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0
         mean = statistics.fmean(a) - statistics.fmean(b) if na and nb else None
         return Difference("Welch", min(na, nb), mean, level=level,
                           note=f"{na} and {nb} value(s): at least 2 on each side are needed")
-    sa, sb = statistics.stdev(a) / math.sqrt(na), statistics.stdev(b) / math.sqrt(nb)  # standard errors of each mean
-    se = math.hypot(sa, sb)  # not sqrt(va + vb): a variance of values beyond 1e154 overflows, below 1e-154 underflows
+    sa, sb = _standard_errors(a, b)
+    se = math.hypot(sa, sb)
     mean = statistics.fmean(a) - statistics.fmean(b)
     if _no_spread_either(a, b):
         se = 0.0
@@ -283,10 +283,10 @@ def welch_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0
     return _finish("Welch", min(na, nb), mean, se, df, level, None)
 
 
-def _welch_se(a: list[float], b: list[float]) -> float:
-    """:math:`\\sqrt{s_a^2/n_a + s_b^2/n_b}` without squaring the spreads (a variance of values beyond 1e154 is
-    past the float range, one of values below 1e-154 underflows)."""
-    return math.hypot(statistics.stdev(a) / math.sqrt(len(a)), statistics.stdev(b) / math.sqrt(len(b)))
+def _standard_errors(a: list[float], b: list[float]) -> tuple[float, float]:
+    """:math:`s_a / \\sqrt{n_a}` and :math:`s_b / \\sqrt{n_b}`, whose ``hypot`` is Welch's standard error: never the
+    variances (a variance of values beyond 1e154 is past the float range, one of values below 1e-154 underflows)."""
+    return statistics.stdev(a) / math.sqrt(len(a)), statistics.stdev(b) / math.sqrt(len(b))
 
 
 def wilcoxon_p(d: Sequence[float]) -> float | None:
@@ -427,7 +427,7 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
     _check_finite([*a, *b], "a and b")
     if len(a) < 2 or len(b) < 2:
         return None
-    return None if _no_spread_either(a, b) else (statistics.fmean(a) - statistics.fmean(b)) / _welch_se(a, b)
+    return None if _no_spread_either(a, b) else (statistics.fmean(a) - statistics.fmean(b)) / math.hypot(*_standard_errors(a, b))
 
 
 def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
