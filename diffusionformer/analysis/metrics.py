@@ -52,13 +52,19 @@ _REDUCTIONS = ("none", "mean", "sum")
 # ----------------------------------------------------------------------------------------
 
 
+def _check_dense(x: Tensor, name: str, hint: str = "") -> None:
+    """Refuse a sparse ``x`` by ``name`` (else a bare NotImplementedError, "aten::ne.Scalar ... SparseCPU", from the
+    value checks that follow)."""
+    if x.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}: pass {name}.to_dense(){hint}")
+
+
 def _check_float(x: object, name: str, ndims: tuple[int, ...], layout: str) -> Tensor:
     """Checks that ``x`` is a real floating tensor with one of the allowed ``ndims``."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
-    if x.layout != torch.strided:  # else a bare NotImplementedError ("aten::ne.Scalar ... SparseCPU") from the checks
-        hint = " or a sparse graph as dirichlet_energy(X, edge_index=..., edge_weight=...)" if name == "P" else ""
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}: pass {name}.to_dense(){hint}")
+    _check_dense(x, name, " or a sparse graph as dirichlet_energy(X, edge_index=..., edge_weight=...)" if name == "P"
+                 else "")
     if x.ndim not in ndims:
         raise ValueError(
             f"{name} must have shape {layout} ({' or '.join(map(str, ndims))} dims), "

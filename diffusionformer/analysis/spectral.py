@@ -20,6 +20,7 @@ from torch import Tensor
 
 from diffusionformer.analysis.metrics import (
     _check_choice,
+    _check_dense,
     _check_flag,
     _check_float,
     _check_tokens,
@@ -303,8 +304,7 @@ def frequency_response(coeffs: Tensor, lambdas: Tensor) -> Tensor:
         got = tuple(lambdas.shape) if isinstance(lambdas, Tensor) else type(lambdas).__name__
         raise ValueError(f"lambdas must be a tensor of shape (L,), got {got}")
     for name, t in (("coeffs", coeffs), ("lambdas", lambdas)):
-        if t.layout != torch.strided:  # else a bare NotImplementedError ("aten::ne.Scalar ... SparseCPU")
-            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}: pass {name}.to_dense()")
+        _check_dense(t, name)
         if t.is_floating_point() or t.is_complex():  # else f(lambda) is a silent NaN, as nowhere else here
             if checks_values(t) and not bool(torch.isfinite(t).all()):
                 raise ValueError(f"{name} holds NaN or inf values: the frequency response is undefined for them")
