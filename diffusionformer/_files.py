@@ -1,10 +1,13 @@
-"""File modes shared by every writer that goes through a temporary file (run files, checkpoints, data caches), and
-the words for a path that is not a regular file."""
+"""File modes shared by every writer that goes through a temporary file (run files, checkpoints, data caches), the
+words for a path that is not a regular file, and the folder lock that processes writing one folder take turns by."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from pathlib import Path
+from typing import Iterator
 
 
 def file_kind(mode: int) -> str:
@@ -40,3 +43,26 @@ def set_new_file_mode(fd: int) -> None:
     """Give the open temporary ``fd`` the mode of :func:`new_file_mode` (where ``os.fchmod`` exists)."""
     if hasattr(os, "fchmod"):
         os.fchmod(fd, new_file_mode())
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike[str]) -> Iterator[None]:
+    """An exclusive ``flock`` of ``folder`` itself (no file is added to it) while the block runs: processes writing
+    one folder take turns. Released by the kernel when a holder is killed; a no-op where ``fcntl`` is missing
+    (Windows) or the folder cannot be locked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    try:
+        fd = os.open(Path(folder), os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):  # a file system without locks: written unlocked, as before
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

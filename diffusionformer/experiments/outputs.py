@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -10,10 +9,11 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
+from diffusionformer._files import folder_lock
 from diffusionformer.experiments.config import ExperimentConfig
 from diffusionformer.experiments.results import (RunResult, _completed, _definition, _row_problem, read_json_dict,
                                                  run_dir)
@@ -163,29 +163,6 @@ def git_commit(path: str | Path | None = None) -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
-@contextlib.contextmanager
-def _folder_lock(folder: Path) -> Iterator[None]:
-    """An exclusive ``flock`` of ``folder`` itself (no file is added to it) while the block runs: processes writing
-    the outputs of one comparison at once (``--workers``, one invocation per seed) take turns. Released by the
-    kernel when a holder is killed; a no-op where ``fcntl`` is missing (Windows) or the folder cannot be locked."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        yield
-        return
-    try:
-        with contextlib.suppress(OSError):  # a file system without locks: written unlocked, as before
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
-
-
 def write_outputs(out: Path, config: ExperimentConfig, results: list[RunResult]) -> None:
     """Write ``results.json``, ``results.md`` and ``plots/`` of ``results`` into ``out`` (plots skipped without matplotlib).
 
@@ -195,7 +172,8 @@ def write_outputs(out: Path, config: ExperimentConfig, results: list[RunResult])
     comparison's table instead of replacing the others'. Processes writing one comparison's outputs
     at once take turns (a lock of ``out``), so none drops the rows another has just written.
     """
-    with _folder_lock(out):  # another writer's read-merge-write in between would drop the rows of one of the two
+    # the comparison's folder lock (processes writing its outputs at once: --workers, one invocation per seed)
+    with folder_lock(out):  # another writer's read-merge-write in between would drop the rows of one of the two
         results = list(results) + _other_finished_rows(out, results)
         rows = [r.__dict__ for r in results]
         table = aggregate(results)

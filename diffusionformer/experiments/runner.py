@@ -36,10 +36,11 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from diffusionformer._files import folder_lock as _folder_lock
 from diffusionformer.experiments.build import build_model, task_data
 from diffusionformer.experiments.config import (ExperimentConfig, OperatorSetting, TaskConfig, _did_you_mean,
                                                train_config)
-from diffusionformer.experiments.outputs import _folder_lock, git_commit
+from diffusionformer.experiments.outputs import git_commit
 from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)

@@ -28,7 +28,10 @@ so a takeover is done under a second lock, ``.lock.break``, claimed the same way
 winner re-reads ``.lock``, checks that it is still the same stale file, removes it and links
 its own; a worker that loses the ``.lock.break`` race reports the run as held and moves on.
 A ``.lock.break`` left by a worker killed in the middle of a takeover (a window of a few
-system calls) is removed once it is older than :data:`UNREADABLE_GRACE_S`.
+system calls) is removed once it is older than :data:`UNREADABLE_GRACE_S`. Removing it is a
+read-then-unlink, so the whole takeover also runs under an exclusive ``flock`` of the run's folder
+(where ``fcntl`` is there): else of three workers at one abandoned ``.lock.break``, one could
+remove the ``.lock.break`` that a second had just linked, and both would take the run over.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ import secrets
 import stat
 import time
 from pathlib import Path
+
+from diffusionformer._files import folder_lock
 
 __all__ = ["LOCK_NAME", "UNREADABLE_GRACE_S", "acquire_lock", "live_holder", "read_lock", "release_lock"]
 
@@ -252,6 +257,11 @@ def _take_over(rdir: Path, tmp: Path, stale: os.stat_result) -> bool | None:
     Returns True when we hold the lock now, False when someone else does (or is taking it
     over), None when the stale lock went away meanwhile (the caller tries again).
     """
+    with folder_lock(rdir):  # workers taking over one run take turns (the stale .lock.break removal below races else)
+        return _take_over_locked(rdir, tmp, stale)
+
+
+def _take_over_locked(rdir: Path, tmp: Path, stale: os.stat_result) -> bool | None:
     path, brk = rdir / LOCK_NAME, rdir / _BREAK_NAME
     if not _link_exclusive(tmp, brk):
         try:

@@ -11,7 +11,7 @@ Found and fixed (tests named ``test_bug_...``):
 * ``runner.run_experiment``: the manifest's read-merge-write ran outside the comparison's folder lock: an
   invocation that wrote between another's read and write (two calls on one comparison, one per seed, or two
   machines with another commit or CPU kernel set on a shared folder) had its commit dropped from ``git_commits``
-  (and its kernel set from ``cpu_kernel_sets``) for good. It now runs under :func:`outputs._folder_lock`, as the
+  (and its kernel set from ``cpu_kernel_sets``) for good. It now runs under :func:`diffusionformer._files.folder_lock`, as the
   results tables do.
 """
 
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from diffusionformer.experiments import load_experiment_config
 from diffusionformer.experiments import runner as runner_mod
-from diffusionformer.experiments.outputs import _folder_lock, merged_manifest
+from diffusionformer._files import folder_lock as _folder_lock
+from diffusionformer.experiments.outputs import merged_manifest
 from diffusionformer.experiments.results import read_json_dict
 from diffusionformer.experiments.runner import run_experiment
 from diffusionformer.train.metrics import write_json_atomic
