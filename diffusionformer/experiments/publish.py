@@ -561,7 +561,9 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
     in ``primary`` are marked ``[primary]`` on the quantities of its ``primary_quantities`` (exploratory
     otherwise, as on the comparison's page). A last line counts the cells below ``alpha``
     unadjusted, after Holm and after Benjamini-Hochberg. Tasks without finished runs are left
-    out; a cell with fewer seeds than the config asks for says how many it has.
+    out; a cell with fewer seeds than the config asks for says how many it has. A setting name that two
+    comparisons define differently (another head layout or ``model_overrides``) gets a column per definition,
+    headed with the comparisons that define it.
 
     Args:
         configs: the comparisons (their results under ``<out_root>/<name>/``).
@@ -592,8 +594,11 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
         raise FileNotFoundError(f"summary: no results under {str(out_root)!r} for {names} (looked for "
                                 f"{', '.join(str(Path(out_root) / n / 'results.json') for n in names)}); "
                                 "run the comparisons first, or pass the --out they were run with")
-    settings: list[str] = []
-    rows: list[tuple[str, str, dict[str, Any]]] = []
+    # a column per setting name and definition: one name defined differently by two comparisons (another head layout
+    # or model_overrides) gets a column each, labelled with the comparisons that define it so
+    settings: list[tuple[str, str]] = []
+    defined_in: dict[tuple[str, str], list[str]] = {}
+    rows: list[tuple[str, str, dict[tuple[str, str], Any]]] = []
     for config in configs:
         src = Path(out_root) / config.name
         if not (src / "results.json").is_file():
@@ -610,13 +615,17 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
             if not base_row.get(key_values):
                 continue
             sign = -1.0 if task.minimize else 1.0
-            cells: dict[str, Any] = {}
+            cells: dict[tuple[str, str], Any] = {}
             for setting in config.operators[1:]:
                 row = rows_of[setting.name]
                 if not row.get(key_values):
                     continue
-                if setting.name not in settings:
-                    settings.append(setting.name)
+                column = (setting.name, json.dumps([setting.heads, setting.laplacian_heads, setting.model_overrides],
+                                                   sort_keys=True, default=str))
+                if column not in settings:
+                    settings.append(column)
+                if config.name not in defined_in.setdefault(column, []):
+                    defined_in[column].append(config.name)
                 diff = compare_rows(row, base_row, key_values, folds=task.folds)
                 short = ""
                 if len(row[key_values]) < len(config.seeds) or len(base_row[key_values]) < len(config.seeds):
@@ -627,7 +636,7 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
                 # primary only on the quantities the config named (primary_quantities): the best-validation cell of
                 # a study that named the final metric is exploratory, as on its page
                 named = (task.name, setting.name) in primary and ("selected" if use_selected else "final") in quantities
-                cells[setting.name] = {"delta": None if diff.mean is None else sign * diff.mean, "p": diff.p,
+                cells[column] = {"delta": None if diff.mean is None else sign * diff.mean, "p": diff.p,
                                        "primary": named, "short": short}
             metric = task.metric + (f" at best {task.select_by}" if selected and task.select_by else "")
             rows.append((f"{_text(config.name)} / {_text(task.name)}", f"{_text(metric)} ({base_row[key_mean]:.4f})", cells))
@@ -642,7 +651,12 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
         return out + (" [primary]" if c["primary"] else "") + c["short"]
 
     # one cell per setting (none for a comparison of one setting: the header keeps the separator's two columns)
-    lines = ["| task | metric (baseline mean) |" + "".join(f" {_cell(_text(s))} |" for s in settings),
+    def label(column: tuple[str, str]) -> str:
+        if sum(1 for other in settings if other[0] == column[0]) == 1:
+            return column[0]
+        return f"{column[0]} ({', '.join(defined_in[column])})"
+
+    lines = ["| task | metric (baseline mean) |" + "".join(f" {_cell(_text(label(s)))} |" for s in settings),
              "|---|---|" + "---|" * len(settings)]
     lines += [f"| {_cell(name)} | {_cell(metric)} |" + "".join(f" {text(cells[s]) if s in cells else ''} |" for s in settings)
               for name, metric, cells in rows]

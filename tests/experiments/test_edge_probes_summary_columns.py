@@ -1,0 +1,59 @@
+"""``summary``'s columns: one per setting name and definition.
+
+Bug (left open in sitting 37, closed in 38): ``summary_table`` keyed its columns by the setting's name alone, so a
+name that two comparisons define differently (``lap`` with one Laplacian head in one, with two in another) shared
+one column: the table read as one setting measured on two comparisons.
+"""
+
+from __future__ import annotations
+
+import json
+
+from diffusionformer.experiments import load_experiment_config
+from diffusionformer.experiments.publish import summary_table
+from diffusionformer.experiments.results import RunResult, run_dir
+
+
+def _study(out, name, settings, values):
+    """A finished comparison ``name`` of one task; ``settings``: (name, laplacian_heads) pairs, the first the baseline."""
+    src = out / name
+    rows = []
+    for op, _ in settings:
+        for s, v in values[op].items():
+            rdir = run_dir(src, "t", op, s)
+            rdir.mkdir(parents=True)
+            rec = {"step": 2, "split": "eval", "metrics": {"test_acc": v}}
+            (rdir / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
+            (rdir / "summary.json").write_text(json.dumps({"status": "completed", "eval": rec}))
+            rows.append(RunResult("t", op, s, "completed", "test_acc", v, dict(rec["metrics"]), 10, 1.0))
+    (src / "results.json").write_text(json.dumps({"runs": [r.__dict__ for r in rows], "summary": []}))
+    return load_experiment_config({
+        "name": name, "seeds": [0, 1, 2], "operators": [{"name": o, "laplacian_heads": k} for o, k in settings],
+        "tasks": [{"name": "t", "dataset": "digits", "model": "vit-digits", "metric": "test_acc",
+                   "train": {"max_steps": 4}}]})
+
+
+BASE = {0: 0.5, 1: 0.6, 2: 0.7}
+
+
+def test_bug_one_name_defined_differently_by_two_comparisons_gets_two_columns(tmp_path):
+    """Bug: ``lap`` (one Laplacian head in A, two in B) was one column holding both comparisons' cells."""
+    a = _study(tmp_path, "A", [("attention", 0), ("lap", 1)], {"attention": BASE, "lap": {0: 0.6, 1: 0.7, 2: 0.8}})
+    b = _study(tmp_path, "B", [("attention", 0), ("lap", 2)], {"attention": BASE, "lap": {0: 0.3, 1: 0.4, 2: 0.5}})
+    lines = summary_table([a, b], tmp_path).splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == ["task", "metric (baseline mean)", "lap (A)", "lap (B)"]
+    row_a = [c.strip() for c in lines[2].strip("|").split("|")]
+    row_b = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert row_a[2].startswith("+0.1000") and row_a[3] == ""
+    assert row_b[2] == "" and row_b[3].startswith("-0.2000")
+
+
+def test_one_name_defined_alike_by_two_comparisons_keeps_one_column(tmp_path):
+    a = _study(tmp_path, "A", [("attention", 0), ("lap", 1)], {"attention": BASE, "lap": {0: 0.6, 1: 0.7, 2: 0.8}})
+    b = _study(tmp_path, "B", [("attention", 0), ("lap", 1)], {"attention": BASE, "lap": {0: 0.3, 1: 0.4, 2: 0.5}})
+    lines = summary_table([a, b], tmp_path).splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == ["task", "metric (baseline mean)", "lap"]
+    assert lines[2].split("|")[3].strip().startswith("+0.1000")
+    assert lines[3].split("|")[3].strip().startswith("-0.2000")
