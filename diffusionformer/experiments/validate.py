@@ -208,7 +208,9 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
             try:
                 model = _resolve_model(task, setting, data, preset, model_config)
             except (TypeError, ValueError, NotImplementedError) as exc:
-                add(f"{where} / setting {setting.name!r}: {_first_line(exc)}")
+                text = _first_line(exc)  # a model's own message may name the task already: not twice
+                text = text[len(where) + 2:] if text.startswith(f"{where}: ") else text
+                add(f"{where} / setting {setting.name!r}: {text}")
                 continue
             if task.minibatch:
                 _check_minibatch(task, setting, model, add)
