@@ -293,6 +293,8 @@ def per_class_split(
     num_train_per_class = _as_count("num_train_per_class", num_train_per_class)
     if num_train_per_class < 1:
         raise ValueError(f"num_train_per_class must be >= 1, got {num_train_per_class}")
+    if isinstance(val_fraction_of_rest, bool) or not isinstance(val_fraction_of_rest, numbers.Real):  # True: 1.0
+        raise ValueError(f"val fraction must be in [0, 1] (a number), got {val_fraction_of_rest!r}")
     if not 0.0 <= val_fraction_of_rest <= 1.0:
         raise ValueError(f"val fraction must be in [0, 1], got {val_fraction_of_rest}")
     if not labels.numel():
@@ -352,6 +354,9 @@ def seeded_subset(n: int, limit: int | None, seed: int) -> Tensor:
         >>> len(seeded_subset(100, 7, seed=0))
         7
     """
+    n = _as_count("n", n)  # a float n with limit None was arange(n): float "indices", one more than n for 10.5
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
     limit = _check_limit("limit", limit)
     if limit is None or limit >= n:
         return torch.arange(n)
@@ -365,6 +370,9 @@ def index_to_mask(index: Tensor, size: int) -> Tensor:
         >>> index_to_mask(torch.tensor([0, 2]), 4).tolist()
         [True, False, True, False]
     """
+    if index.numel() and not index.dtype.is_floating_point and index.dtype != torch.bool and int(index.min()) < 0:
+        # a negative index wrapped around: index -1 marked the last item
+        raise ValueError(f"index_to_mask: index values must lie in [0, {size}), got {int(index.min())}")
     mask = torch.zeros(size, dtype=torch.bool, device=index.device)
     mask[index] = True
     return mask
@@ -388,6 +396,21 @@ def _refuse_shared_memory(tensors: tuple[Tensor, ...]) -> None:
                 raise ValueError(f"normalize_channels: {names[i]} shares memory with {names[j]} (a view of it, or "
                                  f"the same tensor): normalising in place would standardise those pixels twice; "
                                  f"pass a copy (.clone())")
+
+
+def _in_place_refusal(t: Tensor) -> str | None:
+    """Why ``t.sub_`` would fail (an expanded view, a leaf that requires grad, an inference tensor), else None."""
+    if t.requires_grad and t.is_leaf and torch.is_grad_enabled():
+        return "it requires grad (a leaf cannot be modified in place)"
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        return "it is an inference tensor (not modifiable in place outside torch.inference_mode)"
+    dims = sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1)
+    extent = 0  # elements spanned by the smaller-stride dimensions
+    for s, n in dims:
+        if s <= extent:
+            return "its elements share memory (an expanded or overlapping view)"
+        extent += (n - 1) * s
+    return None
 
 
 def normalize_channels(
@@ -431,6 +454,11 @@ def normalize_channels(
             got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"normalize_channels: others[{i}] must be float images (N, {C}, H, W) "
                              f"like x_train, got {got}")
+    for name, t in zip(["x_train"] + [f"others[{i}]" for i in range(len(others))], (x_train, *others)):
+        why = _in_place_refusal(t)  # else x_train was already standardised when a later sub_ failed
+        if why is not None:
+            raise ValueError(f"normalize_channels: {name} cannot be normalised in place: {why}; pass a copy "
+                             f"(.clone()); nothing was modified")
     _refuse_shared_memory((x_train, *others))
     count = max(N * H * W, 1)
     total = torch.zeros(C, dtype=torch.float64, device=x_train.device)
