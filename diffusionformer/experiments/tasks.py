@@ -29,6 +29,7 @@ from diffusionformer.experiments._metrics import _num_correct
 from diffusionformer.experiments._metrics import accuracy as _accuracy
 from diffusionformer.experiments._metrics import full_graph_metrics
 from diffusionformer.models import DINOConfig, GCNConfig, GINConfig, GPTConfig, GraphTransformerConfig, ViTConfig
+from diffusionformer.ops._checks import checks_values
 
 __all__ = ["TaskAdapter", "build_task", "find_adapter", "heldout_batches", "model_overrides_for_data",
            "register_task_adapter", "task_adapter"]
@@ -332,6 +333,16 @@ class SequenceLMTask:
         self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
         self._per_row: float | None = None
 
+    def _check_targets(self, y: Tensor) -> None:
+        """A negative target other than ``ignore_index`` (``-100`` in data whose ``ignore_index`` is ``-1``) was
+        counted as a target, of the loss scale, the accuracy and the evaluation's count, while the model's loss
+        and the evaluation's cross-entropy skipped it; read on CPU in eager mode only (no host sync)."""
+        if checks_values(y):
+            bad = (y < 0) & (y != self.data.ignore_index)
+            if bool(bad.any()):
+                raise ValueError(f"SequenceLMTask: targets hold {int(y[bad][0])}, a negative id that is not the "
+                                 f"data's ignore_index={self.data.ignore_index}; expected token ids >= 0 or ignore_index")
+
     def _targets_per_row(self) -> float:
         """The training split's mean number of targets per row (1.0 when it has none: every loss is then 0)."""
         if self._per_row is None:
@@ -353,6 +364,7 @@ class SequenceLMTask:
         NaN loss (a "non-finite loss" stop). A batch without targets has loss 0 and zero gradients.
         """
         x, y = batch
+        self._check_targets(y)
         mask = y != self.data.ignore_index
         # the model ignores -100 (IGNORE_INDEX): the data's own ignore_index was scored as a target (0: token 0)
         logits, loss = model(x, y if self.data.ignore_index == IGNORE_INDEX else y.masked_fill(~mask, IGNORE_INDEX))
@@ -369,6 +381,7 @@ class SequenceLMTask:
         loss_sum, correct, count = 0.0, 0.0, 0
         for i in range(0, x.shape[0], self.eval_batch_size):
             xb, yb = x[i : i + self.eval_batch_size].to(device), y[i : i + self.eval_batch_size].to(device)
+            self._check_targets(yb)
             logits = model(xb)[0].float()
             mask = yb != self.data.ignore_index
             loss_sum += F.cross_entropy(logits[mask], yb[mask], reduction="sum").item()

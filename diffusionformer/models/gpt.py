@@ -200,7 +200,7 @@ class DiffusionGPT(nn.Module):
         _check_flag(return_intermediates, "return_intermediates")
         self._check_idx(idx)
         B, T = idx.shape
-        if T > self.config.block_size:
+        if T > self._block_size():
             raise ValueError(f"sequence length T={T} exceeds block_size={self.config.block_size}")
         if targets is not None and not isinstance(targets, Tensor):  # a numpy array's shape read "(2, 8), got (2, 8)"
             raise TypeError(f"targets must be a torch.Tensor of token ids, got {type(targets).__name__}")
@@ -242,6 +242,18 @@ class DiffusionGPT(nn.Module):
         if idx.device.type == "cpu" and not torch.compiler.is_compiling():  # no host sync on accelerators
             _check_token_ids("idx", idx, self.config.vocab_size)
 
+    def _block_size(self) -> int:
+        """``config.block_size``, checked against the model: a value set after the model was built (the config is
+        a plain dataclass) beyond its position embeddings failed with a bare IndexError inside ``nn.Embedding``."""
+        size = self.config.block_size
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+            raise ValueError(f"config.block_size: expected a positive int, got {size!r}")
+        size = int(size)
+        if self.pos_emb is not None and size > self.pos_emb.num_embeddings:
+            raise ValueError(f"config.block_size={size} exceeds the {self.pos_emb.num_embeddings} position embeddings "
+                             "the model was built with (block_size changed after building?); build a new model")
+        return size
+
     def new_cache(self) -> list[LayerKVCache]:
         """An empty KV cache, one :class:`~diffusionformer.nn.kv_cache.LayerKVCache` per block."""
         return [LayerKVCache() for _ in self.blocks]
@@ -269,7 +281,7 @@ class DiffusionGPT(nn.Module):
             raise ValueError(f"cache: expected the layer caches to hold the same number of tokens, got lengths {lengths} "
                              "(a forward_cached call was interrupted part-way); start a new cache with new_cache()")
         start = lengths[0]
-        if start + idx.shape[1] > self.config.block_size:
+        if start + idx.shape[1] > self._block_size():
             raise ValueError(
                 f"forward_cached: expected cached + new tokens <= block_size={self.config.block_size}, "
                 f"got {start} + {idx.shape[1]}"
@@ -342,7 +354,7 @@ class DiffusionGPT(nn.Module):
         # every module's own mode, restored as it was: a submodule kept in eval mode (frozen) stays so
         modes = [(module, module.training) for module in self.modules()]
         self.eval()
-        block_size = self.config.block_size
+        block_size = self._block_size()
         cache: list[LayerKVCache] | None = None
         T0 = idx.shape[1]
         try:

@@ -23,6 +23,7 @@ of the current layer through a model's forward pass (models create one per call)
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -57,6 +58,18 @@ class LayerState:
 
     first_values: Tensor | None = None
     depth: int = 0
+
+    def __post_init__(self) -> None:
+        # a state built by hand was taken as given: a float depth was truncated (1.5 read as layer 1), a bool read
+        # as 0 or 1, a string or a list of values failed later in a bare TypeError inside a layer
+        depth = self.depth
+        if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 0:
+            raise ValueError(f"LayerState.depth: expected a non-negative int, got {depth!r}")
+        self.depth = int(depth)
+        v0 = self.first_values
+        if v0 is not None and (not isinstance(v0, Tensor) or v0.dim() != 4 or not v0.is_floating_point()):
+            got = f"shape {tuple(v0.shape)}, dtype {v0.dtype}" if isinstance(v0, Tensor) else type(v0).__name__
+            raise ValueError(f"LayerState.first_values: expected None or floating-point values (B, H, N, C), got {got}")
 
     def enter(self, v: Tensor) -> tuple[int, Tensor | None]:
         """Register a layer with values ``v`` ``(B, H, N, C)``: its depth and the first layer's
