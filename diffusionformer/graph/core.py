@@ -242,6 +242,8 @@ class AttentionGraph:
                 raise ValueError(
                     f"key_padding_mask must have shape (B, N) = ({'B' if B is None else B}, {N}), got {tuple(kpm.shape)}"
                 )
+            if kpm.shape[0] == 0:  # B = 0 taken from the mask, where batch_size=0 is refused
+                raise ValueError(f"key_padding_mask must have B >= 1 sequences, got shape {tuple(kpm.shape)}")
             B = kpm.shape[0]
         if self.allowed is not None:
             a = _check_bool_tensor("allowed", self.allowed, "(N, N) or (B, N, N)")
@@ -250,6 +252,8 @@ class AttentionGraph:
                 want = f"({N}, {N}) or ({'B' if B is None else B}, {N}, {N})"
                 raise ValueError(f"allowed must have shape {want}, got {tuple(a.shape)}")
             if a.dim() == 3:
+                if a.shape[0] == 0:  # B = 0 taken from the matrix, where batch_size=0 is refused
+                    raise ValueError(f"allowed must have B >= 1 sequences, got shape {tuple(a.shape)}")
                 B = a.shape[0]
         if self.attn_mask is not None:
             m = self.attn_mask
