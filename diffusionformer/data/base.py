@@ -198,10 +198,14 @@ class TextData:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # a float 3.0 or a bool True (with one character) passed the length check and reached the model's config
+        self.vocab_size = _as_count("vocab_size", self.vocab_size)
         if self.vocab_size != len(self.itos):
             raise ValueError(f"vocab_size ({self.vocab_size}) != len(itos) ({len(self.itos)})")
         for split in ("train", "val"):
             t = getattr(self, split)
+            if not isinstance(t, Tensor):  # a list: "'list' object has no attribute 'dtype'"
+                raise ValueError(f"{split}: expected a 1-D int64 tensor, got {type(t).__name__}")
             if t.dtype != torch.int64 or t.dim() != 1:
                 raise ValueError(
                     f"{split}: expected a 1-D int64 tensor, got {t.dtype} of shape {tuple(t.shape)}"
@@ -210,9 +214,11 @@ class TextData:
             if t.numel() and (int(t.min()) < 0 or int(t.max()) >= self.vocab_size):
                 raise ValueError(f"{split}: token ids must lie in [0, {self.vocab_size}) (vocab_size), got range "
                                  f"[{int(t.min())}, {int(t.max())}]")
-        if any(not isinstance(ch, str) for ch in self.itos) or len(set(self.itos)) != len(self.itos):
-            # a repeated character encoded to its last id only: the ids trained on its first one never came back
-            raise ValueError(f"itos must hold distinct strings (one per token id), got {self.itos[:20]!r}"
+        if any(not isinstance(ch, str) or len(ch) != 1 for ch in self.itos) or len(set(self.itos)) != len(self.itos):
+            # a repeated character encoded to its last id only: the ids trained on its first one never came back;
+            # an empty or a longer string decoded to text that encode refused or read back as other ids
+            raise ValueError(f"itos must hold distinct strings of one character each (one per token id), got "
+                             f"{self.itos[:20]!r}"
                              + ("..." if len(self.itos) > 20 else ""))
         self._stoi = {ch: i for i, ch in enumerate(self.itos)}
 
@@ -314,7 +320,9 @@ class TextData:
         chunk = data[window]  # (B, T + 1)
         x, y = chunk[:, :-1], chunk[:, 1:]
         if device is not None:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            # non-blocking only towards an accelerator: a copy to the CPU could be read before it has landed
+            overlap = torch.device(device).type != "cpu"
+            x, y = x.to(device, non_blocking=overlap), y.to(device, non_blocking=overlap)
         return x, y
 
     def __repr__(self) -> str:

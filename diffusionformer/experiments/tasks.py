@@ -690,7 +690,7 @@ def _heldout_labelled(data: Any, model: nn.Module, split: str, max_examples: int
 
 
 def _heldout_text(data: TextData, model: nn.Module, split: str, max_examples: int, batch_size: int) -> tuple[list[Any], dict[str, Any]]:
-    block = int(model.config.block_size)  # type: ignore[union-attr]
+    block = _positive_int("block_size", _text_block(model))  # no config: an AttributeError on 'config'
     g = torch.Generator().manual_seed(_TEXT_SEED)
     source = "train" if split == "train" else "val"  # text has no test split: its held-out text is val
     batches = []
@@ -718,11 +718,15 @@ def _heldout_graphs(data: GraphSetData, model: nn.Module, split: str, max_exampl
     return batches, {"split": split, "labels": "class per graph"}
 
 
-def _text_task(data: TextData, model: nn.Module, eval_batch_size: int) -> TextLMTask:
+def _text_block(model: nn.Module) -> Any:
     block = getattr(getattr(model, "config", None), "block_size", None)
     if block is None:
         raise ValueError("a text task needs a GPT model (with config.block_size)")
-    return TextLMTask(data, block, eval_batch_size)
+    return block
+
+
+def _text_task(data: TextData, model: nn.Module, eval_batch_size: int) -> TextLMTask:
+    return TextLMTask(data, _text_block(model), eval_batch_size)
 
 
 # any model: the task and the held-out data follow the data container
