@@ -51,7 +51,7 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
         >>> heat_coefficients(torch.tensor(1.0), 2, "euler")
         tensor([0.2500, 0.5000, 0.2500], dtype=torch.float64)
     """
-    if not isinstance(steps, int) or steps < 0:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:  # True was K = 1
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
     t = t.to(torch.float64)
     if method == "taylor":

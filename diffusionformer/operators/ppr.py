@@ -30,7 +30,7 @@ def ppr_coefficients(alpha: Tensor, steps: int) -> Tensor:
         >>> ppr_coefficients(torch.tensor(0.5), 2)
         tensor([0.5000, 0.2500, 0.2500])
     """
-    if not isinstance(steps, int) or steps < 1:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:  # True was K = 1
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     keep = 1.0 - alpha
     k, last = _ppr_table(steps, alpha.device, alpha.dtype)
