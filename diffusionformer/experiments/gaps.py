@@ -36,7 +36,7 @@ from diffusionformer.experiments.publish import (GAP_MARKER, READING_MARKER, _co
 from diffusionformer.experiments.results import _is_finite, read_json_dict
 from diffusionformer.experiments.runner import read_curves, run_dir
 from diffusionformer.experiments.stats import holm, paired_difference
-from diffusionformer.experiments.tables import _cell
+from diffusionformer.experiments.tables import _cell, _text
 from diffusionformer.experiments.tasks import as_metrics
 from diffusionformer.train.metrics import write_text_atomic
 
@@ -57,7 +57,7 @@ def _eval_losses(records: list[dict[str, Any]]) -> tuple[list[int], list[float],
         # _is_finite: a 400-digit int from a hand-edited log is left out, not an OverflowError of math.isfinite
         if "train_loss" in m and "val_loss" in m and _is_finite(m["val_loss"]) and _is_finite(m["train_loss"]):
             rows.append((int(r["step"]), m["train_loss"], m["val_loss"]))
-    rows.sort()
+    rows.sort(key=lambda row: row[0])  # by step, stable: of a step logged twice the later record is the final one
     return [s for s, _, _ in rows], [t for _, t, _ in rows], [v for _, _, v in rows]
 
 
@@ -152,12 +152,12 @@ def gap_table(config: ExperimentConfig, out_root: str | Path,
         if not settings:
             continue
         base = settings.get(baseline, {})
-        lines += [f"### {task.name}: train/validation gap", "",
+        lines += [f"### {_text(task.name)}: train/validation gap", "",
                   "Losses from the same evaluation protocol on both splits; gap = val - train. "
-                  f"Δ: mean of the per-seed differences to {baseline} with the paired t "
+                  f"Δ: mean of the per-seed differences to {_text(baseline)} with the paired t "
                   "(degrees of freedom = shared seeds - 1)."
-                  + (f" Primary contrasts (named before the runs): {', '.join(config.primary)}; the rest is exploratory."
-                     if getattr(config, "primary", None) else ""), "",
+                  + (f" Primary contrasts (named before the runs): {', '.join(map(_text, config.primary))}; the rest is "
+                     "exploratory." if getattr(config, "primary", None) else ""), "",
                   "| operator | seeds | final val | final train | final gap | Δ final val | Δ final gap | "
                   "best val | at step | gap at best val | Δ best val |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -167,7 +167,7 @@ def gap_table(config: ExperimentConfig, out_root: str | Path,
                 continue
             get = lambda k: [row[s][k] for s in sorted(row)]  # noqa: E731
             primary = (task.name, setting.name) in config.primary_contrasts() if getattr(config, "primary", None) else False
-            label = _cell(setting.name) + (" (primary)" if primary else "")
+            label = _cell(_text(setting.name)) + (" (primary)" if primary else "")
             is_base = setting.name == baseline
             lines.append(
                 f"| {label} | {len(row)} | {_ms(get('final_val'))} | {_ms(get('final_train'))} | {_ms(get('final_gap'))} | "
@@ -230,16 +230,17 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
             asked = [(q, True) for q in quantities] + ([] if "best_val" in quantities else [("best_val", False)])
             for q, is_primary in asked:
                 d = paired_difference({s: v[q] for s, v in row.items()}, {s: v[q] for s, v in base.items()})
-                (named if is_primary else extra).append((f"{task.name}, {setting.name}, {QUANTITIES[q]}", d, is_primary))
+                (named if is_primary else extra).append((f"{_text(task.name)}, {_text(setting.name)}, {QUANTITIES[q]}", d,
+                                                          is_primary))
     cells = named + extra
     if not cells:
         return ""
     adjusted = iter(holm([d.p for _, d, prim in cells if prim]))
     n_primary = sum(prim for _, _, prim in cells)
     lines = [f"### Primary contrasts: {', '.join(QUANTITIES[q] for q in quantities)}", "",
-             f"Named in the config before the runs: {', '.join(config.primary)} against {baseline}, on the "
+             f"Named in the config before the runs: {', '.join(map(_text, config.primary))} against {_text(baseline)}, on the "
              f"{' and the '.join(QUANTITIES[q] for q in quantities)}. Δ: mean of the per-seed differences (setting - "
-             f"{baseline}); 95% CI: its t interval; t and df: the paired t test (df = seeds - 1); p: its two-sided p; "
+             f"{_text(baseline)}); 95% CI: its t interval; t and df: the paired t test (df = seeds - 1); p: its two-sided p; "
              f"p Wilcoxon: the exact signed-rank test of the same differences; p Holm: adjusted over the {n_primary} "
              "primary cells. Exploratory rows are not adjusted.", "",
              "| contrast | Δ | 95% CI | t | df | p | p Wilcoxon | p Holm |", "|---|---|---|---|---|---|---|---|"]

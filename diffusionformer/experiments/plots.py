@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.results import RunResult, read_curves, run_dir
+from diffusionformer.experiments.results import RunResult, _is_finite, read_curves, run_dir
 
 __all__ = ["plot_experiment"]
 
@@ -65,7 +65,9 @@ def _series(records: list[dict[str, Any]], split: str, key: str) -> tuple[list[i
         if r.get("split") != split:
             continue
         v = r.get("loss") if key == "loss" else r.get("metrics", {}).get(key)
-        if isinstance(v, (int, float)):
+        # finite numbers only, as the tables read them: a hand-edited true is not 1.0, and a NaN of one seed would make
+        # the band's mean NaN at that step (and count the seed in its n) where the tables leave the value out
+        if _is_finite(v):
             steps.append(int(r["step"]))
             values.append(float(v))
     return steps, values
