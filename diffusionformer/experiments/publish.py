@@ -444,6 +444,10 @@ def read_run_log(path: str | Path) -> list[dict[str, Any]]:
         raise ValueError(f"{path}: not a run log written by publish (not JSON: {exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a run log written by publish (expected an object of splits)")
+    other = sorted(str(k) for k in data if k not in ("train", "eval"))
+    if other:  # another JSON file ({"runs": ...}, a config) read as a log of no records
+        raise ValueError(f"{path}: not a run log written by publish (expected the splits 'train' and 'eval', got "
+                         f"{other[:5]})")
     records: list[dict[str, Any]] = []
     for split in ("train", "eval"):
         cols = data.get(split)

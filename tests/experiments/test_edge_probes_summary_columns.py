@@ -1,4 +1,4 @@
-"""``summary``'s columns: one per setting name and definition.
+"""``summary``'s columns: one per setting name and definition (and ``read_run_log``'s refusal of other files).
 
 Bug (left open in sitting 37, closed in 38): ``summary_table`` keyed its columns by the setting's name alone, so a
 name that two comparisons define differently (``lap`` with one Laplacian head in one, with two in another) shared
@@ -57,3 +57,18 @@ def test_one_name_defined_alike_by_two_comparisons_keeps_one_column(tmp_path):
     assert header == ["task", "metric (baseline mean)", "lap"]
     assert lines[2].split("|")[3].strip().startswith("+0.1000")
     assert lines[3].split("|")[3].strip().startswith("-0.2000")
+
+
+def test_bug_read_run_log_refuses_an_object_of_other_keys(tmp_path):
+    """Bug (found by a sitting-38 probe): ``read_run_log`` read any JSON object without ``train``/``eval`` (a
+    ``results.json``, a config) as a log of no records, where its docstring promises a ValueError for a file that
+    is not a run log; the empty log that ``write_run_log([])`` writes still reads as no records."""
+    import pytest
+
+    from diffusionformer.experiments.publish import read_run_log, write_run_log
+
+    path = tmp_path / "seed0.json"
+    path.write_text(json.dumps({"runs": [], "summary": []}))
+    with pytest.raises(ValueError, match=r"expected the splits 'train' and 'eval', got \['runs', 'summary'\]"):
+        read_run_log(path)
+    assert read_run_log(write_run_log([], tmp_path / "seed1.json")) == []
