@@ -125,7 +125,7 @@ def center_sharpen(teacher_logits: Tensor, center: Tensor, temperature: float) -
         >>> center_sharpen(torch.tensor([[1.0, 2.0]]), torch.tensor([0.0, 1.0]), 0.5)
         tensor([[0.5000, 0.5000]])
     """
-    if not temperature > 0:  # also refuses NaN, which would turn every target into NaN
+    if isinstance(temperature, bool) or not temperature > 0:  # also refuses NaN, which would turn every target into NaN
         raise ValueError(f"temperature must be positive, got {temperature}")
     if temperature == math.inf:  # else every target was uniform: the teacher taught nothing
         raise ValueError(f"temperature must be finite, got {temperature}")
@@ -175,7 +175,7 @@ def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, st
         raise ValueError(f"dino_loss needs >= 2 student views and 1 to as many teacher views, got {Vs} and {Vt}")
     if B < 1 or K < 1:  # the batch mean of an empty batch is 0/0 (NaN), not a loss
         raise ValueError(f"dino_loss needs at least one sample and one output dimension, got B={B}, K={K}")
-    if not student_temp > 0:  # also refuses NaN
+    if isinstance(student_temp, bool) or not student_temp > 0:  # also refuses NaN; True was read as 1.0
         raise ValueError(f"student_temp must be positive, got {student_temp}")
     if student_temp == math.inf:  # else the student's softmax was uniform: loss log K, zero gradient
         raise ValueError(f"student_temp must be finite, got {student_temp}")

@@ -10,6 +10,7 @@ Examples:
 
 from __future__ import annotations
 
+import copy
 import difflib
 import warnings
 from dataclasses import dataclass, field, fields
@@ -69,8 +70,10 @@ def register_model(name: str, model_cls: Callable[[Any], nn.Module], config_cls:
         raise ValueError(f"preset {name!r}: task_defaults {sorted(task_defaults)} need a task_config_cls, got None")
     if task_config_cls is not None:
         config_from_dict(task_config_cls, task_defaults or {}, where=f"preset {name!r} task_defaults")
-    preset = ModelPreset(name, model_cls, config_cls, dict(defaults), description, task_config_cls,
-                         dict(task_defaults or {}))
+    # deep copies: a list or dict default (``heads={1: ...}``) stayed the caller's object, so mutating it later
+    # (or a built model's ``config.heads``, the same object) silently changed every later build of the preset
+    preset = ModelPreset(name, model_cls, config_cls, copy.deepcopy(dict(defaults)), description, task_config_cls,
+                         copy.deepcopy(dict(task_defaults or {})))
     _PRESETS[name] = preset
     return preset
 
@@ -138,7 +141,7 @@ def task_config(name: str, **settings: Any) -> Any:
         if settings:
             raise ValueError(f"model {name!r} has no task settings, got {sorted(settings)}")
         return None
-    return config_from_dict(preset.task_config_cls, {**preset.task_defaults, **settings},
+    return config_from_dict(preset.task_config_cls, {**copy.deepcopy(preset.task_defaults), **settings},
                             where=f"model {name!r} {preset.task_config_cls.__name__}")
 
 
@@ -153,7 +156,7 @@ def model_config(name: str, **overrides: Any) -> Any:
     if moved:
         task_config(name, **moved)
     _task_key_hint(preset, overrides)
-    return config_from_dict(preset.config_cls, {**preset.defaults, **overrides}, where=f"model {name!r}")
+    return config_from_dict(preset.config_cls, {**copy.deepcopy(preset.defaults), **overrides}, where=f"model {name!r}")
 
 
 def create_model(name: str, **overrides: Any) -> nn.Module:
