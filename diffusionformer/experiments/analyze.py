@@ -428,8 +428,12 @@ def _cached(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 
 def _store(path: Path, key: dict[str, Any], res: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"key": key, "result": res}, tmp)
-    tmp.replace(path)
+    try:
+        torch.save({"key": key, "result": res}, tmp)
+        tmp.replace(path)
+    except BaseException:  # a full disk, an interrupt: no partial temporary left in the run's folder
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # ----------------------------------------------------------------------------- markdown

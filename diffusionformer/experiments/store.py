@@ -228,11 +228,11 @@ def acquire_lock(rdir: str | os.PathLike[str]) -> str | None:
                                 "library writes and removes): remove the folder and run again")
     tmp = rdir / f"{LOCK_NAME}.{me[0]}.{secrets.token_hex(6)}.tmp"
     start = _start_time(me[0])
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"pid": me[0], "host": me[1], **({} if start is None else {"start": start})}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
+    try:  # a write that fails (a full disk) leaves no temporary behind either: a new name on every try
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"pid": me[0], "host": me[1], **({} if start is None else {"start": start})}, f)
+            f.flush()
+            os.fsync(f.fileno())
         for _ in range(3):
             if _link_exclusive(tmp, path):
                 return None
