@@ -94,6 +94,8 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
     al., "Graph Neural Networks with Learnable Structural and Positional Representations",
     ICLR 2022), sign-free; a repeated edge counts as often as it is listed, at every size, and
     an ``edge_weight`` ``w`` is the step's weight: probability ``w / (sum of the source's weights)``.
+    An ``edge_weight`` (either PE) must be an ``(E,)`` tensor of finite, non-negative weights (else a
+    ``ValueError``); integer weights are read as floats.
 
     Args:
         config: the model config (``pe`` and ``pe_dim``).
@@ -113,6 +115,32 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
     raise ValueError(f"positional_encoding_transform: expected config.pe 'laplacian' or 'random_walk', got {config.pe!r}")
 
 
+def _check_pe_edge_weight(data: Any, kind: str) -> None:
+    """``data.edge_weight`` (when set) a real ``(E,)`` tensor of finite, non-negative weights (read on CPU in eager
+    mode): else a ``ValueError`` naming it. A NaN weight made the Laplacian PE call the graph directed, a negative
+    one failed in LAPACK ("Eigenvalues did not converge"), and the random-walk PE returned NaN or negative
+    "return probabilities" without a word."""
+    w = data.edge_weight
+    if w is None:
+        return
+    if not isinstance(w, Tensor):
+        raise TypeError(f"positional_encoding_transform: edge_weight must be a Tensor of shape (E,), "
+                        f"got {type(w).__name__}")
+    E = data.edge_index.shape[1]
+    if w.shape != (E,):
+        raise ValueError(f"positional_encoding_transform: edge_weight must have shape (E,) = ({E},), "
+                         f"got {tuple(w.shape)}")
+    if w.is_complex():
+        raise TypeError(f"positional_encoding_transform: edge_weight must hold real weights, got dtype {w.dtype}")
+    if checks_values(w) and w.numel():
+        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
+            raise ValueError(f"positional_encoding_transform: edge_weight holds NaN or inf values "
+                             f"({int((~torch.isfinite(w)).sum())} of {E}); the {kind} PE is undefined for them")
+        if bool((w < 0).any()):
+            raise ValueError(f"positional_encoding_transform: edge_weight must be non-negative for the {kind} PE, "
+                             f"got min {float(w.min())}")
+
+
 class _LaplacianPE(AddLaplacianEigenvectorPE):
     """PyG's Laplacian eigenvector PE of one undirected graph, zero-padded to ``k`` columns when it has ``N <= k``
     nodes (PyG's own transform failed there with a broadcast error: a default ``pe_dim=8`` and a 4-node PROTEINS
@@ -123,6 +151,7 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
         from torch_geometric.data import Batch, Data
 
         N = data.num_nodes
+        _check_pe_edge_weight(data, "Laplacian")
         if isinstance(data, Batch) and data.num_graphs > 1:
             raise ValueError(f"positional_encoding_transform: the Laplacian PE is per graph, got a Batch of "
                              f"{data.num_graphs} graphs (the eigenvectors of their union mix them); apply it to each "
@@ -131,13 +160,19 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
             raise ValueError("positional_encoding_transform: the Laplacian PE needs an undirected graph (every edge "
                              "in both directions, with equal weights), got a directed edge_index; make it undirected "
                              "first (torch_geometric.utils.to_undirected)")
+        weight = data.edge_weight
+        if weight is not None and not weight.is_floating_point():  # integer counts (as the random-walk PE takes
+            weight = weight.to(torch.get_default_dtype())  # them): PyG's D^-1/2 W D^-1/2 failed to cast back to int
+        graph = Data(edge_index=data.edge_index, edge_weight=weight, num_nodes=N)
         if N > self.k + 1:
-            return super().forward(data)
+            done = super().forward(graph)  # attr_name None: PyG's transform writes the PE as graph.x (it has none)
+            pe = done.x if self.attr_name is None else done[self.attr_name]
+            return add_node_attr(data, pe, attr_name=self.attr_name)
         pe = torch.zeros(N, 0)
         if N > 1:  # all N - 1 non-trivial eigenvectors: the dense solver (ARPACK's finds fewer than N)
             inner = AddLaplacianEigenvectorPE(N - 1, attr_name="pe", is_undirected=True)
             inner.SPARSE_THRESHOLD = N + 1
-            pe = inner(Data(edge_index=data.edge_index, edge_weight=data.edge_weight, num_nodes=N)).pe
+            pe = inner(graph).pe
         return add_node_attr(data, torch.nn.functional.pad(pe, (0, self.k - pe.shape[1])), attr_name=self.attr_name)
 
 
@@ -153,6 +188,7 @@ class _RandomWalkPE(AddRandomWalkPE):
         from torch_geometric.utils import get_self_loop_attr, to_edge_index, to_torch_csr_tensor
 
         N = data.num_nodes
+        _check_pe_edge_weight(data, "random-walk")
         row, col = data.edge_index
         value = torch.ones(row.shape[0], device=row.device) if data.edge_weight is None else data.edge_weight
         value = value.to(torch.promote_types(value.dtype, torch.get_default_dtype()))  # integer weights divide
