@@ -11,7 +11,8 @@ Two sources under the data root, tried in this order by ``source="auto"``:
    (the official label order). JPEG re-encoding makes pixels differ from the official ones
    (see the staged README), so numbers are not strictly comparable to published results.
    Decoding is done with Pillow once; the uint8 arrays are cached in
-   ``$DIFFUSIONFORMER_CACHE/cifar10/<split>-<sha256 prefix of the zip>.pt``.
+   ``$DIFFUSIONFORMER_CACHE/cifar10/<split>-<sha256 prefix of the zip>.pt`` with their SHA256, checked on
+   every read (a cache file changed since it was written is decoded again, with a warning).
 
 Val is carved from the 50,000 training images (5,000 seeded random ones: 45,000/5,000/10,000).
 ``limit_train``/``limit_test`` take seeded random subsets for quick runs; with a cold cache
@@ -20,6 +21,7 @@ only those images are decoded, and the subset is the same whether the cache exis
 
 from __future__ import annotations
 
+import hashlib
 import io
 import pickle
 import warnings
@@ -91,13 +93,15 @@ def read_image_zip(
     Args:
         path: the zip file.
         split: the top-level folder to read (``"train"`` or ``"test"``).
-        indices: decode only these positions of the ordered entry list.
+        indices: decode only these positions of the ordered entry list (a non-empty 1-D integer tensor
+            of positions in ``[0, number of entries)``).
 
     Returns:
         ``(images, labels, classes)``.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
+        TypeError, ValueError: ``indices`` that are not such positions (a bool mask, an empty or negative one).
         CorruptDataError: not a zip (a folder included), no matching entries, two entries of one name, an
             entry without a class folder name (``train//x.jpg``, ``train/../x.jpg``), an entry that is no JPEG or PNG, has samples wider than
             8 bits (a 16-bit PNG), that Pillow cannot decode or calls a decompression bomb (more pixels than
@@ -126,7 +130,7 @@ def read_image_zip(
                                    "a hand-built one): each would read the last copy")
         class_index = {c: i for i, c in enumerate(classes)}
         if indices is not None:
-            members = [members[i] for i in indices.tolist()]
+            members = [members[i] for i in _checked_indices(indices, len(members))]
         labels = torch.tensor([class_index[c] for c, _ in members], dtype=torch.int64)
         images: np.ndarray | None = None
         for i, (_, name) in enumerate(members):
@@ -163,6 +167,23 @@ def read_image_zip(
             images[i] = pixels
     assert images is not None  # members is non-empty
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), labels, classes
+
+
+def _checked_indices(indices: Any, n: int) -> list[int]:
+    """``indices`` of :func:`read_image_zip` as a list: a non-empty 1-D integer tensor of positions in ``[0, n)``
+    (a bool mask read its True/False as positions 1/0, a negative position wrapped to the end, an empty one
+    failed with a bare ``AssertionError``)."""
+    if not isinstance(indices, Tensor) or indices.dtype == torch.bool or indices.is_floating_point() \
+            or indices.is_complex():
+        what = indices.dtype if isinstance(indices, Tensor) else type(indices).__name__
+        raise TypeError(f"read_image_zip: indices must be an integer tensor of positions, got {what}")
+    if indices.dim() != 1 or not indices.numel():
+        raise ValueError(f"read_image_zip: indices must be a non-empty 1-D tensor, got shape {tuple(indices.shape)}")
+    bad = (indices < 0) | (indices >= n)
+    if bool(bad.any()):
+        raise ValueError(f"read_image_zip: indices must lie in [0, {n}) for {n} entries, got "
+                         f"{int(indices[bad][0])} at position {int(bad.nonzero()[0, 0])}")
+    return indices.tolist()
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):
@@ -296,13 +317,23 @@ def _from_batches(
     return train, test, classes, folder
 
 
+def _cache_digest(images: Tensor, labels: Tensor, classes: list[str]) -> str:
+    """SHA256 of the decoded arrays and class names that :func:`_from_zip` stores beside them: ``torch.load``
+    checks no CRC, so a cache file changed after it was written (a flipped byte, an edited label) loaded as data."""
+    h = hashlib.sha256(repr((tuple(images.shape), tuple(labels.shape), classes)).encode())
+    h.update(images.contiguous().numpy())
+    h.update(labels.contiguous().numpy())
+    return h.hexdigest()
+
+
 def _cache_fits(cached: Any) -> bool:
-    """Whether a loaded cache file holds what :func:`_from_zip` writes (else it is rebuilt)."""
+    """Whether a loaded cache file holds what :func:`_from_zip` writes, unchanged (else it is rebuilt)."""
     if not isinstance(cached, dict):
         return False
     classes = cached.get("classes")
     return (isinstance(classes, list) and all(isinstance(c, str) for c in classes)
-            and _labelled_images_fit(cached.get("images"), cached.get("labels"), len(classes)))
+            and _labelled_images_fit(cached.get("images"), cached.get("labels"), len(classes))
+            and cached.get("sha256") == _cache_digest(cached["images"], cached["labels"], classes))
 
 
 def _from_zip(
@@ -316,7 +347,8 @@ def _from_zip(
         return cached["images"][keep], cached["labels"][keep], list(cached["classes"])
     if limit is None:
         images, labels, classes = read_image_zip(path, split)
-        save_cached({"images": images, "labels": labels, "classes": classes}, cached_path)
+        save_cached({"images": images, "labels": labels, "classes": classes,
+                     "sha256": _cache_digest(images, labels, classes)}, cached_path)
         return images, labels, classes
     with _open_zip(path) as zf:
         total = len(_zip_members(zf, split))
