@@ -1,11 +1,12 @@
 """File modes shared by every writer that goes through a temporary file (run files, checkpoints, data caches), the
-words for a path that is not a regular file, and the folder lock that processes writing one folder take turns by."""
+words for a path that is not a regular file, the CRC check of a ``torch.save`` file, and the folder lock that processes writing one folder take turns by."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import stat
+import zipfile
 from pathlib import Path
 from typing import Iterator
 
@@ -66,3 +67,35 @@ def folder_lock(folder: str | os.PathLike[str]) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def zip_damage(path: str | os.PathLike[str]) -> str | None:
+    """What is wrong with the first member of the zip archive ``path`` (``torch.save``'s format: checkpoints, the
+    data cache's arrays) that fails its
+    CRC-32 or whose entry cannot be read ("its entry NAME fails its CRC-32 check ..."), else ``None``.
+    ``torch.load`` does not check the CRCs, so a flipped bit in tensor data would load as different numbers; nor
+    the name length or compression method of an entry, so a flipped bit there loaded another entry's bytes (or
+    bytes shifted past the header) as this tensor. Members stored with CRC 0
+    (``torch.serialization.set_crc32_options(False)``) are not checked; a file that is not a readable zip is left
+    to ``torch.load`` to judge."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.CRC == 0:
+                    continue
+                try:
+                    with archive.open(info) as member:
+                        while member.read(1 << 24):
+                            pass
+                except zipfile.BadZipFile as err:
+                    if "CRC" in str(err):
+                        return (f"its entry {info.filename!r} fails its CRC-32 check (bytes changed after it was "
+                                "written)")
+                    return f"its entry {info.filename!r} cannot be read ({err})"
+                except OSError:  # a read error of the disk, not of the bytes: torch.load says what is wrong
+                    return None
+                except Exception as err:  # a damaged name length (UnicodeDecodeError), method (zlib.error, ...)
+                    return f"its entry {info.filename!r} cannot be read ({type(err).__name__}: {err})"
+    except Exception:  # not a zip (a legacy or damaged file), unreadable: torch.load says what is wrong
+        return None
+    return None

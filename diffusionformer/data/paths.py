@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from diffusionformer._files import new_file_mode
+from diffusionformer._files import new_file_mode, zip_damage
 
 __all__ = [
     "DATA_ENV",
@@ -161,7 +161,7 @@ def save_cached(obj: Any, path: Path) -> None:
 
 def load_cached(path: Path, fits: Callable[[Any], bool] | None = None, what: str = "") -> Any | None:
     """``torch.load`` (tensors only) a file written by :func:`save_cached`; ``None`` if absent,
-    unreadable, or loaded but refused by ``fits`` (it is then rebuilt, with a ``UserWarning``
+    unreadable, failing the CRC-32 of an entry (bytes changed since it was written), or loaded but refused by ``fits`` (it is then rebuilt, with a ``UserWarning``
     naming the file and the error, or ``what`` it should have held).
 
     Args:
@@ -170,6 +170,10 @@ def load_cached(path: Path, fits: Callable[[Any], bool] | None = None, what: str
         what: the expected content, for the warning when ``fits`` refuses it.
     """
     if not path.is_file():
+        return None
+    damage = zip_damage(path)  # torch.load checks no CRC: a flipped bit of an array loaded as other pixels
+    if damage is not None:
+        warnings.warn(f"cached file refused and rebuilt: {path}: {damage}", UserWarning, stacklevel=2)
         return None
     try:
         cached = torch.load(path, map_location="cpu", weights_only=True)

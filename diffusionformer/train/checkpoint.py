@@ -9,14 +9,13 @@ import json
 import os
 import pickle
 import tempfile
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from diffusionformer._files import file_kind, set_new_file_mode
+from diffusionformer._files import file_kind, set_new_file_mode, zip_damage
 
 from .errors import CheckpointError
 
@@ -40,37 +39,6 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _crc_failure(path: Path) -> str | None:
-    """What is wrong with the first member of the zip archive ``path`` (``torch.save``'s format) that fails its
-    CRC-32 or whose entry cannot be read ("its entry NAME fails its CRC-32 check ..."), else ``None``.
-    ``torch.load`` does not check the CRCs, so a flipped bit in tensor data would load as different numbers; nor
-    the name length or compression method of an entry, so a flipped bit there loaded another entry's bytes (or
-    bytes shifted past the header) as this tensor. Members stored with CRC 0
-    (``torch.serialization.set_crc32_options(False)``) are not checked; a file that is not a readable zip is left
-    to ``torch.load`` to judge."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            for info in archive.infolist():
-                if info.CRC == 0:
-                    continue
-                try:
-                    with archive.open(info) as member:
-                        while member.read(1 << 24):
-                            pass
-                except zipfile.BadZipFile as err:
-                    if "CRC" in str(err):
-                        return (f"its entry {info.filename!r} fails its CRC-32 check (bytes changed after it was "
-                                "written)")
-                    return f"its entry {info.filename!r} cannot be read ({err})"
-                except OSError:  # a read error of the disk, not of the bytes: torch.load says what is wrong
-                    return None
-                except Exception as err:  # a damaged name length (UnicodeDecodeError), method (zlib.error, ...)
-                    return f"its entry {info.filename!r} cannot be read ({type(err).__name__}: {err})"
-    except Exception:  # not a zip (a legacy or damaged file), unreadable: torch.load says what is wrong
-        return None
-    return None
 
 
 def save_checkpoint(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
@@ -139,7 +107,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
                 else "missing" if not path.exists() else "a directory" if path.is_dir()
                 else file_kind(path.stat().st_mode))
         raise FileNotFoundError(f"load_checkpoint: expected a checkpoint file, got {what} {path}")
-    damage = _crc_failure(path)
+    damage = zip_damage(path)
     if damage is not None:
         raise CheckpointError(
             f"checkpoint {path} ({path.stat().st_size} bytes) is corrupt: {damage}; it was left untouched. Delete "

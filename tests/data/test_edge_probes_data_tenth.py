@@ -45,23 +45,25 @@ def _train_pixels(data) -> list[bytes]:
 
 @pytest.mark.parametrize("change", ["pixel", "label"])
 def test_bug_a_cifar_cache_file_changed_after_caching_is_refused_and_rebuilt(tmp_path, monkeypatch, writers, change):
-    """Bug: cifar10.py ``_from_zip`` served any cache file of the right types and shapes: ``torch.load`` checks
-    no CRC, so a cache file with a flipped pixel byte or an edited label (disk damage, a hand edit) loaded as the
-    dataset, silently. The cache now stores the SHA256 of its arrays and class names, and a file whose content
-    no longer matches it is refused with a warning and decoded again from the (verified) zip."""
+    """Bug: ``data.paths.load_cached`` (cifar10's and mnist-mini's decoded arrays) served any cache file of the
+    right types and shapes: ``torch.load`` checks no CRC, so a cache file with a flipped pixel or label byte (disk
+    damage) loaded as the dataset, silently. It now checks the CRC-32 of every entry first (as ``load_checkpoint``
+    does), and a damaged file is refused with a warning and decoded again from the (verified) zip."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     train = _cifar_zips(writers, tmp_path)
     kw = dict(root=tmp_path, source="jpg", verify=False, normalize=False, val_size=1)
     first = load_dataset("cifar10", **kw)
     digest = hashlib.sha256(train.read_bytes()).hexdigest()
     cached = tmp_path / "cache" / "cifar10" / f"train-{digest[:16]}.pt"
-    content = torch.load(cached, weights_only=True)
-    if change == "pixel":
-        content["images"][2, 1, 3, 0] ^= 1
-    else:
-        content["labels"][0] = 1 - content["labels"][0]
-    torch.save(content, cached)  # the stored digest kept: what a damaged file looks like
-    with pytest.warns(UserWarning, match=r"cached file refused and rebuilt: .*train-.*: not the decoded images"):
+    size = 6 * 3 * 4 * 4 if change == "pixel" else 6 * 8  # the images' uint8 bytes, the labels' int64 bytes
+    with zipfile.ZipFile(cached) as archive:
+        (info,) = [i for i in archive.infolist() if "/data/" in i.filename and i.file_size == size]
+    data = bytearray(cached.read_bytes())
+    nlen, xlen = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+    data[info.header_offset + 30 + nlen + xlen + 3] ^= 1  # one bit of a pixel, or of the first label
+    cached.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match=r"cached file refused and rebuilt: .*train-.*: its entry .* fails its CRC-32"):
         again = load_dataset("cifar10", **kw)
     assert _train_pixels(again) == _train_pixels(first)
     assert torch.equal(again.y_train, first.y_train) and torch.equal(again.y_val, first.y_val)
