@@ -30,7 +30,7 @@ from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig
 from diffusionformer.experiments.results import (RunResult, _row_problem, finished_runs, first_reach, read_curves,
-                                                 run_dir, select_evaluation)
+                                                 run_dir, run_status, select_evaluation)
 from diffusionformer.experiments.tables import _cell, _text, aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
@@ -162,6 +162,18 @@ def _commit_line(manifest: dict[str, Any]) -> str:
     return f"- **Git commit:** `{commit}`"
 
 
+def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path) -> str | None:
+    """Which finished runs of ``config`` under ``out_root`` were made with another train config than its own (a
+    ``run --set ...`` read without the overrides: ``status`` counts them as not completed), said in words; else
+    None."""
+    changed = [r for r in run_status(config, out_root) if r["state"] == "completed" and r["changed"]]
+    if not changed:
+        return None
+    first = changed[0]
+    return (f"{len(changed)} finished run(s) of {config.name!r} were made with another train config than this "
+            f"config's, e.g. {first['task']!r} / {first['operator']!r} seed {first['seed']} ({first['changed']})")
+
+
 def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir: str | Path,
                        *, config_path: str | None = None) -> Path:
     """Write the results page of ``config`` from ``<out_root>/<name>/`` into ``docs_dir``.
@@ -197,6 +209,12 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         raise ValueError(f"publish: the published folder {str(dst)!r} (the comparison's name under --to) holds its "
                          f"results {str(src)!r} (--out); replacing it with the published files would delete every "
                          "run; publish --to another folder")
+    # a finished run made with another train config than this one's (run with --set, published without): the page
+    # would call it a run of this config, whose budget its description states; `status` counts it as not completed
+    changed = _runs_of_another_train(config, out_root)
+    if changed:
+        raise ValueError(f"publish: {changed}; publish with the --set overrides they were run with, or redo them "
+                         "with `run --restart`")
     runs = _load_runs(config, src)  # select_by evaluations of older results are picked from the run logs
     manifest = _read_manifest(src / "manifest.json")
     in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
@@ -585,8 +603,6 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
     from diffusionformer.experiments.stats import benjamini_hochberg, compare_rows, holm
 
     if strong is not None:
-        import warnings
-
         warnings.warn("summary_table(strong=...) is ignored: cells are judged by their Holm-adjusted p (alpha)",
                       DeprecationWarning, stacklevel=2)
     names = [c.name for c in configs]
@@ -607,6 +623,9 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
         src = Path(out_root) / config.name
         if not (src / "results.json").is_file():
             continue
+        changed = _runs_of_another_train(config, out_root)
+        if changed:  # summary takes no --set: the cells are those runs' numbers, under this config's name
+            warnings.warn(f"summary: {changed}; their numbers are in its cells", UserWarning, stacklevel=2)
         table = {(row["task"], row["operator"]): row for row in aggregate(_load_runs(config, src))}
         baseline = config.operators[0].name
         primary = config.primary_contrasts()
