@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from diffusionformer.graph._checks import check_int
 from diffusionformer.operators import (AttnScaleOperator, DiffusionOperator, DifferentialOperator, ExactPPROperator,
                                       NeuTRENOOperator, NonlinearDiffusionOperator, ValueResidualOperator,
                                       build_operator)
@@ -115,7 +116,7 @@ def assert_operator(
     Args:
         spec: operator spec for :func:`~diffusionformer.operators.build_operator`.
         num_heads, num_nodes, head_dim, batch: sizes of the random test problem.
-        dtype: float64 (tight tolerances) or float32.
+        dtype: float64 (tight tolerances) or float32; another floating dtype needs ``atol`` and ``rtol``.
         seed: seed of the random inputs.
         atol, rtol: tolerances (defaults depend on ``dtype``).
         **kwargs: operator arguments (``num_heads`` is set for you).
@@ -124,6 +125,16 @@ def assert_operator(
         >>> assert_operator("laplacian")
         >>> assert_operator("heat", t=0.7, steps=6)
     """
+    # sizes of the test problem: 0 crashed deep inside (``amax(): Expected reduction dim``, ``ZeroDivisionError``),
+    # a bool was named ``N`` by random_qkv
+    batch, num_nodes, head_dim = (check_int(arg, value, 1) for arg, value in
+                                  (("batch", batch), ("num_nodes", num_nodes), ("head_dim", head_dim)))
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:  # a string was read as a device by .to()
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if dtype not in (torch.float64, torch.float32) and (atol is None or rtol is None):
+        # float32's defaults failed every operator in half precision with "max abs difference ... exceeds"
+        raise ValueError(f"dtype={dtype}: default tolerances exist for torch.float64 and torch.float32 only; "
+                         f"pass atol and rtol")
     if isinstance(spec, DiffusionOperator):
         if kwargs:  # they would not reach the operator: the instance's own arguments would be tested
             raise TypeError(f"cannot pass operator arguments {sorted(kwargs)} together with an operator instance")
