@@ -89,8 +89,30 @@ def _span(t: Tensor) -> tuple[int, int, bool]:
     return first, last, dense
 
 
-def _unpack(p: Tensor | _Rebuild) -> Tensor:
-    return p() if type(p) is _Rebuild else p
+class _Kept:
+    """A tensor :func:`recompute_saved` saves as it is, with its version when saved: autograd checks no version of
+    a tensor that passed through saved-tensor hooks, so that an in-place change between the forward and the
+    backward pass (an optimizer step on the projection's weight) would give gradients of the changed tensor
+    silently; the unpacking raises as autograd does without the hooks."""
+
+    __slots__ = ("t", "version")
+
+    def __init__(self, t: Tensor) -> None:
+        self.t, self.version = t, t._version
+
+    def __call__(self) -> Tensor:
+        t = self.t
+        if t._version != self.version:
+            raise RuntimeError(
+                "recompute_saved: one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: a {t.dtype} tensor of shape {tuple(t.shape)} is at version {t._version}; "
+                f"expected version {self.version} instead"
+            )
+        return t
+
+
+def _unpack(p: _Kept | _Rebuild) -> Tensor:
+    return p()
 
 
 _TOP_HOOKS = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
@@ -182,16 +204,16 @@ class _RecomputeSaved:
         # projection adding to its input) makes z differ from what fn() rebuilds, so such a z is saved as usual
         version = z._version
 
-        def pack(t: Tensor) -> Tensor | _Rebuild:
+        def pack(t: Tensor) -> _Kept | _Rebuild:
             if t.dtype is dtype and (id(t) == base_id or id(t._base) == base_id):
                 if t._version != version:
-                    return t
+                    return _Kept(t)
                 if id(t) == z_id:
                     return _Rebuild(fn, t, offset, size, stride, dtype)
                 first, last, _ = _span(t)
                 if z_dense and lo <= first and last <= hi:
                     return _Rebuild(fn, t, offset, size, stride, dtype)
-            return t
+            return _Kept(t)  # with autograd's version check, which the hooks would skip
 
         self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
 

@@ -277,15 +277,37 @@ class _PolynomialAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, coeffs, pad, lse, ys, seed, mask = ctx.saved_tensors
         kernels = _kernels_module()
-        L = _Launch(kernels, q, ctx.is_causal, pad, ctx.scale, ctx.dropout_p, seed, mask)
-        dq, dk, dv, dc = _backward(kernels, L, q, k, v, coeffs, lse, ys, grad_out)
+        with torch.no_grad():
+            L = _Launch(kernels, q, ctx.is_causal, pad, ctx.scale, ctx.dropout_p, seed, mask)
+            dq, dk, dv, dc = _backward(kernels, L, q, k, v, coeffs, lse, ys, grad_out)
         need = ctx.needs_input_grad
-        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-                dc if need[3] else None, None, None, None, None, None, None)
+        grads = [dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, dc if need[3] else None]
+        if torch.is_grad_enabled():  # create_graph=True: the gradients depend on the inputs, but have no derivative
+            kept = [g for g in grads if g is not None]
+            tied = iter(_NoDoubleBackward.apply(len(kept), *kept, q, k, v, coeffs, grad_out))
+            grads = [None if g is None else next(tied) for g in grads]
+        return (*grads, None, None, None, None, None, None)
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """The gradients of :class:`_PolynomialAttention` under ``create_graph=True``, tied to the call's inputs: a
+    gradient of them (double backward) raises where it is asked for. (``once_differentiable`` ties them only to an
+    output gradient that requires grad: after ``grad(loss, q, create_graph=True)`` they were constants, and the
+    second-order term of a gradient penalty was zero, silently.)"""
+
+    @staticmethod
+    def forward(ctx, n, *tensors):
+        return tuple(t.view_as(t) for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "the Triton kernels (polynomial_attention, affine_attention, backend='triton') have no double backward: "
+            "a gradient of their gradients (create_graph=True) needs backend='matrix' or 'sdpa'"
+        )
 
 
 def dropout_rate(dropout_p: float) -> tuple[float, float]:
