@@ -420,11 +420,15 @@ def dirichlet_energy(
                 raise ValueError(f"P must have shape {expected} to match X, got {tuple(P.shape)}")
             # the diagonal (self loops) adds nothing to E, but twice to the cancelling terms below: P = I gave a
             # negative energy (-0.0156 for float32 tokens of scale 10), not 0
-            P = P.to(device=X.device, dtype=X.dtype) * (1 - torch.eye(T, dtype=X.dtype, device=X.device))
-            sq = Xc.pow(2).sum(dim=-1)  # (B, T)
+            # the two terms below cancel: in float32 two tokens at distance 1 but 1e4 from the mean had E = 0, not 1,
+            # so they are accumulated in float64
+            wide = _wide_dtype(X)
+            Xw = Xc.to(wide)
+            P = P.to(device=X.device, dtype=wide) * (1 - torch.eye(T, dtype=wide, device=X.device))
+            sq = Xw.pow(2).sum(dim=-1)  # (B, T)
             degree = P.sum(dim=-1) + P.sum(dim=-2)  # (B, T) or (T,): r + c
-            cross = (Xc * torch.matmul(P, Xc)).sum(dim=(1, 2))  # tr(X^T P X), (B,)
-            energy = 0.5 * (degree * sq).sum(dim=-1) - cross
+            cross = (Xw * torch.matmul(P, Xw)).sum(dim=(1, 2))  # tr(X^T P X), (B,)
+            energy = (0.5 * (degree * sq).sum(dim=-1) - cross).to(X.dtype)
         norm2 = X.pow(2).sum(dim=(1, 2))
     if normalized:
         energy = _safe_div(energy, norm2)

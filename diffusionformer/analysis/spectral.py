@@ -26,6 +26,7 @@ from diffusionformer.analysis.metrics import (
     _check_tokens,
     _is_int,
     _safe_div,
+    _times_pow2,
     _unit_scale,
 )
 from diffusionformer.ops._checks import checks_values
@@ -74,13 +75,17 @@ def token_singular_values(X: Tensor, *, center: str = "sequence", pool: bool = T
     _check_choice(center, "center", _CENTRES)
     _check_flag(pool, "pool")  # pool="no" is truthy: one pooled spectrum where per-sequence ones were asked for
     B, T, D = X.shape
+    # an exact power-of-two scaling, undone on the singular values: the mean of float32 tokens of |x| > 1e38 overflowed
+    # (inf - inf: NaN singular values of finite tokens)
+    _, exponent = torch.frexp(X.detach().abs().amax())
+    X = _times_pow2(X, -exponent)
     if center == "sequence":
         X = X - X.mean(dim=1, keepdim=True)
     elif center == "global":
         X = X - X.mean(dim=(0, 1))
     if pool:
         X = X.reshape(B * T, D)
-    return torch.linalg.svdvals(X)
+    return _times_pow2(torch.linalg.svdvals(X), exponent)
 
 
 def _check_spectrum(s: object, name: str = "s") -> Tensor:
