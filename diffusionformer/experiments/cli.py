@@ -236,8 +236,9 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "show":
             from diffusionformer.experiments.validate import check_experiment
 
-            # every task x setting x seed resolves (datasets whose files are absent: from the preset's sizes)
-            check_experiment(config, data_root=args.data_root, missing_data_ok=True)
+            # every task x setting x seed resolves (datasets whose files are absent: from the preset's sizes);
+            # a --data-root given is checked too (a misspelt one is not taken for data not yet downloaded)
+            check_experiment(config, data_root=args.data_root, missing_data_ok=args.data_root is None)
             print(f"{config.name}: {len(config.tasks)} tasks x {len(config.operators)} operator settings x "
                   f"{len(config.seeds)} seeds = {len(config.tasks) * len(config.operators) * len(config.seeds)} runs")
             for t in config.tasks:
@@ -312,8 +313,10 @@ def _main(argv: list[str] | None) -> int:
             print(f"{len(failed)} run(s) failed; see the messages above", file=sys.stderr)
             return 1
         return 0
-    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError,
-            PermissionError, ModuleNotFoundError) as exc:  # a bad --out (a file), a package missing: no traceback
+    except BrokenPipeError:  # stdout's reader gone: main() decides (quiet exit 141), not an error line
+        raise
+    except (ValueError, TypeError, OSError, ModuleNotFoundError) as exc:
+        # a bad --out (a file, a name too long for the file system), a package missing: no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; 130 = 128 + SIGINT, as a shell reports it

@@ -298,7 +298,7 @@ def test_show_status_publish_and_summary_pass_their_flags_and_exit_0(cli, capsys
     toml = cli.toml()
     assert cli_main(["show", toml, "--data-root", "d"]) == 0
     (_, config, kwargs), = cli.named("check")
-    assert kwargs == {"data_root": "d", "missing_data_ok": True}
+    assert kwargs == {"data_root": "d", "missing_data_ok": False}  # a given --data-root is checked
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "tiny: 1 tasks x 3 operator settings x 2 seeds = 6 runs"
     assert out[-1] == "  operator heat: heads='attention:1,heat(t=0.5, learnable=True, steps=2):1' laplacian_heads=None"
