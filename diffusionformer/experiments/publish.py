@@ -187,7 +187,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     Raises:
         FileNotFoundError: the comparison has no ``results.json`` yet (run it first).
         ValueError: ``<docs_dir>/<name>/`` holds the results folder (``out_root="tiny"``, ``docs_dir="."``): replacing
-            it would delete the runs.
+            it would delete the runs; or finished runs were made with another train config than ``config``'s (a
+            ``run --set ...`` published without the overrides: the page would call them runs of this config).
     """
     src = Path(out_root) / config.name
     results_path = src / "results.json"
