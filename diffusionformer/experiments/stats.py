@@ -304,6 +304,9 @@ def wilcoxon_p(d: Sequence[float]) -> float | None:
         >>> wilcoxon_p([0.1, 0.2, 0.3]), wilcoxon_p([0.1, -0.2, 0.3, 0.4, 0.5])
         (0.25, 0.1875)
     """
+    if isinstance(d, (Mapping, str)):  # a mapping's keys are the seeds, a str's characters no differences
+        raise TypeError(f"d must be a sequence of differences, got {type(d).__name__} "
+                        "(for differences per seed pass list(mapping.values()))")
     d = [float(x) for x in d]
     _check_finite(d, "d")
     if len(d) < 2:
@@ -359,6 +362,7 @@ def holm(p: Sequence[float | None]) -> list[float | None]:
         >>> [None if x is None else round(x, 4) for x in holm([0.01, 0.04, 0.03, None])]
         [0.04, 0.09, 0.09, None]
     """
+    p = _p_values(p)
     vals = [1.0 if x is None else float(x) for x in p]
     _check_p(vals)
     m = len(vals)
@@ -382,6 +386,7 @@ def benjamini_hochberg(p: Sequence[float | None]) -> list[float | None]:
         >>> [round(x, 4) for x in benjamini_hochberg([0.01, 0.04, 0.03, 0.5])]
         [0.04, 0.0533, 0.0533, 0.5]
     """
+    p = _p_values(p)
     vals = [1.0 if x is None else float(x) for x in p]
     _check_p(vals)
     m = len(vals)
@@ -400,6 +405,19 @@ def _check_finite(values: Sequence[float], name: str) -> None:
     bad = [x for x in values if not math.isfinite(x)]
     if bad:
         raise ValueError(f"{name} holds non-finite values {bad}: a statistic of them is undefined")
+
+
+def _p_values(p: Any) -> list[Any]:
+    """``p`` as a list (an iterator is read once, so the adjusted values pair with it), each entry a number or ``None``;
+    a TypeError for a mapping or str (their keys or characters are no p-values) and for bools or other non-numbers."""
+    if isinstance(p, (Mapping, str)):
+        raise TypeError(f"p must be a sequence of p-values (or None), got {type(p).__name__} "
+                        "(for p-values per name pass list(mapping.values()))")
+    p = list(p)
+    bad = [x for x in p if x is not None and (isinstance(x, bool) or not isinstance(x, numbers.Real))]
+    if bad:
+        raise TypeError(f"p-values must be numbers or None, got {bad}")
+    return p
 
 
 def _check_p(vals: list[float]) -> None:
