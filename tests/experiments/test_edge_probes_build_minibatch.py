@@ -53,6 +53,10 @@ def test_bug_dense_only_operator_in_a_graph_task(tmp_path, heads, load_data):
     name = heads.split(",")[-1].split(":")[0]
     assert len(problems) == 1 and "setting 'exact'" in problems[0] and f"operator {name!r}" in problems[0], problems
     assert "needs a dense P" in problems[0]
+    # Bug (sitting 38): the model's message names its task, and the line named it twice
+    # ("task 'k' / setting 'exact': task 'k': model ..."); once now
+    assert problems[0].startswith("task 'k' / setting 'exact': model 'graph-node-small' layer 0 has operator")
+    assert problems[0].count("task 'k'") == 1, problems[0]
 
 
 def test_bug_a_run_listed_twice_in_results_json_is_one_run(tmp_path):
