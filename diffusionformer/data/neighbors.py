@@ -100,10 +100,21 @@ class TorchNeighborSampler(BaseSampler):
         src, dst = ei[0].long().cpu(), ei[1].long().cpu()
         dst_sorted, perm = torch.sort(dst, stable=True)
         self.num_nodes = N
+        self._edge_index, self._edge_version = ei, ei._version  # what it was built on, for neighbor_batch's check
         self.perm = perm  # CSC position -> original edge id
         self.row = src[perm]  # sources in CSC order
         self.colptr = torch.zeros(N + 1, dtype=torch.long)
         self.colptr[1:] = torch.cumsum(torch.bincount(dst_sorted, minlength=N), 0)
+
+    def _built_on(self, edge_index: Any) -> bool:
+        """Whether ``edge_index`` holds the edges this sampler was built on, in the same order."""
+        if edge_index is self._edge_index and edge_index._version == self._edge_version:
+            return True
+        if not isinstance(edge_index, Tensor) or tuple(edge_index.shape) != (2, self.perm.numel()):
+            return False
+        ei = edge_index.long().cpu()[:, self.perm]
+        dst = torch.repeat_interleave(torch.arange(self.num_nodes), self.colptr.diff())
+        return torch.equal(ei[0], self.row) and torch.equal(ei[1], dst)
 
     @property
     def edge_permutation(self) -> None:
@@ -152,6 +163,9 @@ class TorchNeighborSampler(BaseSampler):
     def _sample_from_nodes(self, index: NodeSamplerInput, generator: torch.Generator | None) -> SamplerOutput:
         """One draw of the neighbourhood of ``index.node`` from ``generator`` (``None``: torch's global RNG)."""
         seeds = index.node
+        if not isinstance(seeds, Tensor) or seeds.dim() != 1:  # else torch's "repeats must be 0-dim or 1-dim tensor"
+            raise ValueError(f"TorchNeighborSampler: expected seed node ids of shape (B,), "
+                             f"got {tuple(seeds.shape) if isinstance(seeds, Tensor) else type(seeds).__name__}")
         if seeds.dtype == torch.bool or seeds.is_floating_point() or seeds.is_complex():  # .long() truncated them
             raise TypeError(f"TorchNeighborSampler: expected integer seed node ids, got dtype {seeds.dtype}")
         seeds = seeds.long()
@@ -306,6 +320,10 @@ def neighbor_batch(data: Data, sampler: TorchNeighborSampler, seeds: Tensor,
         raise ValueError(f"neighbor_batch: sampler was built on a graph of {sampler.num_nodes} nodes and "
                          f"{sampler.perm.numel()} edges, data has {data.num_nodes} nodes and {data.num_edges} edges; "
                          "build the sampler on data")
+    if not sampler._built_on(data.edge_index):
+        # same sizes, other edges (reordered, reversed, changed in place): the sampled edges and e_id are not data's
+        raise ValueError("neighbor_batch: sampler was built on a graph with other edges than data.edge_index "
+                         f"(same {data.num_nodes} nodes and {data.num_edges} edges); build the sampler on data")
     _require_generator(generator, "neighbor_batch")
     if not isinstance(seeds, Tensor) or seeds.dim() != 1:
         raise ValueError(f"neighbor_batch: expected seeds of shape (B,), got {getattr(seeds, 'shape', type(seeds))}")

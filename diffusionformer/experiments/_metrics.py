@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -29,7 +30,7 @@ def _num_correct(logits: Tensor, y: Tensor) -> float:
 def full_graph_metrics(model: nn.Module, data: NodeData) -> dict[str, float]:
     """``val_loss``, ``val_acc``, ``test_loss``, ``test_acc`` and ``loss = val_loss`` of one full-graph forward."""
     device = next(model.parameters()).device
-    d = data.data.to(device)
+    d = copy.copy(data.data).to(device)  # Data.to moves in place: the dataset (and the sampler's graph) stays put
     logits = model(d.x, d.edge_index).float()
     out: dict[str, float] = {}
     for split in ("val", "test"):

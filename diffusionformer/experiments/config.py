@@ -35,7 +35,7 @@ import os
 import sys
 import unicodedata
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -480,13 +480,14 @@ def _toml_key_path(text: str) -> list[str]:
     return path
 
 
-def _entry_end(names: list[Any], path: list[str], i: int) -> int | None:
+def _entry_end(names: list[Any], path: list[str], i: int, keys: Any = ()) -> int | None:
     """The index ``k`` (``i <= k < len(path) - 1``) such that ``path[i:k + 1]`` joined by dots names an entry:
-    ``tasks.csbm-h0.1.train.lr`` addresses the task named ``csbm-h0.1`` (the shortest such name first)."""
-    for k in range(i, len(path) - 1):
-        if ".".join(path[i:k + 1]) in names:
-            return k
-    return None
+    ``tasks.csbm-h0.1.train.lr`` addresses the task named ``csbm-h0.1``. Where several names fit (tasks ``csbm-h0``
+    and ``csbm-h0.1``), the one followed by a field of the entry (one of ``keys``) wins, else the shortest (was: the
+    shortest always, so ``csbm-h0.1``'s override went to ``csbm-h0`` as the unknown key ``'1'``)."""
+    ends = [k for k in range(i, len(path) - 1) if ".".join(path[i:k + 1]) in names]
+    keyed = [k for k in ends if path[k + 1] in keys]
+    return keyed[0] if len(keyed) == 1 else ends[0] if ends else None
 
 
 def _first_name(entries: Any) -> Any:
@@ -545,7 +546,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             part = path[i]
             if isinstance(node, list):
                 names = [e.get("name") for e in node if isinstance(e, dict)]
-                k = _entry_end(names, path, i)  # a name may hold dots: "csbm-h0.1" is the parts "csbm-h0", "1"
+                entry_cls = {"tasks": TaskConfig, "operators": OperatorSetting}.get(path[0]) if i == 1 else None
+                keys = [f.name for f in fields(entry_cls)] if entry_cls is not None else ()
+                k = _entry_end(names, path, i, keys)  # a name may hold dots: "csbm-h0.1" is the parts "csbm-h0", "1"
                 if k is None:
                     known = [n for n in names if isinstance(n, str)]
                     hint = next((h for h in (_did_you_mean(".".join(path[i:j]), known) for j in range(len(path) - 1, i, -1))
