@@ -182,9 +182,10 @@ def _planetoid_matrix(path: Path) -> Tensor:
         if not (isinstance(shape, tuple) and len(shape) == 2 and all(isinstance(n, numbers.Integral) for n in shape)):
             raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: a sparse matrix of shape {shape!r}")
         _check_dense_size(path, shape, "its sparse matrix")  # toarray() would allocate it all
-        try:
+        try:  # SciPy's toarray() trusts indptr and indices: out of range, it reads and writes past its buffers
+            obj.check_format(full_check=True)
             obj = obj.toarray()
-        except (ValueError, TypeError, IndexError, MemoryError) as err:  # indices that do not fit the shape
+        except (ValueError, TypeError, IndexError, MemoryError, AttributeError) as err:  # AttributeError: no indptr
             raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: {type(err).__name__}: {err}") from None
     if not isinstance(obj, np.ndarray) or obj.ndim != 2 or obj.dtype.kind not in "biuf":
         what = f"{obj.dtype} array of shape {obj.shape}" if isinstance(obj, np.ndarray) else type(obj).__name__

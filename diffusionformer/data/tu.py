@@ -116,15 +116,16 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
         for old in raw_dir.iterdir():
             if old.is_file():
                 old.unlink()
+        # processed/ from another version of the zip is stale: removed before the marker is written, so a run
+        # killed in between redoes the extraction rather than keep the old graphs
+        processed = raw_dir.parent / "processed"
+        if processed.is_dir():
+            shutil.rmtree(processed)
         for f in tmp.iterdir():
             f.replace(raw_dir / f.name)
         marker.write_text(digest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    # processed/ from another version of the zip is stale
-    processed = raw_dir.parent / "processed"
-    if processed.is_dir():
-        shutil.rmtree(processed, ignore_errors=True)
     return raw_dir
 
 
