@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,13 +94,17 @@ def _check_model_record(saved: Any, model: nn.Module, ckpt: Path, ident_path: Pa
     differs from ``model`` rebuilt from ``run_config.json``: weights of the same shapes load into another operator
     (a hand-edited ``heads``) without a word. Config fields the record lacks (added to the library after the run) and
     a checkpoint without a record (older versions) are not compared."""
-    from collections.abc import Mapping
 
     from diffusionformer.train import CheckpointError
     from diffusionformer.train.checkpoint import model_record, model_record_differences
 
-    if not (isinstance(saved, Mapping) and all(isinstance(saved.get(k) or {}, Mapping) for k in ("config", "heads"))):
+    if saved is None:
         return
+    if not (isinstance(saved, Mapping) and all(isinstance(saved.get(k) or {}, Mapping) for k in ("config", "heads"))):
+        # as the trainer refuses to resume from it: a damaged record is not an older checkpoint's missing one
+        raise CheckpointError(f"checkpoint {ckpt}: expected a model record as the trainer saves (a mapping with "
+                              f"'class', 'config' and 'heads' mappings), got {type(saved).__name__} "
+                              f"({repr(saved)[:200]})")
     now = model_record(model)
     if now["config"] is not None and saved.get("config"):
         now["config"] = {k: v for k, v in now["config"].items() if k in saved["config"]}
@@ -107,6 +112,25 @@ def _check_model_record(saved: Any, model: nn.Module, ckpt: Path, ident_path: Pa
     if diffs:
         raise CheckpointError(f"checkpoint {ckpt}: expected the weights of the model that {ident_path} describes, got "
                               f"ones written by a different model ({'; '.join(diffs)}); was {ident_path.name} edited?")
+
+
+def _build_in_saved_dtype(model_cls: Any, config: Any, state: Any) -> nn.Module:
+    """``model_cls(config)`` built under the default dtype of the checkpoint's parameters (float32 or float64, when
+    they all have one): built under the caller's ``torch.set_default_dtype(torch.float64)``, a float32 run came
+    back as a float64 model (its weights widened, its fixed operator coefficients recomputed in float64), whose
+    outputs were not the trained model's; a float64 run loaded at the float32 default lost its precision."""
+    model = model_cls(config)
+    if not isinstance(state, Mapping):  # not a state dict: load_state_dict below says so
+        return model
+    saved = {state[n].dtype for n, _ in model.named_parameters() if isinstance(state.get(n), torch.Tensor)}
+    if len(saved) != 1 or not saved <= {torch.float32, torch.float64} or saved == {p.dtype for p in model.parameters()}:
+        return model
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(saved.pop())
+    try:
+        return model_cls(config)
+    finally:
+        torch.set_default_dtype(before)
 
 
 def _runs_below(folder: Path, limit: int = 3) -> str:
@@ -146,7 +170,8 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     recorded in ``run_config.json`` when the run started, so it is exactly the model the runner
     trained (no data or experiment config is needed; a DINO model also gets the run's
     :class:`~diffusionformer.data.ssl.SSLConfig` as ``model.task_config``); the weights are those of
-    ``checkpoint.pt`` (the last saved step: the final one for a completed run).
+    ``checkpoint.pt`` (the last saved step: the final one for a completed run), in their dtype whatever the
+    caller's ``torch.get_default_dtype()``.
 
     Args:
         path: the run directory (``.../runs/<task>/<operator>/seed<k>``) or a file in it.
@@ -162,7 +187,8 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
             unknown preset or holds an invalid config; ``map_location`` is not a device, or a CUDA
             device (or one of another kind, ``mps``) this machine does not have.
         CheckpointError: the checkpoint is unreadable, does not fit the model, was written by another model
-            (class, config or head layout: an edited ``run_config.json``) or holds NaN or inf weights.
+            (class, config or head layout: an edited ``run_config.json``), holds a damaged model record or
+            NaN or inf weights.
     """
     from diffusionformer.config import _device_argument, config_from_dict
     from diffusionformer.models import get_preset
@@ -211,7 +237,7 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     if not ckpt.is_file() and not ckpt.is_symlink():  # a link to a missing file: load_checkpoint names it
         raise FileNotFoundError(f"load_run: expected the checkpoint {ckpt}, got none (the run has not saved a step yet)")
     payload = load_checkpoint(ckpt)
-    model = preset.model_cls(config)
+    model = _build_in_saved_dtype(preset.model_cls, config, payload["model"])
     if preset.task_config_cls is not None:
         model.task_config = task_config(preset_name, **settings)
     try:
