@@ -120,6 +120,13 @@ def _check_mappings(a: Any, b: Any) -> None:
         raise TypeError(f"paired values must be mappings seed -> value, got {type(a).__name__} and {type(b).__name__}")
 
 
+def _refuse_keyed(value: Any, expected: str, per: str) -> None:
+    """A TypeError saying ``expected`` for a mapping (its keys, the seeds or names, would be read as the values) or a
+    str (its characters)."""
+    if isinstance(value, (Mapping, str)):
+        raise TypeError(f"{expected}, got {type(value).__name__} (for {per} pass list(mapping.values()))")
+
+
 def _check_sequences(a: Any, b: Any) -> None:
     """A TypeError when a side of an unpaired comparison is a mapping (its keys, the seeds, would be the values) or a str."""
     if isinstance(a, (Mapping, str)) or isinstance(b, (Mapping, str)):
@@ -304,9 +311,7 @@ def wilcoxon_p(d: Sequence[float]) -> float | None:
         >>> wilcoxon_p([0.1, 0.2, 0.3]), wilcoxon_p([0.1, -0.2, 0.3, 0.4, 0.5])
         (0.25, 0.1875)
     """
-    if isinstance(d, (Mapping, str)):  # a mapping's keys are the seeds, a str's characters no differences
-        raise TypeError(f"d must be a sequence of differences, got {type(d).__name__} "
-                        "(for differences per seed pass list(mapping.values()))")
+    _refuse_keyed(d, "d must be a sequence of differences", "differences per seed")
     d = [float(x) for x in d]
     _check_finite(d, "d")
     if len(d) < 2:
@@ -410,9 +415,7 @@ def _check_finite(values: Sequence[float], name: str) -> None:
 def _p_values(p: Any) -> list[Any]:
     """``p`` as a list (an iterator is read once, so the adjusted values pair with it), each entry a number or ``None``;
     a TypeError for a mapping or str (their keys or characters are no p-values) and for bools or other non-numbers."""
-    if isinstance(p, (Mapping, str)):
-        raise TypeError(f"p must be a sequence of p-values (or None), got {type(p).__name__} "
-                        "(for p-values per name pass list(mapping.values()))")
+    _refuse_keyed(p, "p must be a sequence of p-values (or None)", "p-values per name")
     p = list(p)
     bad = [x for x in p if x is not None and (isinstance(x, bool) or not isinstance(x, numbers.Real))]
     if bad:
