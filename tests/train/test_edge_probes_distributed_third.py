@@ -73,7 +73,11 @@ _WORKER = textwrap.dedent('''
         deadline = time.monotonic() + 30
         while not os.path.exists(os.path.join(OUT, "rank1.txt")) and time.monotonic() < deadline:
             time.sleep(0.05)
-    dist.destroy_process_group()
+    # the group's teardown is not what these tests check, and Gloo's may abort a process at exit (pytorch/pytorch#179291;
+    # "terminate called without an active exception" from rank 1 once in a CI run, where it left no other trace):
+    # leave without it, each rank's outcome is on disk
+    sys.stdout.flush()
+    os._exit(0)
 ''')
 
 
