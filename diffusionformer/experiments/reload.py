@@ -89,6 +89,27 @@ def _check_cuda_exists(device: torch.device) -> None:
                          "use map_location='cpu'")
 
 
+def _check_train_identity(recorded: Any, saved: dict[str, Any], ckpt: Path, ident_path: Path) -> None:
+    """A CheckpointError when the checkpoint was trained under another train config than ``run_config.json``
+    records (``train.seed`` above all: another seed's checkpoint copied into the folder has the same model record).
+    Fields a resume may change (``max_steps``, intervals, device, ...) and ``amp`` (recorded as asked, saved as
+    resolved) are not compared, nor fields one side lacks (an older run, an older library)."""
+    import json
+
+    from diffusionformer.train import CheckpointError
+    from diffusionformer.train.trainer import RESUMABLE_FIELDS
+
+    if not isinstance(recorded, Mapping):  # an older run_config.json without its train table
+        return
+    saved = json.loads(json.dumps(saved, default=str))  # as the runner records it (tuples as lists)
+    diffs = [f"{name}: checkpoint {saved[name]!r}, run_config.json {value!r}" for name, value in recorded.items()
+             if name in saved and name not in RESUMABLE_FIELDS and name != "amp" and saved[name] != value]
+    if diffs:
+        raise CheckpointError(f"checkpoint {ckpt}: expected the run that {ident_path} records, got a checkpoint "
+                              f"trained under another train config ({'; '.join(diffs)}); was it copied from "
+                              "another run's folder?")
+
+
 def _check_model_record(saved: Any, model: nn.Module, ckpt: Path, ident_path: Path) -> None:
     """A CheckpointError when the checkpoint's model record (class, config, head layout of the model that wrote it)
     differs from ``model`` rebuilt from ``run_config.json``: weights of the same shapes load into another operator
@@ -187,8 +208,8 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
             unknown preset or holds an invalid config; ``map_location`` is not a device, or a CUDA
             device (or one of another kind, ``mps``) this machine does not have.
         CheckpointError: the checkpoint is unreadable, does not fit the model, was written by another model
-            (class, config or head layout: an edited ``run_config.json``), holds a damaged model record or
-            NaN or inf weights.
+            (class, config or head layout: an edited ``run_config.json``) or under another train config (another
+            seed's checkpoint copied into the folder), holds a damaged model record or NaN or inf weights.
     """
     from diffusionformer.config import _device_argument, config_from_dict
     from diffusionformer.models import get_preset
@@ -265,4 +286,5 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
         train_config = TrainConfig.from_dict(payload["config"])
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint {ckpt}: its config is invalid: {err}") from err
+    _check_train_identity(identity.get("train"), train_config.to_dict(), ckpt, ident_path)
     return LoadedRun(model, config, metrics, summary, train_config, int(payload["step"]), preset_name, rdir)
