@@ -136,7 +136,14 @@ def propagation_hops(model: nn.Module) -> int | None:
     """
     from diffusionformer.models import GCN, GIN, DiffusionGraphTransformer
 
-    inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None) or model
+    inner = model
+    for _ in range(4):  # DistributedDataParallel's .module, torch.compile's ._orig_mod, in either order
+        # by isinstance, not truthiness: bool() of a compiled module calls its model's len(), which most lack
+        wrapped = getattr(inner, "module", None)
+        wrapped = wrapped if isinstance(wrapped, nn.Module) else getattr(inner, "_orig_mod", None)
+        if not isinstance(wrapped, nn.Module):
+            break
+        inner = wrapped
     if isinstance(inner, DiffusionGraphTransformer):
         if inner.config.global_attention:
             return None
