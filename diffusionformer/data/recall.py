@@ -18,7 +18,7 @@ own position, ``T = 2P + Q``: ``Q`` training signals per sequence instead of one
 
 from __future__ import annotations
 
-import numbers
+import operator
 
 import torch
 from torch import Tensor
@@ -48,6 +48,16 @@ def _distinct_keys(N: int, num_keys: int, P: int, generator: torch.Generator | N
     return torch.cat(blocks)  # (N, P)
 
 
+def _int_or_same(value: object) -> object:
+    """``value`` as a Python int when it is an integer other than a bool (NumPy and 0-d tensor ints too), else as is."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
 def make_assoc_recall(
     num_examples: int, num_pairs: int, vocab_size: int, generator: torch.Generator, num_queries: int = 1
 ) -> tuple[Tensor, Tensor]:
@@ -73,8 +83,7 @@ def make_assoc_recall(
     """
     num_examples, num_pairs, vocab_size = (_as_count(name, v) for name, v in (
         ("num_examples", num_examples), ("num_pairs", num_pairs), ("vocab_size", vocab_size)))
-    if isinstance(num_queries, numbers.Integral) and not isinstance(num_queries, bool):
-        num_queries = int(num_queries)  # a numpy int as the int it equals
+    num_queries = _int_or_same(num_queries)  # a numpy int (or a 0-d int tensor, as num_pairs) as the int it equals
     _require_generator(generator, "make_assoc_recall")
     if num_examples < 1:
         raise ValueError(f"num_examples must be >= 1, got {num_examples}")
@@ -134,6 +143,9 @@ def load_assoc_recall(
         - x, y of each split: ``(N_split, 2 * num_pairs + num_queries)`` int64
     """
     num_examples = _as_count("num_examples", num_examples)
+    # the sizes as the ints they equal: a numpy vocab_size was the data's vocab_size, a 0-d tensor the meta's num_pairs
+    num_pairs, vocab_size = _as_count("num_pairs", num_pairs), _as_count("vocab_size", vocab_size)
+    num_queries = _int_or_same(num_queries)
     if num_examples < 1:
         raise ValueError(f"num_examples must be >= 1, got {num_examples}")
     n_train, n_val, n_test = split_sizes(num_examples, val_fraction, test_fraction)

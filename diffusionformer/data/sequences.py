@@ -74,6 +74,11 @@ def load_mnist1d(
     y_test = torch.as_tensor(np.asarray(raw["y_test"], dtype=np.int64))
     train_idx, val_idx, _ = random_split(len(y_all), val_fraction, 0.0, seed)
     require_heldout("mnist1d", (train_idx, val_idx, len(y_test)), val_fraction, 0.0)  # test: the package's
+    if not len(train_idx):  # else the first training step's torch.randint(0, 0) ("expects 'from' to be less than 'to'")
+        raise ValueError(
+            f"mnist1d: val_fraction={val_fraction} leaves the train split empty (all {len(val_idx)} of the package's "
+            f"training examples held out for val); use more samples or a smaller val_fraction"
+        )
     T, F = x_all.shape[1:]
     return ClassificationData(
         name="mnist1d",
