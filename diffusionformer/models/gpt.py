@@ -390,8 +390,16 @@ class DiffusionGPT(nn.Module):
                     # shifted so the row maximum is 0: a tiny temperature gives -inf, never inf - inf = NaN;
                     # and the maximum stays 0 where the temperature rounds to 0 in float32 (1e-300: 0 / 0);
                     # removed tokens stay -inf (-inf / inf would be NaN)
+                    # a temperature >= 1 scales first (|logits / t| <= |logits|): shifted first, logits of
+                    # opposite signs near the dtype's range (3e38 and -3e38 in float32) differed by -inf, a token
+                    # of probability e^-2 at t = 1e38 was never drawn
+                    if temperature >= 1:
+                        logits = torch.where(logits.isneginf(), logits, logits / temperature)
                     shifted = logits - logits.amax(dim=-1, keepdim=True)
-                    logits = torch.where((shifted == 0) | shifted.isneginf(), shifted, shifted / temperature)
+                    if temperature < 1:
+                        logits = torch.where((shifted == 0) | shifted.isneginf(), shifted, shifted / temperature)
+                    else:
+                        logits = shifted
                     if top_p is not None:
                         logits = top_p_filter(logits, top_p)
                     probs = torch.softmax(logits, dim=-1)

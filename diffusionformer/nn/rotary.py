@@ -76,6 +76,11 @@ def _apply_rotary(x: Tensor, angles: Tensor, check_values: bool) -> Tensor:
     if check_values and angles.is_floating_point() and checks_values(angles) and not bool(torch.isfinite(angles).all()):
         # cos(inf) is NaN: the rotated queries came back NaN, silently (RotaryEmbedding refuses such positions)
         raise ValueError("apply_rotary: expected finite angles, got NaN or inf")
+    # cos and sin in the wider of the two dtypes: an integer angle's cos was taken in float32 (torch's default dtype),
+    # and float32 (or float16) angles were too, so a float64 x was rotated to ~1e-7 only
+    wide = (torch.promote_types(angles.dtype, x.dtype) if angles.is_floating_point()
+            else torch.float32 if angles.device.type == "mps" else torch.float64)
+    angles = angles.to(wide)
     cos = angles.cos().to(x.dtype)[:, None, :]  # (N, 1, C/2)
     sin = angles.sin().to(x.dtype)[:, None, :]
     pairs = x.unflatten(-1, (C // 2, 2))  # (..., N, H, C/2, 2)
