@@ -139,7 +139,9 @@ def read_metrics_csv(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         path = path / CSV_NAME
     _check_regular_file(path, "read_metrics_csv", resume=False)  # a FIFO: else a wait for a writer for ever
     records = []
-    with open(path, newline="", encoding="utf-8") as f:
+    # utf-8-sig: a table saved again by a spreadsheet (Excel's "CSV UTF-8") starts with a byte-order mark, which
+    # made the first column "\ufeffstep": every row "not a metrics row"
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         try:
             for row in reader:
@@ -179,7 +181,9 @@ class CSVLog:
         # A damaged byte must not stop a resume: it reads as U+FFFD, and a row it spoils is dropped by
         # ``truncate``. One read as an opening quote runs on to the end of the file, as one cell: past csv's field
         # limit (128 KiB) a csv.Error, and the rows read before it are the table.
-        with open(self.path, newline="", encoding="utf-8", errors="replace") as f:
+        # utf-8-sig: a byte-order mark (a spreadsheet's save) made the first column "\ufeffstep", and a resume dropped
+        # every row as unsound and appended under a header naming "step" twice
+        with open(self.path, newline="", encoding="utf-8-sig", errors="replace") as f:
             reader = csv.DictReader(f)
             fieldnames: Sequence[str] | None = None
             rows: list[dict[str, str]] = []

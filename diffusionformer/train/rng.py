@@ -81,6 +81,10 @@ def restore_rng_state(
         state: the captured states.
         device: the training device (its CUDA generator is restored when one was captured).
         generator: the batch generator to restore, if any.
+
+    Raises:
+        ValueError: ``state`` is not one :func:`capture_rng_state` writes (an entry missing, or one that does not
+            fit, such as a torch state of another size); every generator is then left as it was.
     """
     missing = [k for k in ("python", "numpy", "torch") if not isinstance(state, dict) or k not in state]
     if missing:  # else a bare KeyError 'python'
@@ -89,6 +93,20 @@ def restore_rng_state(
     _check_device("restore_rng_state", device)
     if generator is not None and state.get("generator") is None:  # before any generator is set: none half-restored
         raise ValueError("restore_rng_state: expected a saved batch-generator state, got None")
+    # a state that does not fit (a torch state of another size or version) failed after the generators before it
+    # were set: the caller got the error with its Python and NumPy generators already rewound. Put them back.
+    previous = capture_rng_state(device, generator)
+    try:
+        _set_rng_state(state, device, generator)
+    except Exception as err:
+        _set_rng_state(previous, device, generator)
+        if isinstance(err, (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError)):
+            raise ValueError(f"restore_rng_state: expected the states capture_rng_state writes, got one that does "
+                             f"not fit ({type(err).__name__}: {err})") from err
+        raise
+
+
+def _set_rng_state(state: dict[str, Any], device: torch.device, generator: torch.Generator | None) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
     npst = state["numpy"]
