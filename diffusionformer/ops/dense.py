@@ -562,6 +562,7 @@ def _try_triton(
     is_causal: bool, scale: float, backend: str, degrees: tuple[int, ...], dropout_p: float, need_weights: bool,
 ) -> Tensor | None:
     """The call on :class:`TritonBackend` when it supports it; ``None`` to fall back (``"auto"``), else ValueError."""
+    _check_is_causal(is_causal)  # the mask below is normalised without it: a non-bool flag is an error here too
     if backend == "auto" and _plain_attention(coeffs, degrees):
         return None  # every head is softmax attention: the stock fused SDPA kernel is that exact operation
     if backend == "auto" and q.shape[-1] > TRITON_AUTO_MAX_HEAD_DIM:

@@ -83,7 +83,8 @@ def _runs_here(device: torch.device) -> bool:
 
 def split_mask(attn_mask: Tensor | None, batch_size: int) -> tuple[Tensor | None, Tensor | None]:
     """``(key_padding_mask, general_mask)`` for the kernels: a bool mask that depends on the key alone
-    becomes a ``(B, N)`` key padding mask (the kernels' cheaper path), any other mask stays 4-D.
+    becomes a ``(B, N)`` key padding mask (the kernels' cheaper path), any other mask stays 4-D (one broadcast
+    along the keys too, ``(B, 1, 1, 1)``: its key padding mask would have one column where the kernels read ``N``).
 
     Args:
         attn_mask: a validated 4-dimensional mask (bool True = attend, or float), or ``None``.
@@ -96,7 +97,7 @@ def split_mask(attn_mask: Tensor | None, batch_size: int) -> tuple[Tensor | None
     """
     if attn_mask is None:
         return None, None
-    if attn_mask.dtype == torch.bool and attn_mask.shape[1] == 1 and attn_mask.shape[2] == 1:
+    if attn_mask.dtype == torch.bool and attn_mask.shape[1] == 1 and attn_mask.shape[2] == 1 and attn_mask.shape[3] > 1:
         return key_padding_from_mask(attn_mask, batch_size), None
     return None, attn_mask
 
