@@ -74,6 +74,13 @@ def _as_count(name: str, value: Any) -> int:
         raise TypeError(f"{name} must be an int, got {value!r}") from None
 
 
+def _check_ids(what: str, ids: Tensor, n: int, name: str, extra: str = "") -> None:
+    """Refuse ``ids`` outside ``[0, n)`` with a ``ValueError`` naming ``what``, ``name`` and the range found."""
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise ValueError(f"{what} must lie in [0, {n}) ({name}){extra}, got range [{int(ids.min())}, "
+                         f"{int(ids.max())}]")
+
+
 def _shape(t: Tensor) -> str:
     return "x".join(str(s) for s in t.shape)
 
@@ -130,6 +137,8 @@ class ClassificationData(_TensorSplits):
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # a float 3.0 or a bool True passed and reached the model's head size
+        self.num_classes = _as_count("num_classes", self.num_classes)
         if self.kind not in ("image", "sequence"):
             raise ValueError(f"kind must be 'image' or 'sequence', got {self.kind!r}{_choice_hint(self.kind, ('image', 'sequence'))}")
         expected_dims = 3 if self.kind == "image" else 2
@@ -144,11 +153,13 @@ class ClassificationData(_TensorSplits):
                 raise ValueError(
                     f"{split}: expected float32 x and int64 y, got {x.dtype} and {y.dtype}"
                 )
-            if tuple(x.shape[1:]) != tuple(self.input_shape) or x.shape[0] != y.shape[0]:
+            if tuple(x.shape[1:]) != tuple(self.input_shape) or y.dim() != 1 or x.shape[0] != y.shape[0]:
                 raise ValueError(
                     f"{split}: expected x of shape (N, {', '.join(map(str, self.input_shape))}) "
                     f"and y of shape (N,), got {tuple(x.shape)} and {tuple(y.shape)}"
                 )
+            # a label beyond the classes failed at the loss (a device-side assert on a GPU), a negative one too
+            _check_ids(f"{split}: labels", y, self.num_classes, "num_classes")
 
     def __repr__(self) -> str:
         return (
@@ -365,13 +376,23 @@ class SequenceTaskData(_TensorSplits):
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # a float 3.0 or a bool True passed (TextData refuses them) and reached the model's config
+        self.vocab_size = _as_count("vocab_size", self.vocab_size)
+        self.ignore_index = _as_count("ignore_index", self.ignore_index)
         for split in SPLITS:
             x, y = self.split(split)
-            if x.dtype != torch.int64 or y.dtype != torch.int64 or x.shape != y.shape:
+            if not (isinstance(x, Tensor) and isinstance(y, Tensor)):
+                raise ValueError(f"{split}: expected int64 tensors, got {type(x).__name__} and {type(y).__name__}")
+            if (x.dtype != torch.int64 or y.dtype != torch.int64 or x.shape != y.shape or x.dim() != 2
+                    or x.shape[1] != self.x_train.shape[1]):
                 raise ValueError(
-                    f"{split}: expected int64 inputs and targets of the same shape (N, T), "
+                    f"{split}: expected int64 inputs and targets of the same shape (N, T), T the train split's, "
                     f"got {x.dtype} {tuple(x.shape)} and {y.dtype} {tuple(y.shape)}"
                 )
+            # ids beyond the vocabulary failed at the model's embedding or loss (a device-side assert on a GPU)
+            _check_ids(f"{split}: input tokens", x, self.vocab_size, "vocab_size")
+            _check_ids(f"{split}: targets", y[y != self.ignore_index], self.vocab_size, "vocab_size",
+                       f" or ignore_index ({self.ignore_index})")
 
     @property
     def seq_len(self) -> int:
@@ -412,11 +433,19 @@ class NodeData:
         for key in ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask"):
             if getattr(d, key, None) is None:
                 raise ValueError(f"NodeData needs data.{key}; the given Data has none")
+        self.num_features = _as_count("num_features", self.num_features)
         if tuple(d.x.shape) != (d.num_nodes, self.num_features):
             raise ValueError(
                 f"expected x of shape ({d.num_nodes}, {self.num_features}), got {tuple(d.x.shape)}"
             )
         N = d.num_nodes
+        self.num_classes = _as_count("num_classes", self.num_classes)
+        ei = d.edge_index
+        if ei.dtype != torch.int64 or ei.dim() != 2 or ei.shape[0] != 2:
+            raise ValueError(f"expected edge_index to be an int64 tensor of shape (2, E), got {ei.dtype} of shape "
+                             f"{tuple(ei.shape)}")
+        # an edge to node N or beyond gathered another graph's memory or failed in a scatter (a GPU assert)
+        _check_ids("edge_index: node ids", ei, N, "num_nodes")
         if d.y.dim() < 1 or d.y.shape[0] != N:
             raise ValueError(f"expected y with one row per node ({N}), got shape {tuple(d.y.shape)}")
         for split in SPLITS:

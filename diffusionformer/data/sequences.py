@@ -19,7 +19,7 @@ import torch
 from ._optional import import_optional
 from .base import ClassificationData, _as_count
 from .registry import register_dataset
-from .splits import random_split, require_heldout
+from .splits import random_split
 
 __all__ = ["load_mnist1d"]
 
@@ -73,7 +73,11 @@ def load_mnist1d(
     x_test = torch.as_tensor(np.asarray(raw["x_test"], dtype=np.float32)).unsqueeze(-1)
     y_test = torch.as_tensor(np.asarray(raw["y_test"], dtype=np.int64))
     train_idx, val_idx, _ = random_split(len(y_all), val_fraction, 0.0, seed)
-    require_heldout("mnist1d", (train_idx, val_idx, len(y_test)), val_fraction, 0.0)  # test: the package's
+    if not len(val_idx):  # require_heldout counted the package's test examples too: "0 of 20" for 16 carved from
+        raise ValueError(
+            f"mnist1d: val_fraction={val_fraction} leaves the val split empty (0 of the package's {len(y_all)} "
+            f"training examples); evaluation needs at least one val example, so use a larger val_fraction"
+        )
     if not len(train_idx):  # else the first training step's torch.randint(0, 0) ("expects 'from' to be less than 'to'")
         raise ValueError(
             f"mnist1d: val_fraction={val_fraction} leaves the train split empty (all {len(val_idx)} of the package's "
