@@ -493,6 +493,39 @@ class GraphSetData:
     kind: str = "graph"
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # a float 2.0 or a bool True passed and reached the model's head and input sizes
+        self.num_classes = _as_count("num_classes", self.num_classes)
+        self.num_features = _as_count("num_features", self.num_features)
+        G = len(self.dataset)
+        used: set[int] = set()
+        for split in SPLITS:
+            idx = getattr(self, f"{split}_idx")
+            if not isinstance(idx, Tensor) or idx.dtype != torch.int64 or idx.dim() != 1:
+                # a float tensor failed at split() with "list indices must be integers", a list had no numel
+                got = f"{idx.dtype} of shape {tuple(idx.shape)}" if isinstance(idx, Tensor) else type(idx).__name__
+                raise ValueError(f"{split}_idx must be a 1-D int64 tensor, got {got}")
+            # a negative index picked a graph from the end without a word, one past the end failed at split()
+            _check_ids(f"{split}_idx: graph ids", idx, G, "len(dataset)")
+            if idx.unique().numel() != idx.numel():  # a repeated graph was scored (and trained on) twice
+                raise ValueError(f"{split}_idx lists a graph more than once: {idx.tolist()[:20]}")
+            used.update(idx.tolist())
+        for i in sorted(used):
+            self._check_graph(i, self.dataset[i])
+
+    def _check_graph(self, i: int, g: Any) -> None:
+        """Graph ``i`` has ``x`` ``(N_i, num_features)`` and one int64 label in ``[0, num_classes)``: a wider ``x``
+        failed in the model's first layer mid-run, a label beyond the classes at the loss (a GPU assert)."""
+        x, y = getattr(g, "x", None), getattr(g, "y", None)
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.num_features:
+            got = f"shape {tuple(x.shape)}" if isinstance(x, Tensor) else repr(x)
+            raise ValueError(f"graph {i}: expected x of shape (num_nodes, {self.num_features}) (num_features), "
+                             f"got {got}")
+        if not isinstance(y, Tensor) or y.dtype != torch.int64 or y.numel() != 1:
+            got = f"{y.dtype} of shape {tuple(y.shape)}" if isinstance(y, Tensor) else repr(y)
+            raise ValueError(f"graph {i}: expected y to be one int64 class label, got {got}")
+        _check_ids(f"graph {i}: label", y, self.num_classes, "num_classes")
+
     def split(self, split: str) -> Any:
         """The graphs of ``split`` (a PyG dataset view, or a list when ``dataset`` is a list)."""
         _check_split(split)

@@ -145,7 +145,8 @@ def run_experiment(
         resume: continue interrupted runs and skip finished ones (``False``: start every run afresh).
         progress: show progress bars.
         device: override every task's ``train.device`` (default: ``config.device`` when set);
-            checked first (:func:`~diffusionformer.experiments.gpu.check_device`).
+            checked first (:func:`~diffusionformer.experiments.gpu.check_device`); without one, each chosen
+            task's own CUDA ``train.device`` is checked first instead.
         tasks: train only the tasks of these names (default: all); finished runs of the
             other tasks still appear in the results.
         log: where messages go.
@@ -178,6 +179,8 @@ def run_experiment(
         from diffusionformer.experiments.gpu import check_device
 
         check_device(device)
+    else:  # each task's own train.device: else a later task's "cuda" failed after the tasks before it trained
+        _check_task_devices(chosen)
     runs = [(t, o, s) for t in chosen for o in config.operators for s in config.seeds]
     if not resume and not _distributed():
         _refuse_restart_of_held_runs(out, runs)
@@ -225,6 +228,24 @@ def run_experiment(
         if dist_ctx is not None:
             dist_ctx.shutdown()
     return finished_runs(out, config, results)
+
+
+def _check_task_devices(tasks: Sequence[TaskConfig]) -> None:
+    """Refuse, before anything trains, a task whose own ``train.device`` is a CUDA device this machine lacks (the
+    trainer refused it only at that task's first run, after the runs of the tasks before it had trained).
+
+    Raises:
+        ValueError: naming the task and its device.
+    """
+    from diffusionformer.experiments.gpu import check_device
+
+    for task in tasks:
+        spec = train_config(task, seed=0).device
+        if spec != "auto" and torch.device(spec).type == "cuda":
+            try:
+                check_device(spec)
+            except ValueError as exc:
+                raise ValueError(f"task {task.name!r} train.device: {exc}; nothing was trained") from None
 
 
 def _refuse_restart_of_held_runs(out: Path, runs: Sequence[tuple[TaskConfig, OperatorSetting, int]]) -> None:

@@ -258,7 +258,7 @@ def test_graph_evaluation_is_a_mean_over_graphs_for_any_batch_size():
     g = torch.Generator().manual_seed(2)
     graphs = [Data(x=torch.randn(2 + i % 3, 2, generator=g), edge_index=torch.tensor([[0, 1], [1, 0]]),
                    y=torch.tensor([i % 3])) for i in range(11)]
-    data = GraphSetData("g", graphs, torch.arange(3), torch.arange(3, 8), torch.arange(8, 11), 2, 3)
+    data = GraphSetData("g", graphs, torch.arange(3), torch.arange(3, 8), torch.arange(8, 11), 3, 2)
     torch.manual_seed(0)
     model = _Pool()
     for split, idx in (("val", range(3, 8)), ("test", range(8, 11))):
@@ -270,7 +270,7 @@ def test_graph_evaluation_is_a_mean_over_graphs_for_any_batch_size():
             out = GraphClassificationTask(data, size).evaluate(model, None)
             assert out[f"{split}_loss"] == pytest.approx(ref_loss, rel=1e-6)
             assert out[f"{split}_acc"] == ref_acc
-    empty = GraphSetData("g", graphs, torch.arange(3), torch.arange(3, 11), torch.zeros(0, dtype=torch.long), 2, 3)
+    empty = GraphSetData("g", graphs, torch.arange(3), torch.arange(3, 11), torch.zeros(0, dtype=torch.long), 3, 2)
     out = GraphClassificationTask(empty).evaluate(model, None)
     assert math.isnan(out["test_loss"]) and math.isnan(out["test_acc"])
 
