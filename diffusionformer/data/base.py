@@ -481,6 +481,10 @@ class GraphSetData:
         num_features: node feature size ``D``.
         kind: always ``"graph"``.
         meta: source, licence note, split sizes, feature recipe.
+
+    Construction refuses (``ValueError``; ``TypeError`` for a size that is not an int) split indices that are not
+    1-D int64 within ``dataset`` or repeat a graph, and a listed graph whose ``x`` is not ``(N_n, num_features)`` or
+    whose ``y`` is not one int64 label in ``[0, num_classes)`` (graphs no split lists are not read).
     """
 
     name: str
