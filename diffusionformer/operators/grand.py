@@ -38,7 +38,8 @@ class NonlinearDiffusionOperator(DiffusionOperator):
     :math:`\tau = t / K`) and ``"rk4"`` (classical Runge-Kutta, ``K`` steps, 4 attention calls
     each); any other name (``"dopri5"``, ...) is an adaptive solver of ``torchdiffeq``
     (optional, not a dependency: a clear ``ImportError`` says how to install it). Euler with
-    ``t = 1, K = 1`` is one attention step, ``v <- P v``. Defined on every back-end (the
+    ``t = 1, K = 1`` is one attention step, ``v <- P v``; Euler needs ``K >= t`` (as the heat kernel's
+    Euler product: a step :math:`\tau > 1` weighs :math:`X` by :math:`1 - \tau < 0`). Defined on every back-end (the
     context's ``attend`` re-attends on the same graph).
 
     Args:
@@ -74,6 +75,10 @@ class NonlinearDiffusionOperator(DiffusionOperator):
                              f"with torchdiffeq: {TORCHDIFFEQ_METHODS}")
         if method not in FIXED_STEP:
             _odeint()  # fail at construction, not in the forward pass
+        if method == "euler" and t > steps:  # as heat's Euler product: a step of tau = t/K > 1 weighs X by 1 - tau < 0
+            raise ValueError(f"grand-nl(t={t:g}, steps={steps}, method='euler'): explicit Euler needs steps >= t (each "
+                             f"step is (1 - t/K) X + (t/K) P(X) X, here {1 - t / steps:g} X + ...: unstable for "
+                             f"t/K > 1); steps={math.ceil(t)} would do, or use method='rk4'")
         self.t, self.steps, self.method = float(t), steps, method
         self.rtol, self.atol = check_finite_float(rtol, "rtol"), check_finite_float(atol, "atol")
         for name, tol in (("rtol", self.rtol), ("atol", self.atol)):
