@@ -47,7 +47,7 @@ from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.reload import load_run
 from diffusionformer.experiments.build import task_data
-from diffusionformer.experiments.results import _DATA_KEYS, _data_identity, read_json_dict, run_dir
+from diffusionformer.experiments.results import _DATA_KEYS, _data_identity, read_json_dict, run_dir, run_status
 from diffusionformer.experiments.stats import welch_t
 from diffusionformer.experiments.tasks import _HELDOUT_SEED, _TEXT_SEED  # noqa: F401  (back-compat: their home is tasks)
 from diffusionformer.experiments.tasks import find_adapter, heldout_batches, model_family
@@ -126,6 +126,20 @@ def _check_run_data(rdir: Path, task: TaskConfig, seed: int) -> None:
         raise ValueError(f"run {rdir} was trained on other data or another model than task {task.name!r} of the "
                          f"config names now ({', '.join(changed)}); analyse it with the config it was run with, "
                          "or run it again with --restart")
+
+
+def _warn_other_train(config: ExperimentConfig, out_root: Path) -> None:
+    """Warn when finished runs were made with another train config than ``config``'s (a longer ``max_steps``, another
+    ``lr``, a ``run --set`` not repeated here): ``run`` and ``publish`` refuse them, and their measurements would be
+    filed under this config's names without a word."""
+    changed = [r for r in run_status(config, out_root) if r["state"] == "completed" and r["changed"]]
+    if changed:
+        first = changed[0]
+        warnings.warn(f"analyze: {len(changed)} finished run(s) of {config.name!r} were made with another train config "
+                      f"than this config's, e.g. {first['task']!r} / {first['operator']!r} seed {first['seed']} "
+                      f"({first['changed']}); their measurements are filed under this config's names: analyse with "
+                      "the --set overrides they were run with, or run them again with --restart",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _check_split(split: object) -> None:
@@ -305,7 +319,8 @@ def analyze_experiment(
     Raises:
         FileNotFoundError: the runs (or, without ``partial``, some run's checkpoint) are missing; the message
             names the path and says to run the comparison first. Unfinished runs are skipped
-            with a ``RuntimeWarning``.
+            with a ``RuntimeWarning``; finished runs made with another train config than ``config``'s are measured
+            with one.
         ValueError: an unknown ``device`` or one this machine lacks; a finished run cannot be measured (e.g. its
             model gives NaN tokens); the message names the run's folder.
     """
@@ -323,6 +338,7 @@ def analyze_experiment(
     runs, skipped = _find_runs(out, config, partial)
     for task, _, seed, rdir in runs:  # every run before any is measured
         _check_run_data(rdir, task, seed)
+    _warn_other_train(config, Path(out_root))
     result: dict[str, Any] = {
         "experiment": config.name,
         "split": split,

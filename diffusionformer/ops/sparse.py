@@ -30,6 +30,7 @@ from typing import Literal, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 from diffusionformer.config import _check_flag
 from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_dropout, check_index_range, check_layout, check_scale, check_tensor
@@ -67,6 +68,25 @@ def _use_csr(backend: str) -> bool:
         return False
     hint = _backend_hint(backend, SPARSE_BACKENDS, DENSE_BACKENDS, "dense (B, H, N, C) inputs")
     raise ValueError(f"sparse backend must be one of {SPARSE_BACKENDS}, got {backend!r}{hint}")
+
+
+def _without_values(t: Tensor) -> bool:
+    """``t`` is a meta or fake tensor (a shape-only dry run): no values to read, no meta kernels for CSR products."""
+    return t.is_meta or isinstance(t, FakeTensor)
+
+
+def _use_csr_on(backend: str, like: Tensor) -> bool:
+    """:func:`_use_csr` for inputs like ``like``: a meta or fake input (a dry run) takes the gather-scatter path under
+    ``"auto"`` (the layout's sortedness test reads the edges, and the CSR kernels have no meta implementation) and
+    is refused under ``"csr"``."""
+    if not _without_values(like):
+        return _use_csr(backend)
+    if backend == "csr":
+        kind = "meta" if like.is_meta else "fake"
+        raise ValueError(f"backend='csr' cannot run on {kind} tensors (a dry run without values): its sparse "
+                         "kernels have no meta implementation; use backend='auto' or 'native' there")
+    _use_csr(backend)  # validates the name
+    return False
 
 
 def check_edge_index(edge_index: object, num_nodes: int) -> Tensor:
@@ -147,7 +167,7 @@ def edge_attention(
     edge_index = check_edge_index(edge_index, N)
     _check_edge_device(edge_index, q, "q")
     scale = check_scale(scale, q.shape[-1])
-    if _use_csr(backend):
+    if _use_csr_on(backend, q):
         work = work_dtype(q.dtype)
         layout = EdgeLayout(edge_index, N)
         scores = csr_edge_scores(_head_major(q, work), _head_major(k, work), layout, scale)
@@ -203,7 +223,7 @@ def propagate_sparse(
         )
     if weights.device != x.device:
         raise ValueError(f"weights must be on the device of x ({x.device}), got {weights.device}")
-    if _use_csr(backend):
+    if _use_csr_on(backend, x):
         work = work_dtype(x.dtype)
         layout = EdgeLayout(edge_index, N)
         w = layout.from_input_order(weights.to(work)).t()  # (H, E)
@@ -381,7 +401,7 @@ def diffuse_sparse_with_weights(
     dropout_p = check_dropout(dropout_p)
     _check_is_causal(is_causal)
     _check_flag(need_weights, "need_weights")
-    _use_csr(backend)  # validates the name
+    _use_csr_on(backend, q)  # validates the name (and refuses 'csr' where it cannot run)
     H = q.shape[1]
     coeffs, degrees = check_layout(coeffs, degrees, H, v)
     edge_index = check_edge_index(edge_index, N)
@@ -390,8 +410,9 @@ def diffuse_sparse_with_weights(
     edge_mask = keep = None
     if is_causal:
         keep = edge_index[0] <= edge_index[1]
-        if edge_index.is_cuda or torch.compiler.is_compiling():
-            # mask instead of filtering: a boolean index synchronises with the host (a data-dependent shape)
+        if edge_index.is_cuda or torch.compiler.is_compiling() or _without_values(edge_index):
+            # mask instead of filtering: a boolean index synchronises with the host (a data-dependent shape, which a
+            # meta or fake edge_index cannot give)
             edge_mask, keep = keep, None
         else:
             edge_index = edge_index[:, keep]
@@ -414,7 +435,7 @@ def _diffuse_sparse(
     dtype = v.dtype
     work = work_dtype(dtype)
     engine: Backend
-    if _use_csr(backend):
+    if _use_csr_on(backend, v):
         layout = EdgeLayout(edge_index, N)
         scores = csr_edge_scores(_head_major(q, work), _head_major(k, work), layout, scale)  # (H, E), sorted edges
         if edge_mask is not None:
