@@ -27,7 +27,7 @@
 # (except in smoke mode). GPU_SUITE_STEPS (default: all) names the steps to run, comma-separated,
 # from tests, grid, host, memory, issue15, compile, blocks, so that one suite can be split over several
 # GPU calls of at most 10 minutes each, e.g. GPU_SUITE_STEPS=tests,issue15 then host,memory,compile,blocks
-# (grid is step 2, which --issue15 leaves out). Every benchmark writes its tables as they finish,
+# (grid is step 2, which --issue15 leaves out; host and memory run alone unless grid, which includes them, runs). Every benchmark writes its tables as they finish,
 # so a call cut short keeps them. GPU_SUITE_TEST_WORKERS (default 8) and GPU_SUITE_TEST_TIMEOUT (default
 # 300 s) set step 1's pytest-xdist processes and time limit. BENCH_ISSUE15_ARGS passes options to bench_issue15.py, e.g.
 # "--parts gpt --gpt-sizes 6L-384" or "--layer-sizes 2".
@@ -137,11 +137,14 @@ if [[ "$ISSUE15" == "0" ]] && step grid; then
   # ended the suite here, before the issue-15 step; its README.md names the failed scripts
   "$PY" benchmarks/run_all.py --device cuda --out "$OUT" || echo "gpu_suite.sh: run_all.py FAILED (see $OUT/README.md)"
 fi
+# host and memory run alone with --issue15, or when grid (run_all.py, which runs them too) is not among the steps:
+# GPU_SUITE_STEPS=host,memory without --issue15 ran nothing for them and exited 0 (while its smoke run ran both)
+alone() { [[ "$ISSUE15" != "0" ]] || ! step grid; }
 # host overhead per call (tiny GPTs, launch-bound; part of run_all.py in the full suite)
-if [[ "$ISSUE15" != "0" ]] && step host; then
+if alone && step host; then
   "$PY" benchmarks/bench_host.py --device cuda --out "$OUT" || echo "gpu_suite.sh: bench_host.py FAILED"
 fi
-if [[ "$ISSUE15" != "0" ]] && step memory; then
+if alone && step memory; then
   # peak memory of a training step vs nanoGPT's, with and without recompute (seconds)
   "$PY" benchmarks/bench_memory.py --device cuda --out "$OUT" || echo "gpu_suite.sh: bench_memory.py FAILED"
 fi
@@ -165,8 +168,8 @@ if step blocks; then
 fi
 [[ -f "$OUT/README.md" ]] && cat "$OUT/README.md"
 [[ -f "$OUT/bench_issue15.md" ]] && cat "$OUT/bench_issue15.md"
-[[ "$ISSUE15" != "0" && -f "$OUT/bench_host.md" ]] && cat "$OUT/bench_host.md"
-[[ "$ISSUE15" != "0" && -f "$OUT/bench_memory.md" ]] && cat "$OUT/bench_memory.md"
+alone && [[ -f "$OUT/bench_host.md" ]] && cat "$OUT/bench_host.md"
+alone && [[ -f "$OUT/bench_memory.md" ]] && cat "$OUT/bench_memory.md"
 [[ -f "$OUT/bench_compile.md" ]] && cat "$OUT/bench_compile.md"
 [[ -f "$OUT/bench_triton_blocks.md" ]] && cat "$OUT/bench_triton_blocks.md"
 echo "gpu_suite.sh: done in $(( $(date +%s) - start )) s; tables in $OUT/README.md and $OUT/bench_issue15.md"

@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not args.report_only and not torch.cuda.is_available():
         # as each script refuses it; here it was an AssertionError traceback of torch (naming the GPU)
         p.error("--device cuda was requested but torch.cuda.is_available() is False")
+    if args.device == "cuda" and args.clock == "cpu" and not args.report_only:
+        # each script refuses it (a usage error), so every benchmark failed one after the other
+        p.error("--clock cpu measures host CPU time; use the wall clock with --device cuda")
     if args.report_only:
         if not (out / "run_all.json").is_file():
             p.error(f"--report-only: no run_all.json in {str(out)!r} (the folder of a finished run_all.py run)")
@@ -124,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick:
             cmd.append("--quick")
         print(f"\n=== {name} ===", flush=True)
+        # the previous run's tables go first: a script that fails before its first table would otherwise leave
+        # them in place, and README.md would show them as this run's (beside "Failed: <name>")
+        for suffix in (".md", ".json"):
+            (out / f"{name}{suffix}").unlink(missing_ok=True)
         t0 = time.perf_counter()
         rc = subprocess.call(cmd)
         print(f"=== {name}: exit {rc}, {time.perf_counter() - t0:.0f} s", flush=True)
