@@ -129,15 +129,15 @@ def _check_run_data(rdir: Path, task: TaskConfig, seed: int) -> None:
 
 
 def _warn_other_train(config: ExperimentConfig, out_root: Path) -> None:
-    """Warn when finished runs were made with another train config than ``config``'s (a longer ``max_steps``, another
-    ``lr``, a ``run --set`` not repeated here): ``run`` and ``publish`` refuse them, and their measurements would be
-    filed under this config's names without a word."""
+    """Warn when finished runs were made with another train or model config than ``config``'s (a longer
+    ``max_steps``, another ``lr`` or head layout, a ``run --set`` not repeated here): ``run`` and ``publish`` refuse
+    them, and their measurements would be filed under this config's names without a word."""
     changed = [r for r in run_status(config, out_root) if r["state"] == "completed" and r["changed"]]
     if changed:
         first = changed[0]
-        warnings.warn(f"analyze: {len(changed)} finished run(s) of {config.name!r} were made with another train config "
-                      f"than this config's, e.g. {first['task']!r} / {first['operator']!r} seed {first['seed']} "
-                      f"({first['changed']}); their measurements are filed under this config's names: analyse with "
+        warnings.warn(f"analyze: {len(changed)} finished run(s) of {config.name!r} were made with another train "
+                      f"or model config than this config's, e.g. {first['task']!r} / {first['operator']!r} seed "
+                      f"{first['seed']} ({first['changed']}); their measurements are filed under this config's names: analyse with "
                       "the --set overrides they were run with, or run them again with --restart",
                       RuntimeWarning, stacklevel=3)
 
@@ -319,8 +319,8 @@ def analyze_experiment(
     Raises:
         FileNotFoundError: the runs (or, without ``partial``, some run's checkpoint) are missing; the message
             names the path and says to run the comparison first. Unfinished runs are skipped
-            with a ``RuntimeWarning``; finished runs made with another train config than ``config``'s are measured
-            with one.
+            with a ``RuntimeWarning``; finished runs made with another train or model config than ``config``'s
+            are measured with one.
         ValueError: an unknown ``device`` or one this machine lacks; a finished run cannot be measured (e.g. its
             model gives NaN tokens); the message names the run's folder.
     """
@@ -421,14 +421,41 @@ def analyze_experiment(
 
     adir = out / "analysis"
     adir.mkdir(parents=True, exist_ok=True)
+    earlier = read_json_dict(adir / "metrics.json") or {}  # the tasks of the analysis these files replace
+    tasks = [t.name for t in config.tasks]
+    for key in ("tasks", "skipped_tasks"):
+        if isinstance(earlier.get(key), dict):
+            tasks += [t for t in earlier[key] if isinstance(t, str)]
     write_json_atomic(adir / "metrics.json", result)
     write_text_atomic(adir / "README.md", _markdown(result))
+    written: list[Path] = []
     if plots:
         try:
-            _write_plots(adir / "plots", result, spectra, pca, images)
+            written = _write_plots(adir / "plots", result, spectra, pca, images)
         except ImportError as exc:  # matplotlib missing: metrics are still written
             warnings.warn(f"analysis plots skipped: {exc}", RuntimeWarning, stacklevel=2)
+    _remove_stale_plots(adir / "plots", tasks, written)
     return json.loads((adir / "metrics.json").read_text())
+
+
+#: the figures :func:`_write_plots` draws per task, ``<task>_<name>.png``
+_FIGURES = ("smoothing", "spectra", "collapse", "pca_maps", "frequency_response", "learned_operators")
+
+
+def _remove_stale_plots(pdir: Path, tasks: list[str], written: list[Path]) -> None:
+    """Remove the figures of an earlier analysis (of ``tasks``: the config's and the earlier ``metrics.json``'s) that
+    this one did not draw (``plots=False``, a task or setting dropped, a figure with nothing to show): they would sit
+    beside the new ``metrics.json`` as if of it. Only the names :func:`_write_plots` gives are touched."""
+    if not pdir.is_dir():
+        return
+    keep = {p.name for p in written}
+    for task in dict.fromkeys(tasks):
+        for figure in _FIGURES:
+            path = pdir / f"{task}_{figure}.png"
+            if path.name in keep or path.parent != pdir or "/" in task or "\\" in task:  # a hostile task name
+                continue
+            if path.is_symlink() or path.is_file():
+                path.unlink(missing_ok=True)
 
 
 def _cached(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:

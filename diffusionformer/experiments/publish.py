@@ -163,14 +163,14 @@ def _commit_line(manifest: dict[str, Any]) -> str:
 
 
 def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path) -> str | None:
-    """Which finished runs of ``config`` under ``out_root`` were made with another train config than its own (a
+    """Which finished runs of ``config`` under ``out_root`` were made with another train or model config than its own (a
     ``run --set ...`` read without the overrides: ``status`` counts them as not completed), said in words; else
     None."""
     changed = [r for r in run_status(config, out_root) if r["state"] == "completed" and r["changed"]]
     if not changed:
         return None
     first = changed[0]
-    return (f"{len(changed)} finished run(s) of {config.name!r} were made with another train config than this "
+    return (f"{len(changed)} finished run(s) of {config.name!r} were made with another train or model config than this "
             f"config's, e.g. {first['task']!r} / {first['operator']!r} seed {first['seed']} ({first['changed']})")
 
 
@@ -187,7 +187,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     Raises:
         FileNotFoundError: the comparison has no ``results.json`` yet (run it first).
         ValueError: ``<docs_dir>/<name>/`` holds the results folder (``out_root="tiny"``, ``docs_dir="."``): replacing
-            it would delete the runs; or finished runs were made with another train config than ``config``'s (a
+            it would delete the runs; or finished runs were made with another train or model config than ``config``'s (a
             ``run --set ...`` published without the overrides: the page would call them runs of this config).
     """
     src = Path(out_root) / config.name
@@ -210,8 +210,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         raise ValueError(f"publish: the published folder {str(dst)!r} (the comparison's name under --to) holds its "
                          f"results {str(src)!r} (--out); replacing it with the published files would delete every "
                          "run; publish --to another folder")
-    # a finished run made with another train config than this one's (run with --set, published without): the page
-    # would call it a run of this config, whose budget its description states; `status` counts it as not completed
+    # a finished run made with another train or model config than this one's (run with --set, published without): the
+    # page would call it a run of this config, whose budget its description states; `status` counts it as not completed
     changed = _runs_of_another_train(config, out_root)
     if changed:
         raise ValueError(f"publish: {changed}; publish with the --set overrides they were run with, or redo them "

@@ -258,6 +258,31 @@ def _identity_changes(stored: dict[str, Any], now: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _model_changes(task: TaskConfig, setting: OperatorSetting, stored: dict[str, Any]) -> str | None:
+    """What changed between a run's stored (normalized) ``model_config`` and the one ``task`` and ``setting`` give now,
+    e.g. ``"model_config (laplacian_heads: 1 then 2)"``, else ``None``; without loading the data: the sizes the model
+    takes from the data are the stored ones, the head layout and the task's and setting's overrides are the config's
+    (a model override dropped from the config since, back at its preset default, is not told from a data size)."""
+    import dataclasses
+
+    from diffusionformer.experiments.build import add_setting_overrides
+    from diffusionformer.models import get_preset, model_config
+    from diffusionformer.models.registry import split_task_settings
+
+    try:
+        fields = {f.name for f in dataclasses.fields(get_preset(task.model).config_cls)}
+        base = {k: v for k, v in stored.items() if k in fields and k not in ("heads", "laplacian_heads")}
+        overrides = {**base, **task.model_overrides}
+        add_setting_overrides(overrides, model_config(task.model, **overrides), task, setting)
+        overrides, _ = split_task_settings(task.model, overrides, warn=False)
+        now = dataclasses.asdict(model_config(task.model, **overrides))
+    except (ValueError, TypeError, KeyError):  # the config's model does not build on the run's sizes: run says why
+        return None
+    now = json.loads(json.dumps(_without_new_defaults(now, _NEW_MODEL_FIELDS), default=str))
+    now.update({k: v for k, v in stored.items() if k not in fields})  # task settings (DINO's ssl): not compared
+    return _identity_changes({"model_config": stored}, {"model_config": now}) if now != stored else None
+
+
 def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str, Any]]:
     """Where every run of ``config`` stands, without loading any model or data.
 
@@ -266,8 +291,9 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     finished, nobody training it) or ``"missing"``), ``step`` (updates logged so far), ``resumes_from`` (of an
     interrupted run: the step of its checkpoint, where ``run`` takes it up again and cuts its log back to; 0 without
     a checkpoint; ``None`` for a checkpoint that cannot be read, and for every other state), ``max_steps``, ``elapsed`` (training seconds so far), ``holder`` (the lock's process) and ``changed``: for a
-    run on disk made with another training config than ``config``'s now (a longer ``max_steps``, another ``lr``),
-    what changed, e.g. ``"train (max_steps: 100 then 200)"`` (``run`` refuses it until ``--restart``), else ``None``.
+    run on disk made with another training or model config than ``config``'s now (a longer ``max_steps``, another
+    ``lr``, another head layout or ``model_overrides``), what changed, e.g. ``"train (max_steps: 100 then 200)"`` or
+    ``"model_config (laplacian_heads: 1 then 2)"`` (``run`` refuses it until ``--restart``), else ``None``.
 
     Args:
         config: the comparison.
@@ -288,8 +314,12 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                                        "changed": None}
                 stored = read_json_dict(rdir / "run_config.json") if rdir.is_dir() else None
                 stored = None if stored is None else _normalized_identity(stored)
+                changes = []
                 if stored is not None and isinstance(stored.get("train"), dict) and stored["train"] != trains[seed]:
-                    row["changed"] = _identity_changes({"train": stored["train"]}, {"train": trains[seed]})
+                    changes.append(_identity_changes({"train": stored["train"]}, {"train": trains[seed]}))
+                if stored is not None and isinstance(stored.get("model_config"), dict) and stored["model_config"]:
+                    changes.append(_model_changes(task, setting, stored["model_config"]))
+                row["changed"] = ", ".join(c for c in changes if c) or None
                 if summary is not None and summary.get("status") == "completed":
                     step = summary.get("step", max_steps)  # a hand-edited "ten" or -3 reads as the budget done
                     row.update(state="completed", step=step if _is_finite(step) and isinstance(step, int) and step >= 0

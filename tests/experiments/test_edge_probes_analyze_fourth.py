@@ -48,7 +48,7 @@ def test_bug_analyze_warns_about_runs_made_with_another_train_config(tmp_path, m
     with warnings.catch_warnings():  # the config the runs were made with: no word
         warnings.simplefilter("error")
         A.analyze_experiment(then, tmp_path, progress=False, plots=False, device="cpu")
-    with pytest.warns(RuntimeWarning, match=r"1 finished run\(s\) of 's' were made with another train config.*"
+    with pytest.warns(RuntimeWarning, match=r"1 finished run\(s\) of 's' were made with another train or model config.*"
                                             r"'digits' / 'attention' seed 0 \(train \(max_steps: 2 then 4\)\)"):
         result = A.analyze_experiment(load_experiment_config(_study(4)), tmp_path, progress=False, plots=False,
                                       device="cpu")
