@@ -229,9 +229,11 @@ _SLOW_CHILD = """
 import sys, time
 from diffusionformer.train.trainer import Trainer
 update = Trainer._update
-def slow(self, *args, **kwargs):  # a step long enough for the parent to interrupt the first run
-    time.sleep(0.02)
-    return update(self, *args, **kwargs)
+def slow(self, step, *args, **kwargs):  # steps long enough for the parent to interrupt the first run
+    # 0.2 s a step once the first checkpoint (step 5) is written: the run cannot finish before the parent's SIGINT
+    # even when a loaded machine delays it (40 steps of 0.02 s could, and the run then exited 0)
+    time.sleep(0.02 if step < 5 else 0.2)
+    return update(self, step, *args, **kwargs)
 Trainer._update = slow
 from diffusionformer.experiments.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -253,7 +255,8 @@ def test_sigint_during_run_exits_130_with_one_line_and_the_run_resumes(tmp_path,
     child = subprocess.Popen([sys.executable, "-c", _SLOW_CHILD, "run", toml, "--out", str(out), "--no-progress"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        for _ in range(3000):  # the first checkpoint (step 5) written: training has started
+        deadline = time.monotonic() + 120  # the child's imports and data may take long on a loaded machine
+        while time.monotonic() < deadline:  # the first checkpoint (step 5) written: training has started
             if (rdir / "checkpoint.pt").is_file() or child.poll() is not None:
                 break
             time.sleep(0.01)
