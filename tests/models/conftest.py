@@ -67,3 +67,18 @@ def _edge_softmax(attn: Any, h: torch.Tensor, src: torch.Tensor, dst: torch.Tens
 def by_hand() -> SimpleNamespace:
     """References written out by hand: ``layer_norm(t, ln)`` and ``edge_softmax(attn, h, src, dst)``."""
     return SimpleNamespace(layer_norm=_layer_norm, edge_softmax=_edge_softmax)
+
+
+@pytest.fixture
+def rotate_pairs() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """RoPE written out (RoFormer): pairs ``(x_{2i}, x_{2i+1})`` of ``x`` ``(B, N, H, C)`` rotated by ``angles``
+    ``(N, C/2)``."""
+
+    def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        a, b = x[..., 0::2], x[..., 1::2]
+        cos, sin = angles.cos()[None, :, None], angles.sin()[None, :, None]
+        out = torch.empty_like(x)
+        out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
+        return out
+
+    return rotate

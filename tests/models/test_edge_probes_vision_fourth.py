@@ -42,15 +42,8 @@ def test_signal_patch_embedding_equals_an_explicit_reshape():
     torch.testing.assert_close(inter.embeddings, ref, rtol=0, atol=1e-13)
 
 
-def _rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    a, b = x[..., 0::2], x[..., 1::2]
-    cos, sin = angles.cos()[None, :, None], angles.sin()[None, :, None]
-    out = torch.empty_like(x)
-    out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
-    return out
-
-
-def test_attention_maps_equal_float64_softmax_with_rope_and_learned_positions():
+def test_attention_maps_equal_float64_softmax_with_rope_and_learned_positions(rotate_pairs):
+    rotate = rotate_pairs
     for rope, pool in ((True, "cls"), (True, "mean"), (False, "cls")):
         torch.manual_seed(0)
         m = DiffusionViT(ViTConfig(input_size=(4, 6), in_channels=2, patch_size=2, dim=24, depth=2, num_heads=2,
@@ -75,7 +68,7 @@ def test_attention_maps_equal_float64_softmax_with_rope_and_learned_positions():
                 h = F.layer_norm(z, (D,), blk.norm1.weight, blk.norm1.bias)
                 q, k, v = (t.reshape(B, -1, H, C) for t in F.linear(h, blk.attn.qkv.weight, blk.attn.qkv.bias).split(D, -1))
                 if rope:
-                    q, k = _rotate(q, angles), _rotate(k, angles)
+                    q, k = rotate(q, angles), rotate(k, angles)
                 P = torch.softmax(torch.einsum("bnhc,bmhc->bhnm", q, k) / math.sqrt(C), dim=-1)
                 torch.testing.assert_close(maps[layer], P, rtol=0, atol=1e-12)
                 z = z + F.linear(torch.einsum("bhnm,bmhc->bnhc", P, v).reshape(B, -1, D), blk.attn.out_proj.weight,

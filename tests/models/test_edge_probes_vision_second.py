@@ -47,16 +47,7 @@ def _perturb(model: nn.Module, scale: float = 0.3) -> None:
             p.add_(scale * torch.randn_like(p))
 
 
-def _rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Pairs ``(x_{2i}, x_{2i+1})`` of ``x`` ``(B, N, H, C)`` rotated by ``angles`` ``(N, C/2)``."""
-    a, b = x[..., 0::2], x[..., 1::2]
-    cos, sin = angles.cos()[None, :, None], angles.sin()[None, :, None]
-    out = torch.empty_like(x)
-    out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
-    return out
-
-
-def _vit_reference(m: DiffusionViT, x: torch.Tensor) -> torch.Tensor:
+def _vit_reference(m: DiffusionViT, x: torch.Tensor, rotate) -> torch.Tensor:
     """A float64 ViT from the equations, reading ``m``'s weights only (images ``(B, C, H, W)``)."""
     c = m.config
     B, p, D, H = x.shape[0], c.patch_size, c.dim, c.num_heads
@@ -83,7 +74,7 @@ def _vit_reference(m: DiffusionViT, x: torch.Tensor) -> torch.Tensor:
             q = F.layer_norm(q, (C,), blk.attn.q_norm.weight, blk.attn.q_norm.bias)
             k = F.layer_norm(k, (C,), blk.attn.k_norm.weight, blk.attn.k_norm.bias)
         if c.rope:
-            q, k = _rotate(q, angles), _rotate(k, angles)
+            q, k = rotate(q, angles), rotate(k, angles)
         P = torch.softmax(torch.einsum("bnhc,bmhc->bhnm", q, k) / math.sqrt(C), dim=-1)
         heads = torch.einsum("bhnm,bmhc->bnhc", P, v).reshape(B, -1, D)
         z = z + g1 * F.linear(heads, blk.attn.out_proj.weight, blk.attn.out_proj.bias)
@@ -101,14 +92,14 @@ def _vit_reference(m: DiffusionViT, x: torch.Tensor) -> torch.Tensor:
     dict(input_size=(10, 4), in_channels=1, pool="cls", layer_scale=0.5, qk_norm=True),
     dict(input_size=(4, 8), in_channels=3, pool="mean", layer_scale=0.5),
 ])
-def test_vit_equals_a_float64_reference_from_the_equations_with_dropout_off_in_eval(cfg):
+def test_vit_equals_a_float64_reference_from_the_equations_with_dropout_off_in_eval(cfg, rotate_pairs):
     torch.manual_seed(0)
     m = DiffusionViT(ViTConfig(patch_size=2, dim=16, depth=2, num_heads=2, num_classes=3, dropout=0.4,
                                attn_dropout=0.4, drop_path=0.5, **cfg)).double()
     _perturb(m)
     x = torch.randn(2, cfg["in_channels"], *cfg["input_size"], dtype=torch.float64)
     assert not torch.equal(m.train()(x), m(x))  # the dropouts are live in training mode
-    torch.testing.assert_close(m.eval()(x), _vit_reference(m, x), rtol=0, atol=1e-12)
+    torch.testing.assert_close(m.eval()(x), _vit_reference(m, x, rotate_pairs), rtol=0, atol=1e-12)
 
 
 def test_mean_pooling_pools_the_normed_tokens():
