@@ -161,8 +161,12 @@ def resample_crops(images: Tensor, theta: Tensor) -> Tensor:
                              f"{int(bad.nonzero()[0, 0])} of {theta.shape[0]}")
     if images.numel() == 0:  # affine_grid refuses a size with a zero
         return images.clone()
-    grid = F.affine_grid(theta.to(device=images.device, dtype=images.dtype), list(images.shape), align_corners=False)
-    return F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    # the sampling grid in float32 at least: in bfloat16/float16 neighbouring pixel centres of a 64-pixel side
+    # rounded to one coordinate (views off by up to a whole pixel value, NaN at some sizes)
+    gdt = torch.promote_types(images.dtype, torch.float32)
+    grid = F.affine_grid(theta.to(device=images.device, dtype=gdt), list(images.shape), align_corners=False)
+    out = F.grid_sample(images.to(gdt), grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return out.to(images.dtype)
 
 
 def gaussian_blur(images: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
