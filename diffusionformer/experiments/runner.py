@@ -423,7 +423,10 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     if not resume and rdir.exists() and _rank_zero():
         import shutil
 
-        for entry in rdir.iterdir():  # everything but this process's lock
+        # the summary first, the run's definition last: a restart killed half-way never leaves a finished run without
+        # its run_config.json (a rerun under the changed config read the old run back as its own, silently)
+        first_last = {"summary.json": 0, RUN_CONFIG_NAME: 2}
+        for entry in sorted(rdir.iterdir(), key=lambda e: first_last.get(e.name, 1)):  # all but this process's lock
             if not entry.name.startswith(LOCK_NAME):  # nor other workers' lock claims in flight
                 # a link to a folder is removed, not followed (rmtree refuses it, half-way through the run's files)
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
