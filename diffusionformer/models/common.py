@@ -127,6 +127,22 @@ def _conv_edges(edge_index: Any, num_nodes: int, dtype: torch.dtype) -> Any:
     return edge_index.to(dtype)
 
 
+def _check_block_diagonal(edge_index: Any, batch: Tensor | None) -> None:
+    """The edges of a GCN/GIN forward (an ``edge_index`` or a torch sparse ``adj_t``, as :func:`_conv_edges` returns
+    them) within the graphs of ``batch``: an edge between two graphs is a ``ValueError`` in eager mode on CPU, as
+    the graph transformer's :class:`~diffusionformer.graph.AttentionGraph` refuses it (the convolutions mixed the
+    graphs' features without a word, and the readout of each graph then read the other's nodes)."""
+    if batch is None or not isinstance(edge_index, Tensor) or not checks_values(batch):
+        return
+    e = edge_index if edge_index.layout == torch.strided else edge_index.to_sparse_coo().coalesce().indices()
+    if e.numel() and not checks_values(e):
+        return
+    crossing = int((batch[e[0]] != batch[e[1]]).sum()) if e.numel() else 0
+    if crossing:
+        raise ValueError(f"edge_index connects nodes of different graphs ({crossing} edges with batch[source] != "
+                         "batch[target]); graphs in a batch must be block-diagonal")
+
+
 def _check_real_features(**tensors: Any) -> None:
     """Every tensor among ``tensors`` (``x``, ``edge_attr``, ``pe``, a sparse adjacency; ``None`` and non-tensors
     skipped) real: a complex one is a ``TypeError`` naming it (the models' cast to their float dtype dropped its
