@@ -24,6 +24,14 @@ __all__ = ["GRID_METRICS", "causal", "complete", "grid", "sliding_window"]
 GRID_METRICS: tuple[str, ...] = ("chebyshev", "manhattan", "euclidean")
 
 
+def _check_sparse_device(dev: torch.device) -> None:
+    """ValueError for the meta device in the sparse layout, whose edges are enumerated by value (else a
+    NotImplementedError from torch.nonzero, or a hint at a ``checked=False`` that the builders do not take)."""
+    if dev.type == "meta":
+        raise ValueError("device is meta, but layout='sparse' enumerates the edges, which needs their values: build "
+                         "the graph on a real device, or use layout='dense'")
+
+
 def _sequence_graph(
     N: int,
     *,
@@ -51,6 +59,7 @@ def _sequence_graph(
                              window=window, allowed=allowed)
     if layout == "dense":
         return g
+    _check_sparse_device(dev)
     B = g.batch_size if g.batch_size is not None else 1
     edges = structural_edges(N, causal, window, dev)  # one sequence
     if not self_loops:
@@ -251,6 +260,7 @@ def grid(
             A = full
         return AttentionGraph.dense(N, batch_size=batch_size, allowed=A)
 
+    _check_sparse_device(dev)
     r = math.isqrt(bound) if metric == "euclidean" else bound
     ry, rx = min(r, h - 1), min(r, w - 1)  # offsets that leave the grid join no pair: radius=1e5 costs no more than h, w
     dy, dx = torch.meshgrid(torch.arange(-ry, ry + 1, device=dev), torch.arange(-rx, rx + 1, device=dev), indexing="ij")

@@ -69,7 +69,7 @@ def _check_index_tensor(name: str, t: object, layout: str) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be an integer tensor of shape {layout}, got {type(t).__name__}")
     _check_strided(name, t, _SPARSE_ADJACENCY_FIX if name == "edge_index" else f"pass {name}.to_dense()")
-    if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:  # uint16/32/64 are integers too
         raise TypeError(f"{name} must be an integer tensor of shape {layout}, got dtype {t.dtype}")
     return t.long()
 
