@@ -115,6 +115,13 @@ def format_p(p: float | None) -> str:
         >>> [format_p(p) for p in (0.0004, 0.0123, 0.0498, 0.0502, 0.051, 0.049996, None)]
         ['<0.001', '0.012', '0.0498', '0.0502', '0.051', '0.049996', 'n/a']
     """
+    return _format_p(p)
+
+
+def _format_p(p: float | None, alpha: float = 0.05) -> str:
+    """:func:`format_p` for a table that marks p below ``alpha`` bold: as many more digits as keep a value on its side
+    of ``alpha`` (at ``alpha = 0.01``, 0.00996 and 0.0104 both read "0.010", one of them bold), and ``"<0.001"``
+    only where it says which side (``alpha >= 0.001``)."""
     if p is None:
         return "n/a"
     if 0.0495 <= p < 0.0505:
@@ -122,7 +129,17 @@ def format_p(p: float | None) -> str:
         while digits < 17 and (float(f"{p:.{digits}f}") < 0.05) != (p < 0.05):  # 0.049996: not "0.0500" in bold
             digits += 1
         return f"{p:.{digits}f}"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
+    if p < 0.001:
+        if alpha >= 0.001 or p == 0.0:
+            return "<0.001"
+        digits = 2  # below the shorthand's bound: significant digits, as many as keep p on its side of alpha
+        while digits < 17 and (float(f"{p:.{digits}g}") < alpha) != (p < alpha):
+            digits += 1
+        return f"{p:.{digits}g}"
+    digits = 3
+    while digits < 17 and (float(f"{p:.{digits}f}") < alpha) != (p < alpha):
+        digits += 1
+    return f"{p:.{digits}f}"
 
 
 def format_ci(d: Difference, digits: int = 4) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 import shutil
 import warnings
@@ -593,16 +594,20 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
         out_root: the results root given to ``run``.
         selected: compare the metric at each run's best ``select_by`` evaluation instead of
             the final one (tasks without ``select_by`` keep the final metric).
-        alpha: level for the bold cells and the counts.
+        alpha: level for the bold cells and the counts, in (0, 1]; each p is printed with the digits that keep it
+            on its side of alpha.
         strong: no longer used (cells were bold from a fixed ``|t|``); passing it warns.
 
     Raises:
-        ValueError: two configs of one name (one results folder: its contrasts would count twice).
+        ValueError: two configs of one name (one results folder: its contrasts would count twice); an
+            ``alpha`` outside (0, 1].
         FileNotFoundError: none of the comparisons has a ``results.json`` under ``out_root``.
     """
-    from diffusionformer.experiments.compare import format_p, format_signed
+    from diffusionformer.experiments.compare import _format_p, format_signed
     from diffusionformer.experiments.stats import benjamini_hochberg, compare_rows, holm
 
+    if isinstance(alpha, bool) or not (isinstance(alpha, numbers.Real) and 0.0 < alpha <= 1.0):
+        raise ValueError(f"alpha must be a probability in (0, 1], e.g. 0.05; got {alpha!r}")
     if strong is not None:
         warnings.warn("summary_table(strong=...) is ignored: cells are judged by their Holm-adjusted p (alpha)",
                       DeprecationWarning, stacklevel=2)
@@ -669,7 +674,7 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
         c["holm"], c["bh"] = ph, pb
 
     def text(c: dict[str, Any]) -> str:
-        out = f"{format_signed(c['delta'])} (p {format_p(c['p'])}; Holm {format_p(c['holm'])})"
+        out = f"{format_signed(c['delta'])} (p {_format_p(c['p'], alpha)}; Holm {_format_p(c['holm'], alpha)})"
         if c["holm"] is not None and c["holm"] < alpha:
             out = f"**{out}**"
         return out + (" [primary]" if c["primary"] else "") + c["short"]
