@@ -102,7 +102,11 @@ def _python_numbers(config: Any) -> None:
     serialises and compares like one written with Python numbers (model configs, :class:`~diffusionformer.data.ssl.SSLConfig`)."""
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, dict):  # ``heads={np.int64(0): ...}``: a numpy key failed json.dumps (checkpoint, run identity)
+            items = {_python_number(k): _python_number(v) for k, v in value.items()}
+            if any(a is not b for a, b in zip(items, value)) or any(items[k] is not v for k, v in zip(items, value.values())):
+                setattr(config, f.name, items)
+        elif isinstance(value, (list, tuple)):
             items = [_python_number(v) for v in value]
             if any(a is not b for a, b in zip(items, value)):
                 setattr(config, f.name, type(value)(items))
@@ -228,10 +232,13 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
             raise TypeError(f"{where}: expected None, got {value!r}")
         return None
     if origin is typing.Literal:
-        if value not in typing.get_args(tp):
-            raise ValueError(f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}"
-                             f"{_choice_hint(value, typing.get_args(tp))}")
-        return value
+        # a choice of the choice's own type, returned as spelt there: ``value in choices`` compared a numpy array
+        # elementwise, so ``np.array(["mean"])`` passed and was stored (and a numpy str stayed one)
+        for choice in typing.get_args(tp):
+            if isinstance(value, type(choice)) and isinstance(value, bool) == isinstance(choice, bool) and value == choice:
+                return choice
+        raise ValueError(f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}"
+                         f"{_choice_hint(value, typing.get_args(tp))}")
     if tp is float:  # numpy numbers (a sweep grid's) are read as the Python numbers they equal
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{where}: expected a float, got {_value_type(value)} {value!r}")

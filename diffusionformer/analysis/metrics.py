@@ -448,8 +448,6 @@ def _sparse_dirichlet(
 ) -> tuple[Tensor, Tensor]:
     """Per-graph Dirichlet energy and squared norm on a sparse graph (of ``X`` over its largest ``|x|`` if ``scale``)."""
     _check_float(X, "X", (2, 3), "(N, D) or (B, T, D)")
-    if scale:
-        X = _unit_scale(X, tuple(range(X.ndim)))
     if X.ndim == 3:
         if batch is not None:
             raise ValueError("batch is implied for X of shape (B, T, D); pass X as (N, D)")
@@ -492,15 +490,23 @@ def _sparse_dirichlet(
             raise ValueError(f"num_graphs must be a positive int, got {num_graphs!r}")
         num_graphs = int(num_graphs)
         check_index_range("batch", batch, "num_graphs", num_graphs)  # else an IndexError from index_add_
+    if scale:
+        # each graph by its own power of two (the dense path scales each sequence): one scale for the batch took the
+        # squares of a graph of tokens ~1e-20 beside one of ~1e3 (float32) to 0, and its energy to 0, not ~1
+        peak = X.new_zeros(num_graphs).scatter_reduce_(0, batch, X.detach().abs().amax(dim=-1), "amax")
+        shift = -torch.frexp(peak)[1][batch].unsqueeze(-1)  # (N, 1): the exponent of each node's graph
+    else:
+        shift = torch.zeros(N, 1, dtype=torch.int32, device=X.device)
     src, dst = edge_index.to(X.device).unbind(0)
     w = edge_weight.to(device=X.device, dtype=X.dtype)
     energy = X.new_zeros(num_graphs)
     step = max(1, _EDGE_CHUNK // max(D, 1))
     for start in range(0, E, step):
         s, d = src[start : start + step], dst[start : start + step]
-        diff2 = (X[s] - X[d]).pow(2).sum(dim=-1)  # (chunk,)
+        # both ends at the scale of the target's graph, which the edge counts for (also an edge between graphs)
+        diff2 = (_times_pow2(X[s], shift[d]) - _times_pow2(X[d], shift[d])).pow(2).sum(dim=-1)  # (chunk,)
         energy.index_add_(0, batch[d], 0.5 * w[start : start + step] * diff2)
-    norm2 = X.new_zeros(num_graphs).index_add_(0, batch, X.pow(2).sum(dim=-1))
+    norm2 = X.new_zeros(num_graphs).index_add_(0, batch, _times_pow2(X, shift).pow(2).sum(dim=-1))
     return energy, norm2
 
 
@@ -731,7 +737,9 @@ def neural_collapse(
     norms = centred.norm(dim=-1)  # (K,)
     equinorm = _safe_div(norms.std(correction=0), norms.mean())
     nonzero = norms > eps * norms.max()  # a mean at the global mean has no direction
-    unit = torch.where(nonzero.unsqueeze(-1), centred / norms.clamp_min(1e-30).unsqueeze(-1), 0.0)
+    # divided by the norm itself where it counts: clamp_min(1e-30) left the means of features of scale 1e-32 of norm
+    # ~1e-2, not 1 (cosines ~0: a wrong equiangularity, max_angle and etf_distance)
+    unit = torch.where(nonzero.unsqueeze(-1), centred / torch.where(nonzero, norms, 1.0).unsqueeze(-1), 0.0)
     gram = unit @ unit.T  # (K, K)
     iu = torch.triu_indices(K, K, offset=1, device=H.device)
     cosines = gram[iu[0], iu[1]]
