@@ -102,9 +102,9 @@ def _python_numbers(config: Any) -> None:
     serialises and compares like one written with Python numbers (model configs, :class:`~diffusionformer.data.ssl.SSLConfig`)."""
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if isinstance(value, dict):  # ``heads={np.int64(0): ...}``: a numpy key failed json.dumps (checkpoint, run identity)
+        if isinstance(value, dict):  # heads={np.int64(0): ...}: a numpy key failed json.dumps (checkpoint, identity)
             items = {_python_number(k): _python_number(v) for k, v in value.items()}
-            if any(a is not b for a, b in zip(items, value)) or any(items[k] is not v for k, v in zip(items, value.values())):
+            if any(a is not b or items[a] is not v for a, (b, v) in zip(items, value.items())):
                 setattr(config, f.name, items)
         elif isinstance(value, (list, tuple)):
             items = [_python_number(v) for v in value]
@@ -235,7 +235,8 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
         # a choice of the choice's own type, returned as spelt there: ``value in choices`` compared a numpy array
         # elementwise, so ``np.array(["mean"])`` passed and was stored (and a numpy str stayed one)
         for choice in typing.get_args(tp):
-            if isinstance(value, type(choice)) and isinstance(value, bool) == isinstance(choice, bool) and value == choice:
+            same_type = isinstance(value, type(choice)) and isinstance(value, bool) == isinstance(choice, bool)
+            if same_type and value == choice:
                 return choice
         raise ValueError(f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}"
                          f"{_choice_hint(value, typing.get_args(tp))}")
