@@ -47,7 +47,8 @@ from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.reload import load_run
 from diffusionformer.experiments.build import task_data
-from diffusionformer.experiments.results import _DATA_KEYS, _data_identity, read_json_dict, run_dir, run_status
+from diffusionformer.experiments.results import (_DATA_KEYS, _data_identity, _runs_of_another_train,
+                                                 read_json_dict, run_dir)
 from diffusionformer.experiments.stats import welch_t
 from diffusionformer.experiments.tasks import _HELDOUT_SEED, _TEXT_SEED  # noqa: F401  (back-compat: their home is tasks)
 from diffusionformer.experiments.tasks import find_adapter, heldout_batches, model_family
@@ -132,14 +133,11 @@ def _warn_other_train(config: ExperimentConfig, out_root: Path) -> None:
     """Warn when finished runs were made with another train or model config than ``config``'s (a longer
     ``max_steps``, another ``lr`` or head layout, a ``run --set`` not repeated here): ``run`` and ``publish`` refuse
     them, and their measurements would be filed under this config's names without a word."""
-    changed = [r for r in run_status(config, out_root) if r["state"] == "completed" and r["changed"]]
+    changed = _runs_of_another_train(config, out_root)
     if changed:
-        first = changed[0]
-        warnings.warn(f"analyze: {len(changed)} finished run(s) of {config.name!r} were made with another train "
-                      f"or model config than this config's, e.g. {first['task']!r} / {first['operator']!r} seed "
-                      f"{first['seed']} ({first['changed']}); their measurements are filed under this config's names: analyse with "
-                      "the --set overrides they were run with, or run them again with --restart",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(f"analyze: {changed}; their measurements are filed under this config's names: analyse with the "
+                      "--set overrides they were run with, or run them again with --restart", RuntimeWarning,
+                      stacklevel=3)
 
 
 def _check_split(split: object) -> None:

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from diffusionformer.experiments.config import ExperimentConfig
-from diffusionformer.experiments.results import (RunResult, _row_problem, finished_runs, first_reach, read_curves,
-                                                 run_dir, run_status, select_evaluation)
+from diffusionformer.experiments.results import (RunResult, _row_problem, _runs_of_another_train, finished_runs,
+                                                 first_reach, read_curves, run_dir, select_evaluation)
 from diffusionformer.experiments.tables import _cell, _text, aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
@@ -161,18 +161,6 @@ def _commit_line(manifest: dict[str, Any]) -> str:
                 f"their commit ran at these "
                 f"{len(commits)} commits, in this order; the last at `{commit}`)")
     return f"- **Git commit:** `{commit}`"
-
-
-def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path) -> str | None:
-    """Which finished runs of ``config`` under ``out_root`` were made with another train or model config than its own (a
-    ``run --set ...`` read without the overrides: ``status`` counts them as not completed), said in words; else
-    None."""
-    changed = [r for r in run_status(config, out_root) if r["state"] == "completed" and r["changed"]]
-    if not changed:
-        return None
-    first = changed[0]
-    return (f"{len(changed)} finished run(s) of {config.name!r} were made with another train or model config than this "
-            f"config's, e.g. {first['task']!r} / {first['operator']!r} seed {first['seed']} ({first['changed']})")
 
 
 def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir: str | Path,

@@ -348,6 +348,18 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     return rows
 
 
+def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path) -> str | None:
+    """Which finished runs of ``config`` under ``out_root`` were made with another train or model config than its own
+    (a ``run --set ...`` read without the overrides, a setting redefined since: ``status`` counts them as not
+    completed), said in words; else None. ``publish`` refuses such runs, ``summary`` and ``analyze`` warn."""
+    changed = [r for r in run_status(config, out_root) if r["state"] == "completed" and r["changed"]]
+    if not changed:
+        return None
+    first = changed[0]
+    return (f"{len(changed)} finished run(s) of {config.name!r} were made with another train or model config than "
+            f"this config's, e.g. {first['task']!r} / {first['operator']!r} seed {first['seed']} ({first['changed']})")
+
+
 def _checkpoint_step(path: Path) -> int | None:
     """The ``step`` a trainer checkpoint holds, read without loading its tensors (``weights_only``, memory-mapped);
     ``None`` if the file cannot be read as one (``run`` says why when it resumes)."""
