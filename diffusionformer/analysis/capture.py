@@ -205,16 +205,24 @@ def _split_item(item: Any) -> tuple[Any, Tensor | None]:
     return item, None
 
 
-def _takes_num_graphs(model: nn.Module) -> bool:
-    """Whether the forward of ``model`` (the model inside DDP or torch.compile) has a ``num_graphs`` parameter."""
+def _innermost(model: nn.Module) -> nn.Module:
+    """The model inside DistributedDataParallel (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers, in
+    either order, at most 4 deep; ``model`` itself when it wraps nothing. By ``isinstance``, not truthiness: ``bool()``
+    of a compiled module calls its model's ``len()``, which most lack."""
     inner = model
-    for _ in range(4):  # wrappers' forwards take any keyword: read the wrapped model's own signature
+    for _ in range(4):
         wrapped = getattr(inner, "module", None)
         wrapped = wrapped if isinstance(wrapped, nn.Module) else getattr(inner, "_orig_mod", None)
         if not isinstance(wrapped, nn.Module):
             break
         inner = wrapped
-    return _forward_takes_num_graphs(type(inner))
+    return inner
+
+
+def _takes_num_graphs(model: nn.Module) -> bool:
+    """Whether the forward of ``model`` (the model inside DDP or torch.compile) has a ``num_graphs`` parameter."""
+    # wrappers' forwards take any keyword: read the wrapped model's own signature
+    return _forward_takes_num_graphs(type(_innermost(model)))
 
 
 @functools.lru_cache(maxsize=64)

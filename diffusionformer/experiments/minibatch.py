@@ -134,16 +134,10 @@ def propagation_hops(model: nn.Module) -> int | None:
         >>> propagation_hops(create_model("graph-node-small", depth=2, heads="attention:2,heat(steps=3):2"))
         6
     """
+    from diffusionformer.analysis.capture import _innermost
     from diffusionformer.models import GCN, GIN, DiffusionGraphTransformer
 
-    inner = model
-    for _ in range(4):  # DistributedDataParallel's .module, torch.compile's ._orig_mod, in either order
-        # by isinstance, not truthiness: bool() of a compiled module calls its model's len(), which most lack
-        wrapped = getattr(inner, "module", None)
-        wrapped = wrapped if isinstance(wrapped, nn.Module) else getattr(inner, "_orig_mod", None)
-        if not isinstance(wrapped, nn.Module):
-            break
-        inner = wrapped
+    inner = _innermost(model)  # DistributedDataParallel's .module, torch.compile's ._orig_mod, in either order
     if isinstance(inner, DiffusionGraphTransformer):
         if inner.config.global_attention:
             return None

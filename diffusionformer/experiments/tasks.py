@@ -132,16 +132,12 @@ class ClassificationTask:
 
 def _unwrap_dino(model: nn.Module) -> Any:
     """The :class:`~diffusionformer.models.DINO` inside a DDP or ``torch.compile`` wrapper."""
+    from diffusionformer.analysis.capture import _innermost
     from diffusionformer.models.dino import DINO
 
-    inner = model
-    for _ in range(4):
-        if isinstance(inner, DINO):
-            return inner
-        wrapped = getattr(inner, "module", None)  # DistributedDataParallel
-        inner = wrapped if isinstance(wrapped, nn.Module) else getattr(inner, "_orig_mod", None)  # torch.compile
-        if not isinstance(inner, nn.Module):
-            break
+    inner = _innermost(model)
+    if isinstance(inner, DINO):
+        return inner
     raise TypeError(f"DINOTask expects a DINO model (possibly wrapped by DDP or torch.compile), got {type(model).__name__}")
 
 

@@ -175,8 +175,8 @@ class _Wrap(nn.Module):
 
 
 def test_dino_task_unwraps_ddp_around_a_compiled_model():
-    """kills: tasks.py T11 ``range(4)`` -> ``range(2)`` in _unwrap_dino (DDP around ``torch.compile``
-    around DINO, 3 levels, was refused) and T12 the ``_orig_mod`` step dropped (a compiled DINO refused)"""
+    """kills: the ``_orig_mod`` step dropped from the unwrapping _unwrap_dino calls (analysis.capture._innermost: a
+    compiled DINO refused, as was DDP around ``torch.compile`` around DINO)"""
     dino = _tiny_dino()
     for model in (_Wrap(dino, "_orig_mod"), _Wrap(_Wrap(dino, "_orig_mod"), "module")):
         assert T._unwrap_dino(model) is dino
