@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numbers
 
+from torch import Tensor
+
 from diffusionformer.config import _choice_hint
 
-__all__ = ["LAYOUTS", "check_int", "check_layout"]
+__all__ = ["LAYOUTS", "check_int", "check_layout", "check_within_graphs"]
 
 #: the two layouts of an :class:`~diffusionformer.graph.AttentionGraph`
 LAYOUTS: tuple[str, ...] = ("dense", "sparse")
@@ -27,3 +29,13 @@ def check_layout(layout: object) -> str:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}{_choice_hint(layout, LAYOUTS)}")
     return str(layout)
+
+
+def check_within_graphs(edge_index: Tensor, batch: Tensor) -> None:
+    """ValueError when an edge of ``edge_index`` ``(2, E)`` joins two graphs of ``batch`` ``(N,)`` (the edges of a
+    batch of graphs are block-diagonal); reads the values (a host synchronisation)."""
+    if edge_index.numel() > 0:
+        crossing = int((batch[edge_index[0]] != batch[edge_index[1]]).sum())
+        if crossing:
+            raise ValueError(f"edge_index connects nodes of different graphs ({crossing} edges with "
+                             "batch[source] != batch[target]); graphs in a batch must be block-diagonal")

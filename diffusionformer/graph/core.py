@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from diffusionformer.config import _check_flag
-from diffusionformer.graph._checks import LAYOUTS, check_int, check_layout
+from diffusionformer.graph._checks import LAYOUTS, check_int, check_layout, check_within_graphs
 from diffusionformer.graph._structure import (
     replicate_edges,
     structural_edges,
@@ -323,11 +323,7 @@ class AttentionGraph:
             lo, hi = int(batch.min()), int(batch.max())
             if lo < 0 or (G is not None and hi >= G):
                 raise ValueError(f"batch values must lie in [0, batch_size={G}), got range [{lo}, {hi}]")
-            if e.numel() > 0:
-                crossing = int((batch[e[0]] != batch[e[1]]).sum())
-                if crossing:
-                    raise ValueError(f"edge_index connects nodes of different graphs ({crossing} edges with "
-                                     "batch[source] != batch[target]); graphs in a batch must be block-diagonal")
+            check_within_graphs(e, batch)
         self._set("edge_index", e)
         self._set("num_nodes", N)
         self._set("batch", batch)

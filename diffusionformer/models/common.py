@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.config import _choice_hint, _value_type
+from diffusionformer.graph._checks import check_within_graphs
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.block import Block
 from diffusionformer.ops._checks import checks_values
@@ -135,12 +136,8 @@ def _check_block_diagonal(edge_index: Any, batch: Tensor | None) -> None:
     if batch is None or not isinstance(edge_index, Tensor) or not checks_values(batch):
         return
     e = edge_index if edge_index.layout == torch.strided else edge_index.to_sparse_coo().coalesce().indices()
-    if e.numel() and not checks_values(e):
-        return
-    crossing = int((batch[e[0]] != batch[e[1]]).sum()) if e.numel() else 0
-    if crossing:
-        raise ValueError(f"edge_index connects nodes of different graphs ({crossing} edges with batch[source] != "
-                         "batch[target]); graphs in a batch must be block-diagonal")
+    if not e.numel() or checks_values(e):
+        check_within_graphs(e, batch)
 
 
 def _check_real_features(**tensors: Any) -> None:
