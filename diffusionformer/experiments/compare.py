@@ -124,22 +124,19 @@ def _format_p(p: float | None, alpha: float = 0.05) -> str:
     only where it says which side (``alpha >= 0.001``)."""
     if p is None:
         return "n/a"
-    if 0.0495 <= p < 0.0505:
-        digits = 4
-        while digits < 17 and (float(f"{p:.{digits}f}") < 0.05) != (p < 0.05):  # 0.049996: not "0.0500" in bold
+
+    def kept(digits: int, kind: str, bound: float) -> str:  # the fewest digits from `digits` that keep p's side
+        while digits < 17 and (float(f"{p:.{digits}{kind}}") < bound) != (p < bound):
             digits += 1
-        return f"{p:.{digits}f}"
+        return f"{p:.{digits}{kind}}"
+
+    if 0.0495 <= p < 0.0505:
+        return kept(4, "f", 0.05)  # 0.049996: not "0.0500" in bold
     if p < 0.001:
         if alpha >= 0.001 or p == 0.0:
             return "<0.001"
-        digits = 2  # below the shorthand's bound: significant digits, as many as keep p on its side of alpha
-        while digits < 17 and (float(f"{p:.{digits}g}") < alpha) != (p < alpha):
-            digits += 1
-        return f"{p:.{digits}g}"
-    digits = 3
-    while digits < 17 and (float(f"{p:.{digits}f}") < alpha) != (p < alpha):
-        digits += 1
-    return f"{p:.{digits}f}"
+        return kept(2, "g", alpha)  # below the shorthand's bound: significant digits
+    return kept(3, "f", alpha)
 
 
 def format_ci(d: Difference, digits: int = 4) -> str:
