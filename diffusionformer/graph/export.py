@@ -107,6 +107,16 @@ def _reduce_heads(w: Tensor, head: int | str | None) -> Tensor:
     return w[:, head]
 
 
+def _float_threshold(threshold: numbers.Real) -> float:
+    """The float64 ``t`` with ``w > t`` iff ``w > threshold`` for every float64 ``w``: a Fraction or an int past
+    float64 made the tensor comparison fail (TypeError, OverflowError), and a rounded-up ``t`` dropped ``w == t``."""
+    try:
+        t = float(threshold)
+    except OverflowError:  # |threshold| beyond every finite float64: only +inf is above a huge one
+        return float(torch.finfo(torch.float64).max) if threshold > 0 else -math.inf
+    return math.nextafter(t, -math.inf) if t > threshold else t  # exact comparisons of float with int / Fraction
+
+
 def _top_k_per_target(w: Tensor, dst: Tensor, k: int) -> Tensor:
     """Bool per edge: among the ``k`` largest weights into its target (ties: earlier edge first)."""
     order = torch.argsort(-w, stable=True)
@@ -205,7 +215,7 @@ def to_networkx(
                 raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
             if threshold != threshold:  # no weight is > NaN: an empty graph, silently
                 raise ValueError(f"threshold must not be NaN, got {threshold!r}")
-            keep &= w > threshold
+            keep &= w > _float_threshold(threshold)
         if top_k is not None:
             top_k = check_int("top_k", top_k, 1)
             keep &= _top_k_per_target(w, edge_index[1], top_k)
