@@ -122,6 +122,8 @@ def plot_pca_token_maps(
     if not isinstance(images, Tensor) or images.ndim not in (3, 4):
         got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
         raise ValueError(f"images must have shape (B, C, H, W) or (B, H, W), got {got}")
+    if 0 in images.shape[-2:]:  # else numpy's "zero-size array to reduction operation minimum" from inside imshow
+        raise ValueError(f"images must have H, W >= 1, got shape {tuple(images.shape)}")
     if images.is_complex():  # the float64 cast would keep the real part with only a warning
         raise TypeError(f"images must be real, got dtype {images.dtype}")
     if not maps:
@@ -135,6 +137,8 @@ def plot_pca_token_maps(
         if not isinstance(m, Tensor) or m.ndim != 4 or m.shape[1] != 3 or m.shape[0] < rows:
             got = tuple(m.shape) if isinstance(m, Tensor) else type(m).__name__
             raise ValueError(f"maps[{name!r}] must have shape (B >= {rows}, 3, h, w), got {got}")
+        if 0 in m.shape[2:]:  # else numpy's "zero-size array to reduction operation minimum" from inside imshow
+            raise ValueError(f"maps[{name!r}] must have a patch grid h, w >= 1, got shape {tuple(m.shape)}")
         if m.is_complex():
             raise TypeError(f"maps[{name!r}] must be real RGB values in [0, 1], got dtype {m.dtype}")
         drawn = m[:rows].detach().double()

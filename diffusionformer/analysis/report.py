@@ -44,6 +44,7 @@ from diffusionformer.analysis.capture import IGNORE_INDEX, LayerCapture
 from diffusionformer.analysis.metrics import (
     _check_flag,
     _is_int,
+    _times_pow2,
     anova_decomposition,
     dirichlet_energy,
     high_frequency_ratio,
@@ -304,8 +305,14 @@ def _within_variance(v: LayerView) -> float | None:
 
 @register_metric("variance_ratio", group="smoothing", label="within / total variance", panel=1)
 def _variance_ratio(v: LayerView) -> float | None:
-    within = (v.tokens - v.means[v.seq_of_token]).pow(2).sum()
-    total = (v.tokens - v.tokens.mean(dim=0)).pow(2).sum()
+    # one exact power-of-two scale for tokens and means (as variance_ratio): squares of float64 tokens of |x| > 1e154
+    # overflowed (inf / inf: NaN) and of |x| < 1e-162 underflowed (0 / 0: a ratio of 0, "collapsed")
+    if v.tokens.numel() == 0:  # no real token (amax of nothing raises)
+        return 0.0
+    _, e = torch.frexp(v.tokens.abs().amax())
+    tokens, means = _times_pow2(v.tokens, -e), _times_pow2(v.means, -e)
+    within = (tokens - means[v.seq_of_token]).pow(2).sum()
+    total = (tokens - tokens.mean(dim=0)).pow(2).sum()
     return float(within / total) if total > 0 else 0.0  # == variance_ratio(X, "pooled") unpadded
 
 
