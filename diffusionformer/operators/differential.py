@@ -55,6 +55,11 @@ class DifferentialOperator(DiffusionOperator):
     ``1 - lambda`` and is not a function of one ``P``; the operator declares
     ``needs_second_map`` and runs on any back-end through the layer's context.
 
+    With a rotary embedding the layer rotates each head's full width ``C`` before the split
+    (channel pairs ``(2i, 2i+1)``, ``head_dim`` divisible by 4), so map 1 sees the higher half
+    of RoPE's frequencies and map 2 the lower half; the reference rotates each half at width
+    ``C/2`` with the full range. Both maps' scores depend on relative positions alone either way.
+
     Args:
         depth: the layer index ``l`` for :math:`\lambda_{init}`; ``None`` (default) takes it from
             the model's :class:`~diffusionformer.ops.rivals.LayerState` (0 without one).
