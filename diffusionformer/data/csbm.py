@@ -128,17 +128,22 @@ def csbm_graph(
             f"but only {intra_pool} and {inter_pool} distinct pairs exist; lower avg_degree"
         )
 
+    # the other end of an edge: a float32 uniform has 2**24 values, so past a class of ~2**16 nodes some positions
+    # were drawn measurably more often (6 values against 5 at 3 * 2**20 + 1 nodes), and past 2**24 the product could
+    # round up into the next class; float64 there, float32 below (the draws of earlier versions)
+    rdtype = torch.float32 if N <= 2**16 else torch.float64
+
     def draw_intra(k: int) -> tuple[Tensor, Tensor]:
         u = torch.randint(0, N, (k,), generator=g)
         c = y[u]
-        r = (torch.rand(k, generator=g) * (counts[c] - 1)).long()
+        r = (torch.rand(k, generator=g, dtype=rdtype) * (counts[c] - 1)).long()
         r = r + (r >= pos[u] - offsets[c]).long()  # skip u itself
         return u, order[offsets[c] + r]
 
     def draw_inter(k: int) -> tuple[Tensor, Tensor]:
         u = torch.randint(0, N, (k,), generator=g)
         c = y[u]
-        r = (torch.rand(k, generator=g) * (N - counts[c])).long()
+        r = (torch.rand(k, generator=g, dtype=rdtype) * (N - counts[c])).long()
         r = r + (r >= offsets[c]).long() * counts[c]  # skip u's class block
         return u, order[r]
 

@@ -324,6 +324,9 @@ def carve_val(n: int, val_size: int | None, seed: int) -> tuple[Tensor, Tensor]:
         >>> len(tr), len(va), sorted(torch.cat([tr, va]).tolist()) == list(range(10))
         (7, 3, True)
     """
+    n = _as_count("n", n)  # a float or bool n reached torch.randperm's "invalid combination of arguments"
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
     if val_size is None:
         val_size = min(5000, n // 10)
     val_size = _as_count("val_size", val_size)
