@@ -184,7 +184,10 @@ def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, st
     # gradient through the targets into the teacher, as DINOLoss detaches the whole targets
     targets = center_sharpen(teacher_logits.detach().to(dtype), center.detach(), teacher_temp)  # (Vt, B, K)
     log_probs = torch.log_softmax(student_logits.to(dtype) / student_temp, dim=-1)  # (Vs, B, K)
-    cross = -torch.einsum("ibk,jbk->ij", targets, log_probs) / B  # (Vt, Vs): mean over the batch
+    # autocast off: it ran the einsum as a bf16/fp16 matrix product (a bf16 loss, its gradient rounded too), where
+    # the loss must stay in float32 (``dtype``)
+    with torch.autocast(targets.device.type, enabled=False):
+        cross = -torch.einsum("ibk,jbk->ij", targets, log_probs) / B  # (Vt, Vs): mean over the batch
     keep = ~torch.eye(Vt, Vs, dtype=torch.bool, device=cross.device)
     return cross[keep].mean()
 

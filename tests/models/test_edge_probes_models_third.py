@@ -54,7 +54,8 @@ def test_bug_int32_batch_reads_out_as_the_int64_one(make):
     batch = torch.tensor([0, 0, 1, 1])
     want = model(x, ei, batch)
     torch.testing.assert_close(model(x, ei, batch.int()), want, rtol=0, atol=0)
-    torch.testing.assert_close(model(x, ei, batch.int(), num_graphs=3)[:2], want, rtol=0, atol=0)
+    # three readout rows instead of two: the head's matmul may take another BLAS kernel (last bits differ)
+    torch.testing.assert_close(model(x, ei, batch.int(), num_graphs=3)[:2], want, rtol=1e-5, atol=1e-6)
 
 
 def test_gin_matches_its_update_by_hand_with_isolated_nodes_and_an_empty_graph():
