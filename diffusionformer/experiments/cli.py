@@ -12,6 +12,7 @@ Commands:
     analyze CONFIG                     token-geometry metrics and figures of the trained models
     publish CONFIG --to docs/results   results page (tables, figures, command, machine) for the docs
     summary CONFIG [CONFIG ...]        one table of every setting's difference to the baseline, per task
+                                       ([--set ...] applies to every config)
     status CONFIG                      which runs are completed, running, interrupted or missing; time left
     list                               registered datasets, model presets and operators
 """
@@ -47,7 +48,12 @@ class _Parser(argparse.ArgumentParser):
             parser = self.commands.get(getattr(ns, "command", None), self)
             options = [s for a in parser._actions for s in a.option_strings]
             words = [x.split("=")[0] for x in extras if x.startswith("-")]
-            close = [(w, _closest_choice(w, options)) for w in words]
+            # an option of another command given exactly (`show c.toml --out r`): not misspelt, so no "did you mean"
+            # a look-alike of this command's ('--set' for '--out'), but which commands take it
+            elsewhere = {w: [n for n, c in self.commands.items() if c is not parser
+                             and w in {s for a in c._actions for s in a.option_strings}]
+                         for w in words if w not in options}
+            close = [(w, None if elsewhere.get(w) else _closest_choice(w, options)) for w in words]
             hints = [f"{c!r}" + (f" for {w!r}" if len(words) > 1 else "") for w, c in close if c and c != w]
             # an option of the command given before it (`--no-progress run c.toml`): not misspelt, misplaced
             given = [x.split("=")[0] for x in (sys.argv[1:] if args is None else list(args))]
@@ -56,7 +62,9 @@ class _Parser(argparse.ArgumentParser):
                       and given.index(w) < given.index(command)]
             parser.error(f"unrecognized arguments: {' '.join(extras)}"
                          + (f" (did you mean {', '.join(hints)}?)" if hints else "")
-                         + (f" ({', '.join(placed)}: option(s) of {command!r}, to be given after it)" if placed else ""))
+                         + (f" ({', '.join(placed)}: option(s) of {command!r}, to be given after it)" if placed else "")
+                         + "".join(f" ({w} is an option of {', '.join(map(repr, cs))}, not of {command!r})"
+                                   for w, cs in elsewhere.items() if cs and parser is not self))
         return ns
 
     def error(self, message: str):  # type: ignore[override]
@@ -104,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("summary", allow_abbrev=False,
                         help="one table of each setting's difference to the baseline over several comparisons")
     sm.add_argument("configs", nargs="+", metavar="config")
+    sm.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of every config (the seeds or tasks the comparisons were run with)")
     sm.add_argument("--out", default="results", help="results root the comparisons were run into")
     sm.add_argument("--selected", action="store_true", help="compare the metric at the best select_by evaluation")
     pub = sub.add_parser("publish", help="write the docs results page of a finished comparison", allow_abbrev=False)
@@ -193,6 +203,18 @@ def _reader_closed(fd: int) -> bool:
     return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
+def _check_out(out: str, name: str) -> None:
+    """Refuse ``--out`` where it, a folder above it or the comparison ``name``'s folder in it is a file."""
+    if Path(out).exists() and not Path(out).is_dir():
+        # else `status` reads every run as missing, and `run` fails on its first write
+        raise NotADirectoryError(f"--out: expected the results folder, got the file {out!r}")
+    root = Path(out)  # a file above it, or in the comparison folder's place: the same
+    file = next((p for p in (root / name, *root.parents) if p.exists() and not p.is_dir()), None)
+    if file is not None:
+        raise NotADirectoryError(f"--out {out!r}: {str(file)!r} is a file, where the results "
+                                 f"{'of ' + repr(name) if file == root / name else 'folder'} should be a folder")
+
+
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     from diffusionformer.experiments.config import load_experiment_config
@@ -215,19 +237,14 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "summary":
             from diffusionformer.experiments.publish import summary_table
 
-            print(summary_table([load_experiment_config(c) for c in args.configs], args.out, selected=args.selected), end="")
+            configs = [load_experiment_config(c, args.overrides) for c in args.configs]
+            for c in configs:  # else a file as --out is "no results ...; run the comparisons first"
+                _check_out(args.out, c.name)
+            print(summary_table(configs, args.out, selected=args.selected), end="")
             return 0
         config = load_experiment_config(args.config, args.overrides)
-        if getattr(args, "out", None) is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-            # else `status` reads every run as missing, and `run` fails on its first write
-            raise NotADirectoryError(f"--out: expected the results folder, got the file {args.out!r}")
-        if getattr(args, "out", None) is not None:  # a file above it, or in the comparison folder's place: the same
-            root = Path(args.out)
-            file = next((p for p in (root / config.name, *root.parents) if p.exists() and not p.is_dir()), None)
-            if file is not None:
-                raise NotADirectoryError(f"--out {args.out!r}: {str(file)!r} is a file, where the results "
-                                         f"{'of ' + repr(config.name) if file == root / config.name else 'folder'} "
-                                         "should be a folder")
+        if getattr(args, "out", None) is not None:
+            _check_out(args.out, config.name)
         to = getattr(args, "to", None)
         if to is not None and any(p.exists() and not p.is_dir() for p in (Path(to), *Path(to).parents)):
             # else publish copies everything into a staging folder and fails with "[Errno 20] Not a directory"

@@ -366,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         config = load_experiment_config(args.config, args.overrides)
         quantities = tuple(q.strip() for q in args.primary.split(",") if q.strip())
         _check_quantities(quantities)
+        for flag in ("out", "page"):  # `--page "$UNSET"` would print instead of writing, `--out ""` read the cwd
+            if getattr(args, flag) == "":
+                raise ValueError(f"--{flag}: expected a {'folder' if flag == 'out' else 'file'}, got an empty path")
         if args.page and Path(args.page).is_dir():
             raise ValueError(f"--page: expected the results page (a markdown file), got the folder {args.page!r}")
     except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
