@@ -142,9 +142,12 @@ def read_image_zip(
                     # Pillow only warns between MAX_IMAGE_PIXELS and twice that: here a decompression bomb is refused
                     warnings.simplefilter("error", image_mod.DecompressionBombWarning)
                     with image_mod.open(io.BytesIO(zf.read(name)), formats=_IMAGE_FORMATS) as im:
-                        if im.mode in ("I", "F") or im.mode.startswith("I;"):  # convert("RGB") clips them at 255
-                            raise ValueError(f"mode {im.mode!r} has samples wider than 8 bits (only 8-bit "
-                                             f"images are read)")
+                        wide = im.mode in ("I", "F") or im.mode.startswith("I;")  # convert("RGB") clips them at 255
+                        # a 16-bit RGB(A) or LA PNG opens as mode RGB/RGBA, Pillow keeping only each sample's high byte
+                        raw16 = next((str(t[3]) for t in im.tile if ";16" in str(t[3])), None)
+                        if wide or raw16:
+                            what = f"mode {im.mode!r}" if wide else f"raw mode {raw16!r}"
+                            raise ValueError(f"{what} has samples wider than 8 bits (only 8-bit images are read)")
                         pixels = np.asarray(im.convert("RGB"))
             except Exception as err:  # PIL raises several types for damaged images
                 # (Pillow's "cannot identify image file <_io.BytesIO ...>" names a buffer, not the entry)
