@@ -253,7 +253,7 @@ class _EdgeSoftmax(torch.autograd.Function):
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         e = (scores - m.index_select(1, layout.dst)).exp_()
         denom = torch.segment_reduce(e, "sum", offsets=offsets, axis=1, unsafe=True)
-        denom = torch.where(denom > 0, denom, torch.ones_like(denom))
+        denom = torch.where(denom != 0, denom, torch.ones_like(denom))  # a NaN sum stays NaN (as segment_softmax)
         alpha = e.div_(denom.index_select(1, layout.dst))
         ctx.save_for_backward(alpha)
         return alpha

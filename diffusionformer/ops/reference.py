@@ -47,7 +47,8 @@ def dense_attention_reference(
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.where(allowed, (torch.where(allowed, s, m) - m).exp(), torch.zeros_like(s))
     z = e.sum(-1, keepdim=True)
-    return torch.where(z > 0, e / torch.where(z > 0, z, torch.ones_like(z)), torch.zeros_like(e))
+    # only a row with no allowed entry (z == 0) reads 0: a NaN score keeps its row NaN, as torch.softmax
+    return torch.where(z != 0, e / torch.where(z != 0, z, torch.ones_like(z)), torch.zeros_like(e))
 
 
 def polynomial_reference(P: Tensor, v: Tensor, coeffs: Tensor) -> Tensor:

@@ -163,5 +163,6 @@ def segment_softmax(
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = (work - m.index_select(0, index)).exp()
     denom = scatter_sum(e, index, num_nodes, backend=backend)
-    denom = torch.where(denom > 0, denom, torch.ones_like(denom))
+    # only an empty (or all -inf) segment's 0 is replaced: a NaN sum must stay NaN, not leave exp(s_e) unnormalised
+    denom = torch.where(denom != 0, denom, torch.ones_like(denom))
     return (e / denom.index_select(0, index)).to(dtype)
