@@ -31,8 +31,14 @@ def add_setting_overrides(overrides: dict[str, Any], resolved: Any, task: TaskCo
     when it sets one (its ``{H}``, ``{half}`` and ``"half"`` are of those heads), else ``resolved``'s.
 
     Raises:
-        ValueError: if the setting sets heads and the model has no attention heads.
+        ValueError: if the setting sets heads and the model has no attention heads, or the task's
+            ``model_overrides`` set a head layout too.
     """
+    own = "heads" if setting.heads is not None else "laplacian_heads" if setting.laplacian_heads is not None else None
+    given = sorted({"heads", "laplacian_heads"} & set(task.model_overrides))
+    if own and given:  # else the setting's heads replaced the task's silently, or the model refused "both" naming neither
+        raise ValueError(f"task {task.name!r}: model_overrides sets {given[0]} and operator setting {setting.name!r} sets "
+                         f"{own}; give the head layout once (in the operator settings)")
     field = next((f for f in ("num_heads", "n_head") if hasattr(resolved, f)), None)
     if field is not None and field in setting.model_overrides:
         # else "half" of a setting with model_overrides = {num_heads = 4} was half the task's heads (1 Laplacian head
