@@ -47,7 +47,8 @@ def _replace_when_written(path: Path) -> Iterator[Path]:
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     now = time.time()
-    for old in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):  # a killed process's, never removed
+    # a killed process's, never removed: mkdtemp's 8 random characters exactly (".*" matched NAME.best's too)
+    for old in path.parent.glob(f".{glob.escape(path.name)}.{'[a-z0-9_]' * 8}.tmp"):
         with contextlib.suppress(OSError):
             if old.is_dir() and now - old.stat().st_mtime > _STALE_SECONDS:
                 shutil.rmtree(old, ignore_errors=True)

@@ -80,7 +80,8 @@ def save_checkpoint(path: str | os.PathLike[str], payload: Mapping[str, Any]) ->
     _fsync_dir(path.parent)
     # a hard kill (SIGKILL, power loss) skips the cleanup above: its checkpoint-sized temporary file stays, one per
     # kill; this save of the same path supersedes it (one writer per path: the trainer saves on rank 0 only)
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+    # mkstemp's 8 random characters exactly: ".*" also matched the in-flight temporary of "NAME.best" beside it
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.{'[a-z0-9_]' * 8}.tmp"):
         with contextlib.suppress(OSError):
             stale.unlink()
     return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import math
@@ -28,7 +29,10 @@ def _plain(value: Any) -> Any:
     """JSON-safe copy of a record: non-finite floats become ``None`` (strict JSON has no NaN), NumPy
     numbers the Python ``int``/``float`` they equal."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        plain = {str(k): _plain(v) for k, v in value.items()}
+        if len(plain) != len(value):  # else all but one of the values of keys 1 and "1" were dropped without a word
+            raise ValueError(f"expected keys that differ as strings (JSON object keys), got {sorted(map(repr, value))}")
+        return plain
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, np.bool_):  # not a numbers.Real; json: "Object of type bool is not JSON serializable"
@@ -109,7 +113,7 @@ def _check_regular_file(path: Path, what: str, *, resume: bool = True) -> None:
 def _parse_lines(path: Path) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     with open(path, "rb") as f:
-        lines = f.read().splitlines()
+        lines = f.read().removeprefix(codecs.BOM_UTF8).splitlines()  # an editor's byte order mark is not a record
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

@@ -300,6 +300,11 @@ class Trainer:
             _check_optimizer_state_shapes(optimizer)
         for group, kernel in zip(optimizer.param_groups, kernels):
             group.update(kernel)
+            if group.get("fused") or group.get("capturable"):  # load_state_dict placed the steps by the file's flags
+                for p in group["params"]:
+                    state = optimizer.state.get(p, {})
+                    if isinstance(state.get("step"), torch.Tensor):  # the fused kernel's: float32 on the device
+                        state["step"] = state["step"].to(dtype=torch.float32, device=p.device)
         # _save never writes non-finite parameters: a checkpoint holding some is not a "last good" one to resume from
         bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
         if bad:

@@ -420,8 +420,8 @@ def test_bug_a_killed_writers_hidden_figure_folder_is_swept_by_the_next_write(tm
 
     plots = tmp_path / "plots"
     plots.mkdir()
-    stale, fresh, other = (plots / ".a_curves.png.old1.tmp", plots / ".a_curves.png.new1.tmp",
-                           plots / ".b_curves.png.old2.tmp")
+    stale, fresh, other = (plots / ".a_curves.png.old1abcd.tmp", plots / ".a_curves.png.new1abcd.tmp",
+                           plots / ".b_curves.png.old2abcd.tmp")
     for d in (stale, fresh, other):
         d.mkdir()
         (d / "x.png").write_bytes(b"torn")
