@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import numbers
 import operator
+from collections.abc import Mapping, Set as AbstractSet
 from functools import lru_cache
 from typing import Any, Iterable, Sequence
 
@@ -131,11 +132,13 @@ def check_degrees(degrees: Sequence[int] | None, num_heads: int, max_degree: int
 
 @lru_cache(maxsize=256)
 def _checked_degrees(degrees: Sequence[int], num_heads: int, max_degree: int) -> tuple[int, ...]:
-    if isinstance(degrees, (str, bytes)) or not isinstance(degrees, Iterable):
+    # a set has no head order, a mapping iterates its keys; a 0-d tensor is Iterable to isinstance but not to list()
+    if (isinstance(degrees, (str, bytes, AbstractSet, Mapping)) or not isinstance(degrees, Iterable)
+            or (isinstance(degrees, Tensor) and degrees.dim() == 0)):
         raise TypeError(f"degrees must be a sequence of ints, one per head, or None; got {degrees!r}")
     items = list(degrees)
     try:  # ints, numpy ints and integer 0-d tensors; 1.5 or True is an error, not truncated
-        if any(isinstance(d, bool) for d in items):
+        if any(isinstance(d, bool) or (isinstance(d, Tensor) and d.dtype == torch.bool) for d in items):
             raise TypeError
         degrees = [operator.index(d) for d in items]
     except TypeError:
