@@ -448,6 +448,9 @@ class NodeData:
         _check_ids("edge_index: node ids", ei, N, "num_nodes")
         if d.y.dim() < 1 or d.y.shape[0] != N:
             raise ValueError(f"expected y with one row per node ({N}), got shape {tuple(d.y.shape)}")
+        if d.y.dtype != torch.int64 or d.y.dim() != 1:  # (N, 1), float or int32 labels failed in the task's loss
+            raise ValueError(f"expected y to be an int64 tensor of shape ({N},) (one class per node), got {d.y.dtype} "
+                             f"of shape {tuple(d.y.shape)}")
         for split in SPLITS:
             mask = getattr(d, f"{split}_mask")
             if mask.dtype != torch.bool or tuple(mask.shape) != (N,):
@@ -458,6 +461,9 @@ class NodeData:
             if not bool(mask.any()):  # a loss and an accuracy over no nodes are NaN, not a result
                 raise ValueError(f"{self.name}: {split}_mask selects no node; training and evaluation need at "
                                  f"least one {split} node")
+        # a label beyond the classes failed at the loss or the first evaluation (a device-side assert on a GPU)
+        _check_ids("y: labels of the train/val/test nodes", d.y[d.train_mask | d.val_mask | d.test_mask],
+                   self.num_classes, "num_classes")
 
     def __repr__(self) -> str:
         d = self.data
