@@ -24,3 +24,18 @@ name = "attention"
 name = "lap"
 laplacian_heads = 1
 '''
+
+# a two-seed character-LM comparison whose run folders the gaps tests write by hand (no training)
+TINY_GAPS_TOML = """name = "g"
+seeds = [0, 1]
+[[tasks]]
+name = "t"
+dataset = "pydoc-chars"
+model = "gpt-char-tiny"
+metric = "val_loss"
+[[operators]]
+name = "attention"
+[[operators]]
+name = "lap"
+laplacian_heads = 1
+"""

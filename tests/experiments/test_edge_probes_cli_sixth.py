@@ -9,7 +9,7 @@ import pytest
 from diffusionformer.experiments.cli import main
 from diffusionformer.experiments.gaps import main as gaps_main
 from diffusionformer.experiments.runner import run_dir
-from experiments_tiny_configs import TINY_DIGITS_TOML
+from experiments_tiny_configs import TINY_DIGITS_TOML, TINY_GAPS_TOML
 
 
 @pytest.fixture
@@ -48,20 +48,7 @@ def test_bug_another_commands_option_beside_a_misspelt_one_gets_both_notes(tiny,
     assert "--out is an option of 'run'" in err and "'summary'" in err and "not of 'show'" in err
 
 
-_GAP_CFG = '''name = "g"
-seeds = [0, 1]
-primary = ["lap"]
-[[tasks]]
-name = "t"
-dataset = "pydoc-chars"
-model = "gpt-char-tiny"
-metric = "val_loss"
-[[operators]]
-name = "attention"
-[[operators]]
-name = "lap"
-laplacian_heads = 1
-'''
+_GAP_CFG = TINY_GAPS_TOML.replace("seeds = [0, 1]\n", "seeds = [0, 1]\nprimary = [\"lap\"]\n")
 
 
 def _gap_results(root):

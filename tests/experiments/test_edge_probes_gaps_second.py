@@ -9,20 +9,9 @@ import json
 
 from diffusionformer.experiments import gaps
 from diffusionformer.experiments.runner import run_dir
+from experiments_tiny_configs import TINY_GAPS_TOML
 
-CONFIG_TOML = """name = "g"
-seeds = [0, 1]
-[[tasks]]
-name = "t"
-dataset = "pydoc-chars"
-model = "gpt-char-tiny"
-metric = "val_loss"
-[[operators]]
-name = "attention"
-[[operators]]
-name = "lap"
-laplacian_heads = 1
-"""
+CONFIG_TOML = TINY_GAPS_TOML
 
 
 def _write_runs(root):
