@@ -164,7 +164,8 @@ class TrainConfig:
             :class:`torch.amp.GradScaler` (Micikevicius et al., "Mixed Precision Training", ICLR
             2018): an update whose gradients overflow is skipped and the scale halved, so a
             non-finite gradient norm is not an error under fp16 (a non-finite loss still is);
-            the scaler's state is checkpointed. bf16 needs no scaler.
+            a log window holding such a skipped update logs ``grad_norm`` as ``null`` (its mean
+            is inf). The scaler's state is checkpointed. bf16 needs no scaler.
         compile: wrap the model in ``torch.compile``.
         progress: show a tqdm progress bar (only on rank 0, and only on a terminal).
         weight_decay_rule: which tensors ``weight_decay`` applies to (see
