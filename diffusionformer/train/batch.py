@@ -21,7 +21,9 @@ def to_device(batch: Any, device: torch.device) -> Any:
     mappings, ``list`` and ``tuple`` (named tuples included) are rebuilt with their type (a ``dict`` subclass or
     ``UserDict`` is copied and updated, so a ``defaultdict`` keeps its factory; a mapping that cannot be rebuilt
     becomes a ``dict``); objects with a ``.to(device)`` method (e.g. a PyG ``Data``, or a named tuple such as a
-    ``PackedSequence``) are moved by it; other values (ints, strings, ``None``) are returned as they are.
+    ``PackedSequence``) are moved by it (a PyG ``Data`` or an ``nn.Module`` in place: their ``.to`` moves
+    the caller's object); other values (ints, strings, ``None``, and containers not named here: a
+    dataclass, a ``set``, a ``deque``) are returned as they are, their tensors unmoved.
 
     Args:
         batch: a tensor, a nested container, or an object with ``.to``.
@@ -35,17 +37,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=torch.device(device).type != "cpu")
     if isinstance(batch, Mapping):
-        moved = {k: to_device(v, device) for k, v in batch.items()}
-        if type(batch) is dict:
-            return moved
-        try:  # keep the mapping's type: an OrderedDict, a defaultdict's factory, a UserDict's attributes (a
-            if isinstance(batch, (dict, UserDict)):  # copy with storage of its own, so the caller's is untouched)
-                clone = copy.copy(batch)
-                clone.update(moved)
-                return clone
-            return type(batch)(moved)  # other mappings are built from a dict, as torch's pin_memory does
-        except TypeError:  # one that cannot be: a plain dict
-            return moved
+        return _rebuild_mapping(batch, {k: to_device(v, device) for k, v in batch.items()})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
         if callable(getattr(type(batch), "to", None)):  # a PackedSequence: its batch_sizes must stay on the CPU
             return batch.to(device)
@@ -57,3 +49,17 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if callable(to) and not isinstance(batch, (str, bytes, type)):
         return to(device)
     return batch
+
+
+def _rebuild_mapping(batch: Mapping, moved: dict) -> Any:
+    """``moved`` (the new values of ``batch``'s items) as a mapping of ``batch``'s type, the caller's untouched."""
+    if type(batch) is dict:
+        return moved
+    try:  # keep the mapping's type: an OrderedDict, a defaultdict's factory, a UserDict's attributes (a
+        if isinstance(batch, (dict, UserDict)):  # copy with storage of its own, so the caller's is untouched)
+            clone = copy.copy(batch)
+            clone.update(moved)
+            return clone
+        return type(batch)(moved)  # other mappings are built from a dict, as torch's pin_memory does
+    except TypeError:  # one that cannot be: a plain dict
+        return moved

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import numbers
 import os
+from collections import UserDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.utils.rnn import PackedSequence
 
+from .batch import _rebuild_mapping
 from .config import resolve_device
 
 __all__ = ["DistContext", "dist_env", "init_distributed", "shard_batch"]
@@ -239,7 +241,8 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
     global mean loss, so DDP's averaged gradient equals the single-process gradient.
 
     Args:
-        batch: tensor or nested ``dict``/``list``/``tuple`` of tensors and plain values.
+        batch: tensor or nested ``dict``/``list``/``tuple`` of tensors and plain values (a ``dict``
+            subclass or ``UserDict`` keeps its type, other mappings become a ``dict``).
         rank: this process's rank (``0 <= rank < world_size``).
         world_size: number of processes; must divide every tensor's dim 0.
 
@@ -271,7 +274,9 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
         size = B // world_size
         return batch[rank * size : (rank + 1) * size]
     if isinstance(batch, Mapping):
-        return {k: shard_batch(v, rank, world_size) for k, v in batch.items()}
+        parts = {k: shard_batch(v, rank, world_size) for k, v in batch.items()}
+        # a dict subclass or UserDict keeps its type (an OrderedDict, a batch with attribute access), as in to_device
+        return _rebuild_mapping(batch, parts) if isinstance(batch, (dict, UserDict)) else parts
     if isinstance(batch, PackedSequence):  # its rows are time steps of every sequence: sliced, they are garbage
         raise TypeError(
             "shard_batch: expected tensors, dict/list/tuple containers or plain values, got a PackedSequence "
