@@ -95,6 +95,9 @@ def reference_qkv(layer: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Te
         >>> [tuple(t.shape) for t in reference_qkv(layer, torch.zeros(1, 3, 8))]
         [(1, 3, 4, 2), (1, 3, 4, 2), (1, 3, 4, 2)]
     """
+    if not isinstance(x, Tensor) or x.dim() != 3:  # an unbatched (N, D) input failed as "not enough values to unpack"
+        raise ValueError(f"reference_qkv: x must be a (B, N, D) tensor, got "
+                         f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
     B, N, D = x.shape
     H, C, G = layer.num_heads, layer.head_dim, layer.num_kv_heads
     W, b = layer.qkv.weight, layer.qkv.bias

@@ -57,6 +57,11 @@ def apply_operator_dense(
     return (op.apply_causal_matrix if is_causal else op.apply_matrix)(P, v)
 
 
+def _seed(seed: int, offset: int) -> int:
+    """``seed + offset`` as ``manual_seed`` reads it (modulo 2**64): ``seed + 1`` overflowed for seed 2**64 - 1."""
+    return (seed + offset) % 2**64
+
+
 def apply_operator_sparse(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, edge_index: Tensor) -> Tensor:
     """Run one operator on node inputs ``(N, H, C)`` over ``edge_index``."""
     if not op.supports_sparse:
@@ -195,7 +200,7 @@ def assert_operator(
 
     # 2. shift law: f(P)(v + 1 a^T) = f(P) v + (sum_k c_k) 1 a^T.
     if op.is_polynomial:
-        a = torch.randn(1, 1, 1, C, dtype=dtype, generator=torch.Generator().manual_seed(seed + 1))
+        a = torch.randn(1, 1, 1, C, dtype=dtype, generator=torch.Generator().manual_seed(_seed(seed, 1)))
         total = op.head_coefficients(H).detach().sum(-1).to(dtype).view(1, H, 1, 1)
         lhs = apply_operator_dense(op, q, k, v + a)
         rhs = apply_operator_dense(op, q, k, v) + total * a
@@ -212,7 +217,7 @@ def assert_operator(
         _close(o1[:, :, :cut], o2[:, :, :cut], f"{name}: causal output before position {cut} saw the future", tol_a, tol_r)
 
     # 4. permutation equivariance (dense).
-    perm = torch.randperm(N, generator=torch.Generator().manual_seed(seed + 2))
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(_seed(seed, 2)))
     o = apply_operator_dense(op, q, k, v)
     op_perm = apply_operator_dense(op, q[:, :, perm], k[:, :, perm], v[:, :, perm])
     _close(op_perm, o[:, :, perm], f"{name}: dense output is not permutation-equivariant", tol_a, tol_r)
@@ -232,6 +237,16 @@ def assert_operator(
             return
         raise AssertionError(f"{name}: declares supports_sparse=False but the sparse back-end did not refuse it")
 
+    if not op.is_polynomial and not op.uses_context:
+        # the sparse back-end runs its coefficients(), optional for a function of a materialised P: one without them
+        # crashed here with NotImplementedError instead of failing the declaration (the layer refuses it on edges)
+        try:
+            op.head_coefficients(H)
+        except NotImplementedError:
+            raise AssertionError(f"{name}: declares supports_sparse=True but is neither polynomial nor a context "
+                                 f"operator and has no coefficients(); the layer refuses it on edges: set "
+                                 f"supports_sparse = False") from None
+
     # 5. sparse equals dense on the complete and the causal graph (batch element 0).
     qn, kn, vn = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))  # (N, H, C)
     for edge_index, is_causal in ((complete_edge_index(N), False), (causal_edge_index(N), True)):
@@ -240,7 +255,7 @@ def assert_operator(
         _close(sparse_out, dense_out, f"{name}: sparse vs dense (causal={is_causal})", tol_a, tol_r, dtype)
 
     # 6. a general sparse graph against the explicit reference; edge-order invariance; permutation.
-    g = torch.Generator().manual_seed(seed + 3)
+    g = torch.Generator().manual_seed(_seed(seed, 3))
     edges = complete_edge_index(N)
     edges = edges[:, torch.rand(edges.shape[1], generator=g) < 0.5]
     edges = edges[:, edges[1] != N // 2]  # a node without in-edges: its row of P is zero
