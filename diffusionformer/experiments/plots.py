@@ -61,15 +61,20 @@ def _save_figure(fig: Any, path: Path) -> None:
 
 
 def _series(records: list[dict[str, Any]], split: str, key: str) -> tuple[list[int], list[float]]:
-    steps, values = [], []
+    # a step logged twice (a resumed log that was not truncated) reads as its last record, as the trainer's
+    # truncate promises; the steps in order (else a failed run's dotted line ran back to a re-logged step)
+    last: dict[int, Any] = {}
     for r in records:
         if r.get("split") != split:
             continue
-        v = r.get("loss") if key == "loss" else r.get("metrics", {}).get(key)
+        last[int(r["step"])] = r.get("loss") if key == "loss" else r.get("metrics", {}).get(key)
+    steps, values = [], []
+    for step in sorted(last):
+        v = last[step]
         # finite numbers only, as the tables read them: a hand-edited true is not 1.0, and a NaN of one seed would make
         # the band's mean NaN at that step (and count the seed in its n) where the tables leave the value out
         if _is_finite(v):
-            steps.append(int(r["step"]))
+            steps.append(step)
             values.append(float(v))
     return steps, values
 
@@ -145,7 +150,8 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
                 continue
             ax.errorbar([i], [np.mean(vals)], yerr=[np.std(vals, ddof=1) if len(vals) > 1 else 0.0], fmt="o",
                         color=f"C{i}", capsize=4, markersize=8)
-            ax.scatter(np.full(len(vals), i) + np.linspace(-0.12, 0.12, len(vals)), vals, color=f"C{i}", s=12, alpha=0.6)
+            jitter = np.linspace(-0.12, 0.12, len(vals)) if len(vals) > 1 else np.zeros(1)  # (linspace(n=1) is -0.12)
+            ax.scatter(np.full(len(vals), i) + jitter, vals, color=f"C{i}", s=12, alpha=0.6)
         ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
         ax.set(ylabel=task.metric, title=f"{task.name}: final {task.metric}")
         ax.grid(axis="y", alpha=0.3)
