@@ -438,7 +438,8 @@ class LayerCapture:
             weights, indexing the valid tokens of the first ``A`` sequences in row-major order
             (``states[l][mask]``); ``None`` for dense models.
         outputs: the model's outputs (the first tensor of a tuple output), concatenated along
-            dim 0: ``(B, C)`` logits per sequence, ``(B, T, V)`` per token, or ``(N, C)`` per node.
+            dim 0: ``(B, C)`` logits per sequence, ``(B, T, V)`` per token (zero-padded to the longest batch, see
+            ``mask``), or ``(N, C)`` per node.
             ``None`` unless asked for.
         extra: free-form information (number of batches, model class).
     """
@@ -634,7 +635,11 @@ class _Collector:
                 attentions = {i: torch.cat([_pad_seq(_pad_seq(P, T, 2), T, 3) for P in p])
                               for i, p in self.attn.items()}
         extra = {"num_batches": self.num_batches, "model": model_name, "num_attention_examples": self.num_attention}
-        outputs = torch.cat(self.outputs) if self.keep_outputs else None
+        outputs = None
+        if self.keep_outputs:  # per-token outputs (B, T, V) of batches of different lengths: padded like the states
+            dense = all(x.ndim == 3 for x in first) and all(o.ndim >= 3 for o in self.outputs)
+            T_out = max(o.shape[1] for o in self.outputs) if dense else 0
+            outputs = torch.cat([_pad_seq(o, T_out, 1) if dense else o for o in self.outputs])
         return LayerCapture(states, mask, labels, attentions, edges, outputs, extra)
 
 
@@ -684,7 +689,8 @@ def capture_dataset(
 
     Args:
         model: a model with ``model.blocks`` (ViT, GPT, graph transformer, or any such); a
-            ``DistributedDataParallel``/``DataParallel`` wrapper of one too (hooks on ``model.module.blocks``).
+            ``DistributedDataParallel``/``DataParallel`` wrapper of one too (hooks on ``model.module.blocks``), or
+            a ``torch.compile`` one; the wrapped model itself runs (eagerly), so the hooks always fire.
         batches: an iterable of batches (consumed lazily).
         layers: residual-stream indices to keep, ``0..L`` (default: all ``L + 1``).
         max_examples: number of sequences to keep (``>= 1``).
@@ -717,6 +723,9 @@ def capture_dataset(
     recorder.compute_attentions = max_attention_examples > 0
     collector = _Collector(recorder, max_attention_examples, keep_outputs)
     count = drawn = 0
+    # the wrapped model runs eagerly: a torch.compile'd model that already ran skips hooks registered later (dynamo
+    # does not guard on them), and nothing was recorded
+    inner = _innermost(model)
     modes = [(module, module.training) for module in model.modules()]  # each submodule's own mode (a frozen part)
     model.eval()
     try:
@@ -732,7 +741,7 @@ def capture_dataset(
                     inputs, labels = _head(inputs, labels, n)
                 inputs = _to_device(inputs, dev)
                 recorder.clear()
-                out = run(model, inputs)
+                out = run(inner, inputs)
                 collector.add(inputs, labels, out, n, index)
                 count += n
                 if count >= max_examples:
@@ -743,5 +752,5 @@ def capture_dataset(
     if count == 0:
         got = "" if drawn == 0 else f" of sequences: its {drawn} batch(es) all held 0 sequences"
         raise ValueError(f"capture_dataset got no examples: `batches` was empty{got}")
-    return collector.finish(type(model).__name__)
+    return collector.finish(type(inner).__name__)
 
