@@ -312,7 +312,9 @@ class LayerRecorder:
     every block ``i`` whose output ``i + 1`` is recorded). A later pass overwrites the earlier one.
 
     Args:
-        model: a model with ``model.blocks`` (``nn.ModuleList``).
+        model: a model with ``model.blocks`` (``nn.ModuleList``); for a ``torch.compile`` model,
+            run the model inside it (``compiled._orig_mod``) in the body: a compiled model that
+            already ran skips hooks registered later (:func:`capture_dataset` does this itself).
         layers: residual-stream indices to record, ``0..L`` (default: all).
         attentions: also recompute each recorded block's attention weights.
 
