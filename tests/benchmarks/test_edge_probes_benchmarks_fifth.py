@@ -13,9 +13,7 @@ Found and fixed (tests named ``test_bug_*``):
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,53 +28,34 @@ if str(BENCH) not in sys.path:
 import _common as C  # noqa: E402
 import run_all  # noqa: E402
 
-SUITE = BENCH / "gpu_suite.sh"
 INFO = {"cpu": "c", "cores": 1, "torch_threads": 1, "torch": "t", "device": "cpu", "clock": "wall",
         "loadavg_1min": 0.0, "date": "d"}
 needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
-STUB = """#!/usr/bin/env bash
-# a stand-in python: logs its arguments and answers every check (CUDA available)
-echo "$*" >> "$STUB_LOG"
-exit 0
-"""
-
-
-def _suite(tmp_path: Path, *args: str, steps: str) -> tuple[subprocess.CompletedProcess, list[str]]:
-    stub = tmp_path / "python"
-    stub.write_text(STUB)
-    stub.chmod(0o755)
-    log = tmp_path / "calls.txt"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_SUITE_", "BENCH_ISSUE15_ARGS"))}
-    env.update(PYTHON=str(stub), STUB_LOG=str(log), GPU_SUITE_STEPS=steps)
-    res = subprocess.run(["bash", str(SUITE), *args], env=env, capture_output=True, text=True, timeout=60,
-                         cwd=tmp_path)
-    calls = log.read_text().splitlines() if log.exists() else []
-    return res, [c.split()[0] for c in calls if c.startswith("benchmarks/")]
-
 
 @needs_bash
-def test_bug_gpu_suite_host_and_memory_steps_run_without_issue15(tmp_path):
+def test_bug_gpu_suite_host_and_memory_steps_run_without_issue15(tmp_path, gpu_suite_stub):
     """Bug: ``GPU_SUITE_STEPS=host,memory,compile bash gpu_suite.sh OUT`` (no ``--issue15``) ran bench_compile.py
     alone and exited 0: host and memory ran only with ``--issue15`` or inside the grid step, which was not named (a
     GPU call spent on nothing), although the ``--smoke`` try of the same steps ran both scripts. Now they run alone
     whenever the grid step (run_all.py, which includes them) does not run."""
-    res, calls = _suite(tmp_path, str(tmp_path / "out"), steps="host,memory,compile")
+    res, calls = gpu_suite_stub.run(str(tmp_path / "out"), steps="host,memory,compile")
     assert res.returncode == 0, res.stderr
-    assert calls == ["benchmarks/bench_host.py", "benchmarks/bench_memory.py", "benchmarks/bench_compile.py"]
-    smoke, smoke_calls = _suite(tmp_path, "--smoke", str(tmp_path / "smoke"), steps="host,memory,compile")
+    assert gpu_suite_stub.scripts(calls) == ["benchmarks/bench_host.py", "benchmarks/bench_memory.py",
+                                             "benchmarks/bench_compile.py"]
+    smoke, smoke_calls = gpu_suite_stub.run("--smoke", str(tmp_path / "smoke"), steps="host,memory,compile")
     assert smoke.returncode == 0, smoke.stderr
-    assert smoke_calls[-3:] == calls  # the smoke try runs what the GPU call runs
+    assert gpu_suite_stub.scripts(smoke_calls)[-3:] == gpu_suite_stub.scripts(calls)  # what the GPU call runs
 
 
 @needs_bash
-def test_gpu_suite_grid_step_still_runs_host_and_memory_once(tmp_path):
+def test_gpu_suite_grid_step_still_runs_host_and_memory_once(tmp_path, gpu_suite_stub):
     """With the grid step, host and memory are run_all.py's (not run a second time); with --issue15 alone."""
-    _, calls = _suite(tmp_path, str(tmp_path / "out"), steps="grid,host,memory")
-    assert calls == ["benchmarks/run_all.py"]
+    _, calls = gpu_suite_stub.run(str(tmp_path / "out"), steps="grid,host,memory")
+    assert gpu_suite_stub.scripts(calls) == ["benchmarks/run_all.py"]
     (tmp_path / "calls.txt").unlink()
-    _, calls = _suite(tmp_path, "--issue15", str(tmp_path / "out"), steps="grid,host,memory")
-    assert calls == ["benchmarks/bench_host.py", "benchmarks/bench_memory.py"]
+    _, calls = gpu_suite_stub.run("--issue15", str(tmp_path / "out"), steps="grid,host,memory")
+    assert gpu_suite_stub.scripts(calls) == ["benchmarks/bench_host.py", "benchmarks/bench_memory.py"]
 
 
 def test_bug_run_all_failed_script_does_not_show_the_previous_runs_tables(tmp_path, monkeypatch):
