@@ -1,9 +1,10 @@
 """File modes shared by every writer that goes through a temporary file (run files, checkpoints, data caches), the
-words for a path that is not a regular file, the CRC check of a ``torch.save`` file, and the folder lock that processes writing one folder take turns by."""
+words for a path that is not a regular file, the leftovers of a killed writer's temporary, the CRC check of a ``torch.save`` file, and the folder lock that processes writing one folder take turns by."""
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import stat
 import zipfile
@@ -44,6 +45,14 @@ def set_new_file_mode(fd: int) -> None:
     """Give the open temporary ``fd`` the mode of :func:`new_file_mode` (where ``os.fchmod`` exists)."""
     if hasattr(os, "fchmod"):
         os.fchmod(fd, new_file_mode())
+
+
+def leftover_temps(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """The temporaries ``tempfile.mkstemp``/``mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=...)`` made for
+    ``path`` (a writer killed before its cleanup leaves them): exactly their 8 random characters, so those of
+    ``NAME.best`` beside ``NAME`` are not ``NAME``'s (``.NAME.*.tmp`` matched them, in-flight ones too)."""
+    path = Path(path)
+    return path.parent.glob(f".{glob.escape(path.name)}.{'[a-z0-9_]' * 8}.tmp")
 
 
 @contextlib.contextmanager

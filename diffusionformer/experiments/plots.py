@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import math
 import os
 import shutil
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from diffusionformer._files import leftover_temps
 from diffusionformer.experiments.config import ExperimentConfig
 from diffusionformer.experiments.results import RunResult, _is_finite, read_curves, run_dir
 
@@ -47,8 +47,7 @@ def _replace_when_written(path: Path) -> Iterator[Path]:
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     now = time.time()
-    # a killed process's, never removed: mkdtemp's 8 random characters exactly (".*" matched NAME.best's too)
-    for old in path.parent.glob(f".{glob.escape(path.name)}.{'[a-z0-9_]' * 8}.tmp"):
+    for old in leftover_temps(path):  # a killed process's, never removed
         with contextlib.suppress(OSError):
             if old.is_dir() and now - old.stat().st_mtime > _STALE_SECONDS:
                 shutil.rmtree(old, ignore_errors=True)

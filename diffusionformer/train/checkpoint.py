@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import json
 import os
 import pickle
@@ -15,7 +14,7 @@ from typing import Any
 
 import torch
 
-from diffusionformer._files import file_kind, set_new_file_mode, zip_damage
+from diffusionformer._files import file_kind, leftover_temps, set_new_file_mode, zip_damage
 
 from .errors import CheckpointError
 
@@ -80,8 +79,7 @@ def save_checkpoint(path: str | os.PathLike[str], payload: Mapping[str, Any]) ->
     _fsync_dir(path.parent)
     # a hard kill (SIGKILL, power loss) skips the cleanup above: its checkpoint-sized temporary file stays, one per
     # kill; this save of the same path supersedes it (one writer per path: the trainer saves on rank 0 only)
-    # mkstemp's 8 random characters exactly: ".*" also matched the in-flight temporary of "NAME.best" beside it
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.{'[a-z0-9_]' * 8}.tmp"):
+    for stale in leftover_temps(path):  # not NAME.best's, which may be in flight beside it
         with contextlib.suppress(OSError):
             stale.unlink()
     return path
