@@ -89,6 +89,19 @@ def _mean_band(curves: list[tuple[list[int], list[float]]]) -> tuple[np.ndarray,
     return np.array(common), arr.mean(0), arr.std(0)
 
 
+# A completed run's line style per block of ten settings (never ":", which marks a failed run's partial curve) and
+# the final plot's marker: matplotlib's colour cycle has ten colours, so setting 10 drew as setting 0 did
+_LINESTYLES = ("-", "--", "-.", (0, (5, 1, 1, 1, 1, 1)))
+_MARKERS = ("o", "s", "^", "D")
+
+
+def _setting_style(i: int) -> tuple[str, Any, str]:
+    """Colour, completed-run line style and final-plot marker of the ``i``-th setting: every setting of up to 40
+    differs from every other in at least one of them (past 40 they repeat)."""
+    block = (i // 10) % len(_LINESTYLES)
+    return f"C{i % 10}", _LINESTYLES[block], _MARKERS[block]
+
+
 def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult]) -> list[Path]:
     """Write ``plots/<task>_curves.png`` and ``plots/<task>_final.png`` for every task with results."""
     plots = out / "plots"
@@ -113,17 +126,17 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
             # curve of its setting to the steps all runs share. A failed run's partial log is drawn on its own.
             done = [read_curves(run_dir(out, task.name, setting.name, r.seed)) for r in runs if r.status == "completed"]
             failed = [read_curves(run_dir(out, task.name, setting.name, r.seed)) for r in runs if r.status != "completed"]
-            color = f"C{i}"
+            color, style, _ = _setting_style(i)
             for ax, split, key in ((ax_loss, "train", "loss"), (ax_metric, "eval", metric_key)):
                 series = [_series(rec, split, key) for rec in done]
                 band = _mean_band(series)
                 if band is not None:
                     x, m, sd = band  # over the runs with a curve: a run that failed before logging has none
                     label = f"{setting.name} (n={sum(1 for steps, _ in series if steps)})"
-                    ax.plot(x, m, color=color, label=label)
+                    ax.plot(x, m, color=color, linestyle=style, label=label)
                     ax.fill_between(x, m - sd, m + sd, color=color, alpha=0.2)
                     if ax is ax_loss:
-                        entries.append((Line2D([], [], color=color), label))
+                        entries.append((Line2D([], [], color=color, linestyle=style), label))
                 partial = [c for c in (_series(rec, split, key) for rec in failed) if c[0]]
                 for j, (steps, values) in enumerate(partial):
                     label = f"{setting.name} failed (n={len(partial)})"
@@ -147,10 +160,11 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
                     if r.operator == name and r.value is not None and math.isfinite(r.value)]
             if not vals:
                 continue
-            ax.errorbar([i], [np.mean(vals)], yerr=[np.std(vals, ddof=1) if len(vals) > 1 else 0.0], fmt="o",
-                        color=f"C{i}", capsize=4, markersize=8)
+            color, _, marker = _setting_style(i)
+            ax.errorbar([i], [np.mean(vals)], yerr=[np.std(vals, ddof=1) if len(vals) > 1 else 0.0], fmt=marker,
+                        color=color, capsize=4, markersize=8)
             jitter = np.linspace(-0.12, 0.12, len(vals)) if len(vals) > 1 else np.zeros(1)  # (linspace(n=1) is -0.12)
-            ax.scatter(np.full(len(vals), i) + jitter, vals, color=f"C{i}", s=12, alpha=0.6)
+            ax.scatter(np.full(len(vals), i) + jitter, vals, color=color, marker=marker, s=12, alpha=0.6)
         ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
         ax.set(ylabel=task.metric, title=f"{task.name}: final {task.metric}")
         ax.grid(axis="y", alpha=0.3)

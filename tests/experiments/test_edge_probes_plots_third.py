@@ -137,3 +137,26 @@ def test_pins_seeds_of_different_lengths_band_over_the_shared_steps_and_no_figur
     assert plt.get_fignums() == open_before
     assert sorted(p.name for p in (out / "plots").iterdir()) == ["digits_curves.png", "digits_final.png"] == \
         sorted(p.name for p in written)
+
+
+def test_bug_eleven_settings_do_not_draw_alike(tmp_path, made):
+    """Bug: the figures coloured setting ``i`` with ``f"C{i}"``, and matplotlib's cycle has ten colours, so the 11th
+    setting drew as the 1st (same colour, same solid line, same "o" marker) and the two could not be told apart;
+    past ten settings the line style (curves) and marker (final plot) change, read back from the artists."""
+    from matplotlib.colors import to_rgba
+
+    out = tmp_path / "mk"
+    cfg = _cfg(seeds=(0,), settings=12)
+    names = [s.name for s in cfg.operators]
+    results = []
+    for k, name in enumerate(names):
+        _log(out, name, 0, [_tr(1, 1.0 + k), _tr(2, 0.5 + k), _ev(2, 0.1 * k)])
+        results.append(RunResult("digits", name, 0, "completed", "test_acc", 0.01 * k))
+    plots.plot_experiment(out, cfg, results)
+    curves, final = made[0].axes[0], made[1].axes[0]
+    looks = {line.get_label(): (to_rgba(line.get_color()), line.get_linestyle()) for line in curves.get_lines()}
+    assert len(looks) == 12 and len(set(looks.values())) == 12
+    assert all(style != ":" for _, style in looks.values())  # dotted stays a failed run's mark
+    points = [(to_rgba(line.get_color()), line.get_marker()) for line in final.get_lines()
+              if line.get_marker() not in ("_", "None", "", None)]  # the mean points (not errorbar caps)
+    assert len(points) == 12 and len(set(points)) == 12
