@@ -441,11 +441,33 @@ class DiffusionAttention(nn.Module):
 
         Returns:
             the output, or ``(output, intermediates)`` when ``return_intermediates``.
+
+        A call that raises leaves ``state`` as it found it (the depth and the first layer's values), so the state
+        of a model call that failed in a layer can be used again.
         """
-        if tuple(self._modules["operators"]._modules.values()) != self._plan_key:  # _check_plan, inlined
-            self._refresh_plan()
         if state is not None and not isinstance(state, _rivals.LayerState):
             raise TypeError(f"state must be a LayerState or None, got {type(state).__name__}")
+        if state is None:
+            return self._forward_routed(x, graph, key_padding_mask, attn_mask, edge_index, is_causal,
+                                        return_intermediates, None, positions, cache)
+        # the layer enters the state (depth + 1, and the first layer's values) before the checks and computations
+        # that may raise: a failed call moved the state on, and the next layer read a depth one too far
+        depth, first_values = state.depth, state.first_values
+        try:
+            return self._forward_routed(x, graph, key_padding_mask, attn_mask, edge_index, is_causal,
+                                        return_intermediates, state, positions, cache)
+        except BaseException:
+            state.depth, state.first_values = depth, first_values
+            raise
+
+    def _forward_routed(
+        self, x: Tensor, graph: AttentionGraph | None, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
+        edge_index: Tensor | None, is_causal: bool, return_intermediates: bool, state: _rivals.LayerState | None,
+        positions: Tensor | None, cache: Any,
+    ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
+        """:meth:`forward`'s routing to the dense, sparse, affine or cached path (``state``'s type checked there)."""
+        if tuple(self._modules["operators"]._modules.values()) != self._plan_key:  # _check_plan, inlined
+            self._refresh_plan()
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
         if not x.is_floating_point():
