@@ -67,7 +67,7 @@ def _as_count(name: str, value: Any) -> int:
     """``value`` as a Python int (NumPy and 0-d tensor ints too); anything else, bool included,
     is a ``TypeError`` naming ``name``."""
     try:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):  # tensor(True): 1
             raise TypeError
         return operator.index(value)
     except TypeError:

@@ -50,7 +50,7 @@ def _distinct_keys(N: int, num_keys: int, P: int, generator: torch.Generator | N
 
 def _int_or_same(value: object) -> object:
     """``value`` as a Python int when it is an integer other than a bool (NumPy and 0-d tensor ints too), else as is."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):  # tensor(True): 1
         return value
     try:
         return operator.index(value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import struct
+import types
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,7 +27,8 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
     (an EMA update, an optimizer step inside the method) happen before the "kill".
 
     Args:
-        owner: the class (or object) whose attribute is patched, e.g. a task adapter class.
+        owner: the class (or object) whose attribute is patched, e.g. a task adapter class; a special method
+            (``__call__``, ``__len__`` ...) on its class, which Python looks it up on (an instance's is refused).
         name: the method's name, e.g. ``"loss"``.
         call: which call raises, counting from 1.
         after: run the original before raising.
@@ -59,6 +61,10 @@ def interrupt_on_call(owner: Any, name: str, call: int, *, after: bool = False) 
     if not hasattr(owner, name):
         hint = _choice_hint(name, [n for n in dir(owner) if not n.startswith("__")])
         raise AttributeError(f"interrupt_on_call: {owner!r} has no attribute {name!r}{hint}")
+    if name.startswith("__") and name.endswith("__") and not isinstance(owner, (type, types.ModuleType)):
+        # ``obj(x)``, ``len(obj)``... look special methods up on the type: a patch on the instance is never called
+        raise TypeError(f"interrupt_on_call: {name} is looked up on the class, not on the instance {owner!r}; "
+                        f"patch the class instead: interrupt_on_call(type(obj), {name!r}, ...)")
     original = getattr(owner, name)
     if not callable(original):  # a property or a data attribute: the wrapper would replace its value, never called
         raise TypeError(f"interrupt_on_call: {owner!r}.{name} must be a method, got "
