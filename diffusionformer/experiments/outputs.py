@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import sys
@@ -30,9 +31,21 @@ def _row(data: Any) -> RunResult | None:
         return None
     known = {f.name for f in dataclasses.fields(RunResult)}
     try:
-        return RunResult(**{k: v for k, v in data.items() if k in known})
+        row = RunResult(**{k: v for k, v in data.items() if k in known})
     except TypeError:
         return None
+    # a completed run's NaN or inf metric is written as null (strict JSON has no NaN), in `value` and in `final`:
+    # read back as None it was no longer counted as non-finite, as if the run had no evaluation
+    if (row.value is None and row.status == "completed" and isinstance(row.final, dict)
+            and row.metric in row.final and row.final[row.metric] is None):
+        row.value = math.nan
+    return row
+
+
+def _one_folder(name: str) -> bool:
+    """Whether ``name`` names one folder below its parent, as every task and setting name does: not ``""``, ``"."``
+    or ``".."``, no ``/`` or NUL."""
+    return name not in ("", ".", "..") and "/" not in name and "\0" not in name
 
 
 def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]:
@@ -49,6 +62,7 @@ def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]
     kept = []
     for r in rows:
         if (isinstance(r.task, str) and isinstance(r.operator, str)  # else no run folder: dropped
+                and _one_folder(r.task) and _one_folder(r.operator)  # "../.." would read a summary outside `out`
                 and isinstance(r.seed, int) and not isinstance(r.seed, bool)  # "0" would name seed 0's folder twice
                 and (r.task, r.operator, r.seed) not in have and r.status == "completed"
                 and _completed(run_dir(out, r.task, r.operator, r.seed))):

@@ -125,9 +125,9 @@ def read_json_dict(path: Path) -> dict[str, Any] | None:
     not an object, a folder, not a regular file): callers treat the run as unfinished and rebuild the file from the run.
     A FIFO or a device in a run file's place (``summary.json`` -> ``/dev/zero``) is not read: reading it would block
     for ever or fill the memory."""
-    if not path.is_file():
-        return None
     try:
+        if not path.is_file():  # raises OSError for a name too long (a results.json row's 300-character task)
+            return None
         data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):  # FileNotFoundError, IsADirectoryError, JSONDecodeError,
         return None  # UnicodeDecodeError; RecursionError: arrays nested thousands deep
@@ -389,6 +389,9 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
     final = as_metrics(record)
     if record:  # a metric that was NaN or inf is written as null (strict JSON has no NaN): it stays non-finite
         final.update({k: math.nan for k, v in record.get("metrics", {}).items() if v is None})
+    # an int too large for a float (a hand-edited 400-digit value) is no finite number either: passed on, the tables'
+    # math.isfinite raised OverflowError and took every run of the comparison down with it
+    final.update({k: math.nan for k, v in final.items() if not isinstance(v, float) and not _is_finite(v)})
     value = final.get(task.metric)
     if value is None and record:
         raise ValueError(f"task {task.name!r}: metric {task.metric!r} is not among the evaluation keys {sorted(final)} "
@@ -431,7 +434,9 @@ def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[
         if key in m and task.metric in m and _is_finite(m[key]):
             score = sign * m[key]
             if best is None or score > best[0]:
-                best = (score, int(r["step"]), float(m[task.metric]))
+                value = m[task.metric]  # an int too large for a float: non-finite, not an OverflowError
+                value = float(value) if isinstance(value, float) or _is_finite(value) else math.nan
+                best = (score, int(r["step"]), value)
     return (None, None) if best is None else (best[2], best[1])
 
 

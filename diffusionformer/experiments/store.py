@@ -218,7 +218,8 @@ def acquire_lock(rdir: str | os.PathLike[str]) -> str | None:
         of the holder, e.g. ``"process 4242 on node-3"``.
 
     Raises:
-        IsADirectoryError: a folder sits where the lock file goes.
+        IsADirectoryError: a folder sits where the lock file goes (or, with a stale lock, where its takeover's
+            ``.lock.break`` goes).
     """
     rdir = Path(rdir)
     rdir.mkdir(parents=True, exist_ok=True)
@@ -264,6 +265,9 @@ def _take_over(rdir: Path, tmp: Path, stale: os.stat_result) -> bool | None:
 def _take_over_locked(rdir: Path, tmp: Path, stale: os.stat_result) -> bool | None:
     path, brk = rdir / LOCK_NAME, rdir / _BREAK_NAME
     if not _link_exclusive(tmp, brk):
+        if brk.is_dir() and not brk.is_symlink():  # else reported as held by the dead holder, then a bare unlink error
+            raise IsADirectoryError(f"{brk} is a folder, not a lock file (a stale lock's takeover claims it for a few "
+                                    "system calls): remove the folder and run again")
         try:
             if time.time() - brk.stat().st_mtime > UNREADABLE_GRACE_S:  # left by a killed worker
                 brk.unlink(missing_ok=True)
