@@ -13,6 +13,7 @@ from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_con
                                             check_finite_float, check_finite_parameter, check_flag, check_real,
                                             static_dtype)
 from diffusionformer.operators.registry import register_operator
+from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.engine import _tensor_cache
 from diffusionformer.ops.reference import _matrix_exp
 
@@ -20,6 +21,10 @@ __all__ = ["ExactHeatOperator", "HeatOperator", "heat_coefficients", "heat_steps
 
 MAX_STEPS = 256
 EXACT_MIN_T = -40.0  # heat-exact's lowest t: e^(2 * 40) = 5.5e34 still fits float32
+#: heat-exact's largest t is this over the working dtype's eps: the scaling and squaring of matrix_exp (and the
+#: row sums of a rounded P, off by ~eps) cost about t * eps (measured: 3e-4 at t = 8e3 in float32), so t = 1e7 gave
+#: garbage and t = 1e12 NaN in float32, t = 1e16 garbage in float64
+_EXACT_T_EPS = 1e-3
 #: the truncation error accepted for an explicit ``steps`` when no ``tol`` is given: a Taylor
 #: series cut where it has lost more than half its mass makes a head that mostly outputs nothing
 MAX_TRUNCATION_ERROR = 0.5
@@ -339,6 +344,10 @@ class ExactHeatOperator(DiffusionOperator):
     so it suits small graphs and tests. It has no polynomial form and refuses the sparse
     back-end.
 
+    The matrix exponential loses about ``t * eps`` of the working dtype (scaling and squaring), so
+    a call with ``t`` above ``1e-3 / eps`` (about ``8.4e3`` in float32, ``4.5e12`` in float64) is
+    refused rather than returning garbage or NaN (a learned ``t`` is checked in eager mode on CPU).
+
     Args:
         t: diffusion time.
         learnable: learn ``t`` (one value per head; a learned ``t`` is clamped at ``-40``, the
@@ -366,6 +375,10 @@ class ExactHeatOperator(DiffusionOperator):
         if t < EXACT_MIN_T:
             raise ValueError(f"heat-exact(t={t:g}): t must be >= {EXACT_MIN_T:g}; exp(|t| (I - P)) grows like "
                              f"e^(2|t|), which leaves float32's range (3.4e38) below t = -44")
+        if t > _EXACT_T_EPS / torch.finfo(torch.float64).eps:  # refused by apply_matrix in every dtype
+            raise ValueError(f"heat-exact(t={t:g}): the matrix exponential loses about t * eps, "
+                             f"{t * torch.finfo(torch.float64).eps:.2g} even in float64; use "
+                             f"t <= {_EXACT_T_EPS / torch.finfo(torch.float64).eps:.3g}")
         self.learnable = check_flag(learnable, "learnable")
         self._t0 = t
         if learnable:
@@ -400,6 +413,13 @@ class ExactHeatOperator(DiffusionOperator):
         if self.num_heads not in (1, G):  # one t shared by the G heads (an instance given for several), or one each
             raise ValueError(f"heat-exact serves {self.num_heads} heads, got P with {G}")
         work = torch.float64 if P.dtype == torch.float64 else torch.float32
+        limit = _EXACT_T_EPS / torch.finfo(work).eps
+        if (self._t0 > limit if not self.learnable
+                else checks_values(self.t) and bool((self.t.detach() > limit).any())):
+            t_max = self._t0 if not self.learnable else float(self.t.detach().max())
+            raise ValueError(f"heat-exact(t={t_max:g}) in {work}: the matrix exponential loses about t * eps = "
+                             f"{t_max * torch.finfo(work).eps:.2g} (inaccurate, then NaN, as t grows); use t <= {limit:.3g}"
+                             + (" or run the layer in float64" if work == torch.float32 else ""))
         eye = torch.eye(N, dtype=work, device=P.device)
         # a learned t is kept at EXACT_MIN_T or above, as the constructor keeps t: below it the kernel overflows
         t = self.t.clamp(min=EXACT_MIN_T).to(work).view(1, -1, 1, 1)
