@@ -228,6 +228,12 @@ class HeatOperator(DiffusionOperator):
         min_t: lower bound applied to a learned ``t`` (a real number, ``-inf`` for none; not NaN).
         num_heads: number of heads ``G`` this instance serves.
 
+    A learned ``t`` has no upper bound: once training takes it past the time ``K`` was chosen
+    for, the head is the truncated series of that ``t`` (its weights sum to less than 1;
+    :meth:`truncation_error` says by how much), and with ``"euler"`` a ``t`` above ``K`` makes
+    the product's weights alternate in sign. Pick ``steps`` (or ``tol``) for the largest ``t``
+    you expect.
+
     Shapes:
         :meth:`coefficients`: ``(K+1,)`` (fixed ``t``) or ``(G, K+1)`` (learned).
 

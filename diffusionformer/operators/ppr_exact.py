@@ -26,9 +26,12 @@ class ExactPPROperator(DiffusionOperator):
     approximates; it refuses the sparse back-end. Under a causal mask ``P`` is lower
     triangular, and :meth:`apply_causal_matrix` solves by forward substitution in ``O(N^2)``
     per column instead. Its condition number grows like ``1 / alpha``: the causal solve stays
-    accurate for any ``alpha`` (its diagonal is formed as :math:`\alpha + (1-\alpha)(1 - P_{ii})`),
-    while the LU solve of a float32 call loses about :math:`10^{-7} / \alpha` (rounding of ``P``
-    included), so for ``alpha < 1e-3`` without a causal mask run the layer in float64.
+    accurate for any ``alpha`` whose :math:`v_0 / \alpha` fits the dtype (its diagonal is formed
+    as :math:`\alpha + (1-\alpha)(1 - P_{ii})`; the first row's pivot is ``alpha`` itself, so
+    ``alpha`` below about ``1e-38`` in float32 or ``1e-300`` in float64 overflows), while the LU
+    solve loses about :math:`\epsilon / \alpha` (rounding of ``P`` included): without a causal
+    mask run the layer in float64 for ``alpha < 1e-3``, and expect no accuracy from float64
+    either below about ``1e-12``.
 
     Args:
         alpha: teleport probability in ``(0, 1]``.
