@@ -314,3 +314,28 @@ def test_pins_memory_and_recompute_summary():
     assert ("attention 1.000x, half Laplacian 1.042x, 2 heat(K=4) heads per layer on the fused kernel 1.084x, or "
             "1.000x and 1.043x with `recompute=True`") in text
     assert "12% and 15% more host time per forward + backward call" in text
+
+
+def test_bug_published_pages_are_publish_output_byte_for_byte(tmp_path):
+    """Bug: nine results pages (baselines, tu-cv, the studies...) ended in a blank line ``publish`` does not write, so
+    they were not the rebuilt pages "a page is rebuilt, never edited by hand" promises; two cheap pages are published
+    again from their own published files (``publish CONFIG --out <copy> --to <copy>``) and compared byte for byte, and
+    every page is held to ``publish``'s single final newline."""
+    import shutil
+
+    from diffusionformer.experiments import load_experiment_config
+    from diffusionformer.experiments.publish import publish_experiment
+
+    for page in sorted(RESULTS.glob("*.md")):
+        if page.name != "index.md":
+            text = page.read_text()
+            assert text.endswith("\n") and not text.endswith("\n\n"), page.name
+    for config_name in ("baselines", "study_recall"):
+        config_path = f"experiments/configs/{config_name}.toml"
+        config = load_experiment_config(ROOT / config_path)
+        docs = tmp_path / config_name
+        docs.mkdir()
+        shutil.copytree(RESULTS / config.name, docs / config.name)
+        shutil.copy(RESULTS / "index.md", docs / "index.md")  # the toctree that lists the page
+        written = publish_experiment(config, docs, docs, config_path=config_path)
+        assert written.read_bytes() == (RESULTS / f"{config.name}.md").read_bytes(), config.name
