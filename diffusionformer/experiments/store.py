@@ -11,6 +11,9 @@ never both train it. The lock is therefore never visible half written:
 2. ``os.link`` s it to ``.lock``; the link fails with ``FileExistsError`` when any lock is
    there, so of several claimants exactly one wins.
 
+A claimant killed before it removed its temporary leaves it behind; the next claim of the run removes such
+leftovers once they are older than :data:`UNREADABLE_GRACE_S` and their writer is dead (or they are unreadable).
+
 What a present lock means:
 
 - readable, with a process that runs on this host (or any process on another host, whose
@@ -36,9 +39,12 @@ remove the ``.lock.break`` that a second had just linked, and both would take th
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
 import platform
+import re
 import secrets
 import stat
 import time
@@ -236,6 +242,7 @@ def acquire_lock(rdir: str | os.PathLike[str]) -> str | None:
             os.fsync(f.fileno())
         for _ in range(3):
             if _link_exclusive(tmp, path):
+                _sweep_claims(rdir)
                 return None
             holder, st = _state(path)
             if holder is None or st is None:  # released between our link and our read: try again
@@ -245,11 +252,49 @@ def acquire_lock(rdir: str | os.PathLike[str]) -> str | None:
             if not _is_stale(holder, st):
                 return _describe(holder, path)
             taken = _take_over(rdir, tmp, st)
+            if taken:
+                _sweep_claims(rdir)
             if taken is not None:
-                return None if taken else _describe(holder, path)
+                return None if taken else _taker(rdir, holder)
         return f"a process that keeps re-creating {path}"
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _taker(rdir: Path, stale: _Holder) -> str:
+    """Who holds the run after a takeover of its stale lock (of ``stale``) was lost: the live holder of the lock
+    that replaced it, else the worker taking it over now (``.lock.break`` is a link to its claim, its record), not
+    the dead holder of the stale lock."""
+    for path in (rdir / LOCK_NAME, rdir / _BREAK_NAME):
+        holder, st = _state(path)
+        if holder is not None and holder != _UNREADABLE and st is not None and not _is_stale(holder, st):
+            return _describe(holder, path)
+    of = "" if stale == _UNREADABLE else f" of {_describe(stale, rdir / LOCK_NAME)}"
+    return f"a process taking over the stale lock {rdir / LOCK_NAME}{of}"
+
+
+_CLAIM = re.compile(re.escape(LOCK_NAME) + r"\.[0-9]+\.[0-9a-f]{12}\.tmp")
+#: seconds after which a claim temporary of another host (whose writer cannot be checked from here) is left over
+_CLAIM_LEFTOVER_S = 10 * UNREADABLE_GRACE_S
+
+
+def _sweep_claims(rdir: Path) -> None:
+    """Remove the claim temporaries (``.lock.<pid>.<random>.tmp``) that claimants killed before their cleanup left in
+    ``rdir``: older than :data:`UNREADABLE_GRACE_S` and unreadable (killed while writing it) or of a dead process of
+    this host (which links it nowhere any more); of another host once older than ``_CLAIM_LEFTOVER_S``. A claim in
+    flight, of a live process, is never removed (its ``os.link`` would fail)."""
+    now = time.time()
+    for tmp in rdir.glob(glob.escape(LOCK_NAME) + ".*.tmp"):
+        if not _CLAIM.fullmatch(tmp.name):
+            continue
+        holder, st = _state(tmp)
+        if holder is None or st is None or stat.S_ISDIR(st.st_mode):
+            continue
+        age = now - st.st_mtime
+        other_host = holder != _UNREADABLE and holder[1] != platform.node()
+        if age > (_CLAIM_LEFTOVER_S if other_host else UNREADABLE_GRACE_S) and (other_host or _is_stale(holder, st)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
 
 def _take_over(rdir: Path, tmp: Path, stale: os.stat_result) -> bool | None:
@@ -288,10 +333,14 @@ def _take_over_locked(rdir: Path, tmp: Path, stale: os.stat_result) -> bool | No
 
 
 def release_lock(rdir: str | os.PathLike[str]) -> None:
-    """Remove ``rdir/.lock`` if this process holds it (else leave it alone).
+    """Remove ``rdir/.lock`` if this process holds it (else leave it alone, a lock of a dead process that had this
+    process's id included: its recorded start time is another).
 
     Args:
         rdir: a run's folder.
     """
-    if read_lock(rdir) == _me():
+    holder, _ = _state(Path(rdir) / LOCK_NAME)
+    # the start time too: a lock of a dead process whose id this process got is not ours (a takeover may be
+    # replacing it right now, and unlinking after that would remove the new holder's lock)
+    if holder is not None and holder[:2] == _me() and holder[2] in (None, _start_time(os.getpid())):
         (Path(rdir) / LOCK_NAME).unlink(missing_ok=True)
