@@ -762,8 +762,12 @@ class DiffusionAttention(nn.Module):
 
     def extra_repr(self) -> str:
         kv = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
+        try:
+            heads = repr(self.heads_spec())
+        except (TypeError, ValueError) as exc:  # operators replaced by invalid ones: print(model) must still work
+            heads = f"<invalid: {exc}>"
         return (
-            f"dim={self.dim}, num_heads={self.num_heads}{kv}, heads={self.heads_spec()!r}, causal={self.causal}, "
+            f"dim={self.dim}, num_heads={self.num_heads}{kv}, heads={heads}, causal={self.causal}, "
             f"backend={self.backend!r}"
         )
 
@@ -771,7 +775,13 @@ class DiffusionAttention(nn.Module):
         """The head layout as a spec string that rebuilds the layer's operators, e.g.
         ``'attention:6,heat(t=0.5, steps=4, method='taylor', learnable=True):2'`` (learned values
         live in the state dict). One operator instance with state shared by several heads is
-        written with ``num_heads=1``, so the rebuilt layer's state dict has its shapes."""
+        written with ``num_heads=1``, so the rebuilt layer's state dict has its shapes.
+
+        Raises:
+            TypeError, ValueError: ``operators`` was changed into something the layer cannot run (as
+                :meth:`forward` raises), instead of a spec that does not describe it.
+        """
+        self._check_plan()  # a non-operator module had no .spec() (AttributeError); a missing operator was left out
         return ",".join(f"{_group_spec(op, count)}:{count}" for op, (_, count) in zip(self.operators, self._groups))
 
 
