@@ -16,19 +16,9 @@ from diffusionformer.experiments.compare import contrasts
 from diffusionformer.experiments.publish import summary_table
 from diffusionformer.experiments.results import RunResult
 from diffusionformer.experiments.tables import aggregate
+from experiments_references import holm_reference  # noqa: E402
 
 SEEDS = (0, 1, 2)
-
-
-def _holm(ps):
-    """Holm's step-down adjustment written out (None: p = 1 in the family, stays None)."""
-    v = [1.0 if p is None else p for p in ps]
-    order = sorted(range(len(v)), key=lambda i: v[i])
-    out, running = [0.0] * len(v), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(v) - rank) * v[i]))
-        out[i] = running
-    return [None if p is None else o for p, o in zip(ps, out)]
 
 
 def _config(**extra):
@@ -86,9 +76,9 @@ def test_primary_and_exploratory_families_on_a_two_task_page_match_an_independen
     assert len(out) == 4 and out[("b", "half")].diff.p is None and out[("b", "half")].p_holm is None
     p = {k: (None if k == ("b", "half") else sps.ttest_rel(values[k], values[(k[0], "attention")]).pvalue) for k in out}
     keys = sorted(out)
-    every = dict(zip(keys, _holm([p[k] for k in keys])))
+    every = dict(zip(keys, holm_reference([p[k] for k in keys])))
     prim = [k for k in keys if k in {("a", "lap"), ("b", "half")}]
-    named = dict(zip(prim, _holm([p[k] for k in prim])))
+    named = dict(zip(prim, holm_reference([p[k] for k in prim])))
     for k, c in out.items():
         want = named[k] if k in named else every[k]
         assert c.role == ("primary" if k in named else "exploratory")
@@ -115,5 +105,5 @@ def test_the_published_primary_page_study_overfit_matches_an_independent_holm():
     for kind, role in (("final", "primary"), ("selected", "exploratory")):
         fam = [c for c in cs if c.kind == kind]
         assert len(fam) == 2 and {c.role for c in fam} == {role}
-        for c, want in zip(fam, _holm([c.diff.p for c in fam])):
+        for c, want in zip(fam, holm_reference([c.diff.p for c in fam])):
             assert c.p_holm == pytest.approx(want, rel=1e-12)

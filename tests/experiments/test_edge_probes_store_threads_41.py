@@ -14,6 +14,7 @@ from diffusionformer.experiments.config import TaskConfig, load_experiment_confi
 from diffusionformer.experiments.outputs import write_outputs
 from diffusionformer.experiments.results import RunResult, finished_runs, run_dir, select_evaluation
 from diffusionformer.experiments.tables import aggregate
+from experiments_references import holm_reference  # noqa: E402
 
 
 def _config(seeds: str = "[0, 1]"):
@@ -205,16 +206,6 @@ def test_bug_a_folder_named_lock_break_is_refused_by_name(tmp_path):
         assert json.loads((rdir / LOCK_NAME).read_text())["pid"] == os.getpid()
 
 
-def _holm(ps):
-    """Holm's step-down adjustment, written out (the reference)."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    out, running = [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
-        out[i] = running
-    return out
-
-
 def test_pins_contrasts_holm_families_with_a_primary_contrast_match_scipy_and_a_written_out_holm():
     """Pins: with ``primary = ["digits:lap"]`` and ``primary_quantities = ["final"]``, the final-metric contrast of
     ``lap`` is adjusted alone (its raw paired-t p, scipy's ``ttest_rel``), ``lap2``'s over both final contrasts
@@ -239,7 +230,7 @@ def test_pins_contrasts_holm_families_with_a_primary_contrast_match_scipy_and_a_
         assert math.isclose(c.diff.p, raw[key], rel_tol=1e-9)
     assert [got[k].primary for k in sorted(got)] == [True, False, False, False]  # only final / lap
     assert math.isclose(got[("final", "lap")].p_holm, raw[("final", "lap")], rel_tol=1e-9)
-    fam = _holm([raw[("final", "lap")], raw[("final", "lap2")]])
+    fam = holm_reference([raw[("final", "lap")], raw[("final", "lap2")]])
     assert math.isclose(got[("final", "lap2")].p_holm, fam[1], rel_tol=1e-9)
-    sel = _holm([raw[("selected", "lap")], raw[("selected", "lap2")]])
+    sel = holm_reference([raw[("selected", "lap")], raw[("selected", "lap2")]])
     assert [got[("selected", op)].p_holm for op in ("lap", "lap2")] == pytest.approx(sel, rel=1e-9)

@@ -33,6 +33,7 @@ from diffusionformer.experiments.threads import WORKERS_ENV
 from diffusionformer.train import CheckpointError
 
 from tests.experiments.test_experiments_gpu import TINY
+from experiments_references import holm_reference  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- experiments/cli.py
@@ -480,17 +481,6 @@ def _ref_diff(a, b, level=0.95, folds=None):
     return d.mean(), d.mean() - half, d.mean() + half, p
 
 
-def _holm_ref(p):
-    """Holm's adjustment written out: sort, multiply by (m - rank), running maximum, cap at 1."""
-    m = len(p)
-    order = sorted(range(m), key=lambda i: p[i])
-    out, run = [0.0] * m, 0.0
-    for rank, i in enumerate(order):
-        run = max(run, min(1.0, (m - rank) * p[i]))
-        out[i] = run
-    return out
-
-
 def _close(diff, ref):
     mean, low, high, p = ref
     assert diff.mean == pytest.approx(mean, abs=1e-12) and diff.p == pytest.approx(p, rel=1e-9)
@@ -525,7 +515,7 @@ def test_contrasts_of_a_page_match_scipy_and_holm_written_out():
         assert c.primary is (c.task == "a" and c.setting == "lap") and c.role == ("primary" if c.primary else "exploratory")
     for kind in ("final", "selected", "reach"):
         family = [c for c in out if c.kind == kind]
-        adjusted = _holm_ref([refs[(c.task, kind, c.setting)][3] for c in family])
+        adjusted = holm_reference([refs[(c.task, kind, c.setting)][3] for c in family])
         for c, p in zip(family, adjusted):
             # the primary contrast is alone in its confirmatory family: its own p, unadjusted
             expected = refs[(c.task, kind, c.setting)][3] if c.primary else p
@@ -544,7 +534,7 @@ def test_two_primary_contrasts_are_holm_adjusted_among_themselves_per_quantity()
         assert [(c.task, c.setting) for c in prim] == [("a", "lap"), ("b", "lap")]
         raw = [_ref_diff(CMP_VALUES[(c.task, "lap")][col], CMP_VALUES[(c.task, "attention")][col],
                          folds=2 if c.task == "b" else None)[3] for c in prim]
-        assert [c.p_holm for c in prim] == pytest.approx(_holm_ref(raw), rel=1e-9)
+        assert [c.p_holm for c in prim] == pytest.approx(holm_reference(raw), rel=1e-9)
     sel = [c for c in out if c.kind == "selected" and c.primary]
     raw = _ref_diff(CMP_VALUES[("a", "lap")][1], CMP_VALUES[("a", "attention")][1])[3]
     assert [(c.task, c.p_holm) for c in sel] == [("a", pytest.approx(raw, rel=1e-9))]

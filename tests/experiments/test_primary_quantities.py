@@ -13,6 +13,7 @@ from scipy import stats as sps
 from diffusionformer.experiments import load_experiment_config
 from diffusionformer.experiments.compare import KINDS, contrasts, table_legend
 from diffusionformer.experiments.publish import _primary_line
+from experiments_references import holm_reference  # noqa: E402
 
 SEEDS = (0, 1, 2, 3)
 #: (setting) -> final, selected per seed, by hand
@@ -38,15 +39,6 @@ def _rows():
             for o, (f, s) in VALUES.items()]
 
 
-def _holm(ps):
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    out, running = [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
-        out[i] = running
-    return out
-
-
 def test_the_default_is_every_quantity_as_before():
     cfg = _config()
     assert cfg.primary_quantities == ["final", "selected", "reach"] and tuple(cfg.primary_quantities) == KINDS
@@ -62,7 +54,7 @@ def test_final_only_leaves_the_selected_contrasts_exploratory_and_adjusts_them_o
                                                     ("selected", "half"): "exploratory"}
     for kind, col in (("final", 0), ("selected", 1)):
         ps = [sps.ttest_rel(VALUES[s][col], VALUES["attention"][col]).pvalue for s in ("lap", "half")]
-        for s, want in zip(("lap", "half"), _holm(ps)):
+        for s, want in zip(("lap", "half"), holm_reference(ps)):
             assert out[(kind, s)].p_holm == pytest.approx(want, rel=1e-9)
     # a primary contrast of one setting on the final metric: Holm among the primary final contrasts alone
     one = {(c.kind, c.setting): c for c in contrasts(_rows(), _config(primary=["lap"], primary_quantities=["final"]))}
