@@ -243,9 +243,12 @@ def attend_cached(
             out[:, s : s + c] = out[:, s : s + c] + y[:, :, start:]
         if layer._has_context:
             # context heads: the layer's own dispatch over all T tokens on the causal graph, then the new rows
-            inputs = _cat(cache.inputs, x, dim=1)  # (B, T, D)
+            # kept past this call: a copy, never the caller's tensor (a decoding loop may refill one input buffer
+            # or advance its positions in place, which would rewrite the cached history)
+            inputs = _cat(cache.inputs, x, dim=1) if cache.inputs is not None else x.clone()  # (B, T, D)
             if layer.rotary is not None:
-                all_positions = _cat(cache.positions, positions, dim=0)  # (T,) or (T, 2)
+                all_positions = (_cat(cache.positions, positions, dim=0) if cache.positions is not None
+                                 else positions.clone())  # (T,) or (T, 2)
             full = _rivals.apply_context_groups(layer, torch.zeros_like(vals), inputs, queries, ks, vals,
                                                 entered=entered, is_causal=True, positions=all_positions)
             out = out + full[:, :, start:].to(out.dtype)  # (B, H, n, C); zero on the other heads

@@ -99,7 +99,10 @@ def check_edge_index(edge_index: object, num_nodes: int) -> Tensor:
     if not isinstance(edge_index, Tensor):
         raise TypeError(f"edge_index must be a LongTensor of shape (2, E), got {type(edge_index).__name__}")
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}")
+        # the hint of the graph API (AttentionGraph.sparse) for a list of pairs
+        hint = (": a list of (source, target) pairs of shape (E, 2) becomes one with edge_index.t()"
+                if edge_index.dim() == 2 and edge_index.shape[1] == 2 else "")
+        raise ValueError(f"edge_index must have shape (2, E), got {tuple(edge_index.shape)}{hint}")
     if edge_index.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"edge_index must be an integer tensor (int64 or int32), got {edge_index.dtype}")
     check_index_range("edge_index", edge_index, "num_nodes", num_nodes)
