@@ -31,6 +31,7 @@ from diffusionformer.graph._structure import (
     structural_keep,
     structural_mask,
 )
+from diffusionformer.ops._checks import check_index_range, checks_values
 
 __all__ = ["LAYOUTS", "AttentionGraph", "Layout"]
 
@@ -122,8 +123,9 @@ class AttentionGraph:
             form: it is handed to the kernel as is (and checked there) and the conversions
             refuse it.
         checked: whether the sparse ``edge_index`` was checked at construction (bounds,
-            block-diagonal batches: host synchronisations). ``False`` defers those checks to the
-            kernel (:func:`~diffusionformer.functional.diffuse_sparse`), which is how
+            block-diagonal batches: host synchronisations). ``False`` defers those checks to each
+            call, in eager mode on CPU (:meth:`attention_kwargs` checks the batches, the kernel
+            :func:`~diffusionformer.functional.diffuse_sparse` the bounds), which is how
             :class:`~diffusionformer.nn.DiffusionAttention` wraps a bare ``edge_index``.
         edge_index: ``(2, E)`` long, row 0 source ``j``, row 1 target ``i`` (sparse).
         num_nodes: total number of nodes (sparse).
@@ -409,6 +411,11 @@ class AttentionGraph:
             if x.dim() != 2 or x.shape[0] != self.num_nodes:
                 raise ValueError(f"this sparse AttentionGraph expects x of shape (num_nodes={self.num_nodes}, D), "
                                  f"got {tuple(x.shape)}")
+            if not self.checked and self.batch is not None and checks_values(self.edge_index):
+                # the block-diagonal check deferred at construction, which the kernel (edges only) cannot run; where
+                # values are read (eager CPU), as the kernel's bounds check, which must come first
+                check_index_range("edge_index", self.edge_index, "num_nodes", self.num_nodes)
+                check_within_graphs(self.edge_index, self.batch)
             return {"edge_index": self.edge_index.to(x.device)}
         N, B = self.seq_len, self.batch_size
         if x.dim() != 3 or x.shape[1] != N or (B is not None and x.shape[0] != B):

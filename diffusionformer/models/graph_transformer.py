@@ -218,6 +218,18 @@ def _check_sorted_batch(batch: Tensor) -> None:
                          "PyG Batch), got an unsorted batch")
 
 
+def _check_global_ids(batch: Tensor, num_graphs: int | None) -> None:
+    """The graph ids of ``batch`` for the global attention: in ``[0, num_graphs)`` (non-negative when ``num_graphs``
+    is ``None``) and sorted (reads values: call under ``checks_values``)."""
+    if batch.shape[0]:
+        lo, hi = int(batch.min()), int(batch.max())
+        if num_graphs is None and lo < 0:
+            raise ValueError(f"batch: expected non-negative graph ids, got min {lo}")
+        if num_graphs is not None and not (0 <= lo and hi < num_graphs):
+            raise ValueError(f"batch: expected graph ids in [0, num_graphs={num_graphs}), got ids in [{lo}, {hi}]")
+    _check_sorted_batch(batch)
+
+
 def _check_edge_attr(edge_attr: Tensor, edge_index: Any, edge_dim: int) -> None:
     """``edge_attr`` a tensor of shape ``(E, edge_dim)``, ``E`` read from ``edge_index``, whose form is checked first
     (else a list ``edge_index`` was an ``AttributeError`` and an ``(E, 2)`` one an error about ``edge_attr``)."""
@@ -314,6 +326,12 @@ class GraphBlock(nn.Module):
             graph = AttentionGraph.sparse(graph, x.shape[0], batch=batch, checked=False)
         if batch is None:
             batch = graph.batch
+        if self.global_attn is not None and batch is not None and batch.shape[0] and checks_values(batch):
+            # the global attention's graph ids checked before the local attention, which refuses the edges across
+            # graphs that bad ids (out of range, unsorted) make of block-diagonal edges: these errors name the cause
+            sized = not (max_num_nodes is None and num_graphs is None)
+            G = _check_size("num_graphs", num_graphs) if sized else None
+            _check_global_ids(batch, (int(batch.max()) + 1 if G is None else G) if sized else None)
         h = self.norm1(x)
         if self.edge_proj is None and edge_attr is not None:  # else the edge features were dropped without a word
             raise ValueError("GraphBlock: got edge_attr, but the block was built without edge_dim (its edge features "
@@ -331,9 +349,7 @@ class GraphBlock(nn.Module):
         if self.global_attn is not None:
             if max_num_nodes is None and num_graphs is None:  # sizes read from batch (host syncs)
                 if batch is not None and checks_values(batch):  # g[mask] returns nodes in sorted-id order
-                    if batch.shape[0] and int(batch.min()) < 0:
-                        raise ValueError(f"batch: expected non-negative graph ids, got min {int(batch.min())}")
-                    _check_sorted_batch(batch)
+                    _check_global_ids(batch, None)
                 dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
                 g = self.global_attn(dense, key_padding_mask=~mask, state=global_state)
                 update = update + g[mask]
@@ -354,10 +370,7 @@ class GraphBlock(nn.Module):
             batch = torch.zeros(N, dtype=torch.long, device=h.device)
         G = num_graphs if num_graphs is not None else int(batch.max()) + 1 if N else 1  # host read if not given
         if checks_values(batch) and N:
-            if not (0 <= int(batch.min()) and int(batch.max()) < G):
-                raise ValueError(f"batch: expected graph ids in [0, num_graphs={G}), "
-                                 f"got ids in [{int(batch.min())}, {int(batch.max())}]")
-            _check_sorted_batch(batch)  # pos_i = i - ptr_{b_i} holds for sorted ids only
+            _check_global_ids(batch, G)  # pos_i = i - ptr_{b_i} holds for sorted ids only
         pos, counts = _node_positions(batch, G)  # (N,), (G,)
         M = max_num_nodes if max_num_nodes is not None else max(int(counts.max()), 1)  # host read if not given
         if checks_values(counts) and int(counts.max()) > M:
