@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numbers
 from functools import lru_cache
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -152,7 +152,15 @@ def _normalise_mask(
     attn_mask: Tensor | None, is_causal: bool, q: Tensor, k: Tensor
 ) -> tuple[Tensor | None, bool]:
     B, H, N, _ = q.shape
-    return normalise_mask(attn_mask, is_causal, (B, H, N, k.shape[2]), q.device, q.dtype)
+    attn_mask, is_causal = normalise_mask(attn_mask, is_causal, (B, H, N, k.shape[2]), q.device, q.dtype)
+    low = _autocast_dtype(q) if attn_mask is not None and attn_mask.is_floating_point() else None
+    if low is not None and attn_mask is not None:
+        # autocast computes the scores (and SDPA's mask) in ``low``: finite biases beyond its range (-1e9 under
+        # float16) are clamped to it, as for inputs in ``low`` (else -inf: a row of them became a masked row)
+        info = torch.finfo(low)
+        if info.max < torch.finfo(attn_mask.dtype).max:
+            attn_mask = torch.where(attn_mask.isfinite(), attn_mask.clamp(info.min, info.max), attn_mask)
+    return attn_mask, is_causal
 
 
 def _rows_with_keys(attn_mask: Tensor | None) -> Tensor | None:
@@ -207,7 +215,8 @@ def _attention_matrix(
     work = work_dtype(q.dtype)
     # the scale is folded into q (N x C instead of N x M multiplications); the scores are a
     # fresh tensor, so masks are applied in place
-    scores = torch.matmul(q.to(work) * scale, k.to(work).transpose(-2, -1))
+    # .to(work): autocast returns the product in its dtype; the mask is added in float32 as for half inputs
+    scores = torch.matmul(q.to(work) * scale, k.to(work).transpose(-2, -1)).to(work)
     if is_causal:
         # top-left aligned: row i keeps keys j <= i, so every row keeps at least key 0
         scores = scores.masked_fill_(torch.ones(N, M, dtype=torch.bool, device=q.device).triu_(1), float("-inf"))
@@ -258,6 +267,7 @@ def propagate_dense(
         >>> propagate_dense(q, k, x).flatten().tolist()
         [2.0, 2.0]
     """
+    q, k, x = _autocast_mixed(q, k, x)
     _check_qk(q, k)
     check_tensor("x", x, 4, "(B, H, M, C_x)")
     if x.shape[:3] != k.shape[:3]:
@@ -508,6 +518,7 @@ def diffuse_with_weights(
         >>> out.flatten().tolist(), P.flatten().tolist()
         ([1.0, 2.0], [1.0, 0.0, 0.5, 0.5])
     """
+    q, k, v = _autocast_mixed(q, k, v)
     _check_qk(q, k)
     _check_v(q, k, v)
     H, C = q.shape[1], q.shape[3]
@@ -579,6 +590,23 @@ def _try_triton(
     if low is not None and low != q.dtype:  # what autocast does to the inputs of the fused kernel it stands in for
         q, k, v = q.to(low), k.to(low), v.to(low)
     return TritonBackend(q, k, is_causal, pad, scale, dropout_p, general).diffuse(v, coeffs, degrees)
+
+
+def _autocast_mixed(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
+    """``q``, ``k``, ``v`` of different dtypes under an enabled autocast of their device, cast as autocast casts the
+    inputs of :func:`~torch.nn.functional.scaled_dot_product_attention`: float32 and half to the autocast dtype,
+    float64 left as it is (and then refused by the dtype checks, as SDPA refuses it). Inputs of one dtype, or
+    without an enabled autocast, are returned as they are (the checks name what is wrong)."""
+    ts = (q, k, v)
+    if not all(isinstance(t, Tensor) for t in ts) or q.dtype == k.dtype == v.dtype:
+        return q, k, v
+    dev = q.device.type
+    if dev not in ("cpu", "cuda") or not torch.is_autocast_enabled(dev):
+        return q, k, v
+    low = torch.get_autocast_dtype(dev)
+    q, k, v = (t.to(low) if t.is_floating_point() and t.dtype != torch.float64 and t.device.type == dev else t
+               for t in ts)
+    return q, k, v
 
 
 def _autocast_dtype(t: Tensor) -> torch.dtype | None:
@@ -763,7 +791,8 @@ def diffuse(
             a tensor (differentiable) or Python numbers (static, see above).
         attn_mask: bool (True = attend) or additive float mask broadcastable to ``(B, H, N, N)``,
             as in :func:`~torch.nn.functional.scaled_dot_product_attention`; cast to ``q``'s dtype, a finite
-            entry beyond its range (``-1e9`` for float16) clamped to it (a row of such biases still attends).
+            entry beyond its range (``-1e9`` for float16; under an enabled autocast, the range of the
+            autocast dtype) clamped to it (a row of such biases still attends).
         is_causal: position ``i`` attends to ``j <= i`` only (may be combined with ``attn_mask``).
         scale: score scale, default ``1 / sqrt(C)``.
         backend: ``"auto"`` (Triton for supported CUDA calls, else the rule of

@@ -325,8 +325,12 @@ def diffuse_sparse(
     ``P_h`` is the per-head edge softmax of :func:`edge_attention`, computed once and reused
     for all ``K`` steps. Nodes without incoming edges have a zero row of ``P``. The default
     back-end keeps memory linear in ``E H`` (no edge-by-feature tensor, also in the backward
-    pass); half-precision inputs are computed in float32 and returned in their dtype.
-    Coefficients given as Python numbers are static, as in
+    pass); half-precision inputs are computed in float32 and returned in their dtype. It is not an
+    autocast operation (as PyG's scatter kernels): under :func:`torch.autocast` float32 inputs stay
+    float32 and so does the output, where the dense :func:`~diffusionformer.ops.dense.diffuse` returns
+    the autocast dtype as :func:`~torch.nn.functional.scaled_dot_product_attention` does; a sparse
+    :class:`~diffusionformer.nn.DiffusionAttention` still returns the autocast dtype (its output
+    projection casts), as a dense one. Coefficients given as Python numbers are static, as in
     :func:`~diffusionformer.ops.dense.diffuse` (degree ``<= 1``: one propagation and an
     in-place combination).
 
@@ -357,6 +361,9 @@ def diffuse_sparse(
         [-1.0, 1.0]
         >>> diffuse_sparse(q, k, v, complete, [0., 1.], is_causal=True).flatten().tolist()
         [1.0, 2.0]
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):  # not cast: float32 in, float32 out
+        ...     diffuse_sparse(q, k, v, complete, [0., 1.]).dtype
+        torch.float32
     """
     out, _ = diffuse_sparse_with_weights(
         q, k, v, edge_index, coeffs, num_nodes=num_nodes, scale=scale, degrees=degrees,
