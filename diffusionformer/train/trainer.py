@@ -57,6 +57,15 @@ _AMP_NAMES = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _NO_BAD_STEP = 2**62  # "no non-finite step yet" in the on-device running minimum
 
 
+def _log_value(value: torch.Tensor) -> torch.Tensor:
+    """A loss or metric as the train log window sums it: float64 stays float64 and an integer count is summed in
+    float64 (a finite float64 loss beyond float32's range was logged as inf, every float64 value and any count above
+    2**24 rounded to float32); anything else in float32."""
+    wide = value.dtype == torch.float64 or not (value.is_floating_point() or value.is_complex() or
+                                                value.dtype == torch.bool)
+    return value.double() if wide else value.float()
+
+
 @contextlib.contextmanager
 def _entries_fit(path: Any, expected: str) -> Any:
     """Turn an error raised while loading checkpoint entries into a :class:`CheckpointError` naming the file:
@@ -539,7 +548,7 @@ class Trainer:
                 scaled.backward()
             micro_bad = ~torch.isfinite(loss.detach())
             loss_bad = micro_bad if loss_bad is None else loss_bad | micro_bad
-            loss = loss.detach().float()
+            loss = _log_value(loss.detach())
             loss_sum = loss if loss_sum is None else loss_sum + loss
             if A > 1:
                 self._accumulate(window, loss, metrics, ctx.device)
@@ -622,10 +631,10 @@ class Trainer:
                     raise TypeError(
                         f"task.loss metrics[{name!r}]: expected a scalar, got shape {tuple(value.shape)}"
                     )
-                value = value.detach().float().reshape(()).to(device)
+                value = _log_value(value.detach()).reshape(()).to(device)
             elif isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy scalars too
                 value = torch.tensor(_as_float(value, f"task.loss metrics[{name!r}]", "a float or scalar tensor",
-                                               "an int"), device=device)
+                                               "an int"), dtype=torch.float64, device=device)  # a double, kept one
             else:
                 raise TypeError(
                     f"task.loss metrics[{name!r}]: expected a float or scalar tensor, got "
@@ -715,7 +724,8 @@ class Trainer:
         if not names:
             return {}
         sums = self.ctx.all_reduce_mean(torch.stack([self._window[k][0].detach() for k in names])).cpu()
-        return {k: [sums[i].clone(), self._window[k][1]] for i, k in enumerate(names)}
+        # each sum in its own dtype (the stack took the widest): a resumed window adds up as the uninterrupted one
+        return {k: [sums[i].to(self._window[k][0].dtype, copy=True), self._window[k][1]] for i, k in enumerate(names)}
 
     def _save(self, done: int) -> None:
         finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
