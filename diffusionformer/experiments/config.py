@@ -94,6 +94,22 @@ def _check_path_name(what: str, name: object) -> str:
     return name
 
 
+#: the name endings of the evaluation keys that are minimised (metric, select_by, reach): a loss, a perplexity, an
+#: error rate or distance; every other key is maximised
+_LOWER_IS_BETTER = ("loss", "ppl", "perplexity", "error", "err", "mse", "mae", "rmse", "nll", "bpc", "bpb")
+
+
+def _lower_is_better(key: str) -> bool:
+    """Whether the evaluation key ``key`` is minimised: its name ends in one of :data:`_LOWER_IS_BETTER` (case
+    ignored). Only "loss" was read as such, so ``select_by = "val_ppl"`` picked the worst evaluation.
+
+    Examples:
+        >>> [_lower_is_better(k) for k in ("val_loss", "val_ppl", "test_error", "val_acc", "test_f1")]
+        [True, True, True, False, False]
+    """
+    return key.lower().endswith(_LOWER_IS_BETTER)
+
+
 @document_fields
 @dataclass
 class TaskConfig:
@@ -102,7 +118,7 @@ class TaskConfig:
     name: str  #: label used in paths and tables
     dataset: str  #: a name from diffusionformer.data.list_datasets()
     model: str  #: a preset from diffusionformer.models.list_models()
-    metric: str = "test_acc"  #: headline metric (an evaluation key); names ending in "loss" are minimised
+    metric: str = "test_acc"  #: headline metric (an evaluation key); minimised if lower is better (loss, ppl, error...)
     dataset_options: dict[str, Any] = field(default_factory=dict)  #: options passed to load_dataset
     model_overrides: dict[str, Any] = field(default_factory=dict)  #: config overrides of the preset
     train: dict[str, Any] = field(default_factory=dict)  #: TrainConfig fields (the seed comes from `seeds`)
@@ -110,7 +126,7 @@ class TaskConfig:
     #: batch size of evaluation passes; unset: the task's own (64 windows for text, 512 otherwise)
     eval_batch_size: int | None = None
     #: an evaluation key (e.g. "val_acc") that picks, per run, the evaluation whose `metric` is
-    #: reported beside the final one (model selection on validation data); maximised unless it ends in "loss"
+    #: reported beside the final one (model selection on validation data); maximised unless lower is better
     select_by: str | None = None
     #: k-fold cross-validation: the run of seed ``s`` tests on fold ``s % folds`` (the dataset
     #: gets ``fold`` and ``num_folds``; its other folds give train and val), so seeds
@@ -118,7 +134,7 @@ class TaskConfig:
     folds: int | None = None
     #: learning speed: ``{key = threshold}`` with one evaluation key, e.g. ``{val_acc = 0.9}``;
     #: each run reports the first evaluated step at which the key reaches the threshold
-    #: (``>=``, or ``<=`` for keys ending in "loss"), and the table its mean over seeds
+    #: (``>=``, or ``<=`` for lower-is-better keys), and the table its mean over seeds
     reach: dict[str, float] | None = None
     #: training-batch augmentation of image classification: ``{crop_padding = 4, flip = true}``
     #: (pad, random crop of the original size, horizontal flip; empty: none)
@@ -235,7 +251,7 @@ class TaskConfig:
 
     @property
     def minimize(self) -> bool:
-        return self.metric.endswith("loss")
+        return _lower_is_better(self.metric)
 
     def fold_of(self, seed: int) -> int | None:
         """The test fold of the run with ``seed`` (``None`` without cross-validation)."""

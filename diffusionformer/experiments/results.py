@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
+from diffusionformer.experiments.config import (ExperimentConfig, OperatorSetting, TaskConfig, _lower_is_better,
+                                                train_config)
 from diffusionformer.experiments.store import live_holder as _live_holder
 from diffusionformer.experiments.tasks import as_metrics
 from diffusionformer.train import read_metrics
@@ -414,7 +415,8 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
 def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[float | None, int | None]:
     """``(metric, step)`` of the evaluation with the best ``task.select_by`` (the earliest step among ties, in any log order).
 
-    ``select_by`` is maximised unless its name ends in ``loss``. ``(None, None)`` when no
+    ``select_by`` is maximised unless lower is better (its name ends in ``loss``, ``ppl``, ``error``, ...:
+    ``config._LOWER_IS_BETTER``). ``(None, None)`` when no
     evaluation has both keys.
 
     Examples:
@@ -426,7 +428,7 @@ def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[
     """
     if not task.select_by:
         raise ValueError(f"task {task.name!r} has no select_by key")
-    key, sign = task.select_by, (-1.0 if task.select_by.endswith("loss") else 1.0)
+    key, sign = task.select_by, (-1.0 if _lower_is_better(task.select_by) else 1.0)
     best: tuple[float, int, float] | None = None
     # in step order, as first_reach: a log whose evaluations are not in step order keeps the earliest of a tie
     for r in sorted((r for r in records if r.get("split") == "eval"), key=lambda r: int(r["step"])):
@@ -467,7 +469,7 @@ def first_reach(records: list[dict[str, Any]], task: TaskConfig) -> int | None:
     if not task.reach:
         raise ValueError(f"task {task.name!r} has no reach threshold")
     (key, threshold), = task.reach.items()
-    sign = -1.0 if key.endswith("loss") else 1.0
+    sign = -1.0 if _lower_is_better(key) else 1.0
     for r in sorted((r for r in records if r.get("split") == "eval"), key=lambda r: int(r["step"])):
         value = as_metrics(r).get(key)
         if _is_finite(value) and sign * value >= sign * threshold:

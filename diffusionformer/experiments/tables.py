@@ -7,7 +7,7 @@ import re
 import statistics
 from typing import Any, Mapping
 
-from diffusionformer.experiments.config import ExperimentConfig
+from diffusionformer.experiments.config import ExperimentConfig, _lower_is_better
 from diffusionformer.experiments.results import RunResult
 
 __all__ = ["aggregate", "format_status", "format_table"]
@@ -192,7 +192,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
             lines.append("")
         if task.reach is not None:
             (rkey, rval), = task.reach.items()
-            lines += [f"#### {_text(task.name)}: steps to {_text(rkey)} {'≤' if rkey.endswith('loss') else '≥'} {rval:g}", ""]
+            lines += [f"#### {_text(task.name)}: steps to {_text(rkey)} {'≤' if _lower_is_better(rkey) else '≥'} {rval:g}", ""]
             lines += header(["operator", "steps mean ± std (runs that reached it)", *stat_heads])
             for r in rows:
                 steps = _reach_steps_cell(r) + _pairs_note(found.get((task.name, r["operator"], "reach")), r, rows, baseline,
