@@ -237,7 +237,9 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
     """This rank's contiguous, equal slice of dim 0 of every tensor in a nested batch.
 
     Rank ``r`` of ``W`` gets rows ``[r B / W, (r + 1) B / W)``; 0-dim tensors and non-tensor
-    leaves are shared unchanged. With equal shards, the mean of the per-rank mean losses is the
+    leaves are shared unchanged. Every other tensor must have the batch dimension first (one ``B``
+    for all; an ``edge_index`` ``(2, E)`` beside ``(N, D)`` features is refused: such a batch needs
+    the task's own ``shard_batch``). With equal shards, the mean of the per-rank mean losses is the
     global mean loss, so DDP's averaged gradient equals the single-process gradient.
 
     Args:
@@ -261,6 +263,33 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
         raise ValueError(f"shard_batch: expected 0 <= rank < world_size, got rank={rank} world_size={world_size}")
     if world_size == 1:
         return batch
+    shapes: dict[str, tuple[int, ...]] = {}
+    _tensor_shapes(batch, "batch", shapes)
+    if len({shape[0] for shape in shapes.values() if shape[0]}) > 1:  # (an empty tensor splits into empty ones)
+        # else an edge_index (2, E) or a per-class weight (C,) beside (B, ...) tensors was cut into rows silently
+        listed = ", ".join(f"{path} {shape}" for path, shape in list(shapes.items())[:6])
+        raise ValueError(f"shard_batch: expected every tensor of the batch to have the batch dimension first, got "
+                         f"different first sizes: {listed}; give the task a shard_batch(batch, rank, world_size) "
+                         "method that splits such a batch, or pass shared values as 0-dim tensors or plain values")
+    return _shard(batch, rank, world_size)
+
+
+def _tensor_shapes(batch: Any, path: str, out: dict[str, tuple[int, ...]]) -> None:
+    """The shapes of the tensors (not 0-dim) of a nested batch, by their path (``batch['x'][0]``), as
+    :func:`shard_batch` walks it."""
+    if isinstance(batch, torch.Tensor):
+        if batch.dim():
+            out[path] = tuple(batch.shape)
+    elif isinstance(batch, (Mapping, UserDict)):
+        for k, v in batch.items():
+            _tensor_shapes(v, f"{path}[{k!r}]", out)
+    elif isinstance(batch, (list, tuple)) and not isinstance(batch, PackedSequence):
+        for i, v in enumerate(batch):
+            _tensor_shapes(v, f"{path}[{i}]", out)
+
+
+def _shard(batch: Any, rank: int, world_size: int) -> Any:
+    """:func:`shard_batch` once its arguments and the batch's first sizes are checked."""
     if isinstance(batch, torch.Tensor):
         if batch.dim() == 0:
             return batch
@@ -274,7 +303,7 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
         size = B // world_size
         return batch[rank * size : (rank + 1) * size]
     if isinstance(batch, Mapping):
-        parts = {k: shard_batch(v, rank, world_size) for k, v in batch.items()}
+        parts = {k: _shard(v, rank, world_size) for k, v in batch.items()}
         # a dict subclass or UserDict keeps its type (an OrderedDict, a batch with attribute access), as in to_device
         return _rebuild_mapping(batch, parts) if isinstance(batch, (dict, UserDict)) else parts
     if isinstance(batch, PackedSequence):  # its rows are time steps of every sequence: sliced, they are garbage
@@ -284,9 +313,9 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
             "method that splits the sequences before packing"
         )
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(shard_batch(v, rank, world_size) for v in batch))
+        return type(batch)(*(_shard(v, rank, world_size) for v in batch))
     if isinstance(batch, (list, tuple)):
-        return type(batch)(shard_batch(v, rank, world_size) for v in batch)
+        return type(batch)(_shard(v, rank, world_size) for v in batch)
     # NumPy scalars too (np.float32, np.int64, np.bool_): shared like the Python numbers they stand for
     if batch is None or isinstance(batch, (bool, int, float, str, bytes, numbers.Number, np.generic)):
         return batch
