@@ -165,7 +165,8 @@ class TrainConfig:
             2018): an update whose gradients overflow is skipped and the scale halved, so a
             non-finite gradient norm is not an error under fp16 (a non-finite loss still is);
             a log window holding such a skipped update logs ``grad_norm`` as ``null`` (its mean
-            is inf). The scaler's state is checkpointed. bf16 needs no scaler.
+            is inf). The scaler's state is checkpointed. bf16 needs no scaler. Autocast leaves
+            float64 alone: for a float64 model ``"auto"`` is off and ``"bf16"``/``"fp16"`` are refused.
         compile: wrap the model in ``torch.compile``.
         progress: show a tqdm progress bar (only on rank 0, and only on a terminal).
         weight_decay_rule: which tensors ``weight_decay`` applies to (see

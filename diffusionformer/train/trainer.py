@@ -66,6 +66,23 @@ def _log_value(value: torch.Tensor) -> torch.Tensor:
     return value.double() if wide else value.float()
 
 
+def _model_amp(spec: str, device: torch.device, model: nn.Module) -> torch.dtype | None:
+    """The autocast dtype of ``TrainConfig.amp`` for ``model`` on ``device``: :func:`resolve_amp`, except that autocast
+    leaves float64 alone, so a model whose floating-point parameters are all float64 trains without it: ``"auto"``
+    resolves to off (recorded so), an explicit ``"bf16"``/``"fp16"`` is refused (the run would record a precision
+    it never ran in)."""
+    amp = resolve_amp(spec, device)
+    if amp is None:
+        return None
+    floats = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    if floats and all(dtype == torch.float64 for dtype in floats):
+        if spec == "auto":
+            return None
+        raise ValueError(f"Trainer: amp={spec!r} has no effect on a float64 model (autocast leaves float64 "
+                         "alone): use amp='off' (or 'auto'), or build the model in float32")
+    return amp
+
+
 @contextlib.contextmanager
 def _entries_fit(path: Any, expected: str) -> Any:
     """Turn an error raised while loading checkpoint entries into a :class:`CheckpointError` naming the file:
@@ -253,7 +270,7 @@ class Trainer:
             if name not in RESUMABLE_FIELDS and (name != "amp" or saved_amp is None)
             and getattr(saved, name) != getattr(now, name)
         ]
-        now_amp = _AMP_NAMES[resolve_amp(now.amp, self.ctx.device)]
+        now_amp = _AMP_NAMES[_model_amp(now.amp, self.ctx.device, self.model)]
         if saved_amp is not None and saved_amp != now_amp:
             diffs.append(
                 f"amp (resolved on the run's device): checkpoint {saved_amp!r} (amp={saved.amp!r}), now {now_amp!r} "
@@ -415,7 +432,7 @@ class Trainer:
             train_model = torch.compile(train_model)
         self._train_model = train_model
         self._generator = generator
-        self._amp = resolve_amp(cfg.amp, device)
+        self._amp = _model_amp(cfg.amp, device, model)
         self._scaler: torch.amp.GradScaler | None = None
         if self._amp == torch.float16:
             half = [n for n, p in model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
