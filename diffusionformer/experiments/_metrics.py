@@ -12,6 +12,12 @@ from torch import Tensor, nn
 from diffusionformer.data.base import NodeData
 
 
+def _wide(t: Tensor) -> Tensor:
+    """``t`` in float32 at least: half-precision logits or features upcast for a stable loss, float64 kept (``.float()``
+    rounded a float64 model's loss and metrics to float32)."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def accuracy(logits: Tensor, y: Tensor) -> Tensor:
     """The fraction of rows whose arg-max is the label (a 0-d float tensor); NaN when a logit is NaN
     (a NaN row has no prediction: ``argmax`` would pick the NaN's class), as the loss of such logits."""
@@ -31,7 +37,7 @@ def full_graph_metrics(model: nn.Module, data: NodeData) -> dict[str, float]:
     """``val_loss``, ``val_acc``, ``test_loss``, ``test_acc`` and ``loss = val_loss`` of one full-graph forward."""
     device = next(model.parameters()).device
     d = copy.copy(data.data).to(device)  # Data.to moves in place: the dataset (and the sampler's graph) stays put
-    logits = model(d.x, d.edge_index).float()
+    logits = _wide(model(d.x, d.edge_index))
     out: dict[str, float] = {}
     for split in ("val", "test"):
         m = getattr(d, f"{split}_mask")

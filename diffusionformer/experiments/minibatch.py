@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from diffusionformer.config import (ConfigErrors, _choice_hint, _python_number, _python_numbers, config_from_dict,
                                     config_to_dict, document_fields)
 from diffusionformer.data.base import NodeData
-from diffusionformer.experiments._metrics import _num_correct
+from diffusionformer.experiments._metrics import _num_correct, _wide
 from diffusionformer.experiments._metrics import accuracy as _accuracy
 from diffusionformer.experiments._metrics import full_graph_metrics
 
@@ -282,7 +282,7 @@ class NodeMiniBatchTask:
         B = int(batch.batch_size)
         logits = model(batch.x, batch.edge_index)[:B]
         y = batch.y[:B]
-        return F.cross_entropy(logits.float(), y), {"acc": _accuracy(logits.detach(), y)}
+        return F.cross_entropy(_wide(logits), y), {"acc": _accuracy(logits.detach(), y)}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
@@ -301,7 +301,7 @@ class NodeMiniBatchTask:
                     break
                 batch = neighbor_batch(self.data.data, self.sampler, nodes[i : i + self.eval_batch_size], g)
                 B = int(batch.batch_size)
-                logits = model(batch.x.to(device), batch.edge_index.to(device))[:B].float()
+                logits = _wide(model(batch.x.to(device), batch.edge_index.to(device))[:B])
                 y = batch.y[:B].to(device)
                 loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
                 correct += _num_correct(logits, y)  # NaN for NaN logits, as the loss

@@ -25,7 +25,7 @@ from diffusionformer.config import _check_flag, _choice_hint, _value_type, confi
 from diffusionformer.data.base import (IGNORE_INDEX, SPLITS, ClassificationData, GraphSetData, NodeData, SequenceTaskData,
                                        TextData)
 from diffusionformer.data.ssl import SSLConfig
-from diffusionformer.experiments._metrics import _num_correct
+from diffusionformer.experiments._metrics import _num_correct, _wide
 from diffusionformer.experiments._metrics import accuracy as _accuracy
 from diffusionformer.experiments._metrics import full_graph_metrics
 from diffusionformer.models import DINOConfig, GCNConfig, GINConfig, GPTConfig, GraphTransformerConfig, ViTConfig
@@ -108,7 +108,7 @@ class ClassificationTask:
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Any]]:
         x, y = batch
         logits = model(x)
-        loss = F.cross_entropy(logits.float(), y, label_smoothing=self.label_smoothing)
+        loss = F.cross_entropy(_wide(logits), y, label_smoothing=self.label_smoothing)
         return loss, {"acc": _accuracy(logits.detach(), y)}
 
     @torch.no_grad()
@@ -117,7 +117,7 @@ class ClassificationTask:
         loss_sum, correct = 0.0, 0.0
         for i in range(0, x.shape[0], self.eval_batch_size):
             xb, yb = x[i : i + self.eval_batch_size].to(device), y[i : i + self.eval_batch_size].to(device)
-            logits = model(xb).float()
+            logits = _wide(model(xb))
             loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
             correct += _num_correct(logits, yb)
         if x.shape[0] == 0:  # an empty split has no loss or accuracy (not a perfect 0.0 loss)
@@ -209,8 +209,8 @@ class DINOTask:
 
     def _logits(self, model: nn.Module, dino: Any, views: Tensor) -> tuple[Tensor, Tensor]:
         V, B = views.shape[:2]
-        teacher = dino(views[:2].flatten(0, 1), output="teacher").float().view(2, B, -1)
-        student = model(views.flatten(0, 1), output="student").float().view(V, B, -1)
+        teacher = _wide(dino(views[:2].flatten(0, 1), output="teacher")).view(2, B, -1)
+        student = _wide(model(views.flatten(0, 1), output="student")).view(V, B, -1)
         return student, teacher
 
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
@@ -234,7 +234,7 @@ class DINOTask:
 
     def _features(self, dino: Any, x: Tensor, max_batches: int | None, device: torch.device) -> Tensor:
         n = x.shape[0] if max_batches is None else min(x.shape[0], max_batches * self.eval_batch_size)
-        feats = [dino(x[i : i + self.eval_batch_size].to(device)).float()
+        feats = [_wide(dino(x[i : i + self.eval_batch_size].to(device)))
                  for i in range(0, n, self.eval_batch_size)]
         return torch.cat(feats) if feats else torch.zeros(0, self.config.dim, device=device)
 
@@ -378,7 +378,7 @@ class SequenceLMTask:
         for i in range(0, x.shape[0], self.eval_batch_size):
             xb, yb = x[i : i + self.eval_batch_size].to(device), y[i : i + self.eval_batch_size].to(device)
             self._check_targets(yb)
-            logits = model(xb)[0].float()
+            logits = _wide(model(xb)[0])
             mask = yb != self.data.ignore_index
             loss_sum += F.cross_entropy(logits[mask], yb[mask], reduction="sum").item()
             correct += _num_correct(logits[mask], yb[mask])
@@ -411,7 +411,7 @@ class NodeTask:
     def loss(self, model: nn.Module, batch: Any) -> tuple[Tensor, dict[str, Any]]:
         logits = model(batch.x, batch.edge_index)
         m = batch.train_mask
-        return F.cross_entropy(logits[m].float(), batch.y[m]), {"acc": _accuracy(logits.detach()[m], batch.y[m])}
+        return F.cross_entropy(_wide(logits[m]), batch.y[m]), {"acc": _accuracy(logits.detach()[m], batch.y[m])}
 
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
         return full_graph_metrics(model, self.data)
@@ -453,7 +453,7 @@ class GraphClassificationTask:
     def loss(self, model: nn.Module, batch: Any) -> tuple[Tensor, dict[str, Any]]:
         logits = _graph_logits(model, batch)
         y = batch.y.view(-1)
-        return F.cross_entropy(logits.float(), y), {"acc": _accuracy(logits.detach(), y)}
+        return F.cross_entropy(_wide(logits), y), {"acc": _accuracy(logits.detach(), y)}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
@@ -466,7 +466,7 @@ class GraphClassificationTask:
             loss_sum, correct = 0.0, 0.0
             for i in range(0, len(graphs), self.eval_batch_size):
                 b = Batch.from_data_list(graphs[i : i + self.eval_batch_size]).to(device)
-                logits = _graph_logits(model, b).float()
+                logits = _wide(_graph_logits(model, b))
                 y = b.y.view(-1)
                 loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
                 correct += _num_correct(logits, y)
