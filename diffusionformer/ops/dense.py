@@ -594,18 +594,18 @@ def _try_triton(
 
 def _autocast_mixed(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     """``q``, ``k``, ``v`` of different dtypes under an enabled autocast of their device, cast as autocast casts the
-    inputs of :func:`~torch.nn.functional.scaled_dot_product_attention`: float32 and half to the autocast dtype,
-    float64 left as it is (and then refused by the dtype checks, as SDPA refuses it). Inputs of one dtype, or
-    without an enabled autocast, are returned as they are (the checks name what is wrong)."""
+    inputs of :func:`~torch.nn.functional.scaled_dot_product_attention`: float32 and half to the autocast dtype.
+    With a float64 among them all are left as they are (refused by the dtype checks, as SDPA refuses them, naming
+    the dtypes given); inputs of one dtype, or without an enabled autocast, are returned as they are."""
     ts = (q, k, v)
-    if not all(isinstance(t, Tensor) for t in ts) or q.dtype == k.dtype == v.dtype:
+    if (not all(isinstance(t, Tensor) for t in ts) or q.dtype == k.dtype == v.dtype
+            or any(t.dtype == torch.float64 for t in ts)):  # refused as SDPA refuses it, naming the dtypes given
         return q, k, v
     dev = q.device.type
     if dev not in ("cpu", "cuda") or not torch.is_autocast_enabled(dev):
         return q, k, v
     low = torch.get_autocast_dtype(dev)
-    q, k, v = (t.to(low) if t.is_floating_point() and t.dtype != torch.float64 and t.device.type == dev else t
-               for t in ts)
+    q, k, v = (t.to(low) if t.is_floating_point() and t.device.type == dev else t for t in ts)
     return q, k, v
 
 

@@ -239,7 +239,8 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
     Rank ``r`` of ``W`` gets rows ``[r B / W, (r + 1) B / W)``; 0-dim tensors and non-tensor
     leaves are shared unchanged. Every other tensor must have the batch dimension first (one ``B``
     for all; an ``edge_index`` ``(2, E)`` beside ``(N, D)`` features is refused: such a batch needs
-    the task's own ``shard_batch``). With equal shards, the mean of the per-rank mean losses is the
+    the task's own ``shard_batch``; so are targets flattened to ``(B*T,)`` beside ``(B, T)`` inputs:
+    keep them ``(B, T)``). With equal shards, the mean of the per-rank mean losses is the
     global mean loss, so DDP's averaged gradient equals the single-process gradient.
 
     Args:
@@ -270,7 +271,8 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
         listed = ", ".join(f"{path} {shape}" for path, shape in list(shapes.items())[:6])
         raise ValueError(f"shard_batch: expected every tensor of the batch to have the batch dimension first, got "
                          f"different first sizes: {listed}; give the task a shard_batch(batch, rank, world_size) "
-                         "method that splits such a batch, or pass shared values as 0-dim tensors or plain values")
+                         "method that splits such a batch, reshape flattened per-token targets (B*T,) to (B, T), "
+                         "or pass shared values as 0-dim tensors or plain values")
     return _shard(batch, rank, world_size)
 
 

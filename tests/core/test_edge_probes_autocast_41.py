@@ -198,3 +198,14 @@ def test_pins_kv_cache_decode_under_autocast_matches_float64(low):
     got = torch.cat(parts, 1)
     assert got.dtype == low and all(c.keys.dtype == low for c in cache)
     assert _rel(got, want) <= 2e-2
+
+
+def test_bug_mixed_dtypes_with_a_float64_under_autocast_name_the_dtypes_given():
+    """Bug: under bf16 autocast, float32 ``q``, ``k`` beside a float64 ``v`` were refused naming bfloat16 (the dtype
+    the internal cast had given ``q``), a dtype the caller never passed; the refusal names float32 and float64."""
+    from diffusionformer.functional import diffuse
+
+    q = torch.randn(1, 2, 3, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(TypeError, match=r"dtype of q \(torch\.float32\), got torch\.float64"):
+            diffuse(q, q, q.double(), [0.0, 1.0])
