@@ -15,6 +15,8 @@ Commands:
                                        ([--set ...] applies to every config)
     status CONFIG                      which runs are completed, running, interrupted or missing; time left
     list                               registered datasets, model presets and operators
+
+Ctrl-C (exit 130) or SIGTERM (exit 143) stops a command with one line saying how to go on; ``run`` then resumes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import os
 import re
 import select
 import shlex
+import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -161,7 +165,44 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {message}\n"
 
 
+_SIGTERM_EXIT = 128 + int(signal.SIGTERM)  # as a shell reports a process SIGTERM ended
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is: a ``KeyboardInterrupt``, so that every clean-up of a Ctrl-C runs
+    (the run's lock released, an atomic write's temporary removed, a half-appended log line cut back, the workers of
+    ``run --workers`` stopped)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    # a second SIGTERM does not cut the clean-ups short (a lock left held): one sent to the whole process group
+    # reaches `run --workers`'s workers, and the parent's stop of them is another; SIGKILL still ends it at once
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise _Terminated
+
+
+def _catch_sigterm() -> bool:
+    """Make SIGTERM stop the command as Ctrl-C does, where its action is still the default one (a handler of the
+    caller's, or an ignored SIGTERM, is kept) and this is the main thread; whether the handler was installed."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return False
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
+    caught = _catch_sigterm()
+    try:
+        return _main_with_warnings(argv)
+    except _Terminated:  # outside the command's own handling (while parsing, at the final flush)
+        print("\nterminated", file=sys.stderr)
+        return _SIGTERM_EXIT
+    finally:
+        if caught:  # a caller of main() (a test, a notebook) gets the default action back, SIGTERM received or not
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _main_with_warnings(argv: list[str] | None) -> int:
     try:
         with warnings.catch_warnings():  # restores the formatter for a caller of main() (a test)
             warnings.formatwarning = _one_line_warning
@@ -336,16 +377,18 @@ def _main(argv: list[str] | None) -> int:
         # a bad --out (a file, a name too long for the file system), a package missing: no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; 130 = 128 + SIGINT, as a shell reports it
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line, not a traceback; 130 = 128 + SIGINT, as a shell reports it
+        # SIGTERM (kill, a scheduler's stop): the same, 143 = 128 + SIGTERM
+        word, code = ("terminated", _SIGTERM_EXIT) if isinstance(exc, _Terminated) else ("interrupted", 130)
         if args.command == "run" and args.restart:  # the same command would discard the runs this one redid
-            print("\ninterrupted: `run --restart` stopped; run again with --restart, every run is discarded again "
+            print(f"\n{word}: `run --restart` stopped; run again with --restart, every run is discarded again "
                   "(those it redid too); without --restart, the runs it redid are kept, an unfinished one resumes from "
                   "its last checkpoint and those it had not reached keep their earlier results", file=sys.stderr)
-            return 130
+            return code
         again = (" again: finished runs are kept and an unfinished one resumes from its last checkpoint"
                  if args.command == "run" else " again")
-        print(f"\ninterrupted: `{args.command}` stopped; run the same command{again}", file=sys.stderr)
-        return 130
+        print(f"\n{word}: `{args.command}` stopped; run the same command{again}", file=sys.stderr)
+        return code
     except CheckpointError as exc:
         from diffusionformer.experiments.runner import _not_resumed_advice
 
