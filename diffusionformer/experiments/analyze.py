@@ -351,7 +351,8 @@ def analyze_experiment(
     spectra: dict[str, dict[str, list[list[list[float]]]]] = {}
     images: dict[str, torch.Tensor] = {}
     pca_fold: dict[str, int | None] = {}  # the fold whose test images the task's PCA maps are of
-    bar = tqdm(total=len(runs), desc=f"analyze {config.name}", unit="run", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=len(runs), desc=f"analyze {config.name}", unit="run", disable=True if not progress else None,
+               dynamic_ncols=True)  # None: on a terminal only
     try:
         for task in config.tasks:
             task_runs = [r for r in runs if r[0] is task]

@@ -186,7 +186,10 @@ def run_experiment(
         _refuse_restart_of_held_runs(out, runs)
     dist_ctx = _maybe_init_distributed(device)
     results: list[RunResult] = []
-    bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=not (progress and _rank_zero()), dynamic_ncols=True)
+    # disable=None: shown on a terminal only, as the trainer's step bars (`run c.toml 2> log` filled the log with
+    # the bar's redraws)
+    bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=True if not (progress and _rank_zero()) else None,
+               dynamic_ncols=True)
     recorded = False  # this invocation's manifest (machine, versions, commit): written when it first trains
     try:
         for i, task in enumerate(chosen):

@@ -90,3 +90,12 @@ def test_a_real_nested_bar_reports_steps_per_second_and_eta():
         bar.close()
         runs.update(1)
     assert "4/10" in text and "step/s" in text and "loss=2.31" in text and "<" in text  # elapsed<remaining
+
+
+def test_bug_bars_stay_off_when_stderr_is_not_a_terminal(tmp_path, capsys):
+    """Bug: the runs bar was created with ``disable=False`` whenever progress was on, so ``run c.toml 2> log`` (or a
+    batch job's captured stderr) filled the log with the bar's carriage-return redraws; like the step bars it is
+    now shown on a terminal only (tqdm's ``disable=None``), read back from a real run's captured stderr."""
+    run_experiment(_config(), tmp_path, progress=True, log=lambda s: None)
+    err = capsys.readouterr().err
+    assert "\r" not in err and "run/s" not in err and "prog:" not in err, err[:200]
