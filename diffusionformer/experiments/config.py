@@ -457,7 +457,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ValueError(f"override {text!r} has an empty key")
     try:
         doc = tomllib.loads(f"v = {raw.strip()}")
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as exc:
+        if raw.strip()[:1] in ("[", "{", '"', "'"):  # meant as a TOML list, table or string: not a bare word
+            raise ValueError(f"override {text!r}: the value {raw.strip()!r} is not valid TOML ({exc}); e.g. "
+                             "seeds=[0, 1], train={max_steps = 50} or name='x'") from None
         return path, raw.strip()
     if len(doc) > 1:  # "seeds=[1]\nname='x'": a second line would be dropped without a word
         raise ValueError(f"override {text!r}: the value is followed by other TOML keys "
