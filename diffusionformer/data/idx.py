@@ -29,6 +29,8 @@ IDX_LABELS_MAGIC = 0x00000801
 
 # deflate's largest expansion (RFC 1951: a 258-byte match in at most ~2 bits, about 1032:1)
 _MAX_DEFLATE_RATIO = 1032
+#: bytes of a gzipped IDX file, read whole (MNIST's largest is 9.9 MB)
+_MAX_GZIP_BYTES = 2**30
 # bytes read past a gzipped header that is not IDX's
 _SNIFF = 64
 
@@ -122,13 +124,17 @@ def read_idx_bytes(path: Path) -> bytes:
 
     Raises:
         CorruptDataError: a gzip stream that is truncated or damaged, or whose header declares
-            more data than the file can hold, naming the file.
+            more data than the file can hold, or a gzipped file over 1 GiB, naming the file.
     """
     with open(path, "rb") as plain:
         if plain.read(2) != b"\x1f\x8b":
             # read whole before: a sparse file of 1 TiB (or a header declaring it) was a bare MemoryError
             plain.seek(0)
             return _read_declared(plain, os.fstat(plain.fileno()).st_size)
+        size = os.fstat(plain.fileno()).st_size
+        if size > _MAX_GZIP_BYTES:  # read whole below: a sparse .gz of 1 TiB was a bare MemoryError
+            raise CorruptDataError(f"corrupt gzip file {str(path)!r}: {size} B, more than any IDX archive "
+                                   f"({_MAX_GZIP_BYTES} B at most)")
         plain.seek(0)
         raw = plain.read()
     try:
