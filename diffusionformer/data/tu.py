@@ -68,8 +68,8 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
     Raises:
         FileNotFoundError: ``zip_path`` does not exist.
         CorruptDataError: not a zip (a folder included), no ``<name>_A.txt``/``<name>_graph_indicator.txt``/
-            ``<name>_graph_labels.txt`` inside, an empty ``<name>_A.txt``, or tables that do not fit together
-            (see :func:`_check_tu_tables`).
+            ``<name>_graph_labels.txt`` inside, an empty ``<name>_A.txt``, two entries of one name (in
+            different folders), or tables that do not fit together (see :func:`_check_tu_tables`).
     """
     marker = raw_dir / _MARKER
     if marker.is_file() and marker.read_text().strip() == digest:
@@ -87,6 +87,12 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
                     if base == f"{name}_graph_attributes.txt":  # PyG would take these regression values as the
                         continue  # targets in place of graph_labels: float "labels" no classification split takes
                     wanted.append((info, base))
+                seen: dict[str, str] = {}
+                for info, base in wanted:  # flattened by name: a second MUTAG_A.txt (another folder) overwrote the first
+                    if base in seen:
+                        raise CorruptDataError(f"corrupt zip archive {str(zip_path)!r}: two entries named {base} "
+                                               f"({seen[base]!r} and {info.filename!r}); a TU archive holds one each")
+                    seen[base] = info.filename
                 declared = sum(info.file_size for info, _ in wanted)
                 if declared > _MAX_UNZIPPED:  # a small zip of a huge deflated file: refused before writing
                     raise CorruptDataError(

@@ -84,3 +84,25 @@ def test_pins_a_cifar_batch_or_planetoid_file_never_runs_a_pickled_call(tmp_path
     with pytest.raises(CorruptDataError, match=r"ind\.toy\."):
         read_planetoid(folder, "toy")
     assert not marker.exists()
+
+
+def test_bug_a_tu_zip_with_two_entries_of_one_name_is_refused(tmp_path):
+    """Bug: ``extract_tu_zip`` flattens entries by file name, so ``MUTAG/MUTAG_A.txt`` and ``other/MUTAG_A.txt`` were
+    both written to ``raw/MUTAG_A.txt``, the later silently replacing the first (the CIFAR reader refuses such
+    duplicates); the archive is refused naming both entries, and nothing is extracted."""
+    import zipfile
+
+    from diffusionformer.data import tu
+    from diffusionformer.data.paths import CorruptDataError
+
+    path = tmp_path / "MUTAG.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("MUTAG/MUTAG_A.txt", "1, 2\n2, 1\n")
+        zf.writestr("MUTAG/MUTAG_graph_indicator.txt", "1\n1\n")
+        zf.writestr("MUTAG/MUTAG_graph_labels.txt", "1\n")
+        zf.writestr("other/MUTAG_A.txt", "1, 1\n")
+    raw = tmp_path / "cache" / "MUTAG" / "raw"
+    with pytest.raises(CorruptDataError, match=r"two entries named MUTAG_A\.txt \('MUTAG/MUTAG_A\.txt' and "
+                                               r"'other/MUTAG_A\.txt'\)"):
+        tu.extract_tu_zip(path, "MUTAG", raw, "digest")
+    assert not raw.exists() or not any(raw.iterdir())
