@@ -10,6 +10,9 @@ import pytest
 EXT = Path(__file__).resolve().parents[2] / "docs" / "_ext"
 if str(EXT) not in sys.path:  # the extension modules (df_api, df_exec, ...) import by name in every test here
     sys.path.insert(0, str(EXT))
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:  # docs_tables, the tests' shared markdown-table reader
+    sys.path.insert(0, _HERE)
 
 
 class _Log:

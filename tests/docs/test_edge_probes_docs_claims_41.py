@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy import stats
+from docs_tables import markdown_tables  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
@@ -47,22 +48,7 @@ def _perf() -> str:
 
 
 def _tables(text: str) -> list[tuple[str, list[dict[str, str]]]]:
-    """(last heading above, rows keyed by the header) of every markdown table of ``text``."""
-    out, heading, header, rows = [], "", None, []
-    for line in text.splitlines() + [""]:
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if header is None:
-                header = cells
-            elif not set("".join(cells)) <= set("-: "):
-                rows.append(dict(zip(header, cells)))
-            continue
-        if header is not None:
-            out.append((heading, rows))
-            header, rows = None, []
-        if line.startswith("#"):
-            heading = line.lstrip("#").strip()
-    return out
+    return markdown_tables(text)
 
 
 def _page_rows(page: str, section: str, first_column: str = "operator") -> dict[str, dict[str, str]]:

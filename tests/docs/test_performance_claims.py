@@ -31,6 +31,7 @@ from diffusionformer.ops.dense import (
     MATERIALISE_MAX_ELEMENTS,
     MATERIALISE_MAX_ELEMENTS_CAUSAL,
 )
+from docs_tables import markdown_tables  # noqa: E402
 
 ROOT = Path(diffusionformer.__file__).resolve().parent.parent
 PERF = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
@@ -45,18 +46,7 @@ def _flat(text: str) -> str:
 
 def _tables(path: Path) -> list[list[dict[str, str]]]:
     """The markdown tables of a results file, each a list of rows keyed by the header."""
-    tables, header, rows = [], None, []
-    for line in path.read_text(encoding="utf-8").splitlines() + [""]:
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if header is None:
-                header = cells
-            elif not set("".join(cells)) <= set("-: "):
-                rows.append(dict(zip(header, cells)))
-        elif header is not None:
-            tables.append(rows)
-            header, rows = None, []
-    return tables
+    return [rows for _, rows in markdown_tables(path.read_text(encoding="utf-8"))]
 
 
 def _num(cell: str) -> float:
