@@ -196,6 +196,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# runs a worker script as `python script args` would (its folder first on sys.path), then leaves without the
+# interpreter's teardown: Gloo's may abort a process at exit ("terminate called without an active exception",
+# pytorch/pytorch#179291; seen once each in CI runs of sitting 38 and 41), after the rank's work is done and checked
+# by its files and output; an exception in the script still exits 1 with its traceback
+_RUN_THEN_LEAVE = ("import os, runpy, sys; sys.argv = sys.argv[1:]; sys.path[0] = os.path.dirname(os.path.abspath("
+                   "sys.argv[0])); runpy.run_path(sys.argv[0], run_name='__main__'); sys.stdout.flush(); "
+                   "sys.stderr.flush(); os._exit(0)")
+
+
 def launch_gloo_ranks(script: Path, args: list[str], cwd: Path, world_size: int = 2, timeout: float = 90.0) -> list[str]:
     """Run ``script args`` as ``world_size`` fresh interpreters (no fork) of one process group (``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` set, one thread each, this checkout first on the
@@ -203,7 +212,7 @@ def launch_gloo_ranks(script: Path, args: list[str], cwd: Path, world_size: int 
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
     env.update(PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size))
-    procs = [subprocess.Popen([sys.executable, str(script), *args], cwd=cwd,
+    procs = [subprocess.Popen([sys.executable, "-c", _RUN_THEN_LEAVE, str(script), *args], cwd=cwd,
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world_size)]
