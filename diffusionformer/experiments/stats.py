@@ -105,6 +105,16 @@ def _finish(method: str, n: int, mean: float, se: float, df: float, level: float
 RELATIVE_RESOLUTION = 1e-6
 
 
+def _fmean(values: Sequence[float]) -> float:
+    """``statistics.fmean``, also of values near the float maximum: their sum overflows (``fsum`` raises
+    ``OverflowError``), their mean does not, so they are then averaged relative to the largest."""
+    try:
+        return statistics.fmean(values)
+    except OverflowError:
+        scale = max(map(abs, values))
+        return statistics.fmean([x / scale for x in values]) * scale
+
+
 def _no_spread(spread: float, values: Sequence[float]) -> bool:
     return spread <= RELATIVE_RESOLUTION * max([1e-300, *map(abs, values)])
 
@@ -191,7 +201,7 @@ def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float], *, level: 
     if n < 2:
         return Difference(method, n, d[0] if d else None, level=level,
                           note=f"{n} pair(s): at least 2 seeds both settings share are needed")
-    mean = statistics.fmean(d)
+    mean = _fmean(d)
     sd = statistics.stdev(d)
     resolved = _resolved(d, values)  # each pair against its own rounding: a diverged seed blurs no other pair
     if len(set(resolved)) == 1:
@@ -273,12 +283,12 @@ def welch_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0
         raise ValueError("non-finite values")
     na, nb = len(a), len(b)
     if na < 2 or nb < 2:
-        mean = statistics.fmean(a) - statistics.fmean(b) if na and nb else None
+        mean = _fmean(a) - _fmean(b) if na and nb else None
         return Difference("Welch", min(na, nb), mean, level=level,
                           note=f"{na} and {nb} value(s): at least 2 on each side are needed")
     sa, sb = _standard_errors(a, b)
     se = math.hypot(sa, sb)
-    mean = statistics.fmean(a) - statistics.fmean(b)
+    mean = _welch_mean(a, b)
     if _no_spread_either(a, b):
         se = 0.0
         mean = 0.0 if _no_spread(abs(mean), a + b) else mean
@@ -288,6 +298,15 @@ def welch_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0
     else:
         df = float(na + nb - 2)
     return _finish("Welch", min(na, nb), mean, se, df, level, None)
+
+
+def _welch_mean(a: list[float], b: list[float]) -> float:
+    """``mean(a) - mean(b)``; a ValueError when it is past the float range (means of opposite signs near the float
+    maximum), as :func:`paired_difference` for such a pair: its t would read inf and its p 0."""
+    mean = _fmean(a) - _fmean(b)
+    if not math.isfinite(mean):
+        raise ValueError(f"the difference of the means, {_fmean(a)!r} - {_fmean(b)!r}, is past the float range")
+    return mean
 
 
 def _standard_errors(a: list[float], b: list[float]) -> tuple[float, float]:
@@ -448,7 +467,7 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
     _check_finite([*a, *b], "a and b")
     if len(a) < 2 or len(b) < 2:
         return None
-    return None if _no_spread_either(a, b) else (statistics.fmean(a) - statistics.fmean(b)) / math.hypot(*_standard_errors(a, b))
+    return None if _no_spread_either(a, b) else _welch_mean(a, b) / math.hypot(*_standard_errors(a, b))
 
 
 def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
@@ -472,7 +491,7 @@ def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
     d = [float(a[k]) - float(b[k]) for k in keys]  # floats: statistics refuses numpy ints (no bit_length)
     sd = statistics.stdev(d)
     values = [float(a[k]) for k in keys] + [float(b[k]) for k in keys]
-    return None if _equal_up_to_rounding(d, values) else statistics.fmean(d) / (sd / math.sqrt(len(d)))
+    return None if _equal_up_to_rounding(d, values) else _fmean(d) / (sd / math.sqrt(len(d)))
 
 
 def difference_t(row: Mapping[str, Any], base: Mapping[str, Any], values: str, paired: bool) -> float | None:
