@@ -327,8 +327,9 @@ class GraphBlock(nn.Module):
         if batch is None:
             batch = graph.batch
         if self.global_attn is not None and batch is not None and batch.shape[0] and checks_values(batch):
-            # the global attention's graph ids checked before the local attention, which refuses the edges across
-            # graphs that bad ids (out of range, unsorted) make of block-diagonal edges: these errors name the cause
+            # the global attention's graph ids, checked once and before the local attention, which refuses the edges
+            # across graphs that bad ids (out of range, unsorted) make of block-diagonal edges: these errors name the
+            # cause (a call without batch is one graph, its ids made below)
             sized = not (max_num_nodes is None and num_graphs is None)
             G = _check_size("num_graphs", num_graphs) if sized else None
             _check_global_ids(batch, (int(batch.max()) + 1 if G is None else G) if sized else None)
@@ -347,9 +348,9 @@ class GraphBlock(nn.Module):
         else:
             update = self.attn(h, graph, state=state)
         if self.global_attn is not None:
+            # (the graph ids were checked above: g[mask] returns nodes in sorted-id order, pos_i = i - ptr_{b_i}
+            # holds for sorted ids only)
             if max_num_nodes is None and num_graphs is None:  # sizes read from batch (host syncs)
-                if batch is not None and checks_values(batch):  # g[mask] returns nodes in sorted-id order
-                    _check_global_ids(batch, None)
                 dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
                 g = self.global_attn(dense, key_padding_mask=~mask, state=global_state)
                 update = update + g[mask]
@@ -369,8 +370,6 @@ class GraphBlock(nn.Module):
                 raise ValueError(f"num_graphs: a call without batch holds one graph, got num_graphs={num_graphs}")
             batch = torch.zeros(N, dtype=torch.long, device=h.device)
         G = num_graphs if num_graphs is not None else int(batch.max()) + 1 if N else 1  # host read if not given
-        if checks_values(batch) and N:
-            _check_global_ids(batch, G)  # pos_i = i - ptr_{b_i} holds for sorted ids only
         pos, counts = _node_positions(batch, G)  # (N,), (G,)
         M = max_num_nodes if max_num_nodes is not None else max(int(counts.max()), 1)  # host read if not given
         if checks_values(counts) and int(counts.max()) > M:
