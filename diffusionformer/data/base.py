@@ -63,11 +63,16 @@ def _check_flags(where: str, **flags: Any) -> None:
         _check_flag(value, f"{where}: {name}")
 
 
+def _is_bool(value: Any) -> bool:
+    """A Python bool or a bool tensor (``tensor(True)`` reads as 1 to ``operator.index``): never a count."""
+    return isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool)
+
+
 def _as_count(name: str, value: Any) -> int:
     """``value`` as a Python int (NumPy and 0-d tensor ints too); anything else, bool included,
     is a ``TypeError`` naming ``name``."""
     try:
-        if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):  # tensor(True): 1
+        if _is_bool(value):
             raise TypeError
         return operator.index(value)
     except TypeError:

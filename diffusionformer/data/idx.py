@@ -127,11 +127,11 @@ def read_idx_bytes(path: Path) -> bytes:
             more data than the file can hold, or a gzipped file over 1 GiB, naming the file.
     """
     with open(path, "rb") as plain:
+        size = os.fstat(plain.fileno()).st_size
         if plain.read(2) != b"\x1f\x8b":
             # read whole before: a sparse file of 1 TiB (or a header declaring it) was a bare MemoryError
             plain.seek(0)
-            return _read_declared(plain, os.fstat(plain.fileno()).st_size)
-        size = os.fstat(plain.fileno()).st_size
+            return _read_declared(plain, size)
         if size > _MAX_GZIP_BYTES:  # read whole below: a sparse .gz of 1 TiB was a bare MemoryError
             raise CorruptDataError(f"corrupt gzip file {str(path)!r}: {size} B, more than any IDX archive "
                                    f"({_MAX_GZIP_BYTES} B at most)")

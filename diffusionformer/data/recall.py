@@ -23,7 +23,7 @@ import operator
 import torch
 from torch import Tensor
 
-from .base import IGNORE_INDEX, SequenceTaskData, _as_count
+from .base import IGNORE_INDEX, SequenceTaskData, _as_count, _is_bool
 from .registry import register_dataset
 from .splits import generator as seeded_generator
 from .splits import _require_generator, require_heldout, split_sizes
@@ -50,7 +50,7 @@ def _distinct_keys(N: int, num_keys: int, P: int, generator: torch.Generator | N
 
 def _int_or_same(value: object) -> object:
     """``value`` as a Python int when it is an integer other than a bool (NumPy and 0-d tensor ints too), else as is."""
-    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):  # tensor(True): 1
+    if _is_bool(value):
         return value
     try:
         return operator.index(value)

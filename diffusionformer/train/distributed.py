@@ -282,7 +282,7 @@ def _tensor_shapes(batch: Any, path: str, out: dict[str, tuple[int, ...]]) -> No
     if isinstance(batch, torch.Tensor):
         if batch.dim():
             out[path] = tuple(batch.shape)
-    elif isinstance(batch, (Mapping, UserDict)):
+    elif isinstance(batch, Mapping):  # (a UserDict is one)
         for k, v in batch.items():
             _tensor_shapes(v, f"{path}[{k!r}]", out)
     elif isinstance(batch, (list, tuple)) and not isinstance(batch, PackedSequence):
