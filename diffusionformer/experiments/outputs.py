@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from diffusionformer._files import folder_lock
-from diffusionformer.experiments.config import ExperimentConfig
+from diffusionformer.experiments.config import ExperimentConfig, _check_path_name
 from diffusionformer.experiments.results import (RunResult, _completed, _definition, _row_problem, read_json_dict,
                                                  run_dir)
 from diffusionformer.experiments.tables import aggregate, format_table
@@ -43,9 +43,13 @@ def _row(data: Any) -> RunResult | None:
 
 
 def _one_folder(name: str) -> bool:
-    """Whether ``name`` names one folder below its parent, as every task and setting name does: not ``""``, ``"."``
-    or ``".."``, no ``/`` or NUL."""
-    return name not in ("", ".", "..") and "/" not in name and "\0" not in name
+    """Whether ``name`` is a task or setting name a config accepts (``config._check_path_name``: one folder below
+    its parent, not ``""``, ``"."`` or ``".."``, no ``/`` or NUL, ...): "../.." would name a folder outside."""
+    try:
+        _check_path_name("name", name)
+    except ValueError:
+        return False
+    return True
 
 
 def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]:
