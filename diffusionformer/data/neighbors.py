@@ -23,6 +23,7 @@ otherwise plugs :class:`TorchNeighborSampler` (pure PyTorch, this module) into t
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 from collections.abc import Sequence
 from typing import Any
@@ -240,6 +241,13 @@ def _refuse_compiled_only_options(kwargs: dict[str, Any], why: str) -> None:
         )
 
 
+def _loader_generator(generator: torch.Generator) -> torch.Generator:
+    """The ``DataLoader``'s generator (shuffling, worker seeds): seeded from ``generator``'s state, not drawn from it,
+    so the sampler's draws stay those of ``generator`` (as :func:`neighbor_batch`'s from the same state)."""
+    digest = hashlib.blake2b(generator.get_state().numpy().tobytes(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") % 2**63)
+
+
 def neighbor_loader(
     data: Data,
     num_neighbors: Sequence[int],
@@ -260,8 +268,10 @@ def neighbor_loader(
         batch_size: seed nodes per batch.
         input_nodes: the seeds to iterate over (index or bool mask; default: all nodes).
         shuffle: reshuffle the seeds every epoch.
-        generator: random generator of :class:`TorchNeighborSampler` (the PyG samplers use
-            torch's global RNG).
+        generator: random generator of :class:`TorchNeighborSampler`, and then also the
+            ``DataLoader``'s (its shuffling and its workers' seeds: from a generator seeded from its state,
+            which is not drawn from), so the batches follow it alone
+            (the PyG samplers use torch's global RNG).
         force_torch: use :class:`TorchNeighborSampler` even when a compiled sampler exists.
         **kwargs: further ``NeighborLoader`` / ``DataLoader`` arguments; with
             :class:`TorchNeighborSampler` the sampling options only PyG's samplers implement
@@ -277,9 +287,14 @@ def neighbor_loader(
         if force_torch:
             raise ValueError("neighbor_loader: force_torch=True and neighbor_sampler= both choose the sampler; "
                              "pass one of them")
+        if generator is not None:
+            raise ValueError("neighbor_loader: generator= seeds the sampler this function builds; a neighbor_sampler= "
+                             "of the caller's draws from its own random state, so pass one of them")
     elif not has_compiled_sampler() or force_torch:
         _refuse_compiled_only_options(kwargs, "force_torch=True bypasses it" if force_torch else "not installed")
         kwargs["neighbor_sampler"] = TorchNeighborSampler(data, num_neighbors, generator)
+        if generator is not None:  # else the shuffling and the workers' seeds came from torch's global RNG
+            kwargs["generator"] = _loader_generator(generator)
     return NeighborLoader(data, list(num_neighbors), batch_size=batch_size, input_nodes=input_nodes,
                           shuffle=shuffle, **kwargs)
 
