@@ -21,9 +21,9 @@ recorded ``P`` (before dropout) leaves out; recording draws no random numbers, s
 pass it observes is the same with or without it.
 
 Dense models (ViT, GPT) give tokens ``(B, T, D)``. Graph models give nodes ``(N, D)`` with the
-``batch`` vector of the block call; ``capture_dataset`` pads them per graph to
-``(G, N_max, D)`` with a boolean ``mask`` (valid nodes first, in node order), so a graph is a
-"sequence" of its nodes.
+``batch`` vector of the block call (or, where the blocks got none, the Batch's own);
+``capture_dataset`` pads them per graph to ``(G, N_max, D)`` with a boolean ``mask`` (valid
+nodes first, in node order), so a graph is a "sequence" of its nodes.
 """
 
 from __future__ import annotations
@@ -124,6 +124,7 @@ def pad_by_batch(x: Tensor, batch: Tensor | None, num_graphs: int | None = None)
             or batch.dtype == torch.bool:
         got = f"{batch.dtype} of shape {tuple(batch.shape)}" if isinstance(batch, Tensor) else type(batch).__name__
         raise ValueError(f"batch must be an integer tensor of shape ({N},), got {got}")
+    batch = batch.long()  # as indices: uint8 ids were read as a boolean mask, int8/int16 ones refused by indexing
     if num_graphs is not None and (not _is_int(num_graphs) or num_graphs < 0):
         raise ValueError(f"num_graphs must be a non-negative int or None, got {num_graphs!r}")
     if N > 1 and bool((batch[1:] < batch[:-1]).any()):
@@ -371,6 +372,14 @@ class LayerRecorder:
     @staticmethod
     def _recompute(block: nn.Module, x: Tensor, attn_kwargs: dict[str, Any]) -> Any:
         """The attention intermediates of ``block`` on its input ``x``."""
+        if attn_kwargs.get("cache") is not None:
+            # the cached path attends the new tokens over the cached ones and refuses return_intermediates ("takes no
+            # graph, masks or return_intermediates", about an argument the caller never passed)
+            raise ValueError(
+                "LayerRecorder(attentions=True) cannot recompute the attention of a KV-cached decoding step "
+                "(forward_cached, generate(use_cache=True)): the new tokens attend the cached ones, which the block "
+                "input does not hold; record with attentions=False, or run the uncached forward to capture attentions"
+            )
         edge_attr = attn_kwargs.pop("edge_attr", None)
         if edge_attr is not None and getattr(block, "edge_proj", None) is not None:
             # a GraphBlock with edge features: P comes from the edge-aware scores
@@ -494,7 +503,8 @@ class LayerCapture:
         """A view without the first ``k`` tokens of each sequence (e.g. a ViT's class token).
 
         Dense attention weights are restricted to the remaining tokens (rows then sum to at
-        most 1); captures with sparse attention or padding cannot drop tokens.
+        most 1), and per-token outputs ``(B, T, V)`` to the remaining positions (per-sequence
+        outputs ``(B, C)`` are kept); captures with sparse attention or padding cannot drop tokens.
         """
         if not _is_int(k) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
@@ -510,8 +520,12 @@ class LayerCapture:
         if labels is not None and labels.ndim == 2:
             labels = labels[:, k:]
         attentions = None if self.attentions is None else {i: P[..., k:, k:] for i, P in self.attentions.items()}
+        outputs = self.outputs
+        if outputs is not None and outputs.ndim >= 3 and outputs.shape[1] == T:
+            # per-token outputs (B, T, V) lose the dropped tokens too (else they no longer line up with the labels)
+            outputs = outputs[:, k:]
         return LayerCapture({l: x[:, k:] for l, x in self.states.items()}, None, labels, attentions, None,
-                            self.outputs, {**self.extra, "dropped_prefix": k})
+                            outputs, {**self.extra, "dropped_prefix": k})
 
 
 def _collect_labels(labels: Tensor | None, inputs: Any, is_graph: bool, batch: Tensor | None, G: int,
@@ -565,12 +579,18 @@ class _Collector:
         self.edges: dict[int, list[Tensor]] = {i: [] for i in recorder.attention_blocks}
         self.outputs: list[Tensor] = []
         self.num_attention = self.num_nodes = self.num_batches = 0
+        self.is_graph = False
 
     def add(self, inputs: Any, labels: Tensor | None, out: Any, n: int, index: int) -> None:
         rec = self.recorder
         self.num_batches += 1
         missing = [layer for layer in rec.layers if layer not in rec.states]
         if missing:
+            if not rec.states and _is_graph_batch(inputs) and int(inputs.num_nodes) == 0:
+                # graphs without nodes: the model maps them without running its blocks (a batch_size=1 loader over
+                # an empty graph); rows of length 0, as an empty graph inside a larger batch gets
+                self._add_no_nodes(inputs, labels, out, n, index)
+                return
             raise RuntimeError(f"layers {missing} were not recorded: did the forward call run model.blocks?")
         is_graph = any(x.ndim == 2 for x in rec.states.values())
         if is_graph and not _is_graph_batch(inputs):
@@ -581,15 +601,28 @@ class _Collector:
                 "graphs are counted and cut by the batch vector of a PyG Data/Batch, so pass the Batch itself "
                 "(with forward=... to call the model differently)"
             )
+        batch = rec.batch
+        if is_graph and batch is None and n > 1:
+            # blocks called without a batch vector (forward=lambda m, b: m(b.x, b.edge_index)): the n graphs of the
+            # Batch were padded as one "sequence" of all their nodes, beside n labels; cut them by the Batch's own ids
+            batch, N = getattr(inputs, "batch", None), rec.states[rec.layers[0]].shape[0]
+            if not isinstance(batch, Tensor) or batch.shape != (N,):
+                raise ValueError(
+                    f"batch {index}: the model's blocks got no batch vector, and the {n} graphs of the batch cannot be "
+                    f"told apart in their {N} node states (the Batch's own batch vector is "
+                    f"{'missing' if not isinstance(batch, Tensor) else f'of shape {tuple(batch.shape)}'}); pass "
+                    "the batch vector to the model in forward=..."
+                )
+            batch = batch.to(rec.states[rec.layers[0]].device)
         mask = None
         for layer in rec.layers:
             x = rec.states[layer]
             if is_graph:
-                x, mask = pad_by_batch(x, rec.batch, n)
+                x, mask = pad_by_batch(x, batch, n)
             self.states[layer].append(x.to(device="cpu", dtype=torch.float32))
         self.masks.append(None if mask is None else mask.cpu())
         T = rec.states[rec.layers[0]].shape[1] if not is_graph else 0
-        self.labels.append(_collect_labels(labels, inputs, is_graph, rec.batch, n, T, index))
+        self.labels.append(_collect_labels(labels, inputs, is_graph, batch, n, T, index))
         a = min(n, self.max_attention - self.num_attention)
         if a > 0 and rec.attention_blocks:
             kept_nodes = int(mask[:a].sum()) if mask is not None else 0
@@ -607,6 +640,23 @@ class _Collector:
             rec.compute_attentions = self.num_attention < self.max_attention  # no recomputation once full
         if mask is not None:
             self.num_nodes += int(mask.sum())
+        self.is_graph = self.is_graph or is_graph
+        self._add_outputs(out)
+
+    def _add_no_nodes(self, inputs: Any, labels: Tensor | None, out: Any, n: int, index: int) -> None:
+        """A batch of ``n`` graphs without nodes: ``n`` rows of no tokens (their width is set in :meth:`finish`)."""
+        self.is_graph = True
+        for layer in self.recorder.layers:
+            self.states[layer].append(torch.zeros(n, 0, 0))
+        self.masks.append(torch.zeros(n, 0, dtype=torch.bool))
+        self.labels.append(_collect_labels(labels, inputs, True, torch.zeros(0, dtype=torch.long), n, 0, index))
+        a = min(n, self.max_attention - self.num_attention)
+        if a > 0 and self.recorder.attention_blocks:  # attention examples with no edge, as inside a larger batch
+            self.num_attention += a
+            self.recorder.compute_attentions = self.num_attention < self.max_attention
+        self._add_outputs(out)
+
+    def _add_outputs(self, out: Any) -> None:
         if self.keep_outputs:
             o = out[0] if isinstance(out, (tuple, list)) else out
             if not isinstance(o, Tensor):
@@ -621,7 +671,13 @@ class _Collector:
             parts = [torch.ones(x.shape[:2], dtype=torch.bool) if m is None else m for m, x in zip(self.masks, first)]
             mask = torch.cat([_pad_seq(m, T, 1, False) for m in parts])
             mask = None if bool(mask.all()) else mask
-        states = {layer: torch.cat([_pad_seq(x, T, 1) for x in xs]) for layer, xs in self.states.items()}
+        states = {}
+        for layer, xs in self.states.items():
+            D = max(x.shape[2] for x in xs)
+            if D == 0:  # every batch held graphs without nodes
+                raise ValueError("capture_dataset got graphs without any node: there are no node states to capture")
+            states[layer] = torch.cat([_pad_seq(x.new_zeros(x.shape[0], 0, D) if x.shape[1] == 0 else x, T, 1)
+                                       for x in xs])
         labels: Tensor | None = None
         if any(lab is not None for lab in self.labels):
             if any(lab is None for lab in self.labels):
@@ -629,11 +685,11 @@ class _Collector:
             labels = torch.cat([_pad_seq(lab, T, 1, IGNORE_INDEX) if lab.ndim == 2 else lab  # type: ignore[union-attr]
                                 for lab in self.labels])  # type: ignore[misc]
         attentions = edges = None
-        if self.num_attention > 0:
+        if self.num_attention > 0:  # (none for graphs when every attention example was a graph without nodes)
             if any(self.edges.values()):
                 attentions = {i: torch.cat(p) for i, p in self.attn.items()}
                 edges = {i: torch.cat(p, dim=1) for i, p in self.edges.items()}
-            else:
+            elif not self.is_graph:
                 attentions = {i: torch.cat([_pad_seq(_pad_seq(P, T, 2), T, 3) for P in p])
                               for i, p in self.attn.items()}
         extra = {"num_batches": self.num_batches, "model": model_name, "num_attention_examples": self.num_attention}
@@ -707,7 +763,8 @@ def capture_dataset(
         A :class:`LayerCapture`.
 
     Shapes:
-        dense states ``(B, T, D)``; graph states ``(G, N_max, D)`` with ``mask`` ``(G, N_max)``.
+        dense states ``(B, T, D)``; graph states ``(G, N_max, D)`` with ``mask`` ``(G, N_max)`` (a graph
+        without nodes is a row of length 0, also when its batch holds no node at all).
 
     Examples:
         >>> from diffusionformer.models import DiffusionViT, ViTConfig
