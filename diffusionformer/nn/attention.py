@@ -661,11 +661,13 @@ class DiffusionAttention(nn.Module):
         if self._matrix_groups:
             # the full P (B, H, N, N), or (B, H', N, N) for the H' non-polynomial heads alone, in head order
             Pm = P if P is not None else _dense._attention_matrix_heads(q, k, self._matrix_heads, mask, is_causal,
-                                                                         self._scale)
+                                                                         self._scale, working_dtype=True)
             at = 0
             for op, s, c in self._matrix_groups:
-                Pg = Pm.narrow(1, s if P is not None else at, c)
+                Pg = Pm.narrow(1, s if P is not None else at, c)  # float32 for half inputs (the working dtype)
                 at += c
+                if not op._takes_float32_P:  # else in the input dtype, as attention_matrix returns it
+                    Pg = Pg.to(v.dtype)
                 if dropout_p > 0.0:  # drawn per group, as before: (B, c, N, N) each
                     op.check_attention_dropout(dropout_p)  # dropout is a settable attribute
                     Pg = F.dropout(Pg, p=dropout_p)
@@ -681,7 +683,7 @@ class DiffusionAttention(nn.Module):
         else:
             y = self.out_proj(out.transpose(1, 2).reshape(B, N, D))
         if return_intermediates:
-            return y, AttentionIntermediates(P, self.coefficients().detach(), None, "matrix")
+            return y, AttentionIntermediates(P.to(v.dtype), self.coefficients().detach(), None, "matrix")
         return y
 
     def _call_dropout(self) -> float:

@@ -81,6 +81,9 @@ class DiffusionOperator(nn.Module):
     needs_uniform_map: ClassVar[bool] = False
     supports_kv_cache: ClassVar[bool] = True
     example_kwargs: ClassVar[dict[str, Any]] = {}
+    #: the layer hands :meth:`apply_matrix` ``P`` in float32 for half inputs (an operator that computes in float32:
+    #: the gradient of ``P`` may overflow float16), else in the input dtype
+    _takes_float32_P: ClassVar[bool] = False
 
     def __init__(self, num_heads: int = 1) -> None:
         super().__init__()

@@ -372,6 +372,7 @@ class ExactHeatOperator(DiffusionOperator):
     name = "heat-exact"
     aliases = ("expm", "matrix-exp", "exact-heat")
     example_kwargs = {"t": 0.7}
+    _takes_float32_P = True  # matrix_exp runs in float32: P's gradient would overflow float16
     supports_sparse = False
     is_polynomial = False
 

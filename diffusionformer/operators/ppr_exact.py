@@ -53,6 +53,7 @@ class ExactPPROperator(DiffusionOperator):
     supports_sparse = False
     is_polynomial = False
     example_kwargs = {"alpha": 0.2}
+    _takes_float32_P = True  # the solve runs in float32: P's gradient would overflow float16
 
     def __init__(self, alpha: float = 0.1, num_heads: int = 1) -> None:
         super().__init__(num_heads)

@@ -389,9 +389,11 @@ def _select_mask(mask: Tensor | None, heads: Heads) -> Tensor | None:
 
 
 def _attention_matrix_heads(
-    q: Tensor, k: Tensor, heads: Heads, attn_mask: Tensor | None, is_causal: bool, scale: float
+    q: Tensor, k: Tensor, heads: Heads, attn_mask: Tensor | None, is_causal: bool, scale: float,
+    working_dtype: bool = False,
 ) -> Tensor:
-    r""":math:`P_h` for the heads ``heads`` only, in the dtype of ``q``: one softmax over their queries and keys.
+    r""":math:`P_h` for the heads ``heads`` only, in the dtype of ``q`` (with ``working_dtype``, in the working dtype:
+    float32 for half inputs): one softmax over their queries and keys.
 
     What :func:`_diffuse_checked` with ``need_weights`` materialises for every head, restricted to
     ``heads`` (the layer's non-polynomial heads, which apply a matrix function to ``P``): the same
@@ -406,7 +408,7 @@ def _attention_matrix_heads(
     row_ok = _rows_with_keys(attn_mask)
     P = _attention_matrix(select(q, heads, 1), select(k, heads, 1), _select_mask(attn_mask, heads), is_causal,
                           scale, _select_mask(row_ok, heads))
-    return P.to(q.dtype)
+    return P if working_dtype else P.to(q.dtype)
 
 
 class SdpaBackend(Backend):
@@ -531,7 +533,8 @@ def diffuse_with_weights(
     if v.dtype != q.dtype:
         raise TypeError(f"v must have the dtype of q ({q.dtype}), got {v.dtype}")
     _check_flag(need_weights, "need_weights")
-    return _diffuse_checked(q, k, v, coeffs, attn_mask, is_causal, scale, backend, degrees, dropout_p, need_weights)
+    out, P = _diffuse_checked(q, k, v, coeffs, attn_mask, is_causal, scale, backend, degrees, dropout_p, need_weights)
+    return out, (None if P is None else P.to(v.dtype))  # P in the input dtype, as attention_matrix returns it
 
 
 def _diffuse_checked(
@@ -549,7 +552,10 @@ def _diffuse_checked(
 
     ``rebuild`` (a list, for the layers): the PyTorch paths append a function that forms ``out`` again from
     the propagated signals they keep (see :mod:`diffusionformer.ops.recompute`); nothing is appended
-    where that does not apply (Triton, ``need_weights``, the affine path of static coefficients)."""
+    where that does not apply (Triton, ``need_weights``, the affine path of static coefficients).
+
+    ``P`` (with ``need_weights``) is returned in the working dtype, float32 for half inputs (not yet cast to the
+    input dtype as :func:`diffuse_with_weights` returns it)."""
     if backend == "triton" or (backend == "auto" and TRITON_IN_AUTO and q.device.type == "cuda"):
         out = _try_triton(q, k, v, coeffs, attn_mask, is_causal, scale, backend,
                           degrees, dropout_p, need_weights)
@@ -650,7 +656,9 @@ def _diffuse_dense(
     if need_weights:
         P = _attention_matrix(q, k, attn_mask, is_causal, scale, row_ok)
         out = polynomial(MatrixBackend(P, all_heads(H), dropout_p), v, c, degrees)
-        return out.to(dtype), P.to(v.dtype)  # P in the input dtype, as attention_matrix returns it
+        # P in the working dtype (float32 for half inputs): diffuse_with_weights casts it to the input dtype; the
+        # layer hands it to exact operators as it is (their gradient of P overflows float16)
+        return out.to(dtype), P
     if backend == "auto":
         backend = _choose_dense_backend(N, M, max((0, *degrees)), is_causal, q.device.type)
         high = active_heads(degrees, 2)
