@@ -255,7 +255,7 @@ def _split_block_call(
 
     The first argument is the token/node input; ``graph`` (an
     :class:`~diffusionformer.graph.AttentionGraph` or a bare ``edge_index``), ``edge_index``
-    any ``**kwargs`` (dense blocks: ``key_padding_mask``, ``attn_mask``) and a
+    any ``**kwargs`` (dense blocks: ``key_padding_mask``, ``attn_mask``; also as named parameters) and a
     :class:`~diffusionformer.ops.rivals.LayerState` ``state`` (copied) go to the attention
     (``edge_attr`` to the edge-aware scores of a graph block); ``batch`` is the graph id per
     node (or the graph's own ``batch``).
@@ -276,6 +276,9 @@ def _split_block_call(
             attn_kwargs["edge_index" if isinstance(value, Tensor) else "graph"] = value
         elif name == "edge_attr":
             attn_kwargs["edge_attr"] = bound.arguments[name]
+        elif name in ("key_padding_mask", "attn_mask", "is_causal") and bound.arguments[name] is not None:
+            # a user's block naming the attention's dense shorthands: P recomputed without them attended the padding
+            attn_kwargs[name] = bound.arguments[name]
         elif name == "state":
             attn_kwargs["state"] = bound.arguments[name]
     if attn_kwargs.get("state") is not None:
@@ -285,6 +288,16 @@ def _split_block_call(
     if batch is None and not isinstance(attn_kwargs.get("graph"), (Tensor, type(None))):
         batch = getattr(attn_kwargs["graph"], "batch", None)
     return x, attn_kwargs, batch
+
+
+def _key_padding_of(attn_kwargs: dict[str, Any]) -> Tensor | None:
+    """The ``key_padding_mask`` (``(B, T)`` bool, True = padding) of a dense block call: the keyword, or that of a
+    dense :class:`~diffusionformer.graph.AttentionGraph` passed as ``graph``; ``None`` without one."""
+    mask = attn_kwargs.get("key_padding_mask")
+    graph = attn_kwargs.get("graph")
+    if mask is None and getattr(graph, "layout", None) == "dense":
+        mask = getattr(graph, "key_padding_mask", None)
+    return mask.detach() if isinstance(mask, Tensor) and mask.dtype == torch.bool and mask.ndim == 2 else None
 
 
 # ----------------------------------------------------------------------------------------
@@ -305,7 +318,7 @@ class LayerRecorder:
     Registers a forward pre-hook on ``model.blocks[0]`` (embeddings ``X^(0)``, and the
     attention of block 0) and forward hooks on the blocks whose outputs are wanted; all
     hooks are removed on exit, also when the body raises. After each forward pass,
-    ``states[l]`` holds ``X^(l)`` of that pass (detached, on the model's device, as the block
+    ``states[l]`` holds ``X^(l)`` of that pass (detached copies, on the model's device, as the block
     saw it: ``(B, T, D)`` dense or ``(N, D)`` nodes), ``batch`` the graph id per node of a graph
     model (``None`` for dense models or one graph), and ``attentions[i]`` the
     :class:`~diffusionformer.nn.attention.AttentionIntermediates` of block ``i`` (when
@@ -348,19 +361,23 @@ class LayerRecorder:
         self.states: dict[int, Tensor] = {}
         self.attentions: dict[int, Any] = {}
         self.batch: Tensor | None = None
+        self._key_padding: Tensor | None = None
         self._handles: list[Any] = []
 
     def clear(self) -> None:
         """Forget the recorded pass."""
         self.states, self.attentions, self.batch = {}, {}, None
+        self._key_padding = None  # key_padding_mask (True = padding) of block 0's dense call
 
     def _pre_hook(self, i: int) -> Callable[..., None]:
         def hook(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             x, attn_kwargs, batch = _split_block_call(block, args, kwargs)
             if i == 0:
                 self.batch = None if batch is None else batch.detach()
+                self._key_padding = _key_padding_of(attn_kwargs)
                 if 0 in self.layers:
-                    self.states[0] = x.detach()
+                    # a copy: a block that updates its input in place (x += ..., under no_grad) changed the record
+                    self.states[0] = x.detach().clone()
             if i in self.attention_blocks and self.compute_attentions:
                 # a read-out like the detached states: no autograd graph kept (training passes), and no random numbers
                 # drawn from the model's generators (attention dropout in training): the pass it observes is unchanged
@@ -398,7 +415,7 @@ class LayerRecorder:
         def hook(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if not isinstance(output, Tensor):
                 raise TypeError(f"block {i} returned {type(output).__name__}; capture expects a tensor")
-            self.states[i + 1] = output.detach()
+            self.states[i + 1] = output.detach().clone()  # the next block may update its input in place
 
         return hook
 
@@ -437,7 +454,8 @@ class LayerCapture:
         states: residual-stream index ``l`` (0 = embeddings, ``l`` = after block ``l - 1``) ->
             tokens ``(B, T, D)``; graphs are padded per graph (see ``mask``).
         mask: ``(B, T)`` bool, True = a real token; valid tokens are a prefix of each row.
-            ``None`` when nothing is padded.
+            ``None`` when nothing is padded. Graphs are padded per graph; a dense model whose blocks
+            got a ``key_padding_mask`` (keyword or dense ``graph``) has its padded tokens marked here.
         labels: one label per sequence ``(B,)`` (e.g. image class, graph class) or per token
             ``(B, T)`` (e.g. next token of a language model, node class), ``-100`` where there
             is none (and at padding). ``None`` when the batches carried no labels.
@@ -565,6 +583,24 @@ def _pad_seq(t: Tensor, T: int, dim: int, value: float = 0.0) -> Tensor:
     return torch.nn.functional.pad(t, pad, value=value)
 
 
+def _dense_mask(rec: LayerRecorder, index: int) -> Tensor | None:
+    """The real tokens ``(B, T)`` of a dense pass whose blocks got a ``key_padding_mask`` (``None`` without one):
+    padded tokens counted in every metric as real ones."""
+    padding = rec._key_padding
+    if padding is None:
+        return None
+    B, T = rec.states[rec.layers[0]].shape[:2]
+    if tuple(padding.shape) != (B, T):
+        raise ValueError(f"batch {index}: the blocks' key_padding_mask has shape {tuple(padding.shape)}, not that of "
+                         f"their tokens ({B}, {T})")
+    mask = ~padding
+    if T > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+        raise ValueError(f"batch {index}: the blocks' key_padding_mask pads a sequence before a real token (left "
+                         "padding?); a capture keeps the real tokens of each sequence first, then the padding: pad "
+                         "on the right")
+    return mask
+
+
 class _Collector:
     """Moves each recorded pass to the CPU (float32) and concatenates the passes at the end."""
 
@@ -614,7 +650,7 @@ class _Collector:
                     "the batch vector to the model in forward=..."
                 )
             batch = batch.to(rec.states[rec.layers[0]].device)
-        mask = None
+        mask = None if is_graph else _dense_mask(rec, index)
         for layer in rec.layers:
             x = rec.states[layer]
             if is_graph:
@@ -622,7 +658,10 @@ class _Collector:
             self.states[layer].append(x.to(device="cpu", dtype=torch.float32))
         self.masks.append(None if mask is None else mask.cpu())
         T = rec.states[rec.layers[0]].shape[1] if not is_graph else 0
-        self.labels.append(_collect_labels(labels, inputs, is_graph, batch, n, T, index))
+        kept = _collect_labels(labels, inputs, is_graph, batch, n, T, index)
+        if not is_graph and mask is not None and kept is not None and kept.ndim == 2:
+            kept = kept.masked_fill(~mask.cpu(), IGNORE_INDEX)  # per-token labels of key-padded tokens: none
+        self.labels.append(kept)
         a = min(n, self.max_attention - self.num_attention)
         if a > 0 and rec.attention_blocks:
             kept_nodes = int(mask[:a].sum()) if mask is not None else 0
@@ -742,6 +781,8 @@ def capture_dataset(
       takes it: a trailing graph without nodes keeps its row); pass ``forward(model, inputs)`` to call differently.
       A graph model needs the Data/Batch: its graphs are counted and cut by the batch vector, and a
       tuple ``(x, edge_index, batch)`` is refused with a ``TypeError``;
+    - dense blocks called with a ``key_padding_mask`` (``forward=lambda m, b: m(*b)`` for ``model(x, pad)``): its
+      padded tokens are left out by ``mask`` (they must come last in each sequence: a ``ValueError`` otherwise);
     - ``labels`` one per sequence ``(B,)``, per token ``(B, T)`` (``-100`` = none), or, for graph
       batches, per graph ``(G,)`` or per node ``(N,)`` (padded like the nodes).
 

@@ -220,9 +220,10 @@ def variance_ratio(X: Tensor, reduction: str = "none") -> Tensor:
     mu = X.mean(dim=(0, 1))  # (D,)
     within = _centre(X).pow(2).sum(dim=(1, 2)) / T  # (B,)
     total = (X - mu).pow(2).sum(dim=(1, 2)) / T  # (B,)
+    # within <= total exactly (law of total variance): a ratio over 1 by rounding (1 + 1 ulp for centred tokens) is 1
     if reduction == "pooled":
-        return _safe_div(within.sum(), total.sum())
-    return _reduce(_safe_div(within, total), reduction)
+        return _safe_div(within.sum(), total.sum()).clamp(max=1.0)
+    return _reduce(_safe_div(within, total).clamp(max=1.0), reduction)
 
 
 def mean_pairwise_cosine(X: Tensor, reduction: str = "none", eps: float = 1e-12) -> Tensor:
@@ -260,7 +261,8 @@ def mean_pairwise_cosine(X: Tensor, reduction: str = "none", eps: float = 1e-12)
     nonzero = _times_pow2(scaled.detach(), exponent) >= eps  # ||x|| >= eps (an inf norm is >= eps too)
     U = torch.where(nonzero, Xs / torch.where(scaled > 0, scaled, torch.ones_like(scaled)), 0.0)  # a token below eps: cosine 0 with the others
     off_diagonal = U.sum(dim=1).pow(2).sum(dim=-1) - U.pow(2).sum(dim=(1, 2))  # (B,)
-    return _reduce(off_diagonal / (T * (T - 1)), reduction)
+    # in its range [-1/(T-1), 1]: identical tokens gave 1 + 5e-7 (float32) and 1 + 7e-16 (float64) by rounding
+    return _reduce((off_diagonal / (T * (T - 1))).clamp(min=-1.0 / (T - 1), max=1.0), reduction)
 
 
 def high_frequency_ratio(X: Tensor, reduction: str = "none") -> Tensor:
@@ -287,7 +289,7 @@ def high_frequency_ratio(X: Tensor, reduction: str = "none") -> Tensor:
     X = _unit_scale(X, (1, 2))
     num = _centre(X).pow(2).sum(dim=(1, 2)).sqrt()
     den = X.pow(2).sum(dim=(1, 2)).sqrt()
-    return _reduce(_safe_div(num, den), reduction)
+    return _reduce(_safe_div(num, den).clamp(max=1.0), reduction)  # ||C X|| <= ||X||: centred tokens gave 1 + 1 ulp
 
 
 def rank_collapse_residual(X: Tensor, method: str = "mean", reduction: str = "none") -> Tensor:
@@ -429,6 +431,10 @@ def dirichlet_energy(
             degree = P.sum(dim=-1) + P.sum(dim=-2)  # (B, T) or (T,): r + c
             cross = (Xw * torch.matmul(P, Xw)).sum(dim=(1, 2))  # tr(X^T P X), (B,)
             energy = (0.5 * (degree * sq).sum(dim=-1) - cross).to(X.dtype)
+            # a sum of non-negative terms where P >= 0: tokens constant on the clusters P joins gave -3e-16 (normalised),
+            # not 0, from the cancelling terms above
+            nonnegative = (P >= 0).flatten(-2).all(dim=-1)  # () or (B,)
+            energy = torch.where(nonnegative, energy.clamp_min(0.0), energy)
         norm2 = X.pow(2).sum(dim=(1, 2))
     if normalized:
         energy = _safe_div(energy, norm2)
@@ -542,10 +548,11 @@ class AnovaSplit:
         """``(within_sequence, between_sequence, between_class) / total`` (zeros if total is 0)."""
         if self.total <= 0:
             return (0.0, 0.0, 0.0)
+        # at most 1 (the parts are non-negative and sum to total): one part of all the scatter gave 1 + 4e-16
         return (
-            self.within_sequence / self.total,
-            self.between_sequence / self.total,
-            self.between_class / self.total,
+            min(self.within_sequence / self.total, 1.0),
+            min(self.between_sequence / self.total, 1.0),
+            min(self.between_class / self.total, 1.0),
         )
 
     def as_dict(self) -> dict[str, float]:

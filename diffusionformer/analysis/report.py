@@ -313,7 +313,7 @@ def _variance_ratio(v: LayerView) -> float | None:
     tokens, means = _times_pow2(v.tokens, -e), _times_pow2(v.means, -e)
     within = (tokens - means[v.seq_of_token]).pow(2).sum()
     total = (tokens - tokens.mean(dim=0)).pow(2).sum()
-    return float(within / total) if total > 0 else 0.0  # == variance_ratio(X, "pooled") unpadded
+    return min(float(within / total), 1.0) if total > 0 else 0.0  # == variance_ratio(X, "pooled") unpadded
 
 
 @register_metric("mean_cosine", group="smoothing", label="mean pairwise cosine", panel=4)
