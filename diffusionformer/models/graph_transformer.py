@@ -2,6 +2,7 @@ r"""``DiffusionGraphTransformer``: sparse diffusion attention over a graph's edg
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -84,7 +85,9 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
     ``"laplacian"``: :class:`~torch_geometric.transforms.AddLaplacianEigenvectorPE` with
     ``k = pe_dim`` (the eigenvectors of the ``k`` smallest non-trivial eigenvalues of the
     normalised Laplacian; Dwivedi et al., "Benchmarking GNNs", JMLR 2023); their signs are
-    arbitrary, so the model flips each one at random in training (``pe_sign_flip``). A graph
+    arbitrary, so the model flips each one at random in training (``pe_sign_flip``), while the
+    transform fixes them (each eigenvector's first entry of largest magnitude positive): the same
+    graph always gets the same PE, and the transform draws no random number. A graph
     of ``N <= k`` nodes has ``N - 1`` of them: the other columns are zero (as GraphGPS pads
     them), so graphs of every size batch together. The graph must be undirected (each edge in
     both directions, with equal weights) and alone (not a ``Batch`` of several graphs, whose
@@ -164,16 +167,34 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
         if weight is not None and not weight.is_floating_point():  # integer counts (as the random-walk PE takes
             weight = weight.to(torch.get_default_dtype())  # them): PyG's D^-1/2 W D^-1/2 failed to cast back to int
         graph = Data(edge_index=data.edge_index, edge_weight=weight, num_nodes=N)
-        if N > self.k + 1:
-            done = super().forward(graph)  # attr_name None: PyG's transform writes the PE as graph.x (it has none)
-            pe = done.x if self.attr_name is None else done[self.attr_name]
-            return add_node_attr(data, pe, attr_name=self.attr_name)
-        pe = torch.zeros(N, 0)
-        if N > 1:  # all N - 1 non-trivial eigenvectors: the dense solver (ARPACK's finds fewer than N)
-            inner = AddLaplacianEigenvectorPE(N - 1, attr_name="pe", is_undirected=True)
-            inner.SPARSE_THRESHOLD = N + 1
-            pe = inner(graph).pe
+        with torch.random.fork_rng(devices=[]):  # PyG's random sign flip drew from the global generator
+            if N > self.k + 1:
+                # ARPACK (PyG's solver from SPARSE_THRESHOLD nodes on) starts from a random vector of numpy's global
+                # generator unless given one: a fixed start, so that the same graph gets the same eigenvectors
+                import numpy as np
+
+                start = {"v0": np.random.default_rng(0).uniform(0.5, 1.5, N)}
+                inner = AddLaplacianEigenvectorPE(self.k, attr_name="pe", is_undirected=True,
+                                                  **{**start, **self.kwargs})
+                inner.SPARSE_THRESHOLD = self.SPARSE_THRESHOLD
+                return add_node_attr(data, _canonical_signs(inner(graph).pe), attr_name=self.attr_name)
+            pe = torch.zeros(N, 0)
+            if N > 1:  # all N - 1 non-trivial eigenvectors: the dense solver (ARPACK's finds fewer than N)
+                inner = AddLaplacianEigenvectorPE(N - 1, attr_name="pe", is_undirected=True)
+                inner.SPARSE_THRESHOLD = N + 1
+                pe = _canonical_signs(inner(graph).pe)
         return add_node_attr(data, torch.nn.functional.pad(pe, (0, self.k - pe.shape[1])), attr_name=self.attr_name)
+
+
+def _canonical_signs(pe: Tensor) -> Tensor:
+    """Each eigenvector (column) signed so that its first entry of largest magnitude is positive: the PE of a graph
+    is a function of the graph. PyG's transform flips every column at random, so the same graph got another PE at
+    every call (an on-the-fly dataset transform changed the eval logits from one epoch to the next, and
+    ``pe_sign_flip=False`` could not turn the random signs off); random signs are the model's, in training."""
+    if pe.numel() == 0:
+        return pe
+    pivot = pe.gather(0, pe.abs().argmax(0, keepdim=True))  # (1, k); argmax takes the first of equal magnitudes
+    return pe * torch.where(pivot < 0, -1.0, 1.0).to(pe.dtype)
 
 
 class _RandomWalkPE(AddRandomWalkPE):
@@ -230,9 +251,10 @@ def _check_global_ids(batch: Tensor, num_graphs: int | None) -> None:
     _check_sorted_batch(batch)
 
 
-def _check_edge_attr(edge_attr: Tensor, edge_index: Any, edge_dim: int) -> None:
-    """``edge_attr`` a tensor of shape ``(E, edge_dim)``, ``E`` read from ``edge_index``, whose form is checked first
-    (else a list ``edge_index`` was an ``AttributeError`` and an ``(E, 2)`` one an error about ``edge_attr``)."""
+def _check_edge_attr(edge_attr: Tensor, edge_index: Any, edge_dim: int) -> Tensor:
+    """``edge_attr`` a real tensor of shape ``(E, edge_dim)``, ``E`` read from ``edge_index``, whose form is checked
+    first (else a list ``edge_index`` was an ``AttributeError`` and an ``(E, 2)`` one an error about ``edge_attr``);
+    returns ``edge_index`` as int64 (an unsigned one failed in PyG's self-loop surgery: "Promotion for uint16 ...")."""
     e = _check_index_tensor("edge_index", edge_index, "(2, E)")
     if e.dim() != 2 or e.shape[0] != 2:
         raise _edge_index_shape_error(tuple(e.shape))
@@ -241,6 +263,8 @@ def _check_edge_attr(edge_attr: Tensor, edge_index: Any, edge_dim: int) -> None:
     if edge_attr.shape != (e.shape[1], edge_dim):
         raise ValueError(f"edge_attr: expected shape (E, edge_dim) = ({e.shape[1]}, {edge_dim}), "
                          f"got {tuple(edge_attr.shape)}")
+    _check_real_features(edge_attr=edge_attr)  # a cast to the block's dtype dropped the imaginary part
+    return e
 
 
 def _node_positions(batch: Tensor, num_graphs: int) -> tuple[Tensor, Tensor]:
@@ -307,6 +331,10 @@ class GraphBlock(nn.Module):
         super().__init__()
         _check_flag(global_attention, "GraphBlock: global_attention")
         _check_mlp_ratio("GraphBlock", dim, mlp_ratio)
+        if edge_dim is not None:  # as the config checks it: True built a 1-wide W_e, 0 one that reads nothing
+            if isinstance(edge_dim, numbers.Integral) and not isinstance(edge_dim, bool):
+                edge_dim = int(edge_dim)  # a numpy int from a sweep
+            check_positive_int("GraphBlock", edge_dim=edge_dim)
         self.norm1 = make_norm(norm_layer, dim)
         self.attn = DiffusionAttention(dim, num_heads, heads, dropout=attn_dropout)
         # W_e of the edge features in the scores (TransformerConv's lin_edge); see nn/edge_features.py
@@ -344,6 +372,7 @@ class GraphBlock(nn.Module):
                 raise ValueError("GraphBlock: edge_attr needs a sparse graph (its edge_index orders the edge features), "
                                  f"got a {graph.layout} AttentionGraph")
             _check_edge_attr(edge_attr, graph.edge_index, self.edge_proj.in_features)
+            _check_graph_devices(x, edge_attr=edge_attr)  # else an error about edge_keys, never passed
             update = edge_feature_attention(self.attn, h, graph.edge_index, self.edge_proj(edge_attr.to(h.dtype)))
         else:
             update = self.attn(h, graph, state=state)
@@ -516,7 +545,7 @@ class DiffusionGraphTransformer(nn.Module):
             raise ValueError(f"edge_attr: expected {'(E, edge_dim) edge features' if c.edge_dim else 'None'} "
                              f"(edge_dim={c.edge_dim}), got {None if edge_attr is None else tuple(edge_attr.shape)}")
         if edge_attr is not None:
-            _check_edge_attr(edge_attr, edge_index, c.edge_dim)
+            edge_index = _check_edge_attr(edge_attr, edge_index, c.edge_dim)
         if (c.pe is None) != (pe is None) or (pe is not None and pe.shape != (N, c.pe_dim)):
             raise ValueError(f"pe: expected {f'shape (N, pe_dim) = ({N}, {c.pe_dim})' if c.pe else 'None'} "
                              f"(pe={c.pe!r}), got {None if pe is None else tuple(pe.shape)}")
