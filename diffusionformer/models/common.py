@@ -100,7 +100,10 @@ def _check_batch(batch: Any, num_nodes: int) -> None:
     if batch is not None and (not isinstance(batch, Tensor) or batch.dim() != 1 or batch.shape[0] != num_nodes):
         raise ValueError(f"batch must have shape (N,) = ({num_nodes},), got {tuple(getattr(batch, 'shape', ()))}")
     if batch is not None and batch.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"batch must hold integer graph ids, got dtype {batch.dtype}")
+        # (an int16 or uint8 batch read "must hold integer graph ids, got dtype torch.int16": it does)
+        how = " (as int64: batch.long())" if not batch.is_floating_point() and not batch.is_complex() else ""
+        raise TypeError(f"batch must hold integer graph ids of dtype torch.int64 or torch.int32, got dtype "
+                        f"{batch.dtype}{how}")
 
 
 def _conv_edges(edge_index: Any, num_nodes: int, dtype: torch.dtype) -> Any:

@@ -98,3 +98,17 @@ def test_bug_laplacian_pe_is_a_function_of_the_graph(N: int) -> None:
     lam = (pe * (L @ pe)).sum(0)
     torch.testing.assert_close(L @ pe, pe * lam, rtol=0, atol=1e-5)
     torch.testing.assert_close(lam, torch.linalg.eigvalsh(L)[1:1 + pe.shape[1]], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.uint8, torch.bool])
+def test_bug_graph_models_name_the_batch_dtypes_they_take(dtype):
+    """Bug: a graph model refused an int16 or uint8 ``batch`` with "batch must hold integer graph ids, got dtype
+    torch.int16", which it does; the message now names the dtypes taken and the conversion."""
+    from diffusionformer.models.common import _check_batch
+
+    with pytest.raises(TypeError, match=r"of dtype torch.int64 or torch.int32, got dtype " + str(dtype)
+                       + r" \(as int64: batch.long\(\)\)"):
+        _check_batch(torch.zeros(3, dtype=dtype), 3)
+    with pytest.raises(TypeError, match=r"got dtype torch.float32$"):
+        _check_batch(torch.zeros(3), 3)
+    _check_batch(torch.zeros(3, dtype=torch.int32), 3)

@@ -527,7 +527,7 @@ def test_graph_forward_checks_its_arguments(tiny_graph_transformer):
     with pytest.raises(ValueError, match=r"pe: expected shape \(N, pe_dim\) = \(4, 2\) .* got \(4, 3\)"):
         pe(x, ei, pe=torch.randn(4, 3, dtype=torch.float64))
     model = tiny_graph_transformer(task="graph").eval()
-    with pytest.raises(TypeError, match="batch must hold integer graph ids, got dtype torch.float32"):
+    with pytest.raises(TypeError, match="batch must hold integer graph ids of dtype torch.int64 or torch.int32, got dtype torch.float32"):
         model(x, ei, torch.zeros(4))
     with pytest.raises(ValueError, match=r"batch: expected graph ids in \[0, num_graphs=2\), got ids in \[0, 2\]"):
         model(x, torch.tensor([[0], [1]]), torch.tensor([0, 0, 1, 2]), num_graphs=2)
