@@ -53,6 +53,7 @@ from torch import Tensor
 
 from diffusionformer.ops import rivals as _rivals
 from diffusionformer.ops._checks import _matrix_output
+from diffusionformer.ops.engine import work_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffusionformer.nn.attention import DiffusionAttention
@@ -210,22 +211,25 @@ def attend_cached(
     if state is not None:  # the first layer leaves the values of all T tokens, repeated over query groups
         entered = state.enter(_repeat(values, H) if state.first_values is None else values)
     scale = C**-0.5
+    # as the layer computes: scores, softmax, powers and their sum in the working dtype (float32 for half inputs,
+    # ops.engine.work_dtype), the output cast at the end; the cache keeps the input dtype
+    work = work_dtype(v.dtype)
     rows = torch.arange(start, T, device=x.device)[:, None]
     visible = torch.arange(T, device=x.device)[None, :] <= rows  # (n, T): causal
-    scores = (q @ _repeat(keys, H).transpose(-1, -2)) * scale  # (B, H, n, T)
+    scores = (q.to(work) @ _repeat(keys, H).to(work).transpose(-1, -2)).to(work) * scale  # (B, H, n, T)
     P = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
 
-    coeffs = layer._coefficients().to(v.dtype)  # (H, K+1); zero rows for non-polynomial heads
+    coeffs = layer._coefficients().to(work)  # (H, K+1); zero rows for non-polynomial heads
     K = coeffs.shape[1] - 1
     _check_cache_fits(layer, cache, K)
-    out = coeffs[None, :, 0, None, None] * _repeat(v, H)  # (B, H, n, C)
+    out = coeffs[None, :, 0, None, None] * _repeat(v, H).to(work)  # (B, H, n, C)
     powers = [values]
-    prev = _repeat(values, H)  # (B, H, T, C)
+    prev = _repeat(values, H).to(work)  # (B, H, T, C)
     for step in range(1, K + 1):
         new_rows = P @ prev  # (B, H, n, C): rows start..T-1 of P^step v
         old = cache.powers[step] if len(cache.powers) > step else None
-        prev = _cat(old, new_rows)
-        powers.append(prev)
+        powers.append(_cat(old, new_rows.to(v.dtype)))
+        prev = _cat(None if old is None else old.to(work), new_rows)
         out = out + coeffs[None, :, step, None, None] * new_rows
 
     polynomial = layer._polynomial
@@ -237,8 +241,10 @@ def attend_cached(
         for op, (s, c), poly in zip(layer.operators, layer._groups, polynomial):
             if poly or op.uses_context:
                 continue
-            S = (queries[:, s : s + c] @ ks[:, s : s + c].transpose(-1, -2)) * scale
-            Pg = torch.softmax(S.masked_fill(~causal, float("-inf")), dim=-1)  # (B, c, T, T)
+            S = (queries[:, s : s + c].to(work) @ ks[:, s : s + c].to(work).transpose(-1, -2)).to(work) * scale
+            Pg = torch.softmax(S.masked_fill(~causal, float("-inf")), dim=-1)  # (B, c, T, T), working dtype
+            if not op._takes_float32_P:  # else in the input dtype, as the layer hands it (attention_matrix's)
+                Pg = Pg.to(v.dtype)
             y = _matrix_output(op, op.apply_causal_matrix, Pg, vals[:, s : s + c])
             out[:, s : s + c] = out[:, s : s + c] + y[:, :, start:]
         if layer._has_context:
@@ -256,4 +262,4 @@ def attend_cached(
     if T:  # an empty call on an empty cache leaves it empty: it must not fix the cache's batch size or dtype
         cache.keys, cache.powers, cache.queries = keys, powers, queries
         cache.inputs, cache.positions = inputs, all_positions
-    return layer.out_proj(out.transpose(1, 2).reshape(B, n, D))
+    return layer.out_proj(out.to(v.dtype).transpose(1, 2).reshape(B, n, D))

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from diffusionformer.config import _check_flag
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.dense import MatrixBackend
-from diffusionformer.ops.engine import all_heads, polynomial
+from diffusionformer.ops.engine import all_heads, polynomial, work_dtype
 
 __all__ = ["DiffusionOperator"]
 
@@ -208,9 +208,12 @@ class DiffusionOperator(nn.Module):
         Shapes:
             ``P``: ``(B, G, N, N)``, ``v``: ``(B, G, N, C)`` -> ``(B, G, N, C)``.
         """
-        c = self.head_coefficients(P.shape[1]).to(v.dtype)
+        # as the layer's matrix path: P, the coefficients and the sum in the working dtype (float32 for half v), the
+        # result cast to v's dtype once (half coefficients and powers rounded at every step lost several ulps)
+        work = work_dtype(v.dtype)
+        c = self.head_coefficients(P.shape[1]).to(work)
         G, K = c.shape[0], c.shape[1] - 1
-        return polynomial(MatrixBackend(P.to(v.dtype), all_heads(G)), v, c, (K,) * G)
+        return polynomial(MatrixBackend(P.to(work), all_heads(G)), v, c, (K,) * G).to(v.dtype)
 
     def apply_causal_matrix(self, P: Tensor, v: Tensor) -> Tensor:
         r""":meth:`apply_matrix` for a call that guarantees a lower-triangular ``P`` (a causal mask).
