@@ -300,6 +300,10 @@ class GraphBlock(nn.Module):
 
     ``edge_attr`` (for a block built with ``edge_dim``) enters the edge scores through
     :func:`~diffusionformer.nn.edge_features.edge_feature_attention` (polynomial operators only).
+    Row ``e`` of ``edge_attr`` belongs to column ``e`` of the graph's ``edge_index``: a graph built
+    with ``self_loops=True`` or ``False`` has its edges reordered (self loops removed, then appended),
+    so build it with ``self_loops=None`` from edges already in the order of the features, or let
+    :class:`DiffusionGraphTransformer` add the self loops with their features.
     ``state`` and ``global_state`` are the :class:`~diffusionformer.ops.rivals.LayerState` of the
     edge-attention stack and of the global-attention stack of the model (the first layer's
     values and the depth, for the rival operators that read them).
@@ -506,7 +510,9 @@ class DiffusionGraphTransformer(nn.Module):
             batch: graph index per node ``(N,)``; sorted (as in a PyG ``Batch``) with global
                 attention: a ``ValueError`` in eager mode on CPU, unchecked on an accelerator
                 or under :func:`torch.compile`.
-            edge_attr: edge features ``(E, edge_dim)`` (required when ``edge_dim`` is set).
+            edge_attr: edge features ``(E, edge_dim)`` (required when ``edge_dim`` is set). With
+                ``self_loops``, the self loops given are replaced by one per node with zero
+                features (as :class:`~torch_geometric.nn.conv.GATConv` fills them).
             pe: positional encoding ``(N, pe_dim)`` (required when ``pe`` is set), e.g. from
                 :func:`positional_encoding_transform`; added to the node embedding through a
                 linear map. Laplacian eigenvectors get a random sign per column in training.
