@@ -6,6 +6,12 @@ Read from the official zips ``<root>/tudataset/<NAME>.zip`` (entries ``<NAME>/<N
 unzipped with its inner folder flattened into ``$DIFFUSIONFORMER_CACHE/tudataset/<NAME>/raw/``
 and read by ``torch_geometric.datasets.TUDataset``, which writes ``processed/`` there.
 
+Edge labels become PyG's one-hot ``edge_attr`` (MUTAG, PTC_MR; continuous edge attributes are not
+read). PyG merges duplicate lines of ``_A.txt`` and sums their labels' one-hot rows, so an archive
+with edge labels that lists an edge twice is refused (``CorruptDataError`` naming both lines);
+duplicate edges without labels (IMDB-BINARY and IMDB-MULTI list every edge twice) are merged
+into one edge, and self-loops are dropped, as PyG does.
+
 Node features (option ``node_features``):
 
 * ``"auto"`` (default): PyG's features (one-hot node labels; with ``use_node_attr`` also the
@@ -69,7 +75,8 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
         FileNotFoundError: ``zip_path`` does not exist.
         CorruptDataError: not a zip (a folder included), no ``<name>_A.txt``/``<name>_graph_indicator.txt``/
             ``<name>_graph_labels.txt`` inside, an empty ``<name>_A.txt``, two entries of one name (in
-            different folders), or tables that do not fit together (see :func:`_check_tu_tables`).
+            different folders), or tables that do not fit together (see :func:`_check_tu_tables`; an edge
+            listed twice when the edges carry labels included).
     """
     marker = raw_dir / _MARKER
     if marker.is_file() and marker.read_text().strip() == digest:
@@ -197,7 +204,8 @@ def _check_tu_tables(folder: Path, name: str, zip_path: Path) -> None:
     of 10**9 allocated a count per id, and a node label of 10**9 a one-hot matrix of that width.
 
     Raises:
-        CorruptDataError: naming the archive, the table and the line.
+        CorruptDataError: naming the archive, the table and the line; also an edge listed twice in ``_A.txt``
+            when the edges carry labels (PyG would sum them).
     """
     def table(part: str) -> Path:
         return folder / f"{name}_{part}.txt"
@@ -248,6 +256,26 @@ def _check_tu_tables(folder: Path, name: str, zip_path: Path) -> None:
                 raise CorruptDataError(f"{str(zip_path)!r}: {name}_{part}_attributes.txt has {count} lines, "
                                        f"expected one per {part} ({rows})")
             _tu_floats(table(f"{part}_attributes"), zip_path)
+    if table("edge_labels").is_file():
+        _check_duplicate_labelled_edges(edges, name, zip_path)
+
+
+def _check_duplicate_labelled_edges(edges: list[list[int]], name: str, zip_path: Path) -> None:
+    """No edge listed twice in ``<name>_A.txt`` of a dataset with edge labels: PyG's reader merges duplicate
+    edges and sums their labels' one-hot rows, so a label became a 2 (or two-hot) in ``edge_attr`` without a word.
+    Self-loops are dropped by PyG with their labels, and duplicate edges without labels (IMDB-BINARY and IMDB-MULTI
+    list every edge twice; continuous edge attributes are not read, ``use_edge_attr=False``) are merged
+    harmlessly: both are left to PyG."""
+    first: dict[tuple[int, int], int] = {}
+    for i, (a, b) in enumerate(edges, 1):
+        if a == b:
+            continue
+        j = first.setdefault((a, b), i)
+        if j != i:
+            raise CorruptDataError(
+                f"{str(zip_path)!r}: lines {j} and {i} of {name}_A.txt both give the edge ({a}, {b}), and the edges "
+                f"are labelled ({name}_edge_labels.txt): PyG's TU reader merges duplicate edges and sums their "
+                f"one-hot labels (a label becomes 2 or two-hot); list every edge once per direction")
 
 
 def load_tu(

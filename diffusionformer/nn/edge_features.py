@@ -20,9 +20,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from diffusionformer.config import _check_flag
+from diffusionformer.graph.core import _check_index_tensor
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.ops import propagate_sparse, segment_softmax
 from diffusionformer.ops._checks import check_tensor
+from diffusionformer.ops.engine import work_dtype
 from diffusionformer.ops.sparse import check_edge_index
 
 __all__ = ["edge_feature_attention"]
@@ -49,9 +51,15 @@ def edge_feature_attention(
         layer: a non-causal :class:`~diffusionformer.nn.DiffusionAttention` whose operators are
             polynomials in ``P`` that run on sparse graphs.
         x: node features ``(N, D)``.
-        edge_index: ``(2, E)`` edges ``(source j, target i)``.
-        edge_keys: ``W_e e_ij`` per edge, ``(E, D)`` (split into heads like the keys).
+        edge_index: ``(2, E)`` edges ``(source j, target i)``, of any integer dtype (as the layer's
+            ``edge_index=`` takes it).
+        edge_keys: ``W_e e_ij`` per edge, ``(E, D)`` (split into heads like the keys), floating point;
+            cast to the dtype the scores are computed in, as a float ``attn_mask`` is.
         return_weights: also return ``P`` per edge and head ``(E, H)``.
+
+    As the layer's own sparse path, the scores, ``P`` and the sum over powers are computed in the
+    working dtype (float32 for half-precision ``x``; see :func:`~diffusionformer.ops.engine.work_dtype`);
+    the output and ``P`` are returned in the dtype of the layer's values.
 
     Shapes:
         ``(N, D)`` -> ``(N, D)`` (and ``(E, H)``).
@@ -67,7 +75,8 @@ def edge_feature_attention(
     if D != layer.dim:
         raise ValueError(f"x must have last dimension dim={layer.dim}, got shape {tuple(x.shape)}")
     H, C = layer.num_heads, layer.head_dim
-    edge_index = check_edge_index(edge_index, N)
+    # uint8/16/32/64 and int8/16 are integers too: the layer's own edge_index= (an AttentionGraph) takes them
+    edge_index = check_edge_index(_check_index_tensor("edge_index", edge_index, "(2, E)"), N)
     E = edge_index.shape[1]
     if not isinstance(edge_keys, Tensor):
         raise TypeError(f"edge_keys must be a torch.Tensor of shape (E, D), got {type(edge_keys).__name__}")
@@ -79,17 +88,22 @@ def edge_feature_attention(
         if t.device != x.device:
             raise ValueError(f"{name} must be on the device of x ({x.device}), got {t.device}")
     q, k, v = layer._project(x)  # (N, H, C)
+    # as the layer's sparse path (ops.sparse._diffuse_sparse): scores, P and the powers in the working dtype (float32
+    # for half inputs), the result in the values' dtype; float64 edge keys made float64 weights on a float32 layer,
+    # and in half precision the coefficients and every power were rounded
+    dtype = v.dtype
+    work = work_dtype(dtype)
     src, dst = edge_index[0], edge_index[1]
-    keys = k.index_select(0, src) + edge_keys.reshape(E, H, C)  # (E, H, C)
-    scores = (q.index_select(0, dst) * keys).sum(-1) * C**-0.5  # (E, H)
+    keys = k.index_select(0, src).to(work) + edge_keys.to(work).reshape(E, H, C)  # (E, H, C)
+    scores = (q.index_select(0, dst).to(work) * keys).sum(-1) * layer._scale  # (E, H)
     P = segment_softmax(scores, dst, N)
     dropout_p = layer._call_dropout()  # the settable attribute checked as the layer's own calls do
-    coeffs = layer._coefficients().to(v.dtype)  # (H, K+1)
-    out = coeffs[None, :, 0, None] * v
-    cur = v
+    coeffs = layer._coefficients().to(work)  # (H, K+1)
+    cur = v.to(work)
+    out = coeffs[None, :, 0, None] * cur
     for step in range(1, coeffs.shape[1]):
         W = F.dropout(P, p=dropout_p) if dropout_p > 0 else P
         cur = propagate_sparse(W, cur, edge_index, num_nodes=N)
         out = out + coeffs[None, :, step, None] * cur
-    y = layer.out_proj(out.reshape(N, D))
-    return (y, P) if return_weights else y
+    y = layer.out_proj(out.to(dtype).reshape(N, D))
+    return (y, P.to(dtype)) if return_weights else y
