@@ -72,7 +72,11 @@ def _check_index_tensor(name: str, t: object, layout: str) -> Tensor:
     _check_strided(name, t, _SPARSE_ADJACENCY_FIX if name == "edge_index" else f"pass {name}.to_dense()")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:  # uint16/32/64 are integers too
         raise TypeError(f"{name} must be an integer tensor of shape {layout}, got dtype {t.dtype}")
-    return t.long()
+    out = t.long()
+    if t.dtype == torch.uint64 and bool((out < 0).any()):  # ids of 2**63 and above wrapped to negative ones
+        raise ValueError(f"{name} holds uint64 ids of 2**63 or more (past int64), up to "
+                         f"{int(out[out < 0].max()) + 2**64}; node ids must lie in [0, num_nodes)")
+    return out
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -112,3 +112,15 @@ def test_bug_graph_models_name_the_batch_dtypes_they_take(dtype):
     with pytest.raises(TypeError, match=r"got dtype torch.float32$"):
         _check_batch(torch.zeros(3), 3)
     _check_batch(torch.zeros(3, dtype=torch.int32), 3)
+
+
+def test_bug_uint64_edge_ids_past_int64_are_named_as_given():
+    """Bug: a uint64 ``edge_index`` holding an id of 2**63 or more wrapped to a negative int64 in the conversion,
+    and the bounds error read "got range [-9223372036854775807, 1]", an id the caller never gave."""
+    from diffusionformer.graph import AttentionGraph
+
+    edges = torch.tensor([[2**63 + 1, 0], [0, 1]], dtype=torch.uint64)
+    with pytest.raises(ValueError, match=r"uint64 ids of 2\*\*63 or more \(past int64\), up to 9223372036854775809"):
+        AttentionGraph.sparse(edges, 2)
+    g = AttentionGraph.sparse(torch.tensor([[1, 0], [0, 1]], dtype=torch.uint64), 2)  # in range: taken as int64
+    assert g.edge_index.dtype == torch.int64 and g.edge_index.tolist() == [[1, 0], [0, 1]]
