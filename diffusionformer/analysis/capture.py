@@ -363,6 +363,7 @@ class LayerRecorder:
         self.batch: Tensor | None = None
         self._key_padding: Tensor | None = None
         self._handles: list[Any] = []
+        self._depth = 0  # nested ``with`` blocks of this recorder: the hooks stay until the outermost one ends
 
     def clear(self) -> None:
         """Forget the recorded pass."""
@@ -420,6 +421,9 @@ class LayerRecorder:
         return hook
 
     def __enter__(self) -> "LayerRecorder":
+        if self._depth:  # entered again inside its own block: the inner exit removed the outer block's hooks
+            self._depth += 1
+            return self
         self.clear()
         try:
             for i, block in enumerate(self.blocks):
@@ -430,14 +434,19 @@ class LayerRecorder:
         except BaseException:
             self.remove()
             raise
+        self._depth = 1
         return self
 
     def remove(self) -> None:
         """Remove every hook this recorder registered (idempotent)."""
+        self._depth = 0
         while self._handles:
             self._handles.pop().remove()
 
     def __exit__(self, *exc: Any) -> None:
+        if self._depth > 1:
+            self._depth -= 1
+            return
         self.remove()
 
 

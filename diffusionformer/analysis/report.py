@@ -228,6 +228,8 @@ def register_metric(
     _check_flag(logy, "logy")
 
     def register(fn: Callable[["LayerView"], float | None]) -> Callable[["LayerView"], float | None]:
+        if key in _METRICS:  # again when applied: two decorators made before either was applied, or one applied twice
+            raise ValueError(f"metric {key!r} is already registered")
         _METRICS[key] = Metric(key, fn, group, label or key, logy, panel, column)
         return fn
 

@@ -136,22 +136,22 @@ def _check_model_record(saved: Any, model: nn.Module, ckpt: Path, ident_path: Pa
 
 
 def _build_in_saved_dtype(model_cls: Any, config: Any, state: Any) -> nn.Module:
-    """``model_cls(config)`` built under the default dtype of the checkpoint's parameters (float32 or float64, when
-    they all have one): built under the caller's ``torch.set_default_dtype(torch.float64)``, a float32 run came
+    """``model_cls(config)`` in the dtype of the checkpoint's parameters (float32 or float64, when they all have
+    one), as if built under that default dtype: built under the caller's ``torch.set_default_dtype(torch.float64)``, a float32 run came
     back as a float64 model (its weights widened, its fixed operator coefficients recomputed in float64), whose
-    outputs were not the trained model's; a float64 run loaded at the float32 default lost its precision."""
+    outputs were not the trained model's; a float64 run loaded at the float32 default lost its precision.
+
+    Built once and cast (a cast rebuilds the operators' fixed coefficients from their exact values, as building
+    under that default does), never under ``torch.set_default_dtype``: the default dtype is one for the whole
+    process, so another thread's tensors and models were made in the checkpoint's dtype meanwhile, and two loads
+    at once could leave the process at the other's default for good."""
     model = model_cls(config)
     if not isinstance(state, Mapping):  # not a state dict: load_state_dict below says so
         return model
     saved = {state[n].dtype for n, _ in model.named_parameters() if isinstance(state.get(n), torch.Tensor)}
     if len(saved) != 1 or not saved <= {torch.float32, torch.float64} or saved == {p.dtype for p in model.parameters()}:
         return model
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(saved.pop())
-    try:
-        return model_cls(config)
-    finally:
-        torch.set_default_dtype(before)
+    return model.to(saved.pop())
 
 
 def _runs_below(folder: Path, limit: int = 3) -> str:

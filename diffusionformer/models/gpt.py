@@ -18,7 +18,7 @@ from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
 from diffusionformer.nn.rotary import RotaryEmbedding
-from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
+from diffusionformer.models.common import (ModelIntermediates, _evaluating, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
                                            check_positive_int, check_probability, init_transformer_weights)
 from diffusionformer.models.sampling import top_k_filter, top_p_filter
 
@@ -351,13 +351,12 @@ class DiffusionGPT(nn.Module):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {generator!r}")
         if max_new_tokens == 0:  # a new tensor, as for any other count: writing into it leaves the prompt
             return idx.clone()
-        # every module's own mode, restored as it was: a submodule kept in eval mode (frozen) stays so
-        modes = [(module, module.training) for module in self.modules()]
-        self.eval()
+        # every module's own mode, restored as it was (a submodule kept in eval mode, frozen, stays so) when the last
+        # of the calls running at once with this model ends
         block_size = self._block_size()
         cache: list[LayerKVCache] | None = None
         T0 = idx.shape[1]
-        try:
+        with _evaluating(self):
             for _ in range(max_new_tokens):
                 if not use_cache:
                     logits = self(idx[:, -block_size:])[0][:, -1, :]  # (B, V)
@@ -405,10 +404,6 @@ class DiffusionGPT(nn.Module):
                     probs = torch.softmax(logits, dim=-1)
                     nxt = torch.multinomial(probs, 1, generator=generator)
                 idx = torch.cat([idx, nxt.to(idx.dtype)], dim=1)
-        finally:
-            self.train(modes[0][1])
-            for module, mode in modes[1:]:
-                module.training = mode
         return idx
 
 

@@ -14,7 +14,7 @@ from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, d
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
-from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
+from diffusionformer.models.common import (ModelIntermediates, _evaluating, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
                                            check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionViT", "ViTConfig", "attention_rollout"]
@@ -180,7 +180,8 @@ class DiffusionViT(nn.Module):
             return torch.cat([torch.zeros(self.num_prefix, 2, dtype=pos.dtype, device=device), pos])
         return torch.arange(1 - self.num_prefix, grid[0] + 1, device=device)
 
-    def forward_tokens(self, x: Tensor, *, return_intermediates: bool = False, **attn_kwargs: Any) -> Any:
+    def forward_tokens(self, x: Tensor, *, return_intermediates: bool = False, _before_block: Any = None,
+                       **attn_kwargs: Any) -> Any:
         """All output tokens after the final norm (class token first when ``pool="cls"``)."""
         _check_flag(return_intermediates, "return_intermediates")
         z = self._embed(x)
@@ -189,6 +190,8 @@ class DiffusionViT(nn.Module):
         inter = ModelIntermediates(embeddings=z) if return_intermediates else None
         attn_kwargs = {"state": LayerState(), **attn_kwargs}  # first layer's values and depth, for the rivals
         for block in self.blocks:
+            if _before_block is not None:  # attention_maps: each block's input, without hooks on the model
+                _before_block(block, z, attn_kwargs)
             z = block(z, **attn_kwargs)
             if inter is not None:
                 inter.hidden_states.append(z)
@@ -227,28 +230,30 @@ class DiffusionViT(nn.Module):
         the matrices the heads actually apply, :math:`f_{l,h}(P_{l,h})` (``I - P`` for a
         Laplacian head, the heat kernel for a heat head), from each operator's
         :meth:`~diffusionformer.operators.DiffusionOperator.apply_matrix`. They are recomputed
-        from each block's input by :class:`~diffusionformer.analysis.LayerRecorder`, in eval mode.
+        from each block's input as :class:`~diffusionformer.analysis.LayerRecorder` does, in eval mode
+        (without hooks on the model: other threads' calls of it are neither recorded nor slowed).
 
         Args:
             x: images or signals, as :meth:`forward`.
             kind: ``"P"`` or ``"operator"``.
             **attn_kwargs: passed on to :meth:`forward_tokens` (and so to every block's attention).
         """
-        from diffusionformer.analysis.capture import LayerRecorder
+        from diffusionformer.analysis.capture import LayerRecorder, _split_block_call
 
         if kind not in ("P", "operator"):
             raise ValueError(f"attention_maps: expected kind 'P' or 'operator', got {kind!r}")
+        maps: list[Tensor] = []
+
+        def record(block: nn.Module, z: Tensor, kwargs: dict[str, Any]) -> None:
+            # what LayerRecorder(attentions=True) recomputes, but called by this pass alone: hooks on the model
+            # fired in every thread's forward (maps of another thread's input) and raced with its hook dictionaries
+            _, call_kwargs, _ = _split_block_call(block, (z,), kwargs)
+            maps.append(LayerRecorder._recompute(block, z, call_kwargs).attn_weights)
+
         # each module's own mode restored: ``self.train(was_training)`` put a submodule kept in eval (a frozen
-        # block) of a training model back in training mode
-        modes = [(module, module.training) for module in self.modules()]
-        self.eval()
-        try:
-            with LayerRecorder(self, attentions=True) as rec:
-                self.forward_tokens(x, **attn_kwargs)
-        finally:
-            for module, mode in modes:
-                module.training = mode
-        maps = [rec.attentions[i].attn_weights for i in range(len(self.blocks))]
+        # block) of a training model back in training mode; by the last of the calls running at once (threads)
+        with _evaluating(self):
+            self.forward_tokens(x, _before_block=record, **attn_kwargs)
         if kind == "P":
             return maps
         out = []

@@ -31,6 +31,8 @@ __all__ = [
 
 _REGISTRY: dict[str, type[DiffusionOperator]] = {}
 _ALIASES: dict[str, str] = {}
+#: a registered class -> its own ``name`` and ``aliases`` before registering wrote them, put back when unregistered
+_DECLARED: dict[type, dict[str, Any]] = {}
 
 T = TypeVar("T", bound=type[DiffusionOperator])
 
@@ -102,6 +104,7 @@ def register_operator(
             if k in _REGISTRY or k in _ALIASES:
                 owner = _REGISTRY.get(k) or _REGISTRY[_ALIASES[k]]
                 raise ValueError(f"operator name {k!r} is already registered by {owner.__name__}")
+        _DECLARED[c] = {k: c.__dict__[k] for k in ("name", "aliases") if k in c.__dict__}
         c.name = key
         c.aliases = alias_keys
         _REGISTRY[key] = c
@@ -136,6 +139,15 @@ def unregister_operator(name: str) -> None:
     cls = _REGISTRY.pop(key)
     for a in cls.aliases:
         _ALIASES.pop(a, None)
+    # the class as it declared itself: registered again (under another name), it claimed the aliases of this
+    # registration, the old name among them when that was given as an alias
+    declared = _DECLARED.pop(cls, None)
+    if declared is not None:
+        for attr in ("name", "aliases"):
+            if attr in declared:
+                setattr(cls, attr, declared[attr])
+            else:
+                delattr(cls, attr)
 
 
 def list_operators() -> list[str]:

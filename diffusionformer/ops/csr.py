@@ -131,10 +131,28 @@ def _row_pointers(sorted_rows: Tensor, num_rows: int) -> Tensor:
     return torch.searchsorted(sorted_rows, bounds, out_int32=sorted_rows.dtype == torch.int32)
 
 
-def _csr(crow: Tensor, col: Tensor, values: Tensor, size: tuple[int, int]) -> Tensor:
+_CSR_BETA = "Sparse CSR tensor support is in beta"
+
+
+def _quiet_csr(crow: Tensor, col: Tensor, values: Tensor, size: tuple[int, int]) -> Tensor:
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        warnings.filterwarnings("ignore", message=_CSR_BETA)
         return torch.sparse_csr_tensor(crow, col, values, size, check_invariants=False)
+
+
+# torch gives its beta warning once per process (TORCH_WARN_ONCE, in the CSR tensor's constructor, for every
+# device): given here, at import, under the import lock. A catch_warnings() in every call swapped the process-wide
+# filter list, not thread-safe (a filter another thread set meanwhile was dropped on exit), and marked the filters
+# as changed, so every module's "already shown" registry was cleared: the user's once-per-location warnings came
+# back after each sparse call
+_quiet_csr(*(torch.zeros(n, dtype=dtype, device="cpu") for n, dtype in ((1, torch.long), (0, torch.long), (0, torch.float32))),
+           (0, 0))
+
+
+def _csr(crow: Tensor, col: Tensor, values: Tensor, size: tuple[int, int]) -> Tensor:
+    if torch.is_warn_always_enabled():  # torch.set_warn_always(True) repeats the beta warning at every call
+        return _quiet_csr(crow, col, values, size)
+    return torch.sparse_csr_tensor(crow, col, values, size, check_invariants=False)
 
 
 def sddmm_heads(crow: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:
