@@ -443,7 +443,9 @@ class DiffusionAttention(nn.Module):
             the output, or ``(output, intermediates)`` when ``return_intermediates``.
 
         A call that raises leaves ``state`` as it found it (the depth and the first layer's values), so the state
-        of a model call that failed in a layer can be used again.
+        of a model call that failed in a layer can be used again. A call that recomputes this layer's call
+        inside the backward pass (:func:`torch.utils.checkpoint`) sees the state as that call found it (see
+        :class:`~diffusionformer.ops.rivals.LayerState`).
         """
         if state is not None and not isinstance(state, _rivals.LayerState):
             raise TypeError(f"state must be a LayerState or None, got {type(state).__name__}")
@@ -452,13 +454,21 @@ class DiffusionAttention(nn.Module):
                                         return_intermediates, None, positions, cache)
         # the layer enters the state (depth + 1, and the first layer's values) before the checks and computations
         # that may raise: a failed call moved the state on, and the next layer read a depth one too far
+        eager = not torch.compiler.is_compiling()  # (compiled: a checkpoint is recomputed by the compiled graph)
+        replay = state._recomputing(self) if eager else None
+        if replay is not None:  # torch.utils.checkpoint recomputing this layer: as its first call, state unmoved
+            return self._forward_routed(x, graph, key_padding_mask, attn_mask, edge_index, is_causal,
+                                        return_intermediates, replay, positions, cache)
         depth, first_values = state.depth, state.first_values
         try:
-            return self._forward_routed(x, graph, key_padding_mask, attn_mask, edge_index, is_causal,
-                                        return_intermediates, state, positions, cache)
+            out = self._forward_routed(x, graph, key_padding_mask, attn_mask, edge_index, is_causal,
+                                       return_intermediates, state, positions, cache)
         except BaseException:
             state.depth, state.first_values = depth, first_values
             raise
+        if eager:
+            state._calls = (*state._calls, (self, depth, first_values, torch.is_grad_enabled()))
+        return out
 
     def _forward_routed(
         self, x: Tensor, graph: AttentionGraph | None, key_padding_mask: Tensor | None, attn_mask: Tensor | None,

@@ -24,7 +24,7 @@ of the current layer through a model's forward pass (models create one per call)
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -48,6 +48,12 @@ class LayerState:
     ``depth`` counts the layers called so far, so the ``l``-th layer (0-based) sees
     ``depth == l`` (differential attention's ``lambda_init`` schedule).
 
+    A layer called again with the state while autograd runs a backward pass is a recomputation
+    (:func:`torch.utils.checkpoint`, reentrant or not): it sees what its first call saw, and the
+    state does not move on (else it read a depth past the model's and the first layer's values
+    for its own, and its gradients were wrong while its outputs were right). A layer called more
+    than once in one pass (shared weights) cannot be told apart there: its recomputation raises.
+
     Examples:
         >>> s = LayerState()
         >>> s.enter(torch.ones(1, 2, 3, 4))
@@ -58,6 +64,9 @@ class LayerState:
 
     first_values: Tensor | None = None
     depth: int = 0
+    #: ``(layer, depth, first_values, grad mode)`` of every layer call so far (eager mode), for recomputations; a tuple rebound
+    #: on each call, so that a ``copy.copy`` of the state (analysis recomputes P with one) keeps its own record
+    _calls: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # a state built by hand was taken as given: a float depth was truncated (1.5 read as layer 1), a bool read
@@ -70,6 +79,32 @@ class LayerState:
         if v0 is not None and (not isinstance(v0, Tensor) or v0.dim() != 4 or not v0.is_floating_point()):
             got = f"shape {tuple(v0.shape)}, dtype {v0.dtype}" if isinstance(v0, Tensor) else type(v0).__name__
             raise ValueError(f"LayerState.first_values: expected None or floating-point values (B, H, N, C), got {got}")
+
+    def _recomputing(self, layer: nn.Module) -> "LayerState | None":
+        """The state as ``layer``'s first call found it, when this call recomputes that one inside a backward pass
+        (``torch.utils.checkpoint``); else ``None``."""
+        if not self._calls or torch._C._current_graph_task_id() == -1:  # not inside a backward pass
+            return None
+        seen = [(depth, v0, grad) for m, depth, v0, grad in self._calls if m is layer]
+        if not seen:
+            return None
+        if len(seen) > 1:
+            raise RuntimeError(
+                "LayerState: a layer called more than once in one forward pass (shared weights) is recomputed "
+                "inside the backward pass (torch.utils.checkpoint), and its calls cannot be told apart there; "
+                "checkpoint a part of the model that calls each layer once, or pass state=None to that layer"
+            )
+        depth, v0, grad = seen[0]
+        if v0 is not None and not grad and torch.is_grad_enabled() and any(
+                getattr(op, "needs_layer_state", False) for op in getattr(layer, "operators", ())):
+            # reentrant checkpointing ran the first call without autograd: the first layer's values it kept have no
+            # graph, and the gradient through them (NeuTRENO's v0, ResFormer's V_1) would be lost without a word
+            raise RuntimeError(
+                "LayerState: this layer reads the first layer's values, which reentrant checkpointing "
+                "(torch.utils.checkpoint(..., use_reentrant=True)) computed without autograd, so their gradient "
+                "would be lost; use use_reentrant=False"
+            )
+        return LayerState(first_values=v0, depth=depth)
 
     def enter(self, v: Tensor) -> tuple[int, Tensor | None]:
         """Register a layer with values ``v`` ``(B, H, N, C)``: its depth and the first layer's
