@@ -163,7 +163,8 @@ class TrainConfig:
             ``"off"``. ``"fp16"`` autocasts to float16 and scales the loss with
             :class:`torch.amp.GradScaler` (Micikevicius et al., "Mixed Precision Training", ICLR
             2018): an update whose gradients overflow is skipped and the scale halved, so a
-            non-finite gradient norm is not an error under fp16 (a non-finite loss still is);
+            non-finite gradient norm is not an error under fp16 (a non-finite loss still is, and so is a
+            scale halved to 0 by about 165 skips in a row, from which no later update can recover);
             a log window holding such a skipped update logs ``grad_norm`` as ``null`` (its mean
             is inf). The scaler's state is checkpointed. bf16 needs no scaler. Autocast leaves
             float64 alone: for a float64 model ``"auto"`` is off and ``"bf16"``/``"fp16"`` are refused.

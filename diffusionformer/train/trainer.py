@@ -66,6 +66,29 @@ def _log_value(value: torch.Tensor) -> torch.Tensor:
     return value.double() if wide else value.float()
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm of ``grads``: torch's ``get_total_norm``, except that half-precision gradients are normed in
+    float32 (torch norms each tensor, and the norms, in the gradients' dtype: a float16 norm past 65504 overflowed to
+    inf, a bfloat16 one was off by up to 2**-8 relative, and so was the clipping)."""
+    if not any(g.dtype in _HALF for g in grads):
+        return torch.nn.utils.get_total_norm(grads, foreach=True)
+    norms = [torch.linalg.vector_norm(g, dtype=torch.promote_types(g.dtype, torch.float32)) for g in grads]
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
+def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_(params, max_norm)`` with the total norm of :func:`_grad_norm`."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or not any(g.dtype in _HALF for g in grads):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    total = _grad_norm(grads)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
 def _model_amp(spec: str, device: torch.device, model: nn.Module) -> torch.dtype | None:
     """The autocast dtype of ``TrainConfig.amp`` for ``model`` on ``device``: :func:`resolve_amp`, except that autocast
     leaves float64 alone, so a model whose floating-point parameters are all float64 trains without it: ``"auto"``
@@ -140,6 +163,9 @@ class Trainer:
         model: the module to train; moved to the device. Build it after
             :func:`seed_everything` for a reproducible initialisation. A ``torch.compile``
             wrapper trains as given; checkpoints, resume and evaluation use the model inside it.
+            Its parameters are updated in their own dtype (there is no float32 master copy): trainable float16
+            parameters are refused (AdamW writes inf/NaN into them) and bfloat16 ones warn (small updates are
+            rounded away); train float32 weights under ``amp="fp16"``/``"bf16"`` instead.
         task: an object following :class:`Task`.
         config: the :class:`TrainConfig`.
         out_dir: run directory (created if needed).
@@ -434,8 +460,24 @@ class Trainer:
         self._generator = generator
         self._amp = _model_amp(cfg.amp, device, model)
         self._scaler: torch.amp.GradScaler | None = None
+        half = [n for n, p in model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
+        if half and self._amp != torch.float16:  # else inf/NaN weights after the first update, reported as a loss
+            raise ValueError(
+                f"Trainer: AdamW cannot update float16 parameters {half[:3]}{' ...' if len(half) > 3 else ''} (there "
+                "are no float32 master weights: its eps 1e-8 rounds to 0 in float16 and the second moment of a small "
+                "gradient underflows to 0, so the first update writes inf or NaN into them): build the model in "
+                "float32 and use amp='fp16' (float16 compute, float32 weights)"
+            )
+        bf16 = [n for n, p in model.named_parameters() if p.requires_grad and p.dtype == torch.bfloat16]
+        if bf16:
+            warnings.warn(
+                f"Trainer: bfloat16 parameters {bf16[:3]}{' ...' if len(bf16) > 3 else ''} are updated in bfloat16 "
+                "(no float32 master weights): an AdamW step or weight decay smaller than half a bfloat16 spacing of a "
+                "weight (about |w| 2**-9; lr < 0.004 for a norm gain of 1) is rounded away and the weight does not "
+                "move; build the model in float32 and use amp='bf16' (bfloat16 compute, float32 weights)",
+                UserWarning, stacklevel=3,
+            )
         if self._amp == torch.float16:
-            half = [n for n, p in model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
             if half:  # else GradScaler.unscale_'s bare "Attempting to unscale FP16 gradients." at the first update
                 raise ValueError(
                     f"Trainer: amp='fp16' scales the loss for float32 parameters (autocast runs them in float16), got "
@@ -577,17 +619,20 @@ class Trainer:
         if self._scaler is not None:
             self._scaler.unscale_(optimizer)  # clip the true gradients
         if cfg.grad_clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip)
+            grad_norm = _clip_grad_norm(self._params, cfg.grad_clip)
             metrics["grad_norm"] = grad_norm
             if self._scaler is None:  # under fp16 an overflow skips the step instead
                 bad = bad | ~torch.isfinite(grad_norm)
         elif self._scaler is None:  # no clipping: the norm only flags a non-finite gradient at its own update
             grads = [p.grad for p in self._params if p.grad is not None]
             if grads:
-                bad = bad | ~torch.isfinite(torch.nn.utils.get_total_norm(grads, foreach=True))
+                bad = bad | ~torch.isfinite(_grad_norm(grads))
         if self._scaler is not None:
             self._scaler.step(optimizer)
             self._scaler.update()
+            scale = getattr(self._scaler, "_scale", None)  # on the device: no host sync
+            if isinstance(scale, torch.Tensor):  # halved to 0 (~165 skips in a row): every later update is skipped
+                bad = bad | (scale.reshape(()) == 0)
         else:
             optimizer.step()
         return loss, metrics, bad
