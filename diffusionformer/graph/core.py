@@ -31,18 +31,11 @@ from diffusionformer.graph._structure import (
     structural_keep,
     structural_mask,
 )
-from diffusionformer.ops._checks import check_index_range, checks_values
+from diffusionformer.ops._checks import _check_strided, check_index_range, checks_values
 
 __all__ = ["LAYOUTS", "AttentionGraph", "Layout"]
 
 Layout = Literal["dense", "sparse"]
-
-
-def _check_strided(name: str, t: Tensor, fix: str) -> None:
-    """TypeError for a sparse (COO, CSR, ...) tensor, which the graph's masks and index arithmetic do not support
-    (else a NotImplementedError from deep inside a conversion or the kernel)."""
-    if t.layout != torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}: {fix}")
 
 
 #: how to turn a sparse adjacency matrix ``adj[source, target]`` (torch.sparse COO/CSR) into an edge_index

@@ -20,11 +20,19 @@ from diffusionformer.ops.engine import static_coefficients
 def check_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
+    _check_strided(name, x, f"pass {name}.to_dense()")
     if x.dim() != ndim:
         raise ValueError(f"{name} must have shape {layout} ({ndim} dims), got shape {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
     return x
+
+
+def _check_strided(name: str, t: Tensor, fix: str) -> None:
+    """TypeError for a sparse (COO, CSR, ...) tensor, which the kernels' gathers, scatters and bounds checks do not
+    take (else a NotImplementedError or a memory-format error from inside torch that names no argument)."""
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}: {fix}")
 
 
 def checks_values(t: Tensor) -> bool:
@@ -97,6 +105,7 @@ def check_coefficients(coeffs: object, num_heads: int, like: Tensor) -> Tensor:
             raise TypeError(
                 f"coeffs must be a tensor of shape (K+1,) or (H, K+1), got {type(coeffs).__name__}"
             )
+    _check_strided("coeffs", coeffs, "pass coeffs.to_dense()")
     if coeffs.dtype == torch.bool or coeffs.is_complex():
         raise TypeError(f"coeffs must be real numbers, got {coeffs.dtype}")
     if not coeffs.is_floating_point():  # integer tensors, like the integer lists above and the layers' coefficients

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from diffusionformer.config import _value_type
-from diffusionformer.ops._checks import _backend_hint, check_index_range
+from diffusionformer.ops._checks import _backend_hint, _check_strided, check_index_range
 
 try:  # optional accelerator, used for CUDA tensors when present
     import torch_scatter as _torch_scatter  # type: ignore[import-not-found]
@@ -53,6 +53,8 @@ def _check_index(src: Tensor, index: Tensor, dim_size: int) -> int:
         raise TypeError(f"src must be a tensor of shape (E, *) (at least 1-D), got {got}")
     if not isinstance(index, Tensor):
         raise TypeError(f"index must be an integer tensor of shape (E,), got {type(index).__name__}")
+    _check_strided("src", src, "pass src.to_dense()")
+    _check_strided("index", index, "pass index.to_dense()")
     if index.dim() != 1:
         raise ValueError(f"index must be 1-D of shape (E,), got shape {tuple(index.shape)}")
     if index.dtype not in (torch.int64, torch.int32):
