@@ -454,8 +454,11 @@ class DiffusionAttention(nn.Module):
                                         return_intermediates, None, positions, cache)
         # the layer enters the state (depth + 1, and the first layer's values) before the checks and computations
         # that may raise: a failed call moved the state on, and the next layer read a depth one too far
-        eager = not torch.compiler.is_compiling()  # (compiled: a checkpoint is recomputed by the compiled graph)
-        replay = state._recomputing(self) if eager else None
+        # layers whose operators read the state (depth, first values) record their calls in eager mode (a compiled
+        # graph recomputes a checkpoint itself), so that a recomputation sees what the first call saw; the others
+        # keep their host time (a recomputed plain layer moves the state on, which no recorded layer reads)
+        track = self._has_context and not torch.compiler.is_compiling()
+        replay = state._recomputing(self) if track else None
         if replay is not None:  # torch.utils.checkpoint recomputing this layer: as its first call, state unmoved
             return self._forward_routed(x, graph, key_padding_mask, attn_mask, edge_index, is_causal,
                                         return_intermediates, replay, positions, cache)
@@ -466,7 +469,7 @@ class DiffusionAttention(nn.Module):
         except BaseException:
             state.depth, state.first_values = depth, first_values
             raise
-        if eager:
+        if track:
             state._calls = (*state._calls, (self, depth, first_values, torch.is_grad_enabled()))
         return out
 
