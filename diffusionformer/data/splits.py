@@ -463,7 +463,10 @@ def normalize_channels(
             raise ValueError(f"normalize_channels: {name} cannot be normalised in place: {why}; pass a copy "
                              f"(.clone()); nothing was modified")
     _refuse_shared_memory((x_train, *others))
-    count = max(N * H * W, 1)
+    if N * H * W == 0:  # else mean 0 and std 1 were returned as its statistics, and others were left as they were
+        raise ValueError(f"normalize_channels: x_train holds no pixel (shape {tuple(x_train.shape)}), so it has no "
+                         "statistics to standardise with; nothing was modified")
+    count = N * H * W
     total = torch.zeros(C, dtype=torch.float64, device=x_train.device)
     for chunk in x_train.split(chunk_size):
         total += chunk.sum(dim=(0, 2, 3), dtype=torch.float64)

@@ -354,9 +354,12 @@ class GraphBlock(nn.Module):
                 edge_attr: Tensor | None = None, state: LayerState | None = None,
                 global_state: LayerState | None = None, *, max_num_nodes: int | None = None,
                 num_graphs: int | None = None) -> Tensor:
-        if isinstance(graph, Tensor):
+        # no node: an AttentionGraph needs one ("num_nodes must be >= 1", an argument the call never gave); the edges
+        # go to the layers as edge_index, which map no node to none and check them
+        no_nodes = isinstance(graph, Tensor) and x.dim() == 2 and x.shape[0] == 0
+        if isinstance(graph, Tensor) and not no_nodes:
             graph = AttentionGraph.sparse(graph, x.shape[0], batch=batch, checked=False)
-        if batch is None:
+        if batch is None and not no_nodes:
             batch = graph.batch
         if self.global_attn is not None and batch is not None and batch.shape[0] and checks_values(batch):
             # the global attention's graph ids, checked once and before the local attention, which refuses the edges
@@ -372,18 +375,19 @@ class GraphBlock(nn.Module):
         if self.edge_proj is not None:
             if edge_attr is None:
                 raise ValueError("GraphBlock: expected edge_attr (the block was built with edge_dim), got None")
-            if graph.layout != "sparse":  # else a TypeError about an edge_index the caller never passed
+            if not no_nodes and graph.layout != "sparse":  # else a TypeError about an edge_index never passed
                 raise ValueError("GraphBlock: edge_attr needs a sparse graph (its edge_index orders the edge features), "
                                  f"got a {graph.layout} AttentionGraph")
-            _check_edge_attr(edge_attr, graph.edge_index, self.edge_proj.in_features)
+            edge_index = graph if no_nodes else graph.edge_index
+            _check_edge_attr(edge_attr, edge_index, self.edge_proj.in_features)
             _check_graph_devices(x, edge_attr=edge_attr)  # else an error about edge_keys, never passed
-            update = edge_feature_attention(self.attn, h, graph.edge_index, self.edge_proj(edge_attr.to(h.dtype)))
+            update = edge_feature_attention(self.attn, h, edge_index, self.edge_proj(edge_attr.to(h.dtype)))
         else:
-            update = self.attn(h, graph, state=state)
+            update = self.attn(h, edge_index=graph, state=state) if no_nodes else self.attn(h, graph, state=state)
         if self.global_attn is not None:
             # (the graph ids were checked above: g[mask] returns nodes in sorted-id order, pos_i = i - ptr_{b_i}
             # holds for sorted ids only)
-            if max_num_nodes is None and num_graphs is None:  # sizes read from batch (host syncs)
+            if max_num_nodes is None and num_graphs is None and not no_nodes:  # sizes read from batch (host syncs)
                 dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
                 g = self.global_attn(dense, key_padding_mask=~mask, state=global_state)
                 update = update + g[mask]

@@ -514,6 +514,12 @@ class DiffusionAttention(nn.Module):
                 attn_mask = _on_device_of_x(attn_mask, "attn_mask", x)
                 return self._forward_dense(x, key_padding_mask, attn_mask, return_intermediates, is_causal, state,
                                            positions)
+            if (edge_index is not None and x.dim() == 2 and x.shape[0] == 0 and key_padding_mask is None
+                    and attn_mask is None and is_causal is False):
+                # no node: an AttentionGraph needs num_nodes >= 1 ("num_nodes must be >= 1", an argument the call
+                # never gave), yet the kernel maps no node to none, as the dense path above does no token; it checks
+                # edge_index (integer, (2, E), every edge out of range when N = 0)
+                return self._forward_sparse(x, edge_index, return_intermediates, state, positions)
             graph = self.graph_from_arguments(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                                               edge_index=edge_index, is_causal=is_causal)
         elif key_padding_mask is not None or attn_mask is not None or edge_index is not None or is_causal:

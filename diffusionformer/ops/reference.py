@@ -36,11 +36,16 @@ def dense_attention_reference(
         tensor([[0.5000, 0.5000],
                 [0.5000, 0.5000]], dtype=torch.float64)
     """
+    if scale is None and q.shape[-1] == 0:  # else a bare ZeroDivisionError of 0 ** -0.5
+        raise ValueError(f"dense_attention_reference: the default scale 1 / sqrt(C) needs q and k with a head "
+                         f"dimension C >= 1, got q of shape {tuple(q.shape)}; pass scale= for C = 0")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = (q.double() @ k.double().transpose(-2, -1)) * scale
     if allowed is None:
         allowed = torch.ones_like(s, dtype=torch.bool)
     allowed = allowed.expand_as(s)
+    if s.shape[-1] == 0:  # no key: every row is empty (amax over no entry is an error), as torch.softmax gives
+        return s.clone()
     # shift by the row maximum over the allowed entries (0 for a row with none), exponentiate only allowed
     # entries: no inf appears anywhere, so a fully masked row has zero gradients, not NaN ones
     m = torch.where(allowed, s, torch.full_like(s, -math.inf)).amax(-1, keepdim=True)
