@@ -167,7 +167,7 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
         if weight is not None and not weight.is_floating_point():  # integer counts (as the random-walk PE takes
             weight = weight.to(torch.get_default_dtype())  # them): PyG's D^-1/2 W D^-1/2 failed to cast back to int
         graph = Data(edge_index=data.edge_index, edge_weight=weight, num_nodes=N)
-        with torch.random.fork_rng(devices=[]):  # PyG's random sign flip drew from the global generator
+        with _PrivateDraws():  # PyG's random sign flip (undone below) drew from the global generator
             if N > self.k + 1:
                 # ARPACK (PyG's solver from SPARSE_THRESHOLD nodes on) starts from a random vector of numpy's global
                 # generator unless given one: a fixed start, so that the same graph gets the same eigenvectors
@@ -184,6 +184,27 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
                 inner.SPARSE_THRESHOLD = N + 1
                 pe = _canonical_signs(inner(graph).pe)
         return add_node_attr(data, torch.nn.functional.pad(pe, (0, self.k - pe.shape[1])), attr_name=self.attr_name)
+
+
+class _PrivateDraws(torch.overrides.TorchFunctionMode):
+    """Random factories called without a generator (PyG's ``torch.randint`` sign flip) draw from a private one.
+
+    The global generator is neither advanced nor saved and restored: ``torch.random.fork_rng`` rewound the draws
+    other threads made meanwhile. The mode is thread-local, as torch's function modes are.
+    """
+
+    _RANDOM = frozenset({torch.randint, torch.rand, torch.randn, torch.randperm, torch.bernoulli, torch.normal,
+                         torch.multinomial})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func in self._RANDOM and kwargs.get("generator") is None:
+            kwargs["generator"] = self.generator
+        return func(*args, **kwargs)
 
 
 def _canonical_signs(pe: Tensor) -> Tensor:

@@ -163,8 +163,7 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
         for spec, count in parsed:
             count = 1 if count is None else count
             if count == 0:  # serves no head, but a misspelt name or argument is an error all the same
-                with torch.random.fork_rng(devices=[]):  # built and dropped: the model's initialisation is unchanged
-                    build_operator(spec)
+                _check_unused_spec(spec)
                 continue
             groups.append(HeadGroup(build_operator(spec, num_heads=_group_num_heads(spec, count)), start, count))
             start += count
@@ -202,6 +201,24 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
         "heads must be None, a string like 'attention:6,laplacian:2', or a list with one operator per head; "
         f"got {type(heads).__name__}"
     )
+
+
+def _check_unused_spec(spec: str) -> None:
+    """Build the operator of a zero-count head item and drop it: a misspelt name or argument is an error all the same.
+
+    Built on the meta device, so that parameter initialisations (``differential(head_dim=8):0``) draw nothing from
+    the global generator and the model's initialisation is unchanged; a save and restore of the global generator
+    (``torch.random.fork_rng``) rewound the draws other threads made meanwhile. An operator whose constructor does
+    not run on meta tensors is built on the default device under ``fork_rng`` as before.
+    """
+    try:
+        with torch.device("meta"):
+            build_operator(spec)
+        return
+    except (RuntimeError, NotImplementedError):  # a constructor that reads tensor values: no meta kernels
+        pass
+    with torch.random.fork_rng(devices=[]):
+        build_operator(spec)
 
 
 def _group_num_heads(spec: str, count: int) -> int:

@@ -185,14 +185,20 @@ def all_heads(num_heads: int) -> Heads:
     return tuple(range(num_heads))
 
 
-@lru_cache(maxsize=1024)
-def head_runs(heads: Heads) -> tuple[tuple[int, int], ...]:
-    """Maximal runs ``((start, stop), ...)`` of consecutive heads in ``heads``.
+def head_runs(heads: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Maximal runs ``((start, stop), ...)`` of consecutive heads in ``heads`` (a tuple or a list).
 
     Examples:
         >>> head_runs((0, 1, 2, 5, 6))
         ((0, 3), (5, 7))
+        >>> head_runs([3, 4])
+        ((3, 5),)
     """
+    return _head_runs(heads if type(heads) is tuple else tuple(heads))  # cached by value: a list is not hashable
+
+
+@lru_cache(maxsize=1024)
+def _head_runs(heads: Heads) -> tuple[tuple[int, int], ...]:
     runs: list[tuple[int, int]] = []
     for h in heads:
         if runs and runs[-1][1] == h:
@@ -202,14 +208,22 @@ def head_runs(heads: Heads) -> tuple[tuple[int, int], ...]:
     return tuple(runs)
 
 
-@lru_cache(maxsize=1024)
-def positions(sub: Heads, of: Heads) -> Heads:
+def positions(sub: Sequence[int], of: Sequence[int]) -> Heads:
     """Positions in ``of`` of the heads ``sub`` (a subset): how a tensor laid out over ``of`` is restricted to ``sub``.
+
+    Tuples or lists.
 
     Examples:
         >>> positions((2, 5), (0, 2, 3, 5))
         (1, 3)
+        >>> positions([2], [0, 2])
+        (1,)
     """
+    return _positions(sub if type(sub) is tuple else tuple(sub), of if type(of) is tuple else tuple(of))
+
+
+@lru_cache(maxsize=1024)
+def _positions(sub: Heads, of: Heads) -> Heads:
     where = {h: i for i, h in enumerate(of)}
     return tuple(where[h] for h in sub)
 
@@ -375,11 +389,11 @@ def polynomial(
         act = active_heads(degrees, step, heads)
         if act != held:  # the heads that stop here are set aside: one split, whose gradient is one concatenation
             rest = tuple(h for h in held if h not in act)
-            finished, acc = split_heads(acc, positions(rest, held), positions(act, held), dim)
+            finished, acc = split_heads(acc, _positions(rest, held), _positions(act, held), dim)
             done.append((rest, finished))
             held = act
         if act != prev:
-            cur = select(cur, positions(act, prev), dim)
+            cur = select(cur, _positions(act, prev), dim)
         cur = _propagated(backend, cur, act)
         acc = torch.addcmul(acc, cs[step], cur)
         prev = act
@@ -540,14 +554,20 @@ def _affine_coefficients(rows: tuple[tuple[float, ...], ...], degrees: tuple[int
     return tuple(r[0] for r in rows), tuple(r[1] if d >= 1 else 0.0 for r, d in zip(rows, degrees))
 
 
-@lru_cache(maxsize=256)
 def affine_runs(c0: Sequence[float], c1: Sequence[float]) -> tuple[AffineRun, ...]:
-    """Runs of consecutive heads with equal ``(c0, c1)`` that are not plain attention ``(0, 1)``.
+    """Runs of consecutive heads with equal ``(c0, c1)`` that are not plain attention ``(0, 1)`` (tuples or lists).
 
     Examples:
         >>> affine_runs((0.0, 1.0, 1.0, 0.0), (1.0, -1.0, -1.0, 1.0))
         ((1, 3, 1.0, -1.0),)
+        >>> affine_runs([1.0], [-1.0])
+        ((0, 1, 1.0, -1.0),)
     """
+    return _affine_runs(c0 if type(c0) is tuple else tuple(c0), c1 if type(c1) is tuple else tuple(c1))
+
+
+@lru_cache(maxsize=256)
+def _affine_runs(c0: tuple[float, ...], c1: tuple[float, ...]) -> tuple[AffineRun, ...]:
     runs: list[AffineRun] = []
     for h, (a, b) in enumerate(zip(c0, c1)):
         if (a, b) == (0.0, 1.0):
@@ -714,7 +734,7 @@ def affine(backend: Backend, v: Tensor, c0: Sequence[float], c1: Sequence[float]
         return backend.affine(v, c0, c1)
     dim = backend.head_axis
     y = _propagated(backend, v, all_heads(v.shape[dim]))
-    runs = affine_runs(c0 if isinstance(c0, tuple) else tuple(c0), c1 if isinstance(c1, tuple) else tuple(c1))
+    runs = affine_runs(c0, c1)
     if not runs:
         return y
     if v.dtype != y.dtype:

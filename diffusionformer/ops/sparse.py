@@ -177,19 +177,20 @@ def edge_attention(
         layout = EdgeLayout(edge_index, N)
         scores = csr_edge_scores(_head_major(q, work), _head_major(k, work), layout, scale)
         return layout.to_input_order(csr_edge_softmax(scores, layout).t()).to(q.dtype)
-    return _native_edge_attention(q, k, edge_index, N, scale, None, backend)
+    return _native_edge_attention(q, k, edge_index, N, scale, None, backend).to(q.dtype)
 
 
 def _native_edge_attention(
     q: Tensor, k: Tensor, edge_index: Tensor, N: int, scale: float, edge_mask: Tensor | None, backend: ScatterBackend
 ) -> Tensor:
+    """Edge weights ``(E, H)`` in the working dtype (float32 for half inputs, as the CSR path keeps them)."""
     src, dst = edge_index[0], edge_index[1]
-    dtype = q.dtype
-    work = work_dtype(dtype)
-    scores = (q.index_select(0, dst).to(work) * k.index_select(0, src).to(work)).sum(-1) * scale
+    work = work_dtype(q.dtype)
+    # cast before the gathers: their backward (a scatter-sum over the edges) then also sums in the working dtype
+    scores = (q.to(work).index_select(0, dst) * k.to(work).index_select(0, src)).sum(-1) * scale
     if edge_mask is not None:
         scores = scores.masked_fill(~edge_mask.unsqueeze(-1), float("-inf"))
-    return segment_softmax(scores, dst, N, backend=backend).to(dtype)
+    return segment_softmax(scores, dst, N, backend=backend)
 
 
 def propagate_sparse(
@@ -234,7 +235,8 @@ def propagate_sparse(
         w = layout.from_input_order(weights.to(work)).t()  # (H, E)
         y = csr_propagate(w, _head_major(x, work), layout)  # (H, N, C)
         return y.permute(1, 0, 2).to(x.dtype)
-    return _native_propagate(weights, x, edge_index[0], edge_index[1], N, backend)
+    work = work_dtype(x.dtype)  # as the CSR path: products and sums in float32 for half inputs, cast once at the end
+    return _native_propagate(weights.to(work), x.to(work), edge_index[0], edge_index[1], N, backend).to(x.dtype)
 
 
 def _native_propagate(weights: Tensor, x: Tensor, src: Tensor, dst: Tensor, N: int, backend: ScatterBackend) -> Tensor:
@@ -457,7 +459,7 @@ def _diffuse_sparse(
     else:
         alpha = _native_edge_attention(q, k, edge_index, N, scale, edge_mask, backend)  # type: ignore[arg-type]
         engine = NativeBackend(alpha, edge_index, N, backend, dropout_p)
-        vb = v  # (N, H, C)
+        vb = v.to(work)  # (N, H, C); P and every power in the working dtype, as on the CSR path
     weights = engine.weights().to(dtype) if need_weights else None
     if isinstance(coeffs, tuple) and len(coeffs[0]) == 2:  # static, degree <= 1: one propagation
         c0, c1 = affine_coefficients(coeffs, degrees)
