@@ -479,7 +479,8 @@ class LayerCapture:
             dim 0: ``(B, C)`` logits per sequence, ``(B, T, V)`` per token (zero-padded to the longest batch, see
             ``mask``), or ``(N, C)`` per node.
             ``None`` unless asked for.
-        extra: free-form information (number of batches, model class).
+        extra: free-form information: ``num_batches`` (batches run through the model; a drawn batch of 0
+            sequences is skipped and not counted), ``model`` (class name), ``num_attention_examples``.
     """
 
     states: dict[int, Tensor]

@@ -24,7 +24,10 @@ Degenerate inputs give defined outputs, never NaN: fewer than two pairs give a
 :class:`Difference` with only ``n`` and (for one pair) ``mean``; differences with no spread
 (:math:`s_d = 0`, or equal up to :data:`RELATIVE_RESOLUTION` of each pair's own values, the float32
 rounding of logged metrics; unpaired: each side's spread below that of its own values) have no t distribution, so ``t`` and ``p`` are ``None`` unless every
-difference is zero (then ``t = 0``, ``p = 1``); the Wilcoxon p stays defined in both cases.
+difference is zero (then ``t = 0``, ``p = 1``); the Wilcoxon p stays defined in both cases. The bare :func:`welch_t` and
+:func:`paired_t` give the same ``t`` (``0.0`` when every difference is zero, else ``None``). scipy's ``ttest_ind``/``ttest_rel`` give NaN for
+the all-zero case and ``±inf`` with ``p = 0`` for equal non-zero differences; ``None`` p-values count as ``p = 1`` in
+:func:`holm` and :func:`benjamini_hochberg` (never significant).
 
 The distribution functions are scipy's (``scipy.special.stdtr``, ``stdtrit``, ``ndtr``);
 scipy comes with the ``experiments`` extra.
@@ -142,12 +145,6 @@ def _check_sequences(a: Any, b: Any) -> None:
     if isinstance(a, (Mapping, str)) or isinstance(b, (Mapping, str)):
         raise TypeError(f"unpaired values must be sequences of values, got {type(a).__name__} and {type(b).__name__} "
                         "(for values per seed use paired_difference, or pass list(mapping.values()))")
-
-
-def _equal_up_to_rounding(d: list[float], values: list[float]) -> bool:
-    """Whether the differences ``d`` of the pairs ``(values[i], values[n + i])`` are all equal up to each pair's
-    rounding (:func:`_resolved`): one large pair, e.g. a diverged seed, blurs no other pair's difference."""
-    return len(set(_resolved(d, values))) == 1
 
 
 def _pairs(a: Mapping[Any, float], b: Mapping[Any, float]) -> tuple[list[float], list[float]]:
@@ -453,7 +450,9 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
     r"""Welch's t statistic of ``mean(a) - mean(b)``: :math:`\Delta / \sqrt{s_a^2/n_a + s_b^2/n_b}`.
 
     ``None`` when either side has fewer than two values or both spreads are zero (each below
-    :data:`RELATIVE_RESOLUTION` of its own side's values, as in :func:`welch_difference`). For its
+    :data:`RELATIVE_RESOLUTION` of its own side's values) with different means; ``0.0`` when both spreads
+    and the difference of the means are zero (as :func:`welch_difference`'s ``t``; ``scipy.stats.ttest_ind``
+    gives NaN for this 0/0 and ``±inf`` for the constant non-zero difference). For its
     degrees of freedom, p and interval use :func:`welch_difference`.
 
     Examples:
@@ -467,14 +466,19 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> float | None:
     _check_finite([*a, *b], "a and b")
     if len(a) < 2 or len(b) < 2:
         return None
-    return None if _no_spread_either(a, b) else _welch_mean(a, b) / math.hypot(*_standard_errors(a, b))
+    mean = _welch_mean(a, b)
+    if _no_spread_either(a, b):  # as welch_difference: t = 0 when the means agree too, else undefined
+        return 0.0 if _no_spread(abs(mean), a + b) else None
+    return mean / math.hypot(*_standard_errors(a, b))
 
 
 def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
     r"""Paired t statistic of ``a - b`` over the keys both have: :math:`\bar d / (s_d / \sqrt{n})`.
 
-    ``None`` with fewer than two shared keys or differences equal up to
-    :data:`RELATIVE_RESOLUTION` of their own pairs' values (as in :func:`paired_difference`). For df, p, the interval
+    ``None`` with fewer than two shared keys or non-zero differences equal up to
+    :data:`RELATIVE_RESOLUTION` of their own pairs' values; ``0.0`` when every difference is zero (both as
+    :func:`paired_difference`'s ``t``; ``scipy.stats.ttest_rel`` gives NaN for this 0/0 and ``±inf`` for the
+    equal non-zero differences). For df, p, the interval
     and the k-fold correction use :func:`paired_difference` / :func:`nadeau_bengio`.
 
     Examples:
@@ -491,7 +495,10 @@ def paired_t(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
     d = [float(a[k]) - float(b[k]) for k in keys]  # floats: statistics refuses numpy ints (no bit_length)
     sd = statistics.stdev(d)
     values = [float(a[k]) for k in keys] + [float(b[k]) for k in keys]
-    return None if _equal_up_to_rounding(d, values) else _fmean(d) / (sd / math.sqrt(len(d)))
+    resolved = _resolved(d, values)
+    if len(set(resolved)) == 1:  # as paired_difference: t = 0 when every difference is zero, else undefined
+        return 0.0 if resolved[0] == 0.0 else None
+    return _fmean(d) / (sd / math.sqrt(len(d)))
 
 
 def difference_t(row: Mapping[str, Any], base: Mapping[str, Any], values: str, paired: bool) -> float | None:

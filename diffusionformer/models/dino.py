@@ -200,7 +200,10 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
     For a query ``q`` with neighbours ``N_k(q)`` (the ``k`` bank features of largest cosine
     similarity ``s_i``), class ``c`` scores ``sum_{i in N_k(q)} [y_i = c] exp(s_i / T)``; the
     prediction is the highest score (ties: the smaller class index). The cosines are taken in
-    float64 when either input is float64, else in float32; non-finite features are refused.
+    float64 when either input is float64, else in float32; non-finite features and zero-width
+    features (``D = 0``) are refused. An all-zero feature vector has cosine 0 with every other
+    feature (as ``sklearn``'s cosine metric, which leaves zero vectors unnormalised), so an all-zero
+    query's neighbours are among tied cosines and the order of ``topk`` picks them.
 
     Args:
         bank: features of the labelled bank (need not be normalised).
@@ -228,6 +231,9 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
         raise TypeError(f"bank_labels must be integer class labels, got dtype {bank_labels.dtype}")
     if bank.shape[0] == 0:
         raise ValueError("knn_classify needs a non-empty bank")
+    if bank.shape[1] == 0:  # every cosine would be 0: the neighbours were picked among ties, with no error
+        raise ValueError(f"knn_classify needs features of width D >= 1, got bank {tuple(bank.shape)} and "
+                         f"queries {tuple(queries.shape)}")
     k, num_classes, temperature, chunk_size = (_python_number(v) for v in (k, num_classes, temperature, chunk_size))
     for name, value in (("k", k), ("num_classes", num_classes)):  # else torch's topk/zeros fail on a float
         if isinstance(value, bool) or not isinstance(value, int):
