@@ -48,11 +48,13 @@ class LayerState:
     ``depth`` counts the layers called so far, so the ``l``-th layer (0-based) sees
     ``depth == l`` (differential attention's ``lambda_init`` schedule).
 
-    A layer called again with the state while autograd runs a backward pass is a recomputation
-    (:func:`torch.utils.checkpoint`, reentrant or not): it sees what its first call saw, and the
-    state does not move on (else it read a depth past the model's and the first layer's values
-    for its own, and its gradients were wrong while its outputs were right). A layer called more
-    than once in one pass (shared weights) cannot be told apart there: its recomputation raises.
+    A layer that reads the state, called again with it while autograd runs a backward pass, is a
+    recomputation (:func:`torch.utils.checkpoint`): it sees what its first call saw, and the state
+    does not move on (else it read a depth past the model's and the first layer's values for its
+    own, and its gradients were wrong while its outputs were right). Two cases raise instead: a
+    layer called more than once in one pass (shared weights), whose calls cannot be told apart
+    there, and reentrant checkpointing of a layer that reads the first layer's values, which that
+    mode computed without autograd (their gradient would be lost).
 
     Examples:
         >>> s = LayerState()
@@ -64,8 +66,8 @@ class LayerState:
 
     first_values: Tensor | None = None
     depth: int = 0
-    #: ``(layer, depth, first_values, grad mode)`` of every layer call so far (eager mode), for recomputations; a tuple rebound
-    #: on each call, so that a ``copy.copy`` of the state (analysis recomputes P with one) keeps its own record
+    #: ``(layer, depth, first_values, grad mode)`` of every call of a layer that reads the state (eager mode), for
+    #: recomputations; a tuple rebound on each call, so that a ``copy.copy`` of the state keeps its own record
     _calls: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
