@@ -23,7 +23,7 @@ from diffusionformer.config import _check_flag
 from diffusionformer.graph.core import _check_index_tensor
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.ops import propagate_sparse, segment_softmax
-from diffusionformer.ops._checks import check_tensor
+from diffusionformer.ops._checks import _check_strided, check_tensor
 from diffusionformer.ops.engine import work_dtype
 from diffusionformer.ops.sparse import check_edge_index
 
@@ -80,6 +80,7 @@ def edge_feature_attention(
     E = edge_index.shape[1]
     if not isinstance(edge_keys, Tensor):
         raise TypeError(f"edge_keys must be a torch.Tensor of shape (E, D), got {type(edge_keys).__name__}")
+    _check_strided("edge_keys", edge_keys, "pass edge_keys.to_dense()")  # else torch's bare reshape error
     if edge_keys.shape != (E, D):
         raise ValueError(f"edge_keys: expected shape (E, D) = ({E}, {D}), got {tuple(edge_keys.shape)}")
     if not edge_keys.is_floating_point():  # W_e e_ij: raw integer or bool edge attributes would be added as keys
@@ -94,8 +95,10 @@ def edge_feature_attention(
     dtype = v.dtype
     work = work_dtype(dtype)
     src, dst = edge_index[0], edge_index[1]
-    keys = k.index_select(0, src).to(work) + edge_keys.to(work).reshape(E, H, C)  # (E, H, C)
-    scores = (q.index_select(0, dst).to(work) * keys).sum(-1) * layer._scale  # (E, H)
+    # cast before the gathers, as the native sparse path: their backward (a scatter-sum over the edges) sums in the
+    # working dtype too
+    keys = k.to(work).index_select(0, src) + edge_keys.to(work).reshape(E, H, C)  # (E, H, C)
+    scores = (q.to(work).index_select(0, dst) * keys).sum(-1) * layer._scale  # (E, H)
     P = segment_softmax(scores, dst, N)
     dropout_p = layer._call_dropout()  # the settable attribute checked as the layer's own calls do
     coeffs = layer._coefficients().to(work)  # (H, K+1)

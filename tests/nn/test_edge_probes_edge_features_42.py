@@ -211,3 +211,20 @@ def test_pins_the_staged_mutag_edge_labels_stay_one_hot(tmp_path, monkeypatch):
     data = load_dataset("mutag", root=_staged_mutag_root())
     ea = data.dataset._data.edge_attr
     assert ea.shape[1] == 4 and torch.equal(ea.sum(1), torch.ones(ea.shape[0]))
+
+
+def test_bug_sparse_edge_keys_are_refused_naming_the_argument():
+    """Bug: a torch.sparse ``edge_keys`` passed the shape check and failed in torch's "reshape is not implemented for
+    sparse tensors", naming no argument."""
+    from diffusionformer.nn import DiffusionAttention
+    from diffusionformer.nn.edge_features import edge_feature_attention
+
+    torch.manual_seed(0)
+    layer = DiffusionAttention(8, 2, "heat:2")
+    x = torch.randn(3, 8)
+    edges = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    keys = torch.randn(3, 8)
+    with pytest.raises(TypeError, match=r"edge_keys must be a dense \(strided\) tensor.*edge_keys.to_dense\(\)"):
+        edge_feature_attention(layer, x, edges, keys.to_sparse())
+    assert edge_feature_attention(layer, x, edges, keys).shape == (3, 8)
+
