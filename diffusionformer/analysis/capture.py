@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from diffusionformer._modes import _evaluating
 from diffusionformer.analysis.metrics import _check_flag, _is_int
 from diffusionformer.config import _device_argument
 
@@ -836,29 +837,24 @@ def capture_dataset(
     # the wrapped model runs eagerly: a torch.compile'd model that already ran skips hooks registered later (dynamo
     # does not guard on them), and nothing was recorded
     inner = _innermost(model)
-    modes = [(module, module.training) for module in model.modules()]  # each submodule's own mode (a frozen part)
-    model.eval()
-    try:
-        with torch.no_grad(), recorder:
-            for index, item in enumerate(batches):
-                drawn += 1
-                inputs, labels = _split_item(item)
-                n = _num_sequences(inputs)
-                if n == 0:
-                    continue
-                if n > max_examples - count:
-                    n = max_examples - count
-                    inputs, labels = _head(inputs, labels, n)
-                inputs = _to_device(inputs, dev)
-                recorder.clear()
-                out = run(inner, inputs)
-                collector.add(inputs, labels, out, n, index)
-                count += n
-                if count >= max_examples:
-                    break
-    finally:
-        for module, training in modes:
-            module.training = training
+    # eval mode, each submodule's own mode put back after (a frozen part stays in eval)
+    with _evaluating(model), torch.no_grad(), recorder:
+        for index, item in enumerate(batches):
+            drawn += 1
+            inputs, labels = _split_item(item)
+            n = _num_sequences(inputs)
+            if n == 0:
+                continue
+            if n > max_examples - count:
+                n = max_examples - count
+                inputs, labels = _head(inputs, labels, n)
+            inputs = _to_device(inputs, dev)
+            recorder.clear()
+            out = run(inner, inputs)
+            collector.add(inputs, labels, out, n, index)
+            count += n
+            if count >= max_examples:
+                break
     if count == 0:
         got = "" if drawn == 0 else f" of sequences: its {drawn} batch(es) all held 0 sequences"
         raise ValueError(f"capture_dataset got no examples: `batches` was empty{got}")

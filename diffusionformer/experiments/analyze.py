@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from diffusionformer._modes import _evaluating
 from diffusionformer.analysis.capture import _NoBlocks, _check_capture_limits, capture_dataset
 from diffusionformer.analysis.report import layer_reports, list_metrics
 from diffusionformer.config import _choice_hint
@@ -193,13 +194,9 @@ def analyze_run(
     if network is not None:
         model = network.analysed(model)  # type: ignore[misc]
     model = model.to(device)
-    modes = [(module, module.training) for module in model.modules()]  # the caller's model: its modes come back
-    try:
-        return _analyze_eval(model.eval(), data, family, network, split, max_examples, max_attention_examples,
+    with _evaluating(model):  # the caller's model: its modes come back
+        return _analyze_eval(model, data, family, network, split, max_examples, max_attention_examples,
                              batch_size, device)
-    finally:
-        for module, training in modes:
-            module.training = training
 
 
 def _analyze_eval(model: torch.nn.Module, data: Any, family: type | None, network: Any, split: str, max_examples: int,

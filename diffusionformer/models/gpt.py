@@ -18,7 +18,8 @@ from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
 from diffusionformer.nn.rotary import RotaryEmbedding
-from diffusionformer.models.common import (ModelIntermediates, _evaluating, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
+from diffusionformer._modes import _evaluating
+from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
                                            check_positive_int, check_probability, init_transformer_weights)
 from diffusionformer.models.sampling import top_k_filter, top_p_filter
 

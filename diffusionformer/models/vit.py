@@ -14,7 +14,8 @@ from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, d
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
-from diffusionformer.models.common import (ModelIntermediates, _evaluating, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
+from diffusionformer._modes import _evaluating
+from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
                                            check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionViT", "ViTConfig", "attention_rollout"]
