@@ -185,6 +185,11 @@ def all_heads(num_heads: int) -> Heads:
     return tuple(range(num_heads))
 
 
+def _as_tuple(seq: Sequence[Any]) -> tuple:
+    """``seq`` as a tuple, for the helpers cached by value (a list is not hashable)."""
+    return seq if type(seq) is tuple else tuple(seq)
+
+
 def head_runs(heads: Sequence[int]) -> tuple[tuple[int, int], ...]:
     """Maximal runs ``((start, stop), ...)`` of consecutive heads in ``heads`` (a tuple or a list).
 
@@ -194,7 +199,7 @@ def head_runs(heads: Sequence[int]) -> tuple[tuple[int, int], ...]:
         >>> head_runs([3, 4])
         ((3, 5),)
     """
-    return _head_runs(heads if type(heads) is tuple else tuple(heads))  # cached by value: a list is not hashable
+    return _head_runs(_as_tuple(heads))
 
 
 @lru_cache(maxsize=1024)
@@ -219,7 +224,7 @@ def positions(sub: Sequence[int], of: Sequence[int]) -> Heads:
         >>> positions([2], [0, 2])
         (1,)
     """
-    return _positions(sub if type(sub) is tuple else tuple(sub), of if type(of) is tuple else tuple(of))
+    return _positions(_as_tuple(sub), _as_tuple(of))
 
 
 @lru_cache(maxsize=1024)
@@ -563,7 +568,7 @@ def affine_runs(c0: Sequence[float], c1: Sequence[float]) -> tuple[AffineRun, ..
         >>> affine_runs([1.0], [-1.0])
         ((0, 1, 1.0, -1.0),)
     """
-    return _affine_runs(c0 if type(c0) is tuple else tuple(c0), c1 if type(c1) is tuple else tuple(c1))
+    return _affine_runs(_as_tuple(c0), _as_tuple(c1))
 
 
 @lru_cache(maxsize=256)
