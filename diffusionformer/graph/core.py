@@ -31,16 +31,11 @@ from diffusionformer.graph._structure import (
     structural_keep,
     structural_mask,
 )
-from diffusionformer.ops._checks import _check_strided, check_index_range, checks_values
+from diffusionformer.ops._checks import _SPARSE_ADJACENCY_FIX, _check_strided, check_index_range, checks_values
 
 __all__ = ["LAYOUTS", "AttentionGraph", "Layout"]
 
 Layout = Literal["dense", "sparse"]
-
-
-#: how to turn a sparse adjacency matrix ``adj[source, target]`` (torch.sparse COO/CSR) into an edge_index
-_SPARSE_ADJACENCY_FIX = ("a sparse adjacency matrix adj[source, target] becomes an edge_index with "
-                         "torch_geometric.utils.to_edge_index(adj)[0]")
 
 
 def _edge_index_shape_error(shape: tuple[int, ...]) -> ValueError:

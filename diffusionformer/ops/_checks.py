@@ -28,6 +28,11 @@ def check_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
     return x
 
 
+#: how to turn a sparse adjacency matrix ``adj[source, target]`` (torch.sparse COO/CSR) into an edge_index
+_SPARSE_ADJACENCY_FIX = ("a sparse adjacency matrix adj[source, target] becomes an edge_index with "
+                         "torch_geometric.utils.to_edge_index(adj)[0]")
+
+
 def _check_strided(name: str, t: Tensor, fix: str) -> None:
     """TypeError for a sparse (COO, CSR, ...) tensor, which the kernels' gathers, scatters and bounds checks do not
     take (else a NotImplementedError or a memory-format error from inside torch that names no argument)."""

@@ -33,7 +33,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
 from diffusionformer.config import _check_flag
-from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, _check_strided, check_dropout, check_index_range, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _SPARSE_ADJACENCY_FIX, _backend_hint, _check_is_causal, _check_strided, check_dropout, check_index_range, check_layout, check_scale, check_tensor
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
 from diffusionformer.ops.recompute import _in_eager_transform
@@ -98,8 +98,7 @@ def check_edge_index(edge_index: object, num_nodes: int) -> Tensor:
     """
     if not isinstance(edge_index, Tensor):
         raise TypeError(f"edge_index must be a LongTensor of shape (2, E), got {type(edge_index).__name__}")
-    _check_strided("edge_index", edge_index, "a sparse adjacency matrix adj[source, target] becomes an edge_index "
-                   "with torch_geometric.utils.to_edge_index(adj)[0]")
+    _check_strided("edge_index", edge_index, _SPARSE_ADJACENCY_FIX)
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:
         # the hint of the graph API (AttentionGraph.sparse) for a list of pairs
         hint = (": a list of (source, target) pairs of shape (E, 2) becomes one with edge_index.t()"
