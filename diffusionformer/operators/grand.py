@@ -37,7 +37,10 @@ class NonlinearDiffusionOperator(DiffusionOperator):
     Solvers: ``"euler"`` (``K`` steps of :math:`X \leftarrow X + \tau (P(X) - I) X`,
     :math:`\tau = t / K`) and ``"rk4"`` (classical Runge-Kutta, ``K`` steps, 4 attention calls
     each); any other name (``"dopri5"``, ...) is an adaptive solver of ``torchdiffeq``
-    (optional, not a dependency: a clear ``ImportError`` says how to install it). Euler with
+    (optional, not a dependency: a clear ``ImportError`` says how to install it; it integrates
+    the whole batch, padded tokens included, with one step-size control, so a sample's output
+    depends on its batch-mates to the solver's tolerance, while ``"euler"`` and ``"rk4"`` treat
+    samples independently). Euler with
     ``t = 1, K = 1`` is one attention step, ``v <- P v``; Euler needs ``K >= t`` (as the heat kernel's
     Euler product: a step :math:`\tau > 1` weighs :math:`X` by :math:`1 - \tau < 0`). Defined on every back-end (the
     context's ``attend`` re-attends on the same graph).
