@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import _python_numbers, document_fields
+from diffusionformer.nn._weights import _stored_weight
 from diffusionformer.models.common import (_check_block_diagonal, _check_bools, _check_graph_devices,
                                            _check_graph_task, _check_real_features, _conv_edges,
                                            _readout_batch, check_positive_int, check_probability)
@@ -104,12 +105,12 @@ class GIN(nn.Module):
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
         _check_real_features(x=x)
         _check_graph_devices(x, edge_index=edge_index, batch=batch)
-        edge_index = _conv_edges(edge_index, x.shape[0], self.heads[0].weight.dtype)
+        edge_index = _conv_edges(edge_index, x.shape[0], _stored_weight(self.heads[0]).dtype)
         one_graph = batch is None  # no edge can cross graphs: nothing to check
         batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)
         _check_block_diagonal(edge_index, None if one_graph else batch)
         batch = batch.long()  # int32 ids pass the check, but PyG's pools scatter with int64 indices
-        x = x.to(self.heads[0].weight.dtype)  # as the graph transformer reads its x: float64 or int features, float32 model
+        x = x.to(_stored_weight(self.heads[0]).dtype)  # as the graph transformer reads its x: float64 or int features, float32 model
         hs = [x]
         for conv in self.convs:
             hs.append(conv(hs[-1], edge_index))

@@ -17,6 +17,7 @@ from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
+from diffusionformer.nn._weights import _stored_weight
 from diffusionformer.nn.rotary import RotaryEmbedding
 from diffusionformer._modes import _evaluating
 from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
@@ -162,8 +163,13 @@ class DiffusionGPT(nn.Module):
         # a conversion that makes new parameters (.to("meta"), torch.__future__'s
         # set_overwrite_module_params_on_conversion) converted the shared weight once per owner, into two
         # parameters: the tie was lost, the head counted and trained apart
+        # only a tie in place before (both weights plain parameters, one tensor) is restored: a token embedding or
+        # head under torch.nn.utils.parametrize or prune has a computed weight, which cannot be assigned as a
+        # parameter (TypeError), and is left as torch leaves it
+        emb, head = _own_weight(self.tok_emb), _own_weight(self.lm_head)
+        tied = self.config.tie_weights and emb is not None and emb is head
         super()._apply(fn, recurse)
-        if self.config.tie_weights and self.lm_head.weight is not self.tok_emb.weight:
+        if tied and self.lm_head.weight is not self.tok_emb.weight:
             self.lm_head.weight = self.tok_emb.weight
         return self
 
@@ -238,8 +244,8 @@ class DiffusionGPT(nn.Module):
                              f" with dtype {getattr(idx, 'dtype', None)}")
         if idx.shape[0] < 1 or idx.shape[1] < 1:
             raise ValueError(f"idx must hold at least one sequence of at least one token, got shape {tuple(idx.shape)}")
-        if idx.device != self.tok_emb.weight.device:  # a meta idx on a CPU model gave CPU logits of garbage
-            raise ValueError(f"idx must be on the model's device {self.tok_emb.weight.device}, got {idx.device}")
+        if idx.device != _stored_weight(self.tok_emb).device:  # a meta idx on a CPU model gave CPU logits of garbage
+            raise ValueError(f"idx must be on the model's device {_stored_weight(self.tok_emb).device}, got {idx.device}")
         if idx.device.type == "cpu" and not torch.compiler.is_compiling():  # no host sync on accelerators
             _check_token_ids("idx", idx, self.config.vocab_size)
 
@@ -412,11 +418,20 @@ def _retie_head(model: nn.Module, incompatible_keys: Any) -> None:
     """After ``load_state_dict``: a tied head is the token embedding again (``assign=True`` made two parameters
     of the two entries, counted and trained apart)."""
     from_head = model.__dict__.pop("_tie_from_head", False)  # set by _load_from_state_dict
-    if model.lm_head.weight is not model.tok_emb.weight:
+    emb, head = _own_weight(model.tok_emb), _own_weight(model.lm_head)
+    if emb is None or head is None:  # a parametrized or pruned weight (a computed tensor): left as torch leaves it
+        return
+    if head is not emb:
         if from_head:  # only the head was in the state dict: the embedding takes the loaded weight
             model.tok_emb.weight = model.lm_head.weight
         else:
             model.lm_head.weight = model.tok_emb.weight
+
+
+def _own_weight(module: nn.Module) -> Tensor | None:
+    """``module``'s weight when it is a plain parameter of its own; ``None`` under :mod:`torch.nn.utils.parametrize`
+    (the weight is computed from ``parametrizations.weight``) or :mod:`torch.nn.utils.prune` (``weight_orig``)."""
+    return module._parameters.get("weight")
 
 
 def _check_token_ids(name: str, ids: Tensor, vocab_size: int, ignore_index: int | None = None) -> None:

@@ -17,6 +17,7 @@ from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, d
 from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edge_index_shape_error
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
+from diffusionformer.nn._weights import _stored_weight
 from diffusionformer.nn.block import Mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.edge_features import _check_edge_operators, edge_feature_attention
 from diffusionformer.ops._checks import checks_values
@@ -508,7 +509,7 @@ class DiffusionGraphTransformer(nn.Module):
         if not isinstance(edge_index, Tensor) or edge_index.shape != (2, 0):
             raise ValueError(f"edge_index: a batch with no node holds no edge, expected shape (2, 0), "
                              f"got {tuple(getattr(edge_index, 'shape', ()))}")
-        h = self.embed(x.to(self.embed.weight.dtype))  # (0, D)
+        h = self.embed(x.to(_stored_weight(self.embed).dtype))  # (0, D)
         inter = ModelIntermediates(embeddings=h, hidden_states=[h] * len(self.blocks)) if return_intermediates else None
         out = self._readout(h, batch, num_graphs)  # num_graphs=None and no graph id: no graph
         return (out, inter) if inter is not None else out
@@ -588,7 +589,7 @@ class DiffusionGraphTransformer(nn.Module):
         else:  # the edge features follow the edges (self loops get zero features)
             edges, edge_attr = self._prepare_edges(edge_index, N, edge_attr)
             graph = AttentionGraph.sparse(edges, N, batch=batch, checked=checked)
-        h = self.embed(self.input_drop(x.to(self.embed.weight.dtype)))
+        h = self.embed(self.input_drop(x.to(_stored_weight(self.embed).dtype)))
         if self.pe_embed is not None and pe is not None:
             pe = pe.to(h.dtype)
             if c.pe == "laplacian" and c.pe_sign_flip and self.training:  # eigenvector signs are arbitrary

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
+from diffusionformer.nn._weights import _stored_weight
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
 from diffusionformer._modes import _evaluating
@@ -154,7 +155,7 @@ class DiffusionViT(nn.Module):
             raise TypeError(f"x must be a Tensor of images (B, C, H, W) or signals (B, T, C), got {type(x).__name__}")
         if not x.is_floating_point():  # uint8 pixels: the patch convolution would fail on the dtype
             raise TypeError(f"x must be a floating-point tensor (e.g. uint8 images scaled to floats), got dtype {x.dtype}")
-        x = x.to(self.patch_embed.weight.dtype)  # as the graph transformer reads its x: float64 data, float32 model
+        x = x.to(_stored_weight(self.patch_embed).dtype)  # as the graph transformer reads its x: float64 data, float32 model
         if len(c.input_size) == 2:
             expected = (c.in_channels, *c.input_size)
             if x.dim() != 4 or tuple(x.shape[1:]) != expected:

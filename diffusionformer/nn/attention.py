@@ -14,6 +14,7 @@ from diffusionformer.config import _check_flag
 from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn._skip import is_noop
+from diffusionformer.nn._weights import _stored_weight
 from diffusionformer.nn.heads import HeadGroup, parse_heads
 from diffusionformer.operators import DiffusionOperator
 from diffusionformer.operators.base import _checked_degree
@@ -210,7 +211,7 @@ class DiffusionAttention(nn.Module):
             if any(id(t) not in before for t in op.parameters()):
                 # parameters made by bind (differential attention's): on the layer's device and in its dtype, as if
                 # they had been there when the layer was cast (a float64 or CUDA layer got float32 CPU ones)
-                op.to(device=self.qkv.weight.device, dtype=self.qkv.weight.dtype)
+                op.to(device=_stored_weight(self.qkv).device, dtype=_stored_weight(self.qkv).dtype)
             if op.needs_second_map and getattr(self, "rotary", None) is not None and self.head_dim % 4:
                 # the two maps split each head's q and k into halves; RoPE rotates channel pairs (2i, 2i+1), so with
                 # head_dim = 2 (mod 4) one pair straddles the halves and no map's scores depend on n - m alone
@@ -380,7 +381,7 @@ class DiffusionAttention(nn.Module):
     def _coefficients(self, nan_for_nonpolynomial: bool = False) -> Tensor:
         K = self.max_degree
         rows = []
-        ref = self.qkv.weight
+        ref = _stored_weight(self.qkv)  # its device and dtype (a parametrized weight is not computed for them)
         for op, (_, count), poly in zip(self.operators, self._groups, self._polynomial):
             if poly:
                 c = op.head_coefficients(count).to(device=ref.device)
@@ -811,7 +812,7 @@ def _materialise_operator_caches(layer: nn.Module, incompatible_keys: Any) -> No
     under ``with torch.device("meta")`` kept on meta through ``assign=True``, rebuilt on the device of its weights
     (an attention or Laplacian head has no state of its own to tell the device), in their precision (float64
     weights assigned to a float32 layer)."""
-    weight = layer.qkv.weight
+    weight = _stored_weight(layer.qkv)
     if not weight.is_meta:
         for op in layer.operators:
             op._materialise_caches(weight.device, weight.dtype)

@@ -1,0 +1,31 @@
+"""The tensor that holds a module's weight, read without computing the weight.
+
+Layers read their weights' device and dtype (to cast an input, to build a cache). Under
+:mod:`torch.nn.utils.parametrize` (``weight_norm``, ``spectral_norm``, ``orthogonal``) reading
+``module.weight`` runs the parametrization once more per call (``spectral_norm`` in training mode
+then advanced its power iteration twice per forward), and under :mod:`torch.nn.utils.prune`
+``module.weight`` is a plain tensor recomputed by a forward pre-hook, so after ``model.double()``
+it kept the old dtype until the module's next call (the input was cast to that stale dtype).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+__all__: list[str] = []
+
+
+def _stored_weight(module: nn.Module, name: str = "weight") -> Tensor:
+    """``module``'s parameter ``name`` as stored: the parameter itself, the (first) original of a parametrization, or
+    prune's ``<name>_orig``; else ``getattr(module, name)``."""
+    w = module._parameters.get(name)
+    if w is not None:
+        return w
+    plist = getattr(module, "parametrizations", None)
+    if plist is not None and name in plist:
+        p = plist[name]
+        return p.original if hasattr(p, "original") else p.original0
+    w = module._parameters.get(name + "_orig")  # torch.nn.utils.prune
+    if w is not None:
+        return w
+    return getattr(module, name)
