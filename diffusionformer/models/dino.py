@@ -462,6 +462,11 @@ class DINO(nn.Module):
             raise ValueError(f"momentum must lie in [0, 1], got {momentum!r}")
         teacher = dict(self.teacher.named_buffers())
         student = dict(self.student.named_parameters())
+        moved = [n for n in self._ema_names if n not in student]
+        if moved:  # torch.nn.utils.parametrize or prune renamed them: a bare KeyError, the teacher left half-updated
+            raise ValueError(f"update_teacher: the student no longer has the parameters the teacher copied at "
+                             f"construction ({moved[:3]}{' ...' if len(moved) > 3 else ''}); a student "
+                             f"parametrized or pruned after DINO was built has no EMA partner in the teacher")
         for name in self._ema_names:
             teacher[name].mul_(momentum).add_(student[name].detach(), alpha=1.0 - momentum)
 

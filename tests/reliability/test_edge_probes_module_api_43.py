@@ -150,3 +150,22 @@ def test_bug_spectral_norm_advances_once_per_forward(case: str) -> None:
     sn, sn_ref = target.parametrizations.weight[0], ref.parametrizations.weight[0]
     torch.testing.assert_close(sn._u, sn_ref._u, atol=0, rtol=0)
     torch.testing.assert_close(sn._v, sn_ref._v, atol=0, rtol=0)
+
+
+
+def test_bug_dino_update_teacher_names_a_student_parametrized_after_construction():
+    """Bug: ``weight_norm`` on the student's head after ``DINO`` was built renamed the parameter
+    (``...parametrizations.weight.original0``), and ``update_teacher`` died in a bare ``KeyError`` after
+    updating the teacher's earlier entries (half an EMA step); it now refuses before touching the teacher."""
+    torch.manual_seed(0)
+    model = create_model("dino-digits", depth=1)
+    with torch.no_grad():
+        for p in model.student.parameters():
+            p.add_(1.0)  # student != teacher: an EMA step would move every teacher entry
+    before = {k: v.clone() for k, v in model.teacher.named_buffers()}
+    linear = [m for m in model.student.head.modules() if isinstance(m, nn.Linear)][-1]
+    weight_norm(linear)
+    with pytest.raises(ValueError, match="update_teacher: the student no longer has the parameters"):
+        model.update_teacher(0.5)
+    for k, v in model.teacher.named_buffers():
+        assert torch.equal(v, before[k]), k
