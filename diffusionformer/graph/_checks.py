@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 
+import torch
 from torch import Tensor
 
 from diffusionformer.config import _choice_hint
@@ -16,7 +17,12 @@ LAYOUTS: tuple[str, ...] = ("dense", "sparse")
 
 def check_int(name: str, value: object, minimum: int) -> int:
     """``value`` as a Python int ``>= minimum`` (numpy ints too); TypeError for non-integers (bools included),
-    ValueError below the bound."""
+    ValueError below the bound. A symbolic size (a ``torch.SymInt``, as ``x.shape[1]`` is while
+    :func:`torch.export.export` traces without dynamo with a dynamic dimension) is checked and kept symbolic."""
+    if isinstance(value, torch.SymInt):
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        return value  # type: ignore[return-value]  # int() would specialise the traced size
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < minimum:

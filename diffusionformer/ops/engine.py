@@ -149,8 +149,11 @@ def _tensor_cache(maxsize: int) -> Callable[[_F], _F]:
 
     Under :class:`~torch._subclasses.fake_tensor.FakeTensorMode` (a dry run, ``make_fx``) the function
     builds a fake tensor: cached, every later real call would get it (and a fake call a real tensor cached
-    before), both refused by torch for ever after. Under such a mode the function runs uncached. While
-    compiling the cache is left to dynamo, which traces the function itself.
+    before), both refused by torch for ever after. Under such a mode the function runs uncached, also
+    while :func:`torch.export.export` traces without dynamo (``strict=False``, where
+    :func:`torch.compiler.is_compiling` is true too), and while :func:`torch.jit.trace` records (a cache hit
+    is a constant there and a miss the operations that build it, so two traces differed). While dynamo
+    traces the cache is left to it, as it traces the function itself.
     """
 
     def wrap(fn: _F) -> _F:
@@ -158,7 +161,7 @@ def _tensor_cache(maxsize: int) -> Callable[[_F], _F]:
 
         @wraps(fn)
         def call(*args: Any) -> Any:
-            if not torch.compiler.is_compiling() and is_in_torch_dispatch_mode():
+            if torch.jit.is_tracing() or (not torch.compiler.is_dynamo_compiling() and is_in_torch_dispatch_mode()):
                 return fn(*args)
             return cached(*args)
 
@@ -662,7 +665,8 @@ def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun], *, inplace: 
     columns = _head_columns(runs, y.shape[-2], y.device, y.dtype)
     if columns is not None:  # stock autograd ops: 2 kernels each way and no Python in the backward pass
         c0, c1 = columns
-        if copy or transformed or torch.compiler.is_compiling():  # dynamo refuses out= on a strided view
+        # dynamo refuses out= on a strided view; torch.jit.trace checks a trace by tracing again without grad
+        if copy or transformed or torch.compiler.is_compiling() or torch.jit.is_tracing():
             return torch.addcmul(v * c0, y, c1)
         return torch.addcmul(v * c0, y, c1, out=y)  # the same operation, in place: inference equals training
     if transformed:  # coefficients not exact in y's dtype: multiplied in float32 (at least), as documented

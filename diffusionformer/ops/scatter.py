@@ -65,6 +65,10 @@ def _check_index(src: Tensor, index: Tensor, dim_size: int) -> int:
         )
     if index.device != src.device:
         raise ValueError(f"index must be on the device of src ({src.device}), got {index.device}")
+    if isinstance(dim_size, torch.SymInt):  # a traced size (torch.export without dynamo): left symbolic
+        if dim_size < 0:
+            raise ValueError(f"dim_size must be non-negative, got {dim_size}")
+        return dim_size  # type: ignore[return-value]
     if isinstance(dim_size, bool) or not isinstance(dim_size, numbers.Integral):
         raise TypeError(f"dim_size must be an int, got {_value_type(dim_size)} ({dim_size!r})")
     if dim_size < 0:

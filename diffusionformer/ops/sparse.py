@@ -132,6 +132,10 @@ def _check_num_nodes(num_nodes: int | None, N: int, name: str) -> int:
     """``num_nodes`` checked against the ``N`` rows of the tensor ``name`` (``N`` when ``None``)."""
     if num_nodes is None:
         return N
+    if isinstance(num_nodes, torch.SymInt):  # a traced size (torch.export without dynamo): left symbolic
+        if num_nodes != N:
+            raise ValueError(f"num_nodes={num_nodes} disagrees with {name}, which has N={N} rows")
+        return N
     if not isinstance(num_nodes, numbers.Integral) or isinstance(num_nodes, bool):  # numpy ints too
         raise TypeError(f"num_nodes must be an int or None, got {type(num_nodes).__name__}")
     if num_nodes != N:
