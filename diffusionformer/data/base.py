@@ -86,10 +86,6 @@ def _check_ids(what: str, ids: Tensor, n: int, name: str, extra: str = "") -> No
                          f"{int(ids.max())}]")
 
 
-def _shape(t: Tensor) -> str:
-    return "x".join(str(s) for s in t.shape)
-
-
 class _TensorSplits:
     """``x_<split>`` / ``y_<split>`` tensor pairs shared by the supervised containers."""
 

@@ -51,7 +51,6 @@ from diffusionformer.experiments.build import task_data
 from diffusionformer.experiments.results import (_DATA_KEYS, _data_identity, _runs_of_another_train,
                                                  read_json_dict, run_dir)
 from diffusionformer.experiments.stats import welch_t
-from diffusionformer.experiments.tasks import _HELDOUT_SEED, _TEXT_SEED  # noqa: F401  (back-compat: their home is tasks)
 from diffusionformer.experiments.tasks import find_adapter, heldout_batches, model_family
 from diffusionformer.models import learned_operator_parameters
 from diffusionformer.train.checkpoint import CHECKPOINT_NAME

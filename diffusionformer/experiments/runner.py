@@ -47,17 +47,13 @@ from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_
 from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _completed, _data_identity, _definition,
                                                  _identity_changes, _normalized_identity, _result_from_files,
                                                  _train_identity, _without_new_defaults, read_json_dict)
-from diffusionformer.experiments.results import _read_summary as _read_summary  # noqa: F401  (back-compat)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
                                                  select_evaluation)
 from diffusionformer.experiments.stats import difference_t, paired_t, welch_t  # re-exported: their home is stats
 from diffusionformer.experiments.store import LOCK_NAME
-from diffusionformer.experiments.store import _pid_alive as _pid_alive  # noqa: F401  (back-compat)
 from diffusionformer.experiments.store import acquire_lock as _acquire_lock
-from diffusionformer.experiments.store import live_holder as _live_holder  # noqa: F401  (back-compat)
-from diffusionformer.experiments.store import read_lock as _read_lock  # noqa: F401  (back-compat)
+from diffusionformer.experiments.store import live_holder as _live_holder
 from diffusionformer.experiments.store import release_lock as _release_lock
-from diffusionformer.experiments.tables import _fmt as _fmt  # noqa: F401  (back-compat)
 from diffusionformer.experiments.tables import aggregate, format_status, format_table
 from diffusionformer.experiments.tasks import build_task
 from diffusionformer.train import CheckpointError, NonFiniteLossError, Trainer, seed_everything

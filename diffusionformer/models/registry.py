@@ -16,7 +16,6 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-import torch  # noqa: F401  (doctests)
 from torch import nn
 
 from diffusionformer.config import _check_flag, config_from_dict

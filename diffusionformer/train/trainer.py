@@ -252,7 +252,7 @@ class Trainer:
                 ctx.shutdown()
 
     # ------------------------------------------------------------------ setup
-    def _resume_payload(self, ctx: DistContext) -> dict[str, Any] | None:
+    def _resume_payload(self) -> dict[str, Any] | None:
         if self.resume is False:
             existing = [p.name for p in (self.checkpoint_path, self.metrics_path, self.summary_path,
                                          self.out_dir / CSV_NAME, self.out_dir / TENSORBOARD_DIR)
@@ -408,7 +408,7 @@ class Trainer:
         if ctx.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         ctx.barrier()
-        payload = self._resume_payload(ctx)
+        payload = self._resume_payload()
         ctx.barrier()  # every rank has looked at out_dir before rank 0 writes to it
 
         model = self.model.to(device)
