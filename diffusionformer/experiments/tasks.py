@@ -54,6 +54,13 @@ def _positive_int(name: str, value: Any) -> int:
     return n
 
 
+def _split_scores(task: Any, model: nn.Module) -> dict[str, float]:
+    """The validation and test splits' ``(loss, accuracy)`` from ``task._score``, as the log's keys."""
+    val_loss, val_acc = task._score(model, task.data.x_val, task.data.y_val)
+    test_loss, test_acc = task._score(model, task.data.x_test, task.data.y_test)
+    return {"loss": val_loss, "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc}
+
+
 class ClassificationTask:
     r"""Images ``(N, C, H, W)`` or signals ``(N, T, F)`` with one label each.
 
@@ -125,9 +132,7 @@ class ClassificationTask:
         return loss_sum / x.shape[0], correct / x.shape[0]
 
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
-        val_loss, val_acc = self._score(model, self.data.x_val, self.data.y_val)
-        test_loss, test_acc = self._score(model, self.data.x_test, self.data.y_test)
-        return {"loss": val_loss, "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc}
+        return _split_scores(self, model)
 
 
 def _unwrap_dino(model: nn.Module) -> Any:
@@ -388,9 +393,7 @@ class SequenceLMTask:
         return loss_sum / count, correct / count
 
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
-        val_loss, val_acc = self._score(model, self.data.x_val, self.data.y_val)
-        test_loss, test_acc = self._score(model, self.data.x_test, self.data.y_test)
-        return {"loss": val_loss, "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc}
+        return _split_scores(self, model)
 
 
 class NodeTask:
