@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch_geometric
 from torch import Tensor, nn
 
 from diffusionformer.config import _choice_hint, _value_type
@@ -106,6 +107,34 @@ def _check_batch(batch: Any, num_nodes: int) -> None:
                         f"{batch.dtype}{how}")
 
 
+def _plain_edges(edge_index: Any) -> Any:
+    """``edge_index`` as a plain tensor when it is a PyG ``EdgeIndex`` (a wrapper subclass: its ``as_tensor()``), else
+    as it is. PyG's ``is_undirected`` and ``coalesce`` (``to_torch_csr_tensor``) add an EdgeIndex's ``Index`` row in
+    place into a plain tensor, which fails: "'Tensor' object has no attribute 'dim_size'"."""
+    edge_index_cls = getattr(torch_geometric, "EdgeIndex", None)  # PyG >= 2.5
+    return edge_index.as_tensor() if edge_index_cls is not None and isinstance(edge_index, edge_index_cls) else edge_index
+
+
+def _sized_edge_index(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """A PyG ``EdgeIndex`` (checked, in bounds) with the sparse size ``(N, N)`` of the ``N`` rows of ``x``; other
+    tensors as they are. PyG's message passing checks ``x`` against an EdgeIndex's sparse size: one sorted with
+    ``sort_by`` (PyG infers ``(max + 1, None)``) or sized for fewer nodes (an isolated last node) failed in GIN with
+    PyG's bare "Encountered tensor with size 6 in dimension -2, but expected size 5", where the plain edges run; one
+    sized for more nodes than ``x`` has rows is a ``ValueError`` naming it. Sort order and symmetry are kept."""
+    edge_index_cls = getattr(torch_geometric, "EdgeIndex", None)  # PyG >= 2.5
+    if edge_index_cls is None or not isinstance(edge_index, edge_index_cls):
+        return edge_index
+    size = tuple(edge_index.sparse_size())
+    if any(s is not None and s > num_nodes for s in size):
+        raise ValueError(f"edge_index: an EdgeIndex of sparse_size {size} describes more nodes than x has rows "
+                         f"(N={num_nodes}); give x a row per node, or build the EdgeIndex with "
+                         f"sparse_size=({num_nodes}, {num_nodes})")
+    if size == (num_nodes, num_nodes):
+        return edge_index
+    return edge_index_cls(edge_index.as_tensor(), sparse_size=(num_nodes, num_nodes),
+                          sort_order=edge_index.sort_order, is_undirected=edge_index.is_undirected)
+
+
 def _conv_edges(edge_index: Any, num_nodes: int, dtype: torch.dtype) -> Any:
     """The edges of a GCN/GIN forward: an ``edge_index`` ``(2, E)`` checked (shape, dtype; bounds on CPU in eager
     mode); a torch sparse adjacency, which PyG's convolutions read as ``adj_t`` (row ``i`` lists the sources of target
@@ -116,7 +145,7 @@ def _conv_edges(edge_index: Any, num_nodes: int, dtype: torch.dtype) -> Any:
     tensor then gave a wrong ``to_sparse_csr()`` and wrong results in the next model); other objects (a
     ``torch_sparse.SparseTensor``) passed to PyG as they are."""
     if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided:
-        return check_edge_index(edge_index, num_nodes)
+        return _sized_edge_index(check_edge_index(edge_index, num_nodes), num_nodes)
     if not isinstance(edge_index, Tensor):
         return edge_index
     if edge_index.layout not in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc):

@@ -24,7 +24,7 @@ from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools,
                                            _check_graph_devices, _check_graph_task, _check_mlp_ratio, _check_num_graphs,
-                                           _check_real_features, _check_size,
+                                           _check_real_features, _check_size, _plain_edges,
                                            check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
@@ -160,14 +160,15 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
             raise ValueError(f"positional_encoding_transform: the Laplacian PE is per graph, got a Batch of "
                              f"{data.num_graphs} graphs (the eigenvectors of their union mix them); apply it to each "
                              "graph, e.g. as the dataset's transform")
-        if N and not is_undirected(data.edge_index, data.edge_weight, num_nodes=N):
+        edge_index = _plain_edges(data.edge_index)  # (PyG's is_undirected fails on an EdgeIndex)
+        if N and not is_undirected(edge_index, data.edge_weight, num_nodes=N):
             raise ValueError("positional_encoding_transform: the Laplacian PE needs an undirected graph (every edge "
                              "in both directions, with equal weights), got a directed edge_index; make it undirected "
                              "first (torch_geometric.utils.to_undirected)")
         weight = data.edge_weight
         if weight is not None and not weight.is_floating_point():  # integer counts (as the random-walk PE takes
             weight = weight.to(torch.get_default_dtype())  # them): PyG's D^-1/2 W D^-1/2 failed to cast back to int
-        graph = Data(edge_index=data.edge_index, edge_weight=weight, num_nodes=N)
+        graph = Data(edge_index=edge_index, edge_weight=weight, num_nodes=N)
         with _PrivateDraws():  # PyG's random sign flip (undone below) drew from the global generator
             if N > self.k + 1:
                 # ARPACK (PyG's solver from SPARSE_THRESHOLD nodes on) starts from a random vector of numpy's global
@@ -232,7 +233,8 @@ class _RandomWalkPE(AddRandomWalkPE):
 
         N = data.num_nodes
         _check_pe_edge_weight(data, "random-walk")
-        row, col = data.edge_index
+        edge_index = _plain_edges(data.edge_index)  # (PyG's coalesce, in to_torch_csr_tensor, fails on an EdgeIndex)
+        row, col = edge_index
         value = torch.ones(row.shape[0], device=row.device) if data.edge_weight is None else data.edge_weight
         value = value.to(torch.promote_types(value.dtype, torch.get_default_dtype()))  # integer weights divide
         deg = scatter(value, row, dim_size=N, reduce="sum")[row]
@@ -243,7 +245,7 @@ class _RandomWalkPE(AddRandomWalkPE):
             return get_self_loop_attr(*to_edge_index(out), num_nodes=N) if sparse else out.diagonal()
 
         if sparse:
-            adj = to_torch_csr_tensor(data.edge_index, value, size=(N, N))
+            adj = to_torch_csr_tensor(edge_index, value, size=(N, N))
         else:
             adj = torch.zeros(N, N, dtype=value.dtype, device=row.device).index_put_((row, col), value,
                                                                                      accumulate=True)
