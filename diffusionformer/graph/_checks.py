@@ -45,3 +45,14 @@ def check_within_graphs(edge_index: Tensor, batch: Tensor) -> None:
         if crossing:
             raise ValueError(f"edge_index connects nodes of different graphs ({crossing} edges with "
                              "batch[source] != batch[target]); graphs in a batch must be block-diagonal")
+
+
+def _plain_ids(t: Tensor) -> Tensor:
+    """A PyG ``EdgeIndex`` or ``Index`` (wrapper subclasses of Tensor) as its plain tensor (``as_tensor()``), other
+    tensors as they are. Their metadata (a sparse size, a sort order) is PyG's to keep up to date, not ours: kept
+    through our graphs it went stale (a size (3, 3) on 6 nodes reached PyG's GINConv, "expected size 3"), every op
+    paid ``__torch_function__`` (2x a layer), and PyG's own ``is_undirected``/``coalesce`` failed on an EdgeIndex
+    ("'Tensor' object has no attribute 'dim_size'")."""
+    if type(t) is not Tensor and callable(getattr(t, "as_tensor", None)):
+        return t.as_tensor()
+    return t

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from diffusionformer.config import _check_flag
-from diffusionformer.graph._checks import LAYOUTS, check_int, check_layout, check_within_graphs
+from diffusionformer.graph._checks import LAYOUTS, _plain_ids, check_int, check_layout, check_within_graphs
 from diffusionformer.graph._structure import (
     replicate_edges,
     structural_edges,
@@ -60,11 +60,7 @@ def _check_index_tensor(name: str, t: object, layout: str) -> Tensor:
     _check_strided(name, t, _SPARSE_ADJACENCY_FIX if name == "edge_index" else f"pass {name}.to_dense()")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:  # uint16/32/64 are integers too
         raise TypeError(f"{name} must be an integer tensor of shape {layout}, got dtype {t.dtype}")
-    if type(t) is not Tensor and callable(getattr(t, "as_tensor", None)):
-        # PyG's EdgeIndex / Index (wrapper subclasses): their metadata (a sparse size, a sort order) is not ours to
-        # keep up to date, so the graph holds the plain ids; kept, a stale size (3, 3) on 6 nodes reached PyG's
-        # GINConv through graph.edge_index ("expected size 3"), and every op paid __torch_function__ (2x a layer)
-        t = t.as_tensor()
+    t = _plain_ids(t)  # a PyG EdgeIndex / Index: the graph holds its plain ids
     out = t.long()
     if t.dtype == torch.uint64 and bool((out < 0).any()):  # ids of 2**63 and above wrapped to negative ones
         raise ValueError(f"{name} holds uint64 ids of 2**63 or more (past int64), up to "

@@ -107,14 +107,6 @@ def _check_batch(batch: Any, num_nodes: int) -> None:
                         f"{batch.dtype}{how}")
 
 
-def _plain_edges(edge_index: Any) -> Any:
-    """``edge_index`` as a plain tensor when it is a PyG ``EdgeIndex`` (a wrapper subclass: its ``as_tensor()``), else
-    as it is. PyG's ``is_undirected`` and ``coalesce`` (``to_torch_csr_tensor``) add an EdgeIndex's ``Index`` row in
-    place into a plain tensor, which fails: "'Tensor' object has no attribute 'dim_size'"."""
-    edge_index_cls = getattr(torch_geometric, "EdgeIndex", None)  # PyG >= 2.5
-    return edge_index.as_tensor() if edge_index_cls is not None and isinstance(edge_index, edge_index_cls) else edge_index
-
-
 def _sized_edge_index(edge_index: Tensor, num_nodes: int) -> Tensor:
     """A PyG ``EdgeIndex`` (checked, in bounds) with the sparse size ``(N, N)`` of the ``N`` rows of ``x``; other
     tensors as they are. PyG's message passing checks ``x`` against an EdgeIndex's sparse size: one sorted with

@@ -14,6 +14,7 @@ from torch_geometric.transforms.add_positional_encoding import add_node_attr
 from torch_geometric.utils import add_self_loops, is_undirected, remove_self_loops, scatter, to_dense_batch
 
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
+from diffusionformer.graph._checks import _plain_ids
 from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edge_index_shape_error
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
@@ -24,7 +25,7 @@ from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools,
                                            _check_graph_devices, _check_graph_task, _check_mlp_ratio, _check_num_graphs,
-                                           _check_real_features, _check_size, _plain_edges,
+                                           _check_real_features, _check_size,
                                            check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
@@ -160,7 +161,7 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
             raise ValueError(f"positional_encoding_transform: the Laplacian PE is per graph, got a Batch of "
                              f"{data.num_graphs} graphs (the eigenvectors of their union mix them); apply it to each "
                              "graph, e.g. as the dataset's transform")
-        edge_index = _plain_edges(data.edge_index)  # (PyG's is_undirected fails on an EdgeIndex)
+        edge_index = _plain_ids(data.edge_index)  # (PyG's is_undirected fails on an EdgeIndex)
         if N and not is_undirected(edge_index, data.edge_weight, num_nodes=N):
             raise ValueError("positional_encoding_transform: the Laplacian PE needs an undirected graph (every edge "
                              "in both directions, with equal weights), got a directed edge_index; make it undirected "
@@ -233,7 +234,7 @@ class _RandomWalkPE(AddRandomWalkPE):
 
         N = data.num_nodes
         _check_pe_edge_weight(data, "random-walk")
-        edge_index = _plain_edges(data.edge_index)  # (PyG's coalesce, in to_torch_csr_tensor, fails on an EdgeIndex)
+        edge_index = _plain_ids(data.edge_index)  # (PyG's coalesce, in to_torch_csr_tensor, fails on an EdgeIndex)
         row, col = edge_index
         value = torch.ones(row.shape[0], device=row.device) if data.edge_weight is None else data.edge_weight
         value = value.to(torch.promote_types(value.dtype, torch.get_default_dtype()))  # integer weights divide
