@@ -217,7 +217,7 @@ class DiffusionGPT(nn.Module):
             raise ValueError(f"targets must be on idx's device {idx.device}, got {targets.device}")
         if targets is not None and targets.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"targets must be token ids (an integer tensor), got dtype {targets.dtype}")
-        if targets is not None and idx.device.type == "cpu" and not torch.compiler.is_compiling():
+        if targets is not None and checks_values(targets):  # CPU, eager, not batched by vmap (no host read there)
             _check_token_ids("targets", targets, self.config.vocab_size, ignore_index=-100)
         x = self._embed(idx)  # (B, T, D)
         inter = ModelIntermediates(embeddings=x) if return_intermediates else None
@@ -246,7 +246,7 @@ class DiffusionGPT(nn.Module):
             raise ValueError(f"idx must hold at least one sequence of at least one token, got shape {tuple(idx.shape)}")
         if idx.device != _stored_weight(self.tok_emb).device:  # a meta idx on a CPU model gave CPU logits of garbage
             raise ValueError(f"idx must be on the model's device {_stored_weight(self.tok_emb).device}, got {idx.device}")
-        if idx.device.type == "cpu" and not torch.compiler.is_compiling():  # no host sync on accelerators
+        if checks_values(idx):  # no host sync on accelerators, no host read of ids batched by vmap
             _check_token_ids("idx", idx, self.config.vocab_size)
 
     def _block_size(self) -> int:

@@ -21,7 +21,7 @@ from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn._weights import _stored_weight
 from diffusionformer.nn.block import Mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.edge_features import _check_edge_operators, edge_feature_attention
-from diffusionformer.ops._checks import checks_values
+from diffusionformer.ops._checks import _vmapped, checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools,
                                            _check_graph_devices, _check_graph_task, _check_mlp_ratio, _check_num_graphs,
@@ -412,7 +412,9 @@ class GraphBlock(nn.Module):
         if self.global_attn is not None:
             # (the graph ids were checked above: g[mask] returns nodes in sorted-id order, pos_i = i - ptr_{b_i}
             # holds for sorted ids only)
-            if max_num_nodes is None and num_graphs is None and not no_nodes:  # sizes read from batch (host syncs)
+            # sizes read from batch (host syncs); under torch.vmap the out-of-place gather of _global_sized (to_dense_batch
+            # writes the batched features into an unbatched zero tensor in place, which vmap refuses)
+            if max_num_nodes is None and num_graphs is None and not no_nodes and not _vmapped(h):
                 dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
                 g = self.global_attn(dense, key_padding_mask=~mask, state=global_state)
                 update = update + g[mask]

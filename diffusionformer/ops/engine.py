@@ -113,7 +113,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from diffusionformer.ops.recompute import _in_eager_transform
+from diffusionformer.ops.recompute import _in_eager_transform, _in_forward_ad
 
 __all__ = [
     "Backend",
@@ -660,8 +660,9 @@ def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun], *, inplace: 
     copy = grad if inplace is None else not inplace
     # a torch.func transform (vmap, grad, jacrev, ...): out= kernels have no batching rule (and a batched tensor
     # says requires_grad=False whatever autograd records), and every transform refuses AffineHeads (an
-    # autograd.Function without setup_context): stock out-of-place operations only
-    transformed = _in_eager_transform()
+    # autograd.Function without setup_context): stock out-of-place operations only; so under forward-mode AD (dual
+    # tensors refuse out= kernels, and AffineHeads has no jvp)
+    transformed = _in_eager_transform() or _in_forward_ad()
     columns = _head_columns(runs, y.shape[-2], y.device, y.dtype)
     if columns is not None:  # stock autograd ops: 2 kernels each way and no Python in the backward pass
         c0, c1 = columns

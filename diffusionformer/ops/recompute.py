@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 __all__ = ["recompute_saved", "wants_recompute"]
@@ -131,6 +132,13 @@ def _outer_hooks() -> bool:
 def _in_functorch() -> bool:
     """Whether a ``torch.func`` transform (``grad``, ``vjp``, ``vmap``, ...) is running: they refuse saved-tensor hooks."""
     return _FUNCTORCH_STACK is None or _FUNCTORCH_STACK() is not None
+
+
+def _in_forward_ad() -> bool:
+    """Whether a forward-mode AD level (:func:`torch.autograd.forward_ad.dual_level`) is open in eager mode: dual tensors
+    may flow, and forward AD refuses ``out=`` kernels and ``autograd.Function`` objects without ``jvp``, as the
+    ``torch.func`` transforms refuse them (the paths that :func:`_in_eager_transform` avoids)."""
+    return not torch.compiler.is_compiling() and getattr(_forward_ad, "_current_level", -1) >= 0
 
 
 def _in_eager_transform() -> bool:
