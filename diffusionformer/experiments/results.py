@@ -445,7 +445,8 @@ def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[
 def first_reach(records: list[dict[str, Any]], task: TaskConfig) -> int | None:
     """The first evaluated step at which ``task.reach``'s key meets its threshold, else ``None``.
 
-    The key must reach ``>=`` the threshold, or ``<=`` for keys ending in ``loss``. The step
+    The key must reach ``>=`` the threshold, or ``<=`` for keys that are minimised (losses,
+    perplexities, error rates, distances: as ``metric``'s direction). The step
     is a multiple of the evaluation interval, so it bounds the true first step from above.
 
     Args:
