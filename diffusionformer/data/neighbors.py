@@ -47,6 +47,24 @@ def has_compiled_sampler() -> bool:
     return bool(pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE)
 
 
+_GENERATOR_STATE = "torch.Generator state"  # the tag of a generator pickled as its state's bytes
+
+
+def _generator_from_bytes(device: str, state: bytes) -> torch.Generator:
+    """A generator on ``device`` in the state ``state`` (``get_state()``'s bytes)."""
+    g = torch.Generator(device=device)
+    g.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    return g
+
+
+class _BytesPickledGenerator(torch.Generator):
+    """A ``torch.Generator`` that pickles its state as bytes, not as a temporary tensor (which a DataLoader's spawn
+    workers on Linux get by file descriptor, freed before the worker starts: "bad value(s) in fds_to_keep")."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str, bytes]]:
+        return _generator_from_bytes, (str(self.device), self.get_state().numpy().tobytes())
+
+
 class TorchNeighborSampler(BaseSampler):
     r"""Uniform neighbour sampling without replacement in pure PyTorch (no compiled extension).
 
@@ -106,6 +124,23 @@ class TorchNeighborSampler(BaseSampler):
         self.row = src[perm]  # sources in CSC order
         self.colptr = torch.zeros(N + 1, dtype=torch.long)
         self.colptr[1:] = torch.cumsum(torch.bincount(dst_sorted, minlength=N), 0)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a torch.Generator pickles its state as a temporary tensor, which a DataLoader's spawn workers on Linux get
+        # by file descriptor: freed before the worker starts ("bad value(s) in fds_to_keep"); its bytes travel whole
+        state = dict(self.__dict__)
+        for key in ("generator", "_worker_generator"):
+            g = state.get(key)
+            if isinstance(g, torch.Generator):
+                state[key] = (_GENERATOR_STATE, str(g.device), g.get_state().numpy().tobytes())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key in ("generator", "_worker_generator"):
+            g = state.get(key)
+            if isinstance(g, tuple) and g[:1] == (_GENERATOR_STATE,):
+                state[key] = _generator_from_bytes(g[1], g[2])
+        self.__dict__.update(state)
 
     def _built_on(self, edge_index: Any) -> bool:
         """Whether ``edge_index`` holds the edges this sampler was built on, in the same order."""
@@ -245,7 +280,8 @@ def _loader_generator(generator: torch.Generator) -> torch.Generator:
     """The ``DataLoader``'s generator (shuffling, worker seeds): seeded from ``generator``'s state, not drawn from it,
     so the sampler's draws stay those of ``generator`` (as :func:`neighbor_batch`'s from the same state)."""
     digest = hashlib.blake2b(generator.get_state().numpy().tobytes(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") % 2**63)
+    # pickled with the loader (its collate_fn is the loader's method) into every spawn worker
+    return _BytesPickledGenerator().manual_seed(int.from_bytes(digest, "little") % 2**63)
 
 
 def neighbor_loader(

@@ -40,6 +40,20 @@ from diffusionformer.train.distributed import _rank_zero
 __all__ = ["main"]
 
 
+_ASCII_STAND_INS = str.maketrans({"\u00b1": "+/-", "\u0394": "delta", "\u00b2": "^2"})
+
+
+def _print(text: str = "", end: str = "\n") -> None:
+    """``print`` to stdout, also where it cannot encode every character (a Windows console's code page, a pipe
+    under ``LC_ALL=C``): the tables' ``\u00b1`` and ``\u0394`` as ASCII, anything else escaped, not a
+    ``UnicodeEncodeError`` after the runs are done."""
+    try:
+        print(text, end=end)
+    except UnicodeEncodeError:  # nothing written: a text stream encodes the whole string first
+        encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+        print((text + end).translate(_ASCII_STAND_INS).encode(encoding, "backslashreplace").decode(encoding), end="")
+
+
 class _Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors suggest the closest name: a misspelt option is reported with the usage of
     its command and ``did you mean '--device'?``, a misspelt command or choice with ``did you mean 'run'?``."""
@@ -269,11 +283,11 @@ def _main(argv: list[str] | None) -> int:
             from diffusionformer.models import get_preset, list_models
             from diffusionformer.operators import list_operators
 
-            print("datasets: ", ", ".join(list_datasets()))
-            print("operators:", ", ".join(list_operators()))
-            print("models:")
+            _print("datasets:  " + ", ".join(list_datasets()))
+            _print("operators: " + ", ".join(list_operators()))
+            _print("models:")
             for m in list_models():
-                print(f"  {m:20s} {get_preset(m).description}")
+                _print(f"  {m:20s} {get_preset(m).description}")
             return 0
         if args.command == "summary":
             from diffusionformer.experiments.publish import summary_table
@@ -281,7 +295,7 @@ def _main(argv: list[str] | None) -> int:
             configs = [load_experiment_config(c, args.overrides) for c in args.configs]
             for c in configs:  # else a file as --out is "no results ...; run the comparisons first"
                 _check_out(args.out, c.name)
-            print(summary_table(configs, args.out, selected=args.selected), end="")
+            _print(summary_table(configs, args.out, selected=args.selected), end="")
             return 0
         config = load_experiment_config(args.config, args.overrides)
         if getattr(args, "out", None) is not None:
@@ -297,24 +311,24 @@ def _main(argv: list[str] | None) -> int:
             # every task x setting x seed resolves (datasets whose files are absent: from the preset's sizes);
             # a --data-root given is checked too (a misspelt one is not taken for data not yet downloaded)
             check_experiment(config, data_root=args.data_root, missing_data_ok=args.data_root is None)
-            print(f"{config.name}: {len(config.tasks)} tasks x {len(config.operators)} operator settings x "
+            _print(f"{config.name}: {len(config.tasks)} tasks x {len(config.operators)} operator settings x "
                   f"{len(config.seeds)} seeds = {len(config.tasks) * len(config.operators) * len(config.seeds)} runs")
             for t in config.tasks:
-                print(f"  task {t.name}: {t.dataset} -> {t.model}, metric {t.metric}, train {t.train}")
+                _print(f"  task {t.name}: {t.dataset} -> {t.model}, metric {t.metric}, train {t.train}")
             for o in config.operators:
-                print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}")
+                _print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}")
             return 0
         if args.command == "status":
             from diffusionformer.experiments.results import run_status
             from diffusionformer.experiments.tables import format_status
 
-            print(format_status(run_status(config, args.out)), end="")
+            _print(format_status(run_status(config, args.out)), end="")
             return 0
         if args.command == "publish":
             from diffusionformer.experiments.publish import publish_experiment
 
             page = publish_experiment(config, args.out, args.to, config_path=args.config)
-            print(f"wrote {page}")
+            _print(f"wrote {page}")
             return 0
         if args.command == "analyze":
             _size_threads(args)
@@ -361,10 +375,10 @@ def _main(argv: list[str] | None) -> int:
         results = run_experiment(config, args.out, data_root=args.data_root, resume=not args.restart,
                                  progress=not args.no_progress, device=device, tasks=args.tasks)
         if _rank_zero():
-            print()
-            print(format_table(aggregate(results), config, compact=True))
+            _print()
+            _print(format_table(aggregate(results), config, compact=True))
             out = Path(args.out) / config.name
-            print(f"results: {out}/results.md, {out}/results.json, plots in {out}/plots/ "
+            _print(f"results: {out}/results.md, {out}/results.json, plots in {out}/plots/ "
                   f"(wall time {time.perf_counter() - t0:.0f} s)")
         failed = [r for r in results if r.status != "completed"]
         if failed:

@@ -9,7 +9,9 @@ never both train it. The lock is therefore never visible half written:
 1. the claimant writes its record to a private temporary file beside the lock
    (``.lock.<pid>.<random>.tmp``), and
 2. ``os.link`` s it to ``.lock``; the link fails with ``FileExistsError`` when any lock is
-   there, so of several claimants exactly one wins.
+   there, so of several claimants exactly one wins. On a file system without hard links (FAT, exFAT, some
+   network and FUSE mounts) ``.lock`` is created exclusively instead (``O_EXCL``: one claimant wins there too)
+   and then written: read while still empty it counts as held, as an unreadable lock below.
 
 A claimant killed before it removed its temporary leaves it behind; the next claim of the run removes such
 leftovers once they are older than :data:`UNREADABLE_GRACE_S` and their writer is dead (or they are unreadable).
@@ -40,6 +42,7 @@ remove the ``.lock.break`` that a second had just linked, and both would take th
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
@@ -105,7 +108,26 @@ def _zombie(pid: int) -> bool:
         return False
 
 
+def _windows_pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs, on Windows: ``OpenProcess`` and ``GetExitCodeProcess`` (``STILL_ACTIVE``)."""
+    import ctypes
+
+    if not 0 < pid < 2**32:
+        return False
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+    handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+    if not handle:
+        return ctypes.get_last_error() == 5  # ERROR_ACCESS_DENIED: it exists, another user's
+    try:
+        code = ctypes.c_ulong()
+        return not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) or code.value == 259  # STILL_ACTIVE
+    finally:
+        kernel32.CloseHandle(handle)
+
+
 def _pid_alive(pid: int) -> bool:
+    if os.name == "nt":  # there os.kill(pid, 0) is TerminateProcess(pid, 0): it would kill the holder it asks after
+        return _windows_pid_alive(pid)
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):  # OverflowError: beyond pid_t, no process has it
@@ -210,7 +232,21 @@ def _link_exclusive(src: Path, dst: Path) -> bool:
         os.link(src, dst)
     except FileExistsError:
         return False
+    except OSError as err:  # a file system without hard links (FAT, exFAT, some network and FUSE mounts)
+        if err.errno not in _NO_HARD_LINKS:
+            raise
+        try:  # created exclusively, then written: read while empty it counts as held (a process still writing it)
+            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(src.read_bytes())
+            f.flush()
+            os.fsync(f.fileno())
     return True
+
+
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
 
 
 def acquire_lock(rdir: str | os.PathLike[str]) -> str | None:

@@ -350,14 +350,22 @@ def test_a_lock_that_keeps_reappearing_is_reported_not_claimed(tmp_path, monkeyp
 
 
 def test_a_filesystem_without_hard_links_is_an_error_not_a_held_run(tmp_path, monkeypatch):
-    """Kills store._link_exclusive catching every OSError (a results folder on a filesystem without hard
-    links would report every run as held by some process and train nothing, silently)."""
+    """Kills store._link_exclusive catching every OSError as "held" (a results folder on a filesystem without hard
+    links would report every run as held by some process and train nothing, silently): there the lock is created
+    exclusively (``O_EXCL``) instead, and an error that is not a missing hard link still raises."""
     def link(src, dst):
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(store.os, "link", link)
-    with pytest.raises(PermissionError):
-        acquire_lock(tmp_path)
+    assert acquire_lock(tmp_path) is None
+    assert read_lock(tmp_path) == ME
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store.os, "link", full)
+    with pytest.raises(OSError, match="No space left"):
+        acquire_lock(tmp_path / "other")
 
 
 def test_read_lock_of_a_lock_that_is_a_folder_is_none(tmp_path):
