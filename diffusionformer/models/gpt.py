@@ -242,6 +242,10 @@ class DiffusionGPT(nn.Module):
         if not isinstance(idx, Tensor) or idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 2:
             raise ValueError(f"idx must be an integer tensor of shape (B, T), got {getattr(idx, 'shape', idx)!r}"
                              f" with dtype {getattr(idx, 'dtype', None)}")
+        if idx.layout != torch.strided or idx.is_nested:  # else "ge: relation is indeterminate" from a jagged T
+            raise ValueError(f"idx must be a dense (strided) tensor of shape (B, T), got "
+                             f"{'a nested tensor' if idx.is_nested else 'a sparse tensor'} (layout {idx.layout}): pad "
+                             "the sequences (idx.to_padded_tensor(pad_id)) or call the model on each sequence")
         if idx.shape[0] < 1 or idx.shape[1] < 1:
             raise ValueError(f"idx must hold at least one sequence of at least one token, got shape {tuple(idx.shape)}")
         if idx.device != _stored_weight(self.tok_emb).device:  # a meta idx on a CPU model gave CPU logits of garbage

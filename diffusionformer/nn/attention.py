@@ -20,7 +20,7 @@ from diffusionformer.operators import DiffusionOperator
 from diffusionformer.operators.base import _checked_degree
 from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
-from diffusionformer.ops._checks import _backend_hint, _matrix_output, _check_is_causal, check_degrees, check_dropout, check_layout
+from diffusionformer.ops._checks import _backend_hint, _matrix_output, _check_is_causal, _check_strided, check_degrees, check_dropout, check_layout
 from diffusionformer.ops.engine import AffineRun, affine_coefficients, affine_runs, combine_affine, static_coefficients
 from diffusionformer.ops.recompute import recompute_saved, wants_recompute
 from diffusionformer.ops.sparse import SPARSE_BACKENDS
@@ -484,6 +484,8 @@ class DiffusionAttention(nn.Module):
             self._refresh_plan()
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+        # a nested (jagged) batch failed inside torch ("unsupported: NestedIntNode", "No viable backend")
+        _check_strided("x", x, "pass x.to_dense()")
         if not x.is_floating_point():
             raise TypeError(f"x must be floating point, got {x.dtype}")
         if x.shape[-1:] != (self.dim,):

@@ -14,12 +14,14 @@ are not polynomials in one ``P`` (the exact ``matrix_exp`` reference) set
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from diffusionformer.config import _check_flag
 from diffusionformer.ops._checks import checks_values
@@ -260,6 +262,15 @@ class DiffusionOperator(nn.Module):
 def _checked_degree(op: DiffusionOperator) -> int:
     """A polynomial operator's :attr:`~DiffusionOperator.degree` as an int, else a ValueError naming the class."""
     return check_count(op.degree, f"{type(op).__name__}.degree", minimum=0)
+
+
+@contextlib.contextmanager
+def _host_numbers() -> Iterator[None]:
+    """Real CPU tensors for a constructor that reads values as Python numbers: also under ``with torch.device("meta")``
+    (deferred init) and inside a :class:`~torch._subclasses.fake_tensor.FakeTensorMode` (a model built as a dry run,
+    whose factories make fake tensors: reading one raised ``DataDependentOutputException``)."""
+    with unset_fake_temporarily(), torch.device("cpu"):
+        yield
 
 
 def _meta_repr(t: Tensor) -> str | None:

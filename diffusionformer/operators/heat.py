@@ -9,9 +9,9 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.config import _choice_hint
-from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, _check_tol, _meta_repr,
-                                            check_finite_float, check_finite_parameter, check_flag, check_real,
-                                            static_dtype)
+from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, _check_tol, _host_numbers,
+                                            _meta_repr, check_finite_float, check_finite_parameter, check_flag,
+                                            check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.engine import _tensor_cache
@@ -90,9 +90,10 @@ _VECTOR_STEPS = 20
 def _taylor_table(steps: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """``k = 0 .. K`` and ``1 / k!`` in float64 on ``device``, built once (no copy to the device per call)."""
     with torch.inference_mode(False):
-        k = torch.arange(steps + 1, dtype=torch.float64)
+        # made on the CPU by name (a default device of meta has no values to copy), then moved
+        k = torch.arange(steps + 1, dtype=torch.float64, device="cpu")
         return k.to(device), torch.tensor([1.0 / math.factorial(i) for i in range(steps + 1)],
-                                          dtype=torch.float64).to(device)
+                                          dtype=torch.float64, device="cpu").to(device)
 
 
 def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> int:
@@ -278,7 +279,7 @@ class HeatOperator(DiffusionOperator):
         else:
             steps = int(steps)  # a numpy int from a sweep: the spec writes a Python int
             if steps <= MAX_STEPS:
-                with torch.device("cpu"):  # reads the bound as a float, also under `with torch.device("meta")`
+                with _host_numbers():  # reads the bound as a float, also under `with torch.device("meta")`
                     _check_truncation(t, steps, method, tol)
         if steps > MAX_STEPS:
             raise ValueError(f"steps={steps} exceeds the maximum of {MAX_STEPS}")
@@ -294,7 +295,7 @@ class HeatOperator(DiffusionOperator):
             self.t = nn.Parameter(torch.full((num_heads,), t))
         else:
             self.register_buffer("t", torch.tensor(t, dtype=torch.float64))
-            with torch.device("cpu"):  # Python floats, also under `with torch.device("meta")` (deferred init)
+            with _host_numbers():  # Python floats, also under `with torch.device("meta")` (deferred init)
                 self._static = tuple(heat_coefficients(torch.tensor(t, dtype=torch.float64), steps, method).tolist())
             self.register_buffer("_c", torch.tensor(self._static, dtype=static_dtype()), persistent=False)
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.config import _choice_hint
-from diffusionformer.operators.base import DiffusionOperator, check_count, check_finite_parameter
+from diffusionformer.operators.base import DiffusionOperator, _host_numbers, check_count, check_finite_parameter
 from diffusionformer.operators.registry import build_operator, register_operator
 
 __all__ = ["PolynomialOperator", "chebyshev_matrix"]
@@ -120,7 +120,7 @@ class PolynomialOperator(DiffusionOperator):
         self.steps = steps
         self.basis = basis
         device = torch.get_default_device()  # of theta and the basis: meta under `with torch.device("meta")`
-        with torch.device("cpu"):  # the initial values are read as numbers, also under a meta device (deferred init)
+        with _host_numbers():  # the initial values are read as numbers, also under a meta device (deferred init)
             if _is_array(init):
                 _check_init_array(init)
             # spec() writes list coefficients as given (float64: 0.1, not float32's 0.10000000149011612)
@@ -139,10 +139,12 @@ class PolynomialOperator(DiffusionOperator):
             theta = theta.to(torch.get_default_dtype())
             if not torch.isfinite(theta).all():  # a finite float64 value beyond the default dtype's range
                 raise ValueError(f"init coefficients must be finite in {theta.dtype}")
+        # rebuilt from the values: the real CPU tensors above are neither on a meta device nor, inside a
+        # FakeTensorMode (a dry run), fake (the mode refused them at the first call)
         if basis == "chebyshev":
             work = torch.float64 if theta.dtype == torch.float64 else torch.float32  # as _apply makes it
-            self.register_buffer("_basis", M.to(work).to(device), persistent=False)
-        self.theta = nn.Parameter(theta.to(device))
+            self.register_buffer("_basis", torch.tensor(M.tolist(), dtype=work, device=device), persistent=False)
+        self.theta = nn.Parameter(torch.tensor(theta.tolist(), dtype=theta.dtype, device=device))
 
     @staticmethod
     def _initial(init: Any, steps: int, G: int) -> Tensor:

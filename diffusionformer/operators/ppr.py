@@ -8,8 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, _check_loaded_constant, _check_tol,
-                                             _meta_repr, check_count, check_finite_parameter, check_flag, check_real,
-                                             static_dtype)
+                                             _host_numbers, _meta_repr, check_count, check_finite_parameter, check_flag,
+                                             check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
 from diffusionformer.ops.engine import _tensor_cache
 
@@ -42,8 +42,8 @@ def ppr_coefficients(alpha: Tensor, steps: int) -> Tensor:
 def _ppr_table(steps: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """``k = 0 .. K`` in ``dtype`` and the mask of ``k = K`` on ``device``, built once."""
     with torch.inference_mode(False):
-        k = torch.arange(steps + 1, dtype=dtype)
-        return k.to(device), (k == steps).to(device)
+        k = torch.arange(steps + 1, dtype=dtype, device=device)
+        return k, k == steps
 
 
 def ppr_steps_for_tolerance(alpha: float, tol: float) -> int:
@@ -127,7 +127,7 @@ class PPROperator(DiffusionOperator):
             self.alpha_logit = nn.Parameter(torch.full((num_heads,), math.log(alpha / (1.0 - alpha))))
         else:
             self.register_buffer("_alpha", torch.tensor(float(alpha), dtype=torch.float64))
-            with torch.device("cpu"):  # Python floats, also under `with torch.device("meta")` (deferred init)
+            with _host_numbers():  # Python floats, also under `with torch.device("meta")` (deferred init)
                 self._static = tuple(ppr_coefficients(torch.tensor(float(alpha), dtype=torch.float64), steps).tolist())
             self.register_buffer("_c", torch.tensor(self._static, dtype=static_dtype()), persistent=False)
 

@@ -35,7 +35,13 @@ _SPARSE_ADJACENCY_FIX = ("a sparse adjacency matrix adj[source, target] becomes 
 
 def _check_strided(name: str, t: Tensor, fix: str) -> None:
     """TypeError for a sparse (COO, CSR, ...) tensor, which the kernels' gathers, scatters and bounds checks do not
-    take (else a NotImplementedError or a memory-format error from inside torch that names no argument)."""
+    take (else a NotImplementedError or a memory-format error from inside torch that names no argument), or for a
+    nested tensor (``torch.nested``, jagged or strided: "doesn't support sizes" or "unsupported: NestedIntNode" from
+    inside torch, and a jagged one has no ``to_dense()``)."""
+    if t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a nested tensor (layout {t.layout}): pad the "
+                        f"sequences with {name}.to_padded_tensor(0.0) and mask the padding, or pass each sequence "
+                        "alone")
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}: {fix}")
 

@@ -137,7 +137,7 @@ _CSR_BETA = "Sparse CSR tensor support is in beta"
 def _quiet_csr(crow: Tensor, col: Tensor, values: Tensor, size: tuple[int, int]) -> Tensor:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_CSR_BETA)
-        return torch.sparse_csr_tensor(crow, col, values, size, check_invariants=False)
+        return torch.sparse_csr_tensor(crow, col, values, size, check_invariants=False, device=values.device)
 
 
 # torch gives its beta warning once per process (TORCH_WARN_ONCE, in the CSR tensor's constructor, for every
@@ -152,7 +152,7 @@ _quiet_csr(*(torch.zeros(n, dtype=dtype, device="cpu") for n, dtype in ((1, torc
 def _csr(crow: Tensor, col: Tensor, values: Tensor, size: tuple[int, int]) -> Tensor:
     if torch.is_warn_always_enabled():  # torch.set_warn_always(True) repeats the beta warning at every call
         return _quiet_csr(crow, col, values, size)
-    return torch.sparse_csr_tensor(crow, col, values, size, check_invariants=False)
+    return torch.sparse_csr_tensor(crow, col, values, size, check_invariants=False, device=values.device)
 
 
 def sddmm_heads(crow: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:

@@ -544,7 +544,9 @@ def static_tensor(rows: tuple[tuple[float, ...], ...], device: torch.device, dty
                 [ 1., -1.]])
     """
     with torch.inference_mode(False):
-        return torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=dtype)
+        # made on the CPU by name (under `with torch.device("meta")` a default-device tensor had no values to copy),
+        # cast there: a float64 tensor cannot be made on every device (MPS)
+        return torch.tensor(rows, dtype=torch.float64, device="cpu").to(device=device, dtype=dtype)
 
 
 def affine_coefficients(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -705,7 +707,7 @@ def _head_columns(runs: tuple[AffineRun, ...], num_heads: int, device: torch.dev
         c0[start:stop] = [a] * (stop - start)
         c1[start:stop] = [b] * (stop - start)
     with torch.inference_mode(False):
-        cast = torch.tensor([c0, c1], dtype=torch.float64).to(device=device, dtype=dtype).unsqueeze(-1)
+        cast = torch.tensor([c0, c1], dtype=torch.float64, device="cpu").to(device=device, dtype=dtype).unsqueeze(-1)
     return cast[0], cast[1]
 
 

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.overrides import handle_torch_function, has_torch_function
 
 from diffusionformer.config import _check_flag
 from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _SPARSE_ADJACENCY_FIX, _backend_hint, _check_is_causal, _check_strided, check_dropout, check_index_range, check_layout, check_scale, check_tensor
@@ -411,6 +412,13 @@ def diffuse_sparse_with_weights(
         >>> w.flatten().tolist()
         [1.0, 0.0, 0.5, 0.5]
     """
+    if (type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor) and has_torch_function((q, k, v)):
+        # a Tensor subclass with __torch_function__ (a logging tensor) gets the call as one function, as torch's own
+        # functional API does: run per operation, it wrapped the CSR kernels' sparse tensors in the subclass ("Sparse
+        # CSR tensors do not have strides"); the output comes back as the subclass, as on the dense path
+        return handle_torch_function(
+            diffuse_sparse_with_weights, (q, k, v), q, k, v, edge_index, coeffs, num_nodes=num_nodes, scale=scale,
+            degrees=degrees, dropout_p=dropout_p, backend=backend, is_causal=is_causal, need_weights=need_weights)
     N = _check_nodes(q, k, num_nodes)
     check_tensor("v", v, 3, "(N, H, C_v)")
     if v.shape[:2] != q.shape[:2]:

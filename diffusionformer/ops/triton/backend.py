@@ -172,7 +172,7 @@ def _degree_mask(degrees: tuple[int, ...], width: int, device: torch.device) -> 
     """``(H, width)`` float32: 1 where the power ``j <= degrees[h]``, else 0 (built once per layout and device)."""
     with torch.inference_mode(False):
         rows = [[1.0 if j <= d else 0.0 for j in range(width)] for d in degrees]
-        return torch.tensor(rows, dtype=torch.float32).to(device)
+        return torch.tensor(rows, dtype=torch.float32, device=device)
 
 
 @_tensor_cache(maxsize=256)
@@ -180,7 +180,7 @@ def _static_tensor(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]
     """Static coefficients as a float32 ``(H, K+1)`` tensor on ``device``, zero beyond each head's degree (cached)."""
     with torch.inference_mode(False):
         c = [[x if j <= d else 0.0 for j, x in enumerate(r)] for r, d in zip(rows, degrees)]
-        return torch.tensor(c, dtype=torch.float64).to(device=device, dtype=torch.float32)
+        return torch.tensor(c, dtype=torch.float64, device="cpu").to(device=device, dtype=torch.float32)
 
 
 def _to_degrees(c: Tensor, degrees: tuple[int, ...]) -> Tensor:
