@@ -17,27 +17,7 @@ import sys
 import pytest
 
 from diffusionformer.experiments.cli import main
-
-TINY_TOML = '''name = "tiny"
-seeds = [0]
-[[tasks]]
-name = "digits"
-dataset = "digits"
-model = "vit-digits"
-model_overrides = {dim = 8, depth = 1, num_heads = 2}
-[tasks.train]
-max_steps = 2
-batch_size = 8
-warmup_steps = 0
-eval_interval = 2
-log_interval = 1
-checkpoint_interval = 2
-[[operators]]
-name = "attention"
-[[operators]]
-name = "lap"
-laplacian_heads = 1
-'''
+from experiments_tiny_configs import TINY_DIGITS_TOML as TINY_TOML
 
 
 def test_bug_cli_tables_on_a_stdout_in_a_windows_code_page(tmp_path, monkeypatch, capsys):
