@@ -177,11 +177,12 @@ def _raise_on_every_rank(ctx: DistContext, error: Exception | None, what: str) -
     ctx.barrier()  # every cause is posted before any rank looks
     causes = {rank: store.get(key).decode(errors="replace") for rank, key in enumerate(keys)
               if rank != ctx.rank and store.check([key])}
+    # meet once more so that no rank leaves before the others have read the store (rank 0 may host it): after a run's
+    # last agreement (its summary) rank 0's script can end while another rank still reads, which then met
+    # "DistNetworkError: Connection reset by peer" and failed a run that went well
+    ctx.barrier()
     if error is None and not causes:
         return
-    # every rank saw the same failures: meet once more so that none leaves (rank 0 may host the store) before the
-    # others have read it, then stop
-    ctx.barrier()
     if error is not None:
         raise error
     rank = min(causes)
