@@ -113,7 +113,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from diffusionformer.ops.recompute import _in_eager_transform, _in_forward_ad
+from diffusionformer.ops.recompute import _in_eager_transform
 
 __all__ = [
     "Backend",
@@ -663,8 +663,8 @@ def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun], *, inplace: 
     # a torch.func transform (vmap, grad, jacrev, ...): out= kernels have no batching rule (and a batched tensor
     # says requires_grad=False whatever autograd records), and every transform refuses AffineHeads (an
     # autograd.Function without setup_context): stock out-of-place operations only; so under forward-mode AD (dual
-    # tensors refuse out= kernels, and AffineHeads has no jvp)
-    transformed = _in_eager_transform() or _in_forward_ad()
+    # tensors refuse out= kernels, and AffineHeads has no jvp), which _in_eager_transform counts too
+    transformed = _in_eager_transform()
     columns = _head_columns(runs, y.shape[-2], y.device, y.dtype)
     if columns is not None:  # stock autograd ops: 2 kernels each way and no Python in the backward pass
         c0, c1 = columns

@@ -137,14 +137,16 @@ def _in_functorch() -> bool:
 def _in_forward_ad() -> bool:
     """Whether a forward-mode AD level (:func:`torch.autograd.forward_ad.dual_level`) is open in eager mode: dual tensors
     may flow, and forward AD refuses ``out=`` kernels and ``autograd.Function`` objects without ``jvp``, as the
-    ``torch.func`` transforms refuse them (the paths that :func:`_in_eager_transform` avoids)."""
+    ``torch.func`` transforms refuse them."""
     return not torch.compiler.is_compiling() and getattr(_forward_ad, "_current_level", -1) >= 0
 
 
 def _in_eager_transform() -> bool:
-    """Whether an eager ``torch.func`` transform is running (not compiling: dynamo traces the transforms itself, and
-    the functorch stack is not to be read there). The test of every path that a transform refuses."""
-    return not torch.compiler.is_compiling() and _in_functorch()
+    """Whether an eager ``torch.func`` transform is running or a forward-mode AD level is open (:func:`_in_forward_ad`;
+    not compiling: dynamo traces the transforms itself, and the functorch stack is not to be read there). The test of
+    every path that a transform or dual tensors refuse (``out=`` kernels, ``autograd.Function`` objects without
+    ``setup_context`` or ``jvp``)."""
+    return _in_forward_ad() or (not torch.compiler.is_compiling() and _in_functorch())
 
 
 def wants_recompute() -> bool:

@@ -37,7 +37,7 @@ from diffusionformer.config import _check_flag
 from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _SPARSE_ADJACENCY_FIX, _backend_hint, _check_is_causal, _check_strided, check_dropout, check_index_range, check_layout, check_scale, check_tensor
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
-from diffusionformer.ops.recompute import _in_eager_transform, _in_forward_ad
+from diffusionformer.ops.recompute import _in_eager_transform, _in_functorch
 from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
 from diffusionformer.ops.scatter import ScatterBackend, scatter_sum, segment_softmax
 
@@ -59,15 +59,15 @@ def _use_csr(backend: str) -> bool:
     if backend == "auto":
         # torch.compile cannot trace sparse CSR tensors; the gather-scatter path compiles (and fuses); torch.func
         # transforms refuse the CSR kernels' autograd.Functions (no setup_context, out= kernels without batching rules),
-        # and forward-mode AD too (they have no jvp)
-        return not torch.compiler.is_compiling() and not _in_eager_transform() and not _in_forward_ad()
+        # and forward-mode AD too (they have no jvp; _in_eager_transform counts both)
+        return not torch.compiler.is_compiling() and not _in_eager_transform()
     if backend == "csr":
         if _in_eager_transform():
-            raise ValueError("backend='csr' cannot run inside a torch.func transform (grad, vjp, vmap, ...): its "
-                             "sparse kernels have no functorch support; use backend='auto' or 'native' there")
-        if _in_forward_ad():
-            raise ValueError("backend='csr' cannot run under forward-mode AD (torch.autograd.forward_ad): its "
-                             "sparse kernels have no jvp; use backend='auto' or 'native' there")
+            raise ValueError(
+                "backend='csr' cannot run inside a torch.func transform (grad, vjp, vmap, ...): its sparse kernels have "
+                "no functorch support; use backend='auto' or 'native' there" if _in_functorch() else
+                "backend='csr' cannot run under forward-mode AD (torch.autograd.forward_ad): its sparse kernels have no "
+                "jvp; use backend='auto' or 'native' there")
         return True
     if backend in ("native", "torch_scatter"):
         return False
