@@ -47,9 +47,6 @@ def has_compiled_sampler() -> bool:
     return bool(pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE)
 
 
-_GENERATOR_STATE = "torch.Generator state"  # the tag of a generator pickled as its state's bytes
-
-
 def _generator_from_bytes(device: str, state: bytes) -> torch.Generator:
     """A generator on ``device`` in the state ``state`` (``get_state()``'s bytes)."""
     g = torch.Generator(device=device)
@@ -63,6 +60,13 @@ class _BytesPickledGenerator(torch.Generator):
 
     def __reduce__(self) -> tuple[Any, tuple[str, bytes]]:
         return _generator_from_bytes, (str(self.device), self.get_state().numpy().tobytes())
+
+
+def _bytes_pickled(g: torch.Generator) -> _BytesPickledGenerator:
+    """A :class:`_BytesPickledGenerator` in ``g``'s state, on ``g``'s device."""
+    out = _BytesPickledGenerator(device=g.device)
+    out.set_state(g.get_state())
+    return out
 
 
 class TorchNeighborSampler(BaseSampler):
@@ -132,15 +136,8 @@ class TorchNeighborSampler(BaseSampler):
         for key in ("generator", "_worker_generator"):
             g = state.get(key)
             if isinstance(g, torch.Generator):
-                state[key] = (_GENERATOR_STATE, str(g.device), g.get_state().numpy().tobytes())
+                state[key] = _bytes_pickled(g)
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for key in ("generator", "_worker_generator"):
-            g = state.get(key)
-            if isinstance(g, tuple) and g[:1] == (_GENERATOR_STATE,):
-                state[key] = _generator_from_bytes(g[1], g[2])
-        self.__dict__.update(state)
 
     def _built_on(self, edge_index: Any) -> bool:
         """Whether ``edge_index`` holds the edges this sampler was built on, in the same order."""
