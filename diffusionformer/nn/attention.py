@@ -211,7 +211,8 @@ class DiffusionAttention(nn.Module):
             if any(id(t) not in before for t in op.parameters()):
                 # parameters made by bind (differential attention's): on the layer's device and in its dtype, as if
                 # they had been there when the layer was cast (a float64 or CUDA layer got float32 CPU ones)
-                op.to(device=_stored_weight(self.qkv).device, dtype=_stored_weight(self.qkv).dtype)
+                weight = _stored_weight(self.qkv)
+                op.to(device=weight.device, dtype=weight.dtype)
             if op.needs_second_map and getattr(self, "rotary", None) is not None and self.head_dim % 4:
                 # the two maps split each head's q and k into halves; RoPE rotates channel pairs (2i, 2i+1), so with
                 # head_dim = 2 (mod 4) one pair straddles the halves and no map's scores depend on n - m alone
