@@ -18,6 +18,7 @@ from diffusionformer.config import _choice_hint, _value_type, check_value
 
 from .base import TaskData
 from .paths import resolve_root
+from .splits import _check_seed
 
 __all__ = ["DatasetSpec", "register_dataset", "load_dataset", "list_datasets", "dataset_spec"]
 
@@ -191,6 +192,9 @@ def load_dataset(
         )
     for key, value in options.items():
         _check_option_type(spec, key, value)
+    # here, not in each loader: the fixed-split loaders (cora, citeseer, pydoc-chars, ...) never read the seed and
+    # took seed="x", None or -1 silently, while the seeded ones refuse them
+    _check_seed(seed)
     kwargs: dict[str, Any] = dict(options, seed=seed)
     if spec.needs_root:
         kwargs["root"] = resolve_root(root)

@@ -41,12 +41,17 @@ def generator(seed: int) -> torch.Generator:
         ...     10, (3,), generator=generator(0)).tolist()
         True
     """
+    return torch.Generator().manual_seed(_check_seed(seed))
+
+
+def _check_seed(seed: object) -> int:
+    """``seed`` as a Python int in ``[0, 2**64 - 1]`` (numpy ints too), else a TypeError/ValueError naming it."""
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     seed = int(seed)
     if not 0 <= seed <= _MAX_SEED:  # torch reads -1 as 2**64 - 1 (the same split) and fails beyond with "Overflow"
         raise ValueError(f"seed must be an int in [0, 2**64 - 1] (a torch generator seed), got {seed}")
-    return torch.Generator().manual_seed(seed)
+    return seed
 
 
 def _require_generator(generator: object, owner: str) -> None:

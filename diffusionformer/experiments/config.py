@@ -68,6 +68,42 @@ _QUANTITY_WORDS = {"final": "final metric", "selected": "metric at the best eval
 #: the longest name of a task, setting or experiment: the files named after it stay within 255 bytes
 _MAX_NAME_BYTES = 200
 
+#: the device names of Windows, reserved in every folder and with any extension (``nul.txt`` is the device NUL):
+#: case ignored, ``COM0``-``COM9`` and ``LPT0``-``LPT9`` with the superscript digits ``¹²³`` too
+_WINDOWS_DEVICES = frozenset({"CON", "PRN", "AUX", "NUL",
+                              *(f"{p}{d}" for p in ("COM", "LPT") for d in "0123456789\u00b9\u00b2\u00b3")})
+#: characters no Windows file name may hold (besides ``:``, ``/``, ``\\`` and control characters, refused everywhere)
+_WINDOWS_ONLY = '<>"|?*'
+
+
+def _on_windows() -> bool:
+    """Whether file names are Windows' (where :data:`_WINDOWS_ONLY` cannot name a folder)."""
+    return os.name == "nt"
+
+
+def _folded(name: str) -> str:
+    """``name`` as a case-insensitive file system (macOS, Windows) compares it: NFC, case folded.
+
+    Examples:
+        >>> _folded("Cafe\u0301") == _folded("caf\u00e9")
+        True
+    """
+    return unicodedata.normalize("NFC", name).casefold()
+
+
+def _folder_twin(folder: str | os.PathLike[str], name: str, suffix: str = "") -> str | None:
+    """The entry of ``folder`` (``<other>`` or ``<other><suffix>``, hidden ones aside) whose ``other`` differs from
+    ``name`` and is yet the same name on a case-insensitive file system (``Study`` against ``study``, NFD against
+    NFC): there they are one file, the other comparison's. ``None`` when there is none or no ``folder``."""
+    try:
+        entries = sorted(os.listdir(folder))
+    except OSError:  # absent (nothing published or run yet), or not a folder (refused where it is used)
+        return None
+    for entry in entries:
+        stem = entry.removesuffix(suffix) if suffix else entry
+        if stem != name and not entry.startswith(".") and _folded(stem) == _folded(name):
+            return entry
+    return None
 
 
 def _check_path_name(what: str, name: object) -> str:
@@ -78,19 +114,44 @@ def _check_path_name(what: str, name: object) -> str:
     the whole comparison had trained) and in the published page (MyST dollarmath); NUL ends a path), at most
     ``_MAX_NAME_BYTES`` bytes in UTF-8.
 
+    Nor, as Windows would take the folder for another one or for none, a control character, a trailing ``.``
+    (Windows drops it: ``heat.`` is the folder of ``heat``), or a device name of :data:`_WINDOWS_DEVICES` with or
+    without an extension (``con``, ``NUL.txt``); on Windows, none of :data:`_WINDOWS_ONLY` either (elsewhere they
+    are kept: results of such names exist). A name must be UTF-8 text: a lone surrogate (an undecodable byte of
+    the command line) named a folder on Linux, then ``results.md`` failed to be written after every run trained.
+
     Examples:
         >>> _check_path_name("task name", "digits")
         'digits'
+        >>> _check_path_name("task name", "console.v2")  # only the device name itself is reserved
+        'console.v2'
     """
     if (not isinstance(name, str) or not name or any(c in name for c in "/\\:$\0") or name in (".", "..")
             or any(c.isspace() for c in name)):
         raise ValueError(f"{what} must be a non-empty string without whitespace, '/', '\\', ':', '$' or NUL and not '.' "
                          f"or '..' (it names a results folder), got {name!r}")
-    size = len(name.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} must be UTF-8 text (it names a results folder and is written into results.md), got "
+                         f"{name!r}, which holds a lone surrogate (a byte of the command line that is not UTF-8?)") from None
     if size > _MAX_NAME_BYTES:  # else every run trains, then a figure of it fails with "File name too long"
         raise ValueError(f"{what} must be at most {_MAX_NAME_BYTES} bytes in UTF-8 (files are named after it, e.g. "
                          f"'<name>_frequency_response.png' and hidden temporary copies, and a file name holds at most "
                          f"255 bytes), got {size} bytes: {name[:40]!r}...")
+    control = [c for c in name if unicodedata.category(c) == "Cc"]
+    if control:
+        raise ValueError(f"{what} must not hold control characters (it names a results folder, and Windows refuses "
+                         f"them in file names), got {name!r}, which holds {control[0]!r}")
+    if name.endswith("."):
+        raise ValueError(f"{what} must not end in '.' (it names a results folder, and Windows drops a trailing '.': "
+                         f"{name!r} would be the folder of {name.rstrip('.')!r}), got {name!r}")
+    if name.partition(".")[0].upper() in _WINDOWS_DEVICES:
+        raise ValueError(f"{what} must not be a Windows device name (CON, PRN, AUX, NUL, COM0-COM9, LPT0-LPT9, case "
+                         f"ignored, with or without an extension: its folder would be the device), got {name!r}")
+    if _on_windows() and any(c in name for c in _WINDOWS_ONLY):
+        raise ValueError(f"{what} must not hold any of {' '.join(_WINDOWS_ONLY)} on Windows (it names a results "
+                         f"folder), got {name!r}")
     return name
 
 
@@ -343,7 +404,7 @@ class ExperimentConfig:
             folded: dict[str, str] = {}
             for n in names:  # each name is a run folder: one folder on macOS's and Windows' default file systems
                 # NFC too: macOS's file systems ignore Unicode normalization ("\u00e9" and "e\u0301" are one name)
-                other = folded.setdefault(unicodedata.normalize("NFC", n).casefold(), n)
+                other = folded.setdefault(_folded(n), n)
                 if other != n:
                     raise ValueError(f"{what} names {other!r} and {n!r} differ only in case or in Unicode normalization "
                                      "(a composed accent against a combining one): their run folders would be one "
@@ -419,7 +480,19 @@ class ExperimentConfig:
 
 def _did_you_mean(name: str, choices: list[str]) -> str:
     """The package's one hint, :func:`diffusionformer.config._choice_hint` (case-blind first), under this module's
-    name (its callers in the runner and gaps import it from here)."""
+    name (its callers in the runner and gaps import it from here). A choice that is ``name`` in another Unicode
+    normalization (``"caf\u00e9"`` against ``"cafe\u0301"``, typed on another system) is named as such: the two
+    print alike, so "unknown 'café' (did you mean 'café'?)" alone was a riddle.
+
+    Examples:
+        >>> print(_did_you_mean("cafe\u0301", ["caf\u00e9", "lap"]))
+         (did you mean 'café'? The two are the same text in another Unicode normalization: 'caf\\xe9' against 'cafe\\u0301'; spell it as the config does)
+    """
+    same = [c for c in choices if isinstance(name, str) and isinstance(c, str) and c != name
+            and unicodedata.normalize("NFC", c) == unicodedata.normalize("NFC", name)]
+    if same:
+        return (f" (did you mean {same[0]!r}? The two are the same text in another Unicode normalization: "
+                f"{ascii(same[0])} against {ascii(name)}; spell it as the config does)")
     return _choice_hint(name, choices)
 
 

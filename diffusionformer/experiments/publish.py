@@ -29,7 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from diffusionformer.experiments.config import ExperimentConfig
+from diffusionformer.experiments.config import ExperimentConfig, _folded, _folder_twin
 from diffusionformer.experiments.results import (RunResult, _row_problem, _runs_of_another_train, finished_runs,
                                                  first_reach, read_curves, run_dir, select_evaluation)
 from diffusionformer.experiments.tables import _cell, _text, aggregate, format_table
@@ -186,9 +186,16 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
             f"{results_path} not found: run `python -m diffusionformer.experiments run {config_path or 'CONFIG'}` first"
         )
     docs = Path(docs_dir)
-    if config.name == "index":  # its page would be docs/index.md: the toctree of every results page, written by hand
-        raise ValueError(f"publish: a comparison named 'index' would overwrite {docs / 'index.md'}, the index of the "
-                         "results pages; rename the comparison (its `name`)")
+    if _folded(config.name) == "index":  # its page would be docs/index.md (Index.md too, on macOS and Windows)
+        raise ValueError(f"publish: a comparison named {config.name!r} would overwrite {docs / 'index.md'}, the index "
+                         "of the results pages (file names ignore case on macOS and Windows); rename the comparison "
+                         "(its `name`)")
+    clash = _folder_twin(docs, config.name, ".md")
+    if clash is not None:  # on macOS and Windows (and in a clone of the docs there) one page and folder: overwritten
+        raise ValueError(f"publish: {str(docs / clash)!r} is published already, and differs from {config.name!r} only "
+                         "in case or in Unicode normalization: on a case-insensitive file system (macOS, Windows) its "
+                         "page and folder are this comparison's, which would overwrite them; rename the comparison "
+                         "(its `name`)")
     if _toctree_target(config.name) != config.name:  # "x<y>": the page y titled x; "x.md": the page x
         raise ValueError(f"publish: a comparison named {config.name!r} cannot be listed in the toctree of "
                          f"{docs / 'index.md'}: Sphinx reads the entry as the page {_toctree_target(config.name)!r} "

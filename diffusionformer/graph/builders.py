@@ -14,7 +14,7 @@ from fractions import Fraction
 import torch
 from torch import Tensor
 
-from diffusionformer.config import _check_flag, _choice_hint
+from diffusionformer.config import _check_flag, _choice_hint, _device_argument
 from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph._structure import replicate_edges, structural_edges
 from diffusionformer.graph.core import AttentionGraph
@@ -49,6 +49,8 @@ def _sequence_graph(
     if key_padding_mask is not None and not isinstance(key_padding_mask, Tensor):  # before .to / .device
         raise TypeError("key_padding_mask must be a bool tensor of shape (B, N), got "
                         f"{type(key_padding_mask).__name__}")
+    if device is not None:  # else "cdua" is torch's RuntimeError listing every device type it knows
+        device = _device_argument("device", device)
     if key_padding_mask is not None and device is not None:
         key_padding_mask = key_padding_mask.to(device)
     dev = torch.device(device) if device is not None else (
@@ -243,7 +245,8 @@ def grid(
     check_layout(layout)
     _check_flag(self_loops, "self_loops")
     _check_flag(cls_token, "cls_token")
-    dev = torch.device(device) if device is not None else torch.device("cpu")
+    # (_device_argument: else "cdua" is torch's RuntimeError listing every device type it knows)
+    dev = _device_argument("device", device) if device is not None else torch.device("cpu")
     P = h * w
     off = 1 if cls_token else 0
     N = P + off

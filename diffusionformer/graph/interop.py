@@ -7,7 +7,7 @@ from typing import Any, Hashable, Sequence
 import torch
 from torch import Tensor
 
-from diffusionformer.config import _value_type
+from diffusionformer.config import _device_argument, _value_type
 from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph.core import (
     _SPARSE_ADJACENCY_FIX,
@@ -159,6 +159,8 @@ def from_networkx(
     if not isinstance(G, nx.Graph):
         raise TypeError(f"G must be a networkx graph, got {type(G).__name__}")
     check_layout(layout)
+    if device is not None:  # else "cdua" is torch's RuntimeError listing every device type it knows
+        device = _device_argument("device", device)
     nodes = list(G.nodes) if nodelist is None else list(nodelist)
     if len(nodes) != G.number_of_nodes() or set(nodes) != set(G.nodes):
         raise ValueError(f"nodelist must be a permutation of G's {G.number_of_nodes()} nodes, got {len(nodes)} "

@@ -259,6 +259,10 @@ def init_transformer_weights(model: nn.Module, num_layers: int, std: float = 0.0
     graph transformer's ``GraphBlock`` (not a ``Block``) keeps std ``std``, as the published
     graph results were trained.
     """
+    # else num_layers=0 is a bare ZeroDivisionError, -1 "math domain error", True a silent 1 layer, and a negative
+    # or NaN std torch's "normal expects std >= 0.0" naming neither argument
+    check_positive_int("init_transformer_weights", num_layers=num_layers)
+    check_positive("init_transformer_weights", std=std)
     for module in model.modules():
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=std)

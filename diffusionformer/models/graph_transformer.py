@@ -379,6 +379,9 @@ class GraphBlock(nn.Module):
                 edge_attr: Tensor | None = None, state: LayerState | None = None,
                 global_state: LayerState | None = None, *, max_num_nodes: int | None = None,
                 num_graphs: int | None = None) -> Tensor:
+        if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[-1] != self.attn.dim:  # else the norm's bare
+            # "Given normalized_shape=[8], expected input with shape [*, 8]", naming neither the block nor dim
+            raise ValueError(f"GraphBlock: x must have last dimension dim={self.attn.dim}, got shape {tuple(x.shape)}")
         # no node: an AttentionGraph needs one ("num_nodes must be >= 1", an argument the call never gave); the edges
         # go to the layers as edge_index, which map no node to none and check them
         no_nodes = isinstance(graph, Tensor) and x.dim() == 2 and x.shape[0] == 0

@@ -37,6 +37,9 @@ def make_norm(norm: str | Callable[[int], nn.Module], dim: int) -> nn.Module:
         >>> make_norm("rmsnorm", 8)
         RMSNorm((8,), eps=None, elementwise_affine=True)
     """
+    # else dim=0 builds a LayerNorm(0) silently, -1 is torch's "negative dimension" and 1.5 "'float' object is not
+    # iterable", none naming dim
+    dim = _check_width(dim, "make_norm: dim")
     if isinstance(norm, nn.Module):  # else norm(dim) runs its forward on the int: "argument 'input' must be Tensor"
         raise TypeError(f"norm must be 'layernorm', 'rmsnorm' or a callable dim -> Module (a class or factory, "
                         f"called with dim), got the instance {norm!r}")
@@ -242,6 +245,9 @@ class Block(nn.Module):
         """
         if isinstance(x, Tensor) and not x.is_floating_point():  # else "mixed dtype (CPU)" from the norm
             raise TypeError(f"Block: x must be a floating-point tensor, got {x.dtype}")
+        if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[-1] != self.attn.dim:  # else the norm's bare
+            # "Given normalized_shape=[8], expected input with shape [*, 8]", naming neither the block nor dim
+            raise ValueError(f"Block: x must have last dimension dim={self.attn.dim}, got shape {tuple(x.shape)}")
         if attn_kwargs.get("return_intermediates"):  # else dropout() refuses the (y, inter) tuple
             raise ValueError(f"Block: return_intermediates={attn_kwargs['return_intermediates']!r} is an argument of "
                              "DiffusionAttention, and a block returns its output only; call "

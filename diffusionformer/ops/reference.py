@@ -7,9 +7,12 @@ in float64.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
+
+from diffusionformer.ops._checks import check_scale
 
 __all__ = ["dense_attention_reference", "heat_kernel_reference", "polynomial_reference"]
 
@@ -39,7 +42,9 @@ def dense_attention_reference(
     if scale is None and q.shape[-1] == 0:  # else a bare ZeroDivisionError of 0 ** -0.5
         raise ValueError(f"dense_attention_reference: the default scale 1 / sqrt(C) needs q and k with a head "
                          f"dimension C >= 1, got q of shape {tuple(q.shape)}; pass scale= for C = 0")
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    # a NaN or inf scale came back as a NaN matrix, True as scale 1, "x" as torch's "only integer tensors ...":
+    # the checks of attention_matrix (C only sets the default, which C = 0 has not)
+    scale = q.shape[-1] ** -0.5 if scale is None else check_scale(scale, 1)
     s = (q.double() @ k.double().transpose(-2, -1)) * scale
     if allowed is None:
         allowed = torch.ones_like(s, dtype=torch.bool)
@@ -73,6 +78,7 @@ def polynomial_reference(P: Tensor, v: Tensor, coeffs: Tensor) -> Tensor:
         >>> polynomial_reference(P, torch.tensor([[1.], [2.]]), torch.tensor([1., -1.])).flatten().tolist()
         [-1.0, 1.0]
     """
+    _check_matrices_and_signals("polynomial_reference", P, v)
     P, v, coeffs = P.double(), v.double(), coeffs.double()
     N = P.shape[-1]
     eye = torch.eye(N, dtype=torch.float64, device=P.device).expand_as(P)
@@ -102,12 +108,31 @@ def heat_kernel_reference(P: Tensor, v: Tensor, t: float | Tensor) -> Tensor:
         >>> heat_kernel_reference(P, torch.tensor([[1.], [3.]]), 0.0).flatten().tolist()
         [1.0, 3.0]
     """
+    _check_matrices_and_signals("heat_kernel_reference", P, v)
+    if isinstance(t, bool) or not isinstance(t, (numbers.Real, Tensor)):  # True read as t = 1, "x" as torch's error
+        raise TypeError(f"heat_kernel_reference: expected t to be a float or a tensor of times, got "
+                        f"{type(t).__name__} ({t!r})")
     P, v = P.double(), v.double()
     t = torch.as_tensor(t, dtype=torch.float64, device=P.device)
+    if not bool(torch.isfinite(t).all()):  # else exp(-t (I - P)) v came back all NaN, without a word
+        raise ValueError(f"heat_kernel_reference: expected finite diffusion times t, got {t.tolist()}")
     if t.dim() > 0:
         t = t.reshape(t.shape + (1, 1))
     eye = torch.eye(P.shape[-1], dtype=torch.float64, device=P.device)
     return _matrix_exp(-t * (eye - P)) @ v
+
+
+def _check_matrices_and_signals(who: str, P: object, v: object) -> None:
+    """``P`` square matrices ``(..., N, N)`` and ``v`` signals ``(..., N, C)`` on those N nodes, else a ValueError
+    naming ``who`` (not a matmul's "mat1 and mat2 shapes cannot be multiplied" three lines down)."""
+    if not isinstance(P, Tensor) or not isinstance(v, Tensor):
+        name, t = ("P", P) if not isinstance(P, Tensor) else ("v", v)
+        raise TypeError(f"{who}: expected {name} to be a tensor, got {type(t).__name__}")
+    if P.dim() < 2 or P.shape[-1] != P.shape[-2]:
+        raise ValueError(f"{who}: expected P of shape (..., N, N) (square matrices), got {tuple(P.shape)}")
+    if v.dim() < 2 or v.shape[-2] != P.shape[-1]:
+        raise ValueError(f"{who}: expected v of shape (..., N, C) with N={P.shape[-1]} (the size of P), "
+                         f"got {tuple(v.shape)}")
 
 
 def _matrix_exp(A: Tensor) -> Tensor:

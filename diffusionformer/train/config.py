@@ -315,6 +315,9 @@ def _torch_device(spec: str) -> torch.device:
     with a "did you mean" among ``'auto'``, ``'cpu'`` and ``'cuda'``, not torch's RuntimeError listing every device type."""
     try:
         return torch.device(spec)
+    except TypeError as err:  # None, 1.5: torch's "device() received an invalid combination of arguments"
+        raise TypeError(f"TrainConfig.device: expected 'auto' or a torch device string such as 'cpu', 'cuda' or "
+                        f"'cuda:1', got {_type_name(spec)} ({spec!r})") from err
     except (RuntimeError, ValueError) as err:
         # the package's device hint: "CPU" -> 'cpu', "CUDA:1" -> 'cuda:1', "gpu" -> 'cuda' (not 'cpu'), "tpu" -> none
         raise ValueError(
@@ -375,6 +378,7 @@ def resolve_amp(spec: str, device: torch.device) -> torch.dtype | None:
         >>> resolve_amp("fp16", torch.device("cpu"))
         torch.float16
     """
+    _check_device("resolve_amp", device)  # else resolve_amp("auto", "cuda") is a bare AttributeError on device.type
     if spec == "off":
         return None
     if spec == "bf16":

@@ -385,7 +385,11 @@ def open_loggers(names: Sequence[str], out_dir: str | os.PathLike[str], *, activ
     _check_flag(active, "open_loggers: active")
     if isinstance(names, str):  # else read letter by letter: "got 'j'"
         raise TypeError(f"loggers: expected a list of names from {LOGGER_CHOICES}, got the str {names!r}")
-    names = list(names)
+    try:
+        names = list(names)
+    except TypeError:  # None, 3: a bare "'NoneType' object is not iterable" naming no argument
+        raise TypeError(f"loggers: expected a list of names from {LOGGER_CHOICES}, got {type(names).__name__} "
+                        f"({names!r})") from None
     repeated = sorted({n for n in names if names.count(n) > 1}, key=str)
     if repeated:  # two writers of one file: every record written twice
         raise ValueError(f"loggers: expected distinct names, got {repeated} more than once in {names}")

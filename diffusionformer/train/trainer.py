@@ -194,6 +194,9 @@ class Trainer:
             raise TypeError(
                 f"Trainer: expected resume to be a bool or a path, got {_type_name(resume)} ({resume!r})"
             )
+        if not isinstance(out_dir, (str, os.PathLike)):  # else Path's "expected str, bytes or os.PathLike object"
+            raise TypeError(f"Trainer: expected out_dir to be a path (str or os.PathLike), got "
+                            f"{_type_name(out_dir)} ({out_dir!r})")
         if config.grad_accum_steps > 1 and not getattr(task, "splits_into_micro_batches", True):
             raise ValueError(
                 f"Trainer: grad_accum_steps={config.grad_accum_steps}, but {type(task).__name__} cannot split an "
