@@ -3,6 +3,7 @@ r"""``DiffusionAttention``: multi-head attention whose heads are diffusion opera
 from __future__ import annotations
 
 import numbers
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,9 @@ from diffusionformer.ops.recompute import recompute_saved, wants_recompute
 from diffusionformer.ops.sparse import SPARSE_BACKENDS
 
 __all__ = ["AttentionIntermediates", "DiffusionAttention", "set_recompute"]
+
+#: held while a layer remakes its plan (:meth:`DiffusionAttention._check_plan`); reentrant: a plan may bind operators
+_PLAN_LOCK = threading.RLock()
 
 
 @dataclass
@@ -207,12 +211,15 @@ class DiffusionAttention(nn.Module):
             # their capability flags (second map, layer state, re-projection, uniform map) are resolved in
             # forward by the one context dispatch (diffusionformer.ops.rivals.apply_context_groups)
             before = {id(t) for t in op.parameters()}
-            op.bind(head_dim=self.head_dim)
-            if any(id(t) not in before for t in op.parameters()):
-                # parameters made by bind (differential attention's): on the layer's device and in its dtype, as if
-                # they had been there when the layer was cast (a float64 or CUDA layer got float32 CPU ones)
-                weight = _stored_weight(self.qkv)
-                op.to(device=weight.device, dtype=weight.dtype)
+            # outside inference mode: an operator first bound by a call under torch.inference_mode got inference
+            # tensors as parameters, which no later training step could use
+            with torch.inference_mode(False):
+                op.bind(head_dim=self.head_dim)
+                if any(id(t) not in before for t in op.parameters()):
+                    # parameters made by bind (differential attention's): on the layer's device and in its dtype, as
+                    # if they had been there when the layer was cast (a float64 or CUDA layer got float32 CPU ones)
+                    weight = _stored_weight(self.qkv)
+                    op.to(device=weight.device, dtype=weight.dtype)
             if op.needs_second_map and getattr(self, "rotary", None) is not None and self.head_dim % 4:
                 # the two maps split each head's q and k into halves; RoPE rotates channel pairs (2i, 2i+1), so with
                 # head_dim = 2 (mod 4) one pair straddles the halves and no map's scores depend on n - m alone
@@ -290,9 +297,19 @@ class DiffusionAttention(nn.Module):
         self._plan_key = ops
 
     def _check_plan(self) -> None:
-        """Refresh the plan when the operators were replaced (``layer.operators[i] = op``) since it was made."""
+        """Refresh the plan when the operators were replaced (``layer.operators[i] = op``) since it was made.
+
+        One thread refreshes; the others wait for its plan (eval calls of one layer from several threads): each
+        refreshing at once, one call ran while another had bound only half an operator (differential attention's
+        ``head_dim`` set, its ``lambda_*`` not yet made: an AttributeError) or had reset a plan attribute to ``None``.
+        """
         if tuple(self._modules["operators"]._modules.values()) != self._plan_key:
-            self._refresh_plan()
+            if torch.compiler.is_compiling():  # dynamo traces no lock (nor another thread): a graph break otherwise
+                self._refresh_plan()
+                return
+            with _PLAN_LOCK:
+                if tuple(self._modules["operators"]._modules.values()) != self._plan_key:
+                    self._refresh_plan()
 
     # ------------------------------------------------------------------ construction helpers
     @property
@@ -481,8 +498,8 @@ class DiffusionAttention(nn.Module):
         positions: Tensor | None, cache: Any,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         """:meth:`forward`'s routing to the dense, sparse, affine or cached path (``state``'s type checked there)."""
-        if tuple(self._modules["operators"]._modules.values()) != self._plan_key:  # _check_plan, inlined
-            self._refresh_plan()
+        if tuple(self._modules["operators"]._modules.values()) != self._plan_key:  # _check_plan's test, inlined
+            self._check_plan()
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
         # a nested (jagged) batch failed inside torch ("unsupported: NestedIntNode", "No viable backend")

@@ -196,7 +196,8 @@ class PolynomialOperator(DiffusionOperator):
         M = getattr(self, "_basis", None)
         if isinstance(M, Tensor):
             dtype = torch.float64 if self.theta.dtype == torch.float64 else torch.float32
-            self._basis = chebyshev_matrix(self.steps, dtype).to(M.device)
+            with torch.inference_mode(False):  # `.to()` under inference mode: else a basis no training step can save
+                self._basis = chebyshev_matrix(self.steps, dtype).to(M.device)
         return self
 
     def _materialise_caches(self, device: torch.device, dtype: torch.dtype | None = None) -> None:
@@ -204,7 +205,8 @@ class PolynomialOperator(DiffusionOperator):
         M = getattr(self, "_basis", None)
         work = torch.float64 if self.theta.dtype == torch.float64 else torch.float32  # as _apply makes it
         if isinstance(M, Tensor) and (M.is_meta or M.dtype != work):
-            self._basis = chebyshev_matrix(self.steps, work).to(device)
+            with torch.inference_mode(False):
+                self._basis = chebyshev_matrix(self.steps, work).to(device)
 
     def extra_repr(self) -> str:
         basis = f", basis={self.basis!r}" if self.basis != "monomial" else ""
