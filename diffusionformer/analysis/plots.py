@@ -41,6 +41,13 @@ def _figure_class() -> Any:
     return Figure
 
 
+def _check_mapping(value: object, name: str, what: str) -> None:
+    """A TypeError naming ``name`` unless ``value`` is a mapping (a list or tensor raised a bare AttributeError
+    ``'list' object has no attribute 'items'``)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of {what}, got {type(value).__name__}")
+
+
 def _new_axes(ax: Axes | None, figsize: tuple[float, float] = (5.0, 3.5)) -> Axes:
     if ax is not None:
         return ax
@@ -126,6 +133,7 @@ def plot_pca_token_maps(
         raise ValueError(f"images must have H, W >= 1, got shape {tuple(images.shape)}")
     if images.is_complex():  # the float64 cast would keep the real part with only a warning
         raise TypeError(f"images must be real, got dtype {images.dtype}")
+    _check_mapping(maps, "maps", "model name -> PCA map")
     if not maps:
         raise ValueError("maps must name at least one model's PCA map, got none")
     if not _is_int(max_images):  # a float or bool would reach fig.subplots as a row count
@@ -195,6 +203,7 @@ def plot_frequency_response(
         >>> ax.get_legend_handles_labels()[1]
         ['attention', 'laplacian']
     """
+    _check_mapping(named_coeffs, "named_coeffs", "operator name -> coefficients")
     if not named_coeffs:
         raise ValueError("named_coeffs must hold at least one operator, got none")
     if not _is_int(num_points) or num_points < 2:
@@ -250,6 +259,7 @@ def plot_metric_by_depth(
         >>> ax.lines[0].get_ydata().tolist()
         [1.0, 0.5, 0.2]
     """
+    _check_mapping(results, "results", "setting name -> metric value per layer")
     if not results:
         raise ValueError("results must hold at least one setting, got none")
     _check_flag(logy, "logy")  # logy="no" is truthy: a log axis where a linear one was asked for
@@ -303,6 +313,7 @@ def plot_spectra(
         >>> ax.lines[0].get_ydata().tolist()
         [1.0, 0.5, 0.25]
     """
+    _check_mapping(spectra, "spectra", "name -> singular values")
     if not spectra:
         raise ValueError("spectra must hold at least one spectrum, got none")
     _check_flag(normalize, "normalize")

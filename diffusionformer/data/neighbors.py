@@ -281,6 +281,51 @@ def _loader_generator(generator: torch.Generator) -> torch.Generator:
     return _BytesPickledGenerator().manual_seed(int.from_bytes(digest, "little") % 2**63)
 
 
+def _check_loader_seeds(data: Data, batch_size: Any, input_nodes: Any, distinct: bool) -> None:
+    """:func:`neighbor_loader`'s ``batch_size`` and ``input_nodes``, checked when the loader is built: else a bad seed
+    surfaced at the batch that held it (an epoch later with ``shuffle``), a mask of the wrong length was accepted
+    silently (PyG reads its nonzero entries as ids), and ``batch_size=None`` was reported as a seed shape.
+    ``distinct``: refuse a repeated seed (:class:`TorchNeighborSampler` refuses one in a batch)."""
+    if not isinstance(batch_size, numbers.Real):  # None, a string: a TypeError (DataLoader's own check is a ValueError)
+        raise TypeError(f"neighbor_loader: expected batch_size a positive int (seed nodes per batch), "
+                        f"got {type(batch_size).__name__} ({batch_size!r})")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ValueError(f"neighbor_loader: expected batch_size a positive int (seed nodes per batch), "
+                         f"got {type(batch_size).__name__} ({batch_size!r})")
+    if input_nodes is None:
+        return
+    seeds = input_nodes
+    if isinstance(seeds, (list, tuple, range)):  # passed on as given; read here only to check it
+        try:
+            seeds = torch.as_tensor(seeds)
+        except (TypeError, ValueError, RuntimeError):
+            return  # left to NeighborLoader (e.g. a heterogeneous (node type, ids) pair)
+    if not isinstance(seeds, Tensor):
+        return
+    n = getattr(data, "num_nodes", None)
+    if not isinstance(n, int):  # a graph without a node count: left to NeighborLoader
+        return
+    if seeds.dim() != 1:
+        raise ValueError(f"neighbor_loader: expected input_nodes of shape (B,) (node ids) or (num_nodes,) (a bool "
+                         f"mask), got shape {tuple(seeds.shape)}")
+    if seeds.dtype == torch.bool:
+        if seeds.numel() != n:  # PyG took its nonzero entries as ids of a graph it does not describe
+            raise ValueError(f"neighbor_loader: a bool input_nodes mask needs one entry per node (num_nodes={n}), "
+                             f"got {seeds.numel()}")
+        return
+    if seeds.is_floating_point() or seeds.is_complex():
+        raise TypeError(f"neighbor_loader: expected input_nodes integer node ids or a bool mask, got dtype {seeds.dtype}")
+    if seeds.numel():
+        lo, hi = int(seeds.min()), int(seeds.max())
+        if lo < 0 or hi >= n:
+            raise ValueError(f"neighbor_loader: input_nodes ids must lie in [0, num_nodes={n}), got range [{lo}, {hi}]")
+        if distinct:
+            ids, counts = seeds.unique(return_counts=True)
+            if bool((counts > 1).any()):
+                raise ValueError(f"neighbor_loader: expected distinct input_nodes (TorchNeighborSampler refuses a "
+                                 f"repeated seed in a batch), got repeated node ids {ids[counts > 1].tolist()[:10]}")
+
+
 def neighbor_loader(
     data: Data,
     num_neighbors: Sequence[int],
@@ -299,7 +344,9 @@ def neighbor_loader(
         data: the whole graph (``x``, ``edge_index``, ``y`` ... on the CPU).
         num_neighbors: neighbours per node at each hop (``-1`` = all); one entry per layer.
         batch_size: seed nodes per batch.
-        input_nodes: the seeds to iterate over (index or bool mask; default: all nodes).
+        input_nodes: the seeds to iterate over (node ids in ``[0, num_nodes)``, distinct with
+            :class:`TorchNeighborSampler`, or a bool mask of ``num_nodes`` entries; default: all nodes),
+            checked here, not at the batch that holds a bad one.
         shuffle: reshuffle the seeds every epoch.
         generator: random generator of :class:`TorchNeighborSampler`, and then also the
             ``DataLoader``'s (its shuffling and its workers' seeds: from a generator seeded from its state,
@@ -323,7 +370,9 @@ def neighbor_loader(
         if generator is not None:
             raise ValueError("neighbor_loader: generator= seeds the sampler this function builds; a neighbor_sampler= "
                              "of the caller's draws from its own random state, so pass one of them")
-    elif not has_compiled_sampler() or force_torch:
+    own = kwargs.get("neighbor_sampler") is None and (not has_compiled_sampler() or force_torch)
+    _check_loader_seeds(data, batch_size, input_nodes, distinct=own)
+    if own:
         _refuse_compiled_only_options(kwargs, "force_torch=True bypasses it" if force_torch else "not installed")
         kwargs["neighbor_sampler"] = TorchNeighborSampler(data, num_neighbors, generator)
         if generator is not None:  # else the shuffling and the workers' seeds came from torch's global RNG

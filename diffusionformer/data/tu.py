@@ -32,6 +32,7 @@ task's ``folds = K`` sets both from the run's seed.
 from __future__ import annotations
 
 import math
+import numbers
 import shutil
 import tempfile
 import zipfile
@@ -303,10 +304,13 @@ def load_tu(
             ``val_fraction`` of the training folds goes to val; ``test_fraction`` is unused).
         fold: the test fold of a ``num_folds``-fold cross-validation (default: no folds, the
             80/10/10 split).
-        num_folds: number of folds when ``fold`` is given.
+        num_folds: number of folds when ``fold`` is given (an int ``>= 2``, checked either way).
         verify: check the zip's SHA256 against the staged one.
     """
     _check_flags("load_tu", use_node_attr=use_node_attr, verify=verify)
+    # checked whether or not ``fold`` is given (else a bad count passed silently without one), and before the zip
+    if isinstance(num_folds, bool) or not isinstance(num_folds, numbers.Integral) or num_folds < 2:
+        raise ValueError(f"num_folds must be an int >= 2, got {num_folds!r}")
     from torch_geometric import transforms as T
     from torch_geometric.datasets import TUDataset
     from torch_geometric.utils import degree

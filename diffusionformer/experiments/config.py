@@ -114,6 +114,9 @@ def _check_path_name(what: str, name: object) -> str:
     the whole comparison had trained) and in the published page (MyST dollarmath); NUL ends a path), at most
     ``_MAX_NAME_BYTES`` bytes in UTF-8.
 
+    Nor a leading ``.``: a hidden folder, and ``.x.previous`` / ``.x.publishing`` are the temporary folders that
+    publishing comparison ``x`` renames and deletes (and the case-twin checks skip hidden entries).
+
     Nor, as Windows would take the folder for another one or for none, a control character, a trailing ``.``
     (Windows drops it: ``heat.`` is the folder of ``heat``), or a device name of :data:`_WINDOWS_DEVICES` with or
     without an extension (``con``, ``NUL.txt``); on Windows, none of :data:`_WINDOWS_ONLY` either (elsewhere they
@@ -146,6 +149,10 @@ def _check_path_name(what: str, name: object) -> str:
     if name.endswith("."):
         raise ValueError(f"{what} must not end in '.' (it names a results folder, and Windows drops a trailing '.': "
                          f"{name!r} would be the folder of {name.rstrip('.')!r}), got {name!r}")
+    if name.startswith("."):  # ".x.previous" is the folder publishing comparison "x" steps aside (and then deletes)
+        raise ValueError(f"{what} must not start with '.' (it names a results folder, a hidden one, and the hidden "
+                         f"'.<name>.publishing' / '.<name>.previous' folders are publish's temporary copies), "
+                         f"got {name!r}")
     if name.partition(".")[0].upper() in _WINDOWS_DEVICES:
         raise ValueError(f"{what} must not be a Windows device name (CON, PRN, AUX, NUL, COM0-COM9, LPT0-LPT9, case "
                          f"ignored, with or without an extension: its folder would be the device), got {name!r}")

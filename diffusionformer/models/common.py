@@ -287,4 +287,6 @@ def learned_operator_parameters(model: nn.Module) -> dict[str, Tensor]:
         >>> sorted(learned_operator_parameters(Block(8, 2, heads="heat(learnable=True, steps=2):2")))
         ['attn.operators.0.t']
     """
+    if not isinstance(model, nn.Module):  # else "'dict' object has no attribute 'named_parameters'"
+        raise TypeError(f"learned_operator_parameters: expected model to be an nn.Module, got {type(model).__name__}")
     return {name: p for name, p in model.named_parameters() if ".operators." in f".{name}"}

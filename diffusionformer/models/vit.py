@@ -231,8 +231,9 @@ class DiffusionViT(nn.Module):
         ``kind="P"``: the attention matrices :math:`P_{l,h}` (row-stochastic). ``kind="operator"``:
         the matrices the heads actually apply, :math:`f_{l,h}(P_{l,h})` (``I - P`` for a
         Laplacian head, the heat kernel for a heat head), from each operator's
-        :meth:`~diffusionformer.operators.DiffusionOperator.apply_matrix`. They are recomputed
-        from each block's input as :class:`~diffusionformer.analysis.LayerRecorder` does, in eval mode
+        :meth:`~diffusionformer.operators.DiffusionOperator.apply_matrix` (a ValueError for a model with
+        heads that call ``apply_context()`` instead, e.g. ``neutreno``, ``attnscale``, ``differential``).
+        They are recomputed from each block's input as :class:`~diffusionformer.analysis.LayerRecorder` does, in eval mode
         (without hooks on the model: other threads' calls of it are neither recorded nor slowed).
 
         Args:
@@ -244,6 +245,17 @@ class DiffusionViT(nn.Module):
 
         if kind not in ("P", "operator"):
             raise ValueError(f"attention_maps: expected kind 'P' or 'operator', got {kind!r}")
+        if kind == "operator":  # checked before the pass: else a bare NotImplementedError from coefficients()
+            for i, block in enumerate(self.blocks):
+                for op, (s, c) in zip(block.attn.operators, block.attn._groups):
+                    if op.uses_context:
+                        name = getattr(op, "name", type(op).__name__)
+                        raise ValueError(
+                            f"attention_maps: kind='operator' needs heads that apply a matrix f(P) to their values; "
+                            f"block {i}'s {name!r} heads {list(range(s, s + c))} combine them with other state "
+                            "(the layer calls its apply_context(): a second attention map, the uniform average or "
+                            "an earlier layer's values), so they apply no such matrix; use kind='P' for the "
+                            "attention matrices")
         maps: list[Tensor] = []
 
         def record(block: nn.Module, z: Tensor, kwargs: dict[str, Any]) -> None:

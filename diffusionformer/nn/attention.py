@@ -902,6 +902,8 @@ def set_recompute(module: nn.Module, enabled: bool = True) -> int:
         >>> set_recompute(DiffusionGPT(GPTConfig(vocab_size=10, n_layer=2, laplacian_heads=2)))
         2
     """
+    if not isinstance(module, nn.Module):  # else "'list' object has no attribute 'modules'"
+        raise TypeError(f"set_recompute: expected module to be an nn.Module, got {type(module).__name__}")
     _check_flag(enabled, "enabled")
     layers = [m for m in module.modules() if isinstance(m, DiffusionAttention)]
     for m in layers:

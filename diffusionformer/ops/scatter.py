@@ -46,8 +46,9 @@ def _use_torch_scatter(src: Tensor, backend: ScatterBackend) -> bool:
     return _torch_scatter is not None and src.is_cuda
 
 
-def _check_index(src: Tensor, index: Tensor, dim_size: int) -> int:
-    """The checks of every reduction; returns ``dim_size`` as a Python int (numpy ints too)."""
+def _check_index(src: Tensor, index: Tensor, dim_size: int, size_name: str = "dim_size") -> int:
+    """The checks of every reduction; returns ``dim_size`` as a Python int (numpy ints too). ``size_name`` is the
+    caller's name of the size argument (``segment_softmax`` calls it ``num_nodes``), used in the messages."""
     if not isinstance(src, Tensor) or src.dim() == 0:
         got = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
         raise TypeError(f"src must be a tensor of shape (E, *) (at least 1-D), got {got}")
@@ -67,14 +68,14 @@ def _check_index(src: Tensor, index: Tensor, dim_size: int) -> int:
         raise ValueError(f"index must be on the device of src ({src.device}), got {index.device}")
     if isinstance(dim_size, torch.SymInt):  # a traced size (torch.export without dynamo): left symbolic
         if dim_size < 0:
-            raise ValueError(f"dim_size must be non-negative, got {dim_size}")
+            raise ValueError(f"{size_name} must be non-negative, got {dim_size}")
         return dim_size  # type: ignore[return-value]
     if isinstance(dim_size, bool) or not isinstance(dim_size, numbers.Integral):
-        raise TypeError(f"dim_size must be an int, got {_value_type(dim_size)} ({dim_size!r})")
+        raise TypeError(f"{size_name} must be an int, got {_value_type(dim_size)} ({dim_size!r})")
     if dim_size < 0:
-        raise ValueError(f"dim_size must be non-negative, got {dim_size}")
+        raise ValueError(f"{size_name} must be non-negative, got {dim_size}")
     dim_size = int(dim_size)
-    check_index_range("index", index, "dim_size", dim_size)  # CPU eager only, as check_edge_index
+    check_index_range("index", index, size_name, dim_size)  # CPU eager only, as check_edge_index
     return dim_size
 
 
@@ -159,7 +160,7 @@ def segment_softmax(
         >>> w
         tensor([0.5000, 0.5000, 1.0000])
     """
-    num_nodes = _check_index(src, index, num_nodes)
+    num_nodes = _check_index(src, index, num_nodes, "num_nodes")
     if not src.is_floating_point():  # an integer softmax would be truncated to 0 and 1
         raise TypeError(f"src must be floating-point scores, got {src.dtype}")
     index = index.long()

@@ -62,6 +62,9 @@ def save_checkpoint(path: str | os.PathLike[str], payload: Mapping[str, Any]) ->
         ...     sorted(q.name for q in p.parent.iterdir()), torch.load(p)["w"].tolist()
         (['x.pt'], [1.0, 1.0])
     """
+    if not isinstance(payload, Mapping):  # else "'NoneType' object is not iterable" from dict(payload), after mkdir
+        raise TypeError(f"save_checkpoint: expected payload to be a mapping (a dict of state), "
+                        f"got {type(payload).__name__}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

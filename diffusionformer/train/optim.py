@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from diffusionformer.config import _choice_hint
+
 from .config import TrainConfig, _check_device, _type_name
 
 __all__ = ["param_groups", "build_optimizer"]
@@ -73,7 +75,8 @@ def param_groups(model: nn.Module, weight_decay: float, rule: str = "default") -
     if not isinstance(model, nn.Module):  # e.g. model.parameters(), what torch.optim takes: a bare AttributeError
         raise TypeError(f"param_groups: expected model to be an nn.Module, got {type(model).__name__}")
     if rule not in ("default", "nanogpt"):
-        raise ValueError(f"param_groups: expected rule 'default' or 'nanogpt', got {rule!r}")
+        raise ValueError(f"param_groups: expected rule 'default' or 'nanogpt', got {rule!r}"
+                         f"{_choice_hint(rule, ('default', 'nanogpt'))}")
     if isinstance(weight_decay, bool) or not isinstance(weight_decay, numbers.Real):
         raise TypeError(f"param_groups: expected weight_decay a float >= 0, got {_type_name(weight_decay)} "
                         f"({weight_decay!r})")

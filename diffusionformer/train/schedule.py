@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 __all__ = ["cosine_lr"]
 
@@ -36,8 +37,13 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_s
         >>> [cosine_lr(s, lr=1.0, min_lr=0.0, warmup_steps=3, decay_steps=5) for s in range(7)]
         [0.25, 0.5, 0.75, 1.0, 0.5, 0.0, 0.0]
     """
+    for name, value in (("step", step), ("warmup_steps", warmup_steps), ("decay_steps", decay_steps)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):  # else "'>=' not supported between ..."
+            raise TypeError(f"cosine_lr: expected {name} an int >= 0, got {type(value).__name__} ({value!r})")
     if not step >= 0:  # NaN too: it fell through every branch and came back as a NaN learning rate
         raise ValueError(f"cosine_lr: expected step >= 0, got {step}")
+    if not isinstance(step, numbers.Integral) and not float(step).is_integer():  # 1.5 or inf: a rate of no update
+        raise ValueError(f"cosine_lr: expected step a whole number of updates, got {step}")
     if not warmup_steps >= 0:  # NaN too: it failed every comparison and the cosine came back NaN
         raise ValueError(f"cosine_lr: expected warmup_steps >= 0, got {warmup_steps}")
     if not decay_steps >= warmup_steps:

@@ -281,7 +281,8 @@ def test_scatter_primitives_refuse_bad_indices(fn):
         fn(src, torch.zeros(3), 2)
     with pytest.raises(ValueError, match="src has 3, index has 2"):
         fn(src, torch.zeros(2, dtype=torch.long), 2)
-    with pytest.raises(ValueError, match="dim_size must be non-negative, got -1"):
+    size_name = "num_nodes" if fn is segment_softmax else "dim_size"
+    with pytest.raises(ValueError, match=f"{size_name} must be non-negative, got -1"):
         fn(src, torch.zeros(3, dtype=torch.long), -1)
 
 
@@ -291,7 +292,8 @@ def test_scatter_primitives_refuse_indices_out_of_range(fn, index):
     """Bug: an index outside [0, dim_size) failed inside ``index_add_`` / ``scatter_reduce_`` with an error naming
     neither ``index`` nor ``dim_size`` ("index out of range in self"); on CPU it is now checked first, as
     ``check_edge_index`` does, and the message gives the range found. Edge values at the bounds still pass."""
-    with pytest.raises(ValueError, match=rf"index values must lie in \[0, dim_size=3\), got range \[{min(index)}, {max(index)}\]"):
+    size_name = "num_nodes" if fn is segment_softmax else "dim_size"
+    with pytest.raises(ValueError, match=rf"index values must lie in \[0, {size_name}=3\), got range \[{min(index)}, {max(index)}\]"):
         fn(torch.tensor([1.0, 2.0]), torch.tensor(index), 3)
     assert torch.equal(scatter_sum(torch.tensor([1.0, 2.0]), torch.tensor([0, 2]), 3), torch.tensor([1.0, 0.0, 2.0]))
     assert scatter_sum(torch.zeros(0), torch.zeros(0, dtype=torch.long), 0).shape == (0,)

@@ -130,7 +130,8 @@ def test_bug_scatter_primitives_name_bad_arguments(fn):
     with pytest.raises(ValueError, match=r"index must be on the device of src \(cpu\), got meta"):
         fn(src, index.to("meta"), 2)
     for bad, shown in ((2.0, r"float \(2\.0\)"), ("2", r"str \('2'\)"), (True, r"bool \(True\)")):
-        with pytest.raises(TypeError, match=rf"dim_size must be an int, got {shown}"):
+        size_name = "num_nodes" if fn is segment_softmax else "dim_size"
+        with pytest.raises(TypeError, match=rf"{size_name} must be an int, got {shown}"):
             fn(src, index, bad)
     with pytest.raises(ValueError, match=r"got 'nativ' \(did you mean 'native'\?\)"):
         fn(src, index, 2, backend="nativ")

@@ -90,7 +90,7 @@ def test_build_optimizer_trains_like_adamw_over_hand_made_groups(rule):
 def test_param_groups_refuses_an_unknown_rule_by_name():
     """Kills optim.py the ``rule not in ("default", "nanogpt")`` check dropped (a misspelt rule such as
     ``"nanoGPT"`` silently used the default split, leaving the embeddings undecayed)."""
-    with pytest.raises(ValueError, match=r"^param_groups: expected rule 'default' or 'nanogpt', got 'nanoGPT'$"):
+    with pytest.raises(ValueError, match=r"^param_groups: expected rule 'default' or 'nanogpt', got 'nanoGPT' \(did you mean 'nanogpt'\?\)$"):
         param_groups(nn.Linear(2, 2), 0.1, rule="nanoGPT")
 
 
