@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from diffusionformer.ops.recompute import _batched_grad
+
 __all__ = ["EdgeLayout", "csr_edge_scores", "csr_edge_softmax", "csr_propagate", "sddmm_heads", "spmm_heads"]
 
 
@@ -229,6 +231,14 @@ def spmm_heads(crow: Tensor, col: Tensor, values: Tensor, x: Tensor, num_rows: i
     return out
 
 
+def _stock_backward(grad: Tensor) -> bool:
+    """Whether a backward pass must take stock differentiable operations: under ``create_graph=True`` (the sparse
+    kernels' ``out=`` calls record no graph) or with batched output gradients (``torch.autograd.grad(...,
+    is_grads_batched=True)``, ``torch.autograd.functional.jacobian(..., vectorize=True)``: vmap has no batching
+    rule for ``out=`` kernels nor for sparse CSR operands)."""
+    return torch.is_grad_enabled() or _batched_grad(grad)
+
+
 class _EdgeScores(torch.autograd.Function):
     """``s_{h,e} = scale * q_{h,dst} . k_{h,src}`` on the sorted edges; saves only ``q`` and ``k``."""
 
@@ -245,7 +255,7 @@ class _EdgeScores(torch.autograd.Function):
         N = layout.num_nodes
         g = (grad * ctx.scale).contiguous()  # (H, E)
         dq = dk = None
-        if torch.is_grad_enabled():  # create_graph=True: the same sums by differentiable gathers and scatters
+        if _stock_backward(grad):  # create_graph=True or batched grads: differentiable gathers and scatters
             src, dst = layout.src.long(), layout.dst.long()
             if ctx.needs_input_grad[0]:
                 dq = torch.zeros_like(q).index_add(1, dst, g.unsqueeze(-1) * k.index_select(1, src))
@@ -279,7 +289,7 @@ class _EdgeSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         (alpha,) = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: a differentiable segment sum
+        if _stock_backward(grad):  # create_graph=True or batched gradients: a differentiable segment sum
             dot = alpha.new_zeros(alpha.shape[0], ctx.layout.num_nodes)
             dot = dot.index_add(1, ctx.layout.dst.long(), alpha * grad)
         else:
@@ -302,7 +312,7 @@ class _Propagate(torch.autograd.Function):
         layout: EdgeLayout = ctx.layout
         grad = grad.contiguous()
         dw = dx = None
-        if torch.is_grad_enabled():  # create_graph=True: the same sums by differentiable gathers and scatters
+        if _stock_backward(grad):  # create_graph=True or batched grads: differentiable gathers and scatters
             src, dst = layout.src.long(), layout.dst.long()
             g = grad.index_select(1, dst)  # (H, E, C)
             if ctx.needs_input_grad[0]:

@@ -113,7 +113,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from diffusionformer.ops.recompute import _in_eager_transform
+from diffusionformer.ops.recompute import _batched_grad, _in_eager_transform
 
 __all__ = [
     "Backend",
@@ -621,6 +621,8 @@ class AffineHeads(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         dy = dv = None
+        if _batched_grad(grad):  # is_grads_batched=True: out-of-place operations (vmap batches no out= or in-place view)
+            return _affine_heads_backward_stock(grad, ctx.runs, ctx.needs_input_grad)
         if ctx.needs_input_grad[0]:
             dy = grad.clone(memory_format=torch.contiguous_format)
             for start, stop, _, c1 in ctx.runs:
@@ -634,6 +636,27 @@ class AffineHeads(torch.autograd.Function):
                 else:
                     torch.mul(grad[..., start:stop, :], c0, out=dv[..., start:stop, :])
         return dy, dv, None
+
+
+def _affine_heads_backward_stock(grad: Tensor, runs: tuple[AffineRun, ...],
+                                 needs: tuple[bool, ...]) -> tuple[Tensor | None, Tensor | None, None]:
+    """:meth:`AffineHeads.backward` by out-of-place operations on head slices: the same products of ``grad`` by the
+    float scalars, then one concatenation along the head axis."""
+    H = grad.shape[-2]
+    ys: list[Tensor] = []
+    vs: list[Tensor] = []
+    at = 0
+    for start, stop, c0, c1 in (*runs, (H, H, 0.0, 1.0)):
+        if start > at:  # heads of no run: out = y
+            gap = grad.narrow(-2, at, start - at)
+            ys.append(gap)
+            vs.append(torch.zeros_like(gap))
+        if stop > start:
+            g = grad.narrow(-2, start, stop - start)
+            ys.append(g * c1)
+            vs.append(g * c0)
+        at = stop
+    return (torch.cat(ys, -2) if needs[0] else None), (torch.cat(vs, -2) if needs[1] else None), None
 
 
 def combine_affine(y: Tensor, v: Tensor, runs: Sequence[AffineRun], *, inplace: bool | None = None) -> Tensor:

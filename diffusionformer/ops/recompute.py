@@ -149,6 +149,21 @@ def _in_eager_transform() -> bool:
     return _in_forward_ad() or (not torch.compiler.is_compiling() and _in_functorch())
 
 
+#: whether a tensor is batched by torch's legacy vmap (``None`` where torch has no such test)
+_LEGACY_BATCHED = getattr(getattr(torch._C, "_functorch", None), "is_legacy_batchedtensor", None)
+
+
+def _batched_grad(grad: Tensor) -> bool:
+    """Whether a custom backward pass runs batched: its output gradient batched by the legacy vmap that
+    ``torch.autograd.grad(..., is_grads_batched=True)`` (``autograd.functional.jacobian(..., vectorize=True)``) runs the
+    backward pass under, or inside an eager transform (:func:`_in_eager_transform`: ``torch.func.vmap`` over a
+    ``torch.autograd.grad``). Neither batches ``out=`` kernels, in-place updates of views or sparse CSR operands: the
+    backward passes take stock out-of-place operations there."""
+    if torch.compiler.is_compiling():  # dynamo traces the backward pass with fake tensors: no vmap to see
+        return False
+    return (_LEGACY_BATCHED is not None and _LEGACY_BATCHED(grad)) or _in_eager_transform()
+
+
 def wants_recompute() -> bool:
     """Whether :func:`recompute_saved` would act now: autograd on, eager (not compiling, not inside a
     ``torch.func`` transform) and no outer saved-tensor hooks.

@@ -183,6 +183,9 @@ class RivalContext:
         self._is_causal = False
         self._edge_index: Tensor | None = None
         self._uniform_plan: tuple[Tensor | None, bool] | None = None  # (key mask, is_causal): DC x without attention
+        # dense attend() through a materialised P (the layer's backend="matrix"): stock operations that have a double
+        # backward, which torch's fused CPU attention kernels lack
+        self._materialise = False
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -248,6 +251,11 @@ class RivalContext:
             ``q``, ``k``: ``(B, G, N, C')``; ``x``: ``(B, G, N, C_x)`` -> ``(B, G, N, C_x)``.
         """
         s = self.scale if scale is None else float(scale)
+        if self._mode == "dense" and self._materialise:  # P materialised, as the layer's own heads (backend="matrix")
+            P = attention_matrix(q, k, attn_mask=self._mask, is_causal=self._is_causal, scale=s)
+            if self.dropout_p > 0.0:
+                P = F.dropout(P, p=self.dropout_p)
+            return torch.matmul(P, x)
         if self._mode == "dense":  # one fused attention call (rows without keys pinned to 0 there)
             # SDPA's fused CPU kernels need one width for q, k and x, else it takes the unfused math
             # path (4x slower for differential's half-width scores at N = 1024). Zero columns change
@@ -369,6 +377,7 @@ def apply_context_groups(
         else:
             ctx = RivalContext.dense(q[:, sl], k[:, sl], v[:, sl], attn_mask=_slice_heads(mask, s, c, H),
                                      is_causal=is_causal, **kwargs)
+            ctx._materialise = getattr(layer, "backend", "auto") == "matrix"  # the layer's back-end, as its other heads
             y = _context_output(op, ctx)
         out = out.index_add(head_axis, torch.arange(s, s + c, device=out.device), y.to(out.dtype))
     return out

@@ -59,9 +59,14 @@ def _use_csr(backend: str) -> bool:
     if backend == "auto":
         # torch.compile cannot trace sparse CSR tensors; the gather-scatter path compiles (and fuses); torch.func
         # transforms refuse the CSR kernels' autograd.Functions (no setup_context, out= kernels without batching rules),
-        # and forward-mode AD too (they have no jvp; _in_eager_transform counts both)
-        return not torch.compiler.is_compiling() and not _in_eager_transform()
+        # and forward-mode AD too (they have no jvp; _in_eager_transform counts both); allow_mutation_on_saved_tensors
+        # reads the data pointer of every out= argument, which a sparse CSR tensor has not
+        return not torch.compiler.is_compiling() and not _in_eager_transform() and not _mutation_on_saved_allowed()
     if backend == "csr":
+        if _mutation_on_saved_allowed():
+            raise ValueError("backend='csr' cannot run under torch.autograd.graph.allow_mutation_on_saved_tensors(): "
+                             "its sparse kernels write into CSR tensors, which the context cannot clone; use "
+                             "backend='auto' or 'native' there")
         if _in_eager_transform():
             raise ValueError(
                 "backend='csr' cannot run inside a torch.func transform (grad, vjp, vmap, ...): its sparse kernels have "
@@ -73,6 +78,11 @@ def _use_csr(backend: str) -> bool:
         return False
     hint = _backend_hint(backend, SPARSE_BACKENDS, DENSE_BACKENDS, "dense (B, H, N, C) inputs")
     raise ValueError(f"sparse backend must be one of {SPARSE_BACKENDS}, got {backend!r}{hint}")
+
+
+def _mutation_on_saved_allowed() -> bool:
+    """Whether a :func:`torch.autograd.graph.allow_mutation_on_saved_tensors` context is open (eager mode)."""
+    return bool(getattr(torch.autograd.graph, "_allow_mutation_on_saved_tensors_enabled", False))
 
 
 def _without_values(t: Tensor) -> bool:
