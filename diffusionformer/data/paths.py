@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from diffusionformer._files import new_file_mode, zip_damage
+from diffusionformer._warnings import user_stacklevel
 
 __all__ = [
     "DATA_ENV",
@@ -173,16 +174,18 @@ def load_cached(path: Path, fits: Callable[[Any], bool] | None = None, what: str
         return None
     damage = zip_damage(path)  # torch.load checks no CRC: a flipped bit of an array loaded as other pixels
     if damage is not None:
-        warnings.warn(f"cached file refused and rebuilt: {path}: {damage}", UserWarning, stacklevel=2)
+        warnings.warn(f"cached file refused and rebuilt: {path}: {damage}", UserWarning, stacklevel=user_stacklevel())
         return None
     try:
         cached = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a damaged or doctored cache file is rebuilt, never trusted
         first = str(err).splitlines()[0] if str(err) else ""
-        warnings.warn(f"cached file refused and rebuilt: {path}: {type(err).__name__}: {first}", UserWarning, stacklevel=2)
+        warnings.warn(f"cached file refused and rebuilt: {path}: {type(err).__name__}: {first}", UserWarning,
+                      stacklevel=user_stacklevel())
         return None
     if fits is not None and not fits(cached):  # loads, but is not what was saved there
-        warnings.warn(f"cached file refused and rebuilt: {path}: not {what}", UserWarning, stacklevel=2)
+        warnings.warn(f"cached file refused and rebuilt: {path}: not {what}", UserWarning,
+                      stacklevel=user_stacklevel())
         return None
     return cached
 
@@ -214,5 +217,6 @@ def drop_unsafe_processed(folder: Path) -> list[str]:
     if refused:
         shutil.rmtree(folder, ignore_errors=True)
         for why in refused:
-            warnings.warn(f"cached file refused and rebuilt from the raw files: {why}", UserWarning, stacklevel=2)
+            warnings.warn(f"cached file refused and rebuilt from the raw files: {why}", UserWarning,
+                          stacklevel=user_stacklevel())
     return refused

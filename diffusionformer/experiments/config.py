@@ -268,6 +268,7 @@ class TaskConfig:
 
     def _check_ssl(self) -> None:
         """Move SSL settings given (deprecated) as model overrides to ``ssl``, and validate ``ssl``."""
+        from diffusionformer._warnings import user_stacklevel
         from diffusionformer.models.registry import get_preset, split_task_settings, task_config
 
         if not isinstance(self.ssl, dict):
@@ -283,7 +284,7 @@ class TaskConfig:
                 raise ValueError(f"task {self.name!r}: {clash} set in both model_overrides and ssl; keep them in ssl only")
             warnings.warn(f"task {self.name!r}: model_overrides {sorted(moved)} are settings of the SSL task, no "
                           f"longer of the model; move them to the task's ssl table ([tasks.ssl]); the run and its "
-                          "identity are the same either way", DeprecationWarning, stacklevel=4)
+                          "identity are the same either way", DeprecationWarning, stacklevel=user_stacklevel())
             self.model_overrides = rest
             self.ssl = {**moved, **self.ssl}
         if self.ssl:

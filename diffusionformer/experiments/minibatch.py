@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from diffusionformer._warnings import user_stacklevel
 from diffusionformer.config import (ConfigErrors, _choice_hint, _python_number, _python_numbers, config_from_dict,
                                     config_to_dict, document_fields)
 from diffusionformer.data.base import NodeData
@@ -261,7 +262,8 @@ class NodeMiniBatchTask:
         hops = propagation_hops(model)
         _, warning = check_num_neighbors(config, hops)
         if warning is not None:
-            warnings.warn(warning, UserWarning, stacklevel=2)
+            # the user's line: build_task's caller, or this method's (a fixed 2 named build_task's line)
+            warnings.warn(warning, UserWarning, stacklevel=user_stacklevel())
         return cls(data, resolve_num_neighbors(config, hops), config.batch_size, eval=config.eval,
                    eval_batch_size=eval_batch_size)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from diffusionformer._warnings import user_stacklevel
 from diffusionformer.experiments.config import (ExperimentConfig, OperatorSetting, TaskConfig, _lower_is_better,
                                                 train_config)
 from diffusionformer.experiments.store import live_holder as _live_holder
@@ -104,7 +105,7 @@ def finished_runs(out: str | Path, config: ExperimentConfig, results: Sequence[R
                                           f"{task.name!r} / setting {setting.name!r} beside it (a run not yet "
                                           "restarted, or one another process trained from another config of the "
                                           "same name); it is left out of the results",
-                                          stacklevel=2)
+                                          stacklevel=user_stacklevel())
                             continue
                         r = _result_from_files(task, setting, seed, rdir, summary)
                 if r is not None:
@@ -176,7 +177,7 @@ def _summary_number(summary: dict[str, Any], key: str, path: Path, *, integral: 
     if _is_finite(value) and value >= 0 and (isinstance(value, int) or not integral):
         return value
     warnings.warn(f"{path}: {key} must be {'an int' if integral else 'a finite number'} >= 0, got {value!r}; "
-                  "it is left out of the tables", stacklevel=3)
+                  "it is left out of the tables", stacklevel=user_stacklevel())
     return None
 
 
@@ -401,7 +402,7 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
     learned = read_json_dict(learned_path) if learned_path.exists() else {}
     if learned is None:
         warnings.warn(f"{learned_path} is unreadable; the run's learned operator values are left out of the tables",
-                      stacklevel=2)
+                      stacklevel=user_stacklevel())
         learned = {}
     curves = read_curves(rdir) if task.select_by or task.reach else []
     selected_value, selected_step = select_evaluation(curves, task) if task.select_by else (None, None)

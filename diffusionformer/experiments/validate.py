@@ -223,6 +223,8 @@ def _check_momentum_schedule(task: TaskConfig, setting: OperatorSetting, model: 
     (momentum 1) before the run ends; longer, its momentum never reaches 1 (the SSL tutorial: they must be equal)."""
     import warnings
 
+    from diffusionformer._warnings import user_stacklevel
+
     steps = getattr(getattr(model, "config", None), "schedule_steps", None)
     if steps is None:
         return
@@ -236,7 +238,7 @@ def _check_momentum_schedule(task: TaskConfig, setting: OperatorSetting, model: 
         "the teacher's momentum never reaches 1"
     warnings.warn(f"task {task.name!r} / setting {setting.name!r}: the DINO momentum schedule spans schedule_steps = "
                   f"{steps} steps and the run train.max_steps = {max_steps}: {effect}; set model_overrides."
-                  f"schedule_steps = {max_steps}", UserWarning, stacklevel=3)
+                  f"schedule_steps = {max_steps}", UserWarning, stacklevel=user_stacklevel())
 
 
 def _check_supervised_options(task: TaskConfig, spec: Any, preset: Any, add: Any) -> None:
@@ -275,13 +277,15 @@ def _check_minibatch(task: TaskConfig, setting: OperatorSetting, model: Any, add
     """``num_neighbors`` against the model's propagation hops: a problem, or a warning for fewer hops."""
     import warnings
 
+    from diffusionformer._warnings import user_stacklevel
     from diffusionformer.experiments.minibatch import check_num_neighbors, propagation_hops
 
     problem, warning = check_num_neighbors(task.minibatch_config(), propagation_hops(model))
     if problem is not None:
         add(f"task {task.name!r} / setting {setting.name!r}: minibatch.{problem}")
     if warning is not None:
-        warnings.warn(f"task {task.name!r} / setting {setting.name!r}: minibatch.{warning}", UserWarning, stacklevel=3)
+        warnings.warn(f"task {task.name!r} / setting {setting.name!r}: minibatch.{warning}", UserWarning,
+                      stacklevel=user_stacklevel())
 
 
 def _resolve_model(task: TaskConfig, setting: OperatorSetting, data: Any, preset: Any, model_config: Any) -> Any:

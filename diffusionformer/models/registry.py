@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from diffusionformer._warnings import user_stacklevel
 from diffusionformer.config import _check_flag, config_from_dict
 from diffusionformer.data.ssl import SSLConfig
 from diffusionformer.models.dino import DINO, DINOConfig
@@ -109,7 +110,7 @@ def split_task_settings(name: str, overrides: dict[str, Any], *, warn: bool = Tr
         warnings.warn(f"model {name!r}: {sorted(moved)} are settings of the task ({task_cls}), no longer "
                       f"{preset.config_cls.__name__} fields; set them in the task's `ssl` table (experiment "
                       f"configs) or pass build_task(..., ssl={task_cls}(...)); as model overrides they are "
-                      "deprecated", DeprecationWarning, stacklevel=3)
+                      "deprecated", DeprecationWarning, stacklevel=user_stacklevel())
     return {k: v for k, v in overrides.items() if k not in keys}, moved
 
 

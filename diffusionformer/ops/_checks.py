@@ -6,7 +6,6 @@ import difflib
 import numbers
 import operator
 from collections.abc import Mapping, Set as AbstractSet
-from functools import lru_cache
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -14,7 +13,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
 from diffusionformer.config import _check_flag
-from diffusionformer.ops.engine import static_coefficients
+from diffusionformer.ops.engine import _pure_cache, static_coefficients
 
 
 def check_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
@@ -150,7 +149,7 @@ def check_degrees(degrees: Sequence[int] | None, num_heads: int, max_degree: int
     return _checked_degrees.__wrapped__(degrees, num_heads, max_degree)
 
 
-@lru_cache(maxsize=256)
+@_pure_cache(maxsize=256)
 def _checked_degrees(degrees: Sequence[int], num_heads: int, max_degree: int) -> tuple[int, ...]:
     # a set has no head order, a mapping iterates its keys; a 0-d tensor is Iterable to isinstance but not to list()
     if (isinstance(degrees, (str, bytes, AbstractSet, Mapping)) or not isinstance(degrees, Iterable)

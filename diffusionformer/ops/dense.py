@@ -28,7 +28,6 @@ sparse back-end, so such a position outputs ``c_0 v`` and never NaN.
 from __future__ import annotations
 
 import numbers
-from functools import lru_cache
 from typing import Any, Callable, Literal, Sequence
 
 import torch
@@ -41,6 +40,7 @@ from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton
 from diffusionformer.ops.engine import (
     Backend,
     Heads,
+    _pure_cache,
     active_heads,
     affine,
     affine_coefficients,
@@ -701,12 +701,12 @@ def _recorded(combine: Callable[..., Tensor], backends: tuple[Backend, ...],
 AffineHeadsPlan = tuple[Heads, tuple[float, ...], tuple[float, ...]]
 
 
-@lru_cache(maxsize=256)
+@_pure_cache(maxsize=256)
 def _complement(heads: Heads, num_heads: int) -> Heads:
     return tuple(h for h in range(num_heads) if h not in heads)
 
 
-@lru_cache(maxsize=256)
+@_pure_cache(maxsize=256)
 def _static_split(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]
                   ) -> tuple[AffineHeadsPlan, Heads, tuple[tuple[float, ...], ...]] | None:
     """For static rows: the heads of degree ``<= 1`` as an affine plan, the ``K``-step heads and their

@@ -153,7 +153,7 @@ def _tensor_cache(maxsize: int) -> Callable[[_F], _F]:
     while :func:`torch.export.export` traces without dynamo (``strict=False``, where
     :func:`torch.compiler.is_compiling` is true too), and while :func:`torch.jit.trace` records (a cache hit
     is a constant there and a miss the operations that build it, so two traces differed). While dynamo
-    traces the cache is left to it, as it traces the function itself.
+    traces, the function is called unwrapped (dynamo would trace it through the cache anyway, with a warning).
     """
 
     def wrap(fn: _F) -> _F:
@@ -161,9 +161,30 @@ def _tensor_cache(maxsize: int) -> Callable[[_F], _F]:
 
         @wraps(fn)
         def call(*args: Any) -> Any:
-            if torch.jit.is_tracing() or (not torch.compiler.is_dynamo_compiling() and is_in_torch_dispatch_mode()):
+            # Dynamo traces the wrapped function whatever the wrapper (and warned "Dynamo detected a call to a
+            # `functools.lru_cache`-wrapped function" at each compile, an error under ``-W error``): call it.
+            if torch.jit.is_tracing() or torch.compiler.is_dynamo_compiling() or is_in_torch_dispatch_mode():
                 return fn(*args)
             return cached(*args)
+
+        call.cache_info, call.cache_clear = cached.cache_info, cached.cache_clear  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
+
+    return wrap
+
+
+def _pure_cache(maxsize: int) -> Callable[[_F], _F]:
+    """``lru_cache(maxsize)`` for the pure helpers of the forward pass (head runs, plans, checked degrees), called
+    unwrapped while dynamo traces: dynamo traces the wrapped function whatever the wrapper, and warned "Dynamo
+    detected a call to a `functools.lru_cache`-wrapped function" at each call site and compile (an error under
+    ``-W error``). ``__wrapped__``, ``cache_info`` and ``cache_clear`` are those of the ``lru_cache``."""
+
+    def wrap(fn: _F) -> _F:
+        cached = lru_cache(maxsize=maxsize)(fn)
+
+        @wraps(fn)
+        def call(*args: Any) -> Any:
+            return fn(*args) if torch.compiler.is_dynamo_compiling() else cached(*args)
 
         call.cache_info, call.cache_clear = cached.cache_info, cached.cache_clear  # type: ignore[attr-defined]
         return call  # type: ignore[return-value]
@@ -182,7 +203,7 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-@lru_cache(maxsize=64)
+@_pure_cache(maxsize=64)
 def all_heads(num_heads: int) -> Heads:
     """``(0, 1, ..., H - 1)``."""
     return tuple(range(num_heads))
@@ -205,7 +226,7 @@ def head_runs(heads: Sequence[int]) -> tuple[tuple[int, int], ...]:
     return _head_runs(_as_tuple(heads))
 
 
-@lru_cache(maxsize=1024)
+@_pure_cache(maxsize=1024)
 def _head_runs(heads: Heads) -> tuple[tuple[int, int], ...]:
     runs: list[tuple[int, int]] = []
     for h in heads:
@@ -230,7 +251,7 @@ def positions(sub: Sequence[int], of: Sequence[int]) -> Heads:
     return _positions(_as_tuple(sub), _as_tuple(of))
 
 
-@lru_cache(maxsize=1024)
+@_pure_cache(maxsize=1024)
 def _positions(sub: Heads, of: Heads) -> Heads:
     where = {h: i for i, h in enumerate(of)}
     return tuple(where[h] for h in sub)
@@ -422,7 +443,7 @@ def _propagated(backend: Backend, x: Tensor, heads: Heads) -> Tensor:
     return y
 
 
-@lru_cache(maxsize=1024)
+@_pure_cache(maxsize=1024)
 def _coefficient_blocks(degrees: tuple[int, ...], heads: Heads, K: int) -> tuple[tuple[int, int, Heads], ...]:
     """``(first step, steps, heads)`` runs of steps ``0 .. K`` that share their heads (step 0: every head).
 
@@ -456,7 +477,7 @@ def merge_heads(parts: Sequence[tuple[Heads, Tensor]], dim: int) -> Tensor:
     return torch.cat(pieces, dim=-2).movedim(-2, dim)
 
 
-@lru_cache(maxsize=1024)
+@_pure_cache(maxsize=1024)
 def _merge_plan(parts: tuple[Heads, ...]) -> tuple[tuple[int, int, int], ...]:
     """``(part, start, length)`` slices that put the heads of ``parts`` (a partition) back in head order.
 
@@ -503,7 +524,7 @@ def static_coefficients(coeffs: object, num_heads: int) -> tuple[tuple[float, ..
     return _static_rows.__wrapped__(coeffs, num_heads)
 
 
-@lru_cache(maxsize=256)
+@_pure_cache(maxsize=256)
 def _static_rows(coeffs: Sequence[Any], num_heads: int) -> tuple[tuple[float, ...], ...]:
     if coeffs and all(isinstance(r, (list, tuple)) for r in coeffs):
         if not all(isinstance(c, numbers.Real) and not isinstance(c, bool) for r in coeffs for c in r):
@@ -559,7 +580,7 @@ def affine_coefficients(rows: tuple[tuple[float, ...], ...], degrees: tuple[int,
     return _affine_coefficients(rows, tuple(degrees))
 
 
-@lru_cache(maxsize=256)
+@_pure_cache(maxsize=256)
 def _affine_coefficients(rows: tuple[tuple[float, ...], ...], degrees: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(r[0] for r in rows), tuple(r[1] if d >= 1 else 0.0 for r, d in zip(rows, degrees))
 
@@ -576,7 +597,7 @@ def affine_runs(c0: Sequence[float], c1: Sequence[float]) -> tuple[AffineRun, ..
     return _affine_runs(_as_tuple(c0), _as_tuple(c1))
 
 
-@lru_cache(maxsize=256)
+@_pure_cache(maxsize=256)
 def _affine_runs(c0: tuple[float, ...], c1: tuple[float, ...]) -> tuple[AffineRun, ...]:
     runs: list[AffineRun] = []
     for h, (a, b) in enumerate(zip(c0, c1)):

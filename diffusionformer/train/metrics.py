@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from diffusionformer._files import file_kind, set_new_file_mode
+from diffusionformer._warnings import user_stacklevel
 from diffusionformer.config import _check_flag
 
 __all__ = ["METRICS_NAME", "MetricsLog", "read_metrics", "write_json_atomic", "write_text_atomic"]
@@ -123,13 +124,13 @@ def _parse_lines(path: Path) -> list[dict[str, Any]]:
         except (UnicodeDecodeError, json.JSONDecodeError):
             # A run killed mid-write leaves a partial last line; anything else is worth a warning.
             if number != len(lines):
-                warnings.warn(f"{path}:{number}: skipping a malformed metrics line", stacklevel=3)
+                warnings.warn(f"{path}:{number}: skipping a malformed metrics line", stacklevel=user_stacklevel())
             continue
         if _is_record(record):
             records.append(record)
         else:
             warnings.warn(f"{path}:{number}: skipping a line that is not a metrics record (an integer 'step', a "
-                          "'split' name and a 'metrics' mapping)", stacklevel=3)
+                          "'split' name and a 'metrics' mapping)", stacklevel=user_stacklevel())
     return records
 
 

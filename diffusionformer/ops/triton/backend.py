@@ -56,13 +56,12 @@ computes exactly that and is kept; and ``"auto"`` keeps head sizes above
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from diffusionformer.ops.engine import Backend, Heads, _tensor_cache, head_runs, select
+from diffusionformer.ops.engine import Backend, Heads, _pure_cache, _tensor_cache, head_runs, select
 from diffusionformer.ops.triton._launch import _MAX_GRID_Y
 
 __all__ = ["TritonBackend", "key_padding_from_mask", "split_mask", "triton_unsupported"]
@@ -152,7 +151,7 @@ def triton_unsupported(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
 
 
 # ---------------------------------------------------------------------------- cached layouts
-@lru_cache(maxsize=256)
+@_pure_cache(maxsize=256)
 def _split(degrees: tuple[int, ...]) -> tuple[Heads, Heads, tuple[tuple[int, int, int, int], ...]]:
     """``(affine heads, K-step heads, segments)``; a segment ``(start, stop, group, pos)`` takes heads
     ``start .. stop - 1`` of the output from group ``group`` (0 affine, 1 K-step) at position ``pos``."""
