@@ -153,6 +153,10 @@ def _pairs(a: Mapping[Any, float], b: Mapping[Any, float]) -> tuple[list[float],
     d = [float(a[k]) - float(b[k]) for k in keys]
     bad = [k for k, x in zip(keys, d) if not math.isfinite(x)]
     if bad:
+        past = [k for k in bad if math.isfinite(float(a[k])) and math.isfinite(float(b[k]))]
+        if past:  # finite values whose difference overflows (values near the float maximum of opposite signs)
+            raise ValueError(f"non-finite paired differences for seeds {past}: finite values whose difference is "
+                             f"past the float range (e.g. {float(a[past[0]])!r} - {float(b[past[0]])!r})")
         raise ValueError(f"non-finite paired values for seeds {bad}")
     return d, [float(a[k]) for k in keys] + [float(b[k]) for k in keys]
 

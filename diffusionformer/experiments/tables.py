@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 from diffusionformer.experiments.config import ExperimentConfig, _lower_is_better
 from diffusionformer.experiments.results import RunResult
+from diffusionformer.experiments.stats import _fmean
 
 __all__ = ["aggregate", "format_status", "format_table"]
 
@@ -25,7 +26,7 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
             "task": task,
             "operator": op,
             "metric": rs[0].metric,
-            "mean": statistics.fmean(vals) if vals else None,
+            "mean": _fmean(vals) if vals else None,
             "std": statistics.stdev(vals) if len(vals) > 1 else None,  # one value has no sample std
             "n": len(vals),
             "failed": sum(1 for r in rs if r.status != "completed"),
@@ -36,13 +37,13 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
             "seeds": [r.seed for r in rs if r.value is not None and math.isfinite(r.value)],
             "by_seed": {r.seed: r.value for r in rs if r.value is not None and math.isfinite(r.value)},
             "num_parameters": next((r.num_parameters for r in rs if r.num_parameters is not None), None),
-            "elapsed_mean": (statistics.fmean([r.elapsed for r in rs if r.elapsed is not None])
+            "elapsed_mean": (_fmean([r.elapsed for r in rs if r.elapsed is not None])
                              if any(r.elapsed is not None for r in rs) else None),
         })
         chosen = [r for r in rs if r.selected_value is not None and math.isfinite(r.selected_value)]
         if chosen:
             selected = [r.selected_value for r in chosen]
-            table[-1].update(selected_mean=statistics.fmean(selected), selected_std=statistics.stdev(selected) if len(selected) > 1 else None,
+            table[-1].update(selected_mean=_fmean(selected), selected_std=statistics.stdev(selected) if len(selected) > 1 else None,
                              selected_values=selected, selected_steps=[r.selected_step for r in chosen],
                              selected_by_seed={r.seed: r.selected_value for r in chosen})
         # per completed run (None: never reached, or the task has no `reach`); read only for tasks with `reach`
