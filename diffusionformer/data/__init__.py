@@ -42,9 +42,28 @@ from .paths import (
     cache_dir,
     resolve_root,
 )
-from .neighbors import TorchNeighborSampler, has_compiled_sampler, neighbor_batch, neighbor_loader
 from .recall import make_assoc_recall
 from .registry import DatasetSpec, dataset_spec, list_datasets, load_dataset, register_dataset
+
+# The neighbour loader subclasses PyG's classes: imported on first use (PEP 562), so that ``import
+# diffusionformer.data`` does not import PyG (PyG 2.8 calls the deprecated ``torch.jit.script`` at import).
+_LAZY = {name: "diffusionformer.data.neighbors"
+         for name in ("TorchNeighborSampler", "has_compiled_sampler", "neighbor_batch", "neighbor_loader")}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from importlib import import_module
+
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "TorchNeighborSampler",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch_geometric
 from torch import Tensor, nn
 
 from diffusionformer.config import _choice_hint, _value_type
@@ -113,7 +113,9 @@ def _sized_edge_index(edge_index: Tensor, num_nodes: int) -> Tensor:
     ``sort_by`` (PyG infers ``(max + 1, None)``) or sized for fewer nodes (an isolated last node) failed in GIN with
     PyG's bare "Encountered tensor with size 6 in dimension -2, but expected size 5", where the plain edges run; one
     sized for more nodes than ``x`` has rows is a ``ValueError`` naming it. Sort order and symmetry are kept."""
-    edge_index_cls = getattr(torch_geometric, "EdgeIndex", None)  # PyG >= 2.5
+    if "torch_geometric" not in sys.modules:  # (an EdgeIndex is PyG's: PyG is imported once one exists)
+        return edge_index
+    edge_index_cls = getattr(sys.modules["torch_geometric"], "EdgeIndex", None)  # PyG >= 2.5
     if edge_index_cls is None or not isinstance(edge_index, edge_index_cls):
         return edge_index
     size = tuple(edge_index.sparse_size())

@@ -8,7 +8,6 @@ from typing import Any, Literal
 import torch  # noqa: F401  (doctests)
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.nn import GCNConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.nn._weights import _stored_weight
@@ -66,6 +65,8 @@ class GCN(nn.Module):
         super().__init__()
         if not isinstance(config, GCNConfig):
             raise TypeError(f"config must be a GCNConfig, got {type(config).__name__}")
+        from torch_geometric.nn import GCNConv
+
         self.config = c = config
         dims = [c.in_channels] + [c.hidden] * (c.num_layers - 1) + [c.hidden if c.task == "graph" else c.num_classes]
         self.convs = nn.ModuleList(GCNConv(a, b, cached=False) for a, b in zip(dims[:-1], dims[1:]))
@@ -99,6 +100,8 @@ class GCN(nn.Module):
             if i < len(self.convs) - 1 or c.task == "graph":
                 x = F.relu(x)
         if c.task == "graph":
+            from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
+
             pool: Any = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[c.pool]
             x = pool(x, batch, size=num_graphs)
         return self.head(x)

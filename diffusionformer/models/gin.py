@@ -8,7 +8,6 @@ from typing import Any, Literal
 import torch  # noqa: F401  (doctests)
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
 
 from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.nn._weights import _stored_weight
@@ -69,6 +68,8 @@ class GIN(nn.Module):
         super().__init__()
         if not isinstance(config, GINConfig):
             raise TypeError(f"config must be a GINConfig, got {type(config).__name__}")
+        from torch_geometric.nn import GINConv
+
         self.config = c = config
         dims = [c.in_channels] + [c.hidden] * (c.num_layers - 1)
         self.convs = nn.ModuleList(
@@ -115,6 +116,8 @@ class GIN(nn.Module):
         for conv in self.convs:
             hs.append(conv(hs[-1], edge_index))
         if c.task == "graph":
+            from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
+
             pool: Any = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[c.pool]
             hs = [pool(h, batch, size=num_graphs) for h in hs]
         return sum(head(F.dropout(h, c.dropout, self.training)) for head, h in zip(self.heads, hs))  # type: ignore[return-value]

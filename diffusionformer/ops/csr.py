@@ -134,11 +134,15 @@ def _row_pointers(sorted_rows: Tensor, num_rows: int) -> Tensor:
 
 
 _CSR_BETA = "Sparse CSR tensor support is in beta"
+# torch 2.11 (the GPU image) also warns once that "Sparse invariant checks are implicitly disabled", though
+# check_invariants=False is passed: an error at import under ``python -W error``
+_CSR_INVARIANTS = "Sparse invariant checks are implicitly disabled"
 
 
 def _quiet_csr(crow: Tensor, col: Tensor, values: Tensor, size: tuple[int, int]) -> Tensor:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_CSR_BETA)
+        warnings.filterwarnings("ignore", message=_CSR_INVARIANTS)
         return torch.sparse_csr_tensor(crow, col, values, size, check_invariants=False, device=values.device)
 
 

@@ -133,6 +133,8 @@ def test_import_stays_light_and_star_import_exports_the_lazy_names():
         "import sys, diffusionformer\n"
         "assert 'diffusionformer.models' not in sys.modules, 'models imported eagerly'\n"
         "assert 'diffusionformer.experiments' not in sys.modules, 'runner imported eagerly'\n"
+        "import diffusionformer.models, diffusionformer.data\n"
+        "assert 'torch_geometric' not in sys.modules, 'PyG imported eagerly'\n"
         "from diffusionformer import *\n"
         "assert create_model('gpt-char-tiny').__class__ is DiffusionGPT\n"
         "assert callable(load_run)\n"

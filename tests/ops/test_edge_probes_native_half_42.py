@@ -184,11 +184,12 @@ def test_bug_laplacian_pe_does_not_rewind_other_threads_draws(monkeypatch):
     from torch_geometric.data import Data
     from torch_geometric.utils import to_undirected
 
+    import diffusionformer.models._graph_pe as _graph_pe
     import diffusionformer.models.graph_transformer as gt
 
     drawn = []
 
-    class PyGWhileAnotherThreadDraws(gt.AddLaplacianEigenvectorPE):
+    class PyGWhileAnotherThreadDraws(_graph_pe.AddLaplacianEigenvectorPE):
         def forward(self, data):
             t = threading.Thread(target=lambda: drawn.append(torch.rand(4)))
             t.start()
@@ -198,7 +199,7 @@ def test_bug_laplacian_pe_does_not_rewind_other_threads_draws(monkeypatch):
     N, k = 12, 3
     path = torch.stack([torch.arange(N - 1), torch.arange(1, N)])  # a path with chords: simple eigenvalues
     ei = to_undirected(torch.cat([path, torch.tensor([[0, 2, 3, 1], [5, 9, 7, 11]])], 1), num_nodes=N)
-    monkeypatch.setattr(gt, "AddLaplacianEigenvectorPE", PyGWhileAnotherThreadDraws)
+    monkeypatch.setattr(_graph_pe, "AddLaplacianEigenvectorPE", PyGWhileAnotherThreadDraws)
     torch.manual_seed(0)
     pe = gt._LaplacianPE(k)(Data(edge_index=ei, num_nodes=N)).laplacian_eigenvector_pe
     after = torch.rand(4)
