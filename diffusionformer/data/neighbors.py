@@ -69,6 +69,21 @@ def _bytes_pickled(g: torch.Generator) -> _BytesPickledGenerator:
     return out
 
 
+def _check_seed_ids(seeds: Tensor, num_nodes: int, who: str, name: str, distinct: str | None) -> None:
+    """Integer seed ids ``seeds`` ``(B,)`` in ``[0, num_nodes)`` and, unless ``distinct`` is ``None``, each once
+    (a repeated seed's later copies would get no neighbours); else a ``ValueError`` from ``who`` naming the range
+    of ``name`` or the repeated ids ("expected distinct{distinct}")."""
+    if not seeds.numel():
+        return
+    lo, hi = int(seeds.min()), int(seeds.max())
+    if lo < 0 or hi >= num_nodes:
+        raise ValueError(f"{who}: {name} must lie in [0, num_nodes={num_nodes}), got range [{lo}, {hi}]")
+    if distinct is not None:
+        ids, counts = seeds.unique(return_counts=True)
+        if bool((counts > 1).any()):
+            raise ValueError(f"{who}: expected distinct{distinct}, got repeated node ids {ids[counts > 1].tolist()[:10]}")
+
+
 class TorchNeighborSampler(BaseSampler):
     r"""Uniform neighbour sampling without replacement in pure PyTorch (no compiled extension).
 
@@ -203,14 +218,8 @@ class TorchNeighborSampler(BaseSampler):
             raise TypeError(f"TorchNeighborSampler: expected integer seed node ids, got dtype {seeds.dtype}")
         seeds = seeds.long()
         N = self.num_nodes
-        if seeds.numel():  # an id outside the graph, or a repeated seed whose first copy would get no edges
-            lo, hi = int(seeds.min()), int(seeds.max())
-            if lo < 0 or hi >= N:
-                raise ValueError(f"TorchNeighborSampler: seed node ids must lie in [0, num_nodes={N}), got range [{lo}, {hi}]")
-            ids, counts = seeds.unique(return_counts=True)
-            if bool((counts > 1).any()):
-                raise ValueError(f"TorchNeighborSampler: expected distinct seeds in a batch, got repeated node ids "
-                                 f"{ids[counts > 1].tolist()[:10]}")
+        # an id outside the graph, or a repeated seed whose first copy would get no edges
+        _check_seed_ids(seeds, N, "TorchNeighborSampler", "seed node ids", " seeds in a batch")
         local = torch.full((N,), -1, dtype=torch.long)
         local[seeds] = torch.arange(seeds.numel())
         nodes, rows, cols, edges = [seeds], [], [], []
@@ -315,15 +324,8 @@ def _check_loader_seeds(data: Data, batch_size: Any, input_nodes: Any, distinct:
         return
     if seeds.is_floating_point() or seeds.is_complex():
         raise TypeError(f"neighbor_loader: expected input_nodes integer node ids or a bool mask, got dtype {seeds.dtype}")
-    if seeds.numel():
-        lo, hi = int(seeds.min()), int(seeds.max())
-        if lo < 0 or hi >= n:
-            raise ValueError(f"neighbor_loader: input_nodes ids must lie in [0, num_nodes={n}), got range [{lo}, {hi}]")
-        if distinct:
-            ids, counts = seeds.unique(return_counts=True)
-            if bool((counts > 1).any()):
-                raise ValueError(f"neighbor_loader: expected distinct input_nodes (TorchNeighborSampler refuses a "
-                                 f"repeated seed in a batch), got repeated node ids {ids[counts > 1].tolist()[:10]}")
+    _check_seed_ids(seeds, n, "neighbor_loader", "input_nodes ids", " input_nodes (TorchNeighborSampler refuses a "
+                    "repeated seed in a batch)" if distinct else None)
 
 
 def neighbor_loader(
@@ -428,13 +430,7 @@ def neighbor_batch(data: Data, sampler: TorchNeighborSampler, seeds: Tensor,
         hint = " (for a node mask, pass mask.nonzero().view(-1))" if seeds.dtype == torch.bool else ""
         raise TypeError(f"neighbor_batch: expected integer seed node ids, got dtype {seeds.dtype}{hint}")
     seeds = seeds.long().cpu()
-    if seeds.numel():
-        lo, hi, n = int(seeds.min()), int(seeds.max()), data.num_nodes
-        if lo < 0 or hi >= n:
-            raise ValueError(f"neighbor_batch: seed node ids must lie in [0, num_nodes={n}), got range [{lo}, {hi}]")
-        ids, counts = seeds.unique(return_counts=True)
-        if bool((counts > 1).any()):  # a repeated seed's later copies would get no neighbours
-            raise ValueError(f"neighbor_batch: expected distinct seeds, got repeated node ids {ids[counts > 1].tolist()[:10]}")
+    _check_seed_ids(seeds, data.num_nodes, "neighbor_batch", "seed node ids", " seeds")
     # an explicit generator is drawn from as is, also in a DataLoader worker (where sample_from_nodes would
     # replace it by the worker's own generator, so the same generator state gave other neighbourhoods)
     out = sampler._sample_from_nodes(NodeSamplerInput(input_id=None, node=seeds),

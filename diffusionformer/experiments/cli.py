@@ -268,14 +268,9 @@ def _check_out(out: str, name: str) -> None:
     if file is not None:
         raise NotADirectoryError(f"--out {out!r}: {str(file)!r} is a file, where the results "
                                  f"{'of ' + repr(name) if file == root / name else 'folder'} should be a folder")
-    from diffusionformer.experiments.config import _folder_twin
+    from diffusionformer.experiments.config import _refuse_results_twin
 
-    twin = _folder_twin(root, name)
-    if twin is not None:  # on macOS and Windows one folder: this comparison would resume, rewrite and report its runs
-        raise ValueError(f"--out {out!r}: it holds the comparison {twin!r}, whose name differs from {name!r} only in "
-                         "case or in Unicode normalization: on a case-insensitive file system (macOS, Windows) the "
-                         "two are one results folder, and each would take the other's runs as its own; rename the "
-                         "comparison (its `name`) or use another --out")
+    _refuse_results_twin(out, name)
 
 
 def _main(argv: list[str] | None) -> int:

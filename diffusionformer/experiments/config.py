@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from diffusionformer._warnings import user_stacklevel
 from diffusionformer.config import (_choice_hint, _in_context, _value_type, config_from_dict, config_to_dict,
                                     document_fields)
 from diffusionformer.data.splits import _MAX_SEED  # the largest data_seed: the splits' torch generators take it
@@ -104,6 +105,17 @@ def _folder_twin(folder: str | os.PathLike[str], name: str, suffix: str = "") ->
         if stem != name and not entry.startswith(".") and _folded(stem) == _folded(name):
             return entry
     return None
+
+
+def _refuse_results_twin(out: str | os.PathLike[str], name: str) -> None:
+    """A ``ValueError`` when the results root ``out`` holds another comparison's folder that is ``name``'s on macOS
+    and Windows (:func:`_folder_twin`): there each would resume, rewrite and report the other's runs."""
+    twin = _folder_twin(out, name)
+    if twin is not None:
+        raise ValueError(f"--out {str(out)!r}: it holds the comparison {twin!r}, whose name differs from {name!r} only "
+                         "in case or in Unicode normalization: on a case-insensitive file system (macOS, Windows) the "
+                         "two are one results folder, and each would take the other's runs as its own; rename the "
+                         "comparison (its `name`) or use another --out")
 
 
 def _check_path_name(what: str, name: object) -> str:
@@ -268,7 +280,6 @@ class TaskConfig:
 
     def _check_ssl(self) -> None:
         """Move SSL settings given (deprecated) as model overrides to ``ssl``, and validate ``ssl``."""
-        from diffusionformer._warnings import user_stacklevel
         from diffusionformer.models.registry import get_preset, split_task_settings, task_config
 
         if not isinstance(self.ssl, dict):

@@ -30,7 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any, Collection
 
-from diffusionformer.experiments.config import ExperimentConfig, _did_you_mean, _folder_twin, load_experiment_config
+from diffusionformer.experiments.config import (ExperimentConfig, _did_you_mean, _refuse_results_twin,
+                                                load_experiment_config)
 from diffusionformer.experiments.publish import (GAP_MARKER, READING_MARKER, _copy_png, _image, _run_log_path,
                                                  read_run_log)
 from diffusionformer.experiments.results import _is_finite, read_json_dict
@@ -371,11 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--{flag}: expected a {'folder' if flag == 'out' else 'file'}, got an empty path")
         if args.page and Path(args.page).is_dir():
             raise ValueError(f"--page: expected the results page (a markdown file), got the folder {args.page!r}")
-        twin = _folder_twin(args.out, config.name)
-        if twin is not None:  # on macOS and Windows one folder: the tables would be of the other comparison's runs
-            raise ValueError(f"--out {args.out!r}: it holds the comparison {twin!r}, whose name differs from "
-                             f"{config.name!r} only in case or in Unicode normalization: one results folder on macOS "
-                             "and Windows; rename the comparison (its `name`) or use another --out")
+        _refuse_results_twin(args.out, config.name)  # else the tables of the other comparison's runs
     except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -29,6 +29,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, MutableMapping, Sequence
 
+from diffusionformer._warnings import user_stacklevel
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
 
 __all__ = ["check_experiment", "evaluation_keys", "validate_experiment"]
@@ -223,8 +224,6 @@ def _check_momentum_schedule(task: TaskConfig, setting: OperatorSetting, model: 
     (momentum 1) before the run ends; longer, its momentum never reaches 1 (the SSL tutorial: they must be equal)."""
     import warnings
 
-    from diffusionformer._warnings import user_stacklevel
-
     steps = getattr(getattr(model, "config", None), "schedule_steps", None)
     if steps is None:
         return
@@ -277,7 +276,6 @@ def _check_minibatch(task: TaskConfig, setting: OperatorSetting, model: Any, add
     """``num_neighbors`` against the model's propagation hops: a problem, or a warning for fewer hops."""
     import warnings
 
-    from diffusionformer._warnings import user_stacklevel
     from diffusionformer.experiments.minibatch import check_num_neighbors, propagation_hops
 
     problem, warning = check_num_neighbors(task.minibatch_config(), propagation_hops(model))

@@ -132,14 +132,14 @@ class DiffusionOperator(nn.Module):
         super()._apply(fn, recurse)
         static = self.static_coefficients()
         c = getattr(self, "_c", None)
-        # rebuilt outside inference mode: `.to(device)` or `.float()` of a served model under torch.inference_mode
-        # made them inference tensors (torch keeps a parameter that a cast leaves unchanged), and a later
-        # load_state_dict or training step refused them
-        with torch.inference_mode(False):
-            if static is not None and isinstance(c, Tensor):
-                dtype = torch.float64 if c.dtype == torch.float64 else torch.float32
+        if static is not None and isinstance(c, Tensor):
+            dtype = torch.float64 if c.dtype == torch.float64 else torch.float32
+            # rebuilt outside inference mode: `.to(device)` or `.float()` of a served model under
+            # torch.inference_mode made it an inference tensor (torch keeps a parameter that a cast leaves
+            # unchanged), and a later load_state_dict or training step refused it
+            with torch.inference_mode(False):
                 self._c = torch.tensor(static, dtype=dtype, device=c.device)
-            self._restore_constants()  # the fixed constants too (heat-exact's t, AttnScale's omega are applied)
+        self._restore_constants()  # the fixed constants too (heat-exact's t, AttnScale's omega are applied)
         return self
 
     def _fixed_constants(self) -> dict[str, float]:
@@ -153,7 +153,7 @@ class DiffusionOperator(nn.Module):
             buf = getattr(self, name, None)
             if isinstance(buf, Tensor) and buf.is_floating_point():
                 dtype = torch.float64 if buf.dtype == torch.float64 else torch.float32
-                with torch.inference_mode(False):  # loaded under inference mode: a buffer a later load can write
+                with torch.inference_mode(False):  # loaded or cast under inference mode: a buffer a later load can write
                     setattr(self, name, torch.full(buf.shape, value, dtype=dtype, device=buf.device))
 
     def _load_from_state_dict(self, state_dict, prefix, *args):  # type: ignore[override]

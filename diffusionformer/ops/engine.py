@@ -144,6 +144,34 @@ AffineRun = tuple[int, int, float, float]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def _cache(maxsize: int, uncached: Callable[[], bool]) -> Callable[[_F], _F]:
+    """``lru_cache(maxsize)`` whose function runs unwrapped while ``uncached()``; ``__wrapped__``, ``cache_info``
+    and ``cache_clear`` are those of the ``lru_cache``."""
+
+    def wrap(fn: _F) -> _F:
+        cached = lru_cache(maxsize=maxsize)(fn)
+
+        @wraps(fn)
+        def call(*args: Any) -> Any:
+            return fn(*args) if uncached() else cached(*args)
+
+        call.cache_info, call.cache_clear = cached.cache_info, cached.cache_clear  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
+
+    return wrap
+
+
+def _dynamo_traces() -> bool:
+    """Dynamo traces the wrapped function whatever the wrapper, and warned "Dynamo detected a call to a
+    `functools.lru_cache`-wrapped function" at each call site and compile (an error under ``-W error``)."""
+    return torch.compiler.is_dynamo_compiling()
+
+
+def _tensors_traced() -> bool:
+    """:func:`_dynamo_traces`, or a torch dispatch mode active, or :func:`torch.jit.trace` recording."""
+    return torch.jit.is_tracing() or torch.compiler.is_dynamo_compiling() or is_in_torch_dispatch_mode()
+
+
 def _tensor_cache(maxsize: int) -> Callable[[_F], _F]:
     """``lru_cache(maxsize)`` for functions that build tensors, bypassed while a torch dispatch mode is active.
 
@@ -155,41 +183,13 @@ def _tensor_cache(maxsize: int) -> Callable[[_F], _F]:
     is a constant there and a miss the operations that build it, so two traces differed). While dynamo
     traces, the function is called unwrapped (dynamo would trace it through the cache anyway, with a warning).
     """
-
-    def wrap(fn: _F) -> _F:
-        cached = lru_cache(maxsize=maxsize)(fn)
-
-        @wraps(fn)
-        def call(*args: Any) -> Any:
-            # Dynamo traces the wrapped function whatever the wrapper (and warned "Dynamo detected a call to a
-            # `functools.lru_cache`-wrapped function" at each compile, an error under ``-W error``): call it.
-            if torch.jit.is_tracing() or torch.compiler.is_dynamo_compiling() or is_in_torch_dispatch_mode():
-                return fn(*args)
-            return cached(*args)
-
-        call.cache_info, call.cache_clear = cached.cache_info, cached.cache_clear  # type: ignore[attr-defined]
-        return call  # type: ignore[return-value]
-
-    return wrap
+    return _cache(maxsize, _tensors_traced)
 
 
 def _pure_cache(maxsize: int) -> Callable[[_F], _F]:
     """``lru_cache(maxsize)`` for the pure helpers of the forward pass (head runs, plans, checked degrees), called
-    unwrapped while dynamo traces: dynamo traces the wrapped function whatever the wrapper, and warned "Dynamo
-    detected a call to a `functools.lru_cache`-wrapped function" at each call site and compile (an error under
-    ``-W error``). ``__wrapped__``, ``cache_info`` and ``cache_clear`` are those of the ``lru_cache``."""
-
-    def wrap(fn: _F) -> _F:
-        cached = lru_cache(maxsize=maxsize)(fn)
-
-        @wraps(fn)
-        def call(*args: Any) -> Any:
-            return fn(*args) if torch.compiler.is_dynamo_compiling() else cached(*args)
-
-        call.cache_info, call.cache_clear = cached.cache_info, cached.cache_clear  # type: ignore[attr-defined]
-        return call  # type: ignore[return-value]
-
-    return wrap
+    unwrapped while dynamo traces (:func:`_dynamo_traces`)."""
+    return _cache(maxsize, _dynamo_traces)
 
 
 # ---------------------------------------------------------------------------- dtypes and heads
