@@ -23,7 +23,15 @@ def import_optional(module: str, *, package: str, dataset: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as err:
+        missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else ""
+        if missing is None or (missing and missing.split(".")[0] == module.split(".")[0]):
+            raise ImportError(
+                f"dataset {dataset!r} needs the optional package {package!r} "
+                f"(module {module!r}), which is not installed: {INSTALL_HINT}"
+            ) from err
+        # the package is there but fails to import (a package it needs is missing, a broken build): "not
+        # installed" was false, and the module at fault was named nowhere in the message the command line prints
         raise ImportError(
-            f"dataset {dataset!r} needs the optional package {package!r} "
-            f"(module {module!r}), which is not installed: {INSTALL_HINT}"
+            f"dataset {dataset!r} needs the optional package {package!r} (module {module!r}), which is "
+            f"installed but does not import: {err}: {INSTALL_HINT}"
         ) from err

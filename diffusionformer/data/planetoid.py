@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._optional import import_optional
 from ._unpickle import _NUMPY_GLOBALS, _plain
 from .base import NodeData, _check_flags
 from .checksums import verify_file
@@ -236,6 +237,7 @@ def read_planetoid(folder: str | Path, prefix: str) -> Any:
     Raises:
         CorruptDataError: (a ``ValueError``) a file that is truncated, not a Planetoid pickle,
             names a global other than the allowed array types, or has inconsistent sizes.
+        ImportError: scipy (which reads the feature matrices) is not installed.
     """
     from torch_geometric.data import Data
     from torch_geometric.io.planetoid import edge_index_from_dict
@@ -244,6 +246,9 @@ def read_planetoid(folder: str | Path, prefix: str) -> Any:
     folder, prefix = Path(folder), prefix.lower()
     if prefix.startswith("nell"):
         raise ValueError("NELL is not supported by read_planetoid")
+    # the feature matrices are pickled scipy CSR matrices; scipy is a dependency neither of this package nor of PyG:
+    # without it, an ImportError naming it here, not every intact file called corrupt by the unpickler
+    import_optional("scipy.sparse", package="scipy", dataset=prefix)
     f = {part: folder / f"ind.{prefix}.{part}" for part in PLANETOID_FILES}
     x, tx, allx, y, ty, ally = (_planetoid_matrix(f[p]) for p in ("x", "tx", "allx", "y", "ty", "ally"))
     graph = _planetoid_graph(f["graph"])

@@ -32,6 +32,7 @@ from typing import Any
 from diffusionformer.experiments.config import ExperimentConfig, _folded, _folder_twin
 from diffusionformer.experiments.results import (RunResult, _row_problem, _runs_of_another_train, finished_runs,
                                                  first_reach, read_curves, run_dir, select_evaluation)
+from diffusionformer.experiments.stats import _require_scipy
 from diffusionformer.experiments.tables import _cell, _text, aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
@@ -178,6 +179,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         ValueError: ``<docs_dir>/<name>/`` holds the results folder (``out_root="tiny"``, ``docs_dir="."``): replacing
             it would delete the runs; or finished runs were made with another train or model config than ``config``'s (a
             ``run --set ...`` published without the overrides: the page would call them runs of this config).
+        ModuleNotFoundError: scipy missing where ``config`` has several seeds (the tables' t tests need it), before
+            anything is copied.
     """
     src = Path(out_root) / config.name
     results_path = src / "results.json"
@@ -212,6 +215,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     if changed:
         raise ValueError(f"publish: {changed}; publish with the --set overrides they were run with, or redo them "
                          "with `run --restart`")
+    _require_scipy(len(config.seeds), "nothing was published")  # the tables' t tests: not once the files are copied
     runs = _load_runs(config, src)  # select_by evaluations of older results are picked from the run logs
     manifest = _read_manifest(src / "manifest.json")
     in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files

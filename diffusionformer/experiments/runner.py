@@ -163,6 +163,8 @@ def run_experiment(
             that do not fit); the finished runs of the tasks before it are kept; with ``resume=False``,
             before anything is discarded, naming the runs another live process is training (they
             cannot be restarted).
+        ModuleNotFoundError: before anything is written or trained, scipy missing where ``config`` has several
+            seeds (the table's t tests and intervals need it; it comes with the ``experiments`` extra).
     """
     out = Path(out_root) / config.name
     chosen = _choose_tasks(config, tasks)
@@ -170,6 +172,9 @@ def run_experiment(
 
     # every run resolves on the config alone, or nothing starts; the data are checked task by task below
     check_experiment(config, data_root=data_root, tasks=[t.name for t in chosen], load_data=False)
+    from diffusionformer.experiments.stats import _require_scipy
+
+    _require_scipy(len(config.seeds), "nothing was trained")  # the table's t tests: not once the runs have trained
     device = device if device is not None else config.device
     if device is not None:
         from diffusionformer.experiments.gpu import check_device

@@ -70,17 +70,38 @@ class Difference:
     note: str = ""
 
 
+_SCIPY_HINT = 'pip install "diffusionformer[experiments]"'
+
+
+def _scipy_special() -> Any:
+    """``scipy.special``, or a ModuleNotFoundError naming what needs it and the extra that installs it (a bare
+    ``No module named 'scipy'`` from inside this module named neither)."""
+    try:
+        import scipy.special
+    except ImportError as exc:
+        raise ModuleNotFoundError(f"the p-values and confidence intervals of the results tables need scipy "
+                                  f"({exc}): {_SCIPY_HINT}", name="scipy") from exc
+    return scipy.special
+
+
+def _require_scipy(seeds: int, consequence: str) -> None:
+    """Refuse up front, with :func:`_scipy_special`'s error and ``consequence`` (``"nothing was trained"``), a
+    comparison of ``seeds`` seeds whose tables need scipy's t distribution (two seeds or more) where scipy is missing:
+    not once the runs have trained, or a page's files have been copied."""
+    if seeds > 1:
+        try:
+            _scipy_special()
+        except ModuleNotFoundError as exc:
+            raise ModuleNotFoundError(f"{exc}; {consequence}", name=exc.name) from None
+
+
 def _t_sf2(t: float, df: float) -> float:
     """Two-sided p of ``t`` under Student's t with ``df`` degrees of freedom: :math:`2 P(T > |t|)`."""
-    from scipy.special import stdtr
-
-    return float(min(1.0, 2.0 * stdtr(df, -abs(t))))
+    return float(min(1.0, 2.0 * _scipy_special().stdtr(df, -abs(t))))
 
 
 def _t_quantile(q: float, df: float) -> float:
-    from scipy.special import stdtrit
-
-    return float(stdtrit(df, q))
+    return float(_scipy_special().stdtrit(df, q))
 
 
 def _check_level(level: float) -> float:
@@ -362,7 +383,7 @@ def wilcoxon_p(d: Sequence[float]) -> float | None:
         le = sum(c for s, c in counts.items() if s <= w) / total
         ge = sum(c for s, c in counts.items() if s >= w) / total
         return min(1.0, 2.0 * min(le, ge))
-    from scipy.special import ndtr
+    ndtr = _scipy_special().ndtr
 
     ranks = [r / 2.0 for r in twice_rank]
     mean = n * (n + 1) / 4.0

@@ -10,7 +10,7 @@ performance page), so they are used there regardless.
 from __future__ import annotations
 
 import numbers
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -18,23 +18,47 @@ from torch import Tensor
 from diffusionformer.config import _value_type
 from diffusionformer.ops._checks import _backend_hint, _check_strided, check_index_range
 
-try:  # optional accelerator, used for CUDA tensors when present
-    import torch_scatter as _torch_scatter  # type: ignore[import-not-found]
-except Exception:  # pragma: no cover - depends on the environment
-    _torch_scatter = None
-
 ScatterBackend = Literal["auto", "native", "torch_scatter"]
 
-__all__ = ["HAS_TORCH_SCATTER", "scatter_sum", "scatter_max", "segment_softmax"]
+# the optional accelerator, used for CUDA tensors when present: imported on first need (a CUDA tensor,
+# backend="torch_scatter", HAS_TORCH_SCATTER read), not at `import diffusionformer`: a compiled extension a CPU
+# process never uses; False until tried, then the module or None
+_torch_scatter: Any = False
 
-HAS_TORCH_SCATTER: bool = _torch_scatter is not None
+
+def _scatter_module() -> Any:
+    """torch_scatter, or ``None`` where it is not installed or does not import (imported once, on first call)."""
+    global _torch_scatter
+    if _torch_scatter is False:
+        try:
+            import torch_scatter  # type: ignore[import-not-found]
+        except Exception:  # pragma: no cover - depends on the environment
+            torch_scatter = None
+        _torch_scatter = torch_scatter
+    return _torch_scatter
+
+
+_LAZY = ("HAS_TORCH_SCATTER",)  # module attributes computed on first read (PEP 562)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HAS_TORCH_SCATTER":  # whether torch-scatter is installed and imports (reading it imports it)
+        return _scatter_module() is not None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [*_LAZY, "scatter_sum", "scatter_max", "segment_softmax"]
 
 
 def _use_torch_scatter(src: Tensor, backend: ScatterBackend) -> bool:
     if backend == "native":
         return False
     if backend == "torch_scatter":
-        if _torch_scatter is None:
+        if _scatter_module() is None:
             raise ValueError(
                 "backend='torch_scatter' was requested but torch-scatter is not installed; "
                 "install it with `pip install \"diffusionformer[scatter]\"` or use backend='native'"
@@ -43,7 +67,7 @@ def _use_torch_scatter(src: Tensor, backend: ScatterBackend) -> bool:
     if backend != "auto":
         hint = _backend_hint(backend, ("auto", "native", "torch_scatter"), (), "")
         raise ValueError(f"scatter backend must be 'auto', 'native' or 'torch_scatter', got {backend!r}{hint}")
-    return _torch_scatter is not None and src.is_cuda
+    return src.is_cuda and _scatter_module() is not None
 
 
 def _check_index(src: Tensor, index: Tensor, dim_size: int, size_name: str = "dim_size") -> int:
@@ -99,7 +123,7 @@ def scatter_sum(src: Tensor, index: Tensor, dim_size: int, *, backend: ScatterBa
     dim_size = _check_index(src, index, dim_size)
     index = index.long()
     if _use_torch_scatter(src, backend):
-        return _torch_scatter.scatter_add(src, index, dim=0, dim_size=dim_size)
+        return _scatter_module().scatter_add(src, index, dim=0, dim_size=dim_size)
     out = src.new_zeros((dim_size,) + tuple(src.shape[1:]))
     return out.index_add_(0, index, src)
 
@@ -126,7 +150,7 @@ def scatter_max(src: Tensor, index: Tensor, dim_size: int, *, backend: ScatterBa
     index = index.long()
     src = src.detach()
     if _use_torch_scatter(src, backend):
-        return _torch_scatter.scatter_max(src, index, dim=0, dim_size=dim_size)[0]
+        return _scatter_module().scatter_max(src, index, dim=0, dim_size=dim_size)[0]
     out = src.new_zeros((dim_size,) + tuple(src.shape[1:]))
     expanded = index.view((-1,) + (1,) * (src.dim() - 1)).expand_as(src)
     return out.scatter_reduce_(0, expanded, src, reduce="amax", include_self=False)
