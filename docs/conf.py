@@ -53,6 +53,7 @@ extensions = [
     "df_api",  # public-name coverage check, cross-references through re-exports
     "df_autosummary_summary",  # summaries are not cut inside ``literals``
     "df_stale_stubs",  # delete stubs of names no page documents any more
+    "df_nav_cache",  # furo's site-wide sidebar tree: built once per build, not once per page
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}

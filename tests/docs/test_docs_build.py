@@ -111,3 +111,70 @@ def test_pages_load_nothing_from_the_network(html_build):
     html, _, _, _ = html_build
     assert minimal.external_resources(html) == []
     assert "_static/mathjax/tex-chtml.js" in (html / "theory" / "heat.html").read_text()
+
+
+def _sidebar(page: Path) -> str:
+    text = page.read_text(encoding="utf-8")
+    start = text.index('<div class="sidebar-tree">')
+    return text[start : text.index("</div>", start)]
+
+
+def test_sidebar_is_the_whole_site_with_the_page_itself_marked_current(html_build):
+    """Every page's sidebar (furo's navigation tree; docs/_ext/df_nav_cache.py builds its page-independent part
+    once per build) lists the same pages, each link relative to the page and leading to a built page, with the page
+    itself, and only it, marked current and linked to itself; a page outside the toctree has no current entry."""
+    import re
+
+    html, _, _, _ = html_build
+    generated = sorted((html / "api" / "generated").glob("*.html"))
+    module_page = next((html / "_modules").rglob("*.html"))
+    pages = {"index": "", "theory/heat": "Heat kernels", "tutorials/quickstart": "Five-minute quickstart",
+             "api/operators": "diffusionformer.operators"}  # fmt: skip
+    sizes = set()
+    for name, title in [*pages.items(), (generated[0].relative_to(html).with_suffix("").as_posix(), generated[0].stem),
+                        (module_page.relative_to(html).with_suffix("").as_posix(), "")]:  # fmt: skip
+        page = html / f"{name}.html"
+        tree = _sidebar(page)
+        sizes.add(tree.count("<li "))
+        for href in re.findall(r'href="([^"#]+)(?:#[^"]*)?"', tree):
+            assert (page.parent / href).resolve().is_file(), (name, href)
+        current = re.findall(r'<li class="[^"]*current-page[^"]*"><a class="current reference internal" href="#">'
+                             r"(.*?)</a>", tree)  # fmt: skip
+        current = [re.sub(r"<[^>]*>", "", entry) for entry in current]
+        if title == "":
+            assert current == [] and "current" not in tree, name
+            continue
+        assert len(current) == 1 and tree.count("current-page") == 1, (name, current)
+        assert current[0] == title, (name, current)
+        assert 'href="#"' in tree and tree.count('href="#"') == 1, name
+    assert len(sizes) == 1 and sizes.pop() > 100, "the sidebars list different pages"
+
+
+def test_sidebar_cache_falls_back_to_sphinx_when_its_private_helpers_change(monkeypatch):
+    """docs/_ext/df_nav_cache.py calls private Sphinx helpers: where they raise (a Sphinx that changed them), the page
+    gets Sphinx's own toctree, and so do the later pages, not a failed build."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        import df_nav_cache
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+    from sphinx.builders.html import StandaloneHTMLBuilder
+
+    builder = object.__new__(StandaloneHTMLBuilder)
+    builder.env = SimpleNamespace(tocs={})
+    calls = []
+
+    def changed(*args, **kwargs):
+        calls.append(args)
+        raise TypeError("_entries_from_toctree() takes 10 positional arguments but 11 were given")
+
+    monkeypatch.setattr(df_nav_cache, "_HELPERS", True)
+    monkeypatch.setattr(df_nav_cache, "_global_toctree", changed)
+    for page in ("index", "theory/heat"):
+        context = {"toctree": lambda **kw: f"stock {sorted(kw.items())}"}
+        df_nav_cache._page_context(SimpleNamespace(builder=builder), page, "page.html", context, None)
+        got = context["toctree"](collapse=False, includehidden=True, maxdepth=-1, titles_only=True)
+        assert got == "stock [('collapse', False), ('includehidden', True), ('maxdepth', -1), ('titles_only', True)]"
+    assert len(calls) == 1  # the second page went the stock way at once
