@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer._modes import _evaluating
+from diffusionformer._pyg import _import_pyg
 from diffusionformer.analysis.metrics import _check_flag, _is_int
 from diffusionformer.config import _device_argument
 
@@ -178,6 +179,7 @@ def _head(inputs: Any, labels: Tensor | None, k: int) -> tuple[Any, Tensor | Non
         return inputs[:k], None if labels is None else labels[:k]
     if isinstance(inputs, (tuple, list)):
         return type(inputs)(t[:k] for t in inputs), None if labels is None else labels[:k]
+    _import_pyg()
     from torch_geometric.data import Batch
 
     graphs = inputs.to_data_list()[:k]

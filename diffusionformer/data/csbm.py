@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from diffusionformer._pyg import _import_pyg
 from diffusionformer.config import check_value
 
 from .base import NodeData
@@ -216,6 +217,7 @@ def load_csbm(
         num_nodes, num_classes, avg_degree, homophily, feature_dim, mu: see :func:`csbm_graph`.
         val_fraction, test_fraction: shares of the nodes in the val and test masks.
     """
+    _import_pyg()
     from torch_geometric.data import Data
 
     g = seeded_generator(seed)

@@ -29,15 +29,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch_geometric.typing as pyg_typing
 from torch import Tensor
-from torch_geometric.data import Data
-from torch_geometric.loader import NeighborLoader
-from torch_geometric.loader.utils import filter_data
-from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
+from .._pyg import _import_pyg
 from .base import _check_flags
 from .splits import _require_generator
+
+_import_pyg()  # without its import-time DeprecationWarning (an error under `python -W error`)
+import torch_geometric.typing as pyg_typing  # noqa: E402
+from torch_geometric.data import Data  # noqa: E402
+from torch_geometric.loader import NeighborLoader  # noqa: E402
+from torch_geometric.loader.utils import filter_data  # noqa: E402
+from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput  # noqa: E402
 
 __all__ = ["TorchNeighborSampler", "has_compiled_sampler", "neighbor_batch", "neighbor_loader"]
 

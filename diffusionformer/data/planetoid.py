@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._pyg import _import_pyg
 from ._optional import import_optional
 from ._unpickle import _NUMPY_GLOBALS, _plain
 from .base import NodeData, _check_flags
@@ -51,6 +52,7 @@ def load_karate(*, seed: int = 0, num_train_per_class: int = 2) -> NodeData:
         seed: seed of the split.
         num_train_per_class: labelled training nodes per class.
     """
+    _import_pyg()
     from torch_geometric.datasets import KarateClub
 
     data = KarateClub()[0]
@@ -239,6 +241,7 @@ def read_planetoid(folder: str | Path, prefix: str) -> Any:
             names a global other than the allowed array types, or has inconsistent sizes.
         ImportError: scipy (which reads the feature matrices) is not installed.
     """
+    _import_pyg()
     from torch_geometric.data import Data
     from torch_geometric.io.planetoid import edge_index_from_dict
     from torch_geometric.utils import index_to_mask

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from .._pyg import _import_pyg
 from .base import GraphSetData, _check_flags
 from .checksums import sha256_file, verify_file
 from .paths import CorruptDataError, cache_dir, drop_unsafe_processed, require_files
@@ -311,6 +312,7 @@ def load_tu(
     # checked whether or not ``fold`` is given (else a bad count passed silently without one), and before the zip
     if isinstance(num_folds, bool) or not isinstance(num_folds, numbers.Integral) or num_folds < 2:
         raise ValueError(f"num_folds must be an int >= 2, got {num_folds!r}")
+    _import_pyg()
     from torch_geometric import transforms as T
     from torch_geometric.datasets import TUDataset
     from torch_geometric.utils import degree

@@ -390,8 +390,12 @@ def _main(argv: list[str] | None) -> int:
         return 0
     except BrokenPipeError:  # stdout's reader gone: main() decides (quiet exit 141), not an error line
         raise
-    except (ValueError, TypeError, OSError, ModuleNotFoundError) as exc:
-        # a bad --out (a file, a name too long for the file system), a package missing: no traceback
+    except (ValueError, TypeError, OSError, ImportError) as exc:
+        # a bad --out (a file, a name too long for the file system), a package missing or installed but broken (an
+        # ImportError of its own: a compiled extension built for another torch): no traceback; an import of this
+        # package that fails is a bug of ours, whose traceback is kept
+        if isinstance(exc, ImportError) and str(exc.name or "").partition(".")[0] == "diffusionformer":
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C: one line, not a traceback; 130 = 128 + SIGINT, as a shell reports it

@@ -170,9 +170,12 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
 
     The files of ``<docs_dir>/<name>/`` are copied into ``<docs_dir>/.<name>.publishing/``
     first, which replaces the earlier folder only once complete: a copy that fails half-way
-    (a truncated figure, a full disk) leaves the earlier published files as they were. The
-    earlier folder steps aside as ``.<name>.previous/`` until the copy has its name; a publish
-    killed between the two renames has its files put back by the next ``publish``.
+    (a truncated figure, a full disk) leaves the earlier published files as they were. The page
+    is made from that copy before it replaces anything, so a failure making it (or writing it)
+    leaves the earlier page and files as they were, and an index whose toctree cannot take the
+    page is refused before anything is copied. The earlier folder steps aside as
+    ``.<name>.previous/`` until the copy has its name and the page is written; a publish killed
+    between the two renames has its files put back by the next ``publish``.
 
     Raises:
         FileNotFoundError: the comparison has no ``results.json`` yet (run it first).
@@ -220,29 +223,64 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     manifest = _read_manifest(src / "manifest.json")
     in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
     analysis = src / "analysis"
+    page, index = docs / f"{config.name}.md", docs / "index.md"
+    if index.is_file():  # a toctree it cannot be added to: refused before anything is copied
+        _with_entry(index.read_text(encoding="utf-8"), config.name, index)
+    folder = dst  # where the page's files are found while it is made
     if not in_place:  # copied into a folder beside it that replaces it once whole: a failure keeps the earlier files
         stage, previous = docs / f".{config.name}.publishing", docs / f".{config.name}.previous"
         if previous.exists() and not dst.exists():  # a publish killed between its two renames: put the files back
             previous.rename(dst)
         for left in (stage, previous):  # left by a publish that failed
             _remove(left)
-        try:
+        folder = stage
+    try:
+        if not in_place:
             _copy_files(src, stage, runs)
-        except BaseException:
+        # the page is made from the copied files before they replace the published ones: a failure making it (a
+        # table, a figure's name, a broken install) leaves the earlier page and files as they were
+        text = _page_text(config, runs, manifest, folder, analysis, config_path)
+        tail = _kept_tail(page.read_text(encoding="utf-8")) if page.is_file() else ""
+        text = text + ("\n" + tail if tail else "")
+    except BaseException:
+        if not in_place:
             shutil.rmtree(stage, ignore_errors=True)
-            raise
+        raise
+    if in_place:
+        write_text_atomic(page, text)  # the hand-written tail survives a failed write
+    else:
         # two renames, never a moment without the published files: the earlier folder steps aside (kept under
-        # a hidden name until the new one is in place), the complete copy takes its name
-        if dst.exists():
+        # a hidden name until the new one is in place), the complete copy takes its name, then the page is
+        # replaced; a failure in between puts the earlier folder back (its page was not touched)
+        had = dst.exists()
+        if had:
             dst.rename(previous)
+        moved = False
         try:
             stage.rename(dst)
+            moved = True
+            write_text_atomic(page, text)  # the hand-written tail survives a failed write
         except BaseException:
-            if previous.exists() and not dst.exists():
+            if moved:
+                dst.rename(stage)
+            if had and previous.exists() and not dst.exists():
                 previous.rename(dst)
+            _remove(stage, ignore_errors=True)
             raise
         _remove(previous, ignore_errors=True)
-    logs = sorted((dst / "logs").rglob("*.json")) if (dst / "logs").is_dir() else []
+    if index.is_file():
+        add_to_toctree(index, config.name)
+    else:
+        warnings.warn(f"{index} not found: add {page.name} to a toctree, or `sphinx -W` fails "
+                      "(\"document isn't included in any toctree\")", RuntimeWarning, stacklevel=2)
+    return page
+
+
+def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[str, Any], folder: Path,
+               analysis: Path, config_path: str | None) -> str:
+    """The results page of ``config`` (without the kept tail), its figures and logs those in ``folder`` (the
+    published files, or their copy that is about to replace them), the geometry tables those of ``analysis``."""
+    logs = sorted((folder / "logs").rglob("*.json")) if (folder / "logs").is_dir() else []
 
     table = aggregate(runs)
     total = sum(r.elapsed or 0.0 for r in runs)
@@ -289,10 +327,10 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     for task in config.tasks:
         for kind, caption in (("curves", "training loss and headline metric (mean ± std over seeds)"),
                               ("final", "final metric per setting (dots: seeds)")):
-            png = dst / "plots" / f"{task.name}_{kind}.png"
+            png = folder / "plots" / f"{task.name}_{kind}.png"
             if png.is_file():
                 lines += [_image(f"{task.name}: {caption}", f"{config.name}/plots/{png.name}"), ""]
-    analysis_pngs = sorted((dst / "analysis").glob("*.png")) if (dst / "analysis").is_dir() else []
+    analysis_pngs = sorted((folder / "analysis").glob("*.png")) if (folder / "analysis").is_dir() else []
     if analysis_pngs:
         linked = re.sub(r"([()])", r"\\\1", config.name)  # a ( or ) of the name would end the link
         lines += ["## Token geometry", "",
@@ -305,16 +343,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
             body = body.split("\n", 1)[1] if body.startswith("# ") else body
             lines += [body.replace("\n## ", "\n### ").strip(), ""]
         lines += [_image(p.stem, f"{config.name}/analysis/{p.name}") + "\n" for p in analysis_pngs]
-    page = docs / f"{config.name}.md"
-    tail = _kept_tail(page.read_text(encoding="utf-8")) if page.is_file() else ""
-    write_text_atomic(page, "\n".join(lines).rstrip() + "\n" + ("\n" + tail if tail else ""))  # the hand-written tail survives a failed write
-    index = docs / "index.md"
-    if index.is_file():
-        add_to_toctree(index, config.name)
-    else:
-        warnings.warn(f"{index} not found: add {page.name} to a toctree, or `sphinx -W` fails "
-                      "(\"document isn't included in any toctree\")", RuntimeWarning, stacklevel=2)
-    return page
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def _remove(path: Path, *, ignore_errors: bool = False) -> None:
@@ -382,22 +411,29 @@ def add_to_toctree(index: str | Path, entry: str) -> bool:
         <BLANKLINE>
     """
     path = Path(index)
-    text = path.read_text(encoding="utf-8")
+    text = _with_entry(path.read_text(encoding="utf-8"), entry, path)
+    if text is None:
+        return False
+    write_text_atomic(path, text)
+    return True
+
+
+def _with_entry(text: str, entry: str, path: Path) -> str | None:
+    """The index page ``text`` (of ``path``) with ``entry`` added to its first toctree, ``None`` when listed already;
+    a ``ValueError`` when its toctree is not closed."""
     lines = text.split("\n")
     start = next((i for i, line in enumerate(lines) if re.match(r"^(`{3,}|:{3,})\{toctree\}", line.strip())), None)
     if start is None:
-        write_text_atomic(path, text.rstrip("\n") + f"\n\n```{{toctree}}\n:hidden:\n\n{entry}\n```\n")
-        return True
+        return text.rstrip("\n") + f"\n\n```{{toctree}}\n:hidden:\n\n{entry}\n```\n"
     fence = re.match(r"^(`{3,}|:{3,})", lines[start].strip()).group(1)
     end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() == fence), None)
     if end is None:
         raise ValueError(f"{path}: expected a closing {fence} for the toctree opened on line {start + 1}, got none")
     listed = {_toctree_target(line) for line in lines[start + 1:end] if line.strip() and not line.strip().startswith(":")}
     if entry in listed:
-        return False
+        return None
     lines.insert(end, entry)
-    write_text_atomic(path, "\n".join(lines))
-    return True
+    return "\n".join(lines)
 
 
 def _toctree_target(line: str) -> str:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from diffusionformer._pyg import _import_pyg
 from diffusionformer.config import _check_flag, _choice_hint, _value_type, config_from_dict
 from diffusionformer.data.base import (IGNORE_INDEX, SPLITS, ClassificationData, GraphSetData, NodeData, SequenceTaskData,
                                        TextData)
@@ -437,6 +438,7 @@ class GraphClassificationTask:
         self.graphs = {s: list(data.split(s)) for s in ("train", "val", "test")}
 
     def train_batch(self, step: int, generator: torch.Generator, batch_size: int) -> Any:
+        _import_pyg()
         from torch_geometric.data import Batch
 
         graphs = self.graphs["train"]
@@ -444,6 +446,7 @@ class GraphClassificationTask:
         return Batch.from_data_list([graphs[i] for i in idx])
 
     def shard_batch(self, batch: Any, rank: int, world_size: int) -> Any:
+        _import_pyg()
         from torch_geometric.data import Batch
 
         graphs = batch.to_data_list()
@@ -460,6 +463,7 @@ class GraphClassificationTask:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
+        _import_pyg()
         from torch_geometric.data import Batch
 
         device = next(model.parameters()).device
@@ -707,6 +711,7 @@ def _heldout_nodes(data: NodeData, model: nn.Module, split: str, max_examples: i
 
 
 def _heldout_graphs(data: GraphSetData, model: nn.Module, split: str, max_examples: int, batch_size: int) -> tuple[list[Any], dict[str, Any]]:
+    _import_pyg()
     from torch_geometric.data import Batch
 
     graphs = list(data.split(split))[:max_examples]

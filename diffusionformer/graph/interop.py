@@ -7,6 +7,7 @@ from typing import Any, Hashable, Sequence
 import torch
 from torch import Tensor
 
+from diffusionformer._pyg import _import_pyg
 from diffusionformer.config import _device_argument, _value_type
 from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph.core import (
@@ -21,6 +22,7 @@ __all__ = ["from_edge_index", "from_networkx", "from_pyg"]
 
 
 def _set_self_loops(edge_index: Tensor, num_nodes: int, self_loops: bool | None) -> Tensor:
+    _import_pyg()
     from torch_geometric.utils import add_self_loops, remove_self_loops
 
     if not isinstance(edge_index, Tensor):  # before PyG reads it
@@ -98,6 +100,7 @@ def from_pyg(data: Any, *, self_loops: bool | None = None, layout: str = "sparse
         tensor([[0, 1, 0, 1, 2],
                 [1, 0, 0, 1, 2]])
     """
+    _import_pyg()
     from torch_geometric.data import Data, HeteroData
 
     if isinstance(data, HeteroData):  # one edge_index per edge type, node ids per node type: no single graph

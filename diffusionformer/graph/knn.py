@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from diffusionformer._pyg import _import_pyg
 from diffusionformer.config import _check_flag, _choice_hint
 from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph.core import AttentionGraph
@@ -102,6 +103,7 @@ def knn(
             counts = torch.full((1,), total, device=dev)
             graph_batch = None
         else:
+            _import_pyg()
             from torch_geometric.utils import to_dense_batch
 
             if not isinstance(batch, Tensor) or batch.dim() != 1 or batch.shape[0] != total:

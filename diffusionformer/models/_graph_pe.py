@@ -12,12 +12,15 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
-from torch_geometric.transforms.add_positional_encoding import add_node_attr
-from torch_geometric.utils import is_undirected, scatter
 
+from diffusionformer._pyg import _import_pyg
 from diffusionformer.graph._checks import _plain_ids
 from diffusionformer.ops._checks import checks_values
+
+_import_pyg()  # without its import-time DeprecationWarning (an error under `python -W error`)
+from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE  # noqa: E402
+from torch_geometric.transforms.add_positional_encoding import add_node_attr  # noqa: E402
+from torch_geometric.utils import is_undirected, scatter  # noqa: E402
 
 
 def _check_pe_edge_weight(data: Any, kind: str) -> None:
@@ -53,6 +56,7 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
     graph) and a ``Batch`` of several graphs (eigenvectors of the union, mixing the graphs) are refused."""
 
     def forward(self, data: Any) -> Any:
+        _import_pyg()
         from torch_geometric.data import Batch, Data
 
         N = data.num_nodes
@@ -130,6 +134,7 @@ class _RandomWalkPE(AddRandomWalkPE):
     probabilities" of 2)."""
 
     def forward(self, data: Any) -> Any:
+        _import_pyg()
         from torch_geometric.utils import get_self_loop_attr, to_edge_index, to_torch_csr_tensor
 
         N = data.num_nodes

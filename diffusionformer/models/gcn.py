@@ -9,6 +9,7 @@ import torch  # noqa: F401  (doctests)
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from diffusionformer._pyg import _import_pyg
 from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.nn._weights import _stored_weight
 from diffusionformer.models.common import (_check_block_diagonal, _check_graph_devices, _check_graph_task,
@@ -65,6 +66,7 @@ class GCN(nn.Module):
         super().__init__()
         if not isinstance(config, GCNConfig):
             raise TypeError(f"config must be a GCNConfig, got {type(config).__name__}")
+        _import_pyg()
         from torch_geometric.nn import GCNConv
 
         self.config = c = config
@@ -100,6 +102,7 @@ class GCN(nn.Module):
             if i < len(self.convs) - 1 or c.task == "graph":
                 x = F.relu(x)
         if c.task == "graph":
+            _import_pyg()
             from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 
             pool: Any = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[c.pool]

@@ -9,6 +9,7 @@ import torch  # noqa: F401  (doctests)
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from diffusionformer._pyg import _import_pyg
 from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.nn._weights import _stored_weight
 from diffusionformer.models.common import (_check_block_diagonal, _check_bools, _check_graph_devices,
@@ -68,6 +69,7 @@ class GIN(nn.Module):
         super().__init__()
         if not isinstance(config, GINConfig):
             raise TypeError(f"config must be a GINConfig, got {type(config).__name__}")
+        _import_pyg()
         from torch_geometric.nn import GINConv
 
         self.config = c = config
@@ -116,6 +118,7 @@ class GIN(nn.Module):
         for conv in self.convs:
             hs.append(conv(hs[-1], edge_index))
         if c.task == "graph":
+            _import_pyg()
             from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 
             pool: Any = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[c.pool]

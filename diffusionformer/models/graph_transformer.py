@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from diffusionformer._pyg import _import_pyg
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
 from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edge_index_shape_error
 from diffusionformer.graph.interop import from_edge_index
@@ -292,6 +293,7 @@ class GraphBlock(nn.Module):
             # sizes read from batch (host syncs); under torch.vmap the out-of-place gather of _global_sized (to_dense_batch
             # writes the batched features into an unbatched zero tensor in place, which vmap refuses)
             if max_num_nodes is None and num_graphs is None and not no_nodes and not _vmapped(h):
+                _import_pyg()
                 from torch_geometric.utils import to_dense_batch
 
                 dense, mask = to_dense_batch(h, batch)  # (G, Nmax, D), (G, Nmax)
@@ -382,6 +384,7 @@ class DiffusionGraphTransformer(nn.Module):
     def _prepare_edges(self, edge_index: Tensor, num_nodes: int, edge_attr: Tensor) -> tuple[Tensor, Tensor]:
         """Self loops (with zero edge features) as :func:`~diffusionformer.graph.from_edge_index` sets them."""
         if self.config.self_loops:
+            _import_pyg()
             from torch_geometric.utils import add_self_loops, remove_self_loops
 
             edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
@@ -404,6 +407,7 @@ class DiffusionGraphTransformer(nn.Module):
         """Logits from the last residual stream: norm, the graph pool (``task="graph"``), head."""
         h = self.norm(h)
         if self.config.task == "graph":
+            _import_pyg()
             from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 
             pool = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}[self.config.pool]

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from diffusionformer._pyg import _import_pyg
 from diffusionformer.config import _check_flag
 from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights
 from diffusionformer.graph.core import AttentionGraph
@@ -362,6 +363,7 @@ class DiffusionAttention(nn.Module):
         ``TransformerConv`` has no output projection: the returned layer's ``out_proj`` is the
         identity, so its output equals the convolution's concatenated heads.
         """
+        _import_pyg()
         from torch_geometric.nn import TransformerConv
 
         if not isinstance(conv, TransformerConv):

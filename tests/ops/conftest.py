@@ -48,7 +48,7 @@ def _interpreter_problem() -> str | None:
 INTERPRETER_PROBLEM = _interpreter_problem()
 requires_triton = pytest.mark.skipif(
     not HAS_TRITON or INTERPRETER_PROBLEM is not None,
-    reason=INTERPRETER_PROBLEM or "triton is not installed (pip install 'triton>=3.7'; Linux wheels only)",
+    reason=INTERPRETER_PROBLEM or "triton is not installed (pip install 'triton>=3.6'; Linux wheels only)",
 )
 
 
@@ -56,7 +56,7 @@ requires_triton = pytest.mark.skipif(
 def triton_kernels():
     """The kernel module, interpreted when there is no CUDA device."""
     if not HAS_TRITON:
-        pytest.skip("triton is not installed (pip install 'triton>=3.7'; Linux wheels only)")
+        pytest.skip("triton is not installed (pip install 'triton>=3.6'; Linux wheels only)")
     if INTERPRETER_PROBLEM is not None:
         pytest.skip(INTERPRETER_PROBLEM)
     from diffusionformer.ops.triton import _kernels

@@ -31,7 +31,7 @@ from diffusionformer.ops.triton._launch import dropout_rate
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_triton = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None,
-    reason="triton is not installed (pip install 'triton>=3.7'; Linux wheels only)",
+    reason="triton is not installed (pip install 'triton>=3.6'; Linux wheels only)",
 )
 
 pytestmark = [requires_triton, pytest.mark.usefixtures("triton_kernels")]

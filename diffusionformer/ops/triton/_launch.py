@@ -66,12 +66,17 @@ def cuda_geometry(block_c: int, backward: bool = False) -> tuple[tuple[int, int,
     return sizes, {"num_warps": warps or (8 if block_c >= 128 else 4), "num_stages": stages or 2}
 
 
+#: how to install triton, in the messages of a call that needs it: 3.6 is the oldest release the kernels are known to
+#: run with (the GPU image's torch 2.11, whose CUDA wheels pin triton 3.6.0); the dev extra of pyproject.toml asks the same
+_TRITON_PIP = "pip install 'triton>=3.6'"
+
+
 def _kernels_module():
     from diffusionformer.ops.triton import _kernels
 
     if not _kernels.HAS_TRITON:
         raise ImportError(
-            "diffusionformer.ops.triton needs the 'triton' package (pip install 'triton>=3.3' on Linux); "
+            f"diffusionformer.ops.triton needs the 'triton' package ({_TRITON_PIP} on Linux); "
             "use diffusionformer.functional.diffuse for the PyTorch back-ends"
         )
     return _kernels

@@ -62,7 +62,7 @@ import torch
 from torch import Tensor
 
 from diffusionformer.ops.engine import Backend, Heads, _pure_cache, _tensor_cache, head_runs, select
-from diffusionformer.ops.triton._launch import _MAX_GRID_Y
+from diffusionformer.ops.triton._launch import _MAX_GRID_Y, _TRITON_PIP
 
 __all__ = ["TritonBackend", "key_padding_from_mask", "split_mask", "triton_unsupported"]
 
@@ -132,7 +132,7 @@ def triton_unsupported(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
     from diffusionformer.ops.triton import is_available
 
     if not is_available():
-        return "running without the 'triton' package (pip install 'triton>=3.3')"
+        return f"running without the 'triton' package ({_TRITON_PIP})"
     if not _runs_here(q.device):
         return (f"{q.device.type} tensors (the kernels run on CUDA, or on CPU under TRITON_INTERPRET=1 set "
                 "before triton is first imported)")
