@@ -33,6 +33,118 @@ if _XDIST_WORKERS.isdigit() and int(_XDIST_WORKERS) > 1:
     torch.set_num_threads(plan_threads(workers=int(_XDIST_WORKERS)).threads)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache_env(tmp_path_factory: pytest.TempPathFactory):
+    """``$DIFFUSIONFORMER_CACHE`` in a session folder for every test, so that no test writes the user's
+    ``~/.cache/diffusionformer`` (tests/data puts its own in place for each of its modules)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DIFFUSIONFORMER_CACHE", str(tmp_path_factory.mktemp("session_cache")))
+        yield
+
+
+# pytest's own per-test variable, and what a library imported lazily (inside a test) sets once for the process:
+# scikit-learn and joblib (KMP_*, at their import), torch at its CUDA initialisation (CUDA_MODULE_LOADING),
+# inductor at its first compile (TORCHINDUCTOR_CACHE_DIR, _TORCHINDUCTOR_*); and the folders such an import appends
+# to sys.path (setuptools adds its _vendor folder, under site-packages)
+_ENV_NOT_GUARDED = frozenset({"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "CUDA_MODULE_LOADING",
+                              "TORCHINDUCTOR_CACHE_DIR"})
+_ENV_PREFIXES_NOT_GUARDED = ("_TORCHINDUCTOR_",)
+
+
+def _guarded_env(key: str) -> bool:
+    return key not in _ENV_NOT_GUARDED and not key.startswith(_ENV_PREFIXES_NOT_GUARDED)
+
+
+def _guarded_path(entry: str) -> bool:
+    return "site-packages" not in entry
+
+
+def _process_state() -> dict[str, Any]:
+    """The process-wide state a test must leave as it found it (a test that changes one without restoring it
+    makes the tests after it order-dependent)."""
+    return {
+        "os.environ": {k: v for k, v in os.environ.items() if _guarded_env(k)},
+        "torch default dtype": torch.get_default_dtype(),
+        "torch grad mode": torch.is_grad_enabled(),
+        "torch inference mode": torch.is_inference_mode_enabled(),
+        "torch num_threads": torch.get_num_threads(),
+        "torch deterministic algorithms": (torch.are_deterministic_algorithms_enabled(),
+                                           torch.is_deterministic_algorithms_warn_only_enabled()),
+        "torch anomaly mode": torch.is_anomaly_enabled(),
+        "torch float32 matmul precision": torch.get_float32_matmul_precision(),
+        "cwd": os.getcwd(),
+        "sys.path": [p for p in sys.path if _guarded_path(p)],
+        "_sys.path in full": list(sys.path),  # not compared: what is put back
+        **{f"registry {m}.{n}": dict(getattr(sys.modules[m], n)) for m, n in _REGISTRIES if m in sys.modules},
+    }
+
+
+# the package's registries (a test that registers must unregister, or use a fixture that restores them); read only
+# where the module is imported already, so that the check imports nothing
+_REGISTRIES = (("diffusionformer.operators.registry", "_REGISTRY"), ("diffusionformer.operators.registry", "_ALIASES"),
+               ("diffusionformer.models.registry", "_PRESETS"), ("diffusionformer.data.registry", "_REGISTRY"),
+               ("diffusionformer.analysis.report", "_METRICS"), ("diffusionformer.experiments.tasks", "_ADAPTERS"))
+
+
+def _restore_process_state(state: dict[str, Any]) -> None:
+    for k in [k for k in os.environ if _guarded_env(k) and k not in state["os.environ"]]:
+        del os.environ[k]
+    os.environ.update(state["os.environ"])
+    torch.set_default_dtype(state["torch default dtype"])
+    torch.set_grad_enabled(state["torch grad mode"])
+    torch.set_num_threads(state["torch num_threads"])
+    torch.use_deterministic_algorithms(state["torch deterministic algorithms"][0],
+                                       warn_only=state["torch deterministic algorithms"][1])
+    torch.set_anomaly_enabled(state["torch anomaly mode"])
+    torch.set_float32_matmul_precision(state["torch float32 matmul precision"])
+    os.chdir(state["cwd"])
+    sys.path[:] = state["_sys.path in full"]
+    for m, n in _REGISTRIES:
+        if f"registry {m}.{n}" in state:
+            registry = getattr(sys.modules[m], n)
+            registry.clear()
+            registry.update(state[f"registry {m}.{n}"])
+
+
+def _describe_change(name: str, before: Any, after: Any) -> str:
+    if name.startswith("registry "):
+        return f"{name}: added {sorted(map(str, after.keys() - before.keys()))}, removed " \
+               f"{sorted(map(str, before.keys() - after.keys()))}, replaced " \
+               f"{sorted(str(k) for k in before.keys() & after.keys() if before[k] is not after[k])}"
+    if name == "sys.path":
+        added, removed = [p for p in after if p not in before], [p for p in before if p not in after]
+        return f"sys.path: added {added}, removed {removed}"
+    if name != "os.environ":
+        return f"{name}: {before!r} -> {after!r}"
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    return "os.environ: " + ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed)
+
+
+@pytest.fixture(autouse=True)
+def _leaves_process_state_as_found():
+    """Fail (an error at teardown) a test that leaves os.environ, torch's default dtype, grad / inference /
+    anomaly mode, intra-op threads, deterministic-algorithms flag, float32 matmul precision, the cwd, sys.path or
+    the package's registries changed, and put them back so that the tests after it are not affected. Use
+    ``monkeypatch`` (undone before this check) or try/finally. About 0.1 ms a test."""
+    before = _process_state()
+    yield
+    after = _process_state()
+    changes = [_describe_change(k, before[k], after[k]) for k in before
+               if not k.startswith("_") and k in after and before[k] != after[k]]
+    if changes:
+        _restore_process_state(before)
+        pytest.fail("the test left process-wide state changed:\n  " + "\n  ".join(changes), pytrace=False)
+
+
+@pytest.fixture
+def keep_threads():
+    """Puts torch's intra-op thread count back after the test: for a test that calls the CLI's ``main`` in-process
+    (it sets the process's threads by its plan, as a command does, and keeps them)."""
+    threads = torch.get_num_threads()
+    yield threads
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def task_adapters():
     """The task-adapter registry (``experiments.tasks._ADAPTERS``), restored after the test whatever it registered."""

@@ -22,11 +22,15 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("dfcache")
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _isolated_env(session_cache: Path):
     """Never touch ~/.cache, and never pick up a data root from the caller's environment
-    unless a test asks for it through ``real_root``. Session-scoped so that module-scoped
-    fixtures see it too; tests may still override it with ``monkeypatch``."""
+    unless a test asks for it through ``real_root``. Module-scoped (an autouse fixture is set up
+    before the other fixtures of its scope) so that module-scoped fixtures see it too, and undone
+    at the end of each module: session-scoped, it stayed in place for the rest of the session, and
+    the tests of other folders run after tests/data found ``$DIFFUSIONFORMER_DATA`` deleted (a test
+    that read the staged root from it at collection and again at run time failed). Tests may still
+    override it with ``monkeypatch``."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CACHE_ENV, str(session_cache))
         mp.delenv(DATA_ENV, raising=False)

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import re
 import statistics
-import sys
 from pathlib import Path
 
+import torch
 
 import diffusionformer
 from diffusionformer.functional import choose_dense_backend
@@ -53,11 +53,9 @@ def _num(cell: str) -> float:
     return float(cell.split()[0])
 
 
-def _common():
-    """``benchmarks/_common.py`` as the benchmark tests import it (the folder on ``sys.path``)."""
-    bench = str(ROOT / "benchmarks")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
+def _common(monkeypatch):
+    """``benchmarks/_common.py`` as the benchmark tests import it (the folder on ``sys.path``, for this test only)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import _common
 
     return _common
@@ -174,10 +172,10 @@ def test_recompute_host_time_claim_matches_bench_host():
     assert "1.876x [1.81-1.94] and 2.151x [2.08-2.22]" in text
 
 
-def test_methodology_interleaved_rotation_and_paired_ratio():
+def test_methodology_interleaved_rotation_and_paired_ratio(monkeypatch):
     """performance.md / _common.py: candidates run in interleaved rounds whose order rotates each round; a ratio
     is the median of the per-round paired ratios with its inclusive inter-quartile range."""
-    C = _common()
+    C = _common(monkeypatch)
     order = []
     fns = {name: (lambda name=name: order.append(name)) for name in "abc"}
     C.measure(fns, rounds=3, block_s=0.0, warmup=0)
@@ -192,11 +190,11 @@ def test_methodology_interleaved_rotation_and_paired_ratio():
     assert "with `time.process_time` under `--clock cpu`" in text
 
 
-def test_methodology_clock_option():
+def test_methodology_clock_option(monkeypatch, tmp_path):
     """performance.md: `--clock cpu` times with time.process_time, the default with time.perf_counter."""
     import time
 
-    C = _common()
+    C = _common(monkeypatch)
     try:
         C.set_clock("cpu")
         assert C._CLOCK is time.process_time
@@ -204,7 +202,8 @@ def test_methodology_clock_option():
         assert C._CLOCK is time.perf_counter
     finally:
         C.set_clock("wall")
-    args = C.parse_args("x", [])
+    # the process's thread count given, as parse_args sets it (a benchmark script's own process): else every core
+    args = C.parse_args("x", ["--threads", str(torch.get_num_threads()), "--out", str(tmp_path)])
     assert args.clock == "wall"
 
 

@@ -276,19 +276,15 @@ def test_nan_loss_fails_the_run_clearly_and_keeps_the_checkpoint(tmp_path, monke
     del cfg_path
 
 
-def test_cli_errors_are_clear(tmp_path, capsys):
+def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch):
     toml = tmp_path / "t.toml"
     cfg = tiny_config()
     cfg["tasks"][0]["dataset"] = "tinyshakespeare"
     cfg["tasks"][0]["model"] = "gpt-char-tiny"
     cfg["tasks"][0]["model_overrides"] = {}
     toml.write_text(_to_toml(cfg))
-    env_root = os.environ.pop("DIFFUSIONFORMER_DATA", None)
-    try:
-        code = cli_main(["run", str(toml), "--out", str(tmp_path / "r"), "--data-root", str(tmp_path / "nowhere"), "--no-progress"])
-    finally:
-        if env_root is not None:
-            os.environ["DIFFUSIONFORMER_DATA"] = env_root
+    monkeypatch.delenv("DIFFUSIONFORMER_DATA", raising=False)
+    code = cli_main(["run", str(toml), "--out", str(tmp_path / "r"), "--data-root", str(tmp_path / "nowhere"), "--no-progress"])
     assert code == 2
     assert "tinyshakespeare" in capsys.readouterr().err
     cfg = tiny_config()

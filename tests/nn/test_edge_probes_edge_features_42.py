@@ -201,14 +201,18 @@ def _staged_mutag_root():
     return next((p for p in candidates if (p / "tudataset" / "MUTAG.zip").is_file()), None)
 
 
-@pytest.mark.skipif(_staged_mutag_root() is None, reason="needs the staged MUTAG.zip")
+# read once, at collection: a test run later must not depend on what other tests left in os.environ
+_STAGED_MUTAG_ROOT = _staged_mutag_root()
+
+
+@pytest.mark.skipif(_STAGED_MUTAG_ROOT is None, reason="needs the staged MUTAG.zip")
 def test_pins_the_staged_mutag_edge_labels_stay_one_hot(tmp_path, monkeypatch):
     """Pins: the staged MUTAG (edge labels, no duplicate edges) passes the duplicate check and its edge_attr is
     one-hot on every edge."""
     from diffusionformer.data import load_dataset
 
     monkeypatch.setenv("DIFFUSIONFORMER_CACHE", str(tmp_path / "cache"))
-    data = load_dataset("mutag", root=_staged_mutag_root())
+    data = load_dataset("mutag", root=_STAGED_MUTAG_ROOT)
     ea = data.dataset._data.edge_attr
     assert ea.shape[1] == 4 and torch.equal(ea.sum(1), torch.ones(ea.shape[0]))
 
