@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import hashlib
 import math
 import os
 import shutil
@@ -102,8 +104,34 @@ def _setting_style(i: int) -> tuple[str, Any, str]:
     return f"C{i % 10}", _LINESTYLES[block], _MARKERS[block]
 
 
+def _file_identity(path: Path) -> tuple[int, ...] | None:
+    """``path``'s (inode, size, mtime_ns, ctime_ns), ``None`` when it is not there: another process's rewrite (an
+    ``os.replace`` gives a new inode; an edit in place a new ctime) changes it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult]) -> list[Path]:
     """Write ``plots/<task>_curves.png`` and ``plots/<task>_final.png`` for every task with results."""
+    return _plot_experiment(out, config, results, _PLOT_CACHE.get())
+
+
+# The figures one `run_experiment` call drew last (set by it for its duration; None elsewhere): after each run of a
+# study every task's figures were drawn again, although a run changes one task's only
+_PLOT_CACHE: contextvars.ContextVar[dict[Any, Any] | None] = contextvars.ContextVar("_PLOT_CACHE", default=None)
+
+
+def _plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult],
+                     cache: dict[Any, Any] | None) -> list[Path]:
+    """:func:`plot_experiment`; with ``cache`` (a dict kept by one ``run_experiment`` call), a task's two figures are
+    drawn again only when what they show changed since this call last drew them, or when either file on disk is no
+    longer the one it wrote (another worker's figures, an edited or deleted file): a run changes its own task's
+    figures only, and drawing one costs a second or more. The rows and every run's log are still read each time
+    (cheap, and never trusted across a change on disk); the figures are skipped only when what they would show
+    equals what was drawn."""
     plots = out / "plots"
     plots.mkdir(exist_ok=True)
     written = []
@@ -111,21 +139,41 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
         task_results = [r for r in results if r.task == task.name]
         if not task_results:
             continue
+        paths = (plots / f"{task.name}_curves.png", plots / f"{task.name}_final.png")
+        curves: dict[tuple[str, int], list[dict[str, Any]]] = {}  # read in the order the figure drew them
+        for setting in config.operators:
+            runs = [r for r in task_results if r.operator == setting.name]
+            for r in [r for r in runs if r.status == "completed"] + [r for r in runs if r.status != "completed"]:
+                if (setting.name, r.seed) not in curves:
+                    curves[(setting.name, r.seed)] = read_curves(run_dir(out, task.name, setting.name, r.seed))
+        # everything the two figures are drawn from (repr: a NaN value equals itself there; a digest: a study's logs
+        # are not kept in memory)
+        metric_key = "loss" if task.metric == "val_loss" else task.metric
+        drawn_from = hashlib.sha256(repr((
+            task.name, task.metric, [s.name for s in config.operators],
+            [(r.operator, r.seed, r.status, r.value) for r in task_results],
+            [(k, _series(rec, "train", "loss"), _series(rec, "eval", metric_key)) for k, rec in curves.items()],
+        )).encode()).hexdigest()
+        if cache is not None:
+            before = cache.get(paths)
+            if before is not None and before == (drawn_from, *map(_file_identity, paths)):
+                written.extend(paths)
+                continue
+            cache.pop(paths, None)
         fig = _figure(figsize=(10, 3.6), layout="constrained")  # first: its ImportError names the `plot` extra
         from matplotlib.lines import Line2D
 
         ax_loss, ax_metric = fig.subplots(1, 2)
         # the loss panel's legend entries, given to legend() as such: from the labels it leaves out a setting "_base"
         entries: list[tuple[Any, str]] = []
-        metric_key = "loss" if task.metric == "val_loss" else task.metric
         for i, setting in enumerate(config.operators):
             runs = [r for r in task_results if r.operator == setting.name]
             if not runs:
                 continue
             # The band is over the completed runs: a run that failed at step 300 of 1000 would cut every
             # curve of its setting to the steps all runs share. A failed run's partial log is drawn on its own.
-            done = [read_curves(run_dir(out, task.name, setting.name, r.seed)) for r in runs if r.status == "completed"]
-            failed = [read_curves(run_dir(out, task.name, setting.name, r.seed)) for r in runs if r.status != "completed"]
+            done = [curves[(setting.name, r.seed)] for r in runs if r.status == "completed"]
+            failed = [curves[(setting.name, r.seed)] for r in runs if r.status != "completed"]
             color, style, _ = _setting_style(i)
             for ax, split, key in ((ax_loss, "train", "loss"), (ax_metric, "eval", metric_key)):
                 series = [_series(rec, split, key) for rec in done]
@@ -171,4 +219,6 @@ def plot_experiment(out: Path, config: ExperimentConfig, results: list[RunResult
         path = plots / f"{task.name}_final.png"
         _save_figure(fig, path)
         written.append(path)
+        if cache is not None:
+            cache[paths] = (drawn_from, *map(_file_identity, paths))
     return written

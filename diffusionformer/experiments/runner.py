@@ -43,6 +43,7 @@ from diffusionformer.experiments.config import (ExperimentConfig, OperatorSettin
 from diffusionformer.experiments.outputs import git_commit
 from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
+from diffusionformer.experiments.plots import _PLOT_CACHE
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
 from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _completed, _data_identity, _definition,
                                                  _identity_changes, _normalized_identity, _result_from_files,
@@ -191,6 +192,8 @@ def run_experiment(
     # the bar's redraws)
     bar = tqdm(total=len(runs), desc=config.name, unit="run", disable=True if not (progress and _rank_zero()) else None,
                dynamic_ncols=True)
+    # a task's figures are drawn again only when its runs or their logs changed, or another process rewrote them
+    plot_cache = _PLOT_CACHE.set({})
     recorded = False  # this invocation's manifest (machine, versions, commit): written when it first trains
     try:
         for i, task in enumerate(chosen):
@@ -228,6 +231,7 @@ def run_experiment(
         if _rank_zero():
             _write_outputs(out, config, finished_runs(out, config, results))
     finally:
+        _PLOT_CACHE.reset(plot_cache)
         bar.close()
         if dist_ctx is not None:
             dist_ctx.shutdown()
