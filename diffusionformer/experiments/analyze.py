@@ -68,16 +68,23 @@ _RUN_HINT = "run `python -m diffusionformer.experiments run CONFIG` first (with 
 
 # ----------------------------------------------------------------------------- runs on disk
 def _run_state(rdir: Path) -> str:
-    """``"completed"``, ``"unfinished"`` (started, not completed) or ``"missing"``."""
+    """``"completed"``, ``"weightless"`` (completed, its checkpoint gone), ``"unfinished"`` (started, not completed)
+    or ``"missing"``."""
     record = read_json_dict(rdir / "summary.json")  # None when half-written or foreign: not finished
     if record is not None and record.get("status") == "completed":
-        if not (rdir / CHECKPOINT_NAME).is_file():
-            raise FileNotFoundError(
-                f"run {rdir} is marked completed but its checkpoint {rdir / CHECKPOINT_NAME} is missing; "
-                f"{_RUN_HINT.replace('first', 'again with --restart')}"
-            )
-        return "completed"
+        return "completed" if (rdir / CHECKPOINT_NAME).is_file() else "weightless"
     return "unfinished" if rdir.is_dir() else "missing"
+
+
+def _weightless(rdir: Path) -> str:
+    """Why a completed run without its checkpoint cannot be analysed, and what to do: ``--restart`` discards every run
+    of the comparison (a GPU call's among them), so it is not the advice for one run."""
+    return (f"run {rdir} is marked completed but its checkpoint {rdir / CHECKPOINT_NAME} is missing; "
+            f"{_RUN_HINT.replace('first', 'again with --restart')} only to train every run of the comparison again "
+            "(it discards them all). A results archive without checkpoints (as gpu_study.sh packs) brings a run's "
+            "tables, not its weights: analyse the run where its checkpoint is, or copy the checkpoint back into its "
+            f"folder; --partial analyses the other runs; to train this run again alone, delete {rdir} and `run` "
+            "again without --restart")
 
 
 _Run = tuple[TaskConfig, OperatorSetting, int, Path]
@@ -95,6 +102,11 @@ def _find_runs(out: Path, config: ExperimentConfig, partial: bool = False) -> tu
                 state = _run_state(rdir)
                 if state == "completed":
                     done.append((task, setting, seed, rdir))
+                elif state == "weightless":
+                    if not partial:
+                        raise FileNotFoundError(_weightless(rdir))
+                    skipped.append(str(rdir))
+                    warnings.warn(f"{_weightless(rdir)}; skipping it", RuntimeWarning, stacklevel=3)
                 elif state == "missing":
                     missing.append(str(rdir / CHECKPOINT_NAME))
                 else:
@@ -305,7 +317,8 @@ def analyze_experiment(
         progress: show a progress bar over runs.
         plots: write the figures (needs matplotlib; skipped with a warning without it).
         partial: analyse the finished runs of a comparison that is still being run (runs not
-            trained yet are listed in ``skipped_runs``) instead of refusing.
+            trained yet, and finished runs whose checkpoint is not here, as in a GPU call's results archive, are
+            listed in ``skipped_runs``) instead of refusing.
 
     Returns:
         The content of ``metrics.json``.

@@ -146,7 +146,9 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
     """``current`` plus ``git_commits``: every commit an invocation of ``run`` recorded for this
     comparison, oldest first (a study resumed across commits lists each; ``git_commit`` is the
     latest), and ``cpu_kernel_sets``: likewise every CPU kernel set (``cpu_kernels``) its runs
-    were trained under (left out while none is recorded). ``previous`` is the manifest already on disk, or ``None``.
+    were trained under (left out while none is recorded), and ``torch_versions``: likewise every torch version
+    (``torch``) that trained its runs (a GPU call's and this machine's), and ``cuda_devices`` every GPU (``cuda``;
+    left out while none is recorded). ``previous`` is the manifest already on disk, or ``None``.
 
     Examples:
         >>> merged_manifest({"git_commit": "a", "git_commits": ["a"]}, {"git_commit": "b"})["git_commits"]
@@ -155,10 +157,16 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
         ['a']
         >>> merged_manifest({"cpu_kernels": "AVX2"}, {"cpu_kernels": "AVX512"})["cpu_kernel_sets"]
         ['AVX2', 'AVX512']
+        >>> merged_manifest({"torch": "2.11.0+cu130"}, {"torch": "2.13.0+cpu"})["torch_versions"]
+        ['2.11.0+cu130', '2.13.0+cpu']
     """
     kernels = _merged(previous, current, "cpu_kernels", "cpu_kernel_sets")
+    torches = _merged(previous, current, "torch", "torch_versions")
+    gpus = _merged(previous, current, "cuda", "cuda_devices")
     return {**current, "git_commits": _merged(previous, current, "git_commit", "git_commits"),
-            **({"cpu_kernel_sets": kernels} if kernels else {})}
+            **({"cpu_kernel_sets": kernels} if kernels else {}),
+            **({"torch_versions": torches} if torches else {}),
+            **({"cuda_devices": gpus} if gpus else {})}
 
 
 def git_commit(path: str | Path | None = None) -> str | None:

@@ -144,6 +144,27 @@ def _kernels_text(manifest: dict[str, Any]) -> str:
     return f"; CPU kernels: {kernels}" if isinstance(kernels, str) else ""
 
 
+def _cuda_text(manifest: dict[str, Any]) -> str:
+    """The Machine line's GPU: the last invocation's (``cuda``), and every GPU an earlier invocation trained on
+    (``cuda_devices`` of the manifest) when it differs (a GPU call's runs, the rest trained on this CPU)."""
+    last = manifest.get("cuda") if isinstance(manifest.get("cuda"), str) else None
+    gpus = [g for g in manifest.get("cuda_devices") or [] if isinstance(g, str)]
+    if gpus and gpus != [last]:
+        return (f"{', '.join(gpus)} (GPUs of the invocations of `run` that trained this comparison; the last "
+                f"ran {'on ' + last if last else 'without CUDA'})")
+    return last or "none"
+
+
+def _torch_text(manifest: dict[str, Any]) -> str:
+    """The Versions line's torch: every version that trained the comparison (``torch_versions`` of the manifest)
+    when several did (a GPU call's and this machine's), else the one recorded (``torch``)."""
+    versions = [v for v in manifest.get("torch_versions") or [] if isinstance(v, str)]
+    if len(versions) > 1:
+        return (f"{', '.join(versions)} (runs of this comparison were trained under {len(versions)} torch versions: "
+                "a seed's numbers need not match across them)")
+    return str(manifest.get("torch", "?"))
+
+
 def _commit_line(manifest: dict[str, Any]) -> str:
     """The page's git line: the commit of the last ``run`` invocation, and every earlier one when the
     comparison was trained over several commits (``git_commits`` of :func:`~diffusionformer.experiments.outputs.merged_manifest`)."""
@@ -300,9 +321,9 @@ def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[s
            f"spreads are over folds; comparisons are paired over folds with the Nadeau-Bengio correction"]
           if any(t.folds for t in config.tasks) else []),
         f"- **Machine:** {manifest.get('cpu_model') or manifest.get('processor', '?')}, "
-        f"{manifest.get('cpu_count', '?')} CPUs, {manifest.get('machine', '?')}; CUDA: {manifest.get('cuda') or 'none'}"
+        f"{manifest.get('cpu_count', '?')} CPUs, {manifest.get('machine', '?')}; CUDA: {_cuda_text(manifest)}"
         f"{_kernels_text(manifest)}",
-        f"- **Versions:** torch {manifest.get('torch', '?')}, diffusionformer {manifest.get('diffusionformer', '?')}, "
+        f"- **Versions:** torch {_torch_text(manifest)}, diffusionformer {manifest.get('diffusionformer', '?')}, "
         f"Python {manifest.get('python', '?')}",
         _commit_line(manifest),
         f"- **Training wall time:** {total / 60:.1f} min in all (per-run times in the tables)",

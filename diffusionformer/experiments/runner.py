@@ -215,7 +215,12 @@ def run_experiment(
                             previous = _read_manifest(out)
                             record = merged_manifest(previous, current)
                             before = merged_manifest(previous, {}).get("cpu_kernel_sets", [])
+                            torches = merged_manifest(previous, {}).get("torch_versions", [])
                             write_json_atomic(out / "manifest.json", record)
+                        if torches and record["torch"] not in torches:
+                            log(f"note: earlier runs of {config.name} were trained with torch {', '.join(torches)}, "
+                                f"these with torch {record['torch']}: a seed's numbers need not match across torch "
+                                "versions; manifest.json lists both")
                         if before and record["cpu_kernels"] not in before and record.get("cuda") is None:
                             log(f"note: earlier runs of {config.name} were trained with torch's {', '.join(before)} CPU "
                                 f"kernels, these with {record['cpu_kernels']} (another processor, or "
