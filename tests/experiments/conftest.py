@@ -16,14 +16,6 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 
-@pytest.fixture(autouse=True)
-def _cli_threads_put_back(keep_threads):
-    """The CLI's ``main``, which many tests here call in-process, sets the process's torch threads by its plan (as a
-    command does: ``--threads 1``, or ``cores // --workers``) and keeps them: put back after each test, else the
-    tests after it ran with another thread count (tests/conftest.py's check fails a test that leaves it changed)."""
-    yield
-
-
 class _Proc:
     """A ``subprocess.Popen`` stand-in for run_workers: records its arguments and calls, starts nothing."""
 

@@ -205,7 +205,7 @@ train = {max_steps = 1}
     (ModuleNotFoundError("No module named 'scipy'", name="scipy"), True),
     (ImportError("cannot import name 'gone' from 'diffusionformer.ops'", name="diffusionformer.ops"), False),
 ])
-def test_bug_broken_install_is_one_error_line(tmp_path, monkeypatch, capsys, exc, line, keep_threads):
+def test_bug_broken_install_is_one_error_line(tmp_path, monkeypatch, capsys, exc, line):
     """Bug: the command line reported a missing package (``ModuleNotFoundError``) as one ``error:`` line with exit
     status 2, but another ``ImportError`` (a package installed but broken: a compiled extension built for another
     torch, a half-upgraded numpy) as a traceback. Now any ``ImportError`` of a third party is one line, exit 2; one
@@ -227,7 +227,7 @@ def test_bug_broken_install_is_one_error_line(tmp_path, monkeypatch, capsys, exc
             main(["run", "tiny.toml", "--out", str(tmp_path / "out"), "--no-progress"])
 
 
-def test_pins_interrupt_still_exit_130(tmp_path, monkeypatch, capsys, keep_threads):
+def test_pins_interrupt_still_exit_130(tmp_path, monkeypatch, capsys):
     """Ctrl-C during a run stays one line and exit status 130 (not caught as an error)."""
     from diffusionformer.experiments import runner
     from diffusionformer.experiments.cli import main

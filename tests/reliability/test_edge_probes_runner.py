@@ -181,8 +181,7 @@ def test_a_results_folder_moved_elsewhere_reads_back_and_resumes(tmp_path):
                       )["resumed_from"] == 2
 
 
-def test_bug_an_output_folder_with_spaces_and_unicode_runs_and_the_printed_status_command_works(tmp_path, capsys,
-                                                                                                 keep_threads):
+def test_bug_an_output_folder_with_spaces_and_unicode_runs_and_the_printed_status_command_works(tmp_path, capsys):
     """Bug: the printed ``status`` command left a config path with a space unquoted (two arguments once pasted)."""
     root = tmp_path / "my results é 日本"
     toml = tmp_path / "tiny cfg é.toml"
