@@ -10,12 +10,12 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from diffusionformer._files import folder_lock
-from diffusionformer.experiments.config import ExperimentConfig, _check_path_name
+from diffusionformer.experiments.config import ExperimentConfig, TaskConfig, _check_path_name, train_config
 from diffusionformer.experiments.results import (RunResult, _completed, _definition, _row_problem, read_json_dict,
                                                  run_dir)
 from diffusionformer.experiments.tables import aggregate, format_table
@@ -90,10 +90,16 @@ def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]
     return [r for r in kept if same(r)]
 
 
-def manifest(config: ExperimentConfig) -> dict[str, Any]:
-    """What ``manifest.json`` records: the resolved config, the command, the machine, versions and commit."""
+def manifest(config: ExperimentConfig, device: str | None = None,
+             tasks: Sequence[TaskConfig] | None = None) -> dict[str, Any]:
+    """What ``manifest.json`` records: the resolved config, the command, the machine, versions and commit.
+
+    ``cuda`` names the GPU the runs train on and ``cpu_kernels`` the CPU kernel set, each ``None`` where no run
+    trains there: ``device`` is the device of every run (``run --device``; default ``config.device``, else each of
+    ``tasks``' own ``train.device``, default every task of ``config``), ``"auto"`` CUDA where available."""
     from diffusionformer import __version__
 
+    gpu, cpu = _where_trained(config, device, tasks)
     return {
         "config": config.to_dict(),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
@@ -106,12 +112,30 @@ def manifest(config: ExperimentConfig) -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         # the vector kernels torch's CPU operators run (AVX512, AVX2, ...; ATEN_CPU_CAPABILITY chooses them): the
         # same seed rounds differently under another set, so a CPU study's numbers hold for its kernel set
-        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
+        # (None where no run trains on the CPU: a GPU call's runs do not run them)
+        "cpu_kernels": torch.backends.cpu.get_cpu_capability() if cpu else None,
         "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cuda": torch.cuda.get_device_name(gpu) if gpu is not None else None,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "git_commit": git_commit(),
     }
+
+
+def _where_trained(config: ExperimentConfig, device: str | None,
+                   tasks: Sequence[TaskConfig] | None) -> tuple[int | None, bool]:
+    """(the index of the GPU a run trains on, or None; whether any run trains on the CPU) of :func:`manifest`."""
+    spec = device if device is not None else config.device
+    specs = [spec] if spec is not None else [train_config(t, seed=0).device
+                                             for t in (config.tasks if tasks is None else tasks)]
+    gpu, cpu = None, False
+    for s in specs:
+        d = torch.device("cuda" if torch.cuda.is_available() else "cpu") if s == "auto" else torch.device(s)
+        if d.type == "cuda":
+            if gpu is None:
+                gpu = d.index or 0
+        else:
+            cpu = True
+    return gpu, cpu
 
 
 def _cpu_model() -> str | None:

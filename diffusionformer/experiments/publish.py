@@ -140,7 +140,9 @@ def _kernels_text(manifest: dict[str, Any]) -> str:
         return (f"; CPU kernels: {', '.join(sets)} (runs of this comparison were trained under {len(sets)} kernel "
                 "sets of torch's CPU operators: float rounding differs between them, so a run's numbers on CPU hold "
                 "for its kernel set)")
-    kernels = manifest.get("cpu_kernels")
+    # the one set the CPU-trained runs saw (the last invocation's may be a GPU call's, which records none); a
+    # manifest written before the list existed: its ``cpu_kernels``
+    kernels = sets[0] if sets else manifest.get("cpu_kernels")
     return f"; CPU kernels: {kernels}" if isinstance(kernels, str) else ""
 
 

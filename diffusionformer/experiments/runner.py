@@ -208,7 +208,7 @@ def run_experiment(
                     if not done_before and not recorded and _rank_zero():
                         # only an invocation that trains adds its commit: a pass over finished runs (the tables
                         # after parallel workers, a re-run) leaves the provenance of the comparison as it was
-                        current = _manifest(config)  # outside the lock: it runs git
+                        current = _manifest(config, device, chosen)  # outside the lock: it runs git
                         # read-merge-write under the comparison's lock: another invocation starting at once (one per
                         # seed, another machine on a shared folder) would else drop the commit or kernel set it added
                         with _folder_lock(out):
@@ -221,7 +221,8 @@ def run_experiment(
                             log(f"note: earlier runs of {config.name} were trained with torch {', '.join(torches)}, "
                                 f"these with torch {record['torch']}: a seed's numbers need not match across torch "
                                 "versions; manifest.json lists both")
-                        if before and record["cpu_kernels"] not in before and record.get("cuda") is None:
+                        # only runs trained on the CPU run its kernels (a GPU call's record none)
+                        if before and isinstance(record["cpu_kernels"], str) and record["cpu_kernels"] not in before:
                             log(f"note: earlier runs of {config.name} were trained with torch's {', '.join(before)} CPU "
                                 f"kernels, these with {record['cpu_kernels']} (another processor, or "
                                 "$ATEN_CPU_CAPABILITY): float rounding differs between kernel sets, so runs of one "
