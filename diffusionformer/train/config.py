@@ -166,7 +166,10 @@ class TrainConfig:
             non-finite gradient norm is not an error under fp16 (a non-finite loss still is, and so is a
             scale halved to 0 by about 165 skips in a row, from which no later update can recover);
             a log window holding such a skipped update logs ``grad_norm`` as ``null`` (its mean
-            is inf). The scaler's state is checkpointed. bf16 needs no scaler. Autocast leaves
+            is inf), and every fp16 train record counts the skipped updates of its window in the
+            int metric ``skipped_updates`` (0 when none; absent without fp16, and from older logs:
+            read it with ``.get``); a window cut by a checkpoint goes on counting after a resume.
+            The scaler's state is checkpointed. bf16 needs no scaler. Autocast leaves
             float64 alone: for a float64 model ``"auto"`` is off and ``"bf16"``/``"fp16"`` are refused.
         compile: wrap the model in ``torch.compile``.
         progress: show a tqdm progress bar (only on rank 0, and only on a terminal).

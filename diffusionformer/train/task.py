@@ -34,8 +34,9 @@ class Task(Protocol):
       the batch (so that DDP's gradient average over equal shards equals the global mean) and
       a ``dict[str, float | scalar tensor]`` of extra training metrics (e.g. accuracy; NumPy
       scalars are numbers too), logged as window means (averaged over ranks: use the same keys on
-      every rank). The names ``"loss"`` and, when ``grad_clip > 0``, ``"grad_norm"`` are the
-      trainer's own and are refused. Call ``model(...)`` (not ``model.module``) so DDP can sync gradients.
+      every rank). The names ``"loss"``, when ``grad_clip > 0`` ``"grad_norm"`` and under
+      ``amp="fp16"`` ``"skipped_updates"`` are the trainer's own and are refused. Call
+      ``model(...)`` (not ``model.module``) so DDP can sync gradients.
       Runs under bf16 autocast when enabled.
     * ``evaluate(model: nn.Module, max_batches: int | None) -> dict[str, float]``: held-out
       metrics of the *unwrapped* model, called in ``eval()`` mode under ``torch.no_grad()``;

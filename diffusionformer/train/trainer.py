@@ -53,6 +53,8 @@ RESUMABLE_FIELDS = frozenset(
 
 #: the resolved autocast dtype (:func:`resolve_amp`) -> the name the summary and the checkpoint record
 _AMP_NAMES = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}
+# the train log's count of the updates of a window the fp16 GradScaler skipped (a metric of every fp16 train record)
+_SKIPPED = "skipped_updates"
 
 _NO_BAD_STEP = 2**62  # "no non-finite step yet" in the on-device running minimum
 
@@ -142,7 +144,8 @@ class Trainer:
     decay on matrices only (:func:`param_groups`). "Step ``k``" in logs and checkpoints means
     ``k`` updates done.
 
-    Every ``log_interval`` updates a train record (window means) goes to
+    Every ``log_interval`` updates a train record (window means; under fp16 also the window's count of skipped
+    updates, ``skipped_updates``) goes to
     ``<out_dir>/metrics.jsonl`` (and to ``metrics.csv`` / TensorBoard when ``loggers`` asks); every ``eval_interval`` updates ``task.evaluate`` runs (without
     advancing the training RNGs); every ``checkpoint_interval`` updates
     ``<out_dir>/checkpoint.pt`` is replaced atomically with model, optimizer, step, all RNG
@@ -598,11 +601,14 @@ class Trainer:
             with (contextlib.nullcontext() if sync else self._ddp.no_sync()):
                 with self._autocast():
                     loss, metrics = self._check_loss(self.task.loss(self._train_model, part), step)
-                reserved = [k for k in ("loss", "grad_norm") if k in metrics and (k == "loss" or cfg.grad_clip > 0)]
-                if reserved:  # else mixed into the logged loss (or dropped) and overwritten by the clipped norm
+                reserved = [k for k in ("loss", "grad_norm", _SKIPPED) if k in metrics
+                            and (k == "loss" or (k == "grad_norm" and cfg.grad_clip > 0)
+                                 or (k == _SKIPPED and self._scaler is not None))]
+                if reserved:  # else mixed into the logged loss (or dropped), overwritten by the clipped norm or count
                     raise ValueError(
                         f"task.loss metrics: expected names other than {reserved} (the trainer logs the returned "
-                        f"loss and the gradient norm under them), got keys {sorted(map(str, metrics))} at step {step}"
+                        f"loss, the gradient norm and the fp16 skip count under them), got keys "
+                        f"{sorted(map(str, metrics))} at step {step}"
                     )
                 scaled = loss / A if A > 1 else loss
                 if self._scaler is not None:
@@ -631,11 +637,15 @@ class Trainer:
             if grads:
                 bad = bad | ~torch.isfinite(_grad_norm(grads))
         if self._scaler is not None:
+            before = getattr(self._scaler, "_scale", None)
+            before = before.clone() if isinstance(before, torch.Tensor) else None
             self._scaler.step(optimizer)
             self._scaler.update()
             scale = getattr(self._scaler, "_scale", None)  # on the device: no host sync
             if isinstance(scale, torch.Tensor):  # halved to 0 (~165 skips in a row): every later update is skipped
                 bad = bad | (scale.reshape(()) == 0)
+                if before is not None:  # a skip halves the scale; an applied update keeps or doubles it
+                    metrics[_SKIPPED] = (scale.reshape(()) < before.reshape(())).long()  # summed in float64
         else:
             optimizer.step()
         return loss, metrics, bad
@@ -745,9 +755,15 @@ class Trainer:
 
     def _log_train(self, window: dict[str, list[Any]], done: int, lr: float) -> None:
         names = sorted(k for k in window if k != "loss")
-        means = torch.stack([window[k][0] / window[k][1] for k in ["loss", *names]])
+        # the fp16 skip count is the window's sum (the same on every rank: the scalers see the same gradients); a
+        # task's own metric of that name (allowed without fp16) is a mean as any other
+        count = _SKIPPED if self._scaler is not None else None
+        means = torch.stack([window[k][0] / (1 if k == count else window[k][1]) for k in ["loss", *names]])
         values = self.ctx.all_reduce_mean(means).tolist()
-        self._record("train", done, lr, values[0], dict(zip(names, values[1:])))
+        metrics = dict(zip(names, values[1:]))
+        if count in metrics:
+            metrics[count] = int(round(metrics[count]))
+        self._record("train", done, lr, values[0], metrics)
         if self._pbar is not None:
             self._postfix.update(loss=f"{values[0]:.4g}", lr=f"{lr:.3g}")
             self._pbar.set_postfix(self._postfix, refresh=False)
