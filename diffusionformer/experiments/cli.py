@@ -122,7 +122,8 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--no-progress", action="store_true", help="no progress bars (neither runs nor steps)")
             _thread_args(c)
     st = sub.add_parser("status", allow_abbrev=False,
-                        help="where every run of a comparison stands (completed, running, interrupted, missing)")
+                        help="where every run of a comparison stands (completed, running, failed, interrupted, "
+                             "missing)")
     st.add_argument("config")
     st.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     st.add_argument("--out", default="results", help="results root the comparison is run into")
