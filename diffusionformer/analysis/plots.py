@@ -34,9 +34,13 @@ def _figure_class() -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError(
+        from diffusionformer._matplotlib import matplotlib_error
+
+        raise matplotlib_error(
+            err,
             "diffusionformer.analysis.plots needs matplotlib; install the `plot` extra: "
-            "pip install 'diffusionformer[plot]'"
+            "pip install 'diffusionformer[plot]'",
+            "diffusionformer.analysis.plots needs",
         ) from err
     return Figure
 

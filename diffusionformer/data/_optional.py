@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from diffusionformer._matplotlib import _not_installed
+
 INSTALL_HINT = 'pip install "diffusionformer[data]"'
 
 
@@ -23,8 +25,7 @@ def import_optional(module: str, *, package: str, dataset: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else ""
-        if missing is None or (missing and missing.split(".")[0] == module.split(".")[0]):
+        if _not_installed(err, module):
             raise ImportError(
                 f"dataset {dataset!r} needs the optional package {package!r} "
                 f"(module {module!r}), which is not installed: {INSTALL_HINT}"

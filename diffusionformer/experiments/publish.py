@@ -33,7 +33,7 @@ from diffusionformer.experiments.config import ExperimentConfig, _folded, _folde
 from diffusionformer.experiments.results import (RunResult, _row_problem, _runs_of_another_train, finished_runs,
                                                  first_reach, read_curves, run_dir, select_evaluation)
 from diffusionformer.experiments.stats import _require_scipy
-from diffusionformer.experiments.tables import _cell, _text, aggregate, format_table
+from diffusionformer.experiments.tables import _cell, _elapsed_by_device, _text, aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
 __all__ = ["GAP_MARKER", "READING_MARKER", "add_to_toctree", "publish_experiment", "read_run_log", "summary_table",
@@ -299,6 +299,15 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     return page
 
 
+def _wall_time_split(runs: list[RunResult]) -> str:
+    """``""`` when the timed runs trained on one device kind; else the total per kind, e.g. ``", of which 10.0 min on
+    cpu, 2.0 min on cuda"``: the sum in all adds the minutes of devices of different speeds."""
+    totals = _elapsed_by_device(runs)
+    if totals is None:
+        return ""
+    return ", of which " + ", ".join(f"{v / 60:.1f} min on {_text(k)}" for k, v in totals.items())
+
+
 def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[str, Any], folder: Path,
                analysis: Path, config_path: str | None) -> str:
     """The results page of ``config`` (without the kept tail), its figures and logs those in ``folder`` (the
@@ -328,7 +337,7 @@ def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[s
         f"- **Versions:** torch {_torch_text(manifest)}, diffusionformer {manifest.get('diffusionformer', '?')}, "
         f"Python {manifest.get('python', '?')}",
         _commit_line(manifest),
-        f"- **Training wall time:** {total / 60:.1f} min in all (per-run times in the tables)",
+        f"- **Training wall time:** {total / 60:.1f} min in all{_wall_time_split(runs)} (per-run times in the tables)",
         f"- **Per-run metric logs:** {len(logs)} files, {_code(config.name + '/logs/<task>/<operator>/seed<k>.json')} "
         "(training and evaluation records by step)" if logs else
         "- **Per-run metric logs:** not published for this study (it was published before `publish` copied them, "

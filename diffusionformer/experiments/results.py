@@ -53,6 +53,8 @@ class RunResult:
     selected_step: int | None = None
     #: the first evaluated step at which the task's ``reach`` key met its threshold (None if never)
     reach_step: int | None = None
+    #: the device it trained on, as its ``summary.json`` records it (``"cpu"``, ``"cuda:0"``; None when not recorded)
+    device: str | None = None
 
 
 def run_dir(out: Path, task: str, operator: str, seed: int) -> Path:
@@ -164,6 +166,8 @@ def _row_problem(data: Any) -> str | None:
         v = data.get(key)
         if v is not None and not (isinstance(v, float) or (_is_finite(v) and isinstance(v, int))):
             return f"{key} must be a number or null, got {str(v)[:80]!r}"
+    if data.get("device") is not None and not isinstance(data["device"], str):
+        return f"device must be a string or null, got {str(data['device'])[:80]!r}"
     return None
 
 
@@ -407,10 +411,11 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
     curves = read_curves(rdir) if task.select_by or task.reach else []
     selected_value, selected_step = select_evaluation(curves, task) if task.select_by else (None, None)
     spath = rdir / "summary.json"
+    device = summary.get("device")  # absent in a summary written before it was recorded: the row reads as before
     return RunResult(task.name, setting.name, seed, "completed", task.metric, value, final,
                      _summary_number(summary, "num_parameters", spath, integral=True),
                      _summary_number(summary, "elapsed", spath, integral=False), learned, selected_value, selected_step,
-                     first_reach(curves, task) if task.reach else None)
+                     first_reach(curves, task) if task.reach else None, device if isinstance(device, str) else None)
 
 
 def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[float | None, int | None]:

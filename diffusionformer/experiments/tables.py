@@ -14,8 +14,37 @@ from diffusionformer.experiments.stats import _fmean
 __all__ = ["aggregate", "format_status", "format_table"]
 
 
+def _device_kind(device: Any) -> str | None:
+    """The kind of a run's recorded device (``"cuda:0"`` -> ``"cuda"``); ``None`` when not recorded."""
+    return device.partition(":")[0] if isinstance(device, str) and device else None
+
+
+def _elapsed_by_device(runs: list[RunResult]) -> dict[str, float] | None:
+    """``{device kind: total training seconds}`` of the timed ``runs`` when they trained on devices of more than one
+    kind (runs whose device is not recorded under ``"device not recorded"``); ``None`` for one kind (or none known).
+
+    Examples:
+        >>> rs = [RunResult("t", "a", s, "completed", "acc", 0.5, elapsed=e, device=d)
+        ...       for s, (e, d) in enumerate([(2.0, "cuda:0"), (6.0, "cpu"), (4.0, "cpu")])]
+        >>> _elapsed_by_device(rs), _elapsed_by_device(rs[1:])
+        ({'cpu': 10.0, 'cuda': 2.0}, None)
+    """
+    timed = [r for r in runs if r.elapsed is not None]
+    if len({k for k in map(_device_kind, (r.device for r in timed)) if k is not None}) < 2:
+        return None
+    out: dict[str, float] = {}
+    for r in sorted(timed, key=lambda r: (_device_kind(r.device) is None, _device_kind(r.device) or "")):
+        kind = _device_kind(r.device) or "device not recorded"
+        out[kind] = out.get(kind, 0.0) + r.elapsed
+    return out
+
+
 def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
-    """Mean, sample standard deviation and count over seeds per (task, operator)."""
+    """Mean, sample standard deviation and count over seeds per (task, operator).
+
+    A row whose timed runs trained on devices of more than one kind (``summary.json``'s ``device``: a GPU call's
+    seeds and CPU seeds) has ``elapsed_by_device``, ``{kind: mean seconds per run}``: its ``elapsed_mean`` mixes
+    them, and the tables say so."""
     rows: dict[tuple[str, str], list[RunResult]] = {}
     for r in results:
         rows.setdefault((r.task, r.operator), []).append(r)
@@ -49,6 +78,11 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
         # per completed run (None: never reached, or the task has no `reach`); read only for tasks with `reach`
         table[-1]["reach_steps"] = [r.reach_step for r in rs if r.status == "completed"]
         table[-1]["reach_by_seed"] = {r.seed: r.reach_step for r in rs if r.status == "completed"}
+        totals = _elapsed_by_device(rs)
+        if totals is not None:  # only then: a row of one device kind is written as before
+            counts = {k: sum(1 for r in rs if r.elapsed is not None
+                             and (_device_kind(r.device) or "device not recorded") == k) for k in totals}
+            table[-1]["elapsed_by_device"] = {k: v / counts[k] for k, v in totals.items()}
     return table
 
 
@@ -81,6 +115,23 @@ def _text(name: str) -> str:
 
 def _fmt(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def _time_cell(row: Mapping[str, Any]) -> str:
+    """The mean training seconds per run of ``row``; where its runs trained on devices of more than one kind, the mean
+    per kind after it (the mean over all of them mixes, say, a GPU's seeds with a CPU's).
+
+    Examples:
+        >>> _time_cell({"elapsed_mean": 4.0})
+        '4.0'
+        >>> _time_cell({"elapsed_mean": 4.0, "elapsed_by_device": {"cpu": 6.0, "cuda": 2.0}})
+        '4.0 (mixed devices: cpu 6.0, cuda 2.0)'
+    """
+    cell = _fmt(row["elapsed_mean"], 1)
+    by_device = row.get("elapsed_by_device")
+    if by_device:
+        cell += " (mixed devices: " + ", ".join(f"{_text(k)} {v:.1f}" for k, v in by_device.items()) + ")"
+    return cell
 
 
 def _reach_steps_cell(row: Mapping[str, Any]) -> str:
@@ -177,7 +228,7 @@ def format_table(table: list[dict[str, Any]], config: ExperimentConfig, *, compa
             failed += f" ({r['non_finite']} non-finite)" if r.get("non_finite") else ""
             failed += _pairs_note(found.get((task.name, r["operator"], "final")), r, rows, baseline)
             cells = [_text(r["operator"]), f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", *stat_cells(task.name, r["operator"], "final", 4),
-                     f"{r['n']}{failed}", str(r["num_parameters"] or "n/a"), _fmt(r["elapsed_mean"], 1)]
+                     f"{r['n']}{failed}", str(r["num_parameters"] or "n/a"), _time_cell(r)]
             lines.append("| " + " | ".join(map(_cell, cells)) + " |")
         lines.append("")
         if compact:

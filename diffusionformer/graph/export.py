@@ -280,8 +280,12 @@ def draw_attention_graph(
     try:
         import matplotlib  # noqa: F401
     except ImportError as err:
-        raise ImportError(
-            "draw_attention_graph needs matplotlib; install the `plot` extra: pip install 'diffusionformer[plot]'"
+        from diffusionformer._matplotlib import matplotlib_error
+
+        raise matplotlib_error(
+            err,
+            "draw_attention_graph needs matplotlib; install the `plot` extra: pip install 'diffusionformer[plot]'",
+            "draw_attention_graph needs",
         ) from err
     import networkx as nx
 
