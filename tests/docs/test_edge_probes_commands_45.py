@@ -3,19 +3,15 @@
 The ``$ python -m diffusionformer.experiments ...`` lines of the tutorials' console blocks, the README's
 bash block and the ``gpu_study.sh run`` lines are parsed by the CLI's own parser (and the ``show`` ones
 run, since ``show`` trains nothing), so a renamed option or operator setting fails here rather than in a
-user's shell. The README's ``load_run`` block and the SSL tutorial's ``build_task`` block, which the
-docs build shows but does not execute, run here.
+user's shell. The README's ``load_run`` block and the SSL tutorial's ``build_task`` block run in
+tests/docs/test_docs_snippets_run.py.
 """
 from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 import shlex
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -116,69 +112,3 @@ def test_bug_status_help_names_failed():
     helps = {c.dest: c.help for c in sub._choices_actions}
     for state in ("completed", "running", "failed", "interrupted", "missing"):
         assert state in helps["status"], helps["status"]
-
-
-def _block(relpath: str, first_line: str) -> str:
-    lines = (ROOT / relpath).read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        opener = line.strip()
-        if opener not in ("```python", ".. code-block:: python"):
-            continue
-        j = i + 1
-        while j < len(lines) and not lines[j].strip():
-            j += 1
-        if lines[j].strip() != first_line:
-            continue
-        body = []
-        for k in range(j, len(lines)):
-            if opener == "```python" and lines[k].strip() == "```":
-                break
-            if opener != "```python" and lines[k].strip() and not lines[k].startswith(" "):
-                break
-            body.append(lines[k])
-        return textwrap.dedent("\n".join(body))
-    raise AssertionError(f"no Python block starting with {first_line!r} in {relpath}")
-
-
-def test_pins_ssl_tutorial_build_task_block():
-    """The SSL tutorial's ``build_task(data, dino, ssl=SSLConfig(...))`` block runs, and its claim holds: an
-    ``ssl`` given in Python replaces the preset's defaults whole (``blur_sigma`` is SSLConfig's, not the preset's)."""
-    from diffusionformer.data.registry import load_dataset
-    from diffusionformer.data.ssl import SSLConfig
-    from diffusionformer.models import create_model
-
-    dino = create_model("dino-digits", schedule_steps=600)
-    assert tuple(dino.task_config.blur_sigma) == (0.1, 0.6)
-    ns: dict = {"data": load_dataset("digits"), "dino": dino}
-    exec(compile(_block("docs/tutorials/ssl.rst", "from diffusionformer.data.ssl import SSLConfig"),  # noqa: S102
-                 "<ssl.rst>", "exec"), ns)
-    ssl = ns["task"].ssl
-    assert (ssl.local_crops, ssl.knn_k) == (2, 10)
-    assert tuple(ssl.blur_sigma) == tuple(SSLConfig().blur_sigma) == (0.1, 1.0)
-
-
-def test_pins_readme_load_run_block(tmp_path):
-    """The README's ``create_model`` / ``load_run`` block runs as shown on a finished run of the main job's
-    layout (``results/default/runs/digits/laplacian-half/seed0``, a 4-step run): an eval-mode ViT, its
-    ``ViTConfig`` and the metric records."""
-    code = _block("README.md", "from diffusionformer import create_model, load_run")
-    script = textwrap.dedent(f"""
-        import contextlib, io
-        from diffusionformer.experiments.cli import main
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            rc = main(["run", {str(ROOT / "experiments/configs/default.toml")!r}, "--set", "seeds=[0]",
-                       "--set", "tasks=digits", "--set", "operators=laplacian-half",
-                       "--set", "tasks.digits.train.max_steps=4", "--set", "tasks.digits.train.warmup_steps=0",
-                       "--out", "results", "--no-progress", "--threads", "1"])
-        assert rc == 0, rc
-    """) + code + textwrap.dedent("""
-        assert type(gpt).__name__ == "DiffusionGPT", type(gpt)
-        assert type(run.model).__name__ == "DiffusionViT" and not run.model.training
-        assert type(run.config).__name__ == "ViTConfig" and isinstance(run.metrics, list) and run.metrics
-        print("ok")
-    """)
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
