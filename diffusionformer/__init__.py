@@ -9,6 +9,7 @@ sequences or sparse graphs.
 from importlib.metadata import PackageNotFoundError, version as _version
 
 from diffusionformer import functional
+from diffusionformer._imports import _lazy_exports
 from diffusionformer.nn import AttentionIntermediates, DiffusionAttention
 from diffusionformer.operators import (
     DiffusionOperator,
@@ -34,18 +35,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        from importlib import import_module
-
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value  # later look-ups skip this hook
-        return value
-    raise AttributeError(f"module 'diffusionformer' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = _lazy_exports(__name__, _LAZY)  # later look-ups skip the hook
 
 
 __all__ = [

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer._modes import _evaluating
-from diffusionformer._pyg import _import_pyg
+from diffusionformer._imports import _import_pyg
 from diffusionformer.analysis.metrics import _check_flag, _is_int
 from diffusionformer.config import _device_argument
 

@@ -34,7 +34,7 @@ def _figure_class() -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError as err:  # pragma: no cover - depends on the environment
-        from diffusionformer._matplotlib import matplotlib_error
+        from diffusionformer._imports import matplotlib_error
 
         raise matplotlib_error(
             err,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 # Loader modules register themselves on import.
 from . import cifar10, csbm, images, mnist, planetoid, recall, sequences, text, tu  # noqa: F401
+from .._imports import _lazy_exports
 from .base import (
     IGNORE_INDEX,
     ClassificationData,
@@ -51,18 +52,7 @@ _LAZY = {name: "diffusionformer.data.neighbors"
          for name in ("TorchNeighborSampler", "has_compiled_sampler", "neighbor_batch", "neighbor_loader")}
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        from importlib import import_module
-
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = _lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

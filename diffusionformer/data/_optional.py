@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from diffusionformer._matplotlib import _not_installed
+from diffusionformer._imports import _not_installed
 
 INSTALL_HINT = 'pip install "diffusionformer[data]"'
 

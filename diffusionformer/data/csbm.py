@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from diffusionformer._pyg import _import_pyg
+from diffusionformer._imports import _import_pyg
 from diffusionformer.config import check_value
 
 from .base import NodeData

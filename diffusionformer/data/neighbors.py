@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._pyg import _import_pyg
+from .._imports import _import_pyg
 from .base import _check_flags
 from .splits import _require_generator
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._pyg import _import_pyg
+from .._imports import _import_pyg
 from ._optional import import_optional
 from ._unpickle import _NUMPY_GLOBALS, _plain
 from .base import NodeData, _check_flags

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from .._pyg import _import_pyg
+from .._imports import _import_pyg
 from .base import GraphSetData, _check_flags
 from .checksums import sha256_file, verify_file
 from .paths import CorruptDataError, cache_dir, drop_unsafe_processed, require_files

@@ -27,7 +27,7 @@ def _figure(*args: Any, **kwargs: Any) -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        from diffusionformer._matplotlib import matplotlib_error
+        from diffusionformer._imports import matplotlib_error
 
         raise matplotlib_error(exc, 'plots need matplotlib: pip install "diffusionformer[plot]"', "plots need") from exc
     return Figure(*args, **kwargs)

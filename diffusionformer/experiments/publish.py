@@ -133,9 +133,15 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return data
 
 
+def _listed(manifest: dict[str, Any], key: str) -> list[str]:
+    """The strings of the manifest's list ``key`` (every invocation's value, :func:`~diffusionformer.experiments.outputs.merged_manifest`);
+    ``[]`` where the manifest predates it."""
+    return [v for v in manifest.get(key) or [] if isinstance(v, str)]
+
+
 def _kernels_text(manifest: dict[str, Any]) -> str:
     """The Machine line's CPU kernel set (``cpu_kernels``, ``cpu_kernel_sets`` of the manifest), or ``""``."""
-    sets = [k for k in manifest.get("cpu_kernel_sets") or [] if isinstance(k, str)]
+    sets = _listed(manifest, "cpu_kernel_sets")
     if len(sets) > 1:
         return (f"; CPU kernels: {', '.join(sets)} (runs of this comparison were trained under {len(sets)} kernel "
                 "sets of torch's CPU operators: float rounding differs between them, so a run's numbers on CPU hold "
@@ -150,7 +156,7 @@ def _cuda_text(manifest: dict[str, Any]) -> str:
     """The Machine line's GPU: the last invocation's (``cuda``), and every GPU an earlier invocation trained on
     (``cuda_devices`` of the manifest) when it differs (a GPU call's runs, the rest trained on this CPU)."""
     last = manifest.get("cuda") if isinstance(manifest.get("cuda"), str) else None
-    gpus = [g for g in manifest.get("cuda_devices") or [] if isinstance(g, str)]
+    gpus = _listed(manifest, "cuda_devices")
     if gpus and gpus != [last]:
         return (f"{', '.join(gpus)} (GPUs of the invocations of `run` that trained this comparison; the last "
                 f"ran {'on ' + last if last else 'without CUDA'})")
@@ -160,7 +166,7 @@ def _cuda_text(manifest: dict[str, Any]) -> str:
 def _torch_text(manifest: dict[str, Any]) -> str:
     """The Versions line's torch: every version that trained the comparison (``torch_versions`` of the manifest)
     when several did (a GPU call's and this machine's), else the one recorded (``torch``)."""
-    versions = [v for v in manifest.get("torch_versions") or [] if isinstance(v, str)]
+    versions = _listed(manifest, "torch_versions")
     if len(versions) > 1:
         return (f"{', '.join(versions)} (runs of this comparison were trained under {len(versions)} torch versions: "
                 "a seed's numbers need not match across them)")
@@ -178,7 +184,7 @@ def _commit_line(manifest: dict[str, Any]) -> str:
             return ("- **Git commit:** not recorded (`run` ran outside a git checkout, or without git: the code "
                     "that trained this study is not identified by a commit)")
         return "- **Git commit:** not recorded (this study's manifest predates the `git_commit` field)"
-    commits = [c for c in manifest.get("git_commits") or [] if isinstance(c, str)]
+    commits = _listed(manifest, "git_commits")
     if len(commits) > 1:
         listed = ", ".join(f"`{c}`" for c in commits)
         return (f"- **Git commits:** {listed} (the invocations of `run` that trained this comparison and recorded "
@@ -305,7 +311,7 @@ def _wall_time_split(runs: list[RunResult]) -> str:
     totals = _elapsed_by_device(runs)
     if totals is None:
         return ""
-    return ", of which " + ", ".join(f"{v / 60:.1f} min on {_text(k)}" for k, v in totals.items())
+    return ", of which " + ", ".join(f"{total / 60:.1f} min on {_text(k)}" for k, (total, _) in totals.items())
 
 
 def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[str, Any], folder: Path,

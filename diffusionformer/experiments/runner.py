@@ -214,8 +214,9 @@ def run_experiment(
                         with _folder_lock(out):
                             previous = _read_manifest(out)
                             record = merged_manifest(previous, current)
-                            before = merged_manifest(previous, {}).get("cpu_kernel_sets", [])
-                            torches = merged_manifest(previous, {}).get("torch_versions", [])
+                            earlier = merged_manifest(previous, {})  # what the invocations before this one saw
+                            before = earlier.get("cpu_kernel_sets", [])
+                            torches = earlier.get("torch_versions", [])
                             write_json_atomic(out / "manifest.json", record)
                         if torches and record["torch"] not in torches:
                             log(f"note: earlier runs of {config.name} were trained with torch {', '.join(torches)}, "

@@ -19,23 +19,24 @@ def _device_kind(device: Any) -> str | None:
     return device.partition(":")[0] if isinstance(device, str) and device else None
 
 
-def _elapsed_by_device(runs: list[RunResult]) -> dict[str, float] | None:
-    """``{device kind: total training seconds}`` of the timed ``runs`` when they trained on devices of more than one
-    kind (runs whose device is not recorded under ``"device not recorded"``); ``None`` for one kind (or none known).
+def _elapsed_by_device(runs: list[RunResult]) -> dict[str, tuple[float, int]] | None:
+    """``{device kind: (total training seconds, number of runs)}`` of the timed ``runs`` when they trained on devices
+    of more than one kind (runs whose device is not recorded under ``"device not recorded"``); ``None`` for one kind
+    (or none known).
 
     Examples:
         >>> rs = [RunResult("t", "a", s, "completed", "acc", 0.5, elapsed=e, device=d)
         ...       for s, (e, d) in enumerate([(2.0, "cuda:0"), (6.0, "cpu"), (4.0, "cpu")])]
         >>> _elapsed_by_device(rs), _elapsed_by_device(rs[1:])
-        ({'cpu': 10.0, 'cuda': 2.0}, None)
+        ({'cpu': (10.0, 2), 'cuda': (2.0, 1)}, None)
     """
-    timed = [r for r in runs if r.elapsed is not None]
-    if len({k for k in map(_device_kind, (r.device for r in timed)) if k is not None}) < 2:
+    timed = [(_device_kind(r.device), r.elapsed) for r in runs if r.elapsed is not None]
+    if len({kind for kind, _ in timed if kind is not None}) < 2:
         return None
-    out: dict[str, float] = {}
-    for r in sorted(timed, key=lambda r: (_device_kind(r.device) is None, _device_kind(r.device) or "")):
-        kind = _device_kind(r.device) or "device not recorded"
-        out[kind] = out.get(kind, 0.0) + r.elapsed
+    out: dict[str, tuple[float, int]] = {}
+    for kind, elapsed in sorted(timed, key=lambda t: (t[0] is None, t[0] or "")):
+        total, n = out.get(kind or "device not recorded", (0.0, 0))
+        out[kind or "device not recorded"] = (total + elapsed, n + 1)
     return out
 
 
@@ -80,9 +81,7 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
         table[-1]["reach_by_seed"] = {r.seed: r.reach_step for r in rs if r.status == "completed"}
         totals = _elapsed_by_device(rs)
         if totals is not None:  # only then: a row of one device kind is written as before
-            counts = {k: sum(1 for r in rs if r.elapsed is not None
-                             and (_device_kind(r.device) or "device not recorded") == k) for k in totals}
-            table[-1]["elapsed_by_device"] = {k: v / counts[k] for k, v in totals.items()}
+            table[-1]["elapsed_by_device"] = {k: total / n for k, (total, n) in totals.items()}
     return table
 
 

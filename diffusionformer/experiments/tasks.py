@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer._pyg import _import_pyg
+from diffusionformer._imports import _import_pyg
 from diffusionformer.config import _check_flag, _choice_hint, _value_type, config_from_dict
 from diffusionformer.data.base import (IGNORE_INDEX, SPLITS, ClassificationData, GraphSetData, NodeData, SequenceTaskData,
                                        TextData)

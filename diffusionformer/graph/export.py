@@ -280,7 +280,7 @@ def draw_attention_graph(
     try:
         import matplotlib  # noqa: F401
     except ImportError as err:
-        from diffusionformer._matplotlib import matplotlib_error
+        from diffusionformer._imports import matplotlib_error
 
         raise matplotlib_error(
             err,

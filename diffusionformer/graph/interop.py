@@ -7,7 +7,7 @@ from typing import Any, Hashable, Sequence
 import torch
 from torch import Tensor
 
-from diffusionformer._pyg import _import_pyg
+from diffusionformer._imports import _import_pyg
 from diffusionformer.config import _device_argument, _value_type
 from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph.core import (

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diffusionformer._pyg import _import_pyg
+from diffusionformer._imports import _import_pyg
 from diffusionformer.config import _check_flag, _choice_hint
 from diffusionformer.graph._checks import check_int, check_layout
 from diffusionformer.graph.core import AttentionGraph

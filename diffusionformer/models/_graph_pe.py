@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diffusionformer._pyg import _import_pyg
+from diffusionformer._imports import _import_pyg
 from diffusionformer.graph._checks import _plain_ids
 from diffusionformer.ops._checks import checks_values
 

@@ -9,7 +9,7 @@ import torch  # noqa: F401  (doctests)
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer._pyg import _import_pyg
+from diffusionformer._imports import _import_pyg
 from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.nn._weights import _stored_weight
 from diffusionformer.models.common import (_check_block_diagonal, _check_bools, _check_graph_devices,

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from diffusionformer._pyg import _import_pyg
+from diffusionformer._imports import _import_pyg, _lazy_exports
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
 from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edge_index_shape_error
 from diffusionformer.graph.interop import from_edge_index
@@ -121,15 +121,8 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
 # The PE transforms subclass PyG's: they live in ``_graph_pe`` (imported on first use, so that ``import
 # diffusionformer.models`` does not import PyG); their old names here still resolve (PEP 562), for references
 # and pickles by this module's path.
-_MOVED_TO_GRAPH_PE = frozenset({"_LaplacianPE", "_RandomWalkPE"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_GRAPH_PE:
-        from diffusionformer.models import _graph_pe
-
-        return getattr(_graph_pe, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = _lazy_exports(__name__, {name: "diffusionformer.models._graph_pe"
+                                       for name in ("_LaplacianPE", "_RandomWalkPE")})[0]
 
 
 def _check_sorted_batch(batch: Tensor) -> None:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffusionformer._pyg import _import_pyg
+from diffusionformer._imports import _import_pyg
 from diffusionformer.config import _check_flag
 from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights
 from diffusionformer.graph.core import AttentionGraph

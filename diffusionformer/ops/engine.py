@@ -169,7 +169,7 @@ def _dynamo_traces() -> bool:
 
 def _tensors_traced() -> bool:
     """:func:`_dynamo_traces`, or a torch dispatch mode active, or :func:`torch.jit.trace` recording."""
-    return torch.jit.is_tracing() or torch.compiler.is_dynamo_compiling() or is_in_torch_dispatch_mode()
+    return torch.jit.is_tracing() or _dynamo_traces() or is_in_torch_dispatch_mode()
 
 
 def _tensor_cache(maxsize: int) -> Callable[[_F], _F]:

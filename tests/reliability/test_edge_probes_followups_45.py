@@ -159,7 +159,7 @@ def test_pins_pyg_warning_silenced_by_message_only():
     PyG is imported still surfaces, and the filters are as before afterwards."""
     code = (
         "import warnings, sys, torch\n"
-        "from diffusionformer._pyg import _import_pyg\n"
+        "from diffusionformer._imports import _import_pyg\n"
         "before = list(warnings.filters)\n"
         "_import_pyg()\n"
         "assert 'torch_geometric' in sys.modules and warnings.filters == before\n"

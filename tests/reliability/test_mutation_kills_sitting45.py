@@ -77,23 +77,23 @@ def test_kills_manifest_of_the_chosen_tasks_only(two_gpus):
 
 
 def test_kills_pyg_import_silences_other_deprecations(monkeypatch):
-    """kills: _pyg.py ``filterwarnings("ignore", message=_JIT_SCRIPT_DEPRECATED, category=DeprecationWarning)`` ->
+    """kills: _imports.py ``filterwarnings("ignore", message=_JIT_SCRIPT_DEPRECATED, category=DeprecationWarning)`` ->
     without ``message=`` (every DeprecationWarning of PyG's import silenced, not only torch.jit.script's)."""
     import sys
     import warnings
     from types import SimpleNamespace
 
-    from diffusionformer import _pyg
+    from diffusionformer import _imports
 
     def fake_import(name):
         warnings.warn("`torch.jit.script` is deprecated. Please switch to torch.compile", DeprecationWarning)
         warnings.warn("some other deprecation of the import", DeprecationWarning)
 
     monkeypatch.delitem(sys.modules, "torch_geometric", raising=False)  # put back after the test
-    monkeypatch.setattr(_pyg, "importlib", SimpleNamespace(import_module=fake_import))
+    monkeypatch.setattr(_imports, "importlib", SimpleNamespace(import_module=fake_import))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        _pyg._import_pyg()
+        _imports._import_pyg()
     assert [str(w.message) for w in seen] == ["some other deprecation of the import"]
 
 
@@ -189,18 +189,18 @@ def test_kills_nav_cache_collapsed_toctree_is_sphinx_own(monkeypatch):
 
 
 def test_kills_pyg_import_once_leaves_filters_alone(monkeypatch):
-    """kills: _pyg.py ``if "torch_geometric" in sys.modules: return`` dropped (each lazy call site entered
+    """kills: _imports.py ``if "torch_geometric" in sys.modules: return`` dropped (each lazy call site entered
     ``warnings.catch_warnings`` again, which resets the process's filters on exit, racing another thread's)."""
     import warnings
     from types import SimpleNamespace
 
-    from diffusionformer import _pyg
+    from diffusionformer import _imports
 
-    _pyg._import_pyg()  # imported now (or before)
+    _imports._import_pyg()  # imported now (or before)
 
     def again(*args, **kwargs):
         raise AssertionError("imported again / catch_warnings entered again")
 
-    monkeypatch.setattr(_pyg, "importlib", SimpleNamespace(import_module=again))
-    monkeypatch.setattr(_pyg, "warnings", SimpleNamespace(catch_warnings=again, filterwarnings=warnings.filterwarnings))
-    _pyg._import_pyg()
+    monkeypatch.setattr(_imports, "importlib", SimpleNamespace(import_module=again))
+    monkeypatch.setattr(_imports, "warnings", SimpleNamespace(catch_warnings=again, filterwarnings=warnings.filterwarnings))
+    _imports._import_pyg()
