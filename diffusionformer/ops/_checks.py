@@ -188,6 +188,7 @@ def check_attn_mask(attn_mask: object, shape: tuple[int, int, int, int], dtype: 
     """
     if not isinstance(attn_mask, Tensor):
         raise TypeError(f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}")
+    _check_strided("attn_mask", attn_mask, "pass attn_mask.to_dense()")  # else "reshape is not implemented for sparse"
     B, H, N, M = shape
     if attn_mask.dim() > 4 or attn_mask.dim() < 2:
         raise ValueError(

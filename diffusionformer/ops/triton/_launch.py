@@ -12,6 +12,8 @@ import numbers
 import torch
 from torch import Tensor
 
+from diffusionformer.ops._checks import _check_strided
+
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LOG2E = 1.4426950408889634
 
@@ -113,6 +115,7 @@ def _check_inputs(q: object, k: object, v: object, key_padding_mask: object) -> 
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, C), got {type(t).__name__}")
+        _check_strided(name, t, f"pass {name}.to_dense()")  # else torch's "Cannot access storage", "Internal error"
         if t.dim() != 4:
             raise ValueError(f"{name} must have shape (B, H, N, C) (4 dims), got shape {tuple(t.shape)}")
         if t.dtype not in _DTYPES:
@@ -130,6 +133,7 @@ def _check_inputs(q: object, k: object, v: object, key_padding_mask: object) -> 
         if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
             got = key_padding_mask.dtype if isinstance(key_padding_mask, Tensor) else type(key_padding_mask).__name__
             raise TypeError(f"key_padding_mask must be a bool tensor (True = padding), got {got}")
+        _check_strided("key_padding_mask", key_padding_mask, "pass key_padding_mask.to_dense()")
         B, _, N, _ = q.shape
         if tuple(key_padding_mask.shape) != (B, N):
             raise ValueError(
@@ -191,8 +195,10 @@ def _forward(kernels, L: _Launch, q: Tensor, k: Tensor, v: Tensor, coeffs: Tenso
     # lse[0]: the log2-sum-exp of every row; lse[1]: with a float attn_mask, the row maxima of the mask that every
     # launch subtracts from it (so that large negative biases keep the log-sum-exp exact; _kernels._bias_max)
     lse = torch.empty(2, B, H, N, device=q.device, dtype=torch.float32)
-    # (B, H, N, C) stored as (B, N, H, C), like SDPA's output: out.transpose(1, 2).reshape(B, N, H * C) is free
-    out = torch.empty(B, N, H, C, device=q.device, dtype=dt).transpose(1, 2)
+    # (B, H, N, C) stored as (B, N, H, C), like SDPA's output: out.transpose(1, 2).reshape(B, N, H * C) is free.
+    # Allocated with those strides, not as a transposed view: an output that is a view made inside the autograd
+    # Function may not be modified in place (autograd refuses `out += x`, which SDPA's output takes)
+    out = torch.empty_strided((B, H, N, C), (N * H * C, C, H * C, 1), device=q.device, dtype=dt)
     if save:
         ys = torch.empty(K, B, H, N, C, device=q.device, dtype=dt)
     else:  # only the last two powers are needed at any time

@@ -69,7 +69,9 @@ import numbers
 import torch
 from torch import Tensor
 
-from diffusionformer.ops._checks import _check_is_causal, check_attn_mask, check_coefficients, check_dropout, check_scale
+from diffusionformer.ops._checks import (
+    _check_is_causal, _check_strided, check_attn_mask, check_coefficients, check_dropout, check_scale,
+)
 from diffusionformer.ops.triton._launch import _check_inputs
 
 __all__ = ["affine_attention", "dropout_scales", "polynomial_attention", "is_available"]
@@ -197,6 +199,7 @@ def affine_attention(
             c = torch.full((H,), float(c), device=q.device)
         if not isinstance(c, Tensor):
             raise TypeError(f"{name} must be a float or a tensor of shape (H,) = ({H},), got {type(c).__name__}")
+        _check_strided(name, c, f"pass {name}.to_dense()")
         if c.dim() == 0:
             c = c.expand(H)
         if tuple(c.shape) != (H,):
