@@ -215,10 +215,20 @@ class DiffusionViT(nn.Module):
         return self.forward_tokens(x, **attn_kwargs)[:, self.num_prefix :]
 
     def forward_features(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
-        """Pooled representation ``(B, D)``: the class token or the mean patch token."""
+        """Pooled representation ``(B, D)``: the class token or the mean patch token (over the real patches when
+        ``key_padding_mask``, or a ``graph`` with one, marks padded patches)."""
         self._tensor_only("forward_features", attn_kwargs)
         z = self.forward_tokens(x, **attn_kwargs)
-        return z[:, 0] if self.cls_token is not None else z.mean(dim=1)
+        if self.cls_token is not None:
+            return z[:, 0]
+        graph = attn_kwargs.get("graph")
+        pad = attn_kwargs.get("key_padding_mask", getattr(graph, "key_padding_mask", None))
+        if pad is None:
+            return z.mean(dim=1)
+        # the mean over the real patch tokens: a padded patch's pixels reached the pooled features (and the logits)
+        # through its own token; a fully padded sample pools to zeros
+        keep = ~pad.expand(z.shape[:2]).unsqueeze(-1)  # (B, N, 1); the attention layers checked the mask
+        return torch.where(keep, z, 0).sum(dim=1) / keep.sum(dim=1).clamp(min=1).to(z.dtype)
 
     def forward(self, x: Tensor, **attn_kwargs: Any) -> Tensor:
         self._tensor_only("forward", attn_kwargs)
