@@ -15,6 +15,8 @@ Found and fixed (tests marked "Bug:"):
   ``c0``/``c1`` unchecked ("Cannot access storage of SparseTensorImpl", "Internal error: NestedTensorImpl doesn't
   support sizes. Please file an issue.", "Concatenating sparse tensors"), and ``check_attn_mask`` (every dense entry
   point) a sparse ``attn_mask`` ("reshape is not implemented for sparse tensors"): now a TypeError naming the argument.
+* ``polynomial_attention`` with one coefficient (K = 0) returned ``c0 v`` in ``v``'s layout, not token-major as
+  every K > 0 output (``out.transpose(1, 2).view(B, N, H * C)`` raised for K = 0 only).
 """
 
 from __future__ import annotations
@@ -212,3 +214,21 @@ def test_pins_masks_of_other_dtypes_sliced_storage_and_a_transposed_padding_mask
         torch.testing.assert_close(out.double(), ref, rtol=2e-5, atol=2e-5)
         w = _randn(*out.shape, seed=65 + i, grad=False)
         _grads_match((out * w).sum(), (ref * w.double()).sum(), leaves)
+
+
+def test_bug_degree_zero_output_has_the_kernels_token_major_layout(ops):
+    """Bug: with one coefficient (K = 0) ``polynomial_attention`` returned ``c0 v`` in ``v``'s layout (contiguous
+    ``(B, H, N, C)``), where every K > 0 output is stored token-major ``(B, N, H, C)`` as the module docstring says:
+    ``out.transpose(1, 2).view(B, N, H * C)`` worked for K > 0 and raised for K = 0."""
+    torch.manual_seed(0)
+    B, H, N, C = 2, 3, 5, 4
+    q, k = torch.randn(2, B, H, N, C, device=DEVICE)
+    v = torch.randn(B, H, N, C, device=DEVICE, requires_grad=True)
+    c = torch.tensor([[0.5], [-1.0], [2.0]], device=DEVICE)
+    out = ops.polynomial_attention(q, k, v, c)
+    one = ops.polynomial_attention(q, k, v.detach(), torch.tensor([[0.5, 0.0]] * H, device=DEVICE))
+    assert out.stride() == one.stride() == (N * H * C, C, H * C, 1)
+    flat = out.transpose(1, 2).view(B, N, H * C)
+    torch.testing.assert_close(out, c.view(1, H, 1, 1) * v, rtol=0, atol=0)
+    flat.sum().backward()
+    torch.testing.assert_close(v.grad, c.view(1, H, 1, 1).expand(B, H, N, C), rtol=0, atol=0)

@@ -142,8 +142,11 @@ def polynomial_attention(
     _check_is_causal(is_causal)
     H = q.shape[1]
     coeffs = check_coefficients(coeffs, H, q).float()
-    if coeffs.shape[1] == 1:  # K = 0: no propagation at all
-        return (coeffs[:, 0].view(1, H, 1, 1) * v.float()).to(v.dtype)
+    if coeffs.shape[1] == 1:  # K = 0: no propagation at all; stored token-major as the kernels' outputs (so
+        # out.transpose(1, 2).view(B, N, H * C) works for every K)
+        B, _, N, C = v.shape
+        out = torch.empty_strided((B, H, N, C), (N * H * C, C, H * C, 1), device=v.device, dtype=v.dtype)
+        return out.copy_(coeffs[:, 0].view(1, H, 1, 1) * v.float())
     if not coeffs.is_contiguous():
         coeffs = coeffs.contiguous()
     pad = None
