@@ -17,6 +17,7 @@ Found and fixed (tests marked "Bug:"):
   point) a sparse ``attn_mask`` ("reshape is not implemented for sparse tensors"): now a TypeError naming the argument.
 * ``polynomial_attention`` with one coefficient (K = 0) returned ``c0 v`` in ``v``'s layout, not token-major as
   every K > 0 output (``out.transpose(1, 2).view(B, N, H * C)`` raised for K = 0 only).
+* The gradients under ``create_graph=True`` were views made inside a custom Function: ``g.mul_(2)`` raised.
 """
 
 from __future__ import annotations
@@ -232,3 +233,24 @@ def test_bug_degree_zero_output_has_the_kernels_token_major_layout(ops):
     torch.testing.assert_close(out, c.view(1, H, 1, 1) * v, rtol=0, atol=0)
     flat.sum().backward()
     torch.testing.assert_close(v.grad, c.view(1, H, 1, 1).expand(B, H, N, C), rtol=0, atol=0)
+
+
+def test_bug_gradients_under_create_graph_may_be_modified_in_place(ops):
+    """Bug: under ``create_graph=True`` the kernels' gradients were views made inside a custom Function
+    (``_launch._NoDoubleBackward``), so an in-place op on them (``g.mul_(2)``, a clipping ``g.clamp_``) raised
+    autograd's "is a view and is being modified inplace" instead of acting; a gradient of them still raises the
+    kernels' own "no double backward"."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 8, device=DEVICE, requires_grad=True) for _ in range(3))
+    c = torch.randn(2, 3, device=DEVICE, dtype=torch.float64)
+    target = torch.randn(1, 2, 6, 8, device=DEVICE)
+    loss = (ops.polynomial_attention(q, k, v, c.float(), is_causal=True) * target).sum()
+    gq, gv = torch.autograd.grad(loss, (q, v), create_graph=True)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want_q, want_v = torch.autograd.grad((_reference(qd, kd, vd, c, True) * target.double()).sum(), (qd, vd))
+    gq.mul_(2)
+    gv.clamp_(-0.1, 0.1)
+    torch.testing.assert_close(gq.double(), 2 * want_q, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gv.double(), want_v.clamp(-0.1, 0.1), rtol=1e-4, atol=1e-5)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        (gq.sum() + gv.sum()).backward()

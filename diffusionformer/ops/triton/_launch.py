@@ -311,7 +311,9 @@ class _NoDoubleBackward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, n, *tensors):
-        return tuple(t.view_as(t) for t in tensors[:n])
+        # copies, not views: a view made inside a custom Function may not be modified in place (g.mul_(2) on a
+        # gradient from grad(..., create_graph=True) raised autograd's "is a view and is being modified inplace")
+        return tuple(t.clone() for t in tensors[:n])
 
     @staticmethod
     def backward(ctx, *grads):
