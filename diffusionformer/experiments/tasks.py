@@ -364,6 +364,11 @@ class SequenceLMTask:
         (the bundled recall data: there the factor is exactly 1 and the loss is the token mean); with
         rows of varying counts each micro-batch's targets weighed alike, and one without targets made a
         NaN loss (a "non-finite loss" stop). A batch without targets has loss 0 and zero gradients.
+        The ``acc`` metric is weighed alike, the correct targets over the same count: the token accuracy when
+        every row has as many targets, and its micro-batch mean is the whole batch's (the mean of micro-batch
+        accuracies weighed each micro-batch's targets alike, and one without targets made the log window's
+        ``acc`` NaN); a micro-batch with more targets than its rows' average may score above 1, as its loss
+        weighs more.
         """
         x, y = batch
         self._check_targets(y)
@@ -371,11 +376,13 @@ class SequenceLMTask:
         # the model ignores -100 (IGNORE_INDEX): the data's own ignore_index was scored as a target (0: token 0)
         logits, loss = model(x, y if self.data.ignore_index == IGNORE_INDEX else y.masked_fill(~mask, IGNORE_INDEX))
         count = mask.sum()
-        scaled = loss * (count.to(loss.dtype) / (x.shape[0] * self._targets_per_row()))
+        expected = x.shape[0] * self._targets_per_row()  # the targets of the batch's rows on average
+        scaled = loss * (count.to(loss.dtype) / expected)
         # where, not a product with 0: the token mean over no target is NaN, its gradient through where is 0
         loss = torch.where(count > 0, scaled, torch.zeros((), dtype=scaled.dtype, device=scaled.device))
-        acc = _accuracy(logits.detach()[mask], y[mask])
-        return loss, {"acc": acc}
+        picked = logits.detach()[mask]
+        acc = (picked.argmax(-1) == y[mask]).sum() / expected  # over the loss's count: additive, 0 without targets
+        return loss, {"acc": acc.masked_fill(picked.isnan().any(), math.nan)}  # NaN logits: no prediction (_accuracy)
 
     @torch.no_grad()
     def _score(self, model: nn.Module, x: Tensor, y: Tensor) -> tuple[float, float]:
