@@ -472,7 +472,8 @@ class DINO(nn.Module):
 
     @torch.no_grad()
     def update_center(self, teacher_logits: Tensor) -> None:
-        r"""``c <- m_c c + (1 - m_c) mean(teacher_logits)``, the mean taken over all processes."""
+        r"""``c <- m_c c + (1 - m_c) mean(teacher_logits)``, the mean taken over all processes (over all their
+        teacher outputs: a rank with more outputs weighs more, as one process holding the whole batch would)."""
         if teacher_logits.dim() == 0 or teacher_logits.shape[-1] != self.config.out_dim:  # 0-d: a bare IndexError
             raise ValueError(f"update_center: expected teacher logits (..., out_dim={self.config.out_dim}), "
                              f"got {tuple(teacher_logits.shape)}")
@@ -481,14 +482,20 @@ class DINO(nn.Module):
                              f"got {teacher_logits.device}")
         flat = teacher_logits.detach().reshape(-1, self.config.out_dim).to(self.center.dtype)
         total = flat.sum(dim=0, keepdim=True)
-        count = flat.shape[0]
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(total)
-            count *= torch.distributed.get_world_size()
-        if count == 0:  # no teacher output: nothing to average (0 / 0 would make the centre NaN for good)
-            return
         m = self.config.center_momentum
-        self.center.mul_(m).add_(total / count, alpha=1.0 - m)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # the counts are summed too (DINO's reference multiplies one rank's count by the world size: a task
+            # whose shard_batch splits unevenly got a centre weighted by the ranks, not by their outputs); one
+            # all_reduce, no host sync: with no output anywhere the centre is kept (0 / 0 would make it NaN for good)
+            stats = torch.cat([total.reshape(-1).double(), total.new_full((1,), flat.shape[0], dtype=torch.float64)])
+            torch.distributed.all_reduce(stats)
+            count = stats[-1]
+            mean = (stats[:-1] / count.clamp(min=1)).to(self.center.dtype).view_as(self.center)
+            self.center.copy_(torch.where(count > 0, self.center * m + mean * (1.0 - m), self.center))
+            return
+        if flat.shape[0] == 0:  # no teacher output: nothing to average (0 / 0 would make the centre NaN for good)
+            return
+        self.center.mul_(m).add_(total / flat.shape[0], alpha=1.0 - m)
 
     def forward(self, x: Tensor, *, output: Literal["features", "student", "teacher"] = "features") -> Tensor:
         if output == "features":
