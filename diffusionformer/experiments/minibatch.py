@@ -225,6 +225,10 @@ class NodeMiniBatchTask:
         eval_batch_size: seed nodes per evaluation batch (``eval="sampled"``).
     """
 
+    #: one sampled subgraph per update: every micro-batch would compute it again, the gradient unchanged at
+    #: grad_accum_steps times the work (grad_accum_steps is refused by the Trainer; raise batch_size instead)
+    splits_into_micro_batches = False
+
     def __init__(self, data: NodeData, num_neighbors: list[int], batch_size: int, *, eval: str = "full",
                  eval_batch_size: int = 512) -> None:
         from diffusionformer.data.neighbors import TorchNeighborSampler

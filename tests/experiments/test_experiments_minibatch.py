@@ -289,3 +289,18 @@ def test_resolve_and_check_num_neighbors():
         task = NodeMiniBatchTask.for_model(data, model, {"batch_size": 4, "num_neighbors": [2, 2]})
     assert task.num_neighbors == [2, 2]
     assert NodeMiniBatchTask.for_model(data, model, {"batch_size": 4, "num_neighbors": 2}).num_neighbors == [2] * 4
+
+
+def test_trainer_refuses_grad_accum_steps_for_a_minibatch_task(tmp_path):
+    """Bug: ``NodeMiniBatchTask`` left ``splits_into_micro_batches`` at its default, so a library ``Trainer`` with
+    ``grad_accum_steps = 2`` computed the one sampled subgraph twice per update (its ``shard_batch`` returns the
+    batch whole): the same gradient at twice the work, where the experiments' config refuses it. Now refused up
+    front as for the full-graph task."""
+    from diffusionformer.train import TrainConfig, Trainer
+
+    task = NodeMiniBatchTask(planetoid_like(N=60), [2], batch_size=4)
+    model = GCN(GCNConfig(in_channels=6, hidden=8, num_classes=3, num_layers=1))
+    cfg = TrainConfig(max_steps=1, batch_size=4, grad_accum_steps=2, device="cpu", progress=False, eval_interval=0)
+    with pytest.raises(ValueError, match=r"grad_accum_steps=2, but NodeMiniBatchTask cannot split an update"):
+        Trainer(model, task, cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
