@@ -80,6 +80,9 @@ if [[ "$SMOKE" != "0" ]]; then
   echo "gpu_suite.sh: smoke run on CPU (tiny sizes; the numbers mean nothing) -> $OUT"
   failed=()
   cpu=(--device cpu --threads 1 --out "$OUT")
+  # named but not run here: say so (a smoke run of "tests,issue15" printed nothing about the tests)
+  if sstep tests; then echo "gpu_suite.sh: step tests is not run in a smoke run (on CPU: python -m pytest tests/ops)"; fi
+  if sstep grid; then echo "gpu_suite.sh: step grid is not run in a smoke run (on CPU: python benchmarks/run_all.py --quick)"; fi
   if sstep issue15; then
     # shellcheck disable=SC2086  # BENCH_ISSUE15_ARGS is a list of options
     "$PY" benchmarks/bench_issue15.py --smoke "${cpu[@]}" --library-backend sdpa ${BENCH_ISSUE15_ARGS:-} \

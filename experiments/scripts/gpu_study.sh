@@ -14,9 +14,10 @@
 #
 #      bash experiments/scripts/gpu_study.sh run experiments/configs/gpu_text.toml 6 --set seeds=[0]
 #
-#    unpacks .gpudata/*.tar.xz, unpacks .gpudata/results-<name>.tar.gz into the results root,
+#    unpacks .gpudata/*.tar.xz into $UNPACKED (default /tmp/df-data: .gpudata stays as staged, small enough to
+#    carry, after a dry run here too), unpacks .gpudata/results-<name>.tar.gz into the results root,
 #    checks CUDA, trains with N worker processes on the GPU (each takes the next run nobody
-#    holds; finished runs are skipped) for at most $BUDGET seconds (default 540), then writes
+#    holds; finished runs are skipped) until $BUDGET seconds (default 540) from the script's start, then writes
 #    to $OUT (default ./gpu-out): results-<name>.tar.gz (every file of the comparison but the
 #    checkpoints), results.md, status.md and the workers' logs (tail). Runs cut short by the
 #    budget are lost (their checkpoints stay on the GPU machine): size each call so its runs
@@ -25,7 +26,7 @@
 #      python -m diffusionformer.experiments publish CONFIG --out results --to docs/results
 #
 # Environment: PY (python, default python3), BUDGET (seconds, default 540), OUT,
-# RESULTS (working results root, default /tmp/df-results), DATA (default .gpudata),
+# RESULTS (working results root, default /tmp/df-results), DATA (default .gpudata), UNPACKED (default /tmp/df-data),
 # ALLOW_CPU=1 (a dry run of the whole script on a machine without CUDA, for configs on CPU).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -75,10 +76,22 @@ if not torch.cuda.is_available() and os.environ.get("ALLOW_CPU") != "1":  # ALLO
 if torch.cuda.is_available():
     print("device:", torch.cuda.get_device_name(), "| torch", torch.__version__, "| bf16:", torch.cuda.is_bf16_supported())
 PY
+# unpacked outside $DATA: $DATA is what the GPU call carries (64 MiB at most), and a dry run here that unpacked into it
+# left CIFAR-10 there twice (archive and 62 MB of zips); an archive is unpacked once per version (a stamp beside it)
+UNPACKED="${UNPACKED:-/tmp/df-data}"
+mkdir -p "$UNPACKED"
 for archive in "$DATA"/*.tar.xz; do
   [ -e "$archive" ] || continue
+  stamp="$UNPACKED/.$(basename "$archive").unpacked"
+  if [ -f "$stamp" ] && [ ! "$archive" -nt "$stamp" ]; then continue; fi
   echo "unpacking $archive"
-  tar -C "$DATA" -xJf "$archive"
+  tar -C "$UNPACKED" -xJf "$archive"
+  touch -r "$archive" "$stamp"
+done
+for folder in "$DATA"/*/; do  # a data folder put into $DATA as it is (not staged) is read there
+  [ -d "$folder" ] || continue
+  folder="${folder%/}"
+  [ -e "$UNPACKED/$(basename "$folder")" ] || ln -s "$(cd "$folder" && pwd)" "$UNPACKED/$(basename "$folder")"
 done
 sets=(); prev=""  # the --set overrides (status takes them too): one may rename the comparison (--set name=...)
 for a in "$@"; do
@@ -92,11 +105,15 @@ if [ -f "$DATA/results-$name.tar.gz" ]; then
   echo "resuming from $DATA/results-$name.tar.gz"
   tar -C "$RESULTS" -xzf "$DATA/results-$name.tar.gz"
 fi
-echo "setup: $(( $(date +%s) - t0 )) s; training $config with $workers workers for at most $BUDGET s"
+# the budget counts from the script's start (setup included), so that setup + training + 30 s of grace + packing
+# stays inside the device call's 600 s limit
+left=$(( BUDGET - ($(date +%s) - t0) ))
+[ "$left" -ge 1 ] || left=1
+echo "setup: $(( $(date +%s) - t0 )) s; training $config with $workers workers for at most $left s"
 
 set +e
 # SIGINT: the parent stops its workers (KeyboardInterrupt), so nothing writes while we pack
-timeout -s INT -k 30 "$BUDGET" "$PY" -m diffusionformer.experiments run "$config" --data-root "$DATA" \
+timeout -s INT -k 30 "$left" "$PY" -m diffusionformer.experiments run "$config" --data-root "$UNPACKED" \
   --out "$RESULTS" --workers "$workers" --no-progress "$@" > "$OUT/run.log" 2>&1
 code=$?
 set -e
@@ -104,6 +121,9 @@ echo "run exit code $code after $(( $(date +%s) - t0 )) s (124: stopped by the b
 tail -n 30 "$OUT/run.log"
 
 "$PY" -m diffusionformer.experiments status "$config" ${sets[@]+"${sets[@]}"} --out "$RESULTS" > "$OUT/status.md" 2>&1 || true
+if grep -q "interrupted" "$OUT/status.md"; then  # the archive carries no checkpoint.pt (below)
+  echo "Packed without checkpoints: the interrupted runs above start again from step 0 in the next call." >> "$OUT/status.md"
+fi
 head -n 1 "$OUT/status.md"
 [ -f "$RESULTS/$name/results.md" ] && cp "$RESULTS/$name/results.md" "$OUT/results.md"
 if [ -d "$RESULTS/$name/workers" ]; then
