@@ -147,6 +147,17 @@ def _unwrap_dino(model: nn.Module) -> Any:
     raise TypeError(f"DINOTask expects a DINO model (possibly wrapped by DDP or torch.compile), got {type(model).__name__}")
 
 
+def _mean_over_ranks(rows: Tensor) -> Tensor:
+    """The mean of ``rows`` ``(N, K)`` over every process's rows (in one process: ``rows.mean(0)``). The trainer
+    averages a metric over the ranks, which is the whole batch's value only for a mean over rows: a function of the
+    batch mean (an entropy) taken of each rank's shard and then averaged is not that of the whole batch's mean."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return rows.mean(0)
+    stats = torch.cat([rows.sum(0).double(), rows.new_full((1,), rows.shape[0], dtype=torch.float64)])
+    torch.distributed.all_reduce(stats)  # a collective: DINOTask.loss runs on every rank, as update_center's
+    return (stats[:-1] / stats[-1]).to(rows.dtype)
+
+
 class DINOTask:
     r"""Self-supervised DINO on images, scored by k-NN accuracy of frozen teacher features.
 
@@ -168,8 +179,8 @@ class DINOTask:
     :func:`~diffusionformer.models.create_model` sets to its preset's, else the defaults).
 
     Training metrics: ``teacher_entropy`` (mean entropy of the teacher's targets, nats),
-    ``teacher_mean_entropy`` (entropy of their batch mean: near 0 when every image goes to the
-    same prototype, i.e. collapse; ``log K`` when prototypes are used evenly), ``momentum``
+    ``teacher_mean_entropy`` (entropy of their batch mean, over every process's batch under DDP: near 0 when every
+    image goes to the same prototype, i.e. collapse; ``log K`` when prototypes are used evenly), ``momentum``
     (the schedule's value after this update) and ``teacher_temp``. :meth:`evaluate` returns
     ``knn_val_acc`` and ``knn_test_acc`` (:func:`~diffusionformer.models.knn_classify` with the
     training split as the bank; ``max_batches`` caps the batches of every split) and ``loss``,
@@ -232,7 +243,7 @@ class DINOTask:
         with torch.no_grad():
             p = center_sharpen(teacher, dino.center, temp)
             entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).mean()
-            mean_p = p.mean(dim=(0, 1))
+            mean_p = _mean_over_ranks(p.flatten(0, 1))
             mean_entropy = -(mean_p * mean_p.clamp_min(1e-12).log()).sum()
         dino.update_center(teacher)
         return loss, {"teacher_entropy": entropy, "teacher_mean_entropy": mean_entropy,

@@ -160,7 +160,11 @@ class Trainer:
 
     Under ``torchrun`` the process group is joined (:func:`init_distributed`), the model is
     wrapped in ``DistributedDataParallel``, each rank trains on its slice of the global batch
-    and only rank 0 writes files.
+    and only rank 0 writes files. Every rank seeds the global generators alike, so dropout draws the same on every
+    rank: a task that gives every rank the whole batch (a full-batch node task) updates as one process, while on
+    shards the rows of each rank get the masks of the other ranks' rows, not one process's draws. BatchNorm
+    normalises each rank's shard (and micro-batch) by its own statistics (no ``SyncBatchNorm``), so such a model's
+    update is not the whole batch's; rank 0's running statistics are kept (every rank evaluates with them).
 
     Args:
         model: the module to train; moved to the device. Build it after
@@ -768,7 +772,21 @@ class Trainer:
             self._postfix.update(loss=f"{values[0]:.4g}", lr=f"{lr:.3g}")
             self._pbar.set_postfix(self._postfix, refresh=False)
 
+    def _sync_buffers(self) -> None:
+        """Give every rank rank 0's buffers (a collective). DDP broadcasts them at each forward, then every rank
+        updates its own (BatchNorm running statistics from its shard): else the other ranks evaluated, and were left
+        after ``fit``, with statistics that are not the checkpoint's (rank 0's). Training is unchanged: the next
+        forward broadcasts rank 0's anyway."""
+        if self._ddp is None or not self._ddp.broadcast_buffers:
+            return
+        for buffer in self.model.buffers():
+            flat = buffer.data if buffer.is_contiguous() else buffer.data.contiguous()  # (Gloo sends contiguous ones)
+            torch.distributed.broadcast(flat, 0)
+            if flat is not buffer.data:
+                buffer.data.copy_(flat)
+
     def _evaluate(self, done: int, lr: float) -> None:
+        self._sync_buffers()
         self._train_model.eval()
         try:
             with preserve_rng_state(self.ctx.device), torch.no_grad(), self._autocast():
