@@ -6,7 +6,8 @@ binds each process to its device (``cuda:LOCAL_RANK`` on GPU) and joins the proc
 (NCCL on CUDA, Gloo on CPU). Each rank takes an equal contiguous slice of the global batch
 (:func:`shard_batch`) and ``DistributedDataParallel`` averages the gradients, so the update
 equals the single-process update on the whole batch (for a loss that is a mean over samples; not with BatchNorm,
-which normalises each rank's shard by its own statistics, nor with dropout, whose masks are drawn per shard).
+which normalises each rank's shard by its own statistics, nor with dropout, whose masks each rank draws from
+its own stream).
 """
 
 from __future__ import annotations

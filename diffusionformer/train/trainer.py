@@ -160,11 +160,12 @@ class Trainer:
 
     Under ``torchrun`` the process group is joined (:func:`init_distributed`), the model is
     wrapped in ``DistributedDataParallel``, each rank trains on its slice of the global batch
-    and only rank 0 writes files. Every rank seeds the global generators alike, so dropout draws the same on every
-    rank: a task that gives every rank the whole batch (a full-batch node task) updates as one process, while on
-    shards the rows of each rank get the masks of the other ranks' rows, not one process's draws. BatchNorm
-    normalises each rank's shard (and micro-batch) by its own statistics (no ``SyncBatchNorm``), so such a model's
-    update is not the whole batch's; rank 0's running statistics are kept (every rank evaluates with them).
+    and only rank 0 writes files. Every rank draws from global generators of its own (dropout, drop-path; rank 0's
+    are seeded with ``seed``, as one process's, and every rank's are checkpointed, so a resume by as many processes
+    continues each stream), while the batch generator is the same on every rank. So a task that gives every rank the
+    whole batch (a full-batch node task) averages the gradients of independent dropout draws, not one process's.
+    BatchNorm normalises each rank's shard (and micro-batch) by its own statistics (no ``SyncBatchNorm``), so such a
+    model's update is not the whole batch's; rank 0's running statistics are kept (every rank evaluates with them).
 
     Args:
         model: the module to train; moved to the device. Build it after
@@ -372,8 +373,12 @@ class Trainer:
         if bad:
             raise CheckpointError(f"checkpoint {path}: expected finite parameters (the trainer saves no others), got "
                                   f"NaN or inf in {bad[:3]}{' ...' if len(bad) > 3 else ''}")
+        ranks = payload.get("rank_rng")
+        own = self.ctx.is_distributed and isinstance(ranks, list) and len(ranks) == self.ctx.world_size
         with _entries_fit(path, "the random-generator states the trainer saves, got ones that do not fit"):
-            restore_rng_state(payload["rng"], device, generator)
+            restore_rng_state(ranks[self.ctx.rank] if own else payload["rng"], device, generator)
+        if self.ctx.rank and not own:  # written by another number of processes: rank 0's, then a stream of our own
+            seed_everything(_rank_seed((self.config.seed + int(payload["step"])) % 2**32, self.ctx.rank))
 
     def _check_same_training_state(self, payload: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> None:
         """Refuse a checkpoint whose tensors load, but into another run: ``load_state_dict`` casts a float64 state
@@ -422,7 +427,10 @@ class Trainer:
         ctx.barrier()  # every rank has looked at out_dir before rank 0 writes to it
 
         model = self.model.to(device)
-        seed_everything(cfg.seed)
+        # each rank its own stream of the global generators (dropout, drop-path): with one seed for all, row i of
+        # every rank's shard drew rank 0's row-i masks. Rank 0 keeps cfg.seed (one process draws as before); the
+        # batch generator is the same on every rank (one global batch, then sharded)
+        seed_everything(_rank_seed(cfg.seed, ctx.rank))
         generator = torch.Generator(device="cpu")
         generator.manual_seed(cfg.seed)
         optimizer = build_optimizer(model, cfg, device)
@@ -830,6 +838,11 @@ class Trainer:
         finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
         if not bool(finite):  # identical on every rank: DDP keeps the replicas equal
             self._fail_non_finite(done - 1, f"non-finite parameters after step {done}")
+        rng = capture_rng_state(self.ctx.device, self._generator)
+        ranks = None
+        if self.ctx.is_distributed:
+            ranks = [None] * self.ctx.world_size
+            torch.distributed.all_gather_object(ranks, rng)
         payload = {
             "format": CHECKPOINT_FORMAT,
             "step": done,
@@ -838,7 +851,9 @@ class Trainer:
             # fp16 loss scale and growth tracker (empty without fp16)
             "scaler": self._scaler.state_dict() if self._scaler is not None else {},
             "amp": _AMP_NAMES[self._amp],  # the precision of the updates: cfg.amp="auto" resolves per device
-            "rng": capture_rng_state(self.ctx.device, self._generator),
+            "rng": rng,
+            # every rank's (their global generators differ): a resume by as many processes continues each stream
+            "rank_rng": ranks,
             "config": self.config.to_dict(),
             "model_record": model_record(self.model),
             "elapsed": self._elapsed(),
@@ -855,6 +870,12 @@ class Trainer:
                        lambda: save_checkpoint(self.checkpoint_path, payload), here=self.ctx.is_main)
         self._last_checkpoint_step = done
         self._last_checkpoint_path = self.checkpoint_path
+
+
+def _rank_seed(seed: int, rank: int) -> int:
+    """The seed of ``rank``'s global generators: ``seed`` on rank 0, spread by a large odd constant on the others
+    (``seed + rank`` would give seed 1's rank 0 the stream of seed 0's rank 1)."""
+    return (seed + 0x9E3779B9 * rank) % 2**32
 
 
 def train(

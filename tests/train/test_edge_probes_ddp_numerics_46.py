@@ -94,6 +94,18 @@ def gcn():
     return GCN(GCNConfig(in_channels=4, num_classes=3, hidden=8, dropout=0.5)).double()
 
 
+def recording(draws):
+    """SequenceLMTask on varying() recording one draw of torch's global generator (dropout's) per loss call."""
+    from diffusionformer.experiments.tasks import SequenceLMTask
+
+    class Recording(SequenceLMTask):
+        def loss(self, model, batch):
+            draws.append(torch.rand(()).item())
+            return super().loss(model, batch)
+
+    return Recording(varying())
+
+
 def dino():
     torch.manual_seed(0)
     return DINO(DINOConfig(input_size=(8, 8), in_channels=1, patch_size=4, dim=8, depth=1, num_heads=2, pool="mean",
@@ -139,23 +151,25 @@ _WORKER = _COMMON + textwrap.dedent('''
     out["gin_eval"] = summary["eval"]["metrics"]
     torch.save(model.state_dict(), os.path.join(OUT, f"gin_rank{RANK}.pt"))
 
-    # 5. full-batch node task with dropout 0.5: the same graph (and the same dropout draws) on every rank
+    # 5. full-batch node task with dropout 0.5: the same graph on every rank, each rank's own dropout draws
     model = gcn()
     Trainer(model, NodeTask(graph()), config(), os.path.join(OUT, "gcn")).fit()
     torch.save(model.state_dict(), os.path.join(OUT, f"gcn_rank{RANK}.pt"))
 
     # 6. a dropout GPT run of 4 updates, whole and as 2 + 2 resumed (both 2-rank)
     draws = []
-    class Recording(SequenceLMTask):
-        def loss(self, model, batch):
-            draws.append(torch.rand(()).item())  # what dropout draws from: torch's global generator
-            return super().loss(model, batch)
     for name, steps, resume in (("whole", 4, False), ("cut", 2, False), ("cut", 4, True)):
         model = gpt(dropout=0.2)
-        Trainer(model, Recording(varying()), config(max_steps=steps, lr_decay_steps=4), os.path.join(OUT, name),
+        Trainer(model, recording(draws), config(max_steps=steps, lr_decay_steps=4), os.path.join(OUT, name),
                 resume=resume).fit()
     torch.save(model.state_dict(), os.path.join(OUT, f"cut_rank{RANK}.pt"))
     out["draws"] = draws
+
+    # 6b. a checkpoint of one process (written by the test before the launch) resumed by 2 ranks
+    draws = []
+    Trainer(gpt(dropout=0.2), recording(draws), config(max_steps=4, lr_decay_steps=4), os.path.join(OUT, "solo"),
+            resume=True).fit()
+    out["solo_draws"] = draws
 
     # 7. an infinite gradient (fp16: a skipped update) or a NaN loss on rank 1's shard only
     class InfGrad(torch.autograd.Function):
@@ -215,6 +229,11 @@ def ranks(tmp_path_factory) -> tuple[Path, list[dict]]:
     script.write_text(_WORKER)
     out = tmp / "out"
     out.mkdir()
+    from diffusionformer.train import Trainer
+
+    ns = _namespace()  # 6b: one process's checkpoint at step 2, for the two ranks to resume
+    Trainer(ns["gpt"](dropout=0.2), ns["recording"]([]), ns["config"](max_steps=2, lr_decay_steps=4),
+            out / "solo").fit()
     launch_gloo_ranks(script, [str(out)], tmp)
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
@@ -314,40 +333,76 @@ def test_bug_batchnorm_buffers_of_every_rank_are_rank0s_after_fit(ranks):
 
 
 @pytest.mark.slow
-def test_pins_full_batch_node_task_with_dropout_matches_one_process(ranks, tmp_path):
-    """Pin: every rank seeds torch's global generator alike, so a full-batch node task (the same graph on every
-    rank) draws the same dropout masks on every rank and its 2-rank update is the single process's, in float64."""
-    from diffusionformer.experiments.tasks import NodeTask
-    from diffusionformer.train import Trainer
+def test_bug_every_rank_draws_dropout_from_its_own_stream(ranks, tmp_path):
+    """Bug: every rank seeded torch's global generator with the config's seed, so dropout drew the same masks on every
+    rank: row i of rank 1's shard got rank 0's row-i masks (nanoGPT seeds each rank apart). Now rank 0 draws as one
+    process with the seed (single-process runs unchanged) and every other rank from a stream of its own; a full-batch
+    node task then averages independent draws (its replicas still equal)."""
+    from diffusionformer.train import Trainer, read_metrics
 
+    out, outs = ranks
     ns = _namespace()
-    single = ns["gcn"]()
-    Trainer(single, NodeTask(ns["graph"]()), ns["config"](), tmp_path / "s").fit()
+    draws: list = []
+    Trainer(ns["gpt"](dropout=0.2), ns["recording"](draws), ns["config"](max_steps=4, lr_decay_steps=4),
+            tmp_path / "single").fit()
+    # the first draw: after it dropout draws as many numbers as the process has rows (rank 0 half of one process's)
+    assert outs[0]["draws"][0] == draws[0]
+    assert not set(outs[1]["draws"]) & (set(draws) | set(outs[0]["draws"]))
     r0, r1 = _weights(ranks, "gcn")
-    init = ns["gcn"]().state_dict()
-    for name, want in single.state_dict().items():
-        assert torch.equal(r0[name], r1[name]), name
-        torch.testing.assert_close(r0[name], want, rtol=1e-10, atol=1e-12, msg=name)
-        assert not torch.equal(want, init[name]), name
+    single = ns["gcn"]()
+    Trainer(single, _node_task(ns), ns["config"](), tmp_path / "gcn").fit()
+    assert all(torch.equal(r0[n], r1[n]) for n in r0)
+    assert any(not torch.allclose(r0[n], w) for n, w in single.state_dict().items())
+    assert [r["step"] for r in read_metrics(out / "gcn") if r["split"] == "train"] == [2, 4]
+
+
+def _node_task(ns):
+    from diffusionformer.experiments.tasks import NodeTask
+
+    return NodeTask(ns["graph"]())
 
 
 @pytest.mark.slow
 def test_pins_two_rank_resume_with_dropout_continues_exactly(ranks):
     """Pin: a 2-rank dropout run of 4 updates and one cut at 2 and resumed by 2 ranks end with the same weights,
-    bit for bit; the global generator's draws (dropout's) are the same on both ranks and replayed on resume."""
+    bit for bit; each rank's global-generator draws (dropout's) are replayed on resume, from the checkpoint's
+    ``rank_rng`` (every rank's states)."""
     from diffusionformer.train import load_checkpoint, read_metrics
 
     out, outs = ranks
-    draws = outs[0]["draws"]
-    assert outs[1]["draws"] == draws and len(draws) == 8
-    assert draws[4:] == draws[:4] and len(set(draws[:4])) == 4  # whole run, then the cut run + its resume
+    for rank in range(2):
+        draws = outs[rank]["draws"]
+        assert len(draws) == 8 and draws[4:] == draws[:4] and len(set(draws[:4])) == 4, rank
+    assert outs[0]["draws"] != outs[1]["draws"]
+    payload = load_checkpoint(out / "cut" / "checkpoint.pt")
+    assert len(payload["rank_rng"]) == 2
     whole = load_checkpoint(out / "whole" / "checkpoint.pt")["model"]
-    cut = load_checkpoint(out / "cut" / "checkpoint.pt")["model"]
+    cut = payload["model"]
     r0, r1 = _weights(ranks, "cut")
     for name in whole:
         assert torch.equal(whole[name], cut[name]) and torch.equal(r0[name], r1[name]), name
     assert [(r["step"], r["split"], r["loss"]) for r in read_metrics(out / "whole")] == \
         [(r["step"], r["split"], r["loss"]) for r in read_metrics(out / "cut")]
+
+
+@pytest.mark.slow
+def test_pins_a_one_process_checkpoint_resumed_by_two_ranks(ranks, tmp_path):
+    """Pin: a checkpoint written by one process (no ``rank_rng``) resumed by 2 ranks: rank 0 continues one process's
+    stream (its first draw is one process's resuming it), rank 1 draws from a stream of its own."""
+    import shutil
+
+    from diffusionformer.train import Trainer
+
+    out, outs = ranks
+    ns = _namespace()
+    shutil.rmtree(tmp_path / "solo", ignore_errors=True)
+    Trainer(ns["gpt"](dropout=0.2), ns["recording"]([]), ns["config"](max_steps=2, lr_decay_steps=4),
+            tmp_path / "solo").fit()
+    draws: list = []
+    Trainer(ns["gpt"](dropout=0.2), ns["recording"](draws), ns["config"](max_steps=4, lr_decay_steps=4),
+            tmp_path / "solo", resume=True).fit()
+    assert outs[0]["solo_draws"][0] == draws[0] and len(draws) == 2  # the first draw: see the test above
+    assert not set(outs[1]["solo_draws"]) & (set(draws) | set(outs[0]["solo_draws"]))
 
 
 @pytest.mark.slow

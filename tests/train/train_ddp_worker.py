@@ -35,9 +35,9 @@ def main(out_dir: str, accum: int = 1) -> None:
     seed_everything(0)
     model = TinyMLP(dropout=0.0)  # dropout masks of a shard differ from the whole batch's
     config = ddp_config(grad_accum_steps=accum)
-    # the task's loss jitter from the global RNGs is drawn per loss call, so with accumulation
-    # rank r's micro-batches would get other draws than the single process's: leave it out then
-    summary = Trainer(model, ShapeRecorder(global_rng=accum == 1), config, out_dir).fit()
+    # the task's loss jitter from the global RNGs is drawn per loss call, and every rank draws from global
+    # generators of its own (as dropout must): a rank's jitter is not the single process's, so leave it out
+    summary = Trainer(model, ShapeRecorder(global_rng=False), config, out_dir).fit()
     assert summary["world_size"] == 2, summary
     # each rank saw its half of every global batch, in `accum` micro-batches
     assert rows == [config.batch_size // (2 * accum)] * (config.max_steps * accum), rows
