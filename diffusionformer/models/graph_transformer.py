@@ -239,6 +239,8 @@ class GraphBlock(nn.Module):
         if edge_dim is not None:  # refused when the model is built (a config check), not at its first forward
             _check_edge_operators(self.attn, "GraphBlock(edge_dim=...)")
         self.global_attn = DiffusionAttention(dim, num_heads, heads, dropout=attn_dropout) if global_attention else None
+        if global_attention:  # its forward's to_dense_batch: imported here, not under the first compiled call
+            _import_pyg()
         self.drop = nn.Dropout(dropout)
         self.norm2 = make_norm(norm_layer, dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout=dropout)
@@ -285,7 +287,10 @@ class GraphBlock(nn.Module):
             # holds for sorted ids only)
             # sizes read from batch (host syncs); under torch.vmap the out-of-place gather of _global_sized (to_dense_batch
             # writes the batched features into an unbatched zero tensor in place, which vmap refuses)
-            if max_num_nodes is None and num_graphs is None and not no_nodes and not _vmapped(h):
+            # (_vmapped is not read while compiling, as in ops.dense: dynamo cannot trace functorch's C check and
+            # broke the graph there at every compiled call)
+            if (max_num_nodes is None and num_graphs is None and not no_nodes
+                    and (torch.compiler.is_compiling() or not _vmapped(h))):
                 _import_pyg()
                 from torch_geometric.utils import to_dense_batch
 
@@ -361,6 +366,10 @@ class DiffusionGraphTransformer(nn.Module):
         if not isinstance(config, GraphTransformerConfig):
             raise TypeError(f"config must be a GraphTransformerConfig, got {type(config).__name__}")
         self.config = c = config
+        if c.self_loops or c.task == "graph":
+            # the forward's self loops and graph pool are PyG's: imported now, not inside the first call (under
+            # torch.compile dynamo traced PyG's import: a graph break and warnings of typing's lru_cache)
+            _import_pyg()
         specs = resolve_layer_heads(c.depth, c.num_heads, c.heads, c.laplacian_heads)
         self.input_drop = nn.Dropout(c.input_dropout)
         self.embed = nn.Linear(c.in_channels, c.dim)
