@@ -24,7 +24,9 @@ after block ``l - 1``. For a ViT the class token is left out (patch tokens only)
 
 Each run's measurements are cached in ``<run>/analysis_cache.pt``, keyed by the checkpoint
 (step, size, modification time), the analysis settings, the registered metrics and :data:`ANALYSIS_VERSION`;
-a second ``analyze`` of a growing comparison measures only the new runs.
+a second ``analyze`` of a growing comparison measures only the new runs. A completed run whose checkpoint is gone (a
+results archive of ``gpu_study.sh``, packed without checkpoints after the GPU call analysed its runs) is read from
+its cache when that was made with the same analysis settings at the run's final step, instead of skipped.
 """
 
 from __future__ import annotations
@@ -82,15 +84,19 @@ def _weightless(rdir: Path) -> str:
     return (f"run {rdir} is marked completed but its checkpoint {rdir / CHECKPOINT_NAME} is missing; "
             f"{_RUN_HINT.replace('first', 'again with --restart')} only to train every run of the comparison again "
             "(it discards them all). A results archive without checkpoints (as gpu_study.sh packs) brings a run's "
-            "tables, not its weights: analyse the run where its checkpoint is, or copy the checkpoint back into its "
-            f"folder; --partial analyses the other runs; to train this run again alone, delete {rdir} and `run` "
-            "again without --restart")
+            "tables, not its weights (its analysis_cache.pt is read instead only if made with these analysis settings "
+            "at the run's final step, as gpu_study.sh's analysis makes it): analyse the run where its checkpoint is, "
+            f"or copy the checkpoint back into its folder; --partial analyses the other runs; to train this run again "
+            f"alone, delete {rdir} and `run` again without --restart")
 
 
 _Run = tuple[TaskConfig, OperatorSetting, int, Path]
 
 
-def _find_runs(out: Path, config: ExperimentConfig, partial: bool = False) -> tuple[list[_Run], list[str]]:
+def _find_runs(out: Path, config: ExperimentConfig, partial: bool = False,
+               reusable: Any = None) -> tuple[list[_Run], list[str]]:
+    """The runs to analyse and the skipped ones; ``reusable(rdir)``: whether a completed run without its checkpoint
+    has a cache to be read from (then it is analysed, from its cache)."""
     runs_root = out / "runs"
     if not runs_root.is_dir():
         raise FileNotFoundError(f"no runs of experiment {config.name!r}: {runs_root} does not exist; {_RUN_HINT}")
@@ -101,6 +107,8 @@ def _find_runs(out: Path, config: ExperimentConfig, partial: bool = False) -> tu
                 rdir = run_dir(out, task.name, setting.name, seed)
                 state = _run_state(rdir)
                 if state == "completed":
+                    done.append((task, setting, seed, rdir))
+                elif state == "weightless" and reusable is not None and reusable(rdir):
                     done.append((task, setting, seed, rdir))
                 elif state == "weightless":
                     if not partial:
@@ -342,7 +350,18 @@ def analyze_experiment(
         device = check_device(str(device) if isinstance(device, torch.device) else device)  # "auto": None
     dev = device if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_root) / config.name
-    runs, skipped = _find_runs(out, config, partial)
+    settings = {"version": ANALYSIS_VERSION, "split": split, "max_examples": max_examples,
+                "max_attention_examples": max_attention_examples,
+                "metrics": [m.key for m in list_metrics()]}  # a metric registered since: measure again
+    reuse: dict[Path, dict[str, Any]] = {}  # completed runs without their checkpoint: their cached analysis
+
+    def reusable(rdir: Path) -> bool:
+        blob = _weightless_cache(rdir, settings)
+        if blob is not None:
+            reuse[rdir] = blob
+        return blob is not None
+
+    runs, skipped = _find_runs(out, config, partial, reusable)
     for task, _, seed, rdir in runs:  # every run before any is measured
         _check_run_data(rdir, task, seed)
     _warn_other_train(config, Path(out_root))
@@ -374,15 +393,18 @@ def analyze_experiment(
             for _, setting, seed, rdir in task_runs:
                 data = task_data(task, seed, data_root, loaded)
                 bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
-                run = load_run(rdir)
-                model = run.model
-                ckpt = rdir / CHECKPOINT_NAME
-                stat = ckpt.stat()
-                key = {"version": ANALYSIS_VERSION, "step": run.step, "size": stat.st_size,
-                       "mtime_ns": stat.st_mtime_ns, "split": split, "max_examples": max_examples,
-                       "max_attention_examples": max_attention_examples,
-                       "metrics": [m.key for m in list_metrics()]}  # a metric registered since: measure again
-                res = _cached(rdir / _CACHE_NAME, key)
+                if rdir in reuse:  # its checkpoint is not here: what the analysis where it was measured
+                    step, res, learned = reuse[rdir]["key"]["step"], reuse[rdir]["result"], reuse[rdir]["learned"]
+                    model = None
+                else:
+                    run = load_run(rdir)
+                    model, step = run.model, run.step
+                    # from the loaded model (not the run's flat learned_operators.json): shapes kept, e.g. (G, K+1)
+                    learned = {name: p.detach().cpu().tolist()
+                               for name, p in learned_operator_parameters(model).items()}
+                    stat = (rdir / CHECKPOINT_NAME).stat()
+                    key = {**settings, "step": run.step, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+                    res = _cached(rdir / _CACHE_NAME, key, learned)
                 if res is None:
                     try:
                         res = analyze_run(model, data, split=split, max_examples=max_examples,
@@ -397,21 +419,19 @@ def analyze_experiment(
                         break
                     except ValueError as exc:  # e.g. a diverged model's NaN tokens: say which run
                         raise ValueError(f"run {rdir}: {exc}") from exc
-                    _store(rdir / _CACHE_NAME, key, res)
+                    _store(rdir / _CACHE_NAME, key, res, learned)
                 res = {**res, "info": dict(res["info"])}
                 accuracy, loss = res["info"].pop("accuracy", None), res["info"].pop("loss", None)
                 entry.update(res["info"])
                 op = entry["operators"].setdefault(setting.name, {"seeds": {}})
                 op["seeds"][str(seed)] = {
                     "checkpoint": str(rdir / CHECKPOINT_NAME),
-                    "step": run.step,
+                    "step": step,
                     "heldout_accuracy": accuracy,
                     "heldout_loss": loss,
                     "layers": res["layers"],
                     "coefficients": res["coefficients"],
-                    # from the loaded model (not the run's flat learned_operators.json): shapes kept, e.g. (G, K+1)
-                    "learned_operators": {name: p.detach().cpu().tolist()
-                                          for name, p in learned_operator_parameters(model).items()},
+                    "learned_operators": learned,
                     "singular_values_last_layer": res["spectra"][-1],
                 }
                 spectra.setdefault(task.name, {}).setdefault(setting.name, []).append(res["spectra"])
@@ -466,21 +486,48 @@ def _remove_stale_plots(pdir: Path, tasks: list[str], written: list[Path]) -> No
                 path.unlink(missing_ok=True)
 
 
-def _cached(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    """The cached :func:`analyze_run` result at ``path`` if it was made under ``key`` (else None)."""
+def _load_cache(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # unreadable or from an incompatible version: measure again
         return None
-    return blob["result"] if isinstance(blob, dict) and blob.get("key") == key else None
+    return blob if isinstance(blob, dict) and isinstance(blob.get("key"), dict) else None
 
 
-def _store(path: Path, key: dict[str, Any], res: dict[str, Any]) -> None:
+def _cached(path: Path, key: dict[str, Any], learned: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The cached :func:`analyze_run` result at ``path`` if it was made under ``key`` (else None); a cache written
+    without the learned operator parameters gets ``learned`` added (to be read once the checkpoint is gone)."""
+    blob = _load_cache(path)
+    if blob is None or blob.get("key") != key:
+        return None
+    if learned is not None and not isinstance(blob.get("learned"), dict):
+        _store(path, key, blob["result"], learned)
+    return blob["result"]
+
+
+def _weightless_cache(rdir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The cache of a completed run whose checkpoint is gone (a ``gpu_study.sh`` results archive), if it was made with
+    ``settings`` at the run's final step (its ``summary.json``) and holds the learned operator parameters; else None.
+    Its checkpoint's size and time cannot be checked: the step stands for them (a run trained again from step 0 by
+    ``--restart`` or by hand loses its folder, cache included)."""
+    blob = _load_cache(rdir / _CACHE_NAME)
+    if blob is None or not isinstance(blob.get("learned"), dict) or not isinstance(blob.get("result"), dict):
+        return None
+    key = blob["key"]
+    summary = read_json_dict(rdir / "summary.json") or {}
+    final = summary.get("step")
+    if any(key.get(k) != v for k, v in settings.items()) or not isinstance(final, int) or key.get("step") != final:
+        return None
+    return blob
+
+
+def _store(path: Path, key: dict[str, Any], res: dict[str, Any], learned: dict[str, Any] | None = None) -> None:
+    """Cache ``res`` (and the run's learned operator parameters, for when its checkpoint is gone) under ``key``."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        torch.save({"key": key, "result": res}, tmp)
+        torch.save({"key": key, "result": res, "learned": learned}, tmp)
         tmp.replace(path)
     except BaseException:  # a full disk, an interrupt: no partial temporary left in the run's folder
         tmp.unlink(missing_ok=True)

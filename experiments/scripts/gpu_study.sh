@@ -17,15 +17,31 @@
 #    unpacks .gpudata/*.tar.xz into $UNPACKED (default /tmp/df-data: .gpudata stays as staged, small enough to
 #    carry, after a dry run here too), unpacks .gpudata/results-<name>.tar.gz into the results root,
 #    checks CUDA, trains with N worker processes on the GPU (each takes the next run nobody
-#    holds; finished runs are skipped) until $BUDGET seconds (default 540) from the script's start, then writes
-#    to $OUT (default ./gpu-out): results-<name>.tar.gz (every file of the comparison but the
-#    checkpoints), results.md, status.md and the workers' logs (tail). Runs cut short by the
-#    budget are lost (their checkpoints stay on the GPU machine): size each call so its runs
-#    finish, e.g. one seed per call.
+#    holds; finished runs are skipped) until $ANALYZE_RESERVE seconds (default 90) before $BUDGET seconds
+#    (default 540) from the script's start, then, while the checkpoints are here, analyses the token
+#    geometry of the finished runs (`analyze CONFIG --partial $ANALYZE_ARGS`, with the run options but the
+#    seeds=/operators=/tasks= selections, so that it covers every finished run of the comparison: the runs of
+#    earlier calls, their checkpoints gone, are read from the analysis_cache.pt their call left, not measured
+#    again) until $BUDGET seconds from the start (cut there: the files it writes are replaced whole, so
+#    a cut analysis leaves the earlier ones), then writes to $OUT (default ./gpu-out):
+#    results-<name>.tar.gz (every file of the comparison but the checkpoints: results, logs,
+#    analysis/ and each run's analysis_cache.pt), results.md, status.md, analyze.log and the workers'
+#    logs (tail). Runs cut short by the budget are lost (their checkpoints stay on the GPU machine):
+#    size each call so its runs finish, e.g. one seed per call.
 # 3. Here, after the calls: tar xzf results-<name>.tar.gz -C results/, then
 #      python -m diffusionformer.experiments publish CONFIG --out results --to docs/results
+#    (the page shows the analysis of the last call; `analyze CONFIG --partial --out results $ANALYZE_ARGS` here
+#    draws it again from the runs' caches, with the data root here, without checkpoints: the same options, or the
+#    caches are not read)
 #
 # Environment: PY (python, default python3), BUDGET (seconds, default 540), OUT,
+# ANALYZE=0 (no analysis: training gets the whole budget), ANALYZE_RESERVE (seconds kept for it, default 90),
+# ANALYZE_ARGS (analyze's options, default --max-examples 128; the same in every call of a comparison). Sizes: the
+# measurements run on the CPU (the GPU only runs the forward passes), about linear in --max-examples; one run of
+# gpu_text.toml took 621 s at 512 examples and 69 s at 64 (of which 44 s measuring, 10 s plots, 10 s the forward
+# pass) on a loaded 2-core CPU; on the GPU machine's 16 cores about 10 s per run at 128 examples is an estimate,
+# not yet measured (the call's "analyze exit code ... after N s" tells): a cut analysis keeps the caches of the runs
+# it finished, the others are lost with their checkpoints), ANALYZE_THREADS (its torch threads, default every core),
 # RESULTS (working results root, default /tmp/df-results), DATA (default .gpudata), UNPACKED (default /tmp/df-data),
 # ALLOW_CPU=1 (a dry run of the whole script on a machine without CUDA, for configs on CPU).
 set -euo pipefail
@@ -63,6 +79,13 @@ config="$1"; workers="$2"; shift 2
 OUT="${OUT:-gpu-out}"
 RESULTS="${RESULTS:-/tmp/df-results}"
 BUDGET="${BUDGET:-540}"
+ANALYZE="${ANALYZE:-1}"
+ANALYZE_RESERVE="${ANALYZE_RESERVE:-90}"
+read -r -a aargs <<< "${ANALYZE_ARGS---max-examples 128}"  # ANALYZE_ARGS= (empty): analyze's defaults
+[ "$ANALYZE" = "1" ] || ANALYZE_RESERVE=0
+case "$ANALYZE_RESERVE" in
+  ''|*[!0-9]*) echo "gpu_study.sh: ANALYZE_RESERVE must be a number of seconds, got '$ANALYZE_RESERVE'" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT" "$RESULTS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export DIFFUSIONFORMER_CACHE="${DIFFUSIONFORMER_CACHE:-/tmp/df-cache}"
@@ -105,11 +128,12 @@ if [ -f "$DATA/results-$name.tar.gz" ]; then
   echo "resuming from $DATA/results-$name.tar.gz"
   tar -C "$RESULTS" -xzf "$DATA/results-$name.tar.gz"
 fi
-# the budget counts from the script's start (setup included), so that setup + training + 30 s of grace + packing
-# stays inside the device call's 600 s limit
-left=$(( BUDGET - ($(date +%s) - t0) ))
+# the budget counts from the script's start (setup included), so that setup + training + 30 s of grace + the
+# analysis (in the reserve, cut at the budget, 10 s of grace) + packing stays inside the device call's 600 s limit
+left=$(( BUDGET - ANALYZE_RESERVE - ($(date +%s) - t0) ))
 [ "$left" -ge 1 ] || left=1
-echo "setup: $(( $(date +%s) - t0 )) s; training $config with $workers workers for at most $left s"
+echo "setup: $(( $(date +%s) - t0 )) s; training $config with $workers workers for at most $left s" \
+  "(then $ANALYZE_RESERVE s kept for the analysis)"
 
 set +e
 # SIGINT: the parent stops its workers (KeyboardInterrupt), so nothing writes while we pack
@@ -119,6 +143,32 @@ code=$?
 set -e
 echo "run exit code $code after $(( $(date +%s) - t0 )) s (124: stopped by the budget)"
 tail -n 30 "$OUT/run.log"
+
+if [ "$ANALYZE" = "1" ]; then
+  # every finished run of the comparison (the run options, without the selections of this call's runs)
+  asets=()
+  for ((i = 0; i < ${#sets[@]}; i += 2)); do
+    case "${sets[i+1]%%=*}" in seeds|tasks|operators) continue ;; esac
+    asets+=(--set "${sets[i+1]}")
+  done
+  aleft=$(( BUDGET - ($(date +%s) - t0) ))
+  if [ "$aleft" -ge 5 ]; then
+    echo "analysing the finished runs for at most $aleft s"
+    set +e
+    # SIGINT: every file analyze writes replaces the earlier one whole (caches, metrics.json, figures), and the
+    # leftover temporaries of a kill (*.tmp) are not packed; its measurements run on the CPU (the captured tokens
+    # are copied there): every core, the workers have ended
+    timeout -s INT -k 10 "$aleft" "$PY" -m diffusionformer.experiments analyze "$config" --partial \
+      --data-root "$UNPACKED" --out "$RESULTS" --no-progress \
+      --threads "${ANALYZE_THREADS:-$(nproc 2>/dev/null || echo 2)}" ${aargs[@]+"${aargs[@]}"} ${asets[@]+"${asets[@]}"} > "$OUT/analyze.log" 2>&1
+    acode=$?
+    set -e
+    echo "analyze exit code $acode after $(( $(date +%s) - t0 )) s (124: stopped by the budget)"
+    tail -n 5 "$OUT/analyze.log"
+  else
+    echo "analysis skipped: $aleft s of the budget left (ANALYZE_RESERVE=$ANALYZE_RESERVE)"
+  fi
+fi
 
 "$PY" -m diffusionformer.experiments status "$config" ${sets[@]+"${sets[@]}"} --out "$RESULTS" > "$OUT/status.md" 2>&1 || true
 if grep -q "interrupted" "$OUT/status.md"; then  # the archive carries no checkpoint.pt (below)
@@ -130,7 +180,7 @@ if [ -d "$RESULTS/$name/workers" ]; then
   for f in "$RESULTS/$name"/workers/*.log; do echo "== $f"; tail -n 20 "$f"; done > "$OUT/workers.log"
 fi
 if [ -d "$RESULTS/$name" ]; then
-  tar -C "$RESULTS" --exclude='checkpoint.pt' --exclude='.lock' -czf "$OUT/results-$name.tar.gz" "$name"
+  tar -C "$RESULTS" --exclude='checkpoint.pt' --exclude='.lock' --exclude='*.tmp' -czf "$OUT/results-$name.tar.gz" "$name"
 else
   echo "no results folder $RESULTS/$name: nothing to pack"
 fi
