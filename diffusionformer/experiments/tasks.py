@@ -153,9 +153,10 @@ def _mean_over_ranks(rows: Tensor) -> Tensor:
     batch mean (an entropy) taken of each rank's shard and then averaged is not that of the whole batch's mean."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return rows.mean(0)
-    stats = torch.cat([rows.sum(0).double(), rows.new_full((1,), rows.shape[0], dtype=torch.float64)])
-    torch.distributed.all_reduce(stats)  # a collective: DINOTask.loss runs on every rank, as update_center's
-    return (stats[:-1] / stats[-1]).to(rows.dtype)
+    from diffusionformer.models.dino import _rows_over_ranks
+
+    total, count = _rows_over_ranks(rows)  # a collective: DINOTask.loss runs on every rank, as update_center's
+    return (total / count).to(rows.dtype)
 
 
 class DINOTask:

@@ -266,6 +266,16 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=queries.device)
 
 
+def _rows_over_ranks(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """The sum ``(K,)`` and the count (a 0-d tensor) of the rows ``(N, K)`` of every process, in float64, with one
+    ``all_reduce`` (in one process: this process's). A mean over the ranks' rows, not over the ranks: a rank with
+    more rows weighs more, as one process holding them all would."""
+    stats = torch.cat([rows.sum(0).double(), rows.new_full((1,), rows.shape[0], dtype=torch.float64)])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(stats)
+    return stats[:-1], stats[-1]
+
+
 # ----------------------------------------------------------------------------- config
 @document_fields
 @dataclass
@@ -481,21 +491,18 @@ class DINO(nn.Module):
             raise ValueError(f"update_center: expected teacher logits on the centre's device {self.center.device}, "
                              f"got {teacher_logits.device}")
         flat = teacher_logits.detach().reshape(-1, self.config.out_dim).to(self.center.dtype)
-        total = flat.sum(dim=0, keepdim=True)
         m = self.config.center_momentum
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # the counts are summed too (DINO's reference multiplies one rank's count by the world size: a task
             # whose shard_batch splits unevenly got a centre weighted by the ranks, not by their outputs); one
             # all_reduce, no host sync: with no output anywhere the centre is kept (0 / 0 would make it NaN for good)
-            stats = torch.cat([total.reshape(-1).double(), total.new_full((1,), flat.shape[0], dtype=torch.float64)])
-            torch.distributed.all_reduce(stats)
-            count = stats[-1]
-            mean = (stats[:-1] / count.clamp(min=1)).to(self.center.dtype).view_as(self.center)
+            total, count = _rows_over_ranks(flat)
+            mean = (total / count.clamp(min=1)).to(self.center.dtype).view_as(self.center)
             self.center.copy_(torch.where(count > 0, self.center * m + mean * (1.0 - m), self.center))
             return
         if flat.shape[0] == 0:  # no teacher output: nothing to average (0 / 0 would make the centre NaN for good)
             return
-        self.center.mul_(m).add_(total / flat.shape[0], alpha=1.0 - m)
+        self.center.mul_(m).add_(flat.sum(dim=0, keepdim=True) / flat.shape[0], alpha=1.0 - m)
 
     def forward(self, x: Tensor, *, output: Literal["features", "student", "teacher"] = "features") -> Tensor:
         if output == "features":
