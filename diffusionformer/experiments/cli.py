@@ -331,7 +331,7 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "publish":
             from diffusionformer.experiments.publish import publish_experiment
 
-            page = publish_experiment(config, args.out, args.to, config_path=args.config)
+            page = publish_experiment(config, args.out, args.to, config_path=args.config, overrides=args.overrides)
             _print(f"wrote {page}")
             return 0
         if args.command == "analyze":

@@ -228,7 +228,12 @@ def write_outputs(out: Path, config: ExperimentConfig, results: list[RunResult])
         rows = [r.__dict__ for r in results]
         table = aggregate(results)
         write_json_atomic(out / "results.json", {"runs": rows, "summary": table})
-        text = f"# {config.name}\n\n{config.description}\n\nSeeds: {config.seeds}. Mean ± sample std over seeds.\n\n"
+        # the rows kept from earlier invocations (one GPU call per seed) may hold other seeds than this config's: the
+        # header named only this invocation's ("Seeds: [1]." above rows of two seeds)
+        shown = sorted({r.seed for r in results if isinstance(r.seed, int)} | set(config.seeds))
+        seeds = f"{config.seeds}" if shown == sorted(config.seeds) else \
+            f"{shown} (this invocation's: {config.seeds}; the finished runs of earlier ones are kept)"
+        text = f"# {config.name}\n\n{config.description}\n\nSeeds: {seeds}. Mean ± sample std over seeds.\n\n"
         write_text_atomic(out / "results.md", text + format_table(table, config))  # a kill leaves the old table whole
         try:  # in the lock too: the figures of the last writer show the rows of the table it wrote
             from diffusionformer.experiments.plots import plot_experiment

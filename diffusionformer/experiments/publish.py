@@ -24,6 +24,7 @@ import json
 import math
 import numbers
 import re
+import shlex
 import shutil
 import warnings
 from pathlib import Path
@@ -194,8 +195,11 @@ def _commit_line(manifest: dict[str, Any]) -> str:
 
 
 def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir: str | Path,
-                       *, config_path: str | None = None) -> Path:
+                       *, config_path: str | None = None, overrides: list[str] | None = None) -> Path:
     """Write the results page of ``config`` from ``<out_root>/<name>/`` into ``docs_dir``.
+
+    ``overrides``: the ``--set`` values ``config`` was read with (``publish --set ...``): the page's command names
+    them, since its description is the config file's (runs made with other train or model values are refused).
 
     The files of ``<docs_dir>/<name>/`` are copied into ``<docs_dir>/.<name>.publishing/``
     first, which replaces the earlier folder only once complete: a copy that fails half-way
@@ -249,6 +253,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
                          "with `run --restart`")
     _require_scipy(len(config.seeds), "nothing was published")  # the tables' t tests: not once the files are copied
     runs = _load_runs(config, src)  # select_by evaluations of older results are picked from the run logs
+    _warn_unfinished(config, runs)
     manifest = _read_manifest(src / "manifest.json")
     in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
     analysis = src / "analysis"
@@ -268,7 +273,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
             _copy_files(src, stage, runs)
         # the page is made from the copied files before they replace the published ones: a failure making it (a
         # table, a figure's name, a broken install) leaves the earlier page and files as they were
-        text = _page_text(config, runs, manifest, folder, analysis, config_path)
+        text = _page_text(config, runs, manifest, folder, analysis, config_path, overrides)
         tail = _kept_tail(page.read_text(encoding="utf-8")) if page.is_file() else ""
         text = text + ("\n" + tail if tail else "")
     except BaseException:
@@ -305,6 +310,21 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     return page
 
 
+def _warn_unfinished(config: ExperimentConfig, runs: list[RunResult]) -> None:
+    """Warn, naming them, of the runs of ``config`` that did not finish (a GPU call cut by its budget, a call left
+    out, seeds the config lists that were not run): the page only counted them ("24 of 50 finished") and publish
+    said nothing, though the paired tests then rest on fewer seeds than planned."""
+    done = {(r.task, r.operator, r.seed) for r in runs if r.status == "completed"}
+    left = [(t.name, o.name, s) for t in config.tasks for o in config.operators for s in config.seeds
+            if (t.name, o.name, s) not in done]
+    if left:
+        named = ", ".join(f"{t!r} / {o!r} seed {s}" for t, o, s in left[:6]) + (", ..." if len(left) > 6 else "")
+        expected = len(config.tasks) * len(config.operators) * len(config.seeds)
+        warnings.warn(f"publish: {len(left)} of {expected} runs of {config.name!r} not finished ({named}): the page "
+                      "compares the seeds both settings finished; `status` lists every run (run the missing ones, or "
+                      "publish with --set seeds=[...] for the seeds that ran)", RuntimeWarning, stacklevel=3)
+
+
 def _wall_time_split(runs: list[RunResult]) -> str:
     """``""`` when the timed runs trained on one device kind; else the total per kind, e.g. ``", of which 10.0 min on
     cpu, 2.0 min on cuda"``: the sum in all adds the minutes of devices of different speeds."""
@@ -315,7 +335,7 @@ def _wall_time_split(runs: list[RunResult]) -> str:
 
 
 def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[str, Any], folder: Path,
-               analysis: Path, config_path: str | None) -> str:
+               analysis: Path, config_path: str | None, overrides: list[str] | None = None) -> str:
     """The results page of ``config`` (without the kept tail), its figures and logs those in ``folder`` (the
     published files, or their copy that is about to replace them), the geometry tables those of ``analysis``."""
     logs = sorted((folder / "logs").rglob("*.json")) if (folder / "logs").is_dir() else []
@@ -329,8 +349,12 @@ def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[s
         "",
         config.description.strip(),
         "",
-        f"- **Command:** `python -m diffusionformer.experiments run {config_path or '<config>'}`"
-        " (add `--data-root <root>` for standard benchmarks), then `publish` with the same config",
+        # the --set overrides the runs were made with (publish refuses other train or model values): without them the
+        # page called toy runs (`--set max_steps=6`) runs of the config its description states
+        "- **Command:** " + _code(f"python -m diffusionformer.experiments run {config_path or '<config>'}"
+                                  + "".join(f" --set {shlex.quote(o)}" for o in overrides or []))
+        + " (add `--data-root <root>` for standard benchmarks), then `publish` with the same config"
+        + (" and overrides (the description above is the config file's, before them)" if overrides else ""),
         f"- **Config:** `{config_path}`" if config_path else "- **Config:** see `manifest.json`",
         f"- **Runs:** {done} of {expected} finished (tasks x operator settings x seeds {config.seeds})",
         *([f"- **Cross-validation:** {', '.join(t.name for t in config.tasks if t.folds)}: seed s tests on fold "

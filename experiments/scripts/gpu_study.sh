@@ -30,8 +30,10 @@
 #    size each call so its runs finish, e.g. one seed per call.
 # 3. Here, after the calls: tar xzf results-<name>.tar.gz -C results/, then
 #      python -m diffusionformer.experiments publish CONFIG --out results --to docs/results
-#    (the page shows the analysis of the last call; `analyze CONFIG --partial --out results $ANALYZE_ARGS` here
-#    draws it again from the runs' caches, with the data root here, without checkpoints: the same options, or the
+#    with --set seeds=[...] if fewer seeds ran than the config lists, and every --set that changed the runs
+#    (publish refuses runs of other train or model values, warns of unfinished runs; the page names the --set).
+#    The page shows the analysis of the last call; `analyze CONFIG --partial --out results $ANALYZE_ARGS` here
+#    draws it again from the runs' caches, with the data root here, without checkpoints (the same options, or the
 #    caches are not read)
 #
 # Environment: PY (python, default python3), BUDGET (seconds, default 540), OUT,
