@@ -146,3 +146,13 @@ def test_bug_budget_counts_the_setup_and_status_says_cut_runs_restart(tmp_path):
                          timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "step 0" not in (tmp_path / "out" / "status.md").read_text()
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs a git checkout")
+def test_bug_the_default_output_folder_of_a_dry_run_is_not_carried():
+    """Bug: ``gpu_study.sh run`` writes to ``./gpu-out`` by default; after a CPU dry run that folder (results
+    archives, logs) stayed in the working tree as untracked files, which the device tool carries to the next GPU
+    call (untracked files git does not ignore travel with the checkout). It is git-ignored now."""
+    done = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "gpu-out/results-probe.tar.gz"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
