@@ -326,8 +326,10 @@ def _warn_unfinished(config: ExperimentConfig, runs: list[RunResult]) -> None:
 
 
 def _wall_time_split(runs: list[RunResult]) -> str:
-    """``""`` when the timed runs trained on one device kind; else the total per kind, e.g. ``", of which 10.0 min on
-    cpu, 2.0 min on cuda"``: the sum in all adds the minutes of devices of different speeds."""
+    """``""`` when the timed runs trained on one device kind (and GPU model); else the total per kind, per GPU model
+    where the runs record it, e.g. ``", of which 10.0 min on cpu, 2.0 min on cuda"`` or ``", of which 3.0 min on
+    NVIDIA H100 80GB HBM3, 2.0 min on NVIDIA H200"``: the sum in all adds the minutes of devices of different
+    speeds."""
     totals = _elapsed_by_device(runs)
     if totals is None:
         return ""

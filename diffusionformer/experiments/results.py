@@ -55,6 +55,9 @@ class RunResult:
     reach_step: int | None = None
     #: the device it trained on, as its ``summary.json`` records it (``"cpu"``, ``"cuda:0"``; None when not recorded)
     device: str | None = None
+    #: the GPU model it trained on (``summary.json``'s ``device_name``: ``"NVIDIA H100 80GB HBM3"``; None on CPU and
+    #: when not recorded): ``device`` (``"cuda:0"``) does not tell an H100 call's runs from an H200 call's
+    device_name: str | None = None
 
 
 def run_dir(out: Path, task: str, operator: str, seed: int) -> Path:
@@ -166,8 +169,9 @@ def _row_problem(data: Any) -> str | None:
         v = data.get(key)
         if v is not None and not (isinstance(v, float) or (_is_finite(v) and isinstance(v, int))):
             return f"{key} must be a number or null, got {str(v)[:80]!r}"
-    if data.get("device") is not None and not isinstance(data["device"], str):
-        return f"device must be a string or null, got {str(data['device'])[:80]!r}"
+    for key in ("device", "device_name"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            return f"{key} must be a string or null, got {str(data[key])[:80]!r}"
     return None
 
 
@@ -182,6 +186,18 @@ def _summary_number(summary: dict[str, Any], key: str, path: Path, *, integral: 
         return value
     warnings.warn(f"{path}: {key} must be {'an int' if integral else 'a finite number'} >= 0, got {value!r}; "
                   "it is left out of the tables", stacklevel=user_stacklevel())
+    return None
+
+
+def _summary_text(summary: dict[str, Any], key: str, path: Path) -> str | None:
+    """``summary[key]`` (``device_name``: a string), ``None`` when absent (a summary written before it was recorded)
+    or null (a run on CPU); a value of another type (``3``, ``["H100"]``) is left out with a warning naming the file,
+    as :func:`_summary_number` does, not passed on to the tables that name it."""
+    value = summary.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    warnings.warn(f"{path}: {key} must be a string or null, got {repr(value)[:80]}; it is left out of the tables",
+                  stacklevel=user_stacklevel())
     return None
 
 
@@ -415,7 +431,8 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
     return RunResult(task.name, setting.name, seed, "completed", task.metric, value, final,
                      _summary_number(summary, "num_parameters", spath, integral=True),
                      _summary_number(summary, "elapsed", spath, integral=False), learned, selected_value, selected_step,
-                     first_reach(curves, task) if task.reach else None, device if isinstance(device, str) else None)
+                     first_reach(curves, task) if task.reach else None, device if isinstance(device, str) else None,
+                     _summary_text(summary, "device_name", spath))
 
 
 def select_evaluation(records: list[dict[str, Any]], task: TaskConfig) -> tuple[float | None, int | None]:

@@ -19,24 +19,40 @@ def _device_kind(device: Any) -> str | None:
     return device.partition(":")[0] if isinstance(device, str) and device else None
 
 
+def _gpu_name(run: RunResult) -> str | None:
+    """The GPU model a run trained on (its summary's ``device_name``), ``None`` on CPU or when not recorded."""
+    name = run.device_name
+    return name if isinstance(name, str) and name and _device_kind(run.device) != "cpu" else None
+
+
+_NOT_RECORDED = "device not recorded"
+
+
 def _elapsed_by_device(runs: list[RunResult]) -> dict[str, tuple[float, int]] | None:
-    """``{device kind: (total training seconds, number of runs)}`` of the timed ``runs`` when they trained on devices
-    of more than one kind (runs whose device is not recorded under ``"device not recorded"``); ``None`` for one kind
-    (or none known).
+    """``{device: (total training seconds, number of runs)}`` of the timed ``runs`` when they trained on devices of
+    more than one kind, or on GPUs of more than one model (``device_name``: an H100 call's seeds and an H200 call's);
+    ``None`` for one kind of one model (or none known). A device is its GPU model where its summary records one,
+    else its kind (runs whose device is not recorded under ``"device not recorded"``).
 
     Examples:
         >>> rs = [RunResult("t", "a", s, "completed", "acc", 0.5, elapsed=e, device=d)
         ...       for s, (e, d) in enumerate([(2.0, "cuda:0"), (6.0, "cpu"), (4.0, "cpu")])]
         >>> _elapsed_by_device(rs), _elapsed_by_device(rs[1:])
         ({'cpu': (10.0, 2), 'cuda': (2.0, 1)}, None)
+        >>> gs = [RunResult("t", "a", s, "completed", "acc", 0.5, elapsed=e, device="cuda:0", device_name=g)
+        ...       for s, (e, g) in enumerate([(2.0, "NVIDIA H100"), (3.0, "NVIDIA H200"), (4.0, "NVIDIA H100")])]
+        >>> _elapsed_by_device(gs), _elapsed_by_device(gs[::2])
+        ({'NVIDIA H100': (6.0, 2), 'NVIDIA H200': (3.0, 1)}, None)
     """
-    timed = [(_device_kind(r.device), r.elapsed) for r in runs if r.elapsed is not None]
-    if len({kind for kind, _ in timed if kind is not None}) < 2:
+    timed = [(_device_kind(r.device), _gpu_name(r), r.elapsed) for r in runs if r.elapsed is not None]
+    if (len({kind for kind, _, _ in timed if kind is not None}) < 2
+            and len({name for _, name, _ in timed if name is not None}) < 2):
         return None
     out: dict[str, tuple[float, int]] = {}
-    for kind, elapsed in sorted(timed, key=lambda t: (t[0] is None, t[0] or "")):
-        total, n = out.get(kind or "device not recorded", (0.0, 0))
-        out[kind or "device not recorded"] = (total + elapsed, n + 1)
+    labelled = [(name or kind or _NOT_RECORDED, elapsed) for kind, name, elapsed in timed]
+    for label, elapsed in sorted(labelled, key=lambda t: (t[0] == _NOT_RECORDED, t[0])):
+        total, n = out.get(label, (0.0, 0))
+        out[label] = (total + elapsed, n + 1)
     return out
 
 
@@ -44,7 +60,8 @@ def aggregate(results: list[RunResult]) -> list[dict[str, Any]]:
     """Mean, sample standard deviation and count over seeds per (task, operator).
 
     A row whose timed runs trained on devices of more than one kind (``summary.json``'s ``device``: a GPU call's
-    seeds and CPU seeds) has ``elapsed_by_device``, ``{kind: mean seconds per run}``: its ``elapsed_mean`` mixes
+    seeds and CPU seeds), or on GPUs of more than one model (its ``device_name``: an H100 call's seeds and an H200
+    call's), has ``elapsed_by_device``, ``{kind or GPU model: mean seconds per run}``: its ``elapsed_mean`` mixes
     them, and the tables say so."""
     rows: dict[tuple[str, str], list[RunResult]] = {}
     for r in results:
@@ -117,8 +134,9 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 
 
 def _time_cell(row: Mapping[str, Any]) -> str:
-    """The mean training seconds per run of ``row``; where its runs trained on devices of more than one kind, the mean
-    per kind after it (the mean over all of them mixes, say, a GPU's seeds with a CPU's).
+    """The mean training seconds per run of ``row``; where its runs trained on devices of more than one kind or GPUs of
+    more than one model, the mean per kind (per GPU model where recorded) after it (the mean over all of them mixes,
+    say, a GPU's seeds with a CPU's, or an H100's with an H200's).
 
     Examples:
         >>> _time_cell({"elapsed_mean": 4.0})

@@ -91,6 +91,18 @@ def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor
     return total
 
 
+def _device_name(device: torch.device) -> str | None:
+    """The GPU model a run trains on (``torch.cuda.get_device_name``: ``"NVIDIA H100 80GB HBM3"``), recorded in its
+    summary beside ``device`` (``"cuda:0"`` names no model: runs of one comparison trained by GPU calls on an H100 and
+    on an H200 read as one device); ``None`` on another device than CUDA.
+
+    Examples:
+        >>> _device_name(torch.device("cpu")) is None
+        True
+    """
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
 def _model_amp(spec: str, device: torch.device, model: nn.Module) -> torch.dtype | None:
     """The autocast dtype of ``TrainConfig.amp`` for ``model`` on ``device``: :func:`resolve_amp`, except that autocast
     leaves float64 alone, so a model whose floating-point parameters are all float64 trains without it: ``"auto"``
@@ -556,6 +568,7 @@ class Trainer:
             "num_parameters": sum(p.numel() for p in model.parameters()),
             "world_size": ctx.world_size,
             "device": str(device),
+            "device_name": _device_name(device),  # the GPU model (None on CPU): "cuda:0" names none
             "amp": _AMP_NAMES[self._amp],
             "config": cfg.to_dict(),
             # where the final weights are: another folder's after resume=<path> with nothing left to do
