@@ -17,8 +17,8 @@
 #    unpacks .gpudata/*.tar.xz into $UNPACKED (default /tmp/df-data: .gpudata stays as staged, small enough to
 #    carry, after a dry run here too), unpacks .gpudata/results-<name>.tar.gz into the results root,
 #    checks CUDA, trains with N worker processes on the GPU (each takes the next run nobody
-#    holds; finished runs are skipped) until $ANALYZE_RESERVE seconds (default 90) before $BUDGET seconds
-#    (default 540) from the script's start, then, while the checkpoints are here, analyses the token
+#    holds; finished runs are skipped) until $ANALYZE_RESERVE seconds (default 0) before $BUDGET seconds
+#    (default 540) from the script's start, then, in the time left while the checkpoints are here, analyses the token
 #    geometry of the finished runs (`analyze CONFIG --partial $ANALYZE_ARGS`, with the run options but the
 #    seeds=/operators=/tasks= selections, so that it covers every finished run of the comparison: the runs of
 #    earlier calls, their checkpoints gone, are read from the analysis_cache.pt their call left, not measured
@@ -37,7 +37,8 @@
 #    caches are not read)
 #
 # Environment: PY (python, default python3), BUDGET (seconds, default 540), OUT,
-# ANALYZE=0 (no analysis: training gets the whole budget), ANALYZE_RESERVE (seconds kept for it, default 90),
+# ANALYZE=0 (no analysis), ANALYZE_RESERVE (seconds of the budget kept from training for it, default 0: the analysis
+# takes what training leaves, so it never shortens the training of a call sized for the whole budget),
 # ANALYZE_ARGS (analyze's options, default --max-examples 128; the same in every call of a comparison). Sizes: the
 # measurements run on the CPU (the GPU only runs the forward passes), about linear in --max-examples; one run of
 # gpu_text.toml took 621 s at 512 examples and 69 s at 64 (of which 44 s measuring, 10 s plots, 10 s the forward
@@ -82,12 +83,22 @@ OUT="${OUT:-gpu-out}"
 RESULTS="${RESULTS:-/tmp/df-results}"
 BUDGET="${BUDGET:-540}"
 ANALYZE="${ANALYZE:-1}"
-ANALYZE_RESERVE="${ANALYZE_RESERVE:-90}"
+ANALYZE_RESERVE="${ANALYZE_RESERVE:-0}"
 read -r -a aargs <<< "${ANALYZE_ARGS---max-examples 128}"  # ANALYZE_ARGS= (empty): analyze's defaults
-[ "$ANALYZE" = "1" ] || ANALYZE_RESERVE=0
-case "$ANALYZE_RESERVE" in
-  ''|*[!0-9]*) echo "gpu_study.sh: ANALYZE_RESERVE must be a number of seconds, got '$ANALYZE_RESERVE'" >&2; exit 2 ;;
+case "$ANALYZE" in
+  0|1) ;;
+  *) echo "gpu_study.sh: ANALYZE must be 0 or 1, got '$ANALYZE'" >&2; exit 2 ;;
 esac
+[ "$ANALYZE" = "1" ] || ANALYZE_RESERVE=0
+# whole seconds (the budget is bash arithmetic: BUDGET=9m, which timeout took, stopped the script mid-way)
+for var in BUDGET ANALYZE_RESERVE; do
+  case "${!var}" in
+    ''|*[!0-9]*) echo "gpu_study.sh: $var must be a whole number of seconds, got '${!var}'" >&2; exit 2 ;;
+  esac
+done
+if [ "$ANALYZE_RESERVE" -ge "$BUDGET" ]; then
+  echo "gpu_study.sh: ANALYZE_RESERVE ($ANALYZE_RESERVE s) leaves no training time in BUDGET ($BUDGET s)" >&2; exit 2
+fi
 mkdir -p "$OUT" "$RESULTS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export DIFFUSIONFORMER_CACHE="${DIFFUSIONFORMER_CACHE:-/tmp/df-cache}"
@@ -116,7 +127,9 @@ done
 for folder in "$DATA"/*/; do  # a data folder put into $DATA as it is (not staged) is read there
   [ -d "$folder" ] || continue
   folder="${folder%/}"
-  [ -e "$UNPACKED/$(basename "$folder")" ] || ln -s "$(cd "$folder" && pwd)" "$UNPACKED/$(basename "$folder")"
+  link="$UNPACKED/$(basename "$folder")"
+  # a link left by another checkout's dry run (dangling, or to its data) is replaced; an unpacked folder is kept
+  if [ -L "$link" ] || [ ! -e "$link" ]; then ln -sfn "$(cd "$folder" && pwd)" "$link"; fi
 done
 sets=(); prev=""  # the --set overrides (status takes them too): one may rename the comparison (--set name=...)
 for a in "$@"; do

@@ -112,8 +112,9 @@ def test_bug_run_analyses_the_finished_runs_before_packing(tmp_path):
     assert not any(m.endswith((".tmp", "checkpoint.pt")) for m in members), members
     assert (tmp_path / "out" / "analyze.log").is_file()
 
-    res, calls = _script(tmp_path, ANALYZE_ARGS="")  # analyze's own defaults
-    assert res.returncode == 0 and "--max-examples" not in calls[1], calls
+    res, calls = _script(tmp_path, ANALYZE_ARGS="")  # analyze's own defaults; no reserve by default: the training
+    assert res.returncode == 0 and "--max-examples" not in calls[1], calls  # of a call sized for the budget is kept
+    assert _left(res.stdout) > 70, res.stdout
 
     res, calls = _script(tmp_path, ANALYZE="0")  # off: the training has the whole budget, nothing analyses
     assert res.returncode == 0, res.stdout + res.stderr
@@ -139,8 +140,14 @@ def test_bug_a_slow_analysis_is_cut_by_the_budget_and_the_results_still_packed(t
     assert [c.split()[0] for c in calls] == ["run"], calls
     assert "analysis skipped" in res.stdout, res.stdout
 
-    res, _ = _script(tmp_path, ANALYZE_RESERVE="a minute")
-    assert res.returncode == 2 and "ANALYZE_RESERVE must be a number of seconds" in res.stderr, res.stderr
+    # bad settings are refused before anything runs (BUDGET=9m, which timeout took, failed in bash arithmetic
+    # mid-way; ANALYZE=true turned the analysis off silently; a reserve of the whole budget left no training)
+    for env, said in ((dict(ANALYZE_RESERVE="a minute"), "ANALYZE_RESERVE must be a whole number of seconds"),
+                      (dict(BUDGET="9m"), "BUDGET must be a whole number of seconds, got '9m'"),
+                      (dict(ANALYZE="true"), "ANALYZE must be 0 or 1, got 'true'"),
+                      (dict(BUDGET="60", ANALYZE_RESERVE="60"), "leaves no training time")):
+        res, calls = _script(tmp_path, **env)
+        assert res.returncode == 2 and said in res.stderr and calls == [], (env, res.stderr)
 
 
 def _config():

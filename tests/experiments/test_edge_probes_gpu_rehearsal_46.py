@@ -156,3 +156,31 @@ def test_bug_the_default_output_folder_of_a_dry_run_is_not_carried():
     done = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "gpu-out/results-probe.tar.gz"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_bug_a_dangling_link_of_another_checkout_is_replaced(tmp_path):
+    """Bug: a data folder placed in ``DATA`` is linked into ``UNPACKED``; a link left there by another checkout's dry
+    run whose folder was since deleted (dangling) read as missing to ``[ -e ]``, and ``ln`` then stopped the script
+    ("File exists" under ``set -e``). The link is now replaced, pointing at this checkout's folder."""
+    config = tmp_path / "c.toml"
+    config.write_text('name = "probe"\nseeds = [0]\n[[tasks]]\nname = "t"\ndataset = "digits"\n'
+                      'model = "vit-digits"\n[[operators]]\nname = "a"\nheads = "attention:4"\n')
+    fake = tmp_path / "py"
+    fake.write_text(_FAKE_PY % sys.executable)
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    data = tmp_path / "data"
+    (data / "tiny").mkdir(parents=True)
+    (data / "tiny" / "input.txt").write_text("this checkout's text")
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    (unpacked / "tiny").symlink_to(tmp_path / "gone" / "tiny")  # dangling
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}, "PY": str(fake), "ALLOW_CPU": "1",
+           "OUT": str(tmp_path / "out"), "RESULTS": str(tmp_path / "res"), "DATA": str(data),
+           "UNPACKED": str(unpacked), "BUDGET": "60", "DIFFUSIONFORMER_CACHE": str(tmp_path / "cache")}
+    res = subprocess.run(["bash", str(SCRIPT), "run", str(config), "1"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "this checkout's text" in (tmp_path / "out" / "run.log").read_text()
+    assert (unpacked / "tiny").resolve() == (data / "tiny").resolve()
