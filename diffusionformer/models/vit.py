@@ -222,7 +222,9 @@ class DiffusionViT(nn.Module):
         if self.cls_token is not None:
             return z[:, 0]
         graph = attn_kwargs.get("graph")
-        pad = attn_kwargs.get("key_padding_mask", getattr(graph, "key_padding_mask", None))
+        pad = attn_kwargs.get("key_padding_mask")  # an explicit None: the graph's mask, as the attention reads it
+        if pad is None:
+            pad = getattr(graph, "key_padding_mask", None)
         if pad is None:
             return z.mean(dim=1)
         # the mean over the real patch tokens: a padded patch's pixels reached the pooled features (and the logits)

@@ -288,6 +288,8 @@ def test_bug_vit_mean_pool_averaged_the_padded_patch_tokens(spec):
         assert _err(model(x, key_padding_mask=kpm)[1], model(x[1:])[0]) < 1e-12
         graph = AttentionGraph.dense(4, batch_size=2, key_padding_mask=kpm)
         assert _err(model.forward_features(x2, graph=graph), want) < 1e-12
+        # an explicit key_padding_mask=None (a wrapper forwarding every keyword) leaves the graph's mask in force
+        assert _err(model.forward_features(x2, graph=graph, key_padding_mask=None), want) < 1e-12
         # a fully padded sample pools to zeros, finite
         full = torch.ones(1, 4, dtype=torch.bool)
         assert model.forward_features(x[:1], key_padding_mask=full).abs().max() == 0
