@@ -18,10 +18,12 @@ def _wide(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def accuracy(logits: Tensor, y: Tensor) -> Tensor:
-    """The fraction of rows whose arg-max is the label (a 0-d float tensor); NaN when a logit is NaN
-    (a NaN row has no prediction: ``argmax`` would pick the NaN's class), as the loss of such logits."""
-    acc = (logits.argmax(-1) == y).float().mean()
+def accuracy(logits: Tensor, y: Tensor, over: float | None = None) -> Tensor:
+    """The fraction of rows whose arg-max is the label (a 0-d float tensor), or their number over ``over`` (a
+    loss's fixed count, so that micro-batches add up); NaN when a logit is NaN (a NaN row has no prediction:
+    ``argmax`` would pick the NaN's class), as the loss of such logits."""
+    hits = (logits.argmax(-1) == y).float()
+    acc = hits.mean() if over is None else hits.sum() / over
     return acc.masked_fill(logits.isnan().any(), math.nan)
 
 

@@ -425,7 +425,8 @@ def analyze_experiment(
                 entry.update(res["info"])
                 op = entry["operators"].setdefault(setting.name, {"seeds": {}})
                 op["seeds"][str(seed)] = {
-                    "checkpoint": str(rdir / CHECKPOINT_NAME),
+                    # None: measured where its checkpoint was (a GPU call), read here from its cache
+                    "checkpoint": None if rdir in reuse else str(rdir / CHECKPOINT_NAME),
                     "step": step,
                     "heldout_accuracy": accuracy,
                     "heldout_loss": loss,

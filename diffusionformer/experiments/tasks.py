@@ -151,8 +151,6 @@ def _mean_over_ranks(rows: Tensor) -> Tensor:
     """The mean of ``rows`` ``(N, K)`` over every process's rows (in one process: ``rows.mean(0)``). The trainer
     averages a metric over the ranks, which is the whole batch's value only for a mean over rows: a function of the
     batch mean (an entropy) taken of each rank's shard and then averaged is not that of the whole batch's mean."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return rows.mean(0)
     from diffusionformer.models.dino import _rows_over_ranks
 
     total, count = _rows_over_ranks(rows)  # a collective: DINOTask.loss runs on every rank, as update_center's
@@ -392,9 +390,8 @@ class SequenceLMTask:
         scaled = loss * (count.to(loss.dtype) / expected)
         # where, not a product with 0: the token mean over no target is NaN, its gradient through where is 0
         loss = torch.where(count > 0, scaled, torch.zeros((), dtype=scaled.dtype, device=scaled.device))
-        picked = logits.detach()[mask]
-        acc = (picked.argmax(-1) == y[mask]).sum() / expected  # over the loss's count: additive, 0 without targets
-        return loss, {"acc": acc.masked_fill(picked.isnan().any(), math.nan)}  # NaN logits: no prediction (_accuracy)
+        # over the loss's count: additive over micro-batches, 0 without targets
+        return loss, {"acc": _accuracy(logits.detach()[mask], y[mask], over=expected)}
 
     @torch.no_grad()
     def _score(self, model: nn.Module, x: Tensor, y: Tensor) -> tuple[float, float]:

@@ -492,17 +492,12 @@ class DINO(nn.Module):
                              f"got {teacher_logits.device}")
         flat = teacher_logits.detach().reshape(-1, self.config.out_dim).to(self.center.dtype)
         m = self.config.center_momentum
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # the counts are summed too (DINO's reference multiplies one rank's count by the world size: a task
-            # whose shard_batch splits unevenly got a centre weighted by the ranks, not by their outputs); one
-            # all_reduce, no host sync: with no output anywhere the centre is kept (0 / 0 would make it NaN for good)
-            total, count = _rows_over_ranks(flat)
-            mean = (total / count.clamp(min=1)).to(self.center.dtype).view_as(self.center)
-            self.center.copy_(torch.where(count > 0, self.center * m + mean * (1.0 - m), self.center))
-            return
-        if flat.shape[0] == 0:  # no teacher output: nothing to average (0 / 0 would make the centre NaN for good)
-            return
-        self.center.mul_(m).add_(flat.sum(dim=0, keepdim=True) / flat.shape[0], alpha=1.0 - m)
+        # over the processes the counts are summed too (DINO's reference multiplies one rank's count by the world
+        # size: a task whose shard_batch splits unevenly got a centre weighted by the ranks, not by their outputs);
+        # one all_reduce, no host sync; with no output anywhere the centre is kept (0 / 0 would make it NaN for good)
+        total, count = _rows_over_ranks(flat)
+        mean = (total / count.clamp(min=1)).to(self.center.dtype).view_as(self.center)
+        self.center.copy_(torch.where(count > 0, self.center * m + mean * (1.0 - m), self.center))
 
     def forward(self, x: Tensor, *, output: Literal["features", "student", "teacher"] = "features") -> Tensor:
         if output == "features":

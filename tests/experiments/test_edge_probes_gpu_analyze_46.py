@@ -177,6 +177,10 @@ def test_bug_runs_without_checkpoints_are_read_from_their_analysis_cache(tiny, t
     again = A.analyze_experiment(_config(), tmp_path, max_examples=8, progress=False, plots=False, device="cpu")
     assert again["skipped_runs"] == []
     assert sorted(again["tasks"]["digits"]["operators"]) == ["attention", "lap"]
+    for op in again["tasks"]["digits"]["operators"].values():  # measured elsewhere: no checkpoint path named
+        assert op["seeds"]["0"].pop("checkpoint") is None
+    for op in first["tasks"]["digits"]["operators"].values():
+        assert op["seeds"]["0"].pop("checkpoint").endswith("checkpoint.pt")
     assert json.dumps(again["tasks"], sort_keys=True) == json.dumps(first["tasks"], sort_keys=True)
     assert again["tasks"]["digits"]["operators"]["lap"]["seeds"]["0"]["learned_operators"] == \
         first["tasks"]["digits"]["operators"]["lap"]["seeds"]["0"]["learned_operators"]
