@@ -34,6 +34,17 @@ exec "%s" "$@"
 """
 
 
+def _probe_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A one-run comparison's config and the stand-in python (``_FAKE_PY``), written into ``tmp_path``."""
+    config = tmp_path / "c.toml"
+    config.write_text('name = "probe"\nseeds = [0]\n[[tasks]]\nname = "t"\ndataset = "digits"\n'
+                      'model = "vit-digits"\n[[operators]]\nname = "a"\nheads = "attention:4"\n')
+    fake = tmp_path / "py"
+    fake.write_text(_FAKE_PY % sys.executable)
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return config, fake
+
+
 def _tar_xz(path: Path, folder: str, name: str, text: str) -> None:
     with tarfile.open(path, "w:xz") as tar:
         data = text.encode()
@@ -53,12 +64,7 @@ def test_bug_run_leaves_the_carried_data_folder_as_staged(tmp_path):
     call. Every call also unpacked every archive again (9 s for CIFAR-10), into read-only folders left by the last
     unpacking. The archives are now unpacked outside the data folder (``UNPACKED``, default /tmp/df-data), once per
     archive version, and plain folders placed in the data folder are still read."""
-    config = tmp_path / "c.toml"
-    config.write_text('name = "probe"\nseeds = [0]\n[[tasks]]\nname = "t"\ndataset = "digits"\n'
-                      'model = "vit-digits"\n[[operators]]\nname = "a"\nheads = "attention:4"\n')
-    fake = tmp_path / "py"
-    fake.write_text(_FAKE_PY % sys.executable)
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    config, fake = _probe_files(tmp_path)
     data = tmp_path / "data"
     data.mkdir()
     _tar_xz(data / "tiny.tar.xz", "tiny", "input.txt", "staged text")
@@ -120,12 +126,7 @@ def test_bug_budget_counts_the_setup_and_status_says_cut_runs_restart(tmp_path):
     ``status.md`` said an interrupted run "resumes from step N" where the packed archive (no ``checkpoint.pt``)
     makes the next call start it again from step 0. The budget now counts from the script's start, and the status
     says so."""
-    config = tmp_path / "c.toml"
-    config.write_text('name = "probe"\nseeds = [0]\n[[tasks]]\nname = "t"\ndataset = "digits"\n'
-                      'model = "vit-digits"\n[[operators]]\nname = "a"\nheads = "attention:4"\n')
-    fake = tmp_path / "py"
-    fake.write_text(_FAKE_PY % sys.executable)
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    config, fake = _probe_files(tmp_path)
     data = tmp_path / "data"
     (data / "tiny").mkdir(parents=True)
     (data / "tiny" / "input.txt").write_text("text")
@@ -164,12 +165,7 @@ def test_bug_a_dangling_link_of_another_checkout_is_replaced(tmp_path):
     """Bug: a data folder placed in ``DATA`` is linked into ``UNPACKED``; a link left there by another checkout's dry
     run whose folder was since deleted (dangling) read as missing to ``[ -e ]``, and ``ln`` then stopped the script
     ("File exists" under ``set -e``). The link is now replaced, pointing at this checkout's folder."""
-    config = tmp_path / "c.toml"
-    config.write_text('name = "probe"\nseeds = [0]\n[[tasks]]\nname = "t"\ndataset = "digits"\n'
-                      'model = "vit-digits"\n[[operators]]\nname = "a"\nheads = "attention:4"\n')
-    fake = tmp_path / "py"
-    fake.write_text(_FAKE_PY % sys.executable)
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    config, fake = _probe_files(tmp_path)
     data = tmp_path / "data"
     (data / "tiny").mkdir(parents=True)
     (data / "tiny" / "input.txt").write_text("this checkout's text")

@@ -268,15 +268,8 @@ def test_kills_gpu_study_budget_counts_the_setup_without_analysis(tmp_path):
     ``left=$(( BUDGET - ANALYZE_RESERVE ))`` (the training got the whole budget after the setup, past the device
     call's limit; the day's test of it ran with the default 90 s reserve above its 30 s budget, where the clamp to 1 s
     hid the setup's share). Here ``ANALYZE=0``: the training's time is the budget less the setup's 3 s."""
-    import stat
-
-    fake_py = _module(REPO / "tests" / "experiments" / "test_edge_probes_gpu_rehearsal_46.py", "_rehearsal_46")._FAKE_PY
-    config = tmp_path / "c.toml"
-    config.write_text('name = "probe"\nseeds = [0]\n[[tasks]]\nname = "t"\ndataset = "digits"\n'
-                      'model = "vit-digits"\n[[operators]]\nname = "a"\nheads = "attention:4"\n')
-    fake = tmp_path / "py"
-    fake.write_text(fake_py % sys.executable)
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    rehearsal = _module(REPO / "tests" / "experiments" / "test_edge_probes_gpu_rehearsal_46.py", "_rehearsal_46")
+    config, fake = rehearsal._probe_files(tmp_path)
     data = tmp_path / "data"
     (data / "tiny").mkdir(parents=True)
     (data / "tiny" / "input.txt").write_text("text")
