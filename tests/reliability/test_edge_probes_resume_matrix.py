@@ -200,7 +200,9 @@ def _killed_and_resumed(kind, d, tmp_path, config, name, **kill):
 
 
 KINDS = [("gpt-text", 2), ("assoc-recall", 2), ("vit-augment", 2), ("graph-node-learned", 1), ("gcn-node", 1),
-         ("gin-node", 1), ("graph-set", 2), ("gin-set", 2), ("minibatch", 2), ("dino", 1)]
+         ("gin-node", 1), ("graph-set", 2), ("gin-set", 2), ("minibatch", 1), ("dino", 1)]
+# (1 where the task cannot split an update: the full-graph node tasks, DINO, and the neighbour-sampled task, whose
+# one subgraph the Trainer refuses to compute grad_accum_steps times)
 
 
 @pytest.mark.parametrize(("kind", "accum"), KINDS, ids=[k for k, _ in KINDS])
