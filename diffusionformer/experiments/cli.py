@@ -351,6 +351,13 @@ def _main(argv: list[str] | None) -> int:
         if workers > 1 and os.environ.get(WORKER_ENV):
             raise ValueError(f"--workers {workers} in a worker process (${WORKER_ENV}={os.environ[WORKER_ENV]}): "
                              "a worker does not start workers of its own")
+        if workers > 1:  # under torchrun every rank started workers that joined its process group (a hang)
+            from diffusionformer.experiments.runner import _distributed
+
+            if _distributed():
+                raise ValueError(f"--workers {workers} under torchrun (WORLD_SIZE={os.environ['WORLD_SIZE']}): each "
+                                 "rank would start workers of its own, which join its process group; use one or the "
+                                 "other (torchrun trains each run with DDP, --workers runs independent processes)")
         if workers > 1:  # a misspelt --tasks name, before any worker starts (each would refuse it, as run_experiment)
             _choose_tasks(config, args.tasks)
         _size_threads(args)

@@ -115,6 +115,9 @@ def manifest(config: ExperimentConfig, device: str | None = None,
         # (None where no run trains on the CPU: a GPU call's runs do not run them)
         "cpu_kernels": torch.backends.cpu.get_cpu_capability() if cpu else None,
         "torch_threads": torch.get_num_threads(),
+        # the processes that train each run (torchrun's WORLD_SIZE; 1 without it): the same seed draws and rounds
+        # otherwise under another number (each rank its own dropout stream, gradients averaged over ranks)
+        "world_size": _world_size(),
         "cuda": torch.cuda.get_device_name(gpu) if gpu is not None else None,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "git_commit": git_commit(),
@@ -138,6 +141,14 @@ def _where_trained(config: ExperimentConfig, device: str | None,
     return gpu, cpu
 
 
+def _world_size() -> int:
+    """torchrun's ``WORLD_SIZE`` (1 where unset, blank or not a positive integer: the runner refuses that one)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "").strip() or 1))
+    except ValueError:
+        return 1
+
+
 def _cpu_model() -> str | None:
     """The processor's name (``model name`` of ``/proc/cpuinfo``), None where it cannot be read."""
     try:
@@ -151,18 +162,17 @@ def _cpu_model() -> str | None:
     return None
 
 
-def _merged(previous: dict[str, Any] | None, current: dict[str, Any], key: str, many: str) -> list[str]:
-    """The distinct strings of ``previous[many]`` (or, from a manifest without it, ``previous[key]``) and
-    ``current[key]``, oldest first."""
-    seen: list[str] = []
-    if isinstance(previous, dict):
-        earlier = previous.get(many)
-        for c in (earlier if isinstance(earlier, list) else [previous.get(key)]):
-            if isinstance(c, str) and c not in seen:
-                seen.append(c)
-    c = current.get(key)
-    if isinstance(c, str) and c not in seen:
-        seen.append(c)
+def _merged(previous: dict[str, Any] | None, current: dict[str, Any], key: str, many: str,
+            kind: type = str) -> list[Any]:
+    """The distinct values of type ``kind`` (strings; ``int``: ints, not bools) of ``previous[many]`` (or, from a
+    manifest without it, ``previous[key]``) and ``current[key]``, oldest first."""
+    seen: list[Any] = []
+    earlier = previous.get(many) if isinstance(previous, dict) else None
+    if isinstance(previous, dict) and not isinstance(earlier, list):
+        earlier = [previous.get(key)]
+    for c in [*(earlier or []), current.get(key)]:
+        if isinstance(c, kind) and not isinstance(c, bool) and c not in seen:
+            seen.append(c)
     return seen
 
 
@@ -172,7 +182,8 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
     latest), and ``cpu_kernel_sets``: likewise every CPU kernel set (``cpu_kernels``) its runs
     were trained under (left out while none is recorded), and ``torch_versions``: likewise every torch version
     (``torch``) that trained its runs (a GPU call's and this machine's), and ``cuda_devices`` every GPU (``cuda``;
-    left out while none is recorded). ``previous`` is the manifest already on disk, or ``None``.
+    left out while none is recorded), and ``world_sizes`` every number of processes (``world_size``; likewise).
+    ``previous`` is the manifest already on disk, or ``None``.
 
     Examples:
         >>> merged_manifest({"git_commit": "a", "git_commits": ["a"]}, {"git_commit": "b"})["git_commits"]
@@ -183,14 +194,18 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
         ['AVX2', 'AVX512']
         >>> merged_manifest({"torch": "2.11.0+cu130"}, {"torch": "2.13.0+cpu"})["torch_versions"]
         ['2.11.0+cu130', '2.13.0+cpu']
+        >>> merged_manifest({"world_size": 2}, {"world_size": 1})["world_sizes"]
+        [2, 1]
     """
     kernels = _merged(previous, current, "cpu_kernels", "cpu_kernel_sets")
     torches = _merged(previous, current, "torch", "torch_versions")
     gpus = _merged(previous, current, "cuda", "cuda_devices")
+    sizes = _merged(previous, current, "world_size", "world_sizes", int)  # every number of processes that trained
     return {**current, "git_commits": _merged(previous, current, "git_commit", "git_commits"),
             **({"cpu_kernel_sets": kernels} if kernels else {}),
             **({"torch_versions": torches} if torches else {}),
-            **({"cuda_devices": gpus} if gpus else {})}
+            **({"cuda_devices": gpus} if gpus else {}),
+            **({"world_sizes": sizes} if sizes else {})}
 
 
 def git_commit(path: str | Path | None = None) -> str | None:

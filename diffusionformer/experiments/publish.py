@@ -153,6 +153,17 @@ def _kernels_text(manifest: dict[str, Any]) -> str:
     return f"; CPU kernels: {kernels}" if isinstance(kernels, str) else ""
 
 
+def _processes_text(manifest: dict[str, Any]) -> str:
+    """The Machine line's processes per run (``world_sizes`` of the manifest: torchrun's world size of each
+    invocation that trained), or ``""`` where every run was trained by one process (or none is recorded)."""
+    sizes = [n for n in manifest.get("world_sizes") or [] if isinstance(n, int) and not isinstance(n, bool)]
+    if len(sizes) > 1:
+        return (f"; processes per run: {', '.join(map(str, sizes))} (runs of this comparison were trained by "
+                f"{len(sizes)} numbers of processes, with torchrun and without: each rank draws dropout from a stream "
+                "of its own and gradients are averaged over ranks, so a seed's numbers need not match across them)")
+    return f"; processes per run: {sizes[0]} (torchrun, DDP)" if sizes and sizes[0] > 1 else ""
+
+
 def _cuda_text(manifest: dict[str, Any]) -> str:
     """The Machine line's GPU: the last invocation's (``cuda``), and every GPU an earlier invocation trained on
     (``cuda_devices`` of the manifest) when it differs (a GPU call's runs, the rest trained on this CPU)."""
@@ -365,7 +376,7 @@ def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[s
           if any(t.folds for t in config.tasks) else []),
         f"- **Machine:** {manifest.get('cpu_model') or manifest.get('processor', '?')}, "
         f"{manifest.get('cpu_count', '?')} CPUs, {manifest.get('machine', '?')}; CUDA: {_cuda_text(manifest)}"
-        f"{_kernels_text(manifest)}",
+        f"{_kernels_text(manifest)}{_processes_text(manifest)}",
         f"- **Versions:** torch {_torch_text(manifest)}, diffusionformer {manifest.get('diffusionformer', '?')}, "
         f"Python {manifest.get('python', '?')}",
         _commit_line(manifest),

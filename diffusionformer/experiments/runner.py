@@ -391,19 +391,32 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
     """Train (or resume, or read back) one run; ``None`` when another live process holds it."""
     rdir = run_dir(out, task.name, setting.name, seed)
     distributed = _distributed()
-    if not distributed:
-        holder = _acquire_lock(rdir)
-        if holder is not None and not resume:  # claimed after the check of run_experiment: the same refusal
-            raise ValueError(f"[{task.name} / {setting.name} / seed {seed}] resume=False (--restart) cannot discard "
-                             f"{rdir}: {holder} is training it ({rdir / LOCK_NAME}); stop that process and run "
-                             "again (the runs before this one were restarted)")
-        if holder is not None:
+    # under torchrun rank 0 claims the lock for every rank (else a torchrun job trained a run that a worker was
+    # training, both writing its checkpoint and log): every rank takes its decision
+    try:
+        holder = _acquire_lock(rdir) if not distributed or _rank_zero() else None
+    except OSError as exc:  # a folder where the lock goes: every rank stops, not rank 0 alone (the others waited)
+        if not distributed:
+            raise
+        holder = exc
+    if distributed:
+        shared: list[Any] = [holder]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        holder = shared[0]
+        if isinstance(holder, OSError):
+            raise holder
+    if holder is not None and not resume:  # claimed after the check of run_experiment: the same refusal
+        raise ValueError(f"[{task.name} / {setting.name} / seed {seed}] resume=False (--restart) cannot discard "
+                         f"{rdir}: {holder} is training it ({rdir / LOCK_NAME}); stop that process and run "
+                         "again (the runs before this one were restarted)")
+    if holder is not None:
+        if _rank_zero():
             log(f"[{task.name} / {setting.name} / seed {seed}] skipped: {holder} is training it ({rdir / LOCK_NAME}).")
-            return None
+        return None
     try:
         return _train_one(rdir, task, setting, seed, data, resume, progress, device, log)
     finally:
-        if not distributed:
+        if not distributed or _rank_zero():
             _release_lock(rdir)
 
 
@@ -460,6 +473,11 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
         log(f"[{task.name} / {setting.name} / seed {seed}] not resumed: {exc}. "
             f"{_not_resumed_advice(exc, str(rdir / 'checkpoint.pt'), 'this')}")
         return RunResult(task.name, setting.name, seed, f"failed: {exc}", task.metric, None)
+    sizes = summary.get("world_sizes") or []
+    if _rank_zero() and len(sizes) > 1:  # else a resume under another number of processes went without a word
+        log(f"[{task.name} / {setting.name} / seed {seed}] note: trained by {' then '.join(map(str, sizes))} "
+            f"process(es) (resumed from step {summary.get('resumed_from')} under another number): its numbers are "
+            f"those of no uninterrupted run; {summary_path} lists them (world_sizes)")
     if _rank_zero():
         learned = _learned(model)
         if learned:

@@ -453,6 +453,7 @@ class Trainer:
         self._window: dict[str, list[Any]] = {}
         self._last_checkpoint_step: int | None = None
         self._last_checkpoint_path = self.checkpoint_path
+        self._world_sizes = [ctx.world_size]  # the numbers of processes that trained this run, oldest first
         if payload is not None:
             self._check_resumable(payload)
             self._load_state(payload, optimizer, device, generator)
@@ -472,7 +473,8 @@ class Trainer:
                         raise ValueError(f"window[{name!r}] must be [a 0-d float tensor, a count >= 1], got {entry!r}")
                     self._window[str(name)] = [total.to(device), count]
             self._last_checkpoint_step = start
-            self._last_checkpoint_path = Path(payload["_path"])  # resume=<path>: another folder's, until we save
+            self._last_checkpoint_path = Path(payload["_path"])
+            self._world_sizes = _world_sizes(payload, ctx.world_size)  # resume=<path>: another folder's, until we save
         if self.resume is not False:
             # rewrites the logs on rank 0 only
             _on_every_rank(ctx, f"cutting the logs back to the resumed step {start}", lambda: self._log.truncate(start))
@@ -567,6 +569,8 @@ class Trainer:
             "elapsed": self._elapsed(),
             "num_parameters": sum(p.numel() for p in model.parameters()),
             "world_size": ctx.world_size,
+            # more than one where a resume ran under another number of processes than the steps before it
+            "world_sizes": list(self._world_sizes),
             "device": str(device),
             "device_name": _device_name(device),  # the GPU model (None on CPU): "cuda:0" names none
             "amp": _AMP_NAMES[self._amp],
@@ -875,6 +879,7 @@ class Trainer:
             # a log window cut by the checkpoint continues after a resume (on every rank: the mean over ranks)
             "window": self._window_of_all_ranks(),
             "world_size": self.ctx.world_size,
+            "world_sizes": list(self._world_sizes),
             "torch_version": str(torch.__version__),
         }
         self.ctx.barrier()
@@ -883,6 +888,17 @@ class Trainer:
                        lambda: save_checkpoint(self.checkpoint_path, payload), here=self.ctx.is_main)
         self._last_checkpoint_step = done
         self._last_checkpoint_path = self.checkpoint_path
+
+
+def _world_sizes(payload: Mapping[str, Any], now: int) -> list[int]:
+    """The numbers of processes that trained a resumed run, oldest first: the checkpoint's ``world_sizes`` (its
+    ``world_size`` in one written before them; none where neither is recorded), then ``now`` where it differs from
+    the last."""
+    earlier = payload.get("world_sizes")
+    if not isinstance(earlier, list):
+        earlier = [payload.get("world_size")]
+    sizes = [n for n in earlier if isinstance(n, int) and not isinstance(n, bool)]
+    return sizes + [now] if not sizes or sizes[-1] != now else sizes
 
 
 def _rank_seed(seed: int, rank: int) -> int:
