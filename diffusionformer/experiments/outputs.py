@@ -91,12 +91,13 @@ def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]
 
 
 def manifest(config: ExperimentConfig, device: str | None = None,
-             tasks: Sequence[TaskConfig] | None = None) -> dict[str, Any]:
+             tasks: Sequence[TaskConfig] | None = None, world_size: int = 1) -> dict[str, Any]:
     """What ``manifest.json`` records: the resolved config, the command, the machine, versions and commit.
 
     ``cuda`` names the GPU the runs train on and ``cpu_kernels`` the CPU kernel set, each ``None`` where no run
     trains there: ``device`` is the device of every run (``run --device``; default ``config.device``, else each of
-    ``tasks``' own ``train.device``, default every task of ``config``), ``"auto"`` CUDA where available."""
+    ``tasks``' own ``train.device``, default every task of ``config``), ``"auto"`` CUDA where available.
+    ``world_size``: the processes that train each run (torchrun's, as the runner reads it)."""
     from diffusionformer import __version__
 
     gpu, cpu = _where_trained(config, device, tasks)
@@ -117,7 +118,7 @@ def manifest(config: ExperimentConfig, device: str | None = None,
         "torch_threads": torch.get_num_threads(),
         # the processes that train each run (torchrun's WORLD_SIZE; 1 without it): the same seed draws and rounds
         # otherwise under another number (each rank its own dropout stream, gradients averaged over ranks)
-        "world_size": _world_size(),
+        "world_size": world_size,
         "cuda": torch.cuda.get_device_name(gpu) if gpu is not None else None,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "git_commit": git_commit(),
@@ -139,14 +140,6 @@ def _where_trained(config: ExperimentConfig, device: str | None,
         else:
             cpu = True
     return gpu, cpu
-
-
-def _world_size() -> int:
-    """torchrun's ``WORLD_SIZE`` (1 where unset, blank or not a positive integer: the runner refuses that one)."""
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "").strip() or 1))
-    except ValueError:
-        return 1
 
 
 def _cpu_model() -> str | None:

@@ -112,14 +112,19 @@ def _not_resumed_advice(exc: CheckpointError, checkpoint: str, which: str) -> st
             "the comparison).")
 
 
-def _distributed() -> bool:
-    """Whether ``WORLD_SIZE`` asks for more than one process (unset or blank: one)."""
+def _world_size() -> int:
+    """The processes ``WORLD_SIZE`` asks for (torchrun's; unset, blank or below 1: one)."""
     world = os.environ.get("WORLD_SIZE", "").strip()
     try:
-        return int(world or 1) > 1
+        return max(1, int(world or 1))
     except ValueError:
         raise ValueError(f"WORLD_SIZE: expected an integer number of processes (as torchrun sets it), "
                          f"got {world!r}") from None
+
+
+def _distributed() -> bool:
+    """Whether ``WORLD_SIZE`` asks for more than one process (unset or blank: one)."""
+    return _world_size() > 1
 
 
 def run_experiment(
@@ -208,7 +213,7 @@ def run_experiment(
                     if not done_before and not recorded and _rank_zero():
                         # only an invocation that trains adds its commit: a pass over finished runs (the tables
                         # after parallel workers, a re-run) leaves the provenance of the comparison as it was
-                        current = _manifest(config, device, chosen)  # outside the lock: it runs git
+                        current = _manifest(config, device, chosen, _world_size())  # outside the lock: it runs git
                         # read-merge-write under the comparison's lock: another invocation starting at once (one per
                         # seed, another machine on a shared folder) would else drop the commit or kernel set it added
                         with _folder_lock(out):
