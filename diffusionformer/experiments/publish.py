@@ -30,6 +30,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from diffusionformer._warnings import user_stacklevel
 from diffusionformer.experiments.config import ExperimentConfig, _folded, _folder_twin
 from diffusionformer.experiments.results import (RunResult, _row_problem, _runs_of_another_train, finished_runs,
                                                  first_reach, read_curves, run_dir, select_evaluation)
@@ -333,7 +334,8 @@ def _warn_unfinished(config: ExperimentConfig, runs: list[RunResult]) -> None:
         expected = len(config.tasks) * len(config.operators) * len(config.seeds)
         warnings.warn(f"publish: {len(left)} of {expected} runs of {config.name!r} not finished ({named}): the page "
                       "compares the seeds both settings finished; `status` lists every run (run the missing ones, or "
-                      "publish with --set seeds=[...] for the seeds that ran)", RuntimeWarning, stacklevel=3)
+                      "publish with --set seeds=[...] for the seeds that ran)", RuntimeWarning,
+                      stacklevel=user_stacklevel())
 
 
 def _wall_time_split(runs: list[RunResult]) -> str:

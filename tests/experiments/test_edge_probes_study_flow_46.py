@@ -66,6 +66,8 @@ def test_bug_publish_names_the_runs_it_publishes_without(tmp_path, capsys):
     capsys.readouterr()
     said = [str(w.message) for w in record if "not finished" in str(w.message)]
     assert len(said) == 1 and "1 of 4 runs" in said[0] and "'lap' seed 1" in said[0], said
+    # it names the user's line (here this test's call of main), not a line of the package (stacklevel=3 named cli.py)
+    assert [w.filename for w in record if "not finished" in str(w.message)] == [__file__]
     # every run finished: no such warning
     assert main(["run", str(toml), "--out", str(res), "--no-progress", "--set", "seeds=[1]"]) == 0
     with pytest.warns(RuntimeWarning) as record:
