@@ -43,6 +43,7 @@ import torch
 from tqdm.auto import tqdm
 
 from diffusionformer._modes import _evaluating
+from diffusionformer._warnings import user_stacklevel
 from diffusionformer.analysis.capture import _NoBlocks, _check_capture_limits, capture_dataset
 from diffusionformer.analysis.report import layer_reports, list_metrics
 from diffusionformer.config import _choice_hint
@@ -114,17 +115,17 @@ def _find_runs(out: Path, config: ExperimentConfig, partial: bool = False,
                     if not partial:
                         raise FileNotFoundError(_weightless(rdir))
                     skipped.append(str(rdir))
-                    warnings.warn(f"{_weightless(rdir)}; skipping it", RuntimeWarning, stacklevel=3)
+                    warnings.warn(f"{_weightless(rdir)}; skipping it", RuntimeWarning, stacklevel=user_stacklevel())
                 elif state == "missing":
                     missing.append(str(rdir / CHECKPOINT_NAME))
                 else:
                     skipped.append(str(rdir))
                     warnings.warn(f"run {rdir} is not finished (no completed summary.json); skipping it",
-                                  RuntimeWarning, stacklevel=3)
+                                  RuntimeWarning, stacklevel=user_stacklevel())
     if missing and partial:
         skipped += [str(Path(m).parent) for m in missing]
         warnings.warn(f"{len(missing)} run(s) of {config.name!r} not trained yet; analysing the {len(done)} finished ones",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=user_stacklevel())
     elif missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise FileNotFoundError(f"{len(missing)} run(s) of {config.name!r} have no checkpoint: {shown}; {_RUN_HINT}")
@@ -157,7 +158,7 @@ def _warn_other_train(config: ExperimentConfig, out_root: Path) -> None:
     if changed:
         warnings.warn(f"analyze: {changed}; their measurements are filed under this config's names: analyse with the "
                       "--set overrides they were run with, or run them again with --restart", RuntimeWarning,
-                      stacklevel=3)
+                      stacklevel=user_stacklevel())
 
 
 def _check_split(split: object) -> None:

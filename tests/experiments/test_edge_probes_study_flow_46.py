@@ -89,3 +89,19 @@ def test_bug_results_md_names_the_seeds_of_its_rows(tmp_path, capsys):
     text = (res / "tiny" / "results.md").read_text()
     assert "| 2 |" in text  # rows of both seeds
     assert "Seeds: [1]." not in text and "Seeds: [0, 1]" in text, text[:400]
+
+
+def test_bug_analyze_warnings_name_the_users_line_under_the_cli(tmp_path, capsys):
+    """Bug: ``analyze --partial``'s warnings (runs not trained yet, runs without checkpoints) had ``stacklevel=3``,
+    right for a direct ``analyze_experiment`` call but naming a line of ``cli.py`` under the CLI, where the GPU
+    calls run it; they now name the first line outside the package, as the package's other warnings do."""
+    toml = tmp_path / "tiny.toml"
+    toml.write_text(TINY_DIGITS_TOML)
+    res = tmp_path / "res"
+    assert main(["run", str(toml), "--out", str(res), "--no-progress", "--set", "seeds=[0]",
+                 "--set", "operators=attention"]) == 0
+    with pytest.warns(RuntimeWarning, match="not trained yet") as record:
+        assert main(["analyze", str(toml), "--out", str(res), "--no-progress", "--partial", "--max-examples", "8",
+                     "--set", "seeds=[0]"]) == 0
+    capsys.readouterr()
+    assert [w.filename for w in record if "not trained yet" in str(w.message)] == [__file__]
