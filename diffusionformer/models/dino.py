@@ -372,6 +372,17 @@ class DINOHead(nn.Module):
                 mods.append(nn.GELU())
         self.mlp = nn.Sequential(*mods)
         self.prototypes = nn.Parameter(torch.empty(out_dim, bottleneck))
+        self._initialise()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise every parameter again, in place, as the constructor did (truncated normal, zero biases)."""
+        for m in self.mlp:
+            if isinstance(m, nn.Linear):
+                m.reset_parameters()  # the draws the constructor's layers made, before the truncated normals
+        self._initialise()
+
+    def _initialise(self) -> None:
         for m in self.mlp:
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -450,6 +461,18 @@ class DINO(nn.Module):
         self.teacher.eval()
         self.register_buffer("center", torch.zeros(1, c.out_dim))
         self._ema_names = [name for name, _ in self.student.named_parameters()]
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise the student again, in place, as the constructor did (its ViT's and head's
+        ``reset_parameters``), make the teacher its copy again and zero ``center``: under one seed the state of
+        a DINO built anew."""
+        self.student.backbone.reset_parameters()  # type: ignore[operator]
+        self.student.head.reset_parameters()  # type: ignore[operator]
+        teacher = dict(self.teacher.named_buffers())
+        for name, p in self.student.named_parameters():
+            teacher[name].copy_(p)
+        self.center.zero_()
 
     @property
     def backbone(self) -> DiffusionViT:

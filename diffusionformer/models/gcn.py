@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from diffusionformer._imports import _import_pyg
 from diffusionformer.config import _python_numbers, document_fields
-from diffusionformer.nn._weights import _stored_weight
+from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.models.common import (_check_block_diagonal, _check_graph_devices, _check_graph_task,
                                            _check_real_features, _conv_edges, _readout_batch,
                                            check_positive_int, check_probability)
@@ -73,6 +73,11 @@ class GCN(nn.Module):
         dims = [c.in_channels] + [c.hidden] * (c.num_layers - 1) + [c.hidden if c.task == "graph" else c.num_classes]
         self.convs = nn.ModuleList(GCNConv(a, b, cached=False) for a, b in zip(dims[:-1], dims[1:]))
         self.head = nn.Linear(c.hidden, c.num_classes) if c.task == "graph" else nn.Identity()
+
+    def reset_parameters(self) -> None:
+        """Initialise every parameter again, in place: each PyG convolution's ``reset_parameters`` (PyG's
+        initialisation), then the readout head's (graph tasks)."""
+        _reset_children(self, type(self).__name__)
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
                 num_graphs: int | None = None) -> Tensor:

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from diffusionformer._imports import _import_pyg
 from diffusionformer.config import _python_numbers, document_fields
-from diffusionformer.nn._weights import _stored_weight
+from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.models.common import (_check_block_diagonal, _check_bools, _check_graph_devices,
                                            _check_graph_task, _check_real_features, _conv_edges,
                                            _readout_batch, check_positive_int, check_probability)
@@ -92,6 +92,11 @@ class GIN(nn.Module):
                                        f"is fixed at 0 (train_eps=False, GIN-0), but the state dict holds "
                                        f"{eps.flatten().tolist()} (the weights of a train_eps=True model?)")
         super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def reset_parameters(self) -> None:
+        """Initialise every parameter again, in place: each PyG convolution's ``reset_parameters`` (PyG's
+        initialisation: its MLP's, the batch-norm statistics cleared, epsilon back to 0), then the heads'."""
+        _reset_children(self, type(self).__name__)
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
                 num_graphs: int | None = None) -> Tensor:

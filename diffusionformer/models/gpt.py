@@ -17,7 +17,7 @@ from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
-from diffusionformer.nn._weights import _stored_weight
+from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.rotary import RotaryEmbedding
 from diffusionformer._modes import _evaluating
 from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
@@ -128,18 +128,41 @@ class DiffusionGPT(nn.Module):
         )
         self.norm = make_norm(norm, c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
-        init_transformer_weights(self, c.n_layer)
+        self._initialise()
         if c.recompute:
             set_recompute(self.blocks)
+        if c.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+            self.register_load_state_dict_post_hook(_retie_head)
+
+    def _initialise(self) -> None:
+        """GPT-2's initialisation (:func:`init_transformer_weights`), then ``zero_init_proj``'s zeros."""
+        c = self.config
+        init_transformer_weights(self, c.n_layer)
         if c.zero_init_proj:
             for block in self.blocks:
                 nn.init.zeros_(block.attn.out_proj.weight)
                 fc2 = getattr(block.mlp, "fc2", None)
                 if isinstance(fc2, nn.Linear):
                     nn.init.zeros_(fc2.weight)
-        if c.tie_weights:
-            self.lm_head.weight = self.tok_emb.weight
-            self.register_load_state_dict_post_hook(_retie_head)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise every parameter again, in place, as the constructor did: each part's own
+        ``reset_parameters`` in construction order, then GPT-2's initialisation (``zero_init_proj`` included).
+        Under one seed the model holds the values of a model built anew, a tied embedding included; parameters
+        keep their identity (an optimizer holding them goes on).
+        """
+        shared = self.lm_head._parameters.get("weight")
+        tied = shared is not None and shared is self.tok_emb._parameters.get("weight")
+        if tied:  # built untied, the head drew into a tensor of its own, then took the embedding's: so here
+            self.lm_head.weight = nn.Parameter(torch.empty_like(shared), requires_grad=shared.requires_grad)
+        try:
+            _reset_children(self, type(self).__name__)
+            self._initialise()
+        finally:
+            if tied:
+                self.lm_head.weight = shared
 
     def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
         # tied: both entries load into one tensor, the head's last, so a tie_weights=False model's state dict

@@ -14,7 +14,7 @@ from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, d
 from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edge_index_shape_error
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
-from diffusionformer.nn._weights import _stored_weight
+from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.block import Mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.edge_features import _check_edge_operators, edge_feature_attention
 from diffusionformer.ops._checks import _vmapped, checks_values
@@ -245,6 +245,11 @@ class GraphBlock(nn.Module):
         self.norm2 = make_norm(norm_layer, dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout=dropout)
 
+    def reset_parameters(self) -> None:
+        """Initialise the block's parameters again, in place, as its constructor did (each part's own
+        ``reset_parameters``, in construction order)."""
+        _reset_children(self, type(self).__name__)
+
     def forward(self, x: Tensor, graph: AttentionGraph | Tensor, batch: Tensor | None = None,
                 edge_attr: Tensor | None = None, state: LayerState | None = None,
                 global_state: LayerState | None = None, *, max_num_nodes: int | None = None,
@@ -382,6 +387,14 @@ class DiffusionGraphTransformer(nn.Module):
         self.norm = make_norm(c.norm, c.dim)
         self.head = nn.Linear(c.dim, c.num_classes)
         init_transformer_weights(self, c.depth)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise every parameter again, in place, as the constructor did: each part's own
+        ``reset_parameters`` in construction order, then :func:`init_transformer_weights`; under one seed the
+        values of a model built anew."""
+        _reset_children(self, type(self).__name__)
+        init_transformer_weights(self, self.config.depth)
 
     def _prepare_edges(self, edge_index: Tensor, num_nodes: int, edge_attr: Tensor) -> tuple[Tensor, Tensor]:
         """Self loops (with zero edge features) as :func:`~diffusionformer.graph.from_edge_index` sets them."""

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
-from diffusionformer.nn._weights import _stored_weight
+from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
 from diffusionformer._modes import _evaluating
@@ -139,11 +139,24 @@ class DiffusionViT(nn.Module):
         )
         self.norm = make_norm(c.norm, c.dim)
         self.head = nn.Linear(c.dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
-        init_transformer_weights(self, c.depth)
+        self._initialise()
+
+    def _initialise(self) -> None:
+        """GPT-2's initialisation (:func:`init_transformer_weights`), then truncated-normal position embedding
+        and class token (timm's)."""
+        init_transformer_weights(self, self.config.depth)
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise every parameter again, in place, as the constructor did: each part's own
+        ``reset_parameters`` in construction order (the patch embedding's, the blocks'), then the model's
+        initialisation; under one seed the values of a model built anew."""
+        _reset_children(self, type(self).__name__)
+        self._initialise()
 
     def no_weight_decay(self) -> set[str]:
         """Parameters excluded from weight decay (timm convention)."""

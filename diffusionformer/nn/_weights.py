@@ -29,3 +29,20 @@ def _stored_weight(module: nn.Module, name: str = "weight") -> Tensor:
     if w is not None:
         return w
     return getattr(module, name)
+
+
+def _reset_children(module: nn.Module, where: str) -> None:
+    """Call ``reset_parameters()`` on each child of ``module`` in registration order (the order the constructors
+    drew their random numbers in); a child without one is searched the same way, and one that holds parameters
+    itself but has no ``reset_parameters`` is refused (a reset that left it as trained would pass for a fresh
+    model). ``module``'s own parameters are its ``reset_parameters``'s to set."""
+    for name, child in module.named_children():
+        reset = getattr(child, "reset_parameters", None)
+        if callable(reset):
+            reset()
+            continue
+        own = [n for n, _ in child.named_parameters(recurse=False)]
+        if own:
+            raise TypeError(f"{where}.reset_parameters: {where}.{name} ({type(child).__name__}) holds parameters "
+                            f"{own} and has no reset_parameters(); give it one that re-initialises them")
+        _reset_children(child, f"{where}.{name}")

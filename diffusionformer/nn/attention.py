@@ -16,7 +16,7 @@ from diffusionformer.config import _check_flag
 from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn._skip import is_noop
-from diffusionformer.nn._weights import _stored_weight
+from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.heads import HeadGroup, parse_heads
 from diffusionformer.operators import DiffusionOperator
 from diffusionformer.operators.base import _checked_degree
@@ -311,6 +311,15 @@ class DiffusionAttention(nn.Module):
             with _PLAN_LOCK:
                 if tuple(self._modules["operators"]._modules.values()) != self._plan_key:
                     self._refresh_plan()
+
+    def reset_parameters(self) -> None:
+        """Initialise the layer's parameters again, in place, as its constructor did: the projections (and
+        ``qk_norm``'s LayerNorms) by their own ``reset_parameters``, then every operator's learned parameters
+        (:meth:`~diffusionformer.operators.DiffusionOperator.reset_parameters`), in the order the constructor
+        drew them: under one seed the values of a layer built anew. Parameters keep their identity (an
+        optimizer holding them goes on).
+        """
+        _reset_children(self, type(self).__name__)
 
     # ------------------------------------------------------------------ construction helpers
     @property

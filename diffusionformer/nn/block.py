@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from diffusionformer.config import _check_flag, _choice_hint
 from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn._skip import is_noop
+from diffusionformer.nn._weights import _reset_children
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.heads import resolve_layer_heads  # noqa: F401  (re-exported: its historical home)
 from diffusionformer.ops._checks import check_dropout
@@ -115,6 +116,10 @@ class Mlp(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.drop(self.fc2(self.act(self.fc1(x))))
 
+    def reset_parameters(self) -> None:
+        """Both layers initialised again, in place, as the constructor did (:meth:`torch.nn.Linear.reset_parameters`)."""
+        _reset_children(self, type(self).__name__)
+
 
 class LayerScale(nn.Module):
     r"""Per-channel residual gain :math:`\gamma \odot x` initialised at ``init`` (CaiT).
@@ -128,10 +133,16 @@ class LayerScale(nn.Module):
         dim = _check_width(dim, "LayerScale: dim")
         if isinstance(init, bool) or not isinstance(init, numbers.Real) or not math.isfinite(init):  # numpy reals too
             raise ValueError(f"LayerScale: init (layer_scale) must be a finite float, got {init!r}")
-        self.gamma = nn.Parameter(torch.full((dim,), float(init)))
+        self._init = float(init)
+        self.gamma = nn.Parameter(torch.full((dim,), self._init))
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.gamma
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """``gamma`` back to ``init`` in every channel, in place."""
+        self.gamma.fill_(self._init)
 
 
 class DropPath(nn.Module):
@@ -236,6 +247,14 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
         # != 0, not > 0: a negative or NaN rate reaches DropPath's range check instead of switching stochastic depth off
         self.drop_path = DropPath(drop_path) if drop_path != 0 else nn.Identity()
+
+    def reset_parameters(self) -> None:
+        """Initialise the block's parameters again, in place, as its constructor did: each part (norms,
+        attention with its operators, LayerScale, MLP) by its ``reset_parameters``, in construction order, so
+        that under one seed the block holds the values of a block built anew. A custom ``norm_layer`` or
+        ``mlp_layer`` module with parameters must define ``reset_parameters`` (else a TypeError names it).
+        """
+        _reset_children(self, type(self).__name__)
 
     def forward(self, x: Tensor, graph: AttentionGraph | None = None, **attn_kwargs: Any) -> Tensor:
         """``x`` after the block; ``graph`` (or the shorthands of :meth:`DiffusionAttention.forward`) goes to the attention.

@@ -64,6 +64,12 @@ class AttnScaleOperator(DiffusionOperator):
         else:  # float64: exact in a float64 layer
             self.register_buffer("omega", torch.full((num_heads,), float(omega), dtype=torch.float64))
 
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """A learnable ``omega`` back to its initial value (every head); a fixed ``omega`` is no parameter."""
+        if self.learnable:
+            self.omega.fill_(self._omega0)
+
     def spec_kwargs(self) -> dict:
         return {"omega": self._omega0, "learnable": self.learnable}
 

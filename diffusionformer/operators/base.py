@@ -117,6 +117,16 @@ class DiffusionOperator(nn.Module):
             return self.name
         return f"{self.name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
 
+    def reset_parameters(self) -> None:
+        """Set the learned parameters back to the values the constructor gave them, in place (as
+        :meth:`torch.nn.Linear.reset_parameters`): the learned operators define it; an operator without
+        parameters has nothing to reset, and one with parameters that does not define it is refused.
+        """
+        own = [name for name, _ in self.named_parameters()]
+        if own:
+            raise NotImplementedError(f"{type(self).__name__} holds learned parameters {own} and does not define "
+                                      "reset_parameters(); define it to re-initialise them")
+
     def static_coefficients(self) -> tuple[float, ...] | None:
         """The coefficients as Python floats when they are fixed constants, else ``None``.
 

@@ -109,6 +109,16 @@ class DifferentialOperator(DiffusionOperator):
             setattr(self, name, nn.Parameter(torch.zeros(half).normal_(mean=0.0, std=0.1)))
         self.subln = nn.RMSNorm(head_dim, eps=1e-5, elementwise_affine=True)
 
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The four ``lambda`` vectors drawn again from N(0, 0.1^2) (in the order :meth:`bind` drew them) and the
+        output RMSNorm's weight back to 1; an operator not yet bound to a head width has no parameters."""
+        if self.head_dim is None:
+            return
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            getattr(self, name).normal_(mean=0.0, std=0.1)
+        self.subln.reset_parameters()
+
     def spec_kwargs(self) -> dict:
         kwargs: dict = {}
         if self.depth is not None:

@@ -303,6 +303,12 @@ class HeatOperator(DiffusionOperator):
     def degree(self) -> int:
         return self.steps
 
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """A learnable ``t`` back to its initial value (every head); a fixed ``t`` is no parameter."""
+        if self.learnable:
+            self.t.fill_(self._t0)
+
     def spec_kwargs(self) -> dict:
         kwargs = {"t": self._t0, "steps": self.steps, "method": self.method, "learnable": self.learnable}
         if self.min_t != -2.0:
@@ -393,6 +399,12 @@ class ExactHeatOperator(DiffusionOperator):
             self.t = nn.Parameter(torch.full((num_heads,), t))
         else:  # float64: a float64 layer applies exp(-t (I - P)) with t as given, not rounded to float32
             self.register_buffer("t", torch.full((num_heads,), t, dtype=torch.float64))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """A learnable ``t`` back to its initial value (every head); a fixed ``t`` is no parameter."""
+        if self.learnable:
+            self.t.fill_(self._t0)
 
     def spec_kwargs(self) -> dict:
         return {"t": self._t0, "learnable": self.learnable}

@@ -136,6 +136,7 @@ class PolynomialOperator(DiffusionOperator):
                 theta = torch.linalg.solve_triangular(M.T, theta.T, upper=True).T
             # in the default dtype, as every other learned parameter (float64 under torch.set_default_dtype): a
             # float32 theta, or init values rounded to float32, cost a float64 model its precision
+            self._theta0: list[list[float]] = theta.tolist()  # float64: reset_parameters rounds it as below
             theta = theta.to(torch.get_default_dtype())
             if not torch.isfinite(theta).all():  # a finite float64 value beyond the default dtype's range
                 raise ValueError(f"init coefficients must be finite in {theta.dtype}")
@@ -169,6 +170,11 @@ class PolynomialOperator(DiffusionOperator):
         out = torch.zeros(G, steps + 1, dtype=torch.float64)
         out[:, : c.shape[1]] = c
         return out
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """``theta`` back to the coefficients ``init`` gave it (in the basis), in its present dtype and device."""
+        self.theta.copy_(torch.tensor(self._theta0, dtype=torch.float64).to(self.theta.dtype))
 
     def spec_kwargs(self) -> dict:
         kwargs = {"steps": self.steps, "init": self._init}

@@ -131,6 +131,12 @@ class PPROperator(DiffusionOperator):
                 self._static = tuple(ppr_coefficients(torch.tensor(float(alpha), dtype=torch.float64), steps).tolist())
             self.register_buffer("_c", torch.tensor(self._static, dtype=static_dtype()), persistent=False)
 
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """A learnable ``alpha`` back to its initial value (every head); a fixed ``alpha`` is no parameter."""
+        if self.learnable:
+            self.alpha_logit.fill_(math.log(self._alpha0 / (1.0 - self._alpha0)))
+
     def spec_kwargs(self) -> dict:
         return {"alpha": self._alpha0, "steps": self.steps, "learnable": self.learnable}
 
