@@ -429,7 +429,7 @@ class DiffusionAttention(nn.Module):
     def forward(
         self,
         x: Tensor,
-        graph: AttentionGraph | None = None,
+        graph: AttentionGraph | Tensor | None = None,
         *,
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
@@ -451,7 +451,10 @@ class DiffusionAttention(nn.Module):
             x: tokens ``(B, N, D)`` (dense) or nodes ``(N, D)`` (sparse).
             graph: an :class:`~diffusionformer.graph.AttentionGraph` (or any object with an
                 ``attention_kwargs(x)`` method returning some of ``key_padding_mask``,
-                ``attn_mask``, ``edge_index``, ``is_causal``); exclusive with the shorthands.
+                ``attn_mask``, ``edge_index``, ``is_causal``), or an integer ``(2, E)`` tensor read
+                as ``edge_index`` (PyG's ``conv(x, edge_index)``, so the layer works in
+                :class:`torch_geometric.nn.Sequential` and loops over PyG convolutions); exclusive
+                with the shorthands.
             key_padding_mask: ``(B, N)`` bool, True marks padding (dense only). A fully padded
                 sequence gives finite output.
             attn_mask: extra dense mask with SDPA semantics (bool True = attend, or additive float).
@@ -504,7 +507,7 @@ class DiffusionAttention(nn.Module):
         return out
 
     def _forward_routed(
-        self, x: Tensor, graph: AttentionGraph | None, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
+        self, x: Tensor, graph: AttentionGraph | Tensor | None, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
         edge_index: Tensor | None, is_causal: bool, return_intermediates: bool, state: _rivals.LayerState | None,
         positions: Tensor | None, cache: Any,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
@@ -530,6 +533,14 @@ class DiffusionAttention(nn.Module):
                 raise ValueError("cache= runs causal decoding on dense tokens; it takes no graph, masks or "
                                  "return_intermediates")
             return attend_cached(self, x, cache, positions, state)
+        if isinstance(graph, Tensor):  # PyG's conv(x, edge_index): the tensor is the edge_index shorthand
+            if key_padding_mask is not None or attn_mask is not None or edge_index is not None or is_causal:
+                raise ValueError("pass either graph= or key_padding_mask/attn_mask/edge_index/is_causal, not both")
+            if graph.is_floating_point() or graph.is_complex() or graph.dtype == torch.bool:
+                raise TypeError(f"a tensor given as graph is read as edge_index, (2, E) integer node indices "
+                                f"(PyG's conv(x, edge_index)), got dtype {graph.dtype}; a mask goes by attn_mask= "
+                                "or key_padding_mask=")
+            graph, edge_index = None, graph
         if graph is None:
             if key_padding_mask is None and attn_mask is None and edge_index is None and not is_causal:
                 # the complete graph (causal when the layer is): nothing to build or to mask

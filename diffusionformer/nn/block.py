@@ -256,7 +256,7 @@ class Block(nn.Module):
         """
         _reset_children(self, type(self).__name__)
 
-    def forward(self, x: Tensor, graph: AttentionGraph | None = None, **attn_kwargs: Any) -> Tensor:
+    def forward(self, x: Tensor, graph: AttentionGraph | Tensor | None = None, **attn_kwargs: Any) -> Tensor:
         """``x`` after the block; ``graph`` (or the shorthands of :meth:`DiffusionAttention.forward`) goes to the attention.
 
         ``ls1``, ``ls2`` and ``drop_path`` that are off (hook-free ``nn.Identity``) are skipped, not
