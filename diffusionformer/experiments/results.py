@@ -229,7 +229,7 @@ def _data_identity(task: TaskConfig, seed: int) -> dict[str, Any]:
 # stay out of a run's identity (so earlier runs resume), set to anything else they are part of it.
 _NEW_MODEL_FIELDS: dict[str, Any] = {"rope": False, "rope_base": (100.0, 10000.0), "n_kv_head": None,
                                      "zero_init_proj": False, "edge_dim": None, "pe": None, "pe_dim": 8,
-                                     "pe_sign_flip": True, "recompute": False}
+                                     "pe_sign_flip": True, "recompute": False, "mlp": "gelu"}
 _NEW_TRAIN_FIELDS: dict[str, Any] = {"grad_accum_steps": 1, "weight_decay_rule": "default", "loggers": ("jsonl",)}
 
 

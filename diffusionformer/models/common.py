@@ -224,17 +224,22 @@ def _check_bools(where: str, **values: Any) -> None:
 _NORMS = ("layernorm", "rmsnorm")
 
 
-def _check_block_options(where: str, *, norm: Any, backend: Any = "auto", layer_scale: Any = None) -> None:
-    """A config's ``norm`` (``"layernorm"``/``"rmsnorm"``, ``_``/``-`` and case ignored as
-    :func:`~diffusionformer.nn.block.make_norm` reads it), ``backend`` (one of ``DENSE_BACKENDS``) and
+def _check_block_options(where: str, *, norm: Any, backend: Any = "auto", layer_scale: Any = None,
+                         mlp: Any = "gelu") -> None:
+    """A config's ``norm`` (``"layernorm"``/``"rmsnorm"``) and ``mlp`` (``"gelu"``/``"swiglu"``/``"geglu"``),
+    ``_``/``-`` and case ignored as :func:`~diffusionformer.nn.block.make_norm` and
+    :func:`~diffusionformer.nn.block.make_mlp` read them, ``backend`` (one of ``DENSE_BACKENDS``) and
     ``layer_scale`` (``None`` or a finite number), checked when the config is made rather than when the
     model is built; a misspelt name gets a "did you mean"."""
     import difflib
 
+    from diffusionformer.nn.block import _MLP_KINDS
     from diffusionformer.ops.dense import DENSE_BACKENDS
 
     key = norm.lower().replace("_", "").replace("-", "") if isinstance(norm, str) else None
+    mlp_key = mlp.lower().replace("_", "").replace("-", "") if isinstance(mlp, str) else None
     for name, value, ok, choices in (("norm", norm, key in _NORMS, _NORMS),
+                                     ("mlp", mlp, mlp_key in _MLP_KINDS, _MLP_KINDS),
                                      ("backend", backend, backend in DENSE_BACKENDS, DENSE_BACKENDS)):
         if not ok:
             close = difflib.get_close_matches(str(value), choices, n=1) if isinstance(value, str) else []

@@ -51,6 +51,7 @@ class GPTConfig:
     n_kv_head: int | None = None  #: key/value heads (GQA; 1 = multi-query; None = n_head)
     zero_init_proj: bool = False  #: zero-initialise the attention and MLP output projections
     recompute: bool = False  #: attention layers form their combined head output again in the backward pass (less memory)
+    mlp: str = "gelu"  #: MLP: "gelu" (GPT-2's), "swiglu" (LLaMA's gated SiLU) or "geglu"; gated ones 2/3 as wide (same parameters)
 
     def __post_init__(self) -> None:
         _python_numbers(self)  # a sweep grid's numpy numbers are read as Python numbers
@@ -61,7 +62,7 @@ class GPTConfig:
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"GPTConfig: n_head={self.n_head} must divide n_embd={self.n_embd}")
         resolve_layer_heads(self.n_layer, self.n_head, self.heads, self.laplacian_heads)
-        _check_block_options("GPTConfig", norm=self.norm, backend=self.backend)
+        _check_block_options("GPTConfig", norm=self.norm, backend=self.backend, mlp=self.mlp)
         _check_bools("GPTConfig", bias=self.bias, qk_norm=self.qk_norm, tie_weights=self.tie_weights, rope=self.rope,
                      zero_init_proj=self.zero_init_proj, recompute=self.recompute)
         if self.rope and (self.n_embd // self.n_head) % 2:
@@ -122,7 +123,7 @@ class DiffusionGPT(nn.Module):
         self.blocks = nn.ModuleList(
             Block(c.n_embd, c.n_head, spec, mlp_ratio=c.mlp_ratio, causal=True, qk_norm=c.qk_norm, bias=c.bias,
                   dropout=c.dropout, attn_dropout=c.dropout, norm_layer=norm, backend=c.backend,
-                  num_kv_heads=c.n_kv_head,
+                  num_kv_heads=c.n_kv_head, mlp_layer=c.mlp,
                   rotary=RotaryEmbedding(c.n_embd // c.n_head, c.rope_base) if c.rope else None)
             for spec in specs
         )

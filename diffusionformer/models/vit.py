@@ -51,6 +51,7 @@ class ViTConfig:
     backend: str = "auto"  #: dense back-end of the attention
     rope: bool = False  #: 2-D rotary q/k positions (1-D for signals) instead of the learned pos_embed
     rope_base: float = 100.0  #: RoPE frequency base
+    mlp: str = "gelu"  #: MLP: "gelu", "swiglu" (gated SiLU) or "geglu"; gated ones 2/3 as wide (same parameters)
 
     def __post_init__(self) -> None:
         _python_numbers(self)  # a sweep grid's numpy numbers are read as Python numbers
@@ -75,7 +76,8 @@ class ViTConfig:
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"ViTConfig.pool must be 'cls' or 'mean', got {self.pool!r}{_choice_hint(self.pool, ('cls', 'mean'))}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
-        _check_block_options("ViTConfig", norm=self.norm, backend=self.backend, layer_scale=self.layer_scale)
+        _check_block_options("ViTConfig", norm=self.norm, backend=self.backend, layer_scale=self.layer_scale,
+                             mlp=self.mlp)
         _check_bools("ViTConfig", qk_norm=self.qk_norm, rope=self.rope)
         multiple = 4 if len(self.input_size) == 2 else 2
         if self.rope and (self.dim // self.num_heads) % multiple:
@@ -134,7 +136,8 @@ class DiffusionViT(nn.Module):
         self.blocks = nn.ModuleList(
             Block(c.dim, c.num_heads, spec, mlp_ratio=c.mlp_ratio, qk_norm=c.qk_norm, dropout=c.dropout,
                   attn_dropout=c.attn_dropout, drop_path=r, layer_scale=c.layer_scale, norm_layer=c.norm,
-                  backend=c.backend, rotary=rope_cls(c.dim // c.num_heads, c.rope_base) if c.rope else None)
+                  backend=c.backend, rotary=rope_cls(c.dim // c.num_heads, c.rope_base) if c.rope else None,
+                  mlp_layer=c.mlp)
             for spec, r in zip(specs, rates)
         )
         self.norm = make_norm(c.norm, c.dim)

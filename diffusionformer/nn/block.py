@@ -28,7 +28,7 @@ from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn.heads import resolve_layer_heads  # noqa: F401  (re-exported: its historical home)
 from diffusionformer.ops._checks import check_dropout
 
-__all__ = ["Block", "DropPath", "LayerScale", "Mlp", "make_norm"]
+__all__ = ["Block", "DropPath", "GatedMlp", "LayerScale", "Mlp", "make_mlp", "make_norm"]
 
 
 def make_norm(norm: str | Callable[[int], nn.Module], dim: int) -> nn.Module:
@@ -121,6 +121,85 @@ class Mlp(nn.Module):
         _reset_children(self, type(self).__name__)
 
 
+class GatedMlp(nn.Module):
+    r"""Gated-linear-unit MLP :math:`W_2\,\big(\sigma(W_g x) \odot W_u x\big)` with dropout (Shazeer, "GLU
+    Variants Improve Transformer", 2020): SwiGLU with ``act_layer=nn.SiLU`` (LLaMA's MLP), GEGLU with
+    ``nn.GELU``.
+
+    ``fc1`` holds :math:`W_g` and :math:`W_u` stacked (rows ``[:hidden_dim]`` the gate, ``[hidden_dim:]`` the
+    up projection: one matrix product), ``fc2`` is :math:`W_2`, the residual projection that GPT-2's
+    initialisation scales (:func:`~diffusionformer.models.init_transformer_weights`) as :class:`Mlp`'s.
+
+    Args:
+        dim: input and output width ``D``.
+        hidden_dim: gated width (default ``int(8 D / 3)``: the parameters of a ``4 D`` :class:`Mlp`, LLaMA's
+            choice before its rounding).
+        bias: biases in both layers.
+        dropout: dropout after the second layer.
+        act_layer: activation module class of the gate.
+
+    Shapes:
+        ``(..., D) -> (..., D)``.
+
+    Examples:
+        >>> mlp = GatedMlp(6, 4)
+        >>> mlp.fc1.weight.shape, mlp(torch.randn(2, 6)).shape
+        (torch.Size([8, 6]), torch.Size([2, 6]))
+    """
+
+    def __init__(self, dim: int, hidden_dim: int | None = None, *, bias: bool = True, dropout: float = 0.0,
+                 act_layer: type[nn.Module] = nn.SiLU) -> None:
+        super().__init__()
+        dim = _check_width(dim, "GatedMlp: dim")
+        if not isinstance(act_layer, type) and isinstance(act_layer, nn.Module):  # act_layer() would call its forward
+            raise TypeError(f"GatedMlp: act_layer must be a module class such as nn.SiLU (it is instantiated here), "
+                            f"got the instance {act_layer!r}")
+        if hidden_dim is None:
+            hidden_dim = max(1, 8 * dim // 3)
+        elif isinstance(hidden_dim, bool) or not isinstance(hidden_dim, numbers.Integral) or hidden_dim < 1:
+            raise ValueError(f"GatedMlp: hidden_dim must be a positive int or None, got {hidden_dim!r}")
+        hidden_dim = int(hidden_dim)  # a numpy int from a sweep
+        _check_flag(bias, "GatedMlp: bias")
+        dropout = _check_rate(dropout, "GatedMlp: dropout")
+        self.hidden_dim = hidden_dim
+        self.fc1 = nn.Linear(dim, 2 * hidden_dim, bias=bias)
+        self.act = act_layer()
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.fc1(x).chunk(2, dim=-1)
+        return self.drop(self.fc2(self.act(gate) * up))
+
+    def reset_parameters(self) -> None:
+        """Both layers initialised again, in place, as the constructor did (:meth:`torch.nn.Linear.reset_parameters`)."""
+        _reset_children(self, type(self).__name__)
+
+
+#: ``mlp_layer`` names of :class:`Block` (and the model configs' ``mlp``): the classic GELU MLP, SwiGLU, GEGLU
+_MLP_KINDS = ("gelu", "swiglu", "geglu")
+
+
+def make_mlp(kind: str, dim: int, mlp_ratio: float, *, bias: bool = True, dropout: float = 0.0) -> nn.Module:
+    """The MLP ``kind`` names (``"gelu"``, ``"swiglu"``, ``"geglu"``; case, ``_`` and ``-`` ignored): ``"gelu"`` a :class:`Mlp` of width ``int(dim * mlp_ratio)``;
+    ``"swiglu"``/``"geglu"`` a :class:`GatedMlp` of width ``int(2 dim mlp_ratio / 3)`` (at least 1), which
+    holds the parameters of the GELU MLP of the same ratio (LLaMA's 2/3).
+
+    Examples:
+        >>> make_mlp("swiglu", 12, 4.0).fc1.weight.shape      # gate and up: 2 x 32 rows
+        torch.Size([64, 12])
+    """
+    if not isinstance(kind, str):
+        raise TypeError(f"mlp kind must be one of {_MLP_KINDS}, got {type(kind).__name__} ({kind!r})")
+    key = kind.lower().replace("_", "").replace("-", "")
+    if key == "gelu":
+        return Mlp(dim, int(dim * mlp_ratio), bias=bias, dropout=dropout)
+    if key in ("swiglu", "geglu"):
+        return GatedMlp(dim, max(1, int(2 * dim * mlp_ratio / 3)), bias=bias, dropout=dropout,
+                        act_layer=nn.SiLU if key == "swiglu" else nn.GELU)
+    raise ValueError(f"unknown mlp kind {kind!r}{_choice_hint(key, _MLP_KINDS)}; expected one of {_MLP_KINDS}")
+
+
 class LayerScale(nn.Module):
     r"""Per-channel residual gain :math:`\gamma \odot x` initialised at ``init`` (CaiT).
 
@@ -188,7 +267,8 @@ class Block(nn.Module):
         drop_path: stochastic-depth probability.
         layer_scale: LayerScale init value, or ``None`` for none.
         norm_layer: ``"layernorm"``, ``"rmsnorm"`` or a callable ``dim -> Module``.
-        mlp_layer: callable ``dim -> Module`` replacing the default :class:`Mlp`.
+        mlp_layer: ``"gelu"`` (the default :class:`Mlp`), ``"swiglu"`` or ``"geglu"`` (a :class:`GatedMlp`
+            of the same parameter count, :func:`make_mlp`), or a callable ``dim -> Module``.
         backend: dense back-end of the attention.
         num_kv_heads: key/value heads of the attention (grouped-query attention; ``None`` = ``num_heads``).
         rotary: rotary embedding applied to the attention's ``q`` and ``k`` (:mod:`diffusionformer.nn.rotary`).
@@ -217,15 +297,17 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         layer_scale: float | None = None,
         norm_layer: str | Callable[[int], nn.Module] = "layernorm",
-        mlp_layer: Callable[[int], nn.Module] | None = None,
+        mlp_layer: str | Callable[[int], nn.Module] | None = None,
         backend: str = "auto",
         num_kv_heads: int | None = None,
         rotary: nn.Module | None = None,
     ) -> None:
         super().__init__()
         dim = _check_width(dim, "dim")  # else an error from mlp_ratio's check; a numpy int from a sweep: an int here
-        if mlp_layer is not None and not callable(mlp_layer):  # else "'int' object is not callable"
-            raise TypeError(f"mlp_layer must be None or a callable dim -> Module, got {type(mlp_layer).__name__}")
+        if mlp_layer is not None and not callable(mlp_layer) and not isinstance(mlp_layer, str):
+            # else "'int' object is not callable"
+            raise TypeError(f"mlp_layer must be None, one of {_MLP_KINDS} or a callable dim -> Module, "
+                            f"got {type(mlp_layer).__name__}")
         if isinstance(mlp_layer, nn.Module):  # else mlp_layer(dim) runs its forward on the int
             raise TypeError(f"mlp_layer must be None or a callable dim -> Module (a class or factory, called with dim), "
                             f"got the instance {mlp_layer!r}")
@@ -242,8 +324,10 @@ class Block(nn.Module):
         self.drop1 = nn.Dropout(dropout)
         self.ls1 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
         self.norm2 = make_norm(norm_layer, dim)
-        self.mlp = (_checked_module(mlp_layer(dim), "mlp_layer") if mlp_layer is not None
-                    else Mlp(dim, int(dim * mlp_ratio), bias=bias, dropout=dropout))
+        if mlp_layer is None or isinstance(mlp_layer, str):
+            self.mlp = make_mlp("gelu" if mlp_layer is None else mlp_layer, dim, mlp_ratio, bias=bias, dropout=dropout)
+        else:
+            self.mlp = _checked_module(mlp_layer(dim), "mlp_layer")
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
         # != 0, not > 0: a negative or NaN rate reaches DropPath's range check instead of switching stochastic depth off
         self.drop_path = DropPath(drop_path) if drop_path != 0 else nn.Identity()

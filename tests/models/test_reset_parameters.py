@@ -186,9 +186,10 @@ def test_parts_without_parameters_are_searched():
     lambda: Block(16, 4, MIXED, layer_scale=0.1, qk_norm=True, norm_layer="rmsnorm"),
     lambda: Block(16, 4, "differential(depth=1):2,attention:2", num_kv_heads=2),
     lambda: Mlp(8, 12),
+    lambda: Block(16, 4, mlp_layer="swiglu"),
     lambda: LayerScale(6, 0.3),
     lambda: GraphBlock(16, 4, MIXED, global_attention=True, edge_dim=3),
-], ids=["block", "block-gqa-differential", "mlp", "layerscale", "graph-block"])
+], ids=["block", "block-gqa-differential", "mlp", "block-swiglu", "layerscale", "graph-block"])
 def test_layers_and_blocks_reset_to_a_new_ones_values(build):
     _reset_matches_new(build)
 
