@@ -413,7 +413,7 @@ class DiffusionGraphTransformer(nn.Module):
         if not isinstance(edge_index, Tensor) or edge_index.shape != (2, 0):
             raise ValueError(f"edge_index: a batch with no node holds no edge, expected shape (2, 0), "
                              f"got {tuple(getattr(edge_index, 'shape', ()))}")
-        h = self.embed(x.to(_stored_weight(self.embed).dtype))  # (0, D)
+        h = self.embed(x.to(_stored_weight(self.embed, owner=self).dtype))  # (0, D)
         inter = ModelIntermediates(embeddings=h, hidden_states=[h] * len(self.blocks)) if return_intermediates else None
         out = self._readout(h, batch, num_graphs)  # num_graphs=None and no graph id: no graph
         return (out, inter) if inter is not None else out
@@ -496,7 +496,7 @@ class DiffusionGraphTransformer(nn.Module):
         else:  # the edge features follow the edges (self loops get zero features)
             edges, edge_attr = self._prepare_edges(edge_index, N, edge_attr)
             graph = AttentionGraph.sparse(edges, N, batch=batch, checked=checked)
-        h = self.embed(self.input_drop(x.to(_stored_weight(self.embed).dtype)))
+        h = self.embed(self.input_drop(x.to(_stored_weight(self.embed, owner=self).dtype)))
         if self.pe_embed is not None and pe is not None:
             pe = pe.to(h.dtype)
             if c.pe == "laplacian" and c.pe_sign_flip and self.training:  # eigenvector signs are arbitrary

@@ -6,18 +6,26 @@ Layers read their weights' device and dtype (to cast an input, to build a cache)
 then advanced its power iteration twice per forward), and under :mod:`torch.nn.utils.prune`
 ``module.weight`` is a plain tensor recomputed by a forward pre-hook, so after ``model.double()``
 it kept the old dtype until the module's next call (the input was cast to that stale dtype).
+A module replaced by one without a tensor ``weight`` (a hand-written adapter wrapping the layer, as
+LoRA does; :func:`torch.ao.quantization.quantize_dynamic`'s ``Linear``, whose ``weight`` is a
+method) gives its first floating-point parameter or buffer instead.
 """
 
 from __future__ import annotations
+
+from itertools import chain
 
 from torch import Tensor, nn
 
 __all__: list[str] = []
 
 
-def _stored_weight(module: nn.Module, name: str = "weight") -> Tensor:
+def _stored_weight(module: nn.Module, name: str = "weight", owner: nn.Module | None = None) -> Tensor:
     """``module``'s parameter ``name`` as stored: the parameter itself, the (first) original of a parametrization, or
-    prune's ``<name>_orig``; else ``getattr(module, name)``."""
+    prune's ``<name>_orig``; else ``getattr(module, name)`` when it is a tensor, else (a module replaced by an adapter
+    or a quantized one) its first floating-point parameter or buffer, else ``owner``'s (the layer or model holding
+    ``module``, whose device and dtype are the ones asked for); a ``TypeError`` naming the module when neither holds
+    one (the device and dtype the caller reads are nowhere)."""
     w = module._parameters.get(name)
     if w is not None:
         return w
@@ -28,7 +36,15 @@ def _stored_weight(module: nn.Module, name: str = "weight") -> Tensor:
     w = module._parameters.get(name + "_orig")  # torch.nn.utils.prune
     if w is not None:
         return w
-    return getattr(module, name)
+    w = getattr(module, name, None)
+    if isinstance(w, Tensor):
+        return w
+    w = next((t for m in (module, owner) if m is not None for t in chain(m.parameters(), m.buffers())
+              if t.is_floating_point()), None)
+    if w is None:  # else AttributeError "'function' object has no attribute 'device'" from the caller
+        raise TypeError(f"{type(module).__name__} has no tensor {name!r} and no floating-point parameter or buffer to "
+                        "read the device and dtype from")
+    return w
 
 
 def _reset_children(module: nn.Module, where: str) -> None:

@@ -219,7 +219,7 @@ class DiffusionAttention(nn.Module):
                 if any(id(t) not in before for t in op.parameters()):
                     # parameters made by bind (differential attention's): on the layer's device and in its dtype, as
                     # if they had been there when the layer was cast (a float64 or CUDA layer got float32 CPU ones)
-                    weight = _stored_weight(self.qkv)
+                    weight = _stored_weight(self.qkv, owner=self)
                     op.to(device=weight.device, dtype=weight.dtype)
             if op.needs_second_map and getattr(self, "rotary", None) is not None and self.head_dim % 4:
                 # the two maps split each head's q and k into halves; RoPE rotates channel pairs (2i, 2i+1), so with
@@ -410,7 +410,8 @@ class DiffusionAttention(nn.Module):
     def _coefficients(self, nan_for_nonpolynomial: bool = False) -> Tensor:
         K = self.max_degree
         rows = []
-        ref = _stored_weight(self.qkv)  # its device and dtype (a parametrized weight is not computed for them)
+        # its device and dtype (a parametrized weight is not computed for them; a quantized qkv gives the layer's)
+        ref = _stored_weight(self.qkv, owner=self)
         for op, (_, count), poly in zip(self.operators, self._groups, self._polynomial):
             if poly:
                 c = op.head_coefficients(count).to(device=ref.device)
@@ -854,7 +855,7 @@ def _materialise_operator_caches(layer: nn.Module, incompatible_keys: Any) -> No
     under ``with torch.device("meta")`` kept on meta through ``assign=True``, rebuilt on the device of its weights
     (an attention or Laplacian head has no state of its own to tell the device), in their precision (float64
     weights assigned to a float32 layer)."""
-    weight = _stored_weight(layer.qkv)
+    weight = _stored_weight(layer.qkv, owner=layer)
     if not weight.is_meta:
         for op in layer.operators:
             op._materialise_caches(weight.device, weight.dtype)
