@@ -233,16 +233,16 @@ def _check_block_options(where: str, *, norm: Any, backend: Any = "auto", layer_
     model is built; a misspelt name gets a "did you mean"."""
     import difflib
 
-    from diffusionformer.nn.block import _MLP_KINDS
+    from diffusionformer.nn.block import _MLP_KINDS, _mlp_key
     from diffusionformer.ops.dense import DENSE_BACKENDS
 
     key = norm.lower().replace("_", "").replace("-", "") if isinstance(norm, str) else None
-    mlp_key = mlp.lower().replace("_", "").replace("-", "") if isinstance(mlp, str) else None
-    for name, value, ok, choices in (("norm", norm, key in _NORMS, _NORMS),
-                                     ("mlp", mlp, mlp_key in _MLP_KINDS, _MLP_KINDS),
-                                     ("backend", backend, backend in DENSE_BACKENDS, DENSE_BACKENDS)):
-        if not ok:
-            close = difflib.get_close_matches(str(value), choices, n=1) if isinstance(value, str) else []
+    mlp_key = _mlp_key(mlp) if isinstance(mlp, str) else None
+    # the hint compares the name as read (case, _ and - ignored): "SwiGLUE" is close to "swiglu"
+    for name, value, read, choices in (("norm", norm, key, _NORMS), ("mlp", mlp, mlp_key, _MLP_KINDS),
+                                       ("backend", backend, backend, DENSE_BACKENDS)):
+        if read not in choices:
+            close = difflib.get_close_matches(read, choices, n=1) if isinstance(read, str) else []
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"{where}.{name}: expected one of {list(choices)}, got {value!r}{hint}")
     if layer_scale is not None and (isinstance(layer_scale, bool) or not isinstance(layer_scale, numbers.Real)

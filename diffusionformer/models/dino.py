@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from diffusionformer.config import _choice_hint, _python_number, document_fields
 from diffusionformer.models.common import check_positive, check_positive_int, check_probability
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
+from diffusionformer.nn._weights import _check_reset, _refuse_reparametrized
 
 __all__ = [
     "DINO",
@@ -377,6 +378,7 @@ class DINOHead(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Initialise every parameter again, in place, as the constructor did (truncated normal, zero biases)."""
+        _refuse_reparametrized(self, type(self).__name__)
         for m in self.mlp:
             if isinstance(m, nn.Linear):
                 m.reset_parameters()  # the draws the constructor's layers made, before the truncated normals
@@ -467,12 +469,24 @@ class DINO(nn.Module):
         """Initialise the student again, in place, as the constructor did (its ViT's and head's
         ``reset_parameters``), make the teacher its copy again and zero ``center``: under one seed the state of
         a DINO built anew."""
+        _check_reset(self.student, "DINO.student")  # refused before the backbone moves, not after
+        pairs = self._ema_pairs("reset_parameters")
         self.student.backbone.reset_parameters()  # type: ignore[operator]
         self.student.head.reset_parameters()  # type: ignore[operator]
-        teacher = dict(self.teacher.named_buffers())
-        for name, p in self.student.named_parameters():
-            teacher[name].copy_(p)
+        for teacher, student in pairs:
+            teacher.copy_(student)
         self.center.zero_()
+
+    def _ema_pairs(self, where: str) -> list[tuple[Tensor, Tensor]]:
+        """(teacher buffer, student parameter) of every parameter the teacher copied at construction."""
+        teacher = dict(self.teacher.named_buffers())
+        student = dict(self.student.named_parameters())
+        moved = [n for n in self._ema_names if n not in student]
+        if moved:  # torch.nn.utils.parametrize or prune renamed them: a bare KeyError, the teacher left half-updated
+            raise ValueError(f"{where}: the student no longer has the parameters the teacher copied at "
+                             f"construction ({moved[:3]}{' ...' if len(moved) > 3 else ''}); a student "
+                             f"parametrized or pruned after DINO was built has no EMA partner in the teacher")
+        return [(teacher[n], student[n]) for n in self._ema_names]
 
     @property
     def backbone(self) -> DiffusionViT:
@@ -493,15 +507,8 @@ class DINO(nn.Module):
         r"""EMA step ``theta_t <- m theta_t + (1 - m) theta_s`` on every student parameter."""
         if isinstance(momentum, bool) or not 0.0 <= momentum <= 1.0:  # a bool is no number
             raise ValueError(f"momentum must lie in [0, 1], got {momentum!r}")
-        teacher = dict(self.teacher.named_buffers())
-        student = dict(self.student.named_parameters())
-        moved = [n for n in self._ema_names if n not in student]
-        if moved:  # torch.nn.utils.parametrize or prune renamed them: a bare KeyError, the teacher left half-updated
-            raise ValueError(f"update_teacher: the student no longer has the parameters the teacher copied at "
-                             f"construction ({moved[:3]}{' ...' if len(moved) > 3 else ''}); a student "
-                             f"parametrized or pruned after DINO was built has no EMA partner in the teacher")
-        for name in self._ema_names:
-            teacher[name].mul_(momentum).add_(student[name].detach(), alpha=1.0 - momentum)
+        for teacher, student in self._ema_pairs("update_teacher"):
+            teacher.mul_(momentum).add_(student.detach(), alpha=1.0 - momentum)
 
     @torch.no_grad()
     def update_center(self, teacher_logits: Tensor) -> None:

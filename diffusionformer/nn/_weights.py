@@ -49,16 +49,64 @@ def _stored_weight(module: nn.Module, name: str = "weight", owner: nn.Module | N
 
 def _reset_children(module: nn.Module, where: str) -> None:
     """Call ``reset_parameters()`` on each child of ``module`` in registration order (the order the constructors
-    drew their random numbers in); a child without one is searched the same way, and one that holds parameters
-    itself but has no ``reset_parameters`` is refused (a reset that left it as trained would pass for a fresh
-    model). ``module``'s own parameters are its ``reset_parameters``'s to set."""
-    for name, child in module.named_children():
-        reset = getattr(child, "reset_parameters", None)
-        if callable(reset):
-            reset()
-            continue
-        own = [n for n, _ in child.named_parameters(recurse=False)]
-        if own:
-            raise TypeError(f"{where}.reset_parameters: {where}.{name} ({type(child).__name__}) holds parameters "
-                            f"{own} and has no reset_parameters(); give it one that re-initialises them")
-        _reset_children(child, f"{where}.{name}")
+    drew their random numbers in); a child without one is searched the same way. ``module``'s own parameters are
+    its ``reset_parameters``'s to set. Everything that would refuse the reset is found (:func:`_check_reset`)
+    before any part is reset, so a refused reset leaves the model as it was."""
+    for reset in _check_reset(module, where):
+        reset()
+
+
+def _check_reset(module: nn.Module, where: str) -> list:
+    """The ``reset_parameters`` calls that reset ``module``'s children (as :func:`_reset_children` makes them),
+    after refusing, before anything moves, what would leave trained values in a model that reads as new: a
+    reparametrized part (:func:`_refuse_reparametrized`), a part with parameters and no ``reset_parameters``, and
+    a part whose ``_check_resettable()`` refuses (a learned operator without a reset of its own)."""
+    _refuse_reparametrized(module, where)
+    for sub in module.modules():
+        check = getattr(sub, "_check_resettable", None)
+        if callable(check):
+            check()
+    resets: list = []
+
+    def collect(parent: nn.Module, path: str) -> None:
+        for name, child in parent.named_children():
+            reset = getattr(child, "reset_parameters", None)
+            if callable(reset):
+                resets.append(reset)
+                continue
+            own = [n for n, _ in child.named_parameters(recurse=False)]
+            if own:
+                raise TypeError(f"{where.split('.', 1)[0]}.reset_parameters: {path}.{name} ({type(child).__name__}) "
+                                f"holds parameters {own} and has no reset_parameters(); give it one that "
+                                "re-initialises them")
+            collect(child, f"{path}.{name}")
+
+    collect(module, where)
+    return resets
+
+
+def _refuse_reparametrized(module: nn.Module, path: str) -> None:
+    """Refuse to reset ``module`` when it or a part of it is reparametrized (:mod:`torch.nn.utils.parametrize`'s
+    ``weight_norm``/``spectral_norm``/``orthogonal``, the hook-based ``weight_norm``/``spectral_norm``, or
+    :mod:`torch.nn.utils.prune`): its ``reset_parameters`` initialises ``module.weight``, there a tensor computed
+    from the stored originals, so the originals, and the values the layer computes with, stayed as trained: a reset
+    that passed for a fresh model's. ``path`` names ``module`` from the model whose reset was called."""
+    from torch.nn.utils import parametrize, prune
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    for sub, m in module.named_modules():
+        kinds = []
+        if parametrize.is_parametrized(m):
+            kinds.append(f"parametrizations of {sorted(m.parametrizations.keys())}")
+        hooks = [type(h).__name__ for h in m._forward_pre_hooks.values()
+                 if isinstance(h, (prune.BasePruningMethod, WeightNorm, SpectralNorm))]
+        if hooks:
+            kinds.append(f"hooks {hooks}")
+        if kinds:
+            name = f"{path}.{sub}" if sub else path
+            raise TypeError(f"{path.split('.', 1)[0]}.reset_parameters: {name} ({type(m).__name__}) is "
+                            f"reparametrized ({', '.join(kinds)}): its reset would initialise the computed weight, not "
+                            "the stored originals, and leave the layer as trained; remove the reparametrization "
+                            "(torch.nn.utils.parametrize.remove_parametrizations, prune.remove), reset, then apply it "
+                            "again")

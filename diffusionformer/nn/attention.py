@@ -541,6 +541,10 @@ class DiffusionAttention(nn.Module):
                 raise TypeError(f"a tensor given as graph is read as edge_index, (2, E) integer node indices "
                                 f"(PyG's conv(x, edge_index)), got dtype {graph.dtype}; a mask goes by attn_mask= "
                                 "or key_padding_mask=")
+            if x.dim() != 2:  # else "sparse input x must have shape (N, D)", not saying the tensor was read as edges
+                raise ValueError(f"a tensor given as graph is read as edge_index, (2, E) node indices for nodes x of "
+                                 f"shape (N, D), got x of shape {tuple(x.shape)} and a graph tensor of shape "
+                                 f"{tuple(graph.shape)}; a dense mask goes by attn_mask= or key_padding_mask=")
             graph, edge_index = None, graph
         if graph is None:
             if key_padding_mask is None and attn_mask is None and edge_index is None and not is_causal:

@@ -180,6 +180,11 @@ class GatedMlp(nn.Module):
 _MLP_KINDS = ("gelu", "swiglu", "geglu")
 
 
+def _mlp_key(kind: str) -> str:
+    """An MLP name as :func:`make_mlp` reads it (case, ``_`` and ``-`` ignored): ``"SwiGLU"`` is ``"swiglu"``."""
+    return kind.lower().replace("_", "").replace("-", "")
+
+
 def make_mlp(kind: str, dim: int, mlp_ratio: float, *, bias: bool = True, dropout: float = 0.0) -> nn.Module:
     """The MLP ``kind`` names (``"gelu"``, ``"swiglu"``, ``"geglu"``; case, ``_`` and ``-`` ignored): ``"gelu"`` a :class:`Mlp` of width ``int(dim * mlp_ratio)``;
     ``"swiglu"``/``"geglu"`` a :class:`GatedMlp` of width ``int(2 dim mlp_ratio / 3)`` (at least 1), which
@@ -191,7 +196,11 @@ def make_mlp(kind: str, dim: int, mlp_ratio: float, *, bias: bool = True, dropou
     """
     if not isinstance(kind, str):
         raise TypeError(f"mlp kind must be one of {_MLP_KINDS}, got {type(kind).__name__} ({kind!r})")
-    key = kind.lower().replace("_", "").replace("-", "")
+    key = _mlp_key(kind)
+    # else a negative ratio built a width-1 gated MLP without a word, NaN failed in int(), and the GELU MLP's
+    # error named hidden_dim: Block's check, for make_mlp called alone
+    if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, numbers.Real) or not 0 < mlp_ratio < float("inf"):
+        raise ValueError(f"make_mlp: mlp_ratio must be a positive, finite float, got {mlp_ratio!r}")
     if key == "gelu":
         return Mlp(dim, int(dim * mlp_ratio), bias=bias, dropout=dropout)
     if key in ("swiglu", "geglu"):

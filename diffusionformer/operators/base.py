@@ -122,8 +122,13 @@ class DiffusionOperator(nn.Module):
         :meth:`torch.nn.Linear.reset_parameters`): the learned operators define it; an operator without
         parameters has nothing to reset, and one with parameters that does not define it is refused.
         """
+        self._check_resettable()
+
+    def _check_resettable(self) -> None:
+        """Refuse a reset of an operator with learned parameters that does not define ``reset_parameters`` (a
+        model's reset asks every part before it resets any)."""
         own = [name for name, _ in self.named_parameters()]
-        if own:
+        if own and type(self).reset_parameters is DiffusionOperator.reset_parameters:
             raise NotImplementedError(f"{type(self).__name__} holds learned parameters {own} and does not define "
                                       "reset_parameters(); define it to re-initialise them")
 

@@ -118,7 +118,7 @@ def test_bug_mlp_act_layer_and_block_mlp_layer_are_named():
     required positional argument: 'input'"; ``Block(8, 2, mlp_layer=5)`` with "'int' object is not callable"."""
     with pytest.raises(TypeError, match=r"act_layer must be a module class such as nn.GELU"):
         Mlp(8, act_layer=nn.GELU())
-    with pytest.raises(TypeError, match=r"mlp_layer must be None or a callable dim -> Module, got int"):
+    with pytest.raises(TypeError, match=r"mlp_layer must be None, one of .* or a callable dim -> Module, got int"):
         Block(8, 2, mlp_layer=5)
     assert isinstance(Mlp(8, act_layer=nn.SiLU).act, nn.SiLU)
 

@@ -282,3 +282,42 @@ def test_graph_transformer_with_positional_encoding_resets():
     pytest.importorskip("torch_geometric")
     _reset_matches_new(lambda: DiffusionGraphTransformer(GraphTransformerConfig(
         in_channels=3, num_classes=2, dim=16, depth=2, num_heads=2, pe="laplacian", pe_dim=2, edge_dim=2)))
+
+
+def _state(model: nn.Module) -> dict:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_a_refused_reset_leaves_the_model_as_it_was():
+    """Bug: the refusal came from the part that could not be reset, after the parts before it had been reset (a
+    half-reset model, no longer the trained one and not a new one either)."""
+    torch.manual_seed(0)
+    gpt = DiffusionGPT(GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    gpt.blocks[1].attn.operators[0] = _LearnedScale(2)  # a user's learned operator, in the last block
+    _perturb(gpt)
+    before = _state(gpt)
+    with pytest.raises(NotImplementedError, match="_LearnedScale"):
+        gpt.reset_parameters()
+    after = gpt.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert gpt.lm_head.weight is gpt.tok_emb.weight
+
+    blk = Block(8, 2)
+    blk.norm2 = _NormWithoutReset(8)  # after the attention, in registration order
+    _perturb(blk)
+    before = _state(blk)
+    with pytest.raises(TypeError, match=r"Block\.norm2 \(_NormWithoutReset\)"):
+        blk.reset_parameters()
+    assert all(torch.equal(before[k], v) for k, v in blk.state_dict().items())
+
+
+def test_a_refused_dino_reset_leaves_the_student_as_it_was():
+    """Bug: a reparametrized projection head was refused after the student's ViT had been reset."""
+    torch.manual_seed(0)
+    dino = create_model("dino-digits", depth=1, dim=32)
+    torch.nn.utils.parametrizations.weight_norm(dino.student.head.mlp[0])
+    _perturb(dino)
+    before = _state(dino)
+    with pytest.raises(TypeError, match=r"DINO\.student\.head\.mlp\.0 \(ParametrizedLinear\) is reparametrized"):
+        dino.reset_parameters()
+    assert all(torch.equal(before[k], v) for k, v in dino.state_dict().items())
