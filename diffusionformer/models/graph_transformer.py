@@ -15,7 +15,7 @@ from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edg
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn._weights import _reset_children, _stored_weight
-from diffusionformer.nn.block import Mlp, make_norm, resolve_layer_heads
+from diffusionformer.nn.block import _mlp_key, make_mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.edge_features import _check_edge_operators, edge_feature_attention
 from diffusionformer.ops._checks import _vmapped, checks_values
 from diffusionformer.ops.rivals import LayerState
@@ -54,13 +54,15 @@ class GraphTransformerConfig:
     pe: str | None = None  #: positional encoding passed as ``pe=``: None, "laplacian" or "random_walk"
     pe_dim: int = 8  #: width of the positional encoding (eigenvectors k, or walk length)
     pe_sign_flip: bool = True  #: random sign flip of each Laplacian eigenvector in training
+    mlp: str = "gelu"  #: MLP: "gelu", "swiglu" (gated SiLU) or "geglu"; gated ones 2/3 as wide (same parameters)
 
     def __post_init__(self) -> None:
         _python_numbers(self)  # a sweep grid's numpy numbers are read as Python numbers
         check_positive_int("GraphTransformerConfig", in_channels=self.in_channels, num_classes=self.num_classes,
                            dim=self.dim, depth=self.depth, num_heads=self.num_heads)
         _check_mlp_ratio("GraphTransformerConfig", self.dim, self.mlp_ratio)
-        _check_block_options("GraphTransformerConfig", norm=self.norm)
+        _check_block_options("GraphTransformerConfig", norm=self.norm, mlp=self.mlp)
+        self.mlp = _mlp_key(self.mlp)  # recorded as read, as GPTConfig's
         _check_bools("GraphTransformerConfig", self_loops=self.self_loops, global_attention=self.global_attention,
                      pe_sign_flip=self.pe_sign_flip)
         check_probability("GraphTransformerConfig", dropout=self.dropout, attn_dropout=self.attn_dropout,
@@ -217,6 +219,8 @@ class GraphBlock(nn.Module):
     with more than ``max_num_nodes`` nodes is likewise a ``ValueError`` in eager mode on CPU;
     elsewhere its node's index is out of range (an indexing error, never a silently dropped node).
 
+    The MLP is ``mlp_layer``'s (:func:`~diffusionformer.nn.make_mlp`: ``"gelu"``, ``"swiglu"`` or ``"geglu"``).
+
     Shapes:
         ``x``: ``(N, D)``, ``graph``: a sparse graph over ``N`` nodes or ``edge_index`` ``(2, E)``,
         ``batch``: ``(N,)`` -> ``(N, D)``.
@@ -224,7 +228,7 @@ class GraphBlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, heads: Any = None, *, mlp_ratio: float = 2.0, dropout: float = 0.0,
                  attn_dropout: float = 0.0, global_attention: bool = False, norm_layer: str = "layernorm",
-                 edge_dim: int | None = None) -> None:
+                 edge_dim: int | None = None, mlp_layer: str = "gelu") -> None:
         super().__init__()
         _check_flag(global_attention, "GraphBlock: global_attention")
         _check_mlp_ratio("GraphBlock", dim, mlp_ratio)
@@ -243,7 +247,7 @@ class GraphBlock(nn.Module):
             _import_pyg()
         self.drop = nn.Dropout(dropout)
         self.norm2 = make_norm(norm_layer, dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout=dropout)
+        self.mlp = make_mlp(mlp_layer, dim, mlp_ratio, dropout=dropout)
 
     def reset_parameters(self) -> None:
         """Initialise the block's parameters again, in place, as its constructor did (each part's own
@@ -381,7 +385,7 @@ class DiffusionGraphTransformer(nn.Module):
         self.pe_embed = nn.Linear(c.pe_dim, c.dim) if c.pe is not None else None
         self.blocks = nn.ModuleList(
             GraphBlock(c.dim, c.num_heads, spec, mlp_ratio=c.mlp_ratio, dropout=c.dropout, attn_dropout=c.attn_dropout,
-                       global_attention=c.global_attention, norm_layer=c.norm, edge_dim=c.edge_dim)
+                       global_attention=c.global_attention, norm_layer=c.norm, edge_dim=c.edge_dim, mlp_layer=c.mlp)
             for spec in specs
         )
         self.norm = make_norm(c.norm, c.dim)

@@ -100,3 +100,20 @@ def test_gpt_with_swiglu_trains():
         opt.step()
         losses.append(float(loss.detach()))
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_graph_transformer_takes_the_gated_mlp():
+    pytest.importorskip("torch_geometric")
+    from diffusionformer.models import DiffusionGraphTransformer, GraphBlock, GraphTransformerConfig
+
+    cfg = GraphTransformerConfig(in_channels=3, num_classes=2, dim=12, depth=2, num_heads=2, mlp="Swi_GLU")
+    assert cfg.mlp == "swiglu"  # recorded as read
+    model = DiffusionGraphTransformer(cfg)
+    assert all(isinstance(b.mlp, GatedMlp) and isinstance(b.mlp.act, nn.SiLU) and b.mlp.hidden_dim == 16
+               for b in model.blocks)
+    x, edges = torch.randn(5, 3), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    assert model(x, edges).shape == (5, 2)
+    assert isinstance(GraphBlock(12, 2, mlp_layer="geglu").mlp.act, nn.GELU)
+    assert isinstance(DiffusionGraphTransformer(GraphTransformerConfig(in_channels=3)).blocks[0].mlp, Mlp)
+    with pytest.raises(ValueError, match=r"GraphTransformerConfig\.mlp: .*did you mean 'geglu'"):
+        GraphTransformerConfig(mlp="GEGLUU")
