@@ -387,6 +387,11 @@ class DiffusionGPT(nn.Module):
         # checked before any token is drawn: greedy decoding and max_new_tokens=0 never reach the sampler
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {generator!r}")
+        weight = _stored_weight(self.tok_emb, owner=self)
+        if generator is not None and temperature != 0 and torch.device(generator.device) != weight.device:
+            # else torch.multinomial's "Expected a 'cuda' device type for generator but found 'cpu'" at the first draw
+            raise ValueError(f"generator is on {generator.device} and the model on {weight.device}: sampling draws on the "
+                             f"model's device, so give a generator there (torch.Generator(device={str(weight.device)!r}))")
         if max_new_tokens == 0:  # a new tensor, as for any other count: writing into it leaves the prompt
             return idx.clone()
         # every module's own mode, restored as it was (a submodule kept in eval mode, frozen, stays so) when the last
