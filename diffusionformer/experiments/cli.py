@@ -317,10 +317,14 @@ def _main(argv: list[str] | None) -> int:
             check_experiment(config, data_root=args.data_root, missing_data_ok=args.data_root is None)
             _print(f"{config.name}: {len(config.tasks)} tasks x {len(config.operators)} operator settings x "
                   f"{len(config.seeds)} seeds = {len(config.tasks) * len(config.operators) * len(config.seeds)} runs")
+            # model_overrides too where set: else a setting defined by them alone (mlp = "swiglu", rope = true, or
+            # their --set) printed as the baseline did, and a task's --set of its model did not show
             for t in config.tasks:
-                _print(f"  task {t.name}: {t.dataset} -> {t.model}, metric {t.metric}, train {t.train}")
+                model = f", model_overrides {t.model_overrides}" if t.model_overrides else ""
+                _print(f"  task {t.name}: {t.dataset} -> {t.model}, metric {t.metric}, train {t.train}{model}")
             for o in config.operators:
-                _print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}")
+                model = f" model_overrides={o.model_overrides!r}" if o.model_overrides else ""
+                _print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}{model}")
             return 0
         if args.command == "status":
             from diffusionformer.experiments.results import run_status

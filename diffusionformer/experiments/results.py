@@ -284,7 +284,9 @@ def _model_changes(task: TaskConfig, setting: OperatorSetting, stored: dict[str,
     """What changed between a run's stored (normalized) ``model_config`` and the one ``task`` and ``setting`` give now,
     e.g. ``"model_config (laplacian_heads: 1 then 2)"``, else ``None``; without loading the data: the sizes the model
     takes from the data are the stored ones, the head layout and the task's and setting's overrides are the config's
-    (a model override dropped from the config since, back at its preset default, is not told from a data size)."""
+    (a model override dropped from the config since, back at its preset default, is not told from a data size; the
+    fields of :data:`_NEW_MODEL_FIELDS` are no data size, so one of them dropped since is told: a setting's
+    ``mlp = "swiglu"`` run, read without it, was "completed" and ``publish`` put it under the config's GELU)."""
     import dataclasses
 
     from diffusionformer.experiments.build import add_setting_overrides
@@ -293,7 +295,8 @@ def _model_changes(task: TaskConfig, setting: OperatorSetting, stored: dict[str,
 
     try:
         fields = {f.name for f in dataclasses.fields(get_preset(task.model).config_cls)}
-        base = {k: v for k, v in stored.items() if k in fields and k not in ("heads", "laplacian_heads")}
+        base = {k: v for k, v in stored.items()
+                if k in fields and k not in ("heads", "laplacian_heads") and k not in _NEW_MODEL_FIELDS}
         overrides = {**base, **task.model_overrides}
         add_setting_overrides(overrides, model_config(task.model, **overrides), task, setting)
         overrides, _ = split_task_settings(task.model, overrides, warn=False)
