@@ -200,7 +200,7 @@ def _readout_batch(batch: Tensor | None, num_graphs: Any, num_nodes: int,
 
 def _check_mlp_ratio(where: str, dim: int, mlp_ratio: Any) -> None:
     """``mlp_ratio`` positive, finite and large enough for an MLP hidden width ``int(dim * mlp_ratio) >= 1``
-    (a width of 0 would make :class:`~diffusionformer.nn.block.Mlp` fall back to ``4 * dim``)."""
+    (for a width of 0 :class:`~diffusionformer.nn.block.Mlp` names its ``hidden_dim``, which no config has)."""
     check_positive(where, mlp_ratio=mlp_ratio)  # positive and finite
     if int(dim * mlp_ratio) < 1:
         raise ValueError(f"{where}.mlp_ratio={mlp_ratio!r} gives an MLP hidden width int(dim * mlp_ratio) = "

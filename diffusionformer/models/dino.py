@@ -470,7 +470,7 @@ class DINO(nn.Module):
         ``reset_parameters``), make the teacher its copy again and zero ``center``: under one seed the state of
         a DINO built anew."""
         _check_reset(self.student, "DINO.student")  # refused before the backbone moves, not after
-        pairs = self._ema_pairs("reset_parameters")
+        pairs = self._ema_pairs("DINO.reset_parameters")
         self.student.backbone.reset_parameters()  # type: ignore[operator]
         self.student.head.reset_parameters()  # type: ignore[operator]
         for teacher, student in pairs:

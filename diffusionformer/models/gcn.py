@@ -95,12 +95,13 @@ class GCN(nn.Module):
             raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
         _check_real_features(x=x)
         _check_graph_devices(x, edge_index=edge_index, batch=batch)
-        edge_index = _conv_edges(edge_index, x.shape[0], _stored_weight(self.convs[0].lin).dtype)
+        dtype = _stored_weight(self.convs[0].lin, owner=self).dtype  # a parameter-free lin: the model's
+        edge_index = _conv_edges(edge_index, x.shape[0], dtype)
         one_graph = batch is None  # no edge can cross graphs: nothing to check
         batch, num_graphs = _readout_batch(batch, num_graphs, x.shape[0], x.device)
         _check_block_diagonal(edge_index, None if one_graph else batch)
         batch = batch.long()  # int32 ids pass the check, but PyG's pools scatter with int64 indices
-        x = x.to(_stored_weight(self.convs[0].lin).dtype)  # as the graph transformer reads its x: float64 or int features, float32 model
+        x = x.to(dtype)  # as the graph transformer reads its x: float64 or int features, float32 model
         for i, conv in enumerate(self.convs):
             x = F.dropout(x, c.dropout, self.training)
             x = conv(x, edge_index)

@@ -51,7 +51,7 @@ class GPTConfig:
     n_kv_head: int | None = None  #: key/value heads (GQA; 1 = multi-query; None = n_head)
     zero_init_proj: bool = False  #: zero-initialise the attention and MLP output projections
     recompute: bool = False  #: attention layers form their combined head output again in the backward pass (less memory)
-    mlp: str = "gelu"  #: MLP: "gelu" (GPT-2's), "swiglu" (LLaMA's gated SiLU) or "geglu"; gated ones 2/3 as wide (same parameters)
+    mlp: str = "gelu"  #: MLP: "gelu" (GPT-2's), "swiglu" (LLaMA's gated SiLU) or "geglu"; gated ones 2/3 as wide (about the same parameters)
 
     def __post_init__(self) -> None:
         _python_numbers(self)  # a sweep grid's numpy numbers are read as Python numbers
@@ -275,8 +275,9 @@ class DiffusionGPT(nn.Module):
                              "the sequences (idx.to_padded_tensor(pad_id)) or call the model on each sequence")
         if idx.shape[0] < 1 or idx.shape[1] < 1:
             raise ValueError(f"idx must hold at least one sequence of at least one token, got shape {tuple(idx.shape)}")
-        if idx.device != _stored_weight(self.tok_emb).device:  # a meta idx on a CPU model gave CPU logits of garbage
-            raise ValueError(f"idx must be on the model's device {_stored_weight(self.tok_emb).device}, got {idx.device}")
+        device = _stored_weight(self.tok_emb, owner=self).device  # a quantized embedding: the model's device
+        if idx.device != device:  # a meta idx on a CPU model gave CPU logits of garbage
+            raise ValueError(f"idx must be on the model's device {device}, got {idx.device}")
         if checks_values(idx):  # no host sync on accelerators, no host read of ids batched by vmap
             _check_token_ids("idx", idx, self.config.vocab_size)
 

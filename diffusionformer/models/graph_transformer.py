@@ -54,7 +54,7 @@ class GraphTransformerConfig:
     pe: str | None = None  #: positional encoding passed as ``pe=``: None, "laplacian" or "random_walk"
     pe_dim: int = 8  #: width of the positional encoding (eigenvectors k, or walk length)
     pe_sign_flip: bool = True  #: random sign flip of each Laplacian eigenvector in training
-    mlp: str = "gelu"  #: MLP: "gelu", "swiglu" (gated SiLU) or "geglu"; gated ones 2/3 as wide (same parameters)
+    mlp: str = "gelu"  #: MLP: "gelu", "swiglu" (gated SiLU) or "geglu"; gated ones 2/3 as wide (about the same parameters)
 
     def __post_init__(self) -> None:
         _python_numbers(self)  # a sweep grid's numpy numbers are read as Python numbers

@@ -51,42 +51,43 @@ class ViTConfig:
     backend: str = "auto"  #: dense back-end of the attention
     rope: bool = False  #: 2-D rotary q/k positions (1-D for signals) instead of the learned pos_embed
     rope_base: float = 100.0  #: RoPE frequency base
-    mlp: str = "gelu"  #: MLP: "gelu", "swiglu" (gated SiLU) or "geglu"; gated ones 2/3 as wide (same parameters)
+    mlp: str = "gelu"  #: MLP: "gelu", "swiglu" (gated SiLU) or "geglu"; gated ones 2/3 as wide (about the same parameters)
 
     def __post_init__(self) -> None:
         _python_numbers(self)  # a sweep grid's numpy numbers are read as Python numbers
+        where = type(self).__name__  # DINOConfig's errors name DINOConfig
         if not isinstance(self.input_size, (tuple, list)):
-            raise TypeError(f"ViTConfig.input_size must be (H, W) or (T,) positive ints, got {self.input_size!r}")
+            raise TypeError(f"{where}.input_size must be (H, W) or (T,) positive ints, got {self.input_size!r}")
         self.input_size = tuple(self.input_size)
-        check_positive_int("ViTConfig", in_channels=self.in_channels, patch_size=self.patch_size, dim=self.dim,
+        check_positive_int(where, in_channels=self.in_channels, patch_size=self.patch_size, dim=self.dim,
                            depth=self.depth, num_heads=self.num_heads)
-        _check_mlp_ratio("ViTConfig", self.dim, self.mlp_ratio)
-        check_probability("ViTConfig", dropout=self.dropout, attn_dropout=self.attn_dropout, drop_path=self.drop_path)
+        _check_mlp_ratio(where, self.dim, self.mlp_ratio)
+        check_probability(where, dropout=self.dropout, attn_dropout=self.attn_dropout, drop_path=self.drop_path)
         if len(self.input_size) not in (1, 2) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in self.input_size):
-            raise ValueError(f"ViTConfig.input_size must be (H, W) or (T,) positive ints, got {self.input_size}")
+            raise ValueError(f"{where}.input_size must be (H, W) or (T,) positive ints, got {self.input_size}")
         if any(s % self.patch_size for s in self.input_size):
-            raise ValueError(f"ViTConfig.patch_size={self.patch_size} must divide input_size={self.input_size}")
+            raise ValueError(f"{where}.patch_size={self.patch_size} must divide input_size={self.input_size}")
         if self.dim % self.num_heads:
-            raise ValueError(f"ViTConfig: num_heads={self.num_heads} must divide dim={self.dim}")
+            raise ValueError(f"{where}: num_heads={self.num_heads} must divide dim={self.dim}")
         if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int):
-            raise TypeError(f"ViTConfig.num_classes must be an int >= 0 (0: no head), "
+            raise TypeError(f"{where}.num_classes must be an int >= 0 (0: no head), "
                             f"got {type(self.num_classes).__name__} {self.num_classes!r}")
         if self.num_classes < 0:
-            raise ValueError(f"ViTConfig.num_classes must be >= 0, got {self.num_classes}")
+            raise ValueError(f"{where}.num_classes must be >= 0, got {self.num_classes}")
         if self.pool not in ("cls", "mean"):
-            raise ValueError(f"ViTConfig.pool must be 'cls' or 'mean', got {self.pool!r}{_choice_hint(self.pool, ('cls', 'mean'))}")
+            raise ValueError(f"{where}.pool must be 'cls' or 'mean', got {self.pool!r}{_choice_hint(self.pool, ('cls', 'mean'))}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
-        _check_block_options("ViTConfig", norm=self.norm, backend=self.backend, layer_scale=self.layer_scale,
+        _check_block_options(where, norm=self.norm, backend=self.backend, layer_scale=self.layer_scale,
                              mlp=self.mlp)
         # "SwiGLU" and "swi_glu" build the "swiglu" MLP, so recorded as "swiglu": a run's identity (and "GELU"'s,
         # the default MLP's, left out of it as "gelu" is) names the model, not its spelling
         self.mlp = _mlp_key(self.mlp)
-        _check_bools("ViTConfig", qk_norm=self.qk_norm, rope=self.rope)
+        _check_bools(where, qk_norm=self.qk_norm, rope=self.rope)
         multiple = 4 if len(self.input_size) == 2 else 2
         if self.rope and (self.dim // self.num_heads) % multiple:
-            raise ValueError(f"ViTConfig.rope: expected a head dim dim/num_heads divisible by {multiple}, "
+            raise ValueError(f"{where}.rope: expected a head dim dim/num_heads divisible by {multiple}, "
                              f"got {self.dim // self.num_heads}")
-        _check_rope_base("ViTConfig", self.rope_base)
+        _check_rope_base(where, self.rope_base)
 
     @property
     def grid_size(self) -> tuple[int, ...]:
@@ -174,7 +175,7 @@ class DiffusionViT(nn.Module):
             raise TypeError(f"x must be a Tensor of images (B, C, H, W) or signals (B, T, C), got {type(x).__name__}")
         if not x.is_floating_point():  # uint8 pixels: the patch convolution would fail on the dtype
             raise TypeError(f"x must be a floating-point tensor (e.g. uint8 images scaled to floats), got dtype {x.dtype}")
-        x = x.to(_stored_weight(self.patch_embed).dtype)  # as the graph transformer reads its x: float64 data, float32 model
+        x = x.to(_stored_weight(self.patch_embed, owner=self).dtype)  # as the graph transformer reads its x: float64 data, float32 model
         if len(c.input_size) == 2:
             expected = (c.in_channels, *c.input_size)
             if x.dim() != 4 or tuple(x.shape[1:]) != expected:

@@ -536,7 +536,8 @@ class DiffusionAttention(nn.Module):
             return attend_cached(self, x, cache, positions, state)
         if isinstance(graph, Tensor):  # PyG's conv(x, edge_index): the tensor is the edge_index shorthand
             if key_padding_mask is not None or attn_mask is not None or edge_index is not None or is_causal:
-                raise ValueError("pass either graph= or key_padding_mask/attn_mask/edge_index/is_causal, not both")
+                raise ValueError("a tensor given as graph is read as edge_index: pass it, or the shorthands "
+                                 "key_padding_mask/attn_mask/edge_index/is_causal, not both")
             if graph.is_floating_point() or graph.is_complex() or graph.dtype == torch.bool:
                 raise TypeError(f"a tensor given as graph is read as edge_index, (2, E) integer node indices "
                                 f"(PyG's conv(x, edge_index)), got dtype {graph.dtype}; a mask goes by attn_mask= "

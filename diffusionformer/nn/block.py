@@ -132,7 +132,7 @@ class GatedMlp(nn.Module):
 
     Args:
         dim: input and output width ``D``.
-        hidden_dim: gated width (default ``int(8 D / 3)``: the parameters of a ``4 D`` :class:`Mlp`, LLaMA's
+        hidden_dim: gated width (default ``int(8 D / 3)``: about the parameters of a ``4 D`` :class:`Mlp`, LLaMA's
             choice before its rounding).
         bias: biases in both layers.
         dropout: dropout after the second layer.
@@ -188,19 +188,24 @@ def _mlp_key(kind: str) -> str:
 def make_mlp(kind: str, dim: int, mlp_ratio: float, *, bias: bool = True, dropout: float = 0.0) -> nn.Module:
     """The MLP ``kind`` names (``"gelu"``, ``"swiglu"``, ``"geglu"``; case, ``_`` and ``-`` ignored): ``"gelu"`` a :class:`Mlp` of width ``int(dim * mlp_ratio)``;
     ``"swiglu"``/``"geglu"`` a :class:`GatedMlp` of width ``int(2 dim mlp_ratio / 3)`` (at least 1), which
-    holds the parameters of the GELU MLP of the same ratio (LLaMA's 2/3).
+    holds about the parameters of the GELU MLP of the same ratio (LLaMA's 2/3; the weight matrices exactly when 3
+    divides ``dim * mlp_ratio``, the gated first layer's bias a third wider).
 
     Examples:
         >>> make_mlp("swiglu", 12, 4.0).fc1.weight.shape      # gate and up: 2 x 32 rows
         torch.Size([64, 12])
     """
     if not isinstance(kind, str):
-        raise TypeError(f"mlp kind must be one of {_MLP_KINDS}, got {type(kind).__name__} ({kind!r})")
+        raise TypeError(f"make_mlp: kind must be one of {_MLP_KINDS}, got {type(kind).__name__} ({kind!r})")
     key = _mlp_key(kind)
     # else a negative ratio built a width-1 gated MLP without a word, NaN failed in int(), and the GELU MLP's
     # error named hidden_dim: Block's check, for make_mlp called alone
     if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, numbers.Real) or not 0 < mlp_ratio < float("inf"):
         raise ValueError(f"make_mlp: mlp_ratio must be a positive, finite float, got {mlp_ratio!r}")
+    dim = _check_width(dim, "make_mlp: dim")
+    if int(dim * mlp_ratio) < 1:  # as Block and the configs refuse it, for every kind (not a width-1 gated MLP)
+        raise ValueError(f"make_mlp: mlp_ratio={mlp_ratio!r} gives an MLP width int(dim * mlp_ratio) = "
+                         f"{int(dim * mlp_ratio)} for dim={dim}; expected a width >= 1")
     if key == "gelu":
         return Mlp(dim, int(dim * mlp_ratio), bias=bias, dropout=dropout)
     if key in ("swiglu", "geglu"):
@@ -277,7 +282,7 @@ class Block(nn.Module):
         layer_scale: LayerScale init value, or ``None`` for none.
         norm_layer: ``"layernorm"``, ``"rmsnorm"`` or a callable ``dim -> Module``.
         mlp_layer: ``"gelu"`` (the default :class:`Mlp`), ``"swiglu"`` or ``"geglu"`` (a :class:`GatedMlp`
-            of the same parameter count, :func:`make_mlp`), or a callable ``dim -> Module``.
+            of about the same parameter count, :func:`make_mlp`), or a callable ``dim -> Module``.
         backend: dense back-end of the attention.
         num_kv_heads: key/value heads of the attention (grouped-query attention; ``None`` = ``num_heads``).
         rotary: rotary embedding applied to the attention's ``q`` and ``k`` (:mod:`diffusionformer.nn.rotary`).
@@ -318,7 +323,8 @@ class Block(nn.Module):
             raise TypeError(f"mlp_layer must be None, one of {_MLP_KINDS} or a callable dim -> Module, "
                             f"got {type(mlp_layer).__name__}")
         if isinstance(mlp_layer, nn.Module):  # else mlp_layer(dim) runs its forward on the int
-            raise TypeError(f"mlp_layer must be None or a callable dim -> Module (a class or factory, called with dim), "
+            raise TypeError(f"mlp_layer must be None, one of {_MLP_KINDS} or a callable dim -> Module (a class or "
+                            f"factory, called with dim), "
                             f"got the instance {mlp_layer!r}")
         if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, numbers.Real):
             raise TypeError(f"mlp_ratio must be a float, got {type(mlp_ratio).__name__} ({mlp_ratio!r})")

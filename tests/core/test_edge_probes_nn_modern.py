@@ -77,5 +77,5 @@ def test_bug_norm_and_mlp_layer_module_instances_are_named():
         make_norm(nn.LayerNorm(8), 8)
     with pytest.raises(TypeError, match=r"norm must be .* got the instance RMSNorm"):
         Block(8, 2, norm_layer=nn.RMSNorm(8))
-    with pytest.raises(TypeError, match=r"mlp_layer must be None or a callable dim -> Module .* got the instance Mlp"):
+    with pytest.raises(TypeError, match=r"mlp_layer must be None, one of .* or a callable dim -> Module .* got the instance Mlp"):
         Block(8, 2, mlp_layer=Mlp(8))

@@ -47,7 +47,7 @@ def test_a_mask_in_the_graph_place_is_refused_with_the_right_keyword(bad):
 
 def test_tensor_graph_with_a_shorthand_is_refused():
     attn = DiffusionAttention(16, 4)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="read as edge_index: pass it, or the shorthands .*, not both"):
         attn(_x(5, 16), EDGES, edge_index=EDGES)
     with pytest.raises(ValueError, match="cache= runs causal decoding"):
         DiffusionAttention(16, 4, causal=True)(_x(1, 1, 16), EDGES, cache=object())
