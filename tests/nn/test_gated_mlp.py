@@ -56,8 +56,11 @@ def test_unknown_kinds_and_bad_arguments():
         GatedMlp(8, 0)
     with pytest.raises(TypeError, match="module class"):
         GatedMlp(8, act_layer=nn.SiLU())
-    for config in (GPTConfig, ViTConfig):
-        with pytest.raises(ValueError, match=r"\.mlp: expected one of \['gelu', 'swiglu', 'geglu'\].*did you mean"):
+    from diffusionformer.models import DINOConfig
+
+    for config in (GPTConfig, ViTConfig, DINOConfig):  # DINOConfig's inherited checks name DINOConfig
+        with pytest.raises(ValueError, match=rf"^{config.__name__}\.mlp: expected one of \['gelu', 'swiglu', 'geglu'\]"
+                                             r".*did you mean"):
             config(mlp="swiglue")
 
 
