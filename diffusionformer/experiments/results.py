@@ -244,13 +244,22 @@ def _without_new_defaults(d: dict[str, Any], new: Mapping[str, Any]) -> dict[str
     return {k: v for k, v in d.items() if not (k in new and at_default(k, v))}
 
 
+def _names_as_read(model: dict[str, Any]) -> dict[str, Any]:
+    """A stored model config with ``norm`` and ``mlp`` as the configs record them now (``"RMSNorm"`` is
+    ``"rmsnorm"``, :func:`~diffusionformer.models.common._check_block_options`): a run recorded while they were
+    kept as spelt is the run of the same model."""
+    from diffusionformer.nn.block import _name_key
+
+    return {k: _name_key(v) if k in ("norm", "mlp") and isinstance(v, str) else v for k, v in model.items()}
+
+
 def _normalized_identity(identity: dict[str, Any]) -> dict[str, Any]:
     """A stored ``run_config.json`` without the fields added later that sit at their defaults, as a run's identity
     leaves them out now: a run recorded before such a field existed and one recorded while it was still written at
     its default (``"recompute": false`` before it joined :data:`_NEW_MODEL_FIELDS`) are the same run."""
     d = dict(identity)
     if isinstance(d.get("model_config"), dict):
-        d["model_config"] = _without_new_defaults(d["model_config"], _NEW_MODEL_FIELDS)
+        d["model_config"] = _without_new_defaults(_names_as_read(d["model_config"]), _NEW_MODEL_FIELDS)
     if isinstance(d.get("train"), dict):
         d["train"] = _without_new_defaults(d["train"], _NEW_TRAIN_FIELDS)
     return d

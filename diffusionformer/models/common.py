@@ -225,19 +225,21 @@ _NORMS = ("layernorm", "rmsnorm")
 
 
 def _check_block_options(where: str, *, norm: Any, backend: Any = "auto", layer_scale: Any = None,
-                         mlp: Any = "gelu") -> None:
+                         mlp: Any = "gelu") -> tuple[str, str]:
     """A config's ``norm`` (``"layernorm"``/``"rmsnorm"``) and ``mlp`` (``"gelu"``/``"swiglu"``/``"geglu"``),
     ``_``/``-`` and case ignored as :func:`~diffusionformer.nn.block.make_norm` and
     :func:`~diffusionformer.nn.block.make_mlp` read them, ``backend`` (one of ``DENSE_BACKENDS``) and
     ``layer_scale`` (``None`` or a finite number), checked when the config is made rather than when the
-    model is built; a misspelt name gets a "did you mean"."""
+    model is built; a misspelt name gets a "did you mean". Returns ``(norm, mlp)`` as read, which the configs
+    record: ``"RMSNorm"`` and ``"rmsnorm"`` build one model, and a run's identity names the model, not its
+    spelling (``"GELU"``, the default MLP, stays out of it as ``"gelu"`` does)."""
     import difflib
 
-    from diffusionformer.nn.block import _MLP_KINDS, _mlp_key
+    from diffusionformer.nn.block import _MLP_KINDS, _name_key
     from diffusionformer.ops.dense import DENSE_BACKENDS
 
-    key = norm.lower().replace("_", "").replace("-", "") if isinstance(norm, str) else None
-    mlp_key = _mlp_key(mlp) if isinstance(mlp, str) else None
+    key = _name_key(norm) if isinstance(norm, str) else None
+    mlp_key = _name_key(mlp) if isinstance(mlp, str) else None
     # the hint compares the name as read (case, _ and - ignored): "SwiGLUE" is close to "swiglu"
     for name, value, read, choices in (("norm", norm, key, _NORMS), ("mlp", mlp, mlp_key, _MLP_KINDS),
                                        ("backend", backend, backend, DENSE_BACKENDS)):
@@ -248,6 +250,7 @@ def _check_block_options(where: str, *, norm: Any, backend: Any = "auto", layer_
     if layer_scale is not None and (isinstance(layer_scale, bool) or not isinstance(layer_scale, numbers.Real)
                                     or not math.isfinite(layer_scale)):
         raise ValueError(f"{where}.layer_scale: expected None or a finite float, got {layer_scale!r}")
+    return str(key), str(mlp_key)  # both checked above
 
 
 def check_probability(where: str, **values: Any) -> None:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffusionformer.config import _check_flag, _python_numbers, document_fields
-from diffusionformer.nn.block import Block, _mlp_key, make_norm, resolve_layer_heads
+from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
@@ -62,10 +62,7 @@ class GPTConfig:
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"GPTConfig: n_head={self.n_head} must divide n_embd={self.n_embd}")
         resolve_layer_heads(self.n_layer, self.n_head, self.heads, self.laplacian_heads)
-        _check_block_options("GPTConfig", norm=self.norm, backend=self.backend, mlp=self.mlp)
-        # "SwiGLU" and "swi_glu" build the "swiglu" MLP, so recorded as "swiglu": a run's identity (and "GELU"'s,
-        # the default MLP's, left out of it as "gelu" is) names the model, not its spelling
-        self.mlp = _mlp_key(self.mlp)
+        self.norm, self.mlp = _check_block_options("GPTConfig", norm=self.norm, backend=self.backend, mlp=self.mlp)
         _check_bools("GPTConfig", bias=self.bias, qk_norm=self.qk_norm, tie_weights=self.tie_weights, rope=self.rope,
                      zero_init_proj=self.zero_init_proj, recompute=self.recompute)
         if self.rope and (self.n_embd // self.n_head) % 2:
@@ -118,7 +115,7 @@ class DiffusionGPT(nn.Module):
         specs = resolve_layer_heads(c.n_layer, c.n_head, c.heads, c.laplacian_heads)
         # bias=False drops the LayerNorm biases too (nanoGPT's LayerNorm(ndim, bias=config.bias))
         norm: Any = c.norm
-        if not c.bias and c.norm.lower().replace("_", "").replace("-", "") == "layernorm":
+        if not c.bias and c.norm == "layernorm":  # recorded as read by the config
             norm = partial(nn.LayerNorm, bias=False)
         self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
         self.pos_emb = None if c.rope else nn.Embedding(c.block_size, c.n_embd)

@@ -15,7 +15,7 @@ from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edg
 from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn._weights import _reset_children, _stored_weight
-from diffusionformer.nn.block import _mlp_key, make_mlp, make_norm, resolve_layer_heads
+from diffusionformer.nn.block import make_mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.edge_features import _check_edge_operators, edge_feature_attention
 from diffusionformer.ops._checks import _vmapped, checks_values
 from diffusionformer.ops.rivals import LayerState
@@ -61,8 +61,7 @@ class GraphTransformerConfig:
         check_positive_int("GraphTransformerConfig", in_channels=self.in_channels, num_classes=self.num_classes,
                            dim=self.dim, depth=self.depth, num_heads=self.num_heads)
         _check_mlp_ratio("GraphTransformerConfig", self.dim, self.mlp_ratio)
-        _check_block_options("GraphTransformerConfig", norm=self.norm, mlp=self.mlp)
-        self.mlp = _mlp_key(self.mlp)  # recorded as read, as GPTConfig's
+        self.norm, self.mlp = _check_block_options("GraphTransformerConfig", norm=self.norm, mlp=self.mlp)
         _check_bools("GraphTransformerConfig", self_loops=self.self_loops, global_attention=self.global_attention,
                      pe_sign_flip=self.pe_sign_flip)
         check_probability("GraphTransformerConfig", dropout=self.dropout, attn_dropout=self.attn_dropout,

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
-from diffusionformer.nn.block import Block, _mlp_key, make_norm, resolve_layer_heads
+from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
@@ -77,11 +77,8 @@ class ViTConfig:
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"{where}.pool must be 'cls' or 'mean', got {self.pool!r}{_choice_hint(self.pool, ('cls', 'mean'))}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
-        _check_block_options(where, norm=self.norm, backend=self.backend, layer_scale=self.layer_scale,
-                             mlp=self.mlp)
-        # "SwiGLU" and "swi_glu" build the "swiglu" MLP, so recorded as "swiglu": a run's identity (and "GELU"'s,
-        # the default MLP's, left out of it as "gelu" is) names the model, not its spelling
-        self.mlp = _mlp_key(self.mlp)
+        self.norm, self.mlp = _check_block_options(where, norm=self.norm, backend=self.backend,
+                                                   layer_scale=self.layer_scale, mlp=self.mlp)
         _check_bools(where, qk_norm=self.qk_norm, rope=self.rope)
         multiple = 4 if len(self.input_size) == 2 else 2
         if self.rope and (self.dim // self.num_heads) % multiple:

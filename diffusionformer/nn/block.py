@@ -48,7 +48,7 @@ def make_norm(norm: str | Callable[[int], nn.Module], dim: int) -> nn.Module:
         return _checked_module(norm(dim), "norm")
     if not isinstance(norm, str):
         raise TypeError(f"norm must be 'layernorm', 'rmsnorm' or a callable, got {type(norm).__name__}")
-    key = norm.lower().replace("_", "").replace("-", "")
+    key = _name_key(norm)
     if key == "layernorm":
         return nn.LayerNorm(dim)
     if key == "rmsnorm":
@@ -180,9 +180,10 @@ class GatedMlp(nn.Module):
 _MLP_KINDS = ("gelu", "swiglu", "geglu")
 
 
-def _mlp_key(kind: str) -> str:
-    """An MLP name as :func:`make_mlp` reads it (case, ``_`` and ``-`` ignored): ``"SwiGLU"`` is ``"swiglu"``."""
-    return kind.lower().replace("_", "").replace("-", "")
+def _name_key(name: str) -> str:
+    """A norm or MLP name as :func:`make_norm` and :func:`make_mlp` read it (case, ``_`` and ``-`` ignored):
+    ``"SwiGLU"`` is ``"swiglu"``, ``"RMS_Norm"`` is ``"rmsnorm"``."""
+    return name.lower().replace("_", "").replace("-", "")
 
 
 def make_mlp(kind: str, dim: int, mlp_ratio: float, *, bias: bool = True, dropout: float = 0.0) -> nn.Module:
@@ -197,7 +198,7 @@ def make_mlp(kind: str, dim: int, mlp_ratio: float, *, bias: bool = True, dropou
     """
     if not isinstance(kind, str):
         raise TypeError(f"make_mlp: kind must be one of {_MLP_KINDS}, got {type(kind).__name__} ({kind!r})")
-    key = _mlp_key(kind)
+    key = _name_key(kind)
     # else a negative ratio built a width-1 gated MLP without a word, NaN failed in int(), and the GELU MLP's
     # error named hidden_dim: Block's check, for make_mlp called alone
     if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, numbers.Real) or not 0 < mlp_ratio < float("inf"):

@@ -319,8 +319,8 @@ def test_configs_check_norm_backend_and_layer_scale_when_made(cls, base):
     import diffusionformer.models as models
 
     config = getattr(models, cls)
-    for ok in ("RMSNorm", "layer_norm", "layernorm"):
-        assert config(**base, norm=ok).norm == ok
+    for ok, read in (("RMSNorm", "rmsnorm"), ("layer_norm", "layernorm"), ("layernorm", "layernorm")):
+        assert config(**base, norm=ok).norm == read  # recorded as read (sitting 47)
     with pytest.raises(ValueError, match=rf"{cls}\.norm: expected one of \['layernorm', 'rmsnorm'\], got "
                                          r"'rmsnrom' \(did you mean 'rmsnorm'\?\)"):
         config(**base, norm="rmsnrom")

@@ -120,3 +120,18 @@ def test_graph_transformer_takes_the_gated_mlp():
     assert isinstance(DiffusionGraphTransformer(GraphTransformerConfig(in_channels=3)).blocks[0].mlp, Mlp)
     with pytest.raises(ValueError, match=r"GraphTransformerConfig\.mlp: .*did you mean 'geglu'"):
         GraphTransformerConfig(mlp="GEGLUU")
+
+
+def test_norm_and_mlp_are_recorded_as_read_and_old_spellings_keep_their_identity():
+    """Bug: ``norm="RMSNorm"`` was recorded as spelt, so a run made with it and read with ``"rmsnorm"`` (one model)
+    was refused as a changed definition; stored spellings are now read as the configs record them."""
+    from diffusionformer.experiments.results import _normalized_identity
+    from diffusionformer.models import GraphTransformerConfig
+
+    for config in (GPTConfig(norm="RMS_Norm", mlp="SwiGLU"), ViTConfig(norm="LayerNorm"),
+                   GraphTransformerConfig(norm="rms-norm")):
+        assert config.norm in ("layernorm", "rmsnorm") and config.mlp in ("gelu", "swiglu")
+    old = {"model_config": {"n_embd": 16, "norm": "RMSNorm", "mlp": "GELU"}}
+    new = {"model_config": {"n_embd": 16, "norm": "rmsnorm"}}
+    assert _normalized_identity(old) == _normalized_identity(new)
+    assert _normalized_identity({"model_config": {"norm": "layernorm"}}) != _normalized_identity(new)
