@@ -80,6 +80,23 @@ def _check_rate(p: object, name: str) -> float:
     return float(p)
 
 
+def _mlp_arguments(where: str, dim: Any, hidden_dim: Any, default: Callable[[int], int], bias: Any, dropout: Any,
+                   act_layer: Any, example: str) -> tuple[int, int, float]:
+    """An MLP constructor's ``(dim, hidden_dim, dropout)`` checked, as Python numbers (a sweep's numpy ones too);
+    ``hidden_dim=None`` takes ``default(dim)``; ``where`` names the class in the errors, ``example`` an activation
+    class for the message refusing an instance."""
+    dim = _check_width(dim, f"{where}: dim")
+    if not isinstance(act_layer, type) and isinstance(act_layer, nn.Module):  # act_layer() would call its forward
+        raise TypeError(f"{where}: act_layer must be a module class such as {example} (it is instantiated here), "
+                        f"got the instance {act_layer!r}")
+    if hidden_dim is None:
+        hidden_dim = default(dim)
+    elif isinstance(hidden_dim, bool) or not isinstance(hidden_dim, numbers.Integral) or hidden_dim < 1:
+        raise ValueError(f"{where}: hidden_dim must be a positive int or None, got {hidden_dim!r}")
+    _check_flag(bias, f"{where}: bias")
+    return dim, int(hidden_dim), _check_rate(dropout, f"{where}: dropout")
+
+
 class Mlp(nn.Module):
     r"""Two-layer perceptron :math:`W_2\, \sigma(W_1 x + b_1) + b_2` with GELU and dropout.
 
@@ -97,17 +114,8 @@ class Mlp(nn.Module):
     def __init__(self, dim: int, hidden_dim: int | None = None, *, bias: bool = True, dropout: float = 0.0,
                  act_layer: type[nn.Module] = nn.GELU) -> None:
         super().__init__()
-        dim = _check_width(dim, "Mlp: dim")
-        if not isinstance(act_layer, type) and isinstance(act_layer, nn.Module):  # act_layer() would call its forward
-            raise TypeError(f"Mlp: act_layer must be a module class such as nn.GELU (it is instantiated here), "
-                            f"got the instance {act_layer!r}")
-        if hidden_dim is None:
-            hidden_dim = 4 * dim
-        elif isinstance(hidden_dim, bool) or not isinstance(hidden_dim, numbers.Integral) or hidden_dim < 1:
-            raise ValueError(f"Mlp: hidden_dim must be a positive int or None, got {hidden_dim!r}")
-        hidden_dim = int(hidden_dim)  # a numpy int from a sweep
-        _check_flag(bias, "Mlp: bias")
-        dropout = _check_rate(dropout, "Mlp: dropout")
+        dim, hidden_dim, dropout = _mlp_arguments("Mlp", dim, hidden_dim, lambda d: 4 * d, bias, dropout, act_layer,
+                                                   "nn.GELU")
         self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
         self.act = act_layer()
         self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
@@ -150,17 +158,8 @@ class GatedMlp(nn.Module):
     def __init__(self, dim: int, hidden_dim: int | None = None, *, bias: bool = True, dropout: float = 0.0,
                  act_layer: type[nn.Module] = nn.SiLU) -> None:
         super().__init__()
-        dim = _check_width(dim, "GatedMlp: dim")
-        if not isinstance(act_layer, type) and isinstance(act_layer, nn.Module):  # act_layer() would call its forward
-            raise TypeError(f"GatedMlp: act_layer must be a module class such as nn.SiLU (it is instantiated here), "
-                            f"got the instance {act_layer!r}")
-        if hidden_dim is None:
-            hidden_dim = max(1, 8 * dim // 3)
-        elif isinstance(hidden_dim, bool) or not isinstance(hidden_dim, numbers.Integral) or hidden_dim < 1:
-            raise ValueError(f"GatedMlp: hidden_dim must be a positive int or None, got {hidden_dim!r}")
-        hidden_dim = int(hidden_dim)  # a numpy int from a sweep
-        _check_flag(bias, "GatedMlp: bias")
-        dropout = _check_rate(dropout, "GatedMlp: dropout")
+        dim, hidden_dim, dropout = _mlp_arguments("GatedMlp", dim, hidden_dim, lambda d: max(1, 8 * d // 3), bias,
+                                                   dropout, act_layer, "nn.SiLU")
         self.hidden_dim = hidden_dim
         self.fc1 = nn.Linear(dim, 2 * hidden_dim, bias=bias)
         self.act = act_layer()
