@@ -685,6 +685,25 @@ def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
     return runs
 
 
+def _setting_definition(config: ExperimentConfig, setting: Any) -> str:
+    """``setting``'s definition in ``config`` as the model it builds (``summary``'s column key): ``norm`` and ``mlp`` as
+    the configs read them (``"SwiGLU"`` is ``"swiglu"``), and a later-added model field at its default
+    (:data:`~diffusionformer.experiments.results._NEW_MODEL_FIELDS`: ``mlp = "gelu"``) as absent, as a run's identity
+    has them, unless a task of ``config`` sets that field otherwise (where ``mlp = "gelu"`` changes the model)."""
+    from diffusionformer.experiments.results import _NEW_MODEL_FIELDS, _names_as_read, _without_new_defaults
+
+    overrides = setting.model_overrides
+    if isinstance(overrides, dict):
+        overrides = _names_as_read(overrides)
+        # the later-added fields a task sets to another value than their default
+        set_by_tasks = {k for task in config.tasks if isinstance(task.model_overrides, dict)
+                        for k in _without_new_defaults(_names_as_read(task.model_overrides), _NEW_MODEL_FIELDS)
+                        if k in _NEW_MODEL_FIELDS}
+        new = {k: v for k, v in _NEW_MODEL_FIELDS.items() if k not in set_by_tasks}
+        overrides = _without_new_defaults(overrides, new)
+    return json.dumps([setting.heads, setting.laplacian_heads, overrides], sort_keys=True, default=str)
+
+
 def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, selected: bool = False,
                   alpha: float = 0.05, strong: float | None = None) -> str:
     r"""One markdown table over several comparisons: each setting against the baseline, per task.
@@ -699,7 +718,8 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
     unadjusted, after Holm and after Benjamini-Hochberg. Tasks without finished runs are left
     out; a cell with fewer seeds than the config asks for says how many it has. A setting name that two
     comparisons define differently (another head layout or ``model_overrides``) gets a column per definition,
-    headed with the comparisons that define it.
+    headed with the comparisons that define it; ``norm`` and ``mlp`` are compared as the configs read them
+    (``"SwiGLU"`` is ``"swiglu"``), and a later-added model field at its default as absent.
 
     Args:
         configs: the comparisons (their results under ``<out_root>/<name>/``).
@@ -761,8 +781,7 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
                 row = rows_of[setting.name]
                 if not row.get(key_values):
                     continue
-                column = (setting.name, json.dumps([setting.heads, setting.laplacian_heads, setting.model_overrides],
-                                                   sort_keys=True, default=str))
+                column = (setting.name, _setting_definition(config, setting))
                 if column not in settings:
                     settings.append(column)
                 if config.name not in defined_in.setdefault(column, []):

@@ -244,7 +244,9 @@ def _check_block_options(where: str, *, norm: Any, backend: Any = "auto", layer_
     for name, value, read, choices in (("norm", norm, key, _NORMS), ("mlp", mlp, mlp_key, _MLP_KINDS),
                                        ("backend", backend, backend, DENSE_BACKENDS)):
         if read not in choices:
-            close = difflib.get_close_matches(read, choices, n=1) if isinstance(read, str) else []
+            # the backend as the ops' hint reads it (ops/_checks.py _backend_hint): "SDPA" is close to "sdpa"
+            close = difflib.get_close_matches(read.lower().replace("-", "_"), choices, n=1) if isinstance(
+                read, str) else []
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"{where}.{name}: expected one of {list(choices)}, got {value!r}{hint}")
     if layer_scale is not None and (isinstance(layer_scale, bool) or not isinstance(layer_scale, numbers.Real)

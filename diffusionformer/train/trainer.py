@@ -23,6 +23,7 @@ from .checkpoint import (
     CHECKPOINT_NAME,
     load_checkpoint,
     model_record,
+    _predated_fields_at_default,
     model_record_differences,
     save_checkpoint,
 )
@@ -353,7 +354,7 @@ class Trainer:
             raise CheckpointError(f"checkpoint {path}: expected a model record as the trainer saves (a mapping with "
                                   f"'class', 'config' and 'heads' mappings), got {_type_name(saved_model)} "
                                   f"({repr(saved_model)[:200]})")
-        model_diffs = model_record_differences(saved_model, now_record)
+        model_diffs = model_record_differences(_predated_fields_at_default(saved_model, self.model), now_record)
         if model_diffs:
             raise ValueError(
                 f"resume: checkpoint {path} was written by a different model ({'; '.join(model_diffs)}); "
