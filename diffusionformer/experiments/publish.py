@@ -690,7 +690,8 @@ def _setting_definition(config: ExperimentConfig, setting: Any) -> str:
     the configs read them (``"SwiGLU"`` is ``"swiglu"``), and a later-added model field at its default
     (:data:`~diffusionformer.experiments.results._NEW_MODEL_FIELDS`: ``mlp = "gelu"``) as absent, as a run's identity
     has them, unless a task of ``config`` sets that field otherwise (where ``mlp = "gelu"`` changes the model)."""
-    from diffusionformer.experiments.results import _NEW_MODEL_FIELDS, _names_as_read, _without_new_defaults
+    from diffusionformer.experiments.results import _NEW_MODEL_FIELDS, _without_new_defaults
+    from diffusionformer.nn.block import _names_as_read
 
     overrides = setting.model_overrides
     if isinstance(overrides, dict):

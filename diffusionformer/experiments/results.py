@@ -21,6 +21,7 @@ from diffusionformer.experiments.config import (ExperimentConfig, OperatorSettin
                                                 train_config)
 from diffusionformer.experiments.store import live_holder as _live_holder
 from diffusionformer.experiments.tasks import as_metrics
+from diffusionformer.nn.block import _names_as_read
 from diffusionformer.train import read_metrics
 
 __all__ = ["RunResult", "finished_runs", "first_reach", "read_curves", "run_dir", "run_status", "select_evaluation"]
@@ -242,15 +243,6 @@ def _without_new_defaults(d: dict[str, Any], new: Mapping[str, Any]) -> dict[str
         return (list(value) if isinstance(value, (list, tuple)) else value) == (
             list(default) if isinstance(default, tuple) else default)
     return {k: v for k, v in d.items() if not (k in new and at_default(k, v))}
-
-
-def _names_as_read(model: dict[str, Any]) -> dict[str, Any]:
-    """A stored model config with ``norm`` and ``mlp`` as the configs record them now (``"RMSNorm"`` is
-    ``"rmsnorm"``, :func:`~diffusionformer.models.common._check_block_options`): a run recorded while they were
-    kept as spelt is the run of the same model."""
-    from diffusionformer.nn.block import _name_key
-
-    return {k: _name_key(v) if k in ("norm", "mlp") and isinstance(v, str) else v for k, v in model.items()}
 
 
 def _normalized_identity(identity: dict[str, Any]) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from diffusionformer.config import _choice_hint, _python_number, document_fields
 from diffusionformer.models.common import check_positive, check_positive_int, check_probability
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
-from diffusionformer.nn._weights import _check_reset, _refuse_reparametrized
+from diffusionformer.nn._weights import _check_reset, _reset_children
 
 __all__ = [
     "DINO",
@@ -378,10 +378,7 @@ class DINOHead(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Initialise every parameter again, in place, as the constructor did (truncated normal, zero biases)."""
-        _refuse_reparametrized(self, type(self).__name__)
-        for m in self.mlp:
-            if isinstance(m, nn.Linear):
-                m.reset_parameters()  # the draws the constructor's layers made, before the truncated normals
+        _reset_children(self, type(self).__name__)  # the draws the constructor's layers made, before the trunc normals
         self._initialise()
 
     def _initialise(self) -> None:
@@ -469,10 +466,10 @@ class DINO(nn.Module):
         """Initialise the student again, in place, as the constructor did (its ViT's and head's
         ``reset_parameters``), make the teacher its copy again and zero ``center``: under one seed the state of
         a DINO built anew."""
-        _check_reset(self.student, "DINO.student")  # refused before the backbone moves, not after
+        resets = _check_reset(self.student, "DINO.student")  # refused before the backbone moves, not after
         pairs = self._ema_pairs("DINO.reset_parameters")
-        self.student.backbone.reset_parameters()  # type: ignore[operator]
-        self.student.head.reset_parameters()  # type: ignore[operator]
+        for reset in resets:  # the backbone's, then the head's
+            reset()
         for teacher, student in pairs:
             teacher.copy_(student)
         self.center.zero_()

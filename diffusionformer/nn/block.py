@@ -185,6 +185,12 @@ def _name_key(name: str) -> str:
     return name.lower().replace("_", "").replace("-", "")
 
 
+def _names_as_read(config: dict[str, Any]) -> dict[str, Any]:
+    """A model config as a dict, with ``norm`` and ``mlp`` as the configs record them (:func:`_name_key`): a run
+    identity or a checkpoint's model record written while they were kept as spelt names the same model."""
+    return {k: _name_key(v) if k in ("norm", "mlp") and isinstance(v, str) else v for k, v in config.items()}
+
+
 def make_mlp(kind: str, dim: int, mlp_ratio: float, *, bias: bool = True, dropout: float = 0.0) -> nn.Module:
     """The MLP ``kind`` names (``"gelu"``, ``"swiglu"``, ``"geglu"``; case, ``_`` and ``-`` ignored): ``"gelu"`` a :class:`Mlp` of width ``int(dim * mlp_ratio)``;
     ``"swiglu"``/``"geglu"`` a :class:`GatedMlp` of width ``int(2 dim mlp_ratio / 3)`` (at least 1), which

@@ -196,17 +196,6 @@ def model_record(model: torch.nn.Module) -> dict[str, Any]:
     return json.loads(json.dumps(record, default=str))  # plain types: weights_only-safe, comparable after a reload
 
 
-def _config_value_as_read(key: str, value: Any) -> Any:
-    """A model record's config entry as the model configs read it: ``norm`` and ``mlp`` with case, ``_`` and ``-``
-    ignored (``"RMSNorm"`` is ``"rmsnorm"``, :func:`~diffusionformer.nn.block._name_key`), so a checkpoint written
-    while the configs kept them as spelt is one of the model configured now."""
-    if key in ("norm", "mlp") and isinstance(value, str):
-        from diffusionformer.nn.block import _name_key
-
-        return _name_key(value)
-    return value
-
-
 def _predated_fields_at_default(saved: Mapping[str, Any], model: torch.nn.Module) -> Mapping[str, Any]:
     """``saved`` (a :func:`model_record`) with the config fields it predates, those of ``model.config``'s dataclass
     that it lacks, at their defaults: the model that wrote it had no such field, so it ran as the default does (a
@@ -227,9 +216,12 @@ def model_record_differences(saved: Mapping[str, Any], now: Mapping[str, Any], l
     diffs = []
     if saved.get("class") != now.get("class"):
         diffs.append(f"class: checkpoint {saved.get('class')}, now {now.get('class')}")
+    from diffusionformer.nn.block import _names_as_read  # norm and mlp as read: a record of "RMSNorm" is "rmsnorm"'s
+
     a, b = saved.get("config") or {}, now.get("config") or {}
+    read_a, read_b = _names_as_read(a), _names_as_read(b)
     diffs += [f"config {k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in sorted(set(a) | set(b))
-              if _config_value_as_read(k, a.get(k)) != _config_value_as_read(k, b.get(k))]
+              if read_a.get(k) != read_b.get(k)]
     ha, hb = saved.get("heads") or {}, now.get("heads") or {}
     diffs += [f"heads of {k}: checkpoint {ha.get(k)!r}, now {hb.get(k)!r}" for k in sorted(set(ha) | set(hb)) if ha.get(k) != hb.get(k)]
     return diffs[:limit] + ([f"... and {len(diffs) - limit} more"] if len(diffs) > limit else [])
