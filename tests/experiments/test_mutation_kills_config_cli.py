@@ -515,7 +515,9 @@ def test_minibatch_task_refuses_a_bad_eval_batch_size(eval_batch_size):
 # ---------------------------------------------------------------------------- experiments/compare.py
 def test_format_p_gives_four_decimals_from_0_0495_on():
     """kills: compare.py:116 ``0.0495 <= p`` -> ``0.0495 < p`` (p = 0.0495 printed with three decimals, the
-    binary value 0.04949... as 0.049: the documented four decimals start at 0.0495)"""
+    binary value 0.04949... as 0.049: the documented four decimals start at 0.0495). Since ``_format_p`` keeps a p
+    on its side of 0.05, this alpha-0.05 case prints "0.0495" under the mutant too: the mutant is killed at alpha
+    0.01 by tests/reliability/test_mutation_kills_sitting48_stats.py; these rows pin the band's edges at 0.05."""
     from diffusionformer.experiments.compare import format_p
 
     assert format_p(0.0495) == "0.0495"
