@@ -686,12 +686,14 @@ def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
 
 
 def _setting_definition(config: ExperimentConfig, setting: Any) -> str:
-    """``setting``'s definition in ``config`` as the model it builds (``summary``'s column key): ``norm`` and ``mlp`` as
-    the configs read them (``"SwiGLU"`` is ``"swiglu"``), and a later-added model field at its default
+    """``setting``'s definition in ``config`` as the model it builds (``summary``'s column key): ``norm``, ``mlp`` and
+    the head specs as the configs read them (``"SwiGLU"`` is ``"swiglu"``, ``"Attention:2, I-P:2"`` is
+    ``"attention:2,laplacian:2"``), and a later-added model field at its default
     (:data:`~diffusionformer.experiments.results._NEW_MODEL_FIELDS`: ``mlp = "gelu"``) as absent, as a run's identity
     has them, unless a task of ``config`` sets that field otherwise (where ``mlp = "gelu"`` changes the model)."""
     from diffusionformer.experiments.results import _NEW_MODEL_FIELDS, _without_new_defaults
     from diffusionformer.nn.block import _names_as_read
+    from diffusionformer.nn.heads import _layout_as_read
 
     overrides = setting.model_overrides
     if isinstance(overrides, dict):
@@ -702,7 +704,7 @@ def _setting_definition(config: ExperimentConfig, setting: Any) -> str:
                         if k in _NEW_MODEL_FIELDS}
         new = {k: v for k, v in _NEW_MODEL_FIELDS.items() if k not in set_by_tasks}
         overrides = _without_new_defaults(overrides, new)
-    return json.dumps([setting.heads, setting.laplacian_heads, overrides], sort_keys=True, default=str)
+    return json.dumps([_layout_as_read(setting.heads), setting.laplacian_heads, overrides], sort_keys=True, default=str)
 
 
 def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, selected: bool = False,
@@ -719,8 +721,9 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
     unadjusted, after Holm and after Benjamini-Hochberg. Tasks without finished runs are left
     out; a cell with fewer seeds than the config asks for says how many it has. A setting name that two
     comparisons define differently (another head layout or ``model_overrides``) gets a column per definition,
-    headed with the comparisons that define it; ``norm`` and ``mlp`` are compared as the configs read them
-    (``"SwiGLU"`` is ``"swiglu"``), and a later-added model field at its default as absent.
+    headed with the comparisons that define it; ``norm``, ``mlp`` and head specs are compared as the configs read
+    them (``"SwiGLU"`` is ``"swiglu"``, ``"Attention:2, I-P:2"`` is ``"attention:2,laplacian:2"``), and a
+    later-added model field at its default as absent.
 
     Args:
         configs: the comparisons (their results under ``<out_root>/<name>/``).

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import _check_flag, _python_numbers, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
+from diffusionformer.nn.heads import _layout_as_read
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
@@ -62,6 +63,7 @@ class GPTConfig:
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"GPTConfig: n_head={self.n_head} must divide n_embd={self.n_embd}")
         resolve_layer_heads(self.n_layer, self.n_head, self.heads, self.laplacian_heads)
+        self.heads = _layout_as_read(self.heads)  # recorded as read, as norm and mlp: one spelling of one layout
         self.norm, self.mlp = _check_block_options("GPTConfig", norm=self.norm, backend=self.backend, mlp=self.mlp)
         _check_bools("GPTConfig", bias=self.bias, qk_norm=self.qk_norm, tie_weights=self.tie_weights, rope=self.rope,
                      zero_init_proj=self.zero_init_proj, recompute=self.recompute)

@@ -16,6 +16,7 @@ from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.block import make_mlp, make_norm, resolve_layer_heads
+from diffusionformer.nn.heads import _layout_as_read
 from diffusionformer.nn.edge_features import _check_edge_operators, edge_feature_attention
 from diffusionformer.ops._checks import _vmapped, checks_values
 from diffusionformer.ops.rivals import LayerState
@@ -70,6 +71,7 @@ class GraphTransformerConfig:
         if self.dim % self.num_heads:
             raise ValueError(f"GraphTransformerConfig: num_heads={self.num_heads} must divide dim={self.dim}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
+        self.heads = _layout_as_read(self.heads)  # recorded as read, as norm and mlp: one spelling of one layout
         if self.edge_dim is not None:
             check_positive_int("GraphTransformerConfig", edge_dim=self.edge_dim)
         if self.pe not in _PE_KINDS:

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
+from diffusionformer.nn.heads import _layout_as_read
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
@@ -77,6 +78,7 @@ class ViTConfig:
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"{where}.pool must be 'cls' or 'mean', got {self.pool!r}{_choice_hint(self.pool, ('cls', 'mean'))}")
         resolve_layer_heads(self.depth, self.num_heads, self.heads, self.laplacian_heads)
+        self.heads = _layout_as_read(self.heads)  # recorded as read, as norm and mlp: one spelling of one layout
         self.norm, self.mlp = _check_block_options(where, norm=self.norm, backend=self.backend,
                                                    layer_scale=self.layer_scale, mlp=self.mlp)
         _check_bools(where, qk_norm=self.qk_norm, rope=self.rope)

@@ -25,6 +25,7 @@ from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn._weights import _reset_children
 from diffusionformer.nn.attention import DiffusionAttention
+from diffusionformer.nn.heads import _layout_as_read
 from diffusionformer.nn.heads import resolve_layer_heads  # noqa: F401  (re-exported: its historical home)
 from diffusionformer.ops._checks import check_dropout
 
@@ -186,9 +187,12 @@ def _name_key(name: str) -> str:
 
 
 def _names_as_read(config: dict[str, Any]) -> dict[str, Any]:
-    """A model config as a dict, with ``norm`` and ``mlp`` as the configs record them (:func:`_name_key`): a run
-    identity or a checkpoint's model record written while they were kept as spelt names the same model."""
-    return {k: _name_key(v) if k in ("norm", "mlp") and isinstance(v, str) else v for k, v in config.items()}
+    """A model config as a dict, with ``norm`` and ``mlp`` (:func:`_name_key`) and the head specs of ``heads``
+    (:func:`~diffusionformer.nn.heads._layout_as_read`: ``"Attention:2, I-P:2"`` is ``"attention:2,laplacian:2"``)
+    as the configs record them: a run identity or a checkpoint's model record written while they were kept as spelt
+    names the same model."""
+    return {k: _name_key(v) if k in ("norm", "mlp") and isinstance(v, str) else _layout_as_read(v) if k == "heads"
+            else v for k, v in config.items()}
 
 
 def make_mlp(kind: str, dim: int, mlp_ratio: float, *, bias: bool = True, dropout: float = 0.0) -> nn.Module:

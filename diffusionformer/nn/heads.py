@@ -15,6 +15,7 @@ A layer's spec is then parsed into operator groups by :func:`parse_heads`.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import operator
 import re
@@ -24,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from diffusionformer.operators import DiffusionOperator, build_operator
-from diffusionformer.operators.registry import parse_operator_spec
+from diffusionformer.operators.registry import _unknown_arguments, operator_class, parse_operator_spec
 
 __all__ = ["HeadGroup", "format_head_spec", "laplacian_count", "parse_heads", "resolve_layer_heads", "split_top_level"]
 
@@ -97,7 +98,9 @@ def _mask_strings(text: str) -> str:
     return "".join(chars)
 
 
-def _split_count(item: str) -> tuple[str, int | None]:
+def _count_colon(item: str) -> int | None:
+    """The index of the ``:`` before an item's head count (the last one outside brackets and quoted values), or
+    ``None`` when the item gives no count."""
     depth = 0
     bare = _mask_strings(item)
     for i in range(len(item) - 1, -1, -1):
@@ -107,14 +110,21 @@ def _split_count(item: str) -> tuple[str, int | None]:
         elif ch in "([{":
             depth -= 1
         elif ch == ":" and depth == 0:
-            count_text = item[i + 1 :].strip()
-            # ASCII digits only: int() also read '1_0' (10), '+2', '\u0662' (an Arabic-Indic 2) and '-0' as counts
-            if re.fullmatch(r"-[0-9]+", count_text):
-                raise ValueError(f"head count must be non-negative, got {count_text} in {item!r}")
-            if not re.fullmatch(r"[0-9]+", count_text):
-                raise ValueError(f"head count after ':' must be an integer, got {count_text!r} in {item!r}")
-            return item[:i].strip(), int(count_text)
-    return item.strip(), None
+            return i
+    return None
+
+
+def _split_count(item: str) -> tuple[str, int | None]:
+    i = _count_colon(item)
+    if i is None:
+        return item.strip(), None
+    count_text = item[i + 1 :].strip()
+    # ASCII digits only: int() also read '1_0' (10), '+2', '\u0662' (an Arabic-Indic 2) and '-0' as counts
+    if re.fullmatch(r"-[0-9]+", count_text):
+        raise ValueError(f"head count must be non-negative, got {count_text} in {item!r}")
+    if not re.fullmatch(r"[0-9]+", count_text):
+        raise ValueError(f"head count after ':' must be an integer, got {count_text!r} in {item!r}")
+    return item[:i].strip(), int(count_text)
 
 
 def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
@@ -272,6 +282,88 @@ def format_head_spec(heads: Any, num_heads: int) -> Any:
                 raise ValueError(f"heads given as a dict names layer {layer} twice (keys {keys[layer]!r} and {k!r})")
             out[layer], keys[layer] = format_head_spec(v, num_heads), k
         return out
+    return heads
+
+
+#: the templates a head count may be written as, kept as they are by :func:`_spec_as_read`
+_COUNT_TEMPLATES = ("{H}", "{half}")
+
+
+def _item_as_read(item: str) -> str:
+    """One item of a head spec string as :func:`_spec_as_read` writes it.
+
+    Raises:
+        ValueError, TypeError: an item that does not read as a registered operator with arguments it takes, and a
+            count that is neither a non-negative int nor a template.
+    """
+    i = _count_colon(item)
+    count = ""
+    if i is not None:
+        count_text = item[i + 1 :].strip()
+        count = f":{count_text}" if count_text in _COUNT_TEMPLATES else f":{_split_count(item)[1]}"  # "02" is 2
+        item = item[:i]
+    name, kwargs = parse_operator_spec(item)
+    cls = operator_class(name)  # an unknown name: ValueError
+    if _unknown_arguments(cls, kwargs):
+        raise ValueError(f"operator {cls.name!r} takes no argument of {sorted(kwargs)}")
+    try:  # the constructor's order, which DiffusionOperator.spec writes; others (a **kwargs constructor's) after
+        order = list(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):
+        order = []
+    keys = sorted(kwargs, key=lambda k: (0, order.index(k), "") if k in order else (1, 0, k))
+    text = cls.name + ("(" + ", ".join(f"{k}={kwargs[k]!r}" for k in keys) + ")" if keys else "")
+    # read back as the same operator and values, and free of template braces, or the spelling is kept as given
+    back_name, back = parse_operator_spec(text)
+    if (operator_class(back_name) is not cls or [(k, repr(v)) for k, v in back.items()]
+            != [(k, repr(kwargs[k])) for k in keys] or "{" in _mask_strings(text)):
+        raise ValueError(f"{text!r} does not read back as {item!r}")
+    return text + count
+
+
+def _spec_as_read(spec: Any) -> Any:
+    """A head spec string as the library reads it, the one spelling of one head layout that run identities,
+    checkpoints' model records and ``summary``'s columns compare (the model configs record ``heads`` so).
+
+    Operator names as the registry names them (aliases, case, spaces and ``_`` resolved: ``"I-P"`` and
+    ``"Laplacian"`` are ``"laplacian"``), whitespace around items and counts dropped, operator arguments in the
+    order of the operator's constructor and their values written as ``repr`` writes them (``.5`` is ``0.5``,
+    ``"attention"`` is ``'attention'``), as :meth:`~diffusionformer.operators.DiffusionOperator.spec` and
+    :meth:`~diffusionformer.nn.DiffusionAttention.heads_spec` write them: ``"attention:6,laplacian:2"`` and
+    ``"attention:2,heat(t=0.5, steps=4, method='taylor', learnable=True):2"`` are their own. The templates
+    ``{H}``/``{half}`` are kept. A spec that does not read so (an unknown operator or argument, a count of the
+    wrong form) is returned as given, for the config's own checks to report; so is anything but a string (a
+    per-head list).
+
+    Examples:
+        >>> _spec_as_read("Attention:2, I-P:2")
+        'attention:2,laplacian:2'
+        >>> _spec_as_read("attention:{half},heat(learnable=True, t=.5):{half}")
+        'attention:{half},heat(t=0.5, learnable=True):{half}'
+    """
+    if not isinstance(spec, str):
+        return spec
+    try:
+        items = [_item_as_read(item) for item in split_top_level(spec) if item]
+    except (ValueError, TypeError):
+        return spec
+    read = ",".join(items)
+    return read if items and read != spec else spec
+
+
+def _layout_as_read(heads: Any) -> Any:
+    """A model config's ``heads`` (a spec for every layer, a per-layer list or a ``{layer: spec}`` mapping) with
+    its spec strings as read (:func:`_spec_as_read`); other entries (``None``, a per-head list) and other values
+    as given, and ``heads`` itself where nothing changes."""
+    if isinstance(heads, str):
+        return _spec_as_read(heads)
+    if isinstance(heads, (list, tuple)):
+        read = [_spec_as_read(h) for h in heads]
+        if all(r is h for r, h in zip(read, heads)):
+            return heads
+        return tuple(read) if isinstance(heads, tuple) else read
+    if isinstance(heads, Mapping):
+        entries = {k: _spec_as_read(v) for k, v in heads.items()}
+        return heads if all(entries[k] is v for k, v in heads.items()) else entries
     return heads
 
 

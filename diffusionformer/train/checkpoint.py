@@ -216,7 +216,7 @@ def model_record_differences(saved: Mapping[str, Any], now: Mapping[str, Any], l
     diffs = []
     if saved.get("class") != now.get("class"):
         diffs.append(f"class: checkpoint {saved.get('class')}, now {now.get('class')}")
-    from diffusionformer.nn.block import _names_as_read  # norm and mlp as read: a record of "RMSNorm" is "rmsnorm"'s
+    from diffusionformer.nn.block import _names_as_read  # norm, mlp and heads as read: "RMSNorm" is "rmsnorm"
 
     a, b = saved.get("config") or {}, now.get("config") or {}
     read_a, read_b = _names_as_read(a), _names_as_read(b)
