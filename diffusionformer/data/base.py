@@ -413,9 +413,9 @@ class NodeData:
 
     Args:
         name: registry name of the dataset.
-        data: a PyG ``Data`` with ``x`` ``(N, D)`` float32, ``edge_index`` ``(2, E)`` int64,
-            ``y`` ``(N,)`` int64 and boolean ``train_mask``/``val_mask``/``test_mask`` ``(N,)``,
-            each selecting at least one node.
+        data: a PyG ``Data`` with ``x`` ``(N, D)`` floating point (float32 for a float32 model),
+            ``edge_index`` ``(2, E)`` int64, ``y`` ``(N,)`` int64 and boolean
+            ``train_mask``/``val_mask``/``test_mask`` ``(N,)``, each selecting at least one node.
         num_classes: number of node classes.
         num_features: ``D``.
         kind: always ``"node"``.
@@ -439,6 +439,9 @@ class NodeData:
             raise ValueError(
                 f"expected x of shape ({d.num_nodes}, {self.num_features}), got {tuple(d.x.shape)}"
             )
+        if not d.x.is_floating_point():  # int or bool (one-hot) features failed in the model's first layer, mid-run
+            raise ValueError(f"expected x to be a floating-point tensor (float32 for a float32 model), got {d.x.dtype};"
+                             f" convert it with data.x = data.x.float()")
         N = d.num_nodes
         self.num_classes = _as_count("num_classes", self.num_classes)
         ei = d.edge_index
@@ -481,7 +484,7 @@ class GraphSetData:
 
     Args:
         name: registry name of the dataset.
-        dataset: a PyG dataset (or a list) of ``Data`` objects, each with ``x`` ``(N_n, D)``,
+        dataset: a PyG dataset (or a list) of ``Data`` objects, each with floating-point ``x`` ``(N_n, D)``,
             ``edge_index`` and ``y`` ``(1,)``.
         train_idx, val_idx, test_idx: int64 indices into ``dataset``.
         num_classes: number of graph classes.
@@ -490,8 +493,9 @@ class GraphSetData:
         meta: source, licence note, split sizes, feature recipe.
 
     Construction refuses (``ValueError``; ``TypeError`` for a size that is not an int) split indices that are not
-    1-D int64 within ``dataset`` or repeat a graph, and a listed graph whose ``x`` is not ``(N_n, num_features)`` or
-    whose ``y`` is not one int64 label in ``[0, num_classes)`` (graphs no split lists are not read).
+    1-D int64 within ``dataset`` or repeat a graph, and a listed graph whose ``x`` is not floating point
+    ``(N_n, num_features)`` or whose ``y`` is not one int64 label in ``[0, num_classes)`` (graphs no split lists are
+    not read).
     """
 
     name: str
@@ -525,13 +529,17 @@ class GraphSetData:
             self._check_graph(i, self.dataset[i])
 
     def _check_graph(self, i: int, g: Any) -> None:
-        """Graph ``i`` has ``x`` ``(N_i, num_features)`` and one int64 label in ``[0, num_classes)``: a wider ``x``
-        failed in the model's first layer mid-run, a label beyond the classes at the loss (a GPU assert)."""
+        """Graph ``i`` has floating-point ``x`` ``(N_i, num_features)`` and one int64 label in ``[0, num_classes)``: a
+        wider or an integer ``x`` failed in the model's first layer mid-run, a label beyond the classes at the loss
+        (a GPU assert)."""
         x, y = getattr(g, "x", None), getattr(g, "y", None)
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.num_features:
             got = f"shape {tuple(x.shape)}" if isinstance(x, Tensor) else repr(x)
             raise ValueError(f"graph {i}: expected x of shape (num_nodes, {self.num_features}) (num_features), "
                              f"got {got}")
+        if not x.is_floating_point():  # int or bool (one-hot) features failed in the model's first layer, mid-run
+            raise ValueError(f"graph {i}: expected x to be a floating-point tensor (float32 for a float32 model), got "
+                             f"{x.dtype}; convert the features with .float()")
         if not isinstance(y, Tensor) or y.dtype != torch.int64 or y.numel() != 1:
             got = f"{y.dtype} of shape {tuple(y.shape)}" if isinstance(y, Tensor) else repr(y)
             raise ValueError(f"graph {i}: expected y to be one int64 class label, got {got}")
