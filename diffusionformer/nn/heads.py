@@ -342,8 +342,13 @@ def _spec_as_read(spec: Any) -> Any:
     """
     if not isinstance(spec, str):
         return spec
+    items, read_items = [], {}  # each distinct item read once: a 10,000-item spec of two kinds reads two
     try:
-        items = [_item_as_read(item) for item in split_top_level(spec) if item]
+        for item in split_top_level(spec):
+            if item:
+                if item not in read_items:
+                    read_items[item] = _item_as_read(item)
+                items.append(read_items[item])
     except (ValueError, TypeError):
         return spec
     read = ",".join(items)

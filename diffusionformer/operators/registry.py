@@ -209,6 +209,9 @@ def parse_operator_spec(spec: str) -> tuple[str, dict[str, Any]]:
             call = ast.parse(f"f({args})", mode="eval").body
         except SyntaxError as exc:
             raise ValueError(f"cannot parse the arguments of operator spec {spec!r}: {exc.msg}") from None
+        except (RecursionError, MemoryError):  # the parser's stack overflows: '-----...1', '1+1+...+1j'
+            raise ValueError(f"cannot parse the arguments of operator spec {_shortened(spec)}: nested too deeply "
+                             f"for a Python literal") from None
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
             raise ValueError(
                 f"cannot parse operator spec {spec!r}; expected 'name' or 'name(key=value, ...)' "
@@ -223,13 +226,23 @@ def parse_operator_spec(spec: str) -> tuple[str, dict[str, Any]]:
                 raise ValueError(f"operator spec {spec!r}: argument {kw.arg!r} is given twice")
             try:
                 kwargs[kw.arg] = ast.literal_eval(_NonFiniteNames().visit(kw.value))  # type: ignore[index]
-            except ValueError:
+            except (ValueError, TypeError):  # TypeError: a set of lists, '{[1]}', is unhashable
                 raise ValueError(
                     f"operator spec {spec!r}: the value of {kw.arg!r} must be a Python literal"
                 ) from None
+            except RecursionError:  # ast's visitors recurse: a literal of a few hundred unary minuses
+                raise ValueError(f"operator spec {_shortened(spec)}: the value of {kw.arg!r} is nested too deeply "
+                                 f"for a Python literal") from None
     if name.strip().lower() == "true" or name.strip().lower() == "false":
         raise ValueError(f"invalid operator name {name!r}")
     return name, kwargs
+
+
+def _shortened(spec: str, limit: int = 120) -> str:
+    """``repr(spec)``, its middle cut out past ``limit`` characters (an error message about a 100,000-character spec
+    stays readable)."""
+    text = repr(spec)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]} ({len(spec)} characters)"
 
 
 def build_operator(spec: Any, **kwargs: Any) -> DiffusionOperator:
