@@ -642,14 +642,19 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             baseline = _first_name(data.get("operators"))
             data[path[0]] = [e for e in entries if e.get("name") in wanted]
             if isinstance(data.get("primary"), list):  # the primary contrasts that still run ('task:setting' or 'setting')
-                tasks_kept = [e.get("name") for e in data.get("tasks", [])]
-                # each contrast is against the baseline (the first setting): with it dropped, none of them runs (else
-                # "b" would become b against the new first setting, a contrast not named before the runs)
-                settings_kept = [e.get("name") for e in data.get("operators", [])][1:] \
-                    if _first_name(data.get("operators")) == baseline else []
-                data["primary"] = [p for p in data["primary"] if isinstance(p, str)
-                                   and p.rpartition(":")[2] in settings_kept
-                                   and p.rpartition(":")[0] in ("", *tasks_kept)]
+                if _first_name(data.get("operators")) != baseline:
+                    # each contrast is against the baseline (the first setting): with it dropped, none of them runs
+                    # (else "b" would become b against the new first setting, a contrast not named before the runs)
+                    data["primary"] = []
+                else:
+                    # only the contrasts of the entries this filter dropped go: every other one is validated as
+                    # written (was: only those naming a kept non-baseline setting and task were kept, so a contrast
+                    # on the baseline, an unknown name or a non-string, refused without the filter, was dropped
+                    # without a word by any filter, even `tasks=NAME` keeping every task)
+                    dropped = {n for n in known if n not in wanted}
+                    part = 2 if path[0] == "operators" else 0  # 'task:setting': the setting, or the task
+                    data["primary"] = [p for p in data["primary"]
+                                       if not (isinstance(p, str) and p.rpartition(":")[part] in dropped)]
             continue
         node: Any = data
         i = 0
