@@ -651,7 +651,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                     # written (was: only those naming a kept non-baseline setting and task were kept, so a contrast
                     # on the baseline, an unknown name or a non-string, refused without the filter, was dropped
                     # without a word by any filter, even `tasks=NAME` keeping every task)
-                    dropped = {n for n in known if n not in wanted}
+                    # a list, not a set: a name that is not a string (a list) is the config's error to report
+                    dropped = [n for n in known if n not in wanted]
                     part = 2 if path[0] == "operators" else 0  # 'task:setting': the setting, or the task
                     data["primary"] = [p for p in data["primary"]
                                        if not (isinstance(p, str) and p.rpartition(":")[part] in dropped)]

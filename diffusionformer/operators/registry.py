@@ -208,7 +208,7 @@ def parse_operator_spec(spec: str) -> tuple[str, dict[str, Any]]:
         try:
             call = ast.parse(f"f({args})", mode="eval").body
         except SyntaxError as exc:
-            raise ValueError(f"cannot parse the arguments of operator spec {spec!r}: {exc.msg}") from None
+            raise ValueError(f"cannot parse the arguments of operator spec {_shortened(spec)}: {exc.msg}") from None
         except (RecursionError, MemoryError):  # the parser's stack overflows: '-----...1', '1+1+...+1j'
             raise ValueError(f"cannot parse the arguments of operator spec {_shortened(spec)}: nested too deeply "
                              f"for a Python literal") from None
@@ -228,7 +228,7 @@ def parse_operator_spec(spec: str) -> tuple[str, dict[str, Any]]:
                 kwargs[kw.arg] = ast.literal_eval(_NonFiniteNames().visit(kw.value))  # type: ignore[index]
             except (ValueError, TypeError):  # TypeError: a set of lists, '{[1]}', is unhashable
                 raise ValueError(
-                    f"operator spec {spec!r}: the value of {kw.arg!r} must be a Python literal"
+                    f"operator spec {_shortened(spec)}: the value of {kw.arg!r} must be a Python literal"
                 ) from None
             except RecursionError:  # ast's visitors recurse: a literal of a few hundred unary minuses
                 raise ValueError(f"operator spec {_shortened(spec)}: the value of {kw.arg!r} is nested too deeply "
