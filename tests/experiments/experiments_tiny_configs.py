@@ -39,3 +39,29 @@ name = "attention"
 name = "lap"
 laplacian_heads = 1
 """
+
+
+def write_finished_study(out, name, operators, values, task_overrides=None):
+    """A finished comparison ``name`` of one digits task ``t`` written under ``out`` by hand (no training), and its
+    config: ``operators`` its ``[[operators]]`` tables (the first the baseline), ``values[setting][seed]`` each run's
+    test_acc (a run folder with its log and summary, and a row of ``results.json``); seeds 0-2."""
+    import json
+
+    from diffusionformer.experiments import load_experiment_config
+    from diffusionformer.experiments.results import RunResult, run_dir
+
+    src = out / name
+    rows = []
+    for op in [o["name"] for o in operators]:
+        for s, v in values[op].items():
+            rdir = run_dir(src, "t", op, s)
+            rdir.mkdir(parents=True)
+            rec = {"step": 2, "split": "eval", "metrics": {"test_acc": v}}
+            (rdir / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
+            (rdir / "summary.json").write_text(json.dumps({"status": "completed", "eval": rec}))
+            rows.append(RunResult("t", op, s, "completed", "test_acc", v, dict(rec["metrics"]), 10, 1.0))
+    (src / "results.json").write_text(json.dumps({"runs": [r.__dict__ for r in rows], "summary": []}))
+    return load_experiment_config({
+        "name": name, "seeds": [0, 1, 2], "operators": operators,
+        "tasks": [{"name": "t", "dataset": "digits", "model": "vit-digits", "metric": "test_acc",
+                   "model_overrides": task_overrides or {}, "train": {"max_steps": 4}}]})

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from diffusionformer.experiments import load_experiment_config
-from diffusionformer.experiments.results import RunResult, _normalized_identity, run_dir
+from diffusionformer.experiments.results import _normalized_identity, run_dir
+from experiments_tiny_configs import write_finished_study
 
 CANONICAL = "attention:2,laplacian:2"
 #: spellings of CANONICAL's layout (4 heads), and of one learned-heat layout
@@ -188,21 +189,7 @@ def test_bug_checkpoint_record_of_a_head_spec_spelt_otherwise():
 
 
 def _study(out, name, heads, values):
-    src = out / name
-    rows = []
-    for op, vals in values.items():
-        for s, v in vals.items():
-            rdir = run_dir(src, "t", op, s)
-            rdir.mkdir(parents=True)
-            rec = {"step": 2, "split": "eval", "metrics": {"test_acc": v}}
-            (rdir / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
-            (rdir / "summary.json").write_text(json.dumps({"status": "completed", "eval": rec}))
-            rows.append(RunResult("t", op, s, "completed", "test_acc", v, dict(rec["metrics"]), 10, 1.0))
-    (src / "results.json").write_text(json.dumps({"runs": [r.__dict__ for r in rows], "summary": []}))
-    return load_experiment_config({
-        "name": name, "seeds": [0, 1, 2], "operators": [{"name": "attention"}, {"name": "x", "heads": heads}],
-        "tasks": [{"name": "t", "dataset": "digits", "model": "vit-digits", "metric": "test_acc",
-                   "train": {"max_steps": 4}}]})
+    return write_finished_study(out, name, [{"name": "attention"}, {"name": "x", "heads": heads}], values)
 
 
 def _header(tmp_path, a_heads, b_heads):

@@ -6,7 +6,8 @@ import json
 
 from diffusionformer.experiments import load_experiment_config
 from diffusionformer.experiments.publish import summary_table
-from diffusionformer.experiments.results import RunResult, run_dir
+from diffusionformer.experiments.results import run_dir
+from experiments_tiny_configs import write_finished_study
 
 BASE = {0: 0.5, 1: 0.6, 2: 0.7}
 
@@ -14,21 +15,8 @@ BASE = {0: 0.5, 1: 0.6, 2: 0.7}
 def _study(out, name, settings, values, task_overrides=None):
     """A finished comparison ``name`` of one task; ``settings``: (name, model_overrides) pairs, the first the
     baseline."""
-    src = out / name
-    rows = []
-    for op, _ in settings:
-        for s, v in values[op].items():
-            rdir = run_dir(src, "t", op, s)
-            rdir.mkdir(parents=True)
-            rec = {"step": 2, "split": "eval", "metrics": {"test_acc": v}}
-            (rdir / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
-            (rdir / "summary.json").write_text(json.dumps({"status": "completed", "eval": rec}))
-            rows.append(RunResult("t", op, s, "completed", "test_acc", v, dict(rec["metrics"]), 10, 1.0))
-    (src / "results.json").write_text(json.dumps({"runs": [r.__dict__ for r in rows], "summary": []}))
-    return load_experiment_config({
-        "name": name, "seeds": [0, 1, 2], "operators": [{"name": o, "model_overrides": m} for o, m in settings],
-        "tasks": [{"name": "t", "dataset": "digits", "model": "vit-digits", "metric": "test_acc",
-                   "model_overrides": task_overrides or {}, "train": {"max_steps": 4}}]})
+    return write_finished_study(out, name, [{"name": o, "model_overrides": m} for o, m in settings], values,
+                                task_overrides)
 
 
 def _header(tmp_path, a_setting, b_setting, task=None):
