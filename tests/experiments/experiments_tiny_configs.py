@@ -65,3 +65,19 @@ def write_finished_study(out, name, operators, values, task_overrides=None):
         "name": name, "seeds": [0, 1, 2], "operators": operators,
         "tasks": [{"name": "t", "dataset": "digits", "model": "vit-digits", "metric": "test_acc",
                    "model_overrides": task_overrides or {}, "train": {"max_steps": 4}}]})
+
+
+def write_lock(rdir, text: str, age: float = 0.0):
+    """Writes ``text`` as the run folder ``rdir``'s lock file (the folder made), ``age`` seconds old; returns its
+    path."""
+    import os
+    import time
+
+    from diffusionformer.experiments import store
+
+    rdir.mkdir(parents=True, exist_ok=True)
+    path = rdir / store.LOCK_NAME
+    path.write_text(text)
+    if age:
+        os.utime(path, (time.time() - age, time.time() - age))
+    return path

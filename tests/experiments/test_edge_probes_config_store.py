@@ -29,7 +29,6 @@ import os
 import platform
 import subprocess
 import sys
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -43,6 +42,7 @@ from diffusionformer.experiments.config import load_experiment_config
 from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _NEW_TRAIN_FIELDS, _without_new_defaults,
                                                  finished_runs, first_reach, run_dir, run_status, select_evaluation)
 from diffusionformer.experiments.tables import aggregate, format_status, format_table
+from experiments_tiny_configs import write_lock
 
 
 @dataclass
@@ -74,13 +74,6 @@ def _dead_pid() -> int:
     return p.pid
 
 
-def _write_lock(rdir, payload: str, age: float = 0.0):
-    rdir.mkdir(parents=True, exist_ok=True)
-    path = rdir / store.LOCK_NAME
-    path.write_text(payload)
-    if age:
-        os.utime(path, (time.time() - age, time.time() - age))
-    return path
 
 
 # --- diffusionformer.config ------------------------------------------------------------------------------------
@@ -184,7 +177,7 @@ def test_lock_of_an_impossible_pid_is_stale(tmp_path, pid):
     """Bug: a lock naming a pid beyond pid_t (or ``Infinity``) raised ``OverflowError`` from
     ``live_holder``/``read_lock``/``acquire_lock``, so ``run`` and ``status`` crashed on that run."""
     rdir = tmp_path / "run"
-    _write_lock(rdir, '{"pid": %s, "host": "%s"}' % (pid, platform.node()), age=2 * store.UNREADABLE_GRACE_S)
+    write_lock(rdir, '{"pid": %s, "host": "%s"}' % (pid, platform.node()), age=2 * store.UNREADABLE_GRACE_S)
     assert store.live_holder(rdir) is None
     assert store.acquire_lock(rdir) is None
     assert store.read_lock(rdir) == (os.getpid(), platform.node())
@@ -198,10 +191,10 @@ def test_lock_with_a_mistyped_holder_is_junk_not_held_for_ever(tmp_path, payload
     held only for the grace period like an empty one."""
     rdir = tmp_path / "run"
     text = payload % platform.node() if "%s" in payload else payload
-    _write_lock(rdir, text)
+    write_lock(rdir, text)
     assert store.read_lock(rdir) is None
     assert store.live_holder(rdir) == (-1, "")  # young: perhaps still being written
-    _write_lock(rdir, text, age=2 * store.UNREADABLE_GRACE_S)
+    write_lock(rdir, text, age=2 * store.UNREADABLE_GRACE_S)
     assert store.live_holder(rdir) is None
     assert store.acquire_lock(rdir) is None
 
@@ -210,13 +203,13 @@ def test_locks_of_dead_live_and_remote_holders_pins(tmp_path):
     """Pins: a dead pid's lock is taken over, a remote host's and a live process's are held, acquire and
     release are idempotent and leave no temporary files."""
     dead = tmp_path / "dead"
-    _write_lock(dead, json.dumps({"pid": _dead_pid(), "host": platform.node()}))
+    write_lock(dead, json.dumps({"pid": _dead_pid(), "host": platform.node()}))
     assert store.live_holder(dead) is None and store.acquire_lock(dead) is None
     remote = tmp_path / "remote"
-    _write_lock(remote, json.dumps({"pid": _dead_pid(), "host": "elsewhere"}))
+    write_lock(remote, json.dumps({"pid": _dead_pid(), "host": "elsewhere"}))
     assert store.acquire_lock(remote).endswith("on elsewhere")
     live = tmp_path / "live"
-    _write_lock(live, json.dumps({"pid": 1, "host": platform.node()}))
+    write_lock(live, json.dumps({"pid": 1, "host": platform.node()}))
     assert store.acquire_lock(live) == f"process 1 on {platform.node()}"
     mine = tmp_path / "mine"
     assert [store.acquire_lock(mine) for _ in range(3)] == [None] * 3
@@ -235,7 +228,7 @@ def _race(rdir, barrier, queue):
 def test_processes_racing_for_a_stale_lock_pins(tmp_path):
     """Pins: of four processes that claim one run with a dead holder's lock at once, exactly one wins."""
     rdir = tmp_path / "run"
-    _write_lock(rdir, json.dumps({"pid": _dead_pid(), "host": platform.node()}))
+    write_lock(rdir, json.dumps({"pid": _dead_pid(), "host": platform.node()}))
     ctx = mp.get_context("fork")
     barrier, queue = ctx.Barrier(4), ctx.Queue()
     procs = [ctx.Process(target=_race, args=(rdir, barrier, queue)) for _ in range(4)]

@@ -37,15 +37,7 @@ import torch
 
 from diffusionformer.experiments import store
 from diffusionformer.operators import DiffusionOperator
-
-
-def _write_lock(rdir, text: str, age: float = 0.0):
-    rdir.mkdir(parents=True, exist_ok=True)
-    path = rdir / store.LOCK_NAME
-    path.write_text(text)
-    if age:
-        os.utime(path, (time.time() - age, time.time() - age))
-    return path
+from experiments_tiny_configs import write_lock
 
 
 def test_kills_store_a_lock_of_exactly_max_bytes_is_read(tmp_path):
@@ -56,11 +48,11 @@ def test_kills_store_a_lock_of_exactly_max_bytes_is_read(tmp_path):
     node = platform.node()
     record = json.dumps({"pid": 1, "host": node})  # pid 1 always runs
     rdir = tmp_path / "run"
-    _write_lock(rdir, record + " " * (store._MAX_LOCK_BYTES - len(record)), age=2 * store.UNREADABLE_GRACE_S)
+    write_lock(rdir, record + " " * (store._MAX_LOCK_BYTES - len(record)), age=2 * store.UNREADABLE_GRACE_S)
     assert (rdir / store.LOCK_NAME).stat().st_size == store._MAX_LOCK_BYTES
     assert store.live_holder(rdir) == (1, node) and store.read_lock(rdir) == (1, node)
     assert store.acquire_lock(rdir) == f"process 1 on {node}"
-    _write_lock(rdir, record + " " * (store._MAX_LOCK_BYTES + 1 - len(record)), age=2 * store.UNREADABLE_GRACE_S)
+    write_lock(rdir, record + " " * (store._MAX_LOCK_BYTES + 1 - len(record)), age=2 * store.UNREADABLE_GRACE_S)
     assert store.read_lock(rdir) is None and store.live_holder(rdir) is None  # longer than any lock: old junk
 
 
@@ -71,7 +63,7 @@ def test_kills_store_a_holder_whose_start_time_cannot_be_read_holds_its_run(tmp_
     over and both trained it)."""
     node = platform.node()
     rdir = tmp_path / "run"
-    _write_lock(rdir, json.dumps({"pid": 1, "host": node, "start": 12345}))  # pid 1 runs; its start is not read
+    write_lock(rdir, json.dumps({"pid": 1, "host": node, "start": 12345}))  # pid 1 runs; its start is not read
     real = store._start_time
     monkeypatch.setattr(store, "_start_time", lambda pid: None if pid == 1 else real(pid))
     assert store.live_holder(rdir) == (1, node)
@@ -114,7 +106,7 @@ def test_kills_store_an_old_break_that_links_to_a_folder_is_removed_not_refused(
     lock raise "is a folder, not a lock file", though the link, unlike a folder, is removed like any old junk: the run
     was blocked for good). The folder it links to is left alone."""
     rdir = tmp_path / "run"
-    _write_lock(rdir, json.dumps({"pid": _dead_pid(), "host": platform.node()}))
+    write_lock(rdir, json.dumps({"pid": _dead_pid(), "host": platform.node()}))
     target = tmp_path / "elsewhere"
     target.mkdir()
     old = time.time() - 2 * store.UNREADABLE_GRACE_S
