@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from diffusionformer.operators import DiffusionOperator, build_operator
+from diffusionformer.operators.base import _spec_text
 from diffusionformer.operators.registry import _unknown_arguments, operator_class, parse_operator_spec
 
 __all__ = ["HeadGroup", "format_head_spec", "laplacian_count", "parse_heads", "resolve_layer_heads", "split_top_level"]
@@ -311,7 +312,7 @@ def _item_as_read(item: str) -> str:
     except (TypeError, ValueError):
         order = []
     keys = sorted(kwargs, key=lambda k: (0, order.index(k), "") if k in order else (1, 0, k))
-    text = cls.name + ("(" + ", ".join(f"{k}={kwargs[k]!r}" for k in keys) + ")" if keys else "")
+    text = _spec_text(cls.name, {k: kwargs[k] for k in keys})
     # read back as the same operator and values, and free of template braces, or the spelling is kept as given
     back_name, back = parse_operator_spec(text)
     if (operator_class(back_name) is not cls or [(k, repr(v)) for k, v in back.items()]

@@ -31,6 +31,15 @@ from diffusionformer.ops.engine import all_heads, polynomial, work_dtype
 __all__ = ["DiffusionOperator"]
 
 
+def _spec_text(name: str, kwargs: dict[str, Any]) -> str:
+    """``name(key=value, ...)``, each value as ``repr`` writes it, in ``kwargs``' order (the bare ``name`` without
+    arguments): how :meth:`DiffusionOperator.spec` writes an operator, and a head spec's items as the model configs
+    record them (:func:`~diffusionformer.nn.heads._spec_as_read`)."""
+    if not kwargs:
+        return name
+    return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+
+
 class DiffusionOperator(nn.Module):
     r"""Base class of all head operators (register subclasses with :func:`register_operator`).
 
@@ -112,10 +121,7 @@ class DiffusionOperator(nn.Module):
         """A spec string that :func:`~diffusionformer.operators.build_operator` turns back into
         an equivalent operator, e.g. ``"heat(t=0.5, steps=4, method='taylor', learnable=True)"``.
         """
-        kwargs = self.spec_kwargs()
-        if not kwargs:
-            return self.name
-        return f"{self.name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+        return _spec_text(self.name, self.spec_kwargs())
 
     def reset_parameters(self) -> None:
         """Set the learned parameters back to the values the constructor gave them, in place (as
