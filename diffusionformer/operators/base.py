@@ -96,6 +96,16 @@ class DiffusionOperator(nn.Module):
     #: the gradient of ``P`` may overflow float16), else in the input dtype
     _takes_float32_P: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The layers' fast paths trust static_coefficients() without calling coefficients(). A subclass that
+        # redefines coefficients() alone (a LaplacianOperator returning other weights) kept its parent's constants
+        # there, so the layer ran the parent's operator while coefficients() named another: such a class is
+        # treated as having no fixed coefficients (correct, via coefficients(), at the cost of the fast path)
+        # unless it defines static_coefficients() too.
+        if "coefficients" in cls.__dict__ and "static_coefficients" not in cls.__dict__:
+            cls.static_coefficients = DiffusionOperator.static_coefficients  # type: ignore[method-assign]
+
     def __init__(self, num_heads: int = 1) -> None:
         super().__init__()
         if not isinstance(num_heads, numbers.Integral) or isinstance(num_heads, bool) or num_heads < 1:
@@ -142,7 +152,9 @@ class DiffusionOperator(nn.Module):
         """The coefficients as Python floats when they are fixed constants, else ``None``.
 
         Layers use this to pick fused fast paths (e.g. all-attention heads skip the
-        combination step) without a device synchronisation.
+        combination step) without a device synchronisation, so it must agree with
+        :meth:`coefficients`: a subclass that overrides :meth:`coefficients` without overriding this
+        method gets this ``None`` rather than its parent's constants.
         """
         return None
 
