@@ -105,6 +105,12 @@ class DiffusionOperator(nn.Module):
         # unless it defines static_coefficients() too.
         if "coefficients" in cls.__dict__ and "static_coefficients" not in cls.__dict__:
             cls.static_coefficients = DiffusionOperator.static_coefficients  # type: ignore[method-assign]
+        # Likewise the causal hook: a subclass of ppr-exact that redefines apply_matrix() alone kept its parent's
+        # triangular solve in apply_causal_matrix(), which causal layers and cached decoding call instead, so a
+        # causal call ran the parent's f(P) and a non-causal one the subclass's. Such a class gets the default
+        # (apply_matrix() on the lower-triangular P) unless it defines apply_causal_matrix() too.
+        if "apply_matrix" in cls.__dict__ and "apply_causal_matrix" not in cls.__dict__:
+            cls.apply_causal_matrix = DiffusionOperator.apply_causal_matrix  # type: ignore[method-assign]
 
     def __init__(self, num_heads: int = 1) -> None:
         super().__init__()
@@ -263,7 +269,8 @@ class DiffusionOperator(nn.Module):
         call is causal (``is_causal``, with or without a further mask such as key padding: the
         causal mask alone zeroes every :math:`P_{ij}, j > i`), so an operator may exploit the
         structure (``ppr-exact``: a triangular solve). The structure comes from the call, never
-        from inspecting ``P``. Default: :meth:`apply_matrix`.
+        from inspecting ``P``. Default: :meth:`apply_matrix` (also for a subclass that overrides
+        :meth:`apply_matrix` without overriding this method: its parent's causal hook would contradict it).
 
         Shapes:
             ``P``: ``(B, G, N, N)`` lower triangular, ``v``: ``(B, G, N, C)`` -> ``(B, G, N, C)``.

@@ -11,6 +11,8 @@ structural properties that hold for any function of a row-stochastic ``P``:
   reference on a random graph with a node without in-edges (a zero row of ``P``);
 * node-permutation equivariance and edge-order invariance, and independence of the rest of the batch;
 * outputs in the input dtype;
+* trainable parameters all reach a polynomial's coefficients (a matrix operator's ``apply_matrix``) through
+  autograd (else they never train);
 * causality: under a causal mask, no output depends on a later position, for every ``K``;
 * shift law: since ``P 1 = 1``, :math:`f(P)(v + 1 a^\top) = f(P) v + (\sum_k c_k) 1 a^\top`
   (so a Laplacian head, with coefficients summing to 0, ignores a constant shift).
@@ -76,8 +78,23 @@ _RIVALS = (ExactPPROperator, AttnScaleOperator, NeuTRENOOperator, ValueResidualO
            NonlinearDiffusionOperator)
 
 
+#: the methods that say how a non-polynomial operator is applied: a subclass that redefines one is another operator
+_APPLY_HOOKS = ("apply_matrix", "apply_causal_matrix", "apply_context")
+
+
+def _has_rival_formula(op: DiffusionOperator) -> bool:
+    """Whether ``op`` is applied as one of :data:`_RIVALS` (it or a subclass that keeps its ``apply_*`` methods).
+
+    A subclass that redefines how it is applied (``ExactPPROperator`` with another ``apply_matrix``) was held to its
+    parent's formula: its correct output failed the check (and an inconsistent causal hook was judged by the
+    parent's formula, not by the subclass's own ``apply_matrix``); it gets its own float64 path as reference.
+    """
+    base = next((r for r in _RIVALS if isinstance(op, r)), None)
+    return base is not None and all(getattr(type(op), hook) is getattr(base, hook) for hook in _APPLY_HOOKS)
+
+
 def _reference(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
-    if isinstance(op, _RIVALS):
+    if _has_rival_formula(op):
         return rival_reference(op, q, k, v, allowed)
     # the operator's own float64 path is the reference of what has no explicit formula; on a copy: casting `op`
     # itself would run the rest of a float32 check in float64 (and change the caller's operator)
@@ -88,6 +105,32 @@ def _reference(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, allowed: 
     if op.is_polynomial:
         return polynomial_reference(P, v, op.head_coefficients(q.shape[1]).detach().double())
     return copy.deepcopy(op).double().apply_matrix(P, v.double())
+
+
+def _check_learned_parameters_reach(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, name: str) -> None:
+    """Fail an operator whose trainable parameters do not all reach what the layer uses of it through autograd:
+    a polynomial's :meth:`coefficients`, a matrix operator's :meth:`apply_matrix` output (context operators, whose
+    parameters may serve only with a layer state, are left to their own tests).
+
+    One computed from ``.item()``, ``.detach()`` or not from the parameter at all passed every law here, and its
+    head never trained (no gradient, no error).
+    """
+    learned = [(n, p) for n, p in op.named_parameters() if p.requires_grad]
+    if not learned or op.uses_context:
+        return
+    with torch.enable_grad():  # also when the caller runs the check under torch.no_grad()
+        if op.is_polynomial:
+            used, what = op.head_coefficients(q.shape[1]), "coefficients()"
+        else:
+            used, what = op.apply_matrix(attention_matrix(q, k), v), "apply_matrix()"
+        weights = torch.randn(used.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        grads = (torch.autograd.grad((used.double() * weights).sum(), [p for _, p in learned], allow_unused=True)
+                 if used.requires_grad else [None] * len(learned))
+    missing = [n for (n, _), g in zip(learned, grads) if g is None]
+    if missing:
+        raise AssertionError(f"{name}: {what} does not depend differentiably on the learned parameters {missing} "
+                             f"(computed from .item() or .detach(), or not from them at all): the layer uses the "
+                             f"operator through {what} alone, so they would never train")
 
 
 def _close(a: Tensor, b: Tensor, what: str, atol: float, rtol: float, dtype: torch.dtype | None = None) -> None:
@@ -182,6 +225,8 @@ def assert_operator(
                                      f"{tuple(c.shape)}; expected a flat tuple of degree + 1 = {degree + 1} floats")
             if not torch.allclose(c.detach().double(), s.expand_as(c), atol=1e-6):
                 raise AssertionError(f"{name}: static_coefficients() disagrees with coefficients()")
+
+    _check_learned_parameters_reach(op, q, k, v, name)
 
     # 1. dense back-ends against the explicit float64 reference (complete and causal).
     causal_allowed = torch.ones(N, N, dtype=torch.bool).tril()
