@@ -103,7 +103,9 @@ def register_operator(
         for k in (key, *alias_keys):
             if k in _REGISTRY or k in _ALIASES:
                 owner = _REGISTRY.get(k) or _REGISTRY[_ALIASES[k]]
-                raise ValueError(f"operator name {k!r} is already registered by {owner.__name__}")
+                # a notebook cell run twice defines the class again: say how to replace it
+                raise ValueError(f"operator name {k!r} is already registered by {owner.__name__}; to replace it "
+                                 f"(a class defined again), call unregister_operator({owner.name!r}) first")
         _DECLARED[c] = {k: c.__dict__[k] for k in ("name", "aliases") if k in c.__dict__}
         c.name = key
         c.aliases = alias_keys

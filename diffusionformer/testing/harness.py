@@ -206,7 +206,10 @@ def assert_operator(
             degree = _checked_degree(op)  # the layer refuses degree = 1.0, True, -1
         except ValueError as err:
             raise AssertionError(f"{name}: {err}") from None
-        c = op.head_coefficients(H)
+        try:  # the operator's fault, a failed law like the others (not the caller's ValueError or TypeError)
+            c = op.head_coefficients(H)
+        except (TypeError, ValueError) as err:
+            raise AssertionError(f"{name}: coefficients() cannot serve {H} heads: {err}") from None
         if c.shape != (H, degree + 1):
             raise AssertionError(f"{name}: coefficients have shape {tuple(c.shape)}, expected ({H}, {degree + 1})")
         if not torch.isfinite(c).all():

@@ -54,3 +54,52 @@ def test_subclass_overriding_coefficients_alone_is_not_run_with_its_parents_cons
         want = _float64_heads(layer, x, [(0.0, 1.0), (1.0, -2.0)])
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     assert LaplacianOperator().static_coefficients() == (1.0, -1.0)  # the parent keeps its fast path
+
+
+def test_registering_a_class_defined_again_says_how_to_replace_it():
+    """Bug: a notebook cell that defines and registers an operator, run twice, failed with "operator name 'x' is
+    already registered by X" and no word of the way out; the message names ``unregister_operator`` now (with the
+    registered name, also when the clash is on an alias), and registering after it works."""
+    from diffusionformer.operators import register_operator, unregister_operator
+
+    def define():
+        class Halfway(LaplacianOperator):
+            aliases = ("half-way-alias",)
+
+            def coefficients(self):
+                return torch.tensor([0.5, -0.5], device=self._c.device, dtype=self._c.dtype)
+
+        return Halfway
+
+    register_operator(define(), name="review49-halfway")
+    try:
+        with pytest.raises(ValueError, match=r"already registered by Halfway; to replace it .*"
+                                             r"unregister_operator\('review49-halfway'\) first"):
+            register_operator(define(), name="review49-halfway")
+        with pytest.raises(ValueError, match=r"'half-way-alias' is already registered by Halfway; .*"
+                                             r"unregister_operator\('review49-halfway'\)"):
+            register_operator(define(), name="review49-other")
+        unregister_operator("review49-halfway")
+        register_operator(define(), name="review49-halfway")
+    finally:
+        unregister_operator("review49-halfway")
+
+
+@pytest.mark.parametrize("coefficients, what", [
+    (lambda: torch.tensor([[1.0, -1.0]] * 3), "3 rows for 2 heads"),
+    (lambda: torch.tensor([True, False]), "bool"),
+    (lambda: torch.ones(1, 2, 2), "3-d"),
+])
+def test_harness_reports_coefficients_that_cannot_serve_the_heads_as_a_failed_law(coefficients, what):
+    """Bug: ``assert_operator`` promises an ``AssertionError`` naming the law an operator breaks, yet coefficients
+    that cannot serve its heads (``(G, K+1)`` with ``G`` not the operator's heads, bool, 3-d) escaped as the
+    layer's ``ValueError``/``TypeError``, which a caller catching the harness's failures (a registry-wide sweep)
+    took for a bad call of its own."""
+    from diffusionformer.testing import assert_operator
+
+    class Odd(LaplacianOperator):
+        def coefficients(self):
+            return coefficients()
+
+    with pytest.raises(AssertionError, match=r"coefficients\(\) cannot serve 2 heads: "):
+        assert_operator(Odd(num_heads=2), num_heads=2)
