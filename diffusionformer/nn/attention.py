@@ -845,7 +845,9 @@ class DiffusionAttention(nn.Module):
         """The head layout as a spec string that rebuilds the layer's operators, e.g.
         ``'attention:6,heat(t=0.5, steps=4, method='taylor', learnable=True):2'`` (learned values
         live in the state dict). One operator instance with state shared by several heads is
-        written with ``num_heads=1``, so the rebuilt layer's state dict has its shapes.
+        written with ``num_heads=1``, so the rebuilt layer's state dict has its shapes. An operator of a
+        class never registered is written ``<unregistered module.Class>`` (:meth:`DiffusionOperator.spec
+        <diffusionformer.operators.DiffusionOperator.spec>`): named, not rebuildable.
 
         Raises:
             TypeError, ValueError: ``operators`` was changed into something the layer cannot run (as

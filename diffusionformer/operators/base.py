@@ -136,8 +136,18 @@ class DiffusionOperator(nn.Module):
     def spec(self) -> str:
         """A spec string that :func:`~diffusionformer.operators.build_operator` turns back into
         an equivalent operator, e.g. ``"heat(t=0.5, steps=4, method='taylor', learnable=True)"``.
+
+        Only a registered class has one: an instance of a class never registered (a subclass of a
+        registered operator, which inherits its parent's ``name``) writes
+        ``<unregistered module.Class>``, which names it but rebuilds nothing (register it to get a spec).
         """
-        return _spec_text(self.name, self.spec_kwargs())
+        cls = type(self)
+        if "name" in cls.__dict__ and self.name:  # register_operator writes it on the class itself
+            return _spec_text(self.name, self.spec_kwargs())
+        # the parent's name (or '' for a direct subclass) made the layer's heads_spec() and a checkpoint's model
+        # record read "laplacian:1" (or ":1") for a head that runs another operator: a resume with the parent's
+        # operator was accepted as the same model
+        return _spec_text(f"<unregistered {cls.__module__}.{cls.__qualname__}>", self.spec_kwargs())
 
     def reset_parameters(self) -> None:
         """Set the learned parameters back to the values the constructor gave them, in place (as

@@ -103,3 +103,38 @@ def test_harness_reports_coefficients_that_cannot_serve_the_heads_as_a_failed_la
 
     with pytest.raises(AssertionError, match=r"coefficients\(\) cannot serve 2 heads: "):
         assert_operator(Odd(num_heads=2), num_heads=2)
+
+
+def test_an_unregistered_operator_class_is_not_written_as_its_parent():
+    """Bug: a head of an unregistered subclass (``Steeper(LaplacianOperator)``, running ``v - 2 P v``) wrote its
+    parent's spec ``laplacian``, so ``heads_spec()``, the layer's repr and a checkpoint's model record read
+    ``laplacian:1``: a resume with plain Laplacian heads was accepted as the same model, and the spec "rebuilt" the
+    parent; a direct subclass of DiffusionOperator wrote ``":1"``. Such a class is written
+    ``<unregistered module.Class>`` now: named, not rebuildable (build_operator says unknown operator)."""
+    from diffusionformer.operators import DiffusionOperator, build_operator
+    from diffusionformer.train.checkpoint import model_record, model_record_differences
+
+    class Steeper(LaplacianOperator):
+        def coefficients(self):
+            return torch.tensor([1.0, -2.0], device=self._c.device, dtype=self._c.dtype)
+
+    class Direct(DiffusionOperator):
+        degree = 1
+
+        def coefficients(self):
+            return torch.tensor([0.5, 0.5])
+
+    torch.manual_seed(0)
+    steep = DiffusionAttention(8, 2, ["attention", Steeper()])
+    plain = DiffusionAttention(8, 2, "attention:1,laplacian:1")
+    where = f"{__name__}.test_an_unregistered_operator_class_is_not_written_as_its_parent.<locals>"
+    assert steep.heads_spec() == f"attention:1,<unregistered {where}.Steeper>:1"
+    assert "<unregistered" in repr(steep)
+    assert DiffusionAttention(8, 2, [Direct(), "attention"]).heads_spec() == f"<unregistered {where}.Direct>:1,attention:1"
+    diffs = model_record_differences(model_record(steep), model_record(plain))
+    assert diffs and "heads of : checkpoint" in diffs[0] and "Steeper" in diffs[0]
+    assert model_record_differences(model_record(steep), model_record(
+        DiffusionAttention(8, 2, ["attention", Steeper()]))) == []
+    with pytest.raises(ValueError, match="unknown operator"):
+        build_operator(Steeper().spec())
+    assert LaplacianOperator().spec() == "laplacian" and build_operator("heat(t=0.5)").spec().startswith("heat(")
