@@ -40,6 +40,25 @@ def _spec_text(name: str, kwargs: dict[str, Any]) -> str:
     return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
 
 
+#: what a class may define and still add no behaviour to its parent (a docstring, pickling and copy hooks)
+_INERT = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__firstlineno__",
+                    "__static_attributes__", "__annotations__", "__getstate__", "__setstate__", "__deepcopy__",
+                    "__reduce__", "__reduce_ex__", "__orig_bases__", "__parameters__", "__classcell__"})
+
+
+def _registered_class(cls: type) -> type | None:
+    """The registered operator class that ``cls`` runs as: itself, or the nearest registered ancestor when every class
+    in between adds no behaviour (torch's generated wrappers -- ``parametrize``'s ``ParametrizedHeatOperator``,
+    FSDP's -- or a user's subclass that only sets a docstring); ``None`` for a class never registered (a subclass
+    that overrides anything is another operator, whatever name it inherits)."""
+    for c in cls.__mro__:
+        if c.__dict__.get("name"):  # register_operator writes it on the class itself
+            return c
+        if not (c.__module__.startswith("torch.") or set(c.__dict__) <= _INERT):
+            return None
+    return None
+
+
 class DiffusionOperator(nn.Module):
     r"""Base class of all head operators (register subclasses with :func:`register_operator`).
 
@@ -138,15 +157,17 @@ class DiffusionOperator(nn.Module):
         an equivalent operator, e.g. ``"heat(t=0.5, steps=4, method='taylor', learnable=True)"``.
 
         Only a registered class has one: an instance of a class never registered (a subclass of a
-        registered operator, which inherits its parent's ``name``) writes
-        ``<unregistered module.Class>``, which names it but rebuilds nothing (register it to get a spec).
+        registered operator that overrides anything, though it inherits its parent's ``name``) writes
+        ``<unregistered module.Class>``, which names it but rebuilds nothing (register it to get a spec);
+        a subclass that adds no behaviour (``torch.nn.utils.parametrize``'s generated class, one that only
+        sets a docstring) writes its registered parent's spec.
         """
-        cls = type(self)
-        if "name" in cls.__dict__ and self.name:  # register_operator writes it on the class itself
+        if _registered_class(type(self)) is not None:
             return _spec_text(self.name, self.spec_kwargs())
         # the parent's name (or '' for a direct subclass) made the layer's heads_spec() and a checkpoint's model
         # record read "laplacian:1" (or ":1") for a head that runs another operator: a resume with the parent's
         # operator was accepted as the same model
+        cls = type(self)
         return _spec_text(f"<unregistered {cls.__module__}.{cls.__qualname__}>", self.spec_kwargs())
 
     def reset_parameters(self) -> None:

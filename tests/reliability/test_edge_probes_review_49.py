@@ -138,3 +138,38 @@ def test_an_unregistered_operator_class_is_not_written_as_its_parent():
     with pytest.raises(ValueError, match="unknown operator"):
         build_operator(Steeper().spec())
     assert LaplacianOperator().spec() == "laplacian" and build_operator("heat(t=0.5)").spec().startswith("heat(")
+
+
+def test_generated_and_inert_subclasses_keep_the_registered_spec():
+    """Bug (found before it landed): the first cut of the ``<unregistered ...>`` spec took the class that
+    ``torch.nn.utils.parametrize`` generates for a parametrized operator (``ParametrizedHeatOperator``, which adds no
+    behaviour) for a class never registered, so a model with a parametrized learnable time wrote a spec that rebuilds
+    nothing and its checkpoints no longer matched the unparametrized model's. Classes that add no behaviour (torch's
+    wrappers, a subclass that only sets a docstring) are their registered parent; one overriding a private helper
+    is not."""
+    from torch.nn.utils import parametrize
+
+    from diffusionformer.operators import build_operator
+    from diffusionformer.train.checkpoint import model_record, model_record_differences
+
+    class Positive(torch.nn.Module):
+        def forward(self, t):
+            return t.abs()
+
+    layer = DiffusionAttention(8, 2, "attention:1,heat(t=0.5, learnable=True):1")
+    before = model_record(layer)
+    parametrize.register_parametrization(layer.operators[1], "t", Positive())
+    assert type(layer.operators[1]).__name__ == "ParametrizedHeatOperator"
+    assert layer.heads_spec() == "attention:1,heat(t=0.5, steps=6, method='taylor', learnable=True):1"
+    assert model_record_differences(before, model_record(layer)) == []
+    assert build_operator(layer.operators[1].spec()).spec() == layer.operators[1].spec()
+
+    class Documented(LaplacianOperator):
+        """A Laplacian head under another class name: nothing else."""
+
+    class Helper(LaplacianOperator):
+        def _apply(self, fn, recurse=True):
+            return super()._apply(fn, recurse)
+
+    assert Documented().spec() == "laplacian"
+    assert Helper().spec().startswith("<unregistered ")
