@@ -216,7 +216,9 @@ def _device_hint(spec: Any, kinds: tuple[str, ...] = ("cpu", "cuda", "mps")) -> 
 
 def check_value(value: Any, tp: Any, where: str) -> Any:
     """Check (and lightly coerce: int -> float, list -> tuple) ``value`` against annotation ``tp``."""
-    origin = typing.get_origin(tp)
+    # a bare ``tuple`` or ``list`` (a user's config: ``input_size: tuple = (8, 8)``) as ``tuple[Any, ...]``: else a TOML
+    # or JSON list was refused for ``tuple``, so a run trained and its run_config.json could not be read back
+    origin = tp if tp in (tuple, list) else typing.get_origin(tp)
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):

@@ -34,6 +34,8 @@ metrics are computed on groups of equal length, pooled quantities on the real to
 from __future__ import annotations
 
 import difflib
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -218,26 +220,62 @@ def register_metric(
 
     Raises:
         ValueError: on a key already registered or an unknown group.
+        TypeError: on a ``fn`` that is not callable, or a ``panel``, ``label`` or ``column`` of the wrong type.
+
+    :func:`layer_reports` refuses a value that is not a real number or ``None`` (``TypeError``) and a NaN
+    (``ValueError``; return ``None`` where the metric is undefined), naming the metric and the layer.
     """
     if not isinstance(key, str) or not key:
         raise TypeError(f"metric key must be a non-empty string, got {key!r}")
     if group not in GROUPS:
         raise ValueError(f"unknown metric group {group!r}{_choice_hint(group, GROUPS)}; expected one of {GROUPS}")
     if key in _METRICS:
-        raise ValueError(f"metric {key!r} is already registered")
+        raise ValueError(_taken(key))
     _check_flag(logy, "logy")
+    # else stored, and the analysis failed on them (a panel "2" sorted against ints, a label 3 on an axis)
+    if panel is not None and not _is_int(panel):
+        raise TypeError(f"metric {key!r}: panel must be an int or None, got {type(panel).__name__} ({panel!r})")
+    for name, value in (("label", label), ("column", column)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"metric {key!r}: {name} must be a str or None, got {type(value).__name__} ({value!r})")
 
     def register(fn: Callable[["LayerView"], float | None]) -> Callable[["LayerView"], float | None]:
+        if not callable(fn):  # else stored, and every later report failed with "'int' object is not callable"
+            raise TypeError(f"metric {key!r}: register_metric decorates a function of a LayerView, got "
+                            f"{type(fn).__name__} ({fn!r})")
         if key in _METRICS:  # again when applied: two decorators made before either was applied, or one applied twice
-            raise ValueError(f"metric {key!r} is already registered")
+            raise ValueError(_taken(key))
         _METRICS[key] = Metric(key, fn, group, label or key, logy, panel, column)
         return fn
 
     return register
 
 
+def _taken(key: str) -> str:
+    """The message for a metric key already registered: how to replace it (a notebook cell run twice)."""
+    return (f"metric {key!r} is already registered; to replace it (a function defined again), call "
+            f"unregister_metric({key!r}) first")
+
+
+def _checked_value(metric: Metric, layer: int, value: Any) -> float | None:
+    """A registered metric's value as a float (``None``: undefined), else an error naming the metric and layer: a
+    NaN was read as collapse, a tensor, a string or a bool went into ``metrics.json`` and the tables."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        hint = " (use float(...))" if isinstance(value, Tensor) else ""
+        raise TypeError(f"metric {metric.key!r} (layer {layer}) must return a float or None, got "
+                        f"{type(value).__name__} ({value!r}){hint}")
+    if math.isnan(value):
+        raise ValueError(f"metric {metric.key!r} (layer {layer}) returned NaN; return None where it is undefined for "
+                         "the data")
+    return float(value)
+
+
 def unregister_metric(key: str) -> Metric:
     """Remove metric ``key`` from the registry and return it (``KeyError`` listing the known keys if absent)."""
+    if not isinstance(key, str):  # else "unhashable type: 'list'"
+        raise TypeError(f"metric key must be a string, got {type(key).__name__} ({key!r})")
     if key not in _METRICS:
         close = difflib.get_close_matches(str(key), list(_METRICS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -548,6 +586,7 @@ def layer_reports(
         if not bool(torch.isfinite(view.X).all()):  # else a metric deep inside says "X holds NaN", no layer named
             raise ValueError(f"capture.states[{layer}] (layer {layer}) holds NaN or inf values, e.g. from a diverged "
                              "model: its token-geometry metrics are undefined")
-        m: dict[str, float | None] = {metric.key: metric.fn(view) for g in measured for metric in list_metrics(g)}
+        m: dict[str, float | None] = {metric.key: _checked_value(metric, layer, metric.fn(view))
+                                      for g in measured for metric in list_metrics(g)}
         reports.append(LayerReport(layer, m, view.singular_values.to(torch.float32)))
     return reports

@@ -14,9 +14,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from diffusionformer.config import _choice_hint, _value_type, check_value
+from diffusionformer.config import _check_flag, _choice_hint, _value_type, check_value
 
-from .base import TaskData
+from .base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TaskData, TextData
 from .paths import resolve_root
 from .splits import _check_seed
 
@@ -49,6 +49,7 @@ class DatasetSpec:
 
 
 _REGISTRY: dict[str, DatasetSpec] = {}
+_CONTAINERS = (ClassificationData, TextData, SequenceTaskData, NodeData, GraphSetData)  # TaskData's members
 
 
 def _key(name: str) -> str:
@@ -64,22 +65,37 @@ def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Calla
         needs_root: the loader takes a ``root`` keyword (the resolved data root).
 
     Raises:
-        ValueError: on a duplicate name or an unknown kind.
-        TypeError: when the loader has positional parameters or lacks ``seed``/``root``.
+        ValueError: on a duplicate or empty name or an unknown kind.
+        TypeError: when the name is not a str, ``needs_root`` not a bool, or the loader is not callable, has
+            positional parameters, ``*args`` or ``**kwargs``, or lacks ``seed``/``root``.
+
+    :func:`load_dataset` refuses what the loader returns unless it is a data container of the registered ``kind``.
     """
+    if not isinstance(name, str):  # else "'int' object has no attribute 'strip'"
+        raise TypeError(f"dataset name must be a str, got {type(name).__name__} ({name!r})")
+    if not _key(name):  # else registered under "" (listed as a blank name)
+        raise ValueError(f"dataset name must be a non-empty string, got {name!r}")
+    name = name.strip()  # looked up stripped; listed as given (" my data ") it was no name a config reads back as is
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}{_choice_hint(kind, KINDS)}")
+    _check_flag(needs_root, f"register_dataset({name!r}): needs_root")  # else "no" was truthy: a root passed
 
     def decorator(loader: F) -> F:
         key = _key(name)
         if key in _REGISTRY:
             raise ValueError(f"dataset {name!r} is already registered")
+        if not callable(loader):
+            raise TypeError(f"loader for {name!r} must be a function, got {type(loader).__name__} ({loader!r})")
         params = inspect.signature(loader).parameters
-        positional = [p.name for p in params.values() if p.kind != p.KEYWORD_ONLY]
+        positional = [p.name for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         if positional:
             raise TypeError(
                 f"loader for {name!r} must take keyword-only arguments, got {positional}"
             )
+        variadic = [p.name for p in params.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if variadic:  # "must take keyword-only arguments, got ['kw']" for **kw, itself keywords
+            raise TypeError(f"loader for {name!r} must name its options as keyword-only parameters with defaults "
+                            f"(its options are read from them), not take *args or **kwargs; got {variadic}")
         required = {"seed", "root"} if needs_root else {"seed"}
         if not required <= set(params):
             raise TypeError(f"loader for {name!r} must accept {sorted(required)}")
@@ -170,9 +186,11 @@ def load_dataset(
         **options: dataset-specific options; see ``dataset_spec(name).options``.
 
     Raises:
-        ValueError: unknown name (the message lists the valid names) or a bad option value.
-        TypeError: unknown option (named in the message, with a close match if any), or an
-            option whose type differs from its default's (bool, int, float or str).
+        ValueError: unknown name (the message lists the valid names), a bad option value, or a
+            loader that returned a container of another kind than registered.
+        TypeError: unknown option (named in the message, with a close match if any), an
+            option whose type differs from its default's (bool, int, float or str), or a loader
+            that returned no data container.
         DataRootError: the dataset needs a data root and it or its files are missing.
 
     Examples:
@@ -198,4 +216,14 @@ def load_dataset(
     kwargs: dict[str, Any] = dict(options, seed=seed)
     if spec.needs_root:
         kwargs["root"] = resolve_root(root)
-    return spec.loader(**kwargs)
+    data = spec.loader(**kwargs)
+    # a registered loader's container is checked here: what the runner validates a config by (dataset_spec's kind:
+    # the model family, evaluation keys) was not what it got, and a dict failed deep inside the task
+    if not isinstance(data, _CONTAINERS):
+        raise TypeError(f"the loader of dataset {spec.name!r} ({getattr(spec.loader, '__qualname__', spec.loader)!r}) "
+                        f"must return a data container ({', '.join(c.__name__ for c in _CONTAINERS)}), got "
+                        f"{type(data).__name__}")
+    if data.kind != spec.kind:
+        raise ValueError(f"the loader of dataset {spec.name!r} returned a container of kind {data.kind!r}, but the "
+                         f"dataset is registered with kind {spec.kind!r}")
+    return data

@@ -105,9 +105,10 @@ def finished_runs(out: str | Path, config: ExperimentConfig, results: Sequence[R
                     if summary is not None and summary.get("status") == "completed":
                         ident = read_json_dict(rdir / "run_config.json")
                         now = defined.get((task.name, setting.name))
-                        if ident is not None and now is not None and _definition(ident) != now:
+                        if ident is not None and now is not None and not _same_definition(_definition(ident), now):
+                            changes = _identity_changes(*_comparable(_definition(ident), now))
                             warnings.warn(f"{rdir} holds a finished run made with a different "
-                                          f"{_identity_changes(_definition(ident), now)} than the runs of task "
+                                          f"{changes} than the runs of task "
                                           f"{task.name!r} / setting {setting.name!r} beside it (a run not yet "
                                           "restarted, or one another process trained from another config of the "
                                           "same name); it is left out of the results",
@@ -202,6 +203,21 @@ def _summary_text(summary: dict[str, Any], key: str, path: Path) -> str | None:
     return None
 
 
+def _comparable(a: dict[str, Any], b: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two run identities (or definitions) as compared: without ``model_class`` when one was recorded without it (a run
+    of a user's model made by a release before the class joined the identity is still the same run; its checkpoint's
+    class check guards a resume)."""
+    if ("model_class" in a) != ("model_class" in b):
+        return ({k: v for k, v in a.items() if k != "model_class"}, {k: v for k, v in b.items() if k != "model_class"})
+    return a, b
+
+
+def _same_definition(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two run identities (or definitions) are one, as :func:`_comparable` compares them."""
+    x, y = _comparable(a, b)
+    return x == y
+
+
 def _definition(identity: dict[str, Any]) -> dict[str, Any]:
     """A run's ``run_config.json`` less what differs from seed to seed (``train.seed``, ``fold``): the same
     for every seed of one task and operator setting of one comparison."""
@@ -276,6 +292,8 @@ def _identity_changes(stored: dict[str, Any], now: dict[str, Any]) -> str:
             sub = ", ".join(f"{s}: {a.get(s, 'unset')!r} then {b.get(s, 'unset')!r}"
                             for s in sorted(set(a) | set(b)) if a.get(s) != b.get(s))
             parts.append(f"{k} ({sub})")
+        elif k == "model_class":  # two classes of one preset name: which ones
+            parts.append(f"{k} ({a if a is not None else 'unset'} then {b if b is not None else 'unset'})")
         else:
             parts.append(k)
     return ", ".join(parts)

@@ -509,6 +509,8 @@ class TaskAdapter:
     the model's config class and the nearest class of the data container, else the one
     registered for any model (``family=None``) and that data. A new model family registers one
     adapter with its :attr:`overrides` and inherits the task and the held-out data of its data.
+    The hooks are checked when the adapter is made (``TypeError`` for one that is not callable,
+    a ``predictions`` that is not a bool or a ``note`` that is not a str).
 
     Attributes:
         overrides: ``data -> {config field: value}``, what the model takes from the data
@@ -531,6 +533,17 @@ class TaskAdapter:
     predictions: bool | None = None
     note: str | None = None
 
+    def __post_init__(self) -> None:
+        # else stored, and the run failed deep inside training or the analysis ("'int' object is not callable")
+        for hook in ("overrides", "task", "heldout", "analysed"):
+            value = getattr(self, hook)
+            if value is not None and not callable(value):
+                raise TypeError(f"TaskAdapter: {hook} must be a function or None, got {_value_type(value)} ({value!r})")
+        if self.predictions is not None:
+            _check_flag(self.predictions, "TaskAdapter: predictions")  # "no" was truthy: its outputs scored
+        if self.note is not None and not isinstance(self.note, str):
+            raise TypeError(f"TaskAdapter: note must be a str or None, got {_value_type(self.note)} ({self.note!r})")
+
 
 _ADAPTERS: dict[tuple[type | None, type], TaskAdapter] = {}
 
@@ -544,7 +557,8 @@ def register_task_adapter(family: type | Sequence[type] | None, data: type | Seq
         adapter: the hooks.
 
     Raises:
-        TypeError: if ``adapter`` is not a :class:`TaskAdapter` or a key is not a class.
+        TypeError: if ``adapter`` is not a :class:`TaskAdapter`, a key is not a class, or ``family`` is a model
+            class (``nn.Module``) rather than its config class.
         ValueError: if a pair already has an adapter, or ``family`` or ``data`` is an empty sequence.
     """
     if not isinstance(adapter, TaskAdapter):
@@ -559,6 +573,10 @@ def register_task_adapter(family: type | Sequence[type] | None, data: type | Seq
     for f, d in keys:
         if not (f is None or isinstance(f, type)) or not isinstance(d, type):
             raise TypeError(f"task adapters are keyed by classes (model config, data container), got ({f!r}, {d!r})")
+        if isinstance(f, type) and issubclass(f, nn.Module):  # else registered, and never found: runs look up
+            # type(model.config); "does not fit a ... model" followed
+            raise TypeError(f"task adapters are keyed by the model's config class (type(model.config), e.g. "
+                            f"ViTConfig), not by the model class; got {f.__name__}")
         if (f, d) in _ADAPTERS:
             raise ValueError(f"a task adapter for ({getattr(f, '__name__', f)}, {d.__name__}) is already registered")
     for key in keys:
@@ -629,11 +647,23 @@ def model_overrides_for_data(data: Any, family: type) -> dict[str, Any]:
     """Config values a model must take from the data (input shape, classes, vocabulary)."""
     adapter = find_adapter(family, data, "overrides", any_model=False)
     if adapter is None:
+        if not any(f is family for f, _ in _ADAPTERS):  # a user's config class (a subclass of a library one too:
+            # adapters are keyed by the exact class): "pick a preset of the matching family" sent them to the presets
+            raise ValueError(
+                f"no task adapter is registered for model config class {family.__qualname__}, so no dataset fits its "
+                f"model; register what the model takes from the data, e.g. @task_adapter({family.__name__}, "
+                f"{type(data).__name__}) on a function returning config values (adapters are keyed by the exact "
+                "config class, not its bases)")
         raise ValueError(
             f"dataset {getattr(data, 'name', '?')!r} of kind {getattr(data, 'kind', '?')!r} does not fit a "
             f"{family.__name__.replace('Config', '')} model; pick a preset of the matching family"
         )
-    return adapter.overrides(data)  # type: ignore[misc]
+    overrides = adapter.overrides(data)  # type: ignore[misc]
+    if not isinstance(overrides, Mapping):  # else a bare "'NoneType' object is not a mapping" while building the model
+        raise TypeError(f"the task adapter's overrides for {family.__name__} on {type(data).__name__} "
+                        f"({getattr(adapter.overrides, '__qualname__', adapter.overrides)}) must return a dict of "
+                        f"config values, got {_value_type(overrides)} ({overrides!r})")
+    return dict(overrides)
 
 
 def build_task(data: Any, model: nn.Module, *, eval_batch_size: int | None = None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import difflib
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable
 
 from torch import nn
@@ -61,10 +61,13 @@ def register_model(name: str, model_cls: Callable[[Any], nn.Module], config_cls:
     if not isinstance(name, str) or not name:
         raise ValueError(f"preset name must be a non-empty string, got {name!r}")
     if name in _PRESETS:
-        raise ValueError(f"model preset {name!r} is already registered")
+        raise ValueError(f"model preset {name!r} is already registered (by {_PRESETS[name].model_cls!r})")
     if not callable(model_cls):  # else stored, and create_model failed with "'int' object is not callable"
         raise TypeError(f"preset {name!r}: model_cls must be a model class or a callable taking the config, "
                         f"got {type(model_cls).__name__} {model_cls!r}")
+    if not (isinstance(config_cls, type) and is_dataclass(config_cls)):  # else "config_from_dict: cls must be ..."
+        raise TypeError(f"preset {name!r}: config_cls must be a dataclass (the model's config class), got "
+                        f"{type(config_cls).__name__} {config_cls!r}")
     config_from_dict(config_cls, defaults, where=f"preset {name!r}")
     if task_defaults and task_config_cls is None:
         raise ValueError(f"preset {name!r}: task_defaults {sorted(task_defaults)} need a task_config_cls, got None")

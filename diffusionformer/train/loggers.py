@@ -18,7 +18,7 @@ import difflib
 import math
 import numbers
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -337,6 +337,16 @@ class LogGroup:
     """Several writers behind the interface of one (:class:`MetricsLog`'s)."""
 
     def __init__(self, writers: Sequence[MetricsWriter]) -> None:
+        alone = callable(getattr(writers, "truncate", None)) and callable(getattr(writers, "close", None))
+        if alone or isinstance(writers, (str, bytes)) or not isinstance(writers, Iterable):  # a writer, or a name
+            raise TypeError(f"LogGroup: expected a sequence of metrics writers, got {type(writers).__name__} "
+                            f"({writers!r})")
+        writers = list(writers)  # a generator once
+        for writer in writers:  # else a writer lacking one method failed at its first record, deep in training
+            missing = [m for m in ("append", "truncate", "close") if not callable(getattr(writer, m, None))]
+            if missing:
+                raise TypeError(f"LogGroup: a metrics writer needs append, truncate and close methods "
+                                f"(MetricsWriter); {type(writer).__name__} ({writer!r}) lacks {', '.join(missing)}")
         self.writers = list(writers)
 
     def append(self, record: Mapping[str, Any]) -> None:
