@@ -40,19 +40,29 @@ def _spec_text(name: str, kwargs: dict[str, Any]) -> str:
     return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
 
 
-#: what a class may define and still add no behaviour to its parent (a docstring, pickling and copy hooks)
+#: what a class may define and still add no behaviour to its parent: a docstring, pickling and copy hooks, its repr,
+#: and a constructor (other defaults: what it builds is the parent's operator, whose spec_kwargs() write its values)
 _INERT = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__firstlineno__",
                     "__static_attributes__", "__annotations__", "__getstate__", "__setstate__", "__deepcopy__",
-                    "__reduce__", "__reduce_ex__", "__orig_bases__", "__parameters__", "__classcell__"})
+                    "__reduce__", "__reduce_ex__", "__orig_bases__", "__parameters__", "__classcell__", "__init__",
+                    "__repr__", "extra_repr"})
+
+
+#: a registered class -> its own ``name`` and ``aliases`` before registering wrote them, put back when unregistered
+#: (kept by the registry, which imports this module: its keys are the classes registered now)
+_DECLARED: dict[type, dict[str, Any]] = {}
 
 
 def _registered_class(cls: type) -> type | None:
     """The registered operator class that ``cls`` runs as: itself, or the nearest registered ancestor when every class
     in between adds no behaviour (torch's generated wrappers -- ``parametrize``'s ``ParametrizedHeatOperator``,
-    FSDP's -- or a user's subclass that only sets a docstring); ``None`` for a class never registered (a subclass
-    that overrides anything is another operator, whatever name it inherits)."""
+    FSDP's -- or a user's subclass that only sets a docstring, a repr or constructor defaults); ``None`` for a class
+    never registered (a subclass that overrides anything else is another operator, whatever name it inherits or
+    declares)."""
     for c in cls.__mro__:
-        if c.__dict__.get("name"):  # register_operator writes it on the class itself
+        # registered now, not `name` in its body: a class that only declares it (never registered, or unregistered
+        # since, when the name may build another class) wrote a spec that rebuilt nothing, or the other class
+        if c in _DECLARED:
             return c
         if not (c.__module__.startswith("torch.") or set(c.__dict__) <= _INERT):
             return None
@@ -122,14 +132,18 @@ class DiffusionOperator(nn.Module):
         # there, so the layer ran the parent's operator while coefficients() named another: such a class is
         # treated as having no fixed coefficients (correct, via coefficients(), at the cost of the fast path)
         # unless it defines static_coefficients() too.
-        if "coefficients" in cls.__dict__ and "static_coefficients" not in cls.__dict__:
-            cls.static_coefficients = DiffusionOperator.static_coefficients  # type: ignore[method-assign]
         # Likewise the causal hook: a subclass of ppr-exact that redefines apply_matrix() alone kept its parent's
         # triangular solve in apply_causal_matrix(), which causal layers and cached decoding call instead, so a
         # causal call ran the parent's f(P) and a non-causal one the subclass's. Such a class gets the default
         # (apply_matrix() on the lower-triangular P) unless it defines apply_causal_matrix() too.
-        if "apply_matrix" in cls.__dict__ and "apply_causal_matrix" not in cls.__dict__:
-            cls.apply_causal_matrix = DiffusionOperator.apply_causal_matrix  # type: ignore[method-assign]
+        # "Redefines" as the MRO resolves it: a mixin listed before the parent that supplies coefficients() (class
+        # Op(TwoMixin, LaplacianOperator)) overrides it as much as the class's own body does.
+        mro = cls.__mro__
+        for method, hook in (("coefficients", "static_coefficients"), ("apply_matrix", "apply_causal_matrix")):
+            owner = next(c for c in mro if method in c.__dict__)
+            hook_owner = next(c for c in mro if hook in c.__dict__)
+            if mro.index(owner) < mro.index(hook_owner) and hook_owner is not DiffusionOperator:
+                setattr(cls, hook, DiffusionOperator.__dict__[hook])
 
     def __init__(self, num_heads: int = 1) -> None:
         super().__init__()
@@ -157,10 +171,11 @@ class DiffusionOperator(nn.Module):
         an equivalent operator, e.g. ``"heat(t=0.5, steps=4, method='taylor', learnable=True)"``.
 
         Only a registered class has one: an instance of a class never registered (a subclass of a
-        registered operator that overrides anything, though it inherits its parent's ``name``) writes
+        registered operator that overrides anything, though it inherits its parent's ``name``, or a class
+        that declares a ``name`` but is not, or no longer, registered under it) writes
         ``<unregistered module.Class>``, which names it but rebuilds nothing (register it to get a spec);
         a subclass that adds no behaviour (``torch.nn.utils.parametrize``'s generated class, one that only
-        sets a docstring) writes its registered parent's spec.
+        sets a docstring, its repr or other constructor defaults) writes its registered parent's spec.
         """
         if _registered_class(type(self)) is not None:
             return _spec_text(self.name, self.spec_kwargs())
@@ -190,8 +205,9 @@ class DiffusionOperator(nn.Module):
 
         Layers use this to pick fused fast paths (e.g. all-attention heads skip the
         combination step) without a device synchronisation, so it must agree with
-        :meth:`coefficients`: a subclass that overrides :meth:`coefficients` without overriding this
-        method gets this ``None`` rather than its parent's constants.
+        :meth:`coefficients`: a subclass that overrides :meth:`coefficients` (itself or through a mixin
+        listed before its parent) without overriding this method gets this ``None`` rather than its parent's
+        constants.
         """
         return None
 

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.config import _choice_hint
-from diffusionformer.operators.base import DiffusionOperator, _host_numbers, check_count, check_finite_parameter
+from diffusionformer.operators.base import (DiffusionOperator, _host_numbers, _registered_class, check_count,
+                                            check_finite_parameter)
 from diffusionformer.operators.registry import build_operator, register_operator
 
 __all__ = ["PolynomialOperator", "chebyshev_matrix"]
@@ -92,7 +93,8 @@ class PolynomialOperator(DiffusionOperator):
         steps: ``K``.
         init: initial coefficients: an operator spec (``"attention"``, ``"laplacian"``,
             ``"heat(t=1)"``, an operator instance), or a tensor/list of shape ``(K'+1,)`` or
-            ``(G, K'+1)`` with ``K' <= K`` (zero-padded to ``K``).
+            ``(G, K'+1)`` with ``K' <= K`` (zero-padded to ``K``; the spec records an instance of an
+            unregistered class, which has no spec, as these coefficients).
             Always monomial coefficients: with the Chebyshev basis they are converted.
         num_heads: number of heads ``G`` this instance serves.
         basis: ``"monomial"`` (default) or ``"chebyshev"``: the basis of the learned ``theta``.
@@ -127,6 +129,10 @@ class PolynomialOperator(DiffusionOperator):
             self._init = init.spec() if isinstance(init, DiffusionOperator) else (
                 torch.as_tensor(init, dtype=torch.float64).tolist() if _is_array(init) else init)
             theta = self._initial(init, steps, num_heads)  # float64: the values as given
+            if isinstance(init, DiffusionOperator) and _registered_class(type(init)) is None:
+                # its spec '<unregistered module.Class>' rebuilds nothing, so neither did this polynomial's: it
+                # records the coefficients it started from (one row when every head has the same)
+                self._init = (theta[0] if bool((theta == theta[0]).all()) else theta).tolist()
             if basis == "chebyshev":
                 M = chebyshev_matrix(steps)
                 if not torch.isfinite(M).all():  # else theta below is NaN, reported later as a diverged parameter

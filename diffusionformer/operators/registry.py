@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import torch  # noqa: F401  (used in doctests)
 
-from diffusionformer.operators.base import DiffusionOperator
+from diffusionformer.operators.base import _DECLARED, DiffusionOperator
 
 __all__ = [
     "build_operator",
@@ -31,8 +31,6 @@ __all__ = [
 
 _REGISTRY: dict[str, type[DiffusionOperator]] = {}
 _ALIASES: dict[str, str] = {}
-#: a registered class -> its own ``name`` and ``aliases`` before registering wrote them, put back when unregistered
-_DECLARED: dict[type, dict[str, Any]] = {}
 
 T = TypeVar("T", bound=type[DiffusionOperator])
 

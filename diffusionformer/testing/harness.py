@@ -33,7 +33,7 @@ from diffusionformer.graph._checks import check_int
 from diffusionformer.operators import (AttnScaleOperator, DiffusionOperator, DifferentialOperator, ExactPPROperator,
                                       NeuTRENOOperator, NonlinearDiffusionOperator, ValueResidualOperator,
                                       build_operator)
-from diffusionformer.operators.base import _checked_degree
+from diffusionformer.operators.base import _checked_degree, _registered_class
 from diffusionformer.ops.dense import attention_matrix, diffuse
 from diffusionformer.ops.reference import dense_attention_reference, polynomial_reference
 from diffusionformer.ops.reference_rivals import rival_reference
@@ -197,7 +197,8 @@ def assert_operator(
     tol_r = rtol if rtol is not None else (1e-8 if dtype == torch.float64 else 1e-4)
     B, N, C = batch, num_nodes, head_dim
     q, k, v = random_qkv(B, H, N, C, dtype=dtype, seed=seed)
-    name = op.name or type(op).__name__
+    # an unregistered subclass's own class name, not the parent's name it inherits (its failures read 'laplacian: ...')
+    name = op.name if _registered_class(type(op)) is not None else type(op).__name__
 
     if op.is_polynomial:
         if op.uses_context:  # the layer refuses it

@@ -173,3 +173,24 @@ def test_generated_and_inert_subclasses_keep_the_registered_spec():
 
     assert Documented().spec() == "laplacian"
     assert Helper().spec().startswith("<unregistered ")
+
+
+def test_a_subclass_changing_only_constructor_defaults_keeps_a_rebuildable_spec():
+    """Bug (found before it landed): the ``<unregistered ...>`` spec also took a subclass that only changes its
+    parent's constructor defaults (``MyHeat(HeatOperator)`` with ``t=2.0``) or its repr for another operator, so its
+    spec, which ``heat(t=2.0, ...)`` rebuilds exactly, no longer rebuilt anything and checkpoints of such models saved
+    before no longer resumed. A constructor builds the parent's operator (its ``spec_kwargs`` write the values)."""
+    from diffusionformer.operators import build_operator
+    from diffusionformer.operators.heat import HeatOperator
+
+    class MyHeat(HeatOperator):
+        def __init__(self, num_heads: int = 1) -> None:
+            super().__init__(t=2.0, learnable=True, num_heads=num_heads)
+
+        def extra_repr(self) -> str:
+            return "my heat"
+
+    op = MyHeat()
+    assert op.spec().startswith("heat(t=2.0")
+    rebuilt = build_operator(op.spec())
+    torch.testing.assert_close(rebuilt.coefficients(), op.coefficients())
