@@ -736,7 +736,8 @@ def neural_collapse(
     if rtol is None:
         rtol = max(K, D) * torch.finfo(H.dtype).eps
     eps = torch.finfo(H.dtype).eps
-    H = H.to(_wide_dtype(H))
+    # every statistic is scale-free: float64 features of |h| > 1e154 squared to inf and of |h| < 1e-162 to 0 (NaN)
+    H = _unit_scale(H.to(_wide_dtype(H)), dim=(0, 1))
     _, means, mu, residual = _class_statistics(H, inv, K)
     centred = means - mu  # (K, D)
     nc1 = _nc1(residual, centred, rtol)
@@ -820,7 +821,7 @@ def next_token_nc1(
         )
     if rtol is None:
         rtol = max(K, D) * torch.finfo(tokens.dtype).eps
-    H = tokens[keep].to(_wide_dtype(tokens))
+    H = _unit_scale(tokens[keep].to(_wide_dtype(tokens)), dim=(0, 1))  # scale-free, as neural_collapse
     _, means, mu, residual = _class_statistics(H, inv, K)
     return float(_nc1(residual, means - mu, rtol))
 

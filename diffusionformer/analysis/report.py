@@ -47,6 +47,7 @@ from diffusionformer.analysis.metrics import (
     _check_flag,
     _is_int,
     _times_pow2,
+    _unit_scale,
     anova_decomposition,
     dirichlet_energy,
     high_frequency_ratio,
@@ -408,8 +409,10 @@ def _power_law_alpha(v: LayerView) -> float | None:
 
 
 def _anova(v: LayerView) -> tuple[float, float, float] | None:
-    """ANOVA fractions of an unpadded capture (``None`` for padded graphs: groups of unequal size)."""
-    return v.cached("anova", lambda: None if v.mask is not None else anova_decomposition(v.X, v.seq_labels).fractions)
+    """ANOVA fractions of an unpadded capture (``None`` for padded graphs: groups of unequal size), of the tokens
+    scaled by a power of two (the fractions are scale-free; float64 tokens of |x| > 1e154 gave inf / inf = NaN)."""
+    return v.cached("anova", lambda: None if v.mask is not None
+                    else anova_decomposition(_unit_scale(v.X, dim=(0, 1, 2)), v.seq_labels).fractions)
 
 
 def _sequences(v: LayerView) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -12,11 +12,11 @@ import difflib
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar, get_args
 
 from diffusionformer.config import _check_flag, _choice_hint, _value_type, check_value
 
-from .base import ClassificationData, GraphSetData, NodeData, SequenceTaskData, TaskData, TextData
+from .base import TaskData
 from .paths import resolve_root
 from .splits import _check_seed
 
@@ -49,7 +49,7 @@ class DatasetSpec:
 
 
 _REGISTRY: dict[str, DatasetSpec] = {}
-_CONTAINERS = (ClassificationData, TextData, SequenceTaskData, NodeData, GraphSetData)  # TaskData's members
+_CONTAINERS: tuple[type, ...] = get_args(TaskData)  # the data containers, TaskData's members
 
 
 def _key(name: str) -> str:

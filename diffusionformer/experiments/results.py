@@ -203,18 +203,19 @@ def _summary_text(summary: dict[str, Any], key: str, path: Path) -> str | None:
     return None
 
 
-def _comparable(a: dict[str, Any], b: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _comparable(a: dict[str, Any], b: dict[str, Any], *, now: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Two run identities (or definitions) as compared: without ``model_class`` when one was recorded without it (a run
     of a user's model made by a release before the class joined the identity is still the same run; its checkpoint's
-    class check guards a resume)."""
-    if ("model_class" in a) != ("model_class" in b):
+    class check guards a resume). With ``now`` (``a`` recorded, ``b`` the identity this release builds), only ``a``
+    without it is such a run: ``b`` without it is a library model's, another run than one of a user's class."""
+    if ("model_class" in a) != ("model_class" in b) and not (now and "model_class" in a):
         return ({k: v for k, v in a.items() if k != "model_class"}, {k: v for k, v in b.items() if k != "model_class"})
     return a, b
 
 
-def _same_definition(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def _same_definition(a: dict[str, Any], b: dict[str, Any], *, now: bool = False) -> bool:
     """Whether two run identities (or definitions) are one, as :func:`_comparable` compares them."""
-    x, y = _comparable(a, b)
+    x, y = _comparable(a, b, now=now)
     return x == y
 
 
@@ -299,6 +300,34 @@ def _identity_changes(stored: dict[str, Any], now: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _model_class_name(cls: type) -> str | None:
+    """A model class as a run's identity records it (``model_class``): ``module.qualname`` of a user's class, ``None``
+    for one of the library's (their runs record none, so they keep their identity)."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    return None if name.startswith("diffusionformer.") else name
+
+
+def _model_class_change(task: TaskConfig, stored: dict[str, Any]) -> str | None:
+    """``"model_class (old then new)"`` when a run's stored (normalized) identity records another class than the one
+    ``task``'s preset builds now, else ``None``: also when the run records none (made before the class joined the
+    identity, or of a library class: :func:`_comparable`), or the preset is a factory, not a class (its model's class is
+    known once it is built: ``run`` tells), or is not registered here."""
+    from diffusionformer.models import get_preset
+
+    if "model_class" not in stored:
+        return None
+    try:
+        cls = get_preset(task.model).model_cls
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(cls, type):
+        return None
+    now = _model_class_name(cls)
+    if now == stored["model_class"]:
+        return None
+    return _identity_changes({"model_class": stored["model_class"]}, {} if now is None else {"model_class": now})
+
+
 def _model_changes(task: TaskConfig, setting: OperatorSetting, stored: dict[str, Any]) -> str | None:
     """What changed between a run's stored (normalized) ``model_config`` and the one ``task`` and ``setting`` give now,
     e.g. ``"model_config (laplacian_heads: 1 then 2)"``, else ``None``; without loading the data: the sizes the model
@@ -336,8 +365,9 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     interrupted run: the step of its checkpoint, where ``run`` takes it up again and cuts its log back to; 0 without
     a checkpoint; ``None`` for a checkpoint that cannot be read, and for every other state), ``max_steps``, ``elapsed`` (training seconds so far), ``holder`` (the lock's process) and ``changed``: for a
     run on disk made with another training or model config than ``config``'s now (a longer ``max_steps``, another
-    ``lr``, another head layout or ``model_overrides``), what changed, e.g. ``"train (max_steps: 100 then 200)"`` or
-    ``"model_config (laplacian_heads: 1 then 2)"`` (``run`` refuses it until ``--restart``), else ``None``.
+    ``lr``, another head layout or ``model_overrides``, a preset registered again with another model class), what
+    changed, e.g. ``"train (max_steps: 100 then 200)"`` or ``"model_config (laplacian_heads: 1 then 2)"`` (``run``
+    refuses it until ``--restart``), else ``None``.
 
     Args:
         config: the comparison.
@@ -363,6 +393,8 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                     changes.append(_identity_changes({"train": stored["train"]}, {"train": trains[seed]}))
                 if stored is not None and isinstance(stored.get("model_config"), dict) and stored["model_config"]:
                     changes.append(_model_changes(task, setting, stored["model_config"]))
+                if stored is not None:  # a preset registered again with another class of the same config
+                    changes.append(_model_class_change(task, stored))
                 row["changed"] = ", ".join(c for c in changes if c) or None
                 if summary is not None and summary.get("status") == "completed":
                     step = summary.get("step", max_steps)  # a hand-edited "ten" or -3 reads as the budget done

@@ -46,9 +46,9 @@ from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.plots import _PLOT_CACHE
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
 from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _comparable, _completed, _data_identity,
-                                                 _definition, _identity_changes, _normalized_identity,
-                                                 _result_from_files, _same_definition, _train_identity,
-                                                 _without_new_defaults, read_json_dict)
+                                                 _definition, _identity_changes, _model_class_name,
+                                                 _normalized_identity, _result_from_files, _same_definition,
+                                                 _train_identity, _without_new_defaults, read_json_dict)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
                                                  select_evaluation)
 from diffusionformer.experiments.stats import difference_t, paired_t, welch_t  # re-exported: their home is stats
@@ -355,8 +355,8 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
         "model_config": None if model_dict is None else _without_new_defaults(model_dict, _NEW_MODEL_FIELDS),
         "train": _train_identity(train),
     }
-    model_class = f"{type(model).__module__}.{type(model).__qualname__}"
-    if not model_class.startswith("diffusionformer."):
+    model_class = _model_class_name(type(model))
+    if model_class is not None:
         # a user's class (a registered custom preset or subclass): two classes registered under one preset name, a
         # config alike, were one run, and the second's rerun skipped as finished, reporting the first's results
         identity["model_class"] = model_class  # only then, so runs of the library's models keep their identity
@@ -376,7 +376,7 @@ def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, sett
     if stored is None:  # absent, or unreadable: rewritten below; the trainer still checks the checkpoint's config
         return
     stored = _normalized_identity(stored)  # a field added since, or recorded at its default, is no change
-    stored, identity = _comparable(stored, identity)
+    stored, identity = _comparable(stored, identity, now=True)
     if stored != identity:
         raise ValueError(
             f"{rdir} holds a run of task {task.name!r} / setting {setting.name!r} made with a different "
@@ -392,11 +392,11 @@ def _check_sibling_identity(rdir: Path, identity: dict[str, Any], task: TaskConf
         if other == rdir or not _completed(other):
             continue
         stored = read_json_dict(other / RUN_CONFIG_NAME)
-        if stored is not None and not _same_definition(_definition(stored), mine):
+        if stored is not None and not _same_definition(_definition(stored), mine, now=True):
             raise ValueError(
                 f"{other} holds a finished run of task {task.name!r} / setting {setting.name!r} made with a different "
-                f"{_identity_changes(*_comparable(_definition(stored), mine))}, which the results table would average "
-                "with this run's; rename the task or operator setting, or pass --restart to discard it")
+                f"{_identity_changes(*_comparable(_definition(stored), mine, now=True))}, which the results table "
+                "would average with this run's; rename the task or operator setting, or pass --restart to discard it")
 
 
 def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,

@@ -341,13 +341,12 @@ class LogGroup:
         if alone or isinstance(writers, (str, bytes)) or not isinstance(writers, Iterable):  # a writer, or a name
             raise TypeError(f"LogGroup: expected a sequence of metrics writers, got {type(writers).__name__} "
                             f"({writers!r})")
-        writers = list(writers)  # a generator once
-        for writer in writers:  # else a writer lacking one method failed at its first record, deep in training
+        self.writers = list(writers)  # a generator once
+        for writer in self.writers:  # else a writer lacking one method failed at its first record, deep in training
             missing = [m for m in ("append", "truncate", "close") if not callable(getattr(writer, m, None))]
             if missing:
                 raise TypeError(f"LogGroup: a metrics writer needs append, truncate and close methods "
                                 f"(MetricsWriter); {type(writer).__name__} ({writer!r}) lacks {', '.join(missing)}")
-        self.writers = list(writers)
 
     def append(self, record: Mapping[str, Any]) -> None:
         for writer in self.writers:

@@ -203,7 +203,8 @@ def test_bug_task_adapter_hooks_are_checked_when_made():
 def test_bug_a_task_adapter_keyed_by_the_model_class_is_refused():
     """Bug: ``register_task_adapter(DiffusionViT, ...)`` (the model class, not its config class) was registered and
     never found (runs look up ``type(model.config)``); it is refused, saying what the key is."""
-    with pytest.raises(TypeError, match=r"keyed by the model's config class .* not by the model class; got DiffusionViT"):
+    with pytest.raises(TypeError,
+                       match=r"keyed by the model's config class .* not by the model class; got DiffusionViT"):
         T.register_task_adapter(DiffusionViT, NodeData, T.TaskAdapter(overrides=lambda data: {}))
     assert (DiffusionViT, NodeData) not in T._ADAPTERS
 
