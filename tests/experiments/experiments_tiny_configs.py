@@ -81,3 +81,10 @@ def write_lock(rdir, text: str, age: float = 0.0):
     if age:
         os.utime(path, (time.time() - age, time.time() - age))
     return path
+
+
+#: a training budget of two steps that evaluates and checkpoints at the end (runs of a user's tiny model)
+TINY_TRAIN = {"max_steps": 2, "batch_size": 8, "warmup_steps": 0, "eval_interval": 2, "log_interval": 1,
+              "checkpoint_interval": 2}
+#: the smallest ViT of the 8 x 8 digits
+TINY_VIT = dict(input_size=(8, 8), patch_size=2, num_classes=10, dim=8, depth=1, num_heads=2)

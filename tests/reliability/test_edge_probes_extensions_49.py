@@ -23,17 +23,7 @@ from diffusionformer.models import registry as MR
 from diffusionformer.experiments import tasks as T
 from diffusionformer.train.loggers import LogGroup
 
-_TRAIN = {"max_steps": 2, "batch_size": 8, "warmup_steps": 0, "eval_interval": 2, "log_interval": 1,
-          "checkpoint_interval": 2}
-_TINY_VIT = dict(input_size=(8, 8), patch_size=2, num_classes=10, dim=8, depth=1, num_heads=2)
-
-
-@pytest.fixture
-def preset_name():
-    """A throwaway model preset name, removed from the registry afterwards."""
-    name = "probe49-custom-vit"
-    yield name
-    MR._PRESETS.pop(name, None)
+from experiments_tiny_configs import TINY_TRAIN as _TRAIN, TINY_VIT as _TINY_VIT
 
 
 def _config(name: str, model: str, seeds=(0,)):

@@ -12,17 +12,7 @@ from diffusionformer.analysis import LayerCapture, layer_reports, neural_collaps
 from diffusionformer.models import DiffusionViT, ViTConfig, register_model
 from diffusionformer.models import registry as MR
 
-_TRAIN = {"max_steps": 2, "batch_size": 8, "warmup_steps": 0, "eval_interval": 2, "log_interval": 1,
-          "checkpoint_interval": 2}
-_TINY_VIT = dict(input_size=(8, 8), patch_size=2, num_classes=10, dim=8, depth=1, num_heads=2)
-
-
-@pytest.fixture
-def preset_name():
-    """A throwaway model preset name, removed from the registry afterwards."""
-    name = "probe49c-custom-vit"
-    yield name
-    MR._PRESETS.pop(name, None)
+from experiments_tiny_configs import TINY_TRAIN as _TRAIN, TINY_VIT as _TINY_VIT
 
 
 class _FirstViT(DiffusionViT):

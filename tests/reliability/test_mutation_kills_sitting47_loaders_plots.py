@@ -9,37 +9,18 @@ the mutant). No GPU and no staged data are used (the files are written small, in
 from __future__ import annotations
 
 import gzip
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-def _writers() -> ModuleType:
-    """tests/data/data_writers.py (the writers of small files in the benchmark formats), under one module name shared
-    with tests/data/conftest.py."""
-    name = "diffusionformer_tests_data_writers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "data" / "data_writers.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-def test_kills_mnist_reads_uncompressed_idx_files(tmp_path):
+def test_kills_mnist_reads_uncompressed_idx_files(tmp_path, data_writers):
     """kills: data/mnist.py ``_locate`` ``for rel in (f"{stem}.gz", stem)`` -> ``(f"{stem}.gz",)`` (the layout the
     module docstring promises, each file "gzipped or not", was refused as missing when stored uncompressed). The
     pixels and labels are checked against the arrays written."""
     from diffusionformer.data import load_dataset
 
-    arrays = _writers().write_mnist_layout(tmp_path, n_train=20, n_test=10)
+    arrays = data_writers.write_mnist_layout(tmp_path, n_train=20, n_test=10)
     for packed in list(tmp_path.rglob("*.gz")):  # every file stored uncompressed, under the name without .gz
         packed.with_suffix("").write_bytes(gzip.decompress(packed.read_bytes()))
         packed.unlink()

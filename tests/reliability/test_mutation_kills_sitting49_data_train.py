@@ -219,24 +219,7 @@ def test_kills_tu_one_hot_width_counts_labels_from_the_smallest(tmp_path):
         _check_tu_tables(tmp_path, "MUTAG", tmp_path / "MUTAG.zip")
 
 
-def _writers():
-    """tests/data/data_writers.py under the module name tests/data/conftest.py shares."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    name = "diffusionformer_tests_data_writers"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "data" / "data_writers.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-def test_kills_planetoid_rows_summing_below_one_are_left_as_pyg_leaves_them(tmp_path):
+def test_kills_planetoid_rows_summing_below_one_are_left_as_pyg_leaves_them(tmp_path, data_writers):
     """kills: data/planetoid.py ``load_planetoid`` ``.clamp_min(1.0)`` -> ``.clamp_min(1e-12)`` (the docstring
     promises PyG's ``NormalizeFeatures``, which divides by the row sum clamped at 1: real-valued features whose rows
     sum below 1, TF-IDF weights as PubMed's, stay as they are; the mutant scaled them up to sum 1). The files are the
@@ -249,7 +232,7 @@ def test_kills_planetoid_rows_summing_below_one_are_left_as_pyg_leaves_them(tmp_
 
     from diffusionformer.data.planetoid import load_planetoid
 
-    raw = _writers().write_planetoid_layout(tmp_path, "Cora", num_features=6)
+    raw = data_writers.write_planetoid_layout(tmp_path, "Cora", num_features=6)
     for part in ("x", "tx", "allx"):
         path = raw / f"ind.cora.{part}"
         path.write_bytes(pickle.dumps(pickle.loads(path.read_bytes()) * 0.1, protocol=2))
@@ -279,7 +262,7 @@ def test_kills_planetoid_test_index_of_2_to_the_63_is_named(tmp_path, value):
 
 
 @pytest.mark.parametrize("seed", [0, 3])
-def test_kills_mnist_subsets_and_val_follow_the_seed_as_documented(tmp_path, seed):
+def test_kills_mnist_subsets_and_val_follow_the_seed_as_documented(tmp_path, seed, data_writers):
     """kills: data/mnist.py ``load_mnist`` ``seeded_subset(len(test_labels), limit_test, seed)`` -> ``seed + 1``,
     and ``carve_val(len(train_labels), val_size, seed)`` -> ``seed + 1`` (the docstring: ``seed`` is the "seed of the
     val carve and of the limit_* subsets"; another draw gave other test and val images, so a published subset could
@@ -288,7 +271,7 @@ def test_kills_mnist_subsets_and_val_follow_the_seed_as_documented(tmp_path, see
     ``randperm(limit_train)``, each from a generator freshly seeded with ``seed``."""
     from diffusionformer.data import load_dataset
 
-    arrays = _writers().write_mnist_layout(tmp_path, n_train=30, n_test=20)
+    arrays = data_writers.write_mnist_layout(tmp_path, n_train=30, n_test=20)
     data = load_dataset("mnist", root=tmp_path, verify=False, seed=seed, val_size=4, limit_train=12, limit_test=6,
                         normalize=False)
 
@@ -307,7 +290,7 @@ def test_kills_mnist_subsets_and_val_follow_the_seed_as_documented(tmp_path, see
 
 
 @pytest.mark.parametrize("seed", [0, 5])
-def test_kills_cifar_pickled_test_subset_follows_the_seed(tmp_path, seed):
+def test_kills_cifar_pickled_test_subset_follows_the_seed(tmp_path, seed, data_writers):
     """kills: data/cifar10.py ``load_cifar10`` (the pickled batches) ``seeded_subset(len(y_te), limit_test, seed)``
     -> ``seed + 1`` (``seed`` is documented as the "seed of the val carve and of the limit_* subsets"; the JPEG
     branch's subset was pinned, the pickle branch's was not). The reference: the sorted first ``limit_*`` entries of
@@ -317,7 +300,7 @@ def test_kills_cifar_pickled_test_subset_follows_the_seed(tmp_path, seed):
 
     from diffusionformer.data import load_dataset
 
-    arrays = _writers().write_cifar_batches(tmp_path / "cifar-10-batches-py", per_batch=6)
+    arrays = data_writers.write_cifar_batches(tmp_path / "cifar-10-batches-py", per_batch=6)
     data = load_dataset("cifar10", root=tmp_path, verify=False, normalize=False, seed=seed, val_size=3,
                         limit_train=10, limit_test=4, source="pickle")
 
