@@ -154,10 +154,9 @@ def _warn_other_train(config: ExperimentConfig, out_root: Path) -> None:
     """Warn when finished runs were made with another train or model config than ``config``'s (a longer
     ``max_steps``, another ``lr`` or head layout, a ``run --set`` not repeated here): ``run`` and ``publish`` refuse
     them, and their measurements would be filed under this config's names without a word."""
-    changed = _runs_of_another_train(config, out_root)
+    changed = _runs_of_another_train(config, out_root, verb="analyse")
     if changed:
-        warnings.warn(f"analyze: {changed}; their measurements are filed under this config's names: analyse with the "
-                      "--set overrides they were run with, or run them again with --restart", RuntimeWarning,
+        warnings.warn(f"analyze (their measurements are filed under this config's names): {changed}", RuntimeWarning,
                       stacklevel=user_stacklevel())
 
 

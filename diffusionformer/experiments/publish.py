@@ -259,10 +259,9 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
                          "run; publish --to another folder")
     # a finished run made with another train or model config than this one's (run with --set, published without): the
     # page would call it a run of this config, whose budget its description states; `status` counts it as not completed
-    changed = _runs_of_another_train(config, out_root)
+    changed = _runs_of_another_train(config, out_root, verb="publish")
     if changed:
-        raise ValueError(f"publish: {changed}; publish with the --set overrides they were run with, or redo them "
-                         "with `run --restart`")
+        raise ValueError(f"publish: {changed}")
     _require_scipy(len(config.seeds), "nothing was published")  # the tables' t tests: not once the files are copied
     runs = _load_runs(config, src)  # select_by evaluations of older results are picked from the run logs
     _warn_unfinished(config, runs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,15 +308,14 @@ def _model_class_name(cls: type) -> str | None:
     return None if name.startswith("diffusionformer.") else name
 
 
-def _model_class_change(task: TaskConfig, stored: dict[str, Any]) -> str | None:
+def _model_class_change(task: TaskConfig, stored: dict[str, Any], rdir: Path) -> str | None:
     """``"model_class (old then new)"`` when a run's stored (normalized) identity records another class than the one
-    ``task``'s preset builds now, else ``None``: also when the run records none (made before the class joined the
-    identity, or of a library class: :func:`_comparable`), or the preset is a factory, not a class (its model's class is
-    known once it is built: ``run`` tells), or is not registered here."""
+    ``task``'s preset builds now, else ``None``: also when the run records none (a library class's, or made before the
+    class joined the identity and its checkpoint names none: :func:`_with_recorded_class`, :func:`_comparable`), or the
+    preset is a factory, not a class (its model's class is known once it is built: ``run`` tells), or is not registered
+    here."""
     from diffusionformer.models import get_preset
 
-    if "model_class" not in stored:
-        return None
     try:
         cls = get_preset(task.model).model_cls
     except (ValueError, TypeError, KeyError):
@@ -323,7 +323,8 @@ def _model_class_change(task: TaskConfig, stored: dict[str, Any]) -> str | None:
     if not isinstance(cls, type):
         return None
     now = _model_class_name(cls)
-    if now == stored["model_class"]:
+    stored = _with_recorded_class(rdir, stored, now)
+    if "model_class" not in stored or now == stored["model_class"]:
         return None
     return _identity_changes({"model_class": stored["model_class"]}, {} if now is None else {"model_class": now})
 
@@ -394,7 +395,7 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                 if stored is not None and isinstance(stored.get("model_config"), dict) and stored["model_config"]:
                     changes.append(_model_changes(task, setting, stored["model_config"]))
                 if stored is not None:  # a preset registered again with another class of the same config
-                    changes.append(_model_class_change(task, stored))
+                    changes.append(_model_class_change(task, stored, rdir))
                 row["changed"] = ", ".join(c for c in changes if c) or None
                 if summary is not None and summary.get("status") == "completed":
                     step = summary.get("step", max_steps)  # a hand-edited "ten" or -3 reads as the budget done
@@ -424,31 +425,67 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     return rows
 
 
-def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path) -> str | None:
+def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path, *, verb: str | None = None) -> str | None:
     """Which finished runs of ``config`` under ``out_root`` were made with another train or model config than its own
-    (a ``run --set ...`` read without the overrides, a setting redefined since: ``status`` counts them as not
-    completed), said in words; else None. ``publish`` refuses such runs, ``summary`` and ``analyze`` warn."""
+    (a ``run --set ...`` read without the overrides, a setting redefined since, a preset registered again with another
+    model class: ``status`` counts them as not completed), said in words; else None. ``publish`` refuses such runs,
+    ``summary`` and ``analyze`` warn. With ``verb`` (``"publish"``, ``"analyse"``), the message ends with what makes
+    them this config's runs again: the ``--set`` overrides they were run with, the model class they were made with
+    (which no ``--set`` value changes), or ``run --restart``."""
     changed = [r for r in run_status(config, out_root) if r["state"] == "completed" and r["changed"]]
     if not changed:
         return None
     first = changed[0]
-    return (f"{len(changed)} finished run(s) of {config.name!r} were made with another train or model config than "
+    text = (f"{len(changed)} finished run(s) of {config.name!r} were made with another train or model config than "
             f"this config's, e.g. {first['task']!r} / {first['operator']!r} seed {first['seed']} ({first['changed']})")
+    if verb is None:
+        return text
+    fixes = []
+    if any(_CLASS_CHANGE.sub("", r["changed"]).strip(", ") for r in changed):
+        fixes.append(f"{verb} with the --set overrides they were run with")
+    swapped = next(((r, m) for r in changed for m in _CLASS_CHANGE.finditer(r["changed"])), None)
+    if swapped is not None:  # "--set overrides" cannot bring a class back: the advice named a fix that does not exist
+        model = next((t.model for t in config.tasks if t.name == swapped[0]["task"]), None)
+        fixes.append(f"register the class they were made with ({swapped[1].group(1).split(' then ')[0]}) as model "
+                     f"preset {model!r} again (no --set value changes a preset's class)")
+    return f"{text}; {', or '.join([*fixes, 'redo them with `run --restart`'])}"
+
+
+#: a ``model_class (old then new)`` part of a ``changed`` text (:func:`_identity_changes`); class names hold no parens
+_CLASS_CHANGE = re.compile(r"model_class \(([^()]*)\)")
+
+
+def _checkpoint_entry(path: Path, key: str) -> Any:
+    """``checkpoint[key]`` of a trainer checkpoint, read without loading its tensors (``weights_only``,
+    memory-mapped); ``None`` if the file cannot be read as one (``run`` says why when it resumes)."""
+    import torch
+
+    for mmap in (True, False):  # a file in torch's legacy format cannot be memory-mapped: read it whole
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap).get(key)
+        except Exception:  # truncated, corrupt, refused by weights_only, not a mapping, unreadable
+            continue
+    return None
 
 
 def _checkpoint_step(path: Path) -> int | None:
-    """The ``step`` a trainer checkpoint holds, read without loading its tensors (``weights_only``, memory-mapped);
-    ``None`` if the file cannot be read as one (``run`` says why when it resumes)."""
-    import torch
-
-    step = None
-    for mmap in (True, False):  # a file in torch's legacy format cannot be memory-mapped: read it whole
-        try:
-            step = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap).get("step")
-            break
-        except Exception:  # truncated, corrupt, refused by weights_only, not a mapping, unreadable
-            continue
+    """The ``step`` a trainer checkpoint holds (``None``: unreadable, see :func:`_checkpoint_entry`)."""
+    step = _checkpoint_entry(path, "step")
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
+def _with_recorded_class(rdir: Path, stored: dict[str, Any], now: str | None) -> dict[str, Any]:
+    """``stored`` (a run's identity) with the ``model_class`` its checkpoint's model record names, when the identity was
+    recorded without one (before the class joined it) and the class is a user's (``now``, this release's identity's,
+    is ``None`` for the library's classes: their runs are not read). Else a preset registered again with another
+    class, every seed of it recorded so, was the same run: its rerun skipped, reporting the first class's results."""
+    if "model_class" in stored or now is None:
+        return stored
+    record = _checkpoint_entry(rdir / "checkpoint.pt", "model_record")
+    recorded = record.get("class") if isinstance(record, dict) else None
+    if not isinstance(recorded, str) or recorded.startswith("diffusionformer."):
+        return stored  # no checkpoint (or none readable): the trainer's model record check guards a resume
+    return {**stored, "model_class": recorded}
 
 
 def _failed(summary: dict[str, Any]) -> bool:

@@ -48,7 +48,8 @@ from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_
 from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _comparable, _completed, _data_identity,
                                                  _definition, _identity_changes, _model_class_name,
                                                  _normalized_identity, _result_from_files, _same_definition,
-                                                 _train_identity, _without_new_defaults, read_json_dict)
+                                                 _train_identity, _with_recorded_class, _without_new_defaults,
+                                                 read_json_dict)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
                                                  select_evaluation)
 from diffusionformer.experiments.stats import difference_t, paired_t, welch_t  # re-exported: their home is stats
@@ -376,6 +377,7 @@ def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, sett
     if stored is None:  # absent, or unreadable: rewritten below; the trainer still checks the checkpoint's config
         return
     stored = _normalized_identity(stored)  # a field added since, or recorded at its default, is no change
+    stored = _with_recorded_class(rdir, stored, identity.get("model_class"))
     stored, identity = _comparable(stored, identity, now=True)
     if stored != identity:
         raise ValueError(
@@ -392,6 +394,8 @@ def _check_sibling_identity(rdir: Path, identity: dict[str, Any], task: TaskConf
         if other == rdir or not _completed(other):
             continue
         stored = read_json_dict(other / RUN_CONFIG_NAME)
+        if stored is not None:
+            stored = _with_recorded_class(other, stored, identity.get("model_class"))
         if stored is not None and not _same_definition(_definition(stored), mine, now=True):
             raise ValueError(
                 f"{other} holds a finished run of task {task.name!r} / setting {setting.name!r} made with a different "

@@ -27,7 +27,8 @@ def test_bug_status_and_publish_tell_a_preset_registered_again_with_another_clas
     """Bug: ``run`` refused a finished run whose preset was registered again with another model class (its identity's
     ``model_class``), but ``status`` called it completed and unchanged and ``publish`` published the first class's
     results under the second's name; both now name the change, as for another train or model config. A run recorded
-    without ``model_class`` (made before the class joined the identity) is no change."""
+    without ``model_class`` (made before the class joined the identity) is told from its checkpoint's model record
+    (test_edge_probes_class_advice_50.py)."""
     from diffusionformer.experiments import load_experiment_config, publish_experiment, run_experiment, run_status
 
     register_model(preset_name, _FirstViT, ViTConfig, **_TINY_VIT)
@@ -47,7 +48,7 @@ def test_bug_status_and_publish_tell_a_preset_registered_again_with_another_clas
     assert rows[0]["changed"] is not None
     assert rows[0]["changed"].startswith("model_class (") and rows[0]["changed"].endswith("._SecondViT)")
     assert "._FirstViT then " in rows[0]["changed"]
-    assert rows[1]["changed"] is None  # recorded without its class: not told from the same run
+    assert rows[1]["changed"] == rows[0]["changed"]  # recorded without its class: read from its checkpoint
     with pytest.raises(ValueError, match=r"model_class \(\S+\._FirstViT then \S+\._SecondViT\)"):
         publish_experiment(config, tmp_path, tmp_path / "docs")
 
