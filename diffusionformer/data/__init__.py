@@ -44,7 +44,7 @@ from .paths import (
     resolve_root,
 )
 from .recall import make_assoc_recall
-from .registry import DatasetSpec, dataset_spec, list_datasets, load_dataset, register_dataset
+from .registry import DatasetSpec, dataset_spec, list_datasets, load_dataset, register_dataset, unregister_dataset
 
 # The neighbour loader subclasses PyG's classes: imported on first use (PEP 562), so that ``import
 # diffusionformer.data`` does not import PyG (PyG 2.8 calls the deprecated ``torch.jit.script`` at import).
@@ -64,6 +64,7 @@ __all__ = [
     "list_datasets",
     "dataset_spec",
     "register_dataset",
+    "unregister_dataset",
     "DatasetSpec",
     "TaskData",
     "ClassificationData",

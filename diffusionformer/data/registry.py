@@ -2,8 +2,9 @@
 
 A loader is a function ``loader(*, seed, [root], **options) -> TaskData`` whose keyword-only
 parameters (besides ``seed`` and ``root``) are its options. Registration is strict (a
-duplicate name raises); look-up is forgiving about case and ``-``/``_`` (``"PTC-MR"`` finds
-``"ptc_mr"``); an unknown name lists the valid ones and an unknown option is named.
+duplicate name raises; :func:`unregister_dataset` frees a name to register it again); look-up
+is forgiving about case and ``-``/``_`` (``"PTC-MR"`` finds ``"ptc_mr"``); an unknown name
+lists the valid ones and an unknown option is named.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .base import TaskData
 from .paths import resolve_root
 from .splits import _check_seed
 
-__all__ = ["DatasetSpec", "register_dataset", "load_dataset", "list_datasets", "dataset_spec"]
+__all__ = ["DatasetSpec", "register_dataset", "unregister_dataset", "load_dataset", "list_datasets", "dataset_spec"]
 
 KINDS = ("image", "sequence", "text", "sequence_lm", "node", "graph")
 
@@ -65,7 +66,8 @@ def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Calla
         needs_root: the loader takes a ``root`` keyword (the resolved data root).
 
     Raises:
-        ValueError: on a duplicate or empty name or an unknown kind.
+        ValueError: on a duplicate (the message names :func:`unregister_dataset`, the way to replace it) or empty
+            name or an unknown kind.
         TypeError: when the name is not a str, ``needs_root`` not a bool, or the loader is not callable, has
             positional parameters, ``*args`` or ``**kwargs``, or lacks ``seed``/``root``.
 
@@ -82,8 +84,11 @@ def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Calla
 
     def decorator(loader: F) -> F:
         key = _key(name)
-        if key in _REGISTRY:
-            raise ValueError(f"dataset {name!r} is already registered")
+        if key in _REGISTRY:  # a notebook cell run twice registers the name again: say how to replace it
+            taken = _REGISTRY[key].name
+            by = f" (as {taken!r})" if taken != name else ""
+            raise ValueError(f"dataset {name!r} is already registered{by}; to replace it (a loader defined again), "
+                             f"call unregister_dataset({taken!r}) first")
         if not callable(loader):
             raise TypeError(f"loader for {name!r} must be a function, got {type(loader).__name__} ({loader!r})")
         params = inspect.signature(loader).parameters
@@ -155,6 +160,28 @@ def dataset_spec(name: str) -> DatasetSpec:
         raise ValueError(
             f"unknown dataset {name!r}{hint}; valid names: {', '.join(list_datasets())}"
         ) from None
+
+
+def unregister_dataset(name: str) -> DatasetSpec:
+    """Remove dataset ``name`` (case and ``-``/``_`` insensitive, as :func:`load_dataset` reads it) and return its
+    :class:`DatasetSpec` (for tests and interactive work: a notebook cell that registers a loader, run again). A
+    built-in dataset may be removed too; registering the name again loads with the new loader.
+
+    Raises:
+        TypeError: ``name`` is not a ``str``.
+        ValueError: no dataset is registered under ``name`` (with a close match, if any), as :func:`dataset_spec`.
+
+    Examples:
+        >>> @register_dataset("doc-recall", kind="sequence_lm")
+        ... def _doc_recall(*, seed):
+        ...     return load_dataset("assoc-recall", num_examples=20, num_pairs=2, vocab_size=8, seed=seed)
+        >>> unregister_dataset("DOC_RECALL").name
+        'doc-recall'
+        >>> "doc-recall" in list_datasets()
+        False
+    """
+    spec = dataset_spec(name)  # the "unknown dataset ... (did you mean ...)" error
+    return _REGISTRY.pop(_key(spec.name))
 
 
 def list_datasets(kind: str | None = None) -> list[str]:

@@ -2,8 +2,8 @@
 
 Which adapter serves a run is looked up, not branched on: :func:`register_task_adapter` (or the
 :func:`task_adapter` decorator) keys a :class:`TaskAdapter` by (model config class, data container
-class); the runner (:func:`model_overrides_for_data`, :func:`build_task`) and the analysis
-(:func:`heldout_batches`, :func:`find_adapter`) read the registry.
+class), and :func:`unregister_task_adapter` removes it; the runner (:func:`model_overrides_for_data`,
+:func:`build_task`) and the analysis (:func:`heldout_batches`, :func:`find_adapter`) read the registry.
 
 Every adapter draws its training batches from the trainer's seeded generator (so a resumed
 run is bit-identical) and evaluates deterministically on fixed held-out data.
@@ -15,7 +15,7 @@ import math
 import numbers
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ from diffusionformer.models import DINOConfig, GCNConfig, GINConfig, GPTConfig, 
 from diffusionformer.ops._checks import checks_values
 
 __all__ = ["TaskAdapter", "build_task", "find_adapter", "heldout_batches", "model_overrides_for_data",
-           "register_task_adapter", "task_adapter"]
+           "register_task_adapter", "task_adapter", "unregister_task_adapter"]
 
 _EVAL_SEED = 1234  # fixed windows for text evaluation: every run is scored on the same text
 _TEXT_EVAL_BATCH = 64  # windows per text evaluation batch when the config sets none (nanoGPT's batch_size)
@@ -548,6 +548,50 @@ class TaskAdapter:
 _ADAPTERS: dict[tuple[type | None, type], TaskAdapter] = {}
 
 
+def _adapter_keys(family: type | Sequence[type] | None, data: type | Sequence[type],
+                  caller: str) -> list[tuple[type | None, type]]:
+    """The (family, data) pairs that ``family`` and ``data`` name, checked: :func:`register_task_adapter`'s and
+    :func:`unregister_task_adapter`'s forms (a class or a sequence of classes; ``None`` family: any model)."""
+    def classes(given: Any) -> list[Any]:  # a str is one (wrong) key, not its characters ('V' for "ViTConfig")
+        return list(given) if isinstance(given, Iterable) and not isinstance(given, (str, bytes, type)) else [given]
+
+    families, datas = classes(family), classes(data)
+    for name, given in (("family", families), ("data", datas)):
+        if not given:  # else nothing was registered and the adapter returned as if it were
+            raise ValueError(f"{caller}: {name} names no class (an empty sequence); give a class or "
+                             f"a sequence of classes{' (None: any model)' if name == 'family' else ''}")
+    keys = [(f, d) for f in families for d in datas]
+    for f, d in keys:
+        if not (f is None or isinstance(f, type)) or not isinstance(d, type):
+            raise TypeError(f"task adapters are keyed by classes (model config, data container), got ({f!r}, {d!r})")
+        if isinstance(f, type) and issubclass(f, nn.Module):  # else registered, and never found: runs look up
+            # type(model.config); "does not fit a ... model" followed
+            raise TypeError(f"task adapters are keyed by the model's config class (type(model.config), e.g. "
+                            f"ViTConfig), not by the model class; got {f.__name__}")
+    return list(dict.fromkeys(keys))  # (A, A) named twice is one pair
+
+
+def _class_name(cls: type | None) -> str:
+    return getattr(cls, "__name__", repr(cls))
+
+
+def _pair_name(key: tuple[type | None, type]) -> str:
+    return f"({_class_name(key[0])}, {_class_name(key[1])})"
+
+
+def _unregister_call(keys: list[tuple[type | None, type]]) -> str:
+    """The ``unregister_task_adapter(...)`` call(s) that remove exactly the pairs ``keys``, as a user writes them:
+    one call when they are all pairs of some families and data classes, else one call a pair."""
+    def names(classes: list[Any]) -> str:
+        return _class_name(classes[0]) if len(classes) == 1 else f"({', '.join(map(_class_name, classes))})"
+
+    families = list(dict.fromkeys(f for f, _ in keys))
+    datas = list(dict.fromkeys(d for _, d in keys))
+    if len(keys) == len(families) * len(datas):  # keys hold no pair twice, so this is their full product
+        return f"unregister_task_adapter({names(families)}, {names(datas)})"
+    return " and ".join(f"unregister_task_adapter({_class_name(f)}, {_class_name(d)})" for f, d in keys)
+
+
 def register_task_adapter(family: type | Sequence[type] | None, data: type | Sequence[type], adapter: TaskAdapter) -> TaskAdapter:
     """Register ``adapter`` for every (model config class in ``family``, data container class in ``data``).
 
@@ -559,29 +603,62 @@ def register_task_adapter(family: type | Sequence[type] | None, data: type | Seq
     Raises:
         TypeError: if ``adapter`` is not a :class:`TaskAdapter`, a key is not a class, or ``family`` is a model
             class (``nn.Module``) rather than its config class.
-        ValueError: if a pair already has an adapter, or ``family`` or ``data`` is an empty sequence.
+        ValueError: if a pair already has an adapter (nothing is registered then; the message names the
+            :func:`unregister_task_adapter` call that frees the pairs), or ``family`` or ``data`` is an empty
+            sequence.
     """
     if not isinstance(adapter, TaskAdapter):
         raise TypeError(f"adapter must be a TaskAdapter, got {type(adapter).__name__}")
-    families = [family] if family is None or isinstance(family, type) else list(family)
-    datas = [data] if isinstance(data, type) else list(data)
-    for name, given in (("family", families), ("data", datas)):
-        if not given:  # else nothing was registered and the adapter returned as if it were
-            raise ValueError(f"register_task_adapter: {name} names no class (an empty sequence); give a class or "
-                             f"a sequence of classes{' (None: any model)' if name == 'family' else ''}")
-    keys = [(f, d) for f in families for d in datas]
-    for f, d in keys:
-        if not (f is None or isinstance(f, type)) or not isinstance(d, type):
-            raise TypeError(f"task adapters are keyed by classes (model config, data container), got ({f!r}, {d!r})")
-        if isinstance(f, type) and issubclass(f, nn.Module):  # else registered, and never found: runs look up
-            # type(model.config); "does not fit a ... model" followed
-            raise TypeError(f"task adapters are keyed by the model's config class (type(model.config), e.g. "
-                            f"ViTConfig), not by the model class; got {f.__name__}")
-        if (f, d) in _ADAPTERS:
-            raise ValueError(f"a task adapter for ({getattr(f, '__name__', f)}, {d.__name__}) is already registered")
+    keys = _adapter_keys(family, data, "register_task_adapter")
+    taken = [key for key in keys if key in _ADAPTERS]
+    if taken:  # a notebook cell run twice registers the pairs again: say how to replace them
+        which = (f"a task adapter for {_pair_name(taken[0])} is" if len(taken) == 1 else
+                 f"task adapters for {', '.join(map(_pair_name, taken))} are")
+        them = "it" if len(taken) == 1 else "them"
+        raise ValueError(f"{which} already registered; to replace {them} (an adapter defined again), call "
+                         f"{_unregister_call(taken)} first")
     for key in keys:
         _ADAPTERS[key] = adapter
     return adapter
+
+
+def unregister_task_adapter(family: type | Sequence[type] | None,
+                            data: type | Sequence[type]) -> dict[tuple[type | None, type], TaskAdapter]:
+    """Remove the adapters of every (model config class in ``family``, data container class in ``data``) and return
+    them (for tests and interactive work: a notebook cell that registers an adapter, run again). The forms of
+    ``family`` and ``data`` are :func:`register_task_adapter`'s; a built-in adapter may be removed too.
+
+    Args:
+        family: the model config dataclass(es), or ``None`` for the adapters of any model.
+        data: the data container class(es).
+
+    Returns:
+        ``{(family, data): adapter}`` for each pair removed (register them again with :func:`register_task_adapter`).
+
+    Raises:
+        KeyError: a pair has no adapter (named in the message); nothing is removed then.
+        TypeError, ValueError: ``family`` or ``data`` as :func:`register_task_adapter` refuses them.
+
+    Examples:
+        >>> from diffusionformer.data.base import TextData
+        >>> from diffusionformer.models import ViTConfig
+        >>> @task_adapter(ViTConfig, TextData)
+        ... def _vit_on_text(data):
+        ...     return {"num_classes": data.vocab_size}
+        >>> unregister_task_adapter(ViTConfig, TextData)[ViTConfig, TextData].overrides is _vit_on_text
+        True
+        >>> find_adapter(ViTConfig, TextData, "overrides", any_model=False) is None
+        True
+    """
+    keys = _adapter_keys(family, data, "unregister_task_adapter")
+    missing = [key for key in keys if key not in _ADAPTERS]
+    if missing:
+        known = sorted(_pair_name(k) for k in _ADAPTERS if any(k[0] is f for f, _ in missing))
+        have = (f"; the pairs registered for {' or '.join(dict.fromkeys(_class_name(f) for f, _ in missing))}: "
+                f"{', '.join(known)}" if known else "")
+        raise KeyError(f"no task adapter is registered for {', '.join(map(_pair_name, missing))}{have}; nothing was "
+                       "removed")
+    return {key: _ADAPTERS.pop(key) for key in keys}
 
 
 def task_adapter(family: type | Sequence[type] | None, data: type | Sequence[type], **hooks: Any) -> Callable[[Callable[[Any], dict[str, Any]]], Callable[[Any], dict[str, Any]]]:
@@ -596,6 +673,8 @@ def task_adapter(family: type | Sequence[type] | None, data: type | Sequence[typ
             return {"vocab_size": data.vocab_size}
 
     Other hooks (``task=``, ``heldout=``, ``analysed=``, ``predictions=``, ``note=``) are passed as keywords.
+    Registered pairs are refused as by :func:`register_task_adapter`; :func:`unregister_task_adapter` with the same
+    ``family`` and ``data`` removes them (a notebook cell run again).
     """
     def register(fn: Callable[[Any], dict[str, Any]]) -> Callable[[Any], dict[str, Any]]:
         register_task_adapter(family, data, TaskAdapter(overrides=fn, **hooks))

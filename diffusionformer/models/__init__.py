@@ -18,6 +18,7 @@ from diffusionformer.models.registry import (
     list_models,
     model_config,
     register_model,
+    unregister_model,
 )
 from diffusionformer.models.sampling import top_k_filter, top_p_filter
 from diffusionformer.models.vit import DiffusionViT, ViTConfig, attention_rollout
@@ -52,4 +53,5 @@ __all__ = [
     "list_models",
     "model_config",
     "register_model",
+    "unregister_model",
 ]

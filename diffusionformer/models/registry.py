@@ -29,7 +29,7 @@ from diffusionformer.models.graph_transformer import DiffusionGraphTransformer, 
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
 
 __all__ = ["ModelPreset", "create_model", "get_preset", "list_models", "model_config", "register_model",
-           "split_task_settings", "task_config"]
+           "split_task_settings", "task_config", "unregister_model"]
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,14 @@ _PRESETS: dict[str, ModelPreset] = {}
 def register_model(name: str, model_cls: Callable[[Any], nn.Module], config_cls: type, description: str = "",
                    *, task_config_cls: type | None = None, task_defaults: dict[str, Any] | None = None,
                    **defaults: Any) -> ModelPreset:
-    """Register a preset (strict: a taken name raises ``ValueError``, a ``model_cls`` that cannot be called a
-    ``TypeError``; defaults are validated now)."""
+    """Register a preset (strict: a taken name raises ``ValueError``, naming :func:`unregister_model`, the way to
+    replace it; a ``model_cls`` that cannot be called a ``TypeError``; defaults are validated now)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"preset name must be a non-empty string, got {name!r}")
     if name in _PRESETS:
-        raise ValueError(f"model preset {name!r} is already registered (by {_PRESETS[name].model_cls!r})")
+        # a notebook cell run twice registers the name again: say how to replace it
+        raise ValueError(f"model preset {name!r} is already registered (by {_PRESETS[name].model_cls!r}); to replace "
+                         f"it (a class defined again), call unregister_model({name!r}) first")
     if not callable(model_cls):  # else stored, and create_model failed with "'int' object is not callable"
         raise TypeError(f"preset {name!r}: model_cls must be a model class or a callable taking the config, "
                         f"got {type(model_cls).__name__} {model_cls!r}")
@@ -79,6 +81,26 @@ def register_model(name: str, model_cls: Callable[[Any], nn.Module], config_cls:
                          copy.deepcopy(dict(task_defaults or {})))
     _PRESETS[name] = preset
     return preset
+
+
+def unregister_model(name: str) -> ModelPreset:
+    """Remove preset ``name`` and return it (for tests and interactive work: a notebook cell that registers a
+    preset, run again). A built-in preset may be removed too; registering the name again builds the new class.
+
+    Raises:
+        TypeError: ``name`` is not a ``str``.
+        ValueError: no preset is registered under ``name`` (with a close match, if any), as :func:`get_preset`.
+
+    Examples:
+        >>> from diffusionformer.models import DiffusionViT, ViTConfig
+        >>> _ = register_model("doc-vit", DiffusionViT, ViTConfig, input_size=(8, 8), patch_size=2, dim=8, depth=1)
+        >>> unregister_model("doc-vit").name
+        'doc-vit'
+        >>> "doc-vit" in list_models()
+        False
+    """
+    get_preset(name)  # the "unknown model ... (did you mean ...)" error
+    return _PRESETS.pop(name)
 
 
 def list_models() -> list[str]:

@@ -35,8 +35,9 @@ def data_writers() -> ModuleType:
 @pytest.fixture
 def preset_name():
     """A throwaway model preset name, removed from the registry afterwards."""
-    from diffusionformer.models import registry
+    from diffusionformer.models import list_models, unregister_model
 
     name = "reliability-throwaway-vit"
     yield name
-    registry._PRESETS.pop(name, None)
+    if name in list_models():
+        unregister_model(name)
