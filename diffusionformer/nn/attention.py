@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from diffusionformer._imports import _import_pyg
 from diffusionformer.config import _check_flag
 from diffusionformer.functional import DENSE_BACKENDS, diffuse_sparse_with_weights
 from diffusionformer.graph.core import AttentionGraph
+from diffusionformer.nn._factory import _cast_part, _check_factory, _on_device
 from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.heads import HeadGroup, parse_heads
@@ -108,6 +110,17 @@ class DiffusionAttention(nn.Module):
             for the combination's element-wise operations once more. Off by default (autograd's
             usual trade); a settable attribute (:func:`~diffusionformer.nn.set_recompute` sets it
             on every layer of a model).
+        device: where the parameters and buffers are created (torch's factory argument, as
+            :class:`torch.nn.MultiheadAttention`'s): the projections and norms get it, the head
+            operators are built under ``with torch.device(device)``; ``"meta"`` allocates nothing
+            (:func:`torch.nn.utils.skip_init`, deferred initialisation: ``to_empty`` then
+            :meth:`reset_parameters`). Operator instances given in ``heads`` and ``rotary`` are
+            moved there, in place, as ``layer.to(device)`` would move them.
+        dtype: floating-point dtype of the parameters: the projections and norms are initialised
+            in it (as :class:`torch.nn.Linear`); the head operators are built in the default dtype
+            and cast, when ``dtype`` is another, as ``layer.to(dtype)`` casts them (fixed constants
+            and coefficient caches stay float64 or float32, never half; learned values are rounded
+            from the default dtype). Given operator instances are cast as well.
 
     Shapes:
         - dense: ``x`` ``(B, N, D)``, ``key_padding_mask`` ``(B, N)`` bool (True = padding),
@@ -139,8 +152,11 @@ class DiffusionAttention(nn.Module):
         num_kv_heads: int | None = None,
         rotary: nn.Module | None = None,
         recompute: bool = False,
+        device: torch.device | str | int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device, dtype = _check_factory(device, dtype, "DiffusionAttention")
         for name, value in (("dim", dim), ("num_heads", num_heads)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -168,19 +184,26 @@ class DiffusionAttention(nn.Module):
         if rotary is not None and getattr(rotary, "head_dim", None) != dim // num_heads:
             raise ValueError(f"rotary: expected a rotary embedding with head_dim={dim // num_heads}, got {rotary!r}")
         self.num_kv_heads = kv
-        self.rotary = rotary
-        self.qkv = nn.Linear(dim, dim + 2 * kv * (dim // num_heads), bias=bias)
+        self.rotary = rotary if rotary is None else _cast_part(rotary, device, dtype, given=True)
+        factory = {"device": device, "dtype": dtype}
+        self.qkv = nn.Linear(dim, dim + 2 * kv * (dim // num_heads), bias=bias, **factory)
         # ---- end modern parts
-        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self.out_proj = nn.Linear(dim, dim, bias=bias, **factory)
         # the q/k LayerNorms follow ``bias`` (bias=False: nanoGPT's LayerNorm without bias)
-        self.q_norm = nn.LayerNorm(self.head_dim, bias=bias) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim, bias=bias) if qk_norm else nn.Identity()
+        self.q_norm = nn.LayerNorm(self.head_dim, bias=bias, **factory) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, bias=bias, **factory) if qk_norm else nn.Identity()
 
-        groups = parse_heads(heads, num_heads)
-        self.operators = nn.ModuleList([g.operator for g in groups])
-        self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
-        self._scale = self.head_dim**-0.5
-        self._refresh_plan()
+        with _on_device(device):  # the operators' parameters and caches (no factory arguments of their own)
+            groups = parse_heads(heads, num_heads)
+            entries = (heads,) if isinstance(heads, DiffusionOperator) else heads if (
+                isinstance(heads, Sequence) and not isinstance(heads, (str, bytes, bytearray))) else ()
+            given = {id(h) for h in entries if isinstance(h, DiffusionOperator)}
+            for g in groups:  # then in dtype as .to(dtype) makes them; given instances moved as well
+                _cast_part(g.operator, device, dtype, given=id(g.operator) in given)
+            self.operators = nn.ModuleList([g.operator for g in groups])
+            self._groups: list[tuple[int, int]] = [(g.start, g.count) for g in groups]
+            self._scale = self.head_dim**-0.5
+            self._refresh_plan()  # parameters made by an operator's bind follow qkv's device and dtype
         if self.dropout > 0.0:  # operators that cannot take dropout on P say so now
             for op in self.operators:
                 op.check_attention_dropout(self.dropout)
@@ -870,12 +893,15 @@ def _materialise_operator_caches(layer: nn.Module, incompatible_keys: Any) -> No
 
 def _check_copied_kwargs(kwargs: dict[str, Any], method: str, source: str) -> None:
     """The settings a ``from_*`` constructor copies from its module are not keyword arguments as well (else Python's
-    "got multiple values for keyword argument 'bias'")."""
-    taken = [name for name in ("dim", "num_heads", "bias", "dropout") if name in kwargs]
+    "got multiple values for keyword argument 'bias'"; ``device=``/``dtype=`` were dropped silently, the layer being
+    moved to the module's weights)."""
+    taken = [name for name in ("dim", "num_heads", "bias", "dropout", "device", "dtype") if name in kwargs]
     if taken:
         raise TypeError(f"{method}: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} copied from the {source} and "
                         f"cannot be given too, got {', '.join(f'{n}={kwargs[n]!r}' for n in taken)}"
-                        + (" (dropout is a settable attribute: layer.dropout = p)" if "dropout" in taken else ""))
+                        + (" (dropout is a settable attribute: layer.dropout = p)" if "dropout" in taken else "")
+                        + (" (the layer takes its weights' device and dtype: call .to() on the result)"
+                           if "device" in taken or "dtype" in taken else ""))
 
 
 def _check_mask_shape(attn_mask: Tensor, shape: tuple[int, int, int, int]) -> None:

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import _check_flag, _choice_hint
 from diffusionformer.graph.core import AttentionGraph
+from diffusionformer.nn._factory import _cast_part, _check_factory, _on_device
 from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn._weights import _reset_children
 from diffusionformer.nn.attention import DiffusionAttention
@@ -39,6 +40,13 @@ def make_norm(norm: str | Callable[[int], nn.Module], dim: int) -> nn.Module:
         >>> make_norm("rmsnorm", 8)
         RMSNorm((8,), eps=None, elementwise_affine=True)
     """
+    return _make_norm(norm, dim, None, None)
+
+
+def _make_norm(norm: str | Callable[[int], nn.Module], dim: int, device: torch.device | None,
+               dtype: torch.dtype | None) -> nn.Module:
+    """:func:`make_norm` with torch's factory arguments (checked by the caller, :func:`_check_factory`): a named norm
+    is built with them, a callable's module under ``with torch.device(device)`` and cast to ``dtype``."""
     # else dim=0 builds a LayerNorm(0) silently, -1 is torch's "negative dimension" and 1.5 "'float' object is not
     # iterable", none naming dim
     dim = _check_width(dim, "make_norm: dim")
@@ -46,14 +54,15 @@ def make_norm(norm: str | Callable[[int], nn.Module], dim: int) -> nn.Module:
         raise TypeError(f"norm must be 'layernorm', 'rmsnorm' or a callable dim -> Module (a class or factory, "
                         f"called with dim), got the instance {norm!r}")
     if callable(norm) and not isinstance(norm, str):
-        return _checked_module(norm(dim), "norm")
+        with _on_device(device):
+            return _cast_part(_checked_module(norm(dim), "norm"), device, dtype)
     if not isinstance(norm, str):
         raise TypeError(f"norm must be 'layernorm', 'rmsnorm' or a callable, got {type(norm).__name__}")
     key = _name_key(norm)
     if key == "layernorm":
-        return nn.LayerNorm(dim)
+        return nn.LayerNorm(dim, device=device, dtype=dtype)
     if key == "rmsnorm":
-        return nn.RMSNorm(dim)
+        return nn.RMSNorm(dim, device=device, dtype=dtype)
     raise ValueError(f"unknown norm {norm!r}{_choice_hint(key, ('layernorm', 'rmsnorm'))}; expected 'layernorm' or 'rmsnorm'")
 
 
@@ -107,19 +116,25 @@ class Mlp(nn.Module):
         bias: biases in both layers.
         dropout: dropout after the second layer.
         act_layer: activation module class.
+        device: where the parameters are created (torch's factory argument; ``"meta"`` allocates nothing).
+        dtype: floating-point dtype the layers are initialised in (as :class:`torch.nn.Linear`'s); an activation
+            with parameters is built in the default dtype and cast.
 
     Shapes:
         ``(..., D) -> (..., D)``.
     """
 
     def __init__(self, dim: int, hidden_dim: int | None = None, *, bias: bool = True, dropout: float = 0.0,
-                 act_layer: type[nn.Module] = nn.GELU) -> None:
+                 act_layer: type[nn.Module] = nn.GELU, device: torch.device | str | int | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         dim, hidden_dim, dropout = _mlp_arguments("Mlp", dim, hidden_dim, lambda d: 4 * d, bias, dropout, act_layer,
                                                    "nn.GELU")
-        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
-        self.act = act_layer()
-        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+        device, dtype = _check_factory(device, dtype, "Mlp")
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias, device=device, dtype=dtype)
+        with _on_device(device):
+            self.act = _cast_part(act_layer(), device, dtype)
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias, device=device, dtype=dtype)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -146,6 +161,9 @@ class GatedMlp(nn.Module):
         bias: biases in both layers.
         dropout: dropout after the second layer.
         act_layer: activation module class of the gate.
+        device: where the parameters are created (torch's factory argument; ``"meta"`` allocates nothing).
+        dtype: floating-point dtype the layers are initialised in (as :class:`torch.nn.Linear`'s); an activation
+            with parameters is built in the default dtype and cast.
 
     Shapes:
         ``(..., D) -> (..., D)``.
@@ -157,14 +175,17 @@ class GatedMlp(nn.Module):
     """
 
     def __init__(self, dim: int, hidden_dim: int | None = None, *, bias: bool = True, dropout: float = 0.0,
-                 act_layer: type[nn.Module] = nn.SiLU) -> None:
+                 act_layer: type[nn.Module] = nn.SiLU, device: torch.device | str | int | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         dim, hidden_dim, dropout = _mlp_arguments("GatedMlp", dim, hidden_dim, lambda d: max(1, 8 * d // 3), bias,
                                                    dropout, act_layer, "nn.SiLU")
+        device, dtype = _check_factory(device, dtype, "GatedMlp")
         self.hidden_dim = hidden_dim
-        self.fc1 = nn.Linear(dim, 2 * hidden_dim, bias=bias)
-        self.act = act_layer()
-        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+        self.fc1 = nn.Linear(dim, 2 * hidden_dim, bias=bias, device=device, dtype=dtype)
+        with _on_device(device):
+            self.act = _cast_part(act_layer(), device, dtype)
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias, device=device, dtype=dtype)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -205,6 +226,12 @@ def make_mlp(kind: str, dim: int, mlp_ratio: float, *, bias: bool = True, dropou
         >>> make_mlp("swiglu", 12, 4.0).fc1.weight.shape      # gate and up: 2 x 32 rows
         torch.Size([64, 12])
     """
+    return _make_mlp(kind, dim, mlp_ratio, bias, dropout, None, None)
+
+
+def _make_mlp(kind: str, dim: int, mlp_ratio: float, bias: bool, dropout: float, device: torch.device | None,
+              dtype: torch.dtype | None) -> nn.Module:
+    """:func:`make_mlp` with torch's factory arguments (checked by the caller), passed to the MLP."""
     if not isinstance(kind, str):
         raise TypeError(f"make_mlp: kind must be one of {_MLP_KINDS}, got {type(kind).__name__} ({kind!r})")
     key = _name_key(kind)
@@ -217,27 +244,35 @@ def make_mlp(kind: str, dim: int, mlp_ratio: float, *, bias: bool = True, dropou
         raise ValueError(f"make_mlp: mlp_ratio={mlp_ratio!r} gives an MLP width int(dim * mlp_ratio) = "
                          f"{int(dim * mlp_ratio)} for dim={dim}; expected a width >= 1")
     if key == "gelu":
-        return Mlp(dim, int(dim * mlp_ratio), bias=bias, dropout=dropout)
+        return Mlp(dim, int(dim * mlp_ratio), bias=bias, dropout=dropout, device=device, dtype=dtype)
     if key in ("swiglu", "geglu"):
         return GatedMlp(dim, max(1, int(2 * dim * mlp_ratio / 3)), bias=bias, dropout=dropout,
-                        act_layer=nn.SiLU if key == "swiglu" else nn.GELU)
+                        act_layer=nn.SiLU if key == "swiglu" else nn.GELU, device=device, dtype=dtype)
     raise ValueError(f"unknown mlp kind {kind!r}{_choice_hint(key, _MLP_KINDS)}; expected one of {_MLP_KINDS}")
 
 
 class LayerScale(nn.Module):
     r"""Per-channel residual gain :math:`\gamma \odot x` initialised at ``init`` (CaiT).
 
+    Args:
+        dim: width ``D``.
+        init: the initial gain of every channel.
+        device: where ``gamma`` is created (torch's factory argument; ``"meta"`` allocates nothing).
+        dtype: floating-point dtype of ``gamma``.
+
     Shapes:
         ``(..., D) -> (..., D)``.
     """
 
-    def __init__(self, dim: int, init: float = 1e-5) -> None:
+    def __init__(self, dim: int, init: float = 1e-5, *, device: torch.device | str | int | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         dim = _check_width(dim, "LayerScale: dim")
         if isinstance(init, bool) or not isinstance(init, numbers.Real) or not math.isfinite(init):  # numpy reals too
             raise ValueError(f"LayerScale: init (layer_scale) must be a finite float, got {init!r}")
+        device, dtype = _check_factory(device, dtype, "LayerScale")
         self._init = float(init)
-        self.gamma = nn.Parameter(torch.full((dim,), self._init))
+        self.gamma = nn.Parameter(torch.full((dim,), self._init, device=device, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.gamma
@@ -296,6 +331,12 @@ class Block(nn.Module):
         backend: dense back-end of the attention.
         num_kv_heads: key/value heads of the attention (grouped-query attention; ``None`` = ``num_heads``).
         rotary: rotary embedding applied to the attention's ``q`` and ``k`` (:mod:`diffusionformer.nn.rotary`).
+        device: where the parameters and buffers are created (torch's factory argument, as
+            :class:`torch.nn.TransformerEncoderLayer`'s; ``"meta"`` allocates nothing: ``to_empty`` then
+            :meth:`reset_parameters`). Passed to every part; a ``norm_layer`` or ``mlp_layer`` callable's module is
+            built under ``with torch.device(device)``.
+        dtype: floating-point dtype of the parameters, passed to every part (see :class:`DiffusionAttention`); a
+            ``norm_layer`` or ``mlp_layer`` callable's module is built in the default dtype and cast.
 
     Shapes:
         ``x``: ``(B, N, D)`` dense or ``(N, D)`` with a sparse graph (or ``edge_index``) -> same shape.
@@ -325,6 +366,8 @@ class Block(nn.Module):
         backend: str = "auto",
         num_kv_heads: int | None = None,
         rotary: nn.Module | None = None,
+        device: torch.device | str | int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         dim = _check_width(dim, "dim")  # else an error from mlp_ratio's check; a numpy int from a sweep: an int here
@@ -342,18 +385,22 @@ class Block(nn.Module):
         if not 0 < mlp_ratio < float("inf") or int(dim * mlp_ratio) < 1:
             raise ValueError(f"mlp_ratio must be positive and finite with an MLP width int(dim * mlp_ratio) >= 1, "
                              f"got {mlp_ratio} for dim={dim}")
-        self.norm1 = make_norm(norm_layer, dim)
+        device, dtype = _check_factory(device, dtype, "Block")
+        factory = {"device": device, "dtype": dtype}
+        self.norm1 = _make_norm(norm_layer, dim, device, dtype)
         self.attn = DiffusionAttention(dim, num_heads, heads, causal=causal, qk_norm=qk_norm, bias=bias,
                                        dropout=attn_dropout, backend=backend, num_kv_heads=num_kv_heads,
-                                       rotary=rotary)
+                                       rotary=rotary, **factory)
         self.drop1 = nn.Dropout(dropout)
-        self.ls1 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
-        self.norm2 = make_norm(norm_layer, dim)
+        self.ls1 = LayerScale(dim, layer_scale, **factory) if layer_scale is not None else nn.Identity()
+        self.norm2 = _make_norm(norm_layer, dim, device, dtype)
         if mlp_layer is None or isinstance(mlp_layer, str):
-            self.mlp = make_mlp("gelu" if mlp_layer is None else mlp_layer, dim, mlp_ratio, bias=bias, dropout=dropout)
+            self.mlp = _make_mlp("gelu" if mlp_layer is None else mlp_layer, dim, mlp_ratio, bias, dropout, device,
+                                 dtype)
         else:
-            self.mlp = _checked_module(mlp_layer(dim), "mlp_layer")
-        self.ls2 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
+            with _on_device(device):
+                self.mlp = _cast_part(_checked_module(mlp_layer(dim), "mlp_layer"), device, dtype)
+        self.ls2 = LayerScale(dim, layer_scale, **factory) if layer_scale is not None else nn.Identity()
         # != 0, not > 0: a negative or NaN rate reaches DropPath's range check instead of switching stochastic depth off
         self.drop_path = DropPath(drop_path) if drop_path != 0 else nn.Identity()
 

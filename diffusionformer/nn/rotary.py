@@ -25,6 +25,7 @@ import numbers
 import torch
 from torch import Tensor, nn
 
+from diffusionformer.nn._factory import _check_factory
 from diffusionformer.ops._checks import checks_values
 
 __all__ = ["RotaryEmbedding", "RotaryEmbedding2D", "apply_rotary"]
@@ -103,6 +104,11 @@ class RotaryEmbedding(nn.Module):
     Args:
         head_dim: ``C``, even.
         base: the frequency base (10000 in RoFormer and LLaMA).
+        device: torch's factory argument (:func:`torch.nn.utils.skip_init`, building a model on ``"meta"``),
+            checked and otherwise without effect: the module holds no tensors, its angles are computed on
+            the device of the positions.
+        dtype: likewise checked (a floating-point dtype) and without effect: the angles are computed in
+            float64 and their cosines and sines cast to the dtype of ``x``.
 
     Shapes:
         ``x``: ``(..., N, H, C)``, ``positions``: ``(N,)`` (int or float; default ``0..N-1``)
@@ -119,11 +125,13 @@ class RotaryEmbedding(nn.Module):
 
     ndim = 1
 
-    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+    def __init__(self, head_dim: int, base: float = 10000.0, *, device: torch.device | str | int | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         _check_dim("RotaryEmbedding", head_dim, 2)
         if isinstance(base, bool) or not isinstance(base, numbers.Real) or not 1 < base < float("inf"):
             raise ValueError(f"{type(self).__name__}: expected base a finite float > 1, got {base!r}")
+        _check_factory(device, dtype, type(self).__name__)
         self.head_dim = int(head_dim)
         self.base = float(base)
 
@@ -174,6 +182,8 @@ class RotaryEmbedding2D(RotaryEmbedding):
     Args:
         head_dim: ``C``, a multiple of 4.
         base: the frequency base.
+        device: as :class:`RotaryEmbedding`'s (checked; the module holds no tensors).
+        dtype: as :class:`RotaryEmbedding`'s (checked; the angles are float64).
 
     Shapes:
         ``x``: ``(..., N, H, C)``, ``positions``: ``(N, 2)`` rows and columns (required) ->
@@ -188,9 +198,10 @@ class RotaryEmbedding2D(RotaryEmbedding):
 
     ndim = 2
 
-    def __init__(self, head_dim: int, base: float = 100.0) -> None:
+    def __init__(self, head_dim: int, base: float = 100.0, *, device: torch.device | str | int | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         _check_dim("RotaryEmbedding2D", head_dim, 4)
-        super().__init__(head_dim, base)
+        super().__init__(head_dim, base, device=device, dtype=dtype)
 
     def inv_freq(self, device: torch.device | None = None) -> Tensor:
         half = self.head_dim // 2
