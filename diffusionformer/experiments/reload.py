@@ -216,6 +216,7 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     from diffusionformer.models.registry import split_task_settings, task_config
     from diffusionformer.train import CheckpointError, TrainConfig, read_metrics
     from diffusionformer.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
+    from diffusionformer.train.rng import _device_in_use, preserve_rng_state
 
     if map_location is not None:  # checked before anything is read
         map_location = _device_argument("map_location", map_location)
@@ -258,7 +259,12 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     if not ckpt.is_file() and not ckpt.is_symlink():  # a link to a missing file: load_checkpoint names it
         raise FileNotFoundError(f"load_run: expected the checkpoint {ckpt}, got none (the run has not saved a step yet)")
     payload = load_checkpoint(ckpt)
-    model = _build_in_saved_dtype(preset.model_cls, config, payload["model"])
+    # the initial weights are overwritten: the caller's streams are not drawn from. Built on the CPU and moved to
+    # map_location below, whatever the caller's default device: at a notebook's torch.set_default_device('meta') the
+    # checkpoint's weights were copied into meta parameters (a no-op, one torch warning per tensor), then
+    # "Tensor.item() cannot be called on meta tensors"
+    with preserve_rng_state(_device_in_use()), torch.device("cpu"):
+        model = _build_in_saved_dtype(preset.model_cls, config, payload["model"])
     if preset.task_config_cls is not None:
         model.task_config = task_config(preset_name, **settings)
     try:

@@ -296,6 +296,9 @@ def _identity_changes(stored: dict[str, Any], now: dict[str, Any]) -> str:
             parts.append(f"{k} ({sub})")
         elif k == "model_class":  # two classes of one preset name: which ones
             parts.append(f"{k} ({a if a is not None else 'unset'} then {b if b is not None else 'unset'})")
+        elif k == "dtype":  # recorded only when not float32: the default dtype the model was built at
+            parts.append(f"{k} ({a if a is not None else 'float32'} then {b if b is not None else 'float32'}: "
+                         "torch.get_default_dtype() when the models were built)")
         else:
             parts.append(k)
     return ", ".join(parts)

@@ -173,7 +173,27 @@ def run_experiment(
             cannot be restarted).
         ModuleNotFoundError: before anything is written or trained, scipy missing where ``config`` has several
             seeds (the table's t tests and intervals need it; it comes with the ``experiments`` extra).
+        RuntimeError: called under ``torch.inference_mode()``, or at the default device ``meta`` (nothing is
+            written).
+
+    Each run seeds Python's, NumPy's and torch's global generators with its seed; the caller's are put back on
+    return. The runs are built at the caller's ``torch.get_default_dtype()``; a run not built in float32 records its
+    dtype in ``run_config.json``, so that it is not taken for (or averaged with) a float32 run of the config.
     """
+    from diffusionformer.train.rng import _device_in_use, preserve_rng_state
+    from diffusionformer.train.trainer import _refuse_untrainable_state
+
+    _refuse_untrainable_state("run_experiment")  # before anything is written (its models' weights could not be trained)
+    # every run seeds the global generators with its seed (and the checks draw building models): a notebook's
+    # streams were left where the last run ended
+    with preserve_rng_state(_device_in_use()):
+        return _run_experiment(config, out_root, data_root, resume, progress, device, tasks, log)
+
+
+def _run_experiment(config: ExperimentConfig, out_root: str | Path, data_root: str | None, resume: bool,
+                    progress: bool, device: str | None, tasks: Sequence[str] | None,
+                    log: Callable[[str], None]) -> list[RunResult]:
+    """:func:`run_experiment`, the caller's generators kept by it."""
     out = Path(out_root) / config.name
     chosen = _choose_tasks(config, tasks)
     from diffusionformer.experiments.validate import check_experiment
@@ -361,6 +381,12 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
         # a user's class (a registered custom preset or subclass): two classes registered under one preset name, a
         # config alike, were one run, and the second's rerun skipped as finished, reporting the first's results
         identity["model_class"] = model_class  # only then, so runs of the library's models keep their identity
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
+    if dtypes and dtypes != ["float32"]:
+        # built at the caller's torch.set_default_dtype(torch.float64): a float64 run recorded the identity of the
+        # config's float32 one, so a later run of the config in a fresh process read it back as finished (and its
+        # table averaged it with float32 seeds). Only then, so float32 runs keep their identity
+        identity["dtype"] = dtypes[0] if len(dtypes) == 1 else dtypes
     if task.augment:  # only when set, so earlier runs keep their identity
         identity["augment"] = task.augment
     if task.label_smoothing:

@@ -287,14 +287,18 @@ def _check_minibatch(task: TaskConfig, setting: OperatorSetting, model: Any, add
 
 
 def _resolve_model(task: TaskConfig, setting: OperatorSetting, data: Any, preset: Any, model_config: Any) -> Any:
-    """Build the run's model as the runner does (with data), else resolve and build it from the preset's sizes."""
+    """Build the run's model as the runner does (with data), else resolve and build it from the preset's sizes; the
+    caller's global generators are left as they were (a check drew from them building its models: after
+    ``torch.manual_seed(0)``, validating a config changed the weights of the next model the caller built)."""
     from diffusionformer.experiments.build import _check_graph_model, add_setting_overrides, build_model
+    from diffusionformer.train.rng import _device_in_use, preserve_rng_state
 
-    if data is not None:
-        return build_model(task, setting, data)
-    overrides = dict(task.model_overrides)
-    add_setting_overrides(overrides, model_config(task.model, **overrides), task, setting)
-    model = preset.model_cls(model_config(task.model, **overrides))
+    with preserve_rng_state(_device_in_use()):
+        if data is not None:
+            return build_model(task, setting, data)
+        overrides = dict(task.model_overrides)
+        add_setting_overrides(overrides, model_config(task.model, **overrides), task, setting)
+        model = preset.model_cls(model_config(task.model, **overrides))
     _check_graph_model(task, model)
     return model
 

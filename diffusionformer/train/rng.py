@@ -61,7 +61,9 @@ def capture_rng_state(device: torch.device, generator: torch.Generator | None = 
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
-        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64),
+        # on the CPU whatever the caller's default device: at torch.set_default_device('meta') the state was a meta
+        # tensor, which restore_rng_state could not read back ("Cannot copy out of meta tensor; no data!")
+        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64, device="cpu"),
                    "gauss": None if gauss is None else float(gauss)},
         "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)),
                   "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
@@ -143,3 +145,11 @@ def preserve_rng_state(device: torch.device) -> Iterator[None]:
         yield
     finally:
         restore_rng_state(state, device)
+
+
+
+def _device_in_use() -> torch.device:
+    """The device whose generator :func:`preserve_rng_state` keeps for a caller that trains or builds models on any
+    device: the current CUDA device once CUDA is initialised, else the CPU (reading a CUDA generator before would
+    initialise CUDA in a process that may not use it; reading another device's makes a CUDA context on it)."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_initialized() else torch.device("cpu")

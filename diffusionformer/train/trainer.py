@@ -144,6 +144,22 @@ def _check_optimizer_state_shapes(optimizer: torch.optim.Optimizer) -> None:
                                      f"of its shape {tuple(p.shape)}, got {got}")
 
 
+def _refuse_untrainable_state(what: str) -> None:
+    """Refuse to train under ``torch.inference_mode()`` or at the default device ``meta``: the loss recorded no graph
+    under the first, and ``what`` failed at its first step with "task.loss: expected a loss that requires grad
+    (computed from the model)", which blamed the task; under the second, torch's "Cannot copy out of meta tensor"
+    (the trainer), or an IndexError of the data (the runner), named neither."""
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(f"{what}: expected to be called outside torch.inference_mode(), got a call inside it: "
+                           "training needs autograd, which inference mode turns off (tensors made there cannot be "
+                           "trained either); call it outside the inference_mode block")
+    if torch.get_default_device().type == "meta":
+        raise RuntimeError(f"{what}: expected a default device that holds data, got 'meta' (a "
+                           "torch.set_default_device('meta') or a `with torch.device('meta'):` block): the tensors "
+                           "made while training would have no values; call it at the default device 'cpu' (or a "
+                           "CUDA device)")
+
+
 class Trainer:
     r"""Minimise a task's loss with AdamW, resumable bit-exactly, on 1 or N processes.
 
@@ -247,7 +263,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ public
     def fit(self) -> dict[str, Any]:
-        """Train to ``config.max_steps`` and return the summary (also in ``summary.json``)."""
+        """Train to ``config.max_steps`` and return the summary (also in ``summary.json``).
+
+        Training runs with gradients enabled whatever the caller's grad mode (a notebook's earlier
+        ``torch.set_grad_enabled(False)``), as evaluation runs under ``torch.no_grad()`` whatever it is; the caller's
+        Python, NumPy and torch generators, which training seeds with ``config.seed`` and draws from, are put back
+        on return.
+
+        Raises:
+            RuntimeError: called under ``torch.inference_mode()``, or at the default device ``meta``.
+        """
+        _refuse_untrainable_state("Trainer.fit")
         ctx = init_distributed(self.config.device)
         self.ctx = ctx
         self._pbar: tqdm | None = None
@@ -266,7 +292,10 @@ class Trainer:
             raise
         self._log = log
         try:
-            return self._fit(ctx)
+            # a training call trains: the caller's grad mode is its own again on return (it is thread-local), and
+            # so are its generators (the run seeds them with config.seed)
+            with preserve_rng_state(ctx.device), torch.enable_grad():
+                return self._fit(ctx)
         finally:
             try:
                 if self._pbar is not None:
