@@ -177,8 +177,10 @@ def run_experiment(
             written).
 
     Each run seeds Python's, NumPy's and torch's global generators with its seed; the caller's are put back on
-    return. The runs are built at the caller's ``torch.get_default_dtype()``; a run not built in float32 records its
-    dtype in ``run_config.json``, so that it is not taken for (or averaged with) a float32 run of the config.
+    return (torch's CPU generator, and the current CUDA device's once CUDA is initialised: other CUDA devices', and
+    the CUDA generators of a process that first uses CUDA in the call, are left reseeded). The runs are built at the caller's ``torch.get_default_dtype()``; a run built at another default than
+    float32 records it (``dtype`` in ``run_config.json``), so that it is not taken for (or averaged with) a float32
+    run of the config.
     """
     from diffusionformer.train.rng import _device_in_use, preserve_rng_state
     from diffusionformer.train.trainer import _refuse_untrainable_state
@@ -381,12 +383,14 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
         # a user's class (a registered custom preset or subclass): two classes registered under one preset name, a
         # config alike, were one run, and the second's rerun skipped as finished, reporting the first's results
         identity["model_class"] = model_class  # only then, so runs of the library's models keep their identity
-    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
-    if dtypes and dtypes != ["float32"]:
+    default_dtype = torch.get_default_dtype()
+    if default_dtype != torch.float32:
         # built at the caller's torch.set_default_dtype(torch.float64): a float64 run recorded the identity of the
         # config's float32 one, so a later run of the config in a fresh process read it back as finished (and its
-        # table averaged it with float32 seeds). Only then, so float32 runs keep their identity
-        identity["dtype"] = dtypes[0] if len(dtypes) == 1 else dtypes
+        # table averaged it with float32 seeds). Only then, so float32 runs keep their identity. The default dtype, not
+        # the parameters' (class and config, already recorded, set those): a user's model holding a float64 parameter
+        # at the float32 default was recorded as another dtype than its runs made before, which no longer resumed
+        identity["dtype"] = str(default_dtype).removeprefix("torch.")
     if task.augment:  # only when set, so earlier runs keep their identity
         identity["augment"] = task.augment
     if task.label_smoothing:

@@ -147,7 +147,6 @@ def preserve_rng_state(device: torch.device) -> Iterator[None]:
         restore_rng_state(state, device)
 
 
-
 def _device_in_use() -> torch.device:
     """The device whose generator :func:`preserve_rng_state` keeps for a caller that trains or builds models on any
     device: the current CUDA device once CUDA is initialised, else the CPU (reading a CUDA generator before would

@@ -268,7 +268,7 @@ class Trainer:
         Training runs with gradients enabled whatever the caller's grad mode (a notebook's earlier
         ``torch.set_grad_enabled(False)``), as evaluation runs under ``torch.no_grad()`` whatever it is; the caller's
         Python, NumPy and torch generators, which training seeds with ``config.seed`` and draws from, are put back
-        on return.
+        on return (torch's CPU generator and the training device's; other CUDA devices' are left reseeded).
 
         Raises:
             RuntimeError: called under ``torch.inference_mode()``, or at the default device ``meta``.
