@@ -12,7 +12,9 @@
 #                                                    run alone, when GPU time is short)
 #
 # Steps on the GPU: (1) the Triton kernel tests compiled for the device (tests/ops, float64
-# references), written to OUT_DIR/triton-tests.txt; a failure is reported and the suite goes on;
+# references) and the tests outside tests/ops that run on CUDA where it is (every layer and model on
+# the device, the layers' device=/dtype=, the runner's GPU path), written to
+# OUT_DIR/triton-tests.txt; a failure is reported and the suite goes on;
 # (2) benchmarks/run_all.py (every benchmark of the library, bench_rivals.py, bench_host.py and bench_memory.py
 # included; with --issue15 bench_host.py and bench_memory.py run alone); (3) benchmarks/bench_issue15.py
 # (issue 15: every head type vs the SDPA reference layer, the profile of SDPA kernels, launches,
@@ -125,12 +127,15 @@ else
   # processes, and GPU_SUITE_TEST_TIMEOUT (s) bounds the step so that the benchmarks still run.
   xdist=()
   if "$PY" -c "import xdist" 2>/dev/null; then xdist=(-n "${GPU_SUITE_TEST_WORKERS:-8}"); fi
+  # the tests outside tests/ops with cases that run on CUDA only where it is (skipped on a CPU-only machine)
+  cuda_tests=(tests/core/test_devices.py tests/core/test_factory_kwargs_50.py tests/experiments/test_experiments_gpu.py
+              tests/graph/test_graph_object.py tests/train/test_train_config.py)
   t_tests=$(date +%s)
-  if timeout -k 10 "${GPU_SUITE_TEST_TIMEOUT:-300}" "$PY" -m pytest -q tests/ops -p no:cacheprovider ${xdist[@]+"${xdist[@]}"} \
-      > "$OUT/triton-tests.txt" 2>&1; then
-    echo "gpu_suite.sh: Triton kernel tests passed in $(( $(date +%s) - t_tests )) s ($(tail -n 1 "$OUT/triton-tests.txt"))"
+  if timeout -k 10 "${GPU_SUITE_TEST_TIMEOUT:-300}" "$PY" -m pytest -q tests/ops "${cuda_tests[@]}" -p no:cacheprovider \
+      ${xdist[@]+"${xdist[@]}"} > "$OUT/triton-tests.txt" 2>&1; then
+    echo "gpu_suite.sh: Triton kernel and device tests passed in $(( $(date +%s) - t_tests )) s ($(tail -n 1 "$OUT/triton-tests.txt"))"
   else
-    echo "gpu_suite.sh: Triton kernel tests FAILED or timed out after $(( $(date +%s) - t_tests )) s, see $OUT/triton-tests.txt"
+    echo "gpu_suite.sh: Triton kernel and device tests FAILED or timed out after $(( $(date +%s) - t_tests )) s, see $OUT/triton-tests.txt"
     tail -n 30 "$OUT/triton-tests.txt"
   fi
 fi
