@@ -314,9 +314,9 @@ def _model_class_name(cls: type) -> str | None:
 def _model_class_change(task: TaskConfig, stored: dict[str, Any], rdir: Path) -> str | None:
     """``"model_class (old then new)"`` when a run's stored (normalized) identity records another class than the one
     ``task``'s preset builds now, else ``None``: also when the run records none (a library class's, or made before the
-    class joined the identity and its checkpoint names none: :func:`_with_recorded_class`, :func:`_comparable`), or the
-    preset is a factory, not a class (its model's class is known once it is built: ``run`` tells), or is not registered
-    here."""
+    class joined the identity) and its checkpoint names none or the preset builds a library class now
+    (:func:`_with_recorded_class`, :func:`_comparable`), or the preset is a factory, not a class (its model's class is
+    known once it is built: ``run`` tells), or is not registered here."""
     from diffusionformer.models import get_preset
 
     try:
@@ -479,14 +479,16 @@ def _checkpoint_step(path: Path) -> int | None:
 
 def _with_recorded_class(rdir: Path, stored: dict[str, Any], now: str | None) -> dict[str, Any]:
     """``stored`` (a run's identity) with the ``model_class`` its checkpoint's model record names, when the identity was
-    recorded without one (before the class joined it) and the class is a user's (``now``, this release's identity's,
-    is ``None`` for the library's classes: their runs are not read). Else a preset registered again with another
-    class, every seed of it recorded so, was the same run: its rerun skipped, reporting the first class's results."""
+    recorded without one (before the class joined it, or of a library class: those record none) and the class is a
+    user's (``now``, this release's identity's, is ``None`` for the library's classes: their runs are not read). Else a
+    preset registered again with another class, every seed of it recorded so, was the same run: its rerun skipped,
+    reporting the first class's results. A record naming a library class is kept too (``now`` is a user's, so it is
+    another class): a preset first registered with ``DiffusionViT``, then with a user's subclass, was the same run."""
     if "model_class" in stored or now is None:
         return stored
     record = _checkpoint_entry(rdir / "checkpoint.pt", "model_record")
     recorded = record.get("class") if isinstance(record, dict) else None
-    if not isinstance(recorded, str) or recorded.startswith("diffusionformer."):
+    if not isinstance(recorded, str):
         return stored  # no checkpoint (or none readable): the trainer's model record check guards a resume
     return {**stored, "model_class": recorded}
 
