@@ -795,3 +795,125 @@ def test_token_geometry_capture_stops_early_restores_the_model_and_groups_need_l
     assert variance_ratio(torch.ones(2, 5, 3)).tolist() == [0.0, 0.0]  # no variation: 0, not NaN
     with pytest.raises(ValueError, match="NaN"):
         variance_ratio(torch.full((1, 3, 2), float("nan")))
+
+
+# --- own_model_data.rst: a user's dataset, preset and model family ------------------------------------------------
+
+
+@pytest.fixture
+def own_family():
+    """own_model_data.rst's registrations, small: a synthetic image loader that records the seeds it is called with,
+    a one-layer pixel-token model family with its adapter, and a model family without a head count; removed after."""
+    from dataclasses import dataclass
+
+    from diffusionformer.data import ClassificationData, register_dataset, unregister_dataset
+    from diffusionformer.experiments.tasks import task_adapter, unregister_task_adapter
+    from diffusionformer.models import register_model, unregister_model
+
+    seeds = []
+
+    @register_dataset("probe-own-blobs", kind="image")
+    def _load(*, seed, num_train=16):
+        seeds.append(seed)
+        g = torch.Generator().manual_seed(seed)
+        x = [torch.randn(n, 1, 2, 2, generator=g, dtype=torch.float32) for n in (num_train, 8, 8)]
+        y = [torch.randint(0, 2, (n,), generator=g) for n in (num_train, 8, 8)]
+        return ClassificationData("probe-own-blobs", "image", x[0], y[0], x[1], y[1], x[2], y[2], num_classes=2,
+                                  input_shape=(1, 2, 2))
+
+    @dataclass
+    class OwnConfig:
+        num_pixels: int = 4
+        num_classes: int = 2
+        dim: int = 4
+        num_heads: int = 2
+        heads: str | None = None
+
+    class OwnNet(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.embed = nn.Linear(1, config.dim)
+            self.attn = DiffusionAttention(config.dim, config.num_heads, heads=config.heads)
+            self.head = nn.Linear(config.dim, config.num_classes)
+
+        def forward(self, x):
+            return self.head(self.attn(self.embed(x.flatten(1)[..., None])).mean(1))
+
+    @dataclass
+    class HeadlessConfig:
+        num_pixels: int = 4
+        num_classes: int = 2
+
+    class Headless(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.lin = nn.Linear(config.num_pixels, config.num_classes)
+
+        def forward(self, x):
+            return self.lin(x.flatten(1))
+
+    sizes = lambda data: {"num_pixels": 4, "num_classes": data.num_classes}  # noqa: E731
+    task_adapter(OwnConfig, ClassificationData)(sizes)
+    task_adapter(HeadlessConfig, ClassificationData)(sizes)
+    register_model("probe-own-net", OwnNet, OwnConfig)
+    register_model("probe-headless", Headless, HeadlessConfig)
+    try:
+        yield {"seeds": seeds, "config": OwnConfig, "sizes": sizes, "data_cls": ClassificationData}
+    finally:
+        unregister_dataset("probe-own-blobs")
+        unregister_model("probe-own-net")
+        unregister_model("probe-headless")
+        unregister_task_adapter((OwnConfig, HeadlessConfig), ClassificationData)
+
+
+def _own(model="probe-own-net", operators=None, **task):
+    return load_experiment_config(_experiment(
+        {"dataset": "probe-own-blobs", "model": model, "metric": "test_acc", **task,
+         "train": {"max_steps": 1, "batch_size": 4, "warmup_steps": 0, "eval_interval": 1, "log_interval": 1,
+                   "checkpoint_interval": 1}},
+        operators or [{"name": "attention"}, {"name": "lap", "heads": "attention:{half},laplacian:{half}"}],
+        seeds=[0, 1]))
+
+
+def test_own_model_data_loader_gets_the_data_seed_and_the_settings_write_heads(own_family, tmp_path):
+    """own_model_data.rst: the runner calls the loader with the task's data_seed, not the run's seed; a setting's
+    ``{half}`` layout is written into the family's ``heads`` field; the user's class is recorded in the identity."""
+    results = run_experiment(_own(data_seed=3), tmp_path, progress=False, log=lambda s: None)
+    assert [r.status for r in results] == ["completed"] * 4
+    assert set(own_family["seeds"]) == {3}
+    identity = json.loads((tmp_path / "t" / "runs" / "d" / "lap" / "seed1" / "run_config.json").read_text())
+    assert identity["model_config"]["heads"] == "attention:1,laplacian:1"
+    assert identity["model_class"].endswith("OwnNet")
+
+
+def test_own_model_data_refusals_before_training(own_family):
+    """own_model_data.rst: a metric the task does not evaluate is refused for a user's family as for the library's; a
+    config without a head count refuses a setting with a head layout and takes a setting's model_overrides alone;
+    adapters are keyed by the exact config class (a subclass needs its own); a cell that defines the config class
+    again registers its adapter without a refusal, while the same class twice is refused naming the way back."""
+    from dataclasses import dataclass
+
+    from diffusionformer.data import load_dataset
+    from diffusionformer.experiments.tasks import model_overrides_for_data, task_adapter, unregister_task_adapter
+
+    problems = validate_experiment(_own(metric="test_ac"), load_data=False)
+    assert any("'test_ac' is not an evaluation key" in p for p in problems), problems
+    problems = validate_experiment(_own("probe-headless"), load_data=False)
+    assert any("sets heads but model 'probe-headless' has no attention heads" in p for p in problems), problems
+    assert validate_experiment(_own("probe-headless", [{"name": "a"}, {"name": "b", "model_overrides": {
+        "num_classes": 2}}]), load_data=False) == []
+    own_cls, data_cls = own_family["config"], own_family["data_cls"]
+    data = load_dataset("probe-own-blobs")
+    sub = dataclass(type("SubConfig", (own_cls,), {}))
+    with pytest.raises(ValueError, match="no task adapter is registered for model config class .*SubConfig"):
+        model_overrides_for_data(data, sub)
+    with pytest.raises(ValueError, match=r"call unregister_task_adapter\(OwnConfig, ClassificationData\) first"):
+        task_adapter(own_cls, data_cls)(own_family["sizes"])
+    again = dataclass(type("OwnConfig", (), {"__annotations__": {"num_pixels": int}, "num_pixels": 4}))
+    task_adapter(again, data_cls)(own_family["sizes"])  # a new class: another key, not refused
+    try:
+        assert model_overrides_for_data(data, again) == {"num_pixels": 4, "num_classes": 2}
+    finally:
+        unregister_task_adapter(again, data_cls)
