@@ -244,6 +244,38 @@ def _data_identity(task: TaskConfig, seed: int) -> dict[str, Any]:
     return json.loads(json.dumps(data, default=str))
 
 
+def _task_identity(task: TaskConfig, seed: int) -> dict[str, Any]:
+    """The entries of a run's identity (``run_config.json``) that ``task`` and ``seed`` give without a model, as JSON
+    values, in the order the runner writes them: the data (:func:`_data_identity`), the preset's name, and, only when
+    set (so earlier runs keep their identity), the default dtype when not float32, augmentation, label smoothing and
+    mini-batching (with its defaults filled in). ``runner._run_identity`` adds the model's config and class and the
+    training config; :func:`run_status` compares these without loading data."""
+    import torch
+
+    data = _data_identity(task, seed)
+    entries: dict[str, Any] = {**{k: data[k] for k in ("dataset", "dataset_options", "data_seed")}, "model": task.model}
+    default_dtype = torch.get_default_dtype()
+    if default_dtype != torch.float32:
+        # built at the caller's torch.set_default_dtype(torch.float64): a float64 run recorded the identity of the
+        # config's float32 one, so a later run of the config in a fresh process read it back as finished (and its
+        # table averaged it with float32 seeds). The default dtype, not the parameters' (class and config, recorded,
+        # set those): a user's model holding a float64 parameter at the float32 default was recorded as another
+        # dtype than its runs made before, which no longer resumed
+        entries["dtype"] = str(default_dtype).removeprefix("torch.")
+    if task.augment:
+        entries["augment"] = task.augment
+    if task.label_smoothing:
+        entries["label_smoothing"] = task.label_smoothing
+    if task.minibatch:
+        entries["minibatch"] = task.minibatch_config().to_dict()
+    entries.update({k: data[k] for k in ("folds", "fold") if k in data})  # cross-validation only
+    return json.loads(json.dumps(entries, default=str))
+
+
+#: the keys of :func:`_task_identity` (those set only when not at their default among them)
+_TASK_KEYS = (*_DATA_KEYS, "model", "dtype", "augment", "label_smoothing", "minibatch")
+
+
 # Fields added to the configs after runs were published, with their defaults: at the default they
 # stay out of a run's identity (so earlier runs resume), set to anything else they are part of it.
 _NEW_MODEL_FIELDS: dict[str, Any] = {"rope": False, "rope_base": (100.0, 10000.0), "n_kv_head": None,
@@ -369,8 +401,9 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     interrupted run: the step of its checkpoint, where ``run`` takes it up again and cuts its log back to; 0 without
     a checkpoint; ``None`` for a checkpoint that cannot be read, and for every other state), ``max_steps``, ``elapsed`` (training seconds so far), ``holder`` (the lock's process) and ``changed``: for a
     run on disk made with another training or model config than ``config``'s now (a longer ``max_steps``, another
-    ``lr``, another head layout or ``model_overrides``, a preset registered again with another model class), what
-    changed, e.g. ``"train (max_steps: 100 then 200)"`` or ``"model_config (laplacian_heads: 1 then 2)"`` (``run``
+    ``lr``, another head layout or ``model_overrides``, a preset registered again with another model class, other
+    ``dataset_options``, ``data_seed``, augmentation or label smoothing, another default dtype), what changed, e.g.
+    ``"train (max_steps: 100 then 200)"`` or ``"model_config (laplacian_heads: 1 then 2)"`` (``run``
     refuses it until ``--restart``), else ``None``.
 
     Args:
@@ -383,6 +416,7 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
         max_steps = train_config(task, config.seeds[0]).max_steps  # the task's budget, defaults resolved
         trains = {seed: json.loads(json.dumps(_train_identity(train_config(task, seed)), default=str))
                   for seed in config.seeds}  # as run_config.json holds it
+        task_entries = {seed: _task_identity(task, seed) for seed in config.seeds}
         for setting in config.operators:
             for seed in config.seeds:
                 rdir = run_dir(out, task.name, setting.name, seed)
@@ -399,6 +433,12 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                     changes.append(_model_changes(task, setting, stored["model_config"]))
                 if stored is not None:  # a preset registered again with another class of the same config
                     changes.append(_model_class_change(task, stored, rdir))
+                if stored is not None:  # other data (dataset_options, data_seed), augmentation, default dtype, ...
+                    now = task_entries[seed]
+                    keys = [k for k in _TASK_KEYS if (k in stored or k in now) and stored.get(k) != now.get(k)]
+                    if keys:
+                        changes.append(_identity_changes({k: stored[k] for k in keys if k in stored},
+                                                         {k: now[k] for k in keys if k in now}))
                 row["changed"] = ", ".join(c for c in changes if c) or None
                 if summary is not None and summary.get("status") == "completed":
                     step = summary.get("step", max_steps)  # a hand-edited "ten" or -3 reads as the budget done
@@ -444,8 +484,11 @@ def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path, *, ve
     if verb is None:
         return text
     fixes = []
-    if any(_CLASS_CHANGE.sub("", r["changed"]).strip(", ") for r in changed):
+    if any(_DTYPE_CHANGE.sub("", _CLASS_CHANGE.sub("", r["changed"])).strip(", ") for r in changed):
         fixes.append(f"{verb} with the --set overrides they were run with")
+    dtype = next((m.group(1) for r in changed for m in _DTYPE_CHANGE.finditer(r["changed"])), None)
+    if dtype is not None:  # no --set value either: the caller's default dtype (a notebook's set_default_dtype)
+        fixes.append(f"{verb} after torch.set_default_dtype(torch.{dtype}), the default they were made at")
     swapped = next(((r, m) for r in changed for m in _CLASS_CHANGE.finditer(r["changed"])), None)
     if swapped is not None:  # "--set overrides" cannot bring a class back: the advice named a fix that does not exist
         model = next((t.model for t in config.tasks if t.name == swapped[0]["task"]), None)
@@ -456,6 +499,8 @@ def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path, *, ve
 
 #: a ``model_class (old then new)`` part of a ``changed`` text (:func:`_identity_changes`); class names hold no parens
 _CLASS_CHANGE = re.compile(r"model_class \(([^()]*)\)")
+#: a ``dtype (old then new: ...)`` part of a ``changed`` text (:func:`_identity_changes`)
+_DTYPE_CHANGE = re.compile(r"dtype \((\w+) then \w+: torch\.get_default_dtype\(\) when the models were built\)")
 
 
 def _checkpoint_entry(path: Path, key: str) -> Any:

@@ -45,9 +45,9 @@ from diffusionformer.experiments.outputs import manifest as _manifest, merged_ma
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.plots import _PLOT_CACHE
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
-from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _comparable, _completed, _data_identity,
-                                                 _definition, _identity_changes, _model_class_name,
-                                                 _normalized_identity, _result_from_files, _same_definition,
+from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _comparable, _completed, _definition,
+                                                 _identity_changes, _model_class_name, _normalized_identity,
+                                                 _result_from_files, _same_definition, _task_identity,
                                                  _train_identity, _with_recorded_class, _without_new_defaults,
                                                  read_json_dict)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
@@ -370,10 +370,9 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
     task_cfg = getattr(model, "task_config", None)  # DINO's SSL settings, once DINOConfig fields: same keys
     if model_dict is not None and dataclasses.is_dataclass(task_cfg):
         model_dict.update(dataclasses.asdict(task_cfg))
-    data = _data_identity(task, train.seed)
+    entries = _task_identity(task, train.seed)  # data, preset name, dtype, augmentation, ...: without a model
     identity: dict[str, Any] = {
-        **{k: data[k] for k in ("dataset", "dataset_options", "data_seed")},
-        "model": task.model,
+        **{k: entries[k] for k in ("dataset", "dataset_options", "data_seed", "model")},
         # a field added after runs were published joins the identity only when set, so earlier runs keep resuming
         "model_config": None if model_dict is None else _without_new_defaults(model_dict, _NEW_MODEL_FIELDS),
         "train": _train_identity(train),
@@ -383,21 +382,7 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
         # a user's class (a registered custom preset or subclass): two classes registered under one preset name, a
         # config alike, were one run, and the second's rerun skipped as finished, reporting the first's results
         identity["model_class"] = model_class  # only then, so runs of the library's models keep their identity
-    default_dtype = torch.get_default_dtype()
-    if default_dtype != torch.float32:
-        # built at the caller's torch.set_default_dtype(torch.float64): a float64 run recorded the identity of the
-        # config's float32 one, so a later run of the config in a fresh process read it back as finished (and its
-        # table averaged it with float32 seeds). Only then, so float32 runs keep their identity. The default dtype, not
-        # the parameters' (class and config, already recorded, set those): a user's model holding a float64 parameter
-        # at the float32 default was recorded as another dtype than its runs made before, which no longer resumed
-        identity["dtype"] = str(default_dtype).removeprefix("torch.")
-    if task.augment:  # only when set, so earlier runs keep their identity
-        identity["augment"] = task.augment
-    if task.label_smoothing:
-        identity["label_smoothing"] = task.label_smoothing
-    if task.minibatch:  # only when set (full-batch runs keep their identity), with its defaults filled in
-        identity["minibatch"] = task.minibatch_config().to_dict()
-    identity.update({k: data[k] for k in ("folds", "fold") if k in data})  # cross-validation only
+    identity.update({k: v for k, v in entries.items() if k not in identity})  # in the order the files hold them
     return json.loads(json.dumps(identity, default=str))
 
 
