@@ -101,10 +101,17 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
     Returns:
         One sentence per problem, each naming its task, setting and seed where they matter;
         empty when every run resolves.
+
+    Raises:
+        RuntimeError: called at the default device ``meta``, where no run can train (``run_experiment`` refuses it).
     """
     from diffusionformer.data import DataRootError, dataset_spec
     from diffusionformer.models import get_preset, model_config
+    from diffusionformer.train.trainer import _refuse_meta_default_device
 
+    # else every dataset "did not load" (a split drawn on meta gave "IndexError: index 65536 is out of bounds"),
+    # blaming data that loads
+    _refuse_meta_default_device("validate_experiment", "made loading the data and building the models")
     if tasks is not None:
         tasks = _check_task_names(config, tasks)
     problems: list[str] = []
@@ -316,6 +323,10 @@ def check_experiment(config: ExperimentConfig, **kwargs: Any) -> None:
     Args:
         config: a loaded comparison.
         **kwargs: passed to :func:`validate_experiment`.
+
+    Raises:
+        ValueError: the problems found.
+        RuntimeError: as :func:`validate_experiment` (at the default device ``meta``).
     """
     problems = validate_experiment(config, **kwargs)
     if problems:

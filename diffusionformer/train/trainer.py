@@ -153,11 +153,15 @@ def _refuse_untrainable_state(what: str) -> None:
         raise RuntimeError(f"{what}: expected to be called outside torch.inference_mode(), got a call inside it: "
                            "training needs autograd, which inference mode turns off (tensors made there cannot be "
                            "trained either); call it outside the inference_mode block")
+    _refuse_meta_default_device(what, "made while training")
+
+
+def _refuse_meta_default_device(what: str, made: str) -> None:
+    """Refuse to run ``what`` at the default device ``meta``, whose tensors (those ``made`` there) hold no values."""
     if torch.get_default_device().type == "meta":
         raise RuntimeError(f"{what}: expected a default device that holds data, got 'meta' (a "
                            "torch.set_default_device('meta') or a `with torch.device('meta'):` block): the tensors "
-                           "made while training would have no values; call it at the default device 'cpu' (or a "
-                           "CUDA device)")
+                           f"{made} would have no values; call it at the default device 'cpu' (or a CUDA device)")
 
 
 class Trainer:
