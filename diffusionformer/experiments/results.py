@@ -370,12 +370,14 @@ def _model_changes(task: TaskConfig, setting: OperatorSetting, stored: dict[str,
     takes from the data are the stored ones, the head layout and the task's and setting's overrides are the config's
     (a model override dropped from the config since, back at its preset default, is not told from a data size; the
     fields of :data:`_NEW_MODEL_FIELDS` are no data size, so one of them dropped since is told: a setting's
-    ``mlp = "swiglu"`` run, read without it, was "completed" and ``publish`` put it under the config's GELU)."""
+    ``mlp = "swiglu"`` run, read without it, was "completed" and ``publish`` put it under the config's GELU), and a
+    DINO run's task settings (the task's ``ssl`` table: ``"model_config (knn_k: 20 then 5)"``) as the runner records
+    them."""
     import dataclasses
 
     from diffusionformer.experiments.build import add_setting_overrides
     from diffusionformer.models import get_preset, model_config
-    from diffusionformer.models.registry import split_task_settings
+    from diffusionformer.models.registry import split_task_settings, task_config
 
     try:
         fields = {f.name for f in dataclasses.fields(get_preset(task.model).config_cls)}
@@ -383,12 +385,18 @@ def _model_changes(task: TaskConfig, setting: OperatorSetting, stored: dict[str,
                 if k in fields and k not in ("heads", "laplacian_heads") and k not in _NEW_MODEL_FIELDS}
         overrides = {**base, **task.model_overrides}
         add_setting_overrides(overrides, model_config(task.model, **overrides), task, setting)
-        overrides, _ = split_task_settings(task.model, overrides, warn=False)
+        overrides, moved = split_task_settings(task.model, overrides, warn=False)
         now = dataclasses.asdict(model_config(task.model, **overrides))
+        # task settings (DINO's ssl table, and any a setting still passes among its overrides), as build_model gives
+        # the model and the runner records them: they were not compared, so a run of other views or k-NN settings was
+        # "completed" and published under the config while run refused it
+        settings = task_config(task.model, **{**task.ssl, **moved})
     except (ValueError, TypeError, KeyError):  # the config's model does not build on the run's sizes: run says why
         return None
+    if dataclasses.is_dataclass(settings):
+        now.update(dataclasses.asdict(settings))
     now = json.loads(json.dumps(_without_new_defaults(now, _NEW_MODEL_FIELDS), default=str))
-    now.update({k: v for k, v in stored.items() if k not in fields})  # task settings (DINO's ssl): not compared
+    now.update({k: v for k, v in stored.items() if k not in fields and k not in now})  # entries no config names now
     return _identity_changes({"model_config": stored}, {"model_config": now}) if now != stored else None
 
 
@@ -402,7 +410,8 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     a checkpoint; ``None`` for a checkpoint that cannot be read, and for every other state), ``max_steps``, ``elapsed`` (training seconds so far), ``holder`` (the lock's process) and ``changed``: for a
     run on disk made with another training or model config than ``config``'s now (a longer ``max_steps``, another
     ``lr``, another head layout or ``model_overrides``, a preset registered again with another model class, other
-    ``dataset_options``, ``data_seed``, augmentation or label smoothing, another default dtype), what changed, e.g.
+    ``dataset_options``, ``data_seed``, augmentation or label smoothing, a DINO task's other ``ssl`` settings, another
+    default dtype), what changed, e.g.
     ``"train (max_steps: 100 then 200)"`` or ``"model_config (laplacian_heads: 1 then 2)"`` (``run``
     refuses it until ``--restart``), else ``None``.
 

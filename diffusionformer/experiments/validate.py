@@ -103,15 +103,19 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
         empty when every run resolves.
 
     Raises:
-        RuntimeError: called at the default device ``meta``, where no run can train (``run_experiment`` refuses it).
+        RuntimeError: called with ``load_data`` at the default device ``meta``, where no data loads and no run can
+            train (``run_experiment`` refuses it); without ``load_data`` the config is checked there, its models built
+            without memory.
     """
     from diffusionformer.data import DataRootError, dataset_spec
     from diffusionformer.models import get_preset, model_config
     from diffusionformer.train.trainer import _refuse_meta_default_device
 
-    # else every dataset "did not load" (a split drawn on meta gave "IndexError: index 65536 is out of bounds"),
-    # blaming data that loads
-    _refuse_meta_default_device("validate_experiment", "made loading the data and building the models")
+    if load_data:
+        # else every dataset "did not load" (a split drawn on meta gave "IndexError: index 65536 is out of bounds"),
+        # blaming data that loads. Only then: a config checked without its data at meta (a large model's config,
+        # built without memory) resolves as at 'cpu', and was refused
+        _refuse_meta_default_device("validate_experiment", "made loading the data and building the models")
     if tasks is not None:
         tasks = _check_task_names(config, tasks)
     problems: list[str] = []
