@@ -51,7 +51,7 @@ from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
 from diffusionformer.experiments.reload import load_run
 from diffusionformer.experiments.build import task_data
-from diffusionformer.experiments.results import (_DATA_KEYS, _data_identity, _runs_of_another_train,
+from diffusionformer.experiments.results import (_DATA_KEYS, _runs_of_another_train, _task_identity,
                                                  read_json_dict, run_dir)
 from diffusionformer.experiments.stats import welch_t
 from diffusionformer.experiments.tasks import find_adapter, heldout_batches, model_family
@@ -141,7 +141,7 @@ def _check_run_data(rdir: Path, task: TaskConfig, seed: int) -> None:
     stored = read_json_dict(rdir / "run_config.json")
     if stored is None:  # absent or unreadable: load_run names it
         return
-    now = {**_data_identity(task, seed), "model": task.model}  # the runner's own record of a run's data
+    now = _task_identity(task, seed)  # the runner's own record of a run's data and preset
     changed = [f"{k}: {stored.get(k)!r} then {now.get(k)!r}" for k in (*_DATA_KEYS, "model")
                if stored.get(k) != now.get(k)]
     if changed:

@@ -47,7 +47,7 @@ from diffusionformer.experiments.plots import _PLOT_CACHE
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
 from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _comparable, _completed, _definition,
                                                  _identity_changes, _model_class_name, _normalized_identity,
-                                                 _result_from_files, _same_definition, _task_identity,
+                                                 _result_from_files, _task_identity,
                                                  _train_identity, _with_recorded_class, _without_new_defaults,
                                                  read_json_dict)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
@@ -178,9 +178,9 @@ def run_experiment(
 
     Each run seeds Python's, NumPy's and torch's global generators with its seed; the caller's are put back on
     return (torch's CPU generator, and the current CUDA device's once CUDA is initialised: other CUDA devices', and
-    the CUDA generators of a process that first uses CUDA in the call, are left reseeded). The runs are built at the caller's ``torch.get_default_dtype()``; a run built at another default than
-    float32 records it (``dtype`` in ``run_config.json``), so that it is not taken for (or averaged with) a float32
-    run of the config.
+    the CUDA generators of a process that first uses CUDA in the call, are left reseeded). The runs are built at the
+    caller's ``torch.get_default_dtype()``; a run built at another default than float32 records it (``dtype`` in
+    ``run_config.json``), so that it is not taken for (or averaged with) a float32 run of the config.
     """
     from diffusionformer.train.rng import _device_in_use, preserve_rng_state
     from diffusionformer.train.trainer import _refuse_untrainable_state
@@ -409,13 +409,15 @@ def _check_sibling_identity(rdir: Path, identity: dict[str, Any], task: TaskConf
         if other == rdir or not _completed(other):
             continue
         stored = read_json_dict(other / RUN_CONFIG_NAME)
-        if stored is not None:
-            stored = _with_recorded_class(other, stored, identity.get("model_class"))
-        if stored is not None and not _same_definition(_definition(stored), mine, now=True):
+        if stored is None:
+            continue
+        theirs, ours = _comparable(_definition(_with_recorded_class(other, stored, identity.get("model_class"))), mine,
+                                   now=True)
+        if theirs != ours:
             raise ValueError(
                 f"{other} holds a finished run of task {task.name!r} / setting {setting.name!r} made with a different "
-                f"{_identity_changes(*_comparable(_definition(stored), mine, now=True))}, which the results table "
-                "would average with this run's; rename the task or operator setting, or pass --restart to discard it")
+                f"{_identity_changes(theirs, ours)}, which the results table would average with this run's; rename "
+                "the task or operator setting, or pass --restart to discard it")
 
 
 def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
