@@ -167,6 +167,12 @@ def unregister_dataset(name: str) -> DatasetSpec:
     :class:`DatasetSpec` (for tests and interactive work: a notebook cell that registers a loader, run again). A
     built-in dataset may be removed too; registering the name again loads with the new loader.
 
+    Args:
+        name: the dataset's name (any spelling :func:`load_dataset` accepts).
+
+    Returns:
+        The removed :class:`DatasetSpec`.
+
     Raises:
         TypeError: ``name`` is not a ``str``.
         ValueError: no dataset is registered under ``name`` (with a close match, if any), as :func:`dataset_spec`.

@@ -87,6 +87,12 @@ def unregister_model(name: str) -> ModelPreset:
     """Remove preset ``name`` and return it (for tests and interactive work: a notebook cell that registers a
     preset, run again). A built-in preset may be removed too; registering the name again builds the new class.
 
+    Args:
+        name: the preset's name, as :func:`register_model` was given it.
+
+    Returns:
+        The removed :class:`ModelPreset`.
+
     Raises:
         TypeError: ``name`` is not a ``str``.
         ValueError: no preset is registered under ``name`` (with a close match, if any), as :func:`get_preset`.
