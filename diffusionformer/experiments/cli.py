@@ -16,12 +16,18 @@ Commands:
     status CONFIG                      which runs are completed, running, interrupted or missing; time left
     list                               registered datasets, model presets and operators
 
+Every command takes ``--import MODULE`` (repeatable): a dotted module name found from the current folder, or a
+``.py`` file, imported before the config is read, so that its ``register_model`` / ``register_dataset`` /
+``register_operator`` ... calls make a config's own names known; ``run --workers N`` passes it on to every worker.
+
 Ctrl-C (exit 130) or SIGTERM (exit 143) stops a command with one line saying how to go on; ``run`` then resumes.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import re
 import select
@@ -30,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -150,6 +157,11 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
     a.add_argument("--partial", action="store_true", help="analyse the finished runs of a comparison still being run")
     _thread_args(a)
+    for c in sub.choices.values():
+        c.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                       help="import MODULE first (a dotted name found from the current folder, or a .py file): its "
+                            "register_model / register_dataset / register_operator ... calls make the config's own "
+                            "names known; repeatable; run --workers passes it on to every worker")
     return p
 
 
@@ -274,6 +286,68 @@ def _check_out(out: str, name: str) -> None:
     _refuse_results_twin(out, name)
 
 
+def _import_module(spec: str) -> None:
+    """Import ``--import``'s ``spec``: a ``.py`` file (or a path) as the module its file name names, else a dotted
+    module name, looked for in the current folder first (as ``python -m`` does; the ``diffusionformer`` script's
+    ``sys.path`` lacks it). A module missing is one error line; an error inside the module is its traceback, then
+    one error line naming the module."""
+    if not spec.strip():
+        raise ValueError("--import: expected a module name or a .py file, got an empty string")
+    is_path = spec.endswith(".py") or "/" in spec or os.sep in spec
+    if not is_path and not all(part.isidentifier() for part in spec.split(".")):
+        raise ValueError(f"--import {spec!r}: expected a dotted module name (mypackage.registrations) or a .py "
+                         f"file's path")
+    if is_path:
+        path = Path(spec)
+        if path.suffix != ".py":
+            raise ValueError(f"--import {spec!r}: expected a .py file or a dotted module name")
+        if not path.is_file():
+            raise FileNotFoundError(f"--import {spec!r}: no such file (from {os.getcwd()})")
+        name = path.stem
+        if not name.isidentifier():
+            raise ValueError(f"--import {spec!r}: the file's name is the module's name, which must be a Python "
+                             f"identifier (e.g. {re.sub(r'[^0-9A-Za-z_]', '_', name).lstrip('0123456789') or 'mod'}"
+                             f".py)")
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            where = getattr(loaded, "__file__", None)
+            if where is not None and Path(where).resolve() == path.resolve():
+                return  # imported already (main() called again in one process): its registrations stand
+            raise ValueError(f"--import {spec!r}: a module named {name!r} is imported already "
+                             f"({'from ' + repr(where) if where else 'built in'}); rename the file")
+        folder = str(path.resolve().parent)  # the file's neighbours import as a script's do
+    else:
+        folder = os.getcwd()
+    added = folder not in sys.path and not (not is_path and "" in sys.path)
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        if is_path:
+            loader_spec = importlib.util.spec_from_file_location(name, path.resolve())
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module  # before it runs: its classes and dataclasses look their module up
+            try:
+                loader_spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
+        else:
+            importlib.import_module(spec)
+    except ModuleNotFoundError as exc:
+        if not is_path and exc.name is not None and (spec == exc.name or spec.startswith(exc.name + ".")):
+            raise ModuleNotFoundError(f"--import {spec!r}: no module named {exc.name!r} in the current folder "
+                                      f"({os.getcwd()}) or on sys.path; give a .py file's path, or install the "
+                                      f"package", name=exc.name) from None
+        traceback.print_exc()
+        raise ValueError(f"--import {spec!r} failed: {type(exc).__name__}: {exc} (traceback above)") from exc
+    except Exception as exc:  # the user's code: its traceback is what they need
+        traceback.print_exc()
+        raise ValueError(f"--import {spec!r} failed: {type(exc).__name__}: {exc} (traceback above)") from exc
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+
+
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     from diffusionformer.experiments.config import load_experiment_config
@@ -282,6 +356,8 @@ def _main(argv: list[str] | None) -> int:
         for flag in ("out", "to"):  # Path("") is the current folder: `--out "$UNSET"` would write into it
             if getattr(args, flag, None) == "":
                 raise ValueError(f"--{flag}: expected a folder, got an empty path")
+        for spec in args.imports:  # before the config names what they register
+            _import_module(spec)
         if args.command == "list":
             from diffusionformer.data import list_datasets
             from diffusionformer.models import get_preset, list_models

@@ -1,0 +1,161 @@
+"""``--import MODULE`` of the command line: a user's registrations (datasets, model presets) made known to every
+command and to the workers of ``run --workers N``, with clear errors for a module that is missing, fails, or whose
+file name clashes with an imported module."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from diffusionformer.data import list_datasets, unregister_dataset
+from diffusionformer.experiments.cli import main
+from diffusionformer.models import list_models, unregister_model
+
+REGISTRATIONS = '''
+import torch
+
+from diffusionformer.data import ClassificationData, register_dataset
+from diffusionformer.models import DiffusionViT, ViTConfig, register_model
+
+
+@register_dataset("{prefix}-blobs", kind="image")
+def load_blobs(*, seed, num_train=32):
+    g = torch.Generator().manual_seed(seed)
+
+    def split(n):
+        y = torch.randint(0, 2, (n,), generator=g)
+        x = torch.randn(n, 1, 4, 4, generator=g, dtype=torch.float32)
+        x[:, :, 1:-1, 1:-1] += 2.0 * y.view(-1, 1, 1, 1)
+        return x, y
+
+    return ClassificationData("{prefix}-blobs", "image", *split(num_train), *split(16), *split(16),
+                              num_classes=2, input_shape=(1, 4, 4))
+
+
+class TinyViT(DiffusionViT):
+    pass
+
+
+register_model("{prefix}-vit", TinyViT, ViTConfig, "tiny", input_size=(4, 4), patch_size=2, dim=8, depth=1,
+               num_heads=2)
+'''
+
+CONFIG = '''
+name = "{prefix}"
+seeds = [0, 1]
+operators = [{{ name = "attention" }}, {{ name = "laplacian", heads = "attention:1,laplacian:1" }}]
+
+[[tasks]]
+name = "pixels"
+dataset = "{prefix}-blobs"
+model = "{prefix}-vit"
+metric = "test_acc"
+
+[tasks.train]
+max_steps = 4
+batch_size = 8
+lr = 0.01
+warmup_steps = 0
+eval_interval = 4
+log_interval = 4
+checkpoint_interval = 4
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, request):
+    """A registrations file ``<name>.py`` and a config naming what it registers; both and the module are removed
+    afterwards (registries are per process)."""
+    name = f"regs51_{request.node.name.split('[')[0][-20:]}"
+    prefix = name.replace("_", "-")
+    (tmp_path / f"{name}.py").write_text(REGISTRATIONS.format(prefix=prefix))
+    (tmp_path / "c.toml").write_text(CONFIG.format(prefix=prefix))
+    yield tmp_path, name, prefix
+    sys.modules.pop(name, None)
+    if f"{prefix}-vit" in list_models():
+        unregister_model(f"{prefix}-vit")
+    if f"{prefix}-blobs" in list_datasets():
+        unregister_dataset(f"{prefix}-blobs")
+
+
+def test_without_import_the_config_names_are_unknown_and_with_a_file_they_are_known(user_module, capsys):
+    folder, name, prefix = user_module
+    assert main(["show", str(folder / "c.toml")]) == 2
+    assert f"{prefix}-blobs" in capsys.readouterr().err
+    assert main(["show", str(folder / "c.toml"), "--import", str(folder / f"{name}.py")]) == 0
+    assert f"task pixels: {prefix}-blobs -> {prefix}-vit" in capsys.readouterr().out
+    assert sys.modules[name].TinyViT.__module__ == name  # the class's spec names the file's module
+    # again in one process (a notebook calling main twice): imported once, no "already registered"
+    assert main(["list", "--import", str(folder / f"{name}.py")]) == 0
+    out = capsys.readouterr().out
+    assert f"{prefix}-blobs" in out and f"{prefix}-vit" in out
+
+
+def test_a_dotted_name_is_found_in_the_current_folder(user_module, monkeypatch, capsys):
+    folder, name, prefix = user_module
+    monkeypatch.chdir(folder)
+    # the `diffusionformer` script's sys.path lacks the current folder; `python -m` has it
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(folder))])
+    assert main(["show", "c.toml", "--import", name]) == 0
+    assert str(folder) not in sys.path  # put back as found
+    assert f"{prefix}-vit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("no_such_module_51", "no module named 'no_such_module_51' in the current folder"),
+    ("no_such_pkg_51.regs", "no module named 'no_such_pkg_51'"),
+    ("my-regs", "expected a dotted module name"),
+    ("", "got an empty string"),
+    ("missing51.py", "no such file"),
+    ("regs.txt/", "expected a .py file"),
+])
+def test_a_module_that_is_not_there_is_one_error_line(tmp_path, monkeypatch, capsys, spec, words):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.toml").write_text("name = 'x'\n")
+    assert main(["show", "c.toml", "--import", spec]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and err.startswith("error: --import")
+
+
+def test_an_error_inside_the_module_shows_its_traceback_and_one_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.toml").write_text("name = 'x'\n")
+    (tmp_path / "broken51.py").write_text("import os\n\nraise RuntimeError('my own bug')\n")
+    (tmp_path / "missing_dep51.py").write_text("import not_installed_dep_51\n")
+    (tmp_path / "our_name51.py").write_text("from diffusionformer.no_such_part import x\n")
+    for spec, words in (("broken51.py", "RuntimeError: my own bug"),
+                        ("missing_dep51", "No module named 'not_installed_dep_51'"),
+                        ("our_name51.py", "diffusionformer.no_such_part")):
+        assert main(["show", "c.toml", "--import", spec]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" in err and f"{spec.removesuffix('.py')}.py" in err  # the user's own line
+        assert f"error: --import {spec!r} failed" in err and words in err
+        assert spec.removesuffix(".py") not in sys.modules  # a failed import leaves no half module
+
+
+def test_a_file_whose_name_clashes_or_is_no_identifier_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.toml").write_text("name = 'x'\n")
+    (tmp_path / "json.py").write_text("raise RuntimeError('must not run')\n")
+    (tmp_path / "my-regs.py").write_text("raise RuntimeError('must not run')\n")
+    assert main(["show", "c.toml", "--import", "json.py"]) == 2
+    err = capsys.readouterr().err
+    assert "a module named 'json' is imported already" in err and "must not run" not in err
+    assert main(["show", "c.toml", "--import", "my-regs.py"]) == 2
+    err = capsys.readouterr().err
+    assert "must be a Python identifier (e.g. my_regs.py)" in err and "must not run" not in err
+
+
+def test_workers_get_the_import_and_train_every_run(user_module, monkeypatch, capsys):
+    """Without --import passed on, each worker refuses the unknown names and this process trains all four runs."""
+    folder, name, prefix = user_module
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    code = main(["run", "c.toml", "--import", f"{name}.py", "--workers", "2", "--out", "res", "--no-progress",
+                 "--threads", "1"])
+    assert code == 0, capsys.readouterr().err
+    logs = [(folder / "res" / prefix / "workers" / f"worker{k}.log").read_text() for k in range(2)]
+    # each worker knew the names: a worker without them says "unknown model ...; nothing was trained" and exits 2
+    assert all("results:" in log and "unknown" not in log and "nothing was trained" not in log for log in logs), logs
+    assert "results:" in capsys.readouterr().out
