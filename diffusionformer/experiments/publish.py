@@ -349,6 +349,20 @@ def _wall_time_split(runs: list[RunResult]) -> str:
     return ", of which " + ", ".join(f"{total / 60:.1f} min on {_text(k)}" for k, (total, _) in totals.items())
 
 
+def _default_dtype_line() -> list[str]:
+    """The page's line naming torch's default dtype where it is not float32, else none. Every run a page publishes
+    was built at this process's default dtype (its identity records it, and ``run_status`` counts a run of another
+    one as changed): the page's command alone, in a fresh float32 process, trains other runs."""
+    import torch
+
+    dtype = torch.get_default_dtype()
+    if dtype == torch.float32:
+        return []
+    name = str(dtype).removeprefix("torch.")
+    return [f"- **Default dtype:** {name}: the runs were built after `torch.set_default_dtype(torch.{name})` "
+            f"(give the command a module that sets it with `--import`); the command alone trains float32 runs"]
+
+
 def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[str, Any], folder: Path,
                analysis: Path, config_path: str | None, overrides: list[str] | None = None) -> str:
     """The results page of ``config`` (without the kept tail), its figures and logs those in ``folder`` (the
@@ -381,6 +395,7 @@ def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[s
         f"{_kernels_text(manifest)}{_processes_text(manifest)}",
         f"- **Versions:** torch {_torch_text(manifest)}, diffusionformer {manifest.get('diffusionformer', '?')}, "
         f"Python {manifest.get('python', '?')}",
+        *_default_dtype_line(),
         _commit_line(manifest),
         f"- **Training wall time:** {total / 60:.1f} min in all{_wall_time_split(runs)} (per-run times in the tables)",
         f"- **Per-run metric logs:** {len(logs)} files, {_code(config.name + '/logs/<task>/<operator>/seed<k>.json')} "

@@ -159,3 +159,37 @@ def test_workers_get_the_import_and_train_every_run(user_module, monkeypatch, ca
     # each worker knew the names: a worker without them says "unknown model ...; nothing was trained" and exits 2
     assert all("results:" in log and "unknown" not in log and "nothing was trained" not in log for log in logs), logs
     assert "results:" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------- a non-float32 default dtype
+@pytest.mark.filterwarnings("ignore:.*index.md not found:RuntimeWarning")
+def test_bug_a_page_of_float64_runs_names_the_default_dtype_and_import_reaches_them(tmp_path, monkeypatch, capsys):
+    """Bug: runs built at a notebook's ``torch.set_default_dtype(torch.float64)`` were published on a page whose only
+    command (``run <config>``) trains float32 runs, with nothing saying so. The page now names the default dtype, and
+    the command line reaches those runs through ``--import`` of a module that sets it (``status`` counts them
+    completed, ``run`` trains nothing again); without it they are another identity."""
+    import torch
+
+    from diffusionformer.experiments import load_experiment_config, publish_experiment, run_experiment
+    from experiments_tiny_configs import TINY_DIGITS_TOML
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.toml").write_text(TINY_DIGITS_TOML)
+    (tmp_path / "set64_51.py").write_text("import torch\n\ntorch.set_default_dtype(torch.float64)\n")
+    config = load_experiment_config(tmp_path / "c.toml")
+    torch.set_default_dtype(torch.float64)
+    try:
+        run_experiment(config, "res", progress=False, log=lambda m: None)
+        page = publish_experiment(config, "res", tmp_path / "docs", config_path="c.toml").read_text()
+        assert "- **Default dtype:** float64: the runs were built after `torch.set_default_dtype(torch.float64)`" \
+            in page
+        assert main(["status", "c.toml", "--out", "res", "--import", "set64_51.py"]) == 0
+        assert capsys.readouterr().out.startswith("2 of 2 runs completed")
+    finally:
+        torch.set_default_dtype(torch.float32)
+        sys.modules.pop("set64_51", None)
+    assert main(["status", "c.toml", "--out", "res"]) == 0  # a float32 process: the runs are of another dtype
+    assert "0 of 2 runs completed" in capsys.readouterr().out
+    run_experiment(config, "res32", progress=False, log=lambda m: None)
+    page = publish_experiment(config, "res32", tmp_path / "docs32", config_path="c.toml").read_text()
+    assert "Default dtype" not in page  # float32: no line
