@@ -411,7 +411,8 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "publish":
             from diffusionformer.experiments.publish import publish_experiment
 
-            page = publish_experiment(config, args.out, args.to, config_path=args.config, overrides=args.overrides)
+            page = publish_experiment(config, args.out, args.to, config_path=args.config, overrides=args.overrides,
+                                      imports=args.imports)
             _print(f"wrote {page}")
             return 0
         if args.command == "analyze":

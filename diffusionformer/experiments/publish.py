@@ -207,11 +207,14 @@ def _commit_line(manifest: dict[str, Any]) -> str:
 
 
 def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir: str | Path,
-                       *, config_path: str | None = None, overrides: list[str] | None = None) -> Path:
+                       *, config_path: str | None = None, overrides: list[str] | None = None,
+                       imports: list[str] | None = None) -> Path:
     """Write the results page of ``config`` from ``<out_root>/<name>/`` into ``docs_dir``.
 
     ``overrides``: the ``--set`` values ``config`` was read with (``publish --set ...``): the page's command names
     them, since its description is the config file's (runs made with other train or model values are refused).
+    ``imports``: the modules whose registrations the config needs (``publish --import ...``): the page's command
+    names them, without which it could not read the config.
 
     The files of ``<docs_dir>/<name>/`` are copied into ``<docs_dir>/.<name>.publishing/``
     first, which replaces the earlier folder only once complete: a copy that fails half-way
@@ -231,6 +234,9 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         ModuleNotFoundError: scipy missing where ``config`` has several seeds (the tables' t tests need it), before
             anything is copied.
     """
+    for flag, values in (("overrides", overrides), ("imports", imports)):  # a str would be written a letter each
+        if values is not None and (isinstance(values, str) or not all(isinstance(v, str) for v in values)):
+            raise TypeError(f"publish_experiment: {flag} must be a list of str, got {values!r}")
     src = Path(out_root) / config.name
     results_path = src / "results.json"
     if not results_path.is_file():
@@ -285,7 +291,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
             _copy_files(src, stage, runs)
         # the page is made from the copied files before they replace the published ones: a failure making it (a
         # table, a figure's name, a broken install) leaves the earlier page and files as they were
-        text = _page_text(config, runs, manifest, folder, analysis, config_path, overrides)
+        text = _page_text(config, runs, manifest, folder, analysis, config_path, overrides, imports)
         tail = _kept_tail(page.read_text(encoding="utf-8")) if page.is_file() else ""
         text = text + ("\n" + tail if tail else "")
     except BaseException:
@@ -364,7 +370,8 @@ def _default_dtype_line() -> list[str]:
 
 
 def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[str, Any], folder: Path,
-               analysis: Path, config_path: str | None, overrides: list[str] | None = None) -> str:
+               analysis: Path, config_path: str | None, overrides: list[str] | None = None,
+               imports: list[str] | None = None) -> str:
     """The results page of ``config`` (without the kept tail), its figures and logs those in ``folder`` (the
     published files, or their copy that is about to replace them), the geometry tables those of ``analysis``."""
     logs = sorted((folder / "logs").rglob("*.json")) if (folder / "logs").is_dir() else []
@@ -381,8 +388,10 @@ def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[s
         # the --set overrides the runs were made with (publish refuses other train or model values): without them the
         # page called toy runs (`--set max_steps=6`) runs of the config its description states
         "- **Command:** " + _code(f"python -m diffusionformer.experiments run {config_path or '<config>'}"
+                                  + "".join(f" --import {shlex.quote(m)}" for m in imports or [])
                                   + "".join(f" --set {shlex.quote(o)}" for o in overrides or []))
         + " (add `--data-root <root>` for standard benchmarks), then `publish` with the same config"
+        + (" and `--import` modules" if imports else "")
         + (" and overrides (the description above is the config file's, before them)" if overrides else ""),
         f"- **Config:** `{config_path}`" if config_path else "- **Config:** see `manifest.json`",
         f"- **Runs:** {done} of {expected} finished (tasks x operator settings x seeds {config.seeds})",

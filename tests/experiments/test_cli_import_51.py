@@ -5,6 +5,7 @@ file name clashes with an imported module."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +194,30 @@ def test_bug_a_page_of_float64_runs_names_the_default_dtype_and_import_reaches_t
     run_experiment(config, "res32", progress=False, log=lambda m: None)
     page = publish_experiment(config, "res32", tmp_path / "docs32", config_path="c.toml").read_text()
     assert "Default dtype" not in page  # float32: no line
+
+
+@pytest.mark.filterwarnings("ignore:.*index.md not found:RuntimeWarning")
+def test_bug_the_published_command_names_the_import_the_config_needs(user_module, monkeypatch, capsys):
+    """Bug: ``publish --import regs.py`` wrote the page's command as ``run c.toml``, which cannot read a config
+    naming the module's registrations; the command now names the ``--import`` (before any ``--set``)."""
+    folder, name, prefix = user_module
+    monkeypatch.chdir(folder)
+    args = ["c.toml", "--import", f"{name}.py", "--out", "res"]
+    assert main(["run", *args, "--no-progress", "--set", "seeds=[0]"]) == 0
+    assert main(["publish", *args, "--to", "docs", "--set", "seeds=[0]"]) == 0
+    page = (folder / "docs" / f"{prefix}.md").read_text()
+    assert (f"- **Command:** `python -m diffusionformer.experiments run c.toml --import {name}.py --set 'seeds=[0]'` "
+            "(add `--data-root <root>` for standard benchmarks), then `publish` with the same config and `--import` "
+            "modules and overrides") in page
+
+
+@pytest.mark.parametrize("kwargs", [{"imports": "regs.py"}, {"overrides": "seeds=[0]"}, {"imports": [Path("r.py")]}])
+def test_bug_publish_refuses_a_str_for_a_list_of_options(tmp_path, kwargs):
+    """Bug: ``publish_experiment(..., imports="regs.py")`` wrote ``--import r --import e ...`` (a letter each) into
+    the page's command; a str, or a list holding other than str, is refused before anything is read."""
+    from diffusionformer.experiments import load_experiment_config, publish_experiment
+    from experiments_tiny_configs import TINY_DIGITS_TOML
+
+    (tmp_path / "c.toml").write_text(TINY_DIGITS_TOML)
+    with pytest.raises(TypeError, match=r"publish_experiment: (imports|overrides) must be a list of str"):
+        publish_experiment(load_experiment_config(tmp_path / "c.toml"), tmp_path / "res", tmp_path / "docs", **kwargs)
