@@ -82,7 +82,8 @@ def cli(tmp_path, monkeypatch):
     monkeypatch.setattr(results, "run_status", lambda config, out: calls.log.append(("status", config, out)) or ["s"])
     monkeypatch.setattr(validate, "check_experiment", lambda config, **kw: calls.log.append(("check", config, kw)))
     monkeypatch.setattr(publish, "publish_experiment",
-                        lambda config, out, to, *, config_path=None, overrides=None: calls.log.append(("publish", out, to, config_path))
+                        lambda config, out, to, *, config_path=None, overrides=None, imports=None:
+                        calls.log.append(("publish", out, to, config_path))
                         or Path(to) / "tiny.md")
     monkeypatch.setattr(publish, "summary_table",
                         lambda configs, out, *, selected=False: calls.log.append(("summary", out, selected)) or "SUMMARY\n")
