@@ -152,7 +152,8 @@ def _check_run_data(rdir: Path, task: TaskConfig, seed: int) -> None:
 
 def _warn_other_train(config: ExperimentConfig, out_root: Path) -> None:
     """Warn when finished runs were made with another train or model config than ``config``'s (a longer
-    ``max_steps``, another ``lr`` or head layout, a ``run --set`` not repeated here): ``run`` and ``publish`` refuse
+    ``max_steps``, another ``lr`` or head layout, a ``run --set`` not repeated here; or other data, task settings,
+    model class or default dtype: the warning names which): ``run`` and ``publish`` refuse
     them, and their measurements would be filed under this config's names without a word."""
     changed = _runs_of_another_train(config, out_root, verb="analyse")
     if changed:
@@ -334,8 +335,8 @@ def analyze_experiment(
     Raises:
         FileNotFoundError: the runs (or, without ``partial``, some run's checkpoint) are missing; the message
             names the path and says to run the comparison first. Unfinished runs are skipped
-            with a ``RuntimeWarning``; finished runs made with another train or model config than ``config``'s
-            are measured with one.
+            with a ``RuntimeWarning``; finished runs made with another train or model config (or other data, task
+            settings, model class or default dtype) than ``config``'s are measured with one.
         ValueError: an unknown ``device`` or one this machine lacks; a finished run cannot be measured (e.g. its
             model gives NaN tokens); the message names the run's folder.
     """

@@ -229,8 +229,9 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         FileNotFoundError: the comparison has no ``results.json`` yet (run it first).
         ValueError: ``<docs_dir>/<name>/`` holds the results folder (``out_root="tiny"``, ``docs_dir="."``): replacing
             it would delete the runs; or finished runs were made with another train or model config than ``config``'s
-            (or other data, task settings or default dtype: ``run_status``'s ``changed``; a ``run --set ...``
-            published without the overrides: the page would call them runs of this config).
+            (or other data, task settings, model class or default dtype: ``run_status``'s ``changed``; a ``run --set
+            ...`` published without the overrides: the page would call them runs of this config); the message names
+            what differs and the remedy that fits it.
         ModuleNotFoundError: scipy missing where ``config`` has several seeds (the tables' t tests need it), before
             anything is copied.
     """

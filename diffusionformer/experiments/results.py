@@ -314,26 +314,54 @@ def _train_identity(train: Any) -> dict[str, Any]:
                                  _NEW_TRAIN_FIELDS)
 
 
+@dataclass
+class _Change:
+    """One part of a run's identity (``run_config.json``) where a stored run differs from the config: ``part`` is its
+    key (``"train"``, ``"model_config"``, ``"model_class"``, ``"dtype"``, ``"data_seed"``, ...), ``old`` the stored
+    run's value and ``new`` the config's (``None``: not recorded). ``run_status``'s ``changed`` text and the advice of
+    :func:`_runs_of_another_train` are both made from these, so the advice never reads the text back."""
+
+    part: str
+    old: Any = None
+    new: Any = None
+
+    def keys(self) -> list[str]:
+        """The entries of a dict-valued part that differ (``["lr"]``); empty for any other part."""
+        a, b = self.old, self.new
+        if not (isinstance(a, dict) and isinstance(b, dict)):
+            return []
+        return [s for s in sorted(set(a) | set(b)) if a.get(s) != b.get(s)]
+
+    def text(self) -> str:
+        """The part as ``changed`` names it: ``"train (lr: 0.001 then 0.5)"``, ``"model_class (a.A then b.B)"``,
+        ``"dtype (float64 then float32: ...)"`` or the bare key."""
+        a, b = self.old, self.new
+        if isinstance(a, dict) and isinstance(b, dict):
+            sub = ", ".join(f"{s}: {a.get(s, 'unset')!r} then {b.get(s, 'unset')!r}" for s in self.keys())
+            return f"{self.part} ({sub})"
+        if self.part == "model_class":  # two classes of one preset name: which ones
+            return f"{self.part} ({a if a is not None else 'unset'} then {b if b is not None else 'unset'})"
+        if self.part == "dtype":  # recorded only when not float32: the default dtype the model was built at
+            return (f"{self.part} ({a if a is not None else 'float32'} then {b if b is not None else 'float32'}: "
+                    "torch.get_default_dtype() when the models were built)")
+        return self.part
+
+
+def _identity_diff(stored: dict[str, Any], now: dict[str, Any]) -> list[_Change]:
+    """The keys where two run identities differ, in key order, as :class:`_Change` records."""
+    return [_Change(k, stored.get(k), now.get(k)) for k in sorted(set(stored) | set(now))
+            if stored.get(k) != now.get(k)]
+
+
+def _changes_text(changes: Sequence[_Change]) -> str:
+    """``changes`` in words, as ``run_status``'s ``changed`` and the runner's refusals name them."""
+    return ", ".join(c.text() for c in changes)
+
+
 def _identity_changes(stored: dict[str, Any], now: dict[str, Any]) -> str:
     """The keys where two run identities differ, a dict-valued key with its changed entries:
     ``"train (lr: 0.001 then 0.5)"``."""
-    parts = []
-    for k in sorted(set(stored) | set(now)):
-        a, b = stored.get(k), now.get(k)
-        if a == b:
-            continue
-        if isinstance(a, dict) and isinstance(b, dict):
-            sub = ", ".join(f"{s}: {a.get(s, 'unset')!r} then {b.get(s, 'unset')!r}"
-                            for s in sorted(set(a) | set(b)) if a.get(s) != b.get(s))
-            parts.append(f"{k} ({sub})")
-        elif k == "model_class":  # two classes of one preset name: which ones
-            parts.append(f"{k} ({a if a is not None else 'unset'} then {b if b is not None else 'unset'})")
-        elif k == "dtype":  # recorded only when not float32: the default dtype the model was built at
-            parts.append(f"{k} ({a if a is not None else 'float32'} then {b if b is not None else 'float32'}: "
-                         "torch.get_default_dtype() when the models were built)")
-        else:
-            parts.append(k)
-    return ", ".join(parts)
+    return _changes_text(_identity_diff(stored, now))
 
 
 def _model_class_name(cls: type) -> str | None:
@@ -343,36 +371,36 @@ def _model_class_name(cls: type) -> str | None:
     return None if name.startswith("diffusionformer.") else name
 
 
-def _model_class_change(task: TaskConfig, stored: dict[str, Any], rdir: Path) -> str | None:
-    """``"model_class (old then new)"`` when a run's stored (normalized) identity records another class than the one
-    ``task``'s preset builds now, else ``None``: also when the run records none (a library class's, or made before the
-    class joined the identity) and its checkpoint names none or the preset builds a library class now
-    (:func:`_with_recorded_class`, :func:`_comparable`), or the preset is a factory, not a class (its model's class is
-    known once it is built: ``run`` tells), or is not registered here."""
+def _model_class_change(task: TaskConfig, stored: dict[str, Any], rdir: Path) -> list[_Change]:
+    """``[_Change("model_class", old, new)]`` (``"model_class (old then new)"``) when a run's stored (normalized)
+    identity records another class than the one ``task``'s preset builds now, else ``[]``: also when the run records
+    none (a library class's, or made before the class joined the identity) and its checkpoint names none or the
+    preset builds a library class now (:func:`_with_recorded_class`, :func:`_comparable`), or the preset is a
+    factory, not a class (its model's class is known once it is built: ``run`` tells), or is not registered here."""
     from diffusionformer.models import get_preset
 
     try:
         cls = get_preset(task.model).model_cls
     except (ValueError, TypeError, KeyError):
-        return None
+        return []
     if not isinstance(cls, type):
-        return None
+        return []
     now = _model_class_name(cls)
     stored = _with_recorded_class(rdir, stored, now)
     if "model_class" not in stored or now == stored["model_class"]:
-        return None
-    return _identity_changes({"model_class": stored["model_class"]}, {} if now is None else {"model_class": now})
+        return []
+    return _identity_diff({"model_class": stored["model_class"]}, {} if now is None else {"model_class": now})
 
 
-def _model_changes(task: TaskConfig, setting: OperatorSetting, stored: dict[str, Any]) -> str | None:
+def _model_changes(task: TaskConfig, setting: OperatorSetting, stored: dict[str, Any]) -> list[_Change]:
     """What changed between a run's stored (normalized) ``model_config`` and the one ``task`` and ``setting`` give now,
-    e.g. ``"model_config (laplacian_heads: 1 then 2)"``, else ``None``; without loading the data: the sizes the model
-    takes from the data are the stored ones, the head layout and the task's and setting's overrides are the config's
-    (a model override dropped from the config since, back at its preset default, is not told from a data size; the
-    fields of :data:`_NEW_MODEL_FIELDS` are no data size, so one of them dropped since is told: a setting's
-    ``mlp = "swiglu"`` run, read without it, was "completed" and ``publish`` put it under the config's GELU), and a
-    DINO run's task settings (the task's ``ssl`` table: ``"model_config (knn_k: 20 then 5)"``) as the runner records
-    them."""
+    e.g. ``"model_config (laplacian_heads: 1 then 2)"`` (as :class:`_Change` records), else ``[]``; without loading the
+    data: the sizes the model takes from the data are the stored ones, the head layout and the task's and setting's
+    overrides are the config's (a model override dropped from the config since, back at its preset default, is not told
+    from a data size; the fields of :data:`_NEW_MODEL_FIELDS` are no data size, so one of them dropped since is told: a
+    setting's ``mlp = "swiglu"`` run, read without it, was "completed" and ``publish`` put it under the config's GELU),
+    and a DINO run's task settings (the task's ``ssl`` table: ``"model_config (knn_k: 20 then 5)"``) as the runner
+    records them."""
     import dataclasses
 
     from diffusionformer.experiments.build import add_setting_overrides
@@ -392,12 +420,12 @@ def _model_changes(task: TaskConfig, setting: OperatorSetting, stored: dict[str,
         # "completed" and published under the config while run refused it
         settings = task_config(task.model, **{**task.ssl, **moved})
     except (ValueError, TypeError, KeyError):  # the config's model does not build on the run's sizes: run says why
-        return None
+        return []
     if dataclasses.is_dataclass(settings):
         now.update(dataclasses.asdict(settings))
     now = json.loads(json.dumps(_without_new_defaults(now, _NEW_MODEL_FIELDS), default=str))
     now.update({k: v for k, v in stored.items() if k not in fields and k not in now})  # entries no config names now
-    return _identity_changes({"model_config": stored}, {"model_config": now}) if now != stored else None
+    return _identity_diff({"model_config": stored}, {"model_config": now})
 
 
 def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str, Any]]:
@@ -419,6 +447,12 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
         config: the comparison.
         out_root: the results root given to ``run`` (``--out``).
     """
+    return [row for row, _ in _status_rows(config, out_root)]
+
+
+def _status_rows(config: ExperimentConfig, out_root: str | Path) -> list[tuple[dict[str, Any], list[_Change]]]:
+    """:func:`run_status`'s rows, each with the :class:`_Change` records its ``changed`` text is made of (empty when
+    ``changed`` is ``None``): what :func:`_runs_of_another_train` advises from."""
     out = Path(out_root) / config.name
     rows = []
     for task in config.tasks:
@@ -435,20 +469,19 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                                        "changed": None}
                 stored = read_json_dict(rdir / "run_config.json") if rdir.is_dir() else None
                 stored = None if stored is None else _normalized_identity(stored)
-                changes = []
+                changes: list[_Change] = []
                 if stored is not None and isinstance(stored.get("train"), dict) and stored["train"] != trains[seed]:
-                    changes.append(_identity_changes({"train": stored["train"]}, {"train": trains[seed]}))
+                    changes += _identity_diff({"train": stored["train"]}, {"train": trains[seed]})
                 if stored is not None and isinstance(stored.get("model_config"), dict) and stored["model_config"]:
-                    changes.append(_model_changes(task, setting, stored["model_config"]))
+                    changes += _model_changes(task, setting, stored["model_config"])
                 if stored is not None:  # a preset registered again with another class of the same config
-                    changes.append(_model_class_change(task, stored, rdir))
+                    changes += _model_class_change(task, stored, rdir)
                 if stored is not None:  # other data (dataset_options, data_seed), augmentation, default dtype, ...
                     now = task_entries[seed]
                     keys = [k for k in _TASK_KEYS if (k in stored or k in now) and stored.get(k) != now.get(k)]
-                    if keys:
-                        changes.append(_identity_changes({k: stored[k] for k in keys if k in stored},
-                                                         {k: now[k] for k in keys if k in now}))
-                row["changed"] = ", ".join(c for c in changes if c) or None
+                    changes += _identity_diff({k: stored[k] for k in keys if k in stored},
+                                              {k: now[k] for k in keys if k in now})
+                row["changed"] = _changes_text(changes) or None
                 if summary is not None and summary.get("status") == "completed":
                     step = summary.get("step", max_steps)  # a hand-edited "ten" or -3 reads as the budget done
                     row.update(state="completed", step=step if _is_finite(step) and isinstance(step, int) and step >= 0
@@ -473,43 +506,103 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
                         row["state"] = "interrupted" if (records or checkpoint.is_file()) else "missing"
                         if row["state"] == "interrupted":  # logged steps past the checkpoint are trained again
                             row["resumes_from"] = _checkpoint_step(checkpoint) if checkpoint.is_file() else 0
-                rows.append(row)
+                rows.append((row, changes))
     return rows
 
 
 def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path, *, verb: str | None = None) -> str | None:
-    """Which finished runs of ``config`` under ``out_root`` were made with another train or model config than its own
-    (a ``run --set ...`` read without the overrides, a setting redefined since, a preset registered again with another
-    model class: ``status`` counts them as not completed), said in words; else None. ``publish`` refuses such runs,
-    ``summary`` and ``analyze`` warn. With ``verb`` (``"publish"``, ``"analyse"``), the message ends with what makes
-    them this config's runs again: the ``--set`` overrides they were run with, the model class they were made with
-    (which no ``--set`` value changes), or ``run --restart``."""
-    changed = [r for r in run_status(config, out_root) if r["state"] == "completed" and r["changed"]]
+    """Which finished runs of ``config`` under ``out_root`` were made with another definition than its own (another
+    train or model config: a ``run --set ...`` read without the overrides, a setting redefined since; other data or
+    task settings; another model class: a preset registered again; another default dtype: ``status`` counts them as
+    not completed), said in words naming what differs; else None. ``publish`` refuses such runs, ``summary`` and
+    ``analyze`` warn. With ``verb`` (``"publish"``, ``"analyse"``), the message ends with what makes them this config's
+    runs again, each where it fits: the ``--set`` overrides they were run with (naming the ``--set`` of each task entry
+    that differs: ``--set tasks.t.data_seed=0``), the default dtype they were made at, the model class they were made
+    with (which no ``--set`` value changes), or ``run --restart``. Made from :func:`_status_rows`' records, not by
+    reading the ``changed`` text back."""
+    changed = [(r, changes) for r, changes in _status_rows(config, out_root) if r["state"] == "completed" and changes]
     if not changed:
         return None
-    first = changed[0]
-    text = (f"{len(changed)} finished run(s) of {config.name!r} were made with another train or model config than "
-            f"this config's, e.g. {first['task']!r} / {first['operator']!r} seed {first['seed']} ({first['changed']})")
+    first = changed[0][0]
+    parts = [(r["task"], c) for r, changes in changed for c in changes]
+    kinds = {_change_kind(c.part) for _, c in parts}
+    named = []
+    if "config" in kinds:
+        named.append("another train or model config")
+    for kind, words in (("data", "other data"), ("preset", "another model preset"), ("task", "other task settings")):
+        if kind in kinds:
+            keys = sorted({c.part for _, c in parts if _change_kind(c.part) == kind})
+            named.append(words if kind == "preset" else f"{words} ({', '.join(keys)})")
+    if "class" in kinds:
+        named.append("another model class")
+    if "dtype" in kinds:
+        named.append("another default dtype")
+    what = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+    text = (f"{len(changed)} finished run(s) of {config.name!r} were made with {what} than this config's, "
+            f"e.g. {first['task']!r} / {first['operator']!r} seed {first['seed']} ({first['changed']})")
     if verb is None:
         return text
     fixes = []
-    if any(_DTYPE_CHANGE.sub("", _CLASS_CHANGE.sub("", r["changed"])).strip(", ") for r in changed):
-        fixes.append(f"{verb} with the --set overrides they were run with")
-    dtype = next((m.group(1) for r in changed for m in _DTYPE_CHANGE.finditer(r["changed"])), None)
+    if kinds & {"config", "data", "preset", "task"}:
+        sets = list(dict.fromkeys(s for task, c in parts if _change_kind(c.part) in ("data", "preset", "task")
+                                  for s in [_set_of(task, c)] if s))
+        fixes.append(f"{verb} with the --set overrides they were run with" + (f" ({', '.join(sets)})" if sets else ""))
+    dtype = next((c.old or "float32" for _, c in parts if c.part == "dtype"), None)
     if dtype is not None:  # no --set value either: the caller's default dtype (a notebook's set_default_dtype)
         fixes.append(f"{verb} after torch.set_default_dtype(torch.{dtype}), the default they were made at")
-    swapped = next(((r, m) for r in changed for m in _CLASS_CHANGE.finditer(r["changed"])), None)
+    swapped = next(((task, c) for task, c in parts if c.part == "model_class"), None)
     if swapped is not None:  # "--set overrides" cannot bring a class back: the advice named a fix that does not exist
-        model = next((t.model for t in config.tasks if t.name == swapped[0]["task"]), None)
-        fixes.append(f"register the class they were made with ({swapped[1].group(1).split(' then ')[0]}) as model "
-                     f"preset {model!r} again (no --set value changes a preset's class)")
+        model = next((t.model for t in config.tasks if t.name == swapped[0]), None)
+        fixes.append(f"register the class they were made with ({swapped[1].old}) as model preset {model!r} again "
+                     "(no --set value changes a preset's class)")
     return f"{text}; {', or '.join([*fixes, 'redo them with `run --restart`'])}"
 
 
-#: a ``model_class (old then new)`` part of a ``changed`` text (:func:`_identity_changes`); class names hold no parens
-_CLASS_CHANGE = re.compile(r"model_class \(([^()]*)\)")
-#: a ``dtype (old then new: ...)`` part of a ``changed`` text (:func:`_identity_changes`)
-_DTYPE_CHANGE = re.compile(r"dtype \((\w+) then \w+: torch\.get_default_dtype\(\) when the models were built\)")
+def _change_kind(part: str) -> str:
+    """What kind of difference a :class:`_Change` of identity key ``part`` is, for the advice: ``"config"`` (train or
+    model config), ``"class"``, ``"dtype"``, ``"data"`` (:data:`_DATA_KEYS`), ``"preset"`` (the preset's name) or
+    ``"task"`` (augmentation, label smoothing, mini-batching)."""
+    return {"train": "config", "model_config": "config", "model_class": "class", "dtype": "dtype",
+            "model": "preset"}.get(part, "data" if part in _DATA_KEYS else "task")
+
+
+#: the value of a task entry that a stored run without it was made with (:func:`_task_identity` leaves these out at
+#: their defaults); ``folds`` has none a ``--set`` can give (TOML has no null)
+_TASK_DEFAULTS: dict[str, Any] = {"augment": {}, "label_smoothing": 0.0, "minibatch": {}}
+
+
+def _set_of(task: str, change: _Change) -> str | None:
+    """The ``--set`` that gives task ``task``'s entry ``change.part`` the value its stored run was made with
+    (``--set tasks.t.data_seed=0``, shell-quoted), ``None`` where none does (``fold``: it follows ``folds`` and the
+    seed; ``folds`` of a run made without cross-validation)."""
+    import shlex
+
+    value = change.old if change.old is not None else _TASK_DEFAULTS.get(change.part)
+    toml = None if change.part == "fold" else _toml_value(value)
+    if toml is None:
+        return None
+    name = task if re.fullmatch(r"[A-Za-z0-9_-]+", task) else json.dumps(task)
+    return f"--set {shlex.quote(f'tasks.{name}.{change.part}={toml}')}"
+
+
+def _toml_value(value: Any) -> str | None:
+    """``value`` (a JSON value of a run's identity) as an inline TOML value, ``None`` where TOML has none (null)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        if math.isfinite(value):
+            return repr(value)
+        return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        items = [_toml_value(v) for v in value]
+        return None if None in items else f"[{', '.join(items)}]"
+    if isinstance(value, dict):
+        items = [(k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k, ensure_ascii=False), _toml_value(v))
+                 for k, v in value.items()]
+        return None if any(v is None for _, v in items) else "{" + ", ".join(f"{k} = {v}" for k, v in items) + "}"
+    return None
 
 
 def _checkpoint_entry(path: Path, key: str) -> Any:

@@ -112,24 +112,28 @@ def test_kills_with_recorded_class_library_runs_not_read_when_the_preset_builds_
 
 # ----------------------------------------------------------------------------- results._runs_of_another_train
 _A, _B = "user.ViTA", "user.ViTB"  # two classes of one preset, as a ``changed`` text names them
+_CLASS = ("model_class", _A, _B)  # "model_class (user.ViTA then user.ViTB)"
+_STEPS = ("train", {"max_steps": 2}, {"max_steps": 3})  # "train (max_steps: 2 then 3)"
 
 
 def _advice(monkeypatch, rows, verb, tasks=None):
-    """``_runs_of_another_train``'s text for finished runs whose ``changed`` are ``rows`` (run_status's rows, made by
-    hand: what each run differs in is the input here, not the runs)."""
+    """``_runs_of_another_train``'s text for finished runs of ``rows`` (``(task, (part, old, new))``: ``_status_rows``'
+    rows made by hand, with the records and the ``changed`` text of that one change: what each run differs in is the
+    input here, not the runs)."""
     from diffusionformer.experiments import results
 
     config = _config("vit-digits", tasks=tasks)
-    full = [{"task": task, "operator": "attention", "seed": seed, "state": "completed", "changed": changed}
-            for seed, (task, changed) in enumerate(rows)]
-    monkeypatch.setattr(results, "run_status", lambda c, root: full)
+    full = [({"task": task, "operator": "attention", "seed": seed, "state": "completed",
+              "changed": results._changes_text([results._Change(*change)])}, [results._Change(*change)])
+            for seed, (task, change) in enumerate(rows)]
+    monkeypatch.setattr(results, "_status_rows", lambda c, root: full)
     return results._runs_of_another_train(config, "unused", **({} if verb is None else {"verb": verb}))
 
 
 def test_kills_runs_of_another_train_advice_without_verb_is_the_text_alone(monkeypatch):
     """kills: experiments/results.py ``_runs_of_another_train`` ``if verb is None: return text`` dropped (``summary``,
     which passes no verb, warned "...; None with the --set overrides they were run with, or redo them ...")."""
-    text = _advice(monkeypatch, [("t", "train (lr: 0.1 then 0.2)")], None)
+    text = _advice(monkeypatch, [("t", ("train", {"lr": 0.1}, {"lr": 0.2}))], None)
     assert text == ("1 finished run(s) of 'swap' were made with another train or model config than this config's, "
                     "e.g. 't' / 'attention' seed 0 (train (lr: 0.1 then 0.2))")
 
@@ -137,7 +141,7 @@ def test_kills_runs_of_another_train_advice_without_verb_is_the_text_alone(monke
 def test_kills_runs_of_another_train_set_advice_when_any_run_differs_in_more_than_its_class(monkeypatch):
     """kills: experiments/results.py ``_runs_of_another_train`` ``any(_CLASS_CHANGE.sub(...))`` -> ``all(...)`` (one
     run of another class, another of another budget: the --set advice, which fixes the second, was dropped)."""
-    text = _advice(monkeypatch, [("t", f"model_class ({_A} then {_B})"), ("t", "train (max_steps: 2 then 3)")],
+    text = _advice(monkeypatch, [("t", _CLASS), ("t", _STEPS)],
                    "publish")
     assert text.endswith(f"; publish with the --set overrides they were run with, or register the class they were "
                          f"made with ({_A}) as model preset 'vit-digits' again (no --set value changes a preset's "
@@ -148,7 +152,7 @@ def test_kills_runs_of_another_train_class_advice_found_past_the_first_run(monke
     """kills: experiments/results.py ``_runs_of_another_train`` the class change looked for in the first changed run
     only (``changed[:1]``): the first differs in its budget, the second in its class; the class advice was lost and
     only --set advised, which cannot bring the class back."""
-    text = _advice(monkeypatch, [("t", "train (max_steps: 2 then 3)"), ("t", f"model_class ({_A} then {_B})")],
+    text = _advice(monkeypatch, [("t", _STEPS), ("t", _CLASS)],
                    "analyse")
     assert f"or register the class they were made with ({_A}) as model preset 'vit-digits' again" in text
 
@@ -158,7 +162,7 @@ def test_kills_runs_of_another_train_names_the_preset_of_the_changed_runs_task(m
     the task of the run whose class changed (two tasks: the advice named the other task's preset)."""
     tasks = [{"name": "a", "dataset": "digits", "model": "vit-digits", "train": dict(_TRAIN)},
              {"name": "b", "dataset": "mnist", "model": "vit-mnist", "train": dict(_TRAIN)}]
-    text = _advice(monkeypatch, [("b", f"model_class ({_A} then {_B})")], "publish", tasks=tasks)
+    text = _advice(monkeypatch, [("b", _CLASS)], "publish", tasks=tasks)
     assert f"register the class they were made with ({_A}) as model preset 'vit-mnist' again" in text
     assert "--set overrides" not in text
 

@@ -190,16 +190,29 @@ def test_kills_task_identity_records_every_default_dtype_but_float32(tmp_path, d
 
 
 # ----------------------------------------------------------------------------- results._runs_of_another_train
-_DTYPE = "dtype (float64 then float32: torch.get_default_dtype() when the models were built)"
+_DTYPE = ("dtype", "float64", None)  # "dtype (float64 then float32: torch.get_default_dtype() when the models ...)"
 
 
-def _advice(monkeypatch, changed, verb="publish"):
-    """``_runs_of_another_train``'s text for one finished run whose ``changed`` is ``changed`` (a run_status row made
+def _rows(changes_by_seed):
+    """``_status_rows``' rows made by hand, one finished run per seed, each with its changes (``(part, old, new)``) as
+    records and as the ``changed`` text made of them."""
+    from diffusionformer.experiments.results import _Change, _changes_text
+
+    rows = []
+    for seed, changes in enumerate(changes_by_seed):
+        records = [_Change(*c) for c in changes]
+        rows.append(({"task": "t", "operator": "attention", "seed": seed, "state": "completed",
+                      "changed": _changes_text(records)}, records))
+    return rows
+
+
+def _advice(monkeypatch, changes, verb="publish"):
+    """``_runs_of_another_train``'s text for one finished run differing in ``changes`` (a ``_status_rows`` row made
     by hand: what the run differs in is the input here)."""
     from diffusionformer.experiments import results
 
-    row = {"task": "t", "operator": "attention", "seed": 0, "state": "completed", "changed": changed}
-    monkeypatch.setattr(results, "run_status", lambda c, root: [row])
+    rows = _rows([changes])
+    monkeypatch.setattr(results, "_status_rows", lambda c, root: rows)
     return results._runs_of_another_train(_config(), "unused", verb=verb)
 
 
@@ -207,7 +220,7 @@ def test_kills_runs_of_another_train_no_set_advice_for_a_class_and_dtype_change(
     """kills: experiments/results.py ``_runs_of_another_train`` ``.strip(", ")`` dropped after both subs (a run of
     another class made at another default dtype: what was left, ``", "``, read as a change --set fixes, and the
     advice named --set overrides that do not exist)."""
-    text = _advice(monkeypatch, f"model_class (user.A then user.B), {_DTYPE}")
+    text = _advice(monkeypatch, [("model_class", "user.A", "user.B"), _DTYPE])
     assert "with the --set overrides" not in text
     assert "publish after torch.set_default_dtype(torch.float64), the default they were made at, or register the " \
            "class they were made with (user.A)" in text
@@ -216,7 +229,7 @@ def test_kills_runs_of_another_train_no_set_advice_for_a_class_and_dtype_change(
 def test_kills_runs_of_another_train_set_advice_beside_the_dtype_advice(monkeypatch):
     """kills: experiments/results.py ``_runs_of_another_train`` the dtype advice replacing the --set one (a run of
     another budget made at another default dtype needs both: the --set overrides and the default dtype)."""
-    text = _advice(monkeypatch, f"train (max_steps: 2 then 3), {_DTYPE}")
+    text = _advice(monkeypatch, [("train", {"max_steps": 2}, {"max_steps": 3}), _DTYPE])
     assert text.endswith("; publish with the --set overrides they were run with, or publish after "
                          "torch.set_default_dtype(torch.float64), the default they were made at, or redo them with "
                          "`run --restart`")
@@ -228,9 +241,8 @@ def test_kills_runs_of_another_train_dtype_advice_found_past_the_first_run(monke
     lost and --set alone advised, which cannot bring the second back."""
     from diffusionformer.experiments import results
 
-    rows = [{"task": "t", "operator": "attention", "seed": seed, "state": "completed", "changed": changed}
-            for seed, changed in enumerate(["train (max_steps: 2 then 3)", _DTYPE])]
-    monkeypatch.setattr(results, "run_status", lambda c, root: rows)
+    rows = _rows([[("train", {"max_steps": 2}, {"max_steps": 3})], [_DTYPE]])
+    monkeypatch.setattr(results, "_status_rows", lambda c, root: rows)
     text = results._runs_of_another_train(_config(seeds=(0, 1)), "unused", verb="analyse")
     assert "or analyse after torch.set_default_dtype(torch.float64), the default they were made at" in text
 
