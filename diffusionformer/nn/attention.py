@@ -211,6 +211,16 @@ class DiffusionAttention(nn.Module):
 
     # ------------------------------------------------------------------ per-layer plan
     def _refresh_plan(self) -> None:
+        """:meth:`_make_plan`, marked as running: binding an operator may list the layer's parameters (the device and
+        dtype of a parameter-free ``qkv`` are the layer's), which must not plan again
+        (:meth:`_bind_replaced_operators`)."""
+        self.__dict__["_planning"] = True
+        try:
+            self._make_plan()
+        finally:
+            self.__dict__["_planning"] = False
+
+    def _make_plan(self) -> None:
         """Derive everything a call needs from the operators, once (again when ``operators`` changed).
 
         Sets ``_polynomial``, ``max_degree``, ``_degrees`` (per head), ``_static_coefficients``
@@ -334,6 +344,43 @@ class DiffusionAttention(nn.Module):
             with _PLAN_LOCK:
                 if tuple(self._modules["operators"]._modules.values()) != self._plan_key:
                     self._refresh_plan()
+
+    def _bind_replaced_operators(self) -> None:
+        """:meth:`_check_plan` before the layer's modules, parameters or state are listed (``parameters()``,
+        ``state_dict()``, ``load_state_dict()``, of the layer or of a model holding it): an operator put into
+        ``layer.operators`` that makes its parameters when bound (differential attention's ``lambda_*`` and
+        ``subln``) had none until the next call, so an optimizer built from ``model.parameters()`` before it never
+        trained them, ``state_dict()`` left them out and loading the layer's own state dict raised "Unexpected
+        key(s)". Operators the layer cannot run are left to :meth:`forward` (and ``heads_spec``), which raise the
+        layer's error: listing a model's modules (``print``, ``parameters()``) does not."""
+        if self.__dict__.get("_planning") or "_plan_key" not in self.__dict__ or "operators" not in self._modules:
+            return  # inside __init__, or listed by the plan being made
+        if tuple(self._modules["operators"]._modules.values()) == self._plan_key:
+            return
+        try:
+            self.__dict__["_planning"] = True  # a parameter-free qkv: the layer's own tensors are listed
+            try:
+                device = _stored_weight(self.qkv, owner=self).device
+            finally:
+                self.__dict__["_planning"] = False
+            with torch.device(device):  # the layer's, whatever device context the listing runs under
+                self._check_plan()
+        except Exception:  # noqa: BLE001 - reported by the next call, with the layer's message
+            pass
+
+    def named_modules(self, memo: set[nn.Module] | None = None, prefix: str = "",  # type: ignore[override]
+                      remove_duplicate: bool = True):
+        # every listing of parameters, buffers and modules goes through here (a parent's recursion included)
+        self._bind_replaced_operators()
+        return super().named_modules(memo, prefix, remove_duplicate)
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        self._bind_replaced_operators()  # called before the children's state is written
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        self._bind_replaced_operators()  # called before the children are loaded
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def reset_parameters(self) -> None:
         """Initialise the layer's parameters again, in place, as its constructor did: the projections (and

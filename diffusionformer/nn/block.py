@@ -282,6 +282,10 @@ class LayerScale(nn.Module):
         """``gamma`` back to ``init`` in every channel, in place."""
         self.gamma.fill_(self._init)
 
+    def extra_repr(self) -> str:
+        # print(model) showed a bare "LayerScale()": neither the width nor the init (1e-5 vs 0.1) it was built with
+        return f"{self.gamma.shape[-1]}, init={self._init}"
+
 
 class DropPath(nn.Module):
     r"""Stochastic depth: drop the whole residual branch of a sample with probability ``p``.
