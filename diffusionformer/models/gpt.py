@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import _check_flag, _python_numbers, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
-from diffusionformer.nn.heads import _layout_as_read
+from diffusionformer.nn.heads import _layout_as_read, _own_operators
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.attention import set_recompute
@@ -44,7 +44,7 @@ class GPTConfig:
     norm: str = "layernorm"  #: "layernorm" or "rmsnorm"
     qk_norm: bool = False  #: LayerNorm on queries and keys
     tie_weights: bool = True  #: share the token embedding and the output head
-    heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}
+    heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}; an operator is copied per layer
     laplacian_heads: int | str | list[int | str] | None = None  #: trailing Laplacian heads per layer; "half": n_head // 2
     backend: str = "auto"  #: dense back-end of the attention
     rope: bool = False  #: rotary q/k positions (RoFormer) instead of learned absolute positions
@@ -114,7 +114,7 @@ class DiffusionGPT(nn.Module):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         c = config
-        specs = resolve_layer_heads(c.n_layer, c.n_head, c.heads, c.laplacian_heads)
+        specs = _own_operators(resolve_layer_heads(c.n_layer, c.n_head, c.heads, c.laplacian_heads))
         # bias=False drops the LayerNorm biases too (nanoGPT's LayerNorm(ndim, bias=config.bias))
         norm: Any = c.norm
         if not c.bias and c.norm == "layernorm":  # recorded as read by the config

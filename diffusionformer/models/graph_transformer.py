@@ -16,7 +16,7 @@ from diffusionformer.graph.interop import from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.block import make_mlp, make_norm, resolve_layer_heads
-from diffusionformer.nn.heads import _layout_as_read
+from diffusionformer.nn.heads import _layout_as_read, _own_operators
 from diffusionformer.nn.edge_features import _check_edge_operators, edge_feature_attention
 from diffusionformer.ops._checks import _vmapped, checks_values
 from diffusionformer.ops.rivals import LayerState
@@ -49,7 +49,7 @@ class GraphTransformerConfig:
     global_attention: bool = False  #: add dense attention over all nodes of the same graph (GraphGPS style)
     pool: Literal["mean", "add", "max"] = "mean"  #: graph readout for task="graph"
     norm: str = "layernorm"  #: "layernorm" or "rmsnorm"
-    heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}
+    heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}; an operator is copied per layer
     laplacian_heads: int | str | list[int | str] | None = None  #: trailing Laplacian heads per layer; "half": H // 2
     edge_dim: int | None = None  #: edge feature width; edge features enter the scores (TransformerConv's edge_dim)
     pe: str | None = None  #: positional encoding passed as ``pe=``: None, "laplacian" or "random_walk"
@@ -380,7 +380,7 @@ class DiffusionGraphTransformer(nn.Module):
             # the forward's self loops and graph pool are PyG's: imported now, not inside the first call (under
             # torch.compile dynamo traced PyG's import: a graph break and warnings of typing's lru_cache)
             _import_pyg()
-        specs = resolve_layer_heads(c.depth, c.num_heads, c.heads, c.laplacian_heads)
+        specs = _own_operators(resolve_layer_heads(c.depth, c.num_heads, c.heads, c.laplacian_heads))
         self.input_drop = nn.Dropout(c.input_dropout)
         self.embed = nn.Linear(c.in_channels, c.dim)
         self.pe_embed = nn.Linear(c.pe_dim, c.dim) if c.pe is not None else None

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
 from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
-from diffusionformer.nn.heads import _layout_as_read
+from diffusionformer.nn.heads import _layout_as_read, _own_operators
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.nn.rotary import RotaryEmbedding, RotaryEmbedding2D
@@ -47,7 +47,7 @@ class ViTConfig:
     drop_path: float = 0.0  #: stochastic depth, linearly increasing to this value
     layer_scale: float | None = None  #: LayerScale init (None: off)
     norm: str = "layernorm"  #: "layernorm" or "rmsnorm"
-    heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}
+    heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}; an operator is copied per layer
     laplacian_heads: int | str | list[int | str] | None = None  #: trailing Laplacian heads per layer; "half": H // 2
     backend: str = "auto"  #: dense back-end of the attention
     rope: bool = False  #: 2-D rotary q/k positions (1-D for signals) instead of the learned pos_embed
@@ -127,7 +127,7 @@ class DiffusionViT(nn.Module):
         if not isinstance(config, ViTConfig):
             raise TypeError(f"config must be a ViTConfig, got {type(config).__name__}")
         self.config = c = config
-        specs = resolve_layer_heads(c.depth, c.num_heads, c.heads, c.laplacian_heads)
+        specs = _own_operators(resolve_layer_heads(c.depth, c.num_heads, c.heads, c.laplacian_heads))
         conv = nn.Conv2d if len(c.input_size) == 2 else nn.Conv1d
         self.patch_embed = conv(c.in_channels, c.dim, kernel_size=c.patch_size, stride=c.patch_size)
         self.num_prefix = 1 if c.pool == "cls" else 0

@@ -15,6 +15,7 @@ A layer's spec is then parsed into operator groups by :func:`parse_heads`.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import numbers
 import operator
@@ -400,6 +401,15 @@ def laplacian_count(count: Any, num_heads: int) -> Any:
     if isinstance(count, list):
         return [laplacian_count(c, num_heads) for c in count]
     return count
+
+
+def _own_operators(specs: list[Any]) -> list[Any]:
+    """A model's per-layer head specs (:func:`resolve_layer_heads`) with the operator instances in them copied, once
+    per layer: a spec string builds each layer's operators anew, and an instance is a template the same way (as
+    ``nn.TransformerEncoder`` copies its layer). Two layers given one instance (``heads=[op, op]``), or two models
+    built from one config, shared its parameters: trained together, and training one model changed the other; the
+    config's instance stays as given. Instances shared by heads of one layer stay shared within it."""
+    return [spec if spec is None or isinstance(spec, str) else copy.deepcopy(spec) for spec in specs]
 
 
 def resolve_layer_heads(
