@@ -290,9 +290,11 @@ def _import_module(spec: str) -> None:
     """Import ``--import``'s ``spec``: a ``.py`` file (or a path) as the module its file name names, else a dotted
     module name, looked for in the current folder first (as ``python -m`` does; the ``diffusionformer`` script's
     ``sys.path`` lacks it). A module missing is one error line; an error inside the module is its traceback, then
-    one error line naming the module."""
+    one error line naming the module; a module that fails (or calls ``sys.exit``) leaves the registries and torch's
+    default dtype as they were, so that main() called again meets none of what it registered."""
     if not spec.strip():
-        raise ValueError("--import: expected a module name or a .py file, got an empty string")
+        raise ValueError(f"--import: expected a module name or a .py file, got "
+                         f"{'an empty string' if not spec else 'only spaces ' + repr(spec)}")
     is_path = spec.endswith(".py") or "/" in spec or os.sep in spec
     if not is_path and not all(part.isidentifier() for part in spec.split(".")):
         raise ValueError(f"--import {spec!r}: expected a dotted module name (mypackage.registrations) or a .py "
@@ -318,9 +320,19 @@ def _import_module(spec: str) -> None:
         folder = str(path.resolve().parent)  # the file's neighbours import as a script's do
     else:
         folder = os.getcwd()
+        top = spec.partition(".")[0]
+        loaded = sys.modules.get(top)
+        here = next((p for p in (Path(folder) / f"{top}.py", Path(folder) / top / "__init__.py") if p.is_file()), None)
+        where = getattr(loaded, "__file__", None)
+        if loaded is not None and here is not None and (where is None or Path(where).resolve() != here.resolve()):
+            # else the module imported already is taken, silently, and the file's registrations never run
+            raise ValueError(f"--import {spec!r}: a module named {top!r} is imported already "
+                             f"({'from ' + repr(where) if where else 'built in'}), not {str(here)!r}; rename the "
+                             f"{'file' if here.name != '__init__.py' else 'folder'}")
     added = folder not in sys.path and not (not is_path and "" in sys.path)
     if added:
         sys.path.insert(0, folder)
+    state, imported = _registrations(), False
     try:
         if is_path:
             loader_spec = importlib.util.spec_from_file_location(name, path.resolve())
@@ -333,6 +345,11 @@ def _import_module(spec: str) -> None:
                 raise
         else:
             importlib.import_module(spec)
+        imported = True
+    except SystemExit as exc:  # a script's own code run on import: else the command ended silently, with its code
+        code = "" if exc.code is None else repr(exc.code)
+        raise ValueError(f"--import {spec!r} failed: it called sys.exit({code}) while being imported (put a "
+                         f"script's own code under `if __name__ == \"__main__\":`)") from None
     except ModuleNotFoundError as exc:
         if not is_path and exc.name is not None and (spec == exc.name or spec.startswith(exc.name + ".")):
             raise ModuleNotFoundError(f"--import {spec!r}: no module named {exc.name!r} in the current folder "
@@ -344,11 +361,42 @@ def _import_module(spec: str) -> None:
         traceback.print_exc()
         raise ValueError(f"--import {spec!r} failed: {type(exc).__name__}: {exc} (traceback above)") from exc
     finally:
+        if not imported:  # a module stopped halfway: a second main() (a notebook) does not meet what it registered
+            _restore_registrations(state)
         if added and folder in sys.path:
             sys.path.remove(folder)
 
 
+def _registrations() -> tuple[list[tuple[dict, dict]], object]:
+    """The registries (datasets, model presets, operators, metrics, task adapters) and torch's default dtype as
+    they are now, for :func:`_restore_registrations`."""
+    import torch
+
+    from diffusionformer.analysis import report
+    from diffusionformer.data import registry as data_registry
+    from diffusionformer.experiments import tasks
+    from diffusionformer.models import registry as model_registry
+    from diffusionformer.operators import registry as operator_registry
+
+    dicts = (data_registry._REGISTRY, model_registry._PRESETS, operator_registry._REGISTRY, operator_registry._ALIASES,
+             operator_registry._DECLARED, report._METRICS, tasks._ADAPTERS)
+    return [(d, dict(d)) for d in dicts], torch.get_default_dtype()
+
+
+def _restore_registrations(state: tuple[list[tuple[dict, dict]], object]) -> None:
+    import torch
+
+    dicts, dtype = state
+    for d, before in dicts:
+        d.clear()
+        d.update(before)
+    torch.set_default_dtype(dtype)
+
+
 def _main(argv: list[str] | None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if raw and raw[0].partition("=")[0] == "--import":  # else "invalid choice: 'MODULE'": the module read as a command
+        _parser().error("--import goes after the command, e.g. diffusionformer run CONFIG --import MODULE")
     args = _parser().parse_args(argv)
     from diffusionformer.experiments.config import load_experiment_config
 
