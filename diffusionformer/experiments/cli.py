@@ -39,6 +39,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
+from typing import Any
 
 from diffusionformer.config import _closest_choice
 from diffusionformer.train import CheckpointError
@@ -367,9 +368,10 @@ def _import_module(spec: str) -> None:
             sys.path.remove(folder)
 
 
-def _registrations() -> tuple[list[tuple[dict, dict]], object]:
-    """The registries (datasets, model presets, operators, metrics, task adapters) and torch's default dtype as
-    they are now, for :func:`_restore_registrations`."""
+def _registrations() -> tuple[list[tuple[dict, dict]], object, dict[type, dict[str, Any]]]:
+    """The registries (datasets, model presets, operators, metrics, task adapters), torch's default dtype and the
+    ``name`` and ``aliases`` the registered operator classes hold (``register_operator`` writes them) as they are
+    now, for :func:`_restore_registrations`."""
     import torch
 
     from diffusionformer.analysis import report
@@ -380,16 +382,26 @@ def _registrations() -> tuple[list[tuple[dict, dict]], object]:
 
     dicts = (data_registry._REGISTRY, model_registry._PRESETS, operator_registry._REGISTRY, operator_registry._ALIASES,
              operator_registry._DECLARED, report._METRICS, tasks._ADAPTERS)
-    return [(d, dict(d)) for d in dicts], torch.get_default_dtype()
+    classes = {c: operator_registry._own_names(c)
+               for c in (*operator_registry._DECLARED, *operator_registry._REGISTRY.values())}
+    return [(d, dict(d)) for d in dicts], torch.get_default_dtype(), classes
 
 
-def _restore_registrations(state: tuple[list[tuple[dict, dict]], object]) -> None:
+def _restore_registrations(state: tuple[list[tuple[dict, dict]], object, dict[type, dict[str, Any]]]) -> None:
     import torch
 
-    dicts, dtype = state
+    from diffusionformer.operators import registry as operator_registry
+
+    dicts, dtype, classes = state
+    # a class registered since gets the names it declared back (as unregister_operator gives them), one registered
+    # before its names then (a library operator unregistered, then registered as "heat2", kept "heat2" as its name
+    # while the registry held it as "heat" again: its specs named an unknown operator)
+    named = {**{c: operator_registry._DECLARED[c] for c in operator_registry._DECLARED if c not in classes}, **classes}
     for d, before in dicts:
         d.clear()
         d.update(before)
+    for cls, names in named.items():
+        operator_registry._put_names(cls, names)
     torch.set_default_dtype(dtype)
 
 
@@ -491,7 +503,9 @@ def _main(argv: list[str] | None) -> int:
             _choose_tasks(config, args.tasks)
         _size_threads(args)
         if _rank_zero():
-            out_flag = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
+            # with the --import modules: without them status cannot read a config naming what they register
+            out_flag = "".join(f" --import {shlex.quote(m)}" for m in args.imports)
+            out_flag += "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
             out_flag += "" if args.out == "results" else f" --out {shlex.quote(args.out)}"
             print(f"every run's step and time left, from another shell: python -m diffusionformer.experiments status "
                   f"{shlex.quote(args.config)}{out_flag}", file=sys.stderr)

@@ -562,9 +562,12 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def _toml_key_prefix(text: str) -> str:
     """The part of ``text`` up to and including the ``=`` that ends its (possibly quoted) TOML key."""
-    quote = None
+    quote, escaped = None, False
     for i, c in enumerate(text):
-        if quote is not None:
+        if escaped:  # escaped by a backslash in a "..." part: tasks."q\"x".lr's part does not close at its \"
+            escaped = False
+        elif quote is not None:
+            escaped = quote == '"' and c == "\\"  # a '...' part has no escapes
             quote = None if c == quote else quote
         elif c in "\"'":
             quote = c

@@ -581,7 +581,8 @@ def _set_of(task: str, change: _Change) -> str | None:
     toml = None if change.part == "fold" else _toml_value(value)
     if toml is None:
         return None
-    name = task if re.fullmatch(r"[A-Za-z0-9_-]+", task) else json.dumps(task)
+    # ensure_ascii=False: a character past U+FFFF was written as two \u surrogates, a key TOML refuses
+    name = task if re.fullmatch(r"[A-Za-z0-9_-]+", task) else json.dumps(task, ensure_ascii=False)
     return f"--set {shlex.quote(f'tasks.{name}.{change.part}={toml}')}"
 
 

@@ -104,7 +104,7 @@ def register_operator(
                 # a notebook cell run twice defines the class again: say how to replace it
                 raise ValueError(f"operator name {k!r} is already registered by {owner.__name__}; to replace it "
                                  f"(a class defined again), call unregister_operator({owner.name!r}) first")
-        _DECLARED[c] = {k: c.__dict__[k] for k in ("name", "aliases") if k in c.__dict__}
+        _DECLARED[c] = _own_names(c)
         c.name = key
         c.aliases = alias_keys
         _REGISTRY[key] = c
@@ -143,11 +143,21 @@ def unregister_operator(name: str) -> None:
     # registration, the old name among them when that was given as an alias
     declared = _DECLARED.pop(cls, None)
     if declared is not None:
-        for attr in ("name", "aliases"):
-            if attr in declared:
-                setattr(cls, attr, declared[attr])
-            else:
-                delattr(cls, attr)
+        _put_names(cls, declared)
+
+
+def _own_names(cls: type) -> dict[str, Any]:
+    """The ``name`` and ``aliases`` that ``cls`` holds itself (not inherited), which registering writes."""
+    return {k: cls.__dict__[k] for k in ("name", "aliases") if k in cls.__dict__}
+
+
+def _put_names(cls: type, names: dict[str, Any]) -> None:
+    """Give ``cls`` the ``name`` and ``aliases`` of :func:`_own_names` again (one absent there: none of its own)."""
+    for attr in ("name", "aliases"):
+        if attr in names:
+            setattr(cls, attr, names[attr])
+        elif attr in cls.__dict__:
+            delattr(cls, attr)
 
 
 def list_operators() -> list[str]:
