@@ -409,7 +409,16 @@ def _own_operators(specs: list[Any]) -> list[Any]:
     ``nn.TransformerEncoder`` copies its layer). Two layers given one instance (``heads=[op, op]``), or two models
     built from one config, shared its parameters: trained together, and training one model changed the other; the
     config's instance stays as given. Instances shared by heads of one layer stay shared within it."""
-    return [spec if spec is None or isinstance(spec, str) else copy.deepcopy(spec) for spec in specs]
+    owned = []
+    for layer, spec in enumerate(specs):
+        try:
+            owned.append(spec if spec is None or isinstance(spec, str) else copy.deepcopy(spec))
+        except Exception as exc:  # noqa: BLE001 - torch's deepcopy error names neither the operator nor the layer
+            raise TypeError(f"heads of layer {layer}: {spec!r} cannot be copied ({type(exc).__name__}: {exc}); an "
+                            "operator in a model config is copied for every layer of every model built from it, as "
+                            "a spec string is built anew: make it copyable (copy.deepcopy), or give a spec "
+                            "string") from exc
+    return owned
 
 
 def resolve_layer_heads(

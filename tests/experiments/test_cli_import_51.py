@@ -221,3 +221,4 @@ def test_bug_publish_refuses_a_str_for_a_list_of_options(tmp_path, kwargs):
     (tmp_path / "c.toml").write_text(TINY_DIGITS_TOML)
     with pytest.raises(TypeError, match=r"publish_experiment: (imports|overrides) must be a list of str"):
         publish_experiment(load_experiment_config(tmp_path / "c.toml"), tmp_path / "res", tmp_path / "docs", **kwargs)
+

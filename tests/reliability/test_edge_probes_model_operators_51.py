@@ -70,3 +70,14 @@ def test_spec_strings_and_instances_give_one_model():
     idx = torch.randint(0, 16, (2, 8))
     assert torch.equal(from_instance(idx)[0], from_text(idx)[0])
     assert sum(p.numel() for p in from_instance.parameters()) == sum(p.numel() for p in from_text.parameters())
+
+
+def test_bug_an_operator_that_cannot_be_copied_is_named_with_its_layer():
+    """Bug: an operator torch cannot deep-copy (it holds a non-leaf tensor, as the old hook-based ``weight_norm``
+    leaves) failed the model's build with torch's bare "Only Tensors created explicitly by the user ... support the
+    deepcopy protocol", naming neither the operator nor the layer nor what to do."""
+    op = build_operator("heat", t=0.5, learnable=True, num_heads=2)
+    op.stale = op.t * 2  # a non-leaf tensor attribute: not deep-copyable
+    with pytest.raises(TypeError, match=r"heads of layer 0: .*HeatOperator.* cannot be copied \(RuntimeError: .*\); "
+                                        r"an operator in a model config is copied for every layer"):
+        _gpt(heads=[op, "attention"])
