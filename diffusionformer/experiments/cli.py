@@ -129,12 +129,14 @@ def _parser() -> argparse.ArgumentParser:
                            help="train only these tasks (finished runs of the others stay in the results)")
             c.add_argument("--no-progress", action="store_true", help="no progress bars (neither runs nor steps)")
             _thread_args(c)
+    set_help = "the --set overrides the comparison was run with (TOML syntax, e.g. seeds=[0]): the same config as run's"
     st = sub.add_parser("status", allow_abbrev=False,
                         help="where every run of a comparison stands (completed, running, failed, interrupted, "
                              "missing)")
     st.add_argument("config")
-    st.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    st.add_argument("--out", default="results", help="results root the comparison is run into")
+    st.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help=set_help)
+    st.add_argument("--out", default="results", help="results root the comparison is run into (default: results)")
     sub.add_parser("list", help="list datasets, model presets and operators", allow_abbrev=False)
     sm = sub.add_parser("summary", allow_abbrev=False,
                         help="one table of each setting's difference to the baseline over several comparisons")
@@ -145,15 +147,18 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--selected", action="store_true", help="compare the metric at the best select_by evaluation")
     pub = sub.add_parser("publish", help="write the docs results page of a finished comparison", allow_abbrev=False)
     pub.add_argument("config")
-    pub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    pub.add_argument("--out", default="results", help="results root the comparison was run into")
-    pub.add_argument("--to", default="docs/results", help="docs folder of the results pages")
+    pub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help=set_help)
+    pub.add_argument("--out", default="results", help="results root the comparison was run into (default: results)")
+    pub.add_argument("--to", default="docs/results", help="docs folder of the results pages (default: docs/results)")
     a = sub.add_parser("analyze", help="token-geometry analysis of a finished comparison", allow_abbrev=False)
     a.add_argument("config")
-    a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    a.add_argument("--out", default="results")
-    a.add_argument("--data-root", default=None)
-    a.add_argument("--max-examples", type=int, default=512, help="held-out examples to analyse per run")
+    a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help=set_help)
+    a.add_argument("--out", default="results", help="results root the comparison was run into (default: results)")
+    a.add_argument("--data-root", default=None,
+                   help="data root for standard benchmarks (default: $DIFFUSIONFORMER_DATA)")
+    a.add_argument("--max-examples", type=int, default=512, help="held-out examples to analyse per run (default: 512)")
     a.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
     a.add_argument("--partial", action="store_true", help="analyse the finished runs of a comparison still being run")
@@ -467,6 +472,9 @@ def _main(argv: list[str] | None) -> int:
             from diffusionformer.experiments.tables import format_status
 
             _print(format_status(run_status(config, args.out)), end="")
+            if not (Path(args.out) / config.name).is_dir():  # else a misspelt or forgotten --out reads as "0 of N"
+                print(f"note: {Path(args.out) / config.name} does not exist: nothing was run into --out {args.out!r} "
+                      "yet (a comparison run with another --out is read with that --out)", file=sys.stderr)
             return 0
         if args.command == "publish":
             from diffusionformer.experiments.publish import publish_experiment
@@ -481,6 +489,9 @@ def _main(argv: list[str] | None) -> int:
 
             analyze_experiment(config, args.out, data_root=args.data_root, max_examples=args.max_examples,
                                device=args.device, progress=not args.no_progress, partial=args.partial)
+            adir = Path(args.out) / config.name / "analysis"  # else the command ends without naming what it wrote
+            plots = f", plots in {adir}/plots/" if any((adir / "plots").glob("*.png")) else ", no plots (see above)"
+            _print(f"analysis: {adir}/README.md, {adir}/metrics.json{plots}")
             return 0
         from diffusionformer.experiments.gpu import WORKER_ENV, check_device, precision_amp, run_workers, worker_argv
         from diffusionformer.experiments.runner import _choose_tasks, run_experiment
@@ -532,7 +543,9 @@ def _main(argv: list[str] | None) -> int:
             _print()
             _print(format_table(aggregate(results), config, compact=True))
             out = Path(args.out) / config.name
-            _print(f"results: {out}/results.md, {out}/results.json, plots in {out}/plots/ "
+            # plots/ is made before matplotlib is imported: without it the folder is there, and empty
+            plots = f"plots in {out}/plots/" if any((out / "plots").glob("*.png")) else "no plots (see above)"
+            _print(f"results: {out}/results.md, {out}/results.json, {plots} "
                   f"(wall time {time.perf_counter() - t0:.0f} s)")
         failed = [r for r in results if r.status != "completed"]
         if failed:

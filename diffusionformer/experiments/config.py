@@ -359,7 +359,9 @@ class OperatorSetting:
         if self.heads is not None and self.laplacian_heads is not None:
             raise ValueError(f"operator setting {self.name!r}: give heads or laplacian_heads, not both")
         if isinstance(self.laplacian_heads, str) and self.laplacian_heads != "half":
-            raise ValueError(f"operator setting {self.name!r}: laplacian_heads must be an int, a list or 'half'")
+            hint = " (did you mean 'half'?)" if self.laplacian_heads.strip().lower() == "half" else ""
+            raise ValueError(f"operator setting {self.name!r}: laplacian_heads must be an int, a list or 'half', got "
+                             f"{self.laplacian_heads!r}{hint}")
         own = "heads" if self.heads is not None else "laplacian_heads" if self.laplacian_heads is not None else None
         clash = sorted({"heads", "laplacian_heads"} & set(self.model_overrides)) if own and isinstance(
             self.model_overrides, Mapping) else []

@@ -241,8 +241,14 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     src = Path(out_root) / config.name
     results_path = src / "results.json"
     if not results_path.is_file():
+        # the command the runs are still to be made with: the --import / --set / --out given here, or the hint reruns
+        # the config as its file has it (the README's main job: 18 runs, when `--set seeds=[0]` was meant)
+        flags = ("".join(f" --import {shlex.quote(m)}" for m in imports or [])
+                 + "".join(f" --set {shlex.quote(o)}" for o in overrides or [])
+                 + ("" if str(out_root) == "results" else f" --out {shlex.quote(str(out_root))}"))
+        command = f"{shlex.quote(config_path) if config_path else 'CONFIG'}{flags}"
         raise FileNotFoundError(
-            f"{results_path} not found: run `python -m diffusionformer.experiments run {config_path or 'CONFIG'}` first"
+            f"{results_path} not found: run `python -m diffusionformer.experiments run {command}` first"
         )
     docs = Path(docs_dir)
     if _folded(config.name) == "index":  # its page would be docs/index.md (Index.md too, on macOS and Windows)

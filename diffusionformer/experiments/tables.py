@@ -280,7 +280,8 @@ def format_status(rows: list[dict[str, Any]]) -> str:
 
     The estimate scales the mean training time of a task's completed runs by the steps each
     unfinished run still has to do (one worker; divide by the number of workers); an interrupted run
-    counts from the step its checkpoint resumes from, which its state names when the log went further.
+    counts from the step its checkpoint resumes from, which its state names when the log went further. Runs made
+    with another config (``changed``) are counted on a line of their own that says how to read or redo them.
 
     Args:
         rows: the output of :func:`run_status`.
@@ -314,4 +315,9 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     if unknown:
         left += f" (plus {unknown} run(s) of tasks with no finished run to time)"
     lines[0] += f"; {left}."
+    changed = sum(bool(r.get("changed")) for r in rows)
+    if changed:  # most often the --set of `run` not repeated here: the per-run cells name `run --restart` alone
+        lines.insert(1, f"{changed} run(s) were made with another config than this one (below): if they were run "
+                        "with --set overrides or --import, give status the same ones; else `run --restart` trains "
+                        "them again.")
     return "\n".join(lines) + "\n"

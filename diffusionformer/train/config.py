@@ -243,10 +243,17 @@ class TrainConfig:
             ints["lr_decay_steps"] = check(_check_int, "lr_decay_steps", self.lr_decay_steps, 1)
         decay = ints["max_steps"] if self.lr_decay_steps is None else ints["lr_decay_steps"]
         if None not in (decay, ints["warmup_steps"]) and decay < ints["warmup_steps"]:
-            errors.append(ValueError(
-                "TrainConfig.lr_decay_steps: expected lr_decay_steps (None = max_steps) >= "
-                f"warmup_steps ({self.warmup_steps}), got {decay}"
-            ))
+            if self.lr_decay_steps is None:  # the field set is max_steps: name it, and what to change
+                errors.append(ValueError(
+                    f"TrainConfig.max_steps: expected max_steps >= warmup_steps ({self.warmup_steps}) while "
+                    f"lr_decay_steps is unset (the schedule decays over max_steps), got {decay}; lower "
+                    "warmup_steps or set lr_decay_steps"
+                ))
+            else:
+                errors.append(ValueError(
+                    "TrainConfig.lr_decay_steps: expected lr_decay_steps (None = max_steps) >= "
+                    f"warmup_steps ({self.warmup_steps}), got {decay}"
+                ))
         ints["eval_interval"] = check(_check_int, "eval_interval", self.eval_interval, 0)
         if self.eval_steps is not None:
             ints["eval_steps"] = check(_check_int, "eval_steps", self.eval_steps, 1)

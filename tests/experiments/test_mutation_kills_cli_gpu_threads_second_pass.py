@@ -186,6 +186,8 @@ def test_run_prints_where_its_results_are_and_the_wall_time_of_this_run(stubs, c
 
     clock = itertools.count(1000.0, 12.4)  # every reading 12.4 s after the one before
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    (Path("res") / "two" / "plots").mkdir(parents=True)  # what the (stubbed) runner draws
+    (Path("res") / "two" / "plots" / "digits_curves.png").write_bytes(b"")
     assert cli_main(["run", "two.toml", "--threads", "1", "--out", "res"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "", "TABLE", "results: res/two/results.md, res/two/results.json, plots in res/two/plots/ (wall time 12 s)"]

@@ -353,7 +353,7 @@ def test_a_minibatch_task_refuses_gradient_accumulation():
 
 @pytest.mark.parametrize("fields, message", [
     ({"heads": "attention:2", "laplacian_heads": 1}, "operator setting 'h': give heads or laplacian_heads, not both"),
-    ({"laplacian_heads": "all"}, "operator setting 'h': laplacian_heads must be an int, a list or 'half'"),
+    ({"laplacian_heads": "all"}, "operator setting 'h': laplacian_heads must be an int, a list or 'half', got 'all'"),
 ])
 def test_an_operator_setting_is_refused_when_built(fields, message):
     """kills: experiments/config.py OperatorSetting.__post_init__ with the heads-and-laplacian_heads check, or the

@@ -227,7 +227,7 @@ def test_publish_without_results_says_to_run_first(tmp_path):
     """kills: publish.py ``raise FileNotFoundError(...)`` -> ``raise ValueError(...)`` (the documented error type)"""
     cfg = load_experiment_config(_raw())
     with pytest.raises(FileNotFoundError, match=r"results\.json not found: run `python -m diffusionformer\.experiments "
-                                                r"run mk\.toml` first"):
+                                                r"run mk\.toml --out \S+` first"):  # the --out given, to repeat
         publish_experiment(cfg, tmp_path / "results", _docs(tmp_path), config_path="mk.toml")
     assert not (tmp_path / "docs" / "mk.md").exists()
 
