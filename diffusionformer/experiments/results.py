@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from diffusionformer._warnings import user_stacklevel
 from diffusionformer.experiments.config import (ExperimentConfig, OperatorSetting, TaskConfig, _lower_is_better,
                                                 train_config)
+from diffusionformer.experiments.store import _foreign_lock_note
 from diffusionformer.experiments.store import live_holder as _live_holder
 from diffusionformer.experiments.tasks import as_metrics
 from diffusionformer.nn.block import _names_as_read
@@ -435,7 +436,11 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     ``"failed"``, ``"running"`` (a live process holds its lock), ``"interrupted"`` (started, not
     finished, nobody training it) or ``"missing"``), ``step`` (updates logged so far), ``resumes_from`` (of an
     interrupted run: the step of its checkpoint, where ``run`` takes it up again and cuts its log back to; 0 without
-    a checkpoint; ``None`` for a checkpoint that cannot be read, and for every other state), ``max_steps``, ``elapsed`` (training seconds so far), ``holder`` (the lock's process) and ``changed``: for a
+    a checkpoint; ``None`` for a checkpoint that cannot be read, and for every other state), ``max_steps``,
+    ``elapsed`` (training seconds so far), ``holder`` (the lock's process, e.g. ``"pid 4242 on nodeA"``; for a lock of
+    another host, whose process cannot be checked from here, followed by how long ago the run last showed a sign of
+    life: ``"pid 4242 on nodeA; nodeA is another host; the run last showed a sign of life 3 h 5 min ago"``) and
+    ``changed``: for a
     run on disk made with another training or model config than ``config``'s now (a longer ``max_steps``, another
     ``lr``, another head layout or ``model_overrides``, a preset registered again with another model class, other
     ``dataset_options``, ``data_seed``, augmentation or label smoothing, a DINO task's other ``ssl`` settings, another
@@ -497,6 +502,9 @@ def _status_rows(config: ExperimentConfig, out_root: str | Path) -> list[tuple[d
                                    elapsed=elapsed if _is_finite(elapsed) and elapsed >= 0 else None)
                     holder = _live_holder(rdir)
                     row["holder"] = None if holder is None else f"pid {holder[0]} on {holder[1]}"
+                    note = None if holder is None else _foreign_lock_note(rdir)
+                    if note is not None:  # a failed node's lock holds for ever: its last sign of life tells
+                        row["holder"] += f"; {note}"
                     if holder is not None:
                         row["state"] = "running"
                     elif summary is not None and _failed(summary):

@@ -53,7 +53,7 @@ from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _comparable,
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
                                                  select_evaluation)
 from diffusionformer.experiments.stats import difference_t, paired_t, welch_t  # re-exported: their home is stats
-from diffusionformer.experiments.store import LOCK_NAME
+from diffusionformer.experiments.store import LOCK_NAME, _foreign_lock_advice, _foreign_lock_note
 from diffusionformer.experiments.store import acquire_lock as _acquire_lock
 from diffusionformer.experiments.store import live_holder as _live_holder
 from diffusionformer.experiments.store import release_lock as _release_lock
@@ -445,7 +445,9 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
                          "again (the runs before this one were restarted)")
     if holder is not None:
         if _rank_zero():
-            log(f"[{task.name} / {setting.name} / seed {seed}] skipped: {holder} is training it ({rdir / LOCK_NAME}).")
+            note = _foreign_lock_note(rdir)  # a failed node's lock holds for ever: say how to tell and what to do
+            log(f"[{task.name} / {setting.name} / seed {seed}] skipped: {holder} is training it ({rdir / LOCK_NAME})."
+                + ("" if note is None else f" {note[0].upper()}{note[1:]}; {_foreign_lock_advice(rdir)}."))
         return None
     try:
         return _train_one(rdir, task, setting, seed, data, resume, progress, device, log)

@@ -1,8 +1,10 @@
 """The run store's locks: one worker per run, claimed atomically.
 
-A run being trained holds ``<run>/.lock``, a small JSON file ``{"pid": ..., "host": ..., "start": ...}``
+A run being trained holds ``<run>/.lock``, a small JSON file
+``{"pid": ..., "host": ..., "start": ..., "machine": ...}``
 (``start``: the holder's start time in clock ticks since boot, field 22 of ``/proc/<pid>/stat``; left out where
-there is no ``/proc``).
+there is no ``/proc``; ``machine``: the holder's machine id, ``/etc/machine-id``, left out where there is none: two
+nodes of one short host name, on clusters sharing a file system, are told apart by it).
 Claiming it must be atomic: two workers that start on the same run at the same instant must
 never both train it. The lock is therefore never visible half written:
 
@@ -19,7 +21,7 @@ leftovers once they are older than :data:`UNREADABLE_GRACE_S` and their writer i
 What a present lock means:
 
 - readable, with a process that runs on this host (or any process on another host, whose
-  liveness cannot be checked from here): **held**;
+  liveness cannot be checked from here; a lock of this host's name but another machine id is another host's): **held**;
 - readable, with a process id that no longer runs on this host (no process, or a zombie: a killed
   worker not yet reaped by the ``run --workers`` parent), or that runs but started at another time
   than the lock records (the holder died and its id was given to a new process): **stale**; it is
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob
 import json
 import os
@@ -62,14 +65,39 @@ LOCK_NAME = ".lock"
 UNREADABLE_GRACE_S = 60.0
 
 _BREAK_NAME = LOCK_NAME + ".break"
-_UNREADABLE = (-1, "", None)  # sentinel holder of a lock file that exists but cannot be parsed
+_UNREADABLE = (-1, "", None, None)  # sentinel holder of a lock file that exists but cannot be parsed
 _MAX_LOCK_BYTES = 4096  # a lock is a JSON record of a pid, a host name and a start time: anything longer is junk
 
-_Holder = tuple[int, str, int | None]  # (pid, host, start time or None) of a lock's record
+_Holder = tuple[int, str, int | None, str | None]  # (pid, host, start time or None, machine id or None) of a record
 
 
 def _me() -> tuple[int, str]:
     return os.getpid(), platform.node()
+
+
+@functools.lru_cache(maxsize=1)
+def _machine_id() -> str | None:
+    """This machine's id (``/etc/machine-id``, else ``/var/lib/dbus/machine-id``), None where there is none; read
+    once per process (``status`` asks for every run)."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path, encoding="ascii") as f:
+                text = f.read(64).strip()
+        except (OSError, ValueError):
+            continue
+        if text:
+            return text
+    return None
+
+
+def _other_host(holder: _Holder) -> bool:
+    """Whether a lock's record is another host's: another host name, or this host's name on a machine of another id
+    (a node of the same short name on another cluster sharing the file system: its process ids are not ours to
+    check). A record without a machine id (older versions, machines without one) is judged by its host name."""
+    if holder[1] != platform.node():
+        return True
+    mine = _machine_id()
+    return holder[3] is not None and mine is not None and holder[3] != mine
 
 
 def _stat_fields(pid: int) -> list[bytes] | None:
@@ -138,11 +166,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _parse(text: bytes) -> _Holder | None:
-    """``(pid, host, start)`` of a lock's JSON text; None unless it is an object with an int ``pid`` and a string
-    ``host`` (as :func:`acquire_lock` writes them): a ``true``, ``12.7``, ``"12"`` or ``Infinity`` pid or a ``null``
-    host is junk, not process 1, 12 or a process on host ``"None"`` that would hold the run for ever. ``start`` is
-    None when the lock has none (older versions wrote none) or it is not an int (a start time that cannot be
-    compared: the lock is judged by its pid, as one without)."""
+    """``(pid, host, start, machine)`` of a lock's JSON text; None unless it is an object with an int ``pid`` and a
+    string ``host`` (as :func:`acquire_lock` writes them): a ``true``, ``12.7``, ``"12"`` or ``Infinity`` pid or a
+    ``null`` host is junk, not process 1, 12 or a process on host ``"None"`` that would hold the run for ever.
+    ``start`` is None when the lock has none (older versions wrote none) or it is not an int (a start time that cannot be
+    compared: the lock is judged by its pid, as one without); ``machine`` None when it has none or not a string."""
     try:
         holder = json.loads(text)  # bytes that are not UTF-8 raise UnicodeDecodeError, a ValueError
     except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested deeper than Python's recursion limit
@@ -150,8 +178,8 @@ def _parse(text: bytes) -> _Holder | None:
     pid, host = (holder.get("pid"), holder.get("host")) if isinstance(holder, dict) else (None, None)
     if type(pid) is not int or not isinstance(host, str):
         return None
-    start = holder.get("start")
-    return pid, host, (start if type(start) is int else None)
+    start, machine = holder.get("start"), holder.get("machine")
+    return pid, host, (start if type(start) is int else None), (machine if isinstance(machine, str) else None)
 
 
 def read_lock(rdir: str | os.PathLike[str]) -> tuple[int, str] | None:
@@ -195,8 +223,8 @@ def _state(path: Path) -> tuple[_Holder | None, os.stat_result | None]:
 def _is_stale(holder: _Holder, st: os.stat_result) -> bool:
     if holder == _UNREADABLE:
         return time.time() - st.st_mtime > UNREADABLE_GRACE_S
-    pid, host, start = holder
-    if host != platform.node():
+    pid, _, start, _ = holder
+    if _other_host(holder):
         return False
     if pid <= 0 or not _pid_alive(pid):
         return True
@@ -218,6 +246,55 @@ def live_holder(rdir: str | os.PathLike[str]) -> tuple[int, str] | None:
     if holder is None or st is None or _is_stale(holder, st):
         return None
     return holder[:2]
+
+
+#: the files a run's trainer writes as it trains (its log every ``log_interval`` updates, its checkpoint every
+#: ``checkpoint_interval``), and its lock (written at the claim): their newest change is its last sign of life
+_SIGNS_OF_LIFE = ("metrics.jsonl", "metrics.csv", "checkpoint.pt", "summary.json", LOCK_NAME)
+
+
+def _ago(seconds: float) -> str:
+    """``seconds`` as "3 h 5 min", "42 s", "2 d 3 h"."""
+    s = int(seconds)
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
+        if s >= size:
+            rest = (s % size) // sub_size
+            return f"{s // size} {unit}" + (f" {rest} {sub}" if rest else "")
+    return f"{s} s"
+
+
+def _foreign_lock_note(rdir: str | os.PathLike[str]) -> str | None:
+    """For a run held by a lock of another host (whose process cannot be checked from here, so it holds for ever when
+    that node failed): how long ago the run last showed a sign of life (the newest change of its log, checkpoint or
+    lock), e.g. ``"nodeA is another host; the run last showed a sign of life 3 h 5 min ago"``; None for a lock of this
+    host, an unreadable one, or none. The lock is never taken over automatically (a slow node would train the run
+    twice): :func:`_foreign_lock_advice` says what to do."""
+    rdir = Path(rdir)
+    holder, _ = _state(rdir / LOCK_NAME)
+    if holder is None or holder == _UNREADABLE or not _other_host(holder):
+        return None
+    newest = None
+    for name in _SIGNS_OF_LIFE:
+        with contextlib.suppress(OSError):
+            mtime = (rdir / name).stat().st_mtime
+            newest = mtime if newest is None else max(newest, mtime)
+    which = f"{holder[1]} is another host" + (" (another machine of this host's name)" if holder[1] == platform.node()
+                                              else "")
+    if newest is None:
+        return which
+    age = time.time() - newest
+    when = (f"{_ago(age)} ago" if age >= 0 else
+            f"at a time {_ago(-age)} ahead of this host's clock (the hosts' clocks differ)")
+    return f"{which}; the run last showed a sign of life {when}"
+
+
+def _foreign_lock_advice(rdir: str | os.PathLike[str]) -> str:
+    """What to do about a lock of another host whose node is gone (see :func:`_foreign_lock_note`)."""
+    holder, _ = _state(Path(rdir) / LOCK_NAME)
+    host = holder[1] if holder not in (None, _UNREADABLE) else "that host"
+    return (f"if {host} no longer trains it (a failed node, a job killed without clean-up, a host renamed), remove "
+            f"{Path(rdir) / LOCK_NAME} and run again: the run resumes from its checkpoint; never while {host} may "
+            "still train it (the run would be trained twice)")
 
 
 def _describe(holder: _Holder, path: Path) -> str:
@@ -270,10 +347,11 @@ def acquire_lock(rdir: str | os.PathLike[str]) -> str | None:
         raise IsADirectoryError(f"{path} is a folder, not a lock file (a run's lock is a small JSON file that this "
                                 "library writes and removes): remove the folder and run again")
     tmp = rdir / f"{LOCK_NAME}.{me[0]}.{secrets.token_hex(6)}.tmp"
-    start = _start_time(me[0])
+    start, machine = _start_time(me[0]), _machine_id()
     try:  # a write that fails (a full disk) leaves no temporary behind either: a new name on every try
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"pid": me[0], "host": me[1], **({} if start is None else {"start": start})}, f)
+            json.dump({"pid": me[0], "host": me[1], **({} if start is None else {"start": start}),
+                       **({} if machine is None else {"machine": machine})}, f)
             f.flush()
             os.fsync(f.fileno())
         for _ in range(3):
@@ -283,7 +361,8 @@ def acquire_lock(rdir: str | os.PathLike[str]) -> str | None:
             holder, st = _state(path)
             if holder is None or st is None:  # released between our link and our read: try again
                 continue
-            if holder[:2] == me and not _is_stale(holder, st):  # ours (not a dead process's that had our pid)
+            # ours (not a dead process's that had our pid, nor another machine's of our host name and pid)
+            if holder[:2] == me and not _other_host(holder) and not _is_stale(holder, st):
                 return None
             if not _is_stale(holder, st):
                 return _describe(holder, path)
@@ -327,7 +406,7 @@ def _sweep_claims(rdir: Path) -> None:
         if holder is None or st is None or stat.S_ISDIR(st.st_mode):
             continue
         age = now - st.st_mtime
-        other_host = holder != _UNREADABLE and holder[1] != platform.node()
+        other_host = holder != _UNREADABLE and _other_host(holder)
         if age > (_CLAIM_LEFTOVER_S if other_host else UNREADABLE_GRACE_S) and (other_host or _is_stale(holder, st)):
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -378,5 +457,6 @@ def release_lock(rdir: str | os.PathLike[str]) -> None:
     holder, _ = _state(Path(rdir) / LOCK_NAME)
     # the start time too: a lock of a dead process whose id this process got is not ours (a takeover may be
     # replacing it right now, and unlinking after that would remove the new holder's lock)
-    if holder is not None and holder[:2] == _me() and holder[2] in (None, _start_time(os.getpid())):
+    if (holder is not None and holder[:2] == _me() and holder[2] in (None, _start_time(os.getpid()))
+            and not _other_host(holder)):  # nor a lock of another machine of this host's name that had our pid
         (Path(rdir) / LOCK_NAME).unlink(missing_ok=True)

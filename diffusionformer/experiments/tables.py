@@ -281,7 +281,8 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     The estimate scales the mean training time of a task's completed runs by the steps each
     unfinished run still has to do (one worker; divide by the number of workers); an interrupted run
     counts from the step its checkpoint resumes from, which its state names when the log went further. Runs made
-    with another config (``changed``) are counted on a line of their own that says how to read or redo them.
+    with another config (``changed``) are counted on a line of their own that says how to read or redo them; runs
+    held by locks of other hosts on a line that names their locks and when to remove them (a node that failed).
 
     Args:
         rows: the output of :func:`run_status`.
@@ -315,6 +316,16 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     if unknown:
         left += f" (plus {unknown} run(s) of tasks with no finished run to time)"
     lines[0] += f"; {left}."
+    # a lock of another host holds for ever when its node failed (never taken over: a slow node would train it twice)
+    foreign = [r for r in rows if r["state"] == "running" and " is another host" in str(r.get("holder") or "")]
+    if foreign:
+        locks = ", ".join(f"runs/{r['task']}/{r['operator']}/seed{r['seed']}/.lock" for r in foreign[:5])
+        lines.append("")
+        lines.append(f"{len(foreign)} run(s) are held by locks of other hosts, whose processes cannot be checked from "
+                     "here (each row gives the run's last sign of life): if such a host no longer trains its run (a "
+                     "failed node, a job killed without clean-up, a host renamed), remove that run's lock in the "
+                     f"comparison's folder ({locks}{' ...' if len(foreign) > 5 else ''}) and `run` resumes it from "
+                     "its checkpoint; never while that host may still train it (it would be trained twice).")
     changed = sum(bool(r.get("changed")) for r in rows)
     if changed:  # most often the --set of `run` not repeated here: the per-run cells name `run --restart` alone
         lines.insert(1, f"{changed} run(s) were made with another config than this one (below): if they were run "

@@ -383,7 +383,8 @@ def test_the_lock_records_this_host(tmp_path):
     assert acquire_lock(tmp_path) is None
     record = json.loads((tmp_path / LOCK_NAME).read_text())
     assert {k: record[k] for k in ("pid", "host")} == {"pid": ME[0], "host": ME[1]}
-    assert set(record) <= {"pid", "host", "start"}  # start: this process's start time where /proc has it
+    # start: this process's start time where /proc has it; machine: this machine's id where it has one
+    assert set(record) <= {"pid", "host", "start", "machine"}
     assert live_holder(tmp_path) == ME
 
 

@@ -76,7 +76,9 @@ def test_a_lock_records_its_holders_start_time_and_a_dead_namesake_of_ours_is_re
     node, mine = platform.node(), store._start_time(os.getpid())
     rdir = tmp_path / "run"
     assert store.acquire_lock(rdir) is None
-    assert json.loads((rdir / store.LOCK_NAME).read_text()) == {"pid": os.getpid(), "host": node, "start": mine}
+    machine = store._machine_id()  # where the machine has an id: it tells nodes of one short name apart
+    assert json.loads((rdir / store.LOCK_NAME).read_text()) == {"pid": os.getpid(), "host": node, "start": mine,
+                                                                **({} if machine is None else {"machine": machine})}
     store.release_lock(rdir)
     _write_lock(rdir, {"pid": os.getpid(), "host": node, "start": mine - 1})
     assert store.live_holder(rdir) is None
