@@ -589,13 +589,16 @@ def _set_of(task: str, change: _Change) -> str | None:
     toml = None if change.part == "fold" else _toml_value(value)
     if toml is None:
         return None
-    # ensure_ascii=False: a character past U+FFFF was written as two \u surrogates, a key TOML refuses
-    name = task if re.fullmatch(r"[A-Za-z0-9_-]+", task) else json.dumps(task, ensure_ascii=False)
+    # not json.dumps: a character past U+FFFF was written as two \u surrogates, DEL as it is: keys TOML refuses
+    name = task if re.fullmatch(r"[A-Za-z0-9_-]+", task) else _toml_string(task)
+    if name is None:  # a task name TOML cannot spell
+        return None
     return f"--set {shlex.quote(f'tasks.{name}.{change.part}={toml}')}"
 
 
 def _toml_value(value: Any) -> str | None:
-    """``value`` (a JSON value of a run's identity) as an inline TOML value, ``None`` where TOML has none (null)."""
+    """``value`` (a JSON value of a run's identity) as an inline TOML value, ``None`` where TOML has none (null, a lone
+    surrogate)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -603,15 +606,25 @@ def _toml_value(value: Any) -> str | None:
             return repr(value)
         return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        return _toml_string(value)
     if isinstance(value, list):
         items = [_toml_value(v) for v in value]
         return None if None in items else f"[{', '.join(items)}]"
     if isinstance(value, dict):
-        items = [(k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k, ensure_ascii=False), _toml_value(v))
+        items = [(k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_string(k), _toml_value(v))
                  for k, v in value.items()]
-        return None if any(v is None for _, v in items) else "{" + ", ".join(f"{k} = {v}" for k, v in items) + "}"
+        if any(k is None or v is None for k, v in items):  # a key holding a lone surrogate has no TOML text either
+            return None
+        return "{" + ", ".join(f"{k} = {v}" for k, v in items) + "}"
     return None
+
+
+def _toml_string(text: str) -> str | None:
+    """``text`` as a TOML basic string, ``None`` where TOML has none (a lone surrogate, from a JSON ``"\\ud800"``):
+    JSON's escapes are TOML's but for DEL, which JSON leaves as it is and a TOML string may not hold."""
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        return None
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _checkpoint_entry(path: Path, key: str) -> Any:

@@ -169,8 +169,9 @@ def _parse(text: bytes) -> _Holder | None:
     """``(pid, host, start, machine)`` of a lock's JSON text; None unless it is an object with an int ``pid`` and a
     string ``host`` (as :func:`acquire_lock` writes them): a ``true``, ``12.7``, ``"12"`` or ``Infinity`` pid or a
     ``null`` host is junk, not process 1, 12 or a process on host ``"None"`` that would hold the run for ever.
-    ``start`` is None when the lock has none (older versions wrote none) or it is not an int (a start time that cannot be
-    compared: the lock is judged by its pid, as one without); ``machine`` None when it has none or not a string."""
+    ``start`` is None when the lock has none (older versions wrote none) or it is not an int (a start time that
+    cannot be compared: the lock is judged by its pid, as one without); ``machine`` None when it has none or not a
+    string."""
     try:
         holder = json.loads(text)  # bytes that are not UTF-8 raise UnicodeDecodeError, a ValueError
     except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested deeper than Python's recursion limit
