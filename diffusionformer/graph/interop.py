@@ -83,6 +83,9 @@ def from_pyg(data: Any, *, self_loops: bool | None = None, layout: str = "sparse
 
     A ``Batch`` is block-diagonal by construction (its ``batch`` vector is kept, and edges
     across graphs are rejected), so graphs never attend to each other.
+    Only the structure is read: ``edge_weight``, ``edge_attr`` and the other attributes of
+    ``data`` are not part of an attention graph (edge features go to a model built with
+    ``edge_dim``, as ``edge_attr=``).
 
     Args:
         data: a :class:`torch_geometric.data.Data` or :class:`~torch_geometric.data.Batch`
@@ -138,7 +141,8 @@ def from_networkx(
     Node ``n`` of the result is ``list(G.nodes)[n]`` (the graph's insertion order, as in
     :func:`torch_geometric.utils.from_networkx`) unless ``nodelist`` gives another order.
     An undirected edge ``{u, v}`` becomes both ``u -> v`` and ``v -> u``; parallel edges of a
-    multigraph become one edge. Edges keep ``G.edges`` order.
+    multigraph become one edge. Edges keep ``G.edges`` order. Edge and node attributes (a
+    ``weight`` included) are not read: an attention graph is the structure only.
 
     Args:
         G: a ``networkx`` ``Graph``, ``DiGraph``, ``MultiGraph`` or ``MultiDiGraph``.

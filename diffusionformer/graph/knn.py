@@ -19,6 +19,9 @@ __all__ = ["KNN_METRICS", "knn"]
 KNN_METRICS: tuple[str, ...] = ("euclidean", "cosine")
 
 
+_KNN_BLOCK = 1 << 22  # distances held at once (per block of query rows): 16 MB in float32
+
+
 def _pow2_scale(x: Tensor, dims: tuple[int, ...]) -> Tensor:
     """``x`` times the power of two that brings ``|x|.amax(dims)`` into ``[0.5, 1)``: exact (no rounding), so
     distances keep their order, but squares of huge or tiny features neither overflow nor underflow."""
@@ -47,6 +50,9 @@ def knn(
     with ``flow="source_to_target"``. Ties are broken by :func:`torch.topk`. The graph is not
     differentiable in ``x``; half-precision ``x`` is compared in float32, and a non-finite
     ``x`` is refused (in eager mode on CPU, where the check reads no device memory).
+    The distances are computed for a block of query points at a time (about :math:`2^{22}` at once), so
+    memory grows with ``N k`` and the largest graph's size, not its square; the time is still quadratic in
+    the size of each graph.
 
     Args:
         x: point features.
@@ -138,18 +144,28 @@ def knn(
     if metric == "euclidean":
         # scaled into [0.5, 1) per graph so that no square overflows (a self loop) or underflows; the direct
         # differences, not |x|^2 + |y|^2 - 2 x.y, which cancels for points far from the origin (N > 25)
-        s = _pow2_scale(dense_x, (1, 2))
-        dist = torch.cdist(s, s, compute_mode="donot_use_mm_for_euclid_dist")  # (G, M, M)
+        points = _pow2_scale(dense_x, (1, 2))
+        zero = None
     else:
-        u = F.normalize(_pow2_scale(dense_x, (2,)), dim=-1)  # per point: a tiny norm is not clamped to eps
-        # 1 - cos = |u_i - u_j|^2 / 2 from the direct differences: 1 - u.u rounds to 0 in float32 for angles
-        # below ~3e-4 rad, which tied nearly parallel neighbours
-        dist = torch.cdist(u, u, compute_mode="donot_use_mm_for_euclid_dist").square() / 2
-        zero = (u == 0).all(dim=-1)  # a zero vector (left at 0 by F.normalize) has cos = 0 with every point
-        dist = dist.masked_fill(zero[:, :, None] | zero[:, None, :], 1.0)
-    invalid = torch.eye(M, dtype=torch.bool, device=dev)[None] | (node[:, None, :] < 0)
-    dist = dist.masked_fill(invalid, float("inf"))
-    nbr = dist.topk(k, dim=-1, largest=False).indices  # (G, M, k) slots of the neighbours
+        points = F.normalize(_pow2_scale(dense_x, (2,)), dim=-1)  # per point: a tiny norm is not clamped to eps
+        zero = (points == 0).all(dim=-1)  # a zero vector (left at 0 by F.normalize) has cos = 0 with every point
+    # the distances of a block of query rows at a time: the whole (G, M, M) matrix (and its masks) took memory
+    # quadratic in the largest graph, tens of GB on CPU for 100k points where the graph has N k edges
+    rows = max(1, _KNN_BLOCK // max(G * M, 1))
+    columns = torch.arange(M, device=dev)
+    blocks = []
+    for start in range(0, M, rows):
+        stop = min(start + rows, M)
+        dist = torch.cdist(points[:, start:stop], points, compute_mode="donot_use_mm_for_euclid_dist")  # (G, r, M)
+        if zero is not None:
+            # 1 - cos = |u_i - u_j|^2 / 2 from the direct differences: 1 - u.u rounds to 0 in float32 for angles
+            # below ~3e-4 rad, which tied nearly parallel neighbours
+            dist = dist.square() / 2
+            dist = dist.masked_fill(zero[:, start:stop, None] | zero[:, None, :], 1.0)
+        invalid = (columns[start:stop, None] == columns)[None] | (node[:, None, :] < 0)  # self, padding keys
+        dist = dist.masked_fill(invalid, float("inf"))
+        blocks.append(dist.topk(k, dim=-1, largest=False).indices)  # (G, r, k) slots of the neighbours
+    nbr = torch.cat(blocks, dim=1)  # (G, M, k)
     src = torch.gather(node[:, None, :].expand(G, M, M), 2, nbr)  # (G, M, k) node ids
     dst = node[:, :, None].expand(G, M, k)
     if self_loops:

@@ -166,6 +166,21 @@ def _check_block_diagonal(edge_index: Any, batch: Tensor | None) -> None:
         check_within_graphs(e, batch)
 
 
+def _check_node_features(x: Any, in_channels: int) -> None:
+    """``x`` a ``(N, in_channels)`` tensor (a ValueError); a dict (a ``HeteroData``'s ``x_dict``) was reported as
+    shape ``()``, naming neither its type nor what to do with several node types."""
+    if isinstance(x, Tensor) and x.dim() == 2 and x.shape[1] == in_channels:
+        return
+    if isinstance(x, dict):
+        raise ValueError(f"x must have shape (N, in_channels={in_channels}), got a dict of node types "
+                         f"({', '.join(map(repr, list(x)[:4]))}{', ...' if len(x) > 4 else ''}), as a HeteroData's "
+                         "x_dict: the model runs on one node set; merge the node and edge types with "
+                         "data.to_homogeneous(), or pass one node type's x and the edge_index of one edge type "
+                         "within it")
+    got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+    raise ValueError(f"x must have shape (N, in_channels={in_channels}), got {got}")
+
+
 def _check_real_features(**tensors: Any) -> None:
     """Every tensor among ``tensors`` (``x``, ``edge_attr``, ``pe``, a sparse adjacency; ``None`` and non-tensors
     skipped) real: a complex one is a ``TypeError`` naming it (the models' cast to their float dtype dropped its

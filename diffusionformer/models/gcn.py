@@ -13,7 +13,7 @@ from diffusionformer._imports import _import_pyg
 from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.models.common import (_check_block_diagonal, _check_graph_devices, _check_graph_task,
-                                           _check_real_features, _conv_edges, _readout_batch,
+                                           _check_node_features, _check_real_features, _conv_edges, _readout_batch,
                                            check_positive_int, check_probability)
 
 __all__ = ["GCN", "GCNConfig"]
@@ -91,8 +91,7 @@ class GCN(nn.Module):
         adds 1 to every diagonal entry (``add_self_loops``: a self loop already there gets weight 2, not 1).
         """
         c = self.config
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
-            raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
+        _check_node_features(x, c.in_channels)
         _check_real_features(x=x)
         _check_graph_devices(x, edge_index=edge_index, batch=batch)
         dtype = _stored_weight(self.convs[0].lin, owner=self).dtype  # a parameter-free lin: the model's

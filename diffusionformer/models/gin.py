@@ -13,7 +13,7 @@ from diffusionformer._imports import _import_pyg
 from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.models.common import (_check_block_diagonal, _check_bools, _check_graph_devices,
-                                           _check_graph_task, _check_real_features, _conv_edges,
+                                           _check_graph_task, _check_node_features, _check_real_features, _conv_edges,
                                            _readout_batch, check_positive_int, check_probability)
 
 __all__ = ["GIN", "GINConfig"]
@@ -106,11 +106,11 @@ class GIN(nn.Module):
         ``batch.max() + 1``, the extra graphs being empty), instead of ``batch.max() + 1``; checked and
         otherwise unused for node tasks, as in :class:`~diffusionformer.models.DiffusionGraphTransformer`.
         ``edge_index`` may also be a torch sparse adjacency ``(N, N)``, which PyG reads as ``adj_t`` (row ``i``
-        holds the sources of target ``i``: the transpose of the adjacency).
+        holds the sources of target ``i``: the transpose of the adjacency); its values weight the sum over the
+        neighbours (a weighted GIN: :math:`(1 + \\epsilon) x_i + \\sum_j a_{ij} x_j`).
         """
         c = self.config
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
-            raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
+        _check_node_features(x, c.in_channels)
         _check_real_features(x=x)
         _check_graph_devices(x, edge_index=edge_index, batch=batch)
         dtype = _stored_weight(self.heads[0], owner=self).dtype  # a quantized head: the model's

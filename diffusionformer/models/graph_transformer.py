@@ -13,7 +13,7 @@ from diffusionformer._imports import _import_pyg, _lazy_exports
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
 from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edge_index_shape_error
 from diffusionformer.graph.interop import from_edge_index
-from diffusionformer.nn.attention import DiffusionAttention
+from diffusionformer.nn.attention import DiffusionAttention, _not_a_tensor
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.block import make_mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.heads import _layout_as_read, _own_operators
@@ -22,7 +22,7 @@ from diffusionformer.ops._checks import _vmapped, checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools,
                                            _check_graph_devices, _check_graph_task, _check_mlp_ratio, _check_num_graphs,
-                                           _check_real_features, _check_size,
+                                           _check_node_features, _check_real_features, _check_size,
                                            check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
@@ -259,6 +259,8 @@ class GraphBlock(nn.Module):
                 edge_attr: Tensor | None = None, state: LayerState | None = None,
                 global_state: LayerState | None = None, *, max_num_nodes: int | None = None,
                 num_graphs: int | None = None) -> Tensor:
+        if not isinstance(x, Tensor):  # else "'tuple' object has no attribute 'dim'"
+            raise _not_a_tensor(x, "GraphBlock: ")
         if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[-1] != self.attn.dim:  # else the norm's bare
             # "Given normalized_shape=[8], expected input with shape [*, 8]", naming neither the block nor dim
             raise ValueError(f"GraphBlock: x must have last dimension dim={self.attn.dim}, got shape {tuple(x.shape)}")
@@ -467,8 +469,7 @@ class DiffusionGraphTransformer(nn.Module):
         """
         c = self.config
         _check_flag(return_intermediates, "return_intermediates")
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != c.in_channels:
-            raise ValueError(f"x must have shape (N, in_channels={c.in_channels}), got {tuple(getattr(x, 'shape', ()))}")
+        _check_node_features(x, c.in_channels)
         N = x.shape[0]
         _check_graph_devices(x, edge_index=edge_index, batch=batch, edge_attr=edge_attr, pe=pe)
         _check_batch(batch, N)

@@ -24,7 +24,8 @@ from diffusionformer.operators import DiffusionOperator
 from diffusionformer.operators.base import _checked_degree
 from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
-from diffusionformer.ops._checks import _backend_hint, _matrix_output, _check_is_causal, _check_strided, check_degrees, check_dropout, check_layout
+from diffusionformer.ops._checks import (_SPARSE_ADJACENCY_FIX, _backend_hint, _check_is_causal, _check_strided,
+                                         _matrix_output, check_degrees, check_dropout, check_layout)
 from diffusionformer.ops.engine import AffineRun, affine_coefficients, affine_runs, combine_affine, static_coefficients
 from diffusionformer.ops.recompute import recompute_saved, wants_recompute
 from diffusionformer.ops.sparse import SPARSE_BACKENDS
@@ -586,7 +587,7 @@ class DiffusionAttention(nn.Module):
         if tuple(self._modules["operators"]._modules.values()) != self._plan_key:  # _check_plan's test, inlined
             self._check_plan()
         if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+            raise _not_a_tensor(x, "")
         # a nested (jagged) batch failed inside torch ("unsupported: NestedIntNode", "No viable backend")
         _check_strided("x", x, "pass x.to_dense()")
         if not x.is_floating_point():
@@ -608,6 +609,8 @@ class DiffusionAttention(nn.Module):
             if key_padding_mask is not None or attn_mask is not None or edge_index is not None or is_causal:
                 raise ValueError("a tensor given as graph is read as edge_index: pass it, or the shorthands "
                                  "key_padding_mask/attn_mask/edge_index/is_causal, not both")
+            # a torch.sparse adjacency first: its float values were refused as "a mask goes by attn_mask="
+            _check_strided("edge_index", graph, _SPARSE_ADJACENCY_FIX)
             if graph.is_floating_point() or graph.is_complex() or graph.dtype == torch.bool:
                 raise TypeError(f"a tensor given as graph is read as edge_index, (2, E) integer node indices "
                                 f"(PyG's conv(x, edge_index)), got dtype {graph.dtype}; a mask goes by attn_mask= "
@@ -925,6 +928,17 @@ class DiffusionAttention(nn.Module):
         """
         self._check_plan()  # a non-operator module had no .spec() (AttributeError); a missing operator was left out
         return ",".join(f"{_group_spec(op, count)}:{count}" for op, (_, count) in zip(self.operators, self._groups))
+
+
+def _not_a_tensor(x: Any, where: str) -> TypeError:
+    """The error for a layer's or block's ``x`` that is no tensor; PyG's bipartite pair ``(x_src, x_dst)`` (which
+    :func:`torch_geometric.nn.to_hetero` passes for an edge type between two node types) named: "x must be a
+    tensor, got tuple" (or a norm's error about a tuple) said nothing of it."""
+    if isinstance(x, tuple) and len(x) == 2 and all(isinstance(t, Tensor) for t in x):
+        return TypeError(f"{where}x must be a tensor, got a pair of tensors (PyG's bipartite (x_src, x_dst), e.g. "
+                         "from torch_geometric.nn.to_hetero): the layer diffuses over one node set, P being square; "
+                         "merge the node types with data.to_homogeneous()")
+    return TypeError(f"{where}x must be a tensor, got {type(x).__name__}")
 
 
 def _materialise_operator_caches(layer: nn.Module, incompatible_keys: Any) -> None:

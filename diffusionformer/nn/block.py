@@ -25,7 +25,7 @@ from diffusionformer.graph.core import AttentionGraph
 from diffusionformer.nn._factory import _cast_part, _check_factory, _on_device
 from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn._weights import _reset_children
-from diffusionformer.nn.attention import DiffusionAttention
+from diffusionformer.nn.attention import DiffusionAttention, _not_a_tensor
 from diffusionformer.nn.heads import _layout_as_read
 from diffusionformer.nn.heads import resolve_layer_heads  # noqa: F401  (re-exported: its historical home)
 from diffusionformer.ops._checks import check_dropout
@@ -422,6 +422,8 @@ class Block(nn.Module):
         ``ls1``, ``ls2`` and ``drop_path`` that are off (hook-free ``nn.Identity``) are skipped, not
         called (:func:`~diffusionformer.nn._skip.is_noop`): the same result for a module call less each.
         """
+        if not isinstance(x, Tensor):  # else the norm's "argument 'input' must be Tensor, not tuple"
+            raise _not_a_tensor(x, "Block: ")
         if isinstance(x, Tensor) and not x.is_floating_point():  # else "mixed dtype (CPU)" from the norm
             raise TypeError(f"Block: x must be a floating-point tensor, got {x.dtype}")
         if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[-1] != self.attn.dim:  # else the norm's bare
