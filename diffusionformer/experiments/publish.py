@@ -206,6 +206,12 @@ def _commit_line(manifest: dict[str, Any]) -> str:
     return f"- **Git commit:** `{commit}`"
 
 
+def _run_flags(imports: list[str] | None, overrides: list[str] | None) -> str:
+    """The ``--import`` and ``--set`` flags of a ``run`` command, each quoted for a shell (with a leading space)."""
+    return ("".join(f" --import {shlex.quote(m)}" for m in imports or [])
+            + "".join(f" --set {shlex.quote(o)}" for o in overrides or []))
+
+
 def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir: str | Path,
                        *, config_path: str | None = None, overrides: list[str] | None = None,
                        imports: list[str] | None = None) -> Path:
@@ -243,10 +249,9 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     if not results_path.is_file():
         # the command the runs are still to be made with: the --import / --set / --out given here, or the hint reruns
         # the config as its file has it (the README's main job: 18 runs, when `--set seeds=[0]` was meant)
-        flags = ("".join(f" --import {shlex.quote(m)}" for m in imports or [])
-                 + "".join(f" --set {shlex.quote(o)}" for o in overrides or [])
-                 + ("" if str(out_root) == "results" else f" --out {shlex.quote(str(out_root))}"))
-        command = f"{shlex.quote(config_path) if config_path else 'CONFIG'}{flags}"
+        flags = _run_flags(imports, overrides) + ("" if str(out_root) == "results" else
+                                                  f" --out {shlex.quote(str(out_root))}")
+        command = f"{shlex.quote(str(config_path)) if config_path else 'CONFIG'}{flags}"  # str: a Path too
         raise FileNotFoundError(
             f"{results_path} not found: run `python -m diffusionformer.experiments run {command}` first"
         )
@@ -395,8 +400,7 @@ def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[s
         # the --set overrides the runs were made with (publish refuses other train or model values): without them the
         # page called toy runs (`--set max_steps=6`) runs of the config its description states
         "- **Command:** " + _code(f"python -m diffusionformer.experiments run {config_path or '<config>'}"
-                                  + "".join(f" --import {shlex.quote(m)}" for m in imports or [])
-                                  + "".join(f" --set {shlex.quote(o)}" for o in overrides or []))
+                                  + _run_flags(imports, overrides))
         + " (add `--data-root <root>` for standard benchmarks), then `publish` with the same config"
         + (" and `--import` modules" if imports else "")
         + (" and overrides (the description above is the config file's, before them)" if overrides else ""),

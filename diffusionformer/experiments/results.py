@@ -440,11 +440,10 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     ``elapsed`` (training seconds so far), ``holder`` (the lock's process, e.g. ``"pid 4242 on nodeA"``; for a lock of
     another host, whose process cannot be checked from here, followed by how long ago the run last showed a sign of
     life: ``"pid 4242 on nodeA; nodeA is another host; the run last showed a sign of life 3 h 5 min ago"``) and
-    ``changed``: for a
-    run on disk made with another training or model config than ``config``'s now (a longer ``max_steps``, another
-    ``lr``, another head layout or ``model_overrides``, a preset registered again with another model class, other
-    ``dataset_options``, ``data_seed``, augmentation or label smoothing, a DINO task's other ``ssl`` settings, another
-    default dtype), what changed, e.g.
+    ``changed``: for a run on disk made with another training or model config than ``config``'s now (a longer
+    ``max_steps``, another ``lr``, another head layout or ``model_overrides``, a preset registered again with another
+    model class, other ``dataset_options``, ``data_seed``, augmentation or label smoothing, a DINO task's other ``ssl``
+    settings, another default dtype), what changed, e.g.
     ``"train (max_steps: 100 then 200)"`` or ``"model_config (laplacian_heads: 1 then 2)"`` (``run``
     refuses it until ``--restart``), else ``None``.
 
@@ -590,7 +589,7 @@ def _set_of(task: str, change: _Change) -> str | None:
     if toml is None:
         return None
     # not json.dumps: a character past U+FFFF was written as two \u surrogates, DEL as it is: keys TOML refuses
-    name = task if re.fullmatch(r"[A-Za-z0-9_-]+", task) else _toml_string(task)
+    name = _toml_key(task)
     if name is None:  # a task name TOML cannot spell
         return None
     return f"--set {shlex.quote(f'tasks.{name}.{change.part}={toml}')}"
@@ -611,8 +610,7 @@ def _toml_value(value: Any) -> str | None:
         items = [_toml_value(v) for v in value]
         return None if None in items else f"[{', '.join(items)}]"
     if isinstance(value, dict):
-        items = [(k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_string(k), _toml_value(v))
-                 for k, v in value.items()]
+        items = [(_toml_key(k), _toml_value(v)) for k, v in value.items()]
         if any(k is None or v is None for k, v in items):  # a key holding a lone surrogate has no TOML text either
             return None
         return "{" + ", ".join(f"{k} = {v}" for k, v in items) + "}"
@@ -625,6 +623,11 @@ def _toml_string(text: str) -> str | None:
     if any("\ud800" <= c <= "\udfff" for c in text):
         return None
     return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _toml_key(key: str) -> str | None:
+    """``key`` as a TOML key: bare where TOML allows it, else quoted (:func:`_toml_string`)."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_string(key)
 
 
 def _checkpoint_entry(path: Path, key: str) -> Any:

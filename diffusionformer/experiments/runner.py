@@ -447,7 +447,7 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
         if _rank_zero():
             note = _foreign_lock_note(rdir)  # a failed node's lock holds for ever: say how to tell and what to do
             log(f"[{task.name} / {setting.name} / seed {seed}] skipped: {holder} is training it ({rdir / LOCK_NAME})."
-                + ("" if note is None else f" {note[0].upper()}{note[1:]}; {_foreign_lock_advice(rdir)}."))
+                + ("" if note is None else f" Note: {note}; {_foreign_lock_advice(rdir)}."))  # the host as named
         return None
     try:
         return _train_one(rdir, task, setting, seed, data, resume, progress, device, log)

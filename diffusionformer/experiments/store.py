@@ -66,7 +66,7 @@ UNREADABLE_GRACE_S = 60.0
 
 _BREAK_NAME = LOCK_NAME + ".break"
 _UNREADABLE = (-1, "", None, None)  # sentinel holder of a lock file that exists but cannot be parsed
-_MAX_LOCK_BYTES = 4096  # a lock is a JSON record of a pid, a host name and a start time: anything longer is junk
+_MAX_LOCK_BYTES = 4096  # a lock is a JSON record of a pid, a host name, a start time, a machine id: longer is junk
 
 _Holder = tuple[int, str, int | None, str | None]  # (pid, host, start time or None, machine id or None) of a record
 
@@ -293,9 +293,9 @@ def _foreign_lock_advice(rdir: str | os.PathLike[str]) -> str:
     """What to do about a lock of another host whose node is gone (see :func:`_foreign_lock_note`)."""
     holder, _ = _state(Path(rdir) / LOCK_NAME)
     host = holder[1] if holder not in (None, _UNREADABLE) else "that host"
-    return (f"if {host} no longer trains it (a failed node, a job killed without clean-up, a host renamed), remove "
-            f"{Path(rdir) / LOCK_NAME} and run again: the run resumes from its checkpoint; never while {host} may "
-            "still train it (the run would be trained twice)")
+    return (f"if {host} no longer trains it (a failed node, a job killed without clean-up, a host renamed, a node "
+            f"given a new machine id at a reboot), remove {Path(rdir) / LOCK_NAME} and run again: the run resumes from "
+            f"its checkpoint; never while {host} may still train it (the run would be trained twice)")
 
 
 def _describe(holder: _Holder, path: Path) -> str:

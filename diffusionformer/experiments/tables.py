@@ -317,15 +317,18 @@ def format_status(rows: list[dict[str, Any]]) -> str:
         left += f" (plus {unknown} run(s) of tasks with no finished run to time)"
     lines[0] += f"; {left}."
     # a lock of another host holds for ever when its node failed (never taken over: a slow node would train it twice)
-    foreign = [r for r in rows if r["state"] == "running" and " is another host" in str(r.get("holder") or "")]
+    # run_status's holder "pid <pid> on <host>; <host> is another host...": not those words in a local host's name
+    foreign = [r for r in rows if r["state"] == "running"
+               and re.match(r"pid -?[0-9]+ on (.*?); \1 is another host", str(r.get("holder") or ""), re.DOTALL)]
     if foreign:
         locks = ", ".join(f"runs/{r['task']}/{r['operator']}/seed{r['seed']}/.lock" for r in foreign[:5])
         lines.append("")
         lines.append(f"{len(foreign)} run(s) are held by locks of other hosts, whose processes cannot be checked from "
                      "here (each row gives the run's last sign of life): if such a host no longer trains its run (a "
-                     "failed node, a job killed without clean-up, a host renamed), remove that run's lock in the "
-                     f"comparison's folder ({locks}{' ...' if len(foreign) > 5 else ''}) and `run` resumes it from "
-                     "its checkpoint; never while that host may still train it (it would be trained twice).")
+                     "failed node, a job killed without clean-up, a host renamed, a node given a new machine id at a "
+                     f"reboot), remove that run's lock in the comparison's folder ({locks}"
+                     f"{' ...' if len(foreign) > 5 else ''}) and `run` resumes it from its checkpoint; never while "
+                     "that host may still train it (it would be trained twice).")
     changed = sum(bool(r.get("changed")) for r in rows)
     if changed:  # most often the --set of `run` not repeated here: the per-run cells name `run --restart` alone
         lines.insert(1, f"{changed} run(s) were made with another config than this one (below): if they were run "
