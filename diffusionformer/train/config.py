@@ -247,7 +247,7 @@ class TrainConfig:
                 errors.append(ValueError(
                     f"TrainConfig.max_steps: expected max_steps >= warmup_steps ({self.warmup_steps}) while "
                     f"lr_decay_steps is unset (the schedule decays over max_steps), got {decay}; lower "
-                    "warmup_steps or set lr_decay_steps"
+                    "warmup_steps or set lr_decay_steps (the run then stops inside its warm-up)"
                 ))
             else:
                 errors.append(ValueError(
