@@ -233,7 +233,8 @@ def test_run_with_matplotlib_points_at_its_plots(tmp_path, capsys):
     out = tmp_path / "res"
     assert main(["run", str(toml), "--out", str(out), "--no-progress", "--threads", "1"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last.startswith(f"results: {out / 'nc'}/results.md, {out / 'nc'}/results.json, plots in {out / 'nc'}/plots/ "), last
+    folder = out / "nc"
+    assert last.startswith(f"results: {folder}/results.md, {folder}/results.json, plots in {folder}/plots/ "), last
 
 
 @pytest.mark.parametrize("command", ["status", "publish", "analyze"])
