@@ -132,14 +132,14 @@ def test_run_without_matplotlib_does_not_point_at_plots_it_did_not_draw(tmp_path
         raise ImportError('plots need matplotlib: pip install "diffusionformer[plot]"')
 
     monkeypatch.setattr(plots, "_figure", no_matplotlib)
-    toml = tmp_path / "nc.toml"
-    toml.write_text('name = "nc"\nseeds = [0]\n[[operators]]\nname = "attention"\n[[tasks]]\nname = "digits"\n'
-                    'dataset = "digits"\nmodel = "vit-digits"\nmetric = "test_acc"\n'
-                    "model_overrides = { dim = 8, depth = 1, num_heads = 2 }\n"
-                    "[tasks.train]\nmax_steps = 2\nbatch_size = 8\nwarmup_steps = 0\neval_interval = 2\n")
+    from experiments_tiny_configs import TINY_DIGITS_TOML
+
+    toml = tmp_path / "tiny.toml"
+    toml.write_text(TINY_DIGITS_TOML)
     out = tmp_path / "res"
     assert main(["run", str(toml), "--out", str(out), "--no-progress", "--threads", "1"]) == 0
     captured = capsys.readouterr()
     assert "plots skipped: plots need matplotlib" in captured.err
     last = captured.out.splitlines()[-1]
-    assert last.startswith(f"results: {out / 'nc'}/results.md, {out / 'nc'}/results.json, no plots (see above) "), last
+    folder = out / "tiny"
+    assert last.startswith(f"results: {folder}/results.md, {folder}/results.json, no plots (see above) "), last

@@ -225,15 +225,14 @@ def test_run_with_matplotlib_points_at_its_plots(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from diffusionformer.experiments.cli import main
 
-    toml = tmp_path / "nc.toml"
-    toml.write_text('name = "nc"\nseeds = [0]\n[[operators]]\nname = "attention"\n[[tasks]]\nname = "digits"\n'
-                    'dataset = "digits"\nmodel = "vit-digits"\nmetric = "test_acc"\n'
-                    "model_overrides = { dim = 8, depth = 1, num_heads = 2 }\n"
-                    "[tasks.train]\nmax_steps = 2\nbatch_size = 8\nwarmup_steps = 0\neval_interval = 2\n")
+    from experiments_tiny_configs import TINY_DIGITS_TOML
+
+    toml = tmp_path / "tiny.toml"
+    toml.write_text(TINY_DIGITS_TOML)
     out = tmp_path / "res"
     assert main(["run", str(toml), "--out", str(out), "--no-progress", "--threads", "1"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    folder = out / "nc"
+    folder = out / "tiny"
     assert last.startswith(f"results: {folder}/results.md, {folder}/results.json, plots in {folder}/plots/ "), last
 
 
