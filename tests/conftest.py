@@ -193,19 +193,8 @@ def nanogpt_reference():
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
+        # the library's map, the one DiffusionGPT.from_nanogpt reads (imported here: after TRITON_INTERPRET is set)
+        from diffusionformer.models.gpt import _nanogpt_names
+
         module.diffusionformer_names = _nanogpt_names
     return sys.modules[name]
-
-
-def _nanogpt_names(n_layer: int) -> dict[str, str]:
-    """nanoGPT parameter name -> DiffusionGPT parameter name, for ``n_layer`` blocks."""
-    out = {"transformer.wte.weight": "tok_emb.weight", "transformer.wpe.weight": "pos_emb.weight",
-           "transformer.ln_f.weight": "norm.weight", "transformer.ln_f.bias": "norm.bias",
-           "lm_head.weight": "lm_head.weight"}
-    parts = {"ln_1": "norm1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out_proj", "ln_2": "norm2",
-             "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
-    for i in range(n_layer):
-        for a, b in parts.items():
-            for kind in ("weight", "bias"):
-                out[f"transformer.h.{i}.{a}.{kind}"] = f"blocks.{i}.{b}.{kind}"
-    return out

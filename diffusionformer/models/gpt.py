@@ -3,6 +3,9 @@ r"""``DiffusionGPT``: a causal character/token language model with diffusion hea
 from __future__ import annotations
 
 import numbers
+import os
+import pickle
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -20,6 +23,7 @@ from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.rotary import RotaryEmbedding
+from diffusionformer._files import zip_damage
 from diffusionformer._modes import _evaluating
 from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
                                            check_positive_int, check_probability, init_transformer_weights)
@@ -137,6 +141,93 @@ class DiffusionGPT(nn.Module):
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
             self.register_load_state_dict_post_hook(_retie_head)
+
+    @classmethod
+    def from_nanogpt(cls, source: str | os.PathLike[str] | Mapping[str, Any], *,
+                     model_args: Mapping[str, Any] | None = None, heads: Any = None,
+                     laplacian_heads: int | str | list[int | str] | None = None,
+                     **config_overrides: Any) -> DiffusionGPT:
+        """A model holding the weights of a nanoGPT checkpoint (Karpathy's ``model.py`` / ``train.py``).
+
+        nanoGPT's ``GPT`` is this model with attention heads (``tests/models/test_models_nanogpt_equivalence.py``
+        checks logits, loss and gradients in float64): its parameters are renamed (``transformer.wte`` ->
+        ``tok_emb``, ``transformer.h.{i}.attn.c_attn`` -> ``blocks.{i}.attn.qkv``, ...), its ``model_args``
+        become the :class:`GPTConfig`, and ``heads`` / ``laplacian_heads`` then choose the operators each head
+        applies to the loaded queries, keys and values, for fine-tuning. The tied token embedding and output head
+        stay tied; a ``bias=False`` checkpoint gives a model without biases. Operators with parameters of their
+        own (a learned heat head's diffusion time, a polynomial head's coefficients) keep their initial values:
+        nanoGPT has nothing to load into them. The model is on the CPU, in the dtype of the checkpoint's token
+        embedding (float32 for nanoGPT's), in training mode.
+
+        Args:
+            source: the path of nanoGPT's ``ckpt.pt``, read with ``torch.load(weights_only=True)`` (no pickled
+                code runs); the dict such a file holds (``{"model": state dict, "model_args": {...}, ...}``);
+                or a bare nanoGPT state dict, given with ``model_args``. Keys prefixed ``_orig_mod.`` (saved from
+                a ``torch.compile`` model) are read without the prefix; nanoGPT's causal-mask buffers
+                (``attn.bias``, without flash attention) are skipped.
+            model_args: nanoGPT's ``model_args`` (``n_layer``, ``n_head``, ``n_embd``, ``block_size``, ``bias``,
+                ``vocab_size``, ``dropout``; missing ones take nanoGPT's defaults), only with a bare state dict.
+            heads: the head spec of :class:`GPTConfig` (default: attention heads only, nanoGPT's model).
+            laplacian_heads: trailing Laplacian heads per layer, as in :class:`GPTConfig` (``"half"``: half).
+            **config_overrides: other :class:`GPTConfig` fields (``dropout``, ``backend``, ``recompute``, ...).
+                ``n_layer``, ``n_head``, ``n_embd``, ``vocab_size``, ``block_size`` and ``bias`` fix the
+                parameter shapes: given, they must equal the checkpoint's (lower ``model.config.block_size``
+                after loading to crop the context, as nanoGPT's ``crop_block_size``).
+
+        Returns:
+            A :class:`DiffusionGPT` holding the checkpoint's weights.
+
+        Raises:
+            ValueError: a file that ``weights_only`` refuses (load it yourself, only if you trust its source, and
+                pass the dict), a source of the wrong layout, an unknown ``model_args`` key or config field, an
+                override of a shape field that differs from the checkpoint, a nanoGPT parameter that is missing,
+                unexpected or of the wrong shape (each named).
+            TypeError: a source that is neither a path nor a dict.
+
+        Example::
+
+            model = DiffusionGPT.from_nanogpt("out-shakespeare-char/ckpt.pt", laplacian_heads="half", dropout=0.1)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        """
+        state, args = _read_nanogpt(source, model_args)
+        fields = set(GPTConfig.__dataclass_fields__)
+        unknown = sorted(set(config_overrides) - fields)
+        if unknown:
+            raise ValueError(f"from_nanogpt: unknown GPTConfig field(s) {unknown}; valid fields: {sorted(fields)}")
+        for key in _NANOGPT_SHAPE_ARGS:
+            if key in config_overrides and config_overrides[key] != args[key]:
+                raise ValueError(f"from_nanogpt: {key}={config_overrides[key]!r} differs from the checkpoint's "
+                                 f"{key}={args[key]!r}, which fixes the parameter shapes"
+                                 + (" (lower model.config.block_size after loading to crop the context)"
+                                    if key == "block_size" else ""))
+        config = GPTConfig(**{**args, **config_overrides, "heads": heads, "laplacian_heads": laplacian_heads})
+        names = _nanogpt_names(config.n_layer)
+        ours: dict[str, Tensor] = {}
+        for key, value in state.items():
+            if key not in names:
+                raise ValueError(f"from_nanogpt: unexpected parameter {key!r} in the nanoGPT state dict (not one of "
+                                 f"nanoGPT's GPT with n_layer={config.n_layer}, bias={config.bias})")
+            ours[names[key]] = value
+        model = cls(config)
+        dtype = state["transformer.wte.weight"].dtype if "transformer.wte.weight" in state else None
+        if dtype is not None and dtype.is_floating_point:
+            model = model.to(dtype)
+        inverse = {b: a for a, b in names.items()}
+        expected = model.state_dict()
+        for name, tensor in expected.items():
+            if name in ours:
+                if tuple(ours[name].shape) != tuple(tensor.shape):
+                    raise ValueError(f"from_nanogpt: {inverse[name]!r} has shape {tuple(ours[name].shape)}, expected "
+                                     f"{tuple(tensor.shape)} for the model's {name!r}")
+            elif ".attn.operators." not in name:  # an operator's own parameter keeps its initial value
+                what = f"nanoGPT's {inverse[name]!r}" if name in inverse else f"{name!r} (no nanoGPT parameter)"
+                raise ValueError(f"from_nanogpt: the checkpoint lacks {what}, which the model needs")
+        for name in ours:
+            if name not in expected:
+                raise ValueError(f"from_nanogpt: unexpected parameter {inverse[name]!r} in the nanoGPT state dict "
+                                 f"(the model this config builds has no {name!r})")
+        model.load_state_dict(ours, strict=False)
+        return model
 
     def _initialise(self) -> None:
         """GPT-2's initialisation (:func:`init_transformer_weights`), then ``zero_init_proj``'s zeros."""
@@ -486,3 +577,83 @@ def _check_token_ids(name: str, ids: Tensor, vocab_size: int, ignore_index: int 
         bad = lo if lo < 0 else hi
         extra = f" (or {ignore_index} to ignore a position)" if ignore_index is not None else ""
         raise ValueError(f"{name} holds token id {bad}, outside the vocabulary [0, {vocab_size}){extra}")
+
+
+#: nanoGPT's ``model_args`` and their defaults (its ``GPTConfig``)
+_NANOGPT_ARGS = {"block_size": 1024, "vocab_size": 50304, "n_layer": 12, "n_head": 12, "n_embd": 768, "dropout": 0.0,
+                 "bias": True}
+#: the ``model_args`` that fix parameter shapes: a config override must equal the checkpoint's
+_NANOGPT_SHAPE_ARGS = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "bias")
+
+
+def _nanogpt_names(n_layer: int) -> dict[str, str]:
+    """nanoGPT parameter name -> :class:`DiffusionGPT` parameter name, for ``n_layer`` blocks."""
+    out = {"transformer.wte.weight": "tok_emb.weight", "transformer.wpe.weight": "pos_emb.weight",
+           "transformer.ln_f.weight": "norm.weight", "transformer.ln_f.bias": "norm.bias",
+           "lm_head.weight": "lm_head.weight"}
+    parts = {"ln_1": "norm1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out_proj", "ln_2": "norm2",
+             "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+    for i in range(n_layer):
+        for a, b in parts.items():
+            for kind in ("weight", "bias"):
+                out[f"transformer.h.{i}.{a}.{kind}"] = f"blocks.{i}.{b}.{kind}"
+    return out
+
+
+def _read_nanogpt(source: Any, model_args: Any) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """``(state dict without _orig_mod. prefixes and causal-mask buffers, model_args with nanoGPT's defaults)``
+    of :meth:`DiffusionGPT.from_nanogpt`'s ``source``."""
+    if isinstance(source, (str, os.PathLike)):
+        damage = zip_damage(source)  # torch.load reads a flipped bit in tensor data as other numbers
+        if damage is not None:
+            raise ValueError(f"from_nanogpt: {os.fspath(source)} is corrupt: {damage}")
+        try:
+            source = torch.load(source, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as err:
+            refused = [line.strip() for line in str(err).splitlines()
+                       if "Unsupported global" in line or "Weights only load failed" in line]
+            if not refused:
+                raise
+            raise ValueError(f"from_nanogpt: {os.fspath(source)} holds objects that torch.load(weights_only=True) "
+                             f"refuses ({refused[0]}); it was not loaded. Load it yourself with weights_only=False "
+                             "only if you trust its source, and pass the dict") from err
+        if not isinstance(source, Mapping) or "model" not in source:
+            raise ValueError("from_nanogpt: expected the file to hold nanoGPT's checkpoint dict with keys 'model' and "
+                             f"'model_args', got {type(source).__name__}"
+                             + (f" with keys {sorted(map(str, source))}" if isinstance(source, Mapping) else ""))
+    if not isinstance(source, Mapping):
+        raise TypeError(f"from_nanogpt: source must be a path, a nanoGPT checkpoint dict or a state dict, got "
+                        f"{type(source).__name__}")
+    if "model" in source:  # a checkpoint dict
+        if model_args is not None:
+            raise ValueError("from_nanogpt: model_args is for a bare state dict; the checkpoint holds its own "
+                             "(pass config overrides as keywords instead)")
+        if "model_args" not in source:
+            raise ValueError(f"from_nanogpt: the checkpoint dict has no 'model_args' (keys {sorted(map(str, source))})")
+        state, model_args = source["model"], source["model_args"]
+        if not isinstance(state, Mapping):
+            raise ValueError(f"from_nanogpt: checkpoint['model'] must be a state dict, got {type(state).__name__}")
+    else:
+        if model_args is None:
+            raise ValueError("from_nanogpt: a bare state dict needs model_args= (nanoGPT's n_layer, n_head, n_embd, "
+                             "block_size, bias, vocab_size, dropout)")
+        state = source
+    if not isinstance(model_args, Mapping):
+        raise ValueError(f"from_nanogpt: model_args must be a dict, got {type(model_args).__name__}")
+    unknown = sorted(set(model_args) - set(_NANOGPT_ARGS), key=str)
+    if unknown:
+        raise ValueError(f"from_nanogpt: unknown model_args key(s) {unknown}; nanoGPT's are {list(_NANOGPT_ARGS)}")
+    args = {**_NANOGPT_ARGS, **model_args}
+    out: dict[str, Tensor] = {}
+    prefix = "_orig_mod."
+    for key, value in state.items():
+        name = key[len(prefix):] if isinstance(key, str) and key.startswith(prefix) else key
+        if not isinstance(value, Tensor):
+            raise ValueError(f"from_nanogpt: state dict entry {key!r} must be a tensor, got {type(value).__name__}")
+        parts = name.split(".") if isinstance(name, str) else []
+        if len(parts) == 5 and parts[:2] == ["transformer", "h"] and parts[3:] == ["attn", "bias"]:
+            continue  # the causal-mask buffer of nanoGPT's non-flash attention
+        if name in out:
+            raise ValueError(f"from_nanogpt: the state dict holds {name!r} twice (with and without {prefix!r})")
+        out[name] = value
+    return out, args
