@@ -65,7 +65,14 @@ def ppr_steps_for_tolerance(alpha: float, tol: float) -> int:
     if alpha == 1.0 or tol >= 2.0:
         return 1
     steps = math.log(tol / 2.0) / math.log1p(-alpha)  # inf for a subnormal alpha: log1p(-alpha) underflows
-    return max(1, math.ceil(min(steps, 2.0**62) - 1e-12))
+    K = max(1, math.ceil(min(steps, 2.0**62) - 1e-12))
+    if K <= 2**31:  # settle the rounded logarithms on the bound itself, as PPROperator checks it: alpha=0.95,
+        # tol=0.1 gave K=1, whose 2 (1 - alpha) = 0.1000000000000001 the operator then refused, naming K=1
+        while 2.0 * (1.0 - alpha) ** K > tol:
+            K += 1
+        while K > 1 and 2.0 * (1.0 - alpha) ** (K - 1) <= tol:
+            K -= 1
+    return K
 
 
 @register_operator
