@@ -50,9 +50,9 @@ def knn(
     with ``flow="source_to_target"``. Ties are broken by :func:`torch.topk`. The graph is not
     differentiable in ``x``; half-precision ``x`` is compared in float32, and a non-finite
     ``x`` is refused (in eager mode on CPU, where the check reads no device memory).
-    The distances are computed for a block of query points at a time (about :math:`2^{22}` at once), so
-    memory grows with ``N k`` and the largest graph's size, not its square; the time is still quadratic in
-    the size of each graph.
+    The distances are computed for a block of query points at a time (about :math:`2^{22}` at once), and the
+    graphs of a batch are padded only to the graphs of their size (within a factor of 2), so memory grows with
+    ``N k`` and the largest graph's size, not its square; the time is still quadratic in the size of each graph.
 
     Args:
         x: point features.
@@ -126,11 +126,7 @@ def knn(
             if total == 0:  # no graph at all (to_dense_batch has no max of an empty batch): refused below
                 counts = torch.zeros(1, dtype=torch.long, device=dev)
             else:
-                order = torch.argsort(graph_batch, stable=True)  # group the nodes by graph
-                dense_x, real = to_dense_batch(x[order], graph_batch[order])  # (G, N_max, D)
-                node = torch.full(real.shape, -1, dtype=torch.long, device=dev)
-                node[real] = order
-                counts = real.sum(-1)
+                counts = torch.bincount(graph_batch)  # (G,), as to_dense_batch's batch.max() + 1 graphs
     else:
         raise ValueError(f"x must have shape (N, D) or (B, N, D), got {tuple(x.shape)}")
     smallest = int(counts[counts > 0].min()) if bool((counts > 0).any()) else 0
@@ -138,6 +134,38 @@ def knn(
         raise ValueError(f"k must be smaller than the number of nodes in every graph: got k={k}, "
                          f"smallest graph has N={smallest} nodes")
 
+    G = counts.numel()
+    if x.dim() == 2 and graph_batch is not None:
+        # graphs of like sizes padded together (a power-of-two size class each): one (G, N_max) padding of a
+        # batch with one large graph and many small ones held and searched G N_max^2 distances, quadratic in N
+        sizes = counts.clamp(min=1).double().log2().ceil().long()
+        pairs = []
+        for size in sizes[counts > 0].unique().tolist():
+            graphs = ((sizes == size) & (counts > 0)).nonzero().squeeze(1)
+            slot = torch.full((G,), -1, dtype=torch.long, device=dev)
+            slot[graphs] = torch.arange(graphs.numel(), device=dev)
+            order = (slot[graph_batch] >= 0).nonzero().squeeze(1)  # this class's nodes, ascending
+            order = order[torch.argsort(slot[graph_batch[order]], stable=True)]  # grouped by graph
+            dense_x, real = to_dense_batch(x[order], slot[graph_batch[order]])  # (G', N_max', D)
+            node = torch.full(real.shape, -1, dtype=torch.long, device=dev)
+            node[real] = order
+            pairs.append(_knn_edges(dense_x, node, k, metric, self_loops))
+        src = torch.cat([s for s, _ in pairs])
+        tgt = torch.cat([t for _, t in pairs])
+        # back to the caller's node order: group by target node id
+        order = torch.argsort(tgt, stable=True)
+        edges = torch.stack([src[order], tgt[order]])
+    else:
+        edges = torch.stack(_knn_edges(dense_x, node, k, metric, self_loops))
+    g = AttentionGraph.sparse(edges, total, batch=graph_batch, batch_size=None if graph_batch is None else G)
+    return g if layout == "sparse" else g.to_dense()
+
+
+def _knn_edges(dense_x: Tensor, node: Tensor, k: int, metric: str, self_loops: bool) -> tuple[Tensor, Tensor]:
+    """The sources and targets (node ids, padding dropped, grouped by target slot, nearest first) of the k
+    nearest neighbours within each of the padded graphs ``dense_x`` ``(G, M, D)``, ``node`` ``(G, M)`` their node
+    ids (``-1``: padding)."""
+    dev = dense_x.device
     G, M, _ = dense_x.shape
     if dense_x.dtype in (torch.float16, torch.bfloat16):  # no CPU cdist for them; neighbours need no more
         dense_x = dense_x.float()
@@ -172,12 +200,4 @@ def knn(
         src = torch.cat([node[:, :, None], src], dim=-1)
         dst = torch.cat([node[:, :, None], dst], dim=-1)
     keep = dst >= 0  # drop the padding slots
-    if graph_batch is not None and x.dim() == 2:
-        # back to the caller's node order: group by target node id
-        tgt = dst[keep]
-        order = torch.argsort(tgt, stable=True)
-        edges = torch.stack([src[keep][order], tgt[order]])
-    else:
-        edges = torch.stack([src[keep], dst[keep]])
-    g = AttentionGraph.sparse(edges, total, batch=graph_batch, batch_size=None if graph_batch is None else G)
-    return g if layout == "sparse" else g.to_dense()
+    return src[keep], dst[keep]

@@ -933,11 +933,16 @@ class DiffusionAttention(nn.Module):
 def _not_a_tensor(x: Any, where: str) -> TypeError:
     """The error for a layer's or block's ``x`` that is no tensor; PyG's bipartite pair ``(x_src, x_dst)`` (which
     :func:`torch_geometric.nn.to_hetero` passes for an edge type between two node types) named: "x must be a
-    tensor, got tuple" (or a norm's error about a tuple) said nothing of it."""
+    tensor, got tuple" (or a norm's error about a tuple) said nothing of it; nor "got dict" of a ``HeteroData``'s
+    ``x_dict``."""
     if isinstance(x, tuple) and len(x) == 2 and all(isinstance(t, Tensor) for t in x):
         return TypeError(f"{where}x must be a tensor, got a pair of tensors (PyG's bipartite (x_src, x_dst), e.g. "
                          "from torch_geometric.nn.to_hetero): the layer diffuses over one node set, P being square; "
                          "merge the node types with data.to_homogeneous()")
+    if isinstance(x, dict):  # a HeteroData's x_dict: "got dict" named neither it nor the way out
+        return TypeError(f"{where}x must be a tensor, got a dict of node types ({', '.join(map(repr, list(x)[:4]))}"
+                         f"{', ...' if len(x) > 4 else ''}), as a HeteroData's x_dict: the layer diffuses over one "
+                         "node set; merge the node and edge types with data.to_homogeneous()")
     return TypeError(f"{where}x must be a tensor, got {type(x).__name__}")
 
 
