@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 import os
 import pickle
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -179,7 +180,8 @@ class DiffusionGPT(nn.Module):
 
         Raises:
             ValueError: a file that ``weights_only`` refuses (load it yourself, only if you trust its source, and
-                pass the dict), a source of the wrong layout, an unknown ``model_args`` key or config field, an
+                pass the dict) or that ``torch.load`` cannot read (damaged, truncated, not a checkpoint), a source
+                of the wrong layout, an unknown ``model_args`` key or config field, an
                 override of a shape field that differs from the checkpoint, a nanoGPT parameter that is missing,
                 unexpected or of the wrong shape (each named).
             TypeError: a source that is neither a path nor a dict.
@@ -600,6 +602,20 @@ def _nanogpt_names(n_layer: int) -> dict[str, str]:
     return out
 
 
+def _nanogpt_value(value: Any) -> Any:
+    """A numpy scalar of a checkpoint's ``model_args`` as the Python bool/int/float it equals; else ``value``."""
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == () and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def _nanogpt_unreadable(path: Any, err: BaseException) -> ValueError:
+    """The error for a file that ``torch.load`` cannot read (not written by ``torch.save``, truncated, damaged)."""
+    cause = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return ValueError(f"from_nanogpt: {os.fspath(path)} is not a readable torch.save file (truncated, damaged, or "
+                      f"not a checkpoint); torch.load failed with {type(err).__name__}: {cause}")
+
+
 def _read_nanogpt(source: Any, model_args: Any) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """``(state dict without _orig_mod. prefixes and causal-mask buffers, model_args with nanoGPT's defaults)``
     of :meth:`DiffusionGPT.from_nanogpt`'s ``source``."""
@@ -610,13 +626,20 @@ def _read_nanogpt(source: Any, model_args: Any) -> tuple[dict[str, Tensor], dict
         try:
             source = torch.load(source, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as err:
-            refused = [line.strip() for line in str(err).splitlines()
-                       if "Unsupported global" in line or "Weights only load failed" in line]
-            if not refused:
-                raise
+            # torch's message opens with a generic line (with terminal escapes); the line naming the refused
+            # global (or pickle operand) follows it
+            text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+            named = re.search(r"Unsupported (global|operand):? (?:GLOBAL )?(\S+)", text)
+            if named is None and "Weights only load failed" not in text:  # damaged pickle bytes
+                raise _nanogpt_unreadable(source, err) from err
+            what = f"Unsupported {named.group(1)}: {named.group(2)}" if named else text.strip().splitlines()[0].strip()
             raise ValueError(f"from_nanogpt: {os.fspath(source)} holds objects that torch.load(weights_only=True) "
-                             f"refuses ({refused[0]}); it was not loaded. Load it yourself with weights_only=False "
+                             f"refuses ({what}); it was not loaded. Load it yourself with weights_only=False "
                              "only if you trust its source, and pass the dict") from err
+        except OSError:  # missing, a directory, no permission: torch's own error names it
+            raise
+        except Exception as err:  # torch's unpickler raises KeyError, struct.error, ... on a damaged or foreign file
+            raise _nanogpt_unreadable(source, err) from err
         if not isinstance(source, Mapping) or "model" not in source:
             raise ValueError("from_nanogpt: expected the file to hold nanoGPT's checkpoint dict with keys 'model' and "
                              f"'model_args', got {type(source).__name__}"
@@ -643,7 +666,8 @@ def _read_nanogpt(source: Any, model_args: Any) -> tuple[dict[str, Tensor], dict
     unknown = sorted(set(model_args) - set(_NANOGPT_ARGS), key=str)
     if unknown:
         raise ValueError(f"from_nanogpt: unknown model_args key(s) {unknown}; nanoGPT's are {list(_NANOGPT_ARGS)}")
-    args = {**_NANOGPT_ARGS, **model_args}
+    # numpy numbers (np.int64, np.bool_) in a checkpoint's model_args, as nanoGPT's GPTConfig takes them
+    args = {**_NANOGPT_ARGS, **{key: _nanogpt_value(value) for key, value in model_args.items()}}
     out: dict[str, Tensor] = {}
     prefix = "_orig_mod."
     for key, value in state.items():
