@@ -66,11 +66,16 @@ def ppr_steps_for_tolerance(alpha: float, tol: float) -> int:
         return 1
     steps = math.log(tol / 2.0) / math.log1p(-alpha)  # inf for a subnormal alpha: log1p(-alpha) underflows
     K = max(1, math.ceil(min(steps, 2.0**62) - 1e-12))
-    if K <= 2**31:  # settle the rounded logarithms on the bound itself, as PPROperator checks it: alpha=0.95,
-        # tol=0.1 gave K=1, whose 2 (1 - alpha) = 0.1000000000000001 the operator then refused, naming K=1
-        while 2.0 * (1.0 - alpha) ** K > tol:
+    q = 1.0 - alpha  # the base PPROperator's check raises to K
+    if K <= 2**31 and q < 1.0:  # settle the rounded logarithms on the bound itself, as PPROperator checks it:
+        # alpha=0.95, tol=0.1 gave K=1, whose 2 (1 - alpha) = 0.1000000000000001 the operator then refused, naming
+        # K=1. The start is the logarithm of q itself, which rounds up to 1e-16 / alpha (relative) off 1 - alpha:
+        # from log1p(-alpha) the loops stepped 2e8 times (alpha=1e-16); with q = 1 (alpha below about 6e-17) the
+        # checked bound never falls below 2 and they never ended, so the logarithm's K stands there
+        K = max(1, math.ceil(min(math.log(tol / 2.0) / math.log(q), 2.0**62) - 1e-12))
+        while 2.0 * q**K > tol:
             K += 1
-        while K > 1 and 2.0 * (1.0 - alpha) ** (K - 1) <= tol:
+        while K > 1 and 2.0 * q ** (K - 1) <= tol:
             K -= 1
     return K
 
