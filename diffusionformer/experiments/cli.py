@@ -514,12 +514,11 @@ def _main(argv: list[str] | None) -> int:
             _choose_tasks(config, args.tasks)
         _size_threads(args)
         if _rank_zero():
+            from diffusionformer.experiments.publish import _run_flags
+
             # with the --import modules: without them status cannot read a config naming what they register
-            out_flag = "".join(f" --import {shlex.quote(m)}" for m in args.imports)
-            out_flag += "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
-            out_flag += "" if args.out == "results" else f" --out {shlex.quote(args.out)}"
             print(f"every run's step and time left, from another shell: python -m diffusionformer.experiments status "
-                  f"{shlex.quote(args.config)}{out_flag}", file=sys.stderr)
+                  f"{shlex.quote(args.config)}{_run_flags(args.imports, args.overrides, args.out)}", file=sys.stderr)
         device = args.device if args.device is not None else config.device
         if device is not None:
             check_device(device)  # before any data is loaded: unknown, or CUDA where there is none

@@ -206,10 +206,13 @@ def _commit_line(manifest: dict[str, Any]) -> str:
     return f"- **Git commit:** `{commit}`"
 
 
-def _run_flags(imports: list[str] | None, overrides: list[str] | None) -> str:
-    """The ``--import`` and ``--set`` flags of a ``run`` command, each quoted for a shell (with a leading space)."""
+def _run_flags(imports: list[str] | None, overrides: list[str] | None, out: str = "results") -> str:
+    """The ``--import``, ``--set`` and (where not the default ``results``) ``--out`` flags of a command, each quoted
+    for a shell (with a leading space): the results page's command, publish's "run ... first" and run's ``status``
+    hint."""
     return ("".join(f" --import {shlex.quote(m)}" for m in imports or [])
-            + "".join(f" --set {shlex.quote(o)}" for o in overrides or []))
+            + "".join(f" --set {shlex.quote(o)}" for o in overrides or [])
+            + ("" if out == "results" else f" --out {shlex.quote(out)}"))
 
 
 def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir: str | Path,
@@ -249,8 +252,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     if not results_path.is_file():
         # the command the runs are still to be made with: the --import / --set / --out given here, or the hint reruns
         # the config as its file has it (the README's main job: 18 runs, when `--set seeds=[0]` was meant)
-        flags = _run_flags(imports, overrides) + ("" if str(out_root) == "results" else
-                                                  f" --out {shlex.quote(str(out_root))}")
+        flags = _run_flags(imports, overrides, str(out_root))
         command = f"{shlex.quote(str(config_path)) if config_path else 'CONFIG'}{flags}"  # str: a Path too
         raise FileNotFoundError(
             f"{results_path} not found: run `python -m diffusionformer.experiments run {command}` first"
