@@ -482,9 +482,8 @@ def _status_rows(config: ExperimentConfig, out_root: str | Path) -> list[tuple[d
                     changes += _model_class_change(task, stored, rdir)
                 if stored is not None:  # other data (dataset_options, data_seed), augmentation, default dtype, ...
                     now = task_entries[seed]
-                    keys = [k for k in _TASK_KEYS if (k in stored or k in now) and stored.get(k) != now.get(k)]
-                    changes += _identity_diff({k: stored[k] for k in keys if k in stored},
-                                              {k: now[k] for k in keys if k in now})
+                    changes += _identity_diff({k: stored[k] for k in _TASK_KEYS if k in stored},
+                                              {k: now[k] for k in _TASK_KEYS if k in now})
                 row["changed"] = _changes_text(changes) or None
                 if summary is not None and summary.get("status") == "completed":
                     step = summary.get("step", max_steps)  # a hand-edited "ten" or -3 reads as the budget done
