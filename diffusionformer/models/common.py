@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import _choice_hint, _value_type
 from diffusionformer.graph._checks import check_within_graphs
-from diffusionformer.nn.attention import DiffusionAttention
+from diffusionformer.nn.attention import DiffusionAttention, _node_types_text
 from diffusionformer.nn.block import Block
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.sparse import check_edge_index
@@ -172,11 +172,9 @@ def _check_node_features(x: Any, in_channels: int) -> None:
     if isinstance(x, Tensor) and x.dim() == 2 and x.shape[1] == in_channels:
         return
     if isinstance(x, dict):
-        raise ValueError(f"x must have shape (N, in_channels={in_channels}), got a dict of node types "
-                         f"({', '.join(map(repr, list(x)[:4]))}{', ...' if len(x) > 4 else ''}), as a HeteroData's "
-                         "x_dict: the model runs on one node set; merge the node and edge types with "
-                         "data.to_homogeneous(), or pass one node type's x and the edge_index of one edge type "
-                         "within it")
+        raise ValueError(f"x must have shape (N, in_channels={in_channels}), got {_node_types_text(x)}: the model "
+                         "runs on one node set; merge the node and edge types with data.to_homogeneous(), or pass one "
+                         "node type's x and the edge_index of one edge type within it")
     got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
     raise ValueError(f"x must have shape (N, in_channels={in_channels}), got {got}")
 

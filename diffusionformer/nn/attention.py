@@ -940,10 +940,16 @@ def _not_a_tensor(x: Any, where: str) -> TypeError:
                          "from torch_geometric.nn.to_hetero): the layer diffuses over one node set, P being square; "
                          "merge the node types with data.to_homogeneous()")
     if isinstance(x, dict):  # a HeteroData's x_dict: "got dict" named neither it nor the way out
-        return TypeError(f"{where}x must be a tensor, got a dict of node types ({', '.join(map(repr, list(x)[:4]))}"
-                         f"{', ...' if len(x) > 4 else ''}), as a HeteroData's x_dict: the layer diffuses over one "
-                         "node set; merge the node and edge types with data.to_homogeneous()")
+        return TypeError(f"{where}x must be a tensor, got {_node_types_text(x)}: the layer diffuses over one node "
+                         "set; merge the node and edge types with data.to_homogeneous()")
     return TypeError(f"{where}x must be a tensor, got {type(x).__name__}")
+
+
+def _node_types_text(x: dict) -> str:
+    """A HeteroData's ``x_dict`` in an error: ``"a dict of node types ('a', 'b'), as a HeteroData's x_dict"``
+    (four names at most, then ``...``), for the layers' and the models' refusals alike."""
+    return (f"a dict of node types ({', '.join(map(repr, list(x)[:4]))}{', ...' if len(x) > 4 else ''}), as a "
+            "HeteroData's x_dict")
 
 
 def _materialise_operator_caches(layer: nn.Module, incompatible_keys: Any) -> None:
