@@ -1,11 +1,16 @@
 """File modes shared by every writer that goes through a temporary file (run files, checkpoints, data caches), the
-words for a path that is not a regular file, the leftovers of a killed writer's temporary, the CRC check of a ``torch.save`` file, and the folder lock that processes writing one folder take turns by."""
+words for a path that is not a regular file, the leftovers of a killed writer's temporary, the CRC check of a
+``torch.save`` file, what a ``torch.load(weights_only=True)`` refusal names, and the folder lock that processes writing
+one folder take turns by."""
 
 from __future__ import annotations
 
 import contextlib
 import glob
 import os
+import pickle
+import pickletools
+import re
 import stat
 import zipfile
 from pathlib import Path
@@ -108,3 +113,57 @@ def zip_damage(path: str | os.PathLike[str]) -> str | None:
     except Exception:  # not a zip (a legacy or damaged file), unreadable: torch.load says what is wrong
         return None
     return None
+
+
+# the lines of torch's weights-only unpickler (torch/_weights_only_unpickler.py) that refuse what a well-formed file
+# holds, rather than bytes it cannot parse
+_REFUSALS = (
+    re.compile(r"Unsupported global: GLOBAL \S+"),
+    re.compile(r"Trying to load unsupported GLOBAL \S+ whose module \S+ is blocked"),
+    re.compile(r"Can only (?:create new object for|build) .* but got .*"),
+    re.compile(r"\S+ (?:and \S+ )?must be imported to load .*"),
+    re.compile(r"Unsupported class \S+"),  # older torch versions' wording
+)
+
+
+def weights_only_refusal(err: BaseException, path: str | os.PathLike[str] | None = None) -> str | None:
+    """What a whole file held that ``torch.load(weights_only=True)`` refused, from its error ``err`` (``Unsupported
+    global: GLOBAL numpy._core.multiarray._reconstruct``, a blocked module, a pickle opcode it does not read), or
+    ``None`` when ``err`` is not such a refusal (damaged bytes: "String is too long", a bad persistent id, ...).
+
+    torch wraps every unpickler error in one generic "Weights only load failed" message, so the first line says
+    nothing: the line naming the refused item is found by its shape. An unsupported opcode is a refusal (a file
+    written with ``pickle_protocol`` 0, 1, 4 or 5) only where ``path`` is a zip archive, whose CRCs the caller
+    checked with :func:`zip_damage`; in a legacy (non-zip) file it may be a damaged byte."""
+    if not isinstance(err, pickle.UnpicklingError):
+        return None
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # torch's message carries terminal escapes
+    for pattern in _REFUSALS:
+        found = pattern.search(text)
+        if found:
+            return found.group(0).rstrip(".")
+    operand = re.search(r"Unsupported operand (\d+)", text)
+    if operand is None or path is None or not _is_zip(path):
+        return None
+    code = int(operand.group(1))
+    op = pickletools.code2op.get(chr(code)) if code < 256 else None
+    name = f" ({op.name}, pickle protocol {op.proto})" if op is not None else ""
+    return (f"Unsupported operand {code}{name}: a pickle protocol torch.load(weights_only=True) does not read; "
+            "torch.save's default protocol 2 is read")
+
+
+def load_error_text(err: BaseException) -> str:
+    """``"TypeName: the line that says what went wrong"`` of a ``torch.load`` error: for the weights-only
+    unpickler's errors, the unpickler's own line (torch puts the same generic lines about the ``weights_only``
+    default before it, with terminal escapes), else the error's first line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+    _, marker, rest = text.partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in (rest if marker else text).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def _is_zip(path: str | os.PathLike[str]) -> bool:
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False

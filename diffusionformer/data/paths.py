@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from diffusionformer._files import new_file_mode, zip_damage
+from diffusionformer._files import load_error_text, new_file_mode, weights_only_refusal, zip_damage
 from diffusionformer._warnings import user_stacklevel
 
 __all__ = [
@@ -179,8 +179,7 @@ def load_cached(path: Path, fits: Callable[[Any], bool] | None = None, what: str
     try:
         cached = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a damaged or doctored cache file is rebuilt, never trusted
-        first = str(err).splitlines()[0] if str(err) else ""
-        warnings.warn(f"cached file refused and rebuilt: {path}: {type(err).__name__}: {first}", UserWarning,
+        warnings.warn(f"cached file refused and rebuilt: {path}: {_load_failure(err, path)}", UserWarning,
                       stacklevel=user_stacklevel())
         return None
     if fits is not None and not fits(cached):  # loads, but is not what was saved there
@@ -213,10 +212,20 @@ def drop_unsafe_processed(folder: Path) -> list[str]:
         try:
             torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # any failure: the file is not trusted, the folder is rebuilt
-            refused.append(f"{path}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            refused.append(f"{path}: {_load_failure(err, path)}")
     if refused:
         shutil.rmtree(folder, ignore_errors=True)
         for why in refused:
             warnings.warn(f"cached file refused and rebuilt from the raw files: {why}", UserWarning,
                           stacklevel=user_stacklevel())
     return refused
+
+
+def _load_failure(err: BaseException, path: Path) -> str:
+    """Why ``torch.load(path, weights_only=True)`` failed, in one line: the item a whole file holds that
+    ``weights_only`` refuses (torch's first line is the same generic text for every refusal), else
+    :func:`~diffusionformer._files.load_error_text`."""
+    refused = weights_only_refusal(err, path)
+    if refused is not None:
+        return f"{type(err).__name__}: holds what torch.load(weights_only=True) refuses: {refused}"
+    return load_error_text(err)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -37,6 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from diffusionformer._files import folder_lock as _folder_lock
+from diffusionformer._files import weights_only_refusal
 from diffusionformer.experiments.build import build_model, task_data
 from diffusionformer.experiments.config import (ExperimentConfig, OperatorSetting, TaskConfig, _did_you_mean,
                                                train_config)
@@ -106,10 +106,12 @@ def _not_resumed_advice(exc: CheckpointError, checkpoint: str, which: str) -> st
     lose a good file), else delete it to retrain that run (``which``: "this" or "its")."""
     if isinstance(exc.__cause__, PermissionError):
         return f"Give this user read access to {checkpoint} and run again to resume {which} run."
-    if isinstance(exc.__cause__, pickle.UnpicklingError) and "Unsupported global" in str(exc.__cause__):
-        # a whole file naming a type weights_only refuses: not damage, so no advice to delete it
-        return (f"{checkpoint} is whole: allow the type it names (torch.serialization.add_safe_globals) if you trust "
-                f"its source and run again to resume {which} run, or delete it to train {which} run again from step 0.")
+    refused = weights_only_refusal(exc.__cause__, checkpoint) if exc.__cause__ is not None else None
+    if refused is not None:  # a whole file holding what weights_only refuses: not damage, so no advice to delete it
+        allow = ("save it again with torch.save's default pickle protocol" if refused.startswith("Unsupported operand")
+                 else "allow the type it names (torch.serialization.add_safe_globals)")
+        return (f"{checkpoint} is whole: {allow} if you trust its source and run again to resume {which} run, or "
+                f"delete it to train {which} run again from step 0.")
     return (f"Delete {checkpoint} to train {which} run again from step 0 (--restart would discard every run of "
             "the comparison).")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numbers
 import os
 import pickle
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -24,7 +23,7 @@ from diffusionformer.nn.attention import set_recompute
 from diffusionformer.nn.kv_cache import LayerKVCache
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.rotary import RotaryEmbedding
-from diffusionformer._files import zip_damage
+from diffusionformer._files import load_error_text, weights_only_refusal, zip_damage
 from diffusionformer._modes import _evaluating
 from diffusionformer.models.common import (ModelIntermediates, _check_block_options, _check_bools, _check_mlp_ratio, _check_rope_base,
                                            check_positive_int, check_probability, init_transformer_weights)
@@ -611,9 +610,8 @@ def _nanogpt_value(value: Any) -> Any:
 
 def _nanogpt_unreadable(path: Any, err: BaseException) -> ValueError:
     """The error for a file that ``torch.load`` cannot read (not written by ``torch.save``, truncated, damaged)."""
-    cause = str(err).strip().splitlines()[0] if str(err).strip() else ""
     return ValueError(f"from_nanogpt: {os.fspath(path)} is not a readable torch.save file (truncated, damaged, or "
-                      f"not a checkpoint); torch.load failed with {type(err).__name__}: {cause}")
+                      f"not a checkpoint); torch.load failed with {load_error_text(err)}")
 
 
 def _read_nanogpt(source: Any, model_args: Any) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -626,13 +624,9 @@ def _read_nanogpt(source: Any, model_args: Any) -> tuple[dict[str, Tensor], dict
         try:
             source = torch.load(source, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as err:
-            # torch's message opens with a generic line (with terminal escapes); the line naming the refused
-            # global (or pickle operand) follows it
-            text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
-            named = re.search(r"Unsupported (global|operand):? (?:GLOBAL )?(\S+)", text)
-            if named is None and "Weights only load failed" not in text:  # damaged pickle bytes
+            what = weights_only_refusal(err, source)
+            if what is None:  # damaged pickle bytes
                 raise _nanogpt_unreadable(source, err) from err
-            what = f"Unsupported {named.group(1)}: {named.group(2)}" if named else text.strip().splitlines()[0].strip()
             raise ValueError(f"from_nanogpt: {os.fspath(source)} holds objects that torch.load(weights_only=True) "
                              f"refuses ({what}); it was not loaded. Load it yourself with weights_only=False "
                              "only if you trust its source, and pass the dict") from err

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from diffusionformer._files import file_kind, leftover_temps, set_new_file_mode, zip_damage
+from diffusionformer._files import (file_kind, leftover_temps, load_error_text, set_new_file_mode, weights_only_refusal,
+                                    zip_damage)
 
 from .errors import CheckpointError
 
@@ -123,14 +124,14 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             "and was left untouched: give this user read access to it to continue."
         ) from err
     except pickle.UnpicklingError as err:
-        refused = [line.strip() for line in str(err).splitlines() if "Unsupported global" in line]
-        if not refused:  # damaged pickle bytes
+        refused = weights_only_refusal(err, path)
+        if refused is None:  # damaged pickle bytes
             raise _unreadable(path, err) from err
         # a whole, well-formed file naming a type weights_only does not allow (e.g. a NumPy array returned by
         # a module's get_extra_state): not damage, so no advice to delete it
         raise CheckpointError(
             f"checkpoint {path} is unreadable: it holds objects that torch.load(weights_only=True) refuses "
-            f"({refused[0]}); not damage: there is no need to delete it, and it was left untouched. Load it only "
+            f"({refused}); not damage: there is no need to delete it, and it was left untouched. Load it only "
             "if you trust its source (torch.serialization.add_safe_globals allows a type); a module's "
             "get_extra_state should return tensors and plain Python values."
         ) from err
@@ -169,8 +170,7 @@ def _unreadable(path: Path, err: BaseException) -> CheckpointError:
     return CheckpointError(
         f"checkpoint {path} ({size} bytes) is unreadable: truncated, corrupt, or holding "
         f"objects that torch.load(weights_only=True) refuses; it was left untouched. Delete it "
-        f"(or resume from another copy) to continue. Cause: {type(err).__name__}: "
-        f"{str(err).splitlines()[0] if str(err) else ''}"
+        f"(or resume from another copy) to continue. Cause: {load_error_text(err)}"
     )
 
 

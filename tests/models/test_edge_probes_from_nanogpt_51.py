@@ -86,7 +86,7 @@ def test_weights_only_refusal_names_the_refused_global(nanogpt_reference, tmp_pa
     ckpt["model_args"]["n_layer"] = np.int64(N_LAYER)
     path = tmp_path / "ckpt.pt"
     torch.save(ckpt, path)
-    with pytest.raises(ValueError, match=r"refuses \(Unsupported global: numpy\S*scalar\); it was not loaded") as err:
+    with pytest.raises(ValueError, match=r"refuses \(Unsupported global: GLOBAL numpy\S*scalar\); it was not loaded") as err:
         DiffusionGPT.from_nanogpt(path)
     assert "\x1b" not in str(err.value)
     # loaded by the user (trusted) and passed as a dict: taken
@@ -239,10 +239,15 @@ def test_unreadable_file_is_a_clear_error_naming_it(nanogpt_reference, tmp_path)
 
 def test_pin_refused_pickle_operand_is_named(tmp_path):
     """Bug: a pickle that weights_only refuses for an operand (not a global) was refused quoting torch's generic
-    first line only; the error now names the operand (the fix of the refused-global test)."""
+    first line only; the error now names the operand (the fix of the refused-global test). A bare pickle (not
+    torch.save's zip) with an operand weights_only does not read is called unreadable (a damaged byte reads so,
+    sitting 52); a whole zip written with pickle protocol 4 is refused naming the opcode and protocol."""
     path = tmp_path / "ckpt.pt"
     path.write_bytes(b"\x80\x02\x82\x01.")  # EXT1: an operand weights_only does not support
-    with pytest.raises(ValueError, match=r"refuses \(Unsupported operand: 130\); it was not loaded"):
+    with pytest.raises(ValueError, match=r"not a readable torch\.save file .*UnpicklingError: Unsupported operand 130$"):
+        DiffusionGPT.from_nanogpt(path)
+    torch.save({"model": {}, "model_args": {}}, path, pickle_protocol=4)
+    with pytest.raises(ValueError, match=r"refuses \(Unsupported operand 149 \(FRAME, pickle protocol 4\): .*\); it was"):
         DiffusionGPT.from_nanogpt(path)
 
 
@@ -336,13 +341,15 @@ def test_pin_mask_buffer_pattern_duplicates_keys_and_numpy_arrays(nanogpt_refere
 
 @pytest.mark.parametrize("message, match", [
     ("invalid load key, 'x'.", r"not a readable torch\.save file .*UnpicklingError: invalid load key"),
-    ("Unsupported global: GLOBAL foo.Bar was not an allowed global", r"refuses \(Unsupported global: foo\.Bar\)"),
+    ("Unsupported global: GLOBAL foo.Bar was not an allowed global", r"refuses \(Unsupported global: GLOBAL foo\.Bar\)"),
     ("Weights only load failed. \x1b[1mOnly if you trust it\x1b[0m.\nUnsupported class foo.Bar",
-     r"refuses \(Weights only load failed\. Only if you trust it\.\); it was not loaded")])
+     r"refuses \(Unsupported class foo\.Bar\); it was not loaded"),
+    ("Weights only load failed. \x1b[1mOnly if you trust it\x1b[0m. WeightsUnpickler error: \n\nString is too long",
+     r"not a readable torch\.save file .*UnpicklingError: String is too long$")])
 def test_pin_unpickling_errors_of_other_torch_versions(tmp_path, monkeypatch, message, match):
     """Pin: torch.load's UnpicklingError as other torch versions word it: a plain pickle error is an unreadable
-    file; a named global is quoted without the generic line; a weights-only refusal naming neither a global nor an
-    operand quotes torch's first line, without terminal escape codes."""
+    file; a named global or class is quoted without the generic line or terminal escape codes; an unpickler error
+    that refuses nothing (damaged bytes) is an unreadable file quoting the unpickler's own line (sitting 52)."""
     path = tmp_path / "ckpt.pt"
     path.write_bytes(b"x")
 
