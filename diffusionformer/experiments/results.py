@@ -439,7 +439,8 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     a checkpoint; ``None`` for a checkpoint that cannot be read, and for every other state), ``max_steps``,
     ``elapsed`` (training seconds so far), ``holder`` (the lock's process, e.g. ``"pid 4242 on nodeA"``; for a lock of
     another host, whose process cannot be checked from here, followed by how long ago the run last showed a sign of
-    life: ``"pid 4242 on nodeA; nodeA is another host; the run last showed a sign of life 3 h 5 min ago"``) and
+    life: ``"pid 4242 on nodeA; nodeA is another host; the run last showed a sign of life 3 h 5 min ago"``),
+    ``other_host`` (whether that lock is another host's: it holds for ever when that node failed), and
     ``changed``: for a run on disk made with another training or model config than ``config``'s now (a longer
     ``max_steps``, another ``lr``, another head layout or ``model_overrides``, a preset registered again with another
     model class, other ``dataset_options``, ``data_seed``, augmentation or label smoothing, a DINO task's other ``ssl``
@@ -470,7 +471,7 @@ def _status_rows(config: ExperimentConfig, out_root: str | Path) -> list[tuple[d
                 summary = _read_summary(rdir)
                 row: dict[str, Any] = {"task": task.name, "operator": setting.name, "seed": seed, "max_steps": max_steps,
                                        "step": 0, "resumes_from": None, "elapsed": None, "holder": None,
-                                       "changed": None}
+                                       "other_host": False, "changed": None}
                 stored = read_json_dict(rdir / "run_config.json") if rdir.is_dir() else None
                 stored = None if stored is None else _normalized_identity(stored)
                 changes: list[_Change] = []
@@ -503,6 +504,7 @@ def _status_rows(config: ExperimentConfig, out_root: str | Path) -> list[tuple[d
                     note = None if holder is None else _foreign_lock_note(rdir)
                     if note is not None:  # a failed node's lock holds for ever: its last sign of life tells
                         row["holder"] += f"; {note}"
+                        row["other_host"] = True
                     if holder is not None:
                         row["state"] = "running"
                     elif summary is not None and _failed(summary):

@@ -317,9 +317,7 @@ def format_status(rows: list[dict[str, Any]]) -> str:
         left += f" (plus {unknown} run(s) of tasks with no finished run to time)"
     lines[0] += f"; {left}."
     # a lock of another host holds for ever when its node failed (never taken over: a slow node would train it twice)
-    # run_status's holder "pid <pid> on <host>; <host> is another host...": not those words in a local host's name
-    foreign = [r for r in rows if r["state"] == "running"
-               and re.match(r"pid -?[0-9]+ on (.*?); \1 is another host", str(r.get("holder") or ""), re.DOTALL)]
+    foreign = [r for r in rows if r["state"] == "running" and r.get("other_host") is True]
     if foreign:
         locks = ", ".join(f"runs/{r['task']}/{r['operator']}/seed{r['seed']}/.lock" for r in foreign[:5])
         lines.append("")

@@ -121,7 +121,7 @@ def test_the_budget_keeps_its_words_and_changed_stays_a_text(finished):
     assert type(row["changed"]) is str
     assert row["changed"] == f"train (max_steps: {_TRAIN['max_steps']} then {_TRAIN['max_steps'] + 1})"
     assert set(row) == {"task", "operator", "seed", "max_steps", "step", "resumes_from", "elapsed", "holder",
-                        "changed", "state"}
+                        "other_host", "changed", "state"}
     text = _runs_of_another_train(config, finished)
     assert text == ("1 finished run(s) of 'record' were made with another train or model config than this config's, "
                     f"e.g. 't' / 'attention' seed 0 ({row['changed']})")

@@ -127,6 +127,7 @@ def test_bug_a_failed_nodes_lock_says_its_last_sign_of_life_and_what_to_do(tmp_p
     row, = run_status(cfg, out)
     assert row["state"] == "running"
     assert row["holder"].startswith("pid 4242 on nodeA; nodeA is another host; the run last showed a sign of life 3 h")
+    assert row["other_host"] is True  # the structured flag format_status reads (sitting 52)
     text = format_status(run_status(cfg, out))
     assert "last showed a sign of life 3 h" in text
     assert "remove that run's lock in the comparison's folder (runs/digits/attention/seed0/.lock)" in text, text
@@ -158,7 +159,7 @@ def test_a_lock_of_a_node_with_a_clock_ahead_is_said_so(tmp_path):
         row["holder"]
     (rdir / ".lock").write_text(json.dumps({"pid": os.getpid(), "host": platform.node()}))
     row, = run_status(cfg, tmp_path)
-    assert row["holder"] == f"pid {os.getpid()} on {platform.node()}"
+    assert row["holder"] == f"pid {os.getpid()} on {platform.node()}" and row["other_host"] is False
     assert "other hosts" not in format_status([row])
 
 

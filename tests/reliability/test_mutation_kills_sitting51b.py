@@ -179,7 +179,8 @@ def test_bug_the_skip_message_keeps_the_other_hosts_name_as_it_is(tmp_path):
 
 def _row(i, holder="pid 4242 on nodeA; nodeA is another host; the run last showed a sign of life 1 h ago"):
     return {"task": "digits", "operator": "attention", "seed": i, "state": "running", "step": 1, "max_steps": 4,
-            "holder": holder, "elapsed": None, "changed": None, "resumes_from": None}
+            "holder": holder, "other_host": "another host" in holder, "elapsed": None, "changed": None,
+            "resumes_from": None}
 
 
 def test_the_foreign_lock_line_counts_names_five_locks_and_stands_apart():
