@@ -26,6 +26,7 @@ Ctrl-C (exit 130) or SIGTERM (exit 143) stops a command with one line saying how
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -338,7 +339,7 @@ def _import_module(spec: str) -> None:
     added = folder not in sys.path and not (not is_path and "" in sys.path)
     if added:
         sys.path.insert(0, folder)
-    state, imported = _registrations(), False
+    state, imported, before = _registrations(), False, set(sys.modules)
     try:
         if is_path:
             loader_spec = importlib.util.spec_from_file_location(name, path.resolve())
@@ -369,8 +370,28 @@ def _import_module(spec: str) -> None:
     finally:
         if not imported:  # a module stopped halfway: a second main() (a notebook) does not meet what it registered
             _restore_registrations(state)
+            _forget_own_modules(set(sys.modules) - before, folder)
         if added and folder in sys.path:
             sys.path.remove(folder)
+
+
+def _forget_own_modules(names: set[str], folder: str) -> None:
+    """Drop from ``sys.modules`` the modules of ``names`` (imported by an ``--import`` that failed) whose files lie
+    under ``folder`` (the user's own helpers beside it): their registrations were undone, and a second ``main()``
+    (the module fixed, in a notebook) must run them again, not find them imported with nothing registered. Installed
+    packages imported on the way stay, a virtual environment inside ``folder`` included (a C extension is not
+    imported twice), and so do our own modules (an editable checkout as the current folder)."""
+    root = Path(folder).resolve()
+    installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    for name in names:
+        where = getattr(sys.modules.get(name), "__file__", None)
+        if where is None or name.partition(".")[0] == "diffusionformer":
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            file = Path(where).resolve()
+            if (file.is_relative_to(root) and not any(file.is_relative_to(p) for p in installed)
+                    and not {"site-packages", "dist-packages"} & set(file.parts)):
+                sys.modules.pop(name, None)
 
 
 def _registrations() -> tuple[list[tuple[dict, dict]], object, dict[type, dict[str, Any]]]:

@@ -1,0 +1,55 @@
+"""Sitting 52: bugs found on the issues' "Left" list, each test failing before its fix."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from diffusionformer.data import list_datasets, unregister_dataset
+from diffusionformer.experiments.cli import main
+
+HELPER = '''
+from diffusionformer.data import register_dataset
+
+
+@register_dataset("helper52-blobs", kind="image")
+def load_blobs(*, seed):
+    raise NotImplementedError
+'''
+
+
+@pytest.fixture
+def clean_helper52():
+    yield
+    for name in [n for n in sys.modules if n.partition(".")[0] in ("pkg52", "ext52")]:
+        sys.modules.pop(name, None)
+    if "helper52-blobs" in list_datasets():
+        unregister_dataset("helper52-blobs")
+
+
+def test_bug_a_failed_import_forgets_the_users_helper_modules(tmp_path, monkeypatch, capsys, clean_helper52):
+    """Bug: ``--import pkg52.regs`` whose module imported the user's helper ``pkg52.helpers`` (which registers a
+    dataset) and then failed had its registrations undone, but ``pkg52`` and ``pkg52.helpers`` stayed imported: a
+    notebook calling main() again with the file fixed found the helper imported already, its code never ran again,
+    and the dataset it registers was unknown. The user's own modules a failed import brought in are now forgotten
+    with their registrations; installed packages imported on the way stay."""
+    monkeypatch.chdir(tmp_path)
+    pkg = tmp_path / "pkg52"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text(HELPER)
+    site = tmp_path / ".venv" / "lib" / "python3" / "site-packages"  # a virtual environment in the folder
+    (site / "ext52").mkdir(parents=True)
+    (site / "ext52" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    (pkg / "regs.py").write_text("import ext52\nimport pkg52.helpers\nraise RuntimeError('my bug')\n")
+    assert main(["list", "--import", "pkg52.regs"]) == 2
+    assert "--import 'pkg52.regs' failed: RuntimeError: my bug" in capsys.readouterr().err
+    assert "helper52-blobs" not in list_datasets()
+    assert "pkg52.helpers" not in sys.modules and "pkg52" not in sys.modules
+    assert "ext52" in sys.modules and "diffusionformer.data" in sys.modules  # installed, ours: kept
+    (pkg / "regs.py").write_text("import pkg52.helpers\n")  # fixed
+    assert main(["list", "--import", "pkg52.regs"]) == 0
+    assert "helper52-blobs" in capsys.readouterr().out
+    assert "helper52-blobs" in list_datasets()
