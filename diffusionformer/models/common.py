@@ -97,12 +97,18 @@ def _check_num_graphs(batch: Tensor | None, num_graphs: Any) -> int | None:
 
 
 def _check_batch(batch: Any, num_nodes: int) -> None:
-    """A graph model's ``batch``: ``None`` or integer graph ids of shape ``(N,)``."""
+    """A graph model's ``batch``: ``None`` or integer graph ids of shape ``(N,)``. A floating-point one of shape
+    ``(E,)`` is most likely PyG's ``edge_weight`` passed third, as ``GCNConv(x, edge_index, edge_weight)`` takes it:
+    the error says so."""
+    weights = (" (the third positional argument is batch, the graph id of each node: edge weights are not taken "
+               "there; see the model's forward for how it takes weighted edges or edge features)"
+               if isinstance(batch, Tensor) and (batch.is_floating_point() or batch.is_complex()) else "")
     if batch is not None and (not isinstance(batch, Tensor) or batch.dim() != 1 or batch.shape[0] != num_nodes):
-        raise ValueError(f"batch must have shape (N,) = ({num_nodes},), got {tuple(getattr(batch, 'shape', ()))}")
+        raise ValueError(f"batch must have shape (N,) = ({num_nodes},), got {tuple(getattr(batch, 'shape', ()))}"
+                         f"{weights}")
     if batch is not None and batch.dtype not in (torch.int64, torch.int32):
         # (an int16 or uint8 batch read "must hold integer graph ids, got dtype torch.int16": it does)
-        how = " (as int64: batch.long())" if not batch.is_floating_point() and not batch.is_complex() else ""
+        how = " (as int64: batch.long())" if not weights else weights
         raise TypeError(f"batch must hold integer graph ids of dtype torch.int64 or torch.int32, got dtype "
                         f"{batch.dtype}{how}")
 

@@ -53,3 +53,24 @@ def test_bug_a_failed_import_forgets_the_users_helper_modules(tmp_path, monkeypa
     assert main(["list", "--import", "pkg52.regs"]) == 0
     assert "helper52-blobs" in capsys.readouterr().out
     assert "helper52-blobs" in list_datasets()
+
+
+def test_bug_pyg_edge_weight_passed_third_is_named():
+    """Bug: ``model(x, edge_index, edge_weight)``, the call of PyG's ``GCNConv``, read the edge weights as ``batch``
+    and failed with "batch must have shape (N,) = (4,), got (3,)" (or, with as many edges as nodes, "must hold
+    integer graph ids ... got dtype torch.float32"), naming no edge weights; the error now says that the third
+    argument is batch and where weighted edges go. An integer batch of the wrong shape keeps its message."""
+    import torch
+
+    from diffusionformer.models import GCN, GCNConfig, GIN, GINConfig
+
+    x = torch.randn(4, 3)
+    ei = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    for model in (GCN(GCNConfig(in_channels=3, hidden=4)), GIN(GINConfig(in_channels=3, hidden=4))):
+        with pytest.raises(ValueError, match=r"got \(3,\) \(the third positional argument is batch, the graph id of "
+                                             r"each node: edge weights are not taken there"):
+            model(x, ei, torch.rand(3))
+        with pytest.raises(TypeError, match=r"got dtype torch.float32 \(the third positional argument is batch"):
+            model(x, torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]), torch.rand(4))
+        with pytest.raises(ValueError, match=r"got \(3,\)$"):
+            model(x, ei, torch.zeros(3, dtype=torch.long))
