@@ -74,3 +74,22 @@ def test_bug_pyg_edge_weight_passed_third_is_named():
             model(x, torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]), torch.rand(4))
         with pytest.raises(ValueError, match=r"got \(3,\)$"):
             model(x, ei, torch.zeros(3, dtype=torch.long))
+
+
+def test_bug_heat_truncation_error_of_huge_steps_holds_no_terms_per_step():
+    """Bug: ``heat_truncation_error(t, steps)`` summed the Poisson terms up to ``2 * steps + 400`` whatever
+    ``steps``: past the operators' cap (256) that held 2 x steps float64s (``steps=10**12``: 16 TB, an allocation
+    error). Past the cap the tail is now the regularised incomplete gamma, raised by 1e-8 relative so that it is
+    still a bound: checked against mpmath's (50 digits), never below it."""
+    import torch
+
+    from diffusionformer.operators import heat_truncation_error
+
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    for t, steps in [(290.0, 300), (250.0, 257), (1e4, 10**4), (-20.0, 300)]:
+        got = float(heat_truncation_error(torch.tensor(t, dtype=torch.float64), steps))
+        exact = mpmath.gammainc(steps + 1, 0, abs(t), regularized=True) * (mpmath.e ** (2 * abs(t)) if t < 0 else 1)
+        assert float(exact) <= got <= float(exact) * (1 + 2e-8), (t, steps, got, float(exact))
+    huge = heat_truncation_error(torch.tensor([1.0, -3.0, 1e12], dtype=torch.float64), 10**12)
+    assert huge.dtype == torch.float64 and huge[:2].tolist() == [0.0, 0.0] and 0.49 < float(huge[2]) < 0.51
