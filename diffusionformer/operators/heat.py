@@ -137,7 +137,8 @@ def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> in
 
 
 def _poisson_tails(a: Tensor, steps: int) -> Tensor:
-    r""":math:`\Pr[\mathrm{Poisson}(a) > K]` for ``K = 0 .. max(steps, MAX_STEPS)``, float64, to a few ulps.
+    r""":math:`\Pr[\mathrm{Poisson}(a) > K]` for ``K = 0 .. max(steps, MAX_STEPS)``, float64, to about 2e-13 relative
+    (checked against mpmath: the sum of up to 2 K_max + 400 rounded terms).
 
     Not ``1 - sum_{k <= K} pmf(k)``: that cancels to 0 (or a rounding residue) once the tail falls below
     float64's eps, which read a tail of 5e-19 (t = 1e-9, K = 1) as 0 and, times e^(2|t|) for t < 0, a bound of
@@ -159,7 +160,8 @@ def heat_truncation_error(t: Tensor, steps: int, method: str = "taylor") -> Tens
 
     Taylor: the Poisson tail :math:`1 - \sum_{k \le K} e^{-|t|} |t|^k / k!`, times
     :math:`e^{2|t|}` for ``t < 0``; Euler: :math:`2 t^2 e^{2|t|} / K` (see
-    :func:`heat_steps_for_tolerance`).
+    :func:`heat_steps_for_tolerance`). Past ``MAX_STEPS`` the Poisson tail is the regularised
+    incomplete gamma function, raised by 1e-8 relative to stay a bound.
 
     Shapes:
         ``t``: ``()`` or ``(G,)`` -> the same, float64.
