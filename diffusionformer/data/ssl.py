@@ -68,7 +68,12 @@ class SSLConfig:
         v = self.local_crops
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"SSLConfig.local_crops must be an int >= 0, got {v!r}")
-        self.augmentation()  # validates the view settings, naming the field
+        aug = self.augmentation()  # validates the view settings, naming the field
+        # the pairs as the tuples of floats they stand for: a list (or numpy array) was kept as given, so an SSLConfig
+        # with [0.4, 1.0] differed from the default (0.4, 1.0), and an array made == raise
+        for field, option in (("global_crop_scale", "global_scale"), ("local_crop_scale", "local_scale"),
+                              ("crop_ratio", "ratio"), ("blur_sigma", "blur_sigma")):
+            setattr(self, field, getattr(aug, option))
 
     def augmentation(self) -> MultiCropAugment:
         """The :class:`~diffusionformer.data.augment.MultiCropAugment` of the views."""

@@ -329,6 +329,8 @@ def _checked_task_data(config: ExperimentConfig, task: TaskConfig, data_root: st
     seen: dict[str, Any] = {}
     with warnings.catch_warnings():  # the check of the whole config gave these warnings already
         warnings.filterwarnings("ignore", message=r"task '.*' / setting '.*': minibatch\.", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"task '.*' / setting '.*': the DINO momentum schedule",
+                                category=UserWarning)
         problems = validate_experiment(config, data_root=data_root, tasks=[task.name], loaded=seen)
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)

@@ -148,7 +148,8 @@ def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, st
 
     with ``P_t = center_sharpen(teacher_logits, center, teacher_temp)`` (no gradient) and
     ``P_s = softmax(student_logits / student_temp)``. Student view ``i < V_t`` is the same crop
-    as teacher view ``i``, so identical views are never paired.
+    as teacher view ``i``, so identical views are never paired. The loss is taken in float32 at
+    least (half-precision logits are upcast; float64 ones stay float64), under autocast too.
 
     Args:
         student_logits: head outputs of the student on all views.
@@ -180,7 +181,9 @@ def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, st
         raise ValueError(f"student_temp must be positive, got {student_temp}")
     if student_temp == math.inf:  # else the student's softmax was uniform: loss log K, zero gradient
         raise ValueError(f"student_temp must be finite, got {student_temp}")
-    dtype = torch.promote_types(student_logits.dtype, teacher_logits.dtype)  # e.g. a bf16 student, fp32 teacher
+    # e.g. a bf16 student, fp32 teacher; float32 at least: half-precision logits (a bf16 model, or CPU autocast, which
+    # leaves softmax in bf16) gave a bf16 loss, off by ~0.1% (its gradient rounded too), where CUDA autocast gave float32
+    dtype = torch.promote_types(torch.promote_types(student_logits.dtype, teacher_logits.dtype), torch.float32)
     # the centre detached too: a centre computed from the teacher's logits (a tensor with a history) sent a
     # gradient through the targets into the teacher, as DINOLoss detaches the whole targets
     targets = center_sharpen(teacher_logits.detach().to(dtype), center.detach(), teacher_temp)  # (Vt, B, K)
