@@ -111,6 +111,35 @@ def _check_graph_model(task: TaskConfig, model: torch.nn.Module) -> None:
                              "sparse back-end); use a polynomial operator such as 'heat' or 'ppr'")
 
 
+def _check_context_model(task: TaskConfig, model: torch.nn.Module, data: Any) -> None:
+    """Refuse a causal LM whose context cannot hold the task's windows, which built and validated, then failed at
+    its first training step: a sequence task's rows longer than ``block_size`` (the model refuses ``T >
+    block_size``), or text splits no longer than ``block_size`` (no window and its next token fits; a short
+    ``train_chars``).
+
+    Raises:
+        ValueError: naming the task, the model's ``block_size`` and the data's length.
+    """
+    from diffusionformer.data import SequenceTaskData, TextData
+
+    block = getattr(getattr(model, "config", None), "block_size", None)
+    if not isinstance(block, numbers.Integral) or isinstance(block, bool):
+        return
+    if (isinstance(data, SequenceTaskData) and isinstance(getattr(data, "x_train", None), torch.Tensor)
+            and data.seq_len > block):
+        raise ValueError(f"task {task.name!r}: model {task.model!r} has block_size = {block}, but dataset "
+                         f"{task.dataset!r} holds sequences of {data.seq_len} tokens, which the model refuses; set "
+                         f"model_overrides.block_size = {data.seq_len} (or more)")
+    if isinstance(data, TextData):
+        for split in ("train", "val"):
+            tokens = getattr(data, split, None)
+            length = tokens.shape[0] if isinstance(tokens, torch.Tensor) else None
+            if length is not None and block >= length:
+                raise ValueError(f"task {task.name!r}: model {task.model!r} has block_size = {block}, but the "
+                                 f"{split!r} split of dataset {task.dataset!r} holds {length} tokens, and a window "
+                                 f"needs block_size + 1; set model_overrides.block_size below {length}")
+
+
 def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.nn.Module:
     """The model of one run: preset + data-derived sizes + task overrides + the operator setting.
 
@@ -119,8 +148,9 @@ def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.
 
     Raises:
         ValueError: if the task's or the setting's overrides change a size the model takes from
-            the data (:func:`_check_data_overrides`), or a graph model could not run in the graph
-            tasks (:func:`_check_graph_model`), among the model's own checks.
+            the data (:func:`_check_data_overrides`), a graph model could not run in the graph
+            tasks (:func:`_check_graph_model`), or a language model's ``block_size`` does not fit the
+            data's sequences (:func:`_check_context_model`), among the model's own checks.
     """
     preset = get_preset(task.model)
     sizes = model_overrides_for_data(data, preset.config_cls)
@@ -133,6 +163,7 @@ def build_model(task: TaskConfig, setting: OperatorSetting, data: Any) -> torch.
     overrides, moved = split_task_settings(task.model, overrides)
     model = create_model(task.model, **overrides)
     _check_graph_model(task, model)
+    _check_context_model(task, model, data)
     settings = task_config(task.model, **{**task.ssl, **moved})
     if settings is not None:
         model.task_config = settings

@@ -334,7 +334,8 @@ class DiffusionGPT(nn.Module):
         if targets is not None and targets.device != idx.device:  # a meta target failed inside torch.nonzero
             raise ValueError(f"targets must be on idx's device {idx.device}, got {targets.device}")
         if targets is not None and targets.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"targets must be token ids (an integer tensor), got dtype {targets.dtype}")
+            raise ValueError(f"targets must be token ids (an integer tensor), got dtype {targets.dtype}; expected "
+                             "int64 or int32" + _ids_hint("targets", targets))
         if targets is not None and checks_values(targets):  # CPU, eager, not batched by vmap (no host read there)
             _check_token_ids("targets", targets, self.config.vocab_size, ignore_index=-100)
         x = self._embed(idx)  # (B, T, D)
@@ -358,8 +359,10 @@ class DiffusionGPT(nn.Module):
     def _check_idx(self, idx: object) -> None:
         """``idx``: integer ``(B, T)`` with ``B, T >= 1`` on the model's device; on CPU also ids in ``[0, vocab_size)``."""
         if not isinstance(idx, Tensor) or idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 2:
-            raise ValueError(f"idx must be an integer tensor of shape (B, T), got {getattr(idx, 'shape', idx)!r}"
-                             f" with dtype {getattr(idx, 'dtype', None)}")
+            # an int16 or uint16 tensor (nanoGPT's train.bin holds uint16 ids) was told it must be an integer tensor
+            raise ValueError(f"idx must be an integer tensor (int64 or int32) of shape (B, T), got "
+                             f"{getattr(idx, 'shape', idx)!r} with dtype {getattr(idx, 'dtype', None)}"
+                             + _ids_hint("idx", idx))
         if idx.layout != torch.strided or idx.is_nested:  # else "ge: relation is indeterminate" from a jagged T
             raise ValueError(f"idx must be a dense (strided) tensor of shape (B, T), got "
                              f"{'a nested tensor' if idx.is_nested else 'a sparse tensor'} (layout {idx.layout}): pad "
@@ -560,6 +563,18 @@ def _own_weight(module: nn.Module) -> Tensor | None:
     """``module``'s weight when it is a plain parameter of its own; ``None`` under :mod:`torch.nn.utils.parametrize`
     (the weight is computed from ``parametrizations.weight``) or :mod:`torch.nn.utils.prune` (``weight_orig``)."""
     return module._parameters.get("weight")
+
+
+def _ids_hint(name: str, ids: object) -> str:
+    """A hint for token ids of another integer dtype (``int16``, ``uint8``, ``uint16``, ...): convert them; for one
+    sequence of ids without its batch dimension (``TextData.encode`` returns one): add it."""
+    if not isinstance(ids, Tensor) or ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        return ""
+    if ids.dtype not in (torch.int64, torch.int32):
+        return f" (convert the ids with {name}.long())"
+    if ids.dim() == 1:
+        return f" (one sequence: add the batch dimension, {name}[None])"
+    return ""
 
 
 def _check_token_ids(name: str, ids: Tensor, vocab_size: int, ignore_index: int | None = None) -> None:

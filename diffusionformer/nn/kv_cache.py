@@ -201,9 +201,12 @@ def attend_cached(
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|G, n, C)
     if cache.keys is not None and (cache.keys.dtype != k.dtype or cache.keys.device != k.device):
         # else cat promotes the dtype and a later product fails with a bare "expected scalar type" error
+        # under autocast the layer's keys take autocast's dtype: a cache filled inside it and continued outside
+        # (or the reverse) was blamed on a conversion of the layer that never happened
         raise ValueError(f"attend_cached: the cache holds {cache.keys.dtype} keys on {cache.keys.device}, the layer "
-                         f"now gives {k.dtype} on {k.device} (it was converted or moved during decoding); "
-                         "start a new LayerKVCache or convert the layer back")
+                         f"now gives {k.dtype} on {k.device} (it was converted or moved, or torch.autocast entered or "
+                         "left, during decoding); start a new LayerKVCache, or decode every step as the first "
+                         "(same dtype, device and autocast)")
     keys = _cat(cache.keys, k)  # (B, G, T, C)
     values = _cat(cache.powers[0] if cache.powers else None, v)
     T = start + n
