@@ -178,7 +178,11 @@ def _head(inputs: Any, labels: Tensor | None, k: int) -> tuple[Any, Tensor | Non
     if isinstance(inputs, Tensor):
         return inputs[:k], None if labels is None else labels[:k]
     if isinstance(inputs, (tuple, list)):
-        return type(inputs)(t[:k] for t in inputs), None if labels is None else labels[:k]
+        # the per-sequence tensors (the leading size of the first) are cut; a shared (T, T) attn_mask cut to (k, T)
+        # failed in the model as an attn_mask of the wrong shape, and a None or a number in the tuple failed to slice
+        B = inputs[0].shape[0]
+        return (type(inputs)(t[:k] if isinstance(t, Tensor) and t.ndim > 0 and t.shape[0] == B else t for t in inputs),
+                None if labels is None else labels[:k])
     _import_pyg()
     from torch_geometric.data import Batch
 
@@ -192,7 +196,7 @@ def _to_device(inputs: Any, device: torch.device | None) -> Any:
     if device is None:
         return inputs
     if isinstance(inputs, (tuple, list)):
-        return type(inputs)(t.to(device) for t in inputs)
+        return type(inputs)(t.to(device) if isinstance(t, Tensor) else t for t in inputs)  # a None or a flag as it is
     return inputs.to(device)
 
 
@@ -251,6 +255,32 @@ def _default_forward(model: nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
 
+_WRAPPED = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module", "module")
+
+
+def _forward_signature(block: nn.Module) -> inspect.Signature:
+    """The signature of ``block.forward``, read through wrappers whose forward takes ``(*args, **kwargs)``: a block
+    compiled on its own (``torch.compile(block)``), activation checkpointing's ``checkpoint_wrapper``, FSDP; their
+    calls pass the wrapped block's arguments (the tuple ``args`` was taken for the tokens: "'tuple' object has no
+    attribute 'detach'")."""
+    inner = block
+    for _ in range(4):
+        sig = inspect.signature(inner.forward)
+        params = list(sig.parameters.values())
+        if not params or params[0].kind is not inspect.Parameter.VAR_POSITIONAL:
+            return sig
+        wrapped = next((w for w in (getattr(inner, name, None) for name in _WRAPPED) if isinstance(w, nn.Module)),
+                       None)
+        if wrapped is None:
+            break
+        inner = wrapped
+    raise TypeError(
+        f"capture reads the token input of a block by its forward's parameters, but {type(block).__name__}.forward "
+        f"takes {sig} (a wrapper of a block that capture cannot see through): give model.blocks the blocks "
+        "themselves, or a torch.compile / checkpoint_wrapper / FSDP wrapper of them"
+    )
+
+
 def _split_block_call(
     block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
@@ -263,7 +293,7 @@ def _split_block_call(
     (``edge_attr`` to the edge-aware scores of a graph block); ``batch`` is the graph id per
     node (or the graph's own ``batch``).
     """
-    sig = inspect.signature(block.forward)
+    sig = _forward_signature(block)
     bound = sig.bind(*args, **kwargs)
     names = list(bound.arguments)
     x = bound.arguments[names[0]]
@@ -331,7 +361,8 @@ class LayerRecorder:
     Args:
         model: a model with ``model.blocks`` (``nn.ModuleList``); for a ``torch.compile`` model,
             run the model inside it (``compiled._orig_mod``) in the body: a compiled model that
-            already ran skips hooks registered later (:func:`capture_dataset` does this itself).
+            already ran skips hooks registered later (:func:`capture_dataset` does this itself). A model
+            (or block) compiled in place, ``model.compile()``, runs eagerly inside the ``with`` block.
         layers: residual-stream indices to record, ``0..L`` (default: all).
         attentions: also recompute each recorded block's attention weights.
 
@@ -348,6 +379,8 @@ class LayerRecorder:
 
     def __init__(self, model: nn.Module, layers: Iterable[int] | None = None, attentions: bool = False) -> None:
         self.blocks = _blocks(model)
+        self._model = model
+        self._compiled: list[tuple[nn.Module, Any]] = []  # modules compiled in place, eager while recording
         L = len(self.blocks)
         self.num_blocks = L
         self.layers = _check_layers(layers, L)
@@ -429,6 +462,14 @@ class LayerRecorder:
             return self
         self.clear()
         try:
+            # a model compiled in place (model.compile(), nn.Module.compile) that already ran skips hooks registered
+            # later, as a torch.compile wrapper does: nothing was recorded ("layers [0, 1, 2] were not recorded: did
+            # the forward call run model.blocks?"); its modules run eagerly until the recorder exits
+            for module in self._model.modules():
+                impl = module.__dict__.get("_compiled_call_impl")
+                if impl is not None:
+                    self._compiled.append((module, impl))
+                    module._compiled_call_impl = None
             for i, block in enumerate(self.blocks):
                 if i == 0 or i in self.attention_blocks:
                     self._handles.append(block.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))
@@ -445,6 +486,9 @@ class LayerRecorder:
         self._depth = 0
         while self._handles:
             self._handles.pop().remove()
+        while self._compiled:
+            module, impl = self._compiled.pop()
+            module._compiled_call_impl = impl
 
     def __exit__(self, *exc: Any) -> None:
         if self._depth > 1:
@@ -641,6 +685,12 @@ class _Collector:
                 self._add_no_nodes(inputs, labels, out, n, index)
                 return
             raise RuntimeError(f"layers {missing} were not recorded: did the forward call run model.blocks?")
+        if any(x.is_meta for x in rec.states.values()):  # else torch's "Cannot copy out of meta tensor; no data!"
+            raise ValueError(
+                f"batch {index}: the model ran on the meta device, whose tensors hold no values: there are no token "
+                "states to capture (a LayerRecorder records their shapes); load the model's weights on a real device "
+                "first (model.to_empty(device='cpu'), then load_state_dict)"
+            )
         is_graph = any(x.ndim == 2 for x in rec.states.values())
         if is_graph and not _is_graph_batch(inputs):
             # a tuple's or tensor's leading size counts nodes, not graphs: the count, the cut of the last batch
@@ -789,7 +839,9 @@ def capture_dataset(
     write ``((a, b), None)`` for ``model(a, b)`` without labels):
 
     - ``inputs`` a tensor (``model(inputs)``: images for a ViT, token ids for a GPT), a tuple of
-      tensors (``model(*inputs)``) or a PyG ``Data``/``Batch``
+      tensors (``model(*inputs)``; the first counts the sequences, and a batch cut to fit cuts the tensors of its
+      leading size, passing the others, such as a shared ``(T, T)`` mask or a ``None``, as they are) or a PyG
+      ``Data``/``Batch``
       (``model(b.x, b.edge_index, b.batch)``, with ``num_graphs=b.num_graphs`` where the model's forward
       takes it: a trailing graph without nodes keeps its row); pass ``forward(model, inputs)`` to call differently.
       A graph model needs the Data/Batch: its graphs are counted and cut by the batch vector, and a
@@ -802,7 +854,8 @@ def capture_dataset(
     Args:
         model: a model with ``model.blocks`` (ViT, GPT, graph transformer, or any such); a
             ``DistributedDataParallel``/``DataParallel`` wrapper of one too (hooks on ``model.module.blocks``), or
-            a ``torch.compile`` one; the wrapped model itself runs (eagerly), so the hooks always fire.
+            a ``torch.compile`` one; the wrapped model itself runs (eagerly, as does a model compiled in place with
+            ``model.compile()``), so the hooks always fire.
         batches: an iterable of batches (consumed lazily).
         layers: residual-stream indices to keep, ``0..L`` (default: all ``L + 1``).
         max_examples: number of sequences to keep (``>= 1``).

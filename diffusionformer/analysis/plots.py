@@ -220,7 +220,12 @@ def plot_frequency_response(
     lam = torch.linspace(-1.0, 1.0, int(num_points), dtype=torch.float64)
     named = []
     for name, coeffs in named_coeffs.items():
-        response = frequency_response(coeffs.detach(), lam).cpu()
+        try:
+            response = frequency_response(coeffs.detach(), lam).cpu()
+        except ValueError as err:  # else "coeffs holds NaN ...", naming neither named_coeffs nor the operator
+            hint = (" (DiffusionAttention.coefficients() gives rows of NaN for the heads that are no polynomial in P, "
+                    "such as 'heat-exact' and 'ppr-exact': leave those heads out)") if "NaN" in str(err) else ""
+            raise ValueError(f"named_coeffs[{name!r}]: {err}{hint}") from None
         if response.is_complex():
             raise ValueError(f"named_coeffs[{name!r}] must be real for a real-axis plot")
         rows = response.unsqueeze(0) if response.ndim == 1 else response
@@ -248,7 +253,8 @@ def plot_metric_by_depth(
     output).
 
     Args:
-        results: setting name -> metric value per layer.
+        results: setting name -> metric value per layer, in layer order (a list, tuple or 1-D tensor; a
+            ``{layer: value}`` dict or a set is a ``TypeError``).
         ylabel: name of the metric.
         ax: axes to draw on; a new figure if omitted.
         xlabel: x-axis label.
@@ -275,6 +281,12 @@ def plot_metric_by_depth(
             # a string "12" would plot the digits; a scalar failed with "'float' object is not iterable"
             got = f"shape {tuple(values.shape)}" if hasattr(values, "shape") else type(values).__name__
             raise TypeError(f"results[{name!r}] must be a sequence of numbers, one per layer, got {got}")
+        if isinstance(values, (Mapping, set, frozenset)):
+            # iterated, a {layer: value} dict gave its keys (the layer indices drawn as the metric) and a set its
+            # values in no order
+            hint = ": pass the values in layer order, e.g. list(d.values())" if isinstance(values, Mapping) else ""
+            raise TypeError(f"results[{name!r}] must be an ordered sequence of numbers, one per layer, got "
+                            f"{type(values).__name__}{hint}")
         try:
             values = [float("nan") if v is None else float(v) for v in values]
         except (TypeError, ValueError) as err:  # else "could not convert string to float: 'x'", no setting named

@@ -77,7 +77,10 @@ def token_singular_values(X: Tensor, *, center: str = "sequence", pool: bool = T
     B, T, D = X.shape
     # an exact power-of-two scaling, undone on the singular values: the mean of float32 tokens of |x| > 1e38 overflowed
     # (inf - inf: NaN singular values of finite tokens)
-    _, exponent = torch.frexp(X.detach().abs().amax())
+    # per sequence where each spectrum is its own (pool=False, no batch mean subtracted): one scale for the batch took
+    # a sequence of tokens ~1e-30 beside one of ~1e30 (float32) to 0, and its spectrum to all zeros
+    own = not pool and center != "global"
+    _, exponent = torch.frexp(X.detach().abs().amax(dim=(1, 2), keepdim=True) if own else X.detach().abs().amax())
     X = _times_pow2(X, -exponent)
     if center == "sequence":
         X = X - X.mean(dim=1, keepdim=True)
@@ -85,7 +88,7 @@ def token_singular_values(X: Tensor, *, center: str = "sequence", pool: bool = T
         X = X - X.mean(dim=(0, 1))
     if pool:
         X = X.reshape(B * T, D)
-    return _times_pow2(torch.linalg.svdvals(X), exponent)
+    return _times_pow2(torch.linalg.svdvals(X), exponent.reshape(B, 1) if own else exponent)
 
 
 def _check_spectrum(s: object, name: str = "s") -> Tensor:
