@@ -31,7 +31,10 @@ class NonlinearDiffusionOperator(DiffusionOperator):
     in model space; since the projections are affine and ``P`` is row-stochastic, the
     projected queries, keys and values follow the same equation,
     :math:`\dot q = (P - I) q`, :math:`\dot k = (P - I) k`, :math:`\dot v = (P - I) v`, which is what
-    the operator integrates (a layer with q/k norm re-applies it to the evolving ``q``, ``k``).
+    the operator integrates (a layer with q/k norm re-applies it to the evolving ``q``, ``k``). Where a
+    row of ``P`` may not sum to 1 (a sparse graph's node without incoming edges, a dense mask row without
+    keys, attention dropout) the projections' biases would not follow :math:`(P - I)`; the layer then
+    hands the operator its biases and the bias-free parts :math:`q - b_q`, ... are integrated instead.
     The head's output is ``v(t)``.
 
     Solvers: ``"euler"`` (``K`` steps of :math:`X \leftarrow X + \tau (P(X) - I) X`,
@@ -109,13 +112,25 @@ class NonlinearDiffusionOperator(DiffusionOperator):
         C = ctx.q_raw.shape[-1]
         Cv = ctx.v.shape[-1]
 
-        def field(state: Tensor) -> Tensor:
-            q, k = ctx.normalise_qk(state[..., :C], state[..., C : 2 * C])
-            return ctx.attend(q, k, state) - state
-
-        state = torch.cat([ctx.q_raw, ctx.k_raw, ctx.v], dim=-1)  # (B, G, N, 2C + Cv)
         if self.t == 0.0:
             return ctx.v
+        # where a row of P may not sum to 1 (no keys, attention dropout) the layer hands over its projection biases:
+        # the state is then the linear part q - b_q, k - b_k, v - b_v, which follows (P - I) for every P (the biases
+        # of a model-space state stay put); elsewhere both are the same equation, integrated with the biases
+        bias = getattr(ctx, "_qkv_bias", None)
+        bq = bk = bv = None  # bound before the closure below reads them (torch.compile traces no unbound cell)
+        if bias is not None:
+            bq, bk, bv = (b.to(ctx.v.dtype).unsqueeze(-2) for b in bias)  # (G, 1, C)
+
+        def field(state: Tensor) -> Tensor:
+            q, k = state[..., :C], state[..., C : 2 * C]
+            if bias is not None:
+                q, k = q + bq, k + bk
+            q, k = ctx.normalise_qk(q, k)
+            return ctx.attend(q, k, state) - state
+
+        parts = [ctx.q_raw, ctx.k_raw, ctx.v] if bias is None else [ctx.q_raw - bq, ctx.k_raw - bk, ctx.v - bv]
+        state = torch.cat(parts, dim=-1)  # (B, G, N, 2C + Cv)
         if self.method in FIXED_STEP:
             tau = self.t / self.steps
             for _ in range(self.steps):
@@ -131,7 +146,8 @@ class NonlinearDiffusionOperator(DiffusionOperator):
             odeint = _odeint()
             times = torch.tensor([0.0, self.t], dtype=state.dtype, device=state.device)
             state = odeint(lambda _t, s: field(s), state, times, method=self.method, rtol=self.rtol, atol=self.atol)[-1]
-        return state[..., 2 * C : 2 * C + Cv]
+        out = state[..., 2 * C : 2 * C + Cv]
+        return out if bias is None else out + bv
 
     def extra_repr(self) -> str:
         return f"t={self.t:g}, steps={self.steps}, method={self.method!r}, num_heads={self.num_heads}"

@@ -186,6 +186,9 @@ class RivalContext:
         # dense attend() through a materialised P (the layer's backend="matrix"): stock operations that have a double
         # backward, which torch's fused CPU attention kernels lack
         self._materialise = False
+        # the layer's q, k, v projection biases of these heads, ``(G, C)`` each, for operators that evolve q, k, v
+        # (GRAND-nl) where a row of P may not sum to 1 (set by apply_context_groups; None: no bias, or not needed)
+        self._qkv_bias: tuple[Tensor, Tensor, Tensor] | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -321,6 +324,26 @@ def _slice_heads(mask: Tensor | None, s: int, c: int, H: int) -> Tensor | None:
     return mask.narrow(axis, s, c)
 
 
+def _head_biases(layer: nn.Module, s: int, c: int) -> tuple[Tensor, Tensor, Tensor] | None:
+    r"""The biases of ``layer.qkv`` for the query, key and value heads ``s .. s + c - 1``, ``(c, C)`` each (key/value
+    heads expanded over their query groups, as the layer's ``k``, ``v``), or ``None`` without a bias.
+
+    An operator that evolves the projected ``q, k, v`` of a model-space state :math:`\dot X = (P - I) X` (GRAND-nl)
+    relies on :math:`(P - I)\,1 b^\top = 0`: true for a row-stochastic ``P``, not for a row without keys (zero) or
+    a row rescaled by attention dropout. Evolving ``q - b_q``, ``k - b_k``, ``v - b_v`` (the linear parts) is exact
+    for every ``P``."""
+    bias = getattr(getattr(layer, "qkv", None), "bias", None)
+    if bias is None:
+        return None
+    H, C = layer.num_heads, layer.head_dim
+    G = getattr(layer, "num_kv_heads", H)
+    bq, bk, bv = bias.split([H * C, G * C, G * C])
+    bq, bk, bv = bq.view(H, C), bk.view(G, C), bv.view(G, C)
+    if G != H:
+        bk, bv = bk.repeat_interleave(H // G, dim=0), bv.repeat_interleave(H // G, dim=0)
+    return bq[s : s + c], bk[s : s + c], bv[s : s + c]
+
+
 def _context_output(op: nn.Module, ctx: RivalContext) -> Tensor:
     """``op.apply_context(ctx)``, checked by :func:`~diffusionformer.ops._checks._head_output`."""
     return _head_output(op, "apply_context(ctx)", op.apply_context(ctx), ctx.v, "ctx.v")
@@ -373,11 +396,16 @@ def apply_context_groups(
         sl = slice(s, s + c)
         if sparse:
             ctx = RivalContext.sparse(q[:, sl], k[:, sl], v[:, sl], edge_index, is_causal=is_causal, **kwargs)
-            y = _context_output(op, ctx)[0].transpose(0, 1)  # (N, G, C)
         else:
             ctx = RivalContext.dense(q[:, sl], k[:, sl], v[:, sl], attn_mask=_slice_heads(mask, s, c, H),
                                      is_causal=is_causal, **kwargs)
             ctx._materialise = getattr(layer, "backend", "auto") == "matrix"  # the layer's back-end, as its other heads
-            y = _context_output(op, ctx)
+        if op.reprojects_each_step and (sparse or dropout_p > 0.0 or ctx._uniform_plan is None):
+            # a row of P may not sum to 1 here (a node without incoming edges, a mask row without keys, the rescaled
+            # rows of attention dropout): the projections' biases no longer follow (P - I), see _head_biases
+            ctx._qkv_bias = _head_biases(layer, s, c)
+        y = _context_output(op, ctx)
+        if sparse:
+            y = y[0].transpose(0, 1)  # (N, G, C)
         out = out.index_add(head_axis, torch.arange(s, s + c, device=out.device), y.to(out.dtype))
     return out
