@@ -171,8 +171,8 @@ class DiffusionGPT(nn.Module):
             laplacian_heads: trailing Laplacian heads per layer, as in :class:`GPTConfig` (``"half"``: half).
             **config_overrides: other :class:`GPTConfig` fields (``dropout``, ``backend``, ``recompute``, ...).
                 ``n_layer``, ``n_head``, ``n_embd``, ``vocab_size``, ``block_size`` and ``bias`` fix the
-                parameter shapes: given, they must equal the checkpoint's (lower ``model.config.block_size``
-                after loading to crop the context, as nanoGPT's ``crop_block_size``).
+                parameter shapes: given, they must equal the checkpoint's (:meth:`crop_block_size` after
+                loading shortens the context, as nanoGPT's).
 
         Returns:
             A :class:`DiffusionGPT` holding the checkpoint's weights.
@@ -199,7 +199,7 @@ class DiffusionGPT(nn.Module):
             if key in config_overrides and config_overrides[key] != args[key]:
                 raise ValueError(f"from_nanogpt: {key}={config_overrides[key]!r} differs from the checkpoint's "
                                  f"{key}={args[key]!r}, which fixes the parameter shapes"
-                                 + (" (lower model.config.block_size after loading to crop the context)"
+                                 + (" (model.crop_block_size(n) after loading shortens the context)"
                                     if key == "block_size" else ""))
         config = GPTConfig(**{**args, **config_overrides, "heads": heads, "laplacian_heads": laplacian_heads})
         names = _nanogpt_names(config.n_layer)
@@ -387,6 +387,28 @@ class DiffusionGPT(nn.Module):
                              "the model was built with (block_size changed after building?); build a new model")
         return size
 
+    @torch.no_grad()
+    def crop_block_size(self, block_size: int) -> None:
+        """Shrink the context to ``block_size`` tokens, as nanoGPT's ``crop_block_size``: ``config.block_size``
+        and, with learned positions, the position embedding (its first ``block_size`` rows kept), so that the
+        state dict loads into ``DiffusionGPT(model.config)``. Lowering ``config.block_size`` alone kept every
+        row. Call it before building an optimiser (the position embedding is a new parameter).
+
+        Raises:
+            ValueError: ``block_size`` is not an int in ``[1, config.block_size]`` (the model has no weights for
+                more positions).
+        """
+        now = self._block_size()
+        if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or not 1 <= block_size <= now:
+            raise ValueError(f"crop_block_size: expected an int in [1, {now}] (the model's block_size), got "
+                             f"{block_size!r}")
+        block_size = int(block_size)
+        if self.pos_emb is not None:
+            old = self.pos_emb.weight
+            self.pos_emb.weight = nn.Parameter(old[:block_size].clone(), requires_grad=old.requires_grad)
+            self.pos_emb.num_embeddings = block_size
+        self.config.block_size = block_size
+
     def new_cache(self) -> list[LayerKVCache]:
         """An empty KV cache, one :class:`~diffusionformer.nn.kv_cache.LayerKVCache` per block."""
         return [LayerKVCache() for _ in self.blocks]
@@ -471,7 +493,10 @@ class DiffusionGPT(nn.Module):
         if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature >= 0:  # NaN too
             raise ValueError(f"temperature must be a non-negative float, got {temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
-            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+            # top_k=0 turns top-k off in Hugging Face's generate: here that is None
+            off = " (None samples from every token: top_k=0 is how Hugging Face's generate says so)" if (
+                not isinstance(top_k, bool) and isinstance(top_k, numbers.Integral) and top_k == 0) else ""
+            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}{off}")
         if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real)
                                   or not 0.0 < top_p <= 1.0):
             raise ValueError(f"top_p must be a float in (0, 1] or None, got {top_p!r}")

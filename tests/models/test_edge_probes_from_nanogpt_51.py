@@ -263,9 +263,10 @@ def test_pin_defaults_of_missing_model_args_are_nanogpts(nanogpt_reference):
 
 
 def test_pin_block_size_hint_only_for_block_size(nanogpt_reference):
-    """Pin: the block_size override's error tells how to crop (lower model.config.block_size); other fields' don't."""
+    """Pin: the block_size override's error tells how to crop (model.crop_block_size, sitting 52); other fields'
+    don't."""
     ckpt = _checkpoint(_reference(nanogpt_reference))
-    with pytest.raises(ValueError, match=r"block_size=4 differs.*lower model\.config\.block_size after loading"):
+    with pytest.raises(ValueError, match=r"block_size=4 differs.*model\.crop_block_size\(n\) after loading"):
         DiffusionGPT.from_nanogpt(ckpt, block_size=4)
     with pytest.raises(ValueError, match="n_layer=3 differs") as err:
         DiffusionGPT.from_nanogpt(ckpt, n_layer=3)

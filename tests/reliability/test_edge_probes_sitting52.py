@@ -93,3 +93,49 @@ def test_bug_heat_truncation_error_of_huge_steps_holds_no_terms_per_step():
         assert float(exact) <= got <= float(exact) * (1 + 2e-8), (t, steps, got, float(exact))
     huge = heat_truncation_error(torch.tensor([1.0, -3.0, 1e12], dtype=torch.float64), 10**12)
     assert huge.dtype == torch.float64 and huge[:2].tolist() == [0.0, 0.0] and 0.49 < float(huge[2]) < 0.51
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_crop_block_size_gives_a_model_its_own_config_loads(rope):
+    """New (sitting 52), for a bug: the way to crop a loaded GPT's context was to lower ``model.config.block_size``,
+    which kept every row of the position embedding: its state dict then failed to load into
+    ``DiffusionGPT(model.config)`` (torch's size mismatch). ``crop_block_size`` (nanoGPT's name) keeps the first rows;
+    logits on contexts that fit are unchanged, and a larger size than the model has is refused."""
+    import torch
+
+    from diffusionformer.models import DiffusionGPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = DiffusionGPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=16, rope=rope,
+                                   laplacian_heads=1)).eval()
+    idx = torch.randint(0, 11, (2, 8))
+    before = model(idx)[0]
+    first_rows = None if rope else model.pos_emb.weight[:8].clone()
+    model.crop_block_size(8)
+    assert model.config.block_size == 8
+    torch.testing.assert_close(model(idx)[0], before, rtol=0, atol=0)
+    fresh = DiffusionGPT(model.config)
+    fresh.load_state_dict(model.state_dict())  # failed with a size mismatch of pos_emb.weight before
+    if not rope:
+        assert torch.equal(model.pos_emb.weight, first_rows) and model.pos_emb.weight.requires_grad
+        assert model.pos_emb.num_embeddings == 8
+    with pytest.raises(ValueError, match=r"sequence length T=9 exceeds block_size=8"):
+        model(torch.randint(0, 11, (1, 9)))
+    assert model.generate(idx, 3).shape == (2, 11)  # the window slides over the cropped context
+    for bad in (9, 0, 4.0, True):
+        with pytest.raises(ValueError, match=r"crop_block_size: expected an int in \[1, 8\]"):
+            model.crop_block_size(bad)
+
+
+def test_bug_top_k_zero_is_told_that_none_turns_it_off():
+    """Bug: ``generate(top_k=0)``, Hugging Face's way to turn top-k off, was refused with "top_k must be a positive
+    int or None, got 0" alone; the error now says that None samples from every token."""
+    import torch
+
+    from diffusionformer.models import DiffusionGPT, GPTConfig
+
+    model = DiffusionGPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    with pytest.raises(ValueError, match=r"got 0 \(None samples from every token: top_k=0 is how Hugging Face"):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), 1, top_k=0)
+    with pytest.raises(ValueError, match=r"got -1$"):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), 1, top_k=-1)
