@@ -201,6 +201,11 @@ class DiffusionGPT(nn.Module):
                                  f"{key}={args[key]!r}, which fixes the parameter shapes"
                                  + (" (model.crop_block_size(n) after loading shortens the context)"
                                     if key == "block_size" else ""))
+        if config_overrides.get("norm", "layernorm") != "layernorm":
+            # with bias=False an RMSNorm has the parameters of nanoGPT's LayerNorm: its gains loaded without a word
+            # into another function of them (logits off by 0.16 in a small model)
+            raise ValueError(f"from_nanogpt: norm={config_overrides['norm']!r}: nanoGPT's blocks normalise with "
+                             "LayerNorm, whose weights are in the checkpoint; they would be loaded into another norm")
         config = GPTConfig(**{**args, **config_overrides, "heads": heads, "laplacian_heads": laplacian_heads})
         names = _nanogpt_names(config.n_layer)
         ours: dict[str, Tensor] = {}

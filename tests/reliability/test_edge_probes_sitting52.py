@@ -139,3 +139,23 @@ def test_bug_top_k_zero_is_told_that_none_turns_it_off():
         model.generate(torch.zeros(1, 2, dtype=torch.long), 1, top_k=0)
     with pytest.raises(ValueError, match=r"got -1$"):
         model.generate(torch.zeros(1, 2, dtype=torch.long), 1, top_k=-1)
+
+
+def test_bug_from_nanogpt_refuses_another_norm():
+    """Bug: ``from_nanogpt(..., norm="rmsnorm")`` of a ``bias=False`` checkpoint loaded nanoGPT's LayerNorm gains into
+    RMSNorm without a word (the parameters have the same names and shapes), another function of them; it is now
+    refused. ``norm="layernorm"`` (the checkpoint's own) is taken."""
+    import torch
+
+    from diffusionformer.models import DiffusionGPT, GPTConfig
+    from diffusionformer.models.gpt import _nanogpt_names
+
+    source = DiffusionGPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, bias=False))
+    ours = source.state_dict()
+    state = {theirs: ours[mine] for theirs, mine in _nanogpt_names(1).items() if mine in ours}
+    args = {"vocab_size": 11, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 8, "bias": False}
+    with pytest.raises(ValueError, match=r"norm='rmsnorm': nanoGPT's blocks normalise with LayerNorm"):
+        DiffusionGPT.from_nanogpt(state, model_args=args, norm="rmsnorm")
+    loaded = DiffusionGPT.from_nanogpt(state, model_args=args, norm="layernorm").eval()
+    idx = torch.randint(0, 11, (1, 5))
+    torch.testing.assert_close(loaded(idx)[0], source.eval()(idx)[0], rtol=0, atol=0)
