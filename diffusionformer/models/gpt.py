@@ -181,7 +181,8 @@ class DiffusionGPT(nn.Module):
             ValueError: a file that ``weights_only`` refuses (load it yourself, only if you trust its source, and
                 pass the dict) or that ``torch.load`` cannot read (damaged, truncated, not a checkpoint), a source
                 of the wrong layout, an unknown ``model_args`` key or config field, an
-                override of a shape field that differs from the checkpoint, a nanoGPT parameter that is missing,
+                override of a shape field that differs from the checkpoint (or of ``norm``: nanoGPT's is
+                LayerNorm), a nanoGPT parameter that is missing,
                 unexpected or of the wrong shape (each named).
             TypeError: a source that is neither a path nor a dict.
 
