@@ -57,17 +57,23 @@ class _NoBlocks(TypeError):
     """A model without transformer blocks to capture (a GCN or GIN baseline): ``analyze`` skips its task."""
 
 
-def _blocks(model: nn.Module) -> nn.ModuleList:
+def _blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential:
+    """``model.blocks``: an ``nn.ModuleList``, or an ``nn.Sequential`` (timm's ``VisionTransformer.blocks``), whose
+    forward calls each block in turn, as the models' forward calls the list's."""
     inner = model
-    while not isinstance(getattr(inner, "blocks", None), nn.ModuleList) \
+    while not isinstance(getattr(inner, "blocks", None), (nn.ModuleList, nn.Sequential)) \
             and isinstance(getattr(inner, "module", None), nn.Module):
         inner = inner.module  # DistributedDataParallel / DataParallel: hooks on the wrapped model's blocks
     blocks = getattr(inner, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
+    if not isinstance(blocks, (nn.ModuleList, nn.Sequential)) or len(blocks) == 0:
         got = type(blocks).__name__ if blocks is not None else "no attribute `blocks`"
+        inside = next((name for name in ("backbone", "student", "model", "encoder")
+                       if isinstance(getattr(getattr(inner, name, None), "blocks", None),
+                                     (nn.ModuleList, nn.Sequential))), None)
         raise _NoBlocks(
             f"capture needs a model with a non-empty nn.ModuleList `model.blocks` (DiffusionViT, DiffusionGPT, "
-            f"DiffusionGraphTransformer), got {type(model).__name__} with {got}"
+            f"DiffusionGraphTransformer; an nn.Sequential too), got {type(model).__name__} with {got}"
+            + (f": capture model.{inside}, which has them (e.g. a DINO model's backbone)" if inside else "")
         )
     return blocks
 
@@ -359,7 +365,7 @@ class LayerRecorder:
     every block ``i`` whose output ``i + 1`` is recorded). A later pass overwrites the earlier one.
 
     Args:
-        model: a model with ``model.blocks`` (``nn.ModuleList``); for a ``torch.compile`` model,
+        model: a model with ``model.blocks`` (``nn.ModuleList`` or ``nn.Sequential``); for a ``torch.compile`` model,
             run the model inside it (``compiled._orig_mod``) in the body: a compiled model that
             already ran skips hooks registered later (:func:`capture_dataset` does this itself). A model
             (or block) compiled in place, ``model.compile()``, runs eagerly inside the ``with`` block.

@@ -159,3 +159,41 @@ def test_bug_from_nanogpt_refuses_another_norm():
     loaded = DiffusionGPT.from_nanogpt(state, model_args=args, norm="layernorm").eval()
     idx = torch.randint(0, 11, (1, 5))
     torch.testing.assert_close(loaded(idx)[0], source.eval()(idx)[0], rtol=0, atol=0)
+
+
+def test_capture_takes_sequential_blocks_and_points_a_dino_at_its_backbone():
+    """Bug: ``capture_dataset`` refused a model whose ``blocks`` is an ``nn.Sequential`` (timm's ViT keeps its blocks
+    so), though its forward calls each block as the ModuleList models do; and a DINO model was refused without a
+    word of its ``backbone``, which has the blocks. Sequential blocks are now recorded (checked against running the
+    blocks by hand) and the refusal names the attribute that has blocks."""
+    import torch
+    from torch import nn
+
+    from diffusionformer.analysis import capture_dataset
+    from diffusionformer.models import create_model
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return x + torch.tanh(self.lin(x))
+
+    class Timmish(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.Sequential(Block(), Block())
+            self.head = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.head(self.blocks(x).mean(1))
+
+    torch.manual_seed(0)
+    model, x = Timmish(), torch.randn(5, 6, 4)
+    cap = capture_dataset(model, [(x, torch.zeros(5, dtype=torch.long))])
+    expected = [x, model.blocks[0](x), model.blocks[1](model.blocks[0](x))]
+    for layer in range(3):
+        torch.testing.assert_close(cap.states[layer], expected[layer].detach(), rtol=0, atol=0)
+    with pytest.raises(TypeError, match=r"got DINO with no attribute `blocks`: capture model\.backbone, which has"):
+        capture_dataset(create_model("dino-digits"), [(torch.randn(2, 1, 8, 8), None)])
