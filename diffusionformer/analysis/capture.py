@@ -510,7 +510,8 @@ class LayerRecorder:
 
 @dataclass
 class LayerCapture:
-    r"""Token representations per layer of up to ``max_examples`` sequences (CPU, float32).
+    r"""Token representations per layer of up to ``max_examples`` sequences (CPU, float32; float64 for a float64
+    model).
 
     Attributes:
         states: residual-stream index ``l`` (0 = embeddings, ``l`` = after block ``l - 1``) ->
@@ -664,8 +665,15 @@ def _dense_mask(rec: LayerRecorder, index: int) -> Tensor | None:
     return mask
 
 
+def _kept_dtype(x: Tensor) -> torch.dtype:
+    """float64 for a float64 tensor (a model run in float64 to measure collapse below float32's resolution), else
+    float32 (half precision widened, the memory bound kept)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 class _Collector:
-    """Moves each recorded pass to the CPU (float32) and concatenates the passes at the end."""
+    """Moves each recorded pass to the CPU (float32, or float64 as the model gives it) and concatenates the passes
+    at the end."""
 
     def __init__(self, recorder: LayerRecorder, max_attention_examples: int, keep_outputs: bool) -> None:
         self.recorder = recorder
@@ -724,7 +732,7 @@ class _Collector:
             x = rec.states[layer]
             if is_graph:
                 x, mask = pad_by_batch(x, batch, n)
-            self.states[layer].append(x.to(device="cpu", dtype=torch.float32))
+            self.states[layer].append(x.to(device="cpu", dtype=_kept_dtype(x)))
         self.masks.append(None if mask is None else mask.cpu())
         T = rec.states[rec.layers[0]].shape[1] if not is_graph else 0
         kept = _collect_labels(labels, inputs, is_graph, batch, n, T, index)
@@ -736,7 +744,7 @@ class _Collector:
             kept_nodes = int(mask[:a].sum()) if mask is not None else 0
             for i in rec.attention_blocks:
                 inter = rec.attentions[i]
-                w = inter.attn_weights.detach().to(device="cpu", dtype=torch.float32)
+                w = inter.attn_weights.detach().to(device="cpu", dtype=_kept_dtype(inter.attn_weights))
                 if inter.edge_index is None:  # dense (B, H, T, T)
                     self.attn[i].append(w[:a])
                 else:  # sparse (E, H): edges among the nodes of the first `a` graphs
@@ -769,7 +777,7 @@ class _Collector:
             o = out[0] if isinstance(out, (tuple, list)) else out
             if not isinstance(o, Tensor):
                 raise TypeError(f"keep_outputs needs a tensor output, got {type(o).__name__}")
-            self.outputs.append(o.detach().to(device="cpu", dtype=torch.float32))
+            self.outputs.append(o.detach().to(device="cpu", dtype=_kept_dtype(o)))
 
     def finish(self, model_name: str) -> LayerCapture:
         first = self.states[self.recorder.layers[0]]
@@ -834,7 +842,8 @@ def capture_dataset(
     r"""Stream ``batches`` through ``model`` and keep the residual stream of the first sequences.
 
     Memory bound: the raw tokens of at most ``max_examples`` sequences (graphs) are kept,
-    on the CPU in float32, i.e. ``max_examples * T * D * len(layers) * 4`` bytes, plus dense
+    on the CPU in float32 (float64 for a float64 model: twice that, and the collapse it measures reaches float64's
+    resolution, not float32's 1e-7), i.e. ``max_examples * T * D * len(layers) * 4`` bytes, plus dense
     attention maps of at most ``max_attention_examples`` sequences
     (``A * H * T^2 * 4`` bytes per block). Iteration stops as soon as ``max_examples`` sequences
     are captured (no further batch is drawn), and the last batch is cut to fit before it

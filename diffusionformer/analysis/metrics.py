@@ -613,6 +613,32 @@ def anova_decomposition(X: Tensor, y: Tensor) -> AnovaSplit:
     return AnovaSplit(*values, num_classes=K)
 
 
+def _anova_of_lengths(tokens: Tensor, lengths: Tensor, y: Tensor) -> AnovaSplit:
+    r""":func:`anova_decomposition` of sequences of unequal lengths (padded graphs): ``tokens`` ``(N, D)`` the real
+    tokens of every sequence in order, ``lengths`` ``(B,)`` their counts (0: an empty sequence, left out), ``y``
+    ``(B,)``. Each level weighs a mean by its tokens (``n_b`` for a sequence, ``N_c = sum_{b in c} n_b`` for a
+    class, ``m_c`` the mean of the class's tokens), which keeps the split exact:
+    ``sum ||x - mu||^2 = sum ||x_{b,i} - x_bar_b||^2 + sum_b n_b ||x_bar_b - m_{y_b}||^2 + sum_c N_c ||m_c - mu||^2``;
+    with equal lengths it is :func:`anova_decomposition`'s. Accumulated in float64 (float32 on MPS)."""
+    tokens = tokens.to(_wide_dtype(tokens))
+    keep = lengths > 0
+    n = lengths[keep].to(tokens.dtype)  # (B', )
+    seq = torch.repeat_interleave(torch.arange(n.shape[0], device=tokens.device), lengths[keep])  # (N,)
+    N, D = tokens.shape
+    seq_mean = tokens.new_zeros(n.shape[0], D).index_add_(0, seq, tokens) / n.unsqueeze(-1)  # (B', D)
+    _, inv, _ = torch.unique(y[keep], return_inverse=True, return_counts=True)
+    K = int(inv.max()) + 1 if inv.numel() else 0
+    class_n = n.new_zeros(K).index_add_(0, inv, n)  # tokens per class
+    class_mean = tokens.new_zeros(K, D).index_add_(0, inv, seq_mean * n.unsqueeze(-1)) / class_n.unsqueeze(-1)
+    mu = tokens.mean(dim=0)
+    within = (tokens - seq_mean[seq]).pow(2).sum() / N
+    between_seq = (n.unsqueeze(-1) * (seq_mean - class_mean[inv]).pow(2)).sum() / N
+    between_class = (class_n.unsqueeze(-1) * (class_mean - mu).pow(2)).sum() / N
+    total = (tokens - mu).pow(2).sum() / N
+    values = torch.stack([total, within, between_seq, between_class]).tolist()
+    return AnovaSplit(*values, num_classes=K)
+
+
 # ----------------------------------------------------------------------------------------
 # Neural Collapse (Papyan, Han & Donoho 2020) and next-token separability
 # ----------------------------------------------------------------------------------------

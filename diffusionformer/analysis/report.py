@@ -15,7 +15,8 @@ Papyan (arXiv 2602.09297) track through depth:
 - spectrum of the tokens centred per sequence, pooled over sequences: ``effective_rank``,
   ``stable_rank``, ``energy_top3`` and the power-law exponent ``power_law_alpha`` (fitted
   over the ranks above ``1e-6`` of the largest singular value);
-- with one label per sequence: the ANOVA split of the token scatter (fractions), Neural
+- with one label per sequence: the ANOVA split of the token scatter (fractions; padded graphs
+  of unequal sizes weigh each mean by its tokens, which keeps the split exact), Neural
   Collapse of the sequence means (``nc1``, NC2 ``nc2_equinorm``/``nc2_equiangularity``/
   ``nc2_etf_distance``, NC4 ``nc4_agreement`` with the model's predictions when given, else
   the nearest-class-centre accuracy) and ``seq_probe_acc``, a linear probe on the means;
@@ -26,8 +27,8 @@ Papyan (arXiv 2602.09297) track through depth:
 Every metric is one function registered once (:func:`register_metric`, keyed by its name, with
 its group, axis label, figure panel and table column); :func:`layer_reports`, the analysis of a
 comparison (``metrics.json``, its summary table and figures) read the registry
-(:func:`list_metrics`). A metric that is undefined for the data (fewer than 2 classes, ANOVA of
-padded graphs, no attention captured) is ``None``. Padded captures (graphs) are handled exactly: per-sequence
+(:func:`list_metrics`). A metric that is undefined for the data (fewer than 2 classes, no real
+token, no attention captured) is ``None``. Padded captures (graphs) are handled exactly: per-sequence
 metrics are computed on groups of equal length, pooled quantities on the real tokens only.
 """
 
@@ -44,6 +45,7 @@ from torch import Tensor
 
 from diffusionformer.analysis.capture import IGNORE_INDEX, LayerCapture
 from diffusionformer.analysis.metrics import (
+    _anova_of_lengths,
     _check_flag,
     _is_int,
     _times_pow2,
@@ -409,10 +411,18 @@ def _power_law_alpha(v: LayerView) -> float | None:
 
 
 def _anova(v: LayerView) -> tuple[float, float, float] | None:
-    """ANOVA fractions of an unpadded capture (``None`` for padded graphs: groups of unequal size), of the tokens
-    scaled by a power of two (the fractions are scale-free; float64 tokens of |x| > 1e154 gave inf / inf = NaN)."""
-    return v.cached("anova", lambda: None if v.mask is not None
-                    else anova_decomposition(_unit_scale(v.X, dim=(0, 1, 2)), v.seq_labels).fractions)
+    """ANOVA fractions of the real tokens (a padded capture's sequences of unequal lengths weighted by their
+    tokens, :func:`~diffusionformer.analysis.metrics._anova_of_lengths`; they were ``None`` before sitting 52),
+    scaled by a power of two (the fractions are scale-free; float64 tokens of |x| > 1e154 gave inf / inf = NaN).
+    ``None`` without a real token."""
+    def compute() -> tuple[float, float, float] | None:
+        if v.mask is None:
+            return anova_decomposition(_unit_scale(v.X, dim=(0, 1, 2)), v.seq_labels).fractions
+        if v.tokens.shape[0] == 0:
+            return None
+        return _anova_of_lengths(_unit_scale(v.tokens, dim=(0, 1)), v.lengths, v.seq_labels).fractions
+
+    return v.cached("anova", compute)
 
 
 def _sequences(v: LayerView) -> tuple[Tensor, Tensor, Tensor | None]:

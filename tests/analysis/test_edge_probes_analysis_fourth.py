@@ -141,7 +141,10 @@ def test_every_registered_smoothing_spectral_and_nc1_metric_of_a_padded_capture_
     }
     for key, value in ref.items():
         assert got[key] == pytest.approx(float(value), rel=1e-9, abs=1e-12), key
-    assert got["dirichlet_attention"] is None and got["anova_within_fraction"] is None  # no attention; padded
+    assert got["dirichlet_attention"] is None  # no attention captured
+    tokens = np.concatenate(seqs)  # the ANOVA of the real tokens (sitting 52; None for padded captures before)
+    within = sum(((s - s.mean(0)) ** 2).sum() for s in seqs) / ((tokens - tokens.mean(0)) ** 2).sum()
+    assert got["anova_within_fraction"] == pytest.approx(float(within), rel=1e-9)
 
 
 def test_eigenvalues_of_causal_and_batched_attention_maps_agree_with_numpy() -> None:

@@ -274,17 +274,21 @@ def test_an_iterable_without_batches_is_refused(vit: DiffusionViT) -> None:
             capture_dataset(vit, batches)
 
 
-def test_float64_models_are_captured_in_float32(vit: DiffusionViT) -> None:
-    """kills: capture.py _Collector.add keeping the states (and the attention maps) in the model's dtype
-    (the docs: CPU, float32)"""
+def test_float64_models_are_captured_in_float64(vit: DiffusionViT) -> None:
+    """kills: capture.py _Collector.add casting a float64 model's states (and attention maps) to float32 (since
+    sitting 52 the docs say: CPU, float32, float64 for a float64 model, whose collapse below float32's resolution
+    is what it is run in float64 to see); a bf16 model's are float32."""
     vit.double()
     x = _images(2).double()
     cap = capture_dataset(vit, [x], attentions=True)
-    assert all(s.dtype == torch.float32 for s in cap.states.values())
-    assert all(P.dtype == torch.float32 for P in cap.attentions.values())
+    assert all(s.dtype == torch.float64 for s in cap.states.values())
+    assert all(P.dtype == torch.float64 for P in cap.attentions.values())
     with torch.no_grad():
         _, ref = vit.eval().forward_tokens(x, return_intermediates=True)
-    torch.testing.assert_close(cap.states[2], ref.hidden_states[1].float())
+    torch.testing.assert_close(cap.states[2], ref.hidden_states[1], rtol=0, atol=0)
+    cap = capture_dataset(vit.bfloat16(), [x.bfloat16()], attentions=True)
+    assert all(s.dtype == torch.float32 for s in cap.states.values())
+    assert all(P.dtype == torch.float32 for P in cap.attentions.values())
 
 
 # ============================================================================ report.py
@@ -428,9 +432,9 @@ def test_token_nc1_drops_classes_with_a_single_token() -> None:
     assert layer_reports(LayerCapture({0: X}, labels=lone))[0].metrics["token_nc1"] is None
 
 
-def test_anova_fractions_are_in_their_documented_order_and_not_for_padded_tokens() -> None:
+def test_anova_fractions_are_in_their_documented_order_and_of_real_tokens_only() -> None:
     """kills: report.py registering anova_between_sequence_fraction with the between-class share; and measuring
-    the ANOVA on a padded capture (padding counted as tokens)"""
+    the ANOVA on a padded capture with the padding counted as tokens (since sitting 52 the real tokens' split)"""
     X = torch.tensor([[[0.0], [2.0]], [[4.0], [4.0]], [[10.0], [12.0]], [[10.0], [10.0]]], dtype=torch.float64)
     y = torch.tensor([0, 0, 1, 1])
     m = layer_reports(LayerCapture({0: X}, labels=y))[0].metrics
@@ -441,7 +445,16 @@ def test_anova_fractions_are_in_their_documented_order_and_not_for_padded_tokens
     assert m["anova_between_sequence_fraction"] == pytest.approx(10 / total, rel=1e-12)
     assert m["anova_between_class_fraction"] == pytest.approx(128 / total, rel=1e-12)
     padded = layer_reports(LayerCapture({0: X}, mask=torch.tensor([[True, True]] * 3 + [[True, False]]), labels=y))
-    assert all(padded[0].metrics[k] is None for k in R.SEQUENCE_LABEL_METRICS if k.startswith("anova"))
+    # the last sequence holds one real token (10): tokens 0 2 4 4 10 12 10, grand mean 6, total 128; within
+    # 2 + 0 + 2 + 0 = 4; sequence means 1, 4, 11, 10 vs class means 2.5 (4 tokens) and 32/3 (3 tokens): between
+    # sequences 2 (1.5^2) + 2 (1.5^2) + 2 (1/3)^2 + (2/3)^2 = 9 + 2/3; between classes 4 (3.5^2) + 3 (14/3)^2
+    # = 49 + 196/3
+    within, between_seq, between_class = 4, 9 + 2 / 3, 49 + 196 / 3
+    total = within + between_seq + between_class
+    assert total == pytest.approx(128, rel=1e-12)
+    assert padded[0].metrics["anova_within_fraction"] == pytest.approx(within / total, rel=1e-12)
+    assert padded[0].metrics["anova_between_sequence_fraction"] == pytest.approx(between_seq / total, rel=1e-12)
+    assert padded[0].metrics["anova_between_class_fraction"] == pytest.approx(between_class / total, rel=1e-12)
 
 
 def test_nc2_metrics_read_their_own_attributes() -> None:

@@ -559,14 +559,20 @@ def test_constant_tokens_have_zero_variance_ratio() -> None:
     assert m["variance_ratio"] == 0.0 and m["within_variance"] == 0.0
 
 
-def test_padded_sequences_have_no_anova_and_one_class_has_no_collapse() -> None:
-    """Kills report.py R16 (the ANOVA split of padded graphs, which mixes padding into the groups) and
-    R17 (Neural Collapse measured with a single class: it needs two)."""
+def test_padded_sequences_have_the_anova_of_their_real_tokens_and_one_class_has_no_collapse() -> None:
+    """Kills report.py R16 (the ANOVA split of padded graphs mixing padding into the groups: since sitting 52 it is
+    the split of the real tokens, each mean weighted by its tokens) and R17 (Neural Collapse measured with a single
+    class: it needs two)."""
+    from diffusionformer.analysis.metrics import _anova_of_lengths, anova_decomposition
+
     X = torch.randn(4, 3, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     mask = torch.tensor([[True, True, True], [True, True, False], [True, True, True], [True, False, False]])
     padded = layer_reports(LayerCapture({0: X * mask.unsqueeze(-1)}, mask=mask, labels=torch.tensor([0, 1, 0, 1])))[0]
-    assert [padded.metrics[k] for k in ("anova_within_fraction", "anova_between_sequence_fraction",
-                                        "anova_between_class_fraction")] == [None, None, None]
+    real = _anova_of_lengths(X[mask], mask.sum(1), torch.tensor([0, 1, 0, 1])).fractions
+    with_padding = anova_decomposition(X * mask.unsqueeze(-1), torch.tensor([0, 1, 0, 1])).fractions
+    got = [padded.metrics[k] for k in ("anova_within_fraction", "anova_between_sequence_fraction",
+                                       "anova_between_class_fraction")]
+    assert got == pytest.approx(list(real), rel=1e-12) and got != pytest.approx(list(with_padding), rel=1e-3)
     assert padded.metrics["nc1"] is not None
     one = layer_reports(LayerCapture({0: X}, labels=torch.tensor([3, 3, 3, 3])))[0].metrics
     assert [one[k] for k in ("nc1", "nc2_equinorm", "nc2_etf_distance", "nc4_agreement", "seq_probe_acc")] == [None] * 5

@@ -197,3 +197,59 @@ def test_capture_takes_sequential_blocks_and_points_a_dino_at_its_backbone():
         torch.testing.assert_close(cap.states[layer], expected[layer].detach(), rtol=0, atol=0)
     with pytest.raises(TypeError, match=r"got DINO with no attribute `blocks`: capture model\.backbone, which has"):
         capture_dataset(create_model("dino-digits"), [(torch.randn(2, 1, 8, 8), None)])
+
+
+def _anova_loops(seqs, labels):
+    """Reference: the three parts of the token sum of squares from explicit loops over sequences of any length
+    (each mean weighted by its tokens), float64, divided by the token count."""
+    import numpy as np
+
+    tokens = np.concatenate(seqs)
+    mu = tokens.mean(0)
+    classes = sorted(set(labels))
+    class_mean = {c: np.concatenate([s for s, y in zip(seqs, labels) if y == c]).mean(0) for c in classes}
+    within = sum(((s - s.mean(0)) ** 2).sum() for s in seqs)
+    between_seq = sum(len(s) * ((s.mean(0) - class_mean[y]) ** 2).sum() for s, y in zip(seqs, labels))
+    between_class = sum(sum(len(s) for s, y in zip(seqs, labels) if y == c) * ((class_mean[c] - mu) ** 2).sum()
+                        for c in classes)
+    total = ((tokens - mu) ** 2).sum()
+    return [v / len(tokens) for v in (total, within, between_seq, between_class)]
+
+
+def test_bug_anova_fractions_of_padded_graphs_are_measured_exactly():
+    """Bug (a gap): the ANOVA fractions of a padded capture (graphs of unequal sizes) were ``None`` in
+    ``layer_reports`` and every published graph analysis, though the split is exact with each mean weighted by
+    its tokens. They are now computed (checked against explicit loops; equal lengths give
+    ``anova_decomposition``'s split; an empty graph is left out)."""
+    import torch
+
+    from diffusionformer.analysis import anova_decomposition
+    from diffusionformer.analysis.capture import LayerCapture
+    from diffusionformer.analysis.metrics import _anova_of_lengths
+    from diffusionformer.analysis.report import layer_reports
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([3, 5, 0, 2, 4])
+    labels = torch.tensor([0, 1, 1, 0, 2])
+    X = torch.randn(5, 5, 3, generator=g, dtype=torch.float64)
+    mask = torch.arange(5) < lengths.unsqueeze(-1)
+    X = X.masked_fill(~mask.unsqueeze(-1), 0.0)
+    seqs = [X[b, : lengths[b]].numpy() for b in range(5) if lengths[b] > 0]
+    kept = [int(labels[b]) for b in range(5) if lengths[b] > 0]
+    split = _anova_of_lengths(X[mask], lengths, labels)
+    expected = _anova_loops(seqs, kept)
+    got = [split.total, split.within_sequence, split.between_sequence, split.between_class]
+    torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64),
+                               rtol=1e-12, atol=0)
+    assert abs(sum(got[1:]) - got[0]) < 1e-12 and split.num_classes == 3
+    same = torch.randn(4, 3, 2, generator=g, dtype=torch.float64)
+    y = torch.tensor([0, 0, 1, 1])
+    a, b = _anova_of_lengths(same.reshape(-1, 2), torch.full((4,), 3), y), anova_decomposition(same, y)
+    torch.testing.assert_close(torch.tensor(a.fractions, dtype=torch.float64),
+                               torch.tensor(b.fractions, dtype=torch.float64), rtol=1e-12, atol=0)
+
+    cap = LayerCapture(states={0: X.float(), 1: (2 * X).float()}, mask=mask, labels=labels)
+    report = layer_reports(cap)[1]
+    fractions = _anova_of_lengths(2 * X[mask], lengths, labels).fractions
+    assert report.metrics["anova_within_fraction"] == pytest.approx(fractions[0], rel=1e-6)
+    assert report.metrics["anova_between_class_fraction"] == pytest.approx(fractions[2], rel=1e-6)
