@@ -62,8 +62,9 @@ from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 __all__ = ["analyze_experiment", "analyze_run"]
 
 #: bump when what :func:`analyze_run` measures changes (invalidates every run's cache);
-#: 2: held-out examples are a seeded random subset instead of the first ``max_examples``
-ANALYSIS_VERSION = 2
+#: 2: held-out examples are a seeded random subset instead of the first ``max_examples``;
+#: 3: the ANOVA fractions of padded graphs are measured (they were None), float64 models captured in float64
+ANALYSIS_VERSION = 3
 _CACHE_NAME = "analysis_cache.pt"
 _PCA_IMAGES = 4
 _RUN_HINT = "run `python -m diffusionformer.experiments run CONFIG` first (with the same config and --out)"
