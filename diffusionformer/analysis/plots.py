@@ -250,11 +250,12 @@ def plot_metric_by_depth(
     r"""Plots a metric against depth, one line per operator setting.
 
     Point ``l`` of each list is drawn at ``x = l`` (layer index as given, e.g. 0 = embedding
-    output).
+    output); a ``{layer: value}`` dict draws each value at its layer (e.g. a capture of layers
+    0, 4 and 8).
 
     Args:
-        results: setting name -> metric value per layer, in layer order (a list, tuple or 1-D tensor; a
-            ``{layer: value}`` dict or a set is a ``TypeError``).
+        results: setting name -> metric value per layer, in layer order (a list, tuple or 1-D tensor), or
+            a ``{layer: value}`` dict with int layers (a set is a ``TypeError``: it has no order).
         ylabel: name of the metric.
         ax: axes to draw on; a new figure if omitted.
         xlabel: x-axis label.
@@ -281,19 +282,25 @@ def plot_metric_by_depth(
             # a string "12" would plot the digits; a scalar failed with "'float' object is not iterable"
             got = f"shape {tuple(values.shape)}" if hasattr(values, "shape") else type(values).__name__
             raise TypeError(f"results[{name!r}] must be a sequence of numbers, one per layer, got {got}")
-        if isinstance(values, (Mapping, set, frozenset)):
-            # iterated, a {layer: value} dict gave its keys (the layer indices drawn as the metric) and a set its
-            # values in no order
-            hint = ": pass the values in layer order, e.g. list(d.values())" if isinstance(values, Mapping) else ""
-            raise TypeError(f"results[{name!r}] must be an ordered sequence of numbers, one per layer, got "
-                            f"{type(values).__name__}{hint}")
+        if isinstance(values, (set, frozenset)):  # iterated, a set gave its values in no order
+            raise TypeError(f"results[{name!r}] must be an ordered sequence of numbers, one per layer, or a "
+                            f"{{layer: value}} dict, got {type(values).__name__}")
+        if isinstance(values, Mapping):  # iterated, a dict gave its keys: the layer indices drawn as the metric
+            bad = [k for k in values if not _is_int(k)][:1]
+            if bad:
+                raise TypeError(f"results[{name!r}]: a dict must map int layers to values, got the key {bad[0]!r}")
+            layers = sorted(int(k) for k in values)
+            values = [values[k] for k in sorted(values, key=int)]
+        else:
+            layers = None
         try:
             values = [float("nan") if v is None else float(v) for v in values]
         except (TypeError, ValueError) as err:  # else "could not convert string to float: 'x'", no setting named
             raise TypeError(f"results[{name!r}] must hold real numbers (or None), one per layer: {err}") from None
         positive = positive or any(v > 0 for v in values)
         label = _plain(name)
-        named += [(line, label) for line in ax.plot(range(len(values)), values, marker="o", markersize=3, label=label)]
+        xs = range(len(values)) if layers is None else layers
+        named += [(line, label) for line in ax.plot(xs, values, marker="o", markersize=3, label=label)]
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if logy and positive:

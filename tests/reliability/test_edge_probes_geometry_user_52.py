@@ -47,16 +47,19 @@ def test_bug_capture_on_meta_device_names_the_cause(attentions):
     assert rec.states[2].is_meta and rec.states[2].shape == (2, 8, 16)
 
 
-@pytest.mark.parametrize("values", [{0: 1.0, 4: 0.5, 8: 0.25}, {1.0, 0.5, 0.25}])
-def test_bug_plot_metric_by_depth_refuses_unordered_values(values):
+def test_bug_plot_metric_by_depth_draws_a_dict_at_its_layers_and_refuses_a_set():
     """Bug: plot_metric_by_depth drew a {layer: value} dict as its keys (the layer indices 0, 4, 8 plotted as the
-    metric) and a set in hash order, without a word; both are now a TypeError naming the setting."""
+    metric) and a set in hash order, without a word. A set is now a TypeError naming the setting; a dict draws each
+    value at its layer (sitting 52: a capture of layers 0, 4, 8 is drawn there, not at 0, 1, 2), its keys sorted;
+    a key that is not an int is refused."""
     pytest.importorskip("matplotlib")
     with pytest.raises(TypeError, match=r"results\['attention'\] must be an ordered sequence"):
-        plot_metric_by_depth({"attention": values}, "variance")
-    ax = plot_metric_by_depth({"attention": list(values.values()) if isinstance(values, dict) else [1.0, 0.5]},
-                              "variance")
-    assert ax.lines[0].get_ydata().tolist()[0] == 1.0
+        plot_metric_by_depth({"attention": {1.0, 0.5, 0.25}}, "variance")
+    ax = plot_metric_by_depth({"attention": {8: 0.25, 0: 1.0, 4: 0.5}, "laplacian": [1.0, 0.9]}, "variance")
+    assert ax.lines[0].get_xdata().tolist() == [0, 4, 8] and ax.lines[0].get_ydata().tolist() == [1.0, 0.5, 0.25]
+    assert ax.lines[1].get_xdata().tolist() == [0, 1]
+    with pytest.raises(TypeError, match=r"results\['attention'\]: a dict must map int layers to values, got the key"):
+        plot_metric_by_depth({"attention": {"0": 1.0}}, "variance")
 
 
 def test_bug_plot_frequency_response_names_the_head_without_a_polynomial():
