@@ -251,11 +251,17 @@ def _forward_takes_num_graphs(cls: type) -> bool:
 def _default_forward(model: nn.Module, inputs: Any) -> Any:
     if _is_graph_batch(inputs):
         batch = getattr(inputs, "batch", None)
+        # the edge features and positional encoding a graph transformer built with edge_dim / pe needs, from the
+        # batch (as the experiments pass them; the call without them failed asking for them)
+        config = getattr(_innermost(model), "config", None)
+        extra = {name: getattr(inputs, name) for name, wanted in
+                 (("edge_attr", getattr(config, "edge_dim", None)), ("pe", getattr(config, "pe", None)))
+                 if wanted is not None and isinstance(getattr(inputs, name, None), Tensor)}
         if batch is not None and _takes_num_graphs(model):
             # a trailing graph without nodes has no id in `batch`: a readout sized batch.max() + 1 gave it no row,
             # and the outputs of every later graph moved up by one (against the labels and the padded states)
-            return model(inputs.x, inputs.edge_index, batch, num_graphs=_num_graphs(inputs))
-        return model(inputs.x, inputs.edge_index, batch)
+            return model(inputs.x, inputs.edge_index, batch, num_graphs=_num_graphs(inputs), **extra)
+        return model(inputs.x, inputs.edge_index, batch, **extra)
     if isinstance(inputs, (tuple, list)):
         return model(*inputs)
     return model(inputs)
@@ -858,7 +864,8 @@ def capture_dataset(
       leading size, passing the others, such as a shared ``(T, T)`` mask or a ``None``, as they are) or a PyG
       ``Data``/``Batch``
       (``model(b.x, b.edge_index, b.batch)``, with ``num_graphs=b.num_graphs`` where the model's forward
-      takes it: a trailing graph without nodes keeps its row); pass ``forward(model, inputs)`` to call differently.
+      takes it: a trailing graph without nodes keeps its row; ``edge_attr=b.edge_attr`` and ``pe=b.pe`` for a
+      model whose config sets ``edge_dim`` / ``pe``); pass ``forward(model, inputs)`` to call differently.
       A graph model needs the Data/Batch: its graphs are counted and cut by the batch vector, and a
       tuple ``(x, edge_index, batch)`` is refused with a ``TypeError``;
     - dense blocks called with a ``key_padding_mask`` (``forward=lambda m, b: m(*b)`` for ``model(x, pad)``): its

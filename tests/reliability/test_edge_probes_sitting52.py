@@ -253,3 +253,34 @@ def test_bug_anova_fractions_of_padded_graphs_are_measured_exactly():
     fractions = _anova_of_lengths(2 * X[mask], lengths, labels).fractions
     assert report.metrics["anova_within_fraction"] == pytest.approx(fractions[0], rel=1e-6)
     assert report.metrics["anova_between_class_fraction"] == pytest.approx(fractions[2], rel=1e-6)
+
+
+def test_bug_capture_of_a_graph_transformer_with_edge_features_and_pe_passes_them():
+    """Bug: ``capture_dataset`` of a graph transformer built with ``edge_dim`` and ``pe`` on PyG batches called
+    ``model(b.x, b.edge_index, b.batch)`` and failed asking for ``edge_attr`` (and ``pe``), which the batches
+    held; the default forward now passes them where the model's config asks for them. The captured final layer
+    equals the model's own forward with them (checked by its intermediates)."""
+    import torch
+
+    pyg = pytest.importorskip("torch_geometric")
+    from diffusionformer.analysis import capture_dataset
+    from diffusionformer.models import DiffusionGraphTransformer, GraphTransformerConfig
+
+    torch.manual_seed(0)
+    model = DiffusionGraphTransformer(GraphTransformerConfig(in_channels=3, num_classes=2, dim=8, num_heads=2, depth=1,
+                                                             task="graph", edge_dim=2, pe="random_walk", pe_dim=3))
+    graphs = []
+    for n in (4, 3):
+        ei = torch.tensor([[i for i in range(n)] + [(i + 1) % n for i in range(n)],
+                           [(i + 1) % n for i in range(n)] + [i for i in range(n)]])
+        graphs.append(pyg.data.Data(x=torch.randn(n, 3), edge_index=ei, edge_attr=torch.randn(ei.shape[1], 2),
+                                    pe=torch.randn(n, 3), y=torch.tensor([n % 2])))
+    batch = pyg.data.Batch.from_data_list(graphs)
+    cap = capture_dataset(model, [(batch, batch.y)])
+    model.eval()
+    with torch.no_grad():
+        _, inter = model(batch.x, batch.edge_index, batch.batch, edge_attr=batch.edge_attr, pe=batch.pe,
+                         return_intermediates=True)
+    last = inter.hidden_states[-1]
+    torch.testing.assert_close(cap.states[1][0, :4], last[:4].float(), rtol=0, atol=0)
+    torch.testing.assert_close(cap.states[1][1, :3], last[4:].float(), rtol=0, atol=0)
