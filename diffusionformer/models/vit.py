@@ -46,7 +46,7 @@ class ViTConfig:
     attn_dropout: float = 0.0  #: dropout on attention probabilities
     drop_path: float = 0.0  #: stochastic depth, linearly increasing to this value
     layer_scale: float | None = None  #: LayerScale init (None: off)
-    norm: str = "layernorm"  #: "layernorm" or "rmsnorm"
+    norm: str = "layernorm"  #: "layernorm" (torch's eps 1e-5; timm's ViT uses 1e-6) or "rmsnorm"
     heads: Any = None  #: head spec for every layer, a per-layer list, or {layer: spec}; an operator is copied per layer
     laplacian_heads: int | str | list[int | str] | None = None  #: trailing Laplacian heads per layer; "half": H // 2
     backend: str = "auto"  #: dense back-end of the attention
@@ -149,7 +149,8 @@ class DiffusionViT(nn.Module):
 
     def _initialise(self) -> None:
         """GPT-2's initialisation (:func:`init_transformer_weights`), then truncated-normal position embedding
-        and class token (timm's)."""
+        and class token, std 0.02 (timm's position embedding; timm draws its class token from N(0, 1e-6) since
+        v0.6); the patch convolution keeps torch's default initialisation, as timm's."""
         init_transformer_weights(self, self.config.depth)
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)

@@ -21,6 +21,12 @@ def _exempt_names(model: nn.Module) -> set[str]:
     # timm convention: a model may list parameter names (e.g. "pos_embed", "cls_token") that
     # must not be decayed via a ``no_weight_decay()`` method returning an iterable of names.
     hook = getattr(model, "no_weight_decay", None)
+    inner = model
+    while hook is None and isinstance(getattr(inner, "module", None), nn.Module):
+        # DistributedDataParallel / DataParallel do not forward attribute look-ups: the wrapped model's hook was
+        # never found, and its position embedding and class token were decayed without a word
+        inner = inner.module
+        hook = getattr(inner, "no_weight_decay", None)
     if hook is None:
         return set()
     if not callable(hook):  # a set of names as a class attribute: a bare "'set' object is not callable"
@@ -34,7 +40,16 @@ def _exempt_names(model: nn.Module) -> set[str]:
             f"{type(model).__name__}.no_weight_decay(): expected an iterable of parameter names, "
             f"got {names!r}"
         )
-    return set(names)
+    names = set(names)
+    owner = getattr(hook, "__self__", None)
+    if isinstance(owner, nn.Module) and owner is not model:
+        # the hook of a module inside a wrapper (torch.compile's OptimizedModule forwards attribute look-ups to it,
+        # its parameters are "_orig_mod.<name>"; DDP's are "module.<name>"): its names are relative to that module,
+        # and were refused as "unknown" names of the wrapper
+        prefix = next((name for name, module in model.named_modules() if module is owner), None)
+        if prefix:
+            names = {f"{prefix}.{name}" for name in names}
+    return names
 
 
 def param_groups(model: nn.Module, weight_decay: float, rule: str = "default") -> list[dict[str, Any]]:
@@ -43,7 +58,8 @@ def param_groups(model: nn.Module, weight_decay: float, rule: str = "default") -
     ``rule="default"``: a parameter ``p`` is decayed iff ``p.dim() >= 2`` (weight matrices,
     convolution kernels) and it is neither owned by an ``nn.Embedding`` (token/position tables,
     and any weight tied to one) nor named by ``model.no_weight_decay()`` (the timm hook, e.g.
-    ``{"pos_embed", "cls_token"}``).
+    ``{"pos_embed", "cls_token"}``; names relative to the module whose method it is, so a ``torch.compile``,
+    ``DistributedDataParallel`` or ``DataParallel`` wrapper's hook is the model's inside it).
 
     ``rule="nanogpt"``: ``p`` is decayed iff ``p.dim() >= 2``, embeddings included, exactly as
     nanoGPT's ``GPT.configure_optimizers`` (Karpathy, ``nanoGPT/model.py``);

@@ -284,3 +284,20 @@ def test_bug_capture_of_a_graph_transformer_with_edge_features_and_pe_passes_the
     last = inter.hidden_states[-1]
     torch.testing.assert_close(cap.states[1][0, :4], last[:4].float(), rtol=0, atol=0)
     torch.testing.assert_close(cap.states[1][1, :3], last[4:].float(), rtol=0, atol=0)
+
+
+def test_bug_param_groups_of_a_data_parallel_wrapper_exempt_the_inner_models_names():
+    """Bug: ``param_groups(DataParallel(vit))`` (DistributedDataParallel likewise) found no ``no_weight_decay``
+    hook (the wrappers do not forward attribute look-ups) and decayed the position embedding and class token
+    without a word; the wrapped model's hook is now read, its names prefixed ``module.``, giving the groups of the
+    bare model."""
+    import torch
+
+    from diffusionformer.models import create_model
+    from diffusionformer.train import param_groups
+
+    vit = create_model("vit-digits")
+    wrapped = torch.nn.DataParallel(vit)  # on the CPU: a plain wrapper with the same attribute look-up as DDP
+    bare = {g["weight_decay"]: sorted(g["names"]) for g in param_groups(vit, 0.1)}
+    got = {g["weight_decay"]: sorted(n.removeprefix("module.") for n in g["names"]) for g in param_groups(wrapped, 0.1)}
+    assert got == bare and "pos_embed" in bare[0.0] and "cls_token" in bare[0.0]
