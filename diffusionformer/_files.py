@@ -137,7 +137,7 @@ def weights_only_refusal(err: BaseException, path: str | os.PathLike[str] | None
     checked with :func:`zip_damage`; in a legacy (non-zip) file it may be a damaged byte."""
     if not isinstance(err, pickle.UnpicklingError):
         return None
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # torch's message carries terminal escapes
+    text = _without_escapes(err)
     for pattern in _REFUSALS:
         found = pattern.search(text)
         if found:
@@ -156,10 +156,14 @@ def load_error_text(err: BaseException) -> str:
     """``"TypeName: the line that says what went wrong"`` of a ``torch.load`` error: for the weights-only
     unpickler's errors, the unpickler's own line (torch puts the same generic lines about the ``weights_only``
     default before it, with terminal escapes), else the error's first line."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
-    _, marker, rest = text.partition("WeightsUnpickler error:")
+    _, marker, rest = _without_escapes(err).partition("WeightsUnpickler error:")
     lines = [line.strip() for line in (rest if marker else text).splitlines() if line.strip()]
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def _without_escapes(err: BaseException) -> str:
+    """``str(err)`` without terminal escape codes (torch's weights-only message sets bold text)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", str(err))
 
 
 def _is_zip(path: str | os.PathLike[str]) -> bool:
