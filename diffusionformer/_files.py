@@ -156,7 +156,8 @@ def load_error_text(err: BaseException) -> str:
     """``"TypeName: the line that says what went wrong"`` of a ``torch.load`` error: for the weights-only
     unpickler's errors, the unpickler's own line (torch puts the same generic lines about the ``weights_only``
     default before it, with terminal escapes), else the error's first line."""
-    _, marker, rest = _without_escapes(err).partition("WeightsUnpickler error:")
+    text = _without_escapes(err)
+    _, marker, rest = text.partition("WeightsUnpickler error:")
     lines = [line.strip() for line in (rest if marker else text).splitlines() if line.strip()]
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
