@@ -33,12 +33,16 @@ computed in float32 by the caller (:func:`~diffusionformer.ops.sparse.diffuse_sp
 
 from __future__ import annotations
 
+import threading
 import warnings
+import weakref
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from diffusionformer.ops._checks import _FUNCTORCH
+from diffusionformer.ops.engine import _tensors_traced
 from diffusionformer.ops.recompute import _batched_grad
 
 __all__ = ["EdgeLayout", "csr_edge_scores", "csr_edge_softmax", "csr_propagate", "sddmm_heads", "spmm_heads"]
@@ -50,9 +54,10 @@ class EdgeLayout:
     Edges are sorted by ``(target, source)`` (stable, so duplicate edges keep their order);
     an input that is already sorted (a PyG ``edge_index`` sorted by column) is not copied.
 
-    Built once per call and shared by the score, softmax and propagation kernels and their
-    backward passes. The transposed layout (rows = sources, needed by the backward pass) is
-    built on first use and cached.
+    Built once per graph and shared by the score, softmax and propagation kernels and their
+    backward passes (the sparse entry points share it between consecutive calls with the same
+    unmodified ``edge_index`` tensor: see ``_edge_layout``). The transposed layout (rows =
+    sources, needed by the backward pass) is built on first use and cached.
 
     Attributes:
         num_nodes: ``N``.
@@ -122,6 +127,55 @@ class EdgeLayout:
     def from_input_order(self, t: Tensor) -> Tensor:
         """Reorder an edge tensor ``(E, ...)`` from the caller's order into sorted order."""
         return t if self.order is None else t.index_select(0, self.order)
+
+
+#: the layout of the last ``edge_index`` given to :func:`_edge_layout`: ``(weak reference to it, its identity key,
+#: a copy of its values on CPU else None, layout)``, or ``None``; cleared when that tensor is freed
+_LAST_LAYOUT: list[Any] = [None]
+_LAST_LAYOUT_LOCK = threading.Lock()
+
+
+def _layout_key(edge_index: Tensor, num_nodes: int) -> tuple[Any, ...] | None:
+    """What makes two calls' ``edge_index`` the same edges: the tensor's storage, geometry and version counter (an
+    in-place write, ``set_`` or ``.data =`` changes one of them), with ``num_nodes``; ``None`` where no layout is
+    shared: while tensors are traced (:func:`torch.compile`, :func:`torch.jit.trace`, a dispatch mode such as
+    ``make_fx``'s: a layout made before would be recorded as constants, not as operations on the traced edges), in
+    inference mode (a layout made there holds inference tensors, which a later training call could not save for its
+    backward), and for tensor subclasses, meta tensors and tensors wrapped by functorch (no storage to name)."""
+    if (type(edge_index) is not Tensor or _tensors_traced() or torch.compiler.is_compiling()
+            or torch.is_inference_mode_enabled()
+            or edge_index.is_inference() or edge_index.is_meta
+            or (_FUNCTORCH is None or _FUNCTORCH.is_functorch_wrapped_tensor(edge_index))):
+        return None
+    return (edge_index.data_ptr(), edge_index.device, edge_index.dtype, tuple(edge_index.shape), edge_index.stride(),
+            edge_index.storage_offset(), edge_index._version, int(num_nodes))
+
+
+def _edge_layout(edge_index: Tensor, num_nodes: int) -> EdgeLayout:
+    """``EdgeLayout(edge_index, num_nodes)``, shared by consecutive calls with the same unmodified ``edge_index``
+    tensor: the layers of a graph model all take the model's one ``edge_index``, and full-batch training gives the
+    same one at every step; each call sorted the edges again (and its backward pass sorted the transpose again).
+    A layout is immutable once made (its transposed layout is made once, on first use), so sharing it changes no
+    value. On CPU the edges are also compared with a copy (a write through ``edge_index.numpy()`` bumps no version
+    counter); on an accelerator that comparison would synchronise with the host, and the version counter decides."""
+    key = _layout_key(edge_index, num_nodes)
+    if key is None:
+        return EdgeLayout(edge_index, num_nodes)
+    entry = _LAST_LAYOUT[0]
+    if (entry is not None and entry[0]() is edge_index and entry[1] == key
+            and (entry[2] is None or torch.equal(entry[2], edge_index))):
+        return entry[3]
+    layout = EdgeLayout(edge_index, num_nodes)
+    values = edge_index.clone() if edge_index.device.type == "cpu" else None
+
+    def forget(ref: Any) -> None:  # the edges are freed: so is their layout
+        with _LAST_LAYOUT_LOCK:
+            if _LAST_LAYOUT[0] is not None and _LAST_LAYOUT[0][0] is ref:
+                _LAST_LAYOUT[0] = None
+
+    with _LAST_LAYOUT_LOCK:
+        _LAST_LAYOUT[0] = (weakref.ref(edge_index, forget), key, values, layout)
+    return layout
 
 
 def _is_sorted(index: Tensor) -> bool:

@@ -38,7 +38,7 @@ from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _SPARSE
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
 from diffusionformer.ops.recompute import _in_eager_transform, _in_functorch
-from diffusionformer.ops.csr import EdgeLayout, csr_edge_scores, csr_edge_softmax, csr_propagate
+from diffusionformer.ops.csr import EdgeLayout, _edge_layout, csr_edge_scores, csr_edge_softmax, csr_propagate
 from diffusionformer.ops.scatter import ScatterBackend, scatter_sum, segment_softmax
 
 __all__ = [
@@ -192,7 +192,7 @@ def edge_attention(
     scale = check_scale(scale, q.shape[-1])
     if _use_csr_on(backend, q):
         work = work_dtype(q.dtype)
-        layout = EdgeLayout(edge_index, N)
+        layout = _edge_layout(edge_index, N)
         scores = csr_edge_scores(_head_major(q, work), _head_major(k, work), layout, scale)
         return layout.to_input_order(csr_edge_softmax(scores, layout).t()).to(q.dtype)
     return _native_edge_attention(q, k, edge_index, N, scale, None, backend).to(q.dtype)
@@ -249,7 +249,7 @@ def propagate_sparse(
         raise ValueError(f"weights must be on the device of x ({x.device}), got {weights.device}")
     if _use_csr_on(backend, x):
         work = work_dtype(x.dtype)
-        layout = EdgeLayout(edge_index, N)
+        layout = _edge_layout(edge_index, N)
         w = layout.from_input_order(weights.to(work)).t()  # (H, E)
         y = csr_propagate(w, _head_major(x, work), layout)  # (H, N, C)
         return y.permute(1, 0, 2).to(x.dtype)
@@ -475,7 +475,7 @@ def _diffuse_sparse(
     work = work_dtype(dtype)
     engine: Backend
     if _use_csr_on(backend, v):
-        layout = EdgeLayout(edge_index, N)
+        layout = _edge_layout(edge_index, N)
         scores = csr_edge_scores(_head_major(q, work), _head_major(k, work), layout, scale)  # (H, E), sorted edges
         if edge_mask is not None:
             scores = scores.masked_fill(~layout.from_input_order(edge_mask).unsqueeze(0), float("-inf"))
