@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -380,7 +381,8 @@ def _forget_own_modules(names: set[str], folder: str) -> None:
     under ``folder`` (the user's own helpers beside it): their registrations were undone, and a second ``main()``
     (the module fixed, in a notebook) must run them again, not find them imported with nothing registered. Installed
     packages imported on the way stay, a virtual environment inside ``folder`` included (a C extension is not
-    imported twice), and so do our own modules (an editable checkout as the current folder)."""
+    imported twice), and so do C extensions built in place beside the user's files (an editable project's: Cython's
+    refuse a second initialisation) and our own modules (an editable checkout as the current folder)."""
     root = Path(folder).resolve()
     installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     for name in names:
@@ -390,7 +392,8 @@ def _forget_own_modules(names: set[str], folder: str) -> None:
         with contextlib.suppress(OSError, ValueError):
             file = Path(where).resolve()
             if (file.is_relative_to(root) and not any(file.is_relative_to(p) for p in installed)
-                    and not {"site-packages", "dist-packages"} & set(file.parts)):
+                    and not {"site-packages", "dist-packages"} & set(file.parts)
+                    and not file.name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))):
                 sys.modules.pop(name, None)
 
 

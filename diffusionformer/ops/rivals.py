@@ -333,6 +333,8 @@ def _head_biases(layer: nn.Module, s: int, c: int) -> tuple[Tensor, Tensor, Tens
     a row rescaled by attention dropout. Evolving ``q - b_q``, ``k - b_k``, ``v - b_v`` (the linear parts) is exact
     for every ``P``."""
     bias = getattr(getattr(layer, "qkv", None), "bias", None)
+    if callable(bias) and not isinstance(bias, Tensor):  # a quantized Linear's bias() method (quantize_dynamic)
+        bias = bias()
     if bias is None:
         return None
     H, C = layer.num_heads, layer.head_dim
