@@ -251,17 +251,16 @@ def test_pin_a_cut_tuple_batch_keeps_scalars_and_moves_only_tensors():
     assert moved[0] is x and moved[1] is None and moved[2] == 3
 
 
-def test_pin_plot_metric_by_depth_refuses_a_frozenset_and_hints_only_for_a_dict():
-    """Pin: a frozenset is refused as a set is, with no "list(d.values())" hint (that is a dict's)."""
+def test_pin_plot_metric_by_depth_refuses_a_frozenset_and_takes_a_dict():
+    """Pin: a frozenset is refused as a set is; a ``{layer: value}`` dict is drawn at its layers."""
     import matplotlib
 
     matplotlib.use("Agg")
     from diffusionformer.analysis.plots import plot_metric_by_depth
 
-    with pytest.raises(TypeError, match=r"one per layer, got frozenset$"):
+    with pytest.raises(TypeError, match=r"one per layer, or a \{layer: value\} dict, got frozenset$"):
         plot_metric_by_depth({"a": frozenset({1.0, 2.0})}, "m")
-    with pytest.raises(TypeError, match=r"got dict: pass the values in layer order, e\.g\. list\(d\.values\(\)\)$"):
-        plot_metric_by_depth({"a": {0: 1.0, 1: 2.0}}, "m")
+    assert plot_metric_by_depth({"a": {0: 1.0, 3: 2.0}}, "m").lines[0].get_xdata().tolist() == [0, 3]
 
 
 def test_pin_global_centering_scales_the_batch_as_one():
