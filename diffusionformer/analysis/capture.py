@@ -179,6 +179,17 @@ def _per_node(labels: Tensor, inputs: Any) -> bool:
     return int(labels.shape[0]) == int(inputs.num_nodes) and int(inputs.num_nodes) != _num_graphs(inputs)
 
 
+def _cut_is_ambiguous(inputs: Any) -> bool:
+    """Whether cutting a tuple batch to its first sequences could cut a shared tensor: another tensor of the
+    tuple leads with the batch size ``B`` and has a second dimension of ``B`` too (a shared ``(T, T)`` mask when
+    ``T == B`` reads as a per-sequence ``(B, T)`` one: cut to ``(k, T)`` it broadcast its first row over every
+    query, silently wrong states for ``k = 1``). Such a batch runs whole and its records are cut instead."""
+    if not isinstance(inputs, (tuple, list)) or not inputs or not isinstance(inputs[0], Tensor) or inputs[0].ndim == 0:
+        return False
+    B = inputs[0].shape[0]
+    return any(isinstance(t, Tensor) and t.ndim >= 2 and t.shape[0] == B and B in t.shape[1:] for t in inputs[1:])
+
+
 def _head(inputs: Any, labels: Tensor | None, k: int) -> tuple[Any, Tensor | None]:
     """The first ``k`` sequences (graphs) of a batch and their labels."""
     if isinstance(inputs, Tensor):
@@ -734,10 +745,16 @@ class _Collector:
                 )
             batch = batch.to(rec.states[rec.layers[0]].device)
         mask = None if is_graph else _dense_mask(rec, index)
+        # a dense batch that ran whole (its cut was ambiguous, see _cut_is_ambiguous): its first n sequences are kept
+        whole = not is_graph and rec.states[rec.layers[0]].shape[0] > n
+        if whole and mask is not None:
+            mask = mask[:n]
         for layer in rec.layers:
             x = rec.states[layer]
             if is_graph:
                 x, mask = pad_by_batch(x, batch, n)
+            elif whole:
+                x = x[:n]
             self.states[layer].append(x.to(device="cpu", dtype=_kept_dtype(x)))
         self.masks.append(None if mask is None else mask.cpu())
         T = rec.states[rec.layers[0]].shape[1] if not is_graph else 0
@@ -763,7 +780,7 @@ class _Collector:
         if mask is not None:
             self.num_nodes += int(mask.sum())
         self.is_graph = self.is_graph or is_graph
-        self._add_outputs(out)
+        self._add_outputs(out, n if whole else None)
 
     def _add_no_nodes(self, inputs: Any, labels: Tensor | None, out: Any, n: int, index: int) -> None:
         """A batch of ``n`` graphs without nodes: ``n`` rows of no tokens (their width is set in :meth:`finish`)."""
@@ -778,11 +795,14 @@ class _Collector:
             self.recorder.compute_attentions = self.num_attention < self.max_attention
         self._add_outputs(out)
 
-    def _add_outputs(self, out: Any) -> None:
+    def _add_outputs(self, out: Any, n: int | None = None) -> None:
+        """Keep the model's output (of its first ``n`` sequences, of a dense batch that ran whole)."""
         if self.keep_outputs:
             o = out[0] if isinstance(out, (tuple, list)) else out
             if not isinstance(o, Tensor):
                 raise TypeError(f"keep_outputs needs a tensor output, got {type(o).__name__}")
+            if n is not None and o.ndim > 0:
+                o = o[:n]
             self.outputs.append(o.detach().to(device="cpu", dtype=_kept_dtype(o)))
 
     def finish(self, model_name: str) -> LayerCapture:
@@ -861,7 +881,9 @@ def capture_dataset(
 
     - ``inputs`` a tensor (``model(inputs)``: images for a ViT, token ids for a GPT), a tuple of
       tensors (``model(*inputs)``; the first counts the sequences, and a batch cut to fit cuts the tensors of its
-      leading size, passing the others, such as a shared ``(T, T)`` mask or a ``None``, as they are) or a PyG
+      leading size, passing the others, such as a shared ``(T, T)`` mask or a ``None``, as they are; where a
+      shared tensor cannot be told from a per-sequence one by its shape, ``(B, B)`` when ``T == B``, the batch
+      runs whole and only its first sequences' records are kept) or a PyG
       ``Data``/``Batch``
       (``model(b.x, b.edge_index, b.batch)``, with ``num_graphs=b.num_graphs`` where the model's forward
       takes it: a trailing graph without nodes keeps its row; ``edge_attr=b.edge_attr`` and ``pe=b.pe`` for a
@@ -924,7 +946,10 @@ def capture_dataset(
                 continue
             if n > max_examples - count:
                 n = max_examples - count
-                inputs, labels = _head(inputs, labels, n)
+                if _cut_is_ambiguous(inputs):  # run whole: the collector keeps the records of the first n
+                    labels = None if labels is None else labels[:n]
+                else:
+                    inputs, labels = _head(inputs, labels, n)
             inputs = _to_device(inputs, dev)
             recorder.clear()
             out = run(inner, inputs)

@@ -301,3 +301,30 @@ def test_bug_param_groups_of_a_data_parallel_wrapper_exempt_the_inner_models_nam
     bare = {g["weight_decay"]: sorted(g["names"]) for g in param_groups(vit, 0.1)}
     got = {g["weight_decay"]: sorted(n.removeprefix("module.") for n in g["names"]) for g in param_groups(wrapped, 0.1)}
     assert got == bare and "pos_embed" in bare[0.0] and "cls_token" in bare[0.0]
+
+
+def test_bug_a_shared_mask_of_a_batch_with_as_many_sequences_as_tokens_is_not_cut():
+    """Bug: ``capture_dataset`` cut the last batch to fit ``max_examples`` by cutting every tensor of the tuple
+    whose leading size is the batch size: with as many sequences as tokens (``B == T``) a shared ``(T, T)`` mask
+    was cut too, to ``(1, T)`` for one example, which broadcast its first row over every query: silently wrong
+    states (found by the mutation audit of sitting 52). Such a batch now runs whole and its first sequences'
+    records are kept: equal to the capture of the batch cut by hand."""
+    import torch
+
+    from diffusionformer.analysis import capture_dataset
+    from diffusionformer.models import DiffusionViT, ViTConfig
+
+    torch.manual_seed(0)
+    vit = DiffusionViT(ViTConfig(input_size=(4, 8), patch_size=2, dim=8, depth=2, num_heads=2, num_classes=3,
+                                 pool="mean", in_channels=1)).eval()
+    images = torch.randn(8, 1, 4, 8)  # 8 patches: B == T == 8
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()
+
+    def run(model, inputs):
+        return model(inputs[0], attn_mask=inputs[1])
+
+    got = capture_dataset(vit, [((images, causal), None)], max_examples=1, forward=run, keep_outputs=True)
+    ref = capture_dataset(vit, [((images[:1], causal), None)], max_examples=1, forward=run, keep_outputs=True)
+    for layer in ref.states:
+        torch.testing.assert_close(got.states[layer], ref.states[layer], rtol=0, atol=1e-6)
+    assert got.states[2].shape[0] == 1 and got.outputs.shape == ref.outputs.shape == (1, 3)
