@@ -205,9 +205,10 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
     """The primary contrasts of ``config`` on ``quantities`` (Holm over them), then ``best_val`` as exploratory.
 
     Each cell compares a primary ``(task, setting)`` with the baseline (the first setting), paired
-    over the seeds both finished (:func:`~diffusionformer.experiments.stats.paired_difference`).
-    Returns ``""`` when the config names no primary contrast or none has finished runs. ``rows``: those
-    :func:`gap_rows` already returned (read from ``out_root`` otherwise).
+    over the seeds both finished (:func:`~diffusionformer.experiments.stats.paired_difference`); a named contrast
+    without finished runs of its setting or of the baseline (on a task other runs finished) reads n/a and counts as
+    ``p = 1`` in Holm's family. Returns ``""`` when the config names no primary contrast or none has finished
+    runs. ``rows``: those :func:`gap_rows` already returned (read from ``out_root`` otherwise).
 
     Args:
         config: the comparison (its ``primary`` names the contrasts).
@@ -225,16 +226,18 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
     named, extra = [], []  # (label, Difference, is primary): the primary cells first, then best_val (exploratory)
     for task in config.tasks:
         for setting in config.operators:
-            row, base = rows.get(task.name, {}).get(setting.name), rows.get(task.name, {}).get(baseline)
-            if (task.name, setting.name) not in primary or not row or not base:
+            # a named contrast whose setting (or baseline) has no finished run on a task the others measured keeps its
+            # cells (n/a, p = 1 in Holm's family, as on the page): dropping it shrank the family named before the runs
+            if (task.name, setting.name) not in primary or not rows.get(task.name):
                 continue
+            row, base = rows[task.name].get(setting.name) or {}, rows[task.name].get(baseline) or {}
             asked = [(q, True) for q in quantities] + ([] if "best_val" in quantities else [("best_val", False)])
             for q, is_primary in asked:
                 d = paired_difference({s: v[q] for s, v in row.items()}, {s: v[q] for s, v in base.items()})
                 (named if is_primary else extra).append((f"{_text(task.name)}, {_text(setting.name)}, {QUANTITIES[q]}", d,
                                                           is_primary))
     cells = named + extra
-    if not cells:
+    if not any(d.n for _, d, prim in cells if prim):  # no named contrast has a finished pair: no table
         return ""
     adjusted = iter(holm([d.p for _, d, prim in cells if prim]))
     n_primary = sum(prim for _, _, prim in cells)

@@ -756,7 +756,8 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
     in ``primary`` are marked ``[primary]`` on the quantities of its ``primary_quantities`` (exploratory
     otherwise, as on the comparison's page). A last line counts the cells below ``alpha``
     unadjusted, after Holm and after Benjamini-Hochberg. Tasks without finished runs are left
-    out; a cell with fewer seeds than the config asks for says how many it has. A setting name that two
+    out; a cell with fewer seeds than the config asks for says how many it has, and a setting whose runs all failed
+    keeps its cell (``n/a``, counted as ``p = 1`` in the family, as on the comparison's page). A setting name that two
     comparisons define differently (another head layout or ``model_overrides``) gets a column per definition,
     headed with the comparisons that define it; ``norm``, ``mlp`` and head specs are compared as the configs read
     them (``"SwiGLU"`` is ``"swiglu"``, ``"Attention:2, I-P:2"`` is ``"attention:2,laplacian:2"``), and a
@@ -820,7 +821,9 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
             cells: dict[tuple[str, str], Any] = {}
             for setting in config.operators[1:]:
                 row = rows_of[setting.name]
-                if not row.get(key_values):
+                # a setting with no runs yet has no cell; one whose runs all failed keeps its cell (n/a, p = 1 in the
+                # family), as on its page (compare.contrasts): dropping it shrank Holm's family and hid the failure
+                if not row:
                     continue
                 column = (setting.name, _setting_definition(config, setting))
                 if column not in settings:
@@ -829,8 +832,8 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
                     defined_in[column].append(config.name)
                 diff = compare_rows(row, base_row, key_values, folds=task.folds)
                 short = ""
-                if len(row[key_values]) < len(config.seeds) or len(base_row[key_values]) < len(config.seeds):
-                    na, nb = len(row[key_values]), len(base_row[key_values])
+                na, nb = len(row.get(key_values) or []), len(base_row[key_values])
+                if na < len(config.seeds) or nb < len(config.seeds):
                     # seeds 0, 1, 2 against 1, 2, 3: "3 vs 3" hides that Δ and p rest on the 2 seeds both have
                     paired = f", {diff.n} paired" if diff.method != "Welch" and diff.n < min(na, nb) else ""
                     short = f" [{na} vs {nb} seeds{paired}]"
