@@ -561,7 +561,8 @@ def _markdown(result: dict[str, Any]) -> str:
     lines = [f"# Token geometry: {result['experiment']}", "",
              f"Held-out split `{result['split']}`, up to {result['max_examples']} sequences per run. "
              "Layer 0 = embeddings, L = last block. Cells: mean ± sample std over seeds, and in brackets "
-             "Welch's t of the difference to the first setting (|t| below about 3 is within seed noise). "
+             "Welch's t of the difference to the first setting (exploratory: not adjusted for the many metrics and "
+             "layers; |t| below about 3 is within seed noise at these few seeds). "
              "Per-layer values of every metric are in metrics.json.", ""]
     for name, why in (result.get("skipped_tasks") or {}).items():
         lines += [f"Task `{name}` is not measured: {why} (token geometry is measured per block of a ViT, GPT or "
