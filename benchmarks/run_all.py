@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import _common as C  # noqa: E402
 
 BENCHMARKS = ["bench_dense", "bench_kstep", "bench_sparse", "bench_crossover", "bench_gpt", "bench_rivals", "bench_host", "bench_memory",
-              "profile_gaps"]
+              "bench_sparse_layout", "profile_gaps"]
 
 
 def _fmt_load(x: float | None) -> str:
