@@ -74,7 +74,7 @@ def _check_float(x: object, name: str, ndims: tuple[int, ...], layout: str) -> T
         raise TypeError(f"{name} must be a floating tensor (float32/float64), got dtype {x.dtype}")
     if x.dtype in (torch.float16, torch.bfloat16):  # squares of activations overflow float16; bf16 keeps 3 digits
         raise TypeError(f"{name} must be float32 or float64, got {x.dtype}: pass {name}.float() "
-                        "(the capture hooks store float32)")
+                        "(capture_dataset keeps float32, or float64 for a float64 model)")
     if x.numel() == 0:
         raise ValueError(f"{name} must be non-empty, got shape {tuple(x.shape)}")
     if checks_values(x) and not bool(torch.isfinite(x).all()):

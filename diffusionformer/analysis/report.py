@@ -412,9 +412,8 @@ def _power_law_alpha(v: LayerView) -> float | None:
 
 def _anova(v: LayerView) -> tuple[float, float, float] | None:
     """ANOVA fractions of the real tokens (a padded capture's sequences of unequal lengths weighted by their
-    tokens, :func:`~diffusionformer.analysis.metrics._anova_of_lengths`; they were ``None`` before sitting 52),
-    scaled by a power of two (the fractions are scale-free; float64 tokens of |x| > 1e154 gave inf / inf = NaN).
-    ``None`` without a real token."""
+    tokens, :func:`~diffusionformer.analysis.metrics._anova_of_lengths`), scaled by a power of two (the fractions
+    are scale-free; float64 tokens of |x| > 1e154 gave inf / inf = NaN). ``None`` without a real token."""
     def compute() -> tuple[float, float, float] | None:
         if v.mask is None:
             return anova_decomposition(_unit_scale(v.X, dim=(0, 1, 2)), v.seq_labels).fractions

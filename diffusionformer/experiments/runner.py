@@ -36,7 +36,6 @@ import torch
 from tqdm.auto import tqdm
 
 from diffusionformer._files import folder_lock as _folder_lock
-from diffusionformer._files import weights_only_refusal
 from diffusionformer.experiments.build import build_model, task_data
 from diffusionformer.experiments.config import (ExperimentConfig, OperatorSetting, TaskConfig, _did_you_mean,
                                                train_config)
@@ -106,7 +105,12 @@ def _not_resumed_advice(exc: CheckpointError, checkpoint: str, which: str) -> st
     lose a good file), else delete it to retrain that run (``which``: "this" or "its")."""
     if isinstance(exc.__cause__, PermissionError):
         return f"Give this user read access to {checkpoint} and run again to resume {which} run."
-    refused = weights_only_refusal(exc.__cause__, checkpoint) if exc.__cause__ is not None else None
+    # what load_checkpoint found the file to hold (read there, with the file at hand: ``checkpoint`` may be a
+    # placeholder such as the command line's "that checkpoint.pt")
+    refused = exc._weights_only_refusal
+    if refused is not None and " is blocked" in refused:  # no allow-list reaches it: the run cannot resume from it
+        return (f"Delete {checkpoint} to train {which} run again from step 0: it names a global of a module that "
+                "torch.load(weights_only=True) blocks, which no allow-list reaches (the trainer saves none).")
     if refused is not None:  # a whole file holding what weights_only refuses: not damage, so no advice to delete it
         allow = ("save it again with torch.save's default pickle protocol" if refused.startswith("Unsupported operand")
                  else "allow the type it names (torch.serialization.add_safe_globals)")

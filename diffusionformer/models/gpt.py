@@ -6,7 +6,7 @@ import numbers
 import os
 import pickle
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffusionformer.config import _check_flag, _python_numbers, document_fields
-from diffusionformer.nn.block import Block, make_norm, resolve_layer_heads
+from diffusionformer.nn.block import Block, _name_key, make_norm, resolve_layer_heads
 from diffusionformer.nn.heads import _layout_as_read, _own_operators
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.rivals import LayerState
@@ -202,7 +202,8 @@ class DiffusionGPT(nn.Module):
                                  f"{key}={args[key]!r}, which fixes the parameter shapes"
                                  + (" (model.crop_block_size(n) after loading shortens the context)"
                                     if key == "block_size" else ""))
-        if config_overrides.get("norm", "layernorm") != "layernorm":
+        norm = config_overrides.get("norm", "layernorm")
+        if not isinstance(norm, str) or _name_key(norm) != "layernorm":  # read as GPTConfig reads it: "LayerNorm" too
             # with bias=False an RMSNorm has the parameters of nanoGPT's LayerNorm: its gains loaded without a word
             # into another function of them (logits off by 0.16 in a small model)
             raise ValueError(f"from_nanogpt: norm={config_overrides['norm']!r}: nanoGPT's blocks normalise with "
@@ -398,7 +399,8 @@ class DiffusionGPT(nn.Module):
         """Shrink the context to ``block_size`` tokens, as nanoGPT's ``crop_block_size``: ``config.block_size``
         and, with learned positions, the position embedding (its first ``block_size`` rows kept), so that the
         state dict loads into ``DiffusionGPT(model.config)``. Lowering ``config.block_size`` alone kept every
-        row. Call it before building an optimiser (the position embedding is a new parameter).
+        row. The model gets a config of its own (another model built from the same ``GPTConfig`` keeps its
+        context). Call it before building an optimiser (the position embedding is a new parameter).
 
         Raises:
             ValueError: ``block_size`` is not an int in ``[1, config.block_size]`` (the model has no weights for
@@ -413,7 +415,8 @@ class DiffusionGPT(nn.Module):
             old = self.pos_emb.weight
             self.pos_emb.weight = nn.Parameter(old[:block_size].clone(), requires_grad=old.requires_grad)
             self.pos_emb.num_embeddings = block_size
-        self.config.block_size = block_size
+        # a copy: set in place, the config shared with another model built from it cut that model's context too
+        self.config = replace(self.config, block_size=block_size)
 
     def new_cache(self) -> list[LayerKVCache]:
         """An empty KV cache, one :class:`~diffusionformer.nn.kv_cache.LayerKVCache` per block."""

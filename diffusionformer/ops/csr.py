@@ -141,11 +141,14 @@ def _layout_key(edge_index: Tensor, num_nodes: int) -> tuple[Any, ...] | None:
     shared: while tensors are traced (:func:`torch.compile`, :func:`torch.jit.trace`, a dispatch mode such as
     ``make_fx``'s: a layout made before would be recorded as constants, not as operations on the traced edges), in
     inference mode (a layout made there holds inference tensors, which a later training call could not save for its
-    backward), and for tensor subclasses, meta tensors and tensors wrapped by functorch (no storage to name)."""
+    backward), while a CUDA graph is captured (a layout made before the capture, freed when other edges come, would
+    be replayed from freed memory), and for tensor subclasses, meta tensors and tensors wrapped by functorch (no
+    storage to name)."""
     if (type(edge_index) is not Tensor or _tensors_traced() or torch.compiler.is_compiling()
             or torch.is_inference_mode_enabled()
             or edge_index.is_inference() or edge_index.is_meta
-            or (_FUNCTORCH is None or _FUNCTORCH.is_functorch_wrapped_tensor(edge_index))):
+            or (_FUNCTORCH is None or _FUNCTORCH.is_functorch_wrapped_tensor(edge_index))
+            or (edge_index.is_cuda and torch.cuda.is_current_stream_capturing())):
         return None
     return (edge_index.data_ptr(), edge_index.device, edge_index.dtype, tuple(edge_index.shape), edge_index.stride(),
             edge_index.storage_offset(), edge_index._version, int(num_nodes))

@@ -129,12 +129,15 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise _unreadable(path, err) from err
         # a whole, well-formed file naming a type weights_only does not allow (e.g. a NumPy array returned by
         # a module's get_extra_state): not damage, so no advice to delete it
-        raise CheckpointError(
+        error = CheckpointError(
             f"checkpoint {path} is unreadable: it holds objects that torch.load(weights_only=True) refuses "
-            f"({refused}); not damage: there is no need to delete it, and it was left untouched. Load it only "
-            "if you trust its source (torch.serialization.add_safe_globals allows a type); a module's "
-            "get_extra_state should return tensors and plain Python values."
-        ) from err
+            f"({refused}); not damage: there is no need to delete it, and it was left untouched. "
+            f"{_refusal_advice(refused)}"
+        )
+        # what was refused, for the runner's and the command line's advice (runner._not_resumed_advice): read
+        # here, where the file is at hand (an opcode counts as a refusal only in a zip whose CRCs passed)
+        error._weights_only_refusal = refused
+        raise error from err
     except Exception as err:  # torch's unpickler raises struct.error, IndexError, KeyError... on damaged bytes
         raise _unreadable(path, err) from err
     if not isinstance(payload, dict):
@@ -163,6 +166,18 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path}: expected 'model' to be a state dict (parameter names as keys), "
                               f"got the key {bad[0]!r} ({type(bad[0]).__name__})")
     return payload
+
+
+def _refusal_advice(refused: str) -> str:
+    """What to do about a whole checkpoint holding ``refused`` (:func:`~diffusionformer._files.weights_only_refusal`):
+    an allow-list reaches a type, not a pickle protocol nor a global of a module torch blocks (``os``, ``sys``)."""
+    if refused.startswith("Unsupported operand"):
+        return "Load it only if you trust its source, and save it again with torch.save's default pickle protocol."
+    if " is blocked" in refused:
+        return ("torch.load(weights_only=True) loads no global of a blocked module, whatever is allowed, and the "
+                "trainer saves none: load it only if you trust its source.")
+    return ("Load it only if you trust its source (torch.serialization.add_safe_globals allows a type); a module's "
+            "get_extra_state should return tensors and plain Python values.")
 
 
 def _unreadable(path: Path, err: BaseException) -> CheckpointError:

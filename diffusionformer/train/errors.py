@@ -29,3 +29,7 @@ class CheckpointError(RuntimeError):
 
     The file is left untouched.
     """
+
+    #: what ``torch.load(weights_only=True)`` refused in a whole file (``_files.weights_only_refusal``, set by
+    #: ``load_checkpoint``), for the runner's and the command line's advice; ``None`` otherwise
+    _weights_only_refusal: str | None = None
