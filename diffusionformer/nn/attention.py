@@ -226,7 +226,8 @@ class DiffusionAttention(nn.Module):
 
         Sets ``_polynomial``, ``max_degree``, ``_degrees`` (per head), ``_static_coefficients``
         (Python floats, validated here once, or ``None``), and the flags of :meth:`forward`:
-        ``_has_context`` (context operators, resolved by ``ops.rivals.apply_context_groups``),
+        ``_has_context`` (context operators, resolved by ``ops.rivals.apply_context_groups``), ``_reads_first_values``
+        (operators that read the first layer's values from a ``LayerState``),
         ``_need_weights`` (non-polynomial heads that apply a matrix to ``P``; ``_matrix_groups``: their
         ``(operator, start, count)``, ``_matrix_heads``: their head indices), ``_sparse_unsupported``
         (the first operator without a sparse back-end) and ``_affine_runs`` (``None``, or the runs of
@@ -295,6 +296,7 @@ class DiffusionAttention(nn.Module):
             static_coefficients(self._static_coefficients, self.num_heads)
             check_degrees(self._degrees, self.num_heads, self.max_degree)
         self._has_context = any(op.uses_context for op in ops)
+        self._reads_first_values = any(op.needs_layer_state for op in ops)  # NeuTRENO's v0, ResFormer's V_1
         self._need_weights = any(not op.is_polynomial and not op.uses_context for op in ops)
         # the heads that apply a matrix function to a materialised P (heat-exact, ppr-exact): only these build P
         self._matrix_groups: tuple[tuple[DiffusionOperator, int, int], ...] = tuple(
@@ -557,12 +559,18 @@ class DiffusionAttention(nn.Module):
         if state is None:
             return self._forward_routed(x, graph, key_padding_mask, attn_mask, edge_index, is_causal,
                                         return_intermediates, None, positions, cache)
+        # reentrant checkpointing recomputing the layer that recorded the first values without autograd, values a layer
+        # outside the checkpoint read with autograd on: their gradient was lost (_lost_first_values_gradient)
+        if state._first_owner is self and torch.is_grad_enabled() and state._first_read and state._first_grad is False \
+                and torch._C._current_graph_task_id() != -1:
+            raise _lost_first_values_gradient()
         # the layer enters the state (depth + 1, and the first layer's values) before the checks and computations
         # that may raise: a failed call moved the state on, and the next layer read a depth one too far
         # layers whose operators read the state (depth, first values) record their calls in eager mode (a compiled
         # graph recomputes a checkpoint itself), so that a recomputation sees what the first call saw; the others
         # keep their host time (a recomputed plain layer moves the state on, which no recorded layer reads)
-        track = self._has_context and not torch.compiler.is_compiling()
+        eager = not torch.compiler.is_compiling()
+        track = self._has_context and eager
         replay = state._recomputing(self) if track else None
         if replay is not None:  # torch.utils.checkpoint recomputing this layer: as its first call, state unmoved
             return self._forward_routed(x, graph, key_padding_mask, attn_mask, edge_index, is_causal,
@@ -576,6 +584,13 @@ class DiffusionAttention(nn.Module):
             raise
         if track:
             state._calls = (*state._calls, (self, depth, first_values, torch.is_grad_enabled()))
+        if not eager:  # a compiled graph recomputes a checkpoint itself
+            return out
+        if first_values is None:
+            if state.first_values is not None:  # this call recorded them: its layer and grad mode, for the check above
+                state._first_owner, state._first_grad = self, torch.is_grad_enabled()
+        elif self._reads_first_values and torch.is_grad_enabled():
+            state._first_read = True
         return out
 
     def _forward_routed(
@@ -928,6 +943,18 @@ class DiffusionAttention(nn.Module):
         """
         self._check_plan()  # a non-operator module had no .spec() (AttributeError); a missing operator was left out
         return ",".join(f"{_group_spec(op, count)}:{count}" for op, (_, count) in zip(self.operators, self._groups))
+
+
+def _lost_first_values_gradient() -> RuntimeError:
+    """The error of a layer recomputed inside the backward pass with autograd on (reentrant checkpointing) whose
+    first call recorded the first layer's values without autograd, values that a layer outside the checkpoint read
+    with autograd on: the gradient through them (NeuTRENO's ``v0``, ResFormer's ``V_1``) never reached this layer,
+    nor the layers and embeddings before it, and the step's gradients were wrong without a word."""
+    return RuntimeError(
+        "LayerState: this layer's values, which the later layers read (NeuTRENO, value residuals), were recorded "
+        "without autograd by reentrant checkpointing (torch.utils.checkpoint(..., use_reentrant=True)), and a layer "
+        "outside the checkpoint read them with autograd on: the gradient through them would be lost; use "
+        "use_reentrant=False")
 
 
 def _not_a_tensor(x: Any, where: str) -> TypeError:

@@ -51,10 +51,12 @@ class LayerState:
     A layer that reads the state, called again with it while autograd runs a backward pass, is a
     recomputation (:func:`torch.utils.checkpoint`): it sees what its first call saw, and the state
     does not move on (else it read a depth past the model's and the first layer's values for its
-    own, and its gradients were wrong while its outputs were right). Two cases raise instead: a
+    own, and its gradients were wrong while its outputs were right). Three cases raise instead: a
     layer called more than once in one pass (shared weights), whose calls cannot be told apart
-    there, and reentrant checkpointing of a layer that reads the first layer's values, which that
-    mode computed without autograd (their gradient would be lost).
+    there, reentrant checkpointing of a layer that reads the first layer's values, which that
+    mode computed without autograd (their gradient would be lost), and reentrant checkpointing of
+    the first layer when a layer outside the checkpoint read its values with autograd on: the
+    checkpoint recorded them without autograd, and the gradient through them would be lost too.
 
     Examples:
         >>> s = LayerState()
@@ -69,6 +71,11 @@ class LayerState:
     #: ``(layer, depth, first_values, grad mode)`` of every call of a layer that reads the state (eager mode), for
     #: recomputations; a tuple rebound on each call, so that a ``copy.copy`` of the state keeps its own record
     _calls: tuple = field(default=(), init=False, repr=False, compare=False)
+    #: the layer whose call recorded ``first_values`` and whether autograd was on in that call (``None``: given by
+    #: hand, or none yet), and whether a layer that reads them did so with autograd on (DiffusionAttention.forward)
+    _first_owner: Any = field(default=None, init=False, repr=False, compare=False)
+    _first_grad: bool | None = field(default=None, init=False, repr=False, compare=False)
+    _first_read: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # a state built by hand was taken as given: a float depth was truncated (1.5 read as layer 1), a bool read
