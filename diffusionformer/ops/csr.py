@@ -129,10 +129,15 @@ class EdgeLayout:
         return t if self.order is None else t.index_select(0, self.order)
 
 
-#: the layout of the last ``edge_index`` given to :func:`_edge_layout`: ``(weak reference to it, its identity key,
-#: a copy of its values on CPU else None, layout)``, or ``None``; cleared when that tensor is freed
+#: the layout of the last ``edge_index`` given to :func:`_edge_layout`: ``(weak reference to its storage, ``id`` of
+#: the tensor, its identity key, a copy of its values on CPU else None, layout)``, or ``None``; cleared when that
+#: storage is freed. The storage is referenced, not the tensor: :func:`torch.utils.swap_tensors` refuses a tensor with a
+#: weak reference (``load_state_dict`` under ``torch.__future__.set_swap_module_params_on_conversion(True)`` swaps
+#: an ``edge_index`` buffer)
 _LAST_LAYOUT: list[Any] = [None]
-_LAST_LAYOUT_LOCK = threading.Lock()
+#: reentrant: a garbage collection run by an allocation while the lock is held (making the new entry) can free the
+#: last edges' storage, whose callback takes the lock in the same thread (a plain Lock deadlocked there)
+_LAST_LAYOUT_LOCK = threading.RLock()
 
 
 def _layout_key(edge_index: Tensor, num_nodes: int) -> tuple[Any, ...] | None:
@@ -164,20 +169,21 @@ def _edge_layout(edge_index: Tensor, num_nodes: int) -> EdgeLayout:
     key = _layout_key(edge_index, num_nodes)
     if key is None:
         return EdgeLayout(edge_index, num_nodes)
+    storage = edge_index.untyped_storage()
     entry = _LAST_LAYOUT[0]
-    if (entry is not None and entry[0]() is edge_index and entry[1] == key
-            and (entry[2] is None or torch.equal(entry[2], edge_index))):
-        return entry[3]
+    if (entry is not None and entry[0]() is storage and entry[1] == id(edge_index) and entry[2] == key
+            and (entry[3] is None or torch.equal(entry[3], edge_index))):
+        return entry[4]
     layout = EdgeLayout(edge_index, num_nodes)
     values = edge_index.clone() if edge_index.device.type == "cpu" else None
 
-    def forget(ref: Any) -> None:  # the edges are freed: so is their layout
+    def forget(ref: Any) -> None:  # the edges' storage is freed: so is their layout
         with _LAST_LAYOUT_LOCK:
             if _LAST_LAYOUT[0] is not None and _LAST_LAYOUT[0][0] is ref:
                 _LAST_LAYOUT[0] = None
 
     with _LAST_LAYOUT_LOCK:
-        _LAST_LAYOUT[0] = (weakref.ref(edge_index, forget), key, values, layout)
+        _LAST_LAYOUT[0] = (weakref.ref(storage, forget), id(edge_index), key, values, layout)
     return layout
 
 
