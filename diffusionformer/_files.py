@@ -152,6 +152,16 @@ def weights_only_refusal(err: BaseException, path: str | os.PathLike[str] | None
             "torch.save's default protocol 2 is read")
 
 
+def refusal_kind(refused: str) -> str:
+    """What a :func:`weights_only_refusal` text refuses, for the advice that follows: ``"protocol"`` (a pickle
+    opcode: save the file again with torch.save's default protocol), ``"blocked"`` (a global of a module torch
+    blocks, such as ``os``: no allow-list reaches it) or ``"type"`` (a global that
+    ``torch.serialization.add_safe_globals`` can allow)."""
+    if refused.startswith("Unsupported operand"):
+        return "protocol"
+    return "blocked" if " is blocked" in refused else "type"
+
+
 def load_error_text(err: BaseException) -> str:
     """``"TypeName: the line that says what went wrong"`` of a ``torch.load`` error: for the weights-only
     unpickler's errors, the unpickler's own line (torch puts the same generic lines about the ``weights_only``

@@ -289,8 +289,8 @@ def plot_metric_by_depth(
             bad = [k for k in values if not _is_int(k)][:1]
             if bad:
                 raise TypeError(f"results[{name!r}]: a dict must map int layers to values, got the key {bad[0]!r}")
-            layers = sorted(int(k) for k in values)
-            values = [values[k] for k in sorted(values, key=int)]
+            ordered = sorted(values.items(), key=lambda item: int(item[0]))
+            layers, values = [int(k) for k, _ in ordered], [v for _, v in ordered]
         else:
             layers = None
         try:

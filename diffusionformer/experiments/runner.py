@@ -36,6 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from diffusionformer._files import folder_lock as _folder_lock
+from diffusionformer._files import refusal_kind
 from diffusionformer.experiments.build import build_model, task_data
 from diffusionformer.experiments.config import (ExperimentConfig, OperatorSetting, TaskConfig, _did_you_mean,
                                                train_config)
@@ -108,11 +109,12 @@ def _not_resumed_advice(exc: CheckpointError, checkpoint: str, which: str) -> st
     # what load_checkpoint found the file to hold (read there, with the file at hand: ``checkpoint`` may be a
     # placeholder such as the command line's "that checkpoint.pt")
     refused = exc._weights_only_refusal
-    if refused is not None and " is blocked" in refused:  # no allow-list reaches it: the run cannot resume from it
+    kind = None if refused is None else refusal_kind(refused)
+    if kind == "blocked":  # no allow-list reaches it: the run cannot resume from it
         return (f"Delete {checkpoint} to train {which} run again from step 0: it names a global of a module that "
                 "torch.load(weights_only=True) blocks, which no allow-list reaches (the trainer saves none).")
-    if refused is not None:  # a whole file holding what weights_only refuses: not damage, so no advice to delete it
-        allow = ("save it again with torch.save's default pickle protocol" if refused.startswith("Unsupported operand")
+    if kind is not None:  # a whole file holding what weights_only refuses: not damage, so no advice to delete it
+        allow = ("save it again with torch.save's default pickle protocol" if kind == "protocol"
                  else "allow the type it names (torch.serialization.add_safe_globals)")
         return (f"{checkpoint} is whole: {allow} if you trust its source and run again to resume {which} run, or "
                 f"delete it to train {which} run again from step 0.")

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from diffusionformer._files import (file_kind, leftover_temps, load_error_text, set_new_file_mode, weights_only_refusal,
-                                    zip_damage)
+from diffusionformer._files import (file_kind, leftover_temps, load_error_text, refusal_kind, set_new_file_mode,
+                                    weights_only_refusal, zip_damage)
 
 from .errors import CheckpointError
 
@@ -171,9 +171,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _refusal_advice(refused: str) -> str:
     """What to do about a whole checkpoint holding ``refused`` (:func:`~diffusionformer._files.weights_only_refusal`):
     an allow-list reaches a type, not a pickle protocol nor a global of a module torch blocks (``os``, ``sys``)."""
-    if refused.startswith("Unsupported operand"):
+    kind = refusal_kind(refused)
+    if kind == "protocol":
         return "Load it only if you trust its source, and save it again with torch.save's default pickle protocol."
-    if " is blocked" in refused:
+    if kind == "blocked":
         return ("torch.load(weights_only=True) loads no global of a blocked module, whatever is allowed, and the "
                 "trainer saves none: load it only if you trust its source.")
     return ("Load it only if you trust its source (torch.serialization.add_safe_globals allows a type); a module's "
