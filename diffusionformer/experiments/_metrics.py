@@ -27,11 +27,17 @@ def accuracy(logits: Tensor, y: Tensor, over: float | None = None) -> Tensor:
     return acc.masked_fill(logits.isnan().any(), math.nan)
 
 
-def _num_correct(logits: Tensor, y: Tensor) -> float:
-    """How many rows' arg-max is the label; NaN when a logit is NaN (see :func:`accuracy`)."""
-    if bool(logits.isnan().any()):
-        return math.nan
-    return float((logits.argmax(-1) == y).sum().item())
+def _zero_sum(device: torch.device) -> Tensor:
+    """A 0-d float64 zero on ``device``: an evaluation loop's running sum, read once at the end."""
+    return torch.zeros((), dtype=torch.float64, device=device)
+
+
+def _num_correct(logits: Tensor, y: Tensor) -> Tensor:
+    """How many rows' arg-max is the label, a 0-d float64 tensor on the logits' device; NaN when a logit is NaN
+    (see :func:`accuracy`). A tensor, not a float: an evaluation loop adds them up on the device and reads the sum
+    once (a host sync per batch kept a GPU's queue empty between batches)."""
+    hits = (logits.argmax(-1) == y).sum().to(torch.float64)
+    return hits.masked_fill(logits.isnan().any(), math.nan)
 
 
 @torch.no_grad()

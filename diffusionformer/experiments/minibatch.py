@@ -37,7 +37,7 @@ from diffusionformer._warnings import user_stacklevel
 from diffusionformer.config import (ConfigErrors, _choice_hint, _python_number, _python_numbers, config_from_dict,
                                     config_to_dict, document_fields)
 from diffusionformer.data.base import NodeData
-from diffusionformer.experiments._metrics import _num_correct, _wide
+from diffusionformer.experiments._metrics import _num_correct, _wide, _zero_sum
 from diffusionformer.experiments._metrics import accuracy as _accuracy
 from diffusionformer.experiments._metrics import full_graph_metrics
 
@@ -301,7 +301,7 @@ class NodeMiniBatchTask:
         g = torch.Generator().manual_seed(_EVAL_SEED)
         for split in ("val", "test"):
             nodes = getattr(self.data.data, f"{split}_mask").nonzero().view(-1)
-            loss_sum, correct, count = 0.0, 0.0, 0
+            loss_sum, correct, count = _zero_sum(device), _zero_sum(device), 0  # read once per split
             for b, i in enumerate(range(0, nodes.numel(), self.eval_batch_size)):
                 if max_batches is not None and b >= max_batches:
                     break
@@ -309,10 +309,10 @@ class NodeMiniBatchTask:
                 B = int(batch.batch_size)
                 logits = _wide(model(batch.x.to(device), batch.edge_index.to(device))[:B])
                 y = batch.y[:B].to(device)
-                loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+                loss_sum += F.cross_entropy(logits, y, reduction="sum").to(torch.float64)
                 correct += _num_correct(logits, y)  # NaN for NaN logits, as the loss
                 count += B
-            out[f"{split}_loss"] = loss_sum / count if count else float("nan")
-            out[f"{split}_acc"] = correct / count if count else float("nan")
+            out[f"{split}_loss"] = loss_sum.item() / count if count else float("nan")
+            out[f"{split}_acc"] = correct.item() / count if count else float("nan")
         out["loss"] = out["val_loss"]
         return out

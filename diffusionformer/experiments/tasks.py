@@ -26,7 +26,7 @@ from diffusionformer.config import _check_flag, _choice_hint, _value_type, confi
 from diffusionformer.data.base import (IGNORE_INDEX, SPLITS, ClassificationData, GraphSetData, NodeData, SequenceTaskData,
                                        TextData)
 from diffusionformer.data.ssl import SSLConfig
-from diffusionformer.experiments._metrics import _num_correct, _wide
+from diffusionformer.experiments._metrics import _num_correct, _wide, _zero_sum
 from diffusionformer.experiments._metrics import accuracy as _accuracy
 from diffusionformer.experiments._metrics import full_graph_metrics
 from diffusionformer.models import DINOConfig, GCNConfig, GINConfig, GPTConfig, GraphTransformerConfig, ViTConfig
@@ -122,15 +122,16 @@ class ClassificationTask:
     @torch.no_grad()
     def _score(self, model: nn.Module, x: Tensor, y: Tensor) -> tuple[float, float]:
         device = next(model.parameters()).device
-        loss_sum, correct = 0.0, 0.0
+        # summed in float64 on the device and read once (as a Python float's sum: the same bits on CPU)
+        loss_sum, correct = _zero_sum(device), _zero_sum(device)
         for i in range(0, x.shape[0], self.eval_batch_size):
             xb, yb = x[i : i + self.eval_batch_size].to(device), y[i : i + self.eval_batch_size].to(device)
             logits = _wide(model(xb))
-            loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
+            loss_sum += F.cross_entropy(logits, yb, reduction="sum").to(torch.float64)
             correct += _num_correct(logits, yb)
         if x.shape[0] == 0:  # an empty split has no loss or accuracy (not a perfect 0.0 loss)
             return math.nan, math.nan
-        return loss_sum / x.shape[0], correct / x.shape[0]
+        return loss_sum.item() / x.shape[0], correct.item() / x.shape[0]
 
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
         return _split_scores(self, model)
@@ -326,11 +327,11 @@ class TextLMTask:
         batches = self.eval_batches if max_batches is None else _positive_int("max_batches", max_batches)
         for split in ("train", "val"):
             g = torch.Generator().manual_seed(_EVAL_SEED)
-            total = 0.0
+            total = _zero_sum(device)  # read once per split, not once per batch
             for _ in range(batches):
                 x, y = self.data.get_batch(split, self.eval_batch_size, self.block_size, g)
-                total += model(x.to(device), y.to(device))[1].item()
-            out[f"{split}_loss"] = total / batches
+                total += model(x.to(device), y.to(device))[1].detach().to(torch.float64)
+            out[f"{split}_loss"] = total.item() / batches
         out["loss"] = out["val_loss"]
         # over-fitting: both losses come from the same protocol (same batch count, size and seed)
         out["gap_loss"] = out["val_loss"] - out["train_loss"]
@@ -396,18 +397,20 @@ class SequenceLMTask:
     @torch.no_grad()
     def _score(self, model: nn.Module, x: Tensor, y: Tensor) -> tuple[float, float]:
         device = next(model.parameters()).device
-        loss_sum, correct, count = 0.0, 0.0, 0
+        loss_sum, correct = _zero_sum(device), _zero_sum(device)
+        count = torch.zeros((), dtype=torch.int64, device=device)
         for i in range(0, x.shape[0], self.eval_batch_size):
             xb, yb = x[i : i + self.eval_batch_size].to(device), y[i : i + self.eval_batch_size].to(device)
             self._check_targets(yb)
             logits = _wide(model(xb)[0])
             mask = yb != self.data.ignore_index
-            loss_sum += F.cross_entropy(logits[mask], yb[mask], reduction="sum").item()
+            loss_sum += F.cross_entropy(logits[mask], yb[mask], reduction="sum").to(torch.float64)
             correct += _num_correct(logits[mask], yb[mask])
-            count += int(mask.sum())
-        if count == 0:  # no target to score (all ignore_index): no loss, not a perfect 0.0
+            count += mask.sum()
+        n = int(count.item())
+        if n == 0:  # no target to score (all ignore_index): no loss, not a perfect 0.0
             return math.nan, math.nan
-        return loss_sum / count, correct / count
+        return loss_sum.item() / n, correct.item() / n
 
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, float]:
         return _split_scores(self, model)
@@ -486,16 +489,16 @@ class GraphClassificationTask:
         out = {}
         for split in ("val", "test"):
             graphs = self.graphs[split]
-            loss_sum, correct = 0.0, 0.0
+            loss_sum, correct = _zero_sum(device), _zero_sum(device)
             for i in range(0, len(graphs), self.eval_batch_size):
                 b = Batch.from_data_list(graphs[i : i + self.eval_batch_size]).to(device)
                 logits = _wide(_graph_logits(model, b))
                 y = b.y.view(-1)
-                loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+                loss_sum += F.cross_entropy(logits, y, reduction="sum").to(torch.float64)
                 correct += _num_correct(logits, y)
             n = len(graphs)  # an empty split has no loss or accuracy (not a perfect 0.0 loss)
-            out[f"{split}_loss"] = loss_sum / n if n else math.nan
-            out[f"{split}_acc"] = correct / n if n else math.nan
+            out[f"{split}_loss"] = loss_sum.item() / n if n else math.nan
+            out[f"{split}_acc"] = correct.item() / n if n else math.nan
         out["loss"] = out["val_loss"]
         return out
 
