@@ -95,7 +95,8 @@ class _Graph(nn.Module):
 def _signals(n):
     g = torch.Generator().manual_seed(n)
     x, y = torch.randn(3 * n, 3, 2, generator=g), torch.randint(0, 3, (3 * n,), generator=g)
-    return ClassificationData("s", "sequence", x[:n], y[:n], x[n : 2 * n], y[n : 2 * n], x[2 * n :], y[2 * n :], 3, (3, 2))
+    splits = [t for i in range(3) for t in (x[i * n : (i + 1) * n], y[i * n : (i + 1) * n])]
+    return ClassificationData("s", "sequence", *splits, 3, (3, 2))
 
 
 def _sequences(n):
