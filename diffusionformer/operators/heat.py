@@ -118,22 +118,36 @@ def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> in
         raise ValueError(f"the heat kernel needs more than {MAX_STEPS} steps for t={t}, tol={tol}; use a smaller |t|")
     if method == "euler":
         # and K >= t: fewer steps make an unstable product (weight 1 - t/K < 0 on I) that HeatOperator refuses
-        K = max(1, math.ceil(t), math.ceil(2 * a * a * math.exp(2 * a) / tol))
-        if K > MAX_STEPS:
+        lowest = max(1, math.ceil(t))
+        need = 2 * a * a * math.exp(2 * a) / tol  # inf past float's range (tol=1e-300): ceil raised OverflowError
+        K = max(lowest, math.ceil(need)) if math.isfinite(need) else None
+        if K is not None and K <= MAX_STEPS + 1:
+            # settled on the bound itself, as HeatOperator checks it: the rounded estimate gave K + 1 (not the
+            # smallest) and K whose bound was 1 ulp over tol, which the operator then refused, naming that K
+            while K <= MAX_STEPS and _bound_at(t, K, "euler") > tol:
+                K += 1
+            while K > lowest and _bound_at(t, K - 1, "euler") <= tol:
+                K -= 1
+        if K is None or K > MAX_STEPS:
             raise ValueError(
-                f"the Euler heat kernel needs K={K} > {MAX_STEPS} steps for t={t}, tol={tol}; "
-                "give steps= explicitly or use method='taylor'"
+                f"the Euler heat kernel needs {'more than' if K is None else f'K={K} >'} {MAX_STEPS} steps for t={t}, "
+                f"tol={tol}; give steps= explicitly or use method='taylor'"
             )
         return K
     if method != "taylor":
         raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}{_choice_hint(method, _METHODS)}")
-    factor = math.exp(2 * a) if t < 0 else 1.0
-    # the same tails, bit for bit, as heat_truncation_error(t, K) reads: an explicit steps=K with this tol passes
-    tails = _poisson_tails(torch.tensor(a, dtype=torch.float64, device="cpu"), MAX_STEPS).tolist()
-    for K, tail in enumerate(tails):
-        if factor * tail <= tol:
+    # the bounds, bit for bit, that heat_truncation_error(t, K) gives (e^(2|t|) included, which math.exp rounded
+    # differently: K + 1 for a tol equal to the bound at K): an explicit steps=K with this tol passes
+    bounds = _taylor_bounds(torch.tensor(float(t), dtype=torch.float64, device="cpu")).tolist()
+    for K, bound in enumerate(bounds):
+        if bound <= tol:
             return K
     raise ValueError(f"the heat kernel needs more than {MAX_STEPS} steps for t={t}, tol={tol}")
+
+
+def _bound_at(t: float, steps: int, method: str) -> float:
+    """``heat_truncation_error(t, steps, method)`` of a Python ``t`` as a float (computed on the CPU)."""
+    return float(heat_truncation_error(torch.tensor(float(t), dtype=torch.float64, device="cpu"), steps, method))
 
 
 def _poisson_tails(a: Tensor, steps: int) -> Tensor:
@@ -186,9 +200,17 @@ def heat_truncation_error(t: Tensor, steps: int, method: str = "taylor") -> Tens
         # the regularised incomplete gamma is the Poisson tail, to about 1e-11 relative here: raised by 1e-8
         # relative it stays a bound
         tail = (torch.special.gammainc(torch.full_like(a, steps + 1.0), a) * (1 + 1e-8)).clamp(max=1.0)
-    else:
-        tail = _poisson_tails(t.abs(), steps)[..., steps]
-    return torch.where(t < 0, torch.exp(2 * t.abs()) * tail, tail)
+        return torch.where(t < 0, torch.exp(2 * a) * tail, tail)
+    return _taylor_bounds(t)[..., steps]
+
+
+def _taylor_bounds(t: Tensor) -> Tensor:
+    r"""The Taylor bounds of :func:`heat_truncation_error` for every ``K = 0 .. MAX_STEPS`` at once: the Poisson
+    tails of ``|t|``, times :math:`e^{2|t|}` for ``t < 0`` (the values :func:`heat_steps_for_tolerance` reads).
+    ``t``: float64 ``()`` or ``(G,)`` -> ``(MAX_STEPS + 1,)`` or ``(G, MAX_STEPS + 1)``."""
+    a = t.abs()
+    tails = _poisson_tails(a, MAX_STEPS)
+    return torch.where((t < 0).unsqueeze(-1), torch.exp(2 * a).unsqueeze(-1) * tails, tails)
 
 
 def _check_truncation(t: float, steps: int, method: str, tol: float | None) -> None:
