@@ -761,9 +761,11 @@ def _write_plots(pdir: Path, result: dict[str, Any], spectra: dict[str, dict[str
         coeffs = {}
         for name, op in task["operators"].items():
             c = torch.tensor(next(iter(op["seeds"].values()))["coefficients"][-1], dtype=torch.float64)
-            c = c[~torch.isnan(c).any(dim=-1)]
-            if c.numel():
+            kept = ~torch.isnan(c).any(dim=-1)  # a head that is no polynomial in P has a row of NaN: no line
+            if c.numel() and bool(kept.all()):
                 coeffs[name] = c
+            else:  # each line labelled by its head's index: the rows kept, re-counted from 0, named heads wrongly
+                coeffs.update({f"{name}[{h}]": c[h] for h in kept.nonzero().flatten().tolist()})
         if coeffs:
             fig = _figure(figsize=(6.0, 4.0))
             ax = plot_frequency_response(coeffs, ax=fig.subplots())

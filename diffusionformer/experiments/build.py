@@ -88,7 +88,8 @@ def _check_graph_model(task: TaskConfig, model: torch.nn.Module) -> None:
     """Refuse a graph transformer that cannot run in the runner's graph tasks, which failed at its first training
     step although it builds: ``pe`` (a positional encoding) or ``edge_dim`` (edge features) set, which the task
     adapters never pass (they call ``model(x, edge_index[, batch])``), or an operator without a sparse back-end
-    (``heat-exact``, ``ppr-exact``: they need a dense ``P``, and the graph transformer attends over edges).
+    (``heat-exact``, ``ppr-exact``, any function of a materialised ``P`` that is neither a polynomial nor a context
+    operator: they need a dense ``P``, and the graph transformer attends over edges).
 
     Raises:
         ValueError: naming the option or the operator, and the task.
@@ -104,9 +105,13 @@ def _check_graph_model(task: TaskConfig, model: torch.nn.Module) -> None:
                              f"runner's graph tasks pass the model only x and edge_index (no "
                              f"{'positional encoding' if key == 'pe' else 'edge features'}); drop {key}")
     for layer, block in enumerate(model.blocks):
-        dense = [op.name for op in block.attn.operators if not op.supports_sparse]
-        if dense:
-            raise ValueError(f"task {task.name!r}: model {task.model!r} layer {layer} has operator {dense[0]!r}, "
+        # the layer's own test (its sparse call refuses the same operator): supports_sparse = False, and a function
+        # of a materialised P (neither polynomial nor context: a user's apply_matrix) whatever supports_sparse says,
+        # which passed this check and failed at the first training step
+        block.attn._check_plan()
+        dense = block.attn._sparse_unsupported
+        if dense is not None:
+            raise ValueError(f"task {task.name!r}: model {task.model!r} layer {layer} has operator {dense}, "
                              "which needs a dense P, and a graph transformer attends over the graph's edges (the "
                              "sparse back-end); use a polynomial operator such as 'heat' or 'ppr'")
 

@@ -40,6 +40,7 @@ from diffusionformer.data.base import NodeData
 from diffusionformer.experiments._metrics import _num_correct, _wide, _zero_sum
 from diffusionformer.experiments._metrics import accuracy as _accuracy
 from diffusionformer.experiments._metrics import full_graph_metrics
+from diffusionformer.operators.base import DiffusionOperator, _registered_class
 
 __all__ = ["MiniBatchConfig", "NodeMiniBatchTask", "check_num_neighbors", "operator_hops", "propagation_hops",
            "resolve_num_neighbors"]
@@ -116,6 +117,11 @@ def operator_hops(operator: nn.Module) -> int | None:
     calls = getattr(operator, "calls_per_forward", None)
     if callable(calls):
         return int(calls())
+    # the name of a registered class only (or of a subclass that adds no behaviour): a subclass that overrides
+    # apply_context inherits its parent's name, and read as one hop while it may propagate further, the sampled
+    # neighbourhoods left out nodes its outputs depend on
+    if isinstance(operator, DiffusionOperator) and _registered_class(type(operator)) is None:
+        return None
     return 1 if getattr(operator, "name", None) in _ONE_HOP else None
 
 

@@ -15,6 +15,7 @@ from diffusionformer.config import _choice_hint, _value_type
 from diffusionformer.graph._checks import check_within_graphs
 from diffusionformer.nn.attention import DiffusionAttention, _node_types_text
 from diffusionformer.nn.block import Block
+from diffusionformer.operators import DiffusionOperator
 from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.sparse import check_edge_index
 
@@ -294,7 +295,12 @@ def init_transformer_weights(model: nn.Module, num_layers: int, std: float = 0.0
     # or NaN std torch's "normal expects std >= 0.0" naming neither argument
     check_positive_int("init_transformer_weights", num_layers=num_layers)
     check_positive("init_transformer_weights", std=std)
+    # an operator's own submodules (a user's gate nn.Linear) are its parameters too: drawn N(0, std) with zero biases,
+    # they lost the values its constructor (and its reset_parameters) chose
+    in_operators = {id(m) for op in model.modules() if isinstance(op, DiffusionOperator) for m in op.modules()}
     for module in model.modules():
+        if id(module) in in_operators:
+            continue
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:

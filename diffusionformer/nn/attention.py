@@ -21,7 +21,7 @@ from diffusionformer.nn._skip import is_noop
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.heads import HeadGroup, parse_heads
 from diffusionformer.operators import DiffusionOperator
-from diffusionformer.operators.base import _checked_degree
+from diffusionformer.operators.base import _checked_degree, _label
 from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
 from diffusionformer.ops._checks import (_SPARSE_ADJACENCY_FIX, _backend_hint, _check_is_causal, _check_strided,
@@ -230,8 +230,8 @@ class DiffusionAttention(nn.Module):
         (operators that read the first layer's values from a ``LayerState``),
         ``_need_weights`` (non-polynomial heads that apply a matrix to ``P``; ``_matrix_groups``: their
         ``(operator, start, count)``, ``_matrix_heads``: their head indices), ``_sparse_unsupported``
-        (the first operator without a sparse back-end) and ``_affine_runs`` (``None``, or the runs of
-        :func:`~diffusionformer.ops.engine.affine_runs` when every head is a fixed ``a I + b P``: the
+        (the first operator without a sparse back-end, as a message names it) and ``_affine_runs`` (``None``, or
+        the runs of :func:`~diffusionformer.ops.engine.affine_runs` when every head is a fixed ``a I + b P``: the
         layer's fused path). ``_plan_key`` records the operators this plan was made for.
         """
         ops = tuple(self.operators)
@@ -242,7 +242,8 @@ class DiffusionAttention(nn.Module):
             if not isinstance(op, DiffusionOperator):
                 raise TypeError(f"operators: expected DiffusionOperator modules, got {type(op).__name__}")
             if op.num_heads not in (1, count):
-                raise ValueError(f"operators: operator {op.name!r} has num_heads={op.num_heads} but covers {count} heads")
+                raise ValueError(f"operators: operator {_label(op)} has num_heads={op.num_heads} but covers {count} "
+                                 "heads")
             # operators whose parameters depend on the head width (differential attention) get it here;
             # their capability flags (second map, layer state, re-projection, uniform map) are resolved in
             # forward by the one context dispatch (diffusionformer.ops.rivals.apply_context_groups)
@@ -260,7 +261,7 @@ class DiffusionAttention(nn.Module):
                 # the two maps split each head's q and k into halves; RoPE rotates channel pairs (2i, 2i+1), so with
                 # head_dim = 2 (mod 4) one pair straddles the halves and no map's scores depend on n - m alone
                 raise ValueError(
-                    f"operator {op.name!r} splits each head's queries and keys into two halves of width "
+                    f"operator {_label(op)} splits each head's queries and keys into two halves of width "
                     f"{self.head_dim // 2}, and the rotary embedding rotates channel pairs (2i, 2i+1): with "
                     f"head_dim={self.head_dim} a pair straddles the halves and the scores lose RoPE's relative "
                     "positions; use a head_dim divisible by 4")
@@ -268,7 +269,7 @@ class DiffusionAttention(nn.Module):
                 flags = [f for f in ("needs_second_map", "needs_layer_state", "reprojects_each_step", "needs_uniform_map")
                          if getattr(op, f)]
                 raise ValueError(
-                    f"operator {op.name!r} declares {', '.join(flags)} but is_polynomial=True: an operator with "
+                    f"operator {_label(op)} declares {', '.join(flags)} but is_polynomial=True: an operator with "
                     "capability flags is applied through apply_context(ctx) and must set is_polynomial = False"
                 )
         counts = [c for _, c in self._groups]
@@ -304,7 +305,7 @@ class DiffusionAttention(nn.Module):
         self._matrix_heads: tuple[int, ...] = tuple(h for _, s, c in self._matrix_groups for h in range(s, s + c))
         # a function of a materialised P (neither polynomial nor context) needs a dense P whatever supports_sparse
         # says: on edges its heads would receive the engine's 0
-        self._sparse_unsupported = next((op.name for op in ops if not op.supports_sparse or (
+        self._sparse_unsupported = next((_label(op) for op in ops if not op.supports_sparse or (
             not op.is_polynomial and not op.uses_context)), None)
         self._affine_runs: tuple[AffineRun, ...] | None = None
         if self._static_coefficients is not None and self.max_degree <= 1:
@@ -485,12 +486,22 @@ class DiffusionAttention(nn.Module):
         rows = []
         # its device and dtype (a parametrized weight is not computed for them; a quantized qkv gives the layer's)
         ref = _stored_weight(self.qkv, owner=self)
-        for op, (_, count), poly in zip(self.operators, self._groups, self._polynomial):
+        for op, (start, count), poly in zip(self.operators, self._groups, self._polynomial):
             if poly:
                 c = op.head_coefficients(count).to(device=ref.device)
                 if c.shape[1] > op.degree + 1:  # F.pad below would drop P^(K+1).. silently
                     raise ValueError(f"{type(op).__name__}.coefficients() must have degree + 1 = {op.degree + 1} "
                                      f"columns, got shape {tuple(c.shape)}")
+                planned = self._degrees[start]
+                if c.shape[1] > planned + 1:
+                    # the operator's degree grew in place (a user's `op.steps = 4` and a longer parameter) since the
+                    # plan: F.pad below dropped the powers past the layer's degree, or the engine those past the
+                    # heads' planned degree, silently
+                    raise ValueError(
+                        f"{type(op).__name__}.coefficients() has degree {c.shape[1] - 1}, but the layer planned its "
+                        f"heads {list(range(start, start + count))} for degree {planned}, the operator's degree when "
+                        "the layer took it; an operator's degree is fixed while it serves a layer: put a new operator "
+                        "in (layer.operators[i] = op), which the layer plans for anew")
                 c = c.to(torch.float64 if ref.dtype == torch.float64 else torch.float32)
                 rows.append(F.pad(c, (0, K - c.shape[1] + 1)))
             else:
@@ -894,7 +905,7 @@ class DiffusionAttention(nn.Module):
             raise ValueError(f"sparse input x must have shape (N, D), got {tuple(x.shape)}")
         if self._sparse_unsupported is not None:
             raise ValueError(
-                f"operator {self._sparse_unsupported!r} does not support the sparse back-end (it needs a dense P); "
+                f"operator {self._sparse_unsupported} does not support the sparse back-end (it needs a dense P); "
                 "use a dense input or a polynomial operator such as 'heat'"
             )
         N, D = x.shape

@@ -22,8 +22,9 @@ from torch import Tensor
 from diffusionformer.config import _check_flag
 from diffusionformer.graph.core import _check_index_tensor
 from diffusionformer.nn.attention import DiffusionAttention
+from diffusionformer.operators.base import _label
 from diffusionformer.ops import propagate_sparse, segment_softmax
-from diffusionformer.ops._checks import _check_strided, check_tensor
+from diffusionformer.ops._checks import _check_strided, check_coefficients, check_tensor
 from diffusionformer.ops.engine import work_dtype
 from diffusionformer.ops.sparse import check_edge_index
 
@@ -34,11 +35,11 @@ def _check_edge_operators(layer: DiffusionAttention, who: str) -> None:
     """Every operator of ``layer`` a polynomial in one ``P`` that runs on sparse graphs (else ``ValueError``)."""
     for op in layer.operators:
         if not op.supports_sparse:
-            raise ValueError(f"{who}: operator {op.name!r} does not support the sparse back-end (it needs a dense P)")
+            raise ValueError(f"{who}: operator {_label(op)} does not support the sparse back-end (it needs a dense P)")
         if op.uses_context or not op.is_polynomial:
             # the edge-aware P enters the polynomial loop; operators that build their own maps
             # (rivals: second map, layer state, re-attention, uniform map) are not served
-            raise ValueError(f"{who}: operator {op.name!r} is not a polynomial in one P; "
+            raise ValueError(f"{who}: operator {_label(op)} is not a polynomial in one P; "
                              "edge features need polynomial heads (attention, laplacian, heat, ppr, polynomial)")
 
 
@@ -101,7 +102,8 @@ def edge_feature_attention(
     scores = (q.to(work).index_select(0, dst) * keys).sum(-1) * layer._scale  # (E, H)
     P = segment_softmax(scores, dst, N)
     dropout_p = layer._call_dropout()  # the settable attribute checked as the layer's own calls do
-    coeffs = layer._coefficients().to(work)  # (H, K+1)
+    # (H, K+1) in the working dtype, validated as the layer's sparse path validates them (finite, on CPU)
+    coeffs = check_coefficients(layer._coefficients(), H, v).to(work)
     cur = v.to(work)
     out = coeffs[None, :, 0, None] * cur
     for step in range(1, coeffs.shape[1]):

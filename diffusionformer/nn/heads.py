@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from diffusionformer.operators import DiffusionOperator, build_operator
-from diffusionformer.operators.base import _spec_text
+from diffusionformer.operators.base import _label, _spec_text
 from diffusionformer.operators.registry import _unknown_arguments, operator_class, parse_operator_spec
 
 __all__ = ["HeadGroup", "format_head_spec", "laplacian_count", "parse_heads", "resolve_layer_heads", "split_top_level"]
@@ -197,7 +197,7 @@ def parse_heads(heads: Any, num_heads: int) -> list[HeadGroup]:
                     run += 1
                 if entry.num_heads not in (1, run):
                     raise ValueError(
-                        f"operator instance {entry.name!r} has num_heads={entry.num_heads} but covers "
+                        f"operator instance {_label(entry)} has num_heads={entry.num_heads} but covers "
                         f"{run} consecutive heads (starting at head {h}); expected "
                         + ("1" if run == 1 else f"1 or {run}")
                     )

@@ -51,8 +51,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from diffusionformer.operators.base import _label
 from diffusionformer.ops import rivals as _rivals
-from diffusionformer.ops._checks import _matrix_output
+from diffusionformer.ops._checks import _matrix_output, check_coefficients
 from diffusionformer.ops.engine import work_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -174,7 +175,7 @@ def attend_cached(
     for op in layer.operators:
         if not op.supports_kv_cache:
             raise ValueError(
-                f"attend_cached: operator {op.name!r} does not support a KV cache (supports_kv_cache=False); "
+                f"attend_cached: operator {_label(op)} does not support a KV cache (supports_kv_cache=False); "
                 "generate with use_cache=False"
             )
     if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != layer.dim:  # else a bare matmul error
@@ -222,7 +223,9 @@ def attend_cached(
     scores = (q.to(work) @ _repeat(keys, H).to(work).transpose(-1, -2)).to(work) * scale  # (B, H, n, T)
     P = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
 
-    coeffs = layer._coefficients().to(work)  # (H, K+1); zero rows for non-polynomial heads
+    # (H, K+1) in the working dtype; zero rows for non-polynomial heads. Validated as the layer's forward validates
+    # them (finite, on CPU): a user operator's coefficients that became NaN decoded NaN logits without a word
+    coeffs = check_coefficients(layer._coefficients(), H, v).to(work)
     K = coeffs.shape[1] - 1
     _check_cache_fits(layer, cache, K)
     out = coeffs[None, :, 0, None, None] * _repeat(v, H).to(work)  # (B, H, n, C)

@@ -352,6 +352,13 @@ class DiffusionOperator(nn.Module):
         return f"num_heads={self.num_heads}"
 
 
+def _label(op: DiffusionOperator) -> str:
+    """How an error message names an operator: its ``name`` (quoted), or its class where it has none (a class never
+    registered that declares none: the message read "operator ''")."""
+    name = getattr(op, "name", "")
+    return repr(name) if isinstance(name, str) and name else type(op).__qualname__
+
+
 def _checked_degree(op: DiffusionOperator) -> int:
     """A polynomial operator's :attr:`~DiffusionOperator.degree` as an int, else a ValueError naming the class."""
     return check_count(op.degree, f"{type(op).__name__}.degree", minimum=0)
