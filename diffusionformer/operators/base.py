@@ -431,6 +431,24 @@ MAX_DEGREE = 1024
 and small enough that a typo such as ``steps=10**12`` is an error, not a terabyte allocation."""
 
 
+def _powers(x: Tensor, k: Tensor) -> Tensor:
+    """``x^k`` for the exponents ``k = 0 .. K`` (a 1-D table) along a new last axis: the values, first derivatives
+    and dtype of ``x.unsqueeze(-1).pow(k)`` (bit for bit), with derivatives of every order finite at ``x = 0``.
+
+    ``pow`` differentiates ``x^0 = 1`` as ``0 * x^-1`` (and ``x^1`` twice as ``0 * x^-1``): second derivatives at
+    ``x = 0`` (a learned heat time ``t = 0``, a PPR ``1 - alpha`` rounded to 0) were ``0 * inf = NaN``, so
+    ``create_graph=True`` gradients, Hessian-vector products and gradient penalties were NaN. Where ``x = 0`` the
+    powers come from a running product (``1, 0, 0, ...``, whose derivatives are exact), elsewhere from ``pow`` of
+    ``x`` (of 1 where ``x = 0``, so that no NaN enters the gradient through the branch not taken).
+    """
+    x = x.unsqueeze(-1)
+    zero = x == 0
+    direct = torch.where(zero, torch.ones_like(x), x).pow(k)
+    z = x.to(direct.dtype)
+    running = torch.cat([torch.ones_like(z), torch.cumprod(z.expand(*z.shape[:-1], k.shape[-1] - 1), dim=-1)], dim=-1)
+    return torch.where(zero, running, direct)
+
+
 def check_count(value: object, name: str, *, minimum: int = 1, maximum: int = MAX_DEGREE) -> int:
     """An int argument in ``[minimum, maximum]`` as a Python int (numpy ints from a sweep too;
     bools refused), else a ValueError naming it."""

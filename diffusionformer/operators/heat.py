@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from diffusionformer.config import _choice_hint
 from diffusionformer.operators.base import (DiffusionOperator, _check_loaded_constant, _check_tol, _host_numbers,
-                                            _meta_repr, check_finite_float, check_finite_parameter, check_flag,
+                                            _meta_repr, _powers, check_finite_float, check_finite_parameter, check_flag,
                                             check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
 from diffusionformer.ops._checks import checks_values
@@ -67,7 +67,8 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
             return torch.stack(c, dim=-1)
         # a fixed number of kernels whatever K (the running product costs 2 K tiny launches each way)
         k, inv_factorial = _taylor_table(steps, t.device)
-        return torch.exp(-t).unsqueeze(-1) * t.unsqueeze(-1).pow(k) * inv_factorial
+        # t^k as t.pow(k), with finite derivatives of every order at t = 0 (_powers)
+        return torch.exp(-t).unsqueeze(-1) * _powers(t, k) * inv_factorial
     if method == "euler":
         if steps == 0:
             raise ValueError("the Euler heat kernel needs steps >= 1")

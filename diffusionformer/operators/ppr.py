@@ -8,8 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from diffusionformer.operators.base import (MAX_DEGREE, DiffusionOperator, _check_loaded_constant, _check_tol,
-                                             _host_numbers, _meta_repr, check_count, check_finite_parameter, check_flag,
-                                             check_real, static_dtype)
+                                             _host_numbers, _meta_repr, _powers, check_count, check_finite_parameter,
+                                             check_flag, check_real, static_dtype)
 from diffusionformer.operators.registry import register_operator
 from diffusionformer.ops.engine import _tensor_cache
 
@@ -34,8 +34,9 @@ def ppr_coefficients(alpha: Tensor, steps: int) -> Tensor:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     keep = 1.0 - alpha
     k, last = _ppr_table(steps, alpha.device, alpha.dtype)
-    # (1 - alpha)^k times alpha, and times 1 on P^K: a fixed number of kernels whatever K
-    return keep.unsqueeze(-1).pow(k) * torch.where(last, 1.0, alpha.unsqueeze(-1))
+    # (1 - alpha)^k times alpha, and times 1 on P^K: a fixed number of kernels whatever K; the powers with finite
+    # derivatives of every order where 1 - alpha rounds to 0, a saturated logit (_powers)
+    return _powers(keep, k) * torch.where(last, 1.0, alpha.unsqueeze(-1))
 
 
 @_tensor_cache(maxsize=64)
