@@ -214,6 +214,15 @@ def _device_hint(spec: Any, kinds: tuple[str, ...] = ("cpu", "cuda", "mps")) -> 
     return f" (did you mean {suggestion!r}?)" if suggestion != spec else ""
 
 
+def _same_container_kind(value: Any, tp: Any) -> bool:
+    """Whether ``value`` is the kind of container annotation ``tp`` takes (a table for ``dict[...]`` or a dataclass, a
+    list for ``list[...]`` or ``tuple[...]``), whatever its items: the arm of a union whose error names a bad item."""
+    origin = tp if tp in (tuple, list, dict) else typing.get_origin(tp)
+    if origin is dict or (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+        return isinstance(value, Mapping)
+    return origin in (list, tuple) and isinstance(value, (list, tuple))
+
+
 def check_value(value: Any, tp: Any, where: str) -> Any:
     """Check (and lightly coerce: int -> float, list -> tuple) ``value`` against annotation ``tp``."""
     # a bare ``tuple`` or ``list`` (a user's config: ``input_size: tuple = (8, 8)``) as ``tuple[Any, ...]``: else a TOML
@@ -222,12 +231,16 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        errors = []
+        errors: list[tuple[Any, Exception]] = []
         for arm in typing.get_args(tp):
             try:
                 return check_value(value, arm, where)
             except (TypeError, ValueError) as exc:
-                errors.append(str(exc))
+                errors.append((arm, exc))
+        same_kind = [exc for arm, exc in errors if _same_container_kind(value, arm)]
+        if len(same_kind) == 1:  # a table or list of the right kind whose item is wrong: that item's own error
+            # (was "reach: expected dict | None, got dict {'val_acc': '0.5'}", naming neither the item nor its type)
+            raise same_kind[0]
         raise TypeError(f"{where}: expected {_type_name(tp)}, got {_value_type(value)} {value!r}")
     if tp is type(None):
         if value is not None:

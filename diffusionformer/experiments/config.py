@@ -134,6 +134,8 @@ def _check_path_name(what: str, name: object) -> str:
     without an extension (``con``, ``NUL.txt``); on Windows, none of :data:`_WINDOWS_ONLY` either (elsewhere they
     are kept: results of such names exist). A name must be UTF-8 text: a lone surrogate (an undecodable byte of
     the command line) named a folder on Linux, then ``results.md`` failed to be written after every run trained.
+    Nor an invisible format character (Unicode category Cf: a zero-width space or joiner, a direction mark):
+    ``"atten\\u200btion"`` printed as ``attention`` beside the baseline of that name, in every table and folder list.
 
     Examples:
         >>> _check_path_name("task name", "digits")
@@ -158,6 +160,11 @@ def _check_path_name(what: str, name: object) -> str:
     if control:
         raise ValueError(f"{what} must not hold control characters (it names a results folder, and Windows refuses "
                          f"them in file names), got {name!r}, which holds {control[0]!r}")
+    invisible = [c for c in name if unicodedata.category(c) == "Cf"]
+    if invisible:  # else "atten\u200btion" was a second setting printed as "attention" in every table and folder list
+        raise ValueError(f"{what} must not hold invisible format characters (zero-width spaces and joiners, direction "
+                         f"marks: two names would print alike, or one as another), got {name!r}, which holds "
+                         f"U+{ord(invisible[0]):04X} {unicodedata.name(invisible[0], 'a format character')}")
     if name.endswith("."):
         raise ValueError(f"{what} must not end in '.' (it names a results folder, and Windows drops a trailing '.': "
                          f"{name!r} would be the folder of {name.rstrip('.')!r}), got {name!r}")

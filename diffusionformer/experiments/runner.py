@@ -60,6 +60,7 @@ from diffusionformer.experiments.store import release_lock as _release_lock
 from diffusionformer.experiments.tables import aggregate, format_status, format_table
 from diffusionformer.experiments.tasks import build_task
 from diffusionformer.train import CheckpointError, NonFiniteLossError, Trainer, seed_everything
+from diffusionformer.train.checkpoint import CHECKPOINT_NAME
 from diffusionformer.train.distributed import _rank_zero
 from diffusionformer.train.metrics import write_json_atomic
 
@@ -396,7 +397,11 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
     return json.loads(json.dumps(identity, default=str))
 
 
-def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, setting: OperatorSetting) -> None:
+def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, setting: OperatorSetting,
+                    log: Callable[[str], None] | None = None) -> None:
+    """Refuse to continue the run in ``rdir`` when its ``run_config.json`` records another definition than
+    ``identity``; a run that stopped before its first checkpoint (no checkpoint, no summary) has nothing to continue
+    and starts again under ``identity``, said through ``log``."""
     path = rdir / RUN_CONFIG_NAME
     stored = read_json_dict(path)
     if stored is None:  # absent, or unreadable: rewritten below; the trainer still checks the checkpoint's config
@@ -404,6 +409,15 @@ def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, sett
     stored = _normalized_identity(stored)  # a field added since, or recorded at its default, is no change
     stored = _with_recorded_class(rdir, stored, identity.get("model_class"))
     stored, identity = _comparable(stored, identity, now=True)
+    if stored != identity and not any(os.path.lexists(rdir / name) for name in (CHECKPOINT_NAME, "summary.json")):
+        # it stopped before its first checkpoint (a batch too large for the memory, an error at its first step):
+        # nothing of it is continued, so it starts again under this config (was refused, so that the corrected
+        # config ran only with --restart, which discards and retrains every run of the chosen tasks)
+        if log is not None and _rank_zero():
+            log(f"[{task.name} / {setting.name}] {rdir} held a run made with a different "
+                f"{_identity_changes(stored, identity)} that stopped before its first checkpoint: it starts again "
+                "under this config")
+        return
     if stored != identity:
         raise ValueError(
             f"{rdir} holds a run of task {task.name!r} / setting {setting.name!r} made with a different "
@@ -483,7 +497,7 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     model = build_model(task, setting, data)
     identity = _run_identity(task, model, cfg)
     if resume:
-        _check_identity(rdir, identity, task, setting)
+        _check_identity(rdir, identity, task, setting, log)
         _check_sibling_identity(rdir, identity, task, setting)
     if resume and summary_path.exists():
         summary = read_json_dict(summary_path)

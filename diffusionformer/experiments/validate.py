@@ -75,6 +75,15 @@ def _hint(word: str, options: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure (torch's CPU allocator, CUDA out of memory)."""
+    import torch
+
+    text = str(exc)
+    return (isinstance(exc, getattr(torch, "OutOfMemoryError", ())) or "can't allocate memory" in text
+            or "out of memory" in text)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if not isinstance(exc, (ValueError, TypeError)) else text
@@ -223,6 +232,15 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
                 text = _first_line(exc)  # a model's own message may name the task already: not twice
                 text = text[len(where) + 2:] if text.startswith(f"{where}: ") else text
                 add(f"{where} / setting {setting.name!r}: {text}")
+                continue
+            except (OverflowError, MemoryError, RuntimeError) as exc:
+                # sizes too large to build (depth = 10**20, dim = 2**40): else the bare OverflowError or torch's
+                # allocator error ended `run` and `show` with a traceback naming neither the task nor the setting
+                if isinstance(exc, RuntimeError) and not _out_of_memory(exc):
+                    raise
+                add(f"{where} / setting {setting.name!r}: model {task.model!r} cannot be built with model_overrides "
+                    f"{ {**task.model_overrides, **setting.model_overrides} }, too large for this machine's "
+                    f"memory: {_first_line(exc)}")
                 continue
             if task.minibatch:
                 _check_minibatch(task, setting, model, add)

@@ -59,6 +59,9 @@ def check_positive_int(where: str, **values: Any) -> None:
             raise TypeError(f"{where}.{name} must be a positive int, got {type(value).__name__} {value!r}")
         if value <= 0:
             raise ValueError(f"{where}.{name} must be a positive int, got {value!r}")
+        if value > sys.maxsize:  # else "OverflowError: cannot fit 'int' into an index-sized integer", naming no field
+            raise ValueError(f"{where}.{name} must be a positive int of at most {sys.maxsize} (a size that fits an "
+                             f"index), got {value!r}")
 
 
 def _check_graph_task(where: str, task: Any, pool: Any) -> None:

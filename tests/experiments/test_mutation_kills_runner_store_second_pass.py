@@ -215,7 +215,10 @@ def test_label_smoothing_and_augment_join_the_identity_only_when_set(tmp_path, s
     """Kills runner._run_identity dropping ``label_smoothing`` or ``augment`` (a run trained without them
     resumes under a config that sets them: old and new results mixed)."""
     run_experiment(_config(), tmp_path, progress=False)
-    (run_dir(tmp_path / "mk2", "digits", "attention", 0) / "summary.json").unlink()
+    rdir = run_dir(tmp_path / "mk2", "digits", "attention", 0)
+    (rdir / "summary.json").unlink()
+    # interrupted after a checkpoint (the stub writes none): one that stopped before its first starts again instead
+    (rdir / "checkpoint.pt").write_bytes(b"")
     with pytest.raises(ValueError, match="different label_smoothing"):
         run_experiment(_config("tasks.digits.label_smoothing=0.1"), tmp_path, progress=False)
     with pytest.raises(ValueError, match="different augment"):
