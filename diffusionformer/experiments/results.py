@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from diffusionformer.experiments.store import live_holder as _live_holder
 from diffusionformer.experiments.tasks import as_metrics
 from diffusionformer.nn.block import _names_as_read
 from diffusionformer.train import read_metrics
+from diffusionformer.train.checkpoint import CHECKPOINT_NAME
 
 __all__ = ["RunResult", "finished_runs", "first_reach", "read_curves", "run_dir", "run_status", "select_evaluation"]
 
@@ -455,6 +457,12 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     return [row for row, _ in _status_rows(config, out_root)]
 
 
+def _nothing_to_continue(rdir: Path) -> bool:
+    """Whether the run in ``rdir`` stopped before its first checkpoint and wrote no summary: nothing of it is
+    continued, so ``run`` starts it again under the config whatever its ``run_config.json`` records."""
+    return not any(os.path.lexists(rdir / name) for name in (CHECKPOINT_NAME, "summary.json"))
+
+
 def _status_rows(config: ExperimentConfig, out_root: str | Path) -> list[tuple[dict[str, Any], list[_Change]]]:
     """:func:`run_status`'s rows, each with the :class:`_Change` records its ``changed`` text is made of (empty when
     ``changed`` is ``None``): what :func:`_runs_of_another_train` advises from."""
@@ -485,6 +493,8 @@ def _status_rows(config: ExperimentConfig, out_root: str | Path) -> list[tuple[d
                     now = task_entries[seed]
                     changes += _identity_diff({k: stored[k] for k in _TASK_KEYS if k in stored},
                                               {k: now[k] for k in _TASK_KEYS if k in now})
+                if changes and _nothing_to_continue(rdir):  # `run` starts it again under the config: no change
+                    changes = []  # to report (its advice was `run --restart`, which retrains every run of the task)
                 row["changed"] = _changes_text(changes) or None
                 if summary is not None and summary.get("status") == "completed":
                     step = summary.get("step", max_steps)  # a hand-edited "ten" or -3 reads as the budget done

@@ -47,7 +47,7 @@ from diffusionformer.experiments.plots import _PLOT_CACHE
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
 from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _comparable, _completed, _definition,
                                                  _identity_changes, _model_class_name, _normalized_identity,
-                                                 _result_from_files, _task_identity,
+                                                 _nothing_to_continue, _result_from_files, _task_identity,
                                                  _train_identity, _with_recorded_class, _without_new_defaults,
                                                  read_json_dict)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
@@ -60,7 +60,6 @@ from diffusionformer.experiments.store import release_lock as _release_lock
 from diffusionformer.experiments.tables import aggregate, format_status, format_table
 from diffusionformer.experiments.tasks import build_task
 from diffusionformer.train import CheckpointError, NonFiniteLossError, Trainer, seed_everything
-from diffusionformer.train.checkpoint import CHECKPOINT_NAME
 from diffusionformer.train.distributed import _rank_zero
 from diffusionformer.train.metrics import write_json_atomic
 
@@ -409,7 +408,7 @@ def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, sett
     stored = _normalized_identity(stored)  # a field added since, or recorded at its default, is no change
     stored = _with_recorded_class(rdir, stored, identity.get("model_class"))
     stored, identity = _comparable(stored, identity, now=True)
-    if stored != identity and not any(os.path.lexists(rdir / name) for name in (CHECKPOINT_NAME, "summary.json")):
+    if stored != identity and _nothing_to_continue(rdir):
         # it stopped before its first checkpoint (a batch too large for the memory, an error at its first step):
         # nothing of it is continued, so it starts again under this config (was refused, so that the corrected
         # config ran only with --restart, which discards and retrains every run of the chosen tasks)

@@ -221,6 +221,27 @@ def test_run_stopped_before_its_first_checkpoint_starts_again_under_the_correcte
     assert rc == 2 and "batch_size: 16 then 8" in text and "--restart" in text, text
 
 
+def test_status_does_not_advise_restart_for_a_run_stopped_before_its_first_checkpoint(tmp_path, capsys):
+    """Bug: ``status`` reported a run that stopped before its first checkpoint, under a corrected config, as "made
+    with another train (batch_size: 16 then 8): `run --restart` redoes it", where a plain ``run`` starts it again
+    (and ``--restart`` retrains every run of the task); a finished run of another budget is still reported."""
+    out = str(tmp_path / "out")
+    rc, text = _run(capsys, "run", str(_config(tmp_path)), "--out", out, "--no-progress")
+    assert rc == 0, text
+    rdir = tmp_path / "out" / "tiny" / "runs" / "digits" / "lap" / "seed0"
+    (rdir / "checkpoint.pt").unlink()
+    (rdir / "summary.json").unlink()
+    lower = _config(tmp_path, _BASE.replace("batch_size = 16", "batch_size = 8"), "lower.toml")
+    rc, text = _run(capsys, "status", str(lower), "--out", out)
+    assert rc == 0, text
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    lap = [line for line in rows if line.startswith("| lap |")]
+    attention = [line for line in rows if line.startswith("| attention |")]
+    assert lap and attention, text
+    assert "batch_size" not in lap[0] and "--restart" not in lap[0], lap
+    assert "batch_size: 16 then 8" in attention[0] and "--restart" in attention[0], attention
+
+
 @pytest.mark.parametrize("name, char", [
     ("atten\u200btion", "U+200B ZERO WIDTH SPACE"),  # prints as the baseline's name
     ("lap\u202eabc", "U+202E RIGHT-TO-LEFT OVERRIDE"),  # prints as "lapcba"
