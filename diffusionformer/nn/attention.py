@@ -944,7 +944,10 @@ class DiffusionAttention(nn.Module):
         """The head layout as a spec string that rebuilds the layer's operators, e.g.
         ``'attention:6,heat(t=0.5, steps=4, method='taylor', learnable=True):2'`` (learned values
         live in the state dict). One operator instance with state shared by several heads is
-        written with ``num_heads=1``, so the rebuilt layer's state dict has its shapes. An operator of a
+        written with ``num_heads=1``, so the rebuilt layer's state dict has its shapes. One instance given to
+        heads that are not adjacent (``[op, "attention", op]``) is written once per run of heads: the rebuilt layer
+        holds one operator per run, equal after ``load_state_dict`` but no longer tied (a spec string names no
+        instance; keep the module itself, or ``torch.save`` it, to keep the tie). An operator of a
         class never registered is written ``<unregistered module.Class>`` (:meth:`DiffusionOperator.spec
         <diffusionformer.operators.DiffusionOperator.spec>`): named, not rebuildable.
 
