@@ -431,22 +431,50 @@ MAX_DEGREE = 1024
 and small enough that a typo such as ``steps=10**12`` is an error, not a terabyte allocation."""
 
 
+class _Pow(torch.autograd.Function):
+    """``x ** k`` for a table of exponents ``k >= 0`` (broadcast against ``x``) whose derivatives never read a
+    negative power: ``d/dx x^k = k x^max(k-1, 0)``, itself a ``_Pow``, so derivatives of every order are finite at
+    ``x = 0``. torch's rule for ``pow`` reads ``x^(k-1)`` and masks ``k = 0`` afterwards: its derivative, ``0 * x^-2``
+    at ``x = 0``, is ``0 * inf = NaN``. The forward is ``x.pow(k)`` and the first derivative torch's, bit for bit,
+    in the same kernels (no host synchronisation: a ``cumprod``'s backward reads ``(x == 0).any()`` on the host)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: Tensor, k: Tensor) -> Tensor:  # type: ignore[override]
+        return x.pow(k)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
+        x, k = inputs
+        ctx.save_for_backward(x, k)
+        ctx.save_for_forward(x, k)
+
+    @staticmethod
+    def _derivative(x: Tensor, k: Tensor) -> Tensor:
+        return k * _Pow.apply(x, (k - 1).clamp(min=0))
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        x, k = ctx.saved_tensors
+        return grad * _Pow._derivative(x, k), None  # summed to x's shape (and dtype) by autograd, as pow's
+
+    @staticmethod
+    def jvp(ctx: Any, x_t: Tensor, k_t: Any) -> Tensor:  # type: ignore[override]
+        x, k = ctx.saved_tensors
+        return x_t * _Pow._derivative(x, k)
+
+
 def _powers(x: Tensor, k: Tensor) -> Tensor:
     """``x^k`` for the exponents ``k = 0 .. K`` (a 1-D table) along a new last axis: the values, first derivatives
-    and dtype of ``x.unsqueeze(-1).pow(k)`` (bit for bit), with derivatives of every order finite at ``x = 0``.
-
-    ``pow`` differentiates ``x^0 = 1`` as ``0 * x^-1`` (and ``x^1`` twice as ``0 * x^-1``): second derivatives at
-    ``x = 0`` (a learned heat time ``t = 0``, a PPR ``1 - alpha`` rounded to 0) were ``0 * inf = NaN``, so
-    ``create_graph=True`` gradients, Hessian-vector products and gradient penalties were NaN. Where ``x = 0`` the
-    powers come from a running product (``1, 0, 0, ...``, whose derivatives are exact), elsewhere from ``pow`` of
-    ``x`` (of 1 where ``x = 0``, so that no NaN enters the gradient through the branch not taken).
-    """
-    x = x.unsqueeze(-1)
-    zero = x == 0
-    direct = torch.where(zero, torch.ones_like(x), x).pow(k)
-    z = x.to(direct.dtype)
-    running = torch.cat([torch.ones_like(z), torch.cumprod(z.expand(*z.shape[:-1], k.shape[-1] - 1), dim=-1)], dim=-1)
-    return torch.where(zero, running, direct)
+    and dtype of ``x.unsqueeze(-1).pow(k)`` (bit for bit), with derivatives of every order finite at ``x = 0``
+    (:class:`_Pow`). ``pow``'s were NaN from the second on at ``x = 0`` (a learned heat time clamped to
+    ``min_t = 0``, a PPR ``1 - alpha`` rounded to 0), so ``create_graph=True`` gradients, Hessian-vector products
+    and gradient penalties were NaN. While compiling, ``pow`` itself: dynamo refuses a Function with a custom
+    ``jvp``, and a compiled graph has no double backward."""
+    if torch.compiler.is_compiling():
+        return x.unsqueeze(-1).pow(k)
+    return _Pow.apply(x.unsqueeze(-1), k)
 
 
 def check_count(value: object, name: str, *, minimum: int = 1, maximum: int = MAX_DEGREE) -> int:

@@ -184,3 +184,40 @@ def test_pins_gradients_of_the_layers_extra_paths(spec):
         return L(prompt, cache=cache, state=state()), L(token, cache=cache, state=state())
 
     _check(layer, decode, _x(B, 3, D), _x(B, 1, D))
+
+
+def test_bug_learned_heat_and_ppr_weights_make_no_host_read_and_keep_pow_bits():
+    """Bug: the first fix of the NaN second derivatives built the powers with ``torch.cumprod``, whose backward
+    reads ``(x == 0).any()`` on the host (``aten._local_scalar_dense``: a GPU synchronisation in every backward of
+    a learned heat or PPR layer, and 71 more aten calls in the issue-15 profile). The powers are ``pow``'s values
+    and first derivatives, bit for bit, and forward and backward read nothing on the host."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from diffusionformer.operators.heat import heat_coefficients
+    from diffusionformer.operators.ppr import ppr_coefficients
+
+    class _Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    for make in (lambda x: heat_coefficients(x, 6), lambda x: ppr_coefficients(x, 6)):
+        x = torch.tensor([0.0, 0.3, 0.7], requires_grad=True)
+        with _Ops() as mode:
+            make(x).sum().backward()
+        assert not [op for op in mode.ops if "_local_scalar_dense" in op or "nonzero" in op], mode.ops
+        y = torch.tensor([0.1, 0.3, 0.7], requires_grad=True)
+        ref = y.detach().clone().requires_grad_()
+        k = torch.arange(7, dtype=torch.float64)
+        from diffusionformer.operators.base import _powers
+
+        w = torch.randn(3, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        mine, theirs = _powers(y, k), ref.unsqueeze(-1).pow(k)
+        assert torch.equal(mine, theirs)
+        (mine * w).sum().backward()
+        (theirs * w).sum().backward()
+        assert torch.equal(y.grad, ref.grad)
