@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import _common as C
 import diffusionformer.models.gpt as _gpt
+import diffusionformer.ops.engine as _engine
 from diffusionformer.models import DiffusionGPT, GPTConfig
 from nanogpt_model import GPT, NanoGPTConfig
 
@@ -133,9 +134,26 @@ def count_calls(fn: Callable[[], None]) -> tuple[int, int]:
         fn()
     finally:
         sys.setprofile(None)
-    with _OpCount() as ops:
+    with _caches_on(), _OpCount() as ops:
         fn()
     return modules, ops.count
+
+
+@contextlib.contextmanager
+def _caches_on() -> Iterator[None]:
+    """Keep the library's tensor caches on while :class:`_OpCount` counts.
+
+    The library bypasses them under any torch dispatch mode (``ops.engine._tensors_traced``: a fake-tensor mode
+    must not cache its fake tensors), so under the counting mode every call rebuilt its cached coefficient
+    columns, and the count took those operations (5 per mixed layer) for what a call runs. The counting mode
+    runs every operation on the real tensors, so what it caches is what a plain call would.
+    """
+    saved = _engine.is_in_torch_dispatch_mode
+    _engine.is_in_torch_dispatch_mode = lambda *a, **k: False
+    try:
+        yield
+    finally:
+        _engine.is_in_torch_dispatch_mode = saved
 
 
 def main(argv: list[str] | None = None) -> C.Report:
