@@ -105,7 +105,8 @@ def operator_hops(operator: nn.Module) -> int | None:
 
     Non-polynomial operators: ``grand-nl`` re-attends once per solver stage
     (``calls_per_forward``); AttnScale, differential attention, NeuTRENO and value residuals
-    read their map(s) once. ``None`` when unknown (e.g. ``ppr-exact``, a full resolvent).
+    read their map(s) once. ``None`` when unknown (e.g. ``ppr-exact``, a full resolvent, or an unregistered
+    subclass of one of the one-hop operators above, which may propagate further under its parent's name).
 
     Examples:
         >>> from diffusionformer.operators import build_operator

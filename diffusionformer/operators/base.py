@@ -354,9 +354,17 @@ class DiffusionOperator(nn.Module):
 
 def _label(op: DiffusionOperator) -> str:
     """How an error message names an operator: its ``name`` (quoted), or its class where it has none (a class never
-    registered that declares none: the message read "operator ''")."""
+    registered that declares none: the message read "operator ''") or where the name is a registered parent's that
+    it runs differently (a subclass overriding ``apply_matrix``: "operator 'heat' does not support the sparse
+    back-end ... use ... 'heat'")."""
     name = getattr(op, "name", "")
-    return repr(name) if isinstance(name, str) and name else type(op).__qualname__
+    if not (isinstance(name, str) and name):
+        return type(op).__qualname__
+    cls = type(op)
+    owner = next((c for c in cls.__mro__ if "name" in c.__dict__), None)
+    if owner in _DECLARED and _registered_class(cls) is None:  # inherited, as operator_hops reads it
+        return f"{cls.__qualname__} (a subclass of {name!r})"
+    return repr(name)
 
 
 def _checked_degree(op: DiffusionOperator) -> int:

@@ -187,7 +187,8 @@ class PPROperator(DiffusionOperator):
         r"""Bound :math:`2 (1 - \alpha)^K` on the ``inf``-norm distance to the full PageRank series, per head."""
         if not self.learnable:  # the float the constructor's tol check and ppr_steps_for_tolerance compute: torch's
             # pow differs by an ulp, so steps=None with a tol gave a truncation_error() over that tol
-            return torch.tensor(2.0 * (1.0 - self._alpha0) ** self.steps, dtype=torch.float64, device=self._alpha.device)
+            bound = 2.0 * (1.0 - self._alpha0) ** self.steps
+            return torch.tensor(bound, dtype=torch.float64, device=self._alpha.device)
         return 2.0 * (1.0 - self.alpha.detach().double()) ** self.steps
 
     def extra_repr(self) -> str:

@@ -168,8 +168,11 @@ def _dynamo_traces() -> bool:
 
 
 def _tensors_traced() -> bool:
-    """:func:`_dynamo_traces`, or a torch dispatch mode active, or :func:`torch.jit.trace` recording."""
-    return torch.jit.is_tracing() or _dynamo_traces() or is_in_torch_dispatch_mode()
+    """:func:`_dynamo_traces`, or a torch dispatch mode active, or :func:`torch.jit.trace` recording, or an eager
+    ``torch.func`` transform running (:func:`~diffusionformer.ops.recompute._in_eager_transform`: under nested
+    transforms, ``hessian`` or ``grad(grad(f))``, the tensors built are wrapped at the inner level; cached, every later
+    ``grad`` or ``jvp`` of the process failed on them with torch's "INTERNAL ASSERT FAILED ... escaped?")."""
+    return torch.jit.is_tracing() or _dynamo_traces() or is_in_torch_dispatch_mode() or _in_eager_transform()
 
 
 def _tensor_cache(maxsize: int) -> Callable[[_F], _F]:
@@ -181,7 +184,8 @@ def _tensor_cache(maxsize: int) -> Callable[[_F], _F]:
     while :func:`torch.export.export` traces without dynamo (``strict=False``, where
     :func:`torch.compiler.is_compiling` is true too), and while :func:`torch.jit.trace` records (a cache hit
     is a constant there and a miss the operations that build it, so two traces differed). While dynamo
-    traces, the function is called unwrapped (dynamo would trace it through the cache anyway, with a warning).
+    traces, the function is called unwrapped (dynamo would trace it through the cache anyway, with a warning),
+    and so while a ``torch.func`` transform runs (a tensor built under ``hessian`` belongs to its levels).
     """
     return _cache(maxsize, _tensors_traced)
 

@@ -503,7 +503,9 @@ def test_edge_features_refuse_a_custom_operator_that_is_not_polynomial_without_a
         is_polynomial = False  # no context, not a polynomial: the layer applies it to a dense P
 
     layer = DiffusionAttention(4, 2, _NotPoly(num_heads=2)).double()
-    with pytest.raises(ValueError, match="operator 'laplacian' is not a polynomial in one P"):
+    # named by its class, not only by the name it inherits (review 53g)
+    with pytest.raises(ValueError, match=r"operator \S*_NotPoly \(a subclass of 'laplacian'\) is not a polynomial "
+                                         "in one P"):
         edge_feature_attention(layer, _t(5, 4, seed=0), _graph(), torch.zeros(7, 4, dtype=f64))
 
 
