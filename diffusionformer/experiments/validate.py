@@ -76,12 +76,12 @@ def _hint(word: str, options: Sequence[str]) -> str:
 
 
 def _out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is an allocation failure (torch's CPU allocator, CUDA out of memory)."""
+    """Whether ``exc`` is an allocation failure: torch's ``OutOfMemoryError`` (CUDA, MPS) or its CPU allocator's
+    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory"); not any error whose text says "out of memory"
+    (a bug's own RuntimeError would be reported as a model too large)."""
     import torch
 
-    text = str(exc)
-    return (isinstance(exc, getattr(torch, "OutOfMemoryError", ())) or "can't allocate memory" in text
-            or "out of memory" in text)
+    return isinstance(exc, getattr(torch, "OutOfMemoryError", ())) or "can't allocate memory" in str(exc)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -254,3 +254,20 @@ def test_invisible_characters_in_a_name_refused(tmp_path, capsys, name, char):
     text = _refused(capsys, tmp_path, str(_config(tmp_path, _BASE.replace('name = "lap"', f'name = "{name}"'))))
     assert "operator setting name must not hold invisible format characters" in text and char in text, text
 
+
+
+def test_bug_only_allocation_failures_read_as_a_model_too_large():
+    """Bug: any RuntimeError whose text held "out of memory" (a bug's own error, a user model's "ran out of memory
+    budget") was reported as "cannot be built ..., too large for this machine's memory" instead of raised. Only
+    torch's OutOfMemoryError and its CPU allocator's error are allocation failures."""
+    import torch
+
+    from diffusionformer.experiments.validate import _out_of_memory
+
+    try:
+        torch.empty(2**62, dtype=torch.uint8)
+    except RuntimeError as exc:  # the CPU allocator's own text, whatever this torch's wording around it
+        assert _out_of_memory(exc), exc
+    assert _out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not _out_of_memory(RuntimeError("my cache ran out of memory budget: a bug"))
+    assert not _out_of_memory(RuntimeError("shape mismatch"))
