@@ -59,3 +59,14 @@ def test_ppr_steps_none_meets_tol_by_its_own_truncation_error(alpha: float, tol:
     op = PPROperator(alpha=alpha, steps=None, tol=tol)
     assert float(op.truncation_error()) <= tol
     assert float(PPROperator(alpha=alpha, steps=op.steps - 1).truncation_error()) > tol
+
+
+def test_bug_a_huge_euler_step_count_is_written_short():
+    """Bug: for tol = 1e-300 the Euler refusal printed K as an integer of 303 digits; it is written 4.37e+302."""
+    from diffusionformer.operators.heat import heat_steps_for_tolerance
+
+    with pytest.raises(ValueError, match=r"K=4\.37e\+302 > 256 steps") as info:
+        heat_steps_for_tolerance(2.0, 1e-300, method="euler")
+    assert len(str(info.value)) < 200
+    with pytest.raises(ValueError, match=r"K=\d+ > 256 steps"):  # a K of a few digits stays exact
+        heat_steps_for_tolerance(5.0, 1e-2, method="euler")
