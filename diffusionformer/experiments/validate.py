@@ -76,12 +76,22 @@ def _hint(word: str, options: Sequence[str]) -> str:
 
 
 def _out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is an allocation failure: torch's ``OutOfMemoryError`` (CUDA, MPS) or its CPU allocator's
-    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory"); not any error whose text says "out of memory"
-    (a bug's own RuntimeError would be reported as a model too large)."""
+    """Whether ``exc`` is an allocation failure: torch's ``OutOfMemoryError`` (CUDA), its CPU or MPS allocator's
+    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory", "MPS backend out of memory"), or a size whose
+    bytes overflow torch's int64 storage size (``dim = 2**61``: too large for any memory, no allocation tried); not
+    any error whose text says "out of memory" (a bug's own RuntimeError would be reported as a model too large)."""
     import torch
 
-    return isinstance(exc, getattr(torch, "OutOfMemoryError", ())) or "can't allocate memory" in str(exc)
+    text = str(exc)
+    return isinstance(exc, getattr(torch, "OutOfMemoryError", ())) or any(
+        words in text for words in ("can't allocate memory", "MPS backend out of memory",
+                                    "Storage size calculation overflowed"))
+
+
+def _size_overflow(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's refusal of a size past int64 (a TypeError or ValueError "... Overflow when
+    unpacking long long", with its C++ backtrace): an ``mlp_ratio`` whose hidden width is past ``sys.maxsize``."""
+    return isinstance(exc, (TypeError, ValueError)) and "Overflow when unpacking long" in str(exc)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -228,19 +238,21 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
         for setting in config.operators:
             try:
                 model = _resolve_model(task, setting, data, preset, model_config)
-            except (TypeError, ValueError, NotImplementedError) as exc:
-                text = _first_line(exc)  # a model's own message may name the task already: not twice
-                text = text[len(where) + 2:] if text.startswith(f"{where}: ") else text
-                add(f"{where} / setting {setting.name!r}: {text}")
-                continue
-            except (OverflowError, MemoryError, RuntimeError) as exc:
+            except (TypeError, ValueError, NotImplementedError, OverflowError, MemoryError, RuntimeError) as exc:
+                if isinstance(exc, (TypeError, ValueError, NotImplementedError)) and not _size_overflow(exc):
+                    text = _first_line(exc)  # a model's own message may name the task already: not twice
+                    text = text[len(where) + 2:] if text.startswith(f"{where}: ") else text
+                    add(f"{where} / setting {setting.name!r}: {text}")
+                    continue
                 # sizes too large to build (depth = 10**20, dim = 2**40): else the bare OverflowError or torch's
                 # allocator error ended `run` and `show` with a traceback naming neither the task nor the setting
                 if isinstance(exc, RuntimeError) and not _out_of_memory(exc):
                     raise
+                # the message without torch's C++ backtrace ("Exception raised from ...", then its frames)
+                text = _first_line(exc).partition("\nException raised from ")[0]
                 add(f"{where} / setting {setting.name!r}: model {task.model!r} cannot be built with model_overrides "
                     f"{ {**task.model_overrides, **setting.model_overrides} }, too large for this machine's "
-                    f"memory: {_first_line(exc)}")
+                    f"memory: {text}")
                 continue
             if task.minibatch:
                 _check_minibatch(task, setting, model, add)
