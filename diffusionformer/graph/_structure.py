@@ -3,7 +3,7 @@ r"""Structural masks and edge lists of sequence graphs (causal, sliding window),
 Two independent constructions of the same relation
 :math:`i \leftarrow j \iff (\text{not causal} \lor j \le i) \land (w = \infty \lor |i - j| \le w)`:
 
-* :func:`structural_mask` builds the ``(N, N)`` bool matrix by broadcasting (dense layout);
+* :func:`structural_mask` builds the ``(N, N)`` bool matrix from its diagonals, in place (dense layout);
 * :func:`structural_edges` enumerates the ``(2, E)`` edges ``(j, i)`` from the offsets
   ``i - j`` in ``O(N w)`` memory (sparse layout), target-major and sorted by source.
 
@@ -22,13 +22,17 @@ def structural_mask(N: int, causal: bool, window: int | None, device: torch.devi
     """``(N, N)`` bool, True where query ``i`` may attend to key ``j``; None when every pair is allowed."""
     if not causal and window is None:
         return None
-    pos = torch.arange(N, device=device)
-    d = pos[:, None] - pos[None, :]  # (N, N): i - j
+    # built in place on the one (N, N) bool tensor (1 byte per pair): the band from its diagonals, not from an
+    # (N, N) int64 matrix of i - j and its absolute value (16 bytes per pair: 4 GiB for N = 16384); the window is
+    # clamped to N (a window past int64 would overflow the diagonal offset)
     keep = torch.ones(N, N, dtype=torch.bool, device=device)
     if causal:
-        keep = keep & (d >= 0)
+        keep.tril_()
     if window is not None:
-        keep = keep & (d.abs() <= min(window, N))  # a window past int64 wrapped to an empty band (or overflowed)
+        w = min(window, N)
+        keep.triu_(-w)  # j >= i - w
+        if not causal:
+            keep.tril_(w)  # j <= i + w
     return keep
 
 

@@ -11,7 +11,9 @@ a function of the rows ``j <= i`` of the previous power only. The cache therefor
 per layer, the keys and the ``K + 1`` sequences ``v, Pv, ..., P^K v`` of the tokens seen so
 far; a new token ``i`` needs its row ``P_{i, \le i}`` (one query against the cached keys)
 and ``K`` vector-matrix products, and appends one row to each sequence. Earlier rows never
-change, because a later token never enters an earlier row of ``P``.
+change, because a later token never enters an earlier row of ``P``. A prompt of ``n`` tokens forms
+its rows of ``P`` a block of rows at a time (about :math:`2^{22}` entries of ``P`` at once, every
+power of a block from the rows that earlier blocks gave), so its memory grows with ``T``, not ``n T``.
 
 Heads whose operator is not a polynomial in ``P`` (the exact ``matrix_exp`` reference,
 ``ppr-exact``) are served exactly by caching the queries as well and recomputing their
@@ -60,6 +62,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from diffusionformer.nn.attention import DiffusionAttention
 
 __all__ = ["LayerKVCache", "attend_cached"]
+
+#: entries of ``P`` formed at once by :func:`attend_cached` (a block of the new tokens' rows): 16 MB in float32
+_ROWS_OF_P = 1 << 22
 
 
 @dataclass
@@ -135,6 +140,56 @@ def _check_cache_fits(layer: DiffusionAttention, cache: LayerKVCache, K: int) ->
             "attend_cached: the cache was filled for other operators than the layer's now ("
             + "; ".join(missing) + "); the operators were replaced during decoding: start a new LayerKVCache"
         )
+
+
+def _new_power_rows(q: Tensor, keys: Tensor, values: Tensor, cache: LayerKVCache, start: int, n: int, K: int,
+                    H: int, work: torch.dtype, scale: float) -> list[Tensor | None]:
+    """The ``n`` new rows of ``P^s v`` for ``s = 1 .. K`` (index ``s``; index 0 unused), in the working dtype.
+
+    One block of rows when the new rows' ``(B, H, n, T)`` entries of ``P`` fit :data:`_ROWS_OF_P` (every decoding
+    step, short prompts: the scores, ``P`` and one product per power, as before); a long prompt forms its rows of
+    ``P`` a block at a time (row ``i`` of ``P^s v`` needs rows ``<= i`` of ``P^(s-1) v`` only, which earlier blocks
+    gave): it held ``(B, H, n, T)`` scores, their masked copy and ``P`` at once, 6 GiB for ``n = T = 16384`` and
+    2 heads, where the uncached forward's fused kernel holds no ``(T, T)`` tensor.
+    """
+    B, _, _, C = q.shape
+    T = start + n
+    qw, kw = q.to(work), _repeat(keys, H).to(work).transpose(-1, -2)
+    block = max(1, _ROWS_OF_P // max(B * H * T, 1))
+
+    def rows_of_p(a: int, b: int) -> Tensor:  # (B, H, b - a, T): rows start + a .. start + b - 1 of P
+        rows = torch.arange(start + a, start + b, device=q.device)[:, None]
+        visible = torch.arange(T, device=q.device)[None, :] <= rows  # (b - a, T): causal
+        scores = (qw[:, :, a:b] @ kw).to(work) * scale
+        return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+
+    news: list[Tensor | None] = [None] * (K + 1)
+    if n <= block:  # one block
+        P = rows_of_p(0, n)
+        prev = _repeat(values, H).to(work)  # (B, H, T, C)
+        for step in range(1, K + 1):
+            news[step] = P @ prev  # (B, H, n, C): rows start..T-1 of P^step v
+            old = cache.powers[step] if len(cache.powers) > step else None
+            prev = _cat(None if old is None else old.to(work), news[step])
+        return news
+    # prev[s]: the T rows of P^s v, the new ones filled a block of rows at a time
+    prev = [_repeat(values, H).to(work)]
+    for step in range(1, K):
+        old = cache.powers[step] if len(cache.powers) > step else None
+        prev.append(_cat(None if old is None else old.to(work), q.new_zeros((B, H, n, C), dtype=work)))
+    parts: list[list[Tensor]] = [[] for _ in range(K + 1)]
+    for a in range(0, n, block):
+        b = min(a + block, n)
+        P = rows_of_p(a, b)
+        for step in range(1, K + 1):
+            new_rows = P @ prev[step - 1]  # (B, H, b - a, C): rows start + a .. start + b - 1 of P^step v
+            parts[step].append(new_rows)
+            if step < K and new_rows.requires_grad:  # the products keep prev[step - 1]: not written in place
+                prev[step] = prev[step].slice_scatter(new_rows, dim=2, start=start + a, end=start + b)
+            elif step < K:
+                prev[step][:, :, start + a : start + b] = new_rows
+        del P
+    return [None] + [torch.cat(parts[step], dim=2) for step in range(1, K + 1)]
 
 
 def attend_cached(
@@ -218,25 +273,20 @@ def attend_cached(
     # as the layer computes: scores, softmax, powers and their sum in the working dtype (float32 for half inputs,
     # ops.engine.work_dtype), the output cast at the end; the cache keeps the input dtype
     work = work_dtype(v.dtype)
-    rows = torch.arange(start, T, device=x.device)[:, None]
-    visible = torch.arange(T, device=x.device)[None, :] <= rows  # (n, T): causal
-    scores = (q.to(work) @ _repeat(keys, H).to(work).transpose(-1, -2)).to(work) * scale  # (B, H, n, T)
-    P = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-
     # (H, K+1) in the working dtype; zero rows for non-polynomial heads. Validated as the layer's forward validates
     # them (finite, on CPU): a user operator's coefficients that became NaN decoded NaN logits without a word
     coeffs = check_coefficients(layer._coefficients(), H, v).to(work)
     K = coeffs.shape[1] - 1
     _check_cache_fits(layer, cache, K)
+    news = _new_power_rows(q, keys, values, cache, start, n, K, H, work, scale)  # news[s]: (B, H, n, C)
     out = coeffs[None, :, 0, None, None] * _repeat(v, H).to(work)  # (B, H, n, C)
     powers = [values]
-    prev = _repeat(values, H).to(work)  # (B, H, T, C)
     for step in range(1, K + 1):
-        new_rows = P @ prev  # (B, H, n, C): rows start..T-1 of P^step v
+        new_rows = news[step]
         old = cache.powers[step] if len(cache.powers) > step else None
         powers.append(_cat(old, new_rows.to(v.dtype)))
-        prev = _cat(None if old is None else old.to(work), new_rows)
         out = out + coeffs[None, :, step, None, None] * new_rows
+    del news
 
     polynomial = layer._polynomial
     queries = inputs = all_positions = None

@@ -411,6 +411,22 @@ def _attention_matrix_heads(
     return P if working_dtype else P.to(q.dtype)
 
 
+def _additive_cpu_mask(attn_mask: Tensor | None, q: Tensor) -> Tensor | None:
+    """A bool mask of CPU tensors as the additive mask the fused kernel makes of it (0 where allowed, ``-inf``
+    elsewhere, in the dtype the kernel computes in), made once for all the calls of a back-end; any other mask as
+    it is.
+
+    The kernel converts a bool mask on every call and keeps each call's float copy for its backward pass: the
+    ``K`` calls of a ``K``-step head kept ``K`` float copies of the mask (4 bytes per pair each, 1 GiB per copy
+    for ``N = 16384``) beside the bool mask; converted here they share one. The same conversion as the kernel's,
+    so the same bits. (CUDA kernels convert a bool mask each in their own way, so it is left to them there.)
+    """
+    if attn_mask is None or attn_mask.dtype != torch.bool or q.device.type != "cpu":
+        return attn_mask
+    dtype = _autocast_dtype(q) or q.dtype
+    return torch.where(attn_mask, torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype))
+
+
 class SdpaBackend(Backend):
     """``P x`` through :func:`torch.nn.functional.scaled_dot_product_attention`: ``P`` is recomputed every step.
 
@@ -424,7 +440,7 @@ class SdpaBackend(Backend):
 
     def __init__(self, q: Tensor, k: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float,
                  dropout_p: float, row_ok: Tensor | None) -> None:
-        self.q, self.k, self.attn_mask, self.is_causal = q, k, attn_mask, is_causal
+        self.q, self.k, self.attn_mask, self.is_causal = q, k, _additive_cpu_mask(attn_mask, q), is_causal
         self.scale, self.dropout_p, self.row_ok = scale, dropout_p, row_ok
         #: a list to record each call's kernel output and row mask in (for :class:`_SdpaReplay`), or ``None``
         self.kernel_outputs: list[tuple[Tensor, Tensor | None]] | None = None
@@ -739,12 +755,14 @@ def _split_paths(
     N, M = q.shape[2], k.shape[2]
     low, c0, c1 = affine_heads
     (q_lo, q_hi), (k_lo, k_hi), (v_lo, v_hi) = (split_heads(t, low, high, 1) for t in (q, k, v))
-    m_lo, m_hi = (attn_mask, attn_mask) if attn_mask is None or attn_mask.shape[1] == 1 else split_heads(attn_mask, low, high, 1)
-    r_lo, r_hi = (row_ok, row_ok) if row_ok is None or row_ok.shape[1] == 1 else split_heads(row_ok, low, high, 1)
-    lo: Backend = SdpaBackend(q_lo, k_lo, m_lo, is_causal, scale, dropout_p, r_lo)
     deg_high = tuple(degrees[h] for h in high)
     if backend == "auto":
         backend = _choose_dense_backend(N, M, max(deg_high), is_causal, q.device.type)
+    if backend != "matrix" and attn_mask is not None and attn_mask.shape[1] == 1:
+        attn_mask = _additive_cpu_mask(attn_mask, q)  # one mask for both groups' fused calls: converted once
+    m_lo, m_hi = (attn_mask, attn_mask) if attn_mask is None or attn_mask.shape[1] == 1 else split_heads(attn_mask, low, high, 1)
+    r_lo, r_hi = (row_ok, row_ok) if row_ok is None or row_ok.shape[1] == 1 else split_heads(row_ok, low, high, 1)
+    lo: Backend = SdpaBackend(q_lo, k_lo, m_lo, is_causal, scale, dropout_p, r_lo)
     if backend == "matrix":
         hi: Backend = MatrixBackend(_attention_matrix(q_hi, k_hi, m_hi, is_causal, scale, r_hi),
                                     all_heads(len(high)), dropout_p)
