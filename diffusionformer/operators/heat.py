@@ -130,7 +130,7 @@ def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> in
             while K > lowest and _bound_at(t, K - 1, "euler") <= tol:
                 K -= 1
         if K is None or K > MAX_STEPS:
-            # a K of 170 digits (tol=1e-300) is written as 1e+170
+            # a K of 302 digits (tol=1e-300) is written as 1.48e+301
             need_text = "more than" if K is None else f"K={K if K < 10**9 else format(K, '.3g')} >"
             raise ValueError(
                 f"the Euler heat kernel needs {need_text} {MAX_STEPS} steps for t={t}, "

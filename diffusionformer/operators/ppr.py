@@ -35,15 +35,18 @@ def ppr_coefficients(alpha: Tensor, steps: int) -> Tensor:
     keep = 1.0 - alpha
     k, last = _ppr_table(steps, alpha.device, alpha.dtype)
     # (1 - alpha)^k times alpha, and times 1 on P^K: a fixed number of kernels whatever K; the powers with finite
-    # derivatives of every order where 1 - alpha rounds to 0, a saturated logit (_powers)
-    return _powers(keep, k) * torch.where(last, 1.0, alpha.unsqueeze(-1))
+    # derivatives of every order where 1 - alpha rounds to 0, a saturated logit (_powers); computed in k's dtype
+    # where alpha's cannot hold 0 .. K (bfloat16 past 256), rounded to alpha's once
+    return _powers(keep, k).to(alpha.dtype) * torch.where(last, 1.0, alpha.unsqueeze(-1))
 
 
 @_tensor_cache(maxsize=64)
 def _ppr_table(steps: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """``k = 0 .. K`` in ``dtype`` and the mask of ``k = K`` on ``device``, built once."""
+    """``k = 0 .. K`` in ``dtype`` (in float32 where ``dtype`` cannot hold them exactly: bfloat16 past 256, where
+    ``k = 299`` was 300, a second "last" term) and the mask of ``k = K`` on ``device``, built once."""
     with torch.inference_mode(False):
-        k = torch.arange(steps + 1, dtype=dtype, device=device)
+        exact = not dtype.is_floating_point or steps <= 2 / torch.finfo(dtype).eps  # its integers exact up to 2 / eps
+        k = torch.arange(steps + 1, dtype=dtype if exact else torch.float32, device=device)
         return k, k == steps
 
 

@@ -176,7 +176,8 @@ def _tensors_traced() -> bool:
 
 
 def _tensor_cache(maxsize: int) -> Callable[[_F], _F]:
-    """``lru_cache(maxsize)`` for functions that build tensors, bypassed while a torch dispatch mode is active.
+    """``lru_cache(maxsize)`` for functions that build tensors, bypassed while tensors are traced or transformed
+    (:func:`_tensors_traced`: a dispatch mode, :func:`torch.jit.trace`, dynamo, an eager ``torch.func`` transform).
 
     Under :class:`~torch._subclasses.fake_tensor.FakeTensorMode` (a dry run, ``make_fx``) the function
     builds a fake tensor: cached, every later real call would get it (and a fake call a real tensor cached
