@@ -444,7 +444,8 @@ class _Pow(torch.autograd.Function):
     negative power: ``d/dx x^k = k x^max(k-1, 0)``, itself a ``_Pow``, so derivatives of every order are finite at
     ``x = 0``. torch's rule for ``pow`` reads ``x^(k-1)`` and masks ``k = 0`` afterwards: its derivative, ``0 * x^-2``
     at ``x = 0``, is ``0 * inf = NaN``. The forward is ``x.pow(k)`` and the first derivative torch's, bit for bit
-    for a finite incoming gradient (an inf one gives NaN at ``k = 0``, where pow's rule masks it), in the same kernels (no host synchronisation: a ``cumprod``'s backward reads ``(x == 0).any()`` on the host)."""
+    for a finite incoming gradient (an inf one gives NaN at ``k = 0``, where pow's rule masks it), in the same
+    kernels (no host synchronisation: a ``cumprod``'s backward reads ``(x == 0).any()`` on the host)."""
 
     generate_vmap_rule = True
 
