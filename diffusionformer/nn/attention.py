@@ -488,7 +488,10 @@ class DiffusionAttention(nn.Module):
         ref = _stored_weight(self.qkv, owner=self)
         for op, (start, count), poly in zip(self.operators, self._groups, self._polynomial):
             if poly:
-                c = op.head_coefficients(count).to(device=ref.device)
+                c = op.head_coefficients(count)
+                if c.is_meta and not ref.is_meta:
+                    raise _meta_caches_error(op, ref)
+                c = c.to(device=ref.device)
                 if c.shape[1] > op.degree + 1:  # F.pad below would drop P^(K+1).. silently
                     raise ValueError(f"{type(op).__name__}.coefficients() must have degree + 1 = {op.degree + 1} "
                                      f"columns, got shape {tuple(c.shape)}")
@@ -991,6 +994,21 @@ def _node_types_text(x: dict) -> str:
     (four names at most, then ``...``), for the layers' and the models' refusals alike."""
     return (f"a dict of node types ({', '.join(map(repr, list(x)[:4]))}{', ...' if len(x) > 4 else ''}), as a "
             "HeteroData's x_dict")
+
+
+def _meta_caches_error(op: nn.Module, weight: Tensor) -> ValueError:
+    """The coefficients of ``op`` on the meta device for weights on ``weight.device``: a layer moved to meta (the
+    base of a ``torch.func`` ensemble) called through :func:`torch.func.functional_call` with its state dict's tensors,
+    which hold none of the operators' non-persistent caches (else torch's bare "Cannot copy out of meta tensor")."""
+    names = [n for n, b in op.named_buffers() if b.is_meta]
+    caches = f" (its buffers {', '.join(map(repr, names))} are on meta)" if names else ""
+    return ValueError(
+        f"the coefficients of operator {_label(op)} are on the meta device but the layer's weights are on "
+        f"{weight.device}{caches}: "
+        "a layer moved to meta and called through torch.func.functional_call needs every buffer, the operators' "
+        "non-persistent caches included, which no state_dict() holds; pass dict(model.named_buffers()) (or the "
+        "buffers of torch.func.stack_module_state) with the parameters, or load the state with "
+        "load_state_dict(..., assign=True), which rebuilds them")
 
 
 def _materialise_operator_caches(layer: nn.Module, incompatible_keys: Any) -> None:

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from diffusionformer.operators.base import DiffusionOperator, check_real
 from diffusionformer.operators.registry import register_operator
+from diffusionformer.ops.recompute import _in_eager_transform
 
 __all__ = ["ExactPPROperator"]
 
@@ -118,8 +119,12 @@ class ExactPPROperator(DiffusionOperator):
         # its diagonal as alpha + (1 - alpha)(1 - P_ii), not 1 - (1 - alpha) P_ii: in float32, 1 - alpha rounds to 1
         # for alpha < 6e-8, so a causal row 0 (P_00 = 1) had the diagonal 0 instead of alpha (an inf output), and
         # the cancellation cost digits of every diagonal entry with P_ii near 1 for small alpha
-        system.diagonal(dim1=-2, dim2=-1).copy_(
-            (1.0 - P.diagonal(dim1=-2, dim2=-1)) * (1.0 - self.alpha) + self.alpha)
+        diagonal = (1.0 - P.diagonal(dim1=-2, dim2=-1)) * (1.0 - self.alpha) + self.alpha
+        if torch.compiler.is_compiling() or not _in_eager_transform():
+            system.diagonal(dim1=-2, dim2=-1).copy_(diagonal)
+        else:  # out of place: torch.func.linearize folds the system of unbatched inputs into a constant that refuses
+            # an in-place write ("a leaf Variable that requires grad is being used in an in-place operation")
+            system = torch.diagonal_scatter(system, diagonal, dim1=-2, dim2=-1)
         if lower_triangular:
             out = torch.linalg.solve_triangular(system, v.to(work), upper=False)
         else:

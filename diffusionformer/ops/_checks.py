@@ -54,14 +54,25 @@ def checks_values(t: Tensor) -> bool:
     NaN into a clear error instead of a NaN output three layers later. A fake tensor
     (:class:`~torch._subclasses.fake_tensor.FakeTensorMode`, a dry run) has no values to read, and
     a tensor batched by :func:`torch.vmap` none that one Python ``if`` can read (vmap refuses
-    data-dependent control flow).
+    data-dependent control flow). Nor is a tensor while :func:`~torch.fx.experimental.proxy_tensor.make_fx` records
+    the operations (:func:`torch.func.linearize` traces with it): its tensors refuse a host read.
 
     Examples:
         >>> checks_values(torch.zeros(2))
         True
     """
     return (t.device.type == "cpu" and not torch.compiler.is_compiling() and not isinstance(t, FakeTensor)
-            and not _vmapped(t))
+            and not _vmapped(t) and not _proxy_tracing())
+
+
+_PROXY_KEY = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "PROXY", None)
+
+
+def _proxy_tracing() -> bool:
+    """Whether :func:`~torch.fx.experimental.proxy_tensor.make_fx` (``tracing_mode="real"``, as
+    :func:`torch.func.linearize` calls it) records the operations: a host read of a tensor it traces fails with
+    "trying to get value out of a tracing tensor" (its other modes trace a :class:`FakeTensor`)."""
+    return _PROXY_KEY is not None and torch._C._get_dispatch_mode(_PROXY_KEY) is not None
 
 
 _FUNCTORCH = getattr(torch._C, "_functorch", None)

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from diffusionformer.config import _check_flag, _value_type
-from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, _vmapped, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
+from diffusionformer.ops.recompute import _in_eager_transform
 from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton_unsupported
 from diffusionformer.ops.engine import (
     Backend,
@@ -214,23 +215,26 @@ def _attention_matrix(
     N, M = q.shape[2], k.shape[2]
     work = work_dtype(q.dtype)
     # the scale is folded into q (N x C instead of N x M multiplications); the scores are a
-    # fresh tensor, so masks are applied in place
+    # fresh tensor, so masks are applied in place, but out of place inside an eager torch.func transform:
+    # torch.func.linearize folds the scores of unbatched inputs into a constant that refuses an in-place write
+    # ("a leaf Variable that requires grad is being used in an in-place operation" at each call of the jvp)
     # .to(work): autocast returns the product in its dtype; the mask is added in float32 as for half inputs
     scores = torch.matmul(q.to(work) * scale, k.to(work).transpose(-2, -1)).to(work)
+    fresh = torch.compiler.is_compiling() or not _in_eager_transform()
     if is_causal:
         # top-left aligned: row i keeps keys j <= i, so every row keeps at least key 0
-        scores = scores.masked_fill_(torch.ones(N, M, dtype=torch.bool, device=q.device).triu_(1), float("-inf"))
+        causal = torch.ones(N, M, dtype=torch.bool, device=q.device).triu_(1)
+        scores = scores.masked_fill_(causal, float("-inf")) if fresh else scores.masked_fill(causal, float("-inf"))
     if attn_mask is not None:
-        # a mask batched by torch.vmap beside unbatched q and k: the scores cannot take it in place (vmap refuses)
-        batched = not torch.compiler.is_compiling() and _vmapped(attn_mask)
+        # (a mask batched by torch.vmap beside unbatched q and k, inside the transform: vmap refuses it in place)
         if attn_mask.dtype == torch.bool:
-            scores = (scores.masked_fill if batched else scores.masked_fill_)(~attn_mask, float("-inf"))
+            scores = (scores.masked_fill_ if fresh else scores.masked_fill)(~attn_mask, float("-inf"))
         else:
-            scores = scores + attn_mask.to(work) if batched else scores.add_(attn_mask.to(work))
+            scores = scores.add_(attn_mask.to(work)) if fresh else scores + attn_mask.to(work)
         if row_ok is not None:
             # A row without keys gets finite scores before the softmax (so gradients stay finite)
             # and is zeroed afterwards.
-            scores = scores.masked_fill_(~row_ok, 0.0)
+            scores = scores.masked_fill_(~row_ok, 0.0) if fresh else scores.masked_fill(~row_ok, 0.0)
     P = torch.softmax(scores, dim=-1)
     if attn_mask is not None and row_ok is not None:
         P = P.masked_fill(~row_ok, 0.0)

@@ -34,7 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import handle_torch_function, has_torch_function
 
 from diffusionformer.config import _check_flag
-from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _SPARSE_ADJACENCY_FIX, _backend_hint, _check_is_causal, _check_strided, check_dropout, check_index_range, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _SPARSE_ADJACENCY_FIX, _backend_hint, _check_is_causal, _check_strided, _proxy_tracing, check_dropout, check_index_range, check_layout, check_scale, check_tensor
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
 from diffusionformer.ops.recompute import _in_eager_transform, _in_functorch
@@ -60,8 +60,10 @@ def _use_csr(backend: str) -> bool:
         # torch.compile cannot trace sparse CSR tensors; the gather-scatter path compiles (and fuses); torch.func
         # transforms refuse the CSR kernels' autograd.Functions (no setup_context, out= kernels without batching rules),
         # and forward-mode AD too (they have no jvp; _in_eager_transform counts both); allow_mutation_on_saved_tensors
-        # reads the data pointer of every out= argument, which a sparse CSR tensor has not
-        return not torch.compiler.is_compiling() and not _in_eager_transform() and not _mutation_on_saved_allowed()
+        # reads the data pointer of every out= argument, which a sparse CSR tensor has not; make_fx cannot trace them
+        # either ("Sparse CSR tensors do not have strides")
+        return (not torch.compiler.is_compiling() and not _in_eager_transform() and not _mutation_on_saved_allowed()
+                and not _proxy_tracing())
     if backend == "csr":
         if _mutation_on_saved_allowed():
             raise ValueError("backend='csr' cannot run under torch.autograd.graph.allow_mutation_on_saved_tensors(): "

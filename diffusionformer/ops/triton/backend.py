@@ -27,6 +27,8 @@ When the back-end applies
 :func:`triton_unsupported` names the first unsupported feature of a call, or returns ``None``:
 
 * triton not installed; tensors neither on CUDA nor on CPU under ``TRITON_INTERPRET=1``;
+* a call inside an eager ``torch.func`` transform (``grad``, ``vmap``, ``jvp``, ...) or under forward-mode AD:
+  the kernels' autograd.Functions have no functorch rules;
 * dtypes other than float32, float16, bfloat16 (float64 is not supported);
 * ``v`` with a head size other than that of ``q`` and ``k``;
 * more than 65535 sequence-heads ``B * H`` (the kernels launch one program row per
@@ -62,6 +64,7 @@ import torch
 from torch import Tensor
 
 from diffusionformer.ops.engine import Backend, Heads, _pure_cache, _tensor_cache, head_runs, select
+from diffusionformer.ops.recompute import _in_eager_transform
 from diffusionformer.ops.triton._launch import _MAX_GRID_Y, _TRITON_PIP
 
 __all__ = ["TritonBackend", "key_padding_from_mask", "split_mask", "triton_unsupported"]
@@ -136,6 +139,9 @@ def triton_unsupported(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
     if not _runs_here(q.device):
         return (f"{q.device.type} tensors (the kernels run on CUDA, or on CPU under TRITON_INTERPRET=1 set "
                 "before triton is first imported)")
+    if _in_eager_transform():  # else torch's "it must override the setup_context staticmethod" or "implement the jvp"
+        return ("a torch.func transform (grad, vmap, jvp, jacrev, ...) or forward-mode AD (the kernels' "
+                "autograd.Functions have no functorch support)")
     if q.dtype not in _DTYPES:
         return f"dtype {q.dtype} (supported: float32, float16, bfloat16)"
     if v.shape[-1] != q.shape[-1]:
