@@ -68,8 +68,12 @@ if HAS_TRITON:
         z = tl.zeros_like(c0)
         r0, r1, r2, r3 = tl.philox(seed, c0, z + bh, z + step, c3)
         thr = (tl.zeros([], dtype=tl.float32) + drop_p * 65536.0).to(tl.uint32)  # exact: the host rounds drop_p
-        k0 = tl.join(tl.join((r0 & 0xFFFF) >= thr, (r0 >> 16) >= thr), tl.join((r1 & 0xFFFF) >= thr, (r1 >> 16) >= thr))
-        k1 = tl.join(tl.join((r2 & 0xFFFF) >= thr, (r2 >> 16) >= thr), tl.join((r3 & 0xFFFF) >= thr, (r3 >> 16) >= thr))
+        # tl.join stacks along a new last axis, so the first operand of the outermost join is the lowest bit of
+        # the key: join(join(join(piece 0, piece 4), join(piece 2, piece 6)), join(join(piece 1, piece 5),
+        # join(piece 3, piece 7))) is [.., g, a, b, c] with piece 4 a + 2 b + c at key 8 g + 4 a + 2 b + c
+        # (nesting the pieces in their own order put piece 4 at key 1, piece 1 at key 4, ...)
+        k0 = tl.join(tl.join((r0 & 0xFFFF) >= thr, (r2 & 0xFFFF) >= thr), tl.join((r1 & 0xFFFF) >= thr, (r3 & 0xFFFF) >= thr))
+        k1 = tl.join(tl.join((r0 >> 16) >= thr, (r2 >> 16) >= thr), tl.join((r1 >> 16) >= thr, (r3 >> 16) >= thr))
         keep = tl.reshape(tl.join(k0, k1), [BM, BN])  # [.., g, a, b, c] -> key 8 g + 4 a + 2 b + c
         d = tl.where(keep, inv_keep, 0.0)
         if TRANS:
@@ -105,16 +109,20 @@ if HAS_TRITON:
 
         MASK_KIND 1: a bool ``attn_mask`` (bytes, nonzero = attend) at ``mask_base`` with strides
         ``stride_mi, stride_mj`` (0 where broadcast) is part of the rule; kind 2 (float) is added to
-        the scores by :func:`_bias` instead. Row offsets into the mask (and the dropout table, the stacked
+        the scores by :func:`_bias` instead. Offsets into the mask (and the dropout table, the stacked
         powers of the backward) are int64: ``offs_q * stride_mi`` passes 2**31 for a dense ``(N, N)`` mask
-        from N = 46,341 on, and Triton multiplies int32 block indices by int32 strides in int32.
+        from N = 46,341 on (``offs_k * stride_mj`` too for a transposed one), and Triton multiplies int32
+        block indices by int32 strides in int32. So are the offsets of every strided tensor (``q``, ``k``,
+        ``v``, the output and the gradients): a ``(B, N, H, C)`` layout's row stride ``H C`` passes 2**31
+        within one head from ``N H C >= 2**31`` on (a long context of a wide model); the index wrapped to a
+        negative offset, an illegal address.
         """
         keep = (offs_k < N) & (offs_q < N)
         if HAS_PAD:
             pad = tl.load(pad_row + offs_k, mask=offs_k < N, other=1)
             keep = keep & (pad == 0)
         if MASK_KIND == 1:
-            allowed = tl.load(mask_base + offs_q.to(tl.int64) * stride_mi + offs_k * stride_mj, mask=keep, other=0)
+            allowed = tl.load(mask_base + offs_q.to(tl.int64) * stride_mi + offs_k.to(tl.int64) * stride_mj, mask=keep, other=0)
             keep = keep & (allowed != 0)
         if CAUSAL:
             keep = keep & (offs_q >= offs_k)
@@ -126,7 +134,7 @@ if HAS_TRITON:
         like ``offs_q``; see :func:`_bias_max`), times log2(e); unchanged otherwise."""
         if MASK_KIND == 2:
             ok = (offs_q < N) & (offs_k < N)
-            m = tl.load(mask_base + offs_q.to(tl.int64) * stride_mi + offs_k * stride_mj, mask=ok, other=0.0)
+            m = tl.load(mask_base + offs_q.to(tl.int64) * stride_mi + offs_k.to(tl.int64) * stride_mj, mask=ok, other=0.0)
             s = s + (m.to(tl.float32) - shift) * 1.4426950408889634
         return s
 
@@ -143,7 +151,7 @@ if HAS_TRITON:
         for start_n in range(0, hi, BLOCK_N):
             kn = start_n + tl.arange(0, BLOCK_N)
             keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, 2)
-            b = tl.load(mask_base + offs_m[:, None].to(tl.int64) * stride_mi + kn[None, :] * stride_mj, mask=keep, other=float("-inf"))
+            b = tl.load(mask_base + offs_m[:, None].to(tl.int64) * stride_mi + kn[None, :].to(tl.int64) * stride_mj, mask=keep, other=float("-inf"))
             top = tl.maximum(top, tl.max(b.to(tl.float32), 1))
         return tl.where(top == float("-inf"), 0.0, top)
 
@@ -174,7 +182,7 @@ if HAS_TRITON:
     ):
         """One key block of the online softmax (MASKED: apply bounds, padding, the causal mask and the attn_mask)."""
         kn = start_n + offs_n
-        kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc,
+        kT = tl.load(k_base + kn[None, :].to(tl.int64) * stride_kn + offs_c[:, None].to(tl.int64) * stride_kc,
                      mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
         s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
         if MASKED:  # a float attn_mask (MASK_KIND 2) joins the scores; with any mask every block is MASKED
@@ -188,7 +196,7 @@ if HAS_TRITON:
         l_i = l_i * alpha + tl.sum(p, 1)  # the softmax normaliser counts every key, dropped or not
         if DROPOUT:
             p = p * _dropout_scale(seed, bh, 1, offs_m, kn, N, drop_p, inv_keep, False)
-        v = tl.load(v_base + kn[:, None] * stride_vn + offs_c[None, :] * stride_vc,
+        v = tl.load(v_base + kn[:, None].to(tl.int64) * stride_vn + offs_c[None, :].to(tl.int64) * stride_vc,
                     mask=(kn[:, None] < N) & c_ok[None, :], other=0.0)
         acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST, IEEE)
         return acc, l_i, m_new
@@ -203,7 +211,7 @@ if HAS_TRITON:
         """One key block of ``P x`` with the stored log2-sum-exp (MASKED as in :func:`_online_block`; DROPOUT:
         the mask of power ``step``)."""
         kn = start_n + offs_n
-        kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc,
+        kT = tl.load(k_base + kn[None, :].to(tl.int64) * stride_kn + offs_c[:, None].to(tl.int64) * stride_kc,
                      mask=(kn[None, :] < N) & c_ok[:, None], other=0.0)
         s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
         if MASKED:
@@ -247,7 +255,7 @@ if HAS_TRITON:
         mask_base = MASK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
         seed = _seed(SEED, DROPOUT)
         row_ok = offs_m < N
-        q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc,
+        q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qn + offs_c[None, :].to(tl.int64) * stride_qc,
                     mask=row_ok[:, None] & c_ok[None, :], other=0.0)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -283,9 +291,10 @@ if HAS_TRITON:
             tl.store(Y + io_off, y.to(Y.dtype.element_ty), mask=io_mask)
         c0 = tl.load(C0 + h * stride_cf).to(tl.float32)
         c1 = tl.load(C1 + h * stride_cf).to(tl.float32)
-        v_rows = tl.load(v_base + offs_m[:, None] * stride_vn + offs_c[None, :] * stride_vc,
+        v_rows = tl.load(v_base + offs_m[:, None].to(tl.int64) * stride_vn + offs_c[None, :].to(tl.int64) * stride_vc,
                          mask=io_mask, other=0.0).to(tl.float32)
-        out_off = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_on + offs_c[None, :] * stride_oc
+        out_off = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                   + offs_m[:, None].to(tl.int64) * stride_on + offs_c[None, :].to(tl.int64) * stride_oc)
         tl.store(OUT + out_off, (c0 * v_rows + c1 * y).to(OUT.dtype.element_ty), mask=io_mask)
 
     @triton.jit
@@ -317,7 +326,7 @@ if HAS_TRITON:
         mask_base = MASK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
         seed = _seed(SEED, DROPOUT)
         row_ok = offs_m < N
-        q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc,
+        q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qn + offs_c[None, :].to(tl.int64) * stride_qc,
                     mask=row_ok[:, None] & c_ok[None, :], other=0.0)
         lse = tl.load(LSE + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=float("inf"))
         shift = _row_shift(LSE + bh.to(tl.int64) * N, offs_m, N, MASK_KIND)
@@ -342,7 +351,8 @@ if HAS_TRITON:
             tl.store(Y + io_off, acc.to(Y.dtype.element_ty), mask=io_mask)
         ck = tl.load(CK + h * stride_cf).to(tl.float32)
         prev = tl.load(ACC + io_off, mask=io_mask, other=0.0).to(tl.float32)
-        out_off = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_on + offs_c[None, :] * stride_oc
+        out_off = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                   + offs_m[:, None].to(tl.int64) * stride_on + offs_c[None, :].to(tl.int64) * stride_oc)
         tl.store(OUT + out_off, (prev + ck * acc).to(OUT.dtype.element_ty), mask=io_mask)
 
     @triton.jit
@@ -373,7 +383,7 @@ if HAS_TRITON:
     ):
         """``acc + P^T[key block, query block] a[query block]`` (DROPOUT: ``P`` of power ``step``, dropped)."""
         qm = start_m + offs_m
-        qT = tl.load(q_base + qm[None, :] * stride_qn + offs_c[:, None] * stride_qc,
+        qT = tl.load(q_base + qm[None, :].to(tl.int64) * stride_qn + offs_c[:, None].to(tl.int64) * stride_qc,
                      mask=(qm[None, :] < N) & c_ok[:, None], other=0.0)
         lse = tl.load(lse_base + qm, mask=qm < N, other=float("inf"))
         shift = _row_shift(lse_base, qm, N, MASK_KIND)
@@ -404,7 +414,7 @@ if HAS_TRITON:
         """
         qm = start_m + offs_m
         qm_ok = qm < N
-        q = tl.load(q_base + qm[:, None] * stride_qn + offs_c[None, :] * stride_qc,
+        q = tl.load(q_base + qm[:, None].to(tl.int64) * stride_qn + offs_c[None, :].to(tl.int64) * stride_qc,
                     mask=qm_ok[:, None] & c_ok[None, :], other=0.0)
         lse = tl.load(lse_base + qm, mask=qm_ok, other=float("inf"))
         shift = _row_shift(lse_base, qm, N, MASK_KIND)
@@ -451,7 +461,7 @@ if HAS_TRITON:
         """One key block of :func:`_bwd_dq` (DROPOUT: the term ``a_t y_{t-1}^T`` of ``dP`` masked by ``D_t``)."""
         kn = start_n + offs_n
         kT_mask = (kn[None, :] < N) & c_ok[:, None]
-        kT = tl.load(k_base + kn[None, :] * stride_kn + offs_c[:, None] * stride_kc, mask=kT_mask, other=0.0)
+        kT = tl.load(k_base + kn[None, :].to(tl.int64) * stride_kn + offs_c[:, None].to(tl.int64) * stride_kc, mask=kT_mask, other=0.0)
         s = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
         if MASKED:
             s = _bias(s, offs_m[:, None], kn[None, :], N, mask_base, stride_mi, stride_mj, shift[:, None], MASK_KIND)
@@ -459,7 +469,7 @@ if HAS_TRITON:
         if MASKED:
             keep = _keep(offs_m[:, None], kn[None, :], N, pad_row, mask_base, stride_mi, stride_mj, CAUSAL, HAS_PAD, MASK_KIND)
             p = tl.where(keep, p, 0.0)
-        vT = tl.load(v_base + kn[None, :] * stride_vn + offs_c[:, None] * stride_vc, mask=kT_mask, other=0.0)
+        vT = tl.load(v_base + kn[None, :].to(tl.int64) * stride_vn + offs_c[:, None].to(tl.int64) * stride_vc, mask=kT_mask, other=0.0)
         dp = _dot(a1, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
         if DROPOUT:
             dp = dp * _dropout_scale(seed, bh, 1, offs_m, kn, N, drop_p, inv_keep, False)
@@ -509,7 +519,7 @@ if HAS_TRITON:
         mask_base = MASK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
         seed = _seed(SEED, DROPOUT)
         key_ok = offs_n < N
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_c[None, :] * stride_kc,
+        k = tl.load(k_base + offs_n[:, None].to(tl.int64) * stride_kn + offs_c[None, :].to(tl.int64) * stride_kc,
                     mask=key_ok[:, None] & c_ok[None, :], other=0.0)
         acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
         if HAS_IN:
@@ -528,7 +538,8 @@ if HAS_TRITON:
         io_mask = key_ok[:, None] & c_ok[None, :]
         io_off = io_base + offs_n[:, None] * C + offs_c[None, :]
         ck = tl.load(CK + h * stride_cf).to(tl.float32)
-        g_off = b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh + offs_n[:, None] * stride_gn + offs_c[None, :] * stride_gc
+        g_off = (b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh
+                 + offs_n[:, None].to(tl.int64) * stride_gn + offs_c[None, :].to(tl.int64) * stride_gc)
         g = tl.load(G + g_off, mask=io_mask, other=0.0).to(tl.float32)
         a_new = ck * g + acc
         tl.store(A_OUT + io_off, a_new.to(A_OUT.dtype.element_ty), mask=io_mask)
@@ -576,8 +587,8 @@ if HAS_TRITON:
         seed = _seed(SEED, DROPOUT)
         key_ok = offs_n < N
         kv_mask = key_ok[:, None] & c_ok[None, :]
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_c[None, :] * stride_kc, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_c[None, :] * stride_vc, mask=kv_mask, other=0.0)
+        k = tl.load(k_base + offs_n[:, None].to(tl.int64) * stride_kn + offs_c[None, :].to(tl.int64) * stride_kc, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_c[None, :].to(tl.int64) * stride_vc, mask=kv_mask, other=0.0)
         dk = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
         lo, mid = _query_ranges(start_n, N, CAUSAL, HAS_PAD, MASK_KIND, BLOCK_M, BLOCK_N)
@@ -594,10 +605,12 @@ if HAS_TRITON:
                                  seed, bh, drop_p, inv_keep,
                                  False, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         c0 = tl.load(C0 + h * stride_cf).to(tl.float32)
-        g_off = b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh + offs_n[:, None] * stride_gn + offs_c[None, :] * stride_gc
+        g_off = (b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh
+                 + offs_n[:, None].to(tl.int64) * stride_gn + offs_c[None, :].to(tl.int64) * stride_gc)
         g = tl.load(G + g_off, mask=kv_mask, other=0.0).to(tl.float32)
         tl.store(DCROW + bh.to(tl.int64) * N + offs_n, tl.sum(g * v.to(tl.float32), 1), mask=key_ok)
-        d_off = b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_n[:, None] * stride_dn + offs_c[None, :] * stride_dc
+        d_off = (b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh
+                 + offs_n[:, None].to(tl.int64) * stride_dn + offs_c[None, :].to(tl.int64) * stride_dc)
         tl.store(DK + d_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
         tl.store(DV + d_off, (c0 * g + dv).to(DV.dtype.element_ty), mask=kv_mask)
 
@@ -632,7 +645,7 @@ if HAS_TRITON:
         seed = _seed(SEED, DROPOUT)
         row_ok = offs_m < N
         io_mask = row_ok[:, None] & c_ok[None, :]
-        q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_c[None, :] * stride_qc, mask=io_mask, other=0.0)
+        q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qn + offs_c[None, :].to(tl.int64) * stride_qc, mask=io_mask, other=0.0)
         lse = tl.load(LSE + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=float("inf"))
         shift = _row_shift(LSE + bh.to(tl.int64) * N, offs_m, N, MASK_KIND)
         delta = tl.load(DELTA + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=0.0)
@@ -655,5 +668,6 @@ if HAS_TRITON:
                            offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
                            stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
                            True, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
-        d_off = b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_m[:, None] * stride_dn + offs_c[None, :] * stride_dc
+        d_off = (b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh
+                 + offs_m[:, None].to(tl.int64) * stride_dn + offs_c[None, :].to(tl.int64) * stride_dc)
         tl.store(DQ + d_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=io_mask)
