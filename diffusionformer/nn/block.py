@@ -28,7 +28,7 @@ from diffusionformer.nn._weights import _reset_children
 from diffusionformer.nn.attention import DiffusionAttention, _not_a_tensor
 from diffusionformer.nn.heads import _layout_as_read
 from diffusionformer.nn.heads import resolve_layer_heads  # noqa: F401  (re-exported: its historical home)
-from diffusionformer.ops._checks import _vmapped, check_dropout
+from diffusionformer.ops._checks import _in_vmap, check_dropout
 
 __all__ = ["Block", "DropPath", "GatedMlp", "LayerScale", "Mlp", "make_mlp", "make_norm"]
 
@@ -307,9 +307,10 @@ class DropPath(nn.Module):
         # refused by bernoulli_ as "p=1.5"
         p = check_dropout(self.p, "DropPath.p")
         shape = (x.shape[0],) + (1,) * (x.dim() - 1) if x.dim() > 2 else (1,) * x.dim()  # keeps x's shape
-        if not torch.compiler.is_compiling() and _vmapped(x):
+        if not torch.compiler.is_compiling() and _in_vmap():
             # vmap(randomness="different") refuses in-place randomness on the unbatched mask ("Cannot ask for different
-            # inplace randomness on an unbatched tensor"); out of place it draws one per sample. Only under vmap:
+            # inplace randomness on an unbatched tensor"), x batched or not (Monte Carlo samples of one input: vmap
+            # over a dummy); out of place it draws one per sample. Only under vmap:
             # bernoulli of a tensor of probabilities draws other float32 bits than bernoulli_(p) (torch.func.grad
             # under a seed draws the mask loss.backward() does)
             keep = torch.bernoulli(torch.full(shape, 1 - p, device=x.device, dtype=x.dtype))

@@ -152,6 +152,8 @@ def _new_power_rows(q: Tensor, keys: Tensor, values: Tensor, cache: LayerKVCache
     gave): it held ``(B, H, n, T)`` scores, their masked copy and ``P`` at once, 6 GiB for ``n = T = 16384`` and
     2 heads, where the uncached forward's fused kernel holds no ``(T, T)`` tensor.
     """
+    if K == 0:  # no power of P (degree-0 heads only): no row of P to form
+        return [None]
     B, _, _, C = q.shape
     T = start + n
     qw, kw = q.to(work), _repeat(keys, H).to(work).transpose(-1, -2)

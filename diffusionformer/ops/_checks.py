@@ -89,6 +89,17 @@ def _vmapped(t: Tensor) -> bool:
     return False
 
 
+_VMAP_TRANSFORM = getattr(getattr(_FUNCTORCH, "TransformType", None), "Vmap", None)
+
+
+def _in_vmap() -> bool:
+    """Whether a :func:`torch.vmap` level is running (outermost or under other transforms), whether or not the
+    tensor at hand is batched: ``vmap(lambda _: model(x), randomness="different")(torch.arange(n))`` (Monte Carlo
+    samples of a fixed input) draws its randomness on unbatched tensors."""
+    stack = _FUNCTORCH.get_interpreter_stack() if hasattr(_FUNCTORCH, "get_interpreter_stack") else None
+    return bool(stack) and _VMAP_TRANSFORM is not None and any(i.key() == _VMAP_TRANSFORM for i in stack)
+
+
 def check_index_range(name: str, index: Tensor, size_name: str, size: int) -> None:
     """``index`` values must lie in ``[0, size)``: else a ``ValueError`` naming ``name``, ``size_name``
     and the range found. Runs only where :func:`checks_values` allows (no host sync, no graph break).

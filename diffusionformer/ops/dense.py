@@ -764,7 +764,8 @@ def _split_paths(
         backend = _choose_dense_backend(N, M, max(deg_high), is_causal, q.device.type)
     if backend != "matrix" and attn_mask is not None and attn_mask.shape[1] == 1:
         attn_mask = _additive_cpu_mask(attn_mask, q)  # one mask for both groups' fused calls: converted once
-    m_lo, m_hi = (attn_mask, attn_mask) if attn_mask is None or attn_mask.shape[1] == 1 else split_heads(attn_mask, low, high, 1)
+    m_lo, m_hi = ((attn_mask, attn_mask) if attn_mask is None or attn_mask.shape[1] == 1
+                  else split_heads(attn_mask, low, high, 1))
     r_lo, r_hi = (row_ok, row_ok) if row_ok is None or row_ok.shape[1] == 1 else split_heads(row_ok, low, high, 1)
     lo: Backend = SdpaBackend(q_lo, k_lo, m_lo, is_causal, scale, dropout_p, r_lo)
     if backend == "matrix":
