@@ -15,15 +15,14 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch_geometric.data import Data
 
-from diffusionformer.data.base import ClassificationData, GraphSetData, SequenceTaskData, TextData
+from diffusionformer.data.base import GraphSetData, SequenceTaskData, TextData
 from diffusionformer.experiments import tasks as tasks_module
 from diffusionformer.experiments._metrics import _num_correct
 from diffusionformer.experiments.tasks import (ClassificationTask, GraphClassificationTask, SequenceLMTask,
                                                TextLMTask)
+from experiments_eval_models import LM, GraphSum, Signal, signals  # tests/experiments/conftest.py's path
 
 _READS = ("item", "__bool__", "__int__", "__float__", "tolist")
 
@@ -64,41 +63,6 @@ def host_reads(monkeypatch):
     return seen
 
 
-class _Signal(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(6, 3)
-
-    def forward(self, x):
-        return self.lin(x.flatten(1))
-
-
-class _LM(nn.Module):
-    def __init__(self, V=5):
-        super().__init__()
-        self.emb = nn.Embedding(V, V)
-
-    def forward(self, x, y=None):
-        logits = self.emb(x)
-        return logits, None if y is None else F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)
-
-
-class _Graph(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(2, 2)
-
-    def forward(self, x, edge_index, batch, num_graphs):  # a sum readout sized by num_graphs: no host read
-        return torch.zeros(num_graphs, 2).index_add_(0, batch, self.lin(x))
-
-
-def _signals(n):
-    g = torch.Generator().manual_seed(n)
-    x, y = torch.randn(3 * n, 3, 2, generator=g), torch.randint(0, 3, (3 * n,), generator=g)
-    splits = [t for i in range(3) for t in (x[i * n : (i + 1) * n], y[i * n : (i + 1) * n])]
-    return ClassificationData("s", "sequence", *splits, 3, (3, 2))
-
-
 def _sequences(n):
     g = torch.Generator().manual_seed(n)
     xs = [torch.randint(0, 5, (n, 4), generator=g) for _ in range(3)]
@@ -123,9 +87,9 @@ def _reads_during(fn, seen):
 
 
 @pytest.mark.parametrize("make", [
-    lambda n: (ClassificationTask(_signals(n), 1), _Signal()),
-    lambda n: (SequenceLMTask(_sequences(n), 1), _LM()),
-    lambda n: (GraphClassificationTask(_graphs(n), 1), _Graph()),
+    lambda n: (ClassificationTask(signals(n), 1), Signal()),
+    lambda n: (SequenceLMTask(_sequences(n), 1), LM()),
+    lambda n: (GraphClassificationTask(_graphs(n), 1), GraphSum()),
 ], ids=["classification", "sequence", "graphs"])
 def test_evaluation_reads_the_host_once_per_split_not_per_batch(make, host_reads):
     """Pin: batches of one over splits of 2 and of 8 examples take the same number of host reads (before: two or
@@ -152,7 +116,7 @@ def test_text_lm_evaluation_reads_each_split_once(host_reads):
         g = torch.Generator().manual_seed(0)
         _, r = _reads_during(lambda: data.get_batch("val", 2, 4, g), host_reads)
         sampler_reads.append(r)
-        out, reads = _reads_during(lambda: task.evaluate(_LM(), None), host_reads)
+        out, reads = _reads_during(lambda: task.evaluate(LM(), None), host_reads)
         counts.append(reads - 2 * batches * sampler_reads[0])
         outs.append(out)
     assert counts[0] == counts[1] and counts[0] <= 4, counts
@@ -161,8 +125,8 @@ def test_text_lm_evaluation_reads_each_split_once(host_reads):
 def test_sums_on_the_device_equal_float64_references():
     """Pin: the float64 device sums give the mean loss and accuracy of a float64 pass over the whole split, for
     batches of one and of many (so the change of where the sum lives changed no value)."""
-    data = _signals(7)
-    model = _Signal()
+    data = signals(7)
+    model = Signal()
     with torch.no_grad():
         logits = model(data.x_val).double()
     lp = logits - logits.logsumexp(-1, keepdim=True)

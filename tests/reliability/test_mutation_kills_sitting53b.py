@@ -13,49 +13,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
-from diffusionformer.data.base import ClassificationData, GraphSetData, SequenceTaskData, TextData
+from diffusionformer.data.base import GraphSetData, SequenceTaskData, TextData
 from diffusionformer.experiments.tasks import (_EVAL_SEED, ClassificationTask, GraphClassificationTask,
                                                SequenceLMTask, TextLMTask)
 from diffusionformer.operators import DiffusionOperator
 from diffusionformer.operators.heat import MAX_STEPS, heat_steps_for_tolerance, heat_truncation_error
+from experiments_eval_models import LM, GraphSum, Signal, signals  # tests/reliability/conftest.py's path
 
 
 # ------------------------------------------------------------------ the evaluation loops' float64 device sums
-class _Signal(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(6, 3)
-
-    def forward(self, x):
-        return self.lin(x.flatten(1))
-
-
-class _LM(nn.Module):
-    def __init__(self, V=5):
-        super().__init__()
-        self.emb = nn.Embedding(V, V)
-
-    def forward(self, x, y=None):
-        logits = self.emb(x)
-        return logits, None if y is None else F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)
-
-
-class _Graph(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(2, 2)
-
-    def forward(self, x, edge_index, batch, num_graphs):
-        return torch.zeros(num_graphs, 2).index_add_(0, batch, self.lin(x))
-
-
-def _signals(n):
-    g = torch.Generator().manual_seed(n)
-    x, y = torch.randn(3 * n, 3, 2, generator=g), torch.randint(0, 3, (3 * n,), generator=g)
-    splits = [t for i in range(3) for t in (x[i * n : (i + 1) * n], y[i * n : (i + 1) * n])]
-    return ClassificationData("s", "sequence", *splits, 3, (3, 2))
-
-
 def _reference(logits, y):
     """Mean cross-entropy and accuracy of float64 ``logits`` (rows of ``y`` = -100 ignored), computed by hand."""
     keep = y != -100
@@ -68,7 +34,7 @@ def test_pin_classification_sums_are_a_python_float_running_sum_bit_for_bit():
     """Pin: batches of one, the device sum in float64 gives the very bits of a Python float running sum of the
     per-batch losses (a float32 running sum drifts in the last bits)."""
     torch.manual_seed(0)
-    data, model = _signals(40), _Signal()
+    data, model = signals(40), Signal()
     out = ClassificationTask(data, 1).evaluate(model, None)
     total, hits = 0.0, 0
     with torch.no_grad():
@@ -82,7 +48,7 @@ def test_pin_classification_sums_are_a_python_float_running_sum_bit_for_bit():
 def test_pin_a_split_of_one_example_is_scored():
     """Pin: a split of one example has a loss and an accuracy (only an empty split is NaN)."""
     torch.manual_seed(0)
-    data, model = _signals(1), _Signal()
+    data, model = signals(1), Signal()
     with torch.no_grad():
         loss, acc = _reference(model(data.x_val), data.y_val)
     out = ClassificationTask(data, 4).evaluate(model, None)
@@ -100,7 +66,7 @@ def test_pin_sequence_scores_average_over_the_targets_not_the_positions():
         y[4, 1:] = -100
     data = SequenceTaskData("q", xs[0], ys[0], xs[1], ys[1], xs[2], ys[2], 5)
     torch.manual_seed(0)
-    model = _LM()
+    model = LM()
     with torch.no_grad():
         loss, acc = _reference(model(xs[1])[0].flatten(0, 1), ys[1].flatten())
     for size in (1, 4):
@@ -116,7 +82,7 @@ def test_pin_graph_scores_are_the_loss_and_accuracy_of_the_split():
     split = torch.arange(15).view(3, 5)
     data = GraphSetData("g", graphs, split[0], split[1], split[2], 2, 2)
     torch.manual_seed(0)
-    model = _Graph()
+    model = GraphSum()
     with torch.no_grad():
         logits = torch.stack([model.lin(graphs[int(i)].x).sum(0) for i in split[1]])
     loss, acc = _reference(logits, torch.tensor([int(graphs[int(i)].y) for i in split[1]]))
@@ -130,7 +96,7 @@ def test_pin_text_loss_is_the_mean_of_its_batches_losses():
     ``_EVAL_SEED``), to float64 precision."""
     torch.manual_seed(0)
     data = TextData("t", torch.randint(0, 5, (64,)), torch.randint(0, 5, (64,)), 5, list("abcde"))
-    model = _LM()
+    model = LM()
     out = TextLMTask(data, 4, eval_batch_size=2, eval_batches=3).evaluate(model, None)
     for split in ("train", "val"):
         g = torch.Generator().manual_seed(_EVAL_SEED)
