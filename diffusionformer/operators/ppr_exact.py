@@ -7,7 +7,7 @@ from torch import Tensor
 
 from diffusionformer.operators.base import DiffusionOperator, check_real
 from diffusionformer.operators.registry import register_operator
-from diffusionformer.ops.recompute import _in_eager_transform
+from diffusionformer.ops.recompute import _in_place_allowed
 
 __all__ = ["ExactPPROperator"]
 
@@ -120,10 +120,9 @@ class ExactPPROperator(DiffusionOperator):
         # for alpha < 6e-8, so a causal row 0 (P_00 = 1) had the diagonal 0 instead of alpha (an inf output), and
         # the cancellation cost digits of every diagonal entry with P_ii near 1 for small alpha
         diagonal = (1.0 - P.diagonal(dim1=-2, dim2=-1)) * (1.0 - self.alpha) + self.alpha
-        if torch.compiler.is_compiling() or not _in_eager_transform():
+        if _in_place_allowed():
             system.diagonal(dim1=-2, dim2=-1).copy_(diagonal)
-        else:  # out of place: torch.func.linearize folds the system of unbatched inputs into a constant that refuses
-            # an in-place write ("a leaf Variable that requires grad is being used in an in-place operation")
+        else:  # out of place inside an eager torch.func transform (see _in_place_allowed)
             system = torch.diagonal_scatter(system, diagonal, dim1=-2, dim2=-1)
         if lower_triangular:
             out = torch.linalg.solve_triangular(system, v.to(work), upper=False)

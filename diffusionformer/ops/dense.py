@@ -36,7 +36,7 @@ from torch import Tensor
 
 from diffusionformer.config import _check_flag, _value_type
 from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
-from diffusionformer.ops.recompute import _in_eager_transform
+from diffusionformer.ops.recompute import _in_place_allowed
 from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton_unsupported
 from diffusionformer.ops.engine import (
     Backend,
@@ -215,12 +215,11 @@ def _attention_matrix(
     N, M = q.shape[2], k.shape[2]
     work = work_dtype(q.dtype)
     # the scale is folded into q (N x C instead of N x M multiplications); the scores are a
-    # fresh tensor, so masks are applied in place, but out of place inside an eager torch.func transform:
-    # torch.func.linearize folds the scores of unbatched inputs into a constant that refuses an in-place write
-    # ("a leaf Variable that requires grad is being used in an in-place operation" at each call of the jvp)
+    # fresh tensor, so masks are applied in place, but out of place inside an eager torch.func transform
+    # (see _in_place_allowed: linearize folds the scores of unbatched inputs into a constant)
     # .to(work): autocast returns the product in its dtype; the mask is added in float32 as for half inputs
     scores = torch.matmul(q.to(work) * scale, k.to(work).transpose(-2, -1)).to(work)
-    fresh = torch.compiler.is_compiling() or not _in_eager_transform()
+    fresh = _in_place_allowed()
     if is_causal:
         # top-left aligned: row i keeps keys j <= i, so every row keeps at least key 0
         causal = torch.ones(N, M, dtype=torch.bool, device=q.device).triu_(1)

@@ -149,6 +149,15 @@ def _in_eager_transform() -> bool:
     return _in_forward_ad() or (not torch.compiler.is_compiling() and _in_functorch())
 
 
+def _in_place_allowed() -> bool:
+    """Whether a fresh intermediate may be written in place: always when compiling, else outside eager transforms
+    (:func:`_in_eager_transform`): ``torch.func.linearize`` folds intermediates of unbatched inputs into constants
+    that refuse an in-place write ("a leaf Variable that requires grad is being used in an in-place operation"), and
+    ``vmap`` refuses writing a batched mask into an unbatched tensor. The one test of the dense engine's masks and
+    the exact PPR solve's diagonal."""
+    return torch.compiler.is_compiling() or not _in_eager_transform()
+
+
 #: whether a tensor is batched by torch's legacy vmap (``None`` where torch has no such test)
 _LEGACY_BATCHED = getattr(getattr(torch._C, "_functorch", None), "is_legacy_batchedtensor", None)
 
