@@ -887,8 +887,9 @@ class DiffusionAttention(nn.Module):
         vt = v.transpose(1, 2)  # (B, H, N, C)
         if state is not None:
             state.enter(vt)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), vt, is_causal=is_causal,
-                                           dropout_p=dropout_p, scale=self._scale).transpose(1, 2)  # (B, N, H, C)
+        # (torch's fused kernel; P formed explicitly only for dropout inside torch.vmap: see ops.dense._fused)
+        y = _dense._fused(q.transpose(1, 2), k.transpose(1, 2), vt, None, is_causal, self._scale, dropout_p,
+                          None).transpose(1, 2)  # (B, N, H, C)
         runs = self._affine_runs
         if not runs:
             return self.out_proj(y.reshape(B, N, D))

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from diffusionformer.config import _check_flag, _value_type
-from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _backend_hint, _check_is_causal, _in_vmap, check_attn_mask, check_dropout, check_layout, check_scale, check_tensor
 from diffusionformer.ops.recompute import _in_place_allowed
 from diffusionformer.ops.triton.backend import TritonBackend, split_mask, triton_unsupported
 from diffusionformer.ops.engine import (
@@ -295,10 +295,20 @@ def _sdpa(
     dropout_p: float,
     row_ok: Tensor | None,
 ) -> Tensor:
-    y = F.scaled_dot_product_attention(
-        q, k, x, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale
-    )
-    return _zero_rows(y, row_ok)
+    return _zero_rows(_fused(q, k, x, attn_mask, is_causal, scale, dropout_p, row_ok), row_ok)
+
+
+def _fused(q: Tensor, k: Tensor, x: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float,
+           dropout_p: float, row_ok: Tensor | None) -> Tensor:
+    """``P x`` by torch's fused kernel, or, for dropout inside an eager :func:`torch.vmap`, by ``P`` formed
+    explicitly with the dropout out of place: the kernel drops in place, which ``vmap(..., randomness="different")``
+    refuses on unbatched inputs ("Cannot ask for different inplace randomness on an unbatched tensor": Monte Carlo
+    samples of one input); the rows the kernel leaves to :func:`_zero_rows` come out zero here too."""
+    if dropout_p > 0.0 and not torch.compiler.is_compiling() and _in_vmap():
+        P = F.dropout(_attention_matrix(q, k, attn_mask, is_causal, scale, row_ok), p=dropout_p)
+        return torch.matmul(P, x.to(P.dtype)).to(_autocast_dtype(x) or x.dtype)
+    return F.scaled_dot_product_attention(q, k, x, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p,
+                                          scale=scale)
 
 
 def _zero_rows(y: Tensor, row_ok: Tensor | None) -> Tensor:
@@ -461,8 +471,7 @@ class SdpaBackend(Backend):
 
     def propagate(self, x: Tensor, heads: Heads) -> Tensor:
         q, k, attn_mask, row_ok = self._heads(heads)
-        y = F.scaled_dot_product_attention(q, k, x, attn_mask=attn_mask, is_causal=self.is_causal,
-                                           dropout_p=self.dropout_p, scale=self.scale)
+        y = _fused(q, k, x, attn_mask, self.is_causal, self.scale, self.dropout_p, row_ok)
         if self.kernel_outputs is not None:
             self.kernel_outputs.append((y, row_ok))
         return _zero_rows(y, row_ok)
