@@ -99,8 +99,12 @@ df_api_modules = [
     "diffusionformer.graph",
     "diffusionformer.models",
     "diffusionformer.data",
+    "diffusionformer.data.ssl",
+    "diffusionformer.data.augment",
     "diffusionformer.train",
     "diffusionformer.experiments",
+    "diffusionformer.experiments.tasks",
+    "diffusionformer.experiments.threads",
     "diffusionformer.config",
 ]
 

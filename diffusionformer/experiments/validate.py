@@ -191,7 +191,7 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
                 named += [("reach", k) for k in (task.reach or {})]
                 for what, key in named:
                     if key is not None and key not in keys:
-                        add(f"{where}: {what} {key!r} is not an evaluation key of a {spec.kind} task with "
+                        add(f"{where}: {what} {key!r} is not an evaluation key of {spec.kind} tasks with "
                             f"{task.model!r}{_hint(key, keys)}; its keys: {list(keys)}")
         else:
             spec_ok = False

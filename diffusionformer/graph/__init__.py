@@ -1,4 +1,4 @@
-"""Token graphs for attention: one :class:`AttentionGraph` type, builders and conversions.
+"""Token graphs for attention: one :class:`~diffusionformer.graph.AttentionGraph` type, builders and conversions.
 
 A layer attends over a graph of tokens: ``DiffusionAttention(...)(x, graph=g)``. Graphs come
 in a dense layout (sequences with padding, causal and window flags, or an explicit allowed

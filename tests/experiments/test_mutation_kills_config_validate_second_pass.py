@@ -576,8 +576,8 @@ def test_the_reach_and_select_by_keys_must_be_evaluation_keys_of_the_task():
 
     cfg = load_experiment_config(_with_task(reach={"val_ac": 0.5}, select_by="val_los"))
     assert validate_experiment(cfg, load_data=False) == [
-        f"task 'digits': select_by 'val_los' is not an evaluation key of a image task with 'vit-digits'; {_IMAGE_KEYS}",
-        f"task 'digits': reach 'val_ac' is not an evaluation key of a image task with 'vit-digits' (did you mean "
+        f"task 'digits': select_by 'val_los' is not an evaluation key of image tasks with 'vit-digits'; {_IMAGE_KEYS}",
+        f"task 'digits': reach 'val_ac' is not an evaluation key of image tasks with 'vit-digits' (did you mean "
         f"'val_acc'?); {_IMAGE_KEYS}",
     ]
 
