@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from .paths import ChecksumError
+from .paths import ChecksumError, CorruptDataError
 
 __all__ = ["KNOWN_SHA256", "KNOWN_CONTENT_SHA256", "sha256_file", "sha256_bytes", "verify_file"]
 
@@ -122,3 +122,14 @@ def verify_file(path: Path, relpath: str, *, content: bytes | None = None) -> st
         f"expected SHA256 {wanted}, got {actual}. Replace it with the original file "
         f"(or pass verify=False to skip the check)."
     )
+
+
+def _check_unchanged(path: Path, digest: str) -> None:
+    """Raise :class:`CorruptDataError` when ``path`` no longer has the SHA256 ``digest`` it had before it was read:
+    another process rewrote it in between, so what was read is neither the file checked nor the file now (a cache
+    written from it was named by the old file's hash, and served in place of the old file's content ever after)."""
+    now = sha256_file(path)
+    if now != digest:
+        raise CorruptDataError(
+            f"data file {str(path)!r} changed while it was read (SHA256 {digest} when hashed, {now} after "
+            f"reading): nothing read from it was kept; load it again once it is no longer being written")

@@ -37,7 +37,7 @@ from diffusionformer.config import _choice_hint
 from ._optional import import_optional
 from ._unpickle import _NUMPY_GLOBALS, _plain
 from .base import ClassificationData, _check_flags
-from .checksums import sha256_file, verify_file
+from .checksums import _check_unchanged, sha256_file, verify_file
 from .images import _labelled_images_fit, build_image_data
 from .paths import CorruptDataError, cache_dir, load_cached, require_files, save_cached
 from .registry import register_dataset
@@ -76,7 +76,8 @@ def _open_zip(path: Path) -> zipfile.ZipFile:
         return zipfile.ZipFile(path)
     except (FileNotFoundError, PermissionError):
         raise  # the path is wrong or unreadable, the data is not damaged: keep the OS message
-    except (zipfile.BadZipFile, OSError) as err:
+    except (zipfile.BadZipFile, OSError, NotImplementedError, ValueError) as err:
+        # NotImplementedError: a zip version beyond zipfile's; ValueError: an entry name flagged UTF-8 that is not
         raise CorruptDataError(f"corrupt zip archive {str(path)!r}: {err}") from None
 
 
@@ -339,11 +340,14 @@ def _from_zip(
         return cached["images"][keep], cached["labels"][keep], list(cached["classes"])
     if limit is None:
         images, labels, classes = read_image_zip(path, split)
+        _check_unchanged(path, digest)  # else the cache named by the checked zip's hash held another zip's images
         save_cached({"images": images, "labels": labels, "classes": classes}, cached_path)
         return images, labels, classes
     with _open_zip(path) as zf:
         total = len(_zip_members(zf, split))
-    return read_image_zip(path, split, seeded_subset(total, limit, seed) if total else None)
+    images, labels, classes = read_image_zip(path, split, seeded_subset(total, limit, seed) if total else None)
+    _check_unchanged(path, digest)
+    return images, labels, classes
 
 
 @register_dataset("cifar10", kind="image", needs_root=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from torch import Tensor
 
 from .base import ClassificationData, _check_flags
-from .checksums import verify_file
+from .checksums import _check_unchanged, sha256_file, verify_file
 from .idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, parse_idx, read_idx_bytes
 from .images import build_image_data
 from .paths import CorruptDataError, require_files
@@ -52,8 +52,10 @@ def _locate(root: Path | None, stem: str) -> str | None:
 
 def _read(root: Path, rel: str, magic: int, verify: bool) -> Tensor:
     path = root / rel
+    digest = sha256_file(path) if verify else ""
     raw = read_idx_bytes(path)
-    if verify:
+    if verify:  # the file rewritten after the read: verify_file checked the new file, not the bytes read
+        _check_unchanged(path, digest)
         verify_file(path, rel, content=raw)
     return parse_idx(raw, expected_magic=magic, source=str(path))
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from diffusionformer._files import load_error_text, new_file_mode, weights_only_refusal, zip_damage
+from diffusionformer._files import file_kind, load_error_text, new_file_mode, weights_only_refusal, zip_damage
 from diffusionformer._warnings import user_stacklevel
 
 __all__ = [
@@ -112,9 +112,14 @@ def require_files(
     paths = [root / rel for rel in relpaths]
     missing = [p for p in paths if not p.is_file()]
     if missing:
-        listed = "\n".join(f"  {p}" for p in missing)
+        # a folder or FIFO of the expected name was listed as missing, though `ls` shows it there
+        listed = "\n".join(f"  {p}" + (f" ({file_kind(p.stat().st_mode)}, not a file)" if p.exists() else "")
+                           for p in missing)
+        # a root that is a file or does not exist was "missing file(s) under" it, as if it were a folder lacking them
+        why = ("" if root.is_dir() else " (it does not exist)" if not root.exists() else " (it is a file, not a folder)"
+               if root.is_file() else f" (it is {file_kind(root.stat().st_mode)}, not a folder)")
         raise DataRootError(
-            f"dataset {dataset!r}: missing file(s) under the data root {str(root)!r}:\n{listed}\n"
+            f"dataset {dataset!r}: missing file(s) under the data root {str(root)!r}{why}:\n{listed}\n"
             f"Expected files (standard layout):\n{expected}{extra}\n{_HOW_TO_SET}"
         )
     return paths
@@ -196,19 +201,31 @@ def drop_unsafe_processed(folder: Path) -> list[str]:
     PyG's own loader retries a file that ``weights_only=True`` refuses with
     ``weights_only=False``, which would run whatever code a doctored file names; calling this
     first means PyG only ever reads files that load as plain tensors and registered PyG
-    containers. A damaged file (a killed processing step, a truncated copy) is rebuilt too.
+    containers. A damaged file (a killed processing step, a truncated copy, an entry failing its
+    CRC-32) is rebuilt too.
 
     Args:
-        folder: the ``processed`` folder (absent: nothing to do).
+        folder: the ``processed`` folder (absent: nothing to do; a file in its place is removed).
 
     Returns:
         ``"<file>: <error>"`` for each refused file (empty when nothing was removed); each is
         also reported as a ``UserWarning``.
     """
     if not folder.is_dir():
-        return []
+        if not os.path.lexists(folder):
+            return []
+        # a file (or a dangling link) in its place: PyG's makedirs failed with a bare FileExistsError on every load
+        why = f"{folder}: {'a file' if folder.is_file() else 'not a folder'} where PyG keeps its processed files"
+        folder.unlink()
+        warnings.warn(f"cached file refused and rebuilt from the raw files: {why}", UserWarning,
+                      stacklevel=user_stacklevel())
+        return [why]
     refused = []
     for path in sorted(folder.glob("*.pt")):
+        damage = zip_damage(path)  # torch.load checks no CRC: a flipped bit of the graphs loaded as other features
+        if damage is not None:
+            refused.append(f"{path}: {damage}")
+            continue
         try:
             torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # any failure: the file is not trusted, the folder is rebuilt

@@ -149,7 +149,22 @@ class _PlanetoidUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+# bytes of one ind.* file, read whole: far above the largest (PubMed's allx, about 40 MB), far below what a sparse
+# file of a terabyte would fill memory with
+_MAX_FILE_BYTES = 2**30
+
+
+def _check_file_size(path: Path) -> None:
+    """Refuse an ``ind.*`` file over :data:`_MAX_FILE_BYTES` before it is read whole: a sparse file of 10 GB (no
+    disk space) filled 10 GB of memory with its zeros."""
+    size = path.stat().st_size
+    if size > _MAX_FILE_BYTES:
+        raise CorruptDataError(f"corrupt Planetoid file {str(path)!r}: {size} B, more than any Planetoid file "
+                               f"({_MAX_FILE_BYTES} B at most)")
+
+
 def _unpickle_planetoid(path: Path) -> Any:
+    _check_file_size(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -213,6 +228,7 @@ def _planetoid_graph(path: Path) -> dict[int, list[int]]:
 
 
 def _planetoid_index(path: Path) -> Tensor:
+    _check_file_size(path)
     try:
         values = [int(line) for line in path.read_text().split()]
     except (ValueError, UnicodeDecodeError) as err:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .base import TextData
-from .checksums import verify_file
+from .checksums import _check_unchanged, verify_file
 from .paths import CorruptDataError, require_files
 from .registry import register_dataset
 
@@ -135,9 +135,10 @@ def load_tinyshakespeare(
         raise ValueError(f"train_chars must be an int >= 2 or None, got {train_chars!r}")
     train_chars = None if train_chars is None else int(train_chars)
     (path,) = require_files("tinyshakespeare", root, [TINYSHAKESPEARE])
-    if verify:
-        verify_file(path, TINYSHAKESPEARE)
+    digest = verify_file(path, TINYSHAKESPEARE) if verify else ""
     text = read_text(path)
+    if verify:  # the file rewritten after its hash: the text read was never checked
+        _check_unchanged(path, digest)
     if len(text) < 2:  # (verify=False): char_text_data would refuse it without naming the file
         raise CorruptDataError(f"tinyshakespeare: {str(path)!r} holds {len(text)} character(s), expected a corpus")
     data = char_text_data(

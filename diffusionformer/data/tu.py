@@ -35,6 +35,7 @@ import math
 import numbers
 import shutil
 import tempfile
+import warnings
 import zipfile
 import zlib
 from pathlib import Path
@@ -42,9 +43,11 @@ from typing import Any
 
 import torch
 
+from .._files import folder_lock
 from .._imports import _import_pyg
+from .._warnings import user_stacklevel
 from .base import GraphSetData, _check_flags
-from .checksums import sha256_file, verify_file
+from .checksums import _check_unchanged, sha256_file, verify_file
 from .paths import CorruptDataError, cache_dir, drop_unsafe_processed, require_files
 from .registry import register_dataset
 from .splits import require_heldout, stratified_kfold_split, stratified_split
@@ -71,7 +74,9 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
     """Unzip ``<name>/<name>_*.txt`` entries flat into ``raw_dir`` (skipped if done for ``digest``).
 
     Files are written to a temporary folder and moved into place, and ``raw_dir`` records
-    the zip's SHA256, so a changed zip is re-extracted and a half-done extraction is redone.
+    the zip's SHA256, so a changed zip is re-extracted and a half-done extraction is redone;
+    it records the extracted tables' SHA256 too, so a table changed or removed since (PyG
+    reads them unchecked) is extracted again, with a ``UserWarning``.
 
     Raises:
         FileNotFoundError: ``zip_path`` does not exist.
@@ -81,8 +86,18 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
             listed twice when the edges carry labels included).
     """
     marker = raw_dir / _MARKER
-    if marker.is_file() and marker.read_text().strip() == digest:
-        return raw_dir
+    if marker.is_file():
+        # a damaged marker (not UTF-8: a bare UnicodeDecodeError) names no digest: extracted again
+        recorded, _, tables = marker.read_text(encoding="utf-8", errors="replace").partition("\n")
+        if recorded.strip() == digest:
+            if tables == _tables_listing(raw_dir):
+                return raw_dir
+            if tables:  # a marker of an older version lists no tables: extracted again, without a word
+                # PyG reads raw/ unchecked whenever processed/ is rebuilt: an edited table was loaded as is, a
+                # removed one made PyG try to download the dataset
+                warnings.warn(f"cached file refused and rebuilt: {str(raw_dir)!r}: the tables extracted from "
+                              f"{str(zip_path)!r} changed or were removed since", UserWarning,
+                              stacklevel=user_stacklevel())
     raw_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=raw_dir.parent, prefix=".extract-"))
     try:
@@ -110,11 +125,14 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
                 for info, base in wanted:  # streamed: never a whole entry in memory
                     with zf.open(info) as src, open(tmp / base, "wb") as dst:
                         shutil.copyfileobj(src, dst, 1 << 20)
-        except (FileNotFoundError, PermissionError):
-            raise  # a missing or unreadable path (or an unwritable cache), not a damaged archive
-        except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, OSError) as err:
+        except (FileNotFoundError, PermissionError, CorruptDataError):
+            # a missing or unreadable path (or an unwritable cache), not a damaged archive; or refused above already
+            raise
+        except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, OSError, RuntimeError,
+                ValueError) as err:
             # zlib.error/EOFError: a damaged or cut deflate stream; NotImplementedError: an
-            # unknown compression method
+            # unknown compression method or zip version; RuntimeError: an encrypted entry; ValueError: an entry
+            # name flagged UTF-8 that is not (UnicodeDecodeError), a header offset before the archive's start
             raise CorruptDataError(f"corrupt zip archive {str(zip_path)!r}: {err}") from None
         required = [f"{name}_A.txt", f"{name}_graph_indicator.txt", f"{name}_graph_labels.txt"]
         missing = [f for f in required if not (tmp / f).is_file()]
@@ -138,10 +156,17 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
             shutil.rmtree(processed)
         for f in tmp.iterdir():
             f.replace(raw_dir / f.name)
-        marker.write_text(digest)
+        marker.write_text(f"{digest}\n{_tables_listing(raw_dir)}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return raw_dir
+
+
+def _tables_listing(raw_dir: Path) -> str:
+    """``"<sha256> <name>"`` lines of the files in ``raw_dir`` but the marker, sorted: what the marker records
+    after an extraction, and what must still be there for the extraction to be reused."""
+    return "".join(f"{sha256_file(f)} {f.name}\n" for f in sorted(raw_dir.iterdir())
+                   if f.name != _MARKER and f.is_file())
 
 
 # entries of a one-hot label matrix PyG builds from a label column (nodes x label span); the largest here is
@@ -326,9 +351,17 @@ def load_tu(
     (zip_path,) = require_files(key, root, [rel])
     digest = verify_file(zip_path, rel) if verify else sha256_file(zip_path)
     work = cache_dir("tudataset")
-    extract_tu_zip(zip_path, name, work / name / "raw", digest)
-    drop_unsafe_processed(work / name / "processed")  # PyG would retry a refused file unsafely
-    dataset = TUDataset(str(work), name, use_node_attr=use_node_attr)
+    # loaders of one dataset (the runner's workers, threads) take turns: one unzipped the tables while another's PyG
+    # read them (a table deleted under it: PyG tried to download the dataset) or wrote processed/ while another read it
+    with folder_lock(cache_dir("tudataset", name)):
+        extract_tu_zip(zip_path, name, work / name / "raw", digest)
+        try:  # the zip rewritten between its hash and its extraction: the marker named its tables by the old hash
+            _check_unchanged(zip_path, digest)
+        except CorruptDataError:
+            (work / name / "raw" / _MARKER).unlink(missing_ok=True)  # extracted again next time
+            raise
+        drop_unsafe_processed(work / name / "processed")  # PyG would retry a refused file unsafely
+        dataset = TUDataset(str(work), name, use_node_attr=use_node_attr)  # processed (if need be) and read whole
 
     had_features = dataset.num_node_features > 0
     recipe = "dataset features"

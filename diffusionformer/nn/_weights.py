@@ -8,13 +8,15 @@ then advanced its power iteration twice per forward), and under :mod:`torch.nn.u
 it kept the old dtype until the module's next call (the input was cast to that stale dtype).
 A module replaced by one without a tensor ``weight`` (a hand-written adapter wrapping the layer, as
 LoRA does; :func:`torch.ao.quantization.quantize_dynamic`'s ``Linear``, whose ``weight`` is a
-method) gives its first floating-point parameter or buffer instead.
+method) gives its first floating-point parameter or buffer instead, or its holder's; a quantized
+module in a holder of none gives float32 on its packed weight's device, the precision it computes in.
 """
 
 from __future__ import annotations
 
 from itertools import chain
 
+import torch
 from torch import Tensor, nn
 
 __all__: list[str] = []
@@ -22,10 +24,11 @@ __all__: list[str] = []
 
 def _stored_weight(module: nn.Module, name: str = "weight", owner: nn.Module | None = None) -> Tensor:
     """``module``'s parameter ``name`` as stored: the parameter itself, the (first) original of a parametrization, or
-    prune's ``<name>_orig``; else ``getattr(module, name)`` when it is a tensor, else (a module replaced by an adapter
-    or a quantized one) its first floating-point parameter or buffer, else ``owner``'s (the layer or model holding
-    ``module``, whose device and dtype are the ones asked for); a ``TypeError`` naming the module when neither holds
-    one (the device and dtype the caller reads are nowhere)."""
+    prune's ``<name>_orig``; else ``getattr(module, name)`` when it is a tensor, else (a module replaced by an adapter)
+    its first floating-point parameter or buffer, else ``owner``'s (the layer or model holding ``module``, whose device
+    and dtype are the ones asked for), else for a quantized module float32 on its packed weight's device
+    (:func:`_quantized_compute`); a ``TypeError`` naming the module when none holds one (the device and dtype the
+    caller reads are nowhere)."""
     w = module._parameters.get(name)
     if w is not None:
         return w
@@ -41,10 +44,26 @@ def _stored_weight(module: nn.Module, name: str = "weight", owner: nn.Module | N
         return w
     w = next((t for m in (module, owner) if m is not None for t in chain(m.parameters(), m.buffers())
               if t.is_floating_point()), None)
+    if w is None:  # a quantized module in a holder of no floating-point tensor (a layer of parameter-free operators)
+        w = _quantized_compute(module, name)
     if w is None:  # else AttributeError "'function' object has no attribute 'device'" from the caller
         raise TypeError(f"{type(module).__name__} has no tensor {name!r} and no floating-point parameter or buffer to "
                         "read the device and dtype from")
     return w
+
+
+def _quantized_compute(module: nn.Module, name: str) -> Tensor | None:
+    """For a module of :mod:`torch.ao.nn.quantized` whose ``name`` is a method returning its packed weight
+    (:func:`torch.ao.quantization.quantize_dynamic`'s ``Linear``, a quantized ``Embedding``): an empty float32 tensor
+    on that weight's device, the device and dtype the module computes in (float32 activations, whatever the weight's
+    ``qint8`` or ``float16``); ``None`` for any other module. The last resort of :func:`_stored_weight` (it unpacks
+    the weight): a layer of parameter-free operators (``ppr-exact``, ``neutreno``, ``value-residual``, ``grand-nl``
+    without ``qk_norm``) whose ``qkv`` and ``out_proj`` are quantized holds no floating-point tensor to read."""
+    method = getattr(module, name, None)
+    if not callable(method) or not type(module).__module__.startswith("torch.ao.nn.quantized"):
+        return None
+    w = method()
+    return torch.empty(0, dtype=torch.float32, device=w.device) if isinstance(w, Tensor) else None
 
 
 def _reset_children(module: nn.Module, where: str) -> None:

@@ -159,6 +159,13 @@ class DiffusionOperator(nn.Module):
         """Weights on ``P^0 .. P^K``: ``(K+1,)`` or ``(G, K+1)``."""
         raise NotImplementedError(f"{type(self).__name__} must implement coefficients()")
 
+    def __dir__(self) -> list[str]:
+        # a non-polynomial operator has no degree: its ``degree`` raises NotImplementedError, which ``hasattr`` does
+        # not catch, and torch.jit.trace asks hasattr of every name dir() lists on every submodule (torch's
+        # module_has_exports): tracing any layer or model holding one failed there; the name is not listed
+        names = super().__dir__()
+        return names if self.is_polynomial else [n for n in names if n != "degree"]
+
     def spec_kwargs(self) -> dict:
         """Constructor arguments (besides ``num_heads``) that rebuild this operator's architecture.
 
