@@ -343,8 +343,14 @@ def attention_rollout(maps: list[Tensor], residual: float = 0.5, normalize: bool
     if isinstance(maps, Tensor):  # `not maps` of a stacked (L, B, H, N, N) tensor failed as "Boolean value ... ambiguous"
         raise TypeError(f"attention_rollout: expected a list of per-layer maps (B, H, N, N), got a Tensor of shape "
                         f"{tuple(maps.shape)} (pass list(maps) for a stack of layers)")
+    if isinstance(maps, nn.Module):  # attention_rollout(model, x): the function takes maps, the method a model's input
+        raise TypeError(f"attention_rollout: expected a list of per-layer maps (B, H, N, N), got a "
+                        f"{type(maps).__name__} (for a model's rollout of an input, call model.attention_rollout(x))")
     if not maps:
         raise ValueError("attention_rollout: expected at least one layer's maps, got none")
+    if isinstance(residual, Tensor):  # its repr printed whole in the error below
+        raise TypeError(f"attention_rollout: expected residual a float in (0, 1], got a Tensor of shape "
+                        f"{tuple(residual.shape)}")
     if isinstance(residual, bool) or not isinstance(residual, numbers.Real) or not 0.0 < residual <= 1.0:  # numpy too
         raise ValueError(f"attention_rollout: expected residual in (0, 1], got {residual!r}")
     residual = float(residual)
