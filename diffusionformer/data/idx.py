@@ -132,9 +132,7 @@ def read_idx_bytes(path: Path) -> bytes:
             # read whole before: a sparse file of 1 TiB (or a header declaring it) was a bare MemoryError
             plain.seek(0)
             return _read_declared(plain, size)
-        if size > _MAX_GZIP_BYTES:  # read whole below: a sparse .gz of 1 TiB was a bare MemoryError
-            raise CorruptDataError(f"corrupt gzip file {str(path)!r}: {size} B, more than any IDX archive "
-                                   f"({_MAX_GZIP_BYTES} B at most)")
+        _check_gzip_size(path, size)  # read whole below: a sparse .gz of 1 TiB was a bare MemoryError
         plain.seek(0)
         raw = plain.read()
     try:
@@ -144,6 +142,20 @@ def read_idx_bytes(path: Path) -> bytes:
                 f"deflate can expand {len(raw)} B to ({_MAX_DEFLATE_RATIO}x)"))
     except (EOFError, OSError, zlib.error) as err:
         raise CorruptDataError(f"corrupt or truncated gzip file {str(path)!r}: {err}") from None
+
+
+def _check_gzip_size(path: Path, size: int | None = None) -> None:
+    """Refuse a gzipped file over :data:`_MAX_GZIP_BYTES` (``size``, else its size on disk) as a
+    :class:`CorruptDataError` naming it, before it is read whole or hashed (a file not starting with the gzip
+    magic is left alone: :func:`read_idx_bytes` reads no more of it than its header declares)."""
+    if size is None:
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                return
+            size = os.fstat(f.fileno()).st_size
+    if size > _MAX_GZIP_BYTES:
+        raise CorruptDataError(f"corrupt gzip file {str(path)!r}: {size} B, more than any IDX archive "
+                               f"({_MAX_GZIP_BYTES} B at most)")
 
 
 def read_idx(path: Path, *, expected_magic: int | None = None) -> Tensor:
