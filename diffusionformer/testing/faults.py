@@ -132,11 +132,14 @@ def _bit_equal(x: Any, y: Any) -> bool:
             params = [(x.q_per_channel_scales(), y.q_per_channel_scales()), (x.q_per_channel_axis(), y.q_per_channel_axis()),
                       (x.q_per_channel_zero_points(), y.q_per_channel_zero_points())]
         return all(_bit_equal(a, b) for a, b in params) and _bit_equal(x.int_repr(), y.int_repr())
-    if x.layout != torch.strided:  # a sparse buffer: contiguous() below refuses it ("unsupported memory format")
+    if x.layout != torch.strided:  # a sparse buffer: the dense copy below refuses it ("unsupported memory format")
         return _bit_equal(x.to_dense(), y.to_dense())
-    def as_bytes(t: torch.Tensor) -> torch.Tensor:  # contiguous first: a byte view needs unit stride
-        # conjugate and negative views (saved and loaded as such) materialised first: a byte view refuses them
-        return t.detach().resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8)
+    def as_bytes(t: torch.Tensor) -> torch.Tensor:  # a fresh dense copy first: a byte view needs unit stride
+        # conjugate and negative views (saved and loaded as such) materialised first: a byte view refuses them. Not
+        # contiguous(): a one-element view of stride 2 (torch.save keeps a view's strides) is contiguous as it is, and
+        # its byte view failed ("self.stride(-1) must be 1 to view Float as Byte")
+        t = t.detach().resolve_conj().resolve_neg()
+        return t.clone(memory_format=torch.contiguous_format).view(-1).view(torch.uint8)
 
     return torch.equal(as_bytes(x), as_bytes(y))
 
