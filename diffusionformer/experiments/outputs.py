@@ -115,6 +115,8 @@ def manifest(config: ExperimentConfig, device: str | None = None,
         # same seed rounds differently under another set, so a CPU study's numbers hold for its kernel set
         # (None where no run trains on the CPU: a GPU call's runs do not run them)
         "cpu_kernels": torch.backends.cpu.get_cpu_capability() if cpu else None,
+        # torch's intra-op threads: a CPU reduction split over another number of threads rounds otherwise, so a seed's
+        # numbers on CPU hold for its thread count (merged over the invocations that train on the CPU)
         "torch_threads": torch.get_num_threads(),
         # the processes that train each run (torchrun's WORLD_SIZE; 1 without it): the same seed draws and rounds
         # otherwise under another number (each rank its own dropout stream, gradients averaged over ranks)
@@ -175,7 +177,9 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
     latest), and ``cpu_kernel_sets``: likewise every CPU kernel set (``cpu_kernels``) its runs
     were trained under (left out while none is recorded), and ``torch_versions``: likewise every torch version
     (``torch``) that trained its runs (a GPU call's and this machine's), and ``cuda_devices`` every GPU (``cuda``;
-    left out while none is recorded), and ``world_sizes`` every number of processes (``world_size``; likewise).
+    left out while none is recorded), and ``world_sizes`` every number of processes (``world_size``; likewise), and
+    ``torch_thread_counts`` every torch thread count (``torch_threads``) of an invocation that trained on the CPU (one
+    whose ``cpu_kernels`` is recorded; likewise).
     ``previous`` is the manifest already on disk, or ``None``.
 
     Examples:
@@ -189,16 +193,31 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
         ['2.11.0+cu130', '2.13.0+cpu']
         >>> merged_manifest({"world_size": 2}, {"world_size": 1})["world_sizes"]
         [2, 1]
+        >>> merged_manifest({"cpu_kernels": "AVX2", "torch_threads": 2},
+        ...                 {"cpu_kernels": "AVX2", "torch_threads": 1})["torch_thread_counts"]
+        [2, 1]
     """
     kernels = _merged(previous, current, "cpu_kernels", "cpu_kernel_sets")
     torches = _merged(previous, current, "torch", "torch_versions")
     gpus = _merged(previous, current, "cuda", "cuda_devices")
     sizes = _merged(previous, current, "world_size", "world_sizes", int)  # every number of processes that trained
+    # every thread count the CPU-trained runs saw: it decides a CPU run's rounding as the kernel set does (the last
+    # invocation's torch_threads alone hid that earlier runs were trained under another count); a GPU call's is none
+    threads = _merged(_cpu_threads(previous), _cpu_threads(current), "torch_threads", "torch_thread_counts", int)
     return {**current, "git_commits": _merged(previous, current, "git_commit", "git_commits"),
             **({"cpu_kernel_sets": kernels} if kernels else {}),
             **({"torch_versions": torches} if torches else {}),
             **({"cuda_devices": gpus} if gpus else {}),
-            **({"world_sizes": sizes} if sizes else {})}
+            **({"world_sizes": sizes} if sizes else {}),
+            **({"torch_thread_counts": threads} if threads else {})}
+
+
+def _cpu_threads(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``record`` (a manifest) as :func:`merged_manifest` reads its thread count: its ``torch_threads`` only where its
+    invocation trained on the CPU (``cpu_kernels`` recorded); a list ``torch_thread_counts`` it holds is read as is."""
+    if not isinstance(record, dict) or isinstance(record.get("cpu_kernels"), str):
+        return record
+    return {k: v for k, v in record.items() if k != "torch_threads"}
 
 
 def git_commit(path: str | Path | None = None) -> str | None:

@@ -154,6 +154,17 @@ def _kernels_text(manifest: dict[str, Any]) -> str:
     return f"; CPU kernels: {kernels}" if isinstance(kernels, str) else ""
 
 
+def _threads_text(manifest: dict[str, Any]) -> str:
+    """The Machine line's torch thread counts (``torch_thread_counts`` of the manifest: every invocation that trained on
+    the CPU) where there were several, else ``""`` (one count, or none recorded: nothing to warn of)."""
+    counts = [n for n in manifest.get("torch_thread_counts") or [] if isinstance(n, int) and not isinstance(n, bool)]
+    if len(counts) > 1:
+        return (f"; torch threads: {', '.join(map(str, counts))} (runs of this comparison were trained on the CPU "
+                f"under {len(counts)} thread counts: a reduction split over another number of threads rounds "
+                "otherwise, so a seed's numbers need not match across them)")
+    return ""
+
+
 def _processes_text(manifest: dict[str, Any]) -> str:
     """The Machine line's processes per run (``world_sizes`` of the manifest: torchrun's world size of each
     invocation that trained), or ``""`` where every run was trained by one process (or none is recorded)."""
@@ -414,7 +425,7 @@ def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[s
           if any(t.folds for t in config.tasks) else []),
         f"- **Machine:** {manifest.get('cpu_model') or manifest.get('processor', '?')}, "
         f"{manifest.get('cpu_count', '?')} CPUs, {manifest.get('machine', '?')}; CUDA: {_cuda_text(manifest)}"
-        f"{_kernels_text(manifest)}{_processes_text(manifest)}",
+        f"{_kernels_text(manifest)}{_threads_text(manifest)}{_processes_text(manifest)}",
         f"- **Versions:** torch {_torch_text(manifest)}, diffusionformer {manifest.get('diffusionformer', '?')}, "
         f"Python {manifest.get('python', '?')}",
         *_default_dtype_line(),
@@ -428,7 +439,8 @@ def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[s
         "",
         "Tables give the mean ± sample standard deviation over seeds of the final evaluation (after the last step; "
         "no early stopping) and each setting's difference to the first one, paired over seeds (a seed fixes the "
-        "initial weights, the batches and the dropout of every setting); the legend under the tables says what "
+        "initial weights, the batches and the dropout of every setting; a model with differential heads draws their "
+        "lambda vectors first, so its other weights start elsewhere); the legend under the tables says what "
         "each column is."
         " Where a task names `select_by`, a second table gives the metric at each run's evaluation with the best "
         "value of that key."

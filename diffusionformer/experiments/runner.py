@@ -254,6 +254,7 @@ def _run_experiment(config: ExperimentConfig, out_root: str | Path, data_root: s
                             earlier = merged_manifest(previous, {})  # what the invocations before this one saw
                             before = earlier.get("cpu_kernel_sets", [])
                             torches = earlier.get("torch_versions", [])
+                            counts = earlier.get("torch_thread_counts", [])
                             write_json_atomic(out / "manifest.json", record)
                         if torches and record["torch"] not in torches:
                             log(f"note: earlier runs of {config.name} were trained with torch {', '.join(torches)}, "
@@ -265,6 +266,12 @@ def _run_experiment(config: ExperimentConfig, out_root: str | Path, data_root: s
                                 f"kernels, these with {record['cpu_kernels']} (another processor, or "
                                 "$ATEN_CPU_CAPABILITY): float rounding differs between kernel sets, so runs of one "
                                 "seed need not match across them; manifest.json lists both")
+                        threads = record.get("torch_threads")
+                        if counts and isinstance(record["cpu_kernels"], str) and threads not in counts:
+                            log(f"note: earlier runs of {config.name} were trained with {', '.join(map(str, counts))} "
+                                f"torch thread(s), these with {threads} (--threads, $OMP_NUM_THREADS or --workers): "
+                                "a CPU reduction split over another number of threads rounds otherwise, so runs of "
+                                "one seed need not match across them; manifest.json lists both")
                         recorded = True
                     result = _one_run(out, task, setting, seed, data, resume, progress, device, log)
                     if result is not None:

@@ -1,7 +1,8 @@
 r"""Statistics of a comparison: paired differences over seeds, their intervals and p-values.
 
 Every setting of a comparison is trained with the same seeds, and a seed fixes the initial
-weights, the batches and the dropout masks (and, for k-fold tasks, the test fold). Runs of
+weights (but for differential heads, whose lambda vectors are drawn first), the batches and the dropout masks
+(and, for k-fold tasks, the test fold). Runs of
 two settings with the same seed are therefore **pairs**: the difference
 :math:`d_s = a_s - b_s` cancels what the seed contributes to both, and the analysis is on the
 :math:`n` differences.
