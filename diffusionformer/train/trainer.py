@@ -199,6 +199,9 @@ class Trainer:
     whole batch (a full-batch node task) averages the gradients of independent dropout draws, not one process's.
     BatchNorm normalises each rank's shard (and micro-batch) by its own statistics (no ``SyncBatchNorm``), so such a
     model's update is not the whole batch's; rank 0's running statistics are kept (every rank evaluates with them).
+    Every trainable parameter must get a gradient at every update (DDP averages them over the ranks): one the loss
+    never uses (an auxiliary head) is refused before the first update, naming it (freeze it); a train metric
+    that ``task.loss`` returns on some ranks only is logged as its mean over those ranks.
 
     Args:
         model: the module to train; moved to the device. Build it after
@@ -684,6 +687,8 @@ class Trainer:
             if A > 1:
                 self._accumulate(window, loss, metrics, ctx.device)
         assert loss_sum is not None and loss_bad is not None
+        if self._ddp is not None:
+            self._refuse_parameters_without_gradient(step)
         if A > 1:
             loss = loss_sum / A
             metrics = {k: v[0] / v[1] for k, v in window.items() if k != "loss"}
@@ -712,6 +717,28 @@ class Trainer:
         else:
             optimizer.step()
         return loss, metrics, bad
+
+    def _refuse_parameters_without_gradient(self, step: int) -> None:
+        """Under DDP, a ValueError naming the trainable parameters the update left without a gradient (a head the task
+        never calls), before the optimiser step. ``DistributedDataParallel`` (built without
+        ``find_unused_parameters``) all-reduces a bucket of gradients only once every parameter in it has one: the
+        others were never averaged, so each rank stepped on its own shard's gradient (replicas no longer equal, a run
+        of one update finished so without a word), and the next forward raised torch's advice to pass an argument
+        the Trainer does not take. One process trains such a model (AdamW skips a parameter without a gradient)."""
+        if all(p.grad is not None for p in self._params):  # no host sync: the common case costs a loop
+            return
+        # (a parameter frozen since the optimiser was built has no gradient and is no update's concern)
+        without = {id(p) for p in self._params if p.requires_grad and p.grad is None}
+        if not without:
+            return
+        missing = [name for name, p in self.model.named_parameters() if id(p) in without] or ["(unnamed)"]
+        raise ValueError(
+            f"Trainer: under DistributedDataParallel ({self.ctx.world_size} processes) every trainable parameter must "
+            f"get a gradient at every update (its gradients are averaged over the ranks), got none for "
+            f"{missing[:6]}{' ...' if len(missing) > 6 else ''} at step {step} on rank {self.ctx.rank} (task.loss did "
+            "not use them): freeze them (requires_grad_(False)) or leave them out of the model, or use them in "
+            "task.loss"
+        )
 
     def _micro_batch(self, split: Any, batch: Any, micro: int, step: int) -> Any:
         A = self.config.grad_accum_steps
@@ -817,12 +844,14 @@ class Trainer:
         return record
 
     def _log_train(self, window: dict[str, list[Any]], done: int, lr: float) -> None:
-        names = sorted(k for k in window if k != "loss")
         # the fp16 skip count is the window's sum (the same on every rank: the scalers see the same gradients); a
         # task's own metric of that name (allowed without fp16) is a mean as any other
         count = _SKIPPED if self._scaler is not None else None
-        means = torch.stack([window[k][0] / (1 if k == count else window[k][1]) for k in ["loss", *names]])
-        values = self.ctx.all_reduce_mean(means).tolist()
+        means = {k: window[k][0] / (1 if k == count else window[k][1]) for k in window}
+        # each value's mean over the ranks that report it (a metric task.loss returns on some shards only)
+        reduced, _ = _mean_over_reporting_ranks(self.ctx, {k: [v] for k, v in means.items()})
+        names = sorted(k for k in reduced if k != "loss")
+        values = torch.stack([reduced[k][0] for k in ["loss", *names]]).tolist()  # one host sync
         metrics = dict(zip(names, values[1:]))
         if count in metrics:
             metrics[count] = int(round(metrics[count]))
@@ -877,13 +906,15 @@ class Trainer:
         """The log window to checkpoint: each sum averaged over ranks (a collective: every rank calls it), with its
         count, the same on every rank. Every rank loads it on resume; as the log averages the ranks' window means, the
         record whose window the checkpoint cut is then the uninterrupted run's (rank 0's sums alone would stand in
-        for every rank's)."""
-        names = sorted(self._window)
-        if not names:
-            return {}
-        sums = self.ctx.all_reduce_mean(torch.stack([self._window[k][0].detach() for k in names])).cpu()
-        # each sum in its own dtype (the stack took the widest): a resumed window adds up as the uninterrupted one
-        return {k: [sums[i].to(self._window[k][0].dtype, copy=True), self._window[k][1]] for i, k in enumerate(names)}
+        for every rank's). A metric only some ranks report is saved as their mean, which every rank then continues:
+        its resumed record equals the uninterrupted one's where the reporting ranks' window means agree, else is
+        near it."""
+        entries = {k: [total.detach(), torch.tensor(count, device=total.device)]
+                   for k, (total, count) in self._window.items()}
+        reduced, dtypes = _mean_over_reporting_ranks(self.ctx, entries)  # (a name some ranks lack: over the others)
+        # each sum in its own dtype (the reduction took the widest): a resumed window adds up as the uninterrupted one
+        return {k: [total.cpu().to(dtypes[k][0], copy=True), max(1, round(count.item()))]
+                for k, (total, count) in reduced.items()}
 
     def _save(self, done: int) -> None:
         finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
@@ -922,6 +953,43 @@ class Trainer:
                        lambda: save_checkpoint(self.checkpoint_path, payload), here=self.ctx.is_main)
         self._last_checkpoint_step = done
         self._last_checkpoint_path = self.checkpoint_path
+
+
+def _mean_over_reporting_ranks(
+    ctx: DistContext, values: dict[str, list[torch.Tensor]]
+) -> tuple[dict[str, list[torch.Tensor]], dict[str, list[torch.dtype]]]:
+    """Each 0-dim tensor of ``values`` (name -> tensors) averaged over the ranks that have the name, under the names of
+    every rank, and each one's dtype (the widest of the ranks'); the means are in the widest dtype of them all (a
+    stack's). A collective: every rank calls it, in the same order. The names are agreed first: task.loss may return
+    a metric on some shards only (a class's accuracy where the shard holds the class), and a reduction of each rank's
+    own names paired unlike values (the mean of two metrics, logged under one of their names) or tensors of unlike
+    sizes (which aborted the process). In one process: ``values`` as given."""
+    if not ctx.is_distributed:
+        return values, {k: [t.dtype for t in ts] for k, ts in values.items()}
+    mine = {k: [str(t.dtype).removeprefix("torch.") for t in ts] for k, ts in values.items()}
+    gathered: list[Any] = [None] * ctx.world_size
+    torch.distributed.all_gather_object(gathered, mine)
+    dtypes: dict[str, list[torch.dtype]] = {}
+    for rank_values in gathered:
+        for k, names in rank_values.items():
+            these = [getattr(torch, n) for n in names]
+            dtypes[k] = these if k not in dtypes else [torch.promote_types(a, b) for a, b in zip(dtypes[k], these)]
+    names = sorted(dtypes)
+    if not names:
+        return {}, {}
+    flat = [t.to(dtype).reshape(()) if k in values else torch.zeros((), dtype=dtype, device=ctx.device)
+            for k in names for t, dtype in zip(values.get(k) or [None] * len(dtypes[k]), dtypes[k])]
+    stacked = torch.stack(flat)  # the widest dtype, the same on every rank (the dtypes are agreed)
+    reporting = torch.tensor([float(k in values) for k in names], dtype=stacked.dtype, device=ctx.device)
+    total = torch.cat([stacked, reporting])
+    torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM)  # Gloo has no AVG
+    sums, counts = total[: len(flat)], total[len(flat):]
+    out: dict[str, list[torch.Tensor]] = {}
+    i = 0
+    for j, k in enumerate(names):
+        out[k] = [sums[i + n] / counts[j] for n in range(len(dtypes[k]))]
+        i += len(dtypes[k])
+    return out, dtypes
 
 
 def _world_sizes(payload: Mapping[str, Any], now: int) -> list[int]:
