@@ -134,12 +134,14 @@ def _bit_equal(x: Any, y: Any) -> bool:
         return all(_bit_equal(a, b) for a, b in params) and _bit_equal(x.int_repr(), y.int_repr())
     if x.layout != torch.strided:  # a sparse buffer: the dense copy below refuses it ("unsupported memory format")
         return _bit_equal(x.to_dense(), y.to_dense())
-    def as_bytes(t: torch.Tensor) -> torch.Tensor:  # a fresh dense copy first: a byte view needs unit stride
-        # conjugate and negative views (saved and loaded as such) materialised first: a byte view refuses them. Not
-        # contiguous(): a one-element view of stride 2 (torch.save keeps a view's strides) is contiguous as it is, and
-        # its byte view failed ("self.stride(-1) must be 1 to view Float as Byte")
-        t = t.detach().resolve_conj().resolve_neg()
-        return t.clone(memory_format=torch.contiguous_format).view(-1).view(torch.uint8)
+    def as_bytes(t: torch.Tensor) -> torch.Tensor:  # contiguous first: a byte view needs unit stride
+        # conjugate and negative views (saved and loaded as such) materialised first: a byte view refuses them
+        flat = t.detach().resolve_conj().resolve_neg().contiguous().view(-1)
+        if flat.stride(0) != 1:  # a one-element view of stride 2 (torch.save keeps a view's strides) or 0 (expand)
+            # is contiguous as it is, and its byte view failed ("self.stride(-1) must be 1 to view Float as Byte"); a
+            # copy of every tensor (one of each state dict's at a time, a model's largest twice) is not needed
+            flat = flat.clone(memory_format=torch.contiguous_format)
+        return flat.view(torch.uint8)
 
     return torch.equal(as_bytes(x), as_bytes(y))
 

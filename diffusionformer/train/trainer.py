@@ -8,7 +8,7 @@ import numbers
 import os
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -199,8 +199,9 @@ class Trainer:
     whole batch (a full-batch node task) averages the gradients of independent dropout draws, not one process's.
     BatchNorm normalises each rank's shard (and micro-batch) by its own statistics (no ``SyncBatchNorm``), so such a
     model's update is not the whole batch's; rank 0's running statistics are kept (every rank evaluates with them).
-    Every trainable parameter must get a gradient at every update (DDP averages them over the ranks): one the loss
-    never uses (an auxiliary head) is refused before the first update, naming it (freeze it); a train metric
+    Every trainable parameter must get a gradient at every update (DDP averages them over the ranks; under
+    ``grad_accum_steps`` from the last micro-batch, the one DDP averages): one the loss never uses (an auxiliary head)
+    is refused before the first update, naming it (freeze it); a train metric
     that ``task.loss`` returns on some ranks only is logged as its mean over those ranks.
 
     Args:
@@ -488,6 +489,8 @@ class Trainer:
         self._last: dict[str, dict[str, Any] | None] = {"train": None, "eval": None}
         # Running sums of the current log window: name -> [sum tensor, count].
         self._window: dict[str, list[Any]] = {}
+        # the names and counts of a window a checkpoint cut, as resumed (the same on every rank), until it is logged
+        self._carried: dict[str, int] = {}
         self._last_checkpoint_step: int | None = None
         self._last_checkpoint_path = self.checkpoint_path
         self._world_sizes = [ctx.world_size]  # the numbers of processes that trained this run, oldest first
@@ -509,6 +512,7 @@ class Trainer:
                         # else a torch.stack error at the next log, or a window mean divided by a count of 0
                         raise ValueError(f"window[{name!r}] must be [a 0-d float tensor, a count >= 1], got {entry!r}")
                     self._window[str(name)] = [total.to(device), count]
+                self._carried = {k: entry[1] for k, entry in self._window.items()}
             self._last_checkpoint_step = start
             self._last_checkpoint_path = Path(payload["_path"])
             self._world_sizes = _world_sizes(payload, ctx.world_size)  # resume=<path>: another folder's, until we save
@@ -588,7 +592,7 @@ class Trainer:
                 self._raise_if_bad(first_bad)  # before anything is logged or saved
             if log:
                 self._log_train(self._window, done, lr)
-                self._window = {}
+                self._window, self._carried = {}, {}
             if evaluate:
                 self._evaluate(done, lr)
             if save:
@@ -637,7 +641,7 @@ class Trainer:
         lr = self._lr(done - 1)  # the learning rate of that last update
         if self._window:
             self._log_train(self._window, done, lr)
-            self._window = {}
+            self._window, self._carried = {}, {}
         if not evaluated:
             self._evaluate(done, lr)
         self._save(done)
@@ -659,11 +663,14 @@ class Trainer:
         # judged in the loss's own dtype (a float64 loss past float32's range is finite), before the log's cast
         loss_bad: torch.Tensor | None = None
         window: dict[str, list[Any]] = {}
+        before: list[Any] | None = None  # under accumulation, the gradients before the last micro-batch's backward
         for micro in range(A):
             part = self._micro_batch(split, batch, micro, step) if A > 1 else batch
             part = to_device(part, ctx.device)
             # DDP all-reduces the gradients on the last micro-batch only.
             sync = self._ddp is None or micro == A - 1
+            if self._ddp is not None and sync and A > 1:
+                before = [(p.grad, p.grad._version) if p.grad is not None else None for p in self._params]
             with (contextlib.nullcontext() if sync else self._ddp.no_sync()):
                 with self._autocast():
                     loss, metrics = self._check_loss(self.task.loss(self._train_model, part), step)
@@ -688,7 +695,7 @@ class Trainer:
                 self._accumulate(window, loss, metrics, ctx.device)
         assert loss_sum is not None and loss_bad is not None
         if self._ddp is not None:
-            self._refuse_parameters_without_gradient(step)
+            self._refuse_parameters_without_gradient(step, before)
         if A > 1:
             loss = loss_sum / A
             metrics = {k: v[0] / v[1] for k, v in window.items() if k != "loss"}
@@ -718,17 +725,24 @@ class Trainer:
             optimizer.step()
         return loss, metrics, bad
 
-    def _refuse_parameters_without_gradient(self, step: int) -> None:
+    def _refuse_parameters_without_gradient(self, step: int, before: list[Any] | None = None) -> None:
         """Under DDP, a ValueError naming the trainable parameters the update left without a gradient (a head the task
         never calls), before the optimiser step. ``DistributedDataParallel`` (built without
         ``find_unused_parameters``) all-reduces a bucket of gradients only once every parameter in it has one: the
         others were never averaged, so each rank stepped on its own shard's gradient (replicas no longer equal, a run
         of one update finished so without a word), and the next forward raised torch's advice to pass an argument
-        the Trainer does not take. One process trains such a model (AdamW skips a parameter without a gradient)."""
-        if all(p.grad is not None for p in self._params):  # no host sync: the common case costs a loop
+        the Trainer does not take. One process trains such a model (AdamW skips a parameter without a gradient).
+        ``before``: under gradient accumulation, each parameter's (gradient, its version) before the last
+        micro-batch's backward, the only one DDP averages (the others ran under ``no_sync``): a gradient the earlier
+        micro-batches left that this backward did not add to (the same tensor, unchanged) was not averaged either."""
+        if before is None and all(p.grad is not None for p in self._params):  # the common case costs a loop
             return
+
+        def untouched(p: torch.Tensor, was: Any) -> bool:  # no gradient from the backward DDP averages
+            return p.grad is None or (was is not None and p.grad is was[0] and p.grad._version == was[1])
         # (a parameter frozen since the optimiser was built has no gradient and is no update's concern)
-        without = {id(p) for p in self._params if p.requires_grad and p.grad is None}
+        without = {id(p) for p, was in zip(self._params, before or [None] * len(self._params))
+                   if p.requires_grad and untouched(p, was)}
         if not without:
             return
         missing = [name for name, p in self.model.named_parameters() if id(p) in without] or ["(unnamed)"]
@@ -736,7 +750,8 @@ class Trainer:
             f"Trainer: under DistributedDataParallel ({self.ctx.world_size} processes) every trainable parameter must "
             f"get a gradient at every update (its gradients are averaged over the ranks), got none for "
             f"{missing[:6]}{' ...' if len(missing) > 6 else ''} at step {step} on rank {self.ctx.rank} (task.loss did "
-            "not use them): freeze them (requires_grad_(False)) or leave them out of the model, or use them in "
+            f"not use them{' in the last of the update micro-batches, whose backward DDP averages' if before else ''})"
+            ": freeze them (requires_grad_(False)) or leave them out of the model, or use them in "
             "task.loss"
         )
 
@@ -849,7 +864,7 @@ class Trainer:
         count = _SKIPPED if self._scaler is not None else None
         means = {k: window[k][0] / (1 if k == count else window[k][1]) for k in window}
         # each value's mean over the ranks that report it (a metric task.loss returns on some shards only)
-        reduced, _ = _mean_over_reporting_ranks(self.ctx, {k: [v] for k, v in means.items()})
+        reduced, _ = _mean_over_reporting_ranks(self.ctx, {k: [v] for k, v in means.items()}, self._carried_only())
         names = sorted(k for k in reduced if k != "loss")
         values = torch.stack([reduced[k][0] for k in ["loss", *names]]).tolist()  # one host sync
         metrics = dict(zip(names, values[1:]))
@@ -906,15 +921,24 @@ class Trainer:
         """The log window to checkpoint: each sum averaged over ranks (a collective: every rank calls it), with its
         count, the same on every rank. Every rank loads it on resume; as the log averages the ranks' window means, the
         record whose window the checkpoint cut is then the uninterrupted run's (rank 0's sums alone would stand in
-        for every rank's). A metric only some ranks report is saved as their mean, which every rank then continues:
-        its resumed record equals the uninterrupted one's where the reporting ranks' window means agree, else is
-        near it."""
+        for every rank's). A metric only some ranks report is saved as their mean, which every rank then holds (the
+        ranks that add to it since make its mean, see :meth:`_carried_only`): its resumed record equals the
+        uninterrupted one's where the reporting ranks' window means and counts agree, else is near it."""
         entries = {k: [total.detach(), torch.tensor(count, device=total.device)]
                    for k, (total, count) in self._window.items()}
-        reduced, dtypes = _mean_over_reporting_ranks(self.ctx, entries)  # (a name some ranks lack: over the others)
+        # (a name some ranks lack: over the others)
+        reduced, dtypes = _mean_over_reporting_ranks(self.ctx, entries, self._carried_only())
         # each sum in its own dtype (the reduction took the widest): a resumed window adds up as the uninterrupted one
         return {k: [total.cpu().to(dtypes[k][0], copy=True), max(1, round(count.item()))]
                 for k, (total, count) in reduced.items()}
+
+    def _carried_only(self) -> set[str]:
+        """The names of the log window that this rank holds only as the resumed checkpoint's (every rank loaded that
+        mean over the ranks reporting the name): no update since added to them here. Such a rank did not report the
+        name (a metric of rank 1's shards only), so it is left out of the name's mean over the ranks, where another
+        rank added to it: else the carried part was counted once more per such rank (a window of 0, 1, 2, 3 that a
+        checkpoint cut after 0, 1 was logged 1.0, not 1.5, beside one rank that held it alone)."""
+        return {k for k, count in self._carried.items() if k in self._window and self._window[k][1] == count}
 
     def _save(self, done: int) -> None:
         finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
@@ -956,14 +980,16 @@ class Trainer:
 
 
 def _mean_over_reporting_ranks(
-    ctx: DistContext, values: dict[str, list[torch.Tensor]]
+    ctx: DistContext, values: dict[str, list[torch.Tensor]], carried: Collection[str] = ()
 ) -> tuple[dict[str, list[torch.Tensor]], dict[str, list[torch.dtype]]]:
     """Each 0-dim tensor of ``values`` (name -> tensors) averaged over the ranks that have the name, under the names of
     every rank, and each one's dtype (the widest of the ranks'); the means are in the widest dtype of them all (a
     stack's). A collective: every rank calls it, in the same order. The names are agreed first: task.loss may return
     a metric on some shards only (a class's accuracy where the shard holds the class), and a reduction of each rank's
     own names paired unlike values (the mean of two metrics, logged under one of their names) or tensors of unlike
-    sizes (which aborted the process). In one process: ``values`` as given."""
+    sizes (which aborted the process). ``carried``: names of ``values`` this rank holds only as every rank does (a
+    resumed log window's, the same on every rank): this rank does not report them, unless no rank does (then each
+    is that carried value). In one process: ``values`` as given."""
     if not ctx.is_distributed:
         return values, {k: [t.dtype for t in ts] for k, ts in values.items()}
     mine = {k: [str(t.dtype).removeprefix("torch.") for t in ts] for k, ts in values.items()}
@@ -977,10 +1003,11 @@ def _mean_over_reporting_ranks(
     names = sorted(dtypes)
     if not names:
         return {}, {}
-    flat = [t.to(dtype).reshape(()) if k in values else torch.zeros((), dtype=dtype, device=ctx.device)
+    reports = {k for k in values if k not in carried}
+    flat = [t.to(dtype).reshape(()) if k in reports else torch.zeros((), dtype=dtype, device=ctx.device)
             for k in names for t, dtype in zip(values.get(k) or [None] * len(dtypes[k]), dtypes[k])]
     stacked = torch.stack(flat)  # the widest dtype, the same on every rank (the dtypes are agreed)
-    reporting = torch.tensor([float(k in values) for k in names], dtype=stacked.dtype, device=ctx.device)
+    reporting = torch.tensor([float(k in reports) for k in names], dtype=stacked.dtype, device=ctx.device)
     total = torch.cat([stacked, reporting])
     torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM)  # Gloo has no AVG
     sums, counts = total[: len(flat)], total[len(flat):]
@@ -988,6 +1015,9 @@ def _mean_over_reporting_ranks(
     i = 0
     for j, k in enumerate(names):
         out[k] = [sums[i + n] / counts[j] for n in range(len(dtypes[k]))]
+        if k in values and k not in reports:  # no host sync: the carried value where no rank added to it
+            out[k] = [torch.where(counts[j] > 0, mean, t.to(mean.dtype).reshape(()))
+                      for mean, t in zip(out[k], values[k])]
         i += len(dtypes[k])
     return out, dtypes
 
