@@ -133,7 +133,10 @@ def _bit_equal(x: Any, y: Any) -> bool:
                       (x.q_per_channel_zero_points(), y.q_per_channel_zero_points())]
         return all(_bit_equal(a, b) for a, b in params) and _bit_equal(x.int_repr(), y.int_repr())
     if x.layout != torch.strided:  # a sparse buffer: the dense copy below refuses it ("unsupported memory format")
-        return _bit_equal(x.to_dense(), y.to_dense())
+        # its stored indices and values, bit for bit (as saved: torch.save keeps them, coalesced or not); not its dense
+        # copy, which adds each value to a zero: a stored -0.0 came out 0.0, equal to a stored 0.0
+        x, y = x.to_sparse_coo(), y.to_sparse_coo()  # CSR, CSC, BSR, BSC: the same indices and values as COO
+        return _bit_equal(x._indices(), y._indices()) and _bit_equal(x._values(), y._values())
     def as_bytes(t: torch.Tensor) -> torch.Tensor:  # contiguous first: a byte view needs unit stride
         # conjugate and negative views (saved and loaded as such) materialised first: a byte view refuses them
         flat = t.detach().resolve_conj().resolve_neg().contiguous().view(-1)
