@@ -11,10 +11,12 @@ single-process references are trained in the test process.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -203,39 +205,26 @@ def _namespace() -> dict:
     return ns
 
 
-def _launch(script: Path, out: Path, cwd: Path) -> None:
-    """``launch_gloo_ranks`` of tests/train/train_tiny_tasks.py (loaded by path: tests/train is not on this folder's
-    path)."""
+@functools.cache
+def _tiny_tasks() -> Any:
+    """tests/train/train_tiny_tasks.py (loaded by path: tests/train is not on this folder's path)."""
     spec = importlib.util.spec_from_file_location("_tiny_tasks_54f", REPO / "tests" / "train" / "train_tiny_tasks.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.launch_gloo_ranks(script, [str(out)], cwd, timeout=90.0)
+    return module
+
+
+def _launch(script: Path, out: Path, cwd: Path) -> None:
+    _tiny_tasks().launch_gloo_ranks(script, [str(out)], cwd, timeout=90.0)
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("ddp54f")
-    script = tmp / "worker.py"
-    script.write_text(_WORKER)
-    out = tmp / "out"
-    out.mkdir()
-    try:
-        _launch(script, out, tmp)
-    except AssertionError as err:  # a rank that failed: each test reads the scenarios that finished
-        (out / "launch_error.txt").write_text(str(err))
-    return out
+    return _tiny_tasks().launch_scenarios(_WORKER, tmp_path_factory.mktemp("ddp54f"))
 
 
 def _scenario(out: Path, name: str) -> list[dict]:
-    got = []
-    for rank in range(2):
-        path = out / f"{name}_rank{rank}.json"
-        if not path.exists():
-            launch = out / "launch_error.txt"
-            pytest.fail(f"scenario {name} did not finish on rank {rank}: "
-                        f"{launch.read_text()[-3000:] if launch.exists() else 'no file'}")
-        got.append(json.loads(path.read_text()))
-    return got
+    return _tiny_tasks().read_scenario(out, name)
 
 
 def _check_weights(out: Path, tag: str, single: torch.nn.Module) -> None:

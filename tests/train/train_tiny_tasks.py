@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -226,3 +227,33 @@ def launch_gloo_ranks(script: Path, args: list[str], cwd: Path, world_size: int 
     for r, (p, text) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0, f"rank {r} failed:\n{text[-4000:]}"
     return outputs
+
+
+def launch_scenarios(worker: str, tmp: Path, timeout: float = 90.0) -> Path:
+    """Write ``worker`` to ``tmp/worker.py`` and run it on two ranks (:func:`launch_gloo_ranks`) with the folder
+    ``tmp/out`` as its argument, into which it writes ``<scenario>_rank<r>.json`` as each scenario ends; returns that
+    folder. A rank that failed is recorded in its ``launch_error.txt``, not raised: each test reads the scenarios
+    that finished (:func:`read_scenario`)."""
+    script = tmp / "worker.py"
+    script.write_text(worker)
+    out = tmp / "out"
+    out.mkdir()
+    try:
+        launch_gloo_ranks(script, [str(out)], tmp, timeout=timeout)
+    except AssertionError as err:  # a rank that failed: each test reads the scenarios that finished
+        (out / "launch_error.txt").write_text(str(err))
+    return out
+
+
+def read_scenario(out: Path, name: str, world_size: int = 2) -> list[dict]:
+    """Each rank's record of scenario ``name`` from a :func:`launch_scenarios` folder; a scenario that did not finish
+    on a rank fails with the launch's error."""
+    got = []
+    for rank in range(world_size):
+        path = out / f"{name}_rank{rank}.json"
+        if not path.exists():
+            launch = out / "launch_error.txt"
+            raise AssertionError(f"scenario {name} did not finish on rank {rank}: "
+                                 f"{launch.read_text()[-3000:] if launch.exists() else 'no file'}")
+        got.append(json.loads(path.read_text()))
+    return got
