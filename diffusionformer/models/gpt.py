@@ -413,7 +413,10 @@ class DiffusionGPT(nn.Module):
         block_size = int(block_size)
         if self.pos_emb is not None:
             old = self.pos_emb.weight
-            self.pos_emb.weight = nn.Parameter(old[:block_size].clone(), requires_grad=old.requires_grad)
+            # made outside inference mode: cropped under torch.inference_mode (a served model), the new weight was
+            # an inference tensor, which a later load_state_dict or optimiser step refused to update in place
+            with torch.inference_mode(False):
+                self.pos_emb.weight = nn.Parameter(old[:block_size].clone(), requires_grad=old.requires_grad)
             self.pos_emb.num_embeddings = block_size
         # a copy: set in place, the config shared with another model built from it cut that model's context too
         self.config = replace(self.config, block_size=block_size)
