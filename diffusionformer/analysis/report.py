@@ -105,10 +105,14 @@ def _valid(X: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def _sequence_means(X: Tensor, mask: Tensor | None) -> Tensor:
+    # around each sequence's first token (real tokens are a prefix; an empty sequence's mean is 0), so a sequence of
+    # equal tokens has exactly that token as its mean: its centred tokens are 0, not a spectrum of rounding noise
     if mask is None:
-        return X.mean(dim=1)
+        first = X[:, 0]
+        return first + (X - first.unsqueeze(1)).mean(dim=1)
     m = mask.to(X.dtype).unsqueeze(-1)
-    return (X * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
+    first = X[:, 0] * m[:, 0]
+    return first + ((X - first.unsqueeze(1)) * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
 
 
 def _num_classes(y: Tensor, min_count: int = 1) -> int:

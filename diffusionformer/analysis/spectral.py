@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from diffusionformer.analysis.metrics import (
+    _centre,
     _check_choice,
     _check_dense,
     _check_flag,
@@ -82,10 +83,8 @@ def token_singular_values(X: Tensor, *, center: str = "sequence", pool: bool = T
     own = not pool and center != "global"
     _, exponent = torch.frexp(X.detach().abs().amax(dim=(1, 2), keepdim=True) if own else X.detach().abs().amax())
     X = _times_pow2(X, -exponent)
-    if center == "sequence":
-        X = X - X.mean(dim=1, keepdim=True)
-    elif center == "global":
-        X = X - X.mean(dim=(0, 1))
+    if center != "none":  # exactly 0 for equal tokens (a collapsed batch): no spectrum of rounding noise
+        X = _centre(X, 1 if center == "sequence" else (0, 1))
     if pool:
         X = X.reshape(B * T, D)
     return _times_pow2(torch.linalg.svdvals(X), exponent.reshape(B, 1) if own else exponent)
