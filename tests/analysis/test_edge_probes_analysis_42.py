@@ -181,7 +181,13 @@ def test_bug_capture_of_a_batch_whose_graphs_have_no_nodes(order):
 
     for i in ref.attentions:  # the same weighted edges (each call's graph orders them its own way)
         torch.testing.assert_close(weighted_edges(got, i), weighted_edges(ref, i))
-    assert [r.metrics for r in layer_reports(got)] == [r.metrics for r in layer_reports(ref)]
+    # the same metrics up to float32 rounding: a graph's states computed alone and inside a batch may round apart
+    # (the states above agree within assert_close's float32 tolerance; bit equality held on some CPUs only)
+    for a, b in zip(layer_reports(got), layer_reports(ref), strict=True):
+        assert a.metrics.keys() == b.metrics.keys()
+        for key in b.metrics:
+            want = b.metrics[key]
+            assert a.metrics[key] == (want if want is None else pytest.approx(want, rel=1e-5, abs=1e-6)), key
     empty_first = [singles[order.index(0)]] + [s for s in singles if s[0].num_nodes]
     first_empty = capture_dataset(model, empty_first, attentions=True, max_attention_examples=1)
     assert first_empty.attentions is None and first_empty.num_attention_examples == 0  # its one example has no edge
