@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import numbers
 from collections.abc import Mapping
@@ -22,6 +21,12 @@ _AMP_CHOICES = ("auto", "bf16", "fp16", "off")
 _AMP_ALIASES = {"fp32": "off", "float32": "off", "none": "off", "no": "off", "bfloat16": "bf16", "float16": "fp16",
                 "half": "fp16"}
 _LOGGER_CHOICES = ("jsonl", "csv", "tensorboard")  # = loggers.LOGGER_CHOICES (no import cycle)
+# other trainers' names of a field (nanoGPT, timm/DINO, Hugging Face, Lightning), which spelling alone hinted wrongly
+# ("max_lr" -> 'min_lr', "total_steps" -> 'eval_steps', "weight_decay_rate" -> 'weight_decay_rule') or not at all
+_KEY_ALIASES = {"learning_rate": "lr", "max_lr": "lr", "peak_lr": "lr", "base_lr": "lr", "min_learning_rate": "min_lr",
+                "total_steps": "max_steps", "weight_decay_rate": "weight_decay", "wd": "weight_decay",
+                "clip_grad": "grad_clip", "clip_grad_norm": "grad_clip", "max_grad_norm": "grad_clip",
+                "accumulate_grad_batches": "grad_accum_steps"}
 
 
 def _type_name(value: Any) -> str:
@@ -299,10 +304,9 @@ class TrainConfig:
         errors: list[Exception] = []  # every unknown key and every problem of the known ones, not the first alone
         for key in data:
             if key not in names:
-                close = difflib.get_close_matches(str(key).lower(), names, n=1)  # "LR" -> 'lr'
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                errors.append(ValueError(
-                    f"unknown TrainConfig key {key!r}{hint}; valid keys: {', '.join(names)}"
+                errors.append(ValueError(  # "LR" -> 'lr', "learning_rate" -> 'lr'
+                    f"unknown TrainConfig key {key!r}{_choice_hint(str(key), names, _KEY_ALIASES)}; valid keys: "
+                    f"{', '.join(names)}"
                 ))
         try:
             config = cls(**{k: v for k, v in data.items() if k in names})

@@ -27,11 +27,11 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_s
     scheduler state beyond the step.
 
     Args:
-        step: number of updates already done (``>= 0``).
-        lr: peak learning rate (``>= 0``).
-        min_lr: final learning rate (``>= 0``).
-        warmup_steps: ``W >= 0``.
-        decay_steps: ``D >= W``.
+        step: number of updates already done (a whole number ``>= 0``).
+        lr: peak learning rate (a real number ``>= 0``).
+        min_lr: final learning rate (a real number ``>= 0``).
+        warmup_steps: ``W >= 0``, a whole number of updates.
+        decay_steps: ``D >= W``, a whole number of updates.
 
     Examples:
         >>> [cosine_lr(s, lr=1.0, min_lr=0.0, warmup_steps=3, decay_steps=5) for s in range(7)]
@@ -42,15 +42,19 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_s
             raise TypeError(f"cosine_lr: expected {name} an int >= 0, got {type(value).__name__} ({value!r})")
     if not step >= 0:  # NaN too: it fell through every branch and came back as a NaN learning rate
         raise ValueError(f"cosine_lr: expected step >= 0, got {step}")
-    if not isinstance(step, numbers.Integral) and not float(step).is_integer():  # 1.5 or inf: a rate of no update
-        raise ValueError(f"cosine_lr: expected step a whole number of updates, got {step}")
     if not warmup_steps >= 0:  # NaN too: it failed every comparison and the cosine came back NaN
         raise ValueError(f"cosine_lr: expected warmup_steps >= 0, got {warmup_steps}")
     if not decay_steps >= warmup_steps:
         raise ValueError(
             f"cosine_lr: expected decay_steps >= warmup_steps ({warmup_steps}), got {decay_steps}"
         )
+    # step 1.5 or inf: a rate of no update; a warm-up of 2.5 updates peaked at no update, one of inf gave rate 0
+    for name, value in (("step", step), ("warmup_steps", warmup_steps), ("decay_steps", decay_steps)):
+        if not isinstance(value, numbers.Integral) and not float(value).is_integer():
+            raise ValueError(f"cosine_lr: expected {name} a whole number of updates, got {value}")
     for name, value in (("lr", lr), ("min_lr", min_lr)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):  # True read as 1.0; "3e-4" a bare TypeError
+            raise TypeError(f"cosine_lr: expected {name} a float >= 0, got {type(value).__name__} ({value!r})")
         try:
             finite = math.isfinite(value)
         except OverflowError:  # an int beyond the float range: a bare "int too large to convert to float"

@@ -433,7 +433,9 @@ class Trainer:
     def _check_same_training_state(self, payload: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> None:
         """Refuse a checkpoint whose tensors load, but into another run: ``load_state_dict`` casts a float64 state
         into a float32 model, and hands the Adam moments of one parameter to another of the same size when the
-        frozen parameters changed (it matches parameters by position, and only counts them), both without a word."""
+        frozen parameters changed (it matches parameters by position, and only counts them), both without a word; and
+        name the parameters frozen or unfrozen since where the counts differ (its "parameter group that doesn't match
+        the size of optimizer's group" names none)."""
         path = payload["_path"]
         saved_optimizer = payload["optimizer"]
         groups = saved_optimizer.get("param_groups") if isinstance(saved_optimizer, Mapping) else None
@@ -441,8 +443,9 @@ class Trainer:
                                             and isinstance(g.get("params"), list) for g in groups):
             saved = [list(g["names"]) for g in groups]
             now = [list(g["names"]) for g in optimizer.param_groups]
-            sizes = [len(g["params"]) for g in groups] == [len(g["params"]) for g in optimizer.param_groups]
-            if sizes and saved != now:  # other sizes: load_state_dict refuses them (an entry that does not fit)
+            # the same number of groups: a parameter frozen or trained since (other sizes, which load_state_dict
+            # refuses without naming it) or two swapped of one count (whose moments it would hand over by position)
+            if len(saved) == len(now) and saved != now:  # another number: a damaged entry that does not fit
                 saved_names, now_names = {str(n) for g in saved for n in g}, {str(n) for g in now for n in g}
                 only_saved, only_now = sorted(saved_names - now_names), sorted(now_names - saved_names)
                 what = (f"trained only in the checkpoint: {only_saved[:4]}; trained only now: {only_now[:4]}"
