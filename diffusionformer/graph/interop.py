@@ -17,6 +17,7 @@ from diffusionformer.graph.core import (
     _check_strided,
     _edge_index_shape_error,
 )
+from diffusionformer.ops._checks import check_index_range
 
 __all__ = ["from_edge_index", "from_networkx", "from_pyg"]
 
@@ -41,6 +42,9 @@ def _set_self_loops(edge_index: Tensor, num_nodes: int, self_loops: bool | None)
     if edge_index.device.type == "meta":  # PyG's self-loop surgery reads the edges (else a NotImplementedError)
         raise ValueError(f"self_loops={self_loops} needs the values of edge_index, which is on the meta device: "
                          "add or remove the self loops on a real device")
+    # the bounds before the surgery (CPU eager only, as the kernel's check): remove_self_loops dropped a self loop
+    # out of range ((N, N), (-1, -1)) silently, and the error on another bad edge showed the added loops' range
+    check_index_range("edge_index", edge_index, "num_nodes", num_nodes)
     edge_index, _ = remove_self_loops(edge_index)
     if self_loops:
         edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
@@ -63,7 +67,9 @@ def from_edge_index(
         batch: graph of every node (``(N,)``), as in a PyG ``Batch``.
         self_loops: ``None`` keeps the edges as they are; ``True`` gives every node exactly one
             self loop (:func:`~torch_geometric.utils.remove_self_loops` then
-            :func:`~torch_geometric.utils.add_self_loops`); ``False`` removes them.
+            :func:`~torch_geometric.utils.add_self_loops`); ``False`` removes them. Either way the
+            edges are first checked against ``num_nodes`` (in eager mode on CPU, ``checked`` or not),
+            so a self loop out of range is refused, not removed.
         checked: ``False`` leaves the bounds check (a host synchronisation) to the kernel, which
             runs it once per call (see :class:`AttentionGraph`); models that build a graph per
             batch use it.
@@ -92,7 +98,8 @@ def from_pyg(data: Any, *, self_loops: bool | None = None, layout: str = "sparse
             (``edge_index``, ``num_nodes`` and, for a batch, ``batch``).
         self_loops: ``None`` keeps the edges as they are; ``True`` gives every node exactly one
             self loop (:func:`~torch_geometric.utils.remove_self_loops` then
-            :func:`~torch_geometric.utils.add_self_loops`); ``False`` removes them.
+            :func:`~torch_geometric.utils.add_self_loops`); ``False`` removes them (the edges are
+            checked against ``num_nodes`` first: a self loop out of range is refused, not removed).
         layout: ``"sparse"`` or ``"dense"`` (:meth:`AttentionGraph.to_dense`: ``x`` goes through
             :func:`torch_geometric.utils.to_dense_batch`).
 

@@ -144,9 +144,10 @@ def _conv_edges(edge_index: Any, num_nodes: int, dtype: torch.dtype) -> Any:
     mode); a torch sparse adjacency, which PyG's convolutions read as ``adj_t`` (row ``i`` lists the sources of target
     ``i``, the transpose of the adjacency), checked to be ``(N, N)`` (else a bare error from torch's matmul) in the
     COO, CSR or CSC layout, its values cast to the model's ``dtype`` (as ``x`` is; float32 values in a float64
-    model, or integer ones, were a bare dtype error from torch's matmul) and an uncoalesced COO one coalesced
+    model, or integer ones, were a bare dtype error from torch's matmul), an uncoalesced COO one coalesced
     into a new tensor (PyG's ``to_edge_index`` flags its input coalesced in place, unsorted: the caller's
-    tensor then gave a wrong ``to_sparse_csr()`` and wrong results in the next model); other objects (a
+    tensor then gave a wrong ``to_sparse_csr()`` and wrong results in the next model) and a CSC one handed to PyG
+    as CSR (GCN's ``gcn_norm`` raised ``NotImplementedError`` for CSC); other objects (a
     ``torch_sparse.SparseTensor``) passed to PyG as they are."""
     if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided:
         return _sized_edge_index(check_edge_index(edge_index, num_nodes), num_nodes)
@@ -161,6 +162,8 @@ def _conv_edges(edge_index: Any, num_nodes: int, dtype: torch.dtype) -> Any:
     _check_real_features(edge_index=edge_index)  # its values weight the edges
     if edge_index.layout == torch.sparse_coo and not edge_index.is_coalesced():
         edge_index = edge_index.coalesce()
+    elif edge_index.layout == torch.sparse_csc:  # the same matrix, in the layout gcn_norm takes
+        edge_index = edge_index.to_sparse_csr()
     return edge_index.to(dtype)
 
 

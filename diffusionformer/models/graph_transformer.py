@@ -18,7 +18,7 @@ from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.block import make_mlp, make_norm, resolve_layer_heads
 from diffusionformer.nn.heads import _layout_as_read, _own_operators
 from diffusionformer.nn.edge_features import _check_edge_operators, edge_feature_attention
-from diffusionformer.ops._checks import _vmapped, checks_values
+from diffusionformer.ops._checks import _vmapped, check_index_range, checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools,
                                            _check_graph_devices, _check_graph_task, _check_mlp_ratio, _check_num_graphs,
@@ -264,6 +264,9 @@ class GraphBlock(nn.Module):
         if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[-1] != self.attn.dim:  # else the norm's bare
             # "Given normalized_shape=[8], expected input with shape [*, 8]", naming neither the block nor dim
             raise ValueError(f"GraphBlock: x must have last dimension dim={self.attn.dim}, got shape {tuple(x.shape)}")
+        if not isinstance(graph, (Tensor, AttentionGraph)):  # else "'list' object has no attribute 'batch'"
+            raise TypeError(f"GraphBlock: graph must be an AttentionGraph or an edge_index tensor of shape (2, E), "
+                            f"got {type(graph).__name__}")
         # no node: an AttentionGraph needs one ("num_nodes must be >= 1", an argument the call never gave); the edges
         # go to the layers as edge_index, which map no node to none and check them
         no_nodes = isinstance(graph, Tensor) and x.dim() == 2 and x.shape[0] == 0
@@ -409,6 +412,8 @@ class DiffusionGraphTransformer(nn.Module):
             _import_pyg()
             from torch_geometric.utils import add_self_loops, remove_self_loops
 
+            # the bounds before the surgery, as from_edge_index (an out-of-range self loop was removed silently)
+            check_index_range("edge_index", edge_index, "num_nodes", num_nodes)
             edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
             edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=0.0, num_nodes=num_nodes)
         return edge_index, edge_attr
@@ -452,7 +457,8 @@ class DiffusionGraphTransformer(nn.Module):
                 or under :func:`torch.compile`.
             edge_attr: edge features ``(E, edge_dim)`` (required when ``edge_dim`` is set). With
                 ``self_loops``, the self loops given are replaced by one per node with zero
-                features (as :class:`~torch_geometric.nn.conv.GATConv` fills them).
+                features (as :class:`~torch_geometric.nn.conv.GATConv` with ``fill_value=0.0`` fills
+                them; its default ``fill_value="mean"`` gives a loop the mean of the node's in-edge features).
             pe: positional encoding ``(N, pe_dim)`` (required when ``pe`` is set), e.g. from
                 :func:`positional_encoding_transform`; added to the node embedding through a
                 linear map. Laplacian eigenvectors get a random sign per column in training.
