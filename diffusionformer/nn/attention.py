@@ -2,6 +2,7 @@ r"""``DiffusionAttention``: multi-head attention whose heads are diffusion opera
 
 from __future__ import annotations
 
+import math
 import numbers
 import threading
 from collections.abc import Sequence
@@ -282,16 +283,13 @@ class DiffusionAttention(nn.Module):
         # Fixed coefficients (attention, Laplacian, fixed heat/PPR) are handed to the functional
         # API as Python floats: static coefficients let it take the fused path (one attention
         # call and an in-place combination for degree <= 1) without reading a device tensor.
-        static = [op.static_coefficients() for op in ops]
+        static = [_static_row(op) for op in ops]
         self._static_coefficients: tuple[tuple[float, ...], ...] | None = None
         if all(s is not None for s in static) and all(self._polynomial):
             rows: list[tuple[float, ...]] = []
-            for op, s, count in zip(ops, static, counts):
+            for s, count in zip(static, counts):
                 assert s is not None
-                if len(s) > op.degree + 1:  # the engine would drop P^(K+1).. silently
-                    raise ValueError(f"{type(op).__name__}.static_coefficients() must have degree + 1 = "
-                                     f"{op.degree + 1} entries, got {len(s)}")
-                rows += [tuple(float(c) for c in s) + (0.0,) * (self.max_degree + 1 - len(s))] * count
+                rows += [s + (0.0,) * (self.max_degree + 1 - len(s))] * count
             self._static_coefficients = tuple(rows)
             # validated here, once: every call hands the same tuples to the engine
             static_coefficients(self._static_coefficients, self.num_heads)
@@ -323,7 +321,7 @@ class DiffusionAttention(nn.Module):
                 if not op.is_polynomial:
                     row = (0.0, 0.0)
                 elif st is not None and op.degree <= 1:
-                    row = (float(st[0]), float(st[1]) if op.degree == 1 else 0.0)
+                    row = (st[0], st[1] if op.degree == 1 else 0.0)
                 else:
                     continue
                 heads += range(start, start + count)
@@ -961,6 +959,31 @@ class DiffusionAttention(nn.Module):
         """
         self._check_plan()  # a non-operator module had no .spec() (AttributeError); a missing operator was left out
         return ",".join(f"{_group_spec(op, count)}:{count}" for op, (_, count) in zip(self.operators, self._groups))
+
+
+def _static_row(op: DiffusionOperator) -> tuple[float, ...] | None:
+    """A polynomial operator's ``static_coefficients()`` as floats, padded with zeros to ``degree + 1`` entries
+    (``None`` when it has none, or is no polynomial). The layer trusts them in place of ``coefficients()``, so they
+    are refused naming the operator when they are not finite numbers (else the engine's "coeffs must be finite",
+    naming none, or float()'s "could not convert") or too many (the engine would drop ``P^(K+1)..`` silently); a
+    degree-1 head beside learned heads read ``c_1`` of a shorter tuple: an IndexError."""
+    s = op.static_coefficients() if op.is_polynomial else None
+    if s is None:
+        return None
+    try:
+        row = tuple(float(c) for c in s)
+    except (TypeError, ValueError):  # strings, a nested ((c0, c1),)
+        row = ()
+    if not row:
+        raise TypeError(f"operator {_label(op)}: static_coefficients() must return a flat tuple of degree + 1 numbers "
+                        f"(c_0, ..., c_K), got {s!r}")
+    if not all(math.isfinite(c) for c in row):
+        raise ValueError(f"operator {_label(op)}: static_coefficients() must return finite numbers (coeffs must be "
+                         f"finite), got {s!r}")
+    if len(row) > op.degree + 1:
+        raise ValueError(f"{type(op).__name__}.static_coefficients() must have degree + 1 = {op.degree + 1} entries, "
+                         f"got {len(row)}")
+    return row + (0.0,) * (op.degree + 1 - len(row))
 
 
 def _lost_first_values_gradient() -> RuntimeError:

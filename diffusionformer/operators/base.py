@@ -292,6 +292,9 @@ class DiffusionOperator(nn.Module):
                              f"P^0), got shape {tuple(c.shape)}")
         if c.dtype == torch.bool or c.is_complex():  # a cast would read True as 1 or drop the imaginary part
             raise TypeError(f"{type(self).__name__}.coefficients() must be a real tensor, got {c.dtype}")
+        if checks_values(c) and not torch.isfinite(c.detach()).all():  # else the engine's "coeffs", naming no operator
+            raise ValueError(f"operator {_label(self)}: coeffs must be finite, got {c.detach().tolist()} from its "
+                             "coefficients() (training diverged, or a parameter was set to NaN/inf)")
         if c.dim() == 1:
             return c.unsqueeze(0).expand(G, -1)
         if c.shape[0] == 1 and G != 1:

@@ -297,5 +297,12 @@ def _head_output(op: object, call: str, y: object, like: Tensor, like_name: str)
 
 
 def _matrix_output(op: object, apply: Any, P: Tensor, v: Tensor) -> Tensor:
-    """``apply(P, v)`` (an operator's ``apply_matrix`` or ``apply_causal_matrix``), checked by :func:`_head_output`."""
-    return _head_output(op, f"{apply.__name__}(P, v)", apply(P, v), v, "v")
+    """``apply(P, v)`` (an operator's ``apply_matrix`` or ``apply_causal_matrix``), checked by :func:`_head_output` and
+    refused unless in the dtype of ``v`` (the harness's law): float64 for float32 ``v`` failed in the layer's
+    ``index_add`` with torch's "same scalar type", naming no operator, and was cast back silently by cached decoding."""
+    call = f"{apply.__name__}(P, v)"
+    y = _head_output(op, call, apply(P, v), v, "v")
+    if y.dtype != v.dtype:
+        raise ValueError(f"{type(op).__name__}.{call} must return the output of its heads in the dtype of v "
+                         f"({v.dtype}), got {y.dtype}: cast it back (y.to(v.dtype))")
+    return y

@@ -440,11 +440,15 @@ def polynomial(
 def _propagated(backend: Backend, x: Tensor, heads: Heads) -> Tensor:
     """``backend.propagate(x, heads)``, refused unless it is a tensor of the shape of ``x`` (``P`` is square):
     the sums would broadcast a wrong shape silently. A shape comparison, no synchronisation."""
-    y = backend.propagate(x, heads)
+    return _shaped_as(backend, "propagate(x, heads) must return P x", backend.propagate(x, heads), x)
+
+
+def _shaped_as(backend: Backend, what: str, y: object, x: Tensor) -> Tensor:
+    """``y``, what ``backend`` returned for ``x``, refused with ``what`` unless a tensor of the shape of ``x``."""
     if not isinstance(y, Tensor) or y.shape != x.shape:
         got = tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__
-        raise ValueError(f"back-end {backend.name or type(backend).__name__!r}: propagate(x, heads) must return P x, "
-                         f"of the shape of x {tuple(x.shape)}, got {got}")
+        raise ValueError(f"back-end {backend.name or type(backend).__name__!r}: {what}, of the shape of x "
+                         f"{tuple(x.shape)}, got {got}")
     return y
 
 
@@ -791,8 +795,8 @@ def affine(backend: Backend, v: Tensor, c0: Sequence[float], c1: Sequence[float]
     Shapes:
         ``v``: heads along ``backend.head_axis``; ``c0``, ``c1``: ``H`` floats -> the shape of ``v``.
     """
-    if backend.fused_affine:
-        return backend.affine(v, c0, c1)
+    if backend.fused_affine:  # checked as propagate is: a wrong shape broadcast or failed in the layer's reshape
+        return _shaped_as(backend, "affine(v, c0, c1) must return c0 v + c1 P v", backend.affine(v, c0, c1), v)
     dim = backend.head_axis
     y = _propagated(backend, v, all_heads(v.shape[dim]))
     runs = affine_runs(c0, c1)
