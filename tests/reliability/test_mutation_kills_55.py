@@ -85,4 +85,3 @@ def test_kills_layer_reports_layers_of_different_lengths():
     cap = LayerCapture({0: torch.randn(2, 3, 4), 1: torch.randn(2, 5, 4)})
     with pytest.raises(ValueError, match="every layer must hold the same sequences"):
         layer_reports(cap)
-
