@@ -59,14 +59,16 @@ def _leaves(*shape, scale=1.0, seed=0):
     return [(torch.randn(*shape, generator=g) * scale).to(DEVICE).requires_grad_() for _ in range(3)]
 
 
-def _check(ops, q, k, v, c, tol, is_causal=False, bias=None):
-    """Output and gradients of q, k, v and c against :func:`_reference`."""
+def _check(ops, q, k, v, c, tol, is_causal=False, bias=None, grad_tol=None):
+    """Output and gradients of q, k, v and c against :func:`_reference` (gradients within ``grad_tol``, default
+    ``tol``)."""
     out = ops.polynomial_attention(q, k, v, c, is_causal=is_causal, attn_mask=bias)
     ref = _reference(q, k, v, c, is_causal, bias)
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
     go = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(out)
     got = torch.autograd.grad(out, (q, k, v, c), go)
     want = torch.autograd.grad(ref, (q, k, v, c), go.double())
+    tol = tol if grad_tol is None else grad_tol
     for name, a, b in zip("qkvc", got, want):
         torch.testing.assert_close(a.double(), b.double(), rtol=tol, atol=tol * (1 + b.abs().max().item()), msg=lambda m, n=name: f"d{n}: {m}")
 
@@ -105,7 +107,11 @@ def test_large_logits_match_float64(triton_attention):
         q.mul_(100.0)
         k.mul_(100.0)
     c = torch.tensor([[0.1, 0.5, 0.4], [1.0, -1.0, 0.2]], device=DEVICE, requires_grad=True)
-    _check(triton_attention, q, k, v, c, 1e-4)
+    # the backward recomputes P from the float32 log-sum-exp L (|L| ~ 4.8e4 here: rounded by up to 2^-24 |L| ~ 3e-3),
+    # as flash attention does: its gradients carry that relative error (the output's first power does not); how the
+    # rounding falls depends on the CPU (1e-4 held on a Xeon, 2.3e-3 in dv on an AVX-512 EPYC)
+    L = (q.detach().double() @ k.detach().double().transpose(-2, -1)).abs().max().item() / 8**0.5 * math.log2(math.e)
+    _check(triton_attention, q, k, v, c, 1e-4, grad_tol=2 * L * 2.0**-24)
 
 
 def test_dropout_at_zero_and_at_a_rate_rounding_to_zero_is_no_dropout(triton_attention):
