@@ -531,6 +531,8 @@ def _check_capture_shapes(capture: LayerCapture) -> None:
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (B, T):
         got = f"{mask.dtype} of shape {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
         raise ValueError(f"capture.mask must be a bool tensor of shape ({B}, {T}) (True = a real token), got {got}")
+    if not bool(mask.any()):  # else "s must be non-empty" from a spectrum, an argument the user never passed
+        raise ValueError(f"capture.mask marks no real token (all {B * T} are padding): there is nothing to measure")
     if T > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
         raise ValueError("capture.mask must mark a prefix of each row (real tokens first, then padding), got a row "
                          f"with a real token after padding: row {int((mask[:, 1:] & ~mask[:, :-1]).any(dim=1).nonzero()[0])}")
