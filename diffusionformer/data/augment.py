@@ -90,7 +90,9 @@ def crop_boxes(u: Tensor, scale: tuple[float, float], ratio: tuple[float, float]
         u: uniforms in ``[0, 1]``: area, log-ratio, centre x, centre y and (optional) flip
             sign (``u[:, 4] < 0.5``: flip; pass 1 to never flip).
         scale: range of the area fraction, within ``(0, 1]``.
-        ratio: range of the aspect ratio ``w / h``.
+        ratio: range of the aspect ratio ``w / h`` of the side fractions: on an ``H x W`` image the crop's
+            aspect ratio in pixels is ``r W / H`` (torchvision's ``ratio`` is in pixels; the two agree on square
+            images), so a view resampled to ``H x W`` is stretched by ``1 / r`` whatever the image's shape.
 
     Shapes:
         ``u``: ``(N, 5)`` -> ``(N, 2, 3)``.
@@ -236,7 +238,7 @@ class MultiCropAugment:
         global_crops: number of global crops (``>= 1``; DINO uses 2).
         local_crops: number of local crops (``>= 0``).
         global_scale, local_scale: area fraction ranges.
-        ratio: aspect-ratio range.
+        ratio: aspect-ratio range, of the side fractions (:func:`crop_boxes`; in pixels on square images only).
         flip_prob: probability of a horizontal flip (0 for digits).
         brightness: half-width of the intensity shift.
         contrast: half-width of the contrast gain around 1 (``< 1``).
@@ -375,6 +377,12 @@ class MultiCropAugment:
 
     def __call__(self, images: Tensor, generator: torch.Generator) -> Tensor:
         """``apply(images, sample(B, (C, H, W), generator))``."""
+        # checked here: a list failed on ``.shape`` (AttributeError), and (C, H, W) images met sample's
+        # "image_shape must be (C, H, W)", about an argument the caller never passed
+        _require_tensor(images, "MultiCropAugment")
+        if images.dim() != 4:
+            raise ValueError(f"MultiCropAugment expects images (B, C, H, W), got {tuple(images.shape)} (a single "
+                             f"image: images.unsqueeze(0))")
         return self.apply(images, self.sample(images.shape[0], tuple(images.shape[1:]), generator))
 
 

@@ -15,6 +15,8 @@ Two sources under the data root, tried in this order by ``source="auto"``:
    a cache file changed since it was written is decoded again, with a warning).
 
 Val is carved from the 50,000 training images (5,000 seeded random ones: 45,000/5,000/10,000).
+Train and val come in a seeded random order; so does the test split of the JPEG zips (which list it
+class by class), while the official ``test_batch`` keeps its own (shuffled) order.
 ``limit_train``/``limit_test`` take seeded random subsets for quick runs; with a cold cache
 only those images are decoded, and the subset is the same whether the cache exists or not.
 """
@@ -41,7 +43,7 @@ from .checksums import _check_unchanged, sha256_file, verify_file
 from .images import _labelled_images_fit, build_image_data
 from .paths import CorruptDataError, cache_dir, load_cached, require_files, save_cached
 from .registry import register_dataset
-from .splits import _check_limit, _require_carved_val, carve_val, seeded_subset
+from .splits import _check_limit, _require_carved_val, carve_val, generator, seeded_subset
 
 __all__ = [
     "CIFAR10_CLASSES", "read_image_zip", "read_cifar_batch", "read_cifar_meta", "load_cifar10",
@@ -411,6 +413,10 @@ def load_cifar10(
             raise CorruptDataError(
                 f"cifar10: train classes {classes} differ from test classes {test_classes}"
             )
+        # the archives list the images class by class (all 1,000 test airplanes first), the official test_batch in
+        # a shuffled order: a prefix of x_test (DINOTask's k-NN accuracy under eval_steps) held the first class only
+        order = torch.randperm(len(y_te), generator=generator(seed))
+        x_te, y_te = x_te[order], y_te[order]
         origin = "JPEG zips (lossy re-encoding of CIFAR-10)"
     train_idx, val_idx = carve_val(len(y_tr), val_size, seed)
     _require_carved_val("cifar10", val_idx, len(y_tr), val_size)

@@ -809,8 +809,8 @@ def _heldout_labelled(data: Any, model: nn.Module, split: str, max_examples: int
     from diffusionformer.data.splits import seeded_subset
 
     x, y = data.split(split)
-    # a seeded random subset, not the first rows: a split stored in class order (the CIFAR-10
-    # JPEG archives are read class folder by class folder) would otherwise give one class
+    # a seeded random subset, not the first rows: a split stored in class order (a registered loader's; the
+    # CIFAR-10 JPEG archives list theirs class folder by class folder, which load_cifar10 shuffles) gave one class
     keep = seeded_subset(x.shape[0], max_examples, _HELDOUT_SEED)
     x, y = x[keep], y[keep]
     if isinstance(data, SequenceTaskData) and data.ignore_index != IGNORE_INDEX:  # the analysis reads -100 as none
