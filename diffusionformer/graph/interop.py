@@ -99,7 +99,8 @@ def from_pyg(data: Any, *, self_loops: bool | None = None, layout: str = "sparse
         self_loops: ``None`` keeps the edges as they are; ``True`` gives every node exactly one
             self loop (:func:`~torch_geometric.utils.remove_self_loops` then
             :func:`~torch_geometric.utils.add_self_loops`); ``False`` removes them (the edges are
-            checked against ``num_nodes`` first: a self loop out of range is refused, not removed).
+            first checked against ``num_nodes`` in eager mode on CPU, as :func:`from_edge_index`
+            checks them: a self loop out of range is refused, not removed).
         layout: ``"sparse"`` or ``"dense"`` (:meth:`AttentionGraph.to_dense`: ``x`` goes through
             :func:`torch_geometric.utils.to_dense_batch`).
 

@@ -970,13 +970,17 @@ def _static_row(op: DiffusionOperator) -> tuple[float, ...] | None:
     s = op.static_coefficients() if op.is_polynomial else None
     if s is None:
         return None
-    try:
-        row = tuple(float(c) for c in s)
-    except (TypeError, ValueError):  # strings, a nested ((c0, c1),)
-        row = ()
-    if not row:
+    try:  # one-element tensors as their numbers (a tensor of them: float() took them, so they stay accepted)
+        items = () if isinstance(s, (str, bytes)) else tuple(
+            c.item() if isinstance(c, Tensor) and c.numel() == 1 else c for c in s)
+    except TypeError:  # a number, not a tuple
+        items = ()
+    # numbers only, as the functional API takes static rows: float() read True as 1.0, "1" (or each character of "01")
+    # as a number and a NumPy complex as its real part; a nested ((c0, c1),) or a string fails it too
+    if not items or not all(isinstance(c, numbers.Real) and not isinstance(c, bool) for c in items):
         raise TypeError(f"operator {_label(op)}: static_coefficients() must return a flat tuple of degree + 1 numbers "
                         f"(c_0, ..., c_K), got {s!r}")
+    row = tuple(float(c) for c in items)
     if not all(math.isfinite(c) for c in row):
         raise ValueError(f"operator {_label(op)}: static_coefficients() must return finite numbers (coeffs must be "
                          f"finite), got {s!r}")

@@ -207,10 +207,10 @@ def assert_operator(
             degree = _checked_degree(op)  # the layer refuses degree = 1.0, True, -1
         except ValueError as err:
             raise AssertionError(f"{name}: {err}") from None
-        raw = op.coefficients()  # head_coefficients() refuses non-finite ones too, as a layer does: said here as a law
-        if isinstance(raw, torch.Tensor) and not raw.is_complex() and not torch.isfinite(raw.detach()).all():
-            raise AssertionError(f"{name}: coefficients are not finite")
         try:  # the operator's fault, a failed law like the others (not the caller's ValueError or TypeError)
+            raw = op.coefficients()  # head_coefficients() refuses non-finite ones too, as a layer does: a law here
+            if isinstance(raw, torch.Tensor) and not raw.is_complex() and not torch.isfinite(raw.detach()).all():
+                raise AssertionError(f"{name}: coefficients are not finite")
             c = op.head_coefficients(H)
         except (TypeError, ValueError) as err:
             raise AssertionError(f"{name}: coefficients() cannot serve {H} heads: {err}") from None

@@ -443,9 +443,13 @@ class Trainer:
                                             and isinstance(g.get("params"), list) for g in groups):
             saved = [list(g["names"]) for g in groups]
             now = [list(g["names"]) for g in optimizer.param_groups]
-            # the same number of groups: a parameter frozen or trained since (other sizes, which load_state_dict
-            # refuses without naming it) or two swapped of one count (whose moments it would hand over by position)
-            if len(saved) == len(now) and saved != now:  # another number: a damaged entry that does not fit
+            # a parameter frozen or trained since (other sizes, which load_state_dict refuses without naming it; or
+            # another number of groups where it emptied or filled one, param_groups dropping an empty group) or two
+            # swapped of one count (whose moments it would hand over by position); another number of groups whose
+            # entries do not hold every saved moment is a damaged file that does not fit
+            state, ids = saved_optimizer.get("state"), {i for g in groups for i in g["params"] if isinstance(i, int)}
+            whole = isinstance(state, Mapping) and set(state) <= ids
+            if saved != now and (len(saved) == len(now) or whole):
                 saved_names, now_names = {str(n) for g in saved for n in g}, {str(n) for g in now for n in g}
                 only_saved, only_now = sorted(saved_names - now_names), sorted(now_names - saved_names)
                 what = (f"trained only in the checkpoint: {only_saved[:4]}; trained only now: {only_now[:4]}"
