@@ -551,7 +551,9 @@ class LayerCapture:
             ``mask``), or ``(N, C)`` per node.
             ``None`` unless asked for.
         extra: free-form information: ``num_batches`` (batches run through the model; a drawn batch of 0
-            sequences is skipped and not counted), ``model`` (class name), ``num_attention_examples``.
+            sequences is skipped and not counted), ``model`` (class name), ``num_attention_examples``, and
+            ``precision`` (``"bfloat16"`` or ``"float16"``) where the tokens came from a model run in half precision
+            or under autocast to it (widened to float32 here, they keep that precision's rounding).
     """
 
     states: dict[int, Tensor]
@@ -688,6 +690,24 @@ def _kept_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _half_precision(x: Tensor) -> torch.dtype | None:
+    """The half precision whose rounding the tokens ``x`` carry: their dtype, or the autocast dtype when autocast to
+    half precision is on for their device (its products round there, and float32 residual sums carry it); ``None``
+    otherwise."""
+    if x.dtype in _HALF:
+        return x.dtype
+    if x.dtype != torch.float32:
+        return None
+    try:
+        on, dtype = torch.is_autocast_enabled(x.device.type), torch.get_autocast_dtype(x.device.type)
+    except RuntimeError:  # a device type autocast does not know ("unknown device type for autocast")
+        return None
+    return dtype if on and dtype in _HALF else None
+
+
 class _Collector:
     """Moves each recorded pass to the CPU (float32, or float64 as the model gives it) and concatenates the passes
     at the end."""
@@ -704,6 +724,7 @@ class _Collector:
         self.outputs: list[Tensor] = []
         self.num_attention = self.num_nodes = self.num_batches = 0
         self.is_graph = False
+        self.half: torch.dtype | None = None  # the coarsest half precision of the recorded tokens
 
     def add(self, inputs: Any, labels: Tensor | None, out: Any, n: int, index: int) -> None:
         rec = self.recorder
@@ -755,6 +776,9 @@ class _Collector:
                 x, mask = pad_by_batch(x, batch, n)
             elif whole:
                 x = x[:n]
+            half = _half_precision(x)
+            if half is not None and (self.half is None or torch.finfo(half).eps > torch.finfo(self.half).eps):
+                self.half = half
             self.states[layer].append(x.to(device="cpu", dtype=_kept_dtype(x)))
         self.masks.append(None if mask is None else mask.cpu())
         T = rec.states[rec.layers[0]].shape[1] if not is_graph else 0
@@ -835,6 +859,8 @@ class _Collector:
                 attentions = {i: torch.cat([_pad_seq(_pad_seq(P, T, 2), T, 3) for P in p])
                               for i, p in self.attn.items()}
         extra = {"num_batches": self.num_batches, "model": model_name, "num_attention_examples": self.num_attention}
+        if self.half is not None:  # the resolution of the widened tokens, which layer_reports' spectra respect
+            extra["precision"] = str(self.half).removeprefix("torch.")
         outputs = None
         if self.keep_outputs:  # per-token outputs (B, T, V) of batches of different lengths: padded like the states
             dense = all(x.ndim == 3 for x in first) and all(o.ndim >= 3 for o in self.outputs)

@@ -14,7 +14,9 @@ Papyan (arXiv 2602.09297) track through depth:
   linear in ``P``, so this is the mean of the per-head energies);
 - spectrum of the tokens centred per sequence, pooled over sequences: ``effective_rank``,
   ``stable_rank``, ``energy_top3`` and the power-law exponent ``power_law_alpha`` (fitted
-  over the ranks above ``1e-6`` of the largest singular value);
+  over the ranks above ``1e-6`` of the largest singular value, or above the epsilon of the half
+  precision a capture's tokens were computed in, ``capture.extra["precision"]``: below it they
+  are rounding noise);
 - with one label per sequence: the ANOVA split of the token scatter (fractions; padded graphs
   of unequal sizes weigh each mean by its tokens, which keeps the split exact), Neural
   Collapse of the sequence means (``nc1``, NC2 ``nc2_equinorm``/``nc2_equiangularity``/
@@ -67,6 +69,8 @@ __all__ = ["GROUPS", "LayerReport", "LayerView", "Metric", "layer_reports", "lis
            "SMOOTHING_METRICS", "SPECTRAL_METRICS", "SEQUENCE_LABEL_METRICS", "TOKEN_LABEL_METRICS"]
 
 _RANK_RTOL = 1e-6
+#: the epsilon of the half precision a capture's tokens were computed in (``LayerCapture.extra["precision"]``)
+_PRECISION_EPS = {"bfloat16": torch.finfo(torch.bfloat16).eps, "float16": torch.finfo(torch.float16).eps}
 
 
 @dataclass
@@ -120,7 +124,7 @@ def _num_classes(y: Tensor, min_count: int = 1) -> int:
     return int((counts >= min_count).sum())
 
 
-def _spectrum_summary(s: Tensor) -> dict[str, float | None]:
+def _spectrum_summary(s: Tensor, rtol: float = _RANK_RTOL) -> dict[str, float | None]:
     s = s.sort(descending=True).values
     out: dict[str, float | None] = {
         "effective_rank": float(effective_rank(s)),
@@ -129,7 +133,7 @@ def _spectrum_summary(s: Tensor) -> dict[str, float | None]:
         "power_law_alpha": None,
     }
     if s.numel() and s[0] > 0:
-        r = int((s > _RANK_RTOL * s[0]).sum())
+        r = int((s > rtol * s[0]).sum())
         if r >= 3:
             out["power_law_alpha"] = float(power_law_exponent(s, start=1, stop=r))
     return out
@@ -391,7 +395,11 @@ def _dirichlet_attention_metric(v: LayerView) -> float | None:
 
 
 def _spectrum(v: LayerView) -> dict[str, float | None]:
-    return v.cached("spectrum", lambda: _spectrum_summary(v.singular_values))
+    # below eps s_1 of a half-precision capture, a singular value is within the tokens' rounding: bfloat16 lifted the
+    # exact zeros of a rank-20 embedding to ~1e-3 s_1, and power_law_alpha was fitted to that noise (2.1 read 5.7)
+    precision = v.capture.extra.get("precision")
+    rtol = max(_RANK_RTOL, _PRECISION_EPS.get(precision, 0.0) if isinstance(precision, str) else 0.0)
+    return v.cached("spectrum", lambda: _spectrum_summary(v.singular_values, rtol))
 
 
 @register_metric("effective_rank", group="spectral", label="effective rank", column="eff. rank")

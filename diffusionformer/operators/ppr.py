@@ -32,12 +32,14 @@ def ppr_coefficients(alpha: Tensor, steps: int) -> Tensor:
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:  # True was K = 1
         raise ValueError(f"steps must be a positive int, got {steps!r}")
-    keep = 1.0 - alpha
-    k, last = _ppr_table(steps, alpha.device, alpha.dtype)
+    # in float32 at least, rounded to alpha's dtype once: a half-precision 1 - alpha (bfloat16 keeps 8 bits) and
+    # its powers carried their rounding K-fold (alpha = 0.01, K = 100: weights summing to 0.90 in bfloat16)
+    a = alpha.to(torch.promote_types(alpha.dtype, torch.float32))
+    keep = 1.0 - a
+    k, last = _ppr_table(steps, a.device, a.dtype)
     # (1 - alpha)^k times alpha, and times 1 on P^K: a fixed number of kernels whatever K; the powers with finite
-    # derivatives of every order where 1 - alpha rounds to 0, a saturated logit (_powers); computed in k's dtype
-    # where alpha's cannot hold 0 .. K (bfloat16 past 256), rounded to alpha's once
-    return _powers(keep, k).to(alpha.dtype) * torch.where(last, 1.0, alpha.unsqueeze(-1))
+    # derivatives of every order where 1 - alpha rounds to 0, a saturated logit (_powers)
+    return (_powers(keep, k) * torch.where(last, 1.0, a.unsqueeze(-1))).to(alpha.dtype)
 
 
 @_tensor_cache(maxsize=64)
