@@ -275,9 +275,13 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
             raise TypeError(f"{where}: expected a string, got {_value_type(value)} {value!r}")
         return value
     if origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            raise TypeError(f"{where}: expected a list, got {_value_type(value)} {value!r}")
         args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            key = where.rpartition(".")[2]
+            # a TOML [tasks] header where [[tasks]] (one per entry) was meant: the one table came as a dict
+            hint = (f" (a list of tables: in TOML, one [[{key}]] header per entry, not [{key}])" if isinstance(
+                value, Mapping) and args and dataclasses.is_dataclass(args[0]) and key.isidentifier() else "")
+            raise TypeError(f"{where}: expected a list, got {_value_type(value)} {value!r}{hint}")
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
                 raise ValueError(f"{where}: expected {len(args)} items, got {len(value)}")
@@ -335,7 +339,10 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], *, where: str | None
     errors: list[Exception] = []
     for key, value in data.items():
         if key not in fields:
-            hint = _choice_hint(str(key), list(fields))  # "N_EMBD" -> 'n_embd' too
+            # a class may name the table where a key of another table belongs (an experiment's 'lr' -> [tasks.train]);
+            # else the closest field: "N_EMBD" -> 'n_embd' too
+            placed = getattr(cls, "_misplaced_key_hint", None)
+            hint = (placed(str(key)) if placed is not None else "") or _choice_hint(str(key), list(fields))
             errors.append(ValueError(f"{where}: unknown key {key!r}; valid keys: {sorted(fields)}{hint}"))
             continue
         try:

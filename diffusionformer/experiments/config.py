@@ -37,11 +37,11 @@ import unicodedata
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from diffusionformer._warnings import user_stacklevel
-from diffusionformer.config import (_choice_hint, _in_context, _value_type, config_from_dict, config_to_dict,
-                                    document_fields)
+from diffusionformer.config import (_choice_hint, _in_context, _raise_collected, _value_type, config_from_dict,
+                                    config_to_dict, document_fields)
 from diffusionformer.data.splits import _MAX_SEED  # the largest data_seed: the splits' torch generators take it
 from diffusionformer.nn.heads import format_head_spec, laplacian_count
 from diffusionformer.train import TrainConfig
@@ -238,6 +238,10 @@ class TaskConfig:
     #: and ``eval`` (``"full"`` or ``"sampled"``); empty: full-batch training
     minibatch: dict[str, Any] = field(default_factory=dict)
 
+    @staticmethod
+    def _misplaced_key_hint(key: str) -> str:
+        return _key_home(key, "task")
+
     def __post_init__(self) -> None:
         _check_path_name("task name", self.name)
         if self.folds is not None:
@@ -310,7 +314,7 @@ class TaskConfig:
                 raise ValueError(f"task {self.name!r}: ssl applies to self-supervised (DINO) presets only, "
                                  f"not to model {self.model!r}; got {sorted(self.ssl)}")
             try:
-                task_config(self.model, **self.ssl)
+                _build_table(lambda ssl: task_config(self.model, **ssl), self.ssl, "ssl", "ssl: unknown key")
             except (TypeError, ValueError) as exc:  # several problems: every one, each naming the task
                 raise _in_context(exc, f"task {self.name!r}: ") from None
 
@@ -323,7 +327,9 @@ class TaskConfig:
                             f"got {type(self.minibatch).__name__}")
         if not self.minibatch:
             return
-        MiniBatchConfig.from_dict(self.minibatch, where=f"task {self.name!r} minibatch")
+        where = f"task {self.name!r} minibatch"
+        _build_table(lambda table: MiniBatchConfig.from_dict(table, where=where), self.minibatch, "minibatch",
+                     f"{where}: unknown key")
         accum = self.train.get("grad_accum_steps", 1)
         if accum != 1:
             raise ValueError(f"task {self.name!r}: minibatch trains on one sampled subgraph per update, which "
@@ -360,6 +366,10 @@ class OperatorSetting:
     heads: Any = None  #: a head spec (string with optional {H}/{half}), a per-layer list or {layer: spec}
     laplacian_heads: int | str | list[int | str] | None = None  #: trailing Laplacian heads; "half" = H // 2
     model_overrides: dict[str, Any] = field(default_factory=dict)  #: other model settings of this variant
+
+    @staticmethod
+    def _misplaced_key_hint(key: str) -> str:
+        return _key_home(key, "operator")
 
     def __post_init__(self) -> None:
         _check_path_name("operator setting name", self.name)
@@ -410,6 +420,10 @@ class ExperimentConfig:
     #: "bf16" (bf16 autocast), "fp32" or "auto" (bf16 on CUDA only): sets each task's
     #: ``train.amp`` where the task does not set it; ``run --precision`` overrides both
     precision: str | None = None
+
+    @staticmethod
+    def _misplaced_key_hint(key: str) -> str:
+        return _key_home(key, "top")
 
     def __post_init__(self) -> None:
         _check_path_name("experiment name", self.name)
@@ -524,11 +538,61 @@ def _did_you_mean(name: str, choices: list[str]) -> str:
     return _choice_hint(name, choices)
 
 
+def _key_home(key: str, here: str) -> str:
+    """`` ('key' is a key of <table>...)`` for a key unknown in the table ``here`` of an experiment config (``"top"``,
+    ``"task"``, ``"operator"``, ``"train"``, ``"minibatch"`` or ``"ssl"``) that is a key of another of its tables,
+    else ``""``. Where that table encloses ``here``, the key was most likely written below a header: TOML reads every
+    key below ``[[tasks]]`` or ``[tasks.train]`` into that table. (A look-alike of the wrong table was hinted instead:
+    ``seeds`` below ``[[operators]]`` got "did you mean 'heads'?", ``seeds`` below ``[tasks.train]`` 'seed', which is
+    refused, ``eval_batch_size`` in ``[tasks.minibatch]`` 'batch_size'.)
+
+    Examples:
+        >>> print(_key_home("lr", "task"))
+         ('lr' is a key of [tasks.train])
+        >>> print(_key_home("metric", "train"))
+         ('metric' is a key of each [[tasks]] entry: TOML reads every key below a [table] header into that table; \
+write it above the header)
+        >>> _key_home("seed", "top")  # train.seed is refused: the top-level `seeds` set it
+        ''
+    """
+    from diffusionformer.data.ssl import SSLConfig
+    from diffusionformer.experiments.minibatch import MiniBatchConfig
+
+    tables = {"top": ("the top level", ExperimentConfig), "task": ("each [[tasks]] entry", TaskConfig),
+              "operator": ("each [[operators]] entry", OperatorSetting), "train": ("[tasks.train]", TrainConfig),
+              "minibatch": ("[tasks.minibatch]", MiniBatchConfig), "ssl": ("[tasks.ssl]", SSLConfig)}
+    if key in {f.name for f in fields(tables[here][1])}:
+        return ""
+    homes = [t for t, (_, cls) in tables.items() if t != here and key in {f.name for f in fields(cls)}
+             and not (t == "train" and key == "seed")]
+    if not homes:
+        return ""
+    enclosing = ("top",) if here in ("task", "operator") else () if here == "top" else ("top", "task")
+    note = (": TOML reads every key below a [table] header into that table; write it above the header"
+            if set(homes) & set(enclosing) else "")
+    return f" ({key!r} is a key of {' and of '.join(tables[t][0] for t in homes)}{note})"
+
+
+def _build_table(build: Callable[[dict[str, Any]], Any], table: Mapping[str, Any], here: str, unknown: str) -> Any:
+    """``build(table)``, a key of ``table`` (the table ``here`` of :func:`_key_home`) that is a key of another table
+    refused as ``"<unknown> 'key' ('key' is a key of ...)"`` (`metric` written below [tasks.train]: named with its
+    table, not a look-alike's), beside every problem ``build`` finds in the other keys."""
+    misplaced = [k for k in table if isinstance(k, str) and _key_home(k, here)]
+    errors: list[Exception] = [ValueError(f"{unknown} {k!r}{_key_home(k, here)}") for k in misplaced]
+    built = None
+    try:
+        built = build({k: v for k, v in table.items() if k not in misplaced})
+    except (TypeError, ValueError) as exc:
+        errors.append(exc)
+    _raise_collected(errors, here)
+    return built
+
+
 def train_config(task: TaskConfig, seed: int, **extra: Any) -> TrainConfig:
     """The :class:`TrainConfig` of one run of ``task`` (strictly validated)."""
     values = {"progress": False, **task.train, **extra, "seed": seed}
     try:
-        return TrainConfig.from_dict(values)
+        return _build_table(TrainConfig.from_dict, values, "train", "unknown TrainConfig key")
     except (TypeError, ValueError) as exc:
         raise _in_context(exc, f"task {task.name!r} train: ") from None
 

@@ -62,8 +62,8 @@ class MiniBatchConfig:
     #: neighbours sampled per node at each hop, ``-1`` for all of them: a list (one entry per
     #: hop), or one int for the same number at each of the model's ``R`` propagation hops
     num_neighbors: int | list[int] | None = None
-    #: evaluation: ``"full"`` (the whole graph at once: exact) or ``"sampled"`` (val and test
-    #: nodes as seeds, ``eval_batch_size`` per batch, neighbourhoods sampled from a fixed seed)
+    #: evaluation: ``"full"`` (the whole graph at once: exact) or ``"sampled"`` (val and test nodes
+    #: as seeds, the task's ``eval_batch_size`` per batch, neighbourhoods sampled from a fixed seed)
     eval: Literal["full", "sampled"] = "full"
 
     def __post_init__(self) -> None:

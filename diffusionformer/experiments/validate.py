@@ -45,6 +45,9 @@ _EVAL_KEYS: dict[str, tuple[str, ...]] = {
     "graph": _SPLIT_KEYS,
 }
 _DINO_KEYS = ("knn_val_acc", "knn_test_acc", "loss")
+#: dataset options that no loader takes from ``dataset_options``: where each is set instead
+_OPTION_HOMES = {"seed": "the split's seed is the task's data_seed", "data_seed": "a key of the task itself",
+                 "root": "the data root is run's --data-root or $DIFFUSIONFORMER_DATA"}
 
 
 def evaluation_keys(dataset_kind: str, model: str) -> tuple[str, ...]:
@@ -126,7 +129,7 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
             train (``run_experiment`` refuses it); without ``load_data`` the config is checked there, its models built
             without memory.
     """
-    from diffusionformer.data import DataRootError, dataset_spec
+    from diffusionformer.data import DataRootError, dataset_spec, list_datasets
     from diffusionformer.models import get_preset, model_config
     from diffusionformer.train.trainer import _refuse_meta_default_device
 
@@ -168,12 +171,20 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
             spec = None
         if spec is not None:
             unknown = [k for k in task.dataset_kwargs(config.seeds[0]) if k not in spec.options]
+            folded = task.folds is not None and not {"fold", "num_folds"} <= set(spec.options)
+            if folded:  # the runner's own options for `folds`: was "has no option(s) ['fold', 'num_folds']"
+                with_folds = [n for n in list_datasets() if {"fold", "num_folds"} <= set(dataset_spec(n).options)]
+                add(f"{where}: folds = {task.folds} (k-fold cross-validation) needs a dataset with fold splits, "
+                    f"and dataset {spec.name!r} has none; datasets with folds: {with_folds}")
+                unknown = [k for k in unknown if k not in ("fold", "num_folds")]
+                spec_ok = False
             if unknown:
-                hints = "".join(_hint(str(k), sorted(spec.options)) for k in unknown)
+                hints = "".join(f" ({k!r}: {_OPTION_HOMES[k]})" if k in _OPTION_HOMES
+                                else _hint(str(k), sorted(spec.options)) for k in unknown)
                 add(f"{where}: dataset {spec.name!r} has no option(s) {unknown}{hints}; its options: "
                     f"{sorted(spec.options)}")
                 spec_ok = False
-            else:
+            elif not folded:
                 spec_ok = True
                 # an option's type is known from the config alone: checked here, not first when the data load
                 # (``run`` loads each task's data just before its runs, after the earlier tasks trained)
