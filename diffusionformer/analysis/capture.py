@@ -421,6 +421,7 @@ class LayerRecorder:
         self.attentions: dict[int, Any] = {}
         self.batch: Tensor | None = None
         self._key_padding: Tensor | None = None
+        self._half: torch.dtype | None = None  # the coarsest half precision of the recorded states (_half_precision)
         self._handles: list[Any] = []
         self._depth = 0  # nested ``with`` blocks of this recorder: the hooks stay until the outermost one ends
 
@@ -428,6 +429,14 @@ class LayerRecorder:
         """Forget the recorded pass."""
         self.states, self.attentions, self.batch = {}, {}, None
         self._key_padding = None  # key_padding_mask (True = padding) of block 0's dense call
+        self._half = None
+
+    def _record(self, layer: int, x: Tensor) -> None:
+        # a copy: a block that updates its input in place (x += ..., under no_grad) changed the record. The precision
+        # is read here, as the pass runs: an autocast entered by a `forward` callable (or switched off inside an outer
+        # one) is not the one around capture_dataset's loop
+        self.states[layer] = x.detach().clone()
+        self._half = _coarser(self._half, _half_precision(x))
 
     def _pre_hook(self, i: int) -> Callable[..., None]:
         def hook(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -436,8 +445,7 @@ class LayerRecorder:
                 self.batch = None if batch is None else batch.detach()
                 self._key_padding = _key_padding_of(attn_kwargs)
                 if 0 in self.layers:
-                    # a copy: a block that updates its input in place (x += ..., under no_grad) changed the record
-                    self.states[0] = x.detach().clone()
+                    self._record(0, x)
             if i in self.attention_blocks and self.compute_attentions:
                 # a read-out like the detached states: no autograd graph kept (training passes), and no random numbers
                 # drawn from the model's generators (attention dropout in training): the pass it observes is unchanged
@@ -475,7 +483,7 @@ class LayerRecorder:
         def hook(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if not isinstance(output, Tensor):
                 raise TypeError(f"block {i} returned {type(output).__name__}; capture expects a tensor")
-            self.states[i + 1] = output.detach().clone()  # the next block may update its input in place
+            self._record(i + 1, output)  # the next block may update its input in place
 
         return hook
 
@@ -553,7 +561,8 @@ class LayerCapture:
         extra: free-form information: ``num_batches`` (batches run through the model; a drawn batch of 0
             sequences is skipped and not counted), ``model`` (class name), ``num_attention_examples``, and
             ``precision`` (``"bfloat16"`` or ``"float16"``) where the tokens came from a model run in half precision
-            or under autocast to it (widened to float32 here, they keep that precision's rounding).
+            or under autocast to it (widened to float32 here, they keep that precision's rounding), as the blocks
+            ran: an autocast entered by ``forward`` counts, one switched off inside it does not.
     """
 
     states: dict[int, Tensor]
@@ -708,6 +717,13 @@ def _half_precision(x: Tensor) -> torch.dtype | None:
     return dtype if on and dtype in _HALF else None
 
 
+def _coarser(a: torch.dtype | None, b: torch.dtype | None) -> torch.dtype | None:
+    """The coarser of two half precisions (``None``: none)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return a if torch.finfo(a).eps >= torch.finfo(b).eps else b
+
+
 class _Collector:
     """Moves each recorded pass to the CPU (float32, or float64 as the model gives it) and concatenates the passes
     at the end."""
@@ -776,10 +792,8 @@ class _Collector:
                 x, mask = pad_by_batch(x, batch, n)
             elif whole:
                 x = x[:n]
-            half = _half_precision(x)
-            if half is not None and (self.half is None or torch.finfo(half).eps > torch.finfo(self.half).eps):
-                self.half = half
             self.states[layer].append(x.to(device="cpu", dtype=_kept_dtype(x)))
+        self.half = _coarser(self.half, rec._half)
         self.masks.append(None if mask is None else mask.cpu())
         T = rec.states[rec.layers[0]].shape[1] if not is_graph else 0
         kept = _collect_labels(labels, inputs, is_graph, batch, n, T, index)

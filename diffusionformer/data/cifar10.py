@@ -18,7 +18,8 @@ Val is carved from the 50,000 training images (5,000 seeded random ones: 45,000/
 Train and val come in a seeded random order; so does the test split of the JPEG zips (which list it
 class by class), while the official ``test_batch`` keeps its own (shuffled) order.
 ``limit_train``/``limit_test`` take seeded random subsets for quick runs; with a cold cache
-only those images are decoded, and the subset is the same whether the cache exists or not.
+only those images are decoded, and the subset is the same whether the cache exists or not (in the
+order of the whole split: a ``limit_test`` subset of the zips' test split is its first ``limit_test`` images).
 """
 
 from __future__ import annotations
@@ -332,23 +333,31 @@ def _cache_fits(cached: Any) -> bool:
 
 
 def _from_zip(
-    path: Path, rel: str, split: str, limit: int | None, seed: int, verify: bool
+    path: Path, rel: str, split: str, limit: int | None, seed: int, verify: bool, shuffle: bool = False
 ) -> tuple[Tensor, Tensor, list[str]]:
+    """The images of ``split`` in the zip's order, or with ``shuffle`` in a seeded random order whose first ``limit``
+    items the subset is (the same order with ``limit`` or without, cached or not)."""
     digest = verify_file(path, rel) if verify else sha256_file(path)
     cached_path = cache_dir("cifar10") / f"{split}-{digest[:16]}.pt"
     cached = load_cached(cached_path, _cache_fits, f"the decoded images, labels and classes of {str(path)!r}")
     if cached is not None:
-        keep = seeded_subset(len(cached["labels"]), limit, seed)
-        return cached["images"][keep], cached["labels"][keep], list(cached["classes"])
-    if limit is None:
+        total = len(cached["labels"])
+        keep = seeded_subset(total, limit, seed)
+        images, labels, classes = cached["images"][keep], cached["labels"][keep], list(cached["classes"])
+    elif limit is None:
         images, labels, classes = read_image_zip(path, split)
         _check_unchanged(path, digest)  # else the cache named by the checked zip's hash held another zip's images
         save_cached({"images": images, "labels": labels, "classes": classes}, cached_path)
-        return images, labels, classes
-    with _open_zip(path) as zf:
-        total = len(_zip_members(zf, split))
-    images, labels, classes = read_image_zip(path, split, seeded_subset(total, limit, seed) if total else None)
-    _check_unchanged(path, digest)
+        total = len(labels)
+    else:
+        with _open_zip(path) as zf:
+            total = len(_zip_members(zf, split))
+        images, labels, classes = read_image_zip(path, split, seeded_subset(total, limit, seed) if total else None)
+        _check_unchanged(path, digest)
+    if shuffle:  # seeded_subset's draw in its drawn order (it sorts it): a subset is a prefix of the whole split
+        drawn = torch.randperm(total, generator=generator(seed))[:len(labels)]
+        order = torch.searchsorted(drawn.sort().values, drawn)
+        images, labels = images[order], labels[order]
     return images, labels, classes
 
 
@@ -406,17 +415,15 @@ def load_cifar10(
         x_tr, y_tr, classes = _from_zip(
             paths[0], rels["train"], "train", limit_train, seed, verify
         )
+        # the archives list the images class by class (all 1,000 test airplanes first), the official test_batch in
+        # a shuffled order: a prefix of x_test (DINOTask's k-NN accuracy under eval_steps) held the first class only
         x_te, y_te, test_classes = _from_zip(
-            paths[1], rels["test"], "test", limit_test, seed, verify
+            paths[1], rels["test"], "test", limit_test, seed, verify, shuffle=True
         )
         if test_classes != classes:
             raise CorruptDataError(
                 f"cifar10: train classes {classes} differ from test classes {test_classes}"
             )
-        # the archives list the images class by class (all 1,000 test airplanes first), the official test_batch in
-        # a shuffled order: a prefix of x_test (DINOTask's k-NN accuracy under eval_steps) held the first class only
-        order = torch.randperm(len(y_te), generator=generator(seed))
-        x_te, y_te = x_te[order], y_te[order]
         origin = "JPEG zips (lossy re-encoding of CIFAR-10)"
     train_idx, val_idx = carve_val(len(y_tr), val_size, seed)
     _require_carved_val("cifar10", val_idx, len(y_tr), val_size)

@@ -130,8 +130,10 @@ def test_staged_cifar10_subset_loads_like_pillow_with_float64_train_statistics(r
     np.testing.assert_array_equal(data.y_train.numpy(), y_tr)
     np.testing.assert_allclose(data.x_val.numpy(), norm(ref["train"][0][val_idx.numpy()]), atol=2e-5)
     np.testing.assert_array_equal(data.y_val.numpy(), ref["train"][1][val_idx.numpy()])
-    # the test subset in a seeded random order (the zip lists it class by class)
-    order = torch.randperm(n_test, generator=torch.Generator().manual_seed(seed)).numpy()
+    # the test subset in a seeded random order (the zip lists it class by class): the first n_test of the whole
+    # split's, that is seeded_subset's draw before it sorts it
+    drawn = torch.randperm(10_000, generator=torch.Generator().manual_seed(seed))[:n_test]
+    order = torch.searchsorted(drawn.sort().values, drawn).numpy()
     ref["test"] = (ref["test"][0][order], ref["test"][1][order])
     np.testing.assert_allclose(data.x_test.numpy(), norm(ref["test"][0]), atol=2e-5)
     np.testing.assert_array_equal(data.y_test.numpy(), ref["test"][1])

