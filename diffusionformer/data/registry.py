@@ -69,7 +69,8 @@ def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Calla
         ValueError: on a duplicate (the message names :func:`unregister_dataset`, the way to replace it) or empty
             name or an unknown kind.
         TypeError: when the name is not a str, ``needs_root`` not a bool, or the loader is not callable, has
-            positional parameters, ``*args`` or ``**kwargs``, or lacks ``seed``/``root``.
+            positional parameters, ``*args`` or ``**kwargs``, or lacks ``seed``/``root`` (or takes ``root``
+            without ``needs_root``: it would never be passed one).
 
     :func:`load_dataset` refuses what the loader returns unless it is a data container of the registered ``kind``.
     """
@@ -104,6 +105,9 @@ def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Calla
         required = {"seed", "root"} if needs_root else {"seed"}
         if not required <= set(params):
             raise TypeError(f"loader for {name!r} must accept {sorted(required)}")
+        if "root" in params and not needs_root:  # else load_dataset(root=...) is "missing ... 'root'", or ignored
+            raise TypeError(f"loader for {name!r} takes a 'root' parameter, which only a dataset registered with "
+                            "needs_root=True is passed: register it with needs_root=True, or drop the parameter")
         options = {
             p.name: p.default for p in params.values() if p.name not in ("seed", "root")
         }

@@ -20,9 +20,10 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,44 @@ def _check_summary_step(summary: dict[str, Any], step: int, summary_path: Path, 
                       stacklevel=3)
 
 
+def _recorded_imports_hint(rdir: Path) -> str:
+    """``; the run was made with --import ...`` naming the modules the comparison's ``manifest.json`` records in its
+    ``command`` (``<out>/<name>/manifest.json`` above ``runs/<task>/<operator>/seed<k>``), else ``""``: a run of a
+    user's operator or preset, loaded without importing the module that registers it, failed with a bare "unknown
+    operator" that did not say where its name came from."""
+    import shlex
+
+    from diffusionformer.experiments.results import read_json_dict
+
+    rdir = rdir.absolute()  # load_run("seed0") from inside the operator's folder: its manifest is there too
+    if len(rdir.parents) < 4 or rdir.parents[2].name != "runs":
+        return ""
+    manifest_path = rdir.parents[3] / "manifest.json"
+    command = (read_json_dict(manifest_path) or {}).get("command")
+    try:
+        words = shlex.split(command) if isinstance(command, str) else []
+    except ValueError:  # unbalanced quotes: a hand-edited manifest
+        return ""
+    modules = [b for a, b in zip(words, words[1:]) if a == "--import"]
+    modules += [w.partition("=")[2] for w in words if w.startswith("--import=")]
+    if not modules:
+        return ""
+    return (f"; the run was made with {' '.join(f'--import {shlex.quote(m)}' for m in modules)} ({manifest_path}): "
+            "import what registers its names before load_run")
+
+
+@contextlib.contextmanager
+def _naming_recorded_imports(rdir: Path) -> Iterator[None]:
+    """A ValueError raised inside (an unknown operator or preset) gets :func:`_recorded_imports_hint`'s words."""
+    try:
+        yield
+    except ValueError as err:
+        hint = _recorded_imports_hint(rdir)
+        if not hint:
+            raise
+        raise ValueError(f"{err}{hint}") from err
+
+
 def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu") -> LoadedRun:
     """Rebuild the model of a run directory with its trained weights, its config and its metrics.
 
@@ -205,8 +244,9 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
         FileNotFoundError: ``path`` is not a run directory, or lacks ``run_config.json`` or
             ``checkpoint.pt`` (the run has not saved a step yet).
         ValueError: ``run_config.json`` is unreadable (truncated, not a JSON object), names an
-            unknown preset or holds an invalid config; ``map_location`` is not a device, or a CUDA
-            device (or one of another kind, ``mps``) this machine does not have.
+            unknown preset or holds an invalid config (naming the ``--import`` modules of the command the
+            comparison's ``manifest.json`` records, whose registrations it may need); ``map_location`` is not a
+            device, or a CUDA device (or one of another kind, ``mps``) this machine does not have.
         CheckpointError: the checkpoint is unreadable, does not fit the model, was written by another model
             (class, config or head layout: an edited ``run_config.json``) or under another train config (another
             seed's checkpoint copied into the folder), holds a damaged model record or NaN or inf weights.
@@ -248,10 +288,11 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     if not isinstance(preset_name, str) or not isinstance(cfg_dict, dict):
         raise ValueError(f"load_run: expected 'model' (a preset name) and 'model_config' (a table) in {ident_path}, "
                          f"got {preset_name!r} and {type(cfg_dict).__name__}")
-    preset = get_preset(preset_name)
-    # the run's task settings (DINO's views and k-NN evaluation) sit beside the model's in the identity
-    cfg_dict, settings = split_task_settings(preset_name, cfg_dict, warn=False)
-    config = config_from_dict(preset.config_cls, cfg_dict, where=f"{ident_path} model_config")
+    with _naming_recorded_imports(rdir):  # a name a user's --import module registered is unknown without it
+        preset = get_preset(preset_name)
+        # the run's task settings (DINO's views and k-NN evaluation) sit beside the model's in the identity
+        cfg_dict, settings = split_task_settings(preset_name, cfg_dict, warn=False)
+        config = config_from_dict(preset.config_cls, cfg_dict, where=f"{ident_path} model_config")
     ckpt = rdir / CHECKPOINT_NAME
     if ckpt.exists() and not ckpt.is_file():  # a folder there is not "no step saved yet"
         raise FileNotFoundError(f"load_run: expected the checkpoint {ckpt} to be a file, got a directory or other "
@@ -263,7 +304,8 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     # map_location below, whatever the caller's default device: at a notebook's torch.set_default_device('meta') the
     # checkpoint's weights were copied into meta parameters (a no-op, one torch warning per tensor), then
     # "Tensor.item() cannot be called on meta tensors"
-    with preserve_rng_state(_device_in_use()), torch.device("cpu"):
+    # (its heads may name an operator a user's --import module registered: "unknown operator ...")
+    with _naming_recorded_imports(rdir), preserve_rng_state(_device_in_use()), torch.device("cpu"):
         model = _build_in_saved_dtype(preset.model_cls, config, payload["model"])
     if preset.task_config_cls is not None:
         model.task_config = task_config(preset_name, **settings)
