@@ -28,9 +28,13 @@ class _Regression:
         return {"loss": 0.0}
 
 
-def _mlp() -> nn.Module:
+def _mlp(freeze_vectors: bool = False) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 2))
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 2))
+    if freeze_vectors:  # every bias and norm weight: param_groups then drops the empty no-decay group
+        for p in model.parameters():
+            p.requires_grad_(p.dim() >= 2)
+    return model
 
 
 def _config(max_steps: int) -> TrainConfig:
@@ -121,3 +125,21 @@ def test_bug_cosine_lr_refuses_a_warmup_or_decay_of_no_whole_updates(name, value
         cosine_lr(0, lr=1.0, min_lr=0.0, **kwargs)
     assert cosine_lr(3, lr=1.0, min_lr=0.0, warmup_steps=2.0, decay_steps=6.0) == cosine_lr(
         3, lr=1.0, min_lr=0.0, warmup_steps=2, decay_steps=6)  # whole numbers of any type keep their value
+
+
+# found by the review of the commit above (helper 55g)
+@pytest.mark.parametrize("frozen_before", [True, False])
+def test_bug_resume_after_freezing_a_whole_decay_group_names_the_parameters(tmp_path, frozen_before):
+    """Bug: the resume check of c1b11ba names the parameters frozen or unfrozen since only when the optimizer keeps
+    its number of groups. Freezing (or unfreezing) every bias and norm weight, a usual fine-tuning change, empties
+    (or fills) the no-decay group, which ``param_groups`` drops: 1 group against 2, and the resume failed with
+    ``CheckpointError: ... does not fit: ValueError: loaded state dict has a different number of parameter groups``,
+    naming no parameter and reading as a damaged file."""
+    Trainer(_mlp(freeze_vectors=frozen_before), _Regression(), _config(2), tmp_path).fit()
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    vectors = r"\['0.bias', '1.bias', '1.weight', '2.bias'\]"
+    match = (rf"trained only in the checkpoint: \[\]; trained only now: {vectors}" if frozen_before else
+             rf"trained only in the checkpoint: {vectors}; trained only now: \[\]")
+    with pytest.raises(ValueError, match=match):
+        Trainer(_mlp(freeze_vectors=not frozen_before), _Regression(), _config(4), tmp_path, resume=True).fit()
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before
