@@ -607,19 +607,9 @@ def anova_decomposition(X: Tensor, y: Tensor) -> AnovaSplit:
     _check_tokens(X)
     B, T, D = X.shape
     y = _check_labels(y, B, "y", "sequence of X", X.device)
-    X = X.to(_wide_dtype(X))
-    _, inv, counts = torch.unique(y, return_inverse=True, return_counts=True)
-    K = counts.shape[0]
-    mu = X.mean(dim=(0, 1))  # (D,)
-    seq_mean = X.mean(dim=1)  # (B, D)
-    class_mean = X.new_zeros(K, D).index_add_(0, inv, seq_mean) / counts.unsqueeze(-1)  # (K, D)
-    N = B * T
-    within = (X - seq_mean.unsqueeze(1)).pow(2).sum() / N
-    between_seq = T * (seq_mean - class_mean[inv]).pow(2).sum() / N
-    between_class = T * (counts.unsqueeze(-1) * (class_mean - mu).pow(2)).sum() / N
-    total = (X - mu).pow(2).sum() / N
-    values = torch.stack([total, within, between_seq, between_class]).tolist()
-    return AnovaSplit(*values, num_classes=K)
+    # the equal-length case of the token-weighted split (one implementation; since ANALYSIS_VERSION 4, whose
+    # reduction order moved this one's values by rounding)
+    return _anova_of_lengths(X.reshape(B * T, D), torch.full((B,), T, device=X.device), y)
 
 
 def _anova_of_lengths(tokens: Tensor, lengths: Tensor, y: Tensor) -> AnovaSplit:
