@@ -226,6 +226,10 @@ def _catch_sigterm() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from diffusionformer.experiments.outputs import _MAIN_ARGV
+
+    # the command a comparison's manifest records: argv, not the caller's command line (pytest's, a notebook's)
+    given = None if argv is None else _MAIN_ARGV.set(tuple(argv))
     caught = _catch_sigterm()
     try:
         return _main_with_warnings(argv)
@@ -233,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\nterminated", file=sys.stderr)
         return _SIGTERM_EXIT
     finally:
+        if given is not None:
+            _MAIN_ARGV.reset(given)
         if caught:  # a caller of main() (a test, a notebook) gets the default action back, SIGTERM received or not
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

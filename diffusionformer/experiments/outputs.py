@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import math
 import os
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -22,6 +24,10 @@ from diffusionformer.experiments.tables import aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
 __all__ = ["git_commit", "manifest", "merged_manifest", "write_outputs"]
+
+#: the ``argv`` given to :func:`~diffusionformer.experiments.cli.main` (``None``: the command line itself), which the
+#: manifest records: else ``main(argv)`` called from Python recorded its caller's command line (pytest's)
+_MAIN_ARGV: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("_MAIN_ARGV", default=None)
 
 
 def _row(data: Any) -> RunResult | None:
@@ -92,7 +98,8 @@ def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]
 
 def manifest(config: ExperimentConfig, device: str | None = None,
              tasks: Sequence[TaskConfig] | None = None, world_size: int = 1) -> dict[str, Any]:
-    """What ``manifest.json`` records: the resolved config, the command, the machine, versions and commit.
+    """What ``manifest.json`` records: the resolved config, the command (``main(argv)``'s ``argv`` where it was given
+    one), the machine, versions and commit.
 
     ``cuda`` names the GPU the runs train on and ``cpu_kernels`` the CPU kernel set, each ``None`` where no run
     trains there: ``device`` is the device of every run (``run --device``; default ``config.device``, else each of
@@ -103,7 +110,7 @@ def manifest(config: ExperimentConfig, device: str | None = None,
     gpu, cpu = _where_trained(config, device, tasks)
     return {
         "config": config.to_dict(),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": _command(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "diffusionformer": __version__,
@@ -125,6 +132,15 @@ def manifest(config: ExperimentConfig, device: str | None = None,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "git_commit": git_commit(),
     }
+
+
+def _command() -> str:
+    """The manifest's ``command``: ``python -m diffusionformer.experiments ARGV`` (quoted for a shell) for
+    ``main(argv)`` called from Python, else the command line as given (the script's file name and its arguments)."""
+    argv = _MAIN_ARGV.get()
+    if argv is not None:
+        return f"python -m diffusionformer.experiments {shlex.join(argv)}"
+    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
 
 
 def _where_trained(config: ExperimentConfig, device: str | None,
