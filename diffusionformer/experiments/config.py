@@ -314,7 +314,8 @@ class TaskConfig:
                 raise ValueError(f"task {self.name!r}: ssl applies to self-supervised (DINO) presets only, "
                                  f"not to model {self.model!r}; got {sorted(self.ssl)}")
             try:
-                _build_table(lambda ssl: task_config(self.model, **ssl), self.ssl, "ssl", "ssl: unknown key")
+                _build_table(lambda ssl: task_config(self.model, **ssl), self.ssl, "ssl", "ssl: unknown key",
+                             own=preset.task_config_cls)
             except (TypeError, ValueError) as exc:  # several problems: every one, each naming the task
                 raise _in_context(exc, f"task {self.name!r}: ") from None
 
@@ -573,11 +574,15 @@ write it above the header)
     return f" ({key!r} is a key of {' and of '.join(tables[t][0] for t in homes)}{note})"
 
 
-def _build_table(build: Callable[[dict[str, Any]], Any], table: Mapping[str, Any], here: str, unknown: str) -> Any:
+def _build_table(build: Callable[[dict[str, Any]], Any], table: Mapping[str, Any], here: str, unknown: str,
+                 own: type | None = None) -> Any:
     """``build(table)``, a key of ``table`` (the table ``here`` of :func:`_key_home`) that is a key of another table
     refused as ``"<unknown> 'key' ('key' is a key of ...)"`` (`metric` written below [tasks.train]: named with its
-    table, not a look-alike's), beside every problem ``build`` finds in the other keys."""
-    misplaced = [k for k in table if isinstance(k, str) and _key_home(k, here)]
+    table, not a look-alike's), beside every problem ``build`` finds in the other keys. ``own``: the dataclass
+    ``build`` makes where it may not be ``here``'s (a user preset's ``task_config_cls`` for ``ssl``): its keys
+    are never misplaced."""
+    valid = {f.name for f in fields(own)} if own is not None else set()
+    misplaced = [k for k in table if isinstance(k, str) and k not in valid and _key_home(k, here)]
     errors: list[Exception] = [ValueError(f"{unknown} {k!r}{_key_home(k, here)}") for k in misplaced]
     built = None
     try:

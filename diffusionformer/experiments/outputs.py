@@ -136,11 +136,12 @@ def manifest(config: ExperimentConfig, device: str | None = None,
 
 def _command() -> str:
     """The manifest's ``command``: ``python -m diffusionformer.experiments ARGV`` (quoted for a shell) for
-    ``main(argv)`` called from Python, else the command line as given (the script's file name and its arguments)."""
+    ``main(argv)`` called from Python, else the command line as given (the script's file name and its arguments,
+    quoted too: load_run reads its ``--import`` back, and a path with a space was two words)."""
     argv = _MAIN_ARGV.get()
     if argv is not None:
         return f"python -m diffusionformer.experiments {shlex.join(argv)}"
-    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
 
 
 def _where_trained(config: ExperimentConfig, device: str | None,

@@ -213,14 +213,15 @@ def _recorded_imports_hint(rdir: Path) -> str:
 
 @contextlib.contextmanager
 def _naming_recorded_imports(rdir: Path) -> Iterator[None]:
-    """A ValueError raised inside (an unknown operator or preset) gets :func:`_recorded_imports_hint`'s words."""
+    """A ValueError raised inside (an unknown operator or preset) gets :func:`_recorded_imports_hint`'s words, and
+    keeps its type (a :class:`~diffusionformer.config.ConfigErrors` of several problems stays one)."""
     try:
         yield
     except ValueError as err:
         hint = _recorded_imports_hint(rdir)
-        if not hint:
-            raise
-        raise ValueError(f"{err}{hint}") from err
+        if hint:
+            err.args = (f"{err}{hint}",)
+        raise
 
 
 def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu") -> LoadedRun:

@@ -1014,7 +1014,7 @@ def test_the_manifest_records_the_command_with_the_programs_name(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["/opt/bin/diffusionformer-experiments", "run", "c.toml", "--set", "seeds=[0]"])
     monkeypatch.setattr("diffusionformer.experiments.outputs.git_commit", lambda path=None: "abc")
     m = manifest(load_experiment_config(_raw()))
-    assert m["command"] == "diffusionformer-experiments run c.toml --set seeds=[0]"
+    assert m["command"] == "diffusionformer-experiments run c.toml --set 'seeds=[0]'"
     assert m["git_commit"] == "abc" and m["config"]["name"] == "second" and m["config"]["seeds"] == [0]
 
 

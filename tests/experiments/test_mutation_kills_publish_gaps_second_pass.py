@@ -516,7 +516,7 @@ def test_manifest_records_the_command_the_machine_and_the_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake GPU")
     monkeypatch.setattr(outputs, "git_commit", lambda: "abc")
     m = outputs.manifest(load_experiment_config(_raw()))
-    assert m["command"] == "__main__.py run a b.toml"
+    assert m["command"] == "__main__.py run 'a b.toml'"  # quoted for a shell
     assert m["processor"] == platform.machine() and m["cuda"] == "Fake GPU" and m["git_commit"] == "abc"
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d .*", m["started"])
 
