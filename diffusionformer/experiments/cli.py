@@ -228,8 +228,9 @@ def _catch_sigterm() -> bool:
 def main(argv: list[str] | None = None) -> int:
     from diffusionformer.experiments.outputs import _MAIN_ARGV
 
-    # the command a comparison's manifest records: argv, not the caller's command line (pytest's, a notebook's)
-    given = None if argv is None else _MAIN_ARGV.set(tuple(argv))
+    # the command a comparison's manifest records: argv, not the caller's command line (pytest's, a notebook's);
+    # None for main() too, else one called inside a main(argv) recorded the outer call's argv
+    given = _MAIN_ARGV.set(None if argv is None else tuple(argv))
     caught = _catch_sigterm()
     try:
         return _main_with_warnings(argv)
@@ -237,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nterminated", file=sys.stderr)
         return _SIGTERM_EXIT
     finally:
-        if given is not None:
-            _MAIN_ARGV.reset(given)
+        _MAIN_ARGV.reset(given)
         if caught:  # a caller of main() (a test, a notebook) gets the default action back, SIGTERM received or not
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

@@ -201,8 +201,8 @@ def _recorded_imports_hint(rdir: Path) -> str:
     command = (read_json_dict(manifest_path) or {}).get("command")
     try:
         words = shlex.split(command) if isinstance(command, str) else []
-    except ValueError:  # unbalanced quotes: a hand-edited manifest
-        return ""
+    except ValueError:  # unbalanced quotes: a manifest written before its command was quoted (`--out "Bob's runs"`)
+        words = command.split()
     modules = [b for a, b in zip(words, words[1:]) if a == "--import"]
     modules += [w.partition("=")[2] for w in words if w.startswith("--import=")]
     if not modules:
@@ -214,11 +214,14 @@ def _recorded_imports_hint(rdir: Path) -> str:
 @contextlib.contextmanager
 def _naming_recorded_imports(rdir: Path) -> Iterator[None]:
     """A ValueError raised inside (an unknown operator or preset) gets :func:`_recorded_imports_hint`'s words, and
-    keeps its type (a :class:`~diffusionformer.config.ConfigErrors` of several problems stays one)."""
+    keeps its type (a :class:`~diffusionformer.config.ConfigErrors` of several problems stays one); one whose message
+    is not its ``args`` (a ``__str__`` of its own: a user's error, ``UnicodeError``) is a ValueError from it."""
     try:
         yield
     except ValueError as err:
         hint = _recorded_imports_hint(rdir)
+        if hint and type(err).__str__ is not BaseException.__str__:
+            raise ValueError(f"{err}{hint}") from err
         if hint:
             err.args = (f"{err}{hint}",)
         raise
