@@ -49,7 +49,9 @@ class DatasetSpec:
     summary: str
 
 
-_REGISTRY: dict[str, DatasetSpec] = {}
+# importlib.reload of this module (a notebook) keeps the datasets the loader modules registered at import (they are
+# not run again)
+_REGISTRY: dict[str, DatasetSpec] = globals().get("_REGISTRY", {})
 _CONTAINERS: tuple[type, ...] = get_args(TaskData)  # the data containers, TaskData's members
 
 

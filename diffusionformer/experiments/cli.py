@@ -43,6 +43,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from diffusionformer.config import _closest_choice
 from diffusionformer.train import CheckpointError
 from diffusionformer.train.distributed import _rank_zero
@@ -232,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     # None for main() too, else one called inside a main(argv) recorded the outer call's argv
     given = _MAIN_ARGV.set(None if argv is None else tuple(argv))
     caught = _catch_sigterm()
+    threads = torch.get_num_threads()  # run and analyze size them (--threads): a caller of main() gets its own back
     try:
         return _main_with_warnings(argv)
     except _Terminated:  # outside the command's own handling (while parsing, at the final flush)
@@ -241,13 +244,19 @@ def main(argv: list[str] | None = None) -> int:
         _MAIN_ARGV.reset(given)
         if caught:  # a caller of main() (a test, a notebook) gets the default action back, SIGTERM received or not
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def _main_with_warnings(argv: list[str] | None) -> int:
+    formatter = warnings.formatwarning  # catch_warnings restores the filters and showwarning, not this
     try:
-        with warnings.catch_warnings():  # restores the formatter for a caller of main() (a test)
+        with warnings.catch_warnings():
             warnings.formatwarning = _one_line_warning
-            code = _main(argv)
+            try:
+                code = _main(argv)
+            finally:  # the caller's formatter back (a test, a notebook's later warnings)
+                warnings.formatwarning = formatter
         if sys.stdout is not None:
             sys.stdout.flush()  # a reader gone early (`status c.toml | head -3`) is met here, not at the exit's flush
         return code

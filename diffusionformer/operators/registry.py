@@ -29,8 +29,10 @@ __all__ = [
     "unregister_operator",
 ]
 
-_REGISTRY: dict[str, type[DiffusionOperator]] = {}
-_ALIASES: dict[str, str] = {}
+# importlib.reload of this module (a notebook) runs it again, while the operator modules that registered into these
+# at import are not: they keep what they hold (else every name was unknown, with "valid names: []")
+_REGISTRY: dict[str, type[DiffusionOperator]] = globals().get("_REGISTRY", {})
+_ALIASES: dict[str, str] = globals().get("_ALIASES", {})
 
 T = TypeVar("T", bound=type[DiffusionOperator])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -74,7 +76,9 @@ def test_run_sets_and_prints_the_threads(tmp_path, capsys, monkeypatch):
     )
     try:
         assert cli_main(["run", str(toml), "--out", str(tmp_path / "res"), "--no-progress", "--threads", str(want)]) == 0
-        assert torch.get_num_threads() == want
+        # trained with them (the manifest records the count), the caller's count back after main()
+        assert json.loads((tmp_path / "res" / "thr" / "manifest.json").read_text())["torch_threads"] == want
+        assert torch.get_num_threads() == before
         err = capsys.readouterr().err
         assert f"torch threads: {want} per worker (from --threads" in err
         assert f"status {toml} --out {tmp_path / 'res'}" in err  # where to follow the runs

@@ -270,13 +270,17 @@ def test_workers_get_the_command_line_without_workers_and_their_failures_are_nam
     assert "worker exit codes" not in capsys.readouterr().err
 
 
-def test_workers_size_the_threads_of_analyze(cli, capsys):
+def test_workers_size_the_threads_of_analyze(cli, capsys, monkeypatch):
     """kills: cli.py:104 ``workers=args.workers`` -> ``None`` (``--workers N`` not counted in the thread plan) and
     cli.py:157 ``_size_threads`` dropped from ``analyze`` (its threads neither set nor printed)"""
     before = torch.get_num_threads()
     want = 2 if before == 1 else 1
+    from diffusionformer.experiments import analyze
+
+    seen = []
+    monkeypatch.setattr(analyze, "analyze_experiment", lambda config, out, **kw: seen.append(torch.get_num_threads()))
     assert cli_main(["analyze", cli.toml(), "--workers", "3", "--threads", str(want)]) == 0
-    assert torch.get_num_threads() == want
+    assert seen == [want] and torch.get_num_threads() == before  # sized for analyze; the caller's count back after
     assert f"torch threads: {want} per worker (from --threads; " in capsys.readouterr().err
     assert cli_main(["analyze", cli.toml(), "--workers", "3", "--threads", "1"]) == 0
     assert capsys.readouterr().err.rstrip().endswith(", 3 workers)")
