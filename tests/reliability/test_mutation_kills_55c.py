@@ -3,6 +3,7 @@ experiments/threads.py. Each test kills a mutant the suite let live (or pins a b
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -251,3 +252,32 @@ def test_recorded_imports_hint_reads_both_spellings_and_only_the_runner_layout(t
     hint = _recorded_imports_hint(tmp_path / "runs" / "t" / "op" / "seed0")
     assert hint.startswith(f"; the run was made with --import a.py --import b ({tmp_path / 'manifest.json'}): ")
     assert _recorded_imports_hint(tmp_path / "other" / "t" / "op" / "seed0") == ""
+
+
+# found with the hint below (helper 55p)
+def test_bug_main_argv_is_the_command_the_manifest_records(tmp_path, monkeypatch, probe55c_op):
+    """Bug: ``manifest.json`` recorded the command from ``sys.argv``, so ``main(argv)`` called from Python (a test, a
+    notebook) recorded the caller's command line (pytest's), not ``argv``; ``load_run``'s "--import" hint, which reads
+    the recorded command, then named nothing. ``main(argv)`` records ``python -m diffusionformer.experiments <argv>``
+    (quoted for a shell: a folder with a space stays one word), and the hint names its --import."""
+    from diffusionformer.experiments.cli import main
+    from diffusionformer.experiments.reload import load_run
+    from diffusionformer.operators import unregister_operator
+
+    (tmp_path / "my ops").mkdir()
+    (tmp_path / "my ops" / "probe55c_ops.py").write_text(_OP_MODULE)
+    (tmp_path / "c.toml").write_text(_CONFIG)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["pytest", "-q", "tests"])  # the caller's own command line
+    argv = ["run", "c.toml", "--out", "res", "--import", "my ops/probe55c_ops.py", "--no-progress"]
+    assert main(argv) == 0
+    manifest = json.loads((tmp_path / "res" / "imp" / "manifest.json").read_text())
+    assert manifest["command"] == ("python -m diffusionformer.experiments run c.toml --out res "
+                                   "--import 'my ops/probe55c_ops.py' --no-progress")
+    rdir = tmp_path / "res" / "imp" / "runs" / "t" / "mine" / "seed0"
+    unregister_operator("probe55c-op")
+    with pytest.raises(ValueError, match="unknown operator 'probe55c-op'") as info:
+        load_run(rdir)
+    assert str(info.value).endswith(f"; the run was made with --import 'my ops/probe55c_ops.py' "
+                                    f"({tmp_path / 'res' / 'imp' / 'manifest.json'}): import what registers its "
+                                    "names before load_run")
