@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from diffusionformer.nn import DiffusionAttention
 from diffusionformer.operators import DiffusionOperator, register_operator, unregister_operator
@@ -28,11 +29,47 @@ class _Static(DiffusionOperator):
         return self.static
 
 
+class _StaticScale(DiffusionOperator):
+    """``c_0 I``: a fixed degree-0 head (``static_coefficients() == (2.0,)``)."""
+
+    name = "review55-scale"
+
+    @property
+    def degree(self) -> int:
+        return 0
+
+    def coefficients(self) -> torch.Tensor:
+        return torch.tensor([2.0])
+
+    def static_coefficients(self) -> tuple[float, ...]:
+        return (2.0,)
+
+
+class _Learned(DiffusionOperator):
+    """``(1 - a) I + a P`` with a learned ``a``."""
+
+    name = "review55-learned"
+
+    def __init__(self, num_heads: int = 1) -> None:
+        super().__init__(num_heads)
+        self.a = nn.Parameter(torch.tensor(0.3))
+
+    @property
+    def degree(self) -> int:
+        return 1
+
+    def coefficients(self) -> torch.Tensor:
+        return torch.stack([1 - self.a, self.a])
+
+
 @pytest.fixture
 def static_operator():
-    register_operator(_Static)
+    classes = (_Static, _StaticScale, _Learned)
+    for cls in classes:
+        register_operator(cls)
     yield _Static
-    unregister_operator(_Static.name)
+    for cls in classes:
+        unregister_operator(cls.name)
     _Static.static = (0.0, 1.0)
 
 
@@ -83,3 +120,37 @@ def test_bug_assert_operator_reports_a_coefficients_error_as_a_failed_law():
     "returns ``None`` or raises an ``AssertionError`` naming the first law that fails")."""
     with pytest.raises(AssertionError, match=r"_Refusing: coefficients\(\) cannot serve 2 heads: review55: no coeff"):
         assert_operator(_Refusing())
+
+
+# kills of mutants of the same check (helper 55o's audit)
+def test_static_coefficients_one_entry_too_many_is_refused(static_operator):
+    """``degree + 2`` entries (one past ``P^K``) are refused as many more are: the engine would drop ``c_{K+1}``."""
+    static_operator.static = (0.0, 1.0, 0.5)
+    with pytest.raises(ValueError, match=r"_Static\.static_coefficients\(\) must have degree \+ 1 = 2 entries, got 3"):
+        DiffusionAttention(8, 2, heads="review55-static:2")
+
+
+def test_static_coefficients_as_bytes_are_refused(static_operator):
+    """``bytes`` iterate as ints (``b"\\x00\\x01"`` -> 0, 1): refused as a string is, not read as ``(0.0, 1.0)``."""
+    static_operator.static = b"\x00\x01"
+    match = r"operator 'review55-static': static_coefficients\(\) must return a flat tuple"
+    with pytest.raises(TypeError, match=match):
+        DiffusionAttention(8, 2, heads="review55-static:2")
+
+
+def test_static_coefficients_as_a_number_are_refused(static_operator):
+    """A bare number is no tuple of coefficients: refused, not read as ``(c_0,)`` padded to ``(c_0, 0.0)``."""
+    static_operator.static = 1.0
+    match = r"operator 'review55-static': static_coefficients\(\) must return a flat tuple"
+    with pytest.raises(TypeError, match=match):
+        DiffusionAttention(8, 2, heads="review55-static:2")
+
+
+def test_degree_zero_static_head_beside_a_learned_head(static_operator):
+    """A fixed ``c_0 I`` head beside a learned one takes the layer's affine path as ``(c_0, 0)``: its head is
+    ``2 v``, exactly the reference combination (a row of one entry was read at ``c_1``: an IndexError)."""
+    torch.manual_seed(0)
+    layer = DiffusionAttention(8, 2, heads="review55-scale:1,review55-learned:1").double()
+    assert layer._affine_heads == ((0,), (2.0,), (0.0,))
+    x = torch.randn(2, 4, 8, dtype=torch.float64)
+    assert torch.isfinite(layer(x)).all()
