@@ -88,3 +88,28 @@ TINY_TRAIN = {"max_steps": 2, "batch_size": 8, "warmup_steps": 0, "eval_interval
               "checkpoint_interval": 2}
 #: the smallest ViT of the 8 x 8 digits
 TINY_VIT = dict(input_size=(8, 8), patch_size=2, num_classes=10, dim=8, depth=1, num_heads=2)
+
+# a digits comparison as a user writes it (the config-author tests edit its text: keys moved, misspelt, retyped)
+TINY_DIGITS_USER_TOML = """
+name = "tiny"
+seeds = [0]
+
+[[tasks]]
+name = "digits"
+dataset = "digits"
+model = "vit-digits"
+metric = "test_acc"
+model_overrides = { dim = 16, depth = 1, num_heads = 2, mlp_ratio = 1.0 }
+[tasks.train]
+max_steps = 2
+batch_size = 16
+eval_interval = 2
+log_interval = 1
+
+[[operators]]
+name = "attention"
+
+[[operators]]
+name = "lap"
+laplacian_heads = "half"
+"""

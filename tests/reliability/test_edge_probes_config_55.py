@@ -11,30 +11,7 @@ from pathlib import Path
 import pytest
 
 from diffusionformer.experiments.cli import main
-
-_BASE = """
-name = "tiny"
-seeds = [0]
-
-[[tasks]]
-name = "digits"
-dataset = "digits"
-model = "vit-digits"
-metric = "test_acc"
-model_overrides = { dim = 16, depth = 1, num_heads = 2, mlp_ratio = 1.0 }
-[tasks.train]
-max_steps = 2
-batch_size = 16
-eval_interval = 2
-log_interval = 1
-
-[[operators]]
-name = "attention"
-
-[[operators]]
-name = "lap"
-laplacian_heads = "half"
-"""
+from experiments_tiny_configs import TINY_DIGITS_USER_TOML as _BASE  # tests/reliability/conftest.py's path
 
 
 def _refused(tmp_path: Path, capsys, text: str) -> str:

@@ -13,30 +13,7 @@ import pytest
 from diffusionformer.experiments.cli import main
 from diffusionformer.experiments.config import load_experiment_config
 from diffusionformer.experiments.validate import validate_experiment
-
-_BASE = """
-name = "tiny"
-seeds = [0]
-
-[[tasks]]
-name = "digits"
-dataset = "digits"
-model = "vit-digits"
-metric = "test_acc"
-model_overrides = { dim = 16, depth = 1, num_heads = 2, mlp_ratio = 1.0 }
-[tasks.train]
-max_steps = 2
-batch_size = 16
-eval_interval = 2
-log_interval = 1
-
-[[operators]]
-name = "attention"
-
-[[operators]]
-name = "lap"
-laplacian_heads = "half"
-"""
+from experiments_tiny_configs import TINY_DIGITS_USER_TOML as _BASE  # tests/reliability/conftest.py's path
 
 
 def _config(tmp_path: Path, text: str = _BASE, name: str = "c.toml") -> Path:
