@@ -45,27 +45,41 @@ def probe55c_op():
         unregister_operator("probe55c-op")
 
 
+def _run_imported(tmp_path, monkeypatch, module: str):
+    """``run c.toml --import MODULE`` (the operator module written at ``tmp_path / module``) from ``tmp_path`` through
+    ``main(argv)``; its run folder."""
+    from diffusionformer.experiments.cli import main
+
+    (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / module).write_text(_OP_MODULE)
+    (tmp_path / "c.toml").write_text(_CONFIG)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "c.toml", "--out", "res", "--import", module, "--no-progress"]) == 0
+    return tmp_path / "res" / "imp" / "runs" / "t" / "mine" / "seed0"
+
+
+def _assert_load_run_names_the_import(rdir, tmp_path, recorded: str) -> None:
+    """Without the operator registered, ``load_run`` of ``rdir`` fails naming the recorded ``--import``."""
+    from diffusionformer.experiments.reload import load_run
+    from diffusionformer.operators import unregister_operator
+
+    unregister_operator("probe55c-op")
+    with pytest.raises(ValueError, match="unknown operator 'probe55c-op'") as info:
+        load_run(rdir)
+    assert str(info.value).endswith(f"; the run was made with --import {recorded} "
+                                    f"({tmp_path / 'res' / 'imp' / 'manifest.json'}): import what registers its "
+                                    "names before load_run")
+
+
 def test_bug_load_run_of_an_imported_operator_names_the_recorded_import(tmp_path, monkeypatch, probe55c_op):
     """Bug: a run made with ``run CONFIG --import MODULE`` (a user's operator), read back by ``load_run`` without that
     module, failed with a bare "unknown operator 'probe55c-op'", though the comparison's ``manifest.json`` records the
     command and its ``--import``. The error now names it."""
-    from diffusionformer.experiments.cli import main
     from diffusionformer.experiments.reload import load_run
-    from diffusionformer.operators import unregister_operator
 
-    (tmp_path / "probe55c_ops.py").write_text(_OP_MODULE)
-    (tmp_path / "c.toml").write_text(_CONFIG)
-    monkeypatch.chdir(tmp_path)
-    argv = ["run", "c.toml", "--out", "res", "--import", "probe55c_ops.py", "--no-progress"]
-    assert main(argv) == 0
-    rdir = tmp_path / "res" / "imp" / "runs" / "t" / "mine" / "seed0"
+    rdir = _run_imported(tmp_path, monkeypatch, "probe55c_ops.py")
     assert type(load_run(rdir).model).__name__ == "DiffusionViT"  # with the module imported: loads
-    unregister_operator("probe55c-op")
-    with pytest.raises(ValueError, match="unknown operator 'probe55c-op'") as info:
-        load_run(rdir)
-    assert str(info.value).endswith(f"; the run was made with --import probe55c_ops.py "
-                                    f"({tmp_path / 'res' / 'imp' / 'manifest.json'}): import what registers its "
-                                    "names before load_run")
+    _assert_load_run_names_the_import(rdir, tmp_path, "probe55c_ops.py")
 
 
 @pytest.mark.parametrize("default", ["none", "given"])
@@ -260,24 +274,9 @@ def test_bug_main_argv_is_the_command_the_manifest_records(tmp_path, monkeypatch
     notebook) recorded the caller's command line (pytest's), not ``argv``; ``load_run``'s "--import" hint, which reads
     the recorded command, then named nothing. ``main(argv)`` records ``python -m diffusionformer.experiments <argv>``
     (quoted for a shell: a folder with a space stays one word), and the hint names its --import."""
-    from diffusionformer.experiments.cli import main
-    from diffusionformer.experiments.reload import load_run
-    from diffusionformer.operators import unregister_operator
-
-    (tmp_path / "my ops").mkdir()
-    (tmp_path / "my ops" / "probe55c_ops.py").write_text(_OP_MODULE)
-    (tmp_path / "c.toml").write_text(_CONFIG)
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["pytest", "-q", "tests"])  # the caller's own command line
-    argv = ["run", "c.toml", "--out", "res", "--import", "my ops/probe55c_ops.py", "--no-progress"]
-    assert main(argv) == 0
+    rdir = _run_imported(tmp_path, monkeypatch, "my ops/probe55c_ops.py")
     manifest = json.loads((tmp_path / "res" / "imp" / "manifest.json").read_text())
     assert manifest["command"] == ("python -m diffusionformer.experiments run c.toml --out res "
                                    "--import 'my ops/probe55c_ops.py' --no-progress")
-    rdir = tmp_path / "res" / "imp" / "runs" / "t" / "mine" / "seed0"
-    unregister_operator("probe55c-op")
-    with pytest.raises(ValueError, match="unknown operator 'probe55c-op'") as info:
-        load_run(rdir)
-    assert str(info.value).endswith(f"; the run was made with --import 'my ops/probe55c_ops.py' "
-                                    f"({tmp_path / 'res' / 'imp' / 'manifest.json'}): import what registers its "
-                                    "names before load_run")
+    _assert_load_run_names_the_import(rdir, tmp_path, "'my ops/probe55c_ops.py'")
