@@ -192,6 +192,7 @@ def _recorded_imports_hint(rdir: Path) -> str:
     operator" that did not say where its name came from."""
     import shlex
 
+    from diffusionformer.experiments.publish import _run_flags  # the flags as a results page's command quotes them
     from diffusionformer.experiments.results import read_json_dict
 
     rdir = rdir.absolute()  # load_run("seed0") from inside the operator's folder: its manifest is there too
@@ -207,7 +208,7 @@ def _recorded_imports_hint(rdir: Path) -> str:
     modules += [w.partition("=")[2] for w in words if w.startswith("--import=")]
     if not modules:
         return ""
-    return (f"; the run was made with {' '.join(f'--import {shlex.quote(m)}' for m in modules)} ({manifest_path}): "
+    return (f"; the run was made with{_run_flags(modules, None)} ({manifest_path}): "
             "import what registers its names before load_run")
 
 
