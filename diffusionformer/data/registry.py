@@ -71,8 +71,8 @@ def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Calla
         ValueError: on a duplicate (the message names :func:`unregister_dataset`, the way to replace it) or empty
             name or an unknown kind.
         TypeError: when the name is not a str, ``needs_root`` not a bool, or the loader is not callable, has
-            positional parameters, ``*args`` or ``**kwargs``, or lacks ``seed``/``root`` (or takes ``root``
-            without ``needs_root``: it would never be passed one).
+            positional parameters, ``*args`` or ``**kwargs``, an option without a default, or lacks
+            ``seed``/``root`` (or takes ``root`` without ``needs_root``: it would never be passed one).
 
     :func:`load_dataset` refuses what the loader returns unless it is a data container of the registered ``kind``.
     """
@@ -113,6 +113,10 @@ def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Calla
         options = {
             p.name: p.default for p in params.values() if p.name not in ("seed", "root")
         }
+        no_default = [key for key, default in options.items() if default is inspect.Parameter.empty]
+        if no_default:  # else listed with default inspect._empty, and a config without it failed at its load
+            raise TypeError(f"loader for {name!r} must give each option a default (its options are read from them, "
+                            f"and a config may leave any out); got none for {no_default}")
         doc = inspect.getdoc(loader) or ""
         _REGISTRY[key] = DatasetSpec(
             name=name,
@@ -130,17 +134,18 @@ def register_dataset(name: str, *, kind: str, needs_root: bool = False) -> Calla
 _OPTION_KINDS = {bool: "a bool", int: "an int", float: "a number", str: "a str"}
 
 
-def _check_option_type(spec: DatasetSpec, key: str, value: Any) -> None:
+def _check_option_type(spec: DatasetSpec, key: str, value: Any) -> Any:
     """Refuse an option whose type cannot be that of its default (bool, int, float, str, read by the config
     files' :func:`~diffusionformer.config.check_value`: numpy numbers pass, bools are no numbers; a ``None``
     default is not checked): ``normalize="no"`` or ``val_fraction="0.1"`` would otherwise be read as truthy or
-    fail deep inside the loader."""
+    fail deep inside the loader. Returns the value as the loader is given it: a numpy number as the Python number
+    it equals, an int for a float default as a float."""
     default = spec.options[key]
     kind = type(default)
     if kind not in _OPTION_KINDS:
-        return
+        return value
     try:
-        check_value(value, kind, f"load_dataset({spec.name!r}): option {key!r}")
+        return check_value(value, kind, f"load_dataset({spec.name!r}): option {key!r}")
     except TypeError:
         raise TypeError(f"load_dataset({spec.name!r}): option {key!r} must be {_OPTION_KINDS[kind]} (default "
                         f"{default!r}), got {_value_type(value)} {value!r}") from None
@@ -247,12 +252,11 @@ def load_dataset(
             f"load_dataset({spec.name!r}) got unknown option(s) {', '.join(map(repr, unknown))}{hint}; "
             f"valid options: {valid}"
         )
-    for key, value in options.items():
-        _check_option_type(spec, key, value)
+    # a loader is given Python numbers (a sweep grid's np.int64 seed failed in a user's torch.Generator().manual_seed)
+    options = {key: _check_option_type(spec, key, value) for key, value in options.items()}
     # here, not in each loader: the fixed-split loaders (cora, citeseer, pydoc-chars, ...) never read the seed and
     # took seed="x", None or -1 silently, while the seeded ones refuse them
-    _check_seed(seed)
-    kwargs: dict[str, Any] = dict(options, seed=seed)
+    kwargs: dict[str, Any] = dict(options, seed=_check_seed(seed))
     if spec.needs_root:
         kwargs["root"] = resolve_root(root)
     data = spec.loader(**kwargs)

@@ -105,6 +105,10 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
         config: the model config (``pe`` and ``pe_dim``).
         attr_name: the ``Data`` attribute to write.
 
+    Raises:
+        TypeError: ``config`` is not a :class:`GraphTransformerConfig` (a model's is ``model.config``).
+        ValueError: ``config.pe`` is neither ``"laplacian"`` nor ``"random_walk"``.
+
     Examples:
         >>> from torch_geometric.data import Data
         >>> cfg = GraphTransformerConfig(in_channels=1, pe="random_walk", pe_dim=3)
@@ -114,6 +118,11 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
     """
     from diffusionformer.models._graph_pe import _LaplacianPE, _RandomWalkPE
 
+    if not isinstance(config, GraphTransformerConfig):  # else "'str' object has no attribute 'pe'"
+        hint = (" (the model's is model.config)" if isinstance(getattr(config, "config", None), GraphTransformerConfig)
+                else f" with pe={config!r}" if isinstance(config, str) else "")
+        raise TypeError(f"positional_encoding_transform: expected a GraphTransformerConfig{hint}, got "
+                        f"{type(config).__name__}")
     if config.pe == "laplacian":
         return _LaplacianPE(config.pe_dim, attr_name=attr_name, is_undirected=True)
     if config.pe == "random_walk":
