@@ -30,10 +30,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from diffusionformer._files import file_kind
 from diffusionformer._warnings import user_stacklevel
 from diffusionformer.experiments.config import ExperimentConfig, _folded, _folder_twin
-from diffusionformer.experiments.results import (RunResult, _row_problem, _runs_of_another_train, finished_runs,
-                                                 first_reach, read_curves, run_dir, select_evaluation)
+from diffusionformer.experiments.results import (RunResult, _completed, _row_problem, _runs_of_another_train,
+                                                 finished_runs, first_reach, read_curves, run_dir, select_evaluation)
 from diffusionformer.experiments.stats import _require_scipy
 from diffusionformer.experiments.tables import _cell, _elapsed_by_device, _text, aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
@@ -97,9 +98,10 @@ class _UnreadableFigure(ValueError, OSError):
     that keeps working."""
 
 
-def _copy_png(src: Path, dst: Path) -> Path | None:
+def _copy_png(src: Path, dst: Path, drawn_by: str = "run") -> Path | None:
     """Copy a figure, reduced to a 256-colour palette when Pillow is installed (about 4x smaller); ``dst`` is
-    replaced once whole (it may be ``src``). A figure that does not load is an :class:`_UnreadableFigure` naming it."""
+    replaced once whole (it may be ``src``). A figure that does not load is an :class:`_UnreadableFigure` naming it
+    and the command that draws it again (``drawn_by``: ``"run"``, ``"analyze"``)."""
     if not src.is_file():
         return None
     try:
@@ -111,7 +113,7 @@ def _copy_png(src: Path, dst: Path) -> Path | None:
         with Image.open(src) as im:
             small = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
     except (OSError, SyntaxError) as exc:  # truncated or not an image (PIL raises OSError, SyntaxError for bad chunks)
-        raise _UnreadableFigure(f"{src}: not a readable PNG figure ({type(exc).__name__}: {exc}); `run` the "
+        raise _UnreadableFigure(f"{src}: not a readable PNG figure ({type(exc).__name__}: {exc}); `{drawn_by}` the "
                                 "comparison again to redraw its figures") from None
     from diffusionformer.experiments.plots import _replace_when_written
 
@@ -135,10 +137,20 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return data
 
 
-def _listed(manifest: dict[str, Any], key: str) -> list[str]:
-    """The strings of the manifest's list ``key`` (every invocation's value, :func:`~diffusionformer.experiments.outputs.merged_manifest`);
-    ``[]`` where the manifest predates it."""
-    return [v for v in manifest.get(key) or [] if isinstance(v, str)]
+def _check_results_file(path: Path) -> None:
+    """Refuse a ``results.json`` that is there but no regular file (a folder, a FIFO: reading one would wait for a
+    writer for ever): else it read as missing, "run the comparison first", for a comparison that ran."""
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path} is {file_kind(path.stat().st_mode)}, not a results file; remove it and `run` the "
+                         "comparison again to rewrite it from its finished runs")
+
+
+def _listed(manifest: dict[str, Any], key: str, kind: type = str) -> list[Any]:
+    """The values of type ``kind`` (strings; ``int``: ints, not bools) of the manifest's list ``key`` (every
+    invocation's value, :func:`~diffusionformer.experiments.outputs.merged_manifest`); ``[]`` where the manifest
+    predates it or ``key`` is not a list (an edited ``7`` or ``"AVX2"``: not its characters), as ``run`` reads it."""
+    values = manifest.get(key)
+    return [v for v in values if isinstance(v, kind) and not isinstance(v, bool)] if isinstance(values, list) else []
 
 
 def _kernels_text(manifest: dict[str, Any]) -> str:
@@ -157,7 +169,7 @@ def _kernels_text(manifest: dict[str, Any]) -> str:
 def _threads_text(manifest: dict[str, Any]) -> str:
     """The Machine line's torch thread counts (``torch_thread_counts`` of the manifest: every invocation that trained on
     the CPU) where there were several, else ``""`` (one count, or none recorded: nothing to warn of)."""
-    counts = [n for n in manifest.get("torch_thread_counts") or [] if isinstance(n, int) and not isinstance(n, bool)]
+    counts = _listed(manifest, "torch_thread_counts", int)
     if len(counts) > 1:
         return (f"; torch threads: {', '.join(map(str, counts))} (runs of this comparison were trained on the CPU "
                 f"under {len(counts)} thread counts: a reduction split over another number of threads rounds "
@@ -168,7 +180,7 @@ def _threads_text(manifest: dict[str, Any]) -> str:
 def _processes_text(manifest: dict[str, Any]) -> str:
     """The Machine line's processes per run (``world_sizes`` of the manifest: torchrun's world size of each
     invocation that trained), or ``""`` where every run was trained by one process (or none is recorded)."""
-    sizes = [n for n in manifest.get("world_sizes") or [] if isinstance(n, int) and not isinstance(n, bool)]
+    sizes = _listed(manifest, "world_sizes", int)
     if len(sizes) > 1:
         return (f"; processes per run: {', '.join(map(str, sizes))} (runs of this comparison were trained by "
                 f"{len(sizes)} numbers of processes, with torchrun and without: each rank draws dropout from a stream "
@@ -251,7 +263,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
             it would delete the runs; or finished runs were made with another train or model config than ``config``'s
             (or other data, task settings, model class or default dtype: ``run_status``'s ``changed``; a ``run --set
             ...`` published without the overrides: the page would call them runs of this config); the message names
-            what differs and the remedy that fits it.
+            what differs and the remedy that fits it. Also a ``results.json`` that is no regular file (a folder, a
+            FIFO), or whose rows do not fit (two of one run, another metric than the task's: the config changed).
         ModuleNotFoundError: scipy missing where ``config`` has several seeds (the tables' t tests need it), before
             anything is copied.
     """
@@ -260,6 +273,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
             raise TypeError(f"publish_experiment: {flag} must be a list of str, got {values!r}")
     src = Path(out_root) / config.name
     results_path = src / "results.json"
+    _check_results_file(results_path)
     if not results_path.is_file():
         # the command the runs are still to be made with: the --import / --set / --out given here, or the hint reruns
         # the config as its file has it (the README's main job: 18 runs, when `--set seeds=[0]` was meant)
@@ -465,7 +479,11 @@ def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[s
                   "Welch's, unpaired and not adjusted for the many metrics and layers: read them as exploratory.", ""]
         readme = analysis / "README.md"
         if readme.is_file():  # the geometry tables (mean ± std, Welch t), headings one level down
-            body = readme.read_text(encoding="utf-8")
+            try:
+                body = readme.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:  # else a bare "'utf-8' codec can't decode", naming no file
+                raise ValueError(f"{readme}: not UTF-8 text ({exc}); `analyze` the comparison again to rewrite "
+                                 "it") from None
             body = body.split("\n", 1)[1] if body.startswith("# ") else body
             lines += [body.replace("\n## ", "\n### ").strip(), ""]
         lines += [_image(p.stem, f"{config.name}/analysis/{p.name}") + "\n" for p in analysis_pngs]
@@ -498,7 +516,7 @@ def _copy_files(src: Path, dst: Path, runs: list[RunResult]) -> None:
     _copy(analysis / "metrics.json", dst / "analysis" / "metrics.json")
     _copy(analysis / "README.md", dst / "analysis" / "README.md")
     for png in sorted((analysis / "plots").glob("*.png")):
-        _copy_png(png, dst / "analysis" / png.name)
+        _copy_png(png, dst / "analysis" / png.name, drawn_by="analyze")
     for r in runs:
         log = run_dir(src, r.task, r.operator, r.seed) / "metrics.jsonl"
         if log.is_file():
@@ -694,6 +712,12 @@ def _stored_runs(results_path: Path) -> list[RunResult]:
         bad = next(((i, why) for i, why in enumerate(map(_row_problem, rows)) if why), None)
         if bad is not None:
             raise ValueError(f"run {bad[0]} of 'runs': {bad[1]}")
+        first: dict[tuple[str, str, int], int] = {}  # a run's two rows (edited, merged by hand): else the last one won
+        for i, r in enumerate(runs):
+            j = first.setdefault((r.task, r.operator, r.seed), i)
+            if j != i:
+                raise ValueError(f"run {i} of 'runs' is a second row of {r.task!r} / {r.operator!r} seed {r.seed} "
+                                 f"(run {j} is the first): which one holds its result cannot be told")
     except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: arrays nested thousands deep
         raise ValueError(f"{results_path} is not a results file of a comparison ({type(exc).__name__}: {exc}); "
                          "`run` the comparison again to rewrite it from its finished runs") from None
@@ -706,13 +730,30 @@ def _stored_runs(results_path: Path) -> list[RunResult]:
 
 def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
     """The runs of ``config`` in ``results.json`` (and finished on disk but not in it), with ``select_by``
-    evaluations and ``reach`` steps recomputed from the run logs where missing.
+    evaluations and ``reach`` steps recomputed from the run logs where missing. A completed row whose run was started
+    again and has not finished (a run being retrained) is left out, as ``run`` leaves it out of the next
+    ``results.json``.
 
     Rows of other tasks, settings or seeds are left out: the page shows what its config names. A run without its
     run folder (``src`` is a published folder: its raw results are not kept) is read from the log ``publish`` wrote.
     """
-    runs = finished_runs(src, config, _stored_runs(src / "results.json"))
+    stored = _stored_runs(src / "results.json")
     tasks = {t.name: t for t in config.tasks}
+    settings, seeds = {o.name for o in config.operators}, set(config.seeds)
+    # a row of another metric (the task's `metric` changed in the config since): else tabulated under the new name
+    other = next((r for r in stored if r.task in tasks and r.operator in settings and r.seed in seeds
+                  and r.metric != tasks[r.task].metric), None)
+    if other is not None:
+        raise ValueError(f"{src / 'results.json'}: the row of {other.task!r} / {other.operator!r} seed {other.seed} "
+                         f"holds the metric {other.metric!r}, but task {other.task!r} of the config has the metric "
+                         f"{tasks[other.task].metric!r} (changed since the runs); `run` the comparison again to "
+                         "rewrite results.json with it from the finished runs")
+    # a completed row of a run started again (its run_config.json written) and not finished since (`run --restart`
+    # stopped while retraining it): the discarded run's numbers beside the new run's partial log, where `status`
+    # says interrupted; `run` leaves it out when it next writes results.json
+    stored = [r for r in stored if not (r.status == "completed" and r.task in tasks and r.operator in settings
+                                        and r.seed in seeds and _retraining(run_dir(src, r.task, r.operator, r.seed)))]
+    runs = finished_runs(src, config, stored)
     for r in runs:
         task = tasks.get(r.task)
         if task is None or r.status != "completed":
@@ -732,6 +773,12 @@ def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
         if need_reach:
             r.reach_step = first_reach(curves, task)
     return runs
+
+
+def _retraining(rdir: Path) -> bool:
+    """Whether the run folder ``rdir`` holds a run started (its ``run_config.json`` is written first) but not finished
+    (no completed ``summary.json``: a restart removes it first)."""
+    return (rdir / "run_config.json").is_file() and not _completed(rdir)
 
 
 def _setting_definition(config: ExperimentConfig, setting: Any) -> str:
@@ -786,7 +833,7 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
 
     Raises:
         ValueError: two configs of one name (one results folder: its contrasts would count twice); an
-            ``alpha`` outside (0, 1].
+            ``alpha`` outside (0, 1]; a ``results.json`` that is no regular file (a folder, a FIFO).
         FileNotFoundError: none of the comparisons has a ``results.json`` under ``out_root``.
     """
     from diffusionformer.experiments.compare import _format_p, format_signed
@@ -802,6 +849,8 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
     if twice:  # one folder read twice: its rows repeated, and Holm's family counting each contrast twice
         raise ValueError(f"summary: comparison(s) {twice} given more than once (configs of one name share the results "
                          f"folder <out>/<name>); give each comparison once")
+    for c in configs:
+        _check_results_file(Path(out_root) / c.name / "results.json")
     if configs and not any((Path(out_root) / c.name / "results.json").is_file() for c in configs):
         raise FileNotFoundError(f"summary: no results under {str(out_root)!r} for {names} (looked for "
                                 f"{', '.join(str(Path(out_root) / n / 'results.json') for n in names)}); "

@@ -161,7 +161,8 @@ def _is_finite(value: Any) -> bool:
 def _row_problem(data: Any) -> str | None:
     """What makes a ``results.json`` row no :class:`RunResult` the tables can read (``None`` when nothing does): not
     an object, a name that is not a string, a seed that is not an int, a value that is not a number or null
-    (``"0.5"``, ``true``, an int of 400 digits), a step or parameter count that is not an int or null."""
+    (``"0.5"``, ``true``, an int of 400 digits), a step or parameter count that is not an int or null, a step,
+    parameter count or wall time below 0."""
     if not isinstance(data, dict):
         return f"a JSON {type(data).__name__}, not an object"
     for key in ("task", "operator", "status", "metric"):
@@ -175,6 +176,10 @@ def _row_problem(data: Any) -> str | None:
         v = data.get(key)
         if v is not None and not (isinstance(v, float) or (_is_finite(v) and isinstance(v, int))):
             return f"{key} must be a number or null, got {str(v)[:80]!r}"
+    for key in ("num_parameters", "elapsed", "selected_step", "reach_step"):  # counts: the page showed "-3" params
+        v = data.get(key)
+        if v is not None and v < 0:
+            return f"{key} must be >= 0 or null, got {str(v)[:80]!r}"
     for key in ("device", "device_name"):
         if data.get(key) is not None and not isinstance(data[key], str):
             return f"{key} must be a string or null, got {str(data[key])[:80]!r}"

@@ -129,8 +129,8 @@ def _parse_lines(path: Path) -> list[dict[str, Any]]:
         if _is_record(record):
             records.append(record)
         else:
-            warnings.warn(f"{path}:{number}: skipping a line that is not a metrics record (an integer 'step', a "
-                          "'split' name and a 'metrics' mapping)", stacklevel=user_stacklevel())
+            warnings.warn(f"{path}:{number}: skipping a line that is not a metrics record (an integer 'step' from 0 "
+                          "to 2**63 - 1, a 'split' name and a 'metrics' mapping)", stacklevel=user_stacklevel())
     return records
 
 
@@ -139,8 +139,9 @@ def _is_record(record: Any) -> bool:
     if not isinstance(record, dict):
         return False
     step = record.get("step")
-    return (isinstance(step, int) and not isinstance(step, bool) and isinstance(record.get("split"), str)
-            and isinstance(record.get("metrics", {}), dict))
+    # a step no trainer writes (negative, past int64: a flipped digit) made the plots' step axis an object array
+    return (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**63
+            and isinstance(record.get("split"), str) and isinstance(record.get("metrics", {}), dict))
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -151,7 +152,7 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     ``"eval"`` (the task's ``evaluate`` output, ``loss`` copied from its ``"loss"`` key),
     ``elapsed`` the training seconds so far (accumulated across resumes), ``time`` a Unix time.
     A truncated last line (a killed run) is skipped; any other line that is not JSON, not UTF-8
-    or not such a record (an integer ``step``, a ``split`` name, a ``metrics`` mapping) is
+    or not such a record (an integer ``step`` from 0 to ``2**63 - 1``, a ``split`` name, a ``metrics`` mapping) is
     skipped with a warning naming the file and line.
 
     Args:

@@ -464,7 +464,9 @@ def test_summary_table_signs_differences_so_that_positive_is_better(tmp_path):
     cfg = load_experiment_config(raw)
     vals = {("digits", "attention"): [0.80, 0.82, 0.84], ("digits", "lap"): [0.86, 0.87, 0.91],
             ("lm", "attention"): [2.0, 2.1, 2.2], ("lm", "lap"): [2.1]}
-    runs = [asdict(RunResult(task, op, s, "completed", "m", v)) for (task, op), vs in vals.items() for s, v in enumerate(vs)]
+    metric = {"digits": "test_acc", "lm": "val_loss"}  # each task's (a row of another metric is refused)
+    runs = [asdict(RunResult(task, op, s, "completed", metric[task], v))
+            for (task, op), vs in vals.items() for s, v in enumerate(vs)]
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "results.json").write_text(json.dumps({"runs": runs, "summary": []}))
     lines = summary_table([cfg], tmp_path).splitlines()
