@@ -473,10 +473,11 @@ class DiffusionGraphTransformer(nn.Module):
                 linear map. Laplacian eigenvectors get a random sign per column in training.
             max_num_nodes: an upper bound on the node count of every graph (e.g. the dataset's
                 largest graph); global attention pads each graph to it instead of reading the
-                largest graph's size from ``batch``. With ``num_graphs`` too, the forward reads
-                no tensor value on the host and compiles with ``fullgraph=True``; the result
-                equals the call without sizes. A larger graph is a ``ValueError`` (eager mode on
-                CPU) or an indexing error, never dropped nodes.
+                largest graph's size from ``batch``. With ``num_graphs`` too, the forward
+                compiles with ``fullgraph=True`` and, with ``self_loops=False``, reads no tensor
+                value on the host (the self-loop normalisation of ``self_loops=True`` is a boolean
+                mask, a ``nonzero``); the result equals the call without sizes. A larger graph is
+                a ``ValueError`` (eager mode on CPU) or an indexing error, never dropped nodes.
             num_graphs: the number of graphs ``G`` in the batch (PyG's ``data.num_graphs``; may
                 exceed ``batch.max() + 1``, the extra graphs being empty), for global attention
                 and the graph readout instead of ``batch.max() + 1``.

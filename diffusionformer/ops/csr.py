@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diffusionformer.ops._checks import _FUNCTORCH
+from diffusionformer.ops._checks import _FUNCTORCH, checks_values
 from diffusionformer.ops.engine import _tensors_traced
 from diffusionformer.ops.recompute import _batched_grad
 
@@ -91,9 +91,9 @@ class EdgeLayout:
         self.order: Tensor | None = None
         # sort by (target, source): CSR rows with ascending columns, as sparse libraries expect
         key = dst * N + src
-        # the sortedness test reads the keys on the host: eager CPU only (on an accelerator a
-        # device synchronisation, under torch.compile data-dependent control flow); else always sort
-        if key.device.type != "cpu" or torch.compiler.is_compiling() or not _is_sorted(key):
+        # the sortedness test reads the keys on the host: where checks_values allows (eager CPU: on an accelerator
+        # a device synchronisation, under torch.compile data-dependent control flow); else always sort
+        if not checks_values(key) or not _is_sorted(key):
             key, order = torch.sort(key, stable=True)
             dst = key.div(N, rounding_mode="floor")  # cheaper than two gathers by ``order``
             src = key - dst * N

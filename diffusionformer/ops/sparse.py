@@ -34,7 +34,9 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import handle_torch_function, has_torch_function
 
 from diffusionformer.config import _check_flag
-from diffusionformer.ops._checks import DENSE_BACKENDS, SPARSE_BACKENDS, _SPARSE_ADJACENCY_FIX, _backend_hint, _check_is_causal, _check_strided, _proxy_tracing, check_dropout, check_index_range, check_layout, check_scale, check_tensor
+from diffusionformer.ops._checks import (DENSE_BACKENDS, SPARSE_BACKENDS, _SPARSE_ADJACENCY_FIX, _backend_hint,
+                                         _check_is_causal, _check_strided, _proxy_tracing, check_dropout,
+                                         check_index_range, check_layout, check_scale, check_tensor, checks_values)
 from diffusionformer.ops.engine import (Backend, Heads, affine, affine_coefficients, polynomial, select, static_tensor,
                                          work_dtype)
 from diffusionformer.ops.recompute import _in_eager_transform, _in_functorch
@@ -451,9 +453,9 @@ def diffuse_sparse_with_weights(
     edge_mask = keep = None
     if is_causal:
         keep = edge_index[0] <= edge_index[1]
-        if edge_index.is_cuda or torch.compiler.is_compiling() or _without_values(edge_index):
+        if not checks_values(edge_index):
             # mask instead of filtering: a boolean index synchronises with the host (a data-dependent shape, which a
-            # meta or fake edge_index cannot give)
+            # meta or fake edge_index cannot give, nor a compiled graph); filtered in eager mode on CPU only
             edge_mask, keep = keep, None
         else:
             edge_index = edge_index[:, keep]
