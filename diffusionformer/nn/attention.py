@@ -27,7 +27,8 @@ from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
 from diffusionformer.ops._checks import (_SPARSE_ADJACENCY_FIX, _backend_hint, _check_is_causal, _check_strided,
                                          _matrix_output, check_degrees, check_dropout, check_layout)
-from diffusionformer.ops.engine import AffineRun, affine_coefficients, affine_runs, combine_affine, static_coefficients
+from diffusionformer.ops.engine import (AffineRun, affine_coefficients, affine_runs, combine_affine,
+                                        static_coefficients, static_tensor)
 from diffusionformer.ops.recompute import recompute_saved, wants_recompute
 from diffusionformer.ops.sparse import SPARSE_BACKENDS
 
@@ -330,6 +331,7 @@ class DiffusionAttention(nn.Module):
             if heads and len(heads) < self.num_heads:
                 static_coefficients(tuple(zip(c0s, c1s)), len(heads))  # finite: validated once
                 self._affine_heads = (tuple(heads), tuple(c0s), tuple(c1s))
+        self._coefficient_segments = _coefficient_segments(ops, self._groups, static, self.max_degree)
         self._plan_key = ops
 
     def _check_plan(self) -> None:
@@ -477,39 +479,49 @@ class DiffusionAttention(nn.Module):
     def coefficients(self) -> Tensor:
         """Weights on ``P^0 .. P^K`` of every head, ``(H, K+1)`` (NaN rows for non-polynomial heads)."""
         self._check_plan()
-        return self._coefficients(nan_for_nonpolynomial=True)
+        c = self._coefficients(nan_for_nonpolynomial=True)
+        # every head fixed: the layer's cached tensor (engine.static_tensor), which the caller may write to
+        return c.clone() if len(self._coefficient_segments) == 1 and isinstance(self._coefficient_segments[0],
+                                                                                 _StaticRows) else c
 
     def _coefficients(self, nan_for_nonpolynomial: bool = False) -> Tensor:
         K = self.max_degree
-        rows = []
+        parts = []
         # its device and dtype (a parametrized weight is not computed for them; a quantized qkv gives the layer's)
         ref = _stored_weight(self.qkv, owner=self)
-        for op, (start, count), poly in zip(self.operators, self._groups, self._polynomial):
-            if poly:
-                c = op.head_coefficients(count)
-                if c.is_meta and not ref.is_meta:
-                    raise _meta_caches_error(op, ref)
-                c = c.to(device=ref.device)
-                if c.shape[1] > op.degree + 1:  # F.pad below would drop P^(K+1).. silently
-                    raise ValueError(f"{type(op).__name__}.coefficients() must have degree + 1 = {op.degree + 1} "
-                                     f"columns, got shape {tuple(c.shape)}")
-                planned = self._degrees[start]
-                if c.shape[1] > planned + 1:
-                    # the operator's degree grew in place (a user's `op.steps = 4` and a longer parameter) since the
-                    # plan: F.pad below dropped the powers past the layer's degree, or the engine those past the
-                    # heads' planned degree, silently
-                    raise ValueError(
-                        f"{type(op).__name__}.coefficients() has degree {c.shape[1] - 1}, but the layer planned its "
-                        f"heads {list(range(start, start + count))} for degree {planned}, the operator's degree when "
-                        "the layer took it; an operator's degree is fixed while it serves a layer: put a new operator "
-                        "in (layer.operators[i] = op), which the layer plans for anew")
-                c = c.to(torch.float64 if ref.dtype == torch.float64 else torch.float32)
-                rows.append(F.pad(c, (0, K - c.shape[1] + 1)))
-            else:
-                fill = float("nan") if nan_for_nonpolynomial else 0.0
-                dtype = torch.float64 if ref.dtype == torch.float64 else torch.float32
-                rows.append(torch.full((count, K + 1), fill, device=ref.device, dtype=dtype))
-        return torch.cat(rows, dim=0)
+        work = torch.float64 if ref.dtype == torch.float64 else torch.float32
+        for segment in self._coefficient_segments:
+            if isinstance(segment, _StaticRows):
+                # fixed operators' rows (zeros or NaN for non-polynomial heads) from their Python floats: one tensor
+                # per run of groups, built once per device and dtype (engine.static_tensor), not cast, padded and
+                # concatenated per operator at every call
+                if not ref.is_meta:
+                    for op in segment.ops:  # as when their coefficients() were read: a meta base of functional_call
+                        if op.is_polynomial and any(b.is_meta for b in op._buffers.values() if b is not None):
+                            raise _meta_caches_error(op, ref)
+                parts.append(static_tensor(segment.nan if nan_for_nonpolynomial else segment.zero, ref.device, work))
+                continue
+            op, start, count = segment
+            c = op.head_coefficients(count)
+            if c.is_meta and not ref.is_meta:
+                raise _meta_caches_error(op, ref)
+            if c.shape[1] > op.degree + 1:  # F.pad below would drop P^(K+1).. silently
+                raise ValueError(f"{type(op).__name__}.coefficients() must have degree + 1 = {op.degree + 1} "
+                                 f"columns, got shape {tuple(c.shape)}")
+            planned = self._degrees[start]
+            if c.shape[1] > planned + 1:
+                # the operator's degree grew in place (a user's `op.steps = 4` and a longer parameter) since the
+                # plan: F.pad below dropped the powers past the layer's degree, or the engine those past the
+                # heads' planned degree, silently
+                raise ValueError(
+                    f"{type(op).__name__}.coefficients() has degree {c.shape[1] - 1}, but the layer planned its "
+                    f"heads {list(range(start, start + count))} for degree {planned}, the operator's degree when "
+                    "the layer took it; an operator's degree is fixed while it serves a layer: put a new operator "
+                    "in (layer.operators[i] = op), which the layer plans for anew")
+            c = c.to(device=ref.device, dtype=work)
+            parts.append(F.pad(c, (0, K - c.shape[1] + 1)) if c.shape[1] <= K else c)
+        # one part: a learned operator's rows, or the cached tensor of an all-fixed layer (coefficients() copies it)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -959,6 +971,38 @@ class DiffusionAttention(nn.Module):
         """
         self._check_plan()  # a non-operator module had no .spec() (AttributeError); a missing operator was left out
         return ",".join(f"{_group_spec(op, count)}:{count}" for op, (_, count) in zip(self.operators, self._groups))
+
+
+@dataclass(frozen=True)
+class _StaticRows:
+    """The rows of a run of consecutive head groups whose coefficients are constants in a layer's plan: fixed
+    operators' ``static_coefficients()`` padded to the layer's ``K + 1`` columns, and non-polynomial heads' rows
+    (``zero``: what the engine receives for them; ``nan``: what :meth:`DiffusionAttention.coefficients` shows), with
+    the ``ops`` they came from."""
+
+    ops: tuple[DiffusionOperator, ...]
+    zero: tuple[tuple[float, ...], ...]
+    nan: tuple[tuple[float, ...], ...]
+
+
+def _coefficient_segments(ops: Sequence[DiffusionOperator], groups: Sequence[tuple[int, int]],
+                          static: Sequence[tuple[float, ...] | None], K: int
+                          ) -> tuple[_StaticRows | tuple[DiffusionOperator, int, int], ...]:
+    """How a layer builds its ``(H, K+1)`` coefficients, in head order: :class:`_StaticRows` for each run of groups
+    with constant rows (``static``: their ``_static_row``), ``(op, start, count)`` for each learned operator."""
+    segments: list[_StaticRows | tuple[DiffusionOperator, int, int]] = []
+    for op, (start, count), row in zip(ops, groups, static):
+        if op.is_polynomial and row is None:
+            segments.append((op, start, count))
+            continue
+        zero = (row + (0.0,) * (K + 1 - len(row)) if row is not None else (0.0,) * (K + 1),) * count
+        nan = zero if row is not None else ((math.nan,) * (K + 1),) * count
+        last = segments[-1] if segments else None
+        if isinstance(last, _StaticRows):
+            segments[-1] = _StaticRows(last.ops + (op,), last.zero + zero, last.nan + nan)
+        else:
+            segments.append(_StaticRows((op,), zero, nan))
+    return tuple(segments)
 
 
 def _static_row(op: DiffusionOperator) -> tuple[float, ...] | None:

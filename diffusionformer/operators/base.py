@@ -28,6 +28,12 @@ from diffusionformer.ops._checks import checks_values
 from diffusionformer.ops.dense import MatrixBackend
 from diffusionformer.ops.engine import all_heads, polynomial, work_dtype
 
+try:  # _Pow.apply: torch's Function.apply without its per-call inspect.signature (private pieces of torch)
+    from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
+    _FUNCTORCH_ACTIVE = torch._C._are_functorch_transforms_active
+except (ImportError, AttributeError):  # pragma: no cover - a torch release without them: torch's own apply
+    _FUNCTORCH_ACTIVE = None
+
 __all__ = ["DiffusionOperator"]
 
 
@@ -459,6 +465,16 @@ class _Pow(torch.autograd.Function):
 
     generate_vmap_rule = True
 
+    @classmethod
+    def apply(cls, x: Tensor, k: Tensor) -> Tensor:  # type: ignore[override]
+        # torch's Function.apply binds the arguments of a Function with setup_context by inspect.signature(forward)
+        # at every call (3x the cost of the pow itself), which for forward(x, k) called with both returns them
+        # unchanged: outside torch.func transforms, the rest of torch's apply without it (under them, torch's own)
+        # (torch's own while compiling, and where a torch release lacks the private pieces it is written with)
+        if torch.compiler.is_compiling() or _FUNCTORCH_ACTIVE is None or _FUNCTORCH_ACTIVE():
+            return super().apply(x, k)
+        return super(torch.autograd.Function, cls).apply(*_unwrap_dead_wrappers((x, k)))
+
     @staticmethod
     def forward(x: Tensor, k: Tensor) -> Tensor:  # type: ignore[override]
         return x.pow(k)
@@ -470,13 +486,18 @@ class _Pow(torch.autograd.Function):
         ctx.save_for_forward(x, k)
 
     @staticmethod
-    def _derivative(x: Tensor, k: Tensor) -> Tensor:
-        return k * _Pow.apply(x, (k - 1).clamp(min=0))
+    def _derivative(x: Tensor, k: Tensor, differentiable: bool = True) -> Tensor:
+        lower = (k - 1).clamp(min=0)
+        return k * (_Pow.apply(x, lower) if differentiable else x.pow(lower))
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         x, k = ctx.saved_tensors
-        return grad * _Pow._derivative(x, k), None  # summed to x's shape (and dtype) by autograd, as pow's
+        # a backward pass that records no graph (create_graph=False) and runs under no torch.func transform is never
+        # differentiated: the pow that _Pow's forward runs, without a Function call
+        differentiable = torch.is_grad_enabled() or torch._C._are_functorch_transforms_active()
+        # summed to x's shape (and dtype) by autograd, as pow's
+        return grad * _Pow._derivative(x, k, differentiable), None
 
     @staticmethod
     def jvp(ctx: Any, x_t: Tensor, k_t: Any) -> Tensor:  # type: ignore[override]

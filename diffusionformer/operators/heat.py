@@ -73,12 +73,11 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
         if steps == 0:
             raise ValueError("the Euler heat kernel needs steps >= 1")
         a, b = 1.0 - t / steps, t / steps
-        # binomial coefficients built on t's device (no host-to-device copy in the forward pass)
-        k = torch.arange(steps + 1, dtype=torch.float64, device=t.device)
-        binom = torch.exp(math.lgamma(steps + 1) - torch.lgamma(k + 1) - torch.lgamma(steps - k + 1)).round()
-        a_pow = torch.stack([a ** (steps - k) for k in range(steps + 1)], dim=-1)
-        b_pow = torch.stack([b**k for k in range(steps + 1)], dim=-1)
-        return binom * a_pow * b_pow
+        # a fixed number of kernels whatever K: (a, b)^(K - k, k) in one table of powers, with finite derivatives of
+        # every order at a = 0 or b = 0 (_powers; 2 (K+1) pow calls and two stacks before)
+        exponents, binom = _euler_table(steps, t.device)
+        ab = _powers(torch.stack((a, b), dim=-1), exponents)  # (..., 2, K+1)
+        return binom * ab.select(-2, 0) * ab.select(-2, 1)
     raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}{_choice_hint(method, _METHODS)}")
 
 
@@ -95,6 +94,17 @@ def _taylor_table(steps: int, device: torch.device) -> tuple[Tensor, Tensor]:
         k = torch.arange(steps + 1, dtype=torch.float64, device="cpu")
         return k.to(device), torch.tensor([1.0 / math.factorial(i) for i in range(steps + 1)],
                                           dtype=torch.float64, device="cpu").to(device)
+
+
+@_tensor_cache(maxsize=64)
+def _euler_table(steps: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The exponents ``(K - k, k)`` as a ``(2, K+1)`` table and the binomials ``C(K, k)``, ``k = 0 .. K``, in float64
+    on ``device``, built once (no copy to the device per call)."""
+    with torch.inference_mode(False):  # made on the CPU (a default device of meta has no values); not via
+        # _taylor_table, whose 1 / k! overflows a float past K = 170 (Euler's K may be large: it converges as 1/K)
+        k = torch.arange(steps + 1, dtype=torch.float64, device="cpu")
+        binom = torch.exp(math.lgamma(steps + 1) - torch.lgamma(k + 1) - torch.lgamma(steps - k + 1)).round()
+        return torch.stack((steps - k, k)).to(device), binom.to(device)
 
 
 def heat_steps_for_tolerance(t: float, tol: float, method: str = "taylor") -> int:
