@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, get_args
 
+import numpy as np
+
 from diffusionformer.config import _check_flag, _choice_hint, _value_type, check_value
 
 from .base import TaskData
@@ -138,12 +140,12 @@ def _check_option_type(spec: DatasetSpec, key: str, value: Any) -> Any:
     """Refuse an option whose type cannot be that of its default (bool, int, float, str, read by the config
     files' :func:`~diffusionformer.config.check_value`: numpy numbers pass, bools are no numbers; a ``None``
     default is not checked): ``normalize="no"`` or ``val_fraction="0.1"`` would otherwise be read as truthy or
-    fail deep inside the loader. Returns the value as the loader is given it: a numpy number as the Python number
-    it equals, an int for a float default as a float."""
+    fail deep inside the loader. Returns the value as the loader is given it: a numpy number (of an unchecked
+    option too) as the Python number it equals, an int for a float default as a float."""
     default = spec.options[key]
     kind = type(default)
-    if kind not in _OPTION_KINDS:
-        return value
+    if kind not in _OPTION_KINDS:  # `limit: int | None = None` given a sweep grid's np.int64: was passed on as one
+        return value.item() if isinstance(value, (np.integer, np.floating)) else value
     try:
         return check_value(value, kind, f"load_dataset({spec.name!r}): option {key!r}")
     except TypeError:

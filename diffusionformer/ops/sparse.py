@@ -77,6 +77,9 @@ def _use_csr(backend: str) -> bool:
                 "no functorch support; use backend='auto' or 'native' there" if _in_functorch() else
                 "backend='csr' cannot run under forward-mode AD (torch.autograd.forward_ad): its sparse kernels have no "
                 "jvp; use backend='auto' or 'native' there")
+        if _proxy_tracing():  # else torch's "Sparse CSR tensors do not have strides", deep in the CSR kernels
+            raise ValueError("backend='csr' cannot run while make_fx traces the call (torch.func.linearize traces "
+                             "with it): its sparse CSR tensors cannot be traced; use backend='auto' or 'native' there")
         return True
     if backend in ("native", "torch_scatter"):
         return False
