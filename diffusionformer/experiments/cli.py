@@ -533,6 +533,7 @@ def _main(argv: list[str] | None) -> int:
             _print(f"analysis: {adir}/README.md, {adir}/metrics.json{plots}")
             return 0
         from diffusionformer.experiments.gpu import WORKER_ENV, check_device, precision_amp, run_workers, worker_argv
+        from diffusionformer.experiments.results import _toml_key, _toml_string
         from diffusionformer.experiments.runner import _choose_tasks, run_experiment
         from diffusionformer.experiments.tables import aggregate, format_table
 
@@ -552,17 +553,22 @@ def _main(argv: list[str] | None) -> int:
         if workers > 1:  # a misspelt --tasks name, before any worker starts (each would refuse it, as run_experiment)
             _choose_tasks(config, args.tasks)
         _size_threads(args)
+        # --precision as the --set of every task's train.amp (part of a run's identity): the status command below
+        # without it read every run this command finishes as "made with another train", to be redone
+        amp = None if args.precision is None else precision_amp(args.precision)
+        precision_sets = [] if amp is None else [f"tasks.{_toml_key(t.name)}.train.amp={_toml_string(amp)}"
+                                                 for t in config.tasks if _toml_key(t.name) is not None]
         if _rank_zero():
             from diffusionformer.experiments.publish import _run_flags
 
             # with the --import modules: without them status cannot read a config naming what they register
+            flags = _run_flags(args.imports, args.overrides + precision_sets, args.out)
             print(f"every run's step and time left, from another shell: python -m diffusionformer.experiments status "
-                  f"{shlex.quote(args.config)}{_run_flags(args.imports, args.overrides, args.out)}", file=sys.stderr)
+                  f"{shlex.quote(args.config)}{flags}", file=sys.stderr)
         device = args.device if args.device is not None else config.device
         if device is not None:
             check_device(device)  # before any data is loaded: unknown, or CUDA where there is none
-        if args.precision is not None:
-            amp = precision_amp(args.precision)
+        if amp is not None:
             for task in config.tasks:
                 task.train = {**task.train, "amp": amp}
         t0 = time.perf_counter()
@@ -575,8 +581,10 @@ def _main(argv: list[str] | None) -> int:
             if any(codes):
                 print(f"worker exit codes {codes}; see {Path(args.out) / config.name / 'workers'}", file=sys.stderr)
         # one pass in this process: trains what no worker finished, then writes the tables
+        # the runs' notes and failures on stderr, with the "see the messages above" they precede; stdout: the table
         results = run_experiment(config, args.out, data_root=args.data_root, resume=not args.restart,
-                                 progress=not args.no_progress, device=device, tasks=args.tasks)
+                                 progress=not args.no_progress, device=device, tasks=args.tasks,
+                                 log=lambda message: print(message, file=sys.stderr))
         if _rank_zero():
             _print()
             _print(format_table(aggregate(results), config, compact=True))

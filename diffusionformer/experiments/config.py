@@ -711,6 +711,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             wanted = listed if isinstance(listed, list) else [v.strip() for v in listed.split(",") if v.strip()]
             if not wanted:  # "tasks=" or "tasks=," would keep nothing to run
                 raise ValueError(f"override {text!r}: name at least one of the {path[0]} to keep")
+            odd = next((w for w in wanted if not isinstance(w, str)), None)
+            if odd is not None:  # a table (a new entry in TOML form) read as a name: "no operators named [{...}]"
+                raise ValueError(f"override {text!r}: {path[0]}=NAME,... keeps only the {path[0]} named, expected "
+                                 f"names (strings), got {type(odd).__name__} {odd!r}; add or change [[{path[0]}]] "
+                                 f"entries in the config file, or set one's keys by name ({path[0]}.NAME.KEY=VALUE)")
             entries = data.get(path[0], [])
             if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
                 raise ValueError(f"override {text!r}: {path[0]} must be a list of tables ([[{path[0]}]] entries, each "

@@ -34,7 +34,8 @@ from diffusionformer._files import file_kind
 from diffusionformer._warnings import user_stacklevel
 from diffusionformer.experiments.config import ExperimentConfig, _folded, _folder_twin
 from diffusionformer.experiments.results import (RunResult, _completed, _row_problem, _runs_of_another_train,
-                                                 finished_runs, first_reach, read_curves, run_dir, select_evaluation)
+                                                 finished_runs, first_reach, read_curves, read_json_dict, run_dir,
+                                                 select_evaluation)
 from diffusionformer.experiments.stats import _require_scipy
 from diffusionformer.experiments.tables import _cell, _elapsed_by_device, _text, aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
@@ -314,6 +315,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     manifest = _read_manifest(src / "manifest.json")
     in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
     analysis = src / "analysis"
+    _warn_unanalysed(runs, analysis / "metrics.json")
     page, index = docs / f"{config.name}.md", docs / "index.md"
     if index.is_file():  # a toctree it cannot be added to: refused before anything is copied
         _with_entry(index.read_text(encoding="utf-8"), config.name, index)
@@ -381,6 +383,31 @@ def _warn_unfinished(config: ExperimentConfig, runs: list[RunResult]) -> None:
                       "compares the seeds both settings finished; `status` lists every run (run the missing ones, or "
                       "publish with --set seeds=[...] for the seeds that ran)", RuntimeWarning,
                       stacklevel=user_stacklevel())
+
+
+def _warn_unanalysed(runs: list[RunResult], path: Path) -> None:
+    """Warn, naming them, of the finished runs that the token-geometry analysis ``path`` (its ``metrics.json``) did
+    not measure (but in the tasks it could not analyse, ``skipped_tasks``): an ``analyze --partial`` made while the
+    comparison was being run, whose tables the page would show, fewer settings or seeds than the page's own tables,
+    with nothing saying so."""
+    data = read_json_dict(path)
+    tasks = data.get("tasks") if data is not None else None
+    if not isinstance(tasks, dict):
+        return
+    measured = {(t, o, str(s)) for t, entry in tasks.items() if isinstance(entry, dict)
+                for o, setting in (entry.get("operators") or {}).items() if isinstance(setting, dict)
+                for s in (setting.get("seeds") or {})}
+    unanalysable = data.get("skipped_tasks")
+    unanalysable = unanalysable if isinstance(unanalysable, dict) else {}
+    done = [r for r in runs if r.status == "completed" and r.task not in unanalysable]
+    left = [r for r in done if (r.task, r.operator, str(r.seed)) not in measured]
+    if left:
+        named = ", ".join(f"{r.task!r} / {r.operator!r} seed {r.seed}" for r in left[:6]) + (", ..." if len(left) > 6
+                                                                                          else "")
+        warnings.warn(f"publish: the token-geometry analysis {str(path)!r} measured {len(done) - len(left)} of the "
+                      f"{len(done)} finished runs (it was made before {named} finished, or with other --set "
+                      "overrides); its tables on the page leave them out: `analyze` the comparison again first",
+                      RuntimeWarning, stacklevel=user_stacklevel())
 
 
 def _wall_time_split(runs: list[RunResult]) -> str:

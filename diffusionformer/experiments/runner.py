@@ -533,7 +533,8 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
         trainer = Trainer(model, adapter, cfg, rdir, resume=True)
         summary = trainer.fit()
     except NonFiniteLossError as exc:
-        log(f"[{task.name} / {setting.name} / seed {seed}] stopped: {exc}. The last good checkpoint is kept in {rdir}.")
+        # the message says which checkpoint was kept, if any: "no checkpoint had been written."
+        log(f"[{task.name} / {setting.name} / seed {seed}] stopped: {str(exc).rstrip('.')} (run folder {rdir}).")
         return RunResult(task.name, setting.name, seed, f"failed: {exc}", task.metric, None)
     except CheckpointError as exc:  # this run cannot resume; the others can
         log(f"[{task.name} / {setting.name} / seed {seed}] not resumed: {exc}. "

@@ -115,11 +115,14 @@ def test_run_passes_its_flags_through(cli, capsys):
     assert cli_main(["run", toml, "--precision", "auto", "--tasks", "digits", "other", "--tasks", "third",
                      "--no-progress"]) == 0
     (_, config, out, kwargs), = cli.named("run")
+    table = capsys.readouterr().out
+    kwargs.pop("log")("a run's note")  # the runs' messages go to stderr (test_edge_probes_cli_power_user_56)
+    assert capsys.readouterr().err == "a run's note\n"
     assert kwargs == {"data_root": None, "resume": True, "progress": False, "device": None,
                       "tasks": ["digits", "other", "third"]}
     assert config.tasks[0].train == {"max_steps": 6, "batch_size": 16, "lr": 1e-3, "eval_interval": 3, "log_interval": 2,
                                      "checkpoint_interval": 3, "amp": "auto"}
-    assert capsys.readouterr().out.splitlines()[:2] == ["", "TABLE tiny compact=True"]
+    assert table.splitlines()[:2] == ["", "TABLE tiny compact=True"]
     assert cli_main(["run", toml]) == 0
     assert cli.named("run")[1][3]["progress"] is True and cli.named("run")[1][3]["tasks"] is None
 
