@@ -480,9 +480,9 @@ class DiffusionAttention(nn.Module):
         """Weights on ``P^0 .. P^K`` of every head, ``(H, K+1)`` (NaN rows for non-polynomial heads)."""
         self._check_plan()
         c = self._coefficients(nan_for_nonpolynomial=True)
-        # every head fixed: the layer's cached tensor (engine.static_tensor), which the caller may write to
-        return c.clone() if len(self._coefficient_segments) == 1 and isinstance(self._coefficient_segments[0],
-                                                                                 _StaticRows) else c
+        # one segment: the layer's cached tensor (engine.static_tensor), or an operator's own coefficients() (its
+        # parameter or buffer, when neither cast nor padded), which the caller may write to: a copy
+        return c.clone() if len(self._coefficient_segments) == 1 else c
 
     def _coefficients(self, nan_for_nonpolynomial: bool = False) -> Tensor:
         K = self.max_degree
@@ -520,7 +520,8 @@ class DiffusionAttention(nn.Module):
                     "in (layer.operators[i] = op), which the layer plans for anew")
             c = c.to(device=ref.device, dtype=work)
             parts.append(F.pad(c, (0, K - c.shape[1] + 1)) if c.shape[1] <= K else c)
-        # one part: a learned operator's rows, or the cached tensor of an all-fixed layer (coefficients() copies it)
+        # one part: a learned operator's rows (its coefficients() itself when neither cast nor padded), or the cached
+        # tensor of an all-fixed layer (coefficients() copies either)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
     # ------------------------------------------------------------------ forward

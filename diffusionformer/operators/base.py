@@ -33,6 +33,8 @@ try:  # _Pow.apply: torch's Function.apply without its per-call inspect.signatur
     _FUNCTORCH_ACTIVE = torch._C._are_functorch_transforms_active
 except (ImportError, AttributeError):  # pragma: no cover - a torch release without them: torch's own apply
     _FUNCTORCH_ACTIVE = None
+#: the torch.func transforms running, innermost last (None where torch lacks it); _powers counts their jvp levels
+_INTERPRETERS = getattr(getattr(torch._C, "_functorch", None), "get_interpreter_stack", None)
 
 __all__ = ["DiffusionOperator"]
 
@@ -511,10 +513,20 @@ def _powers(x: Tensor, k: Tensor) -> Tensor:
     (:class:`_Pow`). ``pow``'s were NaN from the second on at ``x = 0`` (a learned heat time clamped to
     ``min_t = 0``, a PPR ``1 - alpha`` rounded to 0), so ``create_graph=True`` gradients, Hessian-vector products
     and gradient penalties were NaN. While compiling, ``pow`` itself: dynamo refuses a Function with a custom
-    ``jvp``, and a compiled graph has no double backward."""
-    if torch.compiler.is_compiling():
+    ``jvp``, and a compiled graph has no double backward. Under nested forward-mode transforms (``jacfwd(jacfwd(f))``,
+    ``jvp`` of ``jvp``) ``pow`` too: torch does not differentiate a Function's ``jvp`` at the outer level (the second
+    derivatives read 0 for the powers' share, silently), and ``pow``'s forward rule masks ``k = 0`` (finite at 0)."""
+    if torch.compiler.is_compiling() or _nested_forward_ad():
         return x.unsqueeze(-1).pow(k)
     return _Pow.apply(x.unsqueeze(-1), k)
+
+
+def _nested_forward_ad() -> bool:
+    """Whether two or more ``torch.func`` forward-mode (jvp) levels are open (``jacfwd`` inside ``jacfwd``)."""
+    if _FUNCTORCH_ACTIVE is None or _INTERPRETERS is None or not _FUNCTORCH_ACTIVE():
+        return False
+    jvp = torch._C._functorch.TransformType.Jvp
+    return sum(i.key() == jvp for i in _INTERPRETERS() or ()) > 1
 
 
 def check_count(value: object, name: str, *, minimum: int = 1, maximum: int = MAX_DEGREE) -> int:
