@@ -223,6 +223,8 @@ def _predated_fields_at_default(saved: Mapping[str, Any], model: torch.nn.Module
     for f in dataclasses.fields(cfg):
         if f.name not in config and f.default is not dataclasses.MISSING:
             defaults[f.name] = f.default
+        elif f.name not in config and f.default_factory is not dataclasses.MISSING:  # a list default: a default too
+            defaults[f.name] = f.default_factory()
     filled = json.loads(json.dumps(defaults, default=str))  # as model_record writes values
     return {**saved, "config": {**filled, **config}}
 

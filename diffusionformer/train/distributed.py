@@ -34,7 +34,8 @@ __all__ = ["DistContext", "dist_env", "init_distributed", "shard_batch"]
 def dist_env() -> tuple[int, int, int] | None:
     """``(rank, world_size, local_rank)`` from the ``torchrun`` environment, or ``None``.
 
-    ``None`` when ``WORLD_SIZE`` is unset, blank or ``1`` (a single process).
+    ``None`` when ``WORLD_SIZE`` is unset, blank or ``1`` (a single process, where a blank ``RANK`` or
+    ``LOCAL_RANK`` is unset too).
 
     Examples:
         >>> from unittest import mock
@@ -50,10 +51,12 @@ def dist_env() -> tuple[int, int, int] | None:
         return None
     try:
         world_size = int(world)
-        raw_rank = os.environ.get("RANK")
-        # one process without a RANK (unset or blank) is rank 0, as _rank_zero reads it
+        raw_rank, raw_local = os.environ.get("RANK"), os.environ.get("LOCAL_RANK")
+        # one process without a RANK (unset or blank) is rank 0, as _rank_zero reads it; a blank LOCAL_RANK there is
+        # unset too (it was refused, though the one process never reads it)
         rank = 0 if world_size == 1 and (raw_rank is None or not raw_rank.strip()) else int(os.environ["RANK"])
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        unset = raw_local is None or (world_size == 1 and not raw_local.strip())
+        local_rank = rank if unset else int(raw_local)
     except (KeyError, ValueError) as err:
         raise ValueError(
             "distributed environment: expected integer RANK, WORLD_SIZE and LOCAL_RANK (as set by "

@@ -95,7 +95,7 @@ def test_kills_resume_at_the_checkpoint_step_makes_what_is_left_of_the_last_upda
 @dataclasses.dataclass
 class _UserConfig:
     width: int  # required: no default to fill
-    tags: list = dataclasses.field(default_factory=list)  # a default_factory: no plain default either
+    tags: list = dataclasses.field(default_factory=list)  # a default_factory: its default is what it makes
     depth: int = 2
 
 
@@ -107,14 +107,14 @@ class _UserModel(torch.nn.Linear):
 
 def test_kills_predated_fields_only_filled_with_plain_defaults():
     """kills: train/checkpoint.py ``_predated_fields_at_default`` ``if f.name not in config and f.default is not
-    dataclasses.MISSING`` -> ``if f.name not in config`` (a field the checkpoint lacks that has no plain default, a
-    required one or a default_factory one, was "filled" with the MISSING sentinel: the resume error then read
-    "config width: checkpoint '<dataclasses._MISSING_TYPE object at 0x...>'" instead of "checkpoint None")."""
+    dataclasses.MISSING`` -> ``if f.name not in config`` (a field the checkpoint lacks that has no default, a
+    required one, was "filled" with the MISSING sentinel: the resume error then read
+    "config width: checkpoint '<dataclasses._MISSING_TYPE object at 0x...>'" instead of "checkpoint None"); a
+    default_factory one is at the default its factory makes."""
     from diffusionformer.train.checkpoint import _predated_fields_at_default, model_record, model_record_differences
 
     model = _UserModel()
     saved = {**model_record(model), "config": {}}  # a record from before every field
     filled = _predated_fields_at_default(saved, model)
-    assert filled["config"] == {"depth": 2}
-    assert model_record_differences(filled, model_record(model)) == [
-        "config tags: checkpoint None, now []", "config width: checkpoint None, now 4"]
+    assert filled["config"] == {"depth": 2, "tags": []}
+    assert model_record_differences(filled, model_record(model)) == ["config width: checkpoint None, now 4"]
