@@ -196,6 +196,19 @@ def _size_threads(args: argparse.Namespace) -> None:
         print(plan.describe(), file=sys.stderr)
 
 
+def _precision_sets(config: Any, precision: str | None) -> list[str]:
+    """``run --precision``'s value as the ``--set`` overrides of every task's ``train.amp`` (part of a run's identity),
+    with which ``status``, ``analyze``, ``publish`` and ``summary`` read the runs it made; ``[]`` without one. Also
+    read by ``experiments/scripts/gpu_study.sh`` for the ``status`` and ``analyze`` it runs after ``run``."""
+    from diffusionformer.experiments.gpu import precision_amp
+    from diffusionformer.experiments.results import _toml_key, _toml_string
+
+    if precision is None:
+        return []
+    amp = _toml_string(precision_amp(precision))
+    return [f"tasks.{_toml_key(t.name)}.train.amp={amp}" for t in config.tasks if _toml_key(t.name) is not None]
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     """A warning as the command line shows it: ``warning: <message>``, not the file, line and source line of the
     library code that raised it (which names nothing the user can act on)."""
@@ -533,7 +546,6 @@ def _main(argv: list[str] | None) -> int:
             _print(f"analysis: {adir}/README.md, {adir}/metrics.json{plots}")
             return 0
         from diffusionformer.experiments.gpu import WORKER_ENV, check_device, precision_amp, run_workers, worker_argv
-        from diffusionformer.experiments.results import _toml_key, _toml_string
         from diffusionformer.experiments.runner import _choose_tasks, run_experiment
         from diffusionformer.experiments.tables import aggregate, format_table
 
@@ -556,8 +568,7 @@ def _main(argv: list[str] | None) -> int:
         # --precision as the --set of every task's train.amp (part of a run's identity): the status command below
         # without it read every run this command finishes as "made with another train", to be redone
         amp = None if args.precision is None else precision_amp(args.precision)
-        precision_sets = [] if amp is None else [f"tasks.{_toml_key(t.name)}.train.amp={_toml_string(amp)}"
-                                                 for t in config.tasks if _toml_key(t.name) is not None]
+        precision_sets = _precision_sets(config, args.precision)
         if _rank_zero():
             from diffusionformer.experiments.publish import _run_flags
 

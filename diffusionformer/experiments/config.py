@@ -708,6 +708,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             # names as written: a bare name that reads as a TOML number, bool or date ("0.50", "true", "1_000") is the
             # name, not the value's str() ("0.5", "True", "1000"), which names no entry
             listed = value if isinstance(value, (list, str)) else text.split("=", 1)[1]
+            listed = [value] if isinstance(value, dict) else listed  # an inline table: a new entry, no name (below)
             wanted = listed if isinstance(listed, list) else [v.strip() for v in listed.split(",") if v.strip()]
             if not wanted:  # "tasks=" or "tasks=," would keep nothing to run
                 raise ValueError(f"override {text!r}: name at least one of the {path[0]} to keep")

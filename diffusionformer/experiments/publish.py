@@ -33,9 +33,9 @@ from typing import Any
 from diffusionformer._files import file_kind
 from diffusionformer._warnings import user_stacklevel
 from diffusionformer.experiments.config import ExperimentConfig, _folded, _folder_twin
-from diffusionformer.experiments.results import (RunResult, _completed, _row_problem, _runs_of_another_train,
-                                                 finished_runs, first_reach, read_curves, read_json_dict, run_dir,
-                                                 select_evaluation)
+from diffusionformer.experiments.results import (RunResult, _Change, _completed, _row_problem, _runs_of_another_train,
+                                                 _set_of, finished_runs, first_reach, read_curves, read_json_dict,
+                                                 run_dir, select_evaluation)
 from diffusionformer.experiments.stats import _require_scipy
 from diffusionformer.experiments.tables import _cell, _elapsed_by_device, _text, aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
@@ -315,7 +315,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     manifest = _read_manifest(src / "manifest.json")
     in_place = dst.resolve() == src.resolve()  # regenerate the page from the published files
     analysis = src / "analysis"
-    _warn_unanalysed(runs, analysis / "metrics.json")
+    _warn_unanalysed(runs, analysis / "metrics.json", src)
     page, index = docs / f"{config.name}.md", docs / "index.md"
     if index.is_file():  # a toctree it cannot be added to: refused before anything is copied
         _with_entry(index.read_text(encoding="utf-8"), config.name, index)
@@ -377,37 +377,54 @@ def _warn_unfinished(config: ExperimentConfig, runs: list[RunResult]) -> None:
     left = [(t.name, o.name, s) for t in config.tasks for o in config.operators for s in config.seeds
             if (t.name, o.name, s) not in done]
     if left:
-        named = ", ".join(f"{t!r} / {o!r} seed {s}" for t, o, s in left[:6]) + (", ..." if len(left) > 6 else "")
         expected = len(config.tasks) * len(config.operators) * len(config.seeds)
-        warnings.warn(f"publish: {len(left)} of {expected} runs of {config.name!r} not finished ({named}): the page "
-                      "compares the seeds both settings finished; `status` lists every run (run the missing ones, or "
-                      "publish with --set seeds=[...] for the seeds that ran)", RuntimeWarning,
+        warnings.warn(f"publish: {len(left)} of {expected} runs of {config.name!r} not finished ({_named(left)}): the "
+                      "page compares the seeds both settings finished; `status` lists every run (run the missing ones, "
+                      "or publish with --set seeds=[...] for the seeds that ran)", RuntimeWarning,
                       stacklevel=user_stacklevel())
 
 
-def _warn_unanalysed(runs: list[RunResult], path: Path) -> None:
+def _warn_unanalysed(runs: list[RunResult], path: Path, src: Path) -> None:
     """Warn, naming them, of the finished runs that the token-geometry analysis ``path`` (its ``metrics.json``) did
     not measure (but in the tasks it could not analyse, ``skipped_tasks``): an ``analyze --partial`` made while the
     comparison was being run, whose tables the page would show, fewer settings or seeds than the page's own tables,
-    with nothing saying so."""
+    with nothing saying so. The runs of ``src`` (the comparison's folder) that ``analyze`` cannot measure there
+    (neither their checkpoint nor an analysis cache: an archive packed without checkpoints) are named as such."""
     data = read_json_dict(path)
     tasks = data.get("tasks") if data is not None else None
     if not isinstance(tasks, dict):
         return
+    # an entry of another type (a hand edit) measured nothing: else an AttributeError of ``.items()`` on a list
     measured = {(t, o, str(s)) for t, entry in tasks.items() if isinstance(entry, dict)
-                for o, setting in (entry.get("operators") or {}).items() if isinstance(setting, dict)
-                for s in (setting.get("seeds") or {})}
-    unanalysable = data.get("skipped_tasks")
-    unanalysable = unanalysable if isinstance(unanalysable, dict) else {}
+                for o, setting in _dict(entry.get("operators")).items() if isinstance(setting, dict)
+                for s in _dict(setting.get("seeds"))}
+    unanalysable = _dict(data.get("skipped_tasks"))
     done = [r for r in runs if r.status == "completed" and r.task not in unanalysable]
     left = [r for r in done if (r.task, r.operator, str(r.seed)) not in measured]
     if left:
-        named = ", ".join(f"{r.task!r} / {r.operator!r} seed {r.seed}" for r in left[:6]) + (", ..." if len(left) > 6
-                                                                                          else "")
+        from diffusionformer.experiments.analyze import _CACHE_NAME, _run_state
+
+        lost = [r for r in left if _run_state(rdir := run_dir(src, r.task, r.operator, r.seed)) == "weightless"
+                and not (rdir / _CACHE_NAME).is_file()]
+        lost_text = ("" if not lost else f"; {_named(lost)} cannot be measured here: neither their checkpoint nor an "
+                     "analysis cache is in their run folder (a results archive packed without checkpoints): `analyze` "
+                     "them where their checkpoints are")
         warnings.warn(f"publish: the token-geometry analysis {str(path)!r} measured {len(done) - len(left)} of the "
-                      f"{len(done)} finished runs (it was made before {named} finished, or with other --set "
-                      "overrides); its tables on the page leave them out: `analyze` the comparison again first",
-                      RuntimeWarning, stacklevel=user_stacklevel())
+                      f"{len(done)} finished runs (it was made before {_named(left)} finished, or with other --set "
+                      "overrides); its tables on the page leave them out: `analyze` the comparison again first"
+                      f"{lost_text}", RuntimeWarning, stacklevel=user_stacklevel())
+
+
+def _dict(value: Any) -> dict[Any, Any]:
+    """``value`` where it is a dict (a JSON object), else ``{}``."""
+    return value if isinstance(value, dict) else {}
+
+
+def _named(runs: list[Any]) -> str:
+    """The first six of ``runs`` (``(task, setting, seed)`` or :class:`RunResult`), ``'task' / 'setting' seed N`` each,
+    for a message."""
+    keys = [(r.task, r.operator, r.seed) if isinstance(r, RunResult) else r for r in runs]
+    return ", ".join(f"{t!r} / {o!r} seed {s}" for t, o, s in keys[:6]) + (", ..." if len(keys) > 6 else "")
 
 
 def _wall_time_split(runs: list[RunResult]) -> str:
@@ -770,11 +787,13 @@ def _load_runs(config: ExperimentConfig, src: Path) -> list[RunResult]:
     # a row of another metric (the task's `metric` changed in the config since): else tabulated under the new name
     other = next((r for r in stored if r.task in tasks and r.operator in settings and r.seed in seeds
                   and r.metric != tasks[r.task].metric), None)
-    if other is not None:
+    if other is not None:  # run with a --set of the metric not given here, or the config changed since
+        flag = _set_of(other.task, _Change("metric", other.metric)) or f"--set tasks.{other.task}.metric=..."
         raise ValueError(f"{src / 'results.json'}: the row of {other.task!r} / {other.operator!r} seed {other.seed} "
                          f"holds the metric {other.metric!r}, but task {other.task!r} of the config has the metric "
-                         f"{tasks[other.task].metric!r} (changed since the runs); `run` the comparison again to "
-                         "rewrite results.json with it from the finished runs")
+                         f"{tasks[other.task].metric!r}: runs made with `{flag}`, give it here too; else (the "
+                         "config changed since the runs) `run` the comparison again to rewrite results.json with it "
+                         "from the finished runs")
     # a completed row of a run started again (its run_config.json written) and not finished since (`run --restart`
     # stopped while retraining it): the discarded run's numbers beside the new run's partial log, where `status`
     # says interrupted; `run` leaves it out when it next writes results.json

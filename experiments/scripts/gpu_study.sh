@@ -30,7 +30,8 @@
 #    size each call so its runs finish, e.g. one seed per call.
 # 3. Here, after the calls: tar xzf results-<name>.tar.gz -C results/, then
 #      python -m diffusionformer.experiments publish CONFIG --out results --to docs/results
-#    with --set seeds=[...] if fewer seeds ran than the config lists, and every --set that changed the runs
+#    with --set seeds=[...] if fewer seeds ran than the config lists, and every --set that changed the runs (a
+#    --precision: the --set of every task's train.amp that run.log's "from another shell: ... status" line names)
 #    (publish refuses runs of other train or model values, warns of unfinished runs; the page names the --set).
 #    The page shows the analysis of the last call; `analyze CONFIG --partial --out results $ANALYZE_ARGS` here
 #    draws it again from the runs' caches, with the data root here, without checkpoints (the same options, or the
@@ -131,14 +132,24 @@ for folder in "$DATA"/*/; do  # a data folder put into $DATA as it is (not stage
   # a link left by another checkout's dry run (dangling, or to its data) is replaced; an unpacked folder is kept
   if [ -L "$link" ] || [ ! -e "$link" ]; then ln -sfn "$(cd "$folder" && pwd)" "$link"; fi
 done
-sets=(); prev=""  # the --set overrides (status takes them too): one may rename the comparison (--set name=...)
+# the --set overrides (status takes them too): one may rename the comparison (--set name=...); run's --precision
+sets=(); prev=""; precision=""
 for a in "$@"; do
   [ "$prev" = "--set" ] && sets+=(--set "$a")
-  case "$a" in --set=*) sets+=(--set "${a#--set=}") ;; esac
+  [ "$prev" = "--precision" ] && precision="$a"
+  case "$a" in --set=*) sets+=(--set "${a#--set=}") ;; --precision=*) precision="${a#--precision=}" ;; esac
   prev="$a"
 done
 name=$("$PY" -c "import sys; from diffusionformer.experiments import load_experiment_config as l; a = sys.argv[2:]
 print(l(sys.argv[1], a[1::2]).name)" "$config" ${sets[@]+"${sets[@]}"})
+if [ -n "$precision" ]; then
+  # run's --precision as the --set of every task's train.amp (part of a run's identity), as run's status command
+  # gives it: else status and analyze below read every run this call trains as "made with another train"
+  while IFS= read -r amp_set; do sets+=(--set "$amp_set"); done < <("$PY" -c "import sys; a = sys.argv[3:]
+from diffusionformer.experiments import load_experiment_config as l
+from diffusionformer.experiments.cli import _precision_sets as p
+print('\n'.join(p(l(sys.argv[1], a[1::2]), sys.argv[2])))" "$config" "$precision" ${sets[@]+"${sets[@]}"})
+fi
 if [ -f "$DATA/results-$name.tar.gz" ]; then
   echo "resuming from $DATA/results-$name.tar.gz"
   tar -C "$RESULTS" -xzf "$DATA/results-$name.tar.gz"
