@@ -132,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--tasks", nargs="+", action="extend", default=None, metavar="TASK",
                            help="train only these tasks (finished runs of the others stay in the results)")
             c.add_argument("--no-progress", action="store_true", help="no progress bars (neither runs nor steps)")
-            _thread_args(c)
+            _thread_args(c, name)
     set_help = "the --set overrides the comparison was run with (TOML syntax, e.g. seeds=[0]): the same config as run's"
     st = sub.add_parser("status", allow_abbrev=False,
                         help="where every run of a comparison stands (completed, running, failed, interrupted, "
@@ -166,7 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
     a.add_argument("--partial", action="store_true", help="analyse the finished runs of a comparison still being run")
-    _thread_args(a)
+    _thread_args(a, "analyze")
     for c in sub.choices.values():
         c.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                        help="import MODULE first (a dotted name found from the current folder, or a .py file): its "
@@ -175,15 +175,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _thread_args(c: argparse.ArgumentParser) -> None:
+def _thread_args(c: argparse.ArgumentParser, command: str) -> None:
     from diffusionformer.experiments.threads import WORKERS_ENV
 
     c.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch threads of this process (default: $OMP_NUM_THREADS if set, else cores // workers)")
+    # run starts the workers; analyze only sizes its own threads for N processes sharing the machine
+    what = ("start N worker processes that share the runs through the run locks (e.g. several small runs on one "
+            "GPU), each with cores // N torch threads" if command == "run" else
+            "the processes sharing this machine: size this process's torch threads to cores // N")
     c.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="run: start N worker processes that share the runs through the run locks (e.g. several "
-                        "small runs on one GPU); every command: size each process's torch threads to cores // N "
-                        f"(default: ${WORKERS_ENV}, else torchrun's $LOCAL_WORLD_SIZE, else 1)")
+                   help=f"{what} (default: ${WORKERS_ENV}, else torchrun's $LOCAL_WORLD_SIZE, else 1)")
 
 
 def _size_threads(args: argparse.Namespace) -> None:

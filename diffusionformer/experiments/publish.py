@@ -491,6 +491,8 @@ def _page_text(config: ExperimentConfig, runs: list[RunResult], manifest: dict[s
         f"- **Training wall time:** {total / 60:.1f} min in all{_wall_time_split(runs)} (per-run times in the tables)",
         f"- **Per-run metric logs:** {len(logs)} files, {_code(config.name + '/logs/<task>/<operator>/seed<k>.json')} "
         "(training and evaluation records by step)" if logs else
+        # no run finished: no log to publish (not one published before `publish` copied logs)
+        "- **Per-run metric logs:** none yet (no run of this study has finished)" if not done else
         "- **Per-run metric logs:** not published for this study (it was published before `publish` copied them, "
         "and its raw results folder is not kept); the curve figures show mean ± std over seeds",
         f"- **Primary contrasts:** {_primary_line(config)}",
@@ -910,9 +912,11 @@ def summary_table(configs: list[ExperimentConfig], out_root: str | Path, *, sele
         src = Path(out_root) / config.name
         if not (src / "results.json").is_file():
             continue
-        changed = _runs_of_another_train(config, out_root)
-        if changed:  # summary takes no --set: the cells are those runs' numbers, under this config's name
-            warnings.warn(f"summary: {changed}; their numbers are in its cells", UserWarning, stacklevel=2)
+        # warned, not refused (publish refuses): the cells are those runs' numbers, under this config's name, with the
+        # remedy publish names (summary takes --set too, applied to every config)
+        changed = _runs_of_another_train(config, out_root, verb="run `summary`")
+        if changed:
+            warnings.warn(f"summary: {changed}; as it is, this table shows their numbers", UserWarning, stacklevel=2)
         table = {(row["task"], row["operator"]): row for row in aggregate(_load_runs(config, src))}
         baseline = config.operators[0].name
         primary = config.primary_contrasts()

@@ -538,11 +538,11 @@ def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path, *, ve
     train or model config: a ``run --set ...`` read without the overrides, a setting redefined since; other data or
     task settings; another model class: a preset registered again; another default dtype: ``status`` counts them as
     not completed), said in words naming what differs; else None. ``publish`` refuses such runs, ``summary`` and
-    ``analyze`` warn. With ``verb`` (``"publish"``, ``"analyse"``), the message ends with what makes them this config's
-    runs again, each where it fits: the ``--set`` overrides they were run with (naming the ``--set`` of each task entry
-    that differs: ``--set tasks.t.data_seed=0``), the default dtype they were made at, the model class they were made
-    with (which no ``--set`` value changes), or ``run --restart``. Made from :func:`_status_rows`' records, not by
-    reading the ``changed`` text back."""
+    ``analyze`` warn. With ``verb`` (``"publish"``, ``"analyse"``, ``"run `summary`"``), the message ends with what
+    makes them this config's runs again, each where it fits: the ``--set`` overrides they were run with (naming the
+    ``--set`` of each task entry that differs: ``--set tasks.t.data_seed=0``), the default dtype they were made at, the
+    model class they were made with (which no ``--set`` value changes), or ``run --restart``. Made from
+    :func:`_status_rows`' records, not by reading the ``changed`` text back."""
     changed = [(r, changes) for r, changes in _status_rows(config, out_root) if r["state"] == "completed" and changes]
     if not changed:
         return None

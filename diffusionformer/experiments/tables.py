@@ -279,7 +279,8 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     """A markdown table per task of :func:`run_status` rows, and an estimate of the training time left.
 
     The estimate scales the mean training time of a task's completed runs by the steps each
-    unfinished run still has to do (one worker; divide by the number of workers); an interrupted run
+    unfinished run still has to do (one worker; divide by the number of workers), or where a task has no completed
+    run yet, the time per step its running runs logged so far (the line says so); an interrupted run
     counts from the step its checkpoint resumes from, which its state names when the log went further. Runs made
     with another config (``changed``) are counted on a line of their own that says how to read or redo them; runs
     held by locks of other hosts on a line that names their locks and when to remove them (a node that failed).
@@ -287,7 +288,7 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     Args:
         rows: the output of :func:`run_status`.
     """
-    lines, left_total, unknown = [], 0.0, 0
+    lines, left_total, unknown, paced = [], 0.0, 0, False
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     done = sum(r["state"] == "completed" and not r.get("changed") for r in rows)
     lines.append(f"{done} of {len(rows)} runs completed")
@@ -295,6 +296,10 @@ def format_status(rows: list[dict[str, Any]]) -> str:
         rs = [r for r in rows if r["task"] == task]
         finished = [r for r in rs if r["state"] == "completed" and r["elapsed"]]  # timed, changed or not
         per_step = (statistics.fmean(r["elapsed"] / max(r["step"], 1) for r in finished)) if finished else None
+        # none finished (the first run of a comparison): the pace the running runs logged, else "0 min left"
+        going = [r for r in rs if r["state"] == "running" and r["step"] and r["elapsed"]]
+        if per_step is None and going:
+            per_step, paced = statistics.fmean(r["elapsed"] / r["step"] for r in going), True
         lines += ["", f"### {task}", "", "| operator | seed | state | step | training time (s) |", "|---|---|---|---|---|"]
         for r in rs:
             steps = f"{r['step']} / {r['max_steps']}" if r["max_steps"] else str(r["step"])
@@ -313,6 +318,8 @@ def format_status(rows: list[dict[str, Any]]) -> str:
                     done_steps = r["step"] if resumes is None else resumes  # an unreadable checkpoint: as logged
                     left_total += per_step * (r["max_steps"] if r.get("changed") else max(r["max_steps"] - done_steps, 0))
     left = f"about {left_total / 60:.0f} min of training left on one worker"
+    if paced:
+        left += " (tasks with no finished run: at the pace their running runs logged so far)"
     if unknown:
         left += f" (plus {unknown} run(s) of tasks with no finished run to time)"
     lines[0] += f"; {left}."

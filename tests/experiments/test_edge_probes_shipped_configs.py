@@ -35,7 +35,7 @@ def test_bug_publish_refuses_runs_made_with_another_train_config(tmp_path, capsy
     """Bug: runs trained with ``--set`` overrides (here 1 step instead of the config's 2) were published
     by ``publish`` without them as the config's runs ("2 of 2 finished", the config's command), while
     ``status`` on the same config counted them as not completed; ``publish`` now refuses, naming what changed
-    (and ``summary``, which takes no ``--set``, warns)."""
+    (and ``summary`` warns, naming the same remedies)."""
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY_DIGITS_TOML, encoding="utf-8")
     out, docs = tmp_path / "res", tmp_path / "docs"
@@ -46,7 +46,7 @@ def test_bug_publish_refuses_runs_made_with_another_train_config(tmp_path, capsy
     err = capsys.readouterr().err
     assert "another train" in err and "max_steps: 1 then 2" in err and "--set" in err
     assert not (docs / "tiny.md").exists()
-    # summary takes no --set: it reads them, with a warning that says so
+    # summary reads them, with a warning that says so
     with pytest.warns(UserWarning, match=r"summary: 1 finished run\(s\) of 'tiny' were made with another train .*max_steps"):
         summary_table([load_experiment_config(cfg)], out)
     # with the overrides the runs were made with, the page is written
