@@ -572,7 +572,7 @@ def _main(argv: list[str] | None) -> int:
         amp = None if args.precision is None else precision_amp(args.precision)
         precision_sets = _precision_sets(config, args.precision)
         if _rank_zero():
-            from diffusionformer.experiments.publish import _run_flags
+            from diffusionformer.experiments.outputs import _run_flags
 
             # with the --import modules: without them status cannot read a config naming what they register
             flags = _run_flags(args.imports, args.overrides + precision_sets, args.out)

@@ -285,3 +285,12 @@ def write_outputs(out: Path, config: ExperimentConfig, results: list[RunResult])
             plot_experiment(out, config, results)
         except ImportError as exc:  # matplotlib missing: results are still written
             print(f"plots skipped: {exc}", file=sys.stderr)
+
+
+def _run_flags(imports: list[str] | None, overrides: list[str] | None, out: str = "results") -> str:
+    """The ``--import``, ``--set`` and (where not the default ``results``) ``--out`` flags of a command, each quoted
+    for a shell (with a leading space): the results page's command, publish's "run ... first" and run's ``status``
+    hint."""
+    return ("".join(f" --import {shlex.quote(m)}" for m in imports or [])
+            + "".join(f" --set {shlex.quote(o)}" for o in overrides or [])
+            + ("" if out == "results" else f" --out {shlex.quote(out)}"))

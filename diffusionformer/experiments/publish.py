@@ -36,6 +36,7 @@ from diffusionformer.experiments.config import ExperimentConfig, _folded, _folde
 from diffusionformer.experiments.results import (RunResult, _Change, _completed, _row_problem, _runs_of_another_train,
                                                  _set_of, finished_runs, first_reach, read_curves, read_json_dict,
                                                  run_dir, select_evaluation)
+from diffusionformer.experiments.outputs import _run_flags
 from diffusionformer.experiments.stats import _require_scipy
 from diffusionformer.experiments.tables import _cell, _elapsed_by_device, _text, aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
@@ -228,15 +229,6 @@ def _commit_line(manifest: dict[str, Any]) -> str:
                 f"their commit ran at these "
                 f"{len(commits)} commits, in this order; the last at `{commit}`)")
     return f"- **Git commit:** `{commit}`"
-
-
-def _run_flags(imports: list[str] | None, overrides: list[str] | None, out: str = "results") -> str:
-    """The ``--import``, ``--set`` and (where not the default ``results``) ``--out`` flags of a command, each quoted
-    for a shell (with a leading space): the results page's command, publish's "run ... first" and run's ``status``
-    hint."""
-    return ("".join(f" --import {shlex.quote(m)}" for m in imports or [])
-            + "".join(f" --set {shlex.quote(o)}" for o in overrides or [])
-            + ("" if out == "results" else f" --out {shlex.quote(out)}"))
 
 
 def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir: str | Path,

@@ -192,7 +192,7 @@ def _recorded_imports_hint(rdir: Path) -> str:
     operator" that did not say where its name came from."""
     import shlex
 
-    from diffusionformer.experiments.publish import _run_flags  # the flags as a results page's command quotes them
+    from diffusionformer.experiments.outputs import _run_flags  # the flags as a results page's command quotes them
     from diffusionformer.experiments.results import read_json_dict
 
     rdir = rdir.absolute()  # load_run("seed0") from inside the operator's folder: its manifest is there too
