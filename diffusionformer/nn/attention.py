@@ -372,6 +372,13 @@ class DiffusionAttention(nn.Module):
         except Exception:  # noqa: BLE001 - reported by the next call, with the layer's message
             pass
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if "_coefficient_segments" not in self.__dict__:
+            # pickled whole (torch.save(model)) before the plan had it: its operators are the plan's, so nothing
+            # remade it and a layer with learned and fixed operators raised AttributeError; remade at the next call
+            self.__dict__["_plan_key"] = None
+
     def named_modules(self, memo: set[nn.Module] | None = None, prefix: str = "",  # type: ignore[override]
                       remove_duplicate: bool = True):
         # every listing of parameters, buffers and modules goes through here (a parent's recursion included)

@@ -75,11 +75,13 @@ def _use_csr(backend: str) -> bool:
             raise ValueError(
                 "backend='csr' cannot run inside a torch.func transform (grad, vjp, vmap, ...): its sparse kernels have "
                 "no functorch support; use backend='auto' or 'native' there" if _in_functorch() else
-                "backend='csr' cannot run under forward-mode AD (torch.autograd.forward_ad): its sparse kernels have no "
-                "jvp; use backend='auto' or 'native' there")
-        if _proxy_tracing():  # else torch's "Sparse CSR tensors do not have strides", deep in the CSR kernels
-            raise ValueError("backend='csr' cannot run while make_fx traces the call (torch.func.linearize traces "
-                             "with it): its sparse CSR tensors cannot be traced; use backend='auto' or 'native' there")
+                "backend='csr' cannot run under forward-mode AD (torch.autograd.forward_ad, torch.func.linearize): its "
+                "sparse kernels have no jvp; use backend='auto' or 'native' there")
+        # else torch's "Sparse CSR tensors do not have strides", deep in the CSR kernels (linearize's make_fx is
+        # refused above: it traces under forward-mode AD)
+        if _proxy_tracing():
+            raise ValueError("backend='csr' cannot run while make_fx traces the call: its sparse CSR tensors cannot be "
+                             "traced; use backend='auto' or 'native' there")
         return True
     if backend in ("native", "torch_scatter"):
         return False

@@ -55,8 +55,7 @@ def dist_env() -> tuple[int, int, int] | None:
         # one process without a RANK (unset or blank) is rank 0, as _rank_zero reads it; a blank LOCAL_RANK there is
         # unset too (it was refused, though the one process never reads it)
         rank = 0 if world_size == 1 and (raw_rank is None or not raw_rank.strip()) else int(os.environ["RANK"])
-        unset = raw_local is None or (world_size == 1 and not raw_local.strip())
-        local_rank = rank if unset else int(raw_local)
+        local_rank = rank if _local_rank_unset(raw_local, world_size) else int(raw_local)
     except (KeyError, ValueError) as err:
         raise ValueError(
             "distributed environment: expected integer RANK, WORLD_SIZE and LOCAL_RANK (as set by "
@@ -71,6 +70,12 @@ def dist_env() -> tuple[int, int, int] | None:
     if local_rank < 0:  # it picks the CUDA device: cuda:-1 would fail far from here
         raise ValueError(f"distributed environment: expected LOCAL_RANK >= 0, got LOCAL_RANK={local_rank}")
     return None if world_size == 1 else (rank, world_size, local_rank)
+
+
+def _local_rank_unset(raw: str | None, world_size: int) -> bool:
+    """Whether a ``LOCAL_RANK`` of ``raw`` counts as unset (the rank stands for it): unset, or blank in a one-process
+    run, which never reads it (:func:`dist_env` and :func:`init_distributed` with a caller's group agree)."""
+    return raw is None or (world_size == 1 and not raw.strip())
 
 
 def _rank_zero() -> bool:
@@ -214,7 +219,7 @@ def init_distributed(device: str = "auto") -> DistContext:
         rank, world_size = dist.get_rank(), dist.get_world_size()
         raw = os.environ.get("LOCAL_RANK")
         try:  # else int()'s bare "invalid literal for int() with base 10: 'x'"
-            local_rank = rank if raw is None else int(raw)
+            local_rank = rank if _local_rank_unset(raw, world_size) else int(raw)
         except ValueError:
             local_rank = -1
         if local_rank < 0:  # it picks the CUDA device: cuda:-1 would fail far from here

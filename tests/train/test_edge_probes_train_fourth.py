@@ -105,13 +105,19 @@ def test_param_groups_rules_partition_the_trainable_parameters_once():
 def test_bug_init_distributed_names_a_malformed_local_rank_of_an_existing_group(monkeypatch):
     """Bug: with a process group the caller had initialised, init_distributed read LOCAL_RANK with a bare int():
     "invalid literal for int() with base 10: 'x'" (and took LOCAL_RANK=-1, cuda:-1 on a GPU), where dist_env names
-    the variable and its value."""
+    the variable and its value. A blank LOCAL_RANK of this one-process group is unset, as dist_env reads it in a
+    one-process run (it was refused here, which the "" case pinned); with several processes it is refused
+    (tests/reliability/test_edge_probes_fixes_56c.py)."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        monkeypatch.delenv("LOCAL_RANK", raising=False)
-        ctx = init_distributed("cpu")
-        assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.owns_group) == (0, 1, 0, False)
-        for raw in ("x", "", "-1"):
+        for raw in (None, ""):
+            if raw is None:
+                monkeypatch.delenv("LOCAL_RANK", raising=False)
+            else:
+                monkeypatch.setenv("LOCAL_RANK", raw)
+            ctx = init_distributed("cpu")
+            assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.owns_group) == (0, 1, 0, False)
+        for raw in ("x", "-1"):
             monkeypatch.setenv("LOCAL_RANK", raw)
             with pytest.raises(ValueError, match=rf"expected LOCAL_RANK an int >= 0 .*got LOCAL_RANK='{raw}'"):
                 init_distributed("cpu")
