@@ -7,7 +7,8 @@ layers mixing fixed, learned and non-polynomial operators; forward and gradients
 ``parametrize``, a first call under ``inference_mode``, autocast, checkpointing, double backward, anomaly mode,
 ``torch.func`` ``grad``/``vmap``/``hessian``/``jacrev``/``functional_call`` and ``torch.compile(fullgraph=True)``
 (static and dynamic shapes). The Euler weights at ``K = 200`` and ``1000`` are as close to the exact rationals as
-before (the ``lgamma`` binomials: about 1e-12 relative at ``K = 1000``, unchanged).
+before (the ``lgamma`` binomials were about 1e-12 relative off at ``K = 1000``; exact integers since, see
+test_edge_probes_fixes_56c.py).
 
 Found: ``layer.coefficients()`` handed out a view of an operator's own parameter; ``_Pow``'s custom ``jvp`` (now
 the Euler weights' too) is not differentiated by an outer forward level (``jacfwd(jacfwd)``, ``jacfwd(hessian)``).
