@@ -493,6 +493,15 @@ class ExperimentConfig:
                                  f"the quantities are {list(_QUANTITIES)}")
         if not q or len(set(q)) != len(q):
             raise ValueError(f"primary_quantities must name each of its quantities once and at least one, got {q!r}")
+        # a task has the selected quantity only with select_by, reach only with reach: else its primary contrasts
+        # were tested on nothing, while the page named them primary
+        has = {t.name: {"final"} | ({"selected"} if t.select_by else set()) | ({"reach"} if t.reach else set())
+               for t in self.tasks}
+        bare = sorted({t for t, _ in self.primary_contrasts() if not has[t] & set(q)})
+        if bare:
+            raise ValueError(f"primary_quantities {q}: task(s) {bare} of the primary contrasts have none of them "
+                             "(the selected quantity needs the task's select_by, reach its reach): name the "
+                             "contrasts of the tasks that have them ('task:setting'), or another quantity")
 
     def _primary_quantities_text(self) -> str:
         """``""`` when the primary contrasts are tested on every quantity, else the quantities in words

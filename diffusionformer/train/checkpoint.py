@@ -225,7 +225,10 @@ def _predated_fields_at_default(saved: Mapping[str, Any], model: torch.nn.Module
             defaults[f.name] = f.default
         elif f.name not in config and f.default_factory is not dataclasses.MISSING:  # a list default: a default too
             defaults[f.name] = f.default_factory()
-    filled = json.loads(json.dumps(defaults, default=str))  # as model_record writes values
+    # as model_record writes values: dataclasses.asdict's dicts of nested dataclass defaults (a str of them was
+    # another config), then JSON's plain types
+    record = dataclasses.asdict(dataclasses.make_dataclass("_Defaults", list(defaults))(**defaults))
+    filled = json.loads(json.dumps(record, default=str))
     return {**saved, "config": {**filled, **config}}
 
 

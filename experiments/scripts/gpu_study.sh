@@ -31,7 +31,8 @@
 # 3. Here, after the calls: tar xzf results-<name>.tar.gz -C results/, then
 #      python -m diffusionformer.experiments publish CONFIG --out results --to docs/results
 #    with --set seeds=[...] if fewer seeds ran than the config lists, and every --set that changed the runs (a
-#    --precision: the --set of every task's train.amp that run.log's "from another shell: ... status" line names)
+#    --precision: the --set of every task's train.amp, as run.log's "from another shell: ... status" line names
+#    those of the call's tasks)
 #    (publish refuses runs of other train or model values, warns of unfinished runs; the page names the --set).
 #    The page shows the analysis of the last call; `analyze CONFIG --partial --out results $ANALYZE_ARGS` here
 #    draws it again from the runs' caches, with the data root here, without checkpoints (the same options, or the
@@ -142,13 +143,24 @@ for a in "$@"; do
 done
 name=$("$PY" -c "import sys; from diffusionformer.experiments import load_experiment_config as l; a = sys.argv[2:]
 print(l(sys.argv[1], a[1::2]).name)" "$config" ${sets[@]+"${sets[@]}"})
-if [ -n "$precision" ]; then
-  # run's --precision as the --set of every task's train.amp (part of a run's identity), as run's status command
-  # gives it: else status and analyze below read every run this call trains as "made with another train"
-  while IFS= read -r amp_set; do sets+=(--set "$amp_set"); done < <("$PY" -c "import sys; a = sys.argv[3:]
+# analyze's: every finished run of the comparison (the run options, without the selections of this call's runs)
+asets=()
+for ((i = 0; i < ${#sets[@]}; i += 2)); do
+  case "${sets[i+1]%%=*}" in seeds|tasks|operators) continue ;; esac
+  asets+=(--set "${sets[i+1]}")
+done
+amp_sets() {  # the --set of every task's train.amp of the config read with the --set overrides "$@", one a line
+  "$PY" -c "import sys; a = sys.argv[3:]
 from diffusionformer.experiments import load_experiment_config as l
 from diffusionformer.experiments.cli import _precision_sets as p
-print('\n'.join(p(l(sys.argv[1], a[1::2]), sys.argv[2])))" "$config" "$precision" ${sets[@]+"${sets[@]}"})
+print('\n'.join(p(l(sys.argv[1], a[1::2]), sys.argv[2])))" "$config" "$precision" "$@"
+}
+if [ -n "$precision" ]; then
+  # run's --precision as the --set of every task's train.amp (part of a run's identity), as run's status command
+  # gives it: else status and analyze below read every run this call trains as "made with another train"; analyze's
+  # of every task (with --set tasks=[...], those of the other tasks, which earlier calls trained, too)
+  while IFS= read -r amp_set; do asets+=(--set "$amp_set"); done < <(amp_sets ${asets[@]+"${asets[@]}"})
+  while IFS= read -r amp_set; do sets+=(--set "$amp_set"); done < <(amp_sets ${sets[@]+"${sets[@]}"})
 fi
 if [ -f "$DATA/results-$name.tar.gz" ]; then
   echo "resuming from $DATA/results-$name.tar.gz"
@@ -171,12 +183,6 @@ echo "run exit code $code after $(( $(date +%s) - t0 )) s (124: stopped by the b
 tail -n 30 "$OUT/run.log"
 
 if [ "$ANALYZE" = "1" ]; then
-  # every finished run of the comparison (the run options, without the selections of this call's runs)
-  asets=()
-  for ((i = 0; i < ${#sets[@]}; i += 2)); do
-    case "${sets[i+1]%%=*}" in seeds|tasks|operators) continue ;; esac
-    asets+=(--set "${sets[i+1]}")
-  done
   aleft=$(( BUDGET - ($(date +%s) - t0) ))
   if [ "$aleft" -ge 5 ]; then
     echo "analysing the finished runs for at most $aleft s"
