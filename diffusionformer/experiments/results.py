@@ -162,7 +162,7 @@ def _row_problem(data: Any) -> str | None:
     """What makes a ``results.json`` row no :class:`RunResult` the tables can read (``None`` when nothing does): not
     an object, a name that is not a string, a seed that is not an int, a value that is not a number or null
     (``"0.5"``, ``true``, an int of 400 digits), a step or parameter count that is not an int or null, a step,
-    parameter count or wall time below 0."""
+    parameter count or wall time below 0, a wall time that is not finite (a ``summary.json``'s must be)."""
     if not isinstance(data, dict):
         return f"a JSON {type(data).__name__}, not an object"
     for key in ("task", "operator", "status", "metric"):
@@ -180,6 +180,8 @@ def _row_problem(data: Any) -> str | None:
         v = data.get(key)
         if v is not None and v < 0:
             return f"{key} must be >= 0 or null, got {str(v)[:80]!r}"
+    if data.get("elapsed") is not None and not _is_finite(data["elapsed"]):  # NaN, Infinity: "nan min" on the page
+        return f"elapsed must be finite or null, got {str(data['elapsed'])[:80]!r}"
     for key in ("device", "device_name"):
         if data.get(key) is not None and not isinstance(data[key], str):
             return f"{key} must be a string or null, got {str(data[key])[:80]!r}"
