@@ -127,9 +127,12 @@ else
   # processes, and GPU_SUITE_TEST_TIMEOUT (s) bounds the step so that the benchmarks still run.
   xdist=()
   if "$PY" -c "import xdist" 2>/dev/null; then xdist=(-n "${GPU_SUITE_TEST_WORKERS:-8}"); fi
-  # the tests outside tests/ops with cases that run on CUDA only where it is (skipped on a CPU-only machine)
+  # the tests outside tests/ops with cases that run on CUDA only where it is (skipped on a CPU-only machine), and
+  # those of code written against private pieces of torch (_Pow.apply's fast path, the nested-jvp count), which
+  # must hold under the image's torch too
   cuda_tests=(tests/core/test_devices.py tests/core/test_factory_kwargs_50.py tests/experiments/test_experiments_gpu.py
-              tests/graph/test_graph_object.py tests/train/test_train_config.py)
+              tests/graph/test_graph_object.py tests/train/test_train_config.py
+              tests/reliability/test_edge_probes_coefficient_overhead_56.py tests/reliability/test_edge_probes_review_56b.py)
   t_tests=$(date +%s)
   if timeout -k 10 "${GPU_SUITE_TEST_TIMEOUT:-300}" "$PY" -m pytest -q tests/ops "${cuda_tests[@]}" -p no:cacheprovider \
       ${xdist[@]+"${xdist[@]}"} > "$OUT/triton-tests.txt" 2>&1; then
