@@ -44,7 +44,7 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
 
     Args:
         t: diffusion time(s); negative values sharpen (inverse diffusion).
-        steps: ``K``, the highest power of ``P``.
+        steps: ``K``, the highest power of ``P`` (at most 1029 for ``"euler"``, whose binomials overflow past it).
         method: ``"taylor"`` or ``"euler"``.
 
     Shapes:
@@ -72,6 +72,9 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
     if method == "euler":
         if steps == 0:
             raise ValueError("the Euler heat kernel needs steps >= 1")
+        if steps > _EULER_MAX_STEPS:  # else inf binomials times underflowed powers: every coefficient NaN, silently
+            raise ValueError(f"the Euler heat kernel's binomials C(K, k) overflow a float past K = {_EULER_MAX_STEPS}"
+                             f", got steps={steps}; use fewer steps or method='taylor'")
         a, b = 1.0 - t / steps, t / steps
         # a fixed number of kernels whatever K: (a, b)^(K - k, k) in one table of powers, with finite derivatives of
         # every order at a = 0 or b = 0 (_powers; 2 (K+1) pow calls and two stacks before)
@@ -80,6 +83,9 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
         return binom * ab.select(-2, 0) * ab.select(-2, 1)
     raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}{_choice_hint(method, _METHODS)}")
 
+
+#: the largest Euler K whose binomials fit a float64: C(1030, 515) overflows it
+_EULER_MAX_STEPS = 1029
 
 #: up to this K the Taylor weights are computed as ``e^{-t} t^k / k!`` with a vector of powers (``|t|^K``
 #: stays far from float64's overflow for any ``|t| < 10^15``); beyond it, as the running product
