@@ -418,7 +418,11 @@ class DiffusionAttention(nn.Module):
 
     @classmethod
     def from_multihead_attention(cls, mha: nn.MultiheadAttention, heads: Any = None, **kwargs: Any) -> "DiffusionAttention":
-        """A layer with the weights of a ``batch_first`` :class:`torch.nn.MultiheadAttention`.
+        """A layer with the weights of a :class:`torch.nn.MultiheadAttention` (its self-attention ``mha(x, x, x)``).
+
+        The layer comes in the module's mode (``mha.training``: an ``eval()`` module gives a layer that drops no
+        attention entries) and takes ``(B, N, D)`` inputs, as a ``batch_first`` module; for ``batch_first=False``
+        (inputs ``(N, B, D)``), whose weights are the same, call it on ``x.transpose(0, 1)``.
 
         Examples:
             >>> mha = nn.MultiheadAttention(8, 2, batch_first=True)
@@ -429,8 +433,12 @@ class DiffusionAttention(nn.Module):
         """
         if not isinstance(mha, nn.MultiheadAttention):
             raise TypeError(f"expected nn.MultiheadAttention, got {type(mha).__name__}")
-        if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
-            raise ValueError("only MultiheadAttention with kdim == vdim == embed_dim, no bias_k/bias_v, no add_zero_attn")
+        came = [f"kdim={mha.kdim}, vdim={mha.vdim}, embed_dim={mha.embed_dim}"] * (not mha._qkv_same_embed_dim)
+        came += ["add_bias_kv=True"] * (mha.bias_k is not None) + ["add_zero_attn=True"] * bool(mha.add_zero_attn)
+        if came:  # the layer attends over one x with q | k | v from one projection: no extra key or value
+            raise ValueError("only MultiheadAttention with kdim == vdim == embed_dim, no bias_k/bias_v, "
+                             "no add_zero_attn converts (the layer is self-attention on one input), "
+                             f"got {'; '.join(came)}")
         if kwargs.get("num_kv_heads") not in (None, mha.num_heads):  # else a shape error from copy_ below
             raise ValueError(f"num_kv_heads={kwargs['num_kv_heads']!r}: nn.MultiheadAttention has a key and a value per "
                              f"head, so the layer takes num_kv_heads=None or num_heads={mha.num_heads}")
@@ -444,14 +452,15 @@ class DiffusionAttention(nn.Module):
             if bias:
                 layer.qkv.bias.copy_(mha.in_proj_bias)
                 layer.out_proj.bias.copy_(mha.out_proj.bias)
-        return layer
+        return layer.train(mha.training)  # a layer built anew trains: an eval() module's dropout stayed on
 
     @classmethod
     def from_transformer_conv(cls, conv: nn.Module, heads: Any = None, **kwargs: Any) -> "DiffusionAttention":
         """A layer with the weights of PyG's ``TransformerConv(D, C, heads=H, root_weight=False)``.
 
         ``TransformerConv`` has no output projection: the returned layer's ``out_proj`` is the
-        identity, so its output equals the convolution's concatenated heads.
+        identity, so its output equals the convolution's concatenated heads. The layer comes in
+        the convolution's mode (``conv.training``).
         """
         _import_pyg()
         from torch_geometric.nn import TransformerConv
@@ -480,7 +489,7 @@ class DiffusionAttention(nn.Module):
             if bias:
                 layer.qkv.bias.copy_(torch.cat([conv.lin_query.bias, conv.lin_key.bias, conv.lin_value.bias]))
                 layer.out_proj.bias.zero_()
-        return layer
+        return layer.train(conv.training)
 
     # ------------------------------------------------------------------ coefficients
     def coefficients(self) -> Tensor:

@@ -841,7 +841,8 @@ def diffuse(
         degrees: optional highest power used by each head (``<= K``); heads are propagated
             only as far as they need (a layer with ``G`` of ``H`` heads needing ``K`` steps
             costs ``1 + (K - 1) G / H`` fused calls).
-        dropout_p: dropout on ``P`` at every step (training only).
+        dropout_p: dropout on ``P`` at every step, applied whenever it is positive (as
+            :func:`~torch.nn.functional.scaled_dot_product_attention`'s: pass 0 outside training).
 
     Shapes:
         ``q``, ``k``: ``(B, H, N, C)``; ``v``: ``(B, H, N, C_v)``; ``coeffs``: ``(H, K+1)`` or

@@ -375,7 +375,8 @@ def diffuse_sparse(
         num_nodes: number of nodes (default ``N`` of ``q``).
         scale: score scale, default ``1 / sqrt(C)``.
         degrees: optional highest power used by each head (see :func:`~diffusionformer.ops.dense.diffuse`).
-        dropout_p: dropout on the edge weights at every step (training only).
+        dropout_p: dropout on the edge weights at every step, applied whenever it is positive (pass 0
+            outside training).
         backend: ``"auto"``/``"csr"`` (sorted CSR kernels) or ``"native"``/``"torch_scatter"``
             (gather-scatter reference).
         is_causal: ignore the edges whose source comes after their target (``j > i``), so
