@@ -421,8 +421,11 @@ class DiffusionAttention(nn.Module):
         """A layer with the weights of a :class:`torch.nn.MultiheadAttention` (its self-attention ``mha(x, x, x)``).
 
         The layer comes in the module's mode (``mha.training``: an ``eval()`` module gives a layer that drops no
-        attention entries) and takes ``(B, N, D)`` inputs, as a ``batch_first`` module; for ``batch_first=False``
-        (inputs ``(N, B, D)``), whose weights are the same, call it on ``x.transpose(0, 1)``.
+        attention entries, and whose dropout is checked against its heads, as ``ppr-exact``'s ``dropout < alpha``,
+        only once it trains) and takes ``(B, N, D)`` inputs, as a ``batch_first`` module; for
+        ``batch_first=False`` (inputs ``(N, B, D)``), whose weights are the same, call it on ``x.transpose(0, 1)``.
+        Its parameters are copies that require gradients whatever the module's (``requires_grad_(False)`` the
+        layer to keep a frozen module frozen).
 
         Examples:
             >>> mha = nn.MultiheadAttention(8, 2, batch_first=True)
@@ -444,7 +447,9 @@ class DiffusionAttention(nn.Module):
                              f"head, so the layer takes num_kv_heads=None or num_heads={mha.num_heads}")
         _check_copied_kwargs(kwargs, "from_multihead_attention", "nn.MultiheadAttention")
         bias = mha.in_proj_bias is not None
-        layer = cls(mha.embed_dim, mha.num_heads, heads, bias=bias, dropout=mha.dropout, **kwargs)
+        p = mha.dropout if mha.training else 0.0  # an eval() module's dropout: checked once the layer trains
+        layer = cls(mha.embed_dim, mha.num_heads, heads, bias=bias, dropout=p, **kwargs)
+        layer.dropout = float(mha.dropout)  # (ppr-exact refuses dropout >= alpha, which does not apply in eval)
         layer = layer.to(mha.in_proj_weight.device, mha.in_proj_weight.dtype)
         with torch.no_grad():
             layer.qkv.weight.copy_(mha.in_proj_weight)
@@ -460,7 +465,8 @@ class DiffusionAttention(nn.Module):
 
         ``TransformerConv`` has no output projection: the returned layer's ``out_proj`` is the
         identity, so its output equals the convolution's concatenated heads. The layer comes in
-        the convolution's mode (``conv.training``).
+        the convolution's mode (``conv.training``), as :meth:`from_multihead_attention`'s, and its
+        parameters require gradients whatever the convolution's.
         """
         _import_pyg()
         from torch_geometric.nn import TransformerConv
@@ -481,7 +487,9 @@ class DiffusionAttention(nn.Module):
                                  f"({D}) for the queries, keys and values alike (one x feeds all three)")
         _check_copied_kwargs(kwargs, "from_transformer_conv", "TransformerConv")
         bias = conv.lin_query.bias is not None
-        layer = cls(D, H, heads, bias=bias, dropout=conv.dropout, **kwargs)
+        p = conv.dropout if conv.training else 0.0  # as in from_multihead_attention
+        layer = cls(D, H, heads, bias=bias, dropout=p, **kwargs)
+        layer.dropout = float(conv.dropout)
         layer = layer.to(conv.lin_query.weight.device, conv.lin_query.weight.dtype)
         with torch.no_grad():
             layer.qkv.weight.copy_(torch.cat([conv.lin_query.weight, conv.lin_key.weight, conv.lin_value.weight]))

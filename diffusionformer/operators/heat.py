@@ -80,7 +80,9 @@ def heat_coefficients(t: Tensor, steps: int, method: str = "taylor") -> Tensor:
         # every order at a = 0 or b = 0 (_powers; 2 (K+1) pow calls and two stacks before)
         exponents, binom = _euler_table(steps, t.device)
         ab = _powers(torch.stack((a, b), dim=-1), exponents)  # (..., 2, K+1)
-        return binom * ab.select(-2, 0) * ab.select(-2, 1)
+        # the powers' product first: binom * a^(K-k) overflowed to inf for t < 0 near the K limit (a > 1) where
+        # b^k underflowed to 0, inf * 0 = NaN; the product of the powers only underflows where c_k is below 1e-15
+        return binom * (ab.select(-2, 0) * ab.select(-2, 1))
     raise ValueError(f"method must be 'taylor' or 'euler', got {method!r}{_choice_hint(method, _METHODS)}")
 
 
