@@ -92,7 +92,8 @@ def test_bug_gpu_study_reads_the_runs_of_run_precision_with_their_amp(tmp_path, 
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     out = tmp_path / "out"
     env = {**os.environ, "PY": str(fake), "ALLOW_CPU": "1", "OUT": str(out), "RESULTS": str(tmp_path / "res"),
-           "DATA": str(tmp_path / "data"), "BUDGET": "60", "DIFFUSIONFORMER_CACHE": str(tmp_path / "cache")}
+           "DATA": str(tmp_path / "data"), "UNPACKED": str(tmp_path / "unpacked"), "BUDGET": "60",
+           "DIFFUSIONFORMER_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(["bash", str(REPO / "experiments/scripts/gpu_study.sh"), "run", str(config), "1",
                            "--set", "seeds=[0]", *flag], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -115,7 +115,8 @@ def test_bug_gpu_study_gives_analyze_the_amp_of_every_task_under_a_task_selectio
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     out = tmp_path / "out"
     env = {**os.environ, "PY": str(fake), "ALLOW_CPU": "1", "OUT": str(out), "RESULTS": str(tmp_path / "res"),
-           "DATA": str(tmp_path / "data"), "BUDGET": "60", "DIFFUSIONFORMER_CACHE": str(tmp_path / "cache")}
+           "DATA": str(tmp_path / "data"), "UNPACKED": str(tmp_path / "unpacked"), "BUDGET": "60",
+           "DIFFUSIONFORMER_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(["bash", str(REPO / "experiments/scripts/gpu_study.sh"), "run", str(config), "1",
                            "--set", "tasks=[\"a\"]", "--precision", "fp32"], env=env, capture_output=True,
                           text=True, timeout=300)
