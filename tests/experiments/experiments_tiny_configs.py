@@ -113,3 +113,29 @@ name = "attention"
 name = "lap"
 laplacian_heads = "half"
 """
+
+
+# a finished comparison of two settings on three seeds whose result files the result-file tests damage
+FINISHED_OPS = [{"name": "attention"}, {"name": "lap", "laplacian_heads": 1}]
+FINISHED_VALUES = {"attention": {0: 0.5, 1: 0.6, 2: 0.7}, "lap": {0: 0.55, 1: 0.65, 2: 0.8}}
+
+
+def finished_study(tmp_path):
+    """``(out, config, results.json)`` of :func:`write_finished_study` "h" of ``FINISHED_OPS`` under
+    ``tmp_path / "results"``."""
+    out = tmp_path / "results"
+    config = write_finished_study(out, "h", FINISHED_OPS, FINISHED_VALUES)
+    return out, config, out / "h" / "results.json"
+
+
+# a python for experiments/scripts/gpu_study.sh (``% sys.executable``): run, status and analyze say what they were
+# given (one line each); the CUDA check passes; the rest (the comparison's name, the --set of --precision) is read by
+# the real python
+GPU_STUDY_STAND_IN_PY = """#!/usr/bin/env bash
+case "$1 $3" in
+  "-m run") exit 0 ;;
+  "-m status"|"-m analyze") printf '%%s\\n' "$@"; exit 0 ;;
+  "- "*) cat > /dev/null; exit 0 ;;
+esac
+exec "%s" "$@"
+"""

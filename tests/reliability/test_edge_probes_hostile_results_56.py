@@ -47,16 +47,10 @@ from diffusionformer.experiments.plots import plot_experiment
 from diffusionformer.experiments.publish import _load_runs
 from diffusionformer.experiments.results import run_dir
 from diffusionformer.train import read_metrics
-from experiments_tiny_configs import write_finished_study
+from experiments_tiny_configs import FINISHED_OPS, finished_study
 
-OPS = [{"name": "attention"}, {"name": "lap", "laplacian_heads": 1}]
-VALUES = {"attention": {0: 0.5, 1: 0.6, 2: 0.7}, "lap": {0: 0.55, 1: 0.65, 2: 0.8}}
-
-
-def _study(tmp_path):
-    out = tmp_path / "results"
-    config = write_finished_study(out, "h", OPS, VALUES)
-    return out, config, out / "h" / "results.json"
+OPS = FINISHED_OPS
+_study = finished_study
 
 
 def _publish(config, out, docs):

@@ -28,10 +28,10 @@ from diffusionformer.experiments import load_experiment_config
 from diffusionformer.experiments.cli import main
 from diffusionformer.experiments.publish import publish_experiment, summary_table
 from diffusionformer.train.checkpoint import CHECKPOINT_NAME
-from experiments_tiny_configs import TINY_DIGITS_TOML, write_finished_study
+from experiments_tiny_configs import (FINISHED_OPS, FINISHED_VALUES, GPU_STUDY_STAND_IN_PY, TINY_DIGITS_TOML,
+                                     write_finished_study)
 
-OPS = [{"name": "attention"}, {"name": "lap", "laplacian_heads": 1}]
-VALUES = {"attention": {0: 0.5, 1: 0.6, 2: 0.7}, "lap": {0: 0.55, 1: 0.65, 2: 0.8}}
+OPS, VALUES = FINISHED_OPS, FINISHED_VALUES
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -64,16 +64,7 @@ def test_bug_rows_of_a_metric_set_by_run_name_the_set_that_reads_them(tmp_path, 
 
 
 # ---------------------------------------------------------------------------- experiments/scripts/gpu_study.sh
-_STAND_IN_PY = """#!/usr/bin/env bash
-# python for gpu_study.sh: run, status and analyze say what they were given (one line each); the CUDA check passes;
-# the rest (the comparison's name, the --set of --precision) is read by python
-case "$1 $3" in
-  "-m run") exit 0 ;;
-  "-m status"|"-m analyze") printf '%%s\\n' "$@"; exit 0 ;;
-  "- "*) cat > /dev/null; exit 0 ;;
-esac
-exec "%s" "$@"
-"""
+_STAND_IN_PY = GPU_STUDY_STAND_IN_PY
 
 
 @pytest.mark.slow  # the script reads the config in two fresh pythons

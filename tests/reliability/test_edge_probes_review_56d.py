@@ -27,6 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from experiments_tiny_configs import GPU_STUDY_STAND_IN_PY
 from diffusionformer.experiments import load_experiment_config
 from diffusionformer.train.checkpoint import _predated_fields_at_default, model_record, model_record_differences
 from diffusionformer.train.distributed import init_distributed
@@ -88,16 +89,7 @@ def test_bug_a_checkpoint_predating_a_nested_dataclass_field_reads_it_at_its_def
 
 
 # ---------------------------------------------------------------------------- experiments/scripts/gpu_study.sh
-_STAND_IN_PY = """#!/usr/bin/env bash
-# python for gpu_study.sh: run, status and analyze say what they were given (one line each); the CUDA check passes;
-# the rest (the comparison's name, the --set of --precision) is read by python
-case "$1 $3" in
-  "-m run") exit 0 ;;
-  "-m status"|"-m analyze") printf '%%s\\n' "$@"; exit 0 ;;
-  "- "*) cat > /dev/null; exit 0 ;;
-esac
-exec "%s" "$@"
-"""
+_STAND_IN_PY = GPU_STUDY_STAND_IN_PY
 
 
 @pytest.mark.slow  # the script reads the config in fresh pythons

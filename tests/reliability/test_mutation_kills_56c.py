@@ -14,16 +14,10 @@ import torch
 from diffusionformer.experiments import load_experiment_config, publish_experiment
 from diffusionformer.experiments.publish import _load_runs, _warn_unanalysed
 from diffusionformer.experiments.results import RunResult, run_dir
-from experiments_tiny_configs import TINY_DIGITS_TOML, write_finished_study
+from experiments_tiny_configs import FINISHED_OPS, TINY_DIGITS_TOML, finished_study
 
-OPS = [{"name": "attention"}, {"name": "lap", "laplacian_heads": 1}]
-VALUES = {"attention": {0: 0.5, 1: 0.6, 2: 0.7}, "lap": {0: 0.55, 1: 0.65, 2: 0.8}}
-
-
-def _study(tmp_path):
-    out = tmp_path / "results"
-    config = write_finished_study(out, "h", OPS, VALUES)
-    return out, config, out / "h" / "results.json"
+OPS = FINISHED_OPS
+_study = finished_study
 
 
 def _edit_row(results, index, **changes):
