@@ -497,7 +497,7 @@ class _Pow(torch.autograd.Function):
         x, k = ctx.saved_tensors
         # a backward pass that records no graph (create_graph=False) and runs under no torch.func transform is never
         # differentiated: the pow that _Pow's forward runs, without a Function call
-        differentiable = torch.is_grad_enabled() or torch._C._are_functorch_transforms_active()
+        differentiable = torch.is_grad_enabled() or _FUNCTORCH_ACTIVE is None or _FUNCTORCH_ACTIVE()
         # summed to x's shape (and dtype) by autograd, as pow's
         return grad * _Pow._derivative(x, k, differentiable), None
 
