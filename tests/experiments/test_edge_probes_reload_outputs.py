@@ -58,27 +58,47 @@ def test_bug_two_workers_writing_the_outputs_at_once_keep_both_runs(tmp_path, mo
     assert sorted(r["seed"] for r in rows) == [0, 1]
 
 
-def test_bug_git_commit_of_a_file_in_a_checkout_names_its_commit(tmp_path):
-    """Bug: ``git_commit(path)`` of a file of a checkout (its docstring: "the checkout holding ``path``") ran git
-    with the file as its working folder, failed and returned ``None``, as outside any checkout."""
-    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
-    repo = tmp_path / "repo"
-    repo.mkdir()
+_GIT_ENV = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def _one_commit_checkout(repo: Path) -> None:
+    """A git checkout at ``repo`` of one commit holding ``a.txt`` ("a"); the test skips where git is unusable."""
+    repo.mkdir(exist_ok=True)
     (repo / "a.txt").write_text("a\n")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     try:
-        subprocess.run(["git", "init", "-q"], cwd=repo, check=True, env=env)
-        subprocess.run([*git, "add", "a.txt"], cwd=repo, check=True, env=env)
-        subprocess.run([*git, "commit", "-qm", "a"], cwd=repo, check=True, env=env)
+        subprocess.run(["git", "init", "-q"], cwd=repo, check=True, env=_GIT_ENV)
+        subprocess.run([*git, "add", "a.txt"], cwd=repo, check=True, env=_GIT_ENV)
+        subprocess.run([*git, "commit", "-qm", "a"], cwd=repo, check=True, env=_GIT_ENV)
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("no usable git")
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, env=env).stdout.strip()
+
+
+def test_bug_git_commit_of_a_file_in_a_checkout_names_its_commit(tmp_path):
+    """Bug: ``git_commit(path)`` of a file of a checkout (its docstring: "the checkout holding ``path``") ran git
+    with the file as its working folder, failed and returned ``None``, as outside any checkout."""
+    repo = tmp_path / "repo"
+    _one_commit_checkout(repo)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, env=_GIT_ENV).stdout.strip()
     assert outputs.git_commit(repo) == head
     assert outputs.git_commit(repo / "a.txt") == head
     (repo / "a.txt").write_text("b\n")
     assert outputs.git_commit(repo / "a.txt") == head + "+dirty"
     assert outputs.git_commit(tmp_path / "missing") is None  # neither a file nor a folder: None, as outside a checkout
 
+
+def test_bug_git_commit_does_not_rewrite_the_checkouts_index(tmp_path):
+    """Bug (sitting 56): ``git_commit`` (the commit a comparison's manifest records, at every ``run`` and
+    ``publish``) ran ``git status``, which refreshes the checkout's index: it took ``.git/index.lock`` and rewrote
+    ``.git/index`` of the user's checkout, where a ``git commit`` run meanwhile fails on the lock. It now reads the
+    state without git's optional locks."""
+    _one_commit_checkout(tmp_path)
+    os.utime(tmp_path / "a.txt", ns=(0, 0))  # stale stat data, same content: `git status` refreshed the index
+    index = tmp_path / ".git" / "index"
+    before = index.read_bytes()
+    commit = outputs.git_commit(tmp_path)
+    assert commit is not None and not commit.endswith("+dirty")
+    assert index.read_bytes() == before
 
 
 def test_bug_load_run_names_a_map_location_of_a_device_this_torch_cannot_use(tmp_path, run_folder):
