@@ -131,7 +131,7 @@ def finished_study(tmp_path):
 # a python for experiments/scripts/gpu_study.sh (``% sys.executable``): run, status and analyze say what they were
 # given (one line each); the CUDA check passes; the rest (the comparison's name, the --set of --precision) is read by
 # the real python
-GPU_STUDY_STAND_IN_PY = """#!/usr/bin/env bash
+_GPU_STUDY_STAND_IN_PY = """#!/usr/bin/env bash
 case "$1 $3" in
   "-m run") exit 0 ;;
   "-m status"|"-m analyze") printf '%%s\\n' "$@"; exit 0 ;;
@@ -139,3 +139,25 @@ case "$1 $3" in
 esac
 exec "%s" "$@"
 """
+
+
+def run_gpu_study_stand_in(tmp_path, config, *args):
+    """``gpu_study.sh run CONFIG 1 *args`` with the stand-in python above, its folders under ``tmp_path``:
+    ``(the finished process, its $OUT)``, where ``status.md`` and ``analyze.log`` hold the argv of those commands."""
+    import os
+    import stat
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fake = tmp_path / "py"
+    fake.write_text(_GPU_STUDY_STAND_IN_PY % sys.executable)
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    out = tmp_path / "out"
+    env = {**os.environ, "PY": str(fake), "ALLOW_CPU": "1", "OUT": str(out), "RESULTS": str(tmp_path / "res"),
+           "DATA": str(tmp_path / "data"), "UNPACKED": str(tmp_path / "unpacked"), "BUDGET": "60",
+           "DIFFUSIONFORMER_CACHE": str(tmp_path / "cache")}
+    script = Path(__file__).resolve().parents[2] / "experiments" / "scripts" / "gpu_study.sh"
+    done = subprocess.run(["bash", str(script), "run", str(config), "1", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+    return done, out

@@ -15,11 +15,7 @@ publish's readers of ``results.json``):
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,11 +24,10 @@ from diffusionformer.experiments import load_experiment_config
 from diffusionformer.experiments.cli import main
 from diffusionformer.experiments.publish import publish_experiment, summary_table
 from diffusionformer.train.checkpoint import CHECKPOINT_NAME
-from experiments_tiny_configs import (FINISHED_OPS, FINISHED_VALUES, GPU_STUDY_STAND_IN_PY, TINY_DIGITS_TOML,
+from experiments_tiny_configs import (FINISHED_OPS, FINISHED_VALUES, TINY_DIGITS_TOML, run_gpu_study_stand_in,
                                      write_finished_study)
 
 OPS, VALUES = FINISHED_OPS, FINISHED_VALUES
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _raw(name, metric):
@@ -64,7 +59,6 @@ def test_bug_rows_of_a_metric_set_by_run_name_the_set_that_reads_them(tmp_path, 
 
 
 # ---------------------------------------------------------------------------- experiments/scripts/gpu_study.sh
-_STAND_IN_PY = GPU_STUDY_STAND_IN_PY
 
 
 @pytest.mark.slow  # the script reads the config in two fresh pythons
@@ -78,15 +72,7 @@ def test_bug_gpu_study_reads_the_runs_of_run_precision_with_their_amp(tmp_path, 
     config = tmp_path / "c.toml"  # the top-level precision (gpu_text.toml's) fills the train.amp of a task
     config.write_text('name = "p"\nseeds = [0]\nprecision = "bf16"\n[[tasks]]\nname = "t.1"\ndataset = "digits"\n'
                       'model = "vit-digits"\n[[operators]]\nname = "a"\nheads = "attention:4"\n')
-    fake = tmp_path / "py"
-    fake.write_text(_STAND_IN_PY % sys.executable)
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    out = tmp_path / "out"
-    env = {**os.environ, "PY": str(fake), "ALLOW_CPU": "1", "OUT": str(out), "RESULTS": str(tmp_path / "res"),
-           "DATA": str(tmp_path / "data"), "UNPACKED": str(tmp_path / "unpacked"), "BUDGET": "60",
-           "DIFFUSIONFORMER_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(["bash", str(REPO / "experiments/scripts/gpu_study.sh"), "run", str(config), "1",
-                           "--set", "seeds=[0]", *flag], env=env, capture_output=True, text=True, timeout=300)
+    done, out = run_gpu_study_stand_in(tmp_path, config, "--set", "seeds=[0]", *flag)
     assert done.returncode == 0, done.stderr
     amp = '"off"' if flag == ["--precision", "fp32"] else '"bf16"'
     for name, command in [("status.md", "status"), ("analyze.log", "analyze")]:

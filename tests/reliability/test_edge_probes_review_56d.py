@@ -16,23 +16,17 @@ and ``default_factory`` fill, the GPU configs' one primary quantity):
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import stat
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from experiments_tiny_configs import GPU_STUDY_STAND_IN_PY
 from diffusionformer.experiments import load_experiment_config
 from diffusionformer.train.checkpoint import _predated_fields_at_default, model_record, model_record_differences
 from diffusionformer.train.distributed import init_distributed
+from experiments_tiny_configs import run_gpu_study_stand_in
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------- init_distributed
@@ -89,7 +83,6 @@ def test_bug_a_checkpoint_predating_a_nested_dataclass_field_reads_it_at_its_def
 
 
 # ---------------------------------------------------------------------------- experiments/scripts/gpu_study.sh
-_STAND_IN_PY = GPU_STUDY_STAND_IN_PY
 
 
 @pytest.mark.slow  # the script reads the config in fresh pythons
@@ -102,16 +95,7 @@ def test_bug_gpu_study_gives_analyze_the_amp_of_every_task_under_a_task_selectio
     config = tmp_path / "c.toml"
     config.write_text(f'name = "p"\nseeds = [0]\n[[tasks]]\nname = "a"\n{task}[[tasks]]\nname = "b"\n{task}'
                       '[[operators]]\nname = "o"\nheads = "attention:4"\n')
-    fake = tmp_path / "py"
-    fake.write_text(_STAND_IN_PY % sys.executable)
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    out = tmp_path / "out"
-    env = {**os.environ, "PY": str(fake), "ALLOW_CPU": "1", "OUT": str(out), "RESULTS": str(tmp_path / "res"),
-           "DATA": str(tmp_path / "data"), "UNPACKED": str(tmp_path / "unpacked"), "BUDGET": "60",
-           "DIFFUSIONFORMER_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(["bash", str(REPO / "experiments/scripts/gpu_study.sh"), "run", str(config), "1",
-                           "--set", "tasks=[\"a\"]", "--precision", "fp32"], env=env, capture_output=True,
-                          text=True, timeout=300)
+    done, out = run_gpu_study_stand_in(tmp_path, config, "--set", 'tasks=["a"]', "--precision", "fp32")
     assert done.returncode == 0, done.stderr
     analyze = (out / "analyze.log").read_text().splitlines()
     assert 'tasks.a.train.amp="off"' in analyze and 'tasks.b.train.amp="off"' in analyze
