@@ -257,7 +257,8 @@ def test_bug_gpu_study_packs_and_resumes_the_comparison_a_set_renames(tmp_path):
 
     def call(results, *overrides):
         env = {**os.environ, "PY": str(fake), "ALLOW_CPU": "1", "OUT": str(tmp_path / "out"), "RESULTS": str(results),
-               "DATA": str(data), "BUDGET": "60", "DIFFUSIONFORMER_CACHE": str(tmp_path / "cache")}
+               "DATA": str(data), "UNPACKED": str(tmp_path / "unpacked"), "BUDGET": "60",
+               "DIFFUSIONFORMER_CACHE": str(tmp_path / "cache")}  # UNPACKED: not the script's /tmp/df-data
         return subprocess.run(["bash", str(REPO / "experiments/scripts/gpu_study.sh"), "run", str(config), "2",
                                *overrides], env=env, capture_output=True, text=True, timeout=300)
 
