@@ -8,9 +8,10 @@ loss with its step and the gap there. Differences to the baseline (the first set
 paired over seeds (a seed fixes the initial weights and the batches of every setting).
 
 When the config names primary contrasts (``primary``), a last table tests them: for each
-primary ``(task, setting)`` and each primary quantity (``--primary``, default the final
-validation loss; the over-fitting studies named the final validation loss and the final gap),
-the paired difference to the baseline with its 95% confidence interval, the paired t (``df``
+primary ``(task, setting)`` and each primary quantity (``--primary``; by default the ones the
+config's ``primary_quantities`` name: ``final`` is the final validation loss, ``selected`` the best one where a
+primary task has ``select_by``, ``reach`` has none; the over-fitting studies named the final validation loss and
+the final gap), the paired difference to the baseline with its 95% confidence interval, the paired t (``df``
 = seeds - 1), the Wilcoxon signed-rank p and the p adjusted by Holm's method over the primary
 cells of the table (:mod:`~diffusionformer.experiments.stats`); the best validation loss of the
 same settings follows as exploratory (no adjustment).
@@ -193,6 +194,39 @@ def _p(p: float | None) -> str:
     return f"{p:.{digits}g}"
 
 
+#: the quantity of :data:`QUANTITIES` that stands for each of the config's ``primary_quantities`` ("reach", steps to a
+#: threshold, has none); it is the config's own quantity where the task's metric (and ``select_by``) is the val loss
+_CONFIG_QUANTITIES = {"final": "final_val", "selected": "best_val"}
+_VAL_LOSS = ("val_loss", "loss")  # a text task's "loss" is its val_loss (TextLMTask.evaluate)
+
+
+def _config_quantities(config: ExperimentConfig,
+                       tasks: Collection[str] | None = None) -> tuple[tuple[str, ...], list[str]]:
+    """The quantities of the config's ``primary_quantities`` (the default of :func:`primary_table` and ``--primary``)
+    and notes where they are not the config's own: with none that has a gap quantity, ``final_val``; a primary task
+    (of ``tasks``, default all) whose metric or ``select_by`` is not the val loss was named on another quantity."""
+    primary = {name for name, _ in config.primary_contrasts()}
+    named = [t for t in config.tasks if t.name in primary]
+    if not named:  # no primary contrast: no primary table
+        return ("final_val",), []
+    # "selected" only where a primary task has select_by: as in compare.py, a task without it has no selected contrast
+    selected = any(t.select_by for t in named)
+    kinds = [k for k in config.primary_quantities if k == "final" or (k == "selected" and selected)]
+    if not kinds:
+        return ("final_val",), [f"the config's primary_quantities {config.primary_quantities} have no gap quantity "
+                                "(reach is steps to a threshold): the primary contrasts are tested on the final val "
+                                "loss (final_val), which the config did not name; --primary names the quantities"]
+    notes = []
+    for t in named if tasks is None else [t for t in named if t.name in tasks]:
+        if "final" in kinds and t.metric not in _VAL_LOSS:
+            notes.append(f"task {t.name!r}: the config's final quantity is its final {t.metric}; the final val loss "
+                         "(final_val) of the primary table is not the same quantity")
+        if "selected" in kinds and t.select_by and (t.metric not in _VAL_LOSS or t.select_by not in _VAL_LOSS):
+            notes.append(f"task {t.name!r}: the config's selected quantity is its {t.metric} at the best "
+                         f"{t.select_by}; the best val loss (best_val) of the primary table is not the same quantity")
+    return tuple(_CONFIG_QUANTITIES[k] for k in kinds), notes
+
+
 def _check_quantities(quantities: tuple[str, ...]) -> None:
     if not quantities or any(q not in QUANTITIES for q in quantities) or len(set(quantities)) != len(quantities):
         unknown = [q for q in quantities if q not in QUANTITIES]
@@ -200,7 +234,7 @@ def _check_quantities(quantities: tuple[str, ...]) -> None:
                          f"got {list(quantities)}{_did_you_mean(unknown[0], list(QUANTITIES)) if unknown else ''}")
 
 
-def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tuple[str, ...] = ("final_val",),
+def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tuple[str, ...] | None = None,
                   rows: dict[str, dict[str, dict[int, dict[str, float]]]] | None = None) -> str:
     """The primary contrasts of ``config`` on ``quantities`` (Holm over them), then ``best_val`` as exploratory.
 
@@ -213,12 +247,15 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
     Args:
         config: the comparison (its ``primary`` names the contrasts).
         out_root: the results root it was run into, or the docs folder it was published to.
-        quantities: keys of :data:`QUANTITIES` tested together (Holm over all of their cells).
+        quantities: keys of :data:`QUANTITIES` tested together (Holm over all of their cells); ``None``: those the
+            config's ``primary_quantities`` name (``final``: ``final_val``; ``selected``: ``best_val``, where a
+            primary task has ``select_by``; ``final_val`` where none of them has a gap quantity, as ``reach``).
         rows: what :func:`gap_rows` returned, if already read.
 
     Raises:
         ValueError: an unknown quantity (the keys of :data:`QUANTITIES`).
     """
+    quantities = _config_quantities(config)[0] if quantities is None else quantities
     _check_quantities(quantities)
     primary = config.primary_contrasts()
     rows = gap_rows(config, out_root) if rows is None else rows
@@ -362,14 +399,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="results", help="results root the comparison was run into")
     p.add_argument("--page", default=None, help="results page to write the tables into (default: print them)")
-    p.add_argument("--primary", default="final_val", metavar="Q[,Q...]",
+    p.add_argument("--primary", default=None, metavar="Q[,Q...]",
                    help=f"quantities of the primary contrasts, Holm-adjusted together (among {', '.join(QUANTITIES)}; "
-                        "default final_val)")
+                        "default: those of the config's primary_quantities, final: final_val, selected: best_val)")
     args = p.parse_args(argv)
     try:
         config = load_experiment_config(args.config, args.overrides)
-        quantities = tuple(q.strip() for q in args.primary.split(",") if q.strip())
-        _check_quantities(quantities)
+        quantities = None if args.primary is None else tuple(q.strip() for q in args.primary.split(",") if q.strip())
+        if quantities is not None:  # else the config's (_write_tables)
+            _check_quantities(quantities)
         for flag in ("out", "page"):  # `--page "$UNSET"` would print instead of writing, `--out ""` read the cwd
             if getattr(args, flag) == "":
                 raise ValueError(f"--{flag}: expected a {'folder' if flag == 'out' else 'file'}, got an empty path")
@@ -386,8 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _write_tables(config: ExperimentConfig, args: argparse.Namespace, quantities: tuple[str, ...]) -> int:
-    """The tables of :func:`main`, printed or written into ``args.page``; its exit code."""
+def _write_tables(config: ExperimentConfig, args: argparse.Namespace, quantities: tuple[str, ...] | None) -> int:
+    """The tables of :func:`main`, printed or written into ``args.page``; its exit code. ``quantities``: those of
+    ``--primary``, ``None`` for the config's (with a note on stderr where they are not the config's own)."""
     try:
         rows = gap_rows(config, args.out)
         table = gap_table(config, args.out, rows)
@@ -397,6 +436,10 @@ def _write_tables(config: ExperimentConfig, args: argparse.Namespace, quantities
     if not table:
         print(f"error: no finished runs with train_loss and val_loss under {Path(args.out) / config.name}", file=sys.stderr)
         return 1
+    if quantities is None:
+        quantities, notes = _config_quantities(config, rows)
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
     if args.page:  # the figures beside the page's other files, reduced to a palette like publish's
         figures = []
         try:
