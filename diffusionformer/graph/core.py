@@ -31,7 +31,8 @@ from diffusionformer.graph._structure import (
     structural_keep,
     structural_mask,
 )
-from diffusionformer.ops._checks import _SPARSE_ADJACENCY_FIX, _check_strided, check_index_range, checks_values
+from diffusionformer.ops._checks import (_SPARSE_ADJACENCY_FIX, _check_strided, _on_device_of_x, check_index_range,
+                                         checks_values)
 
 __all__ = ["LAYOUTS", "AttentionGraph", "Layout"]
 
@@ -387,7 +388,8 @@ class AttentionGraph:
             x: the layer input, ``(B, N, D)`` (dense) or ``(num_nodes, D)`` (sparse).
 
         Raises:
-            ValueError: when ``x``'s shape does not match the graph.
+            ValueError: when ``x``'s shape does not match the graph, or a tensor of the graph is on the meta device
+                (no values to move to ``x``'s) while ``x`` is not.
 
         Examples:
             >>> AttentionGraph.dense(2, causal=True).attention_kwargs(torch.zeros(5, 2, 8))
@@ -409,25 +411,25 @@ class AttentionGraph:
                 # values are read (eager CPU), as the kernel's bounds check, which must come first
                 check_index_range("edge_index", self.edge_index, "num_nodes", self.num_nodes)
                 check_within_graphs(self.edge_index, self.batch)
-            return {"edge_index": self.edge_index.to(x.device)}
+            return {"edge_index": _on_device_of_x(self.edge_index, "edge_index", x)}
         N, B = self.seq_len, self.batch_size
         if x.dim() != 3 or x.shape[1] != N or (B is not None and x.shape[0] != B):
             raise ValueError(f"this dense AttentionGraph expects x of shape ({'B' if B is None else B}, N={N}, D), "
                              f"got {tuple(x.shape)}")
         out: dict[str, Any] = {}
         assert N is not None
-        extra = None if self.attn_mask is None else self.attn_mask.to(x.device)
+        extra = _on_device_of_x(self.attn_mask, "attn_mask", x)
         if self.causal and self.window is None and self.allowed is None:
             # plain causal graph: let the fused kernel apply its own causal mask (no N x N tensor)
             out["is_causal"] = True
             if extra is not None:
                 out["attn_mask"] = extra
             if self.key_padding_mask is not None:
-                out["key_padding_mask"] = self.key_padding_mask.to(x.device)
+                out["key_padding_mask"] = _on_device_of_x(self.key_padding_mask, "key_padding_mask", x)
             return out
         mask = structural_mask(N, self.causal, self.window, x.device)
         if self.allowed is not None:
-            a = self.allowed.to(x.device)
+            a = _on_device_of_x(self.allowed, "allowed", x)
             a = a if a.dim() == 2 else a[:, None]  # (N, N) or (B, 1, N, N)
             mask = a if mask is None else a & mask
         if extra is not None:  # the structural mask (bool) and the caller's SDPA mask, both applied
@@ -440,7 +442,7 @@ class AttentionGraph:
         if mask is not None:
             out["attn_mask"] = mask
         if self.key_padding_mask is not None:
-            out["key_padding_mask"] = self.key_padding_mask.to(x.device)
+            out["key_padding_mask"] = _on_device_of_x(self.key_padding_mask, "key_padding_mask", x)
         return out
 
     # ------------------------------------------------------------------ conversions

@@ -300,7 +300,10 @@ class GraphBlock(nn.Module):
             if not no_nodes and graph.layout != "sparse":  # else a TypeError about an edge_index never passed
                 raise ValueError("GraphBlock: edge_attr needs a sparse graph (its edge_index orders the edge features), "
                                  f"got a {graph.layout} AttentionGraph")
-            edge_index = graph if no_nodes else graph.edge_index
+            # through attention_kwargs, as the layer takes a graph: the checks an unchecked graph (a bare edge_index)
+            # defers to the call (bounds, no edge across the graphs of batch) ran there; read directly, an edge
+            # between two graphs was attended over without a word
+            edge_index = graph if no_nodes else graph.attention_kwargs(h)["edge_index"]
             _check_edge_attr(edge_attr, edge_index, self.edge_proj.in_features)
             _check_graph_devices(x, edge_attr=edge_attr)  # else an error about edge_keys, never passed
             update = edge_feature_attention(self.attn, h, edge_index, self.edge_proj(edge_attr.to(h.dtype)))

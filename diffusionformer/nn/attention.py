@@ -26,7 +26,7 @@ from diffusionformer.operators.base import _checked_degree, _label
 from diffusionformer.ops import dense as _dense
 from diffusionformer.ops import rivals as _rivals
 from diffusionformer.ops._checks import (_SPARSE_ADJACENCY_FIX, _backend_hint, _check_is_causal, _check_strided,
-                                         _matrix_output, check_degrees, check_dropout, check_layout)
+                                         _matrix_output, _on_device_of_x, check_degrees, check_dropout, check_layout)
 from diffusionformer.ops.engine import (AffineRun, affine_coefficients, affine_runs, combine_affine,
                                         static_coefficients, static_tensor)
 from diffusionformer.ops.recompute import recompute_saved, wants_recompute
@@ -1147,16 +1147,6 @@ def _check_mask_shape(attn_mask: Tensor, shape: tuple[int, int, int, int]) -> No
                     "(bool True = attend: the negation of MultiheadAttention's bool mask)")
         raise ValueError(f"attn_mask must be broadcastable to (B, H, N, M) = {shape}, got shape "
                          f"{tuple(attn_mask.shape)}{hint}")
-
-
-def _on_device_of_x(mask: Any, name: str, x: Tensor) -> Any:
-    """A mask shorthand on ``x``'s device (anything else as given, for the checks of :meth:`DiffusionAttention._dense_mask`),
-    as :meth:`~diffusionformer.graph.AttentionGraph.attention_kwargs` hands the masks of a graph to the layer."""
-    if not isinstance(mask, Tensor) or mask.device == x.device:
-        return mask
-    if mask.is_meta:
-        raise ValueError(f"{name} is on the meta device, which has no values to copy to the device of x ({x.device})")
-    return mask.to(x.device)
 
 
 def _group_spec(op: DiffusionOperator, count: int) -> str:

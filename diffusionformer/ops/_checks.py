@@ -115,6 +115,17 @@ def check_index_range(name: str, index: Tensor, size_name: str, size: int) -> No
             raise ValueError(f"{name} values must lie in [0, {size_name}={size}), got range [{lo}, {hi}]")
 
 
+def _on_device_of_x(mask: Any, name: str, x: Tensor) -> Any:
+    """A mask or ``edge_index`` on ``x``'s device (anything else as given, for the checks of its caller), as
+    :meth:`~diffusionformer.graph.AttentionGraph.attention_kwargs` hands a graph's tensors to the layer; a meta one
+    (no values to copy) is a ``ValueError`` naming it, not torch's "Cannot copy out of meta tensor"."""
+    if not isinstance(mask, Tensor) or mask.device == x.device:
+        return mask
+    if mask.is_meta:
+        raise ValueError(f"{name} is on the meta device, which has no values to copy to the device of x ({x.device})")
+    return mask.to(x.device)
+
+
 def _check_is_causal(is_causal: object) -> bool:
     """``is_causal`` if it is a Python bool, else a TypeError showing its full type and value (``bool("no")`` is
     True, so nothing else is read as a flag; a ``numpy.bool`` is refused too, and named ``numpy.bool``, not ``bool``).
