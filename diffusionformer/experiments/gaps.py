@@ -202,22 +202,26 @@ _VAL_LOSS = ("val_loss", "loss")  # a text task's "loss" is its val_loss (TextLM
 
 def _config_quantities(config: ExperimentConfig,
                        tasks: Collection[str] | None = None) -> tuple[tuple[str, ...], list[str]]:
-    """The quantities of the config's ``primary_quantities`` (the default of :func:`primary_table` and ``--primary``)
-    and notes where they are not the config's own: with none that has a gap quantity, ``final_val``; a primary task
-    (of ``tasks``, default all) whose metric or ``select_by`` is not the val loss was named on another quantity."""
+    """The quantities of the config's ``primary_quantities`` (the default of :func:`primary_table` and ``--primary``;
+    ``()`` where they have none, which tests ``final_val``, or where the config names no primary contrast) and notes
+    where they are not the config's own: with none, that fallback; a primary task (of ``tasks``, default all) whose
+    metric or ``select_by`` is not the val loss was named on another quantity."""
     primary = {name for name, _ in config.primary_contrasts()}
     named = [t for t in config.tasks if t.name in primary]
     if not named:  # no primary contrast: no primary table
-        return ("final_val",), []
+        return (), []
     # "selected" only where a primary task has select_by: as in compare.py, a task without it has no selected contrast
+    # (primary_table leaves such a task's best_val exploratory)
     selected = any(t.select_by for t in named)
     kinds = [k for k in config.primary_quantities if k == "final" or (k == "selected" and selected)]
+    measured = named if tasks is None else [t for t in named if t.name in tasks]  # (no rows: no primary cell)
     if not kinds:
-        return ("final_val",), [f"the config's primary_quantities {config.primary_quantities} have no gap quantity "
-                                "(reach is steps to a threshold): the primary contrasts are tested on the final val "
-                                "loss (final_val), which the config did not name; --primary names the quantities"]
+        note = (f"the config's primary_quantities {config.primary_quantities} have no gap quantity (reach is steps to "
+                "a threshold): the primary contrasts are tested on the final val loss (final_val), which the config "
+                "did not name; --primary names the quantities")
+        return (), [note] if measured else []
     notes = []
-    for t in named if tasks is None else [t for t in named if t.name in tasks]:
+    for t in measured:
         if "final" in kinds and t.metric not in _VAL_LOSS:
             notes.append(f"task {t.name!r}: the config's final quantity is its final {t.metric}; the final val loss "
                          "(final_val) of the primary table is not the same quantity")
@@ -248,14 +252,17 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
         config: the comparison (its ``primary`` names the contrasts).
         out_root: the results root it was run into, or the docs folder it was published to.
         quantities: keys of :data:`QUANTITIES` tested together (Holm over all of their cells); ``None``: those the
-            config's ``primary_quantities`` name (``final``: ``final_val``; ``selected``: ``best_val``, where a
-            primary task has ``select_by``; ``final_val`` where none of them has a gap quantity, as ``reach``).
+            config's ``primary_quantities`` name (``final``: ``final_val``; ``selected``: ``best_val``, on the
+            primary tasks with ``select_by``, exploratory on the others; ``final_val`` where none of them has a gap
+            quantity, as ``reach``). The legend says which of them the config named before the runs.
         rows: what :func:`gap_rows` returned, if already read.
 
     Raises:
         ValueError: an unknown quantity (the keys of :data:`QUANTITIES`).
     """
-    quantities = _config_quantities(config)[0] if quantities is None else quantities
+    own = _config_quantities(config)[0]
+    by_task = quantities is None  # the config's: best_val only where the task has select_by, as compare tests it
+    quantities = (own or ("final_val",)) if quantities is None else quantities
     _check_quantities(quantities)
     primary = config.primary_contrasts()
     rows = gap_rows(config, out_root) if rows is None else rows
@@ -268,7 +275,8 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
             if (task.name, setting.name) not in primary or not rows.get(task.name):
                 continue
             row, base = rows[task.name].get(setting.name) or {}, rows[task.name].get(baseline) or {}
-            asked = [(q, True) for q in quantities] + ([] if "best_val" in quantities else [("best_val", False)])
+            tested = [q for q in quantities if not (by_task and q == "best_val" and not task.select_by)]
+            asked = [(q, True) for q in tested] + ([] if "best_val" in tested else [("best_val", False)])
             for q, is_primary in asked:
                 d = paired_difference({s: v[q] for s, v in row.items()}, {s: v[q] for s, v in base.items()})
                 (named if is_primary else extra).append((f"{_text(task.name)}, {_text(setting.name)}, {QUANTITIES[q]}", d,
@@ -278,9 +286,16 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
         return ""
     adjusted = iter(holm([d.p for _, d, prim in cells if prim]))
     n_primary = sum(prim for _, _, prim in cells)
+    # the quantities the config named are said to be named before the runs; the others (a reach-only config's
+    # final_val, those the caller added) are said not to be
+    named_q = [QUANTITIES[q] for q in quantities if q in own]
+    other = [QUANTITIES[q] for q in quantities if q not in own]
     lines = [f"### Primary contrasts: {', '.join(QUANTITIES[q] for q in quantities)}", "",
-             f"Named in the config before the runs: {', '.join(map(_text, config.primary))} against {_text(baseline)}, on the "
-             f"{' and the '.join(QUANTITIES[q] for q in quantities)}. Δ: mean of the per-seed differences (setting - "
+             f"Named in the config before the runs: {', '.join(map(_text, config.primary))} against {_text(baseline)}"
+             f"{', on the ' + ' and the '.join(named_q) if named_q else ''}."
+             + (f" The config's primary_quantities ({', '.join(config.primary_quantities)}) do not name the "
+                f"{' and the '.join(other)}, tested here as primary." if other else "")
+             + " Δ: mean of the per-seed differences (setting - "
              f"{_text(baseline)}); 95% CI: its t interval; t and df: the paired t test (df = seeds - 1); p: its two-sided p; "
              f"p Wilcoxon: the exact signed-rank test of the same differences; p Holm: adjusted over the {n_primary} "
              "primary cells. Exploratory rows are not adjusted.", "",
@@ -436,9 +451,8 @@ def _write_tables(config: ExperimentConfig, args: argparse.Namespace, quantities
     if not table:
         print(f"error: no finished runs with train_loss and val_loss under {Path(args.out) / config.name}", file=sys.stderr)
         return 1
-    if quantities is None:
-        quantities, notes = _config_quantities(config, rows)
-        for note in notes:
+    if quantities is None:  # the config's, which primary_table takes per task
+        for note in _config_quantities(config, rows)[1]:
             print(f"note: {note}", file=sys.stderr)
     if args.page:  # the figures beside the page's other files, reduced to a palette like publish's
         figures = []

@@ -276,6 +276,10 @@ class GraphBlock(nn.Module):
         if not isinstance(graph, (Tensor, AttentionGraph)):  # else "'list' object has no attribute 'batch'"
             raise TypeError(f"GraphBlock: graph must be an AttentionGraph or an edge_index tensor of shape (2, E), "
                             f"got {type(graph).__name__}")
+        if isinstance(batch, Tensor) and (batch.is_floating_point() or batch.is_complex()):
+            # a PyG conv's edge_weight passed third (conv(x, edge_index, edge_weight)): the model's error, naming batch
+            # as the third argument (other integer dtypes stay the graph's to check: it takes them)
+            _check_batch(batch, x.shape[0] if x.dim() else 0)
         # no node: an AttentionGraph needs one ("num_nodes must be >= 1", an argument the call never gave); the edges
         # go to the layers as edge_index, which map no node to none and check them
         no_nodes = isinstance(graph, Tensor) and x.dim() == 2 and x.shape[0] == 0
