@@ -82,7 +82,9 @@ def contrasts(table: Sequence[Mapping[str, Any]], config: ExperimentConfig, *, l
                 if kind == "reach":
                     a, b = _reach_by_seed(row), _reach_by_seed(base)
                     if a is None or b is None:
-                        diff = Difference("paired t", 0, level=level, note="censored: some run never reached the threshold")
+                        # the method the contrast would have had (k-fold: Nadeau-Bengio), as the table's legend says
+                        method = "paired t" if task.folds is None else "Nadeau-Bengio"
+                        diff = Difference(method, 0, level=level, note="censored: some run never reached the threshold")
                     elif task.folds is not None:  # k-fold: the same correction as the final metric
                         diff = nadeau_bengio(a, b, task.folds, level=level)
                     else:

@@ -553,3 +553,23 @@ def test_format_status_written_out_by_hand():
 #   contrasts, whose df is the int n - 1 (Welch's fractional df never reaches a table).
 # compare.contrasts censored ``note="censored..."`` -> ``note="" or "censored..."``: a mis-built mutant, the same
 #   string (``test_a_censored_step_contrast_says_why_it_has_no_test`` kills ``note=""``).
+
+
+def test_a_censored_step_contrast_of_a_k_fold_task_names_nadeau_bengio():
+    """Bug (sitting 57): a censored steps-to-threshold contrast of a k-fold task was labelled ``paired t``, though its
+    uncensored form (and the page's legend) is Nadeau-Bengio corrected."""
+    from diffusionformer.experiments.compare import contrasts
+    from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
+    from diffusionformer.experiments.results import RunResult
+    from diffusionformer.experiments.tables import aggregate
+
+    ops = [OperatorSetting("attention"), OperatorSetting("lap", laplacian_heads=1)]
+    for folds, method in ((3, "Nadeau-Bengio"), (None, "paired t")):
+        cfg = ExperimentConfig("x", [TaskConfig("cv", "digits", "vit-digits", folds=folds, reach={"val_loss": 0.5})],
+                               ops, seeds=[0, 1, 2])
+        runs = [RunResult("cv", op, s, "completed", "test_acc", 0.6 + 0.01 * s, num_parameters=5, elapsed=1.0,
+                          reach_step=None if (op, s) == ("lap", 2) else 100 + s)
+                for op in ("attention", "lap") for s in range(3)]
+        reach = next(c for c in contrasts(aggregate(runs), cfg) if c.kind == "reach")
+        assert (reach.diff.method, reach.diff.n, reach.diff.p) == (method, 0, None)
+        assert reach.diff.note == "censored: some run never reached the threshold"
