@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from diffusionformer._files import zip_damage
 from diffusionformer._warnings import user_stacklevel
 from diffusionformer.experiments.config import (ExperimentConfig, OperatorSetting, TaskConfig, _lower_is_better,
                                                 train_config)
@@ -650,9 +651,12 @@ def _toml_key(key: str) -> str | None:
 
 def _checkpoint_entry(path: Path, key: str) -> Any:
     """``checkpoint[key]`` of a trainer checkpoint, read without loading its tensors (``weights_only``,
-    memory-mapped); ``None`` if the file cannot be read as one (``run`` says why when it resumes)."""
+    memory-mapped); ``None`` if the file cannot be read as one (``run`` says why when it resumes), a file whose
+    bytes fail their CRC-32 included, which ``run`` refuses as corrupt though its entries would load."""
     import torch
 
+    if zip_damage(path) is not None:
+        return None
     for mmap in (True, False):  # a file in torch's legacy format cannot be memory-mapped: read it whole
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap).get(key)

@@ -501,6 +501,10 @@ class Trainer:
         self._last_checkpoint_step: int | None = None
         self._last_checkpoint_path = self.checkpoint_path
         self._world_sizes = [ctx.world_size]  # the numbers of processes that trained this run, oldest first
+        # the torch thread counts that trained it on the CPU, oldest first (a CPU reduction split over other threads
+        # rounds otherwise; a GPU's kernels do not depend on them): none recorded for a segment on another device
+        threads = torch.get_num_threads() if device.type == "cpu" else None
+        self._thread_counts = _counts_since([], threads)
         if payload is not None:
             self._check_resumable(payload)
             self._load_state(payload, optimizer, device, generator)
@@ -522,7 +526,12 @@ class Trainer:
                 self._carried = {k: entry[1] for k, entry in self._window.items()}
             self._last_checkpoint_step = start
             self._last_checkpoint_path = Path(payload["_path"])
-            self._world_sizes = _world_sizes(payload, ctx.world_size)  # resume=<path>: another folder's, until we save
+            # a resume with only the summary left trains and evaluates nothing: its processes and threads are no part
+            # of the run's numbers
+            idle = start == cfg.max_steps and not self._window and self._evaluated_at(start)
+            # resume=<path>: another folder's, until we save
+            self._world_sizes = _world_sizes(payload, None if idle else ctx.world_size)
+            self._thread_counts = _counts_since(payload.get("torch_threads"), None if idle else threads)  # none: older
         if self.resume is not False:
             # rewrites the logs on rank 0 only
             _on_every_rank(ctx, f"cutting the logs back to the resumed step {start}", lambda: self._log.truncate(start))
@@ -619,6 +628,8 @@ class Trainer:
             "world_size": ctx.world_size,
             # more than one where a resume ran under another number of processes than the steps before it
             "world_sizes": list(self._world_sizes),
+            # more than one where a resume on the CPU ran under another torch thread count than the steps before it
+            "torch_threads": list(self._thread_counts),
             "device": str(device),
             "device_name": _device_name(device),  # the GPU model (None on CPU): "cuda:0" names none
             "amp": _AMP_NAMES[self._amp],
@@ -641,8 +652,7 @@ class Trainer:
         """A checkpoint resumed with ``max_steps`` equal to its step (a longer run's intermediate one): its last
         update is this run's last, whose log record (of the window the checkpoint cut) and evaluation, due at the
         last update, the run that wrote it had not made; make them, and checkpoint, as the last update does."""
-        last_eval = self._last["eval"]
-        evaluated = isinstance(last_eval, Mapping) and last_eval.get("step") == done
+        evaluated = self._evaluated_at(done)
         if not self._window and evaluated:  # the checkpoint of a run that ended here, or of a boundary of all three
             return
         lr = self._lr(done - 1)  # the learning rate of that last update
@@ -652,6 +662,11 @@ class Trainer:
         if not evaluated:
             self._evaluate(done, lr)
         self._save(done)
+
+    def _evaluated_at(self, done: int) -> bool:
+        """Whether the last evaluation (of the resumed checkpoint, or made since) is of step ``done``."""
+        last_eval = self._last["eval"]
+        return isinstance(last_eval, Mapping) and last_eval.get("step") == done
 
     def _update(self, step: int, lr: float) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
         """One optimiser update over ``grad_accum_steps`` micro-batches; returns the detached loss
@@ -976,6 +991,7 @@ class Trainer:
             "window": self._window_of_all_ranks(),
             "world_size": self.ctx.world_size,
             "world_sizes": list(self._world_sizes),
+            "torch_threads": list(self._thread_counts),
             "torch_version": str(torch.__version__),
         }
         self.ctx.barrier()
@@ -1029,15 +1045,19 @@ def _mean_over_reporting_ranks(
     return out, dtypes
 
 
-def _world_sizes(payload: Mapping[str, Any], now: int) -> list[int]:
+def _world_sizes(payload: Mapping[str, Any], now: int | None) -> list[int]:
     """The numbers of processes that trained a resumed run, oldest first: the checkpoint's ``world_sizes`` (its
     ``world_size`` in one written before them; none where neither is recorded), then ``now`` where it differs from
-    the last."""
+    the last (``None``: this resume trains nothing)."""
     earlier = payload.get("world_sizes")
-    if not isinstance(earlier, list):
-        earlier = [payload.get("world_size")]
-    sizes = [n for n in earlier if isinstance(n, int) and not isinstance(n, bool)]
-    return sizes + [now] if not sizes or sizes[-1] != now else sizes
+    return _counts_since(earlier if isinstance(earlier, list) else [payload.get("world_size")], now)
+
+
+def _counts_since(earlier: Any, now: int | None) -> list[int]:
+    """A run's counts (of processes, of threads), oldest first: the ints of the checkpoint's list ``earlier`` (none
+    where it is not a list), then ``now`` where it differs from the last (``None``: nothing to add)."""
+    counts = [n for n in earlier if isinstance(n, int) and not isinstance(n, bool)] if isinstance(earlier, list) else []
+    return counts + [now] if now is not None and (not counts or counts[-1] != now) else counts
 
 
 def _rank_seed(seed: int, rank: int) -> int:
