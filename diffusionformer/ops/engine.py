@@ -70,9 +70,10 @@ Back-ends (class attributes of :class:`Backend`):
   weighs this against materialising ``P``;
 * ``fused_affine``: :meth:`Backend.affine` is a single fused pass.
 
-Operators (class attributes of :class:`~diffusionformer.operators.DiffusionOperator`, all
-``False`` by default; an operator that sets one declares what it needs beyond one ``P``
-and its coefficients, and the layer resolves it instead of special-casing the operator):
+Operators (class attributes of :class:`~diffusionformer.operators.DiffusionOperator`:
+``is_polynomial`` and ``supports_sparse`` are ``True`` by default, the last four ``False``; an
+operator that sets one of those four declares what it needs beyond one ``P`` and its
+coefficients, and the layer resolves it instead of special-casing the operator):
 
 * ``is_polynomial``: ``False`` when :meth:`~diffusionformer.operators.DiffusionOperator.coefficients`
   does not describe the operator exactly (it then implements ``apply_matrix`` on a

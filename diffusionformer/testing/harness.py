@@ -14,6 +14,8 @@ structural properties that hold for any function of a row-stochastic ``P``:
 * trainable parameters all reach a polynomial's coefficients (a matrix operator's ``apply_matrix``) through
   autograd (else they never train);
 * causality: under a causal mask, no output depends on a later position, for every ``K``;
+* ``build_operator(op.spec())`` given the operator's state dict computes what the operator computes (its
+  :meth:`~diffusionformer.operators.DiffusionOperator.spec_kwargs` name every architecture argument);
 * shift law: since ``P 1 = 1``, :math:`f(P)(v + 1 a^\top) = f(P) v + (\sum_k c_k) 1 a^\top`
   (so a Laplacian head, with coefficients summing to 0, ignores a constant shift).
 
@@ -131,6 +133,27 @@ def _check_learned_parameters_reach(op: DiffusionOperator, q: Tensor, k: Tensor,
         raise AssertionError(f"{name}: {what} does not depend differentiably on the learned parameters {missing} "
                              f"(computed from .item() or .detach(), or not from them at all): the layer uses the "
                              f"operator through {what} alone, so they would never train")
+
+
+def _check_spec_rebuilds(op: DiffusionOperator, q: Tensor, k: Tensor, v: Tensor, out: Tensor, head_dim: int,
+                         name: str, atol: float, rtol: float) -> None:
+    """``build_operator(op.spec())`` with ``op``'s state computes ``out`` as ``op`` does (a spec that dropped an
+    architecture argument, such as a ``spec_kwargs()`` left at its default, rebuilt another operator silently)."""
+    # a class never registered has no spec (``<unregistered ...>`` rebuilds nothing); a generated wrapper of a
+    # registered one (``parametrize``'s) writes its parent's spec, whose state dict has other keys
+    if _registered_class(type(op)) is not type(op):
+        return
+    spec = op.spec()
+    hint = "spec_kwargs() must return the constructor arguments (besides num_heads) that rebuild it"
+    try:
+        rebuilt = build_operator(spec, num_heads=op.num_heads)
+        rebuilt.bind(head_dim=head_dim)
+        rebuilt = rebuilt.to(device=q.device, dtype=q.dtype)  # the harness runs on the inputs' device too
+        rebuilt.load_state_dict(op.state_dict())
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise AssertionError(f"{name}: spec() {spec!r} does not rebuild it ({err}); {hint}") from None
+    _close(apply_operator_dense(rebuilt, q, k, v), out, f"{name}: spec() {spec!r} rebuilds another operator; {hint}",
+           atol, rtol)
 
 
 def _close(a: Tensor, b: Tensor, what: str, atol: float, rtol: float, dtype: torch.dtype | None = None) -> None:
@@ -278,6 +301,9 @@ def assert_operator(
         alone = apply_operator_dense(op, q[b:b + 1], k[b:b + 1], v[b:b + 1])
         _close(alone, o[b:b + 1], f"{name}: output of batch element {b} depends on the other batch elements",
                tol_a, tol_r)
+
+    # 4c. the spec rebuilds the operator: heads_spec(), the layer's repr and a checkpoint's model record write it
+    _check_spec_rebuilds(op, q, k, v, o, head_dim, name, tol_a, tol_r)
 
     if not op.supports_sparse:
         qn, kn, vn = (t[0].transpose(0, 1) for t in (q, k, v))
