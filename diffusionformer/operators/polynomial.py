@@ -94,7 +94,8 @@ class PolynomialOperator(DiffusionOperator):
         init: initial coefficients: an operator spec (``"attention"``, ``"laplacian"``,
             ``"heat(t=1)"``, an operator instance), or a tensor/list of shape ``(K'+1,)`` or
             ``(G, K'+1)`` with ``K' <= K`` (zero-padded to ``K``; the spec records an instance of an
-            unregistered class, which has no spec, as these coefficients).
+            unregistered class, which has no spec, or one whose spec rebuilds other coefficients, such as a
+            trained one, as these coefficients).
             Always monomial coefficients: with the Chebyshev basis they are converted.
         num_heads: number of heads ``G`` this instance serves.
         basis: ``"monomial"`` (default) or ``"chebyshev"``: the basis of the learned ``theta``.
@@ -129,9 +130,12 @@ class PolynomialOperator(DiffusionOperator):
             self._init = init.spec() if isinstance(init, DiffusionOperator) else (
                 torch.as_tensor(init, dtype=torch.float64).tolist() if _is_array(init) else init)
             theta = self._initial(init, steps, num_heads)  # float64: the values as given
-            if isinstance(init, DiffusionOperator) and _registered_class(type(init)) is None:
-                # its spec '<unregistered module.Class>' rebuilds nothing, so neither did this polynomial's: it
-                # records the coefficients it started from (one row when every head has the same)
+            if isinstance(init, DiffusionOperator) and (_registered_class(type(init)) is None
+                                                        or not torch.equal(self._initial(self._init, steps, num_heads),
+                                                                           theta)):
+                # its spec '<unregistered module.Class>' rebuilds nothing, and a trained instance's spec rebuilds its
+                # initial values, so neither did this polynomial's: it records the coefficients it started from (one
+                # row when every head has the same)
                 self._init = (theta[0] if bool((theta == theta[0]).all()) else theta).tolist()
             if basis == "chebyshev":
                 M = chebyshev_matrix(steps)
