@@ -651,12 +651,9 @@ def _toml_key(key: str) -> str | None:
 
 def _checkpoint_entry(path: Path, key: str) -> Any:
     """``checkpoint[key]`` of a trainer checkpoint, read without loading its tensors (``weights_only``,
-    memory-mapped); ``None`` if the file cannot be read as one (``run`` says why when it resumes), a file whose
-    bytes fail their CRC-32 included, which ``run`` refuses as corrupt though its entries would load."""
+    memory-mapped); ``None`` if the file cannot be read as one (``run`` says why when it resumes)."""
     import torch
 
-    if zip_damage(path) is not None:
-        return None
     for mmap in (True, False):  # a file in torch's legacy format cannot be memory-mapped: read it whole
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap).get(key)
@@ -666,7 +663,10 @@ def _checkpoint_entry(path: Path, key: str) -> Any:
 
 
 def _checkpoint_step(path: Path) -> int | None:
-    """The ``step`` a trainer checkpoint holds (``None``: unreadable, see :func:`_checkpoint_entry`)."""
+    """The ``step`` a trainer checkpoint holds (``None``: unreadable, see :func:`_checkpoint_entry`, a file whose bytes
+    fail their CRC-32 included, which ``run`` refuses as corrupt though its step would load)."""
+    if zip_damage(path) is not None:  # reads every byte: only for the step status says a run resumes from
+        return None
     step = _checkpoint_entry(path, "step")
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 

@@ -543,14 +543,14 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     sizes = summary.get("world_sizes") or []
     if _rank_zero() and len(sizes) > 1:  # else a resume under another number of processes went without a word
         log(f"[{task.name} / {setting.name} / seed {seed}] note: trained by {' then '.join(map(str, sizes))} "
-            f"process(es) (resumed from step {summary.get('resumed_from')} under another number): its numbers are "
-            f"those of no uninterrupted run; {summary_path} lists them (world_sizes)")
+            "process(es) (resumed under another number): its numbers are those of no uninterrupted run; "
+            f"{summary_path} lists them (world_sizes)")
     threads = summary.get("torch_threads") or []
     if _rank_zero() and len(threads) > 1:  # else silent where the comparison had seen the count (its manifest's note)
         log(f"[{task.name} / {setting.name} / seed {seed}] note: trained under {' then '.join(map(str, threads))} "
-            f"torch thread(s) on the CPU (resumed from step {summary.get('resumed_from')} under another count: "
-            "--threads, $OMP_NUM_THREADS or --workers): a CPU reduction split over another number of threads rounds "
-            f"otherwise, so its numbers need not be an uninterrupted run's; {summary_path} lists them (torch_threads)")
+            "torch thread(s) on the CPU (resumed under another count: --threads, $OMP_NUM_THREADS or --workers): a CPU "
+            "reduction split over another number of threads rounds otherwise, so its numbers need not be an "
+            f"uninterrupted run's; {summary_path} lists them (torch_threads)")
     if _rank_zero():
         learned = _learned(model)
         if learned:

@@ -526,9 +526,9 @@ class Trainer:
                 self._carried = {k: entry[1] for k, entry in self._window.items()}
             self._last_checkpoint_step = start
             self._last_checkpoint_path = Path(payload["_path"])
-            # a resume with only the summary left trains and evaluates nothing: its processes and threads are no part
-            # of the run's numbers
-            idle = start == cfg.max_steps and not self._window and self._evaluated_at(start)
+            # a resume with only the summary (or the log record of the window the checkpoint cut: sums over counts)
+            # left trains and evaluates nothing: its processes and threads are no part of the run's numbers
+            idle = start == cfg.max_steps and self._evaluated_at(start)
             # resume=<path>: another folder's, until we save
             self._world_sizes = _world_sizes(payload, None if idle else ctx.world_size)
             self._thread_counts = _counts_since(payload.get("torch_threads"), None if idle else threads)  # none: older
