@@ -301,7 +301,8 @@ class HeatOperator(DiffusionOperator):
         learnable: learn ``t`` (one value per head).
         tol: truncation tolerance: ``steps=None`` meets it (default ``1e-4``); an explicit
             ``steps`` must meet it (default ``0.5``; with ``"euler"`` only a given ``tol``).
-        min_t: lower bound applied to a learned ``t`` (a real number, ``-inf`` for none; not NaN).
+        min_t: lower bound on ``t`` (a real number, ``-inf`` for none; not NaN): an initial ``t``
+            below it is refused, a learned ``t`` is clamped at it.
         num_heads: number of heads ``G`` this instance serves.
 
     A learned ``t`` has no upper bound: once training takes it past the time ``K`` was chosen
@@ -344,7 +345,8 @@ class HeatOperator(DiffusionOperator):
         if math.isnan(min_t):  # clamp(min=nan) would make every learned time, and the head's output, NaN
             raise ValueError("min_t must be a number (-inf for no bound), got nan")
         if t < min_t:
-            raise ValueError(f"t={t} is below min_t={min_t}")
+            raise ValueError(f"t={t} is below min_t={min_t}, the bound on sharpening; pass min_t={t} or lower to "
+                             "allow it (min_t=float('-inf'): no bound)")
         tol = _check_tol(tol)
         if steps is None:
             steps = heat_steps_for_tolerance(t, 1e-4 if tol is None else tol, method)
