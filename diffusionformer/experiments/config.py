@@ -210,7 +210,8 @@ class TaskConfig:
     model_overrides: dict[str, Any] = field(default_factory=dict)  #: config overrides of the preset
     train: dict[str, Any] = field(default_factory=dict)  #: TrainConfig fields (the seed comes from `seeds`)
     data_seed: int = 0  #: seed of the dataset split, in [0, 2**64 - 1] (fixed so that runs compare on the same data)
-    #: batch size of evaluation passes; unset: the task's own (64 windows for text, 512 otherwise)
+    #: batch size of evaluation passes; unset: the task's own (64 windows for text, 512 otherwise); part of a
+    #: run's identity (a text task's windows, a DINO task's validation images, a sampled node evaluation's draws)
     eval_batch_size: int | None = None
     #: an evaluation key (e.g. "val_acc") that picks, per run, the evaluation whose `metric` is
     #: reported beside the final one (model selection on validation data); maximised unless lower is better

@@ -219,9 +219,14 @@ def _comparable(a: dict[str, Any], b: dict[str, Any], *, now: bool = False) -> t
     """Two run identities (or definitions) as compared: without ``model_class`` when one was recorded without it (a run
     of a user's model made by a release before the class joined the identity is still the same run; its checkpoint's
     class check guards a resume). With ``now`` (``a`` recorded, ``b`` the identity this release builds), only ``a``
-    without it is such a run: ``b`` without it is a library model's, another run than one of a user's class."""
+    without it is such a run: ``b`` without it is a library model's, another run than one of a user's class.
+    Likewise without an entry of :data:`_RECORDED_SINCE` that one of them lacks (a run recorded before it joined the
+    identity: its value is unknown, not another one; or a task that does not use it now)."""
+    unknown = {k for k in _RECORDED_SINCE if (k in a) != (k in b)}  # recorded by one only: unknown, no change
     if ("model_class" in a) != ("model_class" in b) and not (now and "model_class" in a):
-        return ({k: v for k, v in a.items() if k != "model_class"}, {k: v for k, v in b.items() if k != "model_class"})
+        unknown.add("model_class")
+    if unknown:
+        return ({k: v for k, v in a.items() if k not in unknown}, {k: v for k, v in b.items() if k not in unknown})
     return a, b
 
 
@@ -259,8 +264,9 @@ def _task_identity(task: TaskConfig, seed: int) -> dict[str, Any]:
     """The entries of a run's identity (``run_config.json``) that ``task`` and ``seed`` give without a model, as JSON
     values, in the order the runner writes them: the data (:func:`_data_identity`), the preset's name, and, only when
     set (so earlier runs keep their identity), the default dtype when not float32, augmentation, label smoothing and
-    mini-batching (with its defaults filled in). ``runner._run_identity`` adds the model's config and class and the
-    training config; :func:`run_status` compares these without loading data."""
+    mini-batching (with its defaults filled in); then the evaluation batch size (null where unset; left out where
+    the evaluation is a mini-batch node task's whole graph). ``runner._run_identity`` adds the model's config and
+    class and the training config; :func:`run_status` compares these without loading data."""
     import torch
 
     data = _data_identity(task, seed)
@@ -279,12 +285,21 @@ def _task_identity(task: TaskConfig, seed: int) -> dict[str, Any]:
         entries["label_smoothing"] = task.label_smoothing
     if task.minibatch:
         entries["minibatch"] = task.minibatch_config().to_dict()
+    if not (task.minibatch and task.minibatch_config().eval == "full"):  # a whole-graph evaluation reads none
+        # which windows a text task scores, which images a DINO task's loss takes, which neighbourhoods a sampled
+        # node evaluation draws, a batched loss's summation order; recorded unset too (null: the task's default),
+        # as a run recorded without it reads as one of an unknown batch size (:data:`_RECORDED_SINCE`)
+        entries["eval_batch_size"] = task.eval_batch_size
     entries.update({k: data[k] for k in ("folds", "fold") if k in data})  # cross-validation only
     return json.loads(json.dumps(entries, default=str))
 
 
 #: the keys of :func:`_task_identity` (those set only when not at their default among them)
-_TASK_KEYS = (*_DATA_KEYS, "model", "dtype", "augment", "label_smoothing", "minibatch")
+_TASK_KEYS = (*_DATA_KEYS, "model", "dtype", "augment", "label_smoothing", "minibatch", "eval_batch_size")
+
+#: keys of a run's identity recorded only since runs were published, whatever their value: a run recorded without one
+#: was made at a value not known (``eval_batch_size``: gpu_vision's published runs, made with 1024), not another one
+_RECORDED_SINCE = ("eval_batch_size",)
 
 
 # Fields added to the configs after runs were published, with their defaults: at the default they
@@ -345,12 +360,13 @@ class _Change:
 
     def text(self) -> str:
         """The part as ``changed`` names it: ``"train (lr: 0.001 then 0.5)"``, ``"model_class (a.A then b.B)"``,
+        ``"eval_batch_size (64 then unset)"``,
         ``"dtype (float64 then float32: ...)"`` or the bare key."""
         a, b = self.old, self.new
         if isinstance(a, dict) and isinstance(b, dict):
             sub = ", ".join(f"{s}: {a.get(s, 'unset')!r} then {b.get(s, 'unset')!r}" for s in self.keys())
             return f"{self.part} ({sub})"
-        if self.part == "model_class":  # two classes of one preset name: which ones
+        if self.part in ("model_class", "eval_batch_size"):  # two classes of one preset name, two sizes: which ones
             return f"{self.part} ({a if a is not None else 'unset'} then {b if b is not None else 'unset'})"
         if self.part == "dtype":  # recorded only when not float32: the default dtype the model was built at
             return (f"{self.part} ({a if a is not None else 'float32'} then {b if b is not None else 'float32'}: "
@@ -453,8 +469,8 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     ``other_host`` (whether that lock is another host's: it holds for ever when that node failed), and
     ``changed``: for a run on disk made with another training or model config than ``config``'s now (a longer
     ``max_steps``, another ``lr``, another head layout or ``model_overrides``, a preset registered again with another
-    model class, other ``dataset_options``, ``data_seed``, augmentation or label smoothing, a DINO task's other ``ssl``
-    settings, another default dtype), what changed, e.g.
+    model class, other ``dataset_options``, ``data_seed``, augmentation, label smoothing or ``eval_batch_size``, a DINO
+    task's other ``ssl`` settings, another default dtype), what changed, e.g.
     ``"train (max_steps: 100 then 200)"`` or ``"model_config (laplacian_heads: 1 then 2)"`` (``run``
     refuses it until ``--restart``), else ``None``.
 
@@ -499,8 +515,8 @@ def _status_rows(config: ExperimentConfig, out_root: str | Path) -> list[tuple[d
                     changes += _model_class_change(task, stored, rdir)
                 if stored is not None:  # other data (dataset_options, data_seed), augmentation, default dtype, ...
                     now = task_entries[seed]
-                    changes += _identity_diff({k: stored[k] for k in _TASK_KEYS if k in stored},
-                                              {k: now[k] for k in _TASK_KEYS if k in now})
+                    changes += _identity_diff(*_comparable({k: stored[k] for k in _TASK_KEYS if k in stored},
+                                                           {k: now[k] for k in _TASK_KEYS if k in now}))
                 if changes and _nothing_to_continue(rdir):  # `run` starts it again under the config: no change
                     changes = []  # to report (its advice was `run --restart`, which retrains every run of the task)
                 row["changed"] = _changes_text(changes) or None
@@ -531,7 +547,9 @@ def _status_rows(config: ExperimentConfig, out_root: str | Path) -> list[tuple[d
                         checkpoint = rdir / "checkpoint.pt"
                         row["state"] = "interrupted" if (records or checkpoint.is_file()) else "missing"
                         if row["state"] == "interrupted":  # logged steps past the checkpoint are trained again
-                            row["resumes_from"] = _checkpoint_step(checkpoint) if checkpoint.is_file() else 0
+                            # a folder (a link to nothing) in its place: run refuses it, as an unreadable one (None)
+                            row["resumes_from"] = (_checkpoint_step(checkpoint) if checkpoint.is_file()
+                                                   else None if os.path.lexists(checkpoint) else 0)
                 rows.append((row, changes))
     return rows
 
@@ -587,7 +605,7 @@ def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path, *, ve
 def _change_kind(part: str) -> str:
     """What kind of difference a :class:`_Change` of identity key ``part`` is, for the advice: ``"config"`` (train or
     model config), ``"class"``, ``"dtype"``, ``"data"`` (:data:`_DATA_KEYS`), ``"preset"`` (the preset's name) or
-    ``"task"`` (augmentation, label smoothing, mini-batching)."""
+    ``"task"`` (augmentation, label smoothing, mini-batching, evaluation batch size)."""
     return {"train": "config", "model_config": "config", "model_class": "class", "dtype": "dtype",
             "model": "preset"}.get(part, "data" if part in _DATA_KEYS else "task")
 

@@ -551,6 +551,11 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
             "torch thread(s) on the CPU (resumed under another count: --threads, $OMP_NUM_THREADS or --workers): a CPU "
             "reduction split over another number of threads rounds otherwise, so its numbers need not be an "
             f"uninterrupted run's; {summary_path} lists them (torch_threads)")
+    versions = summary.get("torch_versions") or []
+    if _rank_zero() and len(versions) > 1:  # else silent where the comparison had seen the version (its manifest's)
+        log(f"[{task.name} / {setting.name} / seed {seed}] note: trained with torch {' then '.join(versions)} "
+            "(resumed under another torch version): a seed's numbers need not match across torch versions, so its "
+            f"numbers need not be an uninterrupted run's; {summary_path} lists them (torch_versions)")
     if _rank_zero():
         learned = _learned(model)
         if learned:

@@ -33,3 +33,13 @@ class CheckpointError(RuntimeError):
     #: what ``torch.load(weights_only=True)`` refused in a whole file (``_files.weights_only_refusal``, set by
     #: ``load_checkpoint``), for the runner's and the command line's advice; ``None`` otherwise
     _weights_only_refusal: str | None = None
+
+
+class _NotACheckpointFile(CheckpointError, FileNotFoundError):
+    """A folder (a FIFO, a device) where a run's checkpoint goes: a CheckpointError, so that a comparison fails that
+    run alone, and the FileNotFoundError that ``load_checkpoint`` raises for it."""
+
+
+class _CheckpointBeyondBudget(CheckpointError, ValueError):
+    """A checkpoint of a step beyond ``max_steps`` (a longer run's): a CheckpointError, so that a comparison fails
+    that run alone, and the ValueError the trainer raised for it."""

@@ -29,7 +29,7 @@ from .checkpoint import (
 )
 from .config import TrainConfig, _as_float, _type_name, resolve_amp
 from .distributed import DistContext, _on_every_rank, _raise_on_every_rank, init_distributed, shard_batch
-from .errors import CheckpointError, NonFiniteLossError
+from .errors import CheckpointError, NonFiniteLossError, _CheckpointBeyondBudget, _NotACheckpointFile
 from .loggers import CSV_NAME, TENSORBOARD_DIR, open_loggers
 from .metrics import METRICS_NAME, write_json_atomic
 from .optim import build_optimizer
@@ -334,7 +334,13 @@ class Trainer:
                 return None
         else:
             path = Path(self.resume)
-        payload = load_checkpoint(path)
+        try:
+            payload = load_checkpoint(path)
+        except FileNotFoundError as err:
+            if self.resume is not True:
+                raise
+            # a folder (a FIFO) where the run's checkpoint goes: that run fails alone in a comparison (it stopped all)
+            raise _NotACheckpointFile(f"{err}: move it away to train from step 0") from err
         payload["_path"] = str(path)
         return payload
 
@@ -375,10 +381,10 @@ class Trainer:
                 f"change the updates: {'; '.join(diffs)}. Use the saved values (set lr_decay_steps "
                 "explicitly to extend max_steps) or start a new out_dir."
             )
-        if payload["step"] > now.max_steps:
-            raise ValueError(
-                f"resume: expected max_steps >= the checkpoint's step {payload['step']}, got "
-                f"{now.max_steps}"
+        if payload["step"] > now.max_steps:  # a longer run's: that run fails alone in a comparison
+            raise _CheckpointBeyondBudget(
+                f"resume: expected max_steps >= the checkpoint's step {payload['step']}, got {now.max_steps} (a "
+                f"longer run's checkpoint, {path}): set max_steps to at least {payload['step']} to continue it"
             )
         saved_model = payload.get("model_record")
         if saved_model is None:
@@ -505,6 +511,8 @@ class Trainer:
         # rounds otherwise; a GPU's kernels do not depend on them): none recorded for a segment on another device
         threads = torch.get_num_threads() if device.type == "cpu" else None
         self._thread_counts = _counts_since([], threads)
+        version = str(torch.__version__)  # another torch's kernels round otherwise: its numbers are another run's
+        self._torch_versions = [version]
         if payload is not None:
             self._check_resumable(payload)
             self._load_state(payload, optimizer, device, generator)
@@ -530,8 +538,9 @@ class Trainer:
             # left trains and evaluates nothing: its processes and threads are no part of the run's numbers
             idle = start == cfg.max_steps and self._evaluated_at(start)
             # resume=<path>: another folder's, until we save
-            self._world_sizes = _world_sizes(payload, None if idle else ctx.world_size)
+            self._world_sizes = _history(payload, "world_size", None if idle else ctx.world_size)
             self._thread_counts = _counts_since(payload.get("torch_threads"), None if idle else threads)  # none: older
+            self._torch_versions = _history(payload, "torch_version", None if idle else version, str)
         if self.resume is not False:
             # rewrites the logs on rank 0 only
             _on_every_rank(ctx, f"cutting the logs back to the resumed step {start}", lambda: self._log.truncate(start))
@@ -630,6 +639,8 @@ class Trainer:
             "world_sizes": list(self._world_sizes),
             # more than one where a resume on the CPU ran under another torch thread count than the steps before it
             "torch_threads": list(self._thread_counts),
+            # more than one where a resume ran under another torch version than the steps before it
+            "torch_versions": list(self._torch_versions),
             "device": str(device),
             "device_name": _device_name(device),  # the GPU model (None on CPU): "cuda:0" names none
             "amp": _AMP_NAMES[self._amp],
@@ -993,6 +1004,7 @@ class Trainer:
             "world_sizes": list(self._world_sizes),
             "torch_threads": list(self._thread_counts),
             "torch_version": str(torch.__version__),
+            "torch_versions": list(self._torch_versions),
         }
         self.ctx.barrier()
         # a full disk, a read-only folder: every rank stops, not just rank 0
@@ -1045,18 +1057,20 @@ def _mean_over_reporting_ranks(
     return out, dtypes
 
 
-def _world_sizes(payload: Mapping[str, Any], now: int | None) -> list[int]:
-    """The numbers of processes that trained a resumed run, oldest first: the checkpoint's ``world_sizes`` (its
-    ``world_size`` in one written before them; none where neither is recorded), then ``now`` where it differs from
-    the last (``None``: this resume trains nothing)."""
-    earlier = payload.get("world_sizes")
-    return _counts_since(earlier if isinstance(earlier, list) else [payload.get("world_size")], now)
+def _history(payload: Mapping[str, Any], key: str, now: Any, kind: type = int) -> list[Any]:
+    """What trained a resumed run, oldest first: the checkpoint's list ``<key>s`` (``world_sizes``: the numbers of
+    processes; ``torch_versions``, ``kind=str``), or its ``key`` in one written before the list (none where neither
+    is recorded), then ``now`` where it differs from the last (``None``: this resume trains nothing)."""
+    earlier = payload.get(f"{key}s")
+    return _counts_since(earlier if isinstance(earlier, list) else [payload.get(key)], now, kind)
 
 
-def _counts_since(earlier: Any, now: int | None) -> list[int]:
-    """A run's counts (of processes, of threads), oldest first: the ints of the checkpoint's list ``earlier`` (none
-    where it is not a list), then ``now`` where it differs from the last (``None``: nothing to add)."""
-    counts = [n for n in earlier if isinstance(n, int) and not isinstance(n, bool)] if isinstance(earlier, list) else []
+def _counts_since(earlier: Any, now: Any, kind: type = int) -> list[Any]:
+    """A run's counts (of processes, of threads) or, ``kind=str``, versions, oldest first: the entries of ``kind`` of
+    the checkpoint's list ``earlier`` (none where it is not a list), then ``now`` where it differs from the last
+    (``None``: nothing to add)."""
+    counts = ([n for n in earlier if isinstance(n, kind) and not isinstance(n, bool)] if isinstance(earlier, list)
+              else [])
     return counts + [now] if now is not None and (not counts or counts[-1] != now) else counts
 
 

@@ -203,7 +203,8 @@ def test_the_recorded_identity_has_the_data_keys_and_a_changed_data_seed_is_refu
     run_experiment(_config(), tmp_path, progress=False)
     rdir = run_dir(tmp_path / "mk2", "digits", "attention", 0)
     stored = json.loads((rdir / "run_config.json").read_text())
-    assert set(stored) == {"dataset", "dataset_options", "data_seed", "model", "model_config", "train"}
+    assert set(stored) == {"dataset", "dataset_options", "data_seed", "model", "model_config", "train",
+                           "eval_batch_size"}  # null: unset (sitting 57)
     assert (stored["dataset"], stored["dataset_options"], stored["model"]) == ("digits", {}, "vit-digits")
     with pytest.raises(ValueError) as err:
         run_experiment(_config("tasks.digits.data_seed=7"), tmp_path, progress=False)

@@ -48,6 +48,9 @@ def identity():
 
 
 def _digest(identity):
+    # eval_batch_size joined every identity (sitting 57; null where unset): one recorded without it reads as before
+    assert identity.get("eval_batch_size", "absent") is None
+    identity = {k: v for k, v in identity.items() if k != "eval_batch_size"}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
