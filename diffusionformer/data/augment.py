@@ -376,13 +376,20 @@ class MultiCropAugment:
         return x.view(B, V, C, H, W).transpose(0, 1)
 
     def __call__(self, images: Tensor, generator: torch.Generator) -> Tensor:
-        """``apply(images, sample(B, (C, H, W), generator))``."""
+        """``apply(images, sample(B, (C, H, W), generator))``; an empty batch gives empty views ``(V, 0, C, H, W)``
+        and draws nothing from ``generator``."""
         # checked here: a list failed on ``.shape`` (AttributeError), and (C, H, W) images met sample's
         # "image_shape must be (C, H, W)", about an argument the caller never passed
         _require_tensor(images, "MultiCropAugment")
         if images.dim() != 4:
             raise ValueError(f"MultiCropAugment expects images (B, C, H, W), got {tuple(images.shape)} (a single "
                              f"image: images.unsqueeze(0))")
+        if images.shape[0] == 0:
+            # sample() draws for B >= 1 ("batch_size must be a positive int, got 0", an argument the caller never
+            # passed): the empty views take the parameters' shapes from a throwaway draw, none from ``generator``
+            _require_generator(generator, "MultiCropAugment")
+            params = self.sample(1, tuple(images.shape[1:]), torch.Generator(generator.device))
+            return self.apply(images, {key: value[:0] for key, value in params.items()})
         return self.apply(images, self.sample(images.shape[0], tuple(images.shape[1:]), generator))
 
 

@@ -310,10 +310,13 @@ class DiffusionViT(nn.Module):
             out.append(torch.cat(parts, dim=1))
         return out
 
-    def attention_rollout(self, x: Tensor, kind: str = "P", residual: float = 0.5, **attn_kwargs: Any) -> Tensor:
-        """:func:`attention_rollout` of :meth:`attention_maps`: ``(B, N, N)``; row 0 of a
-        ``pool="cls"`` model is the class token's relevance of every token."""
-        return attention_rollout(self.attention_maps(x, kind, **attn_kwargs), residual=residual)
+    def attention_rollout(self, x: Tensor, kind: str = "P", residual: float = 0.5, normalize: bool = True,
+                          **attn_kwargs: Any) -> Tensor:
+        """:func:`attention_rollout` of :meth:`attention_maps` (``residual`` and ``normalize`` are the function's):
+        ``(B, N, N)``; row 0 of a ``pool="cls"`` model is the class token's relevance of every token."""
+        # normalize is the function's: in attn_kwargs it reached every attention layer as an unknown keyword argument,
+        # although the function's refusal of rows summing to 0 names normalize=False as the way out
+        return attention_rollout(self.attention_maps(x, kind, **attn_kwargs), residual=residual, normalize=normalize)
 
 
 def attention_rollout(maps: list[Tensor], residual: float = 0.5, normalize: bool = True) -> Tensor:
