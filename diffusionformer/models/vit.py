@@ -276,7 +276,8 @@ class DiffusionViT(nn.Module):
         from diffusionformer.analysis.capture import LayerRecorder, _split_block_call
 
         if kind not in ("P", "operator"):
-            raise ValueError(f"attention_maps: expected kind 'P' or 'operator', got {kind!r}")
+            raise ValueError(f"attention_maps: expected kind 'P' or 'operator', got {kind!r}"
+                             f"{_choice_hint(kind, ('P', 'operator'))}")
         if kind == "operator":  # checked before the pass: else a bare NotImplementedError from coefficients()
             for i, block in enumerate(self.blocks):
                 for op, (s, c) in zip(block.attn.operators, block.attn._groups):

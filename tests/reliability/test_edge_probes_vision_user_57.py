@@ -65,3 +65,12 @@ def test_bug_multicrop_views_of_an_empty_batch(noise_std):
         aug(torch.zeros(0, 1, 8, 8, dtype=torch.uint8), g)
     with pytest.raises(TypeError, match="Generator"):
         aug(torch.randn(0, 1, 8, 8), 0)
+
+
+def test_attention_maps_kind_in_another_case_gets_a_hint():
+    """Bug (sitting 57): ``attention_maps(x, kind="p")`` said only "expected kind 'P' or 'operator'"."""
+    vit, x = _vit(), torch.zeros(1, 3, 8, 12)
+    with pytest.raises(ValueError, match=r"got 'p' \(did you mean 'P'\?\)"):
+        vit.attention_maps(x, kind="p")
+    with pytest.raises(ValueError, match=r"got 'operater' \(did you mean 'operator'\?\)"):
+        vit.attention_maps(x, kind="operater")
