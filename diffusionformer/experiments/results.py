@@ -24,7 +24,7 @@ from diffusionformer.experiments.config import (ExperimentConfig, OperatorSettin
                                                 train_config)
 from diffusionformer.experiments.store import _foreign_lock_note
 from diffusionformer.experiments.store import live_holder as _live_holder
-from diffusionformer.experiments.tasks import as_metrics
+from diffusionformer.experiments.tasks import _default_eval_batch_size, as_metrics
 from diffusionformer.nn.block import _names_as_read
 from diffusionformer.train import read_metrics
 from diffusionformer.train.checkpoint import CHECKPOINT_NAME
@@ -264,9 +264,10 @@ def _task_identity(task: TaskConfig, seed: int) -> dict[str, Any]:
     """The entries of a run's identity (``run_config.json``) that ``task`` and ``seed`` give without a model, as JSON
     values, in the order the runner writes them: the data (:func:`_data_identity`), the preset's name, and, only when
     set (so earlier runs keep their identity), the default dtype when not float32, augmentation, label smoothing and
-    mini-batching (with its defaults filled in); then the evaluation batch size (null where unset; left out where
-    the evaluation is a mini-batch node task's whole graph). ``runner._run_identity`` adds the model's config and
-    class and the training config; :func:`run_status` compares these without loading data."""
+    mini-batching (with its defaults filled in); then the evaluation batch size (null where unset or set to what
+    unset resolves to; left out where the evaluation is a mini-batch node task's whole graph).
+    ``runner._run_identity`` adds the model's config and class and the training config; :func:`run_status` compares
+    these without loading data."""
     import torch
 
     data = _data_identity(task, seed)
@@ -289,7 +290,9 @@ def _task_identity(task: TaskConfig, seed: int) -> dict[str, Any]:
         # which windows a text task scores, which images a DINO task's loss takes, which neighbourhoods a sampled
         # node evaluation draws, a batched loss's summation order; recorded unset too (null: the task's default),
         # as a run recorded without it reads as one of an unknown batch size (:data:`_RECORDED_SINCE`)
-        entries["eval_batch_size"] = task.eval_batch_size
+        # set to what unset resolves to: the same evaluation, so the same run as one of it unset (null)
+        size = task.eval_batch_size
+        entries["eval_batch_size"] = None if size == _default_eval_batch(task.dataset) else size
     entries.update({k: data[k] for k in ("folds", "fold") if k in data})  # cross-validation only
     return json.loads(json.dumps(entries, default=str))
 
@@ -300,6 +303,19 @@ _TASK_KEYS = (*_DATA_KEYS, "model", "dtype", "augment", "label_smoothing", "mini
 #: keys of a run's identity recorded only since runs were published, whatever their value: a run recorded without one
 #: was made at a value not known (``eval_batch_size``: gpu_vision's published runs, made with 1024), not another one
 _RECORDED_SINCE = ("eval_batch_size",)
+
+
+def _default_eval_batch(dataset: Any) -> int | None:
+    """The ``eval_batch_size`` an unset one resolves to for the registered ``dataset`` (by its kind, known without
+    loading it: :func:`~diffusionformer.experiments.tasks.build_task`'s default); ``None`` for a dataset not
+    registered here."""
+    from diffusionformer.data import dataset_spec
+
+    try:
+        kind = dataset_spec(dataset).kind
+    except (TypeError, ValueError):
+        return None
+    return _default_eval_batch_size(kind == "text")
 
 
 # Fields added to the configs after runs were published, with their defaults: at the default they
@@ -330,6 +346,9 @@ def _normalized_identity(identity: dict[str, Any]) -> dict[str, Any]:
         d["model_config"] = _without_new_defaults(_names_as_read(d["model_config"]), _NEW_MODEL_FIELDS)
     if isinstance(d.get("train"), dict):
         d["train"] = _without_new_defaults(d["train"], _NEW_TRAIN_FIELDS)
+    size = d.get("eval_batch_size")
+    if size is not None and size == _default_eval_batch(d.get("dataset")):  # as :func:`_task_identity` records it
+        d["eval_batch_size"] = None
     return d
 
 
@@ -461,8 +480,9 @@ def run_status(config: ExperimentConfig, out_root: str | Path) -> list[dict[str,
     One row per run in config order: ``task``, ``operator``, ``seed``, ``state`` (``"completed"``,
     ``"failed"``, ``"running"`` (a live process holds its lock), ``"interrupted"`` (started, not
     finished, nobody training it) or ``"missing"``), ``step`` (updates logged so far), ``resumes_from`` (of an
-    interrupted run: the step of its checkpoint, where ``run`` takes it up again and cuts its log back to; 0 without
-    a checkpoint; ``None`` for a checkpoint that cannot be read, and for every other state), ``max_steps``,
+    interrupted run: the step of its checkpoint, where ``run`` takes it up again and cuts its log back to, unless
+    beyond ``max_steps``: a longer run's, which ``run`` fails; 0 without a checkpoint; ``None`` for a checkpoint that
+    cannot be read, and for every other state), ``max_steps``,
     ``elapsed`` (training seconds so far), ``holder`` (the lock's process, e.g. ``"pid 4242 on nodeA"``; for a lock of
     another host, whose process cannot be checked from here, followed by how long ago the run last showed a sign of
     life: ``"pid 4242 on nodeA; nodeA is another host; the run last showed a sign of life 3 h 5 min ago"``),
@@ -587,9 +607,10 @@ def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path, *, ve
     if verb is None:
         return text
     fixes = []
+    datasets = {t.name: t.dataset for t in config.tasks}
     if kinds & {"config", "data", "preset", "task"}:
         sets = list(dict.fromkeys(s for task, c in parts if _change_kind(c.part) in ("data", "preset", "task")
-                                  for s in [_set_of(task, c)] if s))
+                                  for s in [_set_of(task, c, datasets.get(task))] if s))
         fixes.append(f"{verb} with the --set overrides they were run with" + (f" ({', '.join(sets)})" if sets else ""))
     dtype = next((c.old or "float32" for _, c in parts if c.part == "dtype"), None)
     if dtype is not None:  # no --set value either: the caller's default dtype (a notebook's set_default_dtype)
@@ -615,13 +636,16 @@ def _change_kind(part: str) -> str:
 _TASK_DEFAULTS: dict[str, Any] = {"augment": {}, "label_smoothing": 0.0, "minibatch": {}}
 
 
-def _set_of(task: str, change: _Change) -> str | None:
+def _set_of(task: str, change: _Change, dataset: str | None = None) -> str | None:
     """The ``--set`` that gives task ``task``'s entry ``change.part`` the value its stored run was made with
-    (``--set tasks.t.data_seed=0``, shell-quoted), ``None`` where none does (``fold``: it follows ``folds`` and the
-    seed; ``folds`` of a run made without cross-validation)."""
+    (``--set tasks.t.data_seed=0``, shell-quoted; an ``eval_batch_size`` recorded unset: the size the task's
+    ``dataset`` resolves it to), ``None`` where none does (``fold``: it follows ``folds`` and the seed; ``folds`` of a
+    run made without cross-validation)."""
     import shlex
 
     value = change.old if change.old is not None else _TASK_DEFAULTS.get(change.part)
+    if value is None and change.part == "eval_batch_size":  # unset (TOML has no null): the size the task's
+        value = _default_eval_batch(dataset)  # ``dataset`` resolves it to, which records as unset
     toml = None if change.part == "fold" else _toml_value(value)
     if toml is None:
         return None

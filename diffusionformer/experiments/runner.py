@@ -45,11 +45,11 @@ from diffusionformer.experiments.outputs import manifest as _manifest, merged_ma
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.plots import _PLOT_CACHE
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
-from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _comparable, _completed, _definition,
-                                                 _identity_changes, _model_class_name, _normalized_identity,
-                                                 _nothing_to_continue, _result_from_files, _task_identity,
-                                                 _train_identity, _with_recorded_class, _without_new_defaults,
-                                                 read_json_dict)
+from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _RECORDED_SINCE, _comparable, _completed,
+                                                 _definition, _identity_changes, _model_class_name,
+                                                 _normalized_identity, _nothing_to_continue, _result_from_files,
+                                                 _task_identity, _train_identity, _with_recorded_class,
+                                                 _without_new_defaults, read_json_dict)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
                                                  select_evaluation)
 from diffusionformer.experiments.stats import difference_t, paired_t, welch_t  # re-exported: their home is stats
@@ -404,31 +404,36 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
 
 
 def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, setting: OperatorSetting,
-                    log: Callable[[str], None] | None = None) -> None:
+                    log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Refuse to continue the run in ``rdir`` when its ``run_config.json`` records another definition than
     ``identity``; a run that stopped before its first checkpoint (no checkpoint, no summary) has nothing to continue
-    and starts again under ``identity``, said through ``log``."""
+    and starts again under ``identity``, said through ``log``. Returns the identity to record: ``identity``, less an
+    entry of :data:`_RECORDED_SINCE` that the run continued was recorded without (its steps so far were made at a
+    value not known: recording this config's would say the whole run was)."""
     path = rdir / RUN_CONFIG_NAME
-    stored = read_json_dict(path)
-    if stored is None:  # absent, or unreadable: rewritten below; the trainer still checks the checkpoint's config
-        return
-    stored = _normalized_identity(stored)  # a field added since, or recorded at its default, is no change
+    recorded = read_json_dict(path)
+    if recorded is None:  # absent, or unreadable: rewritten below; the trainer still checks the checkpoint's config
+        return identity
+    stored = _normalized_identity(recorded)  # a field added since, or recorded at its default, is no change
     stored = _with_recorded_class(rdir, stored, identity.get("model_class"))
-    stored, identity = _comparable(stored, identity, now=True)
-    if stored != identity and _nothing_to_continue(rdir):
+    stored, now = _comparable(stored, identity, now=True)
+    if stored != now and _nothing_to_continue(rdir):
         # it stopped before its first checkpoint (a batch too large for the memory, an error at its first step):
         # nothing of it is continued, so it starts again under this config (was refused, so that the corrected
         # config ran only with --restart, which discards and retrains every run of the chosen tasks)
         if log is not None and _rank_zero():
             log(f"[{task.name} / {setting.name}] {rdir} held a run made with a different "
-                f"{_identity_changes(stored, identity)} that stopped before its first checkpoint: it starts again "
+                f"{_identity_changes(stored, now)} that stopped before its first checkpoint: it starts again "
                 "under this config")
-        return
-    if stored != identity:
+        return identity
+    if stored != now:
         raise ValueError(
             f"{rdir} holds a run of task {task.name!r} / setting {setting.name!r} made with a different "
-            f"{_identity_changes(stored, identity)}; rename the task or operator setting, or pass --restart to discard it"
+            f"{_identity_changes(stored, now)}; rename the task or operator setting, or pass --restart to discard it"
         )
+    if _nothing_to_continue(rdir):  # trained from step 0 under this config: all of it is known
+        return identity
+    return {k: v for k, v in identity.items() if k in recorded or k not in _RECORDED_SINCE}
 
 
 def _check_sibling_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, setting: OperatorSetting) -> None:
@@ -503,7 +508,7 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     model = build_model(task, setting, data)
     identity = _run_identity(task, model, cfg)
     if resume:
-        _check_identity(rdir, identity, task, setting, log)
+        identity = _check_identity(rdir, identity, task, setting, log)
         _check_sibling_identity(rdir, identity, task, setting)
     if resume and summary_path.exists():
         summary = read_json_dict(summary_path)

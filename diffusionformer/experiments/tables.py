@@ -281,7 +281,8 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     The estimate scales the mean training time of a task's completed runs by the steps each
     unfinished run still has to do (one worker; divide by the number of workers), or where a task has no completed
     run yet, the time per step its running runs logged so far (the line says so); an interrupted run
-    counts from the step its checkpoint resumes from, which its state names when the log went further. Runs made
+    counts from the step its checkpoint resumes from, which its state names when the log went further (and a
+    checkpoint of a step beyond ``max_steps``, which ``run`` fails instead of resuming from it). Runs made
     with another config (``changed``) are counted on a line of their own that says how to read or redo them; runs
     held by locks of other hosts on a line that names their locks and when to remove them (a node that failed).
 
@@ -305,7 +306,10 @@ def format_status(rows: list[dict[str, Any]]) -> str:
             steps = f"{r['step']} / {r['max_steps']}" if r["max_steps"] else str(r["step"])
             state = r["state"] + (f" ({r['holder']})" if r["holder"] else "")
             resumes = r.get("resumes_from", r["step"])  # a row from before run_status named it: no note
-            if r["state"] == "interrupted" and resumes != r["step"]:
+            if r["state"] == "interrupted" and resumes is not None and r["max_steps"] and resumes > r["max_steps"]:
+                # a longer run's checkpoint (its run_config.json lost): `run` fails the run, not resumes it
+                state += f" (its checkpoint is of step {resumes}, beyond max_steps: `run` fails it)"
+            elif r["state"] == "interrupted" and resumes != r["step"]:
                 state += (" (its checkpoint is unreadable)" if resumes is None
                           else f" (resumes from step {resumes})")
             if r.get("changed"):  # `run` refuses it: its definition is not the config's any more

@@ -42,6 +42,11 @@ _TEXT_EVAL_BATCH = 64  # windows per text evaluation batch when the config sets 
 AUGMENT_KEYS = ("crop_padding", "flip")
 
 
+def _default_eval_batch_size(text: bool) -> int:
+    """What an unset ``eval_batch_size`` resolves to (:func:`build_task`): 64 windows for text, 512 otherwise."""
+    return _TEXT_EVAL_BATCH if text else 512
+
+
 def _positive_int(name: str, value: Any) -> int:
     """``value`` as a Python int >= 1 (NumPy ints too); a bool, a float or less than 1 is refused naming ``name``."""
     try:
@@ -760,7 +765,7 @@ def build_task(data: Any, model: nn.Module, *, eval_batch_size: int | None = Non
     ``eval_batch_size=None`` takes the data's default: 64 windows for text (nanoGPT's), 512 otherwise.
     """
     if eval_batch_size is None:
-        eval_batch_size = _TEXT_EVAL_BATCH if isinstance(data, TextData) else 512
+        eval_batch_size = _default_eval_batch_size(isinstance(data, TextData))
     eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
     adapter = find_adapter(model_family(model), data, "task")
     if adapter is None:
