@@ -560,8 +560,13 @@ def _cell(values: list[float], base: list[float] | None) -> str:
 
 
 def _markdown(result: dict[str, Any]) -> str:
+    # the split each task measured, as its record says: text has no test split, its held-out windows are val's
+    measured = {name: task.get("split", result["split"]) for name, task in result["tasks"].items()}
+    splits = sorted(set(measured.values())) or [result["split"]]
+    where = f"`{splits[0]}`" if len(splits) == 1 else ", ".join(
+        f"`{s}` ({', '.join(n for n, m in measured.items() if m == s)})" for s in splits)
     lines = [f"# Token geometry: {result['experiment']}", "",
-             f"Held-out split `{result['split']}`, up to {result['max_examples']} sequences per run. "
+             f"Held-out split {where}, up to {result['max_examples']} examples per run. "
              "Layer 0 = embeddings, L = last block. Cells: mean ± sample std over seeds, and in brackets "
              "Welch's t of the difference to the first setting (exploratory: not adjusted for the many metrics and "
              "layers; |t| below about 3 is within seed noise at these few seeds). "

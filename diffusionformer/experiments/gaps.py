@@ -35,7 +35,7 @@ from diffusionformer.experiments.config import (ExperimentConfig, _did_you_mean,
                                                 load_experiment_config)
 from diffusionformer.experiments.publish import (GAP_MARKER, READING_MARKER, _copy_png, _image, _run_log_path,
                                                  read_run_log)
-from diffusionformer.experiments.results import _is_finite, read_json_dict
+from diffusionformer.experiments.results import _is_finite, _runs_of_another_train, read_json_dict
 from diffusionformer.experiments.runner import read_curves, run_dir
 from diffusionformer.experiments.stats import holm, paired_difference
 from diffusionformer.experiments.tables import _cell, _text
@@ -451,6 +451,11 @@ def _write_tables(config: ExperimentConfig, args: argparse.Namespace, quantities
     if not table:
         print(f"error: no finished runs with train_loss and val_loss under {Path(args.out) / config.name}", file=sys.stderr)
         return 1
+    # warned, as summary and analyze do: the tables file those runs' numbers under this config's names (a run --set
+    # not repeated here); publish refuses them
+    changed = _runs_of_another_train(config, args.out, verb="run `gaps`")
+    if changed:
+        print(f"warning: gaps: {changed}", file=sys.stderr)
     if quantities is None:  # the config's, which primary_table takes per task
         for note in _config_quantities(config, rows)[1]:
             print(f"note: {note}", file=sys.stderr)
