@@ -28,7 +28,7 @@
 #    analysis/ and each run's analysis_cache.pt), results.md, status.md, analyze.log and the workers'
 #    logs (tail). Runs cut short by the budget are lost (their checkpoints stay on the GPU machine):
 #    size each call so its runs finish, e.g. one seed per call.
-# 3. Here, after the calls: tar xzf results-<name>.tar.gz -C results/, then
+# 3. Here, after the calls: mkdir -p results && tar xzf results-<name>.tar.gz -C results/, then
 #      python -m diffusionformer.experiments publish CONFIG --out results --to docs/results
 #    with --set seeds=[...] if fewer seeds ran than the config lists, and every --set that changed the runs (a
 #    --precision: the --set of every task's train.amp, as run.log's "from another shell: ... status" line names
