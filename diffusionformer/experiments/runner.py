@@ -513,8 +513,9 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     if resume and summary_path.exists():
         summary = read_json_dict(summary_path)
         if summary is None:
-            log(f"[{task.name} / {setting.name} / seed {seed}] {summary_path} is unreadable; "
-                "the run is finished from its checkpoint, which rewrites it.")
+            if _rank_zero():  # (every rank reads it: rank 0 alone says so, as every note here)
+                log(f"[{task.name} / {setting.name} / seed {seed}] {summary_path} is unreadable; "
+                    "the run is finished from its checkpoint, which rewrites it.")
         elif summary.get("status") == "completed":
             if _rank_zero():
                 _restore_learned(rdir, model, summary.get("step"), log)
@@ -538,12 +539,15 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
         trainer = Trainer(model, adapter, cfg, rdir, resume=True)
         summary = trainer.fit()
     except NonFiniteLossError as exc:
-        # the message says which checkpoint was kept, if any: "no checkpoint had been written."
-        log(f"[{task.name} / {setting.name} / seed {seed}] stopped: {str(exc).rstrip('.')} (run folder {rdir}).")
+        # the message says which checkpoint was kept, if any: "no checkpoint had been written." (raised on every
+        # rank alike: rank 0 alone says so)
+        if _rank_zero():
+            log(f"[{task.name} / {setting.name} / seed {seed}] stopped: {str(exc).rstrip('.')} (run folder {rdir}).")
         return RunResult(task.name, setting.name, seed, f"failed: {exc}", task.metric, None)
     except CheckpointError as exc:  # this run cannot resume; the others can
-        log(f"[{task.name} / {setting.name} / seed {seed}] not resumed: {str(exc).rstrip('.')}. "
-            f"{_not_resumed_advice(exc, str(rdir / 'checkpoint.pt'), 'this')}")
+        if _rank_zero():
+            log(f"[{task.name} / {setting.name} / seed {seed}] not resumed: {str(exc).rstrip('.')}. "
+                f"{_not_resumed_advice(exc, str(rdir / 'checkpoint.pt'), 'this')}")
         return RunResult(task.name, setting.name, seed, f"failed: {exc}", task.metric, None)
     sizes = summary.get("world_sizes") or []
     if _rank_zero() and len(sizes) > 1:  # else a resume under another number of processes went without a word

@@ -81,8 +81,12 @@ def _local_rank_unset(raw: str | None, world_size: int) -> bool:
 def _rank_zero() -> bool:
     """Whether this process is the one that prints and writes: no ``torchrun`` group, or its rank 0. An unset or
     blank ``RANK`` is rank 0; a malformed one counts as rank 0 too (:func:`dist_env` names the variable when a
-    multi-process run reads it)."""
+    multi-process run reads it). A ``WORLD_SIZE`` unset, blank or at most 1 is one process, as :func:`dist_env`
+    reads it, whatever ``RANK`` a stray environment holds (else the runner wrote none of the results that process
+    trained: the trainer writes as its rank 0)."""
     try:
+        if int(os.environ.get("WORLD_SIZE", "").strip() or 1) <= 1:
+            return True
         return int(os.environ.get("RANK", "").strip() or 0) == 0
     except ValueError:
         return True

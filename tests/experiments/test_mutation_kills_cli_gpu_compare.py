@@ -162,6 +162,7 @@ def test_only_rank_zero_prints_the_threads_the_status_hint_and_the_table(cli, ca
     assert "torch threads: 1 per worker (from --threads" in got.err and "status " in got.err
     assert "TABLE tiny compact=True" in got.out and "results: results/tiny/results.md" in got.out
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # (a RANK without WORLD_SIZE is one process: rank 0)
     assert cli_main(["run", toml, "--threads", "1"]) == 0
     got = capsys.readouterr()
     assert (got.out, got.err) == ("", "")
@@ -174,6 +175,8 @@ def test_bug_a_blank_or_malformed_rank_does_not_stop_the_run(cli, capsys, monkey
     as an unset ``RANK`` does; a malformed one prints too (the process group names it when it reads it);
     only another rank is silent."""
     monkeypatch.setenv("RANK", rank)
+    if not prints:  # another rank of a torchrun job (a RANK without WORLD_SIZE is one process: rank 0)
+        monkeypatch.setenv("WORLD_SIZE", "2")
     assert cli_main(["run", cli.toml(), "--threads", "1"]) == 0
     got = capsys.readouterr()
     assert ("torch threads: 1 per worker (from --threads" in got.err) is prints
