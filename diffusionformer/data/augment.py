@@ -388,7 +388,9 @@ class MultiCropAugment:
             # sample() draws for B >= 1 ("batch_size must be a positive int, got 0", an argument the caller never
             # passed): the empty views take the parameters' shapes from a throwaway draw, none from ``generator``
             _require_generator(generator, "MultiCropAugment")
-            params = self.sample(1, tuple(images.shape[1:]), torch.Generator(generator.device))
+            # None (torch's global generator, as sample takes it) had no .device: nor is the global one drawn from
+            throwaway = torch.Generator() if generator is None else torch.Generator(generator.device)
+            params = self.sample(1, tuple(images.shape[1:]), throwaway)
             return self.apply(images, {key: value[:0] for key, value in params.items()})
         return self.apply(images, self.sample(images.shape[0], tuple(images.shape[1:]), generator))
 

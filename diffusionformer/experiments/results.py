@@ -608,9 +608,13 @@ def _runs_of_another_train(config: ExperimentConfig, out_root: str | Path, *, ve
         return text
     fixes = []
     datasets = {t.name: t.dataset for t in config.tasks}
+    # each run's own dataset, which its recorded unset eval_batch_size resolved by (the config's may be another)
+    made_on = [(r["task"], c, next((d.old for d in changes if d.part == "dataset"), datasets.get(r["task"])))
+               for r, changes in changed for c in changes]
     if kinds & {"config", "data", "preset", "task"}:
-        sets = list(dict.fromkeys(s for task, c in parts if _change_kind(c.part) in ("data", "preset", "task")
-                                  for s in [_set_of(task, c, datasets.get(task))] if s))
+        sets = list(dict.fromkeys(s for task, c, dataset in made_on
+                                  if _change_kind(c.part) in ("data", "preset", "task")
+                                  for s in [_set_of(task, c, dataset)] if s))
         fixes.append(f"{verb} with the --set overrides they were run with" + (f" ({', '.join(sets)})" if sets else ""))
     dtype = next((c.old or "float32" for _, c in parts if c.part == "dtype"), None)
     if dtype is not None:  # no --set value either: the caller's default dtype (a notebook's set_default_dtype)
@@ -638,7 +642,7 @@ _TASK_DEFAULTS: dict[str, Any] = {"augment": {}, "label_smoothing": 0.0, "miniba
 
 def _set_of(task: str, change: _Change, dataset: str | None = None) -> str | None:
     """The ``--set`` that gives task ``task``'s entry ``change.part`` the value its stored run was made with
-    (``--set tasks.t.data_seed=0``, shell-quoted; an ``eval_batch_size`` recorded unset: the size the task's
+    (``--set tasks.t.data_seed=0``, shell-quoted; an ``eval_batch_size`` recorded unset: the size the run's
     ``dataset`` resolves it to), ``None`` where none does (``fold``: it follows ``folds`` and the seed; ``folds`` of a
     run made without cross-validation)."""
     import shlex

@@ -795,11 +795,13 @@ class Trainer:
         except (ValueError, TypeError) as err:  # shard_batch's message speaks of processes, not micro-batches
             W = self.ctx.world_size
             if W > 1:  # the batch splits over the processes (it passed), each share not into A: name the product
+                # (a task's own shard_batch split it: no advice to give it one)
+                own = "" if split is not shard_batch else " (or give the task a shard_batch method)"
                 raise type(err)(
                     f"grad_accum_steps={A} under {W} processes: expected this rank's share (1/{W}) of the batch of "
                     f"task.train_batch(step={step}, ...) to split into {A} equal micro-batches: set batch_size to a "
-                    f"multiple of {W * A} ({W} processes x grad_accum_steps={A}), got {self.config.batch_size} (or "
-                    f"give the task a shard_batch method); got an error splitting it: {err}"
+                    f"multiple of {W * A} ({W} processes x grad_accum_steps={A}), got {self.config.batch_size}{own}; "
+                    f"got an error splitting it: {err}"
                 ) from err
             raise type(err)(
                 f"grad_accum_steps={A}: expected the batch of task.train_batch(step={step}, ...) to split into {A} "
