@@ -514,9 +514,13 @@ def _main(argv: list[str] | None) -> int:
                   f"{len(config.seeds)} seeds = {len(config.tasks) * len(config.operators) * len(config.seeds)} runs")
             # model_overrides too where set: else a setting defined by them alone (mlp = "swiglu", rope = true, or
             # their --set) printed as the baseline did, and a task's --set of its model did not show
+            # the data too: dataset_options and folds (cross-validation) where set, else a k-fold study printed as the
+            # single split does
             for t in config.tasks:
                 model = f", model_overrides {t.model_overrides}" if t.model_overrides else ""
-                _print(f"  task {t.name}: {t.dataset} -> {t.model}, metric {t.metric}, train {t.train}{model}")
+                data = f" {t.dataset_options}" if t.dataset_options else ""
+                data += f" ({t.folds}-fold CV)" if t.folds else ""
+                _print(f"  task {t.name}: {t.dataset}{data} -> {t.model}, metric {t.metric}, train {t.train}{model}")
             for o in config.operators:
                 model = f" model_overrides={o.model_overrides!r}" if o.model_overrides else ""
                 _print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}{model}")

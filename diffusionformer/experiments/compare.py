@@ -177,7 +177,10 @@ def table_legend(config: ExperimentConfig, *, compact: bool = False) -> str:
                  "otherwise (censored: a run that never reached it has no step to subtract).")
     if cv:
         text += (" Cross-validated tasks (" + ", ".join(t.name for t in cv) + "): seed s tests on fold s % K; the "
-                 "t, CI and p are Nadeau-Bengio corrected (variance (1/n + 1/(K-1)) s², n2/n1 = 1/(K-1) for K folds).")
+                 "t, CI and p are Nadeau-Bengio corrected (variance (1/n + 1/(K-1)) s², n2/n1 = 1/(K-1) for K folds)")
+        # the compact table has no Wilcoxon column; the full one's rank test has no such correction
+        text += ("." if compact else "; p Wilcoxon is not corrected: it treats the folds' differences as independent, "
+                 "though their training sets overlap, so it overstates the evidence.")
     if config.primary:
         words = config._primary_quantities_text()
         named = f" (on the {words} only)" if words else ""

@@ -263,7 +263,8 @@ def nadeau_bengio(a: Mapping[Any, float], b: Mapping[Any, float], folds: int, *,
     :math:`n_2/n_1` the ratio of test to training examples; for K-fold,
     :math:`n_2/n_1 = (N/K) / (N (K-1)/K) = 1/(K-1)`. (Where part of the training folds is held
     out for model selection, the true ratio is a little larger; pass it as ``test_train_ratio``.)
-    With one K-fold pass, ``n = K``.
+    With one K-fold pass, ``n = K``. The result's ``p_wilcoxon`` is the plain signed-rank p of the fold
+    differences, not corrected: it treats them as independent, so it overstates the evidence.
 
     Args:
         a, b: value per fold (seed) of the two settings.
