@@ -216,9 +216,12 @@ def _config_quantities(config: ExperimentConfig,
     kinds = [k for k in config.primary_quantities if k == "final" or (k == "selected" and selected)]
     measured = named if tasks is None else [t for t in named if t.name in tasks]  # (no rows: no primary cell)
     if not kinds:
-        note = (f"the config's primary_quantities {config.primary_quantities} have no gap quantity (reach is steps to "
-                "a threshold): the primary contrasts are tested on the final val loss (final_val), which the config "
-                "did not name; --primary names the quantities")
+        why = "; ".join(w for k, w in (("reach", "reach is steps to a threshold"),
+                                        ("selected", "selected needs a primary task with select_by"))
+                        if k in config.primary_quantities)
+        note = (f"the config's primary_quantities {config.primary_quantities} have no gap quantity ({why}): the "
+                "primary contrasts are tested on the final val loss (final_val), which the config did not name; "
+                "--primary names the quantities")
         return (), [note] if measured else []
     notes = []
     for t in measured:

@@ -97,3 +97,17 @@ def test_no_note_without_primary_contrasts(tmp_path, capsys):
     assert main([str(cfg), "--out", str(tmp_path), "--page", str(tmp_path / "p.md")]) == 0
     out = capsys.readouterr()
     assert out.err == "" and "Primary contrasts" not in (tmp_path / "p.md").read_text()
+
+
+def test_the_fallback_note_gives_the_reason_of_a_selected_quantity_without_select_by():
+    """Bug (sitting 57): primary_quantities = ["selected", "reach"] on a primary task with reach and no select_by fell
+    back to final_val with a note naming reach alone as having no gap quantity; selected had none either."""
+    from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
+    from diffusionformer.experiments.gaps import _config_quantities
+
+    ops = [OperatorSetting("attention"), OperatorSetting("lap", laplacian_heads=1)]
+    cfg = ExperimentConfig("x", [TaskConfig("t", "digits", "vit-digits", reach={"val_loss": 0.5})], ops,
+                           seeds=[0, 1], primary=["lap"], primary_quantities=["selected", "reach"])
+    quantities, notes = _config_quantities(cfg)
+    assert quantities == () and len(notes) == 1
+    assert "(reach is steps to a threshold; selected needs a primary task with select_by)" in notes[0]
