@@ -60,7 +60,7 @@ from diffusionformer.experiments.store import release_lock as _release_lock
 from diffusionformer.experiments.tables import aggregate, format_status, format_table
 from diffusionformer.experiments.tasks import build_task
 from diffusionformer.train import CheckpointError, NonFiniteLossError, Trainer, seed_everything
-from diffusionformer.train.distributed import _rank_zero
+from diffusionformer.train.distributed import DistContext, _on_every_rank, _rank_zero
 from diffusionformer.train.metrics import write_json_atomic
 
 # The names above from results, tables, outputs and build are re-exported for back-compat: their homes are
@@ -235,58 +235,68 @@ def _run_experiment(config: ExperimentConfig, out_root: str | Path, data_root: s
     try:
         for i, task in enumerate(chosen):
             loaded = _checked_task_data(config, task, data_root, first=i == 0)
-            if i == 0 and _rank_zero():  # the first task's data load: now something will train
-                out.mkdir(parents=True, exist_ok=True)
+            if i == 0:  # the first task's data load: now something will train
+                _rank_zero_writes(dist_ctx, f"creating {out}", lambda: out.mkdir(parents=True, exist_ok=True))
             for setting in config.operators:
                 for seed in config.seeds:
                     data = task_data(task, seed, data_root, loaded)
                     bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
                     done_before = resume and _completed(run_dir(out, task.name, setting.name, seed))
-                    if not done_before and not recorded and _rank_zero():
-                        # only an invocation that trains adds its commit: a pass over finished runs (the tables
-                        # after parallel workers, a re-run) leaves the provenance of the comparison as it was
-                        current = _manifest(config, device, chosen, _world_size())  # outside the lock: it runs git
-                        # read-merge-write under the comparison's lock: another invocation starting at once (one per
-                        # seed, another machine on a shared folder) would else drop the commit or kernel set it added
-                        with _folder_lock(out):
-                            previous = _read_manifest(out)
-                            record = merged_manifest(previous, current)
-                            earlier = merged_manifest(previous, {})  # what the invocations before this one saw
-                            before = earlier.get("cpu_kernel_sets", [])
-                            torches = earlier.get("torch_versions", [])
-                            counts = earlier.get("torch_thread_counts", [])
-                            write_json_atomic(out / "manifest.json", record)
-                        if torches and record["torch"] not in torches:
-                            log(f"note: earlier runs of {config.name} were trained with torch {', '.join(torches)}, "
-                                f"these with torch {record['torch']}: a seed's numbers need not match across torch "
-                                "versions; manifest.json lists both")
-                        # only runs trained on the CPU run its kernels (a GPU call's record none)
-                        if before and isinstance(record["cpu_kernels"], str) and record["cpu_kernels"] not in before:
-                            log(f"note: earlier runs of {config.name} were trained with torch's {', '.join(before)} CPU "
-                                f"kernels, these with {record['cpu_kernels']} (another processor, or "
-                                "$ATEN_CPU_CAPABILITY): float rounding differs between kernel sets, so runs of one "
-                                "seed need not match across them; manifest.json lists both")
-                        threads = record.get("torch_threads")
-                        if counts and isinstance(record["cpu_kernels"], str) and threads not in counts:
-                            log(f"note: earlier runs of {config.name} were trained with {', '.join(map(str, counts))} "
-                                f"torch thread(s), these with {threads} (--threads, $OMP_NUM_THREADS or --workers): "
-                                "a CPU reduction split over another number of threads rounds otherwise, so runs of "
-                                "one seed need not match across them; manifest.json lists both")
+                    # only an invocation that trains adds its commit: a pass over finished runs (the tables after
+                    # parallel workers, a re-run) leaves the provenance of the comparison as it was (every rank
+                    # comes here: under torchrun rank 0's write is agreed on)
+                    if not done_before and not recorded:
+                        _rank_zero_writes(dist_ctx, f"writing {out / 'manifest.json'}",
+                                          lambda: _record_manifest(out, config, device, chosen, log))
                         recorded = True
-                    result = _one_run(out, task, setting, seed, data, resume, progress, device, log)
+                    result = _one_run(out, task, setting, seed, data, resume, progress, device, log, dist_ctx)
                     if result is not None:
                         results.append(result)
                     bar.update(1)
-                    if _rank_zero() and result is not None and not done_before:  # tables and plots after each new run
-                        _write_outputs(out, config, finished_runs(out, config, results))
-        if _rank_zero():
-            _write_outputs(out, config, finished_runs(out, config, results))
+                    if result is not None and not done_before:  # tables and plots after each new run
+                        _rank_zero_writes(dist_ctx, f"writing the results of {out}",
+                                          lambda: _write_outputs(out, config, finished_runs(out, config, results)))
+        _rank_zero_writes(dist_ctx, f"writing the results of {out}",
+                          lambda: _write_outputs(out, config, finished_runs(out, config, results)))
     finally:
         _PLOT_CACHE.reset(plot_cache)
         bar.close()
         if dist_ctx is not None:
             dist_ctx.shutdown()
     return finished_runs(out, config, results)
+
+
+def _record_manifest(out: Path, config: ExperimentConfig, device: str | None, chosen: Sequence[TaskConfig],
+                     log: Callable[[str], None]) -> None:
+    """Merge this invocation's record (machine, versions, commit) into ``out/manifest.json`` and say, through ``log``,
+    where it differs from the invocations before it (torch version, CPU kernels, thread count)."""
+    current = _manifest(config, device, chosen, _world_size())  # outside the lock: it runs git
+    # read-merge-write under the comparison's lock: another invocation starting at once (one per seed, another machine
+    # on a shared folder) would else drop the commit or kernel set it added
+    with _folder_lock(out):
+        previous = _read_manifest(out)
+        record = merged_manifest(previous, current)
+        earlier = merged_manifest(previous, {})  # what the invocations before this one saw
+        before = earlier.get("cpu_kernel_sets", [])
+        torches = earlier.get("torch_versions", [])
+        counts = earlier.get("torch_thread_counts", [])
+        write_json_atomic(out / "manifest.json", record)
+    if torches and record["torch"] not in torches:
+        log(f"note: earlier runs of {config.name} were trained with torch {', '.join(torches)}, "
+            f"these with torch {record['torch']}: a seed's numbers need not match across torch "
+            "versions; manifest.json lists both")
+    # only runs trained on the CPU run its kernels (a GPU call's record none)
+    if before and isinstance(record["cpu_kernels"], str) and record["cpu_kernels"] not in before:
+        log(f"note: earlier runs of {config.name} were trained with torch's {', '.join(before)} CPU "
+            f"kernels, these with {record['cpu_kernels']} (another processor, or "
+            "$ATEN_CPU_CAPABILITY): float rounding differs between kernel sets, so runs of one "
+            "seed need not match across them; manifest.json lists both")
+    threads = record.get("torch_threads")
+    if counts and isinstance(record["cpu_kernels"], str) and threads not in counts:
+        log(f"note: earlier runs of {config.name} were trained with {', '.join(map(str, counts))} "
+            f"torch thread(s), these with {threads} (--threads, $OMP_NUM_THREADS or --workers): "
+            "a CPU reduction split over another number of threads rounds otherwise, so runs of "
+            "one seed need not match across them; manifest.json lists both")
 
 
 def _check_task_devices(tasks: Sequence[TaskConfig]) -> None:
@@ -363,6 +373,17 @@ def _choose_tasks(config: ExperimentConfig, names: Sequence[str] | None) -> list
         hint = _did_you_mean(str(unknown[0]), known) if unknown else ""
         raise ValueError(f"unknown task(s) {unknown or names!r} for {config.name!r}; its tasks are {known}{hint}")
     return [t for t in config.tasks if t.name in set(names)]
+
+
+def _rank_zero_writes(dist_ctx: DistContext | None, what: str, write: Callable[[], Any]) -> None:
+    """``write()`` on rank 0 alone, the process that writes. Under a torchrun process group (``dist_ctx``) every rank
+    calls this at the same point (:func:`~diffusionformer.train.distributed._on_every_rank`): if the write fails
+    there, every rank stops at once naming rank 0 and the cause, rather than wait for it at its next collective."""
+    if dist_ctx is None:  # one process, or no group joined: no collective
+        if _rank_zero():
+            write()
+        return
+    _on_every_rank(dist_ctx, what, write, here=dist_ctx.is_main)
 
 
 def _maybe_init_distributed(device: str | None) -> Any:
@@ -456,8 +477,10 @@ def _check_sibling_identity(rdir: Path, identity: dict[str, Any], task: TaskConf
 
 
 def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
-             progress: bool, device: str | None, log: Callable[[str], None]) -> RunResult | None:
-    """Train (or resume, or read back) one run; ``None`` when another live process holds it."""
+             progress: bool, device: str | None, log: Callable[[str], None],
+             dist_ctx: DistContext | None = None) -> RunResult | None:
+    """Train (or resume, or read back) one run; ``None`` when another live process holds it. ``dist_ctx``: the
+    torchrun process group's context, where rank 0's writes are agreed on (:func:`_rank_zero_writes`)."""
     rdir = run_dir(out, task.name, setting.name, seed)
     distributed = _distributed()
     # under torchrun rank 0 claims the lock for every rank (else a torchrun job trained a run that a worker was
@@ -485,7 +508,7 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
                 + ("" if note is None else f" Note: {note}; {_foreign_lock_advice(rdir)}."))  # the host as named
         return None
     try:
-        return _train_one(rdir, task, setting, seed, data, resume, progress, device, log)
+        return _train_one(rdir, task, setting, seed, data, resume, progress, device, log, dist_ctx)
     finally:
         if not distributed or _rank_zero():
             _release_lock(rdir)
@@ -498,7 +521,8 @@ def _read_manifest(out: Path) -> dict[str, Any] | None:
 
 
 def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
-               progress: bool, device: str | None, log: Callable[[str], None]) -> RunResult:
+               progress: bool, device: str | None, log: Callable[[str], None],
+               dist_ctx: DistContext | None = None) -> RunResult:
     summary_path = rdir / "summary.json"
     extra = {"progress": progress and _rank_zero()}
     if device is not None:
@@ -517,22 +541,10 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
                 log(f"[{task.name} / {setting.name} / seed {seed}] {summary_path} is unreadable; "
                     "the run is finished from its checkpoint, which rewrites it.")
         elif summary.get("status") == "completed":
-            if _rank_zero():
-                _restore_learned(rdir, model, summary.get("step"), log)
+            _rank_zero_writes(dist_ctx, f"writing {rdir / 'learned_operators.json'}",
+                              lambda: _restore_learned(rdir, model, summary.get("step"), log))
             return _result_from_files(task, setting, seed, rdir, summary)
-    if not resume and rdir.exists() and _rank_zero():
-        import shutil
-
-        # the summary first, the run's definition last: a restart killed half-way never leaves a finished run without
-        # its run_config.json (a rerun under the changed config read the old run back as its own, silently)
-        first_last = {"summary.json": 0, RUN_CONFIG_NAME: 2}
-        for entry in sorted(rdir.iterdir(), key=lambda e: first_last.get(e.name, 1)):  # all but this process's lock
-            if not entry.name.startswith(LOCK_NAME):  # nor other workers' lock claims in flight
-                # a link to a folder is removed, not followed (rmtree refuses it, half-way through the run's files)
-                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    if _rank_zero():
-        rdir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(rdir / RUN_CONFIG_NAME, identity)
+    _rank_zero_writes(dist_ctx, f"writing {rdir / RUN_CONFIG_NAME}", lambda: _start_run_folder(rdir, identity, resume))
     adapter = build_task(data, model, eval_batch_size=task.eval_batch_size, augment=task.augment,
                          label_smoothing=task.label_smoothing, minibatch=task.minibatch or None)
     try:
@@ -565,10 +577,25 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
         log(f"[{task.name} / {setting.name} / seed {seed}] note: trained with torch {' then '.join(versions)} "
             "(resumed under another torch version): a seed's numbers need not match across torch versions, so its "
             f"numbers need not be an uninterrupted run's; {summary_path} lists them (torch_versions)")
-    if _rank_zero():
-        learned = _learned(model)
-        if learned:
-            write_json_atomic(rdir / "learned_operators.json", learned)
+    learned = _learned(model)
+    if learned:
+        _rank_zero_writes(dist_ctx, f"writing {rdir / 'learned_operators.json'}",
+                          lambda: write_json_atomic(rdir / "learned_operators.json", learned))
     return _result_from_files(task, setting, seed, rdir, summary)
 
 
+def _start_run_folder(rdir: Path, identity: dict[str, Any], resume: bool) -> None:
+    """Empty ``rdir`` of an earlier run when not ``resume`` (``--restart``; its lock kept), then record the run's
+    ``identity`` in its ``run_config.json``."""
+    if not resume and rdir.exists():
+        import shutil
+
+        # the summary first, the run's definition last: a restart killed half-way never leaves a finished run without
+        # its run_config.json (a rerun under the changed config read the old run back as its own, silently)
+        first_last = {"summary.json": 0, RUN_CONFIG_NAME: 2}
+        for entry in sorted(rdir.iterdir(), key=lambda e: first_last.get(e.name, 1)):  # all but this process's lock
+            if not entry.name.startswith(LOCK_NAME):  # nor other workers' lock claims in flight
+                # a link to a folder is removed, not followed (rmtree refuses it, half-way through the run's files)
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    rdir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(rdir / RUN_CONFIG_NAME, identity)

@@ -169,11 +169,14 @@ def _on_every_rank(ctx: DistContext, what: str, fn: Callable[[], Any], *, here: 
     _raise_on_every_rank(ctx, error, what)
 
 
-def _raise_on_every_rank(ctx: DistContext, error: Exception | None, what: str) -> None:
+def _raise_on_every_rank(ctx: DistContext, error: Exception | None, what: str,
+                         same_kind: type[Exception] | None = None) -> None:
     """Agree across ranks on a step only some ranks take (rank 0 alone opens the loggers and writes checkpoints): the
     failing rank re-raises its ``error``, every other rank a RuntimeError naming that rank and its cause, at once
     (else they wait for it at their next collective, until the process-group timeout). A collective: every rank calls
-    it, with ``error=None`` where the step went well.
+    it, with ``error=None`` where the step went well. Where the lowest failing rank's error is a ``same_kind`` (a
+    :class:`~diffusionformer.train.CheckpointError`: a run that fails alone), the others raise that class, not a
+    RuntimeError, so that every rank takes the same way on.
 
     A failing rank posts its cause under a fresh key of the group's store, then every rank meets at a barrier and
     looks for the keys. No tensor collective: Gloo's worker threads may free a finished one's Python-owned tensors
@@ -188,6 +191,8 @@ def _raise_on_every_rank(ctx: DistContext, error: Exception | None, what: str) -
     keys = [f"diffusionformer/failed/{call}/{rank}" for rank in range(ctx.world_size)]
     if error is not None:
         store.set(keys[ctx.rank], f"{type(error).__name__}: {error}")
+        if same_kind is not None and isinstance(error, same_kind):
+            store.set(f"{keys[ctx.rank]}/same_kind", "1")
     ctx.barrier()  # every cause is posted before any rank looks
     causes = {rank: store.get(key).decode(errors="replace") for rank, key in enumerate(keys)
               if rank != ctx.rank and store.check([key])}
@@ -200,8 +205,9 @@ def _raise_on_every_rank(ctx: DistContext, error: Exception | None, what: str) -
     if error is not None:
         raise error
     rank = min(causes)
-    raise RuntimeError(f"{what} failed on rank {rank} ({causes[rank]}); rank {ctx.rank} stops too rather than wait "
-                       "for it at the next collective")
+    kind = same_kind if same_kind is not None and store.check([f"{keys[rank]}/same_kind"]) else RuntimeError
+    raise kind(f"{what} failed on rank {rank} ({causes[rank]}); rank {ctx.rank} stops too rather than wait for it "
+               "at the next collective")
 
 
 _agreements = itertools.count()

@@ -486,8 +486,15 @@ class Trainer:
         if ctx.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         ctx.barrier()
-        payload = self._resume_payload()
-        ctx.barrier()  # every rank has looked at out_dir before rank 0 writes to it
+        error: Exception | None = None
+        payload = None
+        try:
+            payload = self._resume_payload()
+        except Exception as err:
+            error = err
+        # every rank has looked at out_dir before rank 0 writes to it; a checkpoint that one rank alone cannot read
+        # stops every rank (that run alone where it is a CheckpointError), not rank 0 at its next collective
+        _raise_on_every_rank(ctx, error, f"reading the checkpoint {self.checkpoint_path}", CheckpointError)
 
         model = self.model.to(device)
         # each rank its own stream of the global generators (dropout, drop-path): with one seed for all, row i of
@@ -515,7 +522,11 @@ class Trainer:
         self._torch_versions = [version]
         if payload is not None:
             self._check_resumable(payload)
-            self._load_state(payload, optimizer, device, generator)
+            try:  # each rank restores its own random-generator states: rank 1's may not load where rank 0's did
+                self._load_state(payload, optimizer, device, generator)
+            except Exception as err:
+                error = err
+            _raise_on_every_rank(ctx, error, f"resuming from the checkpoint {payload['_path']}", CheckpointError)
             start = payload["step"]
             with _entries_fit(payload["_path"], "the run time, last metrics and log window the trainer saves, "
                                                 "got ones that do not fit"):
