@@ -178,6 +178,11 @@ def table_legend(config: ExperimentConfig, *, compact: bool = False) -> str:
     if cv:
         text += (" Cross-validated tasks (" + ", ".join(t.name for t in cv) + "): seed s tests on fold s % K; the "
                  "t, CI and p are Nadeau-Bengio corrected (variance (1/n + 1/(K-1)) s², n2/n1 = 1/(K-1) for K folds)")
+        repeated = [t.name for t in cv if len(config.seeds) > t.folds]
+        if repeated:  # data_seed fixes the partition: n counts repeats of a fold as if each were a fresh partition
+            text += ("; with more seeds than folds (" + ", ".join(repeated) + ") the repeats test the same partition "
+                     "and differ only in initialisation, but n counts each as a fresh pass, so the correction is "
+                     "optimistic")
         # the compact table has no Wilcoxon column; the full one's rank test has no such correction
         text += ("." if compact else "; p Wilcoxon is not corrected: it treats the folds' differences as independent, "
                  "though their training sets overlap, so it overstates the evidence.")

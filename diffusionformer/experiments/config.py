@@ -218,7 +218,8 @@ class TaskConfig:
     select_by: str | None = None
     #: k-fold cross-validation: the run of seed ``s`` tests on fold ``s % folds`` (the dataset
     #: gets ``fold`` and ``num_folds``; its other folds give train and val), so seeds
-    #: ``0 .. folds - 1`` make one K-fold estimate and the table's mean and spread are over folds
+    #: ``0 .. folds - 1`` make one K-fold estimate and the table's mean and spread are over folds (more seeds
+    #: repeat the partition ``data_seed`` fixed, with a warning: Nadeau-Bengio counts them as fresh passes)
     folds: int | None = None
     #: learning speed: ``{key = threshold}`` with one evaluation key, e.g. ``{val_acc = 0.9}``;
     #: each run reports the first evaluated step at which the key reaches the threshold
@@ -464,6 +465,12 @@ class ExperimentConfig:
                         f"every fold equally often (fold = seed % {task.folds}), e.g. "
                         f"seeds = {list(range(task.folds))}; got {self.seeds} (runs per fold: {counts})"
                     )
+                if counts[0] > 1:  # data_seed fixes the partition: seeds s and s + K differ only in initialisation
+                    warnings.warn(f"task {task.name!r}: {len(self.seeds)} seeds over {task.folds} folds repeat each "
+                                  "fold of the same partition (fixed by data_seed), so the repeats differ only in "
+                                  "initialisation; the Nadeau-Bengio t counts them as fresh partitions "
+                                  f"(n = {len(self.seeds)}), which is optimistic; one pass is seeds = "
+                                  f"{list(range(task.folds))}", UserWarning, stacklevel=user_stacklevel())
 
     def _check_primary(self) -> None:
         if not isinstance(self.primary, list) or not all(isinstance(p, str) for p in self.primary):

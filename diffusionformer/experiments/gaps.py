@@ -271,6 +271,7 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
     rows = gap_rows(config, out_root) if rows is None else rows
     baseline = config.operators[0].name
     named, extra = [], []  # (label, Difference, is primary): the primary cells first, then best_val (exploratory)
+    in_cells: set[str] = set()  # the quantities with a primary cell: the header names these only
     for task in config.tasks:
         for setting in config.operators:
             # a named contrast whose setting (or baseline) has no finished run on a task the others measured keeps its
@@ -280,6 +281,7 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
             row, base = rows[task.name].get(setting.name) or {}, rows[task.name].get(baseline) or {}
             tested = [q for q in quantities if not (by_task and q == "best_val" and not task.select_by)]
             asked = [(q, True) for q in tested] + ([] if "best_val" in tested else [("best_val", False)])
+            in_cells.update(tested)
             for q, is_primary in asked:
                 d = paired_difference({s: v[q] for s, v in row.items()}, {s: v[q] for s, v in base.items()})
                 (named if is_primary else extra).append((f"{_text(task.name)}, {_text(setting.name)}, {QUANTITIES[q]}", d,
@@ -290,7 +292,9 @@ def primary_table(config: ExperimentConfig, out_root: str | Path, quantities: tu
     adjusted = iter(holm([d.p for _, d, prim in cells if prim]))
     n_primary = sum(prim for _, _, prim in cells)
     # the quantities the config named are said to be named before the runs; the others (a reach-only config's
-    # final_val, those the caller added) are said not to be
+    # final_val, those the caller added) are said not to be; a quantity with no primary cell (the config's best_val
+    # where no primary task with select_by has rows) is named by neither: its rows are exploratory
+    quantities = [q for q in quantities if q in in_cells]
     named_q = [QUANTITIES[q] for q in quantities if q in own]
     other = [QUANTITIES[q] for q in quantities if q not in own]
     lines = [f"### Primary contrasts: {', '.join(QUANTITIES[q] for q in quantities)}", "",

@@ -15,7 +15,7 @@ two settings with the same seed are therefore **pairs**: the difference
 - :func:`nadeau_bengio`: the same for k-fold cross-validation, with the variance corrected
   for the overlap of the folds' training sets (Nadeau and Bengio, 2003):
   :math:`\hat\sigma^2 = (1/n + n_2/n_1)\, s_d^2` with :math:`n_2/n_1` the test/train size
-  ratio, :math:`1/(K-1)` for K-fold.
+  ratio, :math:`1/(K-1)` for K-fold (``n`` counts passes as fresh partitions: repeats of one are optimistic).
 - :func:`welch_difference`: unpaired, for runs that do not pair; Welch's t with the
   Welch-Satterthwaite degrees of freedom.
 - :func:`holm` and :func:`benjamini_hochberg`: p-values adjusted over the comparisons of a
@@ -263,8 +263,10 @@ def nadeau_bengio(a: Mapping[Any, float], b: Mapping[Any, float], folds: int, *,
     :math:`n_2/n_1` the ratio of test to training examples; for K-fold,
     :math:`n_2/n_1 = (N/K) / (N (K-1)/K) = 1/(K-1)`. (Where part of the training folds is held
     out for model selection, the true ratio is a little larger; pass it as ``test_train_ratio``.)
-    With one K-fold pass, ``n = K``. The result's ``p_wilcoxon`` is the plain signed-rank p of the fold
-    differences, not corrected: it treats them as independent, so it overstates the evidence.
+    With one K-fold pass, ``n = K``. The correction assumes each further pass draws a new partition; repeats of
+    the same partition (an experiment's seeds beyond ``folds``: ``data_seed`` fixes it) differ only in
+    initialisation, so counting them in ``n`` is optimistic. The result's ``p_wilcoxon`` is the plain signed-rank p
+    of the fold differences, not corrected: it treats them as independent, so it overstates the evidence.
 
     Args:
         a, b: value per fold (seed) of the two settings.
