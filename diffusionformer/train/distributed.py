@@ -174,9 +174,10 @@ def _raise_on_every_rank(ctx: DistContext, error: Exception | None, what: str,
     """Agree across ranks on a step only some ranks take (rank 0 alone opens the loggers and writes checkpoints): the
     failing rank re-raises its ``error``, every other rank a RuntimeError naming that rank and its cause, at once
     (else they wait for it at their next collective, until the process-group timeout). A collective: every rank calls
-    it, with ``error=None`` where the step went well. Where the lowest failing rank's error is a ``same_kind`` (a
+    it, with ``error=None`` where the step went well. Where every failing rank's error is a ``same_kind`` (a
     :class:`~diffusionformer.train.CheckpointError`: a run that fails alone), the others raise that class, not a
-    RuntimeError, so that every rank takes the same way on.
+    RuntimeError, so that every rank takes the same way on; where one's is not, a rank of a ``same_kind`` error
+    raises that RuntimeError too (from its own).
 
     A failing rank posts its cause under a fresh key of the group's store, then every rank meets at a barrier and
     looks for the keys. No tensor collective: Gloo's worker threads may free a finished one's Python-owned tensors
@@ -196,18 +197,25 @@ def _raise_on_every_rank(ctx: DistContext, error: Exception | None, what: str,
     ctx.barrier()  # every cause is posted before any rank looks
     causes = {rank: store.get(key).decode(errors="replace") for rank, key in enumerate(keys)
               if rank != ctx.rank and store.check([key])}
+    # the failing ranks whose error is no same_kind: one stops every rank (else a rank of a same_kind error went on
+    # to its next collective while that one stopped); read before the last meeting, as the causes
+    apart = sorted(causes) if same_kind is None else [
+        rank for rank in sorted(causes) if not store.check([f"{keys[rank]}/same_kind"])]
     # meet once more so that no rank leaves before the others have read the store (rank 0 may host it): after a run's
     # last agreement (its summary) rank 0's script can end while another rank still reads, which then met
     # "DistNetworkError: Connection reset by peer" and failed a run that went well
     ctx.barrier()
     if error is None and not causes:
         return
-    if error is not None:
+    alike = same_kind is not None and isinstance(error, same_kind)
+    if error is not None and not (alike and apart):
         raise error
-    rank = min(causes)
-    kind = same_kind if same_kind is not None and store.check([f"{keys[rank]}/same_kind"]) else RuntimeError
-    raise kind(f"{what} failed on rank {rank} ({causes[rank]}); rank {ctx.rank} stops too rather than wait for it "
-               "at the next collective")
+    if not apart:  # every failing rank's error a same_kind: this rank fails that step too, and goes on as they do
+        rank = min(causes)
+        raise same_kind(f"{what} failed on rank {rank} ({causes[rank]}); rank {ctx.rank} fails it too")
+    rank = apart[0]
+    raise RuntimeError(f"{what} failed on rank {rank} ({causes[rank]}); rank {ctx.rank} stops too rather than wait "
+                       "for it at the next collective") from error
 
 
 _agreements = itertools.count()
