@@ -181,8 +181,8 @@ def table_legend(config: ExperimentConfig, *, compact: bool = False) -> str:
         repeated = [t.name for t in cv if len(config.seeds) > t.folds]
         if repeated:  # data_seed fixes the partition: n counts repeats of a fold as if each were a fresh partition
             text += ("; with more seeds than folds (" + ", ".join(repeated) + ") the repeats test the same partition "
-                     "and differ only in initialisation, but n counts each as a fresh pass, so the correction is "
-                     "optimistic")
+                     "and differ only in initialisation and batches, but n counts each as a fresh pass, so the "
+                     "correction is optimistic")
         # the compact table has no Wilcoxon column; the full one's rank test has no such correction
         text += ("." if compact else "; p Wilcoxon is not corrected: it treats the folds' differences as independent, "
                  "though their training sets overlap, so it overstates the evidence.")

@@ -465,12 +465,15 @@ class ExperimentConfig:
                         f"every fold equally often (fold = seed % {task.folds}), e.g. "
                         f"seeds = {list(range(task.folds))}; got {self.seeds} (runs per fold: {counts})"
                     )
-                if counts[0] > 1:  # data_seed fixes the partition: seeds s and s + K differ only in initialisation
+                if counts[0] > 1:  # data_seed fixes the partition: seeds s and s + K differ in weights and batches
+                    # the one pass would be refused beside a task whose folds do not divide these (2 and 4 folds)
+                    others = [f"{t.name!r} ({t.folds} folds)" for t in self.tasks if t.folds and task.folds % t.folds]
+                    apart = f" in a config without task(s) {', '.join(others)}" if others else ""
                     warnings.warn(f"task {task.name!r}: {len(self.seeds)} seeds over {task.folds} folds repeat each "
                                   "fold of the same partition (fixed by data_seed), so the repeats differ only in "
-                                  "initialisation; the Nadeau-Bengio t counts them as fresh partitions "
-                                  f"(n = {len(self.seeds)}), which is optimistic; one pass is seeds = "
-                                  f"{list(range(task.folds))}", UserWarning, stacklevel=user_stacklevel())
+                                  "initialisation and batches (the run's seed); the Nadeau-Bengio t counts them as "
+                                  f"fresh partitions (n = {len(self.seeds)}), which is optimistic; one pass is seeds = "
+                                  f"{list(range(task.folds))}{apart}", UserWarning, stacklevel=user_stacklevel())
 
     def _check_primary(self) -> None:
         if not isinstance(self.primary, list) or not all(isinstance(p, str) for p in self.primary):

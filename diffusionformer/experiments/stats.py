@@ -265,8 +265,8 @@ def nadeau_bengio(a: Mapping[Any, float], b: Mapping[Any, float], folds: int, *,
     out for model selection, the true ratio is a little larger; pass it as ``test_train_ratio``.)
     With one K-fold pass, ``n = K``. The correction assumes each further pass draws a new partition; repeats of
     the same partition (an experiment's seeds beyond ``folds``: ``data_seed`` fixes it) differ only in
-    initialisation, so counting them in ``n`` is optimistic. The result's ``p_wilcoxon`` is the plain signed-rank p
-    of the fold differences, not corrected: it treats them as independent, so it overstates the evidence.
+    initialisation and batches, so counting them in ``n`` is optimistic. The result's ``p_wilcoxon`` is the plain
+    signed-rank p of the fold differences, not corrected: it treats them as independent, so it overstates the evidence.
 
     Args:
         a, b: value per fold (seed) of the two settings.
