@@ -106,6 +106,11 @@ def _not_resumed_advice(exc: CheckpointError, checkpoint: str, which: str) -> st
     lose a good file), else delete it to retrain that run (``which``: "this" or "its")."""
     if isinstance(exc.__cause__, PermissionError):
         return f"Give this user read access to {checkpoint} and run again to resume {which} run."
+    other = getattr(exc, "_failed_on_rank", None)
+    if other is not None:  # under torchrun another rank failed where this one read the file: it may be good
+        return (f"Rank {other} could not resume from {checkpoint}, which this rank read: check that rank's access to "
+                f"it (every rank must see the same results folder) and run again to resume {which} run; delete it "
+                f"only if rank {other}'s cause above says it is damaged.")
     # what load_checkpoint found the file to hold (read there, with the file at hand: ``checkpoint`` may be a
     # placeholder such as the command line's "that checkpoint.pt")
     refused = exc._weights_only_refusal

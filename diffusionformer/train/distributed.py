@@ -212,7 +212,9 @@ def _raise_on_every_rank(ctx: DistContext, error: Exception | None, what: str,
         raise error
     if not apart:  # every failing rank's error a same_kind: this rank fails that step too, and goes on as they do
         rank = min(causes)
-        raise same_kind(f"{what} failed on rank {rank} ({causes[rank]}); rank {ctx.rank} fails it too")
+        failed = same_kind(f"{what} failed on rank {rank} ({causes[rank]}); rank {ctx.rank} fails it too")
+        failed._failed_on_rank = rank  # type: ignore[attr-defined]  # this rank's step went well (its advice)
+        raise failed
     rank = apart[0]
     raise RuntimeError(f"{what} failed on rank {rank} ({causes[rank]}); rank {ctx.rank} stops too rather than wait "
                        "for it at the next collective") from error

@@ -134,3 +134,16 @@ def test_without_same_kind_the_agreement_is_as_before(monkeypatch):
     with pytest.raises(RuntimeError, match=r"^w failed on rank 1 \(OSError: full\); rank 0 stops too rather than "
                                            r"wait for it at the next collective$"):
         _raise_on_every_rank(Ctx(0, 2, 0, torch.device("cpu")), None, "w")
+
+
+def test_a_rank_failing_a_run_for_anothers_checkpoint_is_not_advised_to_delete_it(monkeypatch):
+    """Bug (sitting 57): rank 0, which read the checkpoint, failed the run for rank 1's cause (a permission error,
+    say) and logged the advice to delete checkpoint.pt, a good file. It now names the rank and its access."""
+    from diffusionformer.experiments.runner import _not_resumed_advice
+
+    raised = _agree(monkeypatch, [None, CheckpointError("rank 1 cannot read it")])
+    advice = _not_resumed_advice(raised[0], "r/checkpoint.pt", "this")
+    assert advice.startswith("Rank 1 could not resume from r/checkpoint.pt, which this rank read")
+    assert "Delete" not in advice
+    own = _not_resumed_advice(raised[1], "r/checkpoint.pt", "this")  # the failing rank's own advice is unchanged
+    assert own.startswith("Delete r/checkpoint.pt to train this run again")
