@@ -41,6 +41,30 @@ laplacian_heads = 1
 """
 
 
+# (train, val) loss at steps 100, 200, 300 per (setting, seed) of a gap study: the best val loss is not the final one
+GAP_CURVES = {
+    ("attention", 0): [(2.0, 2.5), (1.5, 2.4), (1.0, 2.9)],
+    ("attention", 1): [(2.1, 2.6), (1.4, 2.3), (0.9, 3.0)],
+    ("attention", 2): [(2.0, 2.4), (1.6, 2.45), (1.1, 2.8)],
+    ("lap", 0): [(2.1, 2.5), (1.6, 2.35), (1.2, 2.6)],
+    ("lap", 1): [(2.2, 2.6), (1.5, 2.3), (1.2, 2.7)],
+    ("lap", 2): [(2.0, 2.4), (1.7, 2.4), (1.3, 2.65)],
+}
+
+
+def write_gap_run(rdir, evals, **summary):
+    """A finished run folder ``rdir`` the gaps tests read, written by hand (no training): ``summary.json``
+    (``status`` completed, plus ``summary``) and ``metrics.jsonl`` of one eval record per ``(step, train_loss,
+    val_loss)`` of ``evals``."""
+    import json
+
+    rdir.mkdir(parents=True)
+    (rdir / "summary.json").write_text(json.dumps({"status": "completed", **summary}))
+    (rdir / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "split": "eval", "metrics": {"train_loss": t, "val_loss": v}}) + "\n"
+        for s, t, v in evals))
+
+
 def write_finished_study(out, name, operators, values, task_overrides=None):
     """A finished comparison ``name`` of one digits task ``t`` written under ``out`` by hand (no training), and its
     config: ``operators`` its ``[[operators]]`` tables (the first the baseline), ``values[setting][seed]`` each run's

@@ -11,6 +11,7 @@ from diffusionformer.experiments.gaps import (GAP_MARKER, gap_curves, gap_rows, 
                                              write_gap_section)
 from diffusionformer.experiments.publish import READING_MARKER, write_run_log
 from diffusionformer.experiments.runner import run_dir
+from experiments_tiny_configs import GAP_CURVES
 
 stats = pytest.importorskip("scipy.stats")  # the reference; scipy is a test-only need
 
@@ -18,15 +19,7 @@ CFG = {"name": "g", "seeds": [0, 1, 2], "primary": ["lap"],
        "tasks": [{"name": "t", "dataset": "pydoc-chars", "model": "gpt-char-tiny", "metric": "val_loss"}],
        "operators": [{"name": "attention"}, {"name": "lap", "laplacian_heads": 1}]}
 
-# (train, val) at steps 100, 200, 300 per (setting, seed)
-CURVES = {
-    ("attention", 0): [(2.0, 2.5), (1.5, 2.4), (1.0, 2.9)],
-    ("attention", 1): [(2.1, 2.6), (1.4, 2.3), (0.9, 3.0)],
-    ("attention", 2): [(2.0, 2.4), (1.6, 2.45), (1.1, 2.8)],
-    ("lap", 0): [(2.1, 2.5), (1.6, 2.35), (1.2, 2.6)],
-    ("lap", 1): [(2.2, 2.6), (1.5, 2.3), (1.2, 2.7)],
-    ("lap", 2): [(2.0, 2.4), (1.7, 2.4), (1.3, 2.65)],
-}
+CURVES = GAP_CURVES  # (train, val) at steps 100, 200, 300 per (setting, seed)
 
 
 def _write(root):

@@ -12,7 +12,6 @@ exploratory while the header called it primary.
 
 from __future__ import annotations
 
-import json
 import warnings
 
 import pytest
@@ -21,6 +20,7 @@ from diffusionformer.experiments import load_experiment_config, nadeau_bengio
 from diffusionformer.experiments.compare import table_legend
 from diffusionformer.experiments.gaps import primary_table
 from diffusionformer.experiments.runner import run_dir
+from experiments_tiny_configs import write_gap_run
 
 
 def _cv(seeds, folds=2):
@@ -70,12 +70,7 @@ def _two_task_study(root):
                    f'[[tasks]]\nname = "t"\n{task}[[tasks]]\nname = "s"\n{task}select_by = "val_loss"\n'
                    '[[operators]]\nname = "attention"\n[[operators]]\nname = "lap"\nlaplacian_heads = 1\n')
     for (op, seed), curve in CURVES.items():
-        rdir = run_dir(root / "g", "t", op, seed)
-        rdir.mkdir(parents=True)
-        (rdir / "summary.json").write_text(json.dumps({"status": "completed"}))
-        (rdir / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": 100 * (i + 1), "split": "eval", "metrics": {"train_loss": t, "val_loss": v}}) + "\n"
-            for i, (t, v) in enumerate(curve)))
+        write_gap_run(run_dir(root / "g", "t", op, seed), [(100 * (i + 1), t, v) for i, (t, v) in enumerate(curve)])
     return load_experiment_config(str(cfg))
 
 

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 from diffusionformer.experiments import load_experiment_config
 from diffusionformer.experiments.gaps import main, primary_table
 from diffusionformer.experiments.runner import run_dir
+from experiments_tiny_configs import GAP_CURVES, write_gap_run
 
-# (train, val) at steps 100, 200, 300 per (setting, seed): the best val loss is not the final one
-CURVES = {
-    ("attention", 0): [(2.0, 2.5), (1.5, 2.4), (1.0, 2.9)],
-    ("attention", 1): [(2.1, 2.6), (1.4, 2.3), (0.9, 3.0)],
-    ("attention", 2): [(2.0, 2.4), (1.6, 2.45), (1.1, 2.8)],
-    ("lap", 0): [(2.1, 2.5), (1.6, 2.35), (1.2, 2.6)],
-    ("lap", 1): [(2.2, 2.6), (1.5, 2.3), (1.2, 2.7)],
-    ("lap", 2): [(2.0, 2.4), (1.7, 2.4), (1.3, 2.65)],
-}
+CURVES = GAP_CURVES
 
 
 def _study(root, task_lines="", top_lines="", seeds=(0, 1, 2)):
@@ -28,12 +19,7 @@ def _study(root, task_lines="", top_lines="", seeds=(0, 1, 2)):
     for (op, seed), curve in CURVES.items():
         if seed not in seeds:
             continue
-        rdir = run_dir(root / "g", "t", op, seed)
-        rdir.mkdir(parents=True)
-        (rdir / "summary.json").write_text(json.dumps({"status": "completed"}))
-        (rdir / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": 100 * (i + 1), "split": "eval", "metrics": {"train_loss": t, "val_loss": v}}) + "\n"
-            for i, (t, v) in enumerate(curve)))
+        write_gap_run(run_dir(root / "g", "t", op, seed), [(100 * (i + 1), t, v) for i, (t, v) in enumerate(curve)])
     return cfg
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from experiments_tiny_configs import TINY_GAPS_TOML
+from experiments_tiny_configs import TINY_GAPS_TOML, write_gap_run
 
 from diffusionformer.experiments import load_experiment_config
 from diffusionformer.experiments.analyze import _markdown
@@ -40,12 +40,7 @@ def _finished_gap_runs(root, made_with):
         for setting in made_with.operators:
             for seed in made_with.seeds:
                 rdir = run_dir(root / "g", task.name, setting.name, seed)
-                rdir.mkdir(parents=True)
-                (rdir / "summary.json").write_text(json.dumps({"status": "completed", "step": 2}))
-                (rdir / "metrics.jsonl").write_text("".join(json.dumps(
-                    {"step": s, "split": "eval", "metrics": {"train_loss": 2.0 - s / 10 - seed / 100,
-                                                             "val_loss": 2.5 - s / 20 + seed / 100}}) + "\n"
-                    for s in (1, 2)))
+                write_gap_run(rdir, [(s, 2.0 - s / 10 - seed / 100, 2.5 - s / 20 + seed / 100) for s in (1, 2)], step=2)
                 identity = {**_task_identity(task, seed), "model_config": {},
                             "train": json.loads(json.dumps(_train_identity(train_config(task, seed)), default=str))}
                 (rdir / "run_config.json").write_text(json.dumps(identity))

@@ -26,6 +26,7 @@ from diffusionformer.experiments.runner import run_dir
 from diffusionformer.models import DiffusionViT, ViTConfig, register_model
 from diffusionformer.testing import interrupt_on_call
 from diffusionformer.train import Trainer, seed_everything
+from experiments_tiny_configs import write_gap_run
 
 _spec = importlib.util.spec_from_file_location("_tiny_tasks_m57", Path(__file__).resolve().parents[1] / "train"
                                                / "train_tiny_tasks.py")
@@ -82,13 +83,8 @@ def _finished(root, task: str, settings=("attention", "lap")) -> None:
     """Finished runs of three seeds of ``task`` under ``root/g`` with train and val losses at steps 100 and 200."""
     for i, op in enumerate(settings):
         for seed in range(3):
-            rdir = run_dir(root / "g", task, op, seed)
-            rdir.mkdir(parents=True)
-            (rdir / "summary.json").write_text(json.dumps({"status": "completed"}))
-            (rdir / "metrics.jsonl").write_text("".join(
-                json.dumps({"step": 100 * s, "split": "eval",
-                            "metrics": {"train_loss": 1.0 + 0.1 * seed, "val_loss": 2.0 - 0.1 * i + 0.03 * seed * s}})
-                + "\n" for s in (1, 2)))
+            write_gap_run(run_dir(root / "g", task, op, seed),
+                          [(100 * s, 1.0 + 0.1 * seed, 2.0 - 0.1 * i + 0.03 * seed * s) for s in (1, 2)])
 
 
 def test_gaps_notes_only_the_primary_tasks_with_rows(tmp_path, capsys):
