@@ -516,13 +516,19 @@ def _main(argv: list[str] | None) -> int:
             # their --set) printed as the baseline did, and a task's --set of its model did not show
             # the data too: dataset_options and folds (cross-validation) where set, else a k-fold study printed as the
             # single split does
+            # the tables as TOML, pasteable into --set (a Python dict's quotes and colons were not)
+            from diffusionformer.experiments.results import _toml_value
+
+            def toml(table: dict) -> str:
+                return _toml_value(table) or repr(table)
+
             for t in config.tasks:
-                model = f", model_overrides {t.model_overrides}" if t.model_overrides else ""
-                data = f" {t.dataset_options}" if t.dataset_options else ""
+                model = f", model_overrides {toml(t.model_overrides)}" if t.model_overrides else ""
+                data = f" {toml(t.dataset_options)}" if t.dataset_options else ""
                 data += f" ({t.folds}-fold CV)" if t.folds else ""
                 _print(f"  task {t.name}: {t.dataset}{data} -> {t.model}, metric {t.metric}, train {t.train}{model}")
             for o in config.operators:
-                model = f" model_overrides={o.model_overrides!r}" if o.model_overrides else ""
+                model = f" model_overrides={toml(o.model_overrides)}" if o.model_overrides else ""
                 _print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}{model}")
             return 0
         if args.command == "status":

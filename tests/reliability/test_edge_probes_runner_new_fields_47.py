@@ -146,5 +146,5 @@ def test_bug_show_prints_a_settings_model_overrides(tmp_path, capsys):
                  "--set", "tasks.digits.model_overrides.mlp=SwiGLU"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-2] == "  operator attention: heads=None laplacian_heads=None"  # no overrides: as before
-    assert lines[-1] == "  operator glu: heads=None laplacian_heads=None model_overrides={'mlp': 'geglu'}"
-    assert lines[1].endswith(", model_overrides {'dim': 8, 'depth': 1, 'num_heads': 2, 'mlp': 'SwiGLU'}"), lines[1]
+    assert lines[-1] == "  operator glu: heads=None laplacian_heads=None model_overrides={mlp = \"geglu\"}"
+    assert lines[1].endswith(", model_overrides {dim = 8, depth = 1, num_heads = 2, mlp = \"SwiGLU\"}"), lines[1]
