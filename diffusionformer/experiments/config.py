@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from diffusionformer._warnings import user_stacklevel
-from diffusionformer.config import (_choice_hint, _in_context, _raise_collected, _value_type, config_from_dict,
-                                    config_to_dict, document_fields)
+from diffusionformer.config import (_choice_hint, _closest_choice, _in_context, _raise_collected, _value_type,
+                                    config_from_dict, config_to_dict, document_fields)
 from diffusionformer.data.splits import _MAX_SEED  # the largest data_seed: the splits' torch generators take it
 from diffusionformer.nn.heads import format_head_spec, laplacian_count
 from diffusionformer.train import TrainConfig
@@ -819,7 +819,10 @@ def load_experiment_config(path: str | Path | Mapping[str, Any], overrides: list
             if p.exists():  # a FIFO, socket or device: reading one could wait for ever
                 raise FileNotFoundError(f"experiment config {str(p)!r} is not a regular file (a FIFO, socket or "
                                         "device?); expected a TOML file")
-            raise FileNotFoundError(f"experiment config {str(p)!r} not found")
+            # a misspelt name (``defualt.toml``, ``default`` without its suffix) next to the configs it meant
+            near = _closest_choice(p.name, [q.name for q in p.parent.glob("*.toml")]) if p.parent.is_dir() else None
+            raise FileNotFoundError(f"experiment config {str(p)!r} not found"
+                                    + (f" (did you mean {str(p.with_name(near))!r}?)" if near else ""))
         try:
             # TOML is UTF-8, whatever the locale; "utf-8-sig" drops the byte-order mark some Windows editors write
             data = tomllib.loads(p.read_text(encoding="utf-8-sig"))

@@ -145,8 +145,12 @@ def check_coefficients(coeffs: object, num_heads: int, like: Tensor) -> Tensor:
         if isinstance(coeffs, (list, tuple)):
             coeffs = torch.tensor(coeffs, dtype=torch.float64)
         else:
+            # an operator (or its name) where its coefficients were meant: say how to get them
+            hint = (" (an operator: pass its .coefficients())" if callable(getattr(coeffs, "coefficients", None))
+                    else " (an operator's coefficients are build_operator(name).coefficients())"
+                    if isinstance(coeffs, str) else "")
             raise TypeError(
-                f"coeffs must be a tensor of shape (K+1,) or (H, K+1), got {type(coeffs).__name__}"
+                f"coeffs must be a tensor of shape (K+1,) or (H, K+1), got {type(coeffs).__name__}{hint}"
             )
     _check_strided("coeffs", coeffs, "pass coeffs.to_dense()")
     if coeffs.dtype == torch.bool or coeffs.is_complex():
