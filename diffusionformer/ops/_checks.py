@@ -159,12 +159,14 @@ def check_coefficients(coeffs: object, num_heads: int, like: Tensor) -> Tensor:
         coeffs = coeffs.to(torch.float64)
     if coeffs.dim() == 1:
         coeffs = coeffs.unsqueeze(0).expand(num_heads, -1)
+    elif coeffs.dim() == 2 and coeffs.shape[0] == 1:  # one row for every head, as broadcasting reads it (an operator
+        coeffs = coeffs.expand(num_heads, -1)          # built with num_heads=1, e.g. polynomial's (1, K+1))
     elif coeffs.dim() != 2:
         raise ValueError(f"coeffs must have shape (K+1,) or (H, K+1), got shape {tuple(coeffs.shape)}")
     if coeffs.shape[0] != num_heads:
         raise ValueError(
             f"coeffs has {coeffs.shape[0]} rows but the inputs have H={num_heads} heads; "
-            f"expected shape ({num_heads}, K+1) or (K+1,)"
+            f"expected shape ({num_heads}, K+1), (1, K+1) or (K+1,)"
         )
     if coeffs.shape[1] < 1:
         raise ValueError("coeffs must have at least one column (the coefficient of P^0)")

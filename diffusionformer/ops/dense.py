@@ -845,8 +845,8 @@ def diffuse(
             :func:`~torch.nn.functional.scaled_dot_product_attention`'s: pass 0 outside training).
 
     Shapes:
-        ``q``, ``k``: ``(B, H, N, C)``; ``v``: ``(B, H, N, C_v)``; ``coeffs``: ``(H, K+1)`` or
-        ``(K+1,)`` -> ``(B, H, N, C_v)``.
+        ``q``, ``k``: ``(B, H, N, C)``; ``v``: ``(B, H, N, C_v)``; ``coeffs``: ``(H, K+1)``, or
+        ``(1, K+1)`` / ``(K+1,)`` shared by all heads -> ``(B, H, N, C_v)``.
 
     Examples:
         >>> q = torch.zeros(1, 1, 2, 4); k = torch.zeros(1, 1, 2, 4)

@@ -540,13 +540,16 @@ def _static_rows(coeffs: Sequence[Any], num_heads: int) -> tuple[tuple[float, ..
         if not all(isinstance(c, numbers.Real) and not isinstance(c, bool) for r in coeffs for c in r):
             raise TypeError(f"coeffs given as rows (H, K+1) must hold numbers, got {coeffs!r}")
         rows = tuple(tuple(float(c) for c in r) for r in coeffs)
+        if len(rows) == 1:  # one row for every head, as a (1, K+1) tensor is
+            rows *= num_heads
     elif all(isinstance(c, numbers.Real) and not isinstance(c, bool) for c in coeffs):
         rows = (tuple(float(c) for c in coeffs),) * num_heads
     else:
         raise TypeError(f"coeffs given as a sequence must hold numbers (K+1,) or rows of numbers (H, K+1), got {coeffs!r}")
     if len(rows) != num_heads:
         raise ValueError(
-            f"coeffs has {len(rows)} rows but the inputs have H={num_heads} heads; expected shape ({num_heads}, K+1) or (K+1,)"
+            f"coeffs has {len(rows)} rows but the inputs have H={num_heads} heads; "
+            f"expected shape ({num_heads}, K+1), (1, K+1) or (K+1,)"
         )
     if not rows:
         raise ValueError("coeffs given as a sequence need inputs with H >= 1 heads, got H=0 "

@@ -370,7 +370,7 @@ def diffuse_sparse(
         k: keys.
         v: values.
         edge_index: ``(source j, target i)`` pairs, PyG convention.
-        coeffs: weights on ``P^0 .. P^K`` per head ``(H, K+1)`` or shared ``(K+1,)``; a
+        coeffs: weights on ``P^0 .. P^K`` per head ``(H, K+1)`` or shared ``(1, K+1)`` / ``(K+1,)``; a
             tensor (differentiable) or Python numbers (static).
         num_nodes: number of nodes (default ``N`` of ``q``).
         scale: score scale, default ``1 / sqrt(C)``.
@@ -384,7 +384,7 @@ def diffuse_sparse(
 
     Shapes:
         ``q``, ``k``: ``(N, H, C)``; ``v``: ``(N, H, C_v)``; ``edge_index``: ``(2, E)``;
-        ``coeffs``: ``(H, K+1)`` or ``(K+1,)`` -> ``(N, H, C_v)``.
+        ``coeffs``: ``(H, K+1)``, ``(1, K+1)`` or ``(K+1,)`` -> ``(N, H, C_v)``.
 
     Examples:
         >>> q = torch.zeros(2, 1, 4); k = torch.zeros(2, 1, 4); v = torch.tensor([[[1.]], [[3.]]])

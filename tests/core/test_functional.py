@@ -158,7 +158,7 @@ def test_auto_backend_rule():
 BAD_CALLS = [
     ("q must have shape", lambda q, k, v: diffuse(q[0], k, v, torch.tensor([0.0, 1.0]))),
     ("q and k must share", lambda q, k, v: diffuse(q, k[:, :1], v, torch.tensor([0.0, 1.0]))),
-    ("coeffs has 1 rows", lambda q, k, v: diffuse(q, k, v, torch.ones(1, 2))),
+    ("coeffs has 3 rows", lambda q, k, v: diffuse(q, k, v, torch.ones(3, 2))),
     ("coeffs must be real numbers", lambda q, k, v: diffuse(q, k, v, torch.tensor([False, True]))),
     ("coeffs must be finite", lambda q, k, v: diffuse(q, k, v, torch.tensor([0.0, float("nan")]))),
     ("backend must be one of", lambda q, k, v: diffuse(q, k, v, torch.tensor([0.0, 1.0]), backend="flash")),

@@ -71,3 +71,26 @@ def test_bug_diffuse_given_an_operator_name_says_how_to_build_its_coefficients()
     with pytest.raises(TypeError) as info:
         diffuse(q, k, v, 1.0)  # neither: the message as before
     assert str(info.value) == "coeffs must be a tensor of shape (K+1,) or (H, K+1), got float"
+
+
+@pytest.mark.parametrize("backend", ["matrix", "sdpa"])
+@pytest.mark.parametrize("static", [False, True])
+def test_bug_one_row_of_coefficients_is_shared_by_every_head(backend, static):
+    """Bug: ``build_operator("polynomial").coefficients()`` is ``(1, K+1)`` (heat's, ppr's are ``(K+1,)``); ``diffuse``
+    with H=4 refused it ("coeffs has 1 rows but the inputs have H=4") though its docs say "one row shared by all
+    heads". One row is now broadcast to every head, as torch broadcasting reads it; checked against an explicit
+    float64 sum of powers of P."""
+    from diffusionformer.functional import diffuse
+    from diffusionformer.operators import build_operator
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    row = build_operator("polynomial", steps=2, init=[0.5, -0.25, 0.75]).coefficients().detach()
+    assert row.shape == (1, 3)
+    coeffs = [row[0].tolist()] if static else row
+    out = diffuse(q, k, v, coeffs, backend=backend)
+    P = torch.softmax(q @ k.transpose(-1, -2) / 3 ** 0.5, dim=-1)
+    ref = sum(c * torch.linalg.matrix_power(P, i) @ v for i, c in enumerate(row[0].tolist()))
+    torch.testing.assert_close(out, ref)
+    with pytest.raises(ValueError, match="has 2 rows but the inputs have H=4"):
+        diffuse(q, k, v, row.expand(2, -1).tolist() if static else row.expand(2, -1), backend=backend)

@@ -111,7 +111,7 @@ def polynomial_attention(
         q: queries.
         k: keys.
         v: values.
-        coeffs: coefficients of ``P^0 .. P^K``, per head ``(H, K+1)`` or shared ``(K+1,)``.
+        coeffs: coefficients of ``P^0 .. P^K``, per head ``(H, K+1)`` or shared ``(1, K+1)`` / ``(K+1,)``.
         is_causal: position ``i`` attends to keys ``j <= i`` only.
         key_padding_mask: ``(B, N)`` bool, True marks padding keys (never attended to).
         attn_mask: bool (True = attend) or float (added to the scores) mask broadcastable to
