@@ -246,7 +246,10 @@ def _run_experiment(config: ExperimentConfig, out_root: str | Path, data_root: s
                 for seed in config.seeds:
                     data = task_data(task, seed, data_root, loaded)
                     bar.set_postfix_str(f"{task.name} / {setting.name} / seed {seed}")
-                    done_before = resume and _completed(run_dir(out, task.name, setting.name, seed))
+                    # rank 0's reading for every rank (a worker finishing the run between two ranks' reads split
+                    # them: one skipped the manifest's and the tables' agreements the other waited in)
+                    rdir = run_dir(out, task.name, setting.name, seed)
+                    done_before = resume and _rank_zero_reads(lambda: _completed(rdir))
                     # only an invocation that trains adds its commit: a pass over finished runs (the tables after
                     # parallel workers, a re-run) leaves the provenance of the comparison as it was (every rank
                     # comes here: under torchrun rank 0's write is agreed on)
@@ -391,6 +394,25 @@ def _rank_zero_writes(dist_ctx: DistContext | None, what: str, write: Callable[[
     _on_every_rank(dist_ctx, what, write, here=dist_ctx.is_main)
 
 
+def _rank_zero_reads(read: Callable[[], Any]) -> Any:
+    """``read()`` on rank 0 alone and its value on every rank: under torchrun a decision taken from the results
+    folder (a run's lock, whether it is finished) is rank 0's, so that every rank takes the same way and calls the
+    same agreements (each rank's own reading split them where a worker sharing the comparison finished a run between
+    two ranks' reads). An ``OSError`` of rank 0's ``read()`` is raised on every rank. A collective under torchrun:
+    every rank calls it at the same point; one process just reads."""
+    if not _distributed():
+        return read()
+    try:
+        value = read() if _rank_zero() else None
+    except OSError as exc:  # (a folder where the lock goes): every rank stops, not rank 0 alone (the others waited)
+        value = exc
+    shared: list[Any] = [value]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    if isinstance(shared[0], OSError):
+        raise shared[0]
+    return shared[0]
+
+
 def _maybe_init_distributed(device: str | None) -> Any:
     """Join the torchrun process group once for all runs (the trainer then reuses it)."""
     if not _distributed():
@@ -487,21 +509,9 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
     """Train (or resume, or read back) one run; ``None`` when another live process holds it. ``dist_ctx``: the
     torchrun process group's context, where rank 0's writes are agreed on (:func:`_rank_zero_writes`)."""
     rdir = run_dir(out, task.name, setting.name, seed)
-    distributed = _distributed()
     # under torchrun rank 0 claims the lock for every rank (else a torchrun job trained a run that a worker was
     # training, both writing its checkpoint and log): every rank takes its decision
-    try:
-        holder = _acquire_lock(rdir) if not distributed or _rank_zero() else None
-    except OSError as exc:  # a folder where the lock goes: every rank stops, not rank 0 alone (the others waited)
-        if not distributed:
-            raise
-        holder = exc
-    if distributed:
-        shared: list[Any] = [holder]
-        torch.distributed.broadcast_object_list(shared, src=0)
-        holder = shared[0]
-        if isinstance(holder, OSError):
-            raise holder
+    holder = _rank_zero_reads(lambda: _acquire_lock(rdir))
     if holder is not None and not resume:  # claimed after the check of run_experiment: the same refusal
         raise ValueError(f"[{task.name} / {setting.name} / seed {seed}] resume=False (--restart) cannot discard "
                          f"{rdir}: {holder} is training it ({rdir / LOCK_NAME}); stop that process and run "
@@ -513,10 +523,26 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
                 + ("" if note is None else f" Note: {note}; {_foreign_lock_advice(rdir)}."))  # the host as named
         return None
     try:
-        return _train_one(rdir, task, setting, seed, data, resume, progress, device, log, dist_ctx)
-    finally:
-        if not distributed or _rank_zero():
+        result = _train_one(rdir, task, setting, seed, data, resume, progress, device, log, dist_ctx)
+    except BaseException:
+        # no agreement on the way out of an error: a rank may be stopping alone (the others in another collective)
+        if not _distributed() or _rank_zero():
             _release_lock(rdir)
+        raise
+    # every rank comes here: rank 0's release is agreed (a failed one stopped rank 0 alone, the others went on)
+    _rank_zero_writes(dist_ctx, f"releasing the lock {rdir / LOCK_NAME}", lambda: _release_run_lock(rdir))
+    return result
+
+
+def _release_run_lock(rdir: Path) -> None:
+    """:func:`~diffusionformer.experiments.store.release_lock` of a run this process trained or read back; where
+    removing the lock fails, the error says what becomes of the lock."""
+    try:
+        _release_lock(rdir)
+    except OSError as exc:
+        raise type(exc)(f"{exc}; the run's lock {rdir / LOCK_NAME} is left in place: a run started on this host once "
+                        "this process (under torchrun: this job) has exited takes it over, one started on another "
+                        "host skips the run until the lock is removed") from exc
 
 
 def _read_manifest(out: Path) -> dict[str, Any] | None:
@@ -539,10 +565,12 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     if resume:
         identity = _check_identity(rdir, identity, task, setting, log)
         _check_sibling_identity(rdir, identity, task, setting)
-    if resume and summary_path.exists():
-        summary = read_json_dict(summary_path)
+    if resume:
+        # rank 0's reading for every rank (absent: {}): a rank that read it otherwise trained the run alone, or
+        # returned while the others trained it, and the job hung at their next collective
+        summary = _rank_zero_reads(lambda: read_json_dict(summary_path) if summary_path.exists() else {})
         if summary is None:
-            if _rank_zero():  # (every rank reads it: rank 0 alone says so, as every note here)
+            if _rank_zero():  # (rank 0 alone says so, as every note here)
                 log(f"[{task.name} / {setting.name} / seed {seed}] {summary_path} is unreadable; "
                     "the run is finished from its checkpoint, which rewrites it.")
         elif summary.get("status") == "completed":
