@@ -819,8 +819,10 @@ def load_experiment_config(path: str | Path | Mapping[str, Any], overrides: list
             if p.exists():  # a FIFO, socket or device: reading one could wait for ever
                 raise FileNotFoundError(f"experiment config {str(p)!r} is not a regular file (a FIFO, socket or "
                                         "device?); expected a TOML file")
-            # a misspelt name (``defualt.toml``, ``default`` without its suffix) next to the configs it meant
-            near = _closest_choice(p.name, [q.name for q in p.parent.glob("*.toml")]) if p.parent.is_dir() else None
+            # a misspelt name (``defualt.toml``, ``default`` without its suffix) next to the configs it meant (files:
+            # a folder named ``*.toml`` is refused above)
+            near = (_closest_choice(p.name, [q.name for q in p.parent.glob("*.toml") if q.is_file()])
+                    if p.parent.is_dir() else None)
             raise FileNotFoundError(f"experiment config {str(p)!r} not found"
                                     + (f" (did you mean {str(p.with_name(near))!r}?)" if near else ""))
         try:

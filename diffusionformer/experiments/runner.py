@@ -398,17 +398,17 @@ def _rank_zero_reads(read: Callable[[], Any]) -> Any:
     """``read()`` on rank 0 alone and its value on every rank: under torchrun a decision taken from the results
     folder (a run's lock, whether it is finished) is rank 0's, so that every rank takes the same way and calls the
     same agreements (each rank's own reading split them where a worker sharing the comparison finished a run between
-    two ranks' reads). An ``OSError`` of rank 0's ``read()`` is raised on every rank. A collective under torchrun:
-    every rank calls it at the same point; one process just reads."""
+    two ranks' reads). An ``OSError`` or ``ValueError`` (a refusal of the run) of rank 0's ``read()`` is raised on
+    every rank. A collective under torchrun: every rank calls it at the same point; one process just reads."""
     if not _distributed():
         return read()
     try:
         value = read() if _rank_zero() else None
-    except OSError as exc:  # (a folder where the lock goes): every rank stops, not rank 0 alone (the others waited)
-        value = exc
+    except (OSError, ValueError) as exc:  # (a folder where the lock goes, a run made with another config): every
+        value = exc  # rank stops, not rank 0 alone (the others waited)
     shared: list[Any] = [value]
     torch.distributed.broadcast_object_list(shared, src=0)
-    if isinstance(shared[0], OSError):
+    if isinstance(shared[0], (OSError, ValueError)):
         raise shared[0]
     return shared[0]
 
@@ -563,9 +563,13 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     model = build_model(task, setting, data)
     identity = _run_identity(task, model, cfg)
     if resume:
-        identity = _check_identity(rdir, identity, task, setting, log)
-        _check_sibling_identity(rdir, identity, task, setting)
-    if resume:
+        # rank 0's reading for every rank, its refusal raised on every rank (a worker finishing a sibling seed between
+        # two ranks' reads made one rank refuse the run alone while the others went on to their next collective)
+        def checked_identity() -> dict[str, Any]:
+            checked = _check_identity(rdir, identity, task, setting, log)
+            _check_sibling_identity(rdir, checked, task, setting)
+            return checked
+        identity = _rank_zero_reads(checked_identity)
         # rank 0's reading for every rank (absent: {}): a rank that read it otherwise trained the run alone, or
         # returned while the others trained it, and the job hung at their next collective
         summary = _rank_zero_reads(lambda: read_json_dict(summary_path) if summary_path.exists() else {})
