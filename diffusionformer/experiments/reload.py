@@ -173,6 +173,29 @@ def _runs_below(folder: Path, limit: int = 3) -> str:
     return f" (did you mean a run directory below it: {', '.join(str(p) for p in found[:limit])}{more}?)"
 
 
+def _missing_folder_hint(rdir: Path, limit: int = 8) -> str:
+    """For a path that does not exist: its first missing folder below a ``runs`` folder, named with the folders beside
+    it (a seed not run, ``seed5`` of ``seed0 .. seed2``; a task or setting misspelt, with a "did you mean" among them),
+    else ``""``: the bare "got missing .../seed5" left the user to list the folders to find which runs exist."""
+    from diffusionformer.config import _choice_hint
+
+    first = rdir
+    while first.parent != first and not first.parent.is_dir():
+        first = first.parent
+    if "runs" not in first.parent.absolute().parts:  # not in a runner's layout: no listing of a home folder or /
+        return ""
+    try:
+        beside = sorted(p.name for p in first.parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return ""
+    if not beside:
+        return ""
+    listed = ", ".join(beside[:limit]) + (" ..." if len(beside) > limit else "")
+    # a seed not run is no misspelling of another seed: the seeds there are named, no guess among them
+    hint = "" if first.name.startswith("seed") else _choice_hint(first.name, beside)
+    return f" (no {first.name!r} in {first.parent}{hint}; it holds {listed})"
+
+
 def _check_summary_step(summary: dict[str, Any], step: int, summary_path: Path, ckpt: Path) -> None:
     """A warning when ``summary.json`` reports the results of another step than the checkpoint's: its ``eval``
     (and status) then describe other weights than ``run.model`` (a checkpoint copied in from another run, or an
@@ -270,7 +293,8 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     if rdir.is_file():
         rdir = rdir.parent
     if not rdir.is_dir():
-        raise FileNotFoundError(f"load_run: expected a run directory (.../runs/<task>/<operator>/seed<k>), got missing {rdir}")
+        raise FileNotFoundError(f"load_run: expected a run directory (.../runs/<task>/<operator>/seed<k>), got "
+                                f"missing {rdir}{_missing_folder_hint(rdir)}")
     ident_path = rdir / RUN_CONFIG_NAME
     if not ident_path.is_file():
         if ident_path.exists() or ident_path.is_symlink():  # a FIFO or a folder there is not "none"

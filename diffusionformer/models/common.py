@@ -179,6 +179,22 @@ def _check_block_diagonal(edge_index: Any, batch: Tensor | None) -> None:
         check_within_graphs(e, batch)
 
 
+def _check_graph_call(model: nn.Module, x: Any, edge_index: Any, extra: str = "") -> None:
+    """A graph model called with a PyG ``Data``/``Batch`` (``model(data)``), or with no ``edge_index``: a TypeError
+    saying how to call it (Python's bare "missing 1 required positional argument: 'edge_index'" named neither).
+    Called only where ``edge_index`` is None or ``x`` is no tensor (free for a call with tensors); returns otherwise.
+    ``extra``: the model's other inputs from the batch, e.g. ``", edge_attr=data.edge_attr"``."""
+    name = type(model).__name__
+    call = f"model(data.x, data.edge_index, data.batch{extra})"
+    if any(k.__module__.startswith("torch_geometric.data") for k in type(x).__mro__):  # no import of PyG
+        merge = "merge its node and edge types with data.to_homogeneous(), then " if hasattr(x, "node_types") else ""
+        raise TypeError(f"{name} takes the tensors of a graph, not a PyG {type(x).__name__}: {merge}call {call} "
+                        "(the convention of PyG's own models, e.g. torch_geometric.nn.models.GCN)")
+    if edge_index is None:
+        raise TypeError(f"{name}: edge_index is required ((2, E) edges: source j, target i); call "
+                        f"model(x, edge_index, batch), or with a PyG batch {call}")
+
+
 def _check_node_features(x: Any, in_channels: int) -> None:
     """``x`` a ``(N, in_channels)`` tensor (a ValueError); a dict (a ``HeteroData``'s ``x_dict``) was reported as
     shape ``()``, naming neither its type nor what to do with several node types."""

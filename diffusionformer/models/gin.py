@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from diffusionformer._imports import _import_pyg
 from diffusionformer.config import _python_numbers, document_fields
 from diffusionformer.nn._weights import _reset_children, _stored_weight
-from diffusionformer.models.common import (_check_block_diagonal, _check_bools, _check_graph_devices,
+from diffusionformer.models.common import (_check_block_diagonal, _check_bools, _check_graph_call, _check_graph_devices,
                                            _check_graph_task, _check_node_features, _check_real_features, _conv_edges,
                                            _readout_batch, check_positive_int, check_probability)
 
@@ -98,9 +98,11 @@ class GIN(nn.Module):
         initialisation: its MLP's, the batch-norm statistics cleared, epsilon back to 0), then the heads'."""
         _reset_children(self, type(self).__name__)
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
+    def forward(self, x: Tensor, edge_index: Tensor | None = None, batch: Tensor | None = None, *,
                 num_graphs: int | None = None) -> Tensor:
-        """Node logits ``(N, C)`` or graph logits ``(G, C)``.
+        """Node logits ``(N, C)`` or graph logits ``(G, C)``, from a graph's tensors as PyG's models take them:
+        ``model(data.x, data.edge_index, data.batch)`` (``edge_index`` is required; ``model(data)`` or a call without
+        it is a ``TypeError`` saying so).
 
         ``num_graphs``: the number of graphs ``G`` of a graph readout (PyG's ``data.num_graphs``; may exceed
         ``batch.max() + 1``, the extra graphs being empty), instead of ``batch.max() + 1``; checked and
@@ -109,6 +111,8 @@ class GIN(nn.Module):
         holds the sources of target ``i``: the transpose of the adjacency); its values weight the sum over the
         neighbours (a weighted GIN: :math:`(1 + \\epsilon) x_i + \\sum_j a_{ij} x_j`).
         """
+        if edge_index is None or not isinstance(x, Tensor):  # model(data): how to call it (free for tensors)
+            _check_graph_call(self, x, edge_index)
         c = self.config
         _check_node_features(x, c.in_channels)
         _check_real_features(x=x)

@@ -21,8 +21,8 @@ from diffusionformer.nn.edge_features import _check_edge_operators, edge_feature
 from diffusionformer.ops._checks import _vmapped, check_index_range, checks_values
 from diffusionformer.ops.rivals import LayerState
 from diffusionformer.models.common import (ModelIntermediates, _check_batch, _check_block_options, _check_bools,
-                                           _check_graph_devices, _check_graph_task, _check_mlp_ratio, _check_num_graphs,
-                                           _check_node_features, _check_real_features, _check_size,
+                                           _check_graph_call, _check_graph_devices, _check_graph_task, _check_mlp_ratio,
+                                           _check_num_graphs, _check_node_features, _check_real_features, _check_size,
                                            check_positive_int, check_probability, init_transformer_weights)
 
 __all__ = ["DiffusionGraphTransformer", "GraphBlock", "GraphTransformerConfig", "positional_encoding_transform"]
@@ -457,7 +457,7 @@ class DiffusionGraphTransformer(nn.Module):
             h = pool(h, batch, num_graphs)  # num_graphs=None: batch.max() + 1 (a host read)
         return self.head(h)
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
+    def forward(self, x: Tensor, edge_index: Tensor | None = None, batch: Tensor | None = None, *,
                 edge_attr: Tensor | None = None, pe: Tensor | None = None,
                 max_num_nodes: int | None = None, num_graphs: int | None = None,
                 return_intermediates: bool = False) -> Any:
@@ -467,7 +467,9 @@ class DiffusionGraphTransformer(nn.Module):
             x: node features ``(N, F)``; ``N = 0`` (with ``(2, 0)`` edges) gives ``(0, num_classes)``
                 node logits, or for ``task="graph"`` the logits of ``num_graphs`` empty graphs (none
                 when neither ``batch`` nor ``num_graphs`` names one; one without ``batch``).
-            edge_index: ``(2, E)`` edges ``(source j, target i)``.
+            edge_index: ``(2, E)`` edges ``(source j, target i)``; required (a call without it, or
+                ``model(data)`` with a PyG ``Data``, is a ``TypeError`` naming
+                ``model(data.x, data.edge_index, data.batch)``).
             batch: graph index per node ``(N,)``; sorted (as in a PyG ``Batch``) with global
                 attention: a ``ValueError`` in eager mode on CPU, unchecked on an accelerator
                 or under :func:`torch.compile`.
@@ -491,6 +493,9 @@ class DiffusionGraphTransformer(nn.Module):
             return_intermediates: also return the residual stream after every block.
         """
         c = self.config
+        if edge_index is None or not isinstance(x, Tensor):  # model(data): how to call it (free for tensors)
+            extra = "".join(f", {k}=data.{k}" for k, on in (("edge_attr", c.edge_dim), ("pe", c.pe)) if on)
+            _check_graph_call(self, x, edge_index, extra)
         _check_flag(return_intermediates, "return_intermediates")
         _check_node_features(x, c.in_channels)
         N = x.shape[0]

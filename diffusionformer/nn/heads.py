@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from diffusionformer.config import _choice_hint
 from diffusionformer.operators import DiffusionOperator, build_operator
 from diffusionformer.operators.base import _label, _spec_text
 from diffusionformer.operators.registry import _unknown_arguments, operator_class, parse_operator_spec
@@ -458,7 +459,8 @@ def resolve_layer_heads(
         if heads is not None:
             raise ValueError("give either heads= or laplacian_heads=, not both")
         if isinstance(laplacian_heads, str) and laplacian_heads != "half":
-            raise ValueError(f"laplacian_heads must be an int, 'half' or a list of them, got {laplacian_heads!r}")
+            raise ValueError(f"laplacian_heads must be an int, 'half' or a list of them, got {laplacian_heads!r}"
+                             f"{_choice_hint(laplacian_heads, ('half',))}")
         one = isinstance(laplacian_heads, (numbers.Integral, str))
         if not (one or isinstance(laplacian_heads, (list, tuple))):
             raise ValueError(f"laplacian_heads must be an int, 'half' or a list of them, got {laplacian_heads!r}")
@@ -468,7 +470,8 @@ def resolve_layer_heads(
         specs: list[Any] = []
         for i, k in enumerate(counts):
             if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k <= num_heads:
-                raise ValueError(f"laplacian_heads[{i}] must be an int in [0, {num_heads}], got {k!r}")
+                raise ValueError(f"laplacian_heads[{i}] must be an int in [0, {num_heads}], got {k!r}"
+                                 f"{_choice_hint(k, ('half',))}")
             k = int(k)
             if k == 0:
                 specs.append(None)
