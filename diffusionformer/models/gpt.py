@@ -154,10 +154,11 @@ class DiffusionGPT(nn.Module):
         ``tok_emb``, ``transformer.h.{i}.attn.c_attn`` -> ``blocks.{i}.attn.qkv``, ...), its ``model_args``
         become the :class:`GPTConfig`, and ``heads`` / ``laplacian_heads`` then choose the operators each head
         applies to the loaded queries, keys and values, for fine-tuning. The tied token embedding and output head
-        stay tied; a ``bias=False`` checkpoint gives a model without biases. Operators with parameters of their
-        own (a learned heat head's diffusion time, a polynomial head's coefficients) keep their initial values:
-        nanoGPT has nothing to load into them. The model is on the CPU, in the dtype of the checkpoint's token
-        embedding (float32 for nanoGPT's), in training mode.
+        stay tied (a state dict that holds the shared tensor once, under either name, as safetensors'
+        ``save_model`` writes it, loads into both); a ``bias=False`` checkpoint gives a model without biases.
+        Operators with parameters of their own (a learned heat head's diffusion time, a polynomial head's
+        coefficients) keep their initial values: nanoGPT has nothing to load into them. The model is on the CPU,
+        in the dtype of the checkpoint's token embedding (float32 for nanoGPT's), in training mode.
 
         Args:
             source: the path of nanoGPT's ``ckpt.pt``, read with ``torch.load(weights_only=True)`` (no pickled
@@ -216,8 +217,12 @@ class DiffusionGPT(nn.Module):
                 raise ValueError(f"from_nanogpt: unexpected parameter {key!r} in the nanoGPT state dict (not one of "
                                  f"nanoGPT's GPT with n_layer={config.n_layer}, bias={config.bias})")
             ours[names[key]] = value
+        if config.tie_weights:  # one tensor: a state dict that stores it once (safetensors' save_model) names either
+            for name, partner in (("tok_emb.weight", "lm_head.weight"), ("lm_head.weight", "tok_emb.weight")):
+                if name in ours and partner not in ours:
+                    ours[partner] = ours[name]
         model = cls(config)
-        dtype = state["transformer.wte.weight"].dtype if "transformer.wte.weight" in state else None
+        dtype = ours["tok_emb.weight"].dtype if "tok_emb.weight" in ours else None
         if dtype is not None and dtype.is_floating_point:
             model = model.to(dtype)
         inverse = {b: a for a, b in names.items()}
