@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -190,6 +191,8 @@ def _missing_folder_hint(rdir: Path, limit: int = 8) -> str:
         return ""
     if not beside:
         return ""
+    if all(re.fullmatch(r"seed\d+", name) for name in beside):  # seed2 before seed10, not after it
+        beside.sort(key=lambda name: int(name[4:]))
     listed = ", ".join(beside[:limit]) + (" ..." if len(beside) > limit else "")
     # a seed not run is no misspelling of another seed: the seeds there are named, no guess among them
     hint = "" if first.name.startswith("seed") else _choice_hint(first.name, beside)

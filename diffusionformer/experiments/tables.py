@@ -322,7 +322,8 @@ def format_status(rows: list[dict[str, Any]]) -> str:
                     done_steps = r["step"] if resumes is None else resumes  # an unreadable checkpoint: as logged
                     left_total += per_step * (r["max_steps"] if r.get("changed") else max(r["max_steps"] - done_steps, 0))
     # seconds of training (a tiny config's runs to redo) are not "about 0 min": that read as nothing left to do
-    left = (("less than a minute" if 0 < left_total < 30 else f"about {left_total / 60:.0f} min")
+    # (30 s too: :.0f rounds 0.5 min to the even 0)
+    left = (("less than a minute" if 0 < left_total <= 30 else f"about {left_total / 60:.0f} min")
             + " of training left on one worker")
     if paced:
         left += " (tasks with no finished run: at the pace their running runs logged so far)"

@@ -414,9 +414,11 @@ class AttentionGraph:
             return {"edge_index": _on_device_of_x(self.edge_index, "edge_index", x)}
         N, B = self.seq_len, self.batch_size
         if x.dim() != 3 or x.shape[1] != N or (B is not None and x.shape[0] != B):
-            # one token more than the graph's: most often a ViT's class token on a graph of its patches alone
+            # one token more than the graph's: most often a ViT's class token on a graph of its patches alone (not
+            # on a causal graph: a GPT's block_size + 1 tokens, its inputs not shifted from the targets)
             extra = (f" (one token more than N={N}: a class token? build the graph with it, e.g. "
-                     "grid(h, w, cls_token=True) prepends one)" if x.dim() == 3 and x.shape[1] == N + 1 else "")
+                     "grid(h, w, cls_token=True) prepends one)"
+                     if x.dim() == 3 and x.shape[1] == N + 1 and not self.causal else "")
             raise ValueError(f"this dense AttentionGraph expects x of shape ({'B' if B is None else B}, N={N}, D), "
                              f"got {tuple(x.shape)}{extra}")
         out: dict[str, Any] = {}
