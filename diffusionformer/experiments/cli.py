@@ -526,7 +526,8 @@ def _main(argv: list[str] | None) -> int:
                 model = f", model_overrides {toml(t.model_overrides)}" if t.model_overrides else ""
                 data = f" {toml(t.dataset_options)}" if t.dataset_options else ""
                 data += f" ({t.folds}-fold CV)" if t.folds else ""
-                _print(f"  task {t.name}: {t.dataset}{data} -> {t.model}, metric {t.metric}, train {t.train}{model}")
+                _print(f"  task {t.name}: {t.dataset}{data} -> {t.model}, metric {t.metric}, "
+                       f"train {toml(t.train)}{model}")
             for o in config.operators:
                 model = f" model_overrides={toml(o.model_overrides)}" if o.model_overrides else ""
                 _print(f"  operator {o.name}: heads={o.heads!r} laplacian_heads={o.laplacian_heads!r}{model}")

@@ -127,8 +127,8 @@ def test_show_prints_every_task_and_every_setting(stubs, capsys):
     assert cli_main(["show", "two.toml", "--set", "tasks.more.train.lr=0.01"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "two: 2 tasks x 2 operator settings x 2 seeds = 8 runs",
-        "  task digits: digits -> vit-digits, metric test_acc, train {'max_steps': 2}",
-        "  task more: digits -> vit-digits, metric test_acc, train {'lr': 0.01}",
+        "  task digits: digits -> vit-digits, metric test_acc, train {max_steps = 2}",
+        "  task more: digits -> vit-digits, metric test_acc, train {lr = 0.01}",
         "  operator attention: heads=None laplacian_heads=None",
         "  operator lap: heads=None laplacian_heads=1",
     ]

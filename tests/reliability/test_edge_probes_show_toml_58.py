@@ -21,6 +21,8 @@ def test_show_prints_tables_a_set_takes_back(tmp_path, capsys):
     line = next(x for x in out if x.startswith("  task mutag:"))
     data = re.search(r"mutag (\{.*?\}) \(2-fold CV\)", line).group(1)
     model = re.search(r"model_overrides (\{.*\})$", line).group(1)
+    train = re.search(r"train (\{.*?\}), model_overrides", line).group(1)
+    assert train == "{max_steps = 2}", line
     op = re.search(r"model_overrides=(\{.*\})$", out[-1]).group(1)
     assert (data, model, op) == ("{val_fraction = 0.2}", "{dim = 16}", "{dim = 8}"), (line, out[-1])
     plain = tmp_path / "plain.toml"

@@ -134,5 +134,5 @@ def test_kills_cli_show_prints_each_settings_model_overrides(tmp_path, capsys):
     assert out[0] == "m48show: 1 tasks x 2 operator settings x 1 seeds = 2 runs"
     assert "  operator attention: heads=None laplacian_heads=None" in out
     assert "  operator swiglu: heads=None laplacian_heads=None model_overrides={mlp = \"swiglu\"}" in out
-    assert any(line.startswith("  task digits: digits -> vit-digits, metric test_acc, train {'max_steps': 2}, "
+    assert any(line.startswith("  task digits: digits -> vit-digits, metric test_acc, train {max_steps = 2}, "
                                "model_overrides {dim = 8, depth = 1, num_heads = 2}") for line in out), out
