@@ -303,7 +303,10 @@ class TextLMTask:
     :meth:`evaluate` gives ``train_loss`` and ``val_loss`` (mean cross-entropy over the same
     number of windows of each split, drawn from one fixed seed, as nanoGPT's
     ``estimate_loss``), ``loss = val_loss`` and the generalisation gap
-    ``gap_loss = val_loss - train_loss``.
+    ``gap_loss = val_loss - train_loss``. It draws ``eval_batches`` batches of
+    ``eval_batch_size`` windows per split, ``max_batches`` (``TrainConfig.eval_steps``) where given: a
+    split has no "full" evaluation here (``eval_steps=None`` means ``eval_batches``, as nanoGPT's
+    ``eval_iters``).
     """
 
     def __init__(self, data: TextData, block_size: int, eval_batch_size: int = _TEXT_EVAL_BATCH, eval_batches: int = 20) -> None:

@@ -40,9 +40,10 @@ class Task(Protocol):
       Runs under bf16 autocast when enabled.
     * ``evaluate(model: nn.Module, max_batches: int | None) -> dict[str, float]``: held-out
       metrics of the *unwrapped* model, called in ``eval()`` mode under ``torch.no_grad()``;
-      ``max_batches`` is ``TrainConfig.eval_steps`` (``None`` = the full split). A ``"loss"``
-      key is also reported as the record's ``loss``. Every rank calls it with identical
-      weights; random draws inside it do not advance the training generators.
+      ``max_batches`` is ``TrainConfig.eval_steps`` (``None`` = the full split, or the task's own
+      count where a split has no end: :class:`~diffusionformer.experiments.tasks.TextLMTask`'s random
+      windows). A ``"loss"`` key is also reported as the record's ``loss``. Every rank calls it
+      with identical weights; random draws inside it do not advance the training generators.
 
     Optional method:
 
