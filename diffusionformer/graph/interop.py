@@ -22,6 +22,14 @@ from diffusionformer.ops._checks import check_index_range
 __all__ = ["from_edge_index", "from_networkx", "from_pyg"]
 
 
+def _check_not_meta(edge_index: Tensor, self_loops: bool) -> None:
+    """PyG's self-loop surgery reads the edges: on the meta device a ``ValueError`` (else torch's NotImplementedError
+    of ``nonzero``, which names neither the self loops nor the device)."""
+    if edge_index.device.type == "meta":
+        raise ValueError(f"self_loops={self_loops} needs the values of edge_index, which is on the meta device: "
+                         "add or remove the self loops on a real device")
+
+
 def _set_self_loops(edge_index: Tensor, num_nodes: int, self_loops: bool | None) -> Tensor:
     _import_pyg()
     from torch_geometric.utils import add_self_loops, remove_self_loops
@@ -39,9 +47,7 @@ def _set_self_loops(edge_index: Tensor, num_nodes: int, self_loops: bool | None)
     # the dtype before PyG's surgery: its concatenation with the int64 self loops turned a bool tensor (a mask
     # taken for edges, refused without self_loops) into int64 edges
     edge_index = _check_index_tensor("edge_index", edge_index, "(2, E)")
-    if edge_index.device.type == "meta":  # PyG's self-loop surgery reads the edges (else a NotImplementedError)
-        raise ValueError(f"self_loops={self_loops} needs the values of edge_index, which is on the meta device: "
-                         "add or remove the self loops on a real device")
+    _check_not_meta(edge_index, self_loops)
     # the bounds before the surgery (CPU eager only, as the kernel's check): remove_self_loops dropped a self loop
     # out of range ((N, N), (-1, -1)) silently, and the error on another bad edge showed the added loops' range
     check_index_range("edge_index", edge_index, "num_nodes", num_nodes)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from diffusionformer._imports import _import_pyg, _lazy_exports
 from diffusionformer.config import _check_flag, _choice_hint, _python_numbers, document_fields
 from diffusionformer.graph.core import AttentionGraph, _check_index_tensor, _edge_index_shape_error
-from diffusionformer.graph.interop import from_edge_index
+from diffusionformer.graph.interop import _check_not_meta, from_edge_index
 from diffusionformer.nn.attention import DiffusionAttention, _not_a_tensor
 from diffusionformer.nn._weights import _reset_children, _stored_weight
 from diffusionformer.nn.block import make_mlp, make_norm, resolve_layer_heads
@@ -213,7 +213,8 @@ class GraphBlock(nn.Module):
     edge-attention stack and of the global-attention stack of the model (the first layer's
     values and the depth, for the rival operators that read them).
 
-    Global attention pads the nodes of every graph into ``(G, N_max, D)``. Without sizes,
+    Global attention pads the nodes of every graph into ``(G, N_max, D)`` (nodes ``(N, D)`` of a sparse graph or an
+    ``edge_index``: a dense graph is a ``ValueError``). Without sizes,
     :func:`~torch_geometric.utils.to_dense_batch` reads ``G`` and ``N_max`` from ``batch`` and a
     boolean index gathers the nodes back (a host synchronisation on an accelerator, a
     data-dependent shape under :func:`torch.compile`). With ``max_num_nodes`` (and
@@ -280,11 +281,20 @@ class GraphBlock(nn.Module):
             # a PyG conv's edge_weight passed third (conv(x, edge_index, edge_weight)): the model's error, naming batch
             # as the third argument (other integer dtypes stay the graph's to check: it takes them)
             _check_batch(batch, x.shape[0] if x.dim() else 0)
+        if isinstance(batch, Tensor):  # int64 ids, as the graph reads an int16 or uint8 batch: the global attention's
+            # scatters failed on them with torch's bare "scatter(): Expected dtype int32/int64 for index"
+            batch = _check_index_tensor("batch", batch, "(num_nodes,)")
         # no node: an AttentionGraph needs one ("num_nodes must be >= 1", an argument the call never gave); the edges
         # go to the layers as edge_index, which map no node to none and check them
         no_nodes = isinstance(graph, Tensor) and x.dim() == 2 and x.shape[0] == 0
         if isinstance(graph, Tensor) and not no_nodes:
             graph = AttentionGraph.sparse(graph, x.shape[0], batch=batch, checked=False)
+        if self.global_attn is not None and not no_nodes and graph.layout != "sparse":
+            # else to_dense_batch made (1, B, N, D) of the (B, N, D) tokens: "dense input x must have shape (B, N, D),
+            # got (1, ...)", from a layer the call never named
+            raise ValueError("GraphBlock: global attention pads the nodes of each graph of a sparse graph (its batch), "
+                             f"got a {graph.layout} AttentionGraph; pass nodes x of shape (N, D) with a sparse graph "
+                             "or an edge_index, or build the block with global_attention=False")
         if batch is None and not no_nodes:
             batch = graph.batch
         if self.global_attn is not None and batch is not None and batch.shape[0] and checks_values(batch):
@@ -428,7 +438,9 @@ class DiffusionGraphTransformer(nn.Module):
             _import_pyg()
             from torch_geometric.utils import add_self_loops, remove_self_loops
 
-            # the bounds before the surgery, as from_edge_index (an out-of-range self loop was removed silently)
+            # meta edges refused and the bounds checked before the surgery, as from_edge_index does (else torch's
+            # NotImplementedError of nonzero on meta; an out-of-range self loop was removed silently)
+            _check_not_meta(edge_index, True)
             check_index_range("edge_index", edge_index, "num_nodes", num_nodes)
             edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
             edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=0.0, num_nodes=num_nodes)

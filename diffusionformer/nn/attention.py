@@ -442,10 +442,7 @@ class DiffusionAttention(nn.Module):
             raise ValueError("only MultiheadAttention with kdim == vdim == embed_dim, no bias_k/bias_v, "
                              "no add_zero_attn converts (the layer is self-attention on one input), "
                              f"got {'; '.join(came)}")
-        if kwargs.get("num_kv_heads") not in (None, mha.num_heads):  # else a shape error from copy_ below
-            raise ValueError(f"num_kv_heads={kwargs['num_kv_heads']!r}: nn.MultiheadAttention has a key and a value per "
-                             f"head, so the layer takes num_kv_heads=None or num_heads={mha.num_heads}")
-        _check_copied_kwargs(kwargs, "from_multihead_attention", "nn.MultiheadAttention")
+        _check_copied_kwargs(kwargs, "from_multihead_attention", "nn.MultiheadAttention", mha.num_heads)
         bias = mha.in_proj_bias is not None
         p = mha.dropout if mha.training else 0.0  # an eval() module's dropout: checked once the layer trains
         layer = cls(mha.embed_dim, mha.num_heads, heads, bias=bias, dropout=p, **kwargs)
@@ -473,8 +470,12 @@ class DiffusionAttention(nn.Module):
 
         if not isinstance(conv, TransformerConv):
             raise TypeError(f"expected torch_geometric.nn.TransformerConv, got {type(conv).__name__}")
-        if conv.root_weight or not conv.concat or conv.lin_edge is not None or conv.beta:
-            raise ValueError("only TransformerConv(concat=True, root_weight=False, beta=False, edge_dim=None) maps to DiffusionAttention")
+        came = [f"{name}={value!r}" for name, value, maps in (
+            ("concat", conv.concat, True), ("root_weight", conv.root_weight, False), ("beta", conv.beta, False),
+            ("edge_dim", conv.edge_dim, None)) if value != maps]
+        if came:  # the settings named, as from_multihead_attention names what does not convert
+            raise ValueError("only TransformerConv(concat=True, root_weight=False, beta=False, edge_dim=None) maps to "
+                             f"DiffusionAttention, got {', '.join(came)}")
         H, C = conv.heads, conv.out_channels
         D = H * C
         for lin in (conv.lin_query, conv.lin_key, conv.lin_value):
@@ -485,7 +486,7 @@ class DiffusionAttention(nn.Module):
             if lin.weight.shape[1] != D:
                 raise ValueError(f"TransformerConv in_channels={conv.in_channels!r} must equal heads*out_channels "
                                  f"({D}) for the queries, keys and values alike (one x feeds all three)")
-        _check_copied_kwargs(kwargs, "from_transformer_conv", "TransformerConv")
+        _check_copied_kwargs(kwargs, "from_transformer_conv", "TransformerConv", H)
         bias = conv.lin_query.bias is not None
         p = conv.dropout if conv.training else 0.0  # as in from_multihead_attention
         layer = cls(D, H, heads, bias=bias, dropout=p, **kwargs)
@@ -1119,10 +1120,14 @@ def _materialise_operator_caches(layer: nn.Module, incompatible_keys: Any) -> No
             op._materialise_caches(weight.device, weight.dtype)
 
 
-def _check_copied_kwargs(kwargs: dict[str, Any], method: str, source: str) -> None:
+def _check_copied_kwargs(kwargs: dict[str, Any], method: str, source: str, num_heads: int) -> None:
     """The settings a ``from_*`` constructor copies from its module are not keyword arguments as well (else Python's
     "got multiple values for keyword argument 'bias'"; ``device=``/``dtype=`` were dropped silently, the layer being
-    moved to the module's weights)."""
+    moved to the module's weights), and ``num_kv_heads``, if given, is the module's ``num_heads`` (it has a key and
+    a value per head: else a bare shape error from copying its weights into a smaller ``qkv``)."""
+    if kwargs.get("num_kv_heads") not in (None, num_heads):
+        raise ValueError(f"num_kv_heads={kwargs['num_kv_heads']!r}: {source} has a key and a value per head, so the "
+                         f"layer takes num_kv_heads=None or num_heads={num_heads}")
     taken = [name for name in ("dim", "num_heads", "bias", "dropout", "device", "dtype") if name in kwargs]
     if taken:
         raise TypeError(f"{method}: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} copied from the {source} and "

@@ -27,9 +27,11 @@ def check_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
     return x
 
 
-#: how to turn a sparse adjacency matrix ``adj[source, target]`` (torch.sparse COO/CSR) into an edge_index
+#: how to turn a sparse adjacency matrix ``adj[source, target]`` (torch.sparse COO/CSR) into an edge_index, and PyG's
+#: transposed ``adj_t`` (``conv(x, adj_t)``, ``ToSparseTensor``), whose every edge the first conversion alone reversed
 _SPARSE_ADJACENCY_FIX = ("a sparse adjacency matrix adj[source, target] becomes an edge_index with "
-                         "torch_geometric.utils.to_edge_index(adj)[0]")
+                         "torch_geometric.utils.to_edge_index(adj)[0], and PyG's transposed adj_t[target, source] "
+                         "(ToSparseTensor's, as in conv(x, adj_t)) one with to_edge_index(adj_t)[0].flip(0)")
 
 
 def _check_strided(name: str, t: Tensor, fix: str) -> None:
