@@ -55,11 +55,11 @@ def _usage_error(capsys, argv):
 
 # ----------------------------------------------------------------------------- --set values
 @pytest.mark.parametrize("override,shown", [
-    ("tasks.digits.train.lr=1e-3", "'lr': 0.001"),
-    ("tasks.digits.train.max_steps=1_000", "'max_steps': 1000"),
-    ("tasks.digits.train.lr=0x10", "'lr': 16"),  # TOML's hex int
+    ("tasks.digits.train.lr=1e-3", "lr = 0.001"),
+    ("tasks.digits.train.max_steps=1_000", "max_steps = 1000"),
+    ("tasks.digits.train.lr=0x10", "lr = 16"),  # TOML's hex int
     ("tasks.digits.metric='test_acc'", "metric test_acc"),
-    ("tasks.digits.train.amp=bf16", "'amp': 'bf16'"),  # a bare word is a string
+    ("tasks.digits.train.amp=bf16", "amp = \"bf16\""),  # a bare word is a string
 ])
 def test_set_values_in_toml_syntax_are_applied(toml, capsys, override, shown):
     """Pins: ``--set`` values are TOML (underscores, exponents, hex, quoted strings; a bare word is a string)."""
