@@ -28,6 +28,7 @@ models of different widths, e.g. ``heads = "attention:{half},heat(t=0.5, learnab
 
 from __future__ import annotations
 
+import collections
 import copy
 import math
 import numbers
@@ -45,6 +46,7 @@ from diffusionformer.config import (_choice_hint, _closest_choice, _in_context, 
 from diffusionformer.data.splits import _MAX_SEED  # the largest data_seed: the splits' torch generators take it
 from diffusionformer.nn.heads import format_head_spec, laplacian_count
 from diffusionformer.train import TrainConfig
+from diffusionformer.train.config import _MAX_RUN_SEED, _check_int
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -65,6 +67,9 @@ __all__ = [
 #: evaluation, the steps to a reach threshold
 _QUANTITIES = ("final", "selected", "reach")
 _QUANTITY_WORDS = {"final": "final metric", "selected": "metric at the best evaluation", "reach": "steps to the threshold"}
+
+#: the most folds whose runs an error lists one by one (``folds = 10**6`` listed a million counts)
+_MAX_LISTED_FOLDS = 64
 
 #: the longest name of a task, setting or experiment: the files named after it stay within 255 bytes
 _MAX_NAME_BYTES = 200
@@ -226,7 +231,8 @@ class TaskConfig:
     #: (``>=``, or ``<=`` for lower-is-better keys), and the table its mean over seeds
     reach: dict[str, float] | None = None
     #: training-batch augmentation of image classification: ``{crop_padding = 4, flip = true}``
-    #: (pad, random crop of the original size, horizontal flip; empty: none)
+    #: (pad, random crop of the original size, horizontal flip; empty: none); ``crop_padding`` is smaller than
+    #: the images' sides (a crop of a wider padding may hold padding alone)
     augment: dict[str, Any] = field(default_factory=dict)
     #: label smoothing of the training loss of classification tasks (0: none)
     label_smoothing: float = 0.0
@@ -432,6 +438,15 @@ class ExperimentConfig:
         _check_path_name("experiment name", self.name)
         if not self.tasks or not self.operators or not self.seeds:
             raise ValueError("an experiment needs at least one task, one operator setting and one seed")
+        # each seed is a run's TrainConfig.seed: checked once, named as written (was: one problem per task and seed,
+        # each naming train.seed, a key the config refuses)
+        errors = []
+        for i, seed in enumerate(self.seeds):
+            try:
+                _check_int("seed", seed, 0, _MAX_RUN_SEED)
+            except (TypeError, ValueError) as exc:
+                errors.append(_in_context(exc, f"seeds[{i}]: "))
+        _raise_collected(errors, "seeds")
         self._check_primary()
         from diffusionformer.experiments.gpu import check_device, precision_amp
 
@@ -458,14 +473,20 @@ class ExperimentConfig:
             raise ValueError(f"duplicate seeds: {self.seeds}")
         for task in self.tasks:
             if task.folds is not None:
-                counts = [sum(1 for s in self.seeds if s % task.folds == k) for k in range(task.folds)]
-                if min(counts) != max(counts):
+                # the runs of the folds that have any: one pass over the seeds (was one per fold, so folds = 2**62
+                # never ended, and folds = 10**6 was refused with a million counts)
+                per_fold = collections.Counter(s % task.folds for s in self.seeds)
+                if len(per_fold) != task.folds or len(set(per_fold.values())) != 1:
+                    listed = task.folds <= _MAX_LISTED_FOLDS
+                    runs = (f"runs per fold: {[per_fold[k] for k in range(task.folds)]}" if listed
+                            else f"{len(self.seeds)} seeds for {task.folds} folds")
+                    example = list(range(task.folds)) if listed else f"[0, 1, ..., {task.folds - 1}]"
                     raise ValueError(
                         f"task {task.name!r} uses {task.folds}-fold cross-validation: the seeds must cover "
                         f"every fold equally often (fold = seed % {task.folds}), e.g. "
-                        f"seeds = {list(range(task.folds))}; got {self.seeds} (runs per fold: {counts})"
+                        f"seeds = {example}; got {self.seeds} ({runs})"
                     )
-                if counts[0] > 1:  # data_seed fixes the partition: seeds s and s + K differ in weights and batches
+                if per_fold[0] > 1:  # data_seed fixes the partition: seeds s and s + K differ in weights and batches
                     # the one pass would be refused beside a task whose folds do not divide these (2 and 4 folds)
                     others = [f"{t.name!r} ({t.folds} folds)" for t in self.tasks if t.folds and task.folds % t.folds]
                     apart = f" in a config without task(s) {', '.join(others)}" if others else ""

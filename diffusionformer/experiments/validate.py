@@ -246,6 +246,8 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
                 add(f"{where}: dataset {spec.name!r} reads files from a data root, and "
                     + ("none is set (pass --data-root or set $DIFFUSIONFORMER_DATA)" if root is None
                        else f"{str(root)!r} is not a directory"))
+        if data is not None and task.augment:
+            _check_crop_padding(task, data, add)
         for setting in config.operators:
             try:
                 model = _resolve_model(task, setting, data, preset, model_config)
@@ -306,6 +308,17 @@ def _check_supervised_options(task: TaskConfig, spec: Any, preset: Any, add: Any
     elif task.augment and spec.kind != "image":
         add(f"{where}: augment (random crops and flips) needs images, and dataset {spec.name!r} is of kind "
             f"{spec.kind!r}; drop augment")
+
+
+def _check_crop_padding(task: TaskConfig, data: Any, add: Any) -> None:
+    """``augment.crop_padding`` against the size of the task's images: a padding of a whole side draws crops that
+    hold padding alone (a blank image under a label), and a huge one passed every check, then failed at the first
+    step (torch's "Overflow when unpacking long long", or an allocation of the padded batch), naming no key."""
+    pad = task.augment.get("crop_padding", 0)
+    shape = tuple(getattr(data, "input_shape", ()))
+    if pad and len(shape) == 3 and pad >= min(shape[1:]):
+        add(f"task {task.name!r}: augment.crop_padding = {pad} is not smaller than the images ({shape[1]}x{shape[2]}): "
+            f"a random crop of the padded image could hold padding alone; use at most {min(shape[1:]) - 1}")
 
 
 def _check_task_names(config: ExperimentConfig, tasks: Any) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from diffusionformer.config import _choice_hint, _device_hint, _raise_collected,
 __all__ = ["TrainConfig", "resolve_device", "resolve_amp"]
 
 _DECAY_RULES = ("default", "nanogpt")
+_MAX_RUN_SEED = 2**32 - 1  # the largest seed: NumPy's seed_everything takes [0, 2**32)
 _AMP_CHOICES = ("auto", "bf16", "fp16", "off")
 # other spellings of an amp value (--precision's "fp32" among them): spelling alone points "fp32" at "fp16"
 _AMP_ALIASES = {"fp32": "off", "float32": "off", "none": "off", "no": "off", "bfloat16": "bf16", "float16": "fp16",
@@ -135,8 +137,8 @@ class TrainConfig:
 
     Args:
         max_steps: number of optimiser updates of the whole run (``>= 1``).
-        batch_size: global batch size handed to ``task.train_batch`` (split across ranks under
-            DDP, so the effective batch does not depend on the number of processes).
+        batch_size: global batch size handed to ``task.train_batch`` (``>= 1``, at most ``sys.maxsize``: a tensor
+            size; split across ranks under DDP, so the effective batch does not depend on the number of processes).
         grad_accum_steps: micro-batches per update (``>= 1``). Each rank's share of the batch is
             split into this many equal micro-batches (``task.shard_batch`` or
             :func:`~diffusionformer.train.shard_batch`); each micro-batch's loss is scaled by
@@ -230,7 +232,9 @@ class TrainConfig:
                 errors.append(exc)
                 return None
 
-        ints = {name: check(_check_int, name, getattr(self, name), 1)
+        # a batch size is a tensor size: past sys.maxsize it passed, and the first step failed in torch ("Overflow
+        # when unpacking long long", with its C++ backtrace), naming no field
+        ints = {name: check(_check_int, name, getattr(self, name), 1, sys.maxsize if name == "batch_size" else None)
                 for name in ("max_steps", "batch_size", "grad_accum_steps")}
         batch, accum = ints["batch_size"], ints["grad_accum_steps"]  # None: that field had a problem
         if None not in (batch, accum) and batch % accum:
@@ -264,7 +268,7 @@ class TrainConfig:
             ints["eval_steps"] = check(_check_int, "eval_steps", self.eval_steps, 1)
         ints["log_interval"] = check(_check_int, "log_interval", self.log_interval, 1)
         ints["checkpoint_interval"] = check(_check_int, "checkpoint_interval", self.checkpoint_interval, 0)
-        ints["seed"] = check(_check_int, "seed", self.seed, 0, 2**32 - 1)
+        ints["seed"] = check(_check_int, "seed", self.seed, 0, _MAX_RUN_SEED)
         check(_check_device_field, self.device)
         check(_check_choice, "amp", self.amp, _AMP_CHOICES, _AMP_ALIASES)
         check(_check_choice, "weight_decay_rule", self.weight_decay_rule, _DECAY_RULES, None)
