@@ -295,6 +295,10 @@ class GraphBlock(nn.Module):
             raise ValueError("GraphBlock: global attention pads the nodes of each graph of a sparse graph (its batch), "
                              f"got a {graph.layout} AttentionGraph; pass nodes x of shape (N, D) with a sparse graph "
                              "or an edge_index, or build the block with global_attention=False")
+        if self.global_attn is not None and isinstance(batch, Tensor):  # (N,), beside a graph that checked its own
+            # ids (an edge_index's graph checked these): else torch's bare "The expanded size of the tensor (5) must
+            # match the existing size (4)" from the padding
+            _check_batch(batch, x.shape[0] if x.dim() else 0)
         if batch is None and not no_nodes:
             batch = graph.batch
         if self.global_attn is not None and batch is not None and batch.shape[0] and checks_values(batch):
