@@ -18,6 +18,8 @@ FIXED_STEP = ("euler", "rk4")
 # the solver names torchdiffeq takes (its SOLVERS table, 0.2.x), checked here so a typo gets "did you mean"
 TORCHDIFFEQ_METHODS = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adaptive_heun", "midpoint", "heun2", "heun3",
                        "explicit_adams", "implicit_adams", "fixed_adams", "scipy_solver")
+# its fixed-grid solvers: without a step_size they take one step between the given times, here one step of size t
+_TORCHDIFFEQ_FIXED_GRID = ("midpoint", "heun2", "heun3", "explicit_adams", "implicit_adams", "fixed_adams")
 
 
 @register_operator
@@ -39,7 +41,9 @@ class NonlinearDiffusionOperator(DiffusionOperator):
 
     Solvers: ``"euler"`` (``K`` steps of :math:`X \leftarrow X + \tau (P(X) - I) X`,
     :math:`\tau = t / K`) and ``"rk4"`` (classical Runge-Kutta, ``K`` steps, 4 attention calls
-    each); any other name (``"dopri5"``, ...) is an adaptive solver of ``torchdiffeq``
+    each); any other name is a solver of ``torchdiffeq``: its fixed-grid methods (``"midpoint"``,
+    ``"heun2"``, ``"heun3"``, the Adams methods) take ``K`` steps of size :math:`\tau` too, the others
+    (``"dopri5"``, ...) are adaptive
     (optional, not a dependency: a clear ``ImportError`` says how to install it; it integrates
     the whole batch, padded tokens included, with one step-size control, so a sample's output
     depends on its batch-mates to the solver's tolerance, while ``"euler"`` and ``"rk4"`` treat
@@ -50,7 +54,7 @@ class NonlinearDiffusionOperator(DiffusionOperator):
 
     Args:
         t: integration time.
-        steps: ``K`` fixed steps (ignored by adaptive solvers).
+        steps: ``K`` fixed steps (ignored by adaptive solvers; torchdiffeq's fixed-grid methods take them).
         method: ``"euler"``, ``"rk4"`` or a ``torchdiffeq`` method name.
         rtol, atol: tolerances of an adaptive solver.
         num_heads: number of heads ``G`` this instance serves.
@@ -145,7 +149,9 @@ class NonlinearDiffusionOperator(DiffusionOperator):
         else:
             odeint = _odeint()
             times = torch.tensor([0.0, self.t], dtype=state.dtype, device=state.device)
-            state = odeint(lambda _t, s: field(s), state, times, method=self.method, rtol=self.rtol, atol=self.atol)[-1]
+            grid = {"options": {"step_size": self.t / self.steps}} if self.method in _TORCHDIFFEQ_FIXED_GRID else {}
+            state = odeint(lambda _t, s: field(s), state, times, method=self.method, rtol=self.rtol, atol=self.atol,
+                           **grid)[-1]
         out = state[..., 2 * C : 2 * C + Cv]
         return out if bias is None else out + bv
 
