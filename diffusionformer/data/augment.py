@@ -37,6 +37,9 @@ from .splits import _require_generator
 __all__ = ["MultiCropAugment", "crop_boxes", "gaussian_blur", "random_crop_flip", "resample_crops"]
 
 _DRAWS = 8  # uniforms per view: area, log-ratio, centre x, centre y, flip, shift, gain, blur
+#: the most crops of each kind per image: every view is a full input the model runs on (DINO takes 2 global and up
+#: to 10 local), and a count past int64 failed only at the first draw, in torch's C++ overflow with its backtrace
+_MAX_CROPS = 1024
 
 
 def _check_range(name: str, value: tuple[float, float], low: float, high: float) -> None:
@@ -235,8 +238,8 @@ class MultiCropAugment:
     ``0, 1`` are the global crops (the teacher's inputs), views ``2 ..`` the local ones.
 
     Args:
-        global_crops: number of global crops (``>= 1``; DINO uses 2).
-        local_crops: number of local crops (``>= 0``).
+        global_crops: number of global crops (``1 .. 1024``; DINO uses 2).
+        local_crops: number of local crops (``0 .. 1024``; DINO uses up to 10).
         global_scale, local_scale: area fraction ranges.
         ratio: aspect-ratio range, of the side fractions (:func:`crop_boxes`; in pixels on square images only).
         flip_prob: probability of a horizontal flip (0 for digits).
@@ -278,6 +281,9 @@ class MultiCropAugment:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < (1 if name == "global_crops" else 0):
                 raise ValueError(f"MultiCropAugment.{name} must be an int >= {1 if name == 'global_crops' else 0}, got {v!r}")
+            if v > _MAX_CROPS:
+                raise ValueError(f"MultiCropAugment.{name} must be at most {_MAX_CROPS} (crops per image, each a view "
+                                 f"at the input size), got {v!r}")
             object.__setattr__(self, name, int(v))
         for name in ("global_scale", "local_scale", "ratio", "blur_sigma"):
             object.__setattr__(self, name, _float_pair(getattr(self, name)))

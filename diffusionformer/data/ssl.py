@@ -45,7 +45,7 @@ class SSLConfig:
         ValueError: SSLConfig.knn_k must be an int >= 1, got 0
     """
 
-    local_crops: int = 0  #: local crops besides the 2 global ones (0: two-crop training)
+    local_crops: int = 0  #: local crops besides the 2 global ones (0: two-crop training; at most 1024)
     global_crop_scale: tuple[float, float] = (0.4, 1.0)  #: area fraction of global crops
     local_crop_scale: tuple[float, float] = (0.1, 0.4)  #: area fraction of local crops
     crop_ratio: tuple[float, float] = (0.75, 1.3333333333333333)  #: aspect-ratio range of crops

@@ -184,7 +184,9 @@ class DiffusionGPT(nn.Module):
                 of the wrong layout, an unknown ``model_args`` key or config field, an
                 override of a shape field that differs from the checkpoint (or of ``norm``: nanoGPT's is
                 LayerNorm), a nanoGPT parameter that is missing,
-                unexpected or of the wrong shape (each named).
+                unexpected or of the wrong shape (each named), an output head ``lm_head.weight`` that differs from
+                the token embedding ``transformer.wte.weight`` (an untied model's) with ``tie_weights=True``, the
+                default (pass ``tie_weights=False``).
             TypeError: a source that is neither a path nor a dict.
 
         Example::
@@ -239,6 +241,11 @@ class DiffusionGPT(nn.Module):
             if name not in expected:
                 raise ValueError(f"from_nanogpt: unexpected parameter {inverse[name]!r} in the nanoGPT state dict "
                                  f"(the model this config builds has no {name!r})")
+        if config.tie_weights and _untied_values(ours.get("tok_emb.weight"), ours.get("lm_head.weight")):
+            # else load_state_dict's RuntimeError, in our parameter names, without the way out
+            raise ValueError("from_nanogpt: the checkpoint's 'lm_head.weight' and 'transformer.wte.weight' hold "
+                             "different values (an untied model's), but the model ties them (tie_weights=True, "
+                             "nanoGPT's and the default); pass tie_weights=False to load the two apart")
         model.load_state_dict(ours, strict=False)
         return model
 
@@ -275,10 +282,7 @@ class DiffusionGPT(nn.Module):
         # tied: both entries load into one tensor, the head's last, so a tie_weights=False model's state dict
         # replaced the token embedding by its output head, silently; refused before any weight is written
         emb, head = state_dict.get(prefix + "tok_emb.weight"), state_dict.get(prefix + "lm_head.weight")
-        if (self.config.tie_weights and isinstance(emb, Tensor) and isinstance(head, Tensor) and emb is not head
-                and "meta" not in (emb.device.type, head.device.type)
-                and (emb.shape != head.shape  # NaN equal to NaN: a diverged model's own state dict loads
-                     or not torch.allclose(emb, head.to(emb.device, emb.dtype), rtol=0.0, atol=0.0, equal_nan=True))):
+        if self.config.tie_weights and _untied_values(emb, head):
             raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}: {prefix}lm_head.weight is "
                                f"tied to {prefix}tok_emb.weight (tie_weights=True), but the state dict holds different "
                                "values for the two (the weights of a tie_weights=False model?)")
@@ -599,6 +603,15 @@ def _retie_head(model: nn.Module, incompatible_keys: Any) -> None:
             model.tok_emb.weight = model.lm_head.weight
         else:
             model.lm_head.weight = model.tok_emb.weight
+
+
+def _untied_values(emb: Any, head: Any) -> bool:
+    """Whether a state dict's token embedding and output head are two tensors of different values, which a tied model
+    cannot hold (NaN equal to NaN: a diverged model's own state dict loads; meta tensors have no values to compare)."""
+    return (isinstance(emb, Tensor) and isinstance(head, Tensor) and emb is not head
+            and "meta" not in (emb.device.type, head.device.type)
+            and (emb.shape != head.shape
+                 or not torch.allclose(emb, head.to(emb.device, emb.dtype), rtol=0.0, atol=0.0, equal_nan=True)))
 
 
 def _own_weight(module: nn.Module) -> Tensor | None:

@@ -461,7 +461,8 @@ class DiffusionAttention(nn.Module):
         """A layer with the weights of PyG's ``TransformerConv(D, C, heads=H, root_weight=False)``.
 
         ``TransformerConv`` has no output projection: the returned layer's ``out_proj`` is the
-        identity, so its output equals the convolution's concatenated heads. The layer comes in
+        identity, so its output equals the convolution's concatenated heads (``concat=False``,
+        the mean of the heads, converts with one head, where it is that head). The layer comes in
         the convolution's mode (``conv.training``), as :meth:`from_multihead_attention`'s, and its
         parameters require gradients whatever the convolution's.
         """
@@ -471,11 +472,12 @@ class DiffusionAttention(nn.Module):
         if not isinstance(conv, TransformerConv):
             raise TypeError(f"expected torch_geometric.nn.TransformerConv, got {type(conv).__name__}")
         came = [f"{name}={value!r}" for name, value, maps in (
-            ("concat", conv.concat, True), ("root_weight", conv.root_weight, False), ("beta", conv.beta, False),
-            ("edge_dim", conv.edge_dim, None)) if value != maps]
+            # concat=False averages the heads: over one head, the head itself
+            ("concat", conv.concat or conv.heads == 1, True), ("root_weight", conv.root_weight, False),
+            ("beta", conv.beta, False), ("edge_dim", conv.edge_dim, None)) if value != maps]
         if came:  # the settings named, as from_multihead_attention names what does not convert
             raise ValueError("only TransformerConv(concat=True, root_weight=False, beta=False, edge_dim=None) maps to "
-                             f"DiffusionAttention, got {', '.join(came)}")
+                             f"DiffusionAttention (concat=False too with heads=1), got {', '.join(came)}")
         H, C = conv.heads, conv.out_channels
         D = H * C
         for lin in (conv.lin_query, conv.lin_key, conv.lin_value):

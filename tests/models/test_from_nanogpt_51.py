@@ -196,7 +196,7 @@ def test_bad_checkpoints_and_overrides_are_refused_by_name(nanogpt_reference):
         DiffusionGPT.from_nanogpt(ref)
     # a tied checkpoint whose head was trained apart: refused by the tie check, not loaded half-way
     state = {**ckpt["model"], "lm_head.weight": ckpt["model"]["lm_head.weight"] + 1.0}
-    with pytest.raises(RuntimeError, match="tied"):
+    with pytest.raises(ValueError, match="ties them .*pass tie_weights=False"):
         DiffusionGPT.from_nanogpt({**ckpt, "model": state})
 
 
