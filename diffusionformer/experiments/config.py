@@ -440,13 +440,15 @@ class ExperimentConfig:
             raise ValueError("an experiment needs at least one task, one operator setting and one seed")
         # each seed is a run's TrainConfig.seed: checked once, named as written (was: one problem per task and seed,
         # each naming train.seed, a key the config refuses)
-        errors = []
+        errors, seeds = [], []
         for i, seed in enumerate(self.seeds):
             try:
-                _check_int("seed", seed, 0, _MAX_RUN_SEED)
+                seeds.append(_check_int("seed", seed, 0, _MAX_RUN_SEED))
             except (TypeError, ValueError) as exc:
                 errors.append(_in_context(exc, f"seeds[{i}]: "))
         _raise_collected(errors, "seeds")
+        # numpy ints (a sweep grid's) as the Python ints they equal, as data_seed: an int64 seed's s % folds overflowed
+        self.seeds = seeds
         self._check_primary()
         from diffusionformer.experiments.gpu import check_device, precision_amp
 

@@ -79,7 +79,8 @@ class ClassificationTask:
     Args:
         data: the dataset.
         eval_batch_size: batch size of evaluation passes.
-        augment: ``{"crop_padding": p, "flip": bool}`` (both optional; ``None``/empty: none).
+        augment: ``{"crop_padding": p, "flip": bool}`` (both optional; ``None``/empty: none); ``p`` is smaller
+            than the images' sides.
         label_smoothing: :math:`\varepsilon \in [0, 1)`.
     """
 
@@ -101,6 +102,11 @@ class ClassificationTask:
         _check_flag(flip, "augment: flip")
         if augment and data.x_train.dim() != 4:
             raise ValueError(f"augment needs images (N, C, H, W), got training data of shape {tuple(data.x_train.shape)}")
+        H, W = data.x_train.shape[-2:] if augment else (0, 0)
+        if pad and pad >= min(H, W):  # as the config's check: else 2**63 failed at the first batch in torch ("Overflow
+            # when unpacking long long"), and a padding of a whole side drew crops of padding alone
+            raise ValueError(f"augment: crop_padding = {pad} is not smaller than the images ({H}x{W}): a random crop "
+                             f"of the padded image could hold padding alone; use at most {min(H, W) - 1}")
         self.augment = augment
         if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
                 or not 0.0 <= label_smoothing < 1.0:

@@ -281,8 +281,9 @@ class GraphBlock(nn.Module):
             # a PyG conv's edge_weight passed third (conv(x, edge_index, edge_weight)): the model's error, naming batch
             # as the third argument (other integer dtypes stay the graph's to check: it takes them)
             _check_batch(batch, x.shape[0] if x.dim() else 0)
-        if isinstance(batch, Tensor):  # int64 ids, as the graph reads an int16 or uint8 batch: the global attention's
-            # scatters failed on them with torch's bare "scatter(): Expected dtype int32/int64 for index"
+        if batch is not None:  # int64 ids, as the graph reads an int16 or uint8 batch: the global attention's
+            # scatters failed on them with torch's bare "scatter(): Expected dtype int32/int64 for index" (and a list
+            # beside an AttentionGraph with "'list' object has no attribute 'shape'")
             batch = _check_index_tensor("batch", batch, "(num_nodes,)")
         # no node: an AttentionGraph needs one ("num_nodes must be >= 1", an argument the call never gave); the edges
         # go to the layers as edge_index, which map no node to none and check them
@@ -295,10 +296,10 @@ class GraphBlock(nn.Module):
             raise ValueError("GraphBlock: global attention pads the nodes of each graph of a sparse graph (its batch), "
                              f"got a {graph.layout} AttentionGraph; pass nodes x of shape (N, D) with a sparse graph "
                              "or an edge_index, or build the block with global_attention=False")
-        if self.global_attn is not None and isinstance(batch, Tensor):  # (N,), beside a graph that checked its own
-            # ids (an edge_index's graph checked these): else torch's bare "The expanded size of the tensor (5) must
-            # match the existing size (4)" from the padding
-            _check_batch(batch, x.shape[0] if x.dim() else 0)
+        if self.global_attn is not None and isinstance(batch, Tensor) and x.dim() == 2:  # (N,), beside a graph that
+            # checked its own ids (an edge_index's graph checked these): else torch's bare "The expanded size of the
+            # tensor (5) must match the existing size (4)" from the padding (x of another rank: the graph names x)
+            _check_batch(batch, x.shape[0])
         if batch is None and not no_nodes:
             batch = graph.batch
         if self.global_attn is not None and batch is not None and batch.shape[0] and checks_values(batch):
