@@ -504,11 +504,18 @@ class DINO(nn.Module):
 
     @torch.no_grad()
     def update_teacher(self, momentum: float) -> None:
-        r"""EMA step ``theta_t <- m theta_t + (1 - m) theta_s`` on every student parameter."""
+        r"""EMA step ``theta_t <- m theta_t + (1 - m) theta_s`` on every student parameter: at ``m = 0`` a copy of the
+        student, at ``m = 1`` the teacher unchanged (whatever the other side holds, NaN or inf included)."""
         if isinstance(momentum, bool) or not 0.0 <= momentum <= 1.0:  # a bool is no number
             raise ValueError(f"momentum must lie in [0, 1], got {momentum!r}")
-        for teacher, student in self._ema_pairs("update_teacher"):
-            teacher.mul_(momentum).add_(student.detach(), alpha=1.0 - momentum)
+        pairs = self._ema_pairs("update_teacher")
+        if momentum == 1.0:  # 0 * inf is NaN: an inf in the student made the teacher of the schedule's end NaN
+            return
+        for teacher, student in pairs:
+            if momentum == 0.0:  # the documented copy: 0 * NaN is NaN, so a non-finite teacher stayed non-finite
+                teacher.copy_(student.detach())
+            else:
+                teacher.mul_(momentum).add_(student.detach(), alpha=1.0 - momentum)
 
     @torch.no_grad()
     def update_center(self, teacher_logits: Tensor) -> None:
