@@ -104,9 +104,10 @@ def operator_hops(operator: nn.Module) -> int | None:
     """Hops one layer's heads of ``operator`` propagate: ``K`` for a polynomial in ``P`` of degree ``K``.
 
     Non-polynomial operators: ``grand-nl`` re-attends once per solver stage
-    (``calls_per_forward``); AttnScale, differential attention, NeuTRENO and value residuals
-    read their map(s) once. ``None`` when unknown (e.g. ``ppr-exact``, a full resolvent, or an unregistered
-    subclass of one of the one-hop operators above, which may propagate further under its parent's name).
+    (``calls_per_forward``; ``None`` when its solver chooses the steps); AttnScale, differential attention,
+    NeuTRENO and value residuals read their map(s) once. ``None`` when unknown (e.g. ``ppr-exact``, a full
+    resolvent, or an unregistered subclass of one of the one-hop operators above, which may propagate further
+    under its parent's name).
 
     Examples:
         >>> from diffusionformer.operators import build_operator
@@ -116,8 +117,9 @@ def operator_hops(operator: nn.Module) -> int | None:
     if getattr(operator, "is_polynomial", False):
         return int(operator.degree)
     calls = getattr(operator, "calls_per_forward", None)
-    if callable(calls):
-        return int(calls())
+    if callable(calls):  # None: the solver chooses its steps
+        n = calls()
+        return None if n is None else int(n)
     # the name of a registered class only (or of a subclass that adds no behaviour): a subclass that overrides
     # apply_context inherits its parent's name, and read as one hop while it may propagate further, the sampled
     # neighbourhoods left out nodes its outputs depend on

@@ -18,8 +18,11 @@ FIXED_STEP = ("euler", "rk4")
 # the solver names torchdiffeq takes (its SOLVERS table, 0.2.x), checked here so a typo gets "did you mean"
 TORCHDIFFEQ_METHODS = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adaptive_heun", "midpoint", "heun2", "heun3",
                        "explicit_adams", "implicit_adams", "fixed_adams", "scipy_solver")
-# its fixed-grid solvers: without a step_size they take one step between the given times, here one step of size t
+# its fixed-grid solvers: without a grid they take one step between the given times, here one step of size t
 _TORCHDIFFEQ_FIXED_GRID = ("midpoint", "heun2", "heun3", "explicit_adams", "implicit_adams", "fixed_adams")
+# attention calls per step, one after the other (each a hop), of the solvers that make a fixed number: the Adams methods
+# start with RK4 steps and iterate their corrector to a tolerance
+_STAGES = {"euler": 1, "rk4": 4, "midpoint": 2, "heun2": 2, "heun3": 3}
 
 
 @register_operator
@@ -108,9 +111,11 @@ class NonlinearDiffusionOperator(DiffusionOperator):
     def coefficients(self) -> Tensor:
         raise NotImplementedError("grand-nl is not a polynomial in P; the layer calls apply_context()")
 
-    def calls_per_forward(self) -> int:
-        """Attention calls of the fixed-step solvers (``K`` Euler, ``4 K`` RK4)."""
-        return self.steps * (4 if self.method == "rk4" else 1)
+    def calls_per_forward(self) -> int | None:
+        """Attention calls of the fixed-step solvers (``K`` Euler, ``4 K`` RK4, ``2 K`` midpoint and Heun2, ``3 K``
+        Heun3); ``None`` where the solver chooses them (adaptive steps, the Adams methods)."""
+        stages = _STAGES.get(self.method)
+        return None if stages is None else self.steps * stages
 
     def apply_context(self, ctx) -> Tensor:  # noqa: ANN001
         C = ctx.q_raw.shape[-1]
@@ -149,7 +154,11 @@ class NonlinearDiffusionOperator(DiffusionOperator):
         else:
             odeint = _odeint()
             times = torch.tensor([0.0, self.t], dtype=state.dtype, device=state.device)
-            grid = {"options": {"step_size": self.t / self.steps}} if self.method in _TORCHDIFFEQ_FIXED_GRID else {}
+            grid = {}
+            if self.method in _TORCHDIFFEQ_FIXED_GRID:  # K + 1 grid points (its step_size option rounded t / (t / K)
+                # up to K + 1 steps, a last one of size ~0: t=0.3, K=5 in float32)
+                grid["options"] = {"grid_constructor": lambda _f, _y0, ts: torch.linspace(
+                    0.0, self.t, self.steps + 1, dtype=ts.dtype, device=ts.device)}
             state = odeint(lambda _t, s: field(s), state, times, method=self.method, rtol=self.rtol, atol=self.atol,
                            **grid)[-1]
         out = state[..., 2 * C : 2 * C + Cv]
@@ -164,7 +173,7 @@ def _odeint():  # noqa: ANN202
         from torchdiffeq import odeint
     except ImportError:
         raise ImportError(
-            "grand-nl with an adaptive solver needs torchdiffeq, which is not installed "
-            "(pip install torchdiffeq); the built-in solvers are method='euler' and method='rk4'"
+            "grand-nl with a torchdiffeq solver (any method but euler and rk4) needs torchdiffeq, which is not "
+            "installed (pip install torchdiffeq); the built-in solvers are method='euler' and method='rk4'"
         ) from None
     return odeint

@@ -33,18 +33,18 @@ def _midpoint(f, y, t0, t1, steps):  # noqa: ANN001, ANN202
 
 def _stand_in_torchdiffeq(calls: list) -> types.ModuleType:
     """A ``torchdiffeq`` whose ``odeint(func, y0, t, rtol, atol, method, options)`` runs the fixed-grid midpoint rule
-    as torchdiffeq does: with ``options['step_size']`` steps of that size, else one step per interval of ``t``."""
+    as torchdiffeq does: one step per interval of ``options['grid_constructor'](func, y0, t)``, else of ``t``."""
     mod = types.ModuleType("torchdiffeq")
 
     def odeint(func, y0, t, rtol=1e-7, atol=1e-9, method=None, options=None):  # noqa: ANN001, ANN202
         assert method == "midpoint"
-        calls.append(dict(options or {}))
-        step = (options or {}).get("step_size")
-        ys = [y0]
-        for a, b in zip(t[:-1].tolist(), t[1:].tolist()):
-            n = 1 if step is None else max(1, round((b - a) / step))
-            ys.append(_midpoint(lambda y: func(None, y), ys[-1], a, b, n))
-        return torch.stack(ys)
+        make = (options or {}).get("grid_constructor")
+        grid = t if make is None else make(func, y0, t)
+        calls.append(grid.tolist())
+        y = y0
+        for a, b in zip(grid[:-1].tolist(), grid[1:].tolist()):
+            y = _midpoint(lambda y: func(None, y), y, a, b, 1)
+        return torch.stack([y0, y])
 
     mod.odeint = odeint
     return mod
@@ -54,7 +54,7 @@ def test_bug_grand_nl_fixed_grid_torchdiffeq_methods_take_the_steps_they_are_giv
     """Bug: ``grand-nl(t=2, steps=8, method='midpoint')`` integrated with ONE midpoint step of size 2 (torchdiffeq's
     fixed-grid solvers step between the given times unless given ``step_size``), silently: ``steps`` was documented
     as ignored by adaptive solvers only, and the docstring called every torchdiffeq name adaptive. The fixed-grid
-    methods now get ``step_size = t / steps``, as ``euler`` and ``rk4`` take ``K`` steps."""
+    methods now get a grid of ``steps`` steps of ``t / steps``, as ``euler`` and ``rk4`` take ``K`` steps."""
     calls: list = []
     monkeypatch.setitem(sys.modules, "torchdiffeq", _stand_in_torchdiffeq(calls))
     torch.manual_seed(7)
@@ -67,7 +67,7 @@ def test_bug_grand_nl_fixed_grid_torchdiffeq_methods_take_the_steps_they_are_giv
     bq, bk, bv = layer.qkv.bias.chunk(3)
     x = torch.randn(1, N, D, dtype=f64)
     got = layer(x)[0]
-    assert calls == [{"step_size": t / steps}]
+    assert calls == [torch.linspace(0.0, t, steps + 1, dtype=f64).tolist()]
 
     def field(X):  # noqa: ANN001, ANN202  -- Xdot = (P(X) - I) X in model space
         P = torch.softmax((X @ Wq.T + bq) @ (X @ Wk.T + bk).T / math.sqrt(D), -1)
