@@ -293,8 +293,8 @@ class HeatOperator(DiffusionOperator):
     Args:
         t: initial diffusion time.
         steps: ``K``; ``None`` picks the smallest ``K`` meeting ``tol`` at ``t`` (for learnable ``t``
-            also at ``max(2 |t|, 1)``, to leave room to grow, and for a negative ``t`` at ``min_t``,
-            where sharpening is bounded). An explicit ``K``
+            also at ``max(2 |t|, 1)``, to leave room to grow, and for a negative ``t`` at
+            ``-max(2 |t|, 1)`` or ``min_t`` if higher). An explicit ``K``
             whose :meth:`truncation_error` at the initial ``t`` exceeds ``tol`` (default
             ``0.5``: the series would have lost half its weight) is refused with the ``K``
             that would do; with ``"euler"``, ``K < t`` is refused (an unstable product).
@@ -355,9 +355,11 @@ class HeatOperator(DiffusionOperator):
                 # positive max(2|t|, 1) alone missed (learnable t=-15 got K=52, whose error at t=-15 is 0.23)
                 grown = heat_steps_for_tolerance(max(2 * abs(t), 1.0), 1e-4 if tol is None else tol, method)
                 steps = max(steps, grown)
-                if t < 0 and math.isfinite(min_t):  # a sharpening time learns towards its bound min_t, where the
-                    # series needs more terms than at t (learnable t=-1 got K=7, whose weights at -2 sum to 0.998)
-                    steps = max(steps, heat_steps_for_tolerance(min_t, 1e-4 if tol is None else tol, method))
+                if t < 0:  # room to grow for a sharpening time is downwards, to -max(2|t|, 1) or its bound min_t,
+                    # where the series needs more terms than at t (learnable t=-1 got K=7: at -2, its bound, its
+                    # weights summed to 0.998); not all the way to a far min_t (-50: K=184, a cost it never chose)
+                    lowest = max(min_t, -max(2 * abs(t), 1.0))
+                    steps = max(steps, heat_steps_for_tolerance(lowest, 1e-4 if tol is None else tol, method))
         elif isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < (1 if method == "euler" else 0):
             raise ValueError(f"steps must be a positive int (or None), got {steps!r}")
         else:
