@@ -302,12 +302,15 @@ def _heat_refusals():
 
 
 def _heat_learned_time():
-    """A learned t: one parameter per head, steps from the bound at max(2|t|, 1), clamped at min_t = -2,
+    """A learned t: one parameter per head, steps from the bound at max(2|t|, 1) (a negative t: also at its negative,
+    or min_t if higher), clamped at min_t = -2,
     coefficients finite with a finite gradient at t = 0."""
     for t in (0.25, 0.5, 1.5, -0.4):
         op = HeatOperator(t=t, learnable=True, num_heads=3)
         assert op.t.shape == (3,)
-        assert op.steps == heat_steps_for_tolerance(max(2 * abs(t), 1.0), 1e-4)
+        room = max(2 * abs(t), 1.0)  # upwards; a sharpening t also downwards, to -room or min_t = -2 if higher
+        bounds = (room, max(-2.0, -room)) if t < 0 else (room,)
+        assert op.steps == max(heat_steps_for_tolerance(x, 1e-4) for x in bounds)
     assert HeatOperator().min_t == -2.0
     op = HeatOperator(t=-1.0, learnable=True, num_heads=2)
     with torch.no_grad():
