@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO / "tests" / "train") not in sys.path:  # the 2-rank helpers of the trainer tests
+    sys.path.insert(0, str(REPO / "tests" / "train"))
+
+from train_tiny_tasks import RUN_EXPERIMENT_RECORD  # noqa: E402
 
 _WORKER = '''
 import json, os, sys, time
@@ -50,16 +55,7 @@ if scenario == "resume" and rank == 1:  # rank 1 alone cannot restore its state 
     def damaged(*args, **kwargs):
         raise ValueError("a damaged random-generator state")
     trainer.restore_rng_state = damaged
-t0 = time.perf_counter()
-record = {"error": None, "log": [], "status": None}
-try:
-    done = runner.run_experiment(cfg, results, progress=False, log=record["log"].append)
-    record["status"] = [r.status for r in done]
-except BaseException as err:
-    record["error"] = f"{type(err).__name__}: {err}"
-record["seconds"] = time.perf_counter() - t0
-(out / f"rank{rank}.json").write_text(json.dumps(record))
-'''
+''' + RUN_EXPERIMENT_RECORD
 
 
 def _launcher():

@@ -28,7 +28,7 @@ import pytest
 TRAIN_TESTS = str(Path(__file__).resolve().parents[1] / "train")  # the 2-rank launcher of the trainer tests
 if TRAIN_TESTS not in sys.path:
     sys.path.insert(0, TRAIN_TESTS)
-from train_tiny_tasks import launch_gloo_ranks  # noqa: E402
+from train_tiny_tasks import RUN_EXPERIMENT_RECORD, launch_gloo_ranks  # noqa: E402
 
 RAW = {"name": "w58", "seeds": [0], "operators": [{"name": "attention"}], "tasks": [
     {"name": "digits", "dataset": "digits", "model": "vit-digits",
@@ -62,16 +62,7 @@ if scenario == "release" and rank == 0:  # the run's folder made read-only: the 
     def read_only(rdir):
         raise PermissionError(13, "Permission denied", str(rdir / runner.LOCK_NAME))
     runner._release_lock = read_only
-t0 = time.perf_counter()
-record = {"error": None, "log": [], "status": None}
-try:
-    done = runner.run_experiment(cfg, results, progress=False, log=record["log"].append)
-    record["status"] = [r.status for r in done]
-except BaseException as err:
-    record["error"] = f"{type(err).__name__}: {err}"
-record["seconds"] = time.perf_counter() - t0
-(out / f"rank{rank}.json").write_text(json.dumps(record))
-'''
+''' + RUN_EXPERIMENT_RECORD
 
 
 def _finished_run(tmp_path: Path) -> Path:

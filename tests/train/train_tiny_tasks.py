@@ -229,6 +229,20 @@ def launch_gloo_ranks(script: Path, args: list[str], cwd: Path, world_size: int 
     return outputs
 
 
+#: the end of a rank's script that runs a comparison (``runner``, ``cfg``, ``results``, ``out`` and ``rank`` defined
+#: before it; ``json`` and ``time`` imported): its statuses, log and error written to ``out/rank<r>.json``
+RUN_EXPERIMENT_RECORD = '''t0 = time.perf_counter()
+record = {"error": None, "log": [], "status": None}
+try:
+    done = runner.run_experiment(cfg, results, progress=False, log=record["log"].append)
+    record["status"] = [r.status for r in done]
+except BaseException as err:
+    record["error"] = f"{type(err).__name__}: {err}"
+record["seconds"] = time.perf_counter() - t0
+(out / f"rank{rank}.json").write_text(json.dumps(record))
+'''
+
+
 def launch_scenarios(worker: str, tmp: Path, timeout: float = 90.0) -> Path:
     """Write ``worker`` to ``tmp/worker.py`` and run it on two ranks (:func:`launch_gloo_ranks`) with the folder
     ``tmp/out`` as its argument, into which it writes ``<scenario>_rank<r>.json`` as each scenario ends; returns that
