@@ -294,7 +294,8 @@ class HeatOperator(DiffusionOperator):
         t: initial diffusion time.
         steps: ``K``; ``None`` picks the smallest ``K`` meeting ``tol`` at ``t`` (for learnable ``t``
             also at ``max(2 |t|, 1)``, to leave room to grow, and for a negative ``t`` at
-            ``-max(2 |t|, 1)`` or ``min_t`` if higher). An explicit ``K``
+            ``-max(2 |t|, 1)`` or ``min_t`` if higher, where some ``K`` up to ``MAX_STEPS`` meets ``tol``
+            there; a learnable ``t`` whose room above needs more, e.g. ``t=150``, is refused). An explicit ``K``
             whose :meth:`truncation_error` at the initial ``t`` exceeds ``tol`` (default
             ``0.5``: the series would have lost half its weight) is refused with the ``K``
             that would do; with ``"euler"``, ``K < t`` is refused (an unstable product).
@@ -353,13 +354,21 @@ class HeatOperator(DiffusionOperator):
             steps = heat_steps_for_tolerance(t, 1e-4 if tol is None else tol, method)
             if learnable:  # room to grow; and at t itself: a sharpening t's bound carries e^(2|t|), which the
                 # positive max(2|t|, 1) alone missed (learnable t=-15 got K=52, whose error at t=-15 is 0.23)
-                grown = heat_steps_for_tolerance(max(2 * abs(t), 1.0), 1e-4 if tol is None else tol, method)
-                steps = max(steps, grown)
+                room = [max(2 * abs(t), 1.0)]
                 if t < 0:  # room to grow for a sharpening time is downwards, to -max(2|t|, 1) or its bound min_t,
                     # where the series needs more terms than at t (learnable t=-1 got K=7: at -2, its bound, its
                     # weights summed to 0.998); not all the way to a far min_t (-50: K=184, a cost it never chose)
-                    lowest = max(min_t, -max(2 * abs(t), 1.0))
-                    steps = max(steps, heat_steps_for_tolerance(lowest, 1e-4 if tol is None else tol, method))
+                    room.append(max(min_t, -room[0]))
+                for edge in room:
+                    try:
+                        steps = max(steps, heat_steps_for_tolerance(edge, 1e-4 if tol is None else tol, method))
+                    except ValueError:  # else "... for t=-72.0": a t never given, and no way out named
+                        if edge < 0:  # room below out of reach (t=-36: -72): the K of t and above, as before
+                            continue
+                        raise ValueError(
+                            f"heat(t={t:g}, learnable=True): steps=None leaves a learned t room to reach {edge:g}, "
+                            f"where no steps up to {MAX_STEPS} meet the tolerance; pass steps= explicitly (checked at "
+                            f"the initial t only)") from None
         elif isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < (1 if method == "euler" else 0):
             raise ValueError(f"steps must be a positive int (or None), got {steps!r}")
         else:
