@@ -527,7 +527,10 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
     except BaseException:
         # no agreement on the way out of an error: a rank may be stopping alone (the others in another collective)
         if not _distributed() or _rank_zero():
-            _release_lock(rdir)
+            try:
+                _release_run_lock(rdir)
+            except OSError as exc:  # said, not raised: it replaced the run's own error (a refusal, a SIGTERM)
+                log(f"[{task.name} / {setting.name} / seed {seed}] {exc}")
         raise
     # every rank comes here: rank 0's release is agreed (a failed one stopped rank 0 alone, the others went on)
     _rank_zero_writes(dist_ctx, f"releasing the lock {rdir / LOCK_NAME}", lambda: _release_run_lock(rdir))
