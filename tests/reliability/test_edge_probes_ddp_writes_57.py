@@ -13,7 +13,6 @@ of a width-8 ViT on digits); each rank records what it raised and how long it to
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -25,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "tests" / "train") not in sys.path:  # the 2-rank helpers of the trainer tests
     sys.path.insert(0, str(REPO / "tests" / "train"))
 
-from train_tiny_tasks import RUN_EXPERIMENT_RECORD  # noqa: E402
+from train_tiny_tasks import RUN_EXPERIMENT_RECORD, launch_gloo_ranks  # noqa: E402
 
 _WORKER = '''
 import json, os, sys, time
@@ -58,15 +57,6 @@ if scenario == "resume" and rank == 1:  # rank 1 alone cannot restore its state 
 ''' + RUN_EXPERIMENT_RECORD
 
 
-def _launcher():
-    """``launch_gloo_ranks`` of tests/train/train_tiny_tasks.py (loaded by path: tests/train is not on this folder's
-    path)."""
-    spec = importlib.util.spec_from_file_location("_tiny_tasks_57v", REPO / "tests" / "train" / "train_tiny_tasks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.launch_gloo_ranks
-
-
 def _run_ranks(tmp_path: Path, scenario: str, made: bool = False) -> tuple[list[dict], float]:
     """Each rank's record of ``scenario`` (what it raised, its log, its runs' status, its seconds) and the launch's
     wall time; ``made``: ``tmp_path/out`` is there already (with the results of a run made before)."""
@@ -75,7 +65,7 @@ def _run_ranks(tmp_path: Path, scenario: str, made: bool = False) -> tuple[list[
     out = tmp_path / "out"
     out.mkdir(exist_ok=made)
     t0 = time.perf_counter()
-    _launcher()(script, [str(out), scenario], tmp_path, timeout=60.0)  # a hang fails here (the ranks are killed)
+    launch_gloo_ranks(script, [str(out), scenario], tmp_path, timeout=60.0)  # a hang fails here (the ranks are killed)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], time.perf_counter() - t0
 
 

@@ -27,7 +27,6 @@ from diffusionformer.experiments import load_experiment_config
 from diffusionformer.experiments.runner import run_dir, run_experiment
 from diffusionformer.models import DiffusionViT, ViTConfig, register_model
 from diffusionformer.testing import interrupt_on_call
-from diffusionformer.train import Trainer, seed_everything
 
 
 def _module(name, path):
@@ -71,17 +70,8 @@ def test_bug_a_resume_at_max_steps_that_only_logs_the_cut_window_adds_no_thread_
     evaluates nothing, yet was recorded as trained under "1 then 2" threads, so ``run`` would call its numbers those
     of no uninterrupted run. Such a resume is idle too (as one that only writes the summary)."""
     def fit(max_steps, threads, resume):
-        seed_everything(0)
-        cfg = _TINY.tiny_config(max_steps=max_steps, lr_decay_steps=4, eval_interval=2, log_interval=4,
-                                checkpoint_interval=2)
-        trainer = Trainer(_TINY.TinyMLP(dropout=0.0), _TINY.RegressionTask(global_rng=False), cfg, tmp_path,
-                          resume=resume)
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            return trainer.fit()
-        finally:
-            torch.set_num_threads(before)
+        return _TINY.fit_on_threads(tmp_path, threads, resume, max_steps=max_steps, lr_decay_steps=4,
+                                    eval_interval=2, log_interval=4, checkpoint_interval=2)
 
     with interrupt_on_call(trainer_mod, "save_checkpoint", 1, after=True), pytest.raises(KeyboardInterrupt):
         fit(4, 1, False)

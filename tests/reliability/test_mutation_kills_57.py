@@ -25,7 +25,7 @@ from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting
 from diffusionformer.experiments.runner import run_dir
 from diffusionformer.models import DiffusionViT, ViTConfig, register_model
 from diffusionformer.testing import interrupt_on_call
-from diffusionformer.train import Trainer, seed_everything
+from diffusionformer.train import Trainer
 from experiments_tiny_configs import write_gap_run
 
 _spec = importlib.util.spec_from_file_location("_tiny_tasks_m57", Path(__file__).resolve().parents[1] / "train"
@@ -116,16 +116,8 @@ def test_an_unknown_primary_quantity_is_refused_before_reading_the_runs(tmp_path
 
 
 def _fit(root, max_steps, threads, resume, eval_interval, checkpoint_interval=2):
-    seed_everything(0)
-    cfg = _TINY.tiny_config(max_steps=max_steps, lr_decay_steps=4, eval_interval=eval_interval, log_interval=1,
-                            checkpoint_interval=checkpoint_interval)
-    trainer = Trainer(_TINY.TinyMLP(dropout=0.0), _TINY.RegressionTask(global_rng=False), cfg, root, resume=resume)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return trainer.fit()
-    finally:
-        torch.set_num_threads(before)
+    return _TINY.fit_on_threads(root, threads, resume, max_steps=max_steps, lr_decay_steps=4,
+                                eval_interval=eval_interval, log_interval=1, checkpoint_interval=checkpoint_interval)
 
 
 def _resumed_at_two(root, monkeypatch, eval_interval):

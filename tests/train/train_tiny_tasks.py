@@ -121,6 +121,22 @@ def tiny_config(**overrides: Any) -> TrainConfig:
     return TrainConfig(**base)
 
 
+def fit_on_threads(root: Any, threads: int, resume: bool, **config: Any) -> dict:
+    """``Trainer(TinyMLP(dropout=0), RegressionTask(global_rng=False), tiny_config(**config), root).fit()`` from
+    ``seed_everything(0)``, with ``threads`` torch threads during the fit (the caller's count restored after)."""
+    from diffusionformer.train import Trainer, seed_everything
+
+    seed_everything(0)
+    trainer = Trainer(TinyMLP(dropout=0.0), RegressionTask(global_rng=False), tiny_config(**config), root,
+                      resume=resume)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return trainer.fit()
+    finally:
+        torch.set_num_threads(before)
+
+
 def ddp_config(**overrides: Any) -> TrainConfig:
     """The config shared by the 2-process run and its single-process reference."""
     base = dict(max_steps=6, batch_size=8, lr=1e-2, min_lr=1e-3, warmup_steps=1, grad_clip=1.0,
