@@ -185,3 +185,19 @@ def run_gpu_study_stand_in(tmp_path, config, *args):
     done = subprocess.run(["bash", str(script), "run", str(config), "1", *args], env=env, capture_output=True,
                           text=True, timeout=300)
     return done, out
+
+
+def play_torchrun_rank(monkeypatch, rank: int, trainer) -> None:
+    """This process as rank ``rank`` of a 2-process torchrun job for the runner: no process group joined, rank 0's
+    broadcasts stand-ins that change nothing (so a rank other than 0 reads each of rank 0's readings as ``None``: no
+    lock holder, no finished run), and ``trainer`` as the runner's ``Trainer``."""
+    import torch.distributed as tdist
+
+    from diffusionformer.experiments import runner as runner_mod
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(rank))
+    monkeypatch.setattr(runner_mod, "_maybe_init_distributed", lambda device: None)
+    monkeypatch.setattr(tdist, "broadcast_object_list", lambda objects, src: None)
+    monkeypatch.setattr(runner_mod, "Trainer", trainer)

@@ -35,6 +35,7 @@ TRAIN_TESTS = str(Path(__file__).resolve().parents[1] / "train")  # the trainer 
 if TRAIN_TESTS not in sys.path:
     sys.path.insert(0, TRAIN_TESTS)
 from train_tiny_tasks import RegressionTask, TinyMLP, ddp_config  # noqa: E402
+from experiments_tiny_configs import play_torchrun_rank  # noqa: E402  (tests/experiments: conftest)
 
 TINY = {
     "name": "tiny",
@@ -83,7 +84,6 @@ def test_bug_rank_1_of_torchrun_logs_no_run_message(tmp_path, monkeypatch, case)
     every rank reaches the runner's "stopped: non-finite ..." and "not resumed: ..." lines (the trainer raises on
     every rank alike) and its "summary.json is unreadable" line, so each was printed once per process, where the
     runner's other notes are rank 0's alone."""
-    import torch.distributed as tdist
 
     from diffusionformer.experiments import runner as runner_mod
     from diffusionformer.train import CheckpointError, NonFiniteLossError
@@ -106,12 +106,7 @@ def test_bug_rank_1_of_torchrun_logs_no_run_message(tmp_path, monkeypatch, case)
             return {"status": "completed", "step": 2, "world_sizes": [2], "torch_threads": [1],
                     "torch_versions": ["x"], "eval": None, "train": None}
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setattr(runner_mod, "_maybe_init_distributed", lambda device: None)
-    monkeypatch.setattr(tdist, "broadcast_object_list", lambda objects, src: None)  # rank 0's lock holder: None
-    monkeypatch.setattr(runner_mod, "Trainer", Rank1Trainer)
+    play_torchrun_rank(monkeypatch, 1, Rank1Trainer)
     monkeypatch.setattr(runner_mod, "_result_from_files", lambda task, setting, seed, rdir, summary: None)
     logged: list[str] = []
     run_experiment(load_experiment_config(TINY), tmp_path, progress=False, log=logged.append)

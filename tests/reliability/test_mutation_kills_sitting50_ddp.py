@@ -56,6 +56,7 @@ import torch.distributed as dist
 
 from diffusionformer.train import distributed
 from diffusionformer.train.distributed import DistContext
+from experiments_tiny_configs import play_torchrun_rank  # tests/experiments is on sys.path (this folder's conftest)
 
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[2]
@@ -218,7 +219,6 @@ def test_kills_runner_rank_1_of_torchrun_writes_removes_and_prints_nothing(tmp_p
       thread plan and the results table).
 
     The run is trained for real by one process first (2 updates of a width-8 ViT on digits, a learnable heat head)."""
-    import torch.distributed as tdist
     from test_experiments_runner import _to_toml  # tests/experiments is on sys.path (this folder's conftest)
 
     from diffusionformer.experiments import cli, threads
@@ -254,12 +254,7 @@ def test_kills_runner_rank_1_of_torchrun_writes_removes_and_prints_nothing(tmp_p
             summary = json.loads((rdir / "summary.json").read_text())
             return {**summary, "world_sizes": [1, 2], "resumed_from": 2}  # as rank 0's after a resume by 2 ranks
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setattr(runner_mod, "_maybe_init_distributed", lambda device: None)
-    monkeypatch.setattr(tdist, "broadcast_object_list", lambda objects, src: None)  # rank 0's lock holder: None
-    monkeypatch.setattr(runner_mod, "Trainer", Rank1Trainer)
+    play_torchrun_rank(monkeypatch, 1, Rank1Trainer)
     outputs.clear()
     cli.main([*run, "--restart"])
     assert (_files(rdir), _files(tmp_path / "r50")) == before
@@ -275,7 +270,6 @@ def test_kills_runner_a_folder_at_the_lock_stops_rank_0_of_torchrun(tmp_path, mo
     broadcast, every rank skipped the run without training it, logging "skipped: ... is training it", instead of
     stopping with the error naming the folder, as one process does). This process plays rank 0; the broadcast is a
     stand-in that leaves rank 0's value."""
-    import torch.distributed as tdist
 
     from diffusionformer.experiments import load_experiment_config
     from diffusionformer.experiments import runner as runner_mod
@@ -288,12 +282,7 @@ def test_kills_runner_a_folder_at_the_lock_stops_rank_0_of_torchrun(tmp_path, mo
          "train": {"max_steps": 2, "batch_size": 8, "warmup_steps": 0, "device": "cpu"}}]}
     cfg = load_experiment_config(raw, [])
     (run_dir(tmp_path / "l50", "digits", "attention", 0) / LOCK_NAME).mkdir(parents=True)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setattr(runner_mod, "_maybe_init_distributed", lambda device: None)
-    monkeypatch.setattr(tdist, "broadcast_object_list", lambda objects, src: None)
-    monkeypatch.setattr(runner_mod, "Trainer", lambda *a, **k: pytest.fail("trained"))
+    play_torchrun_rank(monkeypatch, 0, lambda *a, **k: pytest.fail("trained"))
     logged: list = []
     with pytest.raises(IsADirectoryError, match=r"\.lock is a folder, not a lock file"):
         runner_mod.run_experiment(cfg, tmp_path, progress=False, log=logged.append)
