@@ -67,6 +67,17 @@ def _split_scores(task: Any, model: nn.Module) -> dict[str, float]:
     return {"loss": val_loss, "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc}
 
 
+def _crop_padding_problem(pad: int, height: int, width: int) -> str | None:
+    """What is wrong with a ``crop_padding`` of ``pad`` on ``height x width`` images, ``None`` where nothing is: a
+    padding of a whole side draws crops that hold padding alone (a blank image under a label), and a huge one passed
+    every check, then failed at the first step (torch's "Overflow when unpacking long long", or an allocation of the
+    padded batch), naming no key. Shared by the config's validation and :class:`ClassificationTask`."""
+    if pad and pad >= min(height, width):
+        return (f"crop_padding = {pad} is not smaller than the images ({height}x{width}): a random crop of the padded "
+                f"image could hold padding alone; use at most {min(height, width) - 1}")
+    return None
+
+
 class ClassificationTask:
     r"""Images ``(N, C, H, W)`` or signals ``(N, T, F)`` with one label each.
 
@@ -102,11 +113,9 @@ class ClassificationTask:
         _check_flag(flip, "augment: flip")
         if augment and data.x_train.dim() != 4:
             raise ValueError(f"augment needs images (N, C, H, W), got training data of shape {tuple(data.x_train.shape)}")
-        H, W = data.x_train.shape[-2:] if augment else (0, 0)
-        if pad and pad >= min(H, W):  # as the config's check: else 2**63 failed at the first batch in torch ("Overflow
-            # when unpacking long long"), and a padding of a whole side drew crops of padding alone
-            raise ValueError(f"augment: crop_padding = {pad} is not smaller than the images ({H}x{W}): a random crop "
-                             f"of the padded image could hold padding alone; use at most {min(H, W) - 1}")
+        problem = _crop_padding_problem(pad, *data.x_train.shape[-2:]) if augment else None
+        if problem:  # as the config's check: else 2**63 failed at the first batch in torch
+            raise ValueError(f"augment: {problem}")
         self.augment = augment
         if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
                 or not 0.0 <= label_smoothing < 1.0:

@@ -311,14 +311,14 @@ def _check_supervised_options(task: TaskConfig, spec: Any, preset: Any, add: Any
 
 
 def _check_crop_padding(task: TaskConfig, data: Any, add: Any) -> None:
-    """``augment.crop_padding`` against the size of the task's images: a padding of a whole side draws crops that
-    hold padding alone (a blank image under a label), and a huge one passed every check, then failed at the first
-    step (torch's "Overflow when unpacking long long", or an allocation of the padded batch), naming no key."""
-    pad = task.augment.get("crop_padding", 0)
+    """``augment.crop_padding`` against the size of the task's images (the task adapter's rule,
+    :func:`~diffusionformer.experiments.tasks._crop_padding_problem`), before anything trains."""
+    from diffusionformer.experiments.tasks import _crop_padding_problem
+
     shape = tuple(getattr(data, "input_shape", ()))
-    if pad and len(shape) == 3 and pad >= min(shape[1:]):
-        add(f"task {task.name!r}: augment.crop_padding = {pad} is not smaller than the images ({shape[1]}x{shape[2]}): "
-            f"a random crop of the padded image could hold padding alone; use at most {min(shape[1:]) - 1}")
+    problem = _crop_padding_problem(task.augment.get("crop_padding", 0), *shape[1:]) if len(shape) == 3 else None
+    if problem:
+        add(f"task {task.name!r}: augment.{problem}")
 
 
 def _check_task_names(config: ExperimentConfig, tasks: Any) -> list[str]:
