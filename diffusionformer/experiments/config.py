@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from diffusionformer._warnings import user_stacklevel
-from diffusionformer.config import (_choice_hint, _closest_choice, _in_context, _raise_collected, _value_type,
-                                    config_from_dict, config_to_dict, document_fields)
+from diffusionformer.config import (_choice_hint, _closest_choice, _in_context, _python_number, _raise_collected,
+                                    _value_type, config_from_dict, config_to_dict, document_fields)
 from diffusionformer.data.splits import _MAX_SEED  # the largest data_seed: the splits' torch generators take it
 from diffusionformer.nn.heads import format_head_spec, laplacian_count
 from diffusionformer.train import TrainConfig
@@ -277,9 +277,12 @@ class TaskConfig:
         if unknown:
             raise ValueError(f"task {self.name!r}: unknown augment key(s) {unknown}"
                              f"{_did_you_mean(str(unknown[0]), ['crop_padding', 'flip'])}; expected crop_padding, flip")
-        pad = self.augment.get("crop_padding", 0)
-        if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+        pad = _python_number(self.augment.get("crop_padding", 0))  # a sweep grid's np.int64 as the int it equals
+        if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:  # (it was refused as "must be an int >= 0,
+            # got np.int64(2)", which ClassificationTask takes; kept as the int, the run's JSON identity holds it)
             raise ValueError(f"task {self.name!r}: augment.crop_padding must be an int >= 0, got {pad!r}")
+        if "crop_padding" in self.augment:
+            self.augment = {**self.augment, "crop_padding": pad}
         if not isinstance(self.augment.get("flip", False), bool):
             flip = self.augment["flip"]  # a numpy bool too, named as one
             raise ValueError(f"task {self.name!r}: augment.flip must be true or false, got {_value_type(flip)} ({flip!r})")

@@ -271,9 +271,13 @@ class GraphBlock(nn.Module):
                 num_graphs: int | None = None) -> Tensor:
         if not isinstance(x, Tensor):  # else "'tuple' object has no attribute 'dim'"
             raise _not_a_tensor(x, "GraphBlock: ")
-        if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[-1] != self.attn.dim:  # else the norm's bare
-            # "Given normalized_shape=[8], expected input with shape [*, 8]", naming neither the block nor dim
+        if x.dim() == 0 or x.shape[-1] != self.attn.dim:  # else the norm's bare "Given normalized_shape=[8],
+            # expected input with shape [*, 8]", naming neither the block nor dim (a 0-d x: an IndexError)
             raise ValueError(f"GraphBlock: x must have last dimension dim={self.attn.dim}, got shape {tuple(x.shape)}")
+        if isinstance(graph, Tensor) and x.dim() != 2:  # an edge_index's graph takes its node count from x: of
+            # another rank, "batch must have shape (num_nodes,) = (1,), got (5,)" blamed a right batch
+            raise ValueError(f"GraphBlock: beside an edge_index, x must be the nodes, of shape (num_nodes, D), got "
+                             f"shape {tuple(x.shape)}")
         if not isinstance(graph, (Tensor, AttentionGraph)):  # else "'list' object has no attribute 'batch'"
             raise TypeError(f"GraphBlock: graph must be an AttentionGraph or an edge_index tensor of shape (2, E), "
                             f"got {type(graph).__name__}")
