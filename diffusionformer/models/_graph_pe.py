@@ -53,7 +53,9 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
     """PyG's Laplacian eigenvector PE of one undirected graph, zero-padded to ``k`` columns when it has ``N <= k``
     nodes (PyG's own transform failed there with a broadcast error: a default ``pe_dim=8`` and a 4-node PROTEINS
     graph). A directed graph (``eigh`` read one triangle of its Laplacian: eigenvectors of no matrix of the
-    graph) and a ``Batch`` of several graphs (eigenvectors of the union, mixing the graphs) are refused."""
+    graph) and a ``Batch`` of several graphs (eigenvectors of the union, mixing the graphs) are refused. A graph of
+    several components of up to ``_DENSE_MAX_NODES`` nodes goes to the dense solver at every size: PyG's ARPACK, from
+    100 nodes on, missed eigenvectors of the eigenvalue 0 that each component has."""
 
     def forward(self, data: Any) -> Any:
         _import_pyg()
@@ -83,7 +85,11 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
                 start = {"v0": np.random.default_rng(0).uniform(0.5, 1.5, N)}
                 inner = AddLaplacianEigenvectorPE(self.k, attr_name="pe", is_undirected=True,
                                                   **{**start, **self.kwargs})
-                inner.SPARSE_THRESHOLD = self.SPARSE_THRESHOLD
+                # a graph of several components has eigenvalue 0 once per component, and ARPACK (one start vector)
+                # missed some of its eigenvectors: the PE held eigenvectors of larger eigenvalues in their place, and
+                # in other columns for another node order. The dense solver finds them all
+                inner.SPARSE_THRESHOLD = (N + 1 if N <= _DENSE_MAX_NODES and _components(edge_index, N) > 1
+                                          else self.SPARSE_THRESHOLD)
                 return add_node_attr(data, _canonical_signs(inner(graph).pe), attr_name=self.attr_name)
             pe = torch.zeros(N, 0)
             if N > 1:  # all N - 1 non-trivial eigenvectors: the dense solver (ARPACK's finds fewer than N)
@@ -91,6 +97,19 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
                 inner.SPARSE_THRESHOLD = N + 1
                 pe = _canonical_signs(inner(graph).pe)
         return add_node_attr(data, torch.nn.functional.pad(pe, (0, self.k - pe.shape[1])), attr_name=self.attr_name)
+
+
+# the largest disconnected graph whose Laplacian PE the dense solver computes (an (N, N) float64 matrix, 32 MB); as
+# the random-walk PE's dense path
+_DENSE_MAX_NODES = 2000
+
+
+def _components(edge_index: Tensor, num_nodes: int) -> int:
+    """The number of connected components of the undirected graph ``edge_index`` (isolated nodes included)."""
+    from scipy.sparse.csgraph import connected_components  # (PyG's Laplacian PE reads the graph with scipy too)
+    from torch_geometric.utils import to_scipy_sparse_matrix
+
+    return int(connected_components(to_scipy_sparse_matrix(edge_index.cpu(), num_nodes=num_nodes), directed=False)[0])
 
 
 class _PrivateDraws(torch.overrides.TorchFunctionMode):

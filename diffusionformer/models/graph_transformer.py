@@ -90,7 +90,10 @@ def positional_encoding_transform(config: GraphTransformerConfig, attr_name: str
     transform fixes them (each eigenvector's first entry of largest magnitude positive): the same
     graph always gets the same PE, and the transform draws no random number. A graph
     of ``N <= k`` nodes has ``N - 1`` of them: the other columns are zero (as GraphGPS pads
-    them), so graphs of every size batch together. The graph must be undirected (each edge in
+    them), so graphs of every size batch together. A graph of several components has the eigenvalue 0 once
+    per component, and each of its eigenvectors takes a column: up to 2000 nodes such a graph goes to the dense
+    solver (PyG's ARPACK, which it uses from 100 nodes on, missed some of them; beyond 2000 nodes it still may).
+    The graph must be undirected (each edge in
     both directions, with equal weights) and alone (not a ``Batch`` of several graphs, whose
     eigenvectors would mix them): else a ``ValueError``.
     ``"random_walk"``: :class:`~torch_geometric.transforms.AddRandomWalkPE` with
