@@ -53,14 +53,14 @@ from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _RECORDED_SI
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
                                                  select_evaluation)
 from diffusionformer.experiments.stats import difference_t, paired_t, welch_t  # re-exported: their home is stats
-from diffusionformer.experiments.store import LOCK_NAME, _foreign_lock_advice, _foreign_lock_note
+from diffusionformer.experiments.store import LOCK_NAME, _foreign_lock_advice, _foreign_lock_note, _own_lock
 from diffusionformer.experiments.store import acquire_lock as _acquire_lock
 from diffusionformer.experiments.store import live_holder as _live_holder
 from diffusionformer.experiments.store import release_lock as _release_lock
 from diffusionformer.experiments.tables import aggregate, format_status, format_table
 from diffusionformer.experiments.tasks import build_task
 from diffusionformer.train import CheckpointError, NonFiniteLossError, Trainer, seed_everything
-from diffusionformer.train.distributed import DistContext, _on_every_rank, _rank_zero
+from diffusionformer.train.distributed import DistContext, _env_world_size, _on_every_rank, _rank_zero
 from diffusionformer.train.metrics import write_json_atomic
 
 # The names above from results, tables, outputs and build are re-exported for back-compat: their homes are
@@ -128,13 +128,14 @@ def _not_resumed_advice(exc: CheckpointError, checkpoint: str, which: str) -> st
 
 
 def _world_size() -> int:
-    """The processes ``WORLD_SIZE`` asks for (torchrun's; unset, blank or below 1: one)."""
-    world = os.environ.get("WORLD_SIZE", "").strip()
-    try:
-        return max(1, int(world or 1))
-    except ValueError:
-        raise ValueError(f"WORLD_SIZE: expected an integer number of processes (as torchrun sets it), "
-                         f"got {world!r}") from None
+    """The processes ``WORLD_SIZE`` asks for (torchrun's; unset or blank: one), read as
+    :func:`~diffusionformer.train.dist_env` reads it: one that is no integer, or below 1, is a ``ValueError`` (the
+    runner took 0 and -2 for one process, whose trainer then refused them after the run's lock was taken)."""
+    world = _env_world_size()
+    if world is not None and world < 1:
+        raise ValueError(f"WORLD_SIZE: expected an integer number of processes (as torchrun sets it), at least 1, "
+                         f"got {os.environ['WORLD_SIZE'].strip()!r}")
+    return 1 if world is None else world
 
 
 def _distributed() -> bool:
@@ -227,7 +228,7 @@ def _run_experiment(config: ExperimentConfig, out_root: str | Path, data_root: s
         _check_task_devices(chosen)
     runs = [(t, o, s) for t in chosen for o in config.operators for s in config.seeds]
     if not resume and not _distributed():
-        _refuse_restart_of_held_runs(out, runs)
+        _refuse_restart_of_held_runs(out, runs, log)
     dist_ctx = _maybe_init_distributed(device)
     results: list[RunResult] = []
     # disable=None: shown on a terminal only, as the trainer's step bars (`run c.toml 2> log` filled the log with
@@ -325,11 +326,19 @@ def _check_task_devices(tasks: Sequence[TaskConfig]) -> None:
                 raise ValueError(f"task {task.name!r} train.device: {exc}; nothing was trained") from None
 
 
-def _refuse_restart_of_held_runs(out: Path, runs: Sequence[tuple[TaskConfig, OperatorSetting, int]]) -> None:
+#: the run folders (resolved) that a call of :func:`run_experiment` in this process trains now, any thread's: a lock
+#: of this process on another run is one an earlier call left in place (its release failed), not a run in training
+_TRAINING_HERE: set[Path] = set()
+
+
+def _refuse_restart_of_held_runs(out: Path, runs: Sequence[tuple[TaskConfig, OperatorSetting, int]],
+                                 log: Callable[[str], None]) -> None:
     """Refuse ``resume=False`` (``--restart``) while another live process holds a lock of one of ``runs``, before
     anything is discarded: its run would be skipped, not restarted, and once that process finished it (under its own
     config) read back from disk into this comparison's table with the restarted runs, two definitions averaged
-    under one name.
+    under one name. A lock of this process is refused while another call of this process (another thread) trains the
+    run; else an earlier call left it in place (its release failed): said through ``log``, and taken back (the
+    run's claim takes this process's own lock).
 
     Raises:
         ValueError: naming the held runs' locks and their holders.
@@ -338,13 +347,20 @@ def _refuse_restart_of_held_runs(out: Path, runs: Sequence[tuple[TaskConfig, Ope
     for task, setting, seed in runs:
         lock = run_dir(out, task.name, setting.name, seed) / LOCK_NAME
         holder = _live_holder(lock.parent)
-        if holder is not None:  # (-1, ""): an unreadable lock, young enough to be a claim being written
+        if holder is not None and _own_lock(lock.parent):
+            if lock.parent.resolve() in _TRAINING_HERE:  # another call (another thread) of this process trains it
+                held.append(f"{lock} (this process, process {holder[0]}: another call of run_experiment trains it)")
+            else:  # left in place where its release failed: reclaimed below as a lock of this process
+                log(f"[{task.name} / {setting.name} / seed {seed}] {lock} is this process's own lock, left in place "
+                    "by an earlier call whose release of it failed (nothing of this process trains the run): taken "
+                    "back, the run is restarted")
+        elif holder is not None:  # (-1, ""): an unreadable lock, young enough to be a claim being written
             who = "a process still writing it" if holder[0] < 0 else f"process {holder[0]} on {holder[1]}"
             held.append(f"{lock} ({who})")
     if held:
         raise ValueError(f"resume=False (--restart): {len(held)} run(s) to discard are being trained by another "
-                         f"process: {'; '.join(held[:3])}{' ...' if len(held) > 3 else ''}; stop it (or delete a "
-                         "lock whose process is gone) and run again; nothing was discarded")
+                         f"process or call: {'; '.join(held[:3])}{' ...' if len(held) > 3 else ''}; stop it (or "
+                         "delete a lock whose process is gone) and run again; nothing was discarded")
 
 
 def _checked_task_data(config: ExperimentConfig, task: TaskConfig, data_root: str | None,
@@ -522,9 +538,12 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
             log(f"[{task.name} / {setting.name} / seed {seed}] skipped: {holder} is training it ({rdir / LOCK_NAME})."
                 + ("" if note is None else f" Note: {note}; {_foreign_lock_advice(rdir)}."))  # the host as named
         return None
+    training = rdir.resolve()
+    _TRAINING_HERE.add(training)  # (until it ends: a lock left in place then is no call's of this process any more)
     try:
         result = _train_one(rdir, task, setting, seed, data, resume, progress, device, log, dist_ctx)
     except BaseException:
+        _TRAINING_HERE.discard(training)
         # no agreement on the way out of an error: a rank may be stopping alone (the others in another collective)
         if not _distributed() or _rank_zero():
             try:
@@ -532,6 +551,7 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
             except OSError as exc:  # said, not raised: it replaced the run's own error (a refusal, a SIGTERM)
                 log(f"[{task.name} / {setting.name} / seed {seed}] {exc}")
         raise
+    _TRAINING_HERE.discard(training)
     # every rank comes here: rank 0's release is agreed (a failed one stopped rank 0 alone, the others went on)
     _rank_zero_writes(dist_ctx, f"releasing the lock {rdir / LOCK_NAME}", lambda: _release_run_lock(rdir))
     return result
@@ -544,8 +564,8 @@ def _release_run_lock(rdir: Path) -> None:
         _release_lock(rdir)
     except OSError as exc:
         raise type(exc)(f"{exc}; the run's lock {rdir / LOCK_NAME} is left in place: a run started on this host once "
-                        "this process (under torchrun: this job) has exited takes it over, one started on another "
-                        "host skips the run until the lock is removed") from exc
+                        "this process (under torchrun: this job) has exited takes it over (as a later call in this "
+                        "process does), one started on another host skips the run until the lock is removed") from exc
 
 
 def _read_manifest(out: Path) -> dict[str, Any] | None:

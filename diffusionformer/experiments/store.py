@@ -455,9 +455,14 @@ def release_lock(rdir: str | os.PathLike[str]) -> None:
     Args:
         rdir: a run's folder.
     """
-    holder, _ = _state(Path(rdir) / LOCK_NAME)
-    # the start time too: a lock of a dead process whose id this process got is not ours (a takeover may be
-    # replacing it right now, and unlinking after that would remove the new holder's lock)
-    if (holder is not None and holder[:2] == _me() and holder[2] in (None, _start_time(os.getpid()))
-            and not _other_host(holder)):  # nor a lock of another machine of this host's name that had our pid
+    if _own_lock(rdir):
         (Path(rdir) / LOCK_NAME).unlink(missing_ok=True)
+
+
+def _own_lock(rdir: str | os.PathLike[str]) -> bool:
+    """Whether ``rdir/.lock`` is this process's: its pid and host, not a lock of another machine of this host's name
+    that had our pid, nor of a dead process whose id this process got (its recorded start time is another: a takeover
+    may be replacing it right now, and unlinking after that would remove the new holder's lock)."""
+    holder, _ = _state(Path(rdir) / LOCK_NAME)
+    return (holder is not None and holder[:2] == _me() and holder[2] in (None, _start_time(os.getpid()))
+            and not _other_host(holder))

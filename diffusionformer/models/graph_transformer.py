@@ -159,6 +159,15 @@ def _check_global_ids(batch: Tensor, num_graphs: int | None) -> None:
     _check_sorted_batch(batch)
 
 
+def _check_same_batch(batch: Tensor, own: Tensor) -> None:
+    """``batch`` beside a graph that has its own (``own``): the same graph ids, else a ``ValueError`` (reads values:
+    only under ``checks_values``, so on an accelerator or under :func:`torch.compile` a mismatch passes unchecked)."""
+    if checks_values(batch) and checks_values(own) and not torch.equal(batch, own):  # (False for another shape)
+        raise ValueError(f"GraphBlock: batch differs from the graph's own batch (the local attention reads the "
+                         f"graph's, the global attention batch): got batch of shape {tuple(batch.shape)} beside the "
+                         f"graph's {tuple(own.shape)}; pass the graph's batch or batch=None")
+
+
 def _check_edge_attr(edge_attr: Tensor, edge_index: Any, edge_dim: int) -> Tensor:
     """``edge_attr`` a real tensor of shape ``(E, edge_dim)``, ``E`` read from ``edge_index``, whose form is checked
     first (else a list ``edge_index`` was an ``AttributeError`` and an ``(E, 2)`` one an error about ``edge_attr``);
@@ -204,7 +213,9 @@ class GraphBlock(nn.Module):
         \qquad x \leftarrow x + \mathrm{MLP}(\mathrm{Norm}(x))
 
     The graph is an :class:`~diffusionformer.graph.AttentionGraph` (built once per batch by
-    :class:`DiffusionGraphTransformer`) or a bare ``edge_index``.
+    :class:`DiffusionGraphTransformer`) or a bare ``edge_index``. Beside a graph with its own ``batch``, the
+    ``batch`` argument (the global attention's graph ids) must hold the same ids, or be ``None`` to take the graph's:
+    another is a ``ValueError`` in eager mode on CPU (unchecked elsewhere, as the other checks of ``batch`` below).
 
     ``edge_attr`` (for a block built with ``edge_dim``) enters the edge scores through
     :func:`~diffusionformer.nn.edge_features.edge_feature_attention` (polynomial operators only).
@@ -309,6 +320,8 @@ class GraphBlock(nn.Module):
             _check_batch(batch, x.shape[0])
         if batch is None and not no_nodes:
             batch = graph.batch
+        elif isinstance(graph, AttentionGraph) and graph.batch is not None and batch is not graph.batch:
+            _check_same_batch(batch, graph.batch)  # else the local attention read the graph's, the global one batch
         if self.global_attn is not None and batch is not None and batch.shape[0] and checks_values(batch):
             # the global attention's graph ids, checked once and before the local attention, which refuses the edges
             # across graphs that bad ids (out of range, unsorted) make of block-diagonal edges: these errors name the

@@ -35,7 +35,8 @@ def dist_env() -> tuple[int, int, int] | None:
     """``(rank, world_size, local_rank)`` from the ``torchrun`` environment, or ``None``.
 
     ``None`` when ``WORLD_SIZE`` is unset, blank or ``1`` (a single process, where a blank ``RANK`` or
-    ``LOCAL_RANK`` is unset too).
+    ``LOCAL_RANK`` is unset too). A ``WORLD_SIZE`` that is no integer or below 1 is a ``ValueError``, as the
+    experiment runner reads it.
 
     Examples:
         >>> from unittest import mock
@@ -47,10 +48,10 @@ def dist_env() -> tuple[int, int, int] | None:
         True
     """
     world = os.environ.get("WORLD_SIZE")
-    if world is None or not world.strip():  # blank as unset: one process, as the runner and _rank_zero read it
-        return None
     try:
-        world_size = int(world)
+        world_size = _env_world_size()
+        if world_size is None:  # blank as unset: one process, as the runner and _rank_zero read it
+            return None
         raw_rank, raw_local = os.environ.get("RANK"), os.environ.get("LOCAL_RANK")
         # one process without a RANK (unset or blank) is rank 0, as _rank_zero reads it; a blank LOCAL_RANK there is
         # unset too (it was refused, though the one process never reads it)
@@ -62,7 +63,7 @@ def dist_env() -> tuple[int, int, int] | None:
             f"torchrun), got RANK={os.environ.get('RANK')!r} WORLD_SIZE={world!r} "
             f"LOCAL_RANK={os.environ.get('LOCAL_RANK')!r}"
         ) from err
-    if world_size < 1 or not 0 <= rank < world_size:
+    if not 0 <= rank < world_size:  # (a WORLD_SIZE below 1 too, which the runner refuses alike)
         raise ValueError(
             f"distributed environment: expected 0 <= RANK < WORLD_SIZE, got RANK={rank} "
             f"WORLD_SIZE={world_size}"
@@ -70,6 +71,20 @@ def dist_env() -> tuple[int, int, int] | None:
     if local_rank < 0:  # it picks the CUDA device: cuda:-1 would fail far from here
         raise ValueError(f"distributed environment: expected LOCAL_RANK >= 0, got LOCAL_RANK={local_rank}")
     return None if world_size == 1 else (rank, world_size, local_rank)
+
+
+def _env_world_size() -> int | None:
+    """torchrun's ``WORLD_SIZE`` as an int, ``None`` where unset or blank (one process): the one parser of
+    :func:`dist_env`, :func:`_rank_zero` and the experiment runner. A value that is no integer is a ``ValueError``
+    naming it (each caller words or ignores it); one below 1 is returned, for the caller to refuse."""
+    raw = os.environ.get("WORLD_SIZE")
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE: expected an integer number of processes (as torchrun sets it), "
+                         f"got {raw!r}") from None
 
 
 def _local_rank_unset(raw: str | None, world_size: int) -> bool:
@@ -83,9 +98,11 @@ def _rank_zero() -> bool:
     blank ``RANK`` is rank 0; a malformed one counts as rank 0 too (:func:`dist_env` names the variable when a
     multi-process run reads it). A ``WORLD_SIZE`` unset, blank or at most 1 is one process, as :func:`dist_env`
     reads it, whatever ``RANK`` a stray environment holds (else the runner wrote none of the results that process
-    trained: the trainer writes as its rank 0)."""
+    trained: the trainer writes as its rank 0); one below 1 or malformed, which :func:`dist_env` and the runner
+    refuse, counts as one process too (this never raises: it picks the process that prints that error)."""
     try:
-        if int(os.environ.get("WORLD_SIZE", "").strip() or 1) <= 1:
+        world = _env_world_size()
+        if world is None or world <= 1:
             return True
         return int(os.environ.get("RANK", "").strip() or 0) == 0
     except ValueError:
