@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
@@ -522,8 +523,16 @@ def _main(argv: list[str] | None) -> int:
             def toml(table: dict) -> str:
                 return _toml_value(table) or repr(table)
 
+            # and the task's other settings where not at their defaults: else a task defined by its augment,
+            # label_smoothing or select_by alone (or their --set) printed as the plain one did
+            shown = {"name", "dataset", "model", "metric", "dataset_options", "model_overrides", "train", "folds"}
             for t in config.tasks:
                 model = f", model_overrides {toml(t.model_overrides)}" if t.model_overrides else ""
+                for f in dataclasses.fields(t):
+                    value = getattr(t, f.name)
+                    if f.name not in shown and value != (f.default if f.default_factory is dataclasses.MISSING
+                                                         else f.default_factory()):
+                        model += f", {f.name} {toml(value) if isinstance(value, dict) else value}"
                 data = f" {toml(t.dataset_options)}" if t.dataset_options else ""
                 data += f" ({t.folds}-fold CV)" if t.folds else ""
                 _print(f"  task {t.name}: {t.dataset}{data} -> {t.model}, metric {t.metric}, "

@@ -111,7 +111,8 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
         config: a loaded comparison.
         data_root: data root for datasets read from files (else ``$DIFFUSIONFORMER_DATA``).
         load_data: load each task's dataset (once) to resolve data-derived model sizes and
-            catch missing or damaged files; ``False`` resolves models from the preset's sizes.
+            catch missing or damaged files; ``False`` resolves models from the preset's sizes (and a model
+            that does not build from them from the data's, loaded for it where they load).
         missing_data_ok: a dataset whose data root or files are missing is not a problem
             (its models are resolved from the preset's sizes); ``show`` uses this.
         tasks: check only these tasks (default: all).
@@ -248,9 +249,21 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
                        else f"{str(root)!r} is not a directory"))
         if data is not None and task.augment:
             _check_crop_padding(task, data, add)
+        # without data the preset's sizes stand in for the data's: a model that does not build from them (patch_size
+        # = 8 of the 28x28 dino-mnist on 32x32 CIFAR-10) is judged on the data's own sizes, loaded for it (once)
+        may_load = data is None and not load_data and spec is not None and spec_ok
         for setting in config.operators:
             try:
-                model = _resolve_model(task, setting, data, preset, model_config)
+                try:
+                    model = _resolve_model(task, setting, data, preset, model_config)
+                except (TypeError, ValueError, NotImplementedError):
+                    if not may_load:
+                        raise
+                    may_load = False
+                    data = _data_for_sizes(task, config.seeds[0], data_root, loaded)
+                    if data is None:
+                        raise
+                    model = _resolve_model(task, setting, data, preset, model_config)
             except (TypeError, ValueError, NotImplementedError, OverflowError, MemoryError, RuntimeError) as exc:
                 if isinstance(exc, (TypeError, ValueError, NotImplementedError)) and not _size_overflow(exc):
                     text = _first_line(exc)  # a model's own message may name the task already: not twice
@@ -271,6 +284,25 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
                 _check_minibatch(task, setting, model, add)
             _check_momentum_schedule(task, setting, model)
     return problems
+
+
+def _data_for_sizes(task: TaskConfig, seed: int, data_root: str | None,
+                    loaded: MutableMapping[str, Any] | None) -> Any:
+    """The task's dataset for its data-derived model sizes, or ``None`` where it does not load (its root or files are
+    then problems of their own) or cannot (at the default device ``meta``)."""
+    import torch
+
+    from diffusionformer.experiments.build import task_data
+
+    if torch.get_default_device().type == "meta":
+        return None
+    try:
+        data = task_data(task, seed, data_root, {})
+    except Exception:  # a dataset that does not load: the model's failure from the preset's sizes stands
+        return None
+    if loaded is not None:
+        loaded[task.name] = data
+    return data
 
 
 def _check_momentum_schedule(task: TaskConfig, setting: OperatorSetting, model: Any) -> None:
