@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -60,7 +61,7 @@ from diffusionformer.experiments.store import release_lock as _release_lock
 from diffusionformer.experiments.tables import aggregate, format_status, format_table
 from diffusionformer.experiments.tasks import build_task
 from diffusionformer.train import CheckpointError, NonFiniteLossError, Trainer, seed_everything
-from diffusionformer.train.distributed import DistContext, _env_world_size, _on_every_rank, _rank_zero
+from diffusionformer.train.distributed import DistContext, _env_world_size, _on_every_rank, _rank_zero, dist_env
 from diffusionformer.train.metrics import write_json_atomic
 
 # The names above from results, tables, outputs and build are re-exported for back-compat: their homes are
@@ -327,8 +328,10 @@ def _check_task_devices(tasks: Sequence[TaskConfig]) -> None:
 
 
 #: the run folders (resolved) that a call of :func:`run_experiment` in this process trains now, any thread's: a lock
-#: of this process on another run is one an earlier call left in place (its release failed), not a run in training
+#: of this process on another run is one an earlier call left in place (its release failed), not a run in training;
+#: another call (a thread, a nested call) skips these runs, as it skips the runs of another process
 _TRAINING_HERE: set[Path] = set()
+_TRAINING_HERE_LOCK = threading.Lock()  # (a run is looked up and added at once)
 
 
 def _refuse_restart_of_held_runs(out: Path, runs: Sequence[tuple[TaskConfig, OperatorSetting, int]],
@@ -343,7 +346,7 @@ def _refuse_restart_of_held_runs(out: Path, runs: Sequence[tuple[TaskConfig, Ope
     Raises:
         ValueError: naming the held runs' locks and their holders.
     """
-    held = []
+    held, taken = [], []
     for task, setting, seed in runs:
         lock = run_dir(out, task.name, setting.name, seed) / LOCK_NAME
         holder = _live_holder(lock.parent)
@@ -351,9 +354,9 @@ def _refuse_restart_of_held_runs(out: Path, runs: Sequence[tuple[TaskConfig, Ope
             if lock.parent.resolve() in _TRAINING_HERE:  # another call (another thread) of this process trains it
                 held.append(f"{lock} (this process, process {holder[0]}: another call of run_experiment trains it)")
             else:  # left in place where its release failed: reclaimed below as a lock of this process
-                log(f"[{task.name} / {setting.name} / seed {seed}] {lock} is this process's own lock, left in place "
-                    "by an earlier call whose release of it failed (nothing of this process trains the run): taken "
-                    "back, the run is restarted")
+                taken.append(f"[{task.name} / {setting.name} / seed {seed}] {lock} is this process's own lock, left "
+                             "in place by an earlier call whose release of it failed (nothing of this process trains "
+                             "the run): taken back, the run is restarted")
         elif holder is not None:  # (-1, ""): an unreadable lock, young enough to be a claim being written
             who = "a process still writing it" if holder[0] < 0 else f"process {holder[0]} on {holder[1]}"
             held.append(f"{lock} ({who})")
@@ -361,6 +364,8 @@ def _refuse_restart_of_held_runs(out: Path, runs: Sequence[tuple[TaskConfig, Ope
         raise ValueError(f"resume=False (--restart): {len(held)} run(s) to discard are being trained by another "
                          f"process or call: {'; '.join(held[:3])}{' ...' if len(held) > 3 else ''}; stop it (or "
                          "delete a lock whose process is gone) and run again; nothing was discarded")
+    for note in taken:  # said once the call goes on (a refused call takes nothing back)
+        log(note)
 
 
 def _checked_task_data(config: ExperimentConfig, task: TaskConfig, data_root: str | None,
@@ -432,6 +437,9 @@ def _rank_zero_reads(read: Callable[[], Any]) -> Any:
 def _maybe_init_distributed(device: str | None) -> Any:
     """Join the torchrun process group once for all runs (the trainer then reuses it)."""
     if not _distributed():
+        # the trainer's reading of a one-process environment (init_distributed), before anything is written: a stray
+        # RANK=1 or a malformed one beside WORLD_SIZE=1 was refused there, once the run's lock and config were written
+        dist_env()
         return None
     from diffusionformer.train import init_distributed
 
@@ -528,6 +536,13 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
     # under torchrun rank 0 claims the lock for every rank (else a torchrun job trained a run that a worker was
     # training, both writing its checkpoint and log): every rank takes its decision
     holder = _rank_zero_reads(lambda: _acquire_lock(rdir))
+    training = rdir.resolve()
+    with _TRAINING_HERE_LOCK:  # this process's lock is another call's too: else that call trained the run under this
+        # one, released the lock this one went on training with, and took the run out of _TRAINING_HERE
+        if holder is None and training in _TRAINING_HERE:
+            holder = f"another call of run_experiment in this process (process {os.getpid()})"
+        elif holder is None:
+            _TRAINING_HERE.add(training)  # (until it ends: a lock left in place then is no call's of this process)
     if holder is not None and not resume:  # claimed after the check of run_experiment: the same refusal
         raise ValueError(f"[{task.name} / {setting.name} / seed {seed}] resume=False (--restart) cannot discard "
                          f"{rdir}: {holder} is training it ({rdir / LOCK_NAME}); stop that process and run "
@@ -538,8 +553,6 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
             log(f"[{task.name} / {setting.name} / seed {seed}] skipped: {holder} is training it ({rdir / LOCK_NAME})."
                 + ("" if note is None else f" Note: {note}; {_foreign_lock_advice(rdir)}."))  # the host as named
         return None
-    training = rdir.resolve()
-    _TRAINING_HERE.add(training)  # (until it ends: a lock left in place then is no call's of this process any more)
     try:
         result = _train_one(rdir, task, setting, seed, data, resume, progress, device, log, dist_ctx)
     except BaseException:

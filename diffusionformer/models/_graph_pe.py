@@ -88,7 +88,9 @@ class _LaplacianPE(AddLaplacianEigenvectorPE):
                 # a graph of several components has eigenvalue 0 once per component, and ARPACK (one start vector)
                 # missed some of its eigenvectors: the PE held eigenvectors of larger eigenvalues in their place, and
                 # in other columns for another node order. The dense solver finds them all
-                inner.SPARSE_THRESHOLD = (N + 1 if N <= _DENSE_MAX_NODES and _components(edge_index, N) > 1
+                # (an edge of weight 0 joins no components: the Laplacian has no entry for it)
+                joined = edge_index if weight is None else edge_index[:, weight != 0]
+                inner.SPARSE_THRESHOLD = (N + 1 if N <= _DENSE_MAX_NODES and _components(joined, N) > 1
                                           else self.SPARSE_THRESHOLD)
                 return add_node_attr(data, _canonical_signs(inner(graph).pe), attr_name=self.attr_name)
             pe = torch.zeros(N, 0)
@@ -105,7 +107,8 @@ _DENSE_MAX_NODES = 2000
 
 
 def _components(edge_index: Tensor, num_nodes: int) -> int:
-    """The number of connected components of the undirected graph ``edge_index`` (isolated nodes included)."""
+    """The number of connected components of the undirected graph ``edge_index`` (isolated nodes included; every
+    edge joins its nodes, whatever its weight: pass the edges of non-zero weight only)."""
     from scipy.sparse.csgraph import connected_components  # (PyG's Laplacian PE reads the graph with scipy too)
     from torch_geometric.utils import to_scipy_sparse_matrix
 
