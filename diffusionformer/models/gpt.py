@@ -453,7 +453,9 @@ class DiffusionGPT(nn.Module):
             raise ValueError("cache: expected one LayerKVCache per block, got the same LayerKVCache object for several "
                              "blocks (as [LayerKVCache()] * n_layer makes); start a new cache with new_cache()")
         lengths = [c.length for c in cache]
-        if len(set(lengths)) > 1:  # a call stopped between layers: the later layers' rows sat at wrong positions
+        # compared in turn, not as a set: under torch.compile a length is a symbolic size, which hashing would fix to
+        # its value (one graph per decoding step)
+        if any(n != lengths[0] for n in lengths[1:]):  # a call stopped between layers: rows at wrong positions
             raise ValueError(f"cache: expected the layer caches to hold the same number of tokens, got lengths {lengths} "
                              "(a forward_cached call was interrupted part-way); start a new cache with new_cache()")
         start = lengths[0]

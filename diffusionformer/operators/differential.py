@@ -24,6 +24,10 @@ def lambda_init_schedule(depth: int) -> float:
     """
     if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 0:  # numpy ints too
         raise ValueError(f"depth must be a non-negative int, got {depth!r}")
+    if torch.compiler.is_compiling():
+        # as a power (equal up to rounding), which keeps a symbolic depth symbolic (a block compiled on its own reads
+        # the state's depth): math.exp fixed it to its value, one graph per layer, past dynamo's recompile limit
+        return 0.8 - 0.6 * math.exp(-0.3) ** depth
     return 0.8 - 0.6 * math.exp(-0.3 * int(depth))
 
 
