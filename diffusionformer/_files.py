@@ -1,7 +1,7 @@
 """File modes shared by every writer that goes through a temporary file (run files, checkpoints, data caches), the
 words for a path that is not a regular file, the leftovers of a killed writer's temporary, the CRC check of a
-``torch.save`` file, what a ``torch.load(weights_only=True)`` refusal names, and the folder lock that processes writing
-one folder take turns by."""
+``torch.save`` file, the zip entries a data archive may hold, what a ``torch.load(weights_only=True)``
+refusal names, and the folder lock that processes writing one folder take turns by."""
 
 from __future__ import annotations
 
@@ -113,6 +113,28 @@ def zip_damage(path: str | os.PathLike[str]) -> str | None:
     except Exception:  # not a zip (a legacy or damaged file), unreadable: torch.load says what is wrong
         return None
     return None
+
+
+#: the compression methods of zip entries that zipfile inflates in pieces of the size asked for; it inflates the
+#: bytes of a bzip2 or LZMA entry read (4 KiB at least) whole, whatever size the entry declares
+_BOUNDED_ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+_ZIP_METHOD_NAMES = {zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "LZMA"}
+
+
+def zip_method_refusal(info: zipfile.ZipInfo) -> str | None:
+    """Why the entry ``info`` of a data archive is not read (its compression method is neither stored nor deflated),
+    else ``None``: zipfile inflates a bzip2 or LZMA entry without a bound, so one of 300 bytes declaring 100 B
+    filled 400 MB of memory (a few kilobytes: all of it) before its size or CRC was checked.
+
+    Examples:
+        >>> zip_method_refusal(zipfile.ZipInfo("a.txt")) is None
+        True
+    """
+    if info.compress_type in _BOUNDED_ZIP_METHODS:
+        return None
+    method = _ZIP_METHOD_NAMES.get(info.compress_type, "an unsupported method")
+    return (f"its entry {info.filename!r} is compressed with {method} (zip method {info.compress_type}); only stored "
+            f"or deflated entries are read")
 
 
 # the lines of torch's weights-only unpickler (torch/_weights_only_unpickler.py) that refuse what a well-formed file

@@ -124,6 +124,16 @@ def verify_file(path: Path, relpath: str, *, content: bytes | None = None) -> st
     )
 
 
+def _check_size(path: Path, cap: int, what: str) -> None:
+    """Raise :class:`CorruptDataError` when ``path`` holds more than ``cap`` bytes, more than ``what`` (the files of its
+    kind) hold, before it is hashed or read whole: a sparse file of a terabyte (no disk space) was hashed for many
+    minutes, or read into memory."""
+    size = path.stat().st_size
+    if size > cap:
+        raise CorruptDataError(f"data file {str(path)!r} holds {size} B, more than {what} ({cap} B at most): refused "
+                               "before it is hashed or read")
+
+
 def _check_unchanged(path: Path, digest: str) -> None:
     """Raise :class:`CorruptDataError` when ``path`` no longer has the SHA256 ``digest`` it had before it was read:
     another process rewrote it in between, so what was read is neither the file checked nor the file now (a cache

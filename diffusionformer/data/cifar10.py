@@ -35,12 +35,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffusionformer._files import zip_method_refusal
 from diffusionformer.config import _choice_hint
 
 from ._optional import import_optional
 from ._unpickle import _NUMPY_GLOBALS, _plain
 from .base import ClassificationData, _check_flags
-from .checksums import _check_unchanged, sha256_file, verify_file
+from .checksums import _check_size, _check_unchanged, sha256_file, verify_file
 from .images import _labelled_images_fit, build_image_data
 from .paths import CorruptDataError, cache_dir, load_cached, require_files, save_cached
 from .registry import register_dataset
@@ -61,6 +62,8 @@ _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 _IMAGE_FORMATS = ("JPEG", "PNG")
 #: uncompressed bytes of one image entry: an uncompressed RGBA PNG of Pillow's largest image (MAX_IMAGE_PIXELS)
 _MAX_IMAGE_BYTES = 2**29
+#: bytes of a zip archive of images, hashed whole before it is read (CIFAR-10's train.zip: 52 MB)
+_MAX_ZIP_BYTES = 2**32
 
 
 def _zip_members(zf: zipfile.ZipFile, split: str) -> list[tuple[str, str]]:
@@ -108,7 +111,8 @@ def read_image_zip(
         CorruptDataError: not a zip (a folder included), no matching entries, two entries of one name, an
             entry without a class folder name (``train//x.jpg``, ``train/../x.jpg``), an entry that is no JPEG or PNG, has samples wider than
             8 bits (a 16-bit PNG), that Pillow cannot decode or calls a decompression bomb (more pixels than
-            ``PIL.Image.MAX_IMAGE_PIXELS``) or that declares more than 512 MiB uncompressed, an image of another
+            ``PIL.Image.MAX_IMAGE_PIXELS``) or that declares more than 512 MiB uncompressed (an entry is
+            inflated no further than it declares), one compressed with bzip2 or LZMA, an image of another
             size than the first one, or more images of the first one's size than memory holds.
 
     Shapes:
@@ -137,15 +141,18 @@ def read_image_zip(
         labels = torch.tensor([class_index[c] for c, _ in members], dtype=torch.int64)
         images: np.ndarray | None = None
         for i, (_, name) in enumerate(members):
-            declared = zf.getinfo(name).file_size
+            info = zf.getinfo(name)
+            declared = info.file_size
             if declared > _MAX_IMAGE_BYTES:  # zf.read would inflate it all (a small zip of a deflated multi-GB entry)
                 raise CorruptDataError(f"{str(path)!r}: {name!r} declares {declared} B uncompressed, more than any "
                                        f"image file ({_MAX_IMAGE_BYTES} B at most)")
+            if refused := zip_method_refusal(info):
+                raise CorruptDataError(f"{str(path)!r}: {refused}")
             try:
                 with warnings.catch_warnings():
                     # Pillow only warns between MAX_IMAGE_PIXELS and twice that: here a decompression bomb is refused
                     warnings.simplefilter("error", image_mod.DecompressionBombWarning)
-                    with image_mod.open(io.BytesIO(zf.read(name)), formats=_IMAGE_FORMATS) as im:
+                    with image_mod.open(io.BytesIO(_read_entry(zf, info)), formats=_IMAGE_FORMATS) as im:
                         wide = im.mode in ("I", "F") or im.mode.startswith("I;")  # convert("RGB") clips them at 255
                         # a 16-bit RGB(A) or LA PNG opens as mode RGB/RGBA, Pillow keeping only each sample's high byte
                         raw16 = next((str(t[3]) for t in im.tile if ";16" in str(t[3])), None)
@@ -173,6 +180,13 @@ def read_image_zip(
             images[i] = pixels
     assert images is not None  # members is non-empty
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), labels, classes
+
+
+def _read_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """The bytes of a stored or deflated entry, inflated no further than its declared size (``zf.read`` inflates the
+    whole stream before cutting it there: 100 B declared, 400 MB in memory)."""
+    with zf.open(info) as member:
+        return member.read(info.file_size)
 
 
 def _checked_indices(indices: Any, n: int) -> list[int]:
@@ -337,6 +351,7 @@ def _from_zip(
 ) -> tuple[Tensor, Tensor, list[str]]:
     """The images of ``split`` in the zip's order, or with ``shuffle`` in a seeded random order whose first ``limit``
     items the subset is (the same order with ``limit`` or without, cached or not)."""
+    _check_size(path, _MAX_ZIP_BYTES, "any image archive")  # hashed whole below, verify or not
     digest = verify_file(path, rel) if verify else sha256_file(path)
     cached_path = cache_dir("cifar10") / f"{split}-{digest[:16]}.pt"
     cached = load_cached(cached_path, _cache_fits, f"the decoded images, labels and classes of {str(path)!r}")
@@ -424,6 +439,9 @@ def load_cifar10(
             raise CorruptDataError(
                 f"cifar10: train classes {classes} differ from test classes {test_classes}"
             )
+        if x_te.shape[1:] != x_tr.shape[1:]:  # else build_image_data's ValueError, naming no file
+            raise CorruptDataError(f"cifar10: {str(paths[1])!r} holds test images of shape {tuple(x_te.shape[1:])}, "
+                                   f"{str(paths[0])!r} training images of shape {tuple(x_tr.shape[1:])}")
         origin = "JPEG zips (lossy re-encoding of CIFAR-10)"
     train_idx, val_idx = carve_val(len(y_tr), val_size, seed)
     _require_carved_val("cifar10", val_idx, len(y_tr), val_size)

@@ -23,8 +23,8 @@ from pathlib import Path
 from torch import Tensor
 
 from .base import ClassificationData, _check_flags
-from .checksums import _check_unchanged, sha256_file, verify_file
-from .idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, _check_gzip_size, parse_idx, read_idx_bytes
+from .checksums import _check_size, _check_unchanged, sha256_file, verify_file
+from .idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, _MAX_GZIP_BYTES, _check_gzip_size, parse_idx, read_idx_bytes
 from .images import build_image_data
 from .paths import CorruptDataError, require_files
 from .registry import register_dataset
@@ -54,6 +54,7 @@ def _read(root: Path, rel: str, magic: int, verify: bool) -> Tensor:
     path = root / rel
     if verify:  # hashed below before it is read: a sparse .gz of 1 TiB was hashed whole before read_idx_bytes refused it
         _check_gzip_size(path)
+        _check_size(path, _MAX_GZIP_BYTES, "any IDX file")  # stored plain: read_idx_bytes reads its header only
     digest = sha256_file(path) if verify else ""
     raw = read_idx_bytes(path)
     if verify:  # the file rewritten after the read: verify_file checked the new file, not the bytes read

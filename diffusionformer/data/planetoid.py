@@ -34,7 +34,7 @@ from .._imports import _import_pyg
 from ._optional import import_optional
 from ._unpickle import _NUMPY_GLOBALS, _plain
 from .base import NodeData, _check_flags
-from .checksums import verify_file
+from .checksums import _check_unchanged, sha256_file, verify_file
 from .paths import CorruptDataError, require_files
 from .registry import register_dataset
 from .splits import index_to_mask, per_class_split
@@ -90,10 +90,13 @@ def load_planetoid(name: str, *, root: Path | None, verify: bool = True, normali
     key = name.lower()
     rels = [f"planetoid/{name}/raw/ind.{key}.{part}" for part in PLANETOID_FILES]
     paths = require_files(key, root, rels)
+    digests = [sha256_file(path) for path in paths] if verify else []  # (verify_file reuses these hashes)
     if verify:
         for path, rel in zip(paths, rels):
             verify_file(path, rel)
     data = read_planetoid(paths[0].parent, key)
+    for path, digest in zip(paths, digests):  # a file rewritten after its hash: what was read was never checked
+        _check_unchanged(path, digest)
     num_classes = int(data.y.max()) + 1
     if normalize_features:
         data.x = data.x / data.x.sum(dim=1, keepdim=True).clamp_min(1.0)

@@ -19,13 +19,16 @@ from typing import Any
 import torch
 
 from .base import TextData
-from .checksums import _check_unchanged, verify_file
+from .checksums import _check_size, _check_unchanged, verify_file
 from .paths import CorruptDataError, require_files
 from .registry import register_dataset
 
 __all__ = ["char_text_data", "read_text", "load_pydoc_chars", "load_tinyshakespeare"]
 
 TINYSHAKESPEARE = "tinyshakespeare/input.txt"
+# bytes of the corpus file, hashed and read whole: far above tinyshakespeare's 1.1 MB, far below what a sparse file of a
+# terabyte would take to hash (minutes) or fill memory with
+_MAX_CORPUS_BYTES = 2**30
 
 
 def char_text_data(
@@ -127,6 +130,10 @@ def load_tinyshakespeare(
             small training set that a model over-fits); the val split and the vocabulary
             stay those of the full corpus. ``None`` keeps all.
 
+    Raises:
+        CorruptDataError: a file that is not UTF-8 or holds fewer than 2 characters, changed while it was read, or
+            over 1 GiB (refused unread and unhashed); ``ChecksumError`` (with ``verify``): another file.
+
     Shapes:
         - train, val: ``(L,)`` int64; the staged file gives 1,003,854 / 111,540 tokens, vocab 65.
     """
@@ -135,6 +142,7 @@ def load_tinyshakespeare(
         raise ValueError(f"train_chars must be an int >= 2 or None, got {train_chars!r}")
     train_chars = None if train_chars is None else int(train_chars)
     (path,) = require_files("tinyshakespeare", root, [TINYSHAKESPEARE])
+    _check_size(path, _MAX_CORPUS_BYTES, "a character corpus this loader reads (tinyshakespeare: 1,115,394 B)")
     digest = verify_file(path, TINYSHAKESPEARE) if verify else ""
     text = read_text(path)
     if verify:  # the file rewritten after its hash: the text read was never checked

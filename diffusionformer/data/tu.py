@@ -43,11 +43,11 @@ from typing import Any
 
 import torch
 
-from .._files import folder_lock
+from .._files import folder_lock, zip_method_refusal
 from .._imports import _import_pyg
 from .._warnings import user_stacklevel
 from .base import GraphSetData, _check_flags
-from .checksums import _check_unchanged, sha256_file, verify_file
+from .checksums import _check_size, _check_unchanged, sha256_file, verify_file
 from .paths import CorruptDataError, cache_dir, drop_unsafe_processed, require_files
 from .registry import register_dataset
 from .splits import require_heldout, stratified_kfold_split, stratified_split
@@ -82,7 +82,8 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
         FileNotFoundError: ``zip_path`` does not exist.
         CorruptDataError: not a zip (a folder included), no ``<name>_A.txt``/``<name>_graph_indicator.txt``/
             ``<name>_graph_labels.txt`` inside, an empty ``<name>_A.txt``, two entries of one name (in
-            different folders), or tables that do not fit together (see :func:`_check_tu_tables`; an edge
+            different folders), an entry compressed with bzip2 or LZMA (zipfile inflates them without a
+            bound), or tables that do not fit together (see :func:`_check_tu_tables`; an edge
             listed twice when the edges carry labels included).
     """
     marker = raw_dir / _MARKER
@@ -122,6 +123,9 @@ def extract_tu_zip(zip_path: Path, name: str, raw_dir: Path, digest: str) -> Pat
                     raise CorruptDataError(
                         f"corrupt zip archive {str(zip_path)!r}: its {name}_* entries declare {declared} B "
                         f"uncompressed, more than any TU dataset ({_MAX_UNZIPPED} B at most)")
+                for info, _ in wanted:  # zipfile inflates a bzip2 or LZMA entry whole, whatever size it declares
+                    if refused := zip_method_refusal(info):
+                        raise CorruptDataError(f"corrupt zip archive {str(zip_path)!r}: {refused}")
                 for info, base in wanted:  # streamed: never a whole entry in memory
                     with zf.open(info) as src, open(tmp / base, "wb") as dst:
                         shutil.copyfileobj(src, dst, 1 << 20)
@@ -349,6 +353,7 @@ def load_tu(
     name = TU_DATASETS[key]
     rel = f"tudataset/{name}.zip"
     (zip_path,) = require_files(key, root, [rel])
+    _check_size(zip_path, _MAX_UNZIPPED, "any TU archive")  # hashed whole below, verify or not
     digest = verify_file(zip_path, rel) if verify else sha256_file(zip_path)
     work = cache_dir("tudataset")
     # loaders of one dataset (the runner's workers, threads) take turns: one unzipped the tables while another's PyG
