@@ -127,13 +127,13 @@ def _format_p(p: float | None, alpha: float = 0.05) -> str:
     if p is None:
         return "n/a"
 
-    def kept(digits: int, kind: str, bound: float) -> str:  # the fewest digits from `digits` that keep p's side
-        while digits < 17 and (float(f"{p:.{digits}{kind}}") < bound) != (p < bound):
+    def kept(digits: int, kind: str, *bounds: float) -> str:  # the fewest digits from `digits` that keep p's sides
+        while digits < 17 and any((float(f"{p:.{digits}{kind}}") < b) != (p < b) for b in bounds):
             digits += 1
         return f"{p:.{digits}{kind}}"
 
-    if 0.0495 <= p < 0.0505:
-        return kept(4, "f", 0.05)  # 0.049996: not "0.0500" in bold
+    if 0.0495 <= p < 0.0505:  # 0.049996: not "0.0500" in bold; and on its side of an alpha next to 0.05 too
+        return kept(4, "f", 0.05, alpha)
     if p < 0.001:
         if alpha >= 0.001 or p == 0.0:
             return "<0.001"
