@@ -86,7 +86,9 @@ def folder_lock(folder: str | os.PathLike[str]) -> Iterator[None]:
 def zip_damage(path: str | os.PathLike[str]) -> str | None:
     """What is wrong with the first member of the zip archive ``path`` (``torch.save``'s format: checkpoints, the
     data cache's arrays) that fails its
-    CRC-32 or whose entry cannot be read ("its entry NAME fails its CRC-32 check ..."), else ``None``.
+    CRC-32 or whose entry cannot be read ("its entry NAME fails its CRC-32 check ..."), or that is compressed with
+    bzip2 or LZMA (:func:`zip_method_refusal`: ``torch.save`` writes neither, and zipfile inflates them whole), else
+    ``None``.
     ``torch.load`` does not check the CRCs, so a flipped bit in tensor data would load as different numbers; nor
     the name length or compression method of an entry, so a flipped bit there loaded another entry's bytes (or
     bytes shifted past the header) as this tensor. Members stored with CRC 0
@@ -97,6 +99,8 @@ def zip_damage(path: str | os.PathLike[str]) -> str | None:
             for info in archive.infolist():
                 if info.CRC == 0:
                     continue
+                if refused := zip_method_refusal(info):  # torch.save writes none: else inflated whole (a bomb)
+                    return refused
                 try:
                     with archive.open(info) as member:
                         while member.read(1 << 24):

@@ -90,6 +90,8 @@ def load_planetoid(name: str, *, root: Path | None, verify: bool = True, normali
     key = name.lower()
     rels = [f"planetoid/{name}/raw/ind.{key}.{part}" for part in PLANETOID_FILES]
     paths = require_files(key, root, rels)
+    for path in paths:  # before the hashes: a sparse file of a terabyte was hashed for many minutes, then refused
+        _check_file_size(path)
     digests = [sha256_file(path) for path in paths] if verify else []  # (verify_file reuses these hashes)
     if verify:
         for path, rel in zip(paths, rels):

@@ -27,7 +27,7 @@ listing them all. ``run`` calls it before it writes anything, ``show`` before it
 from __future__ import annotations
 
 import difflib
-from typing import Any, MutableMapping, Sequence
+from typing import Any, Callable, MutableMapping, Sequence
 
 from diffusionformer._warnings import user_stacklevel
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig, train_config
@@ -112,7 +112,8 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
         data_root: data root for datasets read from files (else ``$DIFFUSIONFORMER_DATA``).
         load_data: load each task's dataset (once) to resolve data-derived model sizes and
             catch missing or damaged files; ``False`` resolves models from the preset's sizes (and a model
-            that does not build from them from the data's, loaded for it where they load).
+            that does not build from them from the data's, loaded for it: its missing or damaged files are then
+            problems as with ``load_data``).
         missing_data_ok: a dataset whose data root or files are missing is not a problem
             (its models are resolved from the preset's sizes); ``show`` uses this.
         tasks: check only these tasks (default: all).
@@ -130,7 +131,7 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
             train (``run_experiment`` refuses it); without ``load_data`` the config is checked there, its models built
             without memory.
     """
-    from diffusionformer.data import DataRootError, dataset_spec, list_datasets
+    from diffusionformer.data import dataset_spec, list_datasets
     from diffusionformer.models import get_preset, model_config
     from diffusionformer.train.trainer import _refuse_meta_default_device
 
@@ -225,25 +226,17 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
         if preset is None:
             continue
         data: Any = None
+        may_load = not load_data and spec is not None and spec_ok  # for a model's sizes, below
         if loaded is not None and task.name in loaded:
             data = loaded[task.name]
-        elif spec is not None and spec_ok and load_data:
-            try:  # once per task: every fold gives the model the same sizes
-                from diffusionformer.experiments.build import task_data
-
-                data = task_data(task, config.seeds[0], data_root, {})
-                if loaded is not None:
-                    loaded[task.name] = data
-            except DataRootError as exc:
-                if not missing_data_ok:
-                    add(f"{where}: {_first_line(exc)}")
-            except Exception as exc:  # any failure to load is a problem of this task
-                add(f"{where}: dataset {task.dataset!r} does not load: {_first_line(exc)}")
+        elif spec is not None and spec_ok and load_data:  # once per task: every fold gives the model the same sizes
+            data = _load_task_data(task, config.seeds[0], data_root, loaded, missing_data_ok, add)
         elif spec is not None and spec_ok and spec.needs_root and not missing_data_ok:
             from diffusionformer.data.paths import resolve_root
 
             root = resolve_root(data_root)
             if root is None or not root.is_dir():
+                may_load = False  # the missing root is the problem: not reported twice by the load
                 add(f"{where}: dataset {spec.name!r} reads files from a data root, and "
                     + ("none is set (pass --data-root or set $DIFFUSIONFORMER_DATA)" if root is None
                        else f"{str(root)!r} is not a directory"))
@@ -251,7 +244,7 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
             _check_crop_padding(task, data, add)
         # without data the preset's sizes stand in for the data's: a model that does not build from them (patch_size
         # = 8 of the 28x28 dino-mnist on 32x32 CIFAR-10) is judged on the data's own sizes, loaded for it (once)
-        may_load = data is None and not load_data and spec is not None and spec_ok
+        may_load = may_load and data is None
         for setting in config.operators:
             try:
                 try:
@@ -260,7 +253,7 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
                     if not may_load:
                         raise
                     may_load = False
-                    data = _data_for_sizes(task, config.seeds[0], data_root, loaded)
+                    data = _data_for_sizes(task, config.seeds[0], data_root, loaded, missing_data_ok, add)
                     if data is None:
                         raise
                     model = _resolve_model(task, setting, data, preset, model_config)
@@ -286,19 +279,34 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
     return problems
 
 
-def _data_for_sizes(task: TaskConfig, seed: int, data_root: str | None,
-                    loaded: MutableMapping[str, Any] | None) -> Any:
-    """The task's dataset for its data-derived model sizes, or ``None`` where it does not load (its root or files are
-    then problems of their own) or cannot (at the default device ``meta``)."""
+def _data_for_sizes(task: TaskConfig, seed: int, data_root: str | None, loaded: MutableMapping[str, Any] | None,
+                    missing_data_ok: bool, add: Callable[[str], None]) -> Any:
+    """The task's dataset for its data-derived model sizes, or ``None`` where it does not load (a problem then, as
+    :func:`_load_task_data` reports it) or cannot (at the default device ``meta``)."""
     import torch
-
-    from diffusionformer.experiments.build import task_data
 
     if torch.get_default_device().type == "meta":
         return None
+    # its missing or damaged files reported: else `run` refused the model from the preset's sizes alone (the 28x28
+    # of dino-mnist for CIFAR-10), naming neither the files nor the data's sizes that the model is built from
+    return _load_task_data(task, seed, data_root, loaded, missing_data_ok, add)
+
+
+def _load_task_data(task: TaskConfig, seed: int, data_root: str | None, loaded: MutableMapping[str, Any] | None,
+                    missing_data_ok: bool, add: Callable[[str], None]) -> Any:
+    """The task's dataset (stored in ``loaded``), or ``None`` where it does not load, a problem passed to ``add``
+    (a missing data root or files not one with ``missing_data_ok``)."""
+    from diffusionformer.data import DataRootError
+    from diffusionformer.experiments.build import task_data
+
     try:
         data = task_data(task, seed, data_root, {})
-    except Exception:  # a dataset that does not load: the model's failure from the preset's sizes stands
+    except DataRootError as exc:
+        if not missing_data_ok:
+            add(f"task {task.name!r}: {_first_line(exc)}")
+        return None
+    except Exception as exc:  # any failure to load is a problem of this task
+        add(f"task {task.name!r}: dataset {task.dataset!r} does not load: {_first_line(exc)}")
         return None
     if loaded is not None:
         loaded[task.name] = data
