@@ -1,7 +1,7 @@
 """Makes ``tests/experiments``' shared helpers (``experiments_tiny_configs``) importable here too: pytest runs with
 ``--import-mode=importlib``, which leaves ``sys.path`` alone; and gives the writers of small benchmark-format files
-(``tests/data/data_writers.py``) as the ``data_writers`` fixture, and a throwaway model preset name
-(``preset_name``)."""
+(``tests/data/data_writers.py``) as the ``data_writers`` fixture, a throwaway model preset name
+(``preset_name``) and an empty data cache folder (``cache``)."""
 
 from __future__ import annotations
 
@@ -41,3 +41,13 @@ def preset_name():
     yield name
     if name in list_models():
         unregister_model(name)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """An empty data cache folder for this test, where ``$DIFFUSIONFORMER_CACHE`` points the data loaders."""
+    from diffusionformer.data import CACHE_ENV
+
+    folder = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(folder))
+    return folder

@@ -43,19 +43,12 @@ import numpy as np
 import pytest
 import torch
 
-from diffusionformer.data import CACHE_ENV, CorruptDataError, DataRootError, load_dataset
+from diffusionformer.data import CorruptDataError, DataRootError, load_dataset
 
 _REPO = Path(__file__).resolve().parents[2]
 #: the staged benchmark root ($DIFFUSIONFORMER_DATA, read at import: tests/data's fixtures clear it, or ../shared/data)
 STAGED = next((p for p in (Path(os.environ.get("DIFFUSIONFORMER_DATA") or _REPO / "nowhere"), _REPO.parent / "shared"
                            / "data") if (p / "SHA256SUMS").is_file()), _REPO / "nowhere")
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "cache"
-    monkeypatch.setenv(CACHE_ENV, str(folder))
-    return folder
 
 
 def _tu_root(tmp_path: Path, data_writers) -> Path:

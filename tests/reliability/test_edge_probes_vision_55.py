@@ -3,20 +3,10 @@ sizes on CPU, compared with independent references where one exists."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from diffusionformer.data import load_dataset
-from diffusionformer.data.paths import CACHE_ENV
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "cache"
-    monkeypatch.setenv(CACHE_ENV, str(folder))
-    return folder
 
 
 @pytest.mark.parametrize("limit_test", [None, 6])

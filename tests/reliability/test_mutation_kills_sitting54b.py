@@ -47,14 +47,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffusionformer.data import CACHE_ENV, CorruptDataError, load_dataset
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "cache"
-    monkeypatch.setenv(CACHE_ENV, str(folder))
-    return folder
+from diffusionformer.data import CorruptDataError, load_dataset
 
 
 def _swap_before(module, name: str, monkeypatch, path: Path, replacement: bytes) -> None:
