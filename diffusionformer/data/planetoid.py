@@ -85,6 +85,11 @@ def load_planetoid(name: str, *, root: Path | None, verify: bool = True, normali
         verify: check the raw files' SHA256 against the staged ones.
         normalize_features: divide every node's bag-of-words row by its sum (PyG's
             ``NormalizeFeatures``, as in the reference GCN example); rows of zeros stay zero.
+
+    Raises:
+        CorruptDataError: a file over 1 GiB (refused before it is hashed or read), one that
+            :func:`read_planetoid` refuses, or (with ``verify``) one rewritten between its hash and its read;
+            ``ChecksumError`` (with ``verify``): a file whose SHA256 is not the staged one's.
     """
     _check_flags("load_planetoid", verify=verify, normalize_features=normalize_features)
     key = name.lower()

@@ -122,8 +122,9 @@ def format_p(p: float | None) -> str:
 
 def _format_p(p: float | None, alpha: float = 0.05) -> str:
     """:func:`format_p` for a table that marks p below ``alpha`` bold: as many more digits as keep a value on its side
-    of ``alpha`` (at ``alpha = 0.01``, 0.00996 and 0.0104 both read "0.010", one of them bold), and ``"<0.001"``
-    only where it says which side (``alpha >= 0.001``)."""
+    of ``alpha`` (at ``alpha = 0.01``, 0.00996 and 0.0104 both read "0.010", one of them bold), a p in
+    ``[0.0495, 0.0505)`` on its side of both 0.05 and ``alpha``, and ``"<0.001"`` only where it says which side
+    (``alpha >= 0.001``)."""
     if p is None:
         return "n/a"
 

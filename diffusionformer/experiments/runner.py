@@ -172,7 +172,7 @@ def run_experiment(
 
     Returns:
         One :class:`RunResult` per run trained or found finished, in config order (runs held
-        by another process and not yet finished are left out).
+        by another process, or another call of this one, and not yet finished are left out).
 
     Each task's dataset is loaded once (once per fold with ``folds``), just before the task's
     runs, and checked then with its models built from it; only that task's data is held.
@@ -180,12 +180,15 @@ def run_experiment(
     Raises:
         ValueError: before anything is written or trained, listing every run that would fail
             to start on the config alone (:func:`~diffusionformer.experiments.validate.check_experiment`
-            without data: dataset names and options, a missing data root, model and heads, metric
+            without data, but for a model that does not build from its preset's sizes, judged with its task's data and
+            its files: dataset names and options, a missing data root, model and heads, metric
             keys, training budget, mini-batch options); and before a task's first run, listing
             the problems its loaded data reveals (files that do not load, data-derived model sizes
             that do not fit); the finished runs of the tasks before it are kept; with ``resume=False``,
-            before anything is discarded, naming the runs another live process is training (they
-            cannot be restarted).
+            before anything is discarded, naming the runs another live process, or another call of this one (a
+            thread), is training (they cannot be restarted; a lock an earlier call of this process left in place is
+            taken back, said through ``log``); before anything is written, a ``WORLD_SIZE`` that is no integer or
+            below 1, or a ``RANK`` outside ``[0, WORLD_SIZE)``.
         ModuleNotFoundError: before anything is written or trained, scipy missing where ``config`` has several
             seeds (the table's t tests and intervals need it; it comes with the ``experiments`` extra).
         RuntimeError: called under ``torch.inference_mode()``, or at the default device ``meta`` (nothing is

@@ -7,7 +7,8 @@ task never evaluates. :func:`validate_experiment` resolves, for every run, what 
 will resolve:
 
 - the dataset: registered name (with a "did you mean"), known options, and (when
-  ``load_data``) the data itself, loaded once per task;
+  ``load_data``, or for a model that does not build from its preset's sizes) the data itself, loaded once per
+  task;
 - the model: the preset, the task's overrides, the sizes taken from the data and the
   operator setting's heads, built exactly as the runner builds it
   (:func:`~diffusionformer.experiments.runner.build_model`), so bad head strings,

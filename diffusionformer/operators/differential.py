@@ -18,6 +18,9 @@ __all__ = ["DifferentialOperator", "lambda_init_schedule"]
 def lambda_init_schedule(depth: int) -> float:
     r""":math:`\lambda_{init} = 0.8 - 0.6 \exp(-0.3\, l)` for the layer of 0-based index ``l``.
 
+    While :func:`torch.compile` traces, it is the power :math:`0.8 - 0.6\, (e^{-0.3})^l` (equal up to rounding),
+    which keeps a symbolic depth symbolic: one graph for every layer (see the performance page, "Recompiles").
+
     Examples:
         >>> round(lambda_init_schedule(0), 4), round(lambda_init_schedule(11), 4)
         (0.2, 0.7779)
