@@ -129,9 +129,14 @@ def _format_p(p: float | None, alpha: float = 0.05) -> str:
         return "n/a"
 
     def kept(digits: int, kind: str, *bounds: float) -> str:  # the fewest digits from `digits` that keep p's sides
-        while digits < 17 and any((float(f"{p:.{digits}{kind}}") < b) != (p < b) for b in bounds):
+        def keeps(text: str) -> bool:
+            return all((float(text) < b) == (p < b) for b in bounds)
+
+        while digits < 17 and not keeps(f"{p:.{digits}{kind}}"):
             digits += 1
-        return f"{p:.{digits}{kind}}"
+        text = f"{p:.{digits}{kind}}"
+        # 17 decimals still round the double just below 0.05 to "0.05000000000000000" (in bold): repr reads back as p
+        return text if keeps(text) else repr(p)
 
     if 0.0495 <= p < 0.0505:  # 0.049996: not "0.0500" in bold; and on its side of an alpha next to 0.05 too
         return kept(4, "f", 0.05, alpha)

@@ -231,9 +231,9 @@ def _run_experiment(config: ExperimentConfig, out_root: str | Path, data_root: s
     else:  # each task's own train.device: else a later task's "cuda" failed after the tasks before it trained
         _check_task_devices(chosen)
     runs = [(t, o, s) for t in chosen for o in config.operators for s in config.seeds]
+    dist_ctx = _maybe_init_distributed(device)  # (its refusal before a lock taken back is said through log)
     if not resume and not _distributed():
         _refuse_restart_of_held_runs(out, runs, log)
-    dist_ctx = _maybe_init_distributed(device)
     results: list[RunResult] = []
     # disable=None: shown on a terminal only, as the trainer's step bars (`run c.toml 2> log` filled the log with
     # the bar's redraws)
@@ -334,7 +334,7 @@ def _check_task_devices(tasks: Sequence[TaskConfig]) -> None:
 #: of this process on another run is one an earlier call left in place (its release failed), not a run in training;
 #: another call (a thread, a nested call) skips these runs, as it skips the runs of another process
 _TRAINING_HERE: set[Path] = set()
-_TRAINING_HERE_LOCK = threading.Lock()  # (a run is looked up and added at once)
+_TRAINING_HERE_LOCK = threading.Lock()  # (a run is claimed, looked up and added at once; taken out and released too)
 
 
 def _refuse_restart_of_held_runs(out: Path, runs: Sequence[tuple[TaskConfig, OperatorSetting, int]],
@@ -538,17 +538,21 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
     rdir = run_dir(out, task.name, setting.name, seed)
     # under torchrun rank 0 claims the lock for every rank (else a torchrun job trained a run that a worker was
     # training, both writing its checkpoint and log): every rank takes its decision
-    holder = _rank_zero_reads(lambda: _acquire_lock(rdir))
     training = rdir.resolve()
     with _TRAINING_HERE_LOCK:  # this process's lock is another call's too: else that call trained the run under this
-        # one, released the lock this one went on training with, and took the run out of _TRAINING_HERE
-        if holder is None and training in _TRAINING_HERE:
+        # one, released the lock this one went on training with, and took the run out of _TRAINING_HERE. The claim is
+        # made under it too: a claim of the lock file a call ending the run still held (out of _TRAINING_HERE, the
+        # file not yet removed) trained the run, and that call then removed the lock it trained under
+        holder = _rank_zero_reads(lambda: _acquire_lock(rdir))
+        ours = holder is None and training in _TRAINING_HERE
+        if ours:
             holder = f"another call of run_experiment in this process (process {os.getpid()})"
         elif holder is None:
             _TRAINING_HERE.add(training)  # (until it ends: a lock left in place then is no call's of this process)
     if holder is not None and not resume:  # claimed after the check of run_experiment: the same refusal
+        stop = "let that call end" if ours else "stop that process"  # (not this process, which would stop both)
         raise ValueError(f"[{task.name} / {setting.name} / seed {seed}] resume=False (--restart) cannot discard "
-                         f"{rdir}: {holder} is training it ({rdir / LOCK_NAME}); stop that process and run "
+                         f"{rdir}: {holder} is training it ({rdir / LOCK_NAME}); {stop} and run "
                          "again (the runs before this one were restarted)")
     if holder is not None:
         if _rank_zero():
@@ -559,17 +563,22 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
     try:
         result = _train_one(rdir, task, setting, seed, data, resume, progress, device, log, dist_ctx)
     except BaseException:
-        _TRAINING_HERE.discard(training)
-        # no agreement on the way out of an error: a rank may be stopping alone (the others in another collective)
-        if not _distributed() or _rank_zero():
-            try:
-                _release_run_lock(rdir)
-            except OSError as exc:  # said, not raised: it replaced the run's own error (a refusal, a SIGTERM)
-                log(f"[{task.name} / {setting.name} / seed {seed}] {exc}")
+        failed = None
+        with _TRAINING_HERE_LOCK:  # out of _TRAINING_HERE and released at once (no claim between them, as above)
+            _TRAINING_HERE.discard(training)
+            # no agreement on the way out of an error: a rank may be stopping alone (the others in another collective)
+            if not _distributed() or _rank_zero():
+                try:
+                    _release_run_lock(rdir)
+                except OSError as exc:  # said, not raised: it replaced the run's own error (a refusal, a SIGTERM)
+                    failed = exc
+        if failed is not None:
+            log(f"[{task.name} / {setting.name} / seed {seed}] {failed}")
         raise
-    _TRAINING_HERE.discard(training)
-    # every rank comes here: rank 0's release is agreed (a failed one stopped rank 0 alone, the others went on)
-    _rank_zero_writes(dist_ctx, f"releasing the lock {rdir / LOCK_NAME}", lambda: _release_run_lock(rdir))
+    with _TRAINING_HERE_LOCK:
+        _TRAINING_HERE.discard(training)
+        # every rank comes here: rank 0's release is agreed (a failed one stopped rank 0 alone, the others went on)
+        _rank_zero_writes(dist_ctx, f"releasing the lock {rdir / LOCK_NAME}", lambda: _release_run_lock(rdir))
     return result
 
 
