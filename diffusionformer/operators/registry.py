@@ -55,7 +55,8 @@ def register_operator(
 
     Args:
         cls: a subclass of :class:`DiffusionOperator`.
-        name: registry name (default: ``cls.name``).
+        name: registry name (default: ``cls.name``; one inherited from a registered parent is taken: refused,
+            naming the parent).
         aliases: extra names resolved to this operator (default: ``cls.aliases`` as the class itself
             declares them; a subclass does not inherit its registered parent's aliases).
 
@@ -103,6 +104,13 @@ def register_operator(
         for k in (key, *alias_keys):
             if k in _REGISTRY or k in _ALIASES:
                 owner = _REGISTRY.get(k) or _REGISTRY[_ALIASES[k]]
+                if k == key and name is None and "name" not in c.__dict__:
+                    # a subclass that declares no name of its own: unregistering the holder (the advice below, for a
+                    # class defined again) removed the parent it derives from, a built-in among them
+                    parent = next(b for b in c.__mro__ if "name" in b.__dict__)
+                    raise ValueError(f"{c.__name__} has no registry name of its own: it inherits {key!r} from "
+                                     f"{parent.__name__}, which {owner.__name__} holds; give it one (a class attribute "
+                                     f"`name = ...`, or register_operator(name=...))")
                 # a notebook cell run twice defines the class again: say how to replace it
                 raise ValueError(f"operator name {k!r} is already registered by {owner.__name__}; to replace it "
                                  f"(a class defined again), call unregister_operator({owner.name!r}) first")
