@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import types
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -67,7 +69,8 @@ class Task(Protocol):
 
 
 def check_task(task: object) -> None:
-    """Raise ``TypeError`` naming the missing methods if ``task`` does not follow :class:`Task`.
+    """Raise ``TypeError`` naming the missing methods if ``task`` does not follow :class:`Task`, or naming the class
+    when ``task`` is a class whose methods need an instance (``MyTask`` given for ``MyTask()``).
 
     Args:
         task: the object passed to the trainer.
@@ -78,6 +81,13 @@ def check_task(task: object) -> None:
         ...
         TypeError: task: expected an object with callable ... got object missing train_batch, loss, evaluate
     """
+    if isinstance(task, type):  # its methods would take the step for ``self``; static or class methods do not
+        unbound = [name for name in _REQUIRED
+                   if isinstance(inspect.getattr_static(task, name, None), types.FunctionType)]
+        if unbound:
+            cls = task.__name__
+            raise TypeError(f"task: expected an object following diffusionformer.train.Task, got the class {cls} "
+                            f"itself (instance methods: {', '.join(unbound)}): pass {cls}(...)")
     missing = [name for name in _REQUIRED if not callable(getattr(task, name, None))]
     if missing:
         raise TypeError(
