@@ -136,7 +136,8 @@ def _format_p(p: float | None, alpha: float = 0.05) -> str:
             digits += 1
         text = f"{p:.{digits}{kind}}"
         # 17 decimals still round the double just below 0.05 to "0.05000000000000000" (in bold): repr reads back as p
-        return text if keeps(text) else repr(p)
+        # (a float's: numpy 2's scalars print "np.float64(...)")
+        return text if keeps(text) else repr(float(p))
 
     if 0.0495 <= p < 0.0505:  # 0.049996: not "0.0500" in bold; and on its side of an alpha next to 0.05 too
         return kept(4, "f", 0.05, alpha)

@@ -352,9 +352,12 @@ def _refuse_restart_of_held_runs(out: Path, runs: Sequence[tuple[TaskConfig, Ope
     held, taken = [], []
     for task, setting, seed in runs:
         lock = run_dir(out, task.name, setting.name, seed) / LOCK_NAME
-        holder = _live_holder(lock.parent)
-        if holder is not None and _own_lock(lock.parent):
-            if lock.parent.resolve() in _TRAINING_HERE:  # another call (another thread) of this process trains it
+        with _TRAINING_HERE_LOCK:  # a claim in flight (this process's lock file, not yet in _TRAINING_HERE): after it
+            holder = _live_holder(lock.parent)
+            ours = holder is not None and _own_lock(lock.parent)
+            trained = ours and lock.parent.resolve() in _TRAINING_HERE
+        if ours:
+            if trained:  # another call (another thread) of this process trains it
                 held.append(f"{lock} (this process, process {holder[0]}: another call of run_experiment trains it)")
             else:  # left in place where its release failed: reclaimed below as a lock of this process
                 taken.append(f"[{task.name} / {setting.name} / seed {seed}] {lock} is this process's own lock, left "
