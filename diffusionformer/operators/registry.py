@@ -104,10 +104,13 @@ def register_operator(
         for k in (key, *alias_keys):
             if k in _REGISTRY or k in _ALIASES:
                 owner = _REGISTRY.get(k) or _REGISTRY[_ALIASES[k]]
-                if k == key and name is None and "name" not in c.__dict__ and owner in c.__mro__:
+                again = owner not in c.__mro__ and (owner.__module__, owner.__qualname__) == (
+                    c.__module__, c.__qualname__)
+                if k == key and name is None and "name" not in c.__dict__ and not again:
                     # a subclass that declares no name of its own: unregistering the holder (the advice below, for a
-                    # class defined again) removed the parent it derives from, a built-in among them (a holder that
-                    # is no parent of it: the class defined again, of a base that is not registered)
+                    # class defined again) removed the parent it derives from, a built-in among them, or the sibling
+                    # class that inherits the name from their base (the class defined again, of a base that is not
+                    # registered, has the holder's module and qualified name, and gets the advice)
                     parent = next(b for b in c.__mro__ if "name" in b.__dict__)
                     raise ValueError(f"{c.__name__} has no registry name of its own: it inherits {key!r} from "
                                      f"{parent.__name__}, which {owner.__name__} holds; give it one (a class attribute "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import types
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -82,8 +81,7 @@ def check_task(task: object) -> None:
         TypeError: task: expected an object with callable ... got object missing train_batch, loss, evaluate
     """
     if isinstance(task, type):  # its methods would take the step for ``self``; static or class methods do not
-        unbound = [name for name in _REQUIRED
-                   if isinstance(inspect.getattr_static(task, name, None), types.FunctionType)]
+        unbound = [name for name in _REQUIRED if _binds_an_instance(task, name)]
         if unbound:
             cls = task.__name__
             raise TypeError(f"task: expected an object following diffusionformer.train.Task, got the class {cls} "
@@ -97,3 +95,11 @@ def check_task(task: object) -> None:
     shard = getattr(task, "shard_batch", None)
     if shard is not None and not callable(shard):
         raise TypeError(f"task.shard_batch: expected a callable, got {type(shard).__name__}")
+
+
+def _binds_an_instance(cls: type, name: str) -> bool:
+    """Whether ``cls.<name>`` is a method of its instances: found where an instance looks (``cls``'s MRO, not its
+    metaclass, whose methods are the class's own), a descriptor that binds the instance (a function, a
+    ``functools.partialmethod`` or ``lru_cache``, a method of a C type), not a static, class or bound method."""
+    raw = next((vars(k)[name] for k in cls.__mro__ if name in vars(k)), None)
+    return hasattr(type(raw), "__get__") and not isinstance(raw, (staticmethod, classmethod, types.MethodType))
