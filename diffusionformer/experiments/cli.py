@@ -325,6 +325,29 @@ def _check_out(out: str, name: str) -> None:
     _refuse_results_twin(out, name)
 
 
+def _naming_missing_imports(folder: Path, given: list[str]) -> contextlib.AbstractContextManager[None]:
+    """A ValueError raised inside that names an unknown operator, model or dataset gets the ``--import`` modules the
+    manifest of the comparison ``folder`` records and this command was not given (nothing for another problem, a
+    folder or manifest not there or damaged, a message that names ``--import`` already, as ``load_run``'s): a
+    comparison made with ``--import`` and run again without it got a bare "unknown operator"."""
+    from diffusionformer.experiments.outputs import _run_flags
+    from diffusionformer.experiments.reload import _adding_hint, _recorded_imports
+
+    def hint(err: ValueError) -> str:
+        text = str(err)
+        if "--import" in text or not re.search(r"\bunknown (operator|model|dataset) '", text):
+            return ""
+        manifest_path = folder / "manifest.json"
+        missing = [m for m in _recorded_imports(manifest_path) if m not in given]
+        if not missing:
+            return ""
+        words = (f"the comparison {folder} was made with{_run_flags(missing, None)} ({manifest_path}): give this "
+                 "command the same --import")
+        return f"\n({words})" if "\n" in text else f"; {words}"
+
+    return _adding_hint(hint)
+
+
 def _import_module(spec: str) -> None:
     """Import ``--import``'s ``spec``: a ``.py`` file (or a path) as the module its file name names, else a dotted
     module name, looked for in the current folder first (as ``python -m`` does; the ``diffusionformer`` script's
@@ -561,8 +584,10 @@ def _main(argv: list[str] | None) -> int:
             _size_threads(args)
             from diffusionformer.experiments.analyze import analyze_experiment
 
-            analyze_experiment(config, args.out, data_root=args.data_root, max_examples=args.max_examples,
-                               device=args.device, progress=not args.no_progress, partial=args.partial)
+            # a dataset of an --import module not given (load_run names those of the runs' operators and models)
+            with _naming_missing_imports(Path(args.out) / config.name, args.imports):
+                analyze_experiment(config, args.out, data_root=args.data_root, max_examples=args.max_examples,
+                                   device=args.device, progress=not args.no_progress, partial=args.partial)
             adir = Path(args.out) / config.name / "analysis"  # else the command ends without naming what it wrote
             plots = f", plots in {adir}/plots/" if any((adir / "plots").glob("*.png")) else ", no plots (see above)"
             _print(f"analysis: {adir}/README.md, {adir}/metrics.json{plots}")
@@ -615,9 +640,11 @@ def _main(argv: list[str] | None) -> int:
                 print(f"worker exit codes {codes}; see {Path(args.out) / config.name / 'workers'}", file=sys.stderr)
         # one pass in this process: trains what no worker finished, then writes the tables
         # the runs' notes and failures on stderr, with the "see the messages above" they precede; stdout: the table
-        results = run_experiment(config, args.out, data_root=args.data_root, resume=not args.restart,
-                                 progress=not args.no_progress, device=device, tasks=args.tasks,
-                                 log=lambda message: print(message, file=sys.stderr))
+        # the config's names are checked before any run trains: one of an --import module not given is unknown
+        with _naming_missing_imports(Path(args.out) / config.name, args.imports):
+            results = run_experiment(config, args.out, data_root=args.data_root, resume=not args.restart,
+                                     progress=not args.no_progress, device=device, tasks=args.tasks,
+                                     log=lambda message: print(message, file=sys.stderr))
         if _rank_zero():
             _print()
             _print(format_table(aggregate(results), config, compact=True))

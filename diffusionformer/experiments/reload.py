@@ -24,7 +24,7 @@ import contextlib
 import os
 import re
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,27 +211,34 @@ def _check_summary_step(summary: dict[str, Any], step: int, summary_path: Path, 
                       stacklevel=3)
 
 
-def _recorded_imports_hint(rdir: Path) -> str:
-    """``; the run was made with --import ...`` naming the modules the comparison's ``manifest.json`` records in its
-    ``command`` (``<out>/<name>/manifest.json`` above ``runs/<task>/<operator>/seed<k>``), else ``""``: a run of a
-    user's operator or preset, loaded without importing the module that registers it, failed with a bare "unknown
-    operator" that did not say where its name came from."""
+def _recorded_imports(manifest_path: Path) -> list[str]:
+    """The ``--import`` modules of the command ``manifest_path`` (a comparison's ``manifest.json``) records, in both
+    spellings (``--import m``, ``--import=m``); ``[]`` where it records none, or is missing or damaged."""
     import shlex
 
-    from diffusionformer.experiments.outputs import _run_flags  # the flags as a results page's command quotes them
     from diffusionformer.experiments.results import read_json_dict
 
-    rdir = rdir.absolute()  # load_run("seed0") from inside the operator's folder: its manifest is there too
-    if len(rdir.parents) < 4 or rdir.parents[2].name != "runs":
-        return ""
-    manifest_path = rdir.parents[3] / "manifest.json"
     command = (read_json_dict(manifest_path) or {}).get("command")
     try:
         words = shlex.split(command) if isinstance(command, str) else []
     except ValueError:  # unbalanced quotes: a manifest written before its command was quoted (`--out "Bob's runs"`)
         words = command.split()
     modules = [b for a, b in zip(words, words[1:]) if a == "--import"]
-    modules += [w.partition("=")[2] for w in words if w.startswith("--import=")]
+    return modules + [w.partition("=")[2] for w in words if w.startswith("--import=")]
+
+
+def _recorded_imports_hint(rdir: Path) -> str:
+    """``; the run was made with --import ...`` naming the modules the comparison's ``manifest.json`` records in its
+    ``command`` (``<out>/<name>/manifest.json`` above ``runs/<task>/<operator>/seed<k>``), else ``""``: a run of a
+    user's operator or preset, loaded without importing the module that registers it, failed with a bare "unknown
+    operator" that did not say where its name came from."""
+    from diffusionformer.experiments.outputs import _run_flags  # the flags as a results page's command quotes them
+
+    rdir = rdir.absolute()  # load_run("seed0") from inside the operator's folder: its manifest is there too
+    if len(rdir.parents) < 4 or rdir.parents[2].name != "runs":
+        return ""
+    manifest_path = rdir.parents[3] / "manifest.json"
+    modules = _recorded_imports(manifest_path)
     if not modules:
         return ""
     return (f"; the run was made with{_run_flags(modules, None)} ({manifest_path}): "
@@ -239,19 +246,25 @@ def _recorded_imports_hint(rdir: Path) -> str:
 
 
 @contextlib.contextmanager
-def _naming_recorded_imports(rdir: Path) -> Iterator[None]:
-    """A ValueError raised inside (an unknown operator or preset) gets :func:`_recorded_imports_hint`'s words, and
-    keeps its type (a :class:`~diffusionformer.config.ConfigErrors` of several problems stays one); one whose message
-    is not its ``args`` (a ``__str__`` of its own: a user's error, ``UnicodeError``) is a ValueError from it."""
+def _adding_hint(hint: Callable[[ValueError], str]) -> Iterator[None]:
+    """A ValueError raised inside gets the words ``hint(err)`` gives (none where ``""``), and keeps its type (a
+    :class:`~diffusionformer.config.ConfigErrors` of several problems stays one); one whose message is not its
+    ``args`` (a ``__str__`` of its own: a user's error, ``UnicodeError``) is a ValueError from it."""
     try:
         yield
     except ValueError as err:
-        hint = _recorded_imports_hint(rdir)
-        if hint and type(err).__str__ is not BaseException.__str__:
-            raise ValueError(f"{err}{hint}") from err
-        if hint:
-            err.args = (f"{err}{hint}",)
+        words = hint(err)
+        if words and type(err).__str__ is not BaseException.__str__:
+            raise ValueError(f"{err}{words}") from err
+        if words:
+            err.args = (f"{err}{words}",)
         raise
+
+
+def _naming_recorded_imports(rdir: Path) -> contextlib.AbstractContextManager[None]:
+    """A ValueError raised inside (an unknown operator or preset) gets :func:`_recorded_imports_hint`'s words, as
+    :func:`_adding_hint` adds them."""
+    return _adding_hint(lambda err: _recorded_imports_hint(rdir))
 
 
 def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu") -> LoadedRun:
