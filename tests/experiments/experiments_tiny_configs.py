@@ -26,6 +26,17 @@ laplacian_heads = 1
 '''
 
 # a two-seed character-LM comparison whose run folders the gaps tests write by hand (no training)
+def tiny_digits_config(operators: int | None = None):
+    """``TINY_DIGITS_TOML`` loaded as an ``ExperimentConfig``, keeping its first ``operators`` settings (all: None)."""
+    import dataclasses
+    import tomllib
+
+    from diffusionformer.experiments import load_experiment_config
+
+    config = load_experiment_config(tomllib.loads(TINY_DIGITS_TOML))
+    return config if operators is None else dataclasses.replace(config, operators=config.operators[:operators])
+
+
 TINY_GAPS_TOML = """name = "g"
 seeds = [0, 1]
 [[tasks]]

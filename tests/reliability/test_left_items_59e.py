@@ -19,8 +19,8 @@ from unittest import mock
 import pytest
 import torch
 
-from experiments_tiny_configs import TINY_DIGITS_TOML
-from diffusionformer.experiments import load_experiment_config, runner
+from experiments_tiny_configs import tiny_digits_config
+from diffusionformer.experiments import runner
 from diffusionformer.experiments.results import run_dir
 from diffusionformer.experiments.store import LOCK_NAME
 from diffusionformer.graph import AttentionGraph
@@ -65,9 +65,7 @@ def test_graph_block_batch_mismatch_is_checked_only_where_values_are_read(monkey
 
 # ---------------------------------------------------------------------------- runner: this process's own lock
 def _config():
-    import tomllib
-
-    return load_experiment_config(tomllib.loads(TINY_DIGITS_TOML))
+    return tiny_digits_config()
 
 
 def _unremovable(rdir) -> None:

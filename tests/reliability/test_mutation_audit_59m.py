@@ -32,14 +32,9 @@ def test_a_corpus_of_exactly_its_cap_loads_and_one_byte_more_is_refused(tmp_path
 
 # ---------------------------------------------------------------------------- experiments/runner._TRAINING_HERE
 def _one_operator_config():
-    import dataclasses
-    import tomllib
+    from experiments_tiny_configs import tiny_digits_config  # tests/experiments, on the path (conftest.py)
 
-    from diffusionformer.experiments import load_experiment_config
-    from experiments_tiny_configs import TINY_DIGITS_TOML  # tests/experiments, on the path (conftest.py)
-
-    config = load_experiment_config(tomllib.loads(TINY_DIGITS_TOML))
-    return dataclasses.replace(config, operators=config.operators[:1])
+    return tiny_digits_config(1)
 
 
 @pytest.mark.parametrize("resume", [True, False])

@@ -44,13 +44,9 @@ def test_laplacian_pe_counts_no_component_joined_by_an_edge_of_weight_zero():
 
 # ---------------------------------------------------------------------------- eac16af: runs this process trains
 def _tiny_config():
-    import tomllib
+    from experiments_tiny_configs import tiny_digits_config  # tests/experiments, on the path (conftest.py)
 
-    from diffusionformer.experiments import load_experiment_config
-    from experiments_tiny_configs import TINY_DIGITS_TOML  # tests/experiments, on the path (conftest.py)
-
-    config = load_experiment_config(tomllib.loads(TINY_DIGITS_TOML))
-    return dataclasses.replace(config, operators=config.operators[:1])
+    return tiny_digits_config(1)
 
 
 def test_a_nested_call_does_not_train_the_run_its_outer_call_trains(tmp_path, monkeypatch):

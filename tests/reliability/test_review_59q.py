@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -36,13 +35,9 @@ def test_bug_a_p_just_below_alpha_printed_as_alpha_itself():
 
 # ---------------------------------------------------------------------------- 2e2e12e: a run's claim and release
 def _tiny_config():
-    import tomllib
+    from experiments_tiny_configs import tiny_digits_config  # tests/experiments, on the path (conftest.py)
 
-    from diffusionformer.experiments import load_experiment_config
-    from experiments_tiny_configs import TINY_DIGITS_TOML  # tests/experiments, on the path (conftest.py)
-
-    config = load_experiment_config(tomllib.loads(TINY_DIGITS_TOML))
-    return dataclasses.replace(config, operators=config.operators[:1])
+    return tiny_digits_config(1)
 
 
 def test_bug_a_call_claiming_a_run_while_another_call_released_it_trained_without_a_lock(tmp_path, monkeypatch):

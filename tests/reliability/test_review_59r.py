@@ -82,14 +82,10 @@ def test_bug_a_restart_beside_a_claim_in_flight_took_the_claimed_lock_back(tmp_p
     is discarded, and takes nothing back."""
     import threading
 
-    import dataclasses
-    import tomllib
+    from diffusionformer.experiments import runner
+    from experiments_tiny_configs import tiny_digits_config  # tests/experiments, on the path (conftest.py)
 
-    from diffusionformer.experiments import load_experiment_config, runner
-    from experiments_tiny_configs import TINY_DIGITS_TOML  # tests/experiments, on the path (conftest.py)
-
-    config = load_experiment_config(tomllib.loads(TINY_DIGITS_TOML))
-    config = dataclasses.replace(config, operators=config.operators[:1])
+    config = tiny_digits_config(1)
     claimed, go, done = threading.Event(), threading.Event(), threading.Event()
     seen: dict[str, object] = {}
     acquire = runner._acquire_lock
