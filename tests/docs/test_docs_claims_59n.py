@@ -20,7 +20,7 @@ import pytest
 
 from diffusionformer.data import CorruptDataError
 from diffusionformer.data import planetoid
-from diffusionformer.experiments import compare, load_experiment_config, runner
+from diffusionformer.experiments import compare, runner
 from diffusionformer.experiments.results import run_dir
 from diffusionformer.experiments.store import LOCK_NAME
 from diffusionformer.operators.differential import lambda_init_schedule
@@ -29,20 +29,15 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 DATA = Path(os.environ.get("DIFFUSIONFORMER_DATA", "/nonexistent"))
 
 
-def _tiny_config():
-    """``TINY_DIGITS_TOML`` of ``tests/experiments/experiments_tiny_configs.py`` (by path: not on ``sys.path`` here)."""
+def _tiny_configs():
+    """``tests/experiments/experiments_tiny_configs.py`` (by path: not on ``sys.path`` here)."""
     import importlib.util
-    import tomllib
 
     path = Path(__file__).resolve().parents[1] / "experiments" / "experiments_tiny_configs.py"
     spec = importlib.util.spec_from_file_location("_tiny_configs_59n", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return load_experiment_config(tomllib.loads(module.TINY_DIGITS_TOML))
-
-
-def _unremovable(rdir) -> None:
-    raise PermissionError(13, "Permission denied", str(Path(rdir) / LOCK_NAME))
+    return module
 
 
 # ---------------------------------------------------------------------------- tutorials/experiments.rst: locks
@@ -51,12 +46,10 @@ def test_experiments_tutorial_a_later_call_takes_back_a_lock_its_process_left_in
     assert "a later call in the process (a notebook) takes it back (with ``resume=False``, saying so)" in page
     doc = " ".join(runner.run_experiment.__doc__.split())
     assert "another live process, or another call of this one (a thread), is training" in doc
-    config = _tiny_config()
-    with monkeypatch.context() as patch:
-        patch.setattr(runner, "_release_lock", _unremovable)
-        with pytest.raises(PermissionError, match="as a later call in this process does"):
-            runner.run_experiment(config, tmp_path, progress=False, log=lambda m: None)
-    lock = run_dir(tmp_path / "tiny", "digits", "attention", 0) / LOCK_NAME
+    tiny = _tiny_configs()
+    config = tiny.tiny_digits_config()
+    lock = tiny.leave_own_lock_in_place(monkeypatch, config, tmp_path, match="as a later call in this process does")
+    assert lock == run_dir(tmp_path / "tiny", "digits", "attention", 0) / LOCK_NAME
     assert json.loads(lock.read_text())["pid"] == os.getpid()
     # resume=True (the default): taken back as this process's own, the run trained, not skipped as held
     results = runner.run_experiment(config, tmp_path, progress=False, log=lambda m: None)
@@ -73,7 +66,7 @@ def test_experiments_tutorial_a_bad_world_size_or_rank_is_refused_before_anythin
     with mock.patch.dict(os.environ, env):
         os.environ.pop("LOCAL_RANK", None)
         with pytest.raises(ValueError, match="WORLD_SIZE"):
-            runner.run_experiment(_tiny_config(), tmp_path, progress=False, log=lambda m: None)
+            runner.run_experiment(_tiny_configs().tiny_digits_config(), tmp_path, progress=False, log=lambda m: None)
     assert not (tmp_path / "tiny").exists()
 
 

@@ -4,6 +4,8 @@ Imported by the test modules (``tests/experiments/conftest.py`` puts this folder
 with ``--import-mode=importlib``) at module level, where their ``parametrize`` lists read it.
 """
 
+from pathlib import Path
+
 TINY_DIGITS_TOML = '''name = "tiny"
 seeds = [0]
 [[tasks]]
@@ -35,6 +37,26 @@ def tiny_digits_config(operators: int | None = None):
 
     config = load_experiment_config(tomllib.loads(TINY_DIGITS_TOML))
     return config if operators is None else dataclasses.replace(config, operators=config.operators[:operators])
+
+
+def leave_own_lock_in_place(monkeypatch, config, out, match: str = "is left in place"):
+    """Run ``config`` into ``out`` with every lock release failing (a read-only run folder: chmod does not stop
+    root), which raises a ``PermissionError`` matching ``match``; this process's lock of the first run is left in
+    place: its path is returned."""
+    import pytest
+
+    from diffusionformer.experiments import runner
+    from diffusionformer.experiments.results import run_dir
+    from diffusionformer.experiments.store import LOCK_NAME
+
+    def unremovable(rdir):
+        raise PermissionError(13, "Permission denied", str(Path(rdir) / LOCK_NAME))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runner, "_release_lock", unremovable)
+        with pytest.raises(PermissionError, match=match):
+            runner.run_experiment(config, out, progress=False, log=lambda m: None)
+    return run_dir(Path(out) / config.name, config.tasks[0].name, config.operators[0].name, config.seeds[0]) / LOCK_NAME
 
 
 TINY_GAPS_TOML = """name = "g"

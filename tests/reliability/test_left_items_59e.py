@@ -19,7 +19,7 @@ from unittest import mock
 import pytest
 import torch
 
-from experiments_tiny_configs import tiny_digits_config
+from experiments_tiny_configs import leave_own_lock_in_place, tiny_digits_config
 from diffusionformer.experiments import runner
 from diffusionformer.experiments.results import run_dir
 from diffusionformer.experiments.store import LOCK_NAME
@@ -68,18 +68,10 @@ def _config():
     return tiny_digits_config()
 
 
-def _unremovable(rdir) -> None:
-    """``release_lock`` of a read-only run folder (chmod does not stop root)."""
-    raise PermissionError(13, "Permission denied", str(rdir / LOCK_NAME))
-
-
 def test_bug_restart_in_the_process_whose_lock_release_failed_reclaims_its_lock(tmp_path, monkeypatch):
     config = _config()
-    with monkeypatch.context() as patch:
-        patch.setattr(runner, "_release_lock", _unremovable)
-        with pytest.raises(PermissionError, match="is left in place"):
-            runner.run_experiment(config, tmp_path, progress=False, log=lambda m: None)
-    lock = run_dir(tmp_path / "tiny", "digits", "attention", 0) / LOCK_NAME
+    lock = leave_own_lock_in_place(monkeypatch, config, tmp_path)
+    assert lock == run_dir(tmp_path / "tiny", "digits", "attention", 0) / LOCK_NAME
     assert json.loads(lock.read_text())["pid"] == os.getpid()  # this process's lock, left in place
     said: list[str] = []
     results = runner.run_experiment(config, tmp_path, resume=False, progress=False, log=said.append)

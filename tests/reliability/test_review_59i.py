@@ -93,15 +93,11 @@ def test_a_refused_restart_does_not_say_it_takes_back_this_process_lock(tmp_path
     from diffusionformer.experiments.results import run_dir
     from diffusionformer.experiments.store import LOCK_NAME
 
-    config = _tiny_config()
-    with monkeypatch.context() as patch:
-        def unremovable(rdir):
-            raise PermissionError(13, "Permission denied", str(rdir / LOCK_NAME))
+    from experiments_tiny_configs import leave_own_lock_in_place  # tests/experiments, on the path (conftest.py)
 
-        patch.setattr(runner, "_release_lock", unremovable)
-        with pytest.raises(PermissionError, match="is left in place"):
-            runner.run_experiment(config, tmp_path, progress=False, log=lambda m: None)
-    own = run_dir(tmp_path / "tiny", "digits", "attention", 0)
+    config = _tiny_config()
+    own = leave_own_lock_in_place(monkeypatch, config, tmp_path).parent
+    assert own == run_dir(tmp_path / "tiny", "digits", "attention", 0)
     assert json.loads((own / LOCK_NAME).read_text())["pid"] == os.getpid()
     live_holder = runner._live_holder
     monkeypatch.setattr(runner, "_live_holder", lambda rdir: live_holder(rdir) if rdir == own else (4242, "nodeB"))

@@ -139,15 +139,11 @@ def test_bug_a_restart_refused_by_its_environment_said_it_took_this_process_lock
     from diffusionformer.experiments.results import run_dir
     from diffusionformer.experiments.store import LOCK_NAME
 
-    config = _tiny_config()
-    with monkeypatch.context() as patch:
-        def unremovable(rdir):
-            raise PermissionError(13, "Permission denied", str(rdir / LOCK_NAME))
+    from experiments_tiny_configs import leave_own_lock_in_place  # tests/experiments, on the path (conftest.py)
 
-        patch.setattr(runner, "_release_lock", unremovable)
-        with pytest.raises(PermissionError, match="is left in place"):
-            runner.run_experiment(config, tmp_path, progress=False, log=lambda m: None)
-    assert (run_dir(tmp_path / "tiny", "digits", "attention", 0) / LOCK_NAME).exists()
+    config = _tiny_config()
+    lock = leave_own_lock_in_place(monkeypatch, config, tmp_path)
+    assert lock == run_dir(tmp_path / "tiny", "digits", "attention", 0) / LOCK_NAME and lock.exists()
     said: list[str] = []
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", "1")
