@@ -327,9 +327,10 @@ def _check_out(out: str, name: str) -> None:
 
 def _naming_missing_imports(folder: Path, given: list[str]) -> contextlib.AbstractContextManager[None]:
     """A ValueError raised inside that names an unknown operator, model or dataset gets the ``--import`` modules the
-    manifest of the comparison ``folder`` records and this command was not given (nothing for another problem, a
-    folder or manifest not there or damaged, a message that names ``--import`` already, as ``load_run``'s): a
-    comparison made with ``--import`` and run again without it got a bare "unknown operator"."""
+    manifest of the comparison ``folder`` records and this command did not import (in that spelling or another:
+    :func:`_imported`; nothing for another problem, a folder or manifest not there or damaged, a message that names
+    ``--import`` already, as ``load_run``'s): a comparison made with ``--import`` and run again without it got a
+    bare "unknown operator"."""
     from diffusionformer.experiments.outputs import _run_flags
     from diffusionformer.experiments.reload import _adding_hint, _recorded_imports
 
@@ -338,7 +339,7 @@ def _naming_missing_imports(folder: Path, given: list[str]) -> contextlib.Abstra
         if "--import" in text or not re.search(r"\bunknown (operator|model|dataset) '", text):
             return ""
         manifest_path = folder / "manifest.json"
-        missing = [m for m in _recorded_imports(manifest_path) if m not in given]
+        missing = [m for m in _recorded_imports(manifest_path) if m not in given and not _imported(m)]
         if not missing:
             return ""
         words = (f"the comparison {folder} was made with{_run_flags(missing, None)} ({manifest_path}): give this "
@@ -346,6 +347,18 @@ def _naming_missing_imports(folder: Path, given: list[str]) -> contextlib.Abstra
         return f"\n({words})" if "\n" in text else f"; {words}"
 
     return _adding_hint(hint)
+
+
+def _imported(spec: str) -> bool:
+    """Whether the module ``--import spec`` names is imported in this process: from the file it names (``./ops.py``
+    given for ``ops.py``), or by its dotted name (``ops`` given for ``ops.py`` of the current folder, or the
+    reverse)."""
+    if spec.endswith(".py") or "/" in spec or os.sep in spec:
+        where = getattr(sys.modules.get(Path(spec).stem), "__file__", None)
+        with contextlib.suppress(OSError, ValueError, RuntimeError):  # a NUL in the name, a symbolic link's loop
+            return where is not None and Path(where).resolve() == Path(spec).resolve()
+        return False
+    return spec in sys.modules
 
 
 def _import_module(spec: str) -> None:

@@ -223,8 +223,9 @@ def _recorded_imports(manifest_path: Path) -> list[str]:
         words = shlex.split(command) if isinstance(command, str) else []
     except ValueError:  # unbalanced quotes: a manifest written before its command was quoted (`--out "Bob's runs"`)
         words = command.split()
-    modules = [b for a, b in zip(words, words[1:]) if a == "--import"]
-    return modules + [w.partition("=")[2] for w in words if w.startswith("--import=")]
+    # in the command's order, whatever the spelling of each (a module may look up what an earlier one registered)
+    return [b if a == "--import" else a.partition("=")[2] for a, b in zip(words, [*words[1:], None])
+            if (a == "--import" and b is not None) or a.startswith("--import=")]
 
 
 def _recorded_imports_hint(rdir: Path) -> str:

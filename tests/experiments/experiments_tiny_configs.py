@@ -27,7 +27,7 @@ name = "lap"
 laplacian_heads = 1
 '''
 
-# a two-seed character-LM comparison whose run folders the gaps tests write by hand (no training)
+
 def tiny_digits_config(operators: int | None = None):
     """``TINY_DIGITS_TOML`` loaded as an ``ExperimentConfig``, keeping its first ``operators`` settings (all: None)."""
     import dataclasses
@@ -59,6 +59,7 @@ def leave_own_lock_in_place(monkeypatch, config, out, match: str = "is left in p
     return run_dir(Path(out) / config.name, config.tasks[0].name, config.operators[0].name, config.seeds[0]) / LOCK_NAME
 
 
+# a two-seed character-LM comparison whose run folders the gaps tests write by hand (no training)
 TINY_GAPS_TOML = """name = "g"
 seeds = [0, 1]
 [[tasks]]
