@@ -28,6 +28,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -293,6 +294,20 @@ def _loader_generator(generator: torch.Generator) -> torch.Generator:
     return _BytesPickledGenerator().manual_seed(int.from_bytes(digest, "little") % 2**63)
 
 
+def _seeds_as_tensor(input_nodes: Any) -> Any:
+    """``input_nodes`` given as a list, tuple, range or NumPy array, as the tensor it holds (an empty one as int64):
+    PyG read a bool one as the node ids 0 and 1, not as a mask, and left one of floats to be truncated; anything
+    else (a tensor, ``None``, a heterogeneous ``(node type, ids)`` pair) as given."""
+    if not isinstance(input_nodes, (list, tuple, range, np.ndarray)):
+        return input_nodes
+    try:
+        # a NumPy array copied: torch warns that it cannot share a read-only one
+        seeds = torch.tensor(input_nodes) if isinstance(input_nodes, np.ndarray) else torch.as_tensor(input_nodes)
+    except (TypeError, ValueError, RuntimeError):
+        return input_nodes  # left to NeighborLoader (e.g. a heterogeneous (node type, ids) pair)
+    return seeds if seeds.numel() else seeds.long()
+
+
 def _check_loader_seeds(data: Data, batch_size: Any, input_nodes: Any, distinct: bool) -> None:
     """:func:`neighbor_loader`'s ``batch_size`` and ``input_nodes``, checked when the loader is built: else a bad seed
     surfaced at the batch that held it (an epoch later with ``shuffle``), a mask of the wrong length was accepted
@@ -304,15 +319,8 @@ def _check_loader_seeds(data: Data, batch_size: Any, input_nodes: Any, distinct:
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise ValueError(f"neighbor_loader: expected batch_size a positive int (seed nodes per batch), "
                          f"got {type(batch_size).__name__} ({batch_size!r})")
-    if input_nodes is None:
-        return
     seeds = input_nodes
-    if isinstance(seeds, (list, tuple, range)):  # passed on as given; read here only to check it
-        try:
-            seeds = torch.as_tensor(seeds)
-        except (TypeError, ValueError, RuntimeError):
-            return  # left to NeighborLoader (e.g. a heterogeneous (node type, ids) pair)
-    if not isinstance(seeds, Tensor):
+    if not isinstance(seeds, Tensor):  # None (all nodes), or left to NeighborLoader (a (node type, ids) pair)
         return
     n = getattr(data, "num_nodes", None)
     if not isinstance(n, int):  # a graph without a node count: left to NeighborLoader
@@ -351,7 +359,7 @@ def neighbor_loader(
         batch_size: seed nodes per batch.
         input_nodes: the seeds to iterate over (node ids in ``[0, num_nodes)``, distinct with
             :class:`TorchNeighborSampler`, or a bool mask of ``num_nodes`` entries; default: all nodes),
-            checked here, not at the batch that holds a bad one.
+            as a tensor, a list or a NumPy array, checked here, not at the batch that holds a bad one.
         shuffle: reshuffle the seeds every epoch.
         generator: random generator of :class:`TorchNeighborSampler`, and then also the
             ``DataLoader``'s (its shuffling and its workers' seeds: from a generator seeded from its state,
@@ -376,13 +384,15 @@ def neighbor_loader(
             raise ValueError("neighbor_loader: generator= seeds the sampler this function builds; a neighbor_sampler= "
                              "of the caller's draws from its own random state, so pass one of them")
     own = kwargs.get("neighbor_sampler") is None and (not has_compiled_sampler() or force_torch)
+    input_nodes = _seeds_as_tensor(input_nodes)
     _check_loader_seeds(data, batch_size, input_nodes, distinct=own)
     if own:
         _refuse_compiled_only_options(kwargs, "force_torch=True bypasses it" if force_torch else "not installed")
         kwargs["neighbor_sampler"] = TorchNeighborSampler(data, num_neighbors, generator)
         if generator is not None:  # else the shuffling and the workers' seeds came from torch's global RNG
             kwargs["generator"] = _loader_generator(generator)
-    return NeighborLoader(data, list(num_neighbors), batch_size=batch_size, input_nodes=input_nodes,
+    # int(): a numpy int passed the check above, and DataLoader refused it ("should be a positive integer value")
+    return NeighborLoader(data, list(num_neighbors), batch_size=int(batch_size), input_nodes=input_nodes,
                           shuffle=shuffle, **kwargs)
 
 
