@@ -109,7 +109,8 @@ def pad_by_batch(x: Tensor, batch: Tensor | None, num_graphs: int | None = None)
     Args:
         x: node rows.
         batch: graph id of each node, sorted; ``None`` means one graph.
-        num_graphs: number of graphs ``G`` (default ``batch.max() + 1``); ids outside ``[0, G)`` are a ``ValueError``.
+        num_graphs: number of graphs ``G`` (default ``batch.max() + 1``); ids outside ``[0, G)`` are a ``ValueError``,
+            and so is a ``G`` other than 1 without ``batch``.
 
     Shapes:
         x: ``(N, *F)``; batch: ``(N,)`` -> padded ``(G, N_max, *F)`` (zeros) and mask
@@ -127,6 +128,9 @@ def pad_by_batch(x: Tensor, batch: Tensor | None, num_graphs: int | None = None)
         raise ValueError(f"x must be a tensor of node rows (N, ...), got {getattr(x, 'shape', type(x).__name__)}")
     N = x.shape[0]
     if batch is None:
+        if num_graphs is not None and (not _is_int(num_graphs) or num_graphs != 1):  # else one graph, silently
+            raise ValueError(f"batch=None means one graph, but num_graphs={num_graphs!r}: pass the batch vector of "
+                             "the graphs (graph id of each node)")
         return x.unsqueeze(0), torch.ones(1, N, dtype=torch.bool, device=x.device)
     if not isinstance(batch, Tensor) or batch.shape != (N,) or batch.is_floating_point() or batch.is_complex() \
             or batch.dtype == torch.bool:
@@ -259,6 +263,18 @@ def _forward_takes_num_graphs(cls: type) -> bool:
         return False
 
 
+def _takes_return_intermediates(attn: object) -> bool:
+    """Whether ``attn`` is a module whose forward takes ``return_intermediates`` (a DiffusionAttention; a wrapper of
+    one, such as ``torch.compile``'s, whose forward takes ``**kwargs``)."""
+    if not isinstance(attn, nn.Module):
+        return False
+    try:
+        params = inspect.signature(attn.forward).parameters
+    except (TypeError, ValueError):  # no signature to read: left to the call
+        return True
+    return "return_intermediates" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def _default_forward(model: nn.Module, inputs: Any) -> Any:
     if _is_graph_batch(inputs):
         batch = getattr(inputs, "batch", None)
@@ -379,7 +395,9 @@ class LayerRecorder:
     model (``None`` for dense models or one graph), and ``attentions[i]`` the
     :class:`~diffusionformer.nn.attention.AttentionIntermediates` of block ``i`` (when
     ``attentions=True``: recomputed from the block's input without an autograd graph, for
-    every block ``i`` whose output ``i + 1`` is recorded). A later pass overwrites the earlier one.
+    every block ``i`` whose output ``i + 1`` is recorded). A later pass overwrites the earlier one. A module at several
+    positions of ``model.blocks`` (weights shared across depth) is recorded at each: its ``k``-th call of a pass is
+    position ``k``'s.
 
     Args:
         model: a model with ``model.blocks`` (``nn.ModuleList`` or ``nn.Sequential``); for a ``torch.compile`` model,
@@ -411,10 +429,14 @@ class LayerRecorder:
         self.attention_blocks = [layer - 1 for layer in self.layers if layer >= 1] if attentions else []
         for i in self.attention_blocks:
             block = self.blocks[i]
-            if not all(isinstance(getattr(block, name, None), nn.Module) for name in ("attn", "norm1")):
+            attn = getattr(block, "attn", None)
+            # another attention (nn.MultiheadAttention) failed inside the hook with "forward() got an unexpected
+            # keyword argument 'return_intermediates'", an argument the caller never passed
+            if not isinstance(getattr(block, "norm1", None), nn.Module) or not _takes_return_intermediates(attn):
                 raise TypeError(
                     f"attentions=True needs blocks with `attn` (DiffusionAttention) and `norm1` (pre-norm); "
                     f"block {i} is a {type(block).__name__}"
+                    + (f" whose attn is a {type(attn).__name__}" if isinstance(attn, nn.Module) else "")
                 )
         self.compute_attentions = True  #: switch the recomputation off (and on) between passes
         self.states: dict[int, Tensor] = {}
@@ -423,6 +445,11 @@ class LayerRecorder:
         self._key_padding: Tensor | None = None
         self._half: torch.dtype | None = None  # the coarsest half precision of the recorded states (_half_precision)
         self._handles: list[Any] = []
+        # a module at several positions of model.blocks (weights shared across depth): its positions, and its calls in
+        # this pass; each hook of position i acts on that position's call alone (all of them recorded every call, and
+        # every layer held the last call's tokens)
+        self._shared: dict[int, list[int]] = {}
+        self._calls: dict[int, int] = {}
         self._depth = 0  # nested ``with`` blocks of this recorder: the hooks stay until the outermost one ends
 
     def clear(self) -> None:
@@ -430,6 +457,7 @@ class LayerRecorder:
         self.states, self.attentions, self.batch = {}, {}, None
         self._key_padding = None  # key_padding_mask (True = padding) of block 0's dense call
         self._half = None
+        self._calls = {}
 
     def _record(self, layer: int, x: Tensor) -> None:
         # a copy: a block that updates its input in place (x += ..., under no_grad) changed the record. The precision
@@ -440,6 +468,8 @@ class LayerRecorder:
 
     def _pre_hook(self, i: int) -> Callable[..., None]:
         def hook(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if not self._is_call_of(i, block):
+                return
             x, attn_kwargs, batch = _split_block_call(block, args, kwargs)
             if i == 0:
                 self.batch = None if batch is None else batch.detach()
@@ -481,11 +511,22 @@ class LayerRecorder:
 
     def _post_hook(self, i: int) -> Callable[..., None]:
         def hook(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if not self._is_call_of(i, block):
+                return
             if not isinstance(output, Tensor):
                 raise TypeError(f"block {i} returned {type(output).__name__}; capture expects a tensor")
             self._record(i + 1, output)  # the next block may update its input in place
 
         return hook
+
+    def _count_call(self, block: nn.Module, args: tuple[Any, ...]) -> None:
+        self._calls[id(block)] = self._calls.get(id(block), 0) + 1
+
+    def _is_call_of(self, i: int, block: nn.Module) -> bool:
+        """Whether this call of ``block`` is the one at position ``i`` of ``model.blocks``: always, unless the module
+        sits at several positions; then its ``k``-th call of the pass is that of its ``k``-th position."""
+        positions = self._shared.get(id(block))
+        return positions is None or positions[(self._calls[id(block)] - 1) % len(positions)] == i
 
     def __enter__(self) -> "LayerRecorder":
         if self._depth:  # entered again inside its own block: the inner exit removed the outer block's hooks
@@ -501,6 +542,12 @@ class LayerRecorder:
                 if impl is not None:
                     self._compiled.append((module, impl))
                     module._compiled_call_impl = None
+            positions: dict[int, list[int]] = {}
+            for i, block in enumerate(self.blocks):
+                positions.setdefault(id(block), []).append(i)
+            self._shared = {key: p for key, p in positions.items() if len(p) > 1}
+            for block in {id(b): b for b in self.blocks if id(b) in self._shared}.values():
+                self._handles.append(block.register_forward_pre_hook(self._count_call))  # before the hooks reading it
             for i, block in enumerate(self.blocks):
                 if i == 0 or i in self.attention_blocks:
                     self._handles.append(block.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))

@@ -168,7 +168,7 @@ def _dirichlet_attention(cap: LayerCapture, layer: int, X: Tensor, lengths: Tens
         energy = dirichlet_energy(nodes, edge_index=cap.attention_edges[block], edge_weight=weights.mean(dim=-1),
                                   batch=seq, num_graphs=A)
         return float(energy[real].mean())
-    P, X = weights.mean(dim=1), X[:A]  # (A, T, T), head average
+    P, X = weights[:A].mean(dim=1), X[:A]  # (A, T, T), head average
     if cap.mask is not None:  # real tokens only: padded positions (their values, the rows of padded queries) count not
         m = cap.mask[:A].to(X.dtype)
         P, X = P * m.unsqueeze(-1) * m.unsqueeze(-2), X * m.unsqueeze(-1)
@@ -519,6 +519,25 @@ SEQUENCE_LABEL_METRICS = tuple(m.key for m in list_metrics("sequence_label"))
 TOKEN_LABEL_METRICS = tuple(m.key for m in list_metrics("token_label"))
 
 
+def _check_dense_attentions(capture: LayerCapture) -> None:
+    """The dense attention maps that ``dirichlet_attention`` averages over heads, ``(A, H, T, T)`` with
+    ``A = capture.num_attention_examples <= B`` (the first ``A`` of them are read): head-averaged maps ``(A, T, T)``
+    were averaged again over their queries (a wrong energy when ``A == T``, else an error about a ``P`` the caller
+    never passed)."""
+    A = capture.num_attention_examples
+    if A == 0:  # none measured
+        return
+    B, T = capture.states[capture.layers[0]].shape[:2]
+    for i, P in capture.attentions.items():  # type: ignore[union-attr]
+        if capture.attention_edges is not None and i in capture.attention_edges:
+            continue
+        if not isinstance(P, Tensor) or P.ndim != 4 or P.shape[0] < A or P.shape[-2:] != (T, T) or A > B:
+            got = tuple(P.shape) if isinstance(P, Tensor) else type(P).__name__
+            raise ValueError(
+                f"capture.attentions[{i}] must hold one map per head for the first A = {A} sequences "
+                f"(capture.extra['num_attention_examples'], at most B = {B}), shape ({A}, H, {T}, {T}), got {got}")
+
+
 def _check_capture_shapes(capture: LayerCapture) -> None:
     """Every layer ``(B, T, D)`` with the same non-empty ``B`` and ``T``, and ``mask`` a ``(B, T)`` bool prefix mask:
     else a ValueError naming the layer (not an error deep inside a metric about an argument the user never passed, or,
@@ -532,6 +551,7 @@ def _check_capture_shapes(capture: LayerCapture) -> None:
         if x.shape[:2] != capture.states[first].shape[:2]:
             raise ValueError(f"capture.states[{layer}] has {tuple(x.shape[:2])} (B, T) but capture.states[{first}] has "
                              f"{tuple(capture.states[first].shape[:2])}: every layer must hold the same sequences")
+    _check_dense_attentions(capture)
     mask = capture.mask
     if mask is None:
         return
