@@ -108,9 +108,13 @@ def manifest(config: ExperimentConfig, device: str | None = None,
     from diffusionformer import __version__
 
     gpu, cpu = _where_trained(config, device, tasks)
+    command = _command()
     return {
         "config": config.to_dict(),
-        "command": _command(),
+        "command": command,
+        # its --import modules (merged_manifest keeps every invocation's): a later run without them, which needs none
+        # (--set operators=attention), left no record of the modules the comparison's other runs need
+        "imports": _command_imports(command),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "diffusionformer": __version__,
@@ -136,12 +140,38 @@ def manifest(config: ExperimentConfig, device: str | None = None,
 
 def _command() -> str:
     """The manifest's ``command``: ``python -m diffusionformer.experiments ARGV`` (quoted for a shell) for
-    ``main(argv)`` called from Python, else the command line as given (the script's file name and its arguments,
-    quoted too: load_run reads its ``--import`` back, and a path with a space was two words)."""
+    ``main(argv)`` called from Python and for ``python -m diffusionformer.experiments`` itself (its ``sys.argv[0]``
+    is the path of this package's ``__main__.py``, recorded as ``__main__.py``, which no shell runs), else the command
+    line as given (the script's file name, ``diffusionformer`` for the console script, and its arguments, quoted too:
+    load_run reads its ``--import`` back, and a path with a space was two words)."""
     argv = _MAIN_ARGV.get()
+    if argv is None and os.path.realpath(sys.argv[0]) == os.path.realpath(Path(__file__).with_name("__main__.py")):
+        argv = tuple(sys.argv[1:])
     if argv is not None:
         return f"python -m diffusionformer.experiments {shlex.join(argv)}"
     return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+def _command_imports(command: Any) -> list[str]:
+    """The ``--import`` modules of a manifest's ``command``, in both spellings (``--import m``, ``--import=m``) and in
+    its order (a module may look up what an earlier one registered); ``[]`` for no command (not a string)."""
+    try:
+        words = shlex.split(command) if isinstance(command, str) else []
+    except ValueError:  # unbalanced quotes: a manifest written before its command was quoted (`--out "Bob's runs"`)
+        words = command.split()
+    return [b if a == "--import" else a.partition("=")[2] for a, b in zip(words, [*words[1:], None])
+            if (a == "--import" and b is not None) or a.startswith("--import=")]
+
+
+def _manifest_imports(record: Any) -> list[str]:
+    """The ``--import`` modules a manifest ``record`` keeps: its ``imports`` (every invocation's, merged by
+    :func:`merged_manifest`), else, in a manifest written before that field, those of its ``command``."""
+    if not isinstance(record, dict):
+        return []
+    imports = record.get("imports")
+    if isinstance(imports, list):
+        return [m for m in imports if isinstance(m, str)]
+    return _command_imports(record.get("command"))
 
 
 def _where_trained(config: ExperimentConfig, device: str | None,
@@ -196,7 +226,8 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
     (``torch``) that trained its runs (a GPU call's and this machine's), and ``cuda_devices`` every GPU (``cuda``;
     left out while none is recorded), and ``world_sizes`` every number of processes (``world_size``; likewise), and
     ``torch_thread_counts`` every torch thread count (``torch_threads``) of an invocation that trained on the CPU (one
-    whose ``cpu_kernels`` is recorded; likewise).
+    whose ``cpu_kernels`` is recorded; likewise), and ``imports`` every ``--import`` module of every invocation, in
+    the order first seen (read from ``command`` in a manifest written before the field; likewise left out).
     ``previous`` is the manifest already on disk, or ``None``.
 
     Examples:
@@ -213,6 +244,9 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
         >>> merged_manifest({"cpu_kernels": "AVX2", "torch_threads": 2},
         ...                 {"cpu_kernels": "AVX2", "torch_threads": 1})["torch_thread_counts"]
         [2, 1]
+        >>> merged_manifest({"command": "diffusionformer run c.toml --import a.py --import=b"},
+        ...                 {"command": "diffusionformer run c.toml --import c.py", "imports": ["c.py"]})["imports"]
+        ['a.py', 'b', 'c.py']
     """
     kernels = _merged(previous, current, "cpu_kernels", "cpu_kernel_sets")
     torches = _merged(previous, current, "torch", "torch_versions")
@@ -221,7 +255,9 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
     # every thread count the CPU-trained runs saw: it decides a CPU run's rounding as the kernel set does (the last
     # invocation's torch_threads alone hid that earlier runs were trained under another count); a GPU call's is none
     threads = _merged(_cpu_threads(previous), _cpu_threads(current), "torch_threads", "torch_thread_counts", int)
+    imports = list(dict.fromkeys([*_manifest_imports(previous), *_manifest_imports(current)]))
     return {**current, "git_commits": _merged(previous, current, "git_commit", "git_commits"),
+            **({"imports": imports} if imports else {}),
             **({"cpu_kernel_sets": kernels} if kernels else {}),
             **({"torch_versions": torches} if torches else {}),
             **({"cuda_devices": gpus} if gpus else {}),

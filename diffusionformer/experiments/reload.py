@@ -212,27 +212,20 @@ def _check_summary_step(summary: dict[str, Any], step: int, summary_path: Path, 
 
 
 def _recorded_imports(manifest_path: Path) -> list[str]:
-    """The ``--import`` modules of the command ``manifest_path`` (a comparison's ``manifest.json``) records, in both
-    spellings (``--import m``, ``--import=m``); ``[]`` where it records none, or is missing or damaged."""
-    import shlex
-
+    """The ``--import`` modules ``manifest_path`` (a comparison's ``manifest.json``) records: those of every
+    invocation (its ``imports``), else, in a manifest written before that field, those of its ``command`` (in both
+    spellings, ``--import m`` and ``--import=m``); ``[]`` where it records none, or is missing or damaged."""
+    from diffusionformer.experiments.outputs import _manifest_imports
     from diffusionformer.experiments.results import read_json_dict
 
-    command = (read_json_dict(manifest_path) or {}).get("command")
-    try:
-        words = shlex.split(command) if isinstance(command, str) else []
-    except ValueError:  # unbalanced quotes: a manifest written before its command was quoted (`--out "Bob's runs"`)
-        words = command.split()
-    # in the command's order, whatever the spelling of each (a module may look up what an earlier one registered)
-    return [b if a == "--import" else a.partition("=")[2] for a, b in zip(words, [*words[1:], None])
-            if (a == "--import" and b is not None) or a.startswith("--import=")]
+    return _manifest_imports(read_json_dict(manifest_path))
 
 
 def _recorded_imports_hint(rdir: Path) -> str:
-    """``; the run was made with --import ...`` naming the modules the comparison's ``manifest.json`` records in its
-    ``command`` (``<out>/<name>/manifest.json`` above ``runs/<task>/<operator>/seed<k>``), else ``""``: a run of a
-    user's operator or preset, loaded without importing the module that registers it, failed with a bare "unknown
-    operator" that did not say where its name came from."""
+    """``; the run was made with --import ...`` naming the modules the comparison's ``manifest.json`` records
+    (:func:`_recorded_imports`; ``<out>/<name>/manifest.json`` above ``runs/<task>/<operator>/seed<k>``), else
+    ``""``: a run of a user's operator or preset, loaded without importing the module that registers it, failed with
+    a bare "unknown operator" that did not say where its name came from."""
     from diffusionformer.experiments.outputs import _run_flags  # the flags as a results page's command quotes them
 
     rdir = rdir.absolute()  # load_run("seed0") from inside the operator's folder: its manifest is there too

@@ -2,7 +2,7 @@
 
 Layout of ``<out>/<name>/``::
 
-    manifest.json                 resolved config, command, machine, versions
+    manifest.json                 resolved config, command, --import modules, machine, versions
     runs/<task>/<operator>/seed<k>/{metrics.jsonl, summary.json, checkpoint.pt, run_config.json}
     results.json                  one row per run (final metrics, parameters, wall time)
     results.md                    mean ± std over seeds per task and operator setting
