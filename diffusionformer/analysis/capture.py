@@ -397,7 +397,10 @@ class LayerRecorder:
     ``attentions=True``: recomputed from the block's input without an autograd graph, for
     every block ``i`` whose output ``i + 1`` is recorded). A later pass overwrites the earlier one. A module at several
     positions of ``model.blocks`` (weights shared across depth) is recorded at each: its ``k``-th call of a pass is
-    position ``k``'s.
+    position ``k``'s (a pass being a call of the model that holds ``blocks``, which also ends the count of one that
+    raised or exited early; calls past the last position are not recorded there; outside such a call, as in
+    ``forward_cached``, the calls cycle through the positions). Calls inside a backward pass (the recomputation of
+    ``torch.utils.checkpoint``) are not a forward pass and are not recorded.
 
     Args:
         model: a model with ``model.blocks`` (``nn.ModuleList`` or ``nn.Sequential``); for a ``torch.compile`` model,
@@ -450,6 +453,7 @@ class LayerRecorder:
         # every layer held the last call's tokens)
         self._shared: dict[int, list[int]] = {}
         self._calls: dict[int, int] = {}
+        self._in_pass = False  # inside a call of the module that holds model.blocks (a pass: the count starts at 0)
         self._depth = 0  # nested ``with`` blocks of this recorder: the hooks stay until the outermost one ends
 
     def clear(self) -> None:
@@ -457,7 +461,7 @@ class LayerRecorder:
         self.states, self.attentions, self.batch = {}, {}, None
         self._key_padding = None  # key_padding_mask (True = padding) of block 0's dense call
         self._half = None
-        self._calls = {}
+        self._calls, self._in_pass = {}, False
 
     def _record(self, layer: int, x: Tensor) -> None:
         # a copy: a block that updates its input in place (x += ..., under no_grad) changed the record. The precision
@@ -520,13 +524,30 @@ class LayerRecorder:
         return hook
 
     def _count_call(self, block: nn.Module, args: tuple[Any, ...]) -> None:
-        self._calls[id(block)] = self._calls.get(id(block), 0) + 1
+        if torch._C._current_graph_task_id() == -1:  # not a checkpoint's recomputation inside a backward pass
+            self._calls[id(block)] = self._calls.get(id(block), 0) + 1
+
+    def _new_pass(self, owner: nn.Module, args: tuple[Any, ...], *output: Any) -> None:
+        """Pre-hook (and, with ``output``, hook also called when it raised) of the module holding ``model.blocks``:
+        the calls of shared blocks count from 0 again (a pass that raised midway, or left early, shifted the positions
+        of every later one)."""
+        if torch._C._current_graph_task_id() == -1:
+            self._calls, self._in_pass = {}, not output
 
     def _is_call_of(self, i: int, block: nn.Module) -> bool:
         """Whether this call of ``block`` is the one at position ``i`` of ``model.blocks``: always, unless the module
-        sits at several positions; then its ``k``-th call of the pass is that of its ``k``-th position."""
+        sits at several positions; then its ``k``-th call of the pass is that of its ``k``-th position; never inside a
+        backward pass (a checkpoint's recomputation, in reverse order: the last position's call was read as the
+        first's)."""
+        if torch._C._current_graph_task_id() != -1:
+            return False
         positions = self._shared.get(id(block))
-        return positions is None or positions[(self._calls[id(block)] - 1) % len(positions)] == i
+        if positions is None:
+            return True
+        k = self._calls[id(block)] - 1
+        if k >= len(positions) and self._in_pass:  # called again after its last position (outside model.blocks)
+            return False
+        return positions[k % len(positions)] == i
 
     def __enter__(self) -> "LayerRecorder":
         if self._depth:  # entered again inside its own block: the inner exit removed the outer block's hooks
@@ -548,6 +569,11 @@ class LayerRecorder:
             self._shared = {key: p for key, p in positions.items() if len(p) > 1}
             for block in {id(b): b for b in self.blocks if id(b) in self._shared}.values():
                 self._handles.append(block.register_forward_pre_hook(self._count_call))  # before the hooks reading it
+            # the module that holds the blocks (under any name: `blocks` may be a property), called once per pass
+            owner = next((m for m in self._model.modules() if any(c is self.blocks for c in m.children())), None)
+            if self._shared and owner is not None:
+                self._handles.append(owner.register_forward_pre_hook(self._new_pass))
+                self._handles.append(owner.register_forward_hook(self._new_pass, always_call=True))
             for i, block in enumerate(self.blocks):
                 if i == 0 or i in self.attention_blocks:
                     self._handles.append(block.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))

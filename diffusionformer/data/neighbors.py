@@ -295,14 +295,20 @@ def _loader_generator(generator: torch.Generator) -> torch.Generator:
 
 
 def _seeds_as_tensor(input_nodes: Any) -> Any:
-    """``input_nodes`` given as a list, tuple, range or NumPy array, as the tensor it holds (an empty one as int64):
-    PyG read a bool one as the node ids 0 and 1, not as a mask, and left one of floats to be truncated; anything
-    else (a tensor, ``None``, a heterogeneous ``(node type, ids)`` pair) as given."""
-    if not isinstance(input_nodes, (list, tuple, range, np.ndarray)):
+    """``input_nodes`` given as a list, tuple, range, NumPy array or a single number, as the tensor it holds (an empty
+    one as int64): PyG read a bool one as the node ids 0 and 1, not as a mask, left one of floats to be truncated,
+    and failed on a number with "Dimension specified as 0 but tensor has no dimensions"; anything else (a tensor,
+    ``None``, a heterogeneous ``(node type, ids)`` pair) as given."""
+    if isinstance(input_nodes, np.ndarray) and input_nodes.dtype != object:
+        # a copy in native byte order and with positive strides, which torch shares: torch.tensor (and PyG) refused
+        # a reversed view (argsort()[::-1], seeds by descending degree) and a big-endian array
+        input_nodes = np.array(input_nodes, dtype=input_nodes.dtype.newbyteorder("="))
+    elif isinstance(input_nodes, np.ndarray):  # an object array (from pandas): the Python values it holds
+        input_nodes = input_nodes.tolist()
+    if not isinstance(input_nodes, (list, tuple, range, np.ndarray, np.generic, numbers.Number)):
         return input_nodes
     try:
-        # a NumPy array copied: torch warns that it cannot share a read-only one
-        seeds = torch.tensor(input_nodes) if isinstance(input_nodes, np.ndarray) else torch.as_tensor(input_nodes)
+        seeds = torch.from_numpy(input_nodes) if isinstance(input_nodes, np.ndarray) else torch.as_tensor(input_nodes)
     except (TypeError, ValueError, RuntimeError):
         return input_nodes  # left to NeighborLoader (e.g. a heterogeneous (node type, ids) pair)
     return seeds if seeds.numel() else seeds.long()
@@ -320,6 +326,10 @@ def _check_loader_seeds(data: Data, batch_size: Any, input_nodes: Any, distinct:
         raise ValueError(f"neighbor_loader: expected batch_size a positive int (seed nodes per batch), "
                          f"got {type(batch_size).__name__} ({batch_size!r})")
     seeds = input_nodes
+    if isinstance(data, Data) and isinstance(seeds, tuple) and seeds and isinstance(seeds[0], str):
+        # PyG failed with "too many dimensions 'str'"
+        raise ValueError(f"neighbor_loader: input_nodes ({seeds[0]!r}, ...) is a (node type, ids) pair of a "
+                         f"HeteroData, but data is a homogeneous Data: pass the node ids (or a bool mask) alone")
     if not isinstance(seeds, Tensor):  # None (all nodes), or left to NeighborLoader (a (node type, ids) pair)
         return
     n = getattr(data, "num_nodes", None)
