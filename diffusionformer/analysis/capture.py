@@ -398,8 +398,10 @@ class LayerRecorder:
     every block ``i`` whose output ``i + 1`` is recorded). A later pass overwrites the earlier one. A module at several
     positions of ``model.blocks`` (weights shared across depth) is recorded at each: its ``k``-th call of a pass is
     position ``k``'s (a pass being a call of the model that holds ``blocks``, which also ends the count of one that
-    raised or exited early; calls past the last position are not recorded there; outside such a call, as in
-    ``forward_cached``, the calls cycle through the positions). Calls inside a backward pass (the recomputation of
+    raised or exited early; outside such a call, as in ``forward_cached``, the calls cycle through the positions, and
+    a block call that raised ends the count). Within a call of that model, a block's calls past its last position (a
+    refinement step after the loop, the stack run again on another input) are not recorded, shared or not: every
+    position holds the first run's tokens. Calls inside a backward pass (the recomputation of
     ``torch.utils.checkpoint``) are not a forward pass and are not recorded.
 
     Args:
@@ -448,10 +450,11 @@ class LayerRecorder:
         self._key_padding: Tensor | None = None
         self._half: torch.dtype | None = None  # the coarsest half precision of the recorded states (_half_precision)
         self._handles: list[Any] = []
-        # a module at several positions of model.blocks (weights shared across depth): its positions, and its calls in
-        # this pass; each hook of position i acts on that position's call alone (all of them recorded every call, and
-        # every layer held the last call's tokens)
-        self._shared: dict[int, list[int]] = {}
+        # the positions of each module of model.blocks (several: weights shared across depth), and its calls in this
+        # pass; each hook of position i acts on that position's call alone (all of them recorded every call, and every
+        # layer held the last call's tokens; a call past the last position, another run of the stack inside the pass,
+        # overwrote the layers of the blocks it calls: states of two inputs)
+        self._positions: dict[int, list[int]] = {}
         self._calls: dict[int, int] = {}
         self._in_pass = False  # inside a call of the module that holds model.blocks (a pass: the count starts at 0)
         self._depth = 0  # nested ``with`` blocks of this recorder: the hooks stay until the outermost one ends
@@ -523,29 +526,38 @@ class LayerRecorder:
 
         return hook
 
-    def _count_call(self, block: nn.Module, args: tuple[Any, ...]) -> None:
-        if torch._C._current_graph_task_id() == -1:  # not a checkpoint's recomputation inside a backward pass
+    def _call_ended(self, block: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """Hook of every block, after the hooks that read its count (also when the call raised: ``output`` ``None``):
+        one call more of ``block`` in this pass; none inside a backward pass (a checkpoint's recomputation), nor one
+        that raised (a model that catches the error and calls the block again). Outside a pass of the module holding
+        ``model.blocks`` (``forward_cached``, ``generate(use_cache=True)``) a call that raised ends the count (the
+        recorder's own refusal of attentions on a cached step shifted every later cached pass)."""
+        if torch._C._current_graph_task_id() != -1:
+            return
+        if output is not None:
             self._calls[id(block)] = self._calls.get(id(block), 0) + 1
+        elif not self._in_pass:
+            self._calls = {}
 
     def _new_pass(self, owner: nn.Module, args: tuple[Any, ...], *output: Any) -> None:
         """Pre-hook (and, with ``output``, hook also called when it raised) of the module holding ``model.blocks``:
-        the calls of shared blocks count from 0 again (a pass that raised midway, or left early, shifted the positions
+        the calls of the blocks count from 0 again (a pass that raised midway, or left early, shifted the positions
         of every later one)."""
         if torch._C._current_graph_task_id() == -1:
             self._calls, self._in_pass = {}, not output
 
     def _is_call_of(self, i: int, block: nn.Module) -> bool:
-        """Whether this call of ``block`` is the one at position ``i`` of ``model.blocks``: always, unless the module
-        sits at several positions; then its ``k``-th call of the pass is that of its ``k``-th position; never inside a
-        backward pass (a checkpoint's recomputation, in reverse order: the last position's call was read as the
+        """Whether this call of ``block`` is the one at position ``i`` of ``model.blocks``: its ``k``-th call of the
+        pass is that of its ``k``-th position (one past its last, inside a call of the model, is none's); never inside
+        a backward pass (a checkpoint's recomputation, in reverse order: the last position's call was read as the
         first's)."""
         if torch._C._current_graph_task_id() != -1:
             return False
-        positions = self._shared.get(id(block))
-        if positions is None:
+        positions = self._positions.get(id(block))
+        if positions is None:  # a copy of the block (nn.DataParallel's replica)
             return True
-        k = self._calls[id(block)] - 1
-        if k >= len(positions) and self._in_pass:  # called again after its last position (outside model.blocks)
+        k = self._calls.get(id(block), 0)  # its calls before this one (counted once its hooks ran)
+        if k >= len(positions) and self._in_pass:  # called again after its last position (a second run of the stack)
             return False
         return positions[k % len(positions)] == i
 
@@ -563,15 +575,12 @@ class LayerRecorder:
                 if impl is not None:
                     self._compiled.append((module, impl))
                     module._compiled_call_impl = None
-            positions: dict[int, list[int]] = {}
+            self._positions = {}
             for i, block in enumerate(self.blocks):
-                positions.setdefault(id(block), []).append(i)
-            self._shared = {key: p for key, p in positions.items() if len(p) > 1}
-            for block in {id(b): b for b in self.blocks if id(b) in self._shared}.values():
-                self._handles.append(block.register_forward_pre_hook(self._count_call))  # before the hooks reading it
+                self._positions.setdefault(id(block), []).append(i)
             # the module that holds the blocks (under any name: `blocks` may be a property), called once per pass
             owner = next((m for m in self._model.modules() if any(c is self.blocks for c in m.children())), None)
-            if self._shared and owner is not None:
+            if owner is not None:
                 self._handles.append(owner.register_forward_pre_hook(self._new_pass))
                 self._handles.append(owner.register_forward_hook(self._new_pass, always_call=True))
             for i, block in enumerate(self.blocks):
@@ -579,6 +588,8 @@ class LayerRecorder:
                     self._handles.append(block.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))
                 if i + 1 in self.layers:
                     self._handles.append(block.register_forward_hook(self._post_hook(i), with_kwargs=True))
+            for block in {id(b): b for b in self.blocks}.values():  # after the hooks reading the count
+                self._handles.append(block.register_forward_hook(self._call_ended, always_call=True))
         except BaseException:
             self.remove()
             raise

@@ -301,8 +301,10 @@ def _seeds_as_tensor(input_nodes: Any) -> Any:
     ``None``, a heterogeneous ``(node type, ids)`` pair) as given."""
     if isinstance(input_nodes, np.ndarray) and input_nodes.dtype != object:
         # a copy in native byte order and with positive strides, which torch shares: torch.tensor (and PyG) refused
-        # a reversed view (argsort()[::-1], seeds by descending degree) and a big-endian array
-        input_nodes = np.array(input_nodes, dtype=input_nodes.dtype.newbyteorder("="))
+        # a reversed view (argsort()[::-1], seeds by descending degree) and a big-endian array; unsigned ids as int64:
+        # torch cannot check or index with uint16/32/64 ("min_all" not implemented for 'UInt32')
+        kind = np.dtype(np.int64) if input_nodes.dtype.kind == "u" else input_nodes.dtype.newbyteorder("=")
+        input_nodes = np.array(input_nodes, dtype=kind)
     elif isinstance(input_nodes, np.ndarray):  # an object array (from pandas): the Python values it holds
         input_nodes = input_nodes.tolist()
     if not isinstance(input_nodes, (list, tuple, range, np.ndarray, np.generic, numbers.Number)):

@@ -227,7 +227,7 @@ def merged_manifest(previous: dict[str, Any] | None, current: dict[str, Any]) ->
     left out while none is recorded), and ``world_sizes`` every number of processes (``world_size``; likewise), and
     ``torch_thread_counts`` every torch thread count (``torch_threads``) of an invocation that trained on the CPU (one
     whose ``cpu_kernels`` is recorded; likewise), and ``imports`` every ``--import`` module of every invocation, in
-    the order first seen (read from ``command`` in a manifest written before the field; likewise left out).
+    the order first seen (read from ``command`` in a manifest written before the field; ``[]`` for none).
     ``previous`` is the manifest already on disk, or ``None``.
 
     Examples:
