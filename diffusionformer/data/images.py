@@ -58,7 +58,8 @@ def build_image_data(
             third entry is ignored.
         num_classes: number of classes.
         normalize: standardise per channel.
-        meta: source/licence notes; split sizes are added.
+        meta: source/licence notes; split sizes and the pixel scale are added (``meta["scale"]``, the number;
+            ``meta["pixel_scale"]``, the formula in words).
         scale: the value that maps to 1.0 (positive and finite).
         class_names: names of the classes, if known.
         test: a separate ``(images, labels)`` test set (official test splits).
@@ -95,6 +96,7 @@ def build_image_data(
         mean, std, (x_train, x_val, x_test) = normalize_channels(x_train, x_val, x_test)
     meta = dict(meta)
     meta["sizes"] = {"train": len(x_train), "val": len(x_val), "test": len(x_test)}
+    meta["scale"] = float(scale)  # a loaded run's preprocessing (experiments.LoadedRun.preprocessing) reads it
     meta["pixel_scale"] = f"x = pixel / {scale:g}" + (", then per-channel (x - mean) / std" if normalize
                                                       else " (per-channel normalisation off)")
     return ClassificationData(

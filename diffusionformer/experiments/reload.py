@@ -5,7 +5,8 @@ A run directory ``<out>/<name>/runs/<task>/<operator>/seed<k>/`` written by
 model without the config or the data it was trained on: ``run_config.json`` names the model
 preset and its fully resolved config (data-derived sizes and the operator setting included),
 ``checkpoint.pt`` the weights of the last saved step, ``metrics.jsonl`` the training and
-evaluation records and ``summary.json`` the final result.
+evaluation records, ``summary.json`` the final result and ``preprocessing.json`` how the run's inputs
+were prepared (pixel scale and training statistics of images, the vocabulary of text).
 
 Examples:
     Rebuild a run's model and evaluate it (``results/default`` is the README's main job)::
@@ -16,6 +17,9 @@ Examples:
         logits = run.model(images)                  # eval mode, on the CPU
         run.config                                  # the ViTConfig it was built with
         evals = [r for r in run.metrics if r["split"] == "eval"]
+        prep = run.preprocessing                    # new raw images prepared as the run's were
+        mean, std = (torch.tensor(prep[k]).view(-1, 1, 1) for k in ("mean", "std"))
+        logits = run.model((pixels.float() / prep["scale"] - mean) / std)
 """
 
 from __future__ import annotations
@@ -35,6 +39,27 @@ from torch import nn
 __all__ = ["LoadedRun", "load_run"]
 
 RUN_CONFIG_NAME = "run_config.json"
+PREPROCESSING_NAME = "preprocessing.json"
+
+
+def _data_preprocessing(data: Any) -> dict[str, Any]:
+    """What the runner records in a run's ``preprocessing.json`` (:attr:`LoadedRun.preprocessing`): the data's
+    ``kind``; for images the ``scale`` raw pixels were divided by and the per-channel ``mean``/``std`` of the
+    training split they were then standardised with (``None`` where not known: a loader of one's own that did not
+    record its scale, or ``normalize=False``); for text the vocabulary ``itos`` (token id -> character)."""
+    kind = getattr(data, "kind", None)
+    record: dict[str, Any] = {"kind": kind if isinstance(kind, str) else None}
+    if kind == "image":
+        meta = getattr(data, "meta", None)
+        scale = meta.get("scale") if isinstance(meta, Mapping) else None
+        mean, std = getattr(data, "mean", None), getattr(data, "std", None)
+        record.update(scale=float(scale) if isinstance(scale, (int, float)) else None,
+                      mean=None if mean is None else [float(v) for v in mean],
+                      std=None if std is None else [float(v) for v in std])
+    elif kind == "text":
+        itos = getattr(data, "itos", None)
+        record["itos"] = None if itos is None else [str(t) for t in itos]
+    return record
 
 
 @dataclass
@@ -51,6 +76,12 @@ class LoadedRun:
         step: the number of updates done when the checkpoint was saved.
         preset: the model preset the run was built from (``run_config.json``'s ``model``).
         path: the run directory.
+        preprocessing: how the run's inputs were prepared, as recorded in ``preprocessing.json`` when it started:
+            ``kind`` (the data's), for images ``scale``, ``mean`` and ``std`` (a new raw image ``p`` of shape
+            ``(C, H, W)`` goes in as ``(p / scale - mean_c) / std_c``; ``mean``/``std`` ``None``: not standardised),
+            for text ``itos`` (token id -> character). ``None`` for a run folder written before it was recorded
+            (nothing is guessed: load its data with ``load_dataset(dataset, seed=data_seed, **dataset_options)`` as
+            its ``run_config.json`` names them and read the data's ``mean``/``std``/``itos``).
     """
 
     model: nn.Module
@@ -61,6 +92,7 @@ class LoadedRun:
     step: int
     preset: str
     path: Path
+    preprocessing: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         status = (self.summary or {}).get("status", "unfinished")
@@ -369,9 +401,15 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     if summary is not None:
         _check_summary_step(summary, int(payload["step"]), summary_path, ckpt)
     metrics = read_metrics(rdir) if (rdir / "metrics.jsonl").is_file() else []
+    preprocessing_path = rdir / PREPROCESSING_NAME
+    preprocessing = read_json_dict(preprocessing_path)
+    if preprocessing is None and preprocessing_path.exists():  # absent: a run folder of an older version
+        warnings.warn(f"load_run: {preprocessing_path} is unreadable (truncated or not a JSON object); "
+                      "run.preprocessing is None", stacklevel=2)
     try:
         train_config = TrainConfig.from_dict(payload["config"])
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint {ckpt}: its config is invalid: {err}") from err
     _check_train_identity(identity.get("train"), train_config.to_dict(), ckpt, ident_path)
-    return LoadedRun(model, config, metrics, summary, train_config, int(payload["step"]), preset_name, rdir)
+    return LoadedRun(model, config, metrics, summary, train_config, int(payload["step"]), preset_name, rdir,
+                     preprocessing)

@@ -3,7 +3,7 @@
 Layout of ``<out>/<name>/``::
 
     manifest.json                 resolved config, command, --import modules, machine, versions
-    runs/<task>/<operator>/seed<k>/{metrics.jsonl, summary.json, checkpoint.pt, run_config.json}
+    runs/<task>/<operator>/seed<k>/{metrics.jsonl, summary.json, checkpoint.pt, run_config.json, preprocessing.json}
     results.json                  one row per run (final metrics, parameters, wall time)
     results.md                    mean ± std over seeds per task and operator setting
     plots/<task>_curves.png       training loss and headline metric over steps
@@ -45,6 +45,7 @@ from diffusionformer.experiments.outputs import git_commit
 from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.plots import _PLOT_CACHE
+from diffusionformer.experiments.reload import PREPROCESSING_NAME, _data_preprocessing
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
 from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _RECORDED_SINCE, _comparable, _completed,
                                                  _definition, _identity_changes, _model_class_name,
@@ -632,7 +633,8 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
             _rank_zero_writes(dist_ctx, f"writing {rdir / 'learned_operators.json'}",
                               lambda: _restore_learned(rdir, model, summary.get("step"), log))
             return _result_from_files(task, setting, seed, rdir, summary)
-    _rank_zero_writes(dist_ctx, f"writing {rdir / RUN_CONFIG_NAME}", lambda: _start_run_folder(rdir, identity, resume))
+    _rank_zero_writes(dist_ctx, f"writing {rdir / RUN_CONFIG_NAME}",
+                      lambda: _start_run_folder(rdir, identity, resume, _data_preprocessing(data)))
     adapter = build_task(data, model, eval_batch_size=task.eval_batch_size, augment=task.augment,
                          label_smoothing=task.label_smoothing, minibatch=task.minibatch or None)
     try:
@@ -672,9 +674,11 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     return _result_from_files(task, setting, seed, rdir, summary)
 
 
-def _start_run_folder(rdir: Path, identity: dict[str, Any], resume: bool) -> None:
+def _start_run_folder(rdir: Path, identity: dict[str, Any], resume: bool,
+                      preprocessing: dict[str, Any] | None = None) -> None:
     """Empty ``rdir`` of an earlier run when not ``resume`` (``--restart``; its lock kept), then record the run's
-    ``identity`` in its ``run_config.json``."""
+    ``identity`` in its ``run_config.json`` and, when given, how its inputs are prepared in ``preprocessing.json``
+    (``load_run``'s ``run.preprocessing``: a run continued by this version gets it too, its data being the same)."""
     if not resume and rdir.exists():
         import shutil
 
@@ -687,3 +691,5 @@ def _start_run_folder(rdir: Path, identity: dict[str, Any], resume: bool) -> Non
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     rdir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(rdir / RUN_CONFIG_NAME, identity)
+    if preprocessing is not None:
+        write_json_atomic(rdir / PREPROCESSING_NAME, preprocessing)

@@ -169,6 +169,57 @@ class DiffusionViT(nn.Module):
         """Parameters excluded from weight decay (timm convention)."""
         return {"pos_embed", "cls_token"} & {name for name, _ in self.named_parameters()}
 
+    @torch.no_grad()
+    def set_input_size(self, input_size: tuple[int, ...]) -> DiffusionViT:
+        """Take inputs of another size from now on: ``config.input_size`` becomes ``input_size`` and the learned
+        position embedding of the patch grid is resampled to the new grid, in place (a loaded model classifies
+        larger or smaller images than it was trained on; the patch size and every weight but ``pos_embed`` stay).
+
+        As timm's ``resample_abs_pos_embed``: bicubic over the 2-D grid of patch embeddings (``align_corners=False``,
+        ``antialias=True``: PIL's cubic kernel, widened when shrinking), the class token's row kept as it is; a 1-D
+        signal's grid is resampled along its length. A model with ``rope=True`` has no learned positions (its rotary
+        positions follow the grid) and only takes the new size. ``pos_embed`` becomes a new tensor: an optimiser
+        built before holds the old one.
+
+        Args:
+            input_size: ``(H, W)`` for images, ``(T,)`` for signals, each a multiple of ``patch_size``.
+
+        Returns:
+            the model itself.
+
+        Raises:
+            ValueError: ``input_size`` is not a valid ``ViTConfig.input_size`` of this model (another number of
+                dimensions, not a multiple of ``patch_size``).
+
+        Examples:
+            >>> vit = DiffusionViT(ViTConfig(input_size=(8, 8), patch_size=2, dim=16, depth=1, num_heads=2))
+            >>> vit.set_input_size((12, 8)).pos_embed.shape   # 1 class token + a 6 x 4 grid
+            torch.Size([1, 25, 16])
+            >>> vit(torch.randn(3, 1, 12, 8)).shape
+            torch.Size([3, 10])
+        """
+        import dataclasses
+
+        old = self.config
+        if isinstance(input_size, (tuple, list)) and len(input_size) != len(old.input_size):
+            raise ValueError(f"DiffusionViT.set_input_size: expected an input_size of {len(old.input_size)} "
+                             f"dimension(s) like {tuple(old.input_size)}, got {tuple(input_size)}")
+        config = dataclasses.replace(old, input_size=input_size)  # its checks: a tuple of multiples of patch_size
+        if self.pos_embed is not None and config.grid_size != old.grid_size:
+            pos = self.pos_embed
+            prefix, grid = pos[:, : self.num_prefix], pos[:, self.num_prefix :]
+            grid = grid.to(torch.promote_types(grid.dtype, torch.float32))  # half weights resampled in float32
+            size_from, size_to = [(1, *g) if len(g) == 1 else g for g in (old.grid_size, config.grid_size)]
+            grid = grid.reshape(1, *size_from, -1).permute(0, 3, 1, 2)  # (1, D, gh, gw)
+            grid = nn.functional.interpolate(grid, size=size_to, mode="bicubic", align_corners=False, antialias=True)
+            grid = grid.permute(0, 2, 3, 1).reshape(1, -1, pos.shape[-1]).to(pos.dtype)  # (1, gh' gw', D) row-major
+            pos_embed = torch.cat([prefix, grid], dim=1)
+            # a buffer stays one (a DINO teacher's weights are buffers)
+            self.pos_embed = (nn.Parameter(pos_embed, requires_grad=pos.requires_grad)
+                              if isinstance(pos, nn.Parameter) else pos_embed)
+        self.config = config
+        return self
+
     def _embed(self, x: Tensor) -> Tensor:
         c = self.config
         if not isinstance(x, Tensor):

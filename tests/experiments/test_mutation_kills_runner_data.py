@@ -134,7 +134,7 @@ def test_restart_keeps_this_workers_lock_while_it_trains(tmp_path, stub_trainer)
     restarted = stub_trainer.calls[1]
     assert restarted["lock"] == (os.getpid(), platform.node()), \
         f"the run trained without its lock; files then: {restarted['files']}"
-    assert restarted["files"] == [LOCK_NAME, "run_config.json"]  # the old summary is gone, the lock is not
+    assert restarted["files"] == [LOCK_NAME, "preprocessing.json", "run_config.json"]  # old summary gone, lock kept
     assert not (restarted["rdir"] / LOCK_NAME).exists()  # released afterwards
 
 

@@ -265,7 +265,8 @@ def test_a_time_limit_sigterm_during_the_checkpoint_write_resumes_bit_identicall
         run_experiment(cfg, out, progress=False, log=lambda m: None)
     monkeypatch.setattr(ckpt.torch, "save", real)
     rdir = run_dir(out / "cluster", "digits", "attention", 0)
-    assert sorted(p.name for p in rdir.iterdir()) == ["checkpoint.pt", "metrics.jsonl", "run_config.json"]
+    assert sorted(p.name for p in rdir.iterdir()) == ["checkpoint.pt", "metrics.jsonl", "preprocessing.json",
+                                                      "run_config.json"]
     result, = run_experiment(cfg, out, progress=False, log=lambda m: None)
     assert result.status == "completed" and json.loads((rdir / "summary.json").read_text())["resumed_from"] == 2
     strip = ("elapsed", "time", "wall_time", "steps_per_s", "samples_per_s", "tokens_per_s")
