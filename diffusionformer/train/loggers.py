@@ -4,7 +4,9 @@
 the same records as the JSON-lines log, ``{"step", "split", "loss", "lr", "metrics",
 "elapsed", "time"}``, and the same :meth:`truncate` on resume, so a resumed run never shows
 the steps replayed after its checkpoint twice. ``metrics.jsonl`` stays the record the
-experiment runner and :func:`~diffusionformer.train.read_metrics` read; it is always on.
+experiment runner and :func:`~diffusionformer.train.read_metrics` read; it is always on, and on
+resume the CSV table is written again from it (``loggers`` may change on a resume: a table switched
+on then, or off for a while, holds every record of the run; TensorBoard only the steps it logged).
 
 TensorBoard is optional: ``"tensorboard"`` needs the ``tensorboard`` package (not a
 dependency of this library) and fails with a clear ``ModuleNotFoundError`` before training
@@ -24,7 +26,7 @@ from typing import Any, Protocol
 
 from diffusionformer.config import _check_flag
 
-from .metrics import METRICS_NAME, MetricsLog, _atomic_file, _check_regular_file, _cut_back
+from .metrics import METRICS_NAME, MetricsLog, _atomic_file, _check_regular_file, _cut_back, read_metrics
 
 __all__ = [
     "CSV_NAME",
@@ -212,9 +214,7 @@ class CSVLog:
         """
         if not self.active:
             return
-        row = {name: _cell(record.get(name)) for name in CSV_BASE_COLUMNS}
-        for name, value in dict(record.get("metrics") or {}).items():
-            row[_PREFIX + str(name)] = _metric_cell(value)
+        row = _csv_row(record)
         if self._columns is None:
             columns, rows, _ = self._read()
             if columns is None:  # no file, or an empty one: write the header first
@@ -252,8 +252,26 @@ class CSVLog:
         self._rewrite(columns or list(CSV_BASE_COLUMNS), kept)
         return len(rows) - len(kept)
 
+    def _refill(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Make the table hold ``records`` (the JSON-lines log's, cut back on resume) and nothing else: ``loggers``
+        may change on a resume, and a table switched on then held only the rows written since (a gap where it was
+        off). Rows as :meth:`append` writes them, so the table is the one an uninterrupted run writes."""
+        if not self.active or not (records or self.path.exists()):
+            return
+        rows = [_csv_row(r) for r in records]
+        metric_columns = sorted({c for row in rows for c in row if c.startswith(_PREFIX)})
+        self._rewrite(list(CSV_BASE_COLUMNS) + metric_columns, rows)
+
     def close(self) -> None:
         """Nothing to close: every append opens, writes and closes the file."""
+
+
+def _csv_row(record: Mapping[str, Any]) -> dict[str, str]:
+    """The cells of ``record`` in ``metrics.csv``: the fixed columns, then ``metrics.<name>`` per metric."""
+    row = {name: _cell(record.get(name)) for name in CSV_BASE_COLUMNS}
+    for name, value in dict(record.get("metrics") or {}).items():
+        row[_PREFIX + str(name)] = _metric_cell(value)
+    return row
 
 
 class TensorBoardLog:
@@ -356,6 +374,12 @@ class LogGroup:
         """Truncate every writer; returns the count of the JSON-lines log where there is one (whatever the order of
         ``loggers``), else of the first writer."""
         counts = [writer.truncate(max_step) for writer in self.writers]
+        logs = [w for w in self.writers if isinstance(w, MetricsLog) and w.active and w.path.is_file()]
+        tables = [w for w in self.writers if isinstance(w, CSVLog)]
+        if logs and tables:  # a CSV switched on, or off for a while, since the run began: its rows are the log's
+            records = read_metrics(logs[0].path)
+            for table in tables:
+                table._refill(records)
         jsonl = [c for writer, c in zip(self.writers, counts) if isinstance(writer, MetricsLog)]
         return (jsonl or counts or [0])[0]
 
