@@ -326,6 +326,24 @@ _NEW_MODEL_FIELDS: dict[str, Any] = {"rope": False, "rope_base": (100.0, 10000.0
 _NEW_TRAIN_FIELDS: dict[str, Any] = {"grad_accum_steps": 1, "weight_decay_rule": "default", "loggers": ("jsonl",)}
 
 
+def _new_model_fields(config_cls: Any) -> dict[str, Any]:
+    """:data:`_NEW_MODEL_FIELDS` for a model config class (or the name of a preset): ``rope_base`` at that class's own
+    default (GPT's 10000, the ViT's 100), either of them only where the class is not known. Either default for every
+    model made a GPT run at base 100 (a ViT run at 10000) the same run as one at the model's own base."""
+    import dataclasses
+
+    if isinstance(config_cls, str):
+        from diffusionformer.models import get_preset
+
+        try:
+            config_cls = get_preset(config_cls).config_cls
+        except ValueError:  # a preset not registered now (a user's): its default is not known
+            config_cls = None
+    own = ({f.name: f.default for f in dataclasses.fields(config_cls)}.get("rope_base")
+           if isinstance(config_cls, type) and dataclasses.is_dataclass(config_cls) else None)
+    return _NEW_MODEL_FIELDS if own is None else {**_NEW_MODEL_FIELDS, "rope_base": own}
+
+
 def _without_new_defaults(d: dict[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """``d`` without the keys of ``new`` whose value is the default listed there (a tuple: any of them)."""
     def at_default(key: str, value: Any) -> bool:
@@ -343,7 +361,7 @@ def _normalized_identity(identity: dict[str, Any]) -> dict[str, Any]:
     its default (``"recompute": false`` before it joined :data:`_NEW_MODEL_FIELDS`) are the same run."""
     d = dict(identity)
     if isinstance(d.get("model_config"), dict):
-        d["model_config"] = _without_new_defaults(_names_as_read(d["model_config"]), _NEW_MODEL_FIELDS)
+        d["model_config"] = _without_new_defaults(_names_as_read(d["model_config"]), _new_model_fields(d.get("model")))
     if isinstance(d.get("train"), dict):
         d["train"] = _without_new_defaults(d["train"], _NEW_TRAIN_FIELDS)
     size = d.get("eval_batch_size")
@@ -469,7 +487,7 @@ def _model_changes(task: TaskConfig, setting: OperatorSetting, stored: dict[str,
         return []
     if dataclasses.is_dataclass(settings):
         now.update(dataclasses.asdict(settings))
-    now = json.loads(json.dumps(_without_new_defaults(now, _NEW_MODEL_FIELDS), default=str))
+    now = json.loads(json.dumps(_without_new_defaults(now, _new_model_fields(task.model)), default=str))
     now.update({k: v for k, v in stored.items() if k not in fields and k not in now})  # entries no config names now
     return _identity_diff({"model_config": stored}, {"model_config": now})
 

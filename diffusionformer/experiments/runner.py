@@ -47,8 +47,9 @@ from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.plots import _PLOT_CACHE
 from diffusionformer.experiments.reload import PREPROCESSING_NAME, _data_preprocessing
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
-from diffusionformer.experiments.results import (_NEW_MODEL_FIELDS, _RECORDED_SINCE, _comparable, _completed,
-                                                 _definition, _identity_changes, _model_class_name,
+from diffusionformer.experiments.results import _NEW_MODEL_FIELDS as _NEW_MODEL_FIELDS  # noqa: F401  (its home)
+from diffusionformer.experiments.results import (_RECORDED_SINCE, _comparable, _completed, _definition,
+                                                 _identity_changes, _model_class_name, _new_model_fields,
                                                  _normalized_identity, _nothing_to_continue, _result_from_files,
                                                  _task_identity, _train_identity, _with_recorded_class,
                                                  _without_new_defaults, read_json_dict)
@@ -470,7 +471,8 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
     identity: dict[str, Any] = {
         **{k: entries[k] for k in ("dataset", "dataset_options", "data_seed", "model")},
         # a field added after runs were published joins the identity only when set, so earlier runs keep resuming
-        "model_config": None if model_dict is None else _without_new_defaults(model_dict, _NEW_MODEL_FIELDS),
+        "model_config": None if model_dict is None else _without_new_defaults(model_dict,
+                                                                               _new_model_fields(type(model_cfg))),
         "train": _train_identity(train),
     }
     model_class = _model_class_name(type(model))
