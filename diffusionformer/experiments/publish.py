@@ -825,20 +825,24 @@ def _setting_definition(config: ExperimentConfig, setting: Any) -> str:
     """``setting``'s definition in ``config`` as the model it builds (``summary``'s column key): ``norm``, ``mlp`` and
     the head specs as the configs read them (``"SwiGLU"`` is ``"swiglu"``, ``"Attention:2, I-P:2"`` is
     ``"attention:2,laplacian:2"``), and a later-added model field at its default
-    (:data:`~diffusionformer.experiments.results._NEW_MODEL_FIELDS`: ``mlp = "gelu"``) as absent, as a run's identity
-    has them, unless a task of ``config`` sets that field otherwise (where ``mlp = "gelu"`` changes the model)."""
-    from diffusionformer.experiments.results import _NEW_MODEL_FIELDS, _without_new_defaults
+    (:data:`~diffusionformer.experiments.results._NEW_MODEL_FIELDS`: ``mlp = "gelu"``; ``rope_base`` at the tasks'
+    models' own default) as absent, as a run's identity has them, unless a task of ``config`` sets that field otherwise
+    (where ``mlp = "gelu"`` changes the model)."""
+    from diffusionformer.experiments.results import _NEW_MODEL_FIELDS, _new_model_fields, _without_new_defaults
     from diffusionformer.nn.block import _names_as_read
     from diffusionformer.nn.heads import _layout_as_read
 
     overrides = setting.model_overrides
     if isinstance(overrides, dict):
         overrides = _names_as_read(overrides)
+        # each task's model's defaults (rope_base: GPT's 10000, the ViT's 100; either for both put a GPT at 100 and
+        # one at 10000 in one column)
+        defaults = [_new_model_fields(task.model) for task in config.tasks] or [_NEW_MODEL_FIELDS]
         # the later-added fields a task sets to another value than their default
-        set_by_tasks = {k for task in config.tasks if isinstance(task.model_overrides, dict)
-                        for k in _without_new_defaults(_names_as_read(task.model_overrides), _NEW_MODEL_FIELDS)
-                        if k in _NEW_MODEL_FIELDS}
-        new = {k: v for k, v in _NEW_MODEL_FIELDS.items() if k not in set_by_tasks}
+        set_by_tasks = {k for task, new in zip(config.tasks, defaults) if isinstance(task.model_overrides, dict)
+                        for k in _without_new_defaults(_names_as_read(task.model_overrides), new) if k in new}
+        # a field at the default of every task's model is absent; one whose default differs between them is kept
+        new = {k: v for k, v in defaults[0].items() if k not in set_by_tasks and all(d[k] == v for d in defaults)}
         overrides = _without_new_defaults(overrides, new)
     return json.dumps([_layout_as_read(setting.heads), setting.laplacian_heads, overrides], sort_keys=True, default=str)
 

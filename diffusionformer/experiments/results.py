@@ -339,8 +339,11 @@ def _new_model_fields(config_cls: Any) -> dict[str, Any]:
             config_cls = get_preset(config_cls).config_cls
         except ValueError:  # a preset not registered now (a user's): its default is not known
             config_cls = None
-    own = ({f.name: f.default for f in dataclasses.fields(config_cls)}.get("rope_base")
-           if isinstance(config_cls, type) and dataclasses.is_dataclass(config_cls) else None)
+    spec = ({f.name: f for f in dataclasses.fields(config_cls)}.get("rope_base")
+            if isinstance(config_cls, type) and dataclasses.is_dataclass(config_cls) else None)
+    own = None if spec is None else spec.default  # a default_factory's value too (MISSING kept it in every identity)
+    if spec is not None and own is dataclasses.MISSING:
+        own = None if spec.default_factory is dataclasses.MISSING else spec.default_factory()
     return _NEW_MODEL_FIELDS if own is None else {**_NEW_MODEL_FIELDS, "rope_base": own}
 
 
