@@ -25,6 +25,7 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 import re
 import warnings
@@ -52,14 +53,28 @@ def _data_preprocessing(data: Any) -> dict[str, Any]:
     if kind == "image":
         meta = getattr(data, "meta", None)
         scale = meta.get("scale") if isinstance(meta, Mapping) else None
-        mean, std = getattr(data, "mean", None), getattr(data, "std", None)
-        record.update(scale=float(scale) if isinstance(scale, (int, float)) else None,
-                      mean=None if mean is None else [float(v) for v in mean],
-                      std=None if std is None else [float(v) for v in std])
+        # a NumPy number too (numbers.Real), as a user's meta may hold it: else recorded as not known
+        record.update(scale=float(scale) if isinstance(scale, numbers.Real) and not isinstance(scale, bool) else None,
+                      mean=_channel_floats(data, "mean"), std=_channel_floats(data, "std"))
     elif kind == "text":
         itos = getattr(data, "itos", None)
         record["itos"] = None if itos is None else [str(t) for t in itos]
     return record
+
+
+def _channel_floats(data: Any, name: str) -> list[float] | None:
+    """The data's per-channel ``mean`` or ``std`` as a flat list of floats, whatever a user's dataset holds: a tuple,
+    a tensor or a NumPy array of shape ``(C,)``, ``(C, 1, 1)`` or ``(1, C, 1, 1)``, one number for every channel
+    (iterated value by value, these failed every run at its start: "iteration over a 0-d tensor", "only one element
+    tensors can be converted")."""
+    values = getattr(data, name, None)
+    if values is None:
+        return None
+    try:
+        return torch.as_tensor(values, dtype=torch.float64).reshape(-1).tolist()
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{type(data).__name__}.{name}: expected the per-channel {name} of the images (numbers), "
+                         f"got {values!r} ({err})") from None
 
 
 @dataclass

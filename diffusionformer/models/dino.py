@@ -486,6 +486,13 @@ class DINO(nn.Module):
             raise ValueError(f"{where}: the student no longer has the parameters the teacher copied at "
                              f"construction ({moved[:3]}{' ...' if len(moved) > 3 else ''}); a student "
                              f"parametrized or pruned after DINO was built has no EMA partner in the teacher")
+        resized = [n for n in self._ema_names if teacher[n].shape != student[n].shape]
+        if resized:  # DiffusionViT.set_input_size on one side: a bare "size of tensor a" error, or a silent broadcast
+            n = resized[0]
+            raise ValueError(f"{where}: expected the teacher's and the student's {n} of one shape, got "
+                             f"{tuple(teacher[n].shape)} and {tuple(student[n].shape)}; after set_input_size on one "
+                             "backbone (DINO.backbone is the teacher's) call it on the other too "
+                             "(dino.student.backbone.set_input_size)")
         return [(teacher[n], student[n]) for n in self._ema_names]
 
     @property

@@ -179,7 +179,8 @@ class DiffusionViT(nn.Module):
         ``antialias=True``: PIL's cubic kernel, widened when shrinking), the class token's row kept as it is; a 1-D
         signal's grid is resampled along its length. A model with ``rope=True`` has no learned positions (its rotary
         positions follow the grid) and only takes the new size. ``pos_embed`` becomes a new tensor: an optimiser
-        built before holds the old one.
+        built before holds the old one. A :class:`~diffusionformer.models.DINO` has two backbones, the teacher's
+        (``dino.backbone``) and the student's (``dino.student.backbone``): its EMA step needs both resized.
 
         Args:
             input_size: ``(H, W)`` for images, ``(T,)`` for signals, each a multiple of ``patch_size``.
@@ -190,6 +191,7 @@ class DiffusionViT(nn.Module):
         Raises:
             ValueError: ``input_size`` is not a valid ``ViTConfig.input_size`` of this model (another number of
                 dimensions, not a multiple of ``patch_size``).
+            TypeError: ``input_size`` is not a tuple or list.
 
         Examples:
             >>> vit = DiffusionViT(ViTConfig(input_size=(8, 8), patch_size=2, dim=16, depth=1, num_heads=2))

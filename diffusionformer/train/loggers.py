@@ -6,7 +6,8 @@ the same records as the JSON-lines log, ``{"step", "split", "loss", "lr", "metri
 the steps replayed after its checkpoint twice. ``metrics.jsonl`` stays the record the
 experiment runner and :func:`~diffusionformer.train.read_metrics` read; it is always on, and on
 resume the CSV table is written again from it (``loggers`` may change on a resume: a table switched
-on then, or off for a while, holds every record of the run; TensorBoard only the steps it logged).
+on then, or off for a while, holds every record of the run, its own row of a record whose JSON line is damaged
+kept; TensorBoard only the steps it logged).
 
 TensorBoard is optional: ``"tensorboard"`` needs the ``tensorboard`` package (not a
 dependency of this library) and fails with a clear ``ModuleNotFoundError`` before training
@@ -15,6 +16,7 @@ starts when it is missing.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import difflib
 import math
@@ -253,12 +255,30 @@ class CSVLog:
         return len(rows) - len(kept)
 
     def _refill(self, records: Sequence[Mapping[str, Any]]) -> None:
-        """Make the table hold ``records`` (the JSON-lines log's, cut back on resume) and nothing else: ``loggers``
+        """Make the table hold ``records`` (the JSON-lines log's, cut back on resume): ``loggers``
         may change on a resume, and a table switched on then held only the rows written since (a gap where it was
-        off). Rows as :meth:`append` writes them, so the table is the one an uninterrupted run writes."""
+        off). Rows as :meth:`append` writes them, so the table is the one an uninterrupted run writes; a row of its own
+        that the log lacks is kept."""
         if not self.active or not (records or self.path.exists()):
             return
         rows = [_csv_row(r) for r in records]
+        # a row the log lacks (its line damaged, dropped with a warning) is kept: the table's whole copy of that record
+        # was the only one left (called after truncate: every row sound, none past the step). It goes before the row
+        # that followed it in the table, or before the log's first row of a later step if that comes first.
+        logged = {(int(row["step"]), row["split"]): i for i, row in enumerate(rows)}
+        steps = [int(row["step"]) for row in rows]
+        table = self._read()[1]
+        extras: list[tuple[int, dict[str, str]]] = []
+        at = len(rows)  # the position of the next row (from the end) that the log holds
+        for row in reversed(table):
+            key = (int(row["step"]), row["split"])
+            if key in logged:
+                at = logged[key]
+            else:
+                cells = {k: v for k, v in row.items() if k in CSV_BASE_COLUMNS or (k.startswith(_PREFIX) and v)}
+                extras.append((min(at, bisect.bisect_right(steps, key[0])), cells))
+        for at, cells in sorted(extras, key=lambda e: e[0], reverse=True):  # from the end (the table's order kept)
+            rows.insert(at, cells)
         metric_columns = sorted({c for row in rows for c in row if c.startswith(_PREFIX)})
         self._rewrite(list(CSV_BASE_COLUMNS) + metric_columns, rows)
 
