@@ -184,6 +184,24 @@ def _check_model_record(saved: Any, model: nn.Module, ckpt: Path, ident_path: Pa
                               f"ones written by a different model ({'; '.join(diffs)}); was {ident_path.name} edited?")
 
 
+def _rope_base_left_out(config: Any, recorded: Mapping[str, Any], saved: Any) -> Any:
+    """``config`` at the checkpoint's ``rope_base`` where ``run_config.json`` (``recorded``) lacks it and the model
+    record ``saved`` holds 100.0 or 10000.0: the runner left either out of every model's identity until 41b9968, so a
+    ViT run at 10000 (a GPT at 100) came back at its class's default and was refused as an edited ``run_config.json``.
+    Any other field or value is the record's to check, not to supply."""
+    import dataclasses
+
+    from diffusionformer.experiments.results import _NEW_MODEL_FIELDS
+
+    saved_config = saved.get("config") if isinstance(saved, Mapping) else None
+    base = saved_config.get("rope_base") if isinstance(saved_config, Mapping) else None
+    old_defaults = _NEW_MODEL_FIELDS["rope_base"]  # (100.0, 10000.0): either was left out for every model
+    if ("rope_base" in recorded or base not in old_defaults
+            or not dataclasses.is_dataclass(config) or not hasattr(config, "rope_base")):
+        return config
+    return dataclasses.replace(config, rope_base=float(base))
+
+
 def _build_in_saved_dtype(model_cls: Any, config: Any, state: Any) -> nn.Module:
     """``model_cls(config)`` in the dtype of the checkpoint's parameters (float32 or float64, when they all have
     one), as if built under that default dtype: built under the caller's ``torch.set_default_dtype(torch.float64)``, a float32 run came
@@ -333,8 +351,10 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
             comparison's ``manifest.json`` records, whose registrations it may need); ``map_location`` is not a
             device, or a CUDA device (or one of another kind, ``mps``) this machine does not have.
         CheckpointError: the checkpoint is unreadable, does not fit the model, was written by another model
-            (class, config or head layout: an edited ``run_config.json``) or under another train config (another
-            seed's checkpoint copied into the folder), holds a damaged model record or NaN or inf weights.
+            (class, config or head layout: an edited ``run_config.json``; a ``rope_base`` it lacks is the record's
+            where that holds 100.0 or 10000.0, which runners before 41b9968 left out for every model) or under another
+            train config (another seed's checkpoint copied into the folder), holds a damaged model record or NaN or
+            inf weights.
     """
     from diffusionformer.config import _device_argument, config_from_dict
     from diffusionformer.models import get_preset
@@ -386,6 +406,7 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
     if not ckpt.is_file() and not ckpt.is_symlink():  # a link to a missing file: load_checkpoint names it
         raise FileNotFoundError(f"load_run: expected the checkpoint {ckpt}, got none (the run has not saved a step yet)")
     payload = load_checkpoint(ckpt)
+    config = _rope_base_left_out(config, cfg_dict, payload.get("model_record"))  # a run folder from before 41b9968
     # the initial weights are overwritten: the caller's streams are not drawn from. Built on the CPU and moved to
     # map_location below, whatever the caller's default device: at a notebook's torch.set_default_device('meta') the
     # checkpoint's weights were copied into meta parameters (a no-op, one torch warning per tensor), then
