@@ -388,8 +388,9 @@ class LayerRecorder:
     r"""Context manager that records the residual stream ``X^(l)`` of every forward pass.
 
     Registers a forward pre-hook on ``model.blocks[0]`` (embeddings ``X^(0)``, and the
-    attention of block 0) and forward hooks on the blocks whose outputs are wanted; all
-    hooks are removed on exit, also when the body raises. After each forward pass,
+    attention of block 0) and forward hooks on the blocks whose outputs are wanted, and, to tell the positions of a
+    block shared across depth apart, a forward hook on every block (its calls) and hooks on the module that holds
+    ``blocks`` (a pass); all hooks are removed on exit, also when the body raises. After each forward pass,
     ``states[l]`` holds ``X^(l)`` of that pass (detached copies, on the model's device, as the block
     saw it: ``(B, T, D)`` dense or ``(N, D)`` nodes), ``batch`` the graph id per node of a graph
     model (``None`` for dense models or one graph), and ``attentions[i]`` the
@@ -410,7 +411,10 @@ class LayerRecorder:
             already ran skips hooks registered later (:func:`capture_dataset` does this itself). A model
             (or block) compiled in place, ``model.compile()``, runs eagerly inside the ``with`` block.
         layers: residual-stream indices to record, ``0..L`` (default: all).
-        attentions: also recompute each recorded block's attention weights.
+        attentions: also recompute each recorded block's attention weights (blocks with a pre-norm ``norm1`` and a
+            :class:`~diffusionformer.nn.DiffusionAttention` ``attn``: another block, or attention such as
+            :class:`torch.nn.MultiheadAttention`, is a ``TypeError`` when the recorder is made, naming the block's
+            class and its ``attn``'s).
 
     Examples:
         >>> from diffusionformer.models import DiffusionGPT, GPTConfig

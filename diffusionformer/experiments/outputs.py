@@ -99,7 +99,7 @@ def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]
 def manifest(config: ExperimentConfig, device: str | None = None,
              tasks: Sequence[TaskConfig] | None = None, world_size: int = 1) -> dict[str, Any]:
     """What ``manifest.json`` records: the resolved config, the command (``main(argv)``'s ``argv`` where it was given
-    one), the machine, versions and commit.
+    one) and its ``--import`` modules (``imports``, in its order), the machine, versions and commit.
 
     ``cuda`` names the GPU the runs train on and ``cpu_kernels`` the CPU kernel set, each ``None`` where no run
     trains there: ``device`` is the device of every run (``run --device``; default ``config.device``, else each of

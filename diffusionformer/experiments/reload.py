@@ -93,10 +93,13 @@ class LoadedRun:
         path: the run directory.
         preprocessing: how the run's inputs were prepared, as recorded in ``preprocessing.json`` when it started:
             ``kind`` (the data's), for images ``scale``, ``mean`` and ``std`` (a new raw image ``p`` of shape
-            ``(C, H, W)`` goes in as ``(p / scale - mean_c) / std_c``; ``mean``/``std`` ``None``: not standardised),
-            for text ``itos`` (token id -> character). ``None`` for a run folder written before it was recorded
-            (nothing is guessed: load its data with ``load_dataset(dataset, seed=data_seed, **dataset_options)`` as
-            its ``run_config.json`` names them and read the data's ``mean``/``std``/``itos``).
+            ``(C, H, W)`` goes in as ``(p / scale - mean_c) / std_c``; an entry the data did not record is ``None``:
+            ``mean``/``std`` with ``normalize=False``, or of a loader of one's own that left them unset, ``scale``
+            where the data's ``meta`` has no ``"scale"``), for text ``itos`` (token id -> character). ``None`` for a
+            run folder written before it was recorded, or whose ``preprocessing.json`` is unreadable (a warning
+            names it); nothing is guessed: load its data with
+            ``load_dataset(dataset, seed=data_seed, **dataset_options)`` as its ``run_config.json`` names them and
+            read the data's ``mean``/``std``/``itos``.
     """
 
     model: nn.Module
@@ -347,9 +350,10 @@ def load_run(path: str | os.PathLike[str], *, map_location: str | torch.device =
         FileNotFoundError: ``path`` is not a run directory, or lacks ``run_config.json`` or
             ``checkpoint.pt`` (the run has not saved a step yet).
         ValueError: ``run_config.json`` is unreadable (truncated, not a JSON object), names an
-            unknown preset or holds an invalid config (naming the ``--import`` modules of the command the
-            comparison's ``manifest.json`` records, whose registrations it may need); ``map_location`` is not a
-            device, or a CUDA device (or one of another kind, ``mps``) this machine does not have.
+            unknown preset or holds an invalid config (naming the ``--import`` modules the comparison's
+            ``manifest.json`` records, ``imports``: those of every invocation, whose registrations it may need);
+            ``map_location`` is not a device, or a CUDA device (or one of another kind, ``mps``) this machine does
+            not have.
         CheckpointError: the checkpoint is unreadable, does not fit the model, was written by another model
             (class, config or head layout: an edited ``run_config.json``; a ``rope_base`` it lacks is the record's
             where that holds 100.0 or 10000.0, which runners before 41b9968 left out for every model) or under another

@@ -189,9 +189,9 @@ class DiffusionViT(nn.Module):
             the model itself.
 
         Raises:
+            TypeError: ``input_size`` is not a tuple or list (a bare ``32``).
             ValueError: ``input_size`` is not a valid ``ViTConfig.input_size`` of this model (another number of
-                dimensions, not a multiple of ``patch_size``).
-            TypeError: ``input_size`` is not a tuple or list.
+                dimensions, not positive ints, not a multiple of ``patch_size``).
 
         Examples:
             >>> vit = DiffusionViT(ViTConfig(input_size=(8, 8), patch_size=2, dim=16, depth=1, num_heads=2))

@@ -391,8 +391,9 @@ class LogGroup:
             writer.append(record)
 
     def truncate(self, max_step: int) -> int:
-        """Truncate every writer; returns the count of the JSON-lines log where there is one (whatever the order of
-        ``loggers``), else of the first writer."""
+        """Truncate every writer, then write every CSV table again from the JSON-lines log, cut back (a table
+        switched on at a resume, or off for a while, holds every record of the run); returns the count of the
+        JSON-lines log where there is one (whatever the order of ``loggers``), else of the first writer."""
         counts = [writer.truncate(max_step) for writer in self.writers]
         logs = [w for w in self.writers if isinstance(w, MetricsLog) and w.active and w.path.is_file()]
         tables = [w for w in self.writers if isinstance(w, CSVLog)]
