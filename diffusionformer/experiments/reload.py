@@ -25,6 +25,7 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import os
 import re
@@ -66,15 +67,22 @@ def _channel_floats(data: Any, name: str) -> list[float] | None:
     """The data's per-channel ``mean`` or ``std`` as a flat list of floats, whatever a user's dataset holds: a tuple,
     a tensor or a NumPy array of shape ``(C,)``, ``(C, 1, 1)`` or ``(1, C, 1, 1)``, one number for every channel
     (iterated value by value, these failed every run at its start: "iteration over a 0-d tensor", "only one element
-    tensors can be converted")."""
+    tensors can be converted"). Finite real numbers only: a complex tensor lost its imaginary part, a bool one was
+    recorded as 1.0/0.0 and NaN or inf as null (JSON), without a word."""
     values = getattr(data, name, None)
     if values is None:
         return None
     try:
-        return torch.as_tensor(values, dtype=torch.float64).reshape(-1).tolist()
+        tensor = torch.as_tensor(values)
+        real = not (tensor.dtype.is_complex or tensor.dtype == torch.bool)
+        floats = tensor.double().reshape(-1).tolist() if real else []
     except (TypeError, ValueError, RuntimeError) as err:
         raise ValueError(f"{type(data).__name__}.{name}: expected the per-channel {name} of the images (numbers), "
                          f"got {values!r} ({err})") from None
+    if not real or not all(math.isfinite(v) for v in floats):
+        raise ValueError(f"{type(data).__name__}.{name}: expected the per-channel {name} of the images (finite real "
+                         f"numbers), got {values!r}")
+    return floats
 
 
 @dataclass

@@ -264,19 +264,25 @@ class CSVLog:
         rows = [_csv_row(r) for r in records]
         # a row the log lacks (its line damaged, dropped with a warning) is kept: the table's whole copy of that record
         # was the only one left (called after truncate: every row sound, none past the step). It goes before the row
-        # that followed it in the table, or before the log's first row of a later step if that comes first.
+        # that followed it in the table, or before the log's first row of a later step if that comes first. Only where
+        # that following row is the log's own (the table written beside the log there): a row of a killed segment past
+        # its checkpoint, left in a table off at that resume, is followed by the rerun's rows (another time) or by none
+        def cells(row: Mapping[str, str]) -> dict[str, str]:
+            return {k: v for k, v in row.items() if k in CSV_BASE_COLUMNS or (k.startswith(_PREFIX) and v)}
+
         logged = {(int(row["step"]), row["split"]): i for i, row in enumerate(rows)}
         steps = [int(row["step"]) for row in rows]
         table = self._read()[1]
         extras: list[tuple[int, dict[str, str]]] = []
         at = len(rows)  # the position of the next row (from the end) that the log holds
+        beside_the_log = False  # whether that row is the log's, cell for cell
         for row in reversed(table):
             key = (int(row["step"]), row["split"])
             if key in logged:
                 at = logged[key]
-            else:
-                cells = {k: v for k, v in row.items() if k in CSV_BASE_COLUMNS or (k.startswith(_PREFIX) and v)}
-                extras.append((min(at, bisect.bisect_right(steps, key[0])), cells))
+                beside_the_log = cells(row) == cells(rows[at])
+            elif beside_the_log:
+                extras.append((min(at, bisect.bisect_right(steps, key[0])), cells(row)))
         for at, cells in sorted(extras, key=lambda e: e[0], reverse=True):  # from the end (the table's order kept)
             rows.insert(at, cells)
         metric_columns = sorted({c for row in rows for c in row if c.startswith(_PREFIX)})
