@@ -115,7 +115,9 @@ class ClassificationData(_TensorSplits):
         input_shape: per-example shape, ``(C, H, W)`` or ``(T, F)``.
         mean, std: per-channel statistics used for normalisation (images), else ``None``.
         class_names: human-readable class names, when the source has them.
-        meta: source, licence note, split sizes and how the splits were made.
+        meta: source, licence note, split sizes and how the splits were made; for images ``meta["scale"]``, the
+            number raw pixels were divided by (a run records it with ``mean``/``std`` in ``preprocessing.json``,
+            :attr:`~diffusionformer.experiments.LoadedRun.preprocessing`; without it the recorded scale is ``None``).
 
     Shapes:
         - x: ``(N, *input_shape)`` float32
