@@ -441,11 +441,14 @@ class LayerRecorder:
             attn = getattr(block, "attn", None)
             # another attention (nn.MultiheadAttention) failed inside the hook with "forward() got an unexpected
             # keyword argument 'return_intermediates'", an argument the caller never passed
-            if not isinstance(getattr(block, "norm1", None), nn.Module) or not _takes_return_intermediates(attn):
+            wrong = [] if _takes_return_intermediates(attn) else [
+                f"whose attn is a {type(attn).__name__}" if isinstance(attn, nn.Module) else "without attn"]
+            if not isinstance(getattr(block, "norm1", None), nn.Module):
+                wrong.append("without norm1")
+            if wrong:
                 raise TypeError(
                     f"attentions=True needs blocks with `attn` (DiffusionAttention) and `norm1` (pre-norm); "
-                    f"block {i} is a {type(block).__name__}"
-                    + (f" whose attn is a {type(attn).__name__}" if isinstance(attn, nn.Module) else "")
+                    f"block {i} is a {type(block).__name__} {' and '.join(wrong)}"
                 )
         self.compute_attentions = True  #: switch the recomputation off (and on) between passes
         self.states: dict[int, Tensor] = {}

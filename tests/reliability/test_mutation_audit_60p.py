@@ -146,7 +146,7 @@ def test_attentions_of_blocks_without_an_attn_are_refused_before_the_pass():
             return x
 
     model, x = Stack(), torch.randn(2, 5, 8)
-    with pytest.raises(TypeError, match=r"needs blocks with `attn` .*block 0 is a NoAttnBlock$"):
+    with pytest.raises(TypeError, match=r"needs blocks with `attn` .*block 0 is a NoAttnBlock without attn$"):
         capture_dataset(model, [x], attentions=True)
     assert all(not b._forward_hooks and not b._forward_pre_hooks for b in model.blocks)
     with torch.no_grad():
@@ -414,3 +414,37 @@ def test_status_names_a_rope_base_set_to_the_other_models_default_as_a_change(pr
     assert _normalized_identity(user)["model_config"] == {"dim": 8}
     user["model_config"]["rope_base"] = 10000.0
     assert _normalized_identity(user)["model_config"] == {"dim": 8}
+
+
+@pytest.mark.parametrize(("has_attn", "has_norm1", "said"), [
+    (True, False, "is a _Block without norm1$"),
+    (False, True, "is a _Block without attn$"),
+    (False, False, "is a _Block without attn and without norm1$"),
+])
+def test_layer_recorder_names_what_a_block_lacks_not_its_diffusion_attention(has_attn, has_norm1, said):
+    """A post-norm block (a DiffusionAttention, no ``norm1``) was refused as one "whose attn is a
+    DiffusionAttention": the message names what the block lacks."""
+    from diffusionformer.analysis import LayerRecorder
+    from diffusionformer.nn import DiffusionAttention
+
+    class _Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            if has_attn:
+                self.attn = DiffusionAttention(8, 2)
+            if has_norm1:
+                self.norm1 = torch.nn.LayerNorm(8)
+
+        def forward(self, x):
+            return x
+
+    class _Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([_Block()])
+
+        def forward(self, x):
+            return self.blocks[0](x)
+
+    with pytest.raises(TypeError, match=said):
+        LayerRecorder(_Model(), attentions=True)
