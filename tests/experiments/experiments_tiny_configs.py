@@ -235,3 +235,33 @@ def play_torchrun_rank(monkeypatch, rank: int, trainer) -> None:
     monkeypatch.setattr(runner_mod, "_maybe_init_distributed", lambda device: None)
     monkeypatch.setattr(tdist, "broadcast_object_list", lambda objects, src: None)
     monkeypatch.setattr(runner_mod, "Trainer", trainer)
+
+
+def learned_quad_source(name: str) -> str:
+    """The source of a user's ``--import`` module registering a degree-2 operator ``name`` (coefficients 1, -1, 0.5):
+    written into a folder by the tests of recorded ``--import`` modules."""
+    return f'''
+import torch
+
+from diffusionformer.operators import DiffusionOperator, register_operator
+
+
+@register_operator
+class LearnedQuad(DiffusionOperator):
+    name = "{name}"
+
+    def __init__(self, num_heads: int = 1) -> None:
+        super().__init__(num_heads)
+        self._static = (1.0, -1.0, 0.5)
+        self.register_buffer("_c", torch.tensor(self._static), persistent=False)
+
+    @property
+    def degree(self) -> int:
+        return 2
+
+    def coefficients(self) -> torch.Tensor:
+        return self._c
+
+    def static_coefficients(self) -> tuple[float, ...]:
+        return self._static
+'''

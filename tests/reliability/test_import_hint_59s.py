@@ -9,7 +9,7 @@ import json
 import sys
 
 import pytest
-from experiments_tiny_configs import TINY_DIGITS_TOML
+from experiments_tiny_configs import TINY_DIGITS_TOML, learned_quad_source
 
 from diffusionformer.data import list_datasets, unregister_dataset
 from diffusionformer.experiments.cli import main
@@ -17,32 +17,9 @@ from diffusionformer.operators import list_operators, unregister_operator
 
 MODULE = "quadops59s"
 
-REGISTRATIONS = '''
-import torch
-
+REGISTRATIONS = learned_quad_source("learned-quad-59s") + '''
 from diffusionformer.data import register_dataset
 from diffusionformer.data.images import load_digits
-from diffusionformer.operators import DiffusionOperator, register_operator
-
-
-@register_operator
-class LearnedQuad(DiffusionOperator):
-    name = "learned-quad-59s"
-
-    def __init__(self, num_heads: int = 1) -> None:
-        super().__init__(num_heads)
-        self._static = (1.0, -1.0, 0.5)
-        self.register_buffer("_c", torch.tensor(self._static), persistent=False)
-
-    @property
-    def degree(self) -> int:
-        return 2
-
-    def coefficients(self) -> torch.Tensor:
-        return self._c
-
-    def static_coefficients(self) -> tuple[float, ...]:
-        return self._static
 
 
 @register_dataset("digits-59s", kind="image")

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from experiments_tiny_configs import TINY_DIGITS_TOML, tiny_digits_config
+from experiments_tiny_configs import TINY_DIGITS_TOML, learned_quad_source, tiny_digits_config
 
 import diffusionformer.experiments
 from diffusionformer import load_run
@@ -28,31 +28,7 @@ from diffusionformer.operators import list_operators, unregister_operator
 
 MODULE = "quadops60e"
 
-REGISTRATIONS = '''
-import torch
-
-from diffusionformer.operators import DiffusionOperator, register_operator
-
-
-@register_operator
-class LearnedQuad(DiffusionOperator):
-    name = "learned-quad-60e"
-
-    def __init__(self, num_heads: int = 1) -> None:
-        super().__init__(num_heads)
-        self._static = (1.0, -1.0, 0.5)
-        self.register_buffer("_c", torch.tensor(self._static), persistent=False)
-
-    @property
-    def degree(self) -> int:
-        return 2
-
-    def coefficients(self) -> torch.Tensor:
-        return self._c
-
-    def static_coefficients(self) -> tuple[float, ...]:
-        return self._static
-'''
+REGISTRATIONS = learned_quad_source("learned-quad-60e")
 
 # the tiny digits comparison with a setting of the module's operator
 QUAD_TOML = TINY_DIGITS_TOML.replace('name = "lap"\nlaplacian_heads = 1',
