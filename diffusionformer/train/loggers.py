@@ -7,7 +7,7 @@ the steps replayed after its checkpoint twice. ``metrics.jsonl`` stays the recor
 experiment runner and :func:`~diffusionformer.train.read_metrics` read; it is always on, and on
 resume the CSV table is written again from it (``loggers`` may change on a resume: a table switched
 on then, or off for a while, holds every record of the run, its own row of a record whose JSON line is damaged
-kept; TensorBoard only the steps it logged).
+kept; a table off at a resume is cut back to the checkpoint all the same; TensorBoard only the steps it logged).
 
 TensorBoard is optional: ``"tensorboard"`` needs the ``tensorboard`` package (not a
 dependency of this library) and fails with a clear ``ModuleNotFoundError`` before training
@@ -263,26 +263,21 @@ class CSVLog:
             return
         rows = [_csv_row(r) for r in records]
         # a row the log lacks (its line damaged, dropped with a warning) is kept: the table's whole copy of that record
-        # was the only one left (called after truncate: every row sound, none past the step). It goes before the row
-        # that followed it in the table, or before the log's first row of a later step if that comes first. Only where
-        # that following row is the log's own (the table written beside the log there): a row of a killed segment past
-        # its checkpoint, left in a table off at that resume, is followed by the rerun's rows (another time) or by none
-        def cells(row: Mapping[str, str]) -> dict[str, str]:
-            return {k: v for k, v in row.items() if k in CSV_BASE_COLUMNS or (k.startswith(_PREFIX) and v)}
-
+        # was the only one left (called after truncate: every row sound, none past the step; a table off at a resume
+        # is cut back there too, LogGroup.truncate, so no row of a killed segment the log cut is left). It goes before
+        # the row that followed it in the table, or before the log's first row of a later step if that comes first.
         logged = {(int(row["step"]), row["split"]): i for i, row in enumerate(rows)}
         steps = [int(row["step"]) for row in rows]
         table = self._read()[1]
         extras: list[tuple[int, dict[str, str]]] = []
         at = len(rows)  # the position of the next row (from the end) that the log holds
-        beside_the_log = False  # whether that row is the log's, cell for cell
         for row in reversed(table):
             key = (int(row["step"]), row["split"])
             if key in logged:
                 at = logged[key]
-                beside_the_log = cells(row) == cells(rows[at])
-            elif beside_the_log:
-                extras.append((min(at, bisect.bisect_right(steps, key[0])), cells(row)))
+            else:
+                cells = {k: v for k, v in row.items() if k in CSV_BASE_COLUMNS or (k.startswith(_PREFIX) and v)}
+                extras.append((min(at, bisect.bisect_right(steps, key[0])), cells))
         for at, cells in sorted(extras, key=lambda e: e[0], reverse=True):  # from the end (the table's order kept)
             rows.insert(at, cells)
         metric_columns = sorted({c for row in rows for c in row if c.startswith(_PREFIX)})
@@ -398,7 +393,8 @@ class LogGroup:
 
     def truncate(self, max_step: int) -> int:
         """Truncate every writer, then write every CSV table again from the JSON-lines log, cut back (a table
-        switched on at a resume, or off for a while, holds every record of the run); returns the count of the
+        switched on at a resume, or off for a while, holds every record of the run); the run's ``metrics.csv`` beside
+        the log, off at this resume, is cut back to ``max_step`` all the same. Returns the count of the
         JSON-lines log where there is one (whatever the order of ``loggers``), else of the first writer."""
         counts = [writer.truncate(max_step) for writer in self.writers]
         logs = [w for w in self.writers if isinstance(w, MetricsLog) and w.active and w.path.is_file()]
@@ -407,6 +403,10 @@ class LogGroup:
             records = read_metrics(logs[0].path)
             for table in tables:
                 table._refill(records)
+        elif logs and (logs[0].path.parent / CSV_NAME).is_file():  # the run's table, off at this resume: cut back too
+            # (else it kept the killed segment's rows past the checkpoint, and a later resume with it on could not
+            # tell them from the rows of damaged log lines, the only copy of those records)
+            CSVLog(logs[0].path.parent / CSV_NAME).truncate(max_step)
         jsonl = [c for writer, c in zip(self.writers, counts) if isinstance(writer, MetricsLog)]
         return (jsonl or counts or [0])[0]
 

@@ -27,9 +27,9 @@ Probed and found sound (pinned below where cheap):
   refused naming the folder; a resume under another torch thread count ends with other weights on the CPU, as the
   docs say, and records both counts (``torch_threads``) and notes them.
 
-Not changed: a ``metrics.csv`` that a resume no longer writes (``"csv"`` dropped from ``loggers``) keeps the rows of the
-killed segment past the checkpoint and none after (the user turned it off; a later resume with it on rewrites it
-whole). A checkpoint written before the log window was saved (no ``window`` entry) resumes with the window the
+A ``metrics.csv`` that a resume no longer writes (``"csv"`` dropped from ``loggers``) is cut back to the checkpoint
+and gets nothing after (test_review_60t.py; a later resume with it on writes it again from the log). Not changed: a
+checkpoint written before the log window was saved (no ``window`` entry) resumes with the window the
 checkpoint cut dropped from the next train record (a mean over fewer updates), without a word; no such checkpoint is
 known to exist outside this project's history, and every checkpoint the trainer writes holds the entry.
 """
