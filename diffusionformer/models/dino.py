@@ -518,11 +518,12 @@ class DINO(nn.Module):
         pairs = self._ema_pairs("update_teacher")
         if momentum == 1.0:  # 0 * inf is NaN: an inf in the student made the teacher of the schedule's end NaN
             return
-        for teacher, student in pairs:
-            if momentum == 0.0:  # the documented copy: 0 * NaN is NaN, so a non-finite teacher stayed non-finite
-                teacher.copy_(student.detach())
-            else:
-                teacher.mul_(momentum).add_(student.detach(), alpha=1.0 - momentum)
+        teachers, students = [t for t, _ in pairs], [s.detach() for _, s in pairs]
+        if momentum == 0.0:  # the documented copy: 0 * NaN is NaN, so a non-finite teacher stayed non-finite
+            torch._foreach_copy_(teachers, students)
+        elif teachers:  # one multi-tensor kernel per step on a GPU, not two kernels per parameter (the same values)
+            torch._foreach_mul_(teachers, momentum)
+            torch._foreach_add_(teachers, students, alpha=1.0 - momentum)
 
     @torch.no_grad()
     def update_center(self, teacher_logits: Tensor) -> None:
