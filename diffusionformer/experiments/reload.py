@@ -91,7 +91,9 @@ class LoadedRun:
 
     Attributes:
         model: the model rebuilt from ``config`` with the checkpoint's weights, in eval mode.
-        config: the model's config dataclass (e.g. :class:`~diffusionformer.models.GPTConfig`).
+        config: the model's config dataclass (e.g. :class:`~diffusionformer.models.GPTConfig`), as the run built
+            it: it stays so when the model changes later (``model.config`` after
+            :meth:`~diffusionformer.models.DiffusionViT.set_input_size` holds the new size, this the trained one).
         metrics: the run's ``metrics.jsonl`` records (see :func:`~diffusionformer.train.read_metrics`).
         summary: ``summary.json`` (``status``, final ``eval``, ``elapsed`` ...), or ``None`` for
             a run that never finished (or whose ``summary.json`` is unreadable: a warning names it).

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 import torch
@@ -494,6 +494,20 @@ class DINO(nn.Module):
                              "backbone (DINO.backbone is the teacher's) call it on the other too "
                              "(dino.student.backbone.set_input_size)")
         return [(teacher[n], student[n]) for n in self._ema_names]
+
+    @property
+    def config(self) -> DINOConfig:
+        """The :class:`DINOConfig`, its ``input_size`` the student backbone's: after
+        :meth:`~diffusionformer.models.DiffusionViT.set_input_size` on both backbones the new size, so
+        ``DINO(dino.config)`` takes ``dino.state_dict()`` and a checkpoint records the size its weights fit."""
+        size = self.student.backbone.config.input_size
+        if self._config.input_size != size:  # resized: the built size's position embedding no longer fits
+            self._config = replace(self._config, input_size=size)
+        return self._config
+
+    @config.setter
+    def config(self, config: DINOConfig) -> None:
+        self._config = config
 
     @property
     def backbone(self) -> DiffusionViT:

@@ -180,7 +180,8 @@ class DiffusionViT(nn.Module):
         signal's grid is resampled along its length. A model with ``rope=True`` has no learned positions (its rotary
         positions follow the grid) and only takes the new size. ``pos_embed`` becomes a new tensor: an optimiser
         built before holds the old one. A :class:`~diffusionformer.models.DINO` has two backbones, the teacher's
-        (``dino.backbone``) and the student's (``dino.student.backbone``): its EMA step needs both resized.
+        (``dino.backbone``) and the student's (``dino.student.backbone``): its EMA step needs both resized, and
+        ``dino.config.input_size`` follows the student's.
 
         Args:
             input_size: ``(H, W)`` for images, ``(T,)`` for signals, each a multiple of ``patch_size``.
