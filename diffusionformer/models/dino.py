@@ -534,10 +534,19 @@ class DINO(nn.Module):
             return
         teachers, students = [t for t, _ in pairs], [s.detach() for _, s in pairs]
         if momentum == 0.0:  # the documented copy: 0 * NaN is NaN, so a non-finite teacher stayed non-finite
-            torch._foreach_copy_(teachers, students)
-        elif teachers:  # one multi-tensor kernel per step on a GPU, not two kernels per parameter (the same values)
-            torch._foreach_mul_(teachers, momentum)
-            torch._foreach_add_(teachers, students, alpha=1.0 - momentum)
+            if teachers:  # no pair: _foreach_copy_ refuses an empty list
+                torch._foreach_copy_(teachers, students)
+            return
+        # a float16/bfloat16 teacher per parameter: _foreach_mul_ rounds a Python momentum to its dtype (0.99 to 0.98828
+        # in bfloat16, on CPU), so m + (1 - m) != 1 and the teacher drifted off a student that stood still
+        half = (torch.float16, torch.bfloat16)
+        for teacher, student in zip(teachers, students):
+            if teacher.dtype in half:
+                teacher.mul_(momentum).add_(student, alpha=1.0 - momentum)
+        wide = [(t, s) for t, s in zip(teachers, students) if t.dtype not in half]
+        if wide:  # one multi-tensor kernel per step on a GPU, not two kernels per parameter (the same values)
+            torch._foreach_mul_([t for t, _ in wide], momentum)
+            torch._foreach_add_([t for t, _ in wide], [s for _, s in wide], alpha=1.0 - momentum)
 
     @torch.no_grad()
     def update_center(self, teacher_logits: Tensor) -> None:
