@@ -35,7 +35,7 @@ import copy
 import math
 import numbers
 from dataclasses import dataclass, fields, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -508,6 +508,12 @@ class DINO(nn.Module):
     @config.setter
     def config(self, config: DINOConfig) -> None:
         self._config = config
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "config" in state:  # pickled whole (torch.save(dino)) before config was a property: the getter found no
+            state = dict(state)  # _config, and every dino.config raised "'DINO' object has no attribute 'config'"
+            state["_config"] = state.pop("config")
+        super().__setstate__(state)
 
     @property
     def backbone(self) -> DiffusionViT:
