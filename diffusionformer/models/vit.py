@@ -189,6 +189,10 @@ class DiffusionViT(nn.Module):
         Returns:
             the model itself.
 
+        Shapes:
+            pos_embed: ``(1, prefix + prod(grid), D)`` -> ``(1, prefix + prod(grid'), D)``, ``grid'`` the new
+            ``input_size // patch_size`` (``prefix`` 1 with a class token, else 0).
+
         Raises:
             TypeError: ``input_size`` is not a tuple or list (a bare ``32``).
             ValueError: ``input_size`` is not a valid ``ViTConfig.input_size`` of this model (another number of
