@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffusionformer.config import _choice_hint, _python_number, document_fields
+from diffusionformer.graph.knn import _pow2_scale
 from diffusionformer.models.common import check_positive, check_positive_int, check_probability
 from diffusionformer.models.vit import DiffusionViT, ViTConfig
 from diffusionformer.nn._weights import _check_reset, _reset_children
@@ -204,8 +205,9 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
     For a query ``q`` with neighbours ``N_k(q)`` (the ``k`` bank features of largest cosine
     similarity ``s_i``), class ``c`` scores ``sum_{i in N_k(q)} [y_i = c] exp(s_i / T)``; the
     prediction is the highest score (ties: the smaller class index). The cosines are taken in
-    float64 when either input is float64, else in float32; non-finite features and zero-width
-    features (``D = 0``) are refused. An all-zero feature vector has cosine 0 with every other
+    float64 when either input is float64, else in float32, of rows first scaled by a power of two
+    (exact: huge or tiny finite features neither overflow nor underflow); non-finite features and
+    zero-width features (``D = 0``) are refused. An all-zero feature vector has cosine 0 with every other
     feature (as ``sklearn``'s cosine metric, which leaves zero vectors unnormalised), so an all-zero
     query's neighbours are among tied cosines and the order of ``topk`` picks them.
 
@@ -256,12 +258,14 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
     # float64 features stay float64: in float32 the cosines of nearly parallel features (angles below ~3e-4 rad)
     # round to the same value, and the neighbours were picked among ties
     dtype = torch.float64 if torch.float64 in (bank.dtype, queries.dtype) else torch.float32
-    bank_n = F.normalize(bank.to(dtype), dim=1)
+    # each row scaled by a power of two first (exact): the squared norms of finite features of size ~1e20 (float32)
+    # overflowed, normalising them to 0, and those of ~1e-20 underflowed: every cosine ~0, the neighbours among ties
+    bank_n = F.normalize(_pow2_scale(bank.to(dtype), (1,)), dim=1)
     labels = bank_labels.to(device=bank.device, dtype=torch.long)  # scatter_add_ takes int64 (or int32) indices only
     k = min(k, bank.shape[0])
     out = []
     for start in range(0, queries.shape[0], chunk_size):
-        q = F.normalize(queries[start : start + chunk_size].to(dtype), dim=1)
+        q = F.normalize(_pow2_scale(queries[start : start + chunk_size].to(dtype), (1,)), dim=1)
         sim, idx = (q @ bank_n.T).topk(k, dim=1)  # (q, k)
         votes = torch.zeros(q.shape[0], num_classes, device=q.device, dtype=sim.dtype)
         # exp((s - s_max) / T): the same argmax, while exp(s / T) overflows float32 for T < ~0.0113 (inf votes tie)
