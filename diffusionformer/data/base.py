@@ -279,8 +279,12 @@ class TextData:
                 raise IndexError
             return "".join(self.itos[i] for i in ids)
         except (IndexError, TypeError):
+            # float ids (a float tensor's) are in range yet no index: say what they are, not "expects ids in [0, V)"
+            real = next((type(i).__name__ for i in ids
+                         if isinstance(i, numbers.Real) and not isinstance(i, numbers.Integral)), None)
             raise ValueError(
                 f"decode expects token ids in [0, {self.vocab_size}), got {ids[:20]}"
+                + (f" ({real} ids: expected integers, e.g. ids.long())" if real else "")
             ) from None
 
     def get_batch(

@@ -585,7 +585,7 @@ class DiffusionGPT(nn.Module):
                         logits = torch.where((shifted == 0) | shifted.isneginf(), shifted, shifted / temperature)
                     else:
                         logits = shifted
-                    if top_p is not None:
+                    if top_p is not None and top_p < 1.0:  # p = 1 keeps every token: no copy per step
                         logits = top_p_filter(logits, top_p)
                     probs = torch.softmax(logits, dim=-1)
                     nxt = torch.multinomial(probs, 1, generator=generator)

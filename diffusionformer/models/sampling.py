@@ -59,7 +59,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
 
     With the row's probabilities sorted, :math:`\pi_{(1)} \ge \pi_{(2)} \ge \dots`, token
     :math:`(r)` is kept iff :math:`\sum_{s < r} \pi_{(s)} < p`: the most likely token is
-    always kept, and ``p = 1`` keeps every token (the logits are returned as they are). The
+    always kept, and ``p = 1`` keeps every token (a copy of the logits, as for any ``p``). The
     running mass is summed in float64 (float32 on MPS, which has no float64), without the
     cancellation of ``cumsum - probs``: the mass compared with ``p`` carries float64 rounding
     (``~V * 1e-16``) instead of float32's (``~1e-7`` and up), which dropped or kept tokens.
@@ -84,7 +84,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     p = float(p)  # a Fraction passed the check, then failed "'>=' not supported between Tensor and Fraction"
     _check_logits("top_p", logits)
     if p >= 1.0:  # every token: the mass before the last one is < 1 in exact arithmetic, not in float
-        return logits
+        return logits.clone()  # a new tensor, as for p < 1: writing into the result left the caller's logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     dtype = torch.float32 if logits.device.type == "mps" else torch.float64
     probs = torch.softmax(sorted_logits.to(dtype), dim=-1)
