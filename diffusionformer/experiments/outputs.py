@@ -18,8 +18,8 @@ import torch
 
 from diffusionformer._files import folder_lock
 from diffusionformer.experiments.config import ExperimentConfig, TaskConfig, _check_path_name, train_config
-from diffusionformer.experiments.results import (RunResult, _completed, _definition, _row_problem, _same_definition,
-                                                 read_json_dict, run_dir)
+from diffusionformer.experiments.results import (RunResult, _completed, _definition, _read_identity, _row_problem,
+                                                 _same_definition, run_dir)
 from diffusionformer.experiments.tables import aggregate, format_table
 from diffusionformer.train.metrics import write_json_atomic, write_text_atomic
 
@@ -84,14 +84,14 @@ def _other_finished_rows(out: Path, results: list[RunResult]) -> list[RunResult]
     for r in results:
         if (r.task, r.operator) in now:  # one readable identity per task and setting is enough
             continue
-        ident = read_json_dict(run_dir(out, r.task, r.operator, r.seed) / "run_config.json")
+        ident = _read_identity(run_dir(out, r.task, r.operator, r.seed))
         if ident is not None:
             now[(r.task, r.operator)] = _definition(ident)
 
     def same(r: RunResult) -> bool:
         if (r.task, r.operator) not in now:  # no new run of this task and setting to differ from
             return True
-        ident = read_json_dict(run_dir(out, r.task, r.operator, r.seed) / "run_config.json")
+        ident = _read_identity(run_dir(out, r.task, r.operator, r.seed))
         return ident is None or _same_definition(_definition(ident), now[(r.task, r.operator)])
     return [r for r in kept if same(r)]
 

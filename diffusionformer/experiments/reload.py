@@ -204,15 +204,12 @@ def _rope_base_left_out(config: Any, recorded: Mapping[str, Any], saved: Any) ->
     Any other field or value is the record's to check, not to supply."""
     import dataclasses
 
-    from diffusionformer.experiments.results import _NEW_MODEL_FIELDS
+    from diffusionformer.experiments.results import _left_out_rope_base  # status and run read the folder so too
 
-    saved_config = saved.get("config") if isinstance(saved, Mapping) else None
-    base = saved_config.get("rope_base") if isinstance(saved_config, Mapping) else None
-    old_defaults = _NEW_MODEL_FIELDS["rope_base"]  # (100.0, 10000.0): either was left out for every model
-    if ("rope_base" in recorded or base not in old_defaults
-            or not dataclasses.is_dataclass(config) or not hasattr(config, "rope_base")):
+    base = _left_out_rope_base(recorded, saved)
+    if base is None or not dataclasses.is_dataclass(config) or not hasattr(config, "rope_base"):
         return config
-    return dataclasses.replace(config, rope_base=float(base))
+    return dataclasses.replace(config, rope_base=base)
 
 
 def _build_in_saved_dtype(model_cls: Any, config: Any, state: Any) -> nn.Module:

@@ -96,7 +96,7 @@ def finished_runs(out: str | Path, config: ExperimentConfig, results: Sequence[R
     for r in results:
         if (r.task, r.operator) in defined:
             continue
-        ident = read_json_dict(run_dir(out, r.task, r.operator, r.seed) / "run_config.json")
+        ident = _read_identity(run_dir(out, r.task, r.operator, r.seed))
         if ident is not None:
             defined[(r.task, r.operator)] = _definition(ident)
     merged = []
@@ -108,7 +108,7 @@ def finished_runs(out: str | Path, config: ExperimentConfig, results: Sequence[R
                     rdir = run_dir(out, task.name, setting.name, seed)
                     summary = _read_summary(rdir)
                     if summary is not None and summary.get("status") == "completed":
-                        ident = read_json_dict(rdir / "run_config.json")
+                        ident = _read_identity(rdir)
                         now = defined.get((task.name, setting.name))
                         if ident is not None and now is not None and not _same_definition(_definition(ident), now):
                             changes = _identity_changes(*_comparable(_definition(ident), now))
@@ -545,7 +545,7 @@ def _status_rows(config: ExperimentConfig, out_root: str | Path) -> list[tuple[d
                 row: dict[str, Any] = {"task": task.name, "operator": setting.name, "seed": seed, "max_steps": max_steps,
                                        "step": 0, "resumes_from": None, "elapsed": None, "holder": None,
                                        "other_host": False, "changed": None}
-                stored = read_json_dict(rdir / "run_config.json") if rdir.is_dir() else None
+                stored = _read_identity(rdir) if rdir.is_dir() else None
                 stored = None if stored is None else _normalized_identity(stored)
                 changes: list[_Change] = []
                 if stored is not None and isinstance(stored.get("train"), dict) and stored["train"] != trains[seed]:
@@ -736,6 +736,35 @@ def _checkpoint_step(path: Path) -> int | None:
         return None
     step = _checkpoint_entry(path, "step")
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
+def _left_out_rope_base(model_config: Mapping[str, Any], record: Any) -> float | None:
+    """The ``rope_base`` of a run folder written before 41b9968 whose ``run_config.json`` (``model_config``) left it
+    out: the one its checkpoint's model record ``record`` holds, where that is 100.0 or 10000.0 (the runner left either
+    out of every model's identity until then, so a ViT run at 10000, a GPT at 100, read as one at the model's own
+    base); else ``None``: any other field or value is the record's to check, not to supply."""
+    saved = record.get("config") if isinstance(record, Mapping) else None
+    base = saved.get("rope_base") if isinstance(saved, Mapping) else None
+    if ("rope_base" in model_config or not isinstance(base, (int, float)) or isinstance(base, bool)
+            or base not in _NEW_MODEL_FIELDS["rope_base"]):
+        return None
+    return float(base)
+
+
+def _read_identity(rdir: Path) -> dict[str, Any] | None:
+    """A run's ``run_config.json`` (:func:`read_json_dict`) with the ``rope_base`` :func:`_left_out_rope_base` reads
+    from its checkpoint, as ``load_run`` builds the run: else a GPT run at base 100 from before 41b9968 was ``status``'s
+    completed run of the config at GPT's own 10000 (``run`` skipped it, the tables filed it there) and a changed run
+    of the config at 100 (``run`` refused it). The record is read (memory-mapped, some ms) only for a model with RoPE
+    on: without it the base changes nothing the model computes."""
+    identity = read_json_dict(rdir / "run_config.json")
+    model_config = identity.get("model_config") if identity is not None else None
+    ckpt = rdir / CHECKPOINT_NAME
+    if (not isinstance(model_config, dict) or "rope_base" in model_config or not model_config.get("rope")
+            or not ckpt.is_file()):  # a FIFO there: torch.load waited for a writer for ever
+        return identity
+    base = _left_out_rope_base(model_config, _checkpoint_entry(ckpt, "model_record"))
+    return identity if base is None else {**identity, "model_config": {**model_config, "rope_base": base}}
 
 
 def _with_recorded_class(rdir: Path, stored: dict[str, Any], now: str | None) -> dict[str, Any]:

@@ -50,7 +50,8 @@ from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_
 from diffusionformer.experiments.results import _NEW_MODEL_FIELDS as _NEW_MODEL_FIELDS  # noqa: F401  (its home)
 from diffusionformer.experiments.results import (_RECORDED_SINCE, _comparable, _completed, _definition,
                                                  _identity_changes, _model_class_name, _new_model_fields,
-                                                 _normalized_identity, _nothing_to_continue, _result_from_files,
+                                                 _normalized_identity, _nothing_to_continue, _read_identity,
+                                                 _result_from_files,
                                                  _task_identity, _train_identity, _with_recorded_class,
                                                  _without_new_defaults, read_json_dict)
 from diffusionformer.experiments.results import (RunResult, finished_runs, first_reach, read_curves, run_dir, run_status,
@@ -491,8 +492,7 @@ def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, sett
     and starts again under ``identity``, said through ``log``. Returns the identity to record: ``identity``, less an
     entry of :data:`_RECORDED_SINCE` that the run continued was recorded without (its steps so far were made at a
     value not known: recording this config's would say the whole run was)."""
-    path = rdir / RUN_CONFIG_NAME
-    recorded = read_json_dict(path)
+    recorded = _read_identity(rdir)  # a rope_base left out before 41b9968: the checkpoint's
     if recorded is None:  # absent, or unreadable: rewritten below; the trainer still checks the checkpoint's config
         return identity
     stored = _normalized_identity(recorded)  # a field added since, or recorded at its default, is no change
@@ -524,7 +524,7 @@ def _check_sibling_identity(rdir: Path, identity: dict[str, Any], task: TaskConf
     for other in sorted(rdir.parent.glob("seed*")):
         if other == rdir or not _completed(other):
             continue
-        stored = read_json_dict(other / RUN_CONFIG_NAME)
+        stored = _read_identity(other)
         if stored is None:
             continue
         theirs, ours = _comparable(_definition(_with_recorded_class(other, stored, identity.get("model_class"))), mine,
