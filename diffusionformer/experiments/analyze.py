@@ -49,7 +49,7 @@ from diffusionformer.analysis.report import layer_reports, list_metrics
 from diffusionformer.config import _choice_hint
 from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
-from diffusionformer.experiments.reload import load_run
+from diffusionformer.experiments.reload import PREPROCESSING_NAME, _data_preprocessing, _preprocessing_changes, load_run
 from diffusionformer.experiments.build import task_data
 from diffusionformer.experiments.results import (_DATA_KEYS, _runs_of_another_train, _task_identity,
                                                  read_json_dict, run_dir)
@@ -151,6 +151,19 @@ def _check_run_data(rdir: Path, task: TaskConfig, seed: int) -> None:
         raise ValueError(f"run {rdir} was trained on other data or another model than task {task.name!r} of the "
                          f"config names now ({', '.join(changed)}); analyse it with the config it was run with, "
                          "or run it again with --restart")
+
+
+def _check_run_preprocessing(rdir: Path, data: Any) -> None:
+    """Refuse a run whose inputs were prepared otherwise than ``data``'s (``preprocessing.json``: another vocabulary,
+    of the same size too, or other pixel statistics): its data changed since it was trained (a new Python's
+    ``pydoc_data``, a replaced data file), so its tokens would be measured on ids or pixels that meant something else
+    in training. A run without a readable record (an older version's) is measured as before."""
+    recorded = read_json_dict(rdir / PREPROCESSING_NAME)
+    changes = "" if recorded is None else _preprocessing_changes(recorded, _data_preprocessing(data))
+    if changes:
+        raise ValueError(f"run {rdir}: its inputs were prepared otherwise than this data's ({changes}: "
+                         f"{rdir / PREPROCESSING_NAME} records the former): its data changed since it was trained; "
+                         "analyse it on the data it was trained on, or run it again with --restart")
 
 
 def _warn_other_train(config: ExperimentConfig, out_root: Path) -> None:
@@ -401,6 +414,7 @@ def analyze_experiment(
                     step, res, learned = reuse[rdir]["key"]["step"], reuse[rdir]["result"], reuse[rdir]["learned"]
                     model = None
                 else:
+                    _check_run_preprocessing(rdir, data)
                     run = load_run(rdir)
                     model, step = run.model, run.step
                     # from the loaded model (not the run's flat learned_operators.json): shapes kept, e.g. (G, K+1)

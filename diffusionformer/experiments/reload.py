@@ -63,6 +63,35 @@ def _data_preprocessing(data: Any) -> dict[str, Any]:
     return record
 
 
+def _preprocessing_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """The entries where a run's recorded ``preprocessing.json`` and its data's record now (:func:`_data_preprocessing`)
+    differ, in words, ``""`` where none: ``"itos (id 93: '~' then '°')"`` (a vocabulary by its sizes and first
+    differing ids), ``"mean ([0.1] then [0.2])"``. Floats (scale, mean, std) are one up to the rounding of their float64
+    sums (data loaded under another thread count sums in another order), anything else exactly."""
+    changes = []
+    for key in sorted(set(recorded) | set(now)):
+        old, new = recorded.get(key), now.get(key)
+        if _same_record(old, new):
+            continue
+        if key == "itos" and isinstance(old, list) and isinstance(new, list):
+            ids = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
+            parts = [] if len(old) == len(new) else [f"{len(old)} characters then {len(new)}"]
+            parts += [f"id {i}: {old[i]!r} then {new[i]!r}" for i in ids[:3]] + (["..."] if len(ids) > 3 else [])
+            changes.append(f"itos ({', '.join(parts)})")
+        else:
+            changes.append(f"{key} ({old!r} then {new!r})")
+    return ", ".join(changes)
+
+
+def _same_record(a: Any, b: Any) -> bool:
+    """Whether two values of a ``preprocessing.json`` entry are one, as :func:`_preprocessing_changes` compares them."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_record(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
 def _channel_floats(data: Any, name: str) -> list[float] | None:
     """The data's per-channel ``mean`` or ``std`` as a flat list of floats, whatever a user's dataset holds: a tuple,
     a tensor or a NumPy array of shape ``(C,)``, ``(C, 1, 1)`` or ``(1, C, 1, 1)``, one number for every channel

@@ -45,7 +45,7 @@ from diffusionformer.experiments.outputs import git_commit
 from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.plots import _PLOT_CACHE
-from diffusionformer.experiments.reload import PREPROCESSING_NAME, _data_preprocessing
+from diffusionformer.experiments.reload import PREPROCESSING_NAME, _data_preprocessing, _preprocessing_changes
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
 from diffusionformer.experiments.results import _NEW_MODEL_FIELDS as _NEW_MODEL_FIELDS  # noqa: F401  (its home)
 from diffusionformer.experiments.results import (_RECORDED_SINCE, _comparable, _completed, _definition,
@@ -517,6 +517,25 @@ def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, sett
     return {k: v for k, v in identity.items() if k in recorded or k not in _RECORDED_SINCE}
 
 
+def _check_preprocessing(rdir: Path, preprocessing: dict[str, Any], task: TaskConfig,
+                         setting: OperatorSetting) -> None:
+    """Refuse to continue the run in ``rdir`` on inputs prepared otherwise than its ``preprocessing.json`` records
+    (another vocabulary, of the same size too, or other pixel statistics: its data changed since it started, e.g. a
+    new Python's ``pydoc_data`` or a replaced data file): its weights were trained on token ids or pixel values that
+    mean something else now, and the file was rewritten with the new record as if the whole run had been made on it.
+    Nothing is compared for a run with nothing to continue (it starts again) or without a readable record (a folder
+    of an older version)."""
+    recorded = read_json_dict(rdir / PREPROCESSING_NAME)
+    if recorded is None or _nothing_to_continue(rdir):
+        return
+    changes = _preprocessing_changes(recorded, preprocessing)
+    if changes:
+        raise ValueError(
+            f"{rdir} holds a run of task {task.name!r} / setting {setting.name!r} whose inputs were prepared otherwise "
+            f"than this data's ({changes}: {rdir / PREPROCESSING_NAME} records the former): its data changed since the "
+            "run started; resume it on the data it was made with, or pass --restart to discard it")
+
+
 def _check_sibling_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, setting: OperatorSetting) -> None:
     """Refuse a run whose finished sibling seeds (same task and setting, on disk) were made with another
     definition: their rows would be averaged with this run's in the comparison's table."""
@@ -635,8 +654,11 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
             _rank_zero_writes(dist_ctx, f"writing {rdir / 'learned_operators.json'}",
                               lambda: _restore_learned(rdir, model, summary.get("step"), log))
             return _result_from_files(task, setting, seed, rdir, summary)
+    preprocessing = _data_preprocessing(data)
+    if resume:  # (rank 0's reading, its refusal raised on every rank)
+        _rank_zero_reads(lambda: _check_preprocessing(rdir, preprocessing, task, setting))
     _rank_zero_writes(dist_ctx, f"writing {rdir / RUN_CONFIG_NAME}",
-                      lambda: _start_run_folder(rdir, identity, resume, _data_preprocessing(data)))
+                      lambda: _start_run_folder(rdir, identity, resume, preprocessing))
     adapter = build_task(data, model, eval_batch_size=task.eval_batch_size, augment=task.augment,
                          label_smoothing=task.label_smoothing, minibatch=task.minibatch or None)
     try:
