@@ -33,8 +33,8 @@ from typing import Any, Collection
 
 from diffusionformer.experiments.config import (ExperimentConfig, _did_you_mean, _refuse_results_twin,
                                                 load_experiment_config)
-from diffusionformer.experiments.publish import (GAP_MARKER, READING_MARKER, _copy_png, _image, _run_log_path,
-                                                 read_run_log)
+from diffusionformer.experiments.publish import (GAP_MARKER, READING_MARKER, _copy_png, _image, _read_page,
+                                                 _run_log_path, read_run_log)
 from diffusionformer.experiments.results import _is_finite, _runs_of_another_train, read_json_dict
 from diffusionformer.experiments.runner import read_curves, run_dir
 from diffusionformer.experiments.stats import holm, paired_difference
@@ -88,8 +88,10 @@ def _unfinished(out: Path) -> set[tuple[Any, Any, Any]]:
     non-finite loss): ``publish`` writes their partial logs too, which the tables leave out as they do in the run
     folders."""
     rows = (read_json_dict(out / "results.json") or {}).get("runs")
-    return {(r.get("task"), r.get("operator"), r.get("seed")) for r in rows if isinstance(r, dict)
-            and r.get("status") != "completed"} if isinstance(rows, list) else set()
+    # names and seeds of other types name no run (and a list or an object is no set member: "unhashable type")
+    return {(r["task"], r["operator"], r["seed"]) for r in rows if isinstance(r, dict)
+            and r.get("status") != "completed" and isinstance(r.get("task"), str)
+            and isinstance(r.get("operator"), str) and type(r.get("seed")) is int} if isinstance(rows, list) else set()
 
 
 def _run_records(out: Path, task: str, setting: str, seed: int,
@@ -406,7 +408,7 @@ def write_gap_section(page: str | Path, table: str) -> Path:
     by hand after :data:`~diffusionformer.experiments.publish.READING_MARKER` stays after it."""
     page = Path(page)
     page.parent.mkdir(parents=True, exist_ok=True)  # as plot_gaps makes it for the figures: not only with matplotlib
-    text = page.read_text(encoding="utf-8") if page.is_file() else ""
+    text = _read_page(page) if page.is_file() else ""
     head, sep, reading = text.partition(READING_MARKER)
     text = head.split(GAP_MARKER)[0].rstrip() + "\n\n" + GAP_MARKER + "\n\n## Over-fitting: train/validation gap\n\n" + table
     write_text_atomic(page, text.rstrip() + "\n" + (f"\n{sep}{reading}" if sep else ""))  # the reading survives a failed write

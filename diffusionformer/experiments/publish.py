@@ -62,6 +62,15 @@ def _kept_tail(text: str) -> str:
     return text[min(at):] if at else ""
 
 
+def _read_page(path: Path) -> str:
+    """The text of a docs page that ``publish`` or ``gaps`` edits (a results page, the index of its toctree); a
+    ValueError naming it when it is not UTF-8 (a bare "'utf-8' codec can't decode byte 0xff" named no file)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc}); save it as UTF-8 and run the command again") from None
+
+
 #: a figure path that a markdown image keeps as it is: markdown-it percent-encodes other characters (a non-ASCII
 #: letter, ``[``, ``|``, ``%``) and MyST then looks for a file of the encoded name; ``(`` and ``)`` end the link
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9._~/+=,;@!-]+")
@@ -125,8 +134,12 @@ def _copy_png(src: Path, dst: Path, drawn_by: str = "run") -> Path | None:
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
-    """A comparison's ``manifest.json`` (``{}`` when it has none); a ``ValueError`` naming it when it is not one."""
+    """A comparison's ``manifest.json`` (``{}`` when it has none); a ``ValueError`` naming it when it is not one (a
+    folder or a FIFO in its place too: else the page was published without its machine and versions, unsaid)."""
     if not path.is_file():
+        if path.exists():
+            raise ValueError(f"{path} is {file_kind(path.stat().st_mode)}, not the manifest of a comparison; restore "
+                             "it, or delete it to publish the page without the machine and versions")
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -257,7 +270,8 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
             (or other data, task settings, model class or default dtype: ``run_status``'s ``changed``; a ``run --set
             ...`` published without the overrides: the page would call them runs of this config); the message names
             what differs and the remedy that fits it. Also a ``results.json`` that is no regular file (a folder, a
-            FIFO), or whose rows do not fit (two of one run, another metric than the task's: the config changed).
+            FIFO), or whose rows do not fit (two of one run, another metric than the task's: the config changed); an
+            earlier page or an ``index.md`` that is not UTF-8 (named, nothing published).
         ModuleNotFoundError: scipy missing where ``config`` has several seeds (the tables' t tests need it), before
             anything is copied.
     """
@@ -310,7 +324,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
     _warn_unanalysed(runs, analysis / "metrics.json", src)
     page, index = docs / f"{config.name}.md", docs / "index.md"
     if index.is_file():  # a toctree it cannot be added to: refused before anything is copied
-        _with_entry(index.read_text(encoding="utf-8"), config.name, index)
+        _with_entry(_read_page(index), config.name, index)
     folder = dst  # where the page's files are found while it is made
     if not in_place:  # copied into a folder beside it that replaces it once whole: a failure keeps the earlier files
         stage, previous = docs / f".{config.name}.publishing", docs / f".{config.name}.previous"
@@ -325,7 +339,7 @@ def publish_experiment(config: ExperimentConfig, out_root: str | Path, docs_dir:
         # the page is made from the copied files before they replace the published ones: a failure making it (a
         # table, a figure's name, a broken install) leaves the earlier page and files as they were
         text = _page_text(config, runs, manifest, folder, analysis, config_path, overrides, imports)
-        tail = _kept_tail(page.read_text(encoding="utf-8")) if page.is_file() else ""
+        tail = _kept_tail(_read_page(page)) if page.is_file() else ""
         text = text + ("\n" + tail if tail else "")
     except BaseException:
         if not in_place:
@@ -593,7 +607,7 @@ def add_to_toctree(index: str | Path, entry: str) -> bool:
         <BLANKLINE>
     """
     path = Path(index)
-    text = _with_entry(path.read_text(encoding="utf-8"), entry, path)
+    text = _with_entry(_read_page(path), entry, path)
     if text is None:
         return False
     write_text_atomic(path, text)

@@ -163,7 +163,8 @@ def _row_problem(data: Any) -> str | None:
     """What makes a ``results.json`` row no :class:`RunResult` the tables can read (``None`` when nothing does): not
     an object, a name that is not a string, a seed that is not an int, a value that is not a number or null
     (``"0.5"``, ``true``, an int of 400 digits), a step or parameter count that is not an int or null, a step,
-    parameter count or wall time below 0, a wall time that is not finite (a ``summary.json``'s must be)."""
+    parameter count or wall time below 0, a wall time that is not finite (a ``summary.json``'s must be), a value of a
+    run that did not complete (``run`` writes ``null``: the tables count the run as failed)."""
     if not isinstance(data, dict):
         return f"a JSON {type(data).__name__}, not an object"
     for key in ("task", "operator", "status", "metric"):
@@ -183,6 +184,10 @@ def _row_problem(data: Any) -> str | None:
             return f"{key} must be >= 0 or null, got {str(v)[:80]!r}"
     if data.get("elapsed") is not None and not _is_finite(data["elapsed"]):  # NaN, Infinity: "nan min" on the page
         return f"elapsed must be finite or null, got {str(data['elapsed'])[:80]!r}"
+    for key in ("value", "selected_value"):  # `run` writes null: else averaged in, while counted as failed
+        if data["status"] != "completed" and data.get(key) is not None:
+            return (f"{key} must be null for a run that did not complete (status {data['status'][:80]!r}), "
+                    f"got {str(data[key])[:80]!r}")
     for key in ("device", "device_name"):
         if data.get(key) is not None and not isinstance(data[key], str):
             return f"{key} must be a string or null, got {str(data[key])[:80]!r}"
@@ -801,6 +806,10 @@ def _result_from_files(task: TaskConfig, setting: OperatorSetting, seed: int, rd
     # math.isfinite raised OverflowError and took every run of the comparison down with it
     final.update({k: math.nan for k, v in final.items() if not isinstance(v, float) and not _is_finite(v)})
     value = final.get(task.metric)
+    if value is None and record and task.metric in record.get("metrics", {}):  # "0.5", true, a list: a hand edit
+        raise ValueError(f"{rdir / 'summary.json'}: task {task.name!r}'s metric {task.metric!r} must be a number or "
+                         f"null, got {str(record['metrics'][task.metric])[:80]!r}; delete the file to have `run` "
+                         "rebuild it from the run's checkpoint")
     if value is None and record:
         raise ValueError(f"task {task.name!r}: metric {task.metric!r} is not among the evaluation keys {sorted(final)} "
                          f"of {rdir / 'summary.json'}")

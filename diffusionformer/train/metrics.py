@@ -121,7 +121,7 @@ def _parse_lines(path: Path) -> list[dict[str, Any]]:
         try:
             # Bytes that are not UTF-8 make a malformed line, like broken JSON: the rest is kept.
             record = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # RecursionError: "[[[[..." nested deep
             # A run killed mid-write leaves a partial last line; anything else is worth a warning.
             if number != len(lines):
                 warnings.warn(f"{path}:{number}: skipping a malformed metrics line", stacklevel=user_stacklevel())

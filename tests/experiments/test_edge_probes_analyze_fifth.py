@@ -74,6 +74,7 @@ def _fake_analysis(monkeypatch):
     monkeypatch.setattr(A, "load_run", lambda rdir: SimpleNamespace(model=torch.nn.Identity(), step=2))
     monkeypatch.setattr(A, "task_data", lambda *a: SimpleNamespace(kind="image"))
     monkeypatch.setattr(A, "_check_run_data", lambda *a: None)
+    monkeypatch.setattr(A, "_check_run_preprocessing", lambda *a: None)  # the fake data records no preprocessing
     monkeypatch.setattr(A, "_warn_other_train", lambda *a: None)
     monkeypatch.setattr(A, "analyze_run", lambda model, data, **kw: {
         "layers": [{"layer": 0, "within_variance": 1.0}], "spectra": [[1.0]], "coefficients": [], "pca_rgb": None,
