@@ -282,8 +282,18 @@ class TextData:
             # float ids (a float tensor's) are in range yet no index: say what they are, not "expects ids in [0, V)"
             real = next((type(i).__name__ for i in ids
                          if isinstance(i, numbers.Real) and not isinstance(i, numbers.Integral)), None)
+
+            def token_id(i: object) -> bool:  # as indexing itos takes it (an int, a NumPy int, an int 0-d tensor)
+                try:
+                    return not isinstance(i, bool) and 0 <= operator.index(i) < self.vocab_size
+                except TypeError:
+                    return False
+
+            # the ids shown are the first 20: the one refused is named where it is not among them (a generation's)
+            at = next((j for j, i in enumerate(ids) if not token_id(i)), 0) if len(ids) > 20 else 0
             raise ValueError(
                 f"decode expects token ids in [0, {self.vocab_size}), got {ids[:20]}"
+                + (f"... ({len(ids)} ids; {ids[at]!r} at position {at})" if at >= 20 else "")
                 + (f" ({real} ids: expected integers, e.g. ids.long())" if real else "")
             ) from None
 

@@ -523,11 +523,18 @@ def _check_preprocessing(rdir: Path, preprocessing: dict[str, Any], task: TaskCo
     (another vocabulary, of the same size too, or other pixel statistics: its data changed since it started, e.g. a
     new Python's ``pydoc_data`` or a replaced data file): its weights were trained on token ids or pixel values that
     mean something else now, and the file was rewritten with the new record as if the whole run had been made on it.
-    Nothing is compared for a run with nothing to continue (it starts again) or without a readable record (a folder
-    of an older version)."""
-    recorded = read_json_dict(rdir / PREPROCESSING_NAME)
-    if recorded is None or _nothing_to_continue(rdir):
+    Nothing is compared for a run with nothing to continue (it starts again) or without a record (a folder of an older
+    version); a record there but unreadable (truncated, not an object) is refused: it was rewritten from the data, a
+    change since the run started with it, without a word."""
+    path = rdir / PREPROCESSING_NAME
+    if _nothing_to_continue(rdir) or not path.exists():  # absent: a folder of an older version (as load_run reads it)
         return
+    recorded = read_json_dict(path)
+    if recorded is None:
+        raise ValueError(
+            f"{rdir} holds a run of task {task.name!r} / setting {setting.name!r} whose {path} is unreadable "
+            "(truncated, or not a JSON object): how its inputs were prepared cannot be compared with this data's; "
+            "restore the file, remove it to resume on this data's record, or pass --restart to discard the run")
     changes = _preprocessing_changes(recorded, preprocessing)
     if changes:
         raise ValueError(
