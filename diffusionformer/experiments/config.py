@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping
 
 from diffusionformer._warnings import user_stacklevel
 from diffusionformer.config import (_choice_hint, _closest_choice, _in_context, _python_number, _raise_collected,
-                                    _value_type, config_from_dict, config_to_dict, document_fields)
+                                    _value_type, check_value, config_from_dict, config_to_dict, document_fields)
 from diffusionformer.data.splits import _MAX_SEED  # the largest data_seed: the splits' torch generators take it
 from diffusionformer.nn.heads import format_head_spec, laplacian_count
 from diffusionformer.train import TrainConfig
@@ -228,7 +228,8 @@ class TaskConfig:
     folds: int | None = None
     #: learning speed: ``{key = threshold}`` with one evaluation key, e.g. ``{val_acc = 0.9}``;
     #: each run reports the first evaluated step at which the key reaches the threshold
-    #: (``>=``, or ``<=`` for lower-is-better keys), and the table its mean over seeds
+    #: (``>=``, or ``<=`` for lower-is-better keys), and the table its mean over seeds; an accuracy's
+    #: threshold is a fraction in [0, 1] (``val_acc = 90`` is refused: no run can reach it)
     reach: dict[str, float] | None = None
     #: training-batch augmentation of image classification: ``{crop_padding = 4, flip = true}``
     #: (pad, random crop of the original size, horizontal flip; empty: none); ``crop_padding`` is smaller than
@@ -252,6 +253,11 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         _check_path_name("task name", self.name)
+        # the types a TOML file cannot get wrong (config_from_dict checks them), from Python: else a bare "'int' object
+        # is not iterable" or "'list' object has no attribute 'get'" naming neither the task nor the key
+        check_value(self.metric, str, f"task {self.name!r}: metric")
+        for key in ("dataset_options", "model_overrides", "train", "augment"):
+            check_value(getattr(self, key), dict, f"task {self.name!r}: {key}")
         if self.folds is not None:
             if not isinstance(self.folds, int) or isinstance(self.folds, bool) or self.folds < 2:
                 raise ValueError(f"task {self.name!r}: folds must be an int >= 2, got {self.folds!r}")
@@ -269,8 +275,14 @@ class TaskConfig:
             raise ValueError(f"task {self.name!r}: data_seed must be an int in [0, 2**64 - 1] (a torch generator "
                              f"seed), got {self.data_seed!r}")
         self.data_seed = int(self.data_seed)  # a numpy int (a sweep grid's) as the Python int it equals
-        if self.eval_batch_size is not None and self.eval_batch_size < 1:
-            raise ValueError(f"task {self.name!r}: eval_batch_size must be positive")
+        size = self.eval_batch_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral)
+                                 or not 1 <= size <= sys.maxsize):
+            # a tensor size, as train.batch_size: 2**63 passed, then a text task's first evaluation (after its training
+            # steps) failed in torch ("Overflow when unpacking long long", a C++ backtrace naming no key)
+            raise ValueError(f"task {self.name!r}: eval_batch_size must be positive, an int at most {sys.maxsize} "
+                             f"(a tensor size), got {size!r}")
+        self.eval_batch_size = None if size is None else int(size)  # a numpy int (a sweep grid's) as the int it equals
         if self.select_by is not None and (not isinstance(self.select_by, str) or not self.select_by):
             raise ValueError(f"task {self.name!r}: select_by must be an evaluation key such as 'val_acc', got {self.select_by!r}")
         unknown = sorted(set(self.augment) - {"crop_padding", "flip"})
@@ -385,6 +397,7 @@ class OperatorSetting:
 
     def __post_init__(self) -> None:
         _check_path_name("operator setting name", self.name)
+        check_value(self.model_overrides, dict, f"operator setting {self.name!r}: model_overrides")
         if self.heads is not None and self.laplacian_heads is not None:
             raise ValueError(f"operator setting {self.name!r}: give heads or laplacian_heads, not both")
         if isinstance(self.laplacian_heads, str) and self.laplacian_heads != "half":
@@ -392,8 +405,7 @@ class OperatorSetting:
             raise ValueError(f"operator setting {self.name!r}: laplacian_heads must be an int, a list or 'half', got "
                              f"{self.laplacian_heads!r}{hint}")
         own = "heads" if self.heads is not None else "laplacian_heads" if self.laplacian_heads is not None else None
-        clash = sorted({"heads", "laplacian_heads"} & set(self.model_overrides)) if own and isinstance(
-            self.model_overrides, Mapping) else []
+        clash = sorted({"heads", "laplacian_heads"} & set(self.model_overrides)) if own else []
         if clash:  # else the setting's own layout replaced (or joined) the one in model_overrides, without a word
             raise ValueError(f"operator setting {self.name!r}: {own} is set and model_overrides sets {clash[0]} too; "
                              f"give the head layout once")

@@ -392,6 +392,7 @@ def _checked_task_data(config: ExperimentConfig, task: TaskConfig, data_root: st
         warnings.filterwarnings("ignore", message=r"task '.*' / setting '.*': minibatch\.", category=UserWarning)
         warnings.filterwarnings("ignore", message=r"task '.*' / setting '.*': the DINO momentum schedule",
                                 category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"task '.*' / setting '.*': laplacian_heads = ", category=UserWarning)
         problems = validate_experiment(config, data_root=data_root, tasks=[task.name], loaded=seen)
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)

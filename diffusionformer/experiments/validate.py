@@ -207,6 +207,15 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
                     if key is not None and key not in keys:
                         add(f"{where}: {what} {key!r} is not an evaluation key of {spec.kind} tasks with "
                             f"{task.model!r}{_hint(key, keys)}; its keys: {list(keys)}")
+                for key, threshold in (task.reach or {}).items():
+                    if key in keys and key.endswith("acc") and not 0.0 <= threshold <= 1.0:
+                        # an accuracy is a fraction: {val_acc = 90} (a percentage, as the tables print it) was never
+                        # reached, and every run of the comparison trained to be reported as censored
+                        percent = 1.0 < threshold <= 100.0
+                        hint = f" (a percentage? As a fraction: {threshold / 100:g})" if percent else ""
+                        effect = "no run can reach it" if threshold > 1.0 else "every run meets it at once"
+                        add(f"{where}: reach {{{key} = {threshold:g}}}: {key} is an accuracy, a fraction in [0, 1], "
+                            f"so {effect}{hint}")
         else:
             spec_ok = False
         if task.minibatch and spec is not None and spec.kind != "node":
@@ -277,6 +286,7 @@ def validate_experiment(config: ExperimentConfig, *, data_root: str | None = Non
             if task.minibatch:
                 _check_minibatch(task, setting, model, add)
             _check_momentum_schedule(task, setting, model)
+            _check_laplacian_heads(task, setting, model)
     return problems
 
 
@@ -333,6 +343,22 @@ def _check_momentum_schedule(task: TaskConfig, setting: OperatorSetting, model: 
     warnings.warn(f"task {task.name!r} / setting {setting.name!r}: the DINO momentum schedule spans schedule_steps = "
                   f"{steps} steps and the run train.max_steps = {max_steps}: {effect}; set model_overrides."
                   f"schedule_steps = {max_steps}", UserWarning, stacklevel=user_stacklevel())
+
+
+def _check_laplacian_heads(task: TaskConfig, setting: OperatorSetting, model: Any) -> None:
+    """A warning when a setting's ``laplacian_heads`` gives the task's model no Laplacian head: ``"half"`` is ``H // 2``
+    of its ``H`` heads per layer, 0 for one head, so the setting trained attention-only models under its own name (the
+    baseline's, with a difference of exactly 0 to it), without a word."""
+    import warnings
+
+    from diffusionformer.operators import LaplacianOperator
+
+    if setting.laplacian_heads is None or any(isinstance(m, LaplacianOperator) for m in model.modules()):
+        return
+    warnings.warn(f"task {task.name!r} / setting {setting.name!r}: laplacian_heads = {setting.laplacian_heads!r} gives "
+                  f"model {task.model!r} no Laplacian head ('half' is H // 2 of its H heads per layer), so the setting "
+                  "trains attention-only models; give it more heads (model_overrides) or a count of at least 1",
+                  UserWarning, stacklevel=user_stacklevel())
 
 
 def _check_supervised_options(task: TaskConfig, spec: Any, preset: Any, add: Any) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
@@ -305,7 +306,8 @@ def test_bug_a_name_with_a_colon_or_nul_is_refused_when_the_config_loads(where, 
     ({"folds": 3, "dataset_options": {"fold": 0}},
      "task 'digits': with folds = 3, the run's seed sets fold; remove it from dataset_options"),
     ({"train": {"seed": 1}}, "task 'digits': set seeds with the top-level `seeds`, not train.seed"),
-    ({"eval_batch_size": 0}, "task 'digits': eval_batch_size must be positive"),
+    ({"eval_batch_size": 0}, f"task 'digits': eval_batch_size must be positive, an int at most {sys.maxsize} (a tensor "
+                             "size), got 0"),
     ({"select_by": ""}, "task 'digits': select_by must be an evaluation key such as 'val_acc', got ''"),
     ({"augment": {"flip": True, "crop": 2}}, "task 'digits': unknown augment key(s) ['crop']; expected crop_padding, flip"),
     ({"augment": {"crop_padding": -1}}, "task 'digits': augment.crop_padding must be an int >= 0, got -1"),
