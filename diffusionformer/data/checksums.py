@@ -62,7 +62,7 @@ KNOWN_CONTENT_SHA256: dict[str, str] = {
 _HASH_CACHE: dict[tuple[str, int, int, int, int, int], str] = {}
 
 
-def sha256_bytes(data: bytes) -> str:
+def sha256_bytes(data: bytes | memoryview) -> str:
     """Hex SHA256 of ``data``.
 
     Examples:

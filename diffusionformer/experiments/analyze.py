@@ -155,9 +155,10 @@ def _check_run_data(rdir: Path, task: TaskConfig, seed: int) -> None:
 
 def _check_run_preprocessing(rdir: Path, data: Any) -> None:
     """Refuse a run whose inputs were prepared otherwise than ``data``'s (``preprocessing.json``: another vocabulary,
-    of the same size too, or other pixel statistics): its data changed since it was trained (a new Python's
-    ``pydoc_data``, a replaced data file), so its tokens would be measured on ids or pixels that meant something else
-    in training. A run without a readable record (an older version's) is measured as before."""
+    of the same size too, other pixel statistics, or another fingerprint of its tokens or graph): its data changed
+    since it was trained (a new Python's ``pydoc_data``, a replaced data file), so it would be measured on ids,
+    pixels or a graph that meant something else in training. A run without a readable record (an older version's)
+    is measured as before."""
     recorded = read_json_dict(rdir / PREPROCESSING_NAME)
     changes = "" if recorded is None else _preprocessing_changes(recorded, _data_preprocessing(data))
     if changes:

@@ -521,9 +521,10 @@ def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, sett
 def _check_preprocessing(rdir: Path, preprocessing: dict[str, Any], task: TaskConfig,
                          setting: OperatorSetting) -> None:
     """Refuse to continue the run in ``rdir`` on inputs prepared otherwise than its ``preprocessing.json`` records
-    (another vocabulary, of the same size too, or other pixel statistics: its data changed since it started, e.g. a
-    new Python's ``pydoc_data`` or a replaced data file): its weights were trained on token ids or pixel values that
-    mean something else now, and the file was rewritten with the new record as if the whole run had been made on it.
+    (another vocabulary, of the same size too, other pixel statistics, or another fingerprint of its tokens or graph:
+    its data changed since it started, e.g. a new Python's ``pydoc_data`` or a replaced data file): its weights were
+    trained on token ids, pixel values or a graph that mean something else now, and the file was rewritten with the
+    new record as if the whole run had been made on it.
     Nothing is compared for a run with nothing to continue (it starts again) or without a record (a folder of an older
     version); a record there but unreadable (truncated, not an object) is refused: it was rewritten from the data, a
     change since the run started with it, without a word."""

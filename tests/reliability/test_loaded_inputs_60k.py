@@ -80,13 +80,16 @@ def test_an_older_run_folder_without_its_preprocessing_says_none_and_a_damaged_r
 
 
 def test_the_recorded_preprocessing_of_text_is_its_vocabulary_and_of_unnormalised_images_no_statistics():
-    """Text runs record the vocabulary (token id -> character) a new prompt is encoded with; images loaded with
-    ``normalize=False`` record their scale and no statistics."""
+    """Text runs record the vocabulary (token id -> character) a new prompt is encoded with (and, since 61i, each
+    split's token count and hash: a fingerprint a resume compares); images loaded with ``normalize=False`` record
+    their scale and no statistics."""
     from diffusionformer.data import load_dataset
-    from diffusionformer.experiments.reload import _data_preprocessing
+    from diffusionformer.experiments.reload import _data_preprocessing, _tensor_sha256
 
     text = load_dataset("pydoc-chars")
-    assert _data_preprocessing(text) == {"kind": "text", "itos": list(text.itos)}
+    assert _data_preprocessing(text) == {"kind": "text", "itos": list(text.itos),
+                                         "train_tokens": text.train.numel(), "train_sha256": _tensor_sha256(text.train),
+                                         "val_tokens": text.val.numel(), "val_sha256": _tensor_sha256(text.val)}
     digits = load_dataset("digits", normalize=False)
     assert _data_preprocessing(digits) == {"kind": "image", "scale": 16.0, "mean": None, "std": None}
 

@@ -10,8 +10,8 @@ Python's ``pydoc_data``) or on a replaced data file with other statistics went o
 if the whole run had been made on that data; ``analyze`` measured a finished run on such data likewise. Both now
 refuse, naming the entries that changed (``reload._preprocessing_changes``: floats up to float64 rounding).
 
-Not told (nothing recorded to compare without hashing the data again): a corpus changed within its vocabulary, a
-user's graph data file replaced, a folder of an older version without ``preprocessing.json``.
+Not told: a folder of an older version without ``preprocessing.json`` (a corpus changed within its vocabulary and
+a user's graph file replaced are since told by the record's fingerprint: test_data_fingerprint_61i.py).
 """
 
 from __future__ import annotations
