@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -384,6 +385,10 @@ def _rng_untouched(x: Tensor) -> Any:
     return torch.random.fork_rng(devices=[x.device], device_type=x.device.type)
 
 
+#: the recorders whose hooks are on (entered, not yet exited): a block shared by two recorded models is each one's
+_RECORDING: "weakref.WeakSet[LayerRecorder]" = weakref.WeakSet()
+
+
 class LayerRecorder:
     r"""Context manager that records the residual stream ``X^(l)`` of every forward pass.
 
@@ -403,7 +408,10 @@ class LayerRecorder:
     a block call that raised ends the count). Within a call of that model, a block's calls past its last position (a
     refinement step after the loop, the stack run again on another input) are not recorded, shared or not: every
     position holds the first run's tokens. Calls inside a backward pass (the recomputation of
-    ``torch.utils.checkpoint``) are not a forward pass and are not recorded.
+    ``torch.utils.checkpoint``) are not a forward pass and are not recorded, nor, outside a pass of this recorder's
+    model, the calls of a block it shares with another model inside that model's pass where another recorder records
+    it (a student and a teacher sharing a block, a wrapper holding the model's ``blocks``: each recorder held the other
+    model's tokens); a model not recorded cannot be told apart, its calls of a shared block are recorded.
 
     Args:
         model: a model with ``model.blocks`` (``nn.ModuleList`` or ``nn.Sequential``); for a ``torch.compile`` model,
@@ -539,12 +547,18 @@ class LayerRecorder:
         that raised (a model that catches the error and calls the block again). Outside a pass of the module holding
         ``model.blocks`` (``forward_cached``, ``generate(use_cache=True)``) a call that raised ends the count (the
         recorder's own refusal of attentions on a cached step shifted every later cached pass)."""
-        if torch._C._current_graph_task_id() != -1:
+        if torch._C._current_graph_task_id() != -1 or self._others_call(block):
             return
         if output is not None:
             self._calls[id(block)] = self._calls.get(id(block), 0) + 1
         elif not self._in_pass:
             self._calls = {}
+
+    def _others_call(self, block: nn.Module) -> bool:
+        """Whether this call of ``block`` is made in another recorded model's pass (:data:`_RECORDING`, a recorder of a
+        model sharing the block, inside a call of the module holding its blocks) and outside one of this model's."""
+        return not self._in_pass and any(r is not self and r._in_pass and id(block) in r._positions
+                                         for r in _RECORDING)
 
     def _new_pass(self, owner: nn.Module, args: tuple[Any, ...], *output: Any) -> None:
         """Pre-hook (and, with ``output``, hook also called when it raised) of the module holding ``model.blocks``:
@@ -558,7 +572,7 @@ class LayerRecorder:
         pass is that of its ``k``-th position (one past its last, inside a call of the model, is none's); never inside
         a backward pass (a checkpoint's recomputation, in reverse order: the last position's call was read as the
         first's)."""
-        if torch._C._current_graph_task_id() != -1:
+        if torch._C._current_graph_task_id() != -1 or self._others_call(block):
             return False
         positions = self._positions.get(id(block))
         if positions is None:  # a copy of the block (nn.DataParallel's replica)
@@ -601,11 +615,13 @@ class LayerRecorder:
             self.remove()
             raise
         self._depth = 1
+        _RECORDING.add(self)
         return self
 
     def remove(self) -> None:
         """Remove every hook this recorder registered (idempotent)."""
         self._depth = 0
+        _RECORDING.discard(self)
         while self._handles:
             self._handles.pop().remove()
         while self._compiled:

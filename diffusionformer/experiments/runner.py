@@ -486,6 +486,20 @@ def _run_identity(task: TaskConfig, model: torch.nn.Module, train: Any) -> dict[
     return json.loads(json.dumps(identity, default=str))
 
 
+def _with_rope_base(identity: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """``identity`` as ``run_config.json`` records it: with the ``rope_base`` of a model with RoPE on at its default
+    too (the identity leaves it out, and readers drop it again: :func:`_normalized_identity`). A folder whose RoPE
+    model lacks it is then one written before 41b9968 (or before this record), whose base its checkpoint holds:
+    ``status``, ``run`` and the tables open a RoPE run's checkpoint for it (``results._read_identity``) only then
+    (they opened every one's, its base left out at the default)."""
+    config = identity.get("model_config")
+    base = getattr(getattr(model, "config", None), "rope_base", None)
+    if (not isinstance(config, dict) or not config.get("rope") or "rope_base" in config
+            or not isinstance(base, (int, float)) or isinstance(base, bool)):
+        return identity
+    return {**identity, "model_config": {**config, "rope_base": float(base)}}
+
+
 def _check_identity(rdir: Path, identity: dict[str, Any], task: TaskConfig, setting: OperatorSetting,
                     log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Refuse to continue the run in ``rdir`` when its ``run_config.json`` records another definition than
@@ -667,7 +681,7 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
     if resume:  # (rank 0's reading, its refusal raised on every rank)
         _rank_zero_reads(lambda: _check_preprocessing(rdir, preprocessing, task, setting))
     _rank_zero_writes(dist_ctx, f"writing {rdir / RUN_CONFIG_NAME}",
-                      lambda: _start_run_folder(rdir, identity, resume, preprocessing))
+                      lambda: _start_run_folder(rdir, _with_rope_base(identity, model), resume, preprocessing))
     adapter = build_task(data, model, eval_batch_size=task.eval_batch_size, augment=task.augment,
                          label_smoothing=task.label_smoothing, minibatch=task.minibatch or None)
     try:

@@ -7,7 +7,8 @@ the steps replayed after its checkpoint twice. ``metrics.jsonl`` stays the recor
 experiment runner and :func:`~diffusionformer.train.read_metrics` read; it is always on, and on
 resume the CSV table is written again from it (``loggers`` may change on a resume: a table switched
 on then, or off for a while, holds every record of the run, its own row of a record whose JSON line is damaged
-kept; a table off at a resume is cut back to the checkpoint all the same; TensorBoard only the steps it logged).
+kept, but not of the log's last line a kill cut short, whatever the order of ``loggers``; a table off at a resume is
+cut back to the checkpoint all the same; TensorBoard only the steps it logged).
 
 TensorBoard is optional: ``"tensorboard"`` needs the ``tensorboard`` package (not a
 dependency of this library) and fails with a clear ``ModuleNotFoundError`` before training
@@ -19,6 +20,7 @@ from __future__ import annotations
 import bisect
 import csv
 import difflib
+import json
 import math
 import numbers
 import os
@@ -102,6 +104,19 @@ def _sound_row(row: Mapping[str | None, Any]) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _torn_line(path: Path) -> bytes | None:
+    """The last line of the file at ``path`` where it is cut short (its last byte no line end: a write killed
+    half-way), else ``None``; the file is read whole only then."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return None
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) in (b"\n", b"\r"):
+            return None
+        f.seek(0)
+        return f.read().splitlines()[-1]
 
 
 def _row_to_record(row: Mapping[str, str]) -> dict[str, Any]:
@@ -246,13 +261,27 @@ class CSVLog:
         _check_regular_file(self.path, "CSVLog.truncate")
         columns, rows, to_the_end = self._read()
         # a last row cut short by a kill (no line end) is dropped whatever its step, as MetricsLog does
-        torn = to_the_end and rows and not self.path.read_bytes().endswith((b"\n", b"\r"))
+        torn = to_the_end and rows and _torn_line(self.path) is not None
         whole = rows[:-1] if torn else rows
         # a row a damaged byte spoiled (_sound_row) is dropped whatever its step: an unclosed quote hid the rows
         # after the checkpoint's step in one cell, and the resumed run logged them twice
         kept = [r for r in whole if _sound_row(r) and int(r["step"]) <= max_step]
         self._rewrite(columns or list(CSV_BASE_COLUMNS), kept)
         return len(rows) - len(kept)
+
+    def _drop_unlogged_last(self, row: Mapping[str | None, str], records: Sequence[Mapping[str, Any]],
+                            torn: bytes) -> None:
+        """Drop ``row`` (the table's last before a resume's cut) where it is the row of the log's ``torn`` last line:
+        still the table's last, of a step and split that ``records`` (the log's, cut back) lack and that ``torn``
+        begins with as far as it goes (``{"step": 4, "split": "train"``; else the row of a damaged line before it,
+        whose record's only copy it is)."""
+        columns, rows, _ = self._read()
+        if not rows or rows[-1] != row or (int(row["step"]), row["split"]) in {(r["step"], r["split"])
+                                                                               for r in records}:
+            return
+        head = json.dumps({"step": int(row["step"]), "split": row["split"]})[:-1].encode()
+        if head[:len(torn)] == torn[:len(head)]:
+            self._rewrite(columns or list(CSV_BASE_COLUMNS), rows[:-1])
 
     def _refill(self, records: Sequence[Mapping[str, Any]]) -> None:
         """Make the table hold ``records`` (the JSON-lines log's, cut back on resume): ``loggers``
@@ -396,17 +425,29 @@ class LogGroup:
         switched on at a resume, or off for a while, holds every record of the run); the run's ``metrics.csv`` beside
         the log, off at this resume, is cut back to ``max_step`` all the same. Returns the count of the
         JSON-lines log where there is one (whatever the order of ``loggers``), else of the first writer."""
-        counts = [writer.truncate(max_step) for writer in self.writers]
         logs = [w for w in self.writers if isinstance(w, MetricsLog) and w.active and w.path.is_file()]
         tables = [w for w in self.writers if isinstance(w, CSVLog)]
+        # the run's table, off at this resume, is cut back too (else it kept the killed segment's rows past the
+        # checkpoint, and a later resume with it on could not tell them from the rows of damaged log lines, the only
+        # copy of those records)
+        off = [CSVLog(logs[0].path.parent / CSV_NAME)] if logs and not tables and (
+            logs[0].path.parent / CSV_NAME).is_file() else []
+        # a log whose last line a kill cut short: a table listed before the log in ``loggers`` got that record's whole
+        # row first, as its last; kept, it read as a damaged line's (the only copy of a record), and the table held a
+        # record the log did not, as one listed after the log never does
+        torn = _torn_line(logs[0].path) if logs else None
+        last = ({id(t): t._read()[1][-1:] for t in tables + off if t.active and t.path.is_file()}
+                if torn is not None else {})
+        counts = [writer.truncate(max_step) for writer in self.writers]
+        for table in off:
+            table.truncate(max_step)
+        records = read_metrics(logs[0].path) if logs and (tables or last) else []
+        for table in tables + off:
+            if last.get(id(table)):
+                table._drop_unlogged_last(last[id(table)][0], records, torn)
         if logs and tables:  # a CSV switched on, or off for a while, since the run began: its rows are the log's
-            records = read_metrics(logs[0].path)
             for table in tables:
                 table._refill(records)
-        elif logs and (logs[0].path.parent / CSV_NAME).is_file():  # the run's table, off at this resume: cut back too
-            # (else it kept the killed segment's rows past the checkpoint, and a later resume with it on could not
-            # tell them from the rows of damaged log lines, the only copy of those records)
-            CSVLog(logs[0].path.parent / CSV_NAME).truncate(max_step)
         jsonl = [c for writer, c in zip(self.writers, counts) if isinstance(writer, MetricsLog)]
         return (jsonl or counts or [0])[0]
 
