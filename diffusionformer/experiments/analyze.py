@@ -153,14 +153,15 @@ def _check_run_data(rdir: Path, task: TaskConfig, seed: int) -> None:
                          "or run it again with --restart")
 
 
-def _check_run_preprocessing(rdir: Path, data: Any) -> None:
-    """Refuse a run whose inputs were prepared otherwise than ``data``'s (``preprocessing.json``: another vocabulary,
-    of the same size too, other pixel statistics, or another fingerprint of its tokens or graph): its data changed
-    since it was trained (a new Python's ``pydoc_data``, a replaced data file), so it would be measured on ids,
-    pixels or a graph that meant something else in training. A run without a readable record (an older version's)
-    is measured as before."""
+def _check_run_preprocessing(rdir: Path, prepared: dict[str, Any]) -> None:
+    """Refuse a run whose inputs were prepared otherwise than its data's now, ``prepared`` (that data's
+    :func:`~diffusionformer.experiments.reload._data_preprocessing`, computed once per data: its fingerprint hashes
+    the data) against ``preprocessing.json`` (another vocabulary, of the same size too, other pixel statistics, or
+    another fingerprint of its tokens or graph): its data changed since it was trained (a new Python's
+    ``pydoc_data``, a replaced data file), so it would be measured on ids, pixels or a graph that meant something
+    else in training. A run without a readable record (an older version's) is measured as before."""
     recorded = read_json_dict(rdir / PREPROCESSING_NAME)
-    changes = "" if recorded is None else _preprocessing_changes(recorded, _data_preprocessing(data))
+    changes = "" if recorded is None else _preprocessing_changes(recorded, prepared)
     if changes:
         raise ValueError(f"run {rdir}: its inputs were prepared otherwise than this data's ({changes}: "
                          f"{rdir / PREPROCESSING_NAME} records the former): its data changed since it was trained; "
@@ -405,6 +406,7 @@ def analyze_experiment(
             if not task_runs:
                 continue
             loaded: dict[int | None, Any] = {}
+            prepared: dict[int | None, dict[str, Any]] = {}  # each fold's data's preprocessing record, hashed once
             kind = task_data(task, task_runs[0][2], data_root, loaded).kind
             entry: dict[str, Any] = {"dataset": task.dataset, "model": task.model, "kind": kind, "operators": {}}
             result["tasks"][task.name] = entry
@@ -415,7 +417,10 @@ def analyze_experiment(
                     step, res, learned = reuse[rdir]["key"]["step"], reuse[rdir]["result"], reuse[rdir]["learned"]
                     model = None
                 else:
-                    _check_run_preprocessing(rdir, data)
+                    fold = task.fold_of(seed)  # (task_data's key of data)
+                    if fold not in prepared:
+                        prepared[fold] = _data_preprocessing(data)
+                    _check_run_preprocessing(rdir, prepared[fold])
                     run = load_run(rdir)
                     model, step = run.model, run.step
                     # from the loaded model (not the run's flat learned_operators.json): shapes kept, e.g. (G, K+1)

@@ -27,7 +27,9 @@ def _pow2_scale(x: Tensor, dims: tuple[int, ...]) -> Tensor:
     distances keep their order, but squares of huge or tiny features neither overflow nor underflow."""
     if x.shape[-1] == 0:  # no features: every distance is 0
         return x
-    _, e = torch.frexp(x.abs().amax(dim=dims, keepdim=True))  # amax = m 2^e, m in [0.5, 1); 0 for a zero amax
+    # |x|'s amax without the copy |x| (of the size of x): the larger of amax and -amin
+    peak = torch.maximum(x.amax(dim=dims, keepdim=True), x.amin(dim=dims, keepdim=True).neg())
+    _, e = torch.frexp(peak)  # peak = m 2^e, m in [0.5, 1); 0 for a zero peak
     lim = int(math.log2(torch.finfo(x.dtype).max)) - 1  # 2^-e stays a normal number
     return x * torch.exp2(-e.clamp(-lim, lim).to(x.dtype))
 

@@ -260,18 +260,26 @@ def knn_classify(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes
     dtype = torch.float64 if torch.float64 in (bank.dtype, queries.dtype) else torch.float32
     # each row scaled by a power of two first (exact): the squared norms of finite features of size ~1e20 (float32)
     # overflowed, normalising them to 0, and those of ~1e-20 underflowed: every cosine ~0, the neighbours among ties
-    bank_n = F.normalize(_pow2_scale(bank.to(dtype), (1,)), dim=1)
+    bank_n = _unit_rows(bank.to(dtype))
     labels = bank_labels.to(device=bank.device, dtype=torch.long)  # scatter_add_ takes int64 (or int32) indices only
     k = min(k, bank.shape[0])
     out = []
     for start in range(0, queries.shape[0], chunk_size):
-        q = F.normalize(_pow2_scale(queries[start : start + chunk_size].to(dtype), (1,)), dim=1)
+        q = _unit_rows(queries[start : start + chunk_size].to(dtype))
         sim, idx = (q @ bank_n.T).topk(k, dim=1)  # (q, k)
         votes = torch.zeros(q.shape[0], num_classes, device=q.device, dtype=sim.dtype)
         # exp((s - s_max) / T): the same argmax, while exp(s / T) overflows float32 for T < ~0.0113 (inf votes tie)
         votes.scatter_add_(1, labels[idx], torch.exp((sim - sim.amax(dim=1, keepdim=True)) / temperature))
         out.append(votes.argmax(dim=1))
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=queries.device)
+
+
+def _unit_rows(x: Tensor) -> Tensor:
+    """``F.normalize(_pow2_scale(x, (1,)), dim=1)`` (bit for bit) in ``x``'s scaled copy: one tensor of the size of
+    ``x``, not two (a 50k x 384 bank's normalisation took twice as long). ``x`` has ``D >= 1`` columns; no gradient
+    (``out=``: :func:`knn_classify` runs under ``no_grad``)."""
+    scaled = _pow2_scale(x, (1,))  # a new tensor for D >= 1: dividing it in place leaves the caller's x as it was
+    return F.normalize(scaled, dim=1, out=scaled)
 
 
 def _rows_over_ranks(rows: Tensor) -> tuple[Tensor, Tensor]:
