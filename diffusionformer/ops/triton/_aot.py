@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 #: pointer arguments that are not bf16 tensors, by name
-POINTERS = {"PAD": "*u8", "C0": "*fp32", "C1": "*fp32", "CK": "*fp32", "LSE": "*fp32", "DELTA": "*fp32",
+POINTERS = {"PAD": "*u8", "C0": "*fp32", "C1": "*fp32", "CK": "*fp32", "LSE": "*fp32", "DELTA": "*fp64",
             "DCROW": "*fp32", "ACC": "*fp32", "SEED": "*i64"}
 #: the bf16 tensor arguments (q, k, v, outputs, gradients, the powers y_t)
 TENSORS = ("Q", "K", "V", "X", "G", "A", "A_IN", "A_OUT", "Y", "YS", "OUT", "DQ", "DK", "DV")
@@ -20,7 +20,8 @@ TENSORS = ("Q", "K", "V", "X", "G", "A", "A_IN", "A_OUT", "Y", "YS", "OUT", "DQ"
 
 def signature(fn: Any, consts: dict[str, Any]) -> dict[str, str]:
     """Triton's argument types of kernel ``fn`` with the constexprs ``consts``: bf16 tensors, float32
-    statistics, a bool (MASK_KIND 1) or bf16 (MASK_KIND 2) ``attn_mask``, int32 sizes and strides."""
+    statistics (``DELTA`` float64), a bool (MASK_KIND 1) or bf16 (MASK_KIND 2) ``attn_mask``, int32 sizes and
+    strides."""
     writes_scales = fn.arg_names[:2] == ["SEED", "OUT"]  # _dropout_scales writes float32
     sig = {}
     for name in fn.arg_names:

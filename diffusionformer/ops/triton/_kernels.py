@@ -400,6 +400,32 @@ if HAS_TRITON:
         return _dot(pT.to(a.dtype), a, acc, UPCAST, IEEE)
 
     @triton.jit
+    def _acc_dp(dp, lost, term, IEEE: tl.constexpr):
+        """``dp + term`` and, with IEEE (float32 inputs), the rounding error carried in ``lost`` (Kahan summation:
+        the sum is ``dp - lost``).
+
+        ``dS = P * (dP - delta)`` cancels: with a long series (``ppr(alpha=0.01, steps=200)`` on a causal graph)
+        ``dP`` and ``delta`` are hundreds of times ``dS``, and their ``K`` float32 roundings (of ``dP`` here, of
+        ``delta`` across the transposed launches), which do not match, moved ``dq`` and ``dk`` by 1e-4 (30-270x the
+        ``matrix`` back-end's error); even rounding each once left 10x. So ``dP`` is carried as ``dp - lost`` and
+        ``delta`` in float64 (its terms too), split into two float32 parts (:func:`_split`) for ``dP - delta``.
+        Half inputs store ``a`` and ``y`` in their dtype, whose error dominates: plain sums there.
+        """
+        if IEEE:
+            t = term - lost
+            total = dp + t
+            lost = (total - dp) - t
+            return total, lost
+        else:
+            return dp + term, lost
+
+    @triton.jit
+    def _split(delta):
+        """float64 ``delta`` as float32 ``(hi, lo)``, ``hi + lo = delta`` to about 2^-48 (see :func:`_acc_dp`)."""
+        hi = delta.to(tl.float32)
+        return hi, (delta - hi.to(tl.float64)).to(tl.float32)
+
+    @triton.jit
     def _dkdv_block(
         dk, dv, k, v, q_base, A, YS, lse_base, delta_base, io_base, pad_row, mask_base, stride_mi, stride_mj, start_m, offs_m, offs_n, offs_c, c_ok,
         kv_mask, N, C, STEPS, stride_step, qk_scale, stride_qn, stride_qc, seed, bh, drop_p, inv_keep,
@@ -418,7 +444,7 @@ if HAS_TRITON:
                     mask=qm_ok[:, None] & c_ok[None, :], other=0.0)
         lse = tl.load(lse_base + qm, mask=qm_ok, other=float("inf"))
         shift = _row_shift(lse_base, qm, N, MASK_KIND)
-        delta = tl.load(delta_base + qm, mask=qm_ok, other=0.0)
+        delta, delta_lo = _split(tl.load(delta_base + qm, mask=qm_ok, other=0.0))
         sT = _dot(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
         if MASKED:
             sT = _bias(sT, qm[None, :], offs_n[:, None], N, mask_base, stride_mi, stride_mj, shift[None, :], MASK_KIND)
@@ -436,22 +462,28 @@ if HAS_TRITON:
         else:
             dv = _dot(pT.to(a1T.dtype), tl.trans(a1T), dv, UPCAST, IEEE)
             dpT = _dot(v, a1T, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
+        lost = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for m in range(1, STEPS):
             y = tl.load(YS + tl.cast(m - 1, tl.int64) * stride_step + io_base + offs_n[:, None] * C + offs_c[None, :],
                         mask=kv_mask, other=0.0)
             aT = tl.load(A + tl.cast(m, tl.int64) * stride_step + a_off, mask=a_mask, other=0.0)
             if DROPOUT:  # each term of dP has its own mask: contracted apart, then masked
                 term = _dot(y, aT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
-                dpT += term * _dropout_scale(seed, bh, m + 1, qm, offs_n, N, drop_p, inv_keep, True)
+                term *= _dropout_scale(seed, bh, m + 1, qm, offs_n, N, drop_p, inv_keep, True)
+                dpT, lost = _acc_dp(dpT, lost, term, IEEE)
+            elif IEEE:
+                term = _dot(y, aT, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
+                dpT, lost = _acc_dp(dpT, lost, term, IEEE)
             else:
                 dpT = _dot(y, aT, dpT, UPCAST, IEEE)
-        dsT = pT * (dpT - delta[None, :])
+        dsT = pT * ((dpT - delta[None, :]) - (lost + delta_lo[None, :]))
         dk = _dot(dsT.to(q.dtype), q, dk, UPCAST, IEEE)
         return dk, dv
 
     @triton.jit
     def _dq_block(
-        dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, shift, delta, start_n,
+        dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, shift,
+        delta, delta_lo, start_n,
         offs_m, offs_n,
         offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc, stride_vn, stride_vc,
         seed, bh, drop_p, inv_keep,
@@ -473,16 +505,21 @@ if HAS_TRITON:
         dp = _dot(a1, vT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
         if DROPOUT:
             dp = dp * _dropout_scale(seed, bh, 1, offs_m, kn, N, drop_p, inv_keep, False)
+        lost = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for m in range(1, STEPS):
             yT = tl.load(YS + tl.cast(m - 1, tl.int64) * stride_step + io_base + kn[None, :] * C + offs_c[:, None],
                          mask=kT_mask, other=0.0)
             a = tl.load(A + tl.cast(m, tl.int64) * stride_step + a_off, mask=io_mask, other=0.0)
             if DROPOUT:  # each term of dP has its own mask: contracted apart, then masked
                 term = _dot(a, yT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
-                dp += term * _dropout_scale(seed, bh, m + 1, offs_m, kn, N, drop_p, inv_keep, False)
+                term *= _dropout_scale(seed, bh, m + 1, offs_m, kn, N, drop_p, inv_keep, False)
+                dp, lost = _acc_dp(dp, lost, term, IEEE)
+            elif IEEE:
+                term = _dot(a, yT, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
+                dp, lost = _acc_dp(dp, lost, term, IEEE)
             else:
                 dp = _dot(a, yT, dp, UPCAST, IEEE)
-        ds = p * (dp - delta[:, None])
+        ds = p * ((dp - delta[:, None]) - (lost + delta_lo[:, None]))
         return _dot(ds.to(kT.dtype), tl.trans(kT), dq, UPCAST, IEEE)
 
     @triton.jit
@@ -500,7 +537,7 @@ if HAS_TRITON:
         """One step ``m`` of the adjoint recursion: ``a_m = c_m[h] g + P^T a_{m+1}`` (no ``P^T`` term without HAS_IN;
         with DROPOUT, ``P`` carries the mask of power ``step = m + 1``).
 
-        Also per row ``j``: ``DELTA[j] (+)= <a_m, y_m>`` (written fresh without HAS_IN, i.e. for
+        Also per row ``j``: ``DELTA[j] (+)= <a_m, y_m>`` (float64; written fresh without HAS_IN, i.e. for
         ``m = K``, the first launch) and ``DCROW[j] = <g, y_m>`` (summed to ``dc[h, m]`` outside).
         A_IN, A_OUT, Y contiguous ``(B, H, N, C)``; G strided.
         """
@@ -545,7 +582,7 @@ if HAS_TRITON:
         tl.store(A_OUT + io_off, a_new.to(A_OUT.dtype.element_ty), mask=io_mask)
         y = tl.load(Y + io_off, mask=io_mask, other=0.0).to(tl.float32)
         row = bh.to(tl.int64) * N + offs_n
-        delta = tl.sum(a_new * y, 1)
+        delta = tl.sum(a_new.to(tl.float64) * y.to(tl.float64), 1)  # float64: see _acc_dp
         if HAS_IN:
             delta += tl.load(DELTA + row, mask=key_ok, other=0.0)
         tl.store(DELTA + row, delta, mask=key_ok)
@@ -648,7 +685,7 @@ if HAS_TRITON:
         q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qn + offs_c[None, :].to(tl.int64) * stride_qc, mask=io_mask, other=0.0)
         lse = tl.load(LSE + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=float("inf"))
         shift = _row_shift(LSE + bh.to(tl.int64) * N, offs_m, N, MASK_KIND)
-        delta = tl.load(DELTA + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=0.0)
+        delta, delta_lo = _split(tl.load(DELTA + bh.to(tl.int64) * N + offs_m, mask=row_ok, other=0.0))
         a_off = io_base + offs_m[:, None] * C + offs_c[None, :]
         dq = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
         hi = N
@@ -659,12 +696,14 @@ if HAS_TRITON:
         if not HAS_PAD and MASK_KIND == 0:
             free = _free_keys(start_m, N, CAUSAL, BLOCK_N)
         for start_n in range(0, free, BLOCK_N):
-            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, shift, delta, start_n,
+            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi,
+                           stride_mj, lse, shift, delta, delta_lo, start_n,
                            offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
                            stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
                            False, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)
         for start_n in range(free, hi, BLOCK_N):
-            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi, stride_mj, lse, shift, delta, start_n,
+            dq = _dq_block(dq, q, a1, k_base, v_base, A, YS, io_base, a_off, io_mask, pad_row, mask_base, stride_mi,
+                           stride_mj, lse, shift, delta, delta_lo, start_n,
                            offs_m, offs_n, offs_c, c_ok, N, C, STEPS, stride_step, qk_scale, stride_kn, stride_kc,
                            stride_vn, stride_vc, seed, bh, drop_p, inv_keep,
                            True, CAUSAL, HAS_PAD, MASK_KIND, UPCAST, IEEE, DROPOUT, BLOCK_M, BLOCK_N)

@@ -235,7 +235,8 @@ def _backward(kernels, L: _Launch, q, k, v, coeffs, lse, ys, g: Tensor):
     # A[m - 1] = a_m, m = 1..K: a_K = c_K g, a_m = c_m g + P^T a_{m+1}; the same launches write
     # delta_i = sum_m <a_m,i, y_m,i> and the rows <g_j, y_m,j> of the coefficient gradients
     A = torch.empty(K, B, H, N, C, device=dev, dtype=dt)
-    delta = torch.empty(B, H, N, device=dev, dtype=torch.float32)
+    # float64: a long series sums K terms of delta that cancel against dP in the softmax backward (_kernels._acc_dp)
+    delta = torch.empty(B, H, N, device=dev, dtype=torch.float64)
     dcrows = torch.empty(K + 1, B, H, N, device=dev, dtype=torch.float32)
     for m in range(K, 0, -1):
         kernels._transposed_step[L.grid(L.bwd_n)](

@@ -36,7 +36,10 @@ Backward (reverse recursion). With ``g`` the output gradient, the adjoint vector
 ``a_K = c_K g``, ``a_m = c_m g + P^\top a_{m+1}`` give ``dv = a_0``,
 ``dc_{h,k} = \langle g_h, y_{h,k} \rangle`` and
 ``dP = \sum_{m=0}^{K-1} a_{m+1} y_m^\top`` (``y_0 = v``), which the softmax backward turns into
-``dS = P \odot (dP - \delta)`` with ``\delta_i = \sum_{m=1}^{K} \langle a_{m,i}, y_{m,i} \rangle``.
+``dS = P \odot (dP - \delta)`` with ``\delta_i = \sum_{m=1}^{K} \langle a_{m,i}, y_{m,i} \rangle``
+(``\delta`` is summed in float64, and for float32 inputs ``dP`` with compensated float32 sums: on long series
+both are hundreds of times ``dS``, and plain float32 sums cost ``dq``, ``dk`` 30-270x the ``matrix``
+back-end's error).
 Launches: ``K`` transposed steps (``P^\top`` streamed over query blocks), then one kernel for
 ``dk`` and ``dv = c_0 g + P^\top a_1`` and one for ``dq``; both contract ``dP`` block by block
 (inner dimension ``K C``), never ``N x N``. The forward pass saves ``y_1 .. y_K`` for this
