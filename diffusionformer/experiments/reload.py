@@ -84,7 +84,7 @@ def _data_fingerprint(data: Any) -> dict[str, Any]:
                 record.update({f"{split}_tokens": tokens.numel(), f"{split}_sha256": _tensor_sha256(tokens)})
     elif kind == "node" and isinstance(getattr(getattr(data, "data", None), "edge_index", None), torch.Tensor):
         graph = data.data
-        N, edges = int(graph.num_nodes), graph.edge_index.detach().cpu()
+        N, edges = int(graph.num_nodes), graph.edge_index.detach().cpu().long()  # int32: i N + j overflowed
         sorted_edges = (edges[0] * N + edges[1]).sort().values  # each edge (i, j) as the number i * N + j
         record.update(num_nodes=N, num_edges=int(edges.shape[1]), edge_index_sha256=_tensor_sha256(sorted_edges))
         x = getattr(graph, "x", None)
@@ -106,8 +106,9 @@ def _data_fingerprint(data: Any) -> dict[str, Any]:
 def _graph_set_sha256(dataset: Any) -> str:
     """The first 16 hex digits of a SHA256 of the graphs of a graph set (the split indices aside, which depend on the
     labels alone: a graph's features or edges edited in place resumed without a word): of the collated tensors and
-    slices of a PyG in-memory dataset as stored (its transform is the loader's, of its options: 16 ms on NCI1),
-    else of each graph's ``x``, ``edge_index`` and ``y`` in turn (a user's list of ``Data``).
+    slices of a PyG in-memory dataset as stored (its transform is the loader's, of its options: 16 ms on NCI1), and
+    a sliced or shuffled one's indices into them, else of each graph's ``x``, ``edge_index`` and ``y`` in turn (a
+    user's list of ``Data``).
 
     Examples:
         >>> from torch_geometric.data import Data
@@ -118,8 +119,11 @@ def _graph_set_sha256(dataset: Any) -> str:
         False
     """
     store, slices = getattr(dataset, "_data", None), getattr(dataset, "slices", None)
-    if hasattr(store, "to_dict") and isinstance(slices, dict) and getattr(dataset, "_indices", None) is None:
+    if hasattr(store, "to_dict") and isinstance(slices, dict):
         parts = sorted(store.to_dict().items()) + [(f"slices.{k}", v) for k, v in sorted(slices.items())]
+        if getattr(dataset, "_indices", None) is not None:  # sliced or shuffled: the places of its graphs in the store
+            # (its graphs as the loader reads them, transform applied: an augmentation made every hash another)
+            parts.append(("indices", torch.as_tensor(list(dataset.indices()), dtype=torch.long)))
     else:  # 1.6 s for 40,000 small graphs (PyG's edge_index property takes most)
         parts = [(f"{i}.{k}", getattr(g, k, None)) for i, g in enumerate(dataset) for k in ("x", "edge_index", "y")]
     text = "\n".join(f"{k} {_tensor_sha256(v)}" for k, v in parts if isinstance(v, torch.Tensor))
@@ -138,8 +142,10 @@ def _tensor_sha256(tensor: torch.Tensor) -> str:
         True
     """
     t = tensor.detach().cpu()
-    t = (t.to_dense() if t.layout != torch.strided else t).contiguous()
-    bits = t.view(_BITS_OF_WIDTH[t.element_size()]).reshape(-1).numpy()
+    # a conjugate (or negative) view's bits are those of the values it shows: view(dtype) refuses it unresolved
+    t = (t.to_dense() if t.layout != torch.strided else t).resolve_conj().resolve_neg().contiguous()
+    # complex128 (16 bytes, no integer of its width: KeyError 16) as its two float64 halves in turn
+    bits = t.reshape(-1).view(_BITS_OF_WIDTH[min(t.element_size(), 8)]).numpy()
     return sha256_bytes(bits.astype(bits.dtype.newbyteorder("<"), copy=False).data)[:16]  # (no copy of the bytes)
 
 

@@ -18,6 +18,7 @@ starts when it is missing.
 from __future__ import annotations
 
 import bisect
+import codecs
 import csv
 import difflib
 import json
@@ -106,9 +107,9 @@ def _sound_row(row: Mapping[str | None, Any]) -> bool:
     return True
 
 
-def _torn_line(path: Path) -> bytes | None:
-    """The last line of the file at ``path`` where it is cut short (its last byte no line end: a write killed
-    half-way), else ``None``; the file is read whole only then."""
+def _torn_line(path: Path) -> tuple[bytes | None, bytes] | None:
+    """The whole line before the last line of the file at ``path`` (``None``: none) and that last line, where it is
+    cut short (its last byte no line end: a write killed half-way), else ``None``; the file is read whole only then."""
     with open(path, "rb") as f:
         if f.seek(0, os.SEEK_END) == 0:
             return None
@@ -116,7 +117,8 @@ def _torn_line(path: Path) -> bytes | None:
         if f.read(1) in (b"\n", b"\r"):
             return None
         f.seek(0)
-        return f.read().splitlines()[-1]
+        lines = f.read().removeprefix(codecs.BOM_UTF8).splitlines()
+        return (lines[-2] if len(lines) > 1 else None), lines[-1]
 
 
 def _row_to_record(row: Mapping[str, str]) -> dict[str, Any]:
@@ -269,18 +271,33 @@ class CSVLog:
         self._rewrite(columns or list(CSV_BASE_COLUMNS), kept)
         return len(rows) - len(kept)
 
-    def _drop_unlogged_last(self, row: Mapping[str | None, str], records: Sequence[Mapping[str, Any]],
-                            torn: bytes) -> None:
-        """Drop ``row`` (the table's last before a resume's cut) where it is the row of the log's ``torn`` last line:
-        still the table's last, of a step and split that ``records`` (the log's, cut back) lack and that ``torn``
-        begins with as far as it goes (``{"step": 4, "split": "train"``; else the row of a damaged line before it,
-        whose record's only copy it is)."""
+    def _drop_unlogged_last(self, last: Sequence[Mapping[str | None, str]], records: Sequence[Mapping[str, Any]],
+                            torn: tuple[bytes | None, bytes]) -> None:
+        """Drop ``row``, the last of ``last`` (the table's last two rows before a resume's cut), where it is the row of
+        the log's last line (``torn``: :func:`_torn_line`'s, the line before it and that line): still the table's
+        last, of a step and split that ``records`` (the log's, cut back) lack and that the torn line begins with as far
+        as it goes (``{"step": 4, "split": "train"``), the row before it the record of the log's line before the torn
+        one (none for none). Else it is the row of a damaged line before it, the only copy of its record: a torn
+        ``{"step": 1`` matches step 10's row too, and a table listed after the log holds no row of the torn line."""
         columns, rows, _ = self._read()
+        row = last[-1]
         if not rows or rows[-1] != row or (int(row["step"]), row["split"]) in {(r["step"], r["split"])
                                                                                for r in records}:
             return
+        previous, line = torn
+        try:  # json.loads: a damaged line raises ValueError (UnicodeDecodeError too) or RecursionError
+            before = None if previous is None else json.loads(previous)
+        except (ValueError, RecursionError):
+            return
+        if previous is None:
+            in_step = len(last) == 1
+        else:  # the row before: as read (a damaged one is no record's), so compared as text
+            in_step = len(last) == 2 and isinstance(before, dict) and (
+                str(before.get("step")), before.get("split")) == (last[0]["step"], last[0]["split"])
+        if not in_step:
+            return
         head = json.dumps({"step": int(row["step"]), "split": row["split"]})[:-1].encode()
-        if head[:len(torn)] == torn[:len(head)]:
+        if head[:len(line)] == line[:len(head)]:
             self._rewrite(columns or list(CSV_BASE_COLUMNS), rows[:-1])
 
     def _refill(self, records: Sequence[Mapping[str, Any]]) -> None:
@@ -436,7 +453,7 @@ class LogGroup:
         # row first, as its last; kept, it read as a damaged line's (the only copy of a record), and the table held a
         # record the log did not, as one listed after the log never does
         torn = _torn_line(logs[0].path) if logs else None
-        last = ({id(t): t._read()[1][-1:] for t in tables + off if t.active and t.path.is_file()}
+        last = ({id(t): t._read()[1][-2:] for t in tables + off if t.active and t.path.is_file()}
                 if torn is not None else {})
         counts = [writer.truncate(max_step) for writer in self.writers]
         for table in off:
@@ -444,7 +461,7 @@ class LogGroup:
         records = read_metrics(logs[0].path) if logs and (tables or last) else []
         for table in tables + off:
             if last.get(id(table)):
-                table._drop_unlogged_last(last[id(table)][0], records, torn)
+                table._drop_unlogged_last(last[id(table)], records, torn)
         if logs and tables:  # a CSV switched on, or off for a while, since the run began: its rows are the log's
             for table in tables:
                 table._refill(records)
