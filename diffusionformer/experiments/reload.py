@@ -6,7 +6,8 @@ model without the config or the data it was trained on: ``run_config.json`` name
 preset and its fully resolved config (data-derived sizes and the operator setting included),
 ``checkpoint.pt`` the weights of the last saved step, ``metrics.jsonl`` the training and
 evaluation records, ``summary.json`` the final result and ``preprocessing.json`` how the run's inputs
-were prepared (pixel scale and training statistics of images, the vocabulary of text).
+were prepared (pixel scale and training statistics of images, the vocabulary of text; for text and graphs
+also a fingerprint of the data, which a resume and ``analyze`` compare: ``_data_fingerprint``).
 
 Examples:
     Rebuild a run's model and evaluate it (``results/default`` is the README's main job)::
