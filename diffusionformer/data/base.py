@@ -293,7 +293,8 @@ class TextData:
             at = next((j for j, i in enumerate(ids) if not token_id(i)), 0) if len(ids) > 20 else 0
             raise ValueError(
                 f"decode expects token ids in [0, {self.vocab_size}), got {ids[:20]}"
-                + (f"... ({len(ids)} ids; {ids[at]!r} at position {at})" if at >= 20 else "")
+                + (f"... ({len(ids)} ids; {ids[at]!r} at position {at})" if at >= 20
+                   else f"... ({len(ids)} ids)" if len(ids) > 20 else "")
                 + (f" ({real} ids: expected integers, e.g. ids.long())" if real else "")
             ) from None
 

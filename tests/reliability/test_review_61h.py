@@ -90,3 +90,11 @@ def test_bug_decode_names_the_refused_id_of_a_long_sequence():
     assert len(str(info.value)) < 300
     with pytest.raises(ValueError, match=r"got \[0, True\]$"):  # short: every id shown, as before
         data.decode([0, True])
+
+
+def test_decode_says_a_long_sequence_goes_on_past_the_twenty_ids_shown():
+    """A refused id among the first 20 of a longer sequence: the message shows 20 ids, then says there are more
+    (it read as the whole sequence)."""
+    data = char_text_data("toy", "abcabcabca")
+    with pytest.raises(ValueError, match=r"\]\.\.\. \(30 ids\)"):
+        data.decode([5] + [0] * 29)
