@@ -250,6 +250,8 @@ def _group_num_heads(spec: str, count: int) -> int:
 def format_head_spec(heads: Any, num_heads: int) -> Any:
     """Fill the templates ``{H}`` (``num_heads``) and ``{half}`` (``num_heads // 2``) of a head spec.
 
+    Outside quoted values, and outside the dict and set literals of operator arguments (``w={'k': 2}``).
+
     Strings are formatted; lists, tuples and ``{layer: spec}`` mappings are formatted entry by
     entry (a list stays a list, a tuple a tuple, a mapping becomes a dict with int keys);
     anything else is returned as is.
@@ -266,12 +268,13 @@ def format_head_spec(heads: Any, num_heads: int) -> Any:
     if isinstance(heads, str):
         if "{" not in heads:
             return heads
+        text = _escape_literal_braces(heads)
         try:  # outside quoted values only: a value '{H}' or 'a{b}' is a string, not a template
             parts, end = [], 0
-            for start, stop in _quoted_spans(heads):
-                parts += [heads[end:start].format(H=num_heads, half=num_heads // 2), heads[start:stop]]
+            for start, stop in _quoted_spans(text):
+                parts += [text[end:start].format(H=num_heads, half=num_heads // 2), text[start:stop]]
                 end = stop
-            return "".join(parts) + heads[end:].format(H=num_heads, half=num_heads // 2)
+            return "".join(parts) + text[end:].format(H=num_heads, half=num_heads // 2)
         except (KeyError, IndexError, ValueError, TypeError, AttributeError) as err:  # '{H[0]}', '{H.x}' too
             raise ValueError(f"head spec {heads!r}: only the templates {{H}} and {{half}} are known ({err})") from None
     if isinstance(heads, (list, tuple)):
@@ -286,6 +289,42 @@ def format_head_spec(heads: Any, num_heads: int) -> Any:
             out[layer], keys[layer] = format_head_spec(v, num_heads), k
         return out
     return heads
+
+
+def _escape_literal_braces(text: str) -> str:
+    """``text`` with the braces of the dict and set literals among an operator's arguments doubled (outside their
+    quoted values), so that :meth:`str.format` keeps them: ``w={'k': 2}``, ``w={}``, ``w=[{1, 2}]`` are values, which
+    the layer's ``heads_spec()`` writes as :meth:`~diffusionformer.operators.DiffusionOperator.spec` does (they were
+    read as templates: "only the templates {H} and {half} are known"); ``t={H}``, which no literal reads, is one."""
+    masked = _mask_strings(text)
+    out, parens, i = [], 0, 0
+    while i < len(text):
+        ch = masked[i]
+        parens += (ch == "(") - (ch == ")")
+        stop = _closing_brace(masked, i) if ch == "{" and parens > 0 else None
+        if stop is None:
+            out.append(text[i])
+            i += 1
+            continue
+        group = text[i : stop + 1]
+        try:
+            parse_operator_spec(f"x(v={group})")
+        except ValueError:  # not a literal: a template (filled or refused by format_head_spec)
+            out.append(group)
+        else:
+            out.append("".join(c * 2 if m in "{}" else c for c, m in zip(group, masked[i : stop + 1])))
+        i = stop + 1
+    return "".join(out)
+
+
+def _closing_brace(masked: str, start: int) -> int | None:
+    """The index of the ``}`` that closes the ``{`` at ``start`` of a string masked by :func:`_mask_strings`."""
+    depth = 0
+    for j in range(start, len(masked)):
+        depth += (masked[j] == "{") - (masked[j] == "}")
+        if depth == 0:
+            return j
+    return None
 
 
 #: the templates a head count may be written as, kept as they are by :func:`_spec_as_read`

@@ -63,8 +63,10 @@ def register_operator(
     Raises:
         TypeError: ``cls`` is not a :class:`DiffusionOperator` subclass, or a name is not a ``str``.
         ValueError: the name or an alias is already taken, is empty, or holds characters of the spec
-            syntax (``()[]{}:,``) or is ``true``/``false`` (specs could not name it); or ``cls`` is
-            already registered (under another name: give more names with ``aliases``).
+            syntax (``()[]{}:,``) or is ``true``/``false`` (specs could not name it); ``cls`` is
+            already registered (under another name: give more names with ``aliases``); or ``cls`` sets a class
+            attribute that misspells a capability flag (``is_polynomal = False``, which Python takes as a new
+            attribute: the operator ran with the flag's default).
 
     Examples:
         >>> from diffusionformer.operators import DiffusionOperator
@@ -101,6 +103,7 @@ def register_operator(
             raise ValueError(f"{c.__name__}: aliases must be non-empty names, got {names[alias_keys.index('')]!r}")
         for k in (key, *alias_keys):
             _check_resolvable(k, c)
+        _check_flag_spelling(c)
         for k in (key, *alias_keys):
             if k in _REGISTRY or k in _ALIASES:
                 owner = _REGISTRY.get(k) or _REGISTRY[_ALIASES[k]]
@@ -138,6 +141,26 @@ def _check_resolvable(key: str, cls: type) -> None:
         what = f"the characters {bad}, which" if bad else "a boolean literal, which"
         raise ValueError(f"{cls.__name__}: operator name {key!r} contains {what} operator and head specs "
                          f"('name(key=value):count,...') cannot read as a name")
+
+
+def _check_flag_spelling(cls: type) -> None:
+    """Refuse a class attribute that misspells a capability flag of :class:`DiffusionOperator` (``is_polynomal``,
+    ``supports_kv_cashe``, ``need_second_map``): Python reads it as a new attribute, so the operator ran with the
+    flag's default (its polynomial instead of its ``apply_matrix``, or cached decoding it cannot serve) without a
+    word. Only a value of the flag's type counts (a bool; a dict for ``example_kwargs``)."""
+    flags = {k: type(v) for k, v in vars(DiffusionOperator).items()
+             if isinstance(v, (bool, dict)) and not k.startswith("__")}
+    for klass in cls.__mro__[: cls.__mro__.index(DiffusionOperator)]:
+        for attr, value in vars(klass).items():
+            if attr in flags or attr.startswith("__"):
+                continue
+            # a slip of a letter or two, not a longer name of one's own (is_polynomial_like, supports_sparse_grad)
+            close = [f for f in difflib.get_close_matches(attr, flags, n=3, cutoff=0.8)
+                     if isinstance(value, flags[f]) and abs(len(f) - len(attr)) <= 2]
+            if close:
+                raise ValueError(f"{cls.__name__}: class attribute {attr!r} = {value!r} is not a capability flag of "
+                                 f"DiffusionOperator (did you mean {close[0]!r}?); the flags are "
+                                 f"{sorted(f for f in flags if not f.startswith('_'))}")
 
 
 #: characters of the spec syntax (arguments, counts, lists of heads, templates): never part of a name
@@ -212,7 +235,7 @@ class _NonFiniteNames(ast.NodeTransformer):
 def parse_operator_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """Split ``"heat(t=0.5, learnable=True)"`` into ``("heat", {"t": 0.5, "learnable": True})``.
 
-    Values are Python literals (numbers, booleans, strings, None, tuples/lists), and ``inf``,
+    Values are Python literals (numbers, booleans, strings, None, tuples/lists, dicts/sets), and ``inf``,
     ``-inf`` and ``nan`` as the floats :meth:`DiffusionOperator.spec` writes them as.
 
     Examples:
