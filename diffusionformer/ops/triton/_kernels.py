@@ -409,7 +409,8 @@ if HAS_TRITON:
         ``delta`` across the transposed launches), which do not match, moved ``dq`` and ``dk`` by 1e-4 (30-270x the
         ``matrix`` back-end's error); even rounding each once left 10x. So ``dP`` is carried as ``dp - lost`` and
         ``delta`` in float64 (its terms too), split into two float32 parts (:func:`_split`) for ``dP - delta``.
-        Half inputs store ``a`` and ``y`` in their dtype, whose error dominates: plain sums there.
+        Half inputs store ``a`` and ``y`` in their dtype, whose error dominates: plain sums there (and ``delta``
+        takes ``a`` as stored, as ``dP`` reads it: :func:`_transposed_step`).
         """
         if IEEE:
             t = term - lost
@@ -578,11 +579,13 @@ if HAS_TRITON:
         g_off = (b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh
                  + offs_n[:, None].to(tl.int64) * stride_gn + offs_c[None, :].to(tl.int64) * stride_gc)
         g = tl.load(G + g_off, mask=io_mask, other=0.0).to(tl.float32)
-        a_new = ck * g + acc
-        tl.store(A_OUT + io_off, a_new.to(A_OUT.dtype.element_ty), mask=io_mask)
+        # a_m as stored, i.e. as dP reads it: delta is formed from it too, else half inputs' rounding of a_m
+        # (unmatched in delta, which dS = P * (dP - delta) cancels) dominated dq, dk (bf16: 10-20x sdpa's error)
+        a_new = (ck * g + acc).to(A_OUT.dtype.element_ty)
+        tl.store(A_OUT + io_off, a_new, mask=io_mask)
         y = tl.load(Y + io_off, mask=io_mask, other=0.0).to(tl.float32)
         row = bh.to(tl.int64) * N + offs_n
-        delta = tl.sum(a_new.to(tl.float64) * y.to(tl.float64), 1)  # float64: see _acc_dp
+        delta = tl.sum(a_new.to(tl.float32).to(tl.float64) * y.to(tl.float64), 1)  # float64: see _acc_dp
         if HAS_IN:
             delta += tl.load(DELTA + row, mask=key_ok, other=0.0)
         tl.store(DELTA + row, delta, mask=key_ok)
