@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -385,8 +386,12 @@ def _rng_untouched(x: Tensor) -> Any:
     return torch.random.fork_rng(devices=[x.device], device_type=x.device.type)
 
 
-#: the recorders whose hooks are on (entered, not yet exited): a block shared by two recorded models is each one's
+#: the recorders whose hooks are on (entered, not yet exited): a block shared by two recorded models records, in
+#: each model's recorder, only the calls made in that model's pass (LayerRecorder._others_call)
 _RECORDING: "weakref.WeakSet[LayerRecorder]" = weakref.WeakSet()
+#: held to add to, discard from or copy :data:`_RECORDING`: a recorder entered or exited in another thread while a block
+#: hook walked the set raised "Set changed size during iteration" in that hook (a WeakSet's iteration is Python code)
+_RECORDING_LOCK = threading.Lock()
 
 
 class LayerRecorder:
@@ -557,8 +562,11 @@ class LayerRecorder:
     def _others_call(self, block: nn.Module) -> bool:
         """Whether this call of ``block`` is made in another recorded model's pass (:data:`_RECORDING`, a recorder of a
         model sharing the block, inside a call of the module holding its blocks) and outside one of this model's."""
-        return not self._in_pass and any(r is not self and r._in_pass and id(block) in r._positions
-                                         for r in _RECORDING)
+        if self._in_pass:
+            return False
+        with _RECORDING_LOCK:
+            recorders = tuple(_RECORDING)  # a snapshot, walked outside the lock
+        return any(r is not self and r._in_pass and id(block) in r._positions for r in recorders)
 
     def _new_pass(self, owner: nn.Module, args: tuple[Any, ...], *output: Any) -> None:
         """Pre-hook (and, with ``output``, hook also called when it raised) of the module holding ``model.blocks``:
@@ -615,13 +623,15 @@ class LayerRecorder:
             self.remove()
             raise
         self._depth = 1
-        _RECORDING.add(self)
+        with _RECORDING_LOCK:
+            _RECORDING.add(self)
         return self
 
     def remove(self) -> None:
         """Remove every hook this recorder registered (idempotent)."""
         self._depth = 0
-        _RECORDING.discard(self)
+        with _RECORDING_LOCK:
+            _RECORDING.discard(self)
         while self._handles:
             self._handles.pop().remove()
         while self._compiled:

@@ -11,28 +11,28 @@ from __future__ import annotations
 
 from typing import Any
 
-#: pointer arguments that are not bf16 tensors, by name
+#: pointer arguments that are not tensors in the inputs' dtype, by name
 POINTERS = {"PAD": "*u8", "C0": "*fp32", "C1": "*fp32", "CK": "*fp32", "LSE": "*fp32", "DELTA": "*fp64",
             "DCROW": "*fp32", "ACC": "*fp32", "SEED": "*i64"}
-#: the bf16 tensor arguments (q, k, v, outputs, gradients, the powers y_t)
+#: the tensor arguments in the inputs' dtype (q, k, v, outputs, gradients, the powers y_t): bf16 unless told
 TENSORS = ("Q", "K", "V", "X", "G", "A", "A_IN", "A_OUT", "Y", "YS", "OUT", "DQ", "DK", "DV")
 
 
-def signature(fn: Any, consts: dict[str, Any]) -> dict[str, str]:
-    """Triton's argument types of kernel ``fn`` with the constexprs ``consts``: bf16 tensors, float32
-    statistics (``DELTA`` float64), a bool (MASK_KIND 1) or bf16 (MASK_KIND 2) ``attn_mask``, int32 sizes and
-    strides."""
+def signature(fn: Any, consts: dict[str, Any], dtype: str = "bf16") -> dict[str, str]:
+    """Triton's argument types of kernel ``fn`` with the constexprs ``consts``: tensors in ``dtype`` (triton's name:
+    ``"bf16"``, ``"fp16"``, ``"fp32"`` with ``IEEE=True``, as the launches pair them), float32 statistics
+    (``DELTA`` float64), a bool (MASK_KIND 1) or ``dtype`` (MASK_KIND 2) ``attn_mask``, int32 sizes and strides."""
     writes_scales = fn.arg_names[:2] == ["SEED", "OUT"]  # _dropout_scales writes float32
     sig = {}
     for name in fn.arg_names:
         if name in consts:
             sig[name] = "constexpr"
         elif name == "MASK":
-            sig[name] = "*bf16" if consts.get("MASK_KIND") == 2 else "*u8"
+            sig[name] = f"*{dtype}" if consts.get("MASK_KIND") == 2 else "*u8"
         elif name in POINTERS or (name == "OUT" and writes_scales):
             sig[name] = POINTERS.get(name, "*fp32")
         elif name in TENSORS:
-            sig[name] = "*bf16"
+            sig[name] = f"*{dtype}"
         elif name.endswith("scale") or name in ("drop_p", "inv_keep"):
             sig[name] = "fp32"
         else:
@@ -40,8 +40,10 @@ def signature(fn: Any, consts: dict[str, Any]) -> dict[str, str]:
     return sig
 
 
-def compile_kernel(fn: Any, consts: dict[str, Any], arch: int = 90, num_warps: int = 4, num_stages: int = 2) -> Any:
-    """Compile kernel ``fn`` (a ``triton.jit`` function) with the constexprs ``consts`` for CUDA ``sm_<arch>``.
+def compile_kernel(fn: Any, consts: dict[str, Any], arch: int = 90, num_warps: int = 4, num_stages: int = 2,
+                   dtype: str = "bf16") -> Any:
+    """Compile kernel ``fn`` (a ``triton.jit`` function) with the constexprs ``consts`` for CUDA ``sm_<arch>``, its
+    tensors in ``dtype`` (:func:`signature`).
 
     ``consts`` may name constexprs the kernel does not take (they are dropped), so one dict of flags
     serves every kernel. Returns triton's compiled kernel (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata``).
@@ -51,7 +53,7 @@ def compile_kernel(fn: Any, consts: dict[str, Any], arch: int = 90, num_warps: i
     from triton.compiler import ASTSource
 
     consts = {n: v for n, v in consts.items() if n in fn.arg_names}
-    return triton.compile(ASTSource(fn=fn, signature=signature(fn, consts), constexprs=consts),
+    return triton.compile(ASTSource(fn=fn, signature=signature(fn, consts, dtype), constexprs=consts),
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps, "num_stages": num_stages})
 
 
