@@ -250,7 +250,8 @@ def _group_num_heads(spec: str, count: int) -> int:
 def format_head_spec(heads: Any, num_heads: int) -> Any:
     """Fill the templates ``{H}`` (``num_heads``) and ``{half}`` (``num_heads // 2``) of a head spec.
 
-    Outside quoted values, and outside the dict and set literals of operator arguments (``w={'k': 2}``).
+    Outside quoted values; the braces of the dict and set literals of operator arguments (``w={'k': 2}``) are those
+    values', and the templates inside them are filled (``w={'k': {H}}``).
 
     Strings are formatted; lists, tuples and ``{layer: spec}`` mappings are formatted entry by
     entry (a list stays a list, a tuple a tuple, a mapping becomes a dict with int keys);
@@ -306,13 +307,20 @@ def _escape_literal_braces(text: str) -> str:
             out.append(text[i])
             i += 1
             continue
-        group = text[i : stop + 1]
+        group, bare = text[i : stop + 1], masked[i : stop + 1]
+        # the templates inside a literal ({'k': {H}}, {{half}, 1}) are filled as elsewhere: it is read with them as 0
+        spans = [] if bare in _COUNT_TEMPLATES else [m.span() for m in re.finditer(r"\{(?:H|half)\}", bare)]
+        probe = group
+        for start, end in reversed(spans):
+            probe = probe[:start] + "0" + probe[end:]
         try:
-            parse_operator_spec(f"x(v={group})")
+            parse_operator_spec(f"x(v={probe})")
         except ValueError:  # not a literal: a template (filled or refused by format_head_spec)
             out.append(group)
         else:
-            out.append("".join(c * 2 if m in "{}" else c for c, m in zip(group, masked[i : stop + 1])))
+            keep = {j for start, end in spans for j in (start, end - 1)}  # the templates' own braces
+            out.append("".join(c * 2 if m in "{}" and j not in keep else c
+                               for j, (c, m) in enumerate(zip(group, bare))))
         i = stop + 1
     return "".join(out)
 

@@ -66,7 +66,8 @@ def register_operator(
             syntax (``()[]{}:,``) or is ``true``/``false`` (specs could not name it); ``cls`` is
             already registered (under another name: give more names with ``aliases``); or ``cls`` sets a class
             attribute that misspells a capability flag (``is_polynomal = False``, which Python takes as a new
-            attribute: the operator ran with the flag's default).
+            attribute: the operator ran with the flag's default), or sets a flag on a mixin that comes after
+            :class:`DiffusionOperator` in its bases (whose default is the one read).
 
     Examples:
         >>> from diffusionformer.operators import DiffusionOperator
@@ -147,16 +148,25 @@ def _check_flag_spelling(cls: type) -> None:
     """Refuse a class attribute that misspells a capability flag of :class:`DiffusionOperator` (``is_polynomal``,
     ``supports_kv_cashe``, ``need_second_map``): Python reads it as a new attribute, so the operator ran with the
     flag's default (its polynomial instead of its ``apply_matrix``, or cached decoding it cannot serve) without a
-    word. Only a value of the flag's type counts (a bool; a dict for ``example_kwargs``)."""
+    word. Only a value of the flag's type counts (a bool; a dict for ``example_kwargs``), and a private name of one's
+    own (``_is_polynomial``) is no slip for a public flag. A flag set on a mixin that comes after
+    :class:`DiffusionOperator` in the bases (``class Op(DiffusionOperator, Mixin)``) is refused too: the
+    :class:`DiffusionOperator` default shadows it."""
     flags = {k: type(v) for k, v in vars(DiffusionOperator).items()
              if isinstance(v, (bool, dict)) and not k.startswith("__")}
-    for klass in cls.__mro__[: cls.__mro__.index(DiffusionOperator)]:
+    shadowed = cls.__mro__[cls.__mro__.index(DiffusionOperator):]  # read after DiffusionOperator's own attributes
+    for klass in (k for k in cls.__mro__ if k not in DiffusionOperator.__mro__):  # the mixins after it included
         for attr, value in vars(klass).items():
+            if attr in flags and klass in shadowed and getattr(cls, attr) is not value:
+                raise ValueError(f"{cls.__name__}: {klass.__name__} sets the capability flag {attr} = {value!r}, "
+                                 f"but comes after DiffusionOperator in the bases, whose {attr} = "
+                                 f"{getattr(cls, attr)!r} is the one read; put {klass.__name__} before it")
             if attr in flags or attr.startswith("__"):
                 continue
             # a slip of a letter or two, not a longer name of one's own (is_polynomial_like, supports_sparse_grad)
             close = [f for f in difflib.get_close_matches(attr, flags, n=3, cutoff=0.8)
-                     if isinstance(value, flags[f]) and abs(len(f) - len(attr)) <= 2]
+                     if isinstance(value, flags[f]) and abs(len(f) - len(attr)) <= 2
+                     and (f.startswith("_") or not attr.startswith("_"))]
             if close:
                 raise ValueError(f"{cls.__name__}: class attribute {attr!r} = {value!r} is not a capability flag of "
                                  f"DiffusionOperator (did you mean {close[0]!r}?); the flags are "
