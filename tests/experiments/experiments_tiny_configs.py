@@ -265,3 +265,17 @@ class LearnedQuad(DiffusionOperator):
     def static_coefficients(self) -> tuple[float, ...]:
         return self._static
 '''
+
+
+def tiny_text_lm_config():
+    """A one-run language-modelling comparison on pydoc-chars (no data root needed): a 1-layer GPT of 6 steps,
+    checkpoints every 2, evaluations at 3 and 6: small enough to kill, resume and analyse in a test."""
+    from diffusionformer.experiments import load_experiment_config
+
+    return load_experiment_config({
+        "name": "lm", "seeds": [0], "operators": [{"name": "attention"}],
+        "tasks": [{"name": "t", "dataset": "pydoc-chars", "model": "gpt-char-tiny", "metric": "val_loss",
+                   "eval_batch_size": 4, "model_overrides": {"n_layer": 1, "n_head": 2, "n_embd": 8,
+                                                             "block_size": 8},
+                   "train": {"max_steps": 6, "batch_size": 4, "lr": 1e-2, "eval_steps": 1, "eval_interval": 3,
+                             "checkpoint_interval": 2, "log_interval": 2}}]})

@@ -26,6 +26,7 @@ from diffusionformer.experiments.runner import run_dir, run_experiment
 from diffusionformer.testing import interrupt_on_call
 from diffusionformer.testing.faults import assert_same_checkpoint_weights
 from diffusionformer.train.trainer import Trainer
+from experiments_tiny_configs import tiny_text_lm_config
 
 _FINGERPRINT = {"text": ("train_tokens", "train_sha256", "val_tokens", "val_sha256"),
                 "node": ("num_nodes", "num_edges", "x_shape", "x_sha256", "edge_index_sha256", "y_sha256",
@@ -46,12 +47,7 @@ _TRAIN = {"max_steps": 6, "lr": 1e-2, "eval_interval": 3, "checkpoint_interval":
 
 
 def _text_cfg():
-    return load_experiment_config({
-        "name": "lm", "seeds": [0], "operators": [{"name": "attention"}],
-        "tasks": [{"name": "t", "dataset": "pydoc-chars", "model": "gpt-char-tiny", "metric": "val_loss",
-                   "eval_batch_size": 4, "model_overrides": {"n_layer": 1, "n_head": 2, "n_embd": 8,
-                                                             "block_size": 8},
-                   "train": {**_TRAIN, "batch_size": 4, "eval_steps": 1}}]})
+    return tiny_text_lm_config()
 
 
 def _reordered_pydoc_text(monkeypatch):

@@ -18,10 +18,10 @@ from __future__ import annotations
 import pytest
 
 from diffusionformer.data.text import char_text_data
-from diffusionformer.experiments import load_experiment_config
 from diffusionformer.experiments.runner import run_dir, run_experiment
 from diffusionformer.testing import interrupt_on_call
 from diffusionformer.train.trainer import Trainer
+from experiments_tiny_configs import tiny_text_lm_config
 
 
 def _quiet(_):
@@ -29,13 +29,7 @@ def _quiet(_):
 
 
 def _text_cfg():
-    return load_experiment_config({
-        "name": "lm", "seeds": [0], "operators": [{"name": "attention"}],
-        "tasks": [{"name": "t", "dataset": "pydoc-chars", "model": "gpt-char-tiny", "metric": "val_loss",
-                   "eval_batch_size": 4, "model_overrides": {"n_layer": 1, "n_head": 2, "n_embd": 8,
-                                                             "block_size": 8},
-                   "train": {"max_steps": 6, "batch_size": 4, "lr": 1e-2, "eval_steps": 1, "eval_interval": 3,
-                             "checkpoint_interval": 2, "log_interval": 2}}]})
+    return tiny_text_lm_config()
 
 
 def _other_pydoc_text(monkeypatch):
