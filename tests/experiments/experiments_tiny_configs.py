@@ -279,3 +279,13 @@ def tiny_text_lm_config():
                                                              "block_size": 8},
                    "train": {"max_steps": 6, "batch_size": 4, "lr": 1e-2, "eval_steps": 1, "eval_interval": 3,
                              "checkpoint_interval": 2, "log_interval": 2}}]})
+
+
+#: a tiny task of each model class with RoPE (the ViT's own rope_base is 100, the GPT's 10000), trained for
+#: TINY_TRAIN's steps: the rope_base identity tests' runs
+TINY_ROPE_TASKS = {
+    "vit": {"name": "t", "dataset": "digits", "model": "vit-digits",
+            "model_overrides": {"dim": 8, "depth": 1, "num_heads": 2, "rope": True}},
+    "gpt": {"name": "t", "dataset": "pydoc-chars", "model": "gpt-char-tiny", "metric": "val_loss",
+            "model_overrides": {"n_embd": 8, "n_layer": 1, "n_head": 2, "block_size": 16, "rope": True}},
+}

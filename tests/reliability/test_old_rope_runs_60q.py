@@ -14,16 +14,9 @@ from diffusionformer.experiments.results import run_dir
 from diffusionformer.experiments.runner import run_experiment
 from diffusionformer.nn import RotaryEmbedding
 from diffusionformer.train import CheckpointError
+from experiments_tiny_configs import TINY_ROPE_TASKS as TASKS, TINY_TRAIN as TRAIN
 
 
-TRAIN = {"max_steps": 2, "batch_size": 8, "warmup_steps": 0, "eval_interval": 2, "log_interval": 1,
-         "checkpoint_interval": 2}
-TASKS = {  # a tiny model of each class with RoPE; the ViT's own rope_base is 100, the GPT's 10000
-    "vit": {"name": "t", "dataset": "digits", "model": "vit-digits",
-            "model_overrides": {"dim": 8, "depth": 1, "num_heads": 2, "rope": True}},
-    "gpt": {"name": "t", "dataset": "pydoc-chars", "model": "gpt-char-tiny", "metric": "val_loss",
-            "model_overrides": {"n_embd": 8, "n_layer": 1, "n_head": 2, "block_size": 16, "rope": True}},
-}
 
 
 @pytest.fixture(scope="module")
