@@ -143,13 +143,42 @@ def _command() -> str:
     ``main(argv)`` called from Python and for ``python -m diffusionformer.experiments`` itself (its ``sys.argv[0]``
     is the path of this package's ``__main__.py``, recorded as ``__main__.py``, which no shell runs), else the command
     line as given (the script's file name, ``diffusionformer`` for the console script, and its arguments, quoted too:
-    load_run reads its ``--import`` back, and a path with a space was two words)."""
+    load_run reads its ``--import`` back, and a path with a space was two words). A process torchrun started is
+    recorded with its launcher (:func:`_launcher`): ``torchrun --nproc_per_node 2 -m diffusionformer.experiments
+    ARGV``, ``torchrun ... --no-python diffusionformer ARGV`` for the console script (a name without ``.py``, which
+    torchrun would else open as a file of the working folder): else re-running it trained each run in one process."""
     argv = _MAIN_ARGV.get()
     if argv is None and os.path.realpath(sys.argv[0]) == os.path.realpath(Path(__file__).with_name("__main__.py")):
         argv = tuple(sys.argv[1:])
+    launcher = _launcher()
     if argv is not None:
-        return f"python -m diffusionformer.experiments {shlex.join(argv)}"
-    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        return shlex.join([*(launcher or ["python"]), "-m", "diffusionformer.experiments", *argv])
+    script = Path(sys.argv[0]).name
+    direct = ["--no-python"] if launcher and not script.endswith(".py") else []
+    return shlex.join([*launcher, *direct, script, *sys.argv[1:]])
+
+
+def _launcher() -> list[str]:
+    """``torchrun`` and the options that started this process (``--nproc_per_node`` its processes on this node,
+    ``--nnodes`` where more than one node), read from the variables torchrun's agent sets in every process it
+    starts (``TORCHELASTIC_RUN_ID``, ``LOCAL_WORLD_SIZE``, ``GROUP_WORLD_SIZE``); ``[]`` for a process torchrun did
+    not start (no run id, or a count that is no integer): ``WORLD_SIZE`` alone, set by hand or another launcher,
+    names none.
+
+    Examples:
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {"TORCHELASTIC_RUN_ID": "none", "LOCAL_WORLD_SIZE": "2",
+        ...                                   "GROUP_WORLD_SIZE": "1"}):
+        ...     _launcher()
+        ['torchrun', '--nproc_per_node', '2']
+    """
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return []
+    try:
+        local, nodes = int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ.get("GROUP_WORLD_SIZE") or 1)
+    except (KeyError, ValueError):
+        return []
+    return ["torchrun", "--nproc_per_node", str(local), *(["--nnodes", str(nodes)] if nodes > 1 else [])]
 
 
 def _command_imports(command: Any) -> list[str]:
