@@ -248,6 +248,7 @@ def _run_experiment(config: ExperimentConfig, out_root: str | Path, data_root: s
     try:
         for i, task in enumerate(chosen):
             loaded = _checked_task_data(config, task, data_root, first=i == 0)
+            prepared: dict[int, dict[str, Any]] = {}  # each loaded data's preprocessing record, hashed once
             if i == 0:  # the first task's data load: now something will train
                 _rank_zero_writes(dist_ctx, f"creating {out}", lambda: out.mkdir(parents=True, exist_ok=True))
             for setting in config.operators:
@@ -265,7 +266,8 @@ def _run_experiment(config: ExperimentConfig, out_root: str | Path, data_root: s
                         _rank_zero_writes(dist_ctx, f"writing {out / 'manifest.json'}",
                                           lambda: _record_manifest(out, config, device, chosen, log))
                         recorded = True
-                    result = _one_run(out, task, setting, seed, data, resume, progress, device, log, dist_ctx)
+                    result = _one_run(out, task, setting, seed, data, resume, progress, device, log, dist_ctx,
+                                      prepared)
                     if result is not None:
                         results.append(result)
                     bar.update(1)
@@ -580,9 +582,11 @@ def _check_sibling_identity(rdir: Path, identity: dict[str, Any], task: TaskConf
 
 def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
              progress: bool, device: str | None, log: Callable[[str], None],
-             dist_ctx: DistContext | None = None) -> RunResult | None:
+             dist_ctx: DistContext | None = None, prepared: dict[int, dict[str, Any]] | None = None
+             ) -> RunResult | None:
     """Train (or resume, or read back) one run; ``None`` when another live process holds it. ``dist_ctx``: the
-    torchrun process group's context, where rank 0's writes are agreed on (:func:`_rank_zero_writes`)."""
+    torchrun process group's context, where rank 0's writes are agreed on (:func:`_rank_zero_writes`).
+    ``prepared``: the preprocessing records of the caller's data objects by ``id`` (:func:`_preprocessing_of`)."""
     rdir = run_dir(out, task.name, setting.name, seed)
     # under torchrun rank 0 claims the lock for every rank (else a torchrun job trained a run that a worker was
     # training, both writing its checkpoint and log): every rank takes its decision
@@ -609,7 +613,7 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
                 + ("" if note is None else f" Note: {note}; {_foreign_lock_advice(rdir)}."))  # the host as named
         return None
     try:
-        result = _train_one(rdir, task, setting, seed, data, resume, progress, device, log, dist_ctx)
+        result = _train_one(rdir, task, setting, seed, data, resume, progress, device, log, dist_ctx, prepared)
     except BaseException:
         failed = None
         with _TRAINING_HERE_LOCK:  # out of _TRAINING_HERE and released at once (no claim between them, as above)
@@ -647,9 +651,18 @@ def _read_manifest(out: Path) -> dict[str, Any] | None:
     return read_json_dict(out / "manifest.json")
 
 
+def _preprocessing_of(data: Any, prepared: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """``data``'s preprocessing record (:func:`~diffusionformer.experiments.reload._data_preprocessing`), computed
+    once per data object in ``prepared`` (keyed by ``id``: the caller keeps its data objects loaded while it runs):
+    its fingerprint hashes the data, and every setting and seed of a task trains on the same object."""
+    if id(data) not in prepared:
+        prepared[id(data)] = _data_preprocessing(data)
+    return prepared[id(data)]
+
+
 def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,
                progress: bool, device: str | None, log: Callable[[str], None],
-               dist_ctx: DistContext | None = None) -> RunResult:
+               dist_ctx: DistContext | None = None, prepared: dict[int, dict[str, Any]] | None = None) -> RunResult:
     summary_path = rdir / "summary.json"
     extra = {"progress": progress and _rank_zero()}
     if device is not None:
@@ -677,7 +690,7 @@ def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int
             _rank_zero_writes(dist_ctx, f"writing {rdir / 'learned_operators.json'}",
                               lambda: _restore_learned(rdir, model, summary.get("step"), log))
             return _result_from_files(task, setting, seed, rdir, summary)
-    preprocessing = _data_preprocessing(data)
+    preprocessing = _preprocessing_of(data, {} if prepared is None else prepared)
     if resume:  # (rank 0's reading, its refusal raised on every rank)
         _rank_zero_reads(lambda: _check_preprocessing(rdir, preprocessing, task, setting))
     _rank_zero_writes(dist_ctx, f"writing {rdir / RUN_CONFIG_NAME}",
