@@ -49,7 +49,7 @@ from diffusionformer.analysis.report import layer_reports, list_metrics
 from diffusionformer.config import _choice_hint
 from diffusionformer.data.base import ClassificationData
 from diffusionformer.experiments.config import ExperimentConfig, OperatorSetting, TaskConfig
-from diffusionformer.experiments.reload import PREPROCESSING_NAME, _data_preprocessing, _preprocessing_changes, load_run
+from diffusionformer.experiments.reload import PREPROCESSING_NAME, _preprocessing_changes, _preprocessing_of, load_run
 from diffusionformer.experiments.build import task_data
 from diffusionformer.experiments.results import (_DATA_KEYS, _runs_of_another_train, _task_identity,
                                                  read_json_dict, run_dir)
@@ -406,7 +406,7 @@ def analyze_experiment(
             if not task_runs:
                 continue
             loaded: dict[int | None, Any] = {}
-            prepared: dict[int | None, dict[str, Any]] = {}  # each fold's data's preprocessing record, hashed once
+            prepared: dict[int, dict[str, Any]] = {}  # each fold's data's preprocessing record, hashed once
             kind = task_data(task, task_runs[0][2], data_root, loaded).kind
             entry: dict[str, Any] = {"dataset": task.dataset, "model": task.model, "kind": kind, "operators": {}}
             result["tasks"][task.name] = entry
@@ -417,10 +417,7 @@ def analyze_experiment(
                     step, res, learned = reuse[rdir]["key"]["step"], reuse[rdir]["result"], reuse[rdir]["learned"]
                     model = None
                 else:
-                    fold = task.fold_of(seed)  # (task_data's key of data)
-                    if fold not in prepared:
-                        prepared[fold] = _data_preprocessing(data)
-                    _check_run_preprocessing(rdir, prepared[fold])
+                    _check_run_preprocessing(rdir, _preprocessing_of(data, prepared))
                     run = load_run(rdir)
                     model, step = run.model, run.step
                     # from the loaded model (not the run's flat learned_operators.json): shapes kept, e.g. (G, K+1)

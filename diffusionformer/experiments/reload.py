@@ -67,6 +67,15 @@ def _data_preprocessing(data: Any) -> dict[str, Any]:
     return {**record, **_data_fingerprint(data)}
 
 
+def _preprocessing_of(data: Any, prepared: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """``data``'s :func:`_data_preprocessing`, computed once per data object in ``prepared`` (keyed by ``id``: the
+    caller keeps its data objects loaded while it uses it): its fingerprint hashes the data, and every setting and
+    seed of a task (the runner's runs, ``analyze``'s) reads the same object."""
+    if id(data) not in prepared:
+        prepared[id(data)] = _data_preprocessing(data)
+    return prepared[id(data)]
+
+
 def _data_fingerprint(data: Any) -> dict[str, Any]:
     """A cheap fingerprint of what a model is trained on (2 ms on pydoc-chars, 8 ms on Cora), so that a resume is told
     a corpus changed within its vocabulary or an edited graph file: for text each split's token count and hash

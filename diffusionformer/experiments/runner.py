@@ -45,7 +45,7 @@ from diffusionformer.experiments.outputs import git_commit
 from diffusionformer.experiments.outputs import manifest as _manifest, merged_manifest
 from diffusionformer.experiments.outputs import write_outputs as _write_outputs
 from diffusionformer.experiments.plots import _PLOT_CACHE
-from diffusionformer.experiments.reload import PREPROCESSING_NAME, _data_preprocessing, _preprocessing_changes
+from diffusionformer.experiments.reload import PREPROCESSING_NAME, _preprocessing_changes, _preprocessing_of
 from diffusionformer.experiments.results import _NEW_TRAIN_FIELDS as _NEW_TRAIN_FIELDS  # noqa: F401  (its home)
 from diffusionformer.experiments.results import _NEW_MODEL_FIELDS as _NEW_MODEL_FIELDS  # noqa: F401  (its home)
 from diffusionformer.experiments.results import (_RECORDED_SINCE, _comparable, _completed, _definition,
@@ -586,7 +586,7 @@ def _one_run(out: Path, task: TaskConfig, setting: OperatorSetting, seed: int, d
              ) -> RunResult | None:
     """Train (or resume, or read back) one run; ``None`` when another live process holds it. ``dist_ctx``: the
     torchrun process group's context, where rank 0's writes are agreed on (:func:`_rank_zero_writes`).
-    ``prepared``: the preprocessing records of the caller's data objects by ``id`` (:func:`_preprocessing_of`)."""
+    ``prepared``: the preprocessing records of the caller's data objects by ``id`` (:func:`~diffusionformer.experiments.reload._preprocessing_of`)."""
     rdir = run_dir(out, task.name, setting.name, seed)
     # under torchrun rank 0 claims the lock for every rank (else a torchrun job trained a run that a worker was
     # training, both writing its checkpoint and log): every rank takes its decision
@@ -649,15 +649,6 @@ def _read_manifest(out: Path) -> dict[str, Any] | None:
     """The comparison's ``manifest.json``, or ``None`` when absent or unreadable, a FIFO or a device included (it is
     rewritten): :func:`read_json_dict`."""
     return read_json_dict(out / "manifest.json")
-
-
-def _preprocessing_of(data: Any, prepared: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """``data``'s preprocessing record (:func:`~diffusionformer.experiments.reload._data_preprocessing`), computed
-    once per data object in ``prepared`` (keyed by ``id``: the caller keeps its data objects loaded while it runs):
-    its fingerprint hashes the data, and every setting and seed of a task trains on the same object."""
-    if id(data) not in prepared:
-        prepared[id(data)] = _data_preprocessing(data)
-    return prepared[id(data)]
 
 
 def _train_one(rdir: Path, task: TaskConfig, setting: OperatorSetting, seed: int, data: Any, resume: bool,

@@ -74,6 +74,7 @@ def test_analyze_fingerprints_a_tasks_data_once(tmp_path, monkeypatch):
     the tokens or the graph, 8 ms on Cora) computed again for every run of the same data: 18% of analysing four tiny
     Cora runs. Once per task's data now; a run whose record differs is still refused."""
     import diffusionformer.experiments.analyze as analyze_mod
+    import diffusionformer.experiments.reload as reload_mod
     from diffusionformer.experiments import load_experiment_config
     from diffusionformer.experiments.results import run_dir
     from diffusionformer.experiments.runner import run_experiment
@@ -86,8 +87,8 @@ def test_analyze_fingerprints_a_tasks_data_once(tmp_path, monkeypatch):
                                      "operators": [{"name": "attention"}]})
     run_experiment(config, tmp_path, progress=False, log=lambda s: None)
     calls = []
-    real = analyze_mod._data_preprocessing
-    monkeypatch.setattr(analyze_mod, "_data_preprocessing", lambda data: calls.append(data) or real(data))
+    real = reload_mod._data_preprocessing
+    monkeypatch.setattr(reload_mod, "_data_preprocessing", lambda data: calls.append(data) or real(data))
     analyze_mod.analyze_experiment(config, tmp_path, progress=False, plots=False, max_examples=4,
                                    max_attention_examples=2)
     assert len(calls) == 1  # three runs of one data: was 3
@@ -103,6 +104,7 @@ def test_run_fingerprints_a_tasks_data_once(tmp_path, monkeypatch):
     """The runner recorded each run's preprocessing (its fingerprint hashes the tokens or the graph: 8 ms on Cora, 1.6 s
     for a user's set of 40,000 graphs) computed again for every setting and seed of the same data: once per task's
     data now, every run's record the same."""
+    import diffusionformer.experiments.reload as reload_mod
     import diffusionformer.experiments.runner as runner_mod
     from diffusionformer.experiments import load_experiment_config
     from diffusionformer.experiments.results import run_dir
@@ -114,8 +116,8 @@ def test_run_fingerprints_a_tasks_data_once(tmp_path, monkeypatch):
     config = load_experiment_config({"name": "tiny", "seeds": [0, 1], "tasks": [task],
                                      "operators": [{"name": "attention"}, {"name": "lap", "laplacian_heads": 1}]})
     calls = []
-    real = runner_mod._data_preprocessing
-    monkeypatch.setattr(runner_mod, "_data_preprocessing", lambda data: calls.append(data) or real(data))
+    real = reload_mod._data_preprocessing
+    monkeypatch.setattr(reload_mod, "_data_preprocessing", lambda data: calls.append(data) or real(data))
     runner_mod.run_experiment(config, tmp_path, progress=False, log=lambda s: None)
     assert len(calls) == 1  # four runs of one data: was 4
     records = {(op, seed): (run_dir(tmp_path / "tiny", "t", op, seed) / "preprocessing.json").read_text("utf-8")
